@@ -1,0 +1,92 @@
+// config: the input deck (INI sections) plus --section.key=value overrides, validated into a typed run config.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, NoShard };
+const char* strategy_name(ShardingStrategy s);        // "FULL_SHARD", ...
+ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
+
+struct ModelSection {
+  std::string arch = "bloom";
+  BloomConfig bloom;
+};
+
+struct DataSection {
+  std::string format = "squad";  // squad | jsonl
+  std::string train_file;
+  std::string eval_file;          // empty: no evaluation
+  int max_length = 512;
+  size_t train_size = 0;          // 0 = all records
+  size_t eval_size = 0;
+  std::string tokenizer = "byte";
+};
+
+struct TrainSection {
+  int epochs = 1;
+  int batch_size = 0;        // global: samples per optimizer step over all ranks
+  int micro_batch_size = 1;  // per rank per forward pass
+  double lr = 5e-5;
+  double weight_decay = 0.01;
+  int warmup_steps = 0;
+  std::string lr_schedule = "linear";  // linear | constant
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+  uint64_t seed = 42;
+  bool shuffle = true;
+  int log_every = 1;
+  int max_steps = 0;  // 0 = run every epoch to the end
+};
+
+struct FsdpSection {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
+};
+
+struct DistSection {
+  int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
+};
+
+struct RunSection {
+  std::string dir = "runs/run";
+  std::string backend = "cpu";
+};
+
+struct RunConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  FsdpSection fsdp;
+  DistSection dist;
+  RunSection run;
+  // Every key with its resolved value ("section.key", "value"), in a fixed order.
+  std::vector<std::pair<std::string, std::string>> resolved;
+
+  // Micro-steps per optimizer step for a world of `world` ranks (validated to divide).
+  int grad_accum(int world) const { return train.batch_size / (world * train.micro_batch_size); }
+};
+
+// Reads the deck, applies overrides ("--section.key=value" or "--section.key value"), checks
+// every value and every file, and the batch size against `world_size` ranks and the node size.
+// Throws Error with one message naming the key (and the nearest valid key for an unknown one).
+RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
+                          int world_size);
+
+// The resolved deck as INI text, loadable again by load_run_config.
+std::string resolved_deck_ini(const RunConfig& cfg);
+
+// Levenshtein distance, for the nearest-key hint.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace shardlm

@@ -1,0 +1,163 @@
+// core: errors with context, rank-aware logging, dtypes and conversions, timers, memory accounting.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace shardlm {
+
+// ---- errors ---------------------------------------------------------------------------------
+
+// Every user-facing failure is an Error: its message names the key, file or rank at fault.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+#define SHARDLM_CHECK(cond, ...)                                                     \
+  do {                                                                               \
+    if (!(cond)) throw ::shardlm::Error(::shardlm::concat(__VA_ARGS__));             \
+  } while (0)
+
+// ---- logging --------------------------------------------------------------------------------
+
+// Rank 0 prints info lines; every rank may print an error line prefixed by its rank.
+void set_log_rank(int rank);
+int log_rank();
+void log_info(const std::string& line);   // rank 0 only, stdout
+void log_error(const std::string& line);  // any rank, stderr, prefixed "shardlm: rank R: "
+
+// ---- dtypes ---------------------------------------------------------------------------------
+
+enum class DType { F32, BF16, F16 };
+
+const char* dtype_name(DType t);
+DType parse_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws Error otherwise
+size_t dtype_size(DType t);
+
+// Round-to-nearest-even conversions; NaN stays NaN, overflow goes to inf like the hardware does.
+uint16_t float_to_bf16(float f);
+float bf16_to_float(uint16_t h);
+uint16_t float_to_fp16(float f);
+float fp16_to_float(uint16_t h);
+
+// Round an fp32 value to the nearest value representable in `t` (identity for F32).
+float round_to(DType t, float f);
+void round_to(DType t, float* data, size_t n);
+// Pack fp32 values into 16-bit storage of `t` (BF16 or F16) and back.
+void pack16(DType t, const float* src, uint16_t* dst, size_t n);
+void unpack16(DType t, const uint16_t* src, float* dst, size_t n);
+
+// ---- timing ---------------------------------------------------------------------------------
+
+class Timer {
+ public:
+  Timer() : start_(std::chrono::steady_clock::now()) {}
+  void reset() { start_ = std::chrono::steady_clock::now(); }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// ---- memory accounting ----------------------------------------------------------------------
+
+// What the planned buffers of a rank hold; reported per rank and compared to `shardlm plan`.
+enum class MemKind { Params, Grads, Optimizer, Activations, Comm, Other, Count };
+const char* mem_kind_name(MemKind k);
+
+struct MemoryStats {
+  size_t current[static_cast<int>(MemKind::Count)] = {};
+  size_t total_current = 0;
+  size_t total_peak = 0;
+};
+
+MemoryStats& memory_stats();
+void memory_reset_peak();
+size_t process_peak_rss_bytes();  // high-water resident set size of this process
+
+// A zero-initialised, 64-byte aligned array of T whose bytes count against one MemKind.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t n, MemKind kind) { allocate(n, kind); }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      swap(o);
+    }
+    return *this;
+  }
+
+  void allocate(size_t n, MemKind kind);
+  void release();
+  void zero() {
+    if (n_) std::memset(data_, 0, n_ * sizeof(T));
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(n_, o.n_);
+    std::swap(kind_, o.kind_);
+  }
+  T* data_ = nullptr;
+  size_t n_ = 0;
+  MemKind kind_ = MemKind::Other;
+};
+
+void memory_track_alloc(MemKind kind, size_t bytes);
+void memory_track_free(MemKind kind, size_t bytes);
+void* aligned_zero_alloc(size_t bytes);
+void aligned_free(void* p);
+
+template <typename T>
+void Buffer<T>::allocate(size_t n, MemKind kind) {
+  release();
+  if (n == 0) return;
+  data_ = static_cast<T*>(aligned_zero_alloc(n * sizeof(T)));
+  n_ = n;
+  kind_ = kind;
+  memory_track_alloc(kind_, n_ * sizeof(T));
+}
+
+template <typename T>
+void Buffer<T>::release() {
+  if (!data_) return;
+  memory_track_free(kind_, n_ * sizeof(T));
+  aligned_free(data_);
+  data_ = nullptr;
+  n_ = 0;
+}
+
+// Human-readable byte count ("12.3 MiB").
+std::string format_bytes(size_t bytes);
+
+}  // namespace shardlm

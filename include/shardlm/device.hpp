@@ -1,0 +1,16 @@
+// device: the compute backend. This version has the CPU backend (OpenBLAS GEMM, plain C++ kernels).
+#pragma once
+
+#include <cstddef>
+
+namespace shardlm {
+
+// Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, op = transpose when set.
+// lda/ldb/ldc are the row strides of A, B and C as stored.
+void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc);
+
+// Threads the CPU backend's BLAS may use in this process (ranks sharing a node split the cores).
+void cpu_set_threads(int threads);
+
+}  // namespace shardlm

@@ -1,0 +1,73 @@
+// Accounting of the planned buffers of a rank, by kind, with a high-water mark.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm {
+
+const char* mem_kind_name(MemKind k) {
+  switch (k) {
+    case MemKind::Params: return "parameters";
+    case MemKind::Grads: return "gradients";
+    case MemKind::Optimizer: return "optimizer";
+    case MemKind::Activations: return "activations";
+    case MemKind::Comm: return "comm_buffers";
+    case MemKind::Other: return "other";
+    case MemKind::Count: break;
+  }
+  return "?";
+}
+
+MemoryStats& memory_stats() {
+  static MemoryStats stats;
+  return stats;
+}
+
+void memory_reset_peak() { memory_stats().total_peak = memory_stats().total_current; }
+
+void memory_track_alloc(MemKind kind, size_t bytes) {
+  MemoryStats& s = memory_stats();
+  s.current[static_cast<int>(kind)] += bytes;
+  s.total_current += bytes;
+  if (s.total_current > s.total_peak) s.total_peak = s.total_current;
+}
+
+void memory_track_free(MemKind kind, size_t bytes) {
+  MemoryStats& s = memory_stats();
+  s.current[static_cast<int>(kind)] -= bytes;
+  s.total_current -= bytes;
+}
+
+void* aligned_zero_alloc(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error(concat("out of host memory allocating ", format_bytes(bytes)));
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void aligned_free(void* p) { std::free(p); }
+
+size_t process_peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace shardlm
