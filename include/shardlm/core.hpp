@@ -20,6 +20,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An Error every rank raised together (after agreeing on it): one rank reports it, all exit cleanly.
+class AgreedError : public Error {
+ public:
+  explicit AgreedError(const std::string& what) : Error(what) {}
+};
+
 template <typename... Args>
 std::string concat(const Args&... args) {
   std::ostringstream os;

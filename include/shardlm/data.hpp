@@ -45,6 +45,15 @@ std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& to
 std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
                                 const DatasetOptions& opt);
 
+// A permutation of 0..n-1 drawn by Fisher-Yates from std::mt19937_64(seed) with unbiased bounded
+// draws, so it is the same on every standard library (std::shuffle is not). Used for the seeded
+// subset selection of the loaders and the epoch orders of the sampler.
+std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
+
+// The subset rule of DatasetOptions shared by the loaders: with limit > 0, keep `limit` examples,
+// the first ones or (shuffle_subset) those seeded_permutation(n, seed) puts first, in file order.
+std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt);
+
 // A micro-batch padded to its longest sequence (padding never takes a loss).
 struct MicroBatch {
   int batch = 0;

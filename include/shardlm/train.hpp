@@ -1,0 +1,38 @@
+// train: the loop of a run (epochs, gradient accumulation, clipping, AdamW, evaluation, metrics).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "shardlm/config.hpp"
+
+namespace shardlm {
+
+struct TrainOptions {
+  bool echo = true;  // print the resolved deck and progress lines on rank 0 of the run's communicator
+};
+
+// What a finished run measured; the same on every rank.
+struct TrainResult {
+  std::vector<double> step_losses;  // mean token loss of every optimizer step
+  std::vector<double> grad_norms;   // global gradient norm of every step, before clipping
+  std::vector<double> eval_losses;  // one per epoch when there is an eval set
+  double train_loss = 0;            // mean of step_losses
+  double train_runtime = 0;         // seconds
+  double train_samples_per_second = 0;
+  size_t peak_memory_bytes = 0;     // largest over ranks of the planned-buffer high-water mark
+  size_t peak_rss_bytes = 0;        // largest over ranks of the process resident high-water mark
+  size_t master_shard_bytes = 0;    // this rank's fp32 master slices
+  size_t grad_shard_bytes = 0;      // this rank's fp32 grad slices
+  size_t optimizer_bytes = 0;       // this rank's AdamW moments
+  size_t model_params = 0;          // parameters of the whole model
+};
+
+// Trains the model the config describes on the ranks of `comm`, writing metrics.jsonl and the
+// resolved deck into cfg.run.dir (rank 0 of comm). Throws Error consistently on all ranks for
+// anything wrong with the setup.
+TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options = {});
+
+}  // namespace shardlm

@@ -1,0 +1,25 @@
+// `shardlm train`: read and check the deck on every rank, agree on errors, then run the loop.
+#include <mpi.h>
+
+#include "commands.hpp"
+#include "shardlm/config.hpp"
+#include "shardlm/dist.hpp"
+#include "shardlm/train.hpp"
+
+namespace shardlm {
+
+int command_train(const std::vector<std::string>& args) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (args.empty() || args[0].rfind("--", 0) == 0) {
+    log_info("usage: mpirun -np N shardlm train DECK [--section.key=value ...]");
+    return 2;
+  }
+  RunConfig cfg;
+  std::vector<std::string> overrides(args.begin() + 1, args.end());
+  run_collectively(MPI_COMM_WORLD, [&] { cfg = load_run_config(args[0], overrides, world); });
+  train(cfg, MPI_COMM_WORLD);
+  return 0;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,100 @@
+// The MPI implementation of the collective interface, with bf16/fp16 reductions in their own dtype.
+#include <climits>
+
+#include "shardlm/dist.hpp"
+
+namespace shardlm {
+
+namespace {
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(concat("MPI ", what, " failed: ", std::string(msg, len)));
+}
+
+int mpi_count(size_t count, const char* what) {
+  SHARDLM_CHECK(count <= static_cast<size_t>(INT_MAX), "MPI ", what, " of ", count,
+                " elements exceeds MPI's int count limit");
+  return static_cast<int>(count);
+}
+
+MPI_Datatype mpi_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), bool IsMax>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = Load(a[i]), y = Load(b[i]);
+    b[i] = Store(IsMax ? (x > y ? x : y) : x + y);
+  }
+}
+
+// User-defined MPI ops for 16-bit floats, created once per process.
+MPI_Op mpi_op(DType t, ReduceOp op) {
+  if (t == DType::F32) return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+  static MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+  int ti = t == DType::BF16 ? 0 : 1, oi = op == ReduceOp::Sum ? 0 : 1;
+  if (ops[ti][oi] == MPI_OP_NULL) {
+    MPI_User_function* fn = nullptr;
+    if (t == DType::BF16)
+      fn = op == ReduceOp::Sum ? reduce16<bf16_to_float, float_to_bf16, false>
+                               : reduce16<bf16_to_float, float_to_bf16, true>;
+    else
+      fn = op == ReduceOp::Sum ? reduce16<fp16_to_float, float_to_fp16, false>
+                               : reduce16<fp16_to_float, float_to_fp16, true>;
+    check_mpi(MPI_Op_create(fn, 1, &ops[ti][oi]), "Op_create");
+  }
+  return ops[ti][oi];
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL)
+    MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  int n = mpi_count(count, "all-gather");
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    return;
+  }
+  check_mpi(MPI_Allgather(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_), "all-gather");
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                     ReduceOp op) {
+  int n = mpi_count(count, "reduce-scatter");
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    return;
+  }
+  check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(dtype, op), comm_),
+            "reduce-scatter");
+}
+
+void MpiCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  int n = mpi_count(count, "all-reduce");
+  if (size_ == 1) return;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), mpi_op(dtype, op), comm_), "all-reduce");
+}
+
+void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  int n = mpi_count(count, "broadcast");
+  if (size_ == 1) return;
+  check_mpi(MPI_Bcast(buf, n, mpi_type(dtype), root, comm_), "broadcast");
+}
+
+}  // namespace shardlm

@@ -1,0 +1,34 @@
+// Building a unit's flat parameter: padding, this rank's slice, its initial values, its no-decay ranges.
+#include <algorithm>
+
+#include "fsdp_internal.hpp"
+
+namespace shardlm {
+
+FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank,
+                                  int shard_size, uint64_t seed) {
+  FlatParameter p;
+  p.layout = &layout;
+  p.unit_index = unit_index;
+  p.numel = layout.numel;
+  p.padded_numel = (layout.numel + shard_size - 1) / shard_size * shard_size;
+  p.shard_numel = p.padded_numel / shard_size;
+  p.shard_begin = static_cast<size_t>(shard_rank) * p.shard_numel;
+  p.master.allocate(p.shard_numel, MemKind::Params);
+  p.grad.allocate(p.shard_numel, MemKind::Grads);
+  bloom_init_slice(layout, unit_index, seed, p.shard_begin, p.shard_begin + p.shard_numel, p.master.data());
+  const size_t lo = p.shard_begin, hi = p.shard_begin + p.shard_numel;
+  for (const TensorSpec& t : layout.tensors) {
+    if (t.decay) continue;
+    size_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
+    if (b >= e) continue;
+    // Adjacent no-decay tensors (a norm's weight and bias) merge into one range.
+    if (!p.no_decay.empty() && p.no_decay.back().second == b - lo)
+      p.no_decay.back().second = e - lo;
+    else
+      p.no_decay.emplace_back(b - lo, e - lo);
+  }
+  return p;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,22 @@
+// JSON-lines metrics sink of a run (rank 0 writes, other ranks hold a closed sink).
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardlm {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path);
+  void write(const nlohmann::json& record);  // one line, flushed so `tail -f` follows the run
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,283 @@
+// The training loop: one optimizer step = grad_accum micro-batches per rank over one global batch,
+// loss normalised by the global batch's target count so every world size computes the same step.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "metrics.hpp"
+#include "shardlm/data.hpp"
+#include "shardlm/device.hpp"
+#include "shardlm/dist.hpp"
+#include "shardlm/fsdp.hpp"
+#include "shardlm/optim.hpp"
+#include "shardlm/train.hpp"
+
+namespace shardlm {
+
+namespace {
+
+std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
+                                  uint64_t seed, const ByteTokenizer& tok) {
+  DatasetOptions opt;
+  opt.max_length = data.max_length;
+  opt.limit = limit;
+  opt.seed = seed;
+  opt.shuffle_subset = limit > 0;
+  return data.format == "squad" ? load_squad(path, tok, opt) : load_jsonl(path, tok, opt);
+}
+
+int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>& indices) {
+  int64_t n = 0;
+  for (size_t i : indices) n += static_cast<int64_t>(data[i].tokens.size());
+  return n;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// This rank's contiguous share of the eval set, cut into micro-batches; every rank runs the same
+// number of micro-batches (empty ones where its share is shorter) so the collectives line up.
+std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int world, int micro) {
+  const size_t share = (n + world - 1) / world;
+  const size_t begin = std::min(n, share * rank), end = std::min(n, begin + share);
+  const size_t rounds = (share + micro - 1) / micro;
+  std::vector<std::vector<size_t>> out(rounds);
+  for (size_t r = 0; r < rounds; ++r)
+    for (size_t i = begin + r * micro; i < std::min(end, begin + (r + 1) * micro); ++i) out[r].push_back(i);
+  return out;
+}
+
+struct EvalResult {
+  double loss = 0;
+  double runtime = 0;
+  double samples_per_second = 0;
+};
+
+EvalResult evaluate(FsdpModel& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  Timer timer;
+  double loss_sum = 0, count = 0;
+  for (const auto& indices : eval_micro_batches(eval_set.size(), rank, world, micro)) {
+    MicroBatch mb = make_micro_batch(eval_set, indices, ByteTokenizer::kPad);
+    loss_sum += model.forward_loss(mb);
+    count += static_cast<double>(mb.target_count);
+  }
+  EvalResult r;
+  loss_sum = mpi_sum(comm, loss_sum);
+  count = mpi_sum(comm, count);
+  r.loss = count > 0 ? loss_sum / count : 0.0;
+  r.runtime = mpi_max(comm, timer.seconds());
+  r.samples_per_second = r.runtime > 0 ? eval_set.size() / r.runtime : 0.0;
+  return r;
+}
+
+void report_memory(const FsdpModel& model, const AdamW& optimizer, MPI_Comm comm, bool echo,
+                   MetricsWriter& metrics) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  FsdpMemory m = model.memory();
+  double mine[7] = {double(m.master_shard), double(m.grad_shard), double(optimizer.state_bytes()),
+                    double(m.full_params),  double(m.full_grads), double(m.activations), double(m.comm_staging)};
+  std::vector<double> all(7 * static_cast<size_t>(world));
+  MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, comm);
+  if (rank != 0) return;
+  const double model_bytes = static_cast<double>(m.model_params) * sizeof(float);
+  if (echo) {
+    log_info(concat("model: ", m.model_params, " parameters (", format_bytes(size_t(model_bytes)),
+                    " fp32); per-rank state:"));
+    log_info("  rank   master-shard     grad-shard      optimizer    full-params     full-grads    activations");
+  }
+  for (int r = 0; r < world; ++r) {
+    const double* v = &all[7 * static_cast<size_t>(r)];
+    if (echo) {
+      char line[256];
+      std::snprintf(line, sizeof line, "  %4d %14s %14s %14s %14s %14s %14s", r, format_bytes(size_t(v[0])).c_str(),
+                    format_bytes(size_t(v[1])).c_str(), format_bytes(size_t(v[2])).c_str(),
+                    format_bytes(size_t(v[3])).c_str(), format_bytes(size_t(v[4])).c_str(),
+                    format_bytes(size_t(v[5])).c_str());
+      log_info(line);
+    }
+    metrics.write({{"type", "memory"}, {"rank", r}, {"master_shard_bytes", v[0]}, {"grad_shard_bytes", v[1]},
+                   {"optimizer_bytes", v[2]}, {"full_param_bytes", v[3]}, {"full_grad_bytes", v[4]},
+                   {"activation_bytes", v[5]}, {"comm_staging_bytes", v[6]}, {"model_bytes", model_bytes},
+                   {"sharded_state_fraction", (v[0] + v[2]) / (3.0 * model_bytes)}});
+  }
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  const bool echo = options.echo && rank == 0;
+  auto say = [&](const std::string& line) {
+    if (echo) log_info(line);
+  };
+
+  memory_reset_peak();
+  if (echo) {
+    log_info("# shardlm " SHARDLM_VERSION ": resolved input deck");
+    log_info(resolved_deck_ini(cfg));
+  }
+
+  // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
+  ByteTokenizer tokenizer;
+  std::vector<Example> train_set, eval_set;
+  MetricsWriter metrics;
+  run_collectively(comm, [&] {
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(cfg.run.dir, ec);
+      SHARDLM_CHECK(!ec, "run.dir = '", cfg.run.dir, "': cannot create it: ", ec.message());
+      std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
+      deck << resolved_deck_ini(cfg);
+      SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
+      metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string());
+    }
+    train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, tokenizer);
+    if (!cfg.data.eval_file.empty())
+      eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, tokenizer);
+    SHARDLM_CHECK(train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
+                  cfg.train.batch_size, " is larger than the training set (", train_set.size(), " examples in ",
+                  cfg.data.train_file, ")");
+  });
+  Topology topo;
+  run_collectively(comm, [&] { topo = make_topology(comm, cfg.dist.ranks_per_node); });
+  ProcessGroups groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
+  // Ranks sharing a host split its cores between their BLAS threads.
+  cpu_set_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / topo.local_size));
+
+  const int micro = cfg.train.micro_batch_size;
+  const int accum = cfg.grad_accum(world);
+  FsdpOptions fsdp_opt{cfg.fsdp.strategy, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype};
+  FsdpModel model(cfg.model.bloom, fsdp_opt, groups, micro, cfg.data.max_length, cfg.train.seed);
+  AdamW optimizer(model.param_slices(),
+                  {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay});
+
+  DistributedSampler sampler(train_set.size(), static_cast<size_t>(cfg.train.batch_size), cfg.train.seed,
+                             cfg.train.shuffle);
+  const long steps_per_epoch = static_cast<long>(sampler.steps_per_epoch());
+  long total_steps = steps_per_epoch * cfg.train.epochs;
+  if (cfg.train.max_steps > 0) total_steps = std::min<long>(total_steps, cfg.train.max_steps);
+
+  say(concat("world ", world, " rank(s) on ", topo.num_nodes, topo.emulated ? " emulated" : "", " node(s); ",
+             strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(), ", replicate group ",
+             groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype), ", reduce ",
+             dtype_name(cfg.fsdp.reduce_dtype)));
+  say(concat("data: ", train_set.size(), " train / ", eval_set.size(), " eval examples; global batch ",
+             cfg.train.batch_size, " = micro-batch ", micro, " x ", accum, " accumulation x ", world, " ranks; ",
+             steps_per_epoch, " steps/epoch, ", total_steps, " steps"));
+  if (rank == 0)
+    metrics.write({{"type", "setup"}, {"world_size", world}, {"num_nodes", topo.num_nodes},
+                   {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
+                   {"replicate_group_size", groups.replicate->size()}, {"grad_accum", accum},
+                   {"steps_per_epoch", steps_per_epoch}, {"total_steps", total_steps}});
+  report_memory(model, optimizer, comm, echo, metrics);
+
+  TrainResult result;
+  FsdpMemory mem = model.memory();
+  result.master_shard_bytes = mem.master_shard;
+  result.grad_shard_bytes = mem.grad_shard;
+  result.optimizer_bytes = optimizer.state_bytes();
+  result.model_params = mem.model_params;
+
+  Timer run_timer;
+  long step = 0;
+  double interval_loss = 0;
+  int interval_steps = 0;
+  double interval_time = 0;
+  int64_t interval_tokens = 0;
+  for (int epoch = 0; epoch < cfg.train.epochs && step < total_steps; ++epoch) {
+    for (long s = 0; s < steps_per_epoch && step < total_steps; ++s) {
+      Timer step_timer;
+      const std::vector<size_t> global = sampler.global_batch(epoch, s);
+      const int64_t targets = count_targets(train_set, global);
+      const float grad_scale = targets > 0 ? 1.0f / static_cast<float>(targets) : 0.0f;
+      model.zero_grad();
+      double loss_sum = 0;
+      for (int m = 0; m < accum; ++m) {
+        MicroBatch mb = make_micro_batch(train_set, sampler.micro_batch(epoch, s, rank, world, m, micro),
+                                         ByteTokenizer::kPad);
+        loss_sum += model.forward_backward(mb, grad_scale);
+      }
+      const double loss = targets > 0 ? mpi_sum(comm, loss_sum) / static_cast<double>(targets) : 0.0;
+      // The loss is reduced over all ranks, so they all stop here together.
+      if (!std::isfinite(loss))
+        throw AgreedError(concat("the loss is not finite at step ", step + 1, " (lower train.lr or check the data)"));
+      const double norm = model.grad_norm();
+      model.scale_grads(static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm)));
+      const double lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, step, cfg.train.warmup_steps, total_steps);
+      optimizer.step(lr);
+      model.params_updated();
+      ++step;
+      const double step_time = mpi_max(comm, step_timer.seconds());
+      result.step_losses.push_back(loss);
+      result.grad_norms.push_back(norm);
+
+      interval_loss += loss;
+      interval_steps += 1;
+      interval_time += step_time;
+      interval_tokens += count_tokens(train_set, global);
+      if (step % cfg.train.log_every == 0 || step == total_steps) {
+        const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+        const double tokens_per_s = interval_time > 0 ? interval_tokens / interval_time : 0.0;
+        const double mean_loss = interval_loss / interval_steps;
+        say(concat("step ", step, "/", total_steps, " | epoch ", fmt("%.2f", epoch_pos), " | loss ",
+                   fmt("%.4f", mean_loss), " | grad_norm ", fmt("%.3f", norm), " | lr ", fmt("%.3e", lr), " | ",
+                   fmt("%.0f", tokens_per_s), " tok/s (", fmt("%.0f", tokens_per_s / world), "/rank) | mem ",
+                   format_bytes(memory_stats().total_peak)));
+        if (rank == 0)
+          metrics.write({{"type", "train"}, {"step", step}, {"epoch", epoch_pos}, {"loss", mean_loss},
+                         {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
+                         {"tokens_per_s_per_rank", tokens_per_s / world}});
+        interval_loss = 0;
+        interval_steps = 0;
+        interval_time = 0;
+        interval_tokens = 0;
+      }
+    }
+    if (!eval_set.empty()) {
+      EvalResult ev = evaluate(model, eval_set, comm, micro);
+      result.eval_losses.push_back(ev.loss);
+      const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+      say(concat("eval  epoch ", fmt("%.2f", epoch_pos), " | eval_loss ", fmt("%.4f", ev.loss), " | ",
+                 fmt("%.1f", ev.samples_per_second), " samples/s"));
+      if (rank == 0)
+        metrics.write({{"type", "eval"}, {"step", step}, {"epoch", epoch_pos}, {"eval_loss", ev.loss},
+                       {"eval_runtime", ev.runtime}, {"eval_samples_per_second", ev.samples_per_second}});
+    }
+  }
+
+  result.train_runtime = mpi_max(comm, run_timer.seconds());
+  double sum = 0;
+  for (double l : result.step_losses) sum += l;
+  result.train_loss = result.step_losses.empty() ? 0.0 : sum / result.step_losses.size();
+  result.train_samples_per_second =
+      result.train_runtime > 0 ? static_cast<double>(step) * cfg.train.batch_size / result.train_runtime : 0.0;
+  result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(memory_stats().total_peak)));
+  result.peak_rss_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(process_peak_rss_bytes())));
+  say(concat("done: ", step, " steps in ", fmt("%.1f", result.train_runtime), " s | train_loss ",
+             fmt("%.4f", result.train_loss), " | ", fmt("%.2f", result.train_samples_per_second),
+             " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (planned buffers), ",
+             format_bytes(result.peak_rss_bytes), " resident"));
+  if (rank == 0)
+    metrics.write({{"type", "summary"}, {"train_runtime", result.train_runtime},
+                   {"train_samples_per_second", result.train_samples_per_second},
+                   {"train_steps_per_second", result.train_runtime > 0 ? step / result.train_runtime : 0.0},
+                   {"train_loss", result.train_loss}, {"peak_memory_bytes", result.peak_memory_bytes},
+                   {"peak_rss_bytes", result.peak_rss_bytes}, {"steps", step},
+                   {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)}});
+  return result;
+}
+
+}  // namespace shardlm
