@@ -1,0 +1,49 @@
+# Thin wrapper around CMake: make, make test, make demo, make install.
+BUILD   ?= build
+PREFIX  ?= /usr/local
+JOBS    ?= $(shell nproc)
+NP      ?= 2
+CMAKE_FLAGS ?=
+
+# Debian packages the build, the tests and the demo need.
+PACKAGES = cmake make g++ pkg-config libopenmpi-dev openmpi-bin libboost-program-options-dev \
+           libboost-test-dev libopenblas-dev nlohmann-json3-dev
+
+# mpirun refuses to start as root unless told; the demo may oversubscribe a small machine.
+MPIRUN_FLAGS = --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+
+.PHONY: all build deps test demo install clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "missing packages; install them with:"; \
+	    echo "  sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: deps build
+	OPENBLAS_NUM_THREADS=1 mpirun -np $(NP) $(MPIRUN_FLAGS) $(BUILD)/bin/shardlm train input/demo.ini
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD)
