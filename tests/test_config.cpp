@@ -1,0 +1,388 @@
+#define BOOST_TEST_MODULE test_config
+#include <boost/test/unit_test.hpp>
+// test_config: the input deck, overrides, checks, error messages and the resolved deck round trip.
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "shardlm/config.hpp"
+
+namespace fs = std::filesystem;
+using namespace shardlm;
+
+namespace {
+
+// A fresh temporary folder holding the decks and placeholder data files of one test.
+struct TempDir {
+  fs::path root;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "shardlm_test_config_XXXXXX").string();
+    BOOST_REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    root = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  std::string write(const std::string& rel, const std::string& text) const {
+    fs::path p = root / rel;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+};
+
+// The smallest valid deck: the required keys, a vocabulary big enough for the byte tokenizer.
+const std::string kBase =
+    "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"
+    "[data]\ntrain_file = train.json\n"
+    "[train]\nbatch_size = 8\n";
+
+// Runs the deck `extra` appended to kBase (in the temp dir, with its data files).
+struct Fixture {
+  TempDir tmp;
+  Fixture() {
+    tmp.write("train.json", "{}");
+    tmp.write("eval.json", "{}");
+  }
+  std::string deck(const std::string& text, const std::string& name = "deck.ini") const {
+    return tmp.write(name, text);
+  }
+  RunConfig load(const std::string& text, const std::vector<std::string>& overrides = {},
+                 int world = 1) const {
+    return load_run_config(deck(text), overrides, world);
+  }
+};
+
+// The message of the Error `f` throws, or a marker that none was thrown.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error thrown>";
+}
+
+bool has(const std::string& msg, const std::string& part) {
+  if (msg.find(part) != std::string::npos) return true;
+  BOOST_TEST_MESSAGE("'" << part << "' not in: " << msg);
+  return false;
+}
+
+std::string value_of(const RunConfig& cfg, const std::string& key) {
+  for (const auto& [k, v] : cfg.resolved)
+    if (k == key) return v;
+  return "<missing>";
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(deck, Fixture)
+
+BOOST_AUTO_TEST_CASE(values_are_parsed) {
+  RunConfig c = load(
+      "# a full deck\n"
+      "[model]\narch = bloom\nvocab_size = 300 ; inline ';' comment\nhidden_size = 64\n"
+      "num_layers = 3\nnum_heads = 8\nlayer_norm_eps = 1e-6\ninit_std = 0.01\n"
+      "; a ';' comment line\n"
+      "[data]\nformat = jsonl\ntrain_file = train.json\neval_file = eval.json\nmax_length = 64\n"
+      "train_size = 100\neval_size = 10\ntokenizer = byte\n"
+      "[train]\nepochs = 3\nbatch_size = 16\nmicro_batch_size = 2\nlr = 3e-4\nweight_decay = 0\n"
+      "warmup_steps = 5\nlr_schedule = constant\nadam_beta1 = 0.8\nadam_beta2 = 0.95\n"
+      "adam_eps = 1e-6\nmax_grad_norm = 0.5\nseed = 18446744073709551615\nshuffle = no\n"
+      "log_every = 7\nmax_steps = 20\n"
+      "[fsdp]\nstrategy = shard_grad_op\nparam_dtype = bf16\nreduce_dtype = FP16\n"
+      "[dist]\nranks_per_node = 2\n"
+      "[run]\ndir = out/x\nbackend = cpu\n",
+      {}, 4);
+  BOOST_TEST(c.model.arch == "bloom");
+  BOOST_TEST(c.model.bloom.vocab_size == 300);
+  BOOST_TEST(c.model.bloom.hidden_size == 64);
+  BOOST_TEST(c.model.bloom.num_layers == 3);
+  BOOST_TEST(c.model.bloom.num_heads == 8);
+  BOOST_TEST(c.model.bloom.layer_norm_eps == 1e-6f);
+  BOOST_TEST(c.model.bloom.init_std == 0.01f);
+  BOOST_TEST(c.data.format == "jsonl");
+  BOOST_TEST(c.data.train_file == (tmp.root / "train.json").string());
+  BOOST_TEST(c.data.eval_file == (tmp.root / "eval.json").string());
+  BOOST_TEST(c.data.max_length == 64);
+  BOOST_TEST(c.data.train_size == 100u);
+  BOOST_TEST(c.data.eval_size == 10u);
+  BOOST_TEST(c.train.epochs == 3);
+  BOOST_TEST(c.train.batch_size == 16);
+  BOOST_TEST(c.train.micro_batch_size == 2);
+  BOOST_TEST(c.train.lr == 3e-4);
+  BOOST_TEST(c.train.weight_decay == 0.0);
+  BOOST_TEST(c.train.warmup_steps == 5);
+  BOOST_TEST(c.train.lr_schedule == "constant");
+  BOOST_TEST(c.train.adam_beta1 == 0.8);
+  BOOST_TEST(c.train.adam_beta2 == 0.95);
+  BOOST_TEST(c.train.adam_eps == 1e-6);
+  BOOST_TEST(c.train.max_grad_norm == 0.5);
+  BOOST_TEST(c.train.seed == 18446744073709551615ull);
+  BOOST_TEST(c.train.shuffle == false);
+  BOOST_TEST(c.train.log_every == 7);
+  BOOST_TEST(c.train.max_steps == 20);
+  BOOST_TEST(c.fsdp.strategy == ShardingStrategy::ShardGradOp);
+  BOOST_TEST(c.fsdp.param_dtype == DType::BF16);
+  BOOST_TEST(c.fsdp.reduce_dtype == DType::F16);
+  BOOST_TEST(c.dist.ranks_per_node == 2);
+  BOOST_TEST(c.run.dir == "out/x");
+  BOOST_TEST(c.grad_accum(4) == 2);
+  BOOST_TEST(value_of(c, "fsdp.strategy") == "SHARD_GRAD_OP");
+  BOOST_TEST(value_of(c, "fsdp.reduce_dtype") == "fp16");
+  BOOST_TEST(value_of(c, "train.shuffle") == "false");
+  BOOST_TEST(value_of(c, "train.lr") == "0.0003");
+}
+
+BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
+  RunConfig c = load(kBase);
+  RunConfig d;
+  BOOST_TEST(c.train.lr == d.train.lr);
+  BOOST_TEST(c.train.epochs == d.train.epochs);
+  BOOST_TEST(c.data.max_length == d.data.max_length);
+  BOOST_TEST(c.data.eval_file.empty());
+  BOOST_TEST(c.run.dir == d.run.dir);
+  BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
+  BOOST_TEST(c.model.bloom.layer_norm_eps == d.model.bloom.layer_norm_eps);
+  // Every key is in `resolved`, in the fixed order, sections model .. run.
+  BOOST_TEST(c.resolved.size() == 35u);
+  BOOST_TEST(c.resolved.front().first == "model.arch");
+  BOOST_TEST(c.resolved[1].first == "model.vocab_size");
+  BOOST_TEST(c.resolved.back().first == "run.backend");
+}
+
+BOOST_AUTO_TEST_CASE(booleans) {
+  for (auto [text, v] : std::vector<std::pair<std::string, bool>>{
+           {"true", true}, {"1", true}, {"yes", true}, {"false", false}, {"0", false}, {"no", false}})
+    BOOST_TEST(load(kBase + "shuffle = " + text + "\n").train.shuffle == v);
+  std::string m = error_of([&] { load(kBase + "shuffle = maybe\n"); });
+  BOOST_TEST(has(m, "train.shuffle = 'maybe'"));
+}
+
+BOOST_AUTO_TEST_CASE(overrides_win) {
+  RunConfig c = load(kBase + "lr = 1e-3\nepochs = 2\n",
+                     {"--train.lr=5e-4", "--train.epochs", "3", "--fsdp.strategy=NO_SHARD",
+                      "--train.warmup_steps", "-0"});
+  BOOST_TEST(c.train.lr == 5e-4);
+  BOOST_TEST(c.train.epochs == 3);
+  BOOST_TEST(c.fsdp.strategy == ShardingStrategy::NoShard);
+  BOOST_TEST(c.model.bloom.hidden_size == 64);  // deck values not overridden stay
+  // A negative value as the next token is taken as the value, and checked.
+  std::string m = error_of([&] { load(kBase, {"--train.lr", "-1"}); });
+  BOOST_TEST(has(m, "train.lr = -1: must be > 0"));
+  // An override can supply a required key the deck lacks.
+  RunConfig d = load("[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"
+                     "[data]\ntrain_file = train.json\n",
+                     {"--train.batch_size=4"});
+  BOOST_TEST(d.train.batch_size == 4);
+}
+
+BOOST_AUTO_TEST_CASE(relative_paths) {
+  tmp.write("sub/data/t.json", "{}");
+  std::string deck_path = tmp.write("sub/deck.ini",
+                                    "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\n"
+                                    "num_heads = 4\n[data]\ntrain_file = data/./t.json\n"
+                                    "eval_file = ../eval.json\n[train]\nbatch_size = 8\n");
+  RunConfig c = load_run_config(deck_path, {}, 1);
+  BOOST_TEST(c.data.train_file == (fs::absolute(tmp.root) / "sub/data/t.json").string());
+  BOOST_TEST(c.data.eval_file == (fs::absolute(tmp.root) / "eval.json").string());
+
+  // Overrides are relative to the current directory, not to the deck.
+  std::string rel = fs::relative(tmp.root / "train.json", fs::current_path()).string();
+  RunConfig o = load_run_config(deck_path, {"--data.train_file=" + rel}, 1);
+  BOOST_TEST(o.data.train_file == (fs::absolute(tmp.root) / "train.json").string());
+  // An empty eval_file turns evaluation off.
+  BOOST_TEST(load_run_config(deck_path, {"--data.eval_file="}, 1).data.eval_file.empty());
+}
+
+BOOST_AUTO_TEST_CASE(unknown_key_in_deck) {
+  std::string d = deck("[trian]\nlr=1\n" + kBase);
+  std::string m = error_of([&] { load_run_config(d, {}, 1); });
+  BOOST_TEST(has(m, "unknown key 'trian.lr' in " + d));
+  BOOST_TEST(has(m, "(did you mean 'train.lr'?)"));
+  // The right key in no section: the exact key part is a good enough hint.
+  m = error_of([&] { load("lr = 1\n" + kBase); });
+  BOOST_TEST(has(m, "unknown key 'lr'"));
+  BOOST_TEST(has(m, "train.lr"));
+}
+
+BOOST_AUTO_TEST_CASE(unknown_key_on_command_line) {
+  std::string m = error_of([&] { load(kBase, {"--train.lrr=1"}); });
+  BOOST_TEST(has(m, "unknown key 'train.lrr' on the command line (did you mean 'train.lr'?)"));
+  m = error_of([&] { load(kBase, {"--zzzz.qqqqqq=1"}); });
+  BOOST_TEST(has(m, "unknown key 'zzzz.qqqqqq' on the command line"));
+  BOOST_TEST(m.find("did you mean") == std::string::npos);
+  // No prefix guessing: an abbreviation is unknown, not silently some other key.
+  m = error_of([&] { load(kBase, {"--train.l=1"}); });
+  BOOST_TEST(has(m, "unknown key 'train.l'"));
+  m = error_of([&] { load(kBase, {"train.lr=1"}); });
+  BOOST_TEST(has(m, "unexpected argument 'train.lr=1'"));
+  m = error_of([&] { load(kBase, {"--train.lr"}); });
+  BOOST_TEST(has(m, "train.lr needs a value"));
+  m = error_of([&] { load(kBase, {"--train.lr=1", "--train.lr=2"}); });
+  BOOST_TEST(has(m, "train.lr is given twice on the command line"));
+}
+
+BOOST_AUTO_TEST_CASE(bad_values) {
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr = -1\n"); }), "train.lr = -1: must be > 0"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr = nan\n"); }), "train.lr = nan: must be finite"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "epochs = abc\n"); }), "train.epochs = 'abc'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "epochs = 1.5\n"); }), "train.epochs = '1.5'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr = 1e-3x\n"); }), "train.lr = '1e-3x': not a number"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "epochs = 0\n"); }), "train.epochs = 0: must be >= 1"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "epochs = 99999999999\n"); }), "out of range"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "adam_beta2 = 1\n"); }), "train.adam_beta2 = 1"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "seed = -3\n"); }), "train.seed = -3: must be >= 0"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr_schedule = cosine\n"); }),
+                 "train.lr_schedule = 'cosine'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[data]\nmax_length = 4\n"); }), "data.max_length = 4"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[data]\nformat = csv\n"); }), "data.format = 'csv'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[fsdp]\nparam_dtype = fp8\n"); }),
+                 "fsdp.param_dtype = 'fp8'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\n"); }), "model.arch = 'llama'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[run]\nbackend = cuda\n"); }), "run.backend = 'cuda'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[run]\ndir =\n"); }), "run.dir"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\ninit_std = 0\n"); }), "model.init_std = 0"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--train.lr=-1e-3"}); }), "train.lr = -1e-3"));
+}
+
+BOOST_AUTO_TEST_CASE(model_shape_checks) {
+  std::string m = error_of([&] { load(kBase, {"--model.num_heads=5"}); });
+  BOOST_TEST(has(m, "model.num_heads = 5"));
+  m = error_of([&] { load(kBase, {"--model.vocab_size=100"}); });
+  BOOST_TEST(has(m, "model.vocab_size = 100: must be >= 259"));
+  m = error_of([&] { load(kBase, {"--model.hidden_size=0"}); });
+  BOOST_TEST(has(m, "model.hidden_size = 0: must be > 0"));
+}
+
+BOOST_AUTO_TEST_CASE(unknown_strategy) {
+  std::string m = error_of([&] { load(kBase + "[fsdp]\nstrategy = FULLSHARD\n"); });
+  BOOST_TEST(has(m, "fsdp.strategy = 'FULLSHARD'"));
+  BOOST_TEST(has(m, "FULL_SHARD"));
+  BOOST_TEST(has(m, "HYBRID_SHARD"));
+  m = error_of([&] { parse_strategy("zero3"); });
+  BOOST_TEST(has(m, "'zero3'"));
+  BOOST_TEST(has(m, "SHARD_GRAD_OP"));
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                             ShardingStrategy::HybridShard, ShardingStrategy::NoShard})
+    BOOST_TEST(parse_strategy(strategy_name(s)) == s);
+  BOOST_TEST(parse_strategy("hybrid_shard") == ShardingStrategy::HybridShard);
+}
+
+BOOST_AUTO_TEST_CASE(missing_files) {
+  std::string m = error_of([&] { load_run_config((tmp.root / "nope.ini").string(), {}, 1); });
+  BOOST_TEST(has(m, "cannot open input deck '" + (tmp.root / "nope.ini").string() + "'"));
+  m = error_of([&] { load(kBase + "[data]\ntrain_file = missing.json\n"); });
+  BOOST_TEST(has(m, "is given twice"));  // train_file is also in kBase
+  m = error_of([&] { load(kBase, {"--data.train_file=" + (tmp.root / "missing.json").string()}); });
+  BOOST_TEST(has(m, "data.train_file = '" + (tmp.root / "missing.json").string() + "': file not found"));
+  m = error_of([&] { load(kBase + "[data]\neval_file = gone.json\n"); });
+  BOOST_TEST(has(m, "data.eval_file = 'gone.json': file not found"));
+  m = error_of([&] { load(kBase + "[data]\neval_file = .\n"); });
+  BOOST_TEST(has(m, "data.eval_file"));
+}
+
+BOOST_AUTO_TEST_CASE(batch_and_world_size) {
+  std::string m = error_of([&] { load(kBase, {"--train.batch_size=6", "--train.micro_batch_size=4"}, 4); });
+  BOOST_TEST(has(m, "train.batch_size = 6 is not divisible by micro_batch_size (4) x world size (4)"));
+  RunConfig c = load(kBase, {"--train.batch_size=32", "--train.micro_batch_size=4"}, 4);
+  BOOST_TEST(c.grad_accum(4) == 2);
+  m = error_of([&] { load(kBase, {"--dist.ranks_per_node=3"}, 4); });
+  BOOST_TEST(has(m, "dist.ranks_per_node = 3"));
+  c = load(kBase, {"--dist.ranks_per_node=2", "--fsdp.strategy=HYBRID_SHARD"}, 4);
+  BOOST_TEST(c.grad_accum(4) == 2);
+  c = load(kBase, {"--fsdp.strategy=HYBRID_SHARD"}, 2);  // 0: the real topology
+  BOOST_TEST(c.fsdp.strategy == ShardingStrategy::HybridShard);
+}
+
+BOOST_AUTO_TEST_CASE(duplicate_key) {
+  std::string m = error_of([&] { load(kBase + "lr = 1\nlr = 2\n"); });
+  BOOST_TEST(has(m, "train.lr is given twice"));
+  BOOST_TEST(has(m, "lines"));
+  // The same key in the deck and on the command line is an override, not a duplicate.
+  BOOST_TEST(load(kBase + "lr = 1\n", {"--train.lr=2"}).train.lr == 2.0);
+}
+
+BOOST_AUTO_TEST_CASE(missing_required_key) {
+  std::string m = error_of([&] {
+    load("[model]\nvocab_size = 300\nnum_layers = 2\nnum_heads = 4\n"
+         "[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n");
+  });
+  BOOST_TEST(has(m, "model.hidden_size is required (set it in the deck or with --model.hidden_size=N)"));
+  m = error_of([&] {
+    load("[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"
+         "[train]\nbatch_size = 8\n");
+  });
+  BOOST_TEST(has(m, "data.train_file is required"));
+  m = error_of([&] { load(kBase, {"--train.batch_size="}); });
+  BOOST_TEST(has(m, "train.batch_size is required"));
+}
+
+BOOST_AUTO_TEST_CASE(syntax_errors) {
+  std::string m = error_of([&] { load(kBase + "just words\n"); });
+  BOOST_TEST(has(m, "line 10"));
+  BOOST_TEST(has(m, "just words"));
+  m = error_of([&] { load(kBase + "[]\n"); });
+  BOOST_TEST(has(m, "bad section header"));
+}
+
+BOOST_AUTO_TEST_CASE(resolved_round_trip) {
+  RunConfig a = load(kBase + "lr = 3e-4\nadam_eps = 1e-7\nseed = 123456789012345\nshuffle = 0\n"
+                             "[model]\nlayer_norm_eps = 1e-5\ninit_std = 0.0123456789\n"
+                             "[data]\neval_file = eval.json\n[fsdp]\nstrategy = hybrid_shard\n"
+                             "param_dtype = bfloat16\n[run]\ndir = my run/x\n",
+                     {"--train.weight_decay=0.1", "--train.max_grad_norm=0.30000000000000004"}, 2);
+  std::string ini = resolved_deck_ini(a);
+  BOOST_TEST(ini.rfind("# shardlm resolved input deck\n", 0) == 0);
+  BOOST_TEST(has(ini, "[train]\nepochs = 1\n"));
+  // Loaded again from another folder: paths are absolute, every value parses back the same.
+  std::string again = tmp.write("other/resolved.ini", ini);
+  RunConfig b = load_run_config(again, {}, 2);
+  BOOST_TEST(a.resolved == b.resolved);
+  BOOST_TEST(resolved_deck_ini(b) == ini);
+  BOOST_TEST(b.train.max_grad_norm == 0.30000000000000004);
+  BOOST_TEST(b.model.bloom.init_std == a.model.bloom.init_std);
+  BOOST_TEST(b.train.seed == 123456789012345ull);
+  BOOST_TEST(b.run.dir == "my run/x");
+}
+
+BOOST_AUTO_TEST_CASE(demo_deck_loads) {
+#ifdef SHARDLM_SOURCE_DIR
+  // Copied next to placeholder data files: input/data/ is not this module's to write.
+  fs::path demo = fs::path(SHARDLM_SOURCE_DIR) / "input/demo.ini";
+  fs::copy_file(demo, tmp.root / "demo.ini");
+  tmp.write("data/demo_squad_train.json", "{}");
+  tmp.write("data/demo_squad_eval.json", "{}");
+  RunConfig c = load_run_config((tmp.root / "demo.ini").string(), {}, 2);
+  BOOST_TEST(c.model.bloom.vocab_size == 259);
+  BOOST_TEST(c.model.bloom.hidden_size == 128);
+  BOOST_TEST(c.data.format == "squad");
+  BOOST_TEST(c.data.train_file == (fs::absolute(tmp.root) / "data/demo_squad_train.json").string());
+  BOOST_TEST(c.train.lr == 2e-3);
+  BOOST_TEST(c.train.batch_size == 8);
+  BOOST_TEST(c.train.log_every == 5);
+  BOOST_TEST(c.run.dir == "runs/demo");
+  BOOST_TEST(c.grad_accum(2) == 1);
+#else
+  BOOST_TEST_MESSAGE("SHARDLM_SOURCE_DIR not defined: demo deck not checked");
+#endif
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(edit_distance_values) {
+  BOOST_TEST(edit_distance("", "") == 0u);
+  BOOST_TEST(edit_distance("abc", "") == 3u);
+  BOOST_TEST(edit_distance("", "abc") == 3u);
+  BOOST_TEST(edit_distance("abc", "abc") == 0u);
+  BOOST_TEST(edit_distance("kitten", "sitting") == 3u);
+  BOOST_TEST(edit_distance("flaw", "lawn") == 2u);
+  BOOST_TEST(edit_distance("trian.lr", "train.lr") == 2u);
+  BOOST_TEST(edit_distance("train.lrr", "train.lr") == 1u);
+  BOOST_TEST(edit_distance("a", "b") == 1u);
+}

@@ -1,0 +1,109 @@
+// Tests of dist under mpirun: collectives (fp32 and 16-bit), topology, process groups, error agreement.
+#define BOOST_TEST_MODULE test_dist
+#include "mpi_fixture.hpp"
+
+#include "shardlm/dist.hpp"
+
+using namespace shardlm;
+
+BOOST_AUTO_TEST_CASE(fp32_collectives) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int r = world.rank(), n = world.size();
+  const size_t count = 5;
+  std::vector<float> mine(count), all(count * n);
+  for (size_t i = 0; i < count; ++i) mine[i] = float(100 * r + i);
+  world.all_gather(mine.data(), all.data(), count, DType::F32);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) BOOST_TEST(all[q * count + i] == float(100 * q + i));
+
+  // reduce-scatter: element j of the full vector on rank q is q + j; rank r keeps piece r of the sum.
+  std::vector<float> full(count * n), piece(count);
+  for (size_t j = 0; j < full.size(); ++j) full[j] = float(r + j);
+  world.reduce_scatter(full.data(), piece.data(), count, DType::F32, ReduceOp::Sum);
+  const float rank_sum = float(n * (n - 1) / 2);
+  for (size_t i = 0; i < count; ++i) BOOST_TEST(piece[i] == rank_sum + n * float(r * count + i));
+
+  std::vector<float> v = {float(r), 1.0f};
+  world.all_reduce(v.data(), 2, DType::F32, ReduceOp::Sum);
+  BOOST_TEST(v[0] == rank_sum);
+  BOOST_TEST(v[1] == float(n));
+  float mx = float(r);
+  world.all_reduce(&mx, 1, DType::F32, ReduceOp::Max);
+  BOOST_TEST(mx == float(n - 1));
+
+  std::vector<float> b = {r == n - 1 ? 42.0f : 0.0f};
+  world.broadcast(b.data(), 1, DType::F32, n - 1);
+  BOOST_TEST(b[0] == 42.0f);
+}
+
+BOOST_AUTO_TEST_CASE(sixteen_bit_reductions) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int r = world.rank(), n = world.size();
+  for (DType t : {DType::BF16, DType::F16}) {
+    // Small integers are exact in both formats, so the sums are exact.
+    std::vector<float> full(3 * n);
+    for (size_t j = 0; j < full.size(); ++j) full[j] = float(j + r);
+    std::vector<uint16_t> packed(full.size()), piece(3);
+    pack16(t, full.data(), packed.data(), full.size());
+    world.reduce_scatter(packed.data(), piece.data(), 3, t, ReduceOp::Sum);
+    std::vector<float> out(3);
+    unpack16(t, piece.data(), out.data(), 3);
+    for (int i = 0; i < 3; ++i) BOOST_TEST(out[i] == float(n * (3 * r + i) + n * (n - 1) / 2));
+    uint16_t x = t == DType::BF16 ? float_to_bf16(0.5f) : float_to_fp16(0.5f);
+    world.all_reduce(&x, 1, t, ReduceOp::Sum);
+    BOOST_TEST((t == DType::BF16 ? bf16_to_float(x) : fp16_to_float(x)) == 0.5f * n);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(real_topology_is_one_host) {
+  Topology t = make_topology(MPI_COMM_WORLD, 0);
+  BOOST_TEST(t.num_nodes == 1);
+  BOOST_TEST(t.node == 0);
+  BOOST_TEST(t.local_size == world_size());
+  BOOST_TEST(t.local_rank == world_rank());
+  BOOST_TEST(!t.emulated);
+}
+
+BOOST_AUTO_TEST_CASE(process_groups_per_strategy) {
+  const int n = world_size(), r = world_rank();
+  const int per_node = n >= 2 ? n / 2 : 1;
+  Topology t = make_topology(MPI_COMM_WORLD, per_node);
+  BOOST_TEST(t.emulated);
+  BOOST_TEST(t.node == r / per_node);
+  BOOST_TEST(t.local_rank == r % per_node);
+  BOOST_TEST(t.num_nodes == n / per_node);
+
+  ProcessGroups full = make_mpi_process_groups(MPI_COMM_WORLD, t, ShardingStrategy::FullShard);
+  BOOST_TEST(full.shard->size() == n);
+  BOOST_TEST(full.replicate->size() == 1);
+  ProcessGroups none = make_mpi_process_groups(MPI_COMM_WORLD, t, ShardingStrategy::NoShard);
+  BOOST_TEST(none.shard->size() == 1);
+  BOOST_TEST(none.replicate->size() == n);
+  ProcessGroups hybrid = make_mpi_process_groups(MPI_COMM_WORLD, t, ShardingStrategy::HybridShard);
+  BOOST_TEST(hybrid.shard->size() == per_node);
+  BOOST_TEST(hybrid.shard->rank() == r % per_node);
+  BOOST_TEST(hybrid.replicate->size() == n / per_node);
+  BOOST_TEST(hybrid.replicate->rank() == r / per_node);
+  // The replicate group joins the same local rank of every node: sum the world ranks in it.
+  float v = float(r);
+  hybrid.replicate->all_reduce(&v, 1, DType::F32, ReduceOp::Sum);
+  float expect = 0;
+  for (int node = 0; node < n / per_node; ++node) expect += float(node * per_node + r % per_node);
+  BOOST_TEST(v == expect);
+}
+
+BOOST_AUTO_TEST_CASE(errors_are_agreed_on) {
+  const int n = world_size();
+  std::string seen;
+  try {
+    run_collectively(MPI_COMM_WORLD, [&] {
+      if (world_rank() == n - 1) throw Error("data file missing");
+    });
+  } catch (const AgreedError& e) {
+    seen = e.what();
+  }
+  BOOST_TEST(seen == (n - 1 == 0 ? std::string("data file missing") : concat("rank ", n - 1, ": data file missing")));
+  BOOST_CHECK_NO_THROW(run_collectively(MPI_COMM_WORLD, [] {}));
+  BOOST_TEST(mpi_sum(MPI_COMM_WORLD, 1.5) == 1.5 * n);
+  BOOST_TEST(mpi_max(MPI_COMM_WORLD, double(world_rank())) == double(n - 1));
+}

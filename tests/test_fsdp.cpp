@@ -1,0 +1,140 @@
+// Tests of the FSDP engine end to end under mpirun: every strategy on the world gives the per-step
+// losses of one rank with NO_SHARD and the same global batch; state is sharded 1/N; mixed precision.
+#define BOOST_TEST_MODULE test_fsdp
+#include "mpi_fixture.hpp"
+
+#include <cmath>
+
+#include "shardlm/train.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
+  RunConfig cfg;
+  cfg.model.bloom.vocab_size = 259;
+  cfg.model.bloom.hidden_size = 32;
+  cfg.model.bloom.num_layers = 2;
+  cfg.model.bloom.num_heads = 4;
+  cfg.data.format = "squad";
+  cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
+  cfg.data.eval_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json";
+  cfg.data.eval_size = 16;
+  cfg.data.max_length = 160;
+  cfg.train.epochs = 1;
+  cfg.train.batch_size = 8;
+  cfg.train.micro_batch_size = 2;
+  cfg.train.lr = 3e-3;
+  cfg.train.warmup_steps = 3;
+  cfg.train.max_steps = 20;
+  cfg.train.seed = 7;
+  cfg.train.log_every = 5;
+  cfg.fsdp.strategy = strategy;
+  cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/fsdp_np", world_size(), "_", name);
+  return cfg;
+}
+
+TrainOptions quiet() {
+  TrainOptions o;
+  o.echo = false;
+  return o;
+}
+
+// The reference: one rank, NO_SHARD, gradient accumulation over the whole global batch.
+const TrainResult& reference() {
+  static TrainResult ref = [] {
+    TrainResult r;
+    if (world_rank() == 0) r = train(tiny_config(ShardingStrategy::NoShard, "reference"), MPI_COMM_SELF, quiet());
+    size_t steps = r.step_losses.size();
+    MPI_Bcast(&steps, 1, MPI_UNSIGNED_LONG, 0, MPI_COMM_WORLD);
+    r.step_losses.resize(steps);
+    r.eval_losses.resize(1);
+    MPI_Bcast(r.step_losses.data(), static_cast<int>(steps), MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(r.eval_losses.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return r;
+  }();
+  return ref;
+}
+
+void expect_same_losses(const TrainResult& got, const TrainResult& ref, double rel) {
+  BOOST_TEST_REQUIRE(got.step_losses.size() == ref.step_losses.size());
+  for (size_t i = 0; i < ref.step_losses.size(); ++i)
+    BOOST_TEST(got.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(rel));
+  BOOST_TEST(got.eval_losses.at(0) == ref.eval_losses.at(0), boost::test_tools::tolerance(rel));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(reference_learns) {
+  const TrainResult& ref = reference();
+  BOOST_TEST_REQUIRE(ref.step_losses.size() == 20u);
+  // Loss starts near ln(259) for a fresh model and falls.
+  BOOST_TEST(ref.step_losses.front() > 4.5);
+  BOOST_TEST(ref.step_losses.back() < ref.step_losses.front() - 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(full_shard_matches_one_rank) {
+  TrainResult r = train(tiny_config(ShardingStrategy::FullShard, "full"), MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(shard_grad_op_matches_one_rank) {
+  TrainResult r = train(tiny_config(ShardingStrategy::ShardGradOp, "grad_op"), MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(hybrid_shard_matches_one_rank) {
+  RunConfig cfg = tiny_config(ShardingStrategy::HybridShard, "hybrid");
+  cfg.dist.ranks_per_node = world_size() >= 2 ? world_size() / 2 : 1;  // two emulated nodes
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(no_shard_on_the_world_matches_one_rank) {
+  TrainResult r = train(tiny_config(ShardingStrategy::NoShard, "no_shard"), MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(accumulation_does_not_change_the_step) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "accum");
+  cfg.train.micro_batch_size = 1;  // twice the micro-steps for the same global batch
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(state_is_sharded_one_over_n) {
+  const int n = world_size();
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "memory");
+  cfg.train.max_steps = 1;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  const double model_bytes = double(r.model_params) * sizeof(float);
+  // Each unit pads to a multiple of n, so a slice exceeds 1/n by under one element per unit.
+  BOOST_TEST(double(r.master_shard_bytes) >= model_bytes / n);
+  BOOST_TEST(double(r.master_shard_bytes) <= model_bytes / n + 3 * sizeof(float) * 4);
+  BOOST_TEST(r.grad_shard_bytes == r.master_shard_bytes);
+  BOOST_TEST(r.optimizer_bytes == 2 * r.master_shard_bytes);
+  // HYBRID_SHARD shards over a node only.
+  if (n >= 2) {
+    RunConfig h = tiny_config(ShardingStrategy::HybridShard, "memory_hybrid");
+    h.train.max_steps = 1;
+    h.dist.ranks_per_node = n / 2;
+    TrainResult hr = train(h, MPI_COMM_WORLD, quiet());
+    BOOST_TEST(double(hr.master_shard_bytes) >= model_bytes / (n / 2));
+    BOOST_TEST(double(hr.master_shard_bytes) <= model_bytes / (n / 2) + 3 * sizeof(float) * 4);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bf16_parameters_and_reduction_track_fp32) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "bf16");
+  cfg.fsdp.param_dtype = DType::BF16;
+  cfg.fsdp.reduce_dtype = DType::BF16;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  const TrainResult& ref = reference();
+  bool any_different = false;
+  for (size_t i = 0; i < ref.step_losses.size(); ++i) {
+    BOOST_TEST(r.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(0.02));
+    any_different |= r.step_losses[i] != ref.step_losses[i];
+  }
+  BOOST_TEST(any_different);  // the rounding really happened
+}
