@@ -32,6 +32,7 @@ struct TensorSpec {
   size_t numel = 0;
   bool decay = true;  // AdamW weight decay applies (false for biases and norms)
   InitKind init = InitKind::Normal;
+  float init_std = 0.02f;  // standard deviation of a Normal init (BloomConfig::init_std)
 };
 
 // An FSDP unit: unit 0 is the root (embeddings, embedding LayerNorm, final LayerNorm; the LM head

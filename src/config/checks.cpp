@@ -1,0 +1,32 @@
+// Checks that involve more than one key, or the world size the run is launched with.
+#include "config_internal.hpp"
+
+namespace shardlm::config_detail {
+
+// The byte tokenizer's vocabulary: 256 byte values plus its special tokens.
+static constexpr int kByteVocab = 259;
+
+void check_run_config(const RunConfig& cfg, int world_size) {
+  const BloomConfig& m = cfg.model.bloom;
+  if (m.hidden_size % m.num_heads != 0)
+    bad_value("model.num_heads", std::to_string(m.num_heads),
+              concat("hidden_size (", m.hidden_size, ") is not divisible by it"));
+  if (cfg.data.tokenizer == "byte" && m.vocab_size < kByteVocab)
+    bad_value("model.vocab_size", std::to_string(m.vocab_size),
+              concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
+
+  SHARDLM_CHECK(world_size >= 1, "world size must be >= 1 (got ", world_size, ")");
+  const TrainSection& t = cfg.train;
+  // Product in 64 bits: a huge micro_batch_size x world size must not wrap to a divisor.
+  long long per_step = static_cast<long long>(world_size) * t.micro_batch_size;
+  if (t.batch_size % per_step != 0)
+    throw Error(concat("train.batch_size = ", t.batch_size, " is not divisible by micro_batch_size (",
+                       t.micro_batch_size, ") x world size (", world_size, ")"));
+
+  int rpn = cfg.dist.ranks_per_node;
+  if (rpn > 0 && world_size % rpn != 0)
+    bad_value("dist.ranks_per_node", std::to_string(rpn),
+              concat("world size ", world_size, " is not divisible by it"));
+}
+
+}  // namespace shardlm::config_detail

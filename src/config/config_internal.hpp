@@ -1,0 +1,52 @@
+// config internals shared by src/config/*.cpp: value parsers/formatters and the table of deck keys.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardlm/config.hpp"
+
+namespace shardlm::config_detail {
+
+// ---- values (values.cpp) --------------------------------------------------------------------
+
+// Throws Error "KEY = SHOWN: WHY"; SHOWN is the value as the user wrote it (quoted when textual).
+[[noreturn]] void bad_value(const std::string& key, const std::string& shown, const std::string& why);
+std::string quoted(const std::string& s);  // 'abc'
+std::string lower(std::string s);
+std::string trim(const std::string& s);
+
+// Each parser throws bad_value naming `key` and the text when the text is not a valid value.
+int parse_int(const std::string& key, const std::string& text, int min, const char* why_min);
+uint64_t parse_unsigned(const std::string& key, const std::string& text);
+double parse_double(const std::string& key, const std::string& text);  // finite only
+float parse_float(const std::string& key, const std::string& text);    // finite only
+bool parse_bool(const std::string& key, const std::string& text);
+
+// Shortest text that parses back to exactly the same value.
+std::string format_double(double v);
+std::string format_float(float v);
+
+// ---- keys (keys.cpp) ------------------------------------------------------------------------
+
+struct KeySpec {
+  std::string name;                  // "section.key"
+  const char* required = nullptr;    // placeholder for the "is required" hint ("N"); null: optional
+  // Parses `text` into the config; relative paths resolve against `base_dir`.
+  std::function<void(RunConfig&, const std::string& text, const std::string& base_dir)> set;
+  // The field's current value as text that `set` accepts back unchanged.
+  std::function<std::string(const RunConfig&)> get;
+};
+
+// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, dist, run).
+const std::vector<KeySpec>& key_table();
+
+// The nearest valid key to an unknown one, or "" when none is close enough to suggest.
+std::string nearest_key(const std::string& unknown);
+
+// Checks between keys and against the world size (checks.cpp).
+void check_run_config(const RunConfig& cfg, int world_size);
+
+}  // namespace shardlm::config_detail

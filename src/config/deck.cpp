@@ -1,0 +1,186 @@
+// load_run_config: the INI deck and the --section.key overrides read with Boost.Program_options,
+// turned into a checked RunConfig; resolved_deck_ini writes the result back as a deck.
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config_internal.hpp"
+
+namespace shardlm {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using namespace config_detail;
+
+// Every key as a string option: typing is ours, so each bad value gets a message naming its key.
+static po::options_description deck_options() {
+  po::options_description desc("shardlm input deck");
+  for (const KeySpec& k : key_table()) desc.add_options()(k.name.c_str(), po::value<std::string>());
+  return desc;
+}
+
+static std::string unknown_key_message(const std::string& key, const std::string& where) {
+  std::string hint = nearest_key(key);
+  return concat("unknown key '", key, "' ", where,
+                hint.empty() ? std::string() : concat(" (did you mean '", hint, "'?)"));
+}
+
+static std::string read_file_text(const std::string& path) {
+  std::error_code ec;
+  std::ifstream f(path, std::ios::binary);
+  if (path.empty() || fs::is_directory(path, ec) || !f)
+    throw Error(concat("cannot open input deck '", path, "'"));
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+// Boost's INI reader knows '#' comments only, gives no line numbers and takes a repeated key to a
+// late multiple_occurrences; so strip ';' comments here and report bad lines and repeats by line.
+static std::string clean_deck(const std::string& path, const std::string& raw) {
+  std::istringstream in(raw);
+  std::ostringstream out;
+  std::string line, section;
+  std::map<std::string, int> first_line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (n == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 byte order mark
+    std::string s = trim(line.substr(0, line.find_first_of("#;")));
+    std::string at = concat("input deck '", path, "' line ", n, ": ");
+    if (s.empty()) {
+      out << '\n';
+    } else if (s.front() == '[') {
+      section = s.back() == ']' ? trim(s.substr(1, s.size() - 2)) : "";
+      while (!section.empty() && section.back() == '.') section.pop_back();
+      if (section.empty()) throw Error(concat(at, "bad section header '", s, "'"));
+      out << '[' << section << "]\n";
+    } else {
+      size_t eq = s.find('=');
+      std::string key = eq == std::string::npos ? "" : trim(s.substr(0, eq));
+      if (key.empty()) throw Error(concat(at, "expected 'key = value' or '[section]', got '", s, "'"));
+      std::string name = section.empty() ? key : section + "." + key;
+      auto [it, fresh] = first_line.emplace(name, n);
+      if (!fresh)
+        throw Error(concat(name, " is given twice in input deck '", path, "' (lines ", it->second,
+                           " and ", n, ")"));
+      out << key << " = " << trim(s.substr(eq + 1)) << '\n';
+    }
+  }
+  return out.str();
+}
+
+// The deck's options; unknown keys are errors with a hint.
+static po::parsed_options parse_deck(const std::string& path, const po::options_description& desc) {
+  std::istringstream text(clean_deck(path, read_file_text(path)));
+  po::parsed_options parsed(&desc);
+  try {
+    parsed = po::parse_config_file(text, desc, /*allow_unregistered=*/true);
+  } catch (const po::error& e) {  // clean_deck already rejects what Boost would; keep the context
+    throw Error(concat("cannot read input deck '", path, "': ", e.what()));
+  }
+  for (const po::option& o : parsed.options)
+    if (o.unregistered) throw Error(unknown_key_message(o.string_key, concat("in ", path)));
+  return parsed;
+}
+
+// The overrides, "--section.key=value" or "--section.key value"; no short options, no prefix
+// guessing: an abbreviated key must not silently select some other key.
+static po::parsed_options parse_overrides(const std::vector<std::string>& args,
+                                          const po::options_description& desc) {
+  namespace st = po::command_line_style;
+  // Boost rejects "--key=" (empty after '='); "--key" "" means the same and it takes that.
+  std::vector<std::string> tokens;
+  for (const std::string& a : args) {
+    bool empty_value = a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1;
+    if (!empty_value) {
+      tokens.push_back(a);
+    } else {
+      tokens.push_back(a.substr(0, a.size() - 1));
+      tokens.emplace_back();
+    }
+  }
+  po::parsed_options parsed(&desc);
+  try {
+    parsed = po::command_line_parser(tokens)
+                 .options(desc)
+                 .style(st::allow_long | st::long_allow_adjacent | st::long_allow_next)
+                 .allow_unregistered()
+                 .run();
+  } catch (const po::invalid_command_line_syntax& e) {
+    std::string key = e.get_option_name();
+    key.erase(0, key.find_first_not_of('-'));
+    if (e.kind() == po::invalid_command_line_syntax::missing_parameter)
+      throw Error(concat(key, " needs a value on the command line (write --", key, "=VALUE)"));
+    throw Error(concat("cannot read the overrides on the command line at ", key, ": ", e.what()));
+  } catch (const po::error& e) {
+    throw Error(concat("cannot read the overrides on the command line: ", e.what()));
+  }
+  std::set<std::string> seen;
+  for (const po::option& o : parsed.options) {
+    if (o.string_key.empty()) {  // a bare word: Boost's positional argument
+      std::string tok = o.original_tokens.empty() ? "" : o.original_tokens.front();
+      throw Error(concat("unexpected argument '", tok,
+                         "' on the command line (overrides look like --section.key=value)"));
+    }
+    if (o.unregistered) throw Error(unknown_key_message(o.string_key, "on the command line"));
+    if (!seen.insert(o.string_key).second)
+      throw Error(concat(o.string_key, " is given twice on the command line"));
+  }
+  return parsed;
+}
+
+RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
+                          int world_size) {
+  const po::options_description desc = deck_options();
+  po::parsed_options deck = parse_deck(deck_path, desc);
+  po::parsed_options cli = parse_overrides(overrides, desc);
+
+  std::set<std::string> from_cli;
+  for (const po::option& o : cli.options) from_cli.insert(o.string_key);
+
+  // The first store() of a key wins in Boost: overrides first, so they take precedence.
+  po::variables_map vm;
+  try {
+    po::store(cli, vm);
+    po::store(deck, vm);
+    po::notify(vm);
+  } catch (const po::error& e) {  // repeats and unknowns were rejected above; keep the context
+    throw Error(concat("cannot combine input deck '", deck_path, "' and the overrides: ", e.what()));
+  }
+
+  // Deck paths are relative to the deck's folder, override paths to the current directory.
+  const std::string deck_dir = fs::absolute(deck_path).lexically_normal().parent_path().string();
+  const std::string cwd = fs::current_path().string();
+
+  RunConfig cfg;
+  for (const KeySpec& k : key_table()) {
+    bool given = vm.count(k.name) > 0;
+    std::string text = given ? vm[k.name].as<std::string>() : "";
+    if (k.required && trim(text).empty())
+      throw Error(concat(k.name, " is required (set it in the deck or with --", k.name, "=",
+                         k.required, ")"));
+    if (given) k.set(cfg, text, from_cli.count(k.name) ? cwd : deck_dir);
+  }
+  check_run_config(cfg, world_size);
+
+  for (const KeySpec& k : key_table()) cfg.resolved.emplace_back(k.name, k.get(cfg));
+  return cfg;
+}
+
+std::string resolved_deck_ini(const RunConfig& cfg) {
+  // Written from the fields (not cfg.resolved) so the text always matches the struct.
+  std::ostringstream os;
+  os << "# shardlm resolved input deck\n";
+  std::string section;
+  for (const KeySpec& k : key_table()) {
+    size_t dot = k.name.find('.');
+    std::string sec = k.name.substr(0, dot);
+    if (sec != section) os << "\n[" << (section = sec) << "]\n";
+    os << k.name.substr(dot + 1) << " = " << k.get(cfg) << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,197 @@
+// The table of deck keys: for each "section.key" its parser, its checks and its resolved text.
+#include <filesystem>
+#include <fstream>
+
+#include "config_internal.hpp"
+
+namespace shardlm::config_detail {
+
+namespace fs = std::filesystem;
+
+// Field accessor usable on a const or a mutable RunConfig.
+#define SHARDLM_FIELD(path) [](auto& c) -> auto& { return c.path; }
+
+template <typename F>
+static KeySpec int_key(const char* name, F field, int min, const char* why_min,
+                       const char* required = nullptr) {
+  return {name, required,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            field(c) = parse_int(name, t, min, why_min);
+          },
+          [=](const RunConfig& c) { return std::to_string(field(c)); }};
+}
+
+template <typename F>
+static KeySpec unsigned_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            field(c) = static_cast<std::remove_reference_t<decltype(field(c))>>(parse_unsigned(name, t));
+          },
+          [=](const RunConfig& c) { return std::to_string(field(c)); }};
+}
+
+// `why` returns the complaint for a parsed value, or nullptr when the value is fine.
+template <typename F, typename Why>
+static KeySpec double_key(const char* name, F field, Why why) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            double v = parse_double(name, t);
+            if (const char* w = why(v)) bad_value(name, t, w);
+            field(c) = v;
+          },
+          [=](const RunConfig& c) { return format_double(field(c)); }};
+}
+
+template <typename F>
+static KeySpec positive_float_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            float v = parse_float(name, t);
+            if (!(v > 0)) bad_value(name, t, "must be > 0");
+            field(c) = v;
+          },
+          [=](const RunConfig& c) { return format_float(field(c)); }};
+}
+
+// A lowercase word out of a fixed list; the canonical spelling is the list's.
+template <typename F>
+static KeySpec choice_key(const char* name, F field, std::vector<std::string> choices) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            std::string v = lower(trim(t));
+            for (const std::string& ch : choices)
+              if (v == ch) return void(field(c) = ch);
+            std::string list;
+            for (size_t i = 0; i < choices.size(); ++i)
+              list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+            bad_value(name, quoted(t), choices.size() == 1 ? concat("only ", list, " is supported")
+                                                           : concat("must be ", list));
+          },
+          [=](const RunConfig& c) { return field(c); }};
+}
+
+template <typename F>
+static KeySpec dtype_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            try {
+              field(c) = parse_dtype(lower(trim(t)));
+            } catch (const Error&) {
+              bad_value(name, quoted(t), "must be fp32, bf16 or fp16");
+            }
+          },
+          [=](const RunConfig& c) { return std::string(dtype_name(field(c))); }};
+}
+
+static KeySpec strategy_key(const char* name) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            try {
+              c.fsdp.strategy = parse_strategy(trim(t));
+            } catch (const Error&) {
+              bad_value(name, quoted(t), "must be FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD");
+            }
+          },
+          [](const RunConfig& c) { return std::string(strategy_name(c.fsdp.strategy)); }};
+}
+
+// A data file: stored absolute and normalised; it must exist and be readable now, so a typo
+// fails at start-up on every rank rather than after the model is built.
+static void check_data_file(const char* name, const std::string& text, const std::string& abs) {
+  std::string where = text == abs ? "" : concat(" (looked for '", abs, "')");
+  std::error_code ec;
+  if (!fs::exists(abs, ec)) bad_value(name, quoted(text), "file not found" + where);
+  if (fs::is_directory(abs, ec)) bad_value(name, quoted(text), "is a directory, not a file" + where);
+  std::ifstream f(abs, std::ios::binary);
+  if (!f) bad_value(name, quoted(text), "file cannot be opened, check its permissions" + where);
+}
+
+template <typename F>
+static KeySpec path_key(const char* name, F field, const char* required = nullptr) {
+  return {name, required,
+          [=](RunConfig& c, const std::string& t, const std::string& base_dir) {
+            std::string v = trim(t);
+            if (v.empty()) return void(field(c).clear());  // an empty eval_file means "no evaluation"
+            fs::path p = fs::path(base_dir) / fs::path(v);  // an absolute v replaces base_dir
+            std::string abs = fs::absolute(p).lexically_normal().string();
+            check_data_file(name, v, abs);
+            field(c) = abs;
+          },
+          [=](const RunConfig& c) { return field(c); }};
+}
+
+static KeySpec dir_key(const char* name) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            std::string v = trim(t);
+            if (v.empty()) bad_value(name, quoted(t), "must not be empty");
+            c.run.dir = v;
+          },
+          [](const RunConfig& c) { return c.run.dir; }};
+}
+
+static KeySpec bool_key(const char* name, bool TrainSection::*member) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            c.train.*member = parse_bool(name, t);
+          },
+          [=](const RunConfig& c) { return std::string(c.train.*member ? "true" : "false"); }};
+}
+
+static const char* positive(double v) { return v > 0 ? nullptr : "must be > 0"; }
+static const char* non_negative(double v) { return v >= 0 ? nullptr : "must be >= 0"; }
+static const char* unit_interval(double v) { return v >= 0 && v < 1 ? nullptr : "must be in [0, 1)"; }
+
+static std::vector<KeySpec> build_table() {
+  return {
+      choice_key("model.arch", SHARDLM_FIELD(model.arch), {"bloom"}),
+      int_key("model.vocab_size", SHARDLM_FIELD(model.bloom.vocab_size), 1, "must be > 0", "N"),
+      int_key("model.hidden_size", SHARDLM_FIELD(model.bloom.hidden_size), 1, "must be > 0", "N"),
+      int_key("model.num_layers", SHARDLM_FIELD(model.bloom.num_layers), 1, "must be > 0", "N"),
+      int_key("model.num_heads", SHARDLM_FIELD(model.bloom.num_heads), 1, "must be > 0", "N"),
+      positive_float_key("model.layer_norm_eps", SHARDLM_FIELD(model.bloom.layer_norm_eps)),
+      positive_float_key("model.init_std", SHARDLM_FIELD(model.bloom.init_std)),
+
+      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl"}),
+      path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),
+      path_key("data.eval_file", SHARDLM_FIELD(data.eval_file)),
+      int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),
+      unsigned_key("data.train_size", SHARDLM_FIELD(data.train_size)),
+      unsigned_key("data.eval_size", SHARDLM_FIELD(data.eval_size)),
+      choice_key("data.tokenizer", SHARDLM_FIELD(data.tokenizer), {"byte"}),
+
+      int_key("train.epochs", SHARDLM_FIELD(train.epochs), 1, "must be >= 1"),
+      int_key("train.batch_size", SHARDLM_FIELD(train.batch_size), 1, "must be >= 1", "N"),
+      int_key("train.micro_batch_size", SHARDLM_FIELD(train.micro_batch_size), 1, "must be >= 1"),
+      double_key("train.lr", SHARDLM_FIELD(train.lr), positive),
+      double_key("train.weight_decay", SHARDLM_FIELD(train.weight_decay), non_negative),
+      int_key("train.warmup_steps", SHARDLM_FIELD(train.warmup_steps), 0, "must be >= 0"),
+      choice_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), {"linear", "constant"}),
+      double_key("train.adam_beta1", SHARDLM_FIELD(train.adam_beta1), unit_interval),
+      double_key("train.adam_beta2", SHARDLM_FIELD(train.adam_beta2), unit_interval),
+      double_key("train.adam_eps", SHARDLM_FIELD(train.adam_eps), positive),
+      double_key("train.max_grad_norm", SHARDLM_FIELD(train.max_grad_norm), non_negative),
+      unsigned_key("train.seed", SHARDLM_FIELD(train.seed)),
+      bool_key("train.shuffle", &TrainSection::shuffle),
+      int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1"),
+      int_key("train.max_steps", SHARDLM_FIELD(train.max_steps), 0, "must be >= 0"),
+
+      strategy_key("fsdp.strategy"),
+      dtype_key("fsdp.param_dtype", SHARDLM_FIELD(fsdp.param_dtype)),
+      dtype_key("fsdp.reduce_dtype", SHARDLM_FIELD(fsdp.reduce_dtype)),
+
+      int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
+
+      dir_key("run.dir"),
+      choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu"}),
+  };
+}
+
+#undef SHARDLM_FIELD
+
+const std::vector<KeySpec>& key_table() {
+  static const std::vector<KeySpec> table = build_table();
+  return table;
+}
+
+}  // namespace shardlm::config_detail

@@ -1,0 +1,105 @@
+// load_jsonl: JSON lines of {"text"} (loss on every next token) or {"prompt","completion"}
+// (loss on the completion and EOS only).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardlm/core.hpp"
+#include "shardlm/data.hpp"
+
+namespace shardlm {
+
+namespace {
+
+using nlohmann::json;
+
+bool is_blank(const std::string& line) {
+  return std::all_of(line.begin(), line.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
+}
+
+std::string string_field(const json& object, const char* key, const std::string& where) {
+  const json& value = object.at(key);
+  SHARDLM_CHECK(value.is_string(), where, ": '", key, "' must be a string");
+  return value.get<std::string>();
+}
+
+// [BOS] text [EOS], cut at max_length from the end; every position predicts its next token.
+Example text_example(const std::vector<int32_t>& text, int max_length) {
+  Example ex;
+  ex.tokens.reserve(text.size() + 2);
+  ex.tokens.push_back(ByteTokenizer::kBos);
+  ex.tokens.insert(ex.tokens.end(), text.begin(), text.end());
+  ex.tokens.push_back(ByteTokenizer::kEos);
+  if (ex.tokens.size() > static_cast<size_t>(max_length)) ex.tokens.resize(max_length);
+  ex.targets.assign(ex.tokens.size(), -1);
+  for (size_t t = 0; t + 1 < ex.tokens.size(); ++t) ex.targets[t] = ex.tokens[t + 1];
+  return ex;
+}
+
+// [BOS] prompt completion [EOS]; the prompt loses its beginning to fit, the completion never.
+Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
+                       int max_length, const std::string& where) {
+  const size_t fixed = completion.size() + 2;
+  SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
+                " tokens with BOS and EOS, more than max_length ", max_length);
+  const size_t kept = std::min(prompt.size(), static_cast<size_t>(max_length) - fixed);
+  Example ex;
+  ex.tokens.reserve(fixed + kept);
+  ex.tokens.push_back(ByteTokenizer::kBos);
+  ex.tokens.insert(ex.tokens.end(), prompt.end() - static_cast<std::ptrdiff_t>(kept), prompt.end());
+  const size_t completion_begin = ex.tokens.size();
+  ex.tokens.insert(ex.tokens.end(), completion.begin(), completion.end());
+  ex.tokens.push_back(ByteTokenizer::kEos);
+  // From the last prompt token (or BOS) on, each position predicts a completion token or EOS.
+  ex.targets.assign(ex.tokens.size(), -1);
+  for (size_t t = completion_begin - 1; t + 1 < ex.tokens.size(); ++t)
+    ex.targets[t] = ex.tokens[t + 1];
+  return ex;
+}
+
+Example parse_line(const std::string& line, const std::string& where, const ByteTokenizer& tok,
+                   int max_length) {
+  json record;
+  try {
+    record = json::parse(line);
+  } catch (const json::exception& e) {
+    throw Error(concat(where, ": not valid JSON: ", e.what()));
+  }
+  SHARDLM_CHECK(record.is_object(), where, ": expected a JSON object");
+  const bool has_text = record.contains("text");
+  const bool has_prompt = record.contains("prompt");
+  const bool has_completion = record.contains("completion");
+  SHARDLM_CHECK(!(has_text && (has_prompt || has_completion)), where,
+                ": has both 'text' and 'prompt'/'completion'");
+  if (has_text) return text_example(tok.encode(string_field(record, "text", where)), max_length);
+  SHARDLM_CHECK(has_prompt && has_completion, where,
+                ": expected 'text' or both 'prompt' and 'completion'");
+  return prompt_example(tok.encode(string_field(record, "prompt", where)),
+                        tok.encode(string_field(record, "completion", where)), max_length, where);
+}
+
+}  // namespace
+
+std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
+                                const DatasetOptions& opt) {
+  SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
+  std::ifstream in(path, std::ios::binary);
+  // A directory opens as a stream on Linux and reads as empty: reject it by name instead.
+  std::error_code ec;
+  if (!in || std::filesystem::is_directory(path, ec)) {
+    throw Error(concat("cannot open data file '", path, "'"));
+  }
+  std::vector<Example> examples;
+  std::string line;
+  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
+    if (is_blank(line)) continue;
+    examples.push_back(parse_line(line, concat(path, ":", line_number), tok, opt.max_length));
+  }
+  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
+  SHARDLM_CHECK(!examples.empty(), path, ": no records in the file");
+  return select_subset(std::move(examples), opt);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,23 @@
+// ByteTokenizer: UTF-8 bytes are token ids 0..255; BOS, EOS and PAD follow them.
+#include "shardlm/data.hpp"
+
+namespace shardlm {
+
+std::vector<int32_t> ByteTokenizer::encode(const std::string& text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size());
+  // Cast through unsigned char so bytes >= 0x80 map to 128..255, not negative ids.
+  for (char c : text) ids.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
+  return ids;
+}
+
+std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text;
+  text.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+  }
+  return text;
+}
+
+}  // namespace shardlm
