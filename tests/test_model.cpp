@@ -1,0 +1,857 @@
+#define BOOST_TEST_MODULE test_model
+#include <boost/test/unit_test.hpp>
+// Tests of the model module: cpu_gemm, BLOOM's layout, init and ALiBi slopes, the forward against a
+// naive double-precision reference, gradients against finite differences, causality, head chunking.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
+#include "shardlm/model.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+// ---- helpers --------------------------------------------------------------------------------
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+const TensorSpec& find_tensor(const UnitLayout& unit, const std::string& suffix) {
+  for (const TensorSpec& t : unit.tensors)
+    if (t.name.size() >= suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return t;
+  throw Error("no tensor " + suffix + " in unit " + unit.name);
+}
+
+// Largest element-wise error relative to the reference's largest magnitude.
+double max_relative_error(const std::vector<float>& actual, const std::vector<double>& reference) {
+  BOOST_REQUIRE_EQUAL(actual.size(), reference.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::abs(actual[i] - reference[i]));
+    scale = std::max(scale, std::abs(reference[i]));
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+BloomConfig tiny_config() {
+  BloomConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.hidden_size = 8;
+  cfg.num_layers = 2;
+  cfg.num_heads = 2;
+  cfg.layer_norm_eps = 1e-5f;
+  // Larger than BLOOM's 0.02 so attention is far from uniform and every path carries signal.
+  cfg.init_std = 0.3f;
+  return cfg;
+}
+
+// A whole model's parameters: one flat fp32 vector per FSDP unit.
+struct TinyModel {
+  BloomConfig cfg;
+  std::vector<UnitLayout> layout;
+  std::vector<std::vector<float>> params;
+};
+
+// The library's init, then noise on the Ones/Zeros tensors so LayerNorm affines and biases matter.
+TinyModel make_model(const BloomConfig& cfg, uint64_t seed) {
+  TinyModel m;
+  m.cfg = cfg;
+  m.layout = bloom_layout(cfg);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> noise(0.0f, 0.2f);
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    std::vector<float> flat(m.layout[u].numel);
+    bloom_init_slice(m.layout[u], static_cast<int>(u), seed, 0, flat.size(), flat.data());
+    for (const TensorSpec& t : m.layout[u].tensors)
+      if (t.init != InitKind::Normal)
+        for (size_t i = t.offset; i < t.offset + t.numel; ++i) flat[i] += noise(rng);
+    m.params.push_back(std::move(flat));
+  }
+  return m;
+}
+
+struct Batch {
+  int batch = 0, seq = 0;
+  std::vector<int32_t> tokens, targets;
+};
+
+// Random tokens; targets are random ids or -1 with probability `no_target`.
+Batch make_batch(int B, int T, int vocab, double no_target, std::mt19937& rng) {
+  Batch b;
+  b.batch = B;
+  b.seq = T;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::bernoulli_distribution skip(no_target);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(token(rng));
+    b.targets.push_back(skip(rng) ? -1 : token(rng));
+  }
+  return b;
+}
+
+// Blocks then head on a given h0; `final_hidden` receives the last hidden states when given.
+double loss_from_h0(BloomCpu& net, const TinyModel& m, const std::vector<float>& h0, const Batch& b,
+                    std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h = h0, next(h0.size());
+  for (int l = 0; l < m.cfg.num_layers; ++l) {
+    net.block_forward(l, m.params[1 + l].data(), h.data(), next.data(), b.batch, b.seq);
+    h.swap(next);
+  }
+  if (final_hidden) *final_hidden = h;
+  int64_t count = 0;
+  return net.head_loss(m.params[0].data(), h.data(), b.targets.data(), b.batch, b.seq, &count, 0.0f, nullptr,
+                       nullptr);
+}
+
+double model_loss(BloomCpu& net, const TinyModel& m, const Batch& b, std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h0(static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  return loss_from_h0(net, m, h0, b, final_hidden);
+}
+
+// Full forward and backward of grad_scale * loss: gradients per unit, and d/dh0 in *dh0.
+std::vector<std::vector<float>> model_grads(BloomCpu& net, const TinyModel& m, const Batch& b, float grad_scale,
+                                            std::vector<float>* dh0 = nullptr, double* loss = nullptr) {
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
+  const int L = m.cfg.num_layers;
+  std::vector<std::vector<float>> hidden(L + 1, std::vector<float>(n));
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, hidden[0].data());
+  for (int l = 0; l < L; ++l)
+    net.block_forward(l, m.params[1 + l].data(), hidden[l].data(), hidden[l + 1].data(), b.batch, b.seq);
+  std::vector<std::vector<float>> grads;
+  for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
+  std::vector<float> dh(n), dh_prev(n);
+  int64_t count = 0;
+  const double l_value = net.head_loss(m.params[0].data(), hidden[L].data(), b.targets.data(), b.batch, b.seq,
+                                       &count, grad_scale, dh.data(), grads[0].data());
+  if (loss) *loss = l_value;
+  for (int l = L - 1; l >= 0; --l) {
+    net.block_backward(l, m.params[1 + l].data(), dh.data(), dh_prev.data(), grads[1 + l].data(), b.batch, b.seq);
+    dh.swap(dh_prev);
+  }
+  if (dh0) *dh0 = dh;
+  net.embed_backward(m.params[0].data(), b.tokens.data(), dh.data(), grads[0].data(), b.batch, b.seq);
+  return grads;
+}
+
+// ---- naive double-precision reference of the same model --------------------------------------
+
+using Rows = std::vector<double>;  // row-major [rows, cols]
+
+Rows reference_layer_norm(const Rows& x, int rows, int H, const float* weight, const float* bias, double eps) {
+  Rows y(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double mean = 0.0, var = 0.0;
+    for (int c = 0; c < H; ++c) mean += x[r * H + c] / H;
+    for (int c = 0; c < H; ++c) var += (x[r * H + c] - mean) * (x[r * H + c] - mean) / H;
+    for (int c = 0; c < H; ++c) y[r * H + c] = (x[r * H + c] - mean) / std::sqrt(var + eps) * weight[c] + bias[c];
+  }
+  return y;
+}
+
+// y = x W^T + b with W [out, in].
+Rows reference_linear(const Rows& x, int rows, int in, const float* weight, const float* bias, int out) {
+  Rows y(static_cast<size_t>(rows) * out);
+  for (int r = 0; r < rows; ++r)
+    for (int o = 0; o < out; ++o) {
+      double sum = bias ? bias[o] : 0.0;
+      for (int i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<double>(weight[o * in + i]);
+      y[r * out + o] = sum;
+    }
+  return y;
+}
+
+double reference_gelu(double u) { return u * 0.5 * (1.0 + std::tanh(0.79788456 * u * (1.0 + 0.044715 * u * u))); }
+
+Rows reference_embed(const TinyModel& m, const Batch& b) {
+  const UnitLayout& root = m.layout[0];
+  const float* p = m.params[0].data();
+  const int H = m.cfg.hidden_size, N = b.batch * b.seq;
+  Rows rows(static_cast<size_t>(N) * H);
+  const float* embeddings = p + find_tensor(root, "word_embeddings.weight").offset;
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < H; ++c) rows[r * H + c] = embeddings[b.tokens[r] * H + c];
+  return reference_layer_norm(rows, N, H, p + find_tensor(root, "word_embeddings_layernorm.weight").offset,
+                              p + find_tensor(root, "word_embeddings_layernorm.bias").offset,
+                              m.cfg.layer_norm_eps);
+}
+
+Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int T) {
+  const UnitLayout& unit = m.layout[1 + layer];
+  const float* p = m.params[1 + layer].data();
+  auto tensor = [&](const char* name) { return p + find_tensor(unit, name).offset; };
+  const int H = m.cfg.hidden_size, heads = m.cfg.num_heads, d = H / heads, N = B * T;
+  const double eps = m.cfg.layer_norm_eps;
+  const std::vector<float> slopes = alibi_slopes(heads);
+
+  Rows ln1 =
+      reference_layer_norm(h_in, N, H, tensor("input_layernorm.weight"), tensor("input_layernorm.bias"), eps);
+  Rows qkv = reference_linear(ln1, N, H, tensor("query_key_value.weight"), tensor("query_key_value.bias"), 3 * H);
+  Rows context(static_cast<size_t>(N) * H, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int n = 0; n < heads; ++n)
+      for (int i = 0; i < T; ++i) {
+        // Head n's q, k, v of token t sit at columns n*3d, n*3d + d, n*3d + 2d of the fused output.
+        auto at = [&](int t, int part, int c) { return qkv[(b * T + t) * 3 * H + n * 3 * d + part * d + c]; };
+        std::vector<double> weights(i + 1);
+        double max_score = -1e300, total = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int c = 0; c < d; ++c) dot += at(i, 0, c) * at(j, 1, c);
+          weights[j] = dot / std::sqrt(static_cast<double>(d)) + slopes[n] * static_cast<double>(j);
+          max_score = std::max(max_score, weights[j]);
+        }
+        for (int j = 0; j <= i; ++j) total += (weights[j] = std::exp(weights[j] - max_score));
+        for (int c = 0; c < d; ++c) {
+          double sum = 0.0;
+          for (int j = 0; j <= i; ++j) sum += weights[j] / total * at(j, 2, c);
+          context[(b * T + i) * H + n * d + c] = sum;
+        }
+      }
+  Rows h_mid = reference_linear(context, N, H, tensor("dense.weight"), tensor("dense.bias"), H);
+  for (size_t i = 0; i < h_mid.size(); ++i) h_mid[i] += h_in[i];
+  Rows ln2 = reference_layer_norm(h_mid, N, H, tensor("post_attention_layernorm.weight"),
+                                  tensor("post_attention_layernorm.bias"), eps);
+  Rows mlp = reference_linear(ln2, N, H, tensor("dense_h_to_4h.weight"), tensor("dense_h_to_4h.bias"), 4 * H);
+  for (double& u : mlp) u = reference_gelu(u);
+  Rows out = reference_linear(mlp, N, 4 * H, tensor("dense_4h_to_h.weight"), tensor("dense_4h_to_h.bias"), H);
+  for (size_t i = 0; i < out.size(); ++i) out[i] += h_mid[i];
+  return out;
+}
+
+double reference_head_loss(const TinyModel& m, const Rows& h, const std::vector<int32_t>& targets,
+                           int64_t* count) {
+  const UnitLayout& root = m.layout[0];
+  const float* p = m.params[0].data();
+  const int H = m.cfg.hidden_size, V = m.cfg.vocab_size, N = static_cast<int>(targets.size());
+  const Rows hf = reference_layer_norm(h, N, H, p + find_tensor(root, "ln_f.weight").offset,
+                                       p + find_tensor(root, "ln_f.bias").offset, m.cfg.layer_norm_eps);
+  const Rows logits =
+      reference_linear(hf, N, H, p + find_tensor(root, "word_embeddings.weight").offset, nullptr, V);
+  double loss = 0.0;
+  *count = 0;
+  for (int r = 0; r < N; ++r) {
+    if (targets[r] < 0) continue;
+    double total = 0.0;
+    for (int v = 0; v < V; ++v) total += std::exp(logits[r * V + v]);
+    loss += std::log(total) - logits[r * V + targets[r]];
+    ++*count;
+  }
+  return loss;
+}
+
+Rows to_double(const std::vector<float>& v) { return Rows(v.begin(), v.end()); }
+
+// ---- finite differences ---------------------------------------------------------------------
+
+// Central difference of the model loss along one float coordinate.
+template <typename LossFn>
+double central_difference(float& coordinate, double step, LossFn loss) {
+  const float saved = coordinate;
+  coordinate = static_cast<float>(saved + step);
+  const double up = loss();
+  coordinate = static_cast<float>(saved - step);
+  const double down = loss();
+  coordinate = saved;
+  return (up - down) / (2.0 * step);
+}
+
+// Norm of (numeric - analytic) over norm of numeric, for one group of sampled coordinates.
+double gradient_error(const std::vector<double>& numeric, const std::vector<double>& analytic) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < numeric.size(); ++i) {
+    diff += (numeric[i] - analytic[i]) * (numeric[i] - analytic[i]);
+    norm += numeric[i] * numeric[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// |actual - expected| within `rel` of the larger of |expected| and `scale` (the magnitude of the
+// whole array), so entries that are zero up to rounding are judged against the array's size.
+bool close(double actual, double expected, double rel, double scale) {
+  return std::abs(actual - expected) <= rel * std::max(std::abs(expected), scale);
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0.0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  return m;
+}
+
+constexpr double kStep = 1e-2;           // finite-difference step on parameters of size ~0.3-1
+constexpr double kGradTolerance = 1e-2;  // norm-relative; a 10% error in any tensor fails
+
+}  // namespace
+
+// ---- cpu_gemm -------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(gemm)
+
+BOOST_AUTO_TEST_CASE(matches_naive_product_for_all_transposes) {
+  std::mt19937 rng(1);
+  const int sizes[][3] = {{7, 5, 3}, {13, 11, 9}, {1, 17, 4}, {6, 1, 1}};
+  for (const auto& size : sizes)
+    for (int transposes = 0; transposes < 4; ++transposes) {
+      const bool trans_a = transposes & 1, trans_b = transposes & 2;
+      const int M = size[0], N = size[1], K = size[2];
+      // Stored shapes and padded row strides.
+      const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, lda = a_cols + 2;
+      const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N, ldb = b_cols + 1;
+      const int ldc = N + 3;
+      std::vector<float> A = random_floats(static_cast<size_t>(a_rows) * lda, rng);
+      std::vector<float> Bm = random_floats(static_cast<size_t>(b_rows) * ldb, rng);
+      std::vector<float> C = random_floats(static_cast<size_t>(M) * ldc, rng);
+      std::vector<float> expected = C;
+      const float alpha = 0.75f, beta = -0.5f;
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          double sum = 0.0;
+          for (int k = 0; k < K; ++k) {
+            const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
+            const float b = trans_b ? Bm[j * ldb + k] : Bm[k * ldb + j];
+            sum += static_cast<double>(a) * b;
+          }
+          expected[i * ldc + j] = static_cast<float>(alpha * sum + beta * C[i * ldc + j]);
+        }
+      cpu_gemm(trans_a, trans_b, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, C.data(), ldc);
+      for (size_t i = 0; i < C.size(); ++i) BOOST_TEST(C[i] == expected[i], boost::test_tools::tolerance(1e-4f));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(empty_sizes_do_not_call_blas) {
+  std::vector<float> C = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  const float unused = 0.0f;
+  // K == 0: an empty sum leaves beta * C.
+  cpu_gemm(false, false, 2, 3, 0, 1.0f, &unused, 1, &unused, 3, 0.5f, C.data(), 3);
+  BOOST_TEST(C == std::vector<float>({0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}), boost::test_tools::per_element());
+  // beta == 0 clears C without reading it, even NaNs.
+  C[4] = std::numeric_limits<float>::quiet_NaN();
+  cpu_gemm(true, true, 2, 3, 0, 1.0f, &unused, 2, &unused, 1, 0.0f, C.data(), 3);
+  BOOST_TEST(C == std::vector<float>(6, 0.0f), boost::test_tools::per_element());
+  // M == 0 or N == 0: nothing is touched.
+  C.assign(6, 7.0f);
+  cpu_gemm(false, false, 0, 3, 2, 1.0f, nullptr, 2, nullptr, 3, 0.0f, C.data(), 3);
+  cpu_gemm(false, false, 2, 0, 2, 1.0f, nullptr, 2, nullptr, 1, 0.0f, C.data(), 1);
+  BOOST_TEST(C == std::vector<float>(6, 7.0f), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(rejects_short_row_strides) {
+  std::vector<float> A(16), B(16), C(16);
+  BOOST_CHECK_THROW(cpu_gemm(false, false, 2, 2, 3, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2), Error);
+  BOOST_CHECK_THROW(cpu_gemm(false, false, 2, 3, 2, 1.0f, A.data(), 2, B.data(), 3, 0.0f, C.data(), 2), Error);
+  BOOST_CHECK_THROW(cpu_gemm(false, false, -1, 2, 2, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2), Error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- layout, init, ALiBi --------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(layout)
+
+BOOST_AUTO_TEST_CASE(units_sizes_offsets_and_decay) {
+  BloomConfig cfg;
+  cfg.vocab_size = 50;
+  cfg.hidden_size = 12;
+  cfg.num_layers = 3;
+  cfg.num_heads = 3;
+  cfg.init_std = 0.05f;
+  const size_t V = 50, H = 12;
+  const std::vector<UnitLayout> units = bloom_layout(cfg);
+  BOOST_REQUIRE_EQUAL(units.size(), 4u);
+  BOOST_TEST(units[0].name == "root");
+  BOOST_TEST(units[0].numel == V * H + 4 * H);
+  const std::vector<std::string> root_names = {"word_embeddings.weight", "word_embeddings_layernorm.weight",
+                                               "word_embeddings_layernorm.bias", "ln_f.weight", "ln_f.bias"};
+  BOOST_REQUIRE_EQUAL(units[0].tensors.size(), root_names.size());
+  for (size_t i = 0; i < root_names.size(); ++i) BOOST_TEST(units[0].tensors[i].name == root_names[i]);
+  BOOST_TEST((units[0].tensors[0].shape == std::vector<int64_t>{50, 12}));
+
+  const std::vector<std::string> block_names = {"input_layernorm.weight",
+                                                "input_layernorm.bias",
+                                                "self_attention.query_key_value.weight",
+                                                "self_attention.query_key_value.bias",
+                                                "self_attention.dense.weight",
+                                                "self_attention.dense.bias",
+                                                "post_attention_layernorm.weight",
+                                                "post_attention_layernorm.bias",
+                                                "mlp.dense_h_to_4h.weight",
+                                                "mlp.dense_h_to_4h.bias",
+                                                "mlp.dense_4h_to_h.weight",
+                                                "mlp.dense_4h_to_h.bias"};
+  for (int i = 0; i < 3; ++i) {
+    const UnitLayout& block = units[1 + i];
+    BOOST_TEST(block.name == "h." + std::to_string(i));
+    BOOST_TEST(block.numel == 12 * H * H + 13 * H);
+    BOOST_REQUIRE_EQUAL(block.tensors.size(), block_names.size());
+    for (size_t t = 0; t < block_names.size(); ++t)
+      BOOST_TEST(block.tensors[t].name == block.name + "." + block_names[t]);
+    BOOST_TEST((find_tensor(block, "query_key_value.weight").shape == std::vector<int64_t>{36, 12}));
+    BOOST_TEST((find_tensor(block, "dense_4h_to_h.weight").shape == std::vector<int64_t>{12, 48}));
+  }
+  for (const UnitLayout& unit : units) {
+    size_t offset = 0;
+    for (const TensorSpec& t : unit.tensors) {
+      BOOST_TEST(t.offset == offset);
+      size_t product = 1;
+      for (int64_t d : t.shape) product *= static_cast<size_t>(d);
+      BOOST_TEST(t.numel == product);
+      offset += t.numel;
+      const bool is_weight_matrix = t.shape.size() == 2;
+      const bool is_norm =
+          t.name.find("layernorm") != std::string::npos || t.name.find("ln_f") != std::string::npos;
+      const bool is_bias = t.name.size() > 5 && t.name.substr(t.name.size() - 5) == ".bias";
+      BOOST_TEST(t.decay == is_weight_matrix, t.name);
+      BOOST_TEST(t.decay == !(is_norm || is_bias), t.name);
+      const InitKind expected = is_weight_matrix        ? InitKind::Normal
+                                : (is_norm && !is_bias) ? InitKind::Ones
+                                                        : InitKind::Zeros;
+      BOOST_TEST((t.init == expected), t.name);
+      BOOST_TEST(t.init_std == 0.05f);
+    }
+    BOOST_TEST(unit.numel == offset);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rejects_heads_that_do_not_divide_hidden) {
+  BloomConfig cfg = tiny_config();
+  cfg.num_heads = 3;
+  BOOST_CHECK_THROW(bloom_layout(cfg), Error);
+}
+
+BOOST_AUTO_TEST_CASE(init_slices_agree_with_whole_fill) {
+  const BloomConfig cfg = tiny_config();
+  const std::vector<UnitLayout> units = bloom_layout(cfg);
+  for (size_t u = 0; u < units.size(); ++u) {
+    // Padded as FSDP pads to a multiple of the world size: the tail must come back as zeros.
+    const size_t padded = units[u].numel + 5;
+    std::vector<float> whole(padded, -1.0f);
+    bloom_init_slice(units[u], static_cast<int>(u), 42, 0, padded, whole.data());
+    for (size_t i = units[u].numel; i < padded; ++i) BOOST_TEST(whole[i] == 0.0f);
+    for (size_t pieces = 1; pieces <= 4; ++pieces) {
+      std::vector<float> joined(padded, -1.0f);
+      for (size_t k = 0; k < pieces; ++k) {
+        const size_t begin = padded * k / pieces, end = padded * (k + 1) / pieces;
+        bloom_init_slice(units[u], static_cast<int>(u), 42, begin, end, joined.data() + begin);
+      }
+      BOOST_TEST(joined == whole, boost::test_tools::per_element());
+    }
+    // Seed and unit both change the values.
+    std::vector<float> other_seed(padded), other_unit(padded);
+    bloom_init_slice(units[u], static_cast<int>(u), 43, 0, padded, other_seed.data());
+    bloom_init_slice(units[u], static_cast<int>(u) + 7, 42, 0, padded, other_unit.data());
+    const TensorSpec& normal = units[u].tensors[u == 0 ? 0 : 2];
+    BOOST_TEST(other_seed[normal.offset] != whole[normal.offset]);
+    BOOST_TEST(other_unit[normal.offset] != whole[normal.offset]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(init_distributions) {
+  BloomConfig cfg;
+  cfg.vocab_size = 1000;
+  cfg.hidden_size = 64;
+  cfg.num_layers = 1;
+  cfg.num_heads = 4;
+  cfg.init_std = 0.02f;
+  const std::vector<UnitLayout> units = bloom_layout(cfg);
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<float> flat(units[u].numel);
+    bloom_init_slice(units[u], static_cast<int>(u), 7, 0, flat.size(), flat.data());
+    for (const TensorSpec& t : units[u].tensors) {
+      if (t.init == InitKind::Ones)
+        BOOST_TEST(std::all_of(flat.begin() + t.offset, flat.begin() + t.offset + t.numel,
+                               [](float x) { return x == 1.0f; }),
+                   t.name);
+      if (t.init == InitKind::Zeros)
+        BOOST_TEST(std::all_of(flat.begin() + t.offset, flat.begin() + t.offset + t.numel,
+                               [](float x) { return x == 0.0f; }),
+                   t.name);
+    }
+  }
+  // The embedding matrix: 64,000 samples of Normal(0, 0.02).
+  std::vector<float> flat(units[0].numel);
+  bloom_init_slice(units[0], 0, 7, 0, flat.size(), flat.data());
+  const TensorSpec& embeddings = units[0].tensors[0];
+  double sum = 0.0, squares = 0.0;
+  size_t beyond_two_sigma = 0;
+  for (size_t i = embeddings.offset; i < embeddings.offset + embeddings.numel; ++i) {
+    sum += flat[i];
+    squares += static_cast<double>(flat[i]) * flat[i];
+    beyond_two_sigma += std::abs(flat[i]) > 0.04f;
+  }
+  const double n = static_cast<double>(embeddings.numel);
+  const double mean = sum / n, std_dev = std::sqrt(squares / n - mean * mean);
+  BOOST_TEST(std::abs(mean) < 4 * 0.02 / std::sqrt(n));
+  BOOST_TEST(std::abs(std_dev / 0.02 - 1.0) < 0.02);
+  // A normal puts 4.55% of its mass beyond two standard deviations.
+  BOOST_TEST(std::abs(beyond_two_sigma / n - 0.0455) < 0.004);
+}
+
+BOOST_AUTO_TEST_CASE(alibi_slopes_powers_of_two) {
+  for (int heads : {4, 8, 16}) {
+    const std::vector<float> slopes = alibi_slopes(heads);
+    BOOST_REQUIRE_EQUAL(slopes.size(), static_cast<size_t>(heads));
+    for (int k = 1; k <= heads; ++k)
+      BOOST_TEST(slopes[k - 1] == std::pow(2.0, -8.0 * k / heads), boost::test_tools::tolerance(1e-6));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(alibi_slopes_other_head_counts) {
+  // 6 heads: closest power 4 gives 2^-2, 2^-4, 2^-6, 2^-8; the 2 extra heads take 2^-1 to the powers 1, 3.
+  const std::vector<double> six = {0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125};
+  // 12 heads: closest power 8 gives 2^-1 .. 2^-8; the 4 extra take 2^-0.5 to the powers 1, 3, 5, 7.
+  std::vector<double> twelve;
+  for (int k = 1; k <= 8; ++k) twelve.push_back(std::pow(2.0, -k));
+  for (int k = 1; k <= 7; k += 2) twelve.push_back(std::pow(2.0, -0.5 * k));
+  // 3 heads: closest power 2 gives 2^-4, 2^-8; the extra head takes 2^-2.
+  const std::vector<double> three = {0.0625, 0.00390625, 0.25};
+  for (const auto& [heads, expected] : {std::pair{6, six}, std::pair{12, twelve}, std::pair{3, three}}) {
+    const std::vector<float> slopes = alibi_slopes(heads);
+    BOOST_REQUIRE_EQUAL(slopes.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      BOOST_TEST(slopes[i] == expected[i], boost::test_tools::tolerance(1e-6));
+  }
+  BOOST_TEST(alibi_slopes(1) == std::vector<float>({std::pow(2.0f, -8.0f)}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- forward against the double reference ----------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(forward)
+
+BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 11);
+  std::mt19937 rng(5);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  // Built larger than used, so strides of the saved activations differ from the call's shape.
+  BloomCpu net(cfg, 3, 7);
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
+
+  std::vector<float> h0(n);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  BOOST_TEST(max_relative_error(h0, reference_embed(m, b)) < 1e-5);
+
+  // Blocks on an input with a non-trivial scale and mean per row.
+  std::vector<float> h_in = random_floats(n, rng, 2.0f);
+  for (size_t i = 0; i < n; ++i) h_in[i] += 0.5f * static_cast<float>(i % cfg.hidden_size);
+  for (int layer = 0; layer < cfg.num_layers; ++layer) {
+    std::vector<float> h_out(n);
+    net.block_forward(layer, m.params[1 + layer].data(), h_in.data(), h_out.data(), b.batch, b.seq);
+    BOOST_TEST(max_relative_error(h_out, reference_block(m, layer, to_double(h_in), b.batch, b.seq)) < 1e-4);
+  }
+
+  int64_t count = -1, expected_count = -1;
+  const double loss = net.head_loss(m.params[0].data(), h_in.data(), b.targets.data(), b.batch, b.seq, &count,
+                                    1.0f, nullptr, nullptr);
+  const double expected = reference_head_loss(m, to_double(h_in), b.targets, &expected_count);
+  BOOST_TEST(count == expected_count);
+  BOOST_TEST(count == std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t >= 0; }));
+  BOOST_TEST(loss == expected, boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(longer_sequence_with_more_heads_matches_reference) {
+  BloomConfig cfg = tiny_config();
+  cfg.hidden_size = 24;
+  cfg.num_heads = 6;  // not a power of two: exercises the extra ALiBi slopes
+  cfg.num_layers = 1;
+  cfg.init_std = 0.2f;
+  const TinyModel m = make_model(cfg, 3);
+  std::mt19937 rng(8);
+  const Batch b = make_batch(2, 33, cfg.vocab_size, 0.0, rng);
+  BloomCpu net(cfg, 2, 40);
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
+  std::vector<float> h0(n), h1(n);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net.block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
+  BOOST_TEST(max_relative_error(h1, reference_block(m, 0, reference_embed(m, b), b.batch, b.seq)) < 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(causal_positions_before_a_change_are_unaffected) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 12);
+  std::mt19937 rng(6);
+  Batch b = make_batch(2, 6, cfg.vocab_size, 0.0, rng);
+  BloomCpu net(cfg, 2, 6);
+  const int H = cfg.hidden_size, changed = 3;
+  std::vector<float> before, after;
+  model_loss(net, m, b, &before);
+  // Per-position losses, each taken alone through a target at that position only.
+  auto position_losses = [&](const Batch& batch, const std::vector<float>& hidden) {
+    std::vector<double> losses;
+    for (int p = 0; p < batch.batch * batch.seq; ++p) {
+      std::vector<int32_t> one(batch.targets.size(), -1);
+      one[p] = batch.targets[p];
+      int64_t count = 0;
+      losses.push_back(net.head_loss(m.params[0].data(), hidden.data(), one.data(), batch.batch, batch.seq, &count,
+                                     0.0f, nullptr, nullptr));
+    }
+    return losses;
+  };
+  const std::vector<double> losses_before = position_losses(b, before);
+  b.tokens[changed] = (b.tokens[changed] + 1) % cfg.vocab_size;  // sequence 0, position 3
+  model_loss(net, m, b, &after);
+  const std::vector<double> losses_after = position_losses(b, after);
+  for (int p = 0; p < b.batch * b.seq; ++p) {
+    double moved = 0.0;
+    for (int c = 0; c < H; ++c)
+      moved = std::max(moved, static_cast<double>(std::abs(before[p * H + c] - after[p * H + c])));
+    const bool may_change = p >= changed && p < b.seq;  // later positions of the same sequence
+    if (may_change) {
+      BOOST_TEST(moved > 1e-3, "position " << p);
+      BOOST_TEST(std::abs(losses_before[p] - losses_after[p]) > 1e-6, "position " << p);
+    } else {
+      BOOST_TEST(moved < 1e-6, "position " << p);
+      BOOST_TEST(std::abs(losses_before[p] - losses_after[p]) < 1e-6, "position " << p);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- gradients ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(gradients)
+
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
+  const BloomConfig cfg = tiny_config();
+  TinyModel m = make_model(cfg, 21);
+  std::mt19937 rng(9);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  BloomCpu net(cfg, 2, 6);
+  const std::vector<std::vector<float>> grads = model_grads(net, m, b, 1.0f);
+  auto loss = [&] { return model_loss(net, m, b); };
+
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    const UnitLayout& unit = m.layout[u];
+    // About 40 coordinates per unit, spread over every tensor.
+    const size_t per_tensor = (40 + unit.tensors.size() - 1) / unit.tensors.size();
+    std::vector<double> unit_numeric, unit_analytic;
+    for (const TensorSpec& t : unit.tensors) {
+      std::uniform_int_distribution<size_t> pick(t.offset, t.offset + t.numel - 1);
+      std::vector<double> numeric, analytic;
+      for (size_t k = 0; k < per_tensor; ++k) {
+        const size_t i = pick(rng);
+        numeric.push_back(central_difference(m.params[u][i], kStep, loss));
+        analytic.push_back(grads[u][i]);
+      }
+      const double error = gradient_error(numeric, analytic);
+      double norm = 0.0;
+      for (double g : numeric) norm += g * g;
+      // A tensor whose sampled gradient is essentially zero (e.g. the key part of the qkv bias,
+      // to which softmax is invariant) is judged with the unit below, not relative to itself.
+      BOOST_TEST_MESSAGE(t.name << ": norm " << std::sqrt(norm) << " error " << error);
+      if (std::sqrt(norm) > 1e-2) {
+        BOOST_TEST(error < kGradTolerance, t.name << ": relative error " << error);
+        // The tolerance is tight enough to catch a gradient off by 10% or of the wrong sign.
+        std::vector<double> off = analytic, flipped = analytic;
+        for (double& g : off) g *= 0.9;
+        for (double& g : flipped) g = -g;
+        BOOST_TEST(gradient_error(numeric, off) > kGradTolerance, t.name);
+        BOOST_TEST(gradient_error(numeric, flipped) > kGradTolerance, t.name);
+      }
+      unit_numeric.insert(unit_numeric.end(), numeric.begin(), numeric.end());
+      unit_analytic.insert(unit_analytic.end(), analytic.begin(), analytic.end());
+    }
+    const double unit_error = gradient_error(unit_numeric, unit_analytic);
+    BOOST_TEST(unit_error < kGradTolerance, unit.name << ": relative error " << unit_error);
+    BOOST_TEST_MESSAGE(unit.name << ": relative gradient error " << unit_error);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 22);
+  std::mt19937 rng(10);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  BloomCpu net(cfg, 2, 5);
+  std::vector<float> dh0;
+  model_grads(net, m, b, 1.0f, &dh0);
+  std::vector<float> h0(dh0.size());
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  std::vector<double> numeric, analytic;
+  std::uniform_int_distribution<size_t> pick(0, h0.size() - 1);
+  for (int k = 0; k < 40; ++k) {
+    const size_t i = pick(rng);
+    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(net, m, h0, b); }));
+    analytic.push_back(dh0[i]);
+  }
+  BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance);
+}
+
+BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 23);
+  std::mt19937 rng(11);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  BloomCpu net(cfg, 2, 5);
+  std::vector<float> dh_full, dh_scaled;
+  double loss_full = 0.0, loss_scaled = 0.0;
+  const auto full = model_grads(net, m, b, 1.0f, &dh_full, &loss_full);
+  const auto scaled = model_grads(net, m, b, 0.25f, &dh_scaled, &loss_scaled);
+  BOOST_TEST(loss_full == loss_scaled);  // the returned loss is never scaled
+  for (size_t u = 0; u < full.size(); ++u)
+    for (size_t i = 0; i < full[u].size(); ++i)
+      BOOST_TEST(close(scaled[u][i], 0.25 * full[u][i], 1e-5, 0.25 * max_abs(full[u])),
+                 "unit " << u << " element " << i);
+
+  // Parameter gradients are added to what the buffer already holds.
+  const size_t n = dh_full.size();
+  std::vector<float> h0(n), h1(n), h2(n), dh(n), dh1(n), dh0(n);
+  std::vector<float> block_grad(m.params[1].size(), 0.0f), root_grad(m.params[0].size(), 0.0f);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net.block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
+  net.block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
+  int64_t count = 0;
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    net.head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
+                  root_grad.data());
+    net.block_backward(1, m.params[2].data(), dh.data(), dh1.data(), block_grad.data(), b.batch, b.seq);
+    net.block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), block_grad.data(), b.batch, b.seq);
+    net.embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), root_grad.data(), b.batch, b.seq);
+  }
+  for (size_t i = 0; i < root_grad.size(); ++i)
+    BOOST_TEST(close(root_grad[i], 2.0 * full[0][i], 1e-5, max_abs(full[0])), "root element " << i);
+  const double block_scale = std::max(max_abs(full[1]), max_abs(full[2]));
+  for (size_t i = 0; i < block_grad.size(); ++i)
+    BOOST_TEST(close(block_grad[i], 2.0 * (full[1][i] + full[2][i]), 1e-5, block_scale), "block element " << i);
+  BOOST_TEST(dh0 == dh_full, boost::test_tools::per_element());  // overwritten, not accumulated
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- the LM head's chunking and argument checks ----------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(head)
+
+BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
+  BloomConfig cfg = tiny_config();
+  cfg.vocab_size = 37;
+  const TinyModel m = make_model(cfg, 31);
+  std::mt19937 rng(12);
+  const int B = 3, T = 100, H = cfg.hidden_size;  // 300 tokens: several chunks, some split across sequences
+  const Batch b = make_batch(B, T, cfg.vocab_size, 0.2, rng);
+  BloomCpu net(cfg, B, T);
+  const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
+  int64_t count = 0, expected_count = 0;
+  const double loss =
+      net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
+  const double expected = reference_head_loss(m, to_double(h), b.targets, &expected_count);
+  BOOST_TEST(count == expected_count);
+  BOOST_TEST(loss == expected, boost::test_tools::tolerance(1e-5));
+
+  // The whole batch at once against one sequence at a time: different chunk boundaries, same result.
+  std::vector<float> dh(h.size(), 99.0f), root_grad(m.params[0].size(), 0.0f);
+  net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
+  std::vector<float> dh_each(h.size()), root_grad_each(m.params[0].size(), 0.0f);
+  double loss_each = 0.0;
+  for (int s = 0; s < B; ++s) {
+    const size_t at = static_cast<size_t>(s) * T;
+    loss_each += net.head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
+                               dh_each.data() + at * H, root_grad_each.data());
+  }
+  BOOST_TEST(loss_each == loss, boost::test_tools::tolerance(1e-9));
+  for (size_t i = 0; i < dh.size(); ++i)
+    BOOST_TEST(close(dh[i], dh_each[i], 1e-5, max_abs(dh)), "dh element " << i);
+  for (size_t i = 0; i < root_grad.size(); ++i)
+    BOOST_TEST(close(root_grad[i], root_grad_each[i], 1e-5, max_abs(root_grad)), "root element " << i);
+  // Positions without a target get exactly zero gradient.
+  for (int p = 0; p < B * T; ++p)
+    if (b.targets[p] < 0)
+      for (int c = 0; c < H; ++c) BOOST_TEST(dh[p * H + c] == 0.0f);
+}
+
+BOOST_AUTO_TEST_CASE(bad_targets_and_tokens_throw_naming_the_id) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 32);
+  BloomCpu net(cfg, 1, 4);
+  std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
+  int64_t count = 0;
+  for (int32_t bad : {11, 1000, -2}) {
+    const std::vector<int32_t> targets = {1, -1, bad, 3};
+    try {
+      net.head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
+      BOOST_FAIL("target " << bad << " was accepted");
+    } catch (const Error& e) {
+      BOOST_TEST(std::string(e.what()).find("target id " + std::to_string(bad)) != std::string::npos, e.what());
+    }
+  }
+  BOOST_TEST(std::all_of(root_grad.begin(), root_grad.end(), [](float g) { return g == 0.0f; }));
+  const std::vector<int32_t> tokens = {1, 2, 11, 3};
+  try {
+    net.embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data());
+    BOOST_FAIL("token 11 was accepted");
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()).find("token id 11") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- shapes and memory ----------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(shapes)
+
+BOOST_AUTO_TEST_CASE(oversized_and_mismatched_shapes_throw) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 41);
+  BloomCpu net(cfg, 2, 4);
+  std::vector<float> h(3 * 5 * cfg.hidden_size), out(h.size()), grad(m.params[1].size());
+  std::vector<int32_t> tokens(15, 1);
+  BOOST_CHECK_THROW(net.embed_forward(m.params[0].data(), tokens.data(), 3, 4, h.data()), Error);
+  BOOST_CHECK_THROW(net.block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 5), Error);
+  BOOST_CHECK_THROW(net.block_forward(2, m.params[1].data(), h.data(), out.data(), 2, 4), Error);
+  int64_t count = 0;
+  BOOST_CHECK_THROW(
+      net.head_loss(m.params[0].data(), h.data(), tokens.data(), 1, 5, &count, 1.0f, nullptr, nullptr), Error);
+  net.block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 3);
+  BOOST_CHECK_THROW(net.block_backward(0, m.params[1].data(), h.data(), out.data(), grad.data(), 2, 4), Error);
+  BOOST_CHECK_THROW(net.block_backward(1, m.params[2].data(), h.data(), out.data(), grad.data(), 2, 3), Error);
+}
+
+BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
+  const BloomConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 42);
+  BloomCpu net(cfg, 2, 4);
+  std::vector<std::vector<float>> grads;
+  for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
+  for (const auto& [B, T] : {std::pair{0, 4}, std::pair{2, 0}, std::pair{0, 0}}) {
+    Batch b;
+    b.batch = B;
+    b.seq = T;
+    double loss = -1.0;
+    const auto g = model_grads(net, m, b, 1.0f, nullptr, &loss);
+    BOOST_TEST(loss == 0.0);
+    for (const auto& unit : g)
+      BOOST_TEST(std::all_of(unit.begin(), unit.end(), [](float x) { return x == 0.0f; }));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
+  BloomConfig cfg = tiny_config();
+  const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
+  {
+    BloomCpu net(cfg, 4, 16);
+    const size_t held = memory_stats().current[static_cast<int>(MemKind::Activations)] - before;
+    BOOST_TEST(net.activation_bytes() == held);
+    // At least the saved attention probabilities of every layer: L * B * heads * T * T floats.
+    BOOST_TEST(held > static_cast<size_t>(cfg.num_layers) * 4 * cfg.num_heads * 16 * 16 * sizeof(float));
+  }
+  BOOST_TEST(memory_stats().current[static_cast<int>(MemKind::Activations)] == before);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
