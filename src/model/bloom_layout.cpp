@@ -1,0 +1,129 @@
+// BLOOM's parameter layout per FSDP unit, its deterministic counter-based initialisation, ALiBi slopes.
+#include <algorithm>
+#include <cmath>
+
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+namespace {
+
+void check_config(const BloomConfig& cfg) {
+  SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
+                "BLOOM config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
+                cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
+  SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, "BLOOM config: hidden_size ", cfg.hidden_size,
+                " is not a multiple of num_heads ", cfg.num_heads);
+}
+
+// Appends a tensor at the end of the unit's flat parameter.
+void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> shape, InitKind init,
+                float init_std) {
+  TensorSpec t;
+  t.name = name;
+  t.numel = 1;
+  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
+  t.shape = std::move(shape);
+  t.offset = unit.numel;
+  // Only the matrices (linear and embedding weights) decay; biases and norm parameters do not.
+  t.decay = t.shape.size() >= 2;
+  t.init = init;
+  t.init_std = init_std;
+  unit.numel += t.numel;
+  unit.tensors.push_back(std::move(t));
+}
+
+// splitmix64's finaliser: a bijective mix whose outputs of consecutive inputs look independent.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in (0, 1] from the top 53 bits, never 0 so that log() below is finite.
+double unit_interval(uint64_t bits) { return 1.0 - static_cast<double>(bits >> 11) * 0x1.0p-53; }
+
+// A standard normal sample that depends only on (seed, unit, index): Box-Muller on two hashed uniforms.
+double counter_normal(uint64_t seed, int unit_index, size_t index) {
+  const uint64_t key =
+      mix64(mix64(mix64(seed) ^ static_cast<uint64_t>(unit_index)) ^ static_cast<uint64_t>(index));
+  const double radius = std::sqrt(-2.0 * std::log(unit_interval(mix64(key ^ 1))));
+  const double angle = 6.283185307179586 * unit_interval(mix64(key ^ 2));
+  return radius * std::cos(angle);
+}
+
+}  // namespace
+
+std::vector<UnitLayout> bloom_layout(const BloomConfig& cfg) {
+  check_config(cfg);
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  const float init_std = cfg.init_std;
+  std::vector<UnitLayout> units;
+
+  UnitLayout root;
+  root.name = "root";
+  add_tensor(root, "word_embeddings.weight", {V, H}, InitKind::Normal, init_std);
+  add_tensor(root, "word_embeddings_layernorm.weight", {H}, InitKind::Ones, init_std);
+  add_tensor(root, "word_embeddings_layernorm.bias", {H}, InitKind::Zeros, init_std);
+  add_tensor(root, "ln_f.weight", {H}, InitKind::Ones, init_std);
+  add_tensor(root, "ln_f.bias", {H}, InitKind::Zeros, init_std);
+  units.push_back(std::move(root));
+
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    UnitLayout block;
+    block.name = concat("h.", i);
+    const std::string p = block.name + ".";
+    add_tensor(block, p + "input_layernorm.weight", {H}, InitKind::Ones, init_std);
+    add_tensor(block, p + "input_layernorm.bias", {H}, InitKind::Zeros, init_std);
+    add_tensor(block, p + "self_attention.query_key_value.weight", {3 * H, H}, InitKind::Normal, init_std);
+    add_tensor(block, p + "self_attention.query_key_value.bias", {3 * H}, InitKind::Zeros, init_std);
+    add_tensor(block, p + "self_attention.dense.weight", {H, H}, InitKind::Normal, init_std);
+    add_tensor(block, p + "self_attention.dense.bias", {H}, InitKind::Zeros, init_std);
+    add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, init_std);
+    add_tensor(block, p + "post_attention_layernorm.bias", {H}, InitKind::Zeros, init_std);
+    add_tensor(block, p + "mlp.dense_h_to_4h.weight", {4 * H, H}, InitKind::Normal, init_std);
+    add_tensor(block, p + "mlp.dense_h_to_4h.bias", {4 * H}, InitKind::Zeros, init_std);
+    add_tensor(block, p + "mlp.dense_4h_to_h.weight", {H, 4 * H}, InitKind::Normal, init_std);
+    add_tensor(block, p + "mlp.dense_4h_to_h.bias", {H}, InitKind::Zeros, init_std);
+    units.push_back(std::move(block));
+  }
+  return units;
+}
+
+void bloom_init_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
+                      float* out) {
+  SHARDLM_CHECK(begin <= end, "bloom_init_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
+  // Padding past the last tensor stays zero.
+  for (size_t i = begin; i < end; ++i) out[i - begin] = 0.0f;
+  for (const TensorSpec& t : unit.tensors) {
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    for (size_t i = lo; i < hi; ++i) {
+      switch (t.init) {
+        case InitKind::Zeros: out[i - begin] = 0.0f; break;
+        case InitKind::Ones: out[i - begin] = 1.0f; break;
+        case InitKind::Normal:
+          out[i - begin] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
+          break;
+      }
+    }
+  }
+}
+
+std::vector<float> alibi_slopes(int num_heads) {
+  SHARDLM_CHECK(num_heads > 0, "alibi_slopes: num_heads must be positive, got ", num_heads);
+  // The largest power of two <= num_heads gets the geometric sequence 2^(-8k/p), k = 1..p.
+  int closest_power_of_2 = 1;
+  while (closest_power_of_2 * 2 <= num_heads) closest_power_of_2 *= 2;
+  std::vector<float> slopes;
+  const double base = std::pow(2.0, -8.0 / closest_power_of_2);
+  for (int k = 1; k <= closest_power_of_2; ++k) slopes.push_back(static_cast<float>(std::pow(base, k)));
+  // Remaining heads take the odd powers of the sequence for 2p heads, interleaving between the others.
+  if (closest_power_of_2 != num_heads) {
+    const double extra_base = std::pow(2.0, -4.0 / closest_power_of_2);
+    const int remaining = std::min(closest_power_of_2, num_heads - closest_power_of_2);
+    for (int k = 1; k <= 2 * remaining - 1; k += 2) slopes.push_back(static_cast<float>(std::pow(extra_base, k)));
+  }
+  return slopes;
+}
+
+}  // namespace shardlm
