@@ -369,7 +369,6 @@ BOOST_AUTO_TEST_CASE(demo_deck_loads) {
   BOOST_TEST(c.model.bloom.hidden_size == 128);
   BOOST_TEST(c.data.format == "squad");
   BOOST_TEST(c.data.train_file == (fs::absolute(tmp.root) / "data/demo_squad_train.json").string());
-  BOOST_TEST(c.train.lr == 2e-3);
   BOOST_TEST(c.train.batch_size == 8);
   BOOST_TEST(c.train.log_every == 5);
   BOOST_TEST(c.run.dir == "runs/demo");
