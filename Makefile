@@ -40,7 +40,7 @@ test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: deps build
-	OPENBLAS_NUM_THREADS=1 mpirun -np $(NP) $(MPIRUN_FLAGS) $(BUILD)/bin/shardlm train input/demo.ini
+	mpirun -np $(NP) $(MPIRUN_FLAGS) $(BUILD)/bin/shardlm train input/demo.ini
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -13,4 +13,8 @@ void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 // Threads the CPU backend's BLAS may use in this process (ranks sharing a node split the cores).
 void cpu_set_threads(int threads);
 
+// BLAS threads for one of `ranks_on_node` ranks on a node: the user's OPENBLAS_NUM_THREADS or
+// OMP_NUM_THREADS if set, the cores the rank is bound to if bound, else a fair share of the node.
+int cpu_default_threads(int ranks_on_node);
+
 }  // namespace shardlm

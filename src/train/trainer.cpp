@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "metrics.hpp"
 #include "shardlm/data.hpp"
@@ -155,7 +154,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   run_collectively(comm, [&] { topo = make_topology(comm, cfg.dist.ranks_per_node); });
   ProcessGroups groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
   // Ranks sharing a host split its cores between their BLAS threads.
-  cpu_set_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / topo.local_size));
+  cpu_set_threads(cpu_default_threads(topo.host_ranks));
 
   const int micro = cfg.train.micro_batch_size;
   const int accum = cfg.grad_accum(world);

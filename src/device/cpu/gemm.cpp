@@ -1,7 +1,10 @@
 // CPU backend GEMM: row-major single-precision matrix products through OpenBLAS, and its thread count.
 #include <cblas.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
@@ -33,5 +36,20 @@ void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 }
 
 void cpu_set_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+int cpu_default_threads(int ranks_on_node) {
+  // An explicit OPENBLAS_NUM_THREADS / OMP_NUM_THREADS wins; the user knows the machine.
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
+  // A rank bound by the launcher (mpirun --bind-to, srun --cpu-bind) already owns its cores alone.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const int mine = CPU_COUNT(&mask);
+    if (mine < online) return std::max(1, mine);
+  }
+  return std::max(1, online / std::max(1, ranks_on_node));
+}
 
 }  // namespace shardlm
