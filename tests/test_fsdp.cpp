@@ -138,3 +138,30 @@ BOOST_AUTO_TEST_CASE(bf16_parameters_and_reduction_track_fp32) {
   }
   BOOST_TEST(any_different);  // the rounding really happened
 }
+
+BOOST_AUTO_TEST_CASE(fp16_parameters_track_fp32) {
+  RunConfig cfg = tiny_config(ShardingStrategy::ShardGradOp, "fp16");
+  cfg.fsdp.param_dtype = DType::F16;  // fp32 reduction: no loss scaling needed
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  const TrainResult& ref = reference();
+  for (size_t i = 0; i < ref.step_losses.size(); ++i)
+    BOOST_TEST(r.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(0.02));
+}
+
+BOOST_AUTO_TEST_CASE(jsonl_text_trains_the_same_on_every_world) {
+  auto config = [](const std::string& name) {
+    RunConfig cfg = tiny_config(ShardingStrategy::FullShard, name);
+    cfg.data.format = "jsonl";
+    cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_text.jsonl";
+    cfg.data.eval_file.clear();
+    cfg.train.max_steps = 3;
+    return cfg;
+  };
+  TrainResult world = train(config("jsonl_world"), MPI_COMM_WORLD, quiet());
+  std::vector<double> single(3, 0.0);
+  if (world_rank() == 0) single = train(config("jsonl_single"), MPI_COMM_SELF, quiet()).step_losses;
+  MPI_Bcast(single.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  BOOST_TEST_REQUIRE(world.step_losses.size() == 3u);
+  BOOST_TEST(world.eval_losses.empty());
+  for (int i = 0; i < 3; ++i) BOOST_TEST(world.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+}
