@@ -1,0 +1,133 @@
+// io: sharded checkpoints in parallel HDF5, safetensors, Hugging Face export.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+
+// ---- HDF5 checkpoints -----------------------------------------------------------------------
+
+constexpr int kCheckpointFormatVersion = 1;
+
+// Everything besides the tensors that a run needs to continue exactly.
+struct CheckpointMeta {
+  int format_version = kCheckpointFormatVersion;
+  long step = 0;             // optimizer steps completed
+  int epoch = 0;             // epoch of the next step
+  long epoch_step = 0;       // steps already done in that epoch (the position in the data)
+  uint64_t seed = 0;         // initialisation and data-order seed (the sampler is a function of it)
+  long optimizer_steps = 0;  // AdamW's step counter (bias correction)
+  std::string lr_schedule;   // LR-schedule state: schedule, base lr, warmup, total steps
+  double base_lr = 0;
+  long warmup_steps = 0;
+  long total_steps = 0;
+  double loss_scale = 1.0;   // dynamic loss scale (1 when unused)
+  int world_size = 1;
+  int shard_group_size = 1;
+  std::string strategy;      // "FULL_SHARD", ...
+  BloomConfig model;
+  std::string deck;          // resolved deck, INI text
+  std::string version;       // shardlm version that wrote it
+};
+
+// One FSDP unit's state on this rank: the part [begin, begin + count) of the unit's logical
+// (unpadded) flat vector that this rank owns, clipped to numel (count may be 0 at the padded
+// tail). `primary` is true on exactly one rank per element (the first replica): primaries write
+// their slices and verify checksums; every rank reads the slice it owns.
+struct UnitState {
+  const UnitLayout* layout = nullptr;
+  size_t numel = 0;
+  size_t begin = 0;
+  size_t count = 0;
+  bool primary = true;
+  float* param = nullptr;       // fp32 master
+  float* exp_avg = nullptr;     // AdamW first moment
+  float* exp_avg_sq = nullptr;  // AdamW second moment
+};
+
+struct CheckpointWriteStats {
+  std::string path;
+  size_t bytes = 0;     // size of the file
+  double seconds = 0;   // from open to the rename, slowest rank
+};
+
+// Collective over comm. Writes DIR/ckpt-<step 8 digits>.h5 under a temporary name, renames it
+// once every rank has finished, then points DIR/latest at it and deletes the oldest beyond
+// keep_last (0 keeps all). SHARDLM_FAULT_CHECKPOINT=after_units:N (for tests) aborts the job
+// after N units are written.
+CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, const CheckpointMeta& meta,
+                                     const std::vector<UnitState>& units, MPI_Comm comm);
+
+// Collective over comm. Checks the file's model and units against `units` (Error naming the
+// file and dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
+CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm);
+
+// Resolves --checkpoint.resume: "none" or "" -> ""; "auto" -> the file DIR/latest names, or ""
+// when there is none yet; a directory -> its latest; a file -> itself. Error if a named path
+// does not exist.
+std::string resolve_resume(const std::string& spec, const std::string& dir);
+
+// Serial, read-only access for `shardlm inspect` and `shardlm export` (no MPI needed).
+struct CheckpointTensor {
+  std::string unit;   // "root", "h.0", ...
+  std::string name;   // Hugging Face name without the "transformer." prefix
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // in the unit's flat vector
+  size_t numel = 0;
+};
+
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& path);  // Error naming the file if unreadable
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::vector<CheckpointTensor>& tensors() const { return tensors_; }
+  // The fp32 master values of one tensor (checksum of its unit's dataset verified on first use).
+  std::vector<float> read(const CheckpointTensor& t);
+
+ private:
+  std::string path_;
+  long long file_ = -1;  // hid_t
+  CheckpointMeta meta_;
+  std::vector<CheckpointTensor> tensors_;
+  std::map<std::string, bool> verified_;
+};
+
+// ---- safetensors and Hugging Face export ----------------------------------------------------
+
+struct SafetensorsEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // written as F32
+};
+
+// Writes one safetensors file (header JSON with dtype/shape/data_offsets, 8-byte aligned data).
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Reads every tensor of a safetensors file written with F32, BF16 or F16 data, as fp32.
+// Defensive: header length, offsets, dtype and byte counts are checked against the file.
+std::vector<SafetensorsEntry> read_safetensors(const std::string& path);
+
+// Writes DIR/config.json (BloomForCausalLM) and the weights as DIR/model.safetensors, or, above
+// max_shard_bytes, as model-0000i-of-0000n.safetensors with model.safetensors.index.json, as
+// transformers' save_pretrained does. `tensors` lists the model's tensors (names without the
+// "transformer." prefix, which the export adds); `fetch` returns one tensor's fp32 values.
+void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+                     const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
+                     size_t max_shard_bytes = 5000000000ull);
+
+}  // namespace shardlm
