@@ -58,6 +58,14 @@ struct DistSection {
   int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
 };
 
+struct CheckpointSection {
+  std::string dir;              // empty: RUN_DIR/checkpoints
+  int every = 0;                // optimizer steps between checkpoints; 0 = none on a cadence
+  int keep_last = 3;            // checkpoints kept; 0 = all
+  std::string resume = "none";  // none | auto | PATH (a checkpoint file or a checkpoint folder)
+  bool at_end = true;           // write one when training ends
+};
+
 struct RunSection {
   std::string dir = "runs/run";
   std::string backend = "cpu";
@@ -69,12 +77,15 @@ struct RunConfig {
   TrainSection train;
   FsdpSection fsdp;
   DistSection dist;
+  CheckpointSection checkpoint;
   RunSection run;
   // Every key with its resolved value ("section.key", "value"), in a fixed order.
   std::vector<std::pair<std::string, std::string>> resolved;
 
   // Micro-steps per optimizer step for a world of `world` ranks (validated to divide).
   int grad_accum(int world) const { return train.batch_size / (world * train.micro_batch_size); }
+  // Where checkpoints go: checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
+  std::string checkpoint_dir() const { return checkpoint.dir.empty() ? run.dir + "/checkpoints" : checkpoint.dir; }
 };
 
 // Reads the deck, applies overrides ("--section.key=value" or "--section.key value"), checks

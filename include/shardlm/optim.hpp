@@ -33,6 +33,10 @@ class AdamW {
   // One update of every slice at learning rate lr; the step counter advances by one.
   void step(double lr);
   long steps_taken() const { return step_; }
+  void set_steps_taken(long steps) { step_ = steps; }  // when resuming from a checkpoint
+  // The moments of slice i, for checkpoints.
+  float* exp_avg(size_t i) { return exp_avg_[i].data(); }
+  float* exp_avg_sq(size_t i) { return exp_avg_sq_[i].data(); }
   size_t state_bytes() const;  // both moments, fp32
 
  private:

@@ -16,7 +16,7 @@ struct TrainOptions {
 
 // What a finished run measured; the same on every rank.
 struct TrainResult {
-  std::vector<double> step_losses;  // mean token loss of every optimizer step
+  std::vector<double> step_losses;  // mean token loss of every optimizer step this run took
   std::vector<double> grad_norms;   // global gradient norm of every step, before clipping
   std::vector<double> eval_losses;  // one per epoch when there is an eval set
   double train_loss = 0;            // mean of step_losses
@@ -28,6 +28,9 @@ struct TrainResult {
   size_t grad_shard_bytes = 0;      // this rank's fp32 grad slices
   size_t optimizer_bytes = 0;       // this rank's AdamW moments
   size_t model_params = 0;          // parameters of the whole model
+  long first_step = 0;              // optimizer steps done before this run (resumed runs)
+  bool preempted = false;           // stopped by SIGTERM/SIGUSR1 after writing a checkpoint
+  std::string last_checkpoint;      // path of the last checkpoint written, if any
 };
 
 // Trains the model the config describes on the ranks of `comm`, writing metrics.jsonl and the

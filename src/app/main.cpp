@@ -16,12 +16,14 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
+    "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
+    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
     "  --help      print this text\n"
     "\n"
-    "The input deck and its keys are described in docs/deck.md.\n";
+    "The input deck and its keys are described in docs/deck.md; checkpoints in docs/checkpoint.md.\n";
 
 }  // namespace
 
@@ -46,6 +48,10 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") {
       code = shardlm::command_train(rest);
+    } else if (command == "inspect") {
+      code = shardlm::command_inspect(rest);
+    } else if (command == "export") {
+      code = shardlm::command_export(rest);
     } else {
       if (rank == 0) std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), kUsage);
       code = 2;

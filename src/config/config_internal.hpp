@@ -40,7 +40,7 @@ struct KeySpec {
   std::function<std::string(const RunConfig&)> get;
 };
 
-// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, dist, run).
+// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, dist, checkpoint, run).
 const std::vector<KeySpec>& key_table();
 
 // The nearest valid key to an unknown one, or "" when none is close enough to suggest.

@@ -130,12 +130,31 @@ static KeySpec dir_key(const char* name) {
           [](const RunConfig& c) { return c.run.dir; }};
 }
 
-static KeySpec bool_key(const char* name, bool TrainSection::*member) {
+// Free text kept as written (trimmed); relative paths stay relative to the current folder.
+template <typename F>
+static KeySpec text_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) { field(c) = trim(t); },
+          [=](const RunConfig& c) { return field(c); }};
+}
+
+template <typename F>
+static KeySpec flag_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) { field(c) = parse_bool(name, t); },
+          [=](const RunConfig& c) { return std::string(field(c) ? "true" : "false"); }};
+}
+
+// "none", "auto" or a path; whether the path exists is checked when the run resumes.
+static KeySpec resume_key(const char* name) {
   return {name, nullptr,
           [=](RunConfig& c, const std::string& t, const std::string&) {
-            c.train.*member = parse_bool(name, t);
+            std::string v = trim(t);
+            if (v.empty()) bad_value(name, quoted(t), "must be none, auto or a checkpoint path");
+            std::string l = lower(v);
+            c.checkpoint.resume = (l == "none" || l == "auto") ? l : v;
           },
-          [=](const RunConfig& c) { return std::string(c.train.*member ? "true" : "false"); }};
+          [](const RunConfig& c) { return c.checkpoint.resume; }};
 }
 
 static const char* positive(double v) { return v > 0 ? nullptr : "must be > 0"; }
@@ -172,7 +191,7 @@ static std::vector<KeySpec> build_table() {
       double_key("train.adam_eps", SHARDLM_FIELD(train.adam_eps), positive),
       double_key("train.max_grad_norm", SHARDLM_FIELD(train.max_grad_norm), non_negative),
       unsigned_key("train.seed", SHARDLM_FIELD(train.seed)),
-      bool_key("train.shuffle", &TrainSection::shuffle),
+      flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1"),
       int_key("train.max_steps", SHARDLM_FIELD(train.max_steps), 0, "must be >= 0"),
 
@@ -181,6 +200,12 @@ static std::vector<KeySpec> build_table() {
       dtype_key("fsdp.reduce_dtype", SHARDLM_FIELD(fsdp.reduce_dtype)),
 
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
+
+      text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir)),
+      int_key("checkpoint.every", SHARDLM_FIELD(checkpoint.every), 0, "must be >= 0"),
+      int_key("checkpoint.keep_last", SHARDLM_FIELD(checkpoint.keep_last), 0, "must be >= 0"),
+      resume_key("checkpoint.resume"),
+      flag_key("checkpoint.at_end", SHARDLM_FIELD(checkpoint.at_end)),
 
       dir_key("run.dir"),
       choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu"}),

@@ -5,7 +5,8 @@
 
 namespace shardlm {
 
-MetricsWriter::MetricsWriter(const std::string& path) : out_(path, std::ios::trunc), path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
   SHARDLM_CHECK(out_.good(), "cannot write metrics file '", path, "'");
 }
 

@@ -11,7 +11,8 @@ namespace shardlm {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);
+  // append: continue the file of an earlier run (a resumed run) instead of starting it anew.
+  MetricsWriter(const std::string& path, bool append);
   void write(const nlohmann::json& record);  // one line, flushed so `tail -f` follows the run
 
  private:

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "metrics.hpp"
+#include "stop_signal.hpp"
+#include "train_checkpoint.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/dist.hpp"
@@ -133,7 +135,9 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   ByteTokenizer tokenizer;
   std::vector<Example> train_set, eval_set;
   MetricsWriter metrics;
+  std::string resume_path;
   run_collectively(comm, [&] {
+    resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint_dir());
     if (rank == 0) {
       std::error_code ec;
       std::filesystem::create_directories(cfg.run.dir, ec);
@@ -141,7 +145,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
       deck << resolved_deck_ini(cfg);
       SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
-      metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string());
+      metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !resume_path.empty());
     }
     train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, tokenizer);
     if (!cfg.data.eval_file.empty())
@@ -183,7 +187,29 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
                    {"steps_per_epoch", steps_per_epoch}, {"total_steps", total_steps}});
   report_memory(model, optimizer, comm, echo, metrics);
 
+  install_stop_signals();
+  const std::vector<UnitState> states = unit_states(model, optimizer, groups);
+  long step = 0;
+  int start_epoch = 0;
+  long start_epoch_step = 0;
+  if (!resume_path.empty()) {
+    CheckpointMeta meta = load_checkpoint(resume_path, states, comm);
+    optimizer.set_steps_taken(meta.optimizer_steps);
+    model.params_updated();
+    step = meta.step;
+    start_epoch = meta.epoch;
+    start_epoch_step = meta.epoch_step;
+    say(concat("resumed from ", resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
+               meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
+  }
+  auto checkpoint = [&](int epoch, long epoch_step) {
+    CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, optimizer.steps_taken(), world,
+                                    groups.shard->size());
+    return write_checkpoint(cfg, meta, states, comm, echo, metrics).path;
+  };
+
   TrainResult result;
+  result.first_step = step;
   FsdpMemory mem = model.memory();
   result.master_shard_bytes = mem.master_shard;
   result.grad_shard_bytes = mem.grad_shard;
@@ -191,13 +217,16 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   result.model_params = mem.model_params;
 
   Timer run_timer;
-  long step = 0;
+  long saved_step = -1;
   double interval_loss = 0;
   int interval_steps = 0;
   double interval_time = 0;
   int64_t interval_tokens = 0;
-  for (int epoch = 0; epoch < cfg.train.epochs && step < total_steps; ++epoch) {
-    for (long s = 0; s < steps_per_epoch && step < total_steps; ++s) {
+  // Position in the data after the last step taken: `position_step` steps done in `position_epoch`.
+  int position_epoch = start_epoch;
+  long position_step = start_epoch_step;
+  for (int epoch = start_epoch; epoch < cfg.train.epochs && step < total_steps; ++epoch) {
+    for (long s = epoch == start_epoch ? start_epoch_step : 0; s < steps_per_epoch && step < total_steps; ++s) {
       Timer step_timer;
       const std::vector<size_t> global = sampler.global_batch(epoch, s);
       const int64_t targets = count_targets(train_set, global);
@@ -244,7 +273,20 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
         interval_time = 0;
         interval_tokens = 0;
       }
+      position_epoch = epoch;
+      position_step = s + 1;
+      const bool stop = stop_requested(comm);
+      if (stop || (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0)) {
+        result.last_checkpoint = checkpoint(position_epoch, position_step);
+        saved_step = step;
+      }
+      if (stop) {
+        say(concat("stop signal received: checkpoint written at step ", step, "; exiting so the job can be requeued"));
+        result.preempted = true;
+        break;
+      }
     }
+    if (result.preempted) break;
     if (!eval_set.empty()) {
       EvalResult ev = evaluate(model, eval_set, comm, micro);
       result.eval_losses.push_back(ev.loss);
@@ -257,24 +299,28 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     }
   }
 
+  if (cfg.checkpoint.at_end && !result.preempted && saved_step != step && step > result.first_step) {
+    result.last_checkpoint = checkpoint(position_epoch, position_step);
+  }
   result.train_runtime = mpi_max(comm, run_timer.seconds());
   double sum = 0;
   for (double l : result.step_losses) sum += l;
   result.train_loss = result.step_losses.empty() ? 0.0 : sum / result.step_losses.size();
+  const long steps_run = step - result.first_step;
   result.train_samples_per_second =
-      result.train_runtime > 0 ? static_cast<double>(step) * cfg.train.batch_size / result.train_runtime : 0.0;
+      result.train_runtime > 0 ? static_cast<double>(steps_run) * cfg.train.batch_size / result.train_runtime : 0.0;
   result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(memory_stats().total_peak)));
   result.peak_rss_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(process_peak_rss_bytes())));
-  say(concat("done: ", step, " steps in ", fmt("%.1f", result.train_runtime), " s | train_loss ",
+  say(concat(result.preempted ? "stopped: " : "done: ", steps_run, " steps in ", fmt("%.1f", result.train_runtime), " s | train_loss ",
              fmt("%.4f", result.train_loss), " | ", fmt("%.2f", result.train_samples_per_second),
              " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (planned buffers), ",
              format_bytes(result.peak_rss_bytes), " resident"));
   if (rank == 0)
     metrics.write({{"type", "summary"}, {"train_runtime", result.train_runtime},
                    {"train_samples_per_second", result.train_samples_per_second},
-                   {"train_steps_per_second", result.train_runtime > 0 ? step / result.train_runtime : 0.0},
+                   {"train_steps_per_second", result.train_runtime > 0 ? steps_run / result.train_runtime : 0.0},
                    {"train_loss", result.train_loss}, {"peak_memory_bytes", result.peak_memory_bytes},
-                   {"peak_rss_bytes", result.peak_rss_bytes}, {"steps", step},
+                   {"peak_rss_bytes", result.peak_rss_bytes}, {"steps", step}, {"preempted", result.preempted},
                    {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)}});
   return result;
 }

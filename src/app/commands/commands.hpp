@@ -8,5 +8,9 @@ namespace shardlm {
 
 // `shardlm train DECK [--section.key=value ...]`; returns the process exit code.
 int command_train(const std::vector<std::string>& args);
+// `shardlm inspect CHECKPOINT`: step, model, strategy and a table of tensors with norms.
+int command_inspect(const std::vector<std::string>& args);
+// `shardlm export CHECKPOINT DIR`: Hugging Face config.json and safetensors weights.
+int command_export(const std::vector<std::string>& args);
 
 }  // namespace shardlm

@@ -18,6 +18,7 @@ int command_train(const std::vector<std::string>& args) {
   RunConfig cfg;
   std::vector<std::string> overrides(args.begin() + 1, args.end());
   run_collectively(MPI_COMM_WORLD, [&] { cfg = load_run_config(args[0], overrides, world); });
+  // A preempted run has written its checkpoint: exit 0 so Slurm can requeue it.
   train(cfg, MPI_COMM_WORLD);
   return 0;
 }

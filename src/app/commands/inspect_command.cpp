@@ -1,0 +1,83 @@
+// `shardlm inspect CKPT`: what a checkpoint holds (run position, model, strategy, tensors and norms).
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "commands.hpp"
+#include "shardlm/dist.hpp"
+#include "shardlm/io.hpp"
+
+namespace shardlm {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void print_checkpoint(const std::string& path) {
+  CheckpointReader reader(path);
+  const CheckpointMeta& m = reader.meta();
+  std::printf("checkpoint   %s\n", path.c_str());
+  std::printf("format       %d (written by shardlm %s)\n", m.format_version, m.version.c_str());
+  std::printf("step         %ld (epoch %d, %ld steps into it; optimizer step %ld)\n", m.step, m.epoch, m.epoch_step,
+              m.optimizer_steps);
+  std::printf("schedule     %s, lr %g, warmup %ld, total %ld steps; seed %llu\n", m.lr_schedule.c_str(), m.base_lr,
+              m.warmup_steps, m.total_steps, static_cast<unsigned long long>(m.seed));
+  std::printf("layout       %s on %d rank(s), shard group %d\n", m.strategy.c_str(), m.world_size, m.shard_group_size);
+  std::printf("model        bloom: vocab %d, hidden %d, layers %d, heads %d\n", m.model.vocab_size,
+              m.model.hidden_size, m.model.num_layers, m.model.num_heads);
+  std::printf("\n%-48s %-16s %12s %14s %14s\n", "tensor", "shape", "numel", "l2 norm", "max |x|");
+  size_t total = 0;
+  for (const CheckpointTensor& t : reader.tensors()) {
+    std::vector<float> v = reader.read(t);
+    double sq = 0, mx = 0;
+    for (float x : v) {
+      sq += static_cast<double>(x) * x;
+      mx = std::max(mx, static_cast<double>(std::fabs(x)));
+    }
+    total += t.numel;
+    std::printf("%-48s %-16s %12zu %14.6g %14.6g\n", t.name.c_str(), shape_text(t.shape).c_str(), t.numel,
+                std::sqrt(sq), mx);
+  }
+  std::printf("\n%zu tensors, %zu parameters\n", reader.tensors().size(), total);
+}
+
+}  // namespace
+
+int command_inspect(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest)");
+    return 2;
+  }
+  // A serial command: rank 0 reads, the others only agree on the outcome.
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  run_collectively(MPI_COMM_WORLD, [&] {
+    if (rank == 0) print_checkpoint(resolve_resume(args[0], ""));
+  });
+  return 0;
+}
+
+int command_export(const std::vector<std::string>& args) {
+  if (args.size() != 2) {
+    log_info("usage: shardlm export CHECKPOINT OUTPUT_DIR   (Hugging Face config.json + safetensors)");
+    return 2;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  run_collectively(MPI_COMM_WORLD, [&] {
+    if (rank != 0) return;
+    const std::string path = resolve_resume(args[0], "");
+    CheckpointReader reader(path);
+    export_hf_bloom(args[1], reader.meta().model, reader.tensors(),
+                    [&](const CheckpointTensor& t) { return reader.read(t); });
+    std::printf("exported %s (step %ld) to %s\n", path.c_str(), reader.meta().step, args[1].c_str());
+  });
+  return 0;
+}
+
+}  // namespace shardlm

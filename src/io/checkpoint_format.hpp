@@ -1,0 +1,161 @@
+// Private to the checkpoint code: names in the HDF5 file, the index record, the slice checksum,
+// an owning HDF5 handle, HDF5 error text, and agreeing on an error across ranks before throwing.
+#pragma once
+
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/io.hpp"
+
+namespace shardlm::ckpt {
+
+// ---- names --------------------------------------------------------------------------------------
+
+constexpr const char* kUnitsGroup = "/units";
+constexpr const char* kIndexDataset = "index";
+constexpr const char* kChecksumAttr = "checksum";
+constexpr const char* kLatestFile = "latest";
+// The three per-unit vectors, in the order they are written and read.
+constexpr const char* kVectorNames[3] = {"param", "exp_avg", "exp_avg_sq"};
+
+inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
+inline std::string vector_path(const std::string& unit, int v) { return unit_group_path(unit) + "/" + kVectorNames[v]; }
+
+// "ckpt-00000010.h5": eight digits keep names in step order when listed.
+inline std::string checkpoint_file_name(long step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%08ld.h5", step);
+  return name;
+}
+
+// ---- the per-unit tensor index ----------------------------------------------------------------
+
+constexpr size_t kIndexNameBytes = 128;
+constexpr int kIndexMaxDims = 4;
+
+// One row of /units/<unit>/index (an HDF5 compound): where a tensor lies in the unit's flat vector.
+struct IndexRecord {
+  char name[kIndexNameBytes];
+  uint64_t offset;
+  uint64_t numel;
+  int32_t ndim;
+  int64_t shape[kIndexMaxDims];  // unused dimensions are 0
+};
+
+// ---- checksum -----------------------------------------------------------------------------------
+
+// splitmix64's finaliser of (index * odd constant) ^ value bits: a term per element, so the sum of
+// terms over any partition of the elements is the same (slices sum independently, then all-reduce).
+inline uint64_t checksum_term(uint64_t index, float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  uint64_t z = (index * 0x9e3779b97f4a7c15ULL) ^ bits;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Sum (mod 2^64) of the terms of data[0, count), which holds elements [begin, begin + count).
+inline uint64_t checksum_slice(const float* data, size_t begin, size_t count) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < count; ++i) sum += checksum_term(begin + i, data[i]);
+  return sum;
+}
+
+// ---- HDF5 handles and errors ------------------------------------------------------------------
+
+// Owns one HDF5 identifier and closes it with the matching H5?close.
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer close) : id_(id), close_(close) {}
+  ~H5Id() { reset(); }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now and reports whether closing succeeded (a file's close writes its last metadata).
+  bool close() {
+    if (id_ < 0) return true;
+    const herr_t rc = close_(id_);
+    id_ = -1;
+    return rc >= 0;
+  }
+  void reset() { close(); }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+inline H5Id h5_file(hid_t id) { return H5Id(id, H5Fclose); }
+inline H5Id h5_group(hid_t id) { return H5Id(id, H5Gclose); }
+inline H5Id h5_dataset(hid_t id) { return H5Id(id, H5Dclose); }
+inline H5Id h5_space(hid_t id) { return H5Id(id, H5Sclose); }
+inline H5Id h5_type(hid_t id) { return H5Id(id, H5Tclose); }
+inline H5Id h5_attr(hid_t id) { return H5Id(id, H5Aclose); }
+inline H5Id h5_plist(hid_t id) { return H5Id(id, H5Pclose); }
+
+// The user sees one message of ours, not HDF5's stack dump on stderr.
+inline void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+// The innermost description on HDF5's error stack ("truncated file: eof = ...") or a fallback;
+// clears the stack so the next failure starts afresh.
+inline std::string h5_error_text(const char* fallback = "HDF5 error") {
+  std::string text;
+  auto take_innermost = [](unsigned n, const H5E_error2_t* err, void* out) -> herr_t {
+    auto* s = static_cast<std::string*>(out);
+    if (n == 0 && err->desc) *s = err->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_innermost, &text);
+  H5Eclear2(H5E_DEFAULT);
+  return text.empty() ? std::string(fallback) : text;
+}
+
+// ---- agreeing on errors -----------------------------------------------------------------------
+
+// Collective: if any rank's `local_error` is non-empty, every rank throws AgreedError with the
+// lowest failing rank's message, so no rank is left waiting in a collective.
+inline void agree_on_error(MPI_Comm comm, const std::string& local_error) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const int mine = local_error.empty() ? INT32_MAX : rank;
+  int first = INT32_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT32_MAX) return;
+  int len = rank == first ? static_cast<int>(local_error.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  std::vector<char> text(static_cast<size_t>(len));
+  if (rank == first) std::memcpy(text.data(), local_error.data(), text.size());
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
+  throw AgreedError(std::string(text.begin(), text.end()));
+}
+
+// ---- files on disk (checkpoint_files.cpp) -----------------------------------------------------
+
+// Rank-local, for rank 0 after every rank closed the file: renames TMP to FINAL, points DIR/latest
+// at FINAL's name (written to latest.tmp, synced, renamed), prunes beyond keep_last (0 keeps all)
+// and deletes abandoned temporaries of earlier steps. Throws Error naming the path at fault.
+void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
+                        int keep_last);
+
+}  // namespace shardlm::ckpt

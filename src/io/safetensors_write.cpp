@@ -1,0 +1,94 @@
+// write_safetensors: one safetensors file of F32 tensors, header padded to 8 bytes, written via PATH.tmp.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "shardlm/io.hpp"
+
+// The data section is written as the host's bytes; safetensors is little-endian.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
+
+namespace shardlm {
+namespace {
+
+// Number of elements a shape holds; Error on a negative dimension or overflow.
+size_t checked_numel(const std::string& path, const SafetensorsEntry& t) {
+  size_t numel = 1;
+  for (int64_t d : t.shape) {
+    SHARDLM_CHECK(d >= 0, "safetensors ", path, ": tensor '", t.name, "': negative dimension ", d);
+    const size_t ud = static_cast<size_t>(d);
+    SHARDLM_CHECK(ud == 0 || numel <= SIZE_MAX / 4 / ud, "safetensors ", path, ": tensor '", t.name,
+                  "': shape too large");
+    numel *= ud;
+  }
+  return numel;
+}
+
+// The header JSON: __metadata__ first (format "pt" unless the caller sets it), then the tensors in order.
+std::string build_header(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  meta["format"] = "pt";
+  for (const auto& [key, value] : metadata) meta[key] = value;
+  header["__metadata__"] = meta;
+
+  std::set<std::string> seen;
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    SHARDLM_CHECK(t.name != "__metadata__", "safetensors ", path, ": '__metadata__' is not a valid tensor name");
+    SHARDLM_CHECK(seen.insert(t.name).second, "safetensors ", path, ": tensor '", t.name, "' appears twice");
+    const size_t numel = checked_numel(path, t);
+    SHARDLM_CHECK(t.data.size() == numel, "safetensors ", path, ": tensor '", t.name, "': ", t.data.size(),
+                  " values for a shape of ", numel, " elements");
+    const size_t bytes = numel * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // names or metadata that are not UTF-8
+    throw Error(concat("safetensors ", path, ": cannot encode the header: ", e.what()));
+  }
+  // Spaces after the JSON put the data section at an 8-byte aligned file offset, as the reference does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+void write_le64(std::ofstream& out, uint64_t v) {
+  unsigned char bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(v >> (8 * i));
+  out.write(reinterpret_cast<const char*>(bytes), 8);
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string header = build_header(path, tensors, metadata);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    SHARDLM_CHECK(out, "safetensors ", path, ": cannot create ", tmp);
+    write_le64(out, header.size());
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (const auto& t : tensors)
+      out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4));
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(concat("safetensors ", path, ": writing ", tmp, " failed (disk full?)"));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error(concat("safetensors ", path, ": cannot rename ", tmp, ": ", ec.message()));
+  }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,31 @@
+// Stop signals: the handler only sets a flag; ranks agree on it at step boundaries.
+#include "stop_signal.hpp"
+
+#include <csignal>
+
+namespace shardlm {
+
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_signal = sig; }
+}  // namespace
+
+void install_stop_signals() {
+  g_signal = 0;
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // MPI and file calls in flight continue
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
+bool stop_requested(MPI_Comm comm) {
+  int mine = g_signal != 0 ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
+  return any != 0;
+}
+
+int stop_signal_received() { return static_cast<int>(g_signal); }
+
+}  // namespace shardlm

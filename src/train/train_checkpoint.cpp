@@ -1,0 +1,69 @@
+// The trainer's side of checkpoints.
+#include "train_checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace shardlm {
+
+std::vector<UnitState> unit_states(FsdpModel& model, AdamW& optimizer, ProcessGroups& groups) {
+  std::vector<UnitState> states;
+  std::vector<FlatParameter>& units = model.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    FlatParameter& p = units[u];
+    UnitState s;
+    s.layout = p.layout;
+    s.numel = p.numel;
+    // The padded tail of the last slices holds no parameters.
+    s.begin = std::min(p.shard_begin, p.numel);
+    s.count = std::min(p.shard_begin + p.shard_numel, p.numel) - s.begin;
+    s.primary = groups.replicate->rank() == 0;
+    s.param = p.master.data();
+    s.exp_avg = optimizer.exp_avg(u);
+    s.exp_avg_sq = optimizer.exp_avg_sq(u);
+    states.push_back(s);
+  }
+  return states;
+}
+
+CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
+                         long optimizer_steps, int world_size, int shard_group_size) {
+  CheckpointMeta m;
+  m.step = step;
+  m.epoch = epoch;
+  m.epoch_step = epoch_step;
+  m.seed = cfg.train.seed;
+  m.optimizer_steps = optimizer_steps;
+  m.lr_schedule = cfg.train.lr_schedule;
+  m.base_lr = cfg.train.lr;
+  m.warmup_steps = cfg.train.warmup_steps;
+  m.total_steps = total_steps;
+  m.world_size = world_size;
+  m.shard_group_size = shard_group_size;
+  m.strategy = strategy_name(cfg.fsdp.strategy);
+  m.model = cfg.model.bloom;
+  m.deck = resolved_deck_ini(cfg);
+  m.version = SHARDLM_VERSION;
+  return m;
+}
+
+CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
+                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
+                                      MetricsWriter& metrics) {
+  CheckpointWriteStats stats = save_checkpoint(cfg.checkpoint_dir(), cfg.checkpoint.keep_last, meta, units, comm);
+  const double rate = stats.seconds > 0 ? stats.bytes / stats.seconds : 0.0;
+  if (echo) {
+    char line[512];
+    std::snprintf(line, sizeof line, "checkpoint step %ld: %s, %s in %.2f s (%s/s)", meta.step, stats.path.c_str(),
+                  format_bytes(stats.bytes).c_str(), stats.seconds, format_bytes(static_cast<size_t>(rate)).c_str());
+    log_info(line);
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0)
+    metrics.write({{"type", "checkpoint"}, {"step", meta.step}, {"path", stats.path}, {"bytes", stats.bytes},
+                   {"seconds", stats.seconds}, {"bytes_per_s", rate}});
+  return stats;
+}
+
+}  // namespace shardlm

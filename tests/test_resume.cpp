@@ -1,0 +1,152 @@
+// Tests of checkpoint and resume through the trainer under mpirun: resuming on the same world
+// repeats the uninterrupted run bit for bit; resuming on other worlds and strategies (resharding)
+// repeats it to rounding; "auto" finds the latest checkpoint.
+#define BOOST_TEST_MODULE test_resume
+#include "mpi_fixture.hpp"
+
+#include <filesystem>
+
+#include "shardlm/train.hpp"
+
+using namespace shardlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string scratch(const std::string& name) {
+  return concat(SHARDLM_BINARY_DIR, "/test_runs/resume_np", world_size(), "/", name);
+}
+
+RunConfig config(ShardingStrategy strategy, const std::string& name) {
+  RunConfig cfg;
+  cfg.model.bloom.vocab_size = 259;
+  cfg.model.bloom.hidden_size = 32;
+  cfg.model.bloom.num_layers = 2;
+  cfg.model.bloom.num_heads = 4;
+  cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
+  cfg.data.max_length = 160;
+  cfg.train.batch_size = 8;
+  cfg.train.micro_batch_size = 2;
+  cfg.train.lr = 3e-3;
+  cfg.train.warmup_steps = 3;
+  cfg.train.max_steps = 20;
+  cfg.train.seed = 11;
+  cfg.fsdp.strategy = strategy;
+  cfg.run.dir = scratch(name);
+  cfg.checkpoint.keep_last = 0;
+  return cfg;
+}
+
+TrainOptions quiet() {
+  TrainOptions o;
+  o.echo = false;
+  return o;
+}
+
+// The uninterrupted run, checkpointing every 10 steps; every rank gets its losses.
+const TrainResult& uninterrupted() {
+  static TrainResult r = [] {
+    if (world_rank() == 0) fs::remove_all(scratch(""));
+    MPI_Barrier(MPI_COMM_WORLD);
+    RunConfig cfg = config(ShardingStrategy::FullShard, "full");
+    cfg.checkpoint.every = 10;
+    return train(cfg, MPI_COMM_WORLD, quiet());
+  }();
+  return r;
+}
+
+std::string step10() { return scratch("full") + "/checkpoints/ckpt-00000010.h5"; }
+
+std::vector<double> tail_of_uninterrupted() {
+  const std::vector<double>& all = uninterrupted().step_losses;
+  return std::vector<double>(all.begin() + 10, all.end());
+}
+
+// Runs `cfg` resumed from step 10 on the first `ranks` ranks (the others wait) and shares the losses.
+std::vector<double> resumed_on(int ranks, RunConfig cfg) {
+  cfg.checkpoint.resume = step10();
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  std::vector<double> losses(10, 0.0);
+  if (sub != MPI_COMM_NULL) {
+    TrainResult r = train(cfg, sub, quiet());
+    BOOST_TEST(r.first_step == 10);
+    if (r.step_losses.size() == 10u) losses = r.step_losses;
+    MPI_Comm_free(&sub);
+  }
+  MPI_Bcast(losses.data(), 10, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return losses;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(uninterrupted_run_writes_checkpoints) {
+  const TrainResult& r = uninterrupted();
+  BOOST_TEST_REQUIRE(r.step_losses.size() == 20u);
+  BOOST_TEST(fs::exists(step10()));
+  BOOST_TEST(r.last_checkpoint == scratch("full") + "/checkpoints/ckpt-00000020.h5");
+}
+
+BOOST_AUTO_TEST_CASE(resume_on_the_same_world_is_bit_exact) {
+  RunConfig cfg = config(ShardingStrategy::FullShard, "same_world");
+  std::vector<double> got = resumed_on(world_size(), cfg);
+  std::vector<double> want = tail_of_uninterrupted();
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i]);  // exactly
+}
+
+BOOST_AUTO_TEST_CASE(resume_on_one_rank_no_shard) {
+  std::vector<double> got = resumed_on(1, config(ShardingStrategy::NoShard, "one_rank"));
+  std::vector<double> want = tail_of_uninterrupted();
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(resume_on_two_ranks_full_shard) {
+  if (world_size() < 2) return;
+  std::vector<double> got = resumed_on(2, config(ShardingStrategy::FullShard, "two_ranks"));
+  std::vector<double> want = tail_of_uninterrupted();
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(resume_as_hybrid_shard) {
+  if (world_size() < 2) return;
+  RunConfig cfg = config(ShardingStrategy::HybridShard, "hybrid");
+  cfg.dist.ranks_per_node = world_size() / 2;
+  std::vector<double> got = resumed_on(world_size(), cfg);
+  std::vector<double> want = tail_of_uninterrupted();
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(auto_resume_takes_the_latest) {
+  uninterrupted();
+  RunConfig cfg = config(ShardingStrategy::FullShard, "full");
+  cfg.checkpoint.resume = "auto";
+  cfg.train.max_steps = 22;  // two more steps after the latest (step 20)
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 20);
+  BOOST_TEST(r.step_losses.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(auto_without_checkpoints_starts_fresh) {
+  RunConfig cfg = config(ShardingStrategy::FullShard, "fresh");
+  cfg.checkpoint.resume = "auto";
+  cfg.checkpoint.at_end = false;
+  cfg.train.max_steps = 2;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 0);
+  BOOST_TEST(r.step_losses.size() == 2u);
+  BOOST_TEST(r.last_checkpoint.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_different_model_is_refused_on_every_rank) {
+  uninterrupted();
+  RunConfig cfg = config(ShardingStrategy::FullShard, "wrong_model");
+  cfg.model.bloom.hidden_size = 64;
+  cfg.checkpoint.resume = step10();
+  std::string message;
+  try {
+    train(cfg, MPI_COMM_WORLD, quiet());
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  BOOST_TEST(message.find("ckpt-00000010.h5") != std::string::npos);
+}
