@@ -22,9 +22,10 @@ struct Outcome {
   double seconds = 0;
 };
 
-Outcome run(int np, const std::string& args) {
+// Runs `shardlm ARGS` under mpirun with np ranks.
+Outcome shardlm(int np, const std::string& args) {
   const std::string cmd = std::string("timeout 120 " SHARDLM_MPIEXEC " -np ") + std::to_string(np) +
-                          " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm train " + args + " 2>&1";
+                          " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm " + args + " 2>&1";
   auto start = std::chrono::steady_clock::now();
   Outcome o;
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -55,7 +56,7 @@ fs::path scratch(const std::string& name) {
 
 void expect_clean_failure(const std::string& args, const std::string& must_contain) {
   for (int np : {1, 4}) {
-    Outcome o = run(np, args);
+    Outcome o = shardlm(np, "train " + args);
     BOOST_TEST_CONTEXT("np " << np << ": shardlm " << args << "\n" << o.output) {
       BOOST_TEST(o.exit_code != 0);
       BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
@@ -94,7 +95,7 @@ BOOST_AUTO_TEST_CASE(missing_deck_fails_cleanly) {
 
 BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   fs::path dir = scratch("cli_demo");
-  Outcome o = run(2, kDemo + " --run.dir=" + dir.string());
+  Outcome o = shardlm(2, "train " + kDemo + " --run.dir=" + dir.string());
   BOOST_TEST_INFO(o.output);
   BOOST_TEST_REQUIRE(o.exit_code == 0);
   BOOST_TEST(o.output.find("master-shard") != std::string::npos);  // the per-rank memory table
@@ -130,8 +131,49 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
 
   // The resolved deck is a deck: it runs again as written.
   fs::path again = scratch("cli_demo_again");
-  Outcome o2 = run(1, (dir / "deck.resolved.ini").string() + " --train.max_steps=2 --run.dir=" + again.string());
+  Outcome o2 = shardlm(1, "train " + (dir / "deck.resolved.ini").string() + " --train.max_steps=2 --run.dir=" + again.string());
   BOOST_TEST_INFO(o2.output);
   BOOST_TEST(o2.exit_code == 0);
   BOOST_TEST(fs::exists(again / "metrics.jsonl"));
+}
+
+BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
+  fs::path dir = scratch("cli_preempt");
+  // Slurm's --signal=USR1@T reaches mpirun, which forwards SIGUSR1 to every rank.
+  // The signal goes to mpirun itself (a wrapper such as timeout would die of it, not forward it);
+  // the outer timeout only guards against a hang.
+  fs::create_directories(dir);
+  const std::string cmd = std::string(SHARDLM_MPIEXEC " -np 2 " SHARDLM_MPIEXEC_FLAGS " ") +
+                          SHARDLM_BINARY_DIR "/bin/shardlm train " + kDemo + " --run.dir=" + dir.string() +
+                          " > " + (dir / "out.txt").string() + " 2>&1 & pid=$!; sleep 4; kill -USR1 $pid; wait $pid";
+  int status = std::system(("timeout 120 bash -c '" + cmd + "'").c_str());
+  std::ifstream out(dir / "out.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  BOOST_TEST_INFO(text);
+  BOOST_TEST(WIFEXITED(status));
+  BOOST_TEST(WEXITSTATUS(status) == 0);
+  BOOST_TEST(text.find("stop signal received") != std::string::npos);
+  BOOST_TEST(fs::exists(dir / "checkpoints" / "latest"));
+
+  // The requeued job resumes from it and finishes.
+  Outcome o = shardlm(2, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST(o.exit_code == 0);
+  BOOST_TEST(o.output.find("resumed from") != std::string::npos);
+  BOOST_TEST(o.output.find("done:") != std::string::npos);
+
+  // inspect and export read what it wrote.
+  Outcome inspect = shardlm(1, "inspect " + (dir / "checkpoints").string());
+  BOOST_TEST_INFO(inspect.output);
+  BOOST_TEST(inspect.exit_code == 0);
+  BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
+  BOOST_TEST(inspect.output.find("FULL_SHARD on 2 rank(s)") != std::string::npos);
+  Outcome exported = shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
+  BOOST_TEST_INFO(exported.output);
+  BOOST_TEST(exported.exit_code == 0);
+  BOOST_TEST(fs::exists(dir / "hf" / "config.json"));
+  BOOST_TEST(fs::exists(dir / "hf" / "model.safetensors"));
+  Outcome missing = shardlm(1, "inspect /nonexistent/ckpt.h5");
+  BOOST_TEST(missing.exit_code != 0);
+  BOOST_TEST(missing.output.find("/nonexistent/ckpt.h5") != std::string::npos);
 }

@@ -50,7 +50,10 @@ Topology make_topology(MPI_Comm world, int ranks_per_node) {
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy) {
   ProcessGroups g;
-  g.world = std::make_unique<MpiCommunicator>(world);
+  // A duplicate: the groups own (and free) their communicators, the caller keeps `world`.
+  MPI_Comm world_dup;
+  MPI_Comm_dup(world, &world_dup);
+  g.world = std::make_unique<MpiCommunicator>(world_dup);
   auto split = [&](int color, int key) {
     MPI_Comm c;
     MPI_Comm_split(world, color, key, &c);

@@ -100,6 +100,12 @@ class H5Id {
     return rc >= 0;
   }
   void reset() { close(); }
+  // Hands the identifier to the caller, who closes it.
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
 
  private:
   hid_t id_ = -1;
@@ -129,6 +135,22 @@ inline std::string h5_error_text(const char* fallback = "HDF5 error") {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_innermost, &text);
   H5Eclear2(H5E_DEFAULT);
   return text.empty() ? std::string(fallback) : text;
+}
+
+// HDF5 compound of IndexRecord in memory (HDF5 converts to and from the packed file type).
+inline H5Id index_memory_type() {
+  H5Id type = h5_type(H5Tcreate(H5T_COMPOUND, sizeof(IndexRecord)));
+  H5Id name = h5_type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(name.get(), kIndexNameBytes);
+  H5Tset_strpad(name.get(), H5T_STR_NULLTERM);
+  const hsize_t dims[1] = {kIndexMaxDims};
+  H5Id shape = h5_type(H5Tarray_create2(H5T_NATIVE_INT64, 1, dims));
+  H5Tinsert(type.get(), "name", HOFFSET(IndexRecord, name), name.get());
+  H5Tinsert(type.get(), "offset", HOFFSET(IndexRecord, offset), H5T_NATIVE_UINT64);
+  H5Tinsert(type.get(), "numel", HOFFSET(IndexRecord, numel), H5T_NATIVE_UINT64);
+  H5Tinsert(type.get(), "ndim", HOFFSET(IndexRecord, ndim), H5T_NATIVE_INT32);
+  H5Tinsert(type.get(), "shape", HOFFSET(IndexRecord, shape), shape.get());
+  return type;
 }
 
 // ---- agreeing on errors -----------------------------------------------------------------------

@@ -27,29 +27,29 @@ size_t checked_numel(const std::string& path, const SafetensorsEntry& t) {
 }
 
 // The header JSON: __metadata__ first (format "pt" unless the caller sets it), then the tensors in order.
+// Assembled piece by piece: a JSON object keyed by name would sort the tensors or look keys up linearly.
 std::string build_header(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  meta["format"] = "pt";
+  nlohmann::json meta = {{"format", "pt"}};
   for (const auto& [key, value] : metadata) meta[key] = value;
-  header["__metadata__"] = meta;
 
   std::set<std::string> seen;
   size_t offset = 0;
-  for (const auto& t : tensors) {
-    SHARDLM_CHECK(t.name != "__metadata__", "safetensors ", path, ": '__metadata__' is not a valid tensor name");
-    SHARDLM_CHECK(seen.insert(t.name).second, "safetensors ", path, ": tensor '", t.name, "' appears twice");
-    const size_t numel = checked_numel(path, t);
-    SHARDLM_CHECK(t.data.size() == numel, "safetensors ", path, ": tensor '", t.name, "': ", t.data.size(),
-                  " values for a shape of ", numel, " elements");
-    const size_t bytes = numel * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
   std::string text;
   try {
-    text = header.dump();
+    text = "{\"__metadata__\":" + meta.dump();
+    for (const auto& t : tensors) {
+      SHARDLM_CHECK(t.name != "__metadata__", "safetensors ", path, ": '__metadata__' is not a valid tensor name");
+      SHARDLM_CHECK(seen.insert(t.name).second, "safetensors ", path, ": tensor '", t.name, "' appears twice");
+      const size_t numel = checked_numel(path, t);
+      SHARDLM_CHECK(t.data.size() == numel, "safetensors ", path, ": tensor '", t.name, "': ", t.data.size(),
+                    " values for a shape of ", numel, " elements");
+      const size_t bytes = numel * sizeof(float);
+      const nlohmann::json entry = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+      text += "," + nlohmann::json(t.name).dump() + ":" + entry.dump();
+      offset += bytes;
+    }
+    text += "}";
   } catch (const nlohmann::json::exception& e) {  // names or metadata that are not UTF-8
     throw Error(concat("safetensors ", path, ": cannot encode the header: ", e.what()));
   }

@@ -1,0 +1,136 @@
+// Checkpoint files on disk: the rename that publishes a checkpoint, the DIR/latest pointer,
+// keep-last pruning, and resolve_resume (which checkpoint --checkpoint.resume means).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "checkpoint_format.hpp"
+
+namespace shardlm {
+namespace {
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+// fsync a file or folder so a rename or a new name survives a crash of the node.
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(concat("cannot open '", path, "' to sync it: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems refuse fsync on a folder; the data itself was synced before.
+  if (rc != 0 && err != EINVAL && err != EBADF) throw Error(concat("cannot sync '", path, "': ", std::strerror(err)));
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) throw Error(concat("cannot rename '", from, "' to '", to, "': ", ec.message()));
+}
+
+// Writes DIR/latest (the checkpoint's file name on one line) through latest.tmp and a rename.
+void write_latest(const std::string& dir, const std::string& name) {
+  const std::string latest = (fs::path(dir) / kLatestFile).string();
+  const std::string tmp = latest + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    out.close();
+    if (!out) throw Error(concat("cannot write '", tmp, "'"));
+  }
+  sync_path(tmp);
+  rename_path(tmp, latest);
+}
+
+struct Found {
+  long step;
+  fs::path path;
+};
+
+// Files named ckpt-<8+ digits>.h5 (or .h5.tmp when `temporaries`), oldest step first.
+std::vector<Found> list_checkpoints(const std::string& dir, bool temporaries) {
+  static const std::regex finished(R"(ckpt-(\d{8,})\.h5)"), unfinished(R"(ckpt-(\d{8,})\.h5\.tmp)");
+  std::vector<Found> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && std::regex_match(name, m, temporaries ? unfinished : finished))
+      found.push_back({std::stol(m[1].str()), e.path()});
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.step < b.step; });
+  return found;
+}
+
+void remove_file(const fs::path& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (ec) throw Error(concat("cannot delete old checkpoint '", path.string(), "': ", ec.message()));
+}
+
+// The file DIR/latest names (relative to DIR), or "" when DIR has no latest file.
+std::string latest_target(const std::string& dir) {
+  const fs::path latest = fs::path(dir) / kLatestFile;
+  if (!fs::exists(latest)) return "";
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  SHARDLM_CHECK(!name.empty(), "checkpoint pointer '", latest.string(), "' is empty");
+  const fs::path target = fs::path(dir) / name;
+  SHARDLM_CHECK(fs::is_regular_file(target), "checkpoint pointer '", latest.string(), "' names '", name,
+                "', which does not exist");
+  return target.string();
+}
+
+}  // namespace
+
+namespace ckpt {
+
+void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
+                        int keep_last) {
+  sync_path(tmp_path);
+  rename_path(tmp_path, final_path);
+  sync_path(dir);
+  const std::string name = fs::path(final_path).filename().string();
+  write_latest(dir, name);
+  sync_path(dir);
+
+  const std::vector<Found> finished = list_checkpoints(dir, false);
+  if (keep_last > 0 && finished.size() > static_cast<size_t>(keep_last)) {
+    const size_t extra = finished.size() - static_cast<size_t>(keep_last);
+    for (size_t i = 0; i < extra; ++i) {
+      // Never delete the checkpoint just written, even if an older run left higher steps here.
+      if (finished[i].path.filename() != name) remove_file(finished[i].path);
+    }
+  }
+  // Temporaries of earlier steps belong to jobs killed mid-write; this run has gone past them.
+  const long step = std::stol(name.substr(5, name.size() - 8));
+  for (const Found& t : list_checkpoints(dir, true))
+    if (t.step < step) remove_file(t.path);
+}
+
+}  // namespace ckpt
+
+std::string resolve_resume(const std::string& spec, const std::string& dir) {
+  if (spec.empty() || spec == "none") return "";
+  if (spec == "auto") {
+    if (dir.empty() || !fs::is_directory(dir)) return "";
+    return latest_target(dir);
+  }
+  SHARDLM_CHECK(fs::exists(spec), "--checkpoint.resume: '", spec, "' does not exist");
+  if (fs::is_directory(spec)) {
+    const std::string target = latest_target(spec);
+    SHARDLM_CHECK(!target.empty(), "--checkpoint.resume: folder '", spec, "' holds no checkpoint (no '",
+                  kLatestFile, "' file)");
+    return target;
+  }
+  return spec;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,346 @@
+// Reading checkpoints: load_checkpoint (collective, each rank reads its slices through MPI-IO,
+// checksums verified) and CheckpointReader (serial, one tensor at a time for inspect and export).
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint_format.hpp"
+
+namespace shardlm {
+namespace {
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+// ---- attributes -----------------------------------------------------------------------------
+
+void get_scalar(hid_t obj, const char* name, hid_t mem_type, void* out, const std::string& file) {
+  H5Id attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT));
+  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, ": attribute '", name, "' is missing");
+  SHARDLM_CHECK(H5Aread(attr.get(), mem_type, out) >= 0, "checkpoint ", file, ": attribute '", name,
+                "' cannot be read as a number: ", h5_error_text());
+}
+
+int get_int(hid_t obj, const char* name, const std::string& file) {
+  int v = 0;
+  get_scalar(obj, name, H5T_NATIVE_INT, &v, file);
+  return v;
+}
+long get_int64(hid_t obj, const char* name, const std::string& file) {
+  int64_t v = 0;
+  get_scalar(obj, name, H5T_NATIVE_INT64, &v, file);
+  return static_cast<long>(v);
+}
+uint64_t get_uint64(hid_t obj, const char* name, const std::string& file) {
+  uint64_t v = 0;
+  get_scalar(obj, name, H5T_NATIVE_UINT64, &v, file);
+  return v;
+}
+double get_double(hid_t obj, const char* name, const std::string& file) {
+  double v = 0;
+  get_scalar(obj, name, H5T_NATIVE_DOUBLE, &v, file);
+  return v;
+}
+
+// Fixed-length (as written here) or variable-length strings (as other tools may write).
+std::string get_string(hid_t obj, const char* name, const std::string& file) {
+  H5Id attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT));
+  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, ": attribute '", name, "' is missing");
+  H5Id type = h5_type(H5Aget_type(attr.get()));
+  SHARDLM_CHECK(H5Tget_class(type.get()) == H5T_STRING, "checkpoint ", file, ": attribute '", name,
+                "' is not a string");
+  std::string value;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    H5Id mem = h5_type(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
+    char* text = nullptr;
+    SHARDLM_CHECK(H5Aread(attr.get(), mem.get(), &text) >= 0, "checkpoint ", file, ": attribute '", name,
+                  "' cannot be read: ", h5_error_text());
+    if (text) value = text;
+    H5free_memory(text);
+  } else {
+    std::vector<char> text(H5Tget_size(type.get()) + 1, '\0');
+    SHARDLM_CHECK(H5Aread(attr.get(), type.get(), text.data()) >= 0, "checkpoint ", file, ": attribute '", name,
+                  "' cannot be read: ", h5_error_text());
+    value = text.data();  // stops at the terminator or the padding
+  }
+  return value;
+}
+
+BloomConfig parse_model_config(const std::string& text, const std::string& file) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    BloomConfig cfg;
+    cfg.vocab_size = j.at("vocab_size").get<int>();
+    cfg.hidden_size = j.at("hidden_size").get<int>();
+    cfg.num_layers = j.at("n_layer").get<int>();
+    cfg.num_heads = j.at("n_head").get<int>();
+    cfg.layer_norm_eps = j.at("layer_norm_epsilon").get<float>();
+    cfg.init_std = j.at("initializer_range").get<float>();
+    return cfg;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(concat("checkpoint ", file, ": attribute 'model_config' is not a BLOOM config: ", e.what()));
+  }
+}
+
+CheckpointMeta read_meta(hid_t file, const std::string& path) {
+  CheckpointMeta m;
+  m.format_version = get_int(file, "format_version", path);
+  SHARDLM_CHECK(m.format_version == kCheckpointFormatVersion, "checkpoint ", path, " has format_version ",
+                m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
+  m.step = get_int64(file, "step", path);
+  m.epoch = get_int(file, "epoch", path);
+  m.epoch_step = get_int64(file, "epoch_step", path);
+  m.optimizer_steps = get_int64(file, "optimizer_steps", path);
+  m.warmup_steps = get_int64(file, "warmup_steps", path);
+  m.total_steps = get_int64(file, "total_steps", path);
+  m.seed = get_uint64(file, "seed", path);
+  m.base_lr = get_double(file, "base_lr", path);
+  m.loss_scale = get_double(file, "loss_scale", path);
+  m.lr_schedule = get_string(file, "lr_schedule", path);
+  m.strategy = get_string(file, "strategy", path);
+  m.world_size = get_int(file, "world_size", path);
+  m.shard_group_size = get_int(file, "shard_group_size", path);
+  m.model = parse_model_config(get_string(file, "model_config", path), path);
+  m.version = get_string(file, "version", path);
+  m.deck = get_string(file, "deck", path);
+  return m;
+}
+
+// ---- units ----------------------------------------------------------------------------------
+
+// The unit groups under /units in the order they were written.
+std::vector<std::string> unit_names(hid_t file, const std::string& path) {
+  H5Id group = h5_group(H5Gopen2(file, kUnitsGroup, H5P_DEFAULT));
+  SHARDLM_CHECK(group.valid(), "checkpoint ", path, ": group ", kUnitsGroup, " is missing");
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+    return 0;
+  };
+  hsize_t at = 0;
+  SHARDLM_CHECK(H5Literate(group.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, &at, collect, &names) >= 0,
+                "checkpoint ", path, ": cannot list ", kUnitsGroup, " in creation order: ", h5_error_text());
+  return names;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return "[" + s + "]";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return "[" + s + "]";
+}
+
+std::vector<CheckpointTensor> read_index(hid_t file, const std::string& unit, const std::string& path) {
+  const std::string where = unit_group_path(unit) + "/" + kIndexDataset;
+  H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+  SHARDLM_CHECK(dset.valid(), "checkpoint ", path, ": dataset ", where, " is missing");
+  H5Id space = h5_space(H5Dget_space(dset.get()));
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  SHARDLM_CHECK(n >= 0, "checkpoint ", path, ": dataset ", where, " has no size");
+  std::vector<IndexRecord> rows(static_cast<size_t>(n));
+  H5Id mem_type = index_memory_type();
+  SHARDLM_CHECK(n == 0 || H5Dread(dset.get(), mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) >= 0,
+                "checkpoint ", path, ": dataset ", where, " cannot be read: ", h5_error_text());
+  std::vector<CheckpointTensor> tensors;
+  for (const IndexRecord& r : rows) {
+    SHARDLM_CHECK(r.ndim >= 0 && r.ndim <= kIndexMaxDims, "checkpoint ", path, ": dataset ", where,
+                  " has a tensor with ", r.ndim, " dimensions");
+    CheckpointTensor t;
+    t.unit = unit;
+    t.name.assign(r.name, strnlen(r.name, kIndexNameBytes));
+    t.shape.assign(r.shape, r.shape + r.ndim);
+    t.offset = r.offset;
+    t.numel = r.numel;
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
+// Elements in a 1-D dataset; Error naming it if missing or not 1-D.
+size_t dataset_length(hid_t dset, const std::string& where, const std::string& path) {
+  SHARDLM_CHECK(dset >= 0, "checkpoint ", path, ": dataset ", where, " is missing");
+  H5Id space = h5_space(H5Dget_space(dset));
+  SHARDLM_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "checkpoint ", path, ": dataset ", where,
+                " is not one-dimensional");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  return static_cast<size_t>(n);
+}
+
+// The file must hold exactly the caller's units, with the same sizes and tensors (rank-local).
+void check_layout(hid_t file, const std::vector<UnitState>& units, const std::string& path) {
+  std::vector<std::string> wanted;
+  for (const UnitState& u : units) {
+    SHARDLM_CHECK(u.layout, "load_checkpoint: a unit has no layout");
+    wanted.push_back(u.layout->name);
+  }
+  const std::vector<std::string> found = unit_names(file, path);
+  SHARDLM_CHECK(found == wanted, "checkpoint ", path, " holds units ", join_names(found), ", the model has ",
+                join_names(wanted), " (different model shape?)");
+  for (const UnitState& u : units) {
+    SHARDLM_CHECK(u.begin + u.count <= u.numel, "load_checkpoint: unit ", u.layout->name, " slice [", u.begin, ", ",
+                  u.begin + u.count, ") is past its ", u.numel, " elements");
+    for (int v = 0; v < 3; ++v) {
+      const std::string where = vector_path(u.layout->name, v);
+      H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+      const size_t n = dataset_length(dset.get(), where, path);
+      SHARDLM_CHECK(n == u.numel, "checkpoint ", path, ": ", where, " has ", n, " elements, the model needs ",
+                    u.numel, " (different model shape?)");
+    }
+    const std::vector<CheckpointTensor> tensors = read_index(file, u.layout->name, path);
+    const std::string where = unit_group_path(u.layout->name) + "/" + kIndexDataset;
+    SHARDLM_CHECK(tensors.size() == u.layout->tensors.size(), "checkpoint ", path, ": ", where, " lists ",
+                  tensors.size(), " tensors, the model has ", u.layout->tensors.size(), " (different model?)");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const CheckpointTensor& t = tensors[i];
+      const TensorSpec& s = u.layout->tensors[i];
+      SHARDLM_CHECK(t.name == s.name && t.shape == s.shape && t.offset == s.offset, "checkpoint ", path, ": ",
+                    where, ": tensor ", i, " is ", t.name, " ", shape_text(t.shape), " at ", t.offset,
+                    ", the model has ", s.name, " ", shape_text(s.shape), " at ", s.offset, " (different model?)");
+    }
+  }
+}
+
+uint64_t checksum_attribute(hid_t dset, const std::string& where, const std::string& path) {
+  H5Id attr = h5_attr(H5Aopen(dset, kChecksumAttr, H5P_DEFAULT));
+  uint64_t sum = 0;
+  SHARDLM_CHECK(attr.valid() && H5Aread(attr.get(), H5T_NATIVE_UINT64, &sum) >= 0, "checkpoint ", path,
+                ": dataset ", where, " has no readable checksum attribute");
+  return sum;
+}
+
+std::string checksum_mismatch(const std::string& path, const std::string& where) {
+  return concat("checkpoint ", path, ": dataset ", where, ": checksum mismatch (file damaged?)");
+}
+
+// Collective: each rank reads [begin, begin + count) of the unit's three datasets; primaries'
+// partial checksums are summed and compared with the attributes. Returns this rank's error.
+std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path) {
+  std::string error;
+  float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
+  uint64_t partial[3] = {0, 0, 0}, expected[3] = {0, 0, 0};
+  for (int v = 0; v < 3; ++v) {
+    const std::string where = vector_path(u.layout->name, v);
+    H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+    H5Id file_space = h5_space(H5Dget_space(dset.get()));
+    const hsize_t begin = u.begin, count = u.count, one = 1;
+    H5Id mem_space = h5_space(H5Screate_simple(1, count > 0 ? &count : &one, nullptr));
+    if (count > 0) {
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &begin, nullptr, &count, nullptr);
+    } else {
+      H5Sselect_none(file_space.get());
+      H5Sselect_none(mem_space.get());
+    }
+    float dummy = 0;  // HDF5 wants a buffer even for an empty selection
+    float* out = count > 0 ? vectors[v] : &dummy;
+    if (count > 0 && !out) {
+      if (error.empty()) error = concat("load_checkpoint: unit ", u.layout->name, " has no buffer for ", where);
+      out = &dummy;
+      H5Sselect_none(file_space.get());
+      H5Sselect_none(mem_space.get());
+    }
+    const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), dxpl, out);
+    if (rc < 0 && error.empty())
+      error = concat("checkpoint ", path, ": dataset ", where, " cannot be read: ", h5_error_text());
+    if (rc >= 0 && u.primary && count > 0 && out != &dummy) partial[v] = checksum_slice(out, u.begin, u.count);
+    try {
+      expected[v] = checksum_attribute(dset.get(), where, path);
+    } catch (const Error& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  uint64_t total[3] = {0, 0, 0};
+  MPI_Allreduce(partial, total, 3, MPI_UINT64_T, MPI_SUM, comm);
+  for (int v = 0; v < 3 && error.empty(); ++v)
+    if (total[v] != expected[v]) error = checksum_mismatch(path, vector_path(u.layout->name, v));
+  return error;
+}
+
+std::string open_failure(const std::string& path) {
+  if (!fs::exists(path)) return concat("cannot open checkpoint '", path, "': no such file");
+  const std::string reason = h5_error_text("not a readable HDF5 file");
+  if (H5Fis_hdf5(path.c_str()) == 0) return concat("cannot open checkpoint '", path, "': not an HDF5 file (", reason, ")");
+  return concat("cannot open checkpoint '", path, "': ", reason);
+}
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm) {
+  silence_hdf5_errors();
+  H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
+  agree_on_error(comm, file.valid() ? "" : open_failure(path));
+
+  CheckpointMeta meta;
+  std::string error;
+  try {
+    meta = read_meta(file.get(), path);
+    check_layout(file.get(), units, path);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on_error(comm, error);
+
+  H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
+  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  for (const UnitState& u : units) agree_on_error(comm, read_unit(file.get(), u, dxpl.get(), comm, path));
+  return meta;
+}
+
+// ---- CheckpointReader -------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  silence_hdf5_errors();
+  // Default (serial) file access: no MPI-IO, so it works on one rank or without MPI at all.
+  H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!file.valid()) throw Error(open_failure(path));
+  meta_ = read_meta(file.get(), path);
+  for (const std::string& unit : unit_names(file.get(), path)) {
+    std::vector<CheckpointTensor> unit_tensors = read_index(file.get(), unit, path);
+    tensors_.insert(tensors_.end(), unit_tensors.begin(), unit_tensors.end());
+  }
+  file_ = file.release();  // closed in the destructor
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (file_ >= 0) H5Fclose(static_cast<hid_t>(file_));
+}
+
+std::vector<float> CheckpointReader::read(const CheckpointTensor& t) {
+  const std::string where = vector_path(t.unit, 0);
+  const hid_t file = static_cast<hid_t>(file_);
+  H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+  const size_t n = dataset_length(dset.get(), where, path_);
+  SHARDLM_CHECK(t.offset + t.numel <= n, "checkpoint ", path_, ": tensor ", t.name, " [", t.offset, ", ",
+                t.offset + t.numel, ") lies past the end of ", where, " (", n, " elements)");
+  H5Id file_space = h5_space(H5Dget_space(dset.get()));
+  if (!verified_[t.unit]) {
+    // First use of this unit: read the whole dataset once to check it, then cut the tensor out.
+    std::vector<float> all(n);
+    SHARDLM_CHECK(n == 0 || H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) >= 0,
+                  "checkpoint ", path_, ": dataset ", where, " cannot be read: ", h5_error_text());
+    SHARDLM_CHECK(checksum_slice(all.data(), 0, n) == checksum_attribute(dset.get(), where, path_),
+                  checksum_mismatch(path_, where));
+    verified_[t.unit] = true;
+    return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                              all.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel));
+  }
+  std::vector<float> values(t.numel);
+  if (t.numel == 0) return values;
+  const hsize_t begin = t.offset, count = t.numel;
+  H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &begin, nullptr, &count, nullptr);
+  H5Id mem_space = h5_space(H5Screate_simple(1, &count, nullptr));
+  SHARDLM_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT,
+                        values.data()) >= 0,
+                "checkpoint ", path_, ": dataset ", where, " cannot be read: ", h5_error_text());
+  return values;
+}
+
+}  // namespace shardlm

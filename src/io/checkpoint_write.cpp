@@ -1,0 +1,352 @@
+// save_checkpoint: every rank writes its slices of each unit into one HDF5 file through MPI-IO
+// (collective transfers), under a temporary name that rank 0 renames once all ranks are done.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint_format.hpp"
+
+namespace shardlm {
+namespace {
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+// This rank's first failure. HDF5 calls after a failure still run (on invalid ids they fail at
+// once) so that every rank keeps making the same collective calls until the next agreement.
+class FirstFailure {
+ public:
+  explicit FirstFailure(std::string file) : file_(std::move(file)) {}
+  // Records `what` with HDF5's reason when `ok` is false; returns ok.
+  bool check(bool ok, const std::string& what) {
+    if (!ok && message_.empty()) message_ = concat("checkpoint ", file_, ": ", what, ": ", h5_error_text());
+    if (!ok) H5Eclear2(H5E_DEFAULT);
+    return ok;
+  }
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string file_;
+  std::string message_;
+};
+
+// The shortest decimal that reads back as the same float, so config JSON shows 1e-05, not 9.99999974737875e-06.
+double shortest_decimal(float f) {
+  char text[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(text, nullptr) == f) break;
+  }
+  return std::strtod(text, nullptr);
+}
+
+// Hugging Face's names, so the attribute reads like a config.json.
+std::string model_config_json(const BloomConfig& cfg) {
+  nlohmann::ordered_json j;
+  j["model_type"] = "bloom";
+  j["vocab_size"] = cfg.vocab_size;
+  j["hidden_size"] = cfg.hidden_size;
+  j["n_layer"] = cfg.num_layers;
+  j["n_head"] = cfg.num_heads;
+  j["layer_norm_epsilon"] = shortest_decimal(cfg.layer_norm_eps);
+  j["initializer_range"] = shortest_decimal(cfg.init_std);
+  return j.dump();
+}
+
+void put_scalar(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value, FirstFailure& f) {
+  H5Id space = h5_space(H5Screate(H5S_SCALAR));
+  H5Id attr = h5_attr(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  f.check(attr.valid() && H5Awrite(attr.get(), mem_type, value) >= 0, concat("writing attribute ", name));
+}
+
+// Fixed-length UTF-8 string of the text plus its terminator (h5dump prints it as plain text).
+void put_string(hid_t obj, const char* name, const std::string& value, FirstFailure& f) {
+  H5Id type = h5_type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type.get(), value.size() + 1);
+  H5Tset_strpad(type.get(), H5T_STR_NULLTERM);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  put_scalar(obj, name, type.get(), type.get(), value.c_str(), f);
+}
+
+void put_int(hid_t obj, const char* name, int v, FirstFailure& f) {
+  put_scalar(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, &v, f);
+}
+void put_int64(hid_t obj, const char* name, long v, FirstFailure& f) {
+  const int64_t x = v;
+  put_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &x, f);
+}
+void put_uint64(hid_t obj, const char* name, uint64_t v, FirstFailure& f) {
+  put_scalar(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &v, f);
+}
+void put_double(hid_t obj, const char* name, double v, FirstFailure& f) {
+  put_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, f);
+}
+
+// Collective: every rank writes the same values (parallel HDF5 requires identical metadata calls).
+void write_meta(hid_t file, const CheckpointMeta& meta, FirstFailure& f) {
+  put_int(file, "format_version", kCheckpointFormatVersion, f);
+  put_int64(file, "step", meta.step, f);
+  put_int(file, "epoch", meta.epoch, f);
+  put_int64(file, "epoch_step", meta.epoch_step, f);
+  put_int64(file, "optimizer_steps", meta.optimizer_steps, f);
+  put_int64(file, "warmup_steps", meta.warmup_steps, f);
+  put_int64(file, "total_steps", meta.total_steps, f);
+  put_uint64(file, "seed", meta.seed, f);
+  put_double(file, "base_lr", meta.base_lr, f);
+  put_double(file, "loss_scale", meta.loss_scale, f);
+  put_string(file, "lr_schedule", meta.lr_schedule, f);
+  put_string(file, "strategy", meta.strategy, f);
+  put_int(file, "world_size", meta.world_size, f);
+  put_int(file, "shard_group_size", meta.shard_group_size, f);
+  put_string(file, "model_config", model_config_json(meta.model), f);
+  put_string(file, "version", meta.version, f);
+  put_string(file, "deck", meta.deck, f);
+}
+
+// HDF5 compound of IndexRecord as stored: packed, little-endian, readable field names.
+H5Id index_file_type() {
+  H5Id name = h5_type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(name.get(), kIndexNameBytes);
+  H5Tset_strpad(name.get(), H5T_STR_NULLTERM);
+  const hsize_t dims[1] = {kIndexMaxDims};
+  H5Id shape = h5_type(H5Tarray_create2(H5T_STD_I64LE, 1, dims));
+  const size_t size = kIndexNameBytes + 8 + 8 + 4 + 8 * kIndexMaxDims;
+  H5Id type = h5_type(H5Tcreate(H5T_COMPOUND, size));
+  H5Tinsert(type.get(), "name", 0, name.get());
+  H5Tinsert(type.get(), "offset", kIndexNameBytes, H5T_STD_U64LE);
+  H5Tinsert(type.get(), "numel", kIndexNameBytes + 8, H5T_STD_U64LE);
+  H5Tinsert(type.get(), "ndim", kIndexNameBytes + 16, H5T_STD_I32LE);
+  H5Tinsert(type.get(), "shape", kIndexNameBytes + 20, shape.get());
+  return type;
+}
+
+std::vector<IndexRecord> index_records(const UnitLayout& layout) {
+  std::vector<IndexRecord> rows(layout.tensors.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TensorSpec& t = layout.tensors[i];
+    IndexRecord& r = rows[i];
+    std::memset(&r, 0, sizeof r);
+    std::memcpy(r.name, t.name.data(), t.name.size());  // length checked by check_units
+    r.offset = t.offset;
+    r.numel = t.numel;
+    r.ndim = static_cast<int32_t>(t.shape.size());
+    for (size_t d = 0; d < t.shape.size(); ++d) r.shape[d] = t.shape[d];
+  }
+  return rows;
+}
+
+// Rank 0 writes the whole (small) dataset, the others select nothing; one collective transfer.
+void write_selected(hid_t dset, hid_t mem_type, hsize_t begin, hsize_t count, bool mine, const void* data,
+                    hid_t dxpl, const std::string& what, FirstFailure& f) {
+  H5Id file_space = h5_space(H5Dget_space(dset));
+  const hsize_t one = 1;
+  H5Id mem_space = h5_space(H5Screate_simple(1, mine && count > 0 ? &count : &one, nullptr));
+  if (mine && count > 0) {
+    f.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &begin, nullptr, &count, nullptr) >= 0,
+            concat("selecting ", what));
+  } else {
+    H5Sselect_none(file_space.get());
+    H5Sselect_none(mem_space.get());
+  }
+  static const float dummy = 0;  // HDF5 wants a buffer even for an empty selection
+  f.check(H5Dwrite(dset, mem_type, mem_space.get(), file_space.get(), dxpl, data ? data : &dummy) >= 0,
+          concat("writing ", what));
+}
+
+void write_index(hid_t group, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
+  const std::vector<IndexRecord> rows = index_records(*u.layout);
+  H5Id mem_type = index_memory_type();
+  const hsize_t n = rows.size();
+  H5Id space = h5_space(H5Screate_simple(1, &n, nullptr));
+  H5Id file_type = index_file_type();
+  H5Id dset = h5_dataset(H5Dcreate2(group, kIndexDataset, file_type.get(), space.get(), H5P_DEFAULT,
+                                    H5P_DEFAULT, H5P_DEFAULT));
+  const std::string what = unit_group_path(u.layout->name) + "/" + kIndexDataset;
+  if (!f.check(dset.valid(), concat("creating ", what))) return;
+  write_selected(dset.get(), mem_type.get(), 0, n, rank == 0, rows.data(), dxpl, what, f);
+}
+
+// One unit: its group, index, the three vectors (this rank's slice of each) and their checksums.
+void write_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, MPI_Comm comm, FirstFailure& f) {
+  const std::string group_path = unit_group_path(u.layout->name);
+  H5Id group = h5_group(H5Gcreate2(file, group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  f.check(group.valid(), concat("creating ", group_path));
+  write_index(group.get(), u, rank, dxpl, f);
+
+  // Space is allocated at creation and never pre-filled: every element is written once.
+  H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  const hsize_t numel = u.numel;
+  H5Id space = h5_space(H5Screate_simple(1, &numel, nullptr));
+  const float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
+  H5Id dsets[3];
+  uint64_t partial[3] = {0, 0, 0};
+  for (int v = 0; v < 3; ++v) {
+    const std::string what = vector_path(u.layout->name, v);
+    dsets[v] = h5_dataset(H5Dcreate2(group.get(), kVectorNames[v], H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                                     dcpl.get(), H5P_DEFAULT));
+    f.check(dsets[v].valid(), concat("creating ", what));
+    const bool writes = u.primary && u.count > 0;
+    write_selected(dsets[v].get(), H5T_NATIVE_FLOAT, u.begin, u.count, writes, vectors[v], dxpl, what, f);
+    if (writes) partial[v] = checksum_slice(vectors[v], u.begin, u.count);
+  }
+  uint64_t total[3] = {0, 0, 0};
+  MPI_Allreduce(partial, total, 3, MPI_UINT64_T, MPI_SUM, comm);
+  for (int v = 0; v < 3; ++v) put_uint64(dsets[v].get(), kChecksumAttr, total[v], f);
+}
+
+// SHARDLM_FAULT_CHECKPOINT=after_units:N -> N; unset -> -1.
+int fault_after_units() {
+  const char* spec = std::getenv("SHARDLM_FAULT_CHECKPOINT");
+  if (!spec || !*spec) return -1;
+  const std::string s = spec;
+  const std::string prefix = "after_units:";
+  char* end = nullptr;
+  const long n = s.rfind(prefix, 0) == 0 ? std::strtol(s.c_str() + prefix.size(), &end, 10) : -1;
+  SHARDLM_CHECK(n >= 0 && end && *end == '\0', "SHARDLM_FAULT_CHECKPOINT='", s,
+                "': expected after_units:N with N >= 0");
+  return static_cast<int>(n);
+}
+
+// Rank-local checks of the caller's units; the hash lets ranks compare their unit lists cheaply.
+uint64_t check_units(const std::vector<UnitState>& units) {
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a
+  auto mix_in = [&](uint64_t x) { hash = (hash ^ x) * 1099511628211ULL; };
+  for (size_t i = 0; i < units.size(); ++i) {
+    const UnitState& u = units[i];
+    SHARDLM_CHECK(u.layout, "save_checkpoint: unit ", i, " has no layout");
+    SHARDLM_CHECK(u.numel == u.layout->numel, "save_checkpoint: unit ", u.layout->name, " has numel ", u.numel,
+                  " but its layout ", u.layout->numel);
+    SHARDLM_CHECK(u.begin + u.count <= u.numel, "save_checkpoint: unit ", u.layout->name, " slice [", u.begin,
+                  ", ", u.begin + u.count, ") is past its ", u.numel, " elements");
+    SHARDLM_CHECK(u.count == 0 || !u.primary || (u.param && u.exp_avg && u.exp_avg_sq),
+                  "save_checkpoint: unit ", u.layout->name, " has no buffers");
+    for (const TensorSpec& t : u.layout->tensors) {
+      SHARDLM_CHECK(t.name.size() < kIndexNameBytes, "save_checkpoint: tensor name '", t.name, "' is longer than ",
+                    kIndexNameBytes - 1, " bytes");
+      SHARDLM_CHECK(t.shape.size() <= static_cast<size_t>(kIndexMaxDims), "save_checkpoint: tensor ", t.name,
+                    " has more than ", kIndexMaxDims, " dimensions");
+    }
+    for (char c : u.layout->name) mix_in(static_cast<unsigned char>(c));
+    mix_in(u.numel);
+  }
+  return hash;
+}
+
+// Collective: every rank must pass the same units, and the primary slices must cover each unit.
+std::string check_units_agree(const std::vector<UnitState>& units, uint64_t hash, MPI_Comm comm) {
+  uint64_t mine[2] = {hash, ~hash}, most[2] = {0, 0};
+  MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm);
+  if (most[0] != ~most[1]) return "save_checkpoint: ranks passed different units (names or sizes)";
+  std::vector<unsigned long long> covered(units.size()), total(units.size());
+  for (size_t i = 0; i < units.size(); ++i) covered[i] = units[i].primary ? units[i].count : 0;
+  MPI_Allreduce(covered.data(), total.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (total[i] != units[i].numel)
+      return concat("save_checkpoint: the primary slices of unit ", units[i].layout->name, " hold ", total[i],
+                    " elements, the unit has ", units[i].numel, " (primary must be true on exactly one rank per element)");
+  }
+  return "";
+}
+
+// Writes the whole file at tmp_path (collective); throws AgreedError on any rank's failure.
+void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const std::vector<UnitState>& units,
+                int fault_after, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  FirstFailure f(tmp_path);
+  H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  // v1.8+ objects: dense attribute storage (a deck beyond 64 KiB) and link creation order.
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  H5Pset_coll_metadata_write(fapl.get(), true);
+  H5Id file = h5_file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  agree_on_error(comm, file.valid() ? "" : concat("cannot create checkpoint '", tmp_path, "': ", h5_error_text()));
+
+  H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
+  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  write_meta(file.get(), meta, f);
+  {
+    // Units are listed in creation order (h.10 would otherwise sort before h.2).
+    H5Id gcpl = h5_plist(H5Pcreate(H5P_GROUP_CREATE));
+    H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+    H5Id group = h5_group(H5Gcreate2(file.get(), kUnitsGroup, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+    f.check(group.valid(), concat("creating ", kUnitsGroup));
+  }
+  agree_on_error(comm, f.message());
+
+  for (size_t i = 0; i < units.size(); ++i) {
+    write_unit(file.get(), units[i], rank, dxpl.get(), comm, f);
+    agree_on_error(comm, f.message());
+    // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
+    if (fault_after >= 0 && static_cast<int>(i) + 1 == fault_after) std::_Exit(86);
+  }
+
+  f.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");
+  dxpl.reset();
+  fapl.reset();
+  f.check(file.close(), "closing");
+  agree_on_error(comm, f.message());
+}
+
+}  // namespace
+
+CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, const CheckpointMeta& meta,
+                                     const std::vector<UnitState>& units, MPI_Comm comm) {
+  Timer timer;
+  silence_hdf5_errors();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+
+  std::string error;
+  int fault_after = -1;
+  uint64_t hash = 0;
+  try {
+    fault_after = fault_after_units();
+    hash = check_units(units);
+    SHARDLM_CHECK(!dir.empty(), "save_checkpoint: no checkpoint folder given");
+    if (rank == 0) fs::create_directories(dir);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on_error(comm, error);  // also makes sure DIR exists before any rank opens the file
+  agree_on_error(comm, check_units_agree(units, hash, comm));
+
+  const std::string final_path = (fs::path(dir) / checkpoint_file_name(meta.step)).string();
+  const std::string tmp_path = final_path + ".tmp";
+  try {
+    write_file(tmp_path, meta, units, fault_after, comm);
+  } catch (const AgreedError&) {
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove(tmp_path, ignored);  // a failed write leaves nothing a resume could pick up
+    }
+    throw;
+  }
+
+  // Every rank has closed the file (the agreement above is a barrier); rank 0 makes it visible.
+  CheckpointWriteStats stats;
+  stats.path = final_path;
+  unsigned long long bytes = 0;
+  error.clear();
+  if (rank == 0) {
+    try {
+      publish_checkpoint(dir, tmp_path, final_path, keep_last);
+      bytes = fs::file_size(final_path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree_on_error(comm, error);  // no rank returns before the rename
+  MPI_Bcast(&bytes, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+  stats.bytes = bytes;
+  const double mine = timer.seconds();
+  MPI_Allreduce(&mine, &stats.seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return stats;
+}
+
+}  // namespace shardlm

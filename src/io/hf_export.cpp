@@ -1,0 +1,181 @@
+// export_hf_bloom: a Hugging Face BloomForCausalLM directory (config.json, safetensors weights, shard index).
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "shardlm/io.hpp"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+using OrderedJson = nlohmann::ordered_json;
+
+// A float as the shortest decimal that reads back as it ("1e-05", not "9.99999974738e-06"), widened to double.
+double shortest_double(float f) {
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof(text), f);
+  *result.ptr = '\0';
+  return std::strtod(text, nullptr);
+}
+
+// Writes a small text file via PATH.tmp and a rename, like the weights.
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    SHARDLM_CHECK(out, "export: cannot create ", tmp);
+    out << text;
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(concat("export: writing ", tmp, " failed (disk full?)"));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  SHARDLM_CHECK(!ec, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
+// The config transformers' BloomForCausalLM loads; special token ids are the byte tokenizer's.
+std::string bloom_config_json(const BloomConfig& cfg) {
+  OrderedJson c;
+  c["architectures"] = {"BloomForCausalLM"};
+  c["model_type"] = "bloom";
+  c["vocab_size"] = cfg.vocab_size;
+  c["hidden_size"] = cfg.hidden_size;
+  c["n_layer"] = cfg.num_layers;
+  c["n_head"] = cfg.num_heads;
+  c["layer_norm_epsilon"] = shortest_double(cfg.layer_norm_eps);
+  c["initializer_range"] = shortest_double(cfg.init_std);
+  c["apply_residual_connection_post_layernorm"] = false;
+  c["hidden_dropout"] = 0.0;
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = 256;
+  c["eos_token_id"] = 257;
+  c["pad_token_id"] = 258;
+  c["tie_word_embeddings"] = true;
+  c["use_cache"] = true;
+  c["pretraining_tp"] = 1;
+  c["slow_but_exact"] = false;
+  c["torch_dtype"] = "float32";
+  c["transformers_version"] = "4.44.0";
+  return c.dump(2) + "\n";
+}
+
+size_t shape_numel(const CheckpointTensor& t) {
+  size_t n = 1;
+  for (int64_t d : t.shape) {
+    SHARDLM_CHECK(d >= 0, "export: tensor '", t.name, "' has a negative dimension ", d);
+    n *= static_cast<size_t>(d);
+  }
+  return n;
+}
+
+// The tensors that go into the files: the tied LM head is left out, as save_pretrained does for BLOOM.
+std::vector<const CheckpointTensor*> exported_tensors(const std::vector<CheckpointTensor>& tensors) {
+  std::vector<const CheckpointTensor*> out;
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    if (t.name.rfind("lm_head", 0) == 0) continue;
+    SHARDLM_CHECK(seen.insert(t.name).second, "export: tensor '", t.name, "' is listed twice");
+    SHARDLM_CHECK(shape_numel(t) == t.numel, "export: tensor '", t.name, "' has ", t.numel,
+                  " elements but its shape holds ", shape_numel(t));
+    out.push_back(&t);
+  }
+  return out;
+}
+
+// Splits the tensors, in order, into groups of at most max_bytes (a larger tensor gets a group of its own).
+std::vector<std::vector<const CheckpointTensor*>> plan_shards(const std::vector<const CheckpointTensor*>& tensors,
+                                                              size_t max_bytes) {
+  std::vector<std::vector<const CheckpointTensor*>> shards;
+  size_t shard_bytes = 0;
+  for (const CheckpointTensor* t : tensors) {
+    const size_t bytes = t->numel * sizeof(float);
+    if (shards.empty() || (!shards.back().empty() && shard_bytes + bytes > max_bytes)) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(t);
+    shard_bytes += bytes;
+  }
+  return shards;
+}
+
+std::string shard_file_name(size_t index, size_t count) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+// Fetches one shard's tensors (the only ones held in memory at a time) and writes them.
+void write_shard(const std::string& path, const std::vector<const CheckpointTensor*>& shard,
+                 const std::function<std::vector<float>(const CheckpointTensor&)>& fetch) {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(shard.size());
+  for (const CheckpointTensor* t : shard) {
+    std::vector<float> values = fetch(*t);
+    SHARDLM_CHECK(values.size() == t->numel, "export: tensor '", t->name, "': fetched ", values.size(),
+                  " values, expected ", t->numel);
+    entries.push_back({"transformer." + t->name, t->shape, std::move(values)});
+  }
+  write_safetensors(path, entries);
+}
+
+// Removes weight files of an earlier export that this one did not write, so transformers cannot mix them in.
+void remove_stale_weights(const fs::path& dir, const std::set<std::string>& written) {
+  static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && std::regex_match(name, weight_file) && !written.count(name)) {
+      std::error_code ec;
+      fs::remove(entry.path(), ec);
+      SHARDLM_CHECK(!ec, "export: cannot remove the stale file ", entry.path().string(), ": ", ec.message());
+    }
+  }
+}
+
+}  // namespace
+
+void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+                     const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
+                     size_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  SHARDLM_CHECK(!ec && fs::is_directory(dir), "export: cannot create the directory ", dir,
+                ec ? ": " + ec.message() : std::string());
+  const fs::path root(dir);
+  write_text_file((root / "config.json").string(), bloom_config_json(cfg));
+
+  const auto selected = exported_tensors(tensors);
+  size_t total_bytes = 0;
+  for (const CheckpointTensor* t : selected) total_bytes += t->numel * sizeof(float);
+
+  std::set<std::string> written;
+  if (total_bytes <= max_shard_bytes) {
+    write_shard((root / "model.safetensors").string(), selected, fetch);
+    written.insert("model.safetensors");
+  } else {
+    const auto shards = plan_shards(selected, max_shard_bytes);
+    OrderedJson index;
+    index["metadata"] = {{"total_size", total_bytes}};
+    nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = shard_file_name(i, shards.size());
+      write_shard((root / file).string(), shards[i], fetch);
+      written.insert(file);
+      for (const CheckpointTensor* t : shards[i]) weight_map["transformer." + t->name] = file;
+    }
+    index["weight_map"] = weight_map;
+    write_text_file((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    written.insert("model.safetensors.index.json");
+  }
+  remove_stale_weights(root, written);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,391 @@
+// Tests of HDF5 checkpoints under mpirun: round trip and resharding of sliced units, the serial
+// reader, damaged / truncated / mismatched files refused on every rank, keep-last and latest,
+// resolve_resume, and a job killed mid-write (separate program) leaving the previous checkpoint.
+#define BOOST_TEST_MODULE test_checkpoint
+#include "mpi_fixture.hpp"
+
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "checkpoint_test_model.hpp"
+
+using namespace shardlm;
+using namespace ckpt_test;
+namespace fs = std::filesystem;
+
+extern char** environ;
+
+namespace {
+
+// A fresh folder per test and world size (the np1/np2/np4 runs may overlap), same path on every rank.
+std::string scratch(const std::string& name) {
+  const std::string dir = concat(SHARDLM_BINARY_DIR, "/test_runs/checkpoint_np", world_size(), "/", name);
+  if (world_rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+// Ranks that threw an Error from fn (message into *message); the count is the same on every rank.
+int ranks_failing(const std::function<void()>& fn, std::string* message) {
+  int failed = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    failed = 1;
+    *message = e.what();
+  }
+  int total = 0;
+  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank() == 0) BOOST_TEST_MESSAGE("refused: " << *message);
+  return total;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+// Saves the known values sliced over the whole world (FULL_SHARD) as step `step` in dir.
+CheckpointWriteStats save_known(const std::string& dir, long step, int keep_last = 0) {
+  const BloomConfig cfg = tiny_bloom();
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
+  return save_checkpoint(dir, keep_last, tiny_meta(cfg, step, world_size()), s.units, MPI_COMM_WORLD);
+}
+
+// Loads into zeroed slices of group size `group`; returns the wrong elements summed over ranks.
+size_t load_and_count_wrong(const std::string& path, int group, CheckpointMeta* meta = nullptr) {
+  Sharded s = make_sharded(tiny_bloom(), group, world_rank(), false);
+  CheckpointMeta m = load_checkpoint(path, s.units, MPI_COMM_WORLD);
+  if (meta) *meta = m;
+  unsigned long long wrong = count_wrong(s), total = 0;
+  MPI_Allreduce(&wrong, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+// Rank 0 copies src to dst and applies edit to the copy; every rank waits for it.
+void damaged_copy(const std::string& src, const std::string& dst, const std::function<void()>& edit) {
+  if (world_rank() == 0) {
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
+    edit();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Byte offset of a dataset's data in the file (contiguous layout), found with serial HDF5.
+haddr_t data_offset(const std::string& path, const std::string& dataset) {
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t dset = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
+  const haddr_t offset = H5Dget_offset(dset);
+  H5Dclose(dset);
+  H5Fclose(file);
+  return offset;
+}
+
+void flip_bytes(const std::string& path, haddr_t offset, int count) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    f.seekg(static_cast<std::streamoff>(offset + i));
+    char c = 0;
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(offset + i));
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+}
+
+// A barrier that sleeps instead of spinning, so waiting ranks leave the cores to a child job.
+void sleeping_barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// `env -u ...` removing what this job's launcher set, so a nested mpirun starts a job of its own.
+std::string clean_launcher_env() {
+  std::string prefix = "env";
+  for (char** e = environ; *e; ++e) {
+    const std::string var(*e, std::strchr(*e, '=') ? std::strchr(*e, '=') - *e : std::strlen(*e));
+    const bool launcher = var.rfind("PMIX_", 0) == 0 ||
+                          (var.rfind("OMPI_", 0) == 0 && var.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) != 0);
+    if (launcher) prefix += " -u " + var;
+  }
+  return prefix;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(round_trip_on_the_same_slicing) {
+  const std::string dir = scratch("round_trip");
+  const CheckpointWriteStats stats = save_known(dir, 10);
+  const std::string path = dir + "/ckpt-00000010.h5";
+  BOOST_TEST(stats.path == path);
+  BOOST_TEST(fs::exists(path));
+  BOOST_TEST(!fs::exists(path + ".tmp"));
+  BOOST_TEST(stats.bytes == fs::file_size(path));
+  BOOST_TEST(stats.seconds > 0.0);
+  BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000010.h5");
+
+  CheckpointMeta m;
+  BOOST_TEST(load_and_count_wrong(path, world_size(), &m) == 0u);
+  const CheckpointMeta want = tiny_meta(tiny_bloom(), 10, world_size());
+  BOOST_TEST(m.format_version == kCheckpointFormatVersion);
+  BOOST_TEST(m.step == 10);
+  BOOST_TEST(m.epoch == want.epoch);
+  BOOST_TEST(m.epoch_step == want.epoch_step);
+  BOOST_TEST(m.seed == want.seed);
+  BOOST_TEST(m.optimizer_steps == want.optimizer_steps);
+  BOOST_TEST(m.lr_schedule == want.lr_schedule);
+  BOOST_TEST(m.base_lr == want.base_lr);
+  BOOST_TEST(m.warmup_steps == want.warmup_steps);
+  BOOST_TEST(m.total_steps == want.total_steps);
+  BOOST_TEST(m.loss_scale == want.loss_scale);
+  BOOST_TEST(m.world_size == world_size());
+  BOOST_TEST(m.shard_group_size == world_size());
+  BOOST_TEST(m.strategy == want.strategy);
+  BOOST_TEST(m.deck == want.deck);
+  BOOST_TEST(m.version == want.version);
+  BOOST_TEST(m.model.vocab_size == 50);
+  BOOST_TEST(m.model.hidden_size == 8);
+  BOOST_TEST(m.model.num_layers == 2);
+  BOOST_TEST(m.model.num_heads == 2);
+  BOOST_TEST(m.model.layer_norm_eps == 1e-5f);
+  BOOST_TEST(m.model.init_std == 0.02f);
+}
+
+BOOST_AUTO_TEST_CASE(loads_onto_a_different_slicing) {
+  const std::string dir = scratch("reshard");
+  save_known(dir, 3);
+  const std::string path = dir + "/ckpt-00000003.h5";
+  // Every rank reads everything (NO_SHARD); rank 0 alone verifies checksums.
+  BOOST_TEST(load_and_count_wrong(path, 1) == 0u);
+  // Two replicas of world/2 slices (HYBRID_SHARD on two nodes).
+  if (world_size() % 2 == 0) BOOST_TEST(load_and_count_wrong(path, world_size() / 2) == 0u);
+
+  // And the other way: written by one primary holding everything, read back sharded over the world.
+  const std::string dir1 = scratch("reshard_from_one");
+  const BloomConfig cfg = tiny_bloom();
+  Sharded whole = make_sharded(cfg, 1, world_rank(), true);
+  save_checkpoint(dir1, 0, tiny_meta(cfg, 4, world_size()), whole.units, MPI_COMM_WORLD);
+  BOOST_TEST(load_and_count_wrong(dir1 + "/ckpt-00000004.h5", world_size()) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(serial_reader_returns_tensors_by_name) {
+  const std::string dir = scratch("reader");
+  save_known(dir, 5);
+  if (world_rank() == 0) {
+    CheckpointReader reader(dir + "/ckpt-00000005.h5");
+    BOOST_TEST(reader.meta().step == 5);
+    BOOST_TEST(reader.meta().model.hidden_size == 8);
+    const std::vector<UnitLayout> layouts = bloom_layout(tiny_bloom());
+    size_t expected = 0;
+    for (const UnitLayout& u : layouts) expected += u.tensors.size();
+    BOOST_TEST_REQUIRE(reader.tensors().size() == expected);
+    size_t k = 0;
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      for (const TensorSpec& spec : layouts[u].tensors) {
+        const CheckpointTensor& t = reader.tensors()[k++];
+        BOOST_TEST(t.unit == layouts[u].name);
+        BOOST_TEST(t.name == spec.name);
+        BOOST_TEST(t.shape == spec.shape);
+        BOOST_TEST(t.offset == spec.offset);
+        BOOST_TEST(t.numel == spec.numel);
+        // Twice: the first read verifies the unit's checksum, the second reads only the tensor.
+        for (int pass = 0; pass < 2; ++pass) {
+          const std::vector<float> values = reader.read(t);
+          BOOST_TEST_REQUIRE(values.size() == spec.numel);
+          size_t wrong = 0;
+          for (size_t i = 0; i < values.size(); ++i) wrong += values[i] != known_value(0, u, spec.offset + i);
+          BOOST_TEST(wrong == 0u, t.name << " pass " << pass);
+        }
+      }
+    }
+    BOOST_TEST(reader.tensors()[0].name == "word_embeddings.weight");
+    BOOST_TEST((reader.tensors()[0].shape == std::vector<int64_t>{50, 8}));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+BOOST_AUTO_TEST_CASE(unreadable_files_are_refused_on_every_rank) {
+  const std::string dir = scratch("unreadable");
+  save_known(dir, 1);
+  const std::string good = dir + "/ckpt-00000001.h5";
+  const std::string truncated = dir + "/truncated.h5";
+  damaged_copy(good, truncated, [&] { fs::resize_file(truncated, fs::file_size(good) / 2); });
+  const BloomConfig cfg = tiny_bloom();
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), false);
+  std::string message;
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(truncated, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "cannot open checkpoint '" + truncated + "'"), message);
+
+  const std::string missing = dir + "/missing.h5";
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(missing, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "cannot open checkpoint '" + missing + "': no such file"), message);
+
+  const std::string text = dir + "/text.h5";
+  if (world_rank() == 0) std::ofstream(text) << "not an HDF5 file\n";
+  MPI_Barrier(MPI_COMM_WORLD);
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(text, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "cannot open checkpoint '" + text + "'"), message);
+
+  if (world_rank() == 0) {
+    BOOST_CHECK_EXCEPTION(CheckpointReader reader(truncated), Error,
+                          [&](const Error& e) { return contains(e.what(), truncated); });
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
+  const std::string dir = scratch("flipped");
+  save_known(dir, 1);
+  const std::string good = dir + "/ckpt-00000001.h5";
+  const std::string damaged = dir + "/damaged.h5";
+  damaged_copy(good, damaged, [&] { flip_bytes(damaged, data_offset(damaged, "/units/h.0/exp_avg") + 20, 3); });
+  Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
+  std::string message;
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "checkpoint " + damaged + ": dataset /units/h.0/exp_avg: checksum mismatch"), message);
+
+  // The reader checks only the param vectors; damage one of those for it.
+  const std::string damaged_param = dir + "/damaged_param.h5";
+  damaged_copy(good, damaged_param, [&] { flip_bytes(damaged_param, data_offset(damaged_param, "/units/h.1/param"), 2); });
+  if (world_rank() == 0) {
+    CheckpointReader reader(damaged_param);
+    for (const CheckpointTensor& t : reader.tensors()) {
+      if (t.unit != "h.1") {
+        BOOST_CHECK_NO_THROW(reader.read(t));
+        continue;
+      }
+      BOOST_CHECK_EXCEPTION(reader.read(t), Error, [&](const Error& e) {
+        return contains(e.what(), damaged_param) && contains(e.what(), "/units/h.1/param: checksum mismatch");
+      });
+      break;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
+  const std::string dir = scratch("other_model");
+  save_known(dir, 1);
+  const std::string path = dir + "/ckpt-00000001.h5";
+  std::string message;
+
+  Sharded wider = make_sharded(tiny_bloom(16), world_size(), world_rank(), false);
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(path, wider.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "checkpoint " + path + ": /units/root/param has "), message);
+  BOOST_TEST(contains(message, "(different model shape?)"), message);
+
+  Sharded deeper = make_sharded(tiny_bloom(8, 3), world_size(), world_rank(), false);
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(path, deeper.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "holds units [root, h.0, h.1], the model has [root, h.0, h.1, h.2]"), message);
+}
+
+BOOST_AUTO_TEST_CASE(keep_last_latest_and_resolve_resume) {
+  const std::string dir = scratch("keep_last");
+  for (long step : {1, 2, 3}) save_known(dir, step, 2);
+  const std::string newest = dir + "/ckpt-00000003.h5";
+  BOOST_TEST(!fs::exists(dir + "/ckpt-00000001.h5"));
+  BOOST_TEST(fs::exists(dir + "/ckpt-00000002.h5"));
+  BOOST_TEST(fs::exists(newest));
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".h5";
+  BOOST_TEST(files == 2u);
+  BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000003.h5");
+  BOOST_TEST(resolve_resume("auto", dir) == newest);
+  BOOST_TEST(resolve_resume(dir, "") == newest);
+  BOOST_TEST(resolve_resume(newest, "") == newest);
+  BOOST_TEST(resolve_resume("none", dir) == "");
+  BOOST_TEST(resolve_resume("", dir) == "");
+  BOOST_TEST(load_and_count_wrong(resolve_resume("auto", dir), world_size()) == 0u);
+
+  const std::string empty = scratch("keep_last_empty");
+  BOOST_TEST(resolve_resume("auto", empty) == "");
+  BOOST_TEST(resolve_resume("auto", empty + "/not_yet") == "");
+  BOOST_CHECK_EXCEPTION(resolve_resume(empty, ""), Error, [&](const Error& e) { return contains(e.what(), empty); });
+  const std::string nowhere = dir + "/nowhere.h5";
+  BOOST_CHECK_EXCEPTION(resolve_resume(nowhere, dir), Error, [&](const Error& e) { return contains(e.what(), nowhere); });
+
+  // latest naming a file that is gone
+  const std::string dangling = scratch("keep_last_dangling");
+  if (world_rank() == 0) std::ofstream(dangling + "/latest") << "ckpt-00000009.h5\n";
+  MPI_Barrier(MPI_COMM_WORLD);
+  BOOST_CHECK_EXCEPTION(resolve_resume("auto", dangling), Error,
+                        [&](const Error& e) { return contains(e.what(), "ckpt-00000009.h5"); });
+}
+
+BOOST_AUTO_TEST_CASE(large_deck_and_bad_inputs) {
+  const std::string dir = scratch("large_deck");
+  const BloomConfig cfg = tiny_bloom();
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
+  CheckpointMeta meta = tiny_meta(cfg, 6, world_size());
+  // Beyond the 64 KiB an attribute may take in an object header; UTF-8 survives.
+  meta.deck.clear();
+  while (meta.deck.size() < 200000) meta.deck += "# commentaire généré pour remplir le deck\n";
+  save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD);
+  CheckpointMeta back;
+  BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000006.h5", world_size(), &back) == 0u);
+  BOOST_TEST(back.deck == meta.deck);
+
+  // Primaries must cover each unit exactly once.
+  std::string message;
+  if (world_size() > 1) {
+    Sharded all_primary = make_sharded(cfg, 1, 0, true);
+    BOOST_TEST(ranks_failing([&] { save_checkpoint(dir, 0, meta, all_primary.units, MPI_COMM_WORLD); }, &message) ==
+               world_size());
+    BOOST_TEST(contains(message, "primary"), message);
+  }
+  // A malformed fault specification is refused before anything is written.
+  setenv("SHARDLM_FAULT_CHECKPOINT", "after:2", 1);
+  BOOST_TEST(ranks_failing([&] { save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "SHARDLM_FAULT_CHECKPOINT"), message);
+  unsetenv("SHARDLM_FAULT_CHECKPOINT");
+}
+
+BOOST_AUTO_TEST_CASE(a_job_killed_mid_write_keeps_the_previous_checkpoint) {
+  const std::string dir = scratch("fault");
+  if (world_rank() == 0) {
+    const std::string log = dir + "/fault.log";
+    const std::string cmd = clean_launcher_env() + " timeout 120 " SHARDLM_MPIEXEC " -np 2 " SHARDLM_MPIEXEC_FLAGS
+                            " " SHARDLM_FAULT_PROGRAM " " + dir + " > " + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(log);
+    const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    BOOST_TEST_CONTEXT(cmd << "\n" << output) {
+      BOOST_TEST(code != 0);
+      BOOST_TEST(code != 124);  // timed out
+      BOOST_TEST(!contains(output, "completed"));
+      BOOST_TEST(fs::exists(dir + "/ckpt-00000001.h5"));
+      BOOST_TEST(fs::exists(dir + "/ckpt-00000002.h5.tmp"));
+      BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5"));
+      BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000001.h5");
+    }
+  }
+  sleeping_barrier();
+  BOOST_TEST(resolve_resume("auto", dir) == dir + "/ckpt-00000001.h5");
+  BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000001.h5", world_size()) == 0u);
+
+  // The next successful checkpoint removes the abandoned temporary of the step before it.
+  save_known(dir, 3);
+  BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5.tmp"));
+  BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000003.h5");
+}
