@@ -13,7 +13,7 @@ PACKAGES = cmake make g++ pkg-config libopenmpi-dev openmpi-bin libboost-program
 # mpirun refuses to start as root unless told; the demo may oversubscribe a small machine.
 MPIRUN_FLAGS = --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
-.PHONY: all build deps test demo install clean
+.PHONY: all build deps test test-gpu demo install clean
 
 all: build
 
@@ -37,8 +37,12 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# GPU suites need a GPU; they run with `make test-gpu` on a GPU machine.
 test: deps build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu
+
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 demo: deps build
 	mpirun -np $(NP) $(MPIRUN_FLAGS) $(BUILD)/bin/shardlm train input/demo.ini

@@ -256,7 +256,7 @@ BOOST_AUTO_TEST_CASE(bad_values) {
   BOOST_TEST(has(error_of([&] { load(kBase + "[fsdp]\nparam_dtype = fp8\n"); }),
                  "fsdp.param_dtype = 'fp8'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\n"); }), "model.arch = 'llama'"));
-  BOOST_TEST(has(error_of([&] { load(kBase + "[run]\nbackend = cuda\n"); }), "run.backend = 'cuda'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[run]\nbackend = gpu\n"); }), "run.backend = 'gpu'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[run]\ndir =\n"); }), "run.dir"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\ninit_std = 0\n"); }), "model.init_std = 0"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--train.lr=-1e-3"}); }), "train.lr = -1e-3"));

@@ -62,6 +62,7 @@ struct Topology {
   int local_size = 1;
   bool emulated = false;  // nodes of --dist.ranks_per_node ranks rather than the real hosts
   int host_ranks = 1;     // ranks on this rank's real host (they share its cores and memory)
+  int host_rank = 0;      // this rank's place among them (picks its GPU)
 };
 
 // ranks_per_node == 0: the real layout (MPI_Comm_split_type shared memory); K > 0: nodes of K

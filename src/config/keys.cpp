@@ -208,7 +208,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("checkpoint.at_end", SHARDLM_FIELD(checkpoint.at_end)),
 
       dir_key("run.dir"),
-      choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu"}),
+      choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu", "cuda"}),
   };
 }
 

@@ -12,6 +12,7 @@ Topology make_topology(MPI_Comm world, int ranks_per_node) {
   MPI_Comm host;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, t.world_rank, MPI_INFO_NULL, &host);
   MPI_Comm_size(host, &t.host_ranks);
+  MPI_Comm_rank(host, &t.host_rank);
   MPI_Comm_free(&host);
   if (ranks_per_node > 0) {
     SHARDLM_CHECK(t.world_size % ranks_per_node == 0, "dist.ranks_per_node = ", ranks_per_node,

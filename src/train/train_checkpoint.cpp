@@ -6,26 +6,6 @@
 
 namespace shardlm {
 
-std::vector<UnitState> unit_states(FsdpModel& model, AdamW& optimizer, ProcessGroups& groups) {
-  std::vector<UnitState> states;
-  std::vector<FlatParameter>& units = model.units();
-  for (size_t u = 0; u < units.size(); ++u) {
-    FlatParameter& p = units[u];
-    UnitState s;
-    s.layout = p.layout;
-    s.numel = p.numel;
-    // The padded tail of the last slices holds no parameters.
-    s.begin = std::min(p.shard_begin, p.numel);
-    s.count = std::min(p.shard_begin + p.shard_numel, p.numel) - s.begin;
-    s.primary = groups.replicate->rank() == 0;
-    s.param = p.master.data();
-    s.exp_avg = optimizer.exp_avg(u);
-    s.exp_avg_sq = optimizer.exp_avg_sq(u);
-    states.push_back(s);
-  }
-  return states;
-}
-
 CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
                          long optimizer_steps, int world_size, int shard_group_size) {
   CheckpointMeta m;

@@ -14,9 +14,6 @@
 
 namespace shardlm {
 
-// This rank's slices of every unit (master and both moments), as the checkpoint sees them.
-std::vector<UnitState> unit_states(FsdpModel& model, AdamW& optimizer, ProcessGroups& groups);
-
 // Position of the run for the metadata: `epoch_step` steps done in `epoch`.
 CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
                          long optimizer_steps, int world_size, int shard_group_size);

@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "metrics.hpp"
 #include "stop_signal.hpp"
+#include "engine.hpp"
 #include "train_checkpoint.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/device.hpp"
@@ -60,7 +62,7 @@ struct EvalResult {
   double samples_per_second = 0;
 };
 
-EvalResult evaluate(FsdpModel& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro) {
+EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -80,13 +82,12 @@ EvalResult evaluate(FsdpModel& model, const std::vector<Example>& eval_set, MPI_
   return r;
 }
 
-void report_memory(const FsdpModel& model, const AdamW& optimizer, MPI_Comm comm, bool echo,
-                   MetricsWriter& metrics) {
+void report_memory(const TrainEngine& engine, MPI_Comm comm, bool echo, MetricsWriter& metrics) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  FsdpMemory m = model.memory();
-  double mine[7] = {double(m.master_shard), double(m.grad_shard), double(optimizer.state_bytes()),
+  FsdpMemory m = engine.memory();
+  double mine[7] = {double(m.master_shard), double(m.grad_shard), double(engine.optimizer_bytes()),
                     double(m.full_params),  double(m.full_grads), double(m.activations), double(m.comm_staging)};
   std::vector<double> all(7 * static_cast<size_t>(world));
   MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, comm);
@@ -156,16 +157,23 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   });
   Topology topo;
   run_collectively(comm, [&] { topo = make_topology(comm, cfg.dist.ranks_per_node); });
-  ProcessGroups groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
   // Ranks sharing a host split its cores between their BLAS threads.
   cpu_set_threads(cpu_default_threads(topo.host_ranks));
 
   const int micro = cfg.train.micro_batch_size;
   const int accum = cfg.grad_accum(world);
-  FsdpOptions fsdp_opt{cfg.fsdp.strategy, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype};
-  FsdpModel model(cfg.model.bloom, fsdp_opt, groups, micro, cfg.data.max_length, cfg.train.seed);
-  AdamW optimizer(model.param_slices(),
-                  {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay});
+  std::unique_ptr<TrainEngine> engine_owner;
+  if (cfg.run.backend == "cuda") {
+#ifdef SHARDLM_HAVE_CUDA
+    run_collectively(comm, [&] { engine_owner = make_cuda_engine(cfg, comm, topo, micro); });
+#else
+    throw AgreedError("run.backend = cuda: this shardlm was built without CUDA (configure with -DSHARDLM_CUDA=ON)");
+#endif
+  } else {
+    engine_owner = make_cpu_engine(cfg, make_mpi_process_groups(comm, topo, cfg.fsdp.strategy), micro);
+  }
+  TrainEngine& model = *engine_owner;
+  ProcessGroups& groups = model.groups();
 
   DistributedSampler sampler(train_set.size(), static_cast<size_t>(cfg.train.batch_size), cfg.train.seed,
                              cfg.train.shuffle);
@@ -185,17 +193,17 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
                    {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
                    {"replicate_group_size", groups.replicate->size()}, {"grad_accum", accum},
                    {"steps_per_epoch", steps_per_epoch}, {"total_steps", total_steps}});
-  report_memory(model, optimizer, comm, echo, metrics);
+  report_memory(model, comm, echo, metrics);
 
   install_stop_signals();
-  const std::vector<UnitState> states = unit_states(model, optimizer, groups);
+  const std::vector<UnitState> states = model.checkpoint_state();
   long step = 0;
   int start_epoch = 0;
   long start_epoch_step = 0;
   if (!resume_path.empty()) {
     CheckpointMeta meta = load_checkpoint(resume_path, states, comm);
-    optimizer.set_steps_taken(meta.optimizer_steps);
-    model.params_updated();
+    model.set_optimizer_steps(meta.optimizer_steps);
+    model.checkpoint_loaded();
     step = meta.step;
     start_epoch = meta.epoch;
     start_epoch_step = meta.epoch_step;
@@ -203,9 +211,9 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
                meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
   }
   auto checkpoint = [&](int epoch, long epoch_step) {
-    CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, optimizer.steps_taken(), world,
+    CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, model.optimizer_steps(), world,
                                     groups.shard->size());
-    return write_checkpoint(cfg, meta, states, comm, echo, metrics).path;
+    return write_checkpoint(cfg, meta, model.checkpoint_state(), comm, echo, metrics).path;
   };
 
   TrainResult result;
@@ -213,7 +221,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   FsdpMemory mem = model.memory();
   result.master_shard_bytes = mem.master_shard;
   result.grad_shard_bytes = mem.grad_shard;
-  result.optimizer_bytes = optimizer.state_bytes();
+  result.optimizer_bytes = model.optimizer_bytes();
   result.model_params = mem.model_params;
 
   Timer run_timer;
@@ -243,10 +251,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       if (!std::isfinite(loss))
         throw AgreedError(concat("the loss is not finite at step ", step + 1, " (lower train.lr or check the data)"));
       const double norm = model.grad_norm();
-      model.scale_grads(static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm)));
       const double lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, step, cfg.train.warmup_steps, total_steps);
-      optimizer.step(lr);
-      model.params_updated();
+      model.optimizer_step(lr, static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm)));
       ++step;
       const double step_time = mpi_max(comm, step_timer.seconds());
       result.step_losses.push_back(loss);
@@ -263,7 +269,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
         say(concat("step ", step, "/", total_steps, " | epoch ", fmt("%.2f", epoch_pos), " | loss ",
                    fmt("%.4f", mean_loss), " | grad_norm ", fmt("%.3f", norm), " | lr ", fmt("%.3e", lr), " | ",
                    fmt("%.0f", tokens_per_s), " tok/s (", fmt("%.0f", tokens_per_s / world), "/rank) | mem ",
-                   format_bytes(memory_stats().total_peak)));
+                   format_bytes(model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak)));
         if (rank == 0)
           metrics.write({{"type", "train"}, {"step", step}, {"epoch", epoch_pos}, {"loss", mean_loss},
                          {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
@@ -309,11 +315,14 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   const long steps_run = step - result.first_step;
   result.train_samples_per_second =
       result.train_runtime > 0 ? static_cast<double>(steps_run) * cfg.train.batch_size / result.train_runtime : 0.0;
-  result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(memory_stats().total_peak)));
+  // On a GPU the device's high-water mark; on the CPU the planned buffers.
+  const size_t peak = model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak;
+  result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(peak)));
   result.peak_rss_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(process_peak_rss_bytes())));
   say(concat(result.preempted ? "stopped: " : "done: ", steps_run, " steps in ", fmt("%.1f", result.train_runtime), " s | train_loss ",
              fmt("%.4f", result.train_loss), " | ", fmt("%.2f", result.train_samples_per_second),
-             " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (planned buffers), ",
+             " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (",
+             model.device_peak_bytes() > 0 ? "GPU" : "planned buffers", "), ",
              format_bytes(result.peak_rss_bytes), " resident"));
   if (rank == 0)
     metrics.write({{"type", "summary"}, {"train_runtime", result.train_runtime},

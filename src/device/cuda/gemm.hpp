@@ -1,0 +1,63 @@
+// GEMMs through cuBLASLt, in the row-major convention of cpu_gemm, with the epilogues that save
+// passes over the output (bias, bias + GELU keeping the pre-activation, GELU backward).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+enum class Epilogue {
+  None,
+  Bias,       // C = alpha op(A) op(B) + beta C + bias[N] (bias in C's dtype)
+  BiasGelu,   // aux = alpha op(A) op(B) + bias (pre-activation, C's dtype); C = gelu(aux)
+  DGelu,      // C = (alpha op(A) op(B)) * gelu'(aux): the GELU backward fused into dW2^T-side GEMM
+};
+
+struct GemmDesc {
+  bool trans_a = false;
+  bool trans_b = false;
+  int M = 0, N = 0, K = 0;       // C is M x N (row-major), op(A) M x K, op(B) K x N
+  float alpha = 1, beta = 0;
+  const void* A = nullptr;
+  int lda = 0;                   // row stride of A as stored
+  const void* B = nullptr;
+  int ldb = 0;
+  void* C = nullptr;
+  int ldc = 0;
+  DType ab_dtype = DType::F32;   // dtype of A and B
+  DType c_dtype = DType::F32;    // dtype of C (F32 with 16-bit inputs: fp32 gradients)
+  Epilogue epilogue = Epilogue::None;
+  const void* bias = nullptr;    // [N]
+  void* aux = nullptr;           // [M, N] in c_dtype, row stride ldc (BiasGelu writes, DGelu reads)
+  int batch = 1;                 // strided batch (attention)
+  long long stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch members
+};
+
+// One per device and stream user: the cuBLASLt handle, a workspace, and the cache of chosen
+// algorithms per shape (heuristics are asked once per shape, never in the steady state).
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = 32u << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  // Throws Error naming the shape if cuBLASLt has no algorithm for it or the call fails.
+  void run(const GemmDesc& d, cudaStream_t stream);
+
+ private:
+  struct Plan;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>, Plan*> plans_;
+};
+
+}  // namespace shardlm::cuda

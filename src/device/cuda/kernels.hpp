@@ -1,0 +1,104 @@
+// CUDA kernels of the BLOOM block, the optimizer and the casts, as host-callable launchers.
+// Every pointer is device memory; every launcher is asynchronous on `stream` and checks the launch.
+// `dt` is the dtype of activations and gathered parameters (F32, BF16 or F16); arithmetic and
+// every reduction are in fp32; parameter gradients are fp32 (accumulated with +=).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm.hpp"
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+// ---- embedding -------------------------------------------------------------------------------
+
+// out[i, :] = table[tokens[i], :] for i < n; table is [V, H] in dt. Token ids outside [0, V) are
+// clamped to 0 (the data module never produces them; this keeps a bad id from reading out of bounds).
+void embedding_forward(const int32_t* tokens, const void* table, void* out, int n, int H, int V, DType dt,
+                       cudaStream_t stream);
+// dtable[tokens[i], :] += dout[i, :] (fp32, atomic: repeated tokens add up).
+void embedding_backward(const int32_t* tokens, const void* dout, float* dtable, int n, int H, int V, DType dt,
+                        cudaStream_t stream);
+
+// ---- LayerNorm -------------------------------------------------------------------------------
+
+// y = (x - mean) * rstd * gamma + beta over rows of H; saves mean and rstd (fp32, [n]) for backward.
+void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd,
+                       int n, int H, float eps, DType dt, cudaStream_t stream);
+// dx = LN backward (dx += when accumulate_dx, which adds the residual branch's gradient);
+// dgamma += sum_rows(dy * xhat), dbeta += sum_rows(dy) in fp32.
+void layernorm_backward(const void* dy, const void* x, const void* gamma, const float* mean, const float* rstd,
+                        void* dx, float* dgamma, float* dbeta, int n, int H, bool accumulate_dx, DType dt,
+                        cudaStream_t stream);
+
+// ---- element-wise ----------------------------------------------------------------------------
+
+// BLOOM's GELU (tanh approximation): y = 0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x^2))).
+void gelu_forward(const void* x, void* y, size_t n, DType dt, cudaStream_t stream);
+// dx = dy * gelu'(x).
+void gelu_backward(const void* dy, const void* x, void* dx, size_t n, DType dt, cudaStream_t stream);
+// out = a + b (out may alias a or b).
+void add(const void* a, const void* b, void* out, size_t n, DType dt, cudaStream_t stream);
+// dbias[c] += sum over rows r < n of dy[r, c], fp32.
+void bias_grad(const void* dy, float* dbias, int n, int cols, DType dt, cudaStream_t stream);
+// out[i] = (out_dt) in[i]; in and out may be any of F32, BF16, F16 (round to nearest even).
+void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaStream_t stream);
+// x[i] *= factor (fp32).
+void scale(float* x, size_t n, float factor, cudaStream_t stream);
+// x[i] += y[i] (fp32).
+void accumulate(float* x, const float* y, size_t n, cudaStream_t stream);
+
+// ---- reductions for the optimizer step --------------------------------------------------------
+
+// *out += sum of x[i]^2 over i < n, in double (fp32 partial sums per block, one atomic per block).
+void sum_squares(const float* x, size_t n, double* out, cudaStream_t stream);
+// *flag = 1 if any x[i] is inf or NaN (never cleared here).
+void check_finite(const void* x, size_t n, DType dt, int* flag, cudaStream_t stream);
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+struct AdamWArgs {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0;     // 0 for ranges without decay
+  float bias_correction1 = 1; // 1 - beta1^t
+  float bias_correction2 = 1; // 1 - beta2^t
+  float grad_scale = 1;       // grads are multiplied by this first (clipping, loss-scale unscale)
+};
+// Decoupled weight decay, as torch.optim.AdamW: p -= lr * wd * p; m = b1 m + (1-b1) g;
+// v = b2 v + (1-b2) g^2; p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
+// When param_out is non-null it also writes the updated parameter cast to out_dt (the
+// compute-dtype copy that the next all-gather sends), saving a separate cast pass.
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                const AdamWArgs& args, void* param_out, DType out_dt, cudaStream_t stream);
+
+// ---- attention (BLOOM: fused QKV, head-interleaved; ALiBi; causal) -----------------------------
+// qkv is [B*T, 3H] laid out per head as [q(d), k(d), v(d)] (transformers' BloomAttention view
+// [B, T, heads, 3, d]); ctx is [B*T, H] with heads concatenated. Scores are
+// (q . k) / sqrt(d) + slope_h * j for key position j <= query position i (BLOOM's alibi), softmax in
+// fp32. `probs` ([B, heads, T, T], dt) keeps the softmax for backward; `workspace` is scratch of
+// attention_workspace_bytes(). Implemented with batched cuBLASLt GEMMs and a softmax kernel.
+size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt);
+void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T, int heads,
+                       int head_dim, DType dt, void* workspace, cudaStream_t stream);
+// dqkv = d/dqkv given dctx (written, not accumulated).
+void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, const float* slopes,
+                        int B, int T, int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);
+
+// ---- LM head + cross-entropy, fused and chunked --------------------------------------------------
+// Logits = h @ table^T ([n, V], tied embeddings) are never held for more than `chunk` rows at once.
+// Returns nothing; writes the per-chunk loss sums into loss_sum (fp32 device scalar, +=) and the
+// count of positions with a target (targets >= 0) into *count (int64 device scalar, +=).
+// When dh is non-null: dh[n, H] = d(grad_scale * sum loss)/dh (written), dtable += (fp32).
+size_t lm_head_workspace_bytes(int chunk, int V, DType dt);
+void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* targets, int n, int H, int V, int chunk,
+                  float grad_scale, float* loss_sum, long long* count, void* dh, float* dtable, DType dt,
+                  void* workspace, cudaStream_t stream);
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,173 @@
+// NcclCommunicator: MPI bootstrap, checked collectives, waits with asynchronous-error polling and
+// a timeout, and the FSDP process groups.
+#include "nccl_communicator.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cuda_check.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+  }
+  throw Error("NCCL: unsupported dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+std::string host_name() {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+int world_rank_of_job() {
+  int rank = 0, initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+}  // namespace
+
+int select_device(const Topology& topo) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  SHARDLM_CHECK(rc == cudaSuccess && count > 0, "rank ", topo.world_rank, " on ", host_name(),
+                ": no CUDA device (", cudaGetErrorString(rc), "); run.backend = cuda needs one GPU per rank");
+  SHARDLM_CHECK(topo.host_ranks <= count, "host ", host_name(), " runs ", topo.host_ranks, " ranks but has ",
+                count, " GPU(s); start at most one rank per GPU (e.g. srun --ntasks-per-node=", count, ")");
+  SHARDLM_CUDA_CHECK(cudaSetDevice(topo.host_rank));
+  return topo.host_rank;
+}
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double timeout_s, std::string name)
+    : stream_(stream), timeout_s_(timeout_s), name_(std::move(name)) {
+  MPI_Comm_dup(comm, &mpi_comm_);
+  MPI_Comm_rank(mpi_comm_, &rank_);
+  MPI_Comm_size(mpi_comm_, &size_);
+  ncclUniqueId id;
+  if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_comm_);
+  last_ = "ncclCommInitRank";
+  check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
+                                   std::string name)
+    : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)) {
+  MPI_Comm_rank(mpi_comm_, &rank_);
+  MPI_Comm_size(mpi_comm_, &size_);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_) ncclCommDestroy(comm_);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
+}
+
+void NcclCommunicator::fail(const std::string& why) {
+  const std::string message = concat("rank ", world_rank_of_job(), " on ", host_name(), ", NCCL group ", name_,
+                                     " (rank ", rank_, " of ", size_, "), last collective ", last_, ": ", why);
+  std::fprintf(stderr, "shardlm: error: %s; aborting the job\n", message.c_str());
+  std::fflush(stderr);
+  if (comm_) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  throw Error(message);  // not reached: MPI_Abort ends the process
+}
+
+void NcclCommunicator::check(ncclResult_t rc, const char* what) {
+  if (rc == ncclSuccess) return;
+  fail(concat(what, " failed: ", ncclGetErrorString(rc), " (", ncclGetLastError(comm_), ")"));
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  last_ = concat("all-gather of ", count, " x ", size_, " elements");
+  check(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_), "ncclAllGather");
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  last_ = concat("reduce-scatter of ", count, " x ", size_, " elements");
+  check(ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, stream_), "ncclReduceScatter");
+}
+
+void NcclCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  last_ = concat("all-reduce of ", count, " elements");
+  check(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_), "ncclAllReduce");
+}
+
+void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  last_ = concat("broadcast of ", count, " elements from ", root);
+  check(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");
+}
+
+void NcclCommunicator::wait() {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) fail(concat("CUDA error on the stream: ", cudaGetErrorString(rc)));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess && async != ncclInProgress)
+      fail(concat("asynchronous NCCL error: ", ncclGetErrorString(async), " (a peer rank may have died)"));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s_)
+      fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_,
+                  " s): a peer rank is hung or dead"));
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+  }
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name) {
+  MPI_Comm sub;
+  MPI_Comm_split(mpi_comm_, color, key, &sub);
+#if NCCL_VERSION_CODE >= 21800
+  ncclComm_t child = nullptr;
+  last_ = "ncclCommSplit";
+  check(ncclCommSplit(comm_, color, key, &child, nullptr), "ncclCommSplit");
+  return std::make_unique<NcclCommunicator>(child, sub, stream_, timeout_s_, std::move(name));
+#else
+  auto made = std::make_unique<NcclCommunicator>(sub, stream_, timeout_s_, std::move(name));
+  MPI_Comm_free(&sub);
+  return made;
+#endif
+}
+
+ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
+                                       cudaStream_t stream, double timeout_s) {
+  auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
+  ProcessGroups g;
+  switch (strategy) {
+    case ShardingStrategy::FullShard:
+    case ShardingStrategy::ShardGradOp:
+      g.shard = w->split(0, topo.world_rank, "shard");
+      g.replicate = w->split(topo.world_rank, 0, "replicate");
+      break;
+    case ShardingStrategy::NoShard:
+      g.shard = w->split(topo.world_rank, 0, "shard");
+      g.replicate = w->split(0, topo.world_rank, "replicate");
+      break;
+    case ShardingStrategy::HybridShard:
+      g.shard = w->split(topo.node, topo.local_rank, "shard");
+      g.replicate = w->split(topo.local_rank, topo.node, "replicate");
+      break;
+  }
+  g.world = std::move(w);
+  return g;
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,72 @@
+// NCCL collectives behind the Communicator interface: communicators bootstrapped through MPI
+// (rank 0's unique id broadcast), sub-groups split from the world, every call checked, and waits
+// that poll NCCL's asynchronous errors with a timeout so that a failing or hanging rank ends the
+// job with a message naming it instead of hanging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+
+#include "shardlm/dist.hpp"
+
+namespace shardlm::cuda {
+
+// The GPU of this rank: its place among the ranks of its host (one GPU per rank). Error if the
+// host has fewer GPUs than ranks, naming both counts. Calls cudaSetDevice.
+int select_device(const Topology& topo);
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Collective over `comm`: rank 0 makes the unique id and broadcasts it over MPI. The
+  // communicator enqueues its collectives on `stream` (the caller's communication stream).
+  NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double timeout_s, std::string name);
+  // Takes an existing NCCL communicator (from ncclCommSplit).
+  NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s, std::string name);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // Asynchronous on stream(): buffers are device memory and must stay valid until the stream
+  // passes the collective.
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+
+  cudaStream_t stream() const { return stream_; }
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+  ncclComm_t nccl() const { return comm_; }
+  // Splits this communicator (collective over it): ranks with the same color form a group,
+  // ordered by key. Uses ncclCommSplit where NCCL has it, else a fresh MPI bootstrap.
+  std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name);
+  // Blocks until everything enqueued on stream() has finished, polling NCCL's asynchronous error
+  // state; on an error or after the timeout, aborts the communicator and the MPI job with a
+  // message naming this rank, the group and the last collective.
+  void wait();
+
+ private:
+  [[noreturn]] void fail(const std::string& why);
+  void check(ncclResult_t rc, const char* what);
+
+  ncclComm_t comm_ = nullptr;
+  MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate, for the bootstrap of splits and for errors
+  cudaStream_t stream_ = nullptr;
+  double timeout_s_ = 600;
+  std::string name_;
+  std::string last_;  // the last collective enqueued, for error messages
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// The FSDP process groups on NCCL, shaped as make_mpi_process_groups's: world, shard and replicate.
+// All three enqueue on `stream`. timeout_s bounds every wait (dist.timeout in the deck).
+ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
+                                       cudaStream_t stream, double timeout_s);
+
+}  // namespace shardlm::cuda
