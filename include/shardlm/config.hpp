@@ -52,6 +52,7 @@ struct FsdpSection {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
+  bool activation_checkpointing = false;  // recompute each block's activations in its backward (CUDA backend)
 };
 
 struct DistSection {

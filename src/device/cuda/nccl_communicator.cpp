@@ -132,6 +132,12 @@ void NcclCommunicator::wait() {
   }
 }
 
+double NcclCommunicator::host_sum(double v) const {
+  double out = 0;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, mpi_comm_);
+  return out;
+}
+
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name) {
   MPI_Comm sub;
   MPI_Comm_split(mpi_comm_, color, key, &sub);

@@ -49,6 +49,8 @@ class NcclCommunicator : public Communicator {
   // state; on an error or after the timeout, aborts the communicator and the MPI job with a
   // message naming this rank, the group and the last collective.
   void wait();
+  // Sum of a host double over the group's ranks (through MPI: exact, and no device round trip).
+  double host_sum(double v) const;
 
  private:
   [[noreturn]] void fail(const std::string& why);
