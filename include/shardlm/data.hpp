@@ -1,8 +1,10 @@
-// data: tokenizer, dataset readers (SQuAD v1.1 JSON, JSONL text), batching and the distributed sampler.
+// data: tokenizers (bytes; Hugging Face tokenizer.json), dataset readers (SQuAD v1.1 JSON, JSONL
+// text), batching and the distributed sampler.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,5 +90,49 @@ class DistributedSampler {
   uint64_t seed_;
   bool shuffle_;
 };
+
+// A Hugging Face tokenizer read from tokenizer.json (the `tokenizers` library's format), giving the
+// ids and text `tokenizers` gives: byte-level BPE (GPT-2, BLOOM, Llama 3: ByteLevel, Split and
+// Sequence pre-tokenizers) and SentencePiece-style BPE with byte fallback (Llama 2, CodeLlama:
+// Prepend/Replace normalizers, Metaspace). Added tokens are matched before pre-tokenization.
+// Copies share one immutable model and one word cache; encode and decode are thread-safe.
+class HfTokenizer {
+ public:
+  // Reads tokenizer.json and, when one lies beside it, tokenizer_config.json (bos/eos/pad names).
+  // Throws Error naming the file and the JSON path of anything malformed or unsupported.
+  static HfTokenizer from_file(const std::string& path);
+  // The same from JSON text; `source` names it in errors; `config_json` may be empty.
+  static HfTokenizer from_json(const std::string& tokenizer_json, const std::string& source,
+                               const std::string& config_json = "");
+
+  // `text` must be valid UTF-8 (Error otherwise). add_special_tokens applies the post-processor
+  // (Llama's BOS, for one); special tokens written in the text are matched either way.
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = true) const;
+  // Unknown ids are skipped, as `tokenizers` does; invalid UTF-8 becomes U+FFFD.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  int32_t token_to_id(const std::string& token) const;  // -1 when absent
+  std::string id_to_token(int32_t id) const;            // "" when absent
+  bool is_special(int32_t id) const;                    // an added token marked special
+  // From tokenizer_config.json when present, else from the post-processor and the usual names
+  // (<s>, </s>, <pad>, <|endoftext|>, ...); -1 when unknown.
+  int32_t bos_id() const;
+  int32_t eos_id() const;
+  int32_t pad_id() const;
+  int32_t unk_id() const;
+  // One past the largest id of the model's vocabulary and the added tokens: the embedding rows.
+  int32_t vocab_size() const;
+
+ private:
+  struct Impl;  // src/data/hf_tokenizer.hpp
+  explicit HfTokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Converts a SentencePiece BPE model (tokenizer.model of Llama 2 and CodeLlama) into the
+// tokenizer.json transformers' LlamaTokenizerFast writes for it (legacy: Prepend "▁" and Replace
+// normalizers; merges ordered by the merged piece's score; BOS added by the post-processor).
+// Throws Error naming the file if it is not a BPE SentencePiece model.
+std::string sentencepiece_to_tokenizer_json(const std::string& model_path);
 
 }  // namespace shardlm

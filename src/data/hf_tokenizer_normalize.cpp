@@ -1,0 +1,137 @@
+// Normalizers of HfTokenizer: Sequence, Prepend, Replace, Strip and ByteLevel, as `tokenizers`
+// applies them to each stretch of text between added tokens.
+#include <string>
+
+#include "hf_tokenizer.hpp"
+
+namespace shardlm::hf {
+
+namespace {
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
+      : steps_(std::move(steps)) {}
+  void normalize(std::string& text) const override {
+    for (const auto& step : steps_) step->normalize(text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+class PrependNormalizer : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
+  void normalize(std::string& text) const override {
+    if (!text.empty()) text.insert(0, prefix_);
+  }
+
+ private:
+  std::string prefix_;
+};
+
+class ReplaceNormalizer : public Normalizer {
+ public:
+  ReplaceNormalizer(Pattern pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  void normalize(std::string& text) const override {
+    thread_local std::vector<std::pair<size_t, size_t>> matches;
+    matches.clear();
+    pattern_.find_all(text, matches);
+    if (matches.empty()) return;
+    std::string out;
+    out.reserve(text.size() + matches.size() * content_.size());
+    size_t prev = 0;
+    for (const auto& [s, e] : matches) {
+      out.append(text, prev, s - prev);
+      out += content_;
+      prev = e;
+    }
+    out.append(text, prev, std::string::npos);
+    text.swap(out);
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  void normalize(std::string& text) const override {
+    size_t begin = 0, end = text.size();
+    if (left_) {
+      size_t pos = 0;
+      while (pos < end) {
+        size_t next = pos;
+        if (!is_whitespace(next_code_point(text, next))) break;
+        pos = next;
+      }
+      begin = pos;
+    }
+    if (right_) {
+      while (end > begin) {
+        size_t start = end - 1;  // back to the lead byte of the last code point
+        while (start > begin && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+        size_t pos = start;
+        if (!is_whitespace(next_code_point(text, pos))) break;
+        end = start;
+      }
+    }
+    text = text.substr(begin, end - begin);
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class ByteLevelNormalizer : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    const auto& chars = byte_level_chars();
+    std::string out;
+    out.reserve(text.size() * 2);
+    for (unsigned char b : text) out += chars[b];
+    text.swap(out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Normalizer> parse_normalizer(const JsonContext& ctx, const json& value,
+                                             const std::string& path) {
+  if (value.is_null()) return nullptr;
+  const std::string type = component_type(ctx, value, path);
+  if (type == "Sequence") {
+    const std::string list_path = child_path(path, "normalizers");
+    const json& list = require_member(ctx, value, path, "normalizers");
+    if (!list.is_array()) ctx.fail(list_path, "expected an array");
+    std::vector<std::unique_ptr<Normalizer>> steps;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (auto step = parse_normalizer(ctx, list[i], index_path(list_path, i))) {
+        steps.push_back(std::move(step));
+      }
+    }
+    return std::make_unique<SequenceNormalizer>(std::move(steps));
+  }
+  if (type == "Prepend") {
+    return std::make_unique<PrependNormalizer>(require_string(ctx, value, path, "prepend"));
+  }
+  if (type == "Replace") {
+    return std::make_unique<ReplaceNormalizer>(
+        parse_pattern(ctx, require_member(ctx, value, path, "pattern"),
+                      child_path(path, "pattern")),
+        require_string(ctx, value, path, "content"));
+  }
+  if (type == "Strip") {
+    return std::make_unique<StripNormalizer>(optional_bool(ctx, value, path, "strip_left", true),
+                                             optional_bool(ctx, value, path, "strip_right", true));
+  }
+  if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
+  fail_unsupported(ctx, child_path(path, "type"), type,
+                   "Sequence, Prepend, Replace, Strip, ByteLevel");
+}
+
+}  // namespace shardlm::hf

@@ -1,0 +1,447 @@
+#define BOOST_TEST_MODULE test_tokenizer
+#include <boost/test/unit_test.hpp>
+
+// Tests of HfTokenizer against reference ids recorded with transformers.js and checked against
+// Hugging Face `tokenizers` (tests/fixtures/tokenizer/generate_reference.mjs, check_reference.py):
+// GPT-2 byte-level BPE, the same vocabulary behind BLOOM's and Llama 3's pre-tokenizers, and
+// Llama 2 (converted here from ../shared/data/llama2-tokenizer/tokenizer.model); decoding,
+// special tokens, malformed files and speed.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/data.hpp"
+
+using namespace shardlm;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kFixtures = std::string(SHARDLM_SOURCE_DIR) + "/tests/fixtures/tokenizer";
+const std::string kGpt2 = kFixtures + "/gpt2/tokenizer.json";
+const std::string kLlamaModel =
+    std::string(SHARDLM_SOURCE_DIR) + "/../shared/data/llama2-tokenizer/tokenizer.model";
+// Generated tokenizer.json files (variants, Llama 2) live in the build tree.
+const fs::path kGenerated = fs::path(SHARDLM_BINARY_DIR) / "tokenizer-fixtures";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  BOOST_REQUIRE_MESSAGE(in, "cannot open " << path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  BOOST_REQUIRE(out.good());
+}
+
+const json& reference() {
+  static const json ref = json::parse(read_text(kFixtures + "/reference.json"));
+  return ref;
+}
+
+std::vector<std::string> corpus_lines() {
+  const std::string corpus = read_text(kFixtures + "/corpus.txt");
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < corpus.size()) {
+    const size_t end = corpus.find('\n', start);
+    lines.push_back(corpus.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+// gpt2/tokenizer.json with a variant of variants.json applied, as generate_reference.mjs does.
+std::string variant_file(const std::string& name) {
+  const json variants = json::parse(read_text(kFixtures + "/variants.json"));
+  const json& variant = variants.at("variants").at(name);
+  json tok = json::parse(read_text(kGpt2));
+  for (const auto& [key, value] : variant.at("tokenizer").items()) {
+    if (key == "model") {
+      for (const auto& [k, v] : value.items()) tok["model"][k] = v;
+    } else if (key == "added_tokens") {
+      for (const auto& t : value) tok["added_tokens"].push_back(t);
+    } else {
+      tok[key] = value;
+    }
+  }
+  if (variant.at("merges_as_pairs").get<bool>()) {
+    json pairs = json::array();
+    for (const auto& m : tok["model"]["merges"]) {
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      pairs.push_back(json::array({s.substr(0, space), s.substr(space + 1)}));
+    }
+    tok["model"]["merges"] = pairs;
+  }
+  const fs::path path = kGenerated / name / "tokenizer.json";
+  write_text(path, tok.dump());
+  return path.string();
+}
+
+std::string llama2_file() {
+  BOOST_REQUIRE_MESSAGE(fs::exists(kLlamaModel),
+                        "the Llama 2 tokenizer model is missing: " << kLlamaModel);
+  const fs::path path = kGenerated / "llama2" / "tokenizer.json";
+  write_text(path, sentencepiece_to_tokenizer_json(kLlamaModel));
+  return path.string();
+}
+
+const HfTokenizer& tokenizer(const std::string& name) {
+  static std::map<std::string, HfTokenizer> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    const std::string path = name == "gpt2"     ? kGpt2
+                             : name == "llama2" ? llama2_file()
+                                                : variant_file(name);
+    it = cache.emplace(name, HfTokenizer::from_file(path)).first;
+  }
+  return it->second;
+}
+
+std::string show(const std::vector<int32_t>& ids) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
+  return out.str() + "]";
+}
+
+// Every corpus line and the whole corpus against the reference of tokenizer `name`.
+void check_against_reference(const std::string& name) {
+  const HfTokenizer& tok = tokenizer(name);
+  const json& ref = reference().at("tokenizers").at(name);
+  const std::vector<std::string> lines = corpus_lines();
+  BOOST_REQUIRE_EQUAL(lines.size(), ref.at("lines").size());
+  std::vector<std::pair<std::string, const json*>> cases;
+  for (size_t i = 0; i < lines.size(); ++i) cases.emplace_back(lines[i], &ref["lines"][i]);
+  cases.emplace_back(read_text(kFixtures + "/corpus.txt"), &ref["whole"]);
+  size_t failures = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [text, expected] = cases[i];
+    const std::string label = i < lines.size() ? "line " + std::to_string(i + 1) : "whole corpus";
+    const auto ids = tok.encode(text, false);
+    const auto ids_special = tok.encode(text, true);
+    const auto want = expected->at("ids").get<std::vector<int32_t>>();
+    const auto want_special = expected->at("ids_special").get<std::vector<int32_t>>();
+    const std::string decoded = tok.decode(want_special, false);
+    const std::string decoded_skip = tok.decode(want_special, true);
+    const bool ok = ids == want && ids_special == want_special &&
+                    decoded == expected->at("decoded").get<std::string>() &&
+                    decoded_skip == expected->at("decoded_skip").get<std::string>();
+    if (!ok && ++failures <= 10) {
+      BOOST_ERROR(name << " " << label << ": ids " << show(ids) << " want " << show(want)
+                       << "; ids_special " << show(ids_special) << " want " << show(want_special)
+                       << "; decoded '" << decoded << "' want '"
+                       << expected->at("decoded").get<std::string>() << "'; decoded_skip '"
+                       << decoded_skip << "' want '"
+                       << expected->at("decoded_skip").get<std::string>() << "'");
+    }
+  }
+  BOOST_TEST(failures == 0u, name << ": " << failures << " of " << cases.size() << " texts differ");
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  BOOST_ERROR("expected a shardlm::Error, none was thrown");
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A private temporary directory, removed at the end of the test.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    static int counter = 0;
+    dir = fs::temp_directory_path() /
+          ("shardlm_test_tokenizer_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+// A small valid tokenizer.json to break in the malformed-file tests.
+json tiny_tokenizer() {
+  return json::parse(R"({
+    "added_tokens": [{"id": 5, "content": "<eos>", "special": true, "normalized": false}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "post_processor": null,
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "unk_token": null,
+              "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}, "merges": ["a b", "Ġ ab"]}
+  })");
+}
+
+// The megabytes per second `tok` encodes `text` at, best of three runs.
+double encode_speed(const HfTokenizer& tok, const std::vector<std::string>& texts, size_t bytes) {
+  double best = 0.0;
+  for (int run = 0; run < 3; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    size_t count = 0;
+    for (const std::string& t : texts) count += tok.encode(t, false).size();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    BOOST_REQUIRE(count > 0);
+    best = std::max(best, static_cast<double>(bytes) / 1e6 / seconds);
+  }
+  return best;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gpt2_matches_reference) { check_against_reference("gpt2"); }
+
+BOOST_AUTO_TEST_CASE(bloom_pre_tokenizer_matches_reference) {
+  check_against_reference("bloom_style");
+}
+
+BOOST_AUTO_TEST_CASE(llama3_pre_tokenizer_matches_reference) {
+  check_against_reference("llama3_style");
+}
+
+BOOST_AUTO_TEST_CASE(llama2_matches_reference) { check_against_reference("llama2"); }
+
+BOOST_AUTO_TEST_CASE(decode_round_trips) {
+  // Byte-level BPE is lossless and Llama's decoder removes the prepended space again, so text
+  // without special tokens comes back whole. With special tokens: Llama's decoder spaces them
+  // ("<s> Hello") and <mask>'s lstrip swallows the spaces before it.
+  for (const std::string name : {"gpt2", "bloom_style", "llama3_style", "llama2"}) {
+    const HfTokenizer& tok = tokenizer(name);
+    for (const std::string& line : corpus_lines()) {
+      const auto ids = tok.encode(line, false);
+      const bool special =
+          std::any_of(ids.begin(), ids.end(), [&](int32_t id) { return tok.is_special(id); });
+      if (!special) {
+        BOOST_TEST(tok.decode(ids, false) == line, name << ": '" << line << "'");
+        BOOST_TEST(tok.decode(tok.encode(line, true), true) == line, name << ": '" << line << "'");
+      } else if (name != "llama2" && !contains(line, "<mask>")) {
+        BOOST_TEST(tok.decode(ids, false) == line, name << ": '" << line << "'");
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(special_tokens) {
+  const HfTokenizer& gpt2 = tokenizer("gpt2");
+  BOOST_TEST(gpt2.vocab_size() == 50257);
+  BOOST_TEST(gpt2.token_to_id("<|endoftext|>") == 50256);
+  BOOST_TEST(gpt2.id_to_token(50256) == "<|endoftext|>");
+  BOOST_TEST(gpt2.id_to_token(15496) == "Hello");
+  BOOST_TEST(gpt2.token_to_id("Ġworld") == 995);
+  BOOST_TEST(gpt2.token_to_id("no such token") == -1);
+  BOOST_TEST(gpt2.id_to_token(60000).empty());
+  BOOST_TEST(gpt2.is_special(50256));
+  BOOST_TEST(!gpt2.is_special(995));
+  // From gpt2/tokenizer_config.json.
+  BOOST_TEST(gpt2.bos_id() == 50256);
+  BOOST_TEST(gpt2.eos_id() == 50256);
+  BOOST_TEST(gpt2.pad_id() == -1);
+  BOOST_TEST(gpt2.unk_id() == 50256);
+  BOOST_TEST(gpt2.encode("a<|endoftext|>b", true) == (std::vector<int32_t>{64, 50256, 65}));
+  BOOST_TEST(gpt2.decode({64, 50256, 65}, true) == "ab");
+  BOOST_TEST(gpt2.decode({64, 50256, 65}, false) == "a<|endoftext|>b");
+  // Unknown ids are skipped; a lone continuation byte decodes to U+FFFD.
+  BOOST_TEST(gpt2.decode({64, 99999, -1, 65}) == "ab");
+  // "\xC4\xA2" (U+0122) is the byte-level character of byte 0x80.
+  BOOST_TEST(gpt2.decode({gpt2.token_to_id("\xC4\xA2")}) == "\xEF\xBF\xBD");
+  BOOST_TEST(gpt2.encode("", true).empty());
+
+  const HfTokenizer& llama = tokenizer("llama2");
+  BOOST_TEST(llama.vocab_size() == 32000);
+  BOOST_TEST(llama.bos_id() == 1);
+  BOOST_TEST(llama.eos_id() == 2);
+  BOOST_TEST(llama.unk_id() == 0);
+  BOOST_TEST(llama.pad_id() == -1);
+  BOOST_TEST(llama.encode("Hello world", true) == (std::vector<int32_t>{1, 15043, 3186}));
+  BOOST_TEST(llama.encode("Hello world", false) == (std::vector<int32_t>{15043, 3186}));
+  BOOST_TEST(llama.encode("", true) == (std::vector<int32_t>{1}));
+  BOOST_TEST(llama.token_to_id("<0x0A>") == 13);
+  BOOST_TEST(llama.decode({1, 15043, 3186, 2}, true) == "Hello world");
+  // Byte fallback: an emoji the vocabulary lacks is its four bytes, and decodes back.
+  const auto emoji = llama.encode("\xF0\x9F\x98\x80", false);
+  BOOST_TEST(emoji == (std::vector<int32_t>{29871, 243, 162, 155, 131}));
+  BOOST_TEST(llama.decode(emoji) == "\xF0\x9F\x98\x80");
+  BOOST_TEST(llama.decode({243, 162}) == "\xEF\xBF\xBD\xEF\xBF\xBD");  // a cut sequence
+
+  // Bos from the template of a post-processor, lstrip of <mask>, a normalized added token.
+  const HfTokenizer& llama3 = tokenizer("llama3_style");
+  BOOST_TEST(llama3.vocab_size() == 50261);
+  BOOST_TEST(llama3.bos_id() == 50257);
+  BOOST_TEST(llama3.encode("x <mask>", false) == (std::vector<int32_t>{87, 50259}));
+  BOOST_TEST(llama3.encode("shardlm", false) == (std::vector<int32_t>{50260}));
+  BOOST_TEST(!llama3.is_special(50260));
+  BOOST_TEST(llama3.decode({50257, 50260, 50258}, true) == "shardlm");
+}
+
+BOOST_AUTO_TEST_CASE(copies_share_the_model_across_threads) {
+  const HfTokenizer tok = tokenizer("gpt2");  // a copy
+  const std::vector<std::string> lines = corpus_lines();
+  std::vector<std::vector<int32_t>> serial;
+  for (const auto& line : lines) serial.push_back(tok.encode(line, false));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (size_t i = 0; i < lines.size(); ++i) {
+          if (tok.encode(lines[i], false) != serial[i]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int m : mismatches) BOOST_TEST(m == 0);
+}
+
+BOOST_AUTO_TEST_CASE(invalid_utf8_text_is_an_error) {
+  const std::string message = error_of([] { tokenizer("gpt2").encode("ab\xC3(", false); });
+  BOOST_TEST(contains(message, "not valid UTF-8"), message);
+  BOOST_TEST(contains(message, "byte 2"), message);
+}
+
+BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_path) {
+  TempDir tmp;
+  const auto write_and_load = [&](const std::string& name, const std::string& text) {
+    const fs::path path = tmp.dir / name / "tokenizer.json";
+    write_text(path, text);
+    return std::make_pair(path.string(), error_of([&] { HfTokenizer::from_file(path.string()); }));
+  };
+  // The tiny tokenizer itself loads and works.
+  {
+    const fs::path path = tmp.dir / "ok" / "tokenizer.json";
+    write_text(path, tiny_tokenizer().dump());
+    const HfTokenizer tok = HfTokenizer::from_file(path.string());
+    BOOST_TEST(tok.encode("ab ab<eos>", false) == (std::vector<int32_t>{2, 4, 5}));
+    BOOST_TEST(tok.eos_id() == 5);
+  }
+  {
+    const auto [path, message] = write_and_load("syntax", "{\"model\": {\"type\": \"BPE\",");
+    BOOST_TEST(contains(message, path), message);
+    BOOST_TEST(contains(message, "not valid JSON"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["model"]["merges"][1] = "Ġab";
+    const auto [path, message] = write_and_load("merge", t.dump());
+    BOOST_TEST(contains(message, path + ": model.merges[1]"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["model"]["merges"][0] = "a c";
+    const auto [path, message] = write_and_load("merge_vocab", t.dump());
+    BOOST_TEST(contains(message, path + ": model.merges[0]: 'c' is not in model.vocab"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFKC"}]})");
+    const auto [path, message] = write_and_load("normalizer", t.dump());
+    BOOST_TEST(
+        contains(message, path + ": normalizer.normalizers[0].type: 'NFKC' is not supported"),
+        message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["model"]["type"] = "WordPiece";
+    const auto [path, message] = write_and_load("model", t.dump());
+    BOOST_TEST(contains(message, path + ": model.type: 'WordPiece' is not supported"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(a"},
+                                        "behavior": "Isolated", "invert": false})");
+    const auto [path, message] = write_and_load("regex", t.dump());
+    BOOST_TEST(contains(message, path + ": pre_tokenizer.pattern.Regex"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["pre_tokenizer"]["behavior"] = "Isolated";
+    t["pre_tokenizer"]["type"] = "Split";
+    t["pre_tokenizer"]["pattern"] = json::parse(R"({"String": " "})");
+    t["pre_tokenizer"]["behavior"] = "Sideways";
+    const auto [path, message] = write_and_load("behavior", t.dump());
+    BOOST_TEST(contains(message, path + ": pre_tokenizer.behavior: unknown split behavior"),
+               message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t["added_tokens"][0].erase("content");
+    const auto [path, message] = write_and_load("added", t.dump());
+    BOOST_TEST(contains(message, path + ": added_tokens[0].content: missing"), message);
+  }
+  {
+    json t = tiny_tokenizer();
+    t.erase("model");
+    const auto [path, message] = write_and_load("no_model", t.dump());
+    BOOST_TEST(contains(message, path + ": model: missing"), message);
+  }
+  {
+    const std::string missing = (tmp.dir / "absent" / "tokenizer.json").string();
+    const std::string message = error_of([&] { HfTokenizer::from_file(missing); });
+    BOOST_TEST(contains(message, missing), message);
+  }
+  {
+    const fs::path path = tmp.dir / "bad_config" / "tokenizer.json";
+    write_text(path, tiny_tokenizer().dump());
+    write_text(tmp.dir / "bad_config" / "tokenizer_config.json", "{\"bos_token\": 3");
+    const std::string message = error_of([&] { HfTokenizer::from_file(path.string()); });
+    BOOST_TEST(contains(message, "tokenizer_config.json: not valid JSON"), message);
+  }
+  {
+    const fs::path model = tmp.dir / "not_a_model.model";
+    write_text(model, "\x0a\xff\xff\xff");
+    const std::string message = error_of([&] { sentencepiece_to_tokenizer_json(model.string()); });
+    BOOST_TEST(contains(message, model.string() + ": not a SentencePiece model"), message);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(encodes_at_least_one_megabyte_per_second) {
+  // A few MB of mixed text: the corpus lines, numbered so that not every word is a cache hit.
+  const std::vector<std::string> lines = corpus_lines();
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  for (int copy = 0; bytes < 3'000'000; ++copy) {
+    std::string text;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      text += lines[i] + " " + std::to_string(copy * 131 + static_cast<int>(i)) + "\n";
+    }
+    bytes += text.size();
+    texts.push_back(std::move(text));
+  }
+  for (const std::string name : {"gpt2", "llama3_style", "llama2"}) {
+    const double mb_per_s = encode_speed(tokenizer(name), texts, bytes);
+    BOOST_TEST_MESSAGE(name << ": " << mb_per_s << " MB/s on " << bytes / 1e6 << " MB");
+    std::cout << "tokenizer speed " << name << ": " << mb_per_s << " MB/s on " << bytes / 1e6
+              << " MB of mixed text (one core)\n";
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
+    BOOST_TEST(mb_per_s >= 1.0, name << " encodes at " << mb_per_s << " MB/s, below 1 MB/s");
+#endif
+  }
+}
