@@ -1,0 +1,200 @@
+// BLOOM attention on the GPU: causal ALiBi softmax attention over the head-interleaved fused QKV,
+// forward and backward, as strided-batched cuBLASLt GEMMs (one call per sequence, batched over heads)
+// around two row kernels (softmax, softmax backward) that work in fp32.
+//
+// q, k and v of head h are strided views into qkv: row stride 3H, q at column h*3d, k at +d, v at +2d.
+// A batch stride of 3d walks the heads of one sequence, but no single stride also walks the sequences,
+// so each GEMM runs once per sequence. Scores and their gradient live in fp32 in the workspace for one
+// sequence at a time: [heads, T, T] fp32, plus [heads, T, T] in dt for dS when dt is 16-bit (the GEMMs
+// that consume dS need it in the dtype of q and k).
+#include <cmath>
+
+#include "cuda_check.hpp"
+#include "dtype_cuda.cuh"
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Merges a running (max, sum of exp(x - max)) pair with another; empty pairs have max = -inf.
+__device__ __forceinline__ void merge_softmax_state(float& m, float& s, float other_m, float other_s) {
+  if (other_m == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = other_m;
+    s = other_s;
+  } else if (other_m > m) {
+    s = s * expf(m - other_m) + other_s;
+    m = other_m;
+  } else {
+    s += other_s * expf(other_m - m);
+  }
+}
+
+// One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij + slope_h * j) over j <= i, 0 beyond.
+// `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
+template <typename T>
+__global__ void softmax_forward_kernel(const float* scores, T* probs, const float* slopes, int heads, int seq) {
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= static_cast<long long>(heads) * seq) return;
+  const int h = static_cast<int>(row / seq), i = static_cast<int>(row % seq);
+  const float slope = slopes[h];
+  const float* s = scores + row * seq;
+  T* p = probs + row * seq;
+  float m = -INFINITY, sum = 0.0f;
+  for (int j = lane; j <= i; j += 32) {
+    const float x = s[j] + slope * static_cast<float>(j);
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      sum += expf(x - m);
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
+    merge_softmax_state(m, sum, other_m, other_s);
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int j = lane; j < seq; j += 32)
+    p[j] = from_float<T>(j <= i ? expf(s[j] + slope * static_cast<float>(j) - m) * inv_sum : 0.0f);
+}
+
+// One warp per row: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d) goes into
+// the GEMMs that follow). dS may alias dP when T is float: each element is read, then written, by one lane.
+template <typename T>
+__global__ void softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= static_cast<long long>(heads) * seq) return;
+  const int i = static_cast<int>(row % seq);
+  const float* dp = dprobs + row * seq;
+  const T* p = probs + row * seq;
+  T* ds = dscores + row * seq;
+  float dot = 0.0f;
+  for (int j = lane; j <= i; j += 32) dot += to_float(p[j]) * dp[j];
+  dot = warp_sum(dot);
+  for (int j = lane; j < seq; j += 32) ds[j] = from_float<T>(j <= i ? to_float(p[j]) * (dp[j] - dot) : 0.0f);
+}
+
+template <typename T>
+void launch_softmax_forward(const float* scores, void* probs, const float* slopes, int heads, int seq,
+                            cudaStream_t stream) {
+  const long long rows = static_cast<long long>(heads) * seq;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  softmax_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(scores, static_cast<T*>(probs), slopes,
+                                                                         heads, seq);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_softmax_backward(const float* dprobs, const void* probs, void* dscores, int heads, int seq,
+                             cudaStream_t stream) {
+  const long long rows = static_cast<long long>(heads) * seq;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  softmax_backward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+      dprobs, static_cast<const T*>(probs), static_cast<T*>(dscores), heads, seq);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+// A GEMM batched over the heads of one sequence.
+GemmDesc head_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+                   long long stride_a, const void* B, int ldb, long long stride_b, void* C, int ldc, long long stride_c,
+                   DType ab, DType c, int heads) {
+  GemmDesc g;
+  g.trans_a = trans_a, g.trans_b = trans_b;
+  g.M = M, g.N = N, g.K = K;
+  g.alpha = alpha, g.beta = 0.0f;
+  g.A = A, g.lda = lda, g.stride_a = stride_a;
+  g.B = B, g.ldb = ldb, g.stride_b = stride_b;
+  g.C = C, g.ldc = ldc, g.stride_c = stride_c;
+  g.ab_dtype = ab, g.c_dtype = c;
+  g.batch = heads;
+  return g;
+}
+
+void check_shape(const char* what, int B, int T, int heads, int head_dim, const void* workspace) {
+  SHARDLM_CHECK(B >= 0 && T >= 0 && heads >= 1 && head_dim >= 1, what, ": bad shape B=", B, " T=", T,
+                " heads=", heads, " head_dim=", head_dim);
+  SHARDLM_CHECK(B == 0 || T == 0 || workspace != nullptr, what, ": no workspace");
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt) {
+  const size_t scores = static_cast<size_t>(heads) * T * T;
+  return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt)));
+}
+
+void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
+                       int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
+  check_shape("attention_forward", B, T, heads, head_dim, workspace);
+  if (B == 0 || T == 0) return;
+  const int d = head_dim, H = heads * d, ld = 3 * H;
+  const size_t es = dtype_size(dt);
+  const long long tt = static_cast<long long>(T) * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* scores = static_cast<float*>(workspace);
+  for (int b = 0; b < B; ++b) {
+    const char* qkv_b = static_cast<const char*>(qkv) + static_cast<size_t>(b) * T * ld * es;
+    char* probs_b = static_cast<char*>(probs) + static_cast<size_t>(b) * heads * tt * es;
+    char* ctx_b = static_cast<char*>(ctx) + static_cast<size_t>(b) * T * H * es;
+    // scores_h = scale * q_h k_h^T in fp32.
+    gemm.run(head_gemm(false, true, T, T, d, scale, qkv_b, ld, 3 * d, qkv_b + d * es, ld, 3 * d, scores, T, tt, dt,
+                       DType::F32, heads),
+             stream);
+    dispatch_dtype(dt, [&](auto tag) {
+      launch_softmax_forward<typename decltype(tag)::type>(scores, probs_b, slopes, heads, T, stream);
+    });
+    // ctx_h = P_h v_h, written into the head's columns of ctx.
+    gemm.run(head_gemm(false, false, T, d, T, 1.0f, probs_b, T, tt, qkv_b + 2 * d * es, ld, 3 * d, ctx_b, H, d, dt, dt,
+                       heads),
+             stream);
+  }
+}
+
+void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv,
+                        const float* slopes, int B, int T, int heads, int head_dim, DType dt, void* workspace,
+                        cudaStream_t stream) {
+  check_shape("attention_backward", B, T, heads, head_dim, workspace);
+  if (B == 0 || T == 0) return;
+  const int d = head_dim, H = heads * d, ld = 3 * H;
+  const size_t es = dtype_size(dt);
+  const long long tt = static_cast<long long>(T) * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* dprobs = static_cast<float*>(workspace);
+  // dS in dt: in place over dP for fp32, else in its own region after dP.
+  void* dscores = dt == DType::F32 ? workspace
+                                   : static_cast<char*>(workspace) + align256(static_cast<size_t>(heads) * tt * 4);
+  for (int b = 0; b < B; ++b) {
+    const char* qkv_b = static_cast<const char*>(qkv) + static_cast<size_t>(b) * T * ld * es;
+    const char* q = qkv_b;
+    const char* k = qkv_b + d * es;
+    const char* v = qkv_b + 2 * d * es;
+    char* dqkv_b = static_cast<char*>(dqkv) + static_cast<size_t>(b) * T * ld * es;
+    const char* probs_b = static_cast<const char*>(probs) + static_cast<size_t>(b) * heads * tt * es;
+    const char* dctx_b = static_cast<const char*>(dctx) + static_cast<size_t>(b) * T * H * es;
+    // dP_h = dctx_h v_h^T (fp32); dv_h = P_h^T dctx_h.
+    gemm.run(head_gemm(false, true, T, T, d, 1.0f, dctx_b, H, d, v, ld, 3 * d, dprobs, T, tt, dt, DType::F32, heads),
+             stream);
+    gemm.run(head_gemm(true, false, T, d, T, 1.0f, probs_b, T, tt, dctx_b, H, d, dqkv_b + 2 * d * es, ld, 3 * d, dt,
+                       dt, heads),
+             stream);
+    dispatch_dtype(dt, [&](auto tag) {
+      launch_softmax_backward<typename decltype(tag)::type>(dprobs, probs_b, dscores, heads, T, stream);
+    });
+    // S = scale q k^T: dq_h = scale dS_h k_h, dk_h = scale dS_h^T q_h.
+    gemm.run(head_gemm(false, false, T, d, T, scale, dscores, T, tt, k, ld, 3 * d, dqkv_b, ld, 3 * d, dt, dt, heads),
+             stream);
+    gemm.run(head_gemm(true, false, T, d, T, scale, dscores, T, tt, q, ld, 3 * d, dqkv_b + d * es, ld, 3 * d, dt, dt,
+                       heads),
+             stream);
+  }
+}
+
+}  // namespace shardlm::cuda

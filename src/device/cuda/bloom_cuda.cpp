@@ -1,0 +1,216 @@
+// BloomCuda: the BLOOM block's forward and backward as cuBLASLt GEMMs (bias and GELU fused into
+// their epilogues) and the kernels of kernels.hpp, on the caller's stream.
+#include "bloom_cuda.hpp"
+
+#include <algorithm>
+
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+
+DeviceMemoryStats& device_memory_stats() {
+  static DeviceMemoryStats stats;
+  return stats;
+}
+
+void device_memory_add(ptrdiff_t bytes) {
+  DeviceMemoryStats& s = device_memory_stats();
+  s.current = static_cast<size_t>(static_cast<ptrdiff_t>(s.current) + bytes);
+  s.peak = std::max(s.peak, s.current);
+}
+
+namespace {
+
+// C[M, N] (row-major) = op(A) op(B) with the given epilogue; dtypes: A and B in ab, C in c.
+struct MatMul {
+  Gemm& gemm;
+  cudaStream_t s;
+  void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
+                  int ldc, DType ab, DType c, float beta = 0, Epilogue ep = Epilogue::None,
+                  const void* bias = nullptr, void* aux = nullptr) const {
+    GemmDesc d;
+    d.trans_a = ta, d.trans_b = tb, d.M = M, d.N = N, d.K = K;
+    d.A = A, d.lda = lda, d.B = B, d.ldb = ldb, d.C = C, d.ldc = ldc;
+    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta, d.epilogue = ep, d.bias = bias, d.aux = aux;
+    gemm.run(d, s);
+  }
+};
+
+constexpr int kHeadChunkTokens = 2048;
+
+}  // namespace
+
+BloomCuda::BloomCuda(const BloomConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
+    : cfg_(cfg),
+      dt_(dt),
+      dsize_(dtype_size(dt)),
+      max_tokens_(max_batch * max_seq),
+      max_seq_(max_seq),
+      max_batch_(max_batch),
+      checkpointing_(activation_checkpointing),
+      layout_(bloom_layout(cfg)) {
+  const size_t N = static_cast<size_t>(max_tokens_), H = cfg.hidden_size, L = cfg.num_layers;
+  const size_t heads = cfg.num_heads;
+  std::vector<float> slopes = alibi_slopes(cfg.num_heads);
+  slopes_.allocate(slopes.size());
+  SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+  hidden_.allocate((L + 1) * N * H * dsize_);
+  emb_.allocate(N * H * dsize_);
+  lnf_.allocate(N * H * dsize_);
+  emb_mean_.allocate(N), emb_rstd_.allocate(N), lnf_mean_.allocate(N), lnf_rstd_.allocate(N);
+  saved_.resize(checkpointing_ ? 1 : L);
+  for (Saved& sv : saved_) {
+    sv.ln1.allocate(N * H * dsize_);
+    sv.qkv.allocate(N * 3 * H * dsize_);
+    sv.probs.allocate(static_cast<size_t>(max_batch) * heads * max_seq * max_seq * dsize_);
+    sv.ctx.allocate(N * H * dsize_);
+    sv.h2.allocate(N * H * dsize_);
+    sv.ln2.allocate(N * H * dsize_);
+    sv.pre.allocate(N * 4 * H * dsize_);
+    sv.act.allocate(N * 4 * H * dsize_);
+    sv.mean1.allocate(N), sv.rstd1.allocate(N), sv.mean2.allocate(N), sv.rstd2.allocate(N);
+  }
+  for (auto& b : dh_) b.allocate(N * H * dsize_);
+  dln_.allocate(N * H * dsize_);
+  dqkv_.allocate(N * 3 * H * dsize_);
+  dctx_.allocate(N * H * dsize_);
+  dh2_.allocate(N * H * dsize_);
+  dpre_.allocate(N * 4 * H * dsize_);
+  attn_ws_.allocate(attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.head_dim(), dt));
+  head_chunk_ = std::min(kHeadChunkTokens, max_tokens_);
+  head_ws_.allocate(lm_head_workspace_bytes(head_chunk_, cfg.vocab_size, dt));
+}
+
+size_t BloomCuda::offset(const char* suffix) const {
+  const UnitLayout& block = layout_.at(1);
+  for (const TensorSpec& t : block.tensors)
+    if (t.name.size() >= std::char_traits<char>::length(suffix) &&
+        t.name.compare(t.name.size() - std::char_traits<char>::length(suffix), std::string::npos, suffix) == 0)
+      return t.offset;
+  throw Error(concat("BloomCuda: no block tensor named *", suffix));
+}
+
+size_t BloomCuda::activation_bytes() const {
+  size_t n = hidden_.bytes() + emb_.bytes() + lnf_.bytes() + attn_ws_.bytes() + head_ws_.bytes();
+  n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes();
+  for (const Saved& sv : saved_)
+    n += sv.ln1.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.ctx.bytes() + sv.h2.bytes() + sv.ln2.bytes() +
+         sv.pre.bytes() + sv.act.bytes() + 4 * sv.mean1.bytes();
+  return n;
+}
+
+void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const char* r = static_cast<const char*>(root);
+  const UnitLayout& rl = layout_[0];
+  embedding_forward(tokens, r + rl.tensors[0].offset * dsize_, emb_.data(), N, H, V, dt_, s);
+  layernorm_forward(emb_.data(), r + rl.tensors[1].offset * dsize_, r + rl.tensors[2].offset * dsize_,
+                    hidden_.data(), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
+}
+
+void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size;
+  const char* p = static_cast<const char*>(params);
+  auto w = [&](const char* suffix) { return p + offset(suffix) * dsize_; };
+  MatMul mm{gemm_, s};
+  char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
+  char* out = x + static_cast<size_t>(max_tokens_) * H * dsize_;
+  const float eps = cfg_.layer_norm_eps;
+
+  layernorm_forward(x, w("input_layernorm.weight"), w("input_layernorm.bias"), sv.ln1.data(), sv.mean1.data(),
+                    sv.rstd1.data(), N, H, eps, dt_, s);
+  mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w("query_key_value.weight"), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
+     Epilogue::Bias, w("query_key_value.bias"));
+  attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
+                    cfg_.head_dim(), dt_, attn_ws_.data(), s);
+  // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
+  mm(false, true, N, H, H, sv.ctx.data(), H, w("self_attention.dense.weight"), H, sv.h2.data(), H, dt_, dt_, 1,
+     Epilogue::Bias, w("self_attention.dense.bias"));
+  layernorm_forward(sv.h2.data(), w("post_attention_layernorm.weight"), w("post_attention_layernorm.bias"),
+                    sv.ln2.data(), sv.mean2.data(), sv.rstd2.data(), N, H, eps, dt_, s);
+  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w("dense_h_to_4h.weight"), H, sv.act.data(), 4 * H, dt_, dt_, 0,
+     Epilogue::BiasGelu, w("dense_h_to_4h.bias"), sv.pre.data());
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
+  mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w("dense_4h_to_h.weight"), 4 * H, out, H, dt_, dt_, 1,
+     Epilogue::Bias, w("dense_4h_to_h.bias"));
+}
+
+void BloomCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
+  forward_into(layer, params, saved(layer), B, T, s);
+}
+
+void BloomCuda::head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                     float* loss_sum, long long* count, float* droot, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers;
+  const char* r = static_cast<const char*>(root);
+  const UnitLayout& rl = layout_[0];
+  const char* hL = hidden_.data() + static_cast<size_t>(L) * max_tokens_ * H * dsize_;
+  layernorm_forward(hL, r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, lnf_.data(),
+                    lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
+  lm_head_loss(gemm_, lnf_.data(), r + rl.tensors[0].offset * dsize_, targets, N, H, V, head_chunk_, grad_scale,
+               loss_sum, count, backward ? dln_.data() : nullptr, backward ? droot + rl.tensors[0].offset : nullptr,
+               dt_, head_ws_.data(), s);
+  if (!backward) return;
+  dcur_ = 0;
+  layernorm_backward(dln_.data(), hL, r + rl.tensors[3].offset * dsize_, lnf_mean_.data(), lnf_rstd_.data(),
+                     dh_[dcur_].data(), droot + rl.tensors[3].offset, droot + rl.tensors[4].offset, N, H, false, dt_, s);
+}
+
+void BloomCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size;
+  const size_t NH = static_cast<size_t>(N) * H;
+  Saved& sv = saved(layer);
+  if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
+  const char* p = static_cast<const char*>(params);
+  auto w = [&](const char* suffix) { return p + offset(suffix) * dsize_; };
+  auto g = [&](const char* suffix) { return dparams + offset(suffix); };
+  MatMul mm{gemm_, s};
+  const char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
+  char* dout = dh_[dcur_].data();
+  char* dx = dh_[1 - dcur_].data();
+
+  // out = h2 + act W2^T + b2
+  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g("dense_4h_to_h.weight"), 4 * H, dt_, DType::F32, 1);
+  bias_grad(dout, g("dense_4h_to_h.bias"), N, H, dt_, s);
+  mm(false, false, N, 4 * H, H, dout, H, w("dense_4h_to_h.weight"), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
+     Epilogue::DGelu, nullptr, sv.pre.data());
+  // pre = ln2 W1^T + b1
+  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g("dense_h_to_4h.weight"), H, dt_, DType::F32, 1);
+  bias_grad(dpre_.data(), g("dense_h_to_4h.bias"), N, 4 * H, dt_, s);
+  mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w("dense_h_to_4h.weight"), H, dln_.data(), H, dt_, dt_);
+  // dh2 = dout + LayerNorm2 backward
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dh2_.data(), dout, NH * dsize_, cudaMemcpyDeviceToDevice, s));
+  layernorm_backward(dln_.data(), sv.h2.data(), w("post_attention_layernorm.weight"), sv.mean2.data(),
+                     sv.rstd2.data(), dh2_.data(), g("post_attention_layernorm.weight"),
+                     g("post_attention_layernorm.bias"), N, H, true, dt_, s);
+  // h2 = x + ctx Wd^T + bd
+  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g("self_attention.dense.weight"), H, dt_, DType::F32, 1);
+  bias_grad(dh2_.data(), g("self_attention.dense.bias"), N, H, dt_, s);
+  mm(false, false, N, H, H, dh2_.data(), H, w("self_attention.dense.weight"), H, dctx_.data(), H, dt_, dt_);
+  attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
+                     cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
+  // qkv = ln1 Wqkv^T + bqkv
+  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g("query_key_value.weight"), H, dt_, DType::F32, 1);
+  bias_grad(dqkv_.data(), g("query_key_value.bias"), N, 3 * H, dt_, s);
+  mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w("query_key_value.weight"), H, dln_.data(), H, dt_, dt_);
+  // dx = dh2 + LayerNorm1 backward
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dx, dh2_.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
+  layernorm_backward(dln_.data(), x, w("input_layernorm.weight"), sv.mean1.data(), sv.rstd1.data(), dx,
+                     g("input_layernorm.weight"), g("input_layernorm.bias"), N, H, true, dt_, s);
+  dcur_ = 1 - dcur_;
+}
+
+void BloomCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const char* r = static_cast<const char*>(root);
+  const UnitLayout& rl = layout_[0];
+  // dln_ is free here: it takes the gradient of the embedding output.
+  layernorm_backward(dh_[dcur_].data(), emb_.data(), r + rl.tensors[1].offset * dsize_, emb_mean_.data(),
+                     emb_rstd_.data(), dln_.data(), droot + rl.tensors[1].offset, droot + rl.tensors[2].offset, N, H,
+                     false, dt_, s);
+  embedding_backward(tokens, dln_.data(), droot + rl.tensors[0].offset, N, H, V, dt_, s);
+}
+
+}  // namespace shardlm::cuda

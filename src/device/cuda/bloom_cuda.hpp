@@ -1,0 +1,70 @@
+// The BLOOM model on the GPU: forward and backward of each FSDP unit on one stream, activations
+// in the compute dtype in buffers planned up front (no allocation in the step), parameter
+// gradients in fp32. Mirrors BloomCpu (src/model/bloom_cpu.cpp), which is its reference.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "device_memory.hpp"
+#include "gemm.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm::cuda {
+
+class BloomCuda {
+ public:
+  // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
+  // only each block's input is kept; its other activations are recomputed before its backward.
+  BloomCuda(const BloomConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
+
+  // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
+  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s);
+  // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
+  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s);
+  // Final LayerNorm, tied LM head and cross-entropy on h_L: adds the loss sum and target count to
+  // loss_sum / count (device scalars). With backward: the gradient of grad_scale * sum flows to
+  // dh (the gradient of h_L) and into droot (fp32, +=).
+  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
+            long long* count, float* droot, cudaStream_t s);
+  // dh_l from dh_{l+1}; dparams (fp32, the block's flat layout) +=.
+  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s);
+  // droot += the embedding path's gradient given dh_0.
+  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s);
+
+  size_t activation_bytes() const;
+  const BloomConfig& config() const { return cfg_; }
+
+ private:
+  struct Saved {  // one block's activations kept for its backward
+    DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;
+    DeviceBuffer<float> mean1, rstd1, mean2, rstd2;
+  };
+  void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
+  Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
+  size_t offset(const char* suffix) const;  // element offset of a block tensor in its flat layout
+  void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
+
+  BloomConfig cfg_;
+  DType dt_;
+  size_t dsize_;
+  int max_tokens_, max_seq_, max_batch_;
+  bool checkpointing_;
+  std::vector<UnitLayout> layout_;
+  Gemm gemm_;
+  DeviceBuffer<float> slopes_;
+  // Hidden states h_0 .. h_L (each [tokens, H]); h_l is block l's input, kept for its backward.
+  DeviceBuffer<char> hidden_;
+  DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output
+  DeviceBuffer<float> emb_mean_, emb_rstd_, lnf_mean_, lnf_rstd_;
+  std::vector<Saved> saved_;
+  // Backward scratch: gradients flowing between ops, ping-pong gradient of the hidden state.
+  DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
+  int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
+  DeviceBuffer<char> attn_ws_, head_ws_;
+  int head_chunk_ = 0;
+};
+
+}  // namespace shardlm::cuda

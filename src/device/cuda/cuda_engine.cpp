@@ -1,0 +1,409 @@
+// The CUDA engine: the FSDP schedule of DESIGN.md on two streams. Parameter all-gathers run on the
+// communication stream one unit ahead of the compute stream (forward and backward prefetch, at
+// most two gathered blocks in flight under FULL_SHARD); each block's gradient is reduce-scattered
+// on the communication stream while the compute stream runs the previous block's backward (two
+// full-gradient buffers alternate). Master weights, gradients and AdamW moments stay on the GPU in
+// fp32 as this rank's slices; AdamW writes the compute-dtype copy that the next gather sends.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "../../fsdp/fsdp_internal.hpp"
+#include "../../train/engine.hpp"
+#include "bloom_cuda.hpp"
+#include "kernels.hpp"
+#include "nccl_communicator.hpp"
+
+namespace shardlm {
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Event {
+  Event() { SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  ~Event() { cudaEventDestroy(e); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t s) { SHARDLM_CUDA_CHECK(cudaEventRecord(e, s)); }
+  void wait_on(cudaStream_t s) { SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0)); }
+  cudaEvent_t e = nullptr;
+};
+
+// One unit's state on this rank's GPU.
+struct DeviceUnit {
+  FlatParameter host;                // layout, slicing, no-decay ranges; host master = checkpoint staging
+  DeviceBuffer<float> master, grad, exp_avg, exp_avg_sq;
+  DeviceBuffer<char> compute_shard;  // the slice in the compute dtype (what the all-gather sends)
+  std::vector<float> host_exp_avg, host_exp_avg_sq;
+};
+
+double nccl_timeout_seconds() {
+  const char* v = std::getenv("SHARDLM_NCCL_TIMEOUT");
+  return v && *v ? std::atof(v) : 600.0;
+}
+
+class CudaEngine : public TrainEngine {
+ public:
+  CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
+      : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(bloom_layout(cfg.model.bloom)) {
+    SHARDLM_CHECK(cfg.fsdp.reduce_dtype == DType::F32 || cfg.fsdp.reduce_dtype == cfg.fsdp.param_dtype,
+                  "fsdp.reduce_dtype = ", dtype_name(cfg.fsdp.reduce_dtype),
+                  ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
+    cuda::select_device(topo);
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    groups_ = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy, comm_, nccl_timeout_seconds());
+    shard_ = static_cast<cuda::NcclCommunicator*>(groups_.shard.get());
+    replicate_ = static_cast<cuda::NcclCommunicator*>(groups_.replicate.get());
+    const int shard_rank = shard_->rank(), shard_size = shard_->size();
+    full_shard_ = cfg.fsdp.strategy == ShardingStrategy::FullShard;
+
+    for (size_t u = 0; u < layout_.size(); ++u) {
+      DeviceUnit d{make_flat_parameter(layout_[u], static_cast<int>(u), shard_rank, shard_size, cfg.train.seed)};
+      const size_t n = d.host.shard_numel;
+      d.master.allocate(n), d.grad.allocate(n), d.exp_avg.allocate(n), d.exp_avg_sq.allocate(n);
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
+      d.exp_avg.zero(compute_), d.exp_avg_sq.zero(compute_);
+      if (dt_ != DType::F32) d.compute_shard.allocate(n * dsize_);
+      d.host_exp_avg.assign(n, 0.0f), d.host_exp_avg_sq.assign(n, 0.0f);
+      units_.push_back(std::move(d));
+    }
+    refresh_compute_shards();
+
+    // Gathered parameters: the root's; one block buffer per layer (kept from forward to backward)
+    // or, under FULL_SHARD, two that alternate so the next block is gathered during this one.
+    alias_ = shard_size == 1;
+    const int L = cfg.model.bloom.num_layers;
+    const size_t block_padded = units_.size() > 1 ? units_[1].host.padded_numel : 0;
+    if (!alias_) {
+      root_full_.allocate(units_[0].host.padded_numel * dsize_);
+      const int copies = full_shard_ ? std::min(2, L) : L;
+      block_full_.resize(copies);
+      for (auto& b : block_full_) b.allocate(block_padded * dsize_);
+    }
+    holder_.assign(block_full_.size(), -1);
+    gathered_.assign(units_.size(), false);
+    slot_free_.resize(block_full_.size());
+    unit_gathered_.resize(units_.size());
+    for (auto& e : slot_free_) e = std::make_unique<Event>();
+    for (auto& e : unit_gathered_) e = std::make_unique<Event>();
+
+    root_grad_full_.allocate(units_[0].host.padded_numel);
+    for (int i = 0; i < 2 && block_padded > 0; ++i) {
+      block_grad_full_[i].allocate(block_padded);
+      grad_ready_[i] = std::make_unique<Event>();
+      grad_reduced_[i] = std::make_unique<Event>();
+      grad_reduced_[i]->record(comm_);
+    }
+    root_grad_ready_ = std::make_unique<Event>();
+    size_t max_shard = 0, max_padded = 0;
+    for (const DeviceUnit& d : units_) max_shard = std::max(max_shard, d.host.shard_numel), max_padded = std::max(max_padded, d.host.padded_numel);
+    grad_slice_.allocate(max_shard);
+    if (cfg.fsdp.reduce_dtype != DType::F32) {
+      reduce_send_.allocate(max_padded * dsize_);
+      reduce_recv_.allocate(max_shard * dsize_);
+    }
+    model_ = std::make_unique<cuda::BloomCuda>(cfg.model.bloom, dt_, micro, cfg.data.max_length,
+                                               cfg.fsdp.activation_checkpointing);
+    tokens_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
+    targets_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
+    loss_.allocate(1), count_.allocate(1), norm_.allocate(1);
+    SHARDLM_CUDA_CHECK(cudaMallocHost(&host_scalars_, 64));
+    SHARDLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  ~CudaEngine() override {
+    cudaDeviceSynchronize();
+    cudaFreeHost(host_scalars_);
+    model_.reset();
+    units_.clear();
+    groups_ = ProcessGroups{};
+    cudaStreamDestroy(compute_);
+    cudaStreamDestroy(comm_);
+  }
+
+  double forward_backward(const MicroBatch& mb, float grad_scale) override { return run(mb, grad_scale, true); }
+  double forward_loss(const MicroBatch& mb) override { return run(mb, 0.0f, false); }
+
+  void zero_grad() override {
+    for (DeviceUnit& d : units_) d.grad.zero(compute_);
+  }
+
+  double grad_norm() override {
+    finish_reductions();
+    SHARDLM_CUDA_CHECK(cudaMemsetAsync(norm_.data(), 0, sizeof(double), compute_));
+    for (DeviceUnit& d : units_) cuda::sum_squares(d.grad.data(), d.host.shard_numel, norm_.data(), compute_);
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, norm_.data(), sizeof(double), cudaMemcpyDeviceToHost, compute_));
+    SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    // Slices partition the model within a shard group; replicas hold identical slices.
+    return std::sqrt(shard_->host_sum(*static_cast<double*>(host_scalars_)));
+  }
+
+  void optimizer_step(double lr, float grad_factor) override {
+    finish_reductions();
+    ++steps_;
+    cuda::AdamWArgs a;
+    a.lr = static_cast<float>(lr);
+    a.beta1 = static_cast<float>(cfg_.train.adam_beta1);
+    a.beta2 = static_cast<float>(cfg_.train.adam_beta2);
+    a.eps = static_cast<float>(cfg_.train.adam_eps);
+    a.bias_correction1 = static_cast<float>(1.0 - std::pow(cfg_.train.adam_beta1, static_cast<double>(steps_)));
+    a.bias_correction2 = static_cast<float>(1.0 - std::pow(cfg_.train.adam_beta2, static_cast<double>(steps_)));
+    a.grad_scale = grad_factor;
+    for (DeviceUnit& d : units_) {
+      // Ranges alternate: decayed, then each no-decay range, up to the end of the slice.
+      size_t at = 0;
+      auto update = [&](size_t begin, size_t end, float wd) {
+        if (end <= begin) return;
+        cuda::AdamWArgs r = a;
+        r.weight_decay = wd;
+        void* out = dt_ == DType::F32 ? nullptr : d.compute_shard.data() + begin * dsize_;
+        cuda::adamw_step(d.master.data() + begin, d.grad.data() + begin, d.exp_avg.data() + begin,
+                         d.exp_avg_sq.data() + begin, end - begin, r, out, dt_, compute_);
+      };
+      for (const auto& nd : d.host.no_decay) {
+        update(at, nd.first, static_cast<float>(cfg_.train.weight_decay));
+        update(nd.first, nd.second, 0.0f);
+        at = nd.second;
+      }
+      update(at, d.host.shard_numel, static_cast<float>(cfg_.train.weight_decay));
+    }
+    params_updated();
+  }
+
+  long optimizer_steps() const override { return steps_; }
+  void set_optimizer_steps(long steps) override { steps_ = steps; }
+
+  std::vector<UnitState> checkpoint_state() override {
+    SHARDLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<UnitState> states;
+    for (DeviceUnit& d : units_) {
+      const size_t n = d.host.shard_numel;
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host.master.data(), d.master.data(), n * 4, cudaMemcpyDeviceToHost));
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg.data(), d.exp_avg.data(), n * 4, cudaMemcpyDeviceToHost));
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg_sq.data(), d.exp_avg_sq.data(), n * 4, cudaMemcpyDeviceToHost));
+      UnitState s;
+      s.layout = d.host.layout;
+      s.numel = d.host.numel;
+      s.begin = std::min(d.host.shard_begin, d.host.numel);
+      s.count = std::min(d.host.shard_begin + n, d.host.numel) - s.begin;
+      s.primary = replicate_->rank() == 0;
+      s.param = d.host.master.data();
+      s.exp_avg = d.host_exp_avg.data();
+      s.exp_avg_sq = d.host_exp_avg_sq.data();
+      states.push_back(s);
+    }
+    return states;
+  }
+
+  void checkpoint_loaded() override {
+    for (DeviceUnit& d : units_) {
+      const size_t n = d.host.shard_numel;
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.exp_avg.data(), d.host_exp_avg.data(), n * 4, cudaMemcpyHostToDevice));
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.exp_avg_sq.data(), d.host_exp_avg_sq.data(), n * 4, cudaMemcpyHostToDevice));
+    }
+    refresh_compute_shards();
+    params_updated();
+  }
+
+  FsdpMemory memory() const override {
+    FsdpMemory m;
+    for (const DeviceUnit& d : units_) {
+      m.master_shard += d.master.bytes() + d.compute_shard.bytes();
+      m.grad_shard += d.grad.bytes();
+      m.model_params += d.host.numel;
+    }
+    m.full_params = root_full_.bytes();
+    for (const auto& b : block_full_) m.full_params += b.bytes();
+    m.full_grads = root_grad_full_.bytes() + block_grad_full_[0].bytes() + block_grad_full_[1].bytes();
+    m.comm_staging = grad_slice_.bytes() + reduce_send_.bytes() + reduce_recv_.bytes();
+    m.activations = model_->activation_bytes();
+    return m;
+  }
+  size_t optimizer_bytes() const override {
+    size_t n = 0;
+    for (const DeviceUnit& d : units_) n += d.exp_avg.bytes() + d.exp_avg_sq.bytes();
+    return n;
+  }
+  size_t device_peak_bytes() const override { return cuda::device_memory_stats().peak; }
+  ProcessGroups& groups() override { return groups_; }
+
+ private:
+  // The compute-dtype slices from the fp32 masters (after init and after a checkpoint load).
+  void refresh_compute_shards() {
+    if (dt_ == DType::F32) return;
+    for (DeviceUnit& d : units_)
+      cuda::cast(d.master.data(), DType::F32, d.compute_shard.data(), dt_, d.host.shard_numel, compute_);
+  }
+
+  const void* shard_source(const DeviceUnit& d) const {
+    return dt_ == DType::F32 ? static_cast<const void*>(d.master.data()) : d.compute_shard.data();
+  }
+
+  // Where unit u's gathered parameters live (its slot's buffer, or the slice itself on one rank).
+  const void* full_params(size_t u) {
+    if (alias_) return shard_source(units_[u]);
+    if (u == 0) return root_full_.data();
+    return block_full_[slot(u)].data();
+  }
+  size_t slot(size_t u) const { return full_shard_ ? (u - 1) % block_full_.size() : u - 1; }
+
+  // Enqueues unit u's all-gather on the communication stream unless it is already there.
+  void gather(size_t u) {
+    if (alias_ || gathered_[u]) return;
+    if (u > 0) {
+      const size_t sl = slot(u);
+      if (holder_[sl] >= 0) gathered_[holder_[sl]] = false;  // evicted from the shared slot
+      slot_free_[sl]->wait_on(comm_);  // the slot's previous block has finished computing
+      holder_[sl] = static_cast<int>(u);
+    }
+    const DeviceUnit& d = units_[u];
+    shard_->all_gather(shard_source(d), const_cast<void*>(full_params(u)), d.host.shard_numel, dt_);
+    unit_gathered_[u]->record(comm_);
+    gathered_[u] = true;
+  }
+
+  // The compute stream may use unit u's parameters from here on.
+  const void* use(size_t u) {
+    gather(u);
+    if (!alias_) unit_gathered_[u]->wait_on(compute_);
+    return full_params(u);
+  }
+  void done_with(size_t u) {
+    if (!alias_ && u > 0) slot_free_[slot(u)]->record(compute_);
+  }
+
+  void params_updated() {
+    std::fill(gathered_.begin(), gathered_.end(), false);
+    std::fill(holder_.begin(), holder_.end(), -1);
+    // The new slices must be written before any gather reads them.
+    Event updated;
+    updated.record(compute_);
+    updated.wait_on(comm_);
+  }
+
+  // Reduces a unit's full fp32 gradient into its slice on the communication stream.
+  void reduce(size_t u, float* full_grad) {
+    DeviceUnit& d = units_[u];
+    const size_t n = d.host.shard_numel;
+    if (shard_->size() == 1) {
+      if (replicate_->size() > 1) replicate_->all_reduce(full_grad, n, DType::F32, ReduceOp::Sum);
+      cuda::accumulate(d.grad.data(), full_grad, n, comm_);
+      return;
+    }
+    if (cfg_.fsdp.reduce_dtype == DType::F32) {
+      shard_->reduce_scatter(full_grad, grad_slice_.data(), n, DType::F32, ReduceOp::Sum);
+      if (replicate_->size() > 1) replicate_->all_reduce(grad_slice_.data(), n, DType::F32, ReduceOp::Sum);
+    } else {
+      cuda::cast(full_grad, DType::F32, reduce_send_.data(), dt_, d.host.padded_numel, comm_);
+      shard_->reduce_scatter(reduce_send_.data(), reduce_recv_.data(), n, dt_, ReduceOp::Sum);
+      if (replicate_->size() > 1) replicate_->all_reduce(reduce_recv_.data(), n, dt_, ReduceOp::Sum);
+      cuda::cast(reduce_recv_.data(), dt_, grad_slice_.data(), DType::F32, n, comm_);
+    }
+    cuda::accumulate(d.grad.data(), grad_slice_.data(), n, comm_);
+  }
+
+  void finish_reductions() {
+    Event done;
+    done.record(comm_);
+    done.wait_on(compute_);
+  }
+
+  double run(const MicroBatch& mb, float grad_scale, bool backward) {
+    const int B = mb.batch, T = mb.seq, L = cfg_.model.bloom.num_layers;
+    const size_t N = static_cast<size_t>(B) * T;
+    SHARDLM_CHECK(N <= tokens_.size(), "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", tokens_.size());
+    if (N > 0) {
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), mb.tokens.data(), N * 4, cudaMemcpyHostToDevice, compute_));
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(targets_.data(), mb.targets.data(), N * 4, cudaMemcpyHostToDevice, compute_));
+    }
+    loss_.zero(compute_);
+    count_.zero(compute_);
+
+    const void* root = use(0);
+    if (L > 0) gather(1);
+    if (N > 0) model_->embed_forward(root, tokens_.data(), B, T, compute_);
+    for (int l = 0; l < L; ++l) {
+      const void* p = use(1 + l);
+      if (l + 1 < L) gather(2 + l);  // forward prefetch: the next block's gather runs during this one
+      if (N > 0) model_->block_forward(l, p, B, T, compute_);
+      done_with(1 + l);
+    }
+    if (backward) {
+      // The previous micro-batch's root reduction reads root_grad_full_.
+      finish_root_reduction();
+      root_grad_full_.zero(compute_);
+      if (L > 0) gather(L);  // backward prefetch of the last block (usually still held)
+    }
+    if (N > 0)
+      model_->head(root, targets_.data(), B, T, grad_scale, backward, loss_.data(), count_.data(),
+                   backward ? root_grad_full_.data() : nullptr, compute_);
+    if (backward) {
+      for (int l = L - 1; l >= 0; --l) {
+        const void* p = use(1 + l);
+        if (l > 0) gather(l);  // backward prefetch: the previous block's gather runs during this one
+        const int gs = l % 2;
+        grad_reduced_[gs]->wait_on(compute_);  // its last reduction has read the buffer
+        block_grad_full_[gs].zero(compute_);
+        if (N > 0) model_->block_backward(l, p, block_grad_full_[gs].data(), B, T, compute_);
+        done_with(1 + l);
+        grad_ready_[gs]->record(compute_);
+        grad_ready_[gs]->wait_on(comm_);
+        reduce(1 + l, block_grad_full_[gs].data());
+        grad_reduced_[gs]->record(comm_);
+      }
+      if (N > 0) model_->embed_backward(root, tokens_.data(), root_grad_full_.data(), B, T, compute_);
+      root_grad_ready_->record(compute_);
+      root_grad_ready_->wait_on(comm_);
+      reduce(0, root_grad_full_.data());
+      root_reduced_pending_ = true;
+    }
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, loss_.data(), sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    return static_cast<double>(*reinterpret_cast<float*>(host_scalars_));
+  }
+
+  void finish_root_reduction() {
+    if (!root_reduced_pending_) return;
+    finish_reductions();
+    root_reduced_pending_ = false;
+  }
+
+  RunConfig cfg_;
+  DType dt_;
+  size_t dsize_;
+  std::vector<UnitLayout> layout_;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  ProcessGroups groups_;
+  cuda::NcclCommunicator* shard_ = nullptr;
+  cuda::NcclCommunicator* replicate_ = nullptr;
+  bool full_shard_ = true, alias_ = false;
+  std::vector<DeviceUnit> units_;
+  DeviceBuffer<char> root_full_;
+  std::vector<DeviceBuffer<char>> block_full_;
+  std::vector<int> holder_;     // per block slot: the unit whose parameters it holds, or -1
+  std::vector<bool> gathered_;  // per unit: its gathered parameters are current
+  std::vector<std::unique_ptr<Event>> slot_free_, unit_gathered_;
+  DeviceBuffer<float> root_grad_full_, block_grad_full_[2], grad_slice_;
+  DeviceBuffer<char> reduce_send_, reduce_recv_;
+  std::unique_ptr<Event> grad_ready_[2], grad_reduced_[2], root_grad_ready_;
+  bool root_reduced_pending_ = false;
+  std::unique_ptr<cuda::BloomCuda> model_;
+  DeviceBuffer<int32_t> tokens_, targets_;
+  DeviceBuffer<float> loss_;
+  DeviceBuffer<long long> count_;
+  DeviceBuffer<double> norm_;
+  void* host_scalars_ = nullptr;
+  long steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> make_cuda_engine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro) {
+  return std::make_unique<CudaEngine>(cfg, comm, topo, micro);
+}
+
+}  // namespace shardlm

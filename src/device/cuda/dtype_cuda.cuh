@@ -1,0 +1,179 @@
+// Shared pieces of the CUDA kernels: fp32 <-> storage-dtype conversions, 16-byte packs for vector
+// loads, dispatch from DType to a C++ type, and launch shapes. Device code only in .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda_check.hpp"
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+// ---- conversions (the intrinsics below exist on every architecture, sm_70 included) ------------
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+
+// Round to nearest even, like the host's float_to_bf16 / float_to_fp16.
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// ---- packs: N elements moved with one 2/4/8/16-byte access -------------------------------------
+
+template <int Bytes>
+struct RawBits;
+template <>
+struct RawBits<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawBits<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawBits<8> {
+  using type = uint2;
+};
+template <>
+struct RawBits<16> {
+  using type = uint4;
+};
+
+template <typename T, int N>
+struct Pack {
+  T v[N];
+  __device__ __forceinline__ T& operator[](int i) { return v[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return v[i]; }
+};
+
+// p must be aligned to sizeof(T) * N (callers check it on the host before choosing N > 1).
+template <int N, typename T>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  using Raw = typename RawBits<sizeof(T) * N>::type;
+  const Raw raw = *reinterpret_cast<const Raw*>(p);
+  Pack<T, N> out;
+  memcpy(&out, &raw, sizeof(raw));
+  return out;
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& in) {
+  using Raw = typename RawBits<sizeof(T) * N>::type;
+  Raw raw;
+  memcpy(&raw, &in, sizeof(raw));
+  *reinterpret_cast<Raw*>(p) = raw;
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
+  const Pack<T, N> pack = load_pack<N>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = to_float(pack[k]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void store_floats(T* p, const float (&in)[N]) {
+  Pack<T, N> pack;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pack[k] = from_float<T>(in[k]);
+  store_pack<N>(p, pack);
+}
+
+// Elements of T in one 16-byte access.
+template <typename T>
+constexpr int vec_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+// ---- dtype dispatch ------------------------------------------------------------------------------
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T = float, __nv_bfloat16 or __half for dt; inside f,
+// `using T = typename decltype(tag)::type;` names the element type.
+template <typename F>
+void dispatch_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::F32: f(TypeTag<float>{}); return;
+    case DType::BF16: f(TypeTag<__nv_bfloat16>{}); return;
+    case DType::F16: f(TypeTag<__half>{}); return;
+  }
+  throw Error(concat("CUDA kernels: unknown dtype ", static_cast<int>(dt)));
+}
+
+// ---- reductions ----------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// ---- launch shapes -------------------------------------------------------------------------------
+
+constexpr int kBlockThreads = 256;
+
+// Streaming multiprocessors of the current device, asked once per device.
+inline int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  int device = 0;
+  SHARDLM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < kMaxDevices) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  SHARDLM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  count = std::max(count, 1);
+  if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+// Blocks for `items` work items of one thread each in a grid-stride loop: enough to fill the GPU
+// several times over, no more (each thread then loops, which amortises its index arithmetic).
+inline unsigned grid_for(size_t items, int block = kBlockThreads, int blocks_per_sm = 32) {
+  const size_t wanted = (items + static_cast<size_t>(block) - 1) / static_cast<size_t>(block);
+  const size_t cap = static_cast<size_t>(sm_count()) * static_cast<size_t>(blocks_per_sm);
+  return static_cast<unsigned>(std::max<size_t>(1, std::min(wanted, cap)));
+}
+
+inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,354 @@
+// Element-wise kernels (GELU, add, casts, scale, accumulate), the bias gradient, and the two
+// reductions of the optimizer step (sum of squares, inf/NaN check).
+//
+// Element-wise ops are functors run by one grid-stride kernel: packs of N elements (16 bytes for the
+// widest operand) when every pointer is aligned for it, single elements otherwise and for the tail.
+#include <algorithm>
+
+#include "dtype_cuda.cuh"
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+// ---- the element-wise driver ------------------------------------------------------------------
+
+template <int N, typename Op>
+__global__ void map_kernel(Op op, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t packs = n / N;
+  for (size_t p = first; p < packs; p += stride) op.template apply<N>(p * N);
+  if constexpr (N > 1) {
+    for (size_t i = packs * N + first; i < n; i += stride) op.template apply<1>(i);
+  }
+}
+
+// Runs op over [0, n) with packs of N when `vectorised` (every pointer aligned to its pack), else one
+// element per step.
+template <int N, typename Op>
+void launch_map(const Op& op, size_t n, bool vectorised, cudaStream_t stream) {
+  if (n == 0) return;
+  if (vectorised && N > 1) {
+    map_kernel<N><<<grid_for(std::max<size_t>(n / N, 1)), kBlockThreads, 0, stream>>>(op, n);
+  } else {
+    map_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(op, n);
+  }
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+// ---- GELU -------------------------------------------------------------------------------------
+
+// BLOOM's constants: sqrt(2/pi) and the cubic coefficient (as in bloom_cpu.cpp).
+constexpr float kGeluScale = 0.79788456f;
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu_inner_tanh(float u) {
+  return tanhf(kGeluScale * u * (1.0f + kGeluCubic * u * u));
+}
+
+__device__ __forceinline__ float gelu_value(float u) { return 0.5f * u * (1.0f + gelu_inner_tanh(u)); }
+
+__device__ __forceinline__ float gelu_derivative(float u) {
+  const float t = gelu_inner_tanh(u);
+  const float inner_derivative = kGeluScale * (1.0f + 3.0f * kGeluCubic * u * u);
+  return 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * inner_derivative;
+}
+
+template <typename T>
+struct GeluForwardOp {
+  const T* x;
+  T* y;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float v[N];
+    load_floats<N>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = gelu_value(v[k]);
+    store_floats<N>(y + i, v);
+  }
+};
+
+template <typename T>
+struct GeluBackwardOp {
+  const T* dy;
+  const T* x;
+  T* dx;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float g[N], u[N];
+    load_floats<N>(dy + i, g);
+    load_floats<N>(x + i, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) g[k] *= gelu_derivative(u[k]);
+    store_floats<N>(dx + i, g);
+  }
+};
+
+// ---- add, cast, scale, accumulate ---------------------------------------------------------------
+
+template <typename T>
+struct AddOp {
+  const T* a;  // a, b and out may alias: each element is read before it is written, by one thread
+  const T* b;
+  T* out;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float va[N], vb[N];
+    load_floats<N>(a + i, va);
+    load_floats<N>(b + i, vb);
+#pragma unroll
+    for (int k = 0; k < N; ++k) va[k] += vb[k];
+    store_floats<N>(out + i, va);
+  }
+};
+
+template <typename In, typename Out>
+struct CastOp {
+  const In* in;
+  Out* out;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float v[N];
+    load_floats<N>(in + i, v);  // 16-bit -> fp32 is exact, so 16 -> 16 bits rounds only once
+    store_floats<N>(out + i, v);
+  }
+};
+
+struct ScaleOp {
+  float* x;
+  float factor;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float v[N];
+    load_floats<N>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] *= factor;
+    store_floats<N>(x + i, v);
+  }
+};
+
+struct AccumulateOp {
+  float* x;
+  const float* y;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float vx[N], vy[N];
+    load_floats<N>(x + i, vx);
+    load_floats<N>(y + i, vy);
+#pragma unroll
+    for (int k = 0; k < N; ++k) vx[k] += vy[k];
+    store_floats<N>(x + i, vx);
+  }
+};
+
+// ---- bias gradient ------------------------------------------------------------------------------
+
+// Block (32, kBiasRowLanes): lane x owns N consecutive columns of the block's 32 N-column tile;
+// threadIdx.y and blockIdx.y split the rows. The block sums its rows in shared memory, then adds
+// one fp32 atomic per column.
+constexpr int kBiasRowLanes = 8;
+
+template <typename T, int N>
+__global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ dbias, int rows, int cols,
+                                 int rows_per_block) {
+  __shared__ float partial[kBiasRowLanes][32 * N];
+  const int tile = blockIdx.x * 32 * N;
+  const int c0 = tile + threadIdx.x * N;
+  const int r_begin = blockIdx.y * rows_per_block;
+  const int r_end = min(rows, r_begin + rows_per_block);
+  float acc[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc[k] = 0.0f;
+  if (c0 < cols) {  // N > 1 only when cols % N == 0, so a pack never straddles the last column
+#pragma unroll 4
+    for (int r = r_begin + threadIdx.y; r < r_end; r += kBiasRowLanes) {  // unrolled: loads in flight
+      float v[N];
+      load_floats<N>(dy + static_cast<size_t>(r) * cols + c0, v);
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[k] += v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) partial[threadIdx.y][threadIdx.x * N + k] = acc[k];
+  __syncthreads();
+  for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * N; j += 32 * kBiasRowLanes) {
+    const int c = tile + j;
+    if (c >= cols) break;
+    float sum = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kBiasRowLanes; ++y) sum += partial[y][j];
+    atomicAdd(dbias + c, sum);
+  }
+}
+
+template <typename T, int N>
+void launch_bias_grad(const T* dy, float* dbias, int rows, int cols, cudaStream_t stream) {
+  const int tiles = (cols + 32 * N - 1) / (32 * N);
+  // Enough row slices for about eight blocks per SM; at least kBiasRowLanes rows per slice.
+  const int max_slices = std::max(1, (rows + kBiasRowLanes - 1) / kBiasRowLanes);
+  int slices = std::min(max_slices, std::max(1, (8 * sm_count() + tiles - 1) / tiles));
+  const int rows_per_block = (rows + slices - 1) / slices;
+  slices = (rows + rows_per_block - 1) / rows_per_block;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
+  bias_grad_kernel<T, N><<<grid, dim3(32, kBiasRowLanes), 0, stream>>>(dy, dbias, rows, cols, rows_per_block);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+// ---- sum of squares -----------------------------------------------------------------------------
+
+template <int N>
+__global__ void sum_squares_kernel(const float* __restrict__ x, size_t n, double* out) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t packs = n / N;
+  // fp32 within a pack, double across a thread's packs: long grid-stride runs lose no digits.
+  double acc = 0.0;
+  for (size_t p = first; p < packs; p += stride) {
+    float v[N];
+    load_floats<N>(x + p * N, v);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += v[k] * v[k];
+    acc += s;
+  }
+  for (size_t i = packs * N + first; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
+
+  __shared__ double warp_sums[32];
+  acc = warp_sum(acc);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    double total = lane < warps ? warp_sums[lane] : 0.0;
+    total = warp_sum(total);
+    if (lane == 0 && total != 0.0) atomicAdd(out, total);
+  }
+}
+
+// ---- inf / NaN check ----------------------------------------------------------------------------
+
+// Works on the raw bits: a value is inf or NaN exactly when its exponent field is all ones.
+template <typename W, int N>
+__global__ void check_finite_kernel(const W* __restrict__ x, size_t n, W exponent_mask, int* flag) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t packs = n / N;
+  bool bad = false;
+  for (size_t p = first; p < packs; p += stride) {
+    const Pack<W, N> v = load_pack<N>(x + p * N);
+#pragma unroll
+    for (int k = 0; k < N; ++k) bad |= (v[k] & exponent_mask) == exponent_mask;
+  }
+  for (size_t i = packs * N + first; i < n; i += stride) bad |= (x[i] & exponent_mask) == exponent_mask;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+template <typename W>
+void launch_check_finite(const void* x, size_t n, W exponent_mask, int* flag, cudaStream_t stream) {
+  constexpr int N = vec_width<W>();
+  const W* words = static_cast<const W*>(x);
+  if (is_aligned(x, 16)) {
+    check_finite_kernel<W, N><<<grid_for(std::max<size_t>(n / N, 1)), kBlockThreads, 0, stream>>>(
+        words, n, exponent_mask, flag);
+  } else {
+    check_finite_kernel<W, 1><<<grid_for(n), kBlockThreads, 0, stream>>>(words, n, exponent_mask, flag);
+  }
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+void gelu_forward(const void* x, void* y, size_t n, DType dt, cudaStream_t stream) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int N = vec_width<T>();
+    const GeluForwardOp<T> op{static_cast<const T*>(x), static_cast<T*>(y)};
+    launch_map<N>(op, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
+  });
+}
+
+void gelu_backward(const void* dy, const void* x, void* dx, size_t n, DType dt, cudaStream_t stream) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int N = vec_width<T>();
+    const GeluBackwardOp<T> op{static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx)};
+    launch_map<N>(op, n, is_aligned(dy, 16) && is_aligned(x, 16) && is_aligned(dx, 16), stream);
+  });
+}
+
+void add(const void* a, const void* b, void* out, size_t n, DType dt, cudaStream_t stream) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int N = vec_width<T>();
+    const AddOp<T> op{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out)};
+    launch_map<N>(op, n, is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(out, 16), stream);
+  });
+}
+
+void bias_grad(const void* dy, float* dbias, int n, int cols, DType dt, cudaStream_t stream) {
+  SHARDLM_CHECK(n >= 0 && cols >= 0, "bias_grad: negative shape ", n, " x ", cols);
+  if (n == 0 || cols == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int N = vec_width<T>();
+    const T* rows = static_cast<const T*>(dy);
+    // Packs need every row start aligned: a 16-byte aligned base and a row length of whole packs.
+    if (cols % N == 0 && is_aligned(dy, 16))
+      launch_bias_grad<T, N>(rows, dbias, n, cols, stream);
+    else
+      launch_bias_grad<T, 1>(rows, dbias, n, cols, stream);
+  });
+}
+
+void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (in_dt == out_dt) {
+    if (in != out)
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(in_dt), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  dispatch_dtype(in_dt, [&](auto in_tag) {
+    using In = typename decltype(in_tag)::type;
+    dispatch_dtype(out_dt, [&](auto out_tag) {
+      using Out = typename decltype(out_tag)::type;
+      // The wider operand moves 16 bytes per access, the narrower 8.
+      constexpr int N = static_cast<int>(16 / std::max(sizeof(In), sizeof(Out)));
+      const CastOp<In, Out> op{static_cast<const In*>(in), static_cast<Out*>(out)};
+      launch_map<N>(op, n, is_aligned(in, N * sizeof(In)) && is_aligned(out, N * sizeof(Out)), stream);
+    });
+  });
+}
+
+void scale(float* x, size_t n, float factor, cudaStream_t stream) {
+  launch_map<4>(ScaleOp{x, factor}, n, is_aligned(x, 16), stream);
+}
+
+void accumulate(float* x, const float* y, size_t n, cudaStream_t stream) {
+  launch_map<4>(AccumulateOp{x, y}, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
+}
+
+void sum_squares(const float* x, size_t n, double* out, cudaStream_t stream) {
+  if (n == 0) return;
+  if (is_aligned(x, 16)) {
+    sum_squares_kernel<4><<<grid_for(std::max<size_t>(n / 4, 1)), kBlockThreads, 0, stream>>>(x, n, out);
+  } else {
+    sum_squares_kernel<1><<<grid_for(n), kBlockThreads, 0, stream>>>(x, n, out);
+  }
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void check_finite(const void* x, size_t n, DType dt, int* flag, cudaStream_t stream) {
+  if (n == 0) return;
+  switch (dt) {
+    case DType::F32: launch_check_finite<unsigned int>(x, n, 0x7f800000u, flag, stream); return;
+    case DType::BF16: launch_check_finite<unsigned short>(x, n, static_cast<unsigned short>(0x7f80), flag, stream); return;
+    case DType::F16: launch_check_finite<unsigned short>(x, n, static_cast<unsigned short>(0x7c00), flag, stream); return;
+  }
+  throw Error(concat("check_finite: unknown dtype ", static_cast<int>(dt)));
+}
+
+}  // namespace shardlm::cuda

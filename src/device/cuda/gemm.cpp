@@ -1,0 +1,381 @@
+// Gemm: row-major GEMMs on cuBLASLt (column-major) with fused epilogues and a plan cache per shape.
+//
+// Row-major C[M,N] with row stride ldc is, read column-major, C^T[N,M] with leading dimension ldc.
+// So C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and its "B" is our A,
+// with the same transpose flags (a row-major [K,N] B is a column-major [N,K] matrix, already B^T).
+// cuBLASLt's bias has one entry per row of its D = per column of our C, which is the bias[N] we want;
+// its aux matrix has D's shape, so our row-major [M,N] aux with row stride ldc has leading dimension ldc.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda_check.hpp"
+#include "gemm.hpp"
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+// Rows of C one rank-1 bias GEMM covers in the Bias fallback (the ones vector's length).
+constexpr int kOnesRows = 1024;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+  }
+  throw Error("Gemm: unknown dtype");
+}
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::BiasGelu: return "bias+gelu";
+    case Epilogue::DGelu: return "dgelu";
+  }
+  return "?";
+}
+
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::BiasGelu: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Largest power of two (at most 256, cuBLASLt's default assumption) dividing the address of every
+// batch member: the heuristic picks vectorised kernels from it, so it is part of the plan's key.
+uint32_t alignment_of(const void* p, long long stride_elements, int batch, size_t element_size) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) bits |= static_cast<uint64_t>(stride_elements) * element_size;
+  uint32_t align = 256;
+  while (align > 1 && (bits & (align - 1)) != 0) align >>= 1;
+  return align;
+}
+
+int log2_of(uint32_t v) {
+  int l = 0;
+  while ((1u << l) < v) ++l;
+  return l;
+}
+
+// Everything a plan depends on; kept in the plan to rule out collisions of the (narrower) map key.
+struct Signature {
+  bool trans_a, trans_b;
+  int M, N, K, lda, ldb, ldc, batch;
+  long long stride_a, stride_b, stride_c;
+  DType ab, c;
+  Epilogue epilogue;
+  uint32_t align_a, align_b, align_c, align_bias, align_aux;
+
+  auto tied() const {
+    return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, ab, c, epilogue,
+                    align_a, align_b, align_c, align_bias, align_aux);
+  }
+  bool operator==(const Signature& o) const { return tied() == o.tied(); }
+};
+
+std::string describe(const GemmDesc& d) {
+  return concat("M=", d.M, " N=", d.N, " K=", d.K, " trans_a=", d.trans_a, " trans_b=", d.trans_b, " lda=", d.lda,
+                " ldb=", d.ldb, " ldc=", d.ldc, " batch=", d.batch, " A/B ", dtype_name(d.ab_dtype), " C ",
+                dtype_name(d.c_dtype), " epilogue ", epilogue_name(d.epilogue));
+}
+
+void validate(const GemmDesc& d) {
+  SHARDLM_CHECK(d.M >= 0 && d.N >= 0 && d.K >= 0 && d.batch >= 1, "Gemm: bad size (", describe(d), ")");
+  SHARDLM_CHECK(d.c_dtype == DType::F32 || d.c_dtype == d.ab_dtype,
+                "Gemm: C must be F32 or the A/B dtype (", describe(d), ")");
+  const int a_cols = d.trans_a ? d.M : d.K, b_cols = d.trans_b ? d.K : d.N;
+  SHARDLM_CHECK(d.lda >= std::max(1, a_cols) && d.ldb >= std::max(1, b_cols) && d.ldc >= std::max(1, d.N),
+                "Gemm: row stride too small (", describe(d), ")");
+  SHARDLM_CHECK(d.stride_a >= 0 && d.stride_b >= 0 && d.stride_c >= 0, "Gemm: negative batch stride (", describe(d),
+                ")");
+  if (d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu)
+    SHARDLM_CHECK(d.bias != nullptr, "Gemm: epilogue ", epilogue_name(d.epilogue), " needs a bias (", describe(d),
+                  ")");
+  if (d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu)
+    SHARDLM_CHECK(d.aux != nullptr, "Gemm: epilogue ", epilogue_name(d.epilogue), " needs aux (", describe(d), ")");
+  // The GELU epilogues' outputs are never accumulated into, and how cuBLASLt folds beta C into the
+  // pre-activation or the gradient is not what the contract promises: they take beta == 0.
+  if (d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu)
+    SHARDLM_CHECK(d.beta == 0.0f, "Gemm: epilogue ", epilogue_name(d.epilogue), " needs beta == 0 (", describe(d),
+                  ")");
+}
+
+// Applies f(offset, count) to the contiguous runs of the row-major [M, N] matrices of all batch members.
+template <typename F>
+void for_each_run(const GemmDesc& d, F f) {
+  const size_t rows = static_cast<size_t>(d.M), cols = static_cast<size_t>(d.N), ld = static_cast<size_t>(d.ldc);
+  for (int b = 0; b < d.batch; ++b) {
+    const size_t base = static_cast<size_t>(b) * static_cast<size_t>(d.stride_c);
+    if (ld == cols) {
+      f(base, rows * cols);
+    } else {
+      for (size_t r = 0; r < rows; ++r) f(base + r * ld, cols);
+    }
+  }
+}
+
+}  // namespace
+
+struct Gemm::Plan {
+  Signature signature{};
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr;  // cuBLASLt's A: our B
+  cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLASLt's B: our A
+  cublasLtMatrixLayout_t layout_c = nullptr;  // C and D
+  cublasLtMatmulAlgo_t algo{};
+  // cuBLASLt has no algorithm for this epilogue here: run the GEMM with a simpler one plus a kernel.
+  bool fallback = false;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+
+cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_t ld, int batch, long long stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  SHARDLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(t), rows, cols, ld));
+  if (batch > 1) {
+    const int32_t count = batch;
+    const int64_t offset = stride;
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof offset));
+  }
+  return layout;
+}
+
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
+  if (d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu)
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
+  if (d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu)
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &d.aux, sizeof d.aux));
+}
+
+}  // namespace
+
+Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  SHARDLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  // The cuBLASLt workspace, then (256-byte aligned) vectors of ones in F32, BF16 and F16 for the Bias fallback.
+  const size_t ones_at = (workspace_bytes_ + 255) / 256 * 256;
+  const size_t total = ones_at + kOnesRows * (sizeof(float) + 2 * sizeof(uint16_t));
+  const cudaError_t rc = cudaMalloc(&workspace_, total);
+  if (rc != cudaSuccess) {
+    cublasLtDestroy(handle_);
+    throw_cuda(rc, "cudaMalloc(Gemm workspace)", __FILE__, __LINE__);
+  }
+  std::vector<unsigned char> ones(kOnesRows * (sizeof(float) + 2 * sizeof(uint16_t)));
+  const float one = 1.0f;
+  const uint16_t one_bf16 = float_to_bf16(1.0f), one_fp16 = float_to_fp16(1.0f);
+  for (int i = 0; i < kOnesRows; ++i) {
+    std::memcpy(ones.data() + i * sizeof(float), &one, sizeof one);
+    std::memcpy(ones.data() + kOnesRows * sizeof(float) + i * 2, &one_bf16, 2);
+    std::memcpy(ones.data() + kOnesRows * (sizeof(float) + 2) + i * 2, &one_fp16, 2);
+  }
+  SHARDLM_CUDA_CHECK(
+      cudaMemcpy(static_cast<char*>(workspace_) + ones_at, ones.data(), ones.size(), cudaMemcpyHostToDevice));
+}
+
+Gemm::~Gemm() {
+  for (auto& entry : plans_) delete entry.second;
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
+  validate(d);
+  if (d.M == 0 || d.N == 0) return;
+  const size_t ab_size = dtype_size(d.ab_dtype), c_size = dtype_size(d.c_dtype);
+  if (d.K == 0) {
+    // An empty sum: C = beta C. cuBLASLt takes no k = 0; clearing is all the model ever needs here.
+    SHARDLM_CHECK(d.epilogue == Epilogue::None && (d.beta == 0.0f || d.beta == 1.0f),
+                  "Gemm: K = 0 is supported only without epilogue and with beta 0 or 1 (", describe(d), ")");
+    if (d.beta == 0.0f)
+      for (int b = 0; b < d.batch; ++b)
+        SHARDLM_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(d.C) + static_cast<size_t>(b) * d.stride_c * c_size,
+                                             static_cast<size_t>(d.ldc) * c_size, 0, static_cast<size_t>(d.N) * c_size,
+                                             d.M, stream));
+    return;
+  }
+
+  Signature sig{};
+  sig.trans_a = d.trans_a;
+  sig.trans_b = d.trans_b;
+  sig.M = d.M, sig.N = d.N, sig.K = d.K, sig.lda = d.lda, sig.ldb = d.ldb, sig.ldc = d.ldc, sig.batch = d.batch;
+  sig.stride_a = d.batch > 1 ? d.stride_a : 0;
+  sig.stride_b = d.batch > 1 ? d.stride_b : 0;
+  sig.stride_c = d.batch > 1 ? d.stride_c : 0;
+  sig.ab = d.ab_dtype, sig.c = d.c_dtype, sig.epilogue = d.epilogue;
+  sig.align_a = alignment_of(d.A, d.stride_a, d.batch, ab_size);
+  sig.align_b = alignment_of(d.B, d.stride_b, d.batch, ab_size);
+  sig.align_c = alignment_of(d.C, d.stride_c, d.batch, c_size);
+  const bool has_bias = d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu;
+  const bool has_aux = d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu;
+  sig.align_bias = has_bias ? alignment_of(d.bias, 0, 1, c_size) : 0;
+  sig.align_aux = has_aux ? alignment_of(d.aux, d.stride_c, d.batch, c_size) : 0;
+
+  const int flags = int(sig.trans_a) | int(sig.trans_b) << 1 | int(sig.epilogue) << 2 | int(sig.ab) << 4 |
+                    int(sig.c) << 6;
+  const int aligns = log2_of(sig.align_a) | log2_of(sig.align_b) << 4 | log2_of(sig.align_c) << 8 |
+                     log2_of(sig.align_bias) << 12 | log2_of(sig.align_aux) << 16;
+  const auto key = std::make_tuple(flags, aligns, sig.M, sig.N, sig.K, sig.lda, sig.ldb, sig.ldc, sig.batch,
+                                   static_cast<int>(sig.stride_a), static_cast<int>(sig.stride_b),
+                                   static_cast<int>(sig.stride_c));
+  Plan*& slot = plans_[key];
+  if (slot && !(slot->signature == sig)) {  // a key collision (strides beyond 32 bits): plan again
+    delete slot;
+    slot = nullptr;
+  }
+  if (!slot) {
+    auto plan = std::make_unique<Plan>();
+    plan->signature = sig;
+    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+    const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
+    plan->layout_a = make_layout(d.ab_dtype, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
+    plan->layout_b = make_layout(d.ab_dtype, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);
+    plan->layout_c = make_layout(d.c_dtype, d.N, d.M, d.ldc, d.batch, d.stride_c);
+
+    // cuBLASLt needs the GELU aux leading dimension and batch stride divisible by 8; otherwise use the fallback.
+    bool try_native = true;
+    if (has_aux && (d.ldc % 8 != 0 || (d.batch > 1 && d.stride_c % 8 != 0))) try_native = false;
+    if (try_native && d.epilogue != Epilogue::None) {
+      const cublasLtEpilogue_t epi = lt_epilogue(d.epilogue);
+      SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      set_epilogue_pointers(plan->desc, d);  // the heuristic reads their alignment
+      if (has_aux) {
+        const int64_t aux_ld = d.ldc;
+        SHARDLM_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        if (d.batch > 1) {
+          const int64_t aux_stride = d.stride_c;
+          SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+              plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride, sizeof aux_stride));
+        }
+      }
+    }
+
+    if (try_native) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      SHARDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t max_workspace = workspace_bytes_;
+      const uint32_t align_lt_a = sig.align_b, align_lt_b = sig.align_a, align_c = sig.align_c;
+      cublasStatus_t rc =
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                               sizeof max_workspace);
+      if (rc == CUBLAS_STATUS_SUCCESS)
+        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a,
+                                                  sizeof align_lt_a);
+      if (rc == CUBLAS_STATUS_SUCCESS)
+        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_lt_b,
+                                                  sizeof align_lt_b);
+      if (rc == CUBLAS_STATUS_SUCCESS)
+        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                  sizeof align_c);
+      if (rc == CUBLAS_STATUS_SUCCESS)
+        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                  sizeof align_c);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      if (rc == CUBLAS_STATUS_SUCCESS)
+        rc = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
+                                            plan->layout_c, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (rc == CUBLAS_STATUS_SUCCESS && found > 0) {
+        plan->algo = result.algo;
+      } else if (d.epilogue != Epilogue::None && (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED ||
+                                                   rc == CUBLAS_STATUS_INVALID_VALUE)) {
+        try_native = false;  // this epilogue is not offered for these dtypes / this version: fallback
+      } else if (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED) {
+        throw Error(concat("Gemm: cuBLASLt has no algorithm for ", describe(d)));
+      } else {
+        throw_cublas(rc, concat("cublasLtMatmulAlgoGetHeuristic for ", describe(d)).c_str(), __FILE__, __LINE__);
+      }
+    }
+    plan->fallback = !try_native;
+    slot = plan.release();
+  }
+  Plan& plan = *slot;
+
+  if (plan.fallback) {
+    // Correctness first: the product with a simpler epilogue (itself planned and cached), then a small pass.
+    GemmDesc inner = d;
+    if (d.epilogue == Epilogue::Bias) {
+      inner.epilogue = Epilogue::None;
+      run(inner, stream);
+      // C += ones[M,1] bias[1,N], a rank-1 GEMM per block of rows: A/B and C all in C's dtype.
+      const size_t ones_at = (workspace_bytes_ + 255) / 256 * 256;
+      const char* ones_base = static_cast<const char*>(workspace_) + ones_at;
+      const void* ones = d.c_dtype == DType::F32    ? ones_base
+                         : d.c_dtype == DType::BF16 ? ones_base + kOnesRows * sizeof(float)
+                                                    : ones_base + kOnesRows * (sizeof(float) + 2);
+      for (int b = 0; b < d.batch; ++b) {
+        for (int r0 = 0; r0 < d.M; r0 += kOnesRows) {
+          GemmDesc rank1;
+          rank1.M = std::min(kOnesRows, d.M - r0), rank1.N = d.N, rank1.K = 1;
+          rank1.alpha = 1.0f, rank1.beta = 1.0f;
+          rank1.A = ones, rank1.lda = 1;
+          rank1.B = d.bias, rank1.ldb = d.N;
+          const size_t at = static_cast<size_t>(b) * d.stride_c + static_cast<size_t>(r0) * d.ldc;
+          rank1.C = static_cast<char*>(d.C) + at * c_size;
+          rank1.ldc = d.ldc;
+          rank1.ab_dtype = rank1.c_dtype = d.c_dtype;
+          run(rank1, stream);
+        }
+      }
+    } else if (d.epilogue == Epilogue::BiasGelu) {
+      // aux = alpha op(A) op(B) + bias, then C = gelu(aux).
+      inner.epilogue = Epilogue::Bias;
+      inner.C = d.aux;
+      run(inner, stream);
+      for_each_run(d, [&](size_t at, size_t count) {
+        gelu_forward(static_cast<const char*>(d.aux) + at * c_size, static_cast<char*>(d.C) + at * c_size, count,
+                     d.c_dtype, stream);
+      });
+    } else if (d.epilogue == Epilogue::DGelu) {
+      // C = alpha op(A) op(B), then C *= gelu'(aux) in place.
+      inner.epilogue = Epilogue::None;
+      run(inner, stream);
+      for_each_run(d, [&](size_t at, size_t count) {
+        void* c = static_cast<char*>(d.C) + at * c_size;
+        gelu_backward(c, static_cast<const char*>(d.aux) + at * c_size, c, count, d.c_dtype, stream);
+      });
+    } else {
+      throw Error(concat("Gemm: no algorithm for ", describe(d)));
+    }
+    return;
+  }
+
+  if (d.epilogue != Epilogue::None) set_epilogue_pointers(plan.desc, d);
+  const float alpha = d.alpha, beta = d.beta;
+  const cublasStatus_t rc =
+      cublasLtMatmul(handle_, plan.desc, &alpha, d.B, plan.layout_a, d.A, plan.layout_b, &beta, d.C, plan.layout_c,
+                     d.C, plan.layout_c, &plan.algo, workspace_, workspace_bytes_, stream);
+  if (rc != CUBLAS_STATUS_SUCCESS)
+    throw_cublas(rc, concat("cublasLtMatmul for ", describe(d)).c_str(), __FILE__, __LINE__);
+}
+
+}  // namespace shardlm::cuda

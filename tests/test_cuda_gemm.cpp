@@ -1,0 +1,447 @@
+#define BOOST_TEST_MODULE test_cuda_gemm
+#include <boost/test/unit_test.hpp>
+// Tests of the cuBLASLt GEMM (label gpu): row-major products in every transpose combination, odd sizes,
+// padded row strides, F32/BF16/F16 inputs with F32 and 16-bit outputs, beta accumulation, the bias, bias+GELU
+// and GELU-backward epilogues (the fused path and the fallback), strided batches, misaligned pointers
+// against cached plans, and argument errors, all against a double-precision loop on the host.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gemm.hpp"
+#include "shardlm/core.hpp"
+
+using namespace shardlm;
+using shardlm::cuda::Epilogue;
+using shardlm::cuda::Gemm;
+using shardlm::cuda::GemmDesc;
+
+namespace {
+
+// ---- host helpers ---------------------------------------------------------------------------
+
+void require_device() {
+  int devices = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&devices);
+  if (rc != cudaSuccess || devices == 0)
+    BOOST_FAIL("test_cuda_gemm needs a CUDA GPU: cudaGetDeviceCount returned "
+               << (rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc))
+               << " (these tests carry the label gpu; run them on a GPU machine)");
+}
+
+void check_cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) BOOST_FAIL(what << ": " << cudaGetErrorString(rc));
+}
+
+// Device memory owned for one test.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_) check_cuda(cudaMalloc(&ptr_, bytes_), "cudaMalloc");
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  char* get() const { return static_cast<char*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host values (already representable in dt) as dt bytes, and back.
+std::vector<unsigned char> to_bytes(const std::vector<float>& v, DType dt) {
+  std::vector<unsigned char> out(v.size() * dtype_size(dt));
+  if (dt == DType::F32) {
+    std::memcpy(out.data(), v.data(), out.size());
+  } else {
+    std::vector<uint16_t> packed(v.size());
+    pack16(dt, v.data(), packed.data(), v.size());
+    std::memcpy(out.data(), packed.data(), out.size());
+  }
+  return out;
+}
+
+std::vector<float> from_bytes(const std::vector<unsigned char>& bytes, DType dt) {
+  const size_t n = bytes.size() / dtype_size(dt);
+  std::vector<float> out(n);
+  if (dt == DType::F32) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+  } else {
+    std::vector<uint16_t> packed(n);
+    std::memcpy(packed.data(), bytes.data(), bytes.size());
+    unpack16(dt, packed.data(), out.data(), n);
+  }
+  return out;
+}
+
+// A device copy of v in dt, starting `offset` elements into the buffer (to misalign it on purpose).
+struct DeviceArray {
+  DeviceBuffer buffer;
+  size_t offset;
+  DType dt;
+  DeviceArray(const std::vector<float>& v, DType dtype, size_t elem_offset = 0)
+      : buffer((v.size() + elem_offset) * dtype_size(dtype) + 16), offset(elem_offset), dt(dtype) {
+    const std::vector<unsigned char> bytes = to_bytes(v, dt);
+    check_cuda(cudaMemcpy(data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  }
+  char* data() const { return buffer.get() + offset * dtype_size(dt); }
+  std::vector<float> download(size_t n) const {
+    std::vector<unsigned char> bytes(n * dtype_size(dt));
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_cuda(cudaMemcpy(bytes.data(), data(), bytes.size(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    return from_bytes(bytes, dt);
+  }
+};
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_to(dt, normal(rng));
+  return v;
+}
+
+double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x))); }
+
+double gelu_derivative(double x) {
+  const double t = std::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.79788456 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// ---- one GEMM case against the host --------------------------------------------------------
+
+struct Case {
+  bool trans_a = false, trans_b = false;
+  int M = 1, N = 1, K = 1;
+  int pad_a = 0, pad_b = 0, pad_c = 0;  // extra elements per stored row
+  float alpha = 1.0f, beta = 0.0f;
+  DType ab = DType::F32, c = DType::F32;
+  Epilogue epilogue = Epilogue::None;
+  int batch = 1;
+  int pad_batch = 0;       // extra elements between batch members
+  size_t misalign = 0;     // elements by which A, B and C start past an allocation's start
+};
+
+const char* epilogue_label(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::BiasGelu: return "bias+gelu";
+    case Epilogue::DGelu: return "dgelu";
+  }
+  return "?";
+}
+
+double tolerance_for(const Case& cs) {
+  if (cs.c == DType::BF16) return 1e-2;
+  if (cs.c == DType::F16) return 2e-3;
+  return 2e-5;  // exact fp32 products (no TF32), fp32 accumulation
+}
+
+// Largest |got - ref| over the matrix, relative to the largest |ref|.
+double relative_error(const std::vector<float>& got, const std::vector<double>& ref, const std::vector<bool>& inside) {
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!inside[i]) continue;
+    worst = std::max(worst, std::abs(got[i] - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return worst / std::max(scale, 1e-20);
+}
+
+void run_case(Gemm& gemm, const Case& cs, std::mt19937& rng) {
+  BOOST_TEST_CONTEXT("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " trans_a=" << cs.trans_a
+                          << " trans_b=" << cs.trans_b << " ab=" << dtype_name(cs.ab) << " c=" << dtype_name(cs.c)
+                          << " epilogue=" << epilogue_label(cs.epilogue) << " batch=" << cs.batch
+                          << " beta=" << cs.beta << " misalign=" << cs.misalign) {
+    const int a_rows = cs.trans_a ? cs.K : cs.M, a_cols = cs.trans_a ? cs.M : cs.K;
+    const int b_rows = cs.trans_b ? cs.N : cs.K, b_cols = cs.trans_b ? cs.K : cs.N;
+    const int lda = a_cols + cs.pad_a, ldb = b_cols + cs.pad_b, ldc = cs.N + cs.pad_c;
+    const long long stride_a = static_cast<long long>(a_rows) * lda + cs.pad_batch;
+    const long long stride_b = static_cast<long long>(b_rows) * ldb + cs.pad_batch;
+    const long long stride_c = static_cast<long long>(cs.M) * ldc + cs.pad_batch;
+    const size_t size_a = static_cast<size_t>(stride_a) * cs.batch, size_b = static_cast<size_t>(stride_b) * cs.batch;
+    const size_t size_c = static_cast<size_t>(stride_c) * cs.batch;
+
+    const std::vector<float> a = random_values(size_a, rng, cs.ab);
+    const std::vector<float> b = random_values(size_b, rng, cs.ab);
+    const std::vector<float> c0 = random_values(size_c, rng, cs.c);
+    const std::vector<float> bias = random_values(cs.N, rng, cs.c);
+    const std::vector<float> aux0 = random_values(size_c, rng, cs.c, 1.5f);
+    DeviceArray da(a, cs.ab, cs.misalign), db(b, cs.ab, cs.misalign), dc(c0, cs.c, cs.misalign);
+    DeviceArray dbias(bias, cs.c), daux(aux0, cs.c);
+
+    GemmDesc d;
+    d.trans_a = cs.trans_a, d.trans_b = cs.trans_b;
+    d.M = cs.M, d.N = cs.N, d.K = cs.K;
+    d.alpha = cs.alpha, d.beta = cs.beta;
+    d.A = da.data(), d.lda = lda;
+    d.B = db.data(), d.ldb = ldb;
+    d.C = dc.data(), d.ldc = ldc;
+    d.ab_dtype = cs.ab, d.c_dtype = cs.c;
+    d.epilogue = cs.epilogue;
+    if (cs.epilogue == Epilogue::Bias || cs.epilogue == Epilogue::BiasGelu) d.bias = dbias.data();
+    if (cs.epilogue == Epilogue::BiasGelu || cs.epilogue == Epilogue::DGelu) d.aux = daux.data();
+    d.batch = cs.batch;
+    if (cs.batch > 1) d.stride_a = stride_a, d.stride_b = stride_b, d.stride_c = stride_c;
+    BOOST_REQUIRE_NO_THROW(gemm.run(d, nullptr));
+    const std::vector<float> c = dc.download(size_c);
+    const std::vector<float> aux = daux.download(size_c);
+
+    // The reference, and which elements of C's storage belong to the matrices (the rest must stay as they were).
+    std::vector<double> ref_c(c0.begin(), c0.end()), ref_aux(aux0.begin(), aux0.end());
+    std::vector<bool> inside(size_c, false);
+    for (int bt = 0; bt < cs.batch; ++bt) {
+      const float* A = a.data() + bt * stride_a;
+      const float* B = b.data() + bt * stride_b;
+      for (int i = 0; i < cs.M; ++i)
+        for (int j = 0; j < cs.N; ++j) {
+          double sum = 0.0;
+          for (int k = 0; k < cs.K; ++k) {
+            const double av = cs.trans_a ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
+            const double bv = cs.trans_b ? B[static_cast<size_t>(j) * ldb + k] : B[static_cast<size_t>(k) * ldb + j];
+            sum += av * bv;
+          }
+          const size_t at = bt * stride_c + static_cast<size_t>(i) * ldc + j;
+          inside[at] = true;
+          const double product = cs.alpha * sum + cs.beta * c0[at];
+          switch (cs.epilogue) {
+            case Epilogue::None: ref_c[at] = product; break;
+            case Epilogue::Bias: ref_c[at] = product + bias[j]; break;
+            case Epilogue::BiasGelu:
+              ref_aux[at] = product + bias[j];
+              ref_c[at] = gelu(ref_aux[at]);
+              break;
+            case Epilogue::DGelu: ref_c[at] = product * gelu_derivative(aux0[at]); break;
+          }
+        }
+    }
+    const double tol = tolerance_for(cs);
+    BOOST_TEST(relative_error(c, ref_c, inside) <= tol);
+    if (cs.epilogue == Epilogue::BiasGelu) BOOST_TEST(relative_error(aux, ref_aux, inside) <= tol);
+    // Padding between rows and between batch members is never written.
+    size_t touched = 0;
+    for (size_t i = 0; i < size_c; ++i)
+      if (!inside[i] && (c[i] != c0[i] || aux[i] != aux0[i])) ++touched;
+    BOOST_TEST(touched == 0u);
+  }
+}
+
+// The dtype pairs the contract allows: C in F32 or in the A/B dtype.
+const std::vector<std::pair<DType, DType>>& dtype_pairs() {
+  static const std::vector<std::pair<DType, DType>> pairs = {{DType::F32, DType::F32},   {DType::BF16, DType::F32},
+                                                             {DType::BF16, DType::BF16}, {DType::F16, DType::F32},
+                                                             {DType::F16, DType::F16}};
+  return pairs;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(device_present) { require_device(); }
+
+BOOST_AUTO_TEST_CASE(transposes_odd_sizes_padded_strides_all_dtypes) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(1);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        Case cs;
+        cs.trans_a = ta, cs.trans_b = tb;
+        cs.M = 37, cs.N = 29, cs.K = 53;
+        cs.pad_a = 3, cs.pad_b = 5, cs.pad_c = 7;
+        cs.alpha = 0.75f;
+        cs.ab = ab, cs.c = c;
+        run_case(gemm, cs, rng);
+        // Tight strides, the same shape again (the cached plan of another shape must not be reused).
+        cs.pad_a = cs.pad_b = cs.pad_c = 0;
+        cs.alpha = 1.0f;
+        run_case(gemm, cs, rng);
+      }
+}
+
+BOOST_AUTO_TEST_CASE(beta_one_accumulates) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(2);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int ta = 0; ta < 2; ++ta) {
+      Case cs;
+      cs.trans_a = ta, cs.trans_b = !ta;
+      cs.M = 33, cs.N = 47, cs.K = 21;
+      cs.pad_c = 2;
+      cs.beta = 1.0f;
+      cs.ab = ab, cs.c = c;
+      run_case(gemm, cs, rng);
+      cs.alpha = -0.5f, cs.beta = 0.25f;
+      run_case(gemm, cs, rng);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(larger_shapes_on_tensor_cores) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(3);
+  for (const auto& [ab, c] : dtype_pairs()) {
+    Case cs;
+    cs.M = 256, cs.N = 384, cs.K = 512;
+    cs.trans_b = true;
+    cs.ab = ab, cs.c = c;
+    run_case(gemm, cs, rng);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bias_epilogue) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(4);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int ta = 0; ta < 2; ++ta) {
+      Case cs;
+      cs.trans_a = ta, cs.trans_b = true;
+      cs.M = 19, cs.N = 45, cs.K = 24;
+      cs.pad_c = 3;
+      cs.ab = ab, cs.c = c;
+      cs.epilogue = Epilogue::Bias;
+      run_case(gemm, cs, rng);
+      cs.beta = 1.0f;  // bias on top of accumulation
+      run_case(gemm, cs, rng);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(bias_gelu_epilogue) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(5);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int ta = 0; ta < 2; ++ta) {
+      Case cs;
+      cs.trans_a = ta, cs.trans_b = true;
+      cs.M = 23, cs.N = 40, cs.K = 32;
+      cs.pad_c = 8;  // ldc = 48: divisible by 8, cuBLASLt's fused GELU can take it
+      cs.alpha = 0.5f;
+      cs.ab = ab, cs.c = c;
+      cs.epilogue = Epilogue::BiasGelu;
+      run_case(gemm, cs, rng);
+      cs.N = 29, cs.pad_c = 2;  // ldc = 31: the fallback (GEMM with bias, then a GELU pass)
+      run_case(gemm, cs, rng);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(dgelu_epilogue) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(6);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int tb = 0; tb < 2; ++tb) {
+      Case cs;
+      cs.trans_b = tb;
+      cs.M = 31, cs.N = 64, cs.K = 40;
+      cs.ab = ab, cs.c = c;
+      cs.epilogue = Epilogue::DGelu;
+      run_case(gemm, cs, rng);
+      cs.N = 27, cs.pad_c = 1;  // ldc = 28: not divisible by 8, the fallback
+      run_case(gemm, cs, rng);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(strided_batch) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(7);
+  for (const auto& [ab, c] : dtype_pairs())
+    for (int t = 0; t < 4; ++t) {
+      Case cs;
+      cs.trans_a = t & 1, cs.trans_b = (t >> 1) & 1;
+      cs.M = 17, cs.N = 23, cs.K = 19;
+      cs.pad_a = 1, cs.pad_c = 2;
+      cs.batch = 3;
+      cs.pad_batch = 5;
+      cs.ab = ab, cs.c = c;
+      run_case(gemm, cs, rng);
+    }
+  // Epilogues over a batch: one bias for every member; aux strided like C.
+  for (Epilogue e : {Epilogue::Bias, Epilogue::BiasGelu, Epilogue::DGelu}) {
+    Case cs;
+    cs.M = 12, cs.N = 24, cs.K = 16;
+    cs.batch = 4;
+    cs.pad_batch = 8;
+    cs.ab = DType::BF16, cs.c = DType::BF16;
+    cs.epilogue = e;
+    run_case(gemm, cs, rng);
+    cs.ab = DType::F32, cs.c = DType::F32;
+    run_case(gemm, cs, rng);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(misaligned_pointers_and_plan_cache) {
+  require_device();
+  Gemm gemm;
+  std::mt19937 rng(8);
+  // The same shape with aligned, then misaligned, then aligned pointers: each needs a plan for its alignment.
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (size_t misalign : {0, 1, 3, 0}) {
+      Case cs;
+      cs.M = 64, cs.N = 72, cs.K = 96;
+      cs.trans_b = true;
+      cs.ab = dt, cs.c = dt;
+      cs.misalign = misalign;
+      run_case(gemm, cs, rng);
+      cs.epilogue = Epilogue::Bias;
+      run_case(gemm, cs, rng);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(empty_and_k_zero) {
+  require_device();
+  Gemm gemm;
+  std::vector<float> c0(6, 3.0f);
+  DeviceArray dc(c0, DType::F32);
+  GemmDesc d;
+  d.M = 2, d.N = 3, d.K = 0;
+  d.lda = 1, d.ldb = 3, d.ldc = 3;
+  d.C = dc.data();
+  d.beta = 1.0f;
+  BOOST_REQUIRE_NO_THROW(gemm.run(d, nullptr));
+  BOOST_TEST(dc.download(6) == c0);
+  d.beta = 0.0f;
+  BOOST_REQUIRE_NO_THROW(gemm.run(d, nullptr));
+  BOOST_TEST(dc.download(6) == std::vector<float>(6, 0.0f));
+  d.M = 0;
+  BOOST_CHECK_NO_THROW(gemm.run(d, nullptr));
+}
+
+BOOST_AUTO_TEST_CASE(bad_arguments_throw) {
+  require_device();
+  Gemm gemm;
+  std::vector<float> v(64, 1.0f);
+  DeviceArray a(v, DType::F32), b(v, DType::F32), c(v, DType::F32);
+  GemmDesc d;
+  d.M = 4, d.N = 4, d.K = 4;
+  d.A = a.data(), d.lda = 4;
+  d.B = b.data(), d.ldb = 4;
+  d.C = c.data(), d.ldc = 4;
+  BOOST_REQUIRE_NO_THROW(gemm.run(d, nullptr));
+  GemmDesc bad = d;
+  bad.c_dtype = DType::F16;  // 16-bit C from fp32 inputs
+  BOOST_CHECK_THROW(gemm.run(bad, nullptr), Error);
+  bad = d;
+  bad.lda = 3;
+  BOOST_CHECK_THROW(gemm.run(bad, nullptr), Error);
+  bad = d;
+  bad.epilogue = Epilogue::Bias;  // no bias pointer
+  BOOST_CHECK_THROW(gemm.run(bad, nullptr), Error);
+  bad = d;
+  bad.epilogue = Epilogue::DGelu;  // no aux pointer
+  BOOST_CHECK_THROW(gemm.run(bad, nullptr), Error);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
