@@ -94,6 +94,25 @@ BOOST_AUTO_TEST_CASE(bf16_tracks_the_fp32_curve) {
   BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
 }
 
+BOOST_AUTO_TEST_CASE(fp16_with_loss_scaling_trains_and_skips_overflow) {
+  RunConfig fp32 = config("cuda", "fp32_ref", 100), fp16 = config("cuda", "fp16", 100);
+  fp16.fsdp.param_dtype = DType::F16;
+  fp16.fsdp.reduce_dtype = DType::F16;
+  const TrainResult a = train(fp32, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(fp16, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 0.02);
+  // A scale far too large: the first steps overflow, are skipped on every rank, the scale falls.
+  RunConfig big = config("cuda", "fp16_overflow", 40);
+  big.fsdp.param_dtype = DType::F16;
+  big.fsdp.reduce_dtype = DType::F16;
+  big.train.loss_scale = 1099511627776.0;  // 2^40
+  const TrainResult c = train(big, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(c.skipped_steps > 5);
+  BOOST_TEST(c.loss_scale < 1099511627776.0);
+  for (double l : c.step_losses) BOOST_TEST(std::isfinite(l));
+}
+
 BOOST_AUTO_TEST_CASE(a_gpu_checkpoint_resumes_on_the_cpu) {
   RunConfig gpu = config("cuda", "save", 10);
   gpu.checkpoint.every = 5;

@@ -148,6 +148,41 @@ BOOST_AUTO_TEST_CASE(fp16_parameters_track_fp32) {
     BOOST_TEST(r.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(0.02));
 }
 
+// fp16 reductions with a loss scale far too large: the first steps overflow on some rank, every
+// rank skips them together and halves the scale, then training proceeds and tracks fp32.
+BOOST_AUTO_TEST_CASE(fp16_loss_scaling_skips_overflowing_steps_on_every_rank) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "fp16_scaling");
+  cfg.fsdp.param_dtype = DType::F16;
+  cfg.fsdp.reduce_dtype = DType::F16;
+  cfg.train.loss_scale = 1099511627776.0;  // 2^40: fp16 reductions overflow until it is 2^15 or so
+  cfg.train.max_steps = 60;
+  cfg.train.epochs = 3;
+  cfg.run.peak_tflops = 1.0;  // MFU against a 1 TFLOP/s "device": a few tenths of a percent here
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.mfu > 0.0);
+  BOOST_TEST(r.mfu < 1.0);
+  BOOST_TEST(r.skipped_steps > 5);
+  BOOST_TEST(r.loss_scale < 1099511627776.0);
+  BOOST_TEST(r.loss_scale >= 1.0);
+  long fewest = 0, most = 0;
+  MPI_Allreduce(&r.skipped_steps, &fewest, 1, MPI_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&r.skipped_steps, &most, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+  BOOST_TEST(fewest == most);
+  BOOST_TEST_REQUIRE(r.step_losses.size() == 60u);
+  for (double l : r.step_losses) BOOST_TEST(std::isfinite(l));
+  BOOST_TEST(r.step_losses.back() < r.step_losses.front() * 0.8);  // it trains after the skips
+
+  // The default for fp16: dynamic scaling from 2^16, which this model never overflows.
+  RunConfig dflt = tiny_config(ShardingStrategy::FullShard, "fp16_default");
+  dflt.fsdp.param_dtype = DType::F16;
+  dflt.fsdp.reduce_dtype = DType::F16;
+  TrainResult d = train(dflt, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(d.loss_scale == 65536.0);
+  const TrainResult& ref = reference();
+  for (size_t i = 0; i < ref.step_losses.size(); ++i)
+    BOOST_TEST(d.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(0.03));
+}
+
 BOOST_AUTO_TEST_CASE(jsonl_text_trains_the_same_on_every_world) {
   auto config = [](const std::string& name) {
     RunConfig cfg = tiny_config(ShardingStrategy::FullShard, name);

@@ -42,6 +42,7 @@ struct TrainSection {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double max_grad_norm = 1.0;  // 0 = no clipping
+  double loss_scale = 0;       // dynamic loss scaling: 0 = from 65536 when fp16 is used, else off; > 0 = start here
   uint64_t seed = 42;
   bool shuffle = true;
   int log_every = 1;
@@ -70,6 +71,7 @@ struct CheckpointSection {
 struct RunSection {
   std::string dir = "runs/run";
   std::string backend = "cpu";
+  double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU) in the log; 0 = not reported
 };
 
 struct RunConfig {

@@ -190,6 +190,7 @@ static std::vector<KeySpec> build_table() {
       double_key("train.adam_beta2", SHARDLM_FIELD(train.adam_beta2), unit_interval),
       double_key("train.adam_eps", SHARDLM_FIELD(train.adam_eps), positive),
       double_key("train.max_grad_norm", SHARDLM_FIELD(train.max_grad_norm), non_negative),
+      double_key("train.loss_scale", SHARDLM_FIELD(train.loss_scale), non_negative),
       unsigned_key("train.seed", SHARDLM_FIELD(train.seed)),
       flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1"),
@@ -210,6 +211,7 @@ static std::vector<KeySpec> build_table() {
 
       dir_key("run.dir"),
       choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu", "cuda"}),
+      double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
   };
 }
 

@@ -7,7 +7,7 @@
 namespace shardlm {
 
 CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
-                         long optimizer_steps, int world_size, int shard_group_size) {
+                         long optimizer_steps, int world_size, int shard_group_size, double loss_scale) {
   CheckpointMeta m;
   m.step = step;
   m.epoch = epoch;
@@ -20,6 +20,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
   m.total_steps = total_steps;
   m.world_size = world_size;
   m.shard_group_size = shard_group_size;
+  m.loss_scale = loss_scale;
   m.strategy = strategy_name(cfg.fsdp.strategy);
   m.model = cfg.model.bloom;
   m.deck = resolved_deck_ini(cfg);

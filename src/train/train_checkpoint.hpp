@@ -16,7 +16,7 @@ namespace shardlm {
 
 // Position of the run for the metadata: `epoch_step` steps done in `epoch`.
 CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
-                         long optimizer_steps, int world_size, int shard_group_size);
+                         long optimizer_steps, int world_size, int shard_group_size, double loss_scale);
 
 // Writes a checkpoint, logs its size and write bandwidth, records it in the metrics.
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,

@@ -198,6 +198,23 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   install_stop_signals();
   const std::vector<UnitState> states = model.checkpoint_state();
   long step = 0;
+  // Dynamic loss scaling (GradScaler's rules): scale the loss, unscale the gradients, skip a step
+  // whose gradient overflowed (every rank sees the same global norm) and halve; double after a
+  // run of good steps.
+  const bool fp16 = cfg.fsdp.param_dtype == DType::F16 || cfg.fsdp.reduce_dtype == DType::F16;
+  const bool scaling = cfg.train.loss_scale > 0 || fp16;
+  double loss_scale = scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
+  constexpr long kScaleGrowthInterval = 2000;
+  long good_steps = 0;
+  // Training FLOPs per token (forward + backward) and the utilisation they give at run.peak_tflops.
+  const BloomConfig& mc = cfg.model.bloom;
+  const double params = static_cast<double>(model.memory().model_params);
+  const double flops_per_token =
+      6.0 * params + 12.0 * mc.num_layers * static_cast<double>(mc.hidden_size) * cfg.data.max_length;
+  auto mfu_of = [&](double tokens_per_s) {
+    return cfg.run.peak_tflops > 0 ? tokens_per_s * flops_per_token / (world * cfg.run.peak_tflops * 1e12) : 0.0;
+  };
+  int64_t run_tokens = 0;
   int start_epoch = 0;
   long start_epoch_step = 0;
   if (!resume_path.empty()) {
@@ -205,6 +222,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     step = meta.step;
+    if (scaling && meta.loss_scale > 0) loss_scale = meta.loss_scale;
     start_epoch = meta.epoch;
     start_epoch_step = meta.epoch_step;
     say(concat("resumed from ", resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
@@ -212,7 +230,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   }
   auto checkpoint = [&](int epoch, long epoch_step) {
     CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, model.optimizer_steps(), world,
-                                    groups.shard->size());
+                                    groups.shard->size(), loss_scale);
     return write_checkpoint(cfg, meta, model.checkpoint_state(), comm, echo, metrics).path;
   };
 
@@ -238,7 +256,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       Timer step_timer;
       const std::vector<size_t> global = sampler.global_batch(epoch, s);
       const int64_t targets = count_targets(train_set, global);
-      const float grad_scale = targets > 0 ? 1.0f / static_cast<float>(targets) : 0.0f;
+      const float grad_scale =
+          targets > 0 ? static_cast<float>(loss_scale / static_cast<double>(targets)) : 0.0f;
       model.zero_grad();
       double loss_sum = 0;
       for (int m = 0; m < accum; ++m) {
@@ -250,9 +269,22 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       // The loss is reduced over all ranks, so they all stop here together.
       if (!std::isfinite(loss))
         throw AgreedError(concat("the loss is not finite at step ", step + 1, " (lower train.lr or check the data)"));
-      const double norm = model.grad_norm();
+      const double norm = model.grad_norm() / loss_scale;
       const double lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, step, cfg.train.warmup_steps, total_steps);
-      model.optimizer_step(lr, static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm)));
+      if (scaling && !std::isfinite(norm)) {
+        result.skipped_steps += 1;
+        good_steps = 0;
+        loss_scale = std::max(loss_scale / 2, 1.0);
+        say(concat("step ", step + 1, ": gradient overflow, step skipped; loss scale now ", loss_scale));
+        if (rank == 0)
+          metrics.write({{"type", "overflow"}, {"step", step + 1}, {"loss_scale", loss_scale}});
+      } else {
+        model.optimizer_step(lr, static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm) / loss_scale));
+        if (scaling && ++good_steps == kScaleGrowthInterval) {
+          loss_scale *= 2;
+          good_steps = 0;
+        }
+      }
       ++step;
       const double step_time = mpi_max(comm, step_timer.seconds());
       result.step_losses.push_back(loss);
@@ -262,6 +294,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       interval_steps += 1;
       interval_time += step_time;
       interval_tokens += count_tokens(train_set, global);
+      run_tokens += count_tokens(train_set, global);
       if (step % cfg.train.log_every == 0 || step == total_steps) {
         const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
         const double tokens_per_s = interval_time > 0 ? interval_tokens / interval_time : 0.0;
@@ -269,11 +302,13 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
         say(concat("step ", step, "/", total_steps, " | epoch ", fmt("%.2f", epoch_pos), " | loss ",
                    fmt("%.4f", mean_loss), " | grad_norm ", fmt("%.3f", norm), " | lr ", fmt("%.3e", lr), " | ",
                    fmt("%.0f", tokens_per_s), " tok/s (", fmt("%.0f", tokens_per_s / world), "/rank) | mem ",
-                   format_bytes(model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak)));
+                   format_bytes(model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak),
+                   cfg.run.peak_tflops > 0 ? concat(" | MFU ", fmt("%.1f", 100 * mfu_of(tokens_per_s)), "%") : ""));
         if (rank == 0)
           metrics.write({{"type", "train"}, {"step", step}, {"epoch", epoch_pos}, {"loss", mean_loss},
                          {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
-                         {"tokens_per_s_per_rank", tokens_per_s / world}});
+                         {"tokens_per_s_per_rank", tokens_per_s / world}, {"mfu", mfu_of(tokens_per_s)},
+                         {"loss_scale", loss_scale}});
         interval_loss = 0;
         interval_steps = 0;
         interval_time = 0;
@@ -308,6 +343,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   if (cfg.checkpoint.at_end && !result.preempted && saved_step != step && step > result.first_step) {
     result.last_checkpoint = checkpoint(position_epoch, position_step);
   }
+  result.loss_scale = loss_scale;
+  result.mfu = mfu_of(mpi_max(comm, run_timer.seconds()) > 0 ? run_tokens / mpi_max(comm, run_timer.seconds()) : 0.0);
   result.train_runtime = mpi_max(comm, run_timer.seconds());
   double sum = 0;
   for (double l : result.step_losses) sum += l;
