@@ -9,8 +9,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "shardlm/io.hpp"
+#include "shardlm/model.hpp"
 
 namespace fs = std::filesystem;
 
@@ -23,7 +27,7 @@ struct Outcome {
 };
 
 // Runs `shardlm ARGS` under mpirun with np ranks.
-Outcome shardlm(int np, const std::string& args) {
+Outcome run_shardlm(int np, const std::string& args) {
   const std::string cmd = std::string("timeout 120 " SHARDLM_MPIEXEC " -np ") + std::to_string(np) +
                           " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm " + args + " 2>&1";
   auto start = std::chrono::steady_clock::now();
@@ -56,7 +60,7 @@ fs::path scratch(const std::string& name) {
 
 void expect_clean_failure(const std::string& args, const std::string& must_contain) {
   for (int np : {1, 4}) {
-    Outcome o = shardlm(np, "train " + args);
+    Outcome o = run_shardlm(np, "train " + args);
     BOOST_TEST_CONTEXT("np " << np << ": shardlm " << args << "\n" << o.output) {
       BOOST_TEST(o.exit_code != 0);
       BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
@@ -95,7 +99,7 @@ BOOST_AUTO_TEST_CASE(missing_deck_fails_cleanly) {
 
 BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   fs::path dir = scratch("cli_demo");
-  Outcome o = shardlm(2, "train " + kDemo + " --run.dir=" + dir.string());
+  Outcome o = run_shardlm(2, "train " + kDemo + " --run.dir=" + dir.string());
   BOOST_TEST_INFO(o.output);
   BOOST_TEST_REQUIRE(o.exit_code == 0);
   BOOST_TEST(o.output.find("master-shard") != std::string::npos);  // the per-rank memory table
@@ -131,7 +135,7 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
 
   // The resolved deck is a deck: it runs again as written.
   fs::path again = scratch("cli_demo_again");
-  Outcome o2 = shardlm(1, "train " + (dir / "deck.resolved.ini").string() + " --train.max_steps=2 --run.dir=" + again.string());
+  Outcome o2 = run_shardlm(1, "train " + (dir / "deck.resolved.ini").string() + " --train.max_steps=2 --run.dir=" + again.string());
   BOOST_TEST_INFO(o2.output);
   BOOST_TEST(o2.exit_code == 0);
   BOOST_TEST(fs::exists(again / "metrics.jsonl"));
@@ -156,24 +160,24 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(fs::exists(dir / "checkpoints" / "latest"));
 
   // The requeued job resumes from it and finishes.
-  Outcome o = shardlm(2, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
+  Outcome o = run_shardlm(2, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
   BOOST_TEST_INFO(o.output);
   BOOST_TEST(o.exit_code == 0);
   BOOST_TEST(o.output.find("resumed from") != std::string::npos);
   BOOST_TEST(o.output.find("done:") != std::string::npos);
 
   // inspect and export read what it wrote.
-  Outcome inspect = shardlm(1, "inspect " + (dir / "checkpoints").string());
+  Outcome inspect = run_shardlm(1, "inspect " + (dir / "checkpoints").string());
   BOOST_TEST_INFO(inspect.output);
   BOOST_TEST(inspect.exit_code == 0);
   BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
   BOOST_TEST(inspect.output.find("FULL_SHARD on 2 rank(s)") != std::string::npos);
-  Outcome exported = shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
+  Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
   BOOST_TEST_INFO(exported.output);
   BOOST_TEST(exported.exit_code == 0);
   BOOST_TEST(fs::exists(dir / "hf" / "config.json"));
   BOOST_TEST(fs::exists(dir / "hf" / "model.safetensors"));
-  Outcome missing = shardlm(1, "inspect /nonexistent/ckpt.h5");
+  Outcome missing = run_shardlm(1, "inspect /nonexistent/ckpt.h5");
   BOOST_TEST(missing.exit_code != 0);
   BOOST_TEST(missing.output.find("/nonexistent/ckpt.h5") != std::string::npos);
 }
@@ -201,7 +205,7 @@ BOOST_AUTO_TEST_CASE(hdf5_tools_read_a_checkpoint_with_readable_names) {
     BOOST_FAIL("h5ls or h5dump is not on PATH: install Debian's hdf5-tools (apt-get install hdf5-tools, or make deps)");
 
   fs::path dir = scratch("cli_h5tools");
-  Outcome o = shardlm(1, "train " + kDemo + " --train.max_steps=2 --checkpoint.at_end=true --run.dir=" + dir.string());
+  Outcome o = run_shardlm(1, "train " + kDemo + " --train.max_steps=2 --checkpoint.at_end=true --run.dir=" + dir.string());
   BOOST_TEST_INFO(o.output);
   BOOST_TEST_REQUIRE(o.exit_code == 0);
   const fs::path file = dir / "checkpoints" / "ckpt-00000002.h5";
@@ -225,4 +229,65 @@ BOOST_AUTO_TEST_CASE(hdf5_tools_read_a_checkpoint_with_readable_names) {
     BOOST_TEST(dump.output.find("\"FULL_SHARD\"") != std::string::npos);
     BOOST_TEST(dump.output.find("\"model_type\":\"bloom\"") != std::string::npos);
   }
+}
+
+// The exported model is the model: transformers 5.17 loaded an export of this exact run (2 steps of
+// the demo on one rank, fp32) with no missing or unexpected keys, and recorded its loss on fixed
+// inputs (tests/fixtures/hf/check_export.py, run on the GPU machine's PyTorch). shardlm's BLOOM on
+// the weights read back from the exported safetensors must give the same loss.
+BOOST_AUTO_TEST_CASE(exported_weights_give_the_transformers_loss) {
+  fs::path dir = scratch("cli_hf_parity");
+  fs::remove_all(dir);
+  Outcome run = run_shardlm(1, "train " + kDemo + " --train.max_steps=2 --data.eval_file= --run.dir=" + dir.string());
+  BOOST_TEST_INFO(run.output);
+  BOOST_TEST_REQUIRE(run.exit_code == 0);
+  Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
+  BOOST_TEST_REQUIRE(exported.exit_code == 0);
+
+  std::ifstream in(SHARDLM_SOURCE_DIR "/tests/fixtures/hf/demo_step2_transformers.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  BOOST_TEST(ref.at("missing_keys").empty());
+  BOOST_TEST(ref.at("unexpected_keys").empty());
+
+  shardlm::BloomConfig cfg;
+  cfg.vocab_size = ref["config"]["vocab_size"];
+  cfg.hidden_size = ref["config"]["hidden_size"];
+  cfg.num_layers = ref["config"]["n_layer"];
+  cfg.num_heads = ref["config"]["n_head"];
+  const std::vector<shardlm::UnitLayout> layout = shardlm::bloom_layout(cfg);
+  std::map<std::string, std::vector<float>> weights;
+  for (auto& e : shardlm::read_safetensors((dir / "hf" / "model.safetensors").string()))
+    weights[e.name] = std::move(e.data);
+  std::vector<std::vector<float>> flat;
+  for (const shardlm::UnitLayout& u : layout) {
+    std::vector<float> f(u.numel);
+    for (const shardlm::TensorSpec& t : u.tensors) {
+      const std::vector<float>& w = weights.at("transformer." + t.name);
+      BOOST_TEST_REQUIRE(w.size() == t.numel);
+      std::copy(w.begin(), w.end(), f.begin() + static_cast<std::ptrdiff_t>(t.offset));
+    }
+    flat.push_back(std::move(f));
+  }
+
+  // transformers' causal-LM loss: position t predicts labels[t + 1]; -100 takes no loss.
+  const auto ids = ref.at("input_ids").get<std::vector<std::vector<int>>>();
+  const auto labels = ref.at("labels").get<std::vector<std::vector<int>>>();
+  const int B = static_cast<int>(ids.size()), T = static_cast<int>(ids[0].size());
+  std::vector<int32_t> tokens, targets;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      tokens.push_back(ids[b][t]);
+      const int next = t + 1 < T ? labels[b][t + 1] : -100;
+      targets.push_back(next == -100 ? -1 : next);
+    }
+  shardlm::BloomCpu model(cfg, B, T);
+  std::vector<float> h[2] = {std::vector<float>(static_cast<size_t>(B) * T * cfg.hidden_size),
+                             std::vector<float>(static_cast<size_t>(B) * T * cfg.hidden_size)};
+  model.embed_forward(flat[0].data(), tokens.data(), B, T, h[0].data());
+  for (int l = 0; l < cfg.num_layers; ++l) model.block_forward(l, flat[1 + l].data(), h[l % 2].data(), h[1 - l % 2].data(), B, T);
+  int64_t count = 0;
+  const double sum = model.head_loss(flat[0].data(), h[cfg.num_layers % 2].data(), targets.data(), B, T, &count, 0.0f,
+                                     nullptr, nullptr);
+  const double want = ref.at("transformers_loss").get<double>();
+  BOOST_TEST(sum / static_cast<double>(count) == want, boost::test_tools::tolerance(1e-5));
 }
