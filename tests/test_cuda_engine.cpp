@@ -113,6 +113,24 @@ BOOST_AUTO_TEST_CASE(fp16_with_loss_scaling_trains_and_skips_overflow) {
   for (double l : c.step_losses) BOOST_TEST(std::isfinite(l));
 }
 
+// CPU offload: the step runs on the host with the CPU backend's AdamW; the losses are those of the
+// GPU step, and the GPU holds less (no fp32 master, no moments).
+BOOST_AUTO_TEST_CASE(cpu_offload_gives_the_same_losses_in_less_gpu_memory) {
+  RunConfig on_gpu = config("cuda", "no_offload", 20), offload = config("cuda", "offload", 20);
+  offload.fsdp.cpu_offload = true;
+  const TrainResult a = train(on_gpu, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(offload, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 20u);
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 1e-4);
+  for (DType dt : {DType::BF16}) {
+    RunConfig x = config("cuda", "offload_bf16", 20);
+    x.fsdp.param_dtype = dt;
+    x.fsdp.cpu_offload = true;
+    const TrainResult c = train(x, MPI_COMM_WORLD, quiet());
+    BOOST_TEST(max_relative(c.step_losses, a.step_losses) < 0.02);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_gpu_checkpoint_resumes_on_the_cpu) {
   RunConfig gpu = config("cuda", "save", 10);
   gpu.checkpoint.every = 5;

@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "shardlm/optim.hpp"
@@ -45,6 +46,28 @@ BOOST_AUTO_TEST_CASE(adamw_first_step_is_sign_step) {
   adam.step(0.1);
   BOOST_TEST(p[0] == 1.0f * (1 - 0.05f) - 0.1f, boost::test_tools::tolerance(1e-5f));
   BOOST_TEST(p[1] == 2.0f + 0.1f, boost::test_tools::tolerance(1e-5f));  // no decay on index 1
+}
+
+// Threads only share the element-wise work: 4 threads give bit-identical parameters and moments
+// on slices larger than one work piece, with no-decay ranges crossing piece boundaries.
+BOOST_AUTO_TEST_CASE(threaded_step_is_bit_identical) {
+  const size_t n = (1u << 20) * 2 + 12345;
+  std::vector<float> p1(n), p4(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p1[i] = p4[i] = std::sin(0.001f * static_cast<float>(i));
+    g[i] = std::cos(0.003f * static_cast<float>(i));
+  }
+  std::vector<std::pair<size_t, size_t>> no_decay = {{100, 200}, {(1u << 20) - 10, (1u << 20) + 10}, {n - 5, n}};
+  AdamWOptions opt{0.9, 0.999, 1e-8, 0.1};
+  AdamW one({ParamSlice{p1.data(), g.data(), n, no_decay}}, opt);
+  AdamW four({ParamSlice{p4.data(), g.data(), n, no_decay}}, opt);
+  four.set_threads(4);
+  for (int s = 0; s < 3; ++s) {
+    one.step(1e-3);
+    four.step(1e-3);
+  }
+  BOOST_TEST(std::memcmp(p1.data(), p4.data(), n * sizeof(float)) == 0);
+  BOOST_TEST(std::memcmp(one.exp_avg_sq(0), four.exp_avg_sq(0), n * sizeof(float)) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(linear_schedule_with_warmup) {

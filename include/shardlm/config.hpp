@@ -54,6 +54,7 @@ struct FsdpSection {
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
   bool activation_checkpointing = false;  // recompute each block's activations in its backward (CUDA backend)
+  bool cpu_offload = false;  // CUDA backend: fp32 master and AdamW state in host memory, the step on the CPU
 };
 
 struct DistSection {

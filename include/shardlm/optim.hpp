@@ -38,6 +38,9 @@ class AdamW {
   float* exp_avg(size_t i) { return exp_avg_[i].data(); }
   float* exp_avg_sq(size_t i) { return exp_avg_sq_[i].data(); }
   size_t state_bytes() const;  // both moments, fp32
+  // Threads step() spreads the element-wise update over (1 by default); the result does not
+  // depend on it. CPU offload of the CUDA backend uses the host's cores here.
+  void set_threads(int threads) { threads_ = threads > 0 ? threads : 1; }
 
  private:
   std::vector<ParamSlice> slices_;
@@ -45,6 +48,7 @@ class AdamW {
   std::vector<Buffer<float>> exp_avg_;
   std::vector<Buffer<float>> exp_avg_sq_;
   long step_ = 0;
+  int threads_ = 1;
 };
 
 // Learning rate for optimizer step `step` (0-based) of `total`: linear warmup from 0 over

@@ -200,6 +200,7 @@ static std::vector<KeySpec> build_table() {
       dtype_key("fsdp.param_dtype", SHARDLM_FIELD(fsdp.param_dtype)),
       dtype_key("fsdp.reduce_dtype", SHARDLM_FIELD(fsdp.reduce_dtype)),
       flag_key("fsdp.activation_checkpointing", SHARDLM_FIELD(fsdp.activation_checkpointing)),
+      flag_key("fsdp.cpu_offload", SHARDLM_FIELD(fsdp.cpu_offload)),
 
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
 

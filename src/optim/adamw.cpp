@@ -1,5 +1,8 @@
 // AdamW on the rank's fp32 master shards; moments live beside the shard they belong to.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "shardlm/optim.hpp"
 
@@ -43,19 +46,41 @@ void AdamW::step(double lr) {
   const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
   const float eps = static_cast<float>(opt_.eps);
   const float decay = static_cast<float>(1.0 - lr * opt_.weight_decay);
+  // Work items: stretches of one slice with one decay factor, cut into pieces of at most 1 M
+  // elements so that threads share even a single large slice.
+  struct Piece {
+    size_t slice, begin, end;
+    float decay;
+  };
+  constexpr size_t kPiece = 1u << 20;
+  std::vector<Piece> pieces;
+  auto add = [&](size_t s, size_t begin, size_t end, float d) {
+    for (size_t b = begin; b < end; b += kPiece) pieces.push_back({s, b, std::min(end, b + kPiece), d});
+  };
   for (size_t s = 0; s < slices_.size(); ++s) {
-    const ParamSlice& slice = slices_[s];
-    float* m = exp_avg_[s].data();
-    float* v = exp_avg_sq_[s].data();
-    // Walk the slice, alternating decayed stretches and the no-decay ranges (sorted, disjoint).
+    // Alternating decayed stretches and the no-decay ranges (sorted, disjoint).
     size_t pos = 0;
-    for (const auto& [begin, end] : slice.no_decay) {
-      update_range(slice.param, slice.grad, m, v, pos, begin, decay, b1, b2, step_size, bias2_sqrt, eps);
-      update_range(slice.param, slice.grad, m, v, begin, end, 1.0f, b1, b2, step_size, bias2_sqrt, eps);
+    for (const auto& [begin, end] : slices_[s].no_decay) {
+      add(s, pos, begin, decay);
+      add(s, begin, end, 1.0f);
       pos = end;
     }
-    update_range(slice.param, slice.grad, m, v, pos, slice.numel, decay, b1, b2, step_size, bias2_sqrt, eps);
+    add(s, pos, slices_[s].numel, decay);
   }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < pieces.size(); i = next++) {
+      const Piece& p = pieces[i];
+      const ParamSlice& slice = slices_[p.slice];
+      update_range(slice.param, slice.grad, exp_avg_[p.slice].data(), exp_avg_sq_[p.slice].data(), p.begin, p.end,
+                   p.decay, b1, b2, step_size, bias2_sqrt, eps);
+    }
+  };
+  const int helpers = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads_), pieces.size())) - 1;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < helpers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 double scheduled_lr(const std::string& schedule, double base_lr, long step, long warmup, long total) {

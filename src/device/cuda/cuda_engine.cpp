@@ -15,6 +15,8 @@
 #include "bloom_cuda.hpp"
 #include "kernels.hpp"
 #include "nccl_communicator.hpp"
+#include "shardlm/device.hpp"
+#include "shardlm/optim.hpp"
 
 namespace shardlm {
 namespace {
@@ -37,6 +39,7 @@ struct DeviceUnit {
   DeviceBuffer<float> master, grad, exp_avg, exp_avg_sq;
   DeviceBuffer<char> compute_shard;  // the slice in the compute dtype (what the all-gather sends)
   std::vector<float> host_exp_avg, host_exp_avg_sq;
+  std::vector<float> host_grad;      // CPU offload: the gradient slice, copied once per step
 };
 
 double nccl_timeout_seconds() {
@@ -59,16 +62,34 @@ class CudaEngine : public TrainEngine {
     replicate_ = static_cast<cuda::NcclCommunicator*>(groups_.replicate.get());
     const int shard_rank = shard_->rank(), shard_size = shard_->size();
     full_shard_ = cfg.fsdp.strategy == ShardingStrategy::FullShard;
+    offload_ = cfg.fsdp.cpu_offload;
 
     for (size_t u = 0; u < layout_.size(); ++u) {
-      DeviceUnit d{make_flat_parameter(layout_[u], static_cast<int>(u), shard_rank, shard_size, cfg.train.seed)};
+      DeviceUnit d;
+      d.host = make_flat_parameter(layout_[u], static_cast<int>(u), shard_rank, shard_size, cfg.train.seed);
       const size_t n = d.host.shard_numel;
-      d.master.allocate(n), d.grad.allocate(n), d.exp_avg.allocate(n), d.exp_avg_sq.allocate(n);
-      SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
-      d.exp_avg.zero(compute_), d.exp_avg_sq.zero(compute_);
-      if (dt_ != DType::F32) d.compute_shard.allocate(n * dsize_);
-      d.host_exp_avg.assign(n, 0.0f), d.host_exp_avg_sq.assign(n, 0.0f);
+      d.grad.allocate(n);
+      if (offload_) {
+        // The master stays in d.host.master; the GPU holds the slice it gathers from, in any dtype.
+        d.compute_shard.allocate(n * dsize_);
+        d.host_grad.assign(n, 0.0f);
+      } else {
+        d.master.allocate(n), d.exp_avg.allocate(n), d.exp_avg_sq.allocate(n);
+        SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
+        d.exp_avg.zero(compute_), d.exp_avg_sq.zero(compute_);
+        if (dt_ != DType::F32) d.compute_shard.allocate(n * dsize_);
+        d.host_exp_avg.assign(n, 0.0f), d.host_exp_avg_sq.assign(n, 0.0f);
+      }
       units_.push_back(std::move(d));
+    }
+    if (offload_) {
+      std::vector<ParamSlice> slices;
+      for (DeviceUnit& d : units_)
+        slices.push_back({d.host.master.data(), d.host_grad.data(), d.host.shard_numel, d.host.no_decay});
+      host_optimizer_ = std::make_unique<AdamW>(
+          slices, AdamWOptions{cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay});
+      // The host's cores, shared by the ranks on it.
+      host_optimizer_->set_threads(cpu_default_threads(topo.host_ranks));
     }
     refresh_compute_shards();
 
@@ -143,6 +164,10 @@ class CudaEngine : public TrainEngine {
 
   void optimizer_step(double lr, float grad_factor) override {
     finish_reductions();
+    if (offload_) {
+      host_step(lr, grad_factor);
+      return;
+    }
     ++steps_;
     cuda::AdamWArgs a;
     a.lr = static_cast<float>(lr);
@@ -173,17 +198,23 @@ class CudaEngine : public TrainEngine {
     params_updated();
   }
 
-  long optimizer_steps() const override { return steps_; }
-  void set_optimizer_steps(long steps) override { steps_ = steps; }
+  long optimizer_steps() const override { return offload_ ? host_optimizer_->steps_taken() : steps_; }
+  void set_optimizer_steps(long steps) override {
+    steps_ = steps;
+    if (offload_) host_optimizer_->set_steps_taken(steps);
+  }
 
   std::vector<UnitState> checkpoint_state() override {
     SHARDLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<UnitState> states;
-    for (DeviceUnit& d : units_) {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      DeviceUnit& d = units_[u];
       const size_t n = d.host.shard_numel;
-      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host.master.data(), d.master.data(), n * 4, cudaMemcpyDeviceToHost));
-      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg.data(), d.exp_avg.data(), n * 4, cudaMemcpyDeviceToHost));
-      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg_sq.data(), d.exp_avg_sq.data(), n * 4, cudaMemcpyDeviceToHost));
+      if (!offload_) {
+        SHARDLM_CUDA_CHECK(cudaMemcpy(d.host.master.data(), d.master.data(), n * 4, cudaMemcpyDeviceToHost));
+        SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg.data(), d.exp_avg.data(), n * 4, cudaMemcpyDeviceToHost));
+        SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg_sq.data(), d.exp_avg_sq.data(), n * 4, cudaMemcpyDeviceToHost));
+      }
       UnitState s;
       s.layout = d.host.layout;
       s.numel = d.host.numel;
@@ -191,8 +222,8 @@ class CudaEngine : public TrainEngine {
       s.count = std::min(d.host.shard_begin + n, d.host.numel) - s.begin;
       s.primary = replicate_->rank() == 0;
       s.param = d.host.master.data();
-      s.exp_avg = d.host_exp_avg.data();
-      s.exp_avg_sq = d.host_exp_avg_sq.data();
+      s.exp_avg = offload_ ? host_optimizer_->exp_avg(u) : d.host_exp_avg.data();
+      s.exp_avg_sq = offload_ ? host_optimizer_->exp_avg_sq(u) : d.host_exp_avg_sq.data();
       states.push_back(s);
     }
     return states;
@@ -200,6 +231,7 @@ class CudaEngine : public TrainEngine {
 
   void checkpoint_loaded() override {
     for (DeviceUnit& d : units_) {
+      if (offload_) continue;  // the loaded host arrays are the state
       const size_t n = d.host.shard_numel;
       SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
       SHARDLM_CUDA_CHECK(cudaMemcpy(d.exp_avg.data(), d.host_exp_avg.data(), n * 4, cudaMemcpyHostToDevice));
@@ -224,6 +256,7 @@ class CudaEngine : public TrainEngine {
     return m;
   }
   size_t optimizer_bytes() const override {
+    if (offload_) return host_optimizer_->state_bytes();  // in host memory
     size_t n = 0;
     for (const DeviceUnit& d : units_) n += d.exp_avg.bytes() + d.exp_avg_sq.bytes();
     return n;
@@ -234,13 +267,42 @@ class CudaEngine : public TrainEngine {
  private:
   // The compute-dtype slices from the fp32 masters (after init and after a checkpoint load).
   void refresh_compute_shards() {
+    if (offload_) {
+      // Host fp32 master -> compute dtype on the host -> the GPU slice.
+      for (DeviceUnit& d : units_) {
+        const size_t n = d.host.shard_numel;
+        if (dt_ == DType::F32) {
+          SHARDLM_CUDA_CHECK(cudaMemcpy(d.compute_shard.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
+        } else {
+          host16_.resize(std::max(host16_.size(), n));
+          pack16(dt_, d.host.master.data(), host16_.data(), n);
+          SHARDLM_CUDA_CHECK(cudaMemcpy(d.compute_shard.data(), host16_.data(), n * 2, cudaMemcpyHostToDevice));
+        }
+      }
+      return;
+    }
     if (dt_ == DType::F32) return;
     for (DeviceUnit& d : units_)
       cuda::cast(d.master.data(), DType::F32, d.compute_shard.data(), dt_, d.host.shard_numel, compute_);
   }
 
   const void* shard_source(const DeviceUnit& d) const {
-    return dt_ == DType::F32 ? static_cast<const void*>(d.master.data()) : d.compute_shard.data();
+    return dt_ == DType::F32 && !offload_ ? static_cast<const void*>(d.master.data()) : d.compute_shard.data();
+  }
+
+  // CPU offload: gradient slices to the host, AdamW there (the CPU backend's optimizer), the
+  // updated slices back to the GPU in the compute dtype.
+  void host_step(double lr, float grad_factor) {
+    SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    for (DeviceUnit& d : units_) {
+      const size_t n = d.host.shard_numel;
+      SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_grad.data(), d.grad.data(), n * 4, cudaMemcpyDeviceToHost));
+      if (grad_factor != 1.0f)
+        for (size_t i = 0; i < n; ++i) d.host_grad[i] *= grad_factor;
+    }
+    host_optimizer_->step(lr);
+    refresh_compute_shards();
+    params_updated();
   }
 
   // Where unit u's gathered parameters live (its slot's buffer, or the slice itself on one rank).
@@ -380,7 +442,9 @@ class CudaEngine : public TrainEngine {
   ProcessGroups groups_;
   cuda::NcclCommunicator* shard_ = nullptr;
   cuda::NcclCommunicator* replicate_ = nullptr;
-  bool full_shard_ = true, alias_ = false;
+  bool full_shard_ = true, alias_ = false, offload_ = false;
+  std::unique_ptr<AdamW> host_optimizer_;  // CPU offload only
+  std::vector<uint16_t> host16_;          // CPU offload: 16-bit staging of one slice
   std::vector<DeviceUnit> units_;
   DeviceBuffer<char> root_full_;
   std::vector<DeviceBuffer<char>> block_full_;
