@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "checkpoint_test_model.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 using namespace ckpt_test;
@@ -51,8 +52,6 @@ int ranks_failing(const std::function<void()>& fn, std::string* message) {
   if (world_rank() == 0) BOOST_TEST_MESSAGE("refused: " << *message);
   return total;
 }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);

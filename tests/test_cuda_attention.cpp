@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "gemm.hpp"
 #include "kernels.hpp"
 #include "shardlm/core.hpp"
@@ -24,66 +25,9 @@ using shardlm::cuda::Gemm;
 
 namespace {
 
+using namespace cuda_test;
+
 // ---- host helpers ---------------------------------------------------------------------------
-
-void require_device() {
-  int devices = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&devices);
-  if (rc != cudaSuccess || devices == 0)
-    BOOST_FAIL("test_cuda_attention needs a CUDA GPU: cudaGetDeviceCount returned "
-               << (rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc))
-               << " (these tests carry the label gpu; run them on a GPU machine)");
-}
-
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) BOOST_FAIL(what << ": " << cudaGetErrorString(rc));
-}
-
-// Device memory owned for one test.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_) check_cuda(cudaMalloc(&ptr_, bytes_), "cudaMalloc");
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Host values (already representable in dt) to a new device buffer in dt, and back.
-void upload(void* dst, const std::vector<float>& v, DType dt) {
-  if (dt == DType::F32) {
-    check_cuda(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-  } else {
-    std::vector<uint16_t> packed(v.size());
-    pack16(dt, v.data(), packed.data(), v.size());
-    check_cuda(cudaMemcpy(dst, packed.data(), packed.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-  }
-}
-
-std::vector<float> download(const void* src, size_t n, DType dt) {
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::vector<float> out(n);
-  if (dt == DType::F32) {
-    check_cuda(cudaMemcpy(out.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-  } else {
-    std::vector<uint16_t> packed(n);
-    check_cuda(cudaMemcpy(packed.data(), src, n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-    unpack16(dt, packed.data(), out.data(), n);
-  }
-  return out;
-}
 
 std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -361,10 +305,10 @@ void check_lm_head(int n, int H, int V, int chunk, DType dt, bool backward, unsi
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(device_present) { require_device(); }
+BOOST_AUTO_TEST_CASE(device_present) { require_device("test_cuda_attention"); }
 
 BOOST_AUTO_TEST_CASE(attention_matches_reference_fp32) {
-  require_device();
+  require_device("test_cuda_attention");
   check_attention(Shape{2, 13, 3, 8}, DType::F32, 1e-5, 1e-4, 11);
   check_attention(Shape{1, 77, 2, 64}, DType::F32, 1e-5, 1e-4, 12);
   check_attention(Shape{3, 7, 2, 5}, DType::F32, 1e-5, 1e-4, 13);  // odd head_dim: views off 16-byte alignment
@@ -372,7 +316,7 @@ BOOST_AUTO_TEST_CASE(attention_matches_reference_fp32) {
 }
 
 BOOST_AUTO_TEST_CASE(attention_matches_reference_16bit) {
-  require_device();
+  require_device("test_cuda_attention");
   // Probabilities and outputs are rounded to 16 bits; the reference keeps them exact.
   check_attention(Shape{2, 13, 3, 8}, DType::BF16, 1.5e-2, 4e-2, 21);
   check_attention(Shape{1, 77, 2, 64}, DType::BF16, 1.5e-2, 4e-2, 22);
@@ -381,7 +325,7 @@ BOOST_AUTO_TEST_CASE(attention_matches_reference_16bit) {
 }
 
 BOOST_AUTO_TEST_CASE(attention_backward_matches_finite_differences) {
-  require_device();
+  require_device("test_cuda_attention");
   const Shape s{1, 5, 2, 3};
   std::mt19937 rng(31);
   const std::vector<float> slopes = alibi_slopes(s.heads);
@@ -415,7 +359,7 @@ BOOST_AUTO_TEST_CASE(attention_backward_matches_finite_differences) {
 }
 
 BOOST_AUTO_TEST_CASE(attention_rejects_bad_shapes) {
-  require_device();
+  require_device("test_cuda_attention");
   Gemm gemm;
   BOOST_CHECK_THROW(cuda::attention_forward(gemm, nullptr, nullptr, nullptr, nullptr, 1, 4, 0, 8, DType::F32, nullptr,
                                             nullptr),
@@ -426,14 +370,14 @@ BOOST_AUTO_TEST_CASE(attention_rejects_bad_shapes) {
 }
 
 BOOST_AUTO_TEST_CASE(lm_head_loss_and_gradients_fp32) {
-  require_device();
+  require_device("test_cuda_attention");
   for (int chunk : {1, 4, 7, 19, 32}) check_lm_head(19, 24, 53, chunk, DType::F32, true, 41);
   check_lm_head(37, 64, 3001, 16, DType::F32, true, 42);
   check_lm_head(19, 24, 53, 6, DType::F32, false, 43);  // loss only
 }
 
 BOOST_AUTO_TEST_CASE(lm_head_loss_and_gradients_16bit) {
-  require_device();
+  require_device("test_cuda_attention");
   for (int chunk : {1, 4, 7, 19, 32}) check_lm_head(19, 24, 53, chunk, DType::BF16, true, 51);
   check_lm_head(37, 64, 3001, 16, DType::BF16, true, 52);  // the row kernel narrows rows in place over many strides
   check_lm_head(37, 64, 3001, 10, DType::F16, true, 53);

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "gemm.hpp"
 #include "shardlm/core.hpp"
 
@@ -24,65 +25,9 @@ using shardlm::cuda::GemmDesc;
 
 namespace {
 
+using namespace cuda_test;
+
 // ---- host helpers ---------------------------------------------------------------------------
-
-void require_device() {
-  int devices = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&devices);
-  if (rc != cudaSuccess || devices == 0)
-    BOOST_FAIL("test_cuda_gemm needs a CUDA GPU: cudaGetDeviceCount returned "
-               << (rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc))
-               << " (these tests carry the label gpu; run them on a GPU machine)");
-}
-
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) BOOST_FAIL(what << ": " << cudaGetErrorString(rc));
-}
-
-// Device memory owned for one test.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_) check_cuda(cudaMalloc(&ptr_, bytes_), "cudaMalloc");
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  char* get() const { return static_cast<char*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Host values (already representable in dt) as dt bytes, and back.
-std::vector<unsigned char> to_bytes(const std::vector<float>& v, DType dt) {
-  std::vector<unsigned char> out(v.size() * dtype_size(dt));
-  if (dt == DType::F32) {
-    std::memcpy(out.data(), v.data(), out.size());
-  } else {
-    std::vector<uint16_t> packed(v.size());
-    pack16(dt, v.data(), packed.data(), v.size());
-    std::memcpy(out.data(), packed.data(), out.size());
-  }
-  return out;
-}
-
-std::vector<float> from_bytes(const std::vector<unsigned char>& bytes, DType dt) {
-  const size_t n = bytes.size() / dtype_size(dt);
-  std::vector<float> out(n);
-  if (dt == DType::F32) {
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-  } else {
-    std::vector<uint16_t> packed(n);
-    std::memcpy(packed.data(), bytes.data(), bytes.size());
-    unpack16(dt, packed.data(), out.data(), n);
-  }
-  return out;
-}
 
 // A device copy of v in dt, starting `offset` elements into the buffer (to misalign it on purpose).
 struct DeviceArray {
@@ -246,10 +191,10 @@ const std::vector<std::pair<DType, DType>>& dtype_pairs() {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(device_present) { require_device(); }
+BOOST_AUTO_TEST_CASE(device_present) { require_device("test_cuda_gemm"); }
 
 BOOST_AUTO_TEST_CASE(transposes_odd_sizes_padded_strides_all_dtypes) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(1);
   for (const auto& [ab, c] : dtype_pairs())
@@ -270,7 +215,7 @@ BOOST_AUTO_TEST_CASE(transposes_odd_sizes_padded_strides_all_dtypes) {
 }
 
 BOOST_AUTO_TEST_CASE(beta_one_accumulates) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(2);
   for (const auto& [ab, c] : dtype_pairs())
@@ -288,7 +233,7 @@ BOOST_AUTO_TEST_CASE(beta_one_accumulates) {
 }
 
 BOOST_AUTO_TEST_CASE(larger_shapes_on_tensor_cores) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(3);
   for (const auto& [ab, c] : dtype_pairs()) {
@@ -301,7 +246,7 @@ BOOST_AUTO_TEST_CASE(larger_shapes_on_tensor_cores) {
 }
 
 BOOST_AUTO_TEST_CASE(bias_epilogue) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(4);
   for (const auto& [ab, c] : dtype_pairs())
@@ -319,7 +264,7 @@ BOOST_AUTO_TEST_CASE(bias_epilogue) {
 }
 
 BOOST_AUTO_TEST_CASE(bias_gelu_epilogue) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(5);
   for (const auto& [ab, c] : dtype_pairs())
@@ -338,7 +283,7 @@ BOOST_AUTO_TEST_CASE(bias_gelu_epilogue) {
 }
 
 BOOST_AUTO_TEST_CASE(dgelu_epilogue) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(6);
   for (const auto& [ab, c] : dtype_pairs())
@@ -355,7 +300,7 @@ BOOST_AUTO_TEST_CASE(dgelu_epilogue) {
 }
 
 BOOST_AUTO_TEST_CASE(strided_batch) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(7);
   for (const auto& [ab, c] : dtype_pairs())
@@ -384,7 +329,7 @@ BOOST_AUTO_TEST_CASE(strided_batch) {
 }
 
 BOOST_AUTO_TEST_CASE(misaligned_pointers_and_plan_cache) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(8);
   // The same shape with aligned, then misaligned, then aligned pointers: each needs a plan for its alignment.
@@ -402,7 +347,7 @@ BOOST_AUTO_TEST_CASE(misaligned_pointers_and_plan_cache) {
 }
 
 BOOST_AUTO_TEST_CASE(empty_and_k_zero) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::vector<float> c0(6, 3.0f);
   DeviceArray dc(c0, DType::F32);
@@ -421,7 +366,7 @@ BOOST_AUTO_TEST_CASE(empty_and_k_zero) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_arguments_throw) {
-  require_device();
+  require_device("test_cuda_gemm");
   Gemm gemm;
   std::vector<float> v(64, 1.0f);
   DeviceArray a(v, DType::F32), b(v, DType::F32), c(v, DType::F32);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "kernels.hpp"
 #include "shardlm/core.hpp"
 
@@ -22,105 +23,11 @@ using namespace shardlm;
 
 namespace {
 
+using namespace cuda_test;
+
 // ---- host helpers ---------------------------------------------------------------------------
 
-#define CUDA_OK(call)                                                                                   \
-  do {                                                                                                  \
-    const cudaError_t rc_ = (call);                                                                     \
-    BOOST_REQUIRE_MESSAGE(rc_ == cudaSuccess, #call << " failed: " << cudaGetErrorString(rc_));        \
-  } while (0)
-
 const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
-
-// Device memory that frees itself.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0) CUDA_OK(cudaMalloc(&ptr_, bytes_));
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
-  }
-
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  // A pointer `bytes` past the start: the kernels must take their unaligned paths for it.
-  void* offset(size_t bytes) const { return static_cast<char*>(ptr_) + bytes; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Values (already representable in dt) to the bytes of dt, and back.
-std::vector<unsigned char> encode(const std::vector<float>& v, DType dt) {
-  std::vector<unsigned char> bytes(v.size() * dtype_size(dt));
-  if (v.empty()) return bytes;
-  if (dt == DType::F32) {
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-  } else {
-    std::vector<uint16_t> half(v.size());
-    pack16(dt, v.data(), half.data(), v.size());
-    std::memcpy(bytes.data(), half.data(), bytes.size());
-  }
-  return bytes;
-}
-
-std::vector<float> decode(const std::vector<unsigned char>& bytes, DType dt) {
-  std::vector<float> v(bytes.size() / dtype_size(dt));
-  if (v.empty()) return v;
-  if (dt == DType::F32) {
-    std::memcpy(v.data(), bytes.data(), bytes.size());
-  } else {
-    std::vector<uint16_t> half(v.size());
-    std::memcpy(half.data(), bytes.data(), bytes.size());
-    unpack16(dt, half.data(), v.data(), v.size());
-  }
-  return v;
-}
-
-void upload(void* dst, const std::vector<float>& v, DType dt) {
-  const std::vector<unsigned char> bytes = encode(v, dt);
-  if (!bytes.empty()) CUDA_OK(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-}
-
-std::vector<float> download(const void* src, size_t n, DType dt) {
-  std::vector<unsigned char> bytes(n * dtype_size(dt));
-  if (n > 0) CUDA_OK(cudaMemcpy(bytes.data(), src, bytes.size(), cudaMemcpyDeviceToHost));
-  return decode(bytes, dt);
-}
-
-// A device buffer holding v in dt.
-DeviceBuffer to_device(const std::vector<float>& v, DType dt) {
-  DeviceBuffer b(std::max<size_t>(v.size(), 1) * dtype_size(dt));
-  upload(b.get(), v, dt);
-  return b;
-}
-
-template <typename T>
-DeviceBuffer to_device_raw(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
-  if (!v.empty()) CUDA_OK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-
-template <typename T>
-std::vector<T> from_device_raw(const void* src, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 // Uniform values in [lo, hi), rounded to dt so host and device see the same numbers.
 std::vector<float> random_values(size_t n, DType dt, float lo, float hi, uint32_t seed) {

@@ -15,6 +15,7 @@
 
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -47,20 +48,6 @@ struct TempDir {
   }
 };
 
-// The message of the shardlm::Error `f` throws; fails the test if it throws nothing.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  BOOST_ERROR("expected a shardlm::Error, none was thrown");
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // What load_squad should see in a SQuAD file, read independently with nlohmann-json.
 struct SquadRecord {

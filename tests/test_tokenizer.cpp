@@ -23,6 +23,7 @@
 
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -158,19 +159,6 @@ void check_against_reference(const std::string& name) {
   BOOST_TEST(failures == 0u, name << ": " << failures << " of " << cases.size() << " texts differ");
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  BOOST_ERROR("expected a shardlm::Error, none was thrown");
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // A private temporary directory, removed at the end of the test.
 struct TempDir {

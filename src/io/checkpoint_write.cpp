@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "bloom_config_json.hpp"
 #include "checkpoint_format.hpp"
 
 namespace shardlm {
@@ -32,29 +33,6 @@ class FirstFailure {
   std::string file_;
   std::string message_;
 };
-
-// The shortest decimal that reads back as the same float, so config JSON shows 1e-05, not 9.99999974737875e-06.
-double shortest_decimal(float f) {
-  char text[32];
-  for (int digits = 6; digits <= 9; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(f));
-    if (std::strtof(text, nullptr) == f) break;
-  }
-  return std::strtod(text, nullptr);
-}
-
-// Hugging Face's names, so the attribute reads like a config.json.
-std::string model_config_json(const BloomConfig& cfg) {
-  nlohmann::ordered_json j;
-  j["model_type"] = "bloom";
-  j["vocab_size"] = cfg.vocab_size;
-  j["hidden_size"] = cfg.hidden_size;
-  j["n_layer"] = cfg.num_layers;
-  j["n_head"] = cfg.num_heads;
-  j["layer_norm_epsilon"] = shortest_decimal(cfg.layer_norm_eps);
-  j["initializer_range"] = shortest_decimal(cfg.init_std);
-  return j.dump();
-}
 
 void put_scalar(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value, FirstFailure& f) {
   H5Id space = h5_space(H5Screate(H5S_SCALAR));
@@ -101,7 +79,7 @@ void write_meta(hid_t file, const CheckpointMeta& meta, FirstFailure& f) {
   put_string(file, "strategy", meta.strategy, f);
   put_int(file, "world_size", meta.world_size, f);
   put_int(file, "shard_group_size", meta.shard_group_size, f);
-  put_string(file, "model_config", model_config_json(meta.model), f);
+  put_string(file, "model_config", bloom_config_fields(meta.model).dump(), f);
   put_string(file, "version", meta.version, f);
   put_string(file, "deck", meta.deck, f);
 }

@@ -1,5 +1,4 @@
 // export_hf_bloom: a Hugging Face BloomForCausalLM directory (config.json, safetensors weights, shard index).
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +6,7 @@
 #include <regex>
 #include <set>
 
+#include "bloom_config_json.hpp"
 #include "shardlm/io.hpp"
 
 namespace shardlm {
@@ -14,14 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
-
-// A float as the shortest decimal that reads back as it ("1e-05", not "9.99999974738e-06"), widened to double.
-double shortest_double(float f) {
-  char text[64];
-  const auto result = std::to_chars(text, text + sizeof(text), f);
-  *result.ptr = '\0';
-  return std::strtod(text, nullptr);
-}
 
 // Writes a small text file via PATH.tmp and a rename, like the weights.
 void write_text_file(const std::string& path, const std::string& text) {
@@ -45,13 +37,7 @@ void write_text_file(const std::string& path, const std::string& text) {
 std::string bloom_config_json(const BloomConfig& cfg) {
   OrderedJson c;
   c["architectures"] = {"BloomForCausalLM"};
-  c["model_type"] = "bloom";
-  c["vocab_size"] = cfg.vocab_size;
-  c["hidden_size"] = cfg.hidden_size;
-  c["n_layer"] = cfg.num_layers;
-  c["n_head"] = cfg.num_heads;
-  c["layer_norm_epsilon"] = shortest_double(cfg.layer_norm_eps);
-  c["initializer_range"] = shortest_double(cfg.init_std);
+  c.update(bloom_config_fields(cfg));
   c["apply_residual_connection_post_layernorm"] = false;
   c["hidden_dropout"] = 0.0;
   c["attention_dropout"] = 0.0;

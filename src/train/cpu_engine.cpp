@@ -33,20 +33,9 @@ class CpuEngine : public TrainEngine {
   std::vector<UnitState> checkpoint_state() override {
     std::vector<UnitState> states;
     std::vector<FlatParameter>& units = model_.units();
-    for (size_t u = 0; u < units.size(); ++u) {
-      FlatParameter& p = units[u];
-      UnitState s;
-      s.layout = p.layout;
-      s.numel = p.numel;
-      // The padded tail of the last slices holds no parameters.
-      s.begin = std::min(p.shard_begin, p.numel);
-      s.count = std::min(p.shard_begin + p.shard_numel, p.numel) - s.begin;
-      s.primary = groups_.replicate->rank() == 0;
-      s.param = p.master.data();
-      s.exp_avg = optimizer_.exp_avg(u);
-      s.exp_avg_sq = optimizer_.exp_avg_sq(u);
-      states.push_back(s);
-    }
+    for (size_t u = 0; u < units.size(); ++u)
+      states.push_back(unit_state(units[u], groups_.replicate->rank() == 0, units[u].master.data(),
+                                  optimizer_.exp_avg(u), optimizer_.exp_avg_sq(u)));
     return states;
   }
   void checkpoint_loaded() override { model_.params_updated(); }
@@ -61,6 +50,19 @@ class CpuEngine : public TrainEngine {
 };
 
 }  // namespace
+
+UnitState unit_state(const FlatParameter& p, bool primary, float* param, float* exp_avg, float* exp_avg_sq) {
+  UnitState s;
+  s.layout = p.layout;
+  s.numel = p.numel;
+  s.begin = std::min(p.shard_begin, p.numel);
+  s.count = std::min(p.shard_begin + p.shard_numel, p.numel) - s.begin;
+  s.primary = primary;
+  s.param = param;
+  s.exp_avg = exp_avg;
+  s.exp_avg_sq = exp_avg_sq;
+  return s;
+}
 
 std::unique_ptr<TrainEngine> make_cpu_engine(const RunConfig& cfg, ProcessGroups groups, int micro) {
   return std::make_unique<CpuEngine>(cfg, std::move(groups), micro);

@@ -196,7 +196,6 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   report_memory(model, comm, echo, metrics);
 
   install_stop_signals();
-  const std::vector<UnitState> states = model.checkpoint_state();
   long step = 0;
   // Dynamic loss scaling (GradScaler's rules): scale the loss, unscale the gradients, skip a step
   // whose gradient overflowed (every rank sees the same global norm) and halve; double after a
@@ -218,7 +217,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   int start_epoch = 0;
   long start_epoch_step = 0;
   if (!resume_path.empty()) {
-    CheckpointMeta meta = load_checkpoint(resume_path, states, comm);
+    CheckpointMeta meta = load_checkpoint(resume_path, model.checkpoint_state(), comm);
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     step = meta.step;
@@ -293,8 +292,9 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       interval_loss += loss;
       interval_steps += 1;
       interval_time += step_time;
-      interval_tokens += count_tokens(train_set, global);
-      run_tokens += count_tokens(train_set, global);
+      const int64_t step_tokens = count_tokens(train_set, global);
+      interval_tokens += step_tokens;
+      run_tokens += step_tokens;
       if (step % cfg.train.log_every == 0 || step == total_steps) {
         const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
         const double tokens_per_s = interval_time > 0 ? interval_tokens / interval_time : 0.0;
@@ -344,8 +344,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     result.last_checkpoint = checkpoint(position_epoch, position_step);
   }
   result.loss_scale = loss_scale;
-  result.mfu = mfu_of(mpi_max(comm, run_timer.seconds()) > 0 ? run_tokens / mpi_max(comm, run_timer.seconds()) : 0.0);
   result.train_runtime = mpi_max(comm, run_timer.seconds());
+  result.mfu = mfu_of(result.train_runtime > 0 ? run_tokens / result.train_runtime : 0.0);
   double sum = 0;
   for (double l : result.step_losses) sum += l;
   result.train_loss = result.step_losses.empty() ? 0.0 : sum / result.step_losses.size();

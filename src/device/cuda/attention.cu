@@ -18,22 +18,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// Merges a running (max, sum of exp(x - max)) pair with another; empty pairs have max = -inf.
-__device__ __forceinline__ void merge_softmax_state(float& m, float& s, float other_m, float other_s) {
-  if (other_m == -INFINITY) return;
-  if (m == -INFINITY) {
-    m = other_m;
-    s = other_s;
-  } else if (other_m > m) {
-    s = s * expf(m - other_m) + other_s;
-    m = other_m;
-  } else {
-    s += other_s * expf(other_m - m);
-  }
-}
-
 // One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij + slope_h * j) over j <= i, 0 beyond.
 // `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
 template <typename T>

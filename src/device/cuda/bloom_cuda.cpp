@@ -51,6 +51,14 @@ BloomCuda::BloomCuda(const BloomConfig& cfg, DType dt, int max_batch, int max_se
       layout_(bloom_layout(cfg)) {
   const size_t N = static_cast<size_t>(max_tokens_), H = cfg.hidden_size, L = cfg.num_layers;
   const size_t heads = cfg.num_heads;
+  if (layout_.size() > 1) {
+    off_ = {offset("input_layernorm.weight"),      offset("input_layernorm.bias"),
+            offset("query_key_value.weight"),      offset("query_key_value.bias"),
+            offset("self_attention.dense.weight"), offset("self_attention.dense.bias"),
+            offset("post_attention_layernorm.weight"), offset("post_attention_layernorm.bias"),
+            offset("dense_h_to_4h.weight"),        offset("dense_h_to_4h.bias"),
+            offset("dense_4h_to_h.weight"),        offset("dense_4h_to_h.bias")};
+  }
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
   SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -112,29 +120,29 @@ void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, in
 void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size;
   const char* p = static_cast<const char*>(params);
-  auto w = [&](const char* suffix) { return p + offset(suffix) * dsize_; };
+  auto w = [&](size_t offset) { return p + offset * dsize_; };
   MatMul mm{gemm_, s};
   char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
   char* out = x + static_cast<size_t>(max_tokens_) * H * dsize_;
   const float eps = cfg_.layer_norm_eps;
 
-  layernorm_forward(x, w("input_layernorm.weight"), w("input_layernorm.bias"), sv.ln1.data(), sv.mean1.data(),
+  layernorm_forward(x, w(off_.ln1_w), w(off_.ln1_b), sv.ln1.data(), sv.mean1.data(),
                     sv.rstd1.data(), N, H, eps, dt_, s);
-  mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w("query_key_value.weight"), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
-     Epilogue::Bias, w("query_key_value.bias"));
+  mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w(off_.qkv_w), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
+     Epilogue::Bias, w(off_.qkv_b));
   attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
                     cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, H, sv.ctx.data(), H, w("self_attention.dense.weight"), H, sv.h2.data(), H, dt_, dt_, 1,
-     Epilogue::Bias, w("self_attention.dense.bias"));
-  layernorm_forward(sv.h2.data(), w("post_attention_layernorm.weight"), w("post_attention_layernorm.bias"),
+  mm(false, true, N, H, H, sv.ctx.data(), H, w(off_.dense_w), H, sv.h2.data(), H, dt_, dt_, 1,
+     Epilogue::Bias, w(off_.dense_b));
+  layernorm_forward(sv.h2.data(), w(off_.ln2_w), w(off_.ln2_b),
                     sv.ln2.data(), sv.mean2.data(), sv.rstd2.data(), N, H, eps, dt_, s);
-  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w("dense_h_to_4h.weight"), H, sv.act.data(), 4 * H, dt_, dt_, 0,
-     Epilogue::BiasGelu, w("dense_h_to_4h.bias"), sv.pre.data());
+  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(off_.fc1_w), H, sv.act.data(), 4 * H, dt_, dt_, 0,
+     Epilogue::BiasGelu, w(off_.fc1_b), sv.pre.data());
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w("dense_4h_to_h.weight"), 4 * H, out, H, dt_, dt_, 1,
-     Epilogue::Bias, w("dense_4h_to_h.bias"));
+  mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w(off_.fc2_w), 4 * H, out, H, dt_, dt_, 1,
+     Epilogue::Bias, w(off_.fc2_b));
 }
 
 void BloomCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
@@ -164,41 +172,41 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
   Saved& sv = saved(layer);
   if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
   const char* p = static_cast<const char*>(params);
-  auto w = [&](const char* suffix) { return p + offset(suffix) * dsize_; };
-  auto g = [&](const char* suffix) { return dparams + offset(suffix); };
+  auto w = [&](size_t offset) { return p + offset * dsize_; };
+  auto g = [&](size_t offset) { return dparams + offset; };
   MatMul mm{gemm_, s};
   const char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
   char* dout = dh_[dcur_].data();
   char* dx = dh_[1 - dcur_].data();
 
   // out = h2 + act W2^T + b2
-  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g("dense_4h_to_h.weight"), 4 * H, dt_, DType::F32, 1);
-  bias_grad(dout, g("dense_4h_to_h.bias"), N, H, dt_, s);
-  mm(false, false, N, 4 * H, H, dout, H, w("dense_4h_to_h.weight"), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
+  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g(off_.fc2_w), 4 * H, dt_, DType::F32, 1);
+  bias_grad(dout, g(off_.fc2_b), N, H, dt_, s);
+  mm(false, false, N, 4 * H, H, dout, H, w(off_.fc2_w), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
      Epilogue::DGelu, nullptr, sv.pre.data());
   // pre = ln2 W1^T + b1
-  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g("dense_h_to_4h.weight"), H, dt_, DType::F32, 1);
-  bias_grad(dpre_.data(), g("dense_h_to_4h.bias"), N, 4 * H, dt_, s);
-  mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w("dense_h_to_4h.weight"), H, dln_.data(), H, dt_, dt_);
+  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g(off_.fc1_w), H, dt_, DType::F32, 1);
+  bias_grad(dpre_.data(), g(off_.fc1_b), N, 4 * H, dt_, s);
+  mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w(off_.fc1_w), H, dln_.data(), H, dt_, dt_);
   // dh2 = dout + LayerNorm2 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dh2_.data(), dout, NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  layernorm_backward(dln_.data(), sv.h2.data(), w("post_attention_layernorm.weight"), sv.mean2.data(),
-                     sv.rstd2.data(), dh2_.data(), g("post_attention_layernorm.weight"),
-                     g("post_attention_layernorm.bias"), N, H, true, dt_, s);
+  layernorm_backward(dln_.data(), sv.h2.data(), w(off_.ln2_w), sv.mean2.data(),
+                     sv.rstd2.data(), dh2_.data(), g(off_.ln2_w),
+                     g(off_.ln2_b), N, H, true, dt_, s);
   // h2 = x + ctx Wd^T + bd
-  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g("self_attention.dense.weight"), H, dt_, DType::F32, 1);
-  bias_grad(dh2_.data(), g("self_attention.dense.bias"), N, H, dt_, s);
-  mm(false, false, N, H, H, dh2_.data(), H, w("self_attention.dense.weight"), H, dctx_.data(), H, dt_, dt_);
+  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g(off_.dense_w), H, dt_, DType::F32, 1);
+  bias_grad(dh2_.data(), g(off_.dense_b), N, H, dt_, s);
+  mm(false, false, N, H, H, dh2_.data(), H, w(off_.dense_w), H, dctx_.data(), H, dt_, dt_);
   attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
                      cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // qkv = ln1 Wqkv^T + bqkv
-  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g("query_key_value.weight"), H, dt_, DType::F32, 1);
-  bias_grad(dqkv_.data(), g("query_key_value.bias"), N, 3 * H, dt_, s);
-  mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w("query_key_value.weight"), H, dln_.data(), H, dt_, dt_);
+  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g(off_.qkv_w), H, dt_, DType::F32, 1);
+  bias_grad(dqkv_.data(), g(off_.qkv_b), N, 3 * H, dt_, s);
+  mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w(off_.qkv_w), H, dln_.data(), H, dt_, dt_);
   // dx = dh2 + LayerNorm1 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dx, dh2_.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  layernorm_backward(dln_.data(), x, w("input_layernorm.weight"), sv.mean1.data(), sv.rstd1.data(), dx,
-                     g("input_layernorm.weight"), g("input_layernorm.bias"), N, H, true, dt_, s);
+  layernorm_backward(dln_.data(), x, w(off_.ln1_w), sv.mean1.data(), sv.rstd1.data(), dx,
+                     g(off_.ln1_w), g(off_.ln1_b), N, H, true, dt_, s);
   dcur_ = 1 - dcur_;
 }
 

@@ -45,6 +45,11 @@ class BloomCuda {
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
   size_t offset(const char* suffix) const;  // element offset of a block tensor in its flat layout
+  // Offsets of the block tensors in a block's flat layout (the same for every block), looked up once.
+  struct BlockOffsets {
+    size_t ln1_w, ln1_b, qkv_w, qkv_b, dense_w, dense_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  };
+  BlockOffsets off_{};
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
   BloomConfig cfg_;

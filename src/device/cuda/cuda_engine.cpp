@@ -57,6 +57,8 @@ class CudaEngine : public TrainEngine {
     cuda::select_device(topo);
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    params_written_ = std::make_unique<Event>();
+    reductions_done_ = std::make_unique<Event>();
     groups_ = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy, comm_, nccl_timeout_seconds());
     shard_ = static_cast<cuda::NcclCommunicator*>(groups_.shard.get());
     replicate_ = static_cast<cuda::NcclCommunicator*>(groups_.replicate.get());
@@ -215,16 +217,9 @@ class CudaEngine : public TrainEngine {
         SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg.data(), d.exp_avg.data(), n * 4, cudaMemcpyDeviceToHost));
         SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg_sq.data(), d.exp_avg_sq.data(), n * 4, cudaMemcpyDeviceToHost));
       }
-      UnitState s;
-      s.layout = d.host.layout;
-      s.numel = d.host.numel;
-      s.begin = std::min(d.host.shard_begin, d.host.numel);
-      s.count = std::min(d.host.shard_begin + n, d.host.numel) - s.begin;
-      s.primary = replicate_->rank() == 0;
-      s.param = d.host.master.data();
-      s.exp_avg = offload_ ? host_optimizer_->exp_avg(u) : d.host_exp_avg.data();
-      s.exp_avg_sq = offload_ ? host_optimizer_->exp_avg_sq(u) : d.host_exp_avg_sq.data();
-      states.push_back(s);
+      states.push_back(unit_state(d.host, replicate_->rank() == 0, d.host.master.data(),
+                                  offload_ ? host_optimizer_->exp_avg(u) : d.host_exp_avg.data(),
+                                  offload_ ? host_optimizer_->exp_avg_sq(u) : d.host_exp_avg_sq.data()));
     }
     return states;
   }
@@ -342,9 +337,8 @@ class CudaEngine : public TrainEngine {
     std::fill(gathered_.begin(), gathered_.end(), false);
     std::fill(holder_.begin(), holder_.end(), -1);
     // The new slices must be written before any gather reads them.
-    Event updated;
-    updated.record(compute_);
-    updated.wait_on(comm_);
+    params_written_->record(compute_);
+    params_written_->wait_on(comm_);
   }
 
   // Reduces a unit's full fp32 gradient into its slice on the communication stream.
@@ -369,9 +363,8 @@ class CudaEngine : public TrainEngine {
   }
 
   void finish_reductions() {
-    Event done;
-    done.record(comm_);
-    done.wait_on(compute_);
+    reductions_done_->record(comm_);
+    reductions_done_->wait_on(compute_);
   }
 
   double run(const MicroBatch& mb, float grad_scale, bool backward) {
@@ -454,6 +447,8 @@ class CudaEngine : public TrainEngine {
   DeviceBuffer<float> root_grad_full_, block_grad_full_[2], grad_slice_;
   DeviceBuffer<char> reduce_send_, reduce_recv_;
   std::unique_ptr<Event> grad_ready_[2], grad_reduced_[2], root_grad_ready_;
+  // Stream orderings taken every step, made once (after select_device: events belong to a device).
+  std::unique_ptr<Event> params_written_, reductions_done_;
   bool root_reduced_pending_ = false;
   std::unique_ptr<cuda::BloomCuda> model_;
   DeviceBuffer<int32_t> tokens_, targets_;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -145,7 +146,25 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
+// Merges a running softmax state (max, sum of exp(x - max)) with another; empty states have
+// max = -inf. Used by the attention softmax and the cross-entropy of the LM head.
+__device__ __forceinline__ void merge_softmax_state(float& m, float& s, float other_m, float other_s) {
+  if (other_m == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = other_m;
+    s = other_s;
+  } else if (other_m > m) {
+    s = s * expf(m - other_m) + other_s;
+    m = other_m;
+  } else {
+    s += other_s * expf(other_m - m);
+  }
+}
+
 // ---- launch shapes -------------------------------------------------------------------------------
+
+// Workspace pieces start on 256-byte boundaries (what cuBLASLt and vector loads like).
+inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 constexpr int kBlockThreads = 256;
 

@@ -20,21 +20,6 @@ namespace {
 constexpr int kRowThreads = 512;
 constexpr int kSumThreads = 256;
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-__device__ __forceinline__ void merge_softmax_state(float& m, float& s, float other_m, float other_s) {
-  if (other_m == -INFINITY) return;
-  if (m == -INFINITY) {
-    m = other_m;
-    s = other_s;
-  } else if (other_m > m) {
-    s = s * expf(m - other_m) + other_s;
-    m = other_m;
-  } else {
-    s += other_s * expf(other_m - m);
-  }
-}
-
 // One block per row of the chunk. Loss of the row: logsumexp(logits) - logits[target], for targets in
 // [0, V); others (-1: no target) give no loss and, in backward, a zero gradient row. With `backward`, the
 // row is overwritten by grad_scale * (softmax - onehot(target)) in T, element j at T-offset j of the row.

@@ -1,0 +1,127 @@
+// Host-side helpers shared by the GPU suites: a device check, CUDA error checks, device memory
+// that frees itself, and copies of fp32 host values to and from device buffers in any dtype.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "shardlm/core.hpp"
+
+namespace cuda_test {
+
+using shardlm::DType;
+
+// The GPU suites carry the label gpu; without a device they fail with this message.
+inline void require_device(const char* suite) {
+  int devices = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&devices);
+  if (rc != cudaSuccess || devices == 0)
+    BOOST_FAIL(suite << " needs a CUDA GPU: cudaGetDeviceCount returned "
+                     << (rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc))
+                     << " (these tests carry the label gpu; run them on a GPU machine)");
+}
+
+inline void check_cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) BOOST_FAIL(what << ": " << cudaGetErrorString(rc));
+}
+
+#define CUDA_OK(call) ::cuda_test::check_cuda((call), #call)
+
+// Device memory owned by one test.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) check_cuda(cudaMalloc(&ptr_, bytes_), "cudaMalloc");
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+
+  char* get() const { return static_cast<char*>(ptr_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  // A pointer `bytes` past the start: the kernels must take their unaligned paths for it.
+  void* offset(size_t bytes) const { return get() + bytes; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host values (already representable in dt) as the bytes of dt, and back.
+inline std::vector<unsigned char> to_bytes(const std::vector<float>& v, DType dt) {
+  std::vector<unsigned char> bytes(v.size() * shardlm::dtype_size(dt));
+  if (v.empty()) return bytes;
+  if (dt == DType::F32) {
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+  } else {
+    std::vector<uint16_t> half(v.size());
+    shardlm::pack16(dt, v.data(), half.data(), v.size());
+    std::memcpy(bytes.data(), half.data(), bytes.size());
+  }
+  return bytes;
+}
+
+inline std::vector<float> from_bytes(const std::vector<unsigned char>& bytes, DType dt) {
+  std::vector<float> v(bytes.size() / shardlm::dtype_size(dt));
+  if (v.empty()) return v;
+  if (dt == DType::F32) {
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+  } else {
+    std::vector<uint16_t> half(v.size());
+    std::memcpy(half.data(), bytes.data(), bytes.size());
+    shardlm::unpack16(dt, half.data(), v.data(), v.size());
+  }
+  return v;
+}
+
+inline void upload(void* dst, const std::vector<float>& v, DType dt) {
+  const std::vector<unsigned char> bytes = to_bytes(v, dt);
+  if (!bytes.empty()) check_cuda(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+}
+
+// Waits for the device first: the kernels under test may run on any stream.
+inline std::vector<float> download(const void* src, size_t n, DType dt) {
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<unsigned char> bytes(n * shardlm::dtype_size(dt));
+  if (n > 0) check_cuda(cudaMemcpy(bytes.data(), src, bytes.size(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  return from_bytes(bytes, dt);
+}
+
+// A device buffer holding v in dt.
+inline DeviceBuffer to_device(const std::vector<float>& v, DType dt) {
+  DeviceBuffer b(std::max<size_t>(v.size(), 1) * shardlm::dtype_size(dt));
+  upload(b.get(), v, dt);
+  return b;
+}
+
+template <typename T>
+DeviceBuffer to_device_raw(const std::vector<T>& v) {
+  DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
+  if (!v.empty()) CUDA_OK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return b;
+}
+
+template <typename T>
+std::vector<T> from_device_raw(const void* src, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CUDA_OK(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+}  // namespace cuda_test
