@@ -17,7 +17,7 @@ namespace shardlm {
 
 // ---- HDF5 checkpoints -----------------------------------------------------------------------
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatVersion = 2;
 
 // Everything besides the tensors that a run needs to continue exactly.
 struct CheckpointMeta {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "bloom_config_json.hpp"
 #include "checkpoint_format.hpp"
@@ -147,12 +148,19 @@ void write_index(hid_t group, const UnitState& u, int rank, hid_t dxpl, FirstFai
   write_selected(dset.get(), mem_type.get(), 0, n, rank == 0, rows.data(), dxpl, what, f);
 }
 
-// One unit: its group, index, the three vectors (this rank's slice of each) and their checksums.
-void write_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, MPI_Comm comm, FirstFailure& f) {
+// One unit's group, index and three (not yet written) vector datasets; the datasets stay open
+// until the data and the checksums are written.
+struct OpenUnit {
+  H5Id group;
+  H5Id dsets[3];
+};
+
+OpenUnit create_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
+  OpenUnit out;
   const std::string group_path = unit_group_path(u.layout->name);
-  H5Id group = h5_group(H5Gcreate2(file, group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  f.check(group.valid(), concat("creating ", group_path));
-  write_index(group.get(), u, rank, dxpl, f);
+  out.group = h5_group(H5Gcreate2(file, group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  f.check(out.group.valid(), concat("creating ", group_path));
+  write_index(out.group.get(), u, rank, dxpl, f);
 
   // Space is allocated at creation and never pre-filled: every element is written once.
   H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
@@ -160,22 +168,49 @@ void write_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, MPI_Comm c
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
   const hsize_t numel = u.numel;
   H5Id space = h5_space(H5Screate_simple(1, &numel, nullptr));
-  const float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
-  H5Id dsets[3];
-  uint64_t partial[3] = {0, 0, 0};
   for (int v = 0; v < 3; ++v) {
-    const std::string what = vector_path(u.layout->name, v);
-    dsets[v] = h5_dataset(H5Dcreate2(group.get(), kVectorNames[v], H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
-                                     dcpl.get(), H5P_DEFAULT));
-    f.check(dsets[v].valid(), concat("creating ", what));
-    const bool writes = u.primary && u.count > 0;
-    write_selected(dsets[v].get(), H5T_NATIVE_FLOAT, u.begin, u.count, writes, vectors[v], dxpl, what, f);
-    if (writes) partial[v] = checksum_slice(vectors[v], u.begin, u.count);
+    out.dsets[v] = h5_dataset(H5Dcreate2(out.group.get(), kVectorNames[v], H5T_IEEE_F32LE, space.get(),
+                                         H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    f.check(out.dsets[v].valid(), concat("creating ", vector_path(u.layout->name, v)));
   }
-  uint64_t total[3] = {0, 0, 0};
-  MPI_Allreduce(partial, total, 3, MPI_UINT64_T, MPI_SUM, comm);
-  for (int v = 0; v < 3; ++v) put_uint64(dsets[v].get(), kChecksumAttr, total[v], f);
+  return out;
 }
+
+const float* unit_vector(const UnitState& u, int v) {
+  const float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
+  return vectors[v];
+}
+
+bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
+
+// The slice checksums of every unit run on a helper thread while the data is written and flushed,
+// so that the checkpoint is limited by the disk, not by a second pass over memory.
+class ChecksumThread {
+ public:
+  explicit ChecksumThread(const std::vector<UnitState>& units) : sums_(3 * units.size(), 0) {
+    thread_ = std::thread([this, &units] {
+      for (size_t i = 0; i < units.size(); ++i) {
+        if (!writes_slice(units[i])) continue;
+        for (int v = 0; v < 3; ++v) sums_[3 * i + v] = checksum_slice(unit_vector(units[i], v), units[i].begin, units[i].count);
+      }
+    });
+  }
+  ~ChecksumThread() { join(); }
+  ChecksumThread(const ChecksumThread&) = delete;
+  ChecksumThread& operator=(const ChecksumThread&) = delete;
+  // This rank's partial sums, three per unit (param, exp_avg, exp_avg_sq).
+  const std::vector<uint64_t>& sums() {
+    join();
+    return sums_;
+  }
+
+ private:
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<uint64_t> sums_;
+  std::thread thread_;
+};
 
 // SHARDLM_FAULT_CHECKPOINT=after_units:N -> N; unset -> -1.
 int fault_after_units() {
@@ -257,14 +292,36 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   }
   agree_on_error(comm, f.message());
 
+  std::vector<OpenUnit> open;
+  open.reserve(units.size());
+  for (const UnitState& u : units) open.push_back(create_unit(file.get(), u, rank, dxpl.get(), f));
+  agree_on_error(comm, f.message());
+
+  ChecksumThread checksums(units);
   for (size_t i = 0; i < units.size(); ++i) {
-    write_unit(file.get(), units[i], rank, dxpl.get(), comm, f);
+    const UnitState& u = units[i];
+    for (int v = 0; v < 3; ++v) {
+      write_selected(open[i].dsets[v].get(), H5T_NATIVE_FLOAT, u.begin, u.count, writes_slice(u), unit_vector(u, v),
+                     dxpl.get(), vector_path(u.layout->name, v), f);
+    }
     agree_on_error(comm, f.message());
     // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
     if (fault_after >= 0 && static_cast<int>(i) + 1 == fault_after) std::_Exit(86);
   }
-
+  // The data reaches the disk here (MPI_File_sync) while the checksum thread may still be running.
   f.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");
+  agree_on_error(comm, f.message());
+
+  const std::vector<uint64_t>& partial = checksums.sums();
+  std::vector<uint64_t> total(partial.size(), 0);
+  MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm);
+  for (size_t i = 0; i < units.size(); ++i) {
+    for (int v = 0; v < 3; ++v) put_uint64(open[i].dsets[v].get(), kChecksumAttr, total[3 * i + v], f);
+  }
+  open.clear();
+  agree_on_error(comm, f.message());
+
+  // The attributes reach the disk when rank 0 syncs the file before renaming it.
   dxpl.reset();
   fapl.reset();
   f.check(file.close(), "closing");
