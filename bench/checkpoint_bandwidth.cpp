@@ -33,7 +33,7 @@ using namespace shardlm;
 namespace {
 
 struct Options {
-  BloomConfig model;
+  ModelConfig model;
   int reps = 5;
   std::string dir = "/tmp/shardlm_bench_checkpoint";
   bool json = false;
@@ -143,7 +143,7 @@ int run(int argc, char** argv) {
   MPI_Comm_size(comm, &world);
   const Options opt = parse(argc, argv);
 
-  const std::vector<UnitLayout> layouts = bloom_layout(opt.model);
+  const std::vector<UnitLayout> layouts = model_layout(opt.model);
   std::vector<Slice> slices(layouts.size());
   std::vector<UnitState> units(layouts.size());
   size_t numel_total = 0;
@@ -160,7 +160,7 @@ int run(int argc, char** argv) {
     d.param.resize(s.count);
     d.exp_avg.resize(s.count);
     d.exp_avg_sq.resize(s.count);
-    bloom_init_slice(layouts[u], static_cast<int>(u), 42, s.begin, s.begin + s.count, d.param.data());
+    init_unit_slice(layouts[u], static_cast<int>(u), 42, s.begin, s.begin + s.count, d.param.data());
     for (size_t i = 0; i < s.count; ++i) {
       d.exp_avg[i] = 1e-3f * d.param[i];
       d.exp_avg_sq[i] = 1e-6f * d.param[i] * d.param[i];

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const shardlm::BloomConfig cfg = ckpt_test::tiny_bloom();
+  const shardlm::ModelConfig cfg = ckpt_test::tiny_bloom();
   const ckpt_test::Sharded state = ckpt_test::make_sharded(cfg, world, rank, true);
   try {
     shardlm::save_checkpoint(argv[1], 0, ckpt_test::tiny_meta(cfg, 1, world), state.units, MPI_COMM_WORLD);

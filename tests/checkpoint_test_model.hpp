@@ -13,8 +13,8 @@
 
 namespace ckpt_test {
 
-inline shardlm::BloomConfig tiny_bloom(int hidden = 8, int layers = 2) {
-  shardlm::BloomConfig cfg;
+inline shardlm::ModelConfig tiny_bloom(int hidden = 8, int layers = 2) {
+  shardlm::ModelConfig cfg;
   cfg.vocab_size = 50;
   cfg.hidden_size = hidden;
   cfg.num_layers = layers;
@@ -38,7 +38,7 @@ struct Sharded {
   std::vector<shardlm::UnitState> units;
 };
 
-inline Sharded make_sharded(const shardlm::BloomConfig& cfg, int group, int rank, bool fill) {
+inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank, bool fill) {
   Sharded s;
   s.layouts = shardlm::bloom_layout(cfg);
   const size_t n = s.layouts.size();
@@ -77,7 +77,7 @@ inline size_t count_wrong(const Sharded& s) {
   return wrong;
 }
 
-inline shardlm::CheckpointMeta tiny_meta(const shardlm::BloomConfig& cfg, long step, int world) {
+inline shardlm::CheckpointMeta tiny_meta(const shardlm::ModelConfig& cfg, long step, int world) {
   shardlm::CheckpointMeta m;
   m.step = step;
   m.epoch = 2;

@@ -62,7 +62,7 @@ std::string read_text(const std::string& path) {
 
 // Saves the known values sliced over the whole world (FULL_SHARD) as step `step` in dir.
 CheckpointWriteStats save_known(const std::string& dir, long step, int keep_last = 0) {
-  const BloomConfig cfg = tiny_bloom();
+  const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
   return save_checkpoint(dir, keep_last, tiny_meta(cfg, step, world_size()), s.units, MPI_COMM_WORLD);
 }
@@ -181,7 +181,7 @@ BOOST_AUTO_TEST_CASE(loads_onto_a_different_slicing) {
 
   // And the other way: written by one primary holding everything, read back sharded over the world.
   const std::string dir1 = scratch("reshard_from_one");
-  const BloomConfig cfg = tiny_bloom();
+  const ModelConfig cfg = tiny_bloom();
   Sharded whole = make_sharded(cfg, 1, world_rank(), true);
   save_checkpoint(dir1, 0, tiny_meta(cfg, 4, world_size()), whole.units, MPI_COMM_WORLD);
   BOOST_TEST(load_and_count_wrong(dir1 + "/ckpt-00000004.h5", world_size()) == 0u);
@@ -229,7 +229,7 @@ BOOST_AUTO_TEST_CASE(unreadable_files_are_refused_on_every_rank) {
   const std::string good = dir + "/ckpt-00000001.h5";
   const std::string truncated = dir + "/truncated.h5";
   damaged_copy(good, truncated, [&] { fs::resize_file(truncated, fs::file_size(good) / 2); });
-  const BloomConfig cfg = tiny_bloom();
+  const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), false);
   std::string message;
   BOOST_TEST(ranks_failing([&] { load_checkpoint(truncated, s.units, MPI_COMM_WORLD); }, &message) == world_size());
@@ -333,7 +333,7 @@ BOOST_AUTO_TEST_CASE(keep_last_latest_and_resolve_resume) {
 
 BOOST_AUTO_TEST_CASE(large_deck_and_bad_inputs) {
   const std::string dir = scratch("large_deck");
-  const BloomConfig cfg = tiny_bloom();
+  const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
   CheckpointMeta meta = tiny_meta(cfg, 6, world_size());
   // Beyond the 64 KiB an attribute may take in an object header; UTF-8 survives.

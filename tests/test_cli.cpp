@@ -249,7 +249,7 @@ BOOST_AUTO_TEST_CASE(exported_weights_give_the_transformers_loss) {
   BOOST_TEST(ref.at("missing_keys").empty());
   BOOST_TEST(ref.at("unexpected_keys").empty());
 
-  shardlm::BloomConfig cfg;
+  shardlm::ModelConfig cfg;
   cfg.vocab_size = ref["config"]["vocab_size"];
   cfg.hidden_size = ref["config"]["hidden_size"];
   cfg.num_layers = ref["config"]["n_layer"];

@@ -20,10 +20,10 @@ namespace {
 
 RunConfig config(const std::string& backend, const std::string& name, int steps) {
   RunConfig cfg;
-  cfg.model.bloom.vocab_size = 259;
-  cfg.model.bloom.hidden_size = 64;
-  cfg.model.bloom.num_layers = 2;
-  cfg.model.bloom.num_heads = 4;
+  cfg.model.vocab_size = 259;
+  cfg.model.hidden_size = 64;
+  cfg.model.num_layers = 2;
+  cfg.model.num_heads = 4;
   cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
   cfg.data.max_length = 128;
   cfg.train.batch_size = 8;

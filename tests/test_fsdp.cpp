@@ -13,10 +13,10 @@ namespace {
 
 RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
   RunConfig cfg;
-  cfg.model.bloom.vocab_size = 259;
-  cfg.model.bloom.hidden_size = 32;
-  cfg.model.bloom.num_layers = 2;
-  cfg.model.bloom.num_heads = 4;
+  cfg.model.vocab_size = 259;
+  cfg.model.hidden_size = 32;
+  cfg.model.num_layers = 2;
+  cfg.model.num_heads = 4;
   cfg.data.format = "squad";
   cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
   cfg.data.eval_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json";

@@ -47,8 +47,8 @@ double max_relative_error(const std::vector<float>& actual, const std::vector<do
   return worst / std::max(scale, 1e-30);
 }
 
-BloomConfig tiny_config() {
-  BloomConfig cfg;
+ModelConfig tiny_config() {
+  ModelConfig cfg;
   cfg.vocab_size = 11;
   cfg.hidden_size = 8;
   cfg.num_layers = 2;
@@ -61,13 +61,13 @@ BloomConfig tiny_config() {
 
 // A whole model's parameters: one flat fp32 vector per FSDP unit.
 struct TinyModel {
-  BloomConfig cfg;
+  ModelConfig cfg;
   std::vector<UnitLayout> layout;
   std::vector<std::vector<float>> params;
 };
 
 // The library's init, then noise on the Ones/Zeros tensors so LayerNorm affines and biases matter.
-TinyModel make_model(const BloomConfig& cfg, uint64_t seed) {
+TinyModel make_model(const ModelConfig& cfg, uint64_t seed) {
   TinyModel m;
   m.cfg = cfg;
   m.layout = bloom_layout(cfg);
@@ -75,7 +75,7 @@ TinyModel make_model(const BloomConfig& cfg, uint64_t seed) {
   std::normal_distribution<float> noise(0.0f, 0.2f);
   for (size_t u = 0; u < m.layout.size(); ++u) {
     std::vector<float> flat(m.layout[u].numel);
-    bloom_init_slice(m.layout[u], static_cast<int>(u), seed, 0, flat.size(), flat.data());
+    init_unit_slice(m.layout[u], static_cast<int>(u), seed, 0, flat.size(), flat.data());
     for (const TensorSpec& t : m.layout[u].tensors)
       if (t.init != InitKind::Normal)
         for (size_t i = t.offset; i < t.offset + t.numel; ++i) flat[i] += noise(rng);
@@ -363,7 +363,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(layout)
 
 BOOST_AUTO_TEST_CASE(units_sizes_offsets_and_decay) {
-  BloomConfig cfg;
+  ModelConfig cfg;
   cfg.vocab_size = 50;
   cfg.hidden_size = 12;
   cfg.num_layers = 3;
@@ -427,32 +427,32 @@ BOOST_AUTO_TEST_CASE(units_sizes_offsets_and_decay) {
 }
 
 BOOST_AUTO_TEST_CASE(rejects_heads_that_do_not_divide_hidden) {
-  BloomConfig cfg = tiny_config();
+  ModelConfig cfg = tiny_config();
   cfg.num_heads = 3;
   BOOST_CHECK_THROW(bloom_layout(cfg), Error);
 }
 
 BOOST_AUTO_TEST_CASE(init_slices_agree_with_whole_fill) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const std::vector<UnitLayout> units = bloom_layout(cfg);
   for (size_t u = 0; u < units.size(); ++u) {
     // Padded as FSDP pads to a multiple of the world size: the tail must come back as zeros.
     const size_t padded = units[u].numel + 5;
     std::vector<float> whole(padded, -1.0f);
-    bloom_init_slice(units[u], static_cast<int>(u), 42, 0, padded, whole.data());
+    init_unit_slice(units[u], static_cast<int>(u), 42, 0, padded, whole.data());
     for (size_t i = units[u].numel; i < padded; ++i) BOOST_TEST(whole[i] == 0.0f);
     for (size_t pieces = 1; pieces <= 4; ++pieces) {
       std::vector<float> joined(padded, -1.0f);
       for (size_t k = 0; k < pieces; ++k) {
         const size_t begin = padded * k / pieces, end = padded * (k + 1) / pieces;
-        bloom_init_slice(units[u], static_cast<int>(u), 42, begin, end, joined.data() + begin);
+        init_unit_slice(units[u], static_cast<int>(u), 42, begin, end, joined.data() + begin);
       }
       BOOST_TEST(joined == whole, boost::test_tools::per_element());
     }
     // Seed and unit both change the values.
     std::vector<float> other_seed(padded), other_unit(padded);
-    bloom_init_slice(units[u], static_cast<int>(u), 43, 0, padded, other_seed.data());
-    bloom_init_slice(units[u], static_cast<int>(u) + 7, 42, 0, padded, other_unit.data());
+    init_unit_slice(units[u], static_cast<int>(u), 43, 0, padded, other_seed.data());
+    init_unit_slice(units[u], static_cast<int>(u) + 7, 42, 0, padded, other_unit.data());
     const TensorSpec& normal = units[u].tensors[u == 0 ? 0 : 2];
     BOOST_TEST(other_seed[normal.offset] != whole[normal.offset]);
     BOOST_TEST(other_unit[normal.offset] != whole[normal.offset]);
@@ -460,7 +460,7 @@ BOOST_AUTO_TEST_CASE(init_slices_agree_with_whole_fill) {
 }
 
 BOOST_AUTO_TEST_CASE(init_distributions) {
-  BloomConfig cfg;
+  ModelConfig cfg;
   cfg.vocab_size = 1000;
   cfg.hidden_size = 64;
   cfg.num_layers = 1;
@@ -469,7 +469,7 @@ BOOST_AUTO_TEST_CASE(init_distributions) {
   const std::vector<UnitLayout> units = bloom_layout(cfg);
   for (size_t u = 0; u < units.size(); ++u) {
     std::vector<float> flat(units[u].numel);
-    bloom_init_slice(units[u], static_cast<int>(u), 7, 0, flat.size(), flat.data());
+    init_unit_slice(units[u], static_cast<int>(u), 7, 0, flat.size(), flat.data());
     for (const TensorSpec& t : units[u].tensors) {
       if (t.init == InitKind::Ones)
         BOOST_TEST(std::all_of(flat.begin() + t.offset, flat.begin() + t.offset + t.numel,
@@ -483,7 +483,7 @@ BOOST_AUTO_TEST_CASE(init_distributions) {
   }
   // The embedding matrix: 64,000 samples of Normal(0, 0.02).
   std::vector<float> flat(units[0].numel);
-  bloom_init_slice(units[0], 0, 7, 0, flat.size(), flat.data());
+  init_unit_slice(units[0], 0, 7, 0, flat.size(), flat.data());
   const TensorSpec& embeddings = units[0].tensors[0];
   double sum = 0.0, squares = 0.0;
   size_t beyond_two_sigma = 0;
@@ -534,7 +534,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(forward)
 
 BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 11);
   std::mt19937 rng(5);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
@@ -565,7 +565,7 @@ BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
 }
 
 BOOST_AUTO_TEST_CASE(longer_sequence_with_more_heads_matches_reference) {
-  BloomConfig cfg = tiny_config();
+  ModelConfig cfg = tiny_config();
   cfg.hidden_size = 24;
   cfg.num_heads = 6;  // not a power of two: exercises the extra ALiBi slopes
   cfg.num_layers = 1;
@@ -582,7 +582,7 @@ BOOST_AUTO_TEST_CASE(longer_sequence_with_more_heads_matches_reference) {
 }
 
 BOOST_AUTO_TEST_CASE(causal_positions_before_a_change_are_unaffected) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 12);
   std::mt19937 rng(6);
   Batch b = make_batch(2, 6, cfg.vocab_size, 0.0, rng);
@@ -628,7 +628,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(gradients)
 
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   TinyModel m = make_model(cfg, 21);
   std::mt19937 rng(9);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
@@ -690,7 +690,7 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
 }
 
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 22);
   std::mt19937 rng(10);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
@@ -710,7 +710,7 @@ BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
 }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 23);
   std::mt19937 rng(11);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
@@ -755,7 +755,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(head)
 
 BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
-  BloomConfig cfg = tiny_config();
+  ModelConfig cfg = tiny_config();
   cfg.vocab_size = 37;
   const TinyModel m = make_model(cfg, 31);
   std::mt19937 rng(12);
@@ -792,7 +792,7 @@ BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_targets_and_tokens_throw_naming_the_id) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 32);
   BloomCpu net(cfg, 1, 4);
   std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
@@ -823,7 +823,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(shapes)
 
 BOOST_AUTO_TEST_CASE(oversized_and_mismatched_shapes_throw) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 41);
   BloomCpu net(cfg, 2, 4);
   std::vector<float> h(3 * 5 * cfg.hidden_size), out(h.size()), grad(m.params[1].size());
@@ -840,7 +840,7 @@ BOOST_AUTO_TEST_CASE(oversized_and_mismatched_shapes_throw) {
 }
 
 BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
-  const BloomConfig cfg = tiny_config();
+  const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 42);
   BloomCpu net(cfg, 2, 4);
   std::vector<std::vector<float>> grads;
@@ -858,7 +858,7 @@ BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
-  BloomConfig cfg = tiny_config();
+  ModelConfig cfg = tiny_config();
   const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
   {
     BloomCpu net(cfg, 4, 16);

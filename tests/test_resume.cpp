@@ -19,10 +19,10 @@ std::string scratch(const std::string& name) {
 
 RunConfig config(ShardingStrategy strategy, const std::string& name) {
   RunConfig cfg;
-  cfg.model.bloom.vocab_size = 259;
-  cfg.model.bloom.hidden_size = 32;
-  cfg.model.bloom.num_layers = 2;
-  cfg.model.bloom.num_heads = 4;
+  cfg.model.vocab_size = 259;
+  cfg.model.hidden_size = 32;
+  cfg.model.num_layers = 2;
+  cfg.model.num_heads = 4;
   cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
   cfg.data.max_length = 160;
   cfg.train.batch_size = 8;
@@ -140,7 +140,7 @@ BOOST_AUTO_TEST_CASE(auto_without_checkpoints_starts_fresh) {
 BOOST_AUTO_TEST_CASE(a_different_model_is_refused_on_every_rank) {
   uninterrupted();
   RunConfig cfg = config(ShardingStrategy::FullShard, "wrong_model");
-  cfg.model.bloom.hidden_size = 64;
+  cfg.model.hidden_size = 64;
   cfg.checkpoint.resume = step10();
   std::string message;
   try {

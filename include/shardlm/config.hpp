@@ -15,9 +15,10 @@ enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, NoShard };
 const char* strategy_name(ShardingStrategy s);        // "FULL_SHARD", ...
 ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
 
-struct ModelSection {
-  std::string arch = "bloom";
-  BloomConfig bloom;
+// The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
+// config.json and the initial weights from its safetensors files.
+struct ModelSection : ModelConfig {
+  std::string dir;
 };
 
 struct DataSection {

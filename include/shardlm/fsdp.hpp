@@ -49,10 +49,10 @@ struct FsdpMemory {
   size_t model_params = 0;      // parameters of the whole model (not per rank), for comparison
 };
 
-// The BLOOM model wrapped unit by unit. The CPU backend runs the schedule synchronously.
+// The model (BLOOM or Llama) wrapped unit by unit. The CPU backend runs the schedule synchronously.
 class FsdpModel {
  public:
-  FsdpModel(const BloomConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups, int max_batch,
+  FsdpModel(const ModelConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups, int max_batch,
             int max_seq, uint64_t seed);
   ~FsdpModel();
 
@@ -80,12 +80,12 @@ class FsdpModel {
   void reduce_grad(size_t unit, float* full_grad);
 
   struct Buffers;
-  BloomConfig cfg_;
+  ModelConfig cfg_;
   FsdpOptions opt_;
   ProcessGroups& groups_;
   std::vector<UnitLayout> layout_;
   std::vector<FlatParameter> units_;
-  std::unique_ptr<BloomCpu> model_;
+  std::unique_ptr<CpuModel> model_;
   std::unique_ptr<Buffers> buf_;
 };
 

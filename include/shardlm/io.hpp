@@ -35,7 +35,7 @@ struct CheckpointMeta {
   int world_size = 1;
   int shard_group_size = 1;
   std::string strategy;      // "FULL_SHARD", ...
-  BloomConfig model;
+  ModelConfig model;
   std::string deck;          // resolved deck, INI text
   std::string version;       // shardlm version that wrote it
 };
@@ -122,12 +122,13 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
 // Defensive: header length, offsets, dtype and byte counts are checked against the file.
 std::vector<SafetensorsEntry> read_safetensors(const std::string& path);
 
-// Writes DIR/config.json (BloomForCausalLM) and the weights as DIR/model.safetensors, or, above
-// max_shard_bytes, as model-0000i-of-0000n.safetensors with model.safetensors.index.json, as
-// transformers' save_pretrained does. `tensors` lists the model's tensors (names without the
-// "transformer." prefix, which the export adds); `fetch` returns one tensor's fp32 values.
-void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+// Writes DIR/config.json (BloomForCausalLM or LlamaForCausalLM, plus `token_ids` such as
+// {"eos_token_id": 257}) and the weights as DIR/model.safetensors, or, above max_shard_bytes, as
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json, as transformers'
+// save_pretrained does. `tensors` lists the model's tensors (layout names, which the export maps
+// with hf_tensor_name); `fetch` returns one tensor's fp32 values.
+void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
-                     size_t max_shard_bytes = 5000000000ull);
+                     const std::map<std::string, int>& token_ids = {}, size_t max_shard_bytes = 5000000000ull);
 
 }  // namespace shardlm

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,15 +11,41 @@
 
 namespace shardlm {
 
-struct BloomConfig {
+// Llama 3.1's rope_scaling ("rope_type": "llama3"): low frequencies slowed by `factor`, high ones
+// kept, a smooth blend between (transformers' _compute_llama3_parameters). factor 0 = none.
+struct RopeScaling {
+  float factor = 0;
+  float low_freq_factor = 1;
+  float high_freq_factor = 4;
+  int original_max_position_embeddings = 8192;
+};
+
+// The model's shape. `arch` picks the family: "bloom" (ALiBi, LayerNorm with biases, GELU MLP, LM
+// head tied to the embeddings) or "llama" (RMSNorm, rotary embeddings, grouped-query attention,
+// SwiGLU MLP, no biases, LM head tied or not). Fields of the other family are ignored.
+struct ModelConfig {
+  std::string arch = "bloom";
   int vocab_size = 0;
   int hidden_size = 0;
   int num_layers = 0;
   int num_heads = 0;
-  float layer_norm_eps = 1e-5f;
+  float layer_norm_eps = 1e-5f;  // BLOOM
   float init_std = 0.02f;
+  // Llama
+  int num_kv_heads = 0;        // 0 = num_heads (no grouping)
+  int intermediate_size = 0;   // SwiGLU width; 0 = 4 * hidden_size
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  int max_position_embeddings = 4096;
 
+  bool is_llama() const { return arch == "llama"; }
   int head_dim() const { return hidden_size / num_heads; }
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int ffn_size() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden_size; }
+  // The LM head is the embedding matrix (always for BLOOM).
+  bool tied_head() const { return !is_llama() || tie_word_embeddings; }
 };
 
 enum class InitKind { Normal, Zeros, Ones };
@@ -32,64 +59,101 @@ struct TensorSpec {
   size_t numel = 0;
   bool decay = true;  // AdamW weight decay applies (false for biases and norms)
   InitKind init = InitKind::Normal;
-  float init_std = 0.02f;  // standard deviation of a Normal init (BloomConfig::init_std)
+  float init_std = 0.02f;  // standard deviation of a Normal init (ModelConfig::init_std)
 };
 
-// An FSDP unit: unit 0 is the root (embeddings, embedding LayerNorm, final LayerNorm; the LM head
-// is tied to the embeddings), unit 1 + i is transformer block i.
+// An FSDP unit: unit 0 is the root (embeddings, final norm, the LM head when untied; BLOOM's
+// embedding LayerNorm), unit 1 + i is transformer block i.
 struct UnitLayout {
-  std::string name;  // "root" or "h.<i>"
+  std::string name;  // "root", then "h.<i>" (BLOOM) or "layers.<i>" (Llama)
   std::vector<TensorSpec> tensors;
   size_t numel = 0;
 };
 
-std::vector<UnitLayout> bloom_layout(const BloomConfig& cfg);
+std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg);
+std::vector<UnitLayout> llama_layout(const ModelConfig& cfg);
+// The layout of cfg.arch; Error naming the architecture when it is not bloom or llama.
+std::vector<UnitLayout> model_layout(const ModelConfig& cfg);
+// The Hugging Face state-dict name of a layout tensor ("transformer." + name for BLOOM, "model." +
+// name for Llama except lm_head.weight).
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
 
 // Deterministic initial value of element `index` of unit `unit`'s flat parameter: the same on
 // every rank and every world size, so each rank fills only the slice it owns.
-void bloom_init_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
+void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
                       float* out);
 
 // BLOOM's ALiBi slopes for `num_heads` heads (as transformers' build_alibi_tensor).
 std::vector<float> alibi_slopes(int num_heads);
 
+// Reads a Hugging Face config.json (model_type bloom or llama); `source` names it in errors.
+// Unsupported architectures and options get an Error naming the key.
+ModelConfig model_config_from_hf(const std::string& json_text, const std::string& source);
+// The config.json transformers loads for this model (BloomForCausalLM or LlamaForCausalLM);
+// model_config_from_hf reads it back to the same ModelConfig.
+std::string hf_config_json(const ModelConfig& cfg);
+
+// Llama's rotary inverse frequencies for head dimension `head_dim`, rope_scaling applied.
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations
 // saved for backward, sized up front for at most `max_batch` sequences of `max_seq` tokens.
-// Parameters are passed as the unit's full flat fp32 parameter (layout from bloom_layout);
+// Parameters are passed as the unit's full flat fp32 parameter (layout from model_layout);
 // parameter gradients are accumulated (+=) into a flat buffer of the same layout.
 // Targets are the token each position must predict, or -1 where no loss is taken.
-class BloomCpu {
+class CpuModel {
  public:
-  BloomCpu(const BloomConfig& cfg, int max_batch, int max_seq);
-  ~BloomCpu();
+  virtual ~CpuModel() = default;
+  virtual const ModelConfig& config() const = 0;
+
+  // h0[B*T, H] = the embedded tokens (BLOOM: then LayerNorm).
+  virtual void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) = 0;
+  // h_out = block(h_in); saves what block_backward(layer) needs.
+  virtual void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) = 0;
+  // Final norm, LM head and cross-entropy. Returns the sum of the per-token losses over positions
+  // with a target and stores their number in *count. When dh is non-null it also runs the
+  // backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot accumulated.
+  // Never holds more than a chunk of tokens' logits at a time.
+  virtual double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T,
+                           int64_t* count, float grad_scale, float* dh, float* droot) = 0;
+  // dh_in = d/dh_in given dh_out; dparams += d/dparams. Uses the activations of block_forward.
+  virtual void block_backward(int layer, const float* params, const float* dh_out, float* dh_in,
+                              float* dparams, int B, int T) = 0;
+  // droot += d/d(root) of the embedding path given dh0; uses the activations of embed_forward.
+  virtual void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot,
+                              int B, int T) = 0;
+  // Logits of the last position of each sequence, [B, V], for greedy decoding.
+  virtual void head_logits(const float* root, const float* h, int B, int T, float* logits) = 0;
+
+  // Bytes of saved activations and workspaces this object holds.
+  virtual size_t activation_bytes() const = 0;
+};
+
+// The CPU model of cfg.arch.
+std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq);
+
+class BloomCpu final : public CpuModel {
+ public:
+  BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq);
+  ~BloomCpu() override;
   BloomCpu(const BloomCpu&) = delete;
   BloomCpu& operator=(const BloomCpu&) = delete;
 
-  const BloomConfig& config() const { return cfg_; }
-
-  // h0[B*T, H] = LayerNorm(word_embeddings[tokens]).
-  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0);
-  // h_out = block(h_in); saves what block_backward(layer) needs.
-  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T);
-  // Final LayerNorm, tied LM head and cross-entropy. Returns the sum of the per-token losses over
-  // positions with a target and stores their number in *count. When dh is non-null it also runs
-  // the backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot accumulated.
-  // Never holds more than a chunk of tokens' logits at a time.
-  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T,
-                   int64_t* count, float grad_scale, float* dh, float* droot);
-  // dh_in = d/dh_in given dh_out; dparams += d/dparams. Uses the activations of block_forward.
-  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in,
-                      float* dparams, int B, int T);
-  // droot += d/d(root) of the embedding path given dh0; uses the activations of embed_forward.
-  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot,
-                      int B, int T);
-
-  // Bytes of saved activations and workspaces this object holds.
-  size_t activation_bytes() const;
+  const ModelConfig& config() const override { return cfg_; }
+  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
+  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
+  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
+                   float grad_scale, float* dh, float* droot) override;
+  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+                      int T) override;
+  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
+                      int T) override;
+  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  size_t activation_bytes() const override;
 
  private:
   struct Impl;
-  BloomConfig cfg_;
+  ModelConfig cfg_;
   Impl* impl_;
 };
 

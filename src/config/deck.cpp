@@ -154,14 +154,36 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   const std::string deck_dir = fs::absolute(deck_path).lexically_normal().parent_path().string();
   const std::string cwd = fs::current_path().string();
 
+  // With model.dir the model's shape comes from its config.json: shape keys may not be given too.
+  const bool from_model_dir = vm.count("model.dir") > 0 && !trim(vm["model.dir"].as<std::string>()).empty();
+  auto is_shape_key = [](const std::string& name) {
+    return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std";
+  };
+
   RunConfig cfg;
   for (const KeySpec& k : key_table()) {
     bool given = vm.count(k.name) > 0;
     std::string text = given ? vm[k.name].as<std::string>() : "";
+    if (from_model_dir && is_shape_key(k.name)) {
+      if (given)
+        throw Error(concat(k.name, " is read from model.dir's config.json; remove it from the ",
+                           from_cli.count(k.name) ? "command line" : "deck", " (or remove model.dir)"));
+      continue;
+    }
     if (k.required && trim(text).empty())
       throw Error(concat(k.name, " is required (set it in the deck or with --", k.name, "=",
                          k.required, ")"));
     if (given) k.set(cfg, text, from_cli.count(k.name) ? cwd : deck_dir);
+  }
+  if (!cfg.model.dir.empty()) {
+    const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    SHARDLM_CHECK(in, "model.dir: cannot read ", path);
+    const float init_std = cfg.model.init_std;
+    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text.str(), path);
+    cfg.model.init_std = init_std;
   }
   check_run_config(cfg, world_size);
 

@@ -145,6 +145,23 @@ static KeySpec flag_key(const char* name, F field) {
           [=](const RunConfig& c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
+// A Hugging Face model directory (config.json and safetensors weights), relative to the deck's
+// folder; the model's shape then comes from its config.json.
+static KeySpec model_dir_key(const char* name) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string& base_dir) {
+            std::string v = trim(t);
+            if (v.empty()) return void(c.model.dir.clear());
+            const std::string abs = fs::absolute(fs::path(base_dir) / fs::path(v)).lexically_normal().string();
+            std::error_code ec;
+            if (!fs::is_directory(abs, ec)) bad_value(name, quoted(t), "is not a directory (" + abs + ")");
+            if (!fs::exists(fs::path(abs) / "config.json", ec))
+              bad_value(name, quoted(t), "has no config.json (a Hugging Face model directory is expected)");
+            c.model.dir = abs;
+          },
+          [](const RunConfig& c) { return c.model.dir; }};
+}
+
 // "none", "auto" or a path; whether the path exists is checked when the run resumes.
 static KeySpec resume_key(const char* name) {
   return {name, nullptr,
@@ -163,13 +180,20 @@ static const char* unit_interval(double v) { return v >= 0 && v < 1 ? nullptr : 
 
 static std::vector<KeySpec> build_table() {
   return {
-      choice_key("model.arch", SHARDLM_FIELD(model.arch), {"bloom"}),
-      int_key("model.vocab_size", SHARDLM_FIELD(model.bloom.vocab_size), 1, "must be > 0", "N"),
-      int_key("model.hidden_size", SHARDLM_FIELD(model.bloom.hidden_size), 1, "must be > 0", "N"),
-      int_key("model.num_layers", SHARDLM_FIELD(model.bloom.num_layers), 1, "must be > 0", "N"),
-      int_key("model.num_heads", SHARDLM_FIELD(model.bloom.num_heads), 1, "must be > 0", "N"),
-      positive_float_key("model.layer_norm_eps", SHARDLM_FIELD(model.bloom.layer_norm_eps)),
-      positive_float_key("model.init_std", SHARDLM_FIELD(model.bloom.init_std)),
+      choice_key("model.arch", SHARDLM_FIELD(model.arch), {"bloom", "llama"}),
+      int_key("model.vocab_size", SHARDLM_FIELD(model.vocab_size), 1, "must be > 0", "N"),
+      int_key("model.hidden_size", SHARDLM_FIELD(model.hidden_size), 1, "must be > 0", "N"),
+      int_key("model.num_layers", SHARDLM_FIELD(model.num_layers), 1, "must be > 0", "N"),
+      int_key("model.num_heads", SHARDLM_FIELD(model.num_heads), 1, "must be > 0", "N"),
+      positive_float_key("model.layer_norm_eps", SHARDLM_FIELD(model.layer_norm_eps)),
+      positive_float_key("model.init_std", SHARDLM_FIELD(model.init_std)),
+      int_key("model.num_kv_heads", SHARDLM_FIELD(model.num_kv_heads), 0, "must be >= 0 (0 = num_heads)"),
+      int_key("model.intermediate_size", SHARDLM_FIELD(model.intermediate_size), 0,
+              "must be >= 0 (0 = 4 x hidden_size)"),
+      positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps)),
+      positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta)),
+      flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),
+      model_dir_key("model.dir"),
 
       choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl"}),
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),

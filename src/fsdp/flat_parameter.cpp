@@ -16,7 +16,7 @@ FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int 
   p.shard_begin = static_cast<size_t>(shard_rank) * p.shard_numel;
   p.master.allocate(p.shard_numel, MemKind::Params);
   p.grad.allocate(p.shard_numel, MemKind::Grads);
-  bloom_init_slice(layout, unit_index, seed, p.shard_begin, p.shard_begin + p.shard_numel, p.master.data());
+  init_unit_slice(layout, unit_index, seed, p.shard_begin, p.shard_begin + p.shard_numel, p.master.data());
   const size_t lo = p.shard_begin, hi = p.shard_begin + p.shard_numel;
   for (const TensorSpec& t : layout.tensors) {
     if (t.decay) continue;

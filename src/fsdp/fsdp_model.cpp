@@ -24,13 +24,13 @@ struct FsdpModel::Buffers {
   Buffer<float> dhidden[2];        // their gradients
 };
 
-FsdpModel::FsdpModel(const BloomConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups,
+FsdpModel::FsdpModel(const ModelConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups,
                      int max_batch, int max_seq, uint64_t seed)
-    : cfg_(cfg), opt_(opt), groups_(groups), layout_(bloom_layout(cfg)), buf_(std::make_unique<Buffers>()) {
+    : cfg_(cfg), opt_(opt), groups_(groups), layout_(model_layout(cfg)), buf_(std::make_unique<Buffers>()) {
   const int shard_rank = groups_.shard->rank(), shard_size = groups_.shard->size();
   for (size_t u = 0; u < layout_.size(); ++u)
     units_.push_back(make_flat_parameter(layout_[u], static_cast<int>(u), shard_rank, shard_size, seed));
-  model_ = std::make_unique<BloomCpu>(cfg, max_batch, max_seq);
+  model_ = make_cpu_model(cfg, max_batch, max_seq);
 
   Buffers& b = *buf_;
   const size_t block_padded = units_.size() > 1 ? units_[1].padded_numel : 0;

@@ -67,22 +67,6 @@ std::string get_string(hid_t obj, const char* name, const std::string& file) {
   return value;
 }
 
-BloomConfig parse_model_config(const std::string& text, const std::string& file) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    BloomConfig cfg;
-    cfg.vocab_size = j.at("vocab_size").get<int>();
-    cfg.hidden_size = j.at("hidden_size").get<int>();
-    cfg.num_layers = j.at("n_layer").get<int>();
-    cfg.num_heads = j.at("n_head").get<int>();
-    cfg.layer_norm_eps = j.at("layer_norm_epsilon").get<float>();
-    cfg.init_std = j.at("initializer_range").get<float>();
-    return cfg;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(concat("checkpoint ", file, ": attribute 'model_config' is not a BLOOM config: ", e.what()));
-  }
-}
-
 CheckpointMeta read_meta(hid_t file, const std::string& path) {
   CheckpointMeta m;
   m.format_version = get_int(file, "format_version", path);
@@ -101,7 +85,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
   m.strategy = get_string(file, "strategy", path);
   m.world_size = get_int(file, "world_size", path);
   m.shard_group_size = get_int(file, "shard_group_size", path);
-  m.model = parse_model_config(get_string(file, "model_config", path), path);
+  m.model = model_config_from_hf(get_string(file, "model_config", path), concat("checkpoint ", path, ": attribute model_config"));
   m.version = get_string(file, "version", path);
   m.deck = get_string(file, "deck", path);
   return m;

@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bloom_config_json.hpp"
 #include "checkpoint_format.hpp"
 
 namespace shardlm {
@@ -80,7 +79,8 @@ void write_meta(hid_t file, const CheckpointMeta& meta, FirstFailure& f) {
   put_string(file, "strategy", meta.strategy, f);
   put_int(file, "world_size", meta.world_size, f);
   put_int(file, "shard_group_size", meta.shard_group_size, f);
-  put_string(file, "model_config", bloom_config_fields(meta.model).dump(), f);
+  // Compact JSON, one line in h5dump.
+  put_string(file, "model_config", nlohmann::ordered_json::parse(hf_config_json(meta.model)).dump(), f);
   put_string(file, "version", meta.version, f);
   put_string(file, "deck", meta.deck, f);
 }

@@ -6,7 +6,6 @@
 #include <regex>
 #include <set>
 
-#include "bloom_config_json.hpp"
 #include "shardlm/io.hpp"
 
 namespace shardlm {
@@ -33,26 +32,6 @@ void write_text_file(const std::string& path, const std::string& text) {
   SHARDLM_CHECK(!ec, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 
-// The config transformers' BloomForCausalLM loads; special token ids are the byte tokenizer's.
-std::string bloom_config_json(const BloomConfig& cfg) {
-  OrderedJson c;
-  c["architectures"] = {"BloomForCausalLM"};
-  c.update(bloom_config_fields(cfg));
-  c["apply_residual_connection_post_layernorm"] = false;
-  c["hidden_dropout"] = 0.0;
-  c["attention_dropout"] = 0.0;
-  c["bos_token_id"] = 256;
-  c["eos_token_id"] = 257;
-  c["pad_token_id"] = 258;
-  c["tie_word_embeddings"] = true;
-  c["use_cache"] = true;
-  c["pretraining_tp"] = 1;
-  c["slow_but_exact"] = false;
-  c["torch_dtype"] = "float32";
-  c["transformers_version"] = "4.44.0";
-  return c.dump(2) + "\n";
-}
-
 size_t shape_numel(const CheckpointTensor& t) {
   size_t n = 1;
   for (int64_t d : t.shape) {
@@ -62,12 +41,12 @@ size_t shape_numel(const CheckpointTensor& t) {
   return n;
 }
 
-// The tensors that go into the files: the tied LM head is left out, as save_pretrained does for BLOOM.
+// The tensors that go into the files: the layout's, which holds no tied LM head (save_pretrained
+// leaves it out too).
 std::vector<const CheckpointTensor*> exported_tensors(const std::vector<CheckpointTensor>& tensors) {
   std::vector<const CheckpointTensor*> out;
   std::set<std::string> seen;
   for (const auto& t : tensors) {
-    if (t.name.rfind("lm_head", 0) == 0) continue;
     SHARDLM_CHECK(seen.insert(t.name).second, "export: tensor '", t.name, "' is listed twice");
     SHARDLM_CHECK(shape_numel(t) == t.numel, "export: tensor '", t.name, "' has ", t.numel,
                   " elements but its shape holds ", shape_numel(t));
@@ -100,7 +79,7 @@ std::string shard_file_name(size_t index, size_t count) {
 }
 
 // Fetches one shard's tensors (the only ones held in memory at a time) and writes them.
-void write_shard(const std::string& path, const std::vector<const CheckpointTensor*>& shard,
+void write_shard(const std::string& path, const ModelConfig& cfg, const std::vector<const CheckpointTensor*>& shard,
                  const std::function<std::vector<float>(const CheckpointTensor&)>& fetch) {
   std::vector<SafetensorsEntry> entries;
   entries.reserve(shard.size());
@@ -108,7 +87,7 @@ void write_shard(const std::string& path, const std::vector<const CheckpointTens
     std::vector<float> values = fetch(*t);
     SHARDLM_CHECK(values.size() == t->numel, "export: tensor '", t->name, "': fetched ", values.size(),
                   " values, expected ", t->numel);
-    entries.push_back({"transformer." + t->name, t->shape, std::move(values)});
+    entries.push_back({hf_tensor_name(cfg, t->name), t->shape, std::move(values)});
   }
   write_safetensors(path, entries);
 }
@@ -128,15 +107,17 @@ void remove_stale_weights(const fs::path& dir, const std::set<std::string>& writ
 
 }  // namespace
 
-void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
-                     size_t max_shard_bytes) {
+                     const std::map<std::string, int>& token_ids, size_t max_shard_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   SHARDLM_CHECK(!ec && fs::is_directory(dir), "export: cannot create the directory ", dir,
                 ec ? ": " + ec.message() : std::string());
   const fs::path root(dir);
-  write_text_file((root / "config.json").string(), bloom_config_json(cfg));
+  OrderedJson config = OrderedJson::parse(hf_config_json(cfg));
+  for (const auto& [key, id] : token_ids) config[key] = id;
+  write_text_file((root / "config.json").string(), config.dump(2) + "\n");
 
   const auto selected = exported_tensors(tensors);
   size_t total_bytes = 0;
@@ -144,7 +125,7 @@ void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::
 
   std::set<std::string> written;
   if (total_bytes <= max_shard_bytes) {
-    write_shard((root / "model.safetensors").string(), selected, fetch);
+    write_shard((root / "model.safetensors").string(), cfg, selected, fetch);
     written.insert("model.safetensors");
   } else {
     const auto shards = plan_shards(selected, max_shard_bytes);
@@ -153,9 +134,9 @@ void export_hf_bloom(const std::string& dir, const BloomConfig& cfg, const std::
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = shard_file_name(i, shards.size());
-      write_shard((root / file).string(), shards[i], fetch);
+      write_shard((root / file).string(), cfg, shards[i], fetch);
       written.insert(file);
-      for (const CheckpointTensor* t : shards[i]) weight_map["transformer." + t->name] = file;
+      for (const CheckpointTensor* t : shards[i]) weight_map[hf_tensor_name(cfg, t->name)] = file;
     }
     index["weight_map"] = weight_map;
     write_text_file((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");

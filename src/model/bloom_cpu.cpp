@@ -290,7 +290,7 @@ struct BloomCpu::Impl {
   }
 };
 
-BloomCpu::BloomCpu(const BloomConfig& cfg, int max_batch, int max_seq) : cfg_(cfg), impl_(nullptr) {
+BloomCpu::BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq) : cfg_(cfg), impl_(nullptr) {
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "BloomCpu: negative max_batch ", max_batch, " or max_seq ",
                 max_seq);
   const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
@@ -537,6 +537,25 @@ double BloomCpu::head_loss(const float* root, const float* h, const int32_t* tar
   }
   if (count) *count = counted;
   return loss;
+}
+
+void BloomCpu::head_logits(const float* root, const float* h, int B, int T, float* logits) {
+  Impl& m = *impl_;
+  m.check_shape("head_logits", B, T);
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  // One sequence at a time: the last position's final LayerNorm, then its row of the tied head.
+  for (int b = 0; b < B; ++b) {
+    const float* last = h + (static_cast<size_t>(b) * T + (T - 1)) * H;
+    layer_norm_row(last, H, root + m.root.final_ln_weight, root + m.root.final_ln_bias, cfg_.layer_norm_eps,
+                   m.head_xhat.data(), m.head_rstd.data(), m.head_out.data());
+    cpu_gemm(false, true, 1, V, H, 1.0f, m.head_out.data(), H, root + m.root.embeddings, H, 0.0f,
+             logits + static_cast<size_t>(b) * V, V);
+  }
+}
+
+std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {
+  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch, "' is not supported (bloom or llama)");
+  return std::make_unique<BloomCpu>(cfg, max_batch, max_seq);
 }
 
 }  // namespace shardlm

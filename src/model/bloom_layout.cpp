@@ -1,4 +1,5 @@
-// BLOOM's parameter layout per FSDP unit, its deterministic counter-based initialisation, ALiBi slopes.
+// BLOOM's parameter layout per FSDP unit, the layout dispatch by architecture, the deterministic
+// counter-based initialisation of any layout, ALiBi slopes.
 #include <algorithm>
 #include <cmath>
 
@@ -7,7 +8,7 @@
 namespace shardlm {
 namespace {
 
-void check_config(const BloomConfig& cfg) {
+void check_config(const ModelConfig& cfg) {
   SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
                 "BLOOM config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
                 cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
@@ -54,7 +55,7 @@ double counter_normal(uint64_t seed, int unit_index, size_t index) {
 
 }  // namespace
 
-std::vector<UnitLayout> bloom_layout(const BloomConfig& cfg) {
+std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg) {
   check_config(cfg);
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
   const float init_std = cfg.init_std;
@@ -90,9 +91,9 @@ std::vector<UnitLayout> bloom_layout(const BloomConfig& cfg) {
   return units;
 }
 
-void bloom_init_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
+void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
                       float* out) {
-  SHARDLM_CHECK(begin <= end, "bloom_init_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
+  SHARDLM_CHECK(begin <= end, "init_unit_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
   // Padding past the last tensor stays zero.
   for (size_t i = begin; i < end; ++i) out[i - begin] = 0.0f;
   for (const TensorSpec& t : unit.tensors) {
@@ -124,6 +125,17 @@ std::vector<float> alibi_slopes(int num_heads) {
     for (int k = 1; k <= 2 * remaining - 1; k += 2) slopes.push_back(static_cast<float>(std::pow(extra_base, k)));
   }
   return slopes;
+}
+
+std::vector<UnitLayout> model_layout(const ModelConfig& cfg) {
+  if (cfg.is_llama()) return llama_layout(cfg);
+  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch, "' is not supported (bloom or llama)");
+  return bloom_layout(cfg);
+}
+
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
+  if (!cfg.is_llama()) return "transformer." + name;
+  return name == "lm_head.weight" ? name : "model." + name;
 }
 
 }  // namespace shardlm

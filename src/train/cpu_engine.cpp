@@ -11,7 +11,7 @@ class CpuEngine : public TrainEngine {
  public:
   CpuEngine(const RunConfig& cfg, ProcessGroups groups, int micro)
       : groups_(std::move(groups)),
-        model_(cfg.model.bloom, FsdpOptions{cfg.fsdp.strategy, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype}, groups_,
+        model_(cfg.model, FsdpOptions{cfg.fsdp.strategy, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype}, groups_,
                micro, cfg.data.max_length, cfg.train.seed),
         optimizer_(model_.param_slices(),
                    {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay}) {}

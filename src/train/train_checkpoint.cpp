@@ -22,7 +22,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
   m.shard_group_size = shard_group_size;
   m.loss_scale = loss_scale;
   m.strategy = strategy_name(cfg.fsdp.strategy);
-  m.model = cfg.model.bloom;
+  m.model = cfg.model;
   m.deck = resolved_deck_ini(cfg);
   m.version = SHARDLM_VERSION;
   return m;

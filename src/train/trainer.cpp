@@ -206,7 +206,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   constexpr long kScaleGrowthInterval = 2000;
   long good_steps = 0;
   // Training FLOPs per token (forward + backward) and the utilisation they give at run.peak_tflops.
-  const BloomConfig& mc = cfg.model.bloom;
+  const ModelConfig& mc = cfg.model;
   const double params = static_cast<double>(model.memory().model_params);
   const double flops_per_token =
       6.0 * params + 12.0 * mc.num_layers * static_cast<double>(mc.hidden_size) * cfg.data.max_length;

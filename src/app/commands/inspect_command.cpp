@@ -3,8 +3,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "commands.hpp"
+#include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
 #include "shardlm/io.hpp"
 
@@ -28,8 +30,12 @@ void print_checkpoint(const std::string& path) {
   std::printf("schedule     %s, lr %g, warmup %ld, total %ld steps; seed %llu\n", m.lr_schedule.c_str(), m.base_lr,
               m.warmup_steps, m.total_steps, static_cast<unsigned long long>(m.seed));
   std::printf("layout       %s on %d rank(s), shard group %d\n", m.strategy.c_str(), m.world_size, m.shard_group_size);
-  std::printf("model        bloom: vocab %d, hidden %d, layers %d, heads %d\n", m.model.vocab_size,
+  std::printf("model        %s: vocab %d, hidden %d, layers %d, heads %d", m.model.arch.c_str(), m.model.vocab_size,
               m.model.hidden_size, m.model.num_layers, m.model.num_heads);
+  if (m.model.is_llama())
+    std::printf(", kv heads %d, intermediate %d%s", m.model.kv_heads(), m.model.ffn_size(),
+                m.model.tie_word_embeddings ? ", tied head" : "");
+  std::printf("\n");
   std::printf("\n%-48s %-16s %12s %14s %14s\n", "tensor", "shape", "numel", "l2 norm", "max |x|");
   size_t total = 0;
   for (const CheckpointTensor& t : reader.tensors()) {
@@ -62,6 +68,13 @@ int command_inspect(const std::vector<std::string>& args) {
   return 0;
 }
 
+// A run with the byte tokenizer names its special tokens in the exported config.json.
+std::map<std::string, int> byte_tokenizer_ids(const std::string& deck) {
+  if (deck.find("\ntokenizer = byte\n") == std::string::npos) return {};
+  return {{"bos_token_id", ByteTokenizer::kBos}, {"eos_token_id", ByteTokenizer::kEos},
+          {"pad_token_id", ByteTokenizer::kPad}};
+}
+
 int command_export(const std::vector<std::string>& args) {
   if (args.size() != 2) {
     log_info("usage: shardlm export CHECKPOINT OUTPUT_DIR   (Hugging Face config.json + safetensors)");
@@ -73,8 +86,8 @@ int command_export(const std::vector<std::string>& args) {
     if (rank != 0) return;
     const std::string path = resolve_resume(args[0], "");
     CheckpointReader reader(path);
-    export_hf_bloom(args[1], reader.meta().model, reader.tensors(),
-                    [&](const CheckpointTensor& t) { return reader.read(t); });
+    export_hf_model(args[1], reader.meta().model, reader.tensors(),
+                    [&](const CheckpointTensor& t) { return reader.read(t); }, byte_tokenizer_ids(reader.meta().deck));
     std::printf("exported %s (step %ld) to %s\n", path.c_str(), reader.meta().step, args[1].c_str());
   });
   return 0;

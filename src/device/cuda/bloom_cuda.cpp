@@ -40,7 +40,7 @@ constexpr int kHeadChunkTokens = 2048;
 
 }  // namespace
 
-BloomCuda::BloomCuda(const BloomConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
+BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
     : cfg_(cfg),
       dt_(dt),
       dsize_(dtype_size(dt)),

@@ -18,7 +18,7 @@ class BloomCuda {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
   // only each block's input is kept; its other activations are recomputed before its backward.
-  BloomCuda(const BloomConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
+  BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
 
   // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s);
@@ -35,7 +35,7 @@ class BloomCuda {
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s);
 
   size_t activation_bytes() const;
-  const BloomConfig& config() const { return cfg_; }
+  const ModelConfig& config() const { return cfg_; }
 
  private:
   struct Saved {  // one block's activations kept for its backward
@@ -52,7 +52,7 @@ class BloomCuda {
   BlockOffsets off_{};
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
-  BloomConfig cfg_;
+  ModelConfig cfg_;
   DType dt_;
   size_t dsize_;
   int max_tokens_, max_seq_, max_batch_;

@@ -50,7 +50,8 @@ double nccl_timeout_seconds() {
 class CudaEngine : public TrainEngine {
  public:
   CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
-      : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(bloom_layout(cfg.model.bloom)) {
+      : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(model_layout(cfg.model)) {
+    SHARDLM_CHECK(!cfg.model.is_llama(), "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
     SHARDLM_CHECK(cfg.fsdp.reduce_dtype == DType::F32 || cfg.fsdp.reduce_dtype == cfg.fsdp.param_dtype,
                   "fsdp.reduce_dtype = ", dtype_name(cfg.fsdp.reduce_dtype),
                   ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
@@ -98,7 +99,7 @@ class CudaEngine : public TrainEngine {
     // Gathered parameters: the root's; one block buffer per layer (kept from forward to backward)
     // or, under FULL_SHARD, two that alternate so the next block is gathered during this one.
     alias_ = shard_size == 1;
-    const int L = cfg.model.bloom.num_layers;
+    const int L = cfg.model.num_layers;
     const size_t block_padded = units_.size() > 1 ? units_[1].host.padded_numel : 0;
     if (!alias_) {
       root_full_.allocate(units_[0].host.padded_numel * dsize_);
@@ -128,7 +129,7 @@ class CudaEngine : public TrainEngine {
       reduce_send_.allocate(max_padded * dsize_);
       reduce_recv_.allocate(max_shard * dsize_);
     }
-    model_ = std::make_unique<cuda::BloomCuda>(cfg.model.bloom, dt_, micro, cfg.data.max_length,
+    model_ = std::make_unique<cuda::BloomCuda>(cfg.model, dt_, micro, cfg.data.max_length,
                                                cfg.fsdp.activation_checkpointing);
     tokens_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
     targets_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
@@ -368,7 +369,7 @@ class CudaEngine : public TrainEngine {
   }
 
   double run(const MicroBatch& mb, float grad_scale, bool backward) {
-    const int B = mb.batch, T = mb.seq, L = cfg_.model.bloom.num_layers;
+    const int B = mb.batch, T = mb.seq, L = cfg_.model.num_layers;
     const size_t N = static_cast<size_t>(B) * T;
     SHARDLM_CHECK(N <= tokens_.size(), "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", tokens_.size());
     if (N > 0) {

@@ -1,0 +1,100 @@
+// Llama's parameter layout per FSDP unit (names of the Hugging Face state dict without "model.")
+// and its rotary frequencies, Llama 3.1's rope_scaling included.
+#include <cmath>
+
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+namespace {
+
+void check_config(const ModelConfig& cfg) {
+  SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
+                "Llama config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
+                cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
+  SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, "Llama config: hidden_size ", cfg.hidden_size,
+                " is not a multiple of num_attention_heads ", cfg.num_heads);
+  SHARDLM_CHECK(cfg.head_dim() % 2 == 0, "Llama config: head dimension ", cfg.head_dim(),
+                " must be even for rotary embeddings");
+  SHARDLM_CHECK(cfg.kv_heads() > 0 && cfg.num_heads % cfg.kv_heads() == 0, "Llama config: num_attention_heads ",
+                cfg.num_heads, " is not a multiple of num_key_value_heads ", cfg.kv_heads());
+  SHARDLM_CHECK(cfg.ffn_size() > 0, "Llama config: intermediate_size must be positive");
+}
+
+void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> shape, InitKind init,
+                float init_std) {
+  TensorSpec t;
+  t.name = name;
+  t.numel = 1;
+  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
+  t.shape = std::move(shape);
+  t.offset = unit.numel;
+  t.decay = t.shape.size() >= 2;  // matrices decay; RMSNorm weights do not
+  t.init = init;
+  t.init_std = init_std;
+  unit.numel += t.numel;
+  unit.tensors.push_back(std::move(t));
+}
+
+}  // namespace
+
+std::vector<UnitLayout> llama_layout(const ModelConfig& cfg) {
+  check_config(cfg);
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size, D = cfg.head_dim();
+  const int64_t Q = cfg.num_heads * D, KV = cfg.kv_heads() * D, F = cfg.ffn_size();
+  const float std_ = cfg.init_std;
+  std::vector<UnitLayout> units;
+
+  UnitLayout root;
+  root.name = "root";
+  add_tensor(root, "embed_tokens.weight", {V, H}, InitKind::Normal, std_);
+  add_tensor(root, "norm.weight", {H}, InitKind::Ones, std_);
+  if (!cfg.tie_word_embeddings) add_tensor(root, "lm_head.weight", {V, H}, InitKind::Normal, std_);
+  units.push_back(std::move(root));
+
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    UnitLayout block;
+    block.name = concat("layers.", i);
+    const std::string p = block.name + ".";
+    add_tensor(block, p + "input_layernorm.weight", {H}, InitKind::Ones, std_);
+    add_tensor(block, p + "self_attn.q_proj.weight", {Q, H}, InitKind::Normal, std_);
+    add_tensor(block, p + "self_attn.k_proj.weight", {KV, H}, InitKind::Normal, std_);
+    add_tensor(block, p + "self_attn.v_proj.weight", {KV, H}, InitKind::Normal, std_);
+    add_tensor(block, p + "self_attn.o_proj.weight", {H, Q}, InitKind::Normal, std_);
+    add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, std_);
+    add_tensor(block, p + "mlp.gate_proj.weight", {F, H}, InitKind::Normal, std_);
+    add_tensor(block, p + "mlp.up_proj.weight", {F, H}, InitKind::Normal, std_);
+    add_tensor(block, p + "mlp.down_proj.weight", {H, F}, InitKind::Normal, std_);
+    units.push_back(std::move(block));
+  }
+  return units;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+  const int D = cfg.head_dim();
+  std::vector<float> inv_freq(D / 2);
+  const double pi = 3.14159265358979323846;
+  const RopeScaling& rs = cfg.rope_scaling;
+  for (int i = 0; i < D / 2; ++i) {
+    // transformers computes 1 / theta^(2i / D) in fp32 from an int64 arange; double then rounding
+    // to float gives the same value here.
+    double f = 1.0 / std::pow(static_cast<double>(cfg.rope_theta), (2.0 * i) / D);
+    if (rs.factor > 0) {
+      // Llama 3.1: wavelengths beyond original/low_freq_factor are slowed by `factor`, those below
+      // original/high_freq_factor kept, and those between blended linearly in 1/wavelength.
+      const double wavelen = 2 * pi / f;
+      const double low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor;
+      const double high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor;
+      if (wavelen > low_wavelen) {
+        f = f / rs.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+    inv_freq[i] = static_cast<float>(f);
+  }
+  return inv_freq;
+}
+
+}  // namespace shardlm
