@@ -100,14 +100,25 @@ shardlm_stopped_early() {
   [[ -f $metrics ]] && grep '"type":"summary"' "$metrics" | tail -n 1 | grep -q '"preempted":true'
 }
 
-# srun the ranks in the background so that this shell can take SIGUSR1 (sbatch --signal=B:USR1@T)
-# and pass it on; returns srun's exit code.
+# SIGUSR1 (sbatch --signal=B:USR1@T) goes to this shell, which passes it to srun and so to the
+# ranks; trapped from the start, as its default action would end the job script.
+SHARDLM_STEP_PID=
+shardlm_on_usr1() {
+  if [[ -n $SHARDLM_STEP_PID ]]; then
+    log "SIGUSR1: shardlm writes a checkpoint at the next step and stops"
+    kill -USR1 "$SHARDLM_STEP_PID" 2>/dev/null || true
+  else
+    log "SIGUSR1 before shardlm started: ignored"
+  fi
+}
+trap shardlm_on_usr1 USR1
+
+# srun the ranks in the background so that this shell can take SIGUSR1 meanwhile; returns srun's
+# exit code.
 shardlm_srun() {
   local srun=(srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}")
   [[ -n ${SRUN_MPI-pmix} ]] && srun+=(--mpi="${SRUN_MPI-pmix}")
   log "launch: ${srun[*]} $*"
-  SHARDLM_STEP_PID=
-  trap 'log "SIGUSR1: shardlm writes a checkpoint at the next step and stops"; [[ -n $SHARDLM_STEP_PID ]] && kill -USR1 "$SHARDLM_STEP_PID"' USR1
   "${srun[@]}" "$@" &
   SHARDLM_STEP_PID=$!
   local rc
@@ -115,7 +126,7 @@ shardlm_srun() {
     wait "$SHARDLM_STEP_PID" && rc=0 || rc=$?
     kill -0 "$SHARDLM_STEP_PID" 2>/dev/null || break  # a trapped signal interrupts wait; wait again
   done
-  trap - USR1
+  SHARDLM_STEP_PID=
   return "$rc"
 }
 
@@ -142,6 +153,7 @@ shardlm_train() {
   fi
   shardlm_set_args "$@"
   shardlm_set_args "${SHARDLM_USER_ARGS[@]}"
+  RUN_DIR=${SHARDLM_OVERRIDE[run.dir]}  # the sbatch line may have moved it
   shardlm_environment
 
   local args=() key rc=0
