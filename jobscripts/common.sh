@@ -32,6 +32,7 @@ shardlm_find() {
     set +eu  # Lmod's scripts are not written for -eu
     if ! type module >/dev/null 2>&1; then
       for init in /etc/profile.d/lmod.sh /usr/share/lmod/lmod/init/bash; do
+        # shellcheck source=/dev/null
         if [[ -f $init ]]; then source "$init"; break; fi
       done
     fi
@@ -55,7 +56,7 @@ shardlm_set() {
 shardlm_set_args() {  # --section.key=value or --section.key value, as shardlm takes them
   while (($#)); do
     case $1 in
-      --*=*) shardlm_set "$(sed 's/^--//; s/=.*//' <<<"$1")" "${1#*=}"; shift ;;
+      --*=*) local pair=${1#--}; shardlm_set "${pair%%=*}" "${pair#*=}"; shift ;;
       --*) (($# >= 2)) || fail "$1 has no value"; shardlm_set "${1#--}" "$2"; shift 2 ;;
       *) fail "unexpected argument '$1': overrides come after the deck as --section.key=value" ;;
     esac
