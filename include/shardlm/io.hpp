@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -121,6 +123,59 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
 // Reads every tensor of a safetensors file written with F32, BF16 or F16 data, as fp32.
 // Defensive: header length, offsets, dtype and byte counts are checked against the file.
 std::vector<SafetensorsEntry> read_safetensors(const std::string& path);
+
+// One tensor of a safetensors file: its dtype (F32, BF16 or F16), shape and where its data starts.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  size_t numel = 0;
+  uint64_t file_offset = 0;
+};
+
+// A safetensors file opened for reading parts of tensors: the header is read and checked (as by
+// read_safetensors) on construction, the data is read only where asked.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }  // in data order
+  // Elements [first, first + count) of t (row-major, flat) converted to fp32.
+  void read(const SafetensorsTensor& t, size_t first, size_t count, float* out);
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  std::vector<SafetensorsTensor> tensors_;
+  uint64_t bytes_read_ = 0;
+};
+
+// A Hugging Face model directory: config.json and its weights (model.safetensors, or the shards a
+// model.safetensors.index.json lists). Opening reads config.json and the safetensors headers and
+// checks that the files hold exactly the tensors the config's layout needs, with their shapes
+// (Error naming the file and tensor otherwise); the data is read only by read_unit_slice.
+class HfModelDir {
+ public:
+  explicit HfModelDir(const std::string& dir);
+  const ModelConfig& config() const { return config_; }
+  // Elements [begin, end) of unit `unit`'s flat vector (layout of config()), converted to fp32:
+  // only the bytes of that range are read. Padding past the unit's end reads as 0.
+  void read_unit_slice(size_t unit, size_t begin, size_t end, float* out);
+  const std::vector<UnitLayout>& layout() const { return layout_; }
+  uint64_t bytes_read() const;
+
+ private:
+  struct Source {
+    size_t file = 0;
+    const SafetensorsTensor* tensor = nullptr;
+  };
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<UnitLayout> layout_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::vector<Source>> sources_;  // [unit][tensor of the unit]
+};
 
 // Writes DIR/config.json (BloomForCausalLM or LlamaForCausalLM, plus `token_ids` such as
 // {"eos_token_id": 257}) and the weights as DIR/model.safetensors, or, above max_shard_bytes, as

@@ -178,28 +178,26 @@ void sort_and_check_overlaps(const std::string& path, std::vector<TensorInfo>& i
   }
 }
 
-std::vector<float> read_values(const std::string& path, std::ifstream& in, uint64_t data_start, const TensorInfo& t) {
-  std::vector<float> values(t.numel);
-  if (t.numel == 0) return values;
-  if (t.dtype == DType::F32) {
-    read_at(path, in, data_start + t.begin, reinterpret_cast<char*>(values.data()), t.numel * 4);
-    return values;
+// Elements [first, first + count) of tensor t (data at absolute file offset `at`) as fp32 into out.
+// 16-bit data is converted a chunk at a time so the values are never held twice.
+void read_range(const std::string& path, std::ifstream& in, uint64_t at, DType dtype, size_t first, size_t count,
+                float* out) {
+  if (count == 0) return;
+  if (dtype == DType::F32) {
+    read_at(path, in, at + first * 4, reinterpret_cast<char*>(out), count * 4);
+    return;
   }
-  // 16-bit data is converted a chunk at a time so the tensor is never held twice.
   constexpr size_t kChunk = size_t(1) << 20;
-  std::vector<uint16_t> raw(std::min(kChunk, t.numel));
-  for (size_t done = 0; done < t.numel; done += raw.size()) {
-    const size_t n = std::min(raw.size(), t.numel - done);
-    read_at(path, in, data_start + t.begin + done * 2, reinterpret_cast<char*>(raw.data()), n * 2);
-    unpack16(t.dtype, raw.data(), values.data() + done, n);
+  std::vector<uint16_t> raw(std::min(kChunk, count));
+  for (size_t done = 0; done < count; done += raw.size()) {
+    const size_t n = std::min(raw.size(), count - done);
+    read_at(path, in, at + (first + done) * 2, reinterpret_cast<char*>(raw.data()), n * 2);
+    unpack16(dtype, raw.data(), out + done, n);
   }
-  return values;
 }
 
-}  // namespace
-
-std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+// The checked header of an open file: its tensors in data order and where the data section starts.
+std::vector<TensorInfo> read_header(const std::string& path, std::ifstream& in, uint64_t* data_start) {
   SHARDLM_CHECK(in, "safetensors ", path, ": cannot open the file");
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
@@ -221,8 +219,8 @@ std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
   const Header header = parse_header(path, text);
   text = std::string();  // the parsed header replaces its text
 
-  const uint64_t data_start = 8 + header_bytes;
-  const uint64_t data_bytes = file_bytes - data_start;
+  *data_start = 8 + header_bytes;
+  const uint64_t data_bytes = file_bytes - *data_start;
   std::vector<TensorInfo> infos;
   for (const std::string& name : header.keys) {
     const Json& entry = header.json.at(name);
@@ -232,11 +230,36 @@ std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
       infos.push_back(parse_entry(path, name, entry, data_bytes));
   }
   sort_and_check_overlaps(path, infos);
+  return infos;
+}
 
+}  // namespace
+
+std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t data_start = 0;
+  const std::vector<TensorInfo> infos = read_header(path, in, &data_start);
   std::vector<SafetensorsEntry> tensors;
   tensors.reserve(infos.size());
-  for (const auto& t : infos) tensors.push_back({t.name, t.shape, read_values(path, in, data_start, t)});
+  for (const auto& t : infos) {
+    std::vector<float> values(t.numel);
+    read_range(path, in, data_start + t.begin, t.dtype, 0, t.numel, values.data());
+    tensors.push_back({t.name, t.shape, std::move(values)});
+  }
   return tensors;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+  uint64_t data_start = 0;
+  for (const TensorInfo& t : read_header(path, in_, &data_start))
+    tensors_.push_back({t.name, t.dtype, t.shape, t.numel, data_start + t.begin});
+}
+
+void SafetensorsFile::read(const SafetensorsTensor& t, size_t first, size_t count, float* out) {
+  SHARDLM_CHECK(first <= t.numel && count <= t.numel - first, "safetensors ", path_, ": tensor '", printable(t.name),
+                "': elements [", first, ", ", first + count, ") are outside its ", t.numel);
+  read_range(path_, in_, t.file_offset, t.dtype, first, count, out);
+  bytes_read_ += count * dtype_size(t.dtype);
 }
 
 }  // namespace shardlm

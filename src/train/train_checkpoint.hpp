@@ -23,4 +23,15 @@ CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta
                                       const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
                                       MetricsWriter& metrics);
 
+struct PretrainedLoad {
+  uint64_t bytes_total = 0;     // bytes of weight data read, all ranks together
+  uint64_t bytes_max_rank = 0;  // the most one rank read
+  double seconds_mine = 0;
+  double seconds = 0;           // slowest rank, from opening the directory to the last slice
+};
+
+// Fills the param views of `units` (this rank's slices) from the Hugging Face model directory
+// `dir`, reading only the bytes of those slices, and zeroes both AdamW moments. Collective.
+PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitState>& units, MPI_Comm comm);
+
 }  // namespace shardlm

@@ -226,6 +226,14 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     start_epoch_step = meta.epoch_step;
     say(concat("resumed from ", resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
                meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
+  } else if (!cfg.model.dir.empty()) {
+    const PretrainedLoad load = load_pretrained(cfg.model.dir, model.checkpoint_state(), comm);
+    model.checkpoint_loaded();
+    say(concat("loaded weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total), " read by ", world,
+               " rank(s) (at most ", format_bytes(load.bytes_max_rank), " by one) in ", load.seconds, " s"));
+    if (rank == 0)
+      metrics.write({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
+                   {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
   }
   auto checkpoint = [&](int epoch, long epoch_step) {
     CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, model.optimizer_steps(), world,
