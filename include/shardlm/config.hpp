@@ -21,7 +21,7 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string format = "squad";  // squad | jsonl
+  std::string format = "squad";  // squad | jsonl | chess
   std::string train_file;
   std::string eval_file;          // empty: no evaluation
   int max_length = 512;

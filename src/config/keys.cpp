@@ -171,7 +171,7 @@ static std::vector<KeySpec> build_table() {
       positive_float_key("model.layer_norm_eps", SHARDLM_FIELD(model.bloom.layer_norm_eps)),
       positive_float_key("model.init_std", SHARDLM_FIELD(model.bloom.init_std)),
 
-      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl"}),
+      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl", "chess"}),
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),
       path_key("data.eval_file", SHARDLM_FIELD(data.eval_file)),
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),

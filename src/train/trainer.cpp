@@ -29,7 +29,7 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
   opt.limit = limit;
   opt.seed = seed;
   opt.shuffle_subset = limit > 0;
-  return data.format == "squad" ? load_squad(path, tok, opt) : load_jsonl(path, tok, opt);
+  return load_examples(data.format, path, tok, opt);
 }
 
 int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>& indices) {
