@@ -1,17 +1,21 @@
 // Tests of the shardlm executable under mpirun: bad decks fail fast with one message on 1 and 4
-// ranks; the demo deck trains (loss halves, eval each epoch) and writes its metrics and deck.
+// ranks; the demo deck trains (loss halves, eval each epoch) and writes its metrics and deck;
+// chess games train; `shardlm report` compares runs of two world sizes.
 #define BOOST_TEST_MODULE test_cli
 #include <boost/test/unit_test.hpp>
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
@@ -113,18 +117,26 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
     const std::string type = j.at("type");
     if (type == "train") {
       losses.push_back(j.at("loss"));
-      for (const char* key : {"step", "epoch", "grad_norm", "lr", "tokens_per_s"}) BOOST_TEST(j.contains(key));
+      // Hugging Face Trainer's keys, then ours.
+      for (const char* key : {"loss", "grad_norm", "learning_rate", "epoch", "step", "tokens_per_second_per_gpu",
+                              "mfu", "peak_memory_bytes", "lr", "tokens_per_s", "tokens_per_s_per_rank"})
+        BOOST_TEST(j.contains(key), key);
+      BOOST_TEST(j.at("peak_memory_bytes_per_rank").size() == 2u);
     } else if (type == "eval") {
       ++evals;
       BOOST_TEST(j.at("eval_loss").get<double>() > 0.0);
       BOOST_TEST(j.at("eval_samples_per_second").get<double>() > 0.0);
+      BOOST_TEST(j.at("eval_steps_per_second").get<double>() > 0.0);
+      for (const char* key : {"eval_runtime", "epoch"}) BOOST_TEST(j.contains(key), key);
     } else if (type == "memory") {
       ++memory_lines;
     } else if (type == "summary") {
       ++summaries;
-      for (const char* key : {"train_runtime", "train_samples_per_second", "train_loss", "peak_memory_bytes"})
-        BOOST_TEST(j.contains(key));
+      for (const char* key : {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss",
+                              "epoch", "peak_memory_bytes"})
+        BOOST_TEST(j.contains(key), key);
       BOOST_TEST(j.at("peak_memory_bytes").get<double>() > 0.0);
+      BOOST_TEST(j.at("peak_memory_bytes_per_rank").size() == 2u);
     }
   }
   BOOST_TEST_REQUIRE(losses.size() >= 2u);
@@ -132,6 +144,12 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   BOOST_TEST(evals == 10);                            // one per epoch
   BOOST_TEST(memory_lines == 2);                      // one per rank
   BOOST_TEST(summaries == 1);
+  // Rank 0 closes with the summary table: train metrics, then one eval row per epoch.
+  BOOST_TEST(count_of(o.output, "***** train summary *****") == 1u);
+  BOOST_TEST(o.output.find("train_samples_per_second") != std::string::npos);
+  BOOST_TEST(count_of(o.output, "***** eval per epoch *****") == 1u);
+  // Output to a pipe gets log lines, never the terminal progress bar.
+  BOOST_TEST(o.output.find('\r') == std::string::npos);
 
   // The resolved deck is a deck: it runs again as written.
   fs::path again = scratch("cli_demo_again");
@@ -290,4 +308,137 @@ BOOST_AUTO_TEST_CASE(exported_weights_give_the_transformers_loss) {
                                      nullptr, nullptr);
   const double want = ref.at("transformers_loss").get<double>();
   BOOST_TEST(sum / static_cast<double>(count) == want, boost::test_tools::tolerance(1e-5));
+}
+
+// data.format = chess trains from the shipped games (JSON lines for training, text for eval).
+BOOST_AUTO_TEST_CASE(chess_games_train) {
+  fs::path dir = scratch("cli_chess");
+  Outcome o = run_shardlm(2, "train " + kDemo + " --data.format=chess --data.train_file=" SHARDLM_SOURCE_DIR
+                                 "/input/data/demo_chess_train.jsonl --data.eval_file=" SHARDLM_SOURCE_DIR
+                                 "/input/data/demo_chess_eval.txt --train.epochs=2 --run.dir=" + dir.string());
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  BOOST_TEST(o.output.find("data: 28 train / 6 eval examples") != std::string::npos);
+  BOOST_TEST(count_of(o.output, "eval  epoch") == 2u);
+}
+
+namespace {
+
+// Each line of a CSV text split at commas (the report quotes no field of these runs).
+std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::string cell;
+    std::istringstream fields(line);
+    while (std::getline(fields, cell, ',')) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.push_back("");
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+const std::string kShardlm = SHARDLM_BINARY_DIR "/bin/shardlm";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(report_compares_runs_of_two_world_sizes) {
+  const fs::path root = scratch("cli_report");
+  const std::string common = " --train.epochs=2 --train.log_every=2";
+  Outcome one = run_shardlm(1, "train " + kDemo + common + " --run.dir=" + (root / "one_rank").string());
+  BOOST_TEST_INFO(one.output);
+  BOOST_TEST_REQUIRE(one.exit_code == 0);
+  Outcome two = run_shardlm(2, "train " + kDemo + common + " --fsdp.strategy=SHARD_GRAD_OP --run.dir=" +
+                                   (root / "two_ranks").string());
+  BOOST_TEST_INFO(two.output);
+  BOOST_TEST_REQUIRE(two.exit_code == 0);
+
+  // Run directly, without mpirun: report needs no MPI.
+  const fs::path csv = root / "runs.csv", plots = root / "plots";
+  Outcome rep = run_command(kShardlm + " report " + (root / "two_ranks").string() + " " +
+                            (root / "one_rank").string() + " --csv " + csv.string() + " --svg=" + plots.string());
+  BOOST_TEST_INFO(rep.output);
+  BOOST_TEST_REQUIRE(rep.exit_code == 0);
+  BOOST_TEST(rep.output.find("| run | backend | strategy |") != std::string::npos);
+  BOOST_TEST(rep.output.find("| two_ranks | cpu | SHARD_GRAD_OP | fp32 | 2 | 1 |") != std::string::npos);
+  BOOST_TEST(rep.output.find("| one_rank | cpu | FULL_SHARD | fp32 | 1 | 1 |") != std::string::npos);
+  BOOST_TEST(rep.output.find("against one_rank (1 rank(s))") != std::string::npos);  // the smallest run is the base
+
+  // The CSV: a header and one row per run, in the order given; the base run's speed-up is 1 and
+  // the other's equals the ratio of the summaries' samples/s.
+  const auto rows = parse_csv(read_text(csv));
+  BOOST_TEST_REQUIRE(rows.size() == 3u);
+  const std::vector<std::string>& header = rows[0];
+  auto column = [&](const std::string& name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    BOOST_TEST_REQUIRE((it != header.end()), "CSV column " << name);
+    return static_cast<size_t>(it - header.begin());
+  };
+  for (size_t r = 1; r < rows.size(); ++r) BOOST_TEST(rows[r].size() == header.size());
+  BOOST_TEST(rows[1][column("run")] == "two_ranks");
+  BOOST_TEST(rows[2][column("run")] == "one_rank");
+  BOOST_TEST(rows[1][column("ranks")] == "2");
+  BOOST_TEST(std::stod(rows[2][column("speedup")]) == 1.0);
+  auto summary_sps = [&](const fs::path& run) {
+    std::ifstream in(run / "metrics.jsonl");
+    double sps = 0;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("type") == "summary") sps = j.at("train_samples_per_second");
+    }
+    return sps;
+  };
+  const double want = summary_sps(root / "two_ranks") / summary_sps(root / "one_rank");
+  BOOST_TEST(std::stod(rows[1][column("speedup")]) == want, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(std::stod(rows[1][column("efficiency")]) == want / 2, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(std::stod(rows[1][column("eval_loss_2")]) > 0.0);
+  BOOST_TEST(std::stod(rows[2][column("peak_memory_bytes")]) > 0.0);
+
+  // The plots: well-formed SVG, one polyline per run for the losses; the scaling plot has both
+  // strategies and the dashed ideal line.
+  const std::string loss = read_text(plots / "loss.svg");
+  BOOST_TEST(loss.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0u);
+  BOOST_TEST(loss.find("</svg>") == loss.size() - 7);
+  BOOST_TEST(count_of(loss, "<polyline") == 2u);
+  BOOST_TEST(count_of(loss, "<title>one_rank</title>") == 1u);
+  const std::string scaling = read_text(plots / "scaling.svg");
+  BOOST_TEST(scaling.rfind("<svg", 0) == 0u);
+  BOOST_TEST(count_of(scaling, "<polyline") == 3u);  // ideal + one per strategy
+  BOOST_TEST(count_of(scaling, "stroke-dasharray") >= 1u);
+  // Tags open and close in balance (no stray '<' from a run name).
+  BOOST_TEST(count_of(loss, "<") == count_of(loss, ">"));
+}
+
+BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
+  Outcome missing = run_command(kShardlm + " report /nonexistent/run");
+  BOOST_TEST(missing.exit_code == 1);
+  BOOST_TEST(missing.output.find("shardlm: error: report: '/nonexistent/run' is not a directory") != std::string::npos,
+             missing.output);
+
+  const fs::path dir = scratch("cli_report_garbled");
+  Outcome not_a_run = run_command(kShardlm + " report " + dir.string());
+  BOOST_TEST(not_a_run.exit_code == 1);
+  BOOST_TEST(not_a_run.output.find("deck.resolved.ini: cannot open") != std::string::npos, not_a_run.output);
+
+  std::ofstream(dir / "deck.resolved.ini") << "[run]\nbackend = cpu\n";
+  std::ofstream(dir / "metrics.jsonl") << "{\"type\":\"setup\",\"world_size\":1,\"num_nodes\":1,\"strategy\":\"NO_SHARD\"}\n"
+                                       << "{\"type\":\"train\",\"step\":1,\"loss\":\n";
+  Outcome garbled = run_command(kShardlm + " report " + dir.string());
+  BOOST_TEST(garbled.exit_code == 1);
+  BOOST_TEST(garbled.output.find("metrics.jsonl:2: not valid JSON") != std::string::npos, garbled.output);
+
+  std::ofstream(dir / "metrics.jsonl") << "{\"type\":\"train\",\"step\":1,\"loss\":2.5}\n";
+  Outcome no_setup = run_command(kShardlm + " report " + dir.string());
+  BOOST_TEST(no_setup.exit_code == 1);
+  BOOST_TEST(no_setup.output.find("no 'setup' record") != std::string::npos, no_setup.output);
+
+  Outcome usage = run_command(kShardlm + " report");
+  BOOST_TEST(usage.exit_code == 2);
+  BOOST_TEST(usage.output.find("usage: shardlm report") != std::string::npos);
 }

@@ -22,7 +22,7 @@ struct ModelSection : ModelConfig {
 };
 
 struct DataSection {
-  std::string format = "squad";  // squad | jsonl
+  std::string format = "squad";  // squad | jsonl | chess
   std::string train_file;
   std::string eval_file;          // empty: no evaluation
   int max_length = 512;

@@ -1,11 +1,12 @@
 // data: tokenizers (bytes; Hugging Face tokenizer.json), dataset readers (SQuAD v1.1 JSON, JSONL
-// text), batching and the distributed sampler.
+// text, chess moves), SQuAD v1.1 exact match and F1, batching and the distributed sampler.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace shardlm {
@@ -42,10 +43,65 @@ struct DatasetOptions {
 std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& tok,
                                 const DatasetOptions& opt);
 
+// One SQuAD question as the metrics see it: its id and every reference answer, in file order.
+struct SquadQuestion {
+  std::string id;
+  std::vector<std::string> answers;
+};
+
+// The questions of a SQuAD file in the order and subset load_squad gives its examples for the
+// same options (question i is example i), each with all its answers. Every question needs a
+// string 'id'. Throws Error naming the file and record on malformed input.
+std::vector<SquadQuestion> load_squad_questions(const std::string& path, const DatasetOptions& opt);
+
+// SQuAD v1.1 metrics, as the official evaluate-v1.1.py defines them. Normalisation: Python's
+// lower(), removal of string.punctuation (ASCII only: curly quotes and dashes stay), removal of
+// the whole words a/an/the, whitespace collapsed; squad_answer_tokens splits the result.
+std::string squad_normalize_answer(const std::string& text);
+std::vector<std::string> squad_answer_tokens(const std::string& text);
+double squad_exact_match(const std::string& prediction, const std::string& reference);  // 0 or 1
+double squad_f1(const std::string& prediction, const std::string& reference);  // token-bag F1 in [0, 1]
+// The best score over the references (0 when there are none).
+double squad_best_exact_match(const std::string& prediction, const std::vector<std::string>& references);
+double squad_best_f1(const std::string& prediction, const std::vector<std::string>& references);
+
+struct SquadScores {
+  double exact_match = 0;  // percent over all questions, as the official script reports it
+  double f1 = 0;           // percent
+  size_t questions = 0;
+  size_t answered = 0;     // questions with a prediction; the others score 0
+};
+
+// Scores predictions keyed by question id against every question.
+SquadScores squad_scores(const std::vector<SquadQuestion>& questions,
+                         const std::unordered_map<std::string, std::string>& predictions);
+
 // JSON lines with {"text": ...} (loss on every next token) or {"prompt": ..., "completion": ...}
 // (loss on the completion and EOS only), truncated to max_length.
 std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
                                 const DatasetOptions& opt);
+
+// [BOS] text [EOS] with a loss on every next token, cut to max_length tokens (its end goes).
+Example next_token_example(const std::vector<int32_t>& text, int max_length);
+
+// Chess games as sequences of UCI moves (e2e4, e7e8q), one game per line: JSON lines with a
+// "moves" field (any letter case, as laion/strategic_game_chess's "Moves"; a list of move
+// strings or one space-separated string; other fields such as "Termination" and "Result" are
+// ignored) or, when the first non-blank line does not start with '{', plain text of
+// space-separated moves. The text a game trains on is its moves joined by single spaces,
+// "e2e4 e7e5 g1f3", as [BOS] text [EOS] with a loss on every next token, cut to max_length.
+// A malformed move is an Error naming the file, line and move.
+std::vector<Example> load_chess(const std::string& path, const ByteTokenizer& tok,
+                                const DatasetOptions& opt);
+// Whether `move` is UCI long algebraic notation in lower case: from and to squares (a1..h8) that
+// differ, then optionally a promotion piece (q, r, b or n), allowed only on a pawn's last step
+// (7th to 8th rank or 2nd to 1st, to the same or a neighbouring file).
+bool is_uci_move(const std::string& move);
+
+// The loader of a deck's data.format: "squad" (load_squad), "jsonl" (load_jsonl) or "chess"
+// (load_chess); Error for any other name.
+std::vector<Example> load_examples(const std::string& format, const std::string& path,
+                                   const ByteTokenizer& tok, const DatasetOptions& opt);
 
 // A permutation of 0..n-1 drawn by Fisher-Yates from std::mt19937_64(seed) with unbiased bounded
 // draws, so it is the same on every standard library (std::shuffle is not). Used for the seeded
@@ -55,6 +111,8 @@ std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
 // The subset rule of DatasetOptions shared by the loaders: with limit > 0, keep `limit` examples,
 // the first ones or (shuffle_subset) those seeded_permutation(n, seed) puts first, in file order.
 std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt);
+// The indices (ascending) of the n records select_subset keeps.
+std::vector<size_t> subset_indices(size_t n, const DatasetOptions& opt);
 
 // A micro-batch padded to its longest sequence (padding never takes a loss).
 struct MicroBatch {

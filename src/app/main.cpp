@@ -18,6 +18,7 @@ const char* kUsage =
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
     "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
     "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
+    "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
@@ -37,6 +38,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
   }
+
+  // report only reads files: it runs without MPI, directly or under mpirun -np 1.
+  if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
 
   MPI_Init(&argc, &argv);
   int rank = 0;

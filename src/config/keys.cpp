@@ -195,7 +195,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),
       model_dir_key("model.dir"),
 
-      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl"}),
+      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl", "chess"}),
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),
       path_key("data.eval_file", SHARDLM_FIELD(data.eval_file)),
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),

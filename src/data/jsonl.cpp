@@ -25,19 +25,6 @@ std::string string_field(const json& object, const char* key, const std::string&
   return value.get<std::string>();
 }
 
-// [BOS] text [EOS], cut at max_length from the end; every position predicts its next token.
-Example text_example(const std::vector<int32_t>& text, int max_length) {
-  Example ex;
-  ex.tokens.reserve(text.size() + 2);
-  ex.tokens.push_back(ByteTokenizer::kBos);
-  ex.tokens.insert(ex.tokens.end(), text.begin(), text.end());
-  ex.tokens.push_back(ByteTokenizer::kEos);
-  if (ex.tokens.size() > static_cast<size_t>(max_length)) ex.tokens.resize(max_length);
-  ex.targets.assign(ex.tokens.size(), -1);
-  for (size_t t = 0; t + 1 < ex.tokens.size(); ++t) ex.targets[t] = ex.tokens[t + 1];
-  return ex;
-}
-
 // [BOS] prompt completion [EOS]; the prompt loses its beginning to fit, the completion never.
 Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
                        int max_length, const std::string& where) {
@@ -73,7 +60,7 @@ Example parse_line(const std::string& line, const std::string& where, const Byte
   const bool has_completion = record.contains("completion");
   SHARDLM_CHECK(!(has_text && (has_prompt || has_completion)), where,
                 ": has both 'text' and 'prompt'/'completion'");
-  if (has_text) return text_example(tok.encode(string_field(record, "text", where)), max_length);
+  if (has_text) return next_token_example(tok.encode(string_field(record, "text", where)), max_length);
   SHARDLM_CHECK(has_prompt && has_completion, where,
                 ": expected 'text' or both 'prompt' and 'completion'");
   return prompt_example(tok.encode(string_field(record, "prompt", where)),
@@ -81,6 +68,18 @@ Example parse_line(const std::string& line, const std::string& where, const Byte
 }
 
 }  // namespace
+
+Example next_token_example(const std::vector<int32_t>& text, int max_length) {
+  Example ex;
+  ex.tokens.reserve(text.size() + 2);
+  ex.tokens.push_back(ByteTokenizer::kBos);
+  ex.tokens.insert(ex.tokens.end(), text.begin(), text.end());
+  ex.tokens.push_back(ByteTokenizer::kEos);
+  if (ex.tokens.size() > static_cast<size_t>(max_length)) ex.tokens.resize(static_cast<size_t>(max_length));
+  ex.targets.assign(ex.tokens.size(), -1);
+  for (size_t t = 0; t + 1 < ex.tokens.size(); ++t) ex.targets[t] = ex.tokens[t + 1];
+  return ex;
+}
 
 std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
                                 const DatasetOptions& opt) {

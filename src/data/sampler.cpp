@@ -38,20 +38,25 @@ std::vector<size_t> seeded_permutation(size_t n, uint64_t seed) {
   return perm;
 }
 
-std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt) {
-  if (opt.limit == 0 || opt.limit >= all.size()) return all;
-  std::vector<size_t> chosen(opt.limit);
-  if (opt.shuffle_subset) {
-    const std::vector<size_t> perm = seeded_permutation(all.size(), opt.seed);
-    std::copy(perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(opt.limit), chosen.begin());
+std::vector<size_t> subset_indices(size_t n, const DatasetOptions& opt) {
+  const size_t kept = opt.limit == 0 ? n : std::min(opt.limit, n);
+  std::vector<size_t> chosen(kept);
+  if (opt.shuffle_subset && kept < n) {
+    const std::vector<size_t> perm = seeded_permutation(n, opt.seed);
+    std::copy(perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(kept), chosen.begin());
     // File order keeps the subset readable; prefixes of one permutation make subsets nested.
     std::sort(chosen.begin(), chosen.end());
   } else {
-    for (size_t i = 0; i < opt.limit; ++i) chosen[i] = i;
+    for (size_t i = 0; i < kept; ++i) chosen[i] = i;
   }
+  return chosen;
+}
+
+std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt) {
+  if (opt.limit == 0 || opt.limit >= all.size()) return all;
   std::vector<Example> subset;
-  subset.reserve(chosen.size());
-  for (size_t index : chosen) subset.push_back(std::move(all[index]));
+  subset.reserve(opt.limit);
+  for (size_t index : subset_indices(all.size(), opt)) subset.push_back(std::move(all[index]));
   return subset;
 }
 

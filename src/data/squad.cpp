@@ -1,4 +1,5 @@
-// load_squad: SQuAD v1.1 JSON to question-answering examples whose loss covers the answer only.
+// load_squad: SQuAD v1.1 JSON to question-answering examples whose loss covers the answer only;
+// load_squad_questions: the same questions' ids and reference answers for exact match and F1.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -14,12 +15,14 @@ namespace {
 
 using nlohmann::json;
 
-// One question with its context and first answer; `where` names it in error messages.
+// One question with its context and answers (training uses the first); `where` names it in
+// error messages; `id` is empty when the record has none.
 struct QaRecord {
   std::string where;
+  std::string id;
   std::string question;
   std::string context;
-  std::string answer;
+  std::vector<std::string> answers;
 };
 
 std::string read_whole_file(const std::string& path) {
@@ -54,7 +57,7 @@ std::string string_member(const json& object, const char* key, const std::string
   return value.get<std::string>();
 }
 
-// Walks data[].paragraphs[].qas[] and keeps each question's first answer.
+// Walks data[].paragraphs[].qas[] and keeps each question with all its answers.
 std::vector<QaRecord> collect_records(const json& root, const std::string& path) {
   std::vector<QaRecord> records;
   const json& articles = array_member(root, "data", path);
@@ -69,13 +72,15 @@ std::vector<QaRecord> collect_records(const json& root, const std::string& path)
         QaRecord record;
         record.where = concat(paragraph_where, ".qas[", q, "]");
         if (qas[q].is_object() && qas[q].contains("id") && qas[q]["id"].is_string()) {
-          record.where += concat(" (id '", qas[q]["id"].get<std::string>(), "')");
+          record.id = qas[q]["id"].get<std::string>();
+          record.where += concat(" (id '", record.id, "')");
         }
         record.question = string_member(qas[q], "question", record.where);
         const json& answers = array_member(qas[q], "answers", record.where);
         SHARDLM_CHECK(!answers.empty(), record.where, ": no answers");
-        record.answer = string_member(answers[0], "text", record.where + ".answers[0]");
-        SHARDLM_CHECK(!record.answer.empty(), record.where, ": the first answer is empty");
+        for (size_t k = 0; k < answers.size(); ++k)
+          record.answers.push_back(string_member(answers[k], "text", concat(record.where, ".answers[", k, "]")));
+        SHARDLM_CHECK(!record.answers[0].empty(), record.where, ": the first answer is empty");
         record.context = context;
         records.push_back(std::move(record));
       }
@@ -89,7 +94,7 @@ Example build_example(const QaRecord& record, const ByteTokenizer& tok, int max_
   const std::vector<int32_t> head = tok.encode("Question: " + record.question + " Context: ");
   const std::vector<int32_t> context = tok.encode(record.context);
   const std::vector<int32_t> tail = tok.encode(" Answer:");
-  const std::vector<int32_t> answer = tok.encode(" " + record.answer);
+  const std::vector<int32_t> answer = tok.encode(" " + record.answers[0]);
   const size_t fixed = 1 + head.size() + tail.size() + answer.size() + 1;
   SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), record.where,
                 ": the question and answer take ", fixed,
@@ -113,11 +118,7 @@ Example build_example(const QaRecord& record, const ByteTokenizer& tok, int max_
   return ex;
 }
 
-}  // namespace
-
-std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& tok,
-                                const DatasetOptions& opt) {
-  SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
+std::vector<QaRecord> read_records(const std::string& path) {
   const std::string text = read_whole_file(path);
   json root;
   try {
@@ -125,13 +126,34 @@ std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& to
   } catch (const json::exception& e) {
     throw Error(concat(path, ": not valid JSON: ", e.what()));
   }
-  const std::vector<QaRecord> records = collect_records(root, path);
+  std::vector<QaRecord> records = collect_records(root, path);
   SHARDLM_CHECK(!records.empty(), path, ": no question records in the file");
+  return records;
+}
+
+}  // namespace
+
+std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& tok,
+                                const DatasetOptions& opt) {
+  SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
+  const std::vector<QaRecord> records = read_records(path);
   std::vector<Example> examples;
   examples.reserve(records.size());
   for (const QaRecord& record : records)
     examples.push_back(build_example(record, tok, opt.max_length));
   return select_subset(std::move(examples), opt);
+}
+
+std::vector<SquadQuestion> load_squad_questions(const std::string& path, const DatasetOptions& opt) {
+  const std::vector<QaRecord> records = read_records(path);
+  std::vector<SquadQuestion> questions;
+  for (size_t index : subset_indices(records.size(), opt)) {
+    const QaRecord& record = records[index];
+    // Predictions are keyed by id, so a question without one could never be scored.
+    SHARDLM_CHECK(!record.id.empty(), record.where, ": missing string 'id' (needed to score predictions)");
+    questions.push_back({record.id, record.answers});
+  }
+  return questions;
 }
 
 }  // namespace shardlm

@@ -29,7 +29,7 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
   opt.limit = limit;
   opt.seed = seed;
   opt.shuffle_subset = limit > 0;
-  return data.format == "squad" ? load_squad(path, tok, opt) : load_jsonl(path, tok, opt);
+  return load_examples(data.format, path, tok, opt);
 }
 
 int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>& indices) {
@@ -60,6 +60,7 @@ struct EvalResult {
   double loss = 0;
   double runtime = 0;
   double samples_per_second = 0;
+  double steps_per_second = 0;  // micro-batches per rank per second
 };
 
 EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro) {
@@ -68,7 +69,8 @@ EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MP
   MPI_Comm_size(comm, &world);
   Timer timer;
   double loss_sum = 0, count = 0;
-  for (const auto& indices : eval_micro_batches(eval_set.size(), rank, world, micro)) {
+  const std::vector<std::vector<size_t>> batches = eval_micro_batches(eval_set.size(), rank, world, micro);
+  for (const auto& indices : batches) {
     MicroBatch mb = make_micro_batch(eval_set, indices, ByteTokenizer::kPad);
     loss_sum += model.forward_loss(mb);
     count += static_cast<double>(mb.target_count);
@@ -79,6 +81,7 @@ EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MP
   r.loss = count > 0 ? loss_sum / count : 0.0;
   r.runtime = mpi_max(comm, timer.seconds());
   r.samples_per_second = r.runtime > 0 ? eval_set.size() / r.runtime : 0.0;
+  r.steps_per_second = r.runtime > 0 ? batches.size() / r.runtime : 0.0;
   return r;
 }
 
@@ -122,9 +125,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
   const bool echo = options.echo && rank == 0;
-  auto say = [&](const std::string& line) {
-    if (echo) log_info(line);
-  };
+  ProgressDisplay progress(echo, echo && output_is_terminal(), 0, 0);
+  auto say = [&](const std::string& line) { progress.print(line); };
 
   memory_reset_peak();
   if (echo) {
@@ -236,11 +238,13 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
                    {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
   }
   auto checkpoint = [&](int epoch, long epoch_step) {
+    progress.hide();
     CheckpointMeta meta = make_meta(cfg, step, epoch, epoch_step, total_steps, model.optimizer_steps(), world,
                                     groups.shard->size(), loss_scale);
     return write_checkpoint(cfg, meta, model.checkpoint_state(), comm, echo, metrics).path;
   };
 
+  progress = ProgressDisplay(echo, echo && output_is_terminal(), step, total_steps);
   TrainResult result;
   result.first_step = step;
   FsdpMemory mem = model.memory();
@@ -250,6 +254,12 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   result.model_params = mem.model_params;
 
   Timer run_timer;
+  // On a GPU the device's high-water mark; on the CPU the planned buffers.
+  auto peak_bytes = [&] {
+    return model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak;
+  };
+  double final_loss = NAN;
+  std::vector<EvalLog> evals;
   long saved_step = -1;
   double interval_loss = 0;
   int interval_steps = 0;
@@ -303,20 +313,25 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       const int64_t step_tokens = count_tokens(train_set, global);
       interval_tokens += step_tokens;
       run_tokens += step_tokens;
+      progress.step(step, loss);
+      // Every rank reaches the logging steps: the per-rank memory gather lines up.
       if (step % cfg.train.log_every == 0 || step == total_steps) {
-        const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
-        const double tokens_per_s = interval_time > 0 ? interval_tokens / interval_time : 0.0;
-        const double mean_loss = interval_loss / interval_steps;
-        say(concat("step ", step, "/", total_steps, " | epoch ", fmt("%.2f", epoch_pos), " | loss ",
-                   fmt("%.4f", mean_loss), " | grad_norm ", fmt("%.3f", norm), " | lr ", fmt("%.3e", lr), " | ",
-                   fmt("%.0f", tokens_per_s), " tok/s (", fmt("%.0f", tokens_per_s / world), "/rank) | mem ",
-                   format_bytes(model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak),
-                   cfg.run.peak_tflops > 0 ? concat(" | MFU ", fmt("%.1f", 100 * mfu_of(tokens_per_s)), "%") : ""));
-        if (rank == 0)
-          metrics.write({{"type", "train"}, {"step", step}, {"epoch", epoch_pos}, {"loss", mean_loss},
-                         {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
-                         {"tokens_per_s_per_rank", tokens_per_s / world}, {"mfu", mfu_of(tokens_per_s)},
-                         {"loss_scale", loss_scale}});
+        StepLog log;
+        log.step = step;
+        log.total_steps = total_steps;
+        log.epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+        log.loss = interval_loss / interval_steps;
+        log.grad_norm = norm;
+        log.learning_rate = lr;
+        log.tokens_per_second = interval_time > 0 ? interval_tokens / interval_time : 0.0;
+        log.world = world;
+        log.mfu = mfu_of(log.tokens_per_second);
+        log.loss_scale = loss_scale;
+        log.peak_memory_bytes = gather_on_root(comm, static_cast<double>(peak_bytes()));
+        log.gpu_memory = model.device_peak_bytes() > 0;
+        final_loss = log.loss;
+        say(train_line(log));
+        if (rank == 0) metrics.write(train_record(log));
         interval_loss = 0;
         interval_steps = 0;
         interval_time = 0;
@@ -337,14 +352,19 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     }
     if (result.preempted) break;
     if (!eval_set.empty()) {
+      progress.hide();
       EvalResult ev = evaluate(model, eval_set, comm, micro);
       result.eval_losses.push_back(ev.loss);
-      const double epoch_pos = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
-      say(concat("eval  epoch ", fmt("%.2f", epoch_pos), " | eval_loss ", fmt("%.4f", ev.loss), " | ",
-                 fmt("%.1f", ev.samples_per_second), " samples/s"));
-      if (rank == 0)
-        metrics.write({{"type", "eval"}, {"step", step}, {"epoch", epoch_pos}, {"eval_loss", ev.loss},
-                       {"eval_runtime", ev.runtime}, {"eval_samples_per_second", ev.samples_per_second}});
+      EvalLog log;
+      log.step = step;
+      log.epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+      log.loss = ev.loss;
+      log.runtime = ev.runtime;
+      log.samples_per_second = ev.samples_per_second;
+      log.steps_per_second = ev.steps_per_second;
+      evals.push_back(log);
+      say(eval_line(log));
+      if (rank == 0) metrics.write(eval_record(log));
     }
   }
 
@@ -360,22 +380,35 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   const long steps_run = step - result.first_step;
   result.train_samples_per_second =
       result.train_runtime > 0 ? static_cast<double>(steps_run) * cfg.train.batch_size / result.train_runtime : 0.0;
-  // On a GPU the device's high-water mark; on the CPU the planned buffers.
-  const size_t peak = model.device_peak_bytes() > 0 ? model.device_peak_bytes() : memory_stats().total_peak;
-  result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(peak)));
+  const std::vector<double> peaks = gather_on_root(comm, static_cast<double>(peak_bytes()));
+  result.peak_memory_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(peak_bytes())));
   result.peak_rss_bytes = static_cast<size_t>(mpi_max(comm, static_cast<double>(process_peak_rss_bytes())));
+  progress.finish();
   say(concat(result.preempted ? "stopped: " : "done: ", steps_run, " steps in ", fmt("%.1f", result.train_runtime), " s | train_loss ",
              fmt("%.4f", result.train_loss), " | ", fmt("%.2f", result.train_samples_per_second),
              " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (",
              model.device_peak_bytes() > 0 ? "GPU" : "planned buffers", "), ",
              format_bytes(result.peak_rss_bytes), " resident"));
-  if (rank == 0)
-    metrics.write({{"type", "summary"}, {"train_runtime", result.train_runtime},
-                   {"train_samples_per_second", result.train_samples_per_second},
-                   {"train_steps_per_second", result.train_runtime > 0 ? steps_run / result.train_runtime : 0.0},
-                   {"train_loss", result.train_loss}, {"peak_memory_bytes", result.peak_memory_bytes},
-                   {"peak_rss_bytes", result.peak_rss_bytes}, {"steps", step}, {"preempted", result.preempted},
-                   {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)}});
+  RunSummary summary;
+  summary.train_runtime = result.train_runtime;
+  summary.train_samples_per_second = result.train_samples_per_second;
+  summary.train_steps_per_second = result.train_runtime > 0 ? steps_run / result.train_runtime : 0.0;
+  summary.train_loss = result.train_loss;
+  summary.final_loss = final_loss;
+  summary.epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+  summary.tokens_per_second_per_gpu = result.train_runtime > 0 ? run_tokens / result.train_runtime / world : 0.0;
+  summary.mfu = result.mfu;
+  summary.steps = step;
+  summary.preempted = result.preempted;
+  summary.peak_memory_bytes = peaks;
+  summary.peak_rss_bytes = static_cast<double>(result.peak_rss_bytes);
+  summary.gpu_memory = model.device_peak_bytes() > 0;
+  summary.evals = evals;
+  if (echo) {
+    std::fputs(summary_table(summary).c_str(), stdout);
+    std::fflush(stdout);
+  }
+  if (rank == 0) metrics.write(summary_record(summary));
   return result;
 }
 

@@ -12,5 +12,7 @@ int command_train(const std::vector<std::string>& args);
 int command_inspect(const std::vector<std::string>& args);
 // `shardlm export CHECKPOINT DIR`: Hugging Face config.json and safetensors weights.
 int command_export(const std::vector<std::string>& args);
+// `shardlm report RUN_DIR... [--csv FILE] [--svg DIR]`: runs side by side; serial, no MPI.
+int command_report(const std::vector<std::string>& args);
 
 }  // namespace shardlm

@@ -1,0 +1,201 @@
+// `shardlm report`'s plots as hand-written SVG: loss curves (train loss against step, one polyline
+// per run) and scaling (samples/s against ranks, with the ideal linear line).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "run_report.hpp"
+#include "shardlm/core.hpp"
+
+namespace shardlm {
+
+namespace {
+
+constexpr double kWidth = 760, kHeight = 440;
+constexpr double kLeft = 70, kRight = 200, kTop = 40, kBottom = 50;  // margins; the legend sits right
+const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+std::string label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// Ticks at 1, 2 or 5 times a power of ten covering [lo, hi] in about `count` steps.
+std::vector<double> nice_ticks(double lo, double hi, int count) {
+  const double raw = (hi - lo) / count;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = power;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * power) {
+      step = m * power;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(t);
+  return ticks;
+}
+
+// A plot area mapping data ranges onto the frame, with axes, ticks and titles.
+struct Frame {
+  double x0, x1, y0, y1;
+  double x(double v) const { return kLeft + (v - x0) / (x1 - x0) * (kWidth - kLeft - kRight); }
+  double y(double v) const { return kHeight - kBottom - (v - y0) / (y1 - y0) * (kHeight - kTop - kBottom); }
+
+  std::string axes(const std::string& title, const std::string& x_title, const std::string& y_title,
+                   const std::vector<double>& x_ticks) const {
+    std::string s = concat("<rect x=\"0\" y=\"0\" width=\"", kWidth, "\" height=\"", kHeight, "\" fill=\"white\"/>\n");
+    s += concat("<text x=\"", num(kWidth / 2 - kRight / 2 + kLeft / 2), "\" y=\"24\" text-anchor=\"middle\" "
+                "font-size=\"16\">", xml_escape(title), "</text>\n");
+    const double px0 = x(x0), px1 = x(x1), py0 = y(y0), py1 = y(y1);
+    s += concat("<path d=\"M", num(px0), " ", num(py1), " V", num(py0), " H", num(px1),
+                "\" fill=\"none\" stroke=\"black\"/>\n");
+    for (double t : x_ticks) {
+      s += concat("<line x1=\"", num(x(t)), "\" y1=\"", num(py0), "\" x2=\"", num(x(t)), "\" y2=\"", num(py0 + 5),
+                  "\" stroke=\"black\"/><text x=\"", num(x(t)), "\" y=\"", num(py0 + 18),
+                  "\" text-anchor=\"middle\" font-size=\"11\">", label(t), "</text>\n");
+    }
+    for (double t : nice_ticks(y0, y1, 5)) {
+      s += concat("<line x1=\"", num(px0 - 5), "\" y1=\"", num(y(t)), "\" x2=\"", num(px1), "\" y2=\"", num(y(t)),
+                  "\" stroke=\"#dddddd\"/><text x=\"", num(px0 - 8), "\" y=\"", num(y(t) + 4),
+                  "\" text-anchor=\"end\" font-size=\"11\">", label(t), "</text>\n");
+    }
+    s += concat("<text x=\"", num((px0 + px1) / 2), "\" y=\"", num(kHeight - 12),
+                "\" text-anchor=\"middle\" font-size=\"12\">", xml_escape(x_title), "</text>\n");
+    s += concat("<text x=\"16\" y=\"", num((py0 + py1) / 2), "\" text-anchor=\"middle\" font-size=\"12\" "
+                "transform=\"rotate(-90 16 ", num((py0 + py1) / 2), ")\">", xml_escape(y_title), "</text>\n");
+    return s;
+  }
+};
+
+std::string legend_entry(size_t row, const std::string& colour, const std::string& text, bool dashed) {
+  const double ly = kTop + 10 + 20.0 * static_cast<double>(row), lx = kWidth - kRight + 16;
+  return concat("<line x1=\"", num(lx), "\" y1=\"", num(ly), "\" x2=\"", num(lx + 24), "\" y2=\"", num(ly),
+                "\" stroke=\"", colour, "\" stroke-width=\"2\"", dashed ? " stroke-dasharray=\"6 4\"" : "",
+                "/><text x=\"", num(lx + 30), "\" y=\"", num(ly + 4), "\" font-size=\"12\">", xml_escape(text),
+                "</text>\n");
+}
+
+std::string polyline(const std::vector<std::pair<double, double>>& points, const std::string& colour,
+                     const std::string& title, bool dashed) {
+  std::string pts;
+  for (const auto& [px, py] : points) pts += (pts.empty() ? "" : " ") + num(px) + "," + num(py);
+  return concat("<polyline fill=\"none\" stroke=\"", colour, "\" stroke-width=\"2\"",
+                dashed ? " stroke-dasharray=\"6 4\"" : "", " points=\"", pts, "\"><title>", xml_escape(title),
+                "</title></polyline>\n");
+}
+
+std::string svg_open() {
+  return concat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", kWidth, "\" height=\"", kHeight,
+                "\" viewBox=\"0 0 ", kWidth, " ", kHeight, "\" font-family=\"sans-serif\">\n");
+}
+
+// [lo, hi] widened a little, and made non-empty.
+std::pair<double, double> padded(double lo, double hi, double fraction) {
+  if (hi <= lo) return {lo - 0.5, hi + 0.5};
+  const double pad = (hi - lo) * fraction;
+  return {lo - pad, hi + pad};
+}
+
+}  // namespace
+
+std::string loss_curves_svg(const std::vector<RunRecord>& runs) {
+  double s0 = INFINITY, s1 = -INFINITY, l0 = INFINITY, l1 = -INFINITY;
+  for (const RunRecord& r : runs)
+    for (const auto& [step, loss] : r.train_loss_by_step) {
+      s0 = std::min(s0, static_cast<double>(step));
+      s1 = std::max(s1, static_cast<double>(step));
+      l0 = std::min(l0, loss);
+      l1 = std::max(l1, loss);
+    }
+  std::string svg = svg_open();
+  if (!std::isfinite(s0)) {
+    return svg + "<text x=\"20\" y=\"40\">no train records in these runs</text>\n</svg>\n";
+  }
+  const auto [y0, y1] = padded(l0, l1, 0.05);
+  const Frame f{0, s1 > 0 ? s1 : 1, y0, y1};
+  svg += f.axes("train loss", "optimizer step", "loss", nice_ticks(0, f.x1, 6));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string colour = kColours[i % std::size(kColours)];
+    std::vector<std::pair<double, double>> points;
+    for (const auto& [step, loss] : runs[i].train_loss_by_step) points.emplace_back(f.x(step), f.y(loss));
+    if (points.empty()) continue;
+    svg += polyline(points, colour, runs[i].name, false);
+    if (points.size() == 1)  // a lone point draws no line: mark it
+      svg += concat("<circle cx=\"", num(points[0].first), "\" cy=\"", num(points[0].second), "\" r=\"3\" fill=\"",
+                    colour, "\"/>\n");
+    svg += legend_entry(i, colour, concat(runs[i].name, " (", runs[i].ranks, ")"), false);
+  }
+  return svg + "</svg>\n";
+}
+
+std::string scaling_svg(const std::vector<RunRecord>& runs) {
+  // One series per strategy, its runs in order of ranks.
+  std::map<std::string, std::vector<const RunRecord*>> series;
+  double r1 = 0, v1 = 0;
+  for (const RunRecord& r : runs) {
+    if (!std::isfinite(r.train_samples_per_second)) continue;
+    series[r.strategy].push_back(&r);
+    r1 = std::max(r1, static_cast<double>(r.ranks));
+    v1 = std::max(v1, r.train_samples_per_second);
+  }
+  std::string svg = svg_open();
+  if (series.empty()) {
+    return svg + "<text x=\"20\" y=\"40\">no finished runs (no summary records)</text>\n</svg>\n";
+  }
+  const RunRecord& base = runs[base_run(runs)];
+  const bool ideal = std::isfinite(base.train_samples_per_second) && base.ranks > 0;
+  const double ideal_top = ideal ? base.train_samples_per_second * r1 / base.ranks : 0;
+  const Frame f{0, r1 * 1.05, 0, std::max(v1, ideal_top) * 1.1};
+  std::vector<double> x_ticks;
+  for (const RunRecord& r : runs) x_ticks.push_back(r.ranks);
+  std::sort(x_ticks.begin(), x_ticks.end());
+  x_ticks.erase(std::unique(x_ticks.begin(), x_ticks.end()), x_ticks.end());
+  svg += f.axes("scaling", "ranks (GPUs)", "train samples/s", x_ticks);
+  size_t row = 0;
+  if (ideal) {
+    svg += polyline({{f.x(base.ranks), f.y(base.train_samples_per_second)}, {f.x(r1), f.y(ideal_top)}}, "#555555",
+                    "ideal (linear from " + base.name + ")", true);
+    svg += legend_entry(row++, "#555555", "ideal", true);
+  }
+  size_t colour = 0;
+  for (auto& [strategy, members] : series) {
+    std::stable_sort(members.begin(), members.end(),
+                     [](const RunRecord* a, const RunRecord* b) { return a->ranks < b->ranks; });
+    const std::string c = kColours[colour++ % std::size(kColours)];
+    std::vector<std::pair<double, double>> points;
+    for (const RunRecord* r : members) {
+      points.emplace_back(f.x(r->ranks), f.y(r->train_samples_per_second));
+      svg += concat("<circle cx=\"", num(points.back().first), "\" cy=\"", num(points.back().second),
+                    "\" r=\"4\" fill=\"", c, "\"><title>", xml_escape(r->name), ": ", num(r->train_samples_per_second),
+                    " samples/s</title></circle>\n");
+    }
+    svg += polyline(points, c, strategy, false);
+    svg += legend_entry(row++, c, strategy, false);
+  }
+  return svg + "</svg>\n";
+}
+
+}  // namespace shardlm
