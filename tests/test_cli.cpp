@@ -474,6 +474,7 @@ BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
     expect_comm_test_failure(np, "-b 1G -e 4096G", "lower --max-bytes");
     expect_comm_test_failure(np, "-o " + (blocker / "comm.jsonl").string() + " -e 64", (blocker / "comm.jsonl").string());
   }
+  expect_comm_test_failure(2, "--groups=inter", "nothing to measure on 2 rank(s); inter: groups of 1 rank");
   expect_comm_test_failure(4, "--dist.ranks_per_node=3", "dist.ranks_per_node = 3 does not divide the world size 4");
 #ifndef SHARDLM_HAVE_CUDA
   expect_comm_test_failure(2, "--backend=cuda", "built without the CUDA backend");

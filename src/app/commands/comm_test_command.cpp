@@ -269,6 +269,11 @@ int command_comm_test(const std::vector<std::string>& args) {
     else
       kinds.push_back(k);
   }
+  run_collectively(MPI_COMM_WORLD, [&] {
+    std::string why;
+    for (const auto& [name, reason] : skipped) why += concat("; ", name, ": ", reason);
+    SHARDLM_CHECK(!kinds.empty(), "comm-test: nothing to measure on ", world_size, " rank(s)", why);
+  });
   int smallest_group = world_size;
   for (const GroupKind& k : kinds) smallest_group = std::min(smallest_group, k.comm->size());
 
