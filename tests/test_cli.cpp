@@ -441,4 +441,191 @@ BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
   Outcome usage = run_command(kShardlm + " report");
   BOOST_TEST(usage.exit_code == 2);
   BOOST_TEST(usage.output.find("usage: shardlm report") != std::string::npos);
+// ---- shardlm comm-test ----------------------------------------------------------------------
+
+namespace {
+
+struct CommTable {
+  int group_size = 0;
+  int group_count = 0;
+  std::vector<nlohmann::json> rows;
+  int summaries = 0;
+};
+
+// The sizes comm-test must report for a sweep 8 B .. max by x2 in fp32: nccl-tests' convention,
+// whole fp32 elements per rank for all_gather and reduce_scatter, rows with none left out.
+std::vector<size_t> expected_sizes(const std::string& collective, int ranks, size_t max_bytes) {
+  std::vector<size_t> sizes;
+  for (size_t nominal = 8; nominal <= max_bytes; nominal *= 2) {
+    const bool per_rank = collective == "all_gather" || collective == "reduce_scatter";
+    const size_t unit = per_rank ? 4 * static_cast<size_t>(ranks) : 4;
+    if (nominal / unit > 0) sizes.push_back(nominal / unit * unit);
+  }
+  return sizes;
+}
+
+// nccl-tests' bus-bandwidth factor, written out again here to check the output against.
+double expected_bus_factor(const std::string& collective, int n) {
+  if (collective == "all_reduce") return 2.0 * (n - 1) / n;
+  if (collective == "broadcast") return 1.0;
+  return static_cast<double>(n - 1) / n;
+}
+
+void expect_comm_test_failure(int np, const std::string& args, const std::string& must_contain) {
+  Outcome o = run_shardlm(np, "comm-test " + args);
+  BOOST_TEST_CONTEXT("np " << np << ": shardlm comm-test " << args << "\n" << o.output) {
+    BOOST_TEST(o.exit_code != 0);
+    BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
+    BOOST_TEST(count_of(o.output, must_contain) >= 1u);
+    BOOST_TEST(o.seconds < 30.0);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(comm_test_measures_every_collective_and_group) {
+  const size_t max_bytes = 64 * 1024;
+  // ranks, --dist.ranks_per_node, and the groups that must be measured (name -> size, count).
+  struct Case {
+    int np;
+    int ranks_per_node;
+    std::map<std::string, std::pair<int, int>> groups;
+  };
+  const Case cases[] = {{1, 0, {{"world", {1, 1}}}},
+                        {2, 0, {{"world", {2, 1}}}},  // one host: intra is the world, inter single ranks
+                        {4, 2, {{"world", {4, 1}}, {"intra", {2, 2}}, {"inter", {2, 2}}}}};
+  for (const Case& c : cases) {
+    fs::path dir = scratch("cli_comm_test_np" + std::to_string(c.np) + "_k" + std::to_string(c.ranks_per_node));
+    const std::string args = "comm-test -b 8 -e 64K -n 3 -w 1 --run.dir=" + dir.string() +
+                             (c.ranks_per_node ? " --dist.ranks_per_node=" + std::to_string(c.ranks_per_node) : "");
+    Outcome o = run_shardlm(c.np, args);
+    BOOST_TEST_CONTEXT("np " << c.np << ": shardlm " << args << "\n" << o.output) {
+      BOOST_TEST_REQUIRE(o.exit_code == 0);
+      // nccl-tests' table: column heads, one average per table, the wrong-values verdict.
+      const size_t tables = c.groups.size() * 4;
+      BOOST_TEST(count_of(o.output, "#wrong") == tables);
+      BOOST_TEST(count_of(o.output, "# Avg bus bandwidth    :") == tables);
+      BOOST_TEST(o.output.find("# Wrong values         : 0 OK") != std::string::npos);
+      for (const char* call : {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Allreduce", "MPI_Bcast"})
+        BOOST_TEST(count_of(o.output, call) == c.groups.size());
+
+      // The JSON lines: one row per size, then a summary, per (group, collective).
+      std::ifstream in(dir / "comm_test.jsonl");
+      BOOST_TEST_REQUIRE(in.good());
+      std::map<std::string, CommTable> seen;
+      int setups = 0;
+      std::string line;
+      while (std::getline(in, line)) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        const std::string type = j.at("type");
+        if (type == "comm_test_setup") {
+          ++setups;
+          BOOST_TEST(j.at("world_size").get<int>() == c.np);
+          continue;
+        }
+        if (type == "comm_test_skipped") continue;
+        const std::string key = j.at("group").get<std::string>() + " " + j.at("collective").get<std::string>();
+        CommTable& t = seen[key];
+        t.group_size = j.at("group_size");
+        t.group_count = j.at("group_count");
+        if (type == "comm_test_summary") {
+          ++t.summaries;
+          double mean = 0;
+          for (const auto& r : t.rows) mean += r.at("busbw_gbps").get<double>();
+          mean /= static_cast<double>(t.rows.size());
+          BOOST_TEST(j.at("avg_busbw_gbps").get<double>() == mean, boost::test_tools::tolerance(1e-12));
+          BOOST_TEST(j.at("wrong").get<int>() == 0);
+        } else {
+          BOOST_TEST(type == "comm_test");
+          t.rows.push_back(j);
+        }
+      }
+      BOOST_TEST(setups == 1);
+      BOOST_TEST(seen.size() == tables);
+      for (const auto& [group, shape] : c.groups)
+        for (const std::string collective : {"all_gather", "reduce_scatter", "all_reduce", "broadcast"}) {
+          const std::string key = group + " " + collective;
+          BOOST_TEST_CONTEXT(key) {
+            BOOST_TEST_REQUIRE(seen.count(key) == 1u);
+            const CommTable& t = seen[key];
+            BOOST_TEST(t.group_size == shape.first);
+            BOOST_TEST(t.group_count == shape.second);
+            BOOST_TEST(t.summaries == 1);
+            std::vector<size_t> sizes;
+            for (const auto& r : t.rows) {
+              sizes.push_back(r.at("size_bytes"));
+              BOOST_TEST(r.at("count").get<size_t>() * 4 == r.at("size_bytes").get<size_t>());
+              BOOST_TEST(r.at("wrong").get<int>() == 0);
+              BOOST_TEST(r.at("dtype") == "fp32");
+              BOOST_TEST(r.at("time_us").get<double>() > 0.0);
+              const double algbw = r.at("algbw_gbps"), time_us = r.at("time_us");
+              BOOST_TEST(algbw == r.at("size_bytes").get<double>() / (time_us * 1e3), boost::test_tools::tolerance(1e-9));
+              BOOST_TEST(r.at("busbw_gbps").get<double>() == algbw * expected_bus_factor(collective, t.group_size),
+                         boost::test_tools::tolerance(1e-9));
+              // The table shows the same row: its size and count open a line of the output.
+              char head[64];
+              std::snprintf(head, sizeof head, "  %10zu  %12zu  ", r.at("size_bytes").get<size_t>(),
+                            r.at("count").get<size_t>());
+              BOOST_TEST(o.output.find(head) != std::string::npos, "table row for " << head);
+            }
+            BOOST_TEST(sizes == expected_sizes(collective, t.group_size, max_bytes), boost::test_tools::per_element());
+          }
+        }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(comm_test_options_and_output_file) {
+  // --ops, --groups, --dtype, a factor and an explicit output file.
+  fs::path dir = scratch("cli_comm_test_options");
+  const fs::path out = dir / "sub" / "bench.jsonl";
+  Outcome o = run_shardlm(2, "comm-test --ops=all_reduce,broadcast --groups=world -d bf16 -b 16 -e 4K -f 4 -n 2 -w 0 -o " +
+                                 out.string());
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  BOOST_TEST(count_of(o.output, "#wrong") == 2u);
+  BOOST_TEST(o.output.find("bfloat16") != std::string::npos);
+  std::ifstream in(out);
+  std::vector<size_t> sizes;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "comm_test" && j.at("collective") == "all_reduce") {
+      sizes.push_back(j.at("size_bytes"));
+      BOOST_TEST(j.at("count").get<size_t>() * 2 == j.at("size_bytes").get<size_t>());
+    }
+  }
+  BOOST_TEST(sizes == (std::vector<size_t>{16, 64, 256, 1024, 4096}), boost::test_tools::per_element());
+
+  Outcome help = run_shardlm(1, "comm-test --help");
+  BOOST_TEST(help.exit_code == 0);
+  BOOST_TEST(help.output.find("--max-bytes") != std::string::npos);
+  Outcome usage = run_shardlm(1, "--help");
+  BOOST_TEST(usage.output.find("comm-test") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
+  // A file where the output's folder should be: unwritable even for root.
+  const fs::path blocker = scratch("cli_comm_test_bad") / "a-file";
+  std::ofstream(blocker) << "x";
+  for (int np : {1, 4}) {
+    expect_comm_test_failure(np, "--bogus", "unrecognised option '--bogus'");
+    expect_comm_test_failure(np, "world", "unexpected argument 'world'");
+    expect_comm_test_failure(np, "--ops=alltoall", "unknown collective 'alltoall'");
+    expect_comm_test_failure(np, "--groups=rack", "unknown group 'rack'");
+    expect_comm_test_failure(np, "--max-bytes=12X", "--max-bytes=12X: expected a byte count");
+    expect_comm_test_failure(np, "-b 1M -e 1K", "--min-bytes=1048576 is larger than --max-bytes=1024");
+    expect_comm_test_failure(np, "--step-factor=1", "--step-factor=1");
+    expect_comm_test_failure(np, "--iters=0", "--iters=0");
+    expect_comm_test_failure(np, "--dtype=int8", "--dtype=int8");
+    expect_comm_test_failure(np, "--backend=tpu", "--backend=tpu");
+    // An explicit size the memory cannot hold is refused before anything is allocated.
+    expect_comm_test_failure(np, "-b 1G -e 4096G", "lower --max-bytes");
+    expect_comm_test_failure(np, "-o " + (blocker / "comm.jsonl").string() + " -e 64", (blocker / "comm.jsonl").string());
+  }
+  expect_comm_test_failure(2, "--groups=inter", "nothing to measure on 2 rank(s); inter: groups of 1 rank");
+  expect_comm_test_failure(4, "--dist.ranks_per_node=3", "dist.ranks_per_node = 3 does not divide the world size 4");
+#ifndef SHARDLM_HAVE_CUDA
+  expect_comm_test_failure(2, "--backend=cuda", "built without the CUDA backend");
+#endif
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
@@ -29,6 +30,10 @@ class Communicator {
   virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
 };
+
+// The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).
+MPI_Datatype mpi_datatype(DType t);
+MPI_Op mpi_reduce_op(DType t, ReduceOp op);
 
 class MpiCommunicator : public Communicator {
  public:
@@ -86,5 +91,69 @@ double mpi_max(MPI_Comm comm, double v);
 // Runs `fn` on every rank and agrees on the outcome: if any rank throws, every rank throws an
 // AgreedError carrying the message of the lowest failing rank (so one clear message, no hang).
 void run_collectively(MPI_Comm comm, const std::function<void()>& fn);
+
+// ---- collective benchmark (`shardlm comm-test`) ------------------------------------------------
+
+enum class Collective { AllGather, ReduceScatter, AllReduce, Broadcast };
+const char* collective_name(Collective c);            // "all_gather", "reduce_scatter", "all_reduce", "broadcast"
+Collective parse_collective(const std::string& name);  // also "all-gather", "allgather"; throws Error listing them
+
+// nccl-tests' bus-bandwidth factor for a group of n ranks (busbw = algbw * factor): all_reduce
+// 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1.
+double bus_bandwidth_factor(Collective c, int ranks);
+
+// One measurement at a nominal size, counted as nccl-tests counts it: `bytes` and `count` are the
+// largest buffer (all_gather: the gathered output, reduce_scatter: its input), rounded down to
+// whole elements per rank; `piece` is the count passed to the call (per rank for all_gather and
+// reduce_scatter). piece == 0: the size is too small for this group.
+struct CollectiveShape {
+  size_t bytes = 0;
+  size_t count = 0;
+  size_t piece = 0;
+};
+CollectiveShape collective_shape(Collective c, size_t nominal_bytes, int ranks, DType dtype);
+
+// Nominal sizes min, min * factor, min * factor^2, ... up to max.
+std::vector<size_t> sweep_sizes(size_t min_bytes, size_t max_bytes, int factor);
+
+// The data pattern of the check run. fill_collective_input writes elements [offset, offset + n)
+// of what group rank `rank` of `ranks` sends (broadcast: non-roots get a poison value);
+// count_collective_wrong counts the elements of [offset, offset + n) of its result that differ
+// from what it must hold. Reductions are sums, exact while they fit the dtype's integers.
+void fill_collective_input(Collective c, DType dtype, int rank, int ranks, int root, size_t offset, void* dst,
+                           size_t n);
+size_t count_collective_wrong(Collective c, DType dtype, int rank, int ranks, int root, size_t piece, size_t offset,
+                              const void* got, size_t n);
+
+struct CollectiveBenchSettings {
+  DType dtype = DType::F32;
+  int warmup = 5;
+  int iters = 20;
+  bool check = true;  // one run on the data pattern, verified, before the warmup
+  int root = 0;       // of broadcast
+  std::function<void(int done, int total)> progress;  // after each timed iteration (may be empty)
+};
+
+struct CollectiveTimes {
+  std::vector<double> iteration_us;  // one per timed iteration
+  size_t wrong = 0;                  // elements of the check run's result that were wrong
+};
+
+double median(std::vector<double> values);
+
+// Runs one collective at one size on one process group, with buffers for sizes up to the
+// max_bytes it was made for. The MPI bench (here) and the NCCL bench (src/device/cuda) implement it.
+class CollectiveBench {
+ public:
+  virtual ~CollectiveBench() = default;
+  virtual CollectiveTimes run(Collective c, const CollectiveShape& shape, const CollectiveBenchSettings& s) = 0;
+};
+
+// Bytes of the buffers a bench for sizes up to max_bytes holds per rank in a group of `ranks`.
+size_t collective_bench_buffer_bytes(size_t max_bytes, int ranks);
+
+// MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce (in place), MPI_Bcast on group.comm(),
+// timed with the host clock.
+std::unique_ptr<CollectiveBench> make_mpi_collective_bench(const MpiCommunicator& group, size_t max_bytes);
 
 }  // namespace shardlm

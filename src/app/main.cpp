@@ -19,12 +19,14 @@ const char* kUsage =
     "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
     "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
+    "  comm-test [OPTIONS]                    collective bandwidth over message sizes (comm-test --help)\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
     "  --help      print this text\n"
     "\n"
-    "The input deck and its keys are described in docs/deck.md; checkpoints in docs/checkpoint.md.\n";
+    "The input deck and its keys are described in docs/deck.md; checkpoints in docs/checkpoint.md;\n"
+    "comm-test in docs/comm-test.md.\n";
 
 }  // namespace
 
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
       code = shardlm::command_inspect(rest);
     } else if (command == "export") {
       code = shardlm::command_export(rest);
+    } else if (command == "comm-test") {
+      code = shardlm::command_comm_test(rest);
     } else {
       if (rank == 0) std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), kUsage);
       code = 2;

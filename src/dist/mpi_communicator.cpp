@@ -21,8 +21,6 @@ int mpi_count(size_t count, const char* what) {
   return static_cast<int>(count);
 }
 
-MPI_Datatype mpi_type(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
-
 template <float (*Load)(uint16_t), uint16_t (*Store)(float), bool IsMax>
 void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
@@ -33,8 +31,12 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+
 // User-defined MPI ops for 16-bit floats, created once per process.
-MPI_Op mpi_op(DType t, ReduceOp op) {
+MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
   if (t == DType::F32) return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
   static MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
   int ti = t == DType::BF16 ? 0 : 1, oi = op == ReduceOp::Sum ? 0 : 1;
@@ -50,8 +52,6 @@ MPI_Op mpi_op(DType t, ReduceOp op) {
   }
   return ops[ti][oi];
 }
-
-}  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
@@ -71,7 +71,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return;
   }
-  check_mpi(MPI_Allgather(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_), "all-gather");
+  check_mpi(MPI_Allgather(send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_), "all-gather");
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
@@ -81,20 +81,20 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count,
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return;
   }
-  check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(dtype, op), comm_),
+  check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_),
             "reduce-scatter");
 }
 
 void MpiCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   int n = mpi_count(count, "all-reduce");
   if (size_ == 1) return;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), mpi_op(dtype, op), comm_), "all-reduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_), "all-reduce");
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   int n = mpi_count(count, "broadcast");
   if (size_ == 1) return;
-  check_mpi(MPI_Bcast(buf, n, mpi_type(dtype), root, comm_), "broadcast");
+  check_mpi(MPI_Bcast(buf, n, mpi_datatype(dtype), root, comm_), "broadcast");
 }
 
 }  // namespace shardlm

@@ -10,6 +10,8 @@ namespace shardlm {
 int command_train(const std::vector<std::string>& args);
 // `shardlm inspect CHECKPOINT`: step, model, strategy and a table of tensors with norms.
 int command_inspect(const std::vector<std::string>& args);
+// `shardlm comm-test [OPTIONS]`: collective bandwidth over message sizes, nccl-tests' tables.
+int command_comm_test(const std::vector<std::string>& args);
 // `shardlm export CHECKPOINT DIR`: Hugging Face config.json and safetensors weights.
 int command_export(const std::vector<std::string>& args);
 // `shardlm report RUN_DIR... [--csv FILE] [--svg DIR]`: runs side by side; serial, no MPI.
