@@ -441,6 +441,8 @@ BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
   Outcome usage = run_command(kShardlm + " report");
   BOOST_TEST(usage.exit_code == 2);
   BOOST_TEST(usage.output.find("usage: shardlm report") != std::string::npos);
+}
+
 // ---- shardlm comm-test ----------------------------------------------------------------------
 
 namespace {
