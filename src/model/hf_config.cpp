@@ -105,7 +105,15 @@ ModelConfig llama_from(const ConfigReader& r) {
     SHARDLM_CHECK(head_dim * c.num_heads == c.hidden_size, r.source(), ": head_dim ", head_dim, " x num_attention_heads ",
                   c.num_heads, " != hidden_size ", c.hidden_size, " is not supported");
   }
-  if (const Json* rs = r.find({"rope_scaling"})) {
+  // transformers 4 writes rope_theta and rope_scaling; transformers 5 writes both in rope_parameters.
+  const Json* rs = r.find({"rope_parameters"});
+  if (rs) {
+    SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_parameters must be an object");
+    c.rope_theta = ConfigReader(*rs, r.source() + " rope_parameters").get_or<float>({"rope_theta"}, c.rope_theta);
+  } else {
+    rs = r.find({"rope_scaling"});
+  }
+  if (rs) {
     SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_scaling must be an object or null");
     const ConfigReader s(*rs, r.source() + " rope_scaling");
     const std::string type = s.get_or<std::string>({"rope_type", "type"}, "default");

@@ -1,0 +1,204 @@
+// Parity with transformers: tiny BLOOM and Llama models saved by transformers' save_pretrained
+// (tests/fixtures/hf/make_parity_fixtures.py) are loaded from their model directories through
+// HfModelDir, each rank reading only its FULL_SHARD slices; the mean loss on the recorded inputs
+// must equal transformers' to 1e-5 relative and every parameter's gradient to 1e-4, on any
+// number of ranks. Also: the load reads only the slices' bytes, and bad model directories fail
+// with clear errors.
+#define BOOST_TEST_MODULE test_hf_parity
+#include "mpi_fixture.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "shardlm/fsdp.hpp"
+#include "shardlm/io.hpp"
+#include "test_support.hpp"
+
+using namespace shardlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = SHARDLM_SOURCE_DIR "/tests/fixtures/hf";
+
+struct Reference {
+  std::map<std::string, SafetensorsEntry> tensors;
+  const SafetensorsEntry& at(const std::string& name) const {
+    auto it = tensors.find(name);
+    BOOST_REQUIRE_MESSAGE(it != tensors.end(), "reference has no " << name);
+    return it->second;
+  }
+};
+
+Reference read_reference(const std::string& name) {
+  Reference r;
+  for (auto& e : read_safetensors(kFixtures + "/" + name + "_reference.safetensors")) r.tensors[e.name] = e;
+  return r;
+}
+
+// The recorded sequences this rank takes (sequence i goes to rank i % world), with targets
+// shifted as transformers does: position t predicts token t + 1 unless labels[t + 1] is -100.
+MicroBatch rank_batch(const Reference& ref, int rank, int world) {
+  const SafetensorsEntry& ids = ref.at("input_ids");
+  const SafetensorsEntry& labels = ref.at("labels");
+  const int B = static_cast<int>(ids.shape[0]), T = static_cast<int>(ids.shape[1]);
+  MicroBatch mb;
+  mb.seq = T;
+  for (int b = rank; b < B; b += world) {
+    ++mb.batch;
+    for (int t = 0; t < T; ++t) {
+      mb.tokens.push_back(static_cast<int32_t>(ids.data[b * T + t]));
+      const float next = t + 1 < T ? labels.data[b * T + t + 1] : -100.0f;
+      mb.targets.push_back(next < 0 ? -1 : static_cast<int32_t>(next));
+      mb.target_count += next >= 0;
+    }
+  }
+  if (mb.batch == 0) mb.seq = 0;
+  return mb;
+}
+
+// Loads the fixture into a FULL_SHARD FsdpModel on the world, runs forward and backward of the
+// mean loss, checks the loss and this rank's slice of every gradient against transformers'.
+void check_parity(const std::string& name) {
+  HfModelDir dir(kFixtures + "/" + name);
+  const ModelConfig& cfg = dir.config();
+  const Reference ref = read_reference(name);
+  const int rank = world_rank(), world = world_size();
+
+  Topology topo = make_topology(MPI_COMM_WORLD, 0);
+  ProcessGroups groups = make_mpi_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::FullShard);
+  FsdpOptions opt;
+  opt.strategy = ShardingStrategy::FullShard;
+  const int T = static_cast<int>(ref.at("input_ids").shape[1]);
+  FsdpModel model(cfg, opt, groups, 3, T, 1);
+  uint64_t slice_bytes = 0;
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    FlatParameter& p = model.units()[u];
+    const size_t end = std::min(p.shard_begin + p.shard_numel, p.numel);
+    const size_t begin = std::min(p.shard_begin, end);
+    dir.read_unit_slice(u, begin, end, p.master.data());
+    slice_bytes += (end - begin) * 4;
+  }
+  model.params_updated();
+  // Only this rank's slices were read (the fixtures are fp32).
+  BOOST_TEST(dir.bytes_read() == slice_bytes);
+
+  const MicroBatch mb = rank_batch(ref, rank, world);
+  int64_t count = mb.target_count, total_count = 0;
+  MPI_Allreduce(&count, &total_count, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  model.zero_grad();
+  const double mine = model.forward_backward(mb, 1.0f / static_cast<float>(total_count));
+  double sum = 0;
+  MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  const double loss = sum / static_cast<double>(total_count);
+  BOOST_TEST(loss == static_cast<double>(ref.at("loss").data[0]), boost::test_tools::tolerance(1e-5));
+
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    const FlatParameter& p = model.units()[u];
+    for (const TensorSpec& spec : p.layout->tensors) {
+      const size_t lo = std::max(p.shard_begin, spec.offset);
+      const size_t hi = std::min(p.shard_begin + p.shard_numel, spec.offset + spec.numel);
+      const std::string hf = hf_tensor_name(cfg, spec.name);
+      const SafetensorsEntry& want = ref.at("grad." + hf);
+      BOOST_TEST_REQUIRE(want.data.size() == spec.numel, hf);
+      float scale = 0;
+      for (float g : want.data) scale = std::max(scale, std::fabs(g));
+      size_t bad = 0;
+      double worst = 0;
+      for (size_t i = lo; i < hi; ++i) {
+        const double err = std::fabs(p.grad[i - p.shard_begin] - want.data[i - spec.offset]);
+        worst = std::max(worst, err);
+        bad += err > 1e-4 * scale + 1e-9;
+      }
+      BOOST_TEST(bad == 0u, hf << ": " << bad << " elements differ by more than 1e-4 x max |grad| (" << scale
+                                << "); worst " << worst);
+    }
+  }
+}
+
+// A copy of a fixture directory to break.
+fs::path scratch_copy(const std::string& name, const std::string& tag) {
+  const fs::path dst = fs::path(SHARDLM_BINARY_DIR) / "test_runs" / concat("hf_parity_np", world_size(), "_r",
+                                                                             world_rank(), "_", tag);
+  fs::remove_all(dst);
+  fs::create_directories(dst.parent_path());
+  fs::copy(kFixtures + "/" + name, dst, fs::copy_options::recursive);
+  for (const auto& e : fs::directory_iterator(dst)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  return dst;
+}
+
+void replace_in(const fs::path& file, const std::string& from, const std::string& to) {
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find(from);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, from << " not in " << file);
+  text.replace(at, from.size(), to);
+  std::ofstream(file) << text;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bloom_matches_transformers) { check_parity("tiny_bloom"); }
+
+BOOST_AUTO_TEST_CASE(llama_matches_transformers) { check_parity("tiny_llama"); }
+
+BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
+  const ModelConfig bloom = HfModelDir(kFixtures + "/tiny_bloom").config();
+  BOOST_TEST(bloom.arch == "bloom");
+  BOOST_TEST(bloom.hidden_size == 32);
+  BOOST_TEST(bloom.num_layers == 2);
+  const ModelConfig llama = HfModelDir(kFixtures + "/tiny_llama").config();
+  BOOST_TEST(llama.arch == "llama");
+  BOOST_TEST(llama.kv_heads() == 2);
+  BOOST_TEST(llama.ffn_size() == 48);
+  BOOST_TEST(!llama.tie_word_embeddings);
+  // transformers 5 writes rope_theta and the llama3 scaling inside rope_parameters.
+  BOOST_TEST(llama.rope_theta == 10000.0f);
+  BOOST_TEST(llama.rope_scaling.factor == 8.0f);
+  BOOST_TEST(llama.rope_scaling.original_max_position_embeddings == 16);
+  // Written back and read again, the config is the same.
+  const ModelConfig again = model_config_from_hf(hf_config_json(llama), "round trip");
+  BOOST_TEST(again.rope_scaling.factor == llama.rope_scaling.factor);
+  BOOST_TEST(again.kv_heads() == llama.kv_heads());
+  BOOST_TEST(again.rope_theta == llama.rope_theta);
+}
+
+BOOST_AUTO_TEST_CASE(bad_model_directories_fail_clearly) {
+  auto expect = [](const fs::path& dir, std::initializer_list<std::string> parts) {
+    const std::string error = error_of([&] { HfModelDir d(dir.string()); });
+    for (const std::string& p : parts) BOOST_TEST(contains(error, p), "'" << p << "' not in: " << error);
+  };
+  // config.json disagrees with the weights.
+  fs::path d = scratch_copy("tiny_llama", "wrong_hidden");
+  replace_in(d / "config.json", "\"intermediate_size\": 48", "\"intermediate_size\": 64");
+  expect(d, {"model.layers.0.mlp.gate_proj.weight", "has shape [48, 32]", "config.json implies [64, 32]"});
+  d = scratch_copy("tiny_llama", "fewer_layers");
+  replace_in(d / "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+  expect(d, {"model.layers.1.", "has no place for", "does config.json match the weights?"});
+  d = scratch_copy("tiny_bloom", "more_layers");
+  replace_in(d / "config.json", "\"n_layer\": 2", "\"n_layer\": 3");
+  expect(d, {"transformer.h.2.", "missing from the weights"});
+  // A truncated weight file and a header pointing past the end.
+  d = scratch_copy("tiny_bloom", "truncated");
+  fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") / 2);
+  expect(d, {"model.safetensors", "data_offsets"});
+  d = scratch_copy("tiny_llama", "missing_shard");
+  fs::remove(d / "model-00003-of-00005.safetensors");
+  expect(d, {"model-00003-of-00005.safetensors", "missing"});
+  // Unsupported architectures and options.
+  d = scratch_copy("tiny_bloom", "gpt2");
+  replace_in(d / "config.json", "\"model_type\": \"bloom\"", "\"model_type\": \"gpt2\"");
+  expect(d, {"model_type 'gpt2' is not supported"});
+  d = scratch_copy("tiny_llama", "rope_yarn");
+  replace_in(d / "config.json", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"");
+  expect(d, {"rope_scaling type 'yarn' is not supported"});
+  d = scratch_copy("tiny_bloom", "no_weights");
+  fs::remove(d / "model.safetensors");
+  expect(d, {"neither model.safetensors nor model.safetensors.index.json"});
+  d = scratch_copy("tiny_bloom", "bad_json");
+  replace_in(d / "config.json", "{", "[");
+  expect(d, {"config.json"});
+}
