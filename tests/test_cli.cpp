@@ -253,6 +253,72 @@ BOOST_AUTO_TEST_CASE(hdf5_tools_read_a_checkpoint_with_readable_names) {
 // the demo on one rank, fp32) with no missing or unexpected keys, and recorded its loss on fixed
 // inputs (tests/fixtures/hf/check_export.py, run on the GPU machine's PyTorch). shardlm's BLOOM on
 // the weights read back from the exported safetensors must give the same loss.
+// Per-step train losses of a run, from its metrics.jsonl.
+std::vector<double> train_losses(const fs::path& run_dir) {
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "train") losses.push_back(j.at("loss"));
+  }
+  return losses;
+}
+
+BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
+  // A demo run's checkpoint exported as a Hugging Face model directory...
+  fs::path dir = scratch("cli_model_dir");
+  fs::remove_all(dir);
+  Outcome run = run_shardlm(1, "train " + kDemo + " --train.max_steps=30 --train.log_every=1 --data.eval_file= --run.dir=" +
+                                   (dir / "a").string());
+  BOOST_TEST_INFO(run.output);
+  BOOST_TEST_REQUIRE(run.exit_code == 0);
+  Outcome exported = run_shardlm(1, "export " + (dir / "a" / "checkpoints").string() + " " + (dir / "hf").string());
+  BOOST_TEST_REQUIRE(exported.exit_code == 0);
+
+  // ...where the deck's model shape keys would disagree with config.json: refused, naming the key.
+  Outcome both = run_shardlm(1, "train " + kDemo + " --model.dir=" + (dir / "hf").string());
+  BOOST_TEST(both.exit_code != 0);
+  BOOST_TEST(both.output.find("model.vocab_size is read from model.dir's config.json") != std::string::npos,
+             both.output);
+
+  // The demo deck without its [model] section, starting from the exported weights on 2 ranks.
+  std::ifstream demo(kDemo);
+  std::ostringstream deck;
+  std::string line;
+  bool in_model = false;
+  while (std::getline(demo, line)) {
+    if (!line.empty() && line[0] == '[') in_model = line.rfind("[model]", 0) == 0;
+    if (!in_model) deck << line << "\n";
+  }
+  std::string text = deck.str();
+  text = "[model]\ndir = " + (dir / "hf").string() + "\n" + text;
+  // Data paths of the demo deck are relative to its folder.
+  const std::string data_dir = fs::path(kDemo).parent_path().string() + "/data/";
+  for (size_t at = 0; (at = text.find("= data/demo_squad", at)) != std::string::npos; at += data_dir.size())
+    text.replace(at + 2, 5, data_dir);
+  std::ofstream(dir / "from_hf.ini") << text;
+  Outcome from_hf = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
+                                       " --train.max_steps=3 --train.log_every=1 --data.eval_file= --run.dir=" +
+                                       (dir / "b").string());
+  BOOST_TEST_INFO(from_hf.output);
+  BOOST_TEST_REQUIRE(from_hf.exit_code == 0);
+  BOOST_TEST(from_hf.output.find("loaded weights from " + (dir / "hf").string()) != std::string::npos);
+  // The trained weights start far below a fresh model's loss (about ln 259 = 5.56).
+  const std::vector<double> trained = train_losses(dir / "a"), resumed = train_losses(dir / "b");
+  BOOST_TEST_REQUIRE(trained.size() == 30u);
+  BOOST_TEST_REQUIRE(resumed.size() == 3u);
+  BOOST_TEST(trained.front() > 5.0);
+  BOOST_TEST(resumed.front() < trained.front() - 1.0, resumed.front() << " vs fresh " << trained.front());
+  BOOST_TEST(std::fabs(resumed.front() - trained.back()) < 1.0, resumed.front() << " vs " << trained.back());
+
+  // A tokenizer larger than the model's vocabulary is refused before training.
+  Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
+                                   "/tests/fixtures/tokenizer/gpt2/tokenizer.json --run.dir=" + (dir / "c").string());
+  BOOST_TEST(too_big.exit_code != 0);
+  BOOST_TEST(too_big.output.find("more than the model's vocab_size 259") != std::string::npos, too_big.output);
+}
+
 BOOST_AUTO_TEST_CASE(exported_weights_give_the_transformers_loss) {
   fs::path dir = scratch("cli_hf_parity");
   fs::remove_all(dir);

@@ -28,7 +28,7 @@ struct DataSection {
   int max_length = 512;
   size_t train_size = 0;          // 0 = all records
   size_t eval_size = 0;
-  std::string tokenizer = "byte";
+  std::string tokenizer = "auto";  // auto (model.dir's tokenizer.json, else byte) | byte | tokenizer.json path
 };
 
 struct TrainSection {

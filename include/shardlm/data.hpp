@@ -11,15 +11,32 @@
 
 namespace shardlm {
 
+// What the dataset loaders, the trainer and generation need of a tokenizer.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Text to ids, without special tokens (the loaders place BOS and EOS themselves).
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // Ids to text, special tokens dropped.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int32_t bos_id() const = 0;  // -1: sequences start without one
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t pad_id() const = 0;  // fills micro-batches; never takes a loss
+  virtual int32_t vocab_size() const = 0;
+};
+
 // Byte-level tokenizer: ids 0..255 are the bytes, then the special tokens.
-class ByteTokenizer {
+class ByteTokenizer final : public Tokenizer {
  public:
   static constexpr int32_t kBos = 256;
   static constexpr int32_t kEos = 257;
   static constexpr int32_t kPad = 258;
-  int32_t vocab_size() const { return 259; }
-  std::vector<int32_t> encode(const std::string& text) const;
-  std::string decode(const std::vector<int32_t>& ids) const;  // special tokens are dropped
+  int32_t vocab_size() const override { return 259; }
+  std::vector<int32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;  // special tokens are dropped
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+  int32_t pad_id() const override { return kPad; }
 };
 
 // One training sequence. targets[t] is the token position t must predict (tokens[t + 1] where a
@@ -40,7 +57,7 @@ struct DatasetOptions {
 // Each question becomes "Question: {q} Context: {c} Answer:" + " {answer}" + EOS, the loss taken
 // on the answer tokens and EOS only; the context (never the answer) is truncated to fit.
 // Throws Error naming the file (and record) on malformed input.
-std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_squad(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt);
 
 // One SQuAD question as the metrics see it: its id and every reference answer, in file order.
@@ -78,11 +95,11 @@ SquadScores squad_scores(const std::vector<SquadQuestion>& questions,
 
 // JSON lines with {"text": ...} (loss on every next token) or {"prompt": ..., "completion": ...}
 // (loss on the completion and EOS only), truncated to max_length.
-std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_jsonl(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt);
 
 // [BOS] text [EOS] with a loss on every next token, cut to max_length tokens (its end goes).
-Example next_token_example(const std::vector<int32_t>& text, int max_length);
+Example next_token_example(const std::vector<int32_t>& text, const Tokenizer& tok, int max_length);
 
 // Chess games as sequences of UCI moves (e2e4, e7e8q), one game per line: JSON lines with a
 // "moves" field (any letter case, as laion/strategic_game_chess's "Moves"; a list of move
@@ -91,7 +108,7 @@ Example next_token_example(const std::vector<int32_t>& text, int max_length);
 // space-separated moves. The text a game trains on is its moves joined by single spaces,
 // "e2e4 e7e5 g1f3", as [BOS] text [EOS] with a loss on every next token, cut to max_length.
 // A malformed move is an Error naming the file, line and move.
-std::vector<Example> load_chess(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_chess(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt);
 // Whether `move` is UCI long algebraic notation in lower case: from and to squares (a1..h8) that
 // differ, then optionally a promotion piece (q, r, b or n), allowed only on a pawn's last step
@@ -101,7 +118,7 @@ bool is_uci_move(const std::string& move);
 // The loader of a deck's data.format: "squad" (load_squad), "jsonl" (load_jsonl) or "chess"
 // (load_chess); Error for any other name.
 std::vector<Example> load_examples(const std::string& format, const std::string& path,
-                                   const ByteTokenizer& tok, const DatasetOptions& opt);
+                                   const Tokenizer& tok, const DatasetOptions& opt);
 
 // A permutation of 0..n-1 drawn by Fisher-Yates from std::mt19937_64(seed) with unbiased bounded
 // draws, so it is the same on every standard library (std::shuffle is not). Used for the seeded
@@ -192,5 +209,26 @@ class HfTokenizer {
 // normalizers; merges ordered by the merged piece's score; BOS added by the post-processor).
 // Throws Error naming the file if it is not a BPE SentencePiece model.
 std::string sentencepiece_to_tokenizer_json(const std::string& model_path);
+
+// An HfTokenizer as the loaders' Tokenizer: encode without the post-processor's special tokens,
+// decode skipping special tokens; PAD is the tokenizer's, else EOS (padding takes no loss).
+class HfTextTokenizer final : public Tokenizer {
+ public:
+  explicit HfTextTokenizer(HfTokenizer tok) : tok_(std::move(tok)) {}
+  std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text, false); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids, true); }
+  int32_t bos_id() const override { return tok_.bos_id(); }
+  int32_t eos_id() const override { return tok_.eos_id(); }
+  int32_t pad_id() const override { return tok_.pad_id() >= 0 ? tok_.pad_id() : tok_.eos_id(); }
+  int32_t vocab_size() const override { return tok_.vocab_size(); }
+  const HfTokenizer& hf() const { return tok_; }
+
+ private:
+  HfTokenizer tok_;
+};
+
+// data.tokenizer's value: "byte", or a tokenizer.json file (or a folder holding one). Error
+// naming the file when it cannot be read or has no EOS token.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
 }  // namespace shardlm

@@ -185,6 +185,15 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text.str(), path);
     cfg.model.init_std = init_std;
   }
+  if (cfg.data.tokenizer == "auto") {
+    cfg.data.tokenizer = "byte";
+    if (!cfg.model.dir.empty()) {
+      const fs::path t = fs::path(cfg.model.dir) / "tokenizer.json";
+      SHARDLM_CHECK(fs::exists(t), "data.tokenizer = auto: model.dir ", cfg.model.dir,
+                    " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
+      cfg.data.tokenizer = t.string();
+    }
+  }
   check_run_config(cfg, world_size);
 
   for (const KeySpec& k : key_table()) cfg.resolved.emplace_back(k.name, k.get(cfg));

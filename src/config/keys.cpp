@@ -162,6 +162,25 @@ static KeySpec model_dir_key(const char* name) {
           [](const RunConfig& c) { return c.model.dir; }};
 }
 
+// "auto" (model.dir's tokenizer.json, else byte), "byte", or a tokenizer.json file or a folder
+// holding one, relative to the deck's folder.
+static KeySpec tokenizer_key(const char* name) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string& base_dir) {
+            const std::string v = trim(t);
+            const std::string l = lower(v);
+            if (l == "auto" || l == "byte") return void(c.data.tokenizer = l);
+            if (v.empty()) bad_value(name, quoted(t), "must be auto, byte or a tokenizer.json path");
+            fs::path p = fs::absolute(fs::path(base_dir) / fs::path(v)).lexically_normal();
+            std::error_code ec;
+            if (fs::is_directory(p, ec)) p /= "tokenizer.json";
+            if (!fs::exists(p, ec))
+              bad_value(name, quoted(t), "file not found (" + p.string() + "); expected a tokenizer.json or a folder holding one");
+            c.data.tokenizer = p.string();
+          },
+          [](const RunConfig& c) { return c.data.tokenizer; }};
+}
+
 // "none", "auto" or a path; whether the path exists is checked when the run resumes.
 static KeySpec resume_key(const char* name) {
   return {name, nullptr,
@@ -201,7 +220,7 @@ static std::vector<KeySpec> build_table() {
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),
       unsigned_key("data.train_size", SHARDLM_FIELD(data.train_size)),
       unsigned_key("data.eval_size", SHARDLM_FIELD(data.eval_size)),
-      choice_key("data.tokenizer", SHARDLM_FIELD(data.tokenizer), {"byte"}),
+      tokenizer_key("data.tokenizer"),
 
       int_key("train.epochs", SHARDLM_FIELD(train.epochs), 1, "must be >= 1"),
       int_key("train.batch_size", SHARDLM_FIELD(train.batch_size), 1, "must be >= 1", "N"),

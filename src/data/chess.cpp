@@ -93,7 +93,7 @@ bool is_uci_move(const std::string& move) {
   return (white_promotes || black_promotes) && std::abs(move[0] - move[2]) <= 1;
 }
 
-std::vector<Example> load_chess(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_chess(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
   std::ifstream in(path, std::ios::binary);
@@ -114,7 +114,7 @@ std::vector<Example> load_chess(const std::string& path, const ByteTokenizer& to
       decided = true;
     }
     const std::vector<std::string> moves = json_lines ? json_moves(line, where) : split_on_spaces(line);
-    examples.push_back(next_token_example(tok.encode(game_text(moves, where)), opt.max_length));
+    examples.push_back(next_token_example(tok.encode(game_text(moves, where)), tok, opt.max_length));
   }
   if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
   SHARDLM_CHECK(!examples.empty(), path, ": no games in the file");

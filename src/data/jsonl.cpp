@@ -27,18 +27,20 @@ std::string string_field(const json& object, const char* key, const std::string&
 
 // [BOS] prompt completion [EOS]; the prompt loses its beginning to fit, the completion never.
 Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
-                       int max_length, const std::string& where) {
-  const size_t fixed = completion.size() + 2;
+                       const Tokenizer& tok, int max_length, const std::string& where) {
+  const bool bos = tok.bos_id() >= 0;
+  const size_t fixed = completion.size() + 1 + (bos ? 1 : 0);
   SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
                 " tokens with BOS and EOS, more than max_length ", max_length);
   const size_t kept = std::min(prompt.size(), static_cast<size_t>(max_length) - fixed);
   Example ex;
   ex.tokens.reserve(fixed + kept);
-  ex.tokens.push_back(ByteTokenizer::kBos);
+  if (bos) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), prompt.end() - static_cast<std::ptrdiff_t>(kept), prompt.end());
   const size_t completion_begin = ex.tokens.size();
+  SHARDLM_CHECK(completion_begin > 0, where, ": an empty prompt needs a tokenizer with a BOS token");
   ex.tokens.insert(ex.tokens.end(), completion.begin(), completion.end());
-  ex.tokens.push_back(ByteTokenizer::kEos);
+  ex.tokens.push_back(tok.eos_id());
   // From the last prompt token (or BOS) on, each position predicts a completion token or EOS.
   ex.targets.assign(ex.tokens.size(), -1);
   for (size_t t = completion_begin - 1; t + 1 < ex.tokens.size(); ++t)
@@ -46,7 +48,7 @@ Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int
   return ex;
 }
 
-Example parse_line(const std::string& line, const std::string& where, const ByteTokenizer& tok,
+Example parse_line(const std::string& line, const std::string& where, const Tokenizer& tok,
                    int max_length) {
   json record;
   try {
@@ -60,28 +62,28 @@ Example parse_line(const std::string& line, const std::string& where, const Byte
   const bool has_completion = record.contains("completion");
   SHARDLM_CHECK(!(has_text && (has_prompt || has_completion)), where,
                 ": has both 'text' and 'prompt'/'completion'");
-  if (has_text) return next_token_example(tok.encode(string_field(record, "text", where)), max_length);
+  if (has_text) return next_token_example(tok.encode(string_field(record, "text", where)), tok, max_length);
   SHARDLM_CHECK(has_prompt && has_completion, where,
                 ": expected 'text' or both 'prompt' and 'completion'");
   return prompt_example(tok.encode(string_field(record, "prompt", where)),
-                        tok.encode(string_field(record, "completion", where)), max_length, where);
+                        tok.encode(string_field(record, "completion", where)), tok, max_length, where);
 }
 
 }  // namespace
 
-Example next_token_example(const std::vector<int32_t>& text, int max_length) {
+Example next_token_example(const std::vector<int32_t>& text, const Tokenizer& tok, int max_length) {
   Example ex;
   ex.tokens.reserve(text.size() + 2);
-  ex.tokens.push_back(ByteTokenizer::kBos);
+  if (tok.bos_id() >= 0) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), text.begin(), text.end());
-  ex.tokens.push_back(ByteTokenizer::kEos);
+  ex.tokens.push_back(tok.eos_id());
   if (ex.tokens.size() > static_cast<size_t>(max_length)) ex.tokens.resize(static_cast<size_t>(max_length));
   ex.targets.assign(ex.tokens.size(), -1);
   for (size_t t = 0; t + 1 < ex.tokens.size(); ++t) ex.targets[t] = ex.tokens[t + 1];
   return ex;
 }
 
-std::vector<Example> load_jsonl(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_jsonl(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
   std::ifstream in(path, std::ios::binary);

@@ -5,7 +5,7 @@
 namespace shardlm {
 
 std::vector<Example> load_examples(const std::string& format, const std::string& path,
-                                   const ByteTokenizer& tok, const DatasetOptions& opt) {
+                                   const Tokenizer& tok, const DatasetOptions& opt) {
   if (format == "squad") return load_squad(path, tok, opt);
   if (format == "jsonl") return load_jsonl(path, tok, opt);
   if (format == "chess") return load_chess(path, tok, opt);

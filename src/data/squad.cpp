@@ -90,12 +90,13 @@ std::vector<QaRecord> collect_records(const json& root, const std::string& path)
 }
 
 // [BOS] "Question: q Context: c Answer:" " a" [EOS]; only the context shrinks to fit max_length.
-Example build_example(const QaRecord& record, const ByteTokenizer& tok, int max_length) {
+Example build_example(const QaRecord& record, const Tokenizer& tok, int max_length) {
   const std::vector<int32_t> head = tok.encode("Question: " + record.question + " Context: ");
   const std::vector<int32_t> context = tok.encode(record.context);
   const std::vector<int32_t> tail = tok.encode(" Answer:");
   const std::vector<int32_t> answer = tok.encode(" " + record.answers[0]);
-  const size_t fixed = 1 + head.size() + tail.size() + answer.size() + 1;
+  const bool bos = tok.bos_id() >= 0;
+  const size_t fixed = (bos ? 1 : 0) + head.size() + tail.size() + answer.size() + 1;
   SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), record.where,
                 ": the question and answer take ", fixed,
                 " tokens without any context, more than max_length ", max_length);
@@ -103,14 +104,14 @@ Example build_example(const QaRecord& record, const ByteTokenizer& tok, int max_
 
   Example ex;
   ex.tokens.reserve(fixed + kept);
-  ex.tokens.push_back(ByteTokenizer::kBos);
+  if (bos) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), head.begin(), head.end());
   ex.tokens.insert(ex.tokens.end(), context.begin(),
                    context.begin() + static_cast<std::ptrdiff_t>(kept));
   ex.tokens.insert(ex.tokens.end(), tail.begin(), tail.end());
   const size_t answer_begin = ex.tokens.size();
   ex.tokens.insert(ex.tokens.end(), answer.begin(), answer.end());
-  ex.tokens.push_back(ByteTokenizer::kEos);
+  ex.tokens.push_back(tok.eos_id());
 
   // The last prompt token predicts the first answer token; the last answer token predicts EOS.
   ex.targets.assign(ex.tokens.size(), -1);
@@ -133,7 +134,7 @@ std::vector<QaRecord> read_records(const std::string& path) {
 
 }  // namespace
 
-std::vector<Example> load_squad(const std::string& path, const ByteTokenizer& tok,
+std::vector<Example> load_squad(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
   const std::vector<QaRecord> records = read_records(path);

@@ -1,4 +1,9 @@
-// ByteTokenizer: UTF-8 bytes are token ids 0..255; BOS, EOS and PAD follow them.
+// ByteTokenizer: UTF-8 bytes are token ids 0..255; BOS, EOS and PAD follow them. make_tokenizer:
+// the deck's data.tokenizer to a Tokenizer.
+#include <filesystem>
+#include <memory>
+
+#include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
 namespace shardlm {
@@ -18,6 +23,19 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
     if (id >= 0 && id < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   }
   return text;
+}
+
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+  if (spec.empty() || spec == "byte") return std::make_unique<ByteTokenizer>();
+  std::error_code ec;
+  const std::string file = std::filesystem::is_directory(spec, ec)
+                               ? (std::filesystem::path(spec) / "tokenizer.json").string()
+                               : spec;
+  auto tok = std::make_unique<HfTextTokenizer>(HfTokenizer::from_file(file));
+  SHARDLM_CHECK(tok->eos_id() >= 0, "tokenizer ", file,
+                ": no EOS token found (tokenizer_config.json eos_token, or a token named </s>, <|endoftext|>, ...)");
+  return tok;
 }
 
 }  // namespace shardlm

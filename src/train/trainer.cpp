@@ -23,7 +23,7 @@ namespace shardlm {
 namespace {
 
 std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
-                                  uint64_t seed, const ByteTokenizer& tok) {
+                                  uint64_t seed, const Tokenizer& tok) {
   DatasetOptions opt;
   opt.max_length = data.max_length;
   opt.limit = limit;
@@ -63,7 +63,8 @@ struct EvalResult {
   double steps_per_second = 0;  // micro-batches per rank per second
 };
 
-EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro) {
+EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
+                    int32_t pad_id) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -71,7 +72,7 @@ EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MP
   double loss_sum = 0, count = 0;
   const std::vector<std::vector<size_t>> batches = eval_micro_batches(eval_set.size(), rank, world, micro);
   for (const auto& indices : batches) {
-    MicroBatch mb = make_micro_batch(eval_set, indices, ByteTokenizer::kPad);
+    MicroBatch mb = make_micro_batch(eval_set, indices, pad_id);
     loss_sum += model.forward_loss(mb);
     count += static_cast<double>(mb.target_count);
   }
@@ -135,7 +136,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   }
 
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
-  ByteTokenizer tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;
   std::vector<Example> train_set, eval_set;
   MetricsWriter metrics;
   std::string resume_path;
@@ -150,9 +151,12 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
       metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !resume_path.empty());
     }
-    train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, tokenizer);
+    tokenizer = make_tokenizer(cfg.data.tokenizer);
+    SHARDLM_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", cfg.data.tokenizer, " has ",
+                  tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", cfg.model.vocab_size);
+    train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *tokenizer);
     if (!cfg.data.eval_file.empty())
-      eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, tokenizer);
+      eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, *tokenizer);
     SHARDLM_CHECK(train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
                   cfg.train.batch_size, " is larger than the training set (", train_set.size(), " examples in ",
                   cfg.data.train_file, ")");
@@ -279,7 +283,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       double loss_sum = 0;
       for (int m = 0; m < accum; ++m) {
         MicroBatch mb = make_micro_batch(train_set, sampler.micro_batch(epoch, s, rank, world, m, micro),
-                                         ByteTokenizer::kPad);
+                                         tokenizer->pad_id());
         loss_sum += model.forward_backward(mb, grad_scale);
       }
       const double loss = targets > 0 ? mpi_sum(comm, loss_sum) / static_cast<double>(targets) : 0.0;
@@ -353,7 +357,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     if (result.preempted) break;
     if (!eval_set.empty()) {
       progress.hide();
-      EvalResult ev = evaluate(model, eval_set, comm, micro);
+      EvalResult ev = evaluate(model, eval_set, comm, micro, tokenizer->pad_id());
       result.eval_losses.push_back(ev.loss);
       EvalLog log;
       log.step = step;
