@@ -1,8 +1,10 @@
 // Tests of the FSDP engine end to end under mpirun: every strategy on the world gives the per-step
-// losses of one rank with NO_SHARD and the same global batch; state is sharded 1/N; mixed precision.
+// losses of one rank with NO_SHARD and the same global batch; state is sharded 1/N; mixed precision;
+// Llama (GQA, llama3 rotary scaling, untied head) through the same engine.
 #define BOOST_TEST_MODULE test_fsdp
 #include "mpi_fixture.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shardlm/train.hpp"
@@ -199,4 +201,38 @@ BOOST_AUTO_TEST_CASE(jsonl_text_trains_the_same_on_every_world) {
   BOOST_TEST_REQUIRE(world.step_losses.size() == 3u);
   BOOST_TEST(world.eval_losses.empty());
   for (int i = 0; i < 3; ++i) BOOST_TEST(world.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+}
+
+// A tiny Llama (GQA, llama3 rotary scaling, untied head): FULL_SHARD on the world gives the losses of
+// NO_SHARD on one rank.
+BOOST_AUTO_TEST_CASE(llama_full_shard_matches_one_rank) {
+  auto config = [](ShardingStrategy strategy, const std::string& name) {
+    RunConfig cfg = tiny_config(strategy, name);
+    ModelConfig& m = cfg.model;
+    m.arch = "llama";
+    m.num_kv_heads = 2;
+    m.intermediate_size = 48;
+    m.rope_theta = 10000.0f;
+    m.rope_scaling.factor = 8.0f;
+    m.rope_scaling.original_max_position_embeddings = 64;
+    m.tie_word_embeddings = false;
+    cfg.train.max_steps = 6;
+    return cfg;
+  };
+  TrainResult world = train(config(ShardingStrategy::FullShard, "llama_full"), MPI_COMM_WORLD, quiet());
+  std::vector<double> single(7, 0.0);
+  if (world_rank() == 0) {
+    TrainResult r = train(config(ShardingStrategy::NoShard, "llama_reference"), MPI_COMM_SELF, quiet());
+    // No REQUIRE here: the other ranks wait in the broadcast below.
+    BOOST_TEST(r.step_losses.size() == 6u);
+    std::copy_n(r.step_losses.begin(), std::min<size_t>(6, r.step_losses.size()), single.begin());
+    single[6] = r.eval_losses.empty() ? 0.0 : r.eval_losses[0];
+  }
+  MPI_Bcast(single.data(), 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  BOOST_TEST_REQUIRE(world.step_losses.size() == 6u);
+  for (int i = 0; i < 6; ++i) BOOST_TEST(world.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+  BOOST_TEST(world.eval_losses.at(0) == single[6], boost::test_tools::tolerance(1e-4));
+  // A fresh model starts near ln(259) and learns.
+  BOOST_TEST(single[0] > 4.5);
+  BOOST_TEST(single[5] < single[0]);
 }

@@ -1,4 +1,4 @@
-// model: the BLOOM architecture, its parameter layout per FSDP unit, and forward/backward per unit.
+// model: the BLOOM and Llama architectures, their parameter layouts per FSDP unit, and forward/backward per unit.
 #pragma once
 
 #include <cstddef>
@@ -138,6 +138,33 @@ class BloomCpu final : public CpuModel {
   ~BloomCpu() override;
   BloomCpu(const BloomCpu&) = delete;
   BloomCpu& operator=(const BloomCpu&) = delete;
+
+  const ModelConfig& config() const override { return cfg_; }
+  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
+  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
+  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
+                   float grad_scale, float* dh, float* droot) override;
+  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+                      int T) override;
+  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
+                      int T) override;
+  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  size_t activation_bytes() const override;
+
+ private:
+  struct Impl;
+  ModelConfig cfg_;
+  Impl* impl_;
+};
+
+// Llama (transformers' LlamaForCausalLM): RMSNorm, rotary embeddings, grouped-query attention,
+// SwiGLU MLP, no biases; the LM head is lm_head.weight, or embed_tokens.weight when tied.
+class LlamaCpu final : public CpuModel {
+ public:
+  LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq);
+  ~LlamaCpu() override;
+  LlamaCpu(const LlamaCpu&) = delete;
+  LlamaCpu& operator=(const LlamaCpu&) = delete;
 
   const ModelConfig& config() const override { return cfg_; }
   void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;

@@ -553,9 +553,4 @@ void BloomCpu::head_logits(const float* root, const float* h, int B, int T, floa
   }
 }
 
-std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {
-  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch, "' is not supported (bloom or llama)");
-  return std::make_unique<BloomCpu>(cfg, max_batch, max_seq);
-}
-
 }  // namespace shardlm

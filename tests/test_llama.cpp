@@ -1,0 +1,873 @@
+#define BOOST_TEST_MODULE test_llama
+#include <boost/test/unit_test.hpp>
+// Tests of the Llama model on the CPU: rotary frequencies (llama3 scaling) against independently
+// computed values, RMSNorm and rotary on hand-computed values, the forward against a naive double
+// reference, gradients of every unit against finite differences, GQA as MHA with repeated kv heads,
+// padding, head chunking and argument checks.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+#include "test_support.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+// ---- helpers --------------------------------------------------------------------------------
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+const TensorSpec& find_tensor(const UnitLayout& unit, const std::string& suffix) {
+  for (const TensorSpec& t : unit.tensors)
+    if (t.name.size() >= suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return t;
+  throw Error("no tensor " + suffix + " in unit " + unit.name);
+}
+
+// Largest element-wise error relative to the reference's largest magnitude.
+double max_relative_error(const std::vector<float>& actual, const std::vector<double>& reference) {
+  BOOST_REQUIRE_EQUAL(actual.size(), reference.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::abs(actual[i] - reference[i]));
+    scale = std::max(scale, std::abs(reference[i]));
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+// Hidden 16, 4 query heads over 2 kv heads (head_dim 4), SwiGLU width 24, 37 tokens, 2 layers.
+ModelConfig tiny_config() {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 37;
+  cfg.hidden_size = 16;
+  cfg.num_layers = 2;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.intermediate_size = 24;
+  cfg.rms_norm_eps = 1e-5f;
+  cfg.rope_theta = 100.0f;  // low base: the second frequency (0.1) turns visibly over 5 positions
+  // Larger than Llama's 0.02 so attention is far from uniform and every path carries signal.
+  cfg.init_std = 0.3f;
+  return cfg;
+}
+
+// Llama 3.1's scaling with a short original context, so both the slowed and the blended regimes
+// apply to the two frequencies of head_dim 4 (wavelengths 2 pi and 20 pi against 4 and 16).
+ModelConfig with_llama3_scaling(ModelConfig cfg) {
+  cfg.rope_scaling.factor = 8.0f;
+  cfg.rope_scaling.low_freq_factor = 1.0f;
+  cfg.rope_scaling.high_freq_factor = 4.0f;
+  cfg.rope_scaling.original_max_position_embeddings = 16;
+  return cfg;
+}
+
+// A whole model's parameters: one flat fp32 vector per FSDP unit.
+struct TinyModel {
+  ModelConfig cfg;
+  std::vector<UnitLayout> layout;
+  std::vector<std::vector<float>> params;
+  float* tensor(size_t unit, const std::string& suffix) {
+    return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+  const float* tensor(size_t unit, const std::string& suffix) const {
+    return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+};
+
+// The library's init, then noise on the RMSNorm weights (init Ones) so they matter.
+TinyModel make_model(const ModelConfig& cfg, uint64_t seed) {
+  TinyModel m;
+  m.cfg = cfg;
+  m.layout = llama_layout(cfg);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> noise(0.0f, 0.2f);
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    std::vector<float> flat(m.layout[u].numel);
+    init_unit_slice(m.layout[u], static_cast<int>(u), seed, 0, flat.size(), flat.data());
+    for (const TensorSpec& t : m.layout[u].tensors)
+      if (t.init != InitKind::Normal)
+        for (size_t i = t.offset; i < t.offset + t.numel; ++i) flat[i] += noise(rng);
+    m.params.push_back(std::move(flat));
+  }
+  return m;
+}
+
+struct Batch {
+  int batch = 0, seq = 0;
+  std::vector<int32_t> tokens, targets;
+};
+
+// Random tokens; targets are random ids or -1 with probability `no_target`.
+Batch make_batch(int B, int T, int vocab, double no_target, std::mt19937& rng) {
+  Batch b;
+  b.batch = B;
+  b.seq = T;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::bernoulli_distribution skip(no_target);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(token(rng));
+    b.targets.push_back(skip(rng) ? -1 : token(rng));
+  }
+  return b;
+}
+
+// Blocks then head on a given h0; `final_hidden` receives the last hidden states when given.
+double loss_from_h0(CpuModel& net, const TinyModel& m, const std::vector<float>& h0, const Batch& b,
+                    std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h = h0, next(h0.size());
+  for (int l = 0; l < m.cfg.num_layers; ++l) {
+    net.block_forward(l, m.params[1 + l].data(), h.data(), next.data(), b.batch, b.seq);
+    h.swap(next);
+  }
+  if (final_hidden) *final_hidden = h;
+  int64_t count = 0;
+  return net.head_loss(m.params[0].data(), h.data(), b.targets.data(), b.batch, b.seq, &count, 0.0f, nullptr,
+                       nullptr);
+}
+
+double model_loss(CpuModel& net, const TinyModel& m, const Batch& b, std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h0(static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  return loss_from_h0(net, m, h0, b, final_hidden);
+}
+
+// Full forward and backward of grad_scale * loss: gradients per unit, and d/dh0 in *dh0.
+std::vector<std::vector<float>> model_grads(CpuModel& net, const TinyModel& m, const Batch& b, float grad_scale,
+                                            std::vector<float>* dh0 = nullptr, double* loss = nullptr) {
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
+  const int L = m.cfg.num_layers;
+  std::vector<std::vector<float>> hidden(L + 1, std::vector<float>(n));
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, hidden[0].data());
+  for (int l = 0; l < L; ++l)
+    net.block_forward(l, m.params[1 + l].data(), hidden[l].data(), hidden[l + 1].data(), b.batch, b.seq);
+  std::vector<std::vector<float>> grads;
+  for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
+  std::vector<float> dh(n), dh_prev(n);
+  int64_t count = 0;
+  const double l_value = net.head_loss(m.params[0].data(), hidden[L].data(), b.targets.data(), b.batch, b.seq,
+                                       &count, grad_scale, dh.data(), grads[0].data());
+  if (loss) *loss = l_value;
+  for (int l = L - 1; l >= 0; --l) {
+    net.block_backward(l, m.params[1 + l].data(), dh.data(), dh_prev.data(), grads[1 + l].data(), b.batch, b.seq);
+    dh.swap(dh_prev);
+  }
+  if (dh0) *dh0 = dh;
+  net.embed_backward(m.params[0].data(), b.tokens.data(), dh.data(), grads[0].data(), b.batch, b.seq);
+  return grads;
+}
+
+// |actual - expected| within `rel` of the larger of |expected| and `scale` (the magnitude of the
+// whole array), so entries that are zero up to rounding are judged against the array's size.
+bool close(double actual, double expected, double rel, double scale) {
+  return std::abs(actual - expected) <= rel * std::max(std::abs(expected), scale);
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0.0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  return m;
+}
+
+// ---- naive double-precision reference of the same model --------------------------------------
+
+using Rows = std::vector<double>;  // row-major [rows, cols]
+
+Rows to_double(const std::vector<float>& v) { return Rows(v.begin(), v.end()); }
+
+Rows reference_rms_norm(const Rows& x, int rows, int H, const float* weight, double eps) {
+  Rows y(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double mean_square = 0.0;
+    for (int c = 0; c < H; ++c) mean_square += x[r * H + c] * x[r * H + c] / H;
+    for (int c = 0; c < H; ++c) y[r * H + c] = x[r * H + c] / std::sqrt(mean_square + eps) * weight[c];
+  }
+  return y;
+}
+
+// y = x W^T with W [out, in].
+Rows reference_linear(const Rows& x, int rows, int in, const float* weight, int out) {
+  Rows y(static_cast<size_t>(rows) * out);
+  for (int r = 0; r < rows; ++r)
+    for (int o = 0; o < out; ++o) {
+      double sum = 0.0;
+      for (int i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<double>(weight[o * in + i]);
+      y[r * out + o] = sum;
+    }
+  return y;
+}
+
+// x * cos + rotate_half(x) * sin per head, with rotate_half(x1, x2) = (-x2, x1) and the angles
+// pos * inv_freq repeated over both halves; rows are [B, T] of `heads` heads of d.
+void reference_rotary(Rows& x, int B, int T, int heads, int d, const std::vector<float>& inv_freq) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < heads; ++n) {
+        double* head = &x[((static_cast<size_t>(b) * T + t) * heads + n) * d];
+        const Rows original(head, head + d);
+        for (int c = 0; c < d; ++c) {
+          const double angle = t * static_cast<double>(inv_freq[c % (d / 2)]);
+          const double rotated = c < d / 2 ? -original[c + d / 2] : original[c - d / 2];
+          head[c] = original[c] * std::cos(angle) + rotated * std::sin(angle);
+        }
+      }
+}
+
+Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int T) {
+  const size_t u = 1 + layer;
+  const int H = m.cfg.hidden_size, heads = m.cfg.num_heads, kv = m.cfg.kv_heads(), d = m.cfg.head_dim();
+  const int F = m.cfg.ffn_size(), N = B * T;
+  const double eps = m.cfg.rms_norm_eps;
+  const std::vector<float> inv_freq = rope_inv_freq(m.cfg);
+
+  const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps);
+  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), heads * d);
+  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), kv * d);
+  const Rows v = reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), kv * d);
+  reference_rotary(q, B, T, heads, d, inv_freq);
+  reference_rotary(k, B, T, kv, d, inv_freq);
+  Rows context(static_cast<size_t>(N) * heads * d, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int n = 0; n < heads; ++n) {
+      const int g = n * kv / heads;  // the kv head of query head n
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> weights(i + 1);
+        double max_score = -1e300, total = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int c = 0; c < d; ++c) dot += q[(b * T + i) * heads * d + n * d + c] * k[(b * T + j) * kv * d + g * d + c];
+          weights[j] = dot / std::sqrt(static_cast<double>(d));
+          max_score = std::max(max_score, weights[j]);
+        }
+        for (int j = 0; j <= i; ++j) total += (weights[j] = std::exp(weights[j] - max_score));
+        for (int c = 0; c < d; ++c) {
+          double sum = 0.0;
+          for (int j = 0; j <= i; ++j) sum += weights[j] / total * v[(b * T + j) * kv * d + g * d + c];
+          context[(b * T + i) * heads * d + n * d + c] = sum;
+        }
+      }
+    }
+  Rows x = reference_linear(context, N, heads * d, m.tensor(u, "o_proj.weight"), H);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += h_in[i];
+  const Rows n2 = reference_rms_norm(x, N, H, m.tensor(u, "post_attention_layernorm.weight"), eps);
+  const Rows gate = reference_linear(n2, N, H, m.tensor(u, "gate_proj.weight"), F);
+  Rows act = reference_linear(n2, N, H, m.tensor(u, "up_proj.weight"), F);
+  for (size_t i = 0; i < act.size(); ++i) act[i] *= gate[i] / (1.0 + std::exp(-gate[i]));
+  Rows out = reference_linear(act, N, F, m.tensor(u, "down_proj.weight"), H);
+  for (size_t i = 0; i < out.size(); ++i) out[i] += x[i];
+  return out;
+}
+
+double reference_head_loss(const TinyModel& m, const Rows& h, const std::vector<int32_t>& targets,
+                           int64_t* count) {
+  const int H = m.cfg.hidden_size, V = m.cfg.vocab_size, N = static_cast<int>(targets.size());
+  const Rows hn = reference_rms_norm(h, N, H, m.tensor(0, "norm.weight"), m.cfg.rms_norm_eps);
+  const float* head = m.tensor(0, m.cfg.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight");
+  const Rows logits = reference_linear(hn, N, H, head, V);
+  double loss = 0.0;
+  *count = 0;
+  for (int r = 0; r < N; ++r) {
+    if (targets[r] < 0) continue;
+    double total = 0.0;
+    for (int v = 0; v < V; ++v) total += std::exp(logits[r * V + v]);
+    loss += std::log(total) - logits[r * V + targets[r]];
+    ++*count;
+  }
+  return loss;
+}
+
+// ---- finite differences ---------------------------------------------------------------------
+
+// Central difference of the model loss along one float coordinate.
+template <typename LossFn>
+double central_difference(float& coordinate, double step, LossFn loss) {
+  const float saved = coordinate;
+  coordinate = static_cast<float>(saved + step);
+  const double up = loss();
+  coordinate = static_cast<float>(saved - step);
+  const double down = loss();
+  coordinate = saved;
+  return (up - down) / (2.0 * step);
+}
+
+// Norm of (numeric - analytic) over norm of numeric, for one group of sampled coordinates.
+double gradient_error(const std::vector<double>& numeric, const std::vector<double>& analytic) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < numeric.size(); ++i) {
+    diff += (numeric[i] - analytic[i]) * (numeric[i] - analytic[i]);
+    norm += numeric[i] * numeric[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+constexpr double kStep = 1e-2;           // finite-difference step on parameters of size ~0.3-1
+constexpr double kGradTolerance = 1e-2;  // norm-relative; a 10% error in any tensor fails
+
+// Sampled coordinates of every tensor of every unit against central differences of the loss.
+void check_parameter_gradients(const ModelConfig& cfg, uint64_t seed) {
+  TinyModel m = make_model(cfg, seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed) + 100);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  LlamaCpu net(cfg, 2, 6);
+  const std::vector<std::vector<float>> grads = model_grads(net, m, b, 1.0f);
+  auto loss = [&] { return model_loss(net, m, b); };
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    const UnitLayout& unit = m.layout[u];
+    std::vector<double> unit_numeric, unit_analytic;
+    for (const TensorSpec& t : unit.tensors) {
+      std::uniform_int_distribution<size_t> pick(t.offset, t.offset + t.numel - 1);
+      std::vector<double> numeric, analytic;
+      for (int k = 0; k < 8; ++k) {
+        const size_t i = pick(rng);
+        numeric.push_back(central_difference(m.params[u][i], kStep, loss));
+        analytic.push_back(grads[u][i]);
+      }
+      double norm = 0.0;
+      for (double g : numeric) norm += g * g;
+      const double error = gradient_error(numeric, analytic);
+      BOOST_TEST_MESSAGE(t.name << ": norm " << std::sqrt(norm) << " error " << error);
+      BOOST_TEST(std::sqrt(norm) > 1e-3, t.name << ": the sampled gradient carries no signal");
+      BOOST_TEST(error < kGradTolerance, t.name << ": relative error " << error);
+      // The tolerance is tight enough to catch a gradient off by 10% or of the wrong sign.
+      std::vector<double> off = analytic, flipped = analytic;
+      for (double& g : off) g *= 0.9;
+      for (double& g : flipped) g = -g;
+      BOOST_TEST(gradient_error(numeric, off) > kGradTolerance, t.name);
+      BOOST_TEST(gradient_error(numeric, flipped) > kGradTolerance, t.name);
+      unit_numeric.insert(unit_numeric.end(), numeric.begin(), numeric.end());
+      unit_analytic.insert(unit_analytic.end(), analytic.begin(), analytic.end());
+    }
+    const double unit_error = gradient_error(unit_numeric, unit_analytic);
+    BOOST_TEST(unit_error < kGradTolerance, unit.name << ": relative error " << unit_error);
+  }
+}
+
+}  // namespace
+
+// ---- rotary frequencies ---------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(rope)
+
+// Llama 3.1 8B's rotary settings: head_dim 128, theta 500000, factor 8, low 1, high 4, original
+// context 8192. The expected values come from python3's math module, written apart from the C++:
+//   f = 1 / theta ** (j / 128) for j = 0, 2, ..; w = 2 pi / f; f / 8 if w > 8192, f if w < 2048,
+//   else s = (8192 / w - 1) / 3 and (1 - s) f / 8 + s f.
+BOOST_AUTO_TEST_CASE(llama3_scaling_matches_independent_values) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.hidden_size = 4096;
+  cfg.num_heads = 32;
+  cfg.rope_theta = 500000.0f;
+  cfg.rope_scaling.factor = 8.0f;
+  cfg.rope_scaling.low_freq_factor = 1.0f;
+  cfg.rope_scaling.high_freq_factor = 4.0f;
+  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  const std::vector<float> inv_freq = rope_inv_freq(cfg);
+  BOOST_REQUIRE_EQUAL(inv_freq.size(), 64u);
+  const std::pair<int, double> expected[] = {
+      {0, 1.0},                        // high frequencies: kept
+      {10, 0.12868737343265052},       //
+      {28, 0.0032114459947525913},     // wavelength 1956 < 2048: kept
+      {29, 0.002166570763503359},      // between: blended
+      {31, 0.0008567514129196321},     //
+      {34, 0.00017850781276799638},    // wavelength 6695: still blended
+      {35, 9.556212353964683e-05},     // wavelength 8219 > 8192: divided by 8
+      {40, 3.428102195952591e-05},     //
+      {63, 3.068925988914511e-07}};
+  for (const auto& [i, value] : expected)
+    BOOST_TEST(std::abs(inv_freq[i] - value) <= 2e-7 * value, "index " << i << ": " << inv_freq[i] << " vs " << value);
+
+  // Without scaling: 1 / theta^(2i / d).
+  cfg.rope_scaling.factor = 0.0f;
+  const std::vector<float> plain = rope_inv_freq(cfg);
+  BOOST_TEST(plain[29] == 0.0026160992529250353, boost::test_tools::tolerance(2e-7));
+  BOOST_TEST(plain[63] == 2.455140791131609e-06, boost::test_tools::tolerance(2e-7));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- RMSNorm and rotary by hand -------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(by_hand)
+
+// No layers, an identity LM head: head_logits returns the final RMSNorm of the last position.
+BOOST_AUTO_TEST_CASE(rms_norm_of_known_values) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 4;
+  cfg.hidden_size = 4;
+  cfg.num_heads = 1;
+  cfg.num_layers = 0;
+  cfg.rms_norm_eps = 1e-6f;
+  TinyModel m = make_model(cfg, 1);
+  float* embeddings = m.tensor(0, "embed_tokens.weight");
+  const float rows[2][4] = {{1, 2, 3, 4}, {-2, 0, 0, 0}};
+  std::copy(rows[0], rows[0] + 4, embeddings);
+  std::copy(rows[1], rows[1] + 4, embeddings + 4);
+  const float weight[4] = {1.0f, 0.5f, 2.0f, -1.0f};
+  std::copy(weight, weight + 4, m.tensor(0, "norm.weight"));
+  float* head = m.tensor(0, "lm_head.weight");
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) head[r * 4 + c] = r == c ? 1.0f : 0.0f;
+  LlamaCpu net(cfg, 2, 1);
+  const std::vector<int32_t> tokens = {0, 1};
+  std::vector<float> h(8), logits(8);
+  net.embed_forward(m.params[0].data(), tokens.data(), 2, 1, h.data());
+  net.head_logits(m.params[0].data(), h.data(), 2, 1, logits.data());
+  // Row 1: mean square 30 / 4 = 7.5. Row 2: mean square 4 / 4 = 1.
+  const double r1 = 1.0 / std::sqrt(7.5 + 1e-6), r2 = 1.0 / std::sqrt(1.0 + 1e-6);
+  const double expected[8] = {r1, 2 * r1 * 0.5, 3 * r1 * 2, -4 * r1, -2 * r2, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) BOOST_TEST(logits[i] == expected[i], boost::test_tools::tolerance(1e-6));
+}
+
+// One head of dim 4, q/k/v projections the identity, o_proj the identity, no MLP: the block's
+// output at position 1 is h1 + p0 v0 + p1 v1 with p = softmax(q1.k0 / 2, q1.k1 / 2), where
+// q1 = rotary(n1, position 1) and k0 = n0 (position 0 is not rotated). With n0 = 2 e2 and
+// n1 = 2 e0, rotate_half pairs element 0 with element 2: q1 = 2 (cos 1, 0, sin 1, 0), so
+// q1.k0 = 4 sin 1 and q1.k1 = |n1|^2 = 4.
+BOOST_AUTO_TEST_CASE(rotary_pairs_the_halves_with_the_sign_of_rotate_half) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 4;
+  cfg.hidden_size = 4;
+  cfg.num_heads = 1;
+  cfg.num_layers = 1;
+  cfg.intermediate_size = 2;
+  cfg.rms_norm_eps = 1e-6f;
+  cfg.rope_theta = 10000.0f;  // inverse frequencies 1 and 0.01
+  TinyModel m = make_model(cfg, 2);
+  for (const char* name : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
+    float* w = m.tensor(1, name);
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) w[r * 4 + c] = r == c ? 1.0f : 0.0f;
+  }
+  std::fill_n(m.tensor(1, "input_layernorm.weight"), 4, 1.0f);
+  std::fill_n(m.tensor(1, "down_proj.weight"), 8, 0.0f);
+  LlamaCpu net(cfg, 1, 2);
+  const std::vector<float> h = {0, 0, 1, 0, 1, 0, 0, 0};  // rms 1/2: normed rows are 2 e2, 2 e0
+  std::vector<float> out(8);
+  net.block_forward(0, m.params[1].data(), h.data(), out.data(), 1, 2);
+  const double n = 2.0 / std::sqrt(1.0 + 4e-6);  // 1 / sqrt(0.25 + eps), exactly 2 up to eps
+  const double s0 = n * n * std::sin(1.0) / 2, s1 = n * n / 2;
+  const double p0 = 1.0 / (1.0 + std::exp(s1 - s0)), p1 = 1.0 - p0;
+  const double expected[8] = {0, 0, 1 + n, 0, 1 + p1 * n, 0, p0 * n, 0};
+  for (int i = 0; i < 8; ++i)
+    BOOST_TEST(std::abs(out[i] - expected[i]) <= 1e-5, "element " << i << ": " << out[i] << " vs " << expected[i]);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- forward against the double reference ----------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(forward)
+
+BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
+  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config())}) {
+    for (bool tied : {false, true}) {
+      ModelConfig c = cfg;
+      c.tie_word_embeddings = tied;
+      const TinyModel m = make_model(c, 11);
+      std::mt19937 rng(5);
+      const Batch b = make_batch(2, 7, c.vocab_size, 0.3, rng);
+      // Built larger than used, so strides of the saved activations differ from the call's shape.
+      LlamaCpu net(c, 3, 9);
+      const size_t n = static_cast<size_t>(b.batch) * b.seq * c.hidden_size;
+      std::vector<float> h(n);
+      net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h.data());
+      Rows reference(n);
+      for (size_t r = 0; r < b.tokens.size(); ++r)
+        for (int col = 0; col < c.hidden_size; ++col)
+          reference[r * c.hidden_size + col] = m.tensor(0, "embed_tokens.weight")[b.tokens[r] * c.hidden_size + col];
+      BOOST_TEST(max_relative_error(h, reference) == 0.0);
+      for (int layer = 0; layer < c.num_layers; ++layer) {
+        std::vector<float> next(n);
+        net.block_forward(layer, m.params[1 + layer].data(), h.data(), next.data(), b.batch, b.seq);
+        reference = reference_block(m, layer, to_double(h), b.batch, b.seq);
+        BOOST_TEST(max_relative_error(next, reference) < 1e-5, "layer " << layer << " tied " << tied);
+        h.swap(next);
+      }
+      int64_t count = -1, expected_count = -1;
+      const double loss =
+          net.head_loss(m.params[0].data(), h.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, nullptr, nullptr);
+      BOOST_TEST(loss == reference_head_loss(m, to_double(h), b.targets, &expected_count),
+                 boost::test_tools::tolerance(1e-5));
+      BOOST_TEST(count == expected_count);
+    }
+  }
+}
+
+// The rotary scaling reaches the forward: the same weights give other hidden states with it.
+BOOST_AUTO_TEST_CASE(llama3_scaling_changes_the_block_output) {
+  const ModelConfig plain = tiny_config(), scaled = with_llama3_scaling(tiny_config());
+  const TinyModel m = make_model(plain, 12);
+  std::mt19937 rng(6);
+  const Batch b = make_batch(1, 6, plain.vocab_size, 0.0, rng);
+  std::vector<float> h_plain, h_scaled;
+  LlamaCpu net_plain(plain, 1, 6), net_scaled(scaled, 1, 6);
+  model_loss(net_plain, m, b, &h_plain);
+  model_loss(net_scaled, m, b, &h_scaled);
+  const int H = plain.hidden_size;
+  // Position 0 is never rotated; later ones are.
+  for (int c = 0; c < H; ++c) BOOST_TEST(h_plain[c] == h_scaled[c]);
+  double moved = 0.0;
+  for (size_t i = H; i < h_plain.size(); ++i) moved = std::max(moved, double(std::abs(h_plain[i] - h_scaled[i])));
+  BOOST_TEST(moved > 1e-3);
+}
+
+BOOST_AUTO_TEST_CASE(causal_positions_before_a_change_are_unaffected) {
+  const ModelConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 13);
+  std::mt19937 rng(7);
+  Batch b = make_batch(2, 6, cfg.vocab_size, 0.0, rng);
+  LlamaCpu net(cfg, 2, 6);
+  const int H = cfg.hidden_size, changed = 3;
+  std::vector<float> before, after;
+  model_loss(net, m, b, &before);
+  b.tokens[changed] = (b.tokens[changed] + 1) % cfg.vocab_size;  // sequence 0, position 3
+  model_loss(net, m, b, &after);
+  for (int p = 0; p < b.batch * b.seq; ++p) {
+    double moved = 0.0;
+    for (int c = 0; c < H; ++c)
+      moved = std::max(moved, static_cast<double>(std::abs(before[p * H + c] - after[p * H + c])));
+    if (p >= changed && p < b.seq)
+      BOOST_TEST(moved > 1e-3, "position " << p);
+    else
+      BOOST_TEST(moved < 1e-6, "position " << p);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- gradients ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(gradients)
+
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) { check_parameter_gradients(tiny_config(), 21); }
+
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_llama3_scaling) {
+  check_parameter_gradients(with_llama3_scaling(tiny_config()), 22);
+}
+
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_tied_head) {
+  ModelConfig cfg = tiny_config();
+  cfg.tie_word_embeddings = true;
+  check_parameter_gradients(cfg, 23);
+}
+
+BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
+  const ModelConfig cfg = with_llama3_scaling(tiny_config());
+  const TinyModel m = make_model(cfg, 24);
+  std::mt19937 rng(10);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  LlamaCpu net(cfg, 2, 5);
+  std::vector<float> dh0;
+  model_grads(net, m, b, 1.0f, &dh0);
+  std::vector<float> h0(dh0.size());
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  std::vector<double> numeric, analytic;
+  std::uniform_int_distribution<size_t> pick(0, h0.size() - 1);
+  for (int k = 0; k < 40; ++k) {
+    const size_t i = pick(rng);
+    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(net, m, h0, b); }));
+    analytic.push_back(dh0[i]);
+  }
+  BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance);
+}
+
+BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
+  const ModelConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 25);
+  std::mt19937 rng(11);
+  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
+  LlamaCpu net(cfg, 2, 5);
+  std::vector<float> dh_full, dh_scaled;
+  double loss_full = 0.0, loss_scaled = 0.0;
+  const auto full = model_grads(net, m, b, 1.0f, &dh_full, &loss_full);
+  const auto scaled = model_grads(net, m, b, 0.25f, &dh_scaled, &loss_scaled);
+  BOOST_TEST(loss_full == loss_scaled);  // the returned loss is never scaled
+  for (size_t u = 0; u < full.size(); ++u)
+    for (size_t i = 0; i < full[u].size(); ++i)
+      BOOST_TEST(close(scaled[u][i], 0.25 * full[u][i], 1e-5, 0.25 * max_abs(full[u])),
+                 "unit " << u << " element " << i);
+  // A second backward adds the same gradients again.
+  std::vector<std::vector<float>> twice = full;
+  const size_t n = dh_full.size();
+  std::vector<float> h0(n), h1(n), h2(n), dh(n), dh1(n), dh0(n);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net.block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
+  net.block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
+  int64_t count = 0;
+  net.head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
+                twice[0].data());
+  net.block_backward(1, m.params[2].data(), dh.data(), dh1.data(), twice[2].data(), b.batch, b.seq);
+  net.block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), twice[1].data(), b.batch, b.seq);
+  net.embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), twice[0].data(), b.batch, b.seq);
+  for (size_t u = 0; u < full.size(); ++u)
+    for (size_t i = 0; i < full[u].size(); ++i)
+      BOOST_TEST(close(twice[u][i], 2.0 * full[u][i], 1e-5, max_abs(full[u])), "unit " << u << " element " << i);
+  BOOST_TEST(dh0 == dh_full, boost::test_tools::per_element());  // overwritten, not accumulated
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- grouped-query attention ----------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(gqa)
+
+// num_kv_heads == num_heads is plain multi-head attention: the same as leaving it 0.
+BOOST_AUTO_TEST_CASE(kv_heads_equal_to_heads_is_plain_mha) {
+  ModelConfig mha = tiny_config();
+  mha.num_kv_heads = 0;
+  ModelConfig full = mha;
+  full.num_kv_heads = mha.num_heads;
+  const TinyModel m = make_model(mha, 31);
+  TinyModel m_full = make_model(full, 31);
+  BOOST_REQUIRE(m_full.params == m.params);
+  std::mt19937 rng(12);
+  const Batch b = make_batch(2, 5, mha.vocab_size, 0.2, rng);
+  LlamaCpu net(mha, 2, 5), net_full(full, 2, 5);
+  double loss = 0.0, loss_full = 0.0;
+  const auto grads = model_grads(net, m, b, 1.0f, nullptr, &loss);
+  const auto grads_full = model_grads(net_full, m_full, b, 1.0f, nullptr, &loss_full);
+  BOOST_TEST(loss == loss_full);
+  BOOST_TEST((grads == grads_full));
+}
+
+// GQA with 2 kv heads for 4 query heads equals MHA whose k and v projections repeat each kv head
+// for its group of query heads; the GQA kv gradients are the sums over the repeated copies.
+BOOST_AUTO_TEST_CASE(grouped_heads_equal_mha_with_repeated_kv_heads) {
+  const ModelConfig gqa = tiny_config();
+  ModelConfig mha = gqa;
+  mha.num_kv_heads = gqa.num_heads;
+  const TinyModel m = make_model(gqa, 32);
+  TinyModel r = make_model(mha, 32);
+  const int H = gqa.hidden_size, d = gqa.head_dim(), group = gqa.num_heads / gqa.kv_heads();
+  for (int l = 0; l < gqa.num_layers; ++l)
+    for (const TensorSpec& t : m.layout[1 + l].tensors) {
+      const float* src = m.params[1 + l].data() + t.offset;
+      float* dst = r.params[1 + l].data() + find_tensor(r.layout[1 + l], t.name).offset;
+      const bool kv = contains(t.name, "k_proj") || contains(t.name, "v_proj");
+      if (!kv) {
+        std::copy(src, src + t.numel, dst);
+        continue;
+      }
+      for (int n = 0; n < gqa.num_heads; ++n)  // MHA head n's rows are kv head n / group's
+        std::copy(src + (n / group) * d * H, src + (n / group + 1) * d * H, dst + n * d * H);
+    }
+  r.params[0] = m.params[0];
+  std::mt19937 rng(13);
+  const Batch b = make_batch(2, 6, gqa.vocab_size, 0.2, rng);
+  LlamaCpu net_gqa(gqa, 2, 6), net_mha(mha, 2, 6);
+  std::vector<float> dh_gqa, dh_mha;
+  double loss_gqa = 0.0, loss_mha = 0.0;
+  const auto g_gqa = model_grads(net_gqa, m, b, 1.0f, &dh_gqa, &loss_gqa);
+  const auto g_mha = model_grads(net_mha, r, b, 1.0f, &dh_mha, &loss_mha);
+  BOOST_TEST(loss_gqa == loss_mha, boost::test_tools::tolerance(1e-6));
+  for (size_t i = 0; i < dh_gqa.size(); ++i) BOOST_TEST(close(dh_gqa[i], dh_mha[i], 1e-5, max_abs(dh_mha)));
+  for (int l = 0; l < gqa.num_layers; ++l)
+    for (const TensorSpec& t : m.layout[1 + l].tensors) {
+      const float* got = g_gqa[1 + l].data() + t.offset;
+      const float* mha_grad = g_mha[1 + l].data() + find_tensor(r.layout[1 + l], t.name).offset;
+      const double scale = max_abs(g_mha[1 + l]);
+      std::vector<double> expected(t.numel, 0.0);
+      const bool kv = contains(t.name, "k_proj") || contains(t.name, "v_proj");
+      for (size_t i = 0; i < t.numel; ++i) {
+        if (!kv) {
+          expected[i] = mha_grad[i];
+          continue;
+        }
+        const size_t g = i / (static_cast<size_t>(d) * H), within = i % (static_cast<size_t>(d) * H);
+        for (int k = 0; k < group; ++k) expected[i] += mha_grad[(g * group + k) * d * H + within];
+      }
+      for (size_t i = 0; i < t.numel; ++i)
+        BOOST_TEST(close(got[i], expected[i], 1e-4, scale), t.name << " element " << i);
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- padding, head chunking, decoding logits -------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(head)
+
+// Padding after a sequence's real tokens (targets -1 there) changes neither its loss nor any gradient.
+BOOST_AUTO_TEST_CASE(padded_batch_equals_unpadded_sequences) {
+  const ModelConfig cfg = with_llama3_scaling(tiny_config());
+  const TinyModel m = make_model(cfg, 41);
+  std::mt19937 rng(14);
+  const Batch first = make_batch(1, 4, cfg.vocab_size, 0.0, rng);
+  const Batch second = make_batch(1, 7, cfg.vocab_size, 0.0, rng);
+  Batch padded;
+  padded.batch = 2;
+  padded.seq = 7;
+  padded.tokens = first.tokens;
+  padded.targets = first.targets;
+  for (int p = 4; p < 7; ++p) {
+    padded.tokens.push_back(p);  // arbitrary pad ids: they must not matter
+    padded.targets.push_back(-1);
+  }
+  padded.tokens.insert(padded.tokens.end(), second.tokens.begin(), second.tokens.end());
+  padded.targets.insert(padded.targets.end(), second.targets.begin(), second.targets.end());
+  LlamaCpu net(cfg, 2, 7);
+  double loss_padded = 0.0, loss_first = 0.0, loss_second = 0.0;
+  const auto g_padded = model_grads(net, m, padded, 1.0f, nullptr, &loss_padded);
+  const auto g_first = model_grads(net, m, first, 1.0f, nullptr, &loss_first);
+  const auto g_second = model_grads(net, m, second, 1.0f, nullptr, &loss_second);
+  BOOST_TEST(loss_padded == loss_first + loss_second, boost::test_tools::tolerance(1e-6));
+  for (size_t u = 0; u < g_padded.size(); ++u) {
+    const double scale = max_abs(g_padded[u]);
+    BOOST_TEST(scale > 0.0);
+    for (size_t i = 0; i < g_padded[u].size(); ++i)
+      BOOST_TEST(close(g_padded[u][i], g_first[u][i] + g_second[u][i], 1e-5, scale), "unit " << u << " element " << i);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
+  for (bool tied : {false, true}) {
+    ModelConfig cfg = tiny_config();
+    cfg.tie_word_embeddings = tied;
+    const TinyModel m = make_model(cfg, 42);
+    std::mt19937 rng(15);
+    const int B = 3, T = 100, H = cfg.hidden_size;  // 300 tokens: several chunks, some across sequences
+    const Batch b = make_batch(B, T, cfg.vocab_size, 0.2, rng);
+    LlamaCpu net(cfg, B, T);
+    const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
+    int64_t count = 0, expected_count = 0;
+    const double loss =
+        net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
+    BOOST_TEST(loss == reference_head_loss(m, to_double(h), b.targets, &expected_count),
+               boost::test_tools::tolerance(1e-5));
+    BOOST_TEST(count == expected_count);
+    // The whole batch at once against one sequence at a time: other chunk boundaries, same result.
+    std::vector<float> dh(h.size(), 99.0f), root_grad(m.params[0].size(), 0.0f);
+    net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
+    std::vector<float> dh_each(h.size()), root_grad_each(m.params[0].size(), 0.0f);
+    double loss_each = 0.0;
+    for (int s = 0; s < B; ++s) {
+      const size_t at = static_cast<size_t>(s) * T;
+      loss_each += net.head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
+                                 dh_each.data() + at * H, root_grad_each.data());
+    }
+    BOOST_TEST(loss_each == loss, boost::test_tools::tolerance(1e-9));
+    for (size_t i = 0; i < dh.size(); ++i) BOOST_TEST(close(dh[i], dh_each[i], 1e-5, max_abs(dh)));
+    for (size_t i = 0; i < root_grad.size(); ++i)
+      BOOST_TEST(close(root_grad[i], root_grad_each[i], 1e-5, max_abs(root_grad)));
+    for (int p = 0; p < B * T; ++p)
+      if (b.targets[p] < 0)
+        for (int c = 0; c < H; ++c) BOOST_TEST(dh[p * H + c] == 0.0f);
+    // The head's gradient lands in embed_tokens when tied and in lm_head otherwise.
+    const TensorSpec& embeddings = find_tensor(m.layout[0], "embed_tokens.weight");
+    const bool embeddings_touched = std::any_of(root_grad.begin() + embeddings.offset,
+                                                root_grad.begin() + embeddings.offset + embeddings.numel,
+                                                [](float g) { return g != 0.0f; });
+    BOOST_TEST(embeddings_touched == tied);
+  }
+}
+
+// head_logits' last-position logits give the loss head_loss takes at that position alone.
+BOOST_AUTO_TEST_CASE(last_position_logits_agree_with_the_loss) {
+  for (bool tied : {false, true}) {
+    ModelConfig cfg = tiny_config();
+    cfg.tie_word_embeddings = tied;
+    const TinyModel m = make_model(cfg, 43);
+    std::mt19937 rng(16);
+    const int B = 2, T = 5, H = cfg.hidden_size, V = cfg.vocab_size;
+    LlamaCpu net(cfg, B, T);
+    const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
+    std::vector<float> logits(static_cast<size_t>(B) * V);
+    net.head_logits(m.params[0].data(), h.data(), B, T, logits.data());
+    for (int s = 0; s < B; ++s) {
+      const int target = 3 + s;
+      std::vector<int32_t> targets(B * T, -1);
+      targets[s * T + T - 1] = target;
+      int64_t count = 0;
+      const double loss =
+          net.head_loss(m.params[0].data(), h.data(), targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
+      double total = 0.0;
+      for (int v = 0; v < V; ++v) total += std::exp(static_cast<double>(logits[s * V + v]));
+      BOOST_TEST(loss == std::log(total) - logits[s * V + target], boost::test_tools::tolerance(1e-5));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- argument checks, memory, dispatch -------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(checks)
+
+BOOST_AUTO_TEST_CASE(bad_targets_tokens_and_shapes_throw) {
+  const ModelConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 51);
+  LlamaCpu net(cfg, 1, 4);
+  std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
+  int64_t count = 0;
+  for (int32_t bad : {37, 1000, -2}) {
+    const std::vector<int32_t> targets = {1, -1, bad, 3};
+    const std::string message = error_of([&] {
+      net.head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
+    });
+    BOOST_TEST(contains(message, "target id " + std::to_string(bad)), message);
+  }
+  BOOST_TEST(std::all_of(root_grad.begin(), root_grad.end(), [](float g) { return g == 0.0f; }));
+  const std::vector<int32_t> tokens = {1, 2, 37, 3};
+  BOOST_TEST(contains(error_of([&] { net.embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data()); }),
+                      "token id 37"));
+  std::vector<float> out(h.size()), grad(m.params[1].size());
+  BOOST_TEST(contains(error_of([&] { net.block_forward(0, m.params[1].data(), h.data(), out.data(), 1, 5); }),
+                      "exceeds the sizes"));
+  BOOST_CHECK_THROW(net.block_forward(2, m.params[1].data(), h.data(), out.data(), 1, 4), Error);
+  net.block_forward(0, m.params[1].data(), h.data(), out.data(), 1, 3);
+  BOOST_CHECK_THROW(net.block_backward(0, m.params[1].data(), h.data(), out.data(), grad.data(), 1, 4), Error);
+  ModelConfig bloom = cfg;
+  bloom.arch = "bloom";
+  BOOST_CHECK_THROW(LlamaCpu(bloom, 1, 4), Error);
+  ModelConfig odd_groups = cfg;
+  odd_groups.num_kv_heads = 3;
+  BOOST_CHECK_THROW(LlamaCpu(odd_groups, 1, 4), Error);
+}
+
+BOOST_AUTO_TEST_CASE(activation_memory_is_accounted_and_dispatch_picks_llama) {
+  const ModelConfig cfg = tiny_config();
+  const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
+  {
+    std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 4, 16);
+    BOOST_TEST(dynamic_cast<LlamaCpu*>(net.get()) != nullptr);
+    const size_t held = memory_stats().current[static_cast<int>(MemKind::Activations)] - before;
+    BOOST_TEST(net->activation_bytes() == held);
+    // At least the saved attention probabilities and SwiGLU inputs of every layer.
+    const size_t tokens = 4 * 16;
+    BOOST_TEST(held > cfg.num_layers * (tokens * cfg.num_heads * 16 + 2 * tokens * cfg.ffn_size()) * sizeof(float));
+  }
+  BOOST_TEST(memory_stats().current[static_cast<int>(MemKind::Activations)] == before);
+}
+
+BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
+  const ModelConfig cfg = tiny_config();
+  const TinyModel m = make_model(cfg, 52);
+  LlamaCpu net(cfg, 2, 4);
+  for (const auto& [B, T] : {std::pair{0, 4}, std::pair{2, 0}, std::pair{0, 0}}) {
+    Batch b;
+    b.batch = B;
+    b.seq = T;
+    double loss = -1.0;
+    const auto g = model_grads(net, m, b, 1.0f, nullptr, &loss);
+    BOOST_TEST(loss == 0.0);
+    for (const auto& unit : g) BOOST_TEST(std::all_of(unit.begin(), unit.end(), [](float x) { return x == 0.0f; }));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
