@@ -28,7 +28,8 @@ FsdpBufferSizes fsdp_buffer_sizes(const std::vector<UnitLayout>& layout, const F
   s.root_grad_full = root_padded;
   s.block_grad_full = block_padded;
   s.grad_slice_tmp = std::max(root_padded, block_padded) / shard_size;
-  if (opt.param_dtype != DType::F32 || opt.reduce_dtype != DType::F32) s.staging16 = std::max(root_padded, block_padded);
+  if (opt.param_dtype != DType::F32 || opt.reduce_dtype != DType::F32)
+    s.staging16 = std::max(root_padded, block_padded);
   s.hidden = static_cast<size_t>(max_batch) * max_seq * hidden_size;
   return s;
 }

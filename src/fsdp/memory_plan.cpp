@@ -101,7 +101,8 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
     p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
   }
   p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
-  p.record.comm_staging = u.max_shard * 4 + (spec.reduce_dtype != DType::F32 ? (u.max_padded + u.max_shard) * dsize : 0);
+  p.record.comm_staging = u.max_shard * 4;
+  if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
   p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
                                                      spec.activation_checkpointing, spec.param_dtype);
   const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;

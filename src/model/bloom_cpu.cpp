@@ -351,7 +351,8 @@ size_t BloomCpu::activation_bytes() const {
 }
 
 size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
-  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch, "': this build has no CPU model of it, so its activations cannot be sized");
+  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch,
+                "': this build has no CPU model of it, so its activations cannot be sized");
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,
                 " or max_seq ", max_seq);
   // The allocations of BloomCpu's constructor, element by element.

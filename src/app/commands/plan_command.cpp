@@ -172,6 +172,10 @@ int largest_micro_batch(const Plan& plan, const Row& row) {
   return lo;
 }
 
+std::string config_name(const Row& r) {
+  return concat(strategy_name(r.strategy), r.offload ? " + CPU offload" : "", r.checkpointing ? " + AC" : "");
+}
+
 // Fastest first: fewer collectives (NO_SHARD, then SHARD_GRAD_OP, which gathers once per step;
 // HYBRID_SHARD keeps gathers inside a node), then FULL_SHARD; recomputation (about 16% slower on
 // the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x slower there), then both.
@@ -184,24 +188,31 @@ void recommend(Plan& plan) {
   const std::vector<std::pair<bool, bool>> stages =
       cuda ? std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, false}, {true, true}}
            : std::vector<std::pair<bool, bool>>{{false, false}};
+  // The rows in that order of preference.
+  std::vector<size_t> preferred;
   for (const auto& [offload, ac] : stages)
     for (ShardingStrategy s : order)
-      for (size_t i = 0; i < plan.rows.size(); ++i) {
-        const Row& r = plan.rows[i];
-        if (r.strategy != s || r.offload != offload || r.checkpointing != ac || !r.fits) continue;
-        plan.pick = static_cast<int>(i);
-          plan.why = !offload && !ac
-                         ? "the fastest that fits: NO_SHARD, then SHARD_GRAD_OP, HYBRID_SHARD, FULL_SHARD"
-                         : !offload ? "nothing fits without recomputation; activation checkpointing costs about 16%"
-                                    : "nothing fits without CPU offload, which is slow (synchronous copies and host AdamW)";
-        return;
-      }
+      for (size_t i = 0; i < plan.rows.size(); ++i)
+        if (plan.rows[i].strategy == s && plan.rows[i].offload == offload && plan.rows[i].checkpointing == ac)
+          preferred.push_back(i);
+  for (size_t i : preferred) {
+    const Row& r = plan.rows[i];
+    if (!r.fits) continue;
+    plan.pick = static_cast<int>(i);
+    if (!r.offload && !r.checkpointing)
+      plan.why = "the fastest that fits: NO_SHARD, then SHARD_GRAD_OP, HYBRID_SHARD, FULL_SHARD";
+    else if (!r.offload)
+      plan.why = "nothing fits without recomputation; activation checkpointing costs about 16%";
+    else
+      plan.why = "nothing fits without CPU offload, which is slow (synchronous copies, host AdamW)";
+    return;
+  }
+  // Nothing fits: the preferred configuration among those that fit the largest micro-batch.
   const Row* best = nullptr;
-  for (const Row& r : plan.rows)
-    if (!best || r.max_micro > best->max_micro) best = &r;
+  for (size_t i : preferred)
+    if (!best || plan.rows[i].max_micro > best->max_micro) best = &plan.rows[i];
   if (best && best->max_micro > 0)
-    plan.why = concat("nothing fits at micro-batch ", plan.cfg.train.micro_batch_size, "; ", strategy_name(best->strategy),
-                      best->offload ? " + offload" : "", best->checkpointing ? " + AC" : "",
+    plan.why = concat("nothing fits at micro-batch ", plan.cfg.train.micro_batch_size, "; ", config_name(*best),
                       " fits micro-batch ", best->max_micro, " (--train.micro_batch_size=", best->max_micro, ")");
   else
     plan.why = "not even micro-batch 1 fits: use more ranks, a shorter data.max_length or more memory";
@@ -241,10 +252,6 @@ Plan make_plan(const PlanArgs& args) {
   return plan;
 }
 
-std::string config_name(const Row& r) {
-  return concat(strategy_name(r.strategy), r.offload ? " + CPU offload" : "", r.checkpointing ? " + AC" : "");
-}
-
 void print_table(const Plan& plan) {
   const RunConfig& c = plan.cfg;
   const ModelConfig& m = c.model;
@@ -278,12 +285,14 @@ void print_table(const Plan& plan) {
     if (cuda) std::printf(" %11s %11s", format_bytes(r.with_runtime).c_str(), format_bytes(p.host_bytes).c_str());
     std::printf(" %4s %9d\n", r.fits ? "yes" : "no", r.max_micro);
   }
-  std::printf("\n  * the deck's configuration; shard = shard-group size; max micro = the largest micro-batch that fits\n");
+  std::printf("\n  * the deck's configuration; shard = shard-group size;"
+              " max micro = the largest micro-batch that fits\n");
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
   if (plan.pick >= 0)
-    std::printf("\nrecommendation: %s at micro-batch %d (up to %d fits): %s\n", config_name(plan.rows[plan.pick]).c_str(),
-                c.train.micro_batch_size, plan.rows[plan.pick].max_micro, plan.why.c_str());
+    std::printf("\nrecommendation: %s at micro-batch %d (up to %d fits): %s\n",
+                config_name(plan.rows[plan.pick]).c_str(), c.train.micro_batch_size, plan.rows[plan.pick].max_micro,
+                plan.why.c_str());
   else
     std::printf("\nrecommendation: none: %s\n", plan.why.c_str());
 }
