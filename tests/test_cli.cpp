@@ -279,7 +279,7 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   // ...where the deck's model shape keys would disagree with config.json: refused, naming the key.
   Outcome both = run_shardlm(1, "train " + kDemo + " --model.dir=" + (dir / "hf").string());
   BOOST_TEST(both.exit_code != 0);
-  BOOST_TEST(both.output.find("model.vocab_size is read from model.dir's config.json") != std::string::npos,
+  BOOST_TEST(both.output.find("model.arch is read from model.dir's config.json") != std::string::npos,
              both.output);
 
   // The demo deck without its [model] section, starting from the exported weights on 2 ranks.

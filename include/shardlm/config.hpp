@@ -96,8 +96,10 @@ struct RunConfig {
 // Reads the deck, applies overrides ("--section.key=value" or "--section.key value"), checks
 // every value and every file, and the batch size against `world_size` ranks and the node size.
 // Throws Error with one message naming the key (and the nearest valid key for an unknown one).
+// check_data_files = false (`shardlm plan`, which needs only the shape) leaves the data files
+// unread and unset.
 RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
-                          int world_size);
+                          int world_size, bool check_data_files = true);
 
 // The resolved deck as INI text, loadable again by load_run_config.
 std::string resolved_deck_ini(const RunConfig& cfg);

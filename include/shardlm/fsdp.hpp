@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,24 @@ struct FsdpMemory {
   size_t model_params = 0;      // parameters of the whole model (not per rank), for comparison
 };
 
+// Element counts of the buffers FsdpModel allocates beside the flat parameters: a pure function
+// of the layout, options, shard-group size and largest micro-batch, so `plan` cannot drift from it.
+struct FsdpBufferSizes {
+  bool alias_master = false;     // one fp32 rank: the master slice is the full parameter
+  size_t root_full = 0;          // gathered root parameters (0 when the master slice is the full parameter)
+  size_t block_full = 0;         // one gathered block
+  size_t block_full_copies = 0;  // gathered blocks held: 1 (FULL_SHARD) or one per layer
+  size_t root_grad_full = 0;
+  size_t block_grad_full = 0;
+  size_t grad_slice_tmp = 0;     // one reduced slice
+  size_t staging16 = 0;          // each of the two 16-bit staging buffers (mixed precision only)
+  size_t hidden = 0;             // each of the four hidden-state buffers (two states, two gradients)
+};
+FsdpBufferSizes fsdp_buffer_sizes(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
+                                  int hidden_size, int max_batch, int max_seq);
+// Elements of one rank's slice of a unit of `numel` elements padded to a multiple of shard_size.
+size_t shard_numel_of(size_t numel, int shard_size);
+
 // The model (BLOOM or Llama) wrapped unit by unit. The CPU backend runs the schedule synchronously.
 class FsdpModel {
  public:
@@ -88,5 +107,50 @@ class FsdpModel {
   std::unique_ptr<CpuModel> model_;
   std::unique_ptr<Buffers> buf_;
 };
+
+// ---- memory plan (`shardlm plan`): one rank's bytes, from the same sizes the engines allocate ----
+
+// What one rank runs: the model, the backend and the FSDP settings of the deck, the world.
+struct MemoryPlanSpec {
+  ModelConfig model;
+  std::string backend = "cpu";  // cpu | cuda
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
+  bool cpu_offload = false;               // CUDA backend only
+  bool activation_checkpointing = false;  // CUDA backend only
+  int world_size = 1;
+  int ranks_per_node = 0;  // 0: every rank on one node
+  int micro_batch = 1;
+  int max_seq = 1;
+};
+
+// One rank's memory. `record` and `optimizer` are what the run writes in its "memory" records;
+// device_total() is what it reports as peak memory (the CPU's planned buffers, or the bytes
+// cudaMalloc'd through the planned device buffers).
+struct RankMemoryPlan {
+  int shard_size = 1, replicate_size = 1;
+  FsdpMemory record;
+  size_t optimizer = 0;       // AdamW moments in the memory that device_total counts
+  size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
+  size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
+  size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
+  size_t host_bytes = 0;      // CUDA: host memory of the rank (master copy, moments or their staging, grads)
+
+  size_t params() const { return record.master_shard + record.full_params; }
+  size_t grads() const { return record.grad_shard + record.full_grads; }
+  size_t activations() const { return record.activations + model_extra; }
+  size_t buffers() const { return record.comm_staging + io_buffers; }
+  size_t device_total() const { return params() + grads() + optimizer + activations() + buffers(); }
+};
+
+// The shard-group size of `strategy` for this world (HYBRID_SHARD: the ranks of one node).
+int plan_shard_size(const MemoryPlanSpec& spec);
+// Error naming the reason when the backend cannot run the model (Llama on CUDA).
+RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec);
+// GPU memory a CUDA rank uses outside its planned buffers: CUDA context, cuBLASLt (handle and its
+// 32 MiB workspace) and NCCL; measured on one H100 as nvidia-smi's process total minus the planned
+// peak (docs/PERFORMANCE.md: 20.07 - 17.94 GiB and 15.94 - 13.80 GiB).
+constexpr size_t kCudaRuntimeOverheadBytes = static_cast<size_t>(2.14 * 1024 * 1024 * 1024);
 
 }  // namespace shardlm

@@ -131,6 +131,9 @@ class CpuModel {
 
 // The CPU model of cfg.arch.
 std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq);
+// The activation_bytes() the CPU model of cfg.arch would hold for max_batch x max_seq, without
+// building it (`shardlm plan`); Error naming the architecture when this build has no CPU model of it.
+size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 
 class BloomCpu final : public CpuModel {
  public:

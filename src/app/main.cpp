@@ -20,13 +20,14 @@ const char* kUsage =
     "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes (comm-test --help)\n"
+    "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits (plan --help)\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
     "  --help      print this text\n"
     "\n"
     "The input deck and its keys are described in docs/deck.md; checkpoints in docs/checkpoint.md;\n"
-    "comm-test in docs/comm-test.md.\n";
+    "comm-test in docs/comm-test.md; plan in docs/plan.md.\n";
 
 }  // namespace
 
@@ -43,6 +44,8 @@ int main(int argc, char** argv) {
 
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
   if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
+  // plan only sizes buffers: no MPI either.
+  if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
 
   MPI_Init(&argc, &argv);
   int rank = 0;

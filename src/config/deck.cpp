@@ -132,7 +132,7 @@ static po::parsed_options parse_overrides(const std::vector<std::string>& args,
 }
 
 RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
-                          int world_size) {
+                          int world_size, bool check_data_files) {
   const po::options_description desc = deck_options();
   po::parsed_options deck = parse_deck(deck_path, desc);
   po::parsed_options cli = parse_overrides(overrides, desc);
@@ -173,6 +173,7 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     if (k.required && trim(text).empty())
       throw Error(concat(k.name, " is required (set it in the deck or with --", k.name, "=",
                          k.required, ")"));
+    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
     if (given) k.set(cfg, text, from_cli.count(k.name) ? cwd : deck_dir);
   }
   if (!cfg.model.dir.empty()) {

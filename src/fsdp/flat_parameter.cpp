@@ -11,7 +11,7 @@ FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int 
   p.layout = &layout;
   p.unit_index = unit_index;
   p.numel = layout.numel;
-  p.padded_numel = (layout.numel + shard_size - 1) / shard_size * shard_size;
+  p.padded_numel = shard_numel_of(layout.numel, shard_size) * shard_size;
   p.shard_numel = p.padded_numel / shard_size;
   p.shard_begin = static_cast<size_t>(shard_rank) * p.shard_numel;
   p.master.allocate(p.shard_numel, MemKind::Params);

@@ -33,27 +33,19 @@ FsdpModel::FsdpModel(const ModelConfig& cfg, const FsdpOptions& opt, ProcessGrou
   model_ = make_cpu_model(cfg, max_batch, max_seq);
 
   Buffers& b = *buf_;
-  const size_t block_padded = units_.size() > 1 ? units_[1].padded_numel : 0;
-  const size_t max_padded = std::max(units_[0].padded_numel, block_padded);
-  const size_t max_shard = std::max(units_[0].shard_numel, units_.size() > 1 ? units_[1].shard_numel : 0);
-  b.alias_master = shard_size == 1 && opt_.param_dtype == DType::F32;
-  if (!b.alias_master) {
-    b.root_full.allocate(units_[0].padded_numel, MemKind::Params);
-    const size_t copies = opt_.strategy == ShardingStrategy::FullShard ? 1 : static_cast<size_t>(cfg.num_layers);
-    for (size_t i = 0; i < copies && block_padded > 0; ++i) b.block_full.emplace_back(block_padded, MemKind::Params);
-  }
+  const FsdpBufferSizes sizes = fsdp_buffer_sizes(layout_, opt_, shard_size, cfg.hidden_size, max_batch, max_seq);
+  b.alias_master = sizes.alias_master;
+  b.root_full.allocate(sizes.root_full, MemKind::Params);
+  for (size_t i = 0; i < sizes.block_full_copies; ++i) b.block_full.emplace_back(sizes.block_full, MemKind::Params);
   b.gathered.assign(units_.size(), false);
-  b.root_grad_full.allocate(units_[0].padded_numel, MemKind::Grads);
-  if (block_padded > 0) b.block_grad_full.allocate(block_padded, MemKind::Grads);
-  b.grad_slice_tmp.allocate(max_shard, MemKind::Comm);
-  if (opt_.param_dtype != DType::F32 || opt_.reduce_dtype != DType::F32) {
-    b.send16.allocate(max_padded, MemKind::Comm);
-    b.recv16.allocate(max_padded, MemKind::Comm);
-  }
-  const size_t tokens = static_cast<size_t>(max_batch) * max_seq * cfg.hidden_size;
+  b.root_grad_full.allocate(sizes.root_grad_full, MemKind::Grads);
+  b.block_grad_full.allocate(sizes.block_grad_full, MemKind::Grads);
+  b.grad_slice_tmp.allocate(sizes.grad_slice_tmp, MemKind::Comm);
+  b.send16.allocate(sizes.staging16, MemKind::Comm);
+  b.recv16.allocate(sizes.staging16, MemKind::Comm);
   for (int i = 0; i < 2; ++i) {
-    b.hidden[i].allocate(tokens, MemKind::Activations);
-    b.dhidden[i].allocate(tokens, MemKind::Activations);
+    b.hidden[i].allocate(sizes.hidden, MemKind::Activations);
+    b.dhidden[i].allocate(sizes.hidden, MemKind::Activations);
   }
 }
 

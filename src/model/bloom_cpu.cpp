@@ -350,6 +350,24 @@ size_t BloomCpu::activation_bytes() const {
   return floats * sizeof(float) + m.head_rows.size() * sizeof(int32_t);
 }
 
+size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch,
+                "': this build has no CPU model of it, so its activations cannot be sized");
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,
+                " or max_seq ", max_seq);
+  // The allocations of BloomCpu's constructor, element by element.
+  const size_t H = cfg.hidden_size, V = cfg.vocab_size, heads = cfg.num_heads, L = cfg.num_layers;
+  const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
+  size_t floats = tokens * H + tokens;  // embedding LayerNorm
+  const size_t per_layer = 2 * (2 * tokens * H + tokens) + tokens * 3 * H + tokens * heads * max_seq +
+                           tokens * H + tokens * 4 * H;
+  floats += L * per_layer;
+  if (L > 0) floats += 3 * tokens * H + 2 * tokens * 4 * H + tokens * 3 * H + static_cast<size_t>(max_seq) * max_seq;
+  const size_t chunk = std::min<size_t>(kHeadChunkTokens, tokens);
+  floats += 3 * chunk * H + chunk + chunk * V;
+  return floats * sizeof(float) + chunk * sizeof(int32_t);
+}
+
 // ---- embedding ------------------------------------------------------------------------------
 
 namespace {

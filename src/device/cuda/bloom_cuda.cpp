@@ -36,6 +36,7 @@ struct MatMul {
   }
 };
 
+// src/fsdp/memory_plan.cpp sizes every buffer below for `shardlm plan`; CudaEngine checks they agree.
 constexpr int kHeadChunkTokens = 2048;
 
 }  // namespace

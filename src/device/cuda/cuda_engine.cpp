@@ -52,6 +52,7 @@ class CudaEngine : public TrainEngine {
   CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
       : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(model_layout(cfg.model)) {
     SHARDLM_CHECK(!cfg.model.is_llama(), "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
+    const size_t device_bytes_before = cuda::device_memory_stats().current;
     SHARDLM_CHECK(cfg.fsdp.reduce_dtype == DType::F32 || cfg.fsdp.reduce_dtype == cfg.fsdp.param_dtype,
                   "fsdp.reduce_dtype = ", dtype_name(cfg.fsdp.reduce_dtype),
                   ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
@@ -136,6 +137,7 @@ class CudaEngine : public TrainEngine {
     loss_.allocate(1), count_.allocate(1), norm_.allocate(1);
     SHARDLM_CUDA_CHECK(cudaMallocHost(&host_scalars_, 64));
     SHARDLM_CUDA_CHECK(cudaDeviceSynchronize());
+    check_memory_plan(cfg, topo, micro, cuda::device_memory_stats().current - device_bytes_before);
   }
 
   ~CudaEngine() override {
@@ -261,6 +263,26 @@ class CudaEngine : public TrainEngine {
   ProcessGroups& groups() override { return groups_; }
 
  private:
+  // `shardlm plan` predicts these buffers from memory_plan.cpp: say so when the two disagree.
+  void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) const {
+    MemoryPlanSpec spec;
+    spec.model = cfg.model;
+    spec.backend = "cuda";
+    spec.strategy = cfg.fsdp.strategy;
+    spec.param_dtype = cfg.fsdp.param_dtype;
+    spec.reduce_dtype = cfg.fsdp.reduce_dtype;
+    spec.cpu_offload = cfg.fsdp.cpu_offload;
+    spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
+    spec.world_size = topo.world_size;
+    spec.ranks_per_node = cfg.fsdp.strategy == ShardingStrategy::HybridShard ? topo.local_size : 0;
+    spec.micro_batch = micro;
+    spec.max_seq = cfg.data.max_length;
+    const size_t planned = plan_rank_memory(spec).device_total();
+    if (planned != allocated)
+      log_info(concat("warning: the CUDA engine allocated ", allocated, " bytes where `shardlm plan` predicts ",
+                      planned, " (src/fsdp/memory_plan.cpp is out of date)"));
+  }
+
   // The compute-dtype slices from the fp32 masters (after init and after a checkpoint load).
   void refresh_compute_shards() {
     if (offload_) {

@@ -1,0 +1,385 @@
+// `shardlm plan DECK`: each strategy's per-rank memory (with and without CPU offload and activation
+// checkpointing on the CUDA backend), the largest micro-batch that fits, and a recommendation.
+// Serial and without MPI: it only sizes buffers (src/fsdp/memory_plan.cpp), it allocates none.
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "shardlm/config.hpp"
+#include "shardlm/fsdp.hpp"
+
+namespace shardlm {
+namespace {
+
+const char* kPlanUsage =
+    "usage: shardlm plan DECK [--section.key=value ...] [--gpu-memory=SIZE] [--ranks=N]\n"
+    "                    [--ranks-per-node=K] [--json]\n"
+    "\n"
+    "Per-rank memory of each sharding strategy for the deck's model, micro-batch, max length,\n"
+    "dtypes and backend (on CUDA also with CPU offload and activation checkpointing), the largest\n"
+    "micro-batch that fits, and the fastest configuration that fits.\n"
+    "\n"
+    "  --gpu-memory=SIZE     memory per rank, e.g. 80GiB, 40GB, 16000MiB (default 80GiB); on the\n"
+    "                        CPU backend, the host memory each rank may use\n"
+    "  --ranks=N             ranks of the run (default 1)\n"
+    "  --ranks-per-node=K    ranks per node, for HYBRID_SHARD (default dist.ranks_per_node, or all)\n"
+    "  --json                print the plan as one JSON object\n"
+    "\n"
+    "docs/plan.md explains every column.\n";
+
+constexpr size_t kGiB = size_t(1) << 30;
+// Micro-batches beyond this are not searched (a plan, not a proof that 10^6 sequences fit).
+constexpr int kMaxMicroSearched = 1 << 16;
+
+struct PlanArgs {
+  std::string deck;
+  std::vector<std::string> overrides;
+  size_t budget = 80 * kGiB;
+  int ranks = 1;
+  int ranks_per_node = -1;  // -1: the deck's dist.ranks_per_node
+  bool json = false;
+};
+
+// "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).
+size_t parse_size(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw Error(concat(flag, " = '", text, "': not a size (write e.g. 80GiB or 40GB)"));
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::pair<const char*, double> units[] = {{"b", 1},      {"kb", 1e3},      {"mb", 1e6},
+                                                  {"gb", 1e9},   {"tb", 1e12},     {"kib", 1024.0},
+                                                  {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  for (const auto& u : units)
+    if (unit == u.first) {
+      SHARDLM_CHECK(std::isfinite(value) && value > 0, flag, " = '", text, "': must be positive");
+      return static_cast<size_t>(value * u.second);
+    }
+  throw Error(concat(flag, " = '", text, "': ", unit.empty() ? "give a unit" : "unknown unit '" + unit + "'",
+                     " (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. 80GiB)"));
+}
+
+int parse_count(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  SHARDLM_CHECK(used == text.size() && used > 0 && v >= 1 && v <= (1 << 20), flag, " = '", text,
+                "': must be a whole number >= 1");
+  return static_cast<int>(v);
+}
+
+// Plan's own options; everything else is a deck override for load_run_config.
+PlanArgs parse_plan_args(const std::vector<std::string>& args) {
+  PlanArgs p;
+  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "plan: the first argument must be the deck");
+  p.deck = args[0];
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const std::string& flag, std::string& out) {
+      if (a == flag) {
+        SHARDLM_CHECK(i + 1 < args.size(), flag, " needs a value");
+        out = args[++i];
+        return true;
+      }
+      if (a.rfind(flag + "=", 0) == 0) {
+        out = a.substr(flag.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    std::string v;
+    if (value("--gpu-memory", v)) {
+      p.budget = parse_size("--gpu-memory", v);
+    } else if (value("--ranks-per-node", v)) {
+      p.ranks_per_node = parse_count("--ranks-per-node", v);
+    } else if (value("--ranks", v)) {
+      p.ranks = parse_count("--ranks", v);
+    } else if (a == "--json") {
+      p.json = true;
+    } else if (a.rfind("--", 0) == 0 && a.find('.') == std::string::npos) {
+      throw Error(concat("plan: unknown option '", a, "' (deck keys look like --section.key=value)"));
+    } else {
+      p.overrides.push_back(a);
+    }
+  }
+  return p;
+}
+
+struct Row {
+  ShardingStrategy strategy;
+  bool offload = false, checkpointing = false;
+  RankMemoryPlan memory;
+  size_t total = 0;         // what the run reports as its peak
+  size_t with_runtime = 0;  // plus the CUDA runtime: what must fit
+  bool fits = false;
+  int max_micro = 0;
+  bool deck = false;  // the deck's own configuration
+};
+
+struct Plan {
+  RunConfig cfg;
+  PlanArgs args;
+  int ranks_per_node = 0;
+  size_t runtime = 0;
+  std::vector<Row> rows;
+  int pick = -1;  // index of the recommended row, or -1 when nothing fits
+  std::string why;
+};
+
+MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
+  MemoryPlanSpec s;
+  s.model = plan.cfg.model;
+  s.backend = plan.cfg.run.backend;
+  s.strategy = row.strategy;
+  s.param_dtype = plan.cfg.fsdp.param_dtype;
+  s.reduce_dtype = plan.cfg.fsdp.reduce_dtype;
+  s.cpu_offload = row.offload;
+  s.activation_checkpointing = row.checkpointing;
+  s.world_size = plan.args.ranks;
+  s.ranks_per_node = plan.ranks_per_node;
+  s.micro_batch = micro;
+  s.max_seq = plan.cfg.data.max_length;
+  return s;
+}
+
+size_t needed(const Plan& plan, const Row& row, int micro) {
+  return plan_rank_memory(spec_of(plan, row, micro)).device_total() + plan.runtime;
+}
+
+// Memory grows with the micro-batch: double until it no longer fits, then bisect.
+int largest_micro_batch(const Plan& plan, const Row& row) {
+  if (needed(plan, row, 1) > plan.args.budget) return 0;
+  int lo = 1, hi = 2;
+  while (hi <= kMaxMicroSearched && needed(plan, row, hi) <= plan.args.budget) lo = hi, hi *= 2;
+  if (hi > kMaxMicroSearched) return lo;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (needed(plan, row, mid) <= plan.args.budget ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::string config_name(const Row& r) {
+  return concat(strategy_name(r.strategy), r.offload ? " + CPU offload" : "", r.checkpointing ? " + AC" : "");
+}
+
+// Fastest first: fewer collectives (NO_SHARD, then SHARD_GRAD_OP, which gathers once per step;
+// HYBRID_SHARD keeps gathers inside a node), then FULL_SHARD; recomputation (about 16% slower on
+// the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x slower there), then both.
+void recommend(Plan& plan) {
+  const bool cuda = plan.cfg.run.backend == "cuda";
+  const bool nodes = plan.args.ranks / plan.ranks_per_node > 1;
+  std::vector<ShardingStrategy> order = {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp};
+  if (nodes) order.push_back(ShardingStrategy::HybridShard);
+  order.push_back(ShardingStrategy::FullShard);
+  const std::vector<std::pair<bool, bool>> stages =
+      cuda ? std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, false}, {true, true}}
+           : std::vector<std::pair<bool, bool>>{{false, false}};
+  // The rows in that order of preference.
+  std::vector<size_t> preferred;
+  for (const auto& [offload, ac] : stages)
+    for (ShardingStrategy s : order)
+      for (size_t i = 0; i < plan.rows.size(); ++i)
+        if (plan.rows[i].strategy == s && plan.rows[i].offload == offload && plan.rows[i].checkpointing == ac)
+          preferred.push_back(i);
+  for (size_t i : preferred) {
+    const Row& r = plan.rows[i];
+    if (!r.fits) continue;
+    plan.pick = static_cast<int>(i);
+    if (!r.offload && !r.checkpointing)
+      plan.why = "the fastest that fits: NO_SHARD, then SHARD_GRAD_OP, HYBRID_SHARD, FULL_SHARD";
+    else if (!r.offload)
+      plan.why = "nothing fits without recomputation; activation checkpointing costs about 16%";
+    else
+      plan.why = "nothing fits without CPU offload, which is slow (synchronous copies, host AdamW)";
+    return;
+  }
+  // Nothing fits: the preferred configuration among those that fit the largest micro-batch.
+  const Row* best = nullptr;
+  for (size_t i : preferred)
+    if (!best || plan.rows[i].max_micro > best->max_micro) best = &plan.rows[i];
+  if (best && best->max_micro > 0)
+    plan.why = concat("nothing fits at micro-batch ", plan.cfg.train.micro_batch_size, "; ", config_name(*best),
+                      " fits micro-batch ", best->max_micro, " (--train.micro_batch_size=", best->max_micro, ")");
+  else
+    plan.why = "not even micro-batch 1 fits: use more ranks, a shorter data.max_length or more memory";
+}
+
+Plan make_plan(const PlanArgs& args) {
+  Plan plan;
+  plan.args = args;
+  plan.cfg = load_run_config(args.deck, args.overrides, args.ranks, false);
+  plan.ranks_per_node = args.ranks_per_node > 0 ? args.ranks_per_node : plan.cfg.dist.ranks_per_node;
+  if (plan.ranks_per_node <= 0) plan.ranks_per_node = args.ranks;
+  SHARDLM_CHECK(args.ranks % plan.ranks_per_node == 0, "--ranks-per-node = ", plan.ranks_per_node,
+                ": does not divide --ranks = ", args.ranks);
+  const bool cuda = plan.cfg.run.backend == "cuda";
+  SHARDLM_CHECK(!(cuda && plan.cfg.model.is_llama()),
+                "model.arch = llama runs on the CPU backend only so far: plan it with --run.backend=cpu");
+  plan.runtime = cuda ? kCudaRuntimeOverheadBytes : 0;
+  const ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                         ShardingStrategy::HybridShard, ShardingStrategy::NoShard};
+  for (bool offload : {false, true})
+    for (bool ac : {false, true})
+      for (ShardingStrategy s : strategies) {
+        // The CPU backend keeps its state in host memory already and does not recompute.
+        if (!cuda && (offload || ac)) continue;
+        Row r;
+        r.strategy = s, r.offload = offload, r.checkpointing = ac;
+        r.memory = plan_rank_memory(spec_of(plan, r, plan.cfg.train.micro_batch_size));
+        r.total = r.memory.device_total();
+        r.with_runtime = r.total + plan.runtime;
+        r.fits = r.with_runtime <= args.budget;
+        r.max_micro = largest_micro_batch(plan, r);
+        r.deck = s == plan.cfg.fsdp.strategy && (!cuda || (offload == plan.cfg.fsdp.cpu_offload &&
+                                                           ac == plan.cfg.fsdp.activation_checkpointing));
+        plan.rows.push_back(r);
+      }
+  recommend(plan);
+  return plan;
+}
+
+void print_table(const Plan& plan) {
+  const RunConfig& c = plan.cfg;
+  const ModelConfig& m = c.model;
+  const bool cuda = c.run.backend == "cuda";
+  const size_t params = plan.rows.front().memory.record.model_params;
+  std::printf("shardlm plan: %s\n", plan.args.deck.c_str());
+  std::printf("model    %s: vocab %d, hidden %d, layers %d, heads %d", m.arch.c_str(), m.vocab_size, m.hidden_size,
+              m.num_layers, m.num_heads);
+  if (m.is_llama()) std::printf(", kv heads %d, intermediate %d", m.kv_heads(), m.ffn_size());
+  std::printf("; %zu parameters (%s fp32)\n", params, format_bytes(params * 4).c_str());
+  std::printf("run      %s backend, %d rank(s), %d per node; micro-batch %d x %d tokens; param %s, reduce %s\n",
+              c.run.backend.c_str(), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,
+              dtype_name(c.fsdp.param_dtype), dtype_name(c.fsdp.reduce_dtype));
+  if (cuda)
+    std::printf("budget   %s per GPU, of which %s for the CUDA runtime (context, cuBLASLt, NCCL; measured,\n"
+                "         docs/PERFORMANCE.md); \"total\" is what the run reports as its peak\n",
+                format_bytes(plan.args.budget).c_str(), format_bytes(plan.runtime).c_str());
+  else
+    std::printf("budget   %s of host memory per rank; \"total\" is what the run reports as its peak\n",
+                format_bytes(plan.args.budget).c_str());
+  std::printf("\n  %-33s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
+              "activations", "buffers", "total");
+  if (cuda) std::printf(" %11s %11s", "+runtime", "host");
+  std::printf(" %4s %9s\n", "fits", "max micro");
+  for (const Row& r : plan.rows) {
+    const RankMemoryPlan& p = r.memory;
+    std::printf("%s %-33s %5d %11s %11s %11s %11s %11s %11s", r.deck ? "*" : " ", config_name(r).c_str(), p.shard_size,
+                format_bytes(p.params()).c_str(), format_bytes(p.grads()).c_str(), format_bytes(p.optimizer).c_str(),
+                format_bytes(p.activations()).c_str(), format_bytes(p.buffers()).c_str(),
+                format_bytes(r.total).c_str());
+    if (cuda) std::printf(" %11s %11s", format_bytes(r.with_runtime).c_str(), format_bytes(p.host_bytes).c_str());
+    std::printf(" %4s %9d\n", r.fits ? "yes" : "no", r.max_micro);
+  }
+  std::printf("\n  * the deck's configuration; shard = shard-group size;"
+              " max micro = the largest micro-batch that fits\n");
+  if (!cuda)
+    std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
+  if (plan.pick >= 0)
+    std::printf("\nrecommendation: %s at micro-batch %d (up to %d fits): %s\n",
+                config_name(plan.rows[plan.pick]).c_str(), c.train.micro_batch_size, plan.rows[plan.pick].max_micro,
+                plan.why.c_str());
+  else
+    std::printf("\nrecommendation: none: %s\n", plan.why.c_str());
+}
+
+void print_json(const Plan& plan) {
+  const RunConfig& c = plan.cfg;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const Row& r : plan.rows) {
+    const RankMemoryPlan& p = r.memory;
+    rows.push_back({{"strategy", strategy_name(r.strategy)},
+                    {"cpu_offload", r.offload},
+                    {"activation_checkpointing", r.checkpointing},
+                    {"deck", r.deck},
+                    {"shard_group_size", p.shard_size},
+                    {"replicate_group_size", p.replicate_size},
+                    {"params_bytes", p.params()},
+                    {"grads_bytes", p.grads()},
+                    {"optimizer_bytes", p.optimizer},
+                    {"activation_bytes", p.activations()},
+                    {"buffer_bytes", p.buffers()},
+                    {"total_bytes", r.total},
+                    {"with_runtime_bytes", r.with_runtime},
+                    {"host_optimizer_bytes", p.host_optimizer},
+                    {"host_bytes", p.host_bytes},
+                    {"fits", r.fits},
+                    {"max_micro_batch", r.max_micro},
+                    // The fields of the run's "memory" record, by the same names.
+                    {"memory_record",
+                     {{"master_shard_bytes", p.record.master_shard},
+                      {"grad_shard_bytes", p.record.grad_shard},
+                      {"optimizer_bytes", p.optimizer + p.host_optimizer},
+                      {"full_param_bytes", p.record.full_params},
+                      {"full_grad_bytes", p.record.full_grads},
+                      {"activation_bytes", p.record.activations},
+                      {"comm_staging_bytes", p.record.comm_staging}}}});
+  }
+  nlohmann::ordered_json out = {
+      {"deck", plan.args.deck},
+      {"backend", c.run.backend},
+      {"model",
+       {{"arch", c.model.arch},
+        {"vocab_size", c.model.vocab_size},
+        {"hidden_size", c.model.hidden_size},
+        {"num_layers", c.model.num_layers},
+        {"num_heads", c.model.num_heads},
+        {"parameters", plan.rows.front().memory.record.model_params}}},
+      {"ranks", plan.args.ranks},
+      {"ranks_per_node", plan.ranks_per_node},
+      {"micro_batch_size", c.train.micro_batch_size},
+      {"max_length", c.data.max_length},
+      {"param_dtype", dtype_name(c.fsdp.param_dtype)},
+      {"reduce_dtype", dtype_name(c.fsdp.reduce_dtype)},
+      {"budget_bytes", plan.args.budget},
+      {"runtime_overhead_bytes", plan.runtime},
+      {"rows", rows}};
+  if (plan.pick >= 0) {
+    const Row& pick = plan.rows[plan.pick];
+    out["recommendation"] = {{"strategy", strategy_name(pick.strategy)},
+                             {"cpu_offload", pick.offload},
+                             {"activation_checkpointing", pick.checkpointing},
+                             {"max_micro_batch", pick.max_micro},
+                             {"why", plan.why}};
+  } else
+    out["recommendation"] = {{"strategy", nullptr}, {"why", plan.why}};
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+}  // namespace
+
+int command_plan(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      std::fputs(kPlanUsage, stdout);
+      return 0;
+    }
+  if (args.empty()) {
+    std::fputs(kPlanUsage, stderr);
+    return 2;
+  }
+  try {
+    const Plan plan = make_plan(parse_plan_args(args));
+    plan.args.json ? print_json(plan) : print_table(plan);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace shardlm

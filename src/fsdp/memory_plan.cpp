@@ -1,0 +1,147 @@
+// One rank's memory per strategy and backend, for `shardlm plan`: the CPU backend from the same
+// sizing functions FsdpModel and BloomCpu allocate with; the CUDA backend from the allocations of
+// CudaEngine and BloomCuda, which check at start-up that they allocated exactly this.
+#include <algorithm>
+
+#include "shardlm/fsdp.hpp"
+
+namespace shardlm {
+namespace {
+
+// Logits of at most this many tokens exist at once in BloomCuda's LM head (bloom_cuda.cpp).
+constexpr size_t kCudaHeadChunkTokens = 2048;
+// cuBLASLt wants 256-byte aligned workspace pieces (dtype_cuda.cuh's align256).
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct UnitSizes {
+  size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
+  std::vector<size_t> shard;  // per unit
+  size_t model_params = 0;
+};
+
+UnitSizes unit_sizes(const std::vector<UnitLayout>& layout, int shard_size) {
+  UnitSizes u;
+  for (const UnitLayout& l : layout) {
+    u.shard.push_back(shard_numel_of(l.numel, shard_size));
+    u.model_params += l.numel;
+  }
+  u.layers = layout.size() - 1;
+  u.root_padded = u.shard[0] * shard_size;
+  u.block_padded = u.layers > 0 ? u.shard[1] * shard_size : 0;
+  u.max_padded = std::max(u.root_padded, u.block_padded);
+  u.max_shard = u.max_padded / shard_size;
+  return u;
+}
+
+RankMemoryPlan plan_cpu(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+  const UnitSizes u = unit_sizes(layout, shard_size);
+  RankMemoryPlan p;
+  for (size_t n : u.shard) {
+    p.record.master_shard += n * sizeof(float);
+    p.record.grad_shard += n * sizeof(float);
+    p.optimizer += 2 * n * sizeof(float);  // AdamW's two moments
+  }
+  p.record.model_params = u.model_params;
+  const FsdpBufferSizes b = fsdp_buffer_sizes(layout, {spec.strategy, spec.param_dtype, spec.reduce_dtype},
+                                              shard_size, spec.model.hidden_size, spec.micro_batch, spec.max_seq);
+  p.record.full_params = (b.root_full + b.block_full * b.block_full_copies) * sizeof(float);
+  p.record.full_grads = (b.root_grad_full + b.block_grad_full) * sizeof(float);
+  p.record.comm_staging = b.grad_slice_tmp * sizeof(float) + 2 * b.staging16 * sizeof(uint16_t);
+  p.record.activations =
+      cpu_activation_bytes(spec.model, spec.micro_batch, spec.max_seq) + 4 * b.hidden * sizeof(float);
+  return p;
+}
+
+// BloomCuda::activation_bytes(): hidden states, per-block saved activations (one block's with
+// activation checkpointing), backward scratch and the attention and LM-head workspaces.
+size_t bloom_cuda_activation_bytes(const ModelConfig& cfg, size_t dsize, int max_batch, int max_seq, bool checkpointing,
+                                   DType dt) {
+  const size_t N = static_cast<size_t>(max_batch) * max_seq, H = cfg.hidden_size, L = cfg.num_layers;
+  const size_t heads = cfg.num_heads, T = max_seq;
+  size_t bytes = (L + 1) * N * H * dsize + 2 * N * H * dsize;  // h_0..h_L, embedding and final-norm outputs
+  const size_t saved = N * H * dsize * (1 + 3 + 1 + 1 + 1 + 4 + 4) + max_batch * heads * T * T * dsize + 4 * N * 4;
+  bytes += (checkpointing ? 1 : L) * saved;
+  bytes += N * H * dsize * (2 + 1 + 3 + 1 + 1 + 4);  // dh (2), dln, dqkv, dctx, dh2, dpre
+  const size_t scores = heads * T * T;               // attention_workspace_bytes (attention.cu)
+  bytes += align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dsize));
+  const size_t chunk = std::min(kCudaHeadChunkTokens, N);  // lm_head_workspace_bytes (lm_head.cu)
+  bytes += align256(chunk * cfg.vocab_size * sizeof(float)) + align256(chunk * sizeof(float)) +
+           align256(chunk * sizeof(int));
+  return bytes;
+}
+
+RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+  SHARDLM_CHECK(!spec.model.is_llama(),
+                "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
+  SHARDLM_CHECK(spec.reduce_dtype == DType::F32 || spec.reduce_dtype == spec.param_dtype, "fsdp.reduce_dtype = ",
+                dtype_name(spec.reduce_dtype), ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
+  const UnitSizes u = unit_sizes(layout, shard_size);
+  const size_t dsize = dtype_size(spec.param_dtype);
+  const bool f32 = spec.param_dtype == DType::F32;
+  RankMemoryPlan p;
+  for (size_t n : u.shard) {
+    p.record.grad_shard += n * 4;
+    // Host: the FlatParameter's master and grad slices (checkpoint staging or, offloaded, the master).
+    p.host_bytes += 2 * n * 4;
+    if (spec.cpu_offload) {
+      p.record.master_shard += n * dsize;  // the compute-dtype slice the gathers send
+      p.host_optimizer += 2 * n * 4;
+      p.host_bytes += 3 * n * 4;  // AdamW's moments and the gradient slice copied down each step
+    } else {
+      p.record.master_shard += n * 4 + (f32 ? 0 : n * dsize);
+      p.optimizer += 2 * n * 4;
+      p.host_bytes += 2 * n * 4;  // checkpoint staging of the moments
+    }
+  }
+  p.record.model_params = u.model_params;
+  // One rank: the slices are the full parameters and nothing is gathered.
+  if (shard_size > 1) {
+    const size_t copies =
+        spec.strategy == ShardingStrategy::FullShard ? std::min<size_t>(2, u.layers) : u.layers;
+    p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
+  }
+  p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
+  p.record.comm_staging = u.max_shard * 4;
+  if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
+  p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
+                                                     spec.activation_checkpointing, spec.param_dtype);
+  const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
+  p.model_extra = 4 * N * 4 + static_cast<size_t>(spec.model.num_heads) * 4;  // embedding/final norm statistics, slopes
+  p.io_buffers = 2 * N * 4 + 4 + 8 + 8;  // tokens, targets; loss, count, norm
+  return p;
+}
+
+}  // namespace
+
+int plan_shard_size(const MemoryPlanSpec& spec) {
+  SHARDLM_CHECK(spec.world_size >= 1, "ranks must be >= 1 (got ", spec.world_size, ")");
+  const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
+  SHARDLM_CHECK(spec.world_size % node == 0, "ranks per node ", node, " does not divide the ", spec.world_size,
+                " ranks");
+  switch (spec.strategy) {
+    case ShardingStrategy::FullShard:
+    case ShardingStrategy::ShardGradOp: return spec.world_size;
+    case ShardingStrategy::NoShard: return 1;
+    case ShardingStrategy::HybridShard: return node;
+  }
+  return spec.world_size;
+}
+
+RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
+  SHARDLM_CHECK(spec.micro_batch >= 0 && spec.max_seq >= 1, "plan: micro-batch ", spec.micro_batch,
+                " and sequence length ", spec.max_seq, " must be >= 0 and >= 1");
+  const std::vector<UnitLayout> layout = model_layout(spec.model);
+  const int shard = plan_shard_size(spec);
+  RankMemoryPlan p;
+  if (spec.backend == "cpu")
+    p = plan_cpu(spec, layout, shard);
+  else if (spec.backend == "cuda")
+    p = plan_cuda(spec, layout, shard);
+  else
+    throw Error(concat("run.backend = '", spec.backend, "': plan knows cpu and cuda"));
+  p.shard_size = shard;
+  p.replicate_size = spec.world_size / shard;
+  return p;
+}
+
+}  // namespace shardlm
