@@ -870,4 +870,16 @@ BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(planned_activation_bytes_equal_the_model_s) {
+  // shardlm plan sizes the activations without building the model: it must agree exactly.
+  for (const auto& [B, T] : {std::pair{1, 1}, std::pair{2, 5}, std::pair{4, 16}, std::pair{3, 200}}) {
+    for (bool tied : {false, true}) {
+      ModelConfig cfg = tiny_config();
+      cfg.tie_word_embeddings = tied;
+      LlamaCpu net(cfg, B, T);
+      BOOST_TEST(cpu_activation_bytes(cfg, B, T) == net.activation_bytes(), B << "x" << T);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -134,6 +134,8 @@ std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, 
 // The activation_bytes() the CPU model of cfg.arch would hold for max_batch x max_seq, without
 // building it (`shardlm plan`); Error naming the architecture when this build has no CPU model of it.
 size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
+// The same for LlamaCpu (cpu_activation_bytes dispatches to it).
+size_t llama_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 
 class BloomCpu final : public CpuModel {
  public:

@@ -351,6 +351,7 @@ size_t BloomCpu::activation_bytes() const {
 }
 
 size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  if (cfg.is_llama()) return llama_activation_bytes(cfg, max_batch, max_seq);
   SHARDLM_CHECK(cfg.arch == "bloom", "model.arch = '", cfg.arch,
                 "': this build has no CPU model of it, so its activations cannot be sized");
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,

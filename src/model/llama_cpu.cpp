@@ -350,6 +350,23 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq) : cfg_(cf
 
 LlamaCpu::~LlamaCpu() { delete impl_; }
 
+size_t llama_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "llama_activation_bytes: negative max_batch ", max_batch,
+                " or max_seq ", max_seq);
+  // The allocations of the constructor above, buffer by buffer.
+  const size_t H = cfg.hidden_size, V = cfg.vocab_size, heads = cfg.num_heads, L = cfg.num_layers;
+  const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const size_t F = cfg.ffn_size(), S = max_seq;
+  const size_t tokens = static_cast<size_t>(max_batch) * S;
+  const size_t per_layer = 2 * (tokens * H + tokens) + 2 * tokens * QW + 2 * tokens * KVW + tokens * heads * S +
+                           2 * tokens * F;
+  size_t floats = L * per_layer;
+  if (L > 0) floats += 2 * tokens * H + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
+  const size_t chunk = std::min<size_t>(kHeadChunkTokens, tokens);
+  floats += 3 * chunk * H + chunk + chunk * V;
+  return floats * sizeof(float) + chunk * sizeof(int32_t);
+}
+
 size_t LlamaCpu::activation_bytes() const {
   const Impl& m = *impl_;
   size_t floats = m.q_grad.size() + m.k_grad.size() + m.v_grad.size() + m.score_grad.size();
