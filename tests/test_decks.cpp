@@ -291,9 +291,7 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
     BOOST_TEST_CONTEXT("input/" << c.deck) {
       TempDir work;
       const fs::path deck = lay_out(c, work.root);
-      std::vector<std::string> byte;
-      if (!tokenizer_paths) byte.push_back("--data.tokenizer=byte");
-      const RunConfig cfg = load_run_config(deck.string(), byte, c.gpus);
+      const RunConfig cfg = load_run_config(deck.string(), {}, c.gpus);
       BOOST_TEST(cfg.data.format == "squad");
       BOOST_TEST(cfg.data.max_length == 512);
       BOOST_TEST(cfg.data.train_size == 250u);
@@ -313,7 +311,7 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
 
       // The batch rule of the headers: on W GPUs, --train.batch_size=4W keeps accumulation 4.
       for (int w : {1, 2, 8, 16}) {
-        std::vector<std::string> o = byte;
+        std::vector<std::string> o;
         o.push_back("--train.batch_size=" + std::to_string(4 * w));
         BOOST_TEST(load_run_config(deck.string(), o, w).grad_accum(w) == 4);
       }
