@@ -56,6 +56,11 @@ struct FsdpSection {
   DType reduce_dtype = DType::F32;
   bool activation_checkpointing = false;  // recompute each block's activations in its backward (CUDA backend)
   bool cpu_offload = false;  // CUDA backend: fp32 master and AdamW state in host memory, the step on the CPU
+  // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
+  bool forward_prefetch = true;          // gather the next block while this one computes
+  std::string backward_prefetch = "pre"; // pre: gather the previous block before this one's backward;
+                                         // post: after it; none: only when needed
+  int limit_all_gathers = 2;             // FULL_SHARD: gathered block buffers (all-gathers in flight + in use)
 };
 
 struct DistSection {

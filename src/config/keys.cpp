@@ -244,6 +244,9 @@ static std::vector<KeySpec> build_table() {
       dtype_key("fsdp.reduce_dtype", SHARDLM_FIELD(fsdp.reduce_dtype)),
       flag_key("fsdp.activation_checkpointing", SHARDLM_FIELD(fsdp.activation_checkpointing)),
       flag_key("fsdp.cpu_offload", SHARDLM_FIELD(fsdp.cpu_offload)),
+      flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch)),
+      choice_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch), {"pre", "post", "none"}),
+      int_key("fsdp.limit_all_gathers", SHARDLM_FIELD(fsdp.limit_all_gathers), 1, "must be >= 1"),
 
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
 

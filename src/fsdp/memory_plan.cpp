@@ -97,7 +97,9 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
   // One rank: the slices are the full parameters and nothing is gathered.
   if (shard_size > 1) {
     const size_t copies =
-        spec.strategy == ShardingStrategy::FullShard ? std::min<size_t>(2, u.layers) : u.layers;
+        spec.strategy == ShardingStrategy::FullShard
+            ? std::min<size_t>(static_cast<size_t>(std::max(1, spec.limit_all_gathers)), u.layers)
+            : u.layers;
     p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
   }
   p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);

@@ -148,6 +148,7 @@ MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
   s.reduce_dtype = plan.cfg.fsdp.reduce_dtype;
   s.cpu_offload = row.offload;
   s.activation_checkpointing = row.checkpointing;
+  s.limit_all_gathers = plan.cfg.fsdp.limit_all_gathers;
   s.world_size = plan.args.ranks;
   s.ranks_per_node = plan.ranks_per_node;
   s.micro_batch = micro;

@@ -1,6 +1,7 @@
 // The CUDA engine: the FSDP schedule of DESIGN.md on two streams. Parameter all-gathers run on the
-// communication stream one unit ahead of the compute stream (forward and backward prefetch, at
-// most two gathered blocks in flight under FULL_SHARD); each block's gradient is reduce-scattered
+// communication stream one unit ahead of the compute stream (fsdp.forward_prefetch,
+// fsdp.backward_prefetch = pre | post | none; under FULL_SHARD at most fsdp.limit_all_gathers
+// gathered blocks, in flight or in use); each block's gradient is reduce-scattered
 // on the communication stream while the compute stream runs the previous block's backward (two
 // full-gradient buffers alternate). Master weights, gradients and AdamW moments stay on the GPU in
 // fp32 as this rank's slices; AdamW writes the compute-dtype copy that the next gather sends.
@@ -67,6 +68,9 @@ class CudaEngine : public TrainEngine {
     const int shard_rank = shard_->rank(), shard_size = shard_->size();
     full_shard_ = cfg.fsdp.strategy == ShardingStrategy::FullShard;
     offload_ = cfg.fsdp.cpu_offload;
+    backward_prefetch_ = cfg.fsdp.backward_prefetch == "post"   ? Prefetch::Post
+                         : cfg.fsdp.backward_prefetch == "none" ? Prefetch::None
+                                                                : Prefetch::Pre;
 
     for (size_t u = 0; u < layout_.size(); ++u) {
       DeviceUnit d;
@@ -98,13 +102,14 @@ class CudaEngine : public TrainEngine {
     refresh_compute_shards();
 
     // Gathered parameters: the root's; one block buffer per layer (kept from forward to backward)
-    // or, under FULL_SHARD, two that alternate so the next block is gathered during this one.
+    // or, under FULL_SHARD, fsdp.limit_all_gathers (default 2) that take turns, so the next block
+    // can be gathered while this one computes; with one, gathers and compute alternate.
     alias_ = shard_size == 1;
     const int L = cfg.model.num_layers;
     const size_t block_padded = units_.size() > 1 ? units_[1].host.padded_numel : 0;
     if (!alias_) {
       root_full_.allocate(units_[0].host.padded_numel * dsize_);
-      const int copies = full_shard_ ? std::min(2, L) : L;
+      const int copies = full_shard_ ? std::min(cfg.fsdp.limit_all_gathers, L) : L;
       block_full_.resize(copies);
       for (auto& b : block_full_) b.allocate(block_padded * dsize_);
     }
@@ -402,11 +407,12 @@ class CudaEngine : public TrainEngine {
     count_.zero(compute_);
 
     const void* root = use(0);
-    if (L > 0) gather(1);
+    if (L > 0 && cfg_.fsdp.forward_prefetch) gather(1);
     if (N > 0) model_->embed_forward(root, tokens_.data(), B, T, compute_);
     for (int l = 0; l < L; ++l) {
       const void* p = use(1 + l);
-      if (l + 1 < L) gather(2 + l);  // forward prefetch: the next block's gather runs during this one
+      // Forward prefetch: the next block's gather runs during this one (it needs a slot of its own).
+      if (cfg_.fsdp.forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
       if (N > 0) model_->block_forward(l, p, B, T, compute_);
       done_with(1 + l);
     }
@@ -414,7 +420,7 @@ class CudaEngine : public TrainEngine {
       // The previous micro-batch's root reduction reads root_grad_full_.
       finish_root_reduction();
       root_grad_full_.zero(compute_);
-      if (L > 0) gather(L);  // backward prefetch of the last block (usually still held)
+      if (L > 0 && backward_prefetch_ != Prefetch::None) gather(L);  // the last block (usually still held)
     }
     if (N > 0)
       model_->head(root, targets_.data(), B, T, grad_scale, backward, loss_.data(), count_.data(),
@@ -422,7 +428,9 @@ class CudaEngine : public TrainEngine {
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {
         const void* p = use(1 + l);
-        if (l > 0) gather(l);  // backward prefetch: the previous block's gather runs during this one
+        // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
+        // reduce-scatter), so it overlaps this block's compute.
+        if (backward_prefetch_ == Prefetch::Pre && can_prefetch() && l > 0) gather(l);
         const int gs = l % 2;
         grad_reduced_[gs]->wait_on(compute_);  // its last reduction has read the buffer
         block_grad_full_[gs].zero(compute_);
@@ -432,6 +440,9 @@ class CudaEngine : public TrainEngine {
         grad_ready_[gs]->wait_on(comm_);
         reduce(1 + l, block_grad_full_[gs].data());
         grad_reduced_[gs]->record(comm_);
+        // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
+        // slot this block frees, so it is safe with a single buffer too.
+        if (backward_prefetch_ == Prefetch::Post && l > 0) gather(l);
       }
       if (N > 0) model_->embed_backward(root, tokens_.data(), root_grad_full_.data(), B, T, compute_);
       root_grad_ready_->record(compute_);
@@ -443,6 +454,9 @@ class CudaEngine : public TrainEngine {
     SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
     return static_cast<double>(*reinterpret_cast<float*>(host_scalars_));
   }
+
+  // A prefetch queued before this unit's compute must land in another slot than the one in use.
+  bool can_prefetch() const { return !full_shard_ || block_full_.size() >= 2; }
 
   void finish_root_reduction() {
     if (!root_reduced_pending_) return;
@@ -459,6 +473,8 @@ class CudaEngine : public TrainEngine {
   cuda::NcclCommunicator* shard_ = nullptr;
   cuda::NcclCommunicator* replicate_ = nullptr;
   bool full_shard_ = true, alias_ = false, offload_ = false;
+  enum class Prefetch { Pre, Post, None };
+  Prefetch backward_prefetch_ = Prefetch::Pre;
   std::unique_ptr<AdamW> host_optimizer_;  // CPU offload only
   std::vector<uint16_t> host16_;          // CPU offload: 16-bit staging of one slice
   std::vector<DeviceUnit> units_;
