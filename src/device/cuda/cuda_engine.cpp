@@ -91,6 +91,19 @@ class CudaEngine : public TrainEngine {
       units_.push_back(std::move(d));
     }
     if (offload_) {
+      // The arrays copied every step are page-locked, so the copies run at DMA speed and need no
+      // bounce buffer: the gradient slices, the 16-bit staging of the updated slices (or, in fp32,
+      // the masters themselves).
+      size_t largest = 0;
+      for (DeviceUnit& d : units_) {
+        pin(d.host_grad.data(), d.host_grad.size() * 4);
+        if (dt_ == DType::F32) pin(d.host.master.data(), d.host.shard_numel * 4);
+        largest = std::max(largest, d.host.shard_numel);
+      }
+      if (dt_ != DType::F32) {
+        host16_.assign(largest, 0);
+        pin(host16_.data(), host16_.size() * 2);
+      }
       std::vector<ParamSlice> slices;
       for (DeviceUnit& d : units_)
         slices.push_back({d.host.master.data(), d.host_grad.data(), d.host.shard_numel, d.host.no_decay});
@@ -147,6 +160,7 @@ class CudaEngine : public TrainEngine {
 
   ~CudaEngine() override {
     cudaDeviceSynchronize();
+    for (void* p : pinned_) cudaHostUnregister(p);  // before the arrays are freed
     cudaFreeHost(host_scalars_);
     model_.reset();
     units_.clear();
@@ -297,7 +311,7 @@ class CudaEngine : public TrainEngine {
         if (dt_ == DType::F32) {
           SHARDLM_CUDA_CHECK(cudaMemcpy(d.compute_shard.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
         } else {
-          host16_.resize(std::max(host16_.size(), n));
+          SHARDLM_CHECK(n <= host16_.size(), "CUDA engine: 16-bit staging of ", host16_.size(), " < slice ", n);
           pack16(dt_, d.host.master.data(), host16_.data(), n);
           SHARDLM_CUDA_CHECK(cudaMemcpy(d.compute_shard.data(), host16_.data(), n * 2, cudaMemcpyHostToDevice));
         }
@@ -458,6 +472,15 @@ class CudaEngine : public TrainEngine {
   // A prefetch queued before this unit's compute must land in another slot than the one in use.
   bool can_prefetch() const { return !full_shard_ || block_full_.size() >= 2; }
 
+  // Page-locks an existing host array for fast copies (undone in the destructor).
+  void pin(void* p, size_t bytes) {
+    if (bytes == 0) return;
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    SHARDLM_CHECK(e == cudaSuccess, "fsdp.cpu_offload: cannot page-lock ", bytes, " bytes of host memory (",
+                  cudaGetErrorString(e), "); raise the locked-memory limit (ulimit -l) or turn offload off");
+    pinned_.push_back(p);
+  }
+
   void finish_root_reduction() {
     if (!root_reduced_pending_) return;
     finish_reductions();
@@ -476,7 +499,8 @@ class CudaEngine : public TrainEngine {
   enum class Prefetch { Pre, Post, None };
   Prefetch backward_prefetch_ = Prefetch::Pre;
   std::unique_ptr<AdamW> host_optimizer_;  // CPU offload only
-  std::vector<uint16_t> host16_;          // CPU offload: 16-bit staging of one slice
+  std::vector<uint16_t> host16_;          // CPU offload: 16-bit staging of one slice (page-locked)
+  std::vector<void*> pinned_;             // CPU offload: host arrays page-locked with cudaHostRegister
   std::vector<DeviceUnit> units_;
   DeviceBuffer<char> root_full_;
   std::vector<DeviceBuffer<char>> block_full_;
