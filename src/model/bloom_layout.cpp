@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "shardlm/model.hpp"
+#include "model_internal.hpp"
 
 namespace shardlm {
 namespace {
+
+using model_detail::add_tensor;
 
 void check_config(const ModelConfig& cfg) {
   SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
@@ -14,23 +16,6 @@ void check_config(const ModelConfig& cfg) {
                 cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
   SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, "BLOOM config: hidden_size ", cfg.hidden_size,
                 " is not a multiple of num_heads ", cfg.num_heads);
-}
-
-// Appends a tensor at the end of the unit's flat parameter.
-void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> shape, InitKind init,
-                float init_std) {
-  TensorSpec t;
-  t.name = name;
-  t.numel = 1;
-  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
-  t.shape = std::move(shape);
-  t.offset = unit.numel;
-  // Only the matrices (linear and embedding weights) decay; biases and norm parameters do not.
-  t.decay = t.shape.size() >= 2;
-  t.init = init;
-  t.init_std = init_std;
-  unit.numel += t.numel;
-  unit.tensors.push_back(std::move(t));
 }
 
 // splitmix64's finaliser: a bijective mix whose outputs of consecutive inputs look independent.

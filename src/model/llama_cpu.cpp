@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "shardlm/device.hpp"
+#include "model_internal.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm {
@@ -540,20 +541,7 @@ double LlamaCpu::head_loss(const float* root, const float* h, const int32_t* tar
     }
     float* logits = m.logits.data();
     cpu_gemm(false, true, rows, V, H, 1.0f, m.head_out.data(), H, head, H, 0.0f, logits, V);
-    for (int r = 0; r < rows; ++r) {
-      float* row = logits + static_cast<size_t>(r) * V;
-      const int32_t target = targets[m.head_rows[r]];
-      // Stable log-sum-exp: shift by the row maximum, sum the exponentials in double.
-      const float max_logit = *std::max_element(row, row + V);
-      double total = 0.0;
-      for (int v = 0; v < V; ++v) total += std::exp(row[v] - max_logit);
-      loss += max_logit + std::log(total) - row[target];
-      if (!backward) continue;
-      // d(grad_scale * CE)/d(logits) = grad_scale * (softmax - one_hot(target)), written in place.
-      const float inv_total = static_cast<float>(1.0 / total);
-      for (int v = 0; v < V; ++v) row[v] = grad_scale * std::exp(row[v] - max_logit) * inv_total;
-      row[target] -= grad_scale;
-    }
+    loss += model_detail::cross_entropy_rows(logits, rows, V, targets, m.head_rows.data(), grad_scale, backward);
     if (!backward) continue;
     // logits = hn W^T: dW += dlogits^T hn (into embed_tokens when tied), dhn = dlogits W.
     cpu_gemm(true, false, V, H, rows, 1.0f, logits, V, m.head_out.data(), H, 1.0f, droot + m.root.head, H);

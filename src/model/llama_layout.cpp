@@ -2,10 +2,12 @@
 // and its rotary frequencies, Llama 3.1's rope_scaling included.
 #include <cmath>
 
-#include "shardlm/model.hpp"
+#include "model_internal.hpp"
 
 namespace shardlm {
 namespace {
+
+using model_detail::add_tensor;
 
 void check_config(const ModelConfig& cfg) {
   SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
@@ -18,21 +20,6 @@ void check_config(const ModelConfig& cfg) {
   SHARDLM_CHECK(cfg.kv_heads() > 0 && cfg.num_heads % cfg.kv_heads() == 0, "Llama config: num_attention_heads ",
                 cfg.num_heads, " is not a multiple of num_key_value_heads ", cfg.kv_heads());
   SHARDLM_CHECK(cfg.ffn_size() > 0, "Llama config: intermediate_size must be positive");
-}
-
-void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> shape, InitKind init,
-                float init_std) {
-  TensorSpec t;
-  t.name = name;
-  t.numel = 1;
-  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
-  t.shape = std::move(shape);
-  t.offset = unit.numel;
-  t.decay = t.shape.size() >= 2;  // matrices decay; RMSNorm weights do not
-  t.init = init;
-  t.init_std = init_std;
-  unit.numel += t.numel;
-  unit.tensors.push_back(std::move(t));
 }
 
 }  // namespace
