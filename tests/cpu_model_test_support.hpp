@@ -1,0 +1,144 @@
+// Shared by the CPU model suites (test_model: BLOOM, test_llama: Llama): random data, a tiny
+// model's flat parameters, and full forward/backward passes through the CpuModel interface.
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+namespace model_test {
+
+using namespace shardlm;
+
+// ---- helpers --------------------------------------------------------------------------------
+
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+inline const TensorSpec& find_tensor(const UnitLayout& unit, const std::string& suffix) {
+  for (const TensorSpec& t : unit.tensors)
+    if (t.name.size() >= suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return t;
+  throw Error("no tensor " + suffix + " in unit " + unit.name);
+}
+
+// Largest element-wise error relative to the reference's largest magnitude.
+inline double max_relative_error(const std::vector<float>& actual, const std::vector<double>& reference) {
+  BOOST_REQUIRE_EQUAL(actual.size(), reference.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::abs(actual[i] - reference[i]));
+    scale = std::max(scale, std::abs(reference[i]));
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+// A whole model's parameters: one flat fp32 vector per FSDP unit.
+struct TinyModel {
+  ModelConfig cfg;
+  std::vector<UnitLayout> layout;
+  std::vector<std::vector<float>> params;
+  float* tensor(size_t unit, const std::string& suffix) {
+    return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+  const float* tensor(size_t unit, const std::string& suffix) const {
+    return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+};
+
+// The library's init, then noise on the Ones/Zeros tensors (norm weights, biases) so they matter.
+inline TinyModel make_model(const ModelConfig& cfg, uint64_t seed) {
+  TinyModel m;
+  m.cfg = cfg;
+  m.layout = model_layout(cfg);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> noise(0.0f, 0.2f);
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    std::vector<float> flat(m.layout[u].numel);
+    init_unit_slice(m.layout[u], static_cast<int>(u), seed, 0, flat.size(), flat.data());
+    for (const TensorSpec& t : m.layout[u].tensors)
+      if (t.init != InitKind::Normal)
+        for (size_t i = t.offset; i < t.offset + t.numel; ++i) flat[i] += noise(rng);
+    m.params.push_back(std::move(flat));
+  }
+  return m;
+}
+
+struct Batch {
+  int batch = 0, seq = 0;
+  std::vector<int32_t> tokens, targets;
+};
+
+// Random tokens; targets are random ids or -1 with probability `no_target`.
+inline Batch make_batch(int B, int T, int vocab, double no_target, std::mt19937& rng) {
+  Batch b;
+  b.batch = B;
+  b.seq = T;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::bernoulli_distribution skip(no_target);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(token(rng));
+    b.targets.push_back(skip(rng) ? -1 : token(rng));
+  }
+  return b;
+}
+
+// Blocks then head on a given h0; `final_hidden` receives the last hidden states when given.
+inline double loss_from_h0(CpuModel& net, const TinyModel& m, const std::vector<float>& h0, const Batch& b,
+                           std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h = h0, next(h0.size());
+  for (int l = 0; l < m.cfg.num_layers; ++l) {
+    net.block_forward(l, m.params[1 + l].data(), h.data(), next.data(), b.batch, b.seq);
+    h.swap(next);
+  }
+  if (final_hidden) *final_hidden = h;
+  int64_t count = 0;
+  return net.head_loss(m.params[0].data(), h.data(), b.targets.data(), b.batch, b.seq, &count, 0.0f, nullptr,
+                       nullptr);
+}
+
+inline double model_loss(CpuModel& net, const TinyModel& m, const Batch& b, std::vector<float>* final_hidden = nullptr) {
+  std::vector<float> h0(static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size);
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  return loss_from_h0(net, m, h0, b, final_hidden);
+}
+
+// Full forward and backward of grad_scale * loss: gradients per unit, and d/dh0 in *dh0.
+inline std::vector<std::vector<float>> model_grads(CpuModel& net, const TinyModel& m, const Batch& b, float grad_scale,
+                                            std::vector<float>* dh0 = nullptr, double* loss = nullptr) {
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
+  const int L = m.cfg.num_layers;
+  std::vector<std::vector<float>> hidden(L + 1, std::vector<float>(n));
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, hidden[0].data());
+  for (int l = 0; l < L; ++l)
+    net.block_forward(l, m.params[1 + l].data(), hidden[l].data(), hidden[l + 1].data(), b.batch, b.seq);
+  std::vector<std::vector<float>> grads;
+  for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
+  std::vector<float> dh(n), dh_prev(n);
+  int64_t count = 0;
+  const double l_value = net.head_loss(m.params[0].data(), hidden[L].data(), b.targets.data(), b.batch, b.seq,
+                                       &count, grad_scale, dh.data(), grads[0].data());
+  if (loss) *loss = l_value;
+  for (int l = L - 1; l >= 0; --l) {
+    net.block_backward(l, m.params[1 + l].data(), dh.data(), dh_prev.data(), grads[1 + l].data(), b.batch, b.seq);
+    dh.swap(dh_prev);
+  }
+  if (dh0) *dh0 = dh;
+  net.embed_backward(m.params[0].data(), b.tokens.data(), dh.data(), grads[0].data(), b.batch, b.seq);
+  return grads;
+}
+
+}  // namespace model_test
