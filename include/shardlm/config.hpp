@@ -96,6 +96,11 @@ struct RunConfig {
   int grad_accum(int world) const { return train.batch_size / (world * train.micro_batch_size); }
   // Where checkpoints go: checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
   std::string checkpoint_dir() const { return checkpoint.dir.empty() ? run.dir + "/checkpoints" : checkpoint.dir; }
+  // data.tokenizer with "auto" made concrete: model.dir's tokenizer.json, or "byte" without one.
+  std::string tokenizer_spec() const {
+    if (data.tokenizer != "auto") return data.tokenizer;
+    return model.dir.empty() ? "byte" : model.dir + "/tokenizer.json";
+  }
 };
 
 // Reads the deck, applies overrides ("--section.key=value" or "--section.key value"), checks

@@ -187,13 +187,9 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     cfg.model.init_std = init_std;
   }
   if (cfg.data.tokenizer == "auto") {
-    cfg.data.tokenizer = "byte";
-    if (!cfg.model.dir.empty()) {
-      const fs::path t = fs::path(cfg.model.dir) / "tokenizer.json";
-      SHARDLM_CHECK(fs::exists(t), "data.tokenizer = auto: model.dir ", cfg.model.dir,
-                    " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
-      cfg.data.tokenizer = t.string();
-    }
+    cfg.data.tokenizer = cfg.tokenizer_spec();
+    SHARDLM_CHECK(cfg.data.tokenizer == "byte" || fs::exists(cfg.data.tokenizer), "data.tokenizer = auto: model.dir ",
+                  cfg.model.dir, " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
   }
   check_run_config(cfg, world_size);
 

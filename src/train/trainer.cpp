@@ -151,10 +151,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
       metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !resume_path.empty());
     }
-    // "auto" outside a deck (a RunConfig built in code): the model directory's tokenizer, else bytes.
-    std::string spec = cfg.data.tokenizer;
-    if (spec == "auto") spec = cfg.model.dir.empty() ? "byte" : cfg.model.dir + "/tokenizer.json";
-    tokenizer = make_tokenizer(spec);
+    // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
+    tokenizer = make_tokenizer(cfg.tokenizer_spec());
     SHARDLM_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", cfg.data.tokenizer, " has ",
                   tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", cfg.model.vocab_size);
     train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *tokenizer);
