@@ -63,6 +63,13 @@ struct FsdpSection {
   int limit_all_gathers = 2;             // FULL_SHARD: gathered block buffers (all-gathers in flight + in use)
 };
 
+// Evaluation by generation: SQuAD exact match and F1 from greedy answers (data.format = squad).
+struct EvalSection {
+  std::string generate = "end";  // end: after the last epoch | epoch: after every epoch | none
+  int max_new_tokens = 50;       // tokens generated per answer at most (EOS ends it earlier)
+  int batch_size = 0;            // prompts decoded together on a rank; 0 = train.micro_batch_size
+};
+
 struct DistSection {
   int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
 };
@@ -86,6 +93,7 @@ struct RunConfig {
   DataSection data;
   TrainSection train;
   FsdpSection fsdp;
+  EvalSection eval;
   DistSection dist;
   CheckpointSection checkpoint;
   RunSection run;

@@ -83,6 +83,14 @@ class FsdpModel {
   // Forward only: this rank's sum of token losses.
   double forward_loss(const MicroBatch& mb);
 
+  // Greedy decoding with a key/value cache (TrainEngine::decode_begin / decode_step / decode_end):
+  // each unit is gathered as in the forward, so every rank of a shard group must call
+  // decode_step together, with n = 0 rows when it has nothing to decode.
+  void decode_begin(int slots, int max_len, int max_rows);
+  void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n, const int* logit_rows,
+                   int m, int32_t* next);
+  void decode_end();
+
   void zero_grad();
   double grad_norm();          // global L2 norm of the whole model's gradient, same on every rank
   void scale_grads(float factor);

@@ -125,6 +125,17 @@ class CpuModel {
   // Logits of the last position of each sequence, [B, V], for greedy decoding.
   virtual void head_logits(const float* root, const float* h, int B, int T, float* logits) = 0;
 
+  // ---- greedy decoding with a key/value cache ----
+  // Sizes the cache for `slots` sequences of up to `max_len` positions in every layer, and the
+  // scratch of block_decode calls of up to `max_rows` rows. Training buffers are untouched.
+  virtual void decode_begin(int slots, int max_len, int max_rows) = 0;
+  // h_out[n, H] = block(h_in) for n rows, row r being the token at position positions[r] of the
+  // sequence in cache slot slots[r]: its key and value are cached, then it attends to its slot's
+  // positions 0..positions[r] (rows of one slot in position order; earlier ones cached before).
+  virtual void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+                            const int* slots, const int* positions) = 0;
+  virtual void decode_end() = 0;  // frees the cache and its scratch
+
   // Bytes of saved activations and workspaces this object holds.
   virtual size_t activation_bytes() const = 0;
 };
@@ -154,6 +165,10 @@ class BloomCpu final : public CpuModel {
   void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
                       int T) override;
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  void decode_begin(int slots, int max_len, int max_rows) override;
+  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+                    const int* positions) override;
+  void decode_end() override;
   size_t activation_bytes() const override;
 
  private:
@@ -181,6 +196,10 @@ class LlamaCpu final : public CpuModel {
   void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
                       int T) override;
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  void decode_begin(int slots, int max_len, int max_rows) override;
+  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+                    const int* positions) override;
+  void decode_end() override;
   size_t activation_bytes() const override;
 
  private:

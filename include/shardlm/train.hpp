@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct TrainResult {
   std::vector<double> step_losses;  // mean token loss of every optimizer step this run took
   std::vector<double> grad_norms;   // global gradient norm of every step, before clipping
   std::vector<double> eval_losses;  // one per epoch when there is an eval set
+  double exact_match = NAN;         // SQuAD EM / F1 (percent) of the last generation, NaN when none ran
+  double f1 = NAN;
   double train_loss = 0;            // mean of step_losses
   double train_runtime = 0;         // seconds
   double train_samples_per_second = 0;

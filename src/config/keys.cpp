@@ -248,6 +248,10 @@ static std::vector<KeySpec> build_table() {
       choice_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch), {"pre", "post", "none"}),
       int_key("fsdp.limit_all_gathers", SHARDLM_FIELD(fsdp.limit_all_gathers), 1, "must be >= 1"),
 
+      choice_key("eval.generate", SHARDLM_FIELD(eval.generate), {"end", "epoch", "none"}),
+      int_key("eval.max_new_tokens", SHARDLM_FIELD(eval.max_new_tokens), 1, "must be >= 1"),
+      int_key("eval.batch_size", SHARDLM_FIELD(eval.batch_size), 0, "must be >= 0 (0 = train.micro_batch_size)"),
+
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
 
       text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir)),

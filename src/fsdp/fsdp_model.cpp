@@ -22,6 +22,9 @@ struct FsdpModel::Buffers {
   Buffer<uint16_t> send16, recv16; // 16-bit staging for mixed-precision gathers and reductions
   Buffer<float> hidden[2];         // hidden states between units, ping-pong
   Buffer<float> dhidden[2];        // their gradients
+  // Greedy decoding only (decode_begin to decode_end): hidden states of the step's rows, one row of logits.
+  std::vector<float> decode_hidden[2], decode_logits;
+  int decode_rows = 0;
 };
 
 FsdpModel::FsdpModel(const ModelConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups,
@@ -152,6 +155,48 @@ double FsdpModel::forward_loss(const MicroBatch& mb) {
   }
   int64_t count = 0;
   return model_->head_loss(root, b.hidden[cur].data(), mb.targets.data(), B, T, &count, 0.0f, nullptr, nullptr);
+}
+
+void FsdpModel::decode_begin(int slots, int max_len, int max_rows) {
+  Buffers& b = *buf_;
+  model_->decode_begin(slots, max_len, max_rows);
+  b.decode_rows = max_rows;
+  for (std::vector<float>& h : b.decode_hidden) h.assign(static_cast<size_t>(max_rows) * cfg_.hidden_size, 0.0f);
+  b.decode_logits.assign(cfg_.vocab_size, 0.0f);
+}
+
+void FsdpModel::decode_step(const int32_t* tokens, const int* slots, const int* positions, int n,
+                            const int* logit_rows, int m, int32_t* next) {
+  Buffers& b = *buf_;
+  SHARDLM_CHECK(n >= 0 && n <= b.decode_rows, "FsdpModel::decode_step: ", n, " rows exceed the ", b.decode_rows,
+                " of decode_begin");
+  const size_t H = cfg_.hidden_size;
+  const float* root = unshard(0);
+  // The embedding is per token: one row at a time keeps within the sizes the model was built for.
+  for (int r = 0; r < n; ++r) model_->embed_forward(root, tokens + r, 1, 1, b.decode_hidden[0].data() + r * H);
+  int cur = 0;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const float* params = unshard(1 + l);
+    model_->block_decode(l, params, b.decode_hidden[cur].data(), b.decode_hidden[1 - cur].data(), n, slots, positions);
+    reshard_after_use(1 + l);
+    cur = 1 - cur;
+  }
+  float* logits = b.decode_logits.data();
+  for (int i = 0; i < m; ++i) {
+    SHARDLM_CHECK(logit_rows[i] >= 0 && logit_rows[i] < n, "FsdpModel::decode_step: logit row ", logit_rows[i],
+                  " is not one of the step's ", n, " rows");
+    model_->head_logits(root, b.decode_hidden[cur].data() + static_cast<size_t>(logit_rows[i]) * H, 1, 1, logits);
+    // std::max_element returns the first maximum: the lowest id on ties, as torch.argmax.
+    next[i] = static_cast<int32_t>(std::max_element(logits, logits + cfg_.vocab_size) - logits);
+  }
+}
+
+void FsdpModel::decode_end() {
+  Buffers& b = *buf_;
+  model_->decode_end();
+  b.decode_rows = 0;
+  for (std::vector<float>* v : {&b.decode_hidden[0], &b.decode_hidden[1], &b.decode_logits})
+    std::vector<float>().swap(*v);
 }
 
 void FsdpModel::zero_grad() {

@@ -280,6 +280,11 @@ struct BloomCpu::Impl {
   Buffer<int32_t> head_rows;  // positions of the chunk's tokens
   Buffer<float> head_xhat, head_rstd, head_out, head_grad, logits;
 
+  // Greedy decoding: the key/value cache and per-call scratch, alive between decode_begin and decode_end.
+  model_detail::KvCache cache;
+  int decode_rows = 0;
+  std::vector<float> dec_xhat, dec_rstd, dec_norm, dec_qkv, dec_context, dec_mid, dec_wide, dec_scores;
+
   void check_shape(const char* what, int B, int T) const {
     SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch && T <= max_seq, "BloomCpu::", what, ": batch ", B, " x seq ",
                   T, " exceeds the sizes it was built for (", max_batch, " x ", max_seq, ")");
@@ -557,6 +562,74 @@ void BloomCpu::head_logits(const float* root, const float* h, int B, int T, floa
     cpu_gemm(false, true, 1, V, H, 1.0f, m.head_out.data(), H, root + m.root.embeddings, H, 0.0f,
              logits + static_cast<size_t>(b) * V, V);
   }
+}
+
+// ---- greedy decoding with a key/value cache ------------------------------------------------
+
+void BloomCpu::decode_begin(int slots, int max_len, int max_rows) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(slots >= 0 && max_len >= 0 && max_rows >= 0, "BloomCpu::decode_begin: negative size (slots ", slots,
+                ", max_len ", max_len, ", max_rows ", max_rows, ")");
+  const size_t H = cfg_.hidden_size, rows = max_rows;
+  m.cache.reset(cfg_.num_layers, slots, max_len, cfg_.num_heads, cfg_.head_dim());
+  m.decode_rows = max_rows;
+  m.dec_xhat.assign(rows * H, 0.0f);
+  m.dec_rstd.assign(rows, 0.0f);
+  m.dec_norm.assign(rows * H, 0.0f);
+  m.dec_qkv.assign(rows * 3 * H, 0.0f);
+  m.dec_context.assign(rows * H, 0.0f);
+  m.dec_mid.assign(rows * H, 0.0f);
+  m.dec_wide.assign(rows * 4 * H, 0.0f);
+  m.dec_scores.assign(max_len, 0.0f);
+}
+
+void BloomCpu::decode_end() {
+  Impl& m = *impl_;
+  m.cache.clear();
+  m.decode_rows = 0;
+  for (std::vector<float>* v : {&m.dec_xhat, &m.dec_rstd, &m.dec_norm, &m.dec_qkv, &m.dec_context, &m.dec_mid,
+                                &m.dec_wide, &m.dec_scores})
+    std::vector<float>().swap(*v);
+}
+
+void BloomCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+                            const int* slots, const int* positions) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(n >= 0 && n <= m.decode_rows, "BloomCpu::block_decode: ", n, " rows exceed the ", m.decode_rows,
+                " of decode_begin");
+  m.cache.check_rows("BloomCpu::block_decode", layer, n, slots, positions);
+  if (n == 0) return;
+  const BlockOffsets& o = m.block;
+  const int H = cfg_.hidden_size, heads = cfg_.num_heads, d = cfg_.head_dim();
+  const float eps = cfg_.layer_norm_eps;
+
+  layer_norm_rows(h_in, n, H, params + o.ln1_weight, params + o.ln1_bias, eps, m.dec_xhat.data(), m.dec_rstd.data(),
+                  m.dec_norm.data());
+  float* qkv = m.dec_qkv.data();
+  linear_forward(m.dec_norm.data(), n, H, params + o.qkv_weight, params + o.qkv_bias, 3 * H, nullptr, qkv);
+  // Every row's key and value go in first, so a prompt's rows see each other within one call.
+  for (int r = 0; r < n; ++r)
+    for (int h = 0; h < heads; ++h) {
+      const float* row = qkv + static_cast<size_t>(r) * 3 * H + static_cast<size_t>(h) * 3 * d;
+      std::copy(row + d, row + 2 * d, m.cache.key(layer, slots[r], h, positions[r]));
+      std::copy(row + 2 * d, row + 3 * d, m.cache.value(layer, slots[r], h, positions[r]));
+    }
+  for (int r = 0; r < n; ++r)
+    for (int h = 0; h < heads; ++h)
+      model_detail::cached_attention_head(m.cache, layer, slots[r], h, positions[r],
+                                          qkv + static_cast<size_t>(r) * 3 * H + static_cast<size_t>(h) * 3 * d, d,
+                                          m.slopes[h], m.dec_scores.data(),
+                                          m.dec_context.data() + static_cast<size_t>(r) * H + static_cast<size_t>(h) * d);
+  float* h_mid = m.dec_mid.data();
+  linear_forward(m.dec_context.data(), n, H, params + o.dense_weight, params + o.dense_bias, H, h_in, h_mid);
+
+  layer_norm_rows(h_mid, n, H, params + o.ln2_weight, params + o.ln2_bias, eps, m.dec_xhat.data(), m.dec_rstd.data(),
+                  m.dec_norm.data());
+  float* wide = m.dec_wide.data();
+  linear_forward(m.dec_norm.data(), n, H, params + o.mlp_in_weight, params + o.mlp_in_bias, 4 * H, nullptr, wide);
+  const size_t wide_n = static_cast<size_t>(n) * 4 * H;
+  for (size_t i = 0; i < wide_n; ++i) wide[i] = gelu_value(wide[i], gelu_inner_tanh(wide[i]));
+  linear_forward(wide, n, 4 * H, params + o.mlp_out_weight, params + o.mlp_out_bias, H, h_mid, h_out);
 }
 
 }  // namespace shardlm

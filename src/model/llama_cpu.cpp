@@ -277,6 +277,13 @@ struct LlamaCpu::Impl {
   Buffer<int32_t> head_rows;  // positions of the chunk's tokens
   Buffer<float> head_xhat, head_rstd, head_out, head_grad, logits;
 
+  // Greedy decoding: the key/value cache and per-call scratch, alive between decode_begin and decode_end.
+  std::vector<float> inv_freq;  // rotary frequencies; decoding may run past max_seq, so angles are formed per row
+  model_detail::KvCache cache;
+  int decode_rows = 0;
+  std::vector<float> dec_xhat, dec_rstd, dec_norm, dec_q, dec_k, dec_v, dec_context, dec_mid, dec_gate, dec_up;
+  std::vector<float> dec_scores, dec_cos, dec_sin;
+
   void check_shape(const char* what, int B, int T) const {
     SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch && T <= max_seq, "LlamaCpu::", what, ": batch ", B, " x seq ",
                   T, " exceeds the sizes it was built for (", max_batch, " x ", max_seq, ")");
@@ -301,7 +308,8 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq) : cfg_(cf
   if (cfg.num_layers > 0) m.block = block_offsets(layout[1]);
 
   // cos and sin of pos * inv_freq, the angle rounded to fp32 as transformers forms it.
-  const std::vector<float> inv_freq = rope_inv_freq(cfg);
+  m.inv_freq = rope_inv_freq(cfg);
+  const std::vector<float>& inv_freq = m.inv_freq;
   const size_t half = inv_freq.size();
   m.rope_cos.resize(static_cast<size_t>(max_seq) * half);
   m.rope_sin.resize(m.rope_cos.size());
@@ -569,6 +577,100 @@ void LlamaCpu::head_logits(const float* root, const float* h, int B, int T, floa
     cpu_gemm(false, true, 1, V, H, 1.0f, m.head_out.data(), H, root + m.root.head, H, 0.0f,
              logits + static_cast<size_t>(b) * V, V);
   }
+}
+
+// ---- greedy decoding with a key/value cache ------------------------------------------------
+
+void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(slots >= 0 && max_len >= 0 && max_rows >= 0, "LlamaCpu::decode_begin: negative size (slots ", slots,
+                ", max_len ", max_len, ", max_rows ", max_rows, ")");
+  const size_t H = cfg_.hidden_size, F = cfg_.ffn_size(), rows = max_rows, d = cfg_.head_dim();
+  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d;
+  m.cache.reset(cfg_.num_layers, slots, max_len, cfg_.kv_heads(), cfg_.head_dim());
+  m.decode_rows = max_rows;
+  m.dec_xhat.assign(rows * H, 0.0f);
+  m.dec_rstd.assign(rows, 0.0f);
+  m.dec_norm.assign(rows * H, 0.0f);
+  m.dec_q.assign(rows * QW, 0.0f);
+  m.dec_k.assign(rows * KVW, 0.0f);
+  m.dec_v.assign(rows * KVW, 0.0f);
+  m.dec_context.assign(rows * QW, 0.0f);
+  m.dec_mid.assign(rows * H, 0.0f);
+  m.dec_gate.assign(rows * F, 0.0f);
+  m.dec_up.assign(rows * F, 0.0f);
+  m.dec_scores.assign(max_len, 0.0f);
+  m.dec_cos.assign(m.inv_freq.size(), 0.0f);
+  m.dec_sin.assign(m.inv_freq.size(), 0.0f);
+}
+
+void LlamaCpu::decode_end() {
+  Impl& m = *impl_;
+  m.cache.clear();
+  m.decode_rows = 0;
+  for (std::vector<float>* v : {&m.dec_xhat, &m.dec_rstd, &m.dec_norm, &m.dec_q, &m.dec_k, &m.dec_v, &m.dec_context,
+                                &m.dec_mid, &m.dec_gate, &m.dec_up, &m.dec_scores, &m.dec_cos, &m.dec_sin})
+    std::vector<float>().swap(*v);
+}
+
+void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+                            const int* slots, const int* positions) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(n >= 0 && n <= m.decode_rows, "LlamaCpu::block_decode: ", n, " rows exceed the ", m.decode_rows,
+                " of decode_begin");
+  m.cache.check_rows("LlamaCpu::block_decode", layer, n, slots, positions);
+  if (n == 0) return;
+  const BlockOffsets& o = m.block;
+  const int H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads(), group = heads / kv_heads;
+  const int QW = heads * d, KVW = kv_heads * d;
+  const float eps = cfg_.rms_norm_eps;
+  float* normed = m.dec_norm.data();
+  float* q = m.dec_q.data();
+  float* k = m.dec_k.data();
+  float* v = m.dec_v.data();
+
+  rms_norm_rows(h_in, n, H, params + o.input_norm, eps, m.dec_xhat.data(), m.dec_rstd.data(), normed);
+  linear(normed, n, H, params + o.q, QW, false, q);
+  linear(normed, n, H, params + o.k, KVW, false, k);
+  linear(normed, n, H, params + o.v, KVW, false, v);
+  // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
+  const size_t half = m.inv_freq.size();
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[r]) * m.inv_freq[i];
+      m.dec_cos[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      m.dec_sin[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+    apply_rotary(q + static_cast<size_t>(r) * QW, 1, 1, heads, d, QW, m.dec_cos.data(), m.dec_sin.data(), false);
+    apply_rotary(k + static_cast<size_t>(r) * KVW, 1, 1, kv_heads, d, KVW, m.dec_cos.data(), m.dec_sin.data(), false);
+  }
+  // Every row's key and value go in first, so a prompt's rows see each other within one call.
+  for (int r = 0; r < n; ++r)
+    for (int g = 0; g < kv_heads; ++g) {
+      const size_t at = static_cast<size_t>(r) * KVW + static_cast<size_t>(g) * d;
+      std::copy(k + at, k + at + d, m.cache.key(layer, slots[r], g, positions[r]));
+      std::copy(v + at, v + at + d, m.cache.value(layer, slots[r], g, positions[r]));
+    }
+  for (int r = 0; r < n; ++r)
+    for (int h = 0; h < heads; ++h) {
+      const size_t at = static_cast<size_t>(r) * QW + static_cast<size_t>(h) * d;
+      model_detail::cached_attention_head(m.cache, layer, slots[r], h / group, positions[r], q + at, d, 0.0f,
+                                          m.dec_scores.data(), m.dec_context.data() + at);
+    }
+  float* x = m.dec_mid.data();
+  std::memcpy(x, h_in, sizeof(float) * n * H);
+  linear(m.dec_context.data(), n, QW, params + o.o, H, true, x);
+
+  rms_norm_rows(x, n, H, params + o.post_norm, eps, m.dec_xhat.data(), m.dec_rstd.data(), normed);
+  float* gate = m.dec_gate.data();
+  float* up = m.dec_up.data();
+  linear(normed, n, H, params + o.gate, F, false, gate);
+  linear(normed, n, H, params + o.up, F, false, up);
+  const size_t wide = static_cast<size_t>(n) * F;
+  for (size_t i = 0; i < wide; ++i) gate[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  std::memcpy(h_out, x, sizeof(float) * n * H);
+  linear(gate, n, F, params + o.down, H, true, h_out);
 }
 
 }  // namespace shardlm

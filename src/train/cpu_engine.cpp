@@ -42,6 +42,12 @@ class CpuEngine : public TrainEngine {
   FsdpMemory memory() const override { return model_.memory(); }
   size_t optimizer_bytes() const override { return optimizer_.state_bytes(); }
   ProcessGroups& groups() override { return groups_; }
+  void decode_begin(int slots, int max_len, int max_rows) override { model_.decode_begin(slots, max_len, max_rows); }
+  void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n, const int* logit_rows, int m,
+                   int32_t* next) override {
+    model_.decode_step(tokens, slots, positions, n, logit_rows, m, next);
+  }
+  void decode_end() override { model_.decode_end(); }
 
  private:
   ProcessGroups groups_;

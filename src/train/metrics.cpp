@@ -110,6 +110,7 @@ nlohmann::json eval_record(const EvalLog& log) {
                       {"step", log.step}};
   if (std::isfinite(log.exact_match)) j["eval_exact_match"] = log.exact_match;
   if (std::isfinite(log.f1)) j["eval_f1"] = log.f1;
+  if (std::isfinite(log.generation_runtime)) j["eval_generation_runtime"] = log.generation_runtime;
   return j;
 }
 
@@ -128,6 +129,11 @@ nlohmann::json summary_record(const RunSummary& s) {
                       {"peak_rss_bytes", s.peak_rss_bytes},
                       {"preempted", s.preempted}};
   if (std::isfinite(s.final_loss)) j["final_loss"] = s.final_loss;
+  // The last generation's scores, as Trainer's final metrics carry its last evaluation's.
+  for (const EvalLog& e : s.evals) {
+    if (std::isfinite(e.exact_match)) j["eval_exact_match"] = e.exact_match;
+    if (std::isfinite(e.f1)) j["eval_f1"] = e.f1;
+  }
   return j;
 }
 

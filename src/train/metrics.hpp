@@ -51,6 +51,7 @@ struct EvalLog {
   double steps_per_second = 0;  // eval micro-batches per rank per second
   double exact_match = NAN;     // SQuAD EM / F1 in percent when generation scored them; NaN otherwise
   double f1 = NAN;
+  double generation_runtime = NAN;  // seconds the greedy answers took, when generated
 };
 
 // The end of a run.

@@ -7,9 +7,12 @@
 #include <fstream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "metrics.hpp"
 #include "stop_signal.hpp"
 #include "engine.hpp"
+#include "generate.hpp"
 #include "train_checkpoint.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/device.hpp"
@@ -22,14 +25,27 @@ namespace shardlm {
 
 namespace {
 
-std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
-                                  uint64_t seed, const Tokenizer& tok) {
+DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
   DatasetOptions opt;
   opt.max_length = data.max_length;
   opt.limit = limit;
   opt.seed = seed;
   opt.shuffle_subset = limit > 0;
-  return load_examples(data.format, path, tok, opt);
+  return opt;
+}
+
+std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
+                                  uint64_t seed, const Tokenizer& tok) {
+  return load_examples(data.format, path, tok, dataset_options(data, limit, seed));
+}
+
+// Writes the predictions as the official SQuAD v1.1 evaluation script reads them: {"id": "text"}.
+void write_predictions(const std::string& path, const std::vector<std::pair<std::string, std::string>>& predictions) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [id, text] : predictions) j[id] = text;
+  std::ofstream out(path);
+  out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  SHARDLM_CHECK(out.good(), "cannot write ", path);
 }
 
 int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>& indices) {
@@ -42,18 +58,6 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
-}
-
-// This rank's contiguous share of the eval set, cut into micro-batches; every rank runs the same
-// number of micro-batches (empty ones where its share is shorter) so the collectives line up.
-std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int world, int micro) {
-  const size_t share = (n + world - 1) / world;
-  const size_t begin = std::min(n, share * rank), end = std::min(n, begin + share);
-  const size_t rounds = (share + micro - 1) / micro;
-  std::vector<std::vector<size_t>> out(rounds);
-  for (size_t r = 0; r < rounds; ++r)
-    for (size_t i = begin + r * micro; i < std::min(end, begin + (r + 1) * micro); ++i) out[r].push_back(i);
-  return out;
 }
 
 struct EvalResult {
@@ -138,6 +142,9 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<Example> train_set, eval_set;
+  // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
+  const bool generate_answers = cfg.data.format == "squad" && cfg.eval.generate != "none";
+  std::vector<SquadQuestion> questions;
   MetricsWriter metrics;
   std::string resume_path;
   run_collectively(comm, [&] {
@@ -156,8 +163,11 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     SHARDLM_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", cfg.data.tokenizer, " has ",
                   tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", cfg.model.vocab_size);
     train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *tokenizer);
-    if (!cfg.data.eval_file.empty())
+    if (!cfg.data.eval_file.empty()) {
       eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, *tokenizer);
+      if (generate_answers)
+        questions = load_squad_questions(cfg.data.eval_file, dataset_options(cfg.data, cfg.data.eval_size, cfg.train.seed));
+    }
     SHARDLM_CHECK(train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
                   cfg.train.batch_size, " is larger than the training set (", train_set.size(), " examples in ",
                   cfg.data.train_file, ")");
@@ -367,6 +377,18 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       log.runtime = ev.runtime;
       log.samples_per_second = ev.samples_per_second;
       log.steps_per_second = ev.steps_per_second;
+      const bool last_eval = step >= total_steps || epoch == cfg.train.epochs - 1;
+      if (generate_answers && (cfg.eval.generate == "epoch" || last_eval)) {
+        const int batch = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : micro;
+        const SquadGeneration g =
+            squad_generate(model, eval_set, questions, *tokenizer, batch, cfg.eval.max_new_tokens, comm);
+        run_collectively(comm, [&] {
+          if (rank == 0) write_predictions((std::filesystem::path(cfg.run.dir) / "predictions.json").string(), g.predictions);
+        });
+        log.exact_match = result.exact_match = g.exact_match;
+        log.f1 = result.f1 = g.f1;
+        log.generation_runtime = g.runtime;
+      }
       evals.push_back(log);
       say(eval_line(log));
       if (rank == 0) metrics.write(eval_record(log));

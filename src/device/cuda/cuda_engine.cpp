@@ -280,6 +280,13 @@ class CudaEngine : public TrainEngine {
   }
   size_t device_peak_bytes() const override { return cuda::device_memory_stats().peak; }
   ProcessGroups& groups() override { return groups_; }
+  void decode_begin(int, int, int) override {
+    throw Error("greedy generation is not built on the CUDA backend yet: set eval.generate = none");
+  }
+  void decode_step(const int32_t*, const int*, const int*, int, const int*, int, int32_t*) override {
+    throw Error("greedy generation is not built on the CUDA backend yet: set eval.generate = none");
+  }
+  void decode_end() override {}
 
  private:
   // `shardlm plan` predicts these buffers from memory_plan.cpp: say so when the two disagree.

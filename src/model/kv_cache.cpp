@@ -1,0 +1,61 @@
+// The key/value cache of greedy decoding and the attention of one cached row, shared by the BLOOM
+// and Llama CPU models.
+#include <algorithm>
+#include <cmath>
+
+#include "model_internal.hpp"
+
+namespace shardlm::model_detail {
+
+void KvCache::reset(int layers, int slots, int max_len, int kv_heads, int head_dim) {
+  SHARDLM_CHECK(layers >= 0 && slots >= 0 && max_len >= 0 && kv_heads > 0 && head_dim > 0,
+                "KvCache: bad shape (layers ", layers, ", slots ", slots, ", max_len ", max_len, ")");
+  layers_ = layers, slots_ = slots, max_len_ = max_len, kv_heads_ = kv_heads, head_dim_ = head_dim;
+  const size_t n = static_cast<size_t>(layers) * slots * kv_heads * max_len * head_dim;
+  keys_.assign(n, 0.0f);
+  values_.assign(n, 0.0f);
+}
+
+void KvCache::clear() {
+  layers_ = slots_ = max_len_ = 0;
+  std::vector<float>().swap(keys_);
+  std::vector<float>().swap(values_);
+}
+
+void KvCache::check_rows(const char* who, int layer, int n, const int* slots, const int* positions) const {
+  SHARDLM_CHECK(slots_ > 0 || n == 0, who, ": no key/value cache (decode_begin was not called)");
+  SHARDLM_CHECK(layer >= 0 && layer < layers_, who, ": layer ", layer, " out of range [0, ", layers_, ")");
+  for (int r = 0; r < n; ++r)
+    SHARDLM_CHECK(slots[r] >= 0 && slots[r] < slots_ && positions[r] >= 0 && positions[r] < max_len_, who, ": row ",
+                  r, " (slot ", slots[r], ", position ", positions[r], ") is outside the cache (", slots_,
+                  " slots of ", max_len_, " positions)");
+}
+
+void cached_attention_head(KvCache& cache, int layer, int slot, int head, int pos, const float* q, int head_dim,
+                           float slope, float* scores, float* context) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float* keys = cache.key(layer, slot, head, 0);
+  const float* values = cache.value(layer, slot, head, 0);
+  float max_score = -INFINITY;
+  for (int j = 0; j <= pos; ++j) {
+    const float* k = keys + static_cast<size_t>(j) * head_dim;
+    float dot = 0.0f;
+    for (int c = 0; c < head_dim; ++c) dot += q[c] * k[c];
+    scores[j] = scale * dot + slope * static_cast<float>(j);
+    max_score = std::max(max_score, scores[j]);
+  }
+  float total = 0.0f;
+  for (int j = 0; j <= pos; ++j) {
+    scores[j] = std::exp(scores[j] - max_score);
+    total += scores[j];
+  }
+  const float inv_total = 1.0f / total;
+  std::fill(context, context + head_dim, 0.0f);
+  for (int j = 0; j <= pos; ++j) {
+    const float p = scores[j] * inv_total;
+    const float* v = values + static_cast<size_t>(j) * head_dim;
+    for (int c = 0; c < head_dim; ++c) context[c] += p * v[c];
+  }
+}
+
+}  // namespace shardlm::model_detail

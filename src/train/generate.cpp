@@ -1,0 +1,163 @@
+// Greedy generation over the engine's key/value cache, and SQuAD exact match / F1 from it.
+#include "generate.hpp"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "shardlm/core.hpp"
+#include "shardlm/dist.hpp"
+
+namespace shardlm {
+
+std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int world, int micro) {
+  const size_t share = (n + world - 1) / world;
+  const size_t begin = std::min(n, share * rank), end = std::min(n, begin + share);
+  const size_t rounds = (share + micro - 1) / micro;
+  std::vector<std::vector<size_t>> out(rounds);
+  for (size_t r = 0; r < rounds; ++r)
+    for (size_t i = begin + r * micro; i < std::min(end, begin + (r + 1) * micro); ++i) out[r].push_back(i);
+  return out;
+}
+
+std::vector<std::vector<int32_t>> greedy_generate(TrainEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                                  int max_new_tokens, int32_t eos_id, MPI_Comm comm) {
+  SHARDLM_CHECK(max_new_tokens >= 1, "greedy_generate: max_new_tokens must be >= 1, not ", max_new_tokens);
+  const int slots = static_cast<int>(prompts.size());
+  size_t prompt_rows = 0, longest = 0;
+  for (const std::vector<int32_t>& p : prompts) {
+    SHARDLM_CHECK(!p.empty(), "greedy_generate: an empty prompt has no position to continue from");
+    prompt_rows += p.size();
+    longest = std::max(longest, p.size());
+  }
+  const int max_len = static_cast<int>(longest) + max_new_tokens;
+  engine.decode_begin(slots, max_len, static_cast<int>(std::max<size_t>(prompt_rows, slots)));
+
+  // The prefill: every prompt token is a row; each prompt's last row gives its first new token.
+  std::vector<int32_t> tokens;
+  std::vector<int> row_slot, row_pos, logit_rows;
+  for (int s = 0; s < slots; ++s) {
+    for (size_t t = 0; t < prompts[s].size(); ++t) {
+      tokens.push_back(prompts[s][t]);
+      row_slot.push_back(s);
+      row_pos.push_back(static_cast<int>(t));
+    }
+    logit_rows.push_back(static_cast<int>(tokens.size()) - 1);
+  }
+  std::vector<int32_t> next(slots);
+  engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
+                     logit_rows.data(), slots, next.data());
+
+  std::vector<std::vector<int32_t>> out(slots);
+  std::vector<bool> done(slots, false);
+  std::vector<int> active;  // the slots whose token in `next` is new
+  for (int s = 0; s < slots; ++s) active.push_back(s);
+  while (true) {
+    // Take in the tokens just produced; a sequence ends at EOS or at max_new_tokens.
+    std::vector<int> still;
+    for (size_t i = 0; i < active.size(); ++i) {
+      const int s = active[i];
+      if (next[i] == eos_id) {
+        done[s] = true;
+        continue;
+      }
+      out[s].push_back(next[i]);
+      if (static_cast<int>(out[s].size()) >= max_new_tokens) done[s] = true;
+      else still.push_back(s);
+    }
+    active = still;
+    // Every rank runs the same number of steps: the engine gathers each unit in every step.
+    int mine = active.empty() ? 0 : 1, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
+    if (!any) break;
+    tokens.clear(), row_slot.clear(), row_pos.clear(), logit_rows.clear();
+    for (int s : active) {
+      tokens.push_back(out[s].back());
+      row_slot.push_back(s);
+      row_pos.push_back(static_cast<int>(prompts[s].size() + out[s].size()) - 1);
+      logit_rows.push_back(static_cast<int>(logit_rows.size()));
+    }
+    next.assign(active.size(), 0);
+    engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
+                       logit_rows.data(), static_cast<int>(logit_rows.size()), next.data());
+  }
+  engine.decode_end();
+  return out;
+}
+
+std::vector<int32_t> completion_prompt(const Example& example) {
+  for (size_t i = 0; i < example.targets.size(); ++i)
+    if (example.targets[i] >= 0) return {example.tokens.begin(), example.tokens.begin() + static_cast<long>(i) + 1};
+  return {};
+}
+
+namespace {
+
+// Every rank's (id, text) pairs on rank 0, in rank order (each rank's share is contiguous).
+std::vector<std::pair<std::string, std::string>> gather_predictions(
+    const std::vector<std::pair<std::string, std::string>>& mine, MPI_Comm comm) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [id, text] : mine) j.push_back({id, text});
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  int length = static_cast<int>(text.size());
+  std::vector<int> lengths(world), displs(world, 0);
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+  std::string all;
+  if (rank == 0) {
+    for (int r = 1; r < world; ++r) displs[r] = displs[r - 1] + lengths[r - 1];
+    all.resize(static_cast<size_t>(displs[world - 1]) + lengths[world - 1]);
+  }
+  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0, comm);
+  std::vector<std::pair<std::string, std::string>> out;
+  if (rank != 0) return out;
+  for (int r = 0; r < world; ++r)
+    for (const nlohmann::json& p : nlohmann::json::parse(all.substr(displs[r], lengths[r])))
+      out.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+SquadGeneration squad_generate(TrainEngine& engine, const std::vector<Example>& eval_set,
+                               const std::vector<SquadQuestion>& questions, const Tokenizer& tokenizer, int batch,
+                               int max_new_tokens, MPI_Comm comm) {
+  SHARDLM_CHECK(questions.size() == eval_set.size(), "SQuAD evaluation: ", questions.size(), " questions for ",
+                eval_set.size(), " eval examples");
+  SHARDLM_CHECK(batch >= 1, "SQuAD evaluation: batch must be >= 1, not ", batch);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  Timer timer;
+  double em = 0, f1 = 0;
+  std::vector<std::pair<std::string, std::string>> mine;
+  for (const std::vector<size_t>& indices : eval_micro_batches(eval_set.size(), rank, world, batch)) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i : indices) {
+      prompts.push_back(completion_prompt(eval_set[i]));
+      SHARDLM_CHECK(!prompts.back().empty(), "SQuAD evaluation: eval example ", i, " has no answer tokens");
+    }
+    const std::vector<std::vector<int32_t>> answers =
+        greedy_generate(engine, prompts, max_new_tokens, tokenizer.eos_id(), comm);
+    for (size_t k = 0; k < indices.size(); ++k) {
+      // The completion is " {answer}": the official normalisation drops the surrounding whitespace.
+      const std::string text = tokenizer.decode(answers[k]);
+      const SquadQuestion& q = questions[indices[k]];
+      em += squad_best_exact_match(text, q.answers);
+      f1 += squad_best_f1(text, q.answers);
+      mine.emplace_back(q.id, text);
+    }
+  }
+  SquadGeneration r;
+  r.questions = eval_set.size();
+  const double n = std::max<double>(1.0, static_cast<double>(r.questions));
+  r.exact_match = 100.0 * mpi_sum(comm, em) / n;
+  r.f1 = 100.0 * mpi_sum(comm, f1) / n;
+  r.runtime = mpi_max(comm, timer.seconds());
+  r.predictions = gather_predictions(mine, comm);
+  return r;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,219 @@
+// Greedy generation with a key/value cache: the cached rows of block_decode equal the full forward
+// (BLOOM and Llama); greedy_generate on the sharded model equals transformers' generate() on the
+// tiny parity models (tests/fixtures/hf/generate_reference.json, make_generate_fixtures.py),
+// batched or one prompt at a time, on any number of ranks, with ranks that have nothing to decode.
+#define BOOST_TEST_MODULE test_generate
+#include "mpi_fixture.hpp"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cpu_model_test_support.hpp"
+#include "engine.hpp"
+#include "generate.hpp"
+#include "train_checkpoint.hpp"
+
+using namespace shardlm;
+using namespace model_test;
+
+namespace {
+
+const std::string kFixtures = SHARDLM_SOURCE_DIR "/tests/fixtures/hf";
+
+ModelConfig tiny_bloom() {
+  ModelConfig c;
+  c.arch = "bloom";
+  c.vocab_size = 41;
+  c.hidden_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 3;
+  c.init_std = 0.3f;
+  return c;
+}
+
+ModelConfig tiny_llama() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 37;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.intermediate_size = 40;
+  c.rope_theta = 500.0f;
+  c.rope_scaling.factor = 8.0f;
+  c.rope_scaling.original_max_position_embeddings = 8;  // all three frequency bands within a few positions
+  c.init_std = 0.3f;
+  return c;
+}
+
+// Final hidden states of B sequences of T tokens, by block_forward over the whole sequences and by
+// block_decode in pieces: each sequence's first `prefill` tokens in one call (all sequences
+// together), then one token per sequence per call. They must agree to fp32 rounding.
+void check_decode_matches_forward(const ModelConfig& cfg) {
+  const int B = 3, T = 11, prefill = 4, H = cfg.hidden_size;
+  const TinyModel m = make_model(cfg, 5);
+  std::mt19937 rng(9);
+  const Batch batch = make_batch(B, T, cfg.vocab_size, 0.0, rng);
+  std::unique_ptr<CpuModel> net = make_cpu_model(cfg, B, T);
+  std::vector<float> forward_h;
+  model_loss(*net, m, batch, &forward_h);
+
+  net->decode_begin(B, T, B * prefill);
+  std::vector<float> decoded(static_cast<size_t>(B) * T * H);
+  auto run = [&](const std::vector<int>& slots, const std::vector<int>& positions) {
+    const int n = static_cast<int>(slots.size());
+    std::vector<float> h(static_cast<size_t>(n) * H), next(h.size());
+    for (int r = 0; r < n; ++r)
+      net->embed_forward(m.params[0].data(), &batch.tokens[slots[r] * T + positions[r]], 1, 1, h.data() + r * H);
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      net->block_decode(l, m.params[1 + l].data(), h.data(), next.data(), n, slots.data(), positions.data());
+      h.swap(next);
+    }
+    for (int r = 0; r < n; ++r)
+      std::copy(h.begin() + r * H, h.begin() + (r + 1) * H,
+                decoded.begin() + (static_cast<size_t>(slots[r]) * T + positions[r]) * H);
+  };
+  std::vector<int> slots, positions;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < prefill; ++t) slots.push_back(b), positions.push_back(t);
+  run(slots, positions);
+  for (int t = prefill; t < T; ++t) run({0, 1, 2}, {t, t, t});
+  net->decode_end();
+
+  std::vector<double> reference(forward_h.begin(), forward_h.end());
+  BOOST_TEST(max_relative_error(decoded, reference) < 1e-5);
+}
+
+// A row outside the cache is an error naming it, not a write out of bounds.
+void check_bad_rows(const ModelConfig& cfg) {
+  const TinyModel m = make_model(cfg, 5);
+  std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, 4);
+  net->decode_begin(2, 4, 2);
+  std::vector<float> h(2 * cfg.hidden_size), out(h.size());
+  const int slots[2] = {0, 2}, positions[2] = {0, 0};
+  BOOST_CHECK_EXCEPTION(net->block_decode(0, m.params[1].data(), h.data(), out.data(), 2, slots, positions), Error,
+                        [](const Error& e) { return std::string(e.what()).find("slot 2") != std::string::npos; });
+  const int slots2[1] = {0}, far[1] = {4};
+  BOOST_CHECK_THROW(net->block_decode(0, m.params[1].data(), h.data(), out.data(), 1, slots2, far), Error);
+  net->decode_end();
+}
+
+struct Case {
+  std::vector<int32_t> prompt, expected;  // expected: the new ids, EOS left out
+};
+
+struct GenerateReference {
+  int32_t eos = 0;
+  int max_new_tokens = 0;
+  std::vector<Case> cases;
+};
+
+GenerateReference read_reference(const std::string& name) {
+  std::ifstream in(kFixtures + "/generate_reference.json");
+  BOOST_REQUIRE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in).at(name);
+  GenerateReference r;
+  r.eos = j.at("eos_id").get<int32_t>();
+  r.max_new_tokens = j.at("max_new_tokens").get<int>();
+  for (const nlohmann::json& c : j.at("cases")) {
+    Case k;
+    k.prompt = c.at("prompt").get<std::vector<int32_t>>();
+    k.expected = c.at("generated").get<std::vector<int32_t>>();
+    if (!k.expected.empty() && k.expected.back() == r.eos) k.expected.pop_back();
+    r.cases.push_back(std::move(k));
+  }
+  return r;
+}
+
+// The fixture model in a FULL_SHARD CPU engine on the world, each rank loading its slices.
+std::unique_ptr<TrainEngine> load_engine(const std::string& name, int max_len) {
+  RunConfig cfg;
+  HfModelDir dir(kFixtures + "/" + name);
+  static_cast<ModelConfig&>(cfg.model) = dir.config();
+  cfg.model.dir = kFixtures + "/" + name;
+  cfg.fsdp.strategy = ShardingStrategy::FullShard;
+  cfg.data.max_length = max_len;
+  const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+  std::unique_ptr<TrainEngine> engine =
+      make_cpu_engine(cfg, make_mpi_process_groups(MPI_COMM_WORLD, topo, cfg.fsdp.strategy), 2);
+  load_pretrained(cfg.model.dir, engine->checkpoint_state(), MPI_COMM_WORLD);
+  engine->checkpoint_loaded();
+  return engine;
+}
+
+// Prompt i goes to rank i % world (or, with `only_rank_0`, every prompt to rank 0); each rank
+// decodes its prompts `batch` at a time. Every continuation must equal transformers' generate().
+void check_generate(const std::string& name, size_t batch, bool only_rank_0) {
+  const GenerateReference ref = read_reference(name);
+  const int rank = world_rank(), world = world_size();
+  std::unique_ptr<TrainEngine> engine = load_engine(name, 16);
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < ref.cases.size(); ++i)
+    if (only_rank_0 ? rank == 0 : static_cast<int>(i % world) == rank) mine.push_back(i);
+  // Every rank makes the same number of calls: the engine gathers each unit in every step.
+  const size_t most = only_rank_0 ? ref.cases.size() : (ref.cases.size() + world - 1) / world;
+  for (size_t at = 0; at < most; at += batch) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<size_t> which;
+    for (size_t k = at; k < std::min(at + batch, mine.size()); ++k) {
+      prompts.push_back(ref.cases[mine[k]].prompt);
+      which.push_back(mine[k]);
+    }
+    const std::vector<std::vector<int32_t>> out =
+        greedy_generate(*engine, prompts, ref.max_new_tokens, ref.eos, MPI_COMM_WORLD);
+    BOOST_REQUIRE_EQUAL(out.size(), prompts.size());
+    for (size_t k = 0; k < out.size(); ++k)
+      BOOST_TEST(out[k] == ref.cases[which[k]].expected, boost::test_tools::per_element());
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bloom_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_bloom()); }
+
+BOOST_AUTO_TEST_CASE(llama_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_llama()); }
+
+BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
+  check_bad_rows(tiny_bloom());
+  check_bad_rows(tiny_llama());
+}
+
+BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {
+  check_generate("tiny_bloom", 1, false);
+  check_generate("tiny_bloom", 3, false);
+}
+
+BOOST_AUTO_TEST_CASE(llama_generation_equals_transformers) {
+  check_generate("tiny_llama", 1, false);
+  check_generate("tiny_llama", 4, false);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_without_prompts_still_take_part) {
+  check_generate("tiny_llama", 6, true);
+  check_generate("tiny_bloom", 2, true);
+}
+
+BOOST_AUTO_TEST_CASE(completion_prompt_ends_before_the_answer) {
+  Example ex;
+  ex.tokens = {5, 6, 7, 8, 9};
+  ex.targets = {-1, -1, 8, 9, -1};
+  BOOST_TEST(completion_prompt(ex) == (std::vector<int32_t>{5, 6, 7}), boost::test_tools::per_element());
+  ex.targets.assign(5, -1);
+  BOOST_TEST(completion_prompt(ex).empty());
+}
+
+BOOST_AUTO_TEST_CASE(eval_shares_have_the_same_number_of_batches) {
+  for (int world : {1, 2, 3, 4})
+    for (size_t n : {0u, 1u, 5u, 9u}) {
+      size_t seen = 0, rounds = 0;
+      for (int r = 0; r < world; ++r) {
+        const auto batches = eval_micro_batches(n, r, world, 2);
+        if (r == 0) rounds = batches.size();
+        BOOST_TEST(batches.size() == rounds);
+        for (const auto& b : batches) seen += b.size();
+      }
+      BOOST_TEST(seen == n);
+    }
+}
