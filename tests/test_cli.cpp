@@ -110,7 +110,7 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
 
   std::ifstream metrics(dir / "metrics.jsonl");
   std::vector<double> losses;
-  int evals = 0, memory_lines = 0, summaries = 0;
+  int evals = 0, memory_lines = 0, summaries = 0, scored_evals = 0;
   std::string line;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
@@ -128,6 +128,13 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
       BOOST_TEST(j.at("eval_samples_per_second").get<double>() > 0.0);
       BOOST_TEST(j.at("eval_steps_per_second").get<double>() > 0.0);
       for (const char* key : {"eval_runtime", "epoch"}) BOOST_TEST(j.contains(key), key);
+      // eval.generate = end: only the last epoch's evaluation answers the questions.
+      scored_evals += j.contains("eval_exact_match");
+      if (evals == 10) {
+        BOOST_TEST(j.contains("eval_exact_match"));
+        BOOST_TEST(j.contains("eval_f1"));
+        BOOST_TEST(j.at("eval_generation_runtime").get<double>() > 0.0);
+      }
     } else if (type == "memory") {
       ++memory_lines;
     } else if (type == "summary") {
@@ -137,8 +144,24 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
         BOOST_TEST(j.contains(key), key);
       BOOST_TEST(j.at("peak_memory_bytes").get<double>() > 0.0);
       BOOST_TEST(j.at("peak_memory_bytes_per_rank").size() == 2u);
+      BOOST_TEST(j.contains("eval_exact_match"));
+      BOOST_TEST(j.contains("eval_f1"));
     }
   }
+  BOOST_TEST(scored_evals == 1);
+  // Every eval question's answer, by id, for the official evaluation script.
+  std::ifstream predictions_file(dir / "predictions.json");
+  BOOST_TEST_REQUIRE(predictions_file.good());
+  const nlohmann::json predictions = nlohmann::json::parse(predictions_file);
+  std::ifstream eval_file(SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json");
+  size_t questions = 0;
+  for (const auto& article : nlohmann::json::parse(eval_file).at("data"))
+    for (const auto& paragraph : article.at("paragraphs"))
+      for (const auto& qa : paragraph.at("qas")) {
+        ++questions;
+        BOOST_TEST(predictions.contains(qa.at("id").get<std::string>()), qa.at("id"));
+      }
+  BOOST_TEST(predictions.size() == questions);
   BOOST_TEST_REQUIRE(losses.size() >= 2u);
   BOOST_TEST(losses.back() <= losses.front() / 2.0);  // the demo's loss falls by at least half
   BOOST_TEST(evals == 10);                            // one per epoch
