@@ -38,6 +38,20 @@ class TrainEngine {
   // Peak device memory this rank has used (0 on the CPU, where the planned buffers are reported).
   virtual size_t device_peak_bytes() const { return 0; }
   virtual ProcessGroups& groups() = 0;
+
+  // ---- greedy generation with a KV cache (greedy_generate drives these; every rank of the world
+  // calls them together, the same number of times) ----
+  // Sizes a key/value cache for `slots` sequences of up to `max_len` positions and the scratch of
+  // steps of up to `max_rows` rows.
+  virtual void decode_begin(int slots, int max_len, int max_rows) = 0;
+  // Runs the model on n rows: row r is token tokens[r] at position positions[r] of the sequence in
+  // cache slot slots[r]; its key and value are cached, and it attends to its slot's positions
+  // 0..positions[r] (rows of one slot come in position order, earlier positions already cached or
+  // in this step). For each of the m rows listed in logit_rows, next[i] is the argmax of that row's
+  // logits (the lowest id on ties). n may be 0: the rank still takes part in the collectives.
+  virtual void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n,
+                           const int* logit_rows, int m, int32_t* next) = 0;
+  virtual void decode_end() = 0;  // frees the cache
 };
 
 // One unit's slice as the checkpoint sees it: [shard_begin, shard_begin + shard_numel) clipped to
