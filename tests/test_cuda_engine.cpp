@@ -1,7 +1,8 @@
 // The CUDA engine against the CPU engine (GPU machine, under mpirun, one GPU per rank): the same
 // tiny BLOOM and data give per-step losses equal to 1e-4 relative over 20 steps in fp32, bf16
-// stays within 2% of the fp32 curve over 100 steps, activation checkpointing changes nothing, and
-// a checkpoint written on the GPU resumes on the CPU bit-compatibly in format.
+// stays within 2% of the fp32 curve over 100 steps, activation checkpointing changes nothing,
+// a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
+// with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"
 
@@ -10,7 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
+#include <random>
+#include <vector>
 
+#include "engine.hpp"
+#include "shardlm/model.hpp"
 #include "shardlm/train.hpp"
 
 using namespace shardlm;
@@ -49,6 +55,164 @@ double max_relative(const std::vector<double>& a, const std::vector<double>& b) 
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
   return worst;
+}
+
+// One sequence of a greedy-decoding test: its prompt, cache slot, how many tokens to generate, and
+// what the engine generated.
+struct Sequence {
+  std::vector<int32_t> prompt;
+  int slot = 0;
+  int want = 1;
+  std::vector<int32_t> generated;
+  int length() const { return static_cast<int>(prompt.size() + generated.size()); }
+};
+
+std::vector<Sequence> random_sequences(const std::vector<int>& lengths, const std::vector<int>& slots,
+                                       const std::vector<int>& wants, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::vector<Sequence> seqs(lengths.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int j = 0; j < lengths[i]; ++j) seqs[i].prompt.push_back(token(rng));
+    seqs[i].slot = slots[i];
+    seqs[i].want = wants[i];
+  }
+  return seqs;
+}
+
+// Greedy generation as the driver runs it: one prefill step with every prompt's tokens as rows (the
+// logits of each prompt's last row), then one row per unfinished sequence a step; every rank takes
+// the same number of steps, a rank with nothing left joining with no rows.
+void generate(TrainEngine& engine, std::vector<Sequence>& seqs) {
+  std::vector<int32_t> tokens, next;
+  std::vector<int> slots, positions, logit_rows;
+  for (Sequence& s : seqs) {
+    for (size_t j = 0; j < s.prompt.size(); ++j)
+      tokens.push_back(s.prompt[j]), slots.push_back(s.slot), positions.push_back(static_cast<int>(j));
+    logit_rows.push_back(static_cast<int>(tokens.size()) - 1);
+  }
+  next.assign(seqs.size(), -1);
+  engine.decode_step(tokens.data(), slots.data(), positions.data(), static_cast<int>(tokens.size()),
+                     logit_rows.data(), static_cast<int>(logit_rows.size()), next.data());
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i].generated.push_back(next[i]);
+  for (;;) {
+    std::vector<Sequence*> active;
+    tokens.clear(), slots.clear(), positions.clear(), logit_rows.clear();
+    for (Sequence& s : seqs) {
+      if (static_cast<int>(s.generated.size()) >= s.want) continue;
+      // The last generated token, at its own position: cached now, its logits give the next one.
+      tokens.push_back(s.generated.back()), slots.push_back(s.slot), positions.push_back(s.length() - 1);
+      logit_rows.push_back(static_cast<int>(active.size()));
+      active.push_back(&s);
+    }
+    int local = static_cast<int>(active.size()), most = 0;
+    MPI_Allreduce(&local, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (most == 0) return;
+    next.assign(active.size(), -1);
+    engine.decode_step(tokens.data(), slots.data(), positions.data(), local, logit_rows.data(), local, next.data());
+    for (size_t i = 0; i < active.size(); ++i) active[i]->generated.push_back(next[i]);
+  }
+}
+
+// The full parameters of the decoding tests: the engine's initialisation (train.seed) with the
+// embedding LayerNorm's weight at 0.02, so that the blocks' outputs, which depend on the context,
+// outweigh the token's own embedding (which the tied head maps back to the token: it would repeat).
+std::vector<std::vector<float>> decode_params(const RunConfig& cfg) {
+  const std::vector<UnitLayout> layout = bloom_layout(cfg.model);
+  std::vector<std::vector<float>> params(layout.size());
+  for (size_t u = 0; u < layout.size(); ++u) {
+    params[u].resize(layout[u].numel);
+    init_unit_slice(layout[u], static_cast<int>(u), cfg.train.seed, 0, layout[u].numel, params[u].data());
+  }
+  for (const TensorSpec& t : layout[0].tensors)
+    if (t.name == "word_embeddings_layernorm.weight")
+      std::fill(params[0].begin() + t.offset, params[0].begin() + t.offset + t.numel, 0.02f);
+  return params;
+}
+
+// Each rank writes its slices of `params` through the checkpoint views.
+void load_params(TrainEngine& engine, const std::vector<std::vector<float>>& params) {
+  std::vector<UnitState> states = engine.checkpoint_state();
+  BOOST_TEST_REQUIRE(states.size() == params.size());
+  for (size_t u = 0; u < states.size(); ++u)
+    std::copy(params[u].begin() + states[u].begin, params[u].begin() + states[u].begin + states[u].count,
+              states[u].param);
+  engine.checkpoint_loaded();
+}
+
+// Each generated token against BloomCpu on the whole sequence before it, no cache, with the same
+// parameters: the CPU's logit of the token is within max_gap of the CPU's largest (a near tie may go
+// either way under rounding), and at least min_exact of the tokens are the CPU's argmax itself.
+void check_against_cpu(const RunConfig& cfg, const std::vector<Sequence>& seqs, float max_gap, double min_exact) {
+  const std::vector<std::vector<float>> params = decode_params(cfg);
+  int max_len = 1;
+  for (const Sequence& s : seqs) max_len = std::max(max_len, s.length());
+  BloomCpu cpu(cfg.model, 1, max_len);
+  const int H = cfg.model.hidden_size, V = cfg.model.vocab_size;
+  std::vector<float> a(static_cast<size_t>(max_len) * H), b(a.size()), logits(V);
+  int exact = 0, total = 0;
+  for (const Sequence& s : seqs) {
+    BOOST_TEST_REQUIRE(static_cast<int>(s.generated.size()) == s.want);
+    std::vector<int32_t> seq = s.prompt;
+    for (int32_t token : s.generated) {
+      BOOST_TEST_REQUIRE((token >= 0 && token < V));
+      const int T = static_cast<int>(seq.size());
+      cpu.embed_forward(params[0].data(), seq.data(), 1, T, a.data());
+      for (int l = 0; l < cfg.model.num_layers; ++l) {
+        cpu.block_forward(l, params[1 + l].data(), a.data(), b.data(), 1, T);
+        std::swap(a, b);
+      }
+      cpu.head_logits(params[0].data(), a.data(), 1, T, logits.data());
+      const int best = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      BOOST_TEST_CONTEXT("slot " << s.slot << ", prompt of " << s.prompt.size() << ", position " << T) {
+        BOOST_TEST(logits[best] - logits[token] <= max_gap);
+      }
+      exact += token == best;
+      ++total;
+      seq.push_back(token);
+    }
+  }
+  BOOST_TEST(exact >= min_exact * total, exact << " of " << total << " tokens are the CPU's argmax");
+}
+
+// One test's decoding runs on one engine: two rounds of sequences in one cache (the second reuses
+// the slots with other lengths, over stale entries), a step with no rows on every rank, then a
+// second, smaller cache. Training's forward gives the same loss before and after.
+void decode_and_check(const RunConfig& cfg, float max_gap, double min_exact) {
+  const int rank = world_rank(), V = cfg.model.vocab_size;
+  const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+  std::unique_ptr<TrainEngine> engine = make_cuda_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
+  load_params(*engine, decode_params(cfg));
+
+  MicroBatch mb;
+  mb.batch = 1, mb.seq = 12;
+  for (int j = 0; j < mb.seq; ++j) mb.tokens.push_back((7 * j + rank) % V), mb.targets.push_back((7 * j + 7) % V);
+  mb.target_count = mb.seq;
+  const double loss_before = engine->forward_loss(mb);
+
+  // Ranks generate different numbers of tokens, so they finish at different steps.
+  std::vector<Sequence> first = random_sequences({5, 9, 2}, {2, 1, 0}, {3 + 2 * rank, 4, 6 + rank}, V, 100 + rank);
+  std::vector<Sequence> second = random_sequences({4, 1, 6}, {0, 1, 2}, {2, 5 + rank, 3}, V, 200 + rank);
+  engine->decode_begin(3, 24, 16);
+  generate(*engine, first);
+  engine->decode_step(nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr);
+  generate(*engine, second);
+  engine->decode_end();
+  std::vector<Sequence> third = random_sequences({3, 7}, {1, 0}, {5, 2 + rank}, V, 300 + rank);
+  engine->decode_begin(2, 16, 10);
+  generate(*engine, third);
+  engine->decode_end();
+
+  BOOST_TEST(engine->forward_loss(mb) == loss_before);
+  check_against_cpu(cfg, first, max_gap, min_exact);
+  check_against_cpu(cfg, second, max_gap, min_exact);
+  check_against_cpu(cfg, third, max_gap, min_exact);
+}
+
+RunConfig decode_config(const std::string& name) {
+  RunConfig cfg = config("cuda", name, 1);
+  cfg.model.init_std = 0.2f;  // peaked attention, logits over about +-5: near ties are rare
+  return cfg;
 }
 
 struct NeedsGpu {
@@ -166,6 +330,35 @@ BOOST_AUTO_TEST_CASE(a_gpu_checkpoint_resumes_on_the_cpu) {
   const TrainResult c = train(cpu, MPI_COMM_WORLD, quiet());
   BOOST_TEST_REQUIRE(c.step_losses.size() == 5u);
   BOOST_TEST(max_relative(c.step_losses, std::vector<double>(g.step_losses.begin() + 5, g.step_losses.end())) < 1e-4);
+}
+
+// Greedy decoding with the key/value cache, fp32: every token is the one BloomCpu picks recomputing the
+// whole sequence (to 1e-4 in the logit, for near ties), under each schedule of the parameter gathers.
+BOOST_AUTO_TEST_CASE(greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  struct Schedule {
+    ShardingStrategy strategy;
+    int limit_all_gathers;
+    bool forward_prefetch;
+  };
+  for (const Schedule& sc : {Schedule{ShardingStrategy::FullShard, 2, true}, Schedule{ShardingStrategy::FullShard, 1, false},
+                             Schedule{ShardingStrategy::ShardGradOp, 2, true}, Schedule{ShardingStrategy::NoShard, 2, true}}) {
+    RunConfig cfg = decode_config(concat("decode_", strategy_name(sc.strategy), sc.limit_all_gathers));
+    cfg.fsdp.strategy = sc.strategy;
+    cfg.fsdp.limit_all_gathers = sc.limit_all_gathers;
+    cfg.fsdp.forward_prefetch = sc.forward_prefetch;
+    BOOST_TEST_CONTEXT(strategy_name(sc.strategy) << ", limit_all_gathers " << sc.limit_all_gathers
+                                                  << ", forward_prefetch " << sc.forward_prefetch) {
+      decode_and_check(cfg, 1e-4f, 0.9);
+    }
+  }
+}
+
+// bf16 decoding (the cache and activations in bf16) stays close to the fp32 CPU model: each token's
+// fp32 logit is within 0.5 of the largest (logits spread over about +-5) and most are its argmax.
+BOOST_AUTO_TEST_CASE(greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_model) {
+  RunConfig cfg = decode_config("decode_bf16");
+  cfg.fsdp.param_dtype = DType::BF16;
+  decode_and_check(cfg, 0.5f, 0.6);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

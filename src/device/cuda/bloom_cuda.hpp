@@ -37,6 +37,21 @@ class BloomCuda {
   size_t activation_bytes() const;
   const ModelConfig& config() const { return cfg_; }
 
+  // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
+  // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
+  // `max_rows` rows; they exist from decode_allocate to decode_free only (never in a training step).
+  void decode_allocate(int slots, int max_len, int max_rows);
+  void decode_free();
+  size_t decode_bytes() const;
+  // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
+  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s);
+  // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
+  // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
+  void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+                    cudaStream_t s);
+  // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
+  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s);
+
  private:
   struct Saved {  // one block's activations kept for its backward
     DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;
@@ -70,6 +85,14 @@ class BloomCuda {
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
   DeviceBuffer<char> attn_ws_, head_ws_;
   int head_chunk_ = 0;
+
+  struct DecodeBuffers {  // between decode_allocate and decode_free
+    int slots = 0, max_len = 0, max_rows = 0;
+    DeviceBuffer<char> keys, values;                   // [layers, slots, heads, max_len, head_dim] in dt
+    DeviceBuffer<char> hidden, h2, ln, qkv, ctx, wide;  // [max_rows, H | 3H | 4H] in dt
+    DeviceBuffer<float> mean, rstd;                    // [max_rows], LayerNorm statistics (unused after)
+  };
+  DecodeBuffers decode_;
 };
 
 }  // namespace shardlm::cuda

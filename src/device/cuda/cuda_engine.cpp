@@ -288,6 +288,73 @@ class CudaEngine : public TrainEngine {
   }
   void decode_end() override {}
 
+  // ---- greedy generation: the forward's gather schedule around the model's decode path ----
+  void decode_begin(int slots, int max_len, int max_rows) override {
+    SHARDLM_CHECK(!cfg_.model.is_llama(), "greedy generation on the CUDA backend: BLOOM only so far (model.arch = ",
+                  cfg_.model.arch, " has no CUDA decode path)");
+    SHARDLM_CHECK(!decode_host_, "CudaEngine::decode_begin: already decoding (decode_end first)");
+    SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "CudaEngine::decode_begin: bad sizes slots=", slots,
+                  " max_len=", max_len, " max_rows=", max_rows);
+    model_->decode_allocate(slots, max_len, max_rows);
+    // Per step: tokens, slots, positions, logit rows (sent), next tokens (received), max_rows each.
+    decode_index_.allocate(5 * static_cast<size_t>(max_rows));
+    decode_host_ = std::make_unique<cuda::PinnedBuffer<int32_t>>();
+    decode_host_->allocate(5 * static_cast<size_t>(max_rows));
+    decode_slots_ = slots, decode_max_len_ = max_len, decode_max_rows_ = max_rows;
+  }
+
+  void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n, const int* logit_rows,
+                   int m, int32_t* next) override {
+    SHARDLM_CHECK(decode_host_, "CudaEngine::decode_step before decode_begin");
+    const int R = decode_max_rows_, L = cfg_.model.num_layers;
+    SHARDLM_CHECK(n >= 0 && n <= R && m >= 0 && m <= n, "CudaEngine::decode_step: ", n, " rows and ", m,
+                  " logit rows, decode_begin sized ", R, " rows");
+    // Checked here, in one place: the kernels index the cache with these.
+    int32_t* host = decode_host_->data();
+    for (int r = 0; r < n; ++r) {
+      SHARDLM_CHECK(tokens[r] >= 0 && tokens[r] < cfg_.model.vocab_size, "CudaEngine::decode_step: row ", r,
+                    " has token ", tokens[r], " outside the vocabulary of ", cfg_.model.vocab_size);
+      SHARDLM_CHECK(slots[r] >= 0 && slots[r] < decode_slots_ && positions[r] >= 0 && positions[r] < decode_max_len_,
+                    "CudaEngine::decode_step: row ", r, " at slot ", slots[r], " position ", positions[r],
+                    " is outside the cache of ", decode_slots_, " slots x ", decode_max_len_, " positions");
+      host[r] = tokens[r], host[R + r] = slots[r], host[2 * R + r] = positions[r];
+    }
+    for (int i = 0; i < m; ++i) {
+      SHARDLM_CHECK(logit_rows[i] >= 0 && logit_rows[i] < n, "CudaEngine::decode_step: logit row ", logit_rows[i],
+                    " of a step of ", n, " rows");
+      host[3 * R + i] = logit_rows[i];
+    }
+    int32_t* dev = decode_index_.data();
+    if (n > 0)
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dev, host, 4 * static_cast<size_t>(R) * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, compute_));
+    // The forward's schedule: with n == 0 the rank still joins every all-gather.
+    const void* root = use(0);
+    if (L > 0 && cfg_.fsdp.forward_prefetch) gather(1);
+    model_->decode_embed(root, dev, n, compute_);
+    for (int l = 0; l < L; ++l) {
+      const void* p = use(1 + l);
+      if (cfg_.fsdp.forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
+      model_->decode_block(l, p, dev + R, dev + 2 * R, n, compute_);
+      done_with(1 + l);
+    }
+    model_->decode_head_argmax(root, dev + 3 * R, m, dev + 4 * R, compute_);
+    if (m > 0)
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host + 4 * R, dev + 4 * R, static_cast<size_t>(m) * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, compute_));
+    // Also keeps the next step from overwriting staging that this step's copy still reads.
+    SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    std::copy(host + 4 * R, host + 4 * R + m, next);
+  }
+
+  void decode_end() override {
+    SHARDLM_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    model_->decode_free();
+    decode_index_.release();
+    decode_host_.reset();
+    decode_slots_ = decode_max_len_ = decode_max_rows_ = 0;
+  }
+
  private:
   // `shardlm plan` predicts these buffers from memory_plan.cpp: say so when the two disagree.
   void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) const {
@@ -527,6 +594,10 @@ class CudaEngine : public TrainEngine {
   DeviceBuffer<double> norm_;
   void* host_scalars_ = nullptr;
   long steps_ = 0;
+  // Greedy generation, between decode_begin and decode_end (the model holds the cache).
+  DeviceBuffer<int32_t> decode_index_;                     // tokens, slots, positions, logit rows, next
+  std::unique_ptr<cuda::PinnedBuffer<int32_t>> decode_host_;  // their host staging; set while decoding
+  int decode_slots_ = 0, decode_max_len_ = 0, decode_max_rows_ = 0;
 };
 
 }  // namespace

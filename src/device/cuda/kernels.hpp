@@ -101,4 +101,23 @@ void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* t
                   float grad_scale, float* loss_sum, long long* count, void* dh, float* dtable, DType dt,
                   void* workspace, cudaStream_t stream);
 
+// ---- greedy decoding with a key/value cache (decode_attention.cu, decode_head.cu) ----------------
+// A layer's cache holds keys and values as [slots, heads, max_len, head_dim] in dt. Row r of a step
+// is the token at position positions[r] of the sequence in cache slot slots[r]; qkv is [n, 3H] laid
+// out as for attention_forward, ctx [n, H]. Slots and positions must be in range (checked by the caller).
+// keys/values[slots[r], h, positions[r], :] = row r's key / value of head h.
+void kv_cache_write(const void* qkv, const int32_t* slots, const int32_t* positions, int n, int heads, int head_dim,
+                    int max_len, void* keys, void* values, DType dt, cudaStream_t stream);
+// ctx of row r, head h = sum_j softmax_j(q.k_j / sqrt(d) + slopes[h] * j) v_j over the slot's cached
+// positions j <= positions[r] (written by kv_cache_write first, this step's rows included); fp32 softmax.
+// head_dim <= 256.
+void decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
+                      const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int head_dim,
+                      int max_len, DType dt, cudaStream_t stream);
+// dst[i, :] = src[rows[i], :] for i < m (rows of H elements in dt).
+void gather_rows(const void* src, const int32_t* rows, int m, int H, void* dst, DType dt, cudaStream_t stream);
+// out[r] = the index of the largest of x[r, 0..cols) (fp32, row stride cols); the lowest index wins
+// ties; NaN never wins (a row of NaN only gives 0).
+void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream);
+
 }  // namespace shardlm::cuda

@@ -1,0 +1,134 @@
+// BloomCuda's greedy decoding: the embedding, each block and the tied head on the rows of one step,
+// with every layer's keys and values kept in a cache on the GPU so that a step runs only its new
+// tokens. The block is forward_into's math on rows of many sequences; only attention differs (it
+// reads the slot's cache, decode_attention.cu). Logits exist for at most head_chunk_ rows at once,
+// in the training head's workspace, which is idle while decoding.
+#include <algorithm>
+
+#include "bloom_cuda.hpp"
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+// y[n, out] = x[n, in] W^T + bias (+ y when accumulate: the residual already in y); W is [out, in].
+void linear(Gemm& gemm, const void* x, int n, int in, const void* weight, const void* bias, int out, void* y,
+            bool accumulate, DType dt, cudaStream_t s) {
+  GemmDesc d;
+  d.trans_b = true;
+  d.M = n, d.N = out, d.K = in;
+  d.A = x, d.lda = in;
+  d.B = weight, d.ldb = in;
+  d.C = y, d.ldc = out;
+  d.ab_dtype = dt, d.c_dtype = dt;
+  d.beta = accumulate ? 1.0f : 0.0f;
+  d.epilogue = Epilogue::Bias, d.bias = bias;
+  gemm.run(d, s);
+}
+
+}  // namespace
+
+void BloomCuda::decode_allocate(int slots, int max_len, int max_rows) {
+  SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "BloomCuda::decode_allocate: bad sizes slots=", slots,
+                " max_len=", max_len, " max_rows=", max_rows);
+  decode_free();
+  const size_t H = cfg_.hidden_size, rows = static_cast<size_t>(max_rows);
+  const size_t cache = static_cast<size_t>(cfg_.num_layers) * slots * cfg_.num_heads * max_len * cfg_.head_dim();
+  decode_.keys.allocate(cache * dsize_);
+  decode_.values.allocate(cache * dsize_);
+  decode_.hidden.allocate(rows * H * dsize_);
+  decode_.h2.allocate(rows * H * dsize_);
+  decode_.ln.allocate(rows * H * dsize_);
+  decode_.qkv.allocate(rows * 3 * H * dsize_);
+  decode_.ctx.allocate(rows * H * dsize_);
+  decode_.wide.allocate(rows * 4 * H * dsize_);
+  decode_.mean.allocate(rows);
+  decode_.rstd.allocate(rows);
+  decode_.slots = slots, decode_.max_len = max_len, decode_.max_rows = max_rows;
+}
+
+void BloomCuda::decode_free() { decode_ = DecodeBuffers{}; }
+
+size_t BloomCuda::decode_bytes() const {
+  const DecodeBuffers& b = decode_;
+  return b.keys.bytes() + b.values.bytes() + b.hidden.bytes() + b.h2.bytes() + b.ln.bytes() + b.qkv.bytes() +
+         b.ctx.bytes() + b.wide.bytes() + b.mean.bytes() + b.rstd.bytes();
+}
+
+void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
+  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "BloomCuda::decode_embed: ", n, " rows, scratch for ",
+                decode_.max_rows, " (decode_allocate first)");
+  if (n == 0) return;
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const char* r = static_cast<const char*>(root);
+  const UnitLayout& rl = layout_[0];
+  // ln takes the raw embeddings; the LayerNorm writes the step's hidden states.
+  embedding_forward(tokens, r + rl.tensors[0].offset * dsize_, decode_.ln.data(), n, H, V, dt_, s);
+  layernorm_forward(decode_.ln.data(), r + rl.tensors[1].offset * dsize_, r + rl.tensors[2].offset * dsize_,
+                    decode_.hidden.data(), decode_.mean.data(), decode_.rstd.data(), n, H, cfg_.layer_norm_eps, dt_,
+                    s);
+}
+
+void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+                             cudaStream_t s) {
+  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "BloomCuda::decode_block: layer ", layer, " of ",
+                cfg_.num_layers);
+  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "BloomCuda::decode_block: ", n, " rows, scratch for ",
+                decode_.max_rows, " (decode_allocate first)");
+  if (n == 0) return;
+  const int H = cfg_.hidden_size, heads = cfg_.num_heads, d = cfg_.head_dim();
+  const float eps = cfg_.layer_norm_eps;
+  const size_t NH = static_cast<size_t>(n) * H;
+  const char* p = static_cast<const char*>(params);
+  auto w = [&](size_t offset) { return p + offset * dsize_; };
+  DecodeBuffers& b = decode_;
+  const size_t layer_cache = static_cast<size_t>(b.slots) * heads * b.max_len * d * dsize_;
+  char* keys = b.keys.data() + layer * layer_cache;
+  char* values = b.values.data() + layer * layer_cache;
+
+  layernorm_forward(b.hidden.data(), w(off_.ln1_w), w(off_.ln1_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
+                    eps, dt_, s);
+  linear(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
+  // Every row's key and value are cached before any row attends: rows of one slot see each other.
+  kv_cache_write(b.qkv.data(), slots, positions, n, heads, d, b.max_len, keys, values, dt_, s);
+  decode_attention(b.qkv.data(), keys, values, slots, positions, n, slopes_.data(), b.ctx.data(), heads, d, b.max_len,
+                   dt_, s);
+  // h2 = x + ctx Wd^T + bd
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
+  linear(gemm_, b.ctx.data(), n, H, w(off_.dense_w), w(off_.dense_b), H, b.h2.data(), true, dt_, s);
+  // out = h2 + gelu(LayerNorm(h2) W1^T + b1) W2^T + b2, written over the step's hidden states.
+  layernorm_forward(b.h2.data(), w(off_.ln2_w), w(off_.ln2_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H, eps,
+                    dt_, s);
+  linear(gemm_, b.ln.data(), n, H, w(off_.fc1_w), w(off_.fc1_b), 4 * H, b.wide.data(), false, dt_, s);
+  gelu_forward(b.wide.data(), b.wide.data(), NH * 4, dt_, s);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
+  linear(gemm_, b.wide.data(), n, 4 * H, w(off_.fc2_w), w(off_.fc2_b), H, b.hidden.data(), true, dt_, s);
+}
+
+void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
+  SHARDLM_CHECK(m >= 0 && m <= decode_.max_rows, "BloomCuda::decode_head_argmax: ", m, " rows, scratch for ",
+                decode_.max_rows, " (decode_allocate first)");
+  if (m == 0) return;
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const char* r = static_cast<const char*>(root);
+  const UnitLayout& rl = layout_[0];
+  DecodeBuffers& b = decode_;
+  gather_rows(b.hidden.data(), rows, m, H, b.ctx.data(), dt_, s);
+  layernorm_forward(b.ctx.data(), r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, b.ln.data(),
+                    b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
+  float* logits = reinterpret_cast<float*>(head_ws_.data());
+  for (int r0 = 0; r0 < m; r0 += head_chunk_) {
+    const int count = std::min(head_chunk_, m - r0);
+    GemmDesc g;  // logits[count, V] = ln table^T, fp32
+    g.trans_b = true;
+    g.M = count, g.N = V, g.K = H;
+    g.A = b.ln.data() + static_cast<size_t>(r0) * H * dsize_, g.lda = H;
+    g.B = r + rl.tensors[0].offset * dsize_, g.ldb = H;
+    g.C = logits, g.ldc = V;
+    g.ab_dtype = dt_, g.c_dtype = DType::F32;
+    gemm_.run(g, s);
+    argmax_rows(logits, count, V, next + r0, s);
+  }
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,151 @@
+// Attention of greedy-decoding steps over a key/value cache (BLOOM: head-interleaved fused QKV, ALiBi).
+// kv_cache_write stores each row's key and value at (slot, position); decode_attention then gives each
+// (row, head) one block that walks the slot's cached positions 0..position with an online softmax in
+// fp32: each warp takes every kWarps-th key and keeps its running (max, sum, weighted values), and the
+// warps' states merge at the end, so no score row is stored and any cache length fits.
+#include "dtype_cuda.cuh"
+#include "kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxHeadDim = 256;  // head_dim / 32 elements of q, v and the output per lane
+
+// Row r's key and value of head h (qkv columns h*3d + d and h*3d + 2d) to cache[slot, h, position].
+template <typename T>
+__global__ void kv_cache_write_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ slots,
+                                      const int32_t* __restrict__ positions, long long n, int heads, int d,
+                                      int max_len, T* __restrict__ keys, T* __restrict__ values) {
+  const long long per_row = static_cast<long long>(heads) * d;
+  const long long total = n * per_row;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long r = e / per_row;
+    const int h = static_cast<int>((e % per_row) / d), c = static_cast<int>(e % d);
+    const T* src = qkv + r * 3 * per_row + static_cast<long long>(h) * 3 * d + c;
+    const size_t at = ((static_cast<size_t>(slots[r]) * heads + h) * max_len + positions[r]) * d + c;
+    keys[at] = src[d];
+    values[at] = src[2 * d];
+  }
+}
+
+// One block per (row, head): ctx = sum_j softmax_j(scale q.k_j + slope_h j) v_j over j <= position.
+template <typename T, int PerLane>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_attention_kernel(const T* __restrict__ qkv, const T* __restrict__ keys, const T* __restrict__ values,
+                            const int32_t* __restrict__ slots, const int32_t* __restrict__ positions,
+                            const float* __restrict__ slopes, T* __restrict__ ctx, int heads, int d, int max_len,
+                            float scale) {
+  __shared__ float shared_m[kWarps], shared_s[kWarps];
+  __shared__ float shared_acc[kWarps][PerLane * 32];
+  const long long r = blockIdx.x;
+  const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const long long H = static_cast<long long>(heads) * d;
+  const T* q = qkv + r * 3 * H + static_cast<long long>(h) * 3 * d;
+  float qr[PerLane], acc[PerLane];
+#pragma unroll
+  for (int k = 0; k < PerLane; ++k) {
+    const int c = lane + 32 * k;
+    qr[k] = c < d ? to_float(q[c]) : 0.0f;
+    acc[k] = 0.0f;
+  }
+  const size_t base = (static_cast<size_t>(slots[r]) * heads + h) * static_cast<size_t>(max_len) * d;
+  const T* K = keys + base;
+  const T* V = values + base;
+  const int last = positions[r];
+  const float slope = slopes[h];
+  float m = -INFINITY, s = 0.0f;
+  for (int j = warp; j <= last; j += kWarps) {
+    const T* kj = K + static_cast<size_t>(j) * d;
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c < d) dot += qr[k] * to_float(kj[c]);
+    }
+    const float x = scale * warp_sum(dot) + slope * static_cast<float>(j);
+    const float m_new = fmaxf(m, x);
+    const float correction = m == -INFINITY ? 0.0f : expf(m - m_new);
+    const float p = expf(x - m_new);
+    s = s * correction + p;
+    const T* vj = V + static_cast<size_t>(j) * d;
+#pragma unroll
+    for (int k = 0; k < PerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c < d) acc[k] = acc[k] * correction + p * to_float(vj[c]);
+    }
+    m = m_new;
+  }
+  if (lane == 0) shared_m[warp] = m, shared_s[warp] = s;
+#pragma unroll
+  for (int k = 0; k < PerLane; ++k) shared_acc[warp][lane + 32 * k] = acc[k];
+  __syncthreads();
+  // Warp 0 always holds key 0, so the largest max is finite; warps without keys weigh 0.
+  float top = shared_m[0];
+  for (int w = 1; w < kWarps; ++w) top = fmaxf(top, shared_m[w]);
+  float weight[kWarps], total = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = shared_m[w] == -INFINITY ? 0.0f : expf(shared_m[w] - top);
+    total += shared_s[w] * weight[w];
+  }
+  const float inv_total = 1.0f / total;
+  T* out = ctx + r * H + static_cast<long long>(h) * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += shared_acc[w][c] * weight[w];
+    out[c] = from_float<T>(v * inv_total);
+  }
+}
+
+template <typename T, int PerLane>
+void launch_decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
+                             const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int d,
+                             int max_len, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
+  decode_attention_kernel<T, PerLane><<<grid, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(qkv), static_cast<const T*>(keys), static_cast<const T*>(values), slots, positions, slopes,
+      static_cast<T*>(ctx), heads, d, max_len, scale);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void check_shape(const char* what, int n, int heads, int head_dim, int max_len) {
+  SHARDLM_CHECK(n >= 0 && heads >= 1 && heads <= 65535 && head_dim >= 1 && head_dim <= kMaxHeadDim && max_len >= 1,
+                what, ": bad shape n=", n, " heads=", heads, " head_dim=", head_dim, " (at most ", kMaxHeadDim,
+                ") max_len=", max_len);
+}
+
+}  // namespace
+
+void kv_cache_write(const void* qkv, const int32_t* slots, const int32_t* positions, int n, int heads, int head_dim,
+                    int max_len, void* keys, void* values, DType dt, cudaStream_t stream) {
+  check_shape("kv_cache_write", n, heads, head_dim, max_len);
+  if (n == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const size_t items = static_cast<size_t>(n) * heads * head_dim;
+    kv_cache_write_kernel<T><<<grid_for(items), kBlockThreads, 0, stream>>>(
+        static_cast<const T*>(qkv), slots, positions, n, heads, head_dim, max_len, static_cast<T*>(keys),
+        static_cast<T*>(values));
+    SHARDLM_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
+                      const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int head_dim,
+                      int max_len, DType dt, cudaStream_t stream) {
+  check_shape("decode_attention", n, heads, head_dim, max_len);
+  if (n == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // q, v and the output of a head take head_dim / 32 registers per lane, rounded up to a power of two.
+    const auto launch = head_dim <= 32    ? launch_decode_attention<T, 1>
+                        : head_dim <= 64  ? launch_decode_attention<T, 2>
+                        : head_dim <= 128 ? launch_decode_attention<T, 4>
+                                          : launch_decode_attention<T, 8>;
+    launch(qkv, keys, values, slots, positions, n, slopes, ctx, heads, head_dim, max_len, stream);
+  });
+}
+
+}  // namespace shardlm::cuda
