@@ -31,7 +31,8 @@ std::vector<std::vector<int32_t>> greedy_generate(TrainEngine& engine, const std
     longest = std::max(longest, p.size());
   }
   const int max_len = static_cast<int>(longest) + max_new_tokens;
-  engine.decode_begin(slots, max_len, static_cast<int>(std::max<size_t>(prompt_rows, slots)));
+  // A rank without prompts still sizes a (one-slot) cache: engines may refuse empty ones.
+  engine.decode_begin(std::max(slots, 1), max_len, static_cast<int>(std::max<size_t>({prompt_rows, size_t(slots), 1})));
 
   // The prefill: every prompt token is a row; each prompt's last row gives its first new token.
   std::vector<int32_t> tokens;

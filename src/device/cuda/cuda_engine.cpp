@@ -280,13 +280,6 @@ class CudaEngine : public TrainEngine {
   }
   size_t device_peak_bytes() const override { return cuda::device_memory_stats().peak; }
   ProcessGroups& groups() override { return groups_; }
-  void decode_begin(int, int, int) override {
-    throw Error("greedy generation is not built on the CUDA backend yet: set eval.generate = none");
-  }
-  void decode_step(const int32_t*, const int*, const int*, int, const int*, int, int32_t*) override {
-    throw Error("greedy generation is not built on the CUDA backend yet: set eval.generate = none");
-  }
-  void decode_end() override {}
 
   // ---- greedy generation: the forward's gather schedule around the model's decode path ----
   void decode_begin(int slots, int max_len, int max_rows) override {
