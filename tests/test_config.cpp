@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 53u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 56u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -165,6 +165,26 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
                                                           "checkpoint.resume", "checkpoint.at_end"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
   BOOST_TEST(c.resolved.back().first == "run.peak_tflops");
+}
+
+BOOST_AUTO_TEST_CASE(eval_generation_keys) {
+  const RunConfig d = load(kBase);
+  BOOST_TEST(d.eval.generate == "end");
+  BOOST_TEST(d.eval.max_new_tokens == 50);
+  BOOST_TEST(d.eval.batch_size == 0);
+  const RunConfig c = load(kBase + "[eval]\ngenerate = epoch\nmax_new_tokens = 8\nbatch_size = 4\n");
+  BOOST_TEST(c.eval.generate == "epoch");
+  BOOST_TEST(c.eval.max_new_tokens == 8);
+  BOOST_TEST(c.eval.batch_size == 4);
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--eval.generate=sometimes"}); }), "eval.generate"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--eval.max_new_tokens=0"}); }), "eval.max_new_tokens = 0: must be >= 1"));
+  // Llama SQuAD evaluation on the GPU would fail only after training: it is refused up front.
+  const std::string llama_cuda = kBase + "[run]\nbackend = cuda\n";
+  const std::vector<std::string> llama = {"--model.arch=llama", "--data.eval_file=" + deck("{}", "eval_llama.json")};
+  BOOST_TEST(has(error_of([&] { load(llama_cuda, llama); }), "eval.generate = end"));
+  std::vector<std::string> no_generation = llama;
+  no_generation.push_back("--eval.generate=none");
+  BOOST_TEST(load(llama_cuda, no_generation).eval.generate == "none");
 }
 
 BOOST_AUTO_TEST_CASE(booleans) {
