@@ -53,7 +53,6 @@ class CudaEngine : public TrainEngine {
  public:
   CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
       : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(model_layout(cfg.model)) {
-    SHARDLM_CHECK(!cfg.model.is_llama(), "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
     const size_t device_bytes_before = cuda::device_memory_stats().current;
     SHARDLM_CHECK(cfg.fsdp.reduce_dtype == DType::F32 || cfg.fsdp.reduce_dtype == cfg.fsdp.param_dtype,
                   "fsdp.reduce_dtype = ", dtype_name(cfg.fsdp.reduce_dtype),
