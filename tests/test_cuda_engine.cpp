@@ -3,6 +3,8 @@
 // stays within 2% of the fp32 curve over 100 steps, activation checkpointing changes nothing,
 // a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
 // with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
+// A tiny Llama (grouped-query attention, untied head, Llama 3.1 rope scaling) matches the CPU
+// backend likewise.
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"
 
@@ -42,6 +44,19 @@ RunConfig config(const std::string& backend, const std::string& name, int steps)
   cfg.run.backend = backend;
   cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/cuda_engine_np", world_size(), "/", name);
   cfg.checkpoint.at_end = false;
+  return cfg;
+}
+
+// A tiny Llama on the same data: 4 query heads over 2 key/value heads, SwiGLU width 96, untied
+// LM head, Llama 3.1 rope scaling with a short original context (so every band of it is used).
+RunConfig llama_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = config(backend, "llama_" + name, steps);
+  cfg.model.arch = "llama";
+  cfg.model.num_kv_heads = 2;
+  cfg.model.intermediate_size = 96;
+  cfg.model.tie_word_embeddings = false;
+  cfg.model.rope_scaling.factor = 8;
+  cfg.model.rope_scaling.original_max_position_embeddings = 64;
   return cfg;
 }
 
@@ -353,12 +368,45 @@ BOOST_AUTO_TEST_CASE(greedy_decoding_with_the_kv_cache_matches_the_cpu_model_wit
   }
 }
 
+BOOST_AUTO_TEST_CASE(llama_fp32_matches_the_cpu_backend) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+    RunConfig cpu = llama_config("cpu", "cpu", 20), gpu = llama_config("cuda", "gpu", 20);
+    cpu.fsdp.strategy = gpu.fsdp.strategy = s;
+    const TrainResult want = train(cpu, MPI_COMM_WORLD, quiet());
+    const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
+    BOOST_TEST_CONTEXT(strategy_name(s)) {
+      BOOST_TEST_REQUIRE(got.step_losses.size() == 20u);
+      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4);
+      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3);
+    }
+  }
+}
+
 // bf16 decoding (the cache and activations in bf16) stays close to the fp32 CPU model: each token's
 // fp32 logit is within 0.5 of the largest (logits spread over about +-5) and most are its argmax.
 BOOST_AUTO_TEST_CASE(greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_model) {
   RunConfig cfg = decode_config("decode_bf16");
   cfg.fsdp.param_dtype = DType::BF16;
   decode_and_check(cfg, 0.5f, 0.6);
+}
+
+BOOST_AUTO_TEST_CASE(llama_activation_checkpointing_gives_the_same_losses) {
+  RunConfig plain = llama_config("cuda", "plain", 10), ckpt = llama_config("cuda", "ac", 10);
+  ckpt.fsdp.activation_checkpointing = true;
+  const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(ckpt, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 10u);
+  BOOST_TEST(max_relative(a.step_losses, b.step_losses) < 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(llama_bf16_tracks_the_fp32_curve) {
+  RunConfig fp32 = llama_config("cuda", "fp32", 100), bf16 = llama_config("cuda", "bf16", 100);
+  bf16.fsdp.param_dtype = DType::BF16;
+  const TrainResult a = train(fp32, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(bf16, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 0.03);
+  BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

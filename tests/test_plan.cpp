@@ -1,5 +1,6 @@
 // Tests of `shardlm plan`: its CPU numbers against what demo runs on 1, 2 and 4 ranks report for
-// every strategy; its CUDA numbers against the peaks measured on an H100 (docs/PERFORMANCE.md);
+// every strategy; its CUDA numbers against the peaks measured on an H100 (docs/PERFORMANCE.md) and,
+// for Llama, against LlamaCuda's allocations added up by hand; the Llama decks on the CUDA backend;
 // the sizing functions against the allocations of the code they mirror; bad decks and options.
 #define BOOST_TEST_MODULE test_plan
 #include <boost/test/unit_test.hpp>
@@ -138,22 +139,87 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_h100_peaks) {
   BOOST_TEST(one.record.full_params == 0u);
 }
 
-BOOST_AUTO_TEST_CASE(llama_on_cuda_is_refused_with_the_reason) {
+// LlamaCuda's buffers for a small Llama (V 300, H 32, 2 layers, 4 query over 2 kv heads, SwiGLU
+// 128, one sequence of 16), added up by hand from llama_cuda.cpp's allocations: h_0..h_2, the final
+// norm's 1/rms, 4 inverse frequencies; per block both norms' 1/rms, q|k|v, probabilities, context,
+// h2, gate|up; scratch (norm output, gradient, dh, SiLU*up, d(q|k|v), d(gate|up)); the attention
+// workspace (scores, a 16-bit dS, fp32 key|value gradients) and the LM head's (logits, losses, flags).
+BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   shardlm::MemoryPlanSpec s;
   s.model.arch = "llama";
   s.model.vocab_size = 300, s.model.hidden_size = 32, s.model.num_layers = 2, s.model.num_heads = 4;
+  s.model.num_kv_heads = 2;
   s.backend = "cuda";
-  BOOST_TEST(contains(error_of([&] { shardlm::plan_rank_memory(s); }), "CPU backend only"));
+  s.micro_batch = 1, s.max_seq = 16;
+  const size_t head = 19200 + 256 + 256;
+  const size_t fp32 = 3 * 2048 + 64 + 16 + 2 * (2 * 64 + 4096 + 4096 + 2048 + 2048 + 16384) +
+                      (2048 + 2048 + 2048 + 8192 + 4096 + 16384) + (4096 + 2048) + head;
+  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32);
+  s.activation_checkpointing = true;  // one block's activations instead of two
+  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32 - (2 * 64 + 4096 + 4096 + 2048 + 2048 + 16384));
+  s.activation_checkpointing = false;
+  s.param_dtype = shardlm::DType::BF16;
+  const size_t bf16 = 3 * 1024 + 64 + 16 + 2 * (2 * 64 + 2048 + 2048 + 1024 + 1024 + 8192) +
+                      (1024 + 1024 + 1024 + 4096 + 2048 + 8192) + (4096 + 2048 + 2048) + head;
+  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == bf16);
+  // Untied, the root holds the LM head too: its shard, gradient and moments grow by V x H.
+  shardlm::MemoryPlanSpec tied = s;
+  tied.model.tie_word_embeddings = true;
+  BOOST_TEST(shardlm::plan_rank_memory(s).record.grad_shard ==
+             shardlm::plan_rank_memory(tied).record.grad_shard + 300 * 32 * 4);
+}
 
-  fs::path dir = scratch("plan_llama");
-  std::ofstream(dir / "llama.ini") << "[model]\narch = llama\nvocab_size = 300\nhidden_size = 32\nnum_layers = 2\n"
-                                   << "num_heads = 4\nnum_kv_heads = 2\n"
-                                   << "[data]\ntrain_file = train.jsonl\nformat = jsonl\n"
-                                   << "[train]\nbatch_size = 1\n[run]\nbackend = cuda\n";
-  Outcome o = plan((dir / "llama.ini").string(), true);
-  BOOST_TEST_INFO(o.output);
-  BOOST_TEST(o.exit_code == 1);
-  BOOST_TEST(contains(o.output, "shardlm: error: model.arch = llama runs on the CPU backend only"));
+// The Llama decks plan on the CUDA backend they are written for, from their model's config.json.
+BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
+  struct Deck {
+    std::string deck, model, config;
+    double parameters;  // the Hub's count for the model
+  };
+  const std::vector<Deck> decks = {
+      {"llama/llama31-8b.ini", "llama-3.1-8b",
+       R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+           "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+           "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "max_position_embeddings": 131072,
+           "tie_word_embeddings": false})",
+       8030261248.0},
+      {"chess/codellama7b.ini", "codellama-7b",
+       R"({"model_type": "llama", "vocab_size": 32016, "hidden_size": 4096, "intermediate_size": 11008,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-05,
+           "rope_theta": 1000000, "rope_scaling": null, "max_position_embeddings": 16384,
+           "tie_word_embeddings": false})",
+       6738546688.0},
+  };
+  for (const Deck& d : decks) {
+    BOOST_TEST_CONTEXT(d.deck) {
+      const fs::path dir = scratch("plan_" + d.model);
+      const fs::path deck = dir / fs::path(d.deck).filename();
+      fs::copy_file(SHARDLM_SOURCE_DIR "/input/" + d.deck, deck);
+      fs::create_directories(dir / "models" / d.model);
+      std::ofstream(dir / "models" / d.model / "config.json") << d.config;
+      // The deck reads the model's tokenizer.json: a small byte-level BPE one stands in for it.
+      std::ofstream(dir / "models" / d.model / "tokenizer.json") << R"({"added_tokens": [], "normalizer": null,
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+          "post_processor": null, "decoder": {"type": "ByteLevel"},
+          "model": {"type": "BPE", "unk_token": null, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})";
+      Outcome o = plan(deck.string() + " --ranks=8 --json");
+      if (o.exit_code != 0) o = plan(deck.string() + " --ranks=8 --json", true);  // for the message
+      BOOST_TEST_INFO(o.output);
+      BOOST_TEST_REQUIRE(o.exit_code == 0);
+      const json j = json::parse(o.output);
+      BOOST_TEST(j.at("backend") == "cuda");
+      BOOST_TEST(j.at("model").at("arch") == "llama");
+      BOOST_TEST(j.at("model").at("parameters").get<double>() == d.parameters);
+      BOOST_TEST(j.at("rows").size() == 16u);
+      const json& full = row_of(j, "FULL_SHARD"), &ac = row_of(j, "FULL_SHARD", false, true);
+      // bf16 hidden states alone: 33 of [max_length, 4096] per sequence.
+      BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * 4096 * 2);
+      BOOST_TEST(ac.at("activation_bytes").get<double>() < full.at("activation_bytes").get<double>());
+      // Eight ranks: each holds an eighth of the fp32 gradient.
+      BOOST_TEST(full.at("memory_record").at("grad_shard_bytes").get<double>() >= d.parameters * 4 / 8);
+      BOOST_TEST(full.at("memory_record").at("grad_shard_bytes").get<double>() < d.parameters * 4 / 8 + 4096 * 64);
+    }
+  }
 }
 
 // The plan of the demo deck against the memory the demo reports, for every strategy on 1, 2 and

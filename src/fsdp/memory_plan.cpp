@@ -1,8 +1,10 @@
 // One rank's memory per strategy and backend, for `shardlm plan`: the CPU backend from the same
 // sizing functions FsdpModel and BloomCpu allocate with; the CUDA backend from the allocations of
-// CudaEngine and BloomCuda, which check at start-up that they allocated exactly this.
+// CudaEngine and BloomCuda (mirrored here) or LlamaCuda (its own sizing function, plain C++), which
+// check at start-up that they allocated exactly this.
 #include <algorithm>
 
+#include "../device/cuda/llama_cuda_sizes.hpp"
 #include "shardlm/fsdp.hpp"
 
 namespace shardlm {
@@ -71,8 +73,6 @@ size_t bloom_cuda_activation_bytes(const ModelConfig& cfg, size_t dsize, int max
 }
 
 RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  SHARDLM_CHECK(!spec.model.is_llama(),
-                "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
   SHARDLM_CHECK(spec.reduce_dtype == DType::F32 || spec.reduce_dtype == spec.param_dtype, "fsdp.reduce_dtype = ",
                 dtype_name(spec.reduce_dtype), ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
   const UnitSizes u = unit_sizes(layout, shard_size);
@@ -105,10 +105,18 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
   p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
   p.record.comm_staging = u.max_shard * 4;
   if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
-  p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
-                                                     spec.activation_checkpointing, spec.param_dtype);
   const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
-  p.model_extra = 4 * N * 4 + static_cast<size_t>(spec.model.num_heads) * 4;  // embedding/final norm statistics, slopes
+  if (spec.model.is_llama()) {
+    // LlamaCuda counts every buffer it holds as activations.
+    p.record.activations = cuda::llama_cuda_sizes(spec.model, spec.param_dtype, spec.micro_batch, spec.max_seq,
+                                                  spec.activation_checkpointing)
+                               .total();
+  } else {
+    p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
+                                                       spec.activation_checkpointing, spec.param_dtype);
+    // BloomCuda's embedding and final LayerNorm statistics, ALiBi slopes.
+    p.model_extra = 4 * N * 4 + static_cast<size_t>(spec.model.num_heads) * 4;
+  }
   p.io_buffers = 2 * N * 4 + 4 + 8 + 8;  // tokens, targets; loss, count, norm
   return p;
 }

@@ -228,8 +228,6 @@ Plan make_plan(const PlanArgs& args) {
   SHARDLM_CHECK(args.ranks % plan.ranks_per_node == 0, "--ranks-per-node = ", plan.ranks_per_node,
                 ": does not divide --ranks = ", args.ranks);
   const bool cuda = plan.cfg.run.backend == "cuda";
-  SHARDLM_CHECK(!(cuda && plan.cfg.model.is_llama()),
-                "model.arch = llama runs on the CPU backend only so far: plan it with --run.backend=cpu");
   plan.runtime = cuda ? kCudaRuntimeOverheadBytes : 0;
   const ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                          ShardingStrategy::HybridShard, ShardingStrategy::NoShard};

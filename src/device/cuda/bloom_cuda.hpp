@@ -8,34 +8,35 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda_model.hpp"
 #include "device_memory.hpp"
 #include "gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
 
-class BloomCuda {
+class BloomCuda final : public CudaModel {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
   // only each block's input is kept; its other activations are recomputed before its backward.
   BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
 
   // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
-  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s);
+  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
   // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
-  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s);
+  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) override;
   // Final LayerNorm, tied LM head and cross-entropy on h_L: adds the loss sum and target count to
   // loss_sum / count (device scalars). With backward: the gradient of grad_scale * sum flows to
   // dh (the gradient of h_L) and into droot (fp32, +=).
   void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
-            long long* count, float* droot, cudaStream_t s);
+            long long* count, float* droot, cudaStream_t s) override;
   // dh_l from dh_{l+1}; dparams (fp32, the block's flat layout) +=.
-  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s);
+  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
   // droot += the embedding path's gradient given dh_0.
-  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s);
+  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
-  size_t activation_bytes() const;
-  const ModelConfig& config() const { return cfg_; }
+  size_t activation_bytes() const override;
+  const ModelConfig& config() const override { return cfg_; }
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

@@ -13,7 +13,8 @@
 
 #include "../../fsdp/fsdp_internal.hpp"
 #include "../../train/engine.hpp"
-#include "bloom_cuda.hpp"
+#include "cuda_model.hpp"
+#include "device_memory.hpp"
 #include "kernels.hpp"
 #include "nccl_communicator.hpp"
 #include "shardlm/device.hpp"
@@ -52,7 +53,6 @@ class CudaEngine : public TrainEngine {
  public:
   CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
       : cfg_(cfg), dt_(cfg.fsdp.param_dtype), dsize_(dtype_size(cfg.fsdp.param_dtype)), layout_(model_layout(cfg.model)) {
-    SHARDLM_CHECK(!cfg.model.is_llama(), "model.arch = llama runs on the CPU backend only so far (run.backend = cpu)");
     const size_t device_bytes_before = cuda::device_memory_stats().current;
     SHARDLM_CHECK(cfg.fsdp.reduce_dtype == DType::F32 || cfg.fsdp.reduce_dtype == cfg.fsdp.param_dtype,
                   "fsdp.reduce_dtype = ", dtype_name(cfg.fsdp.reduce_dtype),
@@ -148,8 +148,7 @@ class CudaEngine : public TrainEngine {
       reduce_send_.allocate(max_padded * dsize_);
       reduce_recv_.allocate(max_shard * dsize_);
     }
-    model_ = std::make_unique<cuda::BloomCuda>(cfg.model, dt_, micro, cfg.data.max_length,
-                                               cfg.fsdp.activation_checkpointing);
+    model_ = cuda::make_cuda_model(cfg.model, dt_, micro, cfg.data.max_length, cfg.fsdp.activation_checkpointing);
     tokens_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
     targets_.allocate(static_cast<size_t>(micro) * cfg.data.max_length);
     loss_.allocate(1), count_.allocate(1), norm_.allocate(1);
@@ -580,7 +579,7 @@ class CudaEngine : public TrainEngine {
   // Stream orderings taken every step, made once (after select_device: events belong to a device).
   std::unique_ptr<Event> params_written_, reductions_done_;
   bool root_reduced_pending_ = false;
-  std::unique_ptr<cuda::BloomCuda> model_;
+  std::unique_ptr<cuda::CudaModel> model_;
   DeviceBuffer<int32_t> tokens_, targets_;
   DeviceBuffer<float> loss_;
   DeviceBuffer<long long> count_;

@@ -1,0 +1,49 @@
+// CudaModel: what CudaEngine asks of a model on the GPU (forward and backward of each FSDP unit on
+// the caller's stream, activations in buffers planned up front), and the factory that picks the
+// model of cfg.arch (BloomCuda or LlamaCuda).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm::cuda {
+
+// Parameters are a unit's gathered flat parameter in the compute dtype (layout of model_layout);
+// parameter gradients are fp32 in the same layout, accumulated (+=). Hidden states live inside the
+// model: h_0 from embed_forward, h_{l+1} from block_forward(l), their gradients likewise.
+class CudaModel {
+ public:
+  virtual ~CudaModel() = default;
+
+  // h_0 from the token ids (device memory [B*T]).
+  virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
+  // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
+  virtual void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) = 0;
+  // Final norm, LM head and cross-entropy on h_L: adds the loss sum and target count to loss_sum /
+  // count (device scalars). With backward: the gradient of grad_scale * sum flows to the gradient
+  // of h_L and into droot (fp32, +=).
+  virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                    float* loss_sum, long long* count, float* droot, cudaStream_t s) = 0;
+  // The gradient of h_l from that of h_{l+1}; dparams (fp32, the block's flat layout) +=.
+  virtual void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) = 0;
+  // droot += the embedding path's gradient given the gradient of h_0.
+  virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T,
+                              cudaStream_t s) = 0;
+
+  // Bytes of the device buffers counted as activations in the run's memory records.
+  virtual size_t activation_bytes() const = 0;
+  virtual const ModelConfig& config() const = 0;
+};
+
+// The GPU model of cfg.arch in compute dtype dt, for micro-batches of up to max_batch x max_seq
+// tokens; with activation_checkpointing each block's activations are recomputed for its backward.
+std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                           bool activation_checkpointing);
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,222 @@
+// Llama attention on the GPU: causal softmax attention with grouped-query heads, forward and
+// backward, as strided-batched cuBLASLt GEMMs around fp32 softmax row kernels.
+//
+// Query head n = g * G + j (G = heads / kv_heads query heads per kv head) reads kv head g. For a
+// fixed j, the query heads g * G + j sit at a constant column stride G * d and their kv heads at a
+// stride d, so every GEMM runs once per sequence and j, batched over the kv heads g. Scores and their
+// gradient live in fp32 in the workspace for one sequence at a time; the key and value gradients of
+// the G query heads of a group are summed in an fp32 workspace [T, 2 kv_heads d] (GEMMs with
+// beta = 1), then rounded once into dqkv.
+#include <cmath>
+
+#include "dtype_cuda.cuh"
+#include "llama_kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij) over j <= i, 0 beyond.
+// `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
+template <typename T>
+__global__ void causal_softmax_kernel(const float* scores, T* probs, int heads, int seq) {
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= static_cast<long long>(heads) * seq) return;
+  const int i = static_cast<int>(row % seq);
+  const float* s = scores + row * seq;
+  T* p = probs + row * seq;
+  float m = -INFINITY, sum = 0.0f;
+  for (int j = lane; j <= i; j += 32) {
+    const float x = s[j];
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      sum += expf(x - m);
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
+    merge_softmax_state(m, sum, other_m, other_s);
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(j <= i ? expf(s[j] - m) * inv_sum : 0.0f);
+}
+
+// One warp per row: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d)
+// goes into the GEMMs that follow). dS may alias dP when T is float: each element is read, then
+// written, by one lane.
+template <typename T>
+__global__ void causal_softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= static_cast<long long>(heads) * seq) return;
+  const int i = static_cast<int>(row % seq);
+  const float* dp = dprobs + row * seq;
+  const T* p = probs + row * seq;
+  T* ds = dscores + row * seq;
+  float dot = 0.0f;
+  for (int j = lane; j <= i; j += 32) dot += to_float(p[j]) * dp[j];
+  dot = warp_sum(dot);
+  for (int j = lane; j < seq; j += 32) ds[j] = from_float<T>(j <= i ? to_float(p[j]) * (dp[j] - dot) : 0.0f);
+}
+
+// out[r, c] = (T) in[r, c] for a [rows, cols] fp32 block (row stride ld_in) into rows of stride ld_out.
+template <typename T>
+__global__ void store_rows_kernel(const float* in, int ld_in, T* out, int ld_out, int rows, int cols) {
+  const long long items = static_cast<long long>(rows) * cols;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < items; e += stride) {
+    const long long r = e / cols, c = e % cols;
+    out[r * ld_out + c] = from_float<T>(in[r * ld_in + c]);
+  }
+}
+
+unsigned row_blocks(int heads, int seq) {
+  const long long rows = static_cast<long long>(heads) * seq;
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+// A GEMM batched over the kv heads of one sequence.
+GemmDesc kv_head_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+                      long long stride_a, const void* B, int ldb, long long stride_b, float beta, void* C, int ldc,
+                      long long stride_c, DType ab, DType c, int kv_heads) {
+  GemmDesc g;
+  g.trans_a = trans_a, g.trans_b = trans_b;
+  g.M = M, g.N = N, g.K = K;
+  g.alpha = alpha, g.beta = beta;
+  g.A = A, g.lda = lda, g.stride_a = stride_a;
+  g.B = B, g.ldb = ldb, g.stride_b = stride_b;
+  g.C = C, g.ldc = ldc, g.stride_c = stride_c;
+  g.ab_dtype = ab, g.c_dtype = c;
+  g.batch = kv_heads;
+  return g;
+}
+
+void check_shape(const char* what, int B, int T, int heads, int kv_heads, int head_dim, const void* workspace) {
+  SHARDLM_CHECK(B >= 0 && T >= 0 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && head_dim >= 1, what,
+                ": bad shape B=", B, " T=", T, " heads=", heads, " kv_heads=", kv_heads, " head_dim=", head_dim);
+  SHARDLM_CHECK(B == 0 || T == 0 || workspace != nullptr, what, ": no workspace");
+}
+
+// Where the pieces of one sequence sit (byte pointers) and the strides of the per-j GEMMs.
+struct Layout {
+  int T, heads, kv_heads, d, G, qw, kvw, ld;
+  size_t es;
+  long long tt;
+  Layout(int T_, int heads_, int kv_heads_, int d_, DType dt)
+      : T(T_), heads(heads_), kv_heads(kv_heads_), d(d_), G(heads_ / kv_heads_), qw(heads_ * d_),
+        kvw(kv_heads_ * d_), ld(heads_ * d_ + 2 * kv_heads_ * d_), es(dtype_size(dt)),
+        tt(static_cast<long long>(T_) * T_) {}
+  size_t qkv_bytes() const { return static_cast<size_t>(T) * ld * es; }   // one sequence of qkv
+  size_t ctx_bytes() const { return static_cast<size_t>(T) * qw * es; }   // one sequence of ctx
+  size_t probs_bytes() const { return static_cast<size_t>(heads) * tt * es; }
+};
+
+}  // namespace
+
+void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, int B, int T, int heads,
+                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
+  check_shape("llama_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
+  if (B == 0 || T == 0) return;
+  const Layout l(T, heads, kv_heads, head_dim, dt);
+  const int d = head_dim, G = l.G;
+  const size_t es = l.es;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* scores = static_cast<float*>(workspace);
+  for (int b = 0; b < B; ++b) {
+    const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
+    const char* k = q + static_cast<size_t>(l.qw) * es;
+    const char* v = k + static_cast<size_t>(l.kvw) * es;
+    char* probs_b = static_cast<char*>(probs) + b * l.probs_bytes();
+    char* ctx_b = static_cast<char*>(ctx) + b * l.ctx_bytes();
+    // scores_n = scale * q_n k_g^T in fp32, for the query heads n = g G + j of every group g.
+    for (int j = 0; j < G; ++j)
+      gemm.run(kv_head_gemm(false, true, T, T, d, scale, q + static_cast<size_t>(j) * d * es, l.ld,
+                            static_cast<long long>(G) * d, k, l.ld, d, 0.0f, scores + j * l.tt, T, G * l.tt, dt,
+                            DType::F32, kv_heads),
+               stream);
+    dispatch_dtype(dt, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      causal_softmax_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
+          scores, reinterpret_cast<E*>(probs_b), heads, T);
+    });
+    SHARDLM_CUDA_LAUNCH_CHECK();
+    // ctx_n = P_n v_g, written into query head n's columns of ctx.
+    for (int j = 0; j < G; ++j)
+      gemm.run(kv_head_gemm(false, false, T, d, T, 1.0f, probs_b + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+                            v, l.ld, d, 0.0f, ctx_b + static_cast<size_t>(j) * d * es, l.qw,
+                            static_cast<long long>(G) * d, dt, dt, kv_heads),
+               stream);
+  }
+}
+
+void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, int B,
+                              int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
+                              cudaStream_t stream) {
+  check_shape("llama_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
+  if (B == 0 || T == 0) return;
+  const Layout l(T, heads, kv_heads, head_dim, dt);
+  const int d = head_dim, G = l.G;
+  const size_t es = l.es;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // Workspace: dP (fp32), dS in dt (in place over dP for fp32), the fp32 key|value gradient sums.
+  const size_t scores_bytes = align256(static_cast<size_t>(heads) * l.tt * sizeof(float));
+  float* dprobs = static_cast<float*>(workspace);
+  void* dscores = dt == DType::F32 ? workspace : static_cast<char*>(workspace) + scores_bytes;
+  const size_t dscores_bytes = dt == DType::F32 ? 0 : align256(static_cast<size_t>(heads) * l.tt * es);
+  float* dkv = reinterpret_cast<float*>(static_cast<char*>(workspace) + scores_bytes + dscores_bytes);
+  const int ld_dkv = 2 * l.kvw;
+  for (int b = 0; b < B; ++b) {
+    const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
+    const char* k = q + static_cast<size_t>(l.qw) * es;
+    const char* v = k + static_cast<size_t>(l.kvw) * es;
+    char* dq = static_cast<char*>(dqkv) + b * l.qkv_bytes();
+    const char* probs_b = static_cast<const char*>(probs) + b * l.probs_bytes();
+    const char* dctx_b = static_cast<const char*>(dctx) + b * l.ctx_bytes();
+    for (int j = 0; j < G; ++j) {
+      const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head writes, the others add
+      // dP_n = dctx_n v_g^T (fp32); dv_g += P_n^T dctx_n (fp32).
+      gemm.run(kv_head_gemm(false, true, T, T, d, 1.0f, dctx_b + static_cast<size_t>(j) * d * es, l.qw,
+                            static_cast<long long>(G) * d, v, l.ld, d, 0.0f, dprobs + j * l.tt, T, G * l.tt, dt,
+                            DType::F32, kv_heads),
+               stream);
+      gemm.run(kv_head_gemm(true, false, T, d, T, 1.0f, probs_b + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+                            dctx_b + static_cast<size_t>(j) * d * es, l.qw, static_cast<long long>(G) * d, beta,
+                            dkv + l.kvw, ld_dkv, d, dt, DType::F32, kv_heads),
+               stream);
+    }
+    dispatch_dtype(dt, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      causal_softmax_backward_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
+          dprobs, reinterpret_cast<const E*>(probs_b), static_cast<E*>(dscores), heads, T);
+    });
+    SHARDLM_CUDA_LAUNCH_CHECK();
+    const char* ds = static_cast<const char*>(dscores);
+    for (int j = 0; j < G; ++j) {
+      const float beta = j == 0 ? 0.0f : 1.0f;
+      // S = scale q k^T: dq_n = scale dS_n k_g (each query head once), dk_g += scale dS_n^T q_n (fp32).
+      gemm.run(kv_head_gemm(false, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt, k,
+                            l.ld, d, 0.0f, dq + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d,
+                            dt, dt, kv_heads),
+               stream);
+      gemm.run(kv_head_gemm(true, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+                            q + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d, beta, dkv,
+                            ld_dkv, d, dt, DType::F32, kv_heads),
+               stream);
+    }
+    // The summed key|value gradients into their columns of dqkv, rounded once.
+    const size_t items = static_cast<size_t>(T) * ld_dkv;
+    dispatch_dtype(dt, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      store_rows_kernel<E><<<grid_for(items), kBlockThreads, 0, stream>>>(
+          dkv, ld_dkv, reinterpret_cast<E*>(dq + static_cast<size_t>(l.qw) * es), l.ld, T, ld_dkv);
+    });
+    SHARDLM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,222 @@
+// LlamaCuda: the Llama decoder layer's forward and backward as cuBLASLt GEMMs (q|k|v and gate|up
+// each one GEMM over adjacent weights) and the kernels of llama_kernels.hpp, on the caller's stream.
+// The hidden-state gradient is updated in place through a block (the residual adds onto it); norm
+// outputs and SiLU(gate) * up are recomputed in backward rather than kept per block.
+#include "llama_cuda.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels.hpp"
+#include "llama_kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+// C[M, N] (row-major) = op(A) op(B) (+ beta C); dtypes: A and B in ab, C in c.
+struct MatMul {
+  Gemm& gemm;
+  cudaStream_t s;
+  void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
+                  int ldc, DType ab, DType c, float beta = 0) const {
+    GemmDesc d;
+    d.trans_a = ta, d.trans_b = tb, d.M = M, d.N = N, d.K = K;
+    d.A = A, d.lda = lda, d.B = B, d.ldb = ldb, d.C = C, d.ldc = ldc;
+    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta;
+    gemm.run(d, s);
+  }
+};
+
+size_t offset_of(const UnitLayout& unit, const std::string& name) {
+  for (const TensorSpec& t : unit.tensors)
+    if (t.name == name) return t.offset;
+  throw Error(concat("LlamaCuda: unit ", unit.name, " has no tensor ", name));
+}
+
+}  // namespace
+
+LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
+    : cfg_(cfg),
+      dt_(dt),
+      dsize_(dtype_size(dt)),
+      max_tokens_(max_batch * max_seq),
+      max_seq_(max_seq),
+      max_batch_(max_batch),
+      checkpointing_(activation_checkpointing),
+      qw_(cfg.num_heads * cfg.head_dim()),
+      kvw_(cfg.kv_heads() * cfg.head_dim()),
+      ffn_(cfg.ffn_size()),
+      sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
+  SHARDLM_CHECK(cfg.is_llama(), "LlamaCuda: model.arch is '", cfg.arch, "', not llama");
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "LlamaCuda: negative max_batch ", max_batch, " or max_seq ", max_seq);
+  const std::vector<UnitLayout> layout = llama_layout(cfg);  // also validates the config
+  root_.embeddings = offset_of(layout[0], "embed_tokens.weight");
+  root_.norm = offset_of(layout[0], "norm.weight");
+  root_.head = cfg.tie_word_embeddings ? root_.embeddings : offset_of(layout[0], "lm_head.weight");
+  if (cfg.num_layers > 0) {
+    const UnitLayout& b = layout[1];
+    const std::string p = b.name + ".";
+    const size_t H = cfg.hidden_size;
+    block_.input_norm = offset_of(b, p + "input_layernorm.weight");
+    block_.qkv = offset_of(b, p + "self_attn.q_proj.weight");
+    block_.o = offset_of(b, p + "self_attn.o_proj.weight");
+    block_.post_norm = offset_of(b, p + "post_attention_layernorm.weight");
+    block_.gate_up = offset_of(b, p + "mlp.gate_proj.weight");
+    block_.down = offset_of(b, p + "mlp.down_proj.weight");
+    // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each.
+    SHARDLM_CHECK(offset_of(b, p + "self_attn.k_proj.weight") == block_.qkv + qw_ * H &&
+                      offset_of(b, p + "self_attn.v_proj.weight") == block_.qkv + (qw_ + kvw_) * H &&
+                      offset_of(b, p + "mlp.up_proj.weight") == block_.gate_up + ffn_ * H,
+                  "LlamaCuda: q/k/v or gate/up projections are not adjacent in the block layout");
+  }
+  SHARDLM_CHECK(sizes_.head_workspace == lm_head_workspace_bytes(sizes_.head_chunk, cfg.vocab_size, dt),
+                "LlamaCuda: llama_cuda_sizes disagrees with lm_head_workspace_bytes (lm_head.cu)");
+
+  const std::vector<float> inv_freq = rope_inv_freq(cfg);
+  inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
+  SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
+                                cudaMemcpyHostToDevice));
+  hidden_.allocate(sizes_.hidden);
+  final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
+  saved_.resize(sizes_.saved_blocks);
+  for (Saved& sv : saved_) {
+    sv.rstd1.allocate(sizes_.rstd / sizeof(float));
+    sv.rstd2.allocate(sizes_.rstd / sizeof(float));
+    sv.qkv.allocate(sizes_.qkv);
+    sv.probs.allocate(sizes_.probs);
+    sv.context.allocate(sizes_.context);
+    sv.h2.allocate(sizes_.h2);
+    sv.gate_up.allocate(sizes_.gate_up);
+  }
+  norm_.allocate(sizes_.norm);
+  grad_.allocate(sizes_.grad);
+  dh_.allocate(sizes_.dh);
+  wide_.allocate(sizes_.wide);
+  dqkv_.allocate(sizes_.dqkv);
+  dgate_up_.allocate(sizes_.dgate_up);
+  attn_ws_.allocate(sizes_.attention_workspace);
+  head_ws_.allocate(sizes_.head_workspace);
+}
+
+size_t LlamaCuda::activation_bytes() const {
+  size_t n = inv_freq_.bytes() + hidden_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() + dh_.bytes() +
+             wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + attn_ws_.bytes() + head_ws_.bytes();
+  for (const Saved& sv : saved_)
+    n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.context.bytes() +
+         sv.h2.bytes() + sv.gate_up.bytes();
+  return n;
+}
+
+void LlamaCuda::check_shape(const char* what, int B, int T) const {
+  SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch_ && T <= max_seq_, "LlamaCuda::", what, ": batch ", B, " x seq ",
+                T, " exceeds the sizes it was built for (", max_batch_, " x ", max_seq_, ")");
+}
+
+void LlamaCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
+  check_shape("embed_forward", B, T);
+  const char* r = static_cast<const char*>(root);
+  embedding_forward(tokens, r + root_.embeddings * dsize_, hidden(0), B * T, cfg_.hidden_size, cfg_.vocab_size, dt_,
+                    s);
+}
+
+void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
+  const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
+  const char* p = static_cast<const char*>(params);
+  auto w = [&](size_t offset) { return p + offset * dsize_; };
+  MatMul mm{gemm_, s};
+  const char* x = hidden(layer);
+  char* out = hidden(layer + 1);
+  const float eps = cfg_.rms_norm_eps;
+
+  // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
+  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
+  mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_);
+  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s);  // q and k heads
+  llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.probs.data(), B, T, heads, kv_heads, d, dt_,
+                          attn_ws_.data(), s);
+  const size_t NH = static_cast<size_t>(N) * H * dsize_;
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
+  mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
+
+  // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2).
+  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
+  mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
+  swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
+  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
+  mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
+}
+
+void LlamaCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
+  check_shape("block_forward", B, T);
+  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "LlamaCuda::block_forward: layer ", layer, " out of range");
+  if (B * T == 0) return;
+  forward_into(layer, params, saved(layer), B, T, s);
+}
+
+void LlamaCuda::head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                     float* loss_sum, long long* count, float* droot, cudaStream_t s) {
+  check_shape("head", B, T);
+  const int N = B * T, H = cfg_.hidden_size;
+  if (N == 0) return;
+  const char* r = static_cast<const char*>(root);
+  const char* hL = hidden(cfg_.num_layers);
+  rmsnorm_forward(hL, r + root_.norm * dsize_, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s);
+  lm_head_loss(gemm_, norm_.data(), r + root_.head * dsize_, targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
+               grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, backward ? droot + root_.head : nullptr,
+               dt_, head_ws_.data(), s);
+  if (!backward) return;
+  rmsnorm_backward(grad_.data(), hL, r + root_.norm * dsize_, final_rstd_.data(), dh_.data(), droot + root_.norm, N,
+                   H, false, dt_, s);
+}
+
+void LlamaCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
+  check_shape("block_backward", B, T);
+  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "LlamaCuda::block_backward: layer ", layer, " out of range");
+  const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
+  const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
+  if (N == 0) return;
+  Saved& sv = saved(layer);
+  if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
+  const char* p = static_cast<const char*>(params);
+  auto w = [&](size_t offset) { return p + offset * dsize_; };
+  auto g = [&](size_t offset) { return dparams + offset; };
+  MatMul mm{gemm_, s};
+  const char* x = hidden(layer);
+  char* dh = dh_.data();  // d(out) on entry, d(h2) after the MLP, d(x) on exit
+  const float eps = cfg_.rms_norm_eps;
+
+  // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed).
+  swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
+  mm(true, false, H, F, N, dh, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
+  mm(false, false, N, F, H, dh, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
+  swiglu_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, F, dt_, s);
+  // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
+  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
+  mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
+  mm(false, false, N, H, 2 * F, dgate_up_.data(), 2 * F, w(block_.gate_up), H, grad_.data(), H, dt_, dt_);
+  // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
+  rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
+                   true, dt_, s);
+
+  // h2 = x + context W_o^T.
+  mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
+  mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
+  llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), B, T, heads, kv_heads,
+                           d, dt_, attn_ws_.data(), s);
+  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s);
+  // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
+  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
+  mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
+  mm(false, false, N, H, QKV, dqkv_.data(), QKV, w(block_.qkv), H, grad_.data(), H, dt_, dt_);
+  // d(x) = d(h2) + RMSNorm backward.
+  rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,
+                   s);
+}
+
+void LlamaCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
+  check_shape("embed_backward", B, T);
+  embedding_backward(tokens, dh_.data(), droot + root_.embeddings, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
+}
+
+}  // namespace shardlm::cuda

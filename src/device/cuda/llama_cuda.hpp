@@ -1,0 +1,77 @@
+// The Llama model on the GPU: forward and backward of each FSDP unit on one stream, activations in
+// the compute dtype in buffers planned up front (llama_cuda_sizes.hpp; no allocation in the step),
+// parameter gradients in fp32. Mirrors LlamaCpu (src/model/llama_cpu.cpp), which is its reference.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda_model.hpp"
+#include "device_memory.hpp"
+#include "gemm.hpp"
+#include "llama_cuda_sizes.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm::cuda {
+
+class LlamaCuda final : public CudaModel {
+ public:
+  // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
+  // only each block's input is kept; its other activations are recomputed before its backward.
+  LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
+
+  // h_0 = embed_tokens[tokens]; `tokens` is device memory [B*T].
+  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
+  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) override;
+  // Final RMSNorm, the LM head (lm_head.weight, or embed_tokens.weight when tied) and cross-entropy.
+  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+            float* loss_sum, long long* count, float* droot, cudaStream_t s) override;
+  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
+  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
+
+  // Every device buffer this object holds (llama_cuda_sizes(...).total()).
+  size_t activation_bytes() const override;
+  const ModelConfig& config() const override { return cfg_; }
+
+ private:
+  struct Saved {  // one block's activations kept for its backward
+    DeviceBuffer<float> rstd1, rstd2;
+    DeviceBuffer<char> qkv, probs, context, h2, gate_up;
+  };
+  void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
+  Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
+  void check_shape(const char* what, int B, int T) const;
+  char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
+
+  // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
+  // block), looked up once. q|k|v and gate|up are adjacent, so each pair of GEMMs is one.
+  struct RootOffsets {
+    size_t embeddings, norm, head;
+  };
+  struct BlockOffsets {
+    size_t input_norm, qkv, o, post_norm, gate_up, down;
+  };
+  RootOffsets root_{};
+  BlockOffsets block_{};
+
+  ModelConfig cfg_;
+  DType dt_;
+  size_t dsize_;
+  int max_tokens_, max_seq_, max_batch_;
+  bool checkpointing_;
+  int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
+  LlamaCudaSizes sizes_;
+  Gemm gemm_;
+  DeviceBuffer<float> inv_freq_;
+  DeviceBuffer<char> hidden_;       // h_0 .. h_L, each [max_tokens, H]; h_l is block l's input
+  DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms
+  std::vector<Saved> saved_;
+  // Scratch: a norm's output; the gradient into a norm or the context; the hidden-state gradient
+  // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
+  DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
+  DeviceBuffer<char> attn_ws_, head_ws_;
+};
+
+}  // namespace shardlm::cuda

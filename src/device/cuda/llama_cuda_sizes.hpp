@@ -1,0 +1,88 @@
+// The device buffers of LlamaCuda, in bytes, from the model and the micro-batch shape: LlamaCuda
+// allocates exactly these and `shardlm plan` (src/fsdp/memory_plan.cpp) adds them up. Plain C++
+// (no CUDA headers), so the CPU-only build plans Llama on the CUDA backend too.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm::cuda {
+
+// Logits of at most this many tokens exist at once in LlamaCuda's LM head (lm_head_loss's chunk).
+constexpr int kLlamaHeadChunkTokens = 2048;
+
+namespace llama_sizes_detail {
+// Workspace pieces start on 256-byte boundaries (dtype_cuda.cuh's align256).
+inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+}  // namespace llama_sizes_detail
+
+// Scratch of llama_attention_forward/backward for one sequence at a time: fp32 scores of every
+// head, their 16-bit gradient when dt is 16-bit, and the fp32 sums of the key and value gradients
+// over the query heads that share them.
+inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
+  using llama_sizes_detail::align256;
+  const size_t scores = static_cast<size_t>(heads) * T * T;
+  const size_t kv_grads = static_cast<size_t>(T) * 2 * kv_heads * head_dim;
+  return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt))) +
+         align256(kv_grads * sizeof(float));
+}
+
+struct LlamaCudaSizes {
+  size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)
+  // Kept from forward to backward: hidden states h_0 .. h_L, the final norm's 1/rms, the rotary
+  // inverse frequencies.
+  size_t hidden = 0, final_rstd = 0, inv_freq = 0;
+  // Per saved block: both norms' 1/rms, q|k|v after rotary, softmax, attention context, the
+  // mid-block residual h2, gate|up projections.
+  size_t rstd = 0, qkv = 0, probs = 0, context = 0, h2 = 0, gate_up = 0;
+  // Scratch shared by the blocks: a norm's output, the gradient flowing into a norm or the
+  // context, the hidden-state gradient, SiLU(gate) * up and its gradient, d(q|k|v), d(gate|up).
+  size_t norm = 0, grad = 0, dh = 0, wide = 0, dqkv = 0, dgate_up = 0;
+  size_t attention_workspace = 0, head_workspace = 0;
+  int head_chunk = 0;
+
+  size_t per_block() const { return 2 * rstd + qkv + probs + context + h2 + gate_up; }
+  size_t total() const {
+    return hidden + final_rstd + inv_freq + saved_blocks * per_block() + norm + grad + dh + wide + dqkv + dgate_up +
+           attention_workspace + head_workspace;
+  }
+};
+
+inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                       bool activation_checkpointing) {
+  using llama_sizes_detail::align256;
+  const size_t es = dtype_size(dt), f32 = sizeof(float);
+  const size_t B = static_cast<size_t>(std::max(max_batch, 0)), T = static_cast<size_t>(std::max(max_seq, 0));
+  const size_t N = B * T, H = cfg.hidden_size, L = cfg.num_layers, F = cfg.ffn_size();
+  const size_t d = cfg.head_dim(), QW = cfg.num_heads * d, KVW = static_cast<size_t>(cfg.kv_heads()) * d;
+  LlamaCudaSizes s;
+  s.saved_blocks = activation_checkpointing ? std::min<size_t>(L, 1) : L;
+  s.hidden = (L + 1) * N * H * es;
+  s.final_rstd = N * f32;
+  s.inv_freq = d / 2 * f32;
+  s.rstd = N * f32;
+  s.qkv = N * (QW + 2 * KVW) * es;
+  s.probs = B * cfg.num_heads * T * T * es;
+  s.context = N * QW * es;
+  s.h2 = N * H * es;
+  s.gate_up = N * 2 * F * es;
+  s.norm = N * H * es;
+  s.grad = N * std::max(H, QW) * es;
+  s.dh = N * H * es;
+  if (L > 0) {
+    s.wide = N * F * es;
+    s.dqkv = N * (QW + 2 * KVW) * es;
+    s.dgate_up = N * 2 * F * es;
+    s.attention_workspace = llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
+  }
+  // lm_head_workspace_bytes (lm_head.cu): fp32 logits, per-row losses and target flags of a chunk.
+  s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));
+  const size_t chunk = static_cast<size_t>(s.head_chunk);
+  s.head_workspace = align256(chunk * cfg.vocab_size * f32) + align256(chunk * f32) + align256(chunk * sizeof(int));
+  return s;
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,53 @@
+// Rotary position embeddings (Llama), applied in place to the query and key heads at the start of
+// each row. One thread per (row, frequency): it forms cos and sin of its angle once and rotates
+// that pair of every head of the row.
+#include "dtype_cuda.cuh"
+#include "llama_kernels.hpp"
+
+namespace shardlm::cuda {
+namespace {
+
+// The angle is rounded to fp32 (pos * inv_freq in fp32, as transformers and LlamaCpu form it);
+// its cos and sin are taken in double and rounded, so the table equals LlamaCpu's.
+template <typename T>
+__global__ void rotary_kernel(T* x, long long n, int seq, int heads, int head_dim, int ld,
+                              const float* __restrict__ inv_freq, float sign) {
+  const int half = head_dim / 2;
+  const long long items = n * half;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
+       item += stride) {
+    const long long row = item / half;
+    const int i = static_cast<int>(item % half);
+    const float angle = static_cast<float>(row % seq) * inv_freq[i];
+    double s = 0.0, c = 0.0;
+    sincos(static_cast<double>(angle), &s, &c);
+    const float cs = static_cast<float>(c), sn = sign * static_cast<float>(s);
+    T* r = x + row * ld;
+    for (int h = 0; h < heads; ++h) {
+      T* head = r + static_cast<long long>(h) * head_dim;
+      const float x1 = to_float(head[i]), x2 = to_float(head[i + half]);
+      head[i] = from_float<T>(x1 * cs - x2 * sn);
+      head[i + half] = from_float<T>(x2 * cs + x1 * sn);
+    }
+  }
+}
+
+}  // namespace
+
+void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const float* inv_freq, bool inverse,
+                  DType dt, cudaStream_t stream) {
+  SHARDLM_CHECK(n >= 0 && T >= 1 && heads >= 0 && head_dim >= 2 && head_dim % 2 == 0 && ld >= heads * head_dim,
+                "rotary_apply: bad shape n=", n, " T=", T, " heads=", heads, " head_dim=", head_dim, " ld=", ld);
+  if (n == 0 || heads == 0) return;
+  const long long items = static_cast<long long>(n) * (head_dim / 2);
+  const float sign = inverse ? -1.0f : 1.0f;
+  dispatch_dtype(dt, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    rotary_kernel<E><<<grid_for(static_cast<size_t>(items)), kBlockThreads, 0, stream>>>(
+        static_cast<E*>(x), n, T, heads, head_dim, ld, inv_freq, sign);
+  });
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,745 @@
+// Tests of the Llama pieces of the CUDA backend (label gpu): the kernels of llama_kernels.hpp
+// (RMSNorm, rotary embeddings with Llama 3.1's rope_scaling, SwiGLU, causal grouped-query attention)
+// against double-precision host references that mirror src/model/llama_cpu.cpp, in fp32, bf16 and
+// fp16, with the references' backward passes checked against finite differences; then LlamaCuda
+// against LlamaCpu on a tiny model: loss, target count and every parameter gradient of one
+// forward/backward, GQA, tied and untied heads, with and without activation checkpointing.
+#define BOOST_TEST_MODULE test_cuda_llama
+#include <boost/test/unit_test.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_test_support.hpp"
+#include "gemm.hpp"
+#include "llama_cuda.hpp"
+#include "llama_kernels.hpp"
+#include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
+
+using namespace shardlm;
+using shardlm::cuda::Gemm;
+
+namespace {
+
+using namespace cuda_test;
+
+const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// ---- host helpers ---------------------------------------------------------------------------
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f, float offset = 0.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_to(dt, offset + normal(rng));
+  return v;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+// Largest |got - ref| relative to the largest |ref|.
+double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return worst / std::max(scale, 1e-20);
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  return relative_error(got, to_double(ref));
+}
+
+// Activations stored in dt, relative to the largest value: a few units in dt's last place.
+double output_tolerance(DType dt) { return dt == DType::F32 ? 1e-5 : (dt == DType::BF16 ? 1.5e-2 : 3e-3); }
+
+// A device buffer of n elements of dt, `shift` elements past a 256-byte boundary (shift 1: the
+// kernels must take their unaligned paths).
+struct Placed {
+  DeviceBuffer buffer;
+  void* at;
+  Placed(size_t n, DType dt, int shift)
+      : buffer((n + 16) * dtype_size(dt)), at(buffer.offset(static_cast<size_t>(shift) * dtype_size(dt))) {}
+};
+
+Placed placed(const std::vector<float>& v, DType dt, int shift) {
+  Placed p(v.size(), dt, shift);
+  upload(p.at, v, dt);
+  return p;
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  void sync() {
+    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaGetLastError());
+  }
+};
+
+// Central differences of f at x, element by element.
+template <typename F>
+std::vector<double> numeric_gradient(F&& f, std::vector<double> x, double eps = 1e-5) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = f(x);
+    x[i] = keep - eps;
+    const double down = f(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
+double dot(const std::vector<double>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// ---- RMSNorm reference (llama_cpu.cpp's rms_norm_row and its backward, in double) -----------
+
+std::vector<double> rmsnorm_ref(const std::vector<double>& x, const std::vector<double>& w, int n, int H, float eps,
+                                std::vector<double>* rstd = nullptr) {
+  std::vector<double> y(x.size());
+  if (rstd) rstd->assign(n, 0.0);
+  for (int r = 0; r < n; ++r) {
+    double squares = 0.0;
+    for (int c = 0; c < H; ++c) squares += x[static_cast<size_t>(r) * H + c] * x[static_cast<size_t>(r) * H + c];
+    const double rs = 1.0 / std::sqrt(squares / H + eps);
+    if (rstd) (*rstd)[r] = rs;
+    for (int c = 0; c < H; ++c) y[static_cast<size_t>(r) * H + c] = x[static_cast<size_t>(r) * H + c] * rs * w[c];
+  }
+  return y;
+}
+
+// dx of the norm and the increment of dweight, given dy.
+void rmsnorm_backward_ref(const std::vector<double>& dy, const std::vector<double>& x, const std::vector<double>& w,
+                          int n, int H, float eps, std::vector<double>& dx, std::vector<double>& dweight) {
+  std::vector<double> rstd;
+  rmsnorm_ref(x, w, n, H, eps, &rstd);
+  dx.assign(x.size(), 0.0);
+  dweight.assign(H, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const size_t at = static_cast<size_t>(r) * H;
+    double sum = 0.0;
+    for (int c = 0; c < H; ++c) sum += dy[at + c] * w[c] * x[at + c] * rstd[r];
+    const double mean = sum / H;
+    for (int c = 0; c < H; ++c) {
+      const double xhat = x[at + c] * rstd[r];
+      dx[at + c] = rstd[r] * (dy[at + c] * w[c] - xhat * mean);
+      dweight[c] += dy[at + c] * xhat;
+    }
+  }
+}
+
+void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
+  BOOST_TEST_CONTEXT("rmsnorm n=" << n << " H=" << H << " dt=" << dtype_name(dt) << " shift=" << shift) {
+    std::mt19937 rng(seed);
+    const float eps = 1e-5f;
+    const size_t size = static_cast<size_t>(n) * H;
+    const std::vector<float> x = random_values(size, rng, dt, 1.0f, 0.3f);
+    const std::vector<float> w = random_values(H, rng, dt, 0.1f, 1.0f);
+    const std::vector<float> dy = random_values(size, rng, dt);
+    const std::vector<float> dx0 = random_values(size, rng, dt);
+    const std::vector<float> dw0 = random_values(H, rng, DType::F32, 0.5f);
+    Placed d_x = placed(x, dt, shift), d_w = placed(w, dt, shift), d_dy = placed(dy, dt, shift);
+    Placed d_y(size, dt, shift), d_dx(size, dt, shift);
+    DeviceBuffer d_rstd(n * sizeof(float)), d_dw = to_device(dw0, DType::F32);
+    Stream s;
+    cuda::rmsnorm_forward(d_x.at, d_w.at, d_y.at, d_rstd.as<float>(), n, H, eps, dt, s.s);
+    s.sync();
+    std::vector<double> rstd;
+    const std::vector<double> y = rmsnorm_ref(to_double(x), to_double(w), n, H, eps, &rstd);
+    BOOST_TEST(relative_error(download(d_y.at, size, dt), y) <= output_tolerance(dt));
+    BOOST_TEST(relative_error(download(d_rstd.get(), n, DType::F32), rstd) <= 1e-5);  // fp32 sums of exact inputs
+
+    std::vector<double> dx, dw;
+    rmsnorm_backward_ref(to_double(dy), to_double(x), to_double(w), n, H, eps, dx, dw);
+    for (bool accumulate : {false, true}) {
+      BOOST_TEST_CONTEXT((accumulate ? "dx +=" : "dx =")) {
+        upload(d_dx.at, dx0, dt);
+        upload(d_dw.get(), dw0, DType::F32);
+        cuda::rmsnorm_backward(d_dy.at, d_x.at, d_w.at, d_rstd.as<float>(), d_dx.at, d_dw.as<float>(), n, H,
+                               accumulate, dt, s.s);
+        s.sync();
+        std::vector<double> want_dx = dx;
+        if (accumulate)
+          for (size_t i = 0; i < size; ++i) want_dx[i] += dx0[i];
+        BOOST_TEST(relative_error(download(d_dx.at, size, dt), want_dx) <= output_tolerance(dt));
+        const std::vector<float> got_dw = download(d_dw.get(), H, DType::F32);
+        std::vector<float> increment(H);
+        for (int c = 0; c < H; ++c) increment[c] = got_dw[c] - dw0[c];
+        BOOST_TEST(relative_error(increment, dw) <= 2e-5);  // fp32 sums of exact inputs
+      }
+    }
+  }
+}
+
+// ---- rotary reference (llama_cpu.cpp's apply_rotary, angles as LlamaCpu forms them) ----------
+
+ModelConfig rope_config(int head_dim, float theta, float factor, int original) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.num_heads = 1;
+  c.hidden_size = head_dim;
+  c.rope_theta = theta;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.original_max_position_embeddings = original;
+  return c;
+}
+
+std::vector<double> rotary_ref(const std::vector<float>& x, int n, int T, int heads, int d, int ld,
+                               const std::vector<float>& inv_freq, bool inverse) {
+  std::vector<double> out = to_double(x);
+  const int half = d / 2;
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(r % T) * inv_freq[i];
+      const double c = std::cos(static_cast<double>(angle));
+      const double s = (inverse ? -1.0 : 1.0) * std::sin(static_cast<double>(angle));
+      for (int h = 0; h < heads; ++h) {
+        const size_t at = static_cast<size_t>(r) * ld + static_cast<size_t>(h) * d;
+        const double x1 = x[at + i], x2 = x[at + i + half];
+        out[at + i] = x1 * c - x2 * s;
+        out[at + i + half] = x2 * c + x1 * s;
+      }
+    }
+  return out;
+}
+
+// `heads` rotated heads at the start of rows of `heads + untouched` heads.
+void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rope, DType dt, unsigned seed) {
+  const int d = rope.head_dim(), ld = (heads + untouched) * d, n = B * T;
+  BOOST_TEST_CONTEXT("rotary B=" << B << " T=" << T << " heads=" << heads << " +" << untouched << " d=" << d
+                                 << " factor=" << rope.rope_scaling.factor << " dt=" << dtype_name(dt)) {
+    std::mt19937 rng(seed);
+    const size_t size = static_cast<size_t>(n) * ld;
+    const std::vector<float> x = random_values(size, rng, dt);
+    const std::vector<float> inv_freq = rope_inv_freq(rope);
+    DeviceBuffer d_x = to_device(x, dt), d_freq = to_device(inv_freq, DType::F32);
+    Stream s;
+    for (bool inverse : {false, true}) {
+      upload(d_x.get(), x, dt);
+      cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), inverse, dt, s.s);
+      s.sync();
+      const std::vector<float> got = download(d_x.get(), size, dt);
+      BOOST_TEST(relative_error(got, rotary_ref(x, n, T, heads, d, ld, inv_freq, inverse)) <= output_tolerance(dt),
+                 (inverse ? "inverse" : "forward"));
+      size_t changed = 0;  // the heads after the rotated ones (v) are left alone, bit for bit
+      for (int r = 0; r < n; ++r)
+        for (int c = heads * d; c < ld; ++c) {
+          const size_t at = static_cast<size_t>(r) * ld + c;
+          changed += got[at] != x[at];
+        }
+      BOOST_TEST(changed == 0u);
+    }
+    if (dt != DType::F32) return;
+    // The inverse undoes the forward (it is the transpose of an orthogonal map: the backward).
+    upload(d_x.get(), x, dt);
+    cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), false, dt, s.s);
+    cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), true, dt, s.s);
+    s.sync();
+    BOOST_TEST(relative_error(download(d_x.get(), size, dt), x) <= 1e-5);
+  }
+}
+
+// ---- SwiGLU reference ------------------------------------------------------------------------
+
+double sigmoid_ref(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+std::vector<double> swiglu_ref(const std::vector<double>& gate_up, int n, int F) {
+  std::vector<double> out(static_cast<size_t>(n) * F);
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < F; ++c) {
+      const double g = gate_up[static_cast<size_t>(r) * 2 * F + c], u = gate_up[static_cast<size_t>(r) * 2 * F + F + c];
+      out[static_cast<size_t>(r) * F + c] = g * sigmoid_ref(g) * u;
+    }
+  return out;
+}
+
+std::vector<double> swiglu_backward_ref(const std::vector<double>& dout, const std::vector<double>& gate_up, int n,
+                                        int F) {
+  std::vector<double> d(gate_up.size());
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < F; ++c) {
+      const size_t at = static_cast<size_t>(r) * 2 * F + c;
+      const double g = gate_up[at], u = gate_up[at + F], s = sigmoid_ref(g), dy = dout[static_cast<size_t>(r) * F + c];
+      d[at] = dy * u * s * (1.0 + g * (1.0 - s));
+      d[at + F] = dy * g * s;
+    }
+  return d;
+}
+
+void check_swiglu(int n, int F, DType dt, int shift, unsigned seed) {
+  BOOST_TEST_CONTEXT("swiglu n=" << n << " F=" << F << " dt=" << dtype_name(dt) << " shift=" << shift) {
+    std::mt19937 rng(seed);
+    const size_t wide = static_cast<size_t>(n) * F;
+    const std::vector<float> gate_up = random_values(2 * wide, rng, dt, 2.0f);
+    const std::vector<float> dout = random_values(wide, rng, dt);
+    Placed d_gu = placed(gate_up, dt, shift), d_dout = placed(dout, dt, shift);
+    Placed d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
+    Stream s;
+    cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+    cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
+    s.sync();
+    BOOST_TEST(relative_error(download(d_out.at, wide, dt), swiglu_ref(to_double(gate_up), n, F)) <=
+               output_tolerance(dt));
+    BOOST_TEST(relative_error(download(d_dgu.at, 2 * wide, dt),
+                              swiglu_backward_ref(to_double(dout), to_double(gate_up), n, F)) <= output_tolerance(dt));
+  }
+}
+
+// ---- grouped-query attention reference (llama_cpu.cpp's attention, in double) ---------------
+
+struct AttnShape {
+  int B, T, heads, kv_heads, d;
+  int G() const { return heads / kv_heads; }
+  int qw() const { return heads * d; }
+  int ld() const { return (heads + 2 * kv_heads) * d; }
+  size_t qkv_size() const { return static_cast<size_t>(B) * T * ld(); }
+  size_t ctx_size() const { return static_cast<size_t>(B) * T * qw(); }
+  size_t probs_size() const { return static_cast<size_t>(B) * heads * T * T; }
+  size_t q_at(int b, int i, int n, int e) const { return (static_cast<size_t>(b) * T + i) * ld() + n * d + e; }
+  size_t k_at(int b, int j, int g, int e) const { return (static_cast<size_t>(b) * T + j) * ld() + qw() + g * d + e; }
+  size_t v_at(int b, int j, int g, int e) const { return k_at(b, j, g, e) + kv_heads * d; }
+  size_t ctx_at(int b, int i, int n, int e) const { return (static_cast<size_t>(b) * T + i) * qw() + n * d + e; }
+  size_t probs_at(int b, int n, int i, int j) const { return ((static_cast<size_t>(b) * heads + n) * T + i) * T + j; }
+};
+
+void attention_ref(const AttnShape& s, const std::vector<double>& qkv, std::vector<double>& probs,
+                   std::vector<double>& ctx) {
+  probs.assign(s.probs_size(), 0.0);
+  ctx.assign(s.ctx_size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  std::vector<double> row(s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int n = 0; n < s.heads; ++n) {
+      const int g = n / s.G();
+      for (int i = 0; i < s.T; ++i) {
+        double max_score = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          double dotp = 0.0;
+          for (int e = 0; e < s.d; ++e) dotp += qkv[s.q_at(b, i, n, e)] * qkv[s.k_at(b, j, g, e)];
+          row[j] = scale * dotp;
+          max_score = std::max(max_score, row[j]);
+        }
+        double total = 0.0;
+        for (int j = 0; j <= i; ++j) total += std::exp(row[j] - max_score);
+        for (int j = 0; j <= i; ++j) {
+          const double p = std::exp(row[j] - max_score) / total;
+          probs[s.probs_at(b, n, i, j)] = p;
+          for (int e = 0; e < s.d; ++e) ctx[s.ctx_at(b, i, n, e)] += p * qkv[s.v_at(b, j, g, e)];
+        }
+      }
+    }
+}
+
+std::vector<double> attention_backward_ref(const AttnShape& s, const std::vector<double>& qkv,
+                                           const std::vector<double>& probs, const std::vector<double>& dctx) {
+  std::vector<double> dqkv(s.qkv_size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  std::vector<double> dp(s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int n = 0; n < s.heads; ++n) {
+      const int g = n / s.G();
+      for (int i = 0; i < s.T; ++i) {
+        double sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          double v = 0.0;
+          for (int e = 0; e < s.d; ++e) v += dctx[s.ctx_at(b, i, n, e)] * qkv[s.v_at(b, j, g, e)];
+          dp[j] = v;
+          sum += probs[s.probs_at(b, n, i, j)] * v;
+        }
+        for (int j = 0; j <= i; ++j) {
+          const double p = probs[s.probs_at(b, n, i, j)];
+          const double ds = p * (dp[j] - sum) * scale;
+          for (int e = 0; e < s.d; ++e) {
+            dqkv[s.v_at(b, j, g, e)] += p * dctx[s.ctx_at(b, i, n, e)];
+            dqkv[s.q_at(b, i, n, e)] += ds * qkv[s.k_at(b, j, g, e)];
+            dqkv[s.k_at(b, j, g, e)] += ds * qkv[s.q_at(b, i, n, e)];
+          }
+        }
+      }
+    }
+  return dqkv;
+}
+
+struct GpuAttention {
+  std::vector<float> probs, ctx, dqkv;
+};
+
+GpuAttention run_gpu_attention(const AttnShape& s, const std::vector<float>& qkv, const std::vector<float>& dctx,
+                               DType dt) {
+  const size_t es = dtype_size(dt);
+  DeviceBuffer d_qkv = to_device(qkv, dt), d_dctx = to_device(dctx, dt);
+  DeviceBuffer d_ctx(s.ctx_size() * es), d_probs(s.probs_size() * es), d_dqkv(s.qkv_size() * es);
+  DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(s.T, s.heads, s.kv_heads, s.d, dt));
+  // Garbage in the outputs and the workspace: everything must be written, masked probabilities too.
+  CUDA_OK(cudaMemset(d_probs.get(), 0x7f, d_probs.bytes()));
+  CUDA_OK(cudaMemset(d_ctx.get(), 0x7f, d_ctx.bytes()));
+  CUDA_OK(cudaMemset(d_dqkv.get(), 0x7f, d_dqkv.bytes()));
+  CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
+  Gemm gemm;
+  Stream st;
+  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), s.B, s.T,
+                                                       s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
+  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(),
+                                                        s.B, s.T, s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
+  st.sync();
+  GpuAttention out;
+  out.probs = download(d_probs.get(), s.probs_size(), dt);
+  out.ctx = download(d_ctx.get(), s.ctx_size(), dt);
+  out.dqkv = download(d_dqkv.get(), s.qkv_size(), dt);
+  return out;
+}
+
+void check_attention(const AttnShape& s, DType dt, double tol_forward, double tol_backward, unsigned seed) {
+  BOOST_TEST_CONTEXT("attention B=" << s.B << " T=" << s.T << " heads=" << s.heads << " kv_heads=" << s.kv_heads
+                                    << " d=" << s.d << " dt=" << dtype_name(dt)) {
+    std::mt19937 rng(seed);
+    const std::vector<float> qkv = random_values(s.qkv_size(), rng, dt);
+    const std::vector<float> dctx = random_values(s.ctx_size(), rng, dt);
+    const GpuAttention gpu = run_gpu_attention(s, qkv, dctx, dt);
+    std::vector<double> probs, ctx;
+    attention_ref(s, to_double(qkv), probs, ctx);
+    BOOST_TEST(relative_error(gpu.probs, probs) <= tol_forward);
+    BOOST_TEST(relative_error(gpu.ctx, ctx) <= tol_forward);
+    BOOST_TEST(relative_error(gpu.dqkv, attention_backward_ref(s, to_double(qkv), probs, to_double(dctx))) <=
+               tol_backward);
+    size_t above = 0;  // causal: exactly zero above the diagonal
+    for (int b = 0; b < s.B; ++b)
+      for (int n = 0; n < s.heads; ++n)
+        for (int i = 0; i < s.T; ++i)
+          for (int j = i + 1; j < s.T; ++j) above += gpu.probs[s.probs_at(b, n, i, j)] != 0.0f;
+    BOOST_TEST(above == 0u);
+  }
+}
+
+// ---- a tiny Llama on both backends --------------------------------------------------------------
+
+ModelConfig tiny_llama(bool tied) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 97;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;  // grouped-query: two query heads per kv head
+  c.intermediate_size = 48;
+  c.rms_norm_eps = 1e-5f;
+  c.init_std = 0.1f;
+  // Llama 3.1 scaling with a short original context: head_dim 8 gives one blended frequency and three
+  // slowed ones.
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.original_max_position_embeddings = 16;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Each unit's flat parameter, the deterministic init with the norm weights moved off 1.
+std::vector<std::vector<float>> tiny_params(const ModelConfig& cfg) {
+  const std::vector<UnitLayout> layout = llama_layout(cfg);
+  std::vector<std::vector<float>> params;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.2f);
+  for (size_t u = 0; u < layout.size(); ++u) {
+    std::vector<float> p(layout[u].numel);
+    init_unit_slice(layout[u], static_cast<int>(u), 11, 0, p.size(), p.data());
+    for (const TensorSpec& t : layout[u].tensors)
+      if (t.init == InitKind::Ones)
+        for (size_t i = 0; i < t.numel; ++i) p[t.offset + i] += normal(rng);
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+struct Pass {
+  double loss = 0;
+  long long count = 0;
+  std::vector<std::vector<float>> grads;  // per unit, fp32
+};
+
+Pass cpu_pass(const ModelConfig& cfg, const std::vector<std::vector<float>>& params, const std::vector<int32_t>& tokens,
+              const std::vector<int32_t>& targets, int B, int T, float grad_scale) {
+  LlamaCpu model(cfg, B, T);
+  const int L = cfg.num_layers;
+  const size_t NH = static_cast<size_t>(B) * T * cfg.hidden_size;
+  std::vector<std::vector<float>> h(L + 1, std::vector<float>(NH));
+  model.embed_forward(params[0].data(), tokens.data(), B, T, h[0].data());
+  for (int l = 0; l < L; ++l) model.block_forward(l, params[1 + l].data(), h[l].data(), h[l + 1].data(), B, T);
+  Pass out;
+  for (const auto& p : params) out.grads.emplace_back(p.size(), 0.0f);
+  std::vector<float> dh(NH), dh_in(NH);
+  int64_t count = 0;
+  out.loss = model.head_loss(params[0].data(), h[L].data(), targets.data(), B, T, &count, grad_scale, dh.data(),
+                             out.grads[0].data());
+  out.count = count;
+  for (int l = L - 1; l >= 0; --l) {
+    model.block_backward(l, params[1 + l].data(), dh.data(), dh_in.data(), out.grads[1 + l].data(), B, T);
+    std::swap(dh, dh_in);
+  }
+  model.embed_backward(params[0].data(), tokens.data(), dh.data(), out.grads[0].data(), B, T);
+  return out;
+}
+
+// The same pass on the GPU, built for max_batch x max_seq (at least B x T).
+Pass gpu_pass(const ModelConfig& cfg, const std::vector<std::vector<float>>& params,
+              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int B, int T, float grad_scale,
+              DType dt, bool checkpointing, int max_batch, int max_seq) {
+  cuda::LlamaCuda model(cfg, dt, max_batch, max_seq, checkpointing);
+  BOOST_TEST(model.activation_bytes() == cuda::llama_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing).total());
+  const int L = cfg.num_layers;
+  std::vector<DeviceBuffer> d_params, d_grads;
+  for (const auto& p : params) {
+    d_params.push_back(to_device(p, dt));
+    d_grads.push_back(to_device(std::vector<float>(p.size(), 0.0f), DType::F32));
+  }
+  DeviceBuffer d_tokens = to_device_raw(tokens), d_targets = to_device_raw(targets);
+  DeviceBuffer d_loss = to_device(std::vector<float>{0.0f}, DType::F32);
+  DeviceBuffer d_count = to_device_raw(std::vector<long long>{0});
+  Stream s;
+  model.embed_forward(d_params[0].get(), d_tokens.as<int32_t>(), B, T, s.s);
+  for (int l = 0; l < L; ++l) model.block_forward(l, d_params[1 + l].get(), B, T, s.s);
+  model.head(d_params[0].get(), d_targets.as<int32_t>(), B, T, grad_scale, true, d_loss.as<float>(),
+             d_count.as<long long>(), d_grads[0].as<float>(), s.s);
+  for (int l = L - 1; l >= 0; --l)
+    model.block_backward(l, d_params[1 + l].get(), d_grads[1 + l].as<float>(), B, T, s.s);
+  model.embed_backward(d_params[0].get(), d_tokens.as<int32_t>(), d_grads[0].as<float>(), B, T, s.s);
+  s.sync();
+  Pass out;
+  out.loss = download(d_loss.get(), 1, DType::F32)[0];
+  out.count = from_device_raw<long long>(d_count.get(), 1)[0];
+  for (size_t u = 0; u < params.size(); ++u)
+    out.grads.push_back(download(d_grads[u].get(), params[u].size(), DType::F32));
+  return out;
+}
+
+void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad) {
+  BOOST_TEST_CONTEXT("tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
+    const ModelConfig cfg = tiny_llama(tied);
+    std::vector<std::vector<float>> params = tiny_params(cfg);
+    if (dt != DType::F32)  // both sides see the parameters the GPU computes with
+      for (auto& p : params) round_to(dt, p.data(), p.size());
+    const int B = 2, T = 11;
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int32_t> token(0, cfg.vocab_size - 1);
+    std::vector<int32_t> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; ++i) {
+      tokens[i] = token(rng);
+      targets[i] = i % 4 == 1 ? -1 : token(rng);  // some positions without a target
+    }
+    tokens[3] = tokens[7] = tokens[15];  // a repeated token: its embedding gradient adds up
+    const float grad_scale = 0.25f;
+    const Pass want = cpu_pass(cfg, params, tokens, targets, B, T, grad_scale);
+    // Built for more than it runs: the shapes of the pass, not of the buffers, must drive every kernel.
+    const Pass got = gpu_pass(cfg, params, tokens, targets, B, T, grad_scale, dt, checkpointing, B + 1, T + 5);
+    BOOST_TEST(got.count == want.count);
+    BOOST_TEST(std::abs(got.loss - want.loss) <= tol_loss * std::abs(want.loss));
+    const std::vector<UnitLayout> layout = llama_layout(cfg);
+    for (size_t u = 0; u < layout.size(); ++u)
+      for (const TensorSpec& t : layout[u].tensors) {
+        std::vector<float> g(got.grads[u].begin() + t.offset, got.grads[u].begin() + t.offset + t.numel);
+        std::vector<float> w(want.grads[u].begin() + t.offset, want.grads[u].begin() + t.offset + t.numel);
+        BOOST_TEST(relative_error(g, w) <= tol_grad, t.name << " of unit " << layout[u].name);
+      }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(device_present) { require_device("test_cuda_llama"); }
+
+// n = 0 launches nothing and touches no pointer.
+BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
+  require_device("test_cuda_llama");
+  Gemm gemm;
+  for (DType dt : kAllDtypes) {
+    cuda::rmsnorm_forward(nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f, dt, nullptr);
+    cuda::rmsnorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 64, true, dt, nullptr);
+    cuda::rotary_apply(nullptr, 0, 4, 2, 8, 16, nullptr, false, dt, nullptr);
+    cuda::swiglu_forward(nullptr, nullptr, 0, 16, dt, nullptr);
+    cuda::swiglu_backward(nullptr, nullptr, nullptr, 0, 16, dt, nullptr);
+    cuda::llama_attention_forward(gemm, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
+    cuda::llama_attention_backward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  BOOST_CHECK_THROW(cuda::llama_attention_forward(gemm, nullptr, nullptr, nullptr, 1, 4, 4, 3, 8, DType::F32, nullptr,
+                                                  nullptr),
+                    Error);  // 3 kv heads do not divide 4 query heads
+  BOOST_CHECK_THROW(cuda::rotary_apply(nullptr, 4, 4, 2, 7, 14, nullptr, false, DType::F32, nullptr), Error);
+}
+
+BOOST_AUTO_TEST_CASE(rmsnorm_matches_reference) {
+  require_device("test_cuda_llama");
+  unsigned seed = 100;
+  struct Shape {
+    int n, H;
+  };
+  // Packs and single elements (odd H), one row and many (the weight-gradient kernel's row slices).
+  const Shape shapes[] = {{1, 8}, {7, 64}, {33, 4096}, {5, 37}, {300, 128}, {2, 5000}, {1000, 24}};
+  for (DType dt : kAllDtypes)
+    for (const Shape& s : shapes) {
+      check_rmsnorm(s.n, s.H, dt, 0, ++seed);
+      if (s.H % 8 == 0) check_rmsnorm(s.n, s.H, dt, 1, ++seed);  // pointers off 16-byte alignment
+    }
+}
+
+BOOST_AUTO_TEST_CASE(rmsnorm_backward_reference_matches_finite_differences) {
+  require_device("test_cuda_llama");
+  const int n = 3, H = 6;
+  const float eps = 1e-5f;
+  std::mt19937 rng(7);
+  const std::vector<float> x = random_values(n * H, rng, DType::F32), w = random_values(H, rng, DType::F32, 0.2f, 1.0f);
+  const std::vector<float> weights = random_values(n * H, rng, DType::F32);  // loss = sum(y * weights)
+  std::vector<double> dx, dw;
+  rmsnorm_backward_ref(to_double(weights), to_double(x), to_double(w), n, H, eps, dx, dw);
+  const auto numeric_dx = numeric_gradient(
+      [&](const std::vector<double>& xs) { return dot(rmsnorm_ref(xs, to_double(w), n, H, eps), weights); },
+      to_double(x));
+  const auto numeric_dw = numeric_gradient(
+      [&](const std::vector<double>& ws) { return dot(rmsnorm_ref(to_double(x), ws, n, H, eps), weights); },
+      to_double(w));
+  BOOST_TEST(relative_error(std::vector<float>(dx.begin(), dx.end()), numeric_dx) <= 1e-6);
+  BOOST_TEST(relative_error(std::vector<float>(dw.begin(), dw.end()), numeric_dw) <= 1e-6);
+  // And the GPU against the same finite differences.
+  DeviceBuffer d_x = to_device(x, DType::F32), d_w = to_device(w, DType::F32), d_dy = to_device(weights, DType::F32);
+  DeviceBuffer d_y(n * H * 4), d_rstd(n * 4), d_dx(n * H * 4);
+  DeviceBuffer d_dw = to_device(std::vector<float>(H, 0.0f), DType::F32);
+  Stream s;
+  cuda::rmsnorm_forward(d_x.get(), d_w.get(), d_y.get(), d_rstd.as<float>(), n, H, eps, DType::F32, s.s);
+  cuda::rmsnorm_backward(d_dy.get(), d_x.get(), d_w.get(), d_rstd.as<float>(), d_dx.get(), d_dw.as<float>(), n, H,
+                         false, DType::F32, s.s);
+  s.sync();
+  BOOST_TEST(relative_error(download(d_dx.get(), n * H, DType::F32), numeric_dx) <= 1e-5);
+  BOOST_TEST(relative_error(download(d_dw.get(), H, DType::F32), numeric_dw) <= 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(rotary_matches_reference) {
+  require_device("test_cuda_llama");
+  const ModelConfig plain = rope_config(16, 10000.0f, 0, 8192);
+  const ModelConfig llama31 = rope_config(128, 500000.0f, 8, 8192);  // Llama-3.1-8B's table
+  const ModelConfig short_context = rope_config(32, 10000.0f, 4, 64);  // every band of the scaling
+  check_rotary(2, 13, 6, 2, plain, DType::F32, 1);  // 4 query + 2 key heads, 2 value heads untouched
+  check_rotary(1, 3000, 3, 1, llama31, DType::F32, 2);  // long positions: large angles
+  check_rotary(3, 40, 5, 0, short_context, DType::F32, 3);
+  check_rotary(2, 5, 1, 0, rope_config(2, 10000.0f, 0, 8192), DType::F32, 4);  // head_dim 2
+  for (DType dt : {DType::BF16, DType::F16}) {
+    check_rotary(2, 13, 6, 2, plain, dt, 5);
+    check_rotary(1, 700, 3, 1, llama31, dt, 6);
+  }
+  // The scaled table differs from the plain one: the test above exercises rope_scaling.
+  const std::vector<float> scaled = rope_inv_freq(llama31);
+  ModelConfig unscaled = llama31;
+  unscaled.rope_scaling.factor = 0;
+  BOOST_TEST(scaled.back() < rope_inv_freq(unscaled).back());
+}
+
+BOOST_AUTO_TEST_CASE(swiglu_matches_reference) {
+  require_device("test_cuda_llama");
+  unsigned seed = 200;
+  struct Shape {
+    int n, F;
+  };
+  const Shape shapes[] = {{1, 8}, {37, 96}, {5, 33}, {16, 1408}, {3, 1}};
+  for (DType dt : kAllDtypes)
+    for (const Shape& s : shapes) {
+      check_swiglu(s.n, s.F, dt, 0, ++seed);
+      if (s.F % 8 == 0) check_swiglu(s.n, s.F, dt, 1, ++seed);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(swiglu_backward_matches_finite_differences) {
+  require_device("test_cuda_llama");
+  const int n = 3, F = 5;
+  std::mt19937 rng(9);
+  const std::vector<float> gate_up = random_values(2 * n * F, rng, DType::F32, 2.0f);
+  const std::vector<float> weights = random_values(n * F, rng, DType::F32);
+  const auto numeric =
+      numeric_gradient([&](const std::vector<double>& gu) { return dot(swiglu_ref(gu, n, F), weights); },
+                       to_double(gate_up));
+  const std::vector<double> analytic = swiglu_backward_ref(to_double(weights), to_double(gate_up), n, F);
+  BOOST_TEST(relative_error(std::vector<float>(analytic.begin(), analytic.end()), numeric) <= 1e-6);
+  DeviceBuffer d_gu = to_device(gate_up, DType::F32), d_dout = to_device(weights, DType::F32), d_dgu(2 * n * F * 4);
+  Stream s;
+  cuda::swiglu_backward(d_dout.get(), d_gu.get(), d_dgu.get(), n, F, DType::F32, s.s);
+  s.sync();
+  BOOST_TEST(relative_error(download(d_dgu.get(), 2 * n * F, DType::F32), numeric) <= 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_fp32) {
+  require_device("test_cuda_llama");
+  check_attention({2, 13, 4, 2, 8}, DType::F32, 1e-5, 1e-4, 11);   // two query heads per kv head
+  check_attention({1, 77, 8, 2, 64}, DType::F32, 1e-5, 1e-4, 12);  // four, Llama's head size
+  check_attention({3, 7, 6, 1, 4}, DType::F32, 1e-5, 1e-4, 13);    // one kv head for all (MQA)
+  check_attention({2, 9, 3, 3, 5}, DType::F32, 1e-5, 1e-4, 14);    // no grouping; odd head_dim: unaligned views
+  check_attention({1, 1, 4, 2, 8}, DType::F32, 1e-5, 1e-4, 15);    // one position
+}
+
+BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_16bit) {
+  require_device("test_cuda_llama");
+  // Probabilities and outputs are rounded to 16 bits; the reference keeps them exact.
+  check_attention({2, 13, 4, 2, 8}, DType::BF16, 1.5e-2, 4e-2, 21);
+  check_attention({1, 77, 8, 2, 64}, DType::BF16, 1.5e-2, 4e-2, 22);
+  check_attention({2, 13, 4, 2, 8}, DType::F16, 2e-3, 6e-3, 23);
+  check_attention({3, 7, 6, 1, 4}, DType::F16, 2e-3, 6e-3, 24);
+}
+
+BOOST_AUTO_TEST_CASE(grouped_query_attention_backward_matches_finite_differences) {
+  require_device("test_cuda_llama");
+  const AttnShape s{1, 5, 4, 2, 3};
+  std::mt19937 rng(31);
+  const std::vector<float> qkv = random_values(s.qkv_size(), rng, DType::F32);
+  const std::vector<float> weights = random_values(s.ctx_size(), rng, DType::F32);  // loss = sum(ctx * weights)
+  const GpuAttention gpu = run_gpu_attention(s, qkv, weights, DType::F32);
+  const auto numeric = numeric_gradient(
+      [&](const std::vector<double>& x) {
+        std::vector<double> probs, ctx;
+        attention_ref(s, x, probs, ctx);
+        return dot(ctx, weights);
+      },
+      to_double(qkv));
+  std::vector<double> probs, ctx;
+  attention_ref(s, to_double(qkv), probs, ctx);
+  const std::vector<double> analytic = attention_backward_ref(s, to_double(qkv), probs, to_double(weights));
+  BOOST_TEST(relative_error(std::vector<float>(analytic.begin(), analytic.end()), numeric) <= 1e-7);
+  BOOST_TEST(relative_error(gpu.dqkv, numeric) <= 1e-4);
+}
+
+// LlamaCuda's loss and every parameter gradient against LlamaCpu's, on the same parameters and batch.
+BOOST_AUTO_TEST_CASE(llama_cuda_matches_llama_cpu_fp32) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true})
+    for (bool checkpointing : {false, true}) compare_with_cpu(tied, DType::F32, checkpointing, 1e-5, 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {
+  require_device("test_cuda_llama");
+  compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1);
+  compare_with_cpu(false, DType::F16, true, 5e-3, 0.03);
+}
+
+BOOST_AUTO_TEST_CASE(llama_cuda_checks_shapes) {
+  require_device("test_cuda_llama");
+  const ModelConfig cfg = tiny_llama(false);
+  cuda::LlamaCuda model(cfg, DType::F32, 2, 8, false);
+  BOOST_CHECK_THROW(model.block_forward(0, nullptr, 1, 9, nullptr), Error);  // longer than max_seq
+  BOOST_CHECK_THROW(model.block_forward(0, nullptr, 3, 4, nullptr), Error);  // more than max_batch
+  BOOST_CHECK_THROW(model.block_forward(2, nullptr, 1, 4, nullptr), Error);  // no such layer
+  ModelConfig bloom = cfg;
+  bloom.arch = "bloom";
+  BOOST_CHECK_THROW(cuda::LlamaCuda(bloom, DType::F32, 1, 4, false), Error);
+  // The factory picks by arch.
+  BOOST_TEST(dynamic_cast<cuda::LlamaCuda*>(cuda::make_cuda_model(cfg, DType::F32, 1, 4, false).get()) != nullptr);
+}
