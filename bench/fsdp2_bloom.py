@@ -56,6 +56,11 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--arch", default="bloom", choices=["bloom", "llama"],
+                   help="llama: LlamaForCausalLM (SDPA attention), untied head")
+    p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
+    p.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width (0 = 4 x hidden)")
+    p.add_argument("--rope-theta", type=float, default=10000.0, help="llama: rotary base")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -107,15 +112,25 @@ def main():
 
     # ---- model: random init on the GPU, fp32 master ---------------------------------------
     torch.manual_seed(a.seed)
-    cfg = BloomConfig(vocab_size=a.vocab, hidden_size=a.hidden, n_layer=a.layers, n_head=a.heads,
-                      layer_norm_epsilon=1e-5, initializer_range=0.02, hidden_dropout=0.0,
-                      attention_dropout=0.0, use_cache=False, tie_word_embeddings=True)
-    with torch.device(dev):
-        model = BloomForCausalLM(cfg)
+    if a.arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                          num_attention_heads=a.heads, num_key_value_heads=a.kv_heads or a.heads,
+                          intermediate_size=a.intermediate or 4 * a.hidden, rms_norm_eps=1e-5,
+                          rope_theta=a.rope_theta, initializer_range=0.02, use_cache=False,
+                          tie_word_embeddings=False, attn_implementation="sdpa")
+        with torch.device(dev):
+            model = LlamaForCausalLM(cfg)
+    else:
+        cfg = BloomConfig(vocab_size=a.vocab, hidden_size=a.hidden, n_layer=a.layers, n_head=a.heads,
+                          layer_norm_epsilon=1e-5, initializer_range=0.02, hidden_dropout=0.0,
+                          attention_dropout=0.0, use_cache=False, tie_word_embeddings=True)
+        with torch.device(dev):
+            model = BloomForCausalLM(cfg)
     model = model.float().train()
     n_params = sum(p.numel() for p in model.parameters())
 
-    blocks = model.transformer.h
+    blocks = model.model.layers if a.arch == "llama" else model.transformer.h
     if a.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, checkpoint_wrapper)
@@ -188,6 +203,7 @@ def main():
         reserved = [m[1].item() for m in all_mem]
         record = {
             "impl": "pytorch-fsdp2",
+            "arch": a.arch,
             "label": a.label,
             "strategy": strategy if world > 1 else "NO_SHARD (1 GPU)",
             "layout": layout,

@@ -41,17 +41,17 @@ class BloomCuda final : public CudaModel {
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
   // `max_rows` rows; they exist from decode_allocate to decode_free only (never in a training step).
-  void decode_allocate(int slots, int max_len, int max_rows);
-  void decode_free();
+  void decode_allocate(int slots, int max_len, int max_rows) override;
+  void decode_free() override;
   size_t decode_bytes() const;
   // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
-  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s);
+  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
   void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
-                    cudaStream_t s);
+                    cudaStream_t s) override;
   // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
-  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s);
+  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
 
  private:
   struct Saved {  // one block's activations kept for its backward

@@ -39,6 +39,21 @@ class CudaModel {
   // Bytes of the device buffers counted as activations in the run's memory records.
   virtual size_t activation_bytes() const = 0;
   virtual const ModelConfig& config() const = 0;
+
+  // ---- greedy decoding with a key/value cache (CudaEngine::decode_*) ----
+  // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
+  // `max_rows` rows, alive from decode_allocate to decode_free. A model without a GPU decoding path
+  // (Llama so far; CudaEngine refuses it before this) throws Error naming its architecture.
+  virtual void decode_allocate(int slots, int max_len, int max_rows);
+  virtual void decode_free() {}
+  // The step's hidden states from n token ids (device memory).
+  virtual void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s);
+  // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
+  // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
+  virtual void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+                            cudaStream_t s);
+  // next[i] = argmax of the logits of step row rows[i], i < m (device arrays).
+  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s);
 };
 
 // The GPU model of cfg.arch in compute dtype dt, for micro-batches of up to max_batch x max_seq
