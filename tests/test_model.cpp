@@ -347,6 +347,27 @@ BOOST_AUTO_TEST_CASE(init_slices_agree_with_whole_fill) {
   }
 }
 
+// A slice of more than one chunk (4 Mi elements) is filled by several threads: the same values as
+// filling it in small serial pieces, whatever the slice's start.
+BOOST_AUTO_TEST_CASE(threaded_init_equals_serial_pieces) {
+  ModelConfig cfg = tiny_config();
+  cfg.vocab_size = 40000;
+  cfg.hidden_size = 256;
+  cfg.num_heads = 4;
+  const std::vector<UnitLayout> units = bloom_layout(cfg);
+  const UnitLayout& root = units[0];
+  BOOST_TEST_REQUIRE(root.numel > (size_t{9} << 20));
+  for (size_t begin : {size_t{0}, size_t{12345}}) {
+    const size_t end = root.numel + 3;
+    std::vector<float> threaded(end - begin, -1.0f), pieces(end - begin, -1.0f);
+    init_unit_slice(root, 0, 42, begin, end, threaded.data());
+    for (size_t at = begin; at < end; at += 1000003)
+      init_unit_slice(root, 0, 42, at, std::min(end, at + 1000003), pieces.data() + (at - begin));
+    BOOST_TEST((threaded == pieces));
+    BOOST_TEST(threaded.back() == 0.0f);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(init_distributions) {
   ModelConfig cfg;
   cfg.vocab_size = 1000;

@@ -2,6 +2,9 @@
 // counter-based initialisation of any layout, ALiBi slopes.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #include "model_internal.hpp"
 
@@ -76,23 +79,45 @@ std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg) {
   return units;
 }
 
-void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
-                      float* out) {
-  SHARDLM_CHECK(begin <= end, "init_unit_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
+namespace {
+
+// Elements [lo, hi) of the unit (lo >= base): out[i - base].
+void init_range(const UnitLayout& unit, int unit_index, uint64_t seed, size_t lo, size_t hi, size_t base, float* out) {
   // Padding past the last tensor stays zero.
-  for (size_t i = begin; i < end; ++i) out[i - begin] = 0.0f;
+  for (size_t i = lo; i < hi; ++i) out[i - base] = 0.0f;
   for (const TensorSpec& t : unit.tensors) {
-    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
-    for (size_t i = lo; i < hi; ++i) {
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    for (size_t i = a; i < b; ++i) {
       switch (t.init) {
-        case InitKind::Zeros: out[i - begin] = 0.0f; break;
-        case InitKind::Ones: out[i - begin] = 1.0f; break;
+        case InitKind::Zeros: out[i - base] = 0.0f; break;
+        case InitKind::Ones: out[i - base] = 1.0f; break;
         case InitKind::Normal:
-          out[i - begin] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
+          out[i - base] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
           break;
       }
     }
   }
+}
+
+}  // namespace
+
+void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
+                     float* out) {
+  SHARDLM_CHECK(begin <= end, "init_unit_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
+  // Each element depends only on (seed, unit, index), so threads over chunks give the same values;
+  // a 7B model's slices would take minutes on one core.
+  constexpr size_t kChunk = size_t{1} << 22;
+  const size_t n = end - begin;
+  const unsigned threads =
+      static_cast<unsigned>(std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, (n + kChunk - 1) / kChunk}));
+  if (threads <= 1) return init_range(unit, unit_index, seed, begin, end, begin, out);
+  std::vector<std::thread> pool;
+  const size_t per = (n + threads - 1) / threads;
+  for (unsigned k = 0; k < threads; ++k) {
+    const size_t lo = begin + std::min(n, k * per), hi = begin + std::min(n, (k + 1) * per);
+    pool.emplace_back(init_range, std::cref(unit), unit_index, seed, lo, hi, begin, out);
+  }
+  for (std::thread& t : pool) t.join();
 }
 
 std::vector<float> alibi_slopes(int num_heads) {
