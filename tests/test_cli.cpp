@@ -155,7 +155,8 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   const nlohmann::json predictions = nlohmann::json::parse(predictions_file);
   std::ifstream eval_file(SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json");
   size_t questions = 0;
-  for (const auto& article : nlohmann::json::parse(eval_file).at("data"))
+  const nlohmann::json eval_json = nlohmann::json::parse(eval_file);
+  for (const auto& article : eval_json.at("data"))
     for (const auto& paragraph : article.at("paragraphs"))
       for (const auto& qa : paragraph.at("qas")) {
         ++questions;
