@@ -2,6 +2,7 @@
 //
 //   mpirun -np N build/bin/bench_checkpoint [--hidden H] [--layers L] [--vocab V] [--heads A]
 //                                           [--reps R] [--dir DIR] [--json]
+//                                           [--collective-buffering] [--piece-mib P]
 //
 // Builds a BLOOM-shaped set of FSDP units, gives each rank its FULL_SHARD slice of every unit
 // (ceil(numel / world) elements, clipped) with fp32 master and both AdamW moments, and times R
@@ -11,6 +12,7 @@
 //       while the others wait at a barrier;
 // the files are deleted after each. Both include the fsync, so both measure the disk, not the page
 // cache. Rank 0 prints a table per repetition and the medians; --json adds one JSON object.
+// --collective-buffering and --piece-mib set the writer's CheckpointWriteOptions.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -37,11 +39,13 @@ struct Options {
   int reps = 5;
   std::string dir = "/tmp/shardlm_bench_checkpoint";
   bool json = false;
+  CheckpointWriteOptions write;
 };
 
 const char* kUsage =
     "usage: mpirun -np N bench_checkpoint [--hidden H] [--layers L] [--vocab V] [--heads A]\n"
-    "                                     [--reps R] [--dir DIR] [--json]\n";
+    "                                     [--reps R] [--dir DIR] [--json]\n"
+    "                                     [--collective-buffering] [--piece-mib P]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -69,6 +73,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--reps") o.reps = positive();
     else if (a == "--dir") o.dir = value();
     else if (a == "--json") o.json = true;
+    else if (a == "--collective-buffering") o.write.collective_buffering = true;
+    else if (a == "--piece-mib") o.write.piece_bytes = static_cast<size_t>(positive()) << 20;
     else throw Error(concat("unknown argument '", a, "'\n", kUsage));
   }
   return o;
@@ -198,7 +204,7 @@ int run(int argc, char** argv) {
 
   // The checkpoint's file size, for the plain write's buffer: one untimed checkpoint also warms up
   // MPI-IO, HDF5 and the page cache, as a run's first checkpoint is preceded by training steps.
-  size_t file_bytes = save_checkpoint(ckpt_dir, 1, meta, units, comm).bytes;
+  size_t file_bytes = save_checkpoint(ckpt_dir, 1, meta, units, comm, opt.write).bytes;
   check_on_rank0(rank == 0 ? remove_path(ckpt_dir) : "", comm);
   std::vector<char> plain_data;
   if (rank == 0) {
@@ -210,7 +216,7 @@ int run(int argc, char** argv) {
   auto time_checkpoint = [&]() {
     MPI_Barrier(comm);
     const double t0 = MPI_Wtime();
-    const CheckpointWriteStats stats = save_checkpoint(ckpt_dir, 1, meta, units, comm);
+    const CheckpointWriteStats stats = save_checkpoint(ckpt_dir, 1, meta, units, comm, opt.write);
     double mine = MPI_Wtime() - t0, slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
     file_bytes = stats.bytes;
@@ -257,10 +263,12 @@ int run(int argc, char** argv) {
       };
       std::printf(
           "{\"world_size\": %d, \"vocab_size\": %d, \"hidden_size\": %d, \"num_layers\": %d, \"num_heads\": %d, "
+          "\"collective_buffering\": %s, \"piece_bytes\": %zu, "
           "\"parameters\": %zu, \"payload_bytes\": %zu, \"file_bytes\": %zu, \"reps\": %d, "
           "\"checkpoint_seconds\": %s, \"plain_seconds\": %s, \"checkpoint_median_s\": %.6f, "
           "\"plain_median_s\": %.6f, \"checkpoint_mib_per_s\": %.2f, \"plain_mib_per_s\": %.2f, \"ratio\": %.4f}\n",
-          world, opt.model.vocab_size, opt.model.hidden_size, opt.model.num_layers, opt.model.num_heads, numel_total,
+          world, opt.model.vocab_size, opt.model.hidden_size, opt.model.num_layers, opt.model.num_heads,
+          opt.write.collective_buffering ? "true" : "false", opt.write.piece_bytes, numel_total,
           payload, file_bytes, opt.reps, list(ckpt_s).c_str(), list(plain_s).c_str(), mc, mp,
           mib_per_s(file_bytes, mc), mib_per_s(file_bytes, mp), mc / mp);
     }

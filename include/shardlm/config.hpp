@@ -80,6 +80,7 @@ struct CheckpointSection {
   int keep_last = 3;            // checkpoints kept; 0 = all
   std::string resume = "none";  // none | auto | PATH (a checkpoint file or a checkpoint folder)
   bool at_end = true;           // write one when training ends
+  bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
 };
 
 struct RunSection {

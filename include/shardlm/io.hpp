@@ -67,8 +67,17 @@ struct CheckpointWriteStats {
 // once every rank has finished, then points DIR/latest at it and deletes the oldest beyond
 // keep_last (0 keeps all). SHARDLM_FAULT_CHECKPOINT=after_units:N (for tests) aborts the job
 // after N units are written.
+struct CheckpointWriteOptions {
+  // MPI-IO two-phase aggregation of the slices (checkpoint.collective_buffering); off, each rank
+  // writes its own hyperslab directly.
+  bool collective_buffering = false;
+  // Each rank writes its slice of a vector in H5Dwrite calls of at most this many bytes, and the
+  // disk write of each starts as soon as it returns.
+  size_t piece_bytes = size_t{32} << 20;
+};
 CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, const CheckpointMeta& meta,
-                                     const std::vector<UnitState>& units, MPI_Comm comm);
+                                     const std::vector<UnitState>& units, MPI_Comm comm,
+                                     const CheckpointWriteOptions& options = {});
 
 // Collective over comm. Checks the file's model and units against `units` (Error naming the
 // file and dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.

@@ -259,6 +259,7 @@ static std::vector<KeySpec> build_table() {
       int_key("checkpoint.keep_last", SHARDLM_FIELD(checkpoint.keep_last), 0, "must be >= 0"),
       resume_key("checkpoint.resume"),
       flag_key("checkpoint.at_end", SHARDLM_FIELD(checkpoint.at_end)),
+      flag_key("checkpoint.collective_buffering", SHARDLM_FIELD(checkpoint.collective_buffering)),
 
       dir_key("run.dir"),
       choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu", "cuda"}),

@@ -1,7 +1,10 @@
 // save_checkpoint: every rank writes its slices of each unit into one HDF5 file through MPI-IO
-// (collective transfers), under a temporary name that rank 0 renames once all ranks are done.
+// (collective H5Dwrite calls, in pieces whose disk writes start at once), under a temporary name
+// that rank 0 renames once all ranks are done.
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -183,6 +186,36 @@ const float* unit_vector(const UnitState& u, int v) {
 
 bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
 
+// Slices go out in H5Dwrite calls of options.piece_bytes at most, so that the disk starts on one
+// piece while the next is copied into the page cache.
+size_t pieces_of(size_t count, size_t piece) { return (count + piece - 1) / piece; }
+
+// Starts the disk write of each piece as soon as it is in the page cache (Linux sync_file_range),
+// instead of leaving all of it to the sync at the end; a plain write-then-fsync waits for every
+// byte after the last copy. Only a hint: the MPI_File_sync at the end is what makes the data
+// durable, so a file system that does not support it (or a failed open) only loses the overlap.
+class EarlyWriteback {
+ public:
+  explicit EarlyWriteback(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_CLOEXEC)) {}
+  ~EarlyWriteback() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  EarlyWriteback(const EarlyWriteback&) = delete;
+  EarlyWriteback& operator=(const EarlyWriteback&) = delete;
+  void start(haddr_t offset, size_t bytes) {
+#ifdef __linux__
+    if (fd_ >= 0 && offset != HADDR_UNDEF && bytes > 0)
+      (void)::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset;
+    (void)bytes;
+#endif
+  }
+
+ private:
+  int fd_;
+};
+
 // The slice checksums of every unit run on a helper thread while the data is written and flushed,
 // so that the checkpoint is limited by the disk, not by a second pass over memory.
 class ChecksumThread {
@@ -268,7 +301,7 @@ std::string check_units_agree(const std::vector<UnitState>& units, uint64_t hash
 
 // Writes the whole file at tmp_path (collective); throws AgreedError on any rank's failure.
 void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const std::vector<UnitState>& units,
-                int fault_after, MPI_Comm comm) {
+                int fault_after, const CheckpointWriteOptions& options, MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   FirstFailure f(tmp_path);
@@ -282,6 +315,12 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
 
   H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
   H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  // Every rank calls H5Dwrite for every piece either way. Without collective buffering each rank's
+  // contiguous hyperslab goes to the file through its own MPI_File_write_at: the slices of the
+  // ranks never interleave, so two-phase aggregation would only copy every byte once more through
+  // the aggregator ranks (slower on one node: docs/PERFORMANCE.md). On a striped parallel file
+  // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
+  if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl.get(), H5FD_MPIO_INDIVIDUAL_IO);
   write_meta(file.get(), meta, f);
   {
     // Units are listed in creation order (h.10 would otherwise sort before h.2).
@@ -297,12 +336,29 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   for (const UnitState& u : units) open.push_back(create_unit(file.get(), u, rank, dxpl.get(), f));
   agree_on_error(comm, f.message());
 
+  // Every rank makes the same number of collective transfers per vector: the most pieces any
+  // rank's slice of the unit needs (a rank with fewer, or none, selects nothing in the rest).
+  const size_t piece = std::max<size_t>(1, options.piece_bytes / sizeof(float));  // elements
+  std::vector<unsigned long long> pieces(units.size()), most_pieces(units.size());
+  for (size_t i = 0; i < units.size(); ++i) pieces[i] = writes_slice(units[i]) ? pieces_of(units[i].count, piece) : 0;
+  MPI_Allreduce(pieces.data(), most_pieces.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_MAX,
+                comm);
+
+  EarlyWriteback writeback(tmp_path);
   ChecksumThread checksums(units);
   for (size_t i = 0; i < units.size(); ++i) {
     const UnitState& u = units[i];
     for (int v = 0; v < 3; ++v) {
-      write_selected(open[i].dsets[v].get(), H5T_NATIVE_FLOAT, u.begin, u.count, writes_slice(u), unit_vector(u, v),
-                     dxpl.get(), vector_path(u.layout->name, v), f);
+      const hid_t dset = open[i].dsets[v].get();
+      const haddr_t base = H5Dget_offset(dset);
+      const float* data = unit_vector(u, v);
+      for (unsigned long long p = 0; p < most_pieces[i]; ++p) {
+        const size_t first = std::min<size_t>(p * piece, writes_slice(u) ? u.count : 0);
+        const size_t count = writes_slice(u) ? std::min(piece, u.count - first) : 0;
+        write_selected(dset, H5T_NATIVE_FLOAT, u.begin + first, count, count > 0, count > 0 ? data + first : nullptr,
+                       dxpl.get(), vector_path(u.layout->name, v), f);
+        if (count > 0 && base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
+      }
     }
     agree_on_error(comm, f.message());
     // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
@@ -331,7 +387,8 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
 }  // namespace
 
 CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, const CheckpointMeta& meta,
-                                     const std::vector<UnitState>& units, MPI_Comm comm) {
+                                     const std::vector<UnitState>& units, MPI_Comm comm,
+                                     const CheckpointWriteOptions& options) {
   Timer timer;
   silence_hdf5_errors();
   int rank = 0;
@@ -354,7 +411,7 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
   const std::string final_path = (fs::path(dir) / checkpoint_file_name(meta.step)).string();
   const std::string tmp_path = final_path + ".tmp";
   try {
-    write_file(tmp_path, meta, units, fault_after, comm);
+    write_file(tmp_path, meta, units, fault_after, options, comm);
   } catch (const AgreedError&) {
     if (rank == 0) {
       std::error_code ignored;

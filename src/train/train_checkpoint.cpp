@@ -31,7 +31,9 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
                                       const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
                                       MetricsWriter& metrics) {
-  CheckpointWriteStats stats = save_checkpoint(cfg.checkpoint_dir(), cfg.checkpoint.keep_last, meta, units, comm);
+  CheckpointWriteOptions options;
+  options.collective_buffering = cfg.checkpoint.collective_buffering;
+  CheckpointWriteStats stats = save_checkpoint(cfg.checkpoint_dir(), cfg.checkpoint.keep_last, meta, units, comm, options);
   const double rate = stats.seconds > 0 ? stats.bytes / stats.seconds : 0.0;
   if (echo) {
     char line[512];
