@@ -4,7 +4,7 @@
 // a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
 // with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
 // A tiny Llama (grouped-query attention, untied head, Llama 3.1 rope scaling) matches the CPU
-// backend likewise.
+// backend likewise, in training and in greedy decoding.
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"
 
@@ -129,11 +129,12 @@ void generate(TrainEngine& engine, std::vector<Sequence>& seqs) {
   }
 }
 
-// The full parameters of the decoding tests: the engine's initialisation (train.seed) with the
-// embedding LayerNorm's weight at 0.02, so that the blocks' outputs, which depend on the context,
-// outweigh the token's own embedding (which the tied head maps back to the token: it would repeat).
+// The full parameters of the decoding tests: the engine's initialisation (train.seed). BLOOM's
+// embedding LayerNorm weight is set to 0.02, so that the blocks' outputs, which depend on the
+// context, outweigh the token's own embedding (which the tied head maps back to the token: it would
+// repeat).
 std::vector<std::vector<float>> decode_params(const RunConfig& cfg) {
-  const std::vector<UnitLayout> layout = bloom_layout(cfg.model);
+  const std::vector<UnitLayout> layout = model_layout(cfg.model);
   std::vector<std::vector<float>> params(layout.size());
   for (size_t u = 0; u < layout.size(); ++u) {
     params[u].resize(layout[u].numel);
@@ -155,14 +156,16 @@ void load_params(TrainEngine& engine, const std::vector<std::vector<float>>& par
   engine.checkpoint_loaded();
 }
 
-// Each generated token against BloomCpu on the whole sequence before it, no cache, with the same
-// parameters: the CPU's logit of the token is within max_gap of the CPU's largest (a near tie may go
-// either way under rounding), and at least min_exact of the tokens are the CPU's argmax itself.
+// Each generated token against the CPU model (BloomCpu or LlamaCpu) on the whole sequence before it,
+// no cache, with the same parameters: the CPU's logit of the token is within max_gap of the CPU's
+// largest (a near tie may go either way under rounding), and at least min_exact of the tokens are
+// the CPU's argmax itself.
 void check_against_cpu(const RunConfig& cfg, const std::vector<Sequence>& seqs, float max_gap, double min_exact) {
   const std::vector<std::vector<float>> params = decode_params(cfg);
   int max_len = 1;
   for (const Sequence& s : seqs) max_len = std::max(max_len, s.length());
-  BloomCpu cpu(cfg.model, 1, max_len);
+  const std::unique_ptr<CpuModel> model = make_cpu_model(cfg.model, 1, max_len);
+  CpuModel& cpu = *model;
   const int H = cfg.model.hidden_size, V = cfg.model.vocab_size;
   std::vector<float> a(static_cast<size_t>(max_len) * H), b(a.size()), logits(V);
   int exact = 0, total = 0;
@@ -227,6 +230,12 @@ void decode_and_check(const RunConfig& cfg, float max_gap, double min_exact) {
 RunConfig decode_config(const std::string& name) {
   RunConfig cfg = config("cuda", name, 1);
   cfg.model.init_std = 0.2f;  // peaked attention, logits over about +-5: near ties are rare
+  return cfg;
+}
+
+RunConfig llama_decode_config(const std::string& name) {
+  RunConfig cfg = llama_config("cuda", name, 1);
+  cfg.model.init_std = 0.2f;
   return cfg;
 }
 
@@ -386,6 +395,44 @@ BOOST_AUTO_TEST_CASE(llama_fp32_matches_the_cpu_backend) {
 // fp32 logit is within 0.5 of the largest (logits spread over about +-5) and most are its argmax.
 BOOST_AUTO_TEST_CASE(greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_model) {
   RunConfig cfg = decode_config("decode_bf16");
+  cfg.fsdp.param_dtype = DType::BF16;
+  decode_and_check(cfg, 0.5f, 0.6);
+}
+
+// Llama's greedy decoding with the key/value cache (rotary at each row's position, grouped-query
+// heads, untied head), fp32: every token is the one LlamaCpu picks recomputing the whole sequence (to
+// 1e-4 in the logit), under each schedule of the parameter gathers; and with the head tied.
+BOOST_AUTO_TEST_CASE(llama_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  struct Schedule {
+    ShardingStrategy strategy;
+    int limit_all_gathers;
+    bool forward_prefetch;
+    bool tied;
+  };
+  for (const Schedule& sc : {Schedule{ShardingStrategy::FullShard, 2, true, false},
+                             Schedule{ShardingStrategy::FullShard, 1, false, false},
+                             Schedule{ShardingStrategy::ShardGradOp, 2, true, false},
+                             Schedule{ShardingStrategy::NoShard, 2, true, false},
+                             Schedule{ShardingStrategy::FullShard, 2, true, true}}) {
+    RunConfig cfg = llama_decode_config(
+        concat("decode_", strategy_name(sc.strategy), sc.limit_all_gathers, sc.forward_prefetch ? "" : "_no_prefetch",
+               sc.tied ? "_tied" : ""));
+    cfg.fsdp.strategy = sc.strategy;
+    cfg.fsdp.limit_all_gathers = sc.limit_all_gathers;
+    cfg.fsdp.forward_prefetch = sc.forward_prefetch;
+    cfg.model.tie_word_embeddings = sc.tied;
+    BOOST_TEST_CONTEXT(strategy_name(sc.strategy) << ", limit_all_gathers " << sc.limit_all_gathers
+                                                  << ", forward_prefetch " << sc.forward_prefetch << ", tied head "
+                                                  << sc.tied) {
+      decode_and_check(cfg, 1e-4f, 0.9);
+    }
+  }
+}
+
+// bf16 Llama decoding (the cache, activations and rotary output in bf16) stays close to the fp32
+// CPU model, as BLOOM's does.
+BOOST_AUTO_TEST_CASE(llama_greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_model) {
+  RunConfig cfg = llama_decode_config("decode_bf16");
   cfg.fsdp.param_dtype = DType::BF16;
   decode_and_check(cfg, 0.5f, 0.6);
 }

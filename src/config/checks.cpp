@@ -23,13 +23,6 @@ void check_run_config(const RunConfig& cfg, int world_size) {
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
 
-  // Generation runs after the last epoch: refuse now what would fail then.
-  if (cfg.run.backend == "cuda" && m.is_llama() && cfg.data.format == "squad" && !cfg.data.eval_file.empty() &&
-      cfg.eval.generate != "none")
-    bad_value("eval.generate", cfg.eval.generate,
-              "greedy generation on the CUDA backend is written for BLOOM only so far (model.arch = llama): set "
-              "eval.generate = none, or evaluate on the CPU backend");
-
   SHARDLM_CHECK(world_size >= 1, "world size must be >= 1 (got ", world_size, ")");
   const TrainSection& t = cfg.train;
   // Product in 64 bits: a huge micro_batch_size x world size must not wrap to a divisor.

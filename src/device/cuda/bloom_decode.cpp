@@ -90,9 +90,10 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
                     eps, dt_, s);
   linear(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
-  kv_cache_write(b.qkv.data(), slots, positions, n, heads, d, b.max_len, keys, values, dt_, s);
-  decode_attention(b.qkv.data(), keys, values, slots, positions, n, slopes_.data(), b.ctx.data(), heads, d, b.max_len,
-                   dt_, s);
+  const DecodeQkv qkv = interleaved_qkv(heads, d);
+  kv_cache_write(b.qkv.data(), qkv, slots, positions, n, b.max_len, keys, values, dt_, s);
+  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, slopes_.data(), b.ctx.data(), b.max_len, dt_,
+                   s);
   // h2 = x + ctx Wd^T + bd
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
   linear(gemm_, b.ctx.data(), n, H, w(off_.dense_w), w(off_.dense_b), H, b.h2.data(), true, dt_, s);

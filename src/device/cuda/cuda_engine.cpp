@@ -282,8 +282,6 @@ class CudaEngine : public TrainEngine {
 
   // ---- greedy generation: the forward's gather schedule around the model's decode path ----
   void decode_begin(int slots, int max_len, int max_rows) override {
-    SHARDLM_CHECK(!cfg_.model.is_llama(), "greedy generation on the CUDA backend: BLOOM only so far (model.arch = ",
-                  cfg_.model.arch, " has no CUDA decode path)");
     SHARDLM_CHECK(!decode_host_, "CudaEngine::decode_begin: already decoding (decode_end first)");
     SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "CudaEngine::decode_begin: bad sizes slots=", slots,
                   " max_len=", max_len, " max_rows=", max_rows);

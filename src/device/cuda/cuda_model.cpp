@@ -13,20 +13,4 @@ std::unique_ptr<CudaModel> make_cuda_model(const ModelConfig& cfg, DType dt, int
   return std::make_unique<BloomCuda>(cfg, dt, max_batch, max_seq, activation_checkpointing);
 }
 
-namespace {
-
-[[noreturn]] void no_decoding(const ModelConfig& cfg) {
-  throw Error(concat("greedy generation on the CUDA backend: model.arch = ", cfg.arch,
-                     " has no GPU decoding path yet (BLOOM has); set eval.generate = none"));
-}
-
-}  // namespace
-
-void CudaModel::decode_allocate(int, int, int) { no_decoding(config()); }
-void CudaModel::decode_embed(const void*, const int32_t*, int, cudaStream_t) { no_decoding(config()); }
-void CudaModel::decode_block(int, const void*, const int32_t*, const int32_t*, int, cudaStream_t) {
-  no_decoding(config());
-}
-void CudaModel::decode_head_argmax(const void*, const int32_t*, int, int32_t*, cudaStream_t) { no_decoding(config()); }
-
 }  // namespace shardlm::cuda

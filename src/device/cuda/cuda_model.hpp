@@ -1,6 +1,6 @@
 // CudaModel: what CudaEngine asks of a model on the GPU (forward and backward of each FSDP unit on
-// the caller's stream, activations in buffers planned up front), and the factory that picks the
-// model of cfg.arch (BloomCuda or LlamaCuda).
+// the caller's stream, activations in buffers planned up front; greedy decoding with a key/value
+// cache), and the factory that picks the model of cfg.arch (BloomCuda or LlamaCuda).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,18 +42,17 @@ class CudaModel {
 
   // ---- greedy decoding with a key/value cache (CudaEngine::decode_*) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
-  // `max_rows` rows, alive from decode_allocate to decode_free. A model without a GPU decoding path
-  // (Llama so far; CudaEngine refuses it before this) throws Error naming its architecture.
-  virtual void decode_allocate(int slots, int max_len, int max_rows);
-  virtual void decode_free() {}
+  // `max_rows` rows, alive from decode_allocate to decode_free.
+  virtual void decode_allocate(int slots, int max_len, int max_rows) = 0;
+  virtual void decode_free() = 0;
   // The step's hidden states from n token ids (device memory).
-  virtual void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s);
+  virtual void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) = 0;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
   virtual void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
-                            cudaStream_t s);
+                            cudaStream_t s) = 0;
   // next[i] = argmax of the logits of step row rows[i], i < m (device arrays).
-  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s);
+  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) = 0;
 };
 
 // The GPU model of cfg.arch in compute dtype dt, for micro-batches of up to max_batch x max_seq

@@ -1,8 +1,10 @@
-// Attention of greedy-decoding steps over a key/value cache (BLOOM: head-interleaved fused QKV, ALiBi).
-// kv_cache_write stores each row's key and value at (slot, position); decode_attention then gives each
-// (row, head) one block that walks the slot's cached positions 0..position with an online softmax in
-// fp32: each warp takes every kWarps-th key and keeps its running (max, sum, weighted values), and the
-// warps' states merge at the end, so no score row is stored and any cache length fits.
+// Attention of greedy-decoding steps over a key/value cache, for BLOOM (head-interleaved fused QKV,
+// ALiBi) and Llama (q, k, v projections side by side, grouped-query heads, no positional bias here:
+// rotary is applied to q and k before). kv_cache_write stores each row's key and value heads at
+// (slot, position); decode_attention then gives each (row, query head) one block that walks the
+// slot's cached positions 0..position of its kv head with an online softmax in fp32: each warp takes
+// every kWarps-th key and keeps its running (max, sum, weighted values), and the warps' states merge
+// at the end, so no score row is stored and any cache length fits.
 #include "dtype_cuda.cuh"
 #include "kernels.hpp"
 
@@ -12,37 +14,39 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxHeadDim = 256;  // head_dim / 32 elements of q, v and the output per lane
 
-// Row r's key and value of head h (qkv columns h*3d + d and h*3d + 2d) to cache[slot, h, position].
+// Row r's key and value of kv head g to cache[slot, g, position].
 template <typename T>
-__global__ void kv_cache_write_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ slots,
-                                      const int32_t* __restrict__ positions, long long n, int heads, int d,
-                                      int max_len, T* __restrict__ keys, T* __restrict__ values) {
-  const long long per_row = static_cast<long long>(heads) * d;
+__global__ void kv_cache_write_kernel(const T* __restrict__ qkv, DecodeQkv l, const int32_t* __restrict__ slots,
+                                      const int32_t* __restrict__ positions, long long n, int max_len,
+                                      T* __restrict__ keys, T* __restrict__ values) {
+  const int d = l.head_dim;
+  const long long per_row = static_cast<long long>(l.kv_heads) * d;
   const long long total = n * per_row;
   for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<long long>(gridDim.x) * blockDim.x) {
     const long long r = e / per_row;
-    const int h = static_cast<int>((e % per_row) / d), c = static_cast<int>(e % d);
-    const T* src = qkv + r * 3 * per_row + static_cast<long long>(h) * 3 * d + c;
-    const size_t at = ((static_cast<size_t>(slots[r]) * heads + h) * max_len + positions[r]) * d + c;
-    keys[at] = src[d];
-    values[at] = src[2 * d];
+    const int g = static_cast<int>((e % per_row) / d), c = static_cast<int>(e % d);
+    const T* row = qkv + r * l.row_stride + static_cast<long long>(g) * l.head_stride + c;
+    const size_t at = ((static_cast<size_t>(slots[r]) * l.kv_heads + g) * max_len + positions[r]) * d + c;
+    keys[at] = row[l.k_offset];
+    values[at] = row[l.v_offset];
   }
 }
 
-// One block per (row, head): ctx = sum_j softmax_j(scale q.k_j + slope_h j) v_j over j <= position.
+// One block per (row, query head h): ctx = sum_j softmax_j(scale q.k_j + slope_h j) v_j over
+// j <= position, keys and values of kv head h / group; slope 0 without ALiBi.
 template <typename T, int PerLane>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_attention_kernel(const T* __restrict__ qkv, const T* __restrict__ keys, const T* __restrict__ values,
-                            const int32_t* __restrict__ slots, const int32_t* __restrict__ positions,
-                            const float* __restrict__ slopes, T* __restrict__ ctx, int heads, int d, int max_len,
-                            float scale) {
+    decode_attention_kernel(const T* __restrict__ qkv, DecodeQkv l, const T* __restrict__ keys,
+                            const T* __restrict__ values, const int32_t* __restrict__ slots,
+                            const int32_t* __restrict__ positions, const float* __restrict__ slopes,
+                            T* __restrict__ ctx, int max_len, float scale) {
   __shared__ float shared_m[kWarps], shared_s[kWarps];
   __shared__ float shared_acc[kWarps][PerLane * 32];
   const long long r = blockIdx.x;
   const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const long long H = static_cast<long long>(heads) * d;
-  const T* q = qkv + r * 3 * H + static_cast<long long>(h) * 3 * d;
+  const int d = l.head_dim, g = h / (l.heads / l.kv_heads);
+  const T* q = qkv + r * l.row_stride + static_cast<long long>(h) * l.head_stride;
   float qr[PerLane], acc[PerLane];
 #pragma unroll
   for (int k = 0; k < PerLane; ++k) {
@@ -50,11 +54,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     qr[k] = c < d ? to_float(q[c]) : 0.0f;
     acc[k] = 0.0f;
   }
-  const size_t base = (static_cast<size_t>(slots[r]) * heads + h) * static_cast<size_t>(max_len) * d;
+  const size_t base = (static_cast<size_t>(slots[r]) * l.kv_heads + g) * static_cast<size_t>(max_len) * d;
   const T* K = keys + base;
   const T* V = values + base;
   const int last = positions[r];
-  const float slope = slopes[h];
+  const float slope = slopes != nullptr ? slopes[h] : 0.0f;
   float m = -INFINITY, s = 0.0f;
   for (int j = warp; j <= last; j += kWarps) {
     const T* kj = K + static_cast<size_t>(j) * d;
@@ -90,7 +94,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     total += shared_s[w] * weight[w];
   }
   const float inv_total = 1.0f / total;
-  T* out = ctx + r * H + static_cast<long long>(h) * d;
+  T* out = ctx + r * static_cast<long long>(l.heads) * d + static_cast<long long>(h) * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float v = 0.0f;
     for (int w = 0; w < kWarps; ++w) v += shared_acc[w][c] * weight[w];
@@ -99,52 +103,61 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename T, int PerLane>
-void launch_decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
-                             const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int d,
+void launch_decode_attention(const void* qkv, const DecodeQkv& l, const void* keys, const void* values,
+                             const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
                              int max_len, cudaStream_t stream) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(d));
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
+  const float scale = 1.0f / sqrtf(static_cast<float>(l.head_dim));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(l.heads));
   decode_attention_kernel<T, PerLane><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(keys), static_cast<const T*>(values), slots, positions, slopes,
-      static_cast<T*>(ctx), heads, d, max_len, scale);
+      static_cast<const T*>(qkv), l, static_cast<const T*>(keys), static_cast<const T*>(values), slots, positions,
+      slopes, static_cast<T*>(ctx), max_len, scale);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
-void check_shape(const char* what, int n, int heads, int head_dim, int max_len) {
-  SHARDLM_CHECK(n >= 0 && heads >= 1 && heads <= 65535 && head_dim >= 1 && head_dim <= kMaxHeadDim && max_len >= 1,
-                what, ": bad shape n=", n, " heads=", heads, " head_dim=", head_dim, " (at most ", kMaxHeadDim,
-                ") max_len=", max_len);
+// Every head of the layout lies inside its row, and the query heads split evenly over the kv heads.
+void check_shape(const char* what, const DecodeQkv& l, int n, int max_len) {
+  const long long d = l.head_dim, stride = l.head_stride, row = l.row_stride;
+  SHARDLM_CHECK(n >= 0 && l.heads >= 1 && l.heads <= 65535 && l.kv_heads >= 1 && l.heads % l.kv_heads == 0 &&
+                    d >= 1 && d <= kMaxHeadDim && max_len >= 1,
+                what, ": bad shape n=", n, " heads=", l.heads, " kv_heads=", l.kv_heads, " head_dim=", d,
+                " (at most ", kMaxHeadDim, ") max_len=", max_len);
+  SHARDLM_CHECK(stride >= d && l.k_offset >= 0 && l.v_offset >= 0 && (l.heads - 1) * stride + d <= row &&
+                    l.k_offset + (l.kv_heads - 1) * stride + d <= row &&
+                    l.v_offset + (l.kv_heads - 1) * stride + d <= row,
+                what, ": heads fall outside rows of ", row, " (head stride ", stride, ", key offset ", l.k_offset,
+                ", value offset ", l.v_offset, ")");
 }
 
 }  // namespace
 
-void kv_cache_write(const void* qkv, const int32_t* slots, const int32_t* positions, int n, int heads, int head_dim,
+void kv_cache_write(const void* qkv, const DecodeQkv& layout, const int32_t* slots, const int32_t* positions, int n,
                     int max_len, void* keys, void* values, DType dt, cudaStream_t stream) {
-  check_shape("kv_cache_write", n, heads, head_dim, max_len);
+  check_shape("kv_cache_write", layout, n, max_len);
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const size_t items = static_cast<size_t>(n) * heads * head_dim;
+    const size_t items = static_cast<size_t>(n) * layout.kv_heads * layout.head_dim;
     kv_cache_write_kernel<T><<<grid_for(items), kBlockThreads, 0, stream>>>(
-        static_cast<const T*>(qkv), slots, positions, n, heads, head_dim, max_len, static_cast<T*>(keys),
+        static_cast<const T*>(qkv), layout, slots, positions, n, max_len, static_cast<T*>(keys),
         static_cast<T*>(values));
     SHARDLM_CUDA_LAUNCH_CHECK();
   });
 }
 
-void decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
-                      const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int head_dim,
+void decode_attention(const void* qkv, const DecodeQkv& layout, const void* keys, const void* values,
+                      const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
                       int max_len, DType dt, cudaStream_t stream) {
-  check_shape("decode_attention", n, heads, head_dim, max_len);
+  check_shape("decode_attention", layout, n, max_len);
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     // q, v and the output of a head take head_dim / 32 registers per lane, rounded up to a power of two.
-    const auto launch = head_dim <= 32    ? launch_decode_attention<T, 1>
-                        : head_dim <= 64  ? launch_decode_attention<T, 2>
-                        : head_dim <= 128 ? launch_decode_attention<T, 4>
-                                          : launch_decode_attention<T, 8>;
-    launch(qkv, keys, values, slots, positions, n, slopes, ctx, heads, head_dim, max_len, stream);
+    const int d = layout.head_dim;
+    const auto launch = d <= 32    ? launch_decode_attention<T, 1>
+                        : d <= 64  ? launch_decode_attention<T, 2>
+                        : d <= 128 ? launch_decode_attention<T, 4>
+                                   : launch_decode_attention<T, 8>;
+    launch(qkv, layout, keys, values, slots, positions, n, slopes, ctx, max_len, stream);
   });
 }
 

@@ -1,4 +1,5 @@
-// CUDA kernels of the BLOOM block, the optimizer and the casts, as host-callable launchers.
+// CUDA kernels of the BLOOM block, the optimizer, the casts and greedy decoding (BLOOM's and
+// Llama's), as host-callable launchers.
 // Every pointer is device memory; every launcher is asynchronous on `stream` and checks the launch.
 // `dt` is the dtype of activations and gathered parameters (F32, BF16 or F16); arithmetic and
 // every reduction are in fp32; parameter gradients are fp32 (accumulated with +=).
@@ -102,17 +103,37 @@ void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* t
                   void* workspace, cudaStream_t stream);
 
 // ---- greedy decoding with a key/value cache (decode_attention.cu, decode_head.cu) ----------------
-// A layer's cache holds keys and values as [slots, heads, max_len, head_dim] in dt. Row r of a step
-// is the token at position positions[r] of the sequence in cache slot slots[r]; qkv is [n, 3H] laid
-// out as for attention_forward, ctx [n, H]. Slots and positions must be in range (checked by the caller).
-// keys/values[slots[r], h, positions[r], :] = row r's key / value of head h.
-void kv_cache_write(const void* qkv, const int32_t* slots, const int32_t* positions, int n, int heads, int head_dim,
+// Row r of a step is the token at position positions[r] of the sequence in cache slot slots[r]. A
+// layer's cache holds keys and values as [slots, kv_heads, max_len, head_dim] in dt; ctx is
+// [n, heads head_dim]. Slots and positions must be in range (checked by the caller).
+
+// Where a row of the step's fused q|k|v projection holds its heads: query head h at h * head_stride,
+// key head g at k_offset + g * head_stride, value head g at v_offset + g * head_stride, rows
+// row_stride elements apart. Query head h reads key/value head h / (heads / kv_heads).
+struct DecodeQkv {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int row_stride = 0, head_stride = 0, k_offset = 0, v_offset = 0;
+};
+// BLOOM's fused projection (attention_forward's layout): each head's q, k, v side by side, [n, 3 heads d].
+inline DecodeQkv interleaved_qkv(int heads, int head_dim) {
+  return DecodeQkv{heads, heads, head_dim, 3 * heads * head_dim, 3 * head_dim, head_dim, 2 * head_dim};
+}
+// Llama's q_proj, k_proj, v_proj outputs side by side (llama_attention_forward's layout),
+// [n, (heads + 2 kv_heads) d].
+inline DecodeQkv grouped_qkv(int heads, int kv_heads, int head_dim) {
+  const int qw = heads * head_dim, kvw = kv_heads * head_dim;
+  return DecodeQkv{heads, kv_heads, head_dim, qw + 2 * kvw, head_dim, qw, qw + kvw};
+}
+
+// keys/values[slots[r], g, positions[r], :] = row r's key / value of kv head g.
+void kv_cache_write(const void* qkv, const DecodeQkv& layout, const int32_t* slots, const int32_t* positions, int n,
                     int max_len, void* keys, void* values, DType dt, cudaStream_t stream);
-// ctx of row r, head h = sum_j softmax_j(q.k_j / sqrt(d) + slopes[h] * j) v_j over the slot's cached
-// positions j <= positions[r] (written by kv_cache_write first, this step's rows included); fp32 softmax.
-// head_dim <= 256.
-void decode_attention(const void* qkv, const void* keys, const void* values, const int32_t* slots,
-                      const int32_t* positions, int n, const float* slopes, void* ctx, int heads, int head_dim,
+// ctx of row r, query head h = sum_j softmax_j(q.k_j / sqrt(d) + slopes[h] * j) v_j over the slot's
+// cached positions j <= positions[r] of kv head h / (heads / kv_heads) (written by kv_cache_write
+// first, this step's rows included); fp32 softmax. slopes: ALiBi's per-head fp32 slopes, or null
+// for none (Llama). head_dim <= 256.
+void decode_attention(const void* qkv, const DecodeQkv& layout, const void* keys, const void* values,
+                      const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
                       int max_len, DType dt, cudaStream_t stream);
 // dst[i, :] = src[rows[i], :] for i < m (rows of H elements in dt).
 void gather_rows(const void* src, const int32_t* rows, int m, int H, void* dst, DType dt, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // The Llama model on the GPU: forward and backward of each FSDP unit on one stream, activations in
 // the compute dtype in buffers planned up front (llama_cuda_sizes.hpp; no allocation in the step),
-// parameter gradients in fp32. Mirrors LlamaCpu (src/model/llama_cpu.cpp), which is its reference.
+// parameter gradients in fp32; and greedy decoding with a key/value cache. Mirrors LlamaCpu
+// (src/model/llama_cpu.cpp), which is its reference.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,9 +32,24 @@ class LlamaCuda final : public CudaModel {
   void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
-  // Every device buffer this object holds (llama_cuda_sizes(...).total()).
+  // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
   const ModelConfig& config() const override { return cfg_; }
+
+  // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
+  // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
+  // steps of up to `max_rows` rows; they exist from decode_allocate to decode_free only.
+  void decode_allocate(int slots, int max_len, int max_rows) override;
+  void decode_free() override;
+  // The step's hidden states: embed_tokens[tokens] for n rows (tokens in device memory).
+  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
+  // Block `layer` on the step's n rows: rotary at each row's position, row r's key and value cached
+  // at (slots[r], positions[r]), attention over its slot's positions 0..positions[r] (device arrays,
+  // checked by the caller).
+  void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+                    cudaStream_t s) override;
+  // next[i] = argmax of the logits (final RMSNorm, the LM head) of step row rows[i], i < m (device arrays).
+  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
 
  private:
   struct Saved {  // one block's activations kept for its backward
@@ -72,6 +88,16 @@ class LlamaCuda final : public CudaModel {
   // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
   DeviceBuffer<char> attn_ws_, head_ws_;
+
+  struct DecodeBuffers {  // between decode_allocate and decode_free
+    int slots = 0, max_len = 0, max_rows = 0;
+    DeviceBuffer<char> keys, values;  // [layers, slots, kv_heads, max_len, head_dim] in dt
+    // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
+    // a norm's output, projections, attention context, gate|up, SiLU(gate) * up.
+    DeviceBuffer<char> hidden, h2, norm, qkv, ctx, gate_up, wide;
+    DeviceBuffer<float> rstd;  // [max_rows], RMSNorm statistics (unused after)
+  };
+  DecodeBuffers decode_;
 };
 
 }  // namespace shardlm::cuda

@@ -34,6 +34,10 @@ void rmsnorm_backward(const void* dy, const void* x, const void* weight, const f
 // `inverse` applies the transposed rotation: the backward of the forward one. In place.
 void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const float* inv_freq, bool inverse,
                   DType dt, cudaStream_t stream);
+// The forward rotation of rows at their own positions (device [n], >= 0): greedy decoding, where a
+// step's rows belong to many sequences.
+void rotary_apply_at(void* x, int n, const int32_t* positions, int heads, int head_dim, int ld,
+                     const float* inv_freq, DType dt, cudaStream_t stream);
 
 // ---- SwiGLU ------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // Rotary position embeddings (Llama), applied in place to the query and key heads at the start of
-// each row. One thread per (row, frequency): it forms cos and sin of its angle once and rotates
-// that pair of every head of the row.
+// each row, at position row % T (training) or at each row's own position (decoding). One thread per
+// (row, frequency): it forms cos and sin of its angle once and rotates that pair of every head of the row.
 #include "dtype_cuda.cuh"
 #include "llama_kernels.hpp"
 
@@ -8,10 +8,11 @@ namespace shardlm::cuda {
 namespace {
 
 // The angle is rounded to fp32 (pos * inv_freq in fp32, as transformers and LlamaCpu form it);
-// its cos and sin are taken in double and rounded, so the table equals LlamaCpu's.
+// its cos and sin are taken in double and rounded, so the table equals LlamaCpu's. Row r sits at
+// positions[r], or at r % seq when positions is null.
 template <typename T>
-__global__ void rotary_kernel(T* x, long long n, int seq, int heads, int head_dim, int ld,
-                              const float* __restrict__ inv_freq, float sign) {
+__global__ void rotary_kernel(T* x, long long n, int seq, const int32_t* __restrict__ positions, int heads,
+                              int head_dim, int ld, const float* __restrict__ inv_freq, float sign) {
   const int half = head_dim / 2;
   const long long items = n * half;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -19,7 +20,8 @@ __global__ void rotary_kernel(T* x, long long n, int seq, int heads, int head_di
        item += stride) {
     const long long row = item / half;
     const int i = static_cast<int>(item % half);
-    const float angle = static_cast<float>(row % seq) * inv_freq[i];
+    const long long pos = positions != nullptr ? positions[row] : row % seq;
+    const float angle = static_cast<float>(pos) * inv_freq[i];
     double s = 0.0, c = 0.0;
     sincos(static_cast<double>(angle), &s, &c);
     const float cs = static_cast<float>(c), sn = sign * static_cast<float>(s);
@@ -33,6 +35,15 @@ __global__ void rotary_kernel(T* x, long long n, int seq, int heads, int head_di
   }
 }
 
+template <typename E>
+void launch_rotary(void* x, int n, int T, const int32_t* positions, int heads, int head_dim, int ld,
+                   const float* inv_freq, float sign, cudaStream_t stream) {
+  const size_t items = static_cast<size_t>(n) * (head_dim / 2);
+  rotary_kernel<E><<<grid_for(items), kBlockThreads, 0, stream>>>(static_cast<E*>(x), n, T, positions, heads,
+                                                                   head_dim, ld, inv_freq, sign);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const float* inv_freq, bool inverse,
@@ -40,14 +51,22 @@ void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const 
   SHARDLM_CHECK(n >= 0 && T >= 1 && heads >= 0 && head_dim >= 2 && head_dim % 2 == 0 && ld >= heads * head_dim,
                 "rotary_apply: bad shape n=", n, " T=", T, " heads=", heads, " head_dim=", head_dim, " ld=", ld);
   if (n == 0 || heads == 0) return;
-  const long long items = static_cast<long long>(n) * (head_dim / 2);
   const float sign = inverse ? -1.0f : 1.0f;
   dispatch_dtype(dt, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    rotary_kernel<E><<<grid_for(static_cast<size_t>(items)), kBlockThreads, 0, stream>>>(
-        static_cast<E*>(x), n, T, heads, head_dim, ld, inv_freq, sign);
+    launch_rotary<E>(x, n, T, nullptr, heads, head_dim, ld, inv_freq, sign, stream);
   });
-  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void rotary_apply_at(void* x, int n, const int32_t* positions, int heads, int head_dim, int ld,
+                     const float* inv_freq, DType dt, cudaStream_t stream) {
+  SHARDLM_CHECK(n >= 0 && heads >= 0 && head_dim >= 2 && head_dim % 2 == 0 && ld >= heads * head_dim,
+                "rotary_apply_at: bad shape n=", n, " heads=", heads, " head_dim=", head_dim, " ld=", ld);
+  if (n == 0 || heads == 0) return;
+  dispatch_dtype(dt, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    launch_rotary<E>(x, n, 1, positions, heads, head_dim, ld, inv_freq, 1.0f, stream);
+  });
 }
 
 }  // namespace shardlm::cuda
