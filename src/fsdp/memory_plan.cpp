@@ -102,9 +102,12 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
             : u.layers;
     p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
   }
-  p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
-  p.record.comm_staging = u.max_shard * 4;
-  if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
+  // A single rank (no shards, no replicas) accumulates straight into its gradient slices.
+  if (shard_size > 1 || spec.world_size > 1) {
+    p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
+    p.record.comm_staging = u.max_shard * 4;
+    if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
+  }
   const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
   if (spec.model.is_llama()) {
     // LlamaCuda counts every buffer it holds as activations.

@@ -133,9 +133,13 @@ class CudaEngine : public TrainEngine {
     for (auto& e : slot_free_) e = std::make_unique<Event>();
     for (auto& e : unit_gathered_) e = std::make_unique<Event>();
 
-    root_grad_full_.allocate(units_[0].host.padded_numel);
+    // A single rank (one shard, no replicas) reduces nothing: the backward accumulates straight into
+    // the gradient slices, which are then the whole gradients, and needs no full-gradient buffers or
+    // reduce staging (2.1 GB for BLOOM-560M).
+    direct_grads_ = shard_size == 1 && replicate_->size() == 1;
+    if (!direct_grads_) root_grad_full_.allocate(units_[0].host.padded_numel);
     for (int i = 0; i < 2 && block_padded > 0; ++i) {
-      block_grad_full_[i].allocate(block_padded);
+      if (!direct_grads_) block_grad_full_[i].allocate(block_padded);
       grad_ready_[i] = std::make_unique<Event>();
       grad_reduced_[i] = std::make_unique<Event>();
       grad_reduced_[i]->record(comm_);
@@ -143,8 +147,8 @@ class CudaEngine : public TrainEngine {
     root_grad_ready_ = std::make_unique<Event>();
     size_t max_shard = 0, max_padded = 0;
     for (const DeviceUnit& d : units_) max_shard = std::max(max_shard, d.host.shard_numel), max_padded = std::max(max_padded, d.host.padded_numel);
-    grad_slice_.allocate(max_shard);
-    if (cfg.fsdp.reduce_dtype != DType::F32) {
+    if (!direct_grads_) grad_slice_.allocate(max_shard);
+    if (cfg.fsdp.reduce_dtype != DType::F32 && !direct_grads_) {
       reduce_send_.allocate(max_padded * dsize_);
       reduce_recv_.allocate(max_shard * dsize_);
     }
@@ -447,10 +451,19 @@ class CudaEngine : public TrainEngine {
     params_written_->wait_on(comm_);
   }
 
+  // Where the backward accumulates the root's (u = 0) full fp32 gradient; a block's is in
+  // block_grad_full_ unless the gradients are direct (then it is the unit's gradient slice).
+  float* full_grad(size_t u) {
+    if (direct_grads_) return units_[u].grad.data();
+    SHARDLM_CHECK(u == 0, "CUDA engine: block ", u, " has no fixed full-gradient buffer");
+    return root_grad_full_.data();
+  }
+
   // Reduces a unit's full fp32 gradient into its slice on the communication stream.
   void reduce(size_t u, float* full_grad) {
     DeviceUnit& d = units_[u];
     const size_t n = d.host.shard_numel;
+    if (direct_grads_) return;  // the backward wrote into d.grad itself
     if (shard_->size() == 1) {
       if (replicate_->size() > 1) replicate_->all_reduce(full_grad, n, DType::F32, ReduceOp::Sum);
       cuda::accumulate(d.grad.data(), full_grad, n, comm_);
@@ -497,12 +510,12 @@ class CudaEngine : public TrainEngine {
     if (backward) {
       // The previous micro-batch's root reduction reads root_grad_full_.
       finish_root_reduction();
-      root_grad_full_.zero(compute_);
+      if (!direct_grads_) root_grad_full_.zero(compute_);
       if (L > 0 && backward_prefetch_ != Prefetch::None) gather(L);  // the last block (usually still held)
     }
     if (N > 0)
       model_->head(root, targets_.data(), B, T, grad_scale, backward, loss_.data(), count_.data(),
-                   backward ? root_grad_full_.data() : nullptr, compute_);
+                   backward ? full_grad(0) : nullptr, compute_);
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {
         const void* p = use(1 + l);
@@ -511,21 +524,22 @@ class CudaEngine : public TrainEngine {
         if (backward_prefetch_ == Prefetch::Pre && can_prefetch() && l > 0) gather(l);
         const int gs = l % 2;
         grad_reduced_[gs]->wait_on(compute_);  // its last reduction has read the buffer
-        block_grad_full_[gs].zero(compute_);
-        if (N > 0) model_->block_backward(l, p, block_grad_full_[gs].data(), B, T, compute_);
+        if (!direct_grads_) block_grad_full_[gs].zero(compute_);
+        float* grad = direct_grads_ ? full_grad(1 + l) : block_grad_full_[gs].data();
+        if (N > 0) model_->block_backward(l, p, grad, B, T, compute_);
         done_with(1 + l);
         grad_ready_[gs]->record(compute_);
         grad_ready_[gs]->wait_on(comm_);
-        reduce(1 + l, block_grad_full_[gs].data());
+        reduce(1 + l, grad);
         grad_reduced_[gs]->record(comm_);
         // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
         // slot this block frees, so it is safe with a single buffer too.
         if (backward_prefetch_ == Prefetch::Post && l > 0) gather(l);
       }
-      if (N > 0) model_->embed_backward(root, tokens_.data(), root_grad_full_.data(), B, T, compute_);
+      if (N > 0) model_->embed_backward(root, tokens_.data(), full_grad(0), B, T, compute_);
       root_grad_ready_->record(compute_);
       root_grad_ready_->wait_on(comm_);
-      reduce(0, root_grad_full_.data());
+      reduce(0, full_grad(0));
       root_reduced_pending_ = true;
     }
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, loss_.data(), sizeof(float), cudaMemcpyDeviceToHost, compute_));
@@ -571,7 +585,8 @@ class CudaEngine : public TrainEngine {
   std::vector<int> holder_;     // per block slot: the unit whose parameters it holds, or -1
   std::vector<bool> gathered_;  // per unit: its gathered parameters are current
   std::vector<std::unique_ptr<Event>> slot_free_, unit_gathered_;
-  DeviceBuffer<float> root_grad_full_, block_grad_full_[2], grad_slice_;
+  DeviceBuffer<float> root_grad_full_, block_grad_full_[2], grad_slice_;  // empty when direct_grads_
+  bool direct_grads_ = false;  // one rank in all: the backward accumulates into the gradient slices
   DeviceBuffer<char> reduce_send_, reduce_recv_;
   std::unique_ptr<Event> grad_ready_[2], grad_reduced_[2], root_grad_ready_;
   // Stream orderings taken every step, made once (after select_device: events belong to a device).
