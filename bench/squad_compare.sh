@@ -15,6 +15,8 @@
 #   baseline            shardlm NO_SHARD, 1 rank                  (input/squad/bloom560m-baseline.ini)
 #   fsdp-1gpu           shardlm FULL_SHARD over a group of one    (bloom560m-fsdp-1gpu.ini)
 #   fsdp-1gpu-offload   the same with fsdp.cpu_offload, --bind-to none (bloom560m-fsdp-1gpu-offload.ini)
+#   hf-1gpu-offload     Trainer under torchrun, fsdp "full_shard offload auto_wrap" on 1 GPU (only
+#                       with --only naming hf_offload1: it is slow, a host AdamW in PyTorch)
 #   with --gpus G > 1, also:
 #   hf-fsdp-Ggpu        Trainer under torchrun, fsdp "full_shard auto_wrap" on G GPUs
 #   full-shard-Ggpu     shardlm FULL_SHARD on G ranks, train.batch_size 4 x G (the tutorial's way)
@@ -32,14 +34,14 @@
 #   --timeout S        limit per run in seconds (default 300: the offload run, about 1.3 s of host
 #                      AdamW a step by docs/PERFORMANCE.md, may take about 200 s at 2 epochs)
 #   --budget S         stop starting runs when this many seconds have passed (default 480)
-#   --only LIST        comma-separated subset of: hf,baseline,fsdp1,offload1,hf_fsdp,full
+#   --only LIST        comma-separated subset of: hf,baseline,fsdp1,offload1,hf_fsdp,full,hf_offload1
 #   --skip-hf, --skip-shardlm    one side only
 #   --quick            a tiny model (vocab 512, hidden 128, 2 layers, 4 heads), 1 epoch: the path
 #                      end to end in a minute or two
 #   --dry-run          write the data and the decks, print every command, run none
 set -uo pipefail
 
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 BIN=build/bin/shardlm GPUS=1 EPOCHS="" QUESTIONS=250,100 RUN_TIMEOUT=300 BUDGET=480 ONLY=""
 SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda
@@ -216,16 +218,20 @@ def ratio(a, b):
 
 def table(path, title):
     recs = [json.loads(l) for l in open(path) if l.strip()]
-    base = {}  # Trainer's row for each GPU count: what the shardlm rows of that count are set against
+    # Trainer's row for each GPU count and offload: what the shardlm rows are set against (an offload
+    # row against Trainer's offload run when there is one, else against Trainer without offload).
+    base = {}
     for r in recs:
         if r["impl"] == "hf-trainer" and r["status"] == "ok":
-            base.setdefault(r["gpus"], r)
+            base.setdefault((r["gpus"], bool(r.get("cpu_offload"))), r)
     out = [title, "",
            "| run | GPUs | samples/s | samples/s, generation left out | x HF | peak GiB | x HF | nvidia-smi GiB | eval loss (last) | EM | F1 | status |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in recs:
         ok = r["status"] == "ok"
-        b = base.get(r["gpus"]) if r["impl"] == "shardlm" else None
+        b = None
+        if r["impl"] == "shardlm":
+            b = base.get((r["gpus"], bool(r.get("cpu_offload")))) or base.get((r["gpus"], False))
         sps = r.get("train_samples_per_second") if ok else None
         nogen = r.get("samples_per_second_no_generation") if ok else None
         mem = r.get("peak_memory_bytes") if ok else None
@@ -328,6 +334,9 @@ ROWS=("hf|hf-1gpu|HF Trainer, 1 GPU, no sharding|hf-trainer|1|none|false"
       "baseline|baseline|shardlm baseline: NO_SHARD, 1 GPU|shardlm|1|NO_SHARD|false"
       "fsdp1|fsdp-1gpu|shardlm FULL_SHARD, 1 GPU|shardlm|1|FULL_SHARD|false"
       "offload1|fsdp-1gpu-offload|shardlm FULL_SHARD + cpu_offload, 1 GPU|shardlm|1|FULL_SHARD|true")
+if [[ ",$ONLY," == *",hf_offload1,"* ]]; then
+  ROWS+=("hf_offload1|hf-1gpu-offload|HF Trainer + FSDP full_shard offload, 1 GPU|hf-trainer|1|FULL_SHARD|true")
+fi
 if [ "$GPUS" -gt 1 ]; then
   ROWS+=("hf_fsdp|hf-fsdp-${GPUS}gpu|HF Trainer + FSDP full_shard, $GPUS GPUs|hf-trainer|$GPUS|FULL_SHARD|false"
          "full|full-shard-${GPUS}gpu|shardlm FULL_SHARD, $GPUS GPUs|shardlm|$GPUS|FULL_SHARD|false")
@@ -395,8 +404,10 @@ run_one() {  # id name label impl gpus strategy offload
   local dir limit rc t0 meta cmd=() envs=()
   if [ "$impl" = hf-trainer ]; then
     dir=$HF/$name
-    if [ "$g" -gt 1 ]; then
+    if [ "$g" -gt 1 ] || [ "$offload" = true ]; then
       cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$g" bench/hf_trainer_squad.py --fsdp)
+      [ "$offload" = true ] && cmd+=(--fsdp-offload)
+      [ "$g" -eq 1 ] && envs=(CUDA_VISIBLE_DEVICES=0)
     else
       # Without torchrun Trainer takes every visible GPU (DataParallel): show it one.
       envs=(CUDA_VISIBLE_DEVICES=0)
@@ -494,7 +505,7 @@ fi
 # ---- the table ----------------------------------------------------------------------------
 SHAPE="vocab $VOCAB, hidden $HIDDEN, $LAYERS layers, $HEADS heads"
 [ $QUICK = 0 ] && SHAPE="BLOOM-560M ($SHAPE)"
-TITLE="SQuAD tutorial path, HF Trainer vs shardlm ($BACKEND backend) on ${GPU_NAME:-?}: $SHAPE, random init; synthetic SQuAD v1.1, $N_TRAIN train / $N_DEV dev questions, byte tokens (max length $MAX_LEN); $EPOCHS epoch(s), micro-batch $MICRO x accumulation $ACCUM a GPU, lr $LR, weight decay $WD, bf16; x HF = shardlm / HF Trainer on as many GPUs ($(date -u +%Y-%m-%d))"
+TITLE="SQuAD tutorial path, HF Trainer vs shardlm ($BACKEND backend) on ${GPU_NAME:-?}: $SHAPE, random init; synthetic SQuAD v1.1, $N_TRAIN train / $N_DEV dev questions, byte tokens (max length $MAX_LEN); $EPOCHS epoch(s), micro-batch $MICRO x accumulation $ACCUM a GPU, lr $LR, weight decay $WD, bf16; x HF = shardlm / HF Trainer on as many GPUs, an offload row against Trainer's offload row if it ran ($(date -u +%Y-%m-%d))"
 python3 "$TOOL" table "$OUT/squad.jsonl" "$TITLE" > "$OUT/squad.md"
 echo
 cat "$OUT/squad.md"
