@@ -1,7 +1,8 @@
 // Tests of the Llama pieces of the CUDA backend (label gpu): the kernels of llama_kernels.hpp
 // (RMSNorm, rotary embeddings with Llama 3.1's rope_scaling, SwiGLU, causal grouped-query attention)
 // against double-precision host references that mirror src/model/llama_cpu.cpp, in fp32, bf16 and
-// fp16, with the references' backward passes checked against finite differences; then LlamaCuda
+// fp16 (attention's backward recomputing the probabilities from the saved log-sum-exp), with the
+// references' backward passes checked against finite differences; then LlamaCuda
 // against LlamaCpu on a tiny model: loss, target count and every parameter gradient of one
 // forward/backward, GQA, tied and untied heads, with and without activation checkpointing.
 #define BOOST_TEST_MODULE test_cuda_llama
@@ -43,12 +44,14 @@ std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float sc
 
 std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
-// Largest |got - ref| relative to the largest |ref|.
+// Largest |got - ref| relative to the largest |ref|; infinite where got has a NaN (fp16 garbage
+// reads as NaN, which std::max would skip).
 double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
   BOOST_REQUIRE_EQUAL(got.size(), ref.size());
   double worst = 0.0, scale = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    worst = std::max(worst, std::abs(got[i] - ref[i]));
+    const double error = std::abs(got[i] - ref[i]);
+    worst = std::isnan(error) ? INFINITY : std::max(worst, error);
     scale = std::max(scale, std::abs(ref[i]));
   }
   return worst / std::max(scale, 1e-20);
@@ -316,12 +319,16 @@ struct AttnShape {
   size_t v_at(int b, int j, int g, int e) const { return k_at(b, j, g, e) + kv_heads * d; }
   size_t ctx_at(int b, int i, int n, int e) const { return (static_cast<size_t>(b) * T + i) * qw() + n * d + e; }
   size_t probs_at(int b, int n, int i, int j) const { return ((static_cast<size_t>(b) * heads + n) * T + i) * T + j; }
+  size_t lse_size() const { return static_cast<size_t>(B) * heads * T; }
+  size_t lse_at(int b, int n, int i) const { return (static_cast<size_t>(b) * heads + n) * T + i; }
 };
 
+// probs, ctx and, when asked, each row's log-sum-exp of the scores (what the GPU keeps for backward).
 void attention_ref(const AttnShape& s, const std::vector<double>& qkv, std::vector<double>& probs,
-                   std::vector<double>& ctx) {
+                   std::vector<double>& ctx, std::vector<double>* lse = nullptr) {
   probs.assign(s.probs_size(), 0.0);
   ctx.assign(s.ctx_size(), 0.0);
+  if (lse) lse->assign(s.lse_size(), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
   std::vector<double> row(s.T);
   for (int b = 0; b < s.B; ++b)
@@ -337,6 +344,7 @@ void attention_ref(const AttnShape& s, const std::vector<double>& qkv, std::vect
         }
         double total = 0.0;
         for (int j = 0; j <= i; ++j) total += std::exp(row[j] - max_score);
+        if (lse) (*lse)[s.lse_at(b, n, i)] = max_score + std::log(total);
         for (int j = 0; j <= i; ++j) {
           const double p = std::exp(row[j] - max_score) / total;
           probs[s.probs_at(b, n, i, j)] = p;
@@ -377,53 +385,55 @@ std::vector<double> attention_backward_ref(const AttnShape& s, const std::vector
 }
 
 struct GpuAttention {
-  std::vector<float> probs, ctx, dqkv;
+  std::vector<float> lse, ctx, dqkv;
 };
 
 GpuAttention run_gpu_attention(const AttnShape& s, const std::vector<float>& qkv, const std::vector<float>& dctx,
                                DType dt) {
   const size_t es = dtype_size(dt);
   DeviceBuffer d_qkv = to_device(qkv, dt), d_dctx = to_device(dctx, dt);
-  DeviceBuffer d_ctx(s.ctx_size() * es), d_probs(s.probs_size() * es), d_dqkv(s.qkv_size() * es);
+  DeviceBuffer d_ctx(s.ctx_size() * es), d_lse(s.lse_size() * sizeof(float)), d_dqkv(s.qkv_size() * es);
   DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(s.T, s.heads, s.kv_heads, s.d, dt));
   // Garbage in the outputs and the workspace: everything must be written, masked probabilities too.
-  CUDA_OK(cudaMemset(d_probs.get(), 0x7f, d_probs.bytes()));
+  CUDA_OK(cudaMemset(d_lse.get(), 0x7f, d_lse.bytes()));
   CUDA_OK(cudaMemset(d_ctx.get(), 0x7f, d_ctx.bytes()));
   CUDA_OK(cudaMemset(d_dqkv.get(), 0x7f, d_dqkv.bytes()));
   CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
   Gemm gemm;
   Stream st;
-  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), s.B, s.T,
+  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), s.B, s.T,
                                                        s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
-  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(),
-                                                        s.B, s.T, s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
+  // LlamaCuda's blocks share the workspace: the backward recomputes from qkv and lse alone.
+  CUDA_OK(cudaMemsetAsync(d_work.get(), 0x7f, d_work.bytes(), st.s));
+  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(),
+                                                        d_dqkv.get(), s.B, s.T, s.heads, s.kv_heads, s.d, dt,
+                                                        d_work.get(), st.s));
   st.sync();
   GpuAttention out;
-  out.probs = download(d_probs.get(), s.probs_size(), dt);
+  out.lse = download(d_lse.get(), s.lse_size(), DType::F32);
   out.ctx = download(d_ctx.get(), s.ctx_size(), dt);
   out.dqkv = download(d_dqkv.get(), s.qkv_size(), dt);
   return out;
 }
 
-void check_attention(const AttnShape& s, DType dt, double tol_forward, double tol_backward, unsigned seed) {
+// q, k, v drawn with standard deviation `input_scale`: larger ones give sharper rows, where most
+// probabilities are exp(s - lse) of a score far below the row's log-sum-exp.
+void check_attention(const AttnShape& s, DType dt, double tol_forward, double tol_backward, unsigned seed,
+                     float input_scale = 1.0f) {
   BOOST_TEST_CONTEXT("attention B=" << s.B << " T=" << s.T << " heads=" << s.heads << " kv_heads=" << s.kv_heads
-                                    << " d=" << s.d << " dt=" << dtype_name(dt)) {
+                                    << " d=" << s.d << " dt=" << dtype_name(dt) << " input_scale=" << input_scale) {
     std::mt19937 rng(seed);
-    const std::vector<float> qkv = random_values(s.qkv_size(), rng, dt);
+    const std::vector<float> qkv = random_values(s.qkv_size(), rng, dt, input_scale);
     const std::vector<float> dctx = random_values(s.ctx_size(), rng, dt);
     const GpuAttention gpu = run_gpu_attention(s, qkv, dctx, dt);
-    std::vector<double> probs, ctx;
-    attention_ref(s, to_double(qkv), probs, ctx);
-    BOOST_TEST(relative_error(gpu.probs, probs) <= tol_forward);
+    std::vector<double> probs, ctx, lse;
+    attention_ref(s, to_double(qkv), probs, ctx, &lse);
+    // fp32 scores of inputs exact in dt: the log-sum-exp is fp32-accurate whatever dt.
+    BOOST_TEST(relative_error(gpu.lse, lse) <= 1e-5);
+    // A masked probability left as workspace garbage would swamp the context or the gradients.
     BOOST_TEST(relative_error(gpu.ctx, ctx) <= tol_forward);
     BOOST_TEST(relative_error(gpu.dqkv, attention_backward_ref(s, to_double(qkv), probs, to_double(dctx))) <=
                tol_backward);
-    size_t above = 0;  // causal: exactly zero above the diagonal
-    for (int b = 0; b < s.B; ++b)
-      for (int n = 0; n < s.heads; ++n)
-        for (int i = 0; i < s.T; ++i)
-          for (int j = i + 1; j < s.T; ++j) above += gpu.probs[s.probs_at(b, n, i, j)] != 0.0f;
-    BOOST_TEST(above == 0u);
   }
 }
 
@@ -685,6 +695,8 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_fp32) {
   check_attention({3, 7, 6, 1, 4}, DType::F32, 1e-5, 1e-4, 13);    // one kv head for all (MQA)
   check_attention({2, 9, 3, 3, 5}, DType::F32, 1e-5, 1e-4, 14);    // no grouping; odd head_dim: unaligned views
   check_attention({1, 1, 4, 2, 8}, DType::F32, 1e-5, 1e-4, 15);    // one position
+  check_attention({1, 1, 3, 3, 5}, DType::F32, 1e-5, 1e-4, 16);    // one position, no grouping
+  check_attention({2, 40, 4, 2, 8}, DType::F32, 1e-5, 1e-4, 17, 2.0f);  // sharper rows: scores of std 4
 }
 
 BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_16bit) {
@@ -694,6 +706,8 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_16bit) {
   check_attention({1, 77, 8, 2, 64}, DType::BF16, 1.5e-2, 4e-2, 22);
   check_attention({2, 13, 4, 2, 8}, DType::F16, 2e-3, 6e-3, 23);
   check_attention({3, 7, 6, 1, 4}, DType::F16, 2e-3, 6e-3, 24);
+  check_attention({1, 1, 4, 2, 8}, DType::BF16, 1.5e-2, 4e-2, 25);  // one position
+  check_attention({2, 40, 4, 2, 8}, DType::F16, 2e-3, 6e-3, 26, 2.0f);  // sharper rows
 }
 
 BOOST_AUTO_TEST_CASE(grouped_query_attention_backward_matches_finite_differences) {

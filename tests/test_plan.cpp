@@ -153,14 +153,16 @@ BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   s.backend = "cuda";
   s.micro_batch = 1, s.max_seq = 16;
   const size_t head = 19200 + 256 + 256;
-  const size_t fp32 = 3 * 2048 + 64 + 16 + 2 * (2 * 64 + 4096 + 4096 + 2048 + 2048 + 16384) +
-                      (2048 + 2048 + 2048 + 8192 + 4096 + 16384) + (4096 + 2048) + head;
+  // Per block: 1/rms twice, q|k|v, the softmax's log-sum-exp (fp32 [1, 4, 16]), context, h2, gate|up.
+  // The attention workspace holds one sequence: fp32 scores, probabilities in dt, fp32 dk|dv sums.
+  const size_t fp32 = 3 * 2048 + 64 + 16 + 2 * (2 * 64 + 4096 + 256 + 2048 + 2048 + 16384) +
+                      (2048 + 2048 + 2048 + 8192 + 4096 + 16384) + (4096 + 4096 + 2048) + head;
   BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32);
   s.activation_checkpointing = true;  // one block's activations instead of two
-  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32 - (2 * 64 + 4096 + 4096 + 2048 + 2048 + 16384));
+  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32 - (2 * 64 + 4096 + 256 + 2048 + 2048 + 16384));
   s.activation_checkpointing = false;
   s.param_dtype = shardlm::DType::BF16;
-  const size_t bf16 = 3 * 1024 + 64 + 16 + 2 * (2 * 64 + 2048 + 2048 + 1024 + 1024 + 8192) +
+  const size_t bf16 = 3 * 1024 + 64 + 16 + 2 * (2 * 64 + 2048 + 256 + 1024 + 1024 + 8192) +
                       (1024 + 1024 + 1024 + 4096 + 2048 + 8192) + (4096 + 2048 + 2048) + head;
   BOOST_TEST(shardlm::plan_rank_memory(s).activations() == bf16);
   // Untied, the root holds the LM head too: its shard, gradient and moments grow by V x H.

@@ -3,10 +3,13 @@
 //
 // Query head n = g * G + j (G = heads / kv_heads query heads per kv head) reads kv head g. For a
 // fixed j, the query heads g * G + j sit at a constant column stride G * d and their kv heads at a
-// stride d, so every GEMM runs once per sequence and j, batched over the kv heads g. Scores and their
-// gradient live in fp32 in the workspace for one sequence at a time; the key and value gradients of
-// the G query heads of a group are summed in an fp32 workspace [T, 2 kv_heads d] (GEMMs with
-// beta = 1), then rounded once into dqkv.
+// stride d, so every GEMM runs once per sequence and j, batched over the kv heads g. Only the
+// softmax's per-row log-sum-exp is kept from forward to backward: the backward recomputes each
+// sequence's scores with the forward's GEMMs and its probabilities p = exp(s - lse) with the
+// forward's formula, so both passes see the same p. Scores, probabilities and their gradients live
+// in the workspace for one sequence at a time; the key and value gradients of the G query heads of
+// a group are summed in an fp32 workspace [T, 2 kv_heads d] (GEMMs with beta = 1), then rounded
+// once into dqkv.
 #include <cmath>
 
 #include "dtype_cuda.cuh"
@@ -17,10 +20,17 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij) over j <= i, 0 beyond.
-// `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
+// p_ij from the fp32 score and the row's log-sum-exp: the one formula the forward and the
+// backward's recomputation both use, so they see the same probabilities.
+__device__ __forceinline__ float causal_probability(float score, float lse, int i, int j) {
+  return j <= i ? expf(score - lse) : 0.0f;
+}
+
+// One warp per row (h, i) of one sequence: lse_i = log sum_j exp(scores_ij) over j <= i, then
+// p_ij = exp(scores_ij - lse_i) for j <= i, 0 beyond. `scores` holds scale * q k^T as fp32
+// [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt, `lse` its [heads, T].
 template <typename T>
-__global__ void causal_softmax_kernel(const float* scores, T* probs, int heads, int seq) {
+__global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse, int heads, int seq) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
@@ -42,13 +52,27 @@ __global__ void causal_softmax_kernel(const float* scores, T* probs, int heads, 
     const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
     merge_softmax_state(m, sum, other_m, other_s);
   }
-  const float inv_sum = 1.0f / sum;
-  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(j <= i ? expf(s[j] - m) * inv_sum : 0.0f);
+  // Lane 0's value for every lane: the p below are formed from exactly the lse that is saved.
+  const float row_lse = __shfl_sync(0xffffffffu, m + logf(sum), 0);
+  if (lane == 0) lse[row] = row_lse;
+  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(causal_probability(s[j], row_lse, i, j));
+}
+
+// One warp per row: the forward's probabilities again, from the recomputed scores and the saved lse.
+template <typename T>
+__global__ void causal_probs_from_lse_kernel(const float* scores, const float* lse, T* probs, int heads, int seq) {
+  const int lane = threadIdx.x % 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= static_cast<long long>(heads) * seq) return;
+  const int i = static_cast<int>(row % seq);
+  const float* s = scores + row * seq;
+  T* p = probs + row * seq;
+  const float row_lse = lse[row];
+  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(causal_probability(s[j], row_lse, i, j));
 }
 
 // One warp per row: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d)
-// goes into the GEMMs that follow). dS may alias dP when T is float: each element is read, then
-// written, by one lane.
+// goes into the GEMMs that follow). dS may alias P: each element is read, then written, by one lane.
 template <typename T>
 __global__ void causal_softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {
   const int lane = threadIdx.x % 32;
@@ -111,72 +135,99 @@ struct Layout {
       : T(T_), heads(heads_), kv_heads(kv_heads_), d(d_), G(heads_ / kv_heads_), qw(heads_ * d_),
         kvw(kv_heads_ * d_), ld(heads_ * d_ + 2 * kv_heads_ * d_), es(dtype_size(dt)),
         tt(static_cast<long long>(T_) * T_) {}
-  size_t qkv_bytes() const { return static_cast<size_t>(T) * ld * es; }   // one sequence of qkv
-  size_t ctx_bytes() const { return static_cast<size_t>(T) * qw * es; }   // one sequence of ctx
-  size_t probs_bytes() const { return static_cast<size_t>(heads) * tt * es; }
+  size_t qkv_bytes() const { return static_cast<size_t>(T) * ld * es; }  // one sequence of qkv
+  size_t ctx_bytes() const { return static_cast<size_t>(T) * qw * es; }  // one sequence of ctx
+  size_t lse_rows() const { return static_cast<size_t>(heads) * T; }     // one sequence of lse
 };
+
+// The workspace of one sequence (llama_attention_workspace_bytes): fp32 scores [heads, T, T] (the
+// backward's dP after them), the probabilities in dt [heads, T, T] (the backward's dS in place
+// after them), the fp32 key|value gradient sums [T, 2 kv_heads d].
+struct Workspace {
+  float* scores;
+  char* probs;
+  float* dkv;
+  Workspace(void* workspace, const Layout& l) {
+    char* w = static_cast<char*>(workspace);
+    const size_t scores_bytes = align256(static_cast<size_t>(l.heads) * l.tt * sizeof(float));
+    const size_t probs_bytes = align256(static_cast<size_t>(l.heads) * l.tt * l.es);
+    scores = reinterpret_cast<float*>(w);
+    probs = w + scores_bytes;
+    dkv = reinterpret_cast<float*>(w + scores_bytes + probs_bytes);
+  }
+};
+
+// scores_n = scale * q_n k_g^T in fp32, for the query heads n = g G + j of every group g of one
+// sequence. The forward and the backward's recomputation run exactly these GEMMs.
+void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, float scale, float* scores, DType dt,
+                  cudaStream_t stream) {
+  const int d = l.d, G = l.G;
+  for (int j = 0; j < G; ++j)
+    gemm.run(kv_head_gemm(false, true, l.T, l.T, d, scale, q + static_cast<size_t>(j) * d * l.es, l.ld,
+                          static_cast<long long>(G) * d, k, l.ld, d, 0.0f, scores + j * l.tt, l.T, G * l.tt, dt,
+                          DType::F32, l.kv_heads),
+             stream);
+}
 
 }  // namespace
 
-void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, int B, int T, int heads,
+void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
                              int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
   check_shape("llama_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
+  const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  float* scores = static_cast<float*>(workspace);
   for (int b = 0; b < B; ++b) {
     const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
     const char* k = q + static_cast<size_t>(l.qw) * es;
     const char* v = k + static_cast<size_t>(l.kvw) * es;
-    char* probs_b = static_cast<char*>(probs) + b * l.probs_bytes();
     char* ctx_b = static_cast<char*>(ctx) + b * l.ctx_bytes();
-    // scores_n = scale * q_n k_g^T in fp32, for the query heads n = g G + j of every group g.
-    for (int j = 0; j < G; ++j)
-      gemm.run(kv_head_gemm(false, true, T, T, d, scale, q + static_cast<size_t>(j) * d * es, l.ld,
-                            static_cast<long long>(G) * d, k, l.ld, d, 0.0f, scores + j * l.tt, T, G * l.tt, dt,
-                            DType::F32, kv_heads),
-               stream);
+    scores_gemms(gemm, l, q, k, scale, ws.scores, dt, stream);
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_softmax_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
-          scores, reinterpret_cast<E*>(probs_b), heads, T);
+          ws.scores, reinterpret_cast<E*>(ws.probs), lse + b * l.lse_rows(), heads, T);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
     // ctx_n = P_n v_g, written into query head n's columns of ctx.
     for (int j = 0; j < G; ++j)
-      gemm.run(kv_head_gemm(false, false, T, d, T, 1.0f, probs_b + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(kv_head_gemm(false, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             v, l.ld, d, 0.0f, ctx_b + static_cast<size_t>(j) * d * es, l.qw,
                             static_cast<long long>(G) * d, dt, dt, kv_heads),
                stream);
   }
 }
 
-void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, int B,
+void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
                               cudaStream_t stream) {
   check_shape("llama_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
+  const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // Workspace: dP (fp32), dS in dt (in place over dP for fp32), the fp32 key|value gradient sums.
-  const size_t scores_bytes = align256(static_cast<size_t>(heads) * l.tt * sizeof(float));
-  float* dprobs = static_cast<float*>(workspace);
-  void* dscores = dt == DType::F32 ? workspace : static_cast<char*>(workspace) + scores_bytes;
-  const size_t dscores_bytes = dt == DType::F32 ? 0 : align256(static_cast<size_t>(heads) * l.tt * es);
-  float* dkv = reinterpret_cast<float*>(static_cast<char*>(workspace) + scores_bytes + dscores_bytes);
+  float* dprobs = ws.scores;  // the recomputed scores are spent once P is formed
+  float* dkv = ws.dkv;
   const int ld_dkv = 2 * l.kvw;
   for (int b = 0; b < B; ++b) {
     const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
     const char* k = q + static_cast<size_t>(l.qw) * es;
     const char* v = k + static_cast<size_t>(l.kvw) * es;
     char* dq = static_cast<char*>(dqkv) + b * l.qkv_bytes();
-    const char* probs_b = static_cast<const char*>(probs) + b * l.probs_bytes();
     const char* dctx_b = static_cast<const char*>(dctx) + b * l.ctx_bytes();
+    // P again: the forward's scores, then p = exp(s - lse) with the saved lse.
+    scores_gemms(gemm, l, q, k, scale, ws.scores, dt, stream);
+    dispatch_dtype(dt, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      causal_probs_from_lse_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
+          ws.scores, lse + b * l.lse_rows(), reinterpret_cast<E*>(ws.probs), heads, T);
+    });
+    SHARDLM_CUDA_LAUNCH_CHECK();
     for (int j = 0; j < G; ++j) {
       const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head writes, the others add
       // dP_n = dctx_n v_g^T (fp32); dv_g += P_n^T dctx_n (fp32).
@@ -184,18 +235,19 @@ void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, con
                             static_cast<long long>(G) * d, v, l.ld, d, 0.0f, dprobs + j * l.tt, T, G * l.tt, dt,
                             DType::F32, kv_heads),
                stream);
-      gemm.run(kv_head_gemm(true, false, T, d, T, 1.0f, probs_b + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(kv_head_gemm(true, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             dctx_b + static_cast<size_t>(j) * d * es, l.qw, static_cast<long long>(G) * d, beta,
                             dkv + l.kvw, ld_dkv, d, dt, DType::F32, kv_heads),
                stream);
     }
+    // dS over P, in place.
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_softmax_backward_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
-          dprobs, reinterpret_cast<const E*>(probs_b), static_cast<E*>(dscores), heads, T);
+          dprobs, reinterpret_cast<const E*>(ws.probs), reinterpret_cast<E*>(ws.probs), heads, T);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
-    const char* ds = static_cast<const char*>(dscores);
+    const char* ds = ws.probs;
     for (int j = 0; j < G; ++j) {
       const float beta = j == 0 ? 0.0f : 1.0f;
       // S = scale q k^T: dq_n = scale dS_n k_g (each query head once), dk_g += scale dS_n^T q_n (fp32).

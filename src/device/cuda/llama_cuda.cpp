@@ -1,7 +1,8 @@
 // LlamaCuda: the Llama decoder layer's forward and backward as cuBLASLt GEMMs (q|k|v and gate|up
 // each one GEMM over adjacent weights) and the kernels of llama_kernels.hpp, on the caller's stream.
 // The hidden-state gradient is updated in place through a block (the residual adds onto it); norm
-// outputs and SiLU(gate) * up are recomputed in backward rather than kept per block.
+// outputs, SiLU(gate) * up and the attention probabilities (from the softmax's saved log-sum-exp)
+// are recomputed in backward rather than kept per block.
 #include "llama_cuda.hpp"
 
 #include <algorithm>
@@ -83,7 +84,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
     sv.rstd1.allocate(sizes_.rstd / sizeof(float));
     sv.rstd2.allocate(sizes_.rstd / sizeof(float));
     sv.qkv.allocate(sizes_.qkv);
-    sv.probs.allocate(sizes_.probs);
+    sv.lse.allocate(sizes_.lse / sizeof(float));
     sv.context.allocate(sizes_.context);
     sv.h2.allocate(sizes_.h2);
     sv.gate_up.allocate(sizes_.gate_up);
@@ -102,7 +103,7 @@ size_t LlamaCuda::activation_bytes() const {
   size_t n = inv_freq_.bytes() + hidden_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() + dh_.bytes() +
              wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + attn_ws_.bytes() + head_ws_.bytes();
   for (const Saved& sv : saved_)
-    n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.context.bytes() +
+    n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes();
   return n;
 }
@@ -133,7 +134,7 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_);
   rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s);  // q and k heads
-  llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.probs.data(), B, T, heads, kv_heads, d, dt_,
+  llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
                           attn_ws_.data(), s);
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
@@ -202,7 +203,7 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   // h2 = x + context W_o^T.
   mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
   mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
-  llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), B, T, heads, kv_heads,
+  llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
                            d, dt_, attn_ws_.data(), s);
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).

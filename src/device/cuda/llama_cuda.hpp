@@ -53,8 +53,8 @@ class LlamaCuda final : public CudaModel {
 
  private:
   struct Saved {  // one block's activations kept for its backward
-    DeviceBuffer<float> rstd1, rstd2;
-    DeviceBuffer<char> qkv, probs, context, h2, gate_up;
+    DeviceBuffer<float> rstd1, rstd2, lse;  // lse: the attention softmax's, [B, heads, T]
+    DeviceBuffer<char> qkv, context, h2, gate_up;
   };
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }

@@ -20,14 +20,13 @@ inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 }  // namespace llama_sizes_detail
 
 // Scratch of llama_attention_forward/backward for one sequence at a time: fp32 scores of every
-// head, their 16-bit gradient when dt is 16-bit, and the fp32 sums of the key and value gradients
-// over the query heads that share them.
+// head (then the probabilities' gradient), the probabilities in dt (then the scores' gradient), and
+// the fp32 sums of the key and value gradients over the query heads that share them.
 inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
   using llama_sizes_detail::align256;
   const size_t scores = static_cast<size_t>(heads) * T * T;
   const size_t kv_grads = static_cast<size_t>(T) * 2 * kv_heads * head_dim;
-  return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt))) +
-         align256(kv_grads * sizeof(float));
+  return align256(scores * sizeof(float)) + align256(scores * dtype_size(dt)) + align256(kv_grads * sizeof(float));
 }
 
 struct LlamaCudaSizes {
@@ -35,16 +34,17 @@ struct LlamaCudaSizes {
   // Kept from forward to backward: hidden states h_0 .. h_L, the final norm's 1/rms, the rotary
   // inverse frequencies.
   size_t hidden = 0, final_rstd = 0, inv_freq = 0;
-  // Per saved block: both norms' 1/rms, q|k|v after rotary, softmax, attention context, the
-  // mid-block residual h2, gate|up projections.
-  size_t rstd = 0, qkv = 0, probs = 0, context = 0, h2 = 0, gate_up = 0;
+  // Per saved block: both norms' 1/rms, q|k|v after rotary, the softmax's per-row log-sum-exp
+  // (the probabilities are recomputed from it in backward), attention context, the mid-block
+  // residual h2, gate|up projections.
+  size_t rstd = 0, qkv = 0, lse = 0, context = 0, h2 = 0, gate_up = 0;
   // Scratch shared by the blocks: a norm's output, the gradient flowing into a norm or the
   // context, the hidden-state gradient, SiLU(gate) * up and its gradient, d(q|k|v), d(gate|up).
   size_t norm = 0, grad = 0, dh = 0, wide = 0, dqkv = 0, dgate_up = 0;
   size_t attention_workspace = 0, head_workspace = 0;
   int head_chunk = 0;
 
-  size_t per_block() const { return 2 * rstd + qkv + probs + context + h2 + gate_up; }
+  size_t per_block() const { return 2 * rstd + qkv + lse + context + h2 + gate_up; }
   size_t total() const {
     return hidden + final_rstd + inv_freq + saved_blocks * per_block() + norm + grad + dh + wide + dqkv + dgate_up +
            attention_workspace + head_workspace;
@@ -65,7 +65,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.inv_freq = d / 2 * f32;
   s.rstd = N * f32;
   s.qkv = N * (QW + 2 * KVW) * es;
-  s.probs = B * cfg.num_heads * T * T * es;
+  s.lse = B * cfg.num_heads * T * f32;
   s.context = N * QW * es;
   s.h2 = N * H * es;
   s.gate_up = N * 2 * F * es;

@@ -52,15 +52,17 @@ void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int 
 // qkv is [B*T, (heads + 2 kv_heads) d]: each row the query heads, then the key heads, then the
 // value heads (q_proj, k_proj, v_proj outputs side by side, rotary already applied to q and k);
 // query head n reads key/value head n / (heads / kv_heads). ctx is [B*T, heads d]. Scores are
-// (q . k) / sqrt(d) for key position j <= query position i, softmax in fp32; `probs`
-// ([B, heads, T, T], dt) keeps it for backward. Batched cuBLASLt GEMMs, one call per sequence and
-// query head of a group (batched over the kv heads), around softmax kernels. `workspace` is scratch
-// of llama_attention_workspace_bytes(T, ...) (llama_cuda_sizes.hpp).
-void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, int B, int T, int heads,
+// (q . k) / sqrt(d) for key position j <= query position i, softmax in fp32; only each row's
+// log-sum-exp `lse` (fp32, [B, heads, T]) is kept for backward, which recomputes the scores and
+// the probabilities p = exp(s - lse) one sequence at a time (the forward's context uses the same p).
+// Batched cuBLASLt GEMMs, one call per sequence and query head of a group (batched over the kv
+// heads), around softmax kernels. `workspace` is scratch of llama_attention_workspace_bytes(T, ...)
+// (llama_cuda_sizes.hpp); nothing in it outlives a call.
+void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
                              int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);
-// dqkv (same layout as qkv) written from dctx; the key and value gradients are summed over the query
-// heads of their group in fp32 before they are rounded to dt.
-void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, int B,
+// dqkv (same layout as qkv) written from dctx, qkv and the forward's lse; the key and value
+// gradients are summed over the query heads of their group in fp32 before they are rounded to dt.
+void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
                               cudaStream_t stream);
 
