@@ -88,7 +88,8 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
       p.host_optimizer += 2 * n * 4;
       p.host_bytes += 3 * n * 4;  // AdamW's moments and the gradient slice copied down each step
     } else {
-      p.record.master_shard += n * 4 + (f32 ? 0 : n * dsize);
+      // Sharded, the gathers cast the master into their own buffer: no 16-bit copy of the slice.
+      p.record.master_shard += n * 4 + (f32 || shard_size > 1 ? 0 : n * dsize);
       p.optimizer += 2 * n * 4;
       p.host_bytes += 2 * n * 4;  // checkpoint staging of the moments
     }

@@ -68,6 +68,10 @@ class CudaEngine : public TrainEngine {
     const int shard_rank = shard_->rank(), shard_size = shard_->size();
     full_shard_ = cfg.fsdp.strategy == ShardingStrategy::FullShard;
     offload_ = cfg.fsdp.cpu_offload;
+    // Sharded, not offloaded, 16-bit compute: no 16-bit copy of the slice is kept beside the fp32
+    // master; each all-gather casts the master into this rank's place in the gather buffer and
+    // gathers in place (1/S of the model's size in 16 bits less, at one cast of the slice a gather).
+    cast_at_gather_ = !offload_ && shard_size > 1 && dt_ != DType::F32;
     backward_prefetch_ = cfg.fsdp.backward_prefetch == "post"   ? Prefetch::Post
                          : cfg.fsdp.backward_prefetch == "none" ? Prefetch::None
                                                                 : Prefetch::Pre;
@@ -85,7 +89,7 @@ class CudaEngine : public TrainEngine {
         d.master.allocate(n), d.exp_avg.allocate(n), d.exp_avg_sq.allocate(n);
         SHARDLM_CUDA_CHECK(cudaMemcpy(d.master.data(), d.host.master.data(), n * 4, cudaMemcpyHostToDevice));
         d.exp_avg.zero(compute_), d.exp_avg_sq.zero(compute_);
-        if (dt_ != DType::F32) d.compute_shard.allocate(n * dsize_);
+        if (dt_ != DType::F32 && !cast_at_gather_) d.compute_shard.allocate(n * dsize_);
         d.host_exp_avg.assign(n, 0.0f), d.host_exp_avg_sq.assign(n, 0.0f);
       }
       units_.push_back(std::move(d));
@@ -211,7 +215,7 @@ class CudaEngine : public TrainEngine {
         if (end <= begin) return;
         cuda::AdamWArgs r = a;
         r.weight_decay = wd;
-        void* out = dt_ == DType::F32 ? nullptr : d.compute_shard.data() + begin * dsize_;
+        void* out = dt_ == DType::F32 || cast_at_gather_ ? nullptr : d.compute_shard.data() + begin * dsize_;
         cuda::adamw_step(d.master.data() + begin, d.grad.data() + begin, d.exp_avg.data() + begin,
                          d.exp_avg_sq.data() + begin, end - begin, r, out, dt_, compute_);
       };
@@ -386,7 +390,7 @@ class CudaEngine : public TrainEngine {
       }
       return;
     }
-    if (dt_ == DType::F32) return;
+    if (dt_ == DType::F32 || cast_at_gather_) return;
     for (DeviceUnit& d : units_)
       cuda::cast(d.master.data(), DType::F32, d.compute_shard.data(), dt_, d.host.shard_numel, compute_);
   }
@@ -428,7 +432,15 @@ class CudaEngine : public TrainEngine {
       holder_[sl] = static_cast<int>(u);
     }
     const DeviceUnit& d = units_[u];
-    shard_->all_gather(shard_source(d), const_cast<void*>(full_params(u)), d.host.shard_numel, dt_);
+    void* full = const_cast<void*>(full_params(u));
+    if (cast_at_gather_) {
+      // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
+      char* mine = static_cast<char*>(full) + static_cast<size_t>(shard_->rank()) * d.host.shard_numel * dsize_;
+      cuda::cast(d.master.data(), DType::F32, mine, dt_, d.host.shard_numel, comm_);
+      shard_->all_gather(mine, full, d.host.shard_numel, dt_);
+    } else {
+      shard_->all_gather(shard_source(d), full, d.host.shard_numel, dt_);
+    }
     unit_gathered_[u]->record(comm_);
     gathered_[u] = true;
   }
@@ -587,6 +599,7 @@ class CudaEngine : public TrainEngine {
   std::vector<std::unique_ptr<Event>> slot_free_, unit_gathered_;
   DeviceBuffer<float> root_grad_full_, block_grad_full_[2], grad_slice_;  // empty when direct_grads_
   bool direct_grads_ = false;  // one rank in all: the backward accumulates into the gradient slices
+  bool cast_at_gather_ = false;  // no compute_shard: the gathers cast the masters themselves
   DeviceBuffer<char> reduce_send_, reduce_recv_;
   std::unique_ptr<Event> grad_ready_[2], grad_reduced_[2], root_grad_ready_;
   // Stream orderings taken every step, made once (after select_device: events belong to a device).
