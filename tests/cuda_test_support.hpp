@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
 
 namespace cuda_test {
 
@@ -122,6 +123,19 @@ std::vector<T> from_device_raw(const void* src, size_t n) {
   std::vector<T> v(n);
   if (n > 0) CUDA_OK(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
+}
+
+// A Llama config with one head of head_dim and the given rope (theta, Llama 3.1 scaling factor and
+// original context), for the rotary tables (llama_inverse_frequencies).
+inline shardlm::ModelConfig rope_config(int head_dim, float theta, float factor, int original) {
+  shardlm::ModelConfig c;
+  c.arch = "llama";
+  c.num_heads = 1;
+  c.hidden_size = head_dim;
+  c.rope_theta = theta;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.original_max_position_embeddings = original;
+  return c;
 }
 
 }  // namespace cuda_test

@@ -152,17 +152,6 @@ Step bloom_step(int heads, int d, int max_len) { return mixed_step(cuda::interle
 
 // ---- Llama: rotary at each row's position, then grouped-query attention without ALiBi ----------
 
-ModelConfig rope_config(int head_dim, float theta, float factor, int original) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.num_heads = 1;
-  c.hidden_size = head_dim;
-  c.rope_theta = theta;
-  c.rope_scaling.factor = factor;
-  c.rope_scaling.original_max_position_embeddings = original;
-  return c;
-}
-
 // The q and k heads of each row rotated at its position (llama_cpu.cpp's block_decode: the angle
 // in fp32, its cos and sin in double), in double; the value heads unchanged.
 std::vector<double> rotary_ref(const Step& s, const std::vector<float>& qkv, const std::vector<float>& inv_freq) {

@@ -192,17 +192,6 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
 
 // ---- rotary reference (llama_cpu.cpp's apply_rotary, angles as LlamaCpu forms them) ----------
 
-ModelConfig rope_config(int head_dim, float theta, float factor, int original) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.num_heads = 1;
-  c.hidden_size = head_dim;
-  c.rope_theta = theta;
-  c.rope_scaling.factor = factor;
-  c.rope_scaling.original_max_position_embeddings = original;
-  return c;
-}
-
 std::vector<double> rotary_ref(const std::vector<float>& x, int n, int T, int heads, int d, int ld,
                                const std::vector<float>& inv_freq, bool inverse) {
   std::vector<double> out = to_double(x);

@@ -12,11 +12,10 @@
 #include "cuda_check.hpp"
 #include "dtype_cuda.cuh"
 #include "kernels.hpp"
+#include "softmax_rows.cuh"
 
 namespace shardlm::cuda {
 namespace {
-
-constexpr int kWarpsPerBlock = 8;
 
 // One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij + slope_h * j) over j <= i, 0 beyond.
 // `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
@@ -29,49 +28,17 @@ __global__ void softmax_forward_kernel(const float* scores, T* probs, const floa
   const float slope = slopes[h];
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
-  float m = -INFINITY, sum = 0.0f;
-  for (int j = lane; j <= i; j += 32) {
-    const float x = s[j] + slope * static_cast<float>(j);
-    if (x > m) {
-      sum = sum * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      sum += expf(x - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
-    merge_softmax_state(m, sum, other_m, other_s);
-  }
+  float m, sum;
+  causal_row_softmax_state(s, slope, i, lane, m, sum);
   const float inv_sum = 1.0f / sum;
   for (int j = lane; j < seq; j += 32)
     p[j] = from_float<T>(j <= i ? expf(s[j] + slope * static_cast<float>(j) - m) * inv_sum : 0.0f);
 }
 
-// One warp per row: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d) goes into
-// the GEMMs that follow). dS may alias dP when T is float: each element is read, then written, by one lane.
-template <typename T>
-__global__ void softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {
-  const int lane = threadIdx.x % 32;
-  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= static_cast<long long>(heads) * seq) return;
-  const int i = static_cast<int>(row % seq);
-  const float* dp = dprobs + row * seq;
-  const T* p = probs + row * seq;
-  T* ds = dscores + row * seq;
-  float dot = 0.0f;
-  for (int j = lane; j <= i; j += 32) dot += to_float(p[j]) * dp[j];
-  dot = warp_sum(dot);
-  for (int j = lane; j < seq; j += 32) ds[j] = from_float<T>(j <= i ? to_float(p[j]) * (dp[j] - dot) : 0.0f);
-}
-
 template <typename T>
 void launch_softmax_forward(const float* scores, void* probs, const float* slopes, int heads, int seq,
                             cudaStream_t stream) {
-  const long long rows = static_cast<long long>(heads) * seq;
-  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  softmax_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(scores, static_cast<T*>(probs), slopes,
+  softmax_forward_kernel<T><<<row_blocks(heads, seq), kWarpsPerBlock * 32, 0, stream>>>(scores, static_cast<T*>(probs), slopes,
                                                                          heads, seq);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
@@ -79,9 +46,7 @@ void launch_softmax_forward(const float* scores, void* probs, const float* slope
 template <typename T>
 void launch_softmax_backward(const float* dprobs, const void* probs, void* dscores, int heads, int seq,
                              cudaStream_t stream) {
-  const long long rows = static_cast<long long>(heads) * seq;
-  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  softmax_backward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+  causal_softmax_backward_kernel<T><<<row_blocks(heads, seq), kWarpsPerBlock * 32, 0, stream>>>(
       dprobs, static_cast<const T*>(probs), static_cast<T*>(dscores), heads, seq);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }

@@ -3,30 +3,10 @@
 // tokens. The block is forward_into's math on rows of many sequences; only attention differs (it
 // reads the slot's cache, decode_attention.cu). Logits exist for at most head_chunk_ rows at once,
 // in the training head's workspace, which is idle while decoding.
-#include <algorithm>
-
 #include "bloom_cuda.hpp"
 #include "kernels.hpp"
 
 namespace shardlm::cuda {
-namespace {
-
-// y[n, out] = x[n, in] W^T + bias (+ y when accumulate: the residual already in y); W is [out, in].
-void linear(Gemm& gemm, const void* x, int n, int in, const void* weight, const void* bias, int out, void* y,
-            bool accumulate, DType dt, cudaStream_t s) {
-  GemmDesc d;
-  d.trans_b = true;
-  d.M = n, d.N = out, d.K = in;
-  d.A = x, d.lda = in;
-  d.B = weight, d.ldb = in;
-  d.C = y, d.ldc = out;
-  d.ab_dtype = dt, d.c_dtype = dt;
-  d.beta = accumulate ? 1.0f : 0.0f;
-  d.epilogue = Epilogue::Bias, d.bias = bias;
-  gemm.run(d, s);
-}
-
-}  // namespace
 
 void BloomCuda::decode_allocate(int slots, int max_len, int max_rows) {
   SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "BloomCuda::decode_allocate: bad sizes slots=", slots,
@@ -88,7 +68,7 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
 
   layernorm_forward(b.hidden.data(), w(off_.ln1_w), w(off_.ln1_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
                     eps, dt_, s);
-  linear(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
+  linear_rows(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = interleaved_qkv(heads, d);
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, b.max_len, keys, values, dt_, s);
@@ -96,14 +76,14 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
                    s);
   // h2 = x + ctx Wd^T + bd
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  linear(gemm_, b.ctx.data(), n, H, w(off_.dense_w), w(off_.dense_b), H, b.h2.data(), true, dt_, s);
+  linear_rows(gemm_, b.ctx.data(), n, H, w(off_.dense_w), w(off_.dense_b), H, b.h2.data(), true, dt_, s);
   // out = h2 + gelu(LayerNorm(h2) W1^T + b1) W2^T + b2, written over the step's hidden states.
   layernorm_forward(b.h2.data(), w(off_.ln2_w), w(off_.ln2_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H, eps,
                     dt_, s);
-  linear(gemm_, b.ln.data(), n, H, w(off_.fc1_w), w(off_.fc1_b), 4 * H, b.wide.data(), false, dt_, s);
+  linear_rows(gemm_, b.ln.data(), n, H, w(off_.fc1_w), w(off_.fc1_b), 4 * H, b.wide.data(), false, dt_, s);
   gelu_forward(b.wide.data(), b.wide.data(), NH * 4, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  linear(gemm_, b.wide.data(), n, 4 * H, w(off_.fc2_w), w(off_.fc2_b), H, b.hidden.data(), true, dt_, s);
+  linear_rows(gemm_, b.wide.data(), n, 4 * H, w(off_.fc2_w), w(off_.fc2_b), H, b.hidden.data(), true, dt_, s);
 }
 
 void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
@@ -117,19 +97,9 @@ void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m,
   gather_rows(b.hidden.data(), rows, m, H, b.ctx.data(), dt_, s);
   layernorm_forward(b.ctx.data(), r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, b.ln.data(),
                     b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
-  float* logits = reinterpret_cast<float*>(head_ws_.data());
-  for (int r0 = 0; r0 < m; r0 += head_chunk_) {
-    const int count = std::min(head_chunk_, m - r0);
-    GemmDesc g;  // logits[count, V] = ln table^T, fp32
-    g.trans_b = true;
-    g.M = count, g.N = V, g.K = H;
-    g.A = b.ln.data() + static_cast<size_t>(r0) * H * dsize_, g.lda = H;
-    g.B = r + rl.tensors[0].offset * dsize_, g.ldb = H;
-    g.C = logits, g.ldc = V;
-    g.ab_dtype = dt_, g.c_dtype = DType::F32;
-    gemm_.run(g, s);
-    argmax_rows(logits, count, V, next + r0, s);
-  }
+  // The LM head is tied: its weight is the embedding table.
+  head_argmax(gemm_, b.ln.data(), m, H, r + rl.tensors[0].offset * dsize_, V, head_chunk_,
+              reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 
 }  // namespace shardlm::cuda

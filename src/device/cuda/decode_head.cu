@@ -1,5 +1,6 @@
 // The greedy-decoding head's kernels: gathering the rows whose logits are wanted, and the argmax of
 // each fp32 logits row (one block per row; the lowest id wins ties, as std::max_element does).
+#include <algorithm>
 #include <climits>
 
 #include "dtype_cuda.cuh"
@@ -66,6 +67,24 @@ void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t 
   if (rows == 0) return;
   argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, cols, out);
   SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void head_argmax(Gemm& gemm, const void* x, int m, int H, const void* table, int V, int chunk, float* logits,
+                 int32_t* next, DType dt, cudaStream_t stream) {
+  SHARDLM_CHECK(chunk >= 1, "head_argmax: no logits workspace (chunk ", chunk, ")");
+  const size_t row_bytes = static_cast<size_t>(H) * dtype_size(dt);
+  for (int r0 = 0; r0 < m; r0 += chunk) {
+    const int count = std::min(chunk, m - r0);
+    GemmDesc g;  // logits[count, V] = x table^T, fp32
+    g.trans_b = true;
+    g.M = count, g.N = V, g.K = H;
+    g.A = static_cast<const char*>(x) + r0 * row_bytes, g.lda = H;
+    g.B = table, g.ldb = H;
+    g.C = logits, g.ldc = V;
+    g.ab_dtype = dt, g.c_dtype = DType::F32;
+    gemm.run(g, stream);
+    argmax_rows(logits, count, V, next + r0, stream);
+  }
 }
 
 }  // namespace shardlm::cuda

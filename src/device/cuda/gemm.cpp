@@ -378,4 +378,18 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
     throw_cublas(rc, concat("cublasLtMatmul for ", describe(d)).c_str(), __FILE__, __LINE__);
 }
 
+void linear_rows(Gemm& gemm, const void* x, int n, int in, const void* weight, const void* bias, int out, void* y,
+                 bool accumulate, DType dt, cudaStream_t stream) {
+  GemmDesc d;
+  d.trans_b = true;
+  d.M = n, d.N = out, d.K = in;
+  d.A = x, d.lda = in;
+  d.B = weight, d.ldb = in;
+  d.C = y, d.ldc = out;
+  d.ab_dtype = dt, d.c_dtype = dt;
+  d.beta = accumulate ? 1.0f : 0.0f;
+  if (bias) d.epilogue = Epilogue::Bias, d.bias = bias;
+  gemm.run(d, stream);
+}
+
 }  // namespace shardlm::cuda

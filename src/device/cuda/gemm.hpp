@@ -60,4 +60,9 @@ class Gemm {
   std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>, Plan*> plans_;
 };
 
+// y[n, out] = x[n, in] W^T (+ bias[out] when bias is not null) (+ y when accumulate: a residual
+// already in y); W is [out, in]; x, W, bias and y in dt. The decoding paths' linear layers.
+void linear_rows(Gemm& gemm, const void* x, int n, int in, const void* weight, const void* bias, int out, void* y,
+                 bool accumulate, DType dt, cudaStream_t stream);
+
 }  // namespace shardlm::cuda

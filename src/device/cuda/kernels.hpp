@@ -140,5 +140,9 @@ void gather_rows(const void* src, const int32_t* rows, int m, int H, void* dst, 
 // out[r] = the index of the largest of x[r, 0..cols) (fp32, row stride cols); the lowest index wins
 // ties; NaN never wins (a row of NaN only gives 0).
 void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream);
+// The greedy head: next[i] = argmax_v of x[i, :] . table[v, :] for m rows of x [m, H] over a [V, H]
+// table (both in dt), `chunk` rows at a time through the fp32 logits workspace [chunk, V].
+void head_argmax(Gemm& gemm, const void* x, int m, int H, const void* table, int V, int chunk, float* logits,
+                 int32_t* next, DType dt, cudaStream_t stream);
 
 }  // namespace shardlm::cuda

@@ -14,16 +14,16 @@
 
 #include "dtype_cuda.cuh"
 #include "llama_kernels.hpp"
+#include "softmax_rows.cuh"
 
 namespace shardlm::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
-
-// p_ij from the fp32 score and the row's log-sum-exp: the one formula the forward and the
-// backward's recomputation both use, so they see the same probabilities.
-__device__ __forceinline__ float causal_probability(float score, float lse, int i, int j) {
-  return j <= i ? expf(score - lse) : 0.0f;
+// Row i's p_ij = exp(s_ij - lse) for j <= i, 0 beyond, by the lanes of one warp: the one formula the
+// forward and the backward's recomputation both use, so they see the same probabilities.
+template <typename T>
+__device__ __forceinline__ void write_causal_probs(const float* s, float lse, T* p, int i, int seq, int lane) {
+  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(j <= i ? expf(s[j] - lse) : 0.0f);
 }
 
 // One warp per row (h, i) of one sequence: lse_i = log sum_j exp(scores_ij) over j <= i, then
@@ -37,25 +37,12 @@ __global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse,
   const int i = static_cast<int>(row % seq);
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
-  float m = -INFINITY, sum = 0.0f;
-  for (int j = lane; j <= i; j += 32) {
-    const float x = s[j];
-    if (x > m) {
-      sum = sum * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      sum += expf(x - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
-    merge_softmax_state(m, sum, other_m, other_s);
-  }
+  float m, sum;
+  causal_row_softmax_state(s, 0.0f, i, lane, m, sum);
   // Lane 0's value for every lane: the p below are formed from exactly the lse that is saved.
   const float row_lse = __shfl_sync(0xffffffffu, m + logf(sum), 0);
   if (lane == 0) lse[row] = row_lse;
-  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(causal_probability(s[j], row_lse, i, j));
+  write_causal_probs(s, row_lse, p, i, seq, lane);
 }
 
 // One warp per row: the forward's probabilities again, from the recomputed scores and the saved lse.
@@ -64,28 +51,7 @@ __global__ void causal_probs_from_lse_kernel(const float* scores, const float* l
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
-  const int i = static_cast<int>(row % seq);
-  const float* s = scores + row * seq;
-  T* p = probs + row * seq;
-  const float row_lse = lse[row];
-  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(causal_probability(s[j], row_lse, i, j));
-}
-
-// One warp per row: dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d)
-// goes into the GEMMs that follow). dS may alias P: each element is read, then written, by one lane.
-template <typename T>
-__global__ void causal_softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {
-  const int lane = threadIdx.x % 32;
-  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= static_cast<long long>(heads) * seq) return;
-  const int i = static_cast<int>(row % seq);
-  const float* dp = dprobs + row * seq;
-  const T* p = probs + row * seq;
-  T* ds = dscores + row * seq;
-  float dot = 0.0f;
-  for (int j = lane; j <= i; j += 32) dot += to_float(p[j]) * dp[j];
-  dot = warp_sum(dot);
-  for (int j = lane; j < seq; j += 32) ds[j] = from_float<T>(j <= i ? to_float(p[j]) * (dp[j] - dot) : 0.0f);
+  write_causal_probs(scores + row * seq, lse[row], probs + row * seq, static_cast<int>(row % seq), seq, lane);
 }
 
 // out[r, c] = (T) in[r, c] for a [rows, cols] fp32 block (row stride ld_in) into rows of stride ld_out.
@@ -97,11 +63,6 @@ __global__ void store_rows_kernel(const float* in, int ld_in, T* out, int ld_out
     const long long r = e / cols, c = e % cols;
     out[r * ld_out + c] = from_float<T>(in[r * ld_in + c]);
   }
-}
-
-unsigned row_blocks(int heads, int seq) {
-  const long long rows = static_cast<long long>(heads) * seq;
-  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
 // A GEMM batched over the kv heads of one sequence.

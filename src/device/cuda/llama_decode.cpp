@@ -4,30 +4,11 @@
 // row's own position and attention reads the slot's cache (decode_attention.cu, no ALiBi). Logits
 // exist for at most sizes_.head_chunk rows at once, in the training head's workspace, which is idle
 // while decoding. LlamaCpu::block_decode is the reference.
-#include <algorithm>
-
 #include "kernels.hpp"
 #include "llama_cuda.hpp"
 #include "llama_kernels.hpp"
 
 namespace shardlm::cuda {
-namespace {
-
-// y[n, out] = x[n, in] W^T (+ y when accumulate: the residual already in y); W is [out, in].
-void linear(Gemm& gemm, const void* x, int n, int in, const void* weight, int out, void* y, bool accumulate, DType dt,
-            cudaStream_t s) {
-  GemmDesc d;
-  d.trans_b = true;
-  d.M = n, d.N = out, d.K = in;
-  d.A = x, d.lda = in;
-  d.B = weight, d.ldb = in;
-  d.C = y, d.ldc = out;
-  d.ab_dtype = dt, d.c_dtype = dt;
-  d.beta = accumulate ? 1.0f : 0.0f;
-  gemm.run(d, s);
-}
-
-}  // namespace
 
 void LlamaCuda::decode_allocate(int slots, int max_len, int max_rows) {
   SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "LlamaCuda::decode_allocate: bad sizes slots=", slots,
@@ -81,48 +62,38 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
   rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
-  linear(gemm_, b.norm.data(), n, H, w(block_.qkv), QKV, b.qkv.data(), false, dt_, s);
+  linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), nullptr, QKV, b.qkv.data(), false, dt_, s);
   rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, b.max_len, keys, values, dt_, s);
   decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), b.max_len, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
-  linear(gemm_, b.ctx.data(), n, qw_, w(block_.o), H, b.h2.data(), true, dt_, s);
+  linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
 
   // MLP: out = h2 + down_proj(silu(gate_proj(m)) * up_proj(m)), m = RMSNorm(h2), written over the
   // step's hidden states.
   rmsnorm_forward(b.h2.data(), w(block_.post_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
-  linear(gemm_, b.norm.data(), n, H, w(block_.gate_up), 2 * F, b.gate_up.data(), false, dt_, s);
+  linear_rows(gemm_, b.norm.data(), n, H, w(block_.gate_up), nullptr, 2 * F, b.gate_up.data(), false, dt_, s);
   swiglu_forward(b.gate_up.data(), b.wide.data(), n, F, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
-  linear(gemm_, b.wide.data(), n, F, w(block_.down), H, b.hidden.data(), true, dt_, s);
+  linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.hidden.data(), true, dt_, s);
 }
 
 void LlamaCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
   SHARDLM_CHECK(m >= 0 && m <= decode_.max_rows, "LlamaCuda::decode_head_argmax: ", m, " rows, scratch for ",
                 decode_.max_rows, " (decode_allocate first)");
   if (m == 0) return;
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size, chunk = sizes_.head_chunk;
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
   DecodeBuffers& b = decode_;
   // h2 is free between blocks: it takes the rows whose logits are wanted.
   gather_rows(b.hidden.data(), rows, m, H, b.h2.data(), dt_, s);
   rmsnorm_forward(b.h2.data(), r + root_.norm * dsize_, b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
                   s);
-  float* logits = reinterpret_cast<float*>(head_ws_.data());
-  for (int r0 = 0; r0 < m; r0 += chunk) {
-    const int count = std::min(chunk, m - r0);
-    GemmDesc g;  // logits[count, V] = norm head^T, fp32 (lm_head.weight, or embed_tokens.weight when tied)
-    g.trans_b = true;
-    g.M = count, g.N = V, g.K = H;
-    g.A = b.norm.data() + static_cast<size_t>(r0) * H * dsize_, g.lda = H;
-    g.B = r + root_.head * dsize_, g.ldb = H;
-    g.C = logits, g.ldc = V;
-    g.ab_dtype = dt_, g.c_dtype = DType::F32;
-    gemm_.run(g, s);
-    argmax_rows(logits, count, V, next + r0, s);
-  }
+  // lm_head.weight, or embed_tokens.weight when tied.
+  head_argmax(gemm_, b.norm.data(), m, H, r + root_.head * dsize_, V, sizes_.head_chunk,
+              reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 
 }  // namespace shardlm::cuda
