@@ -186,10 +186,6 @@ const float* unit_vector(const UnitState& u, int v) {
 
 bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
 
-// Slices go out in H5Dwrite calls of options.piece_bytes at most, so that the disk starts on one
-// piece while the next is copied into the page cache.
-size_t pieces_of(size_t count, size_t piece) { return (count + piece - 1) / piece; }
-
 // Starts the disk write of each piece as soon as it is in the page cache (Linux sync_file_range),
 // instead of leaving all of it to the sync at the end; a plain write-then-fsync waits for every
 // byte after the last copy. Only a hint: the MPI_File_sync at the end is what makes the data
@@ -202,9 +198,9 @@ class EarlyWriteback {
   }
   EarlyWriteback(const EarlyWriteback&) = delete;
   EarlyWriteback& operator=(const EarlyWriteback&) = delete;
-  void start(haddr_t offset, size_t bytes) {
+  void start(uint64_t offset, size_t bytes) {
 #ifdef __linux__
-    if (fd_ >= 0 && offset != HADDR_UNDEF && bytes > 0)
+    if (fd_ >= 0 && bytes > 0)
       (void)::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
 #else
     (void)offset;
@@ -336,11 +332,13 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   for (const UnitState& u : units) open.push_back(create_unit(file.get(), u, rank, dxpl.get(), f));
   agree_on_error(comm, f.message());
 
-  // Every rank makes the same number of collective transfers per vector: the most pieces any
-  // rank's slice of the unit needs (a rank with fewer, or none, selects nothing in the rest).
+  // Slices go out in pieces of options.piece_bytes, so that the disk starts on one while the next is
+  // copied into the page cache. Every rank makes the same number of collective transfers per
+  // vector: the most pieces any rank's slice of the unit needs (a rank with fewer, or none, selects
+  // nothing in the rest).
   const size_t piece = std::max<size_t>(1, options.piece_bytes / sizeof(float));  // elements
   std::vector<unsigned long long> pieces(units.size()), most_pieces(units.size());
-  for (size_t i = 0; i < units.size(); ++i) pieces[i] = writes_slice(units[i]) ? pieces_of(units[i].count, piece) : 0;
+  for (size_t i = 0; i < units.size(); ++i) pieces[i] = writes_slice(units[i]) ? (units[i].count + piece - 1) / piece : 0;
   MPI_Allreduce(pieces.data(), most_pieces.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_MAX,
                 comm);
 
@@ -352,12 +350,13 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
       const hid_t dset = open[i].dsets[v].get();
       const haddr_t base = H5Dget_offset(dset);
       const float* data = unit_vector(u, v);
+      const size_t mine = writes_slice(u) ? u.count : 0;
       for (unsigned long long p = 0; p < most_pieces[i]; ++p) {
-        const size_t first = std::min<size_t>(p * piece, writes_slice(u) ? u.count : 0);
-        const size_t count = writes_slice(u) ? std::min(piece, u.count - first) : 0;
+        const size_t first = std::min<size_t>(p * piece, mine);
+        const size_t count = std::min(piece, mine - first);
         write_selected(dset, H5T_NATIVE_FLOAT, u.begin + first, count, count > 0, count > 0 ? data + first : nullptr,
                        dxpl.get(), vector_path(u.layout->name, v), f);
-        if (count > 0 && base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
+        if (base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
       }
     }
     agree_on_error(comm, f.message());

@@ -463,19 +463,18 @@ class CudaEngine : public TrainEngine {
     params_written_->wait_on(comm_);
   }
 
-  // Where the backward accumulates the root's (u = 0) full fp32 gradient; a block's is in
-  // block_grad_full_ unless the gradients are direct (then it is the unit's gradient slice).
+  // Where the backward accumulates unit u's full fp32 gradient: the unit's gradient slice itself
+  // when the gradients are direct, else the root's buffer or block l = u - 1's buffer l % 2.
   float* full_grad(size_t u) {
     if (direct_grads_) return units_[u].grad.data();
-    SHARDLM_CHECK(u == 0, "CUDA engine: block ", u, " has no fixed full-gradient buffer");
-    return root_grad_full_.data();
+    return u == 0 ? root_grad_full_.data() : block_grad_full_[(u - 1) % 2].data();
   }
 
   // Reduces a unit's full fp32 gradient into its slice on the communication stream.
   void reduce(size_t u, float* full_grad) {
+    if (direct_grads_) return;  // the backward wrote into the slice itself
     DeviceUnit& d = units_[u];
     const size_t n = d.host.shard_numel;
-    if (direct_grads_) return;  // the backward wrote into d.grad itself
     if (shard_->size() == 1) {
       if (replicate_->size() > 1) replicate_->all_reduce(full_grad, n, DType::F32, ReduceOp::Sum);
       cuda::accumulate(d.grad.data(), full_grad, n, comm_);
@@ -537,7 +536,7 @@ class CudaEngine : public TrainEngine {
         const int gs = l % 2;
         grad_reduced_[gs]->wait_on(compute_);  // its last reduction has read the buffer
         if (!direct_grads_) block_grad_full_[gs].zero(compute_);
-        float* grad = direct_grads_ ? full_grad(1 + l) : block_grad_full_[gs].data();
+        float* grad = full_grad(1 + l);
         if (N > 0) model_->block_backward(l, p, grad, B, T, compute_);
         done_with(1 + l);
         grad_ready_[gs]->record(compute_);
