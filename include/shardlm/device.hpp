@@ -1,9 +1,17 @@
-// device: the compute backend. This version has the CPU backend (OpenBLAS GEMM, plain C++ kernels).
+// device: the compute backends. The CPU backend (OpenBLAS GEMM, plain C++ kernels) and the CUDA
+// backend (cuBLASLt, cuDNN, kernels of our own; src/device/cuda) behind the same small interface.
 #pragma once
 
 #include <cstddef>
 
 namespace shardlm {
+
+// Which backend runs the model and the FSDP schedule (deck key run.backend).
+enum class BackendKind { Cpu, Cuda };
+
+// A backend's stream of work: a cudaStream_t on the CUDA backend; nullptr on the CPU backend,
+// which runs everything synchronously on the calling thread.
+using Stream = void*;
 
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, op = transpose when set.
 // lda/ldb/ldc are the row strides of A, B and C as stored.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
 
 namespace shardlm {
 
@@ -95,6 +96,55 @@ std::string hf_config_json(const ModelConfig& cfg);
 
 // Llama's rotary inverse frequencies for head dimension `head_dim`, rope_scaling applied.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+
+// ---- what the FSDP engine runs, on either backend ----
+
+// A model as the FSDP engine (src/fsdp) drives it, the same on both backends: forward and backward
+// of each FSDP unit on stream `s` (nullptr and synchronous on the CPU), activations in buffers
+// sized up front for micro-batches of up to max_batch x max_seq tokens, hidden states held inside.
+// `params` is a unit's gathered flat parameter (layout of model_layout) in compute_dtype();
+// parameter gradients are fp32 in the same layout, accumulated (+=). Token ids, targets and the
+// decode arrays live in the backend's memory (host memory on the CPU backend).
+class UnitModel {
+ public:
+  virtual ~UnitModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual DType compute_dtype() const = 0;
+
+  // h_0 from the token ids [B*T].
+  virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) = 0;
+  // h_{l+1} = block_l(h_l).
+  virtual void block_forward(int layer, const void* params, int B, int T, Stream s) = 0;
+  // Final norm, LM head and cross-entropy on h_L (targets -1: no loss there); the sum of the token
+  // losses is added to the model's loss sum (reset_loss, loss_sum). With backward, the gradient of
+  // grad_scale * sum flows to the gradient of h_L and into droot (fp32, +=).
+  virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                    float* droot, Stream s) = 0;
+  // The gradient of h_l from that of h_{l+1}; dparams += the block's parameter gradient.
+  virtual void block_backward(int layer, const void* params, float* dparams, int B, int T, Stream s) = 0;
+  // droot += the embedding path's gradient given the gradient of h_0.
+  virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream s) = 0;
+  virtual void reset_loss(Stream s) = 0;
+  // The loss sum since reset_loss (waits for the stream's work).
+  virtual double loss_sum(Stream s) = 0;
+
+  // Bytes of the buffers counted as activations in the run's memory records.
+  virtual size_t activation_bytes() const = 0;
+
+  // ---- greedy decoding with a key/value cache ----
+  // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
+  // `max_rows` rows, alive from decode_allocate to decode_free.
+  virtual void decode_allocate(int slots, int max_len, int max_rows) = 0;
+  virtual void decode_free() = 0;
+  // The step's hidden states from n token ids.
+  virtual void decode_embed(const void* root, const int32_t* tokens, int n, Stream s) = 0;
+  // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
+  // and it attends to its slot's positions 0..positions[r] (rows of one slot in position order).
+  virtual void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+                            Stream s) = 0;
+  // next[i] = argmax of the logits of step row rows[i], i < m (the lowest id on ties).
+  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
+};
 
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations
 // saved for backward, sized up front for at most `max_batch` sequences of `max_seq` tokens.
