@@ -79,10 +79,10 @@ Placed placed(const std::vector<float>& v, DType dt, int shift) {
   return p;
 }
 
-struct Stream {
+struct TestStream {
   cudaStream_t s = nullptr;
-  Stream() { CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s); }
+  TestStream() { CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~TestStream() { cudaStreamDestroy(s); }
   void sync() {
     CUDA_OK(cudaStreamSynchronize(s));
     CUDA_OK(cudaGetLastError());
@@ -160,7 +160,7 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
     Placed d_x = placed(x, dt, shift), d_w = placed(w, dt, shift), d_dy = placed(dy, dt, shift);
     Placed d_y(size, dt, shift), d_dx(size, dt, shift);
     DeviceBuffer d_rstd(n * sizeof(float)), d_dw = to_device(dw0, DType::F32);
-    Stream s;
+    TestStream s;
     cuda::rmsnorm_forward(d_x.at, d_w.at, d_y.at, d_rstd.as<float>(), n, H, eps, dt, s.s);
     s.sync();
     std::vector<double> rstd;
@@ -221,7 +221,7 @@ void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rop
     const std::vector<float> x = random_values(size, rng, dt);
     const std::vector<float> inv_freq = rope_inv_freq(rope);
     DeviceBuffer d_x = to_device(x, dt), d_freq = to_device(inv_freq, DType::F32);
-    Stream s;
+    TestStream s;
     for (bool inverse : {false, true}) {
       upload(d_x.get(), x, dt);
       cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), inverse, dt, s.s);
@@ -282,7 +282,7 @@ void check_swiglu(int n, int F, DType dt, int shift, unsigned seed) {
     const std::vector<float> dout = random_values(wide, rng, dt);
     Placed d_gu = placed(gate_up, dt, shift), d_dout = placed(dout, dt, shift);
     Placed d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
-    Stream s;
+    TestStream s;
     cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
     cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
     s.sync();
@@ -389,7 +389,7 @@ GpuAttention run_gpu_attention(const AttnShape& s, const std::vector<float>& qkv
   CUDA_OK(cudaMemset(d_dqkv.get(), 0x7f, d_dqkv.bytes()));
   CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
   Gemm gemm;
-  Stream st;
+  TestStream st;
   BOOST_REQUIRE_NO_THROW(cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), s.B, s.T,
                                                        s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
   // LlamaCuda's blocks share the workspace: the backward recomputes from qkv and lse alone.
@@ -508,7 +508,7 @@ Pass gpu_pass(const ModelConfig& cfg, const std::vector<std::vector<float>>& par
   DeviceBuffer d_tokens = to_device_raw(tokens), d_targets = to_device_raw(targets);
   DeviceBuffer d_loss = to_device(std::vector<float>{0.0f}, DType::F32);
   DeviceBuffer d_count = to_device_raw(std::vector<long long>{0});
-  Stream s;
+  TestStream s;
   model.embed_forward(d_params[0].get(), d_tokens.as<int32_t>(), B, T, s.s);
   for (int l = 0; l < L; ++l) model.block_forward(l, d_params[1 + l].get(), B, T, s.s);
   model.head(d_params[0].get(), d_targets.as<int32_t>(), B, T, grad_scale, true, d_loss.as<float>(),
@@ -616,7 +616,7 @@ BOOST_AUTO_TEST_CASE(rmsnorm_backward_reference_matches_finite_differences) {
   DeviceBuffer d_x = to_device(x, DType::F32), d_w = to_device(w, DType::F32), d_dy = to_device(weights, DType::F32);
   DeviceBuffer d_y(n * H * 4), d_rstd(n * 4), d_dx(n * H * 4);
   DeviceBuffer d_dw = to_device(std::vector<float>(H, 0.0f), DType::F32);
-  Stream s;
+  TestStream s;
   cuda::rmsnorm_forward(d_x.get(), d_w.get(), d_y.get(), d_rstd.as<float>(), n, H, eps, DType::F32, s.s);
   cuda::rmsnorm_backward(d_dy.get(), d_x.get(), d_w.get(), d_rstd.as<float>(), d_dx.get(), d_dw.as<float>(), n, H,
                          false, DType::F32, s.s);
@@ -671,7 +671,7 @@ BOOST_AUTO_TEST_CASE(swiglu_backward_matches_finite_differences) {
   const std::vector<double> analytic = swiglu_backward_ref(to_double(weights), to_double(gate_up), n, F);
   BOOST_TEST(relative_error(std::vector<float>(analytic.begin(), analytic.end()), numeric) <= 1e-6);
   DeviceBuffer d_gu = to_device(gate_up, DType::F32), d_dout = to_device(weights, DType::F32), d_dgu(2 * n * F * 4);
-  Stream s;
+  TestStream s;
   cuda::swiglu_backward(d_dout.get(), d_gu.get(), d_dgu.get(), n, F, DType::F32, s.s);
   s.sync();
   BOOST_TEST(relative_error(download(d_dgu.get(), 2 * n * F, DType::F32), numeric) <= 1e-5);
