@@ -98,7 +98,7 @@ std::vector<Sequence> random_sequences(const std::vector<int>& lengths, const st
 // Greedy generation as the driver runs it: one prefill step with every prompt's tokens as rows (the
 // logits of each prompt's last row), then one row per unfinished sequence a step; every rank takes
 // the same number of steps, a rank with nothing left joining with no rows.
-void generate(TrainEngine& engine, std::vector<Sequence>& seqs) {
+void generate(FsdpEngine& engine, std::vector<Sequence>& seqs) {
   std::vector<int32_t> tokens, next;
   std::vector<int> slots, positions, logit_rows;
   for (Sequence& s : seqs) {
@@ -147,7 +147,7 @@ std::vector<std::vector<float>> decode_params(const RunConfig& cfg) {
 }
 
 // Each rank writes its slices of `params` through the checkpoint views.
-void load_params(TrainEngine& engine, const std::vector<std::vector<float>>& params) {
+void load_params(FsdpEngine& engine, const std::vector<std::vector<float>>& params) {
   std::vector<UnitState> states = engine.checkpoint_state();
   BOOST_TEST_REQUIRE(states.size() == params.size());
   for (size_t u = 0; u < states.size(); ++u)
@@ -199,7 +199,7 @@ void check_against_cpu(const RunConfig& cfg, const std::vector<Sequence>& seqs, 
 void decode_and_check(const RunConfig& cfg, float max_gap, double min_exact) {
   const int rank = world_rank(), V = cfg.model.vocab_size;
   const Topology topo = make_topology(MPI_COMM_WORLD, 0);
-  std::unique_ptr<TrainEngine> engine = make_cuda_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
+  std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
   load_params(*engine, decode_params(cfg));
 
   MicroBatch mb;

@@ -30,11 +30,11 @@ using namespace cuda_test;
 // ---- host helpers ---------------------------------------------------------------------------
 
 // A device copy of v in dt, starting `offset` elements into the buffer (to misalign it on purpose).
-struct DeviceArray {
+struct TestArray {
   DeviceBuffer buffer;
   size_t offset;
   DType dt;
-  DeviceArray(const std::vector<float>& v, DType dtype, size_t elem_offset = 0)
+  TestArray(const std::vector<float>& v, DType dtype, size_t elem_offset = 0)
       : buffer((v.size() + elem_offset) * dtype_size(dtype) + 16), offset(elem_offset), dt(dtype) {
     const std::vector<unsigned char> bytes = to_bytes(v, dt);
     check_cuda(cudaMemcpy(data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
@@ -122,8 +122,8 @@ void run_case(Gemm& gemm, const Case& cs, std::mt19937& rng) {
     const std::vector<float> c0 = random_values(size_c, rng, cs.c);
     const std::vector<float> bias = random_values(cs.N, rng, cs.c);
     const std::vector<float> aux0 = random_values(size_c, rng, cs.c, 1.5f);
-    DeviceArray da(a, cs.ab, cs.misalign), db(b, cs.ab, cs.misalign), dc(c0, cs.c, cs.misalign);
-    DeviceArray dbias(bias, cs.c), daux(aux0, cs.c);
+    TestArray da(a, cs.ab, cs.misalign), db(b, cs.ab, cs.misalign), dc(c0, cs.c, cs.misalign);
+    TestArray dbias(bias, cs.c), daux(aux0, cs.c);
 
     GemmDesc d;
     d.trans_a = cs.trans_a, d.trans_b = cs.trans_b;
@@ -350,7 +350,7 @@ BOOST_AUTO_TEST_CASE(empty_and_k_zero) {
   require_device("test_cuda_gemm");
   Gemm gemm;
   std::vector<float> c0(6, 3.0f);
-  DeviceArray dc(c0, DType::F32);
+  TestArray dc(c0, DType::F32);
   GemmDesc d;
   d.M = 2, d.N = 3, d.K = 0;
   d.lda = 1, d.ldb = 3, d.ldc = 3;
@@ -369,7 +369,7 @@ BOOST_AUTO_TEST_CASE(bad_arguments_throw) {
   require_device("test_cuda_gemm");
   Gemm gemm;
   std::vector<float> v(64, 1.0f);
-  DeviceArray a(v, DType::F32), b(v, DType::F32), c(v, DType::F32);
+  TestArray a(v, DType::F32), b(v, DType::F32), c(v, DType::F32);
   GemmDesc d;
   d.M = 4, d.N = 4, d.K = 4;
   d.A = a.data(), d.lda = 4;

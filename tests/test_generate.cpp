@@ -128,7 +128,7 @@ GenerateReference read_reference(const std::string& name) {
 }
 
 // The fixture model in a FULL_SHARD CPU engine on the world, each rank loading its slices.
-std::unique_ptr<TrainEngine> load_engine(const std::string& name, int max_len) {
+std::unique_ptr<FsdpEngine> load_engine(const std::string& name, int max_len) {
   RunConfig cfg;
   HfModelDir dir(kFixtures + "/" + name);
   static_cast<ModelConfig&>(cfg.model) = dir.config();
@@ -136,8 +136,7 @@ std::unique_ptr<TrainEngine> load_engine(const std::string& name, int max_len) {
   cfg.fsdp.strategy = ShardingStrategy::FullShard;
   cfg.data.max_length = max_len;
   const Topology topo = make_topology(MPI_COMM_WORLD, 0);
-  std::unique_ptr<TrainEngine> engine =
-      make_cpu_engine(cfg, make_mpi_process_groups(MPI_COMM_WORLD, topo, cfg.fsdp.strategy), 2);
+  std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, 2);
   load_pretrained(cfg.model.dir, engine->checkpoint_state(), MPI_COMM_WORLD);
   engine->checkpoint_loaded();
   return engine;
@@ -148,7 +147,7 @@ std::unique_ptr<TrainEngine> load_engine(const std::string& name, int max_len) {
 void check_generate(const std::string& name, size_t batch, bool only_rank_0) {
   const GenerateReference ref = read_reference(name);
   const int rank = world_rank(), world = world_size();
-  std::unique_ptr<TrainEngine> engine = load_engine(name, 16);
+  std::unique_ptr<FsdpEngine> engine = load_engine(name, 16);
   std::vector<size_t> mine;
   for (size_t i = 0; i < ref.cases.size(); ++i)
     if (only_rank_0 ? rank == 0 : static_cast<int>(i % world) == rank) mine.push_back(i);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 
+#include "engine.hpp"
 #include "shardlm/fsdp.hpp"
 #include "shardlm/io.hpp"
 #include "test_support.hpp"
@@ -60,7 +61,7 @@ MicroBatch rank_batch(const Reference& ref, int rank, int world) {
   return mb;
 }
 
-// Loads the fixture into a FULL_SHARD FsdpModel on the world, runs forward and backward of the
+// Loads the fixture into a FULL_SHARD CPU engine on the world, runs forward and backward of the
 // mean loss, checks the loss and this rank's slice of every gradient against transformers'.
 void check_parity(const std::string& name) {
   HfModelDir dir(kFixtures + "/" + name);
@@ -69,20 +70,20 @@ void check_parity(const std::string& name) {
   const int rank = world_rank(), world = world_size();
 
   Topology topo = make_topology(MPI_COMM_WORLD, 0);
-  ProcessGroups groups = make_mpi_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::FullShard);
-  FsdpOptions opt;
-  opt.strategy = ShardingStrategy::FullShard;
-  const int T = static_cast<int>(ref.at("input_ids").shape[1]);
-  FsdpModel model(cfg, opt, groups, 3, T, 1);
+  RunConfig run;
+  static_cast<ModelConfig&>(run.model) = cfg;
+  run.fsdp.strategy = ShardingStrategy::FullShard;
+  run.train.seed = 1;
+  run.data.max_length = static_cast<int>(ref.at("input_ids").shape[1]);
+  std::unique_ptr<FsdpEngine> engine = make_engine(run, MPI_COMM_WORLD, topo, 3);
+  FsdpEngine& model = *engine;
   uint64_t slice_bytes = 0;
-  for (size_t u = 0; u < model.units().size(); ++u) {
-    FlatParameter& p = model.units()[u];
-    const size_t end = std::min(p.shard_begin + p.shard_numel, p.numel);
-    const size_t begin = std::min(p.shard_begin, end);
-    dir.read_unit_slice(u, begin, end, p.master.data());
-    slice_bytes += (end - begin) * 4;
+  const std::vector<UnitState> states = model.checkpoint_state();
+  for (size_t u = 0; u < states.size(); ++u) {
+    dir.read_unit_slice(u, states[u].begin, states[u].begin + states[u].count, states[u].param);
+    slice_bytes += states[u].count * 4;
   }
-  model.params_updated();
+  model.checkpoint_loaded();
   // Only this rank's slices were read (the fixtures are fp32).
   BOOST_TEST(dir.bytes_read() == slice_bytes);
 
@@ -96,8 +97,9 @@ void check_parity(const std::string& name) {
   const double loss = sum / static_cast<double>(total_count);
   BOOST_TEST(loss == static_cast<double>(ref.at("loss").data[0]), boost::test_tools::tolerance(1e-5));
 
-  for (size_t u = 0; u < model.units().size(); ++u) {
-    const FlatParameter& p = model.units()[u];
+  for (size_t u = 0; u < model.num_units(); ++u) {
+    const FlatParameter& p = model.unit(u);
+    const std::vector<float> grad = model.grad_slice(u);
     for (const TensorSpec& spec : p.layout->tensors) {
       const size_t lo = std::max(p.shard_begin, spec.offset);
       const size_t hi = std::min(p.shard_begin + p.shard_numel, spec.offset + spec.numel);
@@ -109,7 +111,7 @@ void check_parity(const std::string& name) {
       size_t bad = 0;
       double worst = 0;
       for (size_t i = lo; i < hi; ++i) {
-        const double err = std::fabs(p.grad[i - p.shard_begin] - want.data[i - spec.offset]);
+        const double err = std::fabs(grad[i - p.shard_begin] - want.data[i - spec.offset]);
         worst = std::max(worst, err);
         bad += err > 1e-4 * scale + 1e-9;
       }

@@ -19,7 +19,8 @@ BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_steps) {
   std::vector<double> ref(p.begin(), p.end()), m(n, 0.0), v(n, 0.0);
   ParamSlice slice{p.data(), g.data(), n, {{3, 9}, {20, 21}}};
   AdamWOptions opt{0.9, 0.95, 1e-8, 0.1};
-  AdamW adam({slice}, opt);
+  auto cpu = make_cpu_backend();
+  AdamW adam(*cpu, {slice}, opt);
   auto decays = [&](size_t i) { return !((i >= 3 && i < 9) || i == 20); };
   for (int step = 1; step <= 6; ++step) {
     for (auto& x : g) x = normal(rng);
@@ -42,13 +43,14 @@ BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_steps) {
 BOOST_AUTO_TEST_CASE(adamw_first_step_is_sign_step) {
   // After one step the bias-corrected update is lr * g / |g| (plus decay): a known closed form.
   std::vector<float> p = {1.0f, 2.0f}, g = {0.5f, -4.0f};
-  AdamW adam({ParamSlice{p.data(), g.data(), 2, {{1, 2}}}}, AdamWOptions{0.9, 0.999, 1e-8, 0.5});
+  auto cpu = make_cpu_backend();
+  AdamW adam(*cpu, {ParamSlice{p.data(), g.data(), 2, {{1, 2}}}}, AdamWOptions{0.9, 0.999, 1e-8, 0.5});
   adam.step(0.1);
   BOOST_TEST(p[0] == 1.0f * (1 - 0.05f) - 0.1f, boost::test_tools::tolerance(1e-5f));
   BOOST_TEST(p[1] == 2.0f + 0.1f, boost::test_tools::tolerance(1e-5f));  // no decay on index 1
 }
 
-// Threads only share the element-wise work: 4 threads give bit-identical parameters and moments
+// The CPU backend's threads only share the element-wise work: 4 threads give bit-identical parameters and moments
 // on slices larger than one work piece, with no-decay ranges crossing piece boundaries.
 BOOST_AUTO_TEST_CASE(threaded_step_is_bit_identical) {
   const size_t n = (1u << 20) * 2 + 12345;
@@ -59,9 +61,9 @@ BOOST_AUTO_TEST_CASE(threaded_step_is_bit_identical) {
   }
   std::vector<std::pair<size_t, size_t>> no_decay = {{100, 200}, {(1u << 20) - 10, (1u << 20) + 10}, {n - 5, n}};
   AdamWOptions opt{0.9, 0.999, 1e-8, 0.1};
-  AdamW one({ParamSlice{p1.data(), g.data(), n, no_decay}}, opt);
-  AdamW four({ParamSlice{p4.data(), g.data(), n, no_decay}}, opt);
-  four.set_threads(4);
+  auto cpu1 = make_cpu_backend(1), cpu4 = make_cpu_backend(4);
+  AdamW one(*cpu1, {ParamSlice{p1.data(), g.data(), n, no_decay}}, opt);
+  AdamW four(*cpu4, {ParamSlice{p4.data(), g.data(), n, no_decay}}, opt);
   for (int s = 0; s < 3; ++s) {
     one.step(1e-3);
     four.step(1e-3);

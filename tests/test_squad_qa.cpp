@@ -129,8 +129,7 @@ BOOST_AUTO_TEST_CASE(aligned_labels_learn_the_task_and_misaligned_ones_do_not) {
 
   const int rank = world_rank(), world = world_size(), micro = cfg.train.micro_batch_size;
   const Topology topo = make_topology(MPI_COMM_WORLD, 0);
-  std::unique_ptr<TrainEngine> engine =
-      make_cpu_engine(cfg, make_mpi_process_groups(MPI_COMM_WORLD, topo, cfg.fsdp.strategy), micro);
+  std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
   DistributedSampler sampler(tutorial.size(), cfg.train.batch_size, cfg.train.seed, true);
   std::vector<double> losses;
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch)

@@ -15,6 +15,9 @@ enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, NoShard };
 const char* strategy_name(ShardingStrategy s);        // "FULL_SHARD", ...
 ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
 
+// fsdp.backward_prefetch: when the previous block's gather is queued in the backward.
+enum class BackwardPrefetch { Pre, Post, None };
+
 // The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
 // config.json and the initial weights from its safetensors files.
 struct ModelSection : ModelConfig {

@@ -3,6 +3,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "shardlm/core.hpp"
 
 namespace shardlm {
 
@@ -24,5 +29,104 @@ void cpu_set_threads(int threads);
 // BLAS threads for one of `ranks_on_node` ranks on a node: the user's OPENBLAS_NUM_THREADS or
 // OMP_NUM_THREADS if set, the cores the rank is bound to if bound, else a fair share of the node.
 int cpu_default_threads(int ranks_on_node);
+
+// ---- the backend interface the FSDP engine runs on ------------------------------------------
+
+// Memory of a backend (device memory on the CUDA backend, host memory on the CPU backend), freed
+// when the object goes; its bytes count against the backend's accounting.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An owned, possibly empty, array of backend memory.
+struct DeviceArray {
+  std::unique_ptr<DeviceMemory> memory;
+  void* data() const { return memory ? memory->data() : nullptr; }
+  size_t bytes() const { return memory ? memory->bytes() : 0; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data()); }
+};
+
+// A point in a stream that another stream can wait for (nothing to wait for on the CPU).
+class BackendEvent {
+ public:
+  virtual ~BackendEvent() = default;
+  virtual void record(Stream s) = 0;
+  virtual void wait_on(Stream s) = 0;  // work queued on s after this waits for the recorded point
+};
+
+// One AdamW update of a stretch of a slice; see Backend::adamw.
+struct AdamWRange {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  size_t numel = 0;
+  double weight_decay = 0;     // 0 for biases and norms
+  void* param_out = nullptr;   // when set, the updated parameter is also written here in out_dtype
+};
+struct AdamWHyper {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  long step = 1;               // 1-based, for the bias corrections
+  float grad_scale = 1;        // gradients are multiplied by this first (clipping)
+  DType out_dtype = DType::F32;
+};
+
+enum class CopyKind { HostToDevice, DeviceToHost };
+
+// What the FSDP schedule (src/fsdp) needs of a backend: memory, two streams and events between
+// them, casts and the element-wise updates of the gradient and optimizer. The CPU backend runs
+// everything synchronously on the calling thread; its streams are nullptr and its events no-ops.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  // Streams run concurrently with the host and each other (the schedule then prefetches).
+  virtual bool asynchronous() const = 0;
+  // The dtype the models compute in for parameters stored in param_dtype (the CPU computes in fp32).
+  virtual DType compute_dtype(DType param_dtype) const = 0;
+
+  // Zero-filled memory whose bytes count as `kind`.
+  virtual DeviceArray allocate(size_t bytes, MemKind kind) = 0;
+  // Bytes of backend memory allocated now and at most so far (this process).
+  virtual size_t allocated_bytes() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  // Page-locks host memory for fast copies, until unpin_host (no-ops on the CPU).
+  virtual void pin_host(void* p, size_t bytes) = 0;
+  virtual void unpin_host(void* p) = 0;
+
+  virtual Stream compute_stream() const = 0;
+  virtual Stream comm_stream() const = 0;
+  virtual std::unique_ptr<BackendEvent> make_event() = 0;
+  virtual void synchronize(Stream s) = 0;
+
+  virtual void zero(void* p, size_t bytes, Stream s) = 0;
+  // Copies between host memory and backend memory (a plain copy on the CPU).
+  virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) = 0;
+  // out[i] = in[i] converted (round to nearest even); in and out may be the same dtype.
+  virtual void cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, Stream s) = 0;
+  virtual void accumulate(float* x, const float* y, size_t n, Stream s) = 0;  // x += y
+  // *sum (backend memory, fp64) += sum of x[i]^2.
+  virtual void sum_squares(const float* x, size_t n, double* sum, Stream s) = 0;
+  // Decoupled weight decay as torch.optim.AdamW, on every range: p -= lr * wd * p;
+  // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
+  virtual void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) = 0;
+};
+
+// The CPU backend; `threads` spread its element-wise work (AdamW) over the host's cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 1);
+
+#ifdef SHARDLM_HAVE_CUDA
+// The CUDA backend on this process's current GPU (select it first): a compute and a
+// communication stream, memory counted by the planned-buffer accounting of src/device/cuda.
+std::unique_ptr<Backend> make_cuda_backend();
+#endif
 
 }  // namespace shardlm

@@ -29,6 +29,8 @@ class Communicator {
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  // Sum of a host double over the group's ranks (run statistics such as the gradient norm).
+  virtual double host_sum(double v) const = 0;
 };
 
 // The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).
@@ -50,6 +52,7 @@ class MpiCommunicator : public Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  double host_sum(double v) const override;
 
  private:
   MPI_Comm comm_;

@@ -1,5 +1,6 @@
-// fsdp: flat parameters (one per wrapped unit), sharding strategies and the unshard / reshard /
-// reduce schedule of one micro-batch, mixed-precision storage, planned buffers.
+// fsdp: flat parameters (one per wrapped unit), sharding strategies, the gather / use / reshard /
+// reduce schedule and the optimizer step written once over the backend interface, mixed
+// precision, CPU offload, planned buffers and the memory plan of `shardlm plan`.
 #pragma once
 
 #include <cstddef>
@@ -12,14 +13,17 @@
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
+#include "shardlm/device.hpp"
 #include "shardlm/dist.hpp"
+#include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
 #include "shardlm/optim.hpp"
 
 namespace shardlm {
 
 // One unit's tensors concatenated and padded to a multiple of the shard group size; this rank
-// owns the contiguous slice [shard_begin, shard_begin + shard_numel) as fp32 master and grad.
+// owns the contiguous slice [shard_begin, shard_begin + shard_numel). A description only: the
+// engine holds the slice's arrays on its backend.
 struct FlatParameter {
   const UnitLayout* layout = nullptr;
   int unit_index = 0;
@@ -27,93 +31,124 @@ struct FlatParameter {
   size_t padded_numel = 0;
   size_t shard_numel = 0;
   size_t shard_begin = 0;
-  Buffer<float> master;  // fp32 master slice
-  Buffer<float> grad;    // fp32 grad slice, summed over the micro-steps of an optimizer step
   // [begin, end) ranges of the slice, relative to shard_begin, that take no weight decay.
   std::vector<std::pair<size_t, size_t>> no_decay;
 };
+FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank, int shard_size);
+// Elements of one rank's slice of a unit of `numel` elements padded to a multiple of shard_size.
+size_t shard_numel_of(size_t numel, int shard_size);
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
-  DType param_dtype = DType::F32;   // dtype of the gathered parameters used for compute
+  DType param_dtype = DType::F32;   // dtype the parameters are gathered in
   DType reduce_dtype = DType::F32;  // dtype gradients are reduced in
+  bool cpu_offload = false;         // fp32 master and optimizer state in host memory, the step on the host
+  // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
+  bool forward_prefetch = true;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
+  int limit_all_gathers = 2;        // resharding strategies: gathered block buffers (in flight + in use)
 };
 
 // Bytes this rank holds, by role, for the per-rank report and `plan`.
 struct FsdpMemory {
-  size_t master_shard = 0;      // fp32 master slices
+  size_t master_shard = 0;      // master slices (and compute-dtype copies of them)
   size_t grad_shard = 0;        // fp32 grad slices
   size_t full_params = 0;       // gathered-parameter buffers
   size_t full_grads = 0;        // unsharded-gradient buffers
-  size_t comm_staging = 0;      // 16-bit staging for mixed precision
-  size_t activations = 0;       // saved activations and hidden-state buffers
+  size_t comm_staging = 0;      // reduced slices and 16-bit staging
+  size_t activations = 0;       // the model's activations and workspaces
   size_t model_params = 0;      // parameters of the whole model (not per rank), for comparison
 };
 
-// Element counts of the buffers FsdpModel allocates beside the flat parameters: a pure function
-// of the layout, options, shard-group size and largest micro-batch, so `plan` cannot drift from it.
-struct FsdpBufferSizes {
-  bool alias_master = false;     // one fp32 rank: the master slice is the full parameter
-  size_t root_full = 0;          // gathered root parameters (0 when the master slice is the full parameter)
-  size_t block_full = 0;         // one gathered block
-  size_t block_full_copies = 0;  // gathered blocks held: 1 (FULL_SHARD) or one per layer
-  size_t root_grad_full = 0;
-  size_t block_grad_full = 0;
-  size_t grad_slice_tmp = 0;     // one reduced slice
-  size_t staging16 = 0;          // each of the two 16-bit staging buffers (mixed precision only)
-  size_t hidden = 0;             // each of the four hidden-state buffers (two states, two gradients)
+// How the engine lays out one rank's buffers: a pure function of the layout, the options, the
+// groups and the backend's nature, shared by FsdpEngine and `shardlm plan` so they cannot drift.
+// Sizes are elements.
+struct FsdpBufferPlan {
+  DType compute_dtype = DType::F32;  // of the gathered parameters the model reads
+  bool alias = false;            // one-rank shard: the model reads the slice (or its compute copy) itself
+  bool compute_slice = false;    // a compute-dtype copy of the slice is kept (offload, or one rank in 16 bits)
+  bool cast_at_gather = false;   // the gather casts the master into its own place in the gather buffer
+  bool staged_gather = false;    // gathered in param_dtype, then cast to a wider compute dtype (CPU, 16 bits)
+  bool direct_grads = false;     // one rank in all: the backward accumulates into the grad slices
+  bool reshard = true;           // blocks are freed after each use (FULL_SHARD, HYBRID_SHARD)
+  size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
+  size_t block_copies = 0;       // gathered block buffers
+  size_t grad_buffers = 0;       // full block-gradient buffers (two alternate on an asynchronous backend)
+  size_t grad_slice = 0;         // one reduced fp32 slice
+  size_t stage_full = 0, stage_slice = 0;  // 16-bit staging bytes: a full unit, a slice
 };
-FsdpBufferSizes fsdp_buffer_sizes(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
-                                  int hidden_size, int max_batch, int max_seq);
-// Elements of one rank's slice of a unit of `numel` elements padded to a multiple of shard_size.
-size_t shard_numel_of(size_t numel, int shard_size);
+FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
+                                int replicate_size, bool asynchronous, DType compute_dtype);
 
-// The model (BLOOM or Llama) wrapped unit by unit. The CPU backend runs the schedule synchronously.
-class FsdpModel {
+// The model wrapped unit by unit for FSDP on one backend: the schedule of DESIGN.md written once.
+// On an asynchronous backend parameter all-gathers run on the communication stream ahead of the
+// compute stream (forward and backward prefetch, at most limit_all_gathers gathered blocks when
+// resharding) and each block's gradient is reduced on the communication stream while the compute
+// stream runs the previous block's backward; a synchronous backend runs the same calls in order.
+class FsdpEngine {
  public:
-  FsdpModel(const ModelConfig& cfg, const FsdpOptions& opt, ProcessGroups& groups, int max_batch,
-            int max_seq, uint64_t seed);
-  ~FsdpModel();
+  // host_backend runs the optimizer under cpu_offload (the CPU backend with the host's threads).
+  FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, std::unique_ptr<UnitModel> model,
+             const FsdpOptions& opt, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
+             std::unique_ptr<Backend> host_backend = nullptr);
+  ~FsdpEngine();
+  FsdpEngine(const FsdpEngine&) = delete;
+  FsdpEngine& operator=(const FsdpEngine&) = delete;
 
-  // Forward and backward of one micro-batch: gradients of grad_scale * (sum of token losses)
-  // are reduce-scattered into the grad slices (added to what earlier micro-steps left there).
-  // Returns this rank's sum of token losses. Every rank must call it the same number of times
-  // (an empty micro-batch is allowed and still takes part in the collectives).
+  // One micro-batch's forward and backward; gradients of grad_scale * (sum of token losses) are
+  // reduced into the grad slices (added to what earlier micro-steps left). Returns this rank's sum
+  // of token losses. Every rank calls it the same number of times (an empty micro-batch still takes
+  // part in the collectives).
   double forward_backward(const MicroBatch& mb, float grad_scale);
-  // Forward only: this rank's sum of token losses.
   double forward_loss(const MicroBatch& mb);
+  void zero_grad();
+  double grad_norm();  // global L2 norm of the whole gradient, the same on every rank
+  // One optimizer step at lr with the gradients multiplied by grad_factor (clipping) first.
+  void optimizer_step(double lr, float grad_factor);
+  long optimizer_steps() const { return optimizer_->steps_taken(); }
+  void set_optimizer_steps(long steps) { optimizer_->set_steps_taken(steps); }
 
-  // Greedy decoding with a key/value cache (TrainEngine::decode_begin / decode_step / decode_end):
-  // each unit is gathered as in the forward, so every rank of a shard group must call
-  // decode_step together, with n = 0 rows when it has nothing to decode.
+  // This rank's slices (master and optimizer state) in host memory, for save_checkpoint and
+  // load_checkpoint; the views stay valid for the engine's life (copied from the device first).
+  std::vector<UnitState> checkpoint_state();
+  // load_checkpoint has filled the views of checkpoint_state(): take them in.
+  void checkpoint_loaded();
+
+  FsdpMemory memory() const;
+  size_t optimizer_bytes() const { return optimizer_->state_bytes(); }
+  // Peak backend memory of this rank (0 on the CPU, whose planned buffers are reported instead).
+  size_t device_peak_bytes() const;
+  ProcessGroups& groups() { return groups_; }
+  const FsdpBufferPlan& buffer_plan() const { return plan_; }
+  size_t num_units() const;
+  const FlatParameter& unit(size_t u) const;
+  // This rank's gradient slice of unit u, copied to the host (tests, inspection).
+  std::vector<float> grad_slice(size_t u);
+
+  // ---- greedy generation with a key/value cache (every rank of the world calls these together) ----
+  // A cache for `slots` sequences of up to `max_len` positions, steps of up to `max_rows` rows.
   void decode_begin(int slots, int max_len, int max_rows);
+  // Runs the model on n rows: row r is token tokens[r] at position positions[r] of the sequence in
+  // cache slot slots[r]; it attends to its slot's positions 0..positions[r]. For each of the m rows
+  // listed in logit_rows, next[i] is the argmax of its logits (the lowest id on ties). n may be 0:
+  // the rank still takes part in the collectives.
   void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n, const int* logit_rows,
                    int m, int32_t* next);
   void decode_end();
 
-  void zero_grad();
-  double grad_norm();          // global L2 norm of the whole model's gradient, same on every rank
-  void scale_grads(float factor);
-  void params_updated();       // the master slices changed: gathered copies are stale
-
-  std::vector<FlatParameter>& units() { return units_; }
-  std::vector<ParamSlice> param_slices();  // what the optimizer updates
-  FsdpMemory memory() const;
-  const FsdpOptions& options() const { return opt_; }
-
  private:
-  const float* unshard(size_t unit);   // gathered parameters of `unit`, valid until resharded
-  void reshard_after_use(size_t unit);
-  void reduce_grad(size_t unit, float* full_grad);
-
-  struct Buffers;
-  ModelConfig cfg_;
-  FsdpOptions opt_;
-  ProcessGroups& groups_;
-  std::vector<UnitLayout> layout_;
-  std::vector<FlatParameter> units_;
-  std::unique_ptr<CpuModel> model_;
-  std::unique_ptr<Buffers> buf_;
+  void refresh_compute_slices();
+  void pin(void* p, size_t bytes);
+  struct Unit;
+  struct Impl;
+  // Destroyed in reverse: the optimizer and the buffers before the groups, the backends last.
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> host_backend_;
+  ProcessGroups groups_;
+  FsdpBufferPlan plan_;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<void*> pinned_;  // host arrays page-locked by the backend, unlocked before they are freed
 };
 
 // ---- memory plan (`shardlm plan`): one rank's bytes, from the same sizes the engines allocate ----

@@ -146,6 +146,12 @@ class UnitModel {
   virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
 };
 
+// The UnitModel of cfg.arch on `backend`, computing in compute_dtype, for micro-batches of up to
+// max_batch x max_seq tokens; with activation_checkpointing (CUDA) each block's activations are
+// recomputed for its backward.
+std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind backend, DType compute_dtype,
+                                           int max_batch, int max_seq, bool activation_checkpointing);
+
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations
 // saved for backward, sized up front for at most `max_batch` sequences of `max_seq` tokens.
 // Parameters are passed as the unit's full flat fp32 parameter (layout from model_layout);

@@ -1,4 +1,4 @@
-// optim: AdamW on parameter shards, learning-rate schedules, global-norm clipping factor.
+// optim: the optimizer interface and AdamW on parameter shards (on any backend), learning-rate schedules, global-norm clipping factor.
 #pragma once
 
 #include <cstddef>
@@ -7,16 +7,37 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
 
 namespace shardlm {
 
-// One contiguous slice of parameters the optimizer updates in place, with its gradient.
-// no_decay lists [begin, end) ranges of the slice (biases, norms) that take no weight decay.
+// One contiguous slice of parameters the optimizer updates in place (backend memory), with its
+// gradient. no_decay lists [begin, end) ranges of the slice (biases, norms) that take no weight
+// decay. When param_out is set, each update also writes the new values there in the optimizer's
+// out dtype (the compute-dtype copy the next all-gather sends), in the same pass.
 struct ParamSlice {
   float* param = nullptr;
   const float* grad = nullptr;
   size_t numel = 0;
   std::vector<std::pair<size_t, size_t>> no_decay;
+  void* param_out = nullptr;
+};
+
+// What the FSDP engine asks of an optimizer: one update of every slice, a step count, and its
+// per-element state as named fp32 vectors (opaque to the engine and to the checkpoint files).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update at learning rate lr, the gradients multiplied by grad_scale first (clipping).
+  virtual void step(double lr, float grad_scale, Stream s) = 0;
+  virtual long steps_taken() const = 0;
+  virtual void set_steps_taken(long steps) = 0;  // when resuming from a checkpoint
+  virtual const char* name() const = 0;
+  // Names of the state vectors every slice has, in a fixed order ("exp_avg", "exp_avg_sq").
+  virtual std::vector<std::string> state_names() const = 0;
+  // State vector k of slice i (backend memory, the slice's numel elements).
+  virtual float* state(size_t slice, size_t k) = 0;
+  virtual size_t state_bytes() const = 0;
 };
 
 struct AdamWOptions {
@@ -26,29 +47,29 @@ struct AdamWOptions {
   double weight_decay = 0.0;
 };
 
-// Decoupled weight decay (Loshchilov & Hutter), bias-corrected moments, as torch.optim.AdamW.
-class AdamW {
+// Decoupled weight decay (Loshchilov & Hutter), bias-corrected moments, as torch.optim.AdamW; the
+// update runs on `backend` (its moments live there), writing param_out in out_dtype where set.
+class AdamW final : public Optimizer {
  public:
-  AdamW(const std::vector<ParamSlice>& slices, const AdamWOptions& opt);
-  // One update of every slice at learning rate lr; the step counter advances by one.
-  void step(double lr);
-  long steps_taken() const { return step_; }
-  void set_steps_taken(long steps) { step_ = steps; }  // when resuming from a checkpoint
-  // The moments of slice i, for checkpoints.
-  float* exp_avg(size_t i) { return exp_avg_[i].data(); }
-  float* exp_avg_sq(size_t i) { return exp_avg_sq_[i].data(); }
-  size_t state_bytes() const;  // both moments, fp32
-  // Threads step() spreads the element-wise update over (1 by default); the result does not
-  // depend on it. CPU offload of the CUDA backend uses the host's cores here.
-  void set_threads(int threads) { threads_ = threads > 0 ? threads : 1; }
+  AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const AdamWOptions& opt,
+        DType out_dtype = DType::F32);
+  void step(double lr, float grad_scale = 1.0f, Stream s = nullptr) override;
+  long steps_taken() const override { return step_; }
+  void set_steps_taken(long steps) override { step_ = steps; }
+  const char* name() const override { return "adamw"; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  float* state(size_t slice, size_t k) override { return (k == 0 ? exp_avg_ : exp_avg_sq_)[slice].as<float>(); }
+  size_t state_bytes() const override;
+  float* exp_avg(size_t i) { return state(i, 0); }
+  float* exp_avg_sq(size_t i) { return state(i, 1); }
 
  private:
-  std::vector<ParamSlice> slices_;
+  Backend& backend_;
   AdamWOptions opt_;
-  std::vector<Buffer<float>> exp_avg_;
-  std::vector<Buffer<float>> exp_avg_sq_;
+  DType out_dtype_;
+  std::vector<AdamWRange> ranges_;  // every slice cut at its no-decay ranges, made once
+  std::vector<DeviceArray> exp_avg_, exp_avg_sq_;
   long step_ = 0;
-  int threads_ = 1;
 };
 
 // Learning rate for optimizer step `step` (0-based) of `total`: linear warmup from 0 over

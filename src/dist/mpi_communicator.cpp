@@ -97,4 +97,10 @@ void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) 
   check_mpi(MPI_Bcast(buf, n, mpi_datatype(dtype), root, comm_), "broadcast");
 }
 
+double MpiCommunicator::host_sum(double v) const {
+  double sum = 0.0;
+  check_mpi(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "host_sum");
+  return sum;
+}
+
 }  // namespace shardlm

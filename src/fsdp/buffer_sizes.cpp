@@ -1,4 +1,4 @@
-// The sizes of FsdpModel's buffers, as a pure function shared by FsdpModel and `shardlm plan`.
+// The layout of one rank's engine buffers, as a pure function shared by FsdpEngine and `shardlm plan`.
 #include <algorithm>
 
 #include "shardlm/fsdp.hpp"
@@ -10,28 +10,51 @@ size_t shard_numel_of(size_t numel, int shard_size) {
   return (numel + shard_size - 1) / shard_size;
 }
 
-FsdpBufferSizes fsdp_buffer_sizes(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
-                                  int hidden_size, int max_batch, int max_seq) {
-  SHARDLM_CHECK(!layout.empty(), "fsdp_buffer_sizes: a layout without a root unit");
+FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
+                                int replicate_size, bool asynchronous, DType compute_dtype) {
+  SHARDLM_CHECK(!layout.empty(), "fsdp_buffer_plan: a layout without a root unit");
+  SHARDLM_CHECK(opt.reduce_dtype == DType::F32 || opt.reduce_dtype == opt.param_dtype || !asynchronous,
+                "fsdp.reduce_dtype = ", dtype_name(opt.reduce_dtype), ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
+  FsdpBufferPlan p;
+  p.compute_dtype = compute_dtype;
   auto padded = [&](size_t u) { return shard_numel_of(layout[u].numel, shard_size) * shard_size; };
   // Every block has the same layout: block 0 stands for all of them.
-  const size_t layers = layout.size() - 1;
-  const size_t root_padded = padded(0), block_padded = layers > 0 ? padded(1) : 0;
-  FsdpBufferSizes s;
-  // One fp32 rank: the master slice is the full parameter and nothing is gathered.
-  s.alias_master = shard_size == 1 && opt.param_dtype == DType::F32;
-  if (!s.alias_master) {
-    s.root_full = root_padded;
-    s.block_full = block_padded;
-    s.block_full_copies = block_padded == 0 ? 0 : opt.strategy == ShardingStrategy::FullShard ? 1 : layers;
+  p.layers = layout.size() - 1;
+  p.root_padded = padded(0);
+  p.block_padded = p.layers > 0 ? padded(1) : 0;
+  p.max_padded = std::max(p.root_padded, p.block_padded);
+  p.max_shard = p.max_padded / shard_size;
+  p.reshard = opt.strategy == ShardingStrategy::FullShard;
+
+  const bool same_dtype = compute_dtype == opt.param_dtype;
+  p.staged_gather = !same_dtype;
+  SHARDLM_CHECK(!p.staged_gather || (!asynchronous && compute_dtype == DType::F32),
+                "fsdp_buffer_plan: only a synchronous fp32 backend gathers through staging");
+  // One rank holds whole units: the model reads the slice, or its copy in the compute dtype.
+  p.alias = shard_size == 1 && same_dtype;
+  p.compute_slice = same_dtype && opt.param_dtype != DType::F32 && (opt.cpu_offload || shard_size == 1);
+  if (opt.cpu_offload && opt.param_dtype == DType::F32) p.compute_slice = true;  // the master stays on the host
+  // Sharded, the gathers cast the fp32 master into their own buffer: no 16-bit copy of the slice.
+  p.cast_at_gather = !p.alias && !p.compute_slice && same_dtype && opt.param_dtype != DType::F32;
+  p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1;
+
+  if (!p.alias) {
+    // Resharding, the blocks take turns in a few buffers: one when synchronous, else
+    // limit_all_gathers so that the next block's gather overlaps this block's compute.
+    const size_t turns = asynchronous ? static_cast<size_t>(std::max(1, opt.limit_all_gathers)) : 1;
+    p.block_copies = p.block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
   }
-  s.root_grad_full = root_padded;
-  s.block_grad_full = block_padded;
-  s.grad_slice_tmp = std::max(root_padded, block_padded) / shard_size;
-  if (opt.param_dtype != DType::F32 || opt.reduce_dtype != DType::F32)
-    s.staging16 = std::max(root_padded, block_padded);
-  s.hidden = static_cast<size_t>(max_batch) * max_seq * hidden_size;
-  return s;
+  if (!p.direct_grads) {
+    p.grad_buffers = p.block_padded == 0 ? 0 : asynchronous ? 2 : 1;
+    p.grad_slice = p.max_shard;
+  }
+  // 16-bit staging: a full unit (gather receive, reduce send) and a slice (gather send, reduce receive).
+  size_t elem = 0;
+  if (p.staged_gather) elem = dtype_size(opt.param_dtype);
+  if (opt.reduce_dtype != DType::F32 && !p.direct_grads) elem = std::max(elem, dtype_size(opt.reduce_dtype));
+  p.stage_full = p.max_padded * elem;
+  p.stage_slice = p.max_shard * elem;
+  return p;
 }
 
 }  // namespace shardlm

@@ -1,12 +1,11 @@
-// Building a unit's flat parameter: padding, this rank's slice, its initial values, its no-decay ranges.
+// Describing a unit's flat parameter: padding, this rank's slice, its no-decay ranges.
 #include <algorithm>
 
-#include "fsdp_internal.hpp"
+#include "shardlm/fsdp.hpp"
 
 namespace shardlm {
 
-FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank,
-                                  int shard_size, uint64_t seed) {
+FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank, int shard_size) {
   FlatParameter p;
   p.layout = &layout;
   p.unit_index = unit_index;
@@ -14,9 +13,6 @@ FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int 
   p.padded_numel = shard_numel_of(layout.numel, shard_size) * shard_size;
   p.shard_numel = p.padded_numel / shard_size;
   p.shard_begin = static_cast<size_t>(shard_rank) * p.shard_numel;
-  p.master.allocate(p.shard_numel, MemKind::Params);
-  p.grad.allocate(p.shard_numel, MemKind::Grads);
-  init_unit_slice(layout, unit_index, seed, p.shard_begin, p.shard_begin + p.shard_numel, p.master.data());
   const size_t lo = p.shard_begin, hi = p.shard_begin + p.shard_numel;
   for (const TensorSpec& t : layout.tensors) {
     if (t.decay) continue;

@@ -15,42 +15,46 @@ constexpr size_t kCudaHeadChunkTokens = 2048;
 // cuBLASLt wants 256-byte aligned workspace pieces (dtype_cuda.cuh's align256).
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-struct UnitSizes {
-  size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
-  std::vector<size_t> shard;  // per unit
-  size_t model_params = 0;
-};
-
-UnitSizes unit_sizes(const std::vector<UnitLayout>& layout, int shard_size) {
-  UnitSizes u;
+// The engine's buffers on one rank, from the same plan FsdpEngine allocates with.
+RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+  const bool cuda = spec.backend == "cuda";
+  FsdpOptions opt;
+  opt.strategy = spec.strategy;
+  opt.param_dtype = spec.param_dtype;
+  opt.reduce_dtype = spec.reduce_dtype;
+  opt.cpu_offload = spec.cpu_offload;
+  opt.limit_all_gathers = spec.limit_all_gathers;
+  const DType compute = cuda ? spec.param_dtype : DType::F32;
+  const FsdpBufferPlan b =
+      fsdp_buffer_plan(layout, opt, shard_size, spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
+  const size_t csize = dtype_size(compute);
+  RankMemoryPlan p;
   for (const UnitLayout& l : layout) {
-    u.shard.push_back(shard_numel_of(l.numel, shard_size));
-    u.model_params += l.numel;
+    const size_t n = shard_numel_of(l.numel, shard_size);
+    p.record.model_params += l.numel;
+    p.record.grad_shard += n * 4;
+    if (b.compute_slice) p.record.master_shard += n * csize;
+    if (spec.cpu_offload) {
+      // Host: the fp32 master, the gradient slice copied down each step, AdamW's moments.
+      p.host_optimizer += 2 * n * 4;
+      p.host_bytes += 4 * n * 4;
+    } else {
+      p.record.master_shard += n * 4;
+      p.optimizer += 2 * n * 4;
+      if (cuda) p.host_bytes += 3 * n * 4;  // checkpoint staging of the master and the moments
+    }
   }
-  u.layers = layout.size() - 1;
-  u.root_padded = u.shard[0] * shard_size;
-  u.block_padded = u.layers > 0 ? u.shard[1] * shard_size : 0;
-  u.max_padded = std::max(u.root_padded, u.block_padded);
-  u.max_shard = u.max_padded / shard_size;
-  return u;
+  p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
+  p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
+  p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice;
+  return p;
 }
 
 RankMemoryPlan plan_cpu(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  const UnitSizes u = unit_sizes(layout, shard_size);
-  RankMemoryPlan p;
-  for (size_t n : u.shard) {
-    p.record.master_shard += n * sizeof(float);
-    p.record.grad_shard += n * sizeof(float);
-    p.optimizer += 2 * n * sizeof(float);  // AdamW's two moments
-  }
-  p.record.model_params = u.model_params;
-  const FsdpBufferSizes b = fsdp_buffer_sizes(layout, {spec.strategy, spec.param_dtype, spec.reduce_dtype},
-                                              shard_size, spec.model.hidden_size, spec.micro_batch, spec.max_seq);
-  p.record.full_params = (b.root_full + b.block_full * b.block_full_copies) * sizeof(float);
-  p.record.full_grads = (b.root_grad_full + b.block_grad_full) * sizeof(float);
-  p.record.comm_staging = b.grad_slice_tmp * sizeof(float) + 2 * b.staging16 * sizeof(uint16_t);
-  p.record.activations =
-      cpu_activation_bytes(spec.model, spec.micro_batch, spec.max_seq) + 4 * b.hidden * sizeof(float);
+  RankMemoryPlan p = plan_engine(spec, layout, shard_size);
+  // The model's saved activations and its four hidden-state buffers (two states, two gradients).
+  const size_t hidden = static_cast<size_t>(spec.micro_batch) * spec.max_seq * spec.model.hidden_size;
+  p.record.activations = cpu_activation_bytes(spec.model, spec.micro_batch, spec.max_seq) + 4 * hidden * sizeof(float);
   return p;
 }
 
@@ -73,42 +77,8 @@ size_t bloom_cuda_activation_bytes(const ModelConfig& cfg, size_t dsize, int max
 }
 
 RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  SHARDLM_CHECK(spec.reduce_dtype == DType::F32 || spec.reduce_dtype == spec.param_dtype, "fsdp.reduce_dtype = ",
-                dtype_name(spec.reduce_dtype), ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
-  const UnitSizes u = unit_sizes(layout, shard_size);
+  RankMemoryPlan p = plan_engine(spec, layout, shard_size);
   const size_t dsize = dtype_size(spec.param_dtype);
-  const bool f32 = spec.param_dtype == DType::F32;
-  RankMemoryPlan p;
-  for (size_t n : u.shard) {
-    p.record.grad_shard += n * 4;
-    // Host: the FlatParameter's master and grad slices (checkpoint staging or, offloaded, the master).
-    p.host_bytes += 2 * n * 4;
-    if (spec.cpu_offload) {
-      p.record.master_shard += n * dsize;  // the compute-dtype slice the gathers send
-      p.host_optimizer += 2 * n * 4;
-      p.host_bytes += 3 * n * 4;  // AdamW's moments and the gradient slice copied down each step
-    } else {
-      // Sharded, the gathers cast the master into their own buffer: no 16-bit copy of the slice.
-      p.record.master_shard += n * 4 + (f32 || shard_size > 1 ? 0 : n * dsize);
-      p.optimizer += 2 * n * 4;
-      p.host_bytes += 2 * n * 4;  // checkpoint staging of the moments
-    }
-  }
-  p.record.model_params = u.model_params;
-  // One rank: the slices are the full parameters and nothing is gathered.
-  if (shard_size > 1) {
-    const size_t copies =
-        spec.strategy == ShardingStrategy::FullShard
-            ? std::min<size_t>(static_cast<size_t>(std::max(1, spec.limit_all_gathers)), u.layers)
-            : u.layers;
-    p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
-  }
-  // A single rank (no shards, no replicas) accumulates straight into its gradient slices.
-  if (shard_size > 1 || spec.world_size > 1) {
-    p.record.full_grads = u.root_padded * 4 + (u.block_padded > 0 ? 2 * u.block_padded * 4 : 0);
-    p.record.comm_staging = u.max_shard * 4;
-    if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
-  }
   const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
   if (spec.model.is_llama()) {
     // LlamaCuda counts every buffer it holds as activations.

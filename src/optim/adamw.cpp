@@ -1,86 +1,47 @@
-// AdamW on the rank's fp32 master shards; moments live beside the shard they belong to.
-#include <algorithm>
-#include <atomic>
+// AdamW on the rank's fp32 master shards, on the backend that holds them; its moments live there too.
 #include <cmath>
-#include <thread>
 
 #include "shardlm/optim.hpp"
 
 namespace shardlm {
 
-AdamW::AdamW(const std::vector<ParamSlice>& slices, const AdamWOptions& opt) : slices_(slices), opt_(opt) {
-  for (const ParamSlice& s : slices_) {
-    exp_avg_.emplace_back(s.numel, MemKind::Optimizer);
-    exp_avg_sq_.emplace_back(s.numel, MemKind::Optimizer);
+AdamW::AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const AdamWOptions& opt, DType out_dtype)
+    : backend_(backend), opt_(opt), out_dtype_(out_dtype) {
+  for (const ParamSlice& s : slices) {
+    const size_t i = exp_avg_.size();
+    exp_avg_.push_back(backend_.allocate(s.numel * sizeof(float), MemKind::Optimizer));
+    exp_avg_sq_.push_back(backend_.allocate(s.numel * sizeof(float), MemKind::Optimizer));
+    // Alternating decayed stretches and the no-decay ranges (sorted, disjoint).
+    auto add = [&](size_t begin, size_t end, double wd) {
+      if (end <= begin) return;
+      const size_t out = dtype_size(out_dtype_) * begin;
+      ranges_.push_back({s.param + begin, s.grad + begin, exp_avg(i) + begin, exp_avg_sq(i) + begin, end - begin, wd,
+                         s.param_out ? static_cast<char*>(s.param_out) + out : nullptr});
+    };
+    size_t pos = 0;
+    for (const auto& [begin, end] : s.no_decay) {
+      add(pos, begin, opt_.weight_decay);
+      add(begin, end, 0.0);
+      pos = end;
+    }
+    add(pos, s.numel, opt_.weight_decay);
   }
 }
 
 size_t AdamW::state_bytes() const {
   size_t bytes = 0;
-  for (size_t i = 0; i < slices_.size(); ++i)
-    bytes += (exp_avg_[i].size() + exp_avg_sq_[i].size()) * sizeof(float);
+  for (size_t i = 0; i < exp_avg_.size(); ++i) bytes += exp_avg_[i].bytes() + exp_avg_sq_[i].bytes();
   return bytes;
 }
 
-namespace {
-
-void update_range(float* p, const float* g, float* m, float* v, size_t begin, size_t end,
-                  float decay_factor, float b1, float b2, float step_size, float bias2_sqrt, float eps) {
-  for (size_t i = begin; i < end; ++i) {
-    p[i] *= decay_factor;
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-    p[i] -= step_size * m[i] / denom;
-  }
-}
-
-}  // namespace
-
-void AdamW::step(double lr) {
+void AdamW::step(double lr, float grad_scale, Stream s) {
   ++step_;
-  const double bias1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(step_));
-  const double bias2 = 1.0 - std::pow(opt_.beta2, static_cast<double>(step_));
-  const float step_size = static_cast<float>(lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
-  const float eps = static_cast<float>(opt_.eps);
-  const float decay = static_cast<float>(1.0 - lr * opt_.weight_decay);
-  // Work items: stretches of one slice with one decay factor, cut into pieces of at most 1 M
-  // elements so that threads share even a single large slice.
-  struct Piece {
-    size_t slice, begin, end;
-    float decay;
-  };
-  constexpr size_t kPiece = 1u << 20;
-  std::vector<Piece> pieces;
-  auto add = [&](size_t s, size_t begin, size_t end, float d) {
-    for (size_t b = begin; b < end; b += kPiece) pieces.push_back({s, b, std::min(end, b + kPiece), d});
-  };
-  for (size_t s = 0; s < slices_.size(); ++s) {
-    // Alternating decayed stretches and the no-decay ranges (sorted, disjoint).
-    size_t pos = 0;
-    for (const auto& [begin, end] : slices_[s].no_decay) {
-      add(s, pos, begin, decay);
-      add(s, begin, end, 1.0f);
-      pos = end;
-    }
-    add(s, pos, slices_[s].numel, decay);
-  }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < pieces.size(); i = next++) {
-      const Piece& p = pieces[i];
-      const ParamSlice& slice = slices_[p.slice];
-      update_range(slice.param, slice.grad, exp_avg_[p.slice].data(), exp_avg_sq_[p.slice].data(), p.begin, p.end,
-                   p.decay, b1, b2, step_size, bias2_sqrt, eps);
-    }
-  };
-  const int helpers = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads_), pieces.size())) - 1;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < helpers; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  AdamWHyper h;
+  h.lr = lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
+  h.step = step_;
+  h.grad_scale = grad_scale;
+  h.out_dtype = out_dtype_;
+  backend_.adamw(ranges_, h, s);
 }
 
 double scheduled_lr(const std::string& schedule, double base_lr, long step, long warmup, long total) {

@@ -20,7 +20,7 @@ std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int worl
   return out;
 }
 
-std::vector<std::vector<int32_t>> greedy_generate(TrainEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                                   int max_new_tokens, int32_t eos_id, MPI_Comm comm) {
   SHARDLM_CHECK(max_new_tokens >= 1, "greedy_generate: max_new_tokens must be >= 1, not ", max_new_tokens);
   const int slots = static_cast<int>(prompts.size());
@@ -122,7 +122,7 @@ std::vector<std::pair<std::string, std::string>> gather_predictions(
 
 }  // namespace
 
-SquadGeneration squad_generate(TrainEngine& engine, const std::vector<Example>& eval_set,
+SquadGeneration squad_generate(FsdpEngine& engine, const std::vector<Example>& eval_set,
                                const std::vector<SquadQuestion>& questions, const Tokenizer& tokenizer, int batch,
                                int max_new_tokens, MPI_Comm comm) {
   SHARDLM_CHECK(questions.size() == eval_set.size(), "SQuAD evaluation: ", questions.size(), " questions for ",

@@ -1,4 +1,4 @@
-// Greedy generation on a TrainEngine (the model as it trains, still sharded) and the SQuAD
+// Greedy generation on the FsdpEngine (the model as it trains, still sharded) and the SQuAD
 // evaluation built on it: each rank decodes its share of the eval set.
 #pragma once
 
@@ -22,7 +22,7 @@ std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int worl
 // unfinished sequence per step. Returns the generated ids, EOS left out. Every rank of `comm`
 // calls it together (an empty `prompts` is fine): the ranks agree before each step whether any of
 // them still decodes, so the collectives inside the engine line up.
-std::vector<std::vector<int32_t>> greedy_generate(TrainEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                                   int max_new_tokens, int32_t eos_id, MPI_Comm comm);
 
 // The prompt of an example whose loss is on a completion: its tokens up to and including the last
@@ -40,7 +40,7 @@ struct SquadGeneration {
 // Greedy answers for the eval set (example i is question i), `batch` prompts at a time per rank,
 // scored with the SQuAD v1.1 exact match and F1 against every reference answer; the same result
 // on every rank, the predictions gathered on rank 0.
-SquadGeneration squad_generate(TrainEngine& engine, const std::vector<Example>& eval_set,
+SquadGeneration squad_generate(FsdpEngine& engine, const std::vector<Example>& eval_set,
                                const std::vector<SquadQuestion>& questions, const Tokenizer& tokenizer, int batch,
                                int max_new_tokens, MPI_Comm comm);
 

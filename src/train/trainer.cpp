@@ -67,7 +67,7 @@ struct EvalResult {
   double steps_per_second = 0;  // micro-batches per rank per second
 };
 
-EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
+EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
                     int32_t pad_id) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
@@ -90,7 +90,7 @@ EvalResult evaluate(TrainEngine& model, const std::vector<Example>& eval_set, MP
   return r;
 }
 
-void report_memory(const TrainEngine& engine, MPI_Comm comm, bool echo, MetricsWriter& metrics) {
+void report_memory(const FsdpEngine& engine, MPI_Comm comm, bool echo, MetricsWriter& metrics) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -179,17 +179,13 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
 
   const int micro = cfg.train.micro_batch_size;
   const int accum = cfg.grad_accum(world);
-  std::unique_ptr<TrainEngine> engine_owner;
+  std::unique_ptr<FsdpEngine> engine_owner;
   if (cfg.run.backend == "cuda") {
-#ifdef SHARDLM_HAVE_CUDA
-    run_collectively(comm, [&] { engine_owner = make_cuda_engine(cfg, comm, topo, micro); });
-#else
-    throw AgreedError("run.backend = cuda: this shardlm was built without CUDA (configure with -DSHARDLM_CUDA=ON)");
-#endif
+    run_collectively(comm, [&] { engine_owner = make_engine(cfg, comm, topo, micro); });
   } else {
-    engine_owner = make_cpu_engine(cfg, make_mpi_process_groups(comm, topo, cfg.fsdp.strategy), micro);
+    engine_owner = make_engine(cfg, comm, topo, micro);
   }
-  TrainEngine& model = *engine_owner;
+  FsdpEngine& model = *engine_owner;
   ProcessGroups& groups = model.groups();
 
   DistributedSampler sampler(train_set.size(), static_cast<size_t>(cfg.train.batch_size), cfg.train.seed,

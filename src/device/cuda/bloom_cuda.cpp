@@ -8,17 +8,6 @@
 
 namespace shardlm::cuda {
 
-DeviceMemoryStats& device_memory_stats() {
-  static DeviceMemoryStats stats;
-  return stats;
-}
-
-void device_memory_add(ptrdiff_t bytes) {
-  DeviceMemoryStats& s = device_memory_stats();
-  s.current = static_cast<size_t>(static_cast<ptrdiff_t>(s.current) + bytes);
-  s.peak = std::max(s.peak, s.current);
-}
-
 namespace {
 
 // C[M, N] (row-major) = op(A) op(B) with the given epilogue; dtypes: A and B in ab, C in c.

@@ -50,7 +50,7 @@ class NcclCommunicator : public Communicator {
   // message naming this rank, the group and the last collective.
   void wait();
   // Sum of a host double over the group's ranks (through MPI: exact, and no device round trip).
-  double host_sum(double v) const;
+  double host_sum(double v) const override;
 
  private:
   [[noreturn]] void fail(const std::string& why);

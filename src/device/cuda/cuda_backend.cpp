@@ -1,0 +1,130 @@
+// The CUDA backend: device memory through the planned-buffer accounting, a compute and a
+// communication stream with events between them, and the element-wise kernels of kernels.hpp.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "device_memory.hpp"
+#include "kernels.hpp"
+#include "shardlm/device.hpp"
+
+namespace shardlm {
+namespace cuda {
+
+DeviceMemoryStats& device_memory_stats() {
+  static DeviceMemoryStats stats;
+  return stats;
+}
+
+void device_memory_add(ptrdiff_t bytes) {
+  DeviceMemoryStats& s = device_memory_stats();
+  s.current = static_cast<size_t>(static_cast<ptrdiff_t>(s.current) + bytes);
+  s.peak = std::max(s.peak, s.current);
+}
+
+}  // namespace cuda
+
+namespace {
+
+cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
+
+class CudaMemory final : public DeviceMemory {
+ public:
+  explicit CudaMemory(size_t bytes) : buffer_(bytes) {
+    data_ = buffer_.data();
+    bytes_ = buffer_.bytes();
+  }
+
+ private:
+  cuda::DeviceBuffer<char> buffer_;
+};
+
+class CudaEvent final : public BackendEvent {
+ public:
+  CudaEvent() { SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~CudaEvent() override { cudaEventDestroy(e_); }
+  void record(Stream s) override { SHARDLM_CUDA_CHECK(cudaEventRecord(e_, as_cuda(s))); }
+  void wait_on(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(s), e_, 0)); }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+  }
+  ~CudaBackend() override {
+    cudaDeviceSynchronize();
+    cudaStreamDestroy(compute_);
+    cudaStreamDestroy(comm_);
+  }
+
+  BackendKind kind() const override { return BackendKind::Cuda; }
+  bool asynchronous() const override { return true; }
+  DType compute_dtype(DType param_dtype) const override { return param_dtype; }
+
+  DeviceArray allocate(size_t bytes, MemKind) override {
+    DeviceArray a{std::make_unique<CudaMemory>(bytes)};
+    if (bytes) SHARDLM_CUDA_CHECK(cudaMemset(a.data(), 0, bytes));
+    return a;
+  }
+  size_t allocated_bytes() const override { return cuda::device_memory_stats().current; }
+  size_t peak_bytes() const override { return cuda::device_memory_stats().peak; }
+  void pin_host(void* p, size_t bytes) override {
+    if (bytes == 0) return;
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    SHARDLM_CHECK(e == cudaSuccess, "fsdp.cpu_offload: cannot page-lock ", bytes, " bytes of host memory (",
+                  cudaGetErrorString(e), "); raise the locked-memory limit (ulimit -l) or turn offload off");
+  }
+  void unpin_host(void* p) override { cudaHostUnregister(p); }
+
+  Stream compute_stream() const override { return compute_; }
+  Stream comm_stream() const override { return comm_; }
+  std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<CudaEvent>(); }
+  void synchronize(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(as_cuda(s))); }
+
+  void zero(void* p, size_t bytes, Stream s) override {
+    if (bytes) SHARDLM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, as_cuda(s)));
+  }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
+    if (bytes == 0) return;
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
+                                       kind == CopyKind::HostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                       as_cuda(s)));
+  }
+  void cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, Stream s) override {
+    cuda::cast(in, in_dtype, out, out_dtype, n, as_cuda(s));
+  }
+  void accumulate(float* x, const float* y, size_t n, Stream s) override { cuda::accumulate(x, y, n, as_cuda(s)); }
+  void sum_squares(const float* x, size_t n, double* sum, Stream s) override {
+    cuda::sum_squares(x, n, sum, as_cuda(s));
+  }
+  void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) override {
+    cuda::AdamWArgs a;
+    a.lr = static_cast<float>(h.lr);
+    a.beta1 = static_cast<float>(h.beta1);
+    a.beta2 = static_cast<float>(h.beta2);
+    a.eps = static_cast<float>(h.eps);
+    a.bias_correction1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
+    a.bias_correction2 = static_cast<float>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
+    a.grad_scale = h.grad_scale;
+    for (const AdamWRange& r : ranges) {
+      if (r.numel == 0) continue;
+      a.weight_decay = static_cast<float>(r.weight_decay);
+      cuda::adamw_step(r.param, r.grad, r.exp_avg, r.exp_avg_sq, r.numel, a, r.param_out, h.out_dtype, as_cuda(s));
+    }
+  }
+
+ private:
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace shardlm

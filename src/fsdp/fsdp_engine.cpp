@@ -1,0 +1,260 @@
+// FsdpEngine: the FSDP schedule of DESIGN.md, written once over the Backend interface. The CUDA
+// backend runs it on two streams (gathers and reductions on the communication stream, the model
+// on the compute stream, events between them); the CPU backend runs the same calls in order.
+#include <algorithm>
+#include <cmath>
+
+#include "fsdp_engine_impl.hpp"
+
+namespace shardlm {
+
+FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, std::unique_ptr<UnitModel> model,
+                       const FsdpOptions& opt, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
+                       std::unique_ptr<Backend> host_backend)
+    : backend_(std::move(backend)), host_backend_(std::move(host_backend)), groups_(std::move(groups)) {
+  Backend& be = *backend_;
+  const int shard_rank = groups_.shard->rank(), shard_size = groups_.shard->size();
+  SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && be.kind() != BackendKind::Cpu),
+                "fsdp.cpu_offload needs a device backend and a host backend for the optimizer");
+  const DType cdt = be.compute_dtype(opt.param_dtype);
+  SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
+                ", the backend in ", dtype_name(cdt));
+  plan_ = fsdp_buffer_plan(model_layout(model->config()), opt, shard_size, groups_.replicate->size(),
+                           be.asynchronous(), cdt);
+  impl_ = std::make_unique<Impl>(be, std::move(model), opt, plan_, groups_);
+  Impl& m = *impl_;
+  m.max_tokens_ = max_tokens;
+  const size_t csize = dtype_size(cdt);
+  // Master and optimizer state where the optimizer runs: the host when offloaded.
+  Backend& state_be = opt.cpu_offload ? *host_backend_ : be;
+  const bool state_on_host = m.host_memory || opt.cpu_offload;
+
+  std::vector<ParamSlice> slices;
+  for (size_t u = 0; u < m.layout.size(); ++u) {
+    Unit d;
+    d.flat = make_flat_parameter(m.layout[u], static_cast<int>(u), shard_rank, shard_size);
+    const size_t n = d.flat.shard_numel;
+    d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
+    d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
+    if (plan_.compute_slice) d.compute = be.allocate(n * csize, MemKind::Params);
+    // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
+    if (state_on_host) {
+      init_unit_slice(m.layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
+                      d.master.as<float>());
+    } else {
+      d.host_master.resize(n);
+      init_unit_slice(m.layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
+                      d.host_master.data());
+      be.copy(d.master.data(), d.host_master.data(), n * sizeof(float), CopyKind::HostToDevice, m.compute);
+    }
+    if (opt.cpu_offload) {
+      d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
+      // Copied every step: page-locked, so the copies run at DMA speed without a bounce buffer.
+      pin(d.host_grad.data(), d.host_grad.bytes());
+      if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
+      slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});
+    } else {
+      // The update also writes the compute-dtype copy of the slice that the next gather sends.
+      slices.push_back({d.master.as<float>(), d.grad.as<float>(), n, d.flat.no_decay,
+                        plan_.compute_slice ? d.compute.data() : nullptr});
+    }
+    m.units.push_back(std::move(d));
+  }
+  if (opt.cpu_offload && opt.param_dtype != DType::F32) {
+    m.host16.assign(plan_.max_shard, 0);
+    pin(m.host16.data(), m.host16.size() * sizeof(uint16_t));
+  }
+  optimizer_ = std::make_unique<AdamW>(state_be, slices, adam, opt.cpu_offload ? DType::F32 : opt.param_dtype);
+  if (!state_on_host) {
+    const size_t k = optimizer_->state_names().size();
+    for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
+  }
+
+  if (!plan_.alias) {
+    m.root_full = be.allocate(plan_.root_padded * csize, MemKind::Params);
+    for (size_t i = 0; i < plan_.block_copies; ++i)
+      m.block_full.push_back(be.allocate(plan_.block_padded * csize, MemKind::Params));
+  }
+  m.holder.assign(m.block_full.size(), -1);
+  m.gathered.assign(m.units.size(), false);
+  for (size_t i = 0; i < m.block_full.size(); ++i) m.slot_free.push_back(be.make_event());
+  for (size_t i = 0; i < m.units.size(); ++i) m.unit_gathered.push_back(be.make_event());
+  if (!plan_.direct_grads) m.root_grad_full = be.allocate(plan_.root_padded * sizeof(float), MemKind::Grads);
+  for (size_t i = 0; i < plan_.grad_buffers; ++i)
+    m.block_grad_full.push_back(be.allocate(plan_.block_padded * sizeof(float), MemKind::Grads));
+  for (size_t i = 0; i < std::max<size_t>(plan_.grad_buffers, 1); ++i) {
+    m.grad_ready.push_back(be.make_event());
+    m.grad_reduced.push_back(be.make_event());
+    m.grad_reduced.back()->record(m.comm);
+  }
+  m.root_grad_ready = be.make_event();
+  m.params_written = be.make_event();
+  m.reductions_done = be.make_event();
+  m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
+  m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
+  m.stage_slice = be.allocate(plan_.stage_slice, MemKind::Comm);
+  if (!m.host_memory) {
+    m.tokens = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    m.targets = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    m.norm = be.allocate(sizeof(double), MemKind::Other);
+  }
+  refresh_compute_slices();
+  be.synchronize(m.compute);
+}
+
+FsdpEngine::~FsdpEngine() {
+  if (impl_) {
+    backend_->synchronize(impl_->compute);
+    backend_->synchronize(impl_->comm);
+  }
+  for (void* p : pinned_) backend_->unpin_host(p);
+}
+
+void FsdpEngine::pin(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  backend_->pin_host(p, bytes);
+  pinned_.push_back(p);
+}
+
+double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale) { return impl_->run(mb, grad_scale, true); }
+double FsdpEngine::forward_loss(const MicroBatch& mb) { return impl_->run(mb, 0.0f, false); }
+
+void FsdpEngine::zero_grad() {
+  for (Unit& d : impl_->units) backend_->zero(d.grad.data(), d.grad.bytes(), impl_->compute);
+}
+
+double FsdpEngine::grad_norm() {
+  Impl& m = *impl_;
+  m.finish_reductions();
+  double local = 0.0;
+  double* sum = m.host_memory ? &local : m.norm.as<double>();
+  if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
+  for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
+  if (!m.host_memory) backend_->copy(&local, sum, sizeof(double), CopyKind::DeviceToHost, m.compute);
+  backend_->synchronize(m.compute);
+  // Slices partition the model within a shard group; replicas hold identical slices.
+  return std::sqrt(groups_.shard->host_sum(local));
+}
+
+void FsdpEngine::optimizer_step(double lr, float grad_factor) {
+  Impl& m = *impl_;
+  m.finish_reductions();
+  if (m.opt.cpu_offload) {
+    // The gradient slices to the host, AdamW there, the updated slices back in the compute dtype.
+    backend_->synchronize(m.compute);
+    for (Unit& d : m.units)
+      backend_->copy(d.host_grad.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);
+    backend_->synchronize(m.compute);
+    optimizer_->step(lr, grad_factor, nullptr);
+    refresh_compute_slices();
+  } else {
+    optimizer_->step(lr, grad_factor, m.compute);
+  }
+  m.params_updated();
+}
+
+// The compute-dtype slices from the fp32 masters (after init, a checkpoint load, an offloaded step).
+void FsdpEngine::refresh_compute_slices() {
+  Impl& m = *impl_;
+  if (!plan_.compute_slice) return;
+  for (Unit& d : m.units) {
+    const size_t n = d.flat.shard_numel;
+    if (!m.opt.cpu_offload) {
+      backend_->cast(d.master.data(), DType::F32, d.compute.data(), plan_.compute_dtype, n, m.compute);
+    } else if (m.opt.param_dtype == DType::F32) {
+      backend_->copy(d.compute.data(), d.master.data(), n * sizeof(float), CopyKind::HostToDevice, m.compute);
+    } else {
+      // Host fp32 master -> compute dtype on the host -> the GPU slice.
+      pack16(m.opt.param_dtype, d.master.as<float>(), m.host16.data(), n);
+      backend_->copy(d.compute.data(), m.host16.data(), n * sizeof(uint16_t), CopyKind::HostToDevice, m.compute);
+      backend_->synchronize(m.compute);  // host16 is reused by the next unit
+    }
+  }
+}
+
+std::vector<UnitState> FsdpEngine::checkpoint_state() {
+  Impl& m = *impl_;
+  backend_->synchronize(m.compute);
+  backend_->synchronize(m.comm);
+  std::vector<UnitState> states;
+  const bool primary = groups_.replicate->rank() == 0;
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    Unit& d = m.units[u];
+    float* param = d.master.as<float>();
+    std::vector<float*> state;
+    for (size_t k = 0; k < optimizer_->state_names().size(); ++k) state.push_back(optimizer_->state(u, k));
+    if (!d.host_master.empty()) {
+      // Device memory: copied into the host staging the views point at.
+      backend_->copy(d.host_master.data(), param, d.master.bytes(), CopyKind::DeviceToHost, m.compute);
+      for (size_t k = 0; k < state.size(); ++k)
+        backend_->copy(d.host_state[k].data(), state[k], d.master.bytes(), CopyKind::DeviceToHost, m.compute);
+      param = d.host_master.data();
+      for (size_t k = 0; k < state.size(); ++k) state[k] = d.host_state[k].data();
+    }
+    UnitState s;
+    s.layout = d.flat.layout;
+    s.numel = d.flat.numel;
+    // The padded tail of the last slices holds no parameters.
+    s.begin = std::min(d.flat.shard_begin, d.flat.numel);
+    s.count = std::min(d.flat.shard_begin + d.flat.shard_numel, d.flat.numel) - s.begin;
+    s.primary = primary;
+    s.param = param;
+    s.exp_avg = state[0];
+    s.exp_avg_sq = state[1];
+    states.push_back(s);
+  }
+  backend_->synchronize(m.compute);
+  return states;
+}
+
+void FsdpEngine::checkpoint_loaded() {
+  Impl& m = *impl_;
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    Unit& d = m.units[u];
+    if (d.host_master.empty()) continue;  // the loaded host arrays are the state
+    backend_->copy(d.master.data(), d.host_master.data(), d.master.bytes(), CopyKind::HostToDevice, m.compute);
+    for (size_t k = 0; k < d.host_state.size(); ++k)
+      backend_->copy(optimizer_->state(u, k), d.host_state[k].data(), d.master.bytes(), CopyKind::HostToDevice,
+                     m.compute);
+  }
+  refresh_compute_slices();
+  m.params_updated();
+  backend_->synchronize(m.compute);
+}
+
+FsdpMemory FsdpEngine::memory() const {
+  const Impl& m = *impl_;
+  FsdpMemory r;
+  for (const Unit& d : m.units) {
+    // An offloaded master is host memory: only its compute copy is on the device.
+    r.master_shard += (m.opt.cpu_offload ? 0 : d.master.bytes()) + d.compute.bytes();
+    r.grad_shard += d.grad.bytes();
+    r.model_params += d.flat.numel;
+  }
+  r.full_params = m.root_full.bytes();
+  for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
+  r.full_grads = m.root_grad_full.bytes();
+  for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
+  r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes();
+  r.activations = m.model->activation_bytes();
+  return r;
+}
+
+size_t FsdpEngine::num_units() const { return impl_->units.size(); }
+const FlatParameter& FsdpEngine::unit(size_t u) const { return impl_->units.at(u).flat; }
+
+std::vector<float> FsdpEngine::grad_slice(size_t u) {
+  Impl& m = *impl_;
+  m.finish_reductions();
+  const Unit& d = m.units.at(u);
+  std::vector<float> out(d.flat.shard_numel);
+  backend_->copy(out.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);
+  backend_->synchronize(m.compute);
+  return out;
+}
+
+size_t FsdpEngine::device_peak_bytes() const {
+  return backend_->kind() == BackendKind::Cpu ? 0 : backend_->peak_bytes();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,232 @@
+// FsdpEngine's state and its schedule (gather, use, reshard, reduce, one micro-batch), shared by
+// the engine's source files.
+#pragma once
+
+#include <algorithm>
+
+#include "shardlm/fsdp.hpp"
+
+namespace shardlm {
+
+// One unit's arrays on this rank. The master and the optimizer state live on the backend, or on
+// the host with cpu_offload; `host_*` stage them for checkpoints when they are in device memory.
+struct FsdpEngine::Unit {
+  FlatParameter flat;
+  DeviceArray master;    // fp32 master slice (host memory when offloaded)
+  DeviceArray grad;      // fp32 gradient slice, summed over the micro-steps of a step
+  DeviceArray compute;   // the slice in the compute dtype, when kept (FsdpBufferPlan::compute_slice)
+  DeviceArray host_grad; // cpu_offload: the gradient slice copied to the host once a step
+  std::vector<float> host_master;               // checkpoint staging of a device master
+  std::vector<std::vector<float>> host_state;   // checkpoint staging of device optimizer state
+};
+
+struct FsdpEngine::Impl {
+  Backend& be;
+  std::unique_ptr<UnitModel> model;
+  FsdpOptions opt;
+  const FsdpBufferPlan& plan;
+  Communicator& shard;
+  Communicator& replicate;
+  Stream compute, comm;
+  bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
+  int L = 0;
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
+  std::vector<UnitLayout> layout;
+  std::vector<Unit> units;
+
+  DeviceArray root_full;
+  std::vector<DeviceArray> block_full;
+  std::vector<int> holder;      // per block buffer: the unit whose parameters it holds, or -1
+  std::vector<bool> gathered;   // per unit: its gathered parameters are current
+  std::vector<std::unique_ptr<BackendEvent>> slot_free, unit_gathered;
+  DeviceArray root_grad_full, grad_slice, stage_full, stage_slice;
+  std::vector<DeviceArray> block_grad_full;
+  std::vector<std::unique_ptr<BackendEvent>> grad_ready, grad_reduced;
+  std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
+  bool root_reduction_pending = false;
+  DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
+  std::vector<uint16_t> host16;       // cpu_offload: 16-bit staging of one slice (page-locked)
+
+  DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each
+  std::vector<int32_t> decode_host;
+  int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
+
+  Impl(Backend& backend, std::unique_ptr<UnitModel> m, const FsdpOptions& o, const FsdpBufferPlan& p,
+       ProcessGroups& groups)
+      : be(backend), model(std::move(m)), opt(o), plan(p), shard(*groups.shard), replicate(*groups.replicate),
+        compute(backend.compute_stream()), comm(backend.comm_stream()),
+        host_memory(backend.kind() == BackendKind::Cpu), L(model->config().num_layers),
+        layout(model_layout(model->config())) {
+    // A synchronous backend gains nothing from gathering ahead.
+    if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
+  }
+
+  size_t csize() const { return dtype_size(plan.compute_dtype); }
+  size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
+  // A prefetch queued before this unit's compute must land in another buffer than the one in use.
+  bool can_prefetch() const { return !plan.reshard || block_full.size() >= 2; }
+
+  // Where the model reads unit u's gathered parameters.
+  const void* full_params(size_t u) const {
+    const Unit& d = units[u];
+    if (plan.alias) return plan.compute_slice ? d.compute.data() : d.master.data();
+    return u == 0 ? root_full.data() : block_full[slot(u)].data();
+  }
+
+  // Enqueues unit u's all-gather on the communication stream unless its parameters are current.
+  void gather(size_t u) {
+    if (plan.alias || gathered[u]) return;
+    if (u > 0) {
+      const size_t sl = slot(u);
+      if (holder[sl] >= 0) gathered[holder[sl]] = false;  // evicted from the shared buffer
+      slot_free[sl]->wait_on(comm);  // the buffer's previous block has finished computing
+      holder[sl] = static_cast<int>(u);
+    }
+    const Unit& d = units[u];
+    const size_t n = d.flat.shard_numel;
+    char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
+    if (plan.staged_gather) {
+      // Cast the slice to param_dtype first, so the gather moves 16-bit values; the model reads fp32.
+      be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, comm);
+      shard.all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
+      be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, comm);
+    } else if (plan.cast_at_gather) {
+      // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
+      char* mine = full + static_cast<size_t>(shard.rank()) * n * csize();
+      be.cast(d.master.data(), DType::F32, mine, plan.compute_dtype, n, comm);
+      shard.all_gather(mine, full, n, plan.compute_dtype);
+    } else {
+      shard.all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
+    }
+    unit_gathered[u]->record(comm);
+    gathered[u] = true;
+  }
+
+  // The compute stream may use unit u's parameters from here on.
+  const void* use(size_t u) {
+    gather(u);
+    if (!plan.alias) unit_gathered[u]->wait_on(compute);
+    return full_params(u);
+  }
+  void done_with(size_t u) {
+    if (!plan.alias && u > 0) slot_free[slot(u)]->record(compute);
+  }
+
+  void params_updated() {
+    std::fill(gathered.begin(), gathered.end(), false);
+    std::fill(holder.begin(), holder.end(), -1);
+    // The new slices must be written before any gather reads them.
+    params_written->record(compute);
+    params_written->wait_on(comm);
+  }
+
+  // Where the backward accumulates unit u's full fp32 gradient: the grad slice itself when the
+  // gradients are direct, else the root's buffer or block l = u - 1's buffer l % grad_buffers.
+  float* full_grad(size_t u) {
+    if (plan.direct_grads) return units[u].grad.as<float>();
+    return u == 0 ? root_grad_full.as<float>() : block_grad_full[(u - 1) % block_grad_full.size()].as<float>();
+  }
+
+  // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over
+  // the shard group, all-reduce over the replicate group, in reduce_dtype, then add to the slice.
+  void reduce(size_t u, float* full) {
+    if (plan.direct_grads) return;  // the backward wrote into the slice itself
+    Unit& d = units[u];
+    const size_t n = d.flat.shard_numel;
+    const DType rdt = opt.reduce_dtype;
+    if (rdt == DType::F32) {
+      float* slice = full;  // one shard: the full gradient is the slice
+      if (shard.size() > 1) {
+        slice = grad_slice.as<float>();
+        shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
+      }
+      if (replicate.size() > 1) replicate.all_reduce(slice, n, DType::F32, ReduceOp::Sum);
+      be.accumulate(d.grad.as<float>(), slice, n, comm);
+      return;
+    }
+    be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
+    void* slice = stage_full.data();
+    if (shard.size() > 1) {
+      slice = stage_slice.data();
+      shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
+    }
+    if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
+    be.cast(slice, rdt, grad_slice.data(), DType::F32, n, comm);
+    be.accumulate(d.grad.as<float>(), grad_slice.as<float>(), n, comm);
+  }
+
+  void finish_reductions() {
+    reductions_done->record(comm);
+    reductions_done->wait_on(compute);
+  }
+  void finish_root_reduction() {
+    if (!root_reduction_pending) return;
+    finish_reductions();
+    root_reduction_pending = false;
+  }
+
+  double run(const MicroBatch& mb, float grad_scale, bool backward) {
+    const int B = mb.batch, T = mb.seq;
+    const size_t N = static_cast<size_t>(B) * T;
+    SHARDLM_CHECK(N <= max_tokens(), "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens());
+    const int32_t* tok = mb.tokens.data();
+    const int32_t* tgt = mb.targets.data();
+    if (!host_memory) {
+      be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+      be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+      tok = tokens.as<int32_t>(), tgt = targets.as<int32_t>();
+    }
+    model->reset_loss(compute);
+
+    const void* root = use(0);
+    if (L > 0 && forward_prefetch) gather(1);
+    if (N > 0) model->embed_forward(root, tok, B, T, compute);
+    for (int l = 0; l < L; ++l) {
+      const void* p = use(1 + l);
+      // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
+      if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
+      if (N > 0) model->block_forward(l, p, B, T, compute);
+      done_with(1 + l);
+    }
+    if (backward) {
+      // The previous micro-batch's root reduction reads root_grad_full.
+      finish_root_reduction();
+      if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+      if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
+    }
+    if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, backward ? full_grad(0) : nullptr, compute);
+    if (backward) {
+      for (int l = L - 1; l >= 0; --l) {
+        const void* p = use(1 + l);
+        // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
+        // reduce-scatter), so it overlaps this block's compute.
+        if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
+        const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
+        grad_reduced[gs]->wait_on(compute);  // its last reduction has read the buffer
+        if (!plan.direct_grads) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
+        float* grad = full_grad(1 + l);
+        if (N > 0) model->block_backward(l, p, grad, B, T, compute);
+        done_with(1 + l);
+        grad_ready[gs]->record(compute);
+        grad_ready[gs]->wait_on(comm);
+        reduce(1 + l, grad);
+        grad_reduced[gs]->record(comm);
+        // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
+        // buffer this block frees, so it is safe with a single buffer too.
+        if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
+      }
+      if (N > 0) model->embed_backward(root, tok, full_grad(0), B, T, compute);
+      root_grad_ready->record(compute);
+      root_grad_ready->wait_on(comm);
+      reduce(0, full_grad(0));
+      root_reduction_pending = true;
+    }
+    return model->loss_sum(compute);
+  }
+
+  size_t max_tokens_ = 0;
+  size_t max_tokens() const { return max_tokens_; }
+};
+
+}  // namespace shardlm
