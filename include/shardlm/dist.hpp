@@ -142,7 +142,7 @@ struct CollectiveTimes {
 double median(std::vector<double> values);
 
 // Runs one collective at one size on one process group, with buffers for sizes up to the
-// max_bytes it was made for. The MPI bench (here) and the NCCL bench (src/device/cuda) implement it.
+// max_bytes it was made for. The MPI bench (here) and the NCCL bench (src/dist/nccl) implement it.
 class CollectiveBench {
  public:
   virtual ~CollectiveBench() = default;
