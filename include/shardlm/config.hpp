@@ -7,13 +7,10 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/dist.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm {
-
-enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, NoShard };
-const char* strategy_name(ShardingStrategy s);        // "FULL_SHARD", ...
-ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
 
 // The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
 // config.json and the initial weights from its safetensors files.
@@ -72,6 +69,7 @@ struct EvalSection {
 
 struct DistSection {
   int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
+  double timeout = 600;    // seconds an NCCL wait may make no progress before the job ends (default_dist_timeout())
 };
 
 struct CheckpointSection {

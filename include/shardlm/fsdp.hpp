@@ -56,7 +56,7 @@ struct FsdpBufferSizes {
   bool alias_master = false;     // one fp32 rank: the master slice is the full parameter
   size_t root_full = 0;          // gathered root parameters (0 when the master slice is the full parameter)
   size_t block_full = 0;         // one gathered block
-  size_t block_full_copies = 0;  // gathered blocks held: 1 (FULL_SHARD) or one per layer
+  size_t block_full_copies = 0;  // gathered blocks held: 1 (FULL_SHARD, HYBRID_SHARD) or one per layer
   size_t root_grad_full = 0;
   size_t block_grad_full = 0;
   size_t grad_slice_tmp = 0;     // one reduced slice
@@ -127,7 +127,7 @@ struct MemoryPlanSpec {
   DType reduce_dtype = DType::F32;
   bool cpu_offload = false;               // CUDA backend only
   bool activation_checkpointing = false;  // CUDA backend only
-  int limit_all_gathers = 2;              // CUDA backend, FULL_SHARD: gathered block buffers
+  int limit_all_gathers = 2;              // CUDA backend, FULL_SHARD and HYBRID_SHARD: gathered block buffers
   int world_size = 1;
   int ranks_per_node = 0;  // 0: every rank on one node
   int micro_batch = 1;

@@ -23,7 +23,7 @@ FsdpBufferSizes fsdp_buffer_sizes(const std::vector<UnitLayout>& layout, const F
   if (!s.alias_master) {
     s.root_full = root_padded;
     s.block_full = block_padded;
-    s.block_full_copies = block_padded == 0 ? 0 : opt.strategy == ShardingStrategy::FullShard ? 1 : layers;
+    s.block_full_copies = block_padded == 0 ? 0 : reshards_after_forward(opt.strategy) ? 1 : layers;
   }
   s.root_grad_full = root_padded;
   s.block_grad_full = block_padded;

@@ -61,7 +61,7 @@ const float* FsdpModel::unshard(size_t unit) {
   float* dst;
   if (unit == 0) {
     dst = b.root_full.data();
-  } else if (opt_.strategy == ShardingStrategy::FullShard) {
+  } else if (reshards_after_forward(opt_.strategy)) {
     dst = b.block_full[0].data();
     if (b.shared_block_holder != static_cast<int>(unit)) b.gathered[unit] = false;
   } else {
@@ -78,14 +78,14 @@ const float* FsdpModel::unshard(size_t unit) {
     unpack16(opt_.param_dtype, b.recv16.data(), dst, p.padded_numel);
   }
   b.gathered[unit] = true;
-  if (unit > 0 && opt_.strategy == ShardingStrategy::FullShard) b.shared_block_holder = static_cast<int>(unit);
+  if (unit > 0 && reshards_after_forward(opt_.strategy)) b.shared_block_holder = static_cast<int>(unit);
   return dst;
 }
 
 void FsdpModel::reshard_after_use(size_t unit) {
-  // FULL_SHARD frees a block's gathered parameters after each use; the others keep them until
+  // FULL_SHARD and HYBRID_SHARD free a block's gathered parameters after each use; the others keep them until
   // the optimizer changes the slices. The root stays gathered for the whole step (as FSDP's root).
-  if (unit > 0 && opt_.strategy == ShardingStrategy::FullShard) {
+  if (unit > 0 && reshards_after_forward(opt_.strategy)) {
     buf_->gathered[unit] = false;
     buf_->shared_block_holder = -1;
   }

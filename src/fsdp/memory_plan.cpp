@@ -98,7 +98,7 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
   // One rank: the slices are the full parameters and nothing is gathered.
   if (shard_size > 1) {
     const size_t copies =
-        spec.strategy == ShardingStrategy::FullShard
+        reshards_after_forward(spec.strategy)
             ? std::min<size_t>(static_cast<size_t>(std::max(1, spec.limit_all_gathers)), u.layers)
             : u.layers;
     p.record.full_params = u.root_padded * dsize + copies * u.block_padded * dsize;
@@ -132,13 +132,7 @@ int plan_shard_size(const MemoryPlanSpec& spec) {
   const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   SHARDLM_CHECK(spec.world_size % node == 0, "ranks per node ", node, " does not divide the ", spec.world_size,
                 " ranks");
-  switch (spec.strategy) {
-    case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp: return spec.world_size;
-    case ShardingStrategy::NoShard: return 1;
-    case ShardingStrategy::HybridShard: return node;
-  }
-  return spec.world_size;
+  return group_layout(spec.strategy, consecutive_nodes(spec.world_size, node)).shard_size;
 }
 
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {

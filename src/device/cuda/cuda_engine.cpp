@@ -44,11 +44,6 @@ struct DeviceUnit {
   std::vector<float> host_grad;      // CPU offload: the gradient slice, copied once per step
 };
 
-double nccl_timeout_seconds() {
-  const char* v = std::getenv("SHARDLM_NCCL_TIMEOUT");
-  return v && *v ? std::atof(v) : 600.0;
-}
-
 class CudaEngine : public TrainEngine {
  public:
   CudaEngine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro)
@@ -62,11 +57,11 @@ class CudaEngine : public TrainEngine {
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
     params_written_ = std::make_unique<Event>();
     reductions_done_ = std::make_unique<Event>();
-    groups_ = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy, comm_, nccl_timeout_seconds());
+    groups_ = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy, comm_, cfg.dist.timeout);
     shard_ = static_cast<cuda::NcclCommunicator*>(groups_.shard.get());
     replicate_ = static_cast<cuda::NcclCommunicator*>(groups_.replicate.get());
     const int shard_rank = shard_->rank(), shard_size = shard_->size();
-    full_shard_ = cfg.fsdp.strategy == ShardingStrategy::FullShard;
+    full_shard_ = reshards_after_forward(cfg.fsdp.strategy);
     offload_ = cfg.fsdp.cpu_offload;
     // Sharded, not offloaded, 16-bit compute: no 16-bit copy of the slice is kept beside the fp32
     // master; each all-gather casts the master into this rank's place in the gather buffer and
@@ -365,7 +360,7 @@ class CudaEngine : public TrainEngine {
     spec.cpu_offload = cfg.fsdp.cpu_offload;
     spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
     spec.world_size = topo.world_size;
-    spec.ranks_per_node = cfg.fsdp.strategy == ShardingStrategy::HybridShard ? topo.local_size : 0;
+    spec.ranks_per_node = topo.local_size;
     spec.micro_batch = micro;
     spec.max_seq = cfg.data.max_length;
     const size_t planned = plan_rank_memory(spec).device_total();
