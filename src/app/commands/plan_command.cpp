@@ -271,13 +271,13 @@ void print_table(const Plan& plan) {
   else
     std::printf("budget   %s of host memory per rank; \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str());
-  std::printf("\n  %-33s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
+  std::printf("\n  %-37s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
               "activations", "buffers", "total");
   if (cuda) std::printf(" %11s %11s", "+runtime", "host");
   std::printf(" %4s %9s\n", "fits", "max micro");
   for (const Row& r : plan.rows) {
     const RankMemoryPlan& p = r.memory;
-    std::printf("%s %-33s %5d %11s %11s %11s %11s %11s %11s", r.deck ? "*" : " ", config_name(r).c_str(), p.shard_size,
+    std::printf("%s %-37s %5d %11s %11s %11s %11s %11s %11s", r.deck ? "*" : " ", config_name(r).c_str(), p.shard_size,
                 format_bytes(p.params()).c_str(), format_bytes(p.grads()).c_str(), format_bytes(p.optimizer).c_str(),
                 format_bytes(p.activations()).c_str(), format_bytes(p.buffers()).c_str(),
                 format_bytes(r.total).c_str());
