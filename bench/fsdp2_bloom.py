@@ -16,6 +16,7 @@ What it does, to match shardlm's CUDA backend (input/bench/bloom560m.ini):
       SHARD_GRAD_OP  the same mesh, reshard_after_forward=False (kept until backward);
       HYBRID_SHARD   2-D mesh (replicate=NODES, shard=GPUs/NODES), FSDP2's HSDP: sharded inside
                      an emulated node of consecutive ranks, all-reduced across the NODES;
+      HYBRID_SHARD_ZERO2  the same mesh, reshard_after_forward=False;
       NO_SHARD       2-D mesh (replicate=GPUs, shard=1): HSDP with shard groups of one, i.e.
                      every rank holds the whole fp32 model and AdamW state and gradients are
                      all-reduced in fp32 (DDP-equivalent; fully_shard rather than DDP so that the
@@ -46,7 +47,7 @@ import time
 def parse_args():
     p = argparse.ArgumentParser(description="PyTorch FSDP2 BLOOM throughput/memory baseline (torchrun)")
     p.add_argument("--strategy", default="FULL_SHARD",
-                   choices=["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"])
+                   choices=["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "NO_SHARD"])
     p.add_argument("--nodes", type=int, default=2, help="HYBRID_SHARD: emulated nodes (replicate dim)")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -100,9 +101,9 @@ def main():
     elif strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
         mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("shard",))
         layout = f"1-D mesh ({world},)"
-    elif strategy == "HYBRID_SHARD":
+    elif strategy in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
         if a.nodes < 1 or world % a.nodes:
-            raise SystemExit(f"HYBRID_SHARD: --nodes {a.nodes} does not divide {world} GPUs")
+            raise SystemExit(f"{strategy}: --nodes {a.nodes} does not divide {world} GPUs")
         mesh = init_device_mesh("cuda", (a.nodes, world // a.nodes), mesh_dim_names=("replicate", "shard"))
         layout = f"HSDP mesh (replicate={a.nodes}, shard={world // a.nodes})"
     else:  # NO_SHARD

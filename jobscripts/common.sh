@@ -191,8 +191,8 @@ shardlm_run() {
 shardlm_strategy() {
   STRATEGY=${STRATEGY:-$1}
   case $STRATEGY in
-    FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD) ;;
-    *) fail "STRATEGY=$STRATEGY: expected FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD" ;;
+    FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | HYBRID_SHARD_ZERO2 | NO_SHARD) ;;
+    *) fail "STRATEGY=$STRATEGY: expected FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, HYBRID_SHARD_ZERO2 or NO_SHARD" ;;
   esac
   STRATEGY_ARGS=(--fsdp.strategy="$STRATEGY")
   case ${OFFLOAD:-0} in
@@ -200,10 +200,10 @@ shardlm_strategy() {
     0 | false) ;;
     *) fail "OFFLOAD=$OFFLOAD: expected 1 or 0" ;;
   esac
-  # HYBRID_SHARD on one node: shard over each half of its ranks, replicate across the halves.
+  # The hybrids on one node: shard over each half of its ranks, replicate across the halves.
   local ranks
   ranks=$(shardlm_ntasks)
-  if [[ $STRATEGY == HYBRID_SHARD && $(shardlm_nodes) == 1 ]] && ((ranks >= 2 && ranks % 2 == 0)); then
+  if [[ $STRATEGY == HYBRID_SHARD* && $(shardlm_nodes) == 1 ]] && ((ranks >= 2 && ranks % 2 == 0)); then
     STRATEGY_ARGS+=(--dist.ranks_per_node=$((ranks / 2)))
   fi
 }

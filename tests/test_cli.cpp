@@ -699,6 +699,7 @@ BOOST_AUTO_TEST_CASE(comm_test_options_and_output_file) {
   Outcome help = run_shardlm(1, "comm-test --help");
   BOOST_TEST(help.exit_code == 0);
   BOOST_TEST(help.output.find("--max-bytes") != std::string::npos);
+  BOOST_TEST(help.output.find("--dist.timeout=S") != std::string::npos);
   Outcome usage = run_shardlm(1, "--help");
   BOOST_TEST(usage.output.find("comm-test") != std::string::npos);
 }
@@ -718,6 +719,7 @@ BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
     expect_comm_test_failure(np, "--iters=0", "--iters=0");
     expect_comm_test_failure(np, "--dtype=int8", "--dtype=int8");
     expect_comm_test_failure(np, "--backend=tpu", "--backend=tpu");
+    expect_comm_test_failure(np, "--dist.timeout=0", "--dist.timeout=0: must be > 0");
     // An explicit size the memory cannot hold is refused before anything is allocated.
     expect_comm_test_failure(np, "-b 1G -e 4096G", "lower --max-bytes");
     expect_comm_test_failure(np, "-o " + (blocker / "comm.jsonl").string() + " -e 64", (blocker / "comm.jsonl").string());

@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 57u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 58u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -303,10 +303,44 @@ BOOST_AUTO_TEST_CASE(unknown_strategy) {
   m = error_of([&] { parse_strategy("zero3"); });
   BOOST_TEST(has(m, "'zero3'"));
   BOOST_TEST(has(m, "SHARD_GRAD_OP"));
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                             ShardingStrategy::HybridShard, ShardingStrategy::NoShard})
-    BOOST_TEST(parse_strategy(strategy_name(s)) == s);
+  BOOST_TEST(all_strategies().size() == 5u);
+  for (ShardingStrategy s : all_strategies()) BOOST_TEST(parse_strategy(strategy_name(s)) == s);
   BOOST_TEST(parse_strategy("hybrid_shard") == ShardingStrategy::HybridShard);
+  // PyTorch's private name of the ZeRO-2 hybrid, and the deck's spellings of it.
+  BOOST_TEST(parse_strategy("_HYBRID_SHARD_ZERO2") == ShardingStrategy::HybridShardZero2);
+  BOOST_TEST(parse_strategy("hybrid-shard-zero2") == ShardingStrategy::HybridShardZero2);
+  BOOST_TEST(strategy_name(ShardingStrategy::HybridShardZero2) == std::string("HYBRID_SHARD_ZERO2"));
+  RunConfig c = load(kBase, {"--dist.ranks_per_node=2", "--fsdp.strategy=hybrid_shard_zero2"}, 4);
+  BOOST_TEST(c.fsdp.strategy == ShardingStrategy::HybridShardZero2);
+  BOOST_TEST(has(resolved_deck_ini(c), "strategy = HYBRID_SHARD_ZERO2"));
+  for (const char* bad : {"HYBRID_SHARD_ZERO3", "ZERO2", "HYBRID_ZERO2", "__HYBRID_SHARD_ZERO2"}) {
+    m = error_of([&] { load(kBase, {concat("--fsdp.strategy=", bad)}); });
+    BOOST_TEST(has(m, concat("fsdp.strategy = '", bad, "'")), m);
+    BOOST_TEST(has(m, "HYBRID_SHARD_ZERO2"), m);
+  }
+}
+
+// dist.timeout: 600 s by default, SHARDLM_NCCL_TIMEOUT replaces the default, the key wins over both.
+BOOST_AUTO_TEST_CASE(dist_timeout) {
+  unsetenv("SHARDLM_NCCL_TIMEOUT");
+  RunConfig c = load(kBase);
+  BOOST_TEST(c.dist.timeout == 600.0);
+  BOOST_TEST(has(resolved_deck_ini(c), "[dist]\nranks_per_node = 0\ntimeout = 600\n"));
+  BOOST_TEST(load(kBase + "[dist]\ntimeout = 90.5\n").dist.timeout == 90.5);
+  for (const char* bad : {"0", "-5"})
+    BOOST_TEST(has(error_of([&] { load(kBase, {concat("--dist.timeout=", bad)}); }),
+                   concat("dist.timeout = ", bad, ": must be > 0")));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--dist.timeout=soon"}); }), "dist.timeout = 'soon': not a number"));
+
+  setenv("SHARDLM_NCCL_TIMEOUT", "120", 1);
+  BOOST_TEST(load(kBase).dist.timeout == 120.0);
+  BOOST_TEST(load(kBase, {"--dist.timeout=30"}).dist.timeout == 30.0);
+  BOOST_TEST(load(kBase + "[dist]\ntimeout = 45\n").dist.timeout == 45.0);
+  for (const char* bad : {"ten", "0", "-1", "5s"}) {
+    setenv("SHARDLM_NCCL_TIMEOUT", bad, 1);
+    BOOST_TEST(has(error_of([&] { load(kBase); }), concat("SHARDLM_NCCL_TIMEOUT = '", bad, "'")), bad);
+  }
+  unsetenv("SHARDLM_NCCL_TIMEOUT");
 }
 
 BOOST_AUTO_TEST_CASE(missing_files) {

@@ -1,8 +1,10 @@
-// Tests of dist under mpirun: collectives (fp32 and 16-bit), topology, process groups, error agreement.
+// Tests of dist under mpirun: collectives (fp32 and 16-bit), topology, the strategy-to-groups
+// table and the process groups made from it, error agreement.
 #define BOOST_TEST_MODULE test_dist
 #include "mpi_fixture.hpp"
 
 #include "shardlm/dist.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 
@@ -64,6 +66,42 @@ BOOST_AUTO_TEST_CASE(real_topology_is_one_host) {
   BOOST_TEST(!t.emulated);
 }
 
+// dist.hpp's table, seen from world rank 6 of 8 ranks on 2 nodes of 4 (node 1, local rank 2).
+BOOST_AUTO_TEST_CASE(group_layout_gives_the_documented_table) {
+  const Topology t = consecutive_nodes(8, 4, 6);
+  BOOST_TEST(t.node == 1);
+  BOOST_TEST(t.local_rank == 2);
+  BOOST_TEST(t.num_nodes == 2);
+  struct Row {
+    ShardingStrategy strategy;
+    GroupLayout want;  // shard size, colour, key; replicate size, colour, key
+  };
+  const std::vector<Row> table = {
+      {ShardingStrategy::FullShard, {8, 0, 6, 1, 6, 0}},        {ShardingStrategy::ShardGradOp, {8, 0, 6, 1, 6, 0}},
+      {ShardingStrategy::HybridShard, {4, 1, 2, 2, 2, 1}},      {ShardingStrategy::HybridShardZero2, {4, 1, 2, 2, 2, 1}},
+      {ShardingStrategy::NoShard, {1, 6, 0, 8, 0, 6}},
+  };
+  BOOST_TEST(table.size() == all_strategies().size());
+  for (const Row& row : table) {
+    const GroupLayout got = group_layout(row.strategy, t);
+    BOOST_TEST_CONTEXT(strategy_name(row.strategy)) {
+      BOOST_TEST(got.shard_size == row.want.shard_size);
+      BOOST_TEST(got.shard_color == row.want.shard_color);
+      BOOST_TEST(got.shard_key == row.want.shard_key);
+      BOOST_TEST(got.replicate_size == row.want.replicate_size);
+      BOOST_TEST(got.replicate_color == row.want.replicate_color);
+      BOOST_TEST(got.replicate_key == row.want.replicate_key);
+    }
+  }
+  BOOST_TEST(contains(error_of([] { consecutive_nodes(8, 3); }), "dist.ranks_per_node = 3"));
+}
+
+BOOST_AUTO_TEST_CASE(only_full_shard_and_hybrid_shard_reshard_after_forward) {
+  for (ShardingStrategy s : all_strategies())
+    BOOST_TEST(reshards_after_forward(s) == (s == ShardingStrategy::FullShard || s == ShardingStrategy::HybridShard),
+               strategy_name(s));
+}
+
 BOOST_AUTO_TEST_CASE(process_groups_per_strategy) {
   const int n = world_size(), r = world_rank();
   const int per_node = n >= 2 ? n / 2 : 1;
@@ -79,17 +117,26 @@ BOOST_AUTO_TEST_CASE(process_groups_per_strategy) {
   ProcessGroups none = make_mpi_process_groups(MPI_COMM_WORLD, t, ShardingStrategy::NoShard);
   BOOST_TEST(none.shard->size() == 1);
   BOOST_TEST(none.replicate->size() == n);
-  ProcessGroups hybrid = make_mpi_process_groups(MPI_COMM_WORLD, t, ShardingStrategy::HybridShard);
-  BOOST_TEST(hybrid.shard->size() == per_node);
-  BOOST_TEST(hybrid.shard->rank() == r % per_node);
-  BOOST_TEST(hybrid.replicate->size() == n / per_node);
-  BOOST_TEST(hybrid.replicate->rank() == r / per_node);
-  // The replicate group joins the same local rank of every node: sum the world ranks in it.
-  float v = float(r);
-  hybrid.replicate->all_reduce(&v, 1, DType::F32, ReduceOp::Sum);
-  float expect = 0;
-  for (int node = 0; node < n / per_node; ++node) expect += float(node * per_node + r % per_node);
-  BOOST_TEST(v == expect);
+  for (ShardingStrategy s : {ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2}) {
+    BOOST_TEST_CONTEXT(strategy_name(s)) {
+      ProcessGroups hybrid = make_mpi_process_groups(MPI_COMM_WORLD, t, s);
+      BOOST_TEST(hybrid.shard->size() == per_node);
+      BOOST_TEST(hybrid.shard->rank() == r % per_node);
+      BOOST_TEST(hybrid.replicate->size() == n / per_node);
+      BOOST_TEST(hybrid.replicate->rank() == r / per_node);
+      // The replicate group joins the same local rank of every node: sum the world ranks in it.
+      float v = float(r);
+      hybrid.replicate->all_reduce(&v, 1, DType::F32, ReduceOp::Sum);
+      float expect = 0;
+      for (int node = 0; node < n / per_node; ++node) expect += float(node * per_node + r % per_node);
+      BOOST_TEST(v == expect);
+      // The shard group is the ranks of this node: sum the world ranks in it.
+      float w = float(r);
+      hybrid.shard->all_reduce(&w, 1, DType::F32, ReduceOp::Sum);
+      const int first = r / per_node * per_node;
+      BOOST_TEST(w == float(per_node * first + per_node * (per_node - 1) / 2));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(errors_are_agreed_on) {

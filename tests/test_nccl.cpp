@@ -113,8 +113,10 @@ BOOST_AUTO_TEST_CASE(world_collectives) {
 
 BOOST_AUTO_TEST_CASE(groups_of_each_strategy) {
   const int n = world_size(), r = world_rank();
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
-    const int per_node = (s == ShardingStrategy::HybridShard && n % 2 == 0) ? n / 2 : n;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard,
+                             ShardingStrategy::HybridShardZero2}) {
+    const bool hybrid = s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2;
+    const int per_node = (hybrid && n % 2 == 0) ? n / 2 : n;
     Topology topo = make_topology(MPI_COMM_WORLD, per_node);
     ProcessGroups g = cuda::make_nccl_process_groups(MPI_COMM_WORLD, topo, s, gpu().stream, 60);
     std::vector<int> shard, replicate;

@@ -213,7 +213,7 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
       BOOST_TEST(j.at("backend") == "cuda");
       BOOST_TEST(j.at("model").at("arch") == "llama");
       BOOST_TEST(j.at("model").at("parameters").get<double>() == d.parameters);
-      BOOST_TEST(j.at("rows").size() == 16u);
+      BOOST_TEST(j.at("rows").size() == 20u);
       const json& full = row_of(j, "FULL_SHARD"), &ac = row_of(j, "FULL_SHARD", false, true);
       // bf16 hidden states alone: 33 of [max_length, 4096] per sequence.
       BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * 4096 * 2);
@@ -235,8 +235,8 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
   };
   std::vector<Case> cases;
   for (int np : {1, 2, 4})
-    for (const char* s : {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"})
-      cases.push_back({np, s, np > 1 && std::string(s) == "HYBRID_SHARD"
+    for (const char* s : {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "NO_SHARD"})
+      cases.push_back({np, s, np > 1 && std::string(s).rfind("HYBRID_SHARD", 0) == 0
                                   ? "--dist.ranks_per_node=" + std::to_string(np / 2)  // two emulated nodes
                                   : ""});
   cases.push_back({2, "FULL_SHARD", "--fsdp.param_dtype=bf16 --fsdp.reduce_dtype=bf16"});
@@ -284,20 +284,44 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
   }
 }
 
+// HYBRID_SHARD on 8 ranks, 4 a node, is FULL_SHARD inside each node: the gathered parameters of
+// FULL_SHARD on 4 ranks. HYBRID_SHARD_ZERO2 keeps every block gathered, as SHARD_GRAD_OP on 4 does.
+BOOST_AUTO_TEST_CASE(hybrid_shard_gathers_as_full_shard_inside_a_node) {
+  for (const std::string& deck : {kDemo + " --train.batch_size=32", kBloom560m + " --train.batch_size=64"}) {
+    BOOST_TEST_CONTEXT(deck) {
+      Outcome eight = plan(deck + " --ranks=8 --ranks-per-node=4 --json");
+      Outcome four = plan(deck + " --ranks=4 --json");
+      BOOST_TEST_REQUIRE(eight.exit_code == 0);
+      BOOST_TEST_REQUIRE(four.exit_code == 0);
+      const json e = json::parse(eight.output), f = json::parse(four.output);
+      auto gathered = [](const json& plan, const std::string& strategy) {
+        return row_of(plan, strategy).at("memory_record").at("full_param_bytes").get<double>();
+      };
+      BOOST_TEST(row_of(e, "HYBRID_SHARD").at("shard_group_size") == 4);
+      BOOST_TEST(row_of(e, "HYBRID_SHARD").at("replicate_group_size") == 2);
+      BOOST_TEST(gathered(e, "HYBRID_SHARD") == gathered(f, "FULL_SHARD"));
+      BOOST_TEST(gathered(e, "HYBRID_SHARD_ZERO2") == gathered(f, "SHARD_GRAD_OP"));
+      BOOST_TEST(gathered(e, "HYBRID_SHARD_ZERO2") > gathered(e, "HYBRID_SHARD"));
+      BOOST_TEST(row_of(e, "HYBRID_SHARD").at("params_bytes") == row_of(f, "FULL_SHARD").at("params_bytes"));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {
   Outcome o = plan(kDemo + " --ranks=2 --gpu-memory=1GiB");
   BOOST_TEST_INFO(o.output);
   BOOST_TEST_REQUIRE(o.exit_code == 0);
-  for (const char* s : {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD", "max micro", "cpu backend"})
+  for (const char* s :
+       {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD ", "HYBRID_SHARD_ZERO2", "NO_SHARD", "max micro", "cpu backend"})
     BOOST_TEST(contains(o.output, s), s);
   BOOST_TEST(contains(o.output, "recommendation: NO_SHARD"));
 
-  // BLOOM-560M on 8 GPUs of 80 GiB: 16 CUDA rows, and micro-batch 8 fits unsharded.
+  // BLOOM-560M on 8 GPUs of 80 GiB: 20 CUDA rows, and micro-batch 8 fits unsharded.
   Outcome b = plan(kBloom560m + " --ranks=8 --train.batch_size=64 --json");
   BOOST_TEST_INFO(b.output);
   BOOST_TEST_REQUIRE(b.exit_code == 0);
   const json j = json::parse(b.output);
-  BOOST_TEST(j.at("rows").size() == 16u);
+  BOOST_TEST(j.at("rows").size() == 20u);
   BOOST_TEST(j.at("recommendation").at("strategy") == "NO_SHARD");
   BOOST_TEST(j.at("runtime_overhead_bytes").get<double>() > 1e9);
   // On a 16 GiB GPU micro-batch 8 does not fit unsharded; something sharded or recomputed must.

@@ -7,13 +7,10 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/dist.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm {
-
-enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, NoShard };
-const char* strategy_name(ShardingStrategy s);        // "FULL_SHARD", ...
-ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
 
 // fsdp.backward_prefetch: when the previous block's gather is queued in the backward.
 enum class BackwardPrefetch { Pre, Post, None };
@@ -75,6 +72,7 @@ struct EvalSection {
 
 struct DistSection {
   int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
+  double timeout = 600;    // seconds an NCCL wait may make no progress before the job ends (default_dist_timeout())
 };
 
 struct CheckpointSection {

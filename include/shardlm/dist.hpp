@@ -1,5 +1,5 @@
-// dist: MPI world, node topology (real or emulated), process groups per sharding strategy, and the
-// collective interface the FSDP engine talks to (an MPI implementation here; NCCL slots in beside it).
+// dist: MPI world, node topology (real or emulated), the sharding strategies and the process groups
+// each makes, and the collective interface the FSDP engine talks to (MPI here; NCCL in src/dist/nccl).
 #pragma once
 
 #include <mpi.h>
@@ -10,10 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
+
+// PyTorch FSDP's sharding strategies, by its names (HYBRID_SHARD_ZERO2 is its _HYBRID_SHARD_ZERO2).
+enum class ShardingStrategy { FullShard, ShardGradOp, HybridShard, HybridShardZero2, NoShard };
+const char* strategy_name(ShardingStrategy s);          // "FULL_SHARD", ...
+ShardingStrategy parse_strategy(const std::string& s);  // throws Error listing the valid names
+// Every strategy, in the order of the enum (what `plan` lists, what the parser accepts).
+const std::vector<ShardingStrategy>& all_strategies();
+// FULL_SHARD and HYBRID_SHARD free a block's gathered parameters after its forward and gather them
+// again for its backward; SHARD_GRAD_OP and HYBRID_SHARD_ZERO2 keep them from forward to backward.
+bool reshards_after_forward(ShardingStrategy s);
 
 enum class ReduceOp { Sum, Max };
 
@@ -76,9 +85,30 @@ struct Topology {
 // ranks_per_node == 0: the real layout (MPI_Comm_split_type shared memory); K > 0: nodes of K
 // consecutive ranks. Throws Error if nodes have unequal rank counts (HYBRID_SHARD needs equal).
 Topology make_topology(MPI_Comm world, int ranks_per_node);
+// Rank `world_rank`'s place among nodes of `ranks_per_node` consecutive ranks, without MPI (what
+// make_topology gives for dist.ranks_per_node = K, and what `plan` sizes with). Error if K does
+// not divide world_size.
+Topology consecutive_nodes(int world_size, int ranks_per_node, int world_rank = 0);
 
-// The groups FSDP uses: parameters are sharded over `shard`, and the sharded gradients are
-// all-reduced over `replicate` (size 1 unless NO_SHARD or HYBRID_SHARD).
+// The two groups a strategy makes: parameters are sharded over the shard group, and the sharded
+// gradients are all-reduced over the replicate group. Colour and key are this rank's arguments to
+// MPI_Comm_split and ncclCommSplit (the ranks of one colour form a group, ordered by key).
+//
+//   strategy                           shard group                replicate group
+//   FULL_SHARD, SHARD_GRAD_OP          all ranks                  the rank alone
+//   HYBRID_SHARD, HYBRID_SHARD_ZERO2   the ranks of its node      the same local rank on every node
+//   NO_SHARD                           the rank alone             all ranks
+struct GroupLayout {
+  int shard_size = 1;
+  int shard_color = 0;
+  int shard_key = 0;
+  int replicate_size = 1;
+  int replicate_color = 0;
+  int replicate_key = 0;
+};
+GroupLayout group_layout(ShardingStrategy strategy, const Topology& topo);
+
+// The groups FSDP uses, as group_layout lays them out.
 struct ProcessGroups {
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> shard;
@@ -86,6 +116,10 @@ struct ProcessGroups {
 };
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy);
+
+// dist.timeout's default, in seconds: SHARDLM_NCCL_TIMEOUT from the environment when it is set
+// (Error for a value that is not a number > 0), else 600. The key, when given, wins over both.
+double default_dist_timeout();
 
 // Host-side reductions of run statistics over the world (losses, counts, timings).
 double mpi_sum(MPI_Comm comm, double v);
@@ -145,7 +179,7 @@ struct CollectiveTimes {
 double median(std::vector<double> values);
 
 // Runs one collective at one size on one process group, with buffers for sizes up to the
-// max_bytes it was made for. The MPI bench (here) and the NCCL bench (src/device/cuda) implement it.
+// max_bytes it was made for. The MPI bench (here) and the NCCL bench (src/dist/nccl) implement it.
 class CollectiveBench {
  public:
   virtual ~CollectiveBench() = default;

@@ -162,7 +162,7 @@ struct MemoryPlanSpec {
   DType reduce_dtype = DType::F32;
   bool cpu_offload = false;               // CUDA backend only
   bool activation_checkpointing = false;  // CUDA backend only
-  int limit_all_gathers = 2;              // CUDA backend, FULL_SHARD: gathered block buffers
+  int limit_all_gathers = 2;              // CUDA backend, FULL_SHARD and HYBRID_SHARD: gathered block buffers
   int world_size = 1;
   int ranks_per_node = 0;  // 0: every rank on one node
   int micro_batch = 1;

@@ -161,6 +161,7 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   };
 
   RunConfig cfg;
+  cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
   for (const KeySpec& k : key_table()) {
     bool given = vm.count(k.name) > 0;
     std::string text = given ? vm[k.name].as<std::string>() : "";

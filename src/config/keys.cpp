@@ -89,7 +89,7 @@ static KeySpec strategy_key(const char* name) {
             try {
               c.fsdp.strategy = parse_strategy(trim(t));
             } catch (const Error&) {
-              bad_value(name, quoted(t), "must be FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD");
+              bad_value(name, quoted(t), "must be FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, HYBRID_SHARD_ZERO2 or NO_SHARD");
             }
           },
           [](const RunConfig& c) { return std::string(strategy_name(c.fsdp.strategy)); }};
@@ -253,6 +253,7 @@ static std::vector<KeySpec> build_table() {
       int_key("eval.batch_size", SHARDLM_FIELD(eval.batch_size), 0, "must be >= 0 (0 = train.micro_batch_size)"),
 
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
+      double_key("dist.timeout", SHARDLM_FIELD(dist.timeout), positive),
 
       text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir)),
       int_key("checkpoint.every", SHARDLM_FIELD(checkpoint.every), 0, "must be >= 0"),

@@ -1,9 +1,23 @@
-// Node topology of the world (real hosts or emulated nodes) and the FSDP process groups built on it.
+// Node topology of the world (real hosts or emulated nodes) and the FSDP process groups on MPI.
 #include <vector>
 
 #include "shardlm/dist.hpp"
 
 namespace shardlm {
+
+Topology consecutive_nodes(int world_size, int ranks_per_node, int world_rank) {
+  SHARDLM_CHECK(ranks_per_node > 0 && world_size % ranks_per_node == 0, "dist.ranks_per_node = ", ranks_per_node,
+                " does not divide the world size ", world_size);
+  Topology t;
+  t.world_rank = world_rank;
+  t.world_size = world_size;
+  t.emulated = true;
+  t.local_size = ranks_per_node;
+  t.local_rank = world_rank % ranks_per_node;
+  t.node = world_rank / ranks_per_node;
+  t.num_nodes = world_size / ranks_per_node;
+  return t;
+}
 
 Topology make_topology(MPI_Comm world, int ranks_per_node) {
   Topology t;
@@ -15,14 +29,10 @@ Topology make_topology(MPI_Comm world, int ranks_per_node) {
   MPI_Comm_rank(host, &t.host_rank);
   MPI_Comm_free(&host);
   if (ranks_per_node > 0) {
-    SHARDLM_CHECK(t.world_size % ranks_per_node == 0, "dist.ranks_per_node = ", ranks_per_node,
-                  " does not divide the world size ", t.world_size);
-    t.emulated = true;
-    t.local_size = ranks_per_node;
-    t.local_rank = t.world_rank % ranks_per_node;
-    t.node = t.world_rank / ranks_per_node;
-    t.num_nodes = t.world_size / ranks_per_node;
-    return t;
+    Topology e = consecutive_nodes(t.world_size, ranks_per_node, t.world_rank);
+    e.host_ranks = t.host_ranks;
+    e.host_rank = t.host_rank;
+    return e;
   }
   MPI_Comm local;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, t.world_rank, MPI_INFO_NULL, &local);
@@ -50,31 +60,21 @@ Topology make_topology(MPI_Comm world, int ranks_per_node) {
 }
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy) {
+  const GroupLayout layout = group_layout(strategy, topo);
   ProcessGroups g;
   // A duplicate: the groups own (and free) their communicators, the caller keeps `world`.
   MPI_Comm world_dup;
   MPI_Comm_dup(world, &world_dup);
   g.world = std::make_unique<MpiCommunicator>(world_dup);
-  auto split = [&](int color, int key) {
+  // A group of one is MPI_COMM_SELF; the sizes are the same on every rank, so all split or none.
+  auto group = [&](int size, int color, int key) {
+    if (size == 1) return std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
     MPI_Comm c;
     MPI_Comm_split(world, color, key, &c);
     return std::make_unique<MpiCommunicator>(c);
   };
-  switch (strategy) {
-    case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp:
-      g.shard = split(0, topo.world_rank);
-      g.replicate = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
-      break;
-    case ShardingStrategy::NoShard:
-      g.shard = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
-      g.replicate = split(0, topo.world_rank);
-      break;
-    case ShardingStrategy::HybridShard:
-      g.shard = split(topo.node, topo.local_rank);
-      g.replicate = split(topo.local_rank, topo.node);
-      break;
-  }
+  g.shard = group(layout.shard_size, layout.shard_color, layout.shard_key);
+  g.replicate = group(layout.replicate_size, layout.replicate_color, layout.replicate_key);
   return g;
 }
 

@@ -24,7 +24,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const Fsd
   p.block_padded = p.layers > 0 ? padded(1) : 0;
   p.max_padded = std::max(p.root_padded, p.block_padded);
   p.max_shard = p.max_padded / shard_size;
-  p.reshard = opt.strategy == ShardingStrategy::FullShard;
+  p.reshard = reshards_after_forward(opt.strategy);
 
   const bool same_dtype = compute_dtype == opt.param_dtype;
   p.staged_gather = !same_dtype;

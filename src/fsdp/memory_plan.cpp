@@ -1,7 +1,6 @@
-// One rank's memory per strategy and backend, for `shardlm plan`: the CPU backend from the same
-// sizing functions FsdpModel and BloomCpu allocate with; the CUDA backend from the allocations of
-// CudaEngine and BloomCuda (mirrored here) or LlamaCuda (its own sizing function, plain C++), which
-// check at start-up that they allocated exactly this.
+// One rank's memory per strategy and backend, for `shardlm plan`: the engine's buffers from
+// fsdp_buffer_plan, the same plan FsdpEngine allocates with; the model's buffers from the sizing
+// functions of each model (BloomCuda's mirrored here), which the engine checks at start-up.
 #include <algorithm>
 
 #include "../device/cuda/llama_cuda_sizes.hpp"
@@ -102,13 +101,7 @@ int plan_shard_size(const MemoryPlanSpec& spec) {
   const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   SHARDLM_CHECK(spec.world_size % node == 0, "ranks per node ", node, " does not divide the ", spec.world_size,
                 " ranks");
-  switch (spec.strategy) {
-    case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp: return spec.world_size;
-    case ShardingStrategy::NoShard: return 1;
-    case ShardingStrategy::HybridShard: return node;
-  }
-  return spec.world_size;
+  return group_layout(spec.strategy, consecutive_nodes(spec.world_size, node)).shard_size;
 }
 
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {

@@ -2,8 +2,6 @@
 // and the start-up check that the engine allocated what `shardlm plan` predicts.
 #include "engine.hpp"
 
-#include <cstdlib>
-
 #include "shardlm/device.hpp"
 #include "shardlm/model.hpp"
 #ifdef SHARDLM_HAVE_CUDA
@@ -39,12 +37,6 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, si
                     " bytes where `shardlm plan` predicts ", planned, " (src/fsdp/memory_plan.cpp is out of date)"));
 }
 
-#ifdef SHARDLM_HAVE_CUDA
-double nccl_timeout_seconds() {
-  const char* v = std::getenv("SHARDLM_NCCL_TIMEOUT");
-  return v && *v ? std::atof(v) : 600.0;
-}
-#endif
 
 }  // namespace
 
@@ -59,7 +51,7 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
   spec.limit_all_gathers = cfg.fsdp.limit_all_gathers;
   spec.world_size = topo.world_size;
-  spec.ranks_per_node = cfg.fsdp.strategy == ShardingStrategy::HybridShard ? topo.local_size : 0;
+  spec.ranks_per_node = topo.local_size;
   spec.micro_batch = micro;
   spec.max_seq = cfg.data.max_length;
   return spec;
@@ -76,7 +68,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     cuda::select_device(topo);
     backend = make_cuda_backend();
     groups = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy,
-                                            static_cast<cudaStream_t>(backend->comm_stream()), nccl_timeout_seconds());
+                                            static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it.
     if (cfg.fsdp.cpu_offload) host_backend = make_cpu_backend(cpu_default_threads(topo.host_ranks));
 #else

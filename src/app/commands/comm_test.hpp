@@ -25,6 +25,7 @@ struct CommTestOptions {
   DType dtype = DType::F32;
   std::string backend = "cpu";
   int ranks_per_node = 0;  // --dist.ranks_per_node: emulated nodes of K ranks, as in the deck
+  double timeout = 600;    // --dist.timeout: seconds an NCCL wait may make no progress, as in the deck
   std::string run_dir = "runs/comm-test";
   std::string output;  // JSON lines; empty: RUN_DIR/comm_test.jsonl
   bool help = false;

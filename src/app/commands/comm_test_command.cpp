@@ -33,7 +33,7 @@ constexpr double kUsableMemoryFraction = 0.9;
 struct GroupKind {
   std::string name;
   Communicator* comm = nullptr;
-  int color = 0;  // this rank's group (the split color of make_*_process_groups' HYBRID_SHARD groups)
+  int color = 0;  // this rank's group (its split colour in group_layout's HYBRID_SHARD layout)
   int count = 1;  // groups of this kind
 };
 
@@ -110,14 +110,6 @@ std::string mpi_library_text() {
   const size_t end = s.find_first_of(",\n");
   return end == std::string::npos ? s : s.substr(0, end);
 }
-
-#ifdef SHARDLM_HAVE_CUDA
-// Bounds every NCCL wait, as in training (SHARDLM_NCCL_TIMEOUT seconds, default 600).
-double nccl_timeout_seconds() {
-  const char* v = std::getenv("SHARDLM_NCCL_TIMEOUT");
-  return v && *v ? std::atof(v) : 600.0;
-}
-#endif
 
 // Rank 0 prints one line per rank: where it runs (and its GPU), as nccl-tests does.
 void print_placement(const Topology& topo, const std::string& device) {
@@ -236,8 +228,7 @@ int command_comm_test(const std::vector<std::string>& args) {
       device = cuda::current_device_text();
       available = cuda::device_free_bytes();
     });
-    groups = cuda::make_nccl_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard, stream,
-                                            nccl_timeout_seconds());
+    groups = cuda::make_nccl_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard, stream, o.timeout);
     make_bench = [](Communicator& c, size_t max) {
       return cuda::make_nccl_collective_bench(static_cast<cuda::NcclCommunicator&>(c), max);
     };
@@ -257,10 +248,13 @@ int command_comm_test(const std::vector<std::string>& args) {
   std::vector<GroupKind> kinds;
   std::vector<std::pair<std::string, std::string>> skipped;
   const bool world_selected = std::find(o.groups.begin(), o.groups.end(), "world") != o.groups.end();
+  const GroupLayout layout = group_layout(ShardingStrategy::HybridShard, topo);
   for (const std::string& name : o.groups) {
     GroupKind k{name, groups.world.get(), 0, 1};
-    if (name == "intra") k = {name, groups.shard.get(), topo.node, topo.num_nodes};
-    if (name == "inter") k = {name, groups.replicate.get(), topo.local_rank, topo.local_size};
+    if (name == "intra")
+      k = {name, groups.shard.get(), layout.shard_color, world_size / layout.shard_size};
+    if (name == "inter")
+      k = {name, groups.replicate.get(), layout.replicate_color, world_size / layout.replicate_size};
     if (name != "world" && k.comm->size() == 1)
       skipped.emplace_back(name, concat("groups of 1 rank (", topo.num_nodes, " node(s) of ", topo.local_size,
                                         " rank(s)); --dist.ranks_per_node=K emulates nodes of K ranks"));

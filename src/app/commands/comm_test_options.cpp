@@ -52,6 +52,8 @@ const char* comm_test_usage() {
          "      --groups=LIST         world,intra,inter (default: all)\n"
          "      --backend=B           cpu (MPI) or cuda (NCCL on GPU buffers; builds with CUDA only)\n"
          "      --dist.ranks_per_node=K   treat each K consecutive ranks as one node (0: the real hosts)\n"
+         "      --dist.timeout=S      seconds an NCCL wait may make no progress before the job ends\n"
+         "                            (default SHARDLM_NCCL_TIMEOUT, else 600)\n"
          "      --run.dir=DIR         where comm_test.jsonl goes (default runs/comm-test)\n"
          "  -o, --output=FILE         the JSON lines file instead\n"
          "  -h, --help                print this text\n"
@@ -78,13 +80,14 @@ size_t parse_byte_count(const std::string& option, const std::string& text) {
 
 CommTestOptions parse_comm_test_options(const std::vector<std::string>& args) {
   CommTestOptions o;
+  o.timeout = default_dist_timeout();
   std::string min_bytes, max_bytes, dtype = "fp32", ops, groups;
   po::options_description desc;
   desc.add_options()("help,h", po::bool_switch(&o.help))("min-bytes,b", po::value(&min_bytes))(
       "max-bytes,e", po::value(&max_bytes))("step-factor,f", po::value(&o.step_factor))("iters,n", po::value(&o.iters))(
       "warmup,w", po::value(&o.warmup))("check,c", po::value(&o.check))("dtype,d", po::value(&dtype))(
       "ops", po::value(&ops))("groups", po::value(&groups))("backend", po::value(&o.backend))(
-      "dist.ranks_per_node", po::value(&o.ranks_per_node))("run.dir", po::value(&o.run_dir))(
+      "dist.ranks_per_node", po::value(&o.ranks_per_node))("dist.timeout", po::value(&o.timeout))("run.dir", po::value(&o.run_dir))(
       "output,o", po::value(&o.output));
   po::variables_map vm;
   try {
@@ -110,6 +113,7 @@ CommTestOptions parse_comm_test_options(const std::vector<std::string>& args) {
   SHARDLM_CHECK(o.iters >= 1, "--iters=", o.iters, ": must be >= 1");
   SHARDLM_CHECK(o.warmup >= 0, "--warmup=", o.warmup, ": must be >= 0");
   SHARDLM_CHECK(o.ranks_per_node >= 0, "--dist.ranks_per_node=", o.ranks_per_node, ": must be >= 0");
+  SHARDLM_CHECK(o.timeout > 0, "--dist.timeout=", o.timeout, ": must be > 0 seconds");
   SHARDLM_CHECK(o.backend == "cpu" || o.backend == "cuda", "--backend=", o.backend, ": expected cpu or cuda");
   o.dtype = parse_comm_dtype(dtype);
   if (vm.count("ops") && ops != "all") {

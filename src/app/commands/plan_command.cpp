@@ -26,7 +26,8 @@ const char* kPlanUsage =
     "  --gpu-memory=SIZE     memory per rank, e.g. 80GiB, 40GB, 16000MiB (default 80GiB); on the\n"
     "                        CPU backend, the host memory each rank may use\n"
     "  --ranks=N             ranks of the run (default 1)\n"
-    "  --ranks-per-node=K    ranks per node, for HYBRID_SHARD (default dist.ranks_per_node, or all)\n"
+    "  --ranks-per-node=K    ranks per node, for the HYBRID_SHARD strategies (default dist.ranks_per_node,\n"
+    "                        or all)\n"
     "  --json                print the plan as one JSON object\n"
     "\n"
     "docs/plan.md explains every column.\n";
@@ -178,13 +179,14 @@ std::string config_name(const Row& r) {
 }
 
 // Fastest first: fewer collectives (NO_SHARD, then SHARD_GRAD_OP, which gathers once per step;
-// HYBRID_SHARD keeps gathers inside a node), then FULL_SHARD; recomputation (about 16% slower on
-// the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x slower there), then both.
+// the hybrids keep gathers inside a node, HYBRID_SHARD_ZERO2 once per step), then FULL_SHARD;
+// recomputation (about 16% slower on the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x
+// slower there), then both.
 void recommend(Plan& plan) {
   const bool cuda = plan.cfg.run.backend == "cuda";
   const bool nodes = plan.args.ranks / plan.ranks_per_node > 1;
   std::vector<ShardingStrategy> order = {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp};
-  if (nodes) order.push_back(ShardingStrategy::HybridShard);
+  if (nodes) order.insert(order.end(), {ShardingStrategy::HybridShardZero2, ShardingStrategy::HybridShard});
   order.push_back(ShardingStrategy::FullShard);
   const std::vector<std::pair<bool, bool>> stages =
       cuda ? std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, false}, {true, true}}
@@ -201,7 +203,7 @@ void recommend(Plan& plan) {
     if (!r.fits) continue;
     plan.pick = static_cast<int>(i);
     if (!r.offload && !r.checkpointing)
-      plan.why = "the fastest that fits: NO_SHARD, then SHARD_GRAD_OP, HYBRID_SHARD, FULL_SHARD";
+      plan.why = "the fastest that fits: NO_SHARD, then SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, HYBRID_SHARD, FULL_SHARD";
     else if (!r.offload)
       plan.why = "nothing fits without recomputation; activation checkpointing costs about 16%";
     else
@@ -229,11 +231,9 @@ Plan make_plan(const PlanArgs& args) {
                 ": does not divide --ranks = ", args.ranks);
   const bool cuda = plan.cfg.run.backend == "cuda";
   plan.runtime = cuda ? kCudaRuntimeOverheadBytes : 0;
-  const ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                         ShardingStrategy::HybridShard, ShardingStrategy::NoShard};
   for (bool offload : {false, true})
     for (bool ac : {false, true})
-      for (ShardingStrategy s : strategies) {
+      for (ShardingStrategy s : all_strategies()) {
         // The CPU backend keeps its state in host memory already and does not recompute.
         if (!cuda && (offload || ac)) continue;
         Row r;
@@ -271,13 +271,13 @@ void print_table(const Plan& plan) {
   else
     std::printf("budget   %s of host memory per rank; \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str());
-  std::printf("\n  %-33s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
+  std::printf("\n  %-37s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
               "activations", "buffers", "total");
   if (cuda) std::printf(" %11s %11s", "+runtime", "host");
   std::printf(" %4s %9s\n", "fits", "max micro");
   for (const Row& r : plan.rows) {
     const RankMemoryPlan& p = r.memory;
-    std::printf("%s %-33s %5d %11s %11s %11s %11s %11s %11s", r.deck ? "*" : " ", config_name(r).c_str(), p.shard_size,
+    std::printf("%s %-37s %5d %11s %11s %11s %11s %11s %11s", r.deck ? "*" : " ", config_name(r).c_str(), p.shard_size,
                 format_bytes(p.params()).c_str(), format_bytes(p.grads()).c_str(), format_bytes(p.optimizer).c_str(),
                 format_bytes(p.activations()).c_str(), format_bytes(p.buffers()).c_str(),
                 format_bytes(r.total).c_str());

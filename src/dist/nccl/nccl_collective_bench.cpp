@@ -3,10 +3,10 @@
 #include "nccl_collective_bench.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cuda_check.hpp"
-#include "device_memory.hpp"
 
 namespace shardlm::cuda {
 
@@ -32,11 +32,31 @@ class Events {
   std::vector<cudaEvent_t> events_;
 };
 
+// GPU bytes of the bench itself: cudaMalloc'd directly, as dist/ sits below device/ and its
+// counted buffers (the bench is not part of a run's memory plan).
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t n) {
+    if (n > 0) SHARDLM_CUDA_CHECK(cudaMalloc(&p_, n));
+  }
+  ~DeviceBytes() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
 class NcclCollectiveBench : public CollectiveBench {
  public:
-  NcclCollectiveBench(NcclCommunicator& group, size_t max_bytes) : group_(group), max_bytes_(max_bytes) {
-    whole_.allocate(max_bytes);
-    piece_.allocate(collective_bench_buffer_bytes(max_bytes, group.size()) - max_bytes);
+  NcclCollectiveBench(NcclCommunicator& group, size_t max_bytes)
+      : group_(group),
+        max_bytes_(max_bytes),
+        whole_(max_bytes),
+        piece_(collective_bench_buffer_bytes(max_bytes, group.size()) - max_bytes) {
     staging_.resize(std::max<size_t>(std::min(max_bytes, kStagingBytes), 8));  // at least one element
   }
 
@@ -111,8 +131,8 @@ class NcclCollectiveBench : public CollectiveBench {
 
   NcclCommunicator& group_;
   size_t max_bytes_;
-  DeviceBuffer<uint8_t> whole_;  // all_gather's output, reduce_scatter's input, all_reduce, broadcast
-  DeviceBuffer<uint8_t> piece_;  // one rank's piece: all_gather's input, reduce_scatter's output
+  DeviceBytes whole_;  // all_gather's output, reduce_scatter's input, all_reduce, broadcast
+  DeviceBytes piece_;  // one rank's piece: all_gather's input, reduce_scatter's output
   std::vector<uint8_t> staging_;
 };
 

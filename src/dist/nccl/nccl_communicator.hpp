@@ -40,7 +40,6 @@ class NcclCommunicator : public Communicator {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
 
   cudaStream_t stream() const { return stream_; }
-  void set_stream(cudaStream_t stream) { stream_ = stream; }
   ncclComm_t nccl() const { return comm_; }
   // Splits this communicator (collective over it): ranks with the same color form a group,
   // ordered by key. Uses ncclCommSplit where NCCL has it, else a fresh MPI bootstrap.

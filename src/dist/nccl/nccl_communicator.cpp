@@ -155,23 +155,11 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s) {
+  const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
-  switch (strategy) {
-    case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp:
-      g.shard = w->split(0, topo.world_rank, "shard");
-      g.replicate = w->split(topo.world_rank, 0, "replicate");
-      break;
-    case ShardingStrategy::NoShard:
-      g.shard = w->split(topo.world_rank, 0, "shard");
-      g.replicate = w->split(0, topo.world_rank, "replicate");
-      break;
-    case ShardingStrategy::HybridShard:
-      g.shard = w->split(topo.node, topo.local_rank, "shard");
-      g.replicate = w->split(topo.local_rank, topo.node, "replicate");
-      break;
-  }
+  g.shard = w->split(layout.shard_color, layout.shard_key, "shard");
+  g.replicate = w->split(layout.replicate_color, layout.replicate_key, "replicate");
   g.world = std::move(w);
   return g;
 }
