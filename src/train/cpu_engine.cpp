@@ -35,7 +35,7 @@ class CpuEngine : public TrainEngine {
     std::vector<FlatParameter>& units = model_.units();
     for (size_t u = 0; u < units.size(); ++u)
       states.push_back(unit_state(units[u], groups_.replicate->rank() == 0, units[u].master.data(),
-                                  optimizer_.exp_avg(u), optimizer_.exp_avg_sq(u)));
+                                  {{"exp_avg", optimizer_.exp_avg(u)}, {"exp_avg_sq", optimizer_.exp_avg_sq(u)}}));
     return states;
   }
   void checkpoint_loaded() override { model_.params_updated(); }
@@ -57,7 +57,7 @@ class CpuEngine : public TrainEngine {
 
 }  // namespace
 
-UnitState unit_state(const FlatParameter& p, bool primary, float* param, float* exp_avg, float* exp_avg_sq) {
+UnitState unit_state(const FlatParameter& p, bool primary, float* param, std::vector<StateVector> optimizer) {
   UnitState s;
   s.layout = p.layout;
   s.numel = p.numel;
@@ -65,8 +65,7 @@ UnitState unit_state(const FlatParameter& p, bool primary, float* param, float* 
   s.count = std::min(p.shard_begin + p.shard_numel, p.numel) - s.begin;
   s.primary = primary;
   s.param = param;
-  s.exp_avg = exp_avg;
-  s.exp_avg_sq = exp_avg_sq;
+  s.optimizer = std::move(optimizer);
   return s;
 }
 

@@ -56,7 +56,7 @@ class TrainEngine {
 
 // One unit's slice as the checkpoint sees it: [shard_begin, shard_begin + shard_numel) clipped to
 // the unit (the padded tail of the last slices holds no parameters), with the host arrays holding it.
-UnitState unit_state(const FlatParameter& p, bool primary, float* param, float* exp_avg, float* exp_avg_sq);
+UnitState unit_state(const FlatParameter& p, bool primary, float* param, std::vector<StateVector> optimizer);
 
 std::unique_ptr<TrainEngine> make_cpu_engine(const RunConfig& cfg, ProcessGroups groups, int micro);
 

@@ -247,8 +247,8 @@ class CudaEngine : public TrainEngine {
         SHARDLM_CUDA_CHECK(cudaMemcpy(d.host_exp_avg_sq.data(), d.exp_avg_sq.data(), n * 4, cudaMemcpyDeviceToHost));
       }
       states.push_back(unit_state(d.host, replicate_->rank() == 0, d.host.master.data(),
-                                  offload_ ? host_optimizer_->exp_avg(u) : d.host_exp_avg.data(),
-                                  offload_ ? host_optimizer_->exp_avg_sq(u) : d.host_exp_avg_sq.data()));
+                                  {{"exp_avg", offload_ ? host_optimizer_->exp_avg(u) : d.host_exp_avg.data()},
+                                   {"exp_avg_sq", offload_ ? host_optimizer_->exp_avg_sq(u) : d.host_exp_avg_sq.data()}}));
     }
     return states;
   }
