@@ -80,7 +80,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// One rank's FULL_SHARD slice of one unit, with its storage.
+// One rank's FULL_SHARD slice of one unit, with its storage: param and AdamW's two moments.
 struct Slice {
   std::vector<float> param, exp_avg, exp_avg_sq;
 };
@@ -172,8 +172,7 @@ int run(int argc, char** argv) {
       d.exp_avg_sq[i] = 1e-6f * d.param[i] * d.param[i];
     }
     s.param = d.param.data();
-    s.exp_avg = d.exp_avg.data();
-    s.exp_avg_sq = d.exp_avg_sq.data();
+    s.optimizer = {{"exp_avg", d.exp_avg.data()}, {"exp_avg_sq", d.exp_avg_sq.data()}};
     numel_total += numel;
   }
 
@@ -188,7 +187,7 @@ int run(int argc, char** argv) {
   meta.version = SHARDLM_VERSION;
   meta.deck = "# bench_checkpoint\n";
 
-  const size_t payload = numel_total * 3 * sizeof(float);
+  const size_t payload = numel_total * (1 + units.front().optimizer.size()) * sizeof(float);
   const std::string ckpt_dir = (fs::path(opt.dir) / "ckpt").string();
   const std::string plain_path = (fs::path(opt.dir) / "plain.bin").string();
   check_on_rank0(rank == 0 ? fresh_dir(opt.dir) : "", comm);

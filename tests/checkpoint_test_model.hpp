@@ -24,34 +24,40 @@ inline shardlm::ModelConfig tiny_bloom(int hidden = 8, int layers = 2) {
   return cfg;
 }
 
-// Value of element `index` of vector v (0 param, 1 exp_avg, 2 exp_avg_sq) of unit `unit`.
+// Value of element `index` of vector v (0 param, then the optimizer's: 1 exp_avg, 2 exp_avg_sq,
+// 3 and on any further one) of unit `unit`.
 inline float known_value(int v, size_t unit, size_t index) {
   const float base = static_cast<float>(index % 1000) * 0.001f + static_cast<float>(unit) * 0.125f;
+  if (v > 2) return base * static_cast<float>(v) - 1.0f;
   return v == 0 ? base - 0.5f : v == 1 ? -base * 0.25f : base * base + 1e-6f;
 }
+
+// The optimizer vectors the trainer stores today (AdamW's moments).
+inline std::vector<std::string> adamw_vectors() { return {"exp_avg", "exp_avg_sq"}; }
 
 // One rank's slices of every unit. Shard groups are `group` consecutive ranks; the rank owns
 // slice (rank % group) of the padded length; the first group's ranks are the primaries.
 struct Sharded {
   std::vector<shardlm::UnitLayout> layouts;
-  std::vector<std::vector<float>> vectors[3];
+  std::vector<std::vector<std::vector<float>>> vectors;  // [param, then each optimizer vector][unit]
   std::vector<shardlm::UnitState> units;
 };
 
-inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank, bool fill) {
+inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank, bool fill,
+                            const std::vector<std::string>& optimizer = adamw_vectors()) {
   Sharded s;
   s.layouts = shardlm::bloom_layout(cfg);
   const size_t n = s.layouts.size();
-  for (auto& v : s.vectors) v.resize(n);
+  s.vectors.assign(1 + optimizer.size(), std::vector<std::vector<float>>(n));
   for (size_t u = 0; u < n; ++u) {
     const size_t numel = s.layouts[u].numel;
     const size_t shard = (numel + group - 1) / group;  // padded length / group
     const size_t begin = std::min(numel, static_cast<size_t>(rank % group) * shard);
     const size_t count = std::min(numel, begin + shard) - begin;
-    for (int v = 0; v < 3; ++v) {
+    for (size_t v = 0; v < s.vectors.size(); ++v) {
       s.vectors[v][u].assign(shard, 0.0f);
       if (fill)
-        for (size_t i = 0; i < count; ++i) s.vectors[v][u][i] = known_value(v, u, begin + i);
+        for (size_t i = 0; i < count; ++i) s.vectors[v][u][i] = known_value(static_cast<int>(v), u, begin + i);
     }
     shardlm::UnitState st;
     st.layout = &s.layouts[u];
@@ -60,8 +66,7 @@ inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank
     st.count = count;
     st.primary = rank / group == 0;
     st.param = s.vectors[0][u].data();
-    st.exp_avg = s.vectors[1][u].data();
-    st.exp_avg_sq = s.vectors[2][u].data();
+    for (size_t k = 0; k < optimizer.size(); ++k) st.optimizer.push_back({optimizer[k], s.vectors[1 + k][u].data()});
     s.units.push_back(st);
   }
   return s;
@@ -71,9 +76,9 @@ inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank
 inline size_t count_wrong(const Sharded& s) {
   size_t wrong = 0;
   for (size_t u = 0; u < s.units.size(); ++u)
-    for (int v = 0; v < 3; ++v)
+    for (size_t v = 0; v < s.vectors.size(); ++v)
       for (size_t i = 0; i < s.units[u].count; ++i)
-        wrong += s.vectors[v][u][i] != known_value(v, u, s.units[u].begin + i);
+        wrong += s.vectors[v][u][i] != known_value(static_cast<int>(v), u, s.units[u].begin + i);
   return wrong;
 }
 

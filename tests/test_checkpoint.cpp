@@ -107,6 +107,59 @@ void flip_bytes(const std::string& path, haddr_t offset, int count) {
   }
 }
 
+// Every object of an HDF5 file with its kind, element type and shape, and every attribute's name
+// and type class: what two files of one format have in common, whatever their values.
+std::vector<std::string> object_listing(const std::string& path) {
+  std::vector<std::string> lines;
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  BOOST_TEST_REQUIRE(file >= 0, path);
+  auto attributes = [](hid_t obj, const std::string& where, std::vector<std::string>& out) {
+    auto add = [](hid_t loc, const char* name, const H5A_info_t*, void* data) -> herr_t {
+      auto* pair = static_cast<std::pair<std::string, std::vector<std::string>*>*>(data);
+      const hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
+      const hid_t type = H5Aget_type(attr);
+      pair->second->push_back(concat(pair->first, " @", name, " class ", H5Tget_class(type)));
+      H5Tclose(type);
+      H5Aclose(attr);
+      return 0;
+    };
+    std::pair<std::string, std::vector<std::string>*> data{where, &out};
+    hsize_t at = 0;
+    H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &at, add, &data);
+  };
+  attributes(file, "/", lines);
+  auto visit = [](hid_t root, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    auto* out = static_cast<std::pair<std::vector<std::string>*, decltype(attributes)*>*>(data);
+    const hid_t obj = H5Oopen(root, name, H5P_DEFAULT);
+    std::string line = std::string("/") + name;
+    if (H5Iget_type(obj) == H5I_DATASET) {
+      const hid_t type = H5Dget_type(obj), space = H5Dget_space(obj);
+      hsize_t dims[4] = {0, 0, 0, 0};
+      const int rank = H5Sget_simple_extent_dims(space, dims, nullptr);
+      line += concat(" dataset class ", H5Tget_class(type), " size ", H5Tget_size(type), " order ", H5Tget_order(type),
+                     " rank ", rank, " dims ", dims[0]);
+      H5Sclose(space);
+      H5Tclose(type);
+    } else {
+      line += " group";
+    }
+    out->first->push_back(line);
+    (*out->second)(obj, std::string("/") + name, *out->first);
+    H5Oclose(obj);
+    return 0;
+  };
+  std::pair<std::vector<std::string>*, decltype(attributes)*> data{&lines, &attributes};
+  H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit, &data);
+  H5Fclose(file);
+  return lines;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const std::string& l : lines) s += l + "\n";
+  return s;
+}
+
 // A barrier that sleeps instead of spinning, so waiting ranks leave the cores to a child job.
 void sleeping_barrier() {
   MPI_Request request;
@@ -318,6 +371,140 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
   Sharded deeper = make_sharded(tiny_bloom(8, 3), world_size(), world_rank(), false);
   BOOST_TEST(ranks_failing([&] { load_checkpoint(path, deeper.units, MPI_COMM_WORLD); }, &message) == world_size());
   BOOST_TEST(contains(message, "holds units [root, h.0, h.1], the model has [root, h.0, h.1, h.2]"), message);
+}
+
+// A file written before the optimizer interface (tests/fixtures/checkpoint) loads onto any slicing,
+// and AdamW checkpoints written now hold the same objects, types, shapes and attributes.
+BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
+  const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
+  CheckpointMeta m;
+  BOOST_TEST(load_and_count_wrong(fixture, world_size(), &m) == 0u);
+  BOOST_TEST(load_and_count_wrong(fixture, 1) == 0u);
+  BOOST_TEST(m.format_version == 2);
+  BOOST_TEST(m.step == 10);
+  BOOST_TEST(m.world_size == 1);
+
+  const std::string dir = scratch("same_format");
+  save_known(dir, 10);
+  if (world_rank() == 0) {
+    const std::vector<std::string> before = object_listing(fixture), now = object_listing(dir + "/ckpt-00000010.h5");
+    BOOST_TEST(before.size() > 20u);
+    BOOST_TEST(now == before, "now:\n" << join_lines(now) << "before:\n" << join_lines(before));
+    CheckpointReader reader(fixture);
+    BOOST_TEST_REQUIRE(reader.unit_states().size() == 3u);
+    for (const CheckpointUnitState& u : reader.unit_states()) BOOST_TEST(u.optimizer == adamw_vectors(), u.unit);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// An optimizer with a third per-element vector (AMSGrad's running maximum, as PyTorch names it).
+BOOST_AUTO_TEST_CASE(a_third_optimizer_vector_round_trips_and_reshards) {
+  const std::vector<std::string> amsgrad = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  const ModelConfig cfg = tiny_bloom();
+  auto load_wrong = [&](const std::string& path, int group) {
+    Sharded s = make_sharded(cfg, group, world_rank(), false, amsgrad);
+    load_checkpoint(path, s.units, MPI_COMM_WORLD);
+    unsigned long long wrong = count_wrong(s), total = 0;
+    MPI_Allreduce(&wrong, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return total;
+  };
+  for (int written_by : {world_size(), 1}) {
+    const std::string dir = scratch("amsgrad_" + std::to_string(written_by));
+    Sharded s = make_sharded(cfg, written_by, world_rank(), true, amsgrad);
+    CheckpointWriteOptions options;
+    options.piece_bytes = 64;  // several pieces per slice
+    save_checkpoint(dir, 0, tiny_meta(cfg, 7, world_size()), s.units, MPI_COMM_WORLD, options);
+    const std::string path = dir + "/ckpt-00000007.h5";
+    BOOST_TEST(load_wrong(path, world_size()) == 0u, "written by groups of " << written_by);
+    BOOST_TEST(load_wrong(path, 1) == 0u, "written by groups of " << written_by);
+    if (world_size() % 2 == 0) BOOST_TEST(load_wrong(path, world_size() / 2) == 0u);
+    if (world_rank() == 0) {
+      CheckpointReader reader(path);
+      for (const CheckpointUnitState& u : reader.unit_states()) BOOST_TEST(u.optimizer == amsgrad, u.unit);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+
+  // Its checksum is written and verified like the others.
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), true, amsgrad);
+  const std::string dir = scratch("amsgrad_damaged");
+  save_checkpoint(dir, 0, tiny_meta(cfg, 7, world_size()), s.units, MPI_COMM_WORLD);
+  const std::string damaged = dir + "/damaged.h5";
+  damaged_copy(dir + "/ckpt-00000007.h5", damaged,
+               [&] { flip_bytes(damaged, data_offset(damaged, "/units/root/max_exp_avg_sq") + 8, 2); });
+  Sharded into = make_sharded(cfg, world_size(), world_rank(), false, amsgrad);
+  std::string message;
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, into.units, MPI_COMM_WORLD); }, &message) == world_size());
+  BOOST_TEST(contains(message, "dataset /units/root/max_exp_avg_sq: checksum mismatch"), message);
+}
+
+BOOST_AUTO_TEST_CASE(other_optimizer_state_is_refused_naming_the_dataset) {
+  const std::string dir = scratch("other_optimizer");
+  save_known(dir, 1);
+  const std::string path = dir + "/ckpt-00000001.h5";
+  const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
+  const ModelConfig cfg = tiny_bloom();
+  std::string message;
+  auto refused = [&](const std::string& file, const std::vector<std::string>& names) {
+    Sharded s = make_sharded(cfg, world_size(), world_rank(), false, names);
+    return ranks_failing([&] { load_checkpoint(file, s.units, MPI_COMM_WORLD); }, &message) == world_size();
+  };
+  for (const std::string& file : {path, fixture}) {
+    BOOST_TEST(refused(file, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}));
+    BOOST_TEST(contains(message, "checkpoint " + file + ": unit root holds optimizer state [exp_avg, exp_avg_sq], "
+                                 "the run's optimizer keeps [exp_avg, exp_avg_sq, max_exp_avg_sq]; missing dataset "
+                                 "/units/root/max_exp_avg_sq (written by another optimizer?)"),
+               message);
+  }
+  BOOST_TEST(refused(path, {"momentum_buffer"}));
+  BOOST_TEST(contains(message, "unit root holds optimizer state [exp_avg, exp_avg_sq], the run's optimizer keeps "
+                               "[momentum_buffer]; missing dataset /units/root/momentum_buffer; extra dataset "
+                               "/units/root/exp_avg; extra dataset /units/root/exp_avg_sq"),
+             message);
+  BOOST_TEST(refused(path, {}));
+  BOOST_TEST(contains(message, "the run's optimizer keeps []; extra dataset /units/root/exp_avg; extra dataset "
+                               "/units/root/exp_avg_sq"),
+             message);
+  BOOST_TEST(refused(path, {"exp_avg_sq", "exp_avg", "exp_avg"}));
+  BOOST_TEST(contains(message, "lists optimizer vector 'exp_avg' twice"), message);
+  // The AdamW names in another order are the same state.
+  Sharded swapped = make_sharded(cfg, world_size(), world_rank(), false, {"exp_avg_sq", "exp_avg"});
+  load_checkpoint(path, swapped.units, MPI_COMM_WORLD);
+  size_t wrong = 0;
+  for (size_t u = 0; u < swapped.units.size(); ++u)
+    for (size_t i = 0; i < swapped.units[u].count; ++i) {
+      const size_t at = swapped.units[u].begin + i;
+      wrong += swapped.vectors[1][u][i] != known_value(2, u, at) || swapped.vectors[2][u][i] != known_value(1, u, at);
+    }
+  BOOST_TEST(wrong == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(bad_optimizer_vectors_are_refused_before_writing) {
+  const std::string dir = scratch("bad_optimizer");
+  const ModelConfig cfg = tiny_bloom();
+  const CheckpointMeta meta = tiny_meta(cfg, 2, world_size());
+  std::string message;
+  for (const std::vector<std::string>& names : std::vector<std::vector<std::string>>{
+           {"param"}, {"index"}, {"a/b"}, {""}, {"exp_avg", "exp_avg"}}) {
+    Sharded s = make_sharded(cfg, world_size(), world_rank(), true, names);
+    BOOST_TEST(ranks_failing([&] { save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD); }, &message) ==
+               world_size());
+    BOOST_TEST(contains(message, "save_checkpoint: unit root"), message);
+  }
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
+  s.units[1].optimizer[1].data = nullptr;
+  BOOST_TEST(ranks_failing([&] { save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD); }, &message) ==
+             world_size());
+  BOOST_TEST(contains(message, "save_checkpoint: unit h.0 has no buffer for exp_avg_sq"), message);
+  // Ranks must agree on the names: they create the datasets together.
+  if (world_size() > 1) {
+    Sharded other = make_sharded(cfg, world_size(), world_rank(), true,
+                                 world_rank() == 0 ? adamw_vectors() : std::vector<std::string>{"exp_avg", "m"});
+    BOOST_TEST(ranks_failing([&] { save_checkpoint(dir, 0, meta, other.units, MPI_COMM_WORLD); }, &message) ==
+               world_size());
+    BOOST_TEST(contains(message, "ranks passed different units"), message);
+  }
+  BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5"));
 }
 
 BOOST_AUTO_TEST_CASE(keep_last_latest_and_resolve_resume) {

@@ -214,6 +214,7 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(inspect.exit_code == 0);
   BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
   BOOST_TEST(inspect.output.find("FULL_SHARD on 2 rank(s)") != std::string::npos);
+  BOOST_TEST(inspect.output.find("optimizer    state exp_avg, exp_avg_sq (fp32") != std::string::npos);
   Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
   BOOST_TEST_INFO(exported.output);
   BOOST_TEST(exported.exit_code == 0);

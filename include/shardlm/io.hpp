@@ -28,7 +28,7 @@ struct CheckpointMeta {
   int epoch = 0;             // epoch of the next step
   long epoch_step = 0;       // steps already done in that epoch (the position in the data)
   uint64_t seed = 0;         // initialisation and data-order seed (the sampler is a function of it)
-  long optimizer_steps = 0;  // AdamW's step counter (bias correction)
+  long optimizer_steps = 0;  // the optimizer's step counter (AdamW: bias correction)
   std::string lr_schedule;   // LR-schedule state: schedule, base lr, warmup, total steps
   double base_lr = 0;
   long warmup_steps = 0;
@@ -42,6 +42,13 @@ struct CheckpointMeta {
   std::string version;       // shardlm version that wrote it
 };
 
+// One vector of an optimizer's per-element fp32 state (AdamW: exp_avg, exp_avg_sq), sliced as the
+// unit's param. The checkpoint stores it as the dataset /units/<unit>/<name>, beside param.
+struct StateVector {
+  std::string name;  // a dataset name: not empty, not "param" or "index", no '/', not "."
+  float* data = nullptr;
+};
+
 // One FSDP unit's state on this rank: the part [begin, begin + count) of the unit's logical
 // (unpadded) flat vector that this rank owns, clipped to numel (count may be 0 at the padded
 // tail). `primary` is true on exactly one rank per element (the first replica): primaries write
@@ -52,9 +59,9 @@ struct UnitState {
   size_t begin = 0;
   size_t count = 0;
   bool primary = true;
-  float* param = nullptr;       // fp32 master
-  float* exp_avg = nullptr;     // AdamW first moment
-  float* exp_avg_sq = nullptr;  // AdamW second moment
+  float* param = nullptr;  // fp32 master
+  // The optimizer's state, `count` elements each; the checkpoint only names and copies it.
+  std::vector<StateVector> optimizer;
 };
 
 struct CheckpointWriteStats {
@@ -79,8 +86,9 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
                                      const std::vector<UnitState>& units, MPI_Comm comm,
                                      const CheckpointWriteOptions& options = {});
 
-// Collective over comm. Checks the file's model and units against `units` (Error naming the
-// file and dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
+// Collective over comm. Checks the file's model and units against `units`, and each unit's stored
+// optimizer vectors against the names its `optimizer` lists (Error naming the file, unit and
+// dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm);
 
 // Resolves --checkpoint.resume: "none" or "" -> ""; "auto" -> the file DIR/latest names, or ""
@@ -97,6 +105,12 @@ struct CheckpointTensor {
   size_t numel = 0;
 };
 
+// The optimizer vectors one unit of a checkpoint holds beside its param (dataset names, in name order).
+struct CheckpointUnitState {
+  std::string unit;
+  std::vector<std::string> optimizer;
+};
+
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& path);  // Error naming the file if unreadable
@@ -106,6 +120,7 @@ class CheckpointReader {
 
   const CheckpointMeta& meta() const { return meta_; }
   const std::vector<CheckpointTensor>& tensors() const { return tensors_; }
+  const std::vector<CheckpointUnitState>& unit_states() const { return unit_states_; }  // in unit order
   // The fp32 master values of one tensor (checksum of its unit's dataset verified on first use).
   std::vector<float> read(const CheckpointTensor& t);
 
@@ -114,6 +129,7 @@ class CheckpointReader {
   long long file_ = -1;  // hid_t
   CheckpointMeta meta_;
   std::vector<CheckpointTensor> tensors_;
+  std::vector<CheckpointUnitState> unit_states_;
   std::map<std::string, bool> verified_;
 };
 

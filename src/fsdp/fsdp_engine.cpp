@@ -199,8 +199,8 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
     s.count = std::min(d.flat.shard_begin + d.flat.shard_numel, d.flat.numel) - s.begin;
     s.primary = primary;
     s.param = param;
-    s.exp_avg = state[0];
-    s.exp_avg_sq = state[1];
+    const std::vector<std::string> names = optimizer_->state_names();
+    for (size_t k = 0; k < state.size(); ++k) s.optimizer.push_back({names[k], state[k]});
     states.push_back(s);
   }
   backend_->synchronize(m.compute);

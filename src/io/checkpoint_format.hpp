@@ -22,11 +22,34 @@ constexpr const char* kUnitsGroup = "/units";
 constexpr const char* kIndexDataset = "index";
 constexpr const char* kChecksumAttr = "checksum";
 constexpr const char* kLatestFile = "latest";
-// The three per-unit vectors, in the order they are written and read.
-constexpr const char* kVectorNames[3] = {"param", "exp_avg", "exp_avg_sq"};
+constexpr const char* kParamDataset = "param";
 
 inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
-inline std::string vector_path(const std::string& unit, int v) { return unit_group_path(unit) + "/" + kVectorNames[v]; }
+inline std::string vector_path(const std::string& unit, const std::string& name) {
+  return unit_group_path(unit) + "/" + name;
+}
+
+// A unit's vectors as stored: param first, then the optimizer's in the caller's order.
+inline std::vector<StateVector> stored_vectors(const UnitState& u) {
+  std::vector<StateVector> v{{kParamDataset, u.param}};
+  v.insert(v.end(), u.optimizer.begin(), u.optimizer.end());
+  return v;
+}
+
+// Error (from `caller`) unless the unit's optimizer vectors have distinct names that can sit beside
+// param and index in the unit's group.
+inline void check_optimizer_names(const UnitState& u, const char* caller) {
+  for (size_t i = 0; i < u.optimizer.size(); ++i) {
+    const std::string& name = u.optimizer[i].name;
+    SHARDLM_CHECK(!name.empty() && name != "." && name.find('/') == std::string::npos && name != kParamDataset &&
+                      name != kIndexDataset,
+                  caller, ": unit ", u.layout->name, " has an optimizer vector named '", name,
+                  "' (not a dataset name beside param and index)");
+    for (size_t j = 0; j < i; ++j)
+      SHARDLM_CHECK(u.optimizer[j].name != name, caller, ": unit ", u.layout->name, " lists optimizer vector '",
+                    name, "' twice");
+  }
+}
 
 // "ckpt-00000010.h5": eight digits keep names in step order when listed.
 inline std::string checkpoint_file_name(long step) {

@@ -1,5 +1,6 @@
 // Reading checkpoints: load_checkpoint (collective, each rank reads its slices through MPI-IO,
 // checksums verified) and CheckpointReader (serial, one tensor at a time for inspect and export).
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -146,6 +147,42 @@ std::vector<CheckpointTensor> read_index(hid_t file, const std::string& unit, co
   return tensors;
 }
 
+// The optimizer vectors stored in a unit's group: every link but param and index, in name order.
+std::vector<std::string> stored_optimizer_vectors(hid_t file, const std::string& unit, const std::string& path) {
+  const std::string where = unit_group_path(unit);
+  H5Id group = h5_group(H5Gopen2(file, where.c_str(), H5P_DEFAULT));
+  SHARDLM_CHECK(group.valid(), "checkpoint ", path, ": group ", where, " is missing");
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    const std::string n = name;
+    if (n != kParamDataset && n != kIndexDataset) static_cast<std::vector<std::string>*>(out)->push_back(n);
+    return 0;
+  };
+  hsize_t at = 0;
+  SHARDLM_CHECK(H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, &at, collect, &names) >= 0, "checkpoint ",
+                path, ": cannot list ", where, ": ", h5_error_text());
+  return names;
+}
+
+// The file's optimizer vectors of unit u must be exactly those the run keeps: a checkpoint of
+// another optimizer would otherwise lose state or leave some of it unset.
+void check_optimizer_vectors(hid_t file, const UnitState& u, const std::string& path) {
+  check_optimizer_names(u, "load_checkpoint");
+  std::vector<std::string> wanted;
+  for (const StateVector& v : u.optimizer) wanted.push_back(v.name);
+  std::sort(wanted.begin(), wanted.end());
+  const std::vector<std::string> found = stored_optimizer_vectors(file, u.layout->name, path);
+  if (found == wanted) return;
+  std::vector<std::string> missing, extra;
+  std::set_difference(wanted.begin(), wanted.end(), found.begin(), found.end(), std::back_inserter(missing));
+  std::set_difference(found.begin(), found.end(), wanted.begin(), wanted.end(), std::back_inserter(extra));
+  std::string what;
+  for (const std::string& n : missing) what += concat("; missing dataset ", vector_path(u.layout->name, n));
+  for (const std::string& n : extra) what += concat("; extra dataset ", vector_path(u.layout->name, n));
+  throw Error(concat("checkpoint ", path, ": unit ", u.layout->name, " holds optimizer state ", join_names(found),
+                     ", the run's optimizer keeps ", join_names(wanted), what, " (written by another optimizer?)"));
+}
+
 // Elements in a 1-D dataset; Error naming it if missing or not 1-D.
 size_t dataset_length(hid_t dset, const std::string& where, const std::string& path) {
   SHARDLM_CHECK(dset >= 0, "checkpoint ", path, ": dataset ", where, " is missing");
@@ -170,8 +207,9 @@ void check_layout(hid_t file, const std::vector<UnitState>& units, const std::st
   for (const UnitState& u : units) {
     SHARDLM_CHECK(u.begin + u.count <= u.numel, "load_checkpoint: unit ", u.layout->name, " slice [", u.begin, ", ",
                   u.begin + u.count, ") is past its ", u.numel, " elements");
-    for (int v = 0; v < 3; ++v) {
-      const std::string where = vector_path(u.layout->name, v);
+    check_optimizer_vectors(file, u, path);
+    for (const StateVector& v : stored_vectors(u)) {
+      const std::string where = vector_path(u.layout->name, v.name);
       H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
       const size_t n = dataset_length(dset.get(), where, path);
       SHARDLM_CHECK(n == u.numel, "checkpoint ", path, ": ", where, " has ", n, " elements, the model needs ",
@@ -203,14 +241,18 @@ std::string checksum_mismatch(const std::string& path, const std::string& where)
   return concat("checkpoint ", path, ": dataset ", where, ": checksum mismatch (file damaged?)");
 }
 
-// Collective: each rank reads [begin, begin + count) of the unit's three datasets; primaries'
-// partial checksums are summed and compared with the attributes. Returns this rank's error.
+// Collective: each rank reads [begin, begin + count) of the unit's datasets; primaries' partial
+// checksums are summed and compared with the attributes. Returns this rank's error.
 std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path) {
   std::string error;
-  float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
-  uint64_t partial[3] = {0, 0, 0}, expected[3] = {0, 0, 0};
-  for (int v = 0; v < 3; ++v) {
-    const std::string where = vector_path(u.layout->name, v);
+  std::vector<StateVector> vectors = stored_vectors(u);
+  // The optimizer's in name order: the same collective reads on every rank, whatever order each
+  // rank listed them in (check_layout has matched the names with the file's).
+  std::sort(vectors.begin() + 1, vectors.end(),
+            [](const StateVector& a, const StateVector& b) { return a.name < b.name; });
+  std::vector<uint64_t> partial(vectors.size(), 0), expected(vectors.size(), 0);
+  for (size_t v = 0; v < vectors.size(); ++v) {
+    const std::string where = vector_path(u.layout->name, vectors[v].name);
     H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
     H5Id file_space = h5_space(H5Dget_space(dset.get()));
     const hsize_t begin = u.begin, count = u.count, one = 1;
@@ -222,7 +264,7 @@ std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm,
       H5Sselect_none(mem_space.get());
     }
     float dummy = 0;  // HDF5 wants a buffer even for an empty selection
-    float* out = count > 0 ? vectors[v] : &dummy;
+    float* out = count > 0 ? vectors[v].data : &dummy;
     if (count > 0 && !out) {
       if (error.empty()) error = concat("load_checkpoint: unit ", u.layout->name, " has no buffer for ", where);
       out = &dummy;
@@ -239,10 +281,10 @@ std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm,
       if (error.empty()) error = e.what();
     }
   }
-  uint64_t total[3] = {0, 0, 0};
-  MPI_Allreduce(partial, total, 3, MPI_UINT64_T, MPI_SUM, comm);
-  for (int v = 0; v < 3 && error.empty(); ++v)
-    if (total[v] != expected[v]) error = checksum_mismatch(path, vector_path(u.layout->name, v));
+  std::vector<uint64_t> total(vectors.size(), 0);
+  MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm);
+  for (size_t v = 0; v < vectors.size() && error.empty(); ++v)
+    if (total[v] != expected[v]) error = checksum_mismatch(path, vector_path(u.layout->name, vectors[v].name));
   return error;
 }
 
@@ -289,6 +331,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   for (const std::string& unit : unit_names(file.get(), path)) {
     std::vector<CheckpointTensor> unit_tensors = read_index(file.get(), unit, path);
     tensors_.insert(tensors_.end(), unit_tensors.begin(), unit_tensors.end());
+    unit_states_.push_back({unit, stored_optimizer_vectors(file.get(), unit, path)});
   }
   file_ = file.release();  // closed in the destructor
 }
@@ -298,7 +341,7 @@ CheckpointReader::~CheckpointReader() {
 }
 
 std::vector<float> CheckpointReader::read(const CheckpointTensor& t) {
-  const std::string where = vector_path(t.unit, 0);
+  const std::string where = vector_path(t.unit, kParamDataset);
   const hid_t file = static_cast<hid_t>(file_);
   H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
   const size_t n = dataset_length(dset.get(), where, path_);

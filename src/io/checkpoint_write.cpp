@@ -151,11 +151,11 @@ void write_index(hid_t group, const UnitState& u, int rank, hid_t dxpl, FirstFai
   write_selected(dset.get(), mem_type.get(), 0, n, rank == 0, rows.data(), dxpl, what, f);
 }
 
-// One unit's group, index and three (not yet written) vector datasets; the datasets stay open
-// until the data and the checksums are written.
+// One unit's group, index and (not yet written) vector datasets, in stored_vectors order; the
+// datasets stay open until the data and the checksums are written.
 struct OpenUnit {
   H5Id group;
-  H5Id dsets[3];
+  std::vector<H5Id> dsets;
 };
 
 OpenUnit create_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
@@ -171,17 +171,12 @@ OpenUnit create_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, First
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
   const hsize_t numel = u.numel;
   H5Id space = h5_space(H5Screate_simple(1, &numel, nullptr));
-  for (int v = 0; v < 3; ++v) {
-    out.dsets[v] = h5_dataset(H5Dcreate2(out.group.get(), kVectorNames[v], H5T_IEEE_F32LE, space.get(),
-                                         H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-    f.check(out.dsets[v].valid(), concat("creating ", vector_path(u.layout->name, v)));
+  for (const StateVector& v : stored_vectors(u)) {
+    out.dsets.push_back(h5_dataset(H5Dcreate2(out.group.get(), v.name.c_str(), H5T_IEEE_F32LE, space.get(),
+                                              H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)));
+    f.check(out.dsets.back().valid(), concat("creating ", vector_path(u.layout->name, v.name)));
   }
   return out;
-}
-
-const float* unit_vector(const UnitState& u, int v) {
-  const float* vectors[3] = {u.param, u.exp_avg, u.exp_avg_sq};
-  return vectors[v];
 }
 
 bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
@@ -216,27 +211,34 @@ class EarlyWriteback {
 // so that the checkpoint is limited by the disk, not by a second pass over memory.
 class ChecksumThread {
  public:
-  explicit ChecksumThread(const std::vector<UnitState>& units) : sums_(3 * units.size(), 0) {
+  explicit ChecksumThread(const std::vector<UnitState>& units) : first_(units.size() + 1, 0) {
+    for (size_t i = 0; i < units.size(); ++i) first_[i + 1] = first_[i] + 1 + units[i].optimizer.size();
+    sums_.assign(first_.back(), 0);
     thread_ = std::thread([this, &units] {
       for (size_t i = 0; i < units.size(); ++i) {
         if (!writes_slice(units[i])) continue;
-        for (int v = 0; v < 3; ++v) sums_[3 * i + v] = checksum_slice(unit_vector(units[i], v), units[i].begin, units[i].count);
+        const std::vector<StateVector> vectors = stored_vectors(units[i]);
+        for (size_t v = 0; v < vectors.size(); ++v)
+          sums_[first_[i] + v] = checksum_slice(vectors[v].data, units[i].begin, units[i].count);
       }
     });
   }
   ~ChecksumThread() { join(); }
   ChecksumThread(const ChecksumThread&) = delete;
   ChecksumThread& operator=(const ChecksumThread&) = delete;
-  // This rank's partial sums, three per unit (param, exp_avg, exp_avg_sq).
+  // This rank's partial sums, one per stored vector of each unit (see at()).
   const std::vector<uint64_t>& sums() {
     join();
     return sums_;
   }
+  // Where the sum of vector v of unit i lies in sums().
+  size_t at(size_t i, size_t v) const { return first_[i] + v; }
 
  private:
   void join() {
     if (thread_.joinable()) thread_.join();
   }
+  std::vector<size_t> first_;  // [unit] -> its param's sum; its optimizer's sums follow
   std::vector<uint64_t> sums_;
   std::thread thread_;
 };
@@ -265,8 +267,10 @@ uint64_t check_units(const std::vector<UnitState>& units) {
                   " but its layout ", u.layout->numel);
     SHARDLM_CHECK(u.begin + u.count <= u.numel, "save_checkpoint: unit ", u.layout->name, " slice [", u.begin,
                   ", ", u.begin + u.count, ") is past its ", u.numel, " elements");
-    SHARDLM_CHECK(u.count == 0 || !u.primary || (u.param && u.exp_avg && u.exp_avg_sq),
-                  "save_checkpoint: unit ", u.layout->name, " has no buffers");
+    check_optimizer_names(u, "save_checkpoint");
+    for (const StateVector& v : stored_vectors(u))
+      SHARDLM_CHECK(u.count == 0 || !u.primary || v.data, "save_checkpoint: unit ", u.layout->name,
+                    " has no buffer for ", v.name);
     for (const TensorSpec& t : u.layout->tensors) {
       SHARDLM_CHECK(t.name.size() < kIndexNameBytes, "save_checkpoint: tensor name '", t.name, "' is longer than ",
                     kIndexNameBytes - 1, " bytes");
@@ -275,6 +279,12 @@ uint64_t check_units(const std::vector<UnitState>& units) {
     }
     for (char c : u.layout->name) mix_in(static_cast<unsigned char>(c));
     mix_in(u.numel);
+    // Every rank must create the same datasets in the same order (collective HDF5 metadata).
+    for (const StateVector& v : u.optimizer) {
+      for (char c : v.name) mix_in(static_cast<unsigned char>(c));
+      mix_in(0x100);  // a separator no character equals: [ab, c] and [a, bc] differ
+    }
+    mix_in(u.optimizer.size());
   }
   return hash;
 }
@@ -283,7 +293,8 @@ uint64_t check_units(const std::vector<UnitState>& units) {
 std::string check_units_agree(const std::vector<UnitState>& units, uint64_t hash, MPI_Comm comm) {
   uint64_t mine[2] = {hash, ~hash}, most[2] = {0, 0};
   MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm);
-  if (most[0] != ~most[1]) return "save_checkpoint: ranks passed different units (names or sizes)";
+  if (most[0] != ~most[1])
+    return "save_checkpoint: ranks passed different units (names, sizes or optimizer vectors)";
   std::vector<unsigned long long> covered(units.size()), total(units.size());
   for (size_t i = 0; i < units.size(); ++i) covered[i] = units[i].primary ? units[i].count : 0;
   MPI_Allreduce(covered.data(), total.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
@@ -346,16 +357,17 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   ChecksumThread checksums(units);
   for (size_t i = 0; i < units.size(); ++i) {
     const UnitState& u = units[i];
-    for (int v = 0; v < 3; ++v) {
+    const std::vector<StateVector> vectors = stored_vectors(u);
+    for (size_t v = 0; v < vectors.size(); ++v) {
       const hid_t dset = open[i].dsets[v].get();
       const haddr_t base = H5Dget_offset(dset);
-      const float* data = unit_vector(u, v);
+      const float* data = vectors[v].data;
       const size_t mine = writes_slice(u) ? u.count : 0;
       for (unsigned long long p = 0; p < most_pieces[i]; ++p) {
         const size_t first = std::min<size_t>(p * piece, mine);
         const size_t count = std::min(piece, mine - first);
         write_selected(dset, H5T_NATIVE_FLOAT, u.begin + first, count, count > 0, count > 0 ? data + first : nullptr,
-                       dxpl.get(), vector_path(u.layout->name, v), f);
+                       dxpl.get(), vector_path(u.layout->name, vectors[v].name), f);
         if (base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
       }
     }
@@ -371,7 +383,8 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   std::vector<uint64_t> total(partial.size(), 0);
   MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm);
   for (size_t i = 0; i < units.size(); ++i) {
-    for (int v = 0; v < 3; ++v) put_uint64(open[i].dsets[v].get(), kChecksumAttr, total[3 * i + v], f);
+    for (size_t v = 0; v < open[i].dsets.size(); ++v)
+      put_uint64(open[i].dsets[v].get(), kChecksumAttr, total[checksums.at(i, v)], f);
   }
   open.clear();
   agree_on_error(comm, f.message());

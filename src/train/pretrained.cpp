@@ -21,9 +21,8 @@ PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitSta
       SHARDLM_CHECK(s.numel == model.layout()[u].numel, "model directory ", dir, ": unit ", model.layout()[u].name,
                     " has ", model.layout()[u].numel, " elements, the run's has ", s.numel);
       model.read_unit_slice(u, s.begin, s.begin + s.count, s.param);
-      // A fresh optimizer: both moments start at zero, as in a run from the seed's initialisation.
-      std::fill(s.exp_avg, s.exp_avg + s.count, 0.0f);
-      std::fill(s.exp_avg_sq, s.exp_avg_sq + s.count, 0.0f);
+      // A fresh optimizer: its state starts at zero, as in a run from the seed's initialisation.
+      for (const StateVector& v : s.optimizer) std::fill(v.data, v.data + s.count, 0.0f);
     }
     mine = model.bytes_read();
   });

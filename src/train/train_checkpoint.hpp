@@ -31,7 +31,7 @@ struct PretrainedLoad {
 };
 
 // Fills the param views of `units` (this rank's slices) from the Hugging Face model directory
-// `dir`, reading only the bytes of those slices, and zeroes both AdamW moments. Collective.
+// `dir`, reading only the bytes of those slices, and zeroes every optimizer vector. Collective.
 PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitState>& units, MPI_Comm comm);
 
 }  // namespace shardlm

@@ -1,6 +1,7 @@
 // `shardlm inspect CKPT`: what a checkpoint holds (run position, model, strategy, tensors and norms).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -20,6 +21,23 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+std::string names_text(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return names.empty() ? "none" : s;
+}
+
+// The optimizer vectors stored beside param: one line when every unit holds the same, else per unit.
+void print_optimizer_state(const std::vector<CheckpointUnitState>& units) {
+  const auto differs = [&](const CheckpointUnitState& u) { return u.optimizer != units.front().optimizer; };
+  if (!units.empty() && std::none_of(units.begin(), units.end(), differs)) {
+    std::printf("optimizer    state %s (fp32, beside each unit's param)\n", names_text(units.front().optimizer).c_str());
+    return;
+  }
+  for (const CheckpointUnitState& u : units)
+    std::printf("optimizer    %s: state %s\n", u.unit.c_str(), names_text(u.optimizer).c_str());
+}
+
 void print_checkpoint(const std::string& path) {
   CheckpointReader reader(path);
   const CheckpointMeta& m = reader.meta();
@@ -36,6 +54,7 @@ void print_checkpoint(const std::string& path) {
     std::printf(", kv heads %d, intermediate %d%s", m.model.kv_heads(), m.model.ffn_size(),
                 m.model.tie_word_embeddings ? ", tied head" : "");
   std::printf("\n");
+  print_optimizer_state(reader.unit_states());
   std::printf("\n%-48s %-16s %12s %14s %14s\n", "tensor", "shape", "numel", "l2 norm", "max |x|");
   size_t total = 0;
   for (const CheckpointTensor& t : reader.tensors()) {
