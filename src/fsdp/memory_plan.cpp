@@ -147,12 +147,10 @@ RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
   const std::vector<UnitLayout> layout = model_layout(spec.model);
   const int shard = plan_shard_size(spec);
   RankMemoryPlan p;
-  if (spec.backend == "cpu")
+  if (spec.backend == BackendKind::Cpu)
     p = plan_cpu(spec, layout, shard);
-  else if (spec.backend == "cuda")
-    p = plan_cuda(spec, layout, shard);
   else
-    throw Error(concat("run.backend = '", spec.backend, "': plan knows cpu and cuda"));
+    p = plan_cuda(spec, layout, shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
   return p;

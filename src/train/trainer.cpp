@@ -143,12 +143,12 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<Example> train_set, eval_set;
   // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
-  const bool generate_answers = cfg.data.format == "squad" && cfg.eval.generate != "none";
+  const bool generate_answers = cfg.data.format == DataFormat::Squad && cfg.eval.generate != EvalGenerate::None;
   std::vector<SquadQuestion> questions;
   MetricsWriter metrics;
   std::string resume_path;
   run_collectively(comm, [&] {
-    resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint_dir());
+    resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir());
     if (rank == 0) {
       std::error_code ec;
       std::filesystem::create_directories(cfg.run.dir, ec);
@@ -159,8 +159,8 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !resume_path.empty());
     }
     // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
-    tokenizer = make_tokenizer(cfg.tokenizer_spec());
-    SHARDLM_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", cfg.data.tokenizer, " has ",
+    tokenizer = make_tokenizer(cfg.tokenizer_json());
+    SHARDLM_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data), " has ",
                   tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", cfg.model.vocab_size);
     train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *tokenizer);
     if (!cfg.data.eval_file.empty()) {
@@ -180,7 +180,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   const int micro = cfg.train.micro_batch_size;
   const int accum = cfg.grad_accum(world);
   std::unique_ptr<TrainEngine> engine_owner;
-  if (cfg.run.backend == "cuda") {
+  if (cfg.run.backend == BackendKind::Cuda) {
 #ifdef SHARDLM_HAVE_CUDA
     run_collectively(comm, [&] { engine_owner = make_cuda_engine(cfg, comm, topo, micro); });
 #else
@@ -378,7 +378,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       log.samples_per_second = ev.samples_per_second;
       log.steps_per_second = ev.steps_per_second;
       const bool last_eval = step >= total_steps || epoch == cfg.train.epochs - 1;
-      if (generate_answers && (cfg.eval.generate == "epoch" || last_eval)) {
+      if (generate_answers && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) {
         const int batch = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : micro;
         const SquadGeneration g =
             squad_generate(model, eval_set, questions, *tokenizer, batch, cfg.eval.max_new_tokens, comm);

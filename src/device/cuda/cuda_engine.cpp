@@ -72,9 +72,9 @@ class CudaEngine : public TrainEngine {
     // master; each all-gather casts the master into this rank's place in the gather buffer and
     // gathers in place (1/S of the model's size in 16 bits less, at one cast of the slice a gather).
     cast_at_gather_ = !offload_ && shard_size > 1 && dt_ != DType::F32;
-    backward_prefetch_ = cfg.fsdp.backward_prefetch == "post"   ? Prefetch::Post
-                         : cfg.fsdp.backward_prefetch == "none" ? Prefetch::None
-                                                                : Prefetch::Pre;
+    backward_prefetch_ = cfg.fsdp.backward_prefetch == BackwardPrefetch::Post   ? Prefetch::Post
+                         : cfg.fsdp.backward_prefetch == BackwardPrefetch::None ? Prefetch::None
+                                                                                : Prefetch::Pre;
 
     for (size_t u = 0; u < layout_.size(); ++u) {
       DeviceUnit d;
@@ -358,7 +358,7 @@ class CudaEngine : public TrainEngine {
   void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) const {
     MemoryPlanSpec spec;
     spec.model = cfg.model;
-    spec.backend = "cuda";
+    spec.backend = BackendKind::Cuda;
     spec.strategy = cfg.fsdp.strategy;
     spec.param_dtype = cfg.fsdp.param_dtype;
     spec.reduce_dtype = cfg.fsdp.reduce_dtype;
