@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/dist.hpp"
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
 
@@ -121,12 +122,6 @@ std::string fresh_dir(const std::string& path) {
   std::error_code ec;
   if (error.empty() && !fs::create_directories(path, ec)) error = concat("cannot create '", path, "': ", ec.message());
   return error;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double mib_per_s(size_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / (1 << 20) : 0.0; }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/dist.hpp"
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
 
@@ -50,12 +51,6 @@ void write_model_dir(const std::string& dir, const ModelConfig& cfg) {
       entries.push_back(std::move(e));
     }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), entries);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace

@@ -518,25 +518,25 @@ BOOST_AUTO_TEST_CASE(keep_last_latest_and_resolve_resume) {
   for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".h5";
   BOOST_TEST(files == 2u);
   BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000003.h5");
-  BOOST_TEST(resolve_resume("auto", dir) == newest);
-  BOOST_TEST(resolve_resume(dir, "") == newest);
-  BOOST_TEST(resolve_resume(newest, "") == newest);
-  BOOST_TEST(resolve_resume("none", dir) == "");
-  BOOST_TEST(resolve_resume("", dir) == "");
-  BOOST_TEST(load_and_count_wrong(resolve_resume("auto", dir), world_size()) == 0u);
+  BOOST_TEST(resolve_resume(ResumeFrom::Auto, "", dir) == newest);
+  BOOST_TEST(resolve_resume(ResumeFrom::Path, dir, "") == newest);
+  BOOST_TEST(resolve_checkpoint_path(newest) == newest);
+  BOOST_TEST(resolve_resume(ResumeFrom::None, newest, dir) == "");
+  BOOST_TEST(load_and_count_wrong(resolve_resume(ResumeFrom::Auto, "", dir), world_size()) == 0u);
 
   const std::string empty = scratch("keep_last_empty");
-  BOOST_TEST(resolve_resume("auto", empty) == "");
-  BOOST_TEST(resolve_resume("auto", empty + "/not_yet") == "");
-  BOOST_CHECK_EXCEPTION(resolve_resume(empty, ""), Error, [&](const Error& e) { return contains(e.what(), empty); });
+  BOOST_TEST(resolve_resume(ResumeFrom::Auto, "", empty) == "");
+  BOOST_TEST(resolve_resume(ResumeFrom::Auto, "", empty + "/not_yet") == "");
+  BOOST_CHECK_EXCEPTION(resolve_checkpoint_path(empty), Error, [&](const Error& e) { return contains(e.what(), empty); });
   const std::string nowhere = dir + "/nowhere.h5";
-  BOOST_CHECK_EXCEPTION(resolve_resume(nowhere, dir), Error, [&](const Error& e) { return contains(e.what(), nowhere); });
+  BOOST_CHECK_EXCEPTION(resolve_resume(ResumeFrom::Path, nowhere, dir), Error,
+                        [&](const Error& e) { return contains(e.what(), nowhere); });
 
   // latest naming a file that is gone
   const std::string dangling = scratch("keep_last_dangling");
   if (world_rank() == 0) std::ofstream(dangling + "/latest") << "ckpt-00000009.h5\n";
   MPI_Barrier(MPI_COMM_WORLD);
-  BOOST_CHECK_EXCEPTION(resolve_resume("auto", dangling), Error,
+  BOOST_CHECK_EXCEPTION(resolve_resume(ResumeFrom::Auto, "", dangling), Error,
                         [&](const Error& e) { return contains(e.what(), "ckpt-00000009.h5"); });
 }
 
@@ -589,7 +589,7 @@ BOOST_AUTO_TEST_CASE(a_job_killed_mid_write_keeps_the_previous_checkpoint) {
     }
   }
   sleeping_barrier();
-  BOOST_TEST(resolve_resume("auto", dir) == dir + "/ckpt-00000001.h5");
+  BOOST_TEST(resolve_resume(ResumeFrom::Auto, "", dir) == dir + "/ckpt-00000001.h5");
   BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000001.h5", world_size()) == 0u);
 
   // The next successful checkpoint removes the abandoned temporary of the step before it.

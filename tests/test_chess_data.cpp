@@ -110,7 +110,7 @@ BOOST_AUTO_TEST_CASE(deck_format_chess_reads_games) {
   const std::string deck = SHARDLM_SOURCE_DIR "/input/demo.ini";
   const RunConfig cfg = load_run_config(
       deck, {"--data.format=chess", "--data.train_file=" + kFixtures + "chess_games.jsonl", "--data.eval_file="}, 1);
-  BOOST_TEST(cfg.data.format == "chess");
+  BOOST_TEST((cfg.data.format == DataFormat::Chess));
   DatasetOptions opt;
   opt.max_length = cfg.data.max_length;
   BOOST_TEST(load_examples(cfg.data.format, cfg.data.train_file, ByteTokenizer(), opt).size() == 3u);

@@ -8,38 +8,15 @@
 #include <fstream>
 #include <functional>
 
+#include "config_test_support.hpp"
+#include "temp_dir.hpp"
 #include "shardlm/config.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardlm;
 
-// Lets BOOST_TEST print the enums it compares.
-namespace shardlm {
-std::ostream& boost_test_print_type(std::ostream& os, ShardingStrategy s) { return os << strategy_name(s); }
-std::ostream& boost_test_print_type(std::ostream& os, DType t) { return os << dtype_name(t); }
-}  // namespace shardlm
-
 namespace {
 
-// A fresh temporary folder holding the decks and placeholder data files of one test.
-struct TempDir {
-  fs::path root;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "shardlm_test_config_XXXXXX").string();
-    BOOST_REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    root = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-  std::string write(const std::string& rel, const std::string& text) const {
-    fs::path p = root / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
 
 // The smallest valid deck: the required keys, a vocabulary big enough for the byte tokenizer.
 const std::string kBase =
@@ -49,7 +26,7 @@ const std::string kBase =
 
 // Runs the deck `extra` appended to kBase (in the temp dir, with its data files).
 struct Fixture {
-  TempDir tmp;
+  TempDir tmp{"config"};
   Fixture() {
     tmp.write("train.json", "{}");
     tmp.write("eval.json", "{}");
@@ -112,7 +89,7 @@ BOOST_AUTO_TEST_CASE(values_are_parsed) {
   BOOST_TEST(c.model.num_heads == 8);
   BOOST_TEST(c.model.layer_norm_eps == 1e-6f);
   BOOST_TEST(c.model.init_std == 0.01f);
-  BOOST_TEST(c.data.format == "jsonl");
+  BOOST_TEST(c.data.format == DataFormat::Jsonl);
   BOOST_TEST(c.data.train_file == (tmp.root / "train.json").string());
   BOOST_TEST(c.data.eval_file == (tmp.root / "eval.json").string());
   BOOST_TEST(c.data.max_length == 64);
@@ -124,7 +101,7 @@ BOOST_AUTO_TEST_CASE(values_are_parsed) {
   BOOST_TEST(c.train.lr == 3e-4);
   BOOST_TEST(c.train.weight_decay == 0.0);
   BOOST_TEST(c.train.warmup_steps == 5);
-  BOOST_TEST(c.train.lr_schedule == "constant");
+  BOOST_TEST(c.train.lr_schedule == LrSchedule::Constant);
   BOOST_TEST(c.train.adam_beta1 == 0.8);
   BOOST_TEST(c.train.adam_beta2 == 0.95);
   BOOST_TEST(c.train.adam_eps == 1e-6);
@@ -170,11 +147,11 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {
   const RunConfig d = load(kBase);
-  BOOST_TEST(d.eval.generate == "end");
+  BOOST_TEST(d.eval.generate == EvalGenerate::End);
   BOOST_TEST(d.eval.max_new_tokens == 50);
   BOOST_TEST(d.eval.batch_size == 0);
   const RunConfig c = load(kBase + "[eval]\ngenerate = epoch\nmax_new_tokens = 8\nbatch_size = 4\n");
-  BOOST_TEST(c.eval.generate == "epoch");
+  BOOST_TEST(c.eval.generate == EvalGenerate::Epoch);
   BOOST_TEST(c.eval.max_new_tokens == 8);
   BOOST_TEST(c.eval.batch_size == 4);
   BOOST_TEST(has(error_of([&] { load(kBase, {"--eval.generate=sometimes"}); }), "eval.generate"));
@@ -183,11 +160,11 @@ BOOST_AUTO_TEST_CASE(eval_generation_keys) {
   // GPU decoding path): every choice of eval.generate loads.
   const std::string llama_cuda = kBase + "[run]\nbackend = cuda\n";
   const std::vector<std::string> llama = {"--model.arch=llama", "--data.eval_file=" + deck("{}", "eval_llama.json")};
-  BOOST_TEST(load(llama_cuda, llama).eval.generate == "end");
+  BOOST_TEST(load(llama_cuda, llama).eval.generate == EvalGenerate::End);
   for (const char* choice : {"epoch", "none"}) {
     std::vector<std::string> chosen = llama;
     chosen.push_back(std::string("--eval.generate=") + choice);
-    BOOST_TEST(load(llama_cuda, chosen).eval.generate == choice);
+    BOOST_TEST(eval_generate_name(load(llama_cuda, chosen).eval.generate) == std::string(choice));
   }
 }
 
@@ -430,7 +407,7 @@ BOOST_AUTO_TEST_CASE(demo_deck_loads) {
   RunConfig c = load_run_config((tmp.root / "demo.ini").string(), {}, 2);
   BOOST_TEST(c.model.vocab_size == 259);
   BOOST_TEST(c.model.hidden_size == 128);
-  BOOST_TEST(c.data.format == "squad");
+  BOOST_TEST(c.data.format == DataFormat::Squad);
   BOOST_TEST(c.data.train_file == (fs::absolute(tmp.root) / "data/demo_squad_train.json").string());
   BOOST_TEST(c.train.batch_size == 8);
   BOOST_TEST(c.train.log_every == 5);

@@ -41,7 +41,7 @@ RunConfig config(const std::string& backend, const std::string& name, int steps)
   cfg.train.epochs = 10;  // 25 steps an epoch: max_steps is what ends the run
   cfg.train.max_steps = steps;
   cfg.train.seed = 7;
-  cfg.run.backend = backend;
+  cfg.run.backend = backend == "cuda" ? BackendKind::Cuda : BackendKind::Cpu;
   cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/cuda_engine_np", world_size(), "/", name);
   cfg.checkpoint.at_end = false;
   return cfg;
@@ -259,16 +259,16 @@ BOOST_AUTO_TEST_CASE(all_gather_schedules_give_the_same_losses) {
   base.model.num_layers = 4;
   const TrainResult want = train(base, MPI_COMM_WORLD, quiet());
   BOOST_TEST_REQUIRE(want.step_losses.size() == 12u);
-  for (const char* backward : {"pre", "post", "none"})
+  for (BackwardPrefetch backward : {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None})
     for (bool forward : {true, false})
       for (int limit : {1, 2, 3}) {
-        RunConfig cfg = config("cuda", concat("schedule_", backward, forward, limit), 12);
+        RunConfig cfg = config("cuda", concat("schedule_", backward_prefetch_name(backward), forward, limit), 12);
         cfg.model.num_layers = 4;
         cfg.fsdp.backward_prefetch = backward;
         cfg.fsdp.forward_prefetch = forward;
         cfg.fsdp.limit_all_gathers = limit;
         const TrainResult got = train(cfg, MPI_COMM_WORLD, quiet());
-        BOOST_TEST_CONTEXT("backward_prefetch " << backward << ", forward_prefetch " << forward
+        BOOST_TEST_CONTEXT("backward_prefetch " << backward_prefetch_name(backward) << ", forward_prefetch " << forward
                                                 << ", limit_all_gathers " << limit) {
           BOOST_TEST_REQUIRE(got.step_losses.size() == 12u);
           BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-5);
@@ -350,7 +350,8 @@ BOOST_AUTO_TEST_CASE(a_gpu_checkpoint_resumes_on_the_cpu) {
   gpu.checkpoint.every = 5;
   const TrainResult g = train(gpu, MPI_COMM_WORLD, quiet());
   RunConfig cpu = config("cpu", "resume", 10);
-  cpu.checkpoint.resume = gpu.run.dir + "/checkpoints/ckpt-00000005.h5";
+  cpu.checkpoint.resume = ResumeFrom::Path;
+  cpu.checkpoint.resume_path = gpu.run.dir + "/checkpoints/ckpt-00000005.h5";
   const TrainResult c = train(cpu, MPI_COMM_WORLD, quiet());
   BOOST_TEST_REQUIRE(c.step_losses.size() == 5u);
   BOOST_TEST(max_relative(c.step_losses, std::vector<double>(g.step_losses.begin() + 5, g.step_losses.end())) < 1e-4);

@@ -15,6 +15,7 @@
 
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
+#include "temp_dir.hpp"
 #include "test_support.hpp"
 
 using namespace shardlm;
@@ -26,29 +27,6 @@ const std::string kSourceDir = SHARDLM_SOURCE_DIR;
 const std::string kSquadTrain = kSourceDir + "/input/data/demo_squad_train.json";
 const std::string kSquadEval = kSourceDir + "/input/data/demo_squad_eval.json";
 const std::string kDemoText = kSourceDir + "/input/data/demo_text.jsonl";
-
-// A private temporary directory for fixture files, removed at the end of the test.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("shardlm_test_data_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string write(const std::string& name, const std::string& content) const {
-    const fs::path path = dir / name;
-    std::ofstream out(path, std::ios::binary);
-    out << content;
-    return path.string();
-  }
-};
-
-
 // What load_squad should see in a SQuAD file, read independently with nlohmann-json.
 struct SquadRecord {
   std::string question;
@@ -233,7 +211,7 @@ BOOST_AUTO_TEST_CASE(squad_too_small_max_length_names_record) {
 }
 
 BOOST_AUTO_TEST_CASE(squad_malformed_files_throw_with_file_name) {
-  TempDir tmp;
+  TempDir tmp{"data"};
   ByteTokenizer tok;
   DatasetOptions opt;
   struct Case {
@@ -267,10 +245,10 @@ BOOST_AUTO_TEST_CASE(squad_malformed_files_throw_with_file_name) {
     for (const std::string& part : c.expected)
       BOOST_TEST(contains(msg, part), c.name << ": " << msg);
   }
-  const std::string missing = (tmp.dir / "nowhere.json").string();
+  const std::string missing = (tmp.root / "nowhere.json").string();
   const std::string msg = error_of([&] { load_squad(missing, tok, opt); });
   BOOST_TEST(msg == "cannot open data file '" + missing + "'");
-  const std::string dir_msg = error_of([&] { load_squad(tmp.dir.string(), tok, opt); });
+  const std::string dir_msg = error_of([&] { load_squad(tmp.root.string(), tok, opt); });
   BOOST_TEST(contains(dir_msg, "cannot open data file"), dir_msg);
 }
 
@@ -360,7 +338,7 @@ BOOST_AUTO_TEST_CASE(jsonl_demo_text_and_prompt_targets) {
 }
 
 BOOST_AUTO_TEST_CASE(jsonl_truncation) {
-  TempDir tmp;
+  TempDir tmp{"data"};
   ByteTokenizer tok;
   const std::string long_text(50, 'x');
   const std::string path =
@@ -397,7 +375,7 @@ BOOST_AUTO_TEST_CASE(jsonl_truncation) {
 }
 
 BOOST_AUTO_TEST_CASE(jsonl_malformed_lines_name_file_and_line) {
-  TempDir tmp;
+  TempDir tmp{"data"};
   ByteTokenizer tok;
   DatasetOptions opt;
   opt.max_length = 16;
@@ -431,7 +409,7 @@ BOOST_AUTO_TEST_CASE(jsonl_malformed_lines_name_file_and_line) {
     for (const std::string& part : c.expected)
       BOOST_TEST(contains(msg, part), c.name << ": " << msg);
   }
-  const std::string missing = (tmp.dir / "nowhere.jsonl").string();
+  const std::string missing = (tmp.root / "nowhere.jsonl").string();
   BOOST_TEST(error_of([&] { load_jsonl(missing, tok, opt); }) ==
              "cannot open data file '" + missing + "'");
 }

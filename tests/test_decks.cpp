@@ -21,34 +21,17 @@
 #include <set>
 #include <sstream>
 
+#include "config_test_support.hpp"
+#include "temp_dir.hpp"
 #include "shardlm/config.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardlm;
 
-// Lets BOOST_TEST print the enums it compares.
-namespace shardlm {
-std::ostream& boost_test_print_type(std::ostream& os, ShardingStrategy s) { return os << strategy_name(s); }
-std::ostream& boost_test_print_type(std::ostream& os, DType t) { return os << dtype_name(t); }
-}  // namespace shardlm
-
 namespace {
 
 const fs::path kSource = SHARDLM_SOURCE_DIR;
-
-struct TempDir {
-  fs::path root;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "shardlm_test_decks_XXXXXX").string();
-    BOOST_REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    root = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-};
 
 void write_file(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
@@ -242,7 +225,7 @@ BOOST_AUTO_TEST_CASE(every_deck_under_input_is_checked) {
 BOOST_AUTO_TEST_CASE(decks_load_for_their_gpu_count) {
   for (const DeckCase& c : deck_cases()) {
     BOOST_TEST_CONTEXT("input/" << c.deck) {
-      TempDir work;
+      TempDir work{"decks"};
       const bool shipped = c.model.empty() && c.data_files.empty() && c.overrides.empty();
       const fs::path deck = shipped ? kSource / "input" / c.deck : lay_out(c, work.root);
       std::vector<std::string> overrides;
@@ -268,8 +251,8 @@ BOOST_AUTO_TEST_CASE(decks_load_for_their_gpu_count) {
       const fs::path folder = deck.parent_path();
       if (!c.model.empty()) {
         BOOST_TEST(cfg.model.dir == abs_path(folder / "models" / c.model));
-        BOOST_TEST(contains(cfg.data.tokenizer, "models/" + c.model));
-        BOOST_TEST(cfg.run.backend == "cuda");
+        BOOST_TEST(contains(cfg.data.tokenizer_file, "models/" + c.model));
+        BOOST_TEST(cfg.run.backend == BackendKind::Cuda);
         BOOST_TEST(cfg.fsdp.param_dtype == DType::BF16);
       }
       if (!c.data_files.empty()) {
@@ -290,10 +273,10 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
   for (const DeckCase& c : deck_cases()) {
     if (c.deck.rfind("squad/", 0) != 0) continue;
     BOOST_TEST_CONTEXT("input/" << c.deck) {
-      TempDir work;
+      TempDir work{"decks"};
       const fs::path deck = lay_out(c, work.root);
       const RunConfig cfg = load_run_config(deck.string(), {}, c.gpus);
-      BOOST_TEST(cfg.data.format == "squad");
+      BOOST_TEST(cfg.data.format == DataFormat::Squad);
       BOOST_TEST(cfg.data.max_length == 512);
       BOOST_TEST(cfg.data.train_size == 250u);
       BOOST_TEST(cfg.data.eval_size == 100u);
@@ -327,7 +310,7 @@ BOOST_AUTO_TEST_CASE(deck_reference_documents_every_key_and_its_default) {
   const std::map<std::string, DocRow> documented = documented_keys(md);
 
   // The resolved defaults: a deck with only the required keys.
-  TempDir tmp;
+  TempDir tmp{"decks"};
   write_file(tmp.root / "train.json", kSquadRecord);
   write_file(tmp.root / "deck.ini",
              "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"

@@ -19,7 +19,7 @@ RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
   cfg.model.hidden_size = 32;
   cfg.model.num_layers = 2;
   cfg.model.num_heads = 4;
-  cfg.data.format = "squad";
+  cfg.data.format = DataFormat::Squad;
   cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
   cfg.data.eval_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json";
   cfg.data.eval_size = 16;
@@ -200,7 +200,7 @@ BOOST_AUTO_TEST_CASE(fp16_loss_scaling_skips_overflowing_steps_on_every_rank) {
 BOOST_AUTO_TEST_CASE(jsonl_text_trains_the_same_on_every_world) {
   auto config = [](const std::string& name) {
     RunConfig cfg = tiny_config(ShardingStrategy::FullShard, name);
-    cfg.data.format = "jsonl";
+    cfg.data.format = DataFormat::Jsonl;
     cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_text.jsonl";
     cfg.data.eval_file.clear();
     cfg.train.max_steps = 3;

@@ -73,14 +73,14 @@ BOOST_AUTO_TEST_CASE(threaded_step_is_bit_identical) {
 }
 
 BOOST_AUTO_TEST_CASE(linear_schedule_with_warmup) {
-  BOOST_TEST(scheduled_lr("linear", 1.0, 0, 4, 12) == 0.0);
-  BOOST_TEST(scheduled_lr("linear", 1.0, 2, 4, 12) == 0.5);
-  BOOST_TEST(scheduled_lr("linear", 1.0, 4, 4, 12) == 1.0);
-  BOOST_TEST(scheduled_lr("linear", 1.0, 8, 4, 12) == 0.5);
-  BOOST_TEST(scheduled_lr("linear", 1.0, 12, 4, 12) == 0.0);
-  BOOST_TEST(scheduled_lr("linear", 2.0, 0, 0, 10) == 2.0);
-  BOOST_TEST(scheduled_lr("constant", 2.0, 9, 3, 10) == 2.0);
-  BOOST_TEST(scheduled_lr("constant", 2.0, 1, 4, 10) == 0.5);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 0, 4, 12) == 0.0);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 2, 4, 12) == 0.5);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 4, 4, 12) == 1.0);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 8, 4, 12) == 0.5);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 12, 4, 12) == 0.0);
+  BOOST_TEST(scheduled_lr(LrSchedule::Linear, 2.0, 0, 0, 10) == 2.0);
+  BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 9, 3, 10) == 2.0);
+  BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 1, 4, 10) == 0.5);
 }
 
 BOOST_AUTO_TEST_CASE(clipping_factor) {

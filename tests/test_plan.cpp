@@ -121,7 +121,7 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {
   };
   for (const Point& p : points) {
     shardlm::MemoryPlanSpec s = spec_of(bloom560m(p.overrides));
-    BOOST_TEST_REQUIRE(s.backend == "cuda");
+    BOOST_TEST_REQUIRE((s.backend == shardlm::BackendKind::Cuda));
     for (auto strategy : {shardlm::ShardingStrategy::FullShard, shardlm::ShardingStrategy::NoShard}) {
       s.strategy = strategy;
       const double planned = gib(static_cast<double>(shardlm::plan_rank_memory(s).device_total()));
@@ -150,7 +150,7 @@ BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   s.model.arch = "llama";
   s.model.vocab_size = 300, s.model.hidden_size = 32, s.model.num_layers = 2, s.model.num_heads = 4;
   s.model.num_kv_heads = 2;
-  s.backend = "cuda";
+  s.backend = shardlm::BackendKind::Cuda;
   s.micro_batch = 1, s.max_seq = 16;
   const size_t head = 19200 + 256 + 256;
   // Per block: 1/rms twice, q|k|v, the softmax's log-sum-exp (fp32 [1, 4, 16]), context, h2, gate|up.

@@ -64,7 +64,8 @@ std::vector<double> tail_of_uninterrupted() {
 
 // Runs `cfg` resumed from step 10 on the first `ranks` ranks (the others wait) and shares the losses.
 std::vector<double> resumed_on(int ranks, RunConfig cfg) {
-  cfg.checkpoint.resume = step10();
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = step10();
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &sub);
   std::vector<double> losses(10, 0.0);
@@ -119,7 +120,7 @@ BOOST_AUTO_TEST_CASE(resume_as_hybrid_shard) {
 BOOST_AUTO_TEST_CASE(auto_resume_takes_the_latest) {
   uninterrupted();
   RunConfig cfg = config(ShardingStrategy::FullShard, "full");
-  cfg.checkpoint.resume = "auto";
+  cfg.checkpoint.resume = ResumeFrom::Auto;
   cfg.train.max_steps = 22;  // two more steps after the latest (step 20)
   TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
   BOOST_TEST(r.first_step == 20);
@@ -128,7 +129,7 @@ BOOST_AUTO_TEST_CASE(auto_resume_takes_the_latest) {
 
 BOOST_AUTO_TEST_CASE(auto_without_checkpoints_starts_fresh) {
   RunConfig cfg = config(ShardingStrategy::FullShard, "fresh");
-  cfg.checkpoint.resume = "auto";
+  cfg.checkpoint.resume = ResumeFrom::Auto;
   cfg.checkpoint.at_end = false;
   cfg.train.max_steps = 2;
   TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
@@ -141,7 +142,8 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_on_every_rank) {
   uninterrupted();
   RunConfig cfg = config(ShardingStrategy::FullShard, "wrong_model");
   cfg.model.hidden_size = 64;
-  cfg.checkpoint.resume = step10();
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = step10();
   std::string message;
   try {
     train(cfg, MPI_COMM_WORLD, quiet());

@@ -23,6 +23,7 @@
 
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
+#include "temp_dir.hpp"
 #include "test_support.hpp"
 
 using namespace shardlm;
@@ -158,22 +159,6 @@ void check_against_reference(const std::string& name) {
   }
   BOOST_TEST(failures == 0u, name << ": " << failures << " of " << cases.size() << " texts differ");
 }
-
-
-// A private temporary directory, removed at the end of the test.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("shardlm_test_tokenizer_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
 
 // A small valid tokenizer.json to break in the malformed-file tests.
 json tiny_tokenizer() {
@@ -316,15 +301,15 @@ BOOST_AUTO_TEST_CASE(invalid_utf8_text_is_an_error) {
 }
 
 BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_path) {
-  TempDir tmp;
+  TempDir tmp{"tokenizer"};
   const auto write_and_load = [&](const std::string& name, const std::string& text) {
-    const fs::path path = tmp.dir / name / "tokenizer.json";
+    const fs::path path = tmp.root / name / "tokenizer.json";
     write_text(path, text);
     return std::make_pair(path.string(), error_of([&] { HfTokenizer::from_file(path.string()); }));
   };
   // The tiny tokenizer itself loads and works.
   {
-    const fs::path path = tmp.dir / "ok" / "tokenizer.json";
+    const fs::path path = tmp.root / "ok" / "tokenizer.json";
     write_text(path, tiny_tokenizer().dump());
     const HfTokenizer tok = HfTokenizer::from_file(path.string());
     BOOST_TEST(tok.encode("ab ab<eos>", false) == (std::vector<int32_t>{2, 4, 5}));
@@ -391,19 +376,19 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_path) {
     BOOST_TEST(contains(message, path + ": model: missing"), message);
   }
   {
-    const std::string missing = (tmp.dir / "absent" / "tokenizer.json").string();
+    const std::string missing = (tmp.root / "absent" / "tokenizer.json").string();
     const std::string message = error_of([&] { HfTokenizer::from_file(missing); });
     BOOST_TEST(contains(message, missing), message);
   }
   {
-    const fs::path path = tmp.dir / "bad_config" / "tokenizer.json";
+    const fs::path path = tmp.root / "bad_config" / "tokenizer.json";
     write_text(path, tiny_tokenizer().dump());
-    write_text(tmp.dir / "bad_config" / "tokenizer_config.json", "{\"bos_token\": 3");
+    write_text(tmp.root / "bad_config" / "tokenizer_config.json", "{\"bos_token\": 3");
     const std::string message = error_of([&] { HfTokenizer::from_file(path.string()); });
     BOOST_TEST(contains(message, "tokenizer_config.json: not valid JSON"), message);
   }
   {
-    const fs::path model = tmp.dir / "not_a_model.model";
+    const fs::path model = tmp.root / "not_a_model.model";
     write_text(model, "\x0a\xff\xff\xff");
     const std::string message = error_of([&] { sentencepiece_to_tokenizer_json(model.string()); });
     BOOST_TEST(contains(message, model.string() + ": not a SentencePiece model"), message);

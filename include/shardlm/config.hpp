@@ -7,13 +7,27 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
 #include "shardlm/dist.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm {
 
-// fsdp.backward_prefetch: when the previous block's gather is queued in the backward.
-enum class BackwardPrefetch { Pre, Post, None };
+// The deck's word-valued keys, parsed once here (src/config/choices.cpp names them; the deck's
+// spelling is the name in lower case).
+enum class DataFormat { Squad, Jsonl, Chess };             // data.format
+enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: auto | byte | a path
+enum class LrSchedule { Linear, Constant };                // train.lr_schedule
+enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
+enum class EvalGenerate { End, Epoch, None };              // eval.generate
+enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
+const char* data_format_name(DataFormat f);                // "squad", ...
+const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | "file"
+const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant"
+const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
+const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
+const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
+const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
 
 // The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
 // config.json and the initial weights from its safetensors files.
@@ -22,13 +36,15 @@ struct ModelSection : ModelConfig {
 };
 
 struct DataSection {
-  std::string format = "squad";  // squad | jsonl | chess
+  DataFormat format = DataFormat::Squad;
   std::string train_file;
   std::string eval_file;          // empty: no evaluation
   int max_length = 512;
   size_t train_size = 0;          // 0 = all records
   size_t eval_size = 0;
-  std::string tokenizer = "auto";  // auto (model.dir's tokenizer.json, else byte) | byte | tokenizer.json path
+  // Auto: model.dir's tokenizer.json, else byte (a deck resolves it at load); File: tokenizer_file.
+  TokenizerSource tokenizer = TokenizerSource::Auto;
+  std::string tokenizer_file;  // a tokenizer.json (a folder holding one is resolved to its file at load)
 };
 
 struct TrainSection {
@@ -38,7 +54,7 @@ struct TrainSection {
   double lr = 5e-5;
   double weight_decay = 0.01;
   int warmup_steps = 0;
-  std::string lr_schedule = "linear";  // linear | constant
+  LrSchedule lr_schedule = LrSchedule::Linear;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
@@ -58,14 +74,14 @@ struct FsdpSection {
   bool cpu_offload = false;  // CUDA backend: fp32 master and AdamW state in host memory, the step on the CPU
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
-  std::string backward_prefetch = "pre"; // pre: gather the previous block before this one's backward;
-                                         // post: after it; none: only when needed
+  // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
   int limit_all_gathers = 2;             // FULL_SHARD: gathered block buffers (all-gathers in flight + in use)
 };
 
 // Evaluation by generation: SQuAD exact match and F1 from greedy answers (data.format = squad).
 struct EvalSection {
-  std::string generate = "end";  // end: after the last epoch | epoch: after every epoch | none
+  EvalGenerate generate = EvalGenerate::End;  // End: after the last epoch | Epoch: after every epoch | None
   int max_new_tokens = 50;       // tokens generated per answer at most (EOS ends it earlier)
   int batch_size = 0;            // prompts decoded together on a rank; 0 = train.micro_batch_size
 };
@@ -79,16 +95,21 @@ struct CheckpointSection {
   std::string dir;              // empty: RUN_DIR/checkpoints
   int every = 0;                // optimizer steps between checkpoints; 0 = none on a cadence
   int keep_last = 3;            // checkpoints kept; 0 = all
-  std::string resume = "none";  // none | auto | PATH (a checkpoint file or a checkpoint folder)
+  ResumeFrom resume = ResumeFrom::None;  // Auto: the checkpoint dir's latest, if any; Path: resume_path
+  std::string resume_path;               // a checkpoint file or a checkpoint folder (resume = Path)
   bool at_end = true;           // write one when training ends
   bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
 };
 
 struct RunSection {
   std::string dir = "runs/run";
-  std::string backend = "cpu";
+  BackendKind backend = BackendKind::Cpu;
   double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU) in the log; 0 = not reported
 };
+
+// data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.
+std::string tokenizer_text(const DataSection& data);
+std::string resume_text(const CheckpointSection& checkpoint);
 
 struct RunConfig {
   ModelSection model;
@@ -106,10 +127,11 @@ struct RunConfig {
   int grad_accum(int world) const { return train.batch_size / (world * train.micro_batch_size); }
   // Where checkpoints go: checkpoint.dir, or RUN_DIR/checkpoints when it is empty.
   std::string checkpoint_dir() const { return checkpoint.dir.empty() ? run.dir + "/checkpoints" : checkpoint.dir; }
-  // data.tokenizer with "auto" made concrete: model.dir's tokenizer.json, or "byte" without one.
-  std::string tokenizer_spec() const {
-    if (data.tokenizer != "auto") return data.tokenizer;
-    return model.dir.empty() ? "byte" : model.dir + "/tokenizer.json";
+  // The tokenizer.json data.tokenizer names, Auto made concrete (model.dir's); empty: the byte tokenizer.
+  std::string tokenizer_json() const {
+    if (data.tokenizer == TokenizerSource::File) return data.tokenizer_file;
+    if (data.tokenizer == TokenizerSource::Auto && !model.dir.empty()) return model.dir + "/tokenizer.json";
+    return "";
   }
 };
 

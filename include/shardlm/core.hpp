@@ -42,7 +42,6 @@ std::string concat(const Args&... args) {
 
 // Rank 0 prints info lines; every rank may print an error line prefixed by its rank.
 void set_log_rank(int rank);
-int log_rank();
 void log_info(const std::string& line);   // rank 0 only, stdout
 void log_error(const std::string& line);  // any rank, stderr, prefixed "shardlm: rank R: "
 
@@ -85,7 +84,6 @@ class Timer {
 
 // What the planned buffers of a rank hold; reported per rank and compared to `shardlm plan`.
 enum class MemKind { Params, Grads, Optimizer, Activations, Comm, Other, Count };
-const char* mem_kind_name(MemKind k);
 
 struct MemoryStats {
   size_t current[static_cast<int>(MemKind::Count)] = {};

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardlm/config.hpp"
+
 namespace shardlm {
 
 // What the dataset loaders, the trainer and generation need of a tokenizer.
@@ -115,9 +117,8 @@ std::vector<Example> load_chess(const std::string& path, const Tokenizer& tok,
 // (7th to 8th rank or 2nd to 1st, to the same or a neighbouring file).
 bool is_uci_move(const std::string& move);
 
-// The loader of a deck's data.format: "squad" (load_squad), "jsonl" (load_jsonl) or "chess"
-// (load_chess); Error for any other name.
-std::vector<Example> load_examples(const std::string& format, const std::string& path,
+// The loader of a deck's data.format: load_squad, load_jsonl or load_chess.
+std::vector<Example> load_examples(DataFormat format, const std::string& path,
                                    const Tokenizer& tok, const DatasetOptions& opt);
 
 // A permutation of 0..n-1 drawn by Fisher-Yates from std::mt19937_64(seed) with unbiased bounded
@@ -227,8 +228,8 @@ class HfTextTokenizer final : public Tokenizer {
   HfTokenizer tok_;
 };
 
-// data.tokenizer's value: "byte", or a tokenizer.json file (or a folder holding one). Error
-// naming the file when it cannot be read or has no EOS token.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
+// The tokenizer of a tokenizer.json file (or a folder holding one); empty: the byte tokenizer
+// (RunConfig::tokenizer_json). Error naming the file when it cannot be read or has no EOS token.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json);
 
 }  // namespace shardlm

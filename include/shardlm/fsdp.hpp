@@ -156,7 +156,7 @@ class FsdpEngine {
 // What one rank runs: the model, the backend and the FSDP settings of the deck, the world.
 struct MemoryPlanSpec {
   ModelConfig model;
-  std::string backend = "cpu";  // cpu | cuda
+  BackendKind backend = BackendKind::Cpu;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 
@@ -91,10 +92,11 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
 // dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm);
 
-// Resolves --checkpoint.resume: "none" or "" -> ""; "auto" -> the file DIR/latest names, or ""
-// when there is none yet; a directory -> its latest; a file -> itself. Error if a named path
-// does not exist.
-std::string resolve_resume(const std::string& spec, const std::string& dir);
+// Resolves checkpoint.resume: None -> ""; Auto -> the file DIR/latest names, or "" when there is
+// none yet; Path -> resolve_checkpoint_path(path).
+std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir);
+// A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist.
+std::string resolve_checkpoint_path(const std::string& path);
 
 // Serial, read-only access for `shardlm inspect` and `shardlm export` (no MPI needed).
 struct CheckpointTensor {

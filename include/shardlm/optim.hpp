@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
 
@@ -74,7 +75,7 @@ class AdamW final : public Optimizer {
 
 // Learning rate for optimizer step `step` (0-based) of `total`: linear warmup from 0 over
 // `warmup` steps, then constant or linear decay to 0 at `total` (as transformers' schedules).
-double scheduled_lr(const std::string& schedule, double base_lr, long step, long warmup, long total);
+double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total);
 
 // Factor to multiply gradients by so their global norm is at most max_norm (1 when max_norm is 0
 // or the norm is already within it), as torch.nn.utils.clip_grad_norm_.

@@ -19,7 +19,7 @@ void check_run_config(const RunConfig& cfg, int world_size) {
       bad_value("model.num_heads", std::to_string(m.num_heads),
                 concat("gives an odd head dimension ", m.head_dim(), "; rotary embeddings need an even one"));
   }
-  if ((cfg.data.tokenizer == "byte" || cfg.data.tokenizer == "auto") && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
+  if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
 

@@ -25,6 +25,9 @@ double parse_double(const std::string& key, const std::string& text);  // finite
 float parse_float(const std::string& key, const std::string& text);    // finite only
 bool parse_bool(const std::string& key, const std::string& text);
 
+// "must be a, b or c" ("only a is supported" for one choice): the complaint for a word not in the list.
+std::string choice_list(const std::vector<std::string>& choices);
+
 // Shortest text that parses back to exactly the same value.
 std::string format_double(double v);
 std::string format_float(float v);
@@ -40,7 +43,7 @@ struct KeySpec {
   std::function<std::string(const RunConfig&)> get;
 };
 
-// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, dist, checkpoint, run).
+// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, eval, dist, checkpoint, run).
 const std::vector<KeySpec>& key_table();
 
 // The nearest valid key to an unknown one, or "" when none is close enough to suggest.

@@ -187,9 +187,10 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text.str(), path);
     cfg.model.init_std = init_std;
   }
-  if (cfg.data.tokenizer == "auto") {
-    cfg.data.tokenizer = cfg.tokenizer_spec();
-    SHARDLM_CHECK(cfg.data.tokenizer == "byte" || fs::exists(cfg.data.tokenizer), "data.tokenizer = auto: model.dir ",
+  if (cfg.data.tokenizer == TokenizerSource::Auto) {
+    cfg.data.tokenizer_file = cfg.tokenizer_json();
+    cfg.data.tokenizer = cfg.data.tokenizer_file.empty() ? TokenizerSource::Byte : TokenizerSource::File;
+    SHARDLM_CHECK(cfg.data.tokenizer_file.empty() || fs::exists(cfg.data.tokenizer_file), "data.tokenizer = auto: model.dir ",
                   cfg.model.dir, " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
   }
   check_run_config(cfg, world_size);

@@ -61,13 +61,25 @@ static KeySpec choice_key(const char* name, F field, std::vector<std::string> ch
             std::string v = lower(trim(t));
             for (const std::string& ch : choices)
               if (v == ch) return void(field(c) = ch);
-            std::string list;
-            for (size_t i = 0; i < choices.size(); ++i)
-              list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
-            bad_value(name, quoted(t), choices.size() == 1 ? concat("only ", list, " is supported")
-                                                           : concat("must be ", list));
+            bad_value(name, quoted(t), choice_list(choices));
           },
           [=](const RunConfig& c) { return field(c); }};
+}
+
+// A lowercase word naming one of `values` (their names as `value_name` spells them), stored as the enum.
+template <typename F, typename E>
+static KeySpec enum_key(const char* name, F field, std::vector<E> values, const char* (*value_name)(E)) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) {
+            const std::string v = lower(trim(t));
+            std::vector<std::string> names;
+            for (E e : values) {
+              if (v == value_name(e)) return void(field(c) = e);
+              names.emplace_back(value_name(e));
+            }
+            bad_value(name, quoted(t), choice_list(names));
+          },
+          [=](const RunConfig& c) { return std::string(value_name(field(c))); }};
 }
 
 template <typename F>
@@ -169,16 +181,19 @@ static KeySpec tokenizer_key(const char* name) {
           [=](RunConfig& c, const std::string& t, const std::string& base_dir) {
             const std::string v = trim(t);
             const std::string l = lower(v);
-            if (l == "auto" || l == "byte") return void(c.data.tokenizer = l);
+            c.data.tokenizer_file.clear();
+            if (l == "auto") return void(c.data.tokenizer = TokenizerSource::Auto);
+            if (l == "byte") return void(c.data.tokenizer = TokenizerSource::Byte);
             if (v.empty()) bad_value(name, quoted(t), "must be auto, byte or a tokenizer.json path");
             fs::path p = fs::absolute(fs::path(base_dir) / fs::path(v)).lexically_normal();
             std::error_code ec;
             if (fs::is_directory(p, ec)) p /= "tokenizer.json";
             if (!fs::exists(p, ec))
               bad_value(name, quoted(t), "file not found (" + p.string() + "); expected a tokenizer.json or a folder holding one");
-            c.data.tokenizer = p.string();
+            c.data.tokenizer = TokenizerSource::File;
+            c.data.tokenizer_file = p.string();
           },
-          [](const RunConfig& c) { return c.data.tokenizer; }};
+          [](const RunConfig& c) { return tokenizer_text(c.data); }};
 }
 
 // "none", "auto" or a path; whether the path exists is checked when the run resumes.
@@ -188,9 +203,10 @@ static KeySpec resume_key(const char* name) {
             std::string v = trim(t);
             if (v.empty()) bad_value(name, quoted(t), "must be none, auto or a checkpoint path");
             std::string l = lower(v);
-            c.checkpoint.resume = (l == "none" || l == "auto") ? l : v;
+            c.checkpoint.resume = l == "none" ? ResumeFrom::None : l == "auto" ? ResumeFrom::Auto : ResumeFrom::Path;
+            c.checkpoint.resume_path = c.checkpoint.resume == ResumeFrom::Path ? v : "";
           },
-          [](const RunConfig& c) { return c.checkpoint.resume; }};
+          [](const RunConfig& c) { return resume_text(c.checkpoint); }};
 }
 
 static const char* positive(double v) { return v > 0 ? nullptr : "must be > 0"; }
@@ -214,7 +230,8 @@ static std::vector<KeySpec> build_table() {
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),
       model_dir_key("model.dir"),
 
-      choice_key("data.format", SHARDLM_FIELD(data.format), {"squad", "jsonl", "chess"}),
+      enum_key("data.format", SHARDLM_FIELD(data.format), {DataFormat::Squad, DataFormat::Jsonl, DataFormat::Chess},
+               data_format_name),
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),
       path_key("data.eval_file", SHARDLM_FIELD(data.eval_file)),
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),
@@ -228,7 +245,8 @@ static std::vector<KeySpec> build_table() {
       double_key("train.lr", SHARDLM_FIELD(train.lr), positive),
       double_key("train.weight_decay", SHARDLM_FIELD(train.weight_decay), non_negative),
       int_key("train.warmup_steps", SHARDLM_FIELD(train.warmup_steps), 0, "must be >= 0"),
-      choice_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), {"linear", "constant"}),
+      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), {LrSchedule::Linear, LrSchedule::Constant},
+               lr_schedule_name),
       double_key("train.adam_beta1", SHARDLM_FIELD(train.adam_beta1), unit_interval),
       double_key("train.adam_beta2", SHARDLM_FIELD(train.adam_beta2), unit_interval),
       double_key("train.adam_eps", SHARDLM_FIELD(train.adam_eps), positive),
@@ -245,10 +263,12 @@ static std::vector<KeySpec> build_table() {
       flag_key("fsdp.activation_checkpointing", SHARDLM_FIELD(fsdp.activation_checkpointing)),
       flag_key("fsdp.cpu_offload", SHARDLM_FIELD(fsdp.cpu_offload)),
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch)),
-      choice_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch), {"pre", "post", "none"}),
+      enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch),
+               {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None}, backward_prefetch_name),
       int_key("fsdp.limit_all_gathers", SHARDLM_FIELD(fsdp.limit_all_gathers), 1, "must be >= 1"),
 
-      choice_key("eval.generate", SHARDLM_FIELD(eval.generate), {"end", "epoch", "none"}),
+      enum_key("eval.generate", SHARDLM_FIELD(eval.generate), {EvalGenerate::End, EvalGenerate::Epoch, EvalGenerate::None},
+               eval_generate_name),
       int_key("eval.max_new_tokens", SHARDLM_FIELD(eval.max_new_tokens), 1, "must be >= 1"),
       int_key("eval.batch_size", SHARDLM_FIELD(eval.batch_size), 0, "must be >= 0 (0 = train.micro_batch_size)"),
 
@@ -263,7 +283,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("checkpoint.collective_buffering", SHARDLM_FIELD(checkpoint.collective_buffering)),
 
       dir_key("run.dir"),
-      choice_key("run.backend", SHARDLM_FIELD(run.backend), {"cpu", "cuda"}),
+      enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
   };
 }

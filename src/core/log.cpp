@@ -10,7 +10,6 @@ int g_rank = 0;
 }
 
 void set_log_rank(int rank) { g_rank = rank; }
-int log_rank() { return g_rank; }
 
 void log_info(const std::string& line) {
   if (g_rank != 0) return;

@@ -8,19 +8,6 @@
 
 namespace shardlm {
 
-const char* mem_kind_name(MemKind k) {
-  switch (k) {
-    case MemKind::Params: return "parameters";
-    case MemKind::Grads: return "gradients";
-    case MemKind::Optimizer: return "optimizer";
-    case MemKind::Activations: return "activations";
-    case MemKind::Comm: return "comm_buffers";
-    case MemKind::Other: return "other";
-    case MemKind::Count: break;
-  }
-  return "?";
-}
-
 MemoryStats& memory_stats() {
   static MemoryStats stats;
   return stats;

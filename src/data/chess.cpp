@@ -2,11 +2,10 @@
 // line of text) to next-token examples over "e2e4 e7e5 ...".
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data_file.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -15,11 +14,6 @@ namespace shardlm {
 namespace {
 
 using nlohmann::json;
-
-bool is_blank(const std::string& line) {
-  return std::all_of(line.begin(), line.end(),
-                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
-}
 
 std::string lower_ascii(std::string s) {
   for (char& c : s)
@@ -48,13 +42,7 @@ const json& moves_member(const json& record, const std::string& where) {
 }
 
 std::vector<std::string> json_moves(const std::string& line, const std::string& where) {
-  json record;
-  try {
-    record = json::parse(line);
-  } catch (const json::exception& e) {
-    throw Error(concat(where, ": not valid JSON: ", e.what()));
-  }
-  SHARDLM_CHECK(record.is_object(), where, ": expected a JSON object");
+  const json record = parse_json_record(line, where);
   const json& moves = moves_member(record, where);
   if (moves.is_string()) return split_on_spaces(moves.get<std::string>());
   SHARDLM_CHECK(moves.is_array(), where, ": 'moves' must be a list of strings or one space-separated string");
@@ -96,18 +84,9 @@ bool is_uci_move(const std::string& move) {
 std::vector<Example> load_chess(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
-  std::ifstream in(path, std::ios::binary);
-  // A directory opens as a stream on Linux and reads as empty: reject it by name instead.
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) {
-    throw Error(concat("cannot open data file '", path, "'"));
-  }
   std::vector<Example> examples;
   bool decided = false, json_lines = false;
-  std::string line;
-  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
-    if (is_blank(line)) continue;
-    const std::string where = concat(path, ":", line_number);
+  for_each_record_line(path, [&](const std::string& line, const std::string& where) {
     if (!decided) {
       // The first record decides the file's kind, so a stray text line in JSONL is an error.
       json_lines = line[line.find_first_not_of(" \t")] == '{';
@@ -115,8 +94,7 @@ std::vector<Example> load_chess(const std::string& path, const Tokenizer& tok,
     }
     const std::vector<std::string> moves = json_lines ? json_moves(line, where) : split_on_spaces(line);
     examples.push_back(next_token_example(tok.encode(game_text(moves, where)), tok, opt.max_length));
-  }
-  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
+  });
   SHARDLM_CHECK(!examples.empty(), path, ": no games in the file");
   return select_subset(std::move(examples), opt);
 }

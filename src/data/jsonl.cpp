@@ -1,10 +1,9 @@
 // load_jsonl: JSON lines of {"text"} (loss on every next token) or {"prompt","completion"}
 // (loss on the completion and EOS only).
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data_file.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -13,11 +12,6 @@ namespace shardlm {
 namespace {
 
 using nlohmann::json;
-
-bool is_blank(const std::string& line) {
-  return std::all_of(line.begin(), line.end(),
-                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
-}
 
 std::string string_field(const json& object, const char* key, const std::string& where) {
   const json& value = object.at(key);
@@ -50,13 +44,7 @@ Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int
 
 Example parse_line(const std::string& line, const std::string& where, const Tokenizer& tok,
                    int max_length) {
-  json record;
-  try {
-    record = json::parse(line);
-  } catch (const json::exception& e) {
-    throw Error(concat(where, ": not valid JSON: ", e.what()));
-  }
-  SHARDLM_CHECK(record.is_object(), where, ": expected a JSON object");
+  const json record = parse_json_record(line, where);
   const bool has_text = record.contains("text");
   const bool has_prompt = record.contains("prompt");
   const bool has_completion = record.contains("completion");
@@ -86,19 +74,10 @@ Example next_token_example(const std::vector<int32_t>& text, const Tokenizer& to
 std::vector<Example> load_jsonl(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
-  std::ifstream in(path, std::ios::binary);
-  // A directory opens as a stream on Linux and reads as empty: reject it by name instead.
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) {
-    throw Error(concat("cannot open data file '", path, "'"));
-  }
   std::vector<Example> examples;
-  std::string line;
-  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
-    if (is_blank(line)) continue;
-    examples.push_back(parse_line(line, concat(path, ":", line_number), tok, opt.max_length));
-  }
-  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
+  for_each_record_line(path, [&](const std::string& line, const std::string& where) {
+    examples.push_back(parse_line(line, where, tok, opt.max_length));
+  });
   SHARDLM_CHECK(!examples.empty(), path, ": no records in the file");
   return select_subset(std::move(examples), opt);
 }

@@ -1,11 +1,9 @@
 // load_squad: SQuAD v1.1 JSON to question-answering examples whose loss covers the answer only;
 // load_squad_questions: the same questions' ids and reference answers for exact match and F1.
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "data_file.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -24,19 +22,6 @@ struct QaRecord {
   std::string context;
   std::vector<std::string> answers;
 };
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  // A directory opens as a stream on Linux and reads as empty: reject it by name instead.
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) {
-    throw Error(concat("cannot open data file '", path, "'"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
-  return text.str();
-}
 
 const json& member(const json& object, const char* key, const std::string& where) {
   SHARDLM_CHECK(object.is_object(), where, ": expected a JSON object");
@@ -120,7 +105,7 @@ Example build_example(const QaRecord& record, const Tokenizer& tok, int max_leng
 }
 
 std::vector<QaRecord> read_records(const std::string& path) {
-  const std::string text = read_whole_file(path);
+  const std::string text = read_data_file(path);
   json root;
   try {
     root = json::parse(text);

@@ -26,12 +26,12 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
-  if (spec.empty() || spec == "byte") return std::make_unique<ByteTokenizer>();
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json) {
+  if (tokenizer_json.empty()) return std::make_unique<ByteTokenizer>();
   std::error_code ec;
-  const std::string file = std::filesystem::is_directory(spec, ec)
-                               ? (std::filesystem::path(spec) / "tokenizer.json").string()
-                               : spec;
+  const std::string file = std::filesystem::is_directory(tokenizer_json, ec)
+                               ? (std::filesystem::path(tokenizer_json) / "tokenizer.json").string()
+                               : tokenizer_json;
   auto tok = std::make_unique<HfTextTokenizer>(HfTokenizer::from_file(file));
   SHARDLM_CHECK(tok->eos_id() >= 0, "tokenizer ", file,
                 ": no EOS token found (tokenizer_config.json eos_token, or a token named </s>, <|endoftext|>, ...)");

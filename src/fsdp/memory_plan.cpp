@@ -16,7 +16,7 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // The engine's buffers on one rank, from the same plan FsdpEngine allocates with.
 RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  const bool cuda = spec.backend == "cuda";
+  const bool cuda = spec.backend == BackendKind::Cuda;
   FsdpOptions opt;
   opt.strategy = spec.strategy;
   opt.param_dtype = spec.param_dtype;
@@ -110,12 +110,10 @@ RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
   const std::vector<UnitLayout> layout = model_layout(spec.model);
   const int shard = plan_shard_size(spec);
   RankMemoryPlan p;
-  if (spec.backend == "cpu")
+  if (spec.backend == BackendKind::Cpu)
     p = plan_cpu(spec, layout, shard);
-  else if (spec.backend == "cuda")
-    p = plan_cuda(spec, layout, shard);
   else
-    throw Error(concat("run.backend = '", spec.backend, "': plan knows cpu and cuda"));
+    p = plan_cuda(spec, layout, shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
   return p;

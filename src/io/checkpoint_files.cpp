@@ -1,5 +1,5 @@
 // Checkpoint files on disk: the rename that publishes a checkpoint, the DIR/latest pointer,
-// keep-last pruning, and resolve_resume (which checkpoint --checkpoint.resume means).
+// keep-last pruning, and which checkpoint checkpoint.resume (resolve_resume) or a path (resolve_checkpoint_path) means.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -117,12 +117,16 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
 
 }  // namespace ckpt
 
-std::string resolve_resume(const std::string& spec, const std::string& dir) {
-  if (spec.empty() || spec == "none") return "";
-  if (spec == "auto") {
-    if (dir.empty() || !fs::is_directory(dir)) return "";
-    return latest_target(dir);
+std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir) {
+  switch (from) {
+    case ResumeFrom::None: return "";
+    case ResumeFrom::Auto: return dir.empty() || !fs::is_directory(dir) ? "" : latest_target(dir);
+    case ResumeFrom::Path: break;
   }
+  return resolve_checkpoint_path(path);
+}
+
+std::string resolve_checkpoint_path(const std::string& spec) {
   SHARDLM_CHECK(fs::exists(spec), "--checkpoint.resume: '", spec, "' does not exist");
   if (fs::is_directory(spec)) {
     const std::string target = latest_target(spec);

@@ -1,4 +1,4 @@
-// export_hf_bloom: a Hugging Face BloomForCausalLM directory (config.json, safetensors weights, shard index).
+// export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index) for BLOOM or Llama.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

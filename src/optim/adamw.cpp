@@ -44,9 +44,9 @@ void AdamW::step(double lr, float grad_scale, Stream s) {
   backend_.adamw(ranges_, h, s);
 }
 
-double scheduled_lr(const std::string& schedule, double base_lr, long step, long warmup, long total) {
+double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total) {
   if (warmup > 0 && step < warmup) return base_lr * static_cast<double>(step) / static_cast<double>(warmup);
-  if (schedule == "constant") return base_lr;
+  if (schedule == LrSchedule::Constant) return base_lr;
   if (total <= warmup) return base_lr;
   double remaining = static_cast<double>(total - step) / static_cast<double>(total - warmup);
   return base_lr * (remaining > 0.0 ? remaining : 0.0);

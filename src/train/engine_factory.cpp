@@ -18,9 +18,7 @@ FsdpOptions fsdp_options(const RunConfig& cfg) {
   o.reduce_dtype = cfg.fsdp.reduce_dtype;
   o.cpu_offload = cfg.fsdp.cpu_offload;
   o.forward_prefetch = cfg.fsdp.forward_prefetch;
-  o.backward_prefetch = cfg.fsdp.backward_prefetch == "post"   ? BackwardPrefetch::Post
-                        : cfg.fsdp.backward_prefetch == "none" ? BackwardPrefetch::None
-                                                               : BackwardPrefetch::Pre;
+  o.backward_prefetch = cfg.fsdp.backward_prefetch;
   o.limit_all_gathers = cfg.fsdp.limit_all_gathers;
   return o;
 }
@@ -33,7 +31,7 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
 void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) {
   const size_t planned = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).device_total();
   if (planned != allocated)
-    log_info(concat("warning: the ", cfg.run.backend, " engine allocated ", allocated,
+    log_info(concat("warning: the ", backend_name(cfg.run.backend), " engine allocated ", allocated,
                     " bytes where `shardlm plan` predicts ", planned, " (src/fsdp/memory_plan.cpp is out of date)"));
 }
 
@@ -62,7 +60,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   std::unique_ptr<Backend> backend, host_backend;
   ProcessGroups groups;
   BackendKind kind = BackendKind::Cpu;
-  if (cfg.run.backend == "cuda") {
+  if (cfg.run.backend == BackendKind::Cuda) {
 #ifdef SHARDLM_HAVE_CUDA
     kind = BackendKind::Cuda;
     cuda::select_device(topo);

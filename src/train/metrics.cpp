@@ -153,6 +153,13 @@ std::string eval_line(const EvalLog& log) {
   return line;
 }
 
+std::string done_line(const TrainResult& result, long steps_run, bool gpu_memory) {
+  return concat(result.preempted ? "stopped: " : "done: ", steps_run, " steps in ", fmt("%.1f", result.train_runtime),
+                " s | train_loss ", fmt("%.4f", result.train_loss), " | ", fmt("%.2f", result.train_samples_per_second),
+                " samples/s | peak memory ", format_bytes(result.peak_memory_bytes), " per rank (",
+                gpu_memory ? "GPU" : "planned buffers", "), ", format_bytes(result.peak_rss_bytes), " resident");
+}
+
 std::string summary_table(const RunSummary& s) {
   std::string peaks;
   for (size_t r = 0; r < s.peak_memory_bytes.size(); ++r)

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/train.hpp"
+
 namespace shardlm {
 
 class MetricsWriter {
@@ -84,6 +86,9 @@ nlohmann::json summary_record(const RunSummary& summary);
 
 std::string train_line(const StepLog& log);  // the console line of a logging step
 std::string eval_line(const EvalLog& log);
+// The closing line: "done: N steps in S s | train_loss L | X samples/s | peak memory ..." ("stopped:"
+// when preempted); gpu_memory says whether the peak is the GPU's or the planned buffers'.
+std::string done_line(const TrainResult& result, long steps_run, bool gpu_memory);
 // The table rank 0 prints at the end: train loss, throughput and memory, then one row per
 // evaluation (with EM and F1 columns when any evaluation has them).
 std::string summary_table(const RunSummary& summary);

@@ -26,6 +26,4 @@ bool stop_requested(MPI_Comm comm) {
   return any != 0;
 }
 
-int stop_signal_received() { return static_cast<int>(g_signal); }
-
 }  // namespace shardlm

@@ -9,7 +9,5 @@ namespace shardlm {
 void install_stop_signals();
 // True on every rank when any rank has received a stop signal (collective over comm).
 bool stop_requested(MPI_Comm comm);
-// The signal number received on this rank, 0 if none.
-int stop_signal_received();
 
 }  // namespace shardlm

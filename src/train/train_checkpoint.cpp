@@ -14,7 +14,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
   m.epoch_step = epoch_step;
   m.seed = cfg.train.seed;
   m.optimizer_steps = optimizer_steps;
-  m.lr_schedule = cfg.train.lr_schedule;
+  m.lr_schedule = lr_schedule_name(cfg.train.lr_schedule);
   m.base_lr = cfg.train.lr;
   m.warmup_steps = cfg.train.warmup_steps;
   m.total_steps = total_steps;

@@ -82,7 +82,7 @@ int command_inspect(const std::vector<std::string>& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   run_collectively(MPI_COMM_WORLD, [&] {
-    if (rank == 0) print_checkpoint(resolve_resume(args[0], ""));
+    if (rank == 0) print_checkpoint(resolve_checkpoint_path(args[0]));
   });
   return 0;
 }
@@ -103,7 +103,7 @@ int command_export(const std::vector<std::string>& args) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   run_collectively(MPI_COMM_WORLD, [&] {
     if (rank != 0) return;
-    const std::string path = resolve_resume(args[0], "");
+    const std::string path = resolve_checkpoint_path(args[0]);
     CheckpointReader reader(path);
     export_hf_model(args[1], reader.meta().model, reader.tensors(),
                     [&](const CheckpointTensor& t) { return reader.read(t); }, byte_tokenizer_ids(reader.meta().deck));

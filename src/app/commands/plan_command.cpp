@@ -183,7 +183,7 @@ std::string config_name(const Row& r) {
 // recomputation (about 16% slower on the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x
 // slower there), then both.
 void recommend(Plan& plan) {
-  const bool cuda = plan.cfg.run.backend == "cuda";
+  const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
   const bool nodes = plan.args.ranks / plan.ranks_per_node > 1;
   std::vector<ShardingStrategy> order = {ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp};
   if (nodes) order.insert(order.end(), {ShardingStrategy::HybridShardZero2, ShardingStrategy::HybridShard});
@@ -229,7 +229,7 @@ Plan make_plan(const PlanArgs& args) {
   if (plan.ranks_per_node <= 0) plan.ranks_per_node = args.ranks;
   SHARDLM_CHECK(args.ranks % plan.ranks_per_node == 0, "--ranks-per-node = ", plan.ranks_per_node,
                 ": does not divide --ranks = ", args.ranks);
-  const bool cuda = plan.cfg.run.backend == "cuda";
+  const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
   plan.runtime = cuda ? kCudaRuntimeOverheadBytes : 0;
   for (bool offload : {false, true})
     for (bool ac : {false, true})
@@ -254,7 +254,7 @@ Plan make_plan(const PlanArgs& args) {
 void print_table(const Plan& plan) {
   const RunConfig& c = plan.cfg;
   const ModelConfig& m = c.model;
-  const bool cuda = c.run.backend == "cuda";
+  const bool cuda = c.run.backend == BackendKind::Cuda;
   const size_t params = plan.rows.front().memory.record.model_params;
   std::printf("shardlm plan: %s\n", plan.args.deck.c_str());
   std::printf("model    %s: vocab %d, hidden %d, layers %d, heads %d", m.arch.c_str(), m.vocab_size, m.hidden_size,
@@ -262,7 +262,7 @@ void print_table(const Plan& plan) {
   if (m.is_llama()) std::printf(", kv heads %d, intermediate %d", m.kv_heads(), m.ffn_size());
   std::printf("; %zu parameters (%s fp32)\n", params, format_bytes(params * 4).c_str());
   std::printf("run      %s backend, %d rank(s), %d per node; micro-batch %d x %d tokens; param %s, reduce %s\n",
-              c.run.backend.c_str(), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,
+              backend_name(c.run.backend), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,
               dtype_name(c.fsdp.param_dtype), dtype_name(c.fsdp.reduce_dtype));
   if (cuda)
     std::printf("budget   %s per GPU, of which %s for the CUDA runtime (context, cuBLASLt, NCCL; measured,\n"
@@ -330,7 +330,7 @@ void print_json(const Plan& plan) {
   }
   nlohmann::ordered_json out = {
       {"deck", plan.args.deck},
-      {"backend", c.run.backend},
+      {"backend", backend_name(c.run.backend)},
       {"model",
        {{"arch", c.model.arch},
         {"vocab_size", c.model.vocab_size},

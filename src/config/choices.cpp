@@ -1,0 +1,44 @@
+// The names of the deck's word-valued keys (data.format, train.lr_schedule, ...), as the deck spells them.
+#include "config_internal.hpp"
+
+namespace shardlm {
+
+namespace {
+
+// names[i] is the name of the enum's value i (the enums are declared in the names' order).
+template <typename E, size_t N>
+const char* name_of(E value, const char* const (&names)[N]) {
+  const auto i = static_cast<size_t>(value);
+  return i < N ? names[i] : "?";
+}
+
+}  // namespace
+
+const char* data_format_name(DataFormat f) { return name_of(f, {"squad", "jsonl", "chess"}); }
+const char* tokenizer_source_name(TokenizerSource t) { return name_of(t, {"auto", "byte", "file"}); }
+const char* lr_schedule_name(LrSchedule s) { return name_of(s, {"linear", "constant"}); }
+const char* backward_prefetch_name(BackwardPrefetch p) { return name_of(p, {"pre", "post", "none"}); }
+const char* eval_generate_name(EvalGenerate g) { return name_of(g, {"end", "epoch", "none"}); }
+const char* resume_from_name(ResumeFrom r) { return name_of(r, {"none", "auto", "path"}); }
+const char* backend_name(BackendKind b) { return name_of(b, {"cpu", "cuda"}); }
+
+std::string tokenizer_text(const DataSection& data) {
+  return data.tokenizer == TokenizerSource::File ? data.tokenizer_file : tokenizer_source_name(data.tokenizer);
+}
+
+std::string resume_text(const CheckpointSection& checkpoint) {
+  return checkpoint.resume == ResumeFrom::Path ? checkpoint.resume_path : resume_from_name(checkpoint.resume);
+}
+
+namespace config_detail {
+
+std::string choice_list(const std::vector<std::string>& choices) {
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  return choices.size() == 1 ? concat("only ", list, " is supported") : concat("must be ", list);
+}
+
+}  // namespace config_detail
+
+}  // namespace shardlm

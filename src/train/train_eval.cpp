@@ -1,0 +1,86 @@
+// The evaluation after each epoch: the eval loss on every rank's share of the eval set and, for
+// SQuAD when eval.generate asks, greedy answers scored by exact match and F1 (predictions.json).
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "generate.hpp"
+#include "train_run.hpp"
+
+namespace shardlm {
+
+namespace {
+
+// Writes the predictions as the official SQuAD v1.1 evaluation script reads them: {"id": "text"}.
+void write_predictions(const std::string& path, const std::vector<std::pair<std::string, std::string>>& predictions) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [id, text] : predictions) j[id] = text;
+  std::ofstream out(path);
+  out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  SHARDLM_CHECK(out.good(), "cannot write ", path);
+}
+
+struct EvalResult {
+  double loss = 0;
+  double runtime = 0;
+  double samples_per_second = 0;
+  double steps_per_second = 0;  // micro-batches per rank per second
+};
+
+EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
+                    int32_t pad_id) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  Timer timer;
+  double loss_sum = 0, count = 0;
+  const std::vector<std::vector<size_t>> batches = eval_micro_batches(eval_set.size(), rank, world, micro);
+  for (const auto& indices : batches) {
+    MicroBatch mb = make_micro_batch(eval_set, indices, pad_id);
+    loss_sum += model.forward_loss(mb);
+    count += static_cast<double>(mb.target_count);
+  }
+  EvalResult r;
+  loss_sum = mpi_sum(comm, loss_sum);
+  count = mpi_sum(comm, count);
+  r.loss = count > 0 ? loss_sum / count : 0.0;
+  r.runtime = mpi_max(comm, timer.seconds());
+  r.samples_per_second = r.runtime > 0 ? eval_set.size() / r.runtime : 0.0;
+  r.steps_per_second = r.runtime > 0 ? batches.size() / r.runtime : 0.0;
+  return r;
+}
+
+}  // namespace
+
+EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result) {
+  const RunConfig& cfg = run.cfg;
+  run.progress.hide();
+  EvalResult ev = evaluate(*run.engine, run.eval_set, run.comm, run.micro, run.tokenizer->pad_id());
+  result.eval_losses.push_back(ev.loss);
+  EvalLog log;
+  log.step = step;
+  log.epoch = static_cast<double>(step) / static_cast<double>(run.steps_per_epoch);
+  log.loss = ev.loss;
+  log.runtime = ev.runtime;
+  log.samples_per_second = ev.samples_per_second;
+  log.steps_per_second = ev.steps_per_second;
+  const bool last_eval = step >= run.total_steps || epoch == cfg.train.epochs - 1;
+  if (run.generate_answers && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) {
+    const int batch = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : run.micro;
+    const SquadGeneration g = squad_generate(*run.engine, run.eval_set, run.questions, *run.tokenizer, batch,
+                                             cfg.eval.max_new_tokens, run.comm);
+    run_collectively(run.comm, [&] {
+      if (run.rank == 0)
+        write_predictions((std::filesystem::path(cfg.run.dir) / "predictions.json").string(), g.predictions);
+    });
+    log.exact_match = result.exact_match = g.exact_match;
+    log.f1 = result.f1 = g.f1;
+    log.generation_runtime = g.runtime;
+  }
+  run.say(eval_line(log));
+  if (run.rank == 0) run.metrics.write(eval_record(log));
+  return log;
+}
+
+}  // namespace shardlm

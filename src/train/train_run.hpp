@@ -1,0 +1,109 @@
+// The state of one training run and the parts train() is made of: setup (train_setup.cpp), one
+// optimizer step (train_step.cpp), its log line (train_log.cpp), the epoch's evaluation
+// (train_eval.cpp) and the closing summary (train_summary.cpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "metrics.hpp"
+#include "shardlm/config.hpp"
+#include "shardlm/data.hpp"
+#include "shardlm/dist.hpp"
+#include "shardlm/train.hpp"
+
+namespace shardlm {
+
+// What setup builds and the loop reads: the data, the engine and the run's fixed shape.
+struct TrainRun {
+  TrainRun(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
+  void say(const std::string& line) { progress.print(line); }
+
+  const RunConfig& cfg;
+  MPI_Comm comm;
+  int rank = 0, world = 1;
+  bool echo = false;  // this rank prints the deck, the log lines and the summary
+  ProgressDisplay progress;
+  MetricsWriter metrics;  // open on rank 0 only
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<Example> train_set, eval_set;
+  // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
+  bool generate_answers = false;
+  std::vector<SquadQuestion> questions;
+  std::string resume_path;  // empty: a fresh run
+  Topology topo;
+  int micro = 1, accum = 1;
+  std::unique_ptr<FsdpEngine> engine;
+  std::optional<DistributedSampler> sampler;
+  long steps_per_epoch = 0, total_steps = 0;
+  double flops_per_token = 0;  // training FLOPs (forward + backward) per token, for the MFU
+};
+
+// Where the run is: optimizer steps taken, the position in the data after the last of them, and
+// the dynamic loss scale.
+struct TrainPosition {
+  long step = 0;
+  int epoch = 0;          // `epoch_step` steps done in `epoch`
+  long epoch_step = 0;
+  bool scaling = false;   // dynamic loss scaling (GradScaler's rules) is on
+  double loss_scale = 1;
+  long good_steps = 0;    // steps since the scale last changed
+};
+
+// ---- setup (train_setup.cpp) ----------------------------------------------------------------
+// Echoes the deck, creates the run directory, loads tokenizer and data, builds the engine and
+// logs the run's shape and memory. Throws AgreedError on every rank for a bad setup.
+std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
+// The loss scale to start from and, from a checkpoint (resume) or a Hugging Face directory
+// (model.dir), the weights and position to start at. Collective.
+TrainPosition load_start(TrainRun& run);
+
+// ---- one optimizer step (train_step.cpp) ----------------------------------------------------
+struct StepOutcome {
+  double loss = 0;      // mean token loss of the global batch
+  double grad_norm = 0; // before clipping, loss scale removed
+  double lr = 0;
+  double seconds = 0;   // slowest rank
+  int64_t tokens = 0;   // tokens of the global batch
+};
+// Step `s` of `epoch`: accumulation over the micro-batches, clip and AdamW (or a skipped step on
+// overflow, with the loss scale halved). Advances pos.step. Collective.
+StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, TrainResult& result);
+
+// ---- logging (train_log.cpp) ----------------------------------------------------------------
+// Means since the last log line.
+struct LogInterval {
+  double loss = 0;
+  int steps = 0;
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+// Logs the interval ending at pos.step (console line and train record) and clears it; returns the
+// logged loss. Collective (the per-rank memory is gathered).
+double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& last, LogInterval& interval);
+// This rank's peak memory: on a GPU the device's high-water mark; on the CPU the planned buffers.
+size_t run_peak_bytes(const FsdpEngine& engine);
+// Model FLOPs utilisation at `tokens_per_second` over all ranks; 0 without run.peak_tflops.
+double run_mfu(const TrainRun& run, double tokens_per_second);
+
+// ---- evaluation (train_eval.cpp) ------------------------------------------------------------
+// The eval loss after `epoch` (and the SQuAD answers when due), logged and recorded. Collective.
+EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result);
+
+// ---- the end (train_summary.cpp) ------------------------------------------------------------
+struct RunTotals {
+  double seconds = 0;        // this rank's time in the step loop
+  int64_t tokens = 0;        // trained this run
+  double final_loss = NAN;   // the last logged loss
+  std::vector<EvalLog> evals;
+};
+// Fills the result's totals, prints the closing line and table, writes the summary record. Collective.
+void summarize_run(TrainRun& run, const TrainPosition& pos, const RunTotals& totals, TrainResult& result);
+
+}  // namespace shardlm

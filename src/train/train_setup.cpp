@@ -1,0 +1,193 @@
+// A run's setup: the deck echoed and saved, tokenizer and data loaded, the engine built, the run's
+// shape and per-rank memory logged; then the weights and position it starts from.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "train_checkpoint.hpp"
+#include "train_run.hpp"
+#include "shardlm/device.hpp"
+#include "shardlm/fsdp.hpp"
+#include "shardlm/io.hpp"
+
+namespace shardlm {
+
+namespace {
+
+DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
+  DatasetOptions opt;
+  opt.max_length = data.max_length;
+  opt.limit = limit;
+  opt.seed = seed;
+  opt.shuffle_subset = limit > 0;
+  return opt;
+}
+
+std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
+                                  uint64_t seed, const Tokenizer& tok) {
+  return load_examples(data.format, path, tok, dataset_options(data, limit, seed));
+}
+
+// Run directory, resolved deck and metrics file (rank 0), tokenizer and data (every rank).
+void load_inputs(TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  run.resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir());
+  if (run.rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.run.dir, ec);
+    SHARDLM_CHECK(!ec, "run.dir = '", cfg.run.dir, "': cannot create it: ", ec.message());
+    std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
+    deck << resolved_deck_ini(cfg);
+    SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
+    run.metrics =
+        MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !run.resume_path.empty());
+  }
+  // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
+  run.tokenizer = make_tokenizer(cfg.tokenizer_json());
+  SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
+                " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
+                cfg.model.vocab_size);
+  run.train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *run.tokenizer);
+  if (!cfg.data.eval_file.empty()) {
+    run.eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, *run.tokenizer);
+    if (run.generate_answers)
+      run.questions =
+          load_squad_questions(cfg.data.eval_file, dataset_options(cfg.data, cfg.data.eval_size, cfg.train.seed));
+  }
+  SHARDLM_CHECK(run.train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
+                cfg.train.batch_size, " is larger than the training set (", run.train_set.size(), " examples in ",
+                cfg.data.train_file, ")");
+}
+
+// Collective: a rank that cannot build its engine (no GPU, no CUDA in this build) ends every rank
+// with its message.
+std::unique_ptr<FsdpEngine> make_run_engine(const TrainRun& run) {
+  std::unique_ptr<FsdpEngine> engine;
+  run_collectively(run.comm, [&] { engine = make_engine(run.cfg, run.comm, run.topo, run.micro); });
+  return engine;
+}
+
+void report_memory(const FsdpEngine& engine, MPI_Comm comm, bool echo, MetricsWriter& metrics) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  FsdpMemory m = engine.memory();
+  double mine[7] = {double(m.master_shard), double(m.grad_shard), double(engine.optimizer_bytes()),
+                    double(m.full_params),  double(m.full_grads), double(m.activations), double(m.comm_staging)};
+  std::vector<double> all(7 * static_cast<size_t>(world));
+  MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, comm);
+  if (rank != 0) return;
+  const double model_bytes = static_cast<double>(m.model_params) * sizeof(float);
+  if (echo) {
+    log_info(concat("model: ", m.model_params, " parameters (", format_bytes(size_t(model_bytes)),
+                    " fp32); per-rank state:"));
+    log_info("  rank   master-shard     grad-shard      optimizer    full-params     full-grads    activations");
+  }
+  for (int r = 0; r < world; ++r) {
+    const double* v = &all[7 * static_cast<size_t>(r)];
+    if (echo) {
+      char line[256];
+      std::snprintf(line, sizeof line, "  %4d %14s %14s %14s %14s %14s %14s", r, format_bytes(size_t(v[0])).c_str(),
+                    format_bytes(size_t(v[1])).c_str(), format_bytes(size_t(v[2])).c_str(),
+                    format_bytes(size_t(v[3])).c_str(), format_bytes(size_t(v[4])).c_str(),
+                    format_bytes(size_t(v[5])).c_str());
+      log_info(line);
+    }
+    metrics.write({{"type", "memory"}, {"rank", r}, {"master_shard_bytes", v[0]}, {"grad_shard_bytes", v[1]},
+                   {"optimizer_bytes", v[2]}, {"full_param_bytes", v[3]}, {"full_grad_bytes", v[4]},
+                   {"activation_bytes", v[5]}, {"comm_staging_bytes", v[6]}, {"model_bytes", model_bytes},
+                   {"sharded_state_fraction", (v[0] + v[2]) / (3.0 * model_bytes)}});
+  }
+}
+
+// The run's shape: world and groups, data and batch, as log lines and the setup record.
+void report_shape(TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  ProcessGroups& groups = run.engine->groups();
+  run.say(concat("world ", run.world, " rank(s) on ", run.topo.num_nodes, run.topo.emulated ? " emulated" : "",
+                 " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
+                 ", replicate group ", groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype),
+                 ", reduce ", dtype_name(cfg.fsdp.reduce_dtype)));
+  run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
+                 cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
+                 " ranks; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));
+  if (run.rank == 0)
+    run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
+                       {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
+                       {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
+                       {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
+}
+
+}  // namespace
+
+TrainRun::TrainRun(const RunConfig& config, MPI_Comm communicator, const TrainOptions& options)
+    : cfg(config),
+      comm(communicator),
+      rank([&] { int r = 0; MPI_Comm_rank(communicator, &r); return r; }()),
+      world([&] { int w = 1; MPI_Comm_size(communicator, &w); return w; }()),
+      echo(options.echo && rank == 0),
+      progress(echo, echo && output_is_terminal(), 0, 0),
+      generate_answers(config.data.format == DataFormat::Squad && config.eval.generate != EvalGenerate::None) {}
+
+std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options) {
+  auto run = std::make_unique<TrainRun>(cfg, comm, options);
+  memory_reset_peak();
+  if (run->echo) {
+    log_info("# shardlm " SHARDLM_VERSION ": resolved input deck");
+    log_info(resolved_deck_ini(cfg));
+  }
+  // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
+  run_collectively(comm, [&] { load_inputs(*run); });
+  run_collectively(comm, [&] { run->topo = make_topology(comm, cfg.dist.ranks_per_node); });
+  // Ranks sharing a host split its cores between their BLAS threads.
+  cpu_set_threads(cpu_default_threads(run->topo.host_ranks));
+
+  run->micro = cfg.train.micro_batch_size;
+  run->accum = cfg.grad_accum(run->world);
+  run->engine = make_run_engine(*run);
+  run->sampler.emplace(run->train_set.size(), static_cast<size_t>(cfg.train.batch_size), cfg.train.seed,
+                       cfg.train.shuffle);
+  run->steps_per_epoch = static_cast<long>(run->sampler->steps_per_epoch());
+  run->total_steps = run->steps_per_epoch * cfg.train.epochs;
+  if (cfg.train.max_steps > 0) run->total_steps = std::min<long>(run->total_steps, cfg.train.max_steps);
+  const ModelConfig& mc = cfg.model;
+  const double params = static_cast<double>(run->engine->memory().model_params);
+  run->flops_per_token =
+      6.0 * params + 12.0 * mc.num_layers * static_cast<double>(mc.hidden_size) * cfg.data.max_length;
+
+  report_shape(*run);
+  report_memory(*run->engine, comm, run->echo, run->metrics);
+  return run;
+}
+
+TrainPosition load_start(TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  TrainPosition pos;
+  const bool fp16 = cfg.fsdp.param_dtype == DType::F16 || cfg.fsdp.reduce_dtype == DType::F16;
+  pos.scaling = cfg.train.loss_scale > 0 || fp16;
+  pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
+  FsdpEngine& model = *run.engine;
+  if (!run.resume_path.empty()) {
+    CheckpointMeta meta = load_checkpoint(run.resume_path, model.checkpoint_state(), run.comm);
+    model.set_optimizer_steps(meta.optimizer_steps);
+    model.checkpoint_loaded();
+    pos.step = meta.step;
+    if (pos.scaling && meta.loss_scale > 0) pos.loss_scale = meta.loss_scale;
+    pos.epoch = meta.epoch;
+    pos.epoch_step = meta.epoch_step;
+    run.say(concat("resumed from ", run.resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
+                   meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
+  } else if (!cfg.model.dir.empty()) {
+    const PretrainedLoad load = load_pretrained(cfg.model.dir, model.checkpoint_state(), run.comm);
+    model.checkpoint_loaded();
+    run.say(concat("loaded weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total), " read by ", run.world,
+                   " rank(s) (at most ", format_bytes(load.bytes_max_rank), " by one) in ", load.seconds, " s"));
+    if (run.rank == 0)
+      run.metrics.write({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
+                         {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
+  }
+  return pos;
+}
+
+}  // namespace shardlm
