@@ -40,7 +40,7 @@ struct Sharded {
 
 inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank, bool fill) {
   Sharded s;
-  s.layouts = shardlm::bloom_layout(cfg);
+  s.layouts = shardlm::model_layout(cfg);
   const size_t n = s.layouts.size();
   for (auto& v : s.vectors) v.resize(n);
   for (size_t u = 0; u < n; ++u) {

@@ -1,19 +1,14 @@
 // One rank's memory per strategy and backend, for `shardlm plan`: the CPU backend from the same
-// sizing functions FsdpModel and BloomCpu allocate with; the CUDA backend from the allocations of
-// CudaEngine and BloomCuda (mirrored here) or LlamaCuda (its own sizing function, plain C++), which
-// check at start-up that they allocated exactly this.
+// sizing functions FsdpModel allocates with; the CUDA backend from the allocations of CudaEngine
+// (mirrored here), which checks at start-up that it allocated exactly this; the model's own
+// buffers on either backend from its family (unit_model_memory).
 #include <algorithm>
 
-#include "../device/cuda/llama_cuda_sizes.hpp"
 #include "shardlm/fsdp.hpp"
+#include "shardlm/model.hpp"
 
 namespace shardlm {
 namespace {
-
-// Logits of at most this many tokens exist at once in BloomCuda's LM head (bloom_cuda.cpp).
-constexpr size_t kCudaHeadChunkTokens = 2048;
-// cuBLASLt wants 256-byte aligned workspace pieces (dtype_cuda.cuh's align256).
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct UnitSizes {
   size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
@@ -49,27 +44,11 @@ RankMemoryPlan plan_cpu(const MemoryPlanSpec& spec, const std::vector<UnitLayout
   p.record.full_params = (b.root_full + b.block_full * b.block_full_copies) * sizeof(float);
   p.record.full_grads = (b.root_grad_full + b.block_grad_full) * sizeof(float);
   p.record.comm_staging = b.grad_slice_tmp * sizeof(float) + 2 * b.staging16 * sizeof(uint16_t);
-  p.record.activations =
-      cpu_activation_bytes(spec.model, spec.micro_batch, spec.max_seq) + 4 * b.hidden * sizeof(float);
+  // The model with the hidden states between units (b.hidden each, four of them).
+  p.record.activations = unit_model_memory(spec.model, BackendKind::Cpu, DType::F32, spec.micro_batch, spec.max_seq,
+                                           spec.activation_checkpointing)
+                             .activations;
   return p;
-}
-
-// BloomCuda::activation_bytes(): hidden states, per-block saved activations (one block's with
-// activation checkpointing), backward scratch and the attention and LM-head workspaces.
-size_t bloom_cuda_activation_bytes(const ModelConfig& cfg, size_t dsize, int max_batch, int max_seq, bool checkpointing,
-                                   DType dt) {
-  const size_t N = static_cast<size_t>(max_batch) * max_seq, H = cfg.hidden_size, L = cfg.num_layers;
-  const size_t heads = cfg.num_heads, T = max_seq;
-  size_t bytes = (L + 1) * N * H * dsize + 2 * N * H * dsize;  // h_0..h_L, embedding and final-norm outputs
-  const size_t saved = N * H * dsize * (1 + 3 + 1 + 1 + 1 + 4 + 4) + max_batch * heads * T * T * dsize + 4 * N * 4;
-  bytes += (checkpointing ? 1 : L) * saved;
-  bytes += N * H * dsize * (2 + 1 + 3 + 1 + 1 + 4);  // dh (2), dln, dqkv, dctx, dh2, dpre
-  const size_t scores = heads * T * T;               // attention_workspace_bytes (attention.cu)
-  bytes += align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dsize));
-  const size_t chunk = std::min(kCudaHeadChunkTokens, N);  // lm_head_workspace_bytes (lm_head.cu)
-  bytes += align256(chunk * cfg.vocab_size * sizeof(float)) + align256(chunk * sizeof(float)) +
-           align256(chunk * sizeof(int));
-  return bytes;
 }
 
 RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
@@ -110,17 +89,10 @@ RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayou
     if (spec.reduce_dtype != DType::F32) p.record.comm_staging += (u.max_padded + u.max_shard) * dsize;
   }
   const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
-  if (spec.model.is_llama()) {
-    // LlamaCuda counts every buffer it holds as activations.
-    p.record.activations = cuda::llama_cuda_sizes(spec.model, spec.param_dtype, spec.micro_batch, spec.max_seq,
-                                                  spec.activation_checkpointing)
-                               .total();
-  } else {
-    p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
-                                                       spec.activation_checkpointing, spec.param_dtype);
-    // BloomCuda's embedding and final LayerNorm statistics, ALiBi slopes.
-    p.model_extra = 4 * N * 4 + static_cast<size_t>(spec.model.num_heads) * 4;
-  }
+  const ModelMemory model = unit_model_memory(spec.model, BackendKind::Cuda, spec.param_dtype, spec.micro_batch,
+                                             spec.max_seq, spec.activation_checkpointing);
+  p.record.activations = model.activations;
+  p.model_extra = model.extra;
   p.io_buffers = 2 * N * 4 + 4 + 8 + 8;  // tokens, targets; loss, count, norm
   return p;
 }
