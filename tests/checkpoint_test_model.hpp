@@ -46,7 +46,7 @@ struct Sharded {
 inline Sharded make_sharded(const shardlm::ModelConfig& cfg, int group, int rank, bool fill,
                             const std::vector<std::string>& optimizer = adamw_vectors()) {
   Sharded s;
-  s.layouts = shardlm::bloom_layout(cfg);
+  s.layouts = shardlm::model_layout(cfg);
   const size_t n = s.layouts.size();
   s.vectors.assign(1 + optimizer.size(), std::vector<std::vector<float>>(n));
   for (size_t u = 0; u < n; ++u) {

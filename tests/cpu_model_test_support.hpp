@@ -1,5 +1,6 @@
-// Shared by the CPU model suites (test_model: BLOOM, test_llama: Llama): random data, a tiny
-// model's flat parameters, and full forward/backward passes through the CpuModel interface.
+// Shared by the CPU model suites (test_model: BLOOM, test_llama: Llama, test_unit_model,
+// test_generate): tiny configs, random data, a tiny model's flat parameters, and full
+// forward/backward passes through the CpuModel interface.
 #pragma once
 
 #include <boost/test/unit_test.hpp>
@@ -17,6 +18,36 @@
 namespace model_test {
 
 using namespace shardlm;
+
+// ---- tiny models of each family ---------------------------------------------------------------
+
+// Larger init_std than the real models' so attention is far from uniform and every path carries signal.
+inline ModelConfig tiny_bloom() {
+  ModelConfig c;
+  c.arch = "bloom";
+  c.vocab_size = 41;
+  c.hidden_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 3;
+  c.init_std = 0.3f;
+  return c;
+}
+
+inline ModelConfig tiny_llama() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 37;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.intermediate_size = 40;
+  c.rope_theta = 500.0f;
+  c.rope_scaling.factor = 8.0f;
+  c.rope_scaling.original_max_position_embeddings = 8;  // all three frequency bands within a few positions
+  c.init_std = 0.3f;
+  return c;
+}
 
 // ---- helpers --------------------------------------------------------------------------------
 

@@ -269,7 +269,7 @@ BOOST_AUTO_TEST_CASE(serial_reader_returns_tensors_by_name) {
     CheckpointReader reader(dir + "/ckpt-00000005.h5");
     BOOST_TEST(reader.meta().step == 5);
     BOOST_TEST(reader.meta().model.hidden_size == 8);
-    const std::vector<UnitLayout> layouts = bloom_layout(tiny_bloom());
+    const std::vector<UnitLayout> layouts = model_layout(tiny_bloom());
     size_t expected = 0;
     for (const UnitLayout& u : layouts) expected += u.tensors.size();
     BOOST_TEST_REQUIRE(reader.tensors().size() == expected);

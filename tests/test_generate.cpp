@@ -21,33 +21,6 @@ namespace {
 
 const std::string kFixtures = SHARDLM_SOURCE_DIR "/tests/fixtures/hf";
 
-ModelConfig tiny_bloom() {
-  ModelConfig c;
-  c.arch = "bloom";
-  c.vocab_size = 41;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 3;
-  c.init_std = 0.3f;
-  return c;
-}
-
-ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 37;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.intermediate_size = 40;
-  c.rope_theta = 500.0f;
-  c.rope_scaling.factor = 8.0f;
-  c.rope_scaling.original_max_position_embeddings = 8;  // all three frequency bands within a few positions
-  c.init_std = 0.3f;
-  return c;
-}
-
 // Final hidden states of B sequences of T tokens, by block_forward over the whole sequences and by
 // block_decode in pieces: each sequence's first `prefill` tokens in one call (all sequences
 // together), then one token per sequence per call. They must agree to fp32 rounding.

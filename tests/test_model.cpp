@@ -14,6 +14,7 @@
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/model.hpp"
+#include "bloom/bloom_layout.hpp"
 #include "cpu_model_test_support.hpp"
 
 using namespace shardlm;
@@ -448,11 +449,11 @@ BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
   std::mt19937 rng(5);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
   // Built larger than used, so strides of the saved activations differ from the call's shape.
-  BloomCpu net(cfg, 3, 7);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 3, 7);
   const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
 
   std::vector<float> h0(n);
-  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
   BOOST_TEST(max_relative_error(h0, reference_embed(m, b)) < 1e-5);
 
   // Blocks on an input with a non-trivial scale and mean per row.
@@ -460,12 +461,12 @@ BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
   for (size_t i = 0; i < n; ++i) h_in[i] += 0.5f * static_cast<float>(i % cfg.hidden_size);
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     std::vector<float> h_out(n);
-    net.block_forward(layer, m.params[1 + layer].data(), h_in.data(), h_out.data(), b.batch, b.seq);
+    net->block_forward(layer, m.params[1 + layer].data(), h_in.data(), h_out.data(), b.batch, b.seq);
     BOOST_TEST(max_relative_error(h_out, reference_block(m, layer, to_double(h_in), b.batch, b.seq)) < 1e-4);
   }
 
   int64_t count = -1, expected_count = -1;
-  const double loss = net.head_loss(m.params[0].data(), h_in.data(), b.targets.data(), b.batch, b.seq, &count,
+  const double loss = net->head_loss(m.params[0].data(), h_in.data(), b.targets.data(), b.batch, b.seq, &count,
                                     1.0f, nullptr, nullptr);
   const double expected = reference_head_loss(m, to_double(h_in), b.targets, &expected_count);
   BOOST_TEST(count == expected_count);
@@ -482,11 +483,11 @@ BOOST_AUTO_TEST_CASE(longer_sequence_with_more_heads_matches_reference) {
   const TinyModel m = make_model(cfg, 3);
   std::mt19937 rng(8);
   const Batch b = make_batch(2, 33, cfg.vocab_size, 0.0, rng);
-  BloomCpu net(cfg, 2, 40);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 40);
   const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
   std::vector<float> h0(n), h1(n);
-  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  net.block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
+  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net->block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
   BOOST_TEST(max_relative_error(h1, reference_block(m, 0, reference_embed(m, b), b.batch, b.seq)) < 1e-4);
 }
 
@@ -495,10 +496,10 @@ BOOST_AUTO_TEST_CASE(causal_positions_before_a_change_are_unaffected) {
   const TinyModel m = make_model(cfg, 12);
   std::mt19937 rng(6);
   Batch b = make_batch(2, 6, cfg.vocab_size, 0.0, rng);
-  BloomCpu net(cfg, 2, 6);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 6);
   const int H = cfg.hidden_size, changed = 3;
   std::vector<float> before, after;
-  model_loss(net, m, b, &before);
+  model_loss(*net, m, b, &before);
   // Per-position losses, each taken alone through a target at that position only.
   auto position_losses = [&](const Batch& batch, const std::vector<float>& hidden) {
     std::vector<double> losses;
@@ -506,14 +507,14 @@ BOOST_AUTO_TEST_CASE(causal_positions_before_a_change_are_unaffected) {
       std::vector<int32_t> one(batch.targets.size(), -1);
       one[p] = batch.targets[p];
       int64_t count = 0;
-      losses.push_back(net.head_loss(m.params[0].data(), hidden.data(), one.data(), batch.batch, batch.seq, &count,
+      losses.push_back(net->head_loss(m.params[0].data(), hidden.data(), one.data(), batch.batch, batch.seq, &count,
                                      0.0f, nullptr, nullptr));
     }
     return losses;
   };
   const std::vector<double> losses_before = position_losses(b, before);
   b.tokens[changed] = (b.tokens[changed] + 1) % cfg.vocab_size;  // sequence 0, position 3
-  model_loss(net, m, b, &after);
+  model_loss(*net, m, b, &after);
   const std::vector<double> losses_after = position_losses(b, after);
   for (int p = 0; p < b.batch * b.seq; ++p) {
     double moved = 0.0;
@@ -541,9 +542,9 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
   TinyModel m = make_model(cfg, 21);
   std::mt19937 rng(9);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  BloomCpu net(cfg, 2, 6);
-  const std::vector<std::vector<float>> grads = model_grads(net, m, b, 1.0f);
-  auto loss = [&] { return model_loss(net, m, b); };
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 6);
+  const std::vector<std::vector<float>> grads = model_grads(*net, m, b, 1.0f);
+  auto loss = [&] { return model_loss(*net, m, b); };
 
   // Softmax ignores a shift shared by all keys, so each head's key bias gets no gradient at all;
   // with the head-interleaved qkv layout these are columns n*3d + d .. n*3d + 2d.
@@ -603,16 +604,16 @@ BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
   const TinyModel m = make_model(cfg, 22);
   std::mt19937 rng(10);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  BloomCpu net(cfg, 2, 5);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
   std::vector<float> dh0;
-  model_grads(net, m, b, 1.0f, &dh0);
+  model_grads(*net, m, b, 1.0f, &dh0);
   std::vector<float> h0(dh0.size());
-  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
   std::vector<double> numeric, analytic;
   std::uniform_int_distribution<size_t> pick(0, h0.size() - 1);
   for (int k = 0; k < 40; ++k) {
     const size_t i = pick(rng);
-    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(net, m, h0, b); }));
+    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(*net, m, h0, b); }));
     analytic.push_back(dh0[i]);
   }
   BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance);
@@ -623,11 +624,11 @@ BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
   const TinyModel m = make_model(cfg, 23);
   std::mt19937 rng(11);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  BloomCpu net(cfg, 2, 5);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
   std::vector<float> dh_full, dh_scaled;
   double loss_full = 0.0, loss_scaled = 0.0;
-  const auto full = model_grads(net, m, b, 1.0f, &dh_full, &loss_full);
-  const auto scaled = model_grads(net, m, b, 0.25f, &dh_scaled, &loss_scaled);
+  const auto full = model_grads(*net, m, b, 1.0f, &dh_full, &loss_full);
+  const auto scaled = model_grads(*net, m, b, 0.25f, &dh_scaled, &loss_scaled);
   BOOST_TEST(loss_full == loss_scaled);  // the returned loss is never scaled
   for (size_t u = 0; u < full.size(); ++u)
     for (size_t i = 0; i < full[u].size(); ++i)
@@ -638,16 +639,16 @@ BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
   const size_t n = dh_full.size();
   std::vector<float> h0(n), h1(n), h2(n), dh(n), dh1(n), dh0(n);
   std::vector<float> block_grad(m.params[1].size(), 0.0f), root_grad(m.params[0].size(), 0.0f);
-  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  net.block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
-  net.block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
+  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  net->block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
+  net->block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
   int64_t count = 0;
   for (int repeat = 0; repeat < 2; ++repeat) {
-    net.head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
+    net->head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
                   root_grad.data());
-    net.block_backward(1, m.params[2].data(), dh.data(), dh1.data(), block_grad.data(), b.batch, b.seq);
-    net.block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), block_grad.data(), b.batch, b.seq);
-    net.embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), root_grad.data(), b.batch, b.seq);
+    net->block_backward(1, m.params[2].data(), dh.data(), dh1.data(), block_grad.data(), b.batch, b.seq);
+    net->block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), block_grad.data(), b.batch, b.seq);
+    net->embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), root_grad.data(), b.batch, b.seq);
   }
   for (size_t i = 0; i < root_grad.size(); ++i)
     BOOST_TEST(close(root_grad[i], 2.0 * full[0][i], 1e-5, max_abs(full[0])), "root element " << i);
@@ -670,23 +671,23 @@ BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
   std::mt19937 rng(12);
   const int B = 3, T = 100, H = cfg.hidden_size;  // 300 tokens: several chunks, some split across sequences
   const Batch b = make_batch(B, T, cfg.vocab_size, 0.2, rng);
-  BloomCpu net(cfg, B, T);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, B, T);
   const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
   int64_t count = 0, expected_count = 0;
   const double loss =
-      net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
+      net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
   const double expected = reference_head_loss(m, to_double(h), b.targets, &expected_count);
   BOOST_TEST(count == expected_count);
   BOOST_TEST(loss == expected, boost::test_tools::tolerance(1e-5));
 
   // The whole batch at once against one sequence at a time: different chunk boundaries, same result.
   std::vector<float> dh(h.size(), 99.0f), root_grad(m.params[0].size(), 0.0f);
-  net.head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
+  net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
   std::vector<float> dh_each(h.size()), root_grad_each(m.params[0].size(), 0.0f);
   double loss_each = 0.0;
   for (int s = 0; s < B; ++s) {
     const size_t at = static_cast<size_t>(s) * T;
-    loss_each += net.head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
+    loss_each += net->head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
                                dh_each.data() + at * H, root_grad_each.data());
   }
   BOOST_TEST(loss_each == loss, boost::test_tools::tolerance(1e-9));
@@ -703,13 +704,13 @@ BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
 BOOST_AUTO_TEST_CASE(bad_targets_and_tokens_throw_naming_the_id) {
   const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 32);
-  BloomCpu net(cfg, 1, 4);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, 4);
   std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
   int64_t count = 0;
   for (int32_t bad : {11, 1000, -2}) {
     const std::vector<int32_t> targets = {1, -1, bad, 3};
     try {
-      net.head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
+      net->head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
       BOOST_FAIL("target " << bad << " was accepted");
     } catch (const Error& e) {
       BOOST_TEST(std::string(e.what()).find("target id " + std::to_string(bad)) != std::string::npos, e.what());
@@ -718,7 +719,7 @@ BOOST_AUTO_TEST_CASE(bad_targets_and_tokens_throw_naming_the_id) {
   BOOST_TEST(std::all_of(root_grad.begin(), root_grad.end(), [](float g) { return g == 0.0f; }));
   const std::vector<int32_t> tokens = {1, 2, 11, 3};
   try {
-    net.embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data());
+    net->embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data());
     BOOST_FAIL("token 11 was accepted");
   } catch (const Error& e) {
     BOOST_TEST(std::string(e.what()).find("token id 11") != std::string::npos, e.what());
@@ -734,24 +735,24 @@ BOOST_AUTO_TEST_SUITE(shapes)
 BOOST_AUTO_TEST_CASE(oversized_and_mismatched_shapes_throw) {
   const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 41);
-  BloomCpu net(cfg, 2, 4);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 4);
   std::vector<float> h(3 * 5 * cfg.hidden_size), out(h.size()), grad(m.params[1].size());
   std::vector<int32_t> tokens(15, 1);
-  BOOST_CHECK_THROW(net.embed_forward(m.params[0].data(), tokens.data(), 3, 4, h.data()), Error);
-  BOOST_CHECK_THROW(net.block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 5), Error);
-  BOOST_CHECK_THROW(net.block_forward(2, m.params[1].data(), h.data(), out.data(), 2, 4), Error);
+  BOOST_CHECK_THROW(net->embed_forward(m.params[0].data(), tokens.data(), 3, 4, h.data()), Error);
+  BOOST_CHECK_THROW(net->block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 5), Error);
+  BOOST_CHECK_THROW(net->block_forward(2, m.params[1].data(), h.data(), out.data(), 2, 4), Error);
   int64_t count = 0;
   BOOST_CHECK_THROW(
-      net.head_loss(m.params[0].data(), h.data(), tokens.data(), 1, 5, &count, 1.0f, nullptr, nullptr), Error);
-  net.block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 3);
-  BOOST_CHECK_THROW(net.block_backward(0, m.params[1].data(), h.data(), out.data(), grad.data(), 2, 4), Error);
-  BOOST_CHECK_THROW(net.block_backward(1, m.params[2].data(), h.data(), out.data(), grad.data(), 2, 3), Error);
+      net->head_loss(m.params[0].data(), h.data(), tokens.data(), 1, 5, &count, 1.0f, nullptr, nullptr), Error);
+  net->block_forward(0, m.params[1].data(), h.data(), out.data(), 2, 3);
+  BOOST_CHECK_THROW(net->block_backward(0, m.params[1].data(), h.data(), out.data(), grad.data(), 2, 4), Error);
+  BOOST_CHECK_THROW(net->block_backward(1, m.params[2].data(), h.data(), out.data(), grad.data(), 2, 3), Error);
 }
 
 BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
   const ModelConfig cfg = tiny_config();
   const TinyModel m = make_model(cfg, 42);
-  BloomCpu net(cfg, 2, 4);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 4);
   std::vector<std::vector<float>> grads;
   for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
   for (const auto& [B, T] : {std::pair{0, 4}, std::pair{2, 0}, std::pair{0, 0}}) {
@@ -759,7 +760,7 @@ BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
     b.batch = B;
     b.seq = T;
     double loss = -1.0;
-    const auto g = model_grads(net, m, b, 1.0f, nullptr, &loss);
+    const auto g = model_grads(*net, m, b, 1.0f, nullptr, &loss);
     BOOST_TEST(loss == 0.0);
     for (const auto& unit : g)
       BOOST_TEST(std::all_of(unit.begin(), unit.end(), [](float x) { return x == 0.0f; }));
@@ -770,9 +771,9 @@ BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
   ModelConfig cfg = tiny_config();
   const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
   {
-    BloomCpu net(cfg, 4, 16);
+    const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 4, 16);
     const size_t held = memory_stats().current[static_cast<int>(MemKind::Activations)] - before;
-    BOOST_TEST(net.activation_bytes() == held);
+    BOOST_TEST(net->activation_bytes() == held);
     // At least the saved attention probabilities of every layer: L * B * heads * T * T floats.
     BOOST_TEST(held > static_cast<size_t>(cfg.num_layers) * 4 * cfg.num_heads * 16 * 16 * sizeof(float));
   }

@@ -98,8 +98,8 @@ BOOST_AUTO_TEST_CASE(cpu_activation_sizing_matches_the_model_it_mirrors) {
   for (int layers : {0, 1, 3})
     for (auto [b, t] : std::vector<std::pair<int, int>>{{1, 8}, {4, 40}, {3, 100}, {0, 16}}) {
       cfg.num_layers = layers;
-      shardlm::BloomCpu model(cfg, b, t);
-      BOOST_TEST(shardlm::cpu_activation_bytes(cfg, b, t) == model.activation_bytes(),
+      const auto model = shardlm::make_cpu_model(cfg, b, t);
+      BOOST_TEST(shardlm::cpu_activation_bytes(cfg, b, t) == model->activation_bytes(),
                  "layers " << layers << ", batch " << b << " x " << t);
     }
   cfg.arch = "gpt2";

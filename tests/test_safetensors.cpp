@@ -167,7 +167,7 @@ ModelConfig tiny_bloom() {
 // The tiny model's tensors (BLOOM's layout holds no lm_head: it is tied).
 std::vector<CheckpointTensor> tiny_tensors(const ModelConfig& cfg) {
   std::vector<CheckpointTensor> tensors;
-  for (const auto& unit : bloom_layout(cfg))
+  for (const auto& unit : model_layout(cfg))
     for (const auto& spec : unit.tensors)
       tensors.push_back({unit.name, spec.name, spec.shape, spec.offset, spec.numel});
   return tensors;

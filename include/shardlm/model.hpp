@@ -1,5 +1,8 @@
-// model: the BLOOM and Llama architectures, their parameter layouts per FSDP unit, and forward/backward per unit.
+// model: the model families (a registry of them, one folder each under src/model), their
+// parameter layouts per FSDP unit, and the models the engines drive on each backend.
 #pragma once
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -21,9 +24,8 @@ struct RopeScaling {
   int original_max_position_embeddings = 8192;
 };
 
-// The model's shape. `arch` picks the family: "bloom" (ALiBi, LayerNorm with biases, GELU MLP, LM
-// head tied to the embeddings) or "llama" (RMSNorm, rotary embeddings, grouped-query attention,
-// SwiGLU MLP, no biases, LM head tied or not). Fields of the other family are ignored.
+// The model's shape. `arch` names the family (model_families(): "bloom", "llama", ...); fields a
+// family does not use are ignored.
 struct ModelConfig {
   std::string arch = "bloom";
   int vocab_size = 0;
@@ -41,18 +43,17 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
 
-  bool is_llama() const { return arch == "llama"; }
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   int ffn_size() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden_size; }
-  // The LM head is the embedding matrix (always for BLOOM).
-  bool tied_head() const { return !is_llama() || tie_word_embeddings; }
+  // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).
+  bool tied_head() const;
 };
 
 enum class InitKind { Normal, Zeros, Ones };
 
-// One tensor inside a unit's flat parameter. Names follow the Hugging Face BLOOM state dict
-// without the "transformer." prefix; shapes are PyTorch's ([out, in] for linear weights).
+// One tensor inside a unit's flat parameter. Names follow the family's Hugging Face state dict
+// without its prefix (hf_tensor_name adds it); shapes are PyTorch's ([out, in] for linear weights).
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
@@ -66,14 +67,12 @@ struct TensorSpec {
 // An FSDP unit: unit 0 is the root (embeddings, final norm, the LM head when untied; BLOOM's
 // embedding LayerNorm), unit 1 + i is transformer block i.
 struct UnitLayout {
-  std::string name;  // "root", then "h.<i>" (BLOOM) or "layers.<i>" (Llama)
+  std::string name;  // "root", then the family's block names ("h.<i>" for BLOOM, "layers.<i>" for Llama)
   std::vector<TensorSpec> tensors;
   size_t numel = 0;
 };
 
-std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg);
-std::vector<UnitLayout> llama_layout(const ModelConfig& cfg);
-// The layout of cfg.arch; Error naming the architecture when it is not bloom or llama.
+// The layout of cfg.arch's family; Error naming the known architectures when there is none.
 std::vector<UnitLayout> model_layout(const ModelConfig& cfg);
 // The Hugging Face state-dict name of a layout tensor ("transformer." + name for BLOOM, "model." +
 // name for Llama except lm_head.weight).
@@ -84,17 +83,18 @@ std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
 void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
                       float* out);
 
-// BLOOM's ALiBi slopes for `num_heads` heads (as transformers' build_alibi_tensor).
+// BLOOM's positions: ALiBi slopes for `num_heads` heads (as transformers' build_alibi_tensor).
 std::vector<float> alibi_slopes(int num_heads);
 
-// Reads a Hugging Face config.json (model_type bloom or llama); `source` names it in errors.
-// Unsupported architectures and options get an Error naming the key.
+// Reads a Hugging Face config.json (a model_type of a registered family); `source` names it in
+// errors. Unsupported architectures and options get an Error naming the key.
 ModelConfig model_config_from_hf(const std::string& json_text, const std::string& source);
-// The config.json transformers loads for this model (BloomForCausalLM or LlamaForCausalLM);
+// The config.json transformers loads for this model (the family's *ForCausalLM);
 // model_config_from_hf reads it back to the same ModelConfig.
 std::string hf_config_json(const ModelConfig& cfg);
 
-// Llama's rotary inverse frequencies for head dimension `head_dim`, rope_scaling applied.
+// Rotary inverse frequencies for head dimension `head_dim` (cfg.rope_theta, rope_scaling applied):
+// the positions of the Llama-style families.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // ---- what the FSDP engine runs, on either backend ----
@@ -146,12 +146,6 @@ class UnitModel {
   virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
 };
 
-// The UnitModel of cfg.arch on `backend`, computing in compute_dtype, for micro-batches of up to
-// max_batch x max_seq tokens; with activation_checkpointing (CUDA) each block's activations are
-// recomputed for its backward.
-std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind backend, DType compute_dtype,
-                                           int max_batch, int max_seq, bool activation_checkpointing);
-
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations
 // saved for backward, sized up front for at most `max_batch` sequences of `max_seq` tokens.
 // Parameters are passed as the unit's full flat fp32 parameter (layout from model_layout);
@@ -199,69 +193,68 @@ class CpuModel {
 // The CPU model of cfg.arch.
 std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq);
 // The activation_bytes() the CPU model of cfg.arch would hold for max_batch x max_seq, without
-// building it (`shardlm plan`); Error naming the architecture when this build has no CPU model of it.
+// building it (`shardlm plan`); Error naming the architecture when no family has that name.
 size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
-// The same for LlamaCpu (cpu_activation_bytes dispatches to it).
-size_t llama_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 
-class BloomCpu final : public CpuModel {
- public:
-  BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq);
-  ~BloomCpu() override;
-  BloomCpu(const BloomCpu&) = delete;
-  BloomCpu& operator=(const BloomCpu&) = delete;
+// ---- the UnitModel of a run ----
 
-  const ModelConfig& config() const override { return cfg_; }
-  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
-  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
-  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
-                   float grad_scale, float* dh, float* droot) override;
-  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
-                      int T) override;
-  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
-                      int T) override;
-  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
-  void decode_begin(int slots, int max_len, int max_rows) override;
-  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
-                    const int* positions) override;
-  void decode_end() override;
-  size_t activation_bytes() const override;
-
- private:
-  struct Impl;
-  ModelConfig cfg_;
-  Impl* impl_;
+// The bytes a model holds for micro-batches of up to max_batch x max_seq tokens: what its
+// activation_bytes() reports, and what it holds beside them that the run's records do not count
+// as activations (the plan adds it to the device total as model_extra).
+struct ModelMemory {
+  size_t activations = 0;
+  size_t extra = 0;
 };
 
-// Llama (transformers' LlamaForCausalLM): RMSNorm, rotary embeddings, grouped-query attention,
-// SwiGLU MLP, no biases; the LM head is lm_head.weight, or embed_tokens.weight when tied.
-class LlamaCpu final : public CpuModel {
- public:
-  LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq);
-  ~LlamaCpu() override;
-  LlamaCpu(const LlamaCpu&) = delete;
-  LlamaCpu& operator=(const LlamaCpu&) = delete;
+// The model the FSDP engine drives: cfg.arch's family on `backend`, computing in compute_dtype
+// (F32 on the CPU backend, whose gathers are unpacked to fp32), buffers for micro-batches of up to
+// max_batch x max_seq tokens; with activation_checkpointing (CUDA) each block's activations are
+// recomputed for its backward. Error naming what is missing (family, backend in this build, dtype).
+std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind backend, DType compute_dtype,
+                                           int max_batch, int max_seq, bool activation_checkpointing);
+// What make_unit_model's model of the same arguments holds, without building it (`shardlm plan`):
+// .activations equals its activation_bytes().
+ModelMemory unit_model_memory(const ModelConfig& cfg, BackendKind backend, DType compute_dtype, int max_batch,
+                              int max_seq, bool activation_checkpointing);
 
-  const ModelConfig& config() const override { return cfg_; }
-  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
-  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
-  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
-                   float grad_scale, float* dh, float* droot) override;
-  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
-                      int T) override;
-  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
-                      int T) override;
-  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
-  void decode_begin(int slots, int max_len, int max_rows) override;
-  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
-                    const int* positions) override;
-  void decode_end() override;
-  size_t activation_bytes() const override;
+// ---- the registry of model families ----
 
- private:
-  struct Impl;
-  ModelConfig cfg_;
-  Impl* impl_;
+class HfConfigReader;  // src/model/hf_config_reader.hpp: config.json keys with errors naming them
+namespace cuda {
+class CudaModel;  // src/model/cuda/cuda_model.hpp
+}
+
+// Everything shardlm asks of an architecture, in one record per family (src/model/<family>/), listed
+// once in src/model/registry.cpp. Callers branch on these properties, never on the name.
+struct ModelFamily {
+  std::string name;                         // model.arch
+  std::vector<std::string> hf_model_types;  // config.json model_type values it reads; the first is written
+  std::string hf_architecture;              // config.json "architectures" entry it writes
+  bool rotary = false;            // rotary positions: the head dimension must be even
+  bool grouped_query = false;     // model.num_kv_heads and model.intermediate_size apply
+  bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
+
+  std::vector<UnitLayout> (*layout)(const ModelConfig&) = nullptr;  // also validates the config
+  std::string (*hf_tensor_name)(const std::string& layout_name) = nullptr;
+  // config.json: the family's keys (arch, architectures and model_type are set by the registry).
+  ModelConfig (*config_from_hf)(const HfConfigReader&) = nullptr;
+  void (*config_to_hf)(const ModelConfig&, nlohmann::ordered_json&) = nullptr;
+  std::unique_ptr<CpuModel> (*make_cpu)(const ModelConfig&, int max_batch, int max_seq) = nullptr;
+  size_t (*cpu_activation_bytes)(const ModelConfig&, int max_batch, int max_seq) = nullptr;
+  // The CUDA model's buffers, plain C++ so that plan works in builds without CUDA.
+  ModelMemory (*cuda_memory)(const ModelConfig&, DType, int max_batch, int max_seq, bool checkpointing) = nullptr;
+  // Null in builds without the CUDA backend.
+  std::unique_ptr<cuda::CudaModel> (*make_cuda)(const ModelConfig&, DType, int max_batch, int max_seq,
+                                                bool checkpointing) = nullptr;
 };
+
+// Every registered family, in registration order.
+const std::vector<const ModelFamily*>& model_families();
+// The family named `arch`; Error "model.arch = '...' is not supported (bloom, llama, ...)".
+const ModelFamily& model_family(const std::string& arch);
+// The family that reads config.json model_type `type`; Error naming `source` and the known types.
+const ModelFamily& model_family_of_hf_type(const std::string& type, const std::string& source);
+// The registered names, for deck choices and messages.
+std::vector<std::string> model_family_names();
 
 }  // namespace shardlm

@@ -11,14 +11,13 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (m.hidden_size % m.num_heads != 0)
     bad_value("model.num_heads", std::to_string(m.num_heads),
               concat("hidden_size (", m.hidden_size, ") is not divisible by it"));
-  if (m.is_llama()) {
-    if (m.num_heads % m.kv_heads() != 0)
-      bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
-                concat("num_heads (", m.num_heads, ") is not divisible by it"));
-    if (m.head_dim() % 2 != 0)
-      bad_value("model.num_heads", std::to_string(m.num_heads),
-                concat("gives an odd head dimension ", m.head_dim(), "; rotary embeddings need an even one"));
-  }
+  const ModelFamily& family = model_family(m.arch);
+  if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
+    bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
+              concat("num_heads (", m.num_heads, ") is not divisible by it"));
+  if (family.rotary && m.head_dim() % 2 != 0)
+    bad_value("model.num_heads", std::to_string(m.num_heads),
+              concat("gives an odd head dimension ", m.head_dim(), "; rotary embeddings need an even one"));
   if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));

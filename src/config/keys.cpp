@@ -215,7 +215,7 @@ static const char* unit_interval(double v) { return v >= 0 && v < 1 ? nullptr : 
 
 static std::vector<KeySpec> build_table() {
   return {
-      choice_key("model.arch", SHARDLM_FIELD(model.arch), {"bloom", "llama"}),
+      choice_key("model.arch", SHARDLM_FIELD(model.arch), model_family_names()),
       int_key("model.vocab_size", SHARDLM_FIELD(model.vocab_size), 1, "must be > 0", "N"),
       int_key("model.hidden_size", SHARDLM_FIELD(model.hidden_size), 1, "must be > 0", "N"),
       int_key("model.num_layers", SHARDLM_FIELD(model.num_layers), 1, "must be > 0", "N"),

@@ -1,18 +1,12 @@
 // One rank's memory per strategy and backend, for `shardlm plan`: the engine's buffers from
-// fsdp_buffer_plan, the same plan FsdpEngine allocates with; the model's buffers from the sizing
-// functions of each model (BloomCuda's mirrored here), which the engine checks at start-up.
+// fsdp_buffer_plan, the same plan FsdpEngine allocates with; the model's buffers from its family
+// (unit_model_memory); the engine checks at start-up that it allocated exactly this.
 #include <algorithm>
 
-#include "../device/cuda/llama_cuda_sizes.hpp"
 #include "shardlm/fsdp.hpp"
 
 namespace shardlm {
 namespace {
-
-// Logits of at most this many tokens exist at once in BloomCuda's LM head (bloom_cuda.cpp).
-constexpr size_t kCudaHeadChunkTokens = 2048;
-// cuBLASLt wants 256-byte aligned workspace pieces (dtype_cuda.cuh's align256).
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // The engine's buffers on one rank, from the same plan FsdpEngine allocates with.
 RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
@@ -49,48 +43,18 @@ RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLay
   return p;
 }
 
-RankMemoryPlan plan_cpu(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+// The engine's buffers plus the model's own (hidden states, saved activations, workspaces), as
+// its family sizes them.
+RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
   RankMemoryPlan p = plan_engine(spec, layout, shard_size);
-  // The model's saved activations and its four hidden-state buffers (two states, two gradients).
-  const size_t hidden = static_cast<size_t>(spec.micro_batch) * spec.max_seq * spec.model.hidden_size;
-  p.record.activations = cpu_activation_bytes(spec.model, spec.micro_batch, spec.max_seq) + 4 * hidden * sizeof(float);
-  return p;
-}
-
-// BloomCuda::activation_bytes(): hidden states, per-block saved activations (one block's with
-// activation checkpointing), backward scratch and the attention and LM-head workspaces.
-size_t bloom_cuda_activation_bytes(const ModelConfig& cfg, size_t dsize, int max_batch, int max_seq, bool checkpointing,
-                                   DType dt) {
-  const size_t N = static_cast<size_t>(max_batch) * max_seq, H = cfg.hidden_size, L = cfg.num_layers;
-  const size_t heads = cfg.num_heads, T = max_seq;
-  size_t bytes = (L + 1) * N * H * dsize + 2 * N * H * dsize;  // h_0..h_L, embedding and final-norm outputs
-  const size_t saved = N * H * dsize * (1 + 3 + 1 + 1 + 1 + 4 + 4) + max_batch * heads * T * T * dsize + 4 * N * 4;
-  bytes += (checkpointing ? 1 : L) * saved;
-  bytes += N * H * dsize * (2 + 1 + 3 + 1 + 1 + 4);  // dh (2), dln, dqkv, dctx, dh2, dpre
-  const size_t scores = heads * T * T;               // attention_workspace_bytes (attention.cu)
-  bytes += align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dsize));
-  const size_t chunk = std::min(kCudaHeadChunkTokens, N);  // lm_head_workspace_bytes (lm_head.cu)
-  bytes += align256(chunk * cfg.vocab_size * sizeof(float)) + align256(chunk * sizeof(float)) +
-           align256(chunk * sizeof(int));
-  return bytes;
-}
-
-RankMemoryPlan plan_cuda(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  RankMemoryPlan p = plan_engine(spec, layout, shard_size);
-  const size_t dsize = dtype_size(spec.param_dtype);
-  const size_t N = static_cast<size_t>(spec.micro_batch) * spec.max_seq;
-  if (spec.model.is_llama()) {
-    // LlamaCuda counts every buffer it holds as activations.
-    p.record.activations = cuda::llama_cuda_sizes(spec.model, spec.param_dtype, spec.micro_batch, spec.max_seq,
-                                                  spec.activation_checkpointing)
-                               .total();
-  } else {
-    p.record.activations = bloom_cuda_activation_bytes(spec.model, dsize, spec.micro_batch, spec.max_seq,
-                                                       spec.activation_checkpointing, spec.param_dtype);
-    // BloomCuda's embedding and final LayerNorm statistics, ALiBi slopes.
-    p.model_extra = 4 * N * 4 + static_cast<size_t>(spec.model.num_heads) * 4;
-  }
-  p.io_buffers = 2 * N * 4 + 4 + 8 + 8;  // tokens, targets; loss, count, norm
+  const bool cuda = spec.backend == BackendKind::Cuda;
+  const ModelMemory model = unit_model_memory(spec.model, spec.backend, cuda ? spec.param_dtype : DType::F32,
+                                              spec.micro_batch, spec.max_seq, spec.activation_checkpointing);
+  p.record.activations = model.activations;
+  p.model_extra = model.extra;
+  // The CUDA engine's device copies of a micro-batch's token and target ids, the model's loss and
+  // target count, the gradient norm's sum (the CPU reads the host's arrays in place).
+  if (cuda) p.io_buffers = 2 * static_cast<size_t>(spec.micro_batch) * spec.max_seq * 4 + 4 + 8 + 8;
   return p;
 }
 
@@ -110,10 +74,7 @@ RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
   const std::vector<UnitLayout> layout = model_layout(spec.model);
   const int shard = plan_shard_size(spec);
   RankMemoryPlan p;
-  if (spec.backend == BackendKind::Cpu)
-    p = plan_cpu(spec, layout, shard);
-  else
-    p = plan_cuda(spec, layout, shard);
+  p = plan_backend(spec, layout, shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
   return p;

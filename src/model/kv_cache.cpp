@@ -1,9 +1,9 @@
-// The key/value cache of greedy decoding and the attention of one cached row, shared by the BLOOM
-// and Llama CPU models.
+// The key/value cache of greedy decoding and the attention of cached rows (cpu_attention.hpp).
 #include <algorithm>
 #include <cmath>
 
-#include "model_internal.hpp"
+#include "cpu_attention.hpp"
+#include "shardlm/core.hpp"
 
 namespace shardlm::model_detail {
 
@@ -31,6 +31,10 @@ void KvCache::check_rows(const char* who, int layer, int n, const int* slots, co
                   " slots of ", max_len_, " positions)");
 }
 
+namespace {
+
+// One query head of one row attending to its slot's cached positions 0..pos of kv head `head`:
+// context = softmax_j(scale * q.k_j + slope * j) V, the softmax in fp32 over a max-shifted row.
 void cached_attention_head(KvCache& cache, int layer, int slot, int head, int pos, const float* q, int head_dim,
                            float slope, float* scores, float* context) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -56,6 +60,26 @@ void cached_attention_head(KvCache& cache, int layer, int slot, int head, int po
     const float* v = values + static_cast<size_t>(j) * head_dim;
     for (int c = 0; c < head_dim; ++c) context[c] += p * v[c];
   }
+}
+
+}  // namespace
+
+void cached_attention_rows(KvCache& cache, int layer, const AttentionShape& s, const float* q, const float* k,
+                           const float* v, int n, const int* slots, const int* positions, float* scores,
+                           float* context) {
+  const int d = s.head_dim;
+  for (int r = 0; r < n; ++r)
+    for (int g = 0; g < s.kv_heads; ++g) {
+      const size_t at = static_cast<size_t>(r) * s.kv_ld + static_cast<size_t>(g) * s.head_stride;
+      std::copy(k + at, k + at + d, cache.key(layer, slots[r], g, positions[r]));
+      std::copy(v + at, v + at + d, cache.value(layer, slots[r], g, positions[r]));
+    }
+  for (int r = 0; r < n; ++r)
+    for (int h = 0; h < s.heads; ++h)
+      cached_attention_head(cache, layer, slots[r], s.kv_head_of(h), positions[r],
+                            q + static_cast<size_t>(r) * s.q_ld + static_cast<size_t>(h) * s.head_stride, d,
+                            s.slopes ? s.slopes[h] : 0.0f, scores,
+                            context + static_cast<size_t>(r) * s.heads * d + static_cast<size_t>(h) * d);
 }
 
 }  // namespace shardlm::model_detail

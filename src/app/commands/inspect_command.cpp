@@ -50,7 +50,7 @@ void print_checkpoint(const std::string& path) {
   std::printf("layout       %s on %d rank(s), shard group %d\n", m.strategy.c_str(), m.world_size, m.shard_group_size);
   std::printf("model        %s: vocab %d, hidden %d, layers %d, heads %d", m.model.arch.c_str(), m.model.vocab_size,
               m.model.hidden_size, m.model.num_layers, m.model.num_heads);
-  if (m.model.is_llama())
+  if (model_family(m.model.arch).grouped_query)
     std::printf(", kv heads %d, intermediate %d%s", m.model.kv_heads(), m.model.ffn_size(),
                 m.model.tie_word_embeddings ? ", tied head" : "");
   std::printf("\n");

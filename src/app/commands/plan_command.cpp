@@ -259,7 +259,7 @@ void print_table(const Plan& plan) {
   std::printf("shardlm plan: %s\n", plan.args.deck.c_str());
   std::printf("model    %s: vocab %d, hidden %d, layers %d, heads %d", m.arch.c_str(), m.vocab_size, m.hidden_size,
               m.num_layers, m.num_heads);
-  if (m.is_llama()) std::printf(", kv heads %d, intermediate %d", m.kv_heads(), m.ffn_size());
+  if (model_family(m.arch).grouped_query) std::printf(", kv heads %d, intermediate %d", m.kv_heads(), m.ffn_size());
   std::printf("; %zu parameters (%s fp32)\n", params, format_bytes(params * 4).c_str());
   std::printf("run      %s backend, %d rank(s), %d per node; micro-batch %d x %d tokens; param %s, reduce %s\n",
               backend_name(c.run.backend), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,

@@ -75,11 +75,6 @@ void check_shape(const char* what, int B, int T, int heads, int head_dim, const 
 
 }  // namespace
 
-size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt) {
-  const size_t scores = static_cast<size_t>(heads) * T * T;
-  return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt)));
-}
-
 void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
                        int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
   check_shape("attention_forward", B, T, heads, head_dim, workspace);

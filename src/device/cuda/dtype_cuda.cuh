@@ -15,6 +15,7 @@
 
 #include "cuda_check.hpp"
 #include "shardlm/core.hpp"
+#include "workspace_sizes.hpp"
 
 namespace shardlm::cuda {
 
@@ -162,9 +163,6 @@ __device__ __forceinline__ void merge_softmax_state(float& m, float& s, float ot
 }
 
 // ---- launch shapes -------------------------------------------------------------------------------
-
-// Workspace pieces start on 256-byte boundaries (what cuBLASLt and vector loads like).
-inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 constexpr int kBlockThreads = 256;
 

@@ -12,6 +12,7 @@
 
 #include "gemm.hpp"
 #include "shardlm/core.hpp"
+#include "workspace_sizes.hpp"
 
 namespace shardlm::cuda {
 
@@ -84,8 +85,7 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 // [B, T, heads, 3, d]); ctx is [B*T, H] with heads concatenated. Scores are
 // (q . k) / sqrt(d) + slope_h * j for key position j <= query position i (BLOOM's alibi), softmax in
 // fp32. `probs` ([B, heads, T, T], dt) keeps the softmax for backward; `workspace` is scratch of
-// attention_workspace_bytes(). Implemented with batched cuBLASLt GEMMs and a softmax kernel.
-size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt);
+// attention_workspace_bytes() (workspace_sizes.hpp). Batched cuBLASLt GEMMs and a softmax kernel.
 void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T, int heads,
                        int head_dim, DType dt, void* workspace, cudaStream_t stream);
 // dqkv = d/dqkv given dctx (written, not accumulated).
@@ -97,7 +97,7 @@ void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const voi
 // Returns nothing; writes the per-chunk loss sums into loss_sum (fp32 device scalar, +=) and the
 // count of positions with a target (targets >= 0) into *count (int64 device scalar, +=).
 // When dh is non-null: dh[n, H] = d(grad_scale * sum loss)/dh (written), dtable += (fp32).
-size_t lm_head_workspace_bytes(int chunk, int V, DType dt);
+// `workspace` holds lm_head_workspace_bytes(chunk, V, dt) (workspace_sizes.hpp).
 void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* targets, int n, int H, int V, int chunk,
                   float grad_scale, float* loss_sum, long long* count, void* dh, float* dtable, DType dt,
                   void* workspace, cudaStream_t stream);

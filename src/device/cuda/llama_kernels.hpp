@@ -2,7 +2,7 @@
 // attention), as host-callable launchers; the conventions of kernels.hpp hold: device pointers,
 // asynchronous on `stream`, `dt` the dtype of activations and gathered parameters, arithmetic and
 // reductions in fp32, parameter gradients fp32 and accumulated (+=). LlamaCpu
-// (src/model/llama_cpu.cpp) is the reference for each.
+// (src/model/llama/llama_cpu.cpp) is the reference for each.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "gemm.hpp"
-#include "llama_cuda_sizes.hpp"
+#include "workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm::cuda {
@@ -57,7 +57,7 @@ void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int 
 // the probabilities p = exp(s - lse) one sequence at a time (the forward's context uses the same p).
 // Batched cuBLASLt GEMMs, one call per sequence and query head of a group (batched over the kv
 // heads), around softmax kernels. `workspace` is scratch of llama_attention_workspace_bytes(T, ...)
-// (llama_cuda_sizes.hpp); nothing in it outlives a call.
+// (workspace_sizes.hpp); nothing in it outlives a call.
 void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
                              int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);
 // dqkv (same layout as qkv) written from dctx, qkv and the forward's lse; the key and value

@@ -125,12 +125,6 @@ void launch_cross_entropy_rows(float* logits, int rows, int V, const int32_t* ta
 
 }  // namespace
 
-size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
-  const size_t rows = static_cast<size_t>(std::max(chunk, 0));
-  return align256(rows * static_cast<size_t>(V) * sizeof(float)) + align256(rows * sizeof(float)) +
-         align256(rows * sizeof(int));
-}
-
 void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* targets, int n, int H, int V, int chunk,
                   float grad_scale, float* loss_sum, long long* count, void* dh, float* dtable, DType dt,
                   void* workspace, cudaStream_t stream) {

@@ -8,35 +8,22 @@
 #include <algorithm>
 #include <string>
 
+#include "../../model_internal.hpp"
 #include "kernels.hpp"
 #include "llama_kernels.hpp"
+#include "matmul.hpp"
 
 namespace shardlm::cuda {
 namespace {
 
-// C[M, N] (row-major) = op(A) op(B) (+ beta C); dtypes: A and B in ab, C in c.
-struct MatMul {
-  Gemm& gemm;
-  cudaStream_t s;
-  void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
-                  int ldc, DType ab, DType c, float beta = 0) const {
-    GemmDesc d;
-    d.trans_a = ta, d.trans_b = tb, d.M = M, d.N = N, d.K = K;
-    d.A = A, d.lda = lda, d.B = B, d.ldb = ldb, d.C = C, d.ldc = ldc;
-    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta;
-    gemm.run(d, s);
-  }
-};
-
 size_t offset_of(const UnitLayout& unit, const std::string& name) {
-  for (const TensorSpec& t : unit.tensors)
-    if (t.name == name) return t.offset;
-  throw Error(concat("LlamaCuda: unit ", unit.name, " has no tensor ", name));
+  return model_detail::tensor_offset(unit, name, "LlamaCuda");
 }
 
 }  // namespace
 
-LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
+LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing,
+                     const LlamaBlock& options)
     : cfg_(cfg),
       dt_(dt),
       dsize_(dtype_size(dt)),
@@ -48,9 +35,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
-  SHARDLM_CHECK(cfg.is_llama(), "LlamaCuda: model.arch is '", cfg.arch, "', not llama");
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "LlamaCuda: negative max_batch ", max_batch, " or max_seq ", max_seq);
-  const std::vector<UnitLayout> layout = llama_layout(cfg);  // also validates the config
+  const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   root_.embeddings = offset_of(layout[0], "embed_tokens.weight");
   root_.norm = offset_of(layout[0], "norm.weight");
   root_.head = cfg.tie_word_embeddings ? root_.embeddings : offset_of(layout[0], "lm_head.weight");
@@ -69,9 +55,15 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
                       offset_of(b, p + "self_attn.v_proj.weight") == block_.qkv + (qw_ + kvw_) * H &&
                       offset_of(b, p + "mlp.up_proj.weight") == block_.gate_up + ffn_ * H,
                   "LlamaCuda: q/k/v or gate/up projections are not adjacent in the block layout");
+    if (options.qkv_bias) {
+      block_.qkv_bias = offset_of(b, p + "self_attn.q_proj.bias");
+      // The fused GEMM's bias epilogue reads [q; k; v] biases as one vector.
+      SHARDLM_CHECK(offset_of(b, p + "self_attn.k_proj.bias") == block_.qkv_bias + qw_ &&
+                        offset_of(b, p + "self_attn.v_proj.bias") == block_.qkv_bias + qw_ + kvw_,
+                    "LlamaCuda: q/k/v biases are not adjacent in the block layout");
+    }
   }
-  SHARDLM_CHECK(sizes_.head_workspace == lm_head_workspace_bytes(sizes_.head_chunk, cfg.vocab_size, dt),
-                "LlamaCuda: llama_cuda_sizes disagrees with lm_head_workspace_bytes (lm_head.cu)");
+  qkv_bias_ = options.qkv_bias;
 
   const std::vector<float> inv_freq = rope_inv_freq(cfg);
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
@@ -132,7 +124,8 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
-  mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_);
+  mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
+     qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
   rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s);  // q and k heads
   llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
                           attn_ws_.data(), s);
@@ -209,6 +202,7 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
+  if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   mm(false, false, N, H, QKV, dqkv_.data(), QKV, w(block_.qkv), H, grad_.data(), H, dt_, dt_);
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,

@@ -1,6 +1,6 @@
 // The BLOOM model on the GPU: forward and backward of each FSDP unit on one stream, activations
-// in the compute dtype in buffers planned up front (no allocation in the step), parameter
-// gradients in fp32. Mirrors BloomCpu (src/model/bloom_cpu.cpp), which is its reference.
+// in the compute dtype in buffers planned up front (bloom_cuda_sizes.hpp; no allocation in the
+// step), parameter gradients in fp32. Mirrors BloomCpu (src/model/bloom/bloom_cpu.cpp), its reference.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../bloom_cuda_sizes.hpp"
 #include "cuda_model.hpp"
 #include "device_memory.hpp"
 #include "gemm.hpp"
@@ -43,7 +44,6 @@ class BloomCuda final : public CudaModel {
   // `max_rows` rows; they exist from decode_allocate to decode_free only (never in a training step).
   void decode_allocate(int slots, int max_len, int max_rows) override;
   void decode_free() override;
-  size_t decode_bytes() const;
   // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
   void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
@@ -73,6 +73,7 @@ class BloomCuda final : public CudaModel {
   size_t dsize_;
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
+  BloomCudaSizes sizes_;
   std::vector<UnitLayout> layout_;
   Gemm gemm_;
   DeviceBuffer<float> slopes_;
@@ -85,7 +86,6 @@ class BloomCuda final : public CudaModel {
   DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
   DeviceBuffer<char> attn_ws_, head_ws_;
-  int head_chunk_ = 0;
 
   struct DecodeBuffers {  // between decode_allocate and decode_free
     int slots = 0, max_len = 0, max_rows = 0;

@@ -1,11 +1,12 @@
 // The device buffers of LlamaCuda, in bytes, from the model and the micro-batch shape: LlamaCuda
-// allocates exactly these and `shardlm plan` (src/fsdp/memory_plan.cpp) adds them up. Plain C++
+// allocates exactly these and `shardlm plan` adds them up (the family's cuda_memory). Plain C++
 // (no CUDA headers), so the CPU-only build plans Llama on the CUDA backend too.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 
+#include "../../device/cuda/workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 
@@ -13,21 +14,6 @@ namespace shardlm::cuda {
 
 // Logits of at most this many tokens exist at once in LlamaCuda's LM head (lm_head_loss's chunk).
 constexpr int kLlamaHeadChunkTokens = 2048;
-
-namespace llama_sizes_detail {
-// Workspace pieces start on 256-byte boundaries (dtype_cuda.cuh's align256).
-inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-}  // namespace llama_sizes_detail
-
-// Scratch of llama_attention_forward/backward for one sequence at a time: fp32 scores of every
-// head (then the probabilities' gradient), the probabilities in dt (then the scores' gradient), and
-// the fp32 sums of the key and value gradients over the query heads that share them.
-inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
-  using llama_sizes_detail::align256;
-  const size_t scores = static_cast<size_t>(heads) * T * T;
-  const size_t kv_grads = static_cast<size_t>(T) * 2 * kv_heads * head_dim;
-  return align256(scores * sizeof(float)) + align256(scores * dtype_size(dt)) + align256(kv_grads * sizeof(float));
-}
 
 struct LlamaCudaSizes {
   size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)
@@ -53,7 +39,6 @@ struct LlamaCudaSizes {
 
 inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
                                        bool activation_checkpointing) {
-  using llama_sizes_detail::align256;
   const size_t es = dtype_size(dt), f32 = sizeof(float);
   const size_t B = static_cast<size_t>(std::max(max_batch, 0)), T = static_cast<size_t>(std::max(max_seq, 0));
   const size_t N = B * T, H = cfg.hidden_size, L = cfg.num_layers, F = cfg.ffn_size();
@@ -78,10 +63,8 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
     s.dgate_up = N * 2 * F * es;
     s.attention_workspace = llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
   }
-  // lm_head_workspace_bytes (lm_head.cu): fp32 logits, per-row losses and target flags of a chunk.
   s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));
-  const size_t chunk = static_cast<size_t>(s.head_chunk);
-  s.head_workspace = align256(chunk * cfg.vocab_size * f32) + align256(chunk * f32) + align256(chunk * sizeof(int));
+  s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   return s;
 }
 

@@ -4,31 +4,11 @@
 
 #include <algorithm>
 
+#include "../bloom_layout.hpp"
 #include "kernels.hpp"
+#include "matmul.hpp"
 
 namespace shardlm::cuda {
-
-namespace {
-
-// C[M, N] (row-major) = op(A) op(B) with the given epilogue; dtypes: A and B in ab, C in c.
-struct MatMul {
-  Gemm& gemm;
-  cudaStream_t s;
-  void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
-                  int ldc, DType ab, DType c, float beta = 0, Epilogue ep = Epilogue::None,
-                  const void* bias = nullptr, void* aux = nullptr) const {
-    GemmDesc d;
-    d.trans_a = ta, d.trans_b = tb, d.M = M, d.N = N, d.K = K;
-    d.A = A, d.lda = lda, d.B = B, d.ldb = ldb, d.C = C, d.ldc = ldc;
-    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta, d.epilogue = ep, d.bias = bias, d.aux = aux;
-    gemm.run(d, s);
-  }
-};
-
-// src/fsdp/memory_plan.cpp sizes every buffer below for `shardlm plan`; CudaEngine checks they agree.
-constexpr int kHeadChunkTokens = 2048;
-
-}  // namespace
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
     : cfg_(cfg),
@@ -38,9 +18,8 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       max_seq_(max_seq),
       max_batch_(max_batch),
       checkpointing_(activation_checkpointing),
+      sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)),
       layout_(bloom_layout(cfg)) {
-  const size_t N = static_cast<size_t>(max_tokens_), H = cfg.hidden_size, L = cfg.num_layers;
-  const size_t heads = cfg.num_heads;
   if (layout_.size() > 1) {
     off_ = {offset("input_layernorm.weight"),      offset("input_layernorm.bias"),
             offset("query_key_value.weight"),      offset("query_key_value.bias"),
@@ -53,31 +32,32 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   slopes_.allocate(slopes.size());
   SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
 
-  hidden_.allocate((L + 1) * N * H * dsize_);
-  emb_.allocate(N * H * dsize_);
-  lnf_.allocate(N * H * dsize_);
-  emb_mean_.allocate(N), emb_rstd_.allocate(N), lnf_mean_.allocate(N), lnf_rstd_.allocate(N);
-  saved_.resize(checkpointing_ ? 1 : L);
+  // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
+  const BloomCudaSizes& z = sizes_;
+  hidden_.allocate(z.hidden);
+  emb_.allocate(z.norm_out);
+  lnf_.allocate(z.norm_out);
+  for (DeviceBuffer<float>* b : {&emb_mean_, &emb_rstd_, &lnf_mean_, &lnf_rstd_}) b->allocate(z.row_stats / sizeof(float));
+  saved_.resize(z.saved_blocks);
   for (Saved& sv : saved_) {
-    sv.ln1.allocate(N * H * dsize_);
-    sv.qkv.allocate(N * 3 * H * dsize_);
-    sv.probs.allocate(static_cast<size_t>(max_batch) * heads * max_seq * max_seq * dsize_);
-    sv.ctx.allocate(N * H * dsize_);
-    sv.h2.allocate(N * H * dsize_);
-    sv.ln2.allocate(N * H * dsize_);
-    sv.pre.allocate(N * 4 * H * dsize_);
-    sv.act.allocate(N * 4 * H * dsize_);
-    sv.mean1.allocate(N), sv.rstd1.allocate(N), sv.mean2.allocate(N), sv.rstd2.allocate(N);
+    sv.ln1.allocate(z.ln);
+    sv.qkv.allocate(z.qkv);
+    sv.probs.allocate(z.probs);
+    sv.ctx.allocate(z.context);
+    sv.h2.allocate(z.h2);
+    sv.ln2.allocate(z.ln);
+    sv.pre.allocate(z.wide);
+    sv.act.allocate(z.wide);
+    for (DeviceBuffer<float>* b : {&sv.mean1, &sv.rstd1, &sv.mean2, &sv.rstd2}) b->allocate(z.row_stats / sizeof(float));
   }
-  for (auto& b : dh_) b.allocate(N * H * dsize_);
-  dln_.allocate(N * H * dsize_);
-  dqkv_.allocate(N * 3 * H * dsize_);
-  dctx_.allocate(N * H * dsize_);
-  dh2_.allocate(N * H * dsize_);
-  dpre_.allocate(N * 4 * H * dsize_);
-  attn_ws_.allocate(attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.head_dim(), dt));
-  head_chunk_ = std::min(kHeadChunkTokens, max_tokens_);
-  head_ws_.allocate(lm_head_workspace_bytes(head_chunk_, cfg.vocab_size, dt));
+  for (auto& b : dh_) b.allocate(z.dh);
+  dln_.allocate(z.dln);
+  dqkv_.allocate(z.dqkv);
+  dctx_.allocate(z.dctx);
+  dh2_.allocate(z.dh2);
+  dpre_.allocate(z.dpre);
+  attn_ws_.allocate(z.attention_workspace);
+  head_ws_.allocate(z.head_workspace);
 }
 
 size_t BloomCuda::offset(const char* suffix) const {
@@ -147,9 +127,9 @@ void BloomCuda::head(const void* root, const int32_t* targets, int B, int T, flo
   const char* hL = hidden_.data() + static_cast<size_t>(L) * max_tokens_ * H * dsize_;
   layernorm_forward(hL, r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, lnf_.data(),
                     lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
-  lm_head_loss(gemm_, lnf_.data(), r + rl.tensors[0].offset * dsize_, targets, N, H, V, head_chunk_, grad_scale,
-               loss_sum, count, backward ? dln_.data() : nullptr, backward ? droot + rl.tensors[0].offset : nullptr,
-               dt_, head_ws_.data(), s);
+  lm_head_loss(gemm_, lnf_.data(), r + rl.tensors[0].offset * dsize_, targets, N, H, V, sizes_.head_chunk,
+               grad_scale, loss_sum, count, backward ? dln_.data() : nullptr,
+               backward ? droot + rl.tensors[0].offset : nullptr, dt_, head_ws_.data(), s);
   if (!backward) return;
   dcur_ = 0;
   layernorm_backward(dln_.data(), hL, r + rl.tensors[3].offset * dsize_, lnf_mean_.data(), lnf_rstd_.data(),

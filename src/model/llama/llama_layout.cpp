@@ -1,8 +1,10 @@
 // Llama's parameter layout per FSDP unit (names of the Hugging Face state dict without "model.")
 // and its rotary frequencies, Llama 3.1's rope_scaling included.
+#include "llama_layout.hpp"
+
 #include <cmath>
 
-#include "model_internal.hpp"
+#include "../model_internal.hpp"
 
 namespace shardlm {
 namespace {
@@ -10,11 +12,7 @@ namespace {
 using model_detail::add_tensor;
 
 void check_config(const ModelConfig& cfg) {
-  SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0,
-                "Llama config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
-                cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
-  SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, "Llama config: hidden_size ", cfg.hidden_size,
-                " is not a multiple of num_attention_heads ", cfg.num_heads);
+  model_detail::check_common_shape(cfg, "Llama", "num_attention_heads");
   SHARDLM_CHECK(cfg.head_dim() % 2 == 0, "Llama config: head dimension ", cfg.head_dim(),
                 " must be even for rotary embeddings");
   SHARDLM_CHECK(cfg.kv_heads() > 0 && cfg.num_heads % cfg.kv_heads() == 0, "Llama config: num_attention_heads ",
@@ -24,7 +22,7 @@ void check_config(const ModelConfig& cfg) {
 
 }  // namespace
 
-std::vector<UnitLayout> llama_layout(const ModelConfig& cfg) {
+std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& options) {
   check_config(cfg);
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size, D = cfg.head_dim();
   const int64_t Q = cfg.num_heads * D, KV = cfg.kv_heads() * D, F = cfg.ffn_size();
@@ -46,6 +44,12 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg) {
     add_tensor(block, p + "self_attn.q_proj.weight", {Q, H}, InitKind::Normal, std_);
     add_tensor(block, p + "self_attn.k_proj.weight", {KV, H}, InitKind::Normal, std_);
     add_tensor(block, p + "self_attn.v_proj.weight", {KV, H}, InitKind::Normal, std_);
+    // After the three weights, so that [q; k; v] weights and biases are each one fused tensor.
+    if (options.qkv_bias) {
+      add_tensor(block, p + "self_attn.q_proj.bias", {Q}, InitKind::Zeros, std_);
+      add_tensor(block, p + "self_attn.k_proj.bias", {KV}, InitKind::Zeros, std_);
+      add_tensor(block, p + "self_attn.v_proj.bias", {KV}, InitKind::Zeros, std_);
+    }
     add_tensor(block, p + "self_attn.o_proj.weight", {H, Q}, InitKind::Normal, std_);
     add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, std_);
     add_tensor(block, p + "mlp.gate_proj.weight", {F, H}, InitKind::Normal, std_);
@@ -54,6 +58,10 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg) {
     units.push_back(std::move(block));
   }
   return units;
+}
+
+std::string llama_hf_tensor_name(const std::string& name) {
+  return name == "lm_head.weight" ? name : "model." + name;
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {

@@ -1,6 +1,6 @@
-// CudaModel: what CudaEngine asks of a model on the GPU (forward and backward of each FSDP unit on
-// the caller's stream, activations in buffers planned up front; greedy decoding with a key/value
-// cache), and the factory that picks the model of cfg.arch (BloomCuda or LlamaCuda).
+// CudaModel: what the CUDA engine asks of a model on the GPU (forward and backward of each FSDP
+// unit on the caller's stream, activations in buffers planned up front; greedy decoding with a
+// key/value cache), and the factory that picks the model of cfg.arch's family.
 #pragma once
 
 #include <cuda_runtime_api.h>

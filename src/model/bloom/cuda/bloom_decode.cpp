@@ -1,7 +1,7 @@
 // BloomCuda's greedy decoding: the embedding, each block and the tied head on the rows of one step,
 // with every layer's keys and values kept in a cache on the GPU so that a step runs only its new
 // tokens. The block is forward_into's math on rows of many sequences; only attention differs (it
-// reads the slot's cache, decode_attention.cu). Logits exist for at most head_chunk_ rows at once,
+// reads the slot's cache, decode_attention.cu). Logits exist for at most sizes_.head_chunk rows at once,
 // in the training head's workspace, which is idle while decoding.
 #include "bloom_cuda.hpp"
 #include "kernels.hpp"
@@ -28,12 +28,6 @@ void BloomCuda::decode_allocate(int slots, int max_len, int max_rows) {
 }
 
 void BloomCuda::decode_free() { decode_ = DecodeBuffers{}; }
-
-size_t BloomCuda::decode_bytes() const {
-  const DecodeBuffers& b = decode_;
-  return b.keys.bytes() + b.values.bytes() + b.hidden.bytes() + b.h2.bytes() + b.ln.bytes() + b.qkv.bytes() +
-         b.ctx.bytes() + b.wide.bytes() + b.mean.bytes() + b.rstd.bytes();
-}
 
 void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
   SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "BloomCuda::decode_embed: ", n, " rows, scratch for ",
@@ -98,7 +92,7 @@ void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m,
   layernorm_forward(b.ctx.data(), r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, b.ln.data(),
                     b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
   // The LM head is tied: its weight is the embedding table.
-  head_argmax(gemm_, b.ln.data(), m, H, r + rl.tensors[0].offset * dsize_, V, head_chunk_,
+  head_argmax(gemm_, b.ln.data(), m, H, r + rl.tensors[0].offset * dsize_, V, sizes_.head_chunk,
               reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 

@@ -1,7 +1,8 @@
 // The Llama model on the GPU: forward and backward of each FSDP unit on one stream, activations in
 // the compute dtype in buffers planned up front (llama_cuda_sizes.hpp; no allocation in the step),
-// parameter gradients in fp32; and greedy decoding with a key/value cache. Mirrors LlamaCpu
-// (src/model/llama_cpu.cpp), which is its reference.
+// parameter gradients in fp32; and greedy decoding with a key/value cache. The options of
+// LlamaBlock (Qwen2's q/k/v biases) ride on the fused q|k|v GEMM's bias epilogue. Mirrors LlamaCpu
+// (src/model/llama/llama_cpu.cpp), which is its reference.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,10 +10,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "../llama_cuda_sizes.hpp"
+#include "../llama_layout.hpp"
 #include "cuda_model.hpp"
 #include "device_memory.hpp"
 #include "gemm.hpp"
-#include "llama_cuda_sizes.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
@@ -21,7 +23,8 @@ class LlamaCuda final : public CudaModel {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
   // only each block's input is kept; its other activations are recomputed before its backward.
-  LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
+  LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing,
+            const LlamaBlock& block);
 
   // h_0 = embed_tokens[tokens]; `tokens` is device memory [B*T].
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
@@ -67,7 +70,7 @@ class LlamaCuda final : public CudaModel {
     size_t embeddings, norm, head;
   };
   struct BlockOffsets {
-    size_t input_norm, qkv, o, post_norm, gate_up, down;
+    size_t input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;  // qkv_bias: with qkv_bias_ only
   };
   RootOffsets root_{};
   BlockOffsets block_{};
@@ -77,6 +80,7 @@ class LlamaCuda final : public CudaModel {
   size_t dsize_;
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
+  bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   LlamaCudaSizes sizes_;
   Gemm gemm_;

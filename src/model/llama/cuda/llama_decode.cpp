@@ -62,7 +62,8 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
   rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
-  linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), nullptr, QKV, b.qkv.data(), false, dt_, s);
+  linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), qkv_bias_ ? w(block_.qkv_bias) : nullptr, QKV, b.qkv.data(),
+              false, dt_, s);
   rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);

@@ -1,0 +1,19 @@
+// The process's count of device bytes held by DeviceBuffer (device_memory.hpp): current and peak.
+#include "device_memory.hpp"
+
+#include <algorithm>
+
+namespace shardlm::cuda {
+
+DeviceMemoryStats& device_memory_stats() {
+  static DeviceMemoryStats stats;
+  return stats;
+}
+
+void device_memory_add(ptrdiff_t bytes) {
+  DeviceMemoryStats& s = device_memory_stats();
+  s.current = static_cast<size_t>(static_cast<ptrdiff_t>(s.current) + bytes);
+  s.peak = std::max(s.peak, s.current);
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,38 @@
+// The scratch the CUDA kernels need, in bytes, as plain C++ (no CUDA headers): the model code
+// allocates these and `shardlm plan` adds them up, also in builds without the CUDA backend.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+// Workspace pieces start on 256-byte boundaries (what cuBLASLt and vector loads like).
+inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// attention_forward/backward (attention.cu): fp32 scores of every head of one sequence, and for a
+// 16-bit dt the probabilities' gradient in dt.
+inline size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt) {
+  const size_t scores = static_cast<size_t>(heads) * T * T;
+  return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt)));
+}
+
+// llama_attention_forward/backward (llama_attention.cu), one sequence at a time: fp32 scores of
+// every head (then the probabilities' gradient), the probabilities in dt (then the scores'
+// gradient), and the fp32 sums of the key and value gradients over the query heads sharing them.
+inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
+  const size_t scores = static_cast<size_t>(heads) * T * T;
+  const size_t kv_grads = static_cast<size_t>(T) * 2 * kv_heads * head_dim;
+  return align256(scores * sizeof(float)) + align256(scores * dtype_size(dt)) + align256(kv_grads * sizeof(float));
+}
+
+// lm_head_loss (lm_head.cu): fp32 logits, per-row losses and target flags of `chunk` rows.
+inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
+  const size_t rows = static_cast<size_t>(std::max(chunk, 0));
+  return align256(rows * static_cast<size_t>(V) * sizeof(float)) + align256(rows * sizeof(float)) +
+         align256(rows * sizeof(int));
+}
+
+}  // namespace shardlm::cuda

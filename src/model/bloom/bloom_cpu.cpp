@@ -1,0 +1,304 @@
+// BloomCpu: fp32 forward and backward of BLOOM's blocks on the CPU, around the shared embedding,
+// LM head and attention (src/model/cpu_*.hpp). Every matrix product goes through cpu_gemm; the
+// element-wise parts (LayerNorm, softmax, GELU) are loops.
+#include "bloom_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "../cpu_attention.hpp"
+#include "../cpu_head.hpp"
+#include "../cpu_layers.hpp"
+#include "../cpu_model_base.hpp"
+#include "../model_internal.hpp"
+#include "bloom_layout.hpp"
+#include "shardlm/device.hpp"
+
+namespace shardlm {
+namespace {
+
+using model_detail::AttentionShape;
+using model_detail::CpuNorm;
+using model_detail::linear;
+using model_detail::linear_input_backward;
+using model_detail::linear_param_backward;
+
+// BLOOM's tanh approximation of GELU: sqrt(2/pi) and the cubic coefficient.
+constexpr float kGeluScale = 0.79788456f;
+constexpr float kGeluCubic = 0.044715f;
+
+// tanh through one expf: about 3x cheaper than std::tanh, within ~1e-7 absolute; saturates to +-1.
+float fast_tanh(float x) { return 1.0f - 2.0f / (std::exp(2.0f * x) + 1.0f); }
+
+float gelu_inner_tanh(float u) { return fast_tanh(kGeluScale * u * (1.0f + kGeluCubic * u * u)); }
+
+float gelu_value(float u, float tanh_inner) { return 0.5f * u * (1.0f + tanh_inner); }
+
+float gelu_derivative(float u, float tanh_inner) {
+  const float inner_derivative = kGeluScale * (1.0f + 3.0f * kGeluCubic * u * u);
+  return 0.5f * (1.0f + tanh_inner) + 0.5f * u * (1.0f - tanh_inner * tanh_inner) * inner_derivative;
+}
+
+// Where each tensor starts inside a block unit's flat parameter (the same for every block).
+struct BlockOffsets {
+  CpuNorm ln1, ln2;
+  size_t qkv_weight = 0, qkv_bias = 0, dense_weight = 0, dense_bias = 0;
+  size_t mlp_in_weight = 0, mlp_in_bias = 0, mlp_out_weight = 0, mlp_out_bias = 0;
+};
+
+// Offsets come from bloom_layout itself so the kernels can never disagree with the layout.
+CpuNorm layer_norm(const UnitLayout& unit, const std::string& prefix, float eps) {
+  return CpuNorm{CpuNorm::Kind::Layer, model_detail::tensor_offset(unit, prefix + ".weight", "BLOOM layout"),
+                 model_detail::tensor_offset(unit, prefix + ".bias", "BLOOM layout"), eps};
+}
+
+BlockOffsets block_offsets(const UnitLayout& block, float eps) {
+  const std::string p = block.name + ".";
+  auto at = [&](const char* name) { return model_detail::tensor_offset(block, p + name, "BLOOM layout"); };
+  BlockOffsets o;
+  o.ln1 = layer_norm(block, p + "input_layernorm", eps);
+  o.ln2 = layer_norm(block, p + "post_attention_layernorm", eps);
+  o.qkv_weight = at("self_attention.query_key_value.weight");
+  o.qkv_bias = at("self_attention.query_key_value.bias");
+  o.dense_weight = at("self_attention.dense.weight");
+  o.dense_bias = at("self_attention.dense.bias");
+  o.mlp_in_weight = at("mlp.dense_h_to_4h.weight");
+  o.mlp_in_bias = at("mlp.dense_h_to_4h.bias");
+  o.mlp_out_weight = at("mlp.dense_4h_to_h.weight");
+  o.mlp_out_bias = at("mlp.dense_4h_to_h.bias");
+  return o;
+}
+
+// The fused qkv rows [N, 3H] hold each head's q, k and v side by side (transformers' BloomAttention view).
+AttentionShape interleaved_heads(int B, int T, int heads, int d, const float* slopes) {
+  const int H = heads * d;
+  return AttentionShape{B, T, heads, heads, d, 3 * H, 3 * H, 3 * d, slopes};
+}
+
+// What one block's forward keeps for its backward, sized for the largest micro-batch.
+struct BlockActivations {
+  Buffer<float> ln1_xhat, ln1_rstd, ln1_out;  // input LayerNorm
+  Buffer<float> qkv;                          // fused query/key/value [N, 3H]
+  Buffer<float> probs;                        // attention probabilities [B, heads, T, T]
+  Buffer<float> context;                      // attention output before the dense projection [N, H]
+  Buffer<float> ln2_xhat, ln2_rstd, ln2_out;  // post-attention LayerNorm
+  Buffer<float> mlp_pre_gelu;                 // [N, 4H]; GELU and its derivative are rebuilt from it
+  int batch = -1, seq = -1;                   // shape of the forward these belong to
+};
+
+struct State {
+  BlockOffsets block;
+  std::vector<float> slopes;
+  std::vector<BlockActivations> layers;
+
+  // Workspaces shared by every layer (only one forward or backward runs at a time).
+  Buffer<float> hidden_work[3];  // [N, H]: h_mid in forward; dln, dh_mid, dcontext in backward
+  Buffer<float> wide_work[2];    // [N, 4H]: GELU output; dGELU and du in backward
+  Buffer<float> qkv_grad;        // [N, 3H]
+  Buffer<float> score_grad;      // [T, T] of one (sequence, head)
+};
+
+// Greedy decoding's scratch arrays (CpuModelBase::scratch): a norm's state and output, the fused
+// qkv, the attention context, the mid-block residual, the MLP's wide activations, scores of a row.
+enum DecodeScratch { kXhat, kRstd, kNorm, kQkv, kContext, kMid, kWide, kScores };
+
+class BloomCpu final : public model_detail::CpuModelBase {
+ public:
+  BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq);
+
+  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
+  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+                      int T) override;
+  void decode_begin(int slots, int max_len, int max_rows) override;
+  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+                    const int* positions) override;
+  size_t activation_bytes() const override;
+
+ private:
+  State m_;
+};
+
+}  // namespace
+
+BloomCpu::BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq)
+    : CpuModelBase("BloomCpu", cfg, max_batch, max_seq) {
+  const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
+  State& m = m_;
+  if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.layer_norm_eps);
+  m.slopes = alibi_slopes(cfg.num_heads);
+
+  const size_t H = cfg.hidden_size, heads = cfg.num_heads;
+  const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
+  const size_t table = model_detail::tensor_offset(layout[0], "word_embeddings.weight", "BLOOM layout");
+  // Word embeddings, then their LayerNorm; ln_f, then the tied head.
+  const CpuNorm embed_norm = layer_norm(layout[0], "word_embeddings_layernorm", cfg.layer_norm_eps);
+  build_ends(table, &embed_norm, layer_norm(layout[0], "ln_f", cfg.layer_norm_eps), table);
+  const MemKind kind = MemKind::Activations;
+  m.layers.resize(cfg.num_layers);
+  for (BlockActivations& a : m.layers) {
+    a.ln1_xhat.allocate(tokens * H, kind);
+    a.ln1_rstd.allocate(tokens, kind);
+    a.ln1_out.allocate(tokens * H, kind);
+    a.qkv.allocate(tokens * 3 * H, kind);
+    a.probs.allocate(tokens * heads * max_seq, kind);
+    a.context.allocate(tokens * H, kind);
+    a.ln2_xhat.allocate(tokens * H, kind);
+    a.ln2_rstd.allocate(tokens, kind);
+    a.ln2_out.allocate(tokens * H, kind);
+    a.mlp_pre_gelu.allocate(tokens * 4 * H, kind);
+  }
+  if (cfg.num_layers > 0) {
+    for (Buffer<float>& w : m.hidden_work) w.allocate(tokens * H, kind);
+    for (Buffer<float>& w : m.wide_work) w.allocate(tokens * 4 * H, kind);
+    m.qkv_grad.allocate(tokens * 3 * H, kind);
+    m.score_grad.allocate(static_cast<size_t>(max_seq) * max_seq, kind);
+  }
+}
+
+size_t BloomCpu::activation_bytes() const {
+  const State& m = m_;
+  size_t floats = m.qkv_grad.size() + m.score_grad.size();
+  for (const BlockActivations& a : m.layers)
+    floats += a.ln1_xhat.size() + a.ln1_rstd.size() + a.ln1_out.size() + a.qkv.size() + a.probs.size() +
+              a.context.size() + a.ln2_xhat.size() + a.ln2_rstd.size() + a.ln2_out.size() + a.mlp_pre_gelu.size();
+  for (const Buffer<float>& w : m.hidden_work) floats += w.size();
+  for (const Buffer<float>& w : m.wide_work) floats += w.size();
+  return floats * sizeof(float) + ends_bytes();
+}
+
+size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,
+                " or max_seq ", max_seq);
+  // The allocations of BloomCpu's constructor, element by element.
+  const size_t H = cfg.hidden_size, heads = cfg.num_heads, L = cfg.num_layers;
+  const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
+  const size_t per_layer = 2 * (2 * tokens * H + tokens) + tokens * 3 * H + tokens * heads * max_seq +
+                           tokens * H + tokens * 4 * H;
+  size_t floats = L * per_layer;
+  if (L > 0) floats += 3 * tokens * H + 2 * tokens * 4 * H + tokens * 3 * H + static_cast<size_t>(max_seq) * max_seq;
+  return floats * sizeof(float) + model_detail::cpu_ends_bytes(cfg, true, max_batch, max_seq);
+}
+
+// ---- transformer block ----------------------------------------------------------------------
+
+void BloomCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
+  State& m = m_;
+  check_shape("block_forward", B, T);
+  check_layer("block_forward", layer);
+  BlockActivations& a = m.layers[layer];
+  a.batch = B;
+  a.seq = T;
+  const int N = B * T, H = cfg_.hidden_size;
+  if (N == 0) return;
+  const BlockOffsets& o = m.block;
+  const AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m.slopes.data());
+  const int d = shape.head_dim;
+
+  o.ln1.forward_rows(params, h_in, N, H, a.ln1_xhat.data(), a.ln1_rstd.data(), a.ln1_out.data());
+  linear(a.ln1_out.data(), N, H, params + o.qkv_weight, params + o.qkv_bias, 3 * H, nullptr, a.qkv.data());
+  const float* qkv = a.qkv.data();
+  model_detail::attention_forward(shape, qkv, qkv + d, qkv + 2 * d, a.probs.data(), a.context.data());
+  float* h_mid = m.hidden_work[0].data();
+  linear(a.context.data(), N, H, params + o.dense_weight, params + o.dense_bias, H, h_in, h_mid);
+
+  o.ln2.forward_rows(params, h_mid, N, H, a.ln2_xhat.data(), a.ln2_rstd.data(), a.ln2_out.data());
+  linear(a.ln2_out.data(), N, H, params + o.mlp_in_weight, params + o.mlp_in_bias, 4 * H, nullptr,
+         a.mlp_pre_gelu.data());
+  float* gelu = m.wide_work[0].data();
+  const size_t wide = static_cast<size_t>(N) * 4 * H;
+  for (size_t i = 0; i < wide; ++i) {
+    const float u = a.mlp_pre_gelu[i];
+    gelu[i] = gelu_value(u, gelu_inner_tanh(u));
+  }
+  linear(gelu, N, 4 * H, params + o.mlp_out_weight, params + o.mlp_out_bias, H, h_mid, h_out);
+}
+
+void BloomCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
+                              int B, int T) {
+  State& m = m_;
+  check_layer("block_backward", layer);
+  BlockActivations& a = m.layers[layer];
+  SHARDLM_CHECK(B == a.batch && T == a.seq, "BloomCpu::block_backward: layer ", layer, " shape ", B, " x ", T,
+                " does not match its last block_forward (", a.batch, " x ", a.seq, ")");
+  const int N = B * T, H = cfg_.hidden_size;
+  if (N == 0) return;
+  const BlockOffsets& o = m.block;
+  const AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m.slopes.data());
+  const int d = shape.head_dim;
+  float* dln = m.hidden_work[0].data();
+  float* dh_mid = m.hidden_work[1].data();
+  float* dcontext = m.hidden_work[2].data();
+  float* dmlp = m.wide_work[0].data();  // GELU derivative, then d(pre-GELU)
+  float* gelu = m.wide_work[1].data();  // GELU output, then d(GELU output)
+
+  // MLP: one tanh per element gives both the GELU output (for dW) and its derivative.
+  const size_t wide = static_cast<size_t>(N) * 4 * H;
+  for (size_t i = 0; i < wide; ++i) {
+    const float u = a.mlp_pre_gelu[i], t = gelu_inner_tanh(u);
+    gelu[i] = gelu_value(u, t);
+    dmlp[i] = gelu_derivative(u, t);
+  }
+  linear_param_backward(gelu, dh_out, N, 4 * H, H, dparams + o.mlp_out_weight, dparams + o.mlp_out_bias);
+  linear_input_backward(dh_out, N, 4 * H, params + o.mlp_out_weight, H, false, gelu);
+  for (size_t i = 0; i < wide; ++i) dmlp[i] *= gelu[i];
+  linear_param_backward(a.ln2_out.data(), dmlp, N, H, 4 * H, dparams + o.mlp_in_weight, dparams + o.mlp_in_bias);
+  linear_input_backward(dmlp, N, H, params + o.mlp_in_weight, 4 * H, false, dln);
+  // h_out = h_mid + mlp(LN2(h_mid)): the residual passes dh_out straight through.
+  std::memcpy(dh_mid, dh_out, sizeof(float) * N * H);
+  o.ln2.backward_rows(params, dln, a.ln2_xhat.data(), a.ln2_rstd.data(), N, H, dh_mid, dparams);
+
+  // Attention: dense projection, then attention itself, then the fused qkv projection.
+  linear_param_backward(a.context.data(), dh_mid, N, H, H, dparams + o.dense_weight, dparams + o.dense_bias);
+  linear_input_backward(dh_mid, N, H, params + o.dense_weight, H, false, dcontext);
+  const float* qkv = a.qkv.data();
+  float* dqkv = m.qkv_grad.data();
+  model_detail::attention_backward(shape, qkv, qkv + d, qkv + 2 * d, a.probs.data(), dcontext, m.score_grad.data(),
+                                   dqkv, dqkv + d, dqkv + 2 * d);
+  linear_param_backward(a.ln1_out.data(), dqkv, N, H, 3 * H, dparams + o.qkv_weight, dparams + o.qkv_bias);
+  linear_input_backward(dqkv, N, H, params + o.qkv_weight, 3 * H, false, dln);
+  // h_mid = h_in + attention(LN1(h_in)).
+  std::memcpy(dh_in, dh_mid, sizeof(float) * N * H);
+  o.ln1.backward_rows(params, dln, a.ln1_xhat.data(), a.ln1_rstd.data(), N, H, dh_in, dparams);
+}
+
+// ---- greedy decoding with a key/value cache ------------------------------------------------
+
+void BloomCpu::decode_begin(int slots, int max_len, int max_rows) {
+  const size_t H = cfg_.hidden_size, rows = std::max(max_rows, 0), len = std::max(max_len, 0);
+  begin_decoding(slots, max_len, max_rows, cfg_.num_heads,
+                 {rows * H, rows, rows * H, rows * 3 * H, rows * H, rows * H, rows * 4 * H, len});
+}
+
+void BloomCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+                            const int* slots, const int* positions) {
+  check_decode_rows(layer, n, slots, positions);
+  if (n == 0) return;
+  const BlockOffsets& o = m_.block;
+  const int H = cfg_.hidden_size;
+  const AttentionShape shape = interleaved_heads(n, 1, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data());
+  const int d = shape.head_dim;
+  float* norm = scratch(kNorm);
+
+  o.ln1.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), norm);
+  float* qkv = scratch(kQkv);
+  linear(norm, n, H, params + o.qkv_weight, params + o.qkv_bias, 3 * H, nullptr, qkv);
+  model_detail::cached_attention_rows(cache(), layer, shape, qkv, qkv + d, qkv + 2 * d, n, slots, positions,
+                                      scratch(kScores), scratch(kContext));
+  float* h_mid = scratch(kMid);
+  linear(scratch(kContext), n, H, params + o.dense_weight, params + o.dense_bias, H, h_in, h_mid);
+
+  o.ln2.forward_rows(params, h_mid, n, H, scratch(kXhat), scratch(kRstd), norm);
+  float* wide = scratch(kWide);
+  linear(norm, n, H, params + o.mlp_in_weight, params + o.mlp_in_bias, 4 * H, nullptr, wide);
+  const size_t wide_n = static_cast<size_t>(n) * 4 * H;
+  for (size_t i = 0; i < wide_n; ++i) wide[i] = gelu_value(wide[i], gelu_inner_tanh(wide[i]));
+  linear(wide, n, 4 * H, params + o.mlp_out_weight, params + o.mlp_out_bias, H, h_mid, h_out);
+}
+
+std::unique_ptr<CpuModel> make_bloom_cpu(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return std::make_unique<BloomCpu>(cfg, max_batch, max_seq);
+}
+
+}  // namespace shardlm

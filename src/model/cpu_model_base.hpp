@@ -1,0 +1,61 @@
+// Private to src/model: what every family's CpuModel shares (the shape checks, the token
+// embedding, the final norm and LM head with its fused loss, greedy decoding's cache and scratch);
+// a family adds its blocks, forward, backward and decoding.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include "cpu_attention.hpp"
+#include "cpu_head.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm::model_detail {
+
+class CpuModelBase : public CpuModel {
+ public:
+  const ModelConfig& config() const override { return cfg_; }
+  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
+  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
+                      int T) override;
+  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
+                   float grad_scale, float* dh, float* droot) override;
+  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  void decode_end() override;
+
+ protected:
+  // `name` prefixes every error ("BloomCpu::block_forward: ...").
+  CpuModelBase(const char* name, const ModelConfig& cfg, int max_batch, int max_seq);
+  // The ends, located in the root unit: the embedding matrix at `table` (then `embed_norm` when not
+  // null), `final_norm` and the LM head's [V, H] matrix at `head`.
+  void build_ends(size_t table, const CpuNorm* embed_norm, const CpuNorm& final_norm, size_t head);
+  // Errors naming name::what when B x T exceeds the sizes built for, or the layer does not exist.
+  void check_shape(const char* what, int B, int T) const;
+  void check_layer(const char* what, int layer) const;
+  size_t ends_bytes() const { return embedding_->bytes() + head_->bytes(); }
+
+  // Greedy decoding: the key/value cache of `slots` sequences of `max_len` positions, kv_heads heads
+  // in every layer, and one zeroed scratch array per entry of `scratch_floats`, alive until decode_end.
+  void begin_decoding(int slots, int max_len, int max_rows, int kv_heads, std::initializer_list<size_t> scratch_floats);
+  // name::block_decode errors for more rows than decode_begin's or rows outside the cache.
+  void check_decode_rows(int layer, int n, const int* slots, const int* positions) const;
+  float* scratch(size_t i) { return decode_scratch_[i].data(); }
+  KvCache& cache() { return cache_; }
+
+  const char* name_;
+  ModelConfig cfg_;
+  int max_batch_, max_seq_;
+
+ private:
+  std::optional<CpuEmbedding> embedding_;
+  std::optional<CpuLmHead> head_;
+  KvCache cache_;
+  int decode_rows_ = 0;
+  std::vector<std::vector<float>> decode_scratch_;
+};
+
+// CpuModelBase::ends_bytes() without building the model, for cpu_activation_bytes.
+size_t cpu_ends_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq);
+
+}  // namespace shardlm::model_detail

@@ -1,0 +1,106 @@
+// What every family's layout shares: appending tensors to a unit, finding one by name, the checks
+// of the shape every family has, and the deterministic counter-based initialisation of any layout.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "model_internal.hpp"
+
+namespace shardlm {
+namespace {
+
+// splitmix64's finaliser: a bijective mix whose outputs of consecutive inputs look independent.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in (0, 1] from the top 53 bits, never 0 so that log() below is finite.
+double unit_interval(uint64_t bits) { return 1.0 - static_cast<double>(bits >> 11) * 0x1.0p-53; }
+
+// A standard normal sample that depends only on (seed, unit, index): Box-Muller on two hashed uniforms.
+double counter_normal(uint64_t seed, int unit_index, size_t index) {
+  const uint64_t key =
+      mix64(mix64(mix64(seed) ^ static_cast<uint64_t>(unit_index)) ^ static_cast<uint64_t>(index));
+  const double radius = std::sqrt(-2.0 * std::log(unit_interval(mix64(key ^ 1))));
+  const double angle = 6.283185307179586 * unit_interval(mix64(key ^ 2));
+  return radius * std::cos(angle);
+}
+
+// Elements [lo, hi) of the unit (lo >= base): out[i - base].
+void init_range(const UnitLayout& unit, int unit_index, uint64_t seed, size_t lo, size_t hi, size_t base, float* out) {
+  // Padding past the last tensor stays zero.
+  for (size_t i = lo; i < hi; ++i) out[i - base] = 0.0f;
+  for (const TensorSpec& t : unit.tensors) {
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    for (size_t i = a; i < b; ++i) {
+      switch (t.init) {
+        case InitKind::Zeros: out[i - base] = 0.0f; break;
+        case InitKind::Ones: out[i - base] = 1.0f; break;
+        case InitKind::Normal:
+          out[i - base] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace model_detail {
+
+void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> shape, InitKind init,
+                float init_std) {
+  TensorSpec t;
+  t.name = name;
+  t.numel = 1;
+  for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
+  t.shape = std::move(shape);
+  t.offset = unit.numel;
+  t.decay = t.shape.size() >= 2;
+  t.init = init;
+  t.init_std = init_std;
+  unit.numel += t.numel;
+  unit.tensors.push_back(std::move(t));
+}
+
+size_t tensor_offset(const UnitLayout& unit, const std::string& name, const char* who) {
+  for (const TensorSpec& t : unit.tensors)
+    if (t.name == name) return t.offset;
+  throw Error(concat(who, ": unit ", unit.name, " has no tensor ", name));
+}
+
+void check_common_shape(const ModelConfig& cfg, const char* family, const char* heads_key) {
+  SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0, family,
+                " config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
+                cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
+  SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, family, " config: hidden_size ", cfg.hidden_size,
+                " is not a multiple of ", heads_key, " ", cfg.num_heads);
+}
+
+}  // namespace model_detail
+
+void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
+                     float* out) {
+  SHARDLM_CHECK(begin <= end, "init_unit_slice: begin ", begin, " > end ", end, " in unit ", unit.name);
+  // Each element depends only on (seed, unit, index), so threads over chunks give the same values;
+  // a 7B model's slices would take minutes on one core.
+  constexpr size_t kChunk = size_t{1} << 22;
+  const size_t n = end - begin;
+  const unsigned threads =
+      static_cast<unsigned>(std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, (n + kChunk - 1) / kChunk}));
+  if (threads <= 1) return init_range(unit, unit_index, seed, begin, end, begin, out);
+  std::vector<std::thread> pool;
+  const size_t per = (n + threads - 1) / threads;
+  for (unsigned k = 0; k < threads; ++k) {
+    const size_t lo = begin + std::min(n, k * per), hi = begin + std::min(n, (k + 1) * per);
+    pool.emplace_back(init_range, std::cref(unit), unit_index, seed, lo, hi, begin, out);
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,387 @@
+// LlamaCpu: fp32 forward and backward of Llama's decoder layers (RMSNorm, rotary grouped-query
+// attention, SwiGLU MLP; Qwen2's q/k/v biases when asked) on the CPU, around the shared embedding,
+// LM head and attention (src/model/cpu_*.hpp). Every matrix product goes through cpu_gemm; the
+// element-wise parts (RMSNorm, rotary, softmax, SiLU) are loops.
+#include "llama_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "../cpu_attention.hpp"
+#include "../cpu_head.hpp"
+#include "../cpu_layers.hpp"
+#include "../cpu_model_base.hpp"
+#include "../model_internal.hpp"
+#include "shardlm/device.hpp"
+
+namespace shardlm {
+namespace {
+
+using model_detail::AttentionShape;
+using model_detail::CpuNorm;
+using model_detail::linear;
+using model_detail::linear_input_backward;
+using model_detail::linear_param_backward;
+
+// Where each tensor starts inside a block unit's flat parameter (the same for every block); the
+// q/k/v biases are null without LlamaBlock::qkv_bias.
+struct BlockOffsets {
+  CpuNorm input_norm, post_norm;
+  size_t q = 0, k = 0, v = 0, o = 0, gate = 0, up = 0, down = 0;
+  bool qkv_bias = false;
+  size_t q_bias = 0, k_bias = 0, v_bias = 0;
+  const float* bias(const float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
+  float* bias(float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
+};
+
+// Offsets come from llama_layout itself so the kernels can never disagree with the layout.
+size_t offset_of(const UnitLayout& unit, const std::string& name) {
+  return model_detail::tensor_offset(unit, name, "Llama layout");
+}
+
+CpuNorm rms_norm(const UnitLayout& unit, const std::string& name, float eps) {
+  return CpuNorm{CpuNorm::Kind::Rms, offset_of(unit, name), 0, eps};
+}
+
+BlockOffsets block_offsets(const UnitLayout& block, float eps, bool qkv_bias) {
+  const std::string p = block.name + ".";
+  BlockOffsets o;
+  o.input_norm = rms_norm(block, p + "input_layernorm.weight", eps);
+  o.post_norm = rms_norm(block, p + "post_attention_layernorm.weight", eps);
+  o.q = offset_of(block, p + "self_attn.q_proj.weight");
+  o.k = offset_of(block, p + "self_attn.k_proj.weight");
+  o.v = offset_of(block, p + "self_attn.v_proj.weight");
+  o.o = offset_of(block, p + "self_attn.o_proj.weight");
+  o.gate = offset_of(block, p + "mlp.gate_proj.weight");
+  o.up = offset_of(block, p + "mlp.up_proj.weight");
+  o.down = offset_of(block, p + "mlp.down_proj.weight");
+  o.qkv_bias = qkv_bias;
+  if (qkv_bias) {
+    o.q_bias = offset_of(block, p + "self_attn.q_proj.bias");
+    o.k_bias = offset_of(block, p + "self_attn.k_proj.bias");
+    o.v_bias = offset_of(block, p + "self_attn.v_proj.bias");
+  }
+  return o;
+}
+
+// Query, key and value projections in separate arrays of rows [N, heads d] and [N, kv_heads d].
+AttentionShape grouped_heads(int B, int T, const ModelConfig& cfg) {
+  const int d = cfg.head_dim();
+  return AttentionShape{B, T, cfg.num_heads, cfg.kv_heads(), d, cfg.num_heads * d, cfg.kv_heads() * d, d, nullptr};
+}
+
+// y = xhat * weight again from the saved xhat (cheaper to rebuild than to keep for backward).
+void rms_norm_output(const float* xhat, int rows, int H, const float* weight, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const size_t at = static_cast<size_t>(r) * H;
+    for (int c = 0; c < H; ++c) y[at + c] = xhat[at + c] * weight[c];
+  }
+}
+
+// ---- rotary embeddings ----------------------------------------------------------------------
+
+// transformers' rotate_half convention: element i pairs with i + d/2, both rotated by angle
+// pos * inv_freq[i]. `inverse` applies the transposed rotation (the backward of the forward one).
+// x is [B*T rows of `heads` heads of d], row stride ld; cos/sin tables are [pos, d/2].
+void apply_rotary(float* x, int B, int T, int heads, int d, int ld, const float* cos_table, const float* sin_table,
+                  bool inverse) {
+  const int half = d / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* row = x + (static_cast<size_t>(b) * T + t) * ld;
+      const float* cs = cos_table + static_cast<size_t>(t) * half;
+      const float* sn = sin_table + static_cast<size_t>(t) * half;
+      for (int n = 0; n < heads; ++n) {
+        float* head = row + static_cast<size_t>(n) * d;
+        for (int i = 0; i < half; ++i) {
+          const float x1 = head[i], x2 = head[i + half], s = sign * sn[i];
+          head[i] = x1 * cs[i] - x2 * s;
+          head[i + half] = x2 * cs[i] + x1 * s;
+        }
+      }
+    }
+}
+
+// cos and sin of pos * inv_freq, the angle rounded to fp32 as transformers forms it.
+void rotary_angles(int pos, const std::vector<float>& inv_freq, float* cos_out, float* sin_out) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// ---- saved state ----------------------------------------------------------------------------
+
+// What one block's forward keeps for its backward, sized for the largest micro-batch.
+struct BlockActivations {
+  Buffer<float> norm1_xhat, norm1_rstd;  // input RMSNorm (its output is rebuilt from xhat)
+  Buffer<float> q, k, v;                 // projections, q and k after rotary: [N, nh*d], [N, nkv*d]
+  Buffer<float> probs;                   // attention probabilities [B, heads, T, T]
+  Buffer<float> context;                 // attention output before o_proj [N, nh*d]
+  Buffer<float> norm2_xhat, norm2_rstd;  // post-attention RMSNorm
+  Buffer<float> gate, up;                // [N, F]: gate_proj and up_proj outputs
+  int batch = -1, seq = -1;              // shape of the forward these belong to
+};
+
+struct State {
+  BlockOffsets block;
+  std::vector<float> rope_cos, rope_sin;  // [max_seq, head_dim / 2]
+  std::vector<BlockActivations> layers;
+
+  // Workspaces shared by every layer (only one forward or backward runs at a time).
+  Buffer<float> hidden_work[2];  // [N, H]: the mid-block residual; in backward dx, and norm output / grads
+  Buffer<float> wide_work[2];    // [N, F]: SiLU(gate) * up; in backward d(gate), d(up)
+  Buffer<float> q_grad, k_grad, v_grad;
+  Buffer<float> score_grad;      // [T, T] of one (sequence, head)
+
+  std::vector<float> inv_freq;  // rotary frequencies; decoding may run past max_seq, so angles are formed per row
+};
+
+// Greedy decoding's scratch arrays (CpuModelBase::scratch): a norm's state and output, q, k, v, the
+// attention context, the mid-block residual, SwiGLU's gate and up, scores of a row, a row's rotary
+// cos and sin.
+enum DecodeScratch { kXhat, kRstd, kNorm, kQ, kK, kV, kContext, kMid, kGate, kUp, kScores, kCos, kSin };
+
+class LlamaCpu final : public model_detail::CpuModelBase {
+ public:
+  LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block);
+
+  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
+  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+                      int T) override;
+  void decode_begin(int slots, int max_len, int max_rows) override;
+  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+                    const int* positions) override;
+  size_t activation_bytes() const override;
+
+ private:
+  State m_;
+};
+
+}  // namespace
+
+LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& options)
+    : CpuModelBase("LlamaCpu", cfg, max_batch, max_seq) {
+  const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
+  State& m = m_;
+  if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options.qkv_bias);
+
+  m.inv_freq = rope_inv_freq(cfg);
+  const size_t half = m.inv_freq.size();
+  m.rope_cos.resize(static_cast<size_t>(max_seq) * half);
+  m.rope_sin.resize(m.rope_cos.size());
+  for (int t = 0; t < max_seq; ++t)
+    rotary_angles(t, m.inv_freq, m.rope_cos.data() + t * half, m.rope_sin.data() + t * half);
+
+  const size_t H = cfg.hidden_size, heads = cfg.num_heads, F = cfg.ffn_size();
+  const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
+  // embed_tokens; the final RMSNorm, then lm_head (or embed_tokens when tied).
+  const size_t table = offset_of(layout[0], "embed_tokens.weight");
+  const size_t head = cfg.tie_word_embeddings ? table : offset_of(layout[0], "lm_head.weight");
+  build_ends(table, nullptr, rms_norm(layout[0], "norm.weight", cfg.rms_norm_eps), head);
+  const MemKind kind = MemKind::Activations;
+  m.layers.resize(cfg.num_layers);
+  for (BlockActivations& a : m.layers) {
+    a.norm1_xhat.allocate(tokens * H, kind);
+    a.norm1_rstd.allocate(tokens, kind);
+    a.q.allocate(tokens * QW, kind);
+    a.k.allocate(tokens * KVW, kind);
+    a.v.allocate(tokens * KVW, kind);
+    a.probs.allocate(tokens * heads * max_seq, kind);
+    a.context.allocate(tokens * QW, kind);
+    a.norm2_xhat.allocate(tokens * H, kind);
+    a.norm2_rstd.allocate(tokens, kind);
+    a.gate.allocate(tokens * F, kind);
+    a.up.allocate(tokens * F, kind);
+  }
+  if (cfg.num_layers > 0) {
+    // QW == H (head_dim is H / heads), so the [N, H] workspaces also hold d(context).
+    for (Buffer<float>& w : m.hidden_work) w.allocate(tokens * H, kind);
+    for (Buffer<float>& w : m.wide_work) w.allocate(tokens * F, kind);
+    m.q_grad.allocate(tokens * QW, kind);
+    m.k_grad.allocate(tokens * KVW, kind);
+    m.v_grad.allocate(tokens * KVW, kind);
+    m.score_grad.allocate(static_cast<size_t>(max_seq) * max_seq, kind);
+  }
+}
+
+size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,
+                " or max_seq ", max_seq);
+  // The allocations of the constructor above, buffer by buffer.
+  const size_t H = cfg.hidden_size, heads = cfg.num_heads, L = cfg.num_layers;
+  const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
+  const size_t F = cfg.ffn_size(), S = max_seq;
+  const size_t tokens = static_cast<size_t>(max_batch) * S;
+  const size_t per_layer = 2 * (tokens * H + tokens) + 2 * tokens * QW + 2 * tokens * KVW + tokens * heads * S +
+                           2 * tokens * F;
+  size_t floats = L * per_layer;
+  if (L > 0) floats += 2 * tokens * H + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
+  return floats * sizeof(float) + model_detail::cpu_ends_bytes(cfg, false, max_batch, max_seq);
+}
+
+size_t LlamaCpu::activation_bytes() const {
+  const State& m = m_;
+  size_t floats = m.q_grad.size() + m.k_grad.size() + m.v_grad.size() + m.score_grad.size();
+  for (const BlockActivations& a : m.layers)
+    floats += a.norm1_xhat.size() + a.norm1_rstd.size() + a.q.size() + a.k.size() + a.v.size() + a.probs.size() +
+              a.context.size() + a.norm2_xhat.size() + a.norm2_rstd.size() + a.gate.size() + a.up.size();
+  for (const Buffer<float>& w : m.hidden_work) floats += w.size();
+  for (const Buffer<float>& w : m.wide_work) floats += w.size();
+  return floats * sizeof(float) + ends_bytes();
+}
+
+// ---- decoder layer --------------------------------------------------------------------------
+
+void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
+  State& m = m_;
+  check_shape("block_forward", B, T);
+  check_layer("block_forward", layer);
+  BlockActivations& a = m.layers[layer];
+  a.batch = B;
+  a.seq = T;
+  const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  if (N == 0) return;
+  const BlockOffsets& o = m.block;
+  const AttentionShape shape = grouped_heads(B, T, cfg_);
+  const int QW = shape.q_ld, KVW = shape.kv_ld;
+  float* normed = m.hidden_work[1].data();
+
+  // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
+  o.input_norm.forward_rows(params, h_in, N, H, a.norm1_xhat.data(), a.norm1_rstd.data(), normed);
+  linear(normed, N, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
+  linear(normed, N, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
+  linear(normed, N, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
+  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false);
+  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false);
+  model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
+  float* x = m.hidden_work[0].data();
+  linear(a.context.data(), N, QW, params + o.o, nullptr, H, h_in, x);
+
+  // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x).
+  o.post_norm.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
+  linear(normed, N, H, params + o.gate, nullptr, F, nullptr, a.gate.data());
+  linear(normed, N, H, params + o.up, nullptr, F, nullptr, a.up.data());
+  float* act = m.wide_work[0].data();
+  const size_t wide = static_cast<size_t>(N) * F;
+  for (size_t i = 0; i < wide; ++i) act[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
+  linear(act, N, F, params + o.down, nullptr, H, x, h_out);
+}
+
+void LlamaCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
+                              int B, int T) {
+  State& m = m_;
+  check_layer("block_backward", layer);
+  BlockActivations& a = m.layers[layer];
+  SHARDLM_CHECK(B == a.batch && T == a.seq, "LlamaCpu::block_backward: layer ", layer, " shape ", B, " x ", T,
+                " does not match its last block_forward (", a.batch, " x ", a.seq, ")");
+  const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  if (N == 0) return;
+  const BlockOffsets& o = m.block;
+  const AttentionShape shape = grouped_heads(B, T, cfg_);
+  const int QW = shape.q_ld, KVW = shape.kv_ld;
+  float* dx = m.hidden_work[0].data();
+  float* work = m.hidden_work[1].data();  // a norm's output, then its gradient; d(context)
+  float* dgate = m.wide_work[0].data();      // SiLU(gate) * up first (for d(down_proj))
+  float* dup = m.wide_work[1].data();        // d(SiLU(gate) * up) first
+
+  // MLP.
+  const size_t wide = static_cast<size_t>(N) * F;
+  for (size_t i = 0; i < wide; ++i) dgate[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
+  linear_param_backward(dgate, dh_out, N, F, H, dparams + o.down, nullptr);
+  linear_input_backward(dh_out, N, F, params + o.down, H, false, dup);
+  for (size_t i = 0; i < wide; ++i) {
+    const float g = a.gate[i], s = sigmoid(g), dact = dup[i];
+    dup[i] = dact * g * s;                                    // d(up) = dact * silu(gate)
+    dgate[i] = dact * a.up[i] * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+  }
+  rms_norm_output(a.norm2_xhat.data(), N, H, params + o.post_norm.weight, work);
+  linear_param_backward(work, dgate, N, H, F, dparams + o.gate, nullptr);
+  linear_param_backward(work, dup, N, H, F, dparams + o.up, nullptr);
+  linear_input_backward(dgate, N, H, params + o.gate, F, false, work);
+  linear_input_backward(dup, N, H, params + o.up, F, true, work);
+  // out = x + mlp(RMSNorm(x)): the residual passes dh_out straight through.
+  std::memcpy(dx, dh_out, sizeof(float) * N * H);
+  o.post_norm.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, dparams);
+
+  // Attention: o_proj, attention itself, rotary (its transpose), then the q/k/v projections.
+  linear_param_backward(a.context.data(), dx, N, QW, H, dparams + o.o, nullptr);
+  linear_input_backward(dx, N, QW, params + o.o, H, false, work);
+  model_detail::attention_backward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), work,
+                                   m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
+  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true);
+  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true);
+  rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm.weight, work);
+  linear_param_backward(work, m.q_grad.data(), N, H, QW, dparams + o.q, o.bias(dparams, o.q_bias));
+  linear_param_backward(work, m.k_grad.data(), N, H, KVW, dparams + o.k, o.bias(dparams, o.k_bias));
+  linear_param_backward(work, m.v_grad.data(), N, H, KVW, dparams + o.v, o.bias(dparams, o.v_bias));
+  linear_input_backward(m.q_grad.data(), N, H, params + o.q, QW, false, work);
+  linear_input_backward(m.k_grad.data(), N, H, params + o.k, KVW, true, work);
+  linear_input_backward(m.v_grad.data(), N, H, params + o.v, KVW, true, work);
+  // x = h_in + attention(RMSNorm(h_in)).
+  std::memcpy(dh_in, dx, sizeof(float) * N * H);
+  o.input_norm.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, dparams);
+}
+
+// ---- greedy decoding with a key/value cache ------------------------------------------------
+
+void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
+  const size_t H = cfg_.hidden_size, F = cfg_.ffn_size(), rows = std::max(max_rows, 0), d = cfg_.head_dim();
+  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = m_.inv_freq.size();
+  begin_decoding(slots, max_len, max_rows, cfg_.kv_heads(),
+                 {rows * H, rows, rows * H, rows * QW, rows * KVW, rows * KVW, rows * QW, rows * H, rows * F, rows * F,
+                  static_cast<size_t>(std::max(max_len, 0)), half, half});
+}
+
+void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+                            const int* slots, const int* positions) {
+  check_decode_rows(layer, n, slots, positions);
+  if (n == 0) return;
+  const BlockOffsets& o = m_.block;
+  const int H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  const AttentionShape shape = grouped_heads(n, 1, cfg_);
+  const int QW = shape.q_ld, KVW = shape.kv_ld;
+  float* normed = scratch(kNorm);
+  float* q = scratch(kQ);
+  float* k = scratch(kK);
+  float* v = scratch(kV);
+  float* cos_row = scratch(kCos);
+  float* sin_row = scratch(kSin);
+
+  o.input_norm.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), normed);
+  linear(normed, n, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, q);
+  linear(normed, n, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
+  linear(normed, n, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
+  // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
+  for (int r = 0; r < n; ++r) {
+    rotary_angles(positions[r], m_.inv_freq, cos_row, sin_row);
+    apply_rotary(q + static_cast<size_t>(r) * QW, 1, 1, shape.heads, d, QW, cos_row, sin_row, false);
+    apply_rotary(k + static_cast<size_t>(r) * KVW, 1, 1, shape.kv_heads, d, KVW, cos_row, sin_row, false);
+  }
+  model_detail::cached_attention_rows(cache(), layer, shape, q, k, v, n, slots, positions, scratch(kScores),
+                                      scratch(kContext));
+  float* x = scratch(kMid);
+  linear(scratch(kContext), n, QW, params + o.o, nullptr, H, h_in, x);
+
+  o.post_norm.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
+  float* gate = scratch(kGate);
+  float* up = scratch(kUp);
+  linear(normed, n, H, params + o.gate, nullptr, F, nullptr, gate);
+  linear(normed, n, H, params + o.up, nullptr, F, nullptr, up);
+  const size_t wide = static_cast<size_t>(n) * F;
+  for (size_t i = 0; i < wide; ++i) gate[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  linear(gate, n, F, params + o.down, nullptr, H, x, h_out);
+}
+
+std::unique_ptr<CpuModel> make_llama_cpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block) {
+  return std::make_unique<LlamaCpu>(cfg, max_batch, max_seq, block);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,77 @@
+// The config.json keys shared by the Llama-style families (llama_hf_config.hpp). transformers 4
+// writes rope_theta and rope_scaling; transformers 5 writes both in rope_parameters.
+#include "llama_hf_config.hpp"
+
+namespace shardlm {
+
+ModelConfig read_llama_style_config(const HfConfigReader& r) {
+  ModelConfig c;
+  c.vocab_size = r.get<int>({"vocab_size"});
+  c.hidden_size = r.get<int>({"hidden_size"});
+  c.num_layers = r.get<int>({"num_hidden_layers"});
+  c.num_heads = r.get<int>({"num_attention_heads"});
+  c.num_kv_heads = r.get_or<int>({"num_key_value_heads"}, c.num_heads);
+  c.intermediate_size = r.get<int>({"intermediate_size"});
+  c.rms_norm_eps = r.get_or<float>({"rms_norm_eps"}, 1e-6f);
+  c.rope_theta = r.get_or<float>({"rope_theta"}, 10000.0f);
+  c.tie_word_embeddings = r.get_or<bool>({"tie_word_embeddings"}, false);
+  c.max_position_embeddings = r.get_or<int>({"max_position_embeddings"}, 2048);
+  c.init_std = r.get_or<float>({"initializer_range"}, 0.02f);
+  const std::string act = r.get_or<std::string>({"hidden_act"}, "silu");
+  SHARDLM_CHECK(act == "silu", r.source(), ": hidden_act '", act, "' is not supported (silu)");
+  if (c.num_heads > 0) {
+    const int head_dim = r.get_or<int>({"head_dim"}, c.hidden_size / c.num_heads);
+    SHARDLM_CHECK(head_dim * c.num_heads == c.hidden_size, r.source(), ": head_dim ", head_dim, " x num_attention_heads ",
+                  c.num_heads, " != hidden_size ", c.hidden_size, " is not supported");
+  }
+  const HfConfigReader::Json* rs = r.find({"rope_parameters"});
+  if (rs) {
+    SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_parameters must be an object");
+    c.rope_theta = HfConfigReader(*rs, r.source() + " rope_parameters").get_or<float>({"rope_theta"}, c.rope_theta);
+  } else {
+    rs = r.find({"rope_scaling"});
+  }
+  if (rs) {
+    SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_scaling must be an object or null");
+    const HfConfigReader s(*rs, r.source() + " rope_scaling");
+    const std::string type = s.get_or<std::string>({"rope_type", "type"}, "default");
+    if (type == "llama3") {
+      c.rope_scaling.factor = s.get<float>({"factor"});
+      c.rope_scaling.low_freq_factor = s.get<float>({"low_freq_factor"});
+      c.rope_scaling.high_freq_factor = s.get<float>({"high_freq_factor"});
+      c.rope_scaling.original_max_position_embeddings = s.get<int>({"original_max_position_embeddings"});
+      SHARDLM_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
+                    r.source(), ": rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+    } else {
+      SHARDLM_CHECK(type == "default", r.source(), ": rope_scaling type '", type,
+                    "' is not supported (llama3, or none)");
+    }
+  }
+  return c;
+}
+
+void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
+  c["vocab_size"] = cfg.vocab_size;
+  c["hidden_size"] = cfg.hidden_size;
+  c["intermediate_size"] = cfg.ffn_size();
+  c["num_hidden_layers"] = cfg.num_layers;
+  c["num_attention_heads"] = cfg.num_heads;
+  c["num_key_value_heads"] = cfg.kv_heads();
+  c["head_dim"] = cfg.head_dim();
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = shortest_decimal(cfg.rms_norm_eps);
+  c["rope_theta"] = shortest_decimal(cfg.rope_theta);
+  if (cfg.rope_scaling.factor > 0) {
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", shortest_decimal(cfg.rope_scaling.factor)},
+                         {"low_freq_factor", shortest_decimal(cfg.rope_scaling.low_freq_factor)},
+                         {"high_freq_factor", shortest_decimal(cfg.rope_scaling.high_freq_factor)},
+                         {"original_max_position_embeddings", cfg.rope_scaling.original_max_position_embeddings}};
+  } else {
+    c["rope_scaling"] = nullptr;
+  }
+  c["max_position_embeddings"] = cfg.max_position_embeddings;
+  c["tie_word_embeddings"] = cfg.tie_word_embeddings;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,15 @@
+// config.json keys of the Llama-style families (LlamaForCausalLM and those built on its decoder
+// layer, as Qwen2ForCausalLM): sizes, RMSNorm epsilon, rotary theta and scaling, tied head.
+#pragma once
+
+#include "../hf_config_reader.hpp"
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+
+// The keys every Llama-style config.json has; Errors name unsupported values (activation, rope type).
+ModelConfig read_llama_style_config(const HfConfigReader& r);
+// Writes them, from vocab_size to tie_word_embeddings.
+void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
+
+}  // namespace shardlm

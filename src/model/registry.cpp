@@ -1,0 +1,71 @@
+// The registry of model families: one line per family below, and the lookups by model.arch and by
+// config.json model_type that every family-dependent call goes through.
+#include <algorithm>
+
+#include "shardlm/model.hpp"
+
+namespace shardlm {
+
+// Each defined in its folder, src/model/<family>/<family>_family.cpp.
+const ModelFamily& bloom_family();
+const ModelFamily& llama_family();
+
+const std::vector<const ModelFamily*>& model_families() {
+  static const std::vector<const ModelFamily*> families = {
+      &bloom_family(),
+      &llama_family(),
+  };
+  return families;
+}
+
+std::vector<std::string> model_family_names() {
+  std::vector<std::string> names;
+  for (const ModelFamily* f : model_families()) names.push_back(f->name);
+  return names;
+}
+
+namespace {
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+const ModelFamily& model_family(const std::string& arch) {
+  for (const ModelFamily* f : model_families())
+    if (f->name == arch) return *f;
+  throw Error(concat("model.arch = '", arch, "' is not supported (", joined(model_family_names()), ")"));
+}
+
+const ModelFamily& model_family_of_hf_type(const std::string& type, const std::string& source) {
+  std::vector<std::string> known;
+  for (const ModelFamily* f : model_families()) {
+    const auto& types = f->hf_model_types;
+    if (std::find(types.begin(), types.end(), type) != types.end()) return *f;
+    known.insert(known.end(), types.begin(), types.end());
+  }
+  throw Error(concat(source, ": model_type '", type, "' is not supported (", joined(known), ")"));
+}
+
+// ---- what callers ask of cfg.arch's family ----
+
+bool ModelConfig::tied_head() const { return model_family(arch).head_always_tied || tie_word_embeddings; }
+
+std::vector<UnitLayout> model_layout(const ModelConfig& cfg) { return model_family(cfg.arch).layout(cfg); }
+
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
+  return model_family(cfg.arch).hf_tensor_name(name);
+}
+
+std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return model_family(cfg.arch).make_cpu(cfg, max_batch, max_seq);
+}
+
+size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return model_family(cfg.arch).cpu_activation_bytes(cfg, max_batch, max_seq);
+}
+
+}  // namespace shardlm
