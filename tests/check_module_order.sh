@@ -5,7 +5,7 @@
 # Usage: tests/check_module_order.sh [REPOSITORY_ROOT]   (default: the folder above this script)
 
 # Lower never includes higher (DESIGN.md's table, top to bottom).
-ORDER=(core config dist device model fsdp optim data io train app)
+ORDER=(core dist device model config data io optim fsdp train app)
 # What the device backends must never include, whatever the order says.
 DEVICE_FORBIDDEN=(train fsdp optim model)
 

@@ -10,21 +10,6 @@
 #include "shardlm/device.hpp"
 
 namespace shardlm {
-namespace cuda {
-
-DeviceMemoryStats& device_memory_stats() {
-  static DeviceMemoryStats stats;
-  return stats;
-}
-
-void device_memory_add(ptrdiff_t bytes) {
-  DeviceMemoryStats& s = device_memory_stats();
-  s.current = static_cast<size_t>(static_cast<ptrdiff_t>(s.current) + bytes);
-  s.peak = std::max(s.peak, s.current);
-}
-
-}  // namespace cuda
-
 namespace {
 
 cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
