@@ -80,10 +80,7 @@ shardlm::MemoryPlanSpec spec_of(const shardlm::RunConfig& c) {
   shardlm::MemoryPlanSpec s;
   s.model = c.model;
   s.backend = c.run.backend;
-  s.strategy = c.fsdp.strategy;
-  s.param_dtype = c.fsdp.param_dtype;
-  s.reduce_dtype = c.fsdp.reduce_dtype;
-  s.cpu_offload = c.fsdp.cpu_offload;
+  s.fsdp = shardlm::fsdp_options(c.fsdp);
   s.activation_checkpointing = c.fsdp.activation_checkpointing;
   s.micro_batch = c.train.micro_batch_size;
   s.max_seq = c.data.max_length;
@@ -123,7 +120,7 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {
     shardlm::MemoryPlanSpec s = spec_of(bloom560m(p.overrides));
     BOOST_TEST_REQUIRE((s.backend == shardlm::BackendKind::Cuda));
     for (auto strategy : {shardlm::ShardingStrategy::FullShard, shardlm::ShardingStrategy::NoShard}) {
-      s.strategy = strategy;
+      s.fsdp.strategy = strategy;
       const double planned = gib(static_cast<double>(shardlm::plan_rank_memory(s).device_total()));
       BOOST_TEST(std::fabs(planned - p.gib) <= 0.006, p.overrides.back() << ": planned " << planned << " GiB");
     }
@@ -161,7 +158,7 @@ BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   s.activation_checkpointing = true;  // one block's activations instead of two
   BOOST_TEST(shardlm::plan_rank_memory(s).activations() == fp32 - (2 * 64 + 4096 + 256 + 2048 + 2048 + 16384));
   s.activation_checkpointing = false;
-  s.param_dtype = shardlm::DType::BF16;
+  s.fsdp.param_dtype = shardlm::DType::BF16;
   const size_t bf16 = 3 * 1024 + 64 + 16 + 2 * (2 * 64 + 2048 + 256 + 1024 + 1024 + 8192) +
                       (1024 + 1024 + 1024 + 4096 + 2048 + 8192) + (4096 + 2048 + 2048) + head;
   BOOST_TEST(shardlm::plan_rank_memory(s).activations() == bf16);

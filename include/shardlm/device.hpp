@@ -88,6 +88,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
+  // Its memory is host memory: the host reads it in place, no staging copies are needed.
+  virtual bool host_memory() const = 0;
   // Streams run concurrently with the host and each other (the schedule then prefetches).
   virtual bool asynchronous() const = 0;
   // The dtype the models compute in for parameters stored in param_dtype (the CPU computes in fp32).

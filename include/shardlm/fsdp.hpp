@@ -77,6 +77,9 @@ struct FsdpBufferPlan {
   size_t grad_slice = 0;         // one reduced fp32 slice
   size_t stage_full = 0, stage_slice = 0;  // 16-bit staging bytes: a full unit, a slice
 };
+// The engine's options from the deck's [fsdp] section.
+FsdpOptions fsdp_options(const FsdpSection& deck);
+
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
                                 int replicate_size, bool asynchronous, DType compute_dtype);
 
@@ -157,12 +160,8 @@ class FsdpEngine {
 struct MemoryPlanSpec {
   ModelConfig model;
   BackendKind backend = BackendKind::Cpu;
-  ShardingStrategy strategy = ShardingStrategy::FullShard;
-  DType param_dtype = DType::F32;
-  DType reduce_dtype = DType::F32;
-  bool cpu_offload = false;               // CUDA backend only
+  FsdpOptions fsdp;                       // cpu_offload: CUDA backend only
   bool activation_checkpointing = false;  // CUDA backend only
-  int limit_all_gathers = 2;              // CUDA backend, FULL_SHARD and HYBRID_SHARD: gathered block buffers
   int world_size = 1;
   int ranks_per_node = 0;  // 0: every rank on one node
   int micro_batch = 1;

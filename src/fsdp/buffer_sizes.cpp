@@ -10,6 +10,18 @@ size_t shard_numel_of(size_t numel, int shard_size) {
   return (numel + shard_size - 1) / shard_size;
 }
 
+FsdpOptions fsdp_options(const FsdpSection& deck) {
+  FsdpOptions o;
+  o.strategy = deck.strategy;
+  o.param_dtype = deck.param_dtype;
+  o.reduce_dtype = deck.reduce_dtype;
+  o.cpu_offload = deck.cpu_offload;
+  o.forward_prefetch = deck.forward_prefetch;
+  o.backward_prefetch = deck.backward_prefetch;
+  o.limit_all_gathers = deck.limit_all_gathers;
+  return o;
+}
+
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
                                 int replicate_size, bool asynchronous, DType compute_dtype) {
   SHARDLM_CHECK(!layout.empty(), "fsdp_buffer_plan: a layout without a root unit");
@@ -32,8 +44,8 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const Fsd
                 "fsdp_buffer_plan: only a synchronous fp32 backend gathers through staging");
   // One rank holds whole units: the model reads the slice, or its copy in the compute dtype.
   p.alias = shard_size == 1 && same_dtype;
-  p.compute_slice = same_dtype && opt.param_dtype != DType::F32 && (opt.cpu_offload || shard_size == 1);
-  if (opt.cpu_offload && opt.param_dtype == DType::F32) p.compute_slice = true;  // the master stays on the host
+  // Offloaded, the master stays on the host and the gathers send this copy.
+  p.compute_slice = same_dtype && (opt.cpu_offload || (shard_size == 1 && opt.param_dtype != DType::F32));
   // Sharded, the gathers cast the fp32 master into their own buffer: no 16-bit copy of the slice.
   p.cast_at_gather = !p.alias && !p.compute_slice && same_dtype && opt.param_dtype != DType::F32;
   p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1;

@@ -14,16 +14,15 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     : backend_(std::move(backend)), host_backend_(std::move(host_backend)), groups_(std::move(groups)) {
   Backend& be = *backend_;
   const int shard_rank = groups_.shard->rank(), shard_size = groups_.shard->size();
-  SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && be.kind() != BackendKind::Cpu),
+  SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && !be.host_memory()),
                 "fsdp.cpu_offload needs a device backend and a host backend for the optimizer");
   const DType cdt = be.compute_dtype(opt.param_dtype);
   SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
                 ", the backend in ", dtype_name(cdt));
-  plan_ = fsdp_buffer_plan(model_layout(model->config()), opt, shard_size, groups_.replicate->size(),
-                           be.asynchronous(), cdt);
-  impl_ = std::make_unique<Impl>(be, std::move(model), opt, plan_, groups_);
+  std::vector<UnitLayout> layout = model_layout(model->config());
+  plan_ = fsdp_buffer_plan(layout, opt, shard_size, groups_.replicate->size(), be.asynchronous(), cdt);
+  impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layout), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
-  m.max_tokens_ = max_tokens;
   const size_t csize = dtype_size(cdt);
   // Master and optimizer state where the optimizer runs: the host when offloaded.
   Backend& state_be = opt.cpu_offload ? *host_backend_ : be;
@@ -178,11 +177,12 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
   backend_->synchronize(m.comm);
   std::vector<UnitState> states;
   const bool primary = groups_.replicate->rank() == 0;
+  const std::vector<std::string> names = optimizer_->state_names();
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
     float* param = d.master.as<float>();
     std::vector<float*> state;
-    for (size_t k = 0; k < optimizer_->state_names().size(); ++k) state.push_back(optimizer_->state(u, k));
+    for (size_t k = 0; k < names.size(); ++k) state.push_back(optimizer_->state(u, k));
     if (!d.host_master.empty()) {
       // Device memory: copied into the host staging the views point at.
       backend_->copy(d.host_master.data(), param, d.master.bytes(), CopyKind::DeviceToHost, m.compute);
@@ -199,7 +199,6 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
     s.count = std::min(d.flat.shard_begin + d.flat.shard_numel, d.flat.numel) - s.begin;
     s.primary = primary;
     s.param = param;
-    const std::vector<std::string> names = optimizer_->state_names();
     for (size_t k = 0; k < state.size(); ++k) s.optimizer.push_back({names[k], state[k]});
     states.push_back(s);
   }
@@ -254,7 +253,7 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
 }
 
 size_t FsdpEngine::device_peak_bytes() const {
-  return backend_->kind() == BackendKind::Cpu ? 0 : backend_->peak_bytes();
+  return backend_->host_memory() ? 0 : backend_->peak_bytes();
 }
 
 }  // namespace shardlm

@@ -30,6 +30,7 @@ struct FsdpEngine::Impl {
   Stream compute, comm;
   bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
   int L = 0;
+  size_t max_tokens = 0;  // of a micro-batch
   bool forward_prefetch = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
   std::vector<UnitLayout> layout;
@@ -52,12 +53,12 @@ struct FsdpEngine::Impl {
   std::vector<int32_t> decode_host;
   int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
 
-  Impl(Backend& backend, std::unique_ptr<UnitModel> m, const FsdpOptions& o, const FsdpBufferPlan& p,
-       ProcessGroups& groups)
+  Impl(Backend& backend, std::unique_ptr<UnitModel> m, std::vector<UnitLayout> unit_layouts, const FsdpOptions& o,
+       const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens)
       : be(backend), model(std::move(m)), opt(o), plan(p), shard(*groups.shard), replicate(*groups.replicate),
         compute(backend.compute_stream()), comm(backend.comm_stream()),
-        host_memory(backend.kind() == BackendKind::Cpu), L(model->config().num_layers),
-        layout(model_layout(model->config())) {
+        host_memory(backend.host_memory()), L(model->config().num_layers), max_tokens(tokens),
+        layout(std::move(unit_layouts)) {
     // A synchronous backend gains nothing from gathering ahead.
     if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
   }
@@ -169,7 +170,7 @@ struct FsdpEngine::Impl {
   double run(const MicroBatch& mb, float grad_scale, bool backward) {
     const int B = mb.batch, T = mb.seq;
     const size_t N = static_cast<size_t>(B) * T;
-    SHARDLM_CHECK(N <= max_tokens(), "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens());
+    SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
     const int32_t* tok = mb.tokens.data();
     const int32_t* tgt = mb.targets.data();
     if (!host_memory) {
@@ -224,9 +225,6 @@ struct FsdpEngine::Impl {
     }
     return model->loss_sum(compute);
   }
-
-  size_t max_tokens_ = 0;
-  size_t max_tokens() const { return max_tokens_; }
 };
 
 }  // namespace shardlm

@@ -8,18 +8,13 @@
 namespace shardlm {
 namespace {
 
-// The engine's buffers on one rank, from the same plan FsdpEngine allocates with.
-RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+// The engine's buffers, from the same plan FsdpEngine allocates with, and the model's own (hidden
+// states, saved activations, workspaces) as its family sizes them.
+RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
   const bool cuda = spec.backend == BackendKind::Cuda;
-  FsdpOptions opt;
-  opt.strategy = spec.strategy;
-  opt.param_dtype = spec.param_dtype;
-  opt.reduce_dtype = spec.reduce_dtype;
-  opt.cpu_offload = spec.cpu_offload;
-  opt.limit_all_gathers = spec.limit_all_gathers;
-  const DType compute = cuda ? spec.param_dtype : DType::F32;
+  const DType compute = cuda ? spec.fsdp.param_dtype : DType::F32;  // Backend::compute_dtype
   const FsdpBufferPlan b =
-      fsdp_buffer_plan(layout, opt, shard_size, spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
+      fsdp_buffer_plan(layout, spec.fsdp, shard_size, spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
   const size_t csize = dtype_size(compute);
   RankMemoryPlan p;
   for (const UnitLayout& l : layout) {
@@ -27,7 +22,7 @@ RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLay
     p.record.model_params += l.numel;
     p.record.grad_shard += n * 4;
     if (b.compute_slice) p.record.master_shard += n * csize;
-    if (spec.cpu_offload) {
+    if (spec.fsdp.cpu_offload) {
       // Host: the fp32 master, the gradient slice copied down each step, AdamW's moments.
       p.host_optimizer += 2 * n * 4;
       p.host_bytes += 4 * n * 4;
@@ -40,16 +35,8 @@ RankMemoryPlan plan_engine(const MemoryPlanSpec& spec, const std::vector<UnitLay
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice;
-  return p;
-}
-
-// The engine's buffers plus the model's own (hidden states, saved activations, workspaces), as
-// its family sizes them.
-RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
-  RankMemoryPlan p = plan_engine(spec, layout, shard_size);
-  const bool cuda = spec.backend == BackendKind::Cuda;
-  const ModelMemory model = unit_model_memory(spec.model, spec.backend, cuda ? spec.param_dtype : DType::F32,
-                                              spec.micro_batch, spec.max_seq, spec.activation_checkpointing);
+  const ModelMemory model = unit_model_memory(spec.model, spec.backend, compute, spec.micro_batch, spec.max_seq,
+                                              spec.activation_checkpointing);
   p.record.activations = model.activations;
   p.model_extra = model.extra;
   // The CUDA engine's device copies of a micro-batch's token and target ids, the model's loss and
@@ -65,7 +52,7 @@ int plan_shard_size(const MemoryPlanSpec& spec) {
   const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   SHARDLM_CHECK(spec.world_size % node == 0, "ranks per node ", node, " does not divide the ", spec.world_size,
                 " ranks");
-  return group_layout(spec.strategy, consecutive_nodes(spec.world_size, node)).shard_size;
+  return group_layout(spec.fsdp.strategy, consecutive_nodes(spec.world_size, node)).shard_size;
 }
 
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
@@ -73,8 +60,7 @@ RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
                 " and sequence length ", spec.max_seq, " must be >= 0 and >= 1");
   const std::vector<UnitLayout> layout = model_layout(spec.model);
   const int shard = plan_shard_size(spec);
-  RankMemoryPlan p;
-  p = plan_backend(spec, layout, shard);
+  RankMemoryPlan p = plan_backend(spec, layout, shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
   return p;

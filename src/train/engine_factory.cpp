@@ -11,18 +11,6 @@
 namespace shardlm {
 namespace {
 
-FsdpOptions fsdp_options(const RunConfig& cfg) {
-  FsdpOptions o;
-  o.strategy = cfg.fsdp.strategy;
-  o.param_dtype = cfg.fsdp.param_dtype;
-  o.reduce_dtype = cfg.fsdp.reduce_dtype;
-  o.cpu_offload = cfg.fsdp.cpu_offload;
-  o.forward_prefetch = cfg.fsdp.forward_prefetch;
-  o.backward_prefetch = cfg.fsdp.backward_prefetch;
-  o.limit_all_gathers = cfg.fsdp.limit_all_gathers;
-  return o;
-}
-
 AdamWOptions adamw_options(const RunConfig& cfg) {
   return {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay};
 }
@@ -42,12 +30,8 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   MemoryPlanSpec spec;
   spec.model = cfg.model;
   spec.backend = cfg.run.backend;
-  spec.strategy = cfg.fsdp.strategy;
-  spec.param_dtype = cfg.fsdp.param_dtype;
-  spec.reduce_dtype = cfg.fsdp.reduce_dtype;
-  spec.cpu_offload = cfg.fsdp.cpu_offload;
+  spec.fsdp = fsdp_options(cfg.fsdp);
   spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
-  spec.limit_all_gathers = cfg.fsdp.limit_all_gathers;
   spec.world_size = topo.world_size;
   spec.ranks_per_node = topo.local_size;
   spec.micro_batch = micro;
@@ -82,7 +66,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
                                                      cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;
   auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model),
-                                             fsdp_options(cfg), adamw_options(cfg), cfg.train.seed, max_tokens,
+                                             fsdp_options(cfg.fsdp), adamw_options(cfg), cfg.train.seed, max_tokens,
                                              std::move(host_backend));
   check_memory_plan(cfg, topo, micro, be.allocated_bytes() - before);
   return engine;

@@ -144,12 +144,10 @@ MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
   MemoryPlanSpec s;
   s.model = plan.cfg.model;
   s.backend = plan.cfg.run.backend;
-  s.strategy = row.strategy;
-  s.param_dtype = plan.cfg.fsdp.param_dtype;
-  s.reduce_dtype = plan.cfg.fsdp.reduce_dtype;
-  s.cpu_offload = row.offload;
+  s.fsdp = fsdp_options(plan.cfg.fsdp);
+  s.fsdp.strategy = row.strategy;
+  s.fsdp.cpu_offload = row.offload;
   s.activation_checkpointing = row.checkpointing;
-  s.limit_all_gathers = plan.cfg.fsdp.limit_all_gathers;
   s.world_size = plan.args.ranks;
   s.ranks_per_node = plan.ranks_per_node;
   s.micro_batch = micro;

@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {}
   BackendKind kind() const override { return BackendKind::Cpu; }
+  bool host_memory() const override { return true; }
   bool asynchronous() const override { return false; }
   DType compute_dtype(DType) const override { return DType::F32; }
 
@@ -77,11 +78,11 @@ class CpuBackend final : public Backend {
     if (bytes) std::memset(p, 0, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes, CopyKind, Stream) override {
-    if (bytes && dst != src) std::memmove(dst, src, bytes);
+    if (bytes && dst != src) std::memcpy(dst, src, bytes);
   }
   void cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, Stream) override {
     if (in_dtype == out_dtype) {
-      copy(out, in, n * dtype_size(in_dtype), CopyKind::HostToDevice, nullptr);
+      if (n && in != out) std::memcpy(out, in, n * dtype_size(in_dtype));
     } else if (in_dtype == DType::F32) {
       pack16(out_dtype, static_cast<const float*>(in), static_cast<uint16_t*>(out), n);
     } else if (out_dtype == DType::F32) {

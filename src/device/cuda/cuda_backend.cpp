@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   }
 
   BackendKind kind() const override { return BackendKind::Cuda; }
+  bool host_memory() const override { return false; }
   bool asynchronous() const override { return true; }
   DType compute_dtype(DType param_dtype) const override { return param_dtype; }
 
