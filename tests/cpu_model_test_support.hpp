@@ -21,31 +21,29 @@ using namespace shardlm;
 
 // ---- tiny models of each family ---------------------------------------------------------------
 
-// Larger init_std than the real models' so attention is far from uniform and every path carries signal.
-inline ModelConfig tiny_bloom() {
+// A config of `arch` with the sizes every family has (the rest at ModelConfig's defaults).
+inline ModelConfig model_shape(const std::string& arch, int vocab_size, int hidden_size, int num_layers, int num_heads,
+                               float init_std) {
   ModelConfig c;
-  c.arch = "bloom";
-  c.vocab_size = 41;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 3;
-  c.init_std = 0.3f;
+  c.arch = arch;
+  c.vocab_size = vocab_size;
+  c.hidden_size = hidden_size;
+  c.num_layers = num_layers;
+  c.num_heads = num_heads;
+  c.init_std = init_std;
   return c;
 }
 
+// Larger init_std than the real models' so attention is far from uniform and every path carries signal.
+inline ModelConfig tiny_bloom() { return model_shape("bloom", 41, 24, 2, 3, 0.3f); }
+
 inline ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 37;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
+  ModelConfig c = model_shape("llama", 37, 32, 2, 4, 0.3f);
   c.num_kv_heads = 2;
   c.intermediate_size = 40;
   c.rope_theta = 500.0f;
   c.rope_scaling.factor = 8.0f;
   c.rope_scaling.original_max_position_embeddings = 8;  // all three frequency bands within a few positions
-  c.init_std = 0.3f;
   return c;
 }
 
