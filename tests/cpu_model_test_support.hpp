@@ -47,6 +47,14 @@ inline ModelConfig tiny_llama() {
   return c;
 }
 
+// Qwen2: tiny_llama's shape with q/k/v biases and the head tied, as Qwen2.5's small models.
+inline ModelConfig tiny_qwen2() {
+  ModelConfig c = tiny_llama();
+  c.arch = "qwen2";
+  c.tie_word_embeddings = true;
+  return c;
+}
+
 // ---- helpers --------------------------------------------------------------------------------
 
 inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -85,6 +93,13 @@ struct TinyModel {
   }
   const float* tensor(size_t unit, const std::string& suffix) const {
     return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+  // Null when the unit has no such tensor (the biases only some families have).
+  const float* tensor_or_null(size_t unit, const std::string& suffix) const {
+    for (const TensorSpec& t : layout[unit].tensors)
+      if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        return params[unit].data() + t.offset;
+    return nullptr;
   }
 };
 

@@ -491,9 +491,11 @@ Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const std::vec
   return out;
 }
 
-void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad) {
-  BOOST_TEST_CONTEXT("tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
-    const ModelConfig cfg = tiny_llama(tied);
+void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
+                      const std::string& arch = "llama") {
+  BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
+    ModelConfig cfg = tiny_llama(tied);
+    cfg.arch = arch;
     std::vector<std::vector<float>> params = model_test::make_model(cfg, 11).params;
     if (dt != DType::F32)  // both sides see the parameters the GPU computes with
       for (auto& p : params) round_to(dt, p.data(), p.size());
@@ -692,6 +694,14 @@ BOOST_AUTO_TEST_CASE(llama_cuda_matches_llama_cpu_fp32) {
   require_device("test_cuda_llama");
   for (bool tied : {false, true})
     for (bool checkpointing : {false, true}) compare_with_cpu(tied, DType::F32, checkpointing, 1e-5, 1e-4);
+}
+
+// Qwen2: the q/k/v biases through the fused GEMM's bias epilogue and bias_grad.
+BOOST_AUTO_TEST_CASE(qwen2_cuda_matches_qwen2_cpu) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true}) compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "qwen2");
+  compare_with_cpu(true, DType::F32, true, 1e-5, 1e-4, "qwen2");
+  compare_with_cpu(true, DType::BF16, false, 2e-2, 0.1, "qwen2");
 }
 
 BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {

@@ -148,9 +148,12 @@ BOOST_AUTO_TEST_CASE(bloom_decode_rows_equal_the_forward) { check_decode_matches
 
 BOOST_AUTO_TEST_CASE(llama_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_llama()); }
 
+BOOST_AUTO_TEST_CASE(qwen2_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen2()); }
+
 BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
   check_bad_rows(tiny_bloom());
   check_bad_rows(tiny_llama());
+  check_bad_rows(tiny_qwen2());
 }
 
 BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {

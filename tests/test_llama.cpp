@@ -1,9 +1,10 @@
 #define BOOST_TEST_MODULE test_llama
 #include <boost/test/unit_test.hpp>
-// Tests of the Llama model on the CPU: rotary frequencies (llama3 scaling) against independently
-// computed values, RMSNorm and rotary on hand-computed values, the forward against a naive double
-// reference, gradients of every unit against finite differences, GQA as MHA with repeated kv heads,
-// padding, head chunking and argument checks.
+// Tests of the Llama-style families on the CPU (Llama; Qwen2, its layer with q/k/v biases): rotary
+// frequencies (llama3 scaling) against independently computed values, RMSNorm and rotary on
+// hand-computed values, the forward against a naive double reference, gradients of every unit
+// against finite differences, GQA as MHA with repeated kv heads, padding, head chunking, argument
+// checks; Qwen2's layout, Hugging Face names and config.json.
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,12 @@ ModelConfig tiny_config() {
   cfg.intermediate_size = 24;
   cfg.rms_norm_eps = 1e-5f;
   cfg.rope_theta = 100.0f;  // low base: the second frequency (0.1) turns visibly over 5 positions
+  return cfg;
+}
+
+// The same shape as Qwen2: q/k/v biases.
+ModelConfig qwen2(ModelConfig cfg) {
+  cfg.arch = "qwen2";
   return cfg;
 }
 
@@ -82,9 +89,11 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   const std::vector<float> inv_freq = rope_inv_freq(m.cfg);
 
   const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps);
-  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), nullptr, heads * d);
-  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), nullptr, kv * d);
-  const Rows v = reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), nullptr, kv * d);
+  // Qwen2's biases, before the rotation.
+  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), m.tensor_or_null(u, "q_proj.bias"), heads * d);
+  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), m.tensor_or_null(u, "k_proj.bias"), kv * d);
+  const Rows v =
+      reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), m.tensor_or_null(u, "v_proj.bias"), kv * d);
   reference_rotary(q, B, T, heads, d, inv_freq);
   reference_rotary(k, B, T, kv, d, inv_freq);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
@@ -246,7 +255,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(forward)
 
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
-  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config())}) {
+  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config())}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -337,6 +346,14 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_tied_head) {
   ModelConfig cfg = tiny_config();
   cfg.tie_word_embeddings = true;
   check_parameter_gradients(cfg, 23);
+}
+
+// Qwen2's q/k/v biases too (the key bias has a gradient: the rotation makes q.R_j b depend on j).
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen2) {
+  check_parameter_gradients(qwen2(tiny_config()), 26);
+  ModelConfig tied = qwen2(tiny_config());
+  tied.tie_word_embeddings = true;
+  check_parameter_gradients(tied, 27);
 }
 
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
@@ -536,3 +553,66 @@ BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) { check_empty_batches(tiny_config
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// ---- Qwen2: layout, names, config.json ---------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(qwen2_family)
+
+// Llama's block with the q, k and v biases after the three weights (one fused [q; k; v] each).
+BOOST_AUTO_TEST_CASE(layout_adds_qkv_biases_with_hf_names) {
+  const ModelConfig cfg = qwen2(tiny_config());
+  const std::vector<UnitLayout> llama = model_layout(tiny_config()), layout = model_layout(cfg);
+  const int64_t Q = cfg.num_heads * cfg.head_dim(), KV = cfg.kv_heads() * cfg.head_dim();
+  BOOST_TEST(layout[0].numel == llama[0].numel);
+  BOOST_TEST(layout[1].numel == llama[1].numel + static_cast<size_t>(Q + 2 * KV));
+  const std::vector<std::string> names = {"layers.1.input_layernorm.weight", "layers.1.self_attn.q_proj.weight",
+                                          "layers.1.self_attn.k_proj.weight", "layers.1.self_attn.v_proj.weight",
+                                          "layers.1.self_attn.q_proj.bias",   "layers.1.self_attn.k_proj.bias",
+                                          "layers.1.self_attn.v_proj.bias",   "layers.1.self_attn.o_proj.weight"};
+  for (size_t i = 0; i < names.size(); ++i) BOOST_TEST(layout[2].tensors[i].name == names[i]);
+  const TensorSpec& k_bias = layout[2].tensors[5];
+  BOOST_TEST((k_bias.shape == std::vector<int64_t>{KV}));
+  BOOST_TEST(!k_bias.decay);
+  BOOST_TEST((k_bias.init == InitKind::Zeros));
+  BOOST_TEST(hf_tensor_name(cfg, k_bias.name) == "model.layers.1.self_attn.k_proj.bias");
+  BOOST_TEST(hf_tensor_name(cfg, "lm_head.weight") == "lm_head.weight");
+  BOOST_TEST(!cfg.tied_head());
+  BOOST_TEST(model_family("qwen2").rotary);
+  BOOST_TEST(model_family("qwen2").grouped_query);
+}
+
+// Qwen2.5-0.5B's config.json as transformers 5 writes it: read, written back, read again.
+BOOST_AUTO_TEST_CASE(config_json_round_trips) {
+  const std::string text = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+      "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+      "initializer_range": 0.02, "intermediate_size": 4864, "layer_types": ["full_attention", "full_attention"],
+      "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+      "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": null,
+      "tie_word_embeddings": true, "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  const ModelConfig cfg = model_config_from_hf(text, "qwen2.5");
+  BOOST_TEST(cfg.arch == "qwen2");
+  BOOST_TEST(cfg.head_dim() == 64);
+  BOOST_TEST(cfg.kv_heads() == 2);
+  BOOST_TEST(cfg.ffn_size() == 4864);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.rms_norm_eps == 1e-6f);
+  BOOST_TEST(cfg.tie_word_embeddings);
+  BOOST_TEST(cfg.rope_scaling.factor == 0.0f);
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"model_type\": \"qwen2\""), written);
+  BOOST_TEST(contains(written, "\"Qwen2ForCausalLM\""), written);
+  BOOST_TEST(contains(written, "\"use_sliding_window\": false"), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.arch == "qwen2");
+  BOOST_TEST(again.rope_theta == cfg.rope_theta);
+  BOOST_TEST(again.num_layers == 2);
+  // Sliding-window attention is refused, as is a sliding layer.
+  std::string sliding = text;
+  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+  std::string layer = text;
+  layer.replace(layer.find("\"full_attention\"]"), 16, "\"sliding_attention\"");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(layer, "l"); }), "sliding_attention"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

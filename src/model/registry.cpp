@@ -9,11 +9,13 @@ namespace shardlm {
 // Each defined in its folder, src/model/<family>/<family>_family.cpp.
 ModelFamily bloom_family();
 ModelFamily llama_family();
+ModelFamily qwen2_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const ModelFamily records[] = {
       bloom_family(),
       llama_family(),
+      qwen2_family(),
   };
   static const std::vector<const ModelFamily*> families = [] {
     std::vector<const ModelFamily*> all;
