@@ -21,31 +21,37 @@ using namespace shardlm;
 
 // ---- tiny models of each family ---------------------------------------------------------------
 
-// Larger init_std than the real models' so attention is far from uniform and every path carries signal.
-inline ModelConfig tiny_bloom() {
+// A config of `arch` with the sizes every family has (the rest at ModelConfig's defaults).
+inline ModelConfig model_shape(const std::string& arch, int vocab_size, int hidden_size, int num_layers, int num_heads,
+                               float init_std) {
   ModelConfig c;
-  c.arch = "bloom";
-  c.vocab_size = 41;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 3;
-  c.init_std = 0.3f;
+  c.arch = arch;
+  c.vocab_size = vocab_size;
+  c.hidden_size = hidden_size;
+  c.num_layers = num_layers;
+  c.num_heads = num_heads;
+  c.init_std = init_std;
   return c;
 }
 
+// Larger init_std than the real models' so attention is far from uniform and every path carries signal.
+inline ModelConfig tiny_bloom() { return model_shape("bloom", 41, 24, 2, 3, 0.3f); }
+
 inline ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 37;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
+  ModelConfig c = model_shape("llama", 37, 32, 2, 4, 0.3f);
   c.num_kv_heads = 2;
   c.intermediate_size = 40;
   c.rope_theta = 500.0f;
   c.rope_scaling.factor = 8.0f;
   c.rope_scaling.original_max_position_embeddings = 8;  // all three frequency bands within a few positions
-  c.init_std = 0.3f;
+  return c;
+}
+
+// Qwen2: tiny_llama's shape with q/k/v biases and the head tied, as Qwen2.5's small models.
+inline ModelConfig tiny_qwen2() {
+  ModelConfig c = tiny_llama();
+  c.arch = "qwen2";
+  c.tie_word_embeddings = true;
   return c;
 }
 
@@ -87,6 +93,13 @@ struct TinyModel {
   }
   const float* tensor(size_t unit, const std::string& suffix) const {
     return params[unit].data() + find_tensor(layout[unit], suffix).offset;
+  }
+  // Null when the unit has no such tensor (the biases only some families have).
+  const float* tensor_or_null(size_t unit, const std::string& suffix) const {
+    for (const TensorSpec& t : layout[unit].tensors)
+      if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        return params[unit].data() + t.offset;
+    return nullptr;
   }
 };
 

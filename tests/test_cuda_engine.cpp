@@ -430,6 +430,14 @@ BOOST_AUTO_TEST_CASE(llama_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
   }
 }
 
+// Qwen2's greedy decoding (the q/k/v biases in the decoding GEMM) against the CPU model, fp32, tied head.
+BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  RunConfig cfg = llama_decode_config("decode_qwen2");
+  cfg.model.arch = "qwen2";
+  cfg.model.tie_word_embeddings = true;
+  decode_and_check(cfg, 1e-4f, 0.9);
+}
+
 // bf16 Llama decoding (the cache, activations and rotary output in bf16) stays close to the fp32
 // CPU model, as BLOOM's does.
 BOOST_AUTO_TEST_CASE(llama_greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_model) {

@@ -2,9 +2,10 @@
 // (RMSNorm, rotary embeddings with Llama 3.1's rope_scaling, SwiGLU, causal grouped-query attention)
 // against double-precision host references that mirror src/model/llama_cpu.cpp, in fp32, bf16 and
 // fp16 (attention's backward recomputing the probabilities from the saved log-sum-exp), with the
-// references' backward passes checked against finite differences; then LlamaCuda
-// against LlamaCpu on a tiny model: loss, target count and every parameter gradient of one
-// forward/backward, GQA, tied and untied heads, with and without activation checkpointing.
+// references' backward passes checked against finite differences; then the UnitModel of the CUDA
+// backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
+// parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
+// activation checkpointing, and their activation bytes against unit_model_memory's.
 #define BOOST_TEST_MODULE test_cuda_llama
 #include <boost/test/unit_test.hpp>
 
@@ -17,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_model_test_support.hpp"
 #include "cuda_test_support.hpp"
 #include "gemm.hpp"
 #include "llama/cuda/llama_cuda.hpp"
@@ -429,16 +431,10 @@ void check_attention(const AttnShape& s, DType dt, double tol_forward, double to
 // ---- a tiny Llama on both backends --------------------------------------------------------------
 
 ModelConfig tiny_llama(bool tied) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 97;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
+  ModelConfig c = model_test::model_shape("llama", 97, 32, 2, 4, 0.1f);
   c.num_kv_heads = 2;  // grouped-query: two query heads per kv head
   c.intermediate_size = 48;
   c.rms_norm_eps = 1e-5f;
-  c.init_std = 0.1f;
   // Llama 3.1 scaling with a short original context: head_dim 8 gives one blended frequency and three
   // slowed ones.
   c.rope_scaling.factor = 8;
@@ -447,88 +443,60 @@ ModelConfig tiny_llama(bool tied) {
   return c;
 }
 
-// Each unit's flat parameter, the deterministic init with the norm weights moved off 1.
-std::vector<std::vector<float>> tiny_params(const ModelConfig& cfg) {
-  const std::vector<UnitLayout> layout = model_layout(cfg);
-  std::vector<std::vector<float>> params;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 0.2f);
-  for (size_t u = 0; u < layout.size(); ++u) {
-    std::vector<float> p(layout[u].numel);
-    init_unit_slice(layout[u], static_cast<int>(u), 11, 0, p.size(), p.data());
-    for (const TensorSpec& t : layout[u].tensors)
-      if (t.init == InitKind::Ones)
-        for (size_t i = 0; i < t.numel; ++i) p[t.offset + i] += normal(rng);
-    params.push_back(std::move(p));
-  }
-  return params;
-}
-
 struct Pass {
   double loss = 0;
-  long long count = 0;
   std::vector<std::vector<float>> grads;  // per unit, fp32
 };
 
-Pass cpu_pass(const ModelConfig& cfg, const std::vector<std::vector<float>>& params, const std::vector<int32_t>& tokens,
-              const std::vector<int32_t>& targets, int B, int T, float grad_scale) {
-  const std::unique_ptr<CpuModel> model = make_cpu_model(cfg, B, T);
-  const int L = cfg.num_layers;
-  const size_t NH = static_cast<size_t>(B) * T * cfg.hidden_size;
-  std::vector<std::vector<float>> h(L + 1, std::vector<float>(NH));
-  model->embed_forward(params[0].data(), tokens.data(), B, T, h[0].data());
-  for (int l = 0; l < L; ++l) model->block_forward(l, params[1 + l].data(), h[l].data(), h[l + 1].data(), B, T);
-  Pass out;
-  for (const auto& p : params) out.grads.emplace_back(p.size(), 0.0f);
-  std::vector<float> dh(NH), dh_in(NH);
-  int64_t count = 0;
-  out.loss = model->head_loss(params[0].data(), h[L].data(), targets.data(), B, T, &count, grad_scale, dh.data(),
-                             out.grads[0].data());
-  out.count = count;
-  for (int l = L - 1; l >= 0; --l) {
-    model->block_backward(l, params[1 + l].data(), dh.data(), dh_in.data(), out.grads[1 + l].data(), B, T);
-    std::swap(dh, dh_in);
-  }
-  model->embed_backward(params[0].data(), tokens.data(), dh.data(), out.grads[0].data(), B, T);
-  return out;
-}
-
-// The same pass on the GPU, built for max_batch x max_seq (at least B x T).
-Pass gpu_pass(const ModelConfig& cfg, const std::vector<std::vector<float>>& params,
-              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int B, int T, float grad_scale,
-              DType dt, bool checkpointing, int max_batch, int max_seq) {
-  cuda::LlamaCuda model(cfg, dt, max_batch, max_seq, checkpointing, LlamaBlock{});
-  BOOST_TEST(model.activation_bytes() == cuda::llama_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing).total());
-  const int L = cfg.num_layers;
+// One forward and backward of grad_scale * loss through the UnitModel of `backend`, built for
+// max_batch x max_seq (at least B x T): on the GPU with the parameters, tokens and gradients in
+// device memory, the parameters in dt.
+Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const std::vector<std::vector<float>>& params,
+                     const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int B, int T,
+                     float grad_scale, DType dt, bool checkpointing, int max_batch, int max_seq) {
+  const bool gpu = backend == BackendKind::Cuda;
+  const std::unique_ptr<UnitModel> model = make_unit_model(cfg, backend, dt, max_batch, max_seq, checkpointing);
+  BOOST_TEST(model->activation_bytes() ==
+             unit_model_memory(cfg, backend, dt, max_batch, max_seq, checkpointing).activations);
   std::vector<DeviceBuffer> d_params, d_grads;
-  for (const auto& p : params) {
-    d_params.push_back(to_device(p, dt));
-    d_grads.push_back(to_device(std::vector<float>(p.size(), 0.0f), DType::F32));
+  std::vector<std::vector<float>> grads;
+  std::vector<const void*> p;
+  std::vector<float*> g;
+  for (const auto& unit : params) {
+    grads.emplace_back(unit.size(), 0.0f);
+    if (gpu) {
+      d_params.push_back(to_device(unit, dt));
+      d_grads.push_back(to_device(grads.back(), DType::F32));
+    }
+    p.push_back(gpu ? static_cast<const void*>(d_params.back().get()) : unit.data());
+    g.push_back(gpu ? d_grads.back().as<float>() : grads.back().data());
   }
   DeviceBuffer d_tokens = to_device_raw(tokens), d_targets = to_device_raw(targets);
-  DeviceBuffer d_loss = to_device(std::vector<float>{0.0f}, DType::F32);
-  DeviceBuffer d_count = to_device_raw(std::vector<long long>{0});
-  OwnedStream s;
-  model.embed_forward(d_params[0].get(), d_tokens.as<int32_t>(), B, T, s.s);
-  for (int l = 0; l < L; ++l) model.block_forward(l, d_params[1 + l].get(), B, T, s.s);
-  model.head(d_params[0].get(), d_targets.as<int32_t>(), B, T, grad_scale, true, d_loss.as<float>(),
-             d_count.as<long long>(), d_grads[0].as<float>(), s.s);
-  for (int l = L - 1; l >= 0; --l)
-    model.block_backward(l, d_params[1 + l].get(), d_grads[1 + l].as<float>(), B, T, s.s);
-  model.embed_backward(d_params[0].get(), d_tokens.as<int32_t>(), d_grads[0].as<float>(), B, T, s.s);
-  s.sync();
+  const int32_t* tok = gpu ? d_tokens.as<int32_t>() : tokens.data();
+  const int32_t* tgt = gpu ? d_targets.as<int32_t>() : targets.data();
+  OwnedStream stream;
+  const Stream s = gpu ? stream.s : nullptr;
+  const int L = cfg.num_layers;
+  model->reset_loss(s);
+  model->embed_forward(p[0], tok, B, T, s);
+  for (int l = 0; l < L; ++l) model->block_forward(l, p[1 + l], B, T, s);
+  model->head(p[0], tgt, B, T, grad_scale, true, g[0], s);
+  for (int l = L - 1; l >= 0; --l) model->block_backward(l, p[1 + l], g[1 + l], B, T, s);
+  model->embed_backward(p[0], tok, g[0], B, T, s);
   Pass out;
-  out.loss = download(d_loss.get(), 1, DType::F32)[0];
-  out.count = from_device_raw<long long>(d_count.get(), 1)[0];
+  out.loss = model->loss_sum(s);
+  stream.sync();
   for (size_t u = 0; u < params.size(); ++u)
-    out.grads.push_back(download(d_grads[u].get(), params[u].size(), DType::F32));
+    out.grads.push_back(gpu ? download(d_grads[u].get(), params[u].size(), DType::F32) : grads[u]);
   return out;
 }
 
-void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad) {
-  BOOST_TEST_CONTEXT("tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
-    const ModelConfig cfg = tiny_llama(tied);
-    std::vector<std::vector<float>> params = tiny_params(cfg);
+void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
+                      const std::string& arch = "llama") {
+  BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
+    ModelConfig cfg = tiny_llama(tied);
+    cfg.arch = arch;
+    std::vector<std::vector<float>> params = model_test::make_model(cfg, 11).params;
     if (dt != DType::F32)  // both sides see the parameters the GPU computes with
       for (auto& p : params) round_to(dt, p.data(), p.size());
     const int B = 2, T = 11;
@@ -541,10 +509,11 @@ void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, 
     }
     tokens[3] = tokens[7] = tokens[15];  // a repeated token: its embedding gradient adds up
     const float grad_scale = 0.25f;
-    const Pass want = cpu_pass(cfg, params, tokens, targets, B, T, grad_scale);
+    const Pass want = unit_model_pass(BackendKind::Cpu, cfg, params, tokens, targets, B, T, grad_scale, DType::F32,
+                                      false, B, T);
     // Built for more than it runs: the shapes of the pass, not of the buffers, must drive every kernel.
-    const Pass got = gpu_pass(cfg, params, tokens, targets, B, T, grad_scale, dt, checkpointing, B + 1, T + 5);
-    BOOST_TEST(got.count == want.count);
+    const Pass got = unit_model_pass(BackendKind::Cuda, cfg, params, tokens, targets, B, T, grad_scale, dt,
+                                     checkpointing, B + 1, T + 5);
     BOOST_TEST(std::abs(got.loss - want.loss) <= tol_loss * std::abs(want.loss));
     const std::vector<UnitLayout> layout = model_layout(cfg);
     for (size_t u = 0; u < layout.size(); ++u)
@@ -720,11 +689,19 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_backward_matches_finite_differences
   BOOST_TEST(relative_error(gpu.dqkv, numeric) <= 1e-4);
 }
 
-// LlamaCuda's loss and every parameter gradient against LlamaCpu's, on the same parameters and batch.
+// The CUDA UnitModel's loss and every parameter gradient against the CPU one's, on the same parameters and batch.
 BOOST_AUTO_TEST_CASE(llama_cuda_matches_llama_cpu_fp32) {
   require_device("test_cuda_llama");
   for (bool tied : {false, true})
     for (bool checkpointing : {false, true}) compare_with_cpu(tied, DType::F32, checkpointing, 1e-5, 1e-4);
+}
+
+// Qwen2: the q/k/v biases through the fused GEMM's bias epilogue and bias_grad.
+BOOST_AUTO_TEST_CASE(qwen2_cuda_matches_qwen2_cpu) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true}) compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "qwen2");
+  compare_with_cpu(true, DType::F32, true, 1e-5, 1e-4, "qwen2");
+  compare_with_cpu(true, DType::BF16, false, 2e-2, 0.1, "qwen2");
 }
 
 BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {

@@ -1,6 +1,7 @@
 // Greedy generation with a key/value cache: the cached rows of block_decode equal the full forward
-// (BLOOM and Llama); greedy_generate on the sharded model equals transformers' generate() on the
-// tiny parity models (tests/fixtures/hf/generate_reference.json, make_generate_fixtures.py),
+// (BLOOM, Llama, Qwen2); greedy_generate on the sharded model equals transformers' generate() on the
+// tiny parity models (tests/fixtures/hf/generate_reference.json, make_generate_fixtures.py;
+// qwen2_generate_reference.json, make_qwen2_fixtures.py),
 // batched or one prompt at a time, on any number of ranks, with ranks that have nothing to decode.
 #define BOOST_TEST_MODULE test_generate
 #include "mpi_fixture.hpp"
@@ -83,9 +84,10 @@ struct GenerateReference {
   std::vector<Case> cases;
 };
 
-GenerateReference read_reference(const std::string& name) {
-  std::ifstream in(kFixtures + "/generate_reference.json");
-  BOOST_REQUIRE(in.good());
+// The fixture `name` of tests/fixtures/hf/<file>.
+GenerateReference read_reference(const std::string& file, const std::string& name) {
+  std::ifstream in(kFixtures + "/" + file);
+  BOOST_REQUIRE_MESSAGE(in.good(), "cannot read tests/fixtures/hf/" << file);
   const nlohmann::json j = nlohmann::json::parse(in).at(name);
   GenerateReference r;
   r.eos = j.at("eos_id").get<int32_t>();
@@ -117,8 +119,9 @@ std::unique_ptr<FsdpEngine> load_engine(const std::string& name, int max_len) {
 
 // Prompt i goes to rank i % world (or, with `only_rank_0`, every prompt to rank 0); each rank
 // decodes its prompts `batch` at a time. Every continuation must equal transformers' generate().
-void check_generate(const std::string& name, size_t batch, bool only_rank_0) {
-  const GenerateReference ref = read_reference(name);
+void check_generate(const std::string& name, size_t batch, bool only_rank_0,
+                    const std::string& file = "generate_reference.json") {
+  const GenerateReference ref = read_reference(file, name);
   const int rank = world_rank(), world = world_size();
   std::unique_ptr<FsdpEngine> engine = load_engine(name, 16);
   std::vector<size_t> mine;
@@ -147,9 +150,12 @@ BOOST_AUTO_TEST_CASE(bloom_decode_rows_equal_the_forward) { check_decode_matches
 
 BOOST_AUTO_TEST_CASE(llama_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_llama()); }
 
+BOOST_AUTO_TEST_CASE(qwen2_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen2()); }
+
 BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
   check_bad_rows(tiny_bloom());
   check_bad_rows(tiny_llama());
+  check_bad_rows(tiny_qwen2());
 }
 
 BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {
@@ -160,6 +166,11 @@ BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {
 BOOST_AUTO_TEST_CASE(llama_generation_equals_transformers) {
   check_generate("tiny_llama", 1, false);
   check_generate("tiny_llama", 4, false);
+}
+
+BOOST_AUTO_TEST_CASE(qwen2_generation_equals_transformers) {
+  check_generate("tiny_qwen2", 1, false, "qwen2_generate_reference.json");
+  check_generate("tiny_qwen2", 3, false, "qwen2_generate_reference.json");
 }
 
 BOOST_AUTO_TEST_CASE(ranks_without_prompts_still_take_part) {

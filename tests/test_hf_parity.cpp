@@ -1,5 +1,5 @@
-// Parity with transformers: tiny BLOOM and Llama models saved by transformers' save_pretrained
-// (tests/fixtures/hf/make_parity_fixtures.py) are loaded from their model directories through
+// Parity with transformers: tiny BLOOM, Llama and Qwen2 models saved by transformers' save_pretrained
+// (tests/fixtures/hf/make_parity_fixtures.py, make_qwen2_fixtures.py) are loaded from their model directories through
 // HfModelDir, each rank reading only its FULL_SHARD slices; the mean loss on the recorded inputs
 // must equal transformers' to 1e-5 relative and every parameter's gradient to 1e-4, on any
 // number of ranks. Also: the load reads only the slices' bytes, and bad model directories fail
@@ -147,6 +147,8 @@ BOOST_AUTO_TEST_CASE(bloom_matches_transformers) { check_parity("tiny_bloom"); }
 
 BOOST_AUTO_TEST_CASE(llama_matches_transformers) { check_parity("tiny_llama"); }
 
+BOOST_AUTO_TEST_CASE(qwen2_matches_transformers) { check_parity("tiny_qwen2"); }
+
 BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   const ModelConfig bloom = HfModelDir(kFixtures + "/tiny_bloom").config();
   BOOST_TEST(bloom.arch == "bloom");
@@ -166,6 +168,12 @@ BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   BOOST_TEST(again.rope_scaling.factor == llama.rope_scaling.factor);
   BOOST_TEST(again.kv_heads() == llama.kv_heads());
   BOOST_TEST(again.rope_theta == llama.rope_theta);
+  const ModelConfig qwen2 = HfModelDir(kFixtures + "/tiny_qwen2").config();
+  BOOST_TEST(qwen2.arch == "qwen2");
+  BOOST_TEST(qwen2.kv_heads() == 2);
+  BOOST_TEST(qwen2.tied_head());
+  BOOST_TEST(qwen2.rope_theta == 1000.0f);
+  BOOST_TEST(qwen2.rope_scaling.factor == 0.0f);
 }
 
 BOOST_AUTO_TEST_CASE(bad_model_directories_fail_clearly) {

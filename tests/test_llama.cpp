@@ -1,9 +1,10 @@
 #define BOOST_TEST_MODULE test_llama
 #include <boost/test/unit_test.hpp>
-// Tests of the Llama model on the CPU: rotary frequencies (llama3 scaling) against independently
-// computed values, RMSNorm and rotary on hand-computed values, the forward against a naive double
-// reference, gradients of every unit against finite differences, GQA as MHA with repeated kv heads,
-// padding, head chunking and argument checks.
+// Tests of the Llama-style families on the CPU (Llama; Qwen2, its layer with q/k/v biases): rotary
+// frequencies (llama3 scaling) against independently computed values, RMSNorm and rotary on
+// hand-computed values, the forward against a naive double reference, gradients of every unit
+// against finite differences, GQA as MHA with repeated kv heads, padding, head chunking, argument
+// checks; Qwen2's layout, Hugging Face names and config.json.
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 #include "cpu_model_test_support.hpp"
+#include "model_checks.hpp"
 #include "test_support.hpp"
 
 using namespace shardlm;
@@ -22,22 +24,23 @@ using namespace model_test;
 
 namespace {
 
-// Helpers and the tiny model: tests/cpu_model_test_support.hpp.
+// Helpers, the tiny model and the checks every family passes: tests/cpu_model_test_support.hpp,
+// tests/model_checks.hpp.
 
-// Hidden 16, 4 query heads over 2 kv heads (head_dim 4), SwiGLU width 24, 37 tokens, 2 layers.
+// Hidden 16, 4 query heads over 2 kv heads (head_dim 4), SwiGLU width 24, 37 tokens, 2 layers;
+// init_std larger than Llama's 0.02 so attention is far from uniform and every path carries signal.
 ModelConfig tiny_config() {
-  ModelConfig cfg;
-  cfg.arch = "llama";
-  cfg.vocab_size = 37;
-  cfg.hidden_size = 16;
-  cfg.num_layers = 2;
-  cfg.num_heads = 4;
+  ModelConfig cfg = model_shape("llama", 37, 16, 2, 4, 0.3f);
   cfg.num_kv_heads = 2;
   cfg.intermediate_size = 24;
   cfg.rms_norm_eps = 1e-5f;
   cfg.rope_theta = 100.0f;  // low base: the second frequency (0.1) turns visibly over 5 positions
-  // Larger than Llama's 0.02 so attention is far from uniform and every path carries signal.
-  cfg.init_std = 0.3f;
+  return cfg;
+}
+
+// The same shape as Qwen2: q/k/v biases.
+ModelConfig qwen2(ModelConfig cfg) {
+  cfg.arch = "qwen2";
   return cfg;
 }
 
@@ -52,24 +55,6 @@ ModelConfig with_llama3_scaling(ModelConfig cfg) {
 }
 
 
-// |actual - expected| within `rel` of the larger of |expected| and `scale` (the magnitude of the
-// whole array), so entries that are zero up to rounding are judged against the array's size.
-bool close(double actual, double expected, double rel, double scale) {
-  return std::abs(actual - expected) <= rel * std::max(std::abs(expected), scale);
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
-}
-
-// ---- naive double-precision reference of the same model --------------------------------------
-
-using Rows = std::vector<double>;  // row-major [rows, cols]
-
-Rows to_double(const std::vector<float>& v) { return Rows(v.begin(), v.end()); }
-
 Rows reference_rms_norm(const Rows& x, int rows, int H, const float* weight, double eps) {
   Rows y(x.size());
   for (int r = 0; r < rows; ++r) {
@@ -77,18 +62,6 @@ Rows reference_rms_norm(const Rows& x, int rows, int H, const float* weight, dou
     for (int c = 0; c < H; ++c) mean_square += x[r * H + c] * x[r * H + c] / H;
     for (int c = 0; c < H; ++c) y[r * H + c] = x[r * H + c] / std::sqrt(mean_square + eps) * weight[c];
   }
-  return y;
-}
-
-// y = x W^T with W [out, in].
-Rows reference_linear(const Rows& x, int rows, int in, const float* weight, int out) {
-  Rows y(static_cast<size_t>(rows) * out);
-  for (int r = 0; r < rows; ++r)
-    for (int o = 0; o < out; ++o) {
-      double sum = 0.0;
-      for (int i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<double>(weight[o * in + i]);
-      y[r * out + o] = sum;
-    }
   return y;
 }
 
@@ -116,9 +89,11 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   const std::vector<float> inv_freq = rope_inv_freq(m.cfg);
 
   const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps);
-  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), heads * d);
-  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), kv * d);
-  const Rows v = reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), kv * d);
+  // Qwen2's biases, before the rotation.
+  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), m.tensor_or_null(u, "q_proj.bias"), heads * d);
+  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), m.tensor_or_null(u, "k_proj.bias"), kv * d);
+  const Rows v =
+      reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), m.tensor_or_null(u, "v_proj.bias"), kv * d);
   reference_rotary(q, B, T, heads, d, inv_freq);
   reference_rotary(k, B, T, kv, d, inv_freq);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
@@ -142,99 +117,32 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
         }
       }
     }
-  Rows x = reference_linear(context, N, heads * d, m.tensor(u, "o_proj.weight"), H);
+  Rows x = reference_linear(context, N, heads * d, m.tensor(u, "o_proj.weight"), nullptr, H);
   for (size_t i = 0; i < x.size(); ++i) x[i] += h_in[i];
   const Rows n2 = reference_rms_norm(x, N, H, m.tensor(u, "post_attention_layernorm.weight"), eps);
-  const Rows gate = reference_linear(n2, N, H, m.tensor(u, "gate_proj.weight"), F);
-  Rows act = reference_linear(n2, N, H, m.tensor(u, "up_proj.weight"), F);
+  const Rows gate = reference_linear(n2, N, H, m.tensor(u, "gate_proj.weight"), nullptr, F);
+  Rows act = reference_linear(n2, N, H, m.tensor(u, "up_proj.weight"), nullptr, F);
   for (size_t i = 0; i < act.size(); ++i) act[i] *= gate[i] / (1.0 + std::exp(-gate[i]));
-  Rows out = reference_linear(act, N, F, m.tensor(u, "down_proj.weight"), H);
+  Rows out = reference_linear(act, N, F, m.tensor(u, "down_proj.weight"), nullptr, H);
   for (size_t i = 0; i < out.size(); ++i) out[i] += x[i];
   return out;
 }
 
 double reference_head_loss(const TinyModel& m, const Rows& h, const std::vector<int32_t>& targets,
                            int64_t* count) {
-  const int H = m.cfg.hidden_size, V = m.cfg.vocab_size, N = static_cast<int>(targets.size());
+  const int H = m.cfg.hidden_size, N = static_cast<int>(targets.size());
   const Rows hn = reference_rms_norm(h, N, H, m.tensor(0, "norm.weight"), m.cfg.rms_norm_eps);
   const float* head = m.tensor(0, m.cfg.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight");
-  const Rows logits = reference_linear(hn, N, H, head, V);
-  double loss = 0.0;
-  *count = 0;
-  for (int r = 0; r < N; ++r) {
-    if (targets[r] < 0) continue;
-    double total = 0.0;
-    for (int v = 0; v < V; ++v) total += std::exp(logits[r * V + v]);
-    loss += std::log(total) - logits[r * V + targets[r]];
-    ++*count;
-  }
-  return loss;
+  return reference_cross_entropy(hn, head, H, m.cfg.vocab_size, targets, count);
 }
 
-// ---- finite differences ---------------------------------------------------------------------
-
-// Central difference of the model loss along one float coordinate.
-template <typename LossFn>
-double central_difference(float& coordinate, double step, LossFn loss) {
-  const float saved = coordinate;
-  coordinate = static_cast<float>(saved + step);
-  const double up = loss();
-  coordinate = static_cast<float>(saved - step);
-  const double down = loss();
-  coordinate = saved;
-  return (up - down) / (2.0 * step);
-}
-
-// Norm of (numeric - analytic) over norm of numeric, for one group of sampled coordinates.
-double gradient_error(const std::vector<double>& numeric, const std::vector<double>& analytic) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < numeric.size(); ++i) {
-    diff += (numeric[i] - analytic[i]) * (numeric[i] - analytic[i]);
-    norm += numeric[i] * numeric[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
-constexpr double kStep = 1e-2;           // finite-difference step on parameters of size ~0.3-1
-constexpr double kGradTolerance = 1e-2;  // norm-relative; a 10% error in any tensor fails
-
-// Sampled coordinates of every tensor of every unit against central differences of the loss.
+// Every tensor's gradient against finite differences, 8 coordinates each.
 void check_parameter_gradients(const ModelConfig& cfg, uint64_t seed) {
   TinyModel m = make_model(cfg, seed);
   std::mt19937 rng(static_cast<uint32_t>(seed) + 100);
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
   const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 6);
-  const std::vector<std::vector<float>> grads = model_grads(*net, m, b, 1.0f);
-  auto loss = [&] { return model_loss(*net, m, b); };
-  for (size_t u = 0; u < m.layout.size(); ++u) {
-    const UnitLayout& unit = m.layout[u];
-    std::vector<double> unit_numeric, unit_analytic;
-    for (const TensorSpec& t : unit.tensors) {
-      std::uniform_int_distribution<size_t> pick(t.offset, t.offset + t.numel - 1);
-      std::vector<double> numeric, analytic;
-      for (int k = 0; k < 8; ++k) {
-        const size_t i = pick(rng);
-        numeric.push_back(central_difference(m.params[u][i], kStep, loss));
-        analytic.push_back(grads[u][i]);
-      }
-      double norm = 0.0;
-      for (double g : numeric) norm += g * g;
-      const double error = gradient_error(numeric, analytic);
-      BOOST_TEST_MESSAGE(t.name << ": norm " << std::sqrt(norm) << " error " << error);
-      BOOST_TEST(std::sqrt(norm) > 1e-3, t.name << ": the sampled gradient carries no signal");
-      BOOST_TEST(error < kGradTolerance, t.name << ": relative error " << error);
-      // The tolerance is tight enough to catch a gradient off by 10% or of the wrong sign.
-      std::vector<double> off = analytic, flipped = analytic;
-      for (double& g : off) g *= 0.9;
-      for (double& g : flipped) g = -g;
-      BOOST_TEST(gradient_error(numeric, off) > kGradTolerance, t.name);
-      BOOST_TEST(gradient_error(numeric, flipped) > kGradTolerance, t.name);
-      unit_numeric.insert(unit_numeric.end(), numeric.begin(), numeric.end());
-      unit_analytic.insert(unit_analytic.end(), analytic.begin(), analytic.end());
-    }
-    const double unit_error = gradient_error(unit_numeric, unit_analytic);
-    BOOST_TEST(unit_error < kGradTolerance, unit.name << ": relative error " << unit_error);
-  }
+  model_test::check_parameter_gradients(*net, m, b, rng, GradientSampling{});
 }
 
 }  // namespace
@@ -287,12 +195,7 @@ BOOST_AUTO_TEST_SUITE(by_hand)
 
 // No layers, an identity LM head: head_logits returns the final RMSNorm of the last position.
 BOOST_AUTO_TEST_CASE(rms_norm_of_known_values) {
-  ModelConfig cfg;
-  cfg.arch = "llama";
-  cfg.vocab_size = 4;
-  cfg.hidden_size = 4;
-  cfg.num_heads = 1;
-  cfg.num_layers = 0;
+  ModelConfig cfg = model_shape("llama", 4, 4, 0, 1, 0.02f);
   cfg.rms_norm_eps = 1e-6f;
   TinyModel m = make_model(cfg, 1);
   float* embeddings = m.tensor(0, "embed_tokens.weight");
@@ -321,12 +224,7 @@ BOOST_AUTO_TEST_CASE(rms_norm_of_known_values) {
 // n1 = 2 e0, rotate_half pairs element 0 with element 2: q1 = 2 (cos 1, 0, sin 1, 0), so
 // q1.k0 = 4 sin 1 and q1.k1 = |n1|^2 = 4.
 BOOST_AUTO_TEST_CASE(rotary_pairs_the_halves_with_the_sign_of_rotate_half) {
-  ModelConfig cfg;
-  cfg.arch = "llama";
-  cfg.vocab_size = 4;
-  cfg.hidden_size = 4;
-  cfg.num_heads = 1;
-  cfg.num_layers = 1;
+  ModelConfig cfg = model_shape("llama", 4, 4, 1, 1, 0.02f);
   cfg.intermediate_size = 2;
   cfg.rms_norm_eps = 1e-6f;
   cfg.rope_theta = 10000.0f;  // inverse frequencies 1 and 0.01
@@ -357,7 +255,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(forward)
 
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
-  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config())}) {
+  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config())}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -450,58 +348,20 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_tied_head) {
   check_parameter_gradients(cfg, 23);
 }
 
+// Qwen2's q/k/v biases too (the key bias has a gradient: the rotation makes q.R_j b depend on j).
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen2) {
+  check_parameter_gradients(qwen2(tiny_config()), 26);
+  ModelConfig tied = qwen2(tiny_config());
+  tied.tie_word_embeddings = true;
+  check_parameter_gradients(tied, 27);
+}
+
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
-  const ModelConfig cfg = with_llama3_scaling(tiny_config());
-  const TinyModel m = make_model(cfg, 24);
-  std::mt19937 rng(10);
-  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
-  std::vector<float> dh0;
-  model_grads(*net, m, b, 1.0f, &dh0);
-  std::vector<float> h0(dh0.size());
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  std::vector<double> numeric, analytic;
-  std::uniform_int_distribution<size_t> pick(0, h0.size() - 1);
-  for (int k = 0; k < 40; ++k) {
-    const size_t i = pick(rng);
-    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(*net, m, h0, b); }));
-    analytic.push_back(dh0[i]);
-  }
-  BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance);
+  check_hidden_input_gradients(with_llama3_scaling(tiny_config()), 24, 10);
 }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 25);
-  std::mt19937 rng(11);
-  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
-  std::vector<float> dh_full, dh_scaled;
-  double loss_full = 0.0, loss_scaled = 0.0;
-  const auto full = model_grads(*net, m, b, 1.0f, &dh_full, &loss_full);
-  const auto scaled = model_grads(*net, m, b, 0.25f, &dh_scaled, &loss_scaled);
-  BOOST_TEST(loss_full == loss_scaled);  // the returned loss is never scaled
-  for (size_t u = 0; u < full.size(); ++u)
-    for (size_t i = 0; i < full[u].size(); ++i)
-      BOOST_TEST(close(scaled[u][i], 0.25 * full[u][i], 1e-5, 0.25 * max_abs(full[u])),
-                 "unit " << u << " element " << i);
-  // A second backward adds the same gradients again.
-  std::vector<std::vector<float>> twice = full;
-  const size_t n = dh_full.size();
-  std::vector<float> h0(n), h1(n), h2(n), dh(n), dh1(n), dh0(n);
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  net->block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
-  net->block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
-  int64_t count = 0;
-  net->head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
-                twice[0].data());
-  net->block_backward(1, m.params[2].data(), dh.data(), dh1.data(), twice[2].data(), b.batch, b.seq);
-  net->block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), twice[1].data(), b.batch, b.seq);
-  net->embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), twice[0].data(), b.batch, b.seq);
-  for (size_t u = 0; u < full.size(); ++u)
-    for (size_t i = 0; i < full[u].size(); ++i)
-      BOOST_TEST(close(twice[u][i], 2.0 * full[u][i], 1e-5, max_abs(full[u])), "unit " << u << " element " << i);
-  BOOST_TEST(dh0 == dh_full, boost::test_tools::per_element());  // overwritten, not accumulated
+  check_grad_scale_and_accumulation(tiny_config(), 25);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -624,37 +484,9 @@ BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
   for (bool tied : {false, true}) {
     ModelConfig cfg = tiny_config();
     cfg.tie_word_embeddings = tied;
-    const TinyModel m = make_model(cfg, 42);
-    std::mt19937 rng(15);
-    const int B = 3, T = 100, H = cfg.hidden_size;  // 300 tokens: several chunks, some across sequences
-    const Batch b = make_batch(B, T, cfg.vocab_size, 0.2, rng);
-    const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, B, T);
-    const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
-    int64_t count = 0, expected_count = 0;
-    const double loss =
-        net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
-    BOOST_TEST(loss == reference_head_loss(m, to_double(h), b.targets, &expected_count),
-               boost::test_tools::tolerance(1e-5));
-    BOOST_TEST(count == expected_count);
-    // The whole batch at once against one sequence at a time: other chunk boundaries, same result.
-    std::vector<float> dh(h.size(), 99.0f), root_grad(m.params[0].size(), 0.0f);
-    net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
-    std::vector<float> dh_each(h.size()), root_grad_each(m.params[0].size(), 0.0f);
-    double loss_each = 0.0;
-    for (int s = 0; s < B; ++s) {
-      const size_t at = static_cast<size_t>(s) * T;
-      loss_each += net->head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
-                                 dh_each.data() + at * H, root_grad_each.data());
-    }
-    BOOST_TEST(loss_each == loss, boost::test_tools::tolerance(1e-9));
-    for (size_t i = 0; i < dh.size(); ++i) BOOST_TEST(close(dh[i], dh_each[i], 1e-5, max_abs(dh)));
-    for (size_t i = 0; i < root_grad.size(); ++i)
-      BOOST_TEST(close(root_grad[i], root_grad_each[i], 1e-5, max_abs(root_grad)));
-    for (int p = 0; p < B * T; ++p)
-      if (b.targets[p] < 0)
-        for (int c = 0; c < H; ++c) BOOST_TEST(dh[p * H + c] == 0.0f);
+    const std::vector<float> root_grad = check_chunked_head(cfg, 42, 15, reference_head_loss);
     // The head's gradient lands in embed_tokens when tied and in lm_head otherwise.
-    const TensorSpec& embeddings = find_tensor(m.layout[0], "embed_tokens.weight");
+    const TensorSpec& embeddings = find_tensor(model_layout(cfg)[0], "embed_tokens.weight");
     const bool embeddings_touched = std::any_of(root_grad.begin() + embeddings.offset,
                                                 root_grad.begin() + embeddings.offset + embeddings.numel,
                                                 [](float g) { return g != 0.0f; });
@@ -694,29 +526,9 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(checks)
 
-BOOST_AUTO_TEST_CASE(bad_targets_tokens_and_shapes_throw) {
+BOOST_AUTO_TEST_CASE(bad_ids_shapes_and_configs_throw) {
   const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 51);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, 4);
-  std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
-  int64_t count = 0;
-  for (int32_t bad : {37, 1000, -2}) {
-    const std::vector<int32_t> targets = {1, -1, bad, 3};
-    const std::string message = error_of([&] {
-      net->head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
-    });
-    BOOST_TEST(contains(message, "target id " + std::to_string(bad)), message);
-  }
-  BOOST_TEST(std::all_of(root_grad.begin(), root_grad.end(), [](float g) { return g == 0.0f; }));
-  const std::vector<int32_t> tokens = {1, 2, 37, 3};
-  BOOST_TEST(contains(error_of([&] { net->embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data()); }),
-                      "token id 37"));
-  std::vector<float> out(h.size()), grad(m.params[1].size());
-  BOOST_TEST(contains(error_of([&] { net->block_forward(0, m.params[1].data(), h.data(), out.data(), 1, 5); }),
-                      "exceeds the sizes"));
-  BOOST_CHECK_THROW(net->block_forward(2, m.params[1].data(), h.data(), out.data(), 1, 4), Error);
-  net->block_forward(0, m.params[1].data(), h.data(), out.data(), 1, 3);
-  BOOST_CHECK_THROW(net->block_backward(0, m.params[1].data(), h.data(), out.data(), grad.data(), 1, 4), Error);
+  check_bad_ids_and_shapes(cfg, 51);
   ModelConfig unknown = cfg;
   unknown.arch = "gpt2";
   BOOST_TEST(contains(error_of([&] { make_cpu_model(unknown, 1, 4); }), "(bloom, llama"));
@@ -726,44 +538,81 @@ BOOST_AUTO_TEST_CASE(bad_targets_tokens_and_shapes_throw) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
-  const ModelConfig cfg = tiny_config();
-  const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
-  {
-    std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 4, 16);
-    const size_t held = memory_stats().current[static_cast<int>(MemKind::Activations)] - before;
-    BOOST_TEST(net->activation_bytes() == held);
+  for (bool tied : {false, true}) {
+    ModelConfig cfg = tiny_config();
+    cfg.tie_word_embeddings = tied;
     // At least the saved attention probabilities and SwiGLU inputs of every layer.
     const size_t tokens = 4 * 16;
-    BOOST_TEST(held > cfg.num_layers * (tokens * cfg.num_heads * 16 + 2 * tokens * cfg.ffn_size()) * sizeof(float));
-  }
-  BOOST_TEST(memory_stats().current[static_cast<int>(MemKind::Activations)] == before);
-}
-
-BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 52);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 4);
-  for (const auto& [B, T] : {std::pair{0, 4}, std::pair{2, 0}, std::pair{0, 0}}) {
-    Batch b;
-    b.batch = B;
-    b.seq = T;
-    double loss = -1.0;
-    const auto g = model_grads(*net, m, b, 1.0f, nullptr, &loss);
-    BOOST_TEST(loss == 0.0);
-    for (const auto& unit : g) BOOST_TEST(std::all_of(unit.begin(), unit.end(), [](float x) { return x == 0.0f; }));
+    check_activation_memory(cfg, cfg.num_layers * (tokens * cfg.num_heads * 16 + 2 * tokens * cfg.ffn_size()) *
+                                     sizeof(float));
   }
 }
 
-BOOST_AUTO_TEST_CASE(planned_activation_bytes_equal_the_model_s) {
-  // shardlm plan sizes the activations without building the model: it must agree exactly.
-  for (const auto& [B, T] : {std::pair{1, 1}, std::pair{2, 5}, std::pair{4, 16}, std::pair{3, 200}}) {
-    for (bool tied : {false, true}) {
-      ModelConfig cfg = tiny_config();
-      cfg.tie_word_embeddings = tied;
-      const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, B, T);
-      BOOST_TEST(cpu_activation_bytes(cfg, B, T) == net->activation_bytes(), B << "x" << T);
-    }
-  }
+BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) { check_empty_batches(tiny_config(), 52); }
+
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- Qwen2: layout, names, config.json ---------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(qwen2_family)
+
+// Llama's block with the q, k and v biases after the three weights (one fused [q; k; v] each).
+BOOST_AUTO_TEST_CASE(layout_adds_qkv_biases_with_hf_names) {
+  const ModelConfig cfg = qwen2(tiny_config());
+  const std::vector<UnitLayout> llama = model_layout(tiny_config()), layout = model_layout(cfg);
+  const int64_t Q = cfg.num_heads * cfg.head_dim(), KV = cfg.kv_heads() * cfg.head_dim();
+  BOOST_TEST(layout[0].numel == llama[0].numel);
+  BOOST_TEST(layout[1].numel == llama[1].numel + static_cast<size_t>(Q + 2 * KV));
+  const std::vector<std::string> names = {"layers.1.input_layernorm.weight", "layers.1.self_attn.q_proj.weight",
+                                          "layers.1.self_attn.k_proj.weight", "layers.1.self_attn.v_proj.weight",
+                                          "layers.1.self_attn.q_proj.bias",   "layers.1.self_attn.k_proj.bias",
+                                          "layers.1.self_attn.v_proj.bias",   "layers.1.self_attn.o_proj.weight"};
+  for (size_t i = 0; i < names.size(); ++i) BOOST_TEST(layout[2].tensors[i].name == names[i]);
+  const TensorSpec& k_bias = layout[2].tensors[5];
+  BOOST_TEST((k_bias.shape == std::vector<int64_t>{KV}));
+  BOOST_TEST(!k_bias.decay);
+  BOOST_TEST((k_bias.init == InitKind::Zeros));
+  BOOST_TEST(hf_tensor_name(cfg, k_bias.name) == "model.layers.1.self_attn.k_proj.bias");
+  BOOST_TEST(hf_tensor_name(cfg, "lm_head.weight") == "lm_head.weight");
+  BOOST_TEST(!cfg.tied_head());
+  BOOST_TEST(model_family("qwen2").rotary);
+  BOOST_TEST(model_family("qwen2").grouped_query);
+}
+
+// Qwen2.5-0.5B's config.json as transformers 5 writes it: read, written back, read again.
+BOOST_AUTO_TEST_CASE(config_json_round_trips) {
+  const std::string text = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+      "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+      "initializer_range": 0.02, "intermediate_size": 4864, "layer_types": ["full_attention", "full_attention"],
+      "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+      "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": null,
+      "tie_word_embeddings": true, "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  const ModelConfig cfg = model_config_from_hf(text, "qwen2.5");
+  BOOST_TEST(cfg.arch == "qwen2");
+  BOOST_TEST(cfg.head_dim() == 64);
+  BOOST_TEST(cfg.kv_heads() == 2);
+  BOOST_TEST(cfg.ffn_size() == 4864);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.rms_norm_eps == 1e-6f);
+  BOOST_TEST(cfg.tie_word_embeddings);
+  BOOST_TEST(cfg.rope_scaling.factor == 0.0f);
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"model_type\": \"qwen2\""), written);
+  BOOST_TEST(contains(written, "\"Qwen2ForCausalLM\""), written);
+  BOOST_TEST(contains(written, "\"use_sliding_window\": false"), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.arch == "qwen2");
+  BOOST_TEST(again.rope_theta == cfg.rope_theta);
+  BOOST_TEST(again.num_layers == 2);
+  // Sliding-window attention is refused, as is a sliding layer.
+  std::string sliding = text;
+  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+  std::string layer = text;
+  layer.replace(layer.find("\"full_attention\"]"), 16, "\"sliding_attention\"");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(layer, "l"); }), "sliding_attention"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

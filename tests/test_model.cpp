@@ -16,30 +16,20 @@
 #include "shardlm/model.hpp"
 #include "bloom/bloom_layout.hpp"
 #include "cpu_model_test_support.hpp"
+#include "model_checks.hpp"
 
 using namespace shardlm;
 using namespace model_test;
 
 namespace {
 
-// Helpers and the tiny model: tests/cpu_model_test_support.hpp.
+// Helpers, the tiny model and the checks every family passes: tests/cpu_model_test_support.hpp,
+// tests/model_checks.hpp.
 
-ModelConfig tiny_config() {
-  ModelConfig cfg;
-  cfg.vocab_size = 11;
-  cfg.hidden_size = 8;
-  cfg.num_layers = 2;
-  cfg.num_heads = 2;
-  cfg.layer_norm_eps = 1e-5f;
-  // Larger than BLOOM's 0.02 so attention is far from uniform and every path carries signal.
-  cfg.init_std = 0.3f;
-  return cfg;
-}
-
+// init_std larger than BLOOM's 0.02 so attention is far from uniform and every path carries signal.
+ModelConfig tiny_config() { return model_shape("bloom", 11, 8, 2, 2, 0.3f); }
 
 // ---- naive double-precision reference of the same model --------------------------------------
-
-using Rows = std::vector<double>;  // row-major [rows, cols]
 
 Rows reference_layer_norm(const Rows& x, int rows, int H, const float* weight, const float* bias, double eps) {
   Rows y(x.size());
@@ -49,18 +39,6 @@ Rows reference_layer_norm(const Rows& x, int rows, int H, const float* weight, c
     for (int c = 0; c < H; ++c) var += (x[r * H + c] - mean) * (x[r * H + c] - mean) / H;
     for (int c = 0; c < H; ++c) y[r * H + c] = (x[r * H + c] - mean) / std::sqrt(var + eps) * weight[c] + bias[c];
   }
-  return y;
-}
-
-// y = x W^T + b with W [out, in].
-Rows reference_linear(const Rows& x, int rows, int in, const float* weight, const float* bias, int out) {
-  Rows y(static_cast<size_t>(rows) * out);
-  for (int r = 0; r < rows; ++r)
-    for (int o = 0; o < out; ++o) {
-      double sum = bias ? bias[o] : 0.0;
-      for (int i = 0; i < in; ++i) sum += x[r * in + i] * static_cast<double>(weight[o * in + i]);
-      y[r * out + o] = sum;
-    }
   return y;
 }
 
@@ -124,65 +102,11 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
 
 double reference_head_loss(const TinyModel& m, const Rows& h, const std::vector<int32_t>& targets,
                            int64_t* count) {
-  const UnitLayout& root = m.layout[0];
-  const float* p = m.params[0].data();
-  const int H = m.cfg.hidden_size, V = m.cfg.vocab_size, N = static_cast<int>(targets.size());
-  const Rows hf = reference_layer_norm(h, N, H, p + find_tensor(root, "ln_f.weight").offset,
-                                       p + find_tensor(root, "ln_f.bias").offset, m.cfg.layer_norm_eps);
-  const Rows logits =
-      reference_linear(hf, N, H, p + find_tensor(root, "word_embeddings.weight").offset, nullptr, V);
-  double loss = 0.0;
-  *count = 0;
-  for (int r = 0; r < N; ++r) {
-    if (targets[r] < 0) continue;
-    double total = 0.0;
-    for (int v = 0; v < V; ++v) total += std::exp(logits[r * V + v]);
-    loss += std::log(total) - logits[r * V + targets[r]];
-    ++*count;
-  }
-  return loss;
+  const int H = m.cfg.hidden_size, N = static_cast<int>(targets.size());
+  const Rows hf = reference_layer_norm(h, N, H, m.tensor(0, "ln_f.weight"), m.tensor(0, "ln_f.bias"),
+                                       m.cfg.layer_norm_eps);
+  return reference_cross_entropy(hf, m.tensor(0, "word_embeddings.weight"), H, m.cfg.vocab_size, targets, count);
 }
-
-Rows to_double(const std::vector<float>& v) { return Rows(v.begin(), v.end()); }
-
-// ---- finite differences ---------------------------------------------------------------------
-
-// Central difference of the model loss along one float coordinate.
-template <typename LossFn>
-double central_difference(float& coordinate, double step, LossFn loss) {
-  const float saved = coordinate;
-  coordinate = static_cast<float>(saved + step);
-  const double up = loss();
-  coordinate = static_cast<float>(saved - step);
-  const double down = loss();
-  coordinate = saved;
-  return (up - down) / (2.0 * step);
-}
-
-// Norm of (numeric - analytic) over norm of numeric, for one group of sampled coordinates.
-double gradient_error(const std::vector<double>& numeric, const std::vector<double>& analytic) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < numeric.size(); ++i) {
-    diff += (numeric[i] - analytic[i]) * (numeric[i] - analytic[i]);
-    norm += numeric[i] * numeric[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
-// |actual - expected| within `rel` of the larger of |expected| and `scale` (the magnitude of the
-// whole array), so entries that are zero up to rounding are judged against the array's size.
-bool close(double actual, double expected, double rel, double scale) {
-  return std::abs(actual - expected) <= rel * std::max(std::abs(expected), scale);
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
-}
-
-constexpr double kStep = 1e-2;           // finite-difference step on parameters of size ~0.3-1
-constexpr double kGradTolerance = 1e-2;  // norm-relative; a 10% error in any tensor fails
 
 }  // namespace
 
@@ -252,12 +176,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(layout)
 
 BOOST_AUTO_TEST_CASE(units_sizes_offsets_and_decay) {
-  ModelConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.hidden_size = 12;
-  cfg.num_layers = 3;
-  cfg.num_heads = 3;
-  cfg.init_std = 0.05f;
+  ModelConfig cfg = model_shape("bloom", 50, 12, 3, 3, 0.05f);
   const size_t V = 50, H = 12;
   const std::vector<UnitLayout> units = bloom_layout(cfg);
   BOOST_REQUIRE_EQUAL(units.size(), 4u);
@@ -370,12 +289,7 @@ BOOST_AUTO_TEST_CASE(threaded_init_equals_serial_pieces) {
 }
 
 BOOST_AUTO_TEST_CASE(init_distributions) {
-  ModelConfig cfg;
-  cfg.vocab_size = 1000;
-  cfg.hidden_size = 64;
-  cfg.num_layers = 1;
-  cfg.num_heads = 4;
-  cfg.init_std = 0.02f;
+  ModelConfig cfg = model_shape("bloom", 1000, 64, 1, 4, 0.02f);
   const std::vector<UnitLayout> units = bloom_layout(cfg);
   for (size_t u = 0; u < units.size(); ++u) {
     std::vector<float> flat(units[u].numel);
@@ -544,7 +458,6 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
   const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
   const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 6);
   const std::vector<std::vector<float>> grads = model_grads(*net, m, b, 1.0f);
-  auto loss = [&] { return model_loss(*net, m, b); };
 
   // Softmax ignores a shift shared by all keys, so each head's key bias gets no gradient at all;
   // with the head-interleaved qkv layout these are columns n*3d + d .. n*3d + 2d.
@@ -562,100 +475,14 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences) {
       }
   }
 
-  for (size_t u = 0; u < m.layout.size(); ++u) {
-    const UnitLayout& unit = m.layout[u];
-    // About 40 coordinates per unit, spread over every tensor.
-    const size_t per_tensor = (40 + unit.tensors.size() - 1) / unit.tensors.size();
-    std::vector<double> unit_numeric, unit_analytic;
-    for (const TensorSpec& t : unit.tensors) {
-      std::uniform_int_distribution<size_t> pick(t.offset, t.offset + t.numel - 1);
-      std::vector<double> numeric, analytic;
-      for (size_t k = 0; k < per_tensor; ++k) {
-        const size_t i = pick(rng);
-        numeric.push_back(central_difference(m.params[u][i], kStep, loss));
-        analytic.push_back(grads[u][i]);
-      }
-      const double error = gradient_error(numeric, analytic);
-      double norm = 0.0;
-      for (double g : numeric) norm += g * g;
-      BOOST_TEST_MESSAGE(t.name << ": norm " << std::sqrt(norm) << " error " << error);
-      // A tensor whose sampled gradient is essentially zero (e.g. the key part of the qkv bias,
-      // to which softmax is invariant) is judged with the unit below, not relative to itself.
-      if (std::sqrt(norm) > 1e-2) {
-        BOOST_TEST(error < kGradTolerance, t.name << ": relative error " << error);
-        // The tolerance is tight enough to catch a gradient off by 10% or of the wrong sign.
-        std::vector<double> off = analytic, flipped = analytic;
-        for (double& g : off) g *= 0.9;
-        for (double& g : flipped) g = -g;
-        BOOST_TEST(gradient_error(numeric, off) > kGradTolerance, t.name);
-        BOOST_TEST(gradient_error(numeric, flipped) > kGradTolerance, t.name);
-      }
-      unit_numeric.insert(unit_numeric.end(), numeric.begin(), numeric.end());
-      unit_analytic.insert(unit_analytic.end(), analytic.begin(), analytic.end());
-    }
-    const double unit_error = gradient_error(unit_numeric, unit_analytic);
-    BOOST_TEST(unit_error < kGradTolerance, unit.name << ": relative error " << unit_error);
-    BOOST_TEST_MESSAGE(unit.name << ": relative gradient error " << unit_error);
-  }
+  // About 40 coordinates per unit, spread over every tensor; the key bias is judged with its unit.
+  check_parameter_gradients(*net, m, b, rng, GradientSampling{40, 0, false});
 }
 
-BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 22);
-  std::mt19937 rng(10);
-  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
-  std::vector<float> dh0;
-  model_grads(*net, m, b, 1.0f, &dh0);
-  std::vector<float> h0(dh0.size());
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  std::vector<double> numeric, analytic;
-  std::uniform_int_distribution<size_t> pick(0, h0.size() - 1);
-  for (int k = 0; k < 40; ++k) {
-    const size_t i = pick(rng);
-    numeric.push_back(central_difference(h0[i], kStep, [&] { return loss_from_h0(*net, m, h0, b); }));
-    analytic.push_back(dh0[i]);
-  }
-  BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance);
-}
+BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) { check_hidden_input_gradients(tiny_config(), 22, 10); }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 23);
-  std::mt19937 rng(11);
-  const Batch b = make_batch(2, 5, cfg.vocab_size, 0.3, rng);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 5);
-  std::vector<float> dh_full, dh_scaled;
-  double loss_full = 0.0, loss_scaled = 0.0;
-  const auto full = model_grads(*net, m, b, 1.0f, &dh_full, &loss_full);
-  const auto scaled = model_grads(*net, m, b, 0.25f, &dh_scaled, &loss_scaled);
-  BOOST_TEST(loss_full == loss_scaled);  // the returned loss is never scaled
-  for (size_t u = 0; u < full.size(); ++u)
-    for (size_t i = 0; i < full[u].size(); ++i)
-      BOOST_TEST(close(scaled[u][i], 0.25 * full[u][i], 1e-5, 0.25 * max_abs(full[u])),
-                 "unit " << u << " element " << i);
-
-  // Parameter gradients are added to what the buffer already holds.
-  const size_t n = dh_full.size();
-  std::vector<float> h0(n), h1(n), h2(n), dh(n), dh1(n), dh0(n);
-  std::vector<float> block_grad(m.params[1].size(), 0.0f), root_grad(m.params[0].size(), 0.0f);
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  net->block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
-  net->block_forward(1, m.params[2].data(), h1.data(), h2.data(), b.batch, b.seq);
-  int64_t count = 0;
-  for (int repeat = 0; repeat < 2; ++repeat) {
-    net->head_loss(m.params[0].data(), h2.data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
-                  root_grad.data());
-    net->block_backward(1, m.params[2].data(), dh.data(), dh1.data(), block_grad.data(), b.batch, b.seq);
-    net->block_backward(0, m.params[1].data(), dh1.data(), dh0.data(), block_grad.data(), b.batch, b.seq);
-    net->embed_backward(m.params[0].data(), b.tokens.data(), dh0.data(), root_grad.data(), b.batch, b.seq);
-  }
-  for (size_t i = 0; i < root_grad.size(); ++i)
-    BOOST_TEST(close(root_grad[i], 2.0 * full[0][i], 1e-5, max_abs(full[0])), "root element " << i);
-  const double block_scale = std::max(max_abs(full[1]), max_abs(full[2]));
-  for (size_t i = 0; i < block_grad.size(); ++i)
-    BOOST_TEST(close(block_grad[i], 2.0 * (full[1][i] + full[2][i]), 1e-5, block_scale), "block element " << i);
-  BOOST_TEST(dh0 == dh_full, boost::test_tools::per_element());  // overwritten, not accumulated
+  check_grad_scale_and_accumulation(tiny_config(), 23);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -667,64 +494,10 @@ BOOST_AUTO_TEST_SUITE(head)
 BOOST_AUTO_TEST_CASE(chunked_loss_and_gradients_match) {
   ModelConfig cfg = tiny_config();
   cfg.vocab_size = 37;
-  const TinyModel m = make_model(cfg, 31);
-  std::mt19937 rng(12);
-  const int B = 3, T = 100, H = cfg.hidden_size;  // 300 tokens: several chunks, some split across sequences
-  const Batch b = make_batch(B, T, cfg.vocab_size, 0.2, rng);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, B, T);
-  const std::vector<float> h = random_floats(static_cast<size_t>(B) * T * H, rng, 1.5f);
-  int64_t count = 0, expected_count = 0;
-  const double loss =
-      net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, nullptr, nullptr);
-  const double expected = reference_head_loss(m, to_double(h), b.targets, &expected_count);
-  BOOST_TEST(count == expected_count);
-  BOOST_TEST(loss == expected, boost::test_tools::tolerance(1e-5));
-
-  // The whole batch at once against one sequence at a time: different chunk boundaries, same result.
-  std::vector<float> dh(h.size(), 99.0f), root_grad(m.params[0].size(), 0.0f);
-  net->head_loss(m.params[0].data(), h.data(), b.targets.data(), B, T, &count, 1.0f, dh.data(), root_grad.data());
-  std::vector<float> dh_each(h.size()), root_grad_each(m.params[0].size(), 0.0f);
-  double loss_each = 0.0;
-  for (int s = 0; s < B; ++s) {
-    const size_t at = static_cast<size_t>(s) * T;
-    loss_each += net->head_loss(m.params[0].data(), h.data() + at * H, b.targets.data() + at, 1, T, &count, 1.0f,
-                               dh_each.data() + at * H, root_grad_each.data());
-  }
-  BOOST_TEST(loss_each == loss, boost::test_tools::tolerance(1e-9));
-  for (size_t i = 0; i < dh.size(); ++i)
-    BOOST_TEST(close(dh[i], dh_each[i], 1e-5, max_abs(dh)), "dh element " << i);
-  for (size_t i = 0; i < root_grad.size(); ++i)
-    BOOST_TEST(close(root_grad[i], root_grad_each[i], 1e-5, max_abs(root_grad)), "root element " << i);
-  // Positions without a target get exactly zero gradient.
-  for (int p = 0; p < B * T; ++p)
-    if (b.targets[p] < 0)
-      for (int c = 0; c < H; ++c) BOOST_TEST(dh[p * H + c] == 0.0f);
+  check_chunked_head(cfg, 31, 12, reference_head_loss);
 }
 
-BOOST_AUTO_TEST_CASE(bad_targets_and_tokens_throw_naming_the_id) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 32);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, 4);
-  std::vector<float> h(4 * cfg.hidden_size, 0.5f), dh(h.size()), root_grad(m.params[0].size(), 0.0f);
-  int64_t count = 0;
-  for (int32_t bad : {11, 1000, -2}) {
-    const std::vector<int32_t> targets = {1, -1, bad, 3};
-    try {
-      net->head_loss(m.params[0].data(), h.data(), targets.data(), 1, 4, &count, 1.0f, dh.data(), root_grad.data());
-      BOOST_FAIL("target " << bad << " was accepted");
-    } catch (const Error& e) {
-      BOOST_TEST(std::string(e.what()).find("target id " + std::to_string(bad)) != std::string::npos, e.what());
-    }
-  }
-  BOOST_TEST(std::all_of(root_grad.begin(), root_grad.end(), [](float g) { return g == 0.0f; }));
-  const std::vector<int32_t> tokens = {1, 2, 11, 3};
-  try {
-    net->embed_forward(m.params[0].data(), tokens.data(), 1, 4, h.data());
-    BOOST_FAIL("token 11 was accepted");
-  } catch (const Error& e) {
-    BOOST_TEST(std::string(e.what()).find("token id 11") != std::string::npos, e.what());
-  }
-}
+BOOST_AUTO_TEST_CASE(bad_ids_and_shapes_throw_naming_them) { check_bad_ids_and_shapes(tiny_config(), 32); }
 
 BOOST_AUTO_TEST_SUITE_END()
 
@@ -749,35 +522,12 @@ BOOST_AUTO_TEST_CASE(oversized_and_mismatched_shapes_throw) {
   BOOST_CHECK_THROW(net->block_backward(1, m.params[2].data(), h.data(), out.data(), grad.data(), 2, 3), Error);
 }
 
-BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) {
-  const ModelConfig cfg = tiny_config();
-  const TinyModel m = make_model(cfg, 42);
-  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 4);
-  std::vector<std::vector<float>> grads;
-  for (const std::vector<float>& p : m.params) grads.emplace_back(p.size(), 0.0f);
-  for (const auto& [B, T] : {std::pair{0, 4}, std::pair{2, 0}, std::pair{0, 0}}) {
-    Batch b;
-    b.batch = B;
-    b.seq = T;
-    double loss = -1.0;
-    const auto g = model_grads(*net, m, b, 1.0f, nullptr, &loss);
-    BOOST_TEST(loss == 0.0);
-    for (const auto& unit : g)
-      BOOST_TEST(std::all_of(unit.begin(), unit.end(), [](float x) { return x == 0.0f; }));
-  }
-}
+BOOST_AUTO_TEST_CASE(empty_batches_do_nothing) { check_empty_batches(tiny_config(), 42); }
 
 BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
-  ModelConfig cfg = tiny_config();
-  const size_t before = memory_stats().current[static_cast<int>(MemKind::Activations)];
-  {
-    const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 4, 16);
-    const size_t held = memory_stats().current[static_cast<int>(MemKind::Activations)] - before;
-    BOOST_TEST(net->activation_bytes() == held);
-    // At least the saved attention probabilities of every layer: L * B * heads * T * T floats.
-    BOOST_TEST(held > static_cast<size_t>(cfg.num_layers) * 4 * cfg.num_heads * 16 * 16 * sizeof(float));
-  }
-  BOOST_TEST(memory_stats().current[static_cast<int>(MemKind::Activations)] == before);
+  const ModelConfig cfg = tiny_config();
+  // At least the saved attention probabilities of every layer: L * B * heads * T * T floats.
+  check_activation_memory(cfg, static_cast<size_t>(cfg.num_layers) * 4 * cfg.num_heads * 16 * 16 * sizeof(float));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

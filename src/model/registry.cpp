@@ -7,14 +7,21 @@
 namespace shardlm {
 
 // Each defined in its folder, src/model/<family>/<family>_family.cpp.
-const ModelFamily& bloom_family();
-const ModelFamily& llama_family();
+ModelFamily bloom_family();
+ModelFamily llama_family();
+ModelFamily qwen2_family();
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {
-      &bloom_family(),
-      &llama_family(),
+  static const ModelFamily records[] = {
+      bloom_family(),
+      llama_family(),
+      qwen2_family(),
   };
+  static const std::vector<const ModelFamily*> families = [] {
+    std::vector<const ModelFamily*> all;
+    for (const ModelFamily& f : records) all.push_back(&f);
+    return all;
+  }();
   return families;
 }
 

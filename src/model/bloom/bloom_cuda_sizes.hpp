@@ -1,6 +1,5 @@
-// The device buffers of BloomCuda, in bytes, from the model and the micro-batch shape: BloomCuda
-// allocates exactly these and `shardlm plan` adds them up. Plain C++ (no CUDA headers), so the
-// CPU-only build plans BLOOM on the CUDA backend too.
+// BloomCuda's buffers in bytes (bloom_cuda_sizes): what BloomCuda allocates and the family's
+// cuda_memory reports to `shardlm plan`, in plain C++ for builds without CUDA.
 #pragma once
 
 #include <algorithm>
@@ -11,8 +10,7 @@
 
 namespace shardlm::cuda {
 
-// Logits of at most this many tokens exist at once in BloomCuda's LM head (lm_head_loss's chunk).
-constexpr int kBloomHeadChunkTokens = 2048;
+constexpr int kBloomHeadChunkTokens = 2048;  // the LM head's logits rows at once (lm_head_loss's chunk)
 
 struct BloomCudaSizes {
   size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)

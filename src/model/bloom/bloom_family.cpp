@@ -40,7 +40,9 @@ void bloom_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   c["slow_but_exact"] = false;
 }
 
-ModelFamily make_bloom_family() {
+}  // namespace
+
+ModelFamily bloom_family() {
   ModelFamily f;
   f.name = "bloom";
   f.hf_model_types = {"bloom"};
@@ -57,19 +59,9 @@ ModelFamily make_bloom_family() {
     return ModelMemory{s.activations(), s.extra()};
   };
 #ifdef SHARDLM_HAVE_CUDA
-  f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                   bool checkpointing) -> std::unique_ptr<cuda::CudaModel> {
-    return std::make_unique<cuda::BloomCuda>(cfg, dt, max_batch, max_seq, checkpointing);
-  };
+  f.make_cuda = cuda::make_bloom_cuda;
 #endif
   return f;
-}
-
-}  // namespace
-
-const ModelFamily& bloom_family() {
-  static const ModelFamily family = make_bloom_family();
-  return family;
 }
 
 }  // namespace shardlm

@@ -25,44 +25,19 @@ using model_detail::linear;
 using model_detail::linear_input_backward;
 using model_detail::linear_param_backward;
 
-// Where each tensor starts inside a block unit's flat parameter (the same for every block); the
-// q/k/v biases are null without LlamaBlock::qkv_bias.
-struct BlockOffsets {
-  CpuNorm input_norm, post_norm;
-  size_t q = 0, k = 0, v = 0, o = 0, gate = 0, up = 0, down = 0;
-  bool qkv_bias = false;
-  size_t q_bias = 0, k_bias = 0, v_bias = 0;
+// A block's tensors (llama_block_offsets) with its two norms; the q/k/v biases are null without
+// LlamaBlock::qkv_bias.
+struct BlockOffsets : LlamaBlockOffsets {
+  CpuNorm input_norm_rows, post_norm_rows;
   const float* bias(const float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
   float* bias(float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
 };
 
-// Offsets come from llama_layout itself so the kernels can never disagree with the layout.
-size_t offset_of(const UnitLayout& unit, const std::string& name) {
-  return model_detail::tensor_offset(unit, name, "Llama layout");
-}
-
-CpuNorm rms_norm(const UnitLayout& unit, const std::string& name, float eps) {
-  return CpuNorm{CpuNorm::Kind::Rms, offset_of(unit, name), 0, eps};
-}
-
-BlockOffsets block_offsets(const UnitLayout& block, float eps, bool qkv_bias) {
-  const std::string p = block.name + ".";
+BlockOffsets block_offsets(const UnitLayout& block, float eps, const LlamaBlock& options) {
   BlockOffsets o;
-  o.input_norm = rms_norm(block, p + "input_layernorm.weight", eps);
-  o.post_norm = rms_norm(block, p + "post_attention_layernorm.weight", eps);
-  o.q = offset_of(block, p + "self_attn.q_proj.weight");
-  o.k = offset_of(block, p + "self_attn.k_proj.weight");
-  o.v = offset_of(block, p + "self_attn.v_proj.weight");
-  o.o = offset_of(block, p + "self_attn.o_proj.weight");
-  o.gate = offset_of(block, p + "mlp.gate_proj.weight");
-  o.up = offset_of(block, p + "mlp.up_proj.weight");
-  o.down = offset_of(block, p + "mlp.down_proj.weight");
-  o.qkv_bias = qkv_bias;
-  if (qkv_bias) {
-    o.q_bias = offset_of(block, p + "self_attn.q_proj.bias");
-    o.k_bias = offset_of(block, p + "self_attn.k_proj.bias");
-    o.v_bias = offset_of(block, p + "self_attn.v_proj.bias");
-  }
+  static_cast<LlamaBlockOffsets&>(o) = llama_block_offsets(block, options);
+  o.input_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.input_norm, 0, eps};
+  o.post_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.post_norm, 0, eps};
   return o;
 }
 
@@ -170,7 +145,7 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     : CpuModelBase("LlamaCpu", cfg, max_batch, max_seq) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   State& m = m_;
-  if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options.qkv_bias);
+  if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options);
 
   m.inv_freq = rope_inv_freq(cfg);
   const size_t half = m.inv_freq.size();
@@ -183,9 +158,8 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
   const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
   const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
   // embed_tokens; the final RMSNorm, then lm_head (or embed_tokens when tied).
-  const size_t table = offset_of(layout[0], "embed_tokens.weight");
-  const size_t head = cfg.tie_word_embeddings ? table : offset_of(layout[0], "lm_head.weight");
-  build_ends(table, nullptr, rms_norm(layout[0], "norm.weight", cfg.rms_norm_eps), head);
+  const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
+  build_ends(root.embeddings, nullptr, CpuNorm{CpuNorm::Kind::Rms, root.norm, 0, cfg.rms_norm_eps}, root.head);
   const MemKind kind = MemKind::Activations;
   m.layers.resize(cfg.num_layers);
   for (BlockActivations& a : m.layers) {
@@ -255,7 +229,7 @@ void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, 
   float* normed = m.hidden_work[1].data();
 
   // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
-  o.input_norm.forward_rows(params, h_in, N, H, a.norm1_xhat.data(), a.norm1_rstd.data(), normed);
+  o.input_norm_rows.forward_rows(params, h_in, N, H, a.norm1_xhat.data(), a.norm1_rstd.data(), normed);
   linear(normed, N, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
   linear(normed, N, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
   linear(normed, N, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
@@ -266,7 +240,7 @@ void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, 
   linear(a.context.data(), N, QW, params + o.o, nullptr, H, h_in, x);
 
   // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x).
-  o.post_norm.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
+  o.post_norm_rows.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
   linear(normed, N, H, params + o.gate, nullptr, F, nullptr, a.gate.data());
   linear(normed, N, H, params + o.up, nullptr, F, nullptr, a.up.data());
   float* act = m.wide_work[0].data();
@@ -302,14 +276,14 @@ void LlamaCpu::block_backward(int layer, const float* params, const float* dh_ou
     dup[i] = dact * g * s;                                    // d(up) = dact * silu(gate)
     dgate[i] = dact * a.up[i] * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
   }
-  rms_norm_output(a.norm2_xhat.data(), N, H, params + o.post_norm.weight, work);
+  rms_norm_output(a.norm2_xhat.data(), N, H, params + o.post_norm, work);
   linear_param_backward(work, dgate, N, H, F, dparams + o.gate, nullptr);
   linear_param_backward(work, dup, N, H, F, dparams + o.up, nullptr);
   linear_input_backward(dgate, N, H, params + o.gate, F, false, work);
   linear_input_backward(dup, N, H, params + o.up, F, true, work);
   // out = x + mlp(RMSNorm(x)): the residual passes dh_out straight through.
   std::memcpy(dx, dh_out, sizeof(float) * N * H);
-  o.post_norm.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, dparams);
+  o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, dparams);
 
   // Attention: o_proj, attention itself, rotary (its transpose), then the q/k/v projections.
   linear_param_backward(a.context.data(), dx, N, QW, H, dparams + o.o, nullptr);
@@ -318,7 +292,7 @@ void LlamaCpu::block_backward(int layer, const float* params, const float* dh_ou
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
   apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true);
   apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true);
-  rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm.weight, work);
+  rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm, work);
   linear_param_backward(work, m.q_grad.data(), N, H, QW, dparams + o.q, o.bias(dparams, o.q_bias));
   linear_param_backward(work, m.k_grad.data(), N, H, KVW, dparams + o.k, o.bias(dparams, o.k_bias));
   linear_param_backward(work, m.v_grad.data(), N, H, KVW, dparams + o.v, o.bias(dparams, o.v_bias));
@@ -327,7 +301,7 @@ void LlamaCpu::block_backward(int layer, const float* params, const float* dh_ou
   linear_input_backward(m.v_grad.data(), N, H, params + o.v, KVW, true, work);
   // x = h_in + attention(RMSNorm(h_in)).
   std::memcpy(dh_in, dx, sizeof(float) * N * H);
-  o.input_norm.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, dparams);
+  o.input_norm_rows.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, dparams);
 }
 
 // ---- greedy decoding with a key/value cache ------------------------------------------------
@@ -355,7 +329,7 @@ void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, f
   float* cos_row = scratch(kCos);
   float* sin_row = scratch(kSin);
 
-  o.input_norm.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), normed);
+  o.input_norm_rows.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), normed);
   linear(normed, n, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, q);
   linear(normed, n, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
   linear(normed, n, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
@@ -370,7 +344,7 @@ void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, f
   float* x = scratch(kMid);
   linear(scratch(kContext), n, QW, params + o.o, nullptr, H, h_in, x);
 
-  o.post_norm.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
+  o.post_norm_rows.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
   float* gate = scratch(kGate);
   float* up = scratch(kUp);
   linear(normed, n, H, params + o.gate, nullptr, F, nullptr, gate);

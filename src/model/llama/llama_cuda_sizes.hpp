@@ -68,4 +68,10 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   return s;
 }
 
+// The Llama-style families' cuda_memory: LlamaCuda counts every buffer it holds as activations.
+inline ModelMemory llama_cuda_memory(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                     bool activation_checkpointing) {
+  return ModelMemory{llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing).total(), 0};
+}
+
 }  // namespace shardlm::cuda

@@ -27,7 +27,9 @@ void llama_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   c["initializer_range"] = shortest_decimal(cfg.init_std);
 }
 
-ModelFamily make_llama_family() {
+}  // namespace
+
+ModelFamily llama_family() {
   ModelFamily f;
   f.name = "llama";
   f.hf_model_types = {"llama"};
@@ -42,24 +44,13 @@ ModelFamily make_llama_family() {
     return make_llama_cpu(cfg, max_batch, max_seq, LlamaBlock{});
   };
   f.cpu_activation_bytes = llama_cpu_activation_bytes;
-  f.cuda_memory = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
-    // LlamaCuda counts every buffer it holds as activations.
-    return ModelMemory{cuda::llama_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing).total(), 0};
-  };
+  f.cuda_memory = cuda::llama_cuda_memory;
 #ifdef SHARDLM_HAVE_CUDA
-  f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                   bool checkpointing) -> std::unique_ptr<cuda::CudaModel> {
-    return std::make_unique<cuda::LlamaCuda>(cfg, dt, max_batch, max_seq, checkpointing, LlamaBlock{});
+  f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
+    return cuda::make_llama_cuda(cfg, dt, max_batch, max_seq, checkpointing, LlamaBlock{});
   };
 #endif
   return f;
-}
-
-}  // namespace
-
-const ModelFamily& llama_family() {
-  static const ModelFamily family = make_llama_family();
-  return family;
 }
 
 }  // namespace shardlm

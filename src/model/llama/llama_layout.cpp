@@ -60,6 +60,37 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& o
   return units;
 }
 
+LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied) {
+  auto at = [&](const char* name) { return model_detail::tensor_offset(root, name, "Llama layout"); };
+  LlamaRootOffsets o;
+  o.embeddings = at("embed_tokens.weight");
+  o.norm = at("norm.weight");
+  o.head = tied ? o.embeddings : at("lm_head.weight");
+  return o;
+}
+
+LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock& options) {
+  const std::string p = block.name + ".";
+  auto at = [&](const char* name) { return model_detail::tensor_offset(block, p + name, "Llama layout"); };
+  LlamaBlockOffsets o;
+  o.input_norm = at("input_layernorm.weight");
+  o.q = at("self_attn.q_proj.weight");
+  o.k = at("self_attn.k_proj.weight");
+  o.v = at("self_attn.v_proj.weight");
+  o.o = at("self_attn.o_proj.weight");
+  o.post_norm = at("post_attention_layernorm.weight");
+  o.gate = at("mlp.gate_proj.weight");
+  o.up = at("mlp.up_proj.weight");
+  o.down = at("mlp.down_proj.weight");
+  o.qkv_bias = options.qkv_bias;
+  if (options.qkv_bias) {
+    o.q_bias = at("self_attn.q_proj.bias");
+    o.k_bias = at("self_attn.k_proj.bias");
+    o.v_bias = at("self_attn.v_proj.bias");
+  }
+  return o;
+}
+
 std::string llama_hf_tensor_name(const std::string& name) {
   return name == "lm_head.weight" ? name : "model." + name;
 }

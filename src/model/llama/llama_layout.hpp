@@ -20,4 +20,18 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& b
 // "model." + name, except lm_head.weight.
 std::string llama_hf_tensor_name(const std::string& name);
 
+// Where the tensors start (elements) in the root's flat parameter; the head is the embeddings when tied.
+struct LlamaRootOffsets {
+  size_t embeddings = 0, norm = 0, head = 0;
+};
+// The same in a block's (equal for every block); the q/k/v biases only with LlamaBlock::qkv_bias.
+struct LlamaBlockOffsets {
+  size_t input_norm = 0, q = 0, k = 0, v = 0, q_bias = 0, k_bias = 0, v_bias = 0, o = 0;
+  size_t post_norm = 0, gate = 0, up = 0, down = 0;
+  bool qkv_bias = false;
+};
+// From llama_layout's units, so that the models can never disagree with the layout.
+LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied);
+LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock& options);
+
 }  // namespace shardlm

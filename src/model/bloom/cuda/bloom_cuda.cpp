@@ -11,13 +11,7 @@
 namespace shardlm::cuda {
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
-    : cfg_(cfg),
-      dt_(dt),
-      dsize_(dtype_size(dt)),
-      max_tokens_(max_batch * max_seq),
-      max_seq_(max_seq),
-      max_batch_(max_batch),
-      checkpointing_(activation_checkpointing),
+    : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
       sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)),
       layout_(bloom_layout(cfg)) {
   if (layout_.size() > 1) {
@@ -189,6 +183,11 @@ void BloomCuda::embed_backward(const void* root, const int32_t* tokens, float* d
                      emb_rstd_.data(), dln_.data(), droot + rl.tensors[1].offset, droot + rl.tensors[2].offset, N, H,
                      false, dt_, s);
   embedding_backward(tokens, dln_.data(), droot + rl.tensors[0].offset, N, H, V, dt_, s);
+}
+
+std::unique_ptr<CudaModel> make_bloom_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                           bool activation_checkpointing) {
+  return std::make_unique<BloomCuda>(cfg, dt, max_batch, max_seq, activation_checkpointing);
 }
 
 }  // namespace shardlm::cuda

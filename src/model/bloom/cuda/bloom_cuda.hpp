@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "../bloom_cuda_sizes.hpp"
-#include "cuda_model.hpp"
+#include "cuda_model_base.hpp"
 #include "device_memory.hpp"
-#include "gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
 
-class BloomCuda final : public CudaModel {
+class BloomCuda final : public CudaModelBase {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
   // only each block's input is kept; its other activations are recomputed before its backward.
@@ -37,7 +36,6 @@ class BloomCuda final : public CudaModel {
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
-  const ModelConfig& config() const override { return cfg_; }
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
@@ -68,14 +66,8 @@ class BloomCuda final : public CudaModel {
   BlockOffsets off_{};
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
-  ModelConfig cfg_;
-  DType dt_;
-  size_t dsize_;
-  int max_tokens_, max_seq_, max_batch_;
-  bool checkpointing_;
   BloomCudaSizes sizes_;
   std::vector<UnitLayout> layout_;
-  Gemm gemm_;
   DeviceBuffer<float> slopes_;
   // Hidden states h_0 .. h_L (each [tokens, H]); h_l is block l's input, kept for its backward.
   DeviceBuffer<char> hidden_;
@@ -87,13 +79,15 @@ class BloomCuda final : public CudaModel {
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
   DeviceBuffer<char> attn_ws_, head_ws_;
 
-  struct DecodeBuffers {  // between decode_allocate and decode_free
-    int slots = 0, max_len = 0, max_rows = 0;
-    DeviceBuffer<char> keys, values;                   // [layers, slots, heads, max_len, head_dim] in dt
+  struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     DeviceBuffer<char> hidden, h2, ln, qkv, ctx, wide;  // [max_rows, H | 3H | 4H] in dt
     DeviceBuffer<float> mean, rstd;                    // [max_rows], LayerNorm statistics (unused after)
   };
   DecodeBuffers decode_;
 };
+
+// The registry's make_cuda for BLOOM.
+std::unique_ptr<CudaModel> make_bloom_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                           bool activation_checkpointing);
 
 }  // namespace shardlm::cuda

@@ -9,13 +9,9 @@
 namespace shardlm::cuda {
 
 void BloomCuda::decode_allocate(int slots, int max_len, int max_rows) {
-  SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "BloomCuda::decode_allocate: bad sizes slots=", slots,
-                " max_len=", max_len, " max_rows=", max_rows);
   decode_free();
+  allocate_cache(slots, max_len, max_rows, cfg_.num_heads);
   const size_t H = cfg_.hidden_size, rows = static_cast<size_t>(max_rows);
-  const size_t cache = static_cast<size_t>(cfg_.num_layers) * slots * cfg_.num_heads * max_len * cfg_.head_dim();
-  decode_.keys.allocate(cache * dsize_);
-  decode_.values.allocate(cache * dsize_);
   decode_.hidden.allocate(rows * H * dsize_);
   decode_.h2.allocate(rows * H * dsize_);
   decode_.ln.allocate(rows * H * dsize_);
@@ -24,14 +20,15 @@ void BloomCuda::decode_allocate(int slots, int max_len, int max_rows) {
   decode_.wide.allocate(rows * 4 * H * dsize_);
   decode_.mean.allocate(rows);
   decode_.rstd.allocate(rows);
-  decode_.slots = slots, decode_.max_len = max_len, decode_.max_rows = max_rows;
 }
 
-void BloomCuda::decode_free() { decode_ = DecodeBuffers{}; }
+void BloomCuda::decode_free() {
+  decode_ = DecodeBuffers{};
+  free_cache();
+}
 
 void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
-  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "BloomCuda::decode_embed: ", n, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_step_rows("decode_embed", n);
   if (n == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
@@ -45,10 +42,8 @@ void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cud
 
 void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "BloomCuda::decode_block: layer ", layer, " of ",
-                cfg_.num_layers);
-  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "BloomCuda::decode_block: ", n, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_layer("decode_block", layer);
+  check_step_rows("decode_block", n);
   if (n == 0) return;
   const int H = cfg_.hidden_size, heads = cfg_.num_heads, d = cfg_.head_dim();
   const float eps = cfg_.layer_norm_eps;
@@ -56,17 +51,17 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
   const char* p = static_cast<const char*>(params);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   DecodeBuffers& b = decode_;
-  const size_t layer_cache = static_cast<size_t>(b.slots) * heads * b.max_len * d * dsize_;
-  char* keys = b.keys.data() + layer * layer_cache;
-  char* values = b.values.data() + layer * layer_cache;
+  char* keys = layer_keys(layer);
+  char* values = layer_values(layer);
+  const int max_len = cache_max_len();
 
   layernorm_forward(b.hidden.data(), w(off_.ln1_w), w(off_.ln1_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
                     eps, dt_, s);
   linear_rows(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = interleaved_qkv(heads, d);
-  kv_cache_write(b.qkv.data(), qkv, slots, positions, n, b.max_len, keys, values, dt_, s);
-  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, slopes_.data(), b.ctx.data(), b.max_len, dt_,
+  kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
+  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, slopes_.data(), b.ctx.data(), max_len, dt_,
                    s);
   // h2 = x + ctx Wd^T + bd
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
@@ -81,8 +76,7 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
 }
 
 void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
-  SHARDLM_CHECK(m >= 0 && m <= decode_.max_rows, "BloomCuda::decode_head_argmax: ", m, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_step_rows("decode_head_argmax", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);

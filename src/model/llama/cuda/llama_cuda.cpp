@@ -8,60 +8,31 @@
 #include <algorithm>
 #include <string>
 
-#include "../../model_internal.hpp"
 #include "kernels.hpp"
 #include "llama_kernels.hpp"
 #include "matmul.hpp"
 
 namespace shardlm::cuda {
-namespace {
-
-size_t offset_of(const UnitLayout& unit, const std::string& name) {
-  return model_detail::tensor_offset(unit, name, "LlamaCuda");
-}
-
-}  // namespace
 
 LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing,
                      const LlamaBlock& options)
-    : cfg_(cfg),
-      dt_(dt),
-      dsize_(dtype_size(dt)),
-      max_tokens_(max_batch * max_seq),
-      max_seq_(max_seq),
-      max_batch_(max_batch),
-      checkpointing_(activation_checkpointing),
+    : CudaModelBase("LlamaCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
       qw_(cfg.num_heads * cfg.head_dim()),
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
-  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "LlamaCuda: negative max_batch ", max_batch, " or max_seq ", max_seq);
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
-  root_.embeddings = offset_of(layout[0], "embed_tokens.weight");
-  root_.norm = offset_of(layout[0], "norm.weight");
-  root_.head = cfg.tie_word_embeddings ? root_.embeddings : offset_of(layout[0], "lm_head.weight");
+  root_ = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
   if (cfg.num_layers > 0) {
-    const UnitLayout& b = layout[1];
-    const std::string p = b.name + ".";
+    const LlamaBlockOffsets o = llama_block_offsets(layout[1], options);
     const size_t H = cfg.hidden_size;
-    block_.input_norm = offset_of(b, p + "input_layernorm.weight");
-    block_.qkv = offset_of(b, p + "self_attn.q_proj.weight");
-    block_.o = offset_of(b, p + "self_attn.o_proj.weight");
-    block_.post_norm = offset_of(b, p + "post_attention_layernorm.weight");
-    block_.gate_up = offset_of(b, p + "mlp.gate_proj.weight");
-    block_.down = offset_of(b, p + "mlp.down_proj.weight");
-    // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each.
-    SHARDLM_CHECK(offset_of(b, p + "self_attn.k_proj.weight") == block_.qkv + qw_ * H &&
-                      offset_of(b, p + "self_attn.v_proj.weight") == block_.qkv + (qw_ + kvw_) * H &&
-                      offset_of(b, p + "mlp.up_proj.weight") == block_.gate_up + ffn_ * H,
+    block_ = {o.input_norm, o.q, o.q_bias, o.o, o.post_norm, o.gate, o.down};
+    // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each, and the bias
+    // epilogue [q; k; v] biases as one vector.
+    SHARDLM_CHECK(o.k == o.q + qw_ * H && o.v == o.q + (qw_ + kvw_) * H && o.up == o.gate + ffn_ * H,
                   "LlamaCuda: q/k/v or gate/up projections are not adjacent in the block layout");
-    if (options.qkv_bias) {
-      block_.qkv_bias = offset_of(b, p + "self_attn.q_proj.bias");
-      // The fused GEMM's bias epilogue reads [q; k; v] biases as one vector.
-      SHARDLM_CHECK(offset_of(b, p + "self_attn.k_proj.bias") == block_.qkv_bias + qw_ &&
-                        offset_of(b, p + "self_attn.v_proj.bias") == block_.qkv_bias + qw_ + kvw_,
-                    "LlamaCuda: q/k/v biases are not adjacent in the block layout");
-    }
+    SHARDLM_CHECK(!o.qkv_bias || (o.k_bias == o.q_bias + qw_ && o.v_bias == o.q_bias + qw_ + kvw_),
+                  "LlamaCuda: q/k/v biases are not adjacent in the block layout");
   }
   qkv_bias_ = options.qkv_bias;
 
@@ -98,11 +69,6 @@ size_t LlamaCuda::activation_bytes() const {
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes();
   return n;
-}
-
-void LlamaCuda::check_shape(const char* what, int B, int T) const {
-  SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch_ && T <= max_seq_, "LlamaCuda::", what, ": batch ", B, " x seq ",
-                T, " exceeds the sizes it was built for (", max_batch_, " x ", max_seq_, ")");
 }
 
 void LlamaCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
@@ -143,7 +109,7 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
 
 void LlamaCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
   check_shape("block_forward", B, T);
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "LlamaCuda::block_forward: layer ", layer, " out of range");
+  check_layer("block_forward", layer);
   if (B * T == 0) return;
   forward_into(layer, params, saved(layer), B, T, s);
 }
@@ -166,7 +132,7 @@ void LlamaCuda::head(const void* root, const int32_t* targets, int B, int T, flo
 
 void LlamaCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
   check_shape("block_backward", B, T);
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "LlamaCuda::block_backward: layer ", layer, " out of range");
+  check_layer("block_backward", layer);
   const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   if (N == 0) return;
@@ -212,6 +178,11 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
 void LlamaCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
   check_shape("embed_backward", B, T);
   embedding_backward(tokens, dh_.data(), droot + root_.embeddings, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
+}
+
+std::unique_ptr<CudaModel> make_llama_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                           bool activation_checkpointing, const LlamaBlock& block) {
+  return std::make_unique<LlamaCuda>(cfg, dt, max_batch, max_seq, activation_checkpointing, block);
 }
 
 }  // namespace shardlm::cuda

@@ -12,14 +12,13 @@
 
 #include "../llama_cuda_sizes.hpp"
 #include "../llama_layout.hpp"
-#include "cuda_model.hpp"
+#include "cuda_model_base.hpp"
 #include "device_memory.hpp"
-#include "gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
 
-class LlamaCuda final : public CudaModel {
+class LlamaCuda final : public CudaModelBase {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
   // only each block's input is kept; its other activations are recomputed before its backward.
@@ -37,7 +36,6 @@ class LlamaCuda final : public CudaModel {
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
-  const ModelConfig& config() const override { return cfg_; }
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
@@ -61,29 +59,19 @@ class LlamaCuda final : public CudaModel {
   };
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
-  void check_shape(const char* what, int B, int T) const;
   char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
 
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
   // block), looked up once. q|k|v and gate|up are adjacent, so each pair of GEMMs is one.
-  struct RootOffsets {
-    size_t embeddings, norm, head;
-  };
   struct BlockOffsets {
     size_t input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;  // qkv_bias: with qkv_bias_ only
   };
-  RootOffsets root_{};
+  LlamaRootOffsets root_{};
   BlockOffsets block_{};
 
-  ModelConfig cfg_;
-  DType dt_;
-  size_t dsize_;
-  int max_tokens_, max_seq_, max_batch_;
-  bool checkpointing_;
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   LlamaCudaSizes sizes_;
-  Gemm gemm_;
   DeviceBuffer<float> inv_freq_;
   DeviceBuffer<char> hidden_;       // h_0 .. h_L, each [max_tokens, H]; h_l is block l's input
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms
@@ -93,9 +81,7 @@ class LlamaCuda final : public CudaModel {
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
   DeviceBuffer<char> attn_ws_, head_ws_;
 
-  struct DecodeBuffers {  // between decode_allocate and decode_free
-    int slots = 0, max_len = 0, max_rows = 0;
-    DeviceBuffer<char> keys, values;  // [layers, slots, kv_heads, max_len, head_dim] in dt
+  struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
     // a norm's output, projections, attention context, gate|up, SiLU(gate) * up.
     DeviceBuffer<char> hidden, h2, norm, qkv, ctx, gate_up, wide;
@@ -103,5 +89,9 @@ class LlamaCuda final : public CudaModel {
   };
   DecodeBuffers decode_;
 };
+
+// The CudaModel of the Llama-style families' registry records.
+std::unique_ptr<CudaModel> make_llama_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                                           bool activation_checkpointing, const LlamaBlock& block);
 
 }  // namespace shardlm::cuda

@@ -11,15 +11,11 @@
 namespace shardlm::cuda {
 
 void LlamaCuda::decode_allocate(int slots, int max_len, int max_rows) {
-  SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, "LlamaCuda::decode_allocate: bad sizes slots=", slots,
-                " max_len=", max_len, " max_rows=", max_rows);
   SHARDLM_CHECK(sizes_.head_chunk >= 1, "LlamaCuda::decode_allocate: built for micro-batches of no tokens (",
                 max_batch_, " x ", max_seq_, "): no LM head workspace");
   decode_free();
-  const size_t H = cfg_.hidden_size, rows = static_cast<size_t>(max_rows), d = cfg_.head_dim();
-  const size_t cache = static_cast<size_t>(cfg_.num_layers) * slots * cfg_.kv_heads() * max_len * d;
-  decode_.keys.allocate(cache * dsize_);
-  decode_.values.allocate(cache * dsize_);
+  allocate_cache(slots, max_len, max_rows, cfg_.kv_heads());
+  const size_t H = cfg_.hidden_size, rows = static_cast<size_t>(max_rows);
   decode_.hidden.allocate(rows * H * dsize_);
   decode_.h2.allocate(rows * H * dsize_);
   decode_.norm.allocate(rows * H * dsize_);
@@ -28,14 +24,15 @@ void LlamaCuda::decode_allocate(int slots, int max_len, int max_rows) {
   decode_.gate_up.allocate(rows * 2 * ffn_ * dsize_);
   decode_.wide.allocate(rows * ffn_ * dsize_);
   decode_.rstd.allocate(rows);
-  decode_.slots = slots, decode_.max_len = max_len, decode_.max_rows = max_rows;
 }
 
-void LlamaCuda::decode_free() { decode_ = DecodeBuffers{}; }
+void LlamaCuda::decode_free() {
+  decode_ = DecodeBuffers{};
+  free_cache();
+}
 
 void LlamaCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
-  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "LlamaCuda::decode_embed: ", n, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_step_rows("decode_embed", n);
   if (n == 0) return;
   const char* r = static_cast<const char*>(root);
   embedding_forward(tokens, r + root_.embeddings * dsize_, decode_.hidden.data(), n, cfg_.hidden_size,
@@ -44,10 +41,8 @@ void LlamaCuda::decode_embed(const void* root, const int32_t* tokens, int n, cud
 
 void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, "LlamaCuda::decode_block: layer ", layer, " of ",
-                cfg_.num_layers);
-  SHARDLM_CHECK(n >= 0 && n <= decode_.max_rows, "LlamaCuda::decode_block: ", n, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_layer("decode_block", layer);
+  check_step_rows("decode_block", n);
   if (n == 0) return;
   const int H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
@@ -56,9 +51,9 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
   const char* p = static_cast<const char*>(params);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   DecodeBuffers& b = decode_;
-  const size_t layer_cache = static_cast<size_t>(b.slots) * kv_heads * b.max_len * d * dsize_;
-  char* keys = b.keys.data() + layer * layer_cache;
-  char* values = b.values.data() + layer * layer_cache;
+  char* keys = layer_keys(layer);
+  char* values = layer_values(layer);
+  const int max_len = cache_max_len();
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
   rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
@@ -67,8 +62,8 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
   rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
-  kv_cache_write(b.qkv.data(), qkv, slots, positions, n, b.max_len, keys, values, dt_, s);
-  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), b.max_len, dt_, s);
+  kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
+  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), max_len, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
 
@@ -82,8 +77,7 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
 }
 
 void LlamaCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
-  SHARDLM_CHECK(m >= 0 && m <= decode_.max_rows, "LlamaCuda::decode_head_argmax: ", m, " rows, scratch for ",
-                decode_.max_rows, " (decode_allocate first)");
+  check_step_rows("decode_head_argmax", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);

@@ -1,0 +1,51 @@
+// The parts of a family's CudaModel every family shares (cuda_model_base.hpp).
+#include "cuda_model_base.hpp"
+
+namespace shardlm::cuda {
+
+CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                             bool activation_checkpointing)
+    : name_(name),
+      cfg_(cfg),
+      dt_(dt),
+      dsize_(dtype_size(dt)),
+      max_tokens_(max_batch * max_seq),
+      max_seq_(max_seq),
+      max_batch_(max_batch),
+      checkpointing_(activation_checkpointing) {
+  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, name, ": negative max_batch ", max_batch, " or max_seq ", max_seq);
+}
+
+void CudaModelBase::check_shape(const char* what, int B, int T) const {
+  SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch_ && T <= max_seq_, name_, "::", what, ": batch ", B, " x seq ", T,
+                " exceeds the sizes it was built for (", max_batch_, " x ", max_seq_, ")");
+}
+
+void CudaModelBase::check_layer(const char* what, int layer) const {
+  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, name_, "::", what, ": layer ", layer, " out of range [0, ",
+                cfg_.num_layers, ")");
+}
+
+void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_heads) {
+  SHARDLM_CHECK(slots >= 1 && max_len >= 1 && max_rows >= 1, name_, "::decode_allocate: bad sizes slots=", slots,
+                " max_len=", max_len, " max_rows=", max_rows);
+  free_cache();
+  layer_cache_bytes_ = static_cast<size_t>(slots) * kv_heads * max_len * cfg_.head_dim() * dsize_;
+  keys_.allocate(cfg_.num_layers * layer_cache_bytes_);
+  values_.allocate(cfg_.num_layers * layer_cache_bytes_);
+  max_len_ = max_len, max_rows_ = max_rows;
+}
+
+void CudaModelBase::free_cache() {
+  keys_.release();
+  values_.release();
+  layer_cache_bytes_ = 0;
+  max_len_ = max_rows_ = 0;
+}
+
+void CudaModelBase::check_step_rows(const char* what, int n) const {
+  SHARDLM_CHECK(n >= 0 && n <= max_rows_, name_, "::", what, ": ", n, " rows, scratch for ", max_rows_,
+                " (decode_allocate first)");
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,48 @@
+// Private to the CUDA models: what every family's CudaModel shares (its shape, dtype and GEMM
+// handle, the checks of shapes and layers, greedy decoding's key/value cache); a family adds its
+// units' forward, backward and decoding.
+#pragma once
+
+#include "cuda_model.hpp"
+#include "device_memory.hpp"
+#include "gemm.hpp"
+
+namespace shardlm::cuda {
+
+class CudaModelBase : public CudaModel {
+ public:
+  const ModelConfig& config() const override { return cfg_; }
+
+ protected:
+  // `name` prefixes every error ("LlamaCuda::block_forward: ...").
+  CudaModelBase(const char* name, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
+                bool activation_checkpointing);
+  // name::what errors when B x T exceeds the sizes built for, or the layer does not exist.
+  void check_shape(const char* what, int B, int T) const;
+  void check_layer(const char* what, int layer) const;
+
+  // Greedy decoding's cache, [layers, slots, kv_heads, max_len, head_dim] in the compute dtype for
+  // keys and for values, and the number of rows a step may have, from decode_allocate to decode_free.
+  void allocate_cache(int slots, int max_len, int max_rows, int kv_heads);
+  void free_cache();
+  char* layer_keys(int layer) { return keys_.data() + layer * layer_cache_bytes_; }
+  char* layer_values(int layer) { return values_.data() + layer * layer_cache_bytes_; }
+  int cache_max_len() const { return max_len_; }
+  // name::what errors for a step of more rows than decode_allocate's.
+  void check_step_rows(const char* what, int n) const;
+
+  const char* name_;
+  ModelConfig cfg_;
+  DType dt_;
+  size_t dsize_;
+  int max_tokens_, max_seq_, max_batch_;
+  bool checkpointing_;
+  Gemm gemm_;
+
+ private:
+  DeviceBuffer<char> keys_, values_;
+  size_t layer_cache_bytes_ = 0;
+  int max_len_ = 0, max_rows_ = 0;
+};
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,66 @@
+// The Qwen2 family's record for the registry (transformers' Qwen2ForCausalLM): Llama's decoder
+// layer with biases on q_proj, k_proj and v_proj (LlamaBlock::qkv_bias), a tied or untied head, its
+// rope_theta and rms_norm_eps; everything else is the Llama-style code of src/model/llama/.
+#include "../llama/llama_cpu.hpp"
+#include "../llama/llama_cuda_sizes.hpp"
+#include "../llama/llama_hf_config.hpp"
+#include "../llama/llama_layout.hpp"
+#include "shardlm/model.hpp"
+#ifdef SHARDLM_HAVE_CUDA
+#include "../llama/cuda/llama_cuda.hpp"
+#endif
+
+namespace shardlm {
+namespace {
+
+constexpr LlamaBlock kQwen2Block{true};
+
+ModelConfig qwen2_from_hf(const HfConfigReader& r) {
+  ModelConfig c = read_llama_style_config(r);
+  // Sliding-window attention is off in the released Qwen2 / Qwen2.5 models; refuse it when asked.
+  SHARDLM_CHECK(!r.get_or<bool>({"use_sliding_window"}, false), r.source(),
+                ": use_sliding_window = true is not supported");
+  if (const HfConfigReader::Json* types = r.find({"layer_types"})) {
+    SHARDLM_CHECK(types->is_array(), r.source(), ": layer_types must be a list");
+    for (const HfConfigReader::Json& t : *types)
+      SHARDLM_CHECK(t == "full_attention", r.source(), ": layer_types entry ", t.dump(),
+                    " is not supported (full_attention)");
+  }
+  return c;
+}
+
+void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
+  write_llama_style_config(cfg, c);
+  c["use_sliding_window"] = false;
+  c["attention_dropout"] = 0.0;
+  c["initializer_range"] = shortest_decimal(cfg.init_std);
+}
+
+}  // namespace
+
+ModelFamily qwen2_family() {
+  ModelFamily f;
+  f.name = "qwen2";
+  f.hf_model_types = {"qwen2"};
+  f.hf_architecture = "Qwen2ForCausalLM";
+  f.rotary = true;
+  f.grouped_query = true;
+  f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, kQwen2Block); };
+  f.hf_tensor_name = llama_hf_tensor_name;
+  f.config_from_hf = qwen2_from_hf;
+  f.config_to_hf = qwen2_to_hf;
+  f.make_cpu = [](const ModelConfig& cfg, int max_batch, int max_seq) {
+    return make_llama_cpu(cfg, max_batch, max_seq, kQwen2Block);
+  };
+  // The biases add no activations: the sizes are Llama's.
+  f.cpu_activation_bytes = llama_cpu_activation_bytes;
+  f.cuda_memory = cuda::llama_cuda_memory;
+#ifdef SHARDLM_HAVE_CUDA
+  f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
+    return cuda::make_llama_cuda(cfg, dt, max_batch, max_seq, checkpointing, kQwen2Block);
+  };
+#endif
+  return f;
+}
+
+}  // namespace shardlm
