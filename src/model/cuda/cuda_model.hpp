@@ -40,7 +40,7 @@ class CudaModel {
   virtual size_t activation_bytes() const = 0;
   virtual const ModelConfig& config() const = 0;
 
-  // ---- greedy decoding with a key/value cache (CudaEngine::decode_*) ----
+  // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
   // `max_rows` rows, alive from decode_allocate to decode_free.
   virtual void decode_allocate(int slots, int max_len, int max_rows) = 0;
