@@ -1,6 +1,6 @@
-// Private to src/model: what every family's CpuModel shares (the shape checks, the token
-// embedding, the final norm and LM head with its fused loss, greedy decoding's cache and scratch);
-// a family adds its blocks, forward, backward and decoding.
+// Private to src/model: what every family's CpuModel shares (the shape checks, the count of its
+// activation buffers, the token embedding, the final norm and LM head with its fused loss, greedy
+// decoding's cache and scratch); a family adds its blocks, forward, backward and decoding.
 #pragma once
 
 #include <initializer_list>

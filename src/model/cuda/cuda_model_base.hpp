@@ -1,6 +1,6 @@
 // Private to the CUDA models: what every family's CudaModel shares (its shape, dtype and GEMM
-// handle, the checks of shapes and layers, greedy decoding's key/value cache); a family adds its
-// units' forward, backward and decoding.
+// handle, the checks of shapes and layers, the hidden states and workspaces of a step, greedy
+// decoding's key/value cache); a family adds its units' forward, backward and decoding.
 #pragma once
 
 #include "cuda_model.hpp"
