@@ -1,11 +1,16 @@
 // The parts of a family's CpuModel every family shares (cpu_model_base.hpp).
 #include "cpu_model_base.hpp"
 
+#include <algorithm>
+
+#include "size_checks.hpp"
+
 namespace shardlm::model_detail {
 
 CpuModelBase::CpuModelBase(const char* name, const ModelConfig& cfg, int max_batch, int max_seq)
     : name_(name), cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq) {
-  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, name, ": negative max_batch ", max_batch, " or max_seq ", max_seq);
+  check_built_sizes(name, max_batch, max_seq);
+  forward_shapes_.assign(std::max(cfg.num_layers, 0), {-1, -1});
 }
 
 void CpuModelBase::build_ends(size_t table, const CpuNorm* embed_norm, const CpuNorm& final_norm, size_t head) {
@@ -21,13 +26,29 @@ size_t cpu_ends_bytes(const ModelConfig& cfg, bool normed_embedding, int max_bat
 }
 
 void CpuModelBase::check_shape(const char* what, int B, int T) const {
-  SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch_ && T <= max_seq_, name_, "::", what, ": batch ", B, " x seq ", T,
-                " exceeds the sizes it was built for (", max_batch_, " x ", max_seq_, ")");
+  check_batch_shape(name_, what, B, T, max_batch_, max_seq_);
 }
 
 void CpuModelBase::check_layer(const char* what, int layer) const {
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, name_, "::", what, ": layer ", layer, " out of range [0, ",
-                cfg_.num_layers, ")");
+  check_layer_index(name_, what, layer, cfg_.num_layers);
+}
+
+void CpuModelBase::allocate_activations(Buffer<float>& buffer, size_t floats) {
+  buffer.allocate(floats, MemKind::Activations);
+  activation_floats_ += floats;
+}
+
+void CpuModelBase::begin_block_forward(int layer, int B, int T) {
+  check_shape("block_forward", B, T);
+  check_layer("block_forward", layer);
+  forward_shapes_[layer] = {B, T};
+}
+
+void CpuModelBase::check_block_backward(int layer, int B, int T) const {
+  check_layer("block_backward", layer);
+  const auto [batch, seq] = forward_shapes_[layer];
+  SHARDLM_CHECK(B == batch && T == seq, name_, "::block_backward: layer ", layer, " shape ", B, " x ", T,
+                " does not match its last block_forward (", batch, " x ", seq, ")");
 }
 
 void CpuModelBase::embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) {

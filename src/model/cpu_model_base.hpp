@@ -1,10 +1,11 @@
-// Private to src/model: what every family's CpuModel shares (the shape checks, the token
-// embedding, the final norm and LM head with its fused loss, greedy decoding's cache and scratch);
-// a family adds its blocks, forward, backward and decoding.
+// Private to src/model: what every family's CpuModel shares (the shape checks, the count of its
+// activation buffers, the token embedding, the final norm and LM head with its fused loss, greedy
+// decoding's cache and scratch); a family adds its blocks, forward, backward and decoding.
 #pragma once
 
 #include <initializer_list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cpu_attention.hpp"
@@ -23,6 +24,8 @@ class CpuModelBase : public CpuModel {
                    float grad_scale, float* dh, float* droot) override;
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
   void decode_end() override;
+  // What the family allocated through allocate_activations, and the ends.
+  size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + ends_bytes(); }
 
  protected:
   // `name` prefixes every error ("BloomCpu::block_forward: ...").
@@ -33,7 +36,13 @@ class CpuModelBase : public CpuModel {
   // Errors naming name::what when B x T exceeds the sizes built for, or the layer does not exist.
   void check_shape(const char* what, int B, int T) const;
   void check_layer(const char* what, int layer) const;
+  // block_forward's checks of B x T and the layer, which then remembers B x T for its backward.
+  void begin_block_forward(int layer, int B, int T);
+  // block_backward's checks: the layer exists and B x T is the shape of its last block_forward.
+  void check_block_backward(int layer, int B, int T) const;
   size_t ends_bytes() const { return embedding_->bytes() + head_->bytes(); }
+  // A family's activation buffer (or workspace) of `floats` elements, counted in activation_bytes().
+  void allocate_activations(Buffer<float>& buffer, size_t floats);
 
   // Greedy decoding: the key/value cache of `slots` sequences of `max_len` positions, kv_heads heads
   // in every layer, and one zeroed scratch array per entry of `scratch_floats`, alive until decode_end.
@@ -50,6 +59,8 @@ class CpuModelBase : public CpuModel {
  private:
   std::optional<CpuEmbedding> embedding_;
   std::optional<CpuLmHead> head_;
+  size_t activation_floats_ = 0;  // of the family's buffers
+  std::vector<std::pair<int, int>> forward_shapes_;  // B x T of each layer's last block_forward
   KvCache cache_;
   int decode_rows_ = 0;
   std::vector<std::vector<float>> decode_scratch_;

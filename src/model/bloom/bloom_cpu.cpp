@@ -12,7 +12,6 @@
 #include "../cpu_head.hpp"
 #include "../cpu_layers.hpp"
 #include "../cpu_model_base.hpp"
-#include "../model_internal.hpp"
 #include "bloom_layout.hpp"
 #include "shardlm/device.hpp"
 
@@ -41,33 +40,16 @@ float gelu_derivative(float u, float tanh_inner) {
   return 0.5f * (1.0f + tanh_inner) + 0.5f * u * (1.0f - tanh_inner * tanh_inner) * inner_derivative;
 }
 
-// Where each tensor starts inside a block unit's flat parameter (the same for every block).
-struct BlockOffsets {
+// A block's tensors (bloom_block_offsets) with its two LayerNorms.
+struct BlockOffsets : BloomBlockOffsets {
   CpuNorm ln1, ln2;
-  size_t qkv_weight = 0, qkv_bias = 0, dense_weight = 0, dense_bias = 0;
-  size_t mlp_in_weight = 0, mlp_in_bias = 0, mlp_out_weight = 0, mlp_out_bias = 0;
 };
 
-// Offsets come from bloom_layout itself so the kernels can never disagree with the layout.
-CpuNorm layer_norm(const UnitLayout& unit, const std::string& prefix, float eps) {
-  return CpuNorm{CpuNorm::Kind::Layer, model_detail::tensor_offset(unit, prefix + ".weight", "BLOOM layout"),
-                 model_detail::tensor_offset(unit, prefix + ".bias", "BLOOM layout"), eps};
-}
-
 BlockOffsets block_offsets(const UnitLayout& block, float eps) {
-  const std::string p = block.name + ".";
-  auto at = [&](const char* name) { return model_detail::tensor_offset(block, p + name, "BLOOM layout"); };
   BlockOffsets o;
-  o.ln1 = layer_norm(block, p + "input_layernorm", eps);
-  o.ln2 = layer_norm(block, p + "post_attention_layernorm", eps);
-  o.qkv_weight = at("self_attention.query_key_value.weight");
-  o.qkv_bias = at("self_attention.query_key_value.bias");
-  o.dense_weight = at("self_attention.dense.weight");
-  o.dense_bias = at("self_attention.dense.bias");
-  o.mlp_in_weight = at("mlp.dense_h_to_4h.weight");
-  o.mlp_in_bias = at("mlp.dense_h_to_4h.bias");
-  o.mlp_out_weight = at("mlp.dense_4h_to_h.weight");
-  o.mlp_out_bias = at("mlp.dense_4h_to_h.bias");
+  static_cast<BloomBlockOffsets&>(o) = bloom_block_offsets(block);
+  o.ln1 = CpuNorm{CpuNorm::Kind::Layer, o.ln1_weight, o.ln1_bias, eps};
+  o.ln2 = CpuNorm{CpuNorm::Kind::Layer, o.ln2_weight, o.ln2_bias, eps};
   return o;
 }
 
@@ -85,7 +67,6 @@ struct BlockActivations {
   Buffer<float> context;                      // attention output before the dense projection [N, H]
   Buffer<float> ln2_xhat, ln2_rstd, ln2_out;  // post-attention LayerNorm
   Buffer<float> mlp_pre_gelu;                 // [N, 4H]; GELU and its derivative are rebuilt from it
-  int batch = -1, seq = -1;                   // shape of the forward these belong to
 };
 
 struct State {
@@ -114,7 +95,6 @@ class BloomCpu final : public model_detail::CpuModelBase {
   void decode_begin(int slots, int max_len, int max_rows) override;
   void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
                     const int* positions) override;
-  size_t activation_bytes() const override;
 
  private:
   State m_;
@@ -131,41 +111,31 @@ BloomCpu::BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq)
 
   const size_t H = cfg.hidden_size, heads = cfg.num_heads;
   const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
-  const size_t table = model_detail::tensor_offset(layout[0], "word_embeddings.weight", "BLOOM layout");
   // Word embeddings, then their LayerNorm; ln_f, then the tied head.
-  const CpuNorm embed_norm = layer_norm(layout[0], "word_embeddings_layernorm", cfg.layer_norm_eps);
-  build_ends(table, &embed_norm, layer_norm(layout[0], "ln_f", cfg.layer_norm_eps), table);
-  const MemKind kind = MemKind::Activations;
+  const BloomRootOffsets root = bloom_root_offsets(layout[0]);
+  const float eps = cfg.layer_norm_eps;
+  const CpuNorm embed_norm{CpuNorm::Kind::Layer, root.embed_norm_weight, root.embed_norm_bias, eps};
+  const CpuNorm final_norm{CpuNorm::Kind::Layer, root.final_norm_weight, root.final_norm_bias, eps};
+  build_ends(root.embeddings, &embed_norm, final_norm, root.embeddings);
   m.layers.resize(cfg.num_layers);
   for (BlockActivations& a : m.layers) {
-    a.ln1_xhat.allocate(tokens * H, kind);
-    a.ln1_rstd.allocate(tokens, kind);
-    a.ln1_out.allocate(tokens * H, kind);
-    a.qkv.allocate(tokens * 3 * H, kind);
-    a.probs.allocate(tokens * heads * max_seq, kind);
-    a.context.allocate(tokens * H, kind);
-    a.ln2_xhat.allocate(tokens * H, kind);
-    a.ln2_rstd.allocate(tokens, kind);
-    a.ln2_out.allocate(tokens * H, kind);
-    a.mlp_pre_gelu.allocate(tokens * 4 * H, kind);
+    allocate_activations(a.ln1_xhat, tokens * H);
+    allocate_activations(a.ln1_rstd, tokens);
+    allocate_activations(a.ln1_out, tokens * H);
+    allocate_activations(a.qkv, tokens * 3 * H);
+    allocate_activations(a.probs, tokens * heads * max_seq);
+    allocate_activations(a.context, tokens * H);
+    allocate_activations(a.ln2_xhat, tokens * H);
+    allocate_activations(a.ln2_rstd, tokens);
+    allocate_activations(a.ln2_out, tokens * H);
+    allocate_activations(a.mlp_pre_gelu, tokens * 4 * H);
   }
   if (cfg.num_layers > 0) {
-    for (Buffer<float>& w : m.hidden_work) w.allocate(tokens * H, kind);
-    for (Buffer<float>& w : m.wide_work) w.allocate(tokens * 4 * H, kind);
-    m.qkv_grad.allocate(tokens * 3 * H, kind);
-    m.score_grad.allocate(static_cast<size_t>(max_seq) * max_seq, kind);
+    for (Buffer<float>& w : m.hidden_work) allocate_activations(w, tokens * H);
+    for (Buffer<float>& w : m.wide_work) allocate_activations(w, tokens * 4 * H);
+    allocate_activations(m.qkv_grad, tokens * 3 * H);
+    allocate_activations(m.score_grad, static_cast<size_t>(max_seq) * max_seq);
   }
-}
-
-size_t BloomCpu::activation_bytes() const {
-  const State& m = m_;
-  size_t floats = m.qkv_grad.size() + m.score_grad.size();
-  for (const BlockActivations& a : m.layers)
-    floats += a.ln1_xhat.size() + a.ln1_rstd.size() + a.ln1_out.size() + a.qkv.size() + a.probs.size() +
-              a.context.size() + a.ln2_xhat.size() + a.ln2_rstd.size() + a.ln2_out.size() + a.mlp_pre_gelu.size();
-  for (const Buffer<float>& w : m.hidden_work) floats += w.size();
-  for (const Buffer<float>& w : m.wide_work) floats += w.size();
-  return floats * sizeof(float) + ends_bytes();
 }
 
 size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
@@ -185,11 +155,8 @@ size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
 
 void BloomCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  check_shape("block_forward", B, T);
-  check_layer("block_forward", layer);
+  begin_block_forward(layer, B, T);
   BlockActivations& a = m.layers[layer];
-  a.batch = B;
-  a.seq = T;
   const int N = B * T, H = cfg_.hidden_size;
   if (N == 0) return;
   const BlockOffsets& o = m.block;
@@ -218,10 +185,8 @@ void BloomCpu::block_forward(int layer, const float* params, const float* h_in, 
 void BloomCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
                               int B, int T) {
   State& m = m_;
-  check_layer("block_backward", layer);
+  check_block_backward(layer, B, T);
   BlockActivations& a = m.layers[layer];
-  SHARDLM_CHECK(B == a.batch && T == a.seq, "BloomCpu::block_backward: layer ", layer, " shape ", B, " x ", T,
-                " does not match its last block_forward (", a.batch, " x ", a.seq, ")");
   const int N = B * T, H = cfg_.hidden_size;
   if (N == 0) return;
   const BlockOffsets& o = m.block;

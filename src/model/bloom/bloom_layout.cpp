@@ -47,6 +47,36 @@ std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg) {
   return units;
 }
 
+BloomRootOffsets bloom_root_offsets(const UnitLayout& root) {
+  auto at = [&](const char* name) { return model_detail::tensor_offset(root, name, "BLOOM layout"); };
+  BloomRootOffsets o;
+  o.embeddings = at("word_embeddings.weight");
+  o.embed_norm_weight = at("word_embeddings_layernorm.weight");
+  o.embed_norm_bias = at("word_embeddings_layernorm.bias");
+  o.final_norm_weight = at("ln_f.weight");
+  o.final_norm_bias = at("ln_f.bias");
+  return o;
+}
+
+BloomBlockOffsets bloom_block_offsets(const UnitLayout& block) {
+  const std::string p = block.name + ".";
+  auto at = [&](const char* name) { return model_detail::tensor_offset(block, p + name, "BLOOM layout"); };
+  BloomBlockOffsets o;
+  o.ln1_weight = at("input_layernorm.weight");
+  o.ln1_bias = at("input_layernorm.bias");
+  o.qkv_weight = at("self_attention.query_key_value.weight");
+  o.qkv_bias = at("self_attention.query_key_value.bias");
+  o.dense_weight = at("self_attention.dense.weight");
+  o.dense_bias = at("self_attention.dense.bias");
+  o.ln2_weight = at("post_attention_layernorm.weight");
+  o.ln2_bias = at("post_attention_layernorm.bias");
+  o.mlp_in_weight = at("mlp.dense_h_to_4h.weight");
+  o.mlp_in_bias = at("mlp.dense_h_to_4h.bias");
+  o.mlp_out_weight = at("mlp.dense_4h_to_h.weight");
+  o.mlp_out_bias = at("mlp.dense_4h_to_h.bias");
+  return o;
+}
+
 std::vector<float> alibi_slopes(int num_heads) {
   SHARDLM_CHECK(num_heads > 0, "alibi_slopes: num_heads must be positive, got ", num_heads);
   // The largest power of two <= num_heads gets the geometric sequence 2^(-8k/p), k = 1..p.

@@ -12,4 +12,17 @@ namespace shardlm {
 // Also validates the config (positive sizes, heads dividing hidden_size).
 std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg);
 
+// Where the tensors start (elements) in the root's flat parameter; the head is the embeddings.
+struct BloomRootOffsets {
+  size_t embeddings = 0, embed_norm_weight = 0, embed_norm_bias = 0, final_norm_weight = 0, final_norm_bias = 0;
+};
+// The same in a block's (equal for every block).
+struct BloomBlockOffsets {
+  size_t ln1_weight = 0, ln1_bias = 0, qkv_weight = 0, qkv_bias = 0, dense_weight = 0, dense_bias = 0;
+  size_t ln2_weight = 0, ln2_bias = 0, mlp_in_weight = 0, mlp_in_bias = 0, mlp_out_weight = 0, mlp_out_bias = 0;
+};
+// From bloom_layout's units, so that the models can never disagree with the layout.
+BloomRootOffsets bloom_root_offsets(const UnitLayout& root);
+BloomBlockOffsets bloom_block_offsets(const UnitLayout& block);
+
 }  // namespace shardlm

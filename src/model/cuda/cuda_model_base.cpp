@@ -1,6 +1,8 @@
 // The parts of a family's CudaModel every family shares (cuda_model_base.hpp).
 #include "cuda_model_base.hpp"
 
+#include "../size_checks.hpp"
+
 namespace shardlm::cuda {
 
 CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
@@ -13,17 +15,22 @@ CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt,
       max_seq_(max_seq),
       max_batch_(max_batch),
       checkpointing_(activation_checkpointing) {
-  SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, name, ": negative max_batch ", max_batch, " or max_seq ", max_seq);
+  model_detail::check_built_sizes(name, max_batch, max_seq);
 }
 
 void CudaModelBase::check_shape(const char* what, int B, int T) const {
-  SHARDLM_CHECK(B >= 0 && T >= 0 && B <= max_batch_ && T <= max_seq_, name_, "::", what, ": batch ", B, " x seq ", T,
-                " exceeds the sizes it was built for (", max_batch_, " x ", max_seq_, ")");
+  model_detail::check_batch_shape(name_, what, B, T, max_batch_, max_seq_);
 }
 
 void CudaModelBase::check_layer(const char* what, int layer) const {
-  SHARDLM_CHECK(layer >= 0 && layer < cfg_.num_layers, name_, "::", what, ": layer ", layer, " out of range [0, ",
-                cfg_.num_layers, ")");
+  model_detail::check_layer_index(name_, what, layer, cfg_.num_layers);
+}
+
+void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes,
+                                          size_t head_workspace_bytes) {
+  hidden_.allocate(hidden_bytes);
+  attn_ws_.allocate(attention_workspace_bytes);
+  head_ws_.allocate(head_workspace_bytes);
 }
 
 void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_heads) {

@@ -1,6 +1,6 @@
 // Private to the CUDA models: what every family's CudaModel shares (its shape, dtype and GEMM
-// handle, the checks of shapes and layers, greedy decoding's key/value cache); a family adds its
-// units' forward, backward and decoding.
+// handle, the checks of shapes and layers, the hidden states and workspaces of a step, greedy
+// decoding's key/value cache); a family adds its units' forward, backward and decoding.
 #pragma once
 
 #include "cuda_model.hpp"
@@ -21,6 +21,13 @@ class CudaModelBase : public CudaModel {
   void check_shape(const char* what, int B, int T) const;
   void check_layer(const char* what, int layer) const;
 
+  // What every family's training step holds besides its own buffers, of the family's planned sizes
+  // (its *_cuda_sizes): the hidden states h_0 .. h_L, each [max_tokens, H] in the compute dtype (h_l
+  // is block l's input, kept for its backward), attention's and the LM head's workspaces.
+  void allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes, size_t head_workspace_bytes);
+  size_t step_buffer_bytes() const { return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes(); }
+  char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
+
   // Greedy decoding's cache, [layers, slots, kv_heads, max_len, head_dim] in the compute dtype for
   // keys and for values, and the number of rows a step may have, from decode_allocate to decode_free.
   void allocate_cache(int slots, int max_len, int max_rows, int kv_heads);
@@ -38,8 +45,10 @@ class CudaModelBase : public CudaModel {
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
   Gemm gemm_;
+  DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
 
  private:
+  DeviceBuffer<char> hidden_;
   DeviceBuffer<char> keys_, values_;
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;

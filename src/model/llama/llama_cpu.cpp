@@ -101,7 +101,6 @@ struct BlockActivations {
   Buffer<float> context;                 // attention output before o_proj [N, nh*d]
   Buffer<float> norm2_xhat, norm2_rstd;  // post-attention RMSNorm
   Buffer<float> gate, up;                // [N, F]: gate_proj and up_proj outputs
-  int batch = -1, seq = -1;              // shape of the forward these belong to
 };
 
 struct State {
@@ -133,7 +132,6 @@ class LlamaCpu final : public model_detail::CpuModelBase {
   void decode_begin(int slots, int max_len, int max_rows) override;
   void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
                     const int* positions) override;
-  size_t activation_bytes() const override;
 
  private:
   State m_;
@@ -160,29 +158,28 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
   // embed_tokens; the final RMSNorm, then lm_head (or embed_tokens when tied).
   const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
   build_ends(root.embeddings, nullptr, CpuNorm{CpuNorm::Kind::Rms, root.norm, 0, cfg.rms_norm_eps}, root.head);
-  const MemKind kind = MemKind::Activations;
   m.layers.resize(cfg.num_layers);
   for (BlockActivations& a : m.layers) {
-    a.norm1_xhat.allocate(tokens * H, kind);
-    a.norm1_rstd.allocate(tokens, kind);
-    a.q.allocate(tokens * QW, kind);
-    a.k.allocate(tokens * KVW, kind);
-    a.v.allocate(tokens * KVW, kind);
-    a.probs.allocate(tokens * heads * max_seq, kind);
-    a.context.allocate(tokens * QW, kind);
-    a.norm2_xhat.allocate(tokens * H, kind);
-    a.norm2_rstd.allocate(tokens, kind);
-    a.gate.allocate(tokens * F, kind);
-    a.up.allocate(tokens * F, kind);
+    allocate_activations(a.norm1_xhat, tokens * H);
+    allocate_activations(a.norm1_rstd, tokens);
+    allocate_activations(a.q, tokens * QW);
+    allocate_activations(a.k, tokens * KVW);
+    allocate_activations(a.v, tokens * KVW);
+    allocate_activations(a.probs, tokens * heads * max_seq);
+    allocate_activations(a.context, tokens * QW);
+    allocate_activations(a.norm2_xhat, tokens * H);
+    allocate_activations(a.norm2_rstd, tokens);
+    allocate_activations(a.gate, tokens * F);
+    allocate_activations(a.up, tokens * F);
   }
   if (cfg.num_layers > 0) {
     // QW == H (head_dim is H / heads), so the [N, H] workspaces also hold d(context).
-    for (Buffer<float>& w : m.hidden_work) w.allocate(tokens * H, kind);
-    for (Buffer<float>& w : m.wide_work) w.allocate(tokens * F, kind);
-    m.q_grad.allocate(tokens * QW, kind);
-    m.k_grad.allocate(tokens * KVW, kind);
-    m.v_grad.allocate(tokens * KVW, kind);
-    m.score_grad.allocate(static_cast<size_t>(max_seq) * max_seq, kind);
+    for (Buffer<float>& w : m.hidden_work) allocate_activations(w, tokens * H);
+    for (Buffer<float>& w : m.wide_work) allocate_activations(w, tokens * F);
+    allocate_activations(m.q_grad, tokens * QW);
+    allocate_activations(m.k_grad, tokens * KVW);
+    allocate_activations(m.v_grad, tokens * KVW);
+    allocate_activations(m.score_grad, static_cast<size_t>(max_seq) * max_seq);
   }
 }
 
@@ -201,26 +198,12 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
   return floats * sizeof(float) + model_detail::cpu_ends_bytes(cfg, false, max_batch, max_seq);
 }
 
-size_t LlamaCpu::activation_bytes() const {
-  const State& m = m_;
-  size_t floats = m.q_grad.size() + m.k_grad.size() + m.v_grad.size() + m.score_grad.size();
-  for (const BlockActivations& a : m.layers)
-    floats += a.norm1_xhat.size() + a.norm1_rstd.size() + a.q.size() + a.k.size() + a.v.size() + a.probs.size() +
-              a.context.size() + a.norm2_xhat.size() + a.norm2_rstd.size() + a.gate.size() + a.up.size();
-  for (const Buffer<float>& w : m.hidden_work) floats += w.size();
-  for (const Buffer<float>& w : m.wide_work) floats += w.size();
-  return floats * sizeof(float) + ends_bytes();
-}
-
 // ---- decoder layer --------------------------------------------------------------------------
 
 void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  check_shape("block_forward", B, T);
-  check_layer("block_forward", layer);
+  begin_block_forward(layer, B, T);
   BlockActivations& a = m.layers[layer];
-  a.batch = B;
-  a.seq = T;
   const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
   if (N == 0) return;
   const BlockOffsets& o = m.block;
@@ -252,10 +235,8 @@ void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, 
 void LlamaCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
                               int B, int T) {
   State& m = m_;
-  check_layer("block_backward", layer);
+  check_block_backward(layer, B, T);
   BlockActivations& a = m.layers[layer];
-  SHARDLM_CHECK(B == a.batch && T == a.seq, "LlamaCpu::block_backward: layer ", layer, " shape ", B, " x ", T,
-                " does not match its last block_forward (", a.batch, " x ", a.seq, ")");
   const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
   if (N == 0) return;
   const BlockOffsets& o = m.block;

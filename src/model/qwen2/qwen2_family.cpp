@@ -1,14 +1,8 @@
 // The Qwen2 family's record for the registry (transformers' Qwen2ForCausalLM): Llama's decoder
 // layer with biases on q_proj, k_proj and v_proj (LlamaBlock::qkv_bias), a tied or untied head, its
 // rope_theta and rms_norm_eps; everything else is the Llama-style code of src/model/llama/.
-#include "../llama/llama_cpu.hpp"
-#include "../llama/llama_cuda_sizes.hpp"
 #include "../llama/llama_hf_config.hpp"
-#include "../llama/llama_layout.hpp"
-#include "shardlm/model.hpp"
-#ifdef SHARDLM_HAVE_CUDA
-#include "../llama/cuda/llama_cuda.hpp"
-#endif
+#include "../llama/llama_style_family.hpp"
 
 namespace shardlm {
 namespace {
@@ -39,28 +33,7 @@ void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen2_family() {
-  ModelFamily f;
-  f.name = "qwen2";
-  f.hf_model_types = {"qwen2"};
-  f.hf_architecture = "Qwen2ForCausalLM";
-  f.rotary = true;
-  f.grouped_query = true;
-  f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, kQwen2Block); };
-  f.hf_tensor_name = llama_hf_tensor_name;
-  f.config_from_hf = qwen2_from_hf;
-  f.config_to_hf = qwen2_to_hf;
-  f.make_cpu = [](const ModelConfig& cfg, int max_batch, int max_seq) {
-    return make_llama_cpu(cfg, max_batch, max_seq, kQwen2Block);
-  };
-  // The biases add no activations: the sizes are Llama's.
-  f.cpu_activation_bytes = llama_cpu_activation_bytes;
-  f.cuda_memory = cuda::llama_cuda_memory;
-#ifdef SHARDLM_HAVE_CUDA
-  f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
-    return cuda::make_llama_cuda(cfg, dt, max_batch, max_seq, checkpointing, kQwen2Block);
-  };
-#endif
-  return f;
+  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf);
 }
 
 }  // namespace shardlm

@@ -12,23 +12,17 @@ namespace shardlm::cuda {
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
     : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
-      sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)),
-      layout_(bloom_layout(cfg)) {
-  if (layout_.size() > 1) {
-    off_ = {offset("input_layernorm.weight"),      offset("input_layernorm.bias"),
-            offset("query_key_value.weight"),      offset("query_key_value.bias"),
-            offset("self_attention.dense.weight"), offset("self_attention.dense.bias"),
-            offset("post_attention_layernorm.weight"), offset("post_attention_layernorm.bias"),
-            offset("dense_h_to_4h.weight"),        offset("dense_h_to_4h.bias"),
-            offset("dense_4h_to_h.weight"),        offset("dense_4h_to_h.bias")};
-  }
+      sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
+  const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
+  root_ = bloom_root_offsets(layout[0]);
+  if (cfg.num_layers > 0) block_ = bloom_block_offsets(layout[1]);
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
   SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
 
   // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
   const BloomCudaSizes& z = sizes_;
-  hidden_.allocate(z.hidden);
+  allocate_step_buffers(z.hidden, z.attention_workspace, z.head_workspace);
   emb_.allocate(z.norm_out);
   lnf_.allocate(z.norm_out);
   for (DeviceBuffer<float>* b : {&emb_mean_, &emb_rstd_, &lnf_mean_, &lnf_rstd_}) b->allocate(z.row_stats / sizeof(float));
@@ -50,21 +44,10 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dctx_.allocate(z.dctx);
   dh2_.allocate(z.dh2);
   dpre_.allocate(z.dpre);
-  attn_ws_.allocate(z.attention_workspace);
-  head_ws_.allocate(z.head_workspace);
-}
-
-size_t BloomCuda::offset(const char* suffix) const {
-  const UnitLayout& block = layout_.at(1);
-  for (const TensorSpec& t : block.tensors)
-    if (t.name.size() >= std::char_traits<char>::length(suffix) &&
-        t.name.compare(t.name.size() - std::char_traits<char>::length(suffix), std::string::npos, suffix) == 0)
-      return t.offset;
-  throw Error(concat("BloomCuda: no block tensor named *", suffix));
 }
 
 size_t BloomCuda::activation_bytes() const {
-  size_t n = hidden_.bytes() + emb_.bytes() + lnf_.bytes() + attn_ws_.bytes() + head_ws_.bytes();
+  size_t n = step_buffer_bytes() + emb_.bytes() + lnf_.bytes();
   n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes();
   for (const Saved& sv : saved_)
     n += sv.ln1.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.ctx.bytes() + sv.h2.bytes() + sv.ln2.bytes() +
@@ -75,10 +58,9 @@ size_t BloomCuda::activation_bytes() const {
 void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
-  const UnitLayout& rl = layout_[0];
-  embedding_forward(tokens, r + rl.tensors[0].offset * dsize_, emb_.data(), N, H, V, dt_, s);
-  layernorm_forward(emb_.data(), r + rl.tensors[1].offset * dsize_, r + rl.tensors[2].offset * dsize_,
-                    hidden_.data(), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
+  embedding_forward(tokens, r + root_.embeddings * dsize_, emb_.data(), N, H, V, dt_, s);
+  layernorm_forward(emb_.data(), r + root_.embed_norm_weight * dsize_, r + root_.embed_norm_bias * dsize_,
+                    hidden(0), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
 }
 
 void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
@@ -86,27 +68,27 @@ void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   const char* p = static_cast<const char*>(params);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   MatMul mm{gemm_, s};
-  char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
-  char* out = x + static_cast<size_t>(max_tokens_) * H * dsize_;
+  char* x = hidden(layer);
+  char* out = hidden(layer + 1);
   const float eps = cfg_.layer_norm_eps;
 
-  layernorm_forward(x, w(off_.ln1_w), w(off_.ln1_b), sv.ln1.data(), sv.mean1.data(),
+  layernorm_forward(x, w(block_.ln1_weight), w(block_.ln1_bias), sv.ln1.data(), sv.mean1.data(),
                     sv.rstd1.data(), N, H, eps, dt_, s);
-  mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w(off_.qkv_w), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
-     Epilogue::Bias, w(off_.qkv_b));
+  mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w(block_.qkv_weight), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
+     Epilogue::Bias, w(block_.qkv_bias));
   attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
                     cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, H, sv.ctx.data(), H, w(off_.dense_w), H, sv.h2.data(), H, dt_, dt_, 1,
-     Epilogue::Bias, w(off_.dense_b));
-  layernorm_forward(sv.h2.data(), w(off_.ln2_w), w(off_.ln2_b),
+  mm(false, true, N, H, H, sv.ctx.data(), H, w(block_.dense_weight), H, sv.h2.data(), H, dt_, dt_, 1,
+     Epilogue::Bias, w(block_.dense_bias));
+  layernorm_forward(sv.h2.data(), w(block_.ln2_weight), w(block_.ln2_bias),
                     sv.ln2.data(), sv.mean2.data(), sv.rstd2.data(), N, H, eps, dt_, s);
-  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(off_.fc1_w), H, sv.act.data(), 4 * H, dt_, dt_, 0,
-     Epilogue::BiasGelu, w(off_.fc1_b), sv.pre.data());
+  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(block_.mlp_in_weight), H, sv.act.data(), 4 * H, dt_, dt_, 0,
+     Epilogue::BiasGelu, w(block_.mlp_in_bias), sv.pre.data());
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w(off_.fc2_w), 4 * H, out, H, dt_, dt_, 1,
-     Epilogue::Bias, w(off_.fc2_b));
+  mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w(block_.mlp_out_weight), 4 * H, out, H, dt_, dt_, 1,
+     Epilogue::Bias, w(block_.mlp_out_bias));
 }
 
 void BloomCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
@@ -117,17 +99,17 @@ void BloomCuda::head(const void* root, const int32_t* targets, int B, int T, flo
                      float* loss_sum, long long* count, float* droot, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers;
   const char* r = static_cast<const char*>(root);
-  const UnitLayout& rl = layout_[0];
-  const char* hL = hidden_.data() + static_cast<size_t>(L) * max_tokens_ * H * dsize_;
-  layernorm_forward(hL, r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, lnf_.data(),
+  const char* hL = hidden(L);
+  layernorm_forward(hL, r + root_.final_norm_weight * dsize_, r + root_.final_norm_bias * dsize_, lnf_.data(),
                     lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
-  lm_head_loss(gemm_, lnf_.data(), r + rl.tensors[0].offset * dsize_, targets, N, H, V, sizes_.head_chunk,
+  lm_head_loss(gemm_, lnf_.data(), r + root_.embeddings * dsize_, targets, N, H, V, sizes_.head_chunk,
                grad_scale, loss_sum, count, backward ? dln_.data() : nullptr,
-               backward ? droot + rl.tensors[0].offset : nullptr, dt_, head_ws_.data(), s);
+               backward ? droot + root_.embeddings : nullptr, dt_, head_ws_.data(), s);
   if (!backward) return;
   dcur_ = 0;
-  layernorm_backward(dln_.data(), hL, r + rl.tensors[3].offset * dsize_, lnf_mean_.data(), lnf_rstd_.data(),
-                     dh_[dcur_].data(), droot + rl.tensors[3].offset, droot + rl.tensors[4].offset, N, H, false, dt_, s);
+  layernorm_backward(dln_.data(), hL, r + root_.final_norm_weight * dsize_, lnf_mean_.data(), lnf_rstd_.data(),
+                     dh_[dcur_].data(), droot + root_.final_norm_weight, droot + root_.final_norm_bias, N, H, false,
+                     dt_, s);
 }
 
 void BloomCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
@@ -139,50 +121,49 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   auto g = [&](size_t offset) { return dparams + offset; };
   MatMul mm{gemm_, s};
-  const char* x = hidden_.data() + static_cast<size_t>(layer) * max_tokens_ * H * dsize_;
+  const char* x = hidden(layer);
   char* dout = dh_[dcur_].data();
   char* dx = dh_[1 - dcur_].data();
 
   // out = h2 + act W2^T + b2
-  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g(off_.fc2_w), 4 * H, dt_, DType::F32, 1);
-  bias_grad(dout, g(off_.fc2_b), N, H, dt_, s);
-  mm(false, false, N, 4 * H, H, dout, H, w(off_.fc2_w), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
+  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g(block_.mlp_out_weight), 4 * H, dt_, DType::F32, 1);
+  bias_grad(dout, g(block_.mlp_out_bias), N, H, dt_, s);
+  mm(false, false, N, 4 * H, H, dout, H, w(block_.mlp_out_weight), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
      Epilogue::DGelu, nullptr, sv.pre.data());
   // pre = ln2 W1^T + b1
-  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g(off_.fc1_w), H, dt_, DType::F32, 1);
-  bias_grad(dpre_.data(), g(off_.fc1_b), N, 4 * H, dt_, s);
-  mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w(off_.fc1_w), H, dln_.data(), H, dt_, dt_);
+  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g(block_.mlp_in_weight), H, dt_, DType::F32, 1);
+  bias_grad(dpre_.data(), g(block_.mlp_in_bias), N, 4 * H, dt_, s);
+  mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w(block_.mlp_in_weight), H, dln_.data(), H, dt_, dt_);
   // dh2 = dout + LayerNorm2 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dh2_.data(), dout, NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  layernorm_backward(dln_.data(), sv.h2.data(), w(off_.ln2_w), sv.mean2.data(),
-                     sv.rstd2.data(), dh2_.data(), g(off_.ln2_w),
-                     g(off_.ln2_b), N, H, true, dt_, s);
+  layernorm_backward(dln_.data(), sv.h2.data(), w(block_.ln2_weight), sv.mean2.data(),
+                     sv.rstd2.data(), dh2_.data(), g(block_.ln2_weight),
+                     g(block_.ln2_bias), N, H, true, dt_, s);
   // h2 = x + ctx Wd^T + bd
-  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g(off_.dense_w), H, dt_, DType::F32, 1);
-  bias_grad(dh2_.data(), g(off_.dense_b), N, H, dt_, s);
-  mm(false, false, N, H, H, dh2_.data(), H, w(off_.dense_w), H, dctx_.data(), H, dt_, dt_);
+  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g(block_.dense_weight), H, dt_, DType::F32, 1);
+  bias_grad(dh2_.data(), g(block_.dense_bias), N, H, dt_, s);
+  mm(false, false, N, H, H, dh2_.data(), H, w(block_.dense_weight), H, dctx_.data(), H, dt_, dt_);
   attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
                      cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // qkv = ln1 Wqkv^T + bqkv
-  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g(off_.qkv_w), H, dt_, DType::F32, 1);
-  bias_grad(dqkv_.data(), g(off_.qkv_b), N, 3 * H, dt_, s);
-  mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w(off_.qkv_w), H, dln_.data(), H, dt_, dt_);
+  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g(block_.qkv_weight), H, dt_, DType::F32, 1);
+  bias_grad(dqkv_.data(), g(block_.qkv_bias), N, 3 * H, dt_, s);
+  mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w(block_.qkv_weight), H, dln_.data(), H, dt_, dt_);
   // dx = dh2 + LayerNorm1 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dx, dh2_.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  layernorm_backward(dln_.data(), x, w(off_.ln1_w), sv.mean1.data(), sv.rstd1.data(), dx,
-                     g(off_.ln1_w), g(off_.ln1_b), N, H, true, dt_, s);
+  layernorm_backward(dln_.data(), x, w(block_.ln1_weight), sv.mean1.data(), sv.rstd1.data(), dx,
+                     g(block_.ln1_weight), g(block_.ln1_bias), N, H, true, dt_, s);
   dcur_ = 1 - dcur_;
 }
 
 void BloomCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
-  const UnitLayout& rl = layout_[0];
   // dln_ is free here: it takes the gradient of the embedding output.
-  layernorm_backward(dh_[dcur_].data(), emb_.data(), r + rl.tensors[1].offset * dsize_, emb_mean_.data(),
-                     emb_rstd_.data(), dln_.data(), droot + rl.tensors[1].offset, droot + rl.tensors[2].offset, N, H,
-                     false, dt_, s);
-  embedding_backward(tokens, dln_.data(), droot + rl.tensors[0].offset, N, H, V, dt_, s);
+  layernorm_backward(dh_[dcur_].data(), emb_.data(), r + root_.embed_norm_weight * dsize_, emb_mean_.data(),
+                     emb_rstd_.data(), dln_.data(), droot + root_.embed_norm_weight, droot + root_.embed_norm_bias, N,
+                     H, false, dt_, s);
+  embedding_backward(tokens, dln_.data(), droot + root_.embeddings, N, H, V, dt_, s);
 }
 
 std::unique_ptr<CudaModel> make_bloom_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,

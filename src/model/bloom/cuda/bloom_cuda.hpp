@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../bloom_cuda_sizes.hpp"
+#include "../bloom_layout.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
 #include "shardlm/model.hpp"
@@ -23,16 +24,11 @@ class BloomCuda final : public CudaModelBase {
 
   // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
-  // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
   void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) override;
-  // Final LayerNorm, tied LM head and cross-entropy on h_L: adds the loss sum and target count to
-  // loss_sum / count (device scalars). With backward: the gradient of grad_scale * sum flows to
-  // dh (the gradient of h_L) and into droot (fp32, +=).
+  // Final LayerNorm, tied LM head and cross-entropy on h_L.
   void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
             long long* count, float* droot, cudaStream_t s) override;
-  // dh_l from dh_{l+1}; dparams (fp32, the block's flat layout) +=.
   void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
-  // droot += the embedding path's gradient given dh_0.
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
@@ -44,8 +40,6 @@ class BloomCuda final : public CudaModelBase {
   void decode_free() override;
   // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
   void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
-  // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
-  // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
   void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
@@ -58,26 +52,20 @@ class BloomCuda final : public CudaModelBase {
   };
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
-  size_t offset(const char* suffix) const;  // element offset of a block tensor in its flat layout
-  // Offsets of the block tensors in a block's flat layout (the same for every block), looked up once.
-  struct BlockOffsets {
-    size_t ln1_w, ln1_b, qkv_w, qkv_b, dense_w, dense_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-  };
-  BlockOffsets off_{};
+  // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
+  // block), looked up once.
+  BloomRootOffsets root_{};
+  BloomBlockOffsets block_{};
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
   BloomCudaSizes sizes_;
-  std::vector<UnitLayout> layout_;
   DeviceBuffer<float> slopes_;
-  // Hidden states h_0 .. h_L (each [tokens, H]); h_l is block l's input, kept for its backward.
-  DeviceBuffer<char> hidden_;
   DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output
   DeviceBuffer<float> emb_mean_, emb_rstd_, lnf_mean_, lnf_rstd_;
   std::vector<Saved> saved_;
   // Backward scratch: gradients flowing between ops, ping-pong gradient of the hidden state.
   DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
-  DeviceBuffer<char> attn_ws_, head_ws_;
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     DeviceBuffer<char> hidden, h2, ln, qkv, ctx, wide;  // [max_rows, H | 3H | 4H] in dt

@@ -32,10 +32,9 @@ void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cud
   if (n == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
-  const UnitLayout& rl = layout_[0];
   // ln takes the raw embeddings; the LayerNorm writes the step's hidden states.
-  embedding_forward(tokens, r + rl.tensors[0].offset * dsize_, decode_.ln.data(), n, H, V, dt_, s);
-  layernorm_forward(decode_.ln.data(), r + rl.tensors[1].offset * dsize_, r + rl.tensors[2].offset * dsize_,
+  embedding_forward(tokens, r + root_.embeddings * dsize_, decode_.ln.data(), n, H, V, dt_, s);
+  layernorm_forward(decode_.ln.data(), r + root_.embed_norm_weight * dsize_, r + root_.embed_norm_bias * dsize_,
                     decode_.hidden.data(), decode_.mean.data(), decode_.rstd.data(), n, H, cfg_.layer_norm_eps, dt_,
                     s);
 }
@@ -51,13 +50,14 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
   const char* p = static_cast<const char*>(params);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   DecodeBuffers& b = decode_;
+  const BloomBlockOffsets& o = block_;
   char* keys = layer_keys(layer);
   char* values = layer_values(layer);
   const int max_len = cache_max_len();
 
-  layernorm_forward(b.hidden.data(), w(off_.ln1_w), w(off_.ln1_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
-                    eps, dt_, s);
-  linear_rows(gemm_, b.ln.data(), n, H, w(off_.qkv_w), w(off_.qkv_b), 3 * H, b.qkv.data(), false, dt_, s);
+  layernorm_forward(b.hidden.data(), w(o.ln1_weight), w(o.ln1_bias), b.ln.data(), b.mean.data(), b.rstd.data(), n,
+                    H, eps, dt_, s);
+  linear_rows(gemm_, b.ln.data(), n, H, w(o.qkv_weight), w(o.qkv_bias), 3 * H, b.qkv.data(), false, dt_, s);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = interleaved_qkv(heads, d);
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
@@ -65,14 +65,15 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
                    s);
   // h2 = x + ctx Wd^T + bd
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  linear_rows(gemm_, b.ctx.data(), n, H, w(off_.dense_w), w(off_.dense_b), H, b.h2.data(), true, dt_, s);
+  linear_rows(gemm_, b.ctx.data(), n, H, w(o.dense_weight), w(o.dense_bias), H, b.h2.data(), true, dt_, s);
   // out = h2 + gelu(LayerNorm(h2) W1^T + b1) W2^T + b2, written over the step's hidden states.
-  layernorm_forward(b.h2.data(), w(off_.ln2_w), w(off_.ln2_b), b.ln.data(), b.mean.data(), b.rstd.data(), n, H, eps,
-                    dt_, s);
-  linear_rows(gemm_, b.ln.data(), n, H, w(off_.fc1_w), w(off_.fc1_b), 4 * H, b.wide.data(), false, dt_, s);
+  layernorm_forward(b.h2.data(), w(o.ln2_weight), w(o.ln2_bias), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
+                    eps, dt_, s);
+  linear_rows(gemm_, b.ln.data(), n, H, w(o.mlp_in_weight), w(o.mlp_in_bias), 4 * H, b.wide.data(), false, dt_, s);
   gelu_forward(b.wide.data(), b.wide.data(), NH * 4, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
-  linear_rows(gemm_, b.wide.data(), n, 4 * H, w(off_.fc2_w), w(off_.fc2_b), H, b.hidden.data(), true, dt_, s);
+  linear_rows(gemm_, b.wide.data(), n, 4 * H, w(o.mlp_out_weight), w(o.mlp_out_bias), H, b.hidden.data(), true, dt_,
+              s);
 }
 
 void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
@@ -80,13 +81,12 @@ void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m,
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
-  const UnitLayout& rl = layout_[0];
   DecodeBuffers& b = decode_;
   gather_rows(b.hidden.data(), rows, m, H, b.ctx.data(), dt_, s);
-  layernorm_forward(b.ctx.data(), r + rl.tensors[3].offset * dsize_, r + rl.tensors[4].offset * dsize_, b.ln.data(),
+  layernorm_forward(b.ctx.data(), r + root_.final_norm_weight * dsize_, r + root_.final_norm_bias * dsize_, b.ln.data(),
                     b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
   // The LM head is tied: its weight is the embedding table.
-  head_argmax(gemm_, b.ln.data(), m, H, r + rl.tensors[0].offset * dsize_, V, sizes_.head_chunk,
+  head_argmax(gemm_, b.ln.data(), m, H, r + root_.embeddings * dsize_, V, sizes_.head_chunk,
               reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 

@@ -40,7 +40,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
   SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                                 cudaMemcpyHostToDevice));
-  hidden_.allocate(sizes_.hidden);
+  allocate_step_buffers(sizes_.hidden, sizes_.attention_workspace, sizes_.head_workspace);
   final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
   saved_.resize(sizes_.saved_blocks);
   for (Saved& sv : saved_) {
@@ -58,13 +58,11 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   wide_.allocate(sizes_.wide);
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
-  attn_ws_.allocate(sizes_.attention_workspace);
-  head_ws_.allocate(sizes_.head_workspace);
 }
 
 size_t LlamaCuda::activation_bytes() const {
-  size_t n = inv_freq_.bytes() + hidden_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() + dh_.bytes() +
-             wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + attn_ws_.bytes() + head_ws_.bytes();
+  size_t n = step_buffer_bytes() + inv_freq_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() +
+             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes();

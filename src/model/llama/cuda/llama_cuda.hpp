@@ -59,7 +59,6 @@ class LlamaCuda final : public CudaModelBase {
   };
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
-  char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
 
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
   // block), looked up once. q|k|v and gate|up are adjacent, so each pair of GEMMs is one.
@@ -73,13 +72,11 @@ class LlamaCuda final : public CudaModelBase {
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   LlamaCudaSizes sizes_;
   DeviceBuffer<float> inv_freq_;
-  DeviceBuffer<char> hidden_;       // h_0 .. h_L, each [max_tokens, H]; h_l is block l's input
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms
   std::vector<Saved> saved_;
   // Scratch: a norm's output; the gradient into a norm or the context; the hidden-state gradient
   // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
-  DeviceBuffer<char> attn_ws_, head_ws_;
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
