@@ -1,5 +1,6 @@
 // Host-side helpers shared by the GPU suites: a device check, CUDA error checks, device memory
-// that frees itself, and copies of fp32 host values to and from device buffers in any dtype.
+// that frees itself, copies of fp32 host values to and from device buffers in any dtype, and random
+// test values.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "shardlm/core.hpp"
@@ -137,5 +139,16 @@ inline shardlm::ModelConfig rope_config(int head_dim, float theta, float factor,
   c.rope_scaling.original_max_position_embeddings = original;
   return c;
 }
+
+// n normal values of the given scale around offset, rounded to dt.
+inline std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f,
+                                        float offset = 0.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = shardlm::round_to(dt, offset + normal(rng));
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 }  // namespace cuda_test

@@ -29,15 +29,6 @@ using namespace cuda_test;
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, normal(rng));
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
 // Largest |got - ref| relative to the largest |ref|.
 double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
   BOOST_REQUIRE_EQUAL(got.size(), ref.size());

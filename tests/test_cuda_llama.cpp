@@ -37,15 +37,6 @@ const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f, float offset = 0.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, offset + normal(rng));
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
 // Largest |got - ref| relative to the largest |ref|; infinite where got has a NaN (fp16 garbage
 // reads as NaN, which std::max would skip).
 double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
