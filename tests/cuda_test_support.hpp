@@ -151,4 +151,20 @@ inline std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, f
 
 inline std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
+// Central differences of f at x, element by element.
+template <typename F>
+std::vector<double> numeric_gradient(F&& f, std::vector<double> x, double eps = 1e-5) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = f(x);
+    x[i] = keep - eps;
+    const double down = f(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
 }  // namespace cuda_test

@@ -332,17 +332,8 @@ BOOST_AUTO_TEST_CASE(attention_backward_matches_finite_differences) {
     for (size_t i = 0; i < ctx.size(); ++i) sum += ctx[i] * weights[i];
     return sum;
   };
-  std::vector<double> x = to_double(qkv), numeric(x.size());
-  const double eps = 1e-5;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + eps;
-    const double up = loss(x);
-    x[i] = keep - eps;
-    const double down = loss(x);
-    x[i] = keep;
-    numeric[i] = (up - down) / (2 * eps);
-  }
+  const std::vector<double> x = to_double(qkv);
+  const std::vector<double> numeric = numeric_gradient(loss, x);
   std::vector<double> probs, ctx;
   reference_forward(s, slopes, x, probs, ctx);
   BOOST_TEST(relative_error(reference_backward(s, x, probs, to_double(weights)), numeric) <= 1e-7);

@@ -82,22 +82,6 @@ struct OwnedStream {  // a stream of its own, destroyed with it
   }
 };
 
-// Central differences of f at x, element by element.
-template <typename F>
-std::vector<double> numeric_gradient(F&& f, std::vector<double> x, double eps = 1e-5) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + eps;
-    const double up = f(x);
-    x[i] = keep - eps;
-    const double down = f(x);
-    x[i] = keep;
-    g[i] = (up - down) / (2 * eps);
-  }
-  return g;
-}
-
 double dot(const std::vector<double>& a, const std::vector<float>& b) {
   double s = 0.0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
