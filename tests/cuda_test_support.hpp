@@ -1,5 +1,6 @@
 // Host-side helpers shared by the GPU suites: a device check, CUDA error checks, device memory
-// that frees itself, and copies of fp32 host values to and from device buffers in any dtype.
+// that frees itself, copies of fp32 host values to and from device buffers in any dtype, and random
+// test values.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "shardlm/core.hpp"
@@ -136,6 +138,33 @@ inline shardlm::ModelConfig rope_config(int head_dim, float theta, float factor,
   c.rope_scaling.factor = factor;
   c.rope_scaling.original_max_position_embeddings = original;
   return c;
+}
+
+// n normal values of the given scale around offset, rounded to dt.
+inline std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f,
+                                        float offset = 0.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = shardlm::round_to(dt, offset + normal(rng));
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+// Central differences of f at x, element by element.
+template <typename F>
+std::vector<double> numeric_gradient(F&& f, std::vector<double> x, double eps = 1e-5) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = f(x);
+    x[i] = keep - eps;
+    const double down = f(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
 }
 
 }  // namespace cuda_test

@@ -19,6 +19,7 @@
 
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -36,13 +37,7 @@ Outcome run_shardlm(int np, const std::string& args) {
                           " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm " + args + " 2>&1";
   auto start = std::chrono::steady_clock::now();
   Outcome o;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_TEST_REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) o.output.append(buf, n);
-  int status = pclose(pipe);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.exit_code = run_shell(cmd, o.output);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }
@@ -62,16 +57,19 @@ fs::path scratch(const std::string& name) {
   return dir;
 }
 
-void expect_clean_failure(const std::string& args, const std::string& must_contain) {
-  for (int np : {1, 4}) {
-    Outcome o = run_shardlm(np, "train " + args);
-    BOOST_TEST_CONTEXT("np " << np << ": shardlm " << args << "\n" << o.output) {
-      BOOST_TEST(o.exit_code != 0);
-      BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
-      BOOST_TEST(count_of(o.output, must_contain) >= 1u);
-      BOOST_TEST(o.seconds < 30.0);
-    }
+// `shardlm ARGS` on np ranks fails quickly with one error message that says must_contain.
+void expect_failure(int np, const std::string& args, const std::string& must_contain) {
+  Outcome o = run_shardlm(np, args);
+  BOOST_TEST_CONTEXT("np " << np << ": shardlm " << args << "\n" << o.output) {
+    BOOST_TEST(o.exit_code != 0);
+    BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
+    BOOST_TEST(count_of(o.output, must_contain) >= 1u);
+    BOOST_TEST(o.seconds < 30.0);
   }
+}
+
+void expect_clean_failure(const std::string& args, const std::string& must_contain) {
+  for (int np : {1, 4}) expect_failure(np, "train " + args, must_contain);
 }
 
 }  // namespace
@@ -230,13 +228,7 @@ namespace {
 // Runs a shell command, returning its exit code and stdout + stderr.
 Outcome run_command(const std::string& cmd) {
   Outcome o;
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  BOOST_TEST_REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) o.output.append(buf, n);
-  const int status = pclose(pipe);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.exit_code = run_shell(cmd + " 2>&1", o.output);
   return o;
 }
 
@@ -572,13 +564,7 @@ double expected_bus_factor(const std::string& collective, int n) {
 }
 
 void expect_comm_test_failure(int np, const std::string& args, const std::string& must_contain) {
-  Outcome o = run_shardlm(np, "comm-test " + args);
-  BOOST_TEST_CONTEXT("np " << np << ": shardlm comm-test " << args << "\n" << o.output) {
-    BOOST_TEST(o.exit_code != 0);
-    BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
-    BOOST_TEST(count_of(o.output, must_contain) >= 1u);
-    BOOST_TEST(o.seconds < 30.0);
-  }
+  expect_failure(np, "comm-test " + args, must_contain);
 }
 
 }  // namespace

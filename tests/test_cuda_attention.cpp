@@ -29,15 +29,6 @@ using namespace cuda_test;
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, normal(rng));
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
 // Largest |got - ref| relative to the largest |ref|.
 double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
   BOOST_REQUIRE_EQUAL(got.size(), ref.size());
@@ -341,17 +332,8 @@ BOOST_AUTO_TEST_CASE(attention_backward_matches_finite_differences) {
     for (size_t i = 0; i < ctx.size(); ++i) sum += ctx[i] * weights[i];
     return sum;
   };
-  std::vector<double> x = to_double(qkv), numeric(x.size());
-  const double eps = 1e-5;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + eps;
-    const double up = loss(x);
-    x[i] = keep - eps;
-    const double down = loss(x);
-    x[i] = keep;
-    numeric[i] = (up - down) / (2 * eps);
-  }
+  const std::vector<double> x = to_double(qkv);
+  const std::vector<double> numeric = numeric_gradient(loss, x);
   std::vector<double> probs, ctx;
   reference_forward(s, slopes, x, probs, ctx);
   BOOST_TEST(relative_error(reference_backward(s, x, probs, to_double(weights)), numeric) <= 1e-7);

@@ -29,13 +29,6 @@ namespace {
 
 using namespace cuda_test;
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, normal(rng));
-  return v;
-}
-
 // A step: rows (slot, position) over a q|k|v layout; the cache holds `slots` x `max_len` positions
 // per kv head.
 struct Step {

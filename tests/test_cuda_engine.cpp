@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "engine.hpp"
 #include "shardlm/model.hpp"
 #include "shardlm/train.hpp"
+#include "train_test_support.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -27,16 +29,8 @@ namespace fs = std::filesystem;
 namespace {
 
 RunConfig config(const std::string& backend, const std::string& name, int steps) {
-  RunConfig cfg;
-  cfg.model.vocab_size = 259;
-  cfg.model.hidden_size = 64;
-  cfg.model.num_layers = 2;
-  cfg.model.num_heads = 4;
-  cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
+  RunConfig cfg = tiny_squad_config(64);
   cfg.data.max_length = 128;
-  cfg.train.batch_size = 8;
-  cfg.train.micro_batch_size = 2;
-  cfg.train.lr = 3e-3;
   cfg.train.warmup_steps = 5;
   cfg.train.epochs = 10;  // 25 steps an epoch: max_steps is what ends the run
   cfg.train.max_steps = steps;
@@ -60,16 +54,27 @@ RunConfig llama_config(const std::string& backend, const std::string& name, int 
   return cfg;
 }
 
-TrainOptions quiet() {
-  TrainOptions o;
-  o.echo = false;
-  return o;
-}
-
 double max_relative(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
   return worst;
+}
+
+// 20 fp32 steps of make(backend, name, steps) on the GPU give the CPU backend's losses and gradient
+// norms under each strategy.
+void expect_fp32_matches_the_cpu_backend(RunConfig (*make)(const std::string&, const std::string&, int),
+                                         std::initializer_list<ShardingStrategy> strategies) {
+  for (ShardingStrategy s : strategies) {
+    RunConfig cpu = make("cpu", "cpu", 20), gpu = make("cuda", "gpu", 20);
+    cpu.fsdp.strategy = gpu.fsdp.strategy = s;
+    const TrainResult want = train(cpu, MPI_COMM_WORLD, quiet());
+    const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
+    BOOST_TEST_CONTEXT(strategy_name(s)) {
+      BOOST_TEST_REQUIRE(got.step_losses.size() == 20u);
+      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4);
+      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3);
+    }
+  }
 }
 
 // One sequence of a greedy-decoding test: its prompt, cache slot, how many tokens to generate, and
@@ -277,17 +282,8 @@ BOOST_AUTO_TEST_CASE(all_gather_schedules_give_the_same_losses) {
 }
 
 BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    RunConfig cpu = config("cpu", "cpu", 20), gpu = config("cuda", "gpu", 20);
-    cpu.fsdp.strategy = gpu.fsdp.strategy = s;
-    const TrainResult want = train(cpu, MPI_COMM_WORLD, quiet());
-    const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
-    BOOST_TEST_CONTEXT(strategy_name(s)) {
-      BOOST_TEST_REQUIRE(got.step_losses.size() == 20u);
-      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4);
-      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3);
-    }
-  }
+  expect_fp32_matches_the_cpu_backend(config, {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                               ShardingStrategy::NoShard});
 }
 
 BOOST_AUTO_TEST_CASE(activation_checkpointing_gives_the_same_losses) {
@@ -379,17 +375,7 @@ BOOST_AUTO_TEST_CASE(greedy_decoding_with_the_kv_cache_matches_the_cpu_model_wit
 }
 
 BOOST_AUTO_TEST_CASE(llama_fp32_matches_the_cpu_backend) {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
-    RunConfig cpu = llama_config("cpu", "cpu", 20), gpu = llama_config("cuda", "gpu", 20);
-    cpu.fsdp.strategy = gpu.fsdp.strategy = s;
-    const TrainResult want = train(cpu, MPI_COMM_WORLD, quiet());
-    const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
-    BOOST_TEST_CONTEXT(strategy_name(s)) {
-      BOOST_TEST_REQUIRE(got.step_losses.size() == 20u);
-      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4);
-      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3);
-    }
-  }
+  expect_fp32_matches_the_cpu_backend(llama_config, {ShardingStrategy::FullShard, ShardingStrategy::NoShard});
 }
 
 // bf16 decoding (the cache and activations in bf16) stays close to the fp32 CPU model: each token's

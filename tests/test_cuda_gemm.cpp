@@ -48,13 +48,6 @@ struct TestArray {
   }
 };
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, normal(rng));
-  return v;
-}
-
 double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x))); }
 
 double gelu_derivative(double x) {

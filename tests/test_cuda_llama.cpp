@@ -37,15 +37,6 @@ const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, float scale = 1.0f, float offset = 0.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to(dt, offset + normal(rng));
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
 // Largest |got - ref| relative to the largest |ref|; infinite where got has a NaN (fp16 garbage
 // reads as NaN, which std::max would skip).
 double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
@@ -90,22 +81,6 @@ struct OwnedStream {  // a stream of its own, destroyed with it
     CUDA_OK(cudaGetLastError());
   }
 };
-
-// Central differences of f at x, element by element.
-template <typename F>
-std::vector<double> numeric_gradient(F&& f, std::vector<double> x, double eps = 1e-5) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + eps;
-    const double up = f(x);
-    x[i] = keep - eps;
-    const double down = f(x);
-    x[i] = keep;
-    g[i] = (up - down) / (2 * eps);
-  }
-  return g;
-}
 
 double dot(const std::vector<double>& a, const std::vector<float>& b) {
   double s = 0.0;

@@ -67,17 +67,6 @@ const std::map<std::string, std::string> kModelConfigs = {
                          "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})"},
 };
 
-// A byte-level BPE tokenizer.json of a few tokens: small, but a tokenizer a reader accepts.
-const char* kTinyTokenizer = R"({
-  "added_tokens": [{"id": 5, "content": "<eos>", "special": true, "normalized": false}],
-  "normalizer": null,
-  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-  "post_processor": null,
-  "decoder": {"type": "ByteLevel"},
-  "model": {"type": "BPE", "unk_token": null,
-            "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}, "merges": ["a b", "Ġ ab"]}
-})";
-
 const char* kSquadRecord =
     R"({"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.",
         "qas": [{"id": "q1", "question": "Where is Paris?", "answers": [{"answer_start": 12, "text": "France"}]}]}]}]})";
@@ -124,7 +113,7 @@ fs::path lay_out(const DeckCase& c, const fs::path& work) {
   const fs::path folder = deck.parent_path();
   if (!c.model.empty()) {
     write_file(folder / "models" / c.model / "config.json", kModelConfigs.at(c.model));
-    write_file(folder / "models" / c.model / "tokenizer.json", kTinyTokenizer);
+    write_file(folder / "models" / c.model / "tokenizer.json", kTinyTokenizerJson);
   }
   for (const std::string& f : c.data_files)
     write_file(folder / f, f.find("chess") != std::string::npos ? kChessRecord : kSquadRecord);

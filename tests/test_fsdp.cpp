@@ -7,27 +7,19 @@
 #include <algorithm>
 #include <cmath>
 
-#include "shardlm/train.hpp"
+#include "train_test_support.hpp"
 
 using namespace shardlm;
 
 namespace {
 
 RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
-  RunConfig cfg;
-  cfg.model.vocab_size = 259;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_layers = 2;
-  cfg.model.num_heads = 4;
+  RunConfig cfg = tiny_squad_config(32);
   cfg.data.format = DataFormat::Squad;
-  cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
   cfg.data.eval_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_eval.json";
   cfg.data.eval_size = 16;
   cfg.data.max_length = 160;
   cfg.train.epochs = 1;
-  cfg.train.batch_size = 8;
-  cfg.train.micro_batch_size = 2;
-  cfg.train.lr = 3e-3;
   cfg.train.warmup_steps = 3;
   cfg.train.max_steps = 20;
   cfg.train.seed = 7;
@@ -35,12 +27,6 @@ RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
   cfg.fsdp.strategy = strategy;
   cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/fsdp_np", world_size(), "_", name);
   return cfg;
-}
-
-TrainOptions quiet() {
-  TrainOptions o;
-  o.echo = false;
-  return o;
 }
 
 // The reference: one rank, NO_SHARD, gradient accumulation over the whole global batch.

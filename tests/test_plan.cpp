@@ -32,13 +32,7 @@ struct Outcome {
 
 Outcome run_command(const std::string& cmd) {
   Outcome o;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_TEST_REQUIRE(pipe != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) o.output.append(buf, n);
-  const int status = pclose(pipe);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.exit_code = run_shell(cmd, o.output);
   return o;
 }
 

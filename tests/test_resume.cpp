@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "shardlm/train.hpp"
+#include "train_test_support.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -18,16 +18,8 @@ std::string scratch(const std::string& name) {
 }
 
 RunConfig config(ShardingStrategy strategy, const std::string& name) {
-  RunConfig cfg;
-  cfg.model.vocab_size = 259;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_layers = 2;
-  cfg.model.num_heads = 4;
-  cfg.data.train_file = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
+  RunConfig cfg = tiny_squad_config(32);
   cfg.data.max_length = 160;
-  cfg.train.batch_size = 8;
-  cfg.train.micro_batch_size = 2;
-  cfg.train.lr = 3e-3;
   cfg.train.warmup_steps = 3;
   cfg.train.max_steps = 20;
   cfg.train.seed = 11;
@@ -35,12 +27,6 @@ RunConfig config(ShardingStrategy strategy, const std::string& name) {
   cfg.run.dir = scratch(name);
   cfg.checkpoint.keep_last = 0;
   return cfg;
-}
-
-TrainOptions quiet() {
-  TrainOptions o;
-  o.echo = false;
-  return o;
 }
 
 // The uninterrupted run, checkpointing every 10 steps; every rank gets its losses.

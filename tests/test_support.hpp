@@ -3,6 +3,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -19,4 +22,27 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// A byte-level BPE tokenizer.json of a few tokens: small, but a tokenizer a reader accepts.
+inline const char* const kTinyTokenizerJson = R"({
+  "added_tokens": [{"id": 5, "content": "<eos>", "special": true, "normalized": false}],
+  "normalizer": null,
+  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+  "post_processor": null,
+  "decoder": {"type": "ByteLevel"},
+  "model": {"type": "BPE", "unk_token": null,
+            "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}, "merges": ["a b", "Ġ ab"]}
+})";
+
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Runs a shell command, appending what it prints on stdout to `output`; its exit code (-1 if it did
+// not exit).
+inline int run_shell(const std::string& cmd, std::string& output) {
+  FILE* pipe = popen(cmd.c_str(), "r");
+  BOOST_TEST_REQUIRE(pipe != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

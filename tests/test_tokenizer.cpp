@@ -162,15 +162,7 @@ void check_against_reference(const std::string& name) {
 
 // A small valid tokenizer.json to break in the malformed-file tests.
 json tiny_tokenizer() {
-  return json::parse(R"({
-    "added_tokens": [{"id": 5, "content": "<eos>", "special": true, "normalized": false}],
-    "normalizer": null,
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-    "post_processor": null,
-    "decoder": {"type": "ByteLevel"},
-    "model": {"type": "BPE", "unk_token": null,
-              "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}, "merges": ["a b", "Ġ ab"]}
-  })");
+  return json::parse(kTinyTokenizerJson);
 }
 
 // The megabytes per second `tok` encodes `text` at, best of three runs.

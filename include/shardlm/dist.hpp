@@ -45,6 +45,8 @@ class Communicator {
 // The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).
 MPI_Datatype mpi_datatype(DType t);
 MPI_Op mpi_reduce_op(DType t, ReduceOp op);
+// Throws Error "<what> failed: <MPI's message>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const std::string& what);
 
 class MpiCommunicator : public Communicator {
  public:
@@ -161,6 +163,18 @@ void fill_collective_input(Collective c, DType dtype, int rank, int ranks, int r
                            size_t n);
 size_t count_collective_wrong(Collective c, DType dtype, int rank, int ranks, int root, size_t piece, size_t offset,
                               const void* got, size_t n);
+
+// Where the check run's data lives: all_gather sends a rank's piece into the whole buffer,
+// reduce_scatter the reverse, all_reduce and broadcast work in place in the whole buffer (whose
+// output, being the input, is not poisoned first).
+struct CollectiveCheckLayout {
+  bool input_is_piece = false;
+  bool output_is_piece = false;
+  bool in_place = true;
+  size_t in_count = 0;   // elements sent
+  size_t out_count = 0;  // elements of the result
+};
+CollectiveCheckLayout collective_check_layout(Collective c, const CollectiveShape& shape);
 
 struct CollectiveBenchSettings {
   DType dtype = DType::F32;

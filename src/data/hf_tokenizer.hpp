@@ -52,6 +52,19 @@ int64_t optional_int(const JsonContext& ctx, const json& object, const std::stri
 std::string component_type(const JsonContext& ctx, const json& object, const std::string& path);
 [[noreturn]] void fail_unsupported(const JsonContext& ctx, const std::string& path,
                                    const std::string& type, const char* supported);
+// The steps of a "Sequence" component: its array `key`, each entry parsed by `parse` (null ones dropped).
+template <typename Component, typename Parse>
+std::vector<std::unique_ptr<Component>> parse_sequence_steps(const JsonContext& ctx, const json& object,
+                                                             const std::string& path, const char* key, Parse parse) {
+  const std::string list_path = child_path(path, key);
+  const json& list = require_member(ctx, object, path, key);
+  if (!list.is_array()) ctx.fail(list_path, "expected an array");
+  std::vector<std::unique_ptr<Component>> steps;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (auto step = parse(ctx, list[i], index_path(list_path, i))) steps.push_back(std::move(step));
+  }
+  return steps;
+}
 
 // ---- UTF-8 ------------------------------------------------------------------------------------
 

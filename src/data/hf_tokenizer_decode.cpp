@@ -206,16 +206,8 @@ std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value
   if (value.is_null()) return nullptr;
   const std::string type = component_type(ctx, value, path);
   if (type == "Sequence") {
-    const std::string list_path = child_path(path, "decoders");
-    const json& list = require_member(ctx, value, path, "decoders");
-    if (!list.is_array()) ctx.fail(list_path, "expected an array");
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = parse_decoder(ctx, list[i], index_path(list_path, i))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequenceDecoder>(std::move(steps));
+    return std::make_unique<SequenceDecoder>(
+        parse_sequence_steps<Decoder>(ctx, value, path, "decoders", parse_decoder));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {

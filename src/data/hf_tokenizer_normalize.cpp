@@ -105,16 +105,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const JsonContext& ctx, const json&
   if (value.is_null()) return nullptr;
   const std::string type = component_type(ctx, value, path);
   if (type == "Sequence") {
-    const std::string list_path = child_path(path, "normalizers");
-    const json& list = require_member(ctx, value, path, "normalizers");
-    if (!list.is_array()) ctx.fail(list_path, "expected an array");
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = parse_normalizer(ctx, list[i], index_path(list_path, i))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequenceNormalizer>(std::move(steps));
+    return std::make_unique<SequenceNormalizer>(
+        parse_sequence_steps<Normalizer>(ctx, value, path, "normalizers", parse_normalizer));
   }
   if (type == "Prepend") {
     return std::make_unique<PrependNormalizer>(require_string(ctx, value, path, "prepend"));

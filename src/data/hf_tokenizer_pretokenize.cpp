@@ -156,16 +156,8 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonContext& ctx, const 
   if (value.is_null()) return nullptr;
   const std::string type = component_type(ctx, value, path);
   if (type == "Sequence") {
-    const std::string list_path = child_path(path, "pretokenizers");
-    const json& list = require_member(ctx, value, path, "pretokenizers");
-    if (!list.is_array()) ctx.fail(list_path, "expected an array");
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = parse_pre_tokenizer(ctx, list[i], index_path(list_path, i))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+    return std::make_unique<SequencePreTokenizer>(
+        parse_sequence_steps<PreTokenizer>(ctx, value, path, "pretokenizers", parse_pre_tokenizer));
   }
   if (type == "ByteLevel") {
     return std::make_unique<ByteLevelPreTokenizer>(

@@ -168,6 +168,18 @@ size_t count_collective_wrong(Collective c, DType dtype, int rank, int ranks, in
   return wrong;
 }
 
+CollectiveCheckLayout collective_check_layout(Collective c, const CollectiveShape& shape) {
+  const bool gather = c == Collective::AllGather;
+  const bool scatter = c == Collective::ReduceScatter;
+  CollectiveCheckLayout l;
+  l.input_is_piece = gather;
+  l.output_is_piece = scatter;
+  l.in_place = !gather && !scatter;
+  l.in_count = gather ? shape.piece : shape.count;
+  l.out_count = scatter ? shape.piece : shape.count;
+  return l;
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   const size_t mid = values.size() / 2;

@@ -10,14 +10,6 @@ namespace shardlm {
 
 namespace {
 
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw Error(concat(what, " failed: ", std::string(msg, len)));
-}
-
 class MpiCollectiveBench : public CollectiveBench {
  public:
   MpiCollectiveBench(const MpiCommunicator& group, size_t max_bytes)
@@ -73,17 +65,13 @@ class MpiCollectiveBench : public CollectiveBench {
   // Fills the input with the pattern (the output with NaN bits), runs once, counts wrong elements.
   template <typename Once>
   size_t check_run(Collective c, const CollectiveShape& shape, const CollectiveBenchSettings& s, Once& once) {
-    const size_t word = dtype_size(s.dtype);
-    const bool gather = c == Collective::AllGather;
-    const bool scatter = c == Collective::ReduceScatter;
-    void* input = gather ? piece_.data() : whole_.data();
-    void* output = scatter ? piece_.data() : whole_.data();
-    const size_t in_count = gather ? shape.piece : shape.count;
-    const size_t out_count = scatter ? shape.piece : shape.count;
-    if (gather || scatter) std::memset(output, 0xff, out_count * word);
-    fill_collective_input(c, s.dtype, rank_, size_, s.root, 0, input, in_count);
+    const CollectiveCheckLayout l = collective_check_layout(c, shape);
+    void* input = l.input_is_piece ? piece_.data() : whole_.data();
+    void* output = l.output_is_piece ? piece_.data() : whole_.data();
+    if (!l.in_place) std::memset(output, 0xff, l.out_count * dtype_size(s.dtype));
+    fill_collective_input(c, s.dtype, rank_, size_, s.root, 0, input, l.in_count);
     once();
-    return count_collective_wrong(c, s.dtype, rank_, size_, s.root, shape.piece, 0, output, out_count);
+    return count_collective_wrong(c, s.dtype, rank_, size_, s.root, shape.piece, 0, output, l.out_count);
   }
 
   MPI_Comm comm_;

@@ -5,15 +5,15 @@
 
 namespace shardlm {
 
-namespace {
-
-void check_mpi(int rc, const char* what) {
+void check_mpi(int rc, const std::string& what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(concat("MPI ", what, " failed: ", std::string(msg, len)));
+  throw Error(concat(what, " failed: ", std::string(msg, len)));
 }
+
+namespace {
 
 int mpi_count(size_t count, const char* what) {
   SHARDLM_CHECK(count <= static_cast<size_t>(INT_MAX), "MPI ", what, " of ", count,
@@ -48,7 +48,7 @@ MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
     else
       fn = op == ReduceOp::Sum ? reduce16<fp16_to_float, float_to_fp16, false>
                                : reduce16<fp16_to_float, float_to_fp16, true>;
-    check_mpi(MPI_Op_create(fn, 1, &ops[ti][oi]), "Op_create");
+    check_mpi(MPI_Op_create(fn, 1, &ops[ti][oi]), "MPI Op_create");
   }
   return ops[ti][oi];
 }
@@ -71,7 +71,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return;
   }
-  check_mpi(MPI_Allgather(send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_), "all-gather");
+  check_mpi(MPI_Allgather(send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_), "MPI all-gather");
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
@@ -82,24 +82,25 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count,
     return;
   }
   check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_),
-            "reduce-scatter");
+            "MPI reduce-scatter");
 }
 
 void MpiCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   int n = mpi_count(count, "all-reduce");
   if (size_ == 1) return;
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_), "all-reduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_),
+            "MPI all-reduce");
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   int n = mpi_count(count, "broadcast");
   if (size_ == 1) return;
-  check_mpi(MPI_Bcast(buf, n, mpi_datatype(dtype), root, comm_), "broadcast");
+  check_mpi(MPI_Bcast(buf, n, mpi_datatype(dtype), root, comm_), "MPI broadcast");
 }
 
 double MpiCommunicator::host_sum(double v) const {
   double sum = 0.0;
-  check_mpi(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "host_sum");
+  check_mpi(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI host_sum");
   return sum;
 }
 

@@ -21,25 +21,25 @@ void get_scalar(hid_t obj, const char* name, hid_t mem_type, void* out, const st
                 "' cannot be read as a number: ", h5_error_text());
 }
 
-int get_int(hid_t obj, const char* name, const std::string& file) {
-  int v = 0;
-  get_scalar(obj, name, H5T_NATIVE_INT, &v, file);
+// A numeric attribute read as T, which mem_type (H5T_NATIVE_*) describes.
+template <typename T>
+T get_number(hid_t obj, const char* name, hid_t mem_type, const std::string& file) {
+  T v = 0;
+  get_scalar(obj, name, mem_type, &v, file);
   return v;
+}
+
+int get_int(hid_t obj, const char* name, const std::string& file) {
+  return get_number<int>(obj, name, H5T_NATIVE_INT, file);
 }
 long get_int64(hid_t obj, const char* name, const std::string& file) {
-  int64_t v = 0;
-  get_scalar(obj, name, H5T_NATIVE_INT64, &v, file);
-  return static_cast<long>(v);
+  return static_cast<long>(get_number<int64_t>(obj, name, H5T_NATIVE_INT64, file));
 }
 uint64_t get_uint64(hid_t obj, const char* name, const std::string& file) {
-  uint64_t v = 0;
-  get_scalar(obj, name, H5T_NATIVE_UINT64, &v, file);
-  return v;
+  return get_number<uint64_t>(obj, name, H5T_NATIVE_UINT64, file);
 }
 double get_double(hid_t obj, const char* name, const std::string& file) {
-  double v = 0;
-  get_scalar(obj, name, H5T_NATIVE_DOUBLE, &v, file);
-  return v;
+  return get_number<double>(obj, name, H5T_NATIVE_DOUBLE, file);
 }
 
 // Fixed-length (as written here) or variable-length strings (as other tools may write).

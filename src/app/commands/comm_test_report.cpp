@@ -22,6 +22,23 @@ bool is_reduction(Collective c) { return c == Collective::AllReduce || c == Coll
 // nccl-tests prints -1 as the root of collectives that have none.
 int table_root(const CommTestTable& t) { return t.collective == Collective::Broadcast ? t.root : -1; }
 
+size_t total_wrong(const std::vector<CommTestRow>& rows) {
+  size_t wrong = 0;
+  for (const CommTestRow& r : rows) wrong += r.wrong;
+  return wrong;
+}
+
+// What a table's row records and its summary record both say of it.
+nlohmann::json table_json(const char* type, const CommTestTable& t) {
+  return {{"type", type},
+          {"collective", collective_name(t.collective)},
+          {"group", t.group},
+          {"group_size", t.group_size},
+          {"group_count", t.group_count},
+          {"backend", t.backend},
+          {"dtype", dtype_name(t.dtype)}};
+}
+
 }  // namespace
 
 CommTestRow make_comm_test_row(const CommTestTable& t, const CollectiveShape& shape, double time_us, size_t wrong) {
@@ -64,50 +81,34 @@ void print_table_row(const CommTestTable& t, const CommTestRow& r) {
 }
 
 void print_table_end(const CommTestTable& t, const std::vector<CommTestRow>& rows) {
-  size_t wrong = 0;
-  for (const CommTestRow& r : rows) wrong += r.wrong;
   std::printf("# Avg bus bandwidth    : %.6g GB/s (%s on %s, %zu sizes, %zu wrong)\n", average_busbw(rows),
-              collective_name(t.collective), t.group.c_str(), rows.size(), wrong);
+              collective_name(t.collective), t.group.c_str(), rows.size(), total_wrong(rows));
   std::fflush(stdout);
 }
 
 nlohmann::json row_json(const CommTestTable& t, const CommTestRow& r, int iters, int warmup) {
-  return {{"type", "comm_test"},
-          {"collective", collective_name(t.collective)},
-          {"group", t.group},
-          {"group_size", t.group_size},
-          {"group_count", t.group_count},
-          {"backend", t.backend},
-          {"call", t.call},
-          {"algo", t.algo},
-          {"transport", t.transport},
-          {"dtype", dtype_name(t.dtype)},
-          {"redop", is_reduction(t.collective) ? "sum" : "none"},
-          {"root", table_root(t)},
-          {"size_bytes", r.bytes},
-          {"count", r.count},
-          {"time_us", r.time_us},
-          {"algbw_gbps", r.algbw},
-          {"busbw_gbps", r.busbw},
-          {"bus_factor", bus_bandwidth_factor(t.collective, t.group_size)},
-          {"wrong", r.wrong},
-          {"iters", iters},
-          {"warmup", warmup}};
+  nlohmann::json j = table_json("comm_test", t);  // an object: its keys print sorted, however added
+  j.update(nlohmann::json{{"call", t.call},
+                          {"algo", t.algo},
+                          {"transport", t.transport},
+                          {"redop", is_reduction(t.collective) ? "sum" : "none"},
+                          {"root", table_root(t)},
+                          {"size_bytes", r.bytes},
+                          {"count", r.count},
+                          {"time_us", r.time_us},
+                          {"algbw_gbps", r.algbw},
+                          {"busbw_gbps", r.busbw},
+                          {"bus_factor", bus_bandwidth_factor(t.collective, t.group_size)},
+                          {"wrong", r.wrong},
+                          {"iters", iters},
+                          {"warmup", warmup}});
+  return j;
 }
 
 nlohmann::json table_summary_json(const CommTestTable& t, const std::vector<CommTestRow>& rows) {
-  size_t wrong = 0;
-  for (const CommTestRow& r : rows) wrong += r.wrong;
-  return {{"type", "comm_test_summary"},
-          {"collective", collective_name(t.collective)},
-          {"group", t.group},
-          {"group_size", t.group_size},
-          {"group_count", t.group_count},
-          {"backend", t.backend},
-          {"dtype", dtype_name(t.dtype)},
-          {"sizes", rows.size()},
-          {"avg_busbw_gbps", average_busbw(rows)},
-          {"wrong", wrong}};
+  nlohmann::json j = table_json("comm_test_summary", t);
+  j.update(nlohmann::json{{"sizes", rows.size()}, {"avg_busbw_gbps", average_busbw(rows)}, {"wrong", total_wrong(rows)}});
+  return j;
 }
 
 }  // namespace shardlm

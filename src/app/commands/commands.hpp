@@ -19,4 +19,8 @@ int command_report(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
 
+// args[i] as `--flag VALUE` (i moves to the value) or `--flag=VALUE`: the value into `out`, true.
+// False when args[i] is something else, or the flag comes last without its value.
+bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);
+
 }  // namespace shardlm

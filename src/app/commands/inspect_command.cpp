@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 
 #include "commands.hpp"
@@ -71,6 +72,15 @@ void print_checkpoint(const std::string& path) {
   std::printf("\n%zu tensors, %zu parameters\n", reader.tensors().size(), total);
 }
 
+// A serial command: rank 0 does the work, the others only agree on the outcome.
+void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  run_collectively(comm, [&] {
+    if (rank == 0) work();
+  });
+}
+
 }  // namespace
 
 int command_inspect(const std::vector<std::string>& args) {
@@ -78,12 +88,7 @@ int command_inspect(const std::vector<std::string>& args) {
     log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest)");
     return 2;
   }
-  // A serial command: rank 0 reads, the others only agree on the outcome.
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  run_collectively(MPI_COMM_WORLD, [&] {
-    if (rank == 0) print_checkpoint(resolve_checkpoint_path(args[0]));
-  });
+  on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0])); });
   return 0;
 }
 
@@ -99,10 +104,7 @@ int command_export(const std::vector<std::string>& args) {
     log_info("usage: shardlm export CHECKPOINT OUTPUT_DIR   (Hugging Face config.json + safetensors)");
     return 2;
   }
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  run_collectively(MPI_COMM_WORLD, [&] {
-    if (rank != 0) return;
+  on_rank0(MPI_COMM_WORLD, [&] {
     const std::string path = resolve_checkpoint_path(args[0]);
     CheckpointReader reader(path);
     export_hf_model(args[1], reader.meta().model, reader.tensors(),

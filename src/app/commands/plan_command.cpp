@@ -90,16 +90,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const std::string& flag, std::string& out) {
-      if (a == flag) {
-        SHARDLM_CHECK(i + 1 < args.size(), flag, " needs a value");
-        out = args[++i];
-        return true;
-      }
-      if (a.rfind(flag + "=", 0) == 0) {
-        out = a.substr(flag.size() + 1);
-        return true;
-      }
-      return false;
+      SHARDLM_CHECK(a != flag || i + 1 < args.size(), flag, " needs a value");
+      return option_value(args, i, flag, out);
     };
     std::string v;
     if (value("--gpu-memory", v)) {

@@ -33,19 +33,7 @@ int command_report(const std::vector<std::string>& args) {
   std::string csv_path, svg_dir;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const std::string& flag, std::string& out) {
-      if (a == flag) {
-        if (i + 1 >= args.size()) return false;
-        out = args[++i];
-        return true;
-      }
-      if (a.rfind(flag + "=", 0) == 0) {
-        out = a.substr(flag.size() + 1);
-        return true;
-      }
-      return false;
-    };
-    if (value("--csv", csv_path) || value("--svg", svg_dir)) continue;
+    if (option_value(args, i, "--csv", csv_path) || option_value(args, i, "--svg", svg_dir)) continue;
     if (a == "--help" || a == "-h") {
       std::fputs(kReportUsage, stdout);
       return 0;

@@ -102,15 +102,13 @@ class NcclCollectiveBench : public CollectiveBench {
   template <typename Once>
   size_t check_run(Collective c, const CollectiveShape& shape, const CollectiveBenchSettings& s, Once& once) {
     const size_t word = dtype_size(s.dtype);
-    const bool gather = c == Collective::AllGather;
-    const bool scatter = c == Collective::ReduceScatter;
-    uint8_t* input = gather ? piece_.data() : whole_.data();
-    uint8_t* output = scatter ? piece_.data() : whole_.data();
-    const size_t in_count = gather ? shape.piece : shape.count;
-    const size_t out_count = scatter ? shape.piece : shape.count;
+    const CollectiveCheckLayout l = collective_check_layout(c, shape);
+    const size_t in_count = l.in_count, out_count = l.out_count;
+    uint8_t* input = l.input_is_piece ? piece_.data() : whole_.data();
+    uint8_t* output = l.output_is_piece ? piece_.data() : whole_.data();
     const size_t chunk = staging_.size() / word;
     const int rank = group_.rank(), ranks = group_.size();
-    if (gather || scatter) SHARDLM_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_count * word, group_.stream()));
+    if (!l.in_place) SHARDLM_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_count * word, group_.stream()));
     for (size_t at = 0; at < in_count; at += chunk) {
       const size_t n = std::min(chunk, in_count - at);
       fill_collective_input(c, s.dtype, rank, ranks, s.root, at, staging_.data(), n);
