@@ -28,6 +28,13 @@ inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, in
   return align256(scores * sizeof(float)) + align256(scores * dtype_size(dt)) + align256(kv_grads * sizeof(float));
 }
 
+// CudnnAttention::backward (cudnn_attention.cpp), beside cuDNN's own workspace: the row sums of
+// dctx * ctx and the fp32 accumulator of the query gradient.
+inline size_t cudnn_attention_own_bytes(int B, int T, int heads, int head_dim) {
+  const size_t rows = static_cast<size_t>(B) * heads * T;
+  return align256(rows * sizeof(float)) + align256(rows * head_dim * sizeof(float));
+}
+
 // lm_head_loss (lm_head.cu): fp32 logits, per-row losses and target flags of `chunk` rows.
 inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
   const size_t rows = static_cast<size_t>(std::max(chunk, 0));
