@@ -100,18 +100,30 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw Error(concat(a, " needs a value"));
       return argv[++i];
     };
-    if (a == "--T") Ts = int_list(next());
-    else if (a == "--heads") heads = std::stoi(next());
-    else if (a == "--kv-heads") kv_heads = std::stoi(next());
-    else if (a == "--head-dim") d = std::stoi(next());
-    else if (a == "--batch") batch = std::stoi(next());
-    else if (a == "--tokens") tokens = std::stoi(next());
-    else if (a == "--dtype") dtype = next();
-    else if (a == "--alibi") alibi = true;
-    else if (a == "--paths") paths = next();
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--native-limit-gib") native_limit_gib = std::stod(next());
+    if (a == "--T")
+      Ts = int_list(next());
+    else if (a == "--heads")
+      heads = std::stoi(next());
+    else if (a == "--kv-heads")
+      kv_heads = std::stoi(next());
+    else if (a == "--head-dim")
+      d = std::stoi(next());
+    else if (a == "--batch")
+      batch = std::stoi(next());
+    else if (a == "--tokens")
+      tokens = std::stoi(next());
+    else if (a == "--dtype")
+      dtype = next();
+    else if (a == "--alibi")
+      alibi = true;
+    else if (a == "--paths")
+      paths = next();
+    else if (a == "--reps")
+      reps = std::stoi(next());
+    else if (a == "--warmup")
+      warmup = std::stoi(next());
+    else if (a == "--native-limit-gib")
+      native_limit_gib = std::stod(next());
     else {
       std::cerr << "bench_attention: unknown option " << a << "\n";
       return 2;
@@ -139,13 +151,14 @@ int main(int argc, char** argv) {
     fill(dctx.p, n * out_row, dt, 2);
     SHARDLM_CUDA_CHECK(cudaMemcpy(slopes.p, slopes_host.data(), heads * 4, cudaMemcpyHostToDevice));
     const double fwd_flop = 4.0 * B * heads * static_cast<double>(T) * T * d / 2;
+    size_t workspace = 0;  // the path's scratch for this shape
     auto report = [&](const std::string& path, double fwd_ms, double both_ms, const std::string& note) {
-      std::printf("{\"impl\": \"shardlm-%s\", \"T\": %d, \"batch\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
-                  "\"dtype\": \"%s\", \"alibi\": %s, \"fwd_ms\": %.4f, \"fwdbwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
-                  "\"fwdbwd_tflops\": %.1f, \"note\": \"%s\"}\n",
-                  path.c_str(), T, B, heads, kv_heads, d, dtype.c_str(), alibi ? "true" : "false", fwd_ms, both_ms,
-                  fwd_ms > 0 ? fwd_flop / fwd_ms / 1e9 : 0.0, both_ms > 0 ? 3.5 * fwd_flop / both_ms / 1e9 : 0.0,
-                  note.c_str());
+      std::printf(
+          "{\"impl\": \"shardlm-%s\", \"T\": %d, \"batch\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
+          "\"dtype\": \"%s\", \"alibi\": %s, \"workspace_bytes\": %zu, \"fwd_ms\": %.4f, \"fwdbwd_ms\": %.4f, "
+          "\"fwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f, \"note\": \"%s\"}\n",
+          path.c_str(), T, B, heads, kv_heads, d, dtype.c_str(), alibi ? "true" : "false", workspace, fwd_ms, both_ms,
+          fwd_ms > 0 ? fwd_flop / fwd_ms / 1e9 : 0.0, both_ms > 0 ? 3.5 * fwd_flop / both_ms / 1e9 : 0.0, note.c_str());
       std::fflush(stdout);
     };
 #ifdef SHARDLM_HAVE_CUDNN
@@ -159,11 +172,15 @@ int main(int argc, char** argv) {
         if (!refused.empty()) {
           report("cudnn", 0, 0, refused);
         } else {
-          GpuBuffer work(cudnn->workspace_bytes(l));
-          auto fwd = [&] { cudnn->forward(l, qkv.p, ctx.p, static_cast<float*>(lse.p), static_cast<float*>(slopes.p), work.p, s); };
+          workspace = cudnn->workspace_bytes(l);
+          GpuBuffer work(workspace);
+          auto fwd = [&] {
+            cudnn->forward(l, qkv.p, ctx.p, static_cast<float*>(lse.p), static_cast<float*>(slopes.p), work.p, s);
+          };
           auto both = [&] {
             fwd();
-            cudnn->backward(l, dctx.p, qkv.p, ctx.p, static_cast<float*>(lse.p), dqkv.p, static_cast<float*>(slopes.p), work.p, s);
+            cudnn->backward(l, dctx.p, qkv.p, ctx.p, static_cast<float*>(lse.p), dqkv.p, static_cast<float*>(slopes.p),
+                            work.p, s);
           };
           report("cudnn", median_ms(fwd, warmup, reps, s), median_ms(both, warmup, reps, s), "");
         }
@@ -176,23 +193,28 @@ int main(int argc, char** argv) {
       const size_t probs_bytes = alibi ? static_cast<size_t>(B) * heads * T * T * es : 0;
       const double gib = static_cast<double>(work_bytes + probs_bytes) / (1 << 30);
       if (gib > native_limit_gib) {
-        report("native", 0, 0, concat("skipped: needs ", static_cast<int>(gib), " GiB of scratch (limit ", native_limit_gib, ")"));
+        report("native", 0, 0,
+               concat("skipped: needs ", static_cast<int>(gib), " GiB of scratch (limit ", native_limit_gib, ")"));
         continue;
       }
+      workspace = work_bytes;
       GpuBuffer work(work_bytes), probs(probs_bytes);
       auto fwd = [&] {
         if (alibi)
-          cuda::attention_forward(gemm, qkv.p, ctx.p, probs.p, static_cast<float*>(slopes.p), B, T, heads, d, dt, work.p, s);
+          cuda::attention_forward(gemm, qkv.p, ctx.p, probs.p, static_cast<float*>(slopes.p), B, T, heads, d, dt,
+                                  work.p, s);
         else
-          cuda::llama_attention_forward(gemm, qkv.p, ctx.p, static_cast<float*>(lse.p), B, T, heads, kv_heads, d, dt, work.p, s);
+          cuda::llama_attention_forward(gemm, qkv.p, ctx.p, static_cast<float*>(lse.p), B, T, heads, kv_heads, d, dt,
+                                        work.p, s);
       };
       auto both = [&] {
         fwd();
         if (alibi)
-          cuda::attention_backward(gemm, dctx.p, qkv.p, probs.p, dqkv.p, static_cast<float*>(slopes.p), B, T, heads, d, dt, work.p, s);
+          cuda::attention_backward(gemm, dctx.p, qkv.p, probs.p, dqkv.p, static_cast<float*>(slopes.p), B, T, heads, d,
+                                   dt, work.p, s);
         else
-          cuda::llama_attention_backward(gemm, dctx.p, qkv.p, static_cast<float*>(lse.p), dqkv.p, B, T, heads, kv_heads, d, dt,
-                                         work.p, s);
+          cuda::llama_attention_backward(gemm, dctx.p, qkv.p, static_cast<float*>(lse.p), dqkv.p, B, T, heads, kv_heads,
+                                         d, dt, work.p, s);
       };
       report("native", median_ms(fwd, warmup, reps, s), median_ms(both, warmup, reps, s), "");
     }

@@ -63,6 +63,8 @@ def parse_args():
     p.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width (0 = 4 x hidden)")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="llama: rotary base")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each decoder block before fully_shard (as torchtitan does)")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 = no clipping")
@@ -139,6 +141,10 @@ def main():
             blocks[i] = checkpoint_wrapper(blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT,
                                            preserve_rng_state=False)
 
+    if a.compile:
+        for i in range(len(blocks)):
+            blocks[i] = torch.compile(blocks[i])
+
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
@@ -205,6 +211,7 @@ def main():
         record = {
             "impl": "pytorch-fsdp2",
             "arch": a.arch,
+            "compile": a.compile,
             "label": a.label,
             "strategy": strategy if world > 1 else "NO_SHARD (1 GPU)",
             "layout": layout,

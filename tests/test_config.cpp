@@ -133,7 +133,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 58u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 59u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -261,6 +261,23 @@ BOOST_AUTO_TEST_CASE(bad_values) {
   BOOST_TEST(has(error_of([&] { load(kBase + "[run]\ndir =\n"); }), "run.dir"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\ninit_std = 0\n"); }), "model.init_std = 0"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--train.lr=-1e-3"}); }), "train.lr = -1e-3"));
+}
+
+// model.attention: how the CUDA backend runs attention; not part of the shape, so it may sit beside
+// model.dir (whose config.json gives the shape) and survives reading it.
+BOOST_AUTO_TEST_CASE(model_attention) {
+  BOOST_TEST((load(kBase).model.attention == AttentionImpl::Auto));
+  BOOST_TEST(value_of(load(kBase), "model.attention") == "auto");
+  BOOST_TEST((load(kBase, {"--model.attention=cudnn"}).model.attention == AttentionImpl::Cudnn));
+  BOOST_TEST((load(kBase, {"--model.attention=native"}).model.attention == AttentionImpl::Native));
+  const std::string m = error_of([&] { load(kBase, {"--model.attention=flash"}); });
+  BOOST_TEST(has(m, "model.attention = 'flash'"));
+  BOOST_TEST(has(m, "cudnn"));
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
+  const RunConfig c = load("[model]\ndir = " + dir + "\nattention = native\n[data]\ntrain_file = train.json\n"
+                           "tokenizer = byte\n[train]\nbatch_size = 8\n");
+  BOOST_TEST(c.model.arch == "llama");
+  BOOST_TEST((c.model.attention == AttentionImpl::Native));
 }
 
 BOOST_AUTO_TEST_CASE(model_shape_checks) {

@@ -132,8 +132,8 @@ Result run_cudnn(CudnnAttention& attn, const AttentionLayout& l, const std::vect
   CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreate(&stream));
-  BOOST_REQUIRE_NO_THROW(attn.forward(l, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_slopes.as<float>(),
-                                      d_work.get(), stream));
+  BOOST_REQUIRE_NO_THROW(
+      attn.forward(l, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_slopes.as<float>(), d_work.get(), stream));
   CUDA_OK(cudaMemsetAsync(d_work.get(), 0x7f, d_work.bytes(), stream));
   BOOST_REQUIRE_NO_THROW(attn.backward(l, d_dctx.get(), d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_dqkv.get(),
                                        d_slopes.as<float>(), d_work.get(), stream));
@@ -214,7 +214,8 @@ BOOST_AUTO_TEST_CASE(head_dims_64_80_96_128) {
   Device dev;
   CudnnAttention attn;
   unsigned seed = 31;
-  for (const int d : {64, 80, 96, 128}) check_against_reference(attn, AttentionLayout::grouped(1, 29, 4, 2, d, DType::BF16), seed++);
+  for (const int d : {64, 80, 96, 128})
+    check_against_reference(attn, AttentionLayout::grouped(1, 29, 4, 2, d, DType::BF16), seed++);
 }
 
 BOOST_AUTO_TEST_CASE(bloom_alibi_matches_reference) {
@@ -232,26 +233,28 @@ BOOST_AUTO_TEST_CASE(medium_length_matches_native_kernels) {
   cuda::Gemm gemm;
   for (const bool bloom : {false, true}) {
     const DType dt = DType::BF16;
-    const AttentionLayout l = bloom ? AttentionLayout::bloom(2, 384, 8, 64, dt) : AttentionLayout::grouped(2, 512, 8, 2, 128, dt);
+    const AttentionLayout l =
+        bloom ? AttentionLayout::bloom(2, 384, 8, 64, dt) : AttentionLayout::grouped(2, 512, 8, 2, 128, dt);
     BOOST_TEST_CONTEXT((bloom ? "BLOOM" : "Llama") << " T " << l.T) {
       const Inputs in = make_inputs(l, bloom ? 51 : 52);
       const Result got = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes);
       const size_t es = dtype_size(dt);
-      DeviceBuffer d_qkv = to_device(in.qkv, dt), d_dctx = to_device(in.dctx, dt), d_slopes = to_device(in.slopes, DType::F32);
+      DeviceBuffer d_qkv = to_device(in.qkv, dt), d_dctx = to_device(in.dctx, dt),
+                   d_slopes = to_device(in.slopes, DType::F32);
       DeviceBuffer d_ctx(ctx_size(l) * es), d_dqkv(qkv_size(l) * es), d_lse(lse_size(l) * sizeof(float));
       if (bloom) {
         DeviceBuffer d_probs(static_cast<size_t>(l.B) * l.heads * l.T * l.T * es);
         DeviceBuffer d_work(cuda::attention_workspace_bytes(l.B, l.T, l.heads, l.head_dim, dt));
         cuda::attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(), l.B, l.T, l.heads,
                                 l.head_dim, dt, d_work.get(), nullptr);
-        cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(), l.B,
-                                 l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
+        cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(),
+                                 l.B, l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
       } else {
         DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
         cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
                                       l.head_dim, dt, d_work.get(), nullptr);
-        cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T, l.heads,
-                                       l.kv_heads, l.head_dim, dt, d_work.get(), nullptr);
+        cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T,
+                                       l.heads, l.kv_heads, l.head_dim, dt, d_work.get(), nullptr);
       }
       const std::vector<float> ctx = download(d_ctx.get(), ctx_size(l), dt);
       const std::vector<float> dqkv = download(d_dqkv.get(), qkv_size(l), dt);

@@ -13,10 +13,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <initializer_list>
 #include <memory>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine.hpp"
 #include "shardlm/model.hpp"
@@ -449,6 +453,41 @@ BOOST_AUTO_TEST_CASE(llama_bf16_tracks_the_fp32_curve) {
   BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
   BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 0.03);
   BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
+}
+
+// The "attention" field of a finished run's summary record (metrics.jsonl).
+std::string summary_attention(const RunConfig& cfg) {
+  std::ifstream in(cfg.run.dir + "/metrics.jsonl");
+  std::string line, attention;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("type", "") == "summary") attention = j.value("attention", "");
+  }
+  return attention;
+}
+
+// bf16 through cuDNN's fused attention (auto) and through the native kernels: the same curve within
+// bf16's noise, BLOOM (ALiBi) and Llama (grouped-query heads); micro-batches padded to their longest
+// sample, so the fused path builds plans for several shapes. The summary says which path ran.
+BOOST_AUTO_TEST_CASE(bf16_attention_paths_give_the_same_curve) {
+  for (const bool llama : {false, true}) {
+    auto make = llama ? llama_config : config;
+    RunConfig fused = make("cuda", "bf16_fused", 30), native = make("cuda", "bf16_native", 30);
+    fused.fsdp.param_dtype = native.fsdp.param_dtype = DType::BF16;
+    native.model.attention = AttentionImpl::Native;
+    const TrainResult a = train(fused, MPI_COMM_WORLD, quiet());
+    const TrainResult b = train(native, MPI_COMM_WORLD, quiet());
+    BOOST_TEST_CONTEXT((llama ? "llama" : "bloom")) {
+      BOOST_TEST_REQUIRE(a.step_losses.size() == 30u);
+      BOOST_TEST(max_relative(a.step_losses, b.step_losses) < 0.02);
+      if (world_rank() == 0) {
+#ifdef SHARDLM_HAVE_CUDNN
+        BOOST_TEST(summary_attention(fused).rfind("cudnn", 0) == 0, summary_attention(fused));
+#endif
+        BOOST_TEST(summary_attention(native) == "native (model.attention = native)");
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

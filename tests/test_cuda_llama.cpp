@@ -466,11 +466,17 @@ Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const std::vec
   return out;
 }
 
+// head_dim 8 (tiny_llama's) is below what cuDNN's fused attention takes: those runs use the native
+// kernels whatever `attention` says (auto); head_dim 64 runs the fused path in 16 bits.
 void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
-                      const std::string& arch = "llama") {
-  BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing) {
+                      const std::string& arch = "llama", AttentionImpl attention = AttentionImpl::Auto,
+                      int head_dim = 8) {
+  BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing
+                          << " attention=" << static_cast<int>(attention) << " head_dim=" << head_dim) {
     ModelConfig cfg = tiny_llama(tied);
     cfg.arch = arch;
+    cfg.attention = attention;
+    cfg.hidden_size = head_dim * cfg.num_heads;
     std::vector<std::vector<float>> params = model_test::make_model(cfg, 11).params;
     if (dt != DType::F32)  // both sides see the parameters the GPU computes with
       for (auto& p : params) round_to(dt, p.data(), p.size());
@@ -683,6 +689,42 @@ BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {
   require_device("test_cuda_llama");
   compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1);
   compare_with_cpu(false, DType::F16, true, 5e-3, 0.03);
+}
+
+// Head dim 64: cuDNN's fused attention in 16 bits (auto), and the native kernels asked for by name.
+BOOST_AUTO_TEST_CASE(both_attention_paths_stay_close_to_llama_cpu) {
+  require_device("test_cuda_llama");
+  for (const AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Native}) {
+    compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1, "llama", a, 64);
+    compare_with_cpu(true, DType::F16, true, 5e-3, 0.03, "llama", a, 64);
+    compare_with_cpu(false, DType::BF16, true, 2e-2, 0.1, "qwen2", a, 64);
+  }
+}
+
+// model.attention picks the path; the model says which and why (the run's log prints it).
+BOOST_AUTO_TEST_CASE(attention_path_is_chosen_and_explained) {
+  require_device("test_cuda_llama");
+  ModelConfig cfg = tiny_llama(false);
+  cfg.hidden_size = 64 * cfg.num_heads;
+  auto description = [&](AttentionImpl a, DType dt) {
+    cfg.attention = a;
+    return cuda::LlamaCuda(cfg, dt, 2, 16, false, LlamaBlock{}).attention_description();
+  };
+#ifdef SHARDLM_HAVE_CUDNN
+  BOOST_TEST(description(AttentionImpl::Auto, DType::BF16).rfind("cudnn (cuDNN 9.", 0) == 0);
+  BOOST_TEST(description(AttentionImpl::Cudnn, DType::F16).rfind("cudnn", 0) == 0);
+#endif
+  BOOST_TEST(description(AttentionImpl::Native, DType::BF16) == "native (model.attention = native)");
+  BOOST_TEST(description(AttentionImpl::Auto, DType::F32).find("fp32") != std::string::npos);
+  cfg.attention = AttentionImpl::Cudnn;
+  BOOST_CHECK_EXCEPTION(cuda::LlamaCuda(cfg, DType::F32, 2, 16, false, LlamaBlock{}), Error, [](const Error& e) {
+    return std::string(e.what()).find("model.attention = cudnn") != std::string::npos;
+  });
+  // The fused path holds only the log-sum-exp and its backward's own scratch: the planned sizes say so.
+  cfg.attention = AttentionImpl::Auto;
+  const size_t fused = cuda::llama_cuda_sizes(cfg, DType::BF16, 2, 16, false, true).total();
+  const size_t native = cuda::llama_cuda_sizes(cfg, DType::BF16, 2, 16, false, false).total();
+  BOOST_TEST(fused != native);
 }
 
 BOOST_AUTO_TEST_CASE(llama_cuda_checks_shapes) {

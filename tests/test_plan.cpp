@@ -105,11 +105,17 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {
     std::vector<std::string> overrides;
     double gib;
   };
-  const std::vector<Point> points = {
-      {{"--train.batch_size=8"}, 15.93},
-      {{"--train.batch_size=8", "--fsdp.activation_checkpointing=true"}, 11.80},
-      {{"--train.batch_size=8", "--fsdp.cpu_offload=true"}, 9.68},
+  // The native attention kernels (model.attention = native), measured on an H200, 2026-11-24; and
+  // cuDNN's fused attention (auto in a build with cuDNN), measured on an H100, 2026-11-25.
+  std::vector<Point> points = {
+      {{"--train.batch_size=8", "--model.attention=native"}, 15.93},
+      {{"--train.batch_size=8", "--fsdp.activation_checkpointing=true", "--model.attention=native"}, 11.80},
+      {{"--train.batch_size=8", "--fsdp.cpu_offload=true", "--model.attention=native"}, 9.68},
   };
+#ifdef SHARDLM_HAVE_CUDNN
+  points.push_back({{"--train.batch_size=8"}, 14.43});
+  points.push_back({{"--train.batch_size=8", "--fsdp.activation_checkpointing=true"}, 11.73});
+#endif
   for (const Point& p : points) {
     shardlm::MemoryPlanSpec s = spec_of(bloom560m(p.overrides));
     BOOST_TEST_REQUIRE((s.backend == shardlm::BackendKind::Cuda));
@@ -138,6 +144,7 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {
 // workspace (scores, a 16-bit dS, fp32 key|value gradients) and the LM head's (logits, losses, flags).
 BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   shardlm::MemoryPlanSpec s;
+  s.model.attention = shardlm::AttentionImpl::Native;  // the counts below are the native kernels'
   s.model.arch = "llama";
   s.model.vocab_size = 300, s.model.hidden_size = 32, s.model.num_layers = 2, s.model.num_heads = 4;
   s.model.num_kv_heads = 2;
@@ -156,6 +163,13 @@ BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
   const size_t bf16 = 3 * 1024 + 64 + 16 + 2 * (2 * 64 + 2048 + 256 + 1024 + 1024 + 8192) +
                       (1024 + 1024 + 1024 + 4096 + 2048 + 8192) + (4096 + 2048 + 2048) + head;
   BOOST_TEST(shardlm::plan_rank_memory(s).activations() == bf16);
+#ifdef SHARDLM_HAVE_CUDNN
+  // cuDNN's fused attention in bf16 (head dim 8): the workspace is the backward's fp32 row sums
+  // (64 rows), its fp32 dq accumulator [64, 8] and cuDNN's engine workspace (the same, plus 256).
+  s.model.attention = shardlm::AttentionImpl::Auto;
+  BOOST_TEST(shardlm::plan_rank_memory(s).activations() == bf16 - (4096 + 2048 + 2048) + (256 + 2048 + 2304));
+  s.model.attention = shardlm::AttentionImpl::Native;
+#endif
   // Untied, the root holds the LM head too: its shard, gradient and moments grow by V x H.
   shardlm::MemoryPlanSpec tied = s;
   tied.model.tie_word_embeddings = true;

@@ -28,6 +28,7 @@ const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
+const char* attention_impl_name(AttentionImpl a);          // model.attention: "auto" | "cudnn" | "native"
 
 // The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
 // config.json and the initial weights from its safetensors files.

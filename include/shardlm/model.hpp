@@ -24,6 +24,12 @@ struct RopeScaling {
   int original_max_position_embeddings = 8192;
 };
 
+// How the CUDA backend runs attention (model.attention): Auto takes cuDNN's fused flash attention
+// where it can run (cuDNN built in, a GPU of compute capability 8.0+, a 16-bit compute dtype, a head
+// dimension cuDNN takes) and the native kernels elsewhere; Cudnn requires the fused path; Native
+// never uses it. The CPU backend has one attention and ignores it.
+enum class AttentionImpl { Auto, Cudnn, Native };
+
 // The model's shape. `arch` names the family (model_families(): "bloom", "llama", ...); fields a
 // family does not use are ignored.
 struct ModelConfig {
@@ -42,6 +48,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
+  AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -82,6 +89,13 @@ std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
 // every rank and every world size, so each rank fills only the slice it owns.
 void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size_t begin, size_t end,
                       float* out);
+
+// Why cuDNN's fused attention cannot take this model's attention in compute dtype dt ("" when the
+// shape allows it; the GPU and the library are checked when the model starts).
+std::string fused_attention_refusal(const ModelConfig& cfg, DType dt);
+// Whether the CUDA model will run attention through cuDNN, as far as this build and the shape tell:
+// what `shardlm plan` and the memory sizes of the CUDA models assume.
+bool plans_fused_attention(const ModelConfig& cfg, DType dt);
 
 // BLOOM's positions: ALiBi slopes for `num_heads` heads (as transformers' build_alibi_tensor).
 std::vector<float> alibi_slopes(int num_heads);
@@ -130,6 +144,9 @@ class UnitModel {
 
   // Bytes of the buffers counted as activations in the run's memory records.
   virtual size_t activation_bytes() const = 0;
+  // How attention runs, for the run's log and summary: on the CPU "cpu"; on the GPU
+  // "cudnn (cuDNN 9.19.0 fused flash attention)" or "native (...why not cuDNN...)".
+  virtual std::string attention_description() const = 0;
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

@@ -157,7 +157,8 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   // With model.dir the model's shape comes from its config.json: shape keys may not be given too.
   const bool from_model_dir = vm.count("model.dir") > 0 && !trim(vm["model.dir"].as<std::string>()).empty();
   auto is_shape_key = [](const std::string& name) {
-    return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std";
+    return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std" &&
+           name != "model.attention";
   };
 
   RunConfig cfg;
@@ -184,8 +185,10 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     text << in.rdbuf();
     SHARDLM_CHECK(in, "model.dir: cannot read ", path);
     const float init_std = cfg.model.init_std;
+    const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
     static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text.str(), path);
     cfg.model.init_std = init_std;
+    cfg.model.attention = attention;
   }
   if (cfg.data.tokenizer == TokenizerSource::Auto) {
     cfg.data.tokenizer_file = cfg.tokenizer_json();

@@ -228,6 +228,8 @@ static std::vector<KeySpec> build_table() {
       positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps)),
       positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta)),
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),
+      enum_key("model.attention", SHARDLM_FIELD(model.attention),
+               {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native}, attention_impl_name),
       model_dir_key("model.dir"),
 
       enum_key("data.format", SHARDLM_FIELD(data.format), {DataFormat::Squad, DataFormat::Jsonl, DataFormat::Chess},

@@ -256,4 +256,6 @@ size_t FsdpEngine::device_peak_bytes() const {
   return backend_->host_memory() ? 0 : backend_->peak_bytes();
 }
 
+std::string FsdpEngine::attention_description() const { return impl_->model->attention_description(); }
+
 }  // namespace shardlm

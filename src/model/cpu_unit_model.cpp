@@ -53,6 +53,7 @@ class CpuUnitModel final : public UnitModel {
     for (int i = 0; i < 2; ++i) floats += hidden_[i].size() + dhidden_[i].size();
     return model_->activation_bytes() + floats * sizeof(float);
   }
+  std::string attention_description() const override { return "cpu"; }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_begin(slots, max_len, max_rows);

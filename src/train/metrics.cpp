@@ -128,6 +128,7 @@ nlohmann::json summary_record(const RunSummary& s) {
                       {"peak_memory_bytes_per_rank", s.peak_memory_bytes},
                       {"peak_rss_bytes", s.peak_rss_bytes},
                       {"preempted", s.preempted}};
+  if (!s.attention.empty()) j["attention"] = s.attention;
   if (std::isfinite(s.final_loss)) j["final_loss"] = s.final_loss;
   // The last generation's scores, as Trainer's final metrics carry its last evaluation's.
   for (const EvalLog& e : s.evals) {

@@ -71,6 +71,7 @@ struct RunSummary {
   std::vector<double> peak_memory_bytes;  // per rank
   double peak_rss_bytes = 0;              // largest over ranks
   bool gpu_memory = false;
+  std::string attention;  // the model's attention path (UnitModel::attention_description)
   std::vector<EvalLog> evals;
 };
 

@@ -109,6 +109,7 @@ void report_shape(TrainRun& run) {
                  " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
                  ", replicate group ", groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype),
                  ", reduce ", dtype_name(cfg.fsdp.reduce_dtype)));
+  run.say(concat("attention: ", run.engine->attention_description()));
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
                  " ranks; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));
@@ -116,6 +117,7 @@ void report_shape(TrainRun& run) {
     run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
                        {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
                        {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
+                       {"attention", run.engine->attention_description()},
                        {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
 }
 

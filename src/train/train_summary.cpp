@@ -39,6 +39,7 @@ void summarize_run(TrainRun& run, const TrainPosition& pos, const RunTotals& tot
   summary.peak_memory_bytes = peaks;
   summary.peak_rss_bytes = static_cast<double>(result.peak_rss_bytes);
   summary.gpu_memory = model.device_peak_bytes() > 0;
+  summary.attention = model.attention_description();
   summary.evals = totals.evals;
   if (run.echo) {
     std::fputs(summary_table(summary).c_str(), stdout);

@@ -151,6 +151,38 @@ size_t needed(const Plan& plan, const Row& row, int micro) {
   return plan_rank_memory(spec_of(plan, row, micro)).device_total() + plan.runtime;
 }
 
+// The longest data.max_length whose run fits at the deck's micro-batch with the given attention
+// path (0: not even one token), by doubling then bisection up to kMaxSeqSearched.
+constexpr int kMaxSeqSearched = 1 << 22;
+int longest_sequence(const Plan& plan, const Row& row, AttentionImpl attention) {
+  auto fits = [&](int seq) {
+    MemoryPlanSpec s = spec_of(plan, row, plan.cfg.train.micro_batch_size);
+    s.model.attention = attention;
+    s.max_seq = seq;
+    return plan_rank_memory(s).device_total() + plan.runtime <= plan.args.budget;
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = 2;
+  while (hi <= kMaxSeqSearched && fits(hi)) lo = hi, hi *= 2;
+  if (hi > kMaxSeqSearched) return lo;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// What the CUDA models will run for attention, as far as the build and the shape tell.
+std::string planned_attention(const RunConfig& c) {
+  const DType compute = c.fsdp.param_dtype;
+  if (c.model.attention == AttentionImpl::Native) return "native (model.attention = native)";
+  const std::string refused = fused_attention_refusal(c.model, compute);
+  if (refused.empty())
+    return concat("cudnn fused flash attention (model.attention = ", attention_impl_name(c.model.attention),
+                  "; on a GPU of compute capability 8.0 or newer; the native kernels elsewhere)");
+  return concat("native (", refused, ")");
+}
+
 // Memory grows with the micro-batch: double until it no longer fits, then bisect.
 int largest_micro_batch(const Plan& plan, const Row& row) {
   if (needed(plan, row, 1) > plan.args.budget) return 0;
@@ -254,6 +286,7 @@ void print_table(const Plan& plan) {
   std::printf("run      %s backend, %d rank(s), %d per node; micro-batch %d x %d tokens; param %s, reduce %s\n",
               backend_name(c.run.backend), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,
               dtype_name(c.fsdp.param_dtype), dtype_name(c.fsdp.reduce_dtype));
+  if (cuda) std::printf("attention %s\n", planned_attention(c).c_str());
   if (cuda)
     std::printf("budget   %s per GPU, of which %s for the CUDA runtime (context, cuBLASLt, NCCL; measured,\n"
                 "         docs/PERFORMANCE.md); \"total\" is what the run reports as its peak\n",
@@ -278,6 +311,21 @@ void print_table(const Plan& plan) {
               " max micro = the largest micro-batch that fits\n");
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
+  if (cuda) {
+    // The longest data.max_length at the deck's micro-batch, for the deck's configuration and the
+    // recommended one, with the attention path the run would take and with the native kernels.
+    const bool fused = plans_fused_attention(c.model, c.fsdp.param_dtype);
+    std::printf("\nlongest sequence that fits at micro-batch %d%s:\n", c.train.micro_batch_size,
+                fused ? " (cuDNN attention; native attention in parentheses)" : "");
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      const Row& r = plan.rows[i];
+      if (!r.deck && static_cast<int>(i) != plan.pick) continue;
+      std::printf("  %-37s %d tokens", concat(config_name(r), r.deck ? " *" : " (recommended)").c_str(),
+                  longest_sequence(plan, r, fused ? c.model.attention : AttentionImpl::Native));
+      if (fused) std::printf(" (%d)", longest_sequence(plan, r, AttentionImpl::Native));
+      std::printf("\n");
+    }
+  }
   if (plan.pick >= 0)
     std::printf("\nrecommendation: %s at micro-batch %d (up to %d fits): %s\n",
                 config_name(plan.rows[plan.pick]).c_str(), c.train.micro_batch_size, plan.rows[plan.pick].max_micro,
@@ -334,6 +382,7 @@ void print_json(const Plan& plan) {
       {"max_length", c.data.max_length},
       {"param_dtype", dtype_name(c.fsdp.param_dtype)},
       {"reduce_dtype", dtype_name(c.fsdp.reduce_dtype)},
+      {"attention", planned_attention(c)},
       {"budget_bytes", plan.args.budget},
       {"runtime_overhead_bytes", plan.runtime},
       {"rows", rows}};

@@ -28,9 +28,12 @@ void check(cudnnStatus_t rc, const char* what) {
 
 cudnnDataType_t cudnn_type(DType dt) {
   switch (dt) {
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    case DType::F16: return CUDNN_DATA_HALF;
+    case DType::F32:
+      return CUDNN_DATA_FLOAT;
+    case DType::BF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::F16:
+      return CUDNN_DATA_HALF;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -38,7 +41,9 @@ cudnnDataType_t cudnn_type(DType dt) {
 // One backend descriptor, destroyed with its owner.
 class Desc {
  public:
-  explicit Desc(cudnnBackendDescriptorType_t type) { check(cudnnBackendCreateDescriptor(type, &d_), "create descriptor"); }
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    check(cudnnBackendCreateDescriptor(type, &d_), "create descriptor");
+  }
   ~Desc() {
     if (d_) cudnnBackendDestroyDescriptor(d_);
   }
@@ -70,7 +75,21 @@ using Dims = std::vector<int64_t>;
 
 // Unique ids of the tensors a call passes data for; virtual tensors are numbered from kFirstVirtual.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kSlopes, kMaskValue, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kSlopes,
+  kMaskValue,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSoftmaxSum,
+  kDQAccum,
+  kOne,
   kFirstVirtual = 100
 };
 
@@ -98,7 +117,9 @@ class GraphBuilder {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
   // A scalar passed by value at execution (a host pointer in the variant pack).
-  DescPtr scalar(int64_t uid, cudnnDataType_t type) { return tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  DescPtr scalar(int64_t uid, cudnnDataType_t type) {
+    return tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
 
   // y = mode(x, b) (t: BINARY_SELECT's condition; axis: GEN_INDEX's).
   void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t precision, const DescPtr& x, const DescPtr& b,
@@ -142,7 +163,9 @@ class GraphBuilder {
   }
   void reshape(const DescPtr& x, const DescPtr& y) {
     auto op = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, *x).set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, *y).finalize("reshape operation");
+    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, *x)
+        .set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, *y)
+        .finalize("reshape operation");
     add(nullptr, op);
   }
 
@@ -150,7 +173,9 @@ class GraphBuilder {
   // execution plan. Returns the plan, or null with `why` set when no engine takes the graph.
   DescPtr build(int64_t& workspace, std::string& why) {
     auto graph = std::make_shared<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(), static_cast<int64_t>(ops_.size()))
+    graph
+        ->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(),
+              static_cast<int64_t>(ops_.size()))
         .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
     if (const cudnnStatus_t rc = graph->try_finalize(); rc != CUDNN_STATUS_SUCCESS) {
       why = last_error("operation graph", rc);
@@ -159,14 +184,15 @@ class GraphBuilder {
     keep_.push_back(graph);
     for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
       Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-      heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
+      heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph)
+          .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
       if (const cudnnStatus_t rc = heur.try_finalize(); rc != CUDNN_STATUS_SUCCESS) {
         why = last_error("engine heuristics", rc);
         continue;
       }
       int64_t count = 0;
-      check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                     nullptr),
+      check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                     &count, nullptr),
             "heuristics result count");
       std::vector<std::unique_ptr<Desc>> configs;
       std::vector<cudnnBackendDescriptor_t> raw;
@@ -227,8 +253,7 @@ struct Geometry {
   Dims q_dims, q_strides, kt_dims, kt_strides, v_dims, v_strides, vt_dims, vt_strides, o_dims, o_strides;
   Dims score_dims, score_strides, row_dims, row_strides;
 
-  explicit Geometry(const AttentionLayout& l)
-      : B(l.B), H(l.heads), KV(l.kv_heads), T(l.T), d(l.head_dim) {
+  explicit Geometry(const AttentionLayout& l) : B(l.B), H(l.heads), KV(l.kv_heads), T(l.T), d(l.head_dim) {
     const int64_t seq = T * l.row;
     q_dims = {B, H, T, d};
     q_strides = {seq, l.head, l.row, 1};
@@ -321,7 +346,8 @@ std::string CudnnAttention::unavailable_reason() {
   int device = 0, major = 0;
   SHARDLM_CUDA_CHECK(cudaGetDevice(&device));
   SHARDLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 8) return concat("the GPU has compute capability ", major, ".x; cuDNN's fused attention needs 8.0 or newer");
+  if (major < 8)
+    return concat("the GPU has compute capability ", major, ".x; cuDNN's fused attention needs 8.0 or newer");
   return "";
 }
 
@@ -351,7 +377,8 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
   const cudnnDataType_t io = cudnn_type(l.dt), f32 = CUDNN_DATA_FLOAT;
   const bool grouped = l.kv_heads != l.heads;
 
-  if (l.dt == DType::F32) plans->refused = "cuDNN's fused attention takes bf16 or fp16, not fp32";
+  if (l.dt == DType::F32)
+    plans->refused = "cuDNN's fused attention takes bf16 or fp16, not fp32";
   else if (l.head_dim % 8 != 0 || l.head_dim > 256)
     plans->refused = concat("head dimension ", l.head_dim, " (cuDNN's fused attention takes multiples of 8 up to 256)");
   else if (l.kv_heads <= 0 || l.heads % l.kv_heads != 0)
@@ -520,10 +547,22 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
   float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
   float one = 1.0f;
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kMaskValue, kSoftmaxSum, kDQAccum, kOne};
-  std::vector<void*> ptrs = {at(qkv, l.q, l.dt), at(qkv, l.k, l.dt), at(qkv, l.v, l.dt), const_cast<void*>(ctx),
-                             const_cast<void*>(dctx), const_cast<float*>(lse), at(dqkv, l.q, l.dt), at(dqkv, l.k, l.dt),
-                             at(dqkv, l.v, l.dt), &scale, &mask_value, softmax_sum, dq_accum, &one};
+  std::vector<int64_t> uids = {kQ,  kK,  kV,     kO,         kDO,         kStats,   kDQ,
+                               kDK, kDV, kScale, kMaskValue, kSoftmaxSum, kDQAccum, kOne};
+  std::vector<void*> ptrs = {at(qkv, l.q, l.dt),
+                             at(qkv, l.k, l.dt),
+                             at(qkv, l.v, l.dt),
+                             const_cast<void*>(ctx),
+                             const_cast<void*>(dctx),
+                             const_cast<float*>(lse),
+                             at(dqkv, l.q, l.dt),
+                             at(dqkv, l.k, l.dt),
+                             at(dqkv, l.v, l.dt),
+                             &scale,
+                             &mask_value,
+                             softmax_sum,
+                             dq_accum,
+                             &one};
   if (l.alibi) {
     uids.push_back(kSlopes);
     ptrs.push_back(const_cast<float*>(slopes));

@@ -29,18 +29,20 @@ namespace shardlm::cuda {
 struct AttentionLayout {
   int B = 0, T = 0, heads = 0, kv_heads = 0, head_dim = 0;
   DType dt = DType::BF16;
-  bool alibi = false;      // add slope_h * (j - i) to the scores (slopes: fp32 device [heads])
-  long long row = 0;       // elements from one token's q/k/v row to the next (qkv and dqkv)
-  long long head = 0;      // elements from one head to the next inside q, k or v
+  bool alibi = false;             // add slope_h * (j - i) to the scores (slopes: fp32 device [heads])
+  long long row = 0;              // elements from one token's q/k/v row to the next (qkv and dqkv)
+  long long head = 0;             // elements from one head to the next inside q, k or v
   long long q = 0, k = 0, v = 0;  // offset of head 0 of q, k and v inside a row
-  long long out_row = 0;   // elements from one token's context row to the next (ctx and dctx)
+  long long out_row = 0;          // elements from one token's context row to the next (ctx and dctx)
 
   // Llama / Qwen2: each row is q heads, then k heads, then v heads (q_proj, k_proj, v_proj side by side).
   static AttentionLayout grouped(int B, int T, int heads, int kv_heads, int head_dim, DType dt);
   // BLOOM: each head's q, k, v side by side ([T, heads, 3, d]), ALiBi.
   static AttentionLayout bloom(int B, int T, int heads, int head_dim, DType dt);
 
-  auto key() const { return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, row, head, q, k, v, out_row); }
+  auto key() const {
+    return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, row, head, q, k, v, out_row);
+  }
 };
 
 class CudnnAttention {
@@ -64,8 +66,8 @@ class CudnnAttention {
   size_t workspace_bytes(const AttentionLayout& l);
 
   // ctx = softmax(scale q k^T + bias, causal) v; lse = each row's log-sum-exp ([B, heads, T], fp32).
-  void forward(const AttentionLayout& l, const void* qkv, void* ctx, float* lse, const float* slopes,
-               void* workspace, cudaStream_t stream);
+  void forward(const AttentionLayout& l, const void* qkv, void* ctx, float* lse, const float* slopes, void* workspace,
+               cudaStream_t stream);
   // dqkv (q, k and v parts; written, not accumulated) from dctx, the forward's qkv, ctx and lse.
   void backward(const AttentionLayout& l, const void* dctx, const void* qkv, const void* ctx, const float* lse,
                 void* dqkv, const float* slopes, void* workspace, cudaStream_t stream);

@@ -35,6 +35,16 @@ inline size_t cudnn_attention_own_bytes(int B, int T, int heads, int head_dim) {
   return align256(rows * sizeof(float)) + align256(rows * head_dim * sizeof(float));
 }
 
+// All the fused calls need: the above and cuDNN's engine workspace, which its fused backward
+// reports as 256 bytes, plus one fp32 [B, heads, T, head_dim] tensor when key/value heads are
+// grouped (cuDNN 9.19 on an H100, for every shape measured: docs/PERFORMANCE.md). The models take
+// cuDNN's own figure instead where it is larger (their start-up check then says the plan was short).
+inline size_t cudnn_attention_workspace_bytes(int B, int T, int heads, int kv_heads, int head_dim) {
+  const size_t rows = static_cast<size_t>(B) * heads * T;
+  const size_t grouped = kv_heads != heads ? rows * head_dim * sizeof(float) : 0;
+  return cudnn_attention_own_bytes(B, T, heads, head_dim) + align256(grouped + 256);
+}
+
 // lm_head_loss (lm_head.cu): fp32 logits, per-row losses and target flags of `chunk` rows.
 inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
   const size_t rows = static_cast<size_t>(std::max(chunk, 0));

@@ -18,12 +18,14 @@ struct BloomCudaSizes {
   // LayerNorm's outputs (each `norm_out`) and their fp32 mean and 1/std (each `row_stats`).
   size_t hidden = 0, norm_out = 0, row_stats = 0;
   size_t slopes = 0;  // ALiBi's, fp32 per head
-  // Per saved block: both LayerNorms' outputs and statistics, fused qkv, attention probabilities,
-  // context, the mid-block residual h2, the MLP's pre-GELU and GELU outputs.
+  // Per saved block: both LayerNorms' outputs and statistics, fused qkv, attention probabilities
+  // ([B, heads, T, T] in dt; with cuDNN's fused attention only each row's fp32 log-sum-exp,
+  // [B, heads, T]), context, the mid-block residual h2, the MLP's pre-GELU and GELU outputs.
   size_t ln = 0, qkv = 0, probs = 0, context = 0, h2 = 0, wide = 0;
   // Backward scratch: two hidden-state gradients, then d(LayerNorm out), d(qkv), d(context),
   // d(h2), d(pre-GELU).
   size_t dh = 0, dln = 0, dqkv = 0, dctx = 0, dh2 = 0, dpre = 0;
+  // The native kernels' scratch, or cuDNN's fused attention's (cudnn_attention_workspace_bytes).
   size_t attention_workspace = 0, head_workspace = 0;
   int head_chunk = 0;
 
@@ -38,7 +40,7 @@ struct BloomCudaSizes {
 };
 
 inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                                       bool activation_checkpointing) {
+                                       bool activation_checkpointing, bool fused_attention) {
   const size_t es = dtype_size(dt), f32 = sizeof(float);
   const size_t B = static_cast<size_t>(std::max(max_batch, 0)), T = static_cast<size_t>(std::max(max_seq, 0));
   const size_t N = B * T, H = cfg.hidden_size, L = cfg.num_layers, heads = cfg.num_heads;
@@ -50,14 +52,16 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.slopes = heads * f32;
   s.ln = N * H * es;
   s.qkv = N * 3 * H * es;
-  s.probs = B * heads * T * T * es;
+  s.probs = fused_attention ? B * heads * T * f32 : B * heads * T * T * es;
   s.context = N * H * es;
   s.h2 = N * H * es;
   s.wide = N * 4 * H * es;
   s.dh = s.dln = s.dctx = s.dh2 = N * H * es;
   s.dqkv = N * 3 * H * es;
   s.dpre = N * 4 * H * es;
-  s.attention_workspace = attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.head_dim(), dt);
+  const int d = cfg.head_dim();
+  s.attention_workspace = fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d)
+                                          : attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
   s.head_chunk = static_cast<int>(std::min<size_t>(kBloomHeadChunkTokens, N));
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   return s;

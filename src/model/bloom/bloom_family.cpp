@@ -55,7 +55,8 @@ ModelFamily bloom_family() {
   f.make_cpu = make_bloom_cpu;
   f.cpu_activation_bytes = bloom_cpu_activation_bytes;
   f.cuda_memory = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
-    const cuda::BloomCudaSizes s = cuda::bloom_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing);
+    const cuda::BloomCudaSizes s =
+        cuda::bloom_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing, plans_fused_attention(cfg, dt));
     return ModelMemory{s.activations(), s.extra()};
   };
 #ifdef SHARDLM_HAVE_CUDA

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
@@ -38,6 +39,8 @@ class CudaModel {
 
   // Bytes of the device buffers counted as activations in the run's memory records.
   virtual size_t activation_bytes() const = 0;
+  // The attention path and why (AttentionPath::description).
+  virtual std::string attention_description() const = 0;
   virtual const ModelConfig& config() const = 0;
 
   // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----

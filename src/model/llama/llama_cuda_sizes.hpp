@@ -21,12 +21,14 @@ struct LlamaCudaSizes {
   // inverse frequencies.
   size_t hidden = 0, final_rstd = 0, inv_freq = 0;
   // Per saved block: both norms' 1/rms, q|k|v after rotary, the softmax's per-row log-sum-exp
-  // (the probabilities are recomputed from it in backward), attention context, the mid-block
-  // residual h2, gate|up projections.
+  // (the probabilities are recomputed from it in backward, on either attention path), attention
+  // context, the mid-block residual h2, gate|up projections.
   size_t rstd = 0, qkv = 0, lse = 0, context = 0, h2 = 0, gate_up = 0;
   // Scratch shared by the blocks: a norm's output, the gradient flowing into a norm or the
   // context, the hidden-state gradient, SiLU(gate) * up and its gradient, d(q|k|v), d(gate|up).
   size_t norm = 0, grad = 0, dh = 0, wide = 0, dqkv = 0, dgate_up = 0;
+  // attention_workspace: the native kernels' T x T scratch, or cuDNN's fused attention's
+  // (cudnn_attention_workspace_bytes).
   size_t attention_workspace = 0, head_workspace = 0;
   int head_chunk = 0;
 
@@ -38,7 +40,7 @@ struct LlamaCudaSizes {
 };
 
 inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                                       bool activation_checkpointing) {
+                                       bool activation_checkpointing, bool fused_attention) {
   const size_t es = dtype_size(dt), f32 = sizeof(float);
   const size_t B = static_cast<size_t>(std::max(max_batch, 0)), T = static_cast<size_t>(std::max(max_seq, 0));
   const size_t N = B * T, H = cfg.hidden_size, L = cfg.num_layers, F = cfg.ffn_size();
@@ -61,17 +63,22 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
     s.wide = N * F * es;
     s.dqkv = N * (QW + 2 * KVW) * es;
     s.dgate_up = N * 2 * F * es;
-    s.attention_workspace = llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
+    s.attention_workspace =
+        fused_attention
+            ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.kv_heads(), static_cast<int>(d))
+            : llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
   }
   s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   return s;
 }
 
-// The Llama-style families' cuda_memory: LlamaCuda counts every buffer it holds as activations.
+// The Llama-style families' cuda_memory: LlamaCuda counts every buffer it holds as activations
+// (the attention path plans_fused_attention assumes).
 inline ModelMemory llama_cuda_memory(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
                                      bool activation_checkpointing) {
-  return ModelMemory{llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing).total(), 0};
+  const bool fused = plans_fused_attention(cfg, dt);
+  return ModelMemory{llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, fused).total(), 0};
 }
 
 }  // namespace shardlm::cuda

@@ -12,7 +12,8 @@ namespace shardlm::cuda {
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
     : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
-      sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
+      attention_("BloomCuda", cfg, dt, max_batch, max_seq, true),
+      sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
   root_ = bloom_root_offsets(layout[0]);
   if (cfg.num_layers > 0) block_ = bloom_block_offsets(layout[1]);
@@ -22,7 +23,7 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 
   // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
   const BloomCudaSizes& z = sizes_;
-  allocate_step_buffers(z.hidden, z.attention_workspace, z.head_workspace);
+  allocate_step_buffers(z.hidden, std::max(z.attention_workspace, attention_.workspace_bytes()), z.head_workspace);
   emb_.allocate(z.norm_out);
   lnf_.allocate(z.norm_out);
   for (DeviceBuffer<float>* b : {&emb_mean_, &emb_rstd_, &lnf_mean_, &lnf_rstd_}) b->allocate(z.row_stats / sizeof(float));
@@ -76,8 +77,12 @@ void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
                     sv.rstd1.data(), N, H, eps, dt_, s);
   mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w(block_.qkv_weight), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
      Epilogue::Bias, w(block_.qkv_bias));
-  attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
-                    cfg_.head_dim(), dt_, attn_ws_.data(), s);
+  if (attention_.fused())
+    attention_.forward(sv.qkv.data(), sv.ctx.data(), reinterpret_cast<float*>(sv.probs.data()), slopes_.data(),
+                       attn_ws_.data(), B, T, s);
+  else
+    attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
+                      cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, H, sv.ctx.data(), H, w(block_.dense_weight), H, sv.h2.data(), H, dt_, dt_, 1,
@@ -143,8 +148,12 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
   mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g(block_.dense_weight), H, dt_, DType::F32, 1);
   bias_grad(dh2_.data(), g(block_.dense_bias), N, H, dt_, s);
   mm(false, false, N, H, H, dh2_.data(), H, w(block_.dense_weight), H, dctx_.data(), H, dt_, dt_);
-  attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
-                     cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
+  if (attention_.fused())
+    attention_.backward(dctx_.data(), sv.qkv.data(), sv.ctx.data(), reinterpret_cast<const float*>(sv.probs.data()),
+                        dqkv_.data(), slopes_.data(), attn_ws_.data(), B, T, s);
+  else
+    attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
+                       cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // qkv = ln1 Wqkv^T + bqkv
   mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g(block_.qkv_weight), H, dt_, DType::F32, 1);
   bias_grad(dqkv_.data(), g(block_.qkv_bias), N, 3 * H, dt_, s);

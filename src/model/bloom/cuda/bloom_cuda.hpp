@@ -10,6 +10,7 @@
 
 #include "../bloom_cuda_sizes.hpp"
 #include "../bloom_layout.hpp"
+#include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
 #include "shardlm/model.hpp"
@@ -32,6 +33,7 @@ class BloomCuda final : public CudaModelBase {
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
+  std::string attention_description() const override { return attention_.description(); }
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
@@ -47,7 +49,7 @@ class BloomCuda final : public CudaModelBase {
 
  private:
   struct Saved {  // one block's activations kept for its backward
-    DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;
+    DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;  // probs: the fused path's fp32 lse instead
     DeviceBuffer<float> mean1, rstd1, mean2, rstd2;
   };
   void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
@@ -58,6 +60,7 @@ class BloomCuda final : public CudaModelBase {
   BloomBlockOffsets block_{};
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
+  AttentionPath attention_;  // cuDNN's fused attention or attention_*; sizes_ follow its choice
   BloomCudaSizes sizes_;
   DeviceBuffer<float> slopes_;
   DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output

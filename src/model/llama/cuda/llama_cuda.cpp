@@ -20,7 +20,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       qw_(cfg.num_heads * cfg.head_dim()),
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
-      sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing)) {
+      attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
+      sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   root_ = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
   if (cfg.num_layers > 0) {
@@ -40,7 +41,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
   SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                                 cudaMemcpyHostToDevice));
-  allocate_step_buffers(sizes_.hidden, sizes_.attention_workspace, sizes_.head_workspace);
+  allocate_step_buffers(sizes_.hidden, std::max(sizes_.attention_workspace, attention_.workspace_bytes()),
+                        sizes_.head_workspace);
   final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
   saved_.resize(sizes_.saved_blocks);
   for (Saved& sv : saved_) {
@@ -91,8 +93,11 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
      qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
   rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s);  // q and k heads
-  llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
-                          attn_ws_.data(), s);
+  if (attention_.fused())
+    attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, attn_ws_.data(), B, T, s);
+  else
+    llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
+                            attn_ws_.data(), s);
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
@@ -160,8 +165,12 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   // h2 = x + context W_o^T.
   mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
   mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
-  llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
-                           d, dt_, attn_ws_.data(), s);
+  if (attention_.fused())
+    attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
+                        attn_ws_.data(), B, T, s);
+  else
+    llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
+                             d, dt_, attn_ws_.data(), s);
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);

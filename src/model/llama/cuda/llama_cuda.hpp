@@ -12,6 +12,7 @@
 
 #include "../llama_cuda_sizes.hpp"
 #include "../llama_layout.hpp"
+#include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
 #include "shardlm/model.hpp"
@@ -36,6 +37,7 @@ class LlamaCuda final : public CudaModelBase {
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
+  std::string attention_description() const override { return attention_.description(); }
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
@@ -70,6 +72,7 @@ class LlamaCuda final : public CudaModelBase {
 
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
+  AttentionPath attention_;  // cuDNN's fused attention or llama_attention_*; sizes_ follow its choice
   LlamaCudaSizes sizes_;
   DeviceBuffer<float> inv_freq_;
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms

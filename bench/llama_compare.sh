@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# llama_compare.sh: shardlm against PyTorch FSDP2 (eager, and with torch.compile) on Llama shapes,
+# one GPU, in one command. Each row trains the same shape, sequence length and micro-batch on both
+# sides with random weights (bf16 parameters, fp32 reduction and master, AdamW, clipping 1.0) and
+# records tokens/s (median over the steps after the warm-up) and peak GPU memory.
+#
+#   bash bench/llama_compare.sh [--bin build/bin/shardlm] [--steps 10] [--warmup 4]
+#                               [--sides shardlm,eager,compile] [--timeout 240] ROW... OUT
+#
+# A ROW is label=DECK:LAYERS:SEQ:MICRO[:ac], e.g. llama8b-2k=input/bench/llama31-8b.ini:4:2048:8
+# (the deck gives the shape; LAYERS replaces its layer count so the model fits one GPU; ":ac"
+# turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md and the logs.
+# Run with the shardlm runtime on the paths (source RT/env.sh).
+set -uo pipefail
+BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES=shardlm,eager,compile RUN_TIMEOUT=240
+POS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bin) BIN=$2; shift ;;
+    --steps) STEPS=$2; shift ;;
+    --warmup) WARMUP=$2; shift ;;
+    --sides) SIDES=$2; shift ;;
+    --timeout) RUN_TIMEOUT=$2; shift ;;
+    -*) echo "llama_compare.sh: unknown option $1" >&2; exit 2 ;;
+    *) POS+=("$1") ;;
+  esac
+  shift
+done
+[ ${#POS[@]} -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+OUT=${POS[-1]}
+unset 'POS[${#POS[@]}-1]'
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+JSONL=$OUT/llama.jsonl
+: > "$JSONL"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+want() { [[ ",$SIDES," == *",$1,"* ]]; }
+
+# The deck's shape as fsdp2_bloom.py flags.
+shape_flags() {
+  python3 - "$1" <<'PY'
+import configparser, sys
+c = configparser.ConfigParser(inline_comment_prefixes=("#",))
+c.read(sys.argv[1])
+m = c["model"]
+print(f"--vocab {m['vocab_size']} --hidden {m['hidden_size']} --heads {m['num_heads']} "
+      f"--kv-heads {m.get('num_kv_heads', m['num_heads'])} --intermediate {m['intermediate_size']} "
+      f"--rope-theta {float(m['rope_theta'])}")
+PY
+}
+
+record() {  # label side status seconds log run_dir|-
+  python3 - "$@" "$WARMUP" "$GPU" >> "$JSONL" <<'PY'
+import json, os, statistics, sys
+label, side, status, seconds, log, run_dir, warmup, gpu = sys.argv[1:9]
+rec = {"label": label, "side": side, "status": status, "seconds": int(seconds), "gpu": gpu}
+if side == "shardlm" and run_dir != "-":
+    train, summary = [], {}
+    try:
+        for line in open(os.path.join(run_dir, "metrics.jsonl")):
+            o = json.loads(line)
+            if o.get("type") == "train": train.append(o)
+            if o.get("type") == "summary": summary = o
+    except OSError:
+        pass
+    tps = [o["tokens_per_s_per_rank"] for o in train if o["step"] > int(warmup)]
+    if tps: rec["tokens_per_s_per_gpu"] = statistics.median(tps)
+    if summary:
+        rec["peak_memory_bytes"] = summary["peak_memory_bytes"]
+        rec["attention"] = summary.get("attention")
+        rec["train_loss"] = summary.get("train_loss")
+else:
+    for line in open(log, errors="replace"):
+        if line.startswith('{"impl": "pytorch-fsdp2"'):
+            o = json.loads(line)
+            rec.update(tokens_per_s_per_gpu=o["tokens_per_s_per_gpu"], peak_memory_bytes=o["peak_memory_bytes"],
+                       torch=o.get("torch"), compile=o.get("compile"))
+if status == "ok" and "tokens_per_s_per_gpu" not in rec: rec["status"] = "no result"
+print(json.dumps(rec))
+PY
+}
+
+for row in "${POS[@]}"; do
+  label=${row%%=*}
+  IFS=: read -r deck layers seq micro ac <<< "${row#*=}"
+  acflag=false; [ "${ac:-}" = ac ] && acflag=true
+  data=$OUT/data_$seq.jsonl
+  [ -f "$data" ] || python3 bench/make_bench_data.py --out "$data" --seq "$seq" --records $((STEPS * micro)) >/dev/null || exit 1
+  echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro, activation checkpointing $acflag"
+  if want shardlm; then
+    run=$OUT/run_$label log=$OUT/${label}_shardlm.log t0=$(date +%s)
+    timeout "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" train "$deck" --data.train_file="$data" \
+      --model.num_layers="$layers" --data.max_length="$seq" --train.micro_batch_size="$micro" \
+      --train.batch_size="$micro" --train.max_steps="$STEPS" --train.log_every=1 \
+      --fsdp.activation_checkpointing="$acflag" --run.dir="$run" > "$log" 2>&1
+    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+    record "$label" shardlm "$st" $(( $(date +%s) - t0 )) "$log" "$run"
+    tail -1 "$JSONL"
+  fi
+  for side in eager compile; do
+    want $side || continue
+    log=$OUT/${label}_$side.log t0=$(date +%s)
+    extra=""; [ $side = compile ] && extra=--compile; [ "$acflag" = true ] && extra="$extra --activation-checkpointing"
+    # shellcheck disable=SC2046
+    timeout "$RUN_TIMEOUT" torchrun --nproc-per-node 1 bench/fsdp2_bloom.py --arch llama $(shape_flags "$deck") \
+      --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" \
+      --label "$label" $extra > "$log" 2>&1
+    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+    record "$label" "$side" "$st" $(( $(date +%s) - t0 )) "$log" -
+    tail -1 "$JSONL"
+  done
+done
+
+python3 - "$JSONL" > "$OUT/llama.md" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = {}
+for r in recs:
+    rows.setdefault(r["label"], {})[r["side"]] = r
+def tps(r): return f'{r["tokens_per_s_per_gpu"]:,.0f}' if r and "tokens_per_s_per_gpu" in r else (r["status"] if r else "-")
+def gib(r): return f'{r["peak_memory_bytes"] / 2**30:.2f}' if r and r.get("peak_memory_bytes") else "-"
+def ratio(a, b, k):
+    return f"{a[k] / b[k]:.2f}x" if a and b and a.get(k) and b.get(k) else "-"
+print("| row | shardlm tok/s | FSDP2 eager | FSDP2 compile | vs eager | vs compile | shardlm GiB | eager GiB | compile GiB |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for label, g in rows.items():
+    s, e, c = g.get("shardlm"), g.get("eager"), g.get("compile")
+    print(f"| {label} | {tps(s)} | {tps(e)} | {tps(c)} | {ratio(s, e, 'tokens_per_s_per_gpu')} | "
+          f"{ratio(s, c, 'tokens_per_s_per_gpu')} | {gib(s)} | {gib(e)} | {gib(c)} |")
+PY
+cat "$OUT/llama.md"

@@ -1,0 +1,50 @@
+// The attention a CUDA model runs, chosen once when the model is built (model.attention): cuDNN's
+// fused flash attention where it can run the model's largest micro-batch, else the model's native
+// kernels (attention.cu, llama_attention.cu), with the reason either way for the run's log.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "shardlm/model.hpp"
+
+namespace shardlm::cuda {
+
+class CudnnAttention;
+
+class AttentionPath {
+ public:
+  // layout: the model's q/k/v rows (true: BLOOM's interleaved heads with ALiBi; false: grouped heads).
+  // With model.attention = cudnn a path that cannot be taken is an Error naming why.
+  AttentionPath(const char* model, const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool bloom);
+  ~AttentionPath();
+  AttentionPath(const AttentionPath&) = delete;
+  AttentionPath& operator=(const AttentionPath&) = delete;
+
+  bool fused() const { return fused_; }
+  // "cudnn (cuDNN 9.19.0 fused flash attention)" or "native (...why not cuDNN...)".
+  const std::string& description() const { return description_; }
+  // The workspace the fused calls need at the largest micro-batch, as cuDNN's plans report it
+  // (0 when native); the model holds at least this much.
+  size_t workspace_bytes() const { return capacity_; }
+
+  // The fused calls (fused() only), in the model's layouts, with a workspace of workspace_bytes().
+  void forward(const void* qkv, void* ctx, float* lse, const float* slopes, void* workspace, int B, int T,
+               cudaStream_t s);
+  void backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv, const float* slopes,
+                void* workspace, int B, int T, cudaStream_t s);
+
+ private:
+  const char* model_;
+  ModelConfig cfg_;
+  DType dt_;
+  bool bloom_;
+  bool fused_ = false;
+  size_t capacity_ = 0;  // workspace_bytes()
+  std::string description_;
+  std::unique_ptr<CudnnAttention> cudnn_;
+};
+
+}  // namespace shardlm::cuda
