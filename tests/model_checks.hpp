@@ -1,7 +1,7 @@
 // The checks every family's CpuModel must pass, shared by the model suites (test_model: BLOOM,
 // test_llama: the Llama-style families): the reference pieces of a naive double-precision model,
-// finite differences of the loss against the backward, the head's chunking, grad_scale and
-// accumulation, empty batches, bad ids, and the activation memory's accounting.
+// causality, finite differences of the loss against the backward, the head's chunking, grad_scale
+// and accumulation, empty batches, bad ids, and the activation memory's accounting.
 #pragma once
 
 #include <boost/test/unit_test.hpp>
@@ -240,6 +240,47 @@ inline std::vector<float> check_chunked_head(const ModelConfig& cfg, uint64_t mo
     if (b.targets[p] < 0)
       for (int c = 0; c < H; ++c) BOOST_TEST(dh[p * H + c] == 0.0f);
   return root_grad;
+}
+
+// Causality: a token changed at position 3 of sequence 0 moves the final hidden states and the
+// per-position losses of that position and the later ones of its sequence, and nothing else.
+inline void check_causal_positions(const ModelConfig& cfg, uint64_t model_seed, uint32_t rng_seed) {
+  const TinyModel m = make_model(cfg, model_seed);
+  std::mt19937 rng(rng_seed);
+  Batch b = make_batch(2, 6, cfg.vocab_size, 0.0, rng);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 6);
+  const int H = cfg.hidden_size, changed = 3;
+  std::vector<float> before, after;
+  model_loss(*net, m, b, &before);
+  // Per-position losses, each taken alone through a target at that position only.
+  auto position_losses = [&](const Batch& batch, const std::vector<float>& hidden) {
+    std::vector<double> losses;
+    for (int p = 0; p < batch.batch * batch.seq; ++p) {
+      std::vector<int32_t> one(batch.targets.size(), -1);
+      one[p] = batch.targets[p];
+      int64_t count = 0;
+      losses.push_back(net->head_loss(m.params[0].data(), hidden.data(), one.data(), batch.batch, batch.seq, &count,
+                                     0.0f, nullptr, nullptr));
+    }
+    return losses;
+  };
+  const std::vector<double> losses_before = position_losses(b, before);
+  b.tokens[changed] = (b.tokens[changed] + 1) % cfg.vocab_size;  // sequence 0, position 3
+  model_loss(*net, m, b, &after);
+  const std::vector<double> losses_after = position_losses(b, after);
+  for (int p = 0; p < b.batch * b.seq; ++p) {
+    double moved = 0.0;
+    for (int c = 0; c < H; ++c)
+      moved = std::max(moved, static_cast<double>(std::abs(before[p * H + c] - after[p * H + c])));
+    const bool may_change = p >= changed && p < b.seq;  // later positions of the same sequence
+    if (may_change) {
+      BOOST_TEST(moved > 1e-3, "position " << p);
+      BOOST_TEST(std::abs(losses_before[p] - losses_after[p]) > 1e-6, "position " << p);
+    } else {
+      BOOST_TEST(moved < 1e-6, "position " << p);
+      BOOST_TEST(std::abs(losses_before[p] - losses_after[p]) < 1e-6, "position " << p);
+    }
+  }
 }
 
 // Micro-batches without tokens give no loss and no gradient.

@@ -695,22 +695,26 @@ BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
   // A file where the output's folder should be: unwritable even for root.
   const fs::path blocker = scratch("cli_comm_test_bad") / "a-file";
   std::ofstream(blocker) << "x";
-  for (int np : {1, 4}) {
-    expect_comm_test_failure(np, "--bogus", "unrecognised option '--bogus'");
-    expect_comm_test_failure(np, "world", "unexpected argument 'world'");
-    expect_comm_test_failure(np, "--ops=alltoall", "unknown collective 'alltoall'");
-    expect_comm_test_failure(np, "--groups=rack", "unknown group 'rack'");
-    expect_comm_test_failure(np, "--max-bytes=12X", "--max-bytes=12X: expected a byte count");
-    expect_comm_test_failure(np, "-b 1M -e 1K", "--min-bytes=1048576 is larger than --max-bytes=1024");
-    expect_comm_test_failure(np, "--step-factor=1", "--step-factor=1");
-    expect_comm_test_failure(np, "--iters=0", "--iters=0");
-    expect_comm_test_failure(np, "--dtype=int8", "--dtype=int8");
-    expect_comm_test_failure(np, "--backend=tpu", "--backend=tpu");
-    expect_comm_test_failure(np, "--dist.timeout=0", "--dist.timeout=0: must be > 0");
-    // An explicit size the memory cannot hold is refused before anything is allocated.
-    expect_comm_test_failure(np, "-b 1G -e 4096G", "lower --max-bytes");
-    expect_comm_test_failure(np, "-o " + (blocker / "comm.jsonl").string() + " -e 64", (blocker / "comm.jsonl").string());
-  }
+  const std::string unwritable = (blocker / "comm.jsonl").string();
+  // The arguments and what the error must say, on 1 and on 4 ranks.
+  const std::pair<std::string, std::string> bad_options[] = {
+      {"--bogus", "unrecognised option '--bogus'"},
+      {"world", "unexpected argument 'world'"},
+      {"--ops=alltoall", "unknown collective 'alltoall'"},
+      {"--groups=rack", "unknown group 'rack'"},
+      {"--max-bytes=12X", "--max-bytes=12X: expected a byte count"},
+      {"-b 1M -e 1K", "--min-bytes=1048576 is larger than --max-bytes=1024"},
+      {"--step-factor=1", "--step-factor=1"},
+      {"--iters=0", "--iters=0"},
+      {"--dtype=int8", "--dtype=int8"},
+      {"--backend=tpu", "--backend=tpu"},
+      {"--dist.timeout=0", "--dist.timeout=0: must be > 0"},
+      // An explicit size the memory cannot hold is refused before anything is allocated.
+      {"-b 1G -e 4096G", "lower --max-bytes"},
+      {"-o " + unwritable + " -e 64", unwritable},
+  };
+  for (int np : {1, 4})
+    for (const auto& [args, must_contain] : bad_options) expect_comm_test_failure(np, args, must_contain);
   expect_comm_test_failure(2, "--groups=inter", "nothing to measure on 2 rank(s); inter: groups of 1 rank");
   expect_comm_test_failure(4, "--dist.ranks_per_node=3", "dist.ranks_per_node = 3 does not divide the world size 4");
 #ifndef SHARDLM_HAVE_CUDA

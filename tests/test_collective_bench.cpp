@@ -82,26 +82,33 @@ BOOST_AUTO_TEST_CASE(bus_bandwidth_factors_are_nccl_tests) {
 }
 
 BOOST_AUTO_TEST_CASE(shapes_count_as_nccl_tests) {
-  // all_reduce / broadcast: the whole buffer, whole elements.
-  CollectiveShape s = collective_shape(Collective::AllReduce, 8, 4, DType::F32);
-  BOOST_TEST(s.bytes == 8u);
-  BOOST_TEST(s.count == 2u);
-  BOOST_TEST(s.piece == 2u);
-  s = collective_shape(Collective::Broadcast, 7, 4, DType::BF16);
-  BOOST_TEST(s.bytes == 6u);
-  BOOST_TEST(s.count == 3u);
-  // all_gather: the gathered output, rounded down to whole elements per rank; piece per rank.
-  s = collective_shape(Collective::AllGather, 64, 4, DType::F32);
-  BOOST_TEST(s.bytes == 64u);
-  BOOST_TEST(s.count == 16u);
-  BOOST_TEST(s.piece == 4u);
-  s = collective_shape(Collective::ReduceScatter, 100, 3, DType::F32);
-  BOOST_TEST(s.piece == 8u);
-  BOOST_TEST(s.count == 24u);
-  BOOST_TEST(s.bytes == 96u);
-  // Smaller than one element per rank: nothing to run.
-  BOOST_TEST(collective_shape(Collective::AllGather, 8, 4, DType::F32).piece == 0u);
-  BOOST_TEST(collective_shape(Collective::AllReduce, 1, 1, DType::F16).piece == 0u);
+  struct Case {
+    Collective collective;
+    size_t nominal_bytes;
+    int ranks;
+    DType dtype;
+    size_t bytes, count, piece;
+  };
+  const Case cases[] = {
+      // all_reduce / broadcast: the whole buffer, whole elements.
+      {Collective::AllReduce, 8, 4, DType::F32, 8, 2, 2},
+      {Collective::Broadcast, 7, 4, DType::BF16, 6, 3, 3},
+      // all_gather: the gathered output, rounded down to whole elements per rank; piece per rank.
+      {Collective::AllGather, 64, 4, DType::F32, 64, 16, 4},
+      {Collective::ReduceScatter, 100, 3, DType::F32, 96, 24, 8},
+      // Smaller than one element per rank: nothing to run.
+      {Collective::AllGather, 8, 4, DType::F32, 0, 0, 0},
+      {Collective::AllReduce, 1, 1, DType::F16, 0, 0, 0},
+  };
+  for (const Case& c : cases) {
+    const CollectiveShape s = collective_shape(c.collective, c.nominal_bytes, c.ranks, c.dtype);
+    BOOST_TEST_CONTEXT(collective_name(c.collective) << " " << c.nominal_bytes << " bytes on " << c.ranks
+                                                     << " ranks in " << dtype_name(c.dtype)) {
+      BOOST_TEST(s.bytes == c.bytes);
+      BOOST_TEST(s.count == c.count);
+      BOOST_TEST(s.piece == c.piece);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(sweep_multiplies_up_to_max) {

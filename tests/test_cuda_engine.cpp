@@ -81,6 +81,36 @@ void expect_fp32_matches_the_cpu_backend(RunConfig (*make)(const std::string&, c
   }
 }
 
+// GPU runs of make(.., steps) as it is (run plain_name) and with `change` applied (run
+// changed_name); the changed run has all `steps` losses.
+template <typename Change>
+std::pair<TrainResult, TrainResult> train_plain_and_changed(RunConfig (*make)(const std::string&, const std::string&, int),
+                                                            const std::string& plain_name,
+                                                            const std::string& changed_name, int steps, Change change) {
+  RunConfig plain = make("cuda", plain_name, steps), changed = make("cuda", changed_name, steps);
+  change(changed);
+  TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
+  TrainResult b = train(changed, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == static_cast<size_t>(steps));
+  return {std::move(a), std::move(b)};
+}
+
+// make's 10 steps with activation checkpointing give its losses without it.
+void expect_activation_checkpointing_changes_nothing(RunConfig (*make)(const std::string&, const std::string&, int)) {
+  const auto [a, b] =
+      train_plain_and_changed(make, "plain", "ac", 10, [](RunConfig& c) { c.fsdp.activation_checkpointing = true; });
+  BOOST_TEST(max_relative(a.step_losses, b.step_losses) < 1e-6);
+}
+
+// make's 100 bf16 steps stay within `tolerance` (relative) of its fp32 curve and halve the loss.
+void expect_bf16_tracks_the_fp32_curve(RunConfig (*make)(const std::string&, const std::string&, int),
+                                       double tolerance) {
+  const auto [a, b] =
+      train_plain_and_changed(make, "fp32", "bf16", 100, [](RunConfig& c) { c.fsdp.param_dtype = DType::BF16; });
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < tolerance);
+  BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
+}
+
 // One sequence of a greedy-decoding test: its prompt, cache slot, how many tokens to generate, and
 // what the engine generated.
 struct Sequence {
@@ -291,22 +321,10 @@ BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_checkpointing_gives_the_same_losses) {
-  RunConfig plain = config("cuda", "plain", 10), ckpt = config("cuda", "ac", 10);
-  ckpt.fsdp.activation_checkpointing = true;
-  const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(ckpt, MPI_COMM_WORLD, quiet());
-  BOOST_TEST(max_relative(a.step_losses, b.step_losses) < 1e-6);
+  expect_activation_checkpointing_changes_nothing(config);
 }
 
-BOOST_AUTO_TEST_CASE(bf16_tracks_the_fp32_curve) {
-  RunConfig fp32 = config("cuda", "fp32", 100), bf16 = config("cuda", "bf16", 100);
-  bf16.fsdp.param_dtype = DType::BF16;
-  const TrainResult a = train(fp32, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(bf16, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
-  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 0.02);
-  BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
-}
+BOOST_AUTO_TEST_CASE(bf16_tracks_the_fp32_curve) { expect_bf16_tracks_the_fp32_curve(config, 0.02); }
 
 BOOST_AUTO_TEST_CASE(fp16_with_loss_scaling_trains_and_skips_overflow) {
   RunConfig fp32 = config("cuda", "fp32_ref", 100), fp16 = config("cuda", "fp16", 100);
@@ -330,11 +348,8 @@ BOOST_AUTO_TEST_CASE(fp16_with_loss_scaling_trains_and_skips_overflow) {
 // CPU offload: the step runs on the host with the CPU backend's AdamW; the losses are those of the
 // GPU step, and the GPU holds less (no fp32 master, no moments).
 BOOST_AUTO_TEST_CASE(cpu_offload_gives_the_same_losses_in_less_gpu_memory) {
-  RunConfig on_gpu = config("cuda", "no_offload", 20), offload = config("cuda", "offload", 20);
-  offload.fsdp.cpu_offload = true;
-  const TrainResult a = train(on_gpu, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(offload, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 20u);
+  const auto [a, b] =
+      train_plain_and_changed(config, "no_offload", "offload", 20, [](RunConfig& c) { c.fsdp.cpu_offload = true; });
   BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 1e-4);
   for (DType dt : {DType::BF16}) {
     RunConfig x = config("cuda", "offload_bf16", 20);
@@ -437,23 +452,10 @@ BOOST_AUTO_TEST_CASE(llama_greedy_decoding_in_bf16_stays_close_to_the_fp32_cpu_m
 }
 
 BOOST_AUTO_TEST_CASE(llama_activation_checkpointing_gives_the_same_losses) {
-  RunConfig plain = llama_config("cuda", "plain", 10), ckpt = llama_config("cuda", "ac", 10);
-  ckpt.fsdp.activation_checkpointing = true;
-  const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(ckpt, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 10u);
-  BOOST_TEST(max_relative(a.step_losses, b.step_losses) < 1e-6);
+  expect_activation_checkpointing_changes_nothing(llama_config);
 }
 
-BOOST_AUTO_TEST_CASE(llama_bf16_tracks_the_fp32_curve) {
-  RunConfig fp32 = llama_config("cuda", "fp32", 100), bf16 = llama_config("cuda", "bf16", 100);
-  bf16.fsdp.param_dtype = DType::BF16;
-  const TrainResult a = train(fp32, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(bf16, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
-  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 0.03);
-  BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
-}
+BOOST_AUTO_TEST_CASE(llama_bf16_tracks_the_fp32_curve) { expect_bf16_tracks_the_fp32_curve(llama_config, 0.03); }
 
 // The "attention" field of a finished run's summary record (metrics.jsonl).
 std::string summary_attention(const RunConfig& cfg) {

@@ -182,131 +182,101 @@ const std::vector<std::pair<DType, DType>>& dtype_pairs() {
   return pairs;
 }
 
+// (trans_a, trans_b) of the sweeps below.
+using Transposes = std::vector<std::pair<bool, bool>>;
+const Transposes kEveryTranspose = {{false, false}, {false, true}, {true, false}, {true, true}};
+
+// `shape` for each dtype pair and, within it, each of `transposes` in turn; after each run, when
+// `again` is given, the case it makes of that one (another stride, beta, width) runs too.
+void sweep_dtypes(Gemm& gemm, std::mt19937& rng, const Transposes& transposes, const Case& shape,
+                  void (*again)(Case&) = nullptr) {
+  for (const auto& [ab, c] : dtype_pairs())
+    for (const auto& [trans_a, trans_b] : transposes) {
+      Case cs = shape;
+      cs.trans_a = trans_a, cs.trans_b = trans_b;
+      cs.ab = ab, cs.c = c;
+      run_case(gemm, cs, rng);
+      if (!again) continue;
+      again(cs);
+      run_case(gemm, cs, rng);
+    }
+}
+
+// The same on a Gemm of its own, one rng seeded with `seed` feeding every run.
+void sweep_dtypes(uint32_t seed, const Transposes& transposes, const Case& shape, void (*again)(Case&) = nullptr) {
+  require_device("test_cuda_gemm");
+  Gemm gemm;
+  std::mt19937 rng(seed);
+  sweep_dtypes(gemm, rng, transposes, shape, again);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(device_present) { require_device("test_cuda_gemm"); }
 
 BOOST_AUTO_TEST_CASE(transposes_odd_sizes_padded_strides_all_dtypes) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(1);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
-        Case cs;
-        cs.trans_a = ta, cs.trans_b = tb;
-        cs.M = 37, cs.N = 29, cs.K = 53;
-        cs.pad_a = 3, cs.pad_b = 5, cs.pad_c = 7;
-        cs.alpha = 0.75f;
-        cs.ab = ab, cs.c = c;
-        run_case(gemm, cs, rng);
-        // Tight strides, the same shape again (the cached plan of another shape must not be reused).
-        cs.pad_a = cs.pad_b = cs.pad_c = 0;
-        cs.alpha = 1.0f;
-        run_case(gemm, cs, rng);
-      }
+  Case cs;
+  cs.M = 37, cs.N = 29, cs.K = 53;
+  cs.pad_a = 3, cs.pad_b = 5, cs.pad_c = 7;
+  cs.alpha = 0.75f;
+  // Tight strides, the same shape again (the cached plan of another shape must not be reused).
+  sweep_dtypes(1, kEveryTranspose, cs, [](Case& tight) {
+    tight.pad_a = tight.pad_b = tight.pad_c = 0;
+    tight.alpha = 1.0f;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(beta_one_accumulates) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(2);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int ta = 0; ta < 2; ++ta) {
-      Case cs;
-      cs.trans_a = ta, cs.trans_b = !ta;
-      cs.M = 33, cs.N = 47, cs.K = 21;
-      cs.pad_c = 2;
-      cs.beta = 1.0f;
-      cs.ab = ab, cs.c = c;
-      run_case(gemm, cs, rng);
-      cs.alpha = -0.5f, cs.beta = 0.25f;
-      run_case(gemm, cs, rng);
-    }
+  Case cs;
+  cs.M = 33, cs.N = 47, cs.K = 21;
+  cs.pad_c = 2;
+  cs.beta = 1.0f;
+  sweep_dtypes(2, {{false, true}, {true, false}}, cs, [](Case& scaled) { scaled.alpha = -0.5f, scaled.beta = 0.25f; });
 }
 
 BOOST_AUTO_TEST_CASE(larger_shapes_on_tensor_cores) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(3);
-  for (const auto& [ab, c] : dtype_pairs()) {
-    Case cs;
-    cs.M = 256, cs.N = 384, cs.K = 512;
-    cs.trans_b = true;
-    cs.ab = ab, cs.c = c;
-    run_case(gemm, cs, rng);
-  }
+  Case cs;
+  cs.M = 256, cs.N = 384, cs.K = 512;
+  sweep_dtypes(3, {{false, true}}, cs);
 }
 
 BOOST_AUTO_TEST_CASE(bias_epilogue) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(4);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int ta = 0; ta < 2; ++ta) {
-      Case cs;
-      cs.trans_a = ta, cs.trans_b = true;
-      cs.M = 19, cs.N = 45, cs.K = 24;
-      cs.pad_c = 3;
-      cs.ab = ab, cs.c = c;
-      cs.epilogue = Epilogue::Bias;
-      run_case(gemm, cs, rng);
-      cs.beta = 1.0f;  // bias on top of accumulation
-      run_case(gemm, cs, rng);
-    }
+  Case cs;
+  cs.M = 19, cs.N = 45, cs.K = 24;
+  cs.pad_c = 3;
+  cs.epilogue = Epilogue::Bias;
+  // Then the bias on top of accumulation.
+  sweep_dtypes(4, {{false, true}, {true, true}}, cs, [](Case& accumulate) { accumulate.beta = 1.0f; });
 }
 
 BOOST_AUTO_TEST_CASE(bias_gelu_epilogue) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(5);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int ta = 0; ta < 2; ++ta) {
-      Case cs;
-      cs.trans_a = ta, cs.trans_b = true;
-      cs.M = 23, cs.N = 40, cs.K = 32;
-      cs.pad_c = 8;  // ldc = 48: divisible by 8, cuBLASLt's fused GELU can take it
-      cs.alpha = 0.5f;
-      cs.ab = ab, cs.c = c;
-      cs.epilogue = Epilogue::BiasGelu;
-      run_case(gemm, cs, rng);
-      cs.N = 29, cs.pad_c = 2;  // ldc = 31: the fallback (GEMM with bias, then a GELU pass)
-      run_case(gemm, cs, rng);
-    }
+  Case cs;
+  cs.M = 23, cs.N = 40, cs.K = 32;
+  cs.pad_c = 8;  // ldc = 48: divisible by 8, cuBLASLt's fused GELU can take it
+  cs.alpha = 0.5f;
+  cs.epilogue = Epilogue::BiasGelu;
+  // Then ldc = 31: the fallback (GEMM with bias, then a GELU pass).
+  sweep_dtypes(5, {{false, true}, {true, true}}, cs, [](Case& odd) { odd.N = 29, odd.pad_c = 2; });
 }
 
 BOOST_AUTO_TEST_CASE(dgelu_epilogue) {
-  require_device("test_cuda_gemm");
-  Gemm gemm;
-  std::mt19937 rng(6);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int tb = 0; tb < 2; ++tb) {
-      Case cs;
-      cs.trans_b = tb;
-      cs.M = 31, cs.N = 64, cs.K = 40;
-      cs.ab = ab, cs.c = c;
-      cs.epilogue = Epilogue::DGelu;
-      run_case(gemm, cs, rng);
-      cs.N = 27, cs.pad_c = 1;  // ldc = 28: not divisible by 8, the fallback
-      run_case(gemm, cs, rng);
-    }
+  Case cs;
+  cs.M = 31, cs.N = 64, cs.K = 40;
+  cs.epilogue = Epilogue::DGelu;
+  // Then ldc = 28: not divisible by 8, the fallback.
+  sweep_dtypes(6, {{false, false}, {false, true}}, cs, [](Case& odd) { odd.N = 27, odd.pad_c = 1; });
 }
 
 BOOST_AUTO_TEST_CASE(strided_batch) {
   require_device("test_cuda_gemm");
   Gemm gemm;
   std::mt19937 rng(7);
-  for (const auto& [ab, c] : dtype_pairs())
-    for (int t = 0; t < 4; ++t) {
-      Case cs;
-      cs.trans_a = t & 1, cs.trans_b = (t >> 1) & 1;
-      cs.M = 17, cs.N = 23, cs.K = 19;
-      cs.pad_a = 1, cs.pad_c = 2;
-      cs.batch = 3;
-      cs.pad_batch = 5;
-      cs.ab = ab, cs.c = c;
-      run_case(gemm, cs, rng);
-    }
+  Case batched;
+  batched.M = 17, batched.N = 23, batched.K = 19;
+  batched.pad_a = 1, batched.pad_c = 2;
+  batched.batch = 3;
+  batched.pad_batch = 5;
+  sweep_dtypes(gemm, rng, {{false, false}, {true, false}, {false, true}, {true, true}}, batched);
   // Epilogues over a batch: one bias for every member; aux strided like C.
   for (Epilogue e : {Epilogue::Bias, Epilogue::BiasGelu, Epilogue::DGelu}) {
     Case cs;

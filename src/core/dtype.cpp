@@ -90,20 +90,22 @@ void round_to(DType t, float* data, size_t n) {
   for (size_t i = 0; i < n; ++i) data[i] = round_to(t, data[i]);
 }
 
-void pack16(DType t, const float* src, uint16_t* dst, size_t n) {
-  SHARDLM_CHECK(t != DType::F32, "pack16 needs a 16-bit dtype");
+// dst[i] = convert(src[i]) for i < n with t's conversion, kBf16 or kFp16.
+template <auto kBf16, auto kFp16, typename Src, typename Dst>
+static void convert16(DType t, const char* caller, const Src* src, Dst* dst, size_t n) {
+  SHARDLM_CHECK(t != DType::F32, caller, " needs a 16-bit dtype");
   if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = kBf16(src[i]);
   else
-    for (size_t i = 0; i < n; ++i) dst[i] = float_to_fp16(src[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = kFp16(src[i]);
+}
+
+void pack16(DType t, const float* src, uint16_t* dst, size_t n) {
+  convert16<float_to_bf16, float_to_fp16>(t, "pack16", src, dst, n);
 }
 
 void unpack16(DType t, const uint16_t* src, float* dst, size_t n) {
-  SHARDLM_CHECK(t != DType::F32, "unpack16 needs a 16-bit dtype");
-  if (t == DType::BF16)
-    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-  else
-    for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_float(src[i]);
+  convert16<bf16_to_float, fp16_to_float>(t, "unpack16", src, dst, n);
 }
 
 }  // namespace shardlm

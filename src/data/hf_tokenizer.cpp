@@ -35,28 +35,29 @@ std::string require_string(const JsonContext& ctx, const json& object, const std
   return value.get<std::string>();
 }
 
-bool optional_bool(const JsonContext& ctx, const json& object, const std::string& path,
-                   const char* key, bool fallback) {
+// object[key] as T where it is there and not null, else the fallback; `is_kind` checks its JSON type.
+template <typename T>
+static T optional_member(const JsonContext& ctx, const json& object, const std::string& path, const char* key,
+                         const T& fallback, bool (json::*is_kind)() const noexcept, const char* expected) {
   const auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) ctx.fail(child_path(path, key), "expected true or false");
-  return it->get<bool>();
+  if (!((*it).*is_kind)()) ctx.fail(child_path(path, key), expected);
+  return it->get<T>();
+}
+
+bool optional_bool(const JsonContext& ctx, const json& object, const std::string& path,
+                   const char* key, bool fallback) {
+  return optional_member(ctx, object, path, key, fallback, &json::is_boolean, "expected true or false");
 }
 
 std::string optional_string(const JsonContext& ctx, const json& object, const std::string& path,
                             const char* key, const std::string& fallback) {
-  const auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_string()) ctx.fail(child_path(path, key), "expected a string");
-  return it->get<std::string>();
+  return optional_member(ctx, object, path, key, fallback, &json::is_string, "expected a string");
 }
 
 int64_t optional_int(const JsonContext& ctx, const json& object, const std::string& path,
                      const char* key, int64_t fallback) {
-  const auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_number_integer()) ctx.fail(child_path(path, key), "expected an integer");
-  return it->get<int64_t>();
+  return optional_member(ctx, object, path, key, fallback, &json::is_number_integer, "expected an integer");
 }
 
 std::string component_type(const JsonContext& ctx, const json& object, const std::string& path) {

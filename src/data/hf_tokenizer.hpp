@@ -66,6 +66,20 @@ std::vector<std::unique_ptr<Component>> parse_sequence_steps(const JsonContext& 
   return steps;
 }
 
+// What parse_normalizer, parse_pre_tokenizer and parse_decoder share: nullptr for null, a Sequence
+// of the `key` steps parsed by `parse`, else parse_type(ctx, value, path, type), and an error
+// naming the `supported` types where that gives nullptr.
+template <typename Component, typename Sequence, typename Parse, typename ParseType>
+std::unique_ptr<Component> parse_component(const JsonContext& ctx, const json& value, const std::string& path,
+                                           const char* key, Parse parse, ParseType parse_type, const char* supported) {
+  if (value.is_null()) return nullptr;
+  const std::string type = component_type(ctx, value, path);
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(parse_sequence_steps<Component>(ctx, value, path, key, parse));
+  if (auto component = parse_type(ctx, value, path, type)) return component;
+  fail_unsupported(ctx, child_path(path, "type"), type, supported);
+}
+
 // ---- UTF-8 ------------------------------------------------------------------------------------
 
 // Byte offset of the first invalid sequence, or npos when `text` is valid UTF-8.
@@ -108,6 +122,9 @@ struct Pattern {
   std::string literal;
   std::shared_ptr<const Regex> regex;
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Replaces every match in `text` by `content` (Replace normalizer and decoder); `matches` is scratch.
+  void replace_all(std::string& text, const std::string& content,
+                   std::vector<std::pair<size_t, size_t>>& matches) const;
 };
 Pattern parse_pattern(const JsonContext& ctx, const json& object, const std::string& path);
 

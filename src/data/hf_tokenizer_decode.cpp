@@ -53,20 +53,7 @@ class ReplaceDecoder : public Decoder {
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::pair<size_t, size_t>> matches;
-    for (std::string& token : tokens) {
-      matches.clear();
-      pattern_.find_all(token, matches);
-      if (matches.empty()) continue;
-      std::string out;
-      size_t prev = 0;
-      for (const auto& [s, e] : matches) {
-        out.append(token, prev, s - prev);
-        out += content_;
-        prev = e;
-      }
-      out.append(token, prev, std::string::npos);
-      token.swap(out);
-    }
+    for (std::string& token : tokens) pattern_.replace_all(token, content_, matches);
   }
 
  private:
@@ -201,14 +188,12 @@ uint32_t single_char(const JsonContext& ctx, const json& object, const std::stri
 
 }  // namespace
 
-std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value,
-                                       const std::string& path) {
-  if (value.is_null()) return nullptr;
-  const std::string type = component_type(ctx, value, path);
-  if (type == "Sequence") {
-    return std::make_unique<SequenceDecoder>(
-        parse_sequence_steps<Decoder>(ctx, value, path, "decoders", parse_decoder));
-  }
+constexpr const char* kDecoderTypes = "Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace";
+
+// The component's own types, nullptr for any other (parse_component handles null and Sequence
+// and refuses the others).
+static std::unique_ptr<Decoder> parse_decoder_type(const JsonContext& ctx, const json& value,
+                                                   const std::string& path, const std::string& type) {
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {
     return std::make_unique<ReplaceDecoder>(
@@ -232,8 +217,12 @@ std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value
     return std::make_unique<MetaspaceDecoder>(single_char(ctx, value, path, "replacement"),
                                               scheme != "never");
   }
-  fail_unsupported(ctx, child_path(path, "type"), type,
-                   "Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace");
+  return nullptr;
+}
+
+std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value, const std::string& path) {
+  return parse_component<Decoder, SequenceDecoder>(ctx, value, path, "decoders", parse_decoder,
+                                                   parse_decoder_type, kDecoderTypes);
 }
 
 }  // namespace shardlm::hf

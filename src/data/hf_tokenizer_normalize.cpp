@@ -37,19 +37,7 @@ class ReplaceNormalizer : public Normalizer {
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void normalize(std::string& text) const override {
     thread_local std::vector<std::pair<size_t, size_t>> matches;
-    matches.clear();
-    pattern_.find_all(text, matches);
-    if (matches.empty()) return;
-    std::string out;
-    out.reserve(text.size() + matches.size() * content_.size());
-    size_t prev = 0;
-    for (const auto& [s, e] : matches) {
-      out.append(text, prev, s - prev);
-      out += content_;
-      prev = e;
-    }
-    out.append(text, prev, std::string::npos);
-    text.swap(out);
+    pattern_.replace_all(text, content_, matches);
   }
 
  private:
@@ -100,14 +88,12 @@ class ByteLevelNormalizer : public Normalizer {
 
 }  // namespace
 
-std::unique_ptr<Normalizer> parse_normalizer(const JsonContext& ctx, const json& value,
-                                             const std::string& path) {
-  if (value.is_null()) return nullptr;
-  const std::string type = component_type(ctx, value, path);
-  if (type == "Sequence") {
-    return std::make_unique<SequenceNormalizer>(
-        parse_sequence_steps<Normalizer>(ctx, value, path, "normalizers", parse_normalizer));
-  }
+constexpr const char* kNormalizerTypes = "Sequence, Prepend, Replace, Strip, ByteLevel";
+
+// The component's own types, nullptr for any other (parse_component handles null and Sequence
+// and refuses the others).
+static std::unique_ptr<Normalizer> parse_normalizer_type(const JsonContext& ctx, const json& value,
+                                                         const std::string& path, const std::string& type) {
   if (type == "Prepend") {
     return std::make_unique<PrependNormalizer>(require_string(ctx, value, path, "prepend"));
   }
@@ -122,8 +108,12 @@ std::unique_ptr<Normalizer> parse_normalizer(const JsonContext& ctx, const json&
                                              optional_bool(ctx, value, path, "strip_right", true));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
-  fail_unsupported(ctx, child_path(path, "type"), type,
-                   "Sequence, Prepend, Replace, Strip, ByteLevel");
+  return nullptr;
+}
+
+std::unique_ptr<Normalizer> parse_normalizer(const JsonContext& ctx, const json& value, const std::string& path) {
+  return parse_component<Normalizer, SequenceNormalizer>(ctx, value, path, "normalizers", parse_normalizer,
+                                                         parse_normalizer_type, kNormalizerTypes);
 }
 
 }  // namespace shardlm::hf

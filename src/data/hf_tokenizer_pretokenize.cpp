@@ -151,14 +151,12 @@ class DigitsPreTokenizer : public PreTokenizer {
 
 }  // namespace
 
-std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonContext& ctx, const json& value,
-                                                  const std::string& path) {
-  if (value.is_null()) return nullptr;
-  const std::string type = component_type(ctx, value, path);
-  if (type == "Sequence") {
-    return std::make_unique<SequencePreTokenizer>(
-        parse_sequence_steps<PreTokenizer>(ctx, value, path, "pretokenizers", parse_pre_tokenizer));
-  }
+constexpr const char* kPreTokenizerTypes = "Sequence, ByteLevel, Split, Metaspace, Digits";
+
+// The component's own types, nullptr for any other (parse_component handles null and Sequence
+// and refuses the others).
+static std::unique_ptr<PreTokenizer> parse_pre_tokenizer_type(const JsonContext& ctx, const json& value,
+                                                              const std::string& path, const std::string& type) {
   if (type == "ByteLevel") {
     return std::make_unique<ByteLevelPreTokenizer>(
         optional_bool(ctx, value, path, "add_prefix_space", true),
@@ -200,8 +198,12 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonContext& ctx, const 
     return std::make_unique<DigitsPreTokenizer>(
         optional_bool(ctx, value, path, "individual_digits", false));
   }
-  fail_unsupported(ctx, child_path(path, "type"), type,
-                   "Sequence, ByteLevel, Split, Metaspace, Digits");
+  return nullptr;
+}
+
+std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonContext& ctx, const json& value, const std::string& path) {
+  return parse_component<PreTokenizer, SequencePreTokenizer>(ctx, value, path, "pretokenizers", parse_pre_tokenizer,
+                                                             parse_pre_tokenizer_type, kPreTokenizerTypes);
 }
 
 }  // namespace shardlm::hf

@@ -210,6 +210,23 @@ void Pattern::find_all(std::string_view text, std::vector<std::pair<size_t, size
   }
 }
 
+void Pattern::replace_all(std::string& text, const std::string& content,
+                          std::vector<std::pair<size_t, size_t>>& matches) const {
+  matches.clear();
+  find_all(text, matches);
+  if (matches.empty()) return;
+  std::string out;
+  out.reserve(text.size() + matches.size() * content.size());
+  size_t prev = 0;
+  for (const auto& [s, e] : matches) {
+    out.append(text, prev, s - prev);
+    out += content;
+    prev = e;
+  }
+  out.append(text, prev, std::string::npos);
+  text.swap(out);
+}
+
 Pattern parse_pattern(const JsonContext& ctx, const json& object, const std::string& path) {
   if (!object.is_object()) ctx.fail(path, "expected {\"String\": ...} or {\"Regex\": ...}");
   Pattern pattern;
@@ -276,22 +293,15 @@ void split_piece(const Pattern& pattern, SplitBehavior behavior, bool invert, Pi
         if (!s.is_match) parts.emplace_back(s.start, s.end);
       }
       break;
-    case SplitBehavior::Contiguous: {
-      bool previous_match = false;
-      for (const Span& s : spans) {
-        if (s.is_match == previous_match && !parts.empty()) {
-          parts.back().second = s.end;
-        } else {
-          parts.emplace_back(s.start, s.end);
-        }
-        previous_match = s.is_match;
-      }
-      break;
-    }
+    case SplitBehavior::Contiguous:
     case SplitBehavior::MergedWithPrevious: {
+      // A span joins the part before it: Contiguous, when it is of the previous span's kind;
+      // MergedWithPrevious, when it is a match after a non-match.
+      const bool contiguous = behavior == SplitBehavior::Contiguous;
       bool previous_match = false;
       for (const Span& s : spans) {
-        if (s.is_match && !previous_match && !parts.empty()) {
+        const bool joins = contiguous ? s.is_match == previous_match : s.is_match && !previous_match;
+        if (joins && !parts.empty()) {
           parts.back().second = s.end;
         } else {
           parts.emplace_back(s.start, s.end);

@@ -29,6 +29,29 @@ inline std::string vector_path(const std::string& unit, const std::string& name)
   return unit_group_path(unit) + "/" + name;
 }
 
+// The attributes of CheckpointMeta after format_version (which each side handles first), in the
+// order they are written: f(name, field) for each; model_config is the ModelConfig, stored as its
+// HF config.json text.
+template <typename Meta, typename F>
+void for_each_meta_attribute(Meta& m, F&& f) {
+  f("step", m.step);
+  f("epoch", m.epoch);
+  f("epoch_step", m.epoch_step);
+  f("optimizer_steps", m.optimizer_steps);
+  f("warmup_steps", m.warmup_steps);
+  f("total_steps", m.total_steps);
+  f("seed", m.seed);
+  f("base_lr", m.base_lr);
+  f("loss_scale", m.loss_scale);
+  f("lr_schedule", m.lr_schedule);
+  f("strategy", m.strategy);
+  f("world_size", m.world_size);
+  f("shard_group_size", m.shard_group_size);
+  f("model_config", m.model);
+  f("version", m.version);
+  f("deck", m.deck);
+}
+
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.
 inline std::vector<StateVector> stored_vectors(const UnitState& u) {
   std::vector<StateVector> v{{kParamDataset, u.param}};

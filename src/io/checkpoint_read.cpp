@@ -29,19 +29,6 @@ T get_number(hid_t obj, const char* name, hid_t mem_type, const std::string& fil
   return v;
 }
 
-int get_int(hid_t obj, const char* name, const std::string& file) {
-  return get_number<int>(obj, name, H5T_NATIVE_INT, file);
-}
-long get_int64(hid_t obj, const char* name, const std::string& file) {
-  return static_cast<long>(get_number<int64_t>(obj, name, H5T_NATIVE_INT64, file));
-}
-uint64_t get_uint64(hid_t obj, const char* name, const std::string& file) {
-  return get_number<uint64_t>(obj, name, H5T_NATIVE_UINT64, file);
-}
-double get_double(hid_t obj, const char* name, const std::string& file) {
-  return get_number<double>(obj, name, H5T_NATIVE_DOUBLE, file);
-}
-
 // Fixed-length (as written here) or variable-length strings (as other tools may write).
 std::string get_string(hid_t obj, const char* name, const std::string& file) {
   H5Id attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT));
@@ -68,27 +55,32 @@ std::string get_string(hid_t obj, const char* name, const std::string& file) {
   return value;
 }
 
+// One attribute into `out`, read as out's type.
+void get_attribute(hid_t obj, const char* name, const std::string& file, int& out) {
+  out = get_number<int>(obj, name, H5T_NATIVE_INT, file);
+}
+void get_attribute(hid_t obj, const char* name, const std::string& file, long& out) {
+  out = static_cast<long>(get_number<int64_t>(obj, name, H5T_NATIVE_INT64, file));
+}
+void get_attribute(hid_t obj, const char* name, const std::string& file, uint64_t& out) {
+  out = get_number<uint64_t>(obj, name, H5T_NATIVE_UINT64, file);
+}
+void get_attribute(hid_t obj, const char* name, const std::string& file, double& out) {
+  out = get_number<double>(obj, name, H5T_NATIVE_DOUBLE, file);
+}
+void get_attribute(hid_t obj, const char* name, const std::string& file, std::string& out) {
+  out = get_string(obj, name, file);
+}
+void get_attribute(hid_t obj, const char* name, const std::string& file, ModelConfig& out) {
+  out = model_config_from_hf(get_string(obj, name, file), concat("checkpoint ", file, ": attribute ", name));
+}
+
 CheckpointMeta read_meta(hid_t file, const std::string& path) {
   CheckpointMeta m;
-  m.format_version = get_int(file, "format_version", path);
+  get_attribute(file, "format_version", path, m.format_version);
   SHARDLM_CHECK(m.format_version == kCheckpointFormatVersion, "checkpoint ", path, " has format_version ",
                 m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
-  m.step = get_int64(file, "step", path);
-  m.epoch = get_int(file, "epoch", path);
-  m.epoch_step = get_int64(file, "epoch_step", path);
-  m.optimizer_steps = get_int64(file, "optimizer_steps", path);
-  m.warmup_steps = get_int64(file, "warmup_steps", path);
-  m.total_steps = get_int64(file, "total_steps", path);
-  m.seed = get_uint64(file, "seed", path);
-  m.base_lr = get_double(file, "base_lr", path);
-  m.loss_scale = get_double(file, "loss_scale", path);
-  m.lr_schedule = get_string(file, "lr_schedule", path);
-  m.strategy = get_string(file, "strategy", path);
-  m.world_size = get_int(file, "world_size", path);
-  m.shard_group_size = get_int(file, "shard_group_size", path);
-  m.model = model_config_from_hf(get_string(file, "model_config", path), concat("checkpoint ", path, ": attribute model_config"));
-  m.version = get_string(file, "version", path);
-  m.deck = get_string(file, "deck", path);
+  for_each_meta_attribute(m, [&](const char* name, auto& field) { get_attribute(file, name, path, field); });
   return m;
 }
 

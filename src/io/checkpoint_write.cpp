@@ -52,40 +52,30 @@ void put_string(hid_t obj, const char* name, const std::string& value, FirstFail
   put_scalar(obj, name, type.get(), type.get(), value.c_str(), f);
 }
 
-void put_int(hid_t obj, const char* name, int v, FirstFailure& f) {
+// One attribute of v's type: int as I32, long as I64, ModelConfig as its compact HF config JSON (one
+// line in h5dump).
+void put_attribute(hid_t obj, const char* name, int v, FirstFailure& f) {
   put_scalar(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, &v, f);
 }
-void put_int64(hid_t obj, const char* name, long v, FirstFailure& f) {
+void put_attribute(hid_t obj, const char* name, long v, FirstFailure& f) {
   const int64_t x = v;
   put_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &x, f);
 }
-void put_uint64(hid_t obj, const char* name, uint64_t v, FirstFailure& f) {
+void put_attribute(hid_t obj, const char* name, uint64_t v, FirstFailure& f) {
   put_scalar(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &v, f);
 }
-void put_double(hid_t obj, const char* name, double v, FirstFailure& f) {
+void put_attribute(hid_t obj, const char* name, double v, FirstFailure& f) {
   put_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, f);
+}
+void put_attribute(hid_t obj, const char* name, const std::string& v, FirstFailure& f) { put_string(obj, name, v, f); }
+void put_attribute(hid_t obj, const char* name, const ModelConfig& v, FirstFailure& f) {
+  put_string(obj, name, nlohmann::ordered_json::parse(hf_config_json(v)).dump(), f);
 }
 
 // Collective: every rank writes the same values (parallel HDF5 requires identical metadata calls).
 void write_meta(hid_t file, const CheckpointMeta& meta, FirstFailure& f) {
-  put_int(file, "format_version", kCheckpointFormatVersion, f);
-  put_int64(file, "step", meta.step, f);
-  put_int(file, "epoch", meta.epoch, f);
-  put_int64(file, "epoch_step", meta.epoch_step, f);
-  put_int64(file, "optimizer_steps", meta.optimizer_steps, f);
-  put_int64(file, "warmup_steps", meta.warmup_steps, f);
-  put_int64(file, "total_steps", meta.total_steps, f);
-  put_uint64(file, "seed", meta.seed, f);
-  put_double(file, "base_lr", meta.base_lr, f);
-  put_double(file, "loss_scale", meta.loss_scale, f);
-  put_string(file, "lr_schedule", meta.lr_schedule, f);
-  put_string(file, "strategy", meta.strategy, f);
-  put_int(file, "world_size", meta.world_size, f);
-  put_int(file, "shard_group_size", meta.shard_group_size, f);
-  // Compact JSON, one line in h5dump.
-  put_string(file, "model_config", nlohmann::ordered_json::parse(hf_config_json(meta.model)).dump(), f);
-  put_string(file, "version", meta.version, f);
-  put_string(file, "deck", meta.deck, f);
+  put_attribute(file, "format_version", kCheckpointFormatVersion, f);
+  for_each_meta_attribute(meta, [&](const char* name, const auto& field) { put_attribute(file, name, field, f); });
 }
 
 // HDF5 compound of IndexRecord as stored: packed, little-endian, readable field names.
@@ -384,7 +374,7 @@ void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const s
   MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm);
   for (size_t i = 0; i < units.size(); ++i) {
     for (size_t v = 0; v < open[i].dsets.size(); ++v)
-      put_uint64(open[i].dsets[v].get(), kChecksumAttr, total[checksums.at(i, v)], f);
+      put_attribute(open[i].dsets[v].get(), kChecksumAttr, total[checksums.at(i, v)], f);
   }
   open.clear();
   agree_on_error(comm, f.message());

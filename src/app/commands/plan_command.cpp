@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "commands.hpp"
@@ -45,15 +47,27 @@ struct PlanArgs {
   bool json = false;
 };
 
+// The number at the start of `text` (std::stod for double, std::stol for long) and how many
+// characters it took: 0 where there is none or it is out of range.
+template <typename Number>
+std::pair<Number, size_t> leading_number(const std::string& text) {
+  size_t used = 0;
+  try {
+    Number value;
+    if constexpr (std::is_floating_point_v<Number>)
+      value = std::stod(text, &used);
+    else
+      value = std::stol(text, &used);
+    return {value, used};
+  } catch (const std::exception&) {
+    return {Number{}, 0};
+  }
+}
+
 // "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).
 size_t parse_size(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw Error(concat(flag, " = '", text, "': not a size (write e.g. 80GiB or 40GB)"));
-  }
+  const auto [value, used] = leading_number<double>(text);
+  if (used == 0) throw Error(concat(flag, " = '", text, "': not a size (write e.g. 80GiB or 40GB)"));
   std::string unit = text.substr(used);
   while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -70,13 +84,7 @@ size_t parse_size(const std::string& flag, const std::string& text) {
 }
 
 int parse_count(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  long v = 0;
-  try {
-    v = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto [v, used] = leading_number<long>(text);
   SHARDLM_CHECK(used == text.size() && used > 0 && v >= 1 && v <= (1 << 20), flag, " = '", text,
                 "': must be a whole number >= 1");
   return static_cast<int>(v);

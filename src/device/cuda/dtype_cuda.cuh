@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <type_traits>
 
 #include "cuda_check.hpp"
 #include "shardlm/core.hpp"
@@ -21,35 +23,33 @@ namespace shardlm::cuda {
 
 // ---- conversions (the intrinsics below exist on every architecture, sm_70 included) ------------
 
+// One row per storage type: its conversion to fp32 and back. from_float rounds to nearest even,
+// like the host's float_to_bf16 / float_to_fp16.
 template <typename T>
-__device__ __forceinline__ float to_float(T v);
+struct FloatConversion;
 template <>
-__device__ __forceinline__ float to_float<float>(float v) {
-  return v;
-}
+struct FloatConversion<float> {
+  static __device__ __forceinline__ float to(float v) { return v; }
+  static __device__ __forceinline__ float from(float v) { return v; }
+};
 template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
+struct FloatConversion<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
 template <>
-__device__ __forceinline__ float to_float<__half>(__half v) {
-  return __half2float(v);
-}
+struct FloatConversion<__half> {
+  static __device__ __forceinline__ float to(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+};
 
-// Round to nearest even, like the host's float_to_bf16 / float_to_fp16.
 template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
+__device__ __forceinline__ float to_float(T v) {
+  return FloatConversion<T>::to(v);
 }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  return FloatConversion<T>::from(v);
 }
 
 // ---- packs: N elements moved with one 2/4/8/16-byte access -------------------------------------
@@ -119,6 +119,8 @@ constexpr int vec_width() {
   return static_cast<int>(16 / sizeof(T));
 }
 
+inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // ---- dtype dispatch ------------------------------------------------------------------------------
 
 template <typename T>
@@ -136,6 +138,26 @@ void dispatch_dtype(DType dt, F&& f) {
     case DType::F16: f(TypeTag<__half>{}); return;
   }
   throw Error(concat("CUDA kernels: unknown dtype ", static_cast<int>(dt)));
+}
+
+template <int N>
+using PackWidth = std::integral_constant<int, N>;
+
+// dispatch_dtype that also picks the pack width: calls f(TypeTag<T>{}, PackWidth<N>{}) with
+// N = vec_width<T>() when rows of `cols` elements are whole packs and every pointer is 16-byte
+// aligned (a pack then never straddles a row), else N = 1. Inside f,
+// `constexpr int N = decltype(width)::value;` names the width.
+template <typename F>
+void dispatch_dtype_packed(DType dt, long long cols, std::initializer_list<const void*> pointers, F&& f) {
+  dispatch_dtype(dt, [&](auto tag) {
+    constexpr int N = vec_width<typename decltype(tag)::type>();
+    bool packed = cols % N == 0;
+    for (const void* p : pointers) packed = packed && is_aligned(p, 16);
+    if (packed)
+      f(tag, PackWidth<N>{});
+    else
+      f(tag, PackWidth<1>{});
+  });
 }
 
 // ---- reductions ----------------------------------------------------------------------------------
@@ -159,6 +181,25 @@ __device__ __forceinline__ void merge_softmax_state(float& m, float& s, float ot
     m = other_m;
   } else {
     s += other_s * expf(other_m - m);
+  }
+}
+
+// Adds x to a running softmax state (max m, sum s of exp(x_j - m)) of one thread.
+__device__ __forceinline__ void add_to_softmax_state(float x, float& m, float& s) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+// Merges the softmax states of a warp's lanes so that every lane holds the warp's.
+__device__ __forceinline__ void warp_merge_softmax_state(float& m, float& s) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float other_s = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge_softmax_state(m, s, other_m, other_s);
   }
 }
 
@@ -191,6 +232,5 @@ inline unsigned grid_for(size_t items, int block = kBlockThreads, int blocks_per
   return static_cast<unsigned>(std::max<size_t>(1, std::min(wanted, cap)));
 }
 
-inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace shardlm::cuda

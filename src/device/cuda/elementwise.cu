@@ -5,7 +5,7 @@
 // widest operand) when every pointer is aligned for it, single elements otherwise and for the tail.
 #include <algorithm>
 
-#include "dtype_cuda.cuh"
+#include "column_grad.cuh"
 #include "kernels.hpp"
 
 namespace shardlm::cuda {
@@ -55,145 +55,59 @@ __device__ __forceinline__ float gelu_derivative(float u) {
   return 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * inner_derivative;
 }
 
-template <typename T>
-struct GeluForwardOp {
-  const T* x;
-  T* y;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float v[N];
-    load_floats<N>(x + i, v);
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = gelu_value(v[k]);
-    store_floats<N>(y + i, v);
-  }
+struct Gelu {
+  __device__ float operator()(float u) const { return gelu_value(u); }
 };
-
-template <typename T>
-struct GeluBackwardOp {
-  const T* dy;
-  const T* x;
-  T* dx;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float g[N], u[N];
-    load_floats<N>(dy + i, g);
-    load_floats<N>(x + i, u);
-#pragma unroll
-    for (int k = 0; k < N; ++k) g[k] *= gelu_derivative(u[k]);
-    store_floats<N>(dx + i, g);
-  }
+struct GeluGrad {  // dy, x -> dx
+  __device__ float operator()(float g, float u) const { return g * gelu_derivative(u); }
 };
 
 // ---- add, cast, scale, accumulate ---------------------------------------------------------------
 
-template <typename T>
-struct AddOp {
-  const T* a;  // a, b and out may alias: each element is read before it is written, by one thread
+struct Plus {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Unchanged {  // a cast: 16-bit -> fp32 is exact, so 16 -> 16 bits rounds only once
+  __device__ float operator()(float v) const { return v; }
+};
+struct Times {
+  float factor;
+  __device__ float operator()(float v) const { return v * factor; }
+};
+
+// The two shapes of element-wise op, computed in fp32: out = f(in), and out = f(a, b). The
+// operands may alias: each element is read before it is written, by one thread.
+template <typename In, typename Out, typename F>
+struct UnaryOp {
+  const In* in;
+  Out* out;
+  F f;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float v[N];
+    load_floats<N>(in + i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = f(v[k]);
+    store_floats<N>(out + i, v);
+  }
+};
+
+template <typename T, typename F>
+struct BinaryOp {
+  const T* a;
   const T* b;
   T* out;
+  F f;
   template <int N>
   __device__ void apply(size_t i) const {
     float va[N], vb[N];
     load_floats<N>(a + i, va);
     load_floats<N>(b + i, vb);
 #pragma unroll
-    for (int k = 0; k < N; ++k) va[k] += vb[k];
+    for (int k = 0; k < N; ++k) va[k] = f(va[k], vb[k]);
     store_floats<N>(out + i, va);
   }
 };
-
-template <typename In, typename Out>
-struct CastOp {
-  const In* in;
-  Out* out;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float v[N];
-    load_floats<N>(in + i, v);  // 16-bit -> fp32 is exact, so 16 -> 16 bits rounds only once
-    store_floats<N>(out + i, v);
-  }
-};
-
-struct ScaleOp {
-  float* x;
-  float factor;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float v[N];
-    load_floats<N>(x + i, v);
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] *= factor;
-    store_floats<N>(x + i, v);
-  }
-};
-
-struct AccumulateOp {
-  float* x;
-  const float* y;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float vx[N], vy[N];
-    load_floats<N>(x + i, vx);
-    load_floats<N>(y + i, vy);
-#pragma unroll
-    for (int k = 0; k < N; ++k) vx[k] += vy[k];
-    store_floats<N>(x + i, vx);
-  }
-};
-
-// ---- bias gradient ------------------------------------------------------------------------------
-
-// Block (32, kBiasRowLanes): lane x owns N consecutive columns of the block's 32 N-column tile;
-// threadIdx.y and blockIdx.y split the rows. The block sums its rows in shared memory, then adds
-// one fp32 atomic per column.
-constexpr int kBiasRowLanes = 8;
-
-template <typename T, int N>
-__global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ dbias, int rows, int cols,
-                                 int rows_per_block) {
-  __shared__ float partial[kBiasRowLanes][32 * N];
-  const int tile = blockIdx.x * 32 * N;
-  const int c0 = tile + threadIdx.x * N;
-  const int r_begin = blockIdx.y * rows_per_block;
-  const int r_end = min(rows, r_begin + rows_per_block);
-  float acc[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) acc[k] = 0.0f;
-  if (c0 < cols) {  // N > 1 only when cols % N == 0, so a pack never straddles the last column
-#pragma unroll 4
-    for (int r = r_begin + threadIdx.y; r < r_end; r += kBiasRowLanes) {  // unrolled: loads in flight
-      float v[N];
-      load_floats<N>(dy + static_cast<size_t>(r) * cols + c0, v);
-#pragma unroll
-      for (int k = 0; k < N; ++k) acc[k] += v[k];
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) partial[threadIdx.y][threadIdx.x * N + k] = acc[k];
-  __syncthreads();
-  for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * N; j += 32 * kBiasRowLanes) {
-    const int c = tile + j;
-    if (c >= cols) break;
-    float sum = 0.0f;
-#pragma unroll
-    for (int y = 0; y < kBiasRowLanes; ++y) sum += partial[y][j];
-    atomicAdd(dbias + c, sum);
-  }
-}
-
-template <typename T, int N>
-void launch_bias_grad(const T* dy, float* dbias, int rows, int cols, cudaStream_t stream) {
-  const int tiles = (cols + 32 * N - 1) / (32 * N);
-  // Enough row slices for about eight blocks per SM; at least kBiasRowLanes rows per slice.
-  const int max_slices = std::max(1, (rows + kBiasRowLanes - 1) / kBiasRowLanes);
-  int slices = std::min(max_slices, std::max(1, (8 * sm_count() + tiles - 1) / tiles));
-  const int rows_per_block = (rows + slices - 1) / slices;
-  slices = (rows + rows_per_block - 1) / rows_per_block;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
-  bias_grad_kernel<T, N><<<grid, dim3(32, kBiasRowLanes), 0, stream>>>(dy, dbias, rows, cols, rows_per_block);
-  SHARDLM_CUDA_LAUNCH_CHECK();
-}
 
 // ---- sum of squares -----------------------------------------------------------------------------
 
@@ -266,7 +180,7 @@ void gelu_forward(const void* x, void* y, size_t n, DType dt, cudaStream_t strea
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int N = vec_width<T>();
-    const GeluForwardOp<T> op{static_cast<const T*>(x), static_cast<T*>(y)};
+    const UnaryOp<T, T, Gelu> op{static_cast<const T*>(x), static_cast<T*>(y), Gelu{}};
     launch_map<N>(op, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
   });
 }
@@ -275,7 +189,8 @@ void gelu_backward(const void* dy, const void* x, void* dx, size_t n, DType dt, 
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int N = vec_width<T>();
-    const GeluBackwardOp<T> op{static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx)};
+    const BinaryOp<T, GeluGrad> op{static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx),
+                                   GeluGrad{}};
     launch_map<N>(op, n, is_aligned(dy, 16) && is_aligned(x, 16) && is_aligned(dx, 16), stream);
   });
 }
@@ -284,7 +199,7 @@ void add(const void* a, const void* b, void* out, size_t n, DType dt, cudaStream
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int N = vec_width<T>();
-    const AddOp<T> op{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out)};
+    const BinaryOp<T, Plus> op{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), Plus{}};
     launch_map<N>(op, n, is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(out, 16), stream);
   });
 }
@@ -292,15 +207,11 @@ void add(const void* a, const void* b, void* out, size_t n, DType dt, cudaStream
 void bias_grad(const void* dy, float* dbias, int n, int cols, DType dt, cudaStream_t stream) {
   SHARDLM_CHECK(n >= 0 && cols >= 0, "bias_grad: negative shape ", n, " x ", cols);
   if (n == 0 || cols == 0) return;
-  dispatch_dtype(dt, [&](auto tag) {
+  // Packs need every row start aligned: a 16-byte aligned base and a row length of whole packs.
+  dispatch_dtype_packed(dt, cols, {dy}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
-    constexpr int N = vec_width<T>();
-    const T* rows = static_cast<const T*>(dy);
-    // Packs need every row start aligned: a 16-byte aligned base and a row length of whole packs.
-    if (cols % N == 0 && is_aligned(dy, 16))
-      launch_bias_grad<T, N>(rows, dbias, n, cols, stream);
-    else
-      launch_bias_grad<T, 1>(rows, dbias, n, cols, stream);
+    launch_column_grad<ColumnGrad::kBias, T, decltype(width)::value>(static_cast<const T*>(dy), nullptr, nullptr,
+                                                                     nullptr, dbias, nullptr, n, cols, stream);
   });
 }
 
@@ -317,18 +228,18 @@ void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaSt
       using Out = typename decltype(out_tag)::type;
       // The wider operand moves 16 bytes per access, the narrower 8.
       constexpr int N = static_cast<int>(16 / std::max(sizeof(In), sizeof(Out)));
-      const CastOp<In, Out> op{static_cast<const In*>(in), static_cast<Out*>(out)};
+      const UnaryOp<In, Out, Unchanged> op{static_cast<const In*>(in), static_cast<Out*>(out), Unchanged{}};
       launch_map<N>(op, n, is_aligned(in, N * sizeof(In)) && is_aligned(out, N * sizeof(Out)), stream);
     });
   });
 }
 
 void scale(float* x, size_t n, float factor, cudaStream_t stream) {
-  launch_map<4>(ScaleOp{x, factor}, n, is_aligned(x, 16), stream);
+  launch_map<4>(UnaryOp<float, float, Times>{x, x, Times{factor}}, n, is_aligned(x, 16), stream);
 }
 
 void accumulate(float* x, const float* y, size_t n, cudaStream_t stream) {
-  launch_map<4>(AccumulateOp{x, y}, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
+  launch_map<4>(BinaryOp<float, Plus>{x, y, x, Plus{}}, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
 }
 
 void sum_squares(const float* x, size_t n, double* out, cudaStream_t stream) {

@@ -3,15 +3,11 @@
 // The forward copies raw rows (no conversion) in 16-byte packs when H and the pointers allow. The
 // backward scatter-adds into the fp32 table gradient with one atomic per element; a warp's atomics
 // cover consecutive addresses so each instruction touches whole 128-byte lines.
-#include <algorithm>
-
-#include "dtype_cuda.cuh"
 #include "kernels.hpp"
+#include "warp_rows.cuh"
 
 namespace shardlm::cuda {
 namespace {
-
-constexpr int kRowsPerBlock = kBlockThreads / 32;
 
 // A bad id reads row 0 rather than out of bounds (the data module never produces one).
 __device__ __forceinline__ long long clamp_token(int32_t token, int V) {
@@ -24,22 +20,18 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, con
                                          W* __restrict__ out, int n, int H, int V) {
   const int lane = threadIdx.x % 32;
   const int packs = H / N;
-  const long long row_stride = static_cast<long long>(gridDim.x) * kRowsPerBlock;
-  for (long long row = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; row < n;
-       row += row_stride) {
+  for_warp_rows(n, [&](long long row) {
     const W* src = table + clamp_token(tokens[row], V) * H;
     W* dst = out + row * H;
     for (int p = lane; p < packs; p += 32) store_pack<N>(dst + p * N, load_pack<N>(src + p * N));
-  }
+  });
 }
 
 template <typename T>
 __global__ void embedding_backward_kernel(const int32_t* __restrict__ tokens, const T* __restrict__ dout,
                                           float* __restrict__ dtable, int n, int H, int V) {
   const int lane = threadIdx.x % 32;
-  const long long row_stride = static_cast<long long>(gridDim.x) * kRowsPerBlock;
-  for (long long row = static_cast<long long>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; row < n;
-       row += row_stride) {
+  for_warp_rows(n, [&](long long row) {
     float* dst = dtable + clamp_token(tokens[row], V) * H;
     const T* src = dout + row * H;
     // Unrolled by 4 so that each lane has several loads in flight before its atomics.
@@ -53,12 +45,7 @@ __global__ void embedding_backward_kernel(const int32_t* __restrict__ tokens, co
       atomicAdd(dst + c + 96, v3);
     }
     for (; c < H; c += 32) atomicAdd(dst + c, to_float(src[c]));
-  }
-}
-
-unsigned row_blocks(int n, int blocks_per_sm) {
-  const long long wanted = (static_cast<long long>(n) + kRowsPerBlock - 1) / kRowsPerBlock;
-  return static_cast<unsigned>(std::max(1LL, std::min(wanted, static_cast<long long>(blocks_per_sm) * sm_count())));
+  });
 }
 
 template <typename W>
@@ -67,9 +54,9 @@ void launch_forward(const int32_t* tokens, const void* table, void* out, int n, 
   const W* src = static_cast<const W*>(table);
   W* dst = static_cast<W*>(out);
   if (H % N == 0 && is_aligned(table, 16) && is_aligned(out, 16))
-    embedding_forward_kernel<W, N><<<row_blocks(n, 8), kBlockThreads, 0, stream>>>(tokens, src, dst, n, H, V);
+    embedding_forward_kernel<W, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(tokens, src, dst, n, H, V);
   else
-    embedding_forward_kernel<W, 1><<<row_blocks(n, 8), kBlockThreads, 0, stream>>>(tokens, src, dst, n, H, V);
+    embedding_forward_kernel<W, 1><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(tokens, src, dst, n, H, V);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -93,7 +80,7 @@ void embedding_backward(const int32_t* tokens, const void* dout, float* dtable, 
   SHARDLM_CHECK(H > 0 && V > 0, "embedding_backward: bad shape n=", n, " H=", H, " V=", V);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    embedding_backward_kernel<T><<<row_blocks(n, 8), kBlockThreads, 0, stream>>>(
+    embedding_backward_kernel<T><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(
         tokens, static_cast<const T*>(dout), dtable, n, H, V);
     SHARDLM_CUDA_LAUNCH_CHECK();
   });

@@ -283,21 +283,21 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
       SHARDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       const uint64_t max_workspace = workspace_bytes_;
       const uint32_t align_lt_a = sig.align_b, align_lt_b = sig.align_a, align_c = sig.align_c;
-      cublasStatus_t rc =
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
-                                               sizeof max_workspace);
-      if (rc == CUBLAS_STATUS_SUCCESS)
-        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a,
-                                                  sizeof align_lt_a);
-      if (rc == CUBLAS_STATUS_SUCCESS)
-        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_lt_b,
-                                                  sizeof align_lt_b);
-      if (rc == CUBLAS_STATUS_SUCCESS)
-        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                  sizeof align_c);
-      if (rc == CUBLAS_STATUS_SUCCESS)
-        rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                  sizeof align_c);
+      struct PreferenceValue {
+        cublasLtMatmulPreferenceAttributes_t attribute;
+        const void* value;
+        size_t size;
+      };
+      const PreferenceValue preferences[] = {
+          {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a, sizeof align_lt_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_lt_b, sizeof align_lt_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c},
+      };
+      cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
+      for (const PreferenceValue& v : preferences)  // in order, up to the first failure
+        if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, v.attribute, v.value, v.size);
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
       if (rc == CUBLAS_STATUS_SUCCESS)

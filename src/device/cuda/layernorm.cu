@@ -7,16 +7,13 @@
 // row in its second pass. Longer rows take the generic path (kPacks = 0), whose passes re-read the
 // row (still in L1/L2); its backward writes dx only, and a second, column-parallel kernel sums
 // dgamma/dbeta (per-element atomics from row-parallel warps would serialise on the same columns).
-#include <algorithm>
-
-#include "dtype_cuda.cuh"
+#include "column_grad.cuh"
 #include "kernels.hpp"
+#include "warp_rows.cuh"
 
 namespace shardlm::cuda {
 namespace {
 
-constexpr int kLnWarps = 8;  // rows in flight per block, one per warp
-constexpr int kLnThreads = 32 * kLnWarps;
 // Fast-path limits on elements per lane: the forward keeps its share of the row in registers, the
 // backward its share of the dgamma and dbeta partial sums, within 128 registers (two blocks per SM).
 constexpr int kForwardMaxLaneElements = 64;
@@ -38,16 +35,14 @@ __device__ __forceinline__ void for_lane_packs(int lane, int packs, F&& f) {
 }
 
 template <typename T, int N, int kPacks>
-__global__ void __launch_bounds__(kLnThreads)
+__global__ void __launch_bounds__(kRowThreads)
     layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
                              T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int n, int H,
                              float eps) {
   constexpr int kSlots = kPacks > 0 ? kPacks : 1;
   const int lane = threadIdx.x % 32;
   const int packs = H / N;
-  const long long row_stride = static_cast<long long>(gridDim.x) * kLnWarps;
-  for (long long row = static_cast<long long>(blockIdx.x) * kLnWarps + threadIdx.x / 32; row < n;
-       row += row_stride) {
+  for_warp_rows(n, [&](long long row) {
     const T* xr = x + row * H;
     T* yr = y + row * H;
     [[maybe_unused]] Pack<T, N> cached[kSlots];  // the row's raw packs, fast path only
@@ -93,16 +88,16 @@ __global__ void __launch_bounds__(kLnThreads)
       mean[row] = mu;
       rstd[row] = rs;
     }
-  }
+  });
 }
 
 // dx for each row; with kPacks > 0 also dgamma/dbeta: each lane keeps partial sums for its columns
 // over all rows of its warp, the block adds its warps' partials in shared memory (no atomics there:
 // every warp stores its own copy, then one thread per column sums them) and adds them to global
 // memory with one atomic per column. With kPacks == 0 the kernel writes dx only, and
-// layernorm_param_grad_kernel computes dgamma/dbeta.
+// column_grad_kernel (column_grad.cuh) computes dgamma/dbeta.
 template <typename T, int N, int kPacks>
-__global__ void __launch_bounds__(kLnThreads, 2)
+__global__ void __launch_bounds__(kRowThreads, 2)
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* dx,
                               float* __restrict__ dgamma, float* __restrict__ dbeta, int n, int H,
@@ -120,8 +115,7 @@ __global__ void __launch_bounds__(kLnThreads, 2)
       for (int k = 0; k < N; ++k) dgamma_acc[s][k] = dbeta_acc[s][k] = 0.0f;
   }
 
-  const long long row_stride = static_cast<long long>(gridDim.x) * kLnWarps;
-  for (long long row = static_cast<long long>(blockIdx.x) * kLnWarps + warp; row < n; row += row_stride) {
+  for_warp_rows(n, [&](long long row) {
     const T* dyr = dy + row * H;
     const T* xr = x + row * H;
     T* dxr = dx + row * H;
@@ -151,12 +145,7 @@ __global__ void __launch_bounds__(kLnThreads, 2)
     for_lane_packs<kPacks>(lane, packs, [&](int slot, int p) {
       float d[N], xv[N], w[N], out[N];
       load_row(p, d, xv, w);  // again: the row is still in L1 (keeping it costs registers we lack)
-      if (accumulate_dx) {
-        load_floats<N>(dxr + p * N, out);
-      } else {
-#pragma unroll
-        for (int k = 0; k < N; ++k) out[k] = 0.0f;
-      }
+      load_or_zero<N>(accumulate_dx, dxr + p * N, out);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float xhat = (xv[k] - mu) * rs;
@@ -168,11 +157,11 @@ __global__ void __launch_bounds__(kLnThreads, 2)
       }
       store_floats<N>(dxr + p * N, out);
     });
-  }
+  });
 
   if constexpr (kPacks > 0) {
     static_assert(N % 4 == 0, "the fast path runs on 16-byte packs");
-    // [kLnWarps][H] floats: one warp's partials per row, reused for dgamma and then dbeta.
+    // [kRowWarps][H] floats: one warp's partials per row, reused for dgamma and then dbeta.
     extern __shared__ float warp_partials[];
     float* mine = warp_partials + static_cast<size_t>(warp) * H;
     for (int which = 0; which < 2; ++which) {
@@ -188,66 +177,14 @@ __global__ void __launch_bounds__(kLnThreads, 2)
       });
       __syncthreads();
       float* target = which == 0 ? dgamma : dbeta;
-      for (int c = threadIdx.x; c < H; c += kLnThreads) {
+      for (int c = threadIdx.x; c < H; c += kRowThreads) {
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kLnWarps; ++w) sum += warp_partials[static_cast<size_t>(w) * H + c];
+        for (int w = 0; w < kRowWarps; ++w) sum += warp_partials[static_cast<size_t>(w) * H + c];
         atomicAdd(target + c, sum);
       }
       __syncthreads();  // before the buffer is reused
     }
-  }
-}
-
-// dgamma[c] += sum_r dy[r,c] xhat[r,c], dbeta[c] += sum_r dy[r,c] for the generic path, shaped like
-// bias_grad: lane x owns N consecutive columns of a 32 N-column tile, threadIdx.y and blockIdx.y split
-// the rows; the block sums its rows in shared memory and adds one atomic per column.
-constexpr int kParamRowLanes = 8;
-
-template <typename T, int N>
-__global__ void layernorm_param_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                            const float* __restrict__ mean, const float* __restrict__ rstd,
-                                            float* __restrict__ dgamma, float* __restrict__ dbeta, int n, int H,
-                                            int rows_per_block) {
-  __shared__ float partial[2][kParamRowLanes][32 * N];
-  const int tile = blockIdx.x * 32 * N;
-  const int c0 = tile + threadIdx.x * N;
-  const int r_begin = blockIdx.y * rows_per_block;
-  const int r_end = min(n, r_begin + rows_per_block);
-  float dg[N], db[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) dg[k] = db[k] = 0.0f;
-  if (c0 < H) {  // N > 1 only when H % N == 0, so a pack never straddles the last column
-#pragma unroll 4
-    for (int r = r_begin + threadIdx.y; r < r_end; r += kParamRowLanes) {  // unrolled: loads in flight
-      float d[N], xv[N];
-      load_floats<N>(dy + static_cast<size_t>(r) * H + c0, d);
-      load_floats<N>(x + static_cast<size_t>(r) * H + c0, xv);
-      const float mu = mean[r], rs = rstd[r];
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        dg[k] += d[k] * ((xv[k] - mu) * rs);
-        db[k] += d[k];
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    partial[0][threadIdx.y][threadIdx.x * N + k] = dg[k];
-    partial[1][threadIdx.y][threadIdx.x * N + k] = db[k];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * N; j += 32 * kParamRowLanes) {
-    const int c = tile + j;
-    if (c >= H) break;
-    float sum_g = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int y = 0; y < kParamRowLanes; ++y) {
-      sum_g += partial[0][y][j];
-      sum_b += partial[1][y][j];
-    }
-    atomicAdd(dgamma + c, sum_g);
-    atomicAdd(dbeta + c, sum_b);
   }
 }
 
@@ -261,63 +198,50 @@ int fast_path_packs(int lane_packs, int max_lane_elements) {
   return 0;
 }
 
+// Calls f(PackWidth<kPacks>{}) with kPacks = fast_path_packs for rows of H elements in packs of N,
+// or kPacks = 0 (the generic path) where that is 0 or N == 1 (the fast path runs on 16-byte packs).
+template <int N, int kMaxLaneElements, typename F>
+void dispatch_lane_packs(int H, F&& f) {
+  if constexpr (N > 1) {
+    const int lane_packs = (H / N + 31) / 32;
+    switch (fast_path_packs<N>(lane_packs, kMaxLaneElements)) {
+      case 1: f(PackWidth<1>{}); return;
+      case 2: f(PackWidth<2>{}); return;
+      case 4: f(PackWidth<4>{}); return;
+      case 8:
+        if constexpr (8 * N <= kMaxLaneElements) {
+          f(PackWidth<8>{});
+          return;
+        }
+        break;
+      case 16:
+        if constexpr (16 * N <= kMaxLaneElements) {
+          f(PackWidth<16>{});
+          return;
+        }
+        break;
+      default: break;
+    }
+  }
+  f(PackWidth<0>{});
+}
+
 template <typename T, int N, int kPacks>
 void forward_with(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int n, int H,
                   float eps, cudaStream_t stream) {
-  const int blocks = static_cast<int>(std::min<long long>((n + kLnWarps - 1LL) / kLnWarps, 8LL * sm_count()));
-  layernorm_forward_kernel<T, N, kPacks><<<blocks, kLnThreads, 0, stream>>>(x, gamma, beta, y, mean, rstd, n, H, eps);
+  layernorm_forward_kernel<T, N, kPacks><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(x, gamma, beta, y, mean,
+                                                                                         rstd, n, H, eps);
   SHARDLM_CUDA_LAUNCH_CHECK();
-}
-
-template <typename T, int N>
-void forward_dispatch(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int n, int H,
-                      float eps, cudaStream_t stream) {
-  const int lane_packs = (H / N + 31) / 32;
-  switch (fast_path_packs<N>(lane_packs, kForwardMaxLaneElements)) {
-    case 1: forward_with<T, N, 1>(x, gamma, beta, y, mean, rstd, n, H, eps, stream); return;
-    case 2: forward_with<T, N, 2>(x, gamma, beta, y, mean, rstd, n, H, eps, stream); return;
-    case 4: forward_with<T, N, 4>(x, gamma, beta, y, mean, rstd, n, H, eps, stream); return;
-    case 8:
-      if constexpr (8 * N <= kForwardMaxLaneElements) {
-        forward_with<T, N, 8>(x, gamma, beta, y, mean, rstd, n, H, eps, stream);
-        return;
-      }
-      break;
-    case 16:
-      if constexpr (16 * N <= kForwardMaxLaneElements) {
-        forward_with<T, N, 16>(x, gamma, beta, y, mean, rstd, n, H, eps, stream);
-        return;
-      }
-      break;
-    default: break;
-  }
-  forward_with<T, N, 0>(x, gamma, beta, y, mean, rstd, n, H, eps, stream);
 }
 
 template <typename T, int N, int kPacks>
 void backward_with(const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, T* dx,
                    float* dgamma, float* dbeta, int n, int H, bool accumulate_dx, cudaStream_t stream) {
   // Fewer blocks than the forward when each flushes H atomics of dgamma/dbeta partials at its end.
-  const long long per_sm = kPacks > 0 ? 2 : 8;
-  const int blocks = static_cast<int>(std::min<long long>((n + kLnWarps - 1LL) / kLnWarps, per_sm * sm_count()));
-  const size_t shared_bytes = kPacks > 0 ? static_cast<size_t>(kLnWarps) * H * sizeof(float) : 0;
-  layernorm_backward_kernel<T, N, kPacks><<<blocks, kLnThreads, shared_bytes, stream>>>(
+  const unsigned blocks = warp_row_blocks(n, kPacks > 0 ? 2 : 8);
+  const size_t shared_bytes = kPacks > 0 ? static_cast<size_t>(kRowWarps) * H * sizeof(float) : 0;
+  layernorm_backward_kernel<T, N, kPacks><<<blocks, kRowThreads, shared_bytes, stream>>>(
       dy, x, gamma, mean, rstd, dx, dgamma, dbeta, n, H, accumulate_dx);
-  SHARDLM_CUDA_LAUNCH_CHECK();
-}
-
-template <typename T, int N>
-void param_grad_with(const T* dy, const T* x, const float* mean, const float* rstd, float* dgamma, float* dbeta,
-                     int n, int H, cudaStream_t stream) {
-  const int tiles = (H + 32 * N - 1) / (32 * N);
-  // Enough row slices for about eight blocks per SM; at least kParamRowLanes rows per slice.
-  const int max_slices = std::max(1, (n + kParamRowLanes - 1) / kParamRowLanes);
-  int slices = std::min(max_slices, std::max(1, (8 * sm_count() + tiles - 1) / tiles));
-  const int rows_per_block = (n + slices - 1) / slices;
-  slices = (n + rows_per_block - 1) / rows_per_block;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
-  layernorm_param_grad_kernel<T, N><<<grid, dim3(32, kParamRowLanes), 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta,
-                                                                                  n, H, rows_per_block);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -325,62 +249,36 @@ void param_grad_with(const T* dy, const T* x, const float* mean, const float* rs
 
 void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd, int n,
                        int H, float eps, DType dt, cudaStream_t stream) {
-  SHARDLM_CHECK(n >= 0, "layernorm_forward: negative row count ", n);
-  if (n == 0) return;
-  SHARDLM_CHECK(H > 0, "layernorm_forward: bad shape ", n, " x ", H);
-  dispatch_dtype(dt, [&](auto tag) {
+  if (!check_rows("layernorm_forward", n, H)) return;
+  dispatch_dtype_packed(dt, H, {x, gamma, beta, y}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
-    constexpr int N = vec_width<T>();
-    const T* xs = static_cast<const T*>(x);
-    const T* g = static_cast<const T*>(gamma);
-    const T* b = static_cast<const T*>(beta);
-    T* ys = static_cast<T*>(y);
-    const bool vectorised =
-        H % N == 0 && is_aligned(x, 16) && is_aligned(gamma, 16) && is_aligned(beta, 16) && is_aligned(y, 16);
-    if (vectorised)
-      forward_dispatch<T, N>(xs, g, b, ys, mean, rstd, n, H, eps, stream);
-    else
-      forward_with<T, 1, 0>(xs, g, b, ys, mean, rstd, n, H, eps, stream);
+    constexpr int N = decltype(width)::value;
+    dispatch_lane_packs<N, kForwardMaxLaneElements>(H, [&](auto lane_packs) {
+      forward_with<T, N, decltype(lane_packs)::value>(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                                      static_cast<const T*>(beta), static_cast<T*>(y), mean, rstd,
+                                                      n, H, eps, stream);
+    });
   });
 }
 
 void layernorm_backward(const void* dy, const void* x, const void* gamma, const float* mean, const float* rstd,
                         void* dx, float* dgamma, float* dbeta, int n, int H, bool accumulate_dx, DType dt,
                         cudaStream_t stream) {
-  SHARDLM_CHECK(n >= 0, "layernorm_backward: negative row count ", n);
-  if (n == 0) return;
-  SHARDLM_CHECK(H > 0, "layernorm_backward: bad shape ", n, " x ", H);
-  dispatch_dtype(dt, [&](auto tag) {
+  if (!check_rows("layernorm_backward", n, H)) return;
+  dispatch_dtype_packed(dt, H, {dy, x, gamma, dx}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
-    constexpr int N = vec_width<T>();
+    constexpr int N = decltype(width)::value;
     const T* dys = static_cast<const T*>(dy);
     const T* xs = static_cast<const T*>(x);
-    const T* g = static_cast<const T*>(gamma);
-    T* dxs = static_cast<T*>(dx);
-    const bool vectorised =
-        H % N == 0 && is_aligned(dy, 16) && is_aligned(x, 16) && is_aligned(gamma, 16) && is_aligned(dx, 16);
-    const int lane_packs = (H / N + 31) / 32;
-    const int packs = vectorised ? fast_path_packs<N>(lane_packs, kBackwardMaxLaneElements) : 0;
-    switch (packs) {
-      case 1: backward_with<T, N, 1>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream); return;
-      case 2: backward_with<T, N, 2>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream); return;
-      case 4: backward_with<T, N, 4>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream); return;
-      case 8:
-        if constexpr (8 * N <= kBackwardMaxLaneElements) {
-          backward_with<T, N, 8>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream);
-          return;
-        }
-        break;
-      default: break;
-    }
-    // Generic: dx row by row, then dgamma/dbeta column by column (a second read of dy and x).
-    if (vectorised) {
-      backward_with<T, N, 0>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream);
-      param_grad_with<T, N>(dys, xs, mean, rstd, dgamma, dbeta, n, H, stream);
-    } else {
-      backward_with<T, 1, 0>(dys, xs, g, mean, rstd, dxs, dgamma, dbeta, n, H, accumulate_dx, stream);
-      param_grad_with<T, 1>(dys, xs, mean, rstd, dgamma, dbeta, n, H, stream);
-    }
+    dispatch_lane_packs<N, kBackwardMaxLaneElements>(H, [&](auto lane_packs) {
+      constexpr int kPacks = decltype(lane_packs)::value;
+      backward_with<T, N, kPacks>(dys, xs, static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx), dgamma,
+                                  dbeta, n, H, accumulate_dx, stream);
+      // The generic path's dx is row by row; dgamma/dbeta then go column by column (a second read of
+      // dy and x).
+      if constexpr (kPacks == 0)
+        launch_column_grad<ColumnGrad::kLayerNormParams, T, N>(dys, xs, mean, rstd, dgamma, dbeta, n, H, stream);
+    });
   });
 }
 

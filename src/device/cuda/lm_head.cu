@@ -45,20 +45,8 @@ __global__ void __launch_bounds__(kRowThreads)
 
   // Running max and sum of exp per thread, then over the block.
   float m = -INFINITY, s = 0.0f;
-  for (int j = tid; j < V; j += kRowThreads) {
-    const float x = row[j];
-    if (x > m) {
-      s = s * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += expf(x - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float other_s = __shfl_xor_sync(0xffffffffu, s, offset);
-    merge_softmax_state(m, s, other_m, other_s);
-  }
+  for (int j = tid; j < V; j += kRowThreads) add_to_softmax_state(row[j], m, s);
+  warp_merge_softmax_state(m, s);
   if (tid % 32 == 0) {
     shared_m[tid / 32] = m;
     shared_s[tid / 32] = s;

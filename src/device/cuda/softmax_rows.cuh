@@ -21,20 +21,8 @@ inline unsigned row_blocks(int heads, int seq) {
 __device__ __forceinline__ void causal_row_softmax_state(const float* s, float slope, int i, int lane, float& m,
                                                          float& sum) {
   m = -INFINITY, sum = 0.0f;
-  for (int j = lane; j <= i; j += 32) {
-    const float x = s[j] + slope * static_cast<float>(j);
-    if (x > m) {
-      sum = sum * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      sum += expf(x - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_m = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float other_s = __shfl_xor_sync(0xffffffffu, sum, offset);
-    merge_softmax_state(m, sum, other_m, other_s);
-  }
+  for (int j = lane; j <= i; j += 32) add_to_softmax_state(s[j] + slope * static_cast<float>(j), m, sum);
+  warp_merge_softmax_state(m, sum);
 }
 
 // dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d) goes into the

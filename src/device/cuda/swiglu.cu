@@ -8,30 +8,34 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <typename T, int N>
-__global__ void swiglu_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F) {
+// Calls f(e, at) for each pack of N output elements this thread owns: e indexes the [n, F] output,
+// at the gate element of the [n, 2F] gate|up rows (its up element is at + F).
+template <int N, typename Body>
+__device__ __forceinline__ void for_swiglu_packs(long long n, int F, Body&& f) {
   const long long packs = n * F / N;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride) {
     const long long e = p * N, row = e / F;
-    const T* gate = gate_up + row * 2 * F + (e - row * F);  // F % N == 0: a pack stays in its row
+    f(e, row * 2 * F + (e - row * F));  // F % N == 0: a pack stays in its row
+  }
+}
+
+template <typename T, int N>
+__global__ void swiglu_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F) {
+  for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float g[N], u[N];
-    load_floats<N>(gate, g);
-    load_floats<N>(gate + F, u);
+    load_floats<N>(gate_up + at, g);
+    load_floats<N>(gate_up + at + F, u);
 #pragma unroll
     for (int k = 0; k < N; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];  // as LlamaCpu: (g * s) * u
     store_floats<N>(out + e, g);
-  }
+  });
 }
 
 template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate_up,
                                        T* __restrict__ dgate_up, long long n, int F) {
-  const long long packs = n * F / N;
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride) {
-    const long long e = p * N, row = e / F;
-    const long long at = row * 2 * F + (e - row * F);
+  for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float d[N], g[N], u[N], dg[N], du[N];
     load_floats<N>(dout + e, d);
     load_floats<N>(gate_up + at, g);
@@ -44,47 +48,38 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
     }
     store_floats<N>(dgate_up + at, dg);
     store_floats<N>(dgate_up + at + F, du);
-  }
+  });
 }
 
-void check_shape(const char* what, int n, int F) {
+// Checks the shape; false when there are no rows (nothing to launch).
+bool check_shape(const char* what, int n, int F) {
   SHARDLM_CHECK(n >= 0 && F >= 1, what, ": bad shape n=", n, " F=", F);
+  return n > 0;
 }
 
 }  // namespace
 
 void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
-  check_shape("swiglu_forward", n, F);
-  if (n == 0) return;
+  if (!check_shape("swiglu_forward", n, F)) return;
   const size_t items = static_cast<size_t>(n) * F;
-  dispatch_dtype(dt, [&](auto tag) {
+  dispatch_dtype_packed(dt, F, {gate_up, out}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
-    constexpr int N = vec_width<T>();
-    const T* gu = static_cast<const T*>(gate_up);
-    T* o = static_cast<T*>(out);
-    if (F % N == 0 && is_aligned(gate_up, 16) && is_aligned(out, 16))
-      swiglu_forward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(gu, o, n, F);
-    else
-      swiglu_forward_kernel<T, 1><<<grid_for(items), kBlockThreads, 0, stream>>>(gu, o, n, F);
+    constexpr int N = decltype(width)::value;
+    swiglu_forward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
+        static_cast<const T*>(gate_up), static_cast<T*>(out), n, F);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
                      cudaStream_t stream) {
-  check_shape("swiglu_backward", n, F);
-  if (n == 0) return;
+  if (!check_shape("swiglu_backward", n, F)) return;
   const size_t items = static_cast<size_t>(n) * F;
-  dispatch_dtype(dt, [&](auto tag) {
+  dispatch_dtype_packed(dt, F, {dout, gate_up, dgate_up}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
-    constexpr int N = vec_width<T>();
-    const T* d = static_cast<const T*>(dout);
-    const T* gu = static_cast<const T*>(gate_up);
-    T* dgu = static_cast<T*>(dgate_up);
-    if (F % N == 0 && is_aligned(dout, 16) && is_aligned(gate_up, 16) && is_aligned(dgate_up, 16))
-      swiglu_backward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(d, gu, dgu, n, F);
-    else
-      swiglu_backward_kernel<T, 1><<<grid_for(items), kBlockThreads, 0, stream>>>(d, gu, dgu, n, F);
+    constexpr int N = decltype(width)::value;
+    swiglu_backward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
+        static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up), n, F);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }

@@ -85,6 +85,15 @@ struct State {
 // qkv, the attention context, the mid-block residual, the MLP's wide activations, scores of a row.
 enum DecodeScratch { kXhat, kRstd, kNorm, kQkv, kContext, kMid, kWide, kScores };
 
+// What block_forward and block_backward of one call share: the layer's saved activations, the
+// block's offsets, the attention's shape, the rows (B * T) and the hidden size.
+struct BlockCall {
+  BlockActivations& a;
+  const BlockOffsets& o;
+  AttentionShape shape;
+  int N, H;
+};
+
 class BloomCpu final : public model_detail::CpuModelBase {
  public:
   BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq);
@@ -97,6 +106,9 @@ class BloomCpu final : public model_detail::CpuModelBase {
                     const int* positions) override;
 
  private:
+  // Forward: begins the layer's step (CpuModelBase::begin_block_forward); backward: checks it.
+  BlockCall block_call(int layer, int B, int T, bool forward);
+
   State m_;
 };
 
@@ -153,14 +165,19 @@ size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
 
 // ---- transformer block ----------------------------------------------------------------------
 
+BlockCall BloomCpu::block_call(int layer, int B, int T, bool forward) {
+  if (forward)
+    begin_block_forward(layer, B, T);
+  else
+    check_block_backward(layer, B, T);
+  return {m_.layers[layer], m_.block, interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data()),
+          B * T, cfg_.hidden_size};
+}
+
 void BloomCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  begin_block_forward(layer, B, T);
-  BlockActivations& a = m.layers[layer];
-  const int N = B * T, H = cfg_.hidden_size;
+  const auto [a, o, shape, N, H] = block_call(layer, B, T, true);
   if (N == 0) return;
-  const BlockOffsets& o = m.block;
-  const AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m.slopes.data());
   const int d = shape.head_dim;
 
   o.ln1.forward_rows(params, h_in, N, H, a.ln1_xhat.data(), a.ln1_rstd.data(), a.ln1_out.data());
@@ -185,12 +202,8 @@ void BloomCpu::block_forward(int layer, const float* params, const float* h_in, 
 void BloomCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
                               int B, int T) {
   State& m = m_;
-  check_block_backward(layer, B, T);
-  BlockActivations& a = m.layers[layer];
-  const int N = B * T, H = cfg_.hidden_size;
+  const auto [a, o, shape, N, H] = block_call(layer, B, T, false);
   if (N == 0) return;
-  const BlockOffsets& o = m.block;
-  const AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m.slopes.data());
   const int d = shape.head_dim;
   float* dln = m.hidden_work[0].data();
   float* dh_mid = m.hidden_work[1].data();

@@ -4,76 +4,100 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "../model_internal.hpp"
 
 namespace shardlm {
 
-using model_detail::add_tensor;
+namespace {
+
+using Root = BloomRootOffsets;
+using Block = BloomBlockOffsets;
+
+// A unit's modules as tensors, each passed to visit(name, offset field, shape, init): a LayerNorm
+// is a weight (ones) and a bias (zeros) of hidden_size, a linear layer a weight [out, in] (normal)
+// and a bias [out].
+template <typename Offsets, typename Visit>
+struct Modules {
+  Visit& visit;
+  int64_t H;
+  void layer_norm(const std::string& name, size_t Offsets::*weight, size_t Offsets::*bias) {
+    visit(name + ".weight", weight, {H}, InitKind::Ones);
+    visit(name + ".bias", bias, {H}, InitKind::Zeros);
+  }
+  void linear(const std::string& name, size_t Offsets::*weight, size_t Offsets::*bias, int64_t out, int64_t in) {
+    visit(name + ".weight", weight, {out, in}, InitKind::Normal);
+    visit(name + ".bias", bias, {out}, InitKind::Zeros);
+  }
+};
+
+// The root's and a block's tensors in layout order: the one list that bloom_layout lays out and
+// the offsets are found from.
+template <typename Visit>
+void root_tensors(Visit&& visit, int64_t V, int64_t H) {
+  visit("word_embeddings.weight", &Root::embeddings, {V, H}, InitKind::Normal);
+  Modules<Root, Visit> m{visit, H};
+  m.layer_norm("word_embeddings_layernorm", &Root::embed_norm_weight, &Root::embed_norm_bias);
+  m.layer_norm("ln_f", &Root::final_norm_weight, &Root::final_norm_bias);
+}
+
+template <typename Visit>
+void block_tensors(Visit&& visit, int64_t H) {
+  Modules<Block, Visit> m{visit, H};
+  m.layer_norm("input_layernorm", &Block::ln1_weight, &Block::ln1_bias);
+  m.linear("self_attention.query_key_value", &Block::qkv_weight, &Block::qkv_bias, 3 * H, H);
+  m.linear("self_attention.dense", &Block::dense_weight, &Block::dense_bias, H, H);
+  m.layer_norm("post_attention_layernorm", &Block::ln2_weight, &Block::ln2_bias);
+  m.linear("mlp.dense_h_to_4h", &Block::mlp_in_weight, &Block::mlp_in_bias, 4 * H, H);
+  m.linear("mlp.dense_4h_to_h", &Block::mlp_out_weight, &Block::mlp_out_bias, H, 4 * H);
+}
+
+// Visitors: one appends each tensor to `unit`, the other sets each offset field of `o` from `unit`
+// (shapes unused); tensor names are `prefix` + name.
+auto append_to(UnitLayout& unit, const std::string& prefix, float init_std) {
+  return [&unit, prefix, init_std](const std::string& name, auto, std::vector<int64_t> shape, InitKind init) {
+    model_detail::add_tensor(unit, prefix + name, std::move(shape), init, init_std);
+  };
+}
+
+template <typename Offsets>
+auto find_in(const UnitLayout& unit, const std::string& prefix, Offsets& o) {
+  return [&unit, prefix, &o](const std::string& name, size_t Offsets::*field, const std::vector<int64_t>&, InitKind) {
+    o.*field = model_detail::tensor_offset(unit, prefix + name, "BLOOM layout");
+  };
+}
+
+}  // namespace
 
 std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg) {
   model_detail::check_common_shape(cfg, "BLOOM", "num_heads");
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
-  const float init_std = cfg.init_std;
   std::vector<UnitLayout> units;
 
   UnitLayout root;
   root.name = "root";
-  add_tensor(root, "word_embeddings.weight", {V, H}, InitKind::Normal, init_std);
-  add_tensor(root, "word_embeddings_layernorm.weight", {H}, InitKind::Ones, init_std);
-  add_tensor(root, "word_embeddings_layernorm.bias", {H}, InitKind::Zeros, init_std);
-  add_tensor(root, "ln_f.weight", {H}, InitKind::Ones, init_std);
-  add_tensor(root, "ln_f.bias", {H}, InitKind::Zeros, init_std);
+  root_tensors(append_to(root, "", cfg.init_std), V, H);
   units.push_back(std::move(root));
 
   for (int i = 0; i < cfg.num_layers; ++i) {
     UnitLayout block;
     block.name = concat("h.", i);
-    const std::string p = block.name + ".";
-    add_tensor(block, p + "input_layernorm.weight", {H}, InitKind::Ones, init_std);
-    add_tensor(block, p + "input_layernorm.bias", {H}, InitKind::Zeros, init_std);
-    add_tensor(block, p + "self_attention.query_key_value.weight", {3 * H, H}, InitKind::Normal, init_std);
-    add_tensor(block, p + "self_attention.query_key_value.bias", {3 * H}, InitKind::Zeros, init_std);
-    add_tensor(block, p + "self_attention.dense.weight", {H, H}, InitKind::Normal, init_std);
-    add_tensor(block, p + "self_attention.dense.bias", {H}, InitKind::Zeros, init_std);
-    add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, init_std);
-    add_tensor(block, p + "post_attention_layernorm.bias", {H}, InitKind::Zeros, init_std);
-    add_tensor(block, p + "mlp.dense_h_to_4h.weight", {4 * H, H}, InitKind::Normal, init_std);
-    add_tensor(block, p + "mlp.dense_h_to_4h.bias", {4 * H}, InitKind::Zeros, init_std);
-    add_tensor(block, p + "mlp.dense_4h_to_h.weight", {H, 4 * H}, InitKind::Normal, init_std);
-    add_tensor(block, p + "mlp.dense_4h_to_h.bias", {H}, InitKind::Zeros, init_std);
+    block_tensors(append_to(block, block.name + ".", cfg.init_std), H);
     units.push_back(std::move(block));
   }
   return units;
 }
 
 BloomRootOffsets bloom_root_offsets(const UnitLayout& root) {
-  auto at = [&](const char* name) { return model_detail::tensor_offset(root, name, "BLOOM layout"); };
   BloomRootOffsets o;
-  o.embeddings = at("word_embeddings.weight");
-  o.embed_norm_weight = at("word_embeddings_layernorm.weight");
-  o.embed_norm_bias = at("word_embeddings_layernorm.bias");
-  o.final_norm_weight = at("ln_f.weight");
-  o.final_norm_bias = at("ln_f.bias");
+  root_tensors(find_in(root, "", o), 0, 0);
   return o;
 }
 
 BloomBlockOffsets bloom_block_offsets(const UnitLayout& block) {
-  const std::string p = block.name + ".";
-  auto at = [&](const char* name) { return model_detail::tensor_offset(block, p + name, "BLOOM layout"); };
   BloomBlockOffsets o;
-  o.ln1_weight = at("input_layernorm.weight");
-  o.ln1_bias = at("input_layernorm.bias");
-  o.qkv_weight = at("self_attention.query_key_value.weight");
-  o.qkv_bias = at("self_attention.query_key_value.bias");
-  o.dense_weight = at("self_attention.dense.weight");
-  o.dense_bias = at("self_attention.dense.bias");
-  o.ln2_weight = at("post_attention_layernorm.weight");
-  o.ln2_bias = at("post_attention_layernorm.bias");
-  o.mlp_in_weight = at("mlp.dense_h_to_4h.weight");
-  o.mlp_in_bias = at("mlp.dense_h_to_4h.bias");
-  o.mlp_out_weight = at("mlp.dense_4h_to_h.weight");
-  o.mlp_out_bias = at("mlp.dense_4h_to_h.bias");
+  block_tensors(find_in(block, block.name + ".", o), 0);
   return o;
 }
 

@@ -122,6 +122,15 @@ struct State {
 // cos and sin.
 enum DecodeScratch { kXhat, kRstd, kNorm, kQ, kK, kV, kContext, kMid, kGate, kUp, kScores, kCos, kSin };
 
+// What block_forward and block_backward of one call share: the layer's saved activations, the
+// block's offsets, the attention's shape, the rows (B * T) and the hidden size.
+struct BlockCall {
+  BlockActivations& a;
+  const BlockOffsets& o;
+  AttentionShape shape;
+  int N, H;
+};
+
 class LlamaCpu final : public model_detail::CpuModelBase {
  public:
   LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block);
@@ -134,6 +143,9 @@ class LlamaCpu final : public model_detail::CpuModelBase {
                     const int* positions) override;
 
  private:
+  // Forward: begins the layer's step (CpuModelBase::begin_block_forward); backward: checks it.
+  BlockCall block_call(int layer, int B, int T, bool forward);
+
   State m_;
 };
 
@@ -200,15 +212,19 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
 
 // ---- decoder layer --------------------------------------------------------------------------
 
+BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
+  if (forward)
+    begin_block_forward(layer, B, T);
+  else
+    check_block_backward(layer, B, T);
+  return {m_.layers[layer], m_.block, grouped_heads(B, T, cfg_), B * T, cfg_.hidden_size};
+}
+
 void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  begin_block_forward(layer, B, T);
-  BlockActivations& a = m.layers[layer];
-  const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  const auto [a, o, shape, N, H] = block_call(layer, B, T, true);
   if (N == 0) return;
-  const BlockOffsets& o = m.block;
-  const AttentionShape shape = grouped_heads(B, T, cfg_);
-  const int QW = shape.q_ld, KVW = shape.kv_ld;
+  const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   float* normed = m.hidden_work[1].data();
 
   // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
@@ -235,13 +251,9 @@ void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, 
 void LlamaCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
                               int B, int T) {
   State& m = m_;
-  check_block_backward(layer, B, T);
-  BlockActivations& a = m.layers[layer];
-  const int N = B * T, H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
+  const auto [a, o, shape, N, H] = block_call(layer, B, T, false);
   if (N == 0) return;
-  const BlockOffsets& o = m.block;
-  const AttentionShape shape = grouped_heads(B, T, cfg_);
-  const int QW = shape.q_ld, KVW = shape.kv_ld;
+  const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   float* dx = m.hidden_work[0].data();
   float* work = m.hidden_work[1].data();  // a norm's output, then its gradient; d(context)
   float* dgate = m.wide_work[0].data();      // SiLU(gate) * up first (for d(down_proj))
