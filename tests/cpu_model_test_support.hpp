@@ -72,12 +72,14 @@ inline const TensorSpec& find_tensor(const UnitLayout& unit, const std::string& 
   throw Error("no tensor " + suffix + " in unit " + unit.name);
 }
 
-// Largest element-wise error relative to the reference's largest magnitude.
+// Largest element-wise error relative to the reference's largest magnitude; infinite where actual
+// has a NaN (which std::max would skip: 16-bit garbage reads as NaN).
 inline double max_relative_error(const std::vector<float>& actual, const std::vector<double>& reference) {
   BOOST_REQUIRE_EQUAL(actual.size(), reference.size());
   double worst = 0.0, scale = 0.0;
   for (size_t i = 0; i < actual.size(); ++i) {
-    worst = std::max(worst, std::abs(actual[i] - reference[i]));
+    const double error = std::abs(actual[i] - reference[i]);
+    worst = std::isnan(error) ? INFINITY : std::max(worst, error);
     scale = std::max(scale, std::abs(reference[i]));
   }
   return worst / std::max(scale, 1e-30);

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_model_test_support.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 
@@ -150,6 +151,17 @@ inline std::vector<float> random_values(size_t n, std::mt19937& rng, DType dt, f
 }
 
 inline std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+// Largest |got - ref| relative to the largest |ref|, infinite on a NaN (model_test::max_relative_error).
+inline double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  return model_test::max_relative_error(got, ref);
+}
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  return relative_error(got, to_double(ref));
+}
+inline double relative_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  return relative_error(std::vector<float>(got.begin(), got.end()), ref);
+}
 
 // Central differences of f at x, element by element.
 template <typename F>

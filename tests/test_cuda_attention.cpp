@@ -29,20 +29,6 @@ using namespace cuda_test;
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-// Largest |got - ref| relative to the largest |ref|.
-double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    worst = std::max(worst, std::abs(got[i] - ref[i]));
-    scale = std::max(scale, std::abs(ref[i]));
-  }
-  return worst / std::max(scale, 1e-20);
-}
-
-double relative_error(const std::vector<double>& got, const std::vector<double>& ref) {
-  return relative_error(std::vector<float>(got.begin(), got.end()), ref);
-}
 
 // ---- attention reference (bloom_cpu.cpp's math, in double) ------------------------------------
 

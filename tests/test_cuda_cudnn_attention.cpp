@@ -32,16 +32,6 @@ namespace {
 
 using namespace cuda_test;
 
-double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    worst = std::max(worst, std::abs(got[i] - ref[i]));
-    scale = std::max(scale, std::abs(ref[i]));
-  }
-  return worst / std::max(scale, 1e-20);
-}
-
 size_t rows(const AttentionLayout& l) { return static_cast<size_t>(l.B) * l.T; }
 size_t qkv_size(const AttentionLayout& l) { return rows(l) * l.row; }
 size_t ctx_size(const AttentionLayout& l) { return rows(l) * l.out_row; }

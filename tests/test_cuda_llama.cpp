@@ -37,23 +37,6 @@ const DType kAllDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
 // ---- host helpers ---------------------------------------------------------------------------
 
-// Largest |got - ref| relative to the largest |ref|; infinite where got has a NaN (fp16 garbage
-// reads as NaN, which std::max would skip).
-double relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double error = std::abs(got[i] - ref[i]);
-    worst = std::isnan(error) ? INFINITY : std::max(worst, error);
-    scale = std::max(scale, std::abs(ref[i]));
-  }
-  return worst / std::max(scale, 1e-20);
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
-  return relative_error(got, to_double(ref));
-}
-
 // Activations stored in dt, relative to the largest value: a few units in dt's last place.
 double output_tolerance(DType dt) { return dt == DType::F32 ? 1e-5 : (dt == DType::BF16 ? 1.5e-2 : 3e-3); }
 

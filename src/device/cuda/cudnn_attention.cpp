@@ -272,39 +272,83 @@ struct Geometry {
   }
   // [B, H, T(kv), T(q)] views of a score-shaped tensor, transposed (for P^T dO and dS^T Q).
   Dims transposed_strides() const { return {H * T * T, T * T, 1, T}; }
+  // A packed [B, H, T, d] tensor.
+  Dims packed_strides() const { return {H * T * d, T * d, d, 1}; }
 };
 
-// scores = scale Q K^T (+ ALiBi), causally masked: the chain the forward and the backward share.
-DescPtr masked_scores(GraphBuilder& g, const Geometry& s, const DescPtr& q, const DescPtr& kt, const DescPtr& scale,
-                      bool alibi, const DescPtr& slopes) {
-  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, i32 = CUDNN_DATA_INT32;
-  auto raw = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-  g.matmul(q, kt, raw);
-  auto cur = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, raw, scale, cur);
-  if (alibi) {
-    auto row = g.virtual_tensor(i32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, i32, cur, nullptr, row, nullptr, 2);
-    auto col = g.virtual_tensor(i32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, i32, cur, nullptr, col, nullptr, 3);
-    auto dist = g.virtual_tensor(i32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_SUB, i32, col, row, dist);
-    auto bias = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, dist, slopes, bias);
-    auto biased = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_ADD, f32, cur, bias, biased);
-    cur = biased;
+// out = x^T b for a score-shaped x ([B, H, T, T], transposed by a reshape into the io dtype), summed
+// over the query heads of each key/value head when they are grouped: dV = P^T dO and dK = dS^T Q.
+void transposed_product(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, const DescPtr& x, const DescPtr& b,
+                        const DescPtr& out, bool grouped) {
+  auto xt = g.virtual_tensor(io, s.score_dims, s.transposed_strides());
+  g.reshape(x, xt);
+  if (!grouped) return g.matmul(xt, b, out);
+  auto full = g.virtual_tensor(io, {s.B, s.H, s.T, s.d}, s.packed_strides());
+  g.matmul(xt, b, full);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
+// New virtual tensors of the score shape [B, H, T, T] and the row shape [B, H, T, 1], each the
+// output of one operation: what the graphs below are made of.
+struct Ops {
+  GraphBuilder& g;
+  const Geometry& s;
+
+  // y = mode(x, b) (t: BINARY_SELECT's condition; axis: GEN_INDEX's), y of the score shape.
+  DescPtr score(cudnnPointwiseMode_t mode, const DescPtr& x, const DescPtr& b = nullptr,
+                cudnnDataType_t type = CUDNN_DATA_FLOAT, cudnnDataType_t precision = CUDNN_DATA_FLOAT,
+                const DescPtr& t = nullptr, int64_t axis = -1) {
+    auto y = g.virtual_tensor(type, s.score_dims, s.score_strides);
+    g.pointwise(mode, precision, x, b, y, t, axis);
+    return y;
   }
-  // Causal: keep key j for query i where i >= j, the lowest float elsewhere.
-  auto row = g.virtual_tensor(i32, s.score_dims, s.score_strides);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, f32, cur, nullptr, row, nullptr, 2);
-  auto col = g.virtual_tensor(i32, s.score_dims, s.score_strides);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, f32, cur, nullptr, col, nullptr, 3);
-  auto keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, s.score_dims, s.score_strides);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, keep);
-  auto masked = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f32, cur, g.scalar(kMaskValue, f32), masked, keep);
-  return masked;
+  DescPtr row(cudnnPointwiseMode_t mode, const DescPtr& x, const DescPtr& b = nullptr) {
+    auto y = g.virtual_tensor(CUDNN_DATA_FLOAT, s.row_dims, s.row_strides);
+    g.pointwise(mode, CUDNN_DATA_FLOAT, x, b, y);
+    return y;
+  }
+  // The reduction of a score-shaped x over its last axis (the keys).
+  DescPtr row_reduce(cudnnReduceTensorOp_t op, const DescPtr& x) {
+    auto y = g.virtual_tensor(CUDNN_DATA_FLOAT, s.row_dims, s.row_strides);
+    g.reduce(op, x, y);
+    return y;
+  }
+  DescPtr score_matmul(const DescPtr& a, const DescPtr& b) {
+    auto y = g.virtual_tensor(CUDNN_DATA_FLOAT, s.score_dims, s.score_strides);
+    g.matmul(a, b, y);
+    return y;
+  }
+  DescPtr index(const DescPtr& x, int64_t axis, cudnnDataType_t precision) {
+    return score(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, CUDNN_DATA_INT32, precision, nullptr, axis);
+  }
+
+  // scores = scale Q K^T (+ ALiBi), causally masked: the chain the forward and the backward share.
+  DescPtr masked_scores(const DescPtr& q, const DescPtr& kt, const DescPtr& scale, bool alibi, const DescPtr& slopes) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, i32 = CUDNN_DATA_INT32;
+    DescPtr cur = score(CUDNN_POINTWISE_MUL, score_matmul(q, kt), scale);
+    if (alibi) {  // + slope_h (j - i)
+      auto dist = score(CUDNN_POINTWISE_SUB, index(cur, 3, i32), index(cur, 2, i32), i32, i32);
+      cur = score(CUDNN_POINTWISE_ADD, cur, score(CUDNN_POINTWISE_MUL, dist, slopes));
+    }
+    // Causal: keep key j for query i where i >= j, the lowest float elsewhere.
+    auto keep =
+        score(CUDNN_POINTWISE_CMP_GE, index(cur, 2, f32), index(cur, 3, f32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
+    return score(CUDNN_POINTWISE_BINARY_SELECT, cur, g.scalar(kMaskValue, f32), f32, f32, keep);
+  }
+};
+
+// The tensors both graphs read: Q, K^T, O, the softmax statistics, the scale and (ALiBi) the slopes.
+struct Common {
+  DescPtr q, kt, o, stats, scale, slopes;
+};
+Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bool alibi) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  return {g.tensor(kQ, io, s.q_dims, s.q_strides),
+          g.tensor(kK, io, s.kt_dims, s.kt_strides),
+          g.tensor(kO, io, s.o_dims, s.o_strides),
+          g.tensor(kStats, f32, s.row_dims, s.row_strides),
+          g.scalar(kScale, f32),
+          alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr};
 }
 
 }  // namespace
@@ -386,29 +430,16 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
 
   if (plans->refused.empty()) {  // forward
     GraphBuilder g(handle);
-    auto q = g.tensor(kQ, io, s.q_dims, s.q_strides);
-    auto kt = g.tensor(kK, io, s.kt_dims, s.kt_strides);
+    Ops op{g, s};
+    const Common c = common_tensors(g, s, io, l.alibi);
     auto v = g.tensor(kV, io, s.v_dims, s.v_strides);
-    auto o = g.tensor(kO, io, s.o_dims, s.o_strides);
-    auto stats = g.tensor(kStats, f32, s.row_dims, s.row_strides);
-    auto scale = g.scalar(kScale, f32);
-    auto slopes = l.alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr;
-    auto scores = masked_scores(g, s, q, kt, scale, l.alibi, slopes);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes);
     // Softmax, saving the row's log-sum-exp: max, exp(s - max), sum, stats = max + log(sum), p = e / sum.
-    auto max = g.virtual_tensor(f32, s.row_dims, s.row_strides);
-    g.reduce(CUDNN_REDUCE_TENSOR_MAX, scores, max);
-    auto shifted = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_SUB, f32, scores, max, shifted);
-    auto e = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_EXP, f32, shifted, nullptr, e);
-    auto sum = g.virtual_tensor(f32, s.row_dims, s.row_strides);
-    g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, sum);
-    auto log_sum = g.virtual_tensor(f32, s.row_dims, s.row_strides);
-    g.pointwise(CUDNN_POINTWISE_LOG, f32, sum, nullptr, log_sum);
-    g.pointwise(CUDNN_POINTWISE_ADD, f32, max, log_sum, stats);
-    auto p = g.virtual_tensor(io, s.score_dims, s.score_strides);  // P V takes P in the io dtype
-    g.pointwise(CUDNN_POINTWISE_DIV, f32, e, sum, p);
-    g.matmul(p, v, o);
+    auto max = op.row_reduce(CUDNN_REDUCE_TENSOR_MAX, scores);
+    auto e = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, max));
+    auto sum = op.row_reduce(CUDNN_REDUCE_TENSOR_ADD, e);
+    g.pointwise(CUDNN_POINTWISE_ADD, f32, max, op.row(CUDNN_POINTWISE_LOG, sum), c.stats);
+    g.matmul(op.score(CUDNN_POINTWISE_DIV, e, sum, io), v, c.o);  // P V takes P in the io dtype
     std::string why;
     plans->forward.plan = g.build(plans->forward.workspace, why);
     plans->forward.descriptors = std::move(g.kept());
@@ -417,63 +448,33 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
 
   if (plans->refused.empty()) {  // backward
     GraphBuilder g(handle);
-    auto q = g.tensor(kQ, io, s.q_dims, s.q_strides);
-    auto kt = g.tensor(kK, io, s.kt_dims, s.kt_strides);
+    Ops op{g, s};
+    const Common c = common_tensors(g, s, io, l.alibi);
     auto vt = g.tensor(kV, io, s.vt_dims, s.vt_strides);
-    auto o = g.tensor(kO, io, s.o_dims, s.o_strides);
     auto d_o = g.tensor(kDO, io, s.o_dims, s.o_strides);
-    auto stats = g.tensor(kStats, f32, s.row_dims, s.row_strides);
     auto dq = g.tensor(kDQ, io, s.q_dims, s.q_strides);
     auto dk = g.tensor(kDK, io, s.v_dims, s.v_strides);  // dK in K's [B, KV, T, d] layout
     auto dv = g.tensor(kDV, io, s.v_dims, s.v_strides);
-    auto scale = g.scalar(kScale, f32);
-    auto slopes = l.alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr;
     // softmax_sum = rowsum(dO * O), kept in our workspace.
-    auto prod = g.virtual_tensor(f32, s.o_dims, {s.H * s.T * s.d, s.T * s.d, s.H * s.d, 1});
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, d_o, o, prod);
-    auto rowsum = g.virtual_tensor(f32, s.row_dims, s.row_strides);
-    g.reduce(CUDNN_REDUCE_TENSOR_ADD, prod, rowsum);
+    auto prod = g.virtual_tensor(f32, s.o_dims, {s.H * s.T * s.d, s.T * s.d, s.H * s.d, 1});  // as cuDNN's own
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, d_o, c.o, prod);
     auto softmax_sum = g.tensor(kSoftmaxSum, f32, s.row_dims, s.row_strides);
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, rowsum, g.scalar(kOne, f32), softmax_sum);
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, op.row_reduce(CUDNN_REDUCE_TENSOR_ADD, prod), g.scalar(kOne, f32),
+                softmax_sum);
     // p = exp(scores - stats), recomputed.
-    auto scores = masked_scores(g, s, q, kt, scale, l.alibi, slopes);
-    auto shifted = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_SUB, f32, scores, stats, shifted);
-    auto p = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_EXP, f32, shifted, nullptr, p);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes);
+    auto p = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, c.stats));
     // dV = P^T dO (summed over the query heads of a group).
-    auto pt = g.virtual_tensor(io, s.score_dims, s.transposed_strides());
-    g.reshape(p, pt);
-    if (!grouped) {
-      g.matmul(pt, d_o, dv);
-    } else {
-      auto dv_full = g.virtual_tensor(io, {s.B, s.H, s.T, s.d}, {s.H * s.T * s.d, s.T * s.d, s.d, 1});
-      g.matmul(pt, d_o, dv_full);
-      g.reduce(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-    }
+    transposed_product(g, s, io, p, d_o, dv, grouped);
     // dS = scale * p * (dO V^T - softmax_sum).
-    auto dp = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.matmul(d_o, vt, dp);
-    auto centred = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_SUB, f32, dp, softmax_sum, centred);
-    auto weighted = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, centred, p, weighted);
-    auto ds = g.virtual_tensor(f32, s.score_dims, s.score_strides);
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, weighted, scale, ds);
+    auto centred = op.score(CUDNN_POINTWISE_SUB, op.score_matmul(d_o, vt), softmax_sum);
+    auto ds = op.score(CUDNN_POINTWISE_MUL, op.score(CUDNN_POINTWISE_MUL, centred, p), c.scale);
     // dK = dS^T Q (summed over the group's query heads).
-    auto dst = g.virtual_tensor(io, s.score_dims, s.transposed_strides());
-    g.reshape(ds, dst);
-    if (!grouped) {
-      g.matmul(dst, q, dk);
-    } else {
-      auto dk_full = g.virtual_tensor(io, {s.B, s.H, s.T, s.d}, {s.H * s.T * s.d, s.T * s.d, s.d, 1});
-      g.matmul(dst, q, dk_full);
-      g.reduce(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-    }
+    transposed_product(g, s, io, ds, c.q, dk, grouped);
     // dQ = dS K, accumulated in fp32 in our workspace, then rounded into dQ.
     auto k = g.virtual_tensor(io, s.v_dims, s.v_strides);
-    g.reshape(kt, k);
-    auto dq_accum = g.tensor(kDQAccum, f32, s.q_dims, {s.H * s.T * s.d, s.T * s.d, s.d, 1});
+    g.reshape(c.kt, k);
+    auto dq_accum = g.tensor(kDQAccum, f32, s.q_dims, s.packed_strides());
     g.matmul(ds, k, dq_accum);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, f32, dq_accum, nullptr, dq);
     std::string why;
