@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -151,13 +152,14 @@ int main(int argc, char** argv) {
     fill(dctx.p, n * out_row, dt, 2);
     SHARDLM_CUDA_CHECK(cudaMemcpy(slopes.p, slopes_host.data(), heads * 4, cudaMemcpyHostToDevice));
     const double fwd_flop = 4.0 * B * heads * static_cast<double>(T) * T * d / 2;
-    size_t workspace = 0;  // the path's scratch for this shape
+    size_t workspace = 0;     // the path's scratch for this shape
+    double prepare_ms = 0;    // building the cuDNN plans of this shape
     auto report = [&](const std::string& path, double fwd_ms, double both_ms, const std::string& note) {
       std::printf(
           "{\"impl\": \"shardlm-%s\", \"T\": %d, \"batch\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
-          "\"dtype\": \"%s\", \"alibi\": %s, \"workspace_bytes\": %zu, \"fwd_ms\": %.4f, \"fwdbwd_ms\": %.4f, "
+          "\"dtype\": \"%s\", \"alibi\": %s, \"workspace_bytes\": %zu, \"prepare_ms\": %.1f, \"fwd_ms\": %.4f, \"fwdbwd_ms\": %.4f, "
           "\"fwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f, \"note\": \"%s\"}\n",
-          path.c_str(), T, B, heads, kv_heads, d, dtype.c_str(), alibi ? "true" : "false", workspace, fwd_ms, both_ms,
+          path.c_str(), T, B, heads, kv_heads, d, dtype.c_str(), alibi ? "true" : "false", workspace, prepare_ms, fwd_ms, both_ms,
           fwd_ms > 0 ? fwd_flop / fwd_ms / 1e9 : 0.0, both_ms > 0 ? 3.5 * fwd_flop / both_ms / 1e9 : 0.0, note.c_str());
       std::fflush(stdout);
     };
@@ -168,7 +170,9 @@ int main(int argc, char** argv) {
       } else {
         const cuda::AttentionLayout l = alibi ? cuda::AttentionLayout::bloom(B, T, heads, d, dt)
                                               : cuda::AttentionLayout::grouped(B, T, heads, kv_heads, d, dt);
+        const auto t0 = std::chrono::steady_clock::now();
         const std::string refused = cudnn->prepare(l);
+        prepare_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (!refused.empty()) {
           report("cudnn", 0, 0, refused);
         } else {

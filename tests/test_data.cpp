@@ -469,6 +469,23 @@ BOOST_AUTO_TEST_CASE(micro_batch_pads_to_longest) {
 
   BOOST_CHECK_THROW(make_micro_batch(data, {3}, pad), Error);
   BOOST_CHECK_THROW(count_targets(data, {7}), Error);
+
+  // Rounded up to a multiple (the fused attention's shapes), within max_seq, never below the longest:
+  // the extra columns are padding without loss.
+  const MicroBatch rounded = make_micro_batch(data, {1, 0, 2}, pad, 4, 0);
+  BOOST_TEST(rounded.seq == 8);
+  BOOST_TEST(rounded.target_count == 4);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 8; ++c) {
+      const size_t i = static_cast<size_t>(r) * 8 + c;
+      BOOST_TEST(rounded.tokens[i] == (c < 5 ? mb.tokens[static_cast<size_t>(r) * 5 + c] : pad));
+      BOOST_TEST(rounded.targets[i] == (c < 5 ? mb.targets[static_cast<size_t>(r) * 5 + c] : -1));
+    }
+  BOOST_TEST(make_micro_batch(data, {1, 0, 2}, pad, 4, 6).seq == 6);   // capped at max_seq
+  BOOST_TEST(make_micro_batch(data, {1, 0, 2}, pad, 64, 3).seq == 5);  // never below the longest
+  BOOST_TEST(make_micro_batch(data, {0}, pad, 1, 0).seq == 3);
+  BOOST_TEST(make_micro_batch(data, {}, pad, 64, 0).seq == 0);
+  BOOST_CHECK_THROW(make_micro_batch(data, {0}, pad, 0, 0), Error);
 }
 
 BOOST_AUTO_TEST_CASE(micro_batch_of_squad_examples) {

@@ -141,8 +141,11 @@ struct MicroBatch {
   int64_t target_count = 0;      // positions with a target
 };
 
+// The padded length is rounded up to a multiple of `length_multiple`, at most `max_seq` (0: no
+// bound): the extra positions are padding at the end of each row, which a causal model's other
+// positions never see, so only the shapes the model meets change (UnitModel::length_multiple).
 MicroBatch make_micro_batch(const std::vector<Example>& data, const std::vector<size_t>& indices,
-                            int32_t pad_id);
+                            int32_t pad_id, int length_multiple = 1, int max_seq = 0);
 
 // Number of loss positions over the given examples.
 int64_t count_targets(const std::vector<Example>& data, const std::vector<size_t>& indices);

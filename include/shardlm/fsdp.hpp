@@ -121,8 +121,10 @@ class FsdpEngine {
   size_t optimizer_bytes() const { return optimizer_->state_bytes(); }
   // Peak backend memory of this rank (0 on the CPU, whose planned buffers are reported instead).
   size_t device_peak_bytes() const;
-  // How the model runs attention (UnitModel::attention_description).
+  // How the model runs attention (UnitModel::attention_description) and the micro-batch lengths it
+  // prefers (UnitModel::length_multiple).
   std::string attention_description() const;
+  int length_multiple() const;
   ProcessGroups& groups() { return groups_; }
   const FsdpBufferPlan& buffer_plan() const { return plan_; }
   size_t num_units() const;

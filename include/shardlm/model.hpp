@@ -147,6 +147,9 @@ class UnitModel {
   // How attention runs, for the run's log and summary: on the CPU "cpu"; on the GPU
   // "cudnn (cuDNN 9.19.0 fused flash attention)" or "native (...why not cuDNN...)".
   virtual std::string attention_description() const = 0;
+  // Micro-batch lengths run best as multiples of this (1: any): cuDNN's fused attention builds
+  // plans per shape, so the trainer pads micro-batches up to a multiple (make_micro_batch).
+  virtual int length_multiple() const = 0;
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

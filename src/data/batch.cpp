@@ -17,10 +17,16 @@ const Example& example_at(const std::vector<Example>& data, size_t index) {
 }  // namespace
 
 MicroBatch make_micro_batch(const std::vector<Example>& data, const std::vector<size_t>& indices,
-                            int32_t pad_id) {
+                            int32_t pad_id, int length_multiple, int max_seq) {
+  SHARDLM_CHECK(length_multiple >= 1, "batch: length multiple ", length_multiple, " must be >= 1");
   MicroBatch mb;
   size_t longest = 0;
   for (size_t index : indices) longest = std::max(longest, example_at(data, index).tokens.size());
+  // Up to the next multiple, within max_seq, never below the longest example.
+  const size_t m = static_cast<size_t>(length_multiple);
+  size_t rounded = (longest + m - 1) / m * m;
+  if (max_seq > 0) rounded = std::min(rounded, static_cast<size_t>(max_seq));
+  longest = std::max(longest, rounded);
   mb.batch = static_cast<int>(indices.size());
   mb.seq = static_cast<int>(longest);
   mb.tokens.assign(indices.size() * longest, pad_id);

@@ -257,5 +257,6 @@ size_t FsdpEngine::device_peak_bytes() const {
 }
 
 std::string FsdpEngine::attention_description() const { return impl_->model->attention_description(); }
+int FsdpEngine::length_multiple() const { return impl_->model->length_multiple(); }
 
 }  // namespace shardlm

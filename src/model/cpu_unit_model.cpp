@@ -54,6 +54,7 @@ class CpuUnitModel final : public UnitModel {
     return model_->activation_bytes() + floats * sizeof(float);
   }
   std::string attention_description() const override { return "cpu"; }
+  int length_multiple() const override { return 1; }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_begin(slots, max_len, max_rows);

@@ -29,7 +29,7 @@ struct EvalResult {
 };
 
 EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
-                    int32_t pad_id) {
+                    int32_t pad_id, int max_seq) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -37,7 +37,7 @@ EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI
   double loss_sum = 0, count = 0;
   const std::vector<std::vector<size_t>> batches = eval_micro_batches(eval_set.size(), rank, world, micro);
   for (const auto& indices : batches) {
-    MicroBatch mb = make_micro_batch(eval_set, indices, pad_id);
+    MicroBatch mb = make_micro_batch(eval_set, indices, pad_id, model.length_multiple(), max_seq);
     loss_sum += model.forward_loss(mb);
     count += static_cast<double>(mb.target_count);
   }
@@ -56,7 +56,8 @@ EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI
 EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result) {
   const RunConfig& cfg = run.cfg;
   run.progress.hide();
-  EvalResult ev = evaluate(*run.engine, run.eval_set, run.comm, run.micro, run.tokenizer->pad_id());
+  EvalResult ev =
+      evaluate(*run.engine, run.eval_set, run.comm, run.micro, run.tokenizer->pad_id(), run.cfg.data.max_length);
   result.eval_losses.push_back(ev.loss);
   EvalLog log;
   log.step = step;

@@ -109,7 +109,9 @@ void report_shape(TrainRun& run) {
                  " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
                  ", replicate group ", groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype),
                  ", reduce ", dtype_name(cfg.fsdp.reduce_dtype)));
-  run.say(concat("attention: ", run.engine->attention_description()));
+  const int multiple = run.engine->length_multiple();
+  run.say(concat("attention: ", run.engine->attention_description(),
+                 multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
                  " ranks; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));

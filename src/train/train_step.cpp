@@ -35,7 +35,7 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   double loss_sum = 0;
   for (int m = 0; m < run.accum; ++m) {
     MicroBatch mb = make_micro_batch(run.train_set, run.sampler->micro_batch(epoch, s, run.rank, run.world, m, run.micro),
-                                     run.tokenizer->pad_id());
+                                     run.tokenizer->pad_id(), model.length_multiple(), run.cfg.data.max_length);
     loss_sum += model.forward_backward(mb, grad_scale);
   }
   StepOutcome out;

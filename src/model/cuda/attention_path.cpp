@@ -31,7 +31,7 @@ AttentionPath::AttentionPath(const char* model, const ModelConfig& cfg, DType dt
 #ifdef SHARDLM_HAVE_CUDNN
   if (why.empty()) why = CudnnAttention::unavailable_reason();
   if (why.empty() && cfg.num_layers > 0 && max_batch > 0 && max_seq > 0) {
-    cudnn_ = std::make_unique<CudnnAttention>();
+    cudnn_ = std::make_shared<CudnnAttention>();
     // Plans for the largest micro-batch now, before any step; other shapes get theirs on first use.
     const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, bloom);
     why = cudnn_->prepare(l);

@@ -24,6 +24,9 @@ class AttentionPath {
   AttentionPath& operator=(const AttentionPath&) = delete;
 
   bool fused() const { return fused_; }
+  // Micro-batch lengths the path runs best at: cuDNN builds plans per shape (about 0.14 s each after
+  // the first, docs/PERFORMANCE.md), so the fused path asks for multiples of 64; the native, any.
+  int length_multiple() const { return fused_ ? 64 : 1; }
   // "cudnn (cuDNN 9.19.0 fused flash attention)" or "native (...why not cuDNN...)".
   const std::string& description() const { return description_; }
   // The workspace the fused calls need at the largest micro-batch, as cuDNN's plans report it
@@ -44,7 +47,7 @@ class AttentionPath {
   bool fused_ = false;
   size_t capacity_ = 0;  // workspace_bytes()
   std::string description_;
-  std::unique_ptr<CudnnAttention> cudnn_;
+  std::shared_ptr<CudnnAttention> cudnn_;  // shared_ptr: an incomplete type in builds without cuDNN
 };
 
 }  // namespace shardlm::cuda

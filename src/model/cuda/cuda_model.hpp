@@ -41,6 +41,7 @@ class CudaModel {
   virtual size_t activation_bytes() const = 0;
   // The attention path and why (AttentionPath::description).
   virtual std::string attention_description() const = 0;
+  virtual int length_multiple() const = 0;  // UnitModel::length_multiple
   virtual const ModelConfig& config() const = 0;
 
   // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----
