@@ -124,6 +124,7 @@ class FsdpEngine {
   // How the model runs attention (UnitModel::attention_description).
   std::string attention_description() const;
   ProcessGroups& groups() { return groups_; }
+  const Backend& backend() const { return *backend_; }
   const FsdpBufferPlan& buffer_plan() const { return plan_; }
   size_t num_units() const;
   const FlatParameter& unit(size_t u) const;
