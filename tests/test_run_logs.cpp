@@ -3,7 +3,7 @@
 
 // Tests of what a run reports and what `shardlm report` makes of it, on made-up numbers: the
 // records' Hugging Face keys, the summary table's EM/F1 columns, speed-up and efficiency, the
-// resumed run's repeated steps and CSV quoting.
+// resumed run's repeated steps and CSV quoting; the GPU peak the MFU is measured against.
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,7 +12,10 @@
 
 #include "metrics.hpp"
 #include "run_report.hpp"
+#include "shardlm/device.hpp"
+#include "temp_dir.hpp"
 #include "test_support.hpp"
+#include "train_run.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -158,4 +161,118 @@ BOOST_AUTO_TEST_CASE(report_of_a_resumed_and_an_unfinished_run) {
   BOOST_TEST(contains(csv, "\n\"un,finished\","), csv);  // a comma in a name is quoted
   BOOST_TEST(count_of_polylines(loss_curves_svg(runs)) == 2u);
   BOOST_TEST(count_of_polylines(scaling_svg(runs)) == 1u);  // the finished run's strategy; no base throughput, no ideal
+}
+
+// ---- the peak the MFU is measured against ---------------------------------------------------
+
+namespace {
+
+// The built-in table's (bf16, fp16) peak for a CUDA device name; (-1, -1) when no entry matches.
+std::pair<double, double> builtin_peak(const std::string& device) {
+  const GpuPeak* e = find_gpu_peak(device, {});
+  return e ? std::make_pair(e->bf16_tflops, e->fp16_tflops) : std::make_pair(-1.0, -1.0);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gpu_peaks_of_the_builtin_table_by_device_name) {
+  using P = std::pair<double, double>;
+  BOOST_TEST((builtin_peak("NVIDIA H100 80GB HBM3") == P{989, 989}));  // SXM
+  BOOST_TEST((builtin_peak("NVIDIA H100 PCIe") == P{756, 756}));       // before the shorter "H100"
+  BOOST_TEST((builtin_peak("NVIDIA H100 NVL") == P{835, 835}));
+  BOOST_TEST((builtin_peak("NVIDIA H200") == P{989, 989}));
+  BOOST_TEST((builtin_peak("NVIDIA H200 NVL") == P{835, 835}));
+  for (const char* a100 :
+       {"NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"})
+    BOOST_TEST((builtin_peak(a100) == P{312, 312}), a100);
+  for (const char* v100 : {"Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-SXM3-32GB"})
+    BOOST_TEST((builtin_peak(v100) == P{0, 125}), v100);
+  for (const char* v100 : {"Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"})
+    BOOST_TEST((builtin_peak(v100) == P{0, 112}), v100);
+  BOOST_TEST((builtin_peak("Tesla V100S-PCIE-32GB") == P{0, 130}));
+  BOOST_TEST((builtin_peak("nvidia h100 pcie") == P{756, 756}));  // case does not matter
+  BOOST_TEST((builtin_peak("NVIDIA GeForce RTX 4090") == P{-1, -1}));
+  BOOST_TEST((builtin_peak("cpu") == P{-1, -1}));
+}
+
+BOOST_AUTO_TEST_CASE(gpu_peaks_file_adds_and_overrides) {
+  TempDir dir("gpu_peaks");
+  const std::string path = dir.write("peaks.txt",
+                                     "# site figures\n"
+                                     "\n"
+                                     "RTX 4090   165.2 165.2   # dense, fp32 accumulate\n"
+                                     "H100 900 901\n"
+                                     "H100 PCIe 700 701\n");
+  const std::vector<GpuPeak> mine = read_gpu_peaks(path);
+  BOOST_TEST_REQUIRE(mine.size() == 3u);
+  BOOST_TEST(mine[0].name == "RTX 4090");
+  BOOST_TEST(mine[0].bf16_tflops == 165.2);
+  BOOST_TEST(mine[2].name == "H100 PCIe");
+  const GpuPeak* added = find_gpu_peak("NVIDIA GeForce RTX 4090", mine);
+  BOOST_TEST_REQUIRE(added);
+  BOOST_TEST(added->fp16_tflops == 165.2);
+  BOOST_TEST(find_gpu_peak("NVIDIA H100 80GB HBM3", mine)->bf16_tflops == 900);
+  BOOST_TEST(find_gpu_peak("NVIDIA H100 PCIe", mine)->fp16_tflops == 701);
+  // A file entry that matches wins even over a longer built-in one; others still come from the table.
+  const std::vector<GpuPeak> broad = {{"NVIDIA", 100, 100}};
+  BOOST_TEST(find_gpu_peak("NVIDIA H100 NVL", broad)->bf16_tflops == 100);
+  BOOST_TEST(find_gpu_peak("Tesla V100-SXM2-16GB", broad)->fp16_tflops == 125);
+}
+
+BOOST_AUTO_TEST_CASE(gpu_peaks_file_errors_name_file_and_line) {
+  TempDir dir("gpu_peaks_bad");
+  const std::string two_fields = dir.write("two.txt", "# ok\nH100 989\n");
+  std::string message = error_of([&] { read_gpu_peaks(two_fields); });
+  BOOST_TEST(contains(message, two_fields + ":2 "), message);
+  BOOST_TEST(contains(message, "'H100 989'"), message);
+  const std::string word = dir.write("word.txt", "H100 989 989\nA100 fast 312\n");
+  message = error_of([&] { read_gpu_peaks(word); });
+  BOOST_TEST(contains(message, word + ":2 "), message);
+  const std::string negative = dir.write("negative.txt", "A100 -1 312\n");
+  BOOST_TEST(contains(error_of([&] { read_gpu_peaks(negative); }), negative + ":1 "));
+  message = error_of([&] { read_gpu_peaks((dir.root / "missing.txt").string()); });
+  BOOST_TEST(contains(message, "missing.txt"), message);
+  BOOST_TEST(contains(message, "SHARDLM_GPU_PEAKS"), message);
+}
+
+BOOST_AUTO_TEST_CASE(mfu_peak_choice_at_setup) {
+  const std::string h100 = "NVIDIA H100 80GB HBM3";
+  // run.peak_tflops wins over everything, on either backend.
+  MfuPeak p = resolve_mfu_peak(500, BackendKind::Cuda, h100, DType::BF16, "");
+  BOOST_TEST(p.tflops == 500);
+  BOOST_TEST(p.source == "run.peak_tflops");
+  BOOST_TEST(p.line == "MFU against 500 TFLOP/s (run.peak_tflops)");
+  BOOST_TEST(resolve_mfu_peak(2, BackendKind::Cpu, "cpu", DType::F32, "").tflops == 2);
+  BOOST_TEST(resolve_mfu_peak(500, BackendKind::Cuda, h100, DType::BF16, "/no/such/peaks.txt").tflops == 500);
+
+  p = resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::BF16, "");
+  BOOST_TEST(p.tflops == 989);
+  BOOST_TEST(p.source == "built-in");
+  BOOST_TEST(p.line == "MFU against 989 TFLOP/s (NVIDIA H100 80GB HBM3, dense bf16)");
+  BOOST_TEST(resolve_mfu_peak(0, BackendKind::Cuda, "Tesla V100-SXM2-32GB", DType::F16, "").tflops == 125);
+
+  p = resolve_mfu_peak(0, BackendKind::Cuda, "Tesla V100-SXM2-32GB", DType::BF16, "");  // no bf16 tensor cores
+  BOOST_TEST(p.tflops == 0);
+  BOOST_TEST(p.source == "none");
+  BOOST_TEST(contains(p.line, "no MFU: no dense bf16 peak for Tesla V100-SXM2-32GB"), p.line);
+  p = resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::F32, "");
+  BOOST_TEST(p.tflops == 0);
+  BOOST_TEST(contains(p.line, "no MFU: fp32 parameters"), p.line);
+  p = resolve_mfu_peak(0, BackendKind::Cuda, "NVIDIA GeForce RTX 4090", DType::BF16, "");
+  BOOST_TEST(p.tflops == 0);
+  BOOST_TEST(p.line ==
+             "no MFU: unknown GPU 'NVIDIA GeForce RTX 4090' (set run.peak_tflops or add it to SHARDLM_GPU_PEAKS)");
+  p = resolve_mfu_peak(0, BackendKind::Cpu, "cpu", DType::BF16, "");
+  BOOST_TEST(p.tflops == 0);
+  BOOST_TEST(p.line == "no MFU on the CPU backend (set run.peak_tflops)");
+
+  TempDir dir("mfu_peak");
+  const std::string path = dir.write("peaks.txt", "RTX 4090 165 165\n");
+  p = resolve_mfu_peak(0, BackendKind::Cuda, "NVIDIA GeForce RTX 4090", DType::F16, path);
+  BOOST_TEST(p.tflops == 165);
+  BOOST_TEST(p.source == "SHARDLM_GPU_PEAKS");
+  BOOST_TEST(p.line == "MFU against 165 TFLOP/s (NVIDIA GeForce RTX 4090, dense fp16, from " + path + ")");
+  BOOST_TEST(resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::BF16, path).source == "built-in");
+  const std::string bad = dir.write("bad.txt", "RTX 4090\n");
+  BOOST_TEST(contains(error_of([&] { resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::BF16, bad); }), bad + ":1 "));
 }

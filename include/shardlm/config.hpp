@@ -105,7 +105,7 @@ struct CheckpointSection {
 struct RunSection {
   std::string dir = "runs/run";
   BackendKind backend = BackendKind::Cpu;
-  double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU) in the log; 0 = not reported
+  double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU); 0 = the GPU's peak from its name
 };
 
 // data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shardlm/core.hpp"
@@ -94,6 +95,8 @@ class Backend {
   virtual bool asynchronous() const = 0;
   // The dtype the models compute in for parameters stored in param_dtype (the CPU computes in fp32).
   virtual DType compute_dtype(DType param_dtype) const = 0;
+  // What runs the work: the CUDA device's name ("NVIDIA H100 80GB HBM3"), or "cpu".
+  virtual std::string device_name() const = 0;
 
   // Zero-filled memory whose bytes count as `kind`.
   virtual DeviceArray allocate(size_t bytes, MemKind kind) = 0;
@@ -124,6 +127,25 @@ class Backend {
 
 // The CPU backend; `threads` spread its element-wise work (AdamW) over the host's cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 1);
+
+// ---- a GPU's dense peak, for the model FLOPs utilisation (gpu_peaks.cpp) ---------------------
+
+// One GPU model's dense (no sparsity) tensor-core peak in TFLOP/s for bf16 and fp16 operands, for
+// the devices whose CUDA name contains `name` (case-insensitive); 0 where it has none (V100 bf16).
+struct GpuPeak {
+  std::string name;
+  double bf16_tflops = 0;
+  double fp16_tflops = 0;
+};
+
+// NVIDIA's datasheet figures: H100 (SXM, PCIe, NVL), H200 (SXM, NVL), A100, V100 (SXM, PCIe, V100S).
+const std::vector<GpuPeak>& builtin_gpu_peaks();
+// A file of more, one per line: `<name substring> <bf16 TFLOP/s> <fp16 TFLOP/s>`, '#' to the end of
+// a line a comment (the file SHARDLM_GPU_PEAKS names). Error naming the file and line of a bad line.
+std::vector<GpuPeak> read_gpu_peaks(const std::string& path);
+// The entry for a device: the longest name it contains among `user_entries`, else among the
+// built-in ones ("H100 PCIe" before "H100"); nullptr when none matches.
+const GpuPeak* find_gpu_peak(const std::string& device_name, const std::vector<GpuPeak>& user_entries);
 
 #ifdef SHARDLM_HAVE_CUDA
 // The CUDA backend on this process's current GPU (select it first): a compute and a

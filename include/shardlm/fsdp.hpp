@@ -126,6 +126,7 @@ class FsdpEngine {
   std::string attention_description() const;
   int length_multiple() const;
   ProcessGroups& groups() { return groups_; }
+  const Backend& backend() const { return *backend_; }
   const FsdpBufferPlan& buffer_plan() const { return plan_; }
   size_t num_units() const;
   const FlatParameter& unit(size_t u) const;

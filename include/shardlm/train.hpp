@@ -32,7 +32,7 @@ struct TrainResult {
   size_t optimizer_bytes = 0;       // this rank's AdamW moments
   size_t model_params = 0;          // parameters of the whole model
   long first_step = 0;              // optimizer steps done before this run (resumed runs)
-  double mfu = 0;                   // model FLOPs utilisation over the run (0 unless run.peak_tflops is set)
+  double mfu = 0;                   // model FLOPs utilisation over the run (0 without a peak: CPU, fp32, GPU unknown)
   long skipped_steps = 0;           // steps skipped for an inf/NaN gradient (dynamic loss scaling)
   double loss_scale = 1;            // the loss scale at the end (1 when scaling is off)
   bool preempted = false;           // stopped by SIGTERM/SIGUSR1 after writing a checkpoint

@@ -37,7 +37,7 @@ struct StepLog {
   double learning_rate = 0;
   double tokens_per_second = 0;  // all ranks together
   int world = 1;
-  double mfu = 0;  // 0 when run.peak_tflops is not set
+  double mfu = 0;  // 0 without a peak to measure against
   double loss_scale = 1;
   std::vector<double> peak_memory_bytes;  // per rank
   bool gpu_memory = false;                // GPU high-water mark (else the planned CPU buffers)

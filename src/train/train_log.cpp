@@ -1,7 +1,11 @@
 // The log of the step loop: a train line and record every train.log_every steps, with the means
-// since the previous one, the MFU and every rank's peak memory.
+// since the previous one, the MFU and every rank's peak memory; the peak the MFU is measured against.
+#include <string>
+#include <vector>
+
 #include "train_run.hpp"
 #include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
 
 namespace shardlm {
 
@@ -10,8 +14,30 @@ size_t run_peak_bytes(const FsdpEngine& engine) {
 }
 
 double run_mfu(const TrainRun& run, double tokens_per_second) {
-  const double peak = run.cfg.run.peak_tflops;
+  const double peak = run.peak.tflops;
   return peak > 0 ? tokens_per_second * run.flops_per_token / (run.world * peak * 1e12) : 0.0;
+}
+
+MfuPeak resolve_mfu_peak(double peak_tflops, BackendKind backend, const std::string& device_name, DType param_dtype,
+                         const std::string& peaks_file) {
+  if (peak_tflops > 0)
+    return {peak_tflops, "run.peak_tflops", concat("MFU against ", peak_tflops, " TFLOP/s (run.peak_tflops)")};
+  const std::string advice = "set run.peak_tflops or add it to SHARDLM_GPU_PEAKS";
+  if (backend != BackendKind::Cuda) return {0, "none", "no MFU on the CPU backend (set run.peak_tflops)"};
+  if (param_dtype == DType::F32)
+    return {0, "none", concat("no MFU: fp32 parameters on ", device_name,
+                              " (the GPU table holds dense bf16 and fp16 peaks; set run.peak_tflops)")};
+  const std::vector<GpuPeak> mine = peaks_file.empty() ? std::vector<GpuPeak>{} : read_gpu_peaks(peaks_file);
+  const GpuPeak* entry = find_gpu_peak(device_name, mine);
+  if (!entry) return {0, "none", concat("no MFU: unknown GPU '", device_name, "' (", advice, ")")};
+  const double tflops = param_dtype == DType::BF16 ? entry->bf16_tflops : entry->fp16_tflops;
+  if (tflops <= 0)
+    return {0, "none",
+            concat("no MFU: no dense ", dtype_name(param_dtype), " peak for ", device_name, " (", advice, ")")};
+  const bool from_file = entry != find_gpu_peak(device_name, {});
+  return {tflops, from_file ? "SHARDLM_GPU_PEAKS" : "built-in",
+          concat("MFU against ", tflops, " TFLOP/s (", device_name, ", dense ", dtype_name(param_dtype),
+                 from_file ? concat(", from ", peaks_file) : std::string(), ")")};
 }
 
 double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& last, LogInterval& interval) {

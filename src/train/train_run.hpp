@@ -20,6 +20,13 @@
 
 namespace shardlm {
 
+// The peak one rank's device is measured against for the MFU, and where it came from.
+struct MfuPeak {
+  double tflops = 0;   // 0: no MFU
+  std::string source;  // "run.peak_tflops", "built-in", "SHARDLM_GPU_PEAKS" or "none"
+  std::string line;    // the start-up log line saying so
+};
+
 // What setup builds and the loop reads: the data, the engine and the run's fixed shape.
 struct TrainRun {
   TrainRun(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
@@ -43,6 +50,7 @@ struct TrainRun {
   std::optional<DistributedSampler> sampler;
   long steps_per_epoch = 0, total_steps = 0;
   double flops_per_token = 0;  // training FLOPs (forward + backward) per token, for the MFU
+  MfuPeak peak;                // of one rank's device, for the MFU
 };
 
 // Where the run is: optimizer steps taken, the position in the data after the last of them, and
@@ -89,8 +97,13 @@ struct LogInterval {
 double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& last, LogInterval& interval);
 // This rank's peak memory: on a GPU the device's high-water mark; on the CPU the planned buffers.
 size_t run_peak_bytes(const FsdpEngine& engine);
-// Model FLOPs utilisation at `tokens_per_second` over all ranks; 0 without run.peak_tflops.
+// Model FLOPs utilisation at `tokens_per_second` over all ranks; 0 without a peak.
 double run_mfu(const TrainRun& run, double tokens_per_second);
+// The peak of one rank's device: run.peak_tflops when > 0; else, on the CUDA backend with bf16 or
+// fp16 parameters, the GPU's dense peak for that dtype from `peaks_file` (SHARDLM_GPU_PEAKS; empty:
+// none) or the built-in table; else 0. Error for a malformed peaks file.
+MfuPeak resolve_mfu_peak(double peak_tflops, BackendKind backend, const std::string& device_name, DType param_dtype,
+                         const std::string& peaks_file);
 
 // ---- evaluation (train_eval.cpp) ------------------------------------------------------------
 // The eval loss after `epoch` (and the SQuAD answers when due), logged and recorded. Collective.

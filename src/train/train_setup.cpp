@@ -1,7 +1,9 @@
-// A run's setup: the deck echoed and saved, tokenizer and data loaded, the engine built, the run's
-// shape and per-rank memory logged; then the weights and position it starts from.
+// A run's setup: the deck echoed and saved, tokenizer and data loaded, the engine built, the peak
+// the MFU is measured against chosen, the run's shape and per-rank memory logged; then the weights
+// and position it starts from.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -112,6 +114,7 @@ void report_shape(TrainRun& run) {
   const int multiple = run.engine->length_multiple();
   run.say(concat("attention: ", run.engine->attention_description(),
                  multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));
+  run.say(run.peak.line);
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
                  " ranks; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));
@@ -119,7 +122,8 @@ void report_shape(TrainRun& run) {
     run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
                        {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
                        {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
-                       {"attention", run.engine->attention_description()},
+                       {"attention", run.engine->attention_description()}, {"peak_tflops", run.peak.tflops},
+                       {"peak_tflops_source", run.peak.source},
                        {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
 }
 
@@ -159,6 +163,13 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   const double params = static_cast<double>(run->engine->memory().model_params);
   run->flops_per_token =
       6.0 * params + 12.0 * mc.num_layers * static_cast<double>(mc.hidden_size) * cfg.data.max_length;
+  // Every rank reads SHARDLM_GPU_PEAKS, so a malformed file ends them all with its message.
+  run_collectively(comm, [&] {
+    const char* peaks_file = std::getenv("SHARDLM_GPU_PEAKS");
+    const Backend& backend = run->engine->backend();
+    run->peak = resolve_mfu_peak(cfg.run.peak_tflops, backend.kind(), backend.device_name(), cfg.fsdp.param_dtype,
+                                 peaks_file ? peaks_file : "");
+  });
 
   report_shape(*run);
   report_memory(*run->engine, comm, run->echo, run->metrics);

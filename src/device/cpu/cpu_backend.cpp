@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   bool host_memory() const override { return true; }
   bool asynchronous() const override { return false; }
   DType compute_dtype(DType) const override { return DType::F32; }
+  std::string device_name() const override { return "cpu"; }
 
   DeviceArray allocate(size_t bytes, MemKind kind) override { return {std::make_unique<HostMemory>(bytes, kind)}; }
   size_t allocated_bytes() const override { return memory_stats().total_current; }

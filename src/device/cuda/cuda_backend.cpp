@@ -52,6 +52,13 @@ class CudaBackend final : public Backend {
   bool host_memory() const override { return false; }
   bool asynchronous() const override { return true; }
   DType compute_dtype(DType param_dtype) const override { return param_dtype; }
+  std::string device_name() const override {
+    int device = 0;
+    cudaDeviceProp prop{};
+    SHARDLM_CUDA_CHECK(cudaGetDevice(&device));
+    SHARDLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return prop.name;
+  }
 
   DeviceArray allocate(size_t bytes, MemKind) override {
     DeviceArray a{std::make_unique<CudaMemory>(bytes)};
