@@ -99,6 +99,16 @@ BOOST_AUTO_TEST_CASE(missing_deck_fails_cleanly) {
   expect_clean_failure("/nonexistent/deck.ini", "/nonexistent/deck.ini");
 }
 
+// Sizes are checked before anything grows: a shape no model has, a run the host cannot hold (38 TiB
+// a rank, refused by the plan before any allocation, on every rank together), a device as a deck.
+BOOST_AUTO_TEST_CASE(hostile_sizes_fail_before_allocating) {
+  const std::string batch = " --train.batch_size=16";  // divides for 1 and 4 ranks
+  expect_clean_failure(kDemo + batch + " --model.num_layers=1000000000", "model.num_layers = 1000000000: more than");
+  expect_clean_failure(kDemo + batch + " --model.vocab_size=16000000 --model.hidden_size=131072",
+                       "of host memory per rank");
+  expect_clean_failure("/dev/zero", "not a regular file");
+}
+
 BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   fs::path dir = scratch("cli_demo");
   Outcome o = run_shardlm(2, "train " + kDemo + " --run.dir=" + dir.string());

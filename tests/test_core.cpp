@@ -1,9 +1,14 @@
-// Tests of core: 16-bit conversions against their definitions, buffer accounting.
+// Tests of core: 16-bit conversions against their definitions, buffer accounting, input-file checks.
 #define BOOST_TEST_MODULE test_core
 #include <boost/test/unit_test.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string>
 
 #include "shardlm/core.hpp"
 
@@ -71,4 +76,34 @@ BOOST_AUTO_TEST_CASE(buffers_are_accounted) {
   BOOST_TEST(memory_stats().total_current == before);
   BOOST_TEST(memory_stats().total_peak == before + 6000);
   BOOST_TEST(format_bytes(1536) == "1.50 KiB");
+}
+
+// Input files: regular files under a limit, refused by name otherwise; long values clipped in messages.
+BOOST_AUTO_TEST_CASE(input_files_are_checked_before_reading) {
+  auto error_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  const std::string dir = std::filesystem::temp_directory_path() / ("shardlm_core_files_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/deck.ini";
+  { std::ofstream(file) << "[train]\nlr = 1\n"; }
+  BOOST_TEST(read_input_file(file, "input deck", kMaxDeckBytes) == "[train]\nlr = 1\n");
+  BOOST_TEST(error_of([&] { read_input_file(dir + "/none.ini", "input deck", 100); }) ==
+             "cannot open input deck '" + dir + "/none.ini'");
+  BOOST_TEST(error_of([&] { read_input_file(dir, "input deck", 100); }).find("it is a directory") != std::string::npos);
+  BOOST_TEST(error_of([&] { read_input_file("/dev/zero", "data file", 100); }).find("not a regular file") !=
+             std::string::npos);
+  BOOST_TEST(error_of([&] { read_input_file(file, "input deck", 4); }).find("more than the limit of 4 bytes") !=
+             std::string::npos);
+  std::filesystem::remove_all(dir);
+
+  BOOST_TEST(clip_for_message("short") == "short");
+  const std::string clipped = clip_for_message(std::string(5000, 'x'));
+  BOOST_TEST(clipped == std::string(200, 'x') + "... (5000 characters)");
+  BOOST_TEST(clip_for_message(std::string(12, 'y'), 10) == std::string(10, 'y') + "... (12 characters)");
 }

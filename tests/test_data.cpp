@@ -412,6 +412,14 @@ BOOST_AUTO_TEST_CASE(jsonl_malformed_lines_name_file_and_line) {
   const std::string missing = (tmp.root / "nowhere.jsonl").string();
   BOOST_TEST(error_of([&] { load_jsonl(missing, tok, opt); }) ==
              "cannot open data file '" + missing + "'");
+  // Not a regular file: refused by name before a byte is read (/dev/zero would grow memory forever).
+  BOOST_TEST(contains(error_of([&] { load_jsonl("/dev/zero", tok, opt); }), "not a regular file"));
+  BOOST_TEST(contains(error_of([&] { load_jsonl(tmp.root.string(), tok, opt); }), "it is a directory"));
+  // A 1 MB line that is not JSON: the message shows at most 200 characters of it.
+  const std::string huge = tmp.write("huge.jsonl", "{\"text\": " + std::string(1 << 20, 'x') + "\n");
+  const std::string huge_msg = error_of([&] { load_jsonl(huge, tok, opt); });
+  BOOST_TEST(contains(huge_msg, "huge.jsonl:1: not valid JSON"), huge_msg.substr(0, 300));
+  BOOST_TEST(huge_msg.size() < 1000u);
 }
 
 BOOST_AUTO_TEST_CASE(jsonl_subset_selection) {

@@ -597,4 +597,34 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(layer, "l"); }), "sliding_attention"));
 }
 
+// Sizes are checked before they are used: config.json integers are read at 64 bits and range-checked
+// (2^32 + 2 layers must not train as 2), epsilons and the rotary base must be finite and > 0, and a
+// shape beyond any real model's is refused before a layout is built.
+BOOST_AUTO_TEST_CASE(config_json_sizes_are_checked) {
+  const std::string base = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "num_hidden_layers": LAYERS,
+      "rms_norm_eps": EPS, "rope_theta": THETA})";
+  auto with = [&](const std::string& layers, const std::string& eps, const std::string& theta) {
+    std::string t = base;
+    t.replace(t.find("LAYERS"), 6, layers);
+    t.replace(t.find("EPS"), 3, eps);
+    t.replace(t.find("THETA"), 5, theta);
+    return t;
+  };
+  BOOST_TEST(model_config_from_hf(with("2", "1e-5", "10000"), "ok").num_layers == 2);
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(with("4294967298", "1e-5", "10000"), "c"); }),
+                      "'num_hidden_layers' = 4294967298 is out of range"));
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(with("-4294967298", "1e-5", "10000"), "c"); }),
+                      "out of range"));
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(with("1000000000", "1e-5", "10000"), "c"); }),
+                      "model.num_layers = 1000000000: more than shardlm takes"));
+  for (const char* eps : {"0", "-1e-5"})
+    BOOST_TEST(contains(error_of([&] { model_config_from_hf(with("2", eps, "10000"), "c"); }),
+                        "'rms_norm_eps' = "), eps);
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(with("2", "1e-5", "0"), "c"); }), "'rope_theta' = 0"));
+  const std::string bloom = R"({"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2,
+      "vocab_size": 300, "layer_norm_epsilon": 0})";
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(bloom, "b"); }), "'layer_norm_epsilon' = 0: must be > 0"));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

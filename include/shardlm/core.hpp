@@ -38,6 +38,24 @@ std::string concat(const Args&... args) {
     if (!(cond)) throw ::shardlm::Error(::shardlm::concat(__VA_ARGS__));             \
   } while (0)
 
+// At most `limit` characters of `text` for an error message: a value as long as a whole data line
+// is cut, with its length said ("... (52428800 characters)").
+std::string clip_for_message(const std::string& text, size_t limit = 200);
+
+// ---- input files ----------------------------------------------------------------------------
+
+// The limits of the files shardlm reads whole or by lines (docs/deck.md "Limits").
+constexpr uint64_t kMaxDeckBytes = uint64_t(16) << 20;       // input deck, config.json, json side files
+constexpr uint64_t kMaxTokenizerBytes = uint64_t(1) << 30;   // tokenizer.json and its kin
+constexpr uint64_t kMaxDataFileBytes = uint64_t(256) << 30;  // a training or evaluation data file
+
+// Opens `path` for reading when it is a regular file of at most max_bytes: Error "cannot open WHAT
+// 'PATH'" when it does not open, and naming the cause when it is a directory, a device (such as
+// /dev/zero), a pipe or larger than the limit.
+std::unique_ptr<std::istream> open_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
+// The whole of such a file.
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
+
 // ---- logging --------------------------------------------------------------------------------
 
 // Rank 0 prints info lines; every rank may print an error line prefixed by its rank.
@@ -94,6 +112,7 @@ struct MemoryStats {
 MemoryStats& memory_stats();
 void memory_reset_peak();
 size_t process_peak_rss_bytes();  // high-water resident set size of this process
+size_t host_available_bytes();    // MemAvailable of /proc/meminfo: what the host gives without swapping
 
 // A zero-initialised, 64-byte aligned array of T whose bytes count against one MemKind.
 template <typename T>

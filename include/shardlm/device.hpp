@@ -103,6 +103,8 @@ class Backend {
   // Bytes of backend memory allocated now and at most so far (this process).
   virtual size_t allocated_bytes() const = 0;
   virtual size_t peak_bytes() const = 0;
+  // Memory the backend could still allocate: free GPU memory, or the host's available memory (0: unknown).
+  virtual size_t available_bytes() const = 0;
   // Page-locks host memory for fast copies, until unpin_host (no-ops on the CPU).
   virtual void pin_host(void* p, size_t bytes) = 0;
   virtual void unpin_host(void* p) = 0;

@@ -28,15 +28,7 @@ static std::string unknown_key_message(const std::string& key, const std::string
                 hint.empty() ? std::string() : concat(" (did you mean '", hint, "'?)"));
 }
 
-static std::string read_file_text(const std::string& path) {
-  std::error_code ec;
-  std::ifstream f(path, std::ios::binary);
-  if (path.empty() || fs::is_directory(path, ec) || !f)
-    throw Error(concat("cannot open input deck '", path, "'"));
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
+static std::string read_file_text(const std::string& path) { return read_input_file(path, "input deck", kMaxDeckBytes); }
 
 // Boost's INI reader knows '#' comments only, gives no line numbers and takes a repeated key to a
 // late multiple_occurrences; so strip ';' comments here and report bad lines and repeats by line.
@@ -180,13 +172,10 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   }
   if (!cfg.model.dir.empty()) {
     const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    SHARDLM_CHECK(in, "model.dir: cannot read ", path);
+    const std::string text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
     const float init_std = cfg.model.init_std;
     const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
-    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text.str(), path);
+    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text, path);
     cfg.model.init_std = init_std;
     cfg.model.attention = attention;
   }

@@ -13,12 +13,9 @@ namespace shardlm {
 
 namespace {
 
-std::ifstream open_data_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  // A directory opens as a stream on Linux and reads as empty: reject it by name instead.
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) throw Error(concat("cannot open data file '", path, "'"));
-  return in;
+// A regular file under the data file limit (a directory, /dev/zero or a pipe is refused by name).
+std::unique_ptr<std::istream> open_data_file(const std::string& path) {
+  return open_input_file(path, "data file", kMaxDataFileBytes);
 }
 
 bool is_blank(const std::string& line) {
@@ -28,20 +25,14 @@ bool is_blank(const std::string& line) {
 
 }  // namespace
 
-std::string read_data_file(const std::string& path) {
-  std::ifstream in = open_data_file(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
-  return text.str();
-}
+std::string read_data_file(const std::string& path) { return read_input_file(path, "data file", kMaxDataFileBytes); }
 
 nlohmann::json parse_json_record(const std::string& line, const std::string& where) {
   nlohmann::json record;
   try {
     record = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(concat(where, ": not valid JSON: ", e.what()));
+    throw Error(concat(where, ": not valid JSON: ", clip_for_message(e.what())));
   }
   SHARDLM_CHECK(record.is_object(), where, ": expected a JSON object");
   return record;
@@ -49,11 +40,11 @@ nlohmann::json parse_json_record(const std::string& line, const std::string& whe
 
 void for_each_record_line(const std::string& path,
                           const std::function<void(const std::string& line, const std::string& where)>& record) {
-  std::ifstream in = open_data_file(path);
+  std::unique_ptr<std::istream> in = open_data_file(path);
   std::string line;
-  for (size_t line_number = 1; std::getline(in, line); ++line_number)
+  for (size_t line_number = 1; std::getline(*in, line); ++line_number)
     if (!is_blank(line)) record(line, concat(path, ":", line_number));
-  if (in.bad()) throw Error(concat("cannot read data file '", path, "'"));
+  if (in->bad()) throw Error(concat("cannot read data file '", path, "'"));
 }
 
 }  // namespace shardlm

@@ -81,18 +81,11 @@ json parse_json_text(const JsonContext& ctx, const std::string& text) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    ctx.fail("", concat("not valid JSON: ", e.what()));
+    ctx.fail("", concat("not valid JSON: ", clip_for_message(e.what())));
   }
 }
 
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  SHARDLM_CHECK(in, "cannot open ", what, " '", path, "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  SHARDLM_CHECK(in.good() || in.eof(), "cannot read ", what, " '", path, "'");
-  return text.str();
-}
+std::string read_file(const std::string& path, const char* what) { return read_input_file(path, what, kMaxTokenizerBytes); }
 
 std::vector<hf::AddedToken> parse_added_tokens(const JsonContext& ctx, const json& root) {
   std::vector<hf::AddedToken> tokens;

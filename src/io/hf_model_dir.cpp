@@ -16,12 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string read_text(const fs::path& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  SHARDLM_CHECK(in, what, ": cannot open ", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  SHARDLM_CHECK(!in.bad(), what, ": cannot read ", path.string());
-  return text.str();
+  return read_input_file(path.string(), what, kMaxDeckBytes);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

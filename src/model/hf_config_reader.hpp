@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
@@ -41,17 +43,32 @@ class HfConfigReader {
     const Json* v = find(keys);
     return v ? as<T>(*v, *keys.begin()) : fallback;
   }
+  // A float that must be finite and > 0 (an epsilon, a rotary base).
+  float positive_or(std::initializer_list<const char*> keys, float fallback) const {
+    const float x = get_or<float>(keys, fallback);
+    SHARDLM_CHECK(std::isfinite(x) && x > 0, source_, ": config.json '", *keys.begin(), "' = ", x, ": must be > 0");
+    return x;
+  }
   template <typename T>
   T as(const Json& v, const char* key) const {
     try {
       if constexpr (std::is_same_v<T, int>) {
-        SHARDLM_CHECK(v.is_number_integer(), source_, ": config.json '", key, "' must be an integer, got ", v.dump());
+        SHARDLM_CHECK(v.is_number_integer(), source_, ": config.json '", key, "' must be an integer, got ",
+                      clip_for_message(v.dump()));
+        // Read at 64 bits (JSON's unsigned too) and range-checked: 4294967298 must not become 2.
+        const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                                                 : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+        SHARDLM_CHECK(fits, source_, ": config.json '", key, "' = ", v.dump(), " is out of range (at most ", INT32_MAX,
+                      ")");
       } else if constexpr (std::is_same_v<T, bool>) {
-        SHARDLM_CHECK(v.is_boolean(), source_, ": config.json '", key, "' must be true or false, got ", v.dump());
+        SHARDLM_CHECK(v.is_boolean(), source_, ": config.json '", key, "' must be true or false, got ",
+                      clip_for_message(v.dump()));
       } else if constexpr (std::is_same_v<T, std::string>) {
-        SHARDLM_CHECK(v.is_string(), source_, ": config.json '", key, "' must be a string, got ", v.dump());
+        SHARDLM_CHECK(v.is_string(), source_, ": config.json '", key, "' must be a string, got ",
+                      clip_for_message(v.dump()));
       } else {
-        SHARDLM_CHECK(v.is_number(), source_, ": config.json '", key, "' must be a number, got ", v.dump());
+        SHARDLM_CHECK(v.is_number(), source_, ": config.json '", key, "' must be a number, got ",
+                      clip_for_message(v.dump()));
       }
       return v.get<T>();
     } catch (const nlohmann::json::exception& e) {

@@ -61,7 +61,21 @@ const ModelFamily& model_family_of_hf_type(const std::string& type, const std::s
 
 bool ModelConfig::tied_head() const { return model_family(arch).head_always_tied || tie_word_embeddings; }
 
-std::vector<UnitLayout> model_layout(const ModelConfig& cfg) { return model_family(cfg.arch).layout(cfg); }
+// Sizes beyond any real model's are refused before a layout is built: a wrapped or mistyped size
+// (1e9 layers) would otherwise allocate until the process is killed.
+constexpr int64_t kMaxLayers = 4096, kMaxHidden = 1 << 17, kMaxVocab = 1 << 24, kMaxHeads = 4096;
+
+std::vector<UnitLayout> model_layout(const ModelConfig& cfg) {
+  auto bound = [](const char* key, int64_t value, int64_t limit) {
+    SHARDLM_CHECK(value <= limit, "model.", key, " = ", value, ": more than shardlm takes (at most ", limit, ")");
+  };
+  bound("num_layers", cfg.num_layers, kMaxLayers);
+  bound("hidden_size", cfg.hidden_size, kMaxHidden);
+  bound("vocab_size", cfg.vocab_size, kMaxVocab);
+  bound("num_heads", cfg.num_heads, kMaxHeads);
+  bound("intermediate_size", cfg.intermediate_size, 8 * kMaxHidden);
+  return model_family(cfg.arch).layout(cfg);
+}
 
 std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
   return model_family(cfg.arch).hf_tensor_name(name);

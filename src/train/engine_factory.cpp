@@ -2,6 +2,8 @@
 // and the start-up check that the engine allocated what `shardlm plan` predicts.
 #include "engine.hpp"
 
+#include <algorithm>
+
 #include "shardlm/device.hpp"
 #include "shardlm/model.hpp"
 #ifdef SHARDLM_HAVE_CUDA
@@ -23,6 +25,24 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, si
                     " bytes where `shardlm plan` predicts ", planned, " (src/fsdp/memory_plan.cpp is out of date)"));
 }
 
+
+// Before anything of the run is allocated: the plan's bytes per rank against what this rank's GPU
+// (or its share of the host) has free, agreed over every rank so that all of them stop together.
+void check_memory_fits(const RunConfig& cfg, const Topology& topo, int micro, const Backend& be, MPI_Comm comm) {
+  const size_t planned = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).device_total();
+  const bool cuda = be.kind() == BackendKind::Cuda;
+  size_t available = be.available_bytes();
+  if (!cuda) available /= static_cast<size_t>(std::max(topo.host_ranks, 1));  // ranks share a host's memory
+  const double mine[2] = {available > 0 && planned > available ? 1.0 : 0.0, -static_cast<double>(available)};
+  double worst[2] = {0, 0};
+  MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm);
+  if (worst[0] > 0)
+    throw AgreedError(concat("the run needs ", format_bytes(planned), " of ", cuda ? "GPU" : "host",
+                             " memory per rank (`shardlm plan` with this deck shows where) but a rank has ",
+                             format_bytes(static_cast<size_t>(-worst[1])), " free: lower train.micro_batch_size or ",
+                             "data.max_length, shard over more ranks, or turn on fsdp.activation_checkpointing",
+                             cuda ? " or fsdp.cpu_offload" : ""));
+}
 
 }  // namespace
 
@@ -60,6 +80,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     backend = make_cpu_backend(1);
     groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
   }
+  check_memory_fits(cfg, topo, micro, *backend, comm);
   const size_t before = backend->allocated_bytes();
   const DType compute = backend->compute_dtype(cfg.fsdp.param_dtype);
   std::unique_ptr<UnitModel> model = make_unit_model(cfg.model, kind, compute, micro, cfg.data.max_length,

@@ -43,18 +43,6 @@ std::string host_name() {
   return name;
 }
 
-// MemAvailable of /proc/meminfo: what the host can give without swapping.
-size_t host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-}
-
 // Whether every group of this kind lies inside one host (shared memory), over all ranks.
 bool groups_on_one_host(MPI_Comm world, int color) {
   int world_rank = 0;

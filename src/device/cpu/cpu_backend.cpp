@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   DeviceArray allocate(size_t bytes, MemKind kind) override { return {std::make_unique<HostMemory>(bytes, kind)}; }
   size_t allocated_bytes() const override { return memory_stats().total_current; }
   size_t peak_bytes() const override { return memory_stats().total_peak; }
+  size_t available_bytes() const override { return host_available_bytes(); }
   void pin_host(void*, size_t) override {}
   void unpin_host(void*) override {}
 

@@ -67,6 +67,11 @@ class CudaBackend final : public Backend {
   }
   size_t allocated_bytes() const override { return cuda::device_memory_stats().current; }
   size_t peak_bytes() const override { return cuda::device_memory_stats().peak; }
+  size_t available_bytes() const override {
+    size_t free = 0, total = 0;
+    SHARDLM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
   void pin_host(void* p, size_t bytes) override {
     if (bytes == 0) return;
     const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);

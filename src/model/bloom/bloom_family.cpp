@@ -18,7 +18,7 @@ ModelConfig bloom_from_hf(const HfConfigReader& r) {
   c.hidden_size = r.get<int>({"hidden_size", "n_embed"});
   c.num_layers = r.get<int>({"n_layer", "num_hidden_layers"});
   c.num_heads = r.get<int>({"n_head", "num_attention_heads"});
-  c.layer_norm_eps = r.get_or<float>({"layer_norm_epsilon"}, 1e-5f);
+  c.layer_norm_eps = r.positive_or({"layer_norm_epsilon"}, 1e-5f);
   c.init_std = r.get_or<float>({"initializer_range"}, 0.02f);
   SHARDLM_CHECK(!r.get_or<bool>({"apply_residual_connection_post_layernorm"}, false), r.source(),
                 ": apply_residual_connection_post_layernorm = true is not supported");

@@ -12,8 +12,8 @@ ModelConfig read_llama_style_config(const HfConfigReader& r) {
   c.num_heads = r.get<int>({"num_attention_heads"});
   c.num_kv_heads = r.get_or<int>({"num_key_value_heads"}, c.num_heads);
   c.intermediate_size = r.get<int>({"intermediate_size"});
-  c.rms_norm_eps = r.get_or<float>({"rms_norm_eps"}, 1e-6f);
-  c.rope_theta = r.get_or<float>({"rope_theta"}, 10000.0f);
+  c.rms_norm_eps = r.positive_or({"rms_norm_eps"}, 1e-6f);
+  c.rope_theta = r.positive_or({"rope_theta"}, 10000.0f);
   c.tie_word_embeddings = r.get_or<bool>({"tie_word_embeddings"}, false);
   c.max_position_embeddings = r.get_or<int>({"max_position_embeddings"}, 2048);
   c.init_std = r.get_or<float>({"initializer_range"}, 0.02f);
@@ -27,7 +27,7 @@ ModelConfig read_llama_style_config(const HfConfigReader& r) {
   const HfConfigReader::Json* rs = r.find({"rope_parameters"});
   if (rs) {
     SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_parameters must be an object");
-    c.rope_theta = HfConfigReader(*rs, r.source() + " rope_parameters").get_or<float>({"rope_theta"}, c.rope_theta);
+    c.rope_theta = HfConfigReader(*rs, r.source() + " rope_parameters").positive_or({"rope_theta"}, c.rope_theta);
   } else {
     rs = r.find({"rope_scaling"});
   }
