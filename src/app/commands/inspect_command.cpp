@@ -85,7 +85,7 @@ void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
 
 int command_inspect(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest)");
+    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0])); });
@@ -101,7 +101,7 @@ std::map<std::string, int> byte_tokenizer_ids(const std::string& deck) {
 
 int command_export(const std::vector<std::string>& args) {
   if (args.size() != 2) {
-    log_info("usage: shardlm export CHECKPOINT OUTPUT_DIR   (Hugging Face config.json + safetensors)");
+    log_info("usage: shardlm export CHECKPOINT DIR   (Hugging Face config.json + safetensors; --help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {
