@@ -91,7 +91,7 @@ BOOST_AUTO_TEST_CASE(bad_overrides_fail_with_the_key) {
   expect_clean_failure(kDemo + " --train.lr=-0.1", "train.lr");
   expect_clean_failure(kDemo + " --train.epochs=many", "train.epochs");
   expect_clean_failure(kDemo + " --data.train_file=/nonexistent/train.json", "/nonexistent/train.json");
-  expect_clean_failure(kDemo + " --train.batch_size=6", "train.batch_size");
+  expect_clean_failure(kDemo + " --train.batch_size=7", "set train.batch_size to a multiple of");
   expect_clean_failure(kDemo + " --fsdp.strategy=FULL", "fsdp.strategy");
 }
 
