@@ -1,6 +1,6 @@
 // Tests of the shardlm executable under mpirun: bad decks fail fast with one message on 1 and 4
 // ranks; the demo deck trains (loss halves, eval each epoch) and writes its metrics and deck;
-// chess games train; `shardlm report` compares runs of two world sizes.
+// chess games train; `shardlm report` compares runs of two world sizes; every command's --help.
 #define BOOST_TEST_MODULE test_cli
 #include <boost/test/unit_test.hpp>
 
@@ -91,7 +91,7 @@ BOOST_AUTO_TEST_CASE(bad_overrides_fail_with_the_key) {
   expect_clean_failure(kDemo + " --train.lr=-0.1", "train.lr");
   expect_clean_failure(kDemo + " --train.epochs=many", "train.epochs");
   expect_clean_failure(kDemo + " --data.train_file=/nonexistent/train.json", "/nonexistent/train.json");
-  expect_clean_failure(kDemo + " --train.batch_size=6", "train.batch_size");
+  expect_clean_failure(kDemo + " --train.batch_size=7", "set train.batch_size to a multiple of");
   expect_clean_failure(kDemo + " --fsdp.strategy=FULL", "fsdp.strategy");
 }
 
@@ -541,6 +541,39 @@ BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
   Outcome usage = run_command(kShardlm + " report");
   BOOST_TEST(usage.exit_code == 2);
   BOOST_TEST(usage.output.find("usage: shardlm report") != std::string::npos);
+}
+
+// ---- help --------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
+  // Each command's --help and -h under mpirun on 2 ranks: its usage, its flags and its docs, once,
+  // exit 0; also after other arguments, and as `shardlm help COMMAND`.
+  const std::pair<std::string, std::string> commands[] = {
+      {"train", "--section.key=value"}, {"inspect", "CHECKPOINT"}, {"export", "CHECKPOINT DIR"},
+      {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"}};
+  for (const auto& [command, flag] : commands)
+    for (const std::string& ask :
+         {command + " --help", command + " -h", "help " + command, command + " " + kDemo + " --help"}) {
+      Outcome o = run_shardlm(2, ask);
+      BOOST_TEST_CONTEXT("shardlm " << ask << "\n" << o.output) {
+        BOOST_TEST(o.exit_code == 0);
+        BOOST_TEST(count_of(o.output, "usage:") == 1u);
+        BOOST_TEST(count_of(o.output, " shardlm " + command + " ") == 1u);
+        BOOST_TEST(count_of(o.output, flag) >= 1u);
+        BOOST_TEST(count_of(o.output, "-h, --help") == 1u);
+        BOOST_TEST(count_of(o.output, "\ndocs, in /") == 1u);  // where the docs are, and which page says what
+        BOOST_TEST(count_of(o.output, ".md ") >= 1u);
+      }
+    }
+  Outcome top = run_shardlm(2, "--help");
+  BOOST_TEST(top.exit_code == 0);
+  BOOST_TEST(count_of(top.output, "usage: mpirun -np N shardlm COMMAND") == 1u, top.output);
+  Outcome none = run_shardlm(2, "");
+  BOOST_TEST(none.exit_code != 0);
+  BOOST_TEST(count_of(none.output, "usage: mpirun -np N shardlm COMMAND") == 1u, none.output);
+  Outcome unknown = run_shardlm(2, "trian --help");
+  BOOST_TEST(unknown.exit_code != 0);
+  BOOST_TEST(count_of(unknown.output, "unknown command 'trian'") == 1u, unknown.output);
 }
 
 // ---- shardlm comm-test ----------------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -352,7 +353,15 @@ BOOST_AUTO_TEST_CASE(missing_files) {
 
 BOOST_AUTO_TEST_CASE(batch_and_world_size) {
   std::string m = error_of([&] { load(kBase, {"--train.batch_size=6", "--train.micro_batch_size=4"}, 4); });
-  BOOST_TEST(has(m, "train.batch_size = 6 is not divisible by micro_batch_size (4) x world size (4)"));
+  BOOST_TEST(has(m, "train.batch_size = 6 is not divisible by micro_batch_size (4) x world size (4): "
+                    "set train.batch_size to a multiple of 16"));
+  BOOST_TEST(!has(m, "or train.micro_batch_size"));  // 6 samples do not split over 4 ranks
+  // The error gives the fix: a batch that divides, or the micro-batch that divides each rank's share.
+  m = error_of([&] { load(kBase, {"--train.batch_size=8", "--train.micro_batch_size=4"}, 4); });
+  BOOST_TEST(has(m, "train.batch_size = 8 is not divisible by micro_batch_size (4) x world size (4): "
+                    "set train.batch_size to a multiple of 16, or train.micro_batch_size to 2"));
+  m = error_of([&] { load(kBase, {"--train.batch_size=12", "--train.micro_batch_size=4"}, 2); });
+  BOOST_TEST(has(m, "or train.micro_batch_size to 3"));
   RunConfig c = load(kBase, {"--train.batch_size=32", "--train.micro_batch_size=4"}, 4);
   BOOST_TEST(c.grad_accum(4) == 2);
   m = error_of([&] { load(kBase, {"--dist.ranks_per_node=3"}, 4); });
@@ -401,7 +410,9 @@ BOOST_AUTO_TEST_CASE(resolved_round_trip) {
                              "param_dtype = bfloat16\n[run]\ndir = my run/x\n",
                      {"--train.weight_decay=0.1", "--train.max_grad_norm=0.30000000000000004"}, 2);
   std::string ini = resolved_deck_ini(a);
-  BOOST_TEST(ini.rfind("# shardlm resolved input deck\n", 0) == 0);
+  // One header line (the log prints it as it is), then the sections.
+  BOOST_TEST(ini.rfind("# shardlm " SHARDLM_VERSION ": resolved input deck\n\n[model]\n", 0) == 0);
+  BOOST_TEST(std::count(ini.begin(), ini.end(), '#') == 1);
   BOOST_TEST(has(ini, "[train]\nepochs = 1\n"));
   // Loaded again from another folder: paths are absolute, every value parses back the same.
   std::string again = tmp.write("other/resolved.ini", ini);
@@ -429,7 +440,8 @@ BOOST_AUTO_TEST_CASE(demo_deck_loads) {
   BOOST_TEST(c.train.batch_size == 8);
   BOOST_TEST(c.train.log_every == 5);
   BOOST_TEST(c.run.dir == "runs/demo");
-  BOOST_TEST(c.grad_accum(2) == 1);
+  BOOST_TEST(c.grad_accum(2) == 2);
+  BOOST_TEST(c.grad_accum(4) == 1);  // the README's 4-rank examples divide
 #else
   BOOST_TEST_MESSAGE("SHARDLM_SOURCE_DIR not defined: demo deck not checked");
 #endif

@@ -2,6 +2,7 @@
 // message (from rank 0 when all ranks agree on it, else from the failing rank, then MPI_Abort).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,23 +12,29 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: mpirun -np N shardlm COMMAND [ARGS]\n"
-    "\n"
-    "commands:\n"
-    "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
-    "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
-    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
-    "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
-    "  comm-test [OPTIONS]                    collective bandwidth over message sizes (comm-test --help)\n"
-    "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits (plan --help)\n"
-    "\n"
-    "options:\n"
-    "  --version   print the version\n"
-    "  --help      print this text\n"
-    "\n"
-    "The input deck and its keys are described in docs/deck.md; checkpoints in docs/checkpoint.md;\n"
-    "comm-test in docs/comm-test.md; plan in docs/plan.md.\n";
+// `shardlm help [COMMAND]`, `shardlm --help`, `shardlm COMMAND ... --help` (or -h): true, and the
+// command whose help is asked for ("" for shardlm's own).
+bool help_asked(const std::vector<std::string>& args, std::string& command) {
+  if (args[0] == "help" || shardlm::is_help_flag(args[0])) {
+    command = args.size() > 1 && args[0] == "help" ? args[1] : "";
+    return true;
+  }
+  command = args[0];
+  return std::any_of(args.begin() + 1, args.end(), shardlm::is_help_flag);
+}
+
+// Help needs no MPI: it is printed before MPI_Init, by the launch's first rank only.
+int print_help(const std::string& command) {
+  const std::string text = shardlm::command_help(command);
+  const bool printer = shardlm::first_rank_of_launch();
+  if (text.empty()) {
+    if (printer)
+      std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), shardlm::command_help("").c_str());
+    return 2;
+  }
+  if (printer) std::fputs(text.c_str(), stdout);
+  return 0;
+}
 
 }  // namespace
 
@@ -37,10 +44,11 @@ int main(int argc, char** argv) {
     std::printf("shardlm %s\n", SHARDLM_VERSION);
     return 0;
   }
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {
+    if (shardlm::first_rank_of_launch()) std::fputs(shardlm::command_help("").c_str(), stderr);
+    return 2;
   }
+  if (std::string command; help_asked(args, command)) return print_help(command);
 
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
   if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
@@ -64,7 +72,8 @@ int main(int argc, char** argv) {
     } else if (command == "comm-test") {
       code = shardlm::command_comm_test(rest);
     } else {
-      if (rank == 0) std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+      if (rank == 0)
+        std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), shardlm::command_help("").c_str());
       code = 2;
     }
   } catch (const shardlm::AgreedError& e) {

@@ -26,9 +26,19 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   const TrainSection& t = cfg.train;
   // Product in 64 bits: a huge micro_batch_size x world size must not wrap to a divisor.
   long long per_step = static_cast<long long>(world_size) * t.micro_batch_size;
-  if (t.batch_size % per_step != 0)
+  if (t.batch_size % per_step != 0) {
+    // The fix: a batch the ranks split into whole micro-batches, or (when the ranks split the batch
+    // evenly) the largest micro-batch that divides each rank's share.
+    std::string fix = concat("set train.batch_size to a multiple of ", per_step);
+    if (t.batch_size % world_size == 0) {
+      int micro = t.micro_batch_size;
+      const int share = t.batch_size / world_size;
+      while (share % micro != 0) --micro;
+      fix += concat(", or train.micro_batch_size to ", micro);
+    }
     throw Error(concat("train.batch_size = ", t.batch_size, " is not divisible by micro_batch_size (",
-                       t.micro_batch_size, ") x world size (", world_size, ")"));
+                       t.micro_batch_size, ") x world size (", world_size, "): ", fix));
+  }
 
   int rpn = cfg.dist.ranks_per_node;
   if (rpn > 0 && world_size % rpn != 0)

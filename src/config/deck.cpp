@@ -194,7 +194,8 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
 std::string resolved_deck_ini(const RunConfig& cfg) {
   // Written from the fields (not cfg.resolved) so the text always matches the struct.
   std::ostringstream os;
-  os << "# shardlm resolved input deck\n";
+  // One header line, in the file and in the log alike: which shardlm resolved it.
+  os << "# shardlm " SHARDLM_VERSION ": resolved input deck\n";
   std::string section;
   for (const KeySpec& k : key_table()) {
     size_t dot = k.name.find('.');

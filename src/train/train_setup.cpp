@@ -141,10 +141,7 @@ TrainRun::TrainRun(const RunConfig& config, MPI_Comm communicator, const TrainOp
 std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options) {
   auto run = std::make_unique<TrainRun>(cfg, comm, options);
   memory_reset_peak();
-  if (run->echo) {
-    log_info("# shardlm " SHARDLM_VERSION ": resolved input deck");
-    log_info(resolved_deck_ini(cfg));
-  }
+  if (run->echo) log_info(resolved_deck_ini(cfg));
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
   run_collectively(comm, [&] { load_inputs(*run); });
   run_collectively(comm, [&] { run->topo = make_topology(comm, cfg.dist.ranks_per_node); });

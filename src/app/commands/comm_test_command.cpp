@@ -187,7 +187,7 @@ int command_comm_test(const std::vector<std::string>& args) {
 #endif
   });
   if (o.help) {
-    if (rank == 0) std::fputs(comm_test_usage(), stdout);
+    if (rank == 0) std::fputs(command_help("comm-test").c_str(), stdout);
     return 0;
   }
   Topology topo;

@@ -56,9 +56,7 @@ const char* comm_test_usage() {
          "                            (default SHARDLM_NCCL_TIMEOUT, else 600)\n"
          "      --run.dir=DIR         where comm_test.jsonl goes (default runs/comm-test)\n"
          "  -o, --output=FILE         the JSON lines file instead\n"
-         "  -h, --help                print this text\n"
-         "\n"
-         "docs/comm-test.md describes the columns and the JSON lines.\n";
+         "  -h, --help                print this text\n";
 }
 
 size_t parse_byte_count(const std::string& option, const std::string& text) {

@@ -19,6 +19,15 @@ int command_report(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
 
+// `shardlm --help` (command empty) or `shardlm COMMAND --help`: usage, flags and the docs' paths;
+// empty for an unknown command.
+std::string command_help(const std::string& command);
+// "--help" or "-h".
+bool is_help_flag(const std::string& arg);
+// Whether this process is rank 0 of its launch (mpirun, srun) or was started alone: the one that
+// prints help, which needs no MPI.
+bool first_rank_of_launch();
+
 // args[i] as `--flag VALUE` (i moves to the value) or `--flag=VALUE`: the value into `out`, true.
 // False when args[i] is something else, or the flag comes last without its value.
 bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -39,13 +40,37 @@ void print_optimizer_state(const std::vector<CheckpointUnitState>& units) {
     std::printf("optimizer    %s: state %s\n", u.unit.c_str(), names_text(u.optimizer).c_str());
 }
 
+// A number of the [train] section of the resolved deck the checkpoint stores (its key names are
+// unique over the sections); -1 when absent.
+long train_key(const std::string& deck, const std::string& key) {
+  const size_t at = deck.find("\n" + key + " = ", deck.find("\n[train]\n"));
+  return at == std::string::npos ? -1 : std::atol(deck.c_str() + at + key.size() + 4);
+}
+
+// The checkpoint's position as the log counts it: epochs done, e.g. "epoch 10.00" after ten epochs
+// (the file's `epoch` is 0-based and `epoch_step` counts into it). Steps per epoch come from the
+// epochs already done, else from total_steps when train.max_steps did not cap it.
+std::string position_text(const CheckpointMeta& m) {
+  long per_epoch = 0;
+  if (m.epoch > 0) {
+    per_epoch = (m.step - m.epoch_step) / m.epoch;
+  } else {
+    const long epochs = train_key(m.deck, "epochs"), max_steps = train_key(m.deck, "max_steps");
+    if (epochs > 0 && (max_steps <= 0 || m.total_steps < max_steps)) per_epoch = m.total_steps / epochs;
+  }
+  if (per_epoch <= 0) return concat(m.epoch_step, " steps into epoch ", m.epoch + 1, ", counted from 1");
+  char text[64];
+  std::snprintf(text, sizeof text, "epoch %.2f, as the log counts epochs done",
+                static_cast<double>(m.step) / static_cast<double>(per_epoch));
+  return text;
+}
+
 void print_checkpoint(const std::string& path) {
   CheckpointReader reader(path);
   const CheckpointMeta& m = reader.meta();
   std::printf("checkpoint   %s\n", path.c_str());
   std::printf("format       %d (written by shardlm %s)\n", m.format_version, m.version.c_str());
-  std::printf("step         %ld (epoch %d, %ld steps into it; optimizer step %ld)\n", m.step, m.epoch, m.epoch_step,
-              m.optimizer_steps);
+  std::printf("step         %ld (%s; optimizer step %ld)\n", m.step, position_text(m).c_str(), m.optimizer_steps);
   std::printf("schedule     %s, lr %g, warmup %ld, total %ld steps; seed %llu\n", m.lr_schedule.c_str(), m.base_lr,
               m.warmup_steps, m.total_steps, static_cast<unsigned long long>(m.seed));
   std::printf("layout       %s on %d rank(s), shard group %d\n", m.strategy.c_str(), m.world_size, m.shard_group_size);
@@ -85,7 +110,7 @@ void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
 
 int command_inspect(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest)");
+    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0])); });
@@ -101,7 +126,7 @@ std::map<std::string, int> byte_tokenizer_ids(const std::string& deck) {
 
 int command_export(const std::vector<std::string>& args) {
   if (args.size() != 2) {
-    log_info("usage: shardlm export CHECKPOINT OUTPUT_DIR   (Hugging Face config.json + safetensors)");
+    log_info("usage: shardlm export CHECKPOINT DIR   (Hugging Face config.json + safetensors; --help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {

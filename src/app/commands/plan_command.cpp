@@ -17,23 +17,6 @@
 namespace shardlm {
 namespace {
 
-const char* kPlanUsage =
-    "usage: shardlm plan DECK [--section.key=value ...] [--gpu-memory=SIZE] [--ranks=N]\n"
-    "                    [--ranks-per-node=K] [--json]\n"
-    "\n"
-    "Per-rank memory of each sharding strategy for the deck's model, micro-batch, max length,\n"
-    "dtypes and backend (on CUDA also with CPU offload and activation checkpointing), the largest\n"
-    "micro-batch that fits, and the fastest configuration that fits.\n"
-    "\n"
-    "  --gpu-memory=SIZE     memory per rank, e.g. 80GiB, 40GB, 16000MiB (default 80GiB); on the\n"
-    "                        CPU backend, the host memory each rank may use\n"
-    "  --ranks=N             ranks of the run (default 1)\n"
-    "  --ranks-per-node=K    ranks per node, for the HYBRID_SHARD strategies (default dist.ranks_per_node,\n"
-    "                        or all)\n"
-    "  --json                print the plan as one JSON object\n"
-    "\n"
-    "docs/plan.md explains every column.\n";
-
 constexpr size_t kGiB = size_t(1) << 30;
 // Micro-batches beyond this are not searched (a plan, not a proof that 10^6 sequences fit).
 constexpr int kMaxMicroSearched = 1 << 16;
@@ -409,13 +392,8 @@ void print_json(const Plan& plan) {
 }  // namespace
 
 int command_plan(const std::vector<std::string>& args) {
-  for (const std::string& a : args)
-    if (a == "--help" || a == "-h") {
-      std::fputs(kPlanUsage, stdout);
-      return 0;
-    }
   if (args.empty()) {
-    std::fputs(kPlanUsage, stderr);
+    std::fputs(command_help("plan").c_str(), stderr);
     return 2;
   }
   try {

@@ -12,12 +12,6 @@ namespace shardlm {
 
 namespace {
 
-const char* kReportUsage =
-    "usage: shardlm report RUN_DIR... [--csv FILE] [--svg DIR]\n"
-    "  prints a Markdown table of the runs (strategy, ranks, samples/s, speed-up, memory, losses);\n"
-    "  --csv FILE   also writes the table as CSV\n"
-    "  --svg DIR    also writes DIR/loss.svg (train loss per step) and DIR/scaling.svg (samples/s per rank count)\n";
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   SHARDLM_CHECK(out, "report: cannot write '", path, "'");
@@ -34,18 +28,15 @@ int command_report(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (option_value(args, i, "--csv", csv_path) || option_value(args, i, "--svg", svg_dir)) continue;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kReportUsage, stdout);
-      return 0;
-    }
     if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "shardlm: report: unknown or incomplete option '%s'\n%s", a.c_str(), kReportUsage);
+      std::fprintf(stderr, "shardlm: report: unknown or incomplete option '%s'\n%s", a.c_str(),
+                   command_help("report").c_str());
       return 2;
     }
     dirs.push_back(a);
   }
   if (dirs.empty()) {
-    std::fputs(kReportUsage, stderr);
+    std::fputs(command_help("report").c_str(), stderr);
     return 2;
   }
   try {

@@ -12,7 +12,7 @@ int command_train(const std::vector<std::string>& args) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (args.empty() || args[0].rfind("--", 0) == 0) {
-    log_info("usage: mpirun -np N shardlm train DECK [--section.key=value ...]");
+    log_info("usage: mpirun -np N shardlm train DECK [--section.key=value ...]   (shardlm train --help)");
     return 2;
   }
   RunConfig cfg;
