@@ -430,6 +430,29 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
   check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
 }
 
+// A model directory whose weights hold a NaN or an infinity: reading the slice names the file, the
+// tensor and the element, rather than training until the loss is not finite.
+BOOST_AUTO_TEST_CASE(non_finite_weights_are_named_when_read) {
+  const ModelConfig cfg = tiny_bloom();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    const fs::path dir = scratch("non_finite") / "hf";
+    export_hf_model(dir.string(), cfg, tiny_tensors(cfg), [&](const CheckpointTensor& t) {
+      std::vector<float> v = known_values(t);
+      if (t.name == "h.1.self_attention.dense.weight") v[5] = bad;
+      return v;
+    });
+    HfModelDir model(dir.string());
+    expect_error(
+        [&] {
+          for (size_t u = 0; u < model.layout().size(); ++u) {
+            std::vector<float> buf(model.layout()[u].numel);
+            model.read_unit_slice(u, 0, buf.size(), buf.data());
+          }
+        },
+        {"model.safetensors", "tensor 'transformer.h.1.self_attention.dense.weight' holds", "at element 5"});
+  }
+}
+
 BOOST_AUTO_TEST_CASE(export_rejects_a_wrong_fetch) {
   const fs::path dir = scratch("export_bad_fetch");
   const ModelConfig cfg = tiny_bloom();

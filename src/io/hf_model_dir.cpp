@@ -1,6 +1,7 @@
 // HfModelDir: a Hugging Face model directory (config.json + safetensors weights, one file or
 // sharded with an index) mapped onto the flat parameter layout; each rank reads only its slices.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -126,7 +127,14 @@ void HfModelDir::read_unit_slice(size_t unit, size_t begin, size_t end, float* o
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi) continue;
     const Source& s = sources_[unit][i];
-    files_[s.file]->read(*s.tensor, lo - spec.offset, hi - lo, out + (lo - begin));
+    float* part = out + (lo - begin);
+    files_[s.file]->read(*s.tensor, lo - spec.offset, hi - lo, part);
+    // Damaged or diverged weights are named here, not found later as a loss that is not finite.
+    const float* bad = std::find_if(part, part + (hi - lo), [](float x) { return !std::isfinite(x); });
+    if (bad != part + (hi - lo))
+      throw Error(concat(files_[s.file]->path(), ": tensor '", s.tensor->name, "' holds ", *bad, " at element ",
+                         lo - spec.offset + static_cast<size_t>(bad - part),
+                         " (the weights are damaged or diverged: every value must be finite)"));
   }
 }
 
