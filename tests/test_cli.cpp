@@ -231,6 +231,14 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   Outcome missing = run_shardlm(1, "inspect /nonexistent/ckpt.h5");
   BOOST_TEST(missing.exit_code != 0);
   BOOST_TEST(missing.output.find("/nonexistent/ckpt.h5") != std::string::npos);
+  // Subcommands name their own argument, not the deck key of a training run.
+  BOOST_TEST(missing.output.find("shardlm inspect CHECKPOINT: '/nonexistent/ckpt.h5' does not exist") !=
+             std::string::npos, missing.output);
+  BOOST_TEST(missing.output.find("checkpoint.resume") == std::string::npos, missing.output);
+  Outcome no_export = run_shardlm(1, "export /nonexistent/ckpt.h5 " + (dir / "never").string());
+  BOOST_TEST(no_export.exit_code != 0);
+  BOOST_TEST(no_export.output.find("shardlm export CHECKPOINT: '/nonexistent/ckpt.h5' does not exist") !=
+             std::string::npos, no_export.output);
 }
 
 namespace {

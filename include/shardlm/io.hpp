@@ -95,8 +95,9 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 // Resolves checkpoint.resume: None -> ""; Auto -> the file DIR/latest names, or "" when there is
 // none yet; Path -> resolve_checkpoint_path(path).
 std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir);
-// A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist.
-std::string resolve_checkpoint_path(const std::string& path);
+// A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist, naming the
+// argument it came from (`what`: the deck key, or the subcommand's own argument).
+std::string resolve_checkpoint_path(const std::string& path, const std::string& what = "--checkpoint.resume");
 
 // Serial, read-only access for `shardlm inspect` and `shardlm export` (no MPI needed).
 struct CheckpointTensor {

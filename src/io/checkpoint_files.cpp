@@ -126,12 +126,11 @@ std::string resolve_resume(ResumeFrom from, const std::string& path, const std::
   return resolve_checkpoint_path(path);
 }
 
-std::string resolve_checkpoint_path(const std::string& spec) {
-  SHARDLM_CHECK(fs::exists(spec), "--checkpoint.resume: '", spec, "' does not exist");
+std::string resolve_checkpoint_path(const std::string& spec, const std::string& what) {
+  SHARDLM_CHECK(fs::exists(spec), what, ": '", spec, "' does not exist");
   if (fs::is_directory(spec)) {
     const std::string target = latest_target(spec);
-    SHARDLM_CHECK(!target.empty(), "--checkpoint.resume: folder '", spec, "' holds no checkpoint (no '",
-                  kLatestFile, "' file)");
+    SHARDLM_CHECK(!target.empty(), what, ": folder '", spec, "' holds no checkpoint (no '", kLatestFile, "' file)");
     return target;
   }
   return spec;

@@ -113,7 +113,7 @@ int command_inspect(const std::vector<std::string>& args) {
     log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
     return 2;
   }
-  on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0])); });
+  on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0], "shardlm inspect CHECKPOINT")); });
   return 0;
 }
 
@@ -130,7 +130,7 @@ int command_export(const std::vector<std::string>& args) {
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {
-    const std::string path = resolve_checkpoint_path(args[0]);
+    const std::string path = resolve_checkpoint_path(args[0], "shardlm export CHECKPOINT");
     CheckpointReader reader(path);
     export_hf_model(args[1], reader.meta().model, reader.tensors(),
                     [&](const CheckpointTensor& t) { return reader.read(t); }, byte_tokenizer_ids(reader.meta().deck));
