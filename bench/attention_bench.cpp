@@ -179,12 +179,13 @@ int main(int argc, char** argv) {
           workspace = cudnn->workspace_bytes(l);
           GpuBuffer work(workspace);
           auto fwd = [&] {
-            cudnn->forward(l, qkv.p, ctx.p, static_cast<float*>(lse.p), static_cast<float*>(slopes.p), work.p, s);
+            cudnn->forward(l, qkv.p, ctx.p, static_cast<float*>(lse.p), static_cast<float*>(slopes.p), nullptr, work.p,
+                           s);
           };
           auto both = [&] {
             fwd();
             cudnn->backward(l, dctx.p, qkv.p, ctx.p, static_cast<float*>(lse.p), dqkv.p, static_cast<float*>(slopes.p),
-                            work.p, s);
+                            nullptr, work.p, s);
           };
           report("cudnn", median_ms(fwd, warmup, reps, s), median_ms(both, warmup, reps, s), "");
         }

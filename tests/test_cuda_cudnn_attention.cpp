@@ -5,7 +5,8 @@
 // AttentionLayout (Llama's grouped heads; BLOOM's interleaved heads with ALiBi), at odd lengths, length
 // 1 and group ratios 1, 4, 8 and 32, head dims 64, 80, 96 and 128, bf16 and fp16; against the native
 // kernels (llama_attention.cu, attention.cu, themselves checked by finite differences) at a medium
-// length; the plan cache; and the shapes cuDNN's fused engine does not take (fp32, odd head dims).
+// length; packed rows (several samples per row, 1-token samples) on both paths; the plan cache; and
+// the shapes cuDNN's fused engine does not take (fp32, odd head dims).
 
 #include <cuda_runtime_api.h>
 
@@ -50,9 +51,10 @@ struct Reference {
   std::vector<double> ctx, lse, dqkv;
 };
 
-// Causal softmax attention in double: s_ij = q_i k_j / sqrt(d) (+ slope_n (j - i)), j <= i.
+// Causal softmax attention in double: s_ij = q_i k_j / sqrt(d) (+ slope_n (j - i)), lo_i <= j <= i,
+// lo_i = starts[b T + i] for packed rows (starts non-empty), else 0.
 Reference reference(const AttentionLayout& l, const std::vector<float>& qkv, const std::vector<float>& dctx,
-                    const std::vector<float>& slopes) {
+                    const std::vector<float>& slopes, const std::vector<int32_t>& starts = {}) {
   Reference r;
   r.ctx.assign(ctx_size(l), 0.0);
   r.lse.assign(lse_size(l), 0.0);
@@ -64,8 +66,9 @@ Reference reference(const AttentionLayout& l, const std::vector<float>& qkv, con
     for (int n = 0; n < l.heads; ++n) {
       const int g = n / G;
       for (int i = 0; i < l.T; ++i) {
+        const int lo = starts.empty() ? 0 : starts[static_cast<size_t>(b) * l.T + i];
         double m = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = lo; j <= i; ++j) {
           double s = 0.0;
           for (int e = 0; e < d; ++e) s += static_cast<double>(qkv[at(l, 0, b, i, n, e)]) * qkv[at(l, 1, b, j, g, e)];
           s = s * scale + (l.alibi ? slopes[n] * static_cast<double>(j - i) : 0.0);
@@ -73,24 +76,24 @@ Reference reference(const AttentionLayout& l, const std::vector<float>& qkv, con
           m = std::max(m, s);
         }
         double sum = 0.0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - m);
+        for (int j = lo; j <= i; ++j) sum += std::exp(p[j] - m);
         const double lse = m + std::log(sum);
         r.lse[(static_cast<size_t>(b) * l.heads + n) * l.T + i] = lse;
-        for (int j = 0; j <= i; ++j) p[j] = std::exp(p[j] - lse);
+        for (int j = lo; j <= i; ++j) p[j] = std::exp(p[j] - lse);
         for (int e = 0; e < d; ++e) {
           double c = 0.0;
-          for (int j = 0; j <= i; ++j) c += p[j] * qkv[at(l, 2, b, j, g, e)];
+          for (int j = lo; j <= i; ++j) c += p[j] * qkv[at(l, 2, b, j, g, e)];
           r.ctx[ctx_at(l, b, i, n, e)] = c;
         }
         // Backward of row i: dp_j = dctx_i . v_j; ds_j = p_j (dp_j - sum_k p_k dp_k) * scale.
         double centre = 0.0;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = lo; j <= i; ++j) {
           double s = 0.0;
           for (int e = 0; e < d; ++e) s += static_cast<double>(dctx[ctx_at(l, b, i, n, e)]) * qkv[at(l, 2, b, j, g, e)];
           dp[j] = s;
           centre += p[j] * s;
         }
-        for (int j = 0; j <= i; ++j) {
+        for (int j = lo; j <= i; ++j) {
           const double ds = p[j] * (dp[j] - centre) * scale;
           for (int e = 0; e < d; ++e) {
             r.dqkv[at(l, 2, b, j, g, e)] += p[j] * dctx[ctx_at(l, b, i, n, e)];
@@ -108,8 +111,11 @@ struct Result {
 };
 
 // cuDNN's forward and backward on device copies of qkv and dctx; outputs start as garbage.
+// Packed rows (starts non-empty, l.bias): the bias the models build (packed_attention_bias) is passed.
 Result run_cudnn(CudnnAttention& attn, const AttentionLayout& l, const std::vector<float>& qkv,
-                 const std::vector<float>& dctx, const std::vector<float>& slopes) {
+                 const std::vector<float>& dctx, const std::vector<float>& slopes,
+                 const std::vector<int32_t>& starts = {}) {
+  BOOST_REQUIRE(l.bias == !starts.empty());
   const std::string refused = attn.prepare(l);
   BOOST_REQUIRE_MESSAGE(refused.empty(), "cuDNN refused the shape: " << refused);
   const size_t es = dtype_size(l.dt);
@@ -122,11 +128,19 @@ Result run_cudnn(CudnnAttention& attn, const AttentionLayout& l, const std::vect
   CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreate(&stream));
-  BOOST_REQUIRE_NO_THROW(
-      attn.forward(l, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_slopes.as<float>(), d_work.get(), stream));
+  DeviceBuffer d_starts(std::max<size_t>(starts.size() * sizeof(int32_t), 1));
+  DeviceBuffer d_bias(std::max<size_t>(cuda::packed_attention_bias_bytes(l.B, l.T), 1));
+  const void* bias = nullptr;
+  if (!starts.empty()) {
+    CUDA_OK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    cuda::packed_attention_bias(d_starts.as<int32_t>(), l.B, l.T, d_bias.get(), l.dt, stream);
+    bias = d_bias.get();
+  }
+  BOOST_REQUIRE_NO_THROW(attn.forward(l, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_slopes.as<float>(), bias,
+                                      d_work.get(), stream));
   CUDA_OK(cudaMemsetAsync(d_work.get(), 0x7f, d_work.bytes(), stream));
   BOOST_REQUIRE_NO_THROW(attn.backward(l, d_dctx.get(), d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_dqkv.get(),
-                                       d_slopes.as<float>(), d_work.get(), stream));
+                                       d_slopes.as<float>(), bias, d_work.get(), stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
   Result r;
@@ -216,6 +230,43 @@ BOOST_AUTO_TEST_CASE(bloom_alibi_matches_reference) {
   check_against_reference(attn, AttentionLayout::bloom(1, 1, 4, 64, DType::BF16), 43);
 }
 
+// The native kernels (attention.cu for BLOOM's layout, llama_attention.cu for grouped heads) on the
+// same inputs, packed rows through `starts` (empty: none).
+Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, const std::vector<int32_t>& starts) {
+  const DType dt = l.dt;
+  const size_t es = dtype_size(dt);
+  DeviceBuffer d_qkv = to_device(in.qkv, dt), d_dctx = to_device(in.dctx, dt), d_slopes = to_device(in.slopes, DType::F32);
+  DeviceBuffer d_ctx(ctx_size(l) * es), d_dqkv(qkv_size(l) * es), d_lse(lse_size(l) * sizeof(float));
+  DeviceBuffer d_starts(std::max<size_t>(starts.size() * sizeof(int32_t), 1));
+  const int32_t* dev_starts = nullptr;
+  if (!starts.empty()) {
+    CUDA_OK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    dev_starts = d_starts.as<int32_t>();
+  }
+  if (l.alibi) {
+    DeviceBuffer d_probs(static_cast<size_t>(l.B) * l.heads * l.T * l.T * es);
+    DeviceBuffer d_work(cuda::attention_workspace_bytes(l.B, l.T, l.heads, l.head_dim, dt));
+    cuda::attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(), l.B, l.T, l.heads,
+                            l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+    cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(), l.B,
+                             l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
+  } else {
+    DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
+    cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
+                                  l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+    cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T, l.heads,
+                                   l.kv_heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  Result r;
+  r.ctx = download(d_ctx.get(), ctx_size(l), dt);
+  r.lse = download(d_lse.get(), lse_size(l), DType::F32);
+  r.dqkv = download(d_dqkv.get(), qkv_size(l), dt);
+  return r;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
 // A medium length against the native kernels (fp32 inside, the same dtype outside).
 BOOST_AUTO_TEST_CASE(medium_length_matches_native_kernels) {
   Device dev;
@@ -228,30 +279,52 @@ BOOST_AUTO_TEST_CASE(medium_length_matches_native_kernels) {
     BOOST_TEST_CONTEXT((bloom ? "BLOOM" : "Llama") << " T " << l.T) {
       const Inputs in = make_inputs(l, bloom ? 51 : 52);
       const Result got = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes);
-      const size_t es = dtype_size(dt);
-      DeviceBuffer d_qkv = to_device(in.qkv, dt), d_dctx = to_device(in.dctx, dt),
-                   d_slopes = to_device(in.slopes, DType::F32);
-      DeviceBuffer d_ctx(ctx_size(l) * es), d_dqkv(qkv_size(l) * es), d_lse(lse_size(l) * sizeof(float));
-      if (bloom) {
-        DeviceBuffer d_probs(static_cast<size_t>(l.B) * l.heads * l.T * l.T * es);
-        DeviceBuffer d_work(cuda::attention_workspace_bytes(l.B, l.T, l.heads, l.head_dim, dt));
-        cuda::attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(), l.B, l.T, l.heads,
-                                l.head_dim, dt, d_work.get(), nullptr);
-        cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(),
-                                 l.B, l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
-      } else {
-        DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
-        cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
-                                      l.head_dim, dt, d_work.get(), nullptr);
-        cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T,
-                                       l.heads, l.kv_heads, l.head_dim, dt, d_work.get(), nullptr);
-      }
-      const std::vector<float> ctx = download(d_ctx.get(), ctx_size(l), dt);
-      const std::vector<float> dqkv = download(d_dqkv.get(), qkv_size(l), dt);
-      BOOST_TEST(relative_error(got.ctx, std::vector<double>(ctx.begin(), ctx.end())) <= 2 * tolerance(dt, false));
-      BOOST_TEST(relative_error(got.dqkv, std::vector<double>(dqkv.begin(), dqkv.end())) <= 2 * tolerance(dt, true));
+      const Result native = run_native(gemm, l, in, {});
+      BOOST_TEST(relative_error(got.ctx, widen(native.ctx)) <= 2 * tolerance(dt, false));
+      BOOST_TEST(relative_error(got.dqkv, widen(native.dqkv)) <= 2 * tolerance(dt, true));
     }
   }
+}
+
+// Packed rows (data.packing): sample starts per position, as make_packed_micro_batch writes them, for
+// rows holding the given sample lengths end to end, the rest of each row padding (a sample of its own).
+std::vector<int32_t> packed_starts(const std::vector<std::vector<int>>& rows, int T) {
+  std::vector<int32_t> starts;
+  for (const std::vector<int>& lengths : rows) {
+    int at = 0;
+    for (const int n : lengths) {
+      for (int t = 0; t < n; ++t) starts.push_back(at);
+      at += n;
+    }
+    for (int t = at; t < T; ++t) starts.push_back(at);
+  }
+  return starts;
+}
+
+// Packed rows with 1-token samples, a row that is one sample and a row that is mostly padding: cuDNN
+// (through the bias) and the native kernels (through the starts) against the double reference.
+BOOST_AUTO_TEST_CASE(packed_rows_match_reference_on_both_paths) {
+  Device dev;
+  CudnnAttention attn;
+  cuda::Gemm gemm;
+  const int T = 40;
+  const std::vector<int32_t> starts = packed_starts({{1, 12, 1, 9, 17}, {40}, {3, 1}}, T);
+  unsigned seed = 61;
+  for (const DType dt : {DType::BF16, DType::F16})
+    for (const bool bloom : {false, true}) {
+      AttentionLayout l = bloom ? AttentionLayout::bloom(3, T, 4, 64, dt) : AttentionLayout::grouped(3, T, 8, 2, 64, dt);
+      BOOST_TEST_CONTEXT((bloom ? "BLOOM" : "Llama") << " " << dtype_name(dt)) {
+        const Inputs in = make_inputs(l, seed++);
+        const Reference ref = reference(l, in.qkv, in.dctx, in.slopes, starts);
+        const Result native = run_native(gemm, l, in, starts);
+        BOOST_TEST(relative_error(native.ctx, ref.ctx) <= tolerance(dt, false));
+        BOOST_TEST(relative_error(native.dqkv, ref.dqkv) <= tolerance(dt, true));
+        l.bias = true;
+        const Result fused = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes, starts);
+        BOOST_TEST(relative_error(fused.ctx, ref.ctx) <= tolerance(dt, false));
+        BOOST_TEST(relative_error(fused.dqkv, ref.dqkv) <= tolerance(dt, true));
+      }
+    }
 }
 
 // prepare() builds a layout's plans once; workspace_bytes() covers the backward's own scratch.
@@ -275,6 +348,6 @@ BOOST_AUTO_TEST_CASE(unsupported_shapes_are_refused_with_a_reason) {
   const std::string groups = attn.prepare(AttentionLayout::grouped(1, 16, 6, 4, 64, DType::BF16));
   BOOST_TEST(!groups.empty());
   BOOST_CHECK_THROW(attn.forward(AttentionLayout::grouped(1, 16, 4, 2, 20, DType::BF16), nullptr, nullptr, nullptr,
-                                 nullptr, nullptr, nullptr),
+                                 nullptr, nullptr, nullptr, nullptr),
                     Error);
 }

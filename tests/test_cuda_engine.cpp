@@ -492,4 +492,34 @@ BOOST_AUTO_TEST_CASE(bf16_attention_paths_give_the_same_curve) {
   }
 }
 
+// Sequence packing on the GPU: fp32 (the native kernels, the starts masking the other samples)
+// gives the unpacked losses, and bf16 through cuDNN's fused attention (the packed rows' bias) and
+// through the native kernels tracks the unpacked bf16 curve, for BLOOM (ALiBi) and Llama (rotary).
+BOOST_AUTO_TEST_CASE(packing_gives_the_unpacked_losses) {
+  for (const bool llama : {false, true}) {
+    auto make = llama ? llama_config : config;
+    auto packed = [](RunConfig& c) { c.data.packing = c.model.packed = true; };
+    BOOST_TEST_CONTEXT((llama ? "llama" : "bloom")) {
+      const auto [a, b] = train_plain_and_changed(make, "fp32_unpacked", "fp32_packed", 20, packed);
+      BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 1e-4);
+      RunConfig unpacked16 = make("cuda", "bf16_unpacked", 20);
+      unpacked16.fsdp.param_dtype = DType::BF16;
+      const TrainResult c = train(unpacked16, MPI_COMM_WORLD, quiet());
+      for (const AttentionImpl impl : {AttentionImpl::Auto, AttentionImpl::Native}) {
+        RunConfig packed16 = make("cuda", impl == AttentionImpl::Auto ? "bf16_packed" : "bf16_packed_native", 20);
+        packed16.fsdp.param_dtype = DType::BF16;
+        packed16.model.attention = impl;
+        packed(packed16);
+        const TrainResult d = train(packed16, MPI_COMM_WORLD, quiet());
+        BOOST_TEST_REQUIRE(d.step_losses.size() == 20u);
+        BOOST_TEST(max_relative(d.step_losses, c.step_losses) < 0.02);
+#ifdef SHARDLM_HAVE_CUDNN
+        if (world_rank() == 0 && impl == AttentionImpl::Auto)
+          BOOST_TEST(summary_attention(packed16).rfind("cudnn", 0) == 0, summary_attention(packed16));
+#endif
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

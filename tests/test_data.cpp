@@ -496,6 +496,50 @@ BOOST_AUTO_TEST_CASE(micro_batch_pads_to_longest) {
   BOOST_CHECK_THROW(make_micro_batch(data, {0}, pad, 0, 0), Error);
 }
 
+// Sequence packing: first-fit decreasing into rows, samples end to end with their starts, and a
+// step's rows dealt out so every rank runs the same number of micro-steps.
+BOOST_AUTO_TEST_CASE(packing_fills_rows_first_fit_decreasing) {
+  std::vector<Example> data;
+  for (const int n : {3, 6, 1, 4, 2, 5}) {
+    Example ex;
+    for (int t = 0; t < n; ++t) ex.tokens.push_back(10 * n + t), ex.targets.push_back(t + 1 < n ? 10 * n + t + 1 : -1);
+    data.push_back(ex);
+  }
+  // Lengths 3 6 1 4 2 5 into rows of 7: 6+1, 5+2, 4+3.
+  const std::vector<PackedRow> rows = pack_rows(data, {0, 1, 2, 3, 4, 5}, 7);
+  BOOST_TEST(rows.size() == 3u);
+  BOOST_TEST((rows[0] == PackedRow{1, 2}));
+  BOOST_TEST((rows[1] == PackedRow{5, 4}));
+  BOOST_TEST((rows[2] == PackedRow{3, 0}));
+  BOOST_CHECK_THROW(pack_rows(data, {1}, 5), Error);  // a sample longer than a row
+  BOOST_TEST(pack_rows(data, {}, 7).empty());
+
+  const int32_t pad = ByteTokenizer::kPad;
+  const MicroBatch mb = make_packed_micro_batch(data, {rows[1], {2}}, pad);
+  BOOST_TEST(mb.batch == 2);
+  BOOST_TEST(mb.seq == 7);
+  BOOST_TEST(mb.tokens == (std::vector<int32_t>{50, 51, 52, 53, 54, 20, 21, 10, pad, pad, pad, pad, pad, pad}),
+             boost::test_tools::per_element());
+  BOOST_TEST(mb.targets == (std::vector<int32_t>{51, 52, 53, 54, -1, 21, -1, -1, -1, -1, -1, -1, -1, -1}),
+             boost::test_tools::per_element());
+  BOOST_TEST(mb.starts == (std::vector<int32_t>{0, 0, 0, 0, 0, 5, 5, 0, 1, 1, 1, 1, 1, 1}),
+             boost::test_tools::per_element());
+  BOOST_TEST(mb.target_count == 5);
+  BOOST_TEST(make_micro_batch(data, {0, 1}, pad).starts.empty());  // unpacked: one sample per row
+  BOOST_TEST(make_packed_micro_batch(data, {rows[0]}, pad, 4, 0).seq == 8);  // rounded as unpacked ones
+
+  // 3 rows over 2 ranks, 1 row per micro-batch: 2 micro-steps each, rank 1's second one empty.
+  const PackedStep step = pack_step(data, {0, 1, 2, 3, 4, 5}, 7, 2, 1);
+  BOOST_TEST(step.micro_steps == 2);
+  BOOST_TEST((step.micro_batch(0, 0, 2, 1) == std::vector<PackedRow>{rows[0]}));
+  BOOST_TEST((step.micro_batch(0, 1, 2, 1) == std::vector<PackedRow>{rows[1]}));
+  BOOST_TEST((step.micro_batch(1, 0, 2, 1) == std::vector<PackedRow>{rows[2]}));
+  BOOST_TEST(step.micro_batch(1, 1, 2, 1).empty());
+  const MicroBatch none = make_packed_micro_batch(data, step.micro_batch(1, 1, 2, 1), pad);
+  BOOST_TEST(none.batch * none.seq == 0);
+  BOOST_TEST(pack_step(data, {0, 1, 2, 3, 4, 5}, 7, 1, 4).micro_steps == 1);
+}
+
 BOOST_AUTO_TEST_CASE(micro_batch_of_squad_examples) {
   const std::vector<Example> data = load_squad(kSquadEval, ByteTokenizer(), DatasetOptions{});
   const std::vector<size_t> indices = {3, 1, 4};

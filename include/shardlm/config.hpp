@@ -41,6 +41,7 @@ struct DataSection {
   std::string train_file;
   std::string eval_file;          // empty: no evaluation
   int max_length = 512;
+  bool packing = false;           // training rows hold several samples end to end (pack_rows)
   size_t train_size = 0;          // 0 = all records
   size_t eval_size = 0;
   // Auto: model.dir's tokenizer.json, else byte (a deck resolves it at load); File: tokenizer_file.

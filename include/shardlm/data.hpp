@@ -132,13 +132,16 @@ std::vector<Example> select_subset(std::vector<Example> all, const DatasetOption
 // The indices (ascending) of the n records select_subset keeps.
 std::vector<size_t> subset_indices(size_t n, const DatasetOptions& opt);
 
-// A micro-batch padded to its longest sequence (padding never takes a loss).
+// A micro-batch padded to its longest row (padding never takes a loss).
 struct MicroBatch {
   int batch = 0;
   int seq = 0;
   std::vector<int32_t> tokens;   // batch * seq
   std::vector<int32_t> targets;  // batch * seq, -1 where no loss
   int64_t target_count = 0;      // positions with a target
+  // Packed rows (data.packing): for each position, where its sample starts in its row, so a token
+  // attends only to its own sample and its position is t - starts[t]. Empty: one sample per row.
+  std::vector<int32_t> starts;   // batch * seq, or empty
 };
 
 // The padded length is rounded up to a multiple of `length_multiple`, at most `max_seq` (0: no
@@ -149,6 +152,39 @@ MicroBatch make_micro_batch(const std::vector<Example>& data, const std::vector<
 
 // Number of loss positions over the given examples.
 int64_t count_targets(const std::vector<Example>& data, const std::vector<size_t>& indices);
+
+// Sequence packing (data.packing). The examples `indices` names, packed end to end into rows of at
+// most `capacity` tokens by first-fit decreasing (longest first, ties in index order; the same on
+// every rank): each row lists its examples in the order they sit in it.
+using PackedRow = std::vector<size_t>;
+std::vector<PackedRow> pack_rows(const std::vector<Example>& data, const std::vector<size_t>& indices, int capacity);
+// A micro-batch of packed rows: each row its examples' tokens and targets end to end, padded (no
+// loss) to the longest row rounded up as make_micro_batch does; `starts` marks where each sample
+// begins (the padding after a row's last sample counts as a sample of its own, which nothing sees).
+MicroBatch make_packed_micro_batch(const std::vector<Example>& data, const std::vector<PackedRow>& rows,
+                                   int32_t pad_id, int length_multiple = 1, int max_seq = 0);
+
+// One optimizer step's global batch packed into rows and dealt out: micro-step m of rank r gets
+// rows [(m * world + r) * rows_per_micro, ... + rows_per_micro), the missing ones at the end empty,
+// so every rank runs the same number of micro-steps (an empty micro-batch still takes part in the
+// collectives, with no compute).
+struct PackedStep {
+  std::vector<PackedRow> rows;
+  int micro_steps = 0;  // per rank
+  // The rows of micro-step m of `rank` (fewer, or none, at the end).
+  std::vector<PackedRow> micro_batch(int m, int rank, int world, int rows_per_micro) const;
+};
+PackedStep pack_step(const std::vector<Example>& data, const std::vector<size_t>& global, int capacity, int world,
+                     int rows_per_micro);
+
+// The share of padding among the token positions a run computes on, with and without packing.
+struct PaddingShare {
+  int64_t real = 0;      // tokens of the examples
+  int64_t unpacked = 0;  // positions computed without packing (each micro-batch padded to its longest)
+  int64_t packed = 0;    // positions computed with packing
+  double unpacked_share() const { return unpacked > 0 ? 1.0 - static_cast<double>(real) / unpacked : 0.0; }
+  double packed_share() const { return packed > 0 ? 1.0 - static_cast<double>(real) / packed : 0.0; }
+};
 
 // Splits each epoch's (seeded, optionally shuffled) order into global batches of a fixed size;
 // the global batch of a step is the same whatever the world size, and each rank's micro-batches

@@ -49,6 +49,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
   AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
+  bool packed = false;  // not part of the shape: training rows may hold several samples (data.packing)
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -125,6 +126,11 @@ class UnitModel {
   virtual const ModelConfig& config() const = 0;
   virtual DType compute_dtype() const = 0;
 
+  // Packed rows (data.packing): for each of the next micro-batch's B*T positions, where its sample
+  // starts in its row (MicroBatch::starts, in the memory the tokens are in), or null for one sample
+  // per row. A position attends only to its own sample, at position t - starts[t]; the forward and
+  // backward of the blocks read it until the next call.
+  virtual void set_sample_starts(const int32_t* starts) = 0;
   // h_0 from the token ids [B*T].
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) = 0;
   // h_{l+1} = block_l(h_l).
@@ -178,6 +184,8 @@ class CpuModel {
 
   // h0[B*T, H] = the embedded tokens (BLOOM: then LayerNorm).
   virtual void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) = 0;
+  // UnitModel::set_sample_starts (host memory): packed rows, or null for one sample per row.
+  virtual void set_sample_starts(const int32_t* starts) = 0;
   // h_out = block(h_in); saves what block_backward(layer) needs.
   virtual void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) = 0;
   // Final norm, LM head and cross-entropy. Returns the sum of the per-token losses over positions

@@ -185,6 +185,7 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     SHARDLM_CHECK(cfg.data.tokenizer_file.empty() || fs::exists(cfg.data.tokenizer_file), "data.tokenizer = auto: model.dir ",
                   cfg.model.dir, " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
   }
+  cfg.model.packed = cfg.data.packing;  // the model sizes its packed-attention buffers by it
   check_run_config(cfg, world_size);
 
   for (const KeySpec& k : key_table()) cfg.resolved.emplace_back(k.name, k.get(cfg));

@@ -237,6 +237,7 @@ static std::vector<KeySpec> build_table() {
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH"),
       path_key("data.eval_file", SHARDLM_FIELD(data.eval_file)),
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8"),
+      flag_key("data.packing", SHARDLM_FIELD(data.packing)),
       unsigned_key("data.train_size", SHARDLM_FIELD(data.train_size)),
       unsigned_key("data.eval_size", SHARDLM_FIELD(data.eval_size)),
       tokenizer_key("data.tokenizer"),

@@ -95,6 +95,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   if (!m.host_memory) {
     m.tokens = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
     m.targets = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    if (m.model->config().packed) m.starts = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
     m.norm = be.allocate(sizeof(double), MemKind::Other);
   }
   refresh_compute_slices();

@@ -47,6 +47,7 @@ struct FsdpEngine::Impl {
   std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
   bool root_reduction_pending = false;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
+  DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
   std::vector<uint16_t> host16;       // cpu_offload: 16-bit staging of one slice (page-locked)
 
   DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each
@@ -173,11 +174,17 @@ struct FsdpEngine::Impl {
     SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
     const int32_t* tok = mb.tokens.data();
     const int32_t* tgt = mb.targets.data();
+    const bool packed = !mb.starts.empty();
+    SHARDLM_CHECK(!packed || model->config().packed, "a packed micro-batch for a model not built for packing");
+    const int32_t* starts_in = packed ? mb.starts.data() : nullptr;
     if (!host_memory) {
       be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
       be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+      if (packed) be.copy(starts.data(), starts_in, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
       tok = tokens.as<int32_t>(), tgt = targets.as<int32_t>();
+      if (packed) starts_in = starts.as<int32_t>();
     }
+    model->set_sample_starts(starts_in);
     model->reset_loss(compute);
 
     const void* root = use(0);

@@ -20,17 +20,20 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
       cpu_gemm(false, true, T, T, d, scale, q + s.q_at(b, n), s.q_ld, k + s.kv_at(b, g), s.kv_ld, 0.0f, p, T);
       for (int i = 0; i < T; ++i) {
         float* row = p + static_cast<size_t>(i) * T;
+        const int lo = s.starts ? s.starts[static_cast<size_t>(b) * T + i] : 0;
         if (s.slopes)
-          for (int j = 0; j <= i; ++j) row[j] += s.slopes[n] * static_cast<float>(j);
-        const float max_score = *std::max_element(row, row + i + 1);
+          for (int j = lo; j <= i; ++j) row[j] += s.slopes[n] * static_cast<float>(j);
+        const float max_score = *std::max_element(row + lo, row + i + 1);
         float total = 0.0f;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = lo; j <= i; ++j) {
           row[j] = std::exp(row[j] - max_score);
           total += row[j];
         }
         const float inv_total = 1.0f / total;
-        for (int j = 0; j <= i; ++j) row[j] *= inv_total;
-        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;  // causal mask
+        for (int j = lo; j <= i; ++j) row[j] *= inv_total;
+        // Causal mask, and (packed rows) the keys of earlier samples; the backward relies on these zeros.
+        std::fill(row, row + lo, 0.0f);
+        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
       cpu_gemm(false, false, T, d, T, 1.0f, p, T, v + s.kv_at(b, g), s.kv_ld, 0.0f, context + s.context_at(b, n), lc);
     }
@@ -60,7 +63,8 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       // dP = dctx V^T, dV += P^T dctx.
       cpu_gemm(false, true, T, T, d, 1.0f, dctx, lc, vg, s.kv_ld, 0.0f, dscores, T);
       cpu_gemm(true, false, T, d, T, 1.0f, p, T, dctx, lc, 1.0f, dv + s.kv_at(b, g), s.kv_ld);
-      // Softmax backward in place: dS = P * (dP - sum_j P dP); masked entries have P = 0.
+      // Softmax backward in place: dS = P * (dP - sum_j P dP); masked entries (the causal mask,
+      // other samples of a packed row) have P = 0.
       for (int i = 0; i < T; ++i) {
         const float* prow = p + static_cast<size_t>(i) * T;
         float* row = dscores + static_cast<size_t>(i) * T;

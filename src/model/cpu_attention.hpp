@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace shardlm::model_detail {
@@ -16,6 +17,8 @@ struct AttentionShape {
   int batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int q_ld = 0, kv_ld = 0, head_stride = 0;
   const float* slopes = nullptr;  // ALiBi: score += slopes[n] * key position; null for none
+  // Packed rows: position t of sequence b attends to keys starts[b * seq + t] .. t only; null: 0 .. t.
+  const int32_t* starts = nullptr;
 
   int kv_head_of(int n) const { return n / (heads / kv_heads); }
   size_t q_at(int b, int n) const {
@@ -30,8 +33,8 @@ struct AttentionShape {
   size_t probs_at(int b, int n) const { return (static_cast<size_t>(b) * heads + n) * static_cast<size_t>(seq) * seq; }
 };
 
-// probs[b, n] = softmax_j(q_i.k_j / sqrt(d) + slope_n * j) over j <= i ([B, heads, T, T], zero
-// above the diagonal); context[b, :, head n] = probs V.
+// probs[b, n] = softmax_j(q_i.k_j / sqrt(d) + slope_n * j) over start_i <= j <= i ([B, heads, T, T],
+// zero elsewhere); context[b, :, head n] = probs V.
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* probs,
                        float* context);
 // dq (overwritten), dk and dv (overwritten; summed over the query heads sharing each kv head), in

@@ -17,6 +17,7 @@ namespace shardlm::model_detail {
 class CpuModelBase : public CpuModel {
  public:
   const ModelConfig& config() const override { return cfg_; }
+  void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
   void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
   void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
                       int T) override;
@@ -55,6 +56,7 @@ class CpuModelBase : public CpuModel {
   const char* name_;
   ModelConfig cfg_;
   int max_batch_, max_seq_;
+  const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows, or null
 
  private:
   std::optional<CpuEmbedding> embedding_;

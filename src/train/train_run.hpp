@@ -80,6 +80,9 @@ struct StepOutcome {
   double seconds = 0;   // slowest rank
   int64_t tokens = 0;   // tokens of the global batch
 };
+// Token positions computed over the first epoch's steps (every rank's), with and without packing,
+// against the examples' own tokens: the padding share the start-up log reports.
+PaddingShare epoch_padding_share(const TrainRun& run);
 // Step `s` of `epoch`: accumulation over the micro-batches, clip and AdamW (or a skipped step on
 // overflow, with the loss scale halved). Advances pos.step. Collective.
 StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, TrainResult& result);

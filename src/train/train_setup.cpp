@@ -117,13 +117,29 @@ void report_shape(TrainRun& run) {
   run.say(run.peak.line);
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
-                 " ranks; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));
+                 " ranks", cfg.data.packing ? concat(" (packed: rows of ", cfg.data.max_length, " tokens, ", run.micro,
+                                                     " a micro-batch; the micro-steps per step vary)")
+                                              : "",
+                 "; ", run.steps_per_epoch, " steps/epoch, ", run.total_steps, " steps"));
+  // Padding among the positions the first epoch computes, with and without packing (rank 0 alone).
+  const PaddingShare pad = run.rank == 0 ? epoch_padding_share(run) : PaddingShare{};
+  auto format_percent = [](double share) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * share);
+    return std::string(text);
+  };
+  run.say(concat("padding: ", format_percent(cfg.data.packing ? pad.packed_share() : pad.unpacked_share()),
+                 " of the positions computed", cfg.data.packing ? " with packing (" : " (with data.packing = true: ",
+                 cfg.data.packing ? concat(format_percent(pad.unpacked_share()), " without)")
+                                  : concat(format_percent(pad.packed_share()), ")")));
   if (run.rank == 0)
     run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
                        {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
                        {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
                        {"attention", run.engine->attention_description()}, {"peak_tflops", run.peak.tflops},
                        {"peak_tflops_source", run.peak.source},
+                       {"packing", cfg.data.packing}, {"padding_share", pad.unpacked_share()},
+                       {"packed_padding_share", pad.packed_share()},
                        {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
 }
 

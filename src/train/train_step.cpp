@@ -22,6 +22,30 @@ int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>
 
 }  // namespace
 
+PaddingShare epoch_padding_share(const TrainRun& run) {
+  PaddingShare share;
+  const int multiple = run.engine->length_multiple(), max_seq = run.cfg.data.max_length;
+  const int32_t pad = run.tokenizer->pad_id();
+  for (long s = 0; s < run.steps_per_epoch; ++s) {
+    const std::vector<size_t> global = run.sampler->global_batch(0, s);
+    share.real += count_tokens(run.train_set, global);
+    for (int r = 0; r < run.world; ++r)
+      for (int m = 0; m < run.accum; ++m) {
+        const MicroBatch mb =
+            make_micro_batch(run.train_set, run.sampler->micro_batch(0, s, r, run.world, m, run.micro), pad, multiple, max_seq);
+        share.unpacked += static_cast<int64_t>(mb.batch) * mb.seq;
+      }
+    const PackedStep packed = pack_step(run.train_set, global, max_seq, run.world, run.micro);
+    for (int r = 0; r < run.world; ++r)
+      for (int m = 0; m < packed.micro_steps; ++m) {
+        const MicroBatch mb = make_packed_micro_batch(run.train_set, packed.micro_batch(m, r, run.world, run.micro), pad,
+                                                      multiple, max_seq);
+        share.packed += static_cast<int64_t>(mb.batch) * mb.seq;
+      }
+  }
+  return share;
+}
+
 StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, TrainResult& result) {
   const RunConfig& cfg = run.cfg;
   FsdpEngine& model = *run.engine;
@@ -33,10 +57,20 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
   model.zero_grad();
   double loss_sum = 0;
-  for (int m = 0; m < run.accum; ++m) {
-    MicroBatch mb = make_micro_batch(run.train_set, run.sampler->micro_batch(epoch, s, run.rank, run.world, m, run.micro),
-                                     run.tokenizer->pad_id(), model.length_multiple(), run.cfg.data.max_length);
-    loss_sum += model.forward_backward(mb, grad_scale);
+  if (cfg.data.packing) {
+    // The whole global batch packed into rows, dealt out to the ranks' micro-steps.
+    const PackedStep packed = pack_step(run.train_set, global, cfg.data.max_length, run.world, run.micro);
+    for (int m = 0; m < packed.micro_steps; ++m) {
+      MicroBatch mb = make_packed_micro_batch(run.train_set, packed.micro_batch(m, run.rank, run.world, run.micro),
+                                              run.tokenizer->pad_id(), model.length_multiple(), cfg.data.max_length);
+      loss_sum += model.forward_backward(mb, grad_scale);
+    }
+  } else {
+    for (int m = 0; m < run.accum; ++m) {
+      MicroBatch mb = make_micro_batch(run.train_set, run.sampler->micro_batch(epoch, s, run.rank, run.world, m, run.micro),
+                                       run.tokenizer->pad_id(), model.length_multiple(), cfg.data.max_length);
+      loss_sum += model.forward_backward(mb, grad_scale);
+    }
   }
   StepOutcome out;
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;

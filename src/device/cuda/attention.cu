@@ -17,29 +17,32 @@
 namespace shardlm::cuda {
 namespace {
 
-// One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij + slope_h * j) over j <= i, 0 beyond.
-// `scores` holds scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
+// One warp per row (h, i) of one sequence: p_j = softmax_j(scores_ij + slope_h * j) over lo <= j <= i
+// (lo: where the row's sample starts in a packed row, else 0), 0 elsewhere. `scores` holds
+// scale * q k^T as fp32 [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt.
 template <typename T>
-__global__ void softmax_forward_kernel(const float* scores, T* probs, const float* slopes, int heads, int seq) {
+__global__ void softmax_forward_kernel(const float* scores, T* probs, const float* slopes, const int32_t* row_starts,
+                                       int heads, int seq) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
   const int h = static_cast<int>(row / seq), i = static_cast<int>(row % seq);
+  const int lo = first_key(row_starts, i);
   const float slope = slopes[h];
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
   float m, sum;
-  causal_row_softmax_state(s, slope, i, lane, m, sum);
+  causal_row_softmax_state(s, slope, lo, i, lane, m, sum);
   const float inv_sum = 1.0f / sum;
   for (int j = lane; j < seq; j += 32)
-    p[j] = from_float<T>(j <= i ? expf(s[j] + slope * static_cast<float>(j) - m) * inv_sum : 0.0f);
+    p[j] = from_float<T>(j >= lo && j <= i ? expf(s[j] + slope * static_cast<float>(j) - m) * inv_sum : 0.0f);
 }
 
 template <typename T>
-void launch_softmax_forward(const float* scores, void* probs, const float* slopes, int heads, int seq,
-                            cudaStream_t stream) {
-  softmax_forward_kernel<T><<<row_blocks(heads, seq), kWarpsPerBlock * 32, 0, stream>>>(scores, static_cast<T*>(probs), slopes,
-                                                                         heads, seq);
+void launch_softmax_forward(const float* scores, void* probs, const float* slopes, const int32_t* row_starts,
+                            int heads, int seq, cudaStream_t stream) {
+  softmax_forward_kernel<T><<<row_blocks(heads, seq), kWarpsPerBlock * 32, 0, stream>>>(
+      scores, static_cast<T*>(probs), slopes, row_starts, heads, seq);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -76,7 +79,7 @@ void check_shape(const char* what, int B, int T, int heads, int head_dim, const 
 }  // namespace
 
 void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
-                       int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
+                       int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts) {
   check_shape("attention_forward", B, T, heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const int d = head_dim, H = heads * d, ld = 3 * H;
@@ -93,7 +96,9 @@ void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, cons
                        DType::F32, heads),
              stream);
     dispatch_dtype(dt, [&](auto tag) {
-      launch_softmax_forward<typename decltype(tag)::type>(scores, probs_b, slopes, heads, T, stream);
+      launch_softmax_forward<typename decltype(tag)::type>(scores, probs_b, slopes,
+                                                           starts ? starts + static_cast<size_t>(b) * T : nullptr,
+                                                           heads, T, stream);
     });
     // ctx_h = P_h v_h, written into the head's columns of ctx.
     gemm.run(head_gemm(false, false, T, d, T, 1.0f, probs_b, T, tt, qkv_b + 2 * d * es, ld, 3 * d, ctx_b, H, d, dt, dt,

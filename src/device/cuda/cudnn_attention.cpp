@@ -90,6 +90,7 @@ enum Uid : int64_t {
   kSoftmaxSum,
   kDQAccum,
   kOne,
+  kBias,
   kFirstVirtual = 100
 };
 
@@ -322,10 +323,13 @@ struct Ops {
     return score(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, CUDNN_DATA_INT32, precision, nullptr, axis);
   }
 
-  // scores = scale Q K^T (+ ALiBi), causally masked: the chain the forward and the backward share.
-  DescPtr masked_scores(const DescPtr& q, const DescPtr& kt, const DescPtr& scale, bool alibi, const DescPtr& slopes) {
+  // scores = scale Q K^T (+ bias) (+ ALiBi), causally masked: the chain the forward and the backward
+  // share, in the order of cuDNN's fused SDPA (scale, bias, ALiBi, masks).
+  DescPtr masked_scores(const DescPtr& q, const DescPtr& kt, const DescPtr& scale, bool alibi, const DescPtr& slopes,
+                        const DescPtr& bias) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, i32 = CUDNN_DATA_INT32;
     DescPtr cur = score(CUDNN_POINTWISE_MUL, score_matmul(q, kt), scale);
+    if (bias) cur = score(CUDNN_POINTWISE_ADD, cur, bias);
     if (alibi) {  // + slope_h (j - i)
       auto dist = score(CUDNN_POINTWISE_SUB, index(cur, 3, i32), index(cur, 2, i32), i32, i32);
       cur = score(CUDNN_POINTWISE_ADD, cur, score(CUDNN_POINTWISE_MUL, dist, slopes));
@@ -337,18 +341,20 @@ struct Ops {
   }
 };
 
-// The tensors both graphs read: Q, K^T, O, the softmax statistics, the scale and (ALiBi) the slopes.
+// The tensors both graphs read: Q, K^T, O, the softmax statistics, the scale, (ALiBi) the slopes and
+// (packed rows) the [B, 1, T, T] bias, broadcast over the heads.
 struct Common {
-  DescPtr q, kt, o, stats, scale, slopes;
+  DescPtr q, kt, o, stats, scale, slopes, bias;
 };
-Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bool alibi) {
+Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bool alibi, bool bias) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   return {g.tensor(kQ, io, s.q_dims, s.q_strides),
           g.tensor(kK, io, s.kt_dims, s.kt_strides),
           g.tensor(kO, io, s.o_dims, s.o_strides),
           g.tensor(kStats, f32, s.row_dims, s.row_strides),
           g.scalar(kScale, f32),
-          alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr};
+          alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr,
+          bias ? g.tensor(kBias, io, {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}) : nullptr};
 }
 
 }  // namespace
@@ -431,9 +437,9 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
   if (plans->refused.empty()) {  // forward
     GraphBuilder g(handle);
     Ops op{g, s};
-    const Common c = common_tensors(g, s, io, l.alibi);
+    const Common c = common_tensors(g, s, io, l.alibi, l.bias);
     auto v = g.tensor(kV, io, s.v_dims, s.v_strides);
-    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias);
     // Softmax, saving the row's log-sum-exp: max, exp(s - max), sum, stats = max + log(sum), p = e / sum.
     auto max = op.row_reduce(CUDNN_REDUCE_TENSOR_MAX, scores);
     auto e = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, max));
@@ -449,7 +455,7 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
   if (plans->refused.empty()) {  // backward
     GraphBuilder g(handle);
     Ops op{g, s};
-    const Common c = common_tensors(g, s, io, l.alibi);
+    const Common c = common_tensors(g, s, io, l.alibi, l.bias);
     auto vt = g.tensor(kV, io, s.vt_dims, s.vt_strides);
     auto d_o = g.tensor(kDO, io, s.o_dims, s.o_strides);
     auto dq = g.tensor(kDQ, io, s.q_dims, s.q_strides);
@@ -462,7 +468,7 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
     g.pointwise(CUDNN_POINTWISE_MUL, f32, op.row_reduce(CUDNN_REDUCE_TENSOR_ADD, prod), g.scalar(kOne, f32),
                 softmax_sum);
     // p = exp(scores - stats), recomputed.
-    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias);
     auto p = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, c.stats));
     // dV = P^T dO (summed over the query heads of a group).
     transposed_product(g, s, io, p, d_o, dv, grouped);
@@ -512,6 +518,20 @@ void* at(const void* base, long long elements, DType dt) {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * static_cast<long long>(dtype_size(dt));
 }
 
+// ALiBi's slopes and the packed rows' bias, where the layout reads them.
+void add_optional_inputs(const AttentionLayout& l, const float* slopes, const void* bias, std::vector<int64_t>& uids,
+                         std::vector<void*>& ptrs) {
+  if (l.alibi) {
+    uids.push_back(kSlopes);
+    ptrs.push_back(const_cast<float*>(slopes));
+  }
+  if (l.bias) {
+    SHARDLM_CHECK(bias != nullptr, "cuDNN attention: a layout with a bias was given none");
+    uids.push_back(kBias);
+    ptrs.push_back(const_cast<void*>(bias));
+  }
+}
+
 void require_prepared(const std::string& refused) {
   if (!refused.empty()) throw Error(concat("cuDNN attention cannot run this shape: ", refused));
 }
@@ -519,7 +539,7 @@ void require_prepared(const std::string& refused) {
 }  // namespace
 
 void CudnnAttention::forward(const AttentionLayout& l, const void* qkv, void* ctx, float* lse, const float* slopes,
-                             void* workspace, cudaStream_t stream) {
+                             const void* bias, void* workspace, cudaStream_t stream) {
   if (l.B == 0 || l.T == 0) return;
   const Plans& p = plans(l);
   require_prepared(p.refused);
@@ -527,15 +547,13 @@ void CudnnAttention::forward(const AttentionLayout& l, const void* qkv, void* ct
   float mask_value = std::numeric_limits<float>::lowest();
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kMaskValue};
   std::vector<void*> ptrs = {at(qkv, l.q, l.dt), at(qkv, l.k, l.dt), at(qkv, l.v, l.dt), ctx, lse, &scale, &mask_value};
-  if (l.alibi) {
-    uids.push_back(kSlopes);
-    ptrs.push_back(const_cast<float*>(slopes));
-  }
+  add_optional_inputs(l, slopes, bias, uids, ptrs);
   execute(static_cast<cudnnHandle_t>(handle_), *p.forward.plan, uids, ptrs, workspace, stream);
 }
 
 void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const void* qkv, const void* ctx,
-                              const float* lse, void* dqkv, const float* slopes, void* workspace, cudaStream_t stream) {
+                              const float* lse, void* dqkv, const float* slopes, const void* bias, void* workspace,
+                              cudaStream_t stream) {
   if (l.B == 0 || l.T == 0) return;
   const Plans& p = plans(l);
   require_prepared(p.refused);
@@ -564,10 +582,7 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
                              softmax_sum,
                              dq_accum,
                              &one};
-  if (l.alibi) {
-    uids.push_back(kSlopes);
-    ptrs.push_back(const_cast<float*>(slopes));
-  }
+  add_optional_inputs(l, slopes, bias, uids, ptrs);
   execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan, uids, ptrs, engine_workspace, stream);
 }
 

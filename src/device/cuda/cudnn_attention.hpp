@@ -30,6 +30,7 @@ struct AttentionLayout {
   int B = 0, T = 0, heads = 0, kv_heads = 0, head_dim = 0;
   DType dt = DType::BF16;
   bool alibi = false;             // add slope_h * (j - i) to the scores (slopes: fp32 device [heads])
+  bool bias = false;              // add a [B, 1, T, T] tensor in dt to the scores (packed rows' mask)
   long long row = 0;              // elements from one token's q/k/v row to the next (qkv and dqkv)
   long long head = 0;             // elements from one head to the next inside q, k or v
   long long q = 0, k = 0, v = 0;  // offset of head 0 of q, k and v inside a row
@@ -41,7 +42,8 @@ struct AttentionLayout {
   static AttentionLayout bloom(int B, int T, int heads, int head_dim, DType dt);
 
   auto key() const {
-    return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, row, head, q, k, v, out_row);
+    return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, bias, row, head, q, k, v,
+                           out_row);
   }
 };
 
@@ -66,11 +68,12 @@ class CudnnAttention {
   size_t workspace_bytes(const AttentionLayout& l);
 
   // ctx = softmax(scale q k^T + bias, causal) v; lse = each row's log-sum-exp ([B, heads, T], fp32).
-  void forward(const AttentionLayout& l, const void* qkv, void* ctx, float* lse, const float* slopes, void* workspace,
-               cudaStream_t stream);
+  // bias: l.bias's [B, 1, T, T] tensor (packed_attention_bias), else null.
+  void forward(const AttentionLayout& l, const void* qkv, void* ctx, float* lse, const float* slopes, const void* bias,
+               void* workspace, cudaStream_t stream);
   // dqkv (q, k and v parts; written, not accumulated) from dctx, the forward's qkv, ctx and lse.
   void backward(const AttentionLayout& l, const void* dctx, const void* qkv, const void* ctx, const float* lse,
-                void* dqkv, const float* slopes, void* workspace, cudaStream_t stream);
+                void* dqkv, const float* slopes, const void* bias, void* workspace, cudaStream_t stream);
 
  private:
   struct Plan;

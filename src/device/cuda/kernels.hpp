@@ -86,8 +86,14 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 // (q . k) / sqrt(d) + slope_h * j for key position j <= query position i (BLOOM's alibi), softmax in
 // fp32. `probs` ([B, heads, T, T], dt) keeps the softmax for backward; `workspace` is scratch of
 // attention_workspace_bytes() (workspace_sizes.hpp). Batched cuBLASLt GEMMs and a softmax kernel.
+// `starts` (device [B*T], or null): packed rows, position t attends to keys starts[t] .. t of its row
+// (probs are 0 for the others, so the backward needs no more).
 void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T, int heads,
-                       int head_dim, DType dt, void* workspace, cudaStream_t stream);
+                       int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts = nullptr);
+// The [B, 1, T, T] additive mask (bf16/fp16) of packed rows for cuDNN's fused attention
+// (packed_bias.cu): 0 where key j is in query i's sample (j >= starts[b, i]), a huge negative value
+// before it; `starts` is device [B*T].
+void packed_attention_bias(const int32_t* starts, int B, int T, void* bias, DType dt, cudaStream_t stream);
 // dqkv = d/dqkv given dctx (written, not accumulated).
 void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, const float* slopes,
                         int B, int T, int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);

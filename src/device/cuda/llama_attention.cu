@@ -19,39 +19,43 @@
 namespace shardlm::cuda {
 namespace {
 
-// Row i's p_ij = exp(s_ij - lse) for j <= i, 0 beyond, by the lanes of one warp: the one formula the
-// forward and the backward's recomputation both use, so they see the same probabilities.
+// Row i's p_ij = exp(s_ij - lse) for lo <= j <= i, 0 elsewhere, by the lanes of one warp: the one
+// formula the forward and the backward's recomputation both use, so they see the same probabilities.
 template <typename T>
-__device__ __forceinline__ void write_causal_probs(const float* s, float lse, T* p, int i, int seq, int lane) {
-  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(j <= i ? expf(s[j] - lse) : 0.0f);
+__device__ __forceinline__ void write_causal_probs(const float* s, float lse, T* p, int lo, int i, int seq, int lane) {
+  for (int j = lane; j < seq; j += 32) p[j] = from_float<T>(j >= lo && j <= i ? expf(s[j] - lse) : 0.0f);
 }
 
 // One warp per row (h, i) of one sequence: lse_i = log sum_j exp(scores_ij) over j <= i, then
 // p_ij = exp(scores_ij - lse_i) for j <= i, 0 beyond. `scores` holds scale * q k^T as fp32
 // [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt, `lse` its [heads, T].
+// (row_starts: a packed row's sample starts, [T], or null; the keys before them are masked too.)
 template <typename T>
-__global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse, int heads, int seq) {
+__global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse, const int32_t* row_starts, int heads,
+                                      int seq) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
-  const int i = static_cast<int>(row % seq);
+  const int i = static_cast<int>(row % seq), lo = first_key(row_starts, i);
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
   float m, sum;
-  causal_row_softmax_state(s, 0.0f, i, lane, m, sum);
+  causal_row_softmax_state(s, 0.0f, lo, i, lane, m, sum);
   // Lane 0's value for every lane: the p below are formed from exactly the lse that is saved.
   const float row_lse = __shfl_sync(0xffffffffu, m + logf(sum), 0);
   if (lane == 0) lse[row] = row_lse;
-  write_causal_probs(s, row_lse, p, i, seq, lane);
+  write_causal_probs(s, row_lse, p, lo, i, seq, lane);
 }
 
 // One warp per row: the forward's probabilities again, from the recomputed scores and the saved lse.
 template <typename T>
-__global__ void causal_probs_from_lse_kernel(const float* scores, const float* lse, T* probs, int heads, int seq) {
+__global__ void causal_probs_from_lse_kernel(const float* scores, const float* lse, T* probs, const int32_t* row_starts,
+                                             int heads, int seq) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
-  write_causal_probs(scores + row * seq, lse[row], probs + row * seq, static_cast<int>(row % seq), seq, lane);
+  const int i = static_cast<int>(row % seq);
+  write_causal_probs(scores + row * seq, lse[row], probs + row * seq, first_key(row_starts, i), i, seq, lane);
 }
 
 // out[r, c] = (T) in[r, c] for a [rows, cols] fp32 block (row stride ld_in) into rows of stride ld_out.
@@ -133,7 +137,8 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
 }  // namespace
 
 void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
-                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream) {
+                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
+                             const int32_t* starts) {
   check_shape("llama_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
@@ -150,7 +155,8 @@ void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse,
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_softmax_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
-          ws.scores, reinterpret_cast<E*>(ws.probs), lse + b * l.lse_rows(), heads, T);
+          ws.scores, reinterpret_cast<E*>(ws.probs), lse + b * l.lse_rows(),
+          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
     // ctx_n = P_n v_g, written into query head n's columns of ctx.
@@ -164,7 +170,7 @@ void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse,
 
 void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const int32_t* starts) {
   check_shape("llama_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
@@ -186,7 +192,8 @@ void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, con
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_probs_from_lse_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
-          ws.scores, lse + b * l.lse_rows(), reinterpret_cast<E*>(ws.probs), heads, T);
+          ws.scores, lse + b * l.lse_rows(), reinterpret_cast<E*>(ws.probs),
+          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
     for (int j = 0; j < G; ++j) {

@@ -32,8 +32,9 @@ void rmsnorm_backward(const void* dy, const void* x, const void* weight, const f
 // at position r % T) by the angles pos * inv_freq[i] (inv_freq: fp32 [head_dim / 2], rope_inv_freq
 // uploaded), in transformers' rotate_half convention: element i pairs with i + head_dim / 2.
 // `inverse` applies the transposed rotation: the backward of the forward one. In place.
+// With `starts` (device [n], packed rows) row r sits at position r % T - starts[r] instead.
 void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const float* inv_freq, bool inverse,
-                  DType dt, cudaStream_t stream);
+                  DType dt, cudaStream_t stream, const int32_t* starts = nullptr);
 // The forward rotation of rows at their own positions (device [n], >= 0): greedy decoding, where a
 // step's rows belong to many sequences.
 void rotary_apply_at(void* x, int n, const int32_t* positions, int heads, int head_dim, int ld,
@@ -58,12 +59,14 @@ void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int 
 // Batched cuBLASLt GEMMs, one call per sequence and query head of a group (batched over the kv
 // heads), around softmax kernels. `workspace` is scratch of llama_attention_workspace_bytes(T, ...)
 // (workspace_sizes.hpp); nothing in it outlives a call.
+// `starts` (device [B*T], or null): packed rows, position t attends to keys starts[t] .. t of its row.
 void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
-                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);
+                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
+                             const int32_t* starts = nullptr);
 // dqkv (same layout as qkv) written from dctx, qkv and the forward's lse; the key and value
 // gradients are summed over the query heads of their group in fp32 before they are rounded to dt.
 void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const int32_t* starts = nullptr);
 
 }  // namespace shardlm::cuda

@@ -9,10 +9,11 @@ namespace {
 
 // The angle is rounded to fp32 (pos * inv_freq in fp32, as transformers and LlamaCpu form it);
 // its cos and sin are taken in double and rounded, so the table equals LlamaCpu's. Row r sits at
-// positions[r], or at r % seq when positions is null.
+// positions[r], or at r % seq (minus starts[r] in packed rows) when positions is null.
 template <typename T>
-__global__ void rotary_kernel(T* x, long long n, int seq, const int32_t* __restrict__ positions, int heads,
-                              int head_dim, int ld, const float* __restrict__ inv_freq, float sign) {
+__global__ void rotary_kernel(T* x, long long n, int seq, const int32_t* __restrict__ positions,
+                              const int32_t* __restrict__ starts, int heads, int head_dim, int ld,
+                              const float* __restrict__ inv_freq, float sign) {
   const int half = head_dim / 2;
   const long long items = n * half;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -20,7 +21,7 @@ __global__ void rotary_kernel(T* x, long long n, int seq, const int32_t* __restr
        item += stride) {
     const long long row = item / half;
     const int i = static_cast<int>(item % half);
-    const long long pos = positions != nullptr ? positions[row] : row % seq;
+    const long long pos = positions != nullptr ? positions[row] : row % seq - (starts != nullptr ? starts[row] : 0);
     const float angle = static_cast<float>(pos) * inv_freq[i];
     double s = 0.0, c = 0.0;
     sincos(static_cast<double>(angle), &s, &c);
@@ -36,10 +37,10 @@ __global__ void rotary_kernel(T* x, long long n, int seq, const int32_t* __restr
 }
 
 template <typename E>
-void launch_rotary(void* x, int n, int T, const int32_t* positions, int heads, int head_dim, int ld,
-                   const float* inv_freq, float sign, cudaStream_t stream) {
+void launch_rotary(void* x, int n, int T, const int32_t* positions, const int32_t* starts, int heads, int head_dim,
+                   int ld, const float* inv_freq, float sign, cudaStream_t stream) {
   const size_t items = static_cast<size_t>(n) * (head_dim / 2);
-  rotary_kernel<E><<<grid_for(items), kBlockThreads, 0, stream>>>(static_cast<E*>(x), n, T, positions, heads,
+  rotary_kernel<E><<<grid_for(items), kBlockThreads, 0, stream>>>(static_cast<E*>(x), n, T, positions, starts, heads,
                                                                    head_dim, ld, inv_freq, sign);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
@@ -47,14 +48,14 @@ void launch_rotary(void* x, int n, int T, const int32_t* positions, int heads, i
 }  // namespace
 
 void rotary_apply(void* x, int n, int T, int heads, int head_dim, int ld, const float* inv_freq, bool inverse,
-                  DType dt, cudaStream_t stream) {
+                  DType dt, cudaStream_t stream, const int32_t* starts) {
   SHARDLM_CHECK(n >= 0 && T >= 1 && heads >= 0 && head_dim >= 2 && head_dim % 2 == 0 && ld >= heads * head_dim,
                 "rotary_apply: bad shape n=", n, " T=", T, " heads=", heads, " head_dim=", head_dim, " ld=", ld);
   if (n == 0 || heads == 0) return;
   const float sign = inverse ? -1.0f : 1.0f;
   dispatch_dtype(dt, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    launch_rotary<E>(x, n, T, nullptr, heads, head_dim, ld, inv_freq, sign, stream);
+    launch_rotary<E>(x, n, T, nullptr, starts, heads, head_dim, ld, inv_freq, sign, stream);
   });
 }
 
@@ -65,7 +66,7 @@ void rotary_apply_at(void* x, int n, const int32_t* positions, int heads, int he
   if (n == 0 || heads == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    launch_rotary<E>(x, n, 1, positions, heads, head_dim, ld, inv_freq, 1.0f, stream);
+    launch_rotary<E>(x, n, 1, positions, nullptr, heads, head_dim, ld, inv_freq, 1.0f, stream);
   });
 }
 

@@ -15,18 +15,22 @@ inline unsigned row_blocks(int heads, int seq) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-// The softmax state (max m, sum of exp(x_j - m)) of x_j = s_j + slope * j over j <= i, accumulated
-// by the lanes of one warp and merged so that every lane holds the row's (BLOOM's ALiBi passes its
-// head's slope, Llama 0).
-__device__ __forceinline__ void causal_row_softmax_state(const float* s, float slope, int i, int lane, float& m,
+// The softmax state (max m, sum of exp(x_j - m)) of x_j = s_j + slope * j over lo <= j <= i,
+// accumulated by the lanes of one warp and merged so that every lane holds the row's (BLOOM's ALiBi
+// passes its head's slope, Llama 0; lo > 0 where a packed row's sample starts after position 0).
+__device__ __forceinline__ void causal_row_softmax_state(const float* s, float slope, int lo, int i, int lane, float& m,
                                                          float& sum) {
   m = -INFINITY, sum = 0.0f;
-  for (int j = lane; j <= i; j += 32) add_to_softmax_state(s[j] + slope * static_cast<float>(j), m, sum);
+  for (int j = lo + lane; j <= i; j += 32) add_to_softmax_state(s[j] + slope * static_cast<float>(j), m, sum);
   warp_merge_softmax_state(m, sum);
 }
 
+// The first key row i of a sequence attends to: where its sample starts in a packed row (row_starts:
+// that sequence's [T] starts), else 0.
+__device__ __forceinline__ int first_key(const int32_t* row_starts, int i) { return row_starts ? row_starts[i] : 0; }
+
 // dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d) goes into the
-// GEMMs that follow). dS may alias P, or dP when T is float: the dot product is complete (a warp
+// GEMMs that follow; the keys of a packed row's earlier samples have P = 0, so their dS is 0 too). dS may alias P, or dP when T is float: the dot product is complete (a warp
 // reduction) before any lane writes, and each element is then read and written by one lane.
 template <typename T>
 __global__ void causal_softmax_backward_kernel(const float* dprobs, const T* probs, T* dscores, int heads, int seq) {

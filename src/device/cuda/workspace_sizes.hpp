@@ -39,10 +39,19 @@ inline size_t cudnn_attention_own_bytes(int B, int T, int heads, int head_dim) {
 // reports as 256 bytes, plus one fp32 [B, heads, T, head_dim] tensor when key/value heads are
 // grouped (cuDNN 9.19 on an H100, for every shape measured: docs/PERFORMANCE.md). The models take
 // cuDNN's own figure instead where it is larger (their start-up check then says the plan was short).
-inline size_t cudnn_attention_workspace_bytes(int B, int T, int heads, int kv_heads, int head_dim) {
+// Packed rows on the fused path: the [B, 1, T, T] mask (packed_attention_bias) in the 16-bit dtype,
+// held at the start of the attention workspace.
+inline size_t packed_attention_bias_bytes(int B, int T) {
+  return align256(static_cast<size_t>(B) * T * T * 2);
+}
+
+// With `packed` (data.packing) the packed rows' mask comes first.
+inline size_t cudnn_attention_workspace_bytes(int B, int T, int heads, int kv_heads, int head_dim,
+                                              bool packed = false) {
   const size_t rows = static_cast<size_t>(B) * heads * T;
   const size_t grouped = kv_heads != heads ? rows * head_dim * sizeof(float) : 0;
-  return cudnn_attention_own_bytes(B, T, heads, head_dim) + align256(grouped + 256);
+  return (packed ? packed_attention_bias_bytes(B, T) : 0) + cudnn_attention_own_bytes(B, T, heads, head_dim) +
+         align256(grouped + 256);
 }
 
 // lm_head_loss (lm_head.cu): fp32 logits, per-row losses and target flags of `chunk` rows.

@@ -170,8 +170,9 @@ BlockCall BloomCpu::block_call(int layer, int B, int T, bool forward) {
     begin_block_forward(layer, B, T);
   else
     check_block_backward(layer, B, T);
-  return {m_.layers[layer], m_.block, interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data()),
-          B * T, cfg_.hidden_size};
+  AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data());
+  shape.starts = starts_;
+  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};
 }
 
 void BloomCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {

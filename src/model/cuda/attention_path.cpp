@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels.hpp"
 #include "workspace_sizes.hpp"
 
 #ifdef SHARDLM_HAVE_CUDNN
@@ -13,9 +14,11 @@ namespace shardlm::cuda {
 
 #ifdef SHARDLM_HAVE_CUDNN
 namespace {
-AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool bloom) {
-  return bloom ? AttentionLayout::bloom(B, T, cfg.num_heads, cfg.head_dim(), dt)
-               : AttentionLayout::grouped(B, T, cfg.num_heads, cfg.kv_heads(), cfg.head_dim(), dt);
+AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool bloom, bool packed) {
+  AttentionLayout l = bloom ? AttentionLayout::bloom(B, T, cfg.num_heads, cfg.head_dim(), dt)
+                            : AttentionLayout::grouped(B, T, cfg.num_heads, cfg.kv_heads(), cfg.head_dim(), dt);
+  l.bias = packed;
+  return l;
 }
 }  // namespace
 #endif
@@ -33,14 +36,22 @@ AttentionPath::AttentionPath(const char* model, const ModelConfig& cfg, DType dt
   if (why.empty() && cfg.num_layers > 0 && max_batch > 0 && max_seq > 0) {
     cudnn_ = std::make_shared<CudnnAttention>();
     // Plans for the largest micro-batch now, before any step; other shapes get theirs on first use.
-    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, bloom);
+    // A packed run's micro-batches may be packed or not (eval): both graphs must be taken.
+    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, bloom, false);
     why = cudnn_->prepare(l);
+    size_t engine_bytes = why.empty() ? cudnn_->workspace_bytes(l) : 0;
+    if (why.empty() && cfg.packed) {
+      const AttentionLayout packed = layout_of(cfg, dt, max_batch, max_seq, bloom, true);
+      why = cudnn_->prepare(packed);
+      if (!why.empty()) why = concat("packed rows (data.packing): ", why);
+      else engine_bytes = std::max(engine_bytes, cudnn_->workspace_bytes(packed));
+    }
     if (why.empty()) {
-      // What the plan counted, or cuDNN's own figure where that is larger.
+      // What the plan counted, or cuDNN's own figure where that is larger; packed rows' bias first.
       const int kv_heads = bloom ? cfg.num_heads : cfg.kv_heads();
-      capacity_ =
-          std::max(cudnn_->workspace_bytes(l),
-                   cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, kv_heads, cfg.head_dim()));
+      bias_bytes_ = cfg.packed ? packed_attention_bias_bytes(max_batch, max_seq) : 0;
+      capacity_ = bias_bytes_ + std::max(engine_bytes, cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads,
+                                                                                       kv_heads, cfg.head_dim()));
     } else {
       cudnn_.reset();
     }
@@ -65,8 +76,8 @@ AttentionPath::~AttentionPath() = default;
 // Layout of a B x T micro-batch, its plans built on first use; a shape cuDNN refuses, or one whose
 // workspace would exceed the largest shape's (what the model allocated), is an Error.
 static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const ModelConfig& cfg, DType dt, int B, int T,
-                             bool bloom, size_t capacity) {
-  const AttentionLayout l = layout_of(cfg, dt, B, T, bloom);
+                             bool bloom, bool packed, size_t capacity) {
+  const AttentionLayout l = layout_of(cfg, dt, B, T, bloom, packed);
   const std::string refused = cudnn.prepare(l);
   SHARDLM_CHECK(refused.empty(), model, ": cuDNN attention refused a ", B, " x ", T, " micro-batch: ", refused);
   SHARDLM_CHECK(cudnn.workspace_bytes(l) <= capacity, model, ": cuDNN attention wants ", cudnn.workspace_bytes(l),
@@ -75,20 +86,31 @@ static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const Mod
 }
 #endif
 
-void AttentionPath::forward(const void* qkv, void* ctx, float* lse, const float* slopes, void* workspace, int B, int T,
-                            cudaStream_t s) {
+void* AttentionPath::packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const {
+  if (!starts) return nullptr;
+  SHARDLM_CHECK(bias_bytes_ > 0, model_, ": packed rows for a model built without data.packing");
+  packed_attention_bias(starts, B, T, workspace, dt_, s);
+  return workspace;
+}
+
+void AttentionPath::forward(const void* qkv, void* ctx, float* lse, const float* slopes, const int32_t* starts,
+                            void* workspace, int B, int T, cudaStream_t s) {
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
-  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, capacity_), qkv, ctx, lse, slopes, workspace, s);
+  const void* bias = packed_bias(starts, workspace, B, T, s);
+  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, bias != nullptr, capacity_ - bias_bytes_), qkv, ctx,
+                  lse, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }
 
 void AttentionPath::backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv,
-                             const float* slopes, void* workspace, int B, int T, cudaStream_t s) {
+                             const float* slopes, const int32_t* starts, void* workspace, int B, int T,
+                             cudaStream_t s) {
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
-  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, capacity_), dctx, qkv, ctx, lse, dqkv, slopes,
-                   workspace, s);
+  const void* bias = packed_bias(starts, workspace, B, T, s);
+  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, bias != nullptr, capacity_ - bias_bytes_), dctx, qkv,
+                   ctx, lse, dqkv, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }
 

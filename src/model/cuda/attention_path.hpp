@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,18 +35,24 @@ class AttentionPath {
   size_t workspace_bytes() const { return capacity_; }
 
   // The fused calls (fused() only), in the model's layouts, with a workspace of workspace_bytes().
-  void forward(const void* qkv, void* ctx, float* lse, const float* slopes, void* workspace, int B, int T,
-               cudaStream_t s);
+  // starts: packed rows (device [B*T], CudaModel::set_sample_starts) or null; packed rows are masked
+  // through an additive [B, 1, T, T] bias built at the start of the workspace on every call.
+  void forward(const void* qkv, void* ctx, float* lse, const float* slopes, const int32_t* starts, void* workspace,
+               int B, int T, cudaStream_t s);
   void backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv, const float* slopes,
-                void* workspace, int B, int T, cudaStream_t s);
+                const int32_t* starts, void* workspace, int B, int T, cudaStream_t s);
 
  private:
   const char* model_;
   ModelConfig cfg_;
   DType dt_;
   bool bloom_;
+  // Packed rows' bias at the start of the workspace (null when starts is null).
+  void* packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const;
+
   bool fused_ = false;
-  size_t capacity_ = 0;  // workspace_bytes()
+  size_t capacity_ = 0;    // workspace_bytes()
+  size_t bias_bytes_ = 0;  // packed rows' bias (packed_attention_bias_bytes) when cfg.packed
   std::string description_;
   std::shared_ptr<CudnnAttention> cudnn_;  // shared_ptr: an incomplete type in builds without cuDNN
 };

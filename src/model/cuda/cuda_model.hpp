@@ -22,6 +22,8 @@ class CudaModel {
  public:
   virtual ~CudaModel() = default;
 
+  // UnitModel::set_sample_starts (device memory [B*T]), or null for one sample per row.
+  virtual void set_sample_starts(const int32_t* starts) = 0;
   // h_0 from the token ids (device memory [B*T]).
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
   // h_{l+1} = block_l(h_l) with the gathered parameters of block l.

@@ -12,6 +12,7 @@ namespace shardlm::cuda {
 class CudaModelBase : public CudaModel {
  public:
   const ModelConfig& config() const override { return cfg_; }
+  void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ...").
@@ -45,6 +46,7 @@ class CudaModelBase : public CudaModel {
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
   Gemm gemm_;
+  const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows (device), or null
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
 
  private:

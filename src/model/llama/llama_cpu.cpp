@@ -59,16 +59,19 @@ void rms_norm_output(const float* xhat, int rows, int H, const float* weight, fl
 
 // transformers' rotate_half convention: element i pairs with i + d/2, both rotated by angle
 // pos * inv_freq[i]. `inverse` applies the transposed rotation (the backward of the forward one).
-// x is [B*T rows of `heads` heads of d], row stride ld; cos/sin tables are [pos, d/2].
+// x is [B*T rows of `heads` heads of d], row stride ld; cos/sin tables are [pos, d/2]. Row t of a
+// sequence sits at position t, or t - starts[row] in packed rows (starts non-null).
 void apply_rotary(float* x, int B, int T, int heads, int d, int ld, const float* cos_table, const float* sin_table,
-                  bool inverse) {
+                  bool inverse, const int32_t* starts = nullptr) {
   const int half = d / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
-      float* row = x + (static_cast<size_t>(b) * T + t) * ld;
-      const float* cs = cos_table + static_cast<size_t>(t) * half;
-      const float* sn = sin_table + static_cast<size_t>(t) * half;
+      const size_t r = static_cast<size_t>(b) * T + t;
+      float* row = x + r * ld;
+      const size_t pos = static_cast<size_t>(starts ? t - starts[r] : t);
+      const float* cs = cos_table + pos * half;
+      const float* sn = sin_table + pos * half;
       for (int n = 0; n < heads; ++n) {
         float* head = row + static_cast<size_t>(n) * d;
         for (int i = 0; i < half; ++i) {
@@ -217,7 +220,9 @@ BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
     begin_block_forward(layer, B, T);
   else
     check_block_backward(layer, B, T);
-  return {m_.layers[layer], m_.block, grouped_heads(B, T, cfg_), B * T, cfg_.hidden_size};
+  AttentionShape shape = grouped_heads(B, T, cfg_);
+  shape.starts = starts_;
+  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};
 }
 
 void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
@@ -232,8 +237,8 @@ void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, 
   linear(normed, N, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
   linear(normed, N, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
   linear(normed, N, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
-  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false);
-  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false);
+  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
+  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
   model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
   float* x = m.hidden_work[0].data();
   linear(a.context.data(), N, QW, params + o.o, nullptr, H, h_in, x);
@@ -283,8 +288,8 @@ void LlamaCpu::block_backward(int layer, const float* params, const float* dh_ou
   linear_input_backward(dx, N, QW, params + o.o, H, false, work);
   model_detail::attention_backward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), work,
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
-  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true);
-  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true);
+  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
+  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
   rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm, work);
   linear_param_backward(work, m.q_grad.data(), N, H, QW, dparams + o.q, o.bias(dparams, o.q_bias));
   linear_param_backward(work, m.k_grad.data(), N, H, KVW, dparams + o.k, o.bias(dparams, o.k_bias));

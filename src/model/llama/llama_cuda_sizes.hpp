@@ -65,7 +65,8 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
     s.dgate_up = N * 2 * F * es;
     s.attention_workspace =
         fused_attention
-            ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.kv_heads(), static_cast<int>(d))
+            ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.kv_heads(), static_cast<int>(d),
+                                              cfg.packed)
             : llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
   }
   s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));

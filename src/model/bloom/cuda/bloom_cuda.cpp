@@ -79,10 +79,10 @@ void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
      Epilogue::Bias, w(block_.qkv_bias));
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.ctx.data(), reinterpret_cast<float*>(sv.probs.data()), slopes_.data(),
-                       attn_ws_.data(), B, T, s);
+                       starts_, attn_ws_.data(), B, T, s);
   else
     attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
-                      cfg_.head_dim(), dt_, attn_ws_.data(), s);
+                      cfg_.head_dim(), dt_, attn_ws_.data(), s, starts_);
   // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, H, sv.ctx.data(), H, w(block_.dense_weight), H, sv.h2.data(), H, dt_, dt_, 1,
@@ -150,7 +150,7 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
   mm(false, false, N, H, H, dh2_.data(), H, w(block_.dense_weight), H, dctx_.data(), H, dt_, dt_);
   if (attention_.fused())
     attention_.backward(dctx_.data(), sv.qkv.data(), sv.ctx.data(), reinterpret_cast<const float*>(sv.probs.data()),
-                        dqkv_.data(), slopes_.data(), attn_ws_.data(), B, T, s);
+                        dqkv_.data(), slopes_.data(), starts_, attn_ws_.data(), B, T, s);
   else
     attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
                        cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);

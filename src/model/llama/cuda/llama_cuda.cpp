@@ -92,12 +92,12 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
      qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
-  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s);  // q and k heads
+  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s, starts_);  // q, k
   if (attention_.fused())
-    attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, attn_ws_.data(), B, T, s);
+    attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
   else
     llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
-                            attn_ws_.data(), s);
+                            attn_ws_.data(), s, starts_);
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
@@ -167,11 +167,11 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
-                        attn_ws_.data(), B, T, s);
+                        starts_, attn_ws_.data(), B, T, s);
   else
     llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
-                             d, dt_, attn_ws_.data(), s);
-  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s);
+                             d, dt_, attn_ws_.data(), s, starts_);
+  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
