@@ -182,6 +182,7 @@ struct PaddingShare {
   int64_t real = 0;      // tokens of the examples
   int64_t unpacked = 0;  // positions computed without packing (each micro-batch padded to its longest)
   int64_t packed = 0;    // positions computed with packing
+  int64_t unpacked_micro_batches = 0, packed_micro_batches = 0;  // forward passes, over all ranks
   double unpacked_share() const { return unpacked > 0 ? 1.0 - static_cast<double>(real) / unpacked : 0.0; }
   double packed_share() const { return packed > 0 ? 1.0 - static_cast<double>(real) / packed : 0.0; }
 };

@@ -128,10 +128,12 @@ void report_shape(TrainRun& run) {
     std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * share);
     return std::string(text);
   };
-  run.say(concat("padding: ", format_percent(cfg.data.packing ? pad.packed_share() : pad.unpacked_share()),
-                 " of the positions computed", cfg.data.packing ? " with packing (" : " (with data.packing = true: ",
-                 cfg.data.packing ? concat(format_percent(pad.unpacked_share()), " without)")
-                                  : concat(format_percent(pad.packed_share()), ")")));
+  const bool packing = cfg.data.packing;
+  run.say(concat("padding: ", format_percent(packing ? pad.packed_share() : pad.unpacked_share()),
+                 " of the positions computed in ", packing ? pad.packed_micro_batches : pad.unpacked_micro_batches,
+                 " micro-batches an epoch", packing ? " with packing (without: " : " (with data.packing = true: ",
+                 format_percent(packing ? pad.unpacked_share() : pad.packed_share()), " in ",
+                 packing ? pad.unpacked_micro_batches : pad.packed_micro_batches, ")"));
   if (run.rank == 0)
     run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
                        {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
@@ -140,6 +142,8 @@ void report_shape(TrainRun& run) {
                        {"peak_tflops_source", run.peak.source},
                        {"packing", cfg.data.packing}, {"padding_share", pad.unpacked_share()},
                        {"packed_padding_share", pad.packed_share()},
+                       {"micro_batches_per_epoch", pad.unpacked_micro_batches},
+                       {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
                        {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
 }
 

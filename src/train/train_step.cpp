@@ -34,6 +34,7 @@ PaddingShare epoch_padding_share(const TrainRun& run) {
         const MicroBatch mb =
             make_micro_batch(run.train_set, run.sampler->micro_batch(0, s, r, run.world, m, run.micro), pad, multiple, max_seq);
         share.unpacked += static_cast<int64_t>(mb.batch) * mb.seq;
+        share.unpacked_micro_batches += 1;
       }
     const PackedStep packed = pack_step(run.train_set, global, max_seq, run.world, run.micro);
     for (int r = 0; r < run.world; ++r)
@@ -41,6 +42,7 @@ PaddingShare epoch_padding_share(const TrainRun& run) {
         const MicroBatch mb = make_packed_micro_batch(run.train_set, packed.micro_batch(m, r, run.world, run.micro), pad,
                                                       multiple, max_seq);
         share.packed += static_cast<int64_t>(mb.batch) * mb.seq;
+        share.packed_micro_batches += 1;
       }
   }
   return share;
