@@ -558,7 +558,8 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
   // exit 0; also after other arguments, and as `shardlm help COMMAND`.
   const std::pair<std::string, std::string> commands[] = {
       {"train", "--section.key=value"}, {"inspect", "CHECKPOINT"}, {"export", "CHECKPOINT DIR"},
-      {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"}};
+      {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"},
+      {"import-accelerate", "--training-args FILE"}};
   for (const auto& [command, flag] : commands)
     for (const std::string& ask :
          {command + " --help", command + " -h", "help " + command, command + " " + kDemo + " --help"}) {
@@ -582,6 +583,27 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
   Outcome unknown = run_shardlm(2, "trian --help");
   BOOST_TEST(unknown.exit_code != 0);
   BOOST_TEST(count_of(unknown.output, "unknown command 'trian'") == 1u, unknown.output);
+}
+
+// ---- shardlm import-accelerate ---------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(import_accelerate_writes_a_deck_and_says_its_warnings) {
+  const fs::path dir = scratch("import_accelerate");
+  const std::string examples = SHARDLM_SOURCE_DIR "/input/accelerate/";
+  const std::string deck = (dir / "course.ini").string();
+  Outcome o = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml --training-args " + examples +
+                                 "squad-training-args.json -o " + deck + " --model.dir=m --data.train_file=t --data.eval_file=e");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(count_of(o.output, "wrote " + deck + " (1 warning); run it on 4 ranks") == 1u, o.output);
+  BOOST_TEST(count_of(o.output, "shardlm: warning: ") == 1u, o.output);
+  BOOST_TEST(fs::exists(deck));
+  BOOST_TEST(!fs::exists(deck + ".tmp"));
+  Outcome missing = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml");
+  BOOST_TEST(missing.exit_code == 2);
+  BOOST_TEST(count_of(missing.output, "-o DECK is missing") == 1u, missing.output);
+  Outcome bad = run_shardlm(1, "import-accelerate " + (dir / "nowhere.yaml").string() + " -o " + deck);
+  BOOST_TEST(bad.exit_code == 1);
+  BOOST_TEST(count_of(bad.output, "shardlm: error: cannot open Accelerate config") == 1u, bad.output);
 }
 
 // ---- shardlm comm-test ----------------------------------------------------------------------
