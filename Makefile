@@ -31,10 +31,11 @@ deps:
 	  fi; \
 	fi
 
-$(BUILD)/CMakeCache.txt:
+# A plain `make` on a fresh machine installs (as root) or names the missing packages first.
+$(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS)
 
-build: $(BUILD)/CMakeCache.txt
+build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 # GPU suites need a GPU; they run with `make test-gpu` on a GPU machine.
