@@ -587,6 +587,7 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
 
 // ---- shardlm import-accelerate ---------------------------------------------------------------
 
+#ifdef SHARDLM_HAVE_YAMLCPP
 BOOST_AUTO_TEST_CASE(import_accelerate_writes_a_deck_and_says_its_warnings) {
   const fs::path dir = scratch("import_accelerate");
   const std::string examples = SHARDLM_SOURCE_DIR "/input/accelerate/";
@@ -605,6 +606,7 @@ BOOST_AUTO_TEST_CASE(import_accelerate_writes_a_deck_and_says_its_warnings) {
   BOOST_TEST(bad.exit_code == 1);
   BOOST_TEST(count_of(bad.output, "shardlm: error: cannot open Accelerate config") == 1u, bad.output);
 }
+#endif
 
 // ---- shardlm comm-test ----------------------------------------------------------------------
 

@@ -44,6 +44,11 @@ int command_import_accelerate(const std::vector<std::string>& args) {
     return 2;
   }
   for (const std::string& a : args) command_line += " " + a;
+#ifndef SHARDLM_HAVE_YAMLCPP
+  std::fprintf(stderr, "shardlm: error: this shardlm was built without yaml-cpp, which import-accelerate reads "
+                       "Accelerate's YAML with: install it (Debian: libyaml-cpp-dev) and configure again\n");
+  return 1;
+#else
   try {
     const std::string yaml = read_input_file(yaml_path, "Accelerate config", kMaxDeckBytes);
     const std::string json = args_path.empty() ? "" : read_input_file(args_path, "TrainingArguments", kMaxDeckBytes);
@@ -71,6 +76,7 @@ int command_import_accelerate(const std::vector<std::string>& args) {
     return 1;
   }
   return 0;
+#endif
 }
 
 }  // namespace shardlm
