@@ -12,13 +12,22 @@
 # SHARDLM_HAVE_CUDNN, SHARDLM_CUDA_ARCHS, NCCL_INCLUDE_DIR, NCCL_LIBRARY, CUDNN_INCLUDE_DIR,
 # CUDNN_LIBRARY, and the summary line.
 
+# The first of the given settings that is set, as a CMake variable or else in the environment.
+function(_shardlm_setting out)
+  foreach(name ${ARGN})
+    if(DEFINED ${name})
+      set(${out} "${${name}}" PARENT_SCOPE)
+      return()
+    elseif(DEFINED ENV{${name}})
+      set(${out} "$ENV{${name}}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  set(${out} "" PARENT_SCOPE)
+endfunction()
+
 # ---- the compiler, before enable_language(CUDA) ----
-set(_shardlm_root "")
-if(DEFINED CUDAToolkit_ROOT)
-  set(_shardlm_root "${CUDAToolkit_ROOT}")
-elseif(DEFINED ENV{CUDAToolkit_ROOT})
-  set(_shardlm_root "$ENV{CUDAToolkit_ROOT}")
-endif()
+_shardlm_setting(_shardlm_root CUDAToolkit_ROOT)
 if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
   if(_shardlm_root)
     if(NOT EXISTS "${_shardlm_root}/bin/nvcc")
@@ -159,14 +168,7 @@ if(CUDAToolkit_VERSION_MAJOR GREATER_EQUAL 13 AND SHARDLM_CUDA_ARCHS MATCHES "(^
 endif()
 
 # ---- NCCL ----
-set(_shardlm_nccl_home "")
-foreach(v NCCL_HOME NCCL_ROOT)
-  if(DEFINED ${v} AND NOT _shardlm_nccl_home)
-    set(_shardlm_nccl_home "${${v}}")
-  elseif(DEFINED ENV{${v}} AND NOT _shardlm_nccl_home)
-    set(_shardlm_nccl_home "$ENV{${v}}")
-  endif()
-endforeach()
+_shardlm_setting(_shardlm_nccl_home NCCL_HOME NCCL_ROOT)
 if(_shardlm_nccl_home)
   find_path(NCCL_INCLUDE_DIR nccl.h PATHS "${_shardlm_nccl_home}/include" "${_shardlm_nccl_home}" NO_DEFAULT_PATH)
   find_library(NCCL_LIBRARY nccl PATHS "${_shardlm_nccl_home}/lib" "${_shardlm_nccl_home}/lib64" NO_DEFAULT_PATH)
@@ -200,12 +202,7 @@ endif()
 # ---- cuDNN (optional): its fused attention serves sm_80 and newer ----
 set(SHARDLM_HAVE_CUDNN OFF)
 if(NOT SHARDLM_CUDNN STREQUAL "OFF")
-  set(_shardlm_cudnn_root "")
-  if(DEFINED CUDNN_ROOT)
-    set(_shardlm_cudnn_root "${CUDNN_ROOT}")
-  elseif(DEFINED ENV{CUDNN_ROOT})
-    set(_shardlm_cudnn_root "$ENV{CUDNN_ROOT}")
-  endif()
+  _shardlm_setting(_shardlm_cudnn_root CUDNN_ROOT)
   if(_shardlm_cudnn_root)
     find_path(CUDNN_INCLUDE_DIR cudnn_graph.h PATHS "${_shardlm_cudnn_root}/include" NO_DEFAULT_PATH)
     find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 PATHS "${_shardlm_cudnn_root}/lib" "${_shardlm_cudnn_root}/lib64"

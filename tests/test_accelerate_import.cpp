@@ -6,7 +6,6 @@
 // error naming the key; docs/accelerate.md lists every key the importer knows.
 
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "accelerate_import.hpp"
@@ -23,13 +22,7 @@ namespace {
 const fs::path kSource = SHARDLM_SOURCE_DIR;
 const fs::path kExamples = kSource / "input" / "accelerate";
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  BOOST_REQUIRE_MESSAGE(in, "cannot read " << p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+std::string read_text(const fs::path& p) { return read_text_file(p.string()); }
 
 // A model folder (tiny Llama's config.json, a tokenizer) and a SQuAD file the decks can name.
 struct Stand_ins {

@@ -42,12 +42,6 @@ Outcome run_shardlm(int np, const std::string& args) {
   return o;
 }
 
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t count = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++count;
-  return count;
-}
-
 const std::string kDemo = SHARDLM_SOURCE_DIR "/input/demo.ini";
 
 fs::path scratch(const std::string& name) {

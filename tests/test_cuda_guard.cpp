@@ -32,12 +32,6 @@ Outcome train_on_gpu(const std::string& env, const std::string& args) {
   return o;
 }
 
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(bf16_on_a_forged_v100_stops_at_start_with_the_deck_keys) {
@@ -58,10 +52,10 @@ BOOST_AUTO_TEST_CASE(a_forged_gpu_without_kernels_names_both_architectures) {
 }
 
 BOOST_AUTO_TEST_CASE(the_gpus_own_capability_and_a_forged_a100_pass) {
-  for (const std::string env : {std::string(""), std::string("SHARDLM_FORGE_COMPUTE_CAPABILITY=8.0")}) {
+  for (const char* env : {"", "SHARDLM_FORGE_COMPUTE_CAPABILITY=8.0"}) {
     const Outcome o = train_on_gpu(env, "--fsdp.param_dtype=bf16 --fsdp.reduce_dtype=bf16");
     BOOST_TEST(o.exit_code == 0, env << "\n" << o.output);
-    BOOST_TEST(!contains(o.output, "compute capability"), o.output);
+    BOOST_TEST(!contains(o.output, "shardlm: error"), o.output);
   }
   const Outcome bad = train_on_gpu("SHARDLM_FORGE_COMPUTE_CAPABILITY=seven", "");
   BOOST_TEST(bad.exit_code == 1, bad.output);
