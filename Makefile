@@ -15,7 +15,10 @@ MPIRUN_FLAGS = --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-ro
 
 .PHONY: all build deps test test-gpu test-gpu-ptx80 demo install clean
 
-all: build
+# A plain `make` on a fresh machine installs (as root) or names the missing packages first;
+# `make build` (and test-gpu, install) leave the packages alone, for machines with no package mirror.
+all: deps
+	$(MAKE) build
 
 deps:
 	@missing=""; for p in $(PACKAGES); do \
@@ -31,11 +34,10 @@ deps:
 	  fi; \
 	fi
 
-# A plain `make` on a fresh machine installs (as root) or names the missing packages first.
-$(BUILD)/CMakeCache.txt: | deps
+$(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS)
 
-build: deps $(BUILD)/CMakeCache.txt
+build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 # GPU suites need a GPU; they run with `make test-gpu` on a GPU machine.
