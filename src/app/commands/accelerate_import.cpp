@@ -704,8 +704,11 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
       if (done.count(key)) continue;
       const ForeignKey* k = find_foreign_key(s.table, key);
       const std::string origin = concat(s.where, ": ", key, ": ", clip_for_message(shown(v), 80));
-      bool is_default = v == json::parse(k->default_json) || v.is_null() ||
-                        (k->default_json == std::string("{}") && v.is_object() && v.empty()) ||
+      // An empty value ("", [], {}, null) asks for nothing, whichever of them the default is spelled as.
+      const auto empty = [](const json& x) {
+        return x.is_null() || (x.is_string() && x.get<std::string>().empty()) || ((x.is_array() || x.is_object()) && x.empty());
+      };
+      bool is_default = v == json::parse(k->default_json) || (empty(v) && empty(json::parse(k->default_json))) ||
                         (key == "report_to" && (v == "none" || v == json::array() || v == json::array({"none"})));
       if (key == "compute_environment" && upper(shown(v)) != "LOCAL_MACHINE") is_default = false;
       if (k->use == ForeignKeyUse::NotDone && !is_default)
