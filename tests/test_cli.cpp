@@ -19,28 +19,12 @@
 
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
+#include "launch_support.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Outcome {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-// Runs `shardlm ARGS` under mpirun with np ranks.
-Outcome run_shardlm(int np, const std::string& args) {
-  const std::string cmd = std::string("timeout 120 " SHARDLM_MPIEXEC " -np ") + std::to_string(np) +
-                          " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm " + args + " 2>&1";
-  auto start = std::chrono::steady_clock::now();
-  Outcome o;
-  o.exit_code = run_shell(cmd, o.output);
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return o;
-}
 
 const std::string kDemo = SHARDLM_SOURCE_DIR "/input/demo.ini";
 

@@ -9,27 +9,21 @@
 #include <filesystem>
 #include <string>
 
+#include "launch_support.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Outcome {
-  int exit_code = -1;
-  std::string output;
-};
-
 // `shardlm train input/demo.ini` on one rank on the GPU, for one step, with `env` before mpirun.
 Outcome train_on_gpu(const std::string& env, const std::string& args) {
   const fs::path dir = fs::path(SHARDLM_BINARY_DIR) / "test_runs" / "cuda_guard";
   fs::remove_all(dir);
-  const std::string cmd = env + " timeout 300 " SHARDLM_MPIEXEC " -np 1 " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR
-                          "/bin/shardlm train " SHARDLM_SOURCE_DIR "/input/demo.ini --run.backend=cuda --train.max_steps=1 "
-                          "--eval.generate=none --checkpoint.at_end=false --run.dir=" + dir.string() + " " + args + " 2>&1";
-  Outcome o;
-  o.exit_code = run_shell(cmd, o.output);
-  return o;
+  return run_shardlm(1,
+                     "train " SHARDLM_SOURCE_DIR "/input/demo.ini --run.backend=cuda --train.max_steps=1 "
+                     "--eval.generate=none --checkpoint.at_end=false --run.dir=" + dir.string() + " " + args,
+                     env, 300);
 }
 
 }  // namespace
