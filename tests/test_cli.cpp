@@ -19,34 +19,12 @@
 
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
+#include "launch_support.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Outcome {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-// Runs `shardlm ARGS` under mpirun with np ranks.
-Outcome run_shardlm(int np, const std::string& args) {
-  const std::string cmd = std::string("timeout 120 " SHARDLM_MPIEXEC " -np ") + std::to_string(np) +
-                          " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_BINARY_DIR "/bin/shardlm " + args + " 2>&1";
-  auto start = std::chrono::steady_clock::now();
-  Outcome o;
-  o.exit_code = run_shell(cmd, o.output);
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return o;
-}
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t count = 0;
-  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++count;
-  return count;
-}
 
 const std::string kDemo = SHARDLM_SOURCE_DIR "/input/demo.ini";
 
@@ -558,7 +536,8 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
   // exit 0; also after other arguments, and as `shardlm help COMMAND`.
   const std::pair<std::string, std::string> commands[] = {
       {"train", "--section.key=value"}, {"inspect", "CHECKPOINT"}, {"export", "CHECKPOINT DIR"},
-      {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"}};
+      {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"},
+      {"import-accelerate", "--training-args FILE"}};
   for (const auto& [command, flag] : commands)
     for (const std::string& ask :
          {command + " --help", command + " -h", "help " + command, command + " " + kDemo + " --help"}) {
@@ -583,6 +562,29 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
   BOOST_TEST(unknown.exit_code != 0);
   BOOST_TEST(count_of(unknown.output, "unknown command 'trian'") == 1u, unknown.output);
 }
+
+// ---- shardlm import-accelerate ---------------------------------------------------------------
+
+#ifdef SHARDLM_HAVE_YAMLCPP
+BOOST_AUTO_TEST_CASE(import_accelerate_writes_a_deck_and_says_its_warnings) {
+  const fs::path dir = scratch("import_accelerate");
+  const std::string examples = SHARDLM_SOURCE_DIR "/input/accelerate/";
+  const std::string deck = (dir / "course.ini").string();
+  Outcome o = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml --training-args " + examples +
+                                 "squad-training-args.json -o " + deck + " --model.dir=m --data.train_file=t --data.eval_file=e");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(count_of(o.output, "wrote " + deck + " (1 warning); run it on 4 ranks") == 1u, o.output);
+  BOOST_TEST(count_of(o.output, "shardlm: warning: ") == 1u, o.output);
+  BOOST_TEST(fs::exists(deck));
+  BOOST_TEST(!fs::exists(deck + ".tmp"));
+  Outcome missing = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml");
+  BOOST_TEST(missing.exit_code == 2);
+  BOOST_TEST(count_of(missing.output, "-o DECK is missing") == 1u, missing.output);
+  Outcome bad = run_shardlm(1, "import-accelerate " + (dir / "nowhere.yaml").string() + " -o " + deck);
+  BOOST_TEST(bad.exit_code == 1);
+  BOOST_TEST(count_of(bad.output, "shardlm: error: cannot open Accelerate config") == 1u, bad.output);
+}
+#endif
 
 // ---- shardlm comm-test ----------------------------------------------------------------------
 

@@ -96,6 +96,8 @@ std::vector<DeckCase> deck_cases() {
       {"squad/bloom560m-baseline.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       {"chess/codellama7b.ini", 8, 4, "codellama-7b", {"data/chess/train.jsonl", "data/chess/eval.jsonl"}, {}},
       {"llama/llama31-8b.ini", 8, 4, "llama-3.1-8b", kSquadFiles, {}},
+      // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
+      {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };
   for (std::string offload : {"", "-offload"}) {
     cases.push_back({"squad/bloom560m-fsdp-1gpu" + offload + ".ini", 1, 4, "bloom-560m", kSquadFiles, {}});

@@ -35,6 +35,24 @@ inline const char* const kTinyTokenizerJson = R"({
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// How many times `what` occurs in `text` (overlaps counted).
+inline size_t count_of(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++count;
+  return count;
+}
+
+// The whole of a file the test reads (a failed check when it does not open).
+inline std::string read_text_file(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  BOOST_TEST_REQUIRE(f != nullptr, "cannot read " << path);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
 // Runs a shell command, appending what it prints on stdout to `output`; its exit code (-1 if it did
 // not exit).
 inline int run_shell(const std::string& cmd, std::string& output) {

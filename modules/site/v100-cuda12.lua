@@ -1,5 +1,6 @@
 -- Site settings for V100 nodes with CUDA 12: Lua that the shardlm modulefile ends with.
--- V100 is sm_70, which CUDA 13 dropped, so build with a CUDA 12 toolkit. Build and install with
+-- V100 is sm_70, which CUDA 13 dropped, so build with CUDA 12 (or 11.8; docs/cluster.md "Building for
+-- V100 and A100"). Build and install with
 -- this site's module names (examples; `module avail` shows yours):
 --   module load cuda/12.4 openmpi/4.1.6 hdf5/1.14.3-mpi
 --   cmake -S . -B build -DSHARDLM_CUDA=ON -DSHARDLM_CUDA_ARCHS=70 \

@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   // plan only sizes buffers: no MPI either.
   if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
 
+  // import-accelerate only reads and writes files: no MPI.
+  if (args[0] == "import-accelerate")
+    return shardlm::command_import_accelerate(std::vector<std::string>(args.begin() + 1, args.end()));
+
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gpu_guard.hpp"
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
 #include "shardlm/device.hpp"
@@ -66,6 +67,9 @@ void load_inputs(TrainRun& run) {
 // with its message.
 std::unique_ptr<FsdpEngine> make_run_engine(const TrainRun& run) {
   std::unique_ptr<FsdpEngine> engine;
+  // Before NCCL starts: a GPU this binary has no kernels for, or bf16 on a GPU without it, stops
+  // every rank together with the message.
+  run_collectively(run.comm, [&] { check_gpu_for_run(run.cfg, run.topo); });
   run_collectively(run.comm, [&] { engine = make_engine(run.cfg, run.comm, run.topo, run.micro); });
   return engine;
 }

@@ -23,6 +23,7 @@ const char* kShardlmUsage =
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
+    "  import-accelerate CONFIG.yaml -o DECK  a deck from an Accelerate FSDP config and TrainingArguments\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
@@ -93,6 +94,27 @@ const char* kPlanUsage =
     "  --json                print the plan as one JSON object\n"
     "  -h, --help            print this text\n";
 
+const char* kImportAccelerateUsage =
+    "usage: shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK [--section.key=value ...]\n"
+    "\n"
+    "Writes an input deck from an Accelerate config file (distributed_type FSDP, or MULTI_GPU / NO as\n"
+    "NO_SHARD) and, optionally, Hugging Face TrainingArguments as JSON (TrainingArguments.to_json_string(),\n"
+    "or the JSON file a script reads with HfArgumentParser). Every key of both files becomes a comment line\n"
+    "in the deck saying where it went; what shardlm does differently or not at all is a warning, on\n"
+    "stderr and in the deck. Runs without mpirun.\n"
+    "\n"
+    "  CONFIG.yaml            the Accelerate config (accelerate launch --config_file CONFIG.yaml)\n"
+    "  --training-args FILE   TrainingArguments as a JSON object; without it, Trainer's defaults\n"
+    "  -o, --output DECK      the deck to write\n"
+    "  --section.key=value    a deck key written as given, over both files; neither file names the\n"
+    "                         model or the data, so give --model.dir=PATH and --data.train_file=FILE\n"
+    "                         (relative to the deck's folder), or edit the deck afterwards\n"
+    "  --key-tables           print the tables of every Accelerate and TrainingArguments key shardlm\n"
+    "                         knows, with the deck key each sets or why none (docs/accelerate.md)\n"
+    "  -h, --help             print this text\n"
+    "\n"
+    "An unknown key (with the nearest known one), a malformed file or a value out of range is an error.\n";
+
 // The docs: the module's SHARDLM_DOCS, else installed beside the binary (PREFIX/share/doc/shardlm),
 // else the source tree's docs/ when the binary is in a build folder of it.
 std::string docs_dir() {
@@ -122,6 +144,9 @@ std::string docs_line(const std::string& command) {
     s += page("report.md", "the columns and plots");
   else if (command == "plan")
     s += page("plan.md", "every column, and how the sizes are computed");
+  else if (command == "import-accelerate")
+    s += page("accelerate.md", "every Accelerate and TrainingArguments key, what it becomes") +
+         page("deck.md", "every deck key");
   else if (command == "comm-test")
     s += page("comm-test.md", "the columns and the JSON lines");
   else
@@ -141,6 +166,7 @@ std::string command_help(const std::string& command) {
                       : command == "export"    ? kExportUsage
                       : command == "report"    ? kReportUsage
                       : command == "plan"      ? kPlanUsage
+                      : command == "import-accelerate" ? kImportAccelerateUsage
                       : command == "comm-test" ? comm_test_usage()
                                                : nullptr;
   return usage ? usage + docs_line(command) : std::string();

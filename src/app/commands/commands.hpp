@@ -18,6 +18,9 @@ int command_export(const std::vector<std::string>& args);
 int command_report(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
+// `shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK`: a deck from an
+// Accelerate FSDP config and Hugging Face TrainingArguments; serial, no MPI.
+int command_import_accelerate(const std::vector<std::string>& args);
 
 // `shardlm --help` (command empty) or `shardlm COMMAND --help`: usage, flags and the docs' paths;
 // empty for an unknown command.

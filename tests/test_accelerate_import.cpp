@@ -1,0 +1,253 @@
+#define BOOST_TEST_MODULE test_accelerate_import
+#include <boost/test/unit_test.hpp>
+// test_accelerate_import: `shardlm import-accelerate` turns the Accelerate configs shipped in
+// input/accelerate/ (the course's own and two variants) and TrainingArguments into decks that load,
+// with the settings they name; every key gets a comment; differences are warned; bad input is an
+// error naming the key; docs/accelerate.md lists every key the importer knows.
+
+#include <filesystem>
+#include <sstream>
+
+#include "accelerate_import.hpp"
+#include "config_test_support.hpp"
+#include "shardlm/config.hpp"
+#include "temp_dir.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace shardlm;
+
+namespace {
+
+const fs::path kSource = SHARDLM_SOURCE_DIR;
+const fs::path kExamples = kSource / "input" / "accelerate";
+
+std::string read_text(const fs::path& p) { return read_text_file(p.string()); }
+
+// A model folder (tiny Llama's config.json, a tokenizer) and a SQuAD file the decks can name.
+struct Stand_ins {
+  TempDir dir{"accelerate"};
+  std::string model, train, eval;
+  Stand_ins() {
+    dir.write("model/config.json", read_text(kSource / "tests/fixtures/hf/tiny_llama/config.json"));
+    dir.write("model/tokenizer.json", kTinyTokenizerJson);
+    model = (dir.root / "model").string();
+    train = (kSource / "input/data/demo_squad_train.json").string();
+    eval = (kSource / "input/data/demo_squad_eval.json").string();
+  }
+  std::vector<std::string> keys() const {
+    return {"--model.dir=" + model, "--data.train_file=" + train, "--data.eval_file=" + eval};
+  }
+};
+
+AccelerateImport convert(const std::string& yaml, const std::string& args_json, const std::vector<std::string>& keys) {
+  return import_accelerate(read_text(kExamples / yaml), yaml,
+                           args_json.empty() ? "" : read_text(kExamples / args_json), args_json, keys, "test");
+}
+
+// The deck written to a file and loaded as `shardlm train` would, on `ranks` ranks.
+RunConfig load(const TempDir& dir, const AccelerateImport& im, int ranks) {
+  const std::string deck = dir.write("deck.ini", im.deck);
+  return load_run_config(deck, {}, ranks);
+}
+
+bool has_warning(const AccelerateImport& im, const std::string& part) {
+  for (const std::string& w : im.warnings)
+    if (contains(w, part)) return true;
+  return false;
+}
+
+std::string converted_text(const std::string& yaml, const std::string& args) {
+  return import_accelerate(yaml, "c.yaml", args, "args.json", {}, "test").deck;
+}
+
+const char* kFsdpYaml = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n";
+
+}  // namespace
+
+// The deck shipped beside the course's config is what the importer writes today.
+BOOST_AUTO_TEST_CASE(shipped_course_deck_is_the_importers_output) {
+  const std::string shipped = read_text(kExamples / "course-fsdp-4gpu.ini");
+  const std::string command = shipped.substr(std::string("# Written by: ").size(),
+                                             shipped.find('\n') - std::string("# Written by: ").size());
+  std::vector<std::string> keys;
+  std::istringstream words(command);
+  for (std::string w; words >> w;)
+    if (w.rfind("--", 0) == 0 && w.find('.') < w.find('=')) keys.push_back(w);
+  BOOST_TEST(keys.size() == 3u);
+  const AccelerateImport im = import_accelerate(read_text(kExamples / "course-fsdp-4gpu.yaml"), "course-fsdp-4gpu.yaml",
+                         read_text(kExamples / "squad-training-args.json"), "squad-training-args.json", keys, command);
+  BOOST_TEST(im.deck == shipped, "input/accelerate/course-fsdp-4gpu.ini differs from what `" << command
+                                     << "` writes now: run it again from input/accelerate/");
+}
+
+BOOST_AUTO_TEST_CASE(course_config_and_tutorial_arguments_load_with_their_settings) {
+  Stand_ins s;
+  const AccelerateImport im = convert("course-fsdp-4gpu.yaml", "squad-training-args.json", s.keys());
+  BOOST_TEST(im.ranks == 4);
+  const RunConfig cfg = load(s.dir, im, 4);
+  BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::FullShard);
+  BOOST_TEST(cfg.fsdp.param_dtype == DType::BF16);
+  BOOST_TEST(cfg.fsdp.reduce_dtype == DType::BF16);
+  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::Pre);
+  BOOST_TEST(cfg.fsdp.forward_prefetch);
+  BOOST_TEST(!cfg.fsdp.cpu_offload);
+  BOOST_TEST(!cfg.fsdp.activation_checkpointing);
+  BOOST_TEST(cfg.run.backend == BackendKind::Cuda);
+  BOOST_TEST(cfg.train.micro_batch_size == 1);
+  BOOST_TEST(cfg.grad_accum(4) == 4);
+  BOOST_TEST(cfg.train.batch_size == 16);
+  BOOST_TEST(cfg.train.epochs == 5);
+  BOOST_TEST(cfg.train.lr == 5e-5);
+  BOOST_TEST(cfg.train.weight_decay == 0.01);
+  BOOST_TEST(cfg.train.lr_schedule == LrSchedule::Linear);
+  BOOST_TEST(cfg.checkpoint.every == 50);
+  BOOST_TEST(cfg.checkpoint.keep_last == 3);
+  BOOST_TEST(cfg.run.dir == "runs/accelerate-squad");
+  BOOST_TEST(has_warning(im, "fsdp_state_dict_type"));
+}
+
+BOOST_AUTO_TEST_CASE(hybrid_offload_fp16_variant_loads_on_its_eight_ranks) {
+  Stand_ins s;
+  const AccelerateImport im = convert("hybrid-offload-2nodes-fp16.yaml", "", s.keys());
+  BOOST_TEST(im.ranks == 8);
+  const RunConfig cfg = load(s.dir, im, 8);
+  BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::HybridShard);
+  BOOST_TEST(cfg.fsdp.cpu_offload);
+  BOOST_TEST(cfg.fsdp.activation_checkpointing);
+  BOOST_TEST(!cfg.fsdp.forward_prefetch);
+  BOOST_TEST(cfg.fsdp.param_dtype == DType::F16);
+  BOOST_TEST(cfg.train.loss_scale == 0.0);  // 0: dynamic scaling on, since fp16 is used
+  // No TrainingArguments: Trainer's defaults, not shardlm's.
+  BOOST_TEST(cfg.train.micro_batch_size == 8);
+  BOOST_TEST(cfg.train.batch_size == 64);
+  BOOST_TEST(cfg.train.epochs == 3);
+  BOOST_TEST(cfg.train.weight_decay == 0.0);
+  BOOST_TEST(cfg.train.log_every == 500);
+  BOOST_TEST(cfg.checkpoint.every == 500);
+  BOOST_TEST(cfg.checkpoint.keep_last == 0);
+  BOOST_TEST(cfg.run.dir == "trainer_output");
+  BOOST_TEST(has_warning(im, "FULL_STATE_DICT"));
+  BOOST_TEST(has_warning(im, "dataloader_drop_last"));
+  BOOST_TEST(!has_warning(im, "fsdp_transformer_layer_cls_to_wrap"));  // LlamaDecoderLayer is shardlm's block
+}
+
+BOOST_AUTO_TEST_CASE(fsdp2_without_resharding_is_shard_grad_op) {
+  Stand_ins s;
+  const AccelerateImport im = convert("fsdp2-shard-grad-op.yaml", "squad-training-args.json", s.keys());
+  const RunConfig cfg = load(s.dir, im, 2);
+  BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::ShardGradOp);
+  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::None);  // absent: Accelerate prefetches nothing
+  BOOST_TEST(!cfg.fsdp.forward_prefetch);
+  BOOST_TEST(cfg.train.batch_size == 8);
+}
+
+// Every key of both files is named in a comment line of the deck.
+BOOST_AUTO_TEST_CASE(every_key_of_both_files_has_a_comment_line) {
+  for (const char* yaml : {"course-fsdp-4gpu.yaml", "hybrid-offload-2nodes-fp16.yaml", "fsdp2-shard-grad-op.yaml"}) {
+    BOOST_TEST_CONTEXT(yaml) {
+      const AccelerateImport im = convert(yaml, "squad-training-args.json", {});
+      std::string comments;
+      for (std::istringstream in(im.deck); in.good();) {
+        std::string line;
+        std::getline(in, line);
+        if (line.rfind("#", 0) == 0) comments += line + "\n";
+      }
+      std::vector<std::string> keys;
+      std::istringstream y(read_text(kExamples / yaml));
+      for (std::string line; std::getline(y, line);) {
+        if (line.empty() || line[0] == '#' || line.find(':') == std::string::npos) continue;
+        std::string key = line.substr(line.find_first_not_of(' '), line.find(':') - line.find_first_not_of(' '));
+        keys.push_back(key);
+      }
+      std::istringstream j(read_text(kExamples / "squad-training-args.json"));
+      for (std::string line; std::getline(j, line);)
+        if (line.find('"') != std::string::npos) keys.push_back(line.substr(line.find('"') + 1, line.find('"', line.find('"') + 1) - line.find('"') - 1));
+      for (const std::string& k : keys)
+        if (k != "fsdp_config")
+          BOOST_CHECK_MESSAGE(contains(comments, ": " + k + ": "), k << " has no comment line in the deck");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(differences_are_warned) {
+  const std::string yaml = std::string(kFsdpYaml) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 100000000\n";
+  const AccelerateImport im = import_accelerate(yaml, "c.yaml",
+                                                R"({"lr_scheduler_type": "cosine", "report_to": ["wandb"], "optim": "adafactor",
+                                                    "warmup_ratio": 0.1, "num_train_epochs": 2.5, "eval_strategy": "steps"})",
+                                                "a.json", {}, "test");
+  for (const char* w : {"fsdp_auto_wrap_policy", "fsdp_min_num_params", "lr_scheduler_type", "report_to", "optim",
+                        "warmup_ratio", "num_train_epochs", "eval_strategy"})
+    BOOST_CHECK_MESSAGE(has_warning(im, w), "no warning for " << w);
+  BOOST_TEST(contains(im.deck, "lr_schedule = linear"));
+  BOOST_TEST(contains(im.deck, "epochs = 3"));
+  // Defaults given explicitly are no difference.
+  const AccelerateImport quiet = import_accelerate(kFsdpYaml, "c.yaml", R"({"report_to": "none", "debug": "", "dataloader_drop_last": true})",
+                                                   "a.json", {"--model.dir=m", "--data.train_file=t"}, "test");
+  // What remains are the absent keys whose Accelerate defaults shardlm does differently: no wrapping
+  // (NO_WRAP) and a full state dict.
+  BOOST_TEST(quiet.warnings.size() == 2u);
+  BOOST_TEST(has_warning(quiet, "fsdp_state_dict_type absent"));
+  BOOST_TEST(has_warning(quiet, "fsdp_auto_wrap_policy absent"));
+}
+
+BOOST_AUTO_TEST_CASE(warmup_ratio_becomes_steps_with_max_steps) {
+  const std::string deck = converted_text(kFsdpYaml, R"({"warmup_ratio": 0.1, "max_steps": 250})");
+  BOOST_TEST(contains(deck, "warmup_steps = 25"));
+  BOOST_TEST(contains(deck, "max_steps = 250"));
+}
+
+BOOST_AUTO_TEST_CASE(training_arguments_win_over_accelerate_as_in_trainer) {
+  const std::string yaml = std::string(kFsdpYaml) + "mixed_precision: bf16\n";
+  const AccelerateImport im = import_accelerate(yaml, "c.yaml", R"({"fp16": true, "fsdp": "shard_grad_op offload"})", "a.json",
+                                                {}, "test");
+  BOOST_TEST(contains(im.deck, "param_dtype = fp16"));
+  BOOST_TEST(contains(im.deck, "strategy = SHARD_GRAD_OP"));
+  BOOST_TEST(contains(im.deck, "cpu_offload = true"));
+  BOOST_TEST(has_warning(im, "replaces c.yaml's mixed_precision BF16"));
+  BOOST_TEST(has_warning(im, "replaces c.yaml's FULL_SHARD"));
+  // Trainer's fsdp_config, with and without the fsdp_ prefix.
+  const std::string deck = converted_text(kFsdpYaml, R"({"fsdp_config": {"backward_prefetch": "BACKWARD_POST", "fsdp_activation_checkpointing": true}})");
+  BOOST_TEST(contains(deck, "backward_prefetch = post"));
+  BOOST_TEST(contains(deck, "activation_checkpointing = true"));
+}
+
+BOOST_AUTO_TEST_CASE(command_line_keys_win_and_are_said) {
+  const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--fsdp.strategy=NO_SHARD", "--train.lr=1e-3"}, "test");
+  BOOST_TEST(contains(im.deck, "strategy = NO_SHARD"));
+  BOOST_TEST(contains(im.deck, "lr = 1e-3"));
+  BOOST_TEST(contains(im.deck, "replaced by the command line"));
+  BOOST_TEST(contains(error_of([] { import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--nope.x=1"}, "t"); }), "[nope]"));
+}
+
+BOOST_AUTO_TEST_CASE(other_distributed_types) {
+  BOOST_TEST(contains(converted_text("distributed_type: MULTI_GPU\nnum_processes: 4\n", ""), "strategy = NO_SHARD"));
+  const std::string cpu = converted_text("distributed_type: MULTI_CPU\nnum_processes: 2\n", "");
+  BOOST_TEST(contains(cpu, "backend = cpu"));
+  BOOST_TEST(contains(error_of([] { converted_text("distributed_type: DEEPSPEED\n", ""); }), "distributed_type DEEPSPEED"));
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_is_an_error_naming_the_key) {
+  BOOST_TEST(contains(error_of([] { converted_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_ofload_params: true\n", ""); }),
+                      "unknown key 'fsdp_ofload_params' (did you mean 'fsdp_offload_params'?)"));
+  BOOST_TEST(contains(error_of([] { converted_text("distributd_type: FSDP\n", ""); }), "did you mean 'distributed_type'?"));
+  BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, R"({"learning_rte": 1e-4})"); }), "did you mean 'learning_rate'?"));
+  BOOST_TEST(contains(error_of([] { converted_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HALF\n", ""); }),
+                      "unknown sharding strategy 'HALF'"));
+  BOOST_TEST(contains(error_of([] { converted_text("num_processes: [1\n", ""); }), "c.yaml: not valid YAML"));
+  BOOST_TEST(contains(error_of([] { converted_text("- a\n- b\n", ""); }), "expected an Accelerate config"));
+  BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, "{\"seed\": 1,"); }), "args.json: not valid JSON"));
+  BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, "[1]"); }), "expected a JSON object"));
+  BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, R"({"per_device_train_batch_size": 0})"); }),
+                      "per_device_train_batch_size: expected a whole number >= 1"));
+  BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, R"({"bf16": true, "fp16": true})"); }), "both true"));
+  BOOST_TEST(contains(error_of([] { converted_text("distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\n", ""); }),
+                      "not a multiple of num_machines"));
+}
+
+// docs/accelerate.md holds the importer's key tables as `--key-tables` prints them.
+BOOST_AUTO_TEST_CASE(docs_list_every_key) {
+  const std::string doc = read_text(kSource / "docs/accelerate.md");
+  BOOST_TEST(contains(doc, foreign_key_tables()), "docs/accelerate.md lacks the current key tables: paste "
+                                                  "`shardlm import-accelerate --key-tables` into it");
+}
