@@ -91,6 +91,11 @@ struct SquadScores {
   size_t answered = 0;     // questions with a prediction; the others score 0
 };
 
+// A predictions file as the official evaluate-v1.1.py reads it (and runs write
+// RUN_DIR/predictions.json): one JSON object of question id -> predicted answer. Error naming the
+// file (and id) otherwise.
+std::unordered_map<std::string, std::string> read_squad_predictions(const std::string& path);
+
 // Scores predictions keyed by question id against every question.
 SquadScores squad_scores(const std::vector<SquadQuestion>& questions,
                          const std::unordered_map<std::string, std::string>& predictions);

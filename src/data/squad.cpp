@@ -142,4 +142,22 @@ std::vector<SquadQuestion> load_squad_questions(const std::string& path, const D
   return questions;
 }
 
+std::unordered_map<std::string, std::string> read_squad_predictions(const std::string& path) {
+  const std::string text = read_data_file(path);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(concat(path, ": not valid JSON: ", e.what()));
+  }
+  SHARDLM_CHECK(root.is_object(), path,
+                ": expected a JSON object of question id -> predicted answer (the official script's input)");
+  std::unordered_map<std::string, std::string> predictions;
+  for (const auto& [id, answer] : root.items()) {
+    SHARDLM_CHECK(answer.is_string(), path, ": the prediction of '", id, "' must be a string");
+    predictions[id] = answer.get<std::string>();
+  }
+  return predictions;
+}
+
 }  // namespace shardlm

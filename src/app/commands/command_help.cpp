@@ -23,6 +23,7 @@ const char* kShardlmUsage =
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
+    "  eval --predictions FILE DATA           SQuAD exact match and F1 of a predictions file\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
@@ -75,6 +76,19 @@ const char* kReportUsage =
     "               rank count)\n"
     "  -h, --help   print this text\n";
 
+const char* kEvalUsage =
+    "usage: shardlm eval --predictions FILE DATA\n"
+    "\n"
+    "Scores a SQuAD v1.1 predictions file against the SQuAD file DATA as the official evaluate-v1.1.py\n"
+    "does (the same normalisation, Unicode included) and prints its JSON line, {\"exact_match\": ..,\n"
+    "\"f1\": ..}, then the same in words. A question without a prediction scores 0 and counts.\n"
+    "Runs without mpirun.\n"
+    "\n"
+    "  --predictions FILE   a JSON object of question id -> predicted answer (the official script's\n"
+    "                       input; a run writes one as run.dir/predictions.json)\n"
+    "  DATA                 a SQuAD v1.1 JSON file (every question needs its 'id')\n"
+    "  -h, --help           print this text\n";
+
 const char* kPlanUsage =
     "usage: shardlm plan DECK [--section.key=value ...] [--gpu-memory=SIZE] [--ranks=N]\n"
     "                    [--ranks-per-node=K] [--json]\n"
@@ -120,6 +134,8 @@ std::string docs_line(const std::string& command) {
          page("huggingface.md", "the exported folder and transformers");
   else if (command == "report")
     s += page("report.md", "the columns and plots");
+  else if (command == "eval")
+    s += page("deck.md", "eval.generate and the scores a run writes (section [eval])");
   else if (command == "plan")
     s += page("plan.md", "every column, and how the sizes are computed");
   else if (command == "comm-test")
@@ -141,6 +157,7 @@ std::string command_help(const std::string& command) {
                       : command == "export"    ? kExportUsage
                       : command == "report"    ? kReportUsage
                       : command == "plan"      ? kPlanUsage
+                      : command == "eval"      ? kEvalUsage
                       : command == "comm-test" ? comm_test_usage()
                                                : nullptr;
   return usage ? usage + docs_line(command) : std::string();

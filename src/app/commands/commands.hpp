@@ -16,6 +16,8 @@ int command_comm_test(const std::vector<std::string>& args);
 int command_export(const std::vector<std::string>& args);
 // `shardlm report RUN_DIR... [--csv FILE] [--svg DIR]`: runs side by side; serial, no MPI.
 int command_report(const std::vector<std::string>& args);
+// `shardlm eval --predictions FILE DATA`: SQuAD EM / F1 of a predictions file; serial, no MPI.
+int command_eval(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
 
