@@ -246,6 +246,30 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(exported.exit_code == 0);
   BOOST_TEST(fs::exists(dir / "hf" / "config.json"));
   BOOST_TEST(fs::exists(dir / "hf" / "model.safetensors"));
+  // What transformers needs beside the weights: the token ids, the dtype, generation_config.json
+  // and the byte tokenizer's files.
+  auto json_of = [](const fs::path& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json config = json_of(dir / "hf" / "config.json");
+  BOOST_TEST(config.at("eos_token_id") == 257);
+  BOOST_TEST(config.at("bos_token_id") == 256);
+  BOOST_TEST(config.at("pad_token_id") == 258);
+  BOOST_TEST(config.at("torch_dtype") == "float32");
+  BOOST_TEST(json_of(dir / "hf" / "generation_config.json").at("eos_token_id") == 257);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    BOOST_TEST(fs::exists(dir / "hf" / file), file);
+  // bf16 weights in shards of at most 1 MB (the demo's 1.7 MB of fp32 halve to 0.86 MB: two files).
+  Outcome bf16 = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf16").string() +
+                                    " --dtype bf16 --max-shard-size 500KB");
+  BOOST_TEST(bf16.exit_code == 0, bf16.output);
+  BOOST_TEST(json_of(dir / "hf16" / "config.json").at("torch_dtype") == "bfloat16");
+  BOOST_TEST(json_of(dir / "hf16" / "model.safetensors.index.json").at("metadata").at("total_size") == 430208 * 2);
+  BOOST_TEST(!fs::exists(dir / "hf16" / "model.safetensors"));
+  Outcome bad_dtype = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "never").string() + " --dtype int8");
+  BOOST_TEST(bad_dtype.exit_code != 0);
+  BOOST_TEST(bad_dtype.output.find("--dtype = 'int8': expected bf16, fp16 or fp32") != std::string::npos, bad_dtype.output);
   Outcome missing = run_shardlm(1, "inspect /nonexistent/ckpt.h5");
   BOOST_TEST(missing.exit_code != 0);
   BOOST_TEST(missing.output.find("/nonexistent/ckpt.h5") != std::string::npos);

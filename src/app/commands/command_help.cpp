@@ -19,7 +19,7 @@ const char* kShardlmUsage =
     "commands:\n"
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
     "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
-    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
+    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config, weights, tokenizer)\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
@@ -55,15 +55,22 @@ const char* kInspectUsage =
     "  -h, --help   print this text\n";
 
 const char* kExportUsage =
-    "usage: [mpirun -np N] shardlm export CHECKPOINT DIR\n"
+    "usage: [mpirun -np N] shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
+    "                                    [--model-dir DIR]\n"
     "\n"
-    "Writes the checkpoint's parameters as a Hugging Face model into DIR: config.json and\n"
-    "model.safetensors (above 5 GB, shards with model.safetensors.index.json). The optimizer state\n"
-    "is not exported.\n"
+    "Writes the checkpoint's parameters as a Hugging Face model into DIR, ready for AutoTokenizer,\n"
+    "AutoModelForCausalLM and pipeline(): config.json (token ids, torch_dtype), model.safetensors (over\n"
+    "SIZE, shards with model.safetensors.index.json), generation_config.json and the tokenizer's files\n"
+    "(copied from the run's source folder, or written for the byte tokenizer). The optimizer state is\n"
+    "not exported.\n"
     "\n"
-    "  CHECKPOINT   a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
-    "  DIR          the output folder, created if missing\n"
-    "  -h, --help   print this text\n";
+    "  CHECKPOINT            a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
+    "  DIR                   the output folder, created if missing\n"
+    "  --dtype T             the weights' dtype: fp32 (default), bf16 or fp16\n"
+    "  --max-shard-size SIZE the largest weight file, e.g. 5GB (default), 500MB, 2GiB\n"
+    "  --model-dir DIR       the folder the tokenizer and generation config are copied from (default:\n"
+    "                        the run's model.dir as its checkpoint records it)\n"
+    "  -h, --help            print this text\n";
 
 const char* kReportUsage =
     "usage: shardlm report RUN_DIR... [--csv FILE] [--svg DIR]\n"

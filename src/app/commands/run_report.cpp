@@ -7,8 +7,10 @@
 #include <stdexcept>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "commands.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
@@ -17,31 +19,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") + 1 - b);
-}
-
-// "section.key" -> value of an INI file as resolved_deck_ini writes it.
+// "section.key" -> value of the resolved deck.
 std::map<std::string, std::string> read_ini(const std::string& path) {
   std::ifstream in(path);
   SHARDLM_CHECK(in, path, ": cannot open the resolved deck (is this a shardlm run directory?)");
-  std::map<std::string, std::string> values;
-  std::string section, line;
-  for (size_t number = 1; std::getline(in, line); ++number) {
-    line = trim(line.substr(0, line.find_first_of("#;")));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      SHARDLM_CHECK(line.back() == ']', path, ":", number, ": a section header needs a closing ']'");
-      section = trim(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    SHARDLM_CHECK(eq != std::string::npos, path, ":", number, ": expected 'key = value', got '", line, "'");
-    values[section + "." + trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
-  }
-  return values;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ini_values(text.str(), path);
 }
 
 double number_or_nan(const nlohmann::json& j, const char* key) {
@@ -139,7 +123,7 @@ RunRecord read_run(const std::string& run_dir) {
   std::string line;
   double last_eval_epoch = NAN;
   for (size_t number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
     std::string type;
     try {
