@@ -104,14 +104,18 @@ Example build_example(const QaRecord& record, const Tokenizer& tok, int max_leng
   return ex;
 }
 
-std::vector<QaRecord> read_records(const std::string& path) {
+// A whole JSON file; Error naming it when it cannot be read or parsed.
+json read_json_file(const std::string& path) {
   const std::string text = read_data_file(path);
-  json root;
   try {
-    root = json::parse(text);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(concat(path, ": not valid JSON: ", e.what()));
   }
+}
+
+std::vector<QaRecord> read_records(const std::string& path) {
+  const json root = read_json_file(path);
   std::vector<QaRecord> records = collect_records(root, path);
   SHARDLM_CHECK(!records.empty(), path, ": no question records in the file");
   return records;
@@ -143,13 +147,7 @@ std::vector<SquadQuestion> load_squad_questions(const std::string& path, const D
 }
 
 std::unordered_map<std::string, std::string> read_squad_predictions(const std::string& path) {
-  const std::string text = read_data_file(path);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(concat(path, ": not valid JSON: ", e.what()));
-  }
+  const json root = read_json_file(path);
   SHARDLM_CHECK(root.is_object(), path,
                 ": expected a JSON object of question id -> predicted answer (the official script's input)");
   std::unordered_map<std::string, std::string> predictions;
