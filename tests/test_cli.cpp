@@ -375,9 +375,10 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   for (size_t at = 0; (at = text.find("= data/demo_squad", at)) != std::string::npos; at += data_dir.size())
     text.replace(at + 2, 5, data_dir);
   std::ofstream(dir / "from_hf.ini") << text;
+  // data.tokenizer = auto: the export's own tokenizer.json (the byte tokenizer's, as transformers reads it).
   Outcome from_hf = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
-                                       " --train.max_steps=3 --train.log_every=1 --data.eval_file= --run.dir=" +
-                                       (dir / "b").string());
+                                       " --train.max_steps=3 --train.log_every=1 --data.eval_file= --data.tokenizer=auto"
+                                       " --run.dir=" + (dir / "b").string());
   BOOST_TEST_INFO(from_hf.output);
   BOOST_TEST_REQUIRE(from_hf.exit_code == 0);
   BOOST_TEST(from_hf.output.find("loaded weights from " + (dir / "hf").string()) != std::string::npos);
@@ -388,6 +389,33 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   BOOST_TEST(trained.front() > 5.0);
   BOOST_TEST(resumed.front() < trained.front() - 1.0, resumed.front() << " vs fresh " << trained.front());
   BOOST_TEST(std::fabs(resumed.front() - trained.back()) < 1.0, resumed.front() << " vs " << trained.back());
+
+  // Its export copies the source folder's tokenizer files and generation config as they are, and
+  // takes the token ids from its config.json.
+  Outcome again = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_b").string());
+  BOOST_TEST_REQUIRE(again.exit_code == 0, again.output);
+  auto bytes_of = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+    BOOST_TEST(!bytes_of(dir / "hf" / file).empty(), file);
+    BOOST_TEST(bytes_of(dir / "hf_b" / file) == bytes_of(dir / "hf" / file), file);
+  }
+  const nlohmann::json config_b = nlohmann::json::parse(bytes_of(dir / "hf_b" / "config.json"));
+  BOOST_TEST(config_b.at("eos_token_id") == 257);
+  BOOST_TEST(config_b.at("pad_token_id") == 258);
+  // Elsewhere, without the source folder: an error naming it and the flag that helps.
+  const std::string moved = (dir / "hf_moved").string();
+  fs::rename(dir / "hf", moved);
+  Outcome lost = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_c").string());
+  BOOST_TEST(lost.exit_code != 0);
+  BOOST_TEST(lost.output.find("--model-dir DIR") != std::string::npos, lost.output);
+  Outcome found = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_c").string() +
+                                     " --model-dir " + moved);
+  BOOST_TEST(found.exit_code == 0, found.output);
+  BOOST_TEST(bytes_of(dir / "hf_c" / "tokenizer.json") == bytes_of(fs::path(moved) / "tokenizer.json"));
+  fs::rename(moved, dir / "hf");
 
   // A tokenizer larger than the model's vocabulary is refused before training.
   Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
