@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 # Debian packages the build, the tests and the demo need.
 PACKAGES = cmake make g++ pkg-config libopenmpi-dev openmpi-bin libboost-program-options-dev \
            libboost-test-dev libopenblas-dev nlohmann-json3-dev \
-           libhdf5-openmpi-dev hdf5-tools libpcre2-dev libyaml-cpp-dev
+           libhdf5-openmpi-dev hdf5-tools libpcre2-dev libyaml-cpp-dev libicu-dev
 
 # mpirun refuses to start as root unless told; the demo may oversubscribe a small machine.
 MPIRUN_FLAGS = --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)

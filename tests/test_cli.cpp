@@ -187,25 +187,67 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(text.find("stop signal received") != std::string::npos);
   BOOST_TEST(fs::exists(dir / "checkpoints" / "latest"));
 
-  // The requeued job resumes from it and finishes.
-  Outcome o = run_shardlm(2, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
+  // The requeued job resumes from it on another world size and finishes.
+  Outcome o = run_shardlm(1, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
   BOOST_TEST_INFO(o.output);
   BOOST_TEST(o.exit_code == 0);
   BOOST_TEST(o.output.find("resumed from") != std::string::npos);
   BOOST_TEST(o.output.find("done:") != std::string::npos);
+  // Once more: the run is finished, so there is nothing to do and nothing is recorded.
+  auto metrics_text = [&] {
+    std::ifstream in(dir / "metrics.jsonl");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string before = metrics_text();
+  Outcome again = run_shardlm(2, "train " + kDemo + " --run.dir=" + dir.string() + " --checkpoint.resume=auto");
+  BOOST_TEST(again.exit_code == 0, again.output);
+  BOOST_TEST(again.output.find("nothing to do: finished at step 250") != std::string::npos, again.output);
+  BOOST_TEST(again.output.find("done:") == std::string::npos, again.output);
+  BOOST_TEST(metrics_text() == before);
+  // report: one run of two segments, 2 then 1 rank(s), its totals over both.
+  Outcome rep = run_shardlm(1, "report " + dir.string());
+  BOOST_TEST(rep.exit_code == 0, rep.output);
+  BOOST_TEST(rep.output.find("| cli_preempt | cpu | FULL_SHARD | fp32 | 2 then 1 |") != std::string::npos, rep.output);
+  BOOST_TEST(rep.output.find("| cli_preempt | 0 | 2 | 1 | FULL_SHARD | 0-") != std::string::npos, rep.output);
+  BOOST_TEST(rep.output.find("-250 |") != std::string::npos, rep.output);
+  BOOST_TEST(rep.output.find("| preempted |") != std::string::npos, rep.output);
 
   // inspect and export read what it wrote.
   Outcome inspect = run_shardlm(1, "inspect " + (dir / "checkpoints").string());
   BOOST_TEST_INFO(inspect.output);
   BOOST_TEST(inspect.exit_code == 0);
   BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
-  BOOST_TEST(inspect.output.find("FULL_SHARD on 2 rank(s)") != std::string::npos);
+  BOOST_TEST(inspect.output.find("FULL_SHARD on 1 rank(s)") != std::string::npos);  // the resumed segment wrote it
   BOOST_TEST(inspect.output.find("optimizer    state exp_avg, exp_avg_sq (fp32") != std::string::npos);
   Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
   BOOST_TEST_INFO(exported.output);
   BOOST_TEST(exported.exit_code == 0);
   BOOST_TEST(fs::exists(dir / "hf" / "config.json"));
   BOOST_TEST(fs::exists(dir / "hf" / "model.safetensors"));
+  // What transformers needs beside the weights: the token ids, the dtype, generation_config.json
+  // and the byte tokenizer's files.
+  auto json_of = [](const fs::path& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json config = json_of(dir / "hf" / "config.json");
+  BOOST_TEST(config.at("eos_token_id") == 257);
+  BOOST_TEST(config.at("bos_token_id") == 256);
+  BOOST_TEST(config.at("pad_token_id") == 258);
+  BOOST_TEST(config.at("torch_dtype") == "float32");
+  BOOST_TEST(json_of(dir / "hf" / "generation_config.json").at("eos_token_id") == 257);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    BOOST_TEST(fs::exists(dir / "hf" / file), file);
+  // bf16 weights in shards of at most 1 MB (the demo's 1.7 MB of fp32 halve to 0.86 MB: two files).
+  Outcome bf16 = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf16").string() +
+                                    " --dtype bf16 --max-shard-size 500KB");
+  BOOST_TEST(bf16.exit_code == 0, bf16.output);
+  BOOST_TEST(json_of(dir / "hf16" / "config.json").at("torch_dtype") == "bfloat16");
+  BOOST_TEST(json_of(dir / "hf16" / "model.safetensors.index.json").at("metadata").at("total_size") == 430208 * 2);
+  BOOST_TEST(!fs::exists(dir / "hf16" / "model.safetensors"));
+  Outcome bad_dtype = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "never").string() + " --dtype int8");
+  BOOST_TEST(bad_dtype.exit_code != 0);
+  BOOST_TEST(bad_dtype.output.find("--dtype = 'int8': expected bf16, fp16 or fp32") != std::string::npos, bad_dtype.output);
   Outcome missing = run_shardlm(1, "inspect /nonexistent/ckpt.h5");
   BOOST_TEST(missing.exit_code != 0);
   BOOST_TEST(missing.output.find("/nonexistent/ckpt.h5") != std::string::npos);
@@ -311,9 +353,10 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   for (size_t at = 0; (at = text.find("= data/demo_squad", at)) != std::string::npos; at += data_dir.size())
     text.replace(at + 2, 5, data_dir);
   std::ofstream(dir / "from_hf.ini") << text;
+  // data.tokenizer = auto: the export's own tokenizer.json (the byte tokenizer's, as transformers reads it).
   Outcome from_hf = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
-                                       " --train.max_steps=3 --train.log_every=1 --data.eval_file= --run.dir=" +
-                                       (dir / "b").string());
+                                       " --train.max_steps=3 --train.log_every=1 --data.eval_file= --data.tokenizer=auto"
+                                       " --run.dir=" + (dir / "b").string());
   BOOST_TEST_INFO(from_hf.output);
   BOOST_TEST_REQUIRE(from_hf.exit_code == 0);
   BOOST_TEST(from_hf.output.find("loaded weights from " + (dir / "hf").string()) != std::string::npos);
@@ -324,6 +367,33 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   BOOST_TEST(trained.front() > 5.0);
   BOOST_TEST(resumed.front() < trained.front() - 1.0, resumed.front() << " vs fresh " << trained.front());
   BOOST_TEST(std::fabs(resumed.front() - trained.back()) < 1.0, resumed.front() << " vs " << trained.back());
+
+  // Its export copies the source folder's tokenizer files and generation config as they are, and
+  // takes the token ids from its config.json.
+  Outcome again = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_b").string());
+  BOOST_TEST_REQUIRE(again.exit_code == 0, again.output);
+  auto bytes_of = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+    BOOST_TEST(!bytes_of(dir / "hf" / file).empty(), file);
+    BOOST_TEST(bytes_of(dir / "hf_b" / file) == bytes_of(dir / "hf" / file), file);
+  }
+  const nlohmann::json config_b = nlohmann::json::parse(bytes_of(dir / "hf_b" / "config.json"));
+  BOOST_TEST(config_b.at("eos_token_id") == 257);
+  BOOST_TEST(config_b.at("pad_token_id") == 258);
+  // Elsewhere, without the source folder: an error naming it and the flag that helps.
+  const std::string moved = (dir / "hf_moved").string();
+  fs::rename(dir / "hf", moved);
+  Outcome lost = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_c").string());
+  BOOST_TEST(lost.exit_code != 0);
+  BOOST_TEST(lost.output.find("--model-dir DIR") != std::string::npos, lost.output);
+  Outcome found = run_shardlm(1, "export " + (dir / "b" / "checkpoints").string() + " " + (dir / "hf_c").string() +
+                                     " --model-dir " + moved);
+  BOOST_TEST(found.exit_code == 0, found.output);
+  BOOST_TEST(bytes_of(dir / "hf_c" / "tokenizer.json") == bytes_of(fs::path(moved) / "tokenizer.json"));
+  fs::rename(moved, dir / "hf");
 
   // A tokenizer larger than the model's vocabulary is refused before training.
   Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
@@ -515,9 +585,12 @@ BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
   std::ofstream(dir / "deck.resolved.ini") << "[run]\nbackend = cpu\n";
   std::ofstream(dir / "metrics.jsonl") << "{\"type\":\"setup\",\"world_size\":1,\"num_nodes\":1,\"strategy\":\"NO_SHARD\"}\n"
                                        << "{\"type\":\"train\",\"step\":1,\"loss\":\n";
+  // A torn line (a crash mid-write) is named with its line number and skipped; the run is reported.
   Outcome garbled = run_command(kShardlm + " report " + dir.string());
-  BOOST_TEST(garbled.exit_code == 1);
-  BOOST_TEST(garbled.output.find("metrics.jsonl:2: not valid JSON") != std::string::npos, garbled.output);
+  BOOST_TEST(garbled.exit_code == 0);
+  BOOST_TEST(garbled.output.find("shardlm: report: warning: " + (dir / "metrics.jsonl").string() + ":2: skipped") !=
+                 std::string::npos, garbled.output);
+  BOOST_TEST(garbled.output.find("| cli_report_garbled | cpu | NO_SHARD |") != std::string::npos, garbled.output);
 
   std::ofstream(dir / "metrics.jsonl") << "{\"type\":\"train\",\"step\":1,\"loss\":2.5}\n";
   Outcome no_setup = run_command(kShardlm + " report " + dir.string());
@@ -529,6 +602,25 @@ BOOST_AUTO_TEST_CASE(report_names_a_missing_or_garbled_run_dir) {
   BOOST_TEST(usage.output.find("usage: shardlm report") != std::string::npos);
 }
 
+// ---- shardlm eval ----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(eval_prints_the_official_scripts_line) {
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/squad_unicode";
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  // Run directly: eval needs no MPI.
+  Outcome o = run_command(kShardlm + " eval --predictions " + dir + "/predictions.json " + dir + "/dev.json");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(o.output.find(expected["official_output"].get<std::string>() + "\n") != std::string::npos, o.output);
+  BOOST_TEST(o.output.find("Unanswered question unanswered will receive score 0.") != std::string::npos, o.output);
+  Outcome missing = run_command(kShardlm + " eval --predictions /nonexistent.json " + dir + "/dev.json");
+  BOOST_TEST(missing.exit_code == 1);
+  BOOST_TEST(missing.output.find("/nonexistent.json") != std::string::npos, missing.output);
+  Outcome usage = run_command(kShardlm + " eval " + dir + "/dev.json");
+  BOOST_TEST(usage.exit_code == 2);
+  BOOST_TEST(usage.output.find("--predictions FILE is required") != std::string::npos, usage.output);
+}
+
 // ---- help --------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
@@ -537,7 +629,8 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
   const std::pair<std::string, std::string> commands[] = {
       {"train", "--section.key=value"}, {"inspect", "CHECKPOINT"}, {"export", "CHECKPOINT DIR"},
       {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"},
-      {"import-accelerate", "--training-args FILE"}};
+      {"import-accelerate", "--training-args FILE"},
+      {"eval", "--predictions FILE"}};
   for (const auto& [command, flag] : commands)
     for (const std::string& ask :
          {command + " --help", command + " -h", "help " + command, command + " " + kDemo + " --help"}) {

@@ -5,6 +5,9 @@
 #include "mpi_fixture.hpp"
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "train_test_support.hpp"
 
@@ -65,6 +68,15 @@ std::vector<double> resumed_on(int ranks, RunConfig cfg) {
   return losses;
 }
 
+// The records of RUN_DIR/metrics.jsonl (rank 0 wrote them; read on rank 0).
+std::vector<nlohmann::json> records_of(const std::string& name) {
+  std::ifstream in(scratch(name) + "/metrics.jsonl");
+  std::vector<nlohmann::json> records;
+  std::string line;
+  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(uninterrupted_run_writes_checkpoints) {
@@ -111,6 +123,42 @@ BOOST_AUTO_TEST_CASE(auto_resume_takes_the_latest) {
   TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
   BOOST_TEST(r.first_step == 20);
   BOOST_TEST(r.step_losses.size() == 2u);
+  if (world_rank() != 0) return;
+  // The resume is the run's segment 1: its setup says where it started, each of its records says
+  // which segment wrote it; the first segment's records carry no segment.
+  size_t setups = 0, tagged = 0;
+  for (const nlohmann::json& j : records_of("full")) {
+    if (j["type"] == "setup" && ++setups == 2) BOOST_TEST(j.value("resumed_from_step", -1L) == 20);
+    if (setups == 1) BOOST_TEST(!j.contains("segment"), j.dump());
+    if (setups == 2) {
+      BOOST_TEST(j.value("segment", 0) == 1, j.dump());
+      ++tagged;
+    }
+    if (j["type"] == "summary" && setups == 2) {
+      BOOST_TEST(j["first_step"] == 20);
+      BOOST_TEST(j["steps"] == 22);
+    }
+  }
+  BOOST_TEST(setups == 2u);
+  BOOST_TEST(tagged > 3u);  // setup, memory, train, checkpoint, summary
+}
+
+BOOST_AUTO_TEST_CASE(resume_of_a_finished_run_has_nothing_to_do) {
+  RunConfig cfg = config(ShardingStrategy::FullShard, "finished");
+  cfg.train.max_steps = 2;
+  train(cfg, MPI_COMM_WORLD, quiet());
+  size_t lines = world_rank() == 0 ? records_of("finished").size() : 0;
+  cfg.checkpoint.resume = ResumeFrom::Auto;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.nothing_to_do);
+  BOOST_TEST(r.first_step == 2);
+  BOOST_TEST(r.step_losses.empty());
+  if (world_rank() == 0) BOOST_TEST(records_of("finished").size() == lines);  // no setup, no second summary
+  // One more step asked for: it trains again.
+  cfg.train.max_steps = 3;
+  r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(!r.nothing_to_do);
+  BOOST_TEST(r.step_losses.size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(auto_without_checkpoints_starts_fresh) {

@@ -163,6 +163,83 @@ BOOST_AUTO_TEST_CASE(report_of_a_resumed_and_an_unfinished_run) {
   BOOST_TEST(count_of_polylines(scaling_svg(runs)) == 1u);  // the finished run's strategy; no base throughput, no ideal
 }
 
+namespace {
+
+std::string full_summary(double runtime, double sps, double steps_per_s, double loss, long first, long steps,
+                         bool preempted) {
+  return concat("{\"type\":\"summary\",\"train_runtime\":", runtime, ",\"train_samples_per_second\":", sps,
+                ",\"train_steps_per_second\":", steps_per_s, ",\"train_loss\":", loss,
+                ",\"peak_memory_bytes\":1e6,\"first_step\":", first, ",\"steps\":", steps,
+                ",\"preempted\":", preempted ? "true" : "false", "}\n");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(report_of_a_run_resumed_on_another_world_covers_every_segment) {
+  // 50 steps on 4 ranks in 10 s (preempted), then 50 on 2 ranks in 20 s; batch 8.
+  const fs::path dir = make_run(
+      "four_then_two", setup(4, 1, "FULL_SHARD") + "{\"type\":\"train\",\"step\":50,\"loss\":3.0}\n"
+                           "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.9}\n" +
+                           full_summary(10, 40, 5, 3.0, 0, 50, true) +
+                           "{\"type\":\"setup\",\"world_size\":2,\"num_nodes\":1,\"strategy\":\"FULL_SHARD\","
+                           "\"resumed_from_step\":50,\"segment\":1}\n"
+                           "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.8,\"segment\":1}\n"
+                           "{\"type\":\"train\",\"step\":100,\"loss\":2.0,\"segment\":1}\n"
+                           "{\"type\":\"eval\",\"epoch\":4.0,\"eval_loss\":2.1,\"segment\":1}\n" +
+                           full_summary(20, 20, 2.5, 2.0, 50, 100, false));
+  const RunRecord r = read_run(dir.string());
+  BOOST_TEST_REQUIRE(r.segments.size() == 2u);
+  BOOST_TEST(r.segments[1].first_step == 50);
+  BOOST_TEST(r.segments[1].last_step == 100);
+  BOOST_TEST(r.train_samples_per_second == 800.0 / 30, boost::test_tools::tolerance(1e-12));  // over all 30 s
+  BOOST_TEST(r.train_loss == 2.5, boost::test_tools::tolerance(1e-12));  // every step weighted alike
+  BOOST_TEST(r.mixed_ranks());
+  BOOST_TEST(r.ranks_text() == "4 then 2");
+  // Resumed at the end of epoch 2, the run evaluated it again: one loss per epoch, the later one.
+  BOOST_TEST((r.eval_losses == std::vector<double>{2.8, 2.1}));
+  const fs::path one = make_run("one", setup(1, 1, "FULL_SHARD") + summary(10, 3.0, 1e6));
+  const std::vector<RunRecord> runs = {read_run(one.string()), r};
+  BOOST_TEST(base_run(runs) == 0u);
+  BOOST_TEST(std::isnan(speedup(runs[1], runs[0])));  // no single rank count to scale by
+  const std::string md = report_markdown(runs);
+  BOOST_TEST(contains(md, "| four_then_two | cuda | FULL_SHARD | bf16 | 4 then 2 | 1 | 26.67 | - | - |"), md);
+  BOOST_TEST(contains(md, "| four_then_two | 0 | 4 | 1 | FULL_SHARD | 0-50 | 10.00 | 40.00 | 3.0000 | preempted |"), md);
+  BOOST_TEST(contains(md, "| four_then_two | 1 | 2 | 1 | FULL_SHARD | 50-100 | 20.00 | 20.00 | 2.0000 | finished |"), md);
+  BOOST_TEST(contains(report_csv(runs), ",2,4;2\n"), report_csv(runs));
+  const std::string svg = scaling_svg(runs);
+  BOOST_TEST(contains(svg, "1 run(s) resumed on other ranks left out"), svg);
+}
+
+BOOST_AUTO_TEST_CASE(report_skips_a_malformed_line_and_names_it) {
+  const fs::path dir = make_run("torn", setup(2, 1, "FULL_SHARD") +
+                                            "{\"type\":\"train\",\"step\":2,\"loss\":4.0}\n"
+                                            "{\"type\":\"train\",\"st\n"  // torn by a crash
+                                            "{\"type\":\"train\",\"step\":4}\n"  // no loss
+                                            "{\"type\":\"train\",\"step\":6,\"loss\":3.0}\n" +
+                                            summary(8, 3.5, 1e6));
+  const RunRecord r = read_run(dir.string());
+  BOOST_TEST_REQUIRE(r.warnings.size() == 2u);
+  BOOST_TEST(contains(r.warnings[0], "metrics.jsonl:3: skipped: "), r.warnings[0]);
+  BOOST_TEST(contains(r.warnings[1], "metrics.jsonl:4: skipped 'train' record: "), r.warnings[1]);
+  BOOST_TEST(r.train_loss_by_step.size() == 2u);
+  BOOST_TEST(r.final_loss == 3.0);
+  BOOST_TEST(r.train_samples_per_second == 8.0);
+}
+
+BOOST_AUTO_TEST_CASE(scaling_plot_has_one_point_per_rank_count) {
+  std::vector<RunRecord> runs;
+  int i = 0;
+  for (const auto& [ranks, sps] : std::vector<std::pair<int, double>>{{1, 12}, {2, 10}, {2, 30}, {2, 20}})
+    runs.push_back(read_run(make_run(concat("r", i++), setup(ranks, 1, "FULL_SHARD") + summary(sps, 3, 1e6)).string()));
+  const std::string svg = scaling_svg(runs);
+  BOOST_TEST(count_of_polylines(svg) == 2u);  // the strategy's and the ideal
+  size_t circles = 0;
+  for (size_t pos = svg.find("<circle"); pos != std::string::npos; pos = svg.find("<circle", pos + 1)) ++circles;
+  BOOST_TEST(circles == 2u);
+  BOOST_TEST(contains(svg, "2 rank(s): 20.00 samples/s (median of 3 runs)"), svg);
+  BOOST_TEST(contains(svg, "points: median of the"), svg);
+}
+
 // ---- the peak the MFU is measured against ---------------------------------------------------
 
 namespace {

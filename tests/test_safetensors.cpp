@@ -327,6 +327,23 @@ BOOST_AUTO_TEST_CASE(regression_corpus_throws_error) {
 
 // ---- Hugging Face export ----
 
+namespace {
+
+HfExportOptions ids_only(std::map<std::string, int> ids) {
+  HfExportOptions o;
+  o.token_ids = std::move(ids);
+  return o;
+}
+
+HfExportOptions shards_of(size_t max_shard_bytes, DType dtype = DType::F32) {
+  HfExportOptions o;
+  o.max_shard_bytes = max_shard_bytes;
+  o.dtype = dtype;
+  return o;
+}
+
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(export_tiny_bloom_to_one_file) {
   const fs::path dir = scratch("export_single") / "hf";  // the export creates it
   const ModelConfig cfg = tiny_bloom();
@@ -338,7 +355,7 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_to_one_file) {
         fetched.push_back(t.name);
         return known_values(t);
       },
-      {{"bos_token_id", 256}, {"eos_token_id", 257}, {"pad_token_id", 258}});
+      ids_only({{"bos_token_id", 256}, {"eos_token_id", 257}, {"pad_token_id", 258}}));
 
   BOOST_TEST(fs::exists(dir / "model.safetensors"));
   BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
@@ -384,7 +401,7 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
                     files_at_fetch["transformer." + t.name] = n;
                     return known_values(t);
                   },
-                  {}, max_shard);
+                  shards_of(max_shard));
 
   const json index = read_json(dir / "model.safetensors.index.json");
   BOOST_TEST(!fs::exists(dir / "model.safetensors"));
@@ -461,3 +478,57 @@ BOOST_AUTO_TEST_CASE(export_rejects_a_wrong_fetch) {
                }); },
                {"word_embeddings.weight", "fetched 3 values"});
 }
+
+BOOST_AUTO_TEST_CASE(export_in_bf16_and_fp16_halves_the_bytes_and_says_so) {
+  const ModelConfig cfg = tiny_bloom();
+  const auto tensors = tiny_tensors(cfg);
+  for (const DType dtype : {DType::BF16, DType::F16}) {
+    const fs::path dir = scratch(concat("export_", dtype_name(dtype)));
+    // A limit that shards fp32 (the 19200-byte embeddings alone exceed it) but not 16-bit weights'
+    // embeddings: 9600 bytes.
+    export_hf_model(dir.string(), cfg, tensors, known_values, shards_of(10000, dtype));
+    const json config = read_json(dir / "config.json");
+    BOOST_TEST(config.at("torch_dtype") == (dtype == DType::BF16 ? "bfloat16" : "float16"));
+    const json index = read_json(dir / "model.safetensors.index.json");
+    size_t total = 0;
+    for (const auto& t : tensors) total += t.numel * 2;
+    BOOST_TEST(index.at("metadata").at("total_size").get<size_t>() == total);
+    std::set<std::string> files;
+    for (const auto& [name, file] : index.at("weight_map").items()) files.insert(file.get<std::string>());
+    for (const std::string& file : files) {
+      const std::string header = read_bytes(dir / file).substr(8, 200);
+      BOOST_TEST(header.find(dtype == DType::BF16 ? "\"dtype\":\"BF16\"" : "\"dtype\":\"F16\"") != std::string::npos, header);
+      for (const SafetensorsEntry& e : read_safetensors((dir / file).string())) {
+        const CheckpointTensor* t = nullptr;
+        for (const auto& c : tensors)
+          if ("transformer." + c.name == e.name) t = &c;
+        BOOST_TEST_REQUIRE(t != nullptr);
+        const std::vector<float> want = known_values(*t);
+        for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(e.data[i] == round_to(dtype, want[i]));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(export_writes_generation_config_and_the_given_files) {
+  const ModelConfig cfg = tiny_bloom();
+  const fs::path dir = scratch("export_files");
+  HfExportOptions options = ids_only({{"bos_token_id", 1}, {"eos_token_id", 2}});
+  options.text_files["tokenizer.json"] = "{}\n";
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options);
+  const json generation = read_json(dir / "generation_config.json");
+  BOOST_TEST(generation.at("bos_token_id") == 1);
+  BOOST_TEST(generation.at("eos_token_id") == 2);
+  BOOST_TEST(!generation.contains("pad_token_id"));
+  BOOST_TEST(read_bytes(dir / "tokenizer.json") == "{}\n");
+  // A source model's generation_config.json is copied as it is, not written.
+  const fs::path source = scratch("export_files_source");
+  fs::create_directories(source);
+  write_bytes((source / "generation_config.json").string(), "{\"do_sample\": true, \"eos_token_id\": 2}\n");
+  options.copy_files = {(source / "generation_config.json").string()};
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options);
+  BOOST_TEST(read_json(dir / "generation_config.json").at("do_sample") == true);
+  options.copy_files = {(source / "missing.json").string()};
+  expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options); }, {"missing.json"});
+}
+

@@ -3,8 +3,12 @@
 
 // Tests of the SQuAD v1.1 metrics against values worked out by hand from the official
 // evaluate-v1.1.py definition, and of reading every reference answer of a SQuAD file.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
@@ -148,4 +152,55 @@ BOOST_AUTO_TEST_CASE(question_without_id_is_named) {
   BOOST_TEST(contains(msg, "squad_no_id.json"));
   BOOST_TEST(contains(msg, "qas[0]"));
   BOOST_TEST(contains(msg, "'id'"));
+}
+
+// ---- against the official script on Unicode text ------------------------------------------
+// tests/fixtures/squad_unicode/expected.json holds what the official evaluate-v1.1.py (run by
+// make_fixture.py under Python 3) makes of each pair and of the whole file: Greek final sigma,
+// Unicode digits beside articles, combining marks, CJK, Unicode spaces and other case mappings.
+
+namespace {
+
+const std::string kUnicodeDir = SHARDLM_SOURCE_DIR "/tests/fixtures/squad_unicode";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  BOOST_TEST_REQUIRE(in.good(), path);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_pair_scores_as_the_official_script_does) {
+  const nlohmann::json expected = read_json(kUnicodeDir + "/expected.json");
+  BOOST_TEST_REQUIRE(expected.at("pairs").size() > 30u);
+  for (const nlohmann::json& p : expected["pairs"]) {
+    const std::string prediction = p["prediction"], answer = p["answer"];
+    BOOST_TEST(squad_normalize_answer(prediction) == p["prediction_normalized"].get<std::string>(), prediction);
+    BOOST_TEST(squad_normalize_answer(answer) == p["answer_normalized"].get<std::string>(), answer);
+    BOOST_TEST(squad_exact_match(prediction, answer) == p["exact_match"].get<double>(), prediction << " / " << answer);
+    BOOST_TEST(squad_f1(prediction, answer) == p["f1"].get<double>(), tt::tolerance(1e-12));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_predictions_file_scores_as_the_official_script_does) {
+  const nlohmann::json expected = read_json(kUnicodeDir + "/expected.json");
+  const SquadScores s = squad_scores(load_squad_questions(kUnicodeDir + "/dev.json", DatasetOptions{}),
+                                     read_squad_predictions(kUnicodeDir + "/predictions.json"));
+  BOOST_TEST(s.questions == expected["pairs"].size());  // one case has two answers; one question has no prediction
+  BOOST_TEST(s.answered == s.questions - 1);
+  BOOST_TEST(s.exact_match == expected["exact_match"].get<double>(), tt::tolerance(1e-12));
+  BOOST_TEST(s.f1 == expected["f1"].get<double>(), tt::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(a_malformed_predictions_file_is_named) {
+  const std::string dir = SHARDLM_BINARY_DIR "/test_runs/squad_predictions";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/list.json") << "[\"a\"]";
+  std::ofstream(dir + "/number.json") << "{\"q1\": \"x\", \"q2\": 3}";
+  BOOST_TEST(contains(error_of([&] { read_squad_predictions(dir + "/list.json"); }), "list.json"));
+  const std::string msg = error_of([&] { read_squad_predictions(dir + "/number.json"); });
+  BOOST_TEST(contains(msg, "number.json"), msg);
+  BOOST_TEST(contains(msg, "'q2'"), msg);
+  BOOST_TEST(contains(error_of([&] { read_squad_predictions(dir + "/missing.json"); }), "missing.json"));
 }

@@ -410,3 +410,31 @@ BOOST_AUTO_TEST_CASE(encodes_at_least_one_megabyte_per_second) {
 #endif
   }
 }
+
+// The byte tokenizer's files for transformers (what `shardlm export` writes for a byte-tokenizer
+// run): read back as a Hugging Face tokenizer.json, they give the byte tokenizer's ids.
+BOOST_AUTO_TEST_CASE(byte_tokenizer_files_encode_as_the_byte_tokenizer) {
+  const std::map<std::string, std::string> files = ByteTokenizer::hf_files(256);
+  BOOST_TEST_REQUIRE(files.count("tokenizer.json") == 1u);
+  BOOST_TEST(files.count("tokenizer_config.json") == 1u);
+  BOOST_TEST(files.count("special_tokens_map.json") == 1u);
+  const std::filesystem::path dir = SHARDLM_BINARY_DIR "/test_runs/byte_tokenizer_files";
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, text] : files) std::ofstream(dir / name) << text;
+  const std::unique_ptr<Tokenizer> hf = make_tokenizer((dir / "tokenizer.json").string());
+  const ByteTokenizer bytes;
+  for (const std::string& text : {std::string("Question: who won? Answer: the Broncos"), std::string("  two  spaces\n"),
+                                 std::string("caf\xC3\xA9 \xE6\x9D\xB1\xE4\xBA\xAC \xF0\x9F\x98\x80"),
+                                 std::string("\x01\x7F control\tbytes")}) {
+    BOOST_TEST(hf->encode(text) == bytes.encode(text), text);
+    BOOST_TEST(hf->decode(bytes.encode(text)) == text);
+  }
+  BOOST_TEST(hf->bos_id() == ByteTokenizer::kBos);
+  BOOST_TEST(hf->eos_id() == ByteTokenizer::kEos);
+  BOOST_TEST(hf->pad_id() == ByteTokenizer::kPad);
+  BOOST_TEST(hf->vocab_size() == bytes.vocab_size());
+  const nlohmann::json config = nlohmann::json::parse(files.at("tokenizer_config.json"));
+  BOOST_TEST(config.at("tokenizer_class") == "PreTrainedTokenizerFast");
+  BOOST_TEST(config.at("eos_token") == ByteTokenizer::kEosText);
+  BOOST_TEST(config.at("model_max_length") == 256);
+}

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +40,14 @@ class ByteTokenizer final : public Tokenizer {
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }
   int32_t pad_id() const override { return kPad; }
+  // The special tokens' names in the files below (shardlm's own encode never produces them).
+  static constexpr const char* kBosText = "<|bos|>";
+  static constexpr const char* kEosText = "<|eos|>";
+  static constexpr const char* kPadText = "<|pad|>";
+  // The tokenizer as transformers' PreTrainedTokenizerFast reads it, by file name: tokenizer.json
+  // (byte-level BPE without merges: byte b is id b; BOS first, as in training),
+  // tokenizer_config.json and special_tokens_map.json.
+  static std::map<std::string, std::string> hf_files(int model_max_length);
 };
 
 // One training sequence. targets[t] is the token position t must predict (tokens[t + 1] where a
@@ -90,6 +99,11 @@ struct SquadScores {
   size_t questions = 0;
   size_t answered = 0;     // questions with a prediction; the others score 0
 };
+
+// A predictions file as the official evaluate-v1.1.py reads it (and runs write
+// RUN_DIR/predictions.json): one JSON object of question id -> predicted answer. Error naming the
+// file (and id) otherwise.
+std::unordered_map<std::string, std::string> read_squad_predictions(const std::string& path);
 
 // Scores predictions keyed by question id against every question.
 SquadScores squad_scores(const std::vector<SquadQuestion>& questions,

@@ -141,7 +141,8 @@ class CheckpointReader {
 struct SafetensorsEntry {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<float> data;  // written as F32
+  std::vector<float> data;
+  DType dtype = DType::F32;  // written as F32, or rounded to BF16 / F16 (round to nearest even)
 };
 
 // Writes one safetensors file (header JSON with dtype/shape/data_offsets, 8-byte aligned data).
@@ -205,13 +206,27 @@ class HfModelDir {
   std::vector<std::vector<Source>> sources_;  // [unit][tensor of the unit]
 };
 
-// Writes DIR/config.json (BloomForCausalLM or LlamaForCausalLM, plus `token_ids` such as
-// {"eos_token_id": 257}) and the weights as DIR/model.safetensors, or, above max_shard_bytes, as
+// What an export writes besides the weights.
+struct HfExportOptions {
+  // config.json's and generation_config.json's special tokens, e.g. {"eos_token_id": 257}.
+  std::map<std::string, int> token_ids;
+  size_t max_shard_bytes = 5000000000ull;  // above it, shards and an index (save_pretrained's 5GB)
+  DType dtype = DType::F32;                // of the weights; config.json's torch_dtype says it
+  // Files copied into the folder as they are (tokenizer.json, tokenizer_config.json, a source
+  // model's generation_config.json, ...), by their file name.
+  std::vector<std::string> copy_files;
+  // Files written with this text, by name (a byte tokenizer's tokenizer.json, ...).
+  std::map<std::string, std::string> text_files;
+};
+
+// Writes DIR/config.json (BloomForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM, with the token
+// ids and torch_dtype) and the weights as DIR/model.safetensors, or, above max_shard_bytes, as
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json, as transformers'
-// save_pretrained does. `tensors` lists the model's tensors (layout names, which the export maps
-// with hf_tensor_name); `fetch` returns one tensor's fp32 values.
+// save_pretrained does; then generation_config.json (written from the token ids unless a copied
+// file provides it) and the options' other files. `tensors` lists the model's tensors (layout
+// names, which the export maps with hf_tensor_name); `fetch` returns one tensor's fp32 values.
 void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
-                     const std::map<std::string, int>& token_ids = {}, size_t max_shard_bytes = 5000000000ull);
+                     const HfExportOptions& options = {});
 
 }  // namespace shardlm

@@ -36,6 +36,7 @@ struct TrainResult {
   long skipped_steps = 0;           // steps skipped for an inf/NaN gradient (dynamic loss scaling)
   double loss_scale = 1;            // the loss scale at the end (1 when scaling is off)
   bool preempted = false;           // stopped by SIGTERM/SIGUSR1 after writing a checkpoint
+  bool nothing_to_do = false;       // resumed from a checkpoint at the run's last step: nothing trained or recorded
   std::string last_checkpoint;      // path of the last checkpoint written, if any
 };
 

@@ -104,14 +104,18 @@ Example build_example(const QaRecord& record, const Tokenizer& tok, int max_leng
   return ex;
 }
 
-std::vector<QaRecord> read_records(const std::string& path) {
+// A whole JSON file; Error naming it when it cannot be read or parsed.
+json read_json_file(const std::string& path) {
   const std::string text = read_data_file(path);
-  json root;
   try {
-    root = json::parse(text);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(concat(path, ": not valid JSON: ", e.what()));
   }
+}
+
+std::vector<QaRecord> read_records(const std::string& path) {
+  const json root = read_json_file(path);
   std::vector<QaRecord> records = collect_records(root, path);
   SHARDLM_CHECK(!records.empty(), path, ": no question records in the file");
   return records;
@@ -140,6 +144,18 @@ std::vector<SquadQuestion> load_squad_questions(const std::string& path, const D
     questions.push_back({record.id, record.answers});
   }
   return questions;
+}
+
+std::unordered_map<std::string, std::string> read_squad_predictions(const std::string& path) {
+  const json root = read_json_file(path);
+  SHARDLM_CHECK(root.is_object(), path,
+                ": expected a JSON object of question id -> predicted answer (the official script's input)");
+  std::unordered_map<std::string, std::string> predictions;
+  for (const auto& [id, answer] : root.items()) {
+    SHARDLM_CHECK(answer.is_string(), path, ": the prediction of '", id, "' must be a string");
+    predictions[id] = answer.get<std::string>();
+  }
+  return predictions;
 }
 
 }  // namespace shardlm

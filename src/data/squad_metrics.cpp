@@ -1,7 +1,9 @@
-// SQuAD v1.1 exact match and F1 as the official evaluate-v1.1.py computes them: normalise (lower
-// case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace), then compare.
-#include <locale.h>
-#include <wctype.h>
+// SQuAD v1.1 exact match and F1 as the official evaluate-v1.1.py computes them under Python 3:
+// lower-case (str.lower, final sigma included), drop string.punctuation (ASCII only, as the script
+// does), drop the words a/an/the (re's \b and \w on str), split on str.split's whitespace. The
+// Unicode properties come from ICU, defined as CPython defines them (Objects/unicodectype.c).
+#include <unicode/uchar.h>
+#include <unicode/ustring.h>
 
 #include <algorithm>
 #include <map>
@@ -14,31 +16,35 @@ namespace shardlm {
 
 namespace {
 
-// Unicode case mapping and letter/digit classes come from glibc's C.UTF-8 locale, made once and
-// used through the *_l calls so the process's global locale is never touched.
-locale_t unicode_locale() {
-  static const locale_t locale = [] {
-    locale_t l = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
-    if (l == static_cast<locale_t>(0)) l = newlocale(LC_CTYPE_MASK, "en_US.UTF-8", static_cast<locale_t>(0));
-    return l;
-  }();
-  SHARDLM_CHECK(locale != static_cast<locale_t>(0),
-                "SQuAD metrics: neither the C.UTF-8 nor the en_US.UTF-8 locale is available for "
-                "Unicode lower-casing");
-  return locale;
-}
-
-// Python's str.lower(), code point by code point (İ is its one unconditional two-point mapping;
-// the context-dependent final sigma is not applied).
-void append_lower(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
-  } else if (c == 0x130) {
-    hf::append_utf8(out, 'i');
-    hf::append_utf8(out, 0x307);
-  } else {
-    hf::append_utf8(out, static_cast<uint32_t>(towlower_l(static_cast<wint_t>(c), unicode_locale())));
-  }
+// Python's str.lower(): full case mapping with the final-sigma context (ICU's root locale, which
+// applies no language's rules, is Unicode's default mapping, as Python's).
+std::string python_lower(const std::string& utf8) {
+  UErrorCode status = U_ZERO_ERROR;
+  int32_t length = 0;
+  u_strFromUTF8(nullptr, 0, &length, utf8.data(), static_cast<int32_t>(utf8.size()), &status);
+  status = U_ZERO_ERROR;
+  std::u16string utf16(static_cast<size_t>(length), u'\0');
+  u_strFromUTF8(reinterpret_cast<UChar*>(utf16.data()), length, nullptr, utf8.data(),
+                static_cast<int32_t>(utf8.size()), &status);
+  SHARDLM_CHECK(U_SUCCESS(status), "SQuAD metrics: ICU cannot read the text as UTF-8: ", u_errorName(status));
+  // Full lower-casing may lengthen the text (İ -> i + U+0307): ask for the size first.
+  status = U_ZERO_ERROR;
+  const int32_t lowered_length =
+      u_strToLower(nullptr, 0, reinterpret_cast<const UChar*>(utf16.data()), length, "", &status);
+  status = U_ZERO_ERROR;
+  std::u16string lowered(static_cast<size_t>(lowered_length), u'\0');
+  u_strToLower(reinterpret_cast<UChar*>(lowered.data()), lowered_length,
+               reinterpret_cast<const UChar*>(utf16.data()), length, "", &status);
+  SHARDLM_CHECK(U_SUCCESS(status), "SQuAD metrics: ICU lower-casing failed: ", u_errorName(status));
+  status = U_ZERO_ERROR;
+  int32_t out_length = 0;
+  u_strToUTF8(nullptr, 0, &out_length, reinterpret_cast<const UChar*>(lowered.data()), lowered_length, &status);
+  status = U_ZERO_ERROR;
+  std::string out(static_cast<size_t>(out_length), '\0');
+  u_strToUTF8(out.data(), out_length, nullptr, reinterpret_cast<const UChar*>(lowered.data()), lowered_length,
+              &status);
+  SHARDLM_CHECK(U_SUCCESS(status), "SQuAD metrics: ICU cannot write UTF-8: ", u_errorName(status));
+  return out;
 }
 
 // Python's string.punctuation: ASCII only, so “curly quotes” and dashes like — survive.
@@ -46,17 +52,34 @@ bool is_ascii_punctuation(uint32_t c) {
   return (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') || (c >= '{' && c <= '~');
 }
 
-// Python's \w on str: str.isalnum() or '_'. glibc misses Latin-1's superscript digits and
-// fractions, which Python counts as digits/numerics.
+// Python's \w on str: str.isalnum() or '_'; isalnum is isalpha (categories Lu, Ll, Lt, Lm, Lo) or
+// a numeric type (decimal, digit or numeric). Marks (Mn, Mc, Me) are not word characters.
 bool is_word_char(uint32_t c) {
-  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  if (c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0xBC && c <= 0xBE)) return true;
-  return iswalnum_l(static_cast<wint_t>(c), unicode_locale()) != 0;
+  if (c == '_') return true;
+  const UChar32 ch = static_cast<UChar32>(c);
+  switch (u_charType(ch)) {
+    case U_UPPERCASE_LETTER:
+    case U_LOWERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+      return true;
+    default:
+      return u_getIntPropertyValue(ch, UCHAR_NUMERIC_TYPE) != U_NT_NONE;
+  }
 }
 
-// Python's str.split() separators (str.isspace): Unicode White_Space plus U+001C..U+001F.
+// Python's str.split() separators (str.isspace): bidirectional class WS, B or S, or category Zs.
 bool is_python_space(uint32_t c) {
-  return (c >= 0x1C && c <= 0x1F) || hf::is_whitespace(c);
+  const UChar32 ch = static_cast<UChar32>(c);
+  switch (u_charDirection(ch)) {
+    case U_WHITE_SPACE_NEUTRAL:
+    case U_BLOCK_SEPARATOR:
+    case U_SEGMENT_SEPARATOR:
+      return true;
+    default:
+      return u_charType(ch) == U_SPACE_SEPARATOR;
+  }
 }
 
 std::vector<uint32_t> code_points(const std::string& utf8) {
@@ -95,10 +118,8 @@ std::vector<uint32_t> remove_articles(const std::vector<uint32_t>& text) {
 std::vector<std::string> squad_answer_tokens(const std::string& text) {
   // Invalid UTF-8 (a generated byte sequence cut mid-character) reads as U+FFFD, as Python's
   // errors="replace" decoding would give it.
-  std::string lowered;
-  for (uint32_t c : code_points(hf::utf8_lossy(text))) append_lower(lowered, c);
   std::vector<uint32_t> kept;
-  for (uint32_t c : code_points(lowered))
+  for (uint32_t c : code_points(python_lower(hf::utf8_lossy(text))))
     if (!is_ascii_punctuation(c)) kept.push_back(c);
   std::vector<std::string> tokens;
   std::string token;

@@ -1,4 +1,5 @@
-// export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index) for BLOOM or Llama.
+// export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index,
+// and the files hf_export_files.cpp writes) for BLOOM, Llama or Qwen2.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -6,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "hf_export_files.hpp"
 #include "shardlm/io.hpp"
 
 namespace shardlm {
@@ -57,11 +59,11 @@ std::vector<const CheckpointTensor*> exported_tensors(const std::vector<Checkpoi
 
 // Splits the tensors, in order, into groups of at most max_bytes (a larger tensor gets a group of its own).
 std::vector<std::vector<const CheckpointTensor*>> plan_shards(const std::vector<const CheckpointTensor*>& tensors,
-                                                              size_t max_bytes) {
+                                                              size_t max_bytes, DType dtype) {
   std::vector<std::vector<const CheckpointTensor*>> shards;
   size_t shard_bytes = 0;
   for (const CheckpointTensor* t : tensors) {
-    const size_t bytes = t->numel * sizeof(float);
+    const size_t bytes = t->numel * dtype_size(dtype);
     if (shards.empty() || (!shards.back().empty() && shard_bytes + bytes > max_bytes)) {
       shards.emplace_back();
       shard_bytes = 0;
@@ -80,14 +82,14 @@ std::string shard_file_name(size_t index, size_t count) {
 
 // Fetches one shard's tensors (the only ones held in memory at a time) and writes them.
 void write_shard(const std::string& path, const ModelConfig& cfg, const std::vector<const CheckpointTensor*>& shard,
-                 const std::function<std::vector<float>(const CheckpointTensor&)>& fetch) {
+                 const std::function<std::vector<float>(const CheckpointTensor&)>& fetch, DType dtype) {
   std::vector<SafetensorsEntry> entries;
   entries.reserve(shard.size());
   for (const CheckpointTensor* t : shard) {
     std::vector<float> values = fetch(*t);
     SHARDLM_CHECK(values.size() == t->numel, "export: tensor '", t->name, "': fetched ", values.size(),
                   " values, expected ", t->numel);
-    entries.push_back({hf_tensor_name(cfg, t->name), t->shape, std::move(values)});
+    entries.push_back({hf_tensor_name(cfg, t->name), t->shape, std::move(values), dtype});
   }
   write_safetensors(path, entries);
 }
@@ -109,32 +111,34 @@ void remove_stale_weights(const fs::path& dir, const std::set<std::string>& writ
 
 void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
-                     const std::map<std::string, int>& token_ids, size_t max_shard_bytes) {
+                     const HfExportOptions& options) {
+  const size_t max_shard_bytes = options.max_shard_bytes;
   std::error_code ec;
   fs::create_directories(dir, ec);
   SHARDLM_CHECK(!ec && fs::is_directory(dir), "export: cannot create the directory ", dir,
                 ec ? ": " + ec.message() : std::string());
   const fs::path root(dir);
   OrderedJson config = OrderedJson::parse(hf_config_json(cfg));
-  for (const auto& [key, id] : token_ids) config[key] = id;
+  for (const auto& [key, id] : options.token_ids) config[key] = id;
+  config["torch_dtype"] = torch_dtype_name(options.dtype);
   write_text_file((root / "config.json").string(), config.dump(2) + "\n");
 
   const auto selected = exported_tensors(tensors);
   size_t total_bytes = 0;
-  for (const CheckpointTensor* t : selected) total_bytes += t->numel * sizeof(float);
+  for (const CheckpointTensor* t : selected) total_bytes += t->numel * dtype_size(options.dtype);
 
   std::set<std::string> written;
   if (total_bytes <= max_shard_bytes) {
-    write_shard((root / "model.safetensors").string(), cfg, selected, fetch);
+    write_shard((root / "model.safetensors").string(), cfg, selected, fetch, options.dtype);
     written.insert("model.safetensors");
   } else {
-    const auto shards = plan_shards(selected, max_shard_bytes);
+    const auto shards = plan_shards(selected, max_shard_bytes, options.dtype);
     OrderedJson index;
     index["metadata"] = {{"total_size", total_bytes}};
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = shard_file_name(i, shards.size());
-      write_shard((root / file).string(), cfg, shards[i], fetch);
+      write_shard((root / file).string(), cfg, shards[i], fetch, options.dtype);
       written.insert(file);
       for (const CheckpointTensor* t : shards[i]) weight_map[hf_tensor_name(cfg, t->name)] = file;
     }
@@ -143,6 +147,7 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
     written.insert("model.safetensors.index.json");
   }
   remove_stale_weights(root, written);
+  write_export_files(root.string(), options, write_text_file);
 }
 
 }  // namespace shardlm

@@ -1,4 +1,5 @@
-// write_safetensors: one safetensors file of F32 tensors, header padded to 8 bytes, written via PATH.tmp.
+// write_safetensors: one safetensors file of F32, BF16 or F16 tensors, header padded to 8 bytes,
+// written via PATH.tmp.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,14 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assume
 
 namespace shardlm {
 namespace {
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    default: return "F32";
+  }
+}
 
 // Number of elements a shape holds; Error on a negative dimension or overflow.
 size_t checked_numel(const std::string& path, const SafetensorsEntry& t) {
@@ -44,8 +53,9 @@ std::string build_header(const std::string& path, const std::vector<SafetensorsE
       const size_t numel = checked_numel(path, t);
       SHARDLM_CHECK(t.data.size() == numel, "safetensors ", path, ": tensor '", t.name, "': ", t.data.size(),
                     " values for a shape of ", numel, " elements");
-      const size_t bytes = numel * sizeof(float);
-      const nlohmann::json entry = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+      const size_t bytes = numel * dtype_size(t.dtype);
+      const nlohmann::json entry = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape},
+                                    {"data_offsets", {offset, offset + bytes}}};
       text += "," + nlohmann::json(t.name).dump() + ":" + entry.dump();
       offset += bytes;
     }
@@ -56,6 +66,19 @@ std::string build_header(const std::string& path, const std::vector<SafetensorsE
   // Spaces after the JSON put the data section at an 8-byte aligned file offset, as the reference does.
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
+}
+
+
+// One tensor's data in its dtype: fp32 as is, 16-bit types rounded to nearest even.
+void write_data(std::ofstream& out, const SafetensorsEntry& t) {
+  if (t.dtype == DType::F32) {
+    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4));
+    return;
+  }
+  std::vector<uint16_t> half(t.data.size());
+  for (size_t i = 0; i < t.data.size(); ++i)
+    half[i] = t.dtype == DType::BF16 ? float_to_bf16(t.data[i]) : float_to_fp16(t.data[i]);
+  out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(half.size() * 2));
 }
 
 void write_le64(std::ofstream& out, uint64_t v) {
@@ -75,8 +98,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
     SHARDLM_CHECK(out, "safetensors ", path, ": cannot create ", tmp);
     write_le64(out, header.size());
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors)
-      out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4));
+    for (const auto& t : tensors) write_data(out, t);
     out.close();
     if (!out) {
       std::remove(tmp.c_str());

@@ -29,8 +29,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
 }
 
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
-                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
-                                      MetricsWriter& metrics) {
+                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo) {
   CheckpointWriteOptions options;
   options.collective_buffering = cfg.checkpoint.collective_buffering;
   CheckpointWriteStats stats = save_checkpoint(cfg.checkpoint_dir(), cfg.checkpoint.keep_last, meta, units, comm, options);
@@ -41,12 +40,12 @@ CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta
                   format_bytes(stats.bytes).c_str(), stats.seconds, format_bytes(static_cast<size_t>(rate)).c_str());
     log_info(line);
   }
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  if (rank == 0)
-    metrics.write({{"type", "checkpoint"}, {"step", meta.step}, {"path", stats.path}, {"bytes", stats.bytes},
-                   {"seconds", stats.seconds}, {"bytes_per_s", rate}});
   return stats;
+}
+
+nlohmann::json checkpoint_record(long step, const CheckpointWriteStats& stats) {
+  return {{"type", "checkpoint"}, {"step", step}, {"path", stats.path}, {"bytes", stats.bytes},
+          {"seconds", stats.seconds}, {"bytes_per_s", stats.seconds > 0 ? stats.bytes / stats.seconds : 0.0}};
 }
 
 }  // namespace shardlm

@@ -18,10 +18,11 @@ namespace shardlm {
 CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
                          long optimizer_steps, int world_size, int shard_group_size, double loss_scale);
 
-// Writes a checkpoint, logs its size and write bandwidth, records it in the metrics.
+// Writes a checkpoint and logs its size and write bandwidth.
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
-                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
-                                      MetricsWriter& metrics);
+                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo);
+// The metrics record of a written checkpoint.
+nlohmann::json checkpoint_record(long step, const CheckpointWriteStats& stats);
 
 struct PretrainedLoad {
   uint64_t bytes_total = 0;     // bytes of weight data read, all ranks together

@@ -80,7 +80,7 @@ EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result)
     log.generation_runtime = g.runtime;
   }
   run.say(eval_line(log));
-  if (run.rank == 0) run.metrics.write(eval_record(log));
+  run.record(eval_record(log));
   return log;
 }
 

@@ -55,7 +55,7 @@ double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& 
   log.peak_memory_bytes = gather_on_root(run.comm, static_cast<double>(run_peak_bytes(*run.engine)));
   log.gpu_memory = run.engine->device_peak_bytes() > 0;
   run.say(train_line(log));
-  if (run.rank == 0) run.metrics.write(train_record(log));
+  run.record(train_record(log));
   interval = LogInterval{};
   return log.loss;
 }

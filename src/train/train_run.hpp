@@ -31,6 +31,12 @@ struct MfuPeak {
 struct TrainRun {
   TrainRun(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
   void say(const std::string& line) { progress.print(line); }
+  // Writes a metrics record (rank 0 only); after a resume it carries the run's "segment".
+  void record(nlohmann::json j) {
+    if (rank != 0) return;
+    if (segment > 0) j["segment"] = segment;
+    metrics.write(j);
+  }
 
   const RunConfig& cfg;
   MPI_Comm comm;
@@ -44,6 +50,10 @@ struct TrainRun {
   bool generate_answers = false;
   std::vector<SquadQuestion> questions;
   std::string resume_path;  // empty: a fresh run
+  long resume_step = -1;    // the step resume_path was written at (-1: a fresh run)
+  // 0 for a run's first process; the k-th resume of the run (maybe on another world) is segment k.
+  int segment = 0;
+  bool finished = false;    // resumed from a checkpoint at or past total_steps: nothing to train
   Topology topo;
   int micro = 1, accum = 1;
   std::unique_ptr<FsdpEngine> engine;
@@ -66,7 +76,9 @@ struct TrainPosition {
 
 // ---- setup (train_setup.cpp) ----------------------------------------------------------------
 // Echoes the deck, creates the run directory, loads tokenizer and data, builds the engine and
-// logs the run's shape and memory. Throws AgreedError on every rank for a bad setup.
+// logs the run's shape and memory. Throws AgreedError on every rank for a bad setup. A resume from
+// a checkpoint at or past the run's last step sets `finished` and returns before the engine is
+// built, writing no record.
 std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
 // The loss scale to start from and, from a checkpoint (resume) or a Hugging Face directory
 // (model.dir), the weights and position to start at. Collective.

@@ -32,6 +32,19 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
   return load_examples(data.format, path, tok, dataset_options(data, limit, seed));
 }
 
+// How many segments metrics.jsonl already holds (one 'setup' record each): a resume appends the
+// next. Lines that are not whole records (a crash mid-write) are not counted.
+int segments_in(const std::filesystem::path& metrics) {
+  std::ifstream in(metrics);
+  int setups = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", "") == "setup") ++setups;
+  }
+  return setups;
+}
+
 // Run directory, resolved deck and metrics file (rank 0), tokenizer and data (every rank).
 void load_inputs(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
@@ -43,8 +56,11 @@ void load_inputs(TrainRun& run) {
     std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
     deck << resolved_deck_ini(cfg);
     SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
-    run.metrics =
-        MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !run.resume_path.empty());
+    const std::filesystem::path metrics = std::filesystem::path(cfg.run.dir) / "metrics.jsonl";
+    // A resumed run continues the run's file as its next segment (segment 1 at least, also when
+    // it starts a new file from another run's checkpoint).
+    if (!run.resume_path.empty()) run.segment = std::max(1, segments_in(metrics));
+    run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty());
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
@@ -74,10 +90,11 @@ std::unique_ptr<FsdpEngine> make_run_engine(const TrainRun& run) {
   return engine;
 }
 
-void report_memory(const FsdpEngine& engine, MPI_Comm comm, bool echo, MetricsWriter& metrics) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+void report_memory(TrainRun& run) {
+  const FsdpEngine& engine = *run.engine;
+  MPI_Comm comm = run.comm;
+  const bool echo = run.echo;
+  const int rank = run.rank, world = run.world;
   FsdpMemory m = engine.memory();
   double mine[7] = {double(m.master_shard), double(m.grad_shard), double(engine.optimizer_bytes()),
                     double(m.full_params),  double(m.full_grads), double(m.activations), double(m.comm_staging)};
@@ -100,7 +117,7 @@ void report_memory(const FsdpEngine& engine, MPI_Comm comm, bool echo, MetricsWr
                     format_bytes(size_t(v[5])).c_str());
       log_info(line);
     }
-    metrics.write({{"type", "memory"}, {"rank", r}, {"master_shard_bytes", v[0]}, {"grad_shard_bytes", v[1]},
+    run.record({{"type", "memory"}, {"rank", r}, {"master_shard_bytes", v[0]}, {"grad_shard_bytes", v[1]},
                    {"optimizer_bytes", v[2]}, {"full_param_bytes", v[3]}, {"full_grad_bytes", v[4]},
                    {"activation_bytes", v[5]}, {"comm_staging_bytes", v[6]}, {"model_bytes", model_bytes},
                    {"sharded_state_fraction", (v[0] + v[2]) / (3.0 * model_bytes)}});
@@ -138,17 +155,18 @@ void report_shape(TrainRun& run) {
                  " micro-batches an epoch", packing ? " with packing (without: " : " (with data.packing = true: ",
                  format_percent(packing ? pad.unpacked_share() : pad.packed_share()), " in ",
                  packing ? pad.unpacked_micro_batches : pad.packed_micro_batches, ")"));
-  if (run.rank == 0)
-    run.metrics.write({{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
-                       {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
-                       {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
-                       {"attention", run.engine->attention_description()}, {"peak_tflops", run.peak.tflops},
-                       {"peak_tflops_source", run.peak.source},
-                       {"packing", cfg.data.packing}, {"padding_share", pad.unpacked_share()},
-                       {"packed_padding_share", pad.packed_share()},
-                       {"micro_batches_per_epoch", pad.unpacked_micro_batches},
-                       {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
-                       {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}});
+  nlohmann::json setup = {{"type", "setup"}, {"world_size", run.world}, {"num_nodes", run.topo.num_nodes},
+                          {"strategy", strategy_name(cfg.fsdp.strategy)}, {"shard_group_size", groups.shard->size()},
+                          {"replicate_group_size", groups.replicate->size()}, {"grad_accum", run.accum},
+                          {"attention", run.engine->attention_description()}, {"peak_tflops", run.peak.tflops},
+                          {"peak_tflops_source", run.peak.source},
+                          {"packing", cfg.data.packing}, {"padding_share", pad.unpacked_share()},
+                          {"packed_padding_share", pad.packed_share()},
+                          {"micro_batches_per_epoch", pad.unpacked_micro_batches},
+                          {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
+                          {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}};
+  if (run.resume_step >= 0) setup["resumed_from_step"] = run.resume_step;
+  run.record(setup);
 }
 
 }  // namespace
@@ -174,12 +192,23 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
 
   run->micro = cfg.train.micro_batch_size;
   run->accum = cfg.grad_accum(run->world);
-  run->engine = make_run_engine(*run);
   run->sampler.emplace(run->train_set.size(), static_cast<size_t>(cfg.train.batch_size), cfg.train.seed,
                        cfg.train.shuffle);
   run->steps_per_epoch = static_cast<long>(run->sampler->steps_per_epoch());
   run->total_steps = run->steps_per_epoch * cfg.train.epochs;
   if (cfg.train.max_steps > 0) run->total_steps = std::min<long>(run->total_steps, cfg.train.max_steps);
+  if (!run->resume_path.empty()) {
+    // The checkpoint's step, read by rank 0 before any engine is built: a finished run stops here.
+    run_collectively(comm, [&] {
+      if (run->rank == 0) run->resume_step = CheckpointReader(run->resume_path).meta().step;
+    });
+    MPI_Bcast(&run->resume_step, 1, MPI_LONG, 0, comm);
+    if (run->resume_step >= run->total_steps) {
+      run->finished = true;
+      return run;
+    }
+  }
+  run->engine = make_run_engine(*run);
   const ModelConfig& mc = cfg.model;
   const double params = static_cast<double>(run->engine->memory().model_params);
   run->flops_per_token =
@@ -193,7 +222,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   });
 
   report_shape(*run);
-  report_memory(*run->engine, comm, run->echo, run->metrics);
+  report_memory(*run);
   return run;
 }
 
@@ -219,9 +248,8 @@ TrainPosition load_start(TrainRun& run) {
     model.checkpoint_loaded();
     run.say(concat("loaded weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total), " read by ", run.world,
                    " rank(s) (at most ", format_bytes(load.bytes_max_rank), " by one) in ", load.seconds, " s"));
-    if (run.rank == 0)
-      run.metrics.write({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
-                         {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
+    run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
+                {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
   }
   return pos;
 }

@@ -86,8 +86,7 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
     pos.good_steps = 0;
     pos.loss_scale = std::max(pos.loss_scale / 2, 1.0);
     run.say(concat("step ", pos.step + 1, ": gradient overflow, step skipped; loss scale now ", pos.loss_scale));
-    if (run.rank == 0)
-      run.metrics.write({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale}});
+    run.record({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale}});
   } else {
     model.optimizer_step(out.lr, static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) / pos.loss_scale));
     if (pos.scaling && ++pos.good_steps == kScaleGrowthInterval) {

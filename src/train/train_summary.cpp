@@ -45,7 +45,9 @@ void summarize_run(TrainRun& run, const TrainPosition& pos, const RunTotals& tot
     std::fputs(summary_table(summary).c_str(), stdout);
     std::fflush(stdout);
   }
-  if (run.rank == 0) run.metrics.write(summary_record(summary));
+  nlohmann::json record = summary_record(summary);
+  record["first_step"] = result.first_step;  // the segment's steps are (first_step, steps]
+  run.record(record);
 }
 
 }  // namespace shardlm

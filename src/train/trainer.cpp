@@ -15,7 +15,9 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
   CheckpointMeta meta = make_meta(run.cfg, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
                                   run.engine->optimizer_steps(), run.world, run.engine->groups().shard->size(),
                                   pos.loss_scale);
-  return write_checkpoint(run.cfg, meta, run.engine->checkpoint_state(), run.comm, run.echo, run.metrics).path;
+  const CheckpointWriteStats stats = write_checkpoint(run.cfg, meta, run.engine->checkpoint_state(), run.comm, run.echo);
+  run.record(checkpoint_record(pos.step, stats));
+  return stats.path;
 }
 
 }  // namespace
@@ -23,6 +25,15 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
 TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options) {
   std::unique_ptr<TrainRun> owner = setup_run(cfg, comm, options);
   TrainRun& run = *owner;
+  if (run.finished) {
+    // Resumed at its end (resume = auto on a finished run): no step, no record, exit 0.
+    run.say(concat("nothing to do: finished at step ", run.resume_step, " (", run.resume_path, "; the deck gives ",
+                   run.total_steps, " steps: raise train.epochs or train.max_steps to train further)"));
+    TrainResult result;
+    result.first_step = run.resume_step;
+    result.nothing_to_do = true;
+    return result;
+  }
   install_stop_signals();
   TrainPosition pos = load_start(run);
   const int start_epoch = pos.epoch;

@@ -19,11 +19,12 @@ const char* kShardlmUsage =
     "commands:\n"
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
     "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
-    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config.json, safetensors)\n"
+    "  export CHECKPOINT DIR                  write it as a Hugging Face model (config, weights, tokenizer)\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
     "  import-accelerate CONFIG.yaml -o DECK  a deck from an Accelerate FSDP config and TrainingArguments\n"
+    "  eval --predictions FILE DATA           SQuAD exact match and F1 of a predictions file\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
@@ -55,15 +56,22 @@ const char* kInspectUsage =
     "  -h, --help   print this text\n";
 
 const char* kExportUsage =
-    "usage: [mpirun -np N] shardlm export CHECKPOINT DIR\n"
+    "usage: [mpirun -np N] shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
+    "                                    [--model-dir DIR]\n"
     "\n"
-    "Writes the checkpoint's parameters as a Hugging Face model into DIR: config.json and\n"
-    "model.safetensors (above 5 GB, shards with model.safetensors.index.json). The optimizer state\n"
-    "is not exported.\n"
+    "Writes the checkpoint's parameters as a Hugging Face model into DIR, ready for AutoTokenizer,\n"
+    "AutoModelForCausalLM and pipeline(): config.json (token ids, torch_dtype), model.safetensors (over\n"
+    "SIZE, shards with model.safetensors.index.json), generation_config.json and the tokenizer's files\n"
+    "(copied from the run's source folder, or written for the byte tokenizer). The optimizer state is\n"
+    "not exported.\n"
     "\n"
-    "  CHECKPOINT   a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
-    "  DIR          the output folder, created if missing\n"
-    "  -h, --help   print this text\n";
+    "  CHECKPOINT            a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
+    "  DIR                   the output folder, created if missing\n"
+    "  --dtype T             the weights' dtype: fp32 (default), bf16 or fp16\n"
+    "  --max-shard-size SIZE the largest weight file, e.g. 5GB (default), 500MB, 2GiB\n"
+    "  --model-dir DIR       the folder the tokenizer and generation config are copied from (default:\n"
+    "                        the run's model.dir as its checkpoint records it)\n"
+    "  -h, --help            print this text\n";
 
 const char* kReportUsage =
     "usage: shardlm report RUN_DIR... [--csv FILE] [--svg DIR]\n"
@@ -75,6 +83,19 @@ const char* kReportUsage =
     "  --svg DIR    also write DIR/loss.svg (train loss per step) and DIR/scaling.svg (samples/s per\n"
     "               rank count)\n"
     "  -h, --help   print this text\n";
+
+const char* kEvalUsage =
+    "usage: shardlm eval --predictions FILE DATA\n"
+    "\n"
+    "Scores a SQuAD v1.1 predictions file against the SQuAD file DATA as the official evaluate-v1.1.py\n"
+    "does (the same normalisation, Unicode included) and prints its JSON line, {\"exact_match\": ..,\n"
+    "\"f1\": ..}, then the same in words. A question without a prediction scores 0 and counts.\n"
+    "Runs without mpirun.\n"
+    "\n"
+    "  --predictions FILE   a JSON object of question id -> predicted answer (the official script's\n"
+    "                       input; a run writes one as run.dir/predictions.json)\n"
+    "  DATA                 a SQuAD v1.1 JSON file (every question needs its 'id')\n"
+    "  -h, --help           print this text\n";
 
 const char* kPlanUsage =
     "usage: shardlm plan DECK [--section.key=value ...] [--gpu-memory=SIZE] [--ranks=N]\n"
@@ -142,6 +163,8 @@ std::string docs_line(const std::string& command) {
          page("huggingface.md", "the exported folder and transformers");
   else if (command == "report")
     s += page("report.md", "the columns and plots");
+  else if (command == "eval")
+    s += page("deck.md", "eval.generate and the scores a run writes (section [eval])");
   else if (command == "plan")
     s += page("plan.md", "every column, and how the sizes are computed");
   else if (command == "import-accelerate")
@@ -167,6 +190,7 @@ std::string command_help(const std::string& command) {
                       : command == "report"    ? kReportUsage
                       : command == "plan"      ? kPlanUsage
                       : command == "import-accelerate" ? kImportAccelerateUsage
+                      : command == "eval"      ? kEvalUsage
                       : command == "comm-test" ? comm_test_usage()
                                                : nullptr;
   return usage ? usage + docs_line(command) : std::string();

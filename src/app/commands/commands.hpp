@@ -1,6 +1,7 @@
 // app: the subcommands of the shardlm executable.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ int command_comm_test(const std::vector<std::string>& args);
 int command_export(const std::vector<std::string>& args);
 // `shardlm report RUN_DIR... [--csv FILE] [--svg DIR]`: runs side by side; serial, no MPI.
 int command_report(const std::vector<std::string>& args);
+// `shardlm eval --predictions FILE DATA`: SQuAD EM / F1 of a predictions file; serial, no MPI.
+int command_eval(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
 // `shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK`: a deck from an
@@ -34,5 +37,10 @@ bool first_rank_of_launch();
 // args[i] as `--flag VALUE` (i moves to the value) or `--flag=VALUE`: the value into `out`, true.
 // False when args[i] is something else, or the flag comes last without its value.
 bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);
+// "80GiB", "40 GB", "16000MiB", "5GB" in bytes (a unit is required); Error naming `flag` otherwise.
+size_t parse_size(const std::string& flag, const std::string& text);
+// "section.key" -> value of an INI text as resolved_deck_ini writes it; Error naming `where` and the
+// line for a line that is neither a section header nor `key = value`.
+std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);
 
 }  // namespace shardlm

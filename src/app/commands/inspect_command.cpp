@@ -6,7 +6,11 @@
 #include <cstdlib>
 #include <cstdio>
 #include <functional>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "shardlm/data.hpp"
@@ -117,24 +121,103 @@ int command_inspect(const std::vector<std::string>& args) {
   return 0;
 }
 
-// A run with the byte tokenizer names its special tokens in the exported config.json.
-std::map<std::string, int> byte_tokenizer_ids(const std::string& deck) {
-  if (deck.find("\ntokenizer = byte\n") == std::string::npos) return {};
-  return {{"bos_token_id", ByteTokenizer::kBos}, {"eos_token_id", ByteTokenizer::kEos},
-          {"pad_token_id", ByteTokenizer::kPad}};
+namespace {
+
+namespace fs = std::filesystem;
+
+// The tokenizer files transformers reads, copied from the run's tokenizer folder where present.
+const char* const kTokenizerFiles[] = {"tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
+                                       "tokenizer.model",   "added_tokens.json",     "vocab.json",
+                                       "merges.txt",        "chat_template.jinja",   "chat_template.json"};
+
+// The special-token ids of `config` (a source model's config.json) that are integers.
+void take_token_ids(const nlohmann::json& config, std::map<std::string, int>& ids) {
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (auto it = config.find(key); it != config.end() && it->is_number_integer()) ids[key] = it->get<int>();
 }
 
+// What goes beside the weights: the tokenizer's files and ids, and a source model's
+// generation_config.json, from the run's deck (model.dir, data.tokenizer) or `model_dir`.
+void add_tokenizer_and_generation(const std::string& deck_text, const std::string& model_dir_flag,
+                                  HfExportOptions& options) {
+  const std::map<std::string, std::string> deck = ini_values(deck_text, "the checkpoint's deck");
+  auto value = [&](const std::string& key) {
+    auto it = deck.find(key);
+    return it == deck.end() ? std::string() : it->second;
+  };
+  const std::string model_dir = model_dir_flag.empty() ? value("model.dir") : model_dir_flag;
+  const std::string tokenizer = value("data.tokenizer");
+  const std::string where = model_dir_flag.empty() ? "the run's model.dir" : "--model-dir";
+  std::error_code ec;
+  if (!model_dir.empty())
+    SHARDLM_CHECK(fs::is_directory(model_dir, ec), "export: ", where, " '", model_dir,
+                  "' is not a folder here; pass --model-dir DIR naming the model folder the run started from");
+  if (tokenizer == "byte" || tokenizer.empty()) {
+    const int max_length = std::atoi(value("data.max_length").c_str());
+    options.text_files = ByteTokenizer::hf_files(max_length > 0 ? max_length : 1024);
+    options.token_ids = {{"bos_token_id", ByteTokenizer::kBos},
+                         {"eos_token_id", ByteTokenizer::kEos},
+                         {"pad_token_id", ByteTokenizer::kPad}};
+  } else {
+    // A tokenizer.json (or its folder); "auto" means model.dir's.
+    fs::path file = tokenizer == "auto" ? fs::path(model_dir) / "tokenizer.json" : fs::path(tokenizer);
+    if (!model_dir_flag.empty() && !fs::exists(file, ec)) file = fs::path(model_dir) / "tokenizer.json";
+    if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+    SHARDLM_CHECK(fs::is_regular_file(file, ec), "export: the run's tokenizer '", file.string(),
+                  "' (data.tokenizer) is not a file here; pass --model-dir DIR naming the folder that holds its "
+                  "tokenizer.json");
+    for (const char* name : kTokenizerFiles)
+      if (fs::is_regular_file(file.parent_path() / name, ec)) options.copy_files.push_back((file.parent_path() / name).string());
+    const std::unique_ptr<Tokenizer> tok = make_tokenizer(file.string());
+    if (tok->bos_id() >= 0) options.token_ids["bos_token_id"] = tok->bos_id();
+    options.token_ids["eos_token_id"] = tok->eos_id();
+    if (tok->pad_id() >= 0) options.token_ids["pad_token_id"] = tok->pad_id();
+  }
+  if (!model_dir.empty()) {
+    // The source model's own ids win: they are what its users' code expects.
+    if (fs::is_regular_file(fs::path(model_dir) / "config.json", ec)) {
+      std::ifstream in(fs::path(model_dir) / "config.json");
+      const nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+      if (config.is_object()) take_token_ids(config, options.token_ids);
+    }
+    if (fs::is_regular_file(fs::path(model_dir) / "generation_config.json", ec))
+      options.copy_files.push_back((fs::path(model_dir) / "generation_config.json").string());
+  }
+}
+
+}  // namespace
+
 int command_export(const std::vector<std::string>& args) {
-  if (args.size() != 2) {
-    log_info("usage: shardlm export CHECKPOINT DIR   (Hugging Face config.json + safetensors; --help)");
+  std::vector<std::string> positional;
+  std::string dtype = "fp32", max_shard = "5GB", model_dir;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--max-shard-size", max_shard) ||
+        option_value(args, i, "--model-dir", model_dir))
+      continue;
+    if (args[i].rfind("--", 0) == 0) {
+      log_info(concat("shardlm: export: unknown or incomplete option '", args[i], "'\n", command_help("export")));
+      return 2;
+    }
+    positional.push_back(args[i]);
+  }
+  if (positional.size() != 2) {
+    log_info("usage: shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--model-dir DIR]"
+             "   (--help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {
-    const std::string path = resolve_checkpoint_path(args[0], "shardlm export CHECKPOINT");
+    HfExportOptions options;
+    SHARDLM_CHECK(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "export: --dtype = '", dtype,
+                  "': expected bf16, fp16 or fp32");
+    options.dtype = parse_dtype(dtype);
+    options.max_shard_bytes = parse_size("--max-shard-size", max_shard);
+    const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
     CheckpointReader reader(path);
-    export_hf_model(args[1], reader.meta().model, reader.tensors(),
-                    [&](const CheckpointTensor& t) { return reader.read(t); }, byte_tokenizer_ids(reader.meta().deck));
-    std::printf("exported %s (step %ld) to %s\n", path.c_str(), reader.meta().step, args[1].c_str());
+    add_tokenizer_and_generation(reader.meta().deck, model_dir, options);
+    export_hf_model(positional[1], reader.meta().model, reader.tensors(),
+                    [&](const CheckpointTensor& t) { return reader.read(t); }, options);
+    std::printf("exported %s (step %ld) to %s (%s)\n", path.c_str(), reader.meta().step, positional[1].c_str(),
+                dtype.c_str());
   });
   return 0;
 }

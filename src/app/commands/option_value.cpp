@@ -1,5 +1,11 @@
-// The `--flag VALUE` / `--flag=VALUE` reading that plan and report share.
+// What the commands' flags share: `--flag VALUE` / `--flag=VALUE`, and sizes such as 80GiB.
+#include <cctype>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
 #include "commands.hpp"
+#include "shardlm/core.hpp"
 
 namespace shardlm {
 
@@ -15,6 +21,60 @@ bool option_value(const std::vector<std::string>& args, size_t& i, const std::st
     return true;
   }
   return false;
+}
+
+// "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).
+size_t parse_size(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0) throw Error(concat(flag, " = '", text, "': not a size (write e.g. 80GiB or 40GB)"));
+  std::string unit = text.substr(used);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::pair<const char*, double> units[] = {{"b", 1},      {"kb", 1e3},      {"mb", 1e6},
+                                                  {"gb", 1e9},   {"tb", 1e12},     {"kib", 1024.0},
+                                                  {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  for (const auto& u : units)
+    if (unit == u.first) {
+      SHARDLM_CHECK(std::isfinite(value) && value > 0, flag, " = '", text, "': must be positive");
+      return static_cast<size_t>(value * u.second);
+    }
+  throw Error(concat(flag, " = '", text, "': ", unit.empty() ? "give a unit" : "unknown unit '" + unit + "'",
+                     " (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. 80GiB)"));
+}
+
+namespace {
+
+std::string trim_blanks(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") + 1 - b);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where) {
+  std::map<std::string, std::string> values;
+  std::string section, line;
+  std::istringstream in(text);
+  for (size_t number = 1; std::getline(in, line); ++number) {
+    line = trim_blanks(line.substr(0, line.find_first_of("#;")));
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      SHARDLM_CHECK(line.back() == ']', where, ":", number, ": a section header needs a closing ']'");
+      section = trim_blanks(line.substr(1, line.size() - 2));
+      continue;
+    }
+    const size_t eq = line.find('=');
+    SHARDLM_CHECK(eq != std::string::npos, where, ":", number, ": expected 'key = value', got '", line, "'");
+    values[section + "." + trim_blanks(line.substr(0, eq))] = trim_blanks(line.substr(eq + 1));
+  }
+  return values;
 }
 
 }  // namespace shardlm

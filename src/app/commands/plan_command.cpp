@@ -47,25 +47,6 @@ std::pair<Number, size_t> leading_number(const std::string& text) {
   }
 }
 
-// "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).
-size_t parse_size(const std::string& flag, const std::string& text) {
-  const auto [value, used] = leading_number<double>(text);
-  if (used == 0) throw Error(concat(flag, " = '", text, "': not a size (write e.g. 80GiB or 40GB)"));
-  std::string unit = text.substr(used);
-  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::pair<const char*, double> units[] = {{"b", 1},      {"kb", 1e3},      {"mb", 1e6},
-                                                  {"gb", 1e9},   {"tb", 1e12},     {"kib", 1024.0},
-                                                  {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
-  for (const auto& u : units)
-    if (unit == u.first) {
-      SHARDLM_CHECK(std::isfinite(value) && value > 0, flag, " = '", text, "': must be positive");
-      return static_cast<size_t>(value * u.second);
-    }
-  throw Error(concat(flag, " = '", text, "': ", unit.empty() ? "give a unit" : "unknown unit '" + unit + "'",
-                     " (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. 80GiB)"));
-}
-
 int parse_count(const std::string& flag, const std::string& text) {
   const auto [v, used] = leading_number<long>(text);
   SHARDLM_CHECK(used == text.size() && used > 0 && v >= 1 && v <= (1 << 20), flag, " = '", text,

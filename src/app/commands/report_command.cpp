@@ -41,7 +41,10 @@ int command_report(const std::vector<std::string>& args) {
   }
   try {
     std::vector<RunRecord> runs;
-    for (const std::string& d : dirs) runs.push_back(read_run(d));
+    for (const std::string& d : dirs) {
+      runs.push_back(read_run(d));
+      for (const std::string& w : runs.back().warnings) std::fprintf(stderr, "shardlm: report: warning: %s\n", w.c_str());
+    }
     std::fputs(report_markdown(runs).c_str(), stdout);
     if (!csv_path.empty()) {
       write_text(csv_path, report_csv(runs));

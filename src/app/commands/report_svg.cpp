@@ -112,6 +112,12 @@ std::string svg_open() {
                 "\" viewBox=\"0 0 ", kWidth, " ", kHeight, "\" font-family=\"sans-serif\">\n");
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 // [lo, hi] widened a little, and made non-empty.
 std::pair<double, double> padded(double lo, double hi, double fraction) {
   if (hi <= lo) return {lo - 0.5, hi + 0.5};
@@ -152,49 +158,75 @@ std::string loss_curves_svg(const std::vector<RunRecord>& runs) {
 }
 
 std::string scaling_svg(const std::vector<RunRecord>& runs) {
-  // One series per strategy, its runs in order of ranks.
-  std::map<std::string, std::vector<const RunRecord*>> series;
-  double r1 = 0, v1 = 0;
+  // One series per strategy; one point per rank count: the median of that strategy's runs there
+  // (repeated runs would otherwise draw a vertical line). Runs on several rank counts are left out.
+  std::map<std::string, std::map<int, std::vector<double>>> series;
+  size_t mixed = 0;
   for (const RunRecord& r : runs) {
     if (!std::isfinite(r.train_samples_per_second)) continue;
-    series[r.strategy].push_back(&r);
-    r1 = std::max(r1, static_cast<double>(r.ranks));
-    v1 = std::max(v1, r.train_samples_per_second);
+    if (r.mixed_ranks()) {
+      ++mixed;
+      continue;
+    }
+    series[r.strategy][r.ranks].push_back(r.train_samples_per_second);
   }
+  std::map<std::string, std::map<int, double>> medians;
+  size_t repeated = 0;
+  double r1 = 0, v1 = 0;
+  for (auto& [strategy, by_ranks] : series)
+    for (auto& [ranks, values] : by_ranks) {
+      if (values.size() > 1) ++repeated;
+      medians[strategy][ranks] = median(values);
+      r1 = std::max(r1, static_cast<double>(ranks));
+      v1 = std::max(v1, medians[strategy][ranks]);
+    }
   std::string svg = svg_open();
-  if (series.empty()) {
-    return svg + "<text x=\"20\" y=\"40\">no finished runs (no summary records)</text>\n</svg>\n";
+  if (medians.empty()) {
+    return svg + "<text x=\"20\" y=\"40\">no finished runs on one rank count (no summary records)</text>\n</svg>\n";
   }
-  const RunRecord& base = runs[base_run(runs)];
-  const bool ideal = std::isfinite(base.train_samples_per_second) && base.ranks > 0;
-  const double ideal_top = ideal ? base.train_samples_per_second * r1 / base.ranks : 0;
+  const RunRecord& base_record = runs[base_run(runs)];
+  auto base_series = medians.find(base_record.strategy);
+  const bool ideal = !base_record.mixed_ranks() && std::isfinite(base_record.train_samples_per_second) &&
+                     base_record.ranks > 0 && base_series != medians.end();
+  const double base_value = ideal ? base_series->second.at(base_record.ranks) : 0;
+  const double ideal_top = ideal ? base_value * r1 / base_record.ranks : 0;
   const Frame f{0, r1 * 1.05, 0, std::max(v1, ideal_top) * 1.1};
   std::vector<double> x_ticks;
-  for (const RunRecord& r : runs) x_ticks.push_back(r.ranks);
+  for (const auto& [strategy, by_ranks] : medians)
+    for (const auto& [ranks, value] : by_ranks) x_ticks.push_back(ranks);
   std::sort(x_ticks.begin(), x_ticks.end());
   x_ticks.erase(std::unique(x_ticks.begin(), x_ticks.end()), x_ticks.end());
   svg += f.axes("scaling", "ranks (GPUs)", "train samples/s", x_ticks);
   size_t row = 0;
   if (ideal) {
-    svg += polyline({{f.x(base.ranks), f.y(base.train_samples_per_second)}, {f.x(r1), f.y(ideal_top)}}, "#555555",
-                    "ideal (linear from " + base.name + ")", true);
+    svg += polyline({{f.x(base_record.ranks), f.y(base_value)}, {f.x(r1), f.y(ideal_top)}}, "#555555",
+                    "ideal (linear from " + base_record.name + ")", true);
     svg += legend_entry(row++, "#555555", "ideal", true);
   }
   size_t colour = 0;
-  for (auto& [strategy, members] : series) {
-    std::stable_sort(members.begin(), members.end(),
-                     [](const RunRecord* a, const RunRecord* b) { return a->ranks < b->ranks; });
+  for (const auto& [strategy, by_ranks] : medians) {
     const std::string c = kColours[colour++ % std::size(kColours)];
     std::vector<std::pair<double, double>> points;
-    for (const RunRecord* r : members) {
-      points.emplace_back(f.x(r->ranks), f.y(r->train_samples_per_second));
+    for (const auto& [ranks, value] : by_ranks) {
+      points.emplace_back(f.x(ranks), f.y(value));
+      const size_t n = series.at(strategy).at(ranks).size();
       svg += concat("<circle cx=\"", num(points.back().first), "\" cy=\"", num(points.back().second),
-                    "\" r=\"4\" fill=\"", c, "\"><title>", xml_escape(r->name), ": ", num(r->train_samples_per_second),
-                    " samples/s</title></circle>\n");
+                    "\" r=\"4\" fill=\"", c, "\"><title>", xml_escape(strategy), ", ", ranks, " rank(s): ", num(value),
+                    " samples/s", n > 1 ? concat(" (median of ", n, " runs)") : std::string(), "</title></circle>\n");
     }
     svg += polyline(points, c, strategy, false);
     svg += legend_entry(row++, c, strategy, false);
   }
+  // Say how the points were made, under the legend.
+  const double note_x = kWidth - kRight + 16;
+  double note_y = kTop + 20.0 * static_cast<double>(row) + 20;
+  svg += concat("<text x=\"", num(note_x), "\" y=\"", num(note_y), "\" font-size=\"11\">points: median of the</text>\n");
+  svg += concat("<text x=\"", num(note_x), "\" y=\"", num(note_y + 14),
+                "\" font-size=\"11\">runs at each rank count", repeated ? concat(" (", repeated, " repeated)") : "",
+                "</text>\n");
+  if (mixed)
+    svg += concat("<text x=\"", num(note_x), "\" y=\"", num(note_y + 28), "\" font-size=\"11\">", mixed,
+                  " run(s) resumed on other ranks left out</text>\n");
   return svg + "</svg>\n";
 }
 

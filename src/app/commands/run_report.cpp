@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "commands.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
@@ -16,31 +19,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") + 1 - b);
-}
-
-// "section.key" -> value of an INI file as resolved_deck_ini writes it.
+// "section.key" -> value of the resolved deck.
 std::map<std::string, std::string> read_ini(const std::string& path) {
   std::ifstream in(path);
   SHARDLM_CHECK(in, path, ": cannot open the resolved deck (is this a shardlm run directory?)");
-  std::map<std::string, std::string> values;
-  std::string section, line;
-  for (size_t number = 1; std::getline(in, line); ++number) {
-    line = trim(line.substr(0, line.find_first_of("#;")));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      SHARDLM_CHECK(line.back() == ']', path, ":", number, ": a section header needs a closing ']'");
-      section = trim(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    SHARDLM_CHECK(eq != std::string::npos, path, ":", number, ": expected 'key = value', got '", line, "'");
-    values[section + "." + trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
-  }
-  return values;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ini_values(text.str(), path);
 }
 
 double number_or_nan(const nlohmann::json& j, const char* key) {
@@ -84,6 +69,34 @@ std::string csv_number(double v) {
   return buf;
 }
 
+// The segments of the runs that were resumed: each process's ranks, steps, runtime and loss.
+std::string segments_markdown(const std::vector<RunRecord>& runs) {
+  std::string out;
+  for (const RunRecord& r : runs) {
+    if (r.segments.size() < 2) continue;
+    if (out.empty())
+      out = "\nResumed runs: train samples/s and mean train loss above cover every segment that ended with a "
+            "summary (samples over their summed runtime, loss weighted by steps).\n\n"
+            "| run | segment | ranks | nodes | strategy | steps | train runtime (s) | train samples/s | "
+            "mean train loss | ended |\n| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | --- |\n";
+    for (size_t i = 0; i < r.segments.size(); ++i) {
+      const RunSegment& seg = r.segments[i];
+      const char* ended = !seg.summary ? "no summary (killed?)" : seg.preempted ? "preempted" : "finished";
+      out += concat("| ", r.name, " | ", i, " | ", seg.ranks, " | ", seg.nodes, " | ", seg.strategy, " | ",
+                    seg.first_step, "-", seg.last_step, " | ", fixed(seg.train_runtime, "%.2f"), " | ",
+                    fixed(seg.train_samples_per_second, "%.2f"), " | ", fixed(seg.train_loss, "%.4f"), " | ", ended,
+                    " |\n");
+    }
+  }
+  return out;
+}
+
+std::string segment_ranks(const RunRecord& r) {
+  std::string out;
+  for (const RunSegment& seg : r.segments) out += (out.empty() ? "" : ";") + std::to_string(seg.ranks);
+  return out;
+}
+
 }  // namespace
 
 RunRecord read_run(const std::string& run_dir) {
@@ -107,56 +120,129 @@ RunRecord read_run(const std::string& run_dir) {
   const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
   std::ifstream in(metrics_path);
   SHARDLM_CHECK(in, metrics_path, ": cannot open the metrics log (is this a shardlm run directory?)");
-  bool setup = false;
   std::string line;
+  double last_eval_epoch = NAN;
   for (size_t number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
+    std::string type;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(concat(metrics_path, ":", number, ": not valid JSON: ", e.what()));
-    }
-    SHARDLM_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), metrics_path, ":", number,
-                  ": expected a JSON object with a string 'type'");
-    const std::string type = j["type"];
-    try {
+      if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+        throw std::runtime_error("expected a JSON object with a string 'type'");
+      type = j["type"];
       if (type == "setup") {
-        setup = true;  // a resumed run appends another; the last one describes the latest layout
-        run.ranks = j.at("world_size").get<int>();
-        run.nodes = j.at("num_nodes").get<int>();
-        run.strategy = j.at("strategy").get<std::string>();
+        // Each process of the run (the first, then each resume) starts with one.
+        RunSegment seg;
+        seg.ranks = j.at("world_size").get<int>();
+        seg.nodes = j.at("num_nodes").get<int>();
+        seg.strategy = j.at("strategy").get<std::string>();
+        seg.first_step = j.value("resumed_from_step", run.segments.empty() ? 0L : run.segments.back().last_step);
+        seg.last_step = seg.first_step;
+        run.segments.push_back(seg);
+      } else if (run.segments.empty()) {
+        throw std::runtime_error("'" + type + "' record before any 'setup' record");
       } else if (type == "train") {
-        run.train_loss_by_step[j.at("step").get<long>()] = j.at("loss").get<double>();
-        run.final_loss = j.at("loss").get<double>();
+        const long step = j.at("step").get<long>();
+        const double loss = j.at("loss").get<double>();
+        run.train_loss_by_step[step] = loss;
+        run.final_loss = loss;
+        run.segments.back().last_step = step;
       } else if (type == "eval") {
-        run.eval_losses.push_back(j.at("eval_loss").get<double>());
+        const double loss = j.at("eval_loss").get<double>();
+        // A run resumed at an epoch's end evaluates that epoch again: the later record replaces it.
+        const double epoch = number_or_nan(j, "epoch");
+        if (!run.eval_losses.empty() && std::isfinite(epoch) && epoch == last_eval_epoch) {
+          run.eval_losses.pop_back();
+          run.eval_samples_per_second.pop_back();
+        }
+        last_eval_epoch = epoch;
+        run.eval_losses.push_back(loss);
         run.eval_samples_per_second.push_back(number_or_nan(j, "eval_samples_per_second"));
         run.exact_match = number_or_nan(j, "eval_exact_match");
         run.f1 = number_or_nan(j, "eval_f1");
       } else if (type == "summary") {
-        run.train_samples_per_second = j.at("train_samples_per_second").get<double>();
-        run.train_loss = j.at("train_loss").get<double>();
-        run.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
+        RunSegment& seg = run.segments.back();
+        seg.train_samples_per_second = j.at("train_samples_per_second").get<double>();
+        seg.train_loss = j.at("train_loss").get<double>();
+        seg.train_runtime = number_or_nan(j, "train_runtime");
+        seg.train_steps_per_second = number_or_nan(j, "train_steps_per_second");
+        if (j.contains("first_step")) seg.first_step = j["first_step"].get<long>();
+        if (j.contains("steps")) seg.last_step = j["steps"].get<long>();
+        seg.preempted = j.value("preempted", false);
+        seg.summary = true;
+        run.peak_memory_bytes = std::isfinite(run.peak_memory_bytes)
+                                    ? std::max(run.peak_memory_bytes, j.at("peak_memory_bytes").get<double>())
+                                    : j.at("peak_memory_bytes").get<double>();
       }
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(concat(metrics_path, ":", number, ": '", type, "' record: ", e.what()));
+    } catch (const std::exception& e) {
+      // One bad line (a crash mid-write, a hand edit) does not hide the rest of the run.
+      run.warnings.push_back(concat(metrics_path, ":", number, ": skipped",
+                                    type.empty() ? std::string() : " '" + type + "' record", ": ", e.what()));
     }
   }
-  SHARDLM_CHECK(setup, metrics_path, ": no 'setup' record (the run did not start?)");
+  SHARDLM_CHECK(!run.segments.empty(), metrics_path, ": no 'setup' record (the run did not start?)");
+  const RunSegment& last = run.segments.back();
+  run.ranks = last.ranks;
+  run.nodes = last.nodes;
+  run.strategy = last.strategy;
   if (deck_value("fsdp.cpu_offload") == "true") run.strategy += " +offload";
+
+  // Totals over the segments that ended with a summary: samples over their summed runtime, and
+  // the loss of each segment weighted by its steps.
+  std::vector<const RunSegment*> done;
+  for (const RunSegment& seg : run.segments)
+    if (seg.summary) done.push_back(&seg);
+  if (done.size() == 1) {
+    run.train_samples_per_second = done[0]->train_samples_per_second;
+    run.train_loss = done[0]->train_loss;
+  } else if (done.size() > 1) {
+    double samples = 0, seconds = 0, loss_sum = 0, steps = 0;
+    for (const RunSegment* seg : done) {
+      samples += seg->train_samples_per_second * seg->train_runtime;
+      seconds += seg->train_runtime;
+      const double n = seg->steps_run();
+      if (n > 0) loss_sum += seg->train_loss * n, steps += n;
+    }
+    run.train_samples_per_second = seconds > 0 ? samples / seconds : NAN;
+    run.train_loss = steps > 0 ? loss_sum / steps : NAN;
+  }
   return run;
 }
 
+double RunSegment::steps_run() const {
+  // The summary's steps/s times its runtime, rounded: exact where both are recorded.
+  if (!std::isfinite(train_steps_per_second) || !std::isfinite(train_runtime)) return NAN;
+  return std::round(train_steps_per_second * train_runtime);
+}
+
+bool RunRecord::mixed_ranks() const {
+  for (const RunSegment& seg : segments)
+    if (seg.ranks != ranks) return true;
+  return false;
+}
+
+std::string RunRecord::ranks_text() const {
+  std::string text;
+  int previous = -1;
+  for (const RunSegment& seg : segments)
+    if (seg.ranks != previous) {
+      text += (text.empty() ? "" : " then ") + std::to_string(seg.ranks);
+      previous = seg.ranks;
+    }
+  return text;
+}
+
 size_t base_run(const std::vector<RunRecord>& runs) {
-  size_t best = 0;
-  for (size_t i = 1; i < runs.size(); ++i)
-    if (runs[i].ranks < runs[best].ranks) best = i;
-  return best;
+  // A run on one rank count only, when there is one: a mixed run has no single ranks to scale from.
+  size_t best = runs.size();
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (!runs[i].mixed_ranks() && (best == runs.size() || runs[i].ranks < runs[best].ranks)) best = i;
+  return best == runs.size() ? 0 : best;
 }
 
 double speedup(const RunRecord& run, const RunRecord& base) {
-  if (!(base.train_samples_per_second > 0)) return NAN;
+  if (!(base.train_samples_per_second > 0) || run.mixed_ranks() || base.mixed_ranks()) return NAN;
   return run.train_samples_per_second / base.train_samples_per_second;
 }
 
@@ -179,7 +265,7 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
   for (const RunRecord& r : runs) {
     std::string evals;
     for (size_t i = 0; i < r.eval_losses.size(); ++i) evals += (i ? ", " : "") + fixed(r.eval_losses[i], "%.4f");
-    out += concat("| ", r.name, " | ", r.backend, " | ", r.strategy, " | ", r.param_dtype, " | ", r.ranks, " | ",
+    out += concat("| ", r.name, " | ", r.backend, " | ", r.strategy, " | ", r.param_dtype, " | ", r.ranks_text(), " | ",
                   r.nodes, " | ", fixed(r.train_samples_per_second, "%.2f"), " | ",
                   fixed(speedup(r, base), "%.2fx"), " | ", fixed(100 * efficiency(r, base), "%.0f%%"), " | ",
                   memory_text(r.peak_memory_bytes), " | ", fixed(r.final_loss, "%.4f"), " | ",
@@ -188,8 +274,12 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
     if (f1) out += " " + fixed(r.f1, "%.2f") + " |";
     out += "\n";
   }
-  out += concat("\nspeed-up and efficiency against ", base.name, " (", base.ranks,
-                " rank(s)); peak memory is the largest over ranks.\n");
+  out += base.mixed_ranks()
+             ? std::string("\nno speed-up or efficiency: no run ran on one rank count throughout; peak memory is the "
+                           "largest over ranks.\n")
+             : concat("\nspeed-up and efficiency against ", base.name, " (", base.ranks,
+                      " rank(s)); peak memory is the largest over ranks.\n");
+  out += segments_markdown(runs);
   return out;
 }
 
@@ -201,14 +291,15 @@ std::string report_csv(const std::vector<RunRecord>& runs) {
       "run,dir,backend,strategy,param_dtype,ranks,nodes,train_samples_per_second,speedup,efficiency,"
       "peak_memory_bytes,final_train_loss,train_loss";
   for (size_t e = 1; e <= epochs; ++e) out += concat(",eval_loss_", e);
-  out += ",eval_exact_match,eval_f1\n";
+  out += ",eval_exact_match,eval_f1,segments,segment_ranks\n";
   for (const RunRecord& r : runs) {
     out += concat(csv_field(r.name), ",", csv_field(r.dir), ",", csv_field(r.backend), ",", csv_field(r.strategy),
                   ",", csv_field(r.param_dtype), ",", r.ranks, ",", r.nodes, ",", csv_number(r.train_samples_per_second),
                   ",", csv_number(speedup(r, base)), ",", csv_number(efficiency(r, base)), ",",
                   csv_number(r.peak_memory_bytes), ",", csv_number(r.final_loss), ",", csv_number(r.train_loss));
     for (size_t e = 0; e < epochs; ++e) out += "," + (e < r.eval_losses.size() ? csv_number(r.eval_losses[e]) : "");
-    out += "," + csv_number(r.exact_match) + "," + csv_number(r.f1) + "\n";
+    out += concat(",", csv_number(r.exact_match), ",", csv_number(r.f1), ",", r.segments.size(), ",",
+                  segment_ranks(r), "\n");
   }
   return out;
 }

@@ -1,0 +1,48 @@
+// export_logits HF_DIR IDS_JSON OUT_JSON: shardlm's own logits (CPU backend, fp32) of a model
+// directory on given token ids, for tests/fixtures/hf/check_export_tokenizer.py to compare with
+// transformers'. IDS_JSON is a JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per
+// position]}. Every position's logits come from the prefix ending there (the model is causal).
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "shardlm/io.hpp"
+#include "shardlm/model.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: export_logits HF_DIR IDS_JSON OUT_JSON\n");
+    return 2;
+  }
+  try {
+    shardlm::HfModelDir dir(argv[1]);
+    const shardlm::ModelConfig& cfg = dir.config();
+    std::ifstream in(argv[2]);
+    const std::vector<int32_t> ids = nlohmann::json::parse(in).get<std::vector<int32_t>>();
+    std::vector<std::vector<float>> flat;
+    for (size_t u = 0; u < dir.layout().size(); ++u) {
+      std::vector<float> f(dir.layout()[u].numel);
+      dir.read_unit_slice(u, 0, f.size(), f.data());
+      flat.push_back(std::move(f));
+    }
+    const int T_max = static_cast<int>(ids.size());
+    std::unique_ptr<shardlm::CpuModel> model = shardlm::make_cpu_model(cfg, 1, T_max);
+    nlohmann::json rows = nlohmann::json::array();
+    for (int T = 1; T <= T_max; ++T) {
+      std::vector<float> h[2] = {std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size),
+                                 std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size)};
+      model->embed_forward(flat[0].data(), ids.data(), 1, T, h[0].data());
+      for (int l = 0; l < cfg.num_layers; ++l)
+        model->block_forward(l, flat[1 + l].data(), h[l % 2].data(), h[1 - l % 2].data(), 1, T);
+      std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+      model->head_logits(flat[0].data(), h[cfg.num_layers % 2].data(), 1, T, logits.data());
+      rows.push_back(logits);
+    }
+    std::ofstream(argv[3]) << nlohmann::json{{"logits", rows}}.dump() << "\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "export_logits: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
