@@ -3,7 +3,8 @@
 // an AVX2 and an AVX-512 path chosen at run time, over fixed pieces shared by the threads.
 //
 // Every path rounds the same IEEE operations in the same order (no FMA: this file is compiled
-// with -ffp-contract=off), so the paths and any thread count give the same bits.
+// with -ffp-contract=off), so the paths and any thread count give the same bits. The scalar path is
+// plain C++ that the compiler vectorises for the build's baseline (SSE4.2 with -march=x86-64-v2).
 #include <immintrin.h>
 
 #include <algorithm>
