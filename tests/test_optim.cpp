@@ -1,10 +1,18 @@
-// Tests of optim: AdamW against a double-precision transcription of torch.optim.AdamW, LR schedules, clipping.
+// Tests of optim: AdamW against a double-precision transcription of torch.optim.AdamW, LR schedules, clipping;
+// the host AdamW's paths against the GPU kernel's formula, and its thread count.
 #define BOOST_TEST_MODULE test_optim
 #include <boost/test/unit_test.hpp>
+#include <sched.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "shardlm/optim.hpp"
 
@@ -238,4 +246,35 @@ BOOST_AUTO_TEST_CASE(host_adamw_refuses_step_zero) {
   h.step = 0;
   BOOST_CHECK_THROW(host_adamw({{p.data(), g.data(), m.data(), v.data(), 3, 0.0, nullptr}}, h, 1, HostSimd::Scalar),
                     Error);
+}
+
+// The host AdamW's (and BLAS's) threads per rank: OMP_NUM_THREADS / OPENBLAS_NUM_THREADS win, else the node's
+// cores over its ranks (or the bound cores), at most SLURM_CPUS_PER_TASK.
+BOOST_AUTO_TEST_CASE(default_threads_follow_the_environment) {
+  const char* names[] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"};
+  std::vector<std::pair<std::string, bool>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.push_back({v ? v : "", v != nullptr});
+    unsetenv(n);
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  BOOST_TEST(cpu_default_threads(1) >= 1);
+  BOOST_TEST(cpu_default_threads(1) <= std::max(1, cores));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const bool bound = sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) < cores;
+  if (!bound) BOOST_TEST(cpu_default_threads(4 * std::max(1, cores)) == 1);  // more ranks than cores: one each
+  setenv("SLURM_CPUS_PER_TASK", "1", 1);
+  BOOST_TEST(cpu_default_threads(1) == 1);
+  setenv("OMP_NUM_THREADS", "3", 1);
+  BOOST_TEST(cpu_default_threads(1) == 3);  // the user's explicit count wins over Slurm's share
+  setenv("OPENBLAS_NUM_THREADS", "5", 1);
+  BOOST_TEST(cpu_default_threads(2) == 5);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].second)
+      setenv(names[i], saved[i].first.c_str(), 1);
+    else
+      unsetenv(names[i]);
+  }
 }
