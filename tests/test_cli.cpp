@@ -475,6 +475,7 @@ BOOST_AUTO_TEST_CASE(chess_games_train) {
   BOOST_TEST_INFO(o.output);
   BOOST_TEST_REQUIRE(o.exit_code == 0);
   BOOST_TEST(o.output.find("data: 28 train / 6 eval examples") != std::string::npos);
+  BOOST_TEST(o.output.find("optimizer: AdamW on the host (") != std::string::npos);  // path and threads
   BOOST_TEST(count_of(o.output, "eval  epoch") == 2u);
 }
 

@@ -1,10 +1,18 @@
-// Tests of optim: AdamW against a double-precision transcription of torch.optim.AdamW, LR schedules, clipping.
+// Tests of optim: AdamW against a double-precision transcription of torch.optim.AdamW, LR schedules, clipping;
+// the host AdamW's paths against the GPU kernel's formula, and its thread count.
 #define BOOST_TEST_MODULE test_optim
 #include <boost/test/unit_test.hpp>
+#include <sched.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "shardlm/optim.hpp"
 
@@ -87,4 +95,186 @@ BOOST_AUTO_TEST_CASE(clipping_factor) {
   BOOST_TEST(clip_factor(0.5, 1.0) == 1.0);
   BOOST_TEST(clip_factor(4.0, 1.0) == 1.0 / (4.0 + 1e-6), boost::test_tools::tolerance(1e-12));
   BOOST_TEST(clip_factor(4.0, 0.0) == 1.0);
+}
+
+// ---- the host AdamW's paths (src/device/cpu/host_adamw.cpp) ---------------------------------
+
+namespace {
+
+// Many ranges of odd lengths over one slice, alternating decay and none, some longer than a work piece.
+struct HostAdamWCase {
+  std::vector<float> p, g, m, v;
+  std::vector<uint16_t> out16;
+  std::vector<float> out32;
+  std::vector<size_t> begins, lengths;
+  std::vector<double> decays;
+};
+
+HostAdamWCase make_host_case(uint32_t seed) {
+  HostAdamWCase c;
+  const size_t lengths[] = {1, 7, 15, 17, 31, 33, 1001, 3, kHostAdamWPiece + 77, 5, 255, 2 * kHostAdamWPiece + 13, 9};
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; ++i) {
+    c.begins.push_back(n + 1);  // one element between ranges: every range starts misaligned
+    c.lengths.push_back(lengths[i]);
+    c.decays.push_back(i % 3 == 1 ? 0.0 : 0.1);
+    n += lengths[i] + 1;
+  }
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  c.p.resize(n), c.g.resize(n), c.m.assign(n, 0.f), c.v.assign(n, 0.f), c.out16.assign(n, 0), c.out32.assign(n, 0.f);
+  for (auto& x : c.p) x = normal(rng);
+  return c;
+}
+
+std::vector<AdamWRange> ranges_of(HostAdamWCase& c, DType out) {
+  std::vector<AdamWRange> r;
+  for (size_t i = 0; i < c.begins.size(); ++i) {
+    const size_t b = c.begins[i];
+    void* o = out == DType::F32 ? static_cast<void*>(c.out32.data() + b) : static_cast<void*>(c.out16.data() + b);
+    r.push_back({c.p.data() + b, c.g.data() + b, c.m.data() + b, c.v.data() + b, c.lengths[i], c.decays[i], o});
+  }
+  return r;
+}
+
+// |got - want| <= 1e-6 max(|want|, rms(want)) for every element: relative, with the vector's scale as the floor
+// where a value passes through zero.
+void check_relative(const std::vector<float>& got, const std::vector<double>& want, const char* what,
+                    const std::string& path) {
+  double ss = 0;
+  for (double w : want) ss += w * w;
+  const double rms = std::sqrt(ss / static_cast<double>(want.size()));
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = std::abs(got[i] - want[i]) / std::max(std::abs(want[i]), rms);
+    if (e > worst) worst = e, at = i;
+  }
+  BOOST_TEST_MESSAGE(path << " " << what << ": largest relative difference " << worst << " at " << at);
+  BOOST_CHECK_MESSAGE(worst <= 1e-6, path << " " << what << ": relative difference " << worst << " at element " << at
+                                          << " (got " << got[at] << ", want " << want[at] << ")");
+}
+
+}  // namespace
+
+// Each path, five steps with clipping (grad_scale) and bias corrections, against the GPU kernel's formula in
+// double (src/device/cuda/adamw.cu: p *= 1 - lr wd; m lerps to g; v = b2 v + (1 - b2) g^2;
+// p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)); the compute-dtype copy is the updated fp32 parameter rounded once.
+BOOST_AUTO_TEST_CASE(host_adamw_paths_match_the_gpu_formula) {
+  const double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  for (HostSimd simd : {HostSimd::Scalar, HostSimd::Avx2, HostSimd::Avx512}) {
+    const std::string path = host_simd_name(simd);
+    if (!host_simd_available(simd)) {
+      BOOST_TEST_MESSAGE("skipped: this CPU has no " << path);
+      continue;
+    }
+    for (DType out : {DType::F32, DType::BF16, DType::F16}) {
+      HostAdamWCase c = make_host_case(17);
+      std::vector<double> rp(c.p.begin(), c.p.end()), rm(c.p.size(), 0.0), rv(c.p.size(), 0.0);
+      std::mt19937 rng(5);
+      std::normal_distribution<float> normal(0.f, 1.f);
+      const std::vector<AdamWRange> ranges = ranges_of(c, out);
+      for (int step = 1; step <= 5; ++step) {
+        for (auto& x : c.g) x = normal(rng) * (step % 2 ? 1.0f : 1e-3f);
+        AdamWHyper h;
+        h.lr = lr * step, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.step = step;
+        h.grad_scale = step == 3 ? 0.25f : 1.0f;
+        h.out_dtype = out;
+        host_adamw(ranges, h, 2, simd);
+        const double bc1 = 1 - std::pow(beta1, step), bc2 = 1 - std::pow(beta2, step);
+        for (size_t r = 0; r < c.begins.size(); ++r)
+          for (size_t i = c.begins[r]; i < c.begins[r] + c.lengths[r]; ++i) {
+            const double g = static_cast<double>(c.g[i]) * h.grad_scale;
+            rp[i] *= 1.0 - h.lr * c.decays[r];
+            rm[i] += (1.0 - beta1) * (g - rm[i]);
+            rv[i] = rv[i] * beta2 + (1.0 - beta2) * g * g;
+            rp[i] -= h.lr / bc1 * (rm[i] / (std::sqrt(rv[i]) / std::sqrt(bc2) + eps));
+          }
+      }
+      const std::string what = path + " out=" + dtype_name(out);
+      check_relative(c.p, rp, "param", what);
+      check_relative(c.m, rm, "exp_avg", what);
+      check_relative(c.v, rv, "exp_avg_sq", what);
+      // The elements between the ranges are not touched.
+      for (size_t r = 0; r < c.begins.size(); ++r) BOOST_TEST(c.m[c.begins[r] - 1] == 0.0f);
+      size_t wrong = 0;
+      for (size_t r = 0; r < c.begins.size(); ++r)
+        for (size_t i = c.begins[r]; i < c.begins[r] + c.lengths[r]; ++i) {
+          if (out == DType::F32)
+            wrong += std::memcmp(&c.out32[i], &c.p[i], sizeof(float)) != 0;
+          else
+            wrong += c.out16[i] != (out == DType::BF16 ? float_to_bf16(c.p[i]) : float_to_fp16(c.p[i]));
+        }
+      BOOST_CHECK_MESSAGE(wrong == 0, what << ": " << wrong << " compute-dtype copies differ from the rounded parameter");
+    }
+  }
+}
+
+// The vector paths round the same operations as the scalar one: identical bits, also for 1, 2, 3 and 4 threads.
+BOOST_AUTO_TEST_CASE(host_adamw_paths_and_thread_counts_give_identical_bits) {
+  auto run = [](HostSimd simd, int threads) {
+    HostAdamWCase c = make_host_case(23);
+    const std::vector<AdamWRange> ranges = ranges_of(c, DType::BF16);
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < c.g.size(); ++i) c.g[i] = std::sin(0.37f * static_cast<float>(i) + step);
+      AdamWHyper h;
+      h.lr = 1e-2, h.step = step, h.grad_scale = 0.5f, h.out_dtype = DType::BF16;
+      host_adamw(ranges, h, threads, simd);
+    }
+    return c;
+  };
+  const HostAdamWCase want = run(HostSimd::Scalar, 1);
+  for (HostSimd simd : {HostSimd::Scalar, HostSimd::Avx2, HostSimd::Avx512}) {
+    if (!host_simd_available(simd)) {
+      BOOST_TEST_MESSAGE("skipped: this CPU has no " << host_simd_name(simd));
+      continue;
+    }
+    for (int threads = 1; threads <= 4; ++threads) {
+      const HostAdamWCase got = run(simd, threads);
+      const size_t bytes = want.p.size() * sizeof(float);
+      BOOST_CHECK_MESSAGE(std::memcmp(got.p.data(), want.p.data(), bytes) == 0 &&
+                              std::memcmp(got.m.data(), want.m.data(), bytes) == 0 &&
+                              std::memcmp(got.v.data(), want.v.data(), bytes) == 0 && got.out16 == want.out16,
+                          host_simd_name(simd) << " on " << threads << " thread(s) differs from scalar on one");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(host_adamw_refuses_step_zero) {
+  std::vector<float> p(3), g(3), m(3), v(3);
+  AdamWHyper h;
+  h.step = 0;
+  BOOST_CHECK_THROW(host_adamw({{p.data(), g.data(), m.data(), v.data(), 3, 0.0, nullptr}}, h, 1, HostSimd::Scalar),
+                    Error);
+}
+
+// The host AdamW's (and BLAS's) threads per rank: OMP_NUM_THREADS / OPENBLAS_NUM_THREADS win, else the node's
+// cores over its ranks (or the bound cores), at most SLURM_CPUS_PER_TASK.
+BOOST_AUTO_TEST_CASE(default_threads_follow_the_environment) {
+  const char* names[] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"};
+  std::vector<std::pair<std::string, bool>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.push_back({v ? v : "", v != nullptr});
+    unsetenv(n);
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  BOOST_TEST(cpu_default_threads(1) >= 1);
+  BOOST_TEST(cpu_default_threads(1) <= std::max(1, cores));
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const bool bound = sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) < cores;
+  if (!bound) BOOST_TEST(cpu_default_threads(4 * std::max(1, cores)) == 1);  // more ranks than cores: one each
+  setenv("SLURM_CPUS_PER_TASK", "1", 1);
+  BOOST_TEST(cpu_default_threads(1) == 1);
+  setenv("OMP_NUM_THREADS", "3", 1);
+  BOOST_TEST(cpu_default_threads(1) == 3);  // the user's explicit count wins over Slurm's share
+  setenv("OPENBLAS_NUM_THREADS", "5", 1);
+  BOOST_TEST(cpu_default_threads(2) == 5);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].second)
+      setenv(names[i], saved[i].first.c_str(), 1);
+    else
+      unsetenv(names[i]);
+  }
 }

@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -310,6 +311,51 @@ BOOST_AUTO_TEST_CASE(hybrid_shard_gathers_as_full_shard_inside_a_node) {
       BOOST_TEST(row_of(e, "HYBRID_SHARD").at("params_bytes") == row_of(f, "FULL_SHARD").at("params_bytes"));
     }
   }
+}
+
+// Offloaded, a rank's host holds its fp32 master, gradient slice and both moments (16 bytes a slice
+// element) and, for 16-bit parameters, the pinned staging of the largest slice; a node holds the
+// host memory of each of its ranks.
+BOOST_AUTO_TEST_CASE(offload_plan_counts_host_memory_per_rank_and_per_node) {
+  shardlm::MemoryPlanSpec s = spec_of(bloom560m({"--train.batch_size=8", "--fsdp.cpu_offload=true"}));
+  BOOST_TEST_REQUIRE((s.fsdp.param_dtype == shardlm::DType::BF16));
+  s.world_size = 8;
+  s.ranks_per_node = 4;
+  for (auto strategy : {shardlm::ShardingStrategy::FullShard, shardlm::ShardingStrategy::HybridShard}) {
+    s.fsdp.strategy = strategy;
+    s.fsdp.param_dtype = shardlm::DType::BF16;
+    const int shard = strategy == shardlm::ShardingStrategy::FullShard ? 8 : 4;
+    size_t slices = 0, largest = 0;
+    for (const shardlm::UnitLayout& l : shardlm::model_layout(s.model)) {
+      const size_t n = shardlm::shard_numel_of(l.numel, shard);
+      slices += n;
+      largest = std::max(largest, n);
+    }
+    const shardlm::RankMemoryPlan p = shardlm::plan_rank_memory(s);
+    BOOST_TEST(p.host_bytes == 16 * slices + 2 * largest);
+    BOOST_TEST(p.host_optimizer == 8 * slices);
+    BOOST_TEST(p.optimizer == 0u);
+    BOOST_TEST(p.host_per_node() == 4 * p.host_bytes);
+    s.fsdp.param_dtype = shardlm::DType::F32;  // the fp32 master itself goes up: no 16-bit staging
+    BOOST_TEST(shardlm::plan_rank_memory(s).host_bytes == 16 * slices);
+  }
+  // The command shows both, in the table and the JSON, for the offloaded rows and the others.
+  Outcome j = plan(kBloom560m + " --ranks=8 --ranks-per-node=4 --train.batch_size=64 --json");
+  BOOST_TEST_INFO(j.output);
+  BOOST_TEST_REQUIRE(j.exit_code == 0);
+  const json plan_json = json::parse(j.output);
+  for (const json& r : plan_json.at("rows"))
+    BOOST_TEST(r.at("host_bytes_per_node").get<size_t>() == 4 * r.at("host_bytes").get<size_t>());
+  s.fsdp.param_dtype = shardlm::DType::BF16;
+  s.fsdp.strategy = shardlm::ShardingStrategy::FullShard;
+  s.micro_batch = plan_json.at("micro_batch_size").get<int>();
+  BOOST_TEST(row_of(plan_json, "FULL_SHARD", true).at("host_bytes_per_node").get<size_t>() ==
+             shardlm::plan_rank_memory(s).host_per_node());
+  Outcome t = plan(kBloom560m + " --ranks=8 --ranks-per-node=4 --train.batch_size=64");
+  BOOST_TEST_REQUIRE(t.exit_code == 0);
+  BOOST_TEST(contains(t.output, "host/rank"));
+  BOOST_TEST(contains(t.output, "host/node"));
+  BOOST_TEST(contains(t.output, "its node's 4 rank(s)"));
 }
 
 BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {

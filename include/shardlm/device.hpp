@@ -27,8 +27,9 @@ void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 // Threads the CPU backend's BLAS may use in this process (ranks sharing a node split the cores).
 void cpu_set_threads(int threads);
 
-// BLAS threads for one of `ranks_on_node` ranks on a node: the user's OPENBLAS_NUM_THREADS or
-// OMP_NUM_THREADS if set, the cores the rank is bound to if bound, else a fair share of the node.
+// BLAS and host AdamW threads for one of `ranks_on_node` ranks on a node: the user's
+// OPENBLAS_NUM_THREADS or OMP_NUM_THREADS if set, else the cores the rank is bound to if bound, else
+// a fair share of the node, in either case at most SLURM_CPUS_PER_TASK where Slurm sets it.
 int cpu_default_threads(int ranks_on_node);
 
 // ---- the backend interface the FSDP engine runs on ------------------------------------------
@@ -129,6 +130,19 @@ class Backend {
 
 // The CPU backend; `threads` spread its element-wise work (AdamW) over the host's cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 1);
+
+// ---- the host AdamW (cpu/host_adamw.cpp): the CPU backend's adamw, offloaded runs' optimizer ----
+
+// The instruction sets the host AdamW has a path for; the best one the CPU has is chosen at run time.
+enum class HostSimd { Scalar, Avx2, Avx512 };
+const char* host_simd_name(HostSimd simd);
+bool host_simd_available(HostSimd simd);  // this CPU runs it (AVX2 also needs F16C)
+HostSimd host_simd_best();                 // AVX-512, else AVX2, else scalar
+// Elements per work piece: threads take whole pieces, so any thread count gives the same bits.
+constexpr size_t kHostAdamWPiece = size_t(1) << 16;
+// Backend::adamw on the host with the GPU kernel's formula and fp32 scalars (src/device/cuda/adamw.cu),
+// on `threads` threads with the `simd` path; every path and thread count gives the same bits.
+void host_adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, int threads, HostSimd simd);
 
 // ---- a GPU's dense peak, for the model FLOPs utilisation (gpu_peaks.cpp) ---------------------
 

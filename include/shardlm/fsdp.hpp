@@ -183,7 +183,11 @@ struct RankMemoryPlan {
   size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
-  size_t host_bytes = 0;      // CUDA: host memory of the rank (master copy, moments or their staging, grads)
+  size_t host_bytes = 0;      // CUDA: host memory of the rank (master copy, moments or their staging, grads,
+                              // with offload the pinned 16-bit staging of the updated slices)
+  int ranks_per_node = 1;     // the ranks whose host memory one node holds
+
+  size_t host_per_node() const { return host_bytes * static_cast<size_t>(ranks_per_node); }
 
   size_t params() const { return record.master_shard + record.full_params; }
   size_t grads() const { return record.grad_shard + record.full_grads; }

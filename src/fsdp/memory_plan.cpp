@@ -32,6 +32,8 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLa
       if (cuda) p.host_bytes += 3 * n * 4;  // checkpoint staging of the master and the moments
     }
   }
+  // The page-locked staging the 16-bit compute copy of each updated slice goes up through.
+  if (spec.fsdp.cpu_offload && spec.fsdp.param_dtype != DType::F32) p.host_bytes += b.max_shard * sizeof(uint16_t);
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice;
@@ -63,6 +65,7 @@ RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
   RankMemoryPlan p = plan_backend(spec, layout, shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
+  p.ranks_per_node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   return p;
 }
 

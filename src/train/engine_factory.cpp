@@ -77,7 +77,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     throw Error("run.backend = cuda: this shardlm was built without CUDA (configure with -DSHARDLM_CUDA=ON)");
 #endif
   } else {
-    backend = make_cpu_backend(1);
+    backend = make_cpu_backend(cpu_default_threads(topo.host_ranks));
     groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
   }
   check_memory_fits(cfg, topo, micro, *backend, comm);

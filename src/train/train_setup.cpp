@@ -136,6 +136,12 @@ void report_shape(TrainRun& run) {
   run.say(concat("attention: ", run.engine->attention_description(),
                  multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));
   run.say(run.peak.line);
+  // Where AdamW runs and, on the host, with which instructions and how many threads (engine_factory's count).
+  if (run.engine->backend().host_memory() || cfg.fsdp.cpu_offload)
+    run.say(concat("optimizer: AdamW on the host (", host_simd_name(host_simd_best()), ", ",
+                   cpu_default_threads(run.topo.host_ranks), " thread(s) per rank)"));
+  else
+    run.say("optimizer: AdamW on the GPU");
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
                  " ranks", cfg.data.packing ? concat(" (packed: rows of ", cfg.data.max_length, " tokens, ", run.micro,

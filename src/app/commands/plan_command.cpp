@@ -268,7 +268,7 @@ void print_table(const Plan& plan) {
                 format_bytes(plan.args.budget).c_str());
   std::printf("\n  %-37s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
               "activations", "buffers", "total");
-  if (cuda) std::printf(" %11s %11s", "+runtime", "host");
+  if (cuda) std::printf(" %11s %11s %11s", "+runtime", "host/rank", "host/node");
   std::printf(" %4s %9s\n", "fits", "max micro");
   for (const Row& r : plan.rows) {
     const RankMemoryPlan& p = r.memory;
@@ -276,11 +276,17 @@ void print_table(const Plan& plan) {
                 format_bytes(p.params()).c_str(), format_bytes(p.grads()).c_str(), format_bytes(p.optimizer).c_str(),
                 format_bytes(p.activations()).c_str(), format_bytes(p.buffers()).c_str(),
                 format_bytes(r.total).c_str());
-    if (cuda) std::printf(" %11s %11s", format_bytes(r.with_runtime).c_str(), format_bytes(p.host_bytes).c_str());
+    if (cuda)
+      std::printf(" %11s %11s %11s", format_bytes(r.with_runtime).c_str(), format_bytes(p.host_bytes).c_str(),
+                  format_bytes(p.host_per_node()).c_str());
     std::printf(" %4s %9d\n", r.fits ? "yes" : "no", r.max_micro);
   }
   std::printf("\n  * the deck's configuration; shard = shard-group size;"
               " max micro = the largest micro-batch that fits\n");
+  if (cuda)
+    std::printf("  host/rank, host/node: host memory of a rank and of its node's %d rank(s) (checkpoint staging, or\n"
+                "  with CPU offload the fp32 master, gradient slice and moments plus the pinned 16-bit staging)\n",
+                plan.ranks_per_node);
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
   if (cuda) {
@@ -326,6 +332,7 @@ void print_json(const Plan& plan) {
                     {"with_runtime_bytes", r.with_runtime},
                     {"host_optimizer_bytes", p.host_optimizer},
                     {"host_bytes", p.host_bytes},
+                    {"host_bytes_per_node", p.host_per_node()},
                     {"fits", r.fits},
                     {"max_micro_batch", r.max_micro},
                     // The fields of the run's "memory" record, by the same names.

@@ -1,10 +1,8 @@
 // The CPU backend: host memory counted by MemKind, synchronous "streams", casts and the
 // element-wise updates (gradient accumulation, sums of squares, AdamW over the host's threads).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "shardlm/device.hpp"
 
@@ -34,26 +32,6 @@ class NoEvent final : public BackendEvent {
   void record(Stream) override {}
   void wait_on(Stream) override {}
 };
-
-void adamw_range(const AdamWRange& r, size_t begin, size_t end, const AdamWHyper& h, float step_size,
-                 float bias2_sqrt) {
-  const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2), eps = static_cast<float>(h.eps);
-  const float decay = static_cast<float>(1.0 - h.lr * r.weight_decay);
-  float *p = r.param, *m = r.exp_avg, *v = r.exp_avg_sq;
-  for (size_t i = begin; i < end; ++i) {
-    const float g = h.grad_scale == 1.0f ? r.grad[i] : r.grad[i] * h.grad_scale;
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-    p[i] -= step_size * m[i] / denom;
-  }
-  if (!r.param_out || end <= begin) return;
-  if (h.out_dtype == DType::F32)
-    std::memcpy(static_cast<float*>(r.param_out) + begin, p + begin, (end - begin) * sizeof(float));
-  else
-    pack16(h.out_dtype, p + begin, static_cast<uint16_t*>(r.param_out) + begin, end - begin);
-}
 
 class CpuBackend final : public Backend {
  public:
@@ -103,32 +81,12 @@ class CpuBackend final : public Backend {
   }
 
   void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream) override {
-    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
-    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-    const float step_size = static_cast<float>(h.lr / bias1);
-    const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-    // Work items of at most 1 M elements, so that threads share even a single large range.
-    struct Piece {
-      size_t range, begin, end;
-    };
-    constexpr size_t kPiece = 1u << 20;
-    std::vector<Piece> pieces;
-    for (size_t r = 0; r < ranges.size(); ++r)
-      for (size_t b = 0; b < ranges[r].numel; b += kPiece) pieces.push_back({r, b, std::min(ranges[r].numel, b + kPiece)});
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i = next++; i < pieces.size(); i = next++)
-        adamw_range(ranges[pieces[i].range], pieces[i].begin, pieces[i].end, h, step_size, bias2_sqrt);
-    };
-    const int helpers = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads_), pieces.size())) - 1;
-    std::vector<std::thread> pool;
-    for (int t = 0; t < helpers; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    host_adamw(ranges, h, threads_, simd_);
   }
 
  private:
   int threads_;
+  HostSimd simd_ = host_simd_best();
 };
 
 }  // namespace

@@ -45,11 +45,11 @@ int cpu_default_threads(int ranks_on_node) {
   cpu_set_t mask;
   CPU_ZERO(&mask);
   const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
-    const int mine = CPU_COUNT(&mask);
-    if (mine < online) return std::max(1, mine);
-  }
-  return std::max(1, online / std::max(1, ranks_on_node));
+  int threads = std::max(1, online / std::max(1, ranks_on_node));
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) < online) threads = std::max(1, CPU_COUNT(&mask));
+  // Slurm's --cpus-per-task is the task's share even where the launcher did not bind it.
+  if (const char* v = std::getenv("SLURM_CPUS_PER_TASK"); v && std::atoi(v) > 0) threads = std::min(threads, std::atoi(v));
+  return threads;
 }
 
 }  // namespace shardlm
