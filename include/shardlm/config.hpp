@@ -106,6 +106,7 @@ struct RunSection {
   std::string dir = "runs/run";
   BackendKind backend = BackendKind::Cpu;
   double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU); 0 = the GPU's peak from its name
+  bool overwrite = false;  // a fresh run may replace an earlier run left in dir
 };
 
 // data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.

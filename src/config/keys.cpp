@@ -287,6 +287,7 @@ static std::vector<KeySpec> build_table() {
       dir_key("run.dir"),
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
+      flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite)),
   };
 }
 

@@ -34,18 +34,10 @@ void rename_path(const std::string& from, const std::string& to) {
   if (ec) throw Error(concat("cannot rename '", from, "' to '", to, "': ", ec.message()));
 }
 
-// Writes DIR/latest (the checkpoint's file name on one line) through latest.tmp and a rename.
+// Writes DIR/latest (the checkpoint's file name on one line) through latest.tmp and a rename; on a
+// failure latest still names the previous checkpoint.
 void write_latest(const std::string& dir, const std::string& name) {
-  const std::string latest = (fs::path(dir) / kLatestFile).string();
-  const std::string tmp = latest + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-    out.close();
-    if (!out) throw Error(concat("cannot write '", tmp, "'"));
-  }
-  sync_path(tmp);
-  rename_path(tmp, latest);
+  replace_file((fs::path(dir) / kLatestFile).string(), name + "\n", "checkpoint pointer");
 }
 
 struct Found {
@@ -94,8 +86,14 @@ namespace ckpt {
 
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
                         int keep_last) {
-  sync_path(tmp_path);
-  rename_path(tmp_path, final_path);
+  try {
+    sync_path(tmp_path);
+    rename_path(tmp_path, final_path);
+  } catch (const Error&) {
+    std::error_code ignored;
+    fs::remove(tmp_path, ignored);  // not synced: nothing a resume may pick up
+    throw;
+  }
   sync_path(dir);
   const std::string name = fs::path(final_path).filename().string();
   write_latest(dir, name);

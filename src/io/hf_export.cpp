@@ -1,7 +1,6 @@
 // export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index) for BLOOM or Llama.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -13,24 +12,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
-
-// Writes a small text file via PATH.tmp and a rename, like the weights.
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    SHARDLM_CHECK(out, "export: cannot create ", tmp);
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(concat("export: writing ", tmp, " failed (disk full?)"));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  SHARDLM_CHECK(!ec, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
-}
 
 size_t shape_numel(const CheckpointTensor& t) {
   size_t n = 1;
@@ -92,17 +73,64 @@ void write_shard(const std::string& path, const ModelConfig& cfg, const std::vec
   write_safetensors(path, entries);
 }
 
-// Removes weight files of an earlier export that this one did not write, so transformers cannot mix them in.
-void remove_stale_weights(const fs::path& dir, const std::set<std::string>& written) {
+// The files an export writes: config.json and the weights (one file, or shards and their index).
+bool export_file_name(const std::string& name) {
   static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  return name == "config.json" || std::regex_match(name, weight_file);
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  SHARDLM_CHECK(!ec, "export: cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
+}
+
+// Puts the complete export in STAGING in the place of DIR. Files in an existing DIR that are not
+// an export's (a tokenizer put beside the weights) move into it first, so they stay; an earlier
+// export's config and weights go with the old folder.
+void install_export(const fs::path& staging, const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return rename_or_throw(staging, dir);
+  SHARDLM_CHECK(fs::is_directory(dir), "export: ", dir.string(), " exists and is not a folder");
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, weight_file) && !written.count(name)) {
-      std::error_code ec;
-      fs::remove(entry.path(), ec);
-      SHARDLM_CHECK(!ec, "export: cannot remove the stale file ", entry.path().string(), ": ", ec.message());
-    }
+    if (!export_file_name(name)) rename_or_throw(entry.path(), staging / name);
   }
+  const fs::path old = fs::path(dir.string() + ".old");
+  fs::remove_all(old, ec);
+  rename_or_throw(dir, old);
+  rename_or_throw(staging, dir);
+  fs::remove_all(old, ec);
+  SHARDLM_CHECK(!ec, "export: cannot remove the earlier export moved to ", old.string(), ": ", ec.message());
+}
+
+// Writes config.json and the weights into the (new, empty) folder ROOT.
+void write_export(const fs::path& root, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+                  const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
+                  const std::map<std::string, int>& token_ids, size_t max_shard_bytes) {
+  OrderedJson config = OrderedJson::parse(hf_config_json(cfg));
+  for (const auto& [key, id] : token_ids) config[key] = id;
+  replace_file((root / "config.json").string(), config.dump(2) + "\n", "export config");
+
+  const auto selected = exported_tensors(tensors);
+  size_t total_bytes = 0;
+  for (const CheckpointTensor* t : selected) total_bytes += t->numel * sizeof(float);
+
+  if (total_bytes <= max_shard_bytes) {
+    write_shard((root / "model.safetensors").string(), cfg, selected, fetch);
+    return;
+  }
+  const auto shards = plan_shards(selected, max_shard_bytes);
+  OrderedJson index;
+  index["metadata"] = {{"total_size", total_bytes}};
+  nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = shard_file_name(i, shards.size());
+    write_shard((root / file).string(), cfg, shards[i], fetch);
+    for (const CheckpointTensor* t : shards[i]) weight_map[hf_tensor_name(cfg, t->name)] = file;
+  }
+  index["weight_map"] = weight_map;
+  replace_file((root / "model.safetensors.index.json").string(), index.dump(2) + "\n", "export shard index");
 }
 
 }  // namespace
@@ -110,39 +138,24 @@ void remove_stale_weights(const fs::path& dir, const std::set<std::string>& writ
 void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
                      const std::map<std::string, int>& token_ids, size_t max_shard_bytes) {
+  SHARDLM_CHECK(!dir.empty(), "export: no output folder given");
+  // Everything is written into a folder beside DIR, which takes DIR's place once complete: a failed
+  // export leaves DIR as it was.
+  fs::path target = fs::path(dir);
+  if (!target.has_filename()) target = target.parent_path();  // "out/" -> "out"
+  const fs::path staging = fs::path(target.string() + ".partial");
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  SHARDLM_CHECK(!ec && fs::is_directory(dir), "export: cannot create the directory ", dir,
+  fs::remove_all(staging, ec);  // left by an export that was killed
+  fs::create_directories(staging, ec);
+  SHARDLM_CHECK(!ec && fs::is_directory(staging), "export: cannot create the folder ", staging.string(),
                 ec ? ": " + ec.message() : std::string());
-  const fs::path root(dir);
-  OrderedJson config = OrderedJson::parse(hf_config_json(cfg));
-  for (const auto& [key, id] : token_ids) config[key] = id;
-  write_text_file((root / "config.json").string(), config.dump(2) + "\n");
-
-  const auto selected = exported_tensors(tensors);
-  size_t total_bytes = 0;
-  for (const CheckpointTensor* t : selected) total_bytes += t->numel * sizeof(float);
-
-  std::set<std::string> written;
-  if (total_bytes <= max_shard_bytes) {
-    write_shard((root / "model.safetensors").string(), cfg, selected, fetch);
-    written.insert("model.safetensors");
-  } else {
-    const auto shards = plan_shards(selected, max_shard_bytes);
-    OrderedJson index;
-    index["metadata"] = {{"total_size", total_bytes}};
-    nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const std::string file = shard_file_name(i, shards.size());
-      write_shard((root / file).string(), cfg, shards[i], fetch);
-      written.insert(file);
-      for (const CheckpointTensor* t : shards[i]) weight_map[hf_tensor_name(cfg, t->name)] = file;
-    }
-    index["weight_map"] = weight_map;
-    write_text_file((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");
-    written.insert("model.safetensors.index.json");
+  try {
+    write_export(staging, cfg, tensors, fetch, token_ids, max_shard_bytes);
+    install_export(staging, target);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
   }
-  remove_stale_weights(root, written);
 }
 
 }  // namespace shardlm

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
@@ -36,14 +35,15 @@ void load_inputs(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   run.resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir());
   if (run.rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.run.dir, ec);
-    SHARDLM_CHECK(!ec, "run.dir = '", cfg.run.dir, "': cannot create it: ", ec.message());
-    std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
-    deck << resolved_deck_ini(cfg);
-    SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
-    run.metrics =
-        MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(), !run.resume_path.empty());
+    // Every output folder is checked before step 1, not when the first checkpoint is due.
+    check_output_folders(cfg);
+    run.lock = RunFolderLock(cfg.run.dir);
+    const std::string replaced = claim_run_folder(cfg);
+    if (!replaced.empty() && run.echo) log_info(replaced);
+    replace_file((std::filesystem::path(cfg.run.dir) / "deck.resolved.ini").string(), resolved_deck_ini(cfg),
+                 "resolved deck");
+    run.metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(),
+                                !run.resume_path.empty());
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
