@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,6 +50,12 @@ size_t count_of(const std::string& text, const std::string& what) {
 }
 
 const std::string kDemo = SHARDLM_SOURCE_DIR "/input/demo.ini";
+
+std::string host_name_for_test() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::path(SHARDLM_BINARY_DIR) / "test_runs" / name;
@@ -771,4 +778,65 @@ BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
 #ifndef SHARDLM_HAVE_CUDA
   expect_comm_test_failure(2, "--backend=cuda", "built without the CUDA backend");
 #endif
+}
+
+// A run folder belongs to one job: a second job is refused while the first holds the lock; a stale
+// lock of a dead process on this host is broken; a fresh run into a folder holding a run is
+// refused unless it resumes or run.overwrite = true, which says what it replaces.
+BOOST_AUTO_TEST_CASE(a_run_folder_belongs_to_one_job) {
+  const fs::path dir = scratch("cli_run_folder");
+  const std::string train = "train " + kDemo + " --data.eval_file= --run.dir=" + dir.string();
+  Outcome first = run_shardlm(1, train + " --train.max_steps=2");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));  // removed when the run ends
+
+  expect_failure(1, train + " --train.max_steps=2", "already holds a run (metrics.jsonl, 1 checkpoint(s) in");
+  Outcome replaced = run_shardlm(1, train + " --train.max_steps=2 --run.overwrite=true");
+  BOOST_TEST(replaced.exit_code == 0, replaced.output);
+  BOOST_TEST(count_of(replaced.output, "run.overwrite = true: replaced the earlier run in") == 1u, replaced.output);
+
+  // A live job's lock (this test process, on this host) refuses a second job, naming its owner.
+  {
+    std::ofstream(dir / "lock") << "host=" << host_name_for_test() << "\npid=" << ::getpid()
+                                << "\nslurm_job_id=\nstarted=2026-01-01T00:00:00Z\n";
+  }
+  expect_failure(1, train + " --train.max_steps=2 --checkpoint.resume=auto", "is in use by another job (host ");
+  BOOST_TEST(fs::exists(dir / "lock"));
+  // A lock whose process has ended is broken with a warning.
+  {
+    std::ofstream(dir / "lock") << "host=" << host_name_for_test() << "\npid=999999999\nslurm_job_id=\nstarted=x\n";
+  }
+  Outcome resumed = run_shardlm(1, train + " --checkpoint.resume=auto --train.max_steps=3");
+  BOOST_TEST(resumed.exit_code == 0, resumed.output);
+  BOOST_TEST(count_of(resumed.output, "breaking the stale lock") == 1u, resumed.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));
+}
+
+// Output folders are checked before step 1; a partial last line of metrics.jsonl is cut off when a
+// run resumes; the final checkpoint is written before the last evaluation.
+BOOST_AUTO_TEST_CASE(outputs_are_checked_at_start_and_metrics_stay_whole) {
+  const fs::path dir = scratch("cli_outputs");
+  { std::ofstream(dir / "a_file") << "x"; }
+  expect_failure(1, "train " + kDemo + " --run.dir=" + (dir / "run").string() + " --checkpoint.dir=" +
+                        (dir / "a_file").string(), "checkpoint.dir = '");
+  BOOST_TEST(!fs::exists(dir / "run" / "metrics.jsonl"));
+
+  const std::string train = "train " + kDemo + " --data.eval_size=2 --eval.max_new_tokens=2 --run.dir=" +
+                            (dir / "run").string();
+  Outcome first = run_shardlm(1, train + " --train.max_steps=2");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  // The step-2 checkpoint line comes before the evaluation's line.
+  BOOST_TEST(first.output.find("checkpoint step 2:") < first.output.find("eval_loss"), first.output);
+  { std::ofstream(dir / "run" / "metrics.jsonl", std::ios::app) << R"({"type":"train","loss":1.)"; }
+  Outcome resumed = run_shardlm(1, train + " --checkpoint.resume=auto --train.max_steps=3");
+  BOOST_TEST(resumed.exit_code == 0, resumed.output);
+  BOOST_TEST(count_of(resumed.output, "ended in a partial record") == 1u, resumed.output);
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  std::string line;
+  size_t lines = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    BOOST_CHECK_NO_THROW(nlohmann::json::parse(line));
+  }
+  BOOST_TEST(lines > 3u);
 }

@@ -137,8 +137,10 @@ std::string claim_run_folder(const RunConfig& cfg) {
   static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|latest(\.tmp)?)");
   std::vector<fs::path> found;
   for (const char* name : {"metrics.jsonl", "predictions.json"}) {
+    // An empty metrics file is a run that failed before its first record (a bad size, say).
     const fs::path p = fs::path(cfg.run.dir) / name;
-    if (fs::exists(p)) found.push_back(p);
+    std::error_code ec;
+    if (fs::exists(p) && !(fs::is_regular_file(p) && fs::file_size(p, ec) == 0)) found.push_back(p);
   }
   size_t checkpoints = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(cfg.checkpoint_dir())) {
