@@ -380,7 +380,7 @@ BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
   Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
   std::string message;
   BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, s.units, MPI_COMM_WORLD); }, &message) == world_size());
-  BOOST_TEST(contains(message, "checkpoint " + damaged + ": dataset /units/h.0/exp_avg: checksum mismatch"), message);
+  BOOST_TEST(contains(message, "checkpoint " + damaged + " is damaged: dataset /units/h.0/exp_avg: checksum mismatch"), message);
 
   // The reader checks only the param vectors; damage one of those for it.
   const std::string damaged_param = dir + "/damaged_param.h5";

@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE test_cli
 #include <boost/test/unit_test.hpp>
 
+#include <hdf5.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -839,4 +840,84 @@ BOOST_AUTO_TEST_CASE(outputs_are_checked_at_start_and_metrics_stay_whole) {
     BOOST_CHECK_NO_THROW(nlohmann::json::parse(line));
   }
   BOOST_TEST(lines > 3u);
+}
+
+namespace {
+
+// Step -> loss of the train records of a run (the last record of a step wins: a resumed run's).
+std::map<long, double> losses_by_step(const fs::path& run_dir) {
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  std::map<long, double> out;
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "train") out[j.at("step").get<long>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+// Flips one bit of the data of dataset `where` in an HDF5 file (past the metadata, where only the
+// checksum can see it).
+void flip_data_bit(const fs::path& file, const std::string& where) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, where.c_str(), H5P_DEFAULT);
+  const haddr_t offset = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  BOOST_REQUIRE(offset != HADDR_UNDEF);
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset + 101));
+  char byte = 0;
+  io.read(&byte, 1);
+  byte ^= 0x10;
+  io.seekp(static_cast<std::streamoff>(offset + 101));
+  io.write(&byte, 1);
+}
+
+}  // namespace
+
+// resume = auto skips a truncated or bit-flipped newest checkpoint with a warning naming it and
+// resumes from the one before; the losses after it equal the uninterrupted run's. A missing latest
+// pointer resumes from the newest checkpoint instead of starting afresh.
+BOOST_AUTO_TEST_CASE(resume_skips_a_damaged_newest_checkpoint) {
+  const fs::path dir = scratch("cli_damaged_resume");
+  const std::string common = "train " + kDemo + " --train.log_every=1 --data.eval_file= "
+                             "--checkpoint.every=2 --checkpoint.keep_last=0 --run.dir=" + dir.string();
+  const std::string train = common + " --train.max_steps=4";
+  Outcome first = run_shardlm(2, train);
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const std::map<long, double> uninterrupted = losses_by_step(dir);
+  BOOST_TEST_REQUIRE(uninterrupted.size() == 4u);
+  const fs::path newest = dir / "checkpoints" / "ckpt-00000004.h5";
+
+  auto resume_from_two = [&](const std::string& why) {
+    Outcome o = run_shardlm(2, train + " --checkpoint.resume=auto");
+    BOOST_TEST_CONTEXT(why << "\n" << o.output) {
+      BOOST_TEST(o.exit_code == 0);
+      BOOST_TEST(count_of(o.output, "warning: skipping a damaged checkpoint: ") == 1u);
+      BOOST_TEST(count_of(o.output, "ckpt-00000004.h5") >= 1u);
+      BOOST_TEST(count_of(o.output, "resumed from " + (dir / "checkpoints" / "ckpt-00000002.h5").string()) == 1u);
+      const std::map<long, double> resumed = losses_by_step(dir);
+      for (long step : {3L, 4L}) BOOST_TEST(resumed.at(step) == uninterrupted.at(step), "step " << step);
+    }
+  };
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+  resume_from_two("truncated");
+  flip_data_bit(newest, "/units/h.1/param");  // the resumed run wrote step 4 again
+  resume_from_two("bit-flipped");
+  Outcome intact = run_shardlm(1, "inspect --verify " + newest.string());  // the resumed run's step 4
+  BOOST_TEST(intact.exit_code == 0, intact.output);
+  BOOST_TEST(count_of(intact.output, ": intact (9 datasets") == 1u, intact.output);
+  flip_data_bit(newest, "/units/h.0/exp_avg_sq");
+  Outcome verify = run_shardlm(1, "inspect --verify " + newest.string());
+  BOOST_TEST(verify.exit_code != 0, verify.output);
+  BOOST_TEST(count_of(verify.output, "checksum mismatch") >= 1u, verify.output);
+
+  // No latest pointer: the newest checkpoint, with a warning, not a fresh start.
+  fs::remove(dir / "checkpoints" / "latest");
+  flip_data_bit(newest, "/units/h.0/exp_avg_sq");  // back to intact
+  Outcome o = run_shardlm(2, common + " --checkpoint.resume=auto --train.max_steps=5");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(count_of(o.output, "has no 'latest' pointer") == 1u, o.output);
+  BOOST_TEST(count_of(o.output, "resumed from " + newest.string()) == 1u, o.output);
 }

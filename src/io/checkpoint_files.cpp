@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 
 #include "checkpoint_format.hpp"
@@ -115,10 +116,39 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
 
 }  // namespace ckpt
 
+std::vector<std::string> resume_candidates(const std::string& dir, std::string* note) {
+  std::vector<std::string> out;
+  if (dir.empty() || !fs::is_directory(dir)) return out;
+  std::string latest;
+  try {
+    latest = latest_target(dir);
+  } catch (const Error& e) {
+    if (note) *note = concat(e.what(), ": trying the checkpoints in the folder, newest first");
+  }
+  const std::vector<Found> finished = list_checkpoints(dir, false);
+  if (!latest.empty()) out.push_back(latest);
+  if (latest.empty() && !finished.empty() && note && note->empty())
+    *note = concat("checkpoint folder ", dir, " has no '", kLatestFile,
+                   "' pointer: trying its checkpoints, newest first");
+  // Older ones follow (a crash between a checkpoint's rename and latest's leaves a newer complete
+  // file, which latest still outranks).
+  long below = std::numeric_limits<long>::max();
+  if (!latest.empty()) {
+    for (const Found& f : finished)
+      if (f.path.string() == latest || fs::equivalent(f.path, latest)) below = f.step;
+  }
+  for (auto it = finished.rbegin(); it != finished.rend(); ++it)
+    if (it->step < below) out.push_back(it->path.string());
+  return out;
+}
+
 std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir) {
   switch (from) {
     case ResumeFrom::None: return "";
-    case ResumeFrom::Auto: return dir.empty() || !fs::is_directory(dir) ? "" : latest_target(dir);
+    case ResumeFrom::Auto: {
+      const std::vector<std::string> found = resume_candidates(dir, nullptr);
+      return found.empty() ? "" : found.front();
+    }
     case ResumeFrom::Path: break;
   }
   return resolve_checkpoint_path(path);

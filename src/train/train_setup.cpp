@@ -173,6 +173,42 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   return run;
 }
 
+namespace {
+
+// The checkpoint a resumed run starts from. With resume = auto a damaged newest checkpoint (or a
+// missing latest pointer) is skipped with a warning naming it, and the newest intact one is used:
+// a requeued job neither fails for good nor silently starts afresh. Sets run.resume_path to it.
+CheckpointMeta load_resume_checkpoint(TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  std::vector<std::string> candidates{run.resume_path};
+  if (cfg.checkpoint.resume == ResumeFrom::Auto) {
+    std::string note;
+    candidates = resume_candidates(cfg.checkpoint_dir(), &note);
+    if (!note.empty()) run.say(concat("warning: ", note));
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      CheckpointMeta meta =
+          load_checkpoint(candidates[i], run.engine->checkpoint_state(), run.comm, [&](const CheckpointMeta& m) {
+            const std::string diff = model_config_difference(m.model, cfg.model);
+            SHARDLM_CHECK(diff.empty(), "checkpoint ", candidates[i], " holds another model than this run's: ",
+                          diff, " (resume needs the model it was written for)");
+          });
+      run.resume_path = candidates[i];
+      return meta;
+    } catch (const AgreedError& e) {
+      if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_damaged(e.what())) throw;
+      if (i + 1 == candidates.size())
+        throw AgreedError(concat(e.what(), "; no intact checkpoint is left in ", cfg.checkpoint_dir(),
+                                 " (set checkpoint.resume = none, or run.dir elsewhere, to start afresh)"));
+      run.say(concat("warning: skipping a damaged checkpoint: ", e.what(), "; trying ", candidates[i + 1]));
+    }
+  }
+  throw AgreedError(concat("checkpoint.resume: no checkpoint in ", cfg.checkpoint_dir()));
+}
+
+}  // namespace
+
 TrainPosition load_start(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   TrainPosition pos;
@@ -181,7 +217,7 @@ TrainPosition load_start(TrainRun& run) {
   pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
   FsdpEngine& model = *run.engine;
   if (!run.resume_path.empty()) {
-    CheckpointMeta meta = load_checkpoint(run.resume_path, model.checkpoint_state(), run.comm);
+    CheckpointMeta meta = load_resume_checkpoint(run);
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     pos.step = meta.step;
