@@ -921,3 +921,29 @@ BOOST_AUTO_TEST_CASE(resume_skips_a_damaged_newest_checkpoint) {
   BOOST_TEST(count_of(o.output, "has no 'latest' pointer") == 1u, o.output);
   BOOST_TEST(count_of(o.output, "resumed from " + newest.string()) == 1u, o.output);
 }
+
+// A full disk under the run's other outputs (/dev/full answers every write with ENOSPC): metrics
+// (rank 0's own file) and predictions (agreed by every rank) end the job with one error naming the
+// file and the cause, on 1 and 2 ranks; the final checkpoint, written before the evaluation, stays.
+BOOST_AUTO_TEST_CASE(outputs_on_a_full_disk_end_the_job_with_the_cause) {
+  if (!fs::exists("/dev/full")) return;  // Linux has it
+  for (int np : {1, 2}) {
+    const fs::path dir = scratch("cli_full_disk_np" + std::to_string(np));
+    fs::create_symlink("/dev/full", dir / "metrics.jsonl");
+    // (resume = auto: a metrics file that is a device is not a run this one may not overwrite)
+    expect_failure(np, "train " + kDemo + " --train.max_steps=2 --data.eval_file= --checkpoint.resume=auto --run.dir=" +
+                           dir.string(),
+                   "writing metrics file '" + (dir / "metrics.jsonl").string() + "': No space left on device");
+
+    const fs::path run = dir / "predictions";
+    fs::create_directories(run);
+    fs::create_symlink("/dev/full", run / "predictions.json.tmp");
+    expect_failure(np, "train " + kDemo + " --train.max_steps=2 --data.eval_size=2 --eval.max_new_tokens=2 "
+                       "--run.dir=" + run.string(),
+                   "writing predictions file '" + (run / "predictions.json.tmp").string() +
+                       "': No space left on device");
+    BOOST_TEST(fs::exists(run / "checkpoints" / "ckpt-00000002.h5"));
+    BOOST_TEST(!fs::exists(run / "predictions.json"));
+    BOOST_TEST(!fs::exists(run / "lock"));
+  }
+}
