@@ -811,6 +811,28 @@ BOOST_AUTO_TEST_CASE(a_run_folder_belongs_to_one_job) {
   BOOST_TEST(resumed.exit_code == 0, resumed.output);
   BOOST_TEST(count_of(resumed.output, "breaking the stale lock") == 1u, resumed.output);
   BOOST_TEST(!fs::exists(dir / "lock"));
+
+  // A lock from another host is broken only by a later attempt of the same (requeued) Slurm job.
+  auto slurm_attempt = [&](int restart_count) {
+    {
+      std::ofstream(dir / "lock") << "host=another-node\npid=1\nslurm_job_id=4242\nslurm_restart_count=0\n";
+    }
+    Outcome o;
+    o.exit_code = run_shell(std::string("timeout 120 " SHARDLM_MPIEXEC " -np 1 " SHARDLM_MPIEXEC_FLAGS
+                                        " -x SLURM_JOB_ID=4242 -x SLURM_RESTART_COUNT=") +
+                                std::to_string(restart_count) + " " SHARDLM_BINARY_DIR "/bin/shardlm " + train +
+                                " --train.max_steps=3 --checkpoint.resume=auto 2>&1",
+                            o.output);
+    return o;
+  };
+  Outcome same_attempt = slurm_attempt(0);  // could be another step of the same job, still running
+  BOOST_TEST(same_attempt.exit_code != 0, same_attempt.output);
+  BOOST_TEST(count_of(same_attempt.output, "is in use by another job (host another-node, PID 1, Slurm job 4242") == 1u,
+             same_attempt.output);
+  Outcome requeued = slurm_attempt(1);
+  BOOST_TEST(requeued.exit_code == 0, requeued.output);
+  BOOST_TEST(count_of(requeued.output, "breaking the stale lock") == 1u, requeued.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));
 }
 
 // Output folders are checked before step 1; a partial last line of metrics.jsonl is cut off when a

@@ -134,7 +134,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 59u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 60u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -143,7 +143,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
                                                           "checkpoint.resume", "checkpoint.at_end",
                                                           "checkpoint.collective_buffering"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
-  BOOST_TEST(c.resolved.back().first == "run.peak_tflops");
+  BOOST_TEST(c.resolved.back().first == "run.overwrite");
 }
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {

@@ -103,7 +103,8 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
 std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir);
 // The checkpoints resume = auto tries, in order: the file DIR/latest names, then the older
 // ckpt-*.h5 of DIR, newest first (all of them, newest first, when latest is missing or names
-// nothing; `note` then says so). Empty when DIR holds none.
+// nothing; `note` then says so). Empty when DIR holds none; Error when latest names a missing file
+// and no checkpoint is left.
 std::vector<std::string> resume_candidates(const std::string& dir, std::string* note);
 // Whether a load_checkpoint error says the file is damaged (truncated, unreadable, checksum), as
 // opposed to a checkpoint of another model or optimizer.

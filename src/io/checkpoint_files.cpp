@@ -120,12 +120,13 @@ std::vector<std::string> resume_candidates(const std::string& dir, std::string* 
   std::vector<std::string> out;
   if (dir.empty() || !fs::is_directory(dir)) return out;
   std::string latest;
+  const std::vector<Found> finished = list_checkpoints(dir, false);
   try {
     latest = latest_target(dir);
   } catch (const Error& e) {
+    if (finished.empty()) throw;  // a pointer to checkpoints that are all gone: not a fresh start
     if (note) *note = concat(e.what(), ": trying the checkpoints in the folder, newest first");
   }
-  const std::vector<Found> finished = list_checkpoints(dir, false);
   if (!latest.empty()) out.push_back(latest);
   if (latest.empty() && !finished.empty() && note && note->empty())
     *note = concat("checkpoint folder ", dir, " has no '", kLatestFile,

@@ -37,17 +37,24 @@ std::string slurm_job_id() {
   return id ? id : "";
 }
 
+// Which attempt of a requeued Slurm job this is (0 for the first).
+long slurm_restart_count() {
+  const char* n = std::getenv("SLURM_RESTART_COUNT");
+  return n ? std::strtol(n, nullptr, 10) : 0;
+}
+
 // The lock's fields ("host", "pid", "slurm_job_id", "started"), one "key=value" a line.
 std::string lock_text() {
   const std::time_t now = std::time(nullptr);
   char when[64] = {};
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return concat("host=", host_name(), "\npid=", ::getpid(), "\nslurm_job_id=", slurm_job_id(), "\nstarted=", when,
-                "\n");
+  return concat("host=", host_name(), "\npid=", ::getpid(), "\nslurm_job_id=", slurm_job_id(),
+                "\nslurm_restart_count=", slurm_restart_count(), "\nstarted=", when, "\n");
 }
 
 struct LockOwner {
   std::string host, pid, slurm_job_id, started;
+  long slurm_restart_count = 0;
   std::string describe() const {
     return concat("host ", host.empty() ? "?" : host, ", PID ", pid.empty() ? "?" : pid,
                   slurm_job_id.empty() ? std::string() : concat(", Slurm job ", slurm_job_id),
@@ -67,15 +74,17 @@ LockOwner read_owner(const std::string& path) {
     if (key == "pid") o.pid = value;
     if (key == "slurm_job_id") o.slurm_job_id = value;
     if (key == "started") o.started = value;
+    if (key == "slurm_restart_count") o.slurm_restart_count = std::strtol(value.c_str(), nullptr, 10);
   }
   return o;
 }
 
-// Whether the job that wrote the lock is provably gone: a requeued Slurm job (the same job id: Slurm
-// ended the earlier run before starting this one), or a PID that no longer runs on this host.
-// A lock from another host is never proven stale.
+// Whether the job that wrote the lock is provably gone: an earlier attempt of this requeued Slurm
+// job (same job id, lower SLURM_RESTART_COUNT: Slurm ended it before starting this one), or a PID
+// that no longer runs on this host. A lock from another host is never proven stale otherwise.
 bool provably_stale(const LockOwner& o) {
-  if (!o.slurm_job_id.empty() && o.slurm_job_id == slurm_job_id()) return true;
+  if (!o.slurm_job_id.empty() && o.slurm_job_id == slurm_job_id() && o.slurm_restart_count < slurm_restart_count())
+    return true;
   if (o.host != host_name() || o.pid.empty()) return false;
   char* end = nullptr;
   const long pid = std::strtol(o.pid.c_str(), &end, 10);

@@ -8,10 +8,10 @@
 
 namespace shardlm {
 
-// RUN_DIR/lock, holding the host, PID, Slurm job id and start time of the job that owns the folder.
-// Taken by the constructor, removed by the destructor. A lock left by a job that is provably gone
-// (same host and its PID no longer runs, or the same Slurm job id: a requeued job) is broken with
-// a warning; any other existing lock is an Error naming its owner.
+// RUN_DIR/lock, holding the host, PID, Slurm job id, Slurm restart count and start time of the job
+// that owns the folder. Taken by the constructor, removed by the destructor. A lock left by a job
+// that is provably gone (same host and its PID no longer runs, or an earlier attempt of this
+// requeued Slurm job) is broken with a warning; any other existing lock is an Error naming its owner.
 class RunFolderLock {
  public:
   RunFolderLock() = default;
