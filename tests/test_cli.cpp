@@ -969,3 +969,22 @@ BOOST_AUTO_TEST_CASE(outputs_on_a_full_disk_end_the_job_with_the_cause) {
     BOOST_TEST(!fs::exists(run / "lock"));
   }
 }
+
+// Resume compares the whole model config and names the key that differs; load_weights_only takes
+// the parameters into a new run of another config with the same shapes.
+BOOST_AUTO_TEST_CASE(resume_refuses_another_model_unless_weights_only) {
+  const fs::path dir = scratch("cli_other_model");
+  const std::string base = "train " + kDemo + " --data.eval_file= --train.max_steps=2";
+  Outcome first = run_shardlm(1, base + " --run.dir=" + (dir / "a").string());
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const std::string resume = " --checkpoint.resume=" + (dir / "a" / "checkpoints").string();
+  expect_failure(1, base + " --model.num_heads=8 --run.dir=" + (dir / "b").string() + resume,
+                 "n_head is 4 in the checkpoint, 8 in this run");
+  expect_failure(1, base + " --model.layer_norm_eps=1e-6 --run.dir=" + (dir / "b").string() + resume,
+                 "layer_norm_epsilon is 1e-05 in the checkpoint, 1e-06 in this run");
+  Outcome weights = run_shardlm(1, base + " --model.layer_norm_eps=1e-6 --checkpoint.load_weights_only=true --run.dir=" +
+                                       (dir / "c").string() + resume);
+  BOOST_TEST(weights.exit_code == 0, weights.output);
+  BOOST_TEST(count_of(weights.output, "loaded the weights of ") == 1u, weights.output);
+  BOOST_TEST(train_losses(dir / "c").size() == 1u);  // steps 1 and 2 of a new run, one log line
+}

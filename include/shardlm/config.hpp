@@ -100,6 +100,7 @@ struct CheckpointSection {
   std::string resume_path;               // a checkpoint file or a checkpoint folder (resume = Path)
   bool at_end = true;           // write one when training ends
   bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
+  bool load_weights_only = false;     // resume takes only the parameters: a fresh run from another model config
 };
 
 struct RunSection {

@@ -91,9 +91,11 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
 // optimizer vectors against the names its `optimizer` lists (Error naming the file, unit and
 // dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
 // `check_meta`, when given, runs on every rank on the file's attributes before any data is read;
-// an Error it throws ends the load on every rank with its message.
+// an Error it throws ends the load on every rank with its message. weights_only: only each unit's
+// param is read (the file's optimizer state, whatever it holds, is left).
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
-                               const std::function<void(const CheckpointMeta&)>& check_meta = {});
+                               const std::function<void(const CheckpointMeta&)>& check_meta = {},
+                               bool weights_only = false);
 // "" when the checkpoint's model config equals `run`'s, else the first key that differs with both
 // values ("num_heads is 4 in the checkpoint, 8 in this run").
 std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run);

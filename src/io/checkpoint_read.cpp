@@ -193,7 +193,7 @@ size_t dataset_length(hid_t dset, const std::string& where, const std::string& p
 }
 
 // The file must hold exactly the caller's units, with the same sizes and tensors (rank-local).
-void check_layout(hid_t file, const std::vector<UnitState>& units, const std::string& path) {
+void check_layout(hid_t file, const std::vector<UnitState>& units, const std::string& path, bool weights_only) {
   std::vector<std::string> wanted;
   for (const UnitState& u : units) {
     SHARDLM_CHECK(u.layout, "load_checkpoint: a unit has no layout");
@@ -205,7 +205,7 @@ void check_layout(hid_t file, const std::vector<UnitState>& units, const std::st
   for (const UnitState& u : units) {
     SHARDLM_CHECK(u.begin + u.count <= u.numel, "load_checkpoint: unit ", u.layout->name, " slice [", u.begin, ", ",
                   u.begin + u.count, ") is past its ", u.numel, " elements");
-    check_optimizer_vectors(file, u, path);
+    if (!weights_only) check_optimizer_vectors(file, u, path);
     for (const StateVector& v : stored_vectors(u)) {
       const std::string where = vector_path(u.layout->name, v.name);
       H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
@@ -241,9 +241,11 @@ std::string checksum_mismatch(const std::string& path, const std::string& where)
 
 // Collective: each rank reads [begin, begin + count) of the unit's datasets; primaries' partial
 // checksums are summed and compared with the attributes. Returns this rank's error.
-std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path) {
+std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path,
+                      bool weights_only) {
   std::string error;
   std::vector<StateVector> vectors = stored_vectors(u);
+  if (weights_only) vectors.resize(1);  // param
   // The optimizer's in name order: the same collective reads on every rank, whatever order each
   // rank listed them in (check_layout has matched the names with the file's).
   std::sort(vectors.begin() + 1, vectors.end(),
@@ -297,7 +299,7 @@ std::string open_failure(const std::string& path) {
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
-                               const std::function<void(const CheckpointMeta&)>& check_meta) {
+                               const std::function<void(const CheckpointMeta&)>& check_meta, bool weights_only) {
   silence_hdf5_errors();
   H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
@@ -309,7 +311,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
   try {
     meta = read_meta(file.get(), path);
     if (check_meta) check_meta(meta);
-    check_layout(file.get(), units, path);
+    check_layout(file.get(), units, path, weights_only);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -317,7 +319,8 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 
   H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
   H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
-  for (const UnitState& u : units) agree_on_error(comm, read_unit(file.get(), u, dxpl.get(), comm, path));
+  for (const UnitState& u : units)
+    agree_on_error(comm, read_unit(file.get(), u, dxpl.get(), comm, path, weights_only));
   return meta;
 }
 

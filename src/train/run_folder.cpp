@@ -157,7 +157,8 @@ std::string claim_run_folder(const RunConfig& cfg) {
     found.push_back(e.path());
     if (e.path().extension() == ".h5") ++checkpoints;
   }
-  if (found.empty() || cfg.checkpoint.resume != ResumeFrom::None) return "";
+  // Weights only start a new run: it must not mix with an earlier one either.
+  if (found.empty() || (cfg.checkpoint.resume != ResumeFrom::None && !cfg.checkpoint.load_weights_only)) return "";
   std::ostringstream list;
   size_t listed = 0;
   for (const fs::path& p : found) {

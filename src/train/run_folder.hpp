@@ -31,7 +31,8 @@ class RunFolderLock {
 void check_output_folders(const RunConfig& cfg);
 
 // Rank 0, holding the lock: a folder that already holds a run (metrics, predictions, checkpoints)
-// is an Error for a fresh run (checkpoint.resume = none) unless run.overwrite = true; then the
+// is an Error for a fresh run (checkpoint.resume = none, or checkpoint.load_weights_only: a new run
+// from a checkpoint's weights) unless run.overwrite = true; then the
 // earlier run's files are deleted and the line returned says what was replaced ("" when nothing).
 std::string claim_run_folder(const RunConfig& cfg);
 

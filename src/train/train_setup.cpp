@@ -43,7 +43,7 @@ void load_inputs(TrainRun& run) {
     replace_file((std::filesystem::path(cfg.run.dir) / "deck.resolved.ini").string(), resolved_deck_ini(cfg),
                  "resolved deck");
     run.metrics = MetricsWriter((std::filesystem::path(cfg.run.dir) / "metrics.jsonl").string(),
-                                !run.resume_path.empty());
+                                !run.resume_path.empty() && !cfg.checkpoint.load_weights_only);
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
@@ -188,12 +188,16 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
   }
   for (size_t i = 0; i < candidates.size(); ++i) {
     try {
-      CheckpointMeta meta =
-          load_checkpoint(candidates[i], run.engine->checkpoint_state(), run.comm, [&](const CheckpointMeta& m) {
-            const std::string diff = model_config_difference(m.model, cfg.model);
-            SHARDLM_CHECK(diff.empty(), "checkpoint ", candidates[i], " holds another model than this run's: ",
-                          diff, " (resume needs the model it was written for)");
-          });
+      const bool weights_only = cfg.checkpoint.load_weights_only;
+      CheckpointMeta meta = load_checkpoint(
+          candidates[i], run.engine->checkpoint_state(), run.comm,
+          [&](const CheckpointMeta& m) {
+            const std::string diff = weights_only ? "" : model_config_difference(m.model, cfg.model);
+            SHARDLM_CHECK(diff.empty(), "checkpoint ", candidates[i], " holds another model than this run's: ", diff,
+                          " (resume needs the model it was written for; checkpoint.load_weights_only = true "
+                          "starts a new run from its weights)");
+          },
+          weights_only);
       run.resume_path = candidates[i];
       return meta;
     } catch (const AgreedError& e) {
@@ -216,7 +220,13 @@ TrainPosition load_start(TrainRun& run) {
   pos.scaling = cfg.train.loss_scale > 0 || fp16;
   pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
   FsdpEngine& model = *run.engine;
-  if (!run.resume_path.empty()) {
+  if (!run.resume_path.empty() && cfg.checkpoint.load_weights_only) {
+    // Only the parameters: step, optimizer state, schedule and data position start afresh.
+    const CheckpointMeta meta = load_resume_checkpoint(run);
+    model.checkpoint_loaded();
+    run.say(concat("loaded the weights of ", run.resume_path, " (step ", meta.step,
+                   "; checkpoint.load_weights_only: a new run from step 0 with fresh optimizer state)"));
+  } else if (!run.resume_path.empty()) {
     CheckpointMeta meta = load_resume_checkpoint(run);
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
