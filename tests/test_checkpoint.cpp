@@ -183,6 +183,50 @@ std::string clean_launcher_env() {
   return prefix;
 }
 
+// Runs the fault program on `ranks` ranks (log in DIR/fault.log): its exit code, its output and
+// the seconds it took.
+struct FaultRun {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+FaultRun run_fault_program(const std::string& dir, int ranks, const std::string& fault) {
+  const std::string log = dir + "/../" + fs::path(dir).filename().string() + ".log";
+  const std::string cmd = concat(clean_launcher_env(), " timeout 60 " SHARDLM_MPIEXEC " -np ", ranks,
+                                 " " SHARDLM_MPIEXEC_FLAGS " " SHARDLM_FAULT_PROGRAM " ", dir, " ", fault, " > ", log,
+                                 " 2>&1");
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  FaultRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(log);
+  r.output = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  r.output = cmd + "\n" + r.output;
+  return r;
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
+  return n;
+}
+
+// A failed second checkpoint: one error line naming the file and the cause, exit 1 (no crash, no
+// hang), no temporary left, latest still on the intact first checkpoint.
+void check_failed_second_checkpoint(const std::string& dir, const FaultRun& r, const std::string& cause) {
+  BOOST_TEST_CONTEXT(r.output) {
+    BOOST_TEST(r.code == 1);  // 124: timed out (a hang); 139: a crash
+    BOOST_TEST(r.seconds < 10.0);
+    BOOST_TEST(count_of(r.output, "shardlm: error:") == 1u);
+    BOOST_TEST(contains(r.output, "ckpt-00000002.h5.tmp"));
+    BOOST_TEST(contains(r.output, cause));
+    BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5.tmp"));
+    BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5"));
+    BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000001.h5");
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(round_trip_on_the_same_slicing) {
@@ -336,7 +380,7 @@ BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
   Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
   std::string message;
   BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, s.units, MPI_COMM_WORLD); }, &message) == world_size());
-  BOOST_TEST(contains(message, "checkpoint " + damaged + ": dataset /units/h.0/exp_avg: checksum mismatch"), message);
+  BOOST_TEST(contains(message, "checkpoint " + damaged + " is damaged: dataset /units/h.0/exp_avg: checksum mismatch"), message);
 
   // The reader checks only the param vectors; damage one of those for it.
   const std::string damaged_param = dir + "/damaged_param.h5";
@@ -596,4 +640,68 @@ BOOST_AUTO_TEST_CASE(a_job_killed_mid_write_keeps_the_previous_checkpoint) {
   save_known(dir, 3);
   BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5.tmp"));
   BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000003.h5");
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_write_ends_every_rank_and_keeps_latest) {
+  // An injected ENOSPC in one rank's data write (the last rank, the fourth piece of the file), then
+  // one in rank 0's space reservation: every rank of the job stops within seconds with one message.
+  const std::vector<std::pair<std::string, std::string>> faults = {
+      {concat("write_error:", world_size() - 1, ":3"), "No space left on device"},
+      {"write_error:0:0", "No space left on device"},
+      {"reserve_error", "cannot reserve"}};
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const std::string dir = scratch(concat("write_error_", i));
+    if (world_rank() == 0) {
+      const FaultRun r = run_fault_program(dir, world_size(), faults[i].first);
+      check_failed_second_checkpoint(dir, r, faults[i].second);
+    }
+    sleeping_barrier();
+    BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000001.h5", world_size()) == 0u);
+  }
+
+  // In this process too: every rank throws the same error, and the next checkpoint succeeds.
+  const std::string dir = scratch("write_error_in_process");
+  save_known(dir, 1);
+  setenv("SHARDLM_FAULT_CHECKPOINT", concat("write_error:", world_size() - 1, ":2").c_str(), 1);
+  std::string message;
+  BOOST_TEST(ranks_failing([&] { save_known(dir, 2); }, &message) == world_size());
+  unsetenv("SHARDLM_FAULT_CHECKPOINT");
+  BOOST_TEST(contains(message, "No space left on device"), message);
+  BOOST_TEST(!fs::exists(dir + "/ckpt-00000002.h5.tmp"));
+  BOOST_TEST(read_text(dir + "/latest") == "ckpt-00000001.h5");
+  save_known(dir, 3);
+  BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000003.h5", world_size()) == 0u);
+}
+
+// A real full disk, where this machine lets the test mount a small tmpfs (root, mount allowed); the
+// injected failures above are the path every CI machine takes.
+BOOST_AUTO_TEST_CASE(a_full_disk_ends_every_rank_and_keeps_latest) {
+  const std::string probe = scratch("full_disk_probe");
+  const uint64_t bytes = save_known(probe, 1).bytes;
+  const std::string dir = concat(SHARDLM_BINARY_DIR, "/test_runs/checkpoint_np", world_size(), "/full_disk");
+  if (world_rank() == 0) (void)std::system(concat("umount ", dir, " 2>/dev/null").c_str());  // an interrupted run's
+  scratch("full_disk");
+  int mounted = 0;
+  if (world_rank() == 0) {
+    // Room for the first checkpoint and half of the second.
+    const uint64_t size = (bytes + bytes / 2 + (64 << 10) + 4095) / 4096 * 4096;
+    mounted = std::system(concat("mount -t tmpfs -o size=", size, " tmpfs ", dir, " 2>/dev/null").c_str()) == 0;
+  }
+  MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!mounted) {
+    BOOST_TEST_MESSAGE("no tmpfs could be mounted here: the injected failures stand for a full disk");
+    return;
+  }
+  // Found by the space reservation, then (without it) inside HDF5's own writes.
+  for (const char* fault : {"none", "no_reserve"}) {
+    if (world_rank() == 0) {
+      for (const auto& e : fs::directory_iterator(dir)) fs::remove_all(e.path());
+      const FaultRun r = run_fault_program(dir, world_size(), fault);
+      check_failed_second_checkpoint(dir, r, "No space left on device");
+    }
+    sleeping_barrier();
+    BOOST_TEST(load_and_count_wrong(dir + "/ckpt-00000001.h5", world_size()) == 0u);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (world_rank() == 0) BOOST_TEST(std::system(concat("umount ", dir).c_str()) == 0);
 }

@@ -4,7 +4,9 @@
 #define BOOST_TEST_MODULE test_cli
 #include <boost/test/unit_test.hpp>
 
+#include <hdf5.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +29,12 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kDemo = SHARDLM_SOURCE_DIR "/input/demo.ini";
+
+std::string host_name_for_test() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::path(SHARDLM_BINARY_DIR) / "test_runs" / name;
@@ -867,4 +875,212 @@ BOOST_AUTO_TEST_CASE(comm_test_bad_options_fail_with_the_option) {
 #ifndef SHARDLM_HAVE_CUDA
   expect_comm_test_failure(2, "--backend=cuda", "built without the CUDA backend");
 #endif
+}
+
+// A run folder belongs to one job: a second job is refused while the first holds the lock; a stale
+// lock of a dead process on this host is broken; a fresh run into a folder holding a run is
+// refused unless it resumes or run.overwrite = true, which says what it replaces.
+BOOST_AUTO_TEST_CASE(a_run_folder_belongs_to_one_job) {
+  const fs::path dir = scratch("cli_run_folder");
+  const std::string train = "train " + kDemo + " --data.eval_file= --run.dir=" + dir.string();
+  Outcome first = run_shardlm(1, train + " --train.max_steps=2");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));  // removed when the run ends
+
+  expect_failure(1, train + " --train.max_steps=2", "already holds a run (metrics.jsonl, 1 checkpoint(s) in");
+  Outcome replaced = run_shardlm(1, train + " --train.max_steps=2 --run.overwrite=true");
+  BOOST_TEST(replaced.exit_code == 0, replaced.output);
+  BOOST_TEST(count_of(replaced.output, "run.overwrite = true: replaced the earlier run in") == 1u, replaced.output);
+
+  // A live job's lock (this test process, on this host) refuses a second job, naming its owner.
+  {
+    std::ofstream(dir / "lock") << "host=" << host_name_for_test() << "\npid=" << ::getpid()
+                                << "\nslurm_job_id=\nstarted=2026-01-01T00:00:00Z\n";
+  }
+  expect_failure(1, train + " --train.max_steps=2 --checkpoint.resume=auto", "is in use by another job (host ");
+  BOOST_TEST(fs::exists(dir / "lock"));
+  // A lock whose process has ended is broken with a warning.
+  {
+    std::ofstream(dir / "lock") << "host=" << host_name_for_test() << "\npid=999999999\nslurm_job_id=\nstarted=x\n";
+  }
+  Outcome resumed = run_shardlm(1, train + " --checkpoint.resume=auto --train.max_steps=3");
+  BOOST_TEST(resumed.exit_code == 0, resumed.output);
+  BOOST_TEST(count_of(resumed.output, "breaking the stale lock") == 1u, resumed.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));
+
+  // A lock from another host is broken only by a later attempt of the same (requeued) Slurm job.
+  auto slurm_attempt = [&](int restart_count) {
+    {
+      std::ofstream(dir / "lock") << "host=another-node\npid=1\nslurm_job_id=4242\nslurm_restart_count=0\n";
+    }
+    Outcome o;
+    o.exit_code = run_shell(std::string("timeout 120 " SHARDLM_MPIEXEC " -np 1 " SHARDLM_MPIEXEC_FLAGS
+                                        " -x SLURM_JOB_ID=4242 -x SLURM_RESTART_COUNT=") +
+                                std::to_string(restart_count) + " " SHARDLM_BINARY_DIR "/bin/shardlm " + train +
+                                " --train.max_steps=3 --checkpoint.resume=auto 2>&1",
+                            o.output);
+    return o;
+  };
+  Outcome same_attempt = slurm_attempt(0);  // could be another step of the same job, still running
+  BOOST_TEST(same_attempt.exit_code != 0, same_attempt.output);
+  BOOST_TEST(count_of(same_attempt.output, "is in use by another job (host another-node, PID 1, Slurm job 4242") == 1u,
+             same_attempt.output);
+  Outcome requeued = slurm_attempt(1);
+  BOOST_TEST(requeued.exit_code == 0, requeued.output);
+  BOOST_TEST(count_of(requeued.output, "breaking the stale lock") == 1u, requeued.output);
+  BOOST_TEST(!fs::exists(dir / "lock"));
+}
+
+// Output folders are checked before step 1; a partial last line of metrics.jsonl is cut off when a
+// run resumes; the final checkpoint is written before the last evaluation.
+BOOST_AUTO_TEST_CASE(outputs_are_checked_at_start_and_metrics_stay_whole) {
+  const fs::path dir = scratch("cli_outputs");
+  { std::ofstream(dir / "a_file") << "x"; }
+  expect_failure(1, "train " + kDemo + " --run.dir=" + (dir / "run").string() + " --checkpoint.dir=" +
+                        (dir / "a_file").string(), "checkpoint.dir = '");
+  BOOST_TEST(!fs::exists(dir / "run" / "metrics.jsonl"));
+
+  const std::string train = "train " + kDemo + " --data.eval_size=2 --eval.max_new_tokens=2 --run.dir=" +
+                            (dir / "run").string();
+  Outcome first = run_shardlm(1, train + " --train.max_steps=2");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  // The step-2 checkpoint line comes before the evaluation's line.
+  BOOST_TEST(first.output.find("checkpoint step 2:") < first.output.find("eval_loss"), first.output);
+  { std::ofstream(dir / "run" / "metrics.jsonl", std::ios::app) << R"({"type":"train","loss":1.)"; }
+  Outcome resumed = run_shardlm(1, train + " --checkpoint.resume=auto --train.max_steps=3");
+  BOOST_TEST(resumed.exit_code == 0, resumed.output);
+  BOOST_TEST(count_of(resumed.output, "ended in a partial record") == 1u, resumed.output);
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  std::string line;
+  size_t lines = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    BOOST_CHECK_NO_THROW(nlohmann::json::parse(line));
+  }
+  BOOST_TEST(lines > 3u);
+}
+
+namespace {
+
+// Step -> loss of the train records of a run (the last record of a step wins: a resumed run's).
+std::map<long, double> losses_by_step(const fs::path& run_dir) {
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  std::map<long, double> out;
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "train") out[j.at("step").get<long>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+// Flips one bit of the data of dataset `where` in an HDF5 file (past the metadata, where only the
+// checksum can see it).
+void flip_data_bit(const fs::path& file, const std::string& where) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, where.c_str(), H5P_DEFAULT);
+  const haddr_t offset = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  BOOST_REQUIRE(offset != HADDR_UNDEF);
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset + 101));
+  char byte = 0;
+  io.read(&byte, 1);
+  byte ^= 0x10;
+  io.seekp(static_cast<std::streamoff>(offset + 101));
+  io.write(&byte, 1);
+}
+
+}  // namespace
+
+// resume = auto skips a truncated or bit-flipped newest checkpoint with a warning naming it and
+// resumes from the one before; the losses after it equal the uninterrupted run's. A missing latest
+// pointer resumes from the newest checkpoint instead of starting afresh.
+BOOST_AUTO_TEST_CASE(resume_skips_a_damaged_newest_checkpoint) {
+  const fs::path dir = scratch("cli_damaged_resume");
+  const std::string common = "train " + kDemo + " --train.log_every=1 --data.eval_file= "
+                             "--checkpoint.every=2 --checkpoint.keep_last=0 --run.dir=" + dir.string();
+  const std::string train = common + " --train.max_steps=4";
+  Outcome first = run_shardlm(2, train);
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const std::map<long, double> uninterrupted = losses_by_step(dir);
+  BOOST_TEST_REQUIRE(uninterrupted.size() == 4u);
+  const fs::path newest = dir / "checkpoints" / "ckpt-00000004.h5";
+
+  auto resume_from_two = [&](const std::string& why) {
+    Outcome o = run_shardlm(2, train + " --checkpoint.resume=auto");
+    BOOST_TEST_CONTEXT(why << "\n" << o.output) {
+      BOOST_TEST(o.exit_code == 0);
+      BOOST_TEST(count_of(o.output, "warning: skipping a damaged checkpoint: ") == 1u);
+      BOOST_TEST(count_of(o.output, "ckpt-00000004.h5") >= 1u);
+      BOOST_TEST(count_of(o.output, "resumed from " + (dir / "checkpoints" / "ckpt-00000002.h5").string()) == 1u);
+      const std::map<long, double> resumed = losses_by_step(dir);
+      for (long step : {3L, 4L}) BOOST_TEST(resumed.at(step) == uninterrupted.at(step), "step " << step);
+    }
+  };
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+  resume_from_two("truncated");
+  flip_data_bit(newest, "/units/h.1/param");  // the resumed run wrote step 4 again
+  resume_from_two("bit-flipped");
+  Outcome intact = run_shardlm(1, "inspect --verify " + newest.string());  // the resumed run's step 4
+  BOOST_TEST(intact.exit_code == 0, intact.output);
+  BOOST_TEST(count_of(intact.output, ": intact (9 datasets") == 1u, intact.output);
+  flip_data_bit(newest, "/units/h.0/exp_avg_sq");
+  Outcome verify = run_shardlm(1, "inspect --verify " + newest.string());
+  BOOST_TEST(verify.exit_code != 0, verify.output);
+  BOOST_TEST(count_of(verify.output, "checksum mismatch") >= 1u, verify.output);
+
+  // No latest pointer: the newest checkpoint, with a warning, not a fresh start.
+  fs::remove(dir / "checkpoints" / "latest");
+  flip_data_bit(newest, "/units/h.0/exp_avg_sq");  // back to intact
+  Outcome o = run_shardlm(2, common + " --checkpoint.resume=auto --train.max_steps=5");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(count_of(o.output, "has no 'latest' pointer") == 1u, o.output);
+  BOOST_TEST(count_of(o.output, "resumed from " + newest.string()) == 1u, o.output);
+}
+
+// A full disk under the run's other outputs (/dev/full answers every write with ENOSPC): metrics
+// (rank 0's own file) and predictions (agreed by every rank) end the job with one error naming the
+// file and the cause, on 1 and 2 ranks; the final checkpoint, written before the evaluation, stays.
+BOOST_AUTO_TEST_CASE(outputs_on_a_full_disk_end_the_job_with_the_cause) {
+  if (!fs::exists("/dev/full")) return;  // Linux has it
+  for (int np : {1, 2}) {
+    const fs::path dir = scratch("cli_full_disk_np" + std::to_string(np));
+    fs::create_symlink("/dev/full", dir / "metrics.jsonl");
+    // (resume = auto: a metrics file that is a device is not a run this one may not overwrite)
+    expect_failure(np, "train " + kDemo + " --train.max_steps=2 --data.eval_file= --checkpoint.resume=auto --run.dir=" +
+                           dir.string(),
+                   "writing metrics file '" + (dir / "metrics.jsonl").string() + "': No space left on device");
+
+    const fs::path run = dir / "predictions";
+    fs::create_directories(run);
+    fs::create_symlink("/dev/full", run / "predictions.json.tmp");
+    expect_failure(np, "train " + kDemo + " --train.max_steps=2 --data.eval_size=2 --eval.max_new_tokens=2 "
+                       "--run.dir=" + run.string(),
+                   "writing predictions file '" + (run / "predictions.json.tmp").string() +
+                       "': No space left on device");
+    BOOST_TEST(fs::exists(run / "checkpoints" / "ckpt-00000002.h5"));
+    BOOST_TEST(!fs::exists(run / "predictions.json"));
+    BOOST_TEST(!fs::exists(run / "lock"));
+  }
+}
+
+// Resume compares the whole model config and names the key that differs; load_weights_only takes
+// the parameters into a new run of another config with the same shapes.
+BOOST_AUTO_TEST_CASE(resume_refuses_another_model_unless_weights_only) {
+  const fs::path dir = scratch("cli_other_model");
+  const std::string base = "train " + kDemo + " --data.eval_file= --train.max_steps=2";
+  Outcome first = run_shardlm(1, base + " --run.dir=" + (dir / "a").string());
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const std::string resume = " --checkpoint.resume=" + (dir / "a" / "checkpoints").string();
+  expect_failure(1, base + " --model.num_heads=8 --run.dir=" + (dir / "b").string() + resume,
+                 "n_head is 4 in the checkpoint, 8 in this run");
+  expect_failure(1, base + " --model.layer_norm_eps=1e-6 --run.dir=" + (dir / "b").string() + resume,
+                 "layer_norm_epsilon is 1e-05 in the checkpoint, 1e-06 in this run");
+  Outcome weights = run_shardlm(1, base + " --model.layer_norm_eps=1e-6 --checkpoint.load_weights_only=true --run.dir=" +
+                                       (dir / "c").string() + resume);
+  BOOST_TEST(weights.exit_code == 0, weights.output);
+  BOOST_TEST(count_of(weights.output, "loaded the weights of ") == 1u, weights.output);
+  BOOST_TEST(train_losses(dir / "c").size() == 1u);  // steps 1 and 2 of a new run, one log line
 }

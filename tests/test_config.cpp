@@ -134,16 +134,17 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 60u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 62u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
     if (kv.first.rfind("checkpoint.", 0) == 0) checkpoint_keys.push_back(kv.first);
   BOOST_TEST((checkpoint_keys == std::vector<std::string>{"checkpoint.dir", "checkpoint.every", "checkpoint.keep_last",
                                                           "checkpoint.resume", "checkpoint.at_end",
-                                                          "checkpoint.collective_buffering"}));
+                                                          "checkpoint.collective_buffering",
+                                                          "checkpoint.load_weights_only"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
-  BOOST_TEST(c.resolved.back().first == "run.peak_tflops");
+  BOOST_TEST(c.resolved.back().first == "run.overwrite");
 }
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {

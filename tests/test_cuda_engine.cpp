@@ -41,6 +41,7 @@ RunConfig config(const std::string& backend, const std::string& name, int steps)
   cfg.train.seed = 7;
   cfg.run.backend = backend == "cuda" ? BackendKind::Cuda : BackendKind::Cpu;
   cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/cuda_engine_np", world_size(), "/", name);
+  cfg.run.overwrite = true;  // the suite's earlier run left its files there
   cfg.checkpoint.at_end = false;
   return cfg;
 }

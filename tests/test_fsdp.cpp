@@ -26,6 +26,7 @@ RunConfig tiny_config(ShardingStrategy strategy, const std::string& name) {
   cfg.train.log_every = 5;
   cfg.fsdp.strategy = strategy;
   cfg.run.dir = concat(SHARDLM_BINARY_DIR, "/test_runs/fsdp_np", world_size(), "_", name);
+  cfg.run.overwrite = true;  // the suite's earlier run left its files there
   return cfg;
 }
 

@@ -396,8 +396,10 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
   std::map<std::string, size_t> files_at_fetch;
   export_hf_model(dir.string(), cfg, tensors,
                   [&](const CheckpointTensor& t) {
+                    // The export is written into DIR.partial, which takes DIR's place when complete.
                     size_t n = 0;
-                    for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".safetensors";
+                    for (const auto& e : fs::directory_iterator(dir.string() + ".partial"))
+                      n += e.path().extension() == ".safetensors";
                     files_at_fetch["transformer." + t.name] = n;
                     return known_values(t);
                   },
@@ -445,6 +447,29 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
   for (const auto& file : files) BOOST_TEST(!fs::exists(dir / file));
   BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
   check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
+
+  // An export that fails part-way leaves the earlier one as it was, and a file that is not an
+  // export's (a tokenizer put beside the weights) survives a successful one.
+  {
+    std::ofstream(dir / "tokenizer.json") << "{}";
+  }
+  const auto before = fs::file_size(dir / "model.safetensors");
+  BOOST_CHECK_THROW(export_hf_model(dir.string(), cfg, tensors,
+                                    [&](const CheckpointTensor& t) -> std::vector<float> {
+                                      if (t.name == "ln_f.weight") throw Error("disk full (simulated)");
+                                      return known_values(t);
+                                    },
+                                    {}, max_shard),
+                    Error);
+  BOOST_TEST(!fs::exists(dir.string() + ".partial"));
+  BOOST_TEST(fs::file_size(dir / "model.safetensors") == before);
+  BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
+  check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
+  export_hf_model(dir.string(), cfg, tensors, known_values, {}, max_shard);
+  BOOST_TEST(fs::exists(dir / "tokenizer.json"));
+  BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
+  BOOST_TEST(!fs::exists(dir / "model.safetensors"));
+  BOOST_TEST(!fs::exists(dir.string() + ".old"));
 }
 
 // A model directory whose weights hold a NaN or an infinity: reading the slice names the file, the

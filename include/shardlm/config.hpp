@@ -101,12 +101,14 @@ struct CheckpointSection {
   std::string resume_path;               // a checkpoint file or a checkpoint folder (resume = Path)
   bool at_end = true;           // write one when training ends
   bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
+  bool load_weights_only = false;     // resume takes only the parameters: a fresh run from another model config
 };
 
 struct RunSection {
   std::string dir = "runs/run";
   BackendKind backend = BackendKind::Cpu;
   double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU); 0 = the GPU's peak from its name
+  bool overwrite = false;  // a fresh run may replace an earlier run left in dir
 };
 
 // data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -55,6 +56,24 @@ constexpr uint64_t kMaxDataFileBytes = uint64_t(256) << 30;  // a training or ev
 std::unique_ptr<std::istream> open_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
 // The whole of such a file.
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
+
+// ---- output files ---------------------------------------------------------------------------
+
+// Writes all of `text` at the descriptor's position, retrying short writes; Error "writing WHAT
+// 'PATH': <reason>" (e.g. "No space left on device") on failure.
+void write_all(int fd, const void* data, size_t bytes, const std::string& what, const std::string& path);
+inline void write_all(int fd, const std::string& text, const std::string& what, const std::string& path) {
+  write_all(fd, text.data(), text.size(), what, path);
+}
+// Writes PATH atomically: `fill` writes the content to the descriptor of PATH.tmp (with write_all),
+// which is then synced and renamed over PATH. On any failure the .tmp is removed, PATH is untouched,
+// and Error names the file, WHAT it is and the reason.
+void replace_file(const std::string& path, const std::string& what, const std::function<void(int fd, const std::string& tmp)>& fill);
+inline void replace_file(const std::string& path, const std::string& text, const std::string& what) {
+  replace_file(path, what, [&](int fd, const std::string& tmp) { write_all(fd, text, what, tmp); });
+}
+// Error naming WHAT and the reason unless folder DIR exists (it is created) and a file can be created in it.
+void check_writable_folder(const std::string& dir, const std::string& what);
 
 // ---- logging --------------------------------------------------------------------------------
 

@@ -90,11 +90,27 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
 // Collective over comm. Checks the file's model and units against `units`, and each unit's stored
 // optimizer vectors against the names its `optimizer` lists (Error naming the file, unit and
 // dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
-CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm);
+// `check_meta`, when given, runs on every rank on the file's attributes before any data is read;
+// an Error it throws ends the load on every rank with its message. weights_only: only each unit's
+// param is read (the file's optimizer state, whatever it holds, is left).
+CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
+                               const std::function<void(const CheckpointMeta&)>& check_meta = {},
+                               bool weights_only = false);
+// "" when the checkpoint's model config equals `run`'s, else the first key that differs with both
+// values ("num_heads is 4 in the checkpoint, 8 in this run").
+std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run);
 
-// Resolves checkpoint.resume: None -> ""; Auto -> the file DIR/latest names, or "" when there is
-// none yet; Path -> resolve_checkpoint_path(path).
+// Resolves checkpoint.resume: None -> ""; Auto -> the first of resume_candidates(dir), or "" when
+// there is none yet; Path -> resolve_checkpoint_path(path).
 std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir);
+// The checkpoints resume = auto tries, in order: the file DIR/latest names, then the older
+// ckpt-*.h5 of DIR, newest first (all of them, newest first, when latest is missing or names
+// nothing; `note` then says so). Empty when DIR holds none; Error when latest names a missing file
+// and no checkpoint is left.
+std::vector<std::string> resume_candidates(const std::string& dir, std::string* note);
+// Whether a load_checkpoint error says the file is damaged (truncated, unreadable, checksum), as
+// opposed to a checkpoint of another model or optimizer.
+bool checkpoint_damaged(const std::string& error);
 // A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist, naming the
 // argument it came from (`what`: the deck key, or the subcommand's own argument).
 std::string resolve_checkpoint_path(const std::string& path, const std::string& what = "--checkpoint.resume");
@@ -126,6 +142,10 @@ class CheckpointReader {
   const std::vector<CheckpointUnitState>& unit_states() const { return unit_states_; }  // in unit order
   // The fp32 master values of one tensor (checksum of its unit's dataset verified on first use).
   std::vector<float> read(const CheckpointTensor& t);
+  // Reads every stored vector of every unit (param and optimizer state) and compares its checksum:
+  // one line per damaged dataset ("checkpoint FILE is damaged: dataset D: checksum mismatch"),
+  // empty when the file is intact.
+  std::vector<std::string> verify();
 
  private:
   std::string path_;

@@ -87,8 +87,10 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "shardlm: error: %s\n", e.what());
     code = 1;
   } catch (const std::exception& e) {
-    // Anything else may be one rank's alone: report it from that rank and end the whole job.
-    shardlm::log_error(e.what());
+    // Anything else may be one rank's alone (a file only rank 0 writes): report it from that rank
+    // and end the whole job.
+    std::fprintf(stderr, "shardlm: error: %s (rank %d)\n", e.what(), rank);
+    std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();

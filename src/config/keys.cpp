@@ -284,10 +284,12 @@ static std::vector<KeySpec> build_table() {
       resume_key("checkpoint.resume"),
       flag_key("checkpoint.at_end", SHARDLM_FIELD(checkpoint.at_end)),
       flag_key("checkpoint.collective_buffering", SHARDLM_FIELD(checkpoint.collective_buffering)),
+      flag_key("checkpoint.load_weights_only", SHARDLM_FIELD(checkpoint.load_weights_only)),
 
       dir_key("run.dir"),
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
+      flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite)),
   };
 }
 

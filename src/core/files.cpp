@@ -1,6 +1,13 @@
-// Input files read whole or by lines, checked before reading: regular files under a size limit.
+// Input files read whole or by lines, checked before reading: regular files under a size limit;
+// output files written whole, with the reason of a failure.
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -34,6 +41,54 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   text << in->rdbuf();
   if (in->bad()) throw Error(concat("cannot read ", what, " '", path, "'"));
   return text.str();
+}
+
+void write_all(int fd, const void* data, size_t bytes, const std::string& what, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::write(fd, p + done, std::min<size_t>(bytes - done, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(concat("writing ", what, " '", path, "': ", std::strerror(n < 0 ? errno : EIO)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void replace_file(const std::string& path, const std::string& what,
+                  const std::function<void(int fd, const std::string& tmp)>& fill) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(concat("cannot create ", what, " '", tmp, "': ", std::strerror(errno)));
+  try {
+    fill(fd, tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  int err = ::fsync(fd) != 0 && errno != EINVAL ? errno : 0;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(concat("writing ", what, " '", tmp, "': ", std::strerror(err)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(concat("cannot rename ", what, " '", tmp, "' to '", path, "': ", std::strerror(err)));
+  }
+}
+
+void check_writable_folder(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(concat(what, " = '", dir, "': cannot create it: ", ec.message()));
+  if (!std::filesystem::is_directory(dir)) throw Error(concat(what, " = '", dir, "': not a folder"));
+  const std::string probe = (std::filesystem::path(dir) / concat(".shardlm-write-test.", ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(concat(what, " = '", dir, "': cannot create a file in it: ", std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace shardlm

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 
 #include "checkpoint_format.hpp"
@@ -34,18 +35,10 @@ void rename_path(const std::string& from, const std::string& to) {
   if (ec) throw Error(concat("cannot rename '", from, "' to '", to, "': ", ec.message()));
 }
 
-// Writes DIR/latest (the checkpoint's file name on one line) through latest.tmp and a rename.
+// Writes DIR/latest (the checkpoint's file name on one line) through latest.tmp and a rename; on a
+// failure latest still names the previous checkpoint.
 void write_latest(const std::string& dir, const std::string& name) {
-  const std::string latest = (fs::path(dir) / kLatestFile).string();
-  const std::string tmp = latest + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-    out.close();
-    if (!out) throw Error(concat("cannot write '", tmp, "'"));
-  }
-  sync_path(tmp);
-  rename_path(tmp, latest);
+  replace_file((fs::path(dir) / kLatestFile).string(), name + "\n", "checkpoint pointer");
 }
 
 struct Found {
@@ -94,8 +87,14 @@ namespace ckpt {
 
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
                         int keep_last) {
-  sync_path(tmp_path);
-  rename_path(tmp_path, final_path);
+  try {
+    sync_path(tmp_path);
+    rename_path(tmp_path, final_path);
+  } catch (const Error&) {
+    std::error_code ignored;
+    fs::remove(tmp_path, ignored);  // not synced: nothing a resume may pick up
+    throw;
+  }
   sync_path(dir);
   const std::string name = fs::path(final_path).filename().string();
   write_latest(dir, name);
@@ -117,10 +116,40 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
 
 }  // namespace ckpt
 
+std::vector<std::string> resume_candidates(const std::string& dir, std::string* note) {
+  std::vector<std::string> out;
+  if (dir.empty() || !fs::is_directory(dir)) return out;
+  std::string latest;
+  const std::vector<Found> finished = list_checkpoints(dir, false);
+  try {
+    latest = latest_target(dir);
+  } catch (const Error& e) {
+    if (finished.empty()) throw;  // a pointer to checkpoints that are all gone: not a fresh start
+    if (note) *note = concat(e.what(), ": trying the checkpoints in the folder, newest first");
+  }
+  if (!latest.empty()) out.push_back(latest);
+  if (latest.empty() && !finished.empty() && note && note->empty())
+    *note = concat("checkpoint folder ", dir, " has no '", kLatestFile,
+                   "' pointer: trying its checkpoints, newest first");
+  // Older ones follow (a crash between a checkpoint's rename and latest's leaves a newer complete
+  // file, which latest still outranks).
+  long below = std::numeric_limits<long>::max();
+  if (!latest.empty()) {
+    for (const Found& f : finished)
+      if (f.path.string() == latest || fs::equivalent(f.path, latest)) below = f.step;
+  }
+  for (auto it = finished.rbegin(); it != finished.rend(); ++it)
+    if (it->step < below) out.push_back(it->path.string());
+  return out;
+}
+
 std::string resolve_resume(ResumeFrom from, const std::string& path, const std::string& dir) {
   switch (from) {
     case ResumeFrom::None: return "";
-    case ResumeFrom::Auto: return dir.empty() || !fs::is_directory(dir) ? "" : latest_target(dir);
+    case ResumeFrom::Auto: {
+      const std::vector<std::string> found = resume_candidates(dir, nullptr);
+      return found.empty() ? "" : found.front();
+    }
     case ResumeFrom::Path: break;
   }
   return resolve_checkpoint_path(path);

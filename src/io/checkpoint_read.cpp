@@ -16,8 +16,9 @@ namespace fs = std::filesystem;
 
 void get_scalar(hid_t obj, const char* name, hid_t mem_type, void* out, const std::string& file) {
   H5Id attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT));
-  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, ": attribute '", name, "' is missing");
-  SHARDLM_CHECK(H5Aread(attr.get(), mem_type, out) >= 0, "checkpoint ", file, ": attribute '", name,
+  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, " is damaged: attribute '", name, "' cannot be opened: ",
+                h5_error_text("it is missing"));
+  SHARDLM_CHECK(H5Aread(attr.get(), mem_type, out) >= 0, "checkpoint ", file, " is damaged: attribute '", name,
                 "' cannot be read as a number: ", h5_error_text());
 }
 
@@ -32,7 +33,8 @@ T get_number(hid_t obj, const char* name, hid_t mem_type, const std::string& fil
 // Fixed-length (as written here) or variable-length strings (as other tools may write).
 std::string get_string(hid_t obj, const char* name, const std::string& file) {
   H5Id attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT));
-  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, ": attribute '", name, "' is missing");
+  SHARDLM_CHECK(attr.valid(), "checkpoint ", file, " is damaged: attribute '", name, "' cannot be opened: ",
+                h5_error_text("it is missing"));
   H5Id type = h5_type(H5Aget_type(attr.get()));
   SHARDLM_CHECK(H5Tget_class(type.get()) == H5T_STRING, "checkpoint ", file, ": attribute '", name,
                 "' is not a string");
@@ -42,13 +44,13 @@ std::string get_string(hid_t obj, const char* name, const std::string& file) {
     H5Tset_size(mem.get(), H5T_VARIABLE);
     H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     char* text = nullptr;
-    SHARDLM_CHECK(H5Aread(attr.get(), mem.get(), &text) >= 0, "checkpoint ", file, ": attribute '", name,
+    SHARDLM_CHECK(H5Aread(attr.get(), mem.get(), &text) >= 0, "checkpoint ", file, " is damaged: attribute '", name,
                   "' cannot be read: ", h5_error_text());
     if (text) value = text;
     H5free_memory(text);
   } else {
     std::vector<char> text(H5Tget_size(type.get()) + 1, '\0');
-    SHARDLM_CHECK(H5Aread(attr.get(), type.get(), text.data()) >= 0, "checkpoint ", file, ": attribute '", name,
+    SHARDLM_CHECK(H5Aread(attr.get(), type.get(), text.data()) >= 0, "checkpoint ", file, " is damaged: attribute '", name,
                   "' cannot be read: ", h5_error_text());
     value = text.data();  // stops at the terminator or the padding
   }
@@ -89,7 +91,8 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
 // The unit groups under /units in the order they were written.
 std::vector<std::string> unit_names(hid_t file, const std::string& path) {
   H5Id group = h5_group(H5Gopen2(file, kUnitsGroup, H5P_DEFAULT));
-  SHARDLM_CHECK(group.valid(), "checkpoint ", path, ": group ", kUnitsGroup, " is missing");
+  SHARDLM_CHECK(group.valid(), "checkpoint ", path, " is damaged: group ", kUnitsGroup, " cannot be opened: ",
+                h5_error_text("it is missing"));
   std::vector<std::string> names;
   auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
     static_cast<std::vector<std::string>*>(out)->push_back(name);
@@ -116,14 +119,15 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 std::vector<CheckpointTensor> read_index(hid_t file, const std::string& unit, const std::string& path) {
   const std::string where = unit_group_path(unit) + "/" + kIndexDataset;
   H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
-  SHARDLM_CHECK(dset.valid(), "checkpoint ", path, ": dataset ", where, " is missing");
+  SHARDLM_CHECK(dset.valid(), "checkpoint ", path, " is damaged: dataset ", where, " cannot be opened: ",
+                h5_error_text("it is missing"));
   H5Id space = h5_space(H5Dget_space(dset.get()));
   const hssize_t n = H5Sget_simple_extent_npoints(space.get());
   SHARDLM_CHECK(n >= 0, "checkpoint ", path, ": dataset ", where, " has no size");
   std::vector<IndexRecord> rows(static_cast<size_t>(n));
   H5Id mem_type = index_memory_type();
   SHARDLM_CHECK(n == 0 || H5Dread(dset.get(), mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) >= 0,
-                "checkpoint ", path, ": dataset ", where, " cannot be read: ", h5_error_text());
+                "checkpoint ", path, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
   std::vector<CheckpointTensor> tensors;
   for (const IndexRecord& r : rows) {
     SHARDLM_CHECK(r.ndim >= 0 && r.ndim <= kIndexMaxDims, "checkpoint ", path, ": dataset ", where,
@@ -143,7 +147,8 @@ std::vector<CheckpointTensor> read_index(hid_t file, const std::string& unit, co
 std::vector<std::string> stored_optimizer_vectors(hid_t file, const std::string& unit, const std::string& path) {
   const std::string where = unit_group_path(unit);
   H5Id group = h5_group(H5Gopen2(file, where.c_str(), H5P_DEFAULT));
-  SHARDLM_CHECK(group.valid(), "checkpoint ", path, ": group ", where, " is missing");
+  SHARDLM_CHECK(group.valid(), "checkpoint ", path, " is damaged: group ", where, " cannot be opened: ",
+                h5_error_text("it is missing"));
   std::vector<std::string> names;
   auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
     const std::string n = name;
@@ -177,7 +182,8 @@ void check_optimizer_vectors(hid_t file, const UnitState& u, const std::string& 
 
 // Elements in a 1-D dataset; Error naming it if missing or not 1-D.
 size_t dataset_length(hid_t dset, const std::string& where, const std::string& path) {
-  SHARDLM_CHECK(dset >= 0, "checkpoint ", path, ": dataset ", where, " is missing");
+  SHARDLM_CHECK(dset >= 0, "checkpoint ", path, " is damaged: dataset ", where, " cannot be opened: ",
+                h5_error_text("it is missing"));
   H5Id space = h5_space(H5Dget_space(dset));
   SHARDLM_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "checkpoint ", path, ": dataset ", where,
                 " is not one-dimensional");
@@ -187,7 +193,7 @@ size_t dataset_length(hid_t dset, const std::string& where, const std::string& p
 }
 
 // The file must hold exactly the caller's units, with the same sizes and tensors (rank-local).
-void check_layout(hid_t file, const std::vector<UnitState>& units, const std::string& path) {
+void check_layout(hid_t file, const std::vector<UnitState>& units, const std::string& path, bool weights_only) {
   std::vector<std::string> wanted;
   for (const UnitState& u : units) {
     SHARDLM_CHECK(u.layout, "load_checkpoint: a unit has no layout");
@@ -199,7 +205,7 @@ void check_layout(hid_t file, const std::vector<UnitState>& units, const std::st
   for (const UnitState& u : units) {
     SHARDLM_CHECK(u.begin + u.count <= u.numel, "load_checkpoint: unit ", u.layout->name, " slice [", u.begin, ", ",
                   u.begin + u.count, ") is past its ", u.numel, " elements");
-    check_optimizer_vectors(file, u, path);
+    if (!weights_only) check_optimizer_vectors(file, u, path);
     for (const StateVector& v : stored_vectors(u)) {
       const std::string where = vector_path(u.layout->name, v.name);
       H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
@@ -225,19 +231,21 @@ uint64_t checksum_attribute(hid_t dset, const std::string& where, const std::str
   H5Id attr = h5_attr(H5Aopen(dset, kChecksumAttr, H5P_DEFAULT));
   uint64_t sum = 0;
   SHARDLM_CHECK(attr.valid() && H5Aread(attr.get(), H5T_NATIVE_UINT64, &sum) >= 0, "checkpoint ", path,
-                ": dataset ", where, " has no readable checksum attribute");
+                " is damaged: dataset ", where, " has no readable checksum attribute");
   return sum;
 }
 
 std::string checksum_mismatch(const std::string& path, const std::string& where) {
-  return concat("checkpoint ", path, ": dataset ", where, ": checksum mismatch (file damaged?)");
+  return concat("checkpoint ", path, " is damaged: dataset ", where, ": checksum mismatch");
 }
 
 // Collective: each rank reads [begin, begin + count) of the unit's datasets; primaries' partial
 // checksums are summed and compared with the attributes. Returns this rank's error.
-std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path) {
+std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path,
+                      bool weights_only) {
   std::string error;
   std::vector<StateVector> vectors = stored_vectors(u);
+  if (weights_only) vectors.resize(1);  // param
   // The optimizer's in name order: the same collective reads on every rank, whatever order each
   // rank listed them in (check_layout has matched the names with the file's).
   std::sort(vectors.begin() + 1, vectors.end(),
@@ -265,7 +273,7 @@ std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm,
     }
     const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), dxpl, out);
     if (rc < 0 && error.empty())
-      error = concat("checkpoint ", path, ": dataset ", where, " cannot be read: ", h5_error_text());
+      error = concat("checkpoint ", path, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
     if (rc >= 0 && u.primary && count > 0 && out != &dummy) partial[v] = checksum_slice(out, u.begin, u.count);
     try {
       expected[v] = checksum_attribute(dset.get(), where, path);
@@ -283,13 +291,15 @@ std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm,
 std::string open_failure(const std::string& path) {
   if (!fs::exists(path)) return concat("cannot open checkpoint '", path, "': no such file");
   const std::string reason = h5_error_text("not a readable HDF5 file");
-  if (H5Fis_hdf5(path.c_str()) == 0) return concat("cannot open checkpoint '", path, "': not an HDF5 file (", reason, ")");
-  return concat("cannot open checkpoint '", path, "': ", reason);
+  if (H5Fis_hdf5(path.c_str()) == 0)
+    return concat("cannot open checkpoint '", path, "': it is damaged: not an HDF5 file (", reason, ")");
+  return concat("cannot open checkpoint '", path, "': it is damaged: ", reason);
 }
 
 }  // namespace
 
-CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm) {
+CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
+                               const std::function<void(const CheckpointMeta&)>& check_meta, bool weights_only) {
   silence_hdf5_errors();
   H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
@@ -300,7 +310,8 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
   std::string error;
   try {
     meta = read_meta(file.get(), path);
-    check_layout(file.get(), units, path);
+    if (check_meta) check_meta(meta);
+    check_layout(file.get(), units, path, weights_only);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -308,7 +319,8 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 
   H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
   H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
-  for (const UnitState& u : units) agree_on_error(comm, read_unit(file.get(), u, dxpl.get(), comm, path));
+  for (const UnitState& u : units)
+    agree_on_error(comm, read_unit(file.get(), u, dxpl.get(), comm, path, weights_only));
   return meta;
 }
 
@@ -344,7 +356,7 @@ std::vector<float> CheckpointReader::read(const CheckpointTensor& t) {
     // First use of this unit: read the whole dataset once to check it, then cut the tensor out.
     std::vector<float> all(n);
     SHARDLM_CHECK(n == 0 || H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) >= 0,
-                  "checkpoint ", path_, ": dataset ", where, " cannot be read: ", h5_error_text());
+                  "checkpoint ", path_, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
     SHARDLM_CHECK(checksum_slice(all.data(), 0, n) == checksum_attribute(dset.get(), where, path_),
                   checksum_mismatch(path_, where));
     verified_[t.unit] = true;
@@ -358,8 +370,52 @@ std::vector<float> CheckpointReader::read(const CheckpointTensor& t) {
   H5Id mem_space = h5_space(H5Screate_simple(1, &count, nullptr));
   SHARDLM_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT,
                         values.data()) >= 0,
-                "checkpoint ", path_, ": dataset ", where, " cannot be read: ", h5_error_text());
+                "checkpoint ", path_, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
   return values;
+}
+
+std::vector<std::string> CheckpointReader::verify() {
+  std::vector<std::string> damage;
+  const hid_t file = static_cast<hid_t>(file_);
+  for (const CheckpointUnitState& u : unit_states_) {
+    std::vector<std::string> names{kParamDataset};
+    names.insert(names.end(), u.optimizer.begin(), u.optimizer.end());
+    for (const std::string& name : names) {
+      const std::string where = vector_path(u.unit, name);
+      try {
+        H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+        const size_t n = dataset_length(dset.get(), where, path_);
+        std::vector<float> all(n);
+        SHARDLM_CHECK(n == 0 || H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) >= 0,
+                      "checkpoint ", path_, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
+        SHARDLM_CHECK(checksum_slice(all.data(), 0, n) == checksum_attribute(dset.get(), where, path_),
+                      checksum_mismatch(path_, where));
+      } catch (const Error& e) {
+        damage.push_back(e.what());
+      }
+    }
+  }
+  return damage;
+}
+
+std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run) {
+  // Both as Hugging Face config.json: every shape key, the norms' eps, rope and the vocabulary.
+  const nlohmann::json a = nlohmann::json::parse(hf_config_json(checkpoint));
+  const nlohmann::json b = nlohmann::json::parse(hf_config_json(run));
+  // initializer_range only says how a fresh model is drawn.
+  for (const auto& [key, value] : b.items()) {
+    if (key == "initializer_range") continue;
+    const auto there = a.find(key);
+    if (there == a.end()) return concat(key, " is not in the checkpoint, ", value.dump(), " in this run");
+    if (*there != value) return concat(key, " is ", there->dump(), " in the checkpoint, ", value.dump(), " in this run");
+  }
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key) && key != "initializer_range") return concat(key, " is ", value.dump(), " in the checkpoint, absent in this run");
+  return "";
+}
+
+bool checkpoint_damaged(const std::string& error) {
+  return error.find(" is damaged: ") != std::string::npos || error.find("': it is damaged: ") != std::string::npos;
 }
 
 }  // namespace shardlm

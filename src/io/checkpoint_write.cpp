@@ -2,13 +2,18 @@
 // (collective H5Dwrite calls, in pieces whose disk writes start at once), under a temporary name
 // that rank 0 renames once all ranks are done.
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "checkpoint_format.hpp"
@@ -26,13 +31,28 @@ class FirstFailure {
   explicit FirstFailure(std::string file) : file_(std::move(file)) {}
   // Records `what` with HDF5's reason when `ok` is false; returns ok.
   bool check(bool ok, const std::string& what) {
-    if (!ok && message_.empty()) message_ = concat("checkpoint ", file_, ": ", what, ": ", h5_error_text());
+    const int err = errno;
+    if (!ok && message_.empty()) message_ = concat("checkpoint ", file_, ": ", what, ": ", h5_error_text(), cause(err));
     if (!ok) H5Eclear2(H5E_DEFAULT);
     return ok;
   }
   const std::string& message() const { return message_; }
 
  private:
+  // The system's reason under HDF5's ("file write failed"): errno when it is a disk's, or a file
+  // system with (next to) no free space left.
+  std::string cause(int err) const {
+    if (err == ENOSPC || err == EDQUOT || err == EIO || err == EROFS || err == EFBIG)
+      return concat(" (", std::strerror(err), ")");
+    struct statvfs fs_stats {};
+    const std::string dir = fs::path(file_).parent_path().string();
+    if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs_stats) != 0) return "";
+    const uint64_t free_bytes = uint64_t{fs_stats.f_bavail} * fs_stats.f_frsize;
+    const uint64_t total = uint64_t{fs_stats.f_blocks} * fs_stats.f_frsize;
+    if (free_bytes >= (uint64_t{1} << 20) && free_bytes * 100 >= total) return "";
+    return concat(" (", std::strerror(ENOSPC), ": ", format_bytes(free_bytes), " free on its file system)");
+  }
+
   std::string file_;
   std::string message_;
 };
@@ -124,36 +144,40 @@ void write_selected(hid_t dset, hid_t mem_type, hsize_t begin, hsize_t count, bo
     H5Sselect_none(mem_space.get());
   }
   static const float dummy = 0;  // HDF5 wants a buffer even for an empty selection
+  errno = 0;
   f.check(H5Dwrite(dset, mem_type, mem_space.get(), file_space.get(), dxpl, data ? data : &dummy) >= 0,
           concat("writing ", what));
 }
 
-void write_index(hid_t group, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
-  const std::vector<IndexRecord> rows = index_records(*u.layout);
-  H5Id mem_type = index_memory_type();
-  const hsize_t n = rows.size();
-  H5Id space = h5_space(H5Screate_simple(1, &n, nullptr));
-  H5Id file_type = index_file_type();
-  H5Id dset = h5_dataset(H5Dcreate2(group, kIndexDataset, file_type.get(), space.get(), H5P_DEFAULT,
-                                    H5P_DEFAULT, H5P_DEFAULT));
-  const std::string what = unit_group_path(u.layout->name) + "/" + kIndexDataset;
-  if (!f.check(dset.valid(), concat("creating ", what))) return;
-  write_selected(dset.get(), mem_type.get(), 0, n, rank == 0, rows.data(), dxpl, what, f);
-}
-
-// One unit's group, index and (not yet written) vector datasets, in stored_vectors order; the
-// datasets stay open until the data and the checksums are written.
+// One unit's group, index and vector datasets (in stored_vectors order), created before anything
+// is written; they stay open until the data and the checksums are written.
 struct OpenUnit {
   H5Id group;
+  H5Id index;
   std::vector<H5Id> dsets;
 };
 
-OpenUnit create_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
+void write_index(const OpenUnit& open, const UnitState& u, int rank, hid_t dxpl, FirstFailure& f) {
+  if (!open.index.valid()) return;
+  const std::vector<IndexRecord> rows = index_records(*u.layout);
+  H5Id mem_type = index_memory_type();
+  const std::string what = unit_group_path(u.layout->name) + "/" + kIndexDataset;
+  write_selected(open.index.get(), mem_type.get(), 0, rows.size(), rank == 0, rows.data(), dxpl, what, f);
+}
+
+OpenUnit create_unit(hid_t file, const UnitState& u, FirstFailure& f) {
   OpenUnit out;
   const std::string group_path = unit_group_path(u.layout->name);
   out.group = h5_group(H5Gcreate2(file, group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   f.check(out.group.valid(), concat("creating ", group_path));
-  write_index(out.group.get(), u, rank, dxpl, f);
+  {
+    const hsize_t n = u.layout->tensors.size();
+    H5Id space = h5_space(H5Screate_simple(1, &n, nullptr));
+    H5Id file_type = index_file_type();
+    out.index = h5_dataset(H5Dcreate2(out.group.get(), kIndexDataset, file_type.get(), space.get(), H5P_DEFAULT,
+                                      H5P_DEFAULT, H5P_DEFAULT));
+    f.check(out.index.valid(), concat("creating ", group_path, "/", kIndexDataset));
+  }
 
   // Space is allocated at creation and never pre-filled: every element is written once.
   H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
@@ -164,9 +188,17 @@ OpenUnit create_unit(hid_t file, const UnitState& u, int rank, hid_t dxpl, First
   for (const StateVector& v : stored_vectors(u)) {
     out.dsets.push_back(h5_dataset(H5Dcreate2(out.group.get(), v.name.c_str(), H5T_IEEE_F32LE, space.get(),
                                               H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)));
-    f.check(out.dsets.back().valid(), concat("creating ", vector_path(u.layout->name, v.name)));
+    if (f.check(out.dsets.back().valid(), concat("creating ", vector_path(u.layout->name, v.name))))
+      put_attribute(out.dsets.back().get(), kChecksumAttr, uint64_t{0}, f);  // set once the data is written
   }
   return out;
+}
+
+// Writes the value of the checksum attribute create_unit made: no file space is allocated after the
+// reservation.
+void set_checksum(hid_t dset, uint64_t value, const std::string& what, FirstFailure& f) {
+  H5Id attr = h5_attr(H5Aopen(dset, kChecksumAttr, H5P_DEFAULT));
+  f.check(attr.valid() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value) >= 0, concat("writing the checksum of ", what));
 }
 
 bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
@@ -233,17 +265,46 @@ class ChecksumThread {
   std::thread thread_;
 };
 
-// SHARDLM_FAULT_CHECKPOINT=after_units:N -> N; unset -> -1.
-int fault_after_units() {
+// What SHARDLM_FAULT_CHECKPOINT asks for (tests): after_units:N kills every rank after N units;
+// write_error:RANK:PIECE makes rank RANK's PIECE-th data write (0-based, over the whole file)
+// fail with ENOSPC, as a full disk would; reserve_error makes the space reservation fail so;
+// no_reserve skips the reservation, so that a real full disk fails inside HDF5's writes.
+struct Fault {
+  int after_units = -1;
+  int error_rank = -1;
+  long error_piece = -1;
+  bool reserve_error = false;
+  bool no_reserve = false;
+};
+
+Fault fault_from_env() {
+  Fault fault;
   const char* spec = std::getenv("SHARDLM_FAULT_CHECKPOINT");
-  if (!spec || !*spec) return -1;
+  if (!spec || !*spec) return fault;
   const std::string s = spec;
-  const std::string prefix = "after_units:";
-  char* end = nullptr;
-  const long n = s.rfind(prefix, 0) == 0 ? std::strtol(s.c_str() + prefix.size(), &end, 10) : -1;
-  SHARDLM_CHECK(n >= 0 && end && *end == '\0', "SHARDLM_FAULT_CHECKPOINT='", s,
-                "': expected after_units:N with N >= 0");
-  return static_cast<int>(n);
+  const std::string usage = "expected after_units:N, write_error:RANK:PIECE, reserve_error or no_reserve";
+  auto number = [&](const char* text, char stop, const char** next) {
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    SHARDLM_CHECK(end != text && n >= 0 && n < (1L << 40) && *end == stop, "SHARDLM_FAULT_CHECKPOINT='",
+                  clip_for_message(s), "': ", usage);
+    if (next) *next = end + 1;
+    return n;
+  };
+  if (s == "reserve_error") {
+    fault.reserve_error = true;
+  } else if (s == "no_reserve") {
+    fault.no_reserve = true;
+  } else if (s.rfind("after_units:", 0) == 0) {
+    fault.after_units = static_cast<int>(number(s.c_str() + 12, '\0', nullptr));
+  } else if (s.rfind("write_error:", 0) == 0) {
+    const char* next = nullptr;
+    fault.error_rank = static_cast<int>(number(s.c_str() + 12, ':', &next));
+    fault.error_piece = number(next, '\0', nullptr);
+  } else {
+    throw Error(concat("SHARDLM_FAULT_CHECKPOINT='", clip_for_message(s), "': ", usage));
+  }
+  return fault;
 }
 
 // Rank-local checks of the caller's units; the hash lets ranks compare their unit lists cheaply.
@@ -296,95 +357,209 @@ std::string check_units_agree(const std::vector<UnitState>& units, uint64_t hash
   return "";
 }
 
-// Writes the whole file at tmp_path (collective); throws AgreedError on any rank's failure.
-void write_file(const std::string& tmp_path, const CheckpointMeta& meta, const std::vector<UnitState>& units,
-                int fault_after, const CheckpointWriteOptions& options, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  FirstFailure f(tmp_path);
-  H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
-  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
-  // v1.8+ objects: dense attribute storage (a deck beyond 64 KiB) and link creation order.
-  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-  H5Pset_coll_metadata_write(fapl.get(), true);
-  H5Id file = h5_file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
-  agree_on_error(comm, file.valid() ? "" : concat("cannot create checkpoint '", tmp_path, "': ", h5_error_text()));
-
-  H5Id dxpl = h5_plist(H5Pcreate(H5P_DATASET_XFER));
-  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
-  // Every rank calls H5Dwrite for every piece either way. Without collective buffering each rank's
-  // contiguous hyperslab goes to the file through its own MPI_File_write_at: the slices of the
-  // ranks never interleave, so two-phase aggregation would only copy every byte once more through
-  // the aggregator ranks (slower on one node: docs/PERFORMANCE.md). On a striped parallel file
-  // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
-  if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl.get(), H5FD_MPIO_INDIVIDUAL_IO);
-  write_meta(file.get(), meta, f);
-  {
-    // Units are listed in creation order (h.10 would otherwise sort before h.2).
-    H5Id gcpl = h5_plist(H5Pcreate(H5P_GROUP_CREATE));
-    H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
-    H5Id group = h5_group(H5Gcreate2(file.get(), kUnitsGroup, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
-    f.check(group.valid(), concat("creating ", kUnitsGroup));
-  }
-  agree_on_error(comm, f.message());
-
-  std::vector<OpenUnit> open;
-  open.reserve(units.size());
-  for (const UnitState& u : units) open.push_back(create_unit(file.get(), u, rank, dxpl.get(), f));
-  agree_on_error(comm, f.message());
-
-  // Slices go out in pieces of options.piece_bytes, so that the disk starts on one while the next is
-  // copied into the page cache. Every rank makes the same number of collective transfers per
-  // vector: the most pieces any rank's slice of the unit needs (a rank with fewer, or none, selects
-  // nothing in the rest).
-  const size_t piece = std::max<size_t>(1, options.piece_bytes / sizeof(float));  // elements
-  std::vector<unsigned long long> pieces(units.size()), most_pieces(units.size());
-  for (size_t i = 0; i < units.size(); ++i) pieces[i] = writes_slice(units[i]) ? (units[i].count + piece - 1) / piece : 0;
-  MPI_Allreduce(pieces.data(), most_pieces.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_MAX,
-                comm);
-
-  EarlyWriteback writeback(tmp_path);
-  ChecksumThread checksums(units);
-  for (size_t i = 0; i < units.size(); ++i) {
-    const UnitState& u = units[i];
-    const std::vector<StateVector> vectors = stored_vectors(u);
-    for (size_t v = 0; v < vectors.size(); ++v) {
-      const hid_t dset = open[i].dsets[v].get();
-      const haddr_t base = H5Dget_offset(dset);
-      const float* data = vectors[v].data;
-      const size_t mine = writes_slice(u) ? u.count : 0;
-      for (unsigned long long p = 0; p < most_pieces[i]; ++p) {
-        const size_t first = std::min<size_t>(p * piece, mine);
-        const size_t count = std::min(piece, mine - first);
-        write_selected(dset, H5T_NATIVE_FLOAT, u.begin + first, count, count > 0, count > 0 ? data + first : nullptr,
-                       dxpl.get(), vector_path(u.layout->name, vectors[v].name), f);
-        if (base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
-      }
-    }
-    agree_on_error(comm, f.message());
-    // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
-    if (fault_after >= 0 && static_cast<int>(i) + 1 == fault_after) std::_Exit(86);
-  }
-  // The data reaches the disk here (MPI_File_sync) while the checksum thread may still be running.
-  f.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");
-  agree_on_error(comm, f.message());
-
-  const std::vector<uint64_t>& partial = checksums.sums();
-  std::vector<uint64_t> total(partial.size(), 0);
-  MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm);
-  for (size_t i = 0; i < units.size(); ++i) {
-    for (size_t v = 0; v < open[i].dsets.size(); ++v)
-      put_attribute(open[i].dsets[v].get(), kChecksumAttr, total[checksums.at(i, v)], f);
-  }
-  open.clear();
-  agree_on_error(comm, f.message());
-
-  // The attributes reach the disk when rank 0 syncs the file before renaming it.
-  dxpl.reset();
-  fapl.reset();
-  f.check(file.close(), "closing");
-  agree_on_error(comm, f.message());
+// Rank 0 reserves the disk space of the whole file (every dataset is allocated when the units are
+// created, so where the data ends is known) before any data is written: a full
+// disk is then found by one fallocate, with a clear message, instead of inside HDF5's collective
+// writes. A file system that cannot reserve (EOPNOTSUPP) is written without a reservation.
+std::string reserve_space(const std::string& path, uint64_t data_end, bool injected) {
+  const uint64_t bytes = data_end + (uint64_t{64} << 10);  // and room for the metadata after the data
+  if (injected)
+    return concat("checkpoint ", path, ": cannot reserve ", format_bytes(bytes), ": ", std::strerror(ENOSPC),
+                  " (injected by SHARDLM_FAULT_CHECKPOINT)");
+#ifdef __linux__
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return concat("checkpoint ", path, ": cannot open it to reserve space: ", std::strerror(errno));
+  const int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
+    return concat("checkpoint ", path, ": cannot reserve ", format_bytes(bytes), ": ", std::strerror(err));
+#else
+  (void)bytes;
+#endif
+  return "";
 }
+
+// Ends the job if closing a failed checkpoint hangs: after a failure inside HDF5 the ranks' file
+// states may differ, and H5Fclose's collective steps could then wait for each other for good. Rank
+// 0 prints the failure (the one error line of the job), every rank aborts.
+class CloseDeadline {
+ public:
+  CloseDeadline(std::string message, double seconds, int rank)
+      : thread_([this, message = std::move(message), seconds, rank] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (done_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+          if (rank == 0) {
+            std::fprintf(stderr, "shardlm: error: %s (closing the unfinished checkpoint did not end in %g s)\n",
+                         message.c_str(), seconds);
+            std::fflush(stderr);
+          }
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }) {}
+  ~CloseDeadline() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  CloseDeadline(const CloseDeadline&) = delete;
+  CloseDeadline& operator=(const CloseDeadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// The open HDF5 file of one checkpoint write. write() is collective and throws AgreedError on any
+// rank's failure; abandon() then closes and deletes the unfinished file on every rank.
+class FileWriter {
+ public:
+  FileWriter(std::string tmp_path, MPI_Comm comm) : tmp_path_(std::move(tmp_path)), comm_(comm) {
+    MPI_Comm_rank(comm, &rank_);
+  }
+
+  void write(const CheckpointMeta& meta, const std::vector<UnitState>& units, const Fault& fault,
+             const CheckpointWriteOptions& options) {
+    FirstFailure f(tmp_path_);
+    fapl_ = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
+    H5Pset_fapl_mpio(fapl_.get(), comm_, MPI_INFO_NULL);
+    // v1.8+ objects: dense attribute storage (a deck beyond 64 KiB) and link creation order.
+    H5Pset_libver_bounds(fapl_.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+    H5Pset_coll_metadata_write(fapl_.get(), true);
+    file_ = h5_file(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()));
+    agree_on_error(comm_, file_.valid() ? "" : concat("cannot create checkpoint '", tmp_path_, "': ", h5_error_text()));
+
+    dxpl_ = h5_plist(H5Pcreate(H5P_DATASET_XFER));
+    H5Pset_dxpl_mpio(dxpl_.get(), H5FD_MPIO_COLLECTIVE);
+    // Every rank calls H5Dwrite for every piece either way. Without collective buffering each rank's
+    // contiguous hyperslab goes to the file through its own MPI_File_write_at: the slices of the
+    // ranks never interleave, so two-phase aggregation would only copy every byte once more through
+    // the aggregator ranks (slower on one node: docs/PERFORMANCE.md). On a striped parallel file
+    // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
+    if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl_.get(), H5FD_MPIO_INDIVIDUAL_IO);
+    write_meta(file_.get(), meta, f);
+    {
+      // Units are listed in creation order (h.10 would otherwise sort before h.2).
+      H5Id gcpl = h5_plist(H5Pcreate(H5P_GROUP_CREATE));
+      H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+      H5Id group = h5_group(H5Gcreate2(file_.get(), kUnitsGroup, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+      f.check(group.valid(), concat("creating ", kUnitsGroup));
+    }
+    agree_on_error(comm_, f.message());
+
+    open_.reserve(units.size());
+    for (const UnitState& u : units) open_.push_back(create_unit(file_.get(), u, f));
+    agree_on_error(comm_, f.message());
+    if (!fault.no_reserve)
+      agree_on_error(comm_, rank_ == 0 ? reserve_space(tmp_path_, data_end(units), fault.reserve_error) : "");
+    for (size_t i = 0; i < units.size(); ++i) write_index(open_[i], units[i], rank_, dxpl_.get(), f);
+    agree_on_error(comm_, f.message());
+
+    // Slices go out in pieces of options.piece_bytes, so that the disk starts on one while the next is
+    // copied into the page cache. Every rank makes the same number of collective transfers per
+    // vector: the most pieces any rank's slice of the unit needs (a rank with fewer, or none, selects
+    // nothing in the rest).
+    const size_t piece = std::max<size_t>(1, options.piece_bytes / sizeof(float));  // elements
+    std::vector<unsigned long long> pieces(units.size()), most_pieces(units.size());
+    for (size_t i = 0; i < units.size(); ++i) pieces[i] = writes_slice(units[i]) ? (units[i].count + piece - 1) / piece : 0;
+    MPI_Allreduce(pieces.data(), most_pieces.data(), static_cast<int>(units.size()), MPI_UNSIGNED_LONG_LONG, MPI_MAX,
+                  comm_);
+
+    EarlyWriteback writeback(tmp_path_);
+    ChecksumThread checksums(units);
+    long piece_number = 0;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const UnitState& u = units[i];
+      const std::vector<StateVector> vectors = stored_vectors(u);
+      for (size_t v = 0; v < vectors.size(); ++v) {
+        const hid_t dset = open_[i].dsets[v].get();
+        const haddr_t base = H5Dget_offset(dset);
+        const float* data = vectors[v].data;
+        const size_t mine = writes_slice(u) ? u.count : 0;
+        const std::string what = vector_path(u.layout->name, vectors[v].name);
+        for (unsigned long long p = 0; p < most_pieces[i]; ++p, ++piece_number) {
+          const size_t first = std::min<size_t>(p * piece, mine);
+          size_t count = std::min(piece, mine - first);
+          // An injected failure still takes part in the collective transfer, with nothing selected.
+          const bool injected = rank_ == fault.error_rank && piece_number == fault.error_piece;
+          if (injected) count = 0;
+          write_selected(dset, H5T_NATIVE_FLOAT, u.begin + first, count, count > 0, count > 0 ? data + first : nullptr,
+                         dxpl_.get(), what, f);
+          if (injected)
+            f.check(false, concat("writing ", what, ": ", std::strerror(ENOSPC), " (injected by SHARDLM_FAULT_CHECKPOINT)"));
+          if (base != HADDR_UNDEF) writeback.start(base + (u.begin + first) * sizeof(float), count * sizeof(float));
+        }
+      }
+      agree_on_error(comm_, f.message());
+      // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
+      if (fault.after_units >= 0 && static_cast<int>(i) + 1 == fault.after_units) std::_Exit(86);
+    }
+    // The data reaches the disk here (MPI_File_sync) while the checksum thread may still be running.
+    f.check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");
+    agree_on_error(comm_, f.message());
+
+    const std::vector<uint64_t>& partial = checksums.sums();
+    std::vector<uint64_t> total(partial.size(), 0);
+    MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm_);
+    for (size_t i = 0; i < units.size(); ++i) {
+      const std::vector<StateVector> vectors = stored_vectors(units[i]);
+      for (size_t v = 0; v < open_[i].dsets.size(); ++v)
+        set_checksum(open_[i].dsets[v].get(), total[checksums.at(i, v)],
+                     vector_path(units[i].layout->name, vectors[v].name), f);
+    }
+    agree_on_error(comm_, f.message());
+    open_.clear();
+
+    // The attributes reach the disk when rank 0 syncs the file before renaming it.
+    dxpl_.reset();
+    fapl_.reset();
+    f.check(file_.close(), "closing");
+    agree_on_error(comm_, f.message());
+  }
+
+  // Collective, after write() threw AgreedError(message) on every rank: closes the file and deletes
+  // it. Rank 0 first empties it, so that the metadata HDF5 writes while closing finds room even on
+  // the disk this file filled; the close runs under a deadline.
+  void abandon(const std::string& message) {
+    if (rank_ == 0 && file_.valid()) (void)::truncate(tmp_path_.c_str(), 0);
+    MPI_Barrier(comm_);
+    {
+      CloseDeadline deadline(message, 10.0, rank_);
+      open_.clear();
+      dxpl_.reset();
+      fapl_.reset();
+      (void)file_.close();
+      H5Eclear2(H5E_DEFAULT);
+    }
+    MPI_Barrier(comm_);
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove(tmp_path_, ignored);  // a failed write leaves nothing a resume could pick up
+    }
+  }
+
+ private:
+  // Where the last byte of the (allocated at creation) vector datasets lies in the file.
+  uint64_t data_end(const std::vector<UnitState>& units) const {
+    uint64_t end = 0;
+    for (size_t i = 0; i < open_.size(); ++i)
+      for (const H5Id& d : open_[i].dsets) {
+        const haddr_t at = H5Dget_offset(d.get());
+        if (at != HADDR_UNDEF) end = std::max<uint64_t>(end, at + uint64_t{units[i].numel} * sizeof(float));
+      }
+    return end;
+  }
+
+  std::string tmp_path_;
+  MPI_Comm comm_;
+  int rank_ = 0;
+  H5Id fapl_, file_, dxpl_;
+  std::vector<OpenUnit> open_;
+};
 
 }  // namespace
 
@@ -397,10 +572,10 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
   MPI_Comm_rank(comm, &rank);
 
   std::string error;
-  int fault_after = -1;
+  Fault fault;
   uint64_t hash = 0;
   try {
-    fault_after = fault_after_units();
+    fault = fault_from_env();
     hash = check_units(units);
     SHARDLM_CHECK(!dir.empty(), "save_checkpoint: no checkpoint folder given");
     if (rank == 0) fs::create_directories(dir);
@@ -412,14 +587,14 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
 
   const std::string final_path = (fs::path(dir) / checkpoint_file_name(meta.step)).string();
   const std::string tmp_path = final_path + ".tmp";
-  try {
-    write_file(tmp_path, meta, units, fault_after, options, comm);
-  } catch (const AgreedError&) {
-    if (rank == 0) {
-      std::error_code ignored;
-      fs::remove(tmp_path, ignored);  // a failed write leaves nothing a resume could pick up
+  {
+    FileWriter writer(tmp_path, comm);
+    try {
+      writer.write(meta, units, fault, options);
+    } catch (const AgreedError& e) {
+      writer.abandon(e.what());
+      throw;
     }
-    throw;
   }
 
   // Every rank has closed the file (the agreement above is a barrier); rank 0 makes it visible.

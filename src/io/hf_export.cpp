@@ -1,8 +1,6 @@
 // export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index,
 // and the files hf_export_files.cpp writes) for BLOOM, Llama or Qwen2.
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -16,23 +14,8 @@ namespace {
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
 
-// Writes a small text file via PATH.tmp and a rename, like the weights.
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    SHARDLM_CHECK(out, "export: cannot create ", tmp);
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(concat("export: writing ", tmp, " failed (disk full?)"));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  SHARDLM_CHECK(!ec, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
-}
+// Writes a small text file via PATH.tmp, fsync and a rename (replace_file), like the weights.
+void write_text_file(const std::string& path, const std::string& text) { replace_file(path, text, "export file"); }
 
 size_t shape_numel(const CheckpointTensor& t) {
   size_t n = 1;
@@ -94,30 +77,42 @@ void write_shard(const std::string& path, const ModelConfig& cfg, const std::vec
   write_safetensors(path, entries);
 }
 
-// Removes weight files of an earlier export that this one did not write, so transformers cannot mix them in.
-void remove_stale_weights(const fs::path& dir, const std::set<std::string>& written) {
+// The weights of an export: one file, or shards and their index.
+bool weight_file_name(const std::string& name) {
   static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, weight_file) && !written.count(name)) {
-      std::error_code ec;
-      fs::remove(entry.path(), ec);
-      SHARDLM_CHECK(!ec, "export: cannot remove the stale file ", entry.path().string(), ": ", ec.message());
-    }
-  }
+  return std::regex_match(name, weight_file);
 }
 
-}  // namespace
-
-void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
-                     const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
-                     const HfExportOptions& options) {
-  const size_t max_shard_bytes = options.max_shard_bytes;
+void rename_or_throw(const fs::path& from, const fs::path& to) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  SHARDLM_CHECK(!ec && fs::is_directory(dir), "export: cannot create the directory ", dir,
-                ec ? ": " + ec.message() : std::string());
-  const fs::path root(dir);
+  fs::rename(from, to, ec);
+  SHARDLM_CHECK(!ec, "export: cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
+}
+
+// Puts the complete export in STAGING in the place of DIR. Files of an existing DIR that this export
+// did not write (a file put beside the weights) move into it first, so they stay; an earlier
+// export's weights, and whatever this export wrote anew, go with the old folder.
+void install_export(const fs::path& staging, const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return rename_or_throw(staging, dir);
+  SHARDLM_CHECK(fs::is_directory(dir), "export: ", dir.string(), " exists and is not a folder");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!weight_file_name(name) && !fs::exists(staging / name)) rename_or_throw(entry.path(), staging / name);
+  }
+  const fs::path old = fs::path(dir.string() + ".old");
+  fs::remove_all(old, ec);
+  rename_or_throw(dir, old);
+  rename_or_throw(staging, dir);
+  fs::remove_all(old, ec);
+  SHARDLM_CHECK(!ec, "export: cannot remove the earlier export moved to ", old.string(), ": ", ec.message());
+}
+
+// Writes config.json, the weights and the files of hf_export_files.cpp into the new folder ROOT.
+void write_export(const fs::path& root, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+                  const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
+                  const HfExportOptions& options) {
+  const size_t max_shard_bytes = options.max_shard_bytes;
   OrderedJson config = OrderedJson::parse(hf_config_json(cfg));
   for (const auto& [key, id] : options.token_ids) config[key] = id;
   config["torch_dtype"] = torch_dtype_name(options.dtype);
@@ -127,10 +122,8 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
   size_t total_bytes = 0;
   for (const CheckpointTensor* t : selected) total_bytes += t->numel * dtype_size(options.dtype);
 
-  std::set<std::string> written;
   if (total_bytes <= max_shard_bytes) {
     write_shard((root / "model.safetensors").string(), cfg, selected, fetch, options.dtype);
-    written.insert("model.safetensors");
   } else {
     const auto shards = plan_shards(selected, max_shard_bytes, options.dtype);
     OrderedJson index;
@@ -139,15 +132,37 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = shard_file_name(i, shards.size());
       write_shard((root / file).string(), cfg, shards[i], fetch, options.dtype);
-      written.insert(file);
       for (const CheckpointTensor* t : shards[i]) weight_map[hf_tensor_name(cfg, t->name)] = file;
     }
     index["weight_map"] = weight_map;
     write_text_file((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");
-    written.insert("model.safetensors.index.json");
   }
-  remove_stale_weights(root, written);
   write_export_files(root.string(), options, write_text_file);
+}
+
+}  // namespace
+
+void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
+                     const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
+                     const HfExportOptions& options) {
+  SHARDLM_CHECK(!dir.empty(), "export: no output folder given");
+  // Everything is written into a folder beside DIR, which takes DIR's place once complete: a failed
+  // export leaves DIR as it was.
+  fs::path target = fs::path(dir);
+  if (!target.has_filename()) target = target.parent_path();  // "out/" -> "out"
+  const fs::path staging = fs::path(target.string() + ".partial");
+  std::error_code ec;
+  fs::remove_all(staging, ec);  // left by an export that was killed
+  fs::create_directories(staging, ec);
+  SHARDLM_CHECK(!ec && fs::is_directory(staging), "export: cannot create the folder ", staging.string(),
+                ec ? ": " + ec.message() : std::string());
+  try {
+    write_export(staging, cfg, tensors, fetch, options);
+    install_export(staging, target);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 }  // namespace shardlm

@@ -1,8 +1,5 @@
 // write_safetensors: one safetensors file of F32, BF16 or F16 tensors, header padded to 8 bytes,
 // written via PATH.tmp.
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -68,49 +65,28 @@ std::string build_header(const std::string& path, const std::vector<SafetensorsE
   return text;
 }
 
-
-// One tensor's data in its dtype: fp32 as is, 16-bit types rounded to nearest even.
-void write_data(std::ofstream& out, const SafetensorsEntry& t) {
-  if (t.dtype == DType::F32) {
-    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4));
-    return;
-  }
-  std::vector<uint16_t> half(t.data.size());
-  for (size_t i = 0; i < t.data.size(); ++i)
-    half[i] = t.dtype == DType::BF16 ? float_to_bf16(t.data[i]) : float_to_fp16(t.data[i]);
-  out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(half.size() * 2));
-}
-
-void write_le64(std::ofstream& out, uint64_t v) {
-  unsigned char bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(v >> (8 * i));
-  out.write(reinterpret_cast<const char*>(bytes), 8);
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::string header = build_header(path, tensors, metadata);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    SHARDLM_CHECK(out, "safetensors ", path, ": cannot create ", tmp);
-    write_le64(out, header.size());
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors) write_data(out, t);
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(concat("safetensors ", path, ": writing ", tmp, " failed (disk full?)"));
+  replace_file(path, "safetensors file", [&](int fd, const std::string& tmp) {
+    unsigned char size[8];
+    for (int i = 0; i < 8; ++i) size[i] = static_cast<unsigned char>(uint64_t{header.size()} >> (8 * i));
+    write_all(fd, size, sizeof size, "safetensors file", tmp);
+    write_all(fd, header, "safetensors file", tmp);
+    for (const auto& t : tensors) {
+      if (t.dtype == DType::F32) {
+        write_all(fd, t.data.data(), t.data.size() * sizeof(float), "safetensors file", tmp);
+        continue;
+      }
+      // 16-bit types rounded to nearest even.
+      std::vector<uint16_t> half(t.data.size());
+      for (size_t i = 0; i < t.data.size(); ++i)
+        half[i] = t.dtype == DType::BF16 ? float_to_bf16(t.data[i]) : float_to_fp16(t.data[i]);
+      write_all(fd, half.data(), half.size() * sizeof(uint16_t), "safetensors file", tmp);
     }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error(concat("safetensors ", path, ": cannot rename ", tmp, ": ", ec.message()));
-  }
+  });
 }
 
 }  // namespace shardlm

@@ -2,12 +2,15 @@
 // progress bar and the summary table.
 #include "metrics.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "shardlm/core.hpp"
@@ -69,16 +72,65 @@ std::string text_table(const std::vector<std::vector<std::string>>& rows) {
 
 }  // namespace
 
+namespace {
+
+// Cuts a partial last line (no newline at its end) off the file open at fd; says so on stdout.
+void cut_partial_last_line(int fd, const std::string& path) {
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size <= 0) return;
+  off_t end = size;  // the length to keep: up to and including the last newline
+  char buf[4096];
+  while (end > 0) {
+    const off_t from = std::max<off_t>(0, end - static_cast<off_t>(sizeof buf));
+    const ssize_t n = ::pread(fd, buf, static_cast<size_t>(end - from), from);
+    SHARDLM_CHECK(n == end - from, "cannot read metrics file '", path, "': ", std::strerror(n < 0 ? errno : EIO));
+    const char* nl = static_cast<const char*>(::memrchr(buf, '\n', static_cast<size_t>(n)));
+    if (nl) {
+      end = from + (nl - buf) + 1;
+      break;
+    }
+    end = from;
+  }
+  if (end == size) return;
+  SHARDLM_CHECK(::ftruncate(fd, end) == 0, "cannot cut the partial last line off metrics file '", path,
+                "': ", std::strerror(errno));
+  log_info(concat("warning: metrics file ", path, " ended in a partial record (", size - end,
+                  " bytes, from a run stopped while writing it): cut off"));
+}
+
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
-  SHARDLM_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+    : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644)), path_(path) {
+  SHARDLM_CHECK(fd_ >= 0, "cannot write metrics file '", path, "': ", std::strerror(errno));
+  if (append) cut_partial_last_line(fd_, path_);
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+MetricsWriter::MetricsWriter(MetricsWriter&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
-  out_.flush();
-  SHARDLM_CHECK(out_.good(), "writing metrics file '", path_, "' failed (disk full?)");
+  if (fd_ < 0) return;
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  try {
+    write_all(fd_, record.dump() + "\n", "metrics file", path_);
+  } catch (const Error&) {
+    if (before >= 0) (void)::ftruncate(fd_, before);  // no partial record stays behind
+    throw;
+  }
 }
 
 nlohmann::json train_record(const StepLog& log) {

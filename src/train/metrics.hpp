@@ -15,15 +15,25 @@
 
 namespace shardlm {
 
+// metrics.jsonl, written in whole lines: each record is one write() of its line, and a write that
+// fails part-way is cut back off, so the file never ends inside a record.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // append: continue the file of an earlier run (a resumed run) instead of starting it anew.
+  // append: continue the file of an earlier run (a resumed run) instead of starting it anew; a
+  // partial last line (a run killed mid-write) is cut off first, with a warning on stdout.
   MetricsWriter(const std::string& path, bool append);
-  void write(const nlohmann::json& record);  // one line, flushed so `tail -f` follows the run
+  ~MetricsWriter();
+  MetricsWriter(MetricsWriter&& o) noexcept;
+  MetricsWriter& operator=(MetricsWriter&& o) noexcept;
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // One line, in the file at once (`tail -f` follows the run); Error naming the file and the reason
+  // (e.g. "No space left on device") when it cannot be written.
+  void write(const nlohmann::json& record);
 
  private:
-  std::ofstream out_;
+  int fd_ = -1;
   std::string path_;
 };
 

@@ -1,7 +1,6 @@
 // The evaluation after each epoch: the eval loss on every rank's share of the eval set and, for
 // SQuAD when eval.generate asks, greedy answers scored by exact match and F1 (predictions.json).
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -16,9 +15,7 @@ namespace {
 void write_predictions(const std::string& path, const std::vector<std::pair<std::string, std::string>>& predictions) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [id, text] : predictions) j[id] = text;
-  std::ofstream out(path);
-  out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  SHARDLM_CHECK(out.good(), "cannot write ", path);
+  replace_file(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "predictions file");
 }
 
 struct EvalResult {

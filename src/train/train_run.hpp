@@ -13,6 +13,7 @@
 
 #include "engine.hpp"
 #include "metrics.hpp"
+#include "run_folder.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
@@ -43,6 +44,7 @@ struct TrainRun {
   int rank = 0, world = 1;
   bool echo = false;  // this rank prints the deck, the log lines and the summary
   ProgressDisplay progress;
+  RunFolderLock lock;     // held by rank 0 for the whole run
   MetricsWriter metrics;  // open on rank 0 only
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<Example> train_set, eval_set;

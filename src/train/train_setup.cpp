@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include "gpu_guard.hpp"
 #include "train_checkpoint.hpp"
@@ -50,17 +49,19 @@ void load_inputs(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   run.resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir());
   if (run.rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.run.dir, ec);
-    SHARDLM_CHECK(!ec, "run.dir = '", cfg.run.dir, "': cannot create it: ", ec.message());
-    std::ofstream deck(std::filesystem::path(cfg.run.dir) / "deck.resolved.ini");
-    deck << resolved_deck_ini(cfg);
-    SHARDLM_CHECK(deck.good(), "run.dir = '", cfg.run.dir, "': cannot write deck.resolved.ini");
+    // Every output folder is checked before step 1, not when the first checkpoint is due.
+    check_output_folders(cfg);
+    run.lock = RunFolderLock(cfg.run.dir);
+    const std::string replaced = claim_run_folder(cfg);
+    if (!replaced.empty() && run.echo) log_info(replaced);
+    replace_file((std::filesystem::path(cfg.run.dir) / "deck.resolved.ini").string(), resolved_deck_ini(cfg),
+                 "resolved deck");
     const std::filesystem::path metrics = std::filesystem::path(cfg.run.dir) / "metrics.jsonl";
-    // A resumed run continues the run's file as its next segment (segment 1 at least, also when
-    // it starts a new file from another run's checkpoint).
-    if (!run.resume_path.empty()) run.segment = std::max(1, segments_in(metrics));
-    run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty());
+    // A resumed run continues the run's file as its next segment (segment 1 at least, also when it
+    // starts a new file from another run's checkpoint); loading weights only starts a new run.
+    const bool continues = !run.resume_path.empty() && !cfg.checkpoint.load_weights_only;
+    if (continues) run.segment = std::max(1, segments_in(metrics));
+    run.metrics = MetricsWriter(metrics.string(), continues);
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
@@ -232,6 +233,46 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   return run;
 }
 
+namespace {
+
+// The checkpoint a resumed run starts from. With resume = auto a damaged newest checkpoint (or a
+// missing latest pointer) is skipped with a warning naming it, and the newest intact one is used:
+// a requeued job neither fails for good nor silently starts afresh. Sets run.resume_path to it.
+CheckpointMeta load_resume_checkpoint(TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  std::vector<std::string> candidates{run.resume_path};
+  if (cfg.checkpoint.resume == ResumeFrom::Auto) {
+    std::string note;
+    candidates = resume_candidates(cfg.checkpoint_dir(), &note);
+    if (!note.empty()) run.say(concat("warning: ", note));
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      const bool weights_only = cfg.checkpoint.load_weights_only;
+      CheckpointMeta meta = load_checkpoint(
+          candidates[i], run.engine->checkpoint_state(), run.comm,
+          [&](const CheckpointMeta& m) {
+            const std::string diff = weights_only ? "" : model_config_difference(m.model, cfg.model);
+            SHARDLM_CHECK(diff.empty(), "checkpoint ", candidates[i], " holds another model than this run's: ", diff,
+                          " (resume needs the model it was written for; checkpoint.load_weights_only = true "
+                          "starts a new run from its weights)");
+          },
+          weights_only);
+      run.resume_path = candidates[i];
+      return meta;
+    } catch (const AgreedError& e) {
+      if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_damaged(e.what())) throw;
+      if (i + 1 == candidates.size())
+        throw AgreedError(concat(e.what(), "; no intact checkpoint is left in ", cfg.checkpoint_dir(),
+                                 " (set checkpoint.resume = none, or run.dir elsewhere, to start afresh)"));
+      run.say(concat("warning: skipping a damaged checkpoint: ", e.what(), "; trying ", candidates[i + 1]));
+    }
+  }
+  throw AgreedError(concat("checkpoint.resume: no checkpoint in ", cfg.checkpoint_dir()));
+}
+
+}  // namespace
+
 TrainPosition load_start(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   TrainPosition pos;
@@ -239,8 +280,14 @@ TrainPosition load_start(TrainRun& run) {
   pos.scaling = cfg.train.loss_scale > 0 || fp16;
   pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
   FsdpEngine& model = *run.engine;
-  if (!run.resume_path.empty()) {
-    CheckpointMeta meta = load_checkpoint(run.resume_path, model.checkpoint_state(), run.comm);
+  if (!run.resume_path.empty() && cfg.checkpoint.load_weights_only) {
+    // Only the parameters: step, optimizer state, schedule and data position start afresh.
+    const CheckpointMeta meta = load_resume_checkpoint(run);
+    model.checkpoint_loaded();
+    run.say(concat("loaded the weights of ", run.resume_path, " (step ", meta.step,
+                   "; checkpoint.load_weights_only: a new run from step 0 with fresh optimizer state)"));
+  } else if (!run.resume_path.empty()) {
+    CheckpointMeta meta = load_resume_checkpoint(run);
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     pos.step = meta.step;

@@ -52,6 +52,14 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   RunTotals totals;
   LogInterval interval;
   long saved_step = -1;
+  // The checkpoint at the end of training is written before the last evaluation and generation, so
+  // a failure there loses no training.
+  auto checkpoint_at_end = [&] {
+    if (cfg.checkpoint.at_end && !result.preempted && saved_step != pos.step && pos.step > result.first_step) {
+      result.last_checkpoint = checkpoint(run, pos);
+      saved_step = pos.step;
+    }
+  };
   for (int epoch = start_epoch; epoch < cfg.train.epochs && pos.step < run.total_steps; ++epoch) {
     for (long s = epoch == start_epoch ? start_epoch_step : 0; s < run.steps_per_epoch && pos.step < run.total_steps;
          ++s) {
@@ -80,11 +88,10 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       }
     }
     if (result.preempted) break;
+    if (pos.step >= run.total_steps || epoch == cfg.train.epochs - 1) checkpoint_at_end();
     if (!run.eval_set.empty()) totals.evals.push_back(evaluate_epoch(run, pos.step, epoch, result));
   }
-
-  if (cfg.checkpoint.at_end && !result.preempted && saved_step != pos.step && pos.step > result.first_step)
-    result.last_checkpoint = checkpoint(run, pos);
+  checkpoint_at_end();
   totals.seconds = run_timer.seconds();
   summarize_run(run, pos, totals, result);
   return result;

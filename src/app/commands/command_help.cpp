@@ -18,7 +18,7 @@ const char* kShardlmUsage =
     "\n"
     "commands:\n"
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
-    "  inspect CHECKPOINT                     print a checkpoint's step, model, strategy and tensors\n"
+    "  inspect [--verify] CHECKPOINT          print a checkpoint's step, model, strategy and tensors\n"
     "  export CHECKPOINT DIR                  write it as a Hugging Face model (config, weights, tokenizer)\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
@@ -47,12 +47,14 @@ const char* kTrainUsage =
     "writes a checkpoint at the next step and exits 0.\n";
 
 const char* kInspectUsage =
-    "usage: [mpirun -np N] shardlm inspect CHECKPOINT\n"
+    "usage: [mpirun -np N] shardlm inspect [--verify] CHECKPOINT\n"
     "\n"
     "Prints what a checkpoint holds: format, step and epoch, learning-rate schedule, the strategy and\n"
     "ranks that wrote it, the model, the optimizer state, and each tensor's shape, l2 norm and max |x|.\n"
     "\n"
     "  CHECKPOINT   a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
+    "  --verify     instead, read every dataset (parameters and optimizer state) and check its\n"
+    "               checksum: exit 0 when intact, 1 naming each damaged dataset\n"
     "  -h, --help   print this text\n";
 
 const char* kExportUsage =

@@ -113,11 +113,30 @@ void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
 }  // namespace
 
 int command_inspect(const std::vector<std::string>& args) {
-  if (args.size() != 1) {
-    log_info("usage: shardlm inspect CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
+  const bool verify = !args.empty() && args[0] == "--verify";
+  if (args.size() != (verify ? 2u : 1u)) {
+    log_info("usage: shardlm inspect [--verify] CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
     return 2;
   }
-  on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(args[0], "shardlm inspect CHECKPOINT")); });
+  const std::string spec = args.back();
+  if (!verify) {
+    on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(spec, "shardlm inspect CHECKPOINT")); });
+    return 0;
+  }
+  // --verify: every dataset's checksum; the damage is the agreed error, so the exit code is 1.
+  on_rank0(MPI_COMM_WORLD, [&] {
+    const std::string path = resolve_checkpoint_path(spec, "shardlm inspect CHECKPOINT");
+    CheckpointReader reader(path);
+    const std::vector<std::string> damage = reader.verify();
+    if (!damage.empty()) {
+      std::string text = damage.front();
+      for (size_t i = 1; i < damage.size(); ++i) text += "\n  " + damage[i];
+      throw Error(concat(text, damage.size() > 1 ? concat("\n  (", damage.size(), " damaged datasets)") : ""));
+    }
+    size_t datasets = 0;
+    for (const CheckpointUnitState& u : reader.unit_states()) datasets += 1 + u.optimizer.size();
+    std::printf("%s: intact (%zu datasets, every checksum verified)\n", path.c_str(), datasets);
+  });
   return 0;
 }
 
