@@ -51,6 +51,17 @@ RunConfig load(const TempDir& dir, const AccelerateImport& im, int ranks) {
   return load_run_config(deck, {}, ranks);
 }
 
+// An example converted with the stand-ins' keys and loaded on the ranks it asks for.
+struct Loaded {
+  Stand_ins s;
+  AccelerateImport im;
+  RunConfig cfg;
+  Loaded(const std::string& yaml, const std::string& args, int ranks) : im(convert(yaml, args, s.keys())) {
+    BOOST_TEST(im.ranks == ranks);
+    cfg = load(s.dir, im, ranks);
+  }
+};
+
 bool has_warning(const AccelerateImport& im, const std::string& part) {
   for (const std::string& w : im.warnings)
     if (contains(w, part)) return true;
@@ -82,10 +93,9 @@ BOOST_AUTO_TEST_CASE(shipped_course_deck_is_the_importers_output) {
 }
 
 BOOST_AUTO_TEST_CASE(course_config_and_tutorial_arguments_load_with_their_settings) {
-  Stand_ins s;
-  const AccelerateImport im = convert("course-fsdp-4gpu.yaml", "squad-training-args.json", s.keys());
-  BOOST_TEST(im.ranks == 4);
-  const RunConfig cfg = load(s.dir, im, 4);
+  const Loaded l("course-fsdp-4gpu.yaml", "squad-training-args.json", 4);
+  const AccelerateImport& im = l.im;
+  const RunConfig& cfg = l.cfg;
   BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(cfg.fsdp.param_dtype == DType::BF16);
   BOOST_TEST(cfg.fsdp.reduce_dtype == DType::BF16);
@@ -108,10 +118,9 @@ BOOST_AUTO_TEST_CASE(course_config_and_tutorial_arguments_load_with_their_settin
 }
 
 BOOST_AUTO_TEST_CASE(hybrid_offload_fp16_variant_loads_on_its_eight_ranks) {
-  Stand_ins s;
-  const AccelerateImport im = convert("hybrid-offload-2nodes-fp16.yaml", "", s.keys());
-  BOOST_TEST(im.ranks == 8);
-  const RunConfig cfg = load(s.dir, im, 8);
+  const Loaded l("hybrid-offload-2nodes-fp16.yaml", "", 8);
+  const AccelerateImport& im = l.im;
+  const RunConfig& cfg = l.cfg;
   BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::HybridShard);
   BOOST_TEST(cfg.fsdp.cpu_offload);
   BOOST_TEST(cfg.fsdp.activation_checkpointing);

@@ -459,13 +459,13 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
                                       if (t.name == "ln_f.weight") throw Error("disk full (simulated)");
                                       return known_values(t);
                                     },
-                                    {}, max_shard),
+                                    shards_of(max_shard)),
                     Error);
   BOOST_TEST(!fs::exists(dir.string() + ".partial"));
   BOOST_TEST(fs::file_size(dir / "model.safetensors") == before);
   BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
   check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
-  export_hf_model(dir.string(), cfg, tensors, known_values, {}, max_shard);
+  export_hf_model(dir.string(), cfg, tensors, known_values, shards_of(max_shard));
   BOOST_TEST(fs::exists(dir / "tokenizer.json"));
   BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
   BOOST_TEST(!fs::exists(dir / "model.safetensors"));

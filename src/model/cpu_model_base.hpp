@@ -17,7 +17,6 @@ namespace shardlm::model_detail {
 class CpuModelBase : public CpuModel {
  public:
   const ModelConfig& config() const override { return cfg_; }
-  void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
   void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
   void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
                       int T) override;
@@ -25,6 +24,7 @@ class CpuModelBase : public CpuModel {
                    float grad_scale, float* dh, float* droot) override;
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
   void decode_end() override;
+  void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
   // What the family allocated through allocate_activations, and the ends.
   size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + ends_bytes(); }
 

@@ -17,6 +17,14 @@ namespace shardlm {
 
 namespace {
 
+// Resume needs the model a checkpoint was written for: Error naming the first key that differs.
+void check_same_model(const std::string& path, const CheckpointMeta& meta, const RunConfig& cfg) {
+  const std::string diff = model_config_difference(meta.model, cfg.model);
+  SHARDLM_CHECK(diff.empty(), "checkpoint ", path, " holds another model than this run's: ", diff,
+                " (resume needs the model it was written for; checkpoint.load_weights_only = true "
+                "starts a new run from its weights)");
+}
+
 DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
   DatasetOptions opt;
   opt.max_length = data.max_length;
@@ -204,10 +212,25 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   run->steps_per_epoch = static_cast<long>(run->sampler->steps_per_epoch());
   run->total_steps = run->steps_per_epoch * cfg.train.epochs;
   if (cfg.train.max_steps > 0) run->total_steps = std::min<long>(run->total_steps, cfg.train.max_steps);
-  if (!run->resume_path.empty()) {
-    // The checkpoint's step, read by rank 0 before any engine is built: a finished run stops here.
+  if (!run->resume_path.empty() && !cfg.checkpoint.load_weights_only) {
+    // The checkpoint's step, read by rank 0 before any engine is built: a finished run of this
+    // model stops here, once its checksums say the final checkpoint is intact. A damaged one is left
+    // to load_start, which skips it under resume = auto and resumes from the newest intact one.
     run_collectively(comm, [&] {
-      if (run->rank == 0) run->resume_step = CheckpointReader(run->resume_path).meta().step;
+      if (run->rank != 0) return;
+      try {
+        CheckpointReader reader(run->resume_path);
+        const CheckpointMeta& meta = reader.meta();
+        check_same_model(run->resume_path, meta, cfg);
+        run->resume_step = meta.step;
+        if (meta.step >= run->total_steps) {
+          const std::vector<std::string> damage = reader.verify();
+          if (!damage.empty()) throw Error(damage.front());
+        }
+      } catch (const Error& e) {
+        if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_damaged(e.what())) throw;
+        run->resume_step = -1;
+      }
     });
     MPI_Bcast(&run->resume_step, 1, MPI_LONG, 0, comm);
     if (run->resume_step >= run->total_steps) {
@@ -252,10 +275,7 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
       CheckpointMeta meta = load_checkpoint(
           candidates[i], run.engine->checkpoint_state(), run.comm,
           [&](const CheckpointMeta& m) {
-            const std::string diff = weights_only ? "" : model_config_difference(m.model, cfg.model);
-            SHARDLM_CHECK(diff.empty(), "checkpoint ", candidates[i], " holds another model than this run's: ", diff,
-                          " (resume needs the model it was written for; checkpoint.load_weights_only = true "
-                          "starts a new run from its weights)");
+            if (!weights_only) check_same_model(candidates[i], m, cfg);
           },
           weights_only);
       run.resume_path = candidates[i];

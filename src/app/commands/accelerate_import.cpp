@@ -616,12 +616,16 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
     im.set(n.to, number_text(number(t.get(n.from), args_name + ": " + n.from)), t_origin(n.from));
     done_t.insert(n.from);
   }
-  if (!truthy(t.get("average_tokens_across_devices"), args_name))
-    im.warn("", t_origin("average_tokens_across_devices"),
+  // A flag shardlm always behaves as if set: a warning where it is off, else nothing to do.
+  auto always_on = [&](const char* key, const char* deck_key, const char* why_off) {
+    if (!truthy(t.get(key), args_name))
+      im.warn(deck_key, t_origin(key), why_off);
+    else
+      im.unused(t_origin(key), "what shardlm always does");
+    done_t.insert(key);
+  };
+  always_on("average_tokens_across_devices", "",
             "shardlm's loss is always the mean over the loss tokens of the whole global batch");
-  else
-    im.unused(t_origin("average_tokens_across_devices"), "what shardlm always does");
-  done_t.insert("average_tokens_across_devices");
   im.set("train.seed", std::to_string(whole(t.get("seed"), args_name + ": seed", 0)), t_origin("seed"));
   done_t.insert("seed");
   const std::string sampling = text(t.get("train_sampling_strategy"), args_name + ": train_sampling_strategy");
@@ -631,12 +635,8 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
     im.warn("train.shuffle", t_origin(grouped ? "group_by_length" : "train_sampling_strategy"),
             "shardlm draws samples in a seeded random order, not grouped by length");
   done_t.insert({"train_sampling_strategy", "group_by_length"});
-  if (!truthy(t.get("dataloader_drop_last"), args_name))
-    im.warn("train.batch_size", t_origin("dataloader_drop_last"),
+  always_on("dataloader_drop_last", "train.batch_size",
             "shardlm drops the last incomplete global batch of every epoch; Trainer runs it");
-  else
-    im.unused(t_origin("dataloader_drop_last"), "what shardlm always does");
-  done_t.insert("dataloader_drop_last");
 
   // ---- activation checkpointing ----
   if (truthy(t.get("gradient_checkpointing"), args_name + ": gradient_checkpointing"))

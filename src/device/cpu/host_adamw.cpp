@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -176,12 +177,9 @@ void update_piece(HostSimd simd, const AdamWRange& r, size_t begin, size_t end, 
 }  // namespace
 
 const char* host_simd_name(HostSimd simd) {
-  switch (simd) {
-    case HostSimd::Scalar: return "scalar";
-    case HostSimd::Avx2: return "avx2";
-    case HostSimd::Avx512: return "avx512";
-  }
-  return "?";
+  static const char* const kNames[] = {"scalar", "avx2", "avx512"};  // in HostSimd's order
+  const auto i = static_cast<size_t>(simd);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 bool host_simd_available(HostSimd simd) {
