@@ -1,4 +1,5 @@
-// One optimizer step: grad_accum micro-batches per rank over one global batch, the loss normalised
+// One optimizer step: grad_accum micro-batches per rank over one global batch (with data.packing, the
+// packed rows dealt to the rank), the loss normalised
 // by the global batch's target count so every world size computes the same step; then clipping,
 // AdamW and the dynamic loss scale.
 #include <algorithm>
@@ -20,30 +21,51 @@ int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>
   return n;
 }
 
+// The micro-batches of one step of `epoch`: the sampler's pieces of the global batch, or (packing)
+// its rows dealt out to the ranks; built one at a time as the step runs them.
+class StepMicroBatches {
+ public:
+  StepMicroBatches(const TrainRun& run, int epoch, long s, const std::vector<size_t>& global, bool packing)
+      : run_(run), epoch_(epoch), s_(s), packing_(packing) {
+    if (packing_) packed_ = pack_step(run.train_set, global, run.cfg.data.max_length, run.world, run.micro);
+  }
+  int count() const { return packing_ ? packed_.micro_steps : run_.accum; }  // per rank
+  MicroBatch at(int rank, int m) const {
+    const int32_t pad = run_.tokenizer->pad_id();
+    const int multiple = run_.engine->length_multiple(), max_seq = run_.cfg.data.max_length;
+    if (packing_)
+      return make_packed_micro_batch(run_.train_set, packed_.micro_batch(m, rank, run_.world, run_.micro), pad,
+                                     multiple, max_seq);
+    return make_micro_batch(run_.train_set, run_.sampler->micro_batch(epoch_, s_, rank, run_.world, m, run_.micro), pad,
+                            multiple, max_seq);
+  }
+
+ private:
+  const TrainRun& run_;
+  int epoch_;
+  long s_;
+  bool packing_;
+  PackedStep packed_;
+};
+
 }  // namespace
 
 PaddingShare epoch_padding_share(const TrainRun& run) {
   PaddingShare share;
-  const int multiple = run.engine->length_multiple(), max_seq = run.cfg.data.max_length;
-  const int32_t pad = run.tokenizer->pad_id();
   for (long s = 0; s < run.steps_per_epoch; ++s) {
     const std::vector<size_t> global = run.sampler->global_batch(0, s);
     share.real += count_tokens(run.train_set, global);
-    for (int r = 0; r < run.world; ++r)
-      for (int m = 0; m < run.accum; ++m) {
-        const MicroBatch mb =
-            make_micro_batch(run.train_set, run.sampler->micro_batch(0, s, r, run.world, m, run.micro), pad, multiple, max_seq);
-        share.unpacked += static_cast<int64_t>(mb.batch) * mb.seq;
-        share.unpacked_micro_batches += 1;
-      }
-    const PackedStep packed = pack_step(run.train_set, global, max_seq, run.world, run.micro);
-    for (int r = 0; r < run.world; ++r)
-      for (int m = 0; m < packed.micro_steps; ++m) {
-        const MicroBatch mb = make_packed_micro_batch(run.train_set, packed.micro_batch(m, r, run.world, run.micro), pad,
-                                                      multiple, max_seq);
-        share.packed += static_cast<int64_t>(mb.batch) * mb.seq;
-        share.packed_micro_batches += 1;
-      }
+    for (const bool packing : {false, true}) {
+      const StepMicroBatches step(run, 0, s, global, packing);
+      int64_t& positions = packing ? share.packed : share.unpacked;
+      int64_t& passes = packing ? share.packed_micro_batches : share.unpacked_micro_batches;
+      for (int r = 0; r < run.world; ++r)
+        for (int m = 0; m < step.count(); ++m) {
+          const MicroBatch mb = step.at(r, m);
+          positions += static_cast<int64_t>(mb.batch) * mb.seq;
+          passes += 1;
+        }
+    }
   }
   return share;
 }
@@ -59,21 +81,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
   model.zero_grad();
   double loss_sum = 0;
-  if (cfg.data.packing) {
-    // The whole global batch packed into rows, dealt out to the ranks' micro-steps.
-    const PackedStep packed = pack_step(run.train_set, global, cfg.data.max_length, run.world, run.micro);
-    for (int m = 0; m < packed.micro_steps; ++m) {
-      MicroBatch mb = make_packed_micro_batch(run.train_set, packed.micro_batch(m, run.rank, run.world, run.micro),
-                                              run.tokenizer->pad_id(), model.length_multiple(), cfg.data.max_length);
-      loss_sum += model.forward_backward(mb, grad_scale);
-    }
-  } else {
-    for (int m = 0; m < run.accum; ++m) {
-      MicroBatch mb = make_micro_batch(run.train_set, run.sampler->micro_batch(epoch, s, run.rank, run.world, m, run.micro),
-                                       run.tokenizer->pad_id(), model.length_multiple(), cfg.data.max_length);
-      loss_sum += model.forward_backward(mb, grad_scale);
-    }
-  }
+  const StepMicroBatches micro_batches(run, epoch, s, global, cfg.data.packing);
+  for (int m = 0; m < micro_batches.count(); ++m)
+    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale);
   StepOutcome out;
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;
   // The loss is reduced over all ranks, so they all stop here together.
