@@ -17,13 +17,12 @@
 #include <thread>
 
 #include "checkpoint_test_model.hpp"
+#include "launch_support.hpp"
 #include "test_support.hpp"
 
 using namespace shardlm;
 using namespace ckpt_test;
 namespace fs = std::filesystem;
-
-extern char** environ;
 
 namespace {
 
@@ -169,18 +168,6 @@ void sleeping_barrier() {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-}
-
-// `env -u ...` removing what this job's launcher set, so a nested mpirun starts a job of its own.
-std::string clean_launcher_env() {
-  std::string prefix = "env";
-  for (char** e = environ; *e; ++e) {
-    const std::string var(*e, std::strchr(*e, '=') ? std::strchr(*e, '=') - *e : std::strlen(*e));
-    const bool launcher = var.rfind("PMIX_", 0) == 0 ||
-                          (var.rfind("OMPI_", 0) == 0 && var.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) != 0);
-    if (launcher) prefix += " -u " + var;
-  }
-  return prefix;
 }
 
 // Runs the fault program on `ranks` ranks (log in DIR/fault.log): its exit code, its output and

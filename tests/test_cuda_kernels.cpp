@@ -690,7 +690,9 @@ BOOST_AUTO_TEST_CASE(host_adamw_matches_the_cuda_backend) {
                                                 reinterpret_cast<uint16_t*>(dout.get()));
   const std::vector<AdamWRange> on_host = ranges(hp.data(), hg.data(), hm.data(), hv.data(), hout.data());
   for (int step = 1; step <= 5; ++step) {
-    hg = random_values(n, DType::F32, -1.f, 1.f, 1800 + step);
+    // Into hg's own storage: on_host points at it.
+    const std::vector<float> g = random_values(n, DType::F32, -1.f, 1.f, 1800 + step);
+    std::copy(g.begin(), g.end(), hg.begin());
     upload(dg.get(), hg, DType::F32);
     AdamWHyper h;
     h.lr = 1e-3 * step, h.beta2 = 0.95, h.step = step;

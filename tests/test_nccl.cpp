@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "launch_support.hpp"
 #include "nccl_communicator.hpp"
 
 using namespace shardlm;
@@ -150,7 +151,7 @@ BOOST_AUTO_TEST_CASE(a_hung_peer_ends_the_job_with_a_message) {
     return;
   }
   const std::string log = std::string(SHARDLM_BINARY_DIR) + "/nccl_hang.log";
-  const std::string cmd = std::string("timeout 120 " SHARDLM_MPIEXEC " -np 2 " SHARDLM_MPIEXEC_FLAGS " ") +
+  const std::string cmd = clean_launcher_env() + std::string(" timeout 120 " SHARDLM_MPIEXEC " -np 2 " SHARDLM_MPIEXEC_FLAGS " ") +
                           SHARDLM_NCCL_HANG_PROGRAM + " > " + log + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream in(log);
