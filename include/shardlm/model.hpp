@@ -30,6 +30,34 @@ struct RopeScaling {
 // never uses it. The CPU backend has one attention and ignores it.
 enum class AttentionImpl { Auto, Cudnn, Native };
 
+// LoRA (the deck's [lora] section), as PEFT does it: each targeted linear layer of every block computes
+// W x + scale * B (A dropout(x)) with A [r, in] and B [out, r] trainable and W (and every other base
+// weight) frozen. Init Kaiming: A Kaiming-uniform (bound 1 / sqrt(in), PEFT's init_lora_weights = True),
+// B zero; Gaussian: A normal with standard deviation 1 / r, B zero. Off when r == 0.
+enum class LoraInit { Kaiming, Gaussian };
+struct LoraConfig {
+  int r = 0;
+  double alpha = 8;
+  double dropout = 0;
+  // The family's module names (LinearModule::name), in the family's order ("all-linear" expanded).
+  std::vector<std::string> target_modules;
+  std::vector<std::string> modules_to_save;  // whole modules trained beside the adapters (PEFT's names)
+  bool use_rslora = false;                   // scale alpha / sqrt(r) instead of alpha / r
+  LoraInit init = LoraInit::Kaiming;
+
+  bool enabled() const { return r > 0; }
+  double scale() const;
+  bool targets(const std::string& module) const;
+};
+
+// A linear layer of a block that LoRA can adapt: its Hugging Face module name ("q_proj",
+// "query_key_value"), its path inside the block ("self_attn.q_proj"), its input and output widths.
+struct LinearModule {
+  std::string name;
+  std::string path;
+  int64_t in = 0, out = 0;
+};
+
 // The model's shape. `arch` names the family (model_families(): "bloom", "llama", ...); fields a
 // family does not use are ignored.
 struct ModelConfig {
@@ -50,6 +78,7 @@ struct ModelConfig {
   int max_position_embeddings = 4096;
   AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
   bool packed = false;  // not part of the shape: training rows may hold several samples (data.packing)
+  LoraConfig lora;      // not part of the shape: adapters trained over frozen base weights
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -58,7 +87,7 @@ struct ModelConfig {
   bool tied_head() const;
 };
 
-enum class InitKind { Normal, Zeros, Ones };
+enum class InitKind { Normal, Zeros, Ones, Uniform };
 
 // One tensor inside a unit's flat parameter. Names follow the family's Hugging Face state dict
 // without its prefix (hf_tensor_name adds it); shapes are PyTorch's ([out, in] for linear weights).
@@ -69,7 +98,7 @@ struct TensorSpec {
   size_t numel = 0;
   bool decay = true;  // AdamW weight decay applies (false for biases and norms)
   InitKind init = InitKind::Normal;
-  float init_std = 0.02f;  // standard deviation of a Normal init (ModelConfig::init_std)
+  float init_std = 0.02f;  // standard deviation of a Normal init (ModelConfig::init_std); a Uniform one's bound
 };
 
 // An FSDP unit: unit 0 is the root (embeddings, final norm, the LM head when untied; BLOOM's
@@ -85,6 +114,15 @@ std::vector<UnitLayout> model_layout(const ModelConfig& cfg);
 // The Hugging Face state-dict name of a layout tensor ("transformer." + name for BLOOM, "model." +
 // name for Llama except lm_head.weight).
 std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
+
+// The linear layers of one block of cfg.arch's family that LoRA can adapt, in the family's order.
+std::vector<LinearModule> linear_modules(const ModelConfig& cfg);
+// The adapters' layout, one unit per model_layout unit (the root empty): for each targeted module of
+// each block, in the family's order, "<block>.<path>.lora_A.weight" [r, in] (init as cfg.lora.init)
+// then "<block>.<path>.lora_B.weight" [out, r] (zeros). Every unit empty when LoRA is off.
+std::vector<UnitLayout> lora_layout(const ModelConfig& cfg);
+// PEFT's name of an adapter tensor in adapter_model.safetensors: "base_model.model." + hf_tensor_name.
+std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name);
 
 // Deterministic initial value of element `index` of unit `unit`'s flat parameter: the same on
 // every rank and every world size, so each rank fills only the slice it owns.
@@ -263,6 +301,7 @@ struct ModelFamily {
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
 
   std::vector<UnitLayout> (*layout)(const ModelConfig&) = nullptr;  // also validates the config
+  std::vector<LinearModule> (*linear_modules)(const ModelConfig&) = nullptr;  // a block's, for LoRA
   std::string (*hf_tensor_name)(const std::string& layout_name) = nullptr;
   // config.json: the family's keys (arch, architectures and model_type are set by the registry).
   ModelConfig (*config_from_hf)(const HfConfigReader&) = nullptr;

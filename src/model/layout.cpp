@@ -31,6 +31,13 @@ double counter_normal(uint64_t seed, int unit_index, size_t index) {
   return radius * std::cos(angle);
 }
 
+// Uniform in [-1, 1) that depends only on (seed, unit, index).
+double counter_uniform(uint64_t seed, int unit_index, size_t index) {
+  const uint64_t key =
+      mix64(mix64(mix64(seed ^ 0x10a0) ^ static_cast<uint64_t>(unit_index)) ^ static_cast<uint64_t>(index));
+  return 2.0 * static_cast<double>(key >> 11) * 0x1.0p-53 - 1.0;
+}
+
 // Elements [lo, hi) of the unit (lo >= base): out[i - base].
 void init_range(const UnitLayout& unit, int unit_index, uint64_t seed, size_t lo, size_t hi, size_t base, float* out) {
   // Padding past the last tensor stays zero.
@@ -43,6 +50,9 @@ void init_range(const UnitLayout& unit, int unit_index, uint64_t seed, size_t lo
         case InitKind::Ones: out[i - base] = 1.0f; break;
         case InitKind::Normal:
           out[i - base] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
+          break;
+        case InitKind::Uniform:
+          out[i - base] = static_cast<float>(t.init_std * counter_uniform(seed, unit_index, i));
           break;
       }
     }

@@ -1,7 +1,9 @@
 // The registry of model families: one line per family below, and the lookups by model.arch and by
 // config.json model_type that every family-dependent call goes through.
 #include <algorithm>
+#include <cmath>
 
+#include "model_internal.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm {
@@ -79,6 +81,47 @@ std::vector<UnitLayout> model_layout(const ModelConfig& cfg) {
 
 std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
   return model_family(cfg.arch).hf_tensor_name(name);
+}
+
+std::vector<LinearModule> linear_modules(const ModelConfig& cfg) { return model_family(cfg.arch).linear_modules(cfg); }
+
+double LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+bool LoraConfig::targets(const std::string& module) const {
+  return std::find(target_modules.begin(), target_modules.end(), module) != target_modules.end();
+}
+
+std::vector<UnitLayout> lora_layout(const ModelConfig& cfg) {
+  const std::vector<UnitLayout> base = model_layout(cfg);  // validates the shape
+  std::vector<UnitLayout> units(base.size());
+  for (size_t u = 0; u < base.size(); ++u) units[u].name = base[u].name;
+  if (!cfg.lora.enabled()) return units;
+  const std::vector<LinearModule> modules = linear_modules(cfg);
+  for (const std::string& t : cfg.lora.target_modules)
+    SHARDLM_CHECK(std::any_of(modules.begin(), modules.end(), [&](const LinearModule& m) { return m.name == t; }),
+                  "lora.target_modules: ", cfg.arch, " has no linear module '", t, "'");
+  const int64_t r = cfg.lora.r;
+  for (size_t u = 1; u < base.size(); ++u) {
+    for (const LinearModule& m : modules) {
+      if (!cfg.lora.targets(m.name)) continue;
+      const std::string p = base[u].name + "." + m.path;
+      // PEFT: A Kaiming-uniform with a = sqrt(5), which is uniform in +-1/sqrt(in); or normal, std 1/r.
+      if (cfg.lora.init == LoraInit::Kaiming)
+        model_detail::add_tensor(units[u], p + ".lora_A.weight", {r, m.in}, InitKind::Uniform,
+                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(m.in))));
+      else
+        model_detail::add_tensor(units[u], p + ".lora_A.weight", {r, m.in}, InitKind::Normal,
+                                 static_cast<float>(1.0 / static_cast<double>(r)));
+      model_detail::add_tensor(units[u], p + ".lora_B.weight", {m.out, r}, InitKind::Zeros, 0.0f);
+    }
+  }
+  return units;
+}
+
+std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name) {
+  return "base_model.model." + hf_tensor_name(cfg, name);
 }
 
 std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {

@@ -49,6 +49,7 @@ ModelFamily bloom_family() {
   f.hf_architecture = "BloomForCausalLM";
   f.head_always_tied = true;
   f.layout = bloom_layout;
+  f.linear_modules = bloom_linear_modules;
   f.hf_tensor_name = [](const std::string& name) { return "transformer." + name; };
   f.config_from_hf = bloom_from_hf;
   f.config_to_hf = bloom_to_hf;

@@ -89,6 +89,14 @@ std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg) {
   return units;
 }
 
+std::vector<LinearModule> bloom_linear_modules(const ModelConfig& cfg) {
+  const int64_t H = cfg.hidden_size;
+  return {{"query_key_value", "self_attention.query_key_value", H, 3 * H},
+          {"dense", "self_attention.dense", H, H},
+          {"dense_h_to_4h", "mlp.dense_h_to_4h", H, 4 * H},
+          {"dense_4h_to_h", "mlp.dense_4h_to_h", 4 * H, H}};
+}
+
 BloomRootOffsets bloom_root_offsets(const UnitLayout& root) {
   BloomRootOffsets o;
   root_tensors(find_in(root, "", o), 0, 0);

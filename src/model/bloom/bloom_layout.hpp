@@ -12,6 +12,9 @@ namespace shardlm {
 // Also validates the config (positive sizes, heads dividing hidden_size).
 std::vector<UnitLayout> bloom_layout(const ModelConfig& cfg);
 
+// The linear layers LoRA can adapt: query_key_value, dense, dense_h_to_4h, dense_4h_to_h.
+std::vector<LinearModule> bloom_linear_modules(const ModelConfig& cfg);
+
 // Where the tensors start (elements) in the root's flat parameter; the head is the embeddings.
 struct BloomRootOffsets {
   size_t embeddings = 0, embed_norm_weight = 0, embed_norm_bias = 0, final_norm_weight = 0, final_norm_bias = 0;

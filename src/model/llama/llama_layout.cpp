@@ -91,6 +91,15 @@ LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock&
   return o;
 }
 
+std::vector<LinearModule> llama_linear_modules(const ModelConfig& cfg) {
+  const int64_t H = cfg.hidden_size, Q = static_cast<int64_t>(cfg.num_heads) * cfg.head_dim();
+  const int64_t KV = static_cast<int64_t>(cfg.kv_heads()) * cfg.head_dim(), F = cfg.ffn_size();
+  return {{"q_proj", "self_attn.q_proj", H, Q},   {"k_proj", "self_attn.k_proj", H, KV},
+          {"v_proj", "self_attn.v_proj", H, KV},  {"o_proj", "self_attn.o_proj", Q, H},
+          {"gate_proj", "mlp.gate_proj", H, F},   {"up_proj", "mlp.up_proj", H, F},
+          {"down_proj", "mlp.down_proj", F, H}};
+}
+
 std::string llama_hf_tensor_name(const std::string& name) {
   return name == "lm_head.weight" ? name : "model." + name;
 }

@@ -17,6 +17,8 @@ struct LlamaBlock {
 
 // Also validates the config (positive sizes, even head dimension, kv heads dividing heads).
 std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& block);
+// The linear layers LoRA can adapt, in PEFT's order: q/k/v/o_proj, gate/up/down_proj.
+std::vector<LinearModule> llama_linear_modules(const ModelConfig& cfg);
 // "model." + name, except lm_head.weight.
 std::string llama_hf_tensor_name(const std::string& name);
 

@@ -26,6 +26,7 @@ ModelFamily llama_style_family(const std::string& name, const std::string& hf_ar
   f.rotary = true;
   f.grouped_query = true;
   f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, Block); };
+  f.linear_modules = llama_linear_modules;
   f.hf_tensor_name = llama_hf_tensor_name;
   f.config_from_hf = config_from_hf;
   f.config_to_hf = config_to_hf;
