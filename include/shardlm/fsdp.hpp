@@ -51,13 +51,14 @@ struct FsdpOptions {
 
 // Bytes this rank holds, by role, for the per-rank report and `plan`.
 struct FsdpMemory {
-  size_t master_shard = 0;      // master slices (and compute-dtype copies of them)
+  size_t master_shard = 0;      // master slices (and compute-dtype copies of them; LoRA's frozen slices)
   size_t grad_shard = 0;        // fp32 grad slices
   size_t full_params = 0;       // gathered-parameter buffers
   size_t full_grads = 0;        // unsharded-gradient buffers
   size_t comm_staging = 0;      // reduced slices and 16-bit staging
   size_t activations = 0;       // the model's activations and workspaces
   size_t model_params = 0;      // parameters of the whole model (not per rank), for comparison
+  size_t trainable_params = 0;  // of them trained (LoRA: the adapters; else all)
 };
 
 // How the engine lays out one rank's buffers: a pure function of the layout, the options, the
@@ -76,12 +77,26 @@ struct FsdpBufferPlan {
   size_t grad_buffers = 0;       // full block-gradient buffers (two alternate on an asynchronous backend)
   size_t grad_slice = 0;         // one reduced fp32 slice
   size_t stage_full = 0, stage_slice = 0;  // 16-bit staging bytes: a full unit, a slice
+  // LoRA's frozen base: sharded like the rest but held in the compute dtype only (no master, gradient
+  // or optimizer state), gathered beside the adapters. Zero without LoRA.
+  size_t frozen_root_padded = 0, frozen_block_padded = 0, frozen_max_shard = 0;
+  bool frozen_alias = false;        // one-rank shard: the model reads the frozen slices themselves
+  size_t frozen_block_copies = 0;   // gathered frozen block buffers (the same turns as block_copies)
 };
+
+// What the engine trains and what it holds frozen: without LoRA the model's layout and nothing; with
+// LoRA the adapters (lora_layout) and the base weights (model_layout), unit for unit.
+struct EngineLayouts {
+  std::vector<UnitLayout> trainable, frozen;
+};
+EngineLayouts engine_layouts(const ModelConfig& cfg);
 // The engine's options from the deck's [fsdp] section.
 FsdpOptions fsdp_options(const FsdpSection& deck);
 
-FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
-                                int replicate_size, bool asynchronous, DType compute_dtype);
+// `frozen` is EngineLayouts::frozen (empty without LoRA).
+FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
+                                const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
+                                DType compute_dtype);
 
 // The model wrapped unit by unit for FSDP on one backend: the schedule of DESIGN.md written once.
 // On an asynchronous backend parameter all-gathers run on the communication stream ahead of the
@@ -116,6 +131,12 @@ class FsdpEngine {
   std::vector<UnitState> checkpoint_state();
   // load_checkpoint has filled the views of checkpoint_state(): take them in.
   void checkpoint_loaded();
+  // LoRA: this rank's slices of the frozen base weights, as host fp32 views holding the model's own
+  // initialisation from `seed` (load_pretrained may overwrite them), and then frozen_loaded() takes
+  // them in (in the compute dtype) and frees the views. Error without LoRA.
+  std::vector<UnitState> frozen_state(uint64_t seed);
+  void frozen_loaded();
+  bool lora() const;
 
   FsdpMemory memory() const;
   size_t optimizer_bytes() const { return optimizer_->state_bytes(); }
@@ -157,6 +178,7 @@ class FsdpEngine {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<void*> pinned_;  // host arrays page-locked by the backend, unlocked before they are freed
+  std::vector<std::vector<float>> frozen_staging_;  // frozen_state's views, until frozen_loaded
 };
 
 // ---- memory plan (`shardlm plan`): one rank's bytes, from the same sizes the engines allocate ----

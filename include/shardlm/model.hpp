@@ -152,6 +152,26 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // ---- what the FSDP engine runs, on either backend ----
 
+// A unit's parameters as a model reads them: `base` in the layout of model_layout, `adapter` in that of
+// lora_layout (null without LoRA). A plain pointer converts to base-only parameters.
+template <class T>
+struct UnitParamsOf {
+  const T* base = nullptr;
+  const T* adapter = nullptr;
+  UnitParamsOf(const T* b = nullptr, const T* a = nullptr) : base(b), adapter(a) {}  // NOLINT: implicit
+};
+// A unit's parameter gradients (fp32, accumulated with +=) in the same two layouts: `base` null when the
+// base weights are frozen (LoRA: their gradients are never formed), `adapter` null without LoRA.
+struct UnitGrads {
+  float* base = nullptr;
+  float* adapter = nullptr;
+  UnitGrads(float* b = nullptr, float* a = nullptr) : base(b), adapter(a) {}  // NOLINT: implicit
+  // Where the base tensor at `offset` accumulates, or null when the base is frozen.
+  float* base_at(size_t offset) const { return base ? base + offset : nullptr; }
+};
+using UnitParams = UnitParamsOf<void>;
+using CpuParams = UnitParamsOf<float>;
+
 // A model as the FSDP engine (src/fsdp) drives it, the same on both backends: forward and backward
 // of each FSDP unit on stream `s` (nullptr and synchronous on the CPU), activations in buffers
 // sized up front for micro-batches of up to max_batch x max_seq tokens, hidden states held inside.
@@ -172,15 +192,15 @@ class UnitModel {
   // h_0 from the token ids [B*T].
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) = 0;
   // h_{l+1} = block_l(h_l).
-  virtual void block_forward(int layer, const void* params, int B, int T, Stream s) = 0;
+  virtual void block_forward(int layer, UnitParams params, int B, int T, Stream s) = 0;
   // Final norm, LM head and cross-entropy on h_L (targets -1: no loss there); the sum of the token
   // losses is added to the model's loss sum (reset_loss, loss_sum). With backward, the gradient of
-  // grad_scale * sum flows to the gradient of h_L and into droot (fp32, +=).
+  // grad_scale * sum flows to the gradient of h_L and into droot (fp32, +=; null: the root is frozen).
   virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
                     float* droot, Stream s) = 0;
-  // The gradient of h_l from that of h_{l+1}; dparams += the block's parameter gradient.
-  virtual void block_backward(int layer, const void* params, float* dparams, int B, int T, Stream s) = 0;
-  // droot += the embedding path's gradient given the gradient of h_0.
+  // The gradient of h_l from that of h_{l+1}; grads += the block's parameter gradients.
+  virtual void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream s) = 0;
+  // droot += the embedding path's gradient given the gradient of h_0 (nothing to do when droot is null).
   virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream s) = 0;
   virtual void reset_loss(Stream s) = 0;
   // The loss sum since reset_loss (waits for the stream's work).
@@ -204,7 +224,7 @@ class UnitModel {
   virtual void decode_embed(const void* root, const int32_t* tokens, int n, Stream s) = 0;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (rows of one slot in position order).
-  virtual void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+  virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             Stream s) = 0;
   // next[i] = argmax of the logits of step row rows[i], i < m (the lowest id on ties).
   virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
@@ -225,16 +245,16 @@ class CpuModel {
   // UnitModel::set_sample_starts (host memory): packed rows, or null for one sample per row.
   virtual void set_sample_starts(const int32_t* starts) = 0;
   // h_out = block(h_in); saves what block_backward(layer) needs.
-  virtual void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) = 0;
+  virtual void block_forward(int layer, CpuParams params, const float* h_in, float* h_out, int B, int T) = 0;
   // Final norm, LM head and cross-entropy. Returns the sum of the per-token losses over positions
   // with a target and stores their number in *count. When dh is non-null it also runs the
-  // backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot accumulated.
+  // backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot accumulated (unless null).
   // Never holds more than a chunk of tokens' logits at a time.
   virtual double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T,
                            int64_t* count, float grad_scale, float* dh, float* droot) = 0;
-  // dh_in = d/dh_in given dh_out; dparams += d/dparams. Uses the activations of block_forward.
-  virtual void block_backward(int layer, const float* params, const float* dh_out, float* dh_in,
-                              float* dparams, int B, int T) = 0;
+  // dh_in = d/dh_in given dh_out; grads += d/dparams. Uses the activations of block_forward.
+  virtual void block_backward(int layer, CpuParams params, const float* dh_out, float* dh_in, UnitGrads grads,
+                              int B, int T) = 0;
   // droot += d/d(root) of the embedding path given dh0; uses the activations of embed_forward.
   virtual void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot,
                               int B, int T) = 0;
@@ -248,7 +268,7 @@ class CpuModel {
   // h_out[n, H] = block(h_in) for n rows, row r being the token at position positions[r] of the
   // sequence in cache slot slots[r]: its key and value are cached, then it attends to its slot's
   // positions 0..positions[r] (rows of one slot in position order; earlier ones cached before).
-  virtual void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+  virtual void block_decode(int layer, CpuParams params, const float* h_in, float* h_out, int n,
                             const int* slots, const int* positions) = 0;
   virtual void decode_end() = 0;  // frees the cache and its scratch
 

@@ -22,8 +22,20 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
   return o;
 }
 
-FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const FsdpOptions& opt, int shard_size,
-                                int replicate_size, bool asynchronous, DType compute_dtype) {
+EngineLayouts engine_layouts(const ModelConfig& cfg) {
+  EngineLayouts l;
+  if (cfg.lora.enabled()) {
+    l.trainable = lora_layout(cfg);
+    l.frozen = model_layout(cfg);
+  } else {
+    l.trainable = model_layout(cfg);
+  }
+  return l;
+}
+
+FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
+                                const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
+                                DType compute_dtype) {
   SHARDLM_CHECK(!layout.empty(), "fsdp_buffer_plan: a layout without a root unit");
   SHARDLM_CHECK(opt.reduce_dtype == DType::F32 || opt.reduce_dtype == opt.param_dtype || !asynchronous,
                 "fsdp.reduce_dtype = ", dtype_name(opt.reduce_dtype), ": the CUDA backend reduces in fp32 or in fsdp.param_dtype");
@@ -66,6 +78,20 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const Fsd
   if (opt.reduce_dtype != DType::F32 && !p.direct_grads) elem = std::max(elem, dtype_size(opt.reduce_dtype));
   p.stage_full = p.max_padded * elem;
   p.stage_slice = p.max_shard * elem;
+  if (!frozen.empty()) {
+    SHARDLM_CHECK(frozen.size() == layout.size(), "fsdp_buffer_plan: ", frozen.size(), " frozen units for ",
+                  layout.size(), " trainable ones");
+    auto frozen_padded = [&](size_t u) { return shard_numel_of(frozen[u].numel, shard_size) * shard_size; };
+    p.frozen_root_padded = frozen_padded(0);
+    p.frozen_block_padded = p.layers > 0 ? frozen_padded(1) : 0;
+    p.frozen_max_shard = std::max(p.frozen_root_padded, p.frozen_block_padded) / shard_size;
+    // Stored in the compute dtype, so one rank reads its slices whatever the trainable part does.
+    p.frozen_alias = shard_size == 1;
+    if (!p.frozen_alias) {
+      const size_t turns = asynchronous ? static_cast<size_t>(std::max(1, opt.limit_all_gathers)) : 1;
+      p.frozen_block_copies = p.frozen_block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
+    }
+  }
   return p;
 }
 

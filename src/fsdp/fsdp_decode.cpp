@@ -42,11 +42,11 @@ void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int*
   int32_t* dev = m.decode_index.as<int32_t>();
   if (n > 0) backend_->copy(dev, host, 4 * static_cast<size_t>(R) * sizeof(int32_t), CopyKind::HostToDevice, m.compute);
   // The forward's schedule: with n == 0 the rank still joins every all-gather.
-  const void* root = m.use(0);
+  const void* root = m.use(0).base;
   if (L > 0 && m.forward_prefetch) m.gather(1);
   m.model->decode_embed(root, dev, n, m.compute);
   for (int l = 0; l < L; ++l) {
-    const void* p = m.use(1 + l);
+    const UnitParams p = m.use(1 + l);
     if (m.forward_prefetch && m.can_prefetch() && l + 1 < L) m.gather(2 + l);
     m.model->decode_block(l, p, dev + R, dev + 2 * R, n, m.compute);
     m.done_with(1 + l);

@@ -19,9 +19,10 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   const DType cdt = be.compute_dtype(opt.param_dtype);
   SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
                 ", the backend in ", dtype_name(cdt));
-  std::vector<UnitLayout> layout = model_layout(model->config());
-  plan_ = fsdp_buffer_plan(layout, opt, shard_size, groups_.replicate->size(), be.asynchronous(), cdt);
-  impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layout), opt, plan_, groups_, max_tokens);
+  EngineLayouts layouts = engine_layouts(model->config());
+  plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
+                           be.asynchronous(), cdt);
+  impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
   const size_t csize = dtype_size(cdt);
   // Master and optimizer state where the optimizer runs: the host when offloaded.
@@ -45,6 +46,10 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
       init_unit_slice(m.layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
                       d.host_master.data());
       be.copy(d.master.data(), d.host_master.data(), n * sizeof(float), CopyKind::HostToDevice, m.compute);
+    }
+    if (m.lora) {
+      d.frozen = make_flat_parameter(m.frozen_layout[u], static_cast<int>(u), shard_rank, shard_size);
+      d.frozen_slice = be.allocate(d.frozen.shard_numel * csize, MemKind::Params);
     }
     if (opt.cpu_offload) {
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
@@ -73,6 +78,16 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     m.root_full = be.allocate(plan_.root_padded * csize, MemKind::Params);
     for (size_t i = 0; i < plan_.block_copies; ++i)
       m.block_full.push_back(be.allocate(plan_.block_padded * csize, MemKind::Params));
+  }
+  if (m.lora && !plan_.frozen_alias) {
+    m.root_frozen_full = be.allocate(plan_.frozen_root_padded * csize, MemKind::Params);
+    for (size_t i = 0; i < plan_.frozen_block_copies; ++i)
+      m.block_frozen_full.push_back(be.allocate(plan_.frozen_block_padded * csize, MemKind::Params));
+  }
+  if (m.lora) {
+    // The base weights start as the model's own initialisation (a pretrained load replaces them).
+    frozen_state(seed);
+    frozen_loaded();
   }
   m.holder.assign(m.block_full.size(), -1);
   m.gathered.assign(m.units.size(), false);
@@ -172,6 +187,54 @@ void FsdpEngine::refresh_compute_slices() {
   }
 }
 
+std::vector<UnitState> FsdpEngine::frozen_state(uint64_t seed) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(m.lora, "FsdpEngine::frozen_state: nothing is frozen without LoRA");
+  std::vector<UnitState> states;
+  frozen_staging_.assign(m.units.size(), {});
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    const FlatParameter& f = m.units[u].frozen;
+    std::vector<float>& host = frozen_staging_[u];
+    host.assign(f.shard_numel, 0.0f);
+    init_unit_slice(*f.layout, static_cast<int>(u), seed, f.shard_begin, f.shard_begin + f.shard_numel, host.data());
+    UnitState st;
+    st.layout = f.layout;
+    st.numel = f.numel;
+    st.begin = std::min(f.shard_begin, f.numel);
+    st.count = std::min(f.shard_begin + f.shard_numel, f.numel) - st.begin;
+    st.primary = groups_.replicate->rank() == 0;
+    st.param = host.data();
+    states.push_back(st);
+  }
+  return states;
+}
+
+void FsdpEngine::frozen_loaded() {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(frozen_staging_.size() == m.units.size(), "FsdpEngine::frozen_loaded without frozen_state");
+  const DType cdt = plan_.compute_dtype;
+  std::vector<uint16_t> host16;
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    Unit& d = m.units[u];
+    std::vector<float>& host = frozen_staging_[u];
+    const size_t n = host.size();
+    if (cdt == DType::F32) {
+      // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs).
+      if (m.opt.param_dtype != DType::F32) round_to(m.opt.param_dtype, host.data(), n);
+      backend_->copy(d.frozen_slice.data(), host.data(), n * sizeof(float),
+                     CopyKind::HostToDevice, m.compute);
+    } else {
+      host16.resize(n);
+      pack16(cdt, host.data(), host16.data(), n);
+      backend_->copy(d.frozen_slice.data(), host16.data(), n * sizeof(uint16_t), CopyKind::HostToDevice, m.compute);
+    }
+    backend_->synchronize(m.compute);  // the staging is freed next
+    std::vector<float>().swap(host);
+  }
+  frozen_staging_.clear();
+  m.params_updated();
+}
+
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
   backend_->synchronize(m.compute);
@@ -227,12 +290,14 @@ FsdpMemory FsdpEngine::memory() const {
   FsdpMemory r;
   for (const Unit& d : m.units) {
     // An offloaded master is host memory: only its compute copy is on the device.
-    r.master_shard += (m.opt.cpu_offload ? 0 : d.master.bytes()) + d.compute.bytes();
+    r.master_shard += (m.opt.cpu_offload ? 0 : d.master.bytes()) + d.compute.bytes() + d.frozen_slice.bytes();
     r.grad_shard += d.grad.bytes();
-    r.model_params += d.flat.numel;
+    r.model_params += d.flat.numel + d.frozen.numel;
+    r.trainable_params += d.flat.numel;
   }
-  r.full_params = m.root_full.bytes();
+  r.full_params = m.root_full.bytes() + m.root_frozen_full.bytes();
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
+  for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
   r.full_grads = m.root_grad_full.bytes();
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes();
@@ -241,6 +306,7 @@ FsdpMemory FsdpEngine::memory() const {
 }
 
 size_t FsdpEngine::num_units() const { return impl_->units.size(); }
+bool FsdpEngine::lora() const { return impl_->lora; }
 const FlatParameter& FsdpEngine::unit(size_t u) const { return impl_->units.at(u).flat; }
 
 std::vector<float> FsdpEngine::grad_slice(size_t u) {

@@ -18,6 +18,9 @@ struct FsdpEngine::Unit {
   DeviceArray host_grad; // cpu_offload: the gradient slice copied to the host once a step
   std::vector<float> host_master;               // checkpoint staging of a device master
   std::vector<std::vector<float>> host_state;   // checkpoint staging of device optimizer state
+  // LoRA: the unit's frozen base weights (EngineLayouts::frozen), this rank's slice in the compute dtype.
+  FlatParameter frozen;
+  DeviceArray frozen_slice;
 };
 
 struct FsdpEngine::Impl {
@@ -33,11 +36,15 @@ struct FsdpEngine::Impl {
   size_t max_tokens = 0;  // of a micro-batch
   bool forward_prefetch = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
-  std::vector<UnitLayout> layout;
+  std::vector<UnitLayout> layout;         // what is trained (EngineLayouts::trainable)
+  std::vector<UnitLayout> frozen_layout;  // LoRA's frozen base (EngineLayouts::frozen), empty without LoRA
+  bool lora = false;
   std::vector<Unit> units;
 
   DeviceArray root_full;
   std::vector<DeviceArray> block_full;
+  DeviceArray root_frozen_full;                 // LoRA: gathered frozen units (slots as block_full)
+  std::vector<DeviceArray> block_frozen_full;
   std::vector<int> holder;      // per block buffer: the unit whose parameters it holds, or -1
   std::vector<bool> gathered;   // per unit: its gathered parameters are current
   std::vector<std::unique_ptr<BackendEvent>> slot_free, unit_gathered;
@@ -54,12 +61,12 @@ struct FsdpEngine::Impl {
   std::vector<int32_t> decode_host;
   int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
 
-  Impl(Backend& backend, std::unique_ptr<UnitModel> m, std::vector<UnitLayout> unit_layouts, const FsdpOptions& o,
+  Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLayouts layouts, const FsdpOptions& o,
        const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens)
       : be(backend), model(std::move(m)), opt(o), plan(p), shard(*groups.shard), replicate(*groups.replicate),
         compute(backend.compute_stream()), comm(backend.comm_stream()),
         host_memory(backend.host_memory()), L(model->config().num_layers), max_tokens(tokens),
-        layout(std::move(unit_layouts)) {
+        layout(std::move(layouts.trainable)), frozen_layout(std::move(layouts.frozen)), lora(!frozen_layout.empty()) {
     // A synchronous backend gains nothing from gathering ahead.
     if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
   }
@@ -69,15 +76,25 @@ struct FsdpEngine::Impl {
   // A prefetch queued before this unit's compute must land in another buffer than the one in use.
   bool can_prefetch() const { return !plan.reshard || block_full.size() >= 2; }
 
-  // Where the model reads unit u's gathered parameters.
+  // Where the model reads unit u's gathered trainable parameters.
   const void* full_params(size_t u) const {
     const Unit& d = units[u];
     if (plan.alias) return plan.compute_slice ? d.compute.data() : d.master.data();
     return u == 0 ? root_full.data() : block_full[slot(u)].data();
   }
+  // And its gathered frozen base (LoRA).
+  const void* full_frozen(size_t u) const {
+    if (plan.frozen_alias) return units[u].frozen_slice.data();
+    return u == 0 ? root_frozen_full.data() : block_frozen_full[slot(u)].data();
+  }
+  // What the model reads: the base weights and, with LoRA, the adapters.
+  UnitParams unit_params(size_t u) const {
+    return lora ? UnitParams{full_frozen(u), full_params(u)} : UnitParams{full_params(u), nullptr};
+  }
 
   // Enqueues unit u's all-gather on the communication stream unless its parameters are current.
   void gather(size_t u) {
+    // (One rank reads its slices in place, the frozen ones too: plan.alias implies plan.frozen_alias.)
     if (plan.alias || gathered[u]) return;
     if (u > 0) {
       const size_t sl = slot(u);
@@ -101,15 +118,18 @@ struct FsdpEngine::Impl {
     } else {
       shard.all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
     }
+    if (lora && !plan.frozen_alias)
+      shard.all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
+                       plan.compute_dtype);
     unit_gathered[u]->record(comm);
     gathered[u] = true;
   }
 
   // The compute stream may use unit u's parameters from here on.
-  const void* use(size_t u) {
+  UnitParams use(size_t u) {
     gather(u);
     if (!plan.alias) unit_gathered[u]->wait_on(compute);
-    return full_params(u);
+    return unit_params(u);
   }
   void done_with(size_t u) {
     if (!plan.alias && u > 0) slot_free[slot(u)]->record(compute);
@@ -135,6 +155,7 @@ struct FsdpEngine::Impl {
   void reduce(size_t u, float* full) {
     if (plan.direct_grads) return;  // the backward wrote into the slice itself
     Unit& d = units[u];
+    if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
     const size_t n = d.flat.shard_numel;
     const DType rdt = opt.reduce_dtype;
     if (rdt == DType::F32) {
@@ -187,11 +208,11 @@ struct FsdpEngine::Impl {
     model->set_sample_starts(starts_in);
     model->reset_loss(compute);
 
-    const void* root = use(0);
+    const void* root = use(0).base;
     if (L > 0 && forward_prefetch) gather(1);
     if (N > 0) model->embed_forward(root, tok, B, T, compute);
     for (int l = 0; l < L; ++l) {
-      const void* p = use(1 + l);
+      const UnitParams p = use(1 + l);
       // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
       if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
       if (N > 0) model->block_forward(l, p, B, T, compute);
@@ -203,10 +224,12 @@ struct FsdpEngine::Impl {
       if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
       if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
     }
-    if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, backward ? full_grad(0) : nullptr, compute);
+    // With LoRA the root is frozen: the head and the embedding form no parameter gradient.
+    float* droot = backward && !lora ? full_grad(0) : nullptr;
+    if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {
-        const void* p = use(1 + l);
+        const UnitParams p = use(1 + l);
         // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
         // reduce-scatter), so it overlaps this block's compute.
         if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
@@ -214,7 +237,7 @@ struct FsdpEngine::Impl {
         grad_reduced[gs]->wait_on(compute);  // its last reduction has read the buffer
         if (!plan.direct_grads) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
         float* grad = full_grad(1 + l);
-        if (N > 0) model->block_backward(l, p, grad, B, T, compute);
+        if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
         done_with(1 + l);
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
@@ -224,7 +247,7 @@ struct FsdpEngine::Impl {
         // buffer this block frees, so it is safe with a single buffer too.
         if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
       }
-      if (N > 0) model->embed_backward(root, tok, full_grad(0), B, T, compute);
+      if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
       root_grad_ready->record(compute);
       root_grad_ready->wait_on(comm);
       reduce(0, full_grad(0));

@@ -10,16 +10,22 @@ namespace {
 
 // The engine's buffers, from the same plan FsdpEngine allocates with, and the model's own (hidden
 // states, saved activations, workspaces) as its family sizes them.
-RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLayout>& layout, int shard_size) {
+RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& layouts, int shard_size) {
   const bool cuda = spec.backend == BackendKind::Cuda;
   const DType compute = cuda ? spec.fsdp.param_dtype : DType::F32;  // Backend::compute_dtype
-  const FsdpBufferPlan b =
-      fsdp_buffer_plan(layout, spec.fsdp, shard_size, spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
+  const FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, spec.fsdp, shard_size,
+                                            spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
   const size_t csize = dtype_size(compute);
   RankMemoryPlan p;
-  for (const UnitLayout& l : layout) {
+  // LoRA's frozen base: its slices in the compute dtype, nothing else.
+  for (const UnitLayout& l : layouts.frozen) {
+    p.record.model_params += l.numel;
+    p.record.master_shard += shard_numel_of(l.numel, shard_size) * csize;
+  }
+  for (const UnitLayout& l : layouts.trainable) {
     const size_t n = shard_numel_of(l.numel, shard_size);
     p.record.model_params += l.numel;
+    p.record.trainable_params += l.numel;
     p.record.grad_shard += n * 4;
     if (b.compute_slice) p.record.master_shard += n * csize;
     if (spec.fsdp.cpu_offload) {
@@ -35,6 +41,8 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const std::vector<UnitLa
   // The page-locked staging the 16-bit compute copy of each updated slice goes up through.
   if (spec.fsdp.cpu_offload && spec.fsdp.param_dtype != DType::F32) p.host_bytes += b.max_shard * sizeof(uint16_t);
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
+  if (!layouts.frozen.empty() && !b.frozen_alias)
+    p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice;
   const ModelMemory model = unit_model_memory(spec.model, spec.backend, compute, spec.micro_batch, spec.max_seq,
@@ -60,9 +68,8 @@ int plan_shard_size(const MemoryPlanSpec& spec) {
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec) {
   SHARDLM_CHECK(spec.micro_batch >= 0 && spec.max_seq >= 1, "plan: micro-batch ", spec.micro_batch,
                 " and sequence length ", spec.max_seq, " must be >= 0 and >= 1");
-  const std::vector<UnitLayout> layout = model_layout(spec.model);
   const int shard = plan_shard_size(spec);
-  RankMemoryPlan p = plan_backend(spec, layout, shard);
+  RankMemoryPlan p = plan_backend(spec, engine_layouts(spec.model), shard);
   p.shard_size = shard;
   p.replicate_size = spec.world_size / shard;
   p.ranks_per_node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;

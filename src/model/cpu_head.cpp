@@ -124,7 +124,6 @@ double CpuLmHead::loss(const float* root, const float* h, const int32_t* targets
     SHARDLM_CHECK(targets[i] == -1 || (targets[i] >= 0 && targets[i] < V), who_, "::head_loss: target id ",
                   targets[i], " at position ", i, " is outside the vocabulary [0, ", V, ") and is not -1");
   const bool backward = dh != nullptr;
-  SHARDLM_CHECK(!backward || droot != nullptr, who_, "::head_loss: dh given without droot");
   // Positions without a target get no gradient from the loss; the norm is per position, so their dh is 0.
   if (backward && N > 0) std::memset(dh, 0, sizeof(float) * N * H);
 
@@ -150,7 +149,7 @@ double CpuLmHead::loss(const float* root, const float* h, const int32_t* targets
     loss += cross_entropy_rows(logits, rows, V, targets, rows_.data(), grad_scale, backward);
     if (!backward) continue;
     // logits = hn W^T: dW += dlogits^T hn (into the embeddings when tied), dhn = dlogits W.
-    cpu_gemm(true, false, V, H, rows, 1.0f, logits, V, out_.data(), H, 1.0f, droot + head_, H);
+    if (droot) cpu_gemm(true, false, V, H, rows, 1.0f, logits, V, out_.data(), H, 1.0f, droot + head_, H);
     cpu_gemm(false, false, rows, H, V, 1.0f, logits, V, head, H, 0.0f, grad_.data(), H);
     for (int r = 0; r < rows; ++r) {
       const size_t at = static_cast<size_t>(r) * H;

@@ -31,8 +31,8 @@ void layer_norm_backward_row(const float* dy, const float* xhat, float rstd, int
     const float g = dy[c] * weight[c];
     sum_g += g;
     sum_g_xhat += g * xhat[c];
-    dweight[c] += dy[c] * xhat[c];
-    dbias[c] += dy[c];
+    if (dweight) dweight[c] += dy[c] * xhat[c];
+    if (dbias) dbias[c] += dy[c];
   }
   const float mean_g = sum_g / H, mean_g_xhat = sum_g_xhat / H;
   for (int c = 0; c < H; ++c) {
@@ -58,7 +58,7 @@ void rms_norm_backward_row(const float* dy, const float* xhat, float rstd, int H
   float sum_g_xhat = 0.0f;
   for (int c = 0; c < H; ++c) {
     sum_g_xhat += dy[c] * weight[c] * xhat[c];
-    dweight[c] += dy[c] * xhat[c];
+    if (dweight) dweight[c] += dy[c] * xhat[c];
   }
   const float mean_g_xhat = sum_g_xhat / H;
   for (int c = 0; c < H; ++c) {
@@ -76,10 +76,12 @@ void CpuNorm::forward_row(const float* params, const float* x, int H, float* xha
 
 void CpuNorm::backward_row(const float* params, const float* dy, const float* xhat, float rstd, int H, float* dx,
                            bool accumulate, float* dparams) const {
+  float* dweight = dparams ? dparams + weight : nullptr;
   if (kind == Kind::Rms)
-    rms_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dparams + weight);
+    rms_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dweight);
   else
-    layer_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dparams + weight, dparams + bias);
+    layer_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dweight,
+                            dparams ? dparams + bias : nullptr);
 }
 
 void CpuNorm::forward_rows(const float* params, const float* x, int rows, int H, float* xhat, float* rstd,
@@ -111,6 +113,7 @@ void linear(const float* x, int rows, int in, const float* weight, const float* 
 }
 
 void linear_param_backward(const float* x, const float* dy, int rows, int in, int out, float* dweight, float* dbias) {
+  if (!dweight) return;  // a frozen layer
   cpu_gemm(true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dweight, in);
   if (!dbias) return;
   for (int r = 0; r < rows; ++r) {

@@ -10,7 +10,7 @@ namespace shardlm::model_detail {
 void layer_norm_row(const float* x, int H, const float* weight, const float* bias, float eps, float* xhat,
                     float* rstd, float* y);
 // Its backward: dx (+)= rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight;
-// dweight += dy * xhat, dbias += dy. `accumulate` adds dx onto what is there.
+// dweight += dy * xhat, dbias += dy (each unless null: frozen). `accumulate` adds dx onto what is there.
 void layer_norm_backward_row(const float* dy, const float* xhat, float rstd, int H, const float* weight, float* dx,
                              bool accumulate, float* dweight, float* dbias);
 // One row of RMSNorm: y = xhat * weight with xhat = x * rstd, rstd = 1 / sqrt(mean(x^2) + eps).
@@ -28,7 +28,7 @@ struct CpuNorm {
   float eps = 1e-5f;
 
   void forward_row(const float* params, const float* x, int H, float* xhat, float* rstd, float* y) const;
-  // dparams (the flat parameter's gradient) receives the weight's (and bias's) gradient.
+  // dparams (the flat parameter's gradient) receives the weight's (and bias's) gradient; null: frozen.
   void backward_row(const float* params, const float* dy, const float* xhat, float rstd, int H, float* dx,
                     bool accumulate, float* dparams) const;
   void forward_rows(const float* params, const float* x, int rows, int H, float* xhat, float* rstd, float* y) const;
@@ -41,7 +41,8 @@ struct CpuNorm {
 // be null (without either the product is written straight into y). y may be the residual.
 void linear(const float* x, int rows, int in, const float* weight, const float* bias, int out, const float* residual,
             float* y);
-// dW[out, in] += dy^T x; dbias[out] += the column sums of dy when dbias is not null.
+// dW[out, in] += dy^T x; dbias[out] += the column sums of dy when dbias is not null. Nothing when
+// dweight is null (a frozen layer).
 void linear_param_backward(const float* x, const float* dy, int rows, int in, int out, float* dweight, float* dbias);
 // dx[rows, in] (=|+=) dy W.
 void linear_input_backward(const float* dy, int rows, int in, const float* weight, int out, bool accumulate,

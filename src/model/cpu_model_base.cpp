@@ -8,7 +8,7 @@
 namespace shardlm::model_detail {
 
 CpuModelBase::CpuModelBase(const char* name, const ModelConfig& cfg, int max_batch, int max_seq)
-    : name_(name), cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq) {
+    : name_(name), cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq), lora_(cfg, max_batch * max_seq) {
   check_built_sizes(name, max_batch, max_seq);
   forward_shapes_.assign(std::max(cfg.num_layers, 0), {-1, -1});
 }
@@ -19,10 +19,11 @@ void CpuModelBase::build_ends(size_t table, const CpuNorm* embed_norm, const Cpu
   head_.emplace(name_, final_norm, head, tokens, cfg_.hidden_size, cfg_.vocab_size);
 }
 
-size_t cpu_ends_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq) {
+size_t cpu_shared_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq) {
   const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
   return CpuEmbedding::bytes_for(normed_embedding, tokens, cfg.hidden_size) +
-         CpuLmHead::bytes_for(tokens, cfg.hidden_size, cfg.vocab_size);
+         CpuLmHead::bytes_for(tokens, cfg.hidden_size, cfg.vocab_size) +
+         CpuLoraBlocks::floats_for(cfg, tokens) * sizeof(float);
 }
 
 void CpuModelBase::check_shape(const char* what, int B, int T) const {
@@ -58,6 +59,7 @@ void CpuModelBase::embed_forward(const float* root, const int32_t* tokens, int B
 
 void CpuModelBase::embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
                                   int T) {
+  if (!droot) return;  // a frozen root: nothing below h0 is trained
   embedding_->backward(root, tokens, dh0, droot, B, T);
 }
 
@@ -78,6 +80,7 @@ void CpuModelBase::begin_decoding(int slots, int max_len, int max_rows, int kv_h
                 ", max_len ", max_len, ", max_rows ", max_rows, ")");
   cache_.reset(cfg_.num_layers, slots, max_len, kv_heads, cfg_.head_dim());
   decode_rows_ = max_rows;
+  lora_.decode_begin(max_rows);
   decode_scratch_.clear();
   for (size_t n : scratch_floats) decode_scratch_.emplace_back(n, 0.0f);
 }

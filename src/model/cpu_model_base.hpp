@@ -10,6 +10,7 @@
 
 #include "cpu_attention.hpp"
 #include "cpu_head.hpp"
+#include "cpu_lora.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::model_detail {
@@ -25,8 +26,8 @@ class CpuModelBase : public CpuModel {
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
   void decode_end() override;
   void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
-  // What the family allocated through allocate_activations, and the ends.
-  size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + ends_bytes(); }
+  // What the family allocated through allocate_activations, the ends and LoRA's buffers.
+  size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + shared_bytes(); }
 
  protected:
   // `name` prefixes every error ("BloomCpu::block_forward: ...").
@@ -41,7 +42,7 @@ class CpuModelBase : public CpuModel {
   void begin_block_forward(int layer, int B, int T);
   // block_backward's checks: the layer exists and B x T is the shape of its last block_forward.
   void check_block_backward(int layer, int B, int T) const;
-  size_t ends_bytes() const { return embedding_->bytes() + head_->bytes(); }
+  size_t shared_bytes() const { return embedding_->bytes() + head_->bytes() + lora_.floats() * sizeof(float); }
   // A family's activation buffer (or workspace) of `floats` elements, counted in activation_bytes().
   void allocate_activations(Buffer<float>& buffer, size_t floats);
 
@@ -57,6 +58,7 @@ class CpuModelBase : public CpuModel {
   ModelConfig cfg_;
   int max_batch_, max_seq_;
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows, or null
+  CpuLoraBlocks lora_;               // the blocks' adapters (none without LoRA)
 
  private:
   std::optional<CpuEmbedding> embedding_;
@@ -68,7 +70,8 @@ class CpuModelBase : public CpuModel {
   std::vector<std::vector<float>> decode_scratch_;
 };
 
-// CpuModelBase::ends_bytes() without building the model, for cpu_activation_bytes.
-size_t cpu_ends_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq);
+// CpuModelBase::shared_bytes() (the ends and LoRA's buffers) without building the model, for
+// cpu_activation_bytes.
+size_t cpu_shared_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq);
 
 }  // namespace shardlm::model_detail

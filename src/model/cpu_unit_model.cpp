@@ -28,7 +28,7 @@ class CpuUnitModel final : public UnitModel {
     model_->embed_forward(floats(root), tokens, B, T, hidden_[0].data());
     cur_ = 0;
   }
-  void block_forward(int layer, const void* params, int B, int T, Stream) override {
+  void block_forward(int layer, UnitParams params, int B, int T, Stream) override {
     model_->block_forward(layer, floats(params), hidden_[cur_].data(), hidden_[1 - cur_].data(), B, T);
     cur_ = 1 - cur_;
   }
@@ -39,8 +39,8 @@ class CpuUnitModel final : public UnitModel {
                                backward ? dhidden_[0].data() : nullptr, backward ? droot : nullptr);
     dcur_ = 0;
   }
-  void block_backward(int layer, const void* params, float* dparams, int B, int T, Stream) override {
-    model_->block_backward(layer, floats(params), dhidden_[dcur_].data(), dhidden_[1 - dcur_].data(), dparams, B, T);
+  void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream) override {
+    model_->block_backward(layer, floats(params), dhidden_[dcur_].data(), dhidden_[1 - dcur_].data(), grads, B, T);
     dcur_ = 1 - dcur_;
   }
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream) override {
@@ -78,7 +78,7 @@ class CpuUnitModel final : public UnitModel {
     decode_n_ = n;
     decode_cur_ = 0;
   }
-  void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+  void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     Stream) override {
     model_->block_decode(layer, floats(params), decode_hidden_[decode_cur_].data(),
                          decode_hidden_[1 - decode_cur_].data(), n, slots, positions);
@@ -99,6 +99,7 @@ class CpuUnitModel final : public UnitModel {
 
  private:
   static const float* floats(const void* p) { return static_cast<const float*>(p); }
+  static CpuParams floats(UnitParams p) { return {floats(p.base), floats(p.adapter)}; }
 
   std::unique_ptr<CpuModel> model_;
   size_t hidden_size_;

@@ -18,6 +18,9 @@
 namespace shardlm {
 namespace {
 
+// The block's linear layers in bloom_linear_modules' order: LoRA's module indices.
+enum Module { kQkvProj, kDenseProj, kMlpInProj, kMlpOutProj };
+
 using model_detail::AttentionShape;
 using model_detail::CpuNorm;
 using model_detail::linear;
@@ -98,11 +101,11 @@ class BloomCpu final : public model_detail::CpuModelBase {
  public:
   BloomCpu(const ModelConfig& cfg, int max_batch, int max_seq);
 
-  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
-  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+  void block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) override;
+  void block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                       int T) override;
   void decode_begin(int slots, int max_len, int max_rows) override;
-  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+  void block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n, const int* slots,
                     const int* positions) override;
 
  private:
@@ -160,7 +163,7 @@ size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
                            tokens * H + tokens * 4 * H;
   size_t floats = L * per_layer;
   if (L > 0) floats += 3 * tokens * H + 2 * tokens * 4 * H + tokens * 3 * H + static_cast<size_t>(max_seq) * max_seq;
-  return floats * sizeof(float) + model_detail::cpu_ends_bytes(cfg, true, max_batch, max_seq);
+  return floats * sizeof(float) + model_detail::cpu_shared_bytes(cfg, true, max_batch, max_seq);
 }
 
 // ---- transformer block ----------------------------------------------------------------------
@@ -175,37 +178,54 @@ BlockCall BloomCpu::block_call(int layer, int B, int T, bool forward) {
   return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};
 }
 
-void BloomCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
+void BloomCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
   const auto [a, o, shape, N, H] = block_call(layer, B, T, true);
   if (N == 0) return;
   const int d = shape.head_dim;
+  const float* params = p.base;
+  // A linear layer of the block (weight and bias), with its LoRA term when it is adapted.
+  auto adapted = [&](Module mod, const float* x, int in, size_t w, size_t bias, int out, const float* residual,
+                     float* y) {
+    linear(x, N, in, params + w, params + bias, out, residual, y);
+    lora_.forward(layer, mod, p.adapter, x, N, y);
+  };
 
   o.ln1.forward_rows(params, h_in, N, H, a.ln1_xhat.data(), a.ln1_rstd.data(), a.ln1_out.data());
-  linear(a.ln1_out.data(), N, H, params + o.qkv_weight, params + o.qkv_bias, 3 * H, nullptr, a.qkv.data());
+  adapted(kQkvProj, a.ln1_out.data(), H, o.qkv_weight, o.qkv_bias, 3 * H, nullptr, a.qkv.data());
   const float* qkv = a.qkv.data();
   model_detail::attention_forward(shape, qkv, qkv + d, qkv + 2 * d, a.probs.data(), a.context.data());
   float* h_mid = m.hidden_work[0].data();
-  linear(a.context.data(), N, H, params + o.dense_weight, params + o.dense_bias, H, h_in, h_mid);
+  adapted(kDenseProj, a.context.data(), H, o.dense_weight, o.dense_bias, H, h_in, h_mid);
 
   o.ln2.forward_rows(params, h_mid, N, H, a.ln2_xhat.data(), a.ln2_rstd.data(), a.ln2_out.data());
-  linear(a.ln2_out.data(), N, H, params + o.mlp_in_weight, params + o.mlp_in_bias, 4 * H, nullptr,
-         a.mlp_pre_gelu.data());
+  adapted(kMlpInProj, a.ln2_out.data(), H, o.mlp_in_weight, o.mlp_in_bias, 4 * H, nullptr, a.mlp_pre_gelu.data());
   float* gelu = m.wide_work[0].data();
   const size_t wide = static_cast<size_t>(N) * 4 * H;
   for (size_t i = 0; i < wide; ++i) {
     const float u = a.mlp_pre_gelu[i];
     gelu[i] = gelu_value(u, gelu_inner_tanh(u));
   }
-  linear(gelu, N, 4 * H, params + o.mlp_out_weight, params + o.mlp_out_bias, H, h_mid, h_out);
+  adapted(kMlpOutProj, gelu, 4 * H, o.mlp_out_weight, o.mlp_out_bias, H, h_mid, h_out);
 }
 
-void BloomCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
-                              int B, int T) {
+void BloomCpu::block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
+                              int T) {
   State& m = m_;
   const auto [a, o, shape, N, H] = block_call(layer, B, T, false);
   if (N == 0) return;
   const int d = shape.head_dim;
+  const float* params = p.base;
+  // A linear layer's parameter gradients (weight and bias unless frozen, its adapters when adapted),
+  // then its input gradient (written) with the LoRA term.
+  auto param_backward = [&](Module mod, const float* x, const float* dy, int in, int out, size_t w, size_t bias) {
+    linear_param_backward(x, dy, N, in, out, g.base_at(w), g.base_at(bias));
+    lora_.param_backward(layer, mod, p.adapter, x, dy, N, g.adapter);
+  };
+  auto input_backward = [&](Module mod, const float* dy, int in, size_t w, int out, float* dx) {
+    linear_input_backward(dy, N, in, params + w, out, false, dx);
+    lora_.input_backward(mod, p.adapter, N, dx);
+  };
   float* dln = m.hidden_work[0].data();
   float* dh_mid = m.hidden_work[1].data();
   float* dcontext = m.hidden_work[2].data();
@@ -219,27 +239,27 @@ void BloomCpu::block_backward(int layer, const float* params, const float* dh_ou
     gelu[i] = gelu_value(u, t);
     dmlp[i] = gelu_derivative(u, t);
   }
-  linear_param_backward(gelu, dh_out, N, 4 * H, H, dparams + o.mlp_out_weight, dparams + o.mlp_out_bias);
-  linear_input_backward(dh_out, N, 4 * H, params + o.mlp_out_weight, H, false, gelu);
+  param_backward(kMlpOutProj, gelu, dh_out, 4 * H, H, o.mlp_out_weight, o.mlp_out_bias);
+  input_backward(kMlpOutProj, dh_out, 4 * H, o.mlp_out_weight, H, gelu);
   for (size_t i = 0; i < wide; ++i) dmlp[i] *= gelu[i];
-  linear_param_backward(a.ln2_out.data(), dmlp, N, H, 4 * H, dparams + o.mlp_in_weight, dparams + o.mlp_in_bias);
-  linear_input_backward(dmlp, N, H, params + o.mlp_in_weight, 4 * H, false, dln);
+  param_backward(kMlpInProj, a.ln2_out.data(), dmlp, H, 4 * H, o.mlp_in_weight, o.mlp_in_bias);
+  input_backward(kMlpInProj, dmlp, H, o.mlp_in_weight, 4 * H, dln);
   // h_out = h_mid + mlp(LN2(h_mid)): the residual passes dh_out straight through.
   std::memcpy(dh_mid, dh_out, sizeof(float) * N * H);
-  o.ln2.backward_rows(params, dln, a.ln2_xhat.data(), a.ln2_rstd.data(), N, H, dh_mid, dparams);
+  o.ln2.backward_rows(params, dln, a.ln2_xhat.data(), a.ln2_rstd.data(), N, H, dh_mid, g.base);
 
   // Attention: dense projection, then attention itself, then the fused qkv projection.
-  linear_param_backward(a.context.data(), dh_mid, N, H, H, dparams + o.dense_weight, dparams + o.dense_bias);
-  linear_input_backward(dh_mid, N, H, params + o.dense_weight, H, false, dcontext);
+  param_backward(kDenseProj, a.context.data(), dh_mid, H, H, o.dense_weight, o.dense_bias);
+  input_backward(kDenseProj, dh_mid, H, o.dense_weight, H, dcontext);
   const float* qkv = a.qkv.data();
   float* dqkv = m.qkv_grad.data();
   model_detail::attention_backward(shape, qkv, qkv + d, qkv + 2 * d, a.probs.data(), dcontext, m.score_grad.data(),
                                    dqkv, dqkv + d, dqkv + 2 * d);
-  linear_param_backward(a.ln1_out.data(), dqkv, N, H, 3 * H, dparams + o.qkv_weight, dparams + o.qkv_bias);
-  linear_input_backward(dqkv, N, H, params + o.qkv_weight, 3 * H, false, dln);
+  param_backward(kQkvProj, a.ln1_out.data(), dqkv, H, 3 * H, o.qkv_weight, o.qkv_bias);
+  input_backward(kQkvProj, dqkv, H, o.qkv_weight, 3 * H, dln);
   // h_mid = h_in + attention(LN1(h_in)).
   std::memcpy(dh_in, dh_mid, sizeof(float) * N * H);
-  o.ln1.backward_rows(params, dln, a.ln1_xhat.data(), a.ln1_rstd.data(), N, H, dh_in, dparams);
+  o.ln1.backward_rows(params, dln, a.ln1_xhat.data(), a.ln1_rstd.data(), N, H, dh_in, g.base);
 }
 
 // ---- greedy decoding with a key/value cache ------------------------------------------------
@@ -250,10 +270,16 @@ void BloomCpu::decode_begin(int slots, int max_len, int max_rows) {
                  {rows * H, rows, rows * H, rows * 3 * H, rows * H, rows * H, rows * 4 * H, len});
 }
 
-void BloomCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+void BloomCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n,
                             const int* slots, const int* positions) {
   check_decode_rows(layer, n, slots, positions);
   if (n == 0) return;
+  const float* params = p.base;
+  auto adapted = [&](Module mod, const float* x, int in, size_t w, size_t bias, int out, const float* residual,
+                     float* y) {
+    linear(x, n, in, params + w, params + bias, out, residual, y);
+    lora_.decode_forward(mod, p.adapter, x, n, y);
+  };
   const BlockOffsets& o = m_.block;
   const int H = cfg_.hidden_size;
   const AttentionShape shape = interleaved_heads(n, 1, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data());
@@ -262,18 +288,18 @@ void BloomCpu::block_decode(int layer, const float* params, const float* h_in, f
 
   o.ln1.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), norm);
   float* qkv = scratch(kQkv);
-  linear(norm, n, H, params + o.qkv_weight, params + o.qkv_bias, 3 * H, nullptr, qkv);
+  adapted(kQkvProj, norm, H, o.qkv_weight, o.qkv_bias, 3 * H, nullptr, qkv);
   model_detail::cached_attention_rows(cache(), layer, shape, qkv, qkv + d, qkv + 2 * d, n, slots, positions,
                                       scratch(kScores), scratch(kContext));
   float* h_mid = scratch(kMid);
-  linear(scratch(kContext), n, H, params + o.dense_weight, params + o.dense_bias, H, h_in, h_mid);
+  adapted(kDenseProj, scratch(kContext), H, o.dense_weight, o.dense_bias, H, h_in, h_mid);
 
   o.ln2.forward_rows(params, h_mid, n, H, scratch(kXhat), scratch(kRstd), norm);
   float* wide = scratch(kWide);
-  linear(norm, n, H, params + o.mlp_in_weight, params + o.mlp_in_bias, 4 * H, nullptr, wide);
+  adapted(kMlpInProj, norm, H, o.mlp_in_weight, o.mlp_in_bias, 4 * H, nullptr, wide);
   const size_t wide_n = static_cast<size_t>(n) * 4 * H;
   for (size_t i = 0; i < wide_n; ++i) wide[i] = gelu_value(wide[i], gelu_inner_tanh(wide[i]));
-  linear(wide, n, 4 * H, params + o.mlp_out_weight, params + o.mlp_out_bias, H, h_mid, h_out);
+  adapted(kMlpOutProj, wide, 4 * H, o.mlp_out_weight, o.mlp_out_bias, H, h_mid, h_out);
 }
 
 std::unique_ptr<CpuModel> make_bloom_cpu(const ModelConfig& cfg, int max_batch, int max_seq) {

@@ -25,6 +25,9 @@ using model_detail::linear;
 using model_detail::linear_input_backward;
 using model_detail::linear_param_backward;
 
+// The block's linear layers in llama_linear_modules' order: LoRA's module indices.
+enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
+
 // A block's tensors (llama_block_offsets) with its two norms; the q/k/v biases are null without
 // LlamaBlock::qkv_bias.
 struct BlockOffsets : LlamaBlockOffsets {
@@ -138,11 +141,11 @@ class LlamaCpu final : public model_detail::CpuModelBase {
  public:
   LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block);
 
-  void block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) override;
-  void block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams, int B,
+  void block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) override;
+  void block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                       int T) override;
   void decode_begin(int slots, int max_len, int max_rows) override;
-  void block_decode(int layer, const float* params, const float* h_in, float* h_out, int n, const int* slots,
+  void block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n, const int* slots,
                     const int* positions) override;
 
  private:
@@ -210,7 +213,7 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
                            2 * tokens * F;
   size_t floats = L * per_layer;
   if (L > 0) floats += 2 * tokens * H + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
-  return floats * sizeof(float) + model_detail::cpu_ends_bytes(cfg, false, max_batch, max_seq);
+  return floats * sizeof(float) + model_detail::cpu_shared_bytes(cfg, false, max_batch, max_seq);
 }
 
 // ---- decoder layer --------------------------------------------------------------------------
@@ -225,81 +228,100 @@ BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
   return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};
 }
 
-void LlamaCpu::block_forward(int layer, const float* params, const float* h_in, float* h_out, int B, int T) {
+void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
   const auto [a, o, shape, N, H] = block_call(layer, B, T, true);
   if (N == 0) return;
   const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
+  const float* params = p.base;
   float* normed = m.hidden_work[1].data();
+  // A linear layer of the block, with its LoRA term when it is adapted.
+  auto adapted = [&](Module mod, const float* x, int in, size_t w, const float* bias, int out, const float* residual,
+                     float* y) {
+    linear(x, N, in, params + w, bias, out, residual, y);
+    lora_.forward(layer, mod, p.adapter, x, N, y);
+  };
 
   // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
   o.input_norm_rows.forward_rows(params, h_in, N, H, a.norm1_xhat.data(), a.norm1_rstd.data(), normed);
-  linear(normed, N, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
-  linear(normed, N, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
-  linear(normed, N, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
+  adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
+  adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
+  adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
   apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
   apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
   model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
   float* x = m.hidden_work[0].data();
-  linear(a.context.data(), N, QW, params + o.o, nullptr, H, h_in, x);
+  adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, h_in, x);
 
   // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x).
   o.post_norm_rows.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
-  linear(normed, N, H, params + o.gate, nullptr, F, nullptr, a.gate.data());
-  linear(normed, N, H, params + o.up, nullptr, F, nullptr, a.up.data());
+  adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, a.gate.data());
+  adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, a.up.data());
   float* act = m.wide_work[0].data();
   const size_t wide = static_cast<size_t>(N) * F;
   for (size_t i = 0; i < wide; ++i) act[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
-  linear(act, N, F, params + o.down, nullptr, H, x, h_out);
+  adapted(kDownProj, act, F, o.down, nullptr, H, x, h_out);
 }
 
-void LlamaCpu::block_backward(int layer, const float* params, const float* dh_out, float* dh_in, float* dparams,
-                              int B, int T) {
+void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
+                              int T) {
   State& m = m_;
   const auto [a, o, shape, N, H] = block_call(layer, B, T, false);
   if (N == 0) return;
   const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
+  const float* params = p.base;
   float* dx = m.hidden_work[0].data();
   float* work = m.hidden_work[1].data();  // a norm's output, then its gradient; d(context)
   float* dgate = m.wide_work[0].data();      // SiLU(gate) * up first (for d(down_proj))
   float* dup = m.wide_work[1].data();        // d(SiLU(gate) * up) first
+  // A linear layer's parameter gradients (the base's unless frozen, its adapters' when adapted), then
+  // its input gradient (=, or += with accumulate) with the LoRA term.
+  auto param_backward = [&](Module mod, const float* x, const float* dy, int in, int out, size_t w, float* dbias) {
+    linear_param_backward(x, dy, N, in, out, g.base_at(w), dbias);
+    lora_.param_backward(layer, mod, p.adapter, x, dy, N, g.adapter);
+  };
+  auto input_backward = [&](Module mod, const float* dy, int in, size_t w, int out, bool accumulate, float* dxin) {
+    linear_input_backward(dy, N, in, params + w, out, accumulate, dxin);
+    lora_.input_backward(mod, p.adapter, N, dxin);
+  };
+  auto bias_grad = [&](size_t offset) { return g.base ? o.bias(g.base, offset) : nullptr; };
 
   // MLP.
   const size_t wide = static_cast<size_t>(N) * F;
   for (size_t i = 0; i < wide; ++i) dgate[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
-  linear_param_backward(dgate, dh_out, N, F, H, dparams + o.down, nullptr);
-  linear_input_backward(dh_out, N, F, params + o.down, H, false, dup);
+  param_backward(kDownProj, dgate, dh_out, F, H, o.down, nullptr);
+  input_backward(kDownProj, dh_out, F, o.down, H, false, dup);
   for (size_t i = 0; i < wide; ++i) {
-    const float g = a.gate[i], s = sigmoid(g), dact = dup[i];
-    dup[i] = dact * g * s;                                    // d(up) = dact * silu(gate)
-    dgate[i] = dact * a.up[i] * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+    const float gt = a.gate[i], s = sigmoid(gt), dact = dup[i];
+    dup[i] = dact * gt * s;                                    // d(up) = dact * silu(gate)
+    dgate[i] = dact * a.up[i] * s * (1.0f + gt * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
   }
   rms_norm_output(a.norm2_xhat.data(), N, H, params + o.post_norm, work);
-  linear_param_backward(work, dgate, N, H, F, dparams + o.gate, nullptr);
-  linear_param_backward(work, dup, N, H, F, dparams + o.up, nullptr);
-  linear_input_backward(dgate, N, H, params + o.gate, F, false, work);
-  linear_input_backward(dup, N, H, params + o.up, F, true, work);
+  param_backward(kGateProj, work, dgate, H, F, o.gate, nullptr);
+  param_backward(kUpProj, work, dup, H, F, o.up, nullptr);
+  input_backward(kGateProj, dgate, H, o.gate, F, false, work);
+  input_backward(kUpProj, dup, H, o.up, F, true, work);
   // out = x + mlp(RMSNorm(x)): the residual passes dh_out straight through.
   std::memcpy(dx, dh_out, sizeof(float) * N * H);
-  o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, dparams);
+  o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, g.base);
 
   // Attention: o_proj, attention itself, rotary (its transpose), then the q/k/v projections.
-  linear_param_backward(a.context.data(), dx, N, QW, H, dparams + o.o, nullptr);
-  linear_input_backward(dx, N, QW, params + o.o, H, false, work);
+  param_backward(kOProj, a.context.data(), dx, QW, H, o.o, nullptr);
+  input_backward(kOProj, dx, QW, o.o, H, false, work);
   model_detail::attention_backward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), work,
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
   apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
   apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
   rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm, work);
-  linear_param_backward(work, m.q_grad.data(), N, H, QW, dparams + o.q, o.bias(dparams, o.q_bias));
-  linear_param_backward(work, m.k_grad.data(), N, H, KVW, dparams + o.k, o.bias(dparams, o.k_bias));
-  linear_param_backward(work, m.v_grad.data(), N, H, KVW, dparams + o.v, o.bias(dparams, o.v_bias));
-  linear_input_backward(m.q_grad.data(), N, H, params + o.q, QW, false, work);
-  linear_input_backward(m.k_grad.data(), N, H, params + o.k, KVW, true, work);
-  linear_input_backward(m.v_grad.data(), N, H, params + o.v, KVW, true, work);
+  param_backward(kQProj, work, m.q_grad.data(), H, QW, o.q, bias_grad(o.q_bias));
+  param_backward(kKProj, work, m.k_grad.data(), H, KVW, o.k, bias_grad(o.k_bias));
+  param_backward(kVProj, work, m.v_grad.data(), H, KVW, o.v, bias_grad(o.v_bias));
+  input_backward(kQProj, m.q_grad.data(), H, o.q, QW, false, work);
+  input_backward(kKProj, m.k_grad.data(), H, o.k, KVW, true, work);
+  input_backward(kVProj, m.v_grad.data(), H, o.v, KVW, true, work);
   // x = h_in + attention(RMSNorm(h_in)).
   std::memcpy(dh_in, dx, sizeof(float) * N * H);
-  o.input_norm_rows.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, dparams);
+  o.input_norm_rows.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, g.base);
 }
 
 // ---- greedy decoding with a key/value cache ------------------------------------------------
@@ -312,10 +334,16 @@ void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
                   static_cast<size_t>(std::max(max_len, 0)), half, half});
 }
 
-void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, float* h_out, int n,
+void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n,
                             const int* slots, const int* positions) {
   check_decode_rows(layer, n, slots, positions);
   if (n == 0) return;
+  const float* params = p.base;
+  auto adapted = [&](Module mod, const float* x, int in, size_t w, const float* bias, int out, const float* residual,
+                     float* y) {
+    linear(x, n, in, params + w, bias, out, residual, y);
+    lora_.decode_forward(mod, p.adapter, x, n, y);
+  };
   const BlockOffsets& o = m_.block;
   const int H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
   const AttentionShape shape = grouped_heads(n, 1, cfg_);
@@ -328,9 +356,9 @@ void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, f
   float* sin_row = scratch(kSin);
 
   o.input_norm_rows.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), normed);
-  linear(normed, n, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, q);
-  linear(normed, n, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
-  linear(normed, n, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
+  adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, q);
+  adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
+  adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
   // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
   for (int r = 0; r < n; ++r) {
     rotary_angles(positions[r], m_.inv_freq, cos_row, sin_row);
@@ -340,16 +368,16 @@ void LlamaCpu::block_decode(int layer, const float* params, const float* h_in, f
   model_detail::cached_attention_rows(cache(), layer, shape, q, k, v, n, slots, positions, scratch(kScores),
                                       scratch(kContext));
   float* x = scratch(kMid);
-  linear(scratch(kContext), n, QW, params + o.o, nullptr, H, h_in, x);
+  adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, h_in, x);
 
   o.post_norm_rows.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
   float* gate = scratch(kGate);
   float* up = scratch(kUp);
-  linear(normed, n, H, params + o.gate, nullptr, F, nullptr, gate);
-  linear(normed, n, H, params + o.up, nullptr, F, nullptr, up);
+  adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, gate);
+  adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, up);
   const size_t wide = static_cast<size_t>(n) * F;
   for (size_t i = 0; i < wide; ++i) gate[i] = gate[i] * sigmoid(gate[i]) * up[i];
-  linear(gate, n, F, params + o.down, nullptr, H, x, h_out);
+  adapted(kDownProj, gate, F, o.down, nullptr, H, x, h_out);
 }
 
 std::unique_ptr<CpuModel> make_llama_cpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block) {

@@ -1,0 +1,108 @@
+// LoRA on the CPU models' linear layers (cpu_lora.hpp).
+#include "cpu_lora.hpp"
+
+#include "model_internal.hpp"
+#include "shardlm/device.hpp"
+
+namespace shardlm::model_detail {
+
+void CpuLora::forward(const float* adapter, const float* x, int rows, float* xa, float* y) const {
+  if (rows == 0) return;
+  cpu_gemm(false, true, rows, r, in, 1.0f, x, in, adapter + a, in, 0.0f, xa, r);
+  cpu_gemm(false, true, rows, out, r, scale, xa, r, adapter + b, r, 1.0f, y, out);
+}
+
+void CpuLora::param_backward(const float* adapter, const float* x, const float* xa, const float* dy, int rows,
+                             float* dadapter, float* dxa) const {
+  if (rows == 0) return;
+  // dB[out, r] += scale * dy^T xa; dxa[rows, r] = scale * dy B; dA[r, in] += dxa^T x.
+  cpu_gemm(true, false, out, r, rows, scale, dy, out, xa, r, 1.0f, dadapter + b, r);
+  cpu_gemm(false, false, rows, r, out, scale, dy, out, adapter + b, r, 0.0f, dxa, r);
+  cpu_gemm(true, false, r, in, rows, 1.0f, dxa, r, x, in, 1.0f, dadapter + a, in);
+}
+
+void CpuLora::input_backward(const float* adapter, const float* dxa, int rows, float* dx) const {
+  if (rows == 0) return;
+  cpu_gemm(false, false, rows, in, r, 1.0f, dxa, r, adapter + a, in, 1.0f, dx, in);
+}
+
+namespace {
+
+std::vector<CpuLora> lora_modules(const ModelConfig& cfg) {
+  std::vector<CpuLora> out;
+  if (!cfg.lora.enabled() || cfg.num_layers == 0) return out;
+  const UnitLayout block = lora_layout(cfg)[1];
+  for (const LinearModule& m : linear_modules(cfg)) {
+    CpuLora l;
+    l.on = cfg.lora.targets(m.name);
+    l.in = static_cast<int>(m.in), l.out = static_cast<int>(m.out), l.r = cfg.lora.r;
+    l.scale = static_cast<float>(cfg.lora.scale());
+    if (l.on) {
+      const std::string p = block.name + "." + m.path;
+      l.a = tensor_offset(block, p + ".lora_A.weight", "LoRA layout");
+      l.b = tensor_offset(block, p + ".lora_B.weight", "LoRA layout");
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace
+
+CpuLoraBlocks::CpuLoraBlocks(const ModelConfig& cfg, int max_tokens) : modules_(lora_modules(cfg)) {
+  if (modules_.empty()) return;
+  xa_.resize(cfg.num_layers);
+  const size_t n = static_cast<size_t>(max_tokens) * cfg.lora.r;
+  for (auto& layer : xa_) {
+    layer.resize(modules_.size());
+    for (size_t m = 0; m < modules_.size(); ++m)
+      if (modules_[m].on) layer[m].allocate(n, MemKind::Activations);
+  }
+  dxa_.resize(modules_.size());
+  for (size_t m = 0; m < modules_.size(); ++m)
+    if (modules_[m].on) dxa_[m].allocate(n, MemKind::Activations);
+}
+
+void CpuLoraBlocks::forward(int layer, int module, const float* adapter, const float* x, int rows, float* y) {
+  if (!on(module)) return;
+  SHARDLM_CHECK(adapter != nullptr, "LoRA: block ", layer, " was given no adapter parameters");
+  modules_[module].forward(adapter, x, rows, xa_[layer][module].data(), y);
+}
+
+void CpuLoraBlocks::param_backward(int layer, int module, const float* adapter, const float* x, const float* dy,
+                                   int rows, float* dadapter) {
+  if (!on(module)) return;
+  SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
+  modules_[module].param_backward(adapter, x, xa_[layer][module].data(), dy, rows, dadapter, dxa_[module].data());
+}
+
+void CpuLoraBlocks::input_backward(int module, const float* adapter, int rows, float* dx) {
+  if (on(module)) modules_[module].input_backward(adapter, dxa_[module].data(), rows, dx);
+}
+
+void CpuLoraBlocks::decode_begin(int max_rows) {
+  size_t r = 0;
+  for (const CpuLora& l : modules_) r = l.r;
+  decode_xa_.assign(static_cast<size_t>(max_rows) * r, 0.0f);
+}
+
+void CpuLoraBlocks::decode_forward(int module, const float* adapter, const float* x, int n, float* y) {
+  if (on(module)) modules_[module].forward(adapter, x, n, decode_xa_.data(), y);
+}
+
+size_t CpuLoraBlocks::floats() const {
+  size_t n = 0;
+  for (const auto& layer : xa_)
+    for (const Buffer<float>& b : layer) n += b.size();
+  for (const Buffer<float>& b : dxa_) n += b.size();
+  return n;
+}
+
+size_t CpuLoraBlocks::floats_for(const ModelConfig& cfg, size_t max_tokens) {
+  if (!cfg.lora.enabled() || cfg.num_layers == 0) return 0;
+  size_t on = 0;
+  for (const LinearModule& m : linear_modules(cfg)) on += cfg.lora.targets(m.name);
+  return (static_cast<size_t>(cfg.num_layers) + 1) * on * max_tokens * cfg.lora.r;
+}
+
+}  // namespace shardlm::model_detail
