@@ -270,3 +270,61 @@ BOOST_AUTO_TEST_CASE(packing_does_not_change_the_step) {
     }
   }
 }
+
+// LoRA (adapters on every linear layer, the base frozen): every strategy on the world gives the
+// losses of NO_SHARD on one rank, the adapters alone carry master, gradient and AdamW state, and the
+// adapted model learns. BLOOM and Llama.
+BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) {
+  for (const bool llama : {false, true}) {
+    auto config = [llama](ShardingStrategy strategy, const std::string& name) {
+      RunConfig cfg = tiny_config(strategy, name);
+      if (llama) {
+        cfg.model.arch = "llama";
+        cfg.model.num_kv_heads = 2;
+        cfg.model.intermediate_size = 48;
+      }
+      cfg.model.lora.r = 4;
+      cfg.model.lora.alpha = 8;
+      for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+      cfg.train.max_steps = 6;
+      cfg.train.lr = 3e-2;  // the first Adam steps on B = 0 move every element by ~lr: enough to learn in 6 steps
+      return cfg;
+    };
+    const std::string arch = llama ? "llama" : "bloom";
+    std::vector<double> single(7, 0.0), untrained(7, 0.0);
+    if (world_rank() == 0) {
+      const TrainResult r = train(config(ShardingStrategy::NoShard, arch + "_lora_reference"), MPI_COMM_SELF, quiet());
+      std::copy_n(r.step_losses.begin(), std::min<size_t>(6, r.step_losses.size()), single.begin());
+      single[6] = r.eval_losses.empty() ? 0.0 : r.eval_losses[0];
+      // The same batches with lr 0: the base model's own losses.
+      RunConfig still = config(ShardingStrategy::NoShard, arch + "_lora_untrained");
+      still.train.lr = 0;
+      const TrainResult u = train(still, MPI_COMM_SELF, quiet());
+      std::copy_n(u.step_losses.begin(), std::min<size_t>(6, u.step_losses.size()), untrained.begin());
+      untrained[6] = u.eval_losses.empty() ? 0.0 : u.eval_losses[0];
+    }
+    MPI_Bcast(single.data(), 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(untrained.data(), 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    BOOST_TEST(single[0] == untrained[0], boost::test_tools::tolerance(1e-6));  // B = 0: the base model at first
+    BOOST_TEST(single[5] < untrained[5] - 0.05);  // then the adapters learn
+    BOOST_TEST(single[6] < untrained[6] - 0.05);
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                               ShardingStrategy::HybridShard}) {
+      BOOST_TEST_CONTEXT(arch << " " << strategy_name(s)) {
+        RunConfig cfg = config(s, arch + "_lora_" + strategy_name(s));
+        cfg.dist.ranks_per_node = world_size() >= 2 ? world_size() / 2 : 1;  // HYBRID_SHARD: two emulated nodes
+        const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+        BOOST_TEST_REQUIRE(r.step_losses.size() == 6u);
+        for (int i = 0; i < 6; ++i) BOOST_TEST(r.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+        BOOST_TEST(r.eval_losses.at(0) == single[6], boost::test_tools::tolerance(1e-4));
+        // Master and moments only for the adapters: a few thousand values, not the model's.
+        const size_t adapters = [&] {
+          size_t n = 0;
+          for (const UnitLayout& u : lora_layout(config(s, "").model)) n += u.numel;
+          return n;
+        }();
+        BOOST_TEST(r.optimizer_bytes <= 2 * adapters * sizeof(float));
+      }
+    }
+  }
+}

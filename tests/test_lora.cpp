@@ -115,3 +115,154 @@ BOOST_AUTO_TEST_CASE(an_unknown_module_is_refused) {
   const std::string e = error_of([&] { lora_layout(cfg); });
   BOOST_TEST(e.find("bloom has no linear module 'q_proj'") != std::string::npos, e);
 }
+
+// ---- the CPU models with adapters, against the merged model W + scale B A ----------------------
+
+namespace {
+
+struct Adapted {
+  TinyModel base;                        // the base weights (model_layout)
+  std::vector<UnitLayout> lora;          // the adapters' layout
+  std::vector<std::vector<float>> adapters;
+};
+
+// Base weights as the model suites make them, adapters random (A and B non-zero) on every module.
+Adapted adapted_model(ModelConfig cfg, int r, uint64_t seed) {
+  std::vector<std::string> all;
+  for (const LinearModule& m : linear_modules(cfg)) all.push_back(m.name);
+  cfg = with_lora(cfg, all, r);
+  cfg.lora.alpha = 3;  // scale 3 / r, not 1
+  Adapted a;
+  a.base = make_model(cfg, seed);
+  a.lora = lora_layout(cfg);
+  std::mt19937 rng(static_cast<uint32_t>(seed + 1));
+  for (const UnitLayout& u : a.lora) a.adapters.push_back(random_floats(u.numel, rng, 0.3f));
+  return a;
+}
+
+// The base model with each adapted weight replaced by W + scale * B A (LoRA off).
+TinyModel merged(const Adapted& a) {
+  TinyModel m = a.base;
+  m.cfg.lora = LoraConfig{};
+  const double scale = a.base.cfg.lora.scale();
+  for (size_t u = 1; u < a.lora.size(); ++u)
+    for (const TensorSpec& t : a.lora[u].tensors) {
+      if (t.name.find(".lora_A.weight") == std::string::npos) continue;
+      const std::string module = t.name.substr(0, t.name.size() - std::string(".lora_A.weight").size());
+      const TensorSpec& b = find_tensor(a.lora[u], module + ".lora_B.weight");
+      const TensorSpec& w = find_tensor(m.layout[u], module + ".weight");
+      const int64_t r = t.shape[0], in = t.shape[1], out = b.shape[0];
+      const float* A = a.adapters[u].data() + t.offset;
+      const float* B = a.adapters[u].data() + b.offset;
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double s = 0;
+          for (int64_t k = 0; k < r; ++k) s += double(B[o * r + k]) * A[k * in + i];
+          m.params[u][w.offset + o * in + i] += static_cast<float>(scale * s);
+        }
+    }
+  return m;
+}
+
+// Forward and backward of the adapted model with the base frozen: the loss, d/dh0, and the
+// adapters' gradients per unit.
+double adapted_grads(CpuModel& net, const Adapted& a, const Batch& b, std::vector<float>* dh0,
+                     std::vector<std::vector<float>>* grads) {
+  const TinyModel& m = a.base;
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
+  const int L = m.cfg.num_layers;
+  std::vector<std::vector<float>> hidden(L + 1, std::vector<float>(n));
+  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, hidden[0].data());
+  for (int l = 0; l < L; ++l)
+    net.block_forward(l, {m.params[1 + l].data(), a.adapters[1 + l].data()}, hidden[l].data(), hidden[l + 1].data(),
+                      b.batch, b.seq);
+  grads->clear();
+  for (const std::vector<float>& p : a.adapters) grads->emplace_back(p.size(), 0.0f);
+  std::vector<float> dh(n), dh_prev(n);
+  int64_t count = 0;
+  const double loss = net.head_loss(m.params[0].data(), hidden[L].data(), b.targets.data(), b.batch, b.seq, &count,
+                                    1.0f, dh.data(), nullptr);
+  for (int l = L - 1; l >= 0; --l) {
+    net.block_backward(l, {m.params[1 + l].data(), a.adapters[1 + l].data()}, dh.data(), dh_prev.data(),
+                       UnitGrads{nullptr, (*grads)[1 + l].data()}, b.batch, b.seq);
+    dh.swap(dh_prev);
+  }
+  *dh0 = dh;
+  net.embed_backward(m.params[0].data(), b.tokens.data(), dh.data(), nullptr, b.batch, b.seq);  // frozen: nothing
+  return loss;
+}
+
+void check_against_merged(const ModelConfig& shape) {
+  const Adapted a = adapted_model(shape, 3, 11);
+  const TinyModel m = merged(a);
+  std::mt19937 rng(5);
+  const Batch b = make_batch(2, 7, shape.vocab_size, 0.2, rng);
+  auto adapted_net = make_cpu_model(a.base.cfg, 2, 7);
+  auto merged_net = make_cpu_model(m.cfg, 2, 7);
+
+  std::vector<float> dh0_lora, dh0_merged;
+  std::vector<std::vector<float>> dadapters;
+  const double loss = adapted_grads(*adapted_net, a, b, &dh0_lora, &dadapters);
+  double loss_merged = 0;
+  const std::vector<std::vector<float>> dmerged = model_grads(*merged_net, m, b, 1.0f, &dh0_merged, &loss_merged);
+  BOOST_TEST(loss == loss_merged, boost::test_tools::tolerance(1e-5));
+  BOOST_TEST(max_relative_error(dh0_lora, std::vector<double>(dh0_merged.begin(), dh0_merged.end())) < 1e-4);
+
+  // With W' = W + s B A: dB = s dW' A^T and dA = s B^T dW', from the merged model's weight gradient.
+  const double scale = a.base.cfg.lora.scale();
+  for (size_t u = 1; u < a.lora.size(); ++u)
+    for (const TensorSpec& t : a.lora[u].tensors) {
+      if (t.name.find(".lora_A.weight") == std::string::npos) continue;
+      const std::string module = t.name.substr(0, t.name.size() - std::string(".lora_A.weight").size());
+      const TensorSpec& tb = find_tensor(a.lora[u], module + ".lora_B.weight");
+      const TensorSpec& w = find_tensor(m.layout[u], module + ".weight");
+      const int64_t r = t.shape[0], in = t.shape[1], out = tb.shape[0];
+      const float* A = a.adapters[u].data() + t.offset;
+      const float* B = a.adapters[u].data() + tb.offset;
+      const float* dW = dmerged[u].data() + w.offset;
+      std::vector<double> want_a(r * in, 0.0), want_b(out * r, 0.0);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i)
+          for (int64_t k = 0; k < r; ++k) {
+            want_b[o * r + k] += scale * dW[o * in + i] * A[k * in + i];
+            want_a[k * in + i] += scale * B[o * r + k] * dW[o * in + i];
+          }
+      const auto got = [&](const TensorSpec& s) {
+        return std::vector<float>(dadapters[u].begin() + s.offset, dadapters[u].begin() + s.offset + s.numel);
+      };
+      BOOST_TEST_CONTEXT(t.name) {
+        BOOST_TEST(max_relative_error(got(t), want_a) < 1e-4);
+        BOOST_TEST(max_relative_error(got(tb), want_b) < 1e-4);
+      }
+    }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(llama_adapters_equal_the_merged_model) { check_against_merged(tiny_llama()); }
+BOOST_AUTO_TEST_CASE(qwen2_adapters_equal_the_merged_model) { check_against_merged(tiny_qwen2()); }
+BOOST_AUTO_TEST_CASE(bloom_adapters_equal_the_merged_model) { check_against_merged(tiny_bloom()); }
+
+// PEFT's initialisation (B = 0) leaves the model as it was.
+BOOST_AUTO_TEST_CASE(fresh_adapters_change_nothing) {
+  for (const ModelConfig& shape : {tiny_llama(), tiny_bloom()}) {
+    const ModelConfig cfg = with_lora(shape, {linear_modules(shape).front().name, linear_modules(shape).back().name});
+    const TinyModel m = make_model(cfg, 3);
+    std::vector<std::vector<float>> adapters;
+    for (const UnitLayout& u : lora_layout(cfg)) {
+      adapters.emplace_back(u.numel);
+      init_unit_slice(u, 0, 3, 0, u.numel, adapters.back().data());
+    }
+    std::mt19937 rng(2);
+    const Batch b = make_batch(1, 5, cfg.vocab_size, 0.0, rng);
+    auto with = make_cpu_model(cfg, 1, 5);
+    ModelConfig plain = cfg;
+    plain.lora = LoraConfig{};
+    auto without = make_cpu_model(plain, 1, 5);
+    std::vector<float> h0(5 * cfg.hidden_size), h(h0.size()), h_lora(h0.size());
+    with->embed_forward(m.params[0].data(), b.tokens.data(), 1, 5, h0.data());
+    without->block_forward(0, m.params[1].data(), h0.data(), h.data(), 1, 5);
+    with->block_forward(0, {m.params[1].data(), adapters[1].data()}, h0.data(), h_lora.data(), 1, 5);
+    BOOST_TEST(h == h_lora, boost::test_tools::per_element());
+  }
+}

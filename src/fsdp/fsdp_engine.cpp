@@ -84,11 +84,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     for (size_t i = 0; i < plan_.frozen_block_copies; ++i)
       m.block_frozen_full.push_back(be.allocate(plan_.frozen_block_padded * csize, MemKind::Params));
   }
-  if (m.lora) {
-    // The base weights start as the model's own initialisation (a pretrained load replaces them).
-    frozen_state(seed);
-    frozen_loaded();
-  }
+
   m.holder.assign(m.block_full.size(), -1);
   m.gathered.assign(m.units.size(), false);
   for (size_t i = 0; i < m.block_full.size(); ++i) m.slot_free.push_back(be.make_event());
@@ -112,6 +108,11 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     m.targets = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
     if (m.model->config().packed) m.starts = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
     m.norm = be.allocate(sizeof(double), MemKind::Other);
+  }
+  if (m.lora) {
+    // The base weights start as the model's own initialisation (a pretrained load replaces them).
+    frozen_state(seed);
+    frozen_loaded();
   }
   refresh_compute_slices();
   be.synchronize(m.compute);
