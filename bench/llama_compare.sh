@@ -5,14 +5,19 @@
 # records tokens/s (median over the steps after the warm-up) and peak GPU memory.
 #
 #   bash bench/llama_compare.sh [--bin build/bin/shardlm] [--steps 10] [--warmup 4]
-#                               [--sides shardlm,eager,compile] [--timeout 240] ROW... OUT
+#                               [--sides shardlm,eager,compile] [--timeout 240] [--lora R:ALPHA] ROW... OUT
+#
+# --lora R:ALPHA trains LoRA adapters (rank R, alpha ALPHA, every linear layer of the blocks, the base
+# frozen) on both sides instead: shardlm with [lora], and transformers + PEFT (bench/peft_lora.py:
+# bf16 base, fp32 adapters under bf16 autocast, torch AdamW) as the side "peft" (the default sides
+# become shardlm,peft).
 #
 # A ROW is label=DECK:LAYERS:SEQ:MICRO[:ac], e.g. llama8b-2k=input/bench/llama31-8b.ini:4:2048:8
 # (the deck gives the shape; LAYERS replaces its layer count so the model fits one GPU; ":ac"
 # turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md and the logs.
 # Run with the shardlm runtime on the paths (source RT/env.sh).
 set -uo pipefail
-BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES=shardlm,eager,compile RUN_TIMEOUT=240
+BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA=
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -21,12 +26,20 @@ while [ $# -gt 0 ]; do
     --warmup) WARMUP=$2; shift ;;
     --sides) SIDES=$2; shift ;;
     --timeout) RUN_TIMEOUT=$2; shift ;;
+    --lora) LORA=$2; shift ;;
     -*) echo "llama_compare.sh: unknown option $1" >&2; exit 2 ;;
     *) POS+=("$1") ;;
   esac
   shift
 done
-[ ${#POS[@]} -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ ${#POS[@]} -ge 2 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+LORA_FLAGS=() PEFT_FLAGS=()
+if [ -n "$LORA" ]; then
+  LORA_FLAGS=(--lora.r="${LORA%%:*}" --lora.alpha="${LORA#*:}" --lora.target_modules=all-linear)
+  PEFT_FLAGS=(--r "${LORA%%:*}" --alpha "${LORA#*:}")
+  SIDES=${SIDES:-shardlm,peft}
+fi
+SIDES=${SIDES:-shardlm,eager,compile}
 OUT=${POS[-1]}
 unset 'POS[${#POS[@]}-1]'
 cd "$(dirname "$0")/.." || exit 1
@@ -72,7 +85,7 @@ if side == "shardlm" and run_dir != "-":
         rec["train_loss"] = summary.get("train_loss")
 else:
     for line in open(log, errors="replace"):
-        if line.startswith('{"impl": "pytorch-fsdp2"'):
+        if line.startswith('{"impl": "pytorch-fsdp2"') or line.startswith('{"impl": "peft-lora"'):
             o = json.loads(line)
             rec.update(tokens_per_s_per_gpu=o["tokens_per_s_per_gpu"], peak_memory_bytes=o["peak_memory_bytes"],
                        torch=o.get("torch"), compile=o.get("compile"))
@@ -93,9 +106,19 @@ for row in "${POS[@]}"; do
     timeout "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" train "$deck" --data.train_file="$data" \
       --model.num_layers="$layers" --data.max_length="$seq" --train.micro_batch_size="$micro" \
       --train.batch_size="$micro" --train.max_steps="$STEPS" --train.log_every=1 \
-      --fsdp.activation_checkpointing="$acflag" --run.dir="$run" > "$log" 2>&1
+      --fsdp.activation_checkpointing="$acflag" --run.dir="$run" "${LORA_FLAGS[@]}" > "$log" 2>&1
     rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
     record "$label" shardlm "$st" $(( $(date +%s) - t0 )) "$log" "$run"
+    tail -1 "$JSONL"
+  fi
+  if want peft; then
+    log=$OUT/${label}_peft.log t0=$(date +%s) extra=""
+    [ "$acflag" = true ] && extra=--activation-checkpointing
+    # shellcheck disable=SC2046
+    timeout "$RUN_TIMEOUT" python3 bench/peft_lora.py $(shape_flags "$deck") "${PEFT_FLAGS[@]}" --layers "$layers" \
+      --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" --label "$label" $extra > "$log" 2>&1
+    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+    record "$label" peft "$st" $(( $(date +%s) - t0 )) "$log" -
     tail -1 "$JSONL"
   fi
   for side in eager compile; do
@@ -122,6 +145,14 @@ def tps(r): return f'{r["tokens_per_s_per_gpu"]:,.0f}' if r and "tokens_per_s_pe
 def gib(r): return f'{r["peak_memory_bytes"] / 2**30:.2f}' if r and r.get("peak_memory_bytes") else "-"
 def ratio(a, b, k):
     return f"{a[k] / b[k]:.2f}x" if a and b and a.get(k) and b.get(k) else "-"
+if any("peft" in g for g in rows.values()):
+    print("| row | shardlm tok/s | PEFT tok/s | ratio | shardlm GiB | PEFT GiB | memory ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, g in rows.items():
+        s, q = g.get("shardlm"), g.get("peft")
+        print(f"| {label} | {tps(s)} | {tps(q)} | {ratio(s, q, 'tokens_per_s_per_gpu')} | {gib(s)} | {gib(q)} | "
+              f"{ratio(s, q, 'peak_memory_bytes')} |")
+    sys.exit(0)
 print("| row | shardlm tok/s | FSDP2 eager | FSDP2 compile | vs eager | vs compile | shardlm GiB | eager GiB | compile GiB |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for label, g in rows.items():

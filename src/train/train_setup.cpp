@@ -300,6 +300,16 @@ TrainPosition load_start(TrainRun& run) {
   pos.scaling = cfg.train.loss_scale > 0 || fp16;
   pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
   FsdpEngine& model = *run.engine;
+  // LoRA: the frozen base comes from model.dir (or stays the seeded initialisation) whether the run
+  // resumes or not; checkpoints hold the adapters only.
+  if (model.lora() && !cfg.model.dir.empty()) {
+    const PretrainedLoad load = load_pretrained(cfg.model.dir, model.frozen_state(cfg.train.seed), run.comm);
+    model.frozen_loaded();
+    run.say(concat("loaded the frozen base weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total),
+                   " read by ", run.world, " rank(s) in ", load.seconds, " s"));
+    run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
+                {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}, {"frozen", true}});
+  }
   if (!run.resume_path.empty() && cfg.checkpoint.load_weights_only) {
     // Only the parameters: step, optimizer state, schedule and data position start afresh.
     const CheckpointMeta meta = load_resume_checkpoint(run);
@@ -316,7 +326,7 @@ TrainPosition load_start(TrainRun& run) {
     pos.epoch_step = meta.epoch_step;
     run.say(concat("resumed from ", run.resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
                    meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
-  } else if (!cfg.model.dir.empty()) {
+  } else if (!cfg.model.dir.empty() && !model.lora()) {
     const PretrainedLoad load = load_pretrained(cfg.model.dir, model.checkpoint_state(), run.comm);
     model.checkpoint_loaded();
     run.say(concat("loaded weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total), " read by ", run.world,
