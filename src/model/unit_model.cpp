@@ -12,6 +12,8 @@ std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind b
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "make_unit_model: negative max_batch ", max_batch, " or max_seq ",
                 max_seq);
   const ModelFamily& family = model_family(cfg.arch);
+  SHARDLM_CHECK(!cfg.lora.enabled() || cfg.lora.dropout == 0, "lora.dropout = ", cfg.lora.dropout,
+                ": dropout on the adapters' input is not implemented yet; set lora.dropout = 0 (PEFT's default)");
   if (backend == BackendKind::Cpu) {
     SHARDLM_CHECK(compute_dtype == DType::F32, "the CPU backend computes in fp32, not ", dtype_name(compute_dtype),
                   " (16-bit parameters are unpacked before use)");
