@@ -1,5 +1,6 @@
 // Private to the checkpoint code: names in the HDF5 file, the index record, the slice checksum,
-// an owning HDF5 handle, HDF5 error text, and agreeing on an error across ranks before throwing.
+// a content hash, an owning HDF5 handle, HDF5 error text, and agreeing on an error across ranks
+// before throwing.
 #pragma once
 
 #include <hdf5.h>
@@ -124,6 +125,22 @@ inline uint64_t checksum_slice(const float* data, size_t begin, size_t count) {
   for (size_t i = 4 * quads; i < count; ++i) s0 += checksum_term(begin + i, data[i]);
   return s0 + s1 + s2 + s3;
 }
+
+// ---- content hash -------------------------------------------------------------------------------
+
+// FNV-1a, 64-bit: fast and stable (not cryptographic), to tell contents apart. add_bytes over a
+// whole text gives the standard FNV-1a 64 of those bytes.
+class Fnv1a {
+ public:
+  void add(uint64_t x) { hash_ = (hash_ ^ x) * 1099511628211ULL; }
+  void add_bytes(const std::string& bytes) {
+    for (char c : bytes) add(static_cast<unsigned char>(c));
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 1469598103934665603ULL;
+};
 
 // ---- HDF5 handles and errors ------------------------------------------------------------------
 
