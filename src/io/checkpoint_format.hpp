@@ -132,14 +132,14 @@ inline uint64_t checksum_slice(const float* data, size_t begin, size_t count) {
 // whole text gives the standard FNV-1a 64 of those bytes.
 class Fnv1a {
  public:
-  void add(uint64_t x) { hash_ = (hash_ ^ x) * 1099511628211ULL; }
+  void add(uint64_t x) { hash_ = (hash_ ^ x) * 0x100000001b3ULL; }  // the FNV prime
   void add_bytes(const std::string& bytes) {
     for (char c : bytes) add(static_cast<unsigned char>(c));
   }
   uint64_t value() const { return hash_; }
 
  private:
-  uint64_t hash_ = 1469598103934665603ULL;
+  uint64_t hash_ = 0xcbf29ce484222325ULL;  // the offset basis
 };
 
 // ---- HDF5 handles and errors ------------------------------------------------------------------
