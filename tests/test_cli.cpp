@@ -227,6 +227,7 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
   BOOST_TEST(inspect.output.find("FULL_SHARD on 1 rank(s)") != std::string::npos);  // the resumed segment wrote it
   BOOST_TEST(inspect.output.find("optimizer    state exp_avg, exp_avg_sq (fp32") != std::string::npos);
+  BOOST_TEST(inspect.output.find("\ntokenizer    byte\n") != std::string::npos);  // the hash resume compares
   Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
   BOOST_TEST_INFO(exported.output);
   BOOST_TEST(exported.exit_code == 0);

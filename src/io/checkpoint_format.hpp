@@ -24,6 +24,8 @@ constexpr const char* kIndexDataset = "index";
 constexpr const char* kChecksumAttr = "checksum";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kParamDataset = "param";
+// The one root attribute a checkpoint may lack: files written before it was kept load without it.
+constexpr const char* kTokenizerHashAttr = "tokenizer_hash";
 
 inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
 inline std::string vector_path(const std::string& unit, const std::string& name) {
@@ -32,7 +34,7 @@ inline std::string vector_path(const std::string& unit, const std::string& name)
 
 // The attributes of CheckpointMeta after format_version (which each side handles first), in the
 // order they are written: f(name, field) for each; model_config is the ModelConfig, stored as its
-// HF config.json text.
+// HF config.json text; tokenizer_hash (kTokenizerHashAttr) comes last.
 template <typename Meta, typename F>
 void for_each_meta_attribute(Meta& m, F&& f) {
   f("step", m.step);
@@ -51,6 +53,7 @@ void for_each_meta_attribute(Meta& m, F&& f) {
   f("model_config", m.model);
   f("version", m.version);
   f("deck", m.deck);
+  f(kTokenizerHashAttr, m.tokenizer_hash);
 }
 
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.

@@ -73,6 +73,7 @@ void load_inputs(TrainRun& run) {
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
+  run.tokenizer_hash = tokenizer_hash(cfg.tokenizer_json());
   SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
                 " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
                 cfg.model.vocab_size);
