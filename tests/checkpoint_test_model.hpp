@@ -100,6 +100,7 @@ inline shardlm::CheckpointMeta tiny_meta(const shardlm::ModelConfig& cfg, long s
   m.model = cfg;
   m.deck = "[model]\nhidden_size = 8\n\n[train]\nlr = 0.003\n";
   m.version = "0.1.0";
+  m.tokenizer_hash = "1f0e2d3c4b5a6978";
   return m;
 }
 

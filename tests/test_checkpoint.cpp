@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -246,6 +247,7 @@ BOOST_AUTO_TEST_CASE(round_trip_on_the_same_slicing) {
   BOOST_TEST(m.strategy == want.strategy);
   BOOST_TEST(m.deck == want.deck);
   BOOST_TEST(m.version == want.version);
+  BOOST_TEST(m.tokenizer_hash == want.tokenizer_hash);
   BOOST_TEST(m.model.vocab_size == 50);
   BOOST_TEST(m.model.hidden_size == 8);
   BOOST_TEST(m.model.num_layers == 2);
@@ -405,7 +407,8 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
 }
 
 // A file written before the optimizer interface (tests/fixtures/checkpoint) loads onto any slicing,
-// and AdamW checkpoints written now hold the same objects, types, shapes and attributes.
+// and AdamW checkpoints written now hold the same objects, types, shapes and attributes, plus the
+// tokenizer's hash (a string), which the older file lacks and reads as unknown.
 BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
   CheckpointMeta m;
@@ -414,18 +417,63 @@ BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   BOOST_TEST(m.format_version == 2);
   BOOST_TEST(m.step == 10);
   BOOST_TEST(m.world_size == 1);
+  BOOST_TEST(m.tokenizer_hash.empty());
 
   const std::string dir = scratch("same_format");
   save_known(dir, 10);
   if (world_rank() == 0) {
-    const std::vector<std::string> before = object_listing(fixture), now = object_listing(dir + "/ckpt-00000010.h5");
+    std::vector<std::string> before = object_listing(fixture), now = object_listing(dir + "/ckpt-00000010.h5");
     BOOST_TEST(before.size() > 20u);
+    const std::string hash_line = concat("/ @tokenizer_hash class ", H5T_STRING);
+    BOOST_TEST(std::count(before.begin(), before.end(), hash_line) == 0);
+    BOOST_TEST(std::count(now.begin(), now.end(), hash_line) == 1);
+    now.erase(std::remove(now.begin(), now.end(), hash_line), now.end());
     BOOST_TEST(now == before, "now:\n" << join_lines(now) << "before:\n" << join_lines(before));
     CheckpointReader reader(fixture);
     BOOST_TEST_REQUIRE(reader.unit_states().size() == 3u);
     for (const CheckpointUnitState& u : reader.unit_states()) BOOST_TEST(u.optimizer == adamw_vectors(), u.unit);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The tokenizer's hash is FNV-1a 64 of its tokenizer.json (a folder: the file in it), "byte" for the
+// byte tokenizer; a checkpoint of another tokenizer differs naming data.tokenizer, both sources and
+// short hashes, and one that keeps no hash is not compared.
+BOOST_AUTO_TEST_CASE(tokenizer_hash_and_difference) {
+  const std::string dir = scratch("tokenizer_hash");
+  const fs::path folder = fs::path(dir) / concat("rank", world_rank());
+  fs::create_directories(folder);
+  std::ofstream(folder / "tokenizer.json") << "a";
+  BOOST_TEST(tokenizer_hash("") == "byte");
+  BOOST_TEST(tokenizer_hash((folder / "tokenizer.json").string()) == "af63dc4c8601ec8c");  // FNV-1a 64 of "a"
+  BOOST_TEST(tokenizer_hash(folder.string()) == "af63dc4c8601ec8c");
+  std::ofstream(folder / "tokenizer.json") << "b";
+  BOOST_TEST(tokenizer_hash(folder.string()) == "af63df4c8601f1a5");
+  BOOST_CHECK_EXCEPTION(tokenizer_hash((folder / "missing.json").string()), Error, [&](const Error& e) {
+    return std::string(e.what()).find("missing.json") != std::string::npos;
+  });
+
+  CheckpointMeta checkpoint = tiny_meta(tiny_bloom(), 10, world_size());
+  checkpoint.deck = "[data]\ntokenizer = byte\n";
+  checkpoint.tokenizer_hash = "byte";
+  RunConfig run;
+  run.data.tokenizer = TokenizerSource::Byte;
+  BOOST_TEST(tokenizer_difference(checkpoint, run, "byte") == "");
+  run.data.tokenizer = TokenizerSource::File;
+  run.data.tokenizer_file = "/m/tokenizer.json";
+  BOOST_TEST(tokenizer_difference(checkpoint, run, "af63dc4c8601ec8c") ==
+             "data.tokenizer is byte in the checkpoint, /m/tokenizer.json (hash af63dc4c8601) in this run");
+  checkpoint.deck = "[data]\ntokenizer = /old/tokenizer.json\n";
+  checkpoint.tokenizer_hash = "af63df4c8601f1a5";
+  BOOST_TEST(tokenizer_difference(checkpoint, run, "af63dc4c8601ec8c") ==
+             "data.tokenizer is /old/tokenizer.json (hash af63df4c8601) in the checkpoint, /m/tokenizer.json (hash "
+             "af63dc4c8601) in this run");
+  BOOST_TEST(checkpoint_tokenizer_text(checkpoint) == "/old/tokenizer.json (hash af63df4c8601f1a5)");
+  BOOST_TEST(tokenizer_difference(checkpoint, run, "af63df4c8601f1a5") == "");  // same content, wherever it lies
+  checkpoint.tokenizer_hash.clear();  // written before checkpoints kept it
+  BOOST_TEST(tokenizer_difference(checkpoint, run, "af63dc4c8601ec8c") == "");
+  BOOST_TEST(checkpoint_tokenizer_text(checkpoint) ==
+             "/old/tokenizer.json (no hash kept: written before checkpoints kept one)");
 }
 
 // An optimizer with a third per-element vector (AMSGrad's running maximum, as PyTorch names it).

@@ -23,6 +23,7 @@
 #include "shardlm/model.hpp"
 #include "launch_support.hpp"
 #include "test_support.hpp"
+#include "train_test_support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -227,6 +228,7 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(inspect.output.find("h.1.mlp.dense_4h_to_h.weight") != std::string::npos);
   BOOST_TEST(inspect.output.find("FULL_SHARD on 1 rank(s)") != std::string::npos);  // the resumed segment wrote it
   BOOST_TEST(inspect.output.find("optimizer    state exp_avg, exp_avg_sq (fp32") != std::string::npos);
+  BOOST_TEST(inspect.output.find("\ntokenizer    byte\n") != std::string::npos);  // the hash resume compares
   Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
   BOOST_TEST_INFO(exported.output);
   BOOST_TEST(exported.exit_code == 0);
@@ -1083,4 +1085,47 @@ BOOST_AUTO_TEST_CASE(resume_refuses_another_model_unless_weights_only) {
   BOOST_TEST(weights.exit_code == 0, weights.output);
   BOOST_TEST(count_of(weights.output, "loaded the weights of ") == 1u, weights.output);
   BOOST_TEST(train_losses(dir / "c").size() == 1u);  // steps 1 and 2 of a new run, one log line
+}
+
+// The tokenizer is compared by its hash: another one of the same size (the byte tokenizer's files with
+// two ids swapped) is refused naming data.tokenizer, both sources and hashes; load_weights_only takes
+// it; a checkpoint written before the hash was kept still resumes, with one warning on any world.
+BOOST_AUTO_TEST_CASE(resume_refuses_another_tokenizer_unless_weights_only) {
+  const fs::path dir = scratch("cli_other_tokenizer");
+  const std::string tokenizer = write_swapped_byte_tokenizer((dir / "swapped").string());
+  const std::string base = "train " + kDemo + " --data.eval_file=";
+  Outcome first = run_shardlm(1, base + " --train.max_steps=2 --run.dir=" + (dir / "a").string());
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const fs::path step2 = dir / "a" / "checkpoints" / "ckpt-00000002.h5";
+  const std::string resume = " --checkpoint.resume=" + step2.string() + " --data.tokenizer=" + tokenizer;
+  Outcome refused = run_shardlm(2, base + " --train.max_steps=3 --run.dir=" + (dir / "b").string() + resume);
+  BOOST_TEST_CONTEXT(refused.output) {
+    BOOST_TEST(refused.exit_code != 0);
+    BOOST_TEST(count_of(refused.output, "shardlm: error:") == 1u);
+    BOOST_TEST(contains(refused.output, "data.tokenizer is byte in the checkpoint, " + tokenizer + " (hash "));
+    BOOST_TEST(contains(refused.output, "checkpoint.load_weights_only = true"));
+  }
+  Outcome weights = run_shardlm(1, base + " --train.max_steps=2 --checkpoint.load_weights_only=true --run.dir=" +
+                                       (dir / "c").string() + resume);
+  BOOST_TEST(weights.exit_code == 0, weights.output);
+  BOOST_TEST(count_of(weights.output, "loaded the weights of ") == 1u, weights.output);
+
+  // A checkpoint as written before the tokenizer's hash was kept: the attribute removed.
+  const fs::path old = dir / "old" / "ckpt-00000002.h5";
+  fs::create_directories(old.parent_path());
+  fs::copy_file(step2, old);
+  const hid_t file = H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  BOOST_TEST_REQUIRE(file >= 0);
+  BOOST_TEST(H5Adelete(file, "tokenizer_hash") >= 0);
+  H5Fclose(file);
+  Outcome inspect = run_shardlm(1, "inspect " + old.string());
+  BOOST_TEST(contains(inspect.output, "\ntokenizer    byte (no hash kept: written before checkpoints kept one)\n"),
+             inspect.output);
+  Outcome resumed = run_shardlm(2, base + " --train.max_steps=3 --checkpoint.resume=" + old.string() +
+                                       " --data.tokenizer=" + tokenizer + " --run.dir=" + (dir / "d").string());
+  BOOST_TEST_CONTEXT(resumed.output) {
+    BOOST_TEST(resumed.exit_code == 0);
+    BOOST_TEST(count_of(resumed.output, "resumed from " + old.string() + ": step 2") == 1u);
+    BOOST_TEST(count_of(resumed.output, "written before checkpoints kept their tokenizer's hash") == 1u);
+  }
 }

@@ -68,6 +68,18 @@ std::vector<double> resumed_on(int ranks, RunConfig cfg) {
   return losses;
 }
 
+// The message of the Error a resume of `cfg` from step 10 ends with on this rank ("" if it trains).
+std::string refusal_of_resume_from_step10(RunConfig cfg) {
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = step10();
+  try {
+    train(cfg, MPI_COMM_WORLD, quiet());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // The records of RUN_DIR/metrics.jsonl (rank 0 wrote them; read on rank 0).
 std::vector<nlohmann::json> records_of(const std::string& name) {
   std::ifstream in(scratch(name) + "/metrics.jsonl");
@@ -176,13 +188,31 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_on_every_rank) {
   uninterrupted();
   RunConfig cfg = config(ShardingStrategy::FullShard, "wrong_model");
   cfg.model.hidden_size = 64;
+  const std::string message = refusal_of_resume_from_step10(cfg);
+  BOOST_TEST(message.find("ckpt-00000010.h5") != std::string::npos);
+}
+
+// Resume compares the tokenizer too (its hash): another tokenizer of the same size is refused on
+// every rank naming data.tokenizer; load_weights_only takes the weights into a new run with it.
+BOOST_AUTO_TEST_CASE(another_tokenizer_is_refused_on_every_rank_unless_weights_only) {
+  uninterrupted();
+  const std::string tokenizer = scratch("swapped_tokenizer") + "/tokenizer.json";
+  if (world_rank() == 0) write_swapped_byte_tokenizer(scratch("swapped_tokenizer"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  RunConfig cfg = config(ShardingStrategy::FullShard, "other_tokenizer");
+  cfg.data.tokenizer = TokenizerSource::File;
+  cfg.data.tokenizer_file = tokenizer;
+  const std::string message = refusal_of_resume_from_step10(cfg);
+  BOOST_TEST(message.find("ckpt-00000010.h5 holds another model than this run's: data.tokenizer is byte in the "
+                          "checkpoint, " + tokenizer + " (hash ") != std::string::npos, message);
+  BOOST_TEST(message.find("checkpoint.load_weights_only = true") != std::string::npos, message);
+
   cfg.checkpoint.resume = ResumeFrom::Path;
   cfg.checkpoint.resume_path = step10();
-  std::string message;
-  try {
-    train(cfg, MPI_COMM_WORLD, quiet());
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  BOOST_TEST(message.find("ckpt-00000010.h5") != std::string::npos);
+  cfg.checkpoint.load_weights_only = true;
+  cfg.run.dir = scratch("other_tokenizer_weights");
+  cfg.train.max_steps = 2;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 0);
+  BOOST_TEST(r.step_losses.size() == 2u);
 }

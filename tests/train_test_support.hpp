@@ -1,6 +1,13 @@
-// Helpers of the suites that train end to end under mpirun (test_fsdp, test_resume, test_cuda_engine).
+// Helpers of the suites that train end to end under mpirun (test_fsdp, test_resume, test_cuda_engine,
+// test_cli).
 #pragma once
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shardlm/data.hpp"
 #include "shardlm/train.hpp"
 
 // Training without the per-step echo.
@@ -23,4 +30,22 @@ inline shardlm::RunConfig tiny_squad_config(int hidden_size) {
   cfg.train.micro_batch_size = 2;
   cfg.train.lr = 3e-3;
   return cfg;
+}
+
+// Writes the byte tokenizer's files (as `shardlm export` writes them) into folder `dir` with the ids
+// of 'a' and 'b' swapped: another tokenizer of the same 259 tokens, which no model config key tells
+// apart. Returns the path of its tokenizer.json.
+inline std::string write_swapped_byte_tokenizer(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, text] : shardlm::ByteTokenizer::hf_files(1024)) {
+    std::string content = text;
+    if (name == "tokenizer.json") {
+      nlohmann::ordered_json tokenizer = nlohmann::ordered_json::parse(text);
+      nlohmann::ordered_json& vocab = tokenizer["model"]["vocab"];
+      std::swap(vocab["a"], vocab["b"]);
+      content = tokenizer.dump(2) + "\n";
+    }
+    std::ofstream(std::filesystem::path(dir) / name) << content;
+  }
+  return (std::filesystem::path(dir) / "tokenizer.json").string();
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +150,9 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
 
 // The resolved deck as INI text, loadable again by load_run_config.
 std::string resolved_deck_ini(const RunConfig& cfg);
+// "section.key" -> value of an INI text as resolved_deck_ini writes it; Error naming `where` and the
+// line for a line that is neither a section header nor `key = value`.
+std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);
 
 // Levenshtein distance, for the nearest-key hint.
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -282,6 +282,8 @@ class HfTextTokenizer final : public Tokenizer {
   HfTokenizer tok_;
 };
 
+// The tokenizer.json file data.tokenizer names: the path, or a folder's tokenizer.json.
+std::string tokenizer_file(const std::string& tokenizer_json);
 // The tokenizer of a tokenizer.json file (or a folder holding one); empty: the byte tokenizer
 // (RunConfig::tokenizer_json). Error naming the file when it cannot be read or has no EOS token.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json);

@@ -41,6 +41,7 @@ struct CheckpointMeta {
   ModelConfig model;
   std::string deck;          // resolved deck, INI text
   std::string version;       // shardlm version that wrote it
+  std::string tokenizer_hash;  // tokenizer_hash() of the run's tokenizer; empty: written before it was kept
 };
 
 // One vector of an optimizer's per-element fp32 state (AdamW: exp_avg, exp_avg_sq), sliced as the
@@ -99,6 +100,18 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 // "" when the checkpoint's model config equals `run`'s, else the first key that differs with both
 // values ("num_heads is 4 in the checkpoint, 8 in this run").
 std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run);
+
+// What a checkpoint keeps of a run's tokenizer (tokenizer_json as RunConfig::tokenizer_json gives
+// it): "byte" for the byte tokenizer, else the FNV-1a 64 hash of the bytes of its tokenizer.json, as
+// 16 hex digits. Error naming the file when it cannot be read.
+std::string tokenizer_hash(const std::string& tokenizer_json);
+// data.tokenizer of a checkpoint's deck with the hash the file keeps, as `shardlm inspect` shows it:
+// "byte", "/m/tokenizer.json (hash 1f0e2d3c4b5a6978)" or "... (no hash kept: ...)".
+std::string checkpoint_tokenizer_text(const CheckpointMeta& checkpoint);
+// "" when the checkpoint was written with the tokenizer whose hash is `run_hash` (or keeps no hash),
+// else data.tokenizer's source and short hash on both sides ("data.tokenizer is byte in the
+// checkpoint, /m/tokenizer.json (hash 1f0e2d3c4b5a) in this run").
+std::string tokenizer_difference(const CheckpointMeta& checkpoint, const RunConfig& run, const std::string& run_hash);
 
 // Resolves checkpoint.resume: None -> ""; Auto -> the first of resume_candidates(dir), or "" when
 // there is none yet; Path -> resolve_checkpoint_path(path).

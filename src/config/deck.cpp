@@ -1,5 +1,6 @@
 // load_run_config: the INI deck and the --section.key overrides read with Boost.Program_options,
-// turned into a checked RunConfig; resolved_deck_ini writes the result back as a deck.
+// turned into a checked RunConfig; resolved_deck_ini writes the result back as a deck, and
+// ini_values reads such a deck's values back (a checkpoint stores one).
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <fstream>
@@ -205,6 +206,25 @@ std::string resolved_deck_ini(const RunConfig& cfg) {
     os << k.name.substr(dot + 1) << " = " << k.get(cfg) << '\n';
   }
   return os.str();
+}
+
+std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where) {
+  std::map<std::string, std::string> values;
+  std::string section, line;
+  std::istringstream in(text);
+  for (size_t number = 1; std::getline(in, line); ++number) {
+    line = trim(line.substr(0, line.find_first_of("#;")));
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      SHARDLM_CHECK(line.back() == ']', where, ":", number, ": a section header needs a closing ']'");
+      section = trim(line.substr(1, line.size() - 2));
+      continue;
+    }
+    const size_t eq = line.find('=');
+    SHARDLM_CHECK(eq != std::string::npos, where, ":", number, ": expected 'key = value', got '", line, "'");
+    values[section + "." + trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+  }
+  return values;
 }
 
 }  // namespace shardlm

@@ -69,12 +69,16 @@ std::map<std::string, std::string> ByteTokenizer::hf_files(int model_max_length)
           {"special_tokens_map.json", special.dump(2) + "\n"}};
 }
 
+std::string tokenizer_file(const std::string& tokenizer_json) {
+  std::error_code ec;
+  return std::filesystem::is_directory(tokenizer_json, ec)
+             ? (std::filesystem::path(tokenizer_json) / "tokenizer.json").string()
+             : tokenizer_json;
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json) {
   if (tokenizer_json.empty()) return std::make_unique<ByteTokenizer>();
-  std::error_code ec;
-  const std::string file = std::filesystem::is_directory(tokenizer_json, ec)
-                               ? (std::filesystem::path(tokenizer_json) / "tokenizer.json").string()
-                               : tokenizer_json;
+  const std::string file = tokenizer_file(tokenizer_json);
   auto tok = std::make_unique<HfTextTokenizer>(HfTokenizer::from_file(file));
   SHARDLM_CHECK(tok->eos_id() >= 0, "tokenizer ", file,
                 ": no EOS token found (tokenizer_config.json eos_token, or a token named </s>, <|endoftext|>, ...)");

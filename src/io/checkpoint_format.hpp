@@ -1,5 +1,6 @@
 // Private to the checkpoint code: names in the HDF5 file, the index record, the slice checksum,
-// an owning HDF5 handle, HDF5 error text, and agreeing on an error across ranks before throwing.
+// a content hash, an owning HDF5 handle, HDF5 error text, and agreeing on an error across ranks
+// before throwing.
 #pragma once
 
 #include <hdf5.h>
@@ -23,6 +24,8 @@ constexpr const char* kIndexDataset = "index";
 constexpr const char* kChecksumAttr = "checksum";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kParamDataset = "param";
+// The one root attribute a checkpoint may lack: files written before it was kept load without it.
+constexpr const char* kTokenizerHashAttr = "tokenizer_hash";
 
 inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
 inline std::string vector_path(const std::string& unit, const std::string& name) {
@@ -31,7 +34,7 @@ inline std::string vector_path(const std::string& unit, const std::string& name)
 
 // The attributes of CheckpointMeta after format_version (which each side handles first), in the
 // order they are written: f(name, field) for each; model_config is the ModelConfig, stored as its
-// HF config.json text.
+// HF config.json text; tokenizer_hash (kTokenizerHashAttr) comes last.
 template <typename Meta, typename F>
 void for_each_meta_attribute(Meta& m, F&& f) {
   f("step", m.step);
@@ -50,6 +53,7 @@ void for_each_meta_attribute(Meta& m, F&& f) {
   f("model_config", m.model);
   f("version", m.version);
   f("deck", m.deck);
+  f(kTokenizerHashAttr, m.tokenizer_hash);
 }
 
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.
@@ -124,6 +128,22 @@ inline uint64_t checksum_slice(const float* data, size_t begin, size_t count) {
   for (size_t i = 4 * quads; i < count; ++i) s0 += checksum_term(begin + i, data[i]);
   return s0 + s1 + s2 + s3;
 }
+
+// ---- content hash -------------------------------------------------------------------------------
+
+// FNV-1a, 64-bit: fast and stable (not cryptographic), to tell contents apart. add_bytes over a
+// whole text gives the standard FNV-1a 64 of those bytes.
+class Fnv1a {
+ public:
+  void add(uint64_t x) { hash_ = (hash_ ^ x) * 0x100000001b3ULL; }  // the FNV prime
+  void add_bytes(const std::string& bytes) {
+    for (char c : bytes) add(static_cast<unsigned char>(c));
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ULL;  // the offset basis
+};
 
 // ---- HDF5 handles and errors ------------------------------------------------------------------
 

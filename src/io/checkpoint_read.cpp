@@ -82,7 +82,10 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
   get_attribute(file, "format_version", path, m.format_version);
   SHARDLM_CHECK(m.format_version == kCheckpointFormatVersion, "checkpoint ", path, " has format_version ",
                 m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
-  for_each_meta_attribute(m, [&](const char* name, auto& field) { get_attribute(file, name, path, field); });
+  for_each_meta_attribute(m, [&](const char* name, auto& field) {
+    if (std::strcmp(name, kTokenizerHashAttr) == 0 && H5Aexists(file, name) == 0) return;  // an older file
+    get_attribute(file, name, path, field);
+  });
   return m;
 }
 

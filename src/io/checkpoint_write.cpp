@@ -309,8 +309,7 @@ Fault fault_from_env() {
 
 // Rank-local checks of the caller's units; the hash lets ranks compare their unit lists cheaply.
 uint64_t check_units(const std::vector<UnitState>& units) {
-  uint64_t hash = 1469598103934665603ULL;  // FNV-1a
-  auto mix_in = [&](uint64_t x) { hash = (hash ^ x) * 1099511628211ULL; };
+  Fnv1a hash;
   for (size_t i = 0; i < units.size(); ++i) {
     const UnitState& u = units[i];
     SHARDLM_CHECK(u.layout, "save_checkpoint: unit ", i, " has no layout");
@@ -328,16 +327,16 @@ uint64_t check_units(const std::vector<UnitState>& units) {
       SHARDLM_CHECK(t.shape.size() <= static_cast<size_t>(kIndexMaxDims), "save_checkpoint: tensor ", t.name,
                     " has more than ", kIndexMaxDims, " dimensions");
     }
-    for (char c : u.layout->name) mix_in(static_cast<unsigned char>(c));
-    mix_in(u.numel);
+    hash.add_bytes(u.layout->name);
+    hash.add(u.numel);
     // Every rank must create the same datasets in the same order (collective HDF5 metadata).
     for (const StateVector& v : u.optimizer) {
-      for (char c : v.name) mix_in(static_cast<unsigned char>(c));
-      mix_in(0x100);  // a separator no character equals: [ab, c] and [a, bc] differ
+      hash.add_bytes(v.name);
+      hash.add(0x100);  // a separator no character equals: [ab, c] and [a, bc] differ
     }
-    mix_in(u.optimizer.size());
+    hash.add(u.optimizer.size());
   }
-  return hash;
+  return hash.value();
 }
 
 // Collective: every rank must pass the same units, and the primary slices must cover each unit.

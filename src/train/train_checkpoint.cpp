@@ -6,8 +6,9 @@
 
 namespace shardlm {
 
-CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
-                         long optimizer_steps, int world_size, int shard_group_size, double loss_scale) {
+CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash, long step, int epoch,
+                         long epoch_step, long total_steps, long optimizer_steps, int world_size,
+                         int shard_group_size, double loss_scale) {
   CheckpointMeta m;
   m.step = step;
   m.epoch = epoch;
@@ -25,6 +26,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_
   m.model = cfg.model;
   m.deck = resolved_deck_ini(cfg);
   m.version = SHARDLM_VERSION;
+  m.tokenizer_hash = tokenizer_hash;
   return m;
 }
 

@@ -14,9 +14,11 @@
 
 namespace shardlm {
 
-// Position of the run for the metadata: `epoch_step` steps done in `epoch`.
-CheckpointMeta make_meta(const RunConfig& cfg, long step, int epoch, long epoch_step, long total_steps,
-                         long optimizer_steps, int world_size, int shard_group_size, double loss_scale);
+// Position of the run for the metadata: `epoch_step` steps done in `epoch`; tokenizer_hash is the
+// run's (TrainRun::tokenizer_hash).
+CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash, long step, int epoch,
+                         long epoch_step, long total_steps, long optimizer_steps, int world_size,
+                         int shard_group_size, double loss_scale);
 
 // Writes a checkpoint and logs its size and write bandwidth.
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,

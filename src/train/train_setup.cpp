@@ -17,11 +17,13 @@ namespace shardlm {
 
 namespace {
 
-// Resume needs the model a checkpoint was written for: Error naming the first key that differs.
-void check_same_model(const std::string& path, const CheckpointMeta& meta, const RunConfig& cfg) {
-  const std::string diff = model_config_difference(meta.model, cfg.model);
+// Resume needs the model and tokenizer a checkpoint was written for: Error naming the first key
+// that differs.
+void check_same_model(const std::string& path, const CheckpointMeta& meta, const TrainRun& run) {
+  std::string diff = model_config_difference(meta.model, run.cfg.model);
+  if (diff.empty()) diff = tokenizer_difference(meta, run.cfg, run.tokenizer_hash);
   SHARDLM_CHECK(diff.empty(), "checkpoint ", path, " holds another model than this run's: ", diff,
-                " (resume needs the model it was written for; checkpoint.load_weights_only = true "
+                " (resume needs the model and tokenizer it was written for; checkpoint.load_weights_only = true "
                 "starts a new run from its weights)");
 }
 
@@ -73,6 +75,7 @@ void load_inputs(TrainRun& run) {
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
+  run.tokenizer_hash = tokenizer_hash(cfg.tokenizer_json());
   SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
                 " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
                 cfg.model.vocab_size);
@@ -221,7 +224,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
       try {
         CheckpointReader reader(run->resume_path);
         const CheckpointMeta& meta = reader.meta();
-        check_same_model(run->resume_path, meta, cfg);
+        check_same_model(run->resume_path, meta, *run);
         run->resume_step = meta.step;
         if (meta.step >= run->total_steps) {
           const std::vector<std::string> damage = reader.verify();
@@ -275,7 +278,7 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
       CheckpointMeta meta = load_checkpoint(
           candidates[i], run.engine->checkpoint_state(), run.comm,
           [&](const CheckpointMeta& m) {
-            if (!weights_only) check_same_model(candidates[i], m, cfg);
+            if (!weights_only) check_same_model(candidates[i], m, run);
           },
           weights_only);
       run.resume_path = candidates[i];
@@ -326,6 +329,10 @@ TrainPosition load_start(TrainRun& run) {
     pos.epoch_step = meta.epoch_step;
     run.say(concat("resumed from ", run.resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
                    meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
+    if (meta.tokenizer_hash.empty())
+      run.say(concat("warning: ", run.resume_path, " was written before checkpoints kept their tokenizer's hash: "
+                     "its tokenizer could not be compared with this run's (data.tokenizer = ",
+                     tokenizer_text(cfg.data), ")"));
   } else if (!cfg.model.dir.empty() && !model.lora()) {
     const PretrainedLoad load = load_pretrained(cfg.model.dir, model.checkpoint_state(), run.comm);
     model.checkpoint_loaded();

@@ -12,7 +12,7 @@ namespace {
 // Writes a checkpoint of the run at `pos`; returns its path.
 std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
   run.progress.hide();
-  CheckpointMeta meta = make_meta(run.cfg, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
+  CheckpointMeta meta = make_meta(run.cfg, run.tokenizer_hash, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
                                   run.engine->optimizer_steps(), run.world, run.engine->groups().shard->size(),
                                   pos.loss_scale);
   const CheckpointWriteStats stats = write_checkpoint(run.cfg, meta, run.engine->checkpoint_state(), run.comm, run.echo);

@@ -39,8 +39,5 @@ bool first_rank_of_launch();
 bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);
 // "80GiB", "40 GB", "16000MiB", "5GB" in bytes (a unit is required); Error naming `flag` otherwise.
 size_t parse_size(const std::string& flag, const std::string& text);
-// "section.key" -> value of an INI text as resolved_deck_ini writes it; Error naming `where` and the
-// line for a line that is neither a section header nor `key = value`.
-std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);
 
 }  // namespace shardlm

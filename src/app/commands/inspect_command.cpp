@@ -84,6 +84,7 @@ void print_checkpoint(const std::string& path) {
     std::printf(", kv heads %d, intermediate %d%s", m.model.kv_heads(), m.model.ffn_size(),
                 m.model.tie_word_embeddings ? ", tied head" : "");
   std::printf("\n");
+  std::printf("tokenizer    %s\n", checkpoint_tokenizer_text(m).c_str());
   print_optimizer_state(reader.unit_states());
   std::printf("\n%-48s %-16s %12s %14s %14s\n", "tensor", "shape", "numel", "l2 norm", "max |x|");
   size_t total = 0;

@@ -1,7 +1,6 @@
 // What the commands' flags share: `--flag VALUE` / `--flag=VALUE`, and sizes such as 80GiB.
 #include <cctype>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 #include "commands.hpp"
@@ -46,35 +45,6 @@ size_t parse_size(const std::string& flag, const std::string& text) {
     }
   throw Error(concat(flag, " = '", text, "': ", unit.empty() ? "give a unit" : "unknown unit '" + unit + "'",
                      " (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. 80GiB)"));
-}
-
-namespace {
-
-std::string trim_blanks(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") + 1 - b);
-}
-
-}  // namespace
-
-std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where) {
-  std::map<std::string, std::string> values;
-  std::string section, line;
-  std::istringstream in(text);
-  for (size_t number = 1; std::getline(in, line); ++number) {
-    line = trim_blanks(line.substr(0, line.find_first_of("#;")));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      SHARDLM_CHECK(line.back() == ']', where, ":", number, ": a section header needs a closing ']'");
-      section = trim_blanks(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    SHARDLM_CHECK(eq != std::string::npos, where, ":", number, ": expected 'key = value', got '", line, "'");
-    values[section + "." + trim_blanks(line.substr(0, eq))] = trim_blanks(line.substr(eq + 1));
-  }
-  return values;
 }
 
 }  // namespace shardlm

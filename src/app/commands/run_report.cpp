@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
