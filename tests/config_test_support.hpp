@@ -17,4 +17,5 @@ inline std::ostream& boost_test_print_type(std::ostream& os, BackwardPrefetch p)
 inline std::ostream& boost_test_print_type(std::ostream& os, EvalGenerate g) { return os << eval_generate_name(g); }
 inline std::ostream& boost_test_print_type(std::ostream& os, ResumeFrom r) { return os << resume_from_name(r); }
 inline std::ostream& boost_test_print_type(std::ostream& os, BackendKind b) { return os << backend_name(b); }
+inline std::ostream& boost_test_print_type(std::ostream& os, LoraInit i) { return os << lora_init_name(i); }
 }  // namespace shardlm

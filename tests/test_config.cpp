@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "config_test_support.hpp"
 #include "temp_dir.hpp"
@@ -134,7 +135,8 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.fsdp.strategy == ShardingStrategy::FullShard);
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
-  BOOST_TEST(c.resolved.size() == 62u);  // grows with each new key; the list below pins the order
+  // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
+  BOOST_TEST(c.resolved.size() == 63u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -424,6 +426,194 @@ BOOST_AUTO_TEST_CASE(resolved_round_trip) {
   BOOST_TEST(b.model.init_std == a.model.init_std);
   BOOST_TEST(b.train.seed == 123456789012345ull);
   BOOST_TEST(b.run.dir == "my run/x");
+}
+
+// ---- [lora] and model.adapter ----------------------------------------------------------------
+
+// kBase's shape as a Llama (untied head): its linear modules are q_proj .. down_proj.
+const std::string kLlama = kBase + "[model]\narch = llama\n";
+
+BOOST_AUTO_TEST_CASE(lora_is_off_without_its_section) {
+  const RunConfig c = load(kLlama);
+  BOOST_TEST(!c.model.lora.enabled());
+  for (const auto& kv : c.resolved) BOOST_TEST(kv.first.rfind("lora.", 0) != 0u, kv.first);
+  BOOST_TEST(resolved_deck_ini(c).find("[lora]") == std::string::npos);
+  BOOST_TEST(value_of(c, "model.adapter") == "");
+}
+
+BOOST_AUTO_TEST_CASE(lora_section_values) {
+  const RunConfig c = load(kLlama + "[lora]\nr = 16\nalpha = 32\ndropout = 0.05\n"
+                                    "target_modules = v_proj, q_proj ,q_proj\nmodules_to_save = lm_head,embed_tokens\n"
+                                    "use_rslora = true\ninit = Gaussian\n");
+  const LoraConfig& l = c.model.lora;
+  BOOST_TEST(l.enabled());
+  BOOST_TEST(l.r == 16);
+  BOOST_TEST(l.alpha == 32.0);
+  BOOST_TEST(l.dropout == 0.05);
+  // Resolved in the family's order, the repeat gone.
+  BOOST_TEST((l.target_modules == std::vector<std::string>{"q_proj", "v_proj"}));
+  BOOST_TEST((l.modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"}));
+  BOOST_TEST(l.use_rslora);
+  BOOST_TEST(l.init == LoraInit::Gaussian);
+  BOOST_TEST(value_of(c, "lora.target_modules") == "q_proj,v_proj");
+  BOOST_TEST(value_of(c, "lora.modules_to_save") == "embed_tokens,lm_head");
+  BOOST_TEST(value_of(c, "lora.init") == "gaussian");
+}
+
+BOOST_AUTO_TEST_CASE(lora_defaults_and_all_linear) {
+  const RunConfig c = load(kLlama + "[lora]\nr = 8\ntarget_modules = all-linear\n");
+  const LoraConfig& l = c.model.lora;
+  BOOST_TEST(l.alpha == 8.0);  // PEFT's default
+  BOOST_TEST(l.dropout == 0.0);
+  BOOST_TEST(l.modules_to_save.empty());
+  BOOST_TEST(!l.use_rslora);
+  BOOST_TEST(l.init == LoraInit::Kaiming);
+  BOOST_TEST((l.target_modules ==
+              std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  // all-linear with names beside it is still every module, in order.
+  BOOST_TEST(load(kLlama, {"--lora.r=2", "--lora.target_modules=down_proj,all-linear"}).model.lora.target_modules ==
+             l.target_modules);
+  // BLOOM's modules.
+  const RunConfig b = load(kBase + "[lora]\nr = 4\ntarget_modules = all-linear\n");
+  BOOST_TEST((b.model.lora.target_modules ==
+              std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}));
+  BOOST_TEST((load(kBase, {"--lora.r=4", "--lora.target_modules=dense,query_key_value",
+                           "--lora.modules_to_save=word_embeddings"})
+                  .model.lora.modules_to_save == std::vector<std::string>{"word_embeddings"}));
+}
+
+BOOST_AUTO_TEST_CASE(lora_refusals) {
+  const auto refused = [&](const std::string& deck, const std::vector<std::string>& overrides = {}) {
+    return error_of([&] { load(deck, overrides); });
+  };
+  // The section without its required keys.
+  BOOST_TEST(has(refused(kLlama + "[lora]\ntarget_modules = q_proj\n"), "lora.r is required"));
+  BOOST_TEST(has(refused(kLlama, {"--lora.alpha=16"}), "lora.r is required"));
+  BOOST_TEST(has(refused(kLlama + "[lora]\nr = 8\n"), "lora.target_modules is required"));
+  BOOST_TEST(has(refused(kLlama + "[lora]\nr = 8\ntarget_modules =\n"), "lora.target_modules is required"));
+  // Values out of range.
+  const std::string lora = kLlama + "[lora]\ntarget_modules = q_proj\n";
+  BOOST_TEST(has(refused(lora, {"--lora.r=0"}), "lora.r = 0: must be >= 1"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.alpha=0"}), "lora.alpha = 0: must be > 0"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.dropout=1"}), "lora.dropout = 1: must be in [0, 1)"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.dropout=-0.1"}), "lora.dropout = -0.1: must be in [0, 1)"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.use_rslora=maybe"}), "lora.use_rslora = 'maybe'"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.init=pissa"}), "lora.init = 'pissa': must be kaiming or gaussian"));
+  // Names the family does not have, each message listing the valid ones.
+  BOOST_TEST(has(refused(kLlama + "[lora]\nr = 8\ntarget_modules = q_proj,foo\n"),
+                 "lora.target_modules = 'q_proj,foo': 'foo' is not a linear module of llama: must be q_proj, k_proj, "
+                 "v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear"));
+  BOOST_TEST(has(refused(kBase + "[lora]\nr = 8\ntarget_modules = q_proj\n"),
+                 "'q_proj' is not a linear module of bloom: must be query_key_value, dense, dense_h_to_4h, "
+                 "dense_4h_to_h or all-linear"));
+  BOOST_TEST(has(refused(kLlama + "[lora]\nr = 8\ntarget_modules = q_proj,,v_proj\n"),
+                 "lora.target_modules = 'q_proj,,v_proj': an empty name"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=classifier"}),
+                 "lora.modules_to_save = 'classifier': 'classifier' is not a module of llama that can be trained "
+                 "whole: must be embed_tokens or lm_head"));
+  // A tied head is no module of its own: BLOOM's always, Llama's with tie_word_embeddings.
+  const std::string bloom_head = refused(kBase + "[lora]\nr = 8\ntarget_modules = dense\nmodules_to_save = lm_head\n");
+  BOOST_TEST(has(bloom_head, "lora.modules_to_save = 'lm_head': this bloom model's LM head is tied to its embedding"));
+  BOOST_TEST(has(bloom_head, "only word_embeddings is supported"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=lm_head", "--model.tie_word_embeddings=true"}),
+                 "this llama model's LM head is tied to its embedding matrix"));
+  // Unknown keys of the section get the nearest one.
+  BOOST_TEST(has(refused(kLlama + "[lora]\nrank = 8\n"), "unknown key 'lora.rank'"));
+  BOOST_TEST(has(refused(kLlama, {"--lora.alpah=16"}), "(did you mean 'lora.alpha'?)"));
+}
+
+// The family comes from model.dir's config.json: the names are checked against it, not the deck's arch.
+BOOST_AUTO_TEST_CASE(lora_names_checked_against_model_dir) {
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
+  const std::string deck = "[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\ntokenizer = byte\n"
+                           "[train]\nbatch_size = 8\n[lora]\nr = 4\n";
+  BOOST_TEST(load(deck + "target_modules = all-linear\n").model.lora.target_modules.size() == 7u);
+  BOOST_TEST(has(error_of([&] { load(deck + "target_modules = query_key_value\n"); }),
+                 "'query_key_value' is not a linear module of llama"));
+}
+
+BOOST_AUTO_TEST_CASE(lora_resolved_round_trip) {
+  const RunConfig a = load(kLlama + "[lora]\nr = 16\nalpha = 0.1\ndropout = 0.05\ntarget_modules = all-linear\n"
+                                    "modules_to_save = lm_head\nuse_rslora = yes\ninit = gaussian\n");
+  const std::string ini = resolved_deck_ini(a);
+  BOOST_TEST(has(ini, "[lora]\nr = 16\nalpha = 0.1\ndropout = 0.05\n"
+                      "target_modules = q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj\n"
+                      "modules_to_save = lm_head\nuse_rslora = true\ninit = gaussian\n"));
+  const RunConfig b = load_run_config(tmp.write("other/resolved.ini", ini), {}, 1);
+  BOOST_TEST((a.resolved == b.resolved));
+  BOOST_TEST(resolved_deck_ini(b) == ini);
+  BOOST_TEST(b.model.lora.alpha == 0.1);
+  BOOST_TEST((b.model.lora.target_modules == a.model.lora.target_modules));
+  BOOST_TEST(b.model.lora.init == LoraInit::Gaussian);
+}
+
+// An adapter folder in the temp dir: adapter_config.json as given (PEFT's format), a placeholder
+// adapter_model.safetensors (the deck only checks that it is there; read_peft_adapter reads it).
+std::string adapter_folder(const TempDir& tmp, const std::string& config) {
+  tmp.write("adapter/adapter_model.safetensors", "");
+  tmp.write("adapter/adapter_config.json", config);
+  return (tmp.root / "adapter").string();
+}
+
+std::string peft_llama_config() {
+  std::ifstream in(SHARDLM_SOURCE_DIR "/tests/fixtures/peft/adapter_config_llama.json");
+  BOOST_REQUIRE(in);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+BOOST_AUTO_TEST_CASE(model_adapter_supplies_lora) {
+  const std::string adapter = adapter_folder(tmp, peft_llama_config());
+  const RunConfig c = load(kLlama + "[model]\nadapter = adapter\n");
+  BOOST_TEST(c.model.adapter == adapter);
+  const LoraConfig& l = c.model.lora;
+  BOOST_TEST(l.r == 16);
+  BOOST_TEST(l.alpha == 32.0);
+  BOOST_TEST(l.dropout == 0.05);
+  BOOST_TEST((l.target_modules == std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+  BOOST_TEST(l.modules_to_save.empty());
+  // The resolved deck holds the adapter's values and loads again.
+  const std::string ini = resolved_deck_ini(c);
+  BOOST_TEST(has(ini, "adapter = " + adapter + "\n"));
+  BOOST_TEST(has(ini, "[lora]\nr = 16\nalpha = 32\n"));
+  const RunConfig again = load_run_config(tmp.write("other/resolved.ini", ini), {}, 1);
+  BOOST_TEST((again.resolved == c.resolved));
+
+  // The deck may repeat the adapter's values (in any order), and set how training goes on.
+  const RunConfig same = load(kLlama + "[model]\nadapter = adapter\n[lora]\nr = 16\ntarget_modules = down_proj,v_proj,q_proj\n"
+                                       "dropout = 0.1\n");
+  BOOST_TEST(same.model.lora.dropout == 0.1);
+  BOOST_TEST(same.model.lora.r == 16);
+  // Not change what the adapters are: each disagreement names both values.
+  const auto refused = [&](const std::string& override_) {
+    return error_of([&] { load(kLlama + "[model]\nadapter = adapter\n", {override_}); });
+  };
+  const std::string file = adapter + "/adapter_config.json";
+  BOOST_TEST(has(refused("--lora.r=8"), "lora.r = 8 disagrees with " + file + " (r = 16)"));
+  BOOST_TEST(has(refused("--lora.alpha=16"), "lora.alpha = 16 disagrees with " + file + " (lora_alpha = 32)"));
+  BOOST_TEST(has(refused("--lora.target_modules=q_proj"),
+                 "lora.target_modules = 'q_proj' disagrees with " + file + " (target_modules = 'q_proj,v_proj,down_proj')"));
+  BOOST_TEST(has(refused("--lora.modules_to_save=lm_head"), "(modules_to_save = '')"));
+  BOOST_TEST(has(refused("--lora.use_rslora=true"), "(use_rslora = false)"));
+  // The adapter's names are checked against the model's family too.
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\nadapter = adapter\n"); }),
+                 file + ": target_modules: 'v_proj' is not a linear module of bloom"));
+}
+
+BOOST_AUTO_TEST_CASE(model_adapter_folder_refusals) {
+  BOOST_TEST(has(error_of([&] { load(kLlama + "[model]\nadapter = nowhere\n"); }),
+                 "model.adapter = 'nowhere': is not a directory"));
+  tmp.write("half/adapter_config.json", peft_llama_config());
+  BOOST_TEST(has(error_of([&] { load(kLlama + "[model]\nadapter = half\n"); }),
+                 "model.adapter = 'half': has no adapter_model.safetensors (a PEFT adapter directory is expected)"));
+  adapter_folder(tmp, "{\"peft_type\": \"LORA\", \"r\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}");
+  BOOST_TEST(has(error_of([&] { load(kLlama + "[model]\nadapter = adapter\n"); }), "use_dora = true: not supported"));
+  // Beside model.dir (the adapter is not part of the shape).
+  adapter_folder(tmp, peft_llama_config());
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
+  const RunConfig c = load("[model]\ndir = " + dir + "\nadapter = adapter\n[data]\ntrain_file = train.json\n"
+                           "tokenizer = byte\n[train]\nbatch_size = 8\n");
+  BOOST_TEST(c.model.lora.r == 16);
+  BOOST_TEST(c.model.num_kv_heads == 2);
 }
 
 BOOST_AUTO_TEST_CASE(demo_deck_loads) {

@@ -309,10 +309,17 @@ BOOST_AUTO_TEST_CASE(deck_reference_documents_every_key_and_its_default) {
              "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"
              "[data]\ntrain_file = train.json\n[train]\nbatch_size = 1\n");
   const RunConfig cfg = load_run_config((tmp.root / "deck.ini").string(), {}, 1);
+  // [lora] is in the resolved deck only when given: its defaults are those of a deck with its required keys.
+  const RunConfig lora = load_run_config((tmp.root / "deck.ini").string(),
+                                         {"--lora.r=8", "--lora.target_modules=query_key_value"}, 1);
+  std::vector<std::pair<std::string, std::string>> resolved = cfg.resolved;
+  for (const auto& [key, value] : lora.resolved)
+    if (key.rfind("lora.", 0) == 0) resolved.emplace_back(key, value);
   const std::set<std::string> required = {"model.vocab_size", "model.hidden_size", "model.num_layers",
-                                          "model.num_heads", "data.train_file", "train.batch_size"};
+                                          "model.num_heads", "data.train_file", "train.batch_size",
+                                          "lora.r", "lora.target_modules"};
   std::set<std::string> keys;
-  for (const auto& [key, value] : cfg.resolved) {
+  for (const auto& [key, value] : resolved) {
     keys.insert(key);
     auto row = documented.find(key);
     if (row == documented.end()) {

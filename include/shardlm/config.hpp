@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -30,11 +31,14 @@ const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | 
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
 const char* attention_impl_name(AttentionImpl a);          // model.attention: "auto" | "cudnn" | "native"
+const char* lora_init_name(LoraInit i);                    // lora.init: "kaiming" | "gaussian"
 
 // The model's shape; with `dir` (a Hugging Face model directory) the shape comes from its
-// config.json and the initial weights from its safetensors files.
+// config.json and the initial weights from its safetensors files. LoRA (ModelConfig::lora) is the
+// deck's [lora] section, or `adapter`'s adapter_config.json when it names a PEFT adapter to start from.
 struct ModelSection : ModelConfig {
   std::string dir;
+  std::string adapter;  // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors); empty: none
 };
 
 struct DataSection {
@@ -156,5 +160,40 @@ std::map<std::string, std::string> ini_values(const std::string& text, const std
 
 // Levenshtein distance, for the nearest-key hint.
 size_t edit_distance(const std::string& a, const std::string& b);
+
+// ---- LoRA against the model's family (src/config/lora.cpp) ----------------------------------
+
+// The modules lora.modules_to_save may name for this model, in its layout's order: its embedding
+// ("embed_tokens", BLOOM's "word_embeddings") and, when the head is not tied to it, "lm_head".
+std::vector<std::string> lora_savable_modules(const ModelConfig& cfg);
+// `names` (lora.target_modules as written; "all-linear" = every linear module) as the family's
+// module names in its order, repeats removed. Error "WHERE: ..." listing the valid names for a name
+// the family does not have.
+std::vector<std::string> resolve_lora_targets(const ModelConfig& cfg, const std::vector<std::string>& names,
+                                              const std::string& where);
+// The same for lora.modules_to_save (lora_savable_modules' names; lm_head of a tied head is refused
+// saying why).
+std::vector<std::string> resolve_lora_saved_modules(const ModelConfig& cfg, const std::vector<std::string>& names,
+                                                    const std::string& where);
+// The first of r, alpha, target_modules, modules_to_save and use_rslora on which `run` (the deck's
+// values) and `file` (an adapter's) disagree, as "lora.r = 8 disagrees with SOURCE (r = 16)"; ""
+// when they agree. Only the deck keys `compared` says yes to are compared.
+std::string lora_disagreement(const LoraConfig& run, const LoraConfig& file, const std::string& source,
+                              const std::function<bool(const std::string& deck_key)>& compared);
+
+// ---- PEFT's adapter_config.json (src/config/peft_config.cpp) --------------------------------
+
+struct PeftAdapterConfig {
+  LoraConfig lora;
+  std::string base_model_name_or_path;  // empty when the file says null
+};
+// Reads an adapter_config.json of a LoRA adapter for `model`'s family (`source` names the file in
+// errors). What shardlm does not compute as PEFT would (DoRA, biases, per-layer ranks, layer
+// selection, a regular expression for target_modules, ...) is refused naming the key.
+PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, const std::string& source,
+                                                const ModelConfig& model);
+// adapter_config.json as PEFT 0.21 saves a CAUSAL_LM LoRA adapter of cfg.lora (keys sorted, indent 2);
+// an empty base_model_name_or_path is written as null.
+std::string peft_adapter_config_json(const ModelConfig& cfg, const std::string& base_model_name_or_path);
 
 }  // namespace shardlm

@@ -22,6 +22,7 @@ const char* eval_generate_name(EvalGenerate g) { return name_of(g, {"end", "epoc
 const char* resume_from_name(ResumeFrom r) { return name_of(r, {"none", "auto", "path"}); }
 const char* backend_name(BackendKind b) { return name_of(b, {"cpu", "cuda"}); }
 const char* attention_impl_name(AttentionImpl a) { return name_of(a, {"auto", "cudnn", "native"}); }
+const char* lora_init_name(LoraInit i) { return name_of(i, {"kaiming", "gaussian"}); }
 
 std::string tokenizer_text(const DataSection& data) {
   return data.tokenizer == TokenizerSource::File ? data.tokenizer_file : tokenizer_source_name(data.tokenizer);

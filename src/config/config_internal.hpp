@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ bool parse_bool(const std::string& key, const std::string& text);
 // "must be a, b or c" ("only a is supported" for one choice): the complaint for a word not in the list.
 std::string choice_list(const std::vector<std::string>& choices);
 
+// A comma-separated list of names, each trimmed ("" = none); Error naming `key` for an empty name
+// between commas. join_names writes it back.
+std::vector<std::string> split_names(const std::string& key, const std::string& text);
+std::string join_names(const std::vector<std::string>& names);
+
 // Shortest text that parses back to exactly the same value.
 std::string format_double(double v);
 std::string format_float(float v);
@@ -41,15 +47,25 @@ struct KeySpec {
   std::function<void(RunConfig&, const std::string& text, const std::string& base_dir)> set;
   // The field's current value as text that `set` accepts back unchanged.
   std::function<std::string(const RunConfig&)> get;
+  // Whether the resolved deck holds the key: null, always; a section that is off unless given (lora) says so here.
+  bool (*written)(const RunConfig&) = nullptr;
 };
 
-// Every key, in the fixed order of `resolved` (sections model, data, train, fsdp, eval, dist, checkpoint, run).
+// Every key, in the fixed order of `resolved` (sections model, lora, data, train, fsdp, eval, dist, checkpoint, run).
 const std::vector<KeySpec>& key_table();
 
 // The nearest valid key to an unknown one, or "" when none is close enough to suggest.
 std::string nearest_key(const std::string& unknown);
 
+// Whether the resolved deck (and RunConfig::resolved) holds key k for this config.
+inline bool in_resolved_deck(const KeySpec& k, const RunConfig& cfg) { return !k.written || k.written(cfg); }
+
 // Checks between keys and against the world size (checks.cpp).
 void check_run_config(const RunConfig& cfg, int world_size);
+
+// [lora] and model.adapter once the model's shape is known (lora.cpp): the adapter's
+// adapter_config.json read, the deck's lora.* keys (`given`: those the deck or command line set)
+// checked against it or required without it, the module names resolved for the family.
+void resolve_run_lora(RunConfig& cfg, const std::set<std::string>& given);
 
 }  // namespace shardlm::config_detail

@@ -151,13 +151,15 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   const bool from_model_dir = vm.count("model.dir") > 0 && !trim(vm["model.dir"].as<std::string>()).empty();
   auto is_shape_key = [](const std::string& name) {
     return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std" &&
-           name != "model.attention";
+           name != "model.attention" && name != "model.adapter";
   };
 
   RunConfig cfg;
   cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
+  std::set<std::string> given_lora;  // [lora] is on when any of its keys is given
   for (const KeySpec& k : key_table()) {
     bool given = vm.count(k.name) > 0;
+    if (given && k.name.rfind("lora.", 0) == 0) given_lora.insert(k.name);
     std::string text = given ? vm[k.name].as<std::string>() : "";
     if (from_model_dir && is_shape_key(k.name)) {
       if (given)
@@ -176,9 +178,11 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     const std::string text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
     const float init_std = cfg.model.init_std;
     const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
+    const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
     static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text, path);
     cfg.model.init_std = init_std;
     cfg.model.attention = attention;
+    cfg.model.lora = lora;
   }
   if (cfg.data.tokenizer == TokenizerSource::Auto) {
     cfg.data.tokenizer_file = cfg.tokenizer_json();
@@ -188,8 +192,10 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   }
   cfg.model.packed = cfg.data.packing;  // the model sizes its packed-attention buffers by it
   check_run_config(cfg, world_size);
+  resolve_run_lora(cfg, given_lora);  // needs the model's family and a valid shape, known only now
 
-  for (const KeySpec& k : key_table()) cfg.resolved.emplace_back(k.name, k.get(cfg));
+  for (const KeySpec& k : key_table())
+    if (in_resolved_deck(k, cfg)) cfg.resolved.emplace_back(k.name, k.get(cfg));
   return cfg;
 }
 
@@ -200,6 +206,7 @@ std::string resolved_deck_ini(const RunConfig& cfg) {
   os << "# shardlm " SHARDLM_VERSION ": resolved input deck\n";
   std::string section;
   for (const KeySpec& k : key_table()) {
+    if (!in_resolved_deck(k, cfg)) continue;
     size_t dot = k.name.find('.');
     std::string sec = k.name.substr(0, dot);
     if (sec != section) os << "\n[" << (section = sec) << "]\n";

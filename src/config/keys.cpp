@@ -157,21 +157,37 @@ static KeySpec flag_key(const char* name, F field) {
           [=](const RunConfig& c) { return std::string(field(c) ? "true" : "false"); }};
 }
 
-// A Hugging Face model directory (config.json and safetensors weights), relative to the deck's
-// folder; the model's shape then comes from its config.json.
-static KeySpec model_dir_key(const char* name) {
+// A folder of a known kind, relative to the deck's folder: it must hold each of `files` ("has no
+// FILE (KIND is expected)" otherwise). model.dir: a Hugging Face model directory, whose config.json
+// then gives the model's shape; model.adapter: a PEFT adapter directory.
+template <typename F>
+static KeySpec folder_key(const char* name, F field, std::vector<std::string> files, const char* kind) {
   return {name, nullptr,
           [=](RunConfig& c, const std::string& t, const std::string& base_dir) {
             std::string v = trim(t);
-            if (v.empty()) return void(c.model.dir.clear());
+            if (v.empty()) return void(field(c).clear());
             const std::string abs = fs::absolute(fs::path(base_dir) / fs::path(v)).lexically_normal().string();
             std::error_code ec;
             if (!fs::is_directory(abs, ec)) bad_value(name, quoted(t), "is not a directory (" + abs + ")");
-            if (!fs::exists(fs::path(abs) / "config.json", ec))
-              bad_value(name, quoted(t), "has no config.json (a Hugging Face model directory is expected)");
-            c.model.dir = abs;
+            for (const std::string& f : files)
+              if (!fs::exists(fs::path(abs) / f, ec)) bad_value(name, quoted(t), concat("has no ", f, " (", kind, " is expected)"));
+            field(c) = abs;
           },
-          [](const RunConfig& c) { return c.model.dir; }};
+          [=](const RunConfig& c) { return field(c); }};
+}
+
+// Comma-separated module names, kept as written until the model's family resolves them (lora.cpp).
+template <typename F>
+static KeySpec names_key(const char* name, F field) {
+  return {name, nullptr,
+          [=](RunConfig& c, const std::string& t, const std::string&) { field(c) = split_names(name, t); },
+          [=](const RunConfig& c) { return join_names(field(c)); }};
+}
+
+// A key of [lora]: the resolved deck holds it only when LoRA is on (an absent [lora] is LoRA off).
+static KeySpec lora_key(KeySpec k) {
+  k.written = [](const RunConfig& c) { return c.model.lora.enabled(); };
+  return k;
 }
 
 // "auto" (model.dir's tokenizer.json, else byte), "byte", or a tokenizer.json file or a folder
@@ -230,7 +246,18 @@ static std::vector<KeySpec> build_table() {
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),
       enum_key("model.attention", SHARDLM_FIELD(model.attention),
                {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native}, attention_impl_name),
-      model_dir_key("model.dir"),
+      folder_key("model.dir", SHARDLM_FIELD(model.dir), {"config.json"}, "a Hugging Face model directory"),
+      folder_key("model.adapter", SHARDLM_FIELD(model.adapter), {"adapter_config.json", "adapter_model.safetensors"},
+                 "a PEFT adapter directory"),
+
+      lora_key(int_key("lora.r", SHARDLM_FIELD(model.lora.r), 1, "must be >= 1")),
+      lora_key(double_key("lora.alpha", SHARDLM_FIELD(model.lora.alpha), positive)),
+      lora_key(double_key("lora.dropout", SHARDLM_FIELD(model.lora.dropout), unit_interval)),
+      lora_key(names_key("lora.target_modules", SHARDLM_FIELD(model.lora.target_modules))),
+      lora_key(names_key("lora.modules_to_save", SHARDLM_FIELD(model.lora.modules_to_save))),
+      lora_key(flag_key("lora.use_rslora", SHARDLM_FIELD(model.lora.use_rslora))),
+      lora_key(enum_key("lora.init", SHARDLM_FIELD(model.lora.init), {LoraInit::Kaiming, LoraInit::Gaussian},
+                        lora_init_name)),
 
       enum_key("data.format", SHARDLM_FIELD(data.format), {DataFormat::Squad, DataFormat::Jsonl, DataFormat::Chess},
                data_format_name),

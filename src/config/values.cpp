@@ -88,6 +88,25 @@ bool parse_bool(const std::string& key, const std::string& text) {
   bad_value(key, quoted(text), "must be true or false (or 1/0, yes/no)");
 }
 
+std::vector<std::string> split_names(const std::string& key, const std::string& text) {
+  std::vector<std::string> names;
+  if (trim(text).empty()) return names;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = text.find(',', begin);
+    names.push_back(trim(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin)));
+    if (names.back().empty()) bad_value(key, quoted(text), "an empty name in the list (names are separated by commas)");
+    if (comma == std::string::npos) return names;
+    begin = comma + 1;
+  }
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& n : names) text += (text.empty() ? "" : ",") + n;
+  return text;
+}
+
 // Shortest round-trip text (C++17 to_chars): "0.002", "1e-08", never a lossy "%g".
 template <typename T>
 static std::string format_real(T v) {

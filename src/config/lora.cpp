@@ -1,0 +1,140 @@
+// [lora] against the model's family: module names resolved and checked, and model.adapter's
+// adapter_config.json merged with the deck's lora.* keys.
+#include <algorithm>
+#include <filesystem>
+
+#include "config_internal.hpp"
+
+namespace shardlm {
+
+using namespace config_detail;
+
+namespace {
+
+constexpr const char* kAllLinear = "all-linear";
+
+// `names` as `valid`'s names in valid's order, repeats removed (with all_linear, "all-linear" picks
+// every one); a name not in `valid` is an Error "WHERE: WHY(name): must be ..." listing the valid names.
+template <typename Why>
+std::vector<std::string> pick_in_order(const std::vector<std::string>& valid, const std::vector<std::string>& names,
+                                       const std::string& where, bool all_linear, Why why) {
+  std::vector<std::string> listed = valid;
+  if (all_linear) listed.emplace_back(kAllLinear);
+  std::vector<bool> picked(valid.size(), false);
+  for (const std::string& name : names) {
+    if (all_linear && name == kAllLinear) {
+      picked.assign(valid.size(), true);
+      continue;
+    }
+    const auto it = std::find(valid.begin(), valid.end(), name);
+    if (it == valid.end()) throw Error(concat(where, ": ", why(name), ": ", choice_list(listed)));
+    picked[static_cast<size_t>(it - valid.begin())] = true;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < valid.size(); ++i)
+    if (picked[i]) out.push_back(valid[i]);
+  return out;
+}
+
+// The values the deck and an adapter must agree on, as the deck and adapter_config.json name them.
+struct LoraField {
+  const char* deck_key;
+  const char* peft_key;
+  std::string (*text)(const LoraConfig&);
+};
+
+const LoraField kAgreedFields[] = {
+    {"lora.r", "r", [](const LoraConfig& l) { return std::to_string(l.r); }},
+    {"lora.alpha", "lora_alpha", [](const LoraConfig& l) { return format_double(l.alpha); }},
+    {"lora.target_modules", "target_modules", [](const LoraConfig& l) { return quoted(join_names(l.target_modules)); }},
+    {"lora.modules_to_save", "modules_to_save", [](const LoraConfig& l) { return quoted(join_names(l.modules_to_save)); }},
+    {"lora.use_rslora", "use_rslora", [](const LoraConfig& l) { return std::string(l.use_rslora ? "true" : "false"); }},
+};
+
+}  // namespace
+
+std::vector<std::string> lora_savable_modules(const ModelConfig& cfg) {
+  // The root's [vocab, hidden] matrices: the embedding, and the LM head where it is a tensor of its own.
+  std::vector<std::string> names;
+  const std::vector<int64_t> matrix = {cfg.vocab_size, cfg.hidden_size};
+  const std::string suffix = ".weight";
+  const std::vector<UnitLayout> layout = model_layout(cfg);
+  for (const TensorSpec& t : layout.front().tensors)
+    if (t.shape == matrix && t.name.size() > suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(t.name.substr(0, t.name.size() - suffix.size()));
+  return names;
+}
+
+std::vector<std::string> resolve_lora_targets(const ModelConfig& cfg, const std::vector<std::string>& names,
+                                              const std::string& where) {
+  std::vector<std::string> valid;
+  for (const LinearModule& m : linear_modules(cfg)) valid.push_back(m.name);
+  return pick_in_order(valid, names, where, true, [&](const std::string& name) {
+    return concat("'", name, "' is not a linear module of ", cfg.arch);
+  });
+}
+
+std::vector<std::string> resolve_lora_saved_modules(const ModelConfig& cfg, const std::vector<std::string>& names,
+                                                    const std::string& where) {
+  const std::vector<std::string> valid = lora_savable_modules(cfg);
+  return pick_in_order(valid, names, where, false, [&](const std::string& name) {
+    if (name == "lm_head" && cfg.tied_head())
+      return concat("this ", cfg.arch, " model's LM head is tied to its embedding matrix, so it is not a ",
+                    "module of its own (", valid.front(), " trains both)");
+    return concat("'", name, "' is not a module of ", cfg.arch, " that can be trained whole");
+  });
+}
+
+std::string lora_disagreement(const LoraConfig& run, const LoraConfig& file, const std::string& source,
+                              const std::function<bool(const std::string& deck_key)>& compared) {
+  for (const LoraField& f : kAgreedFields) {
+    if (!compared(f.deck_key)) continue;
+    const std::string mine = f.text(run), theirs = f.text(file);
+    if (mine != theirs) return concat(f.deck_key, " = ", mine, " disagrees with ", source, " (", f.peft_key, " = ", theirs, ")");
+  }
+  return "";
+}
+
+namespace config_detail {
+
+void resolve_run_lora(RunConfig& cfg, const std::set<std::string>& given) {
+  LoraConfig& lora = cfg.model.lora;
+  const auto where = [&](const char* key, const std::vector<std::string>& names) {
+    return concat(key, " = ", quoted(join_names(names)));
+  };
+  if (given.count("lora.target_modules"))
+    lora.target_modules = resolve_lora_targets(cfg.model, lora.target_modules, where("lora.target_modules", lora.target_modules));
+  if (given.count("lora.modules_to_save"))
+    lora.modules_to_save =
+        resolve_lora_saved_modules(cfg.model, lora.modules_to_save, where("lora.modules_to_save", lora.modules_to_save));
+
+  if (cfg.model.adapter.empty()) {
+    if (given.empty()) return;  // no [lora]: LoRA is off
+    if (!given.count("lora.r"))
+      throw Error("lora.r is required when the deck has a [lora] section (set it there or with --lora.r=N; "
+                  "without [lora] LoRA is off)");
+    if (lora.target_modules.empty())
+      throw Error("lora.target_modules is required when the deck has a [lora] section (set it there or with "
+                  "--lora.target_modules=NAMES: the model's linear module names, comma-separated, or all-linear)");
+    return;
+  }
+
+  // model.adapter: its adapter_config.json says what the adapters are; the deck may repeat it, not change it.
+  const std::string path = (std::filesystem::path(cfg.model.adapter) / "adapter_config.json").string();
+  const PeftAdapterConfig file = peft_adapter_config_from_json(
+      read_input_file(path, "model.adapter's adapter_config.json", kMaxDeckBytes), path, cfg.model);
+  const std::string disagreement =
+      lora_disagreement(lora, file.lora, path, [&](const std::string& key) { return given.count(key) > 0; });
+  if (!disagreement.empty())
+    throw Error(concat(disagreement, ": model.adapter's adapter_config.json decides it; remove the key from the ",
+                       "deck or make it agree"));
+  const LoraConfig deck = lora;
+  lora = file.lora;
+  // How to go on training, not what the adapters are: the deck's word where it has one.
+  if (given.count("lora.dropout")) lora.dropout = deck.dropout;
+  if (given.count("lora.init")) lora.init = deck.init;
+}
+
+}  // namespace config_detail
+}  // namespace shardlm

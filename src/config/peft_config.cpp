@@ -1,0 +1,187 @@
+// PEFT's adapter_config.json for a LoRA adapter: read into a LoraConfig (refusing what shardlm does
+// not compute as PEFT would) and written as PEFT 0.21 saves a CAUSAL_LM adapter.
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "config_internal.hpp"
+
+namespace shardlm {
+
+using namespace config_detail;
+using Json = nlohmann::json;  // std::map-backed: dump() sorts the keys, as PEFT's json.dumps(sort_keys=True)
+
+namespace {
+
+// Keys read for what they say, and keys whose value changes nothing shardlm computes (the base
+// model's revision, PEFT's version, ...). Every other key must be off: null, false, {} or [].
+const std::set<std::string> kReadKeys = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout",
+                                         "target_modules", "modules_to_save", "use_rslora", "init_lora_weights",
+                                         "bias", "ensure_weight_tying", "base_model_name_or_path"};
+const std::set<std::string> kIgnoredKeys = {"revision", "inference_mode", "peft_version", "auto_mapping",
+                                            "megatron_core", "qalora_group_size"};
+
+// init_lora_weights values that only say how A and B started; others (PiSSA, OLoRA, CorDA, LoftQ,
+// LoRA-GA) also change the base weights, which the adapter then needs.
+const std::set<std::string> kInitOnlyAdapters = {"gaussian", "eva", "orthogonal"};
+
+bool is_off(const Json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || ((v.is_object() || v.is_array()) && v.empty());
+}
+
+// One adapter_config.json's keys, each error naming the file and the key.
+class PeftConfigReader {
+ public:
+  PeftConfigReader(const std::string& text, const std::string& source) : source_(source) {
+    try {
+      j_ = Json::parse(text);
+    } catch (const Json::exception& e) {
+      throw Error(concat(source, ": not valid JSON: ", e.what()));
+    }
+    SHARDLM_CHECK(j_.is_object(), source, ": expected a JSON object (PEFT's adapter_config.json)");
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    const auto it = j_.find(key);
+    throw Error(concat(source_, ": ", key, it == j_.end() ? "" : " = " + clip_for_message(it->dump(), 80), ": ", why));
+  }
+  // The key's value, or nullptr when it is absent or null (PEFT's default then applies).
+  const Json* get(const std::string& key) const {
+    const auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool flag(const std::string& key, bool fallback) const {
+    const Json* v = get(key);
+    if (v && !v->is_boolean()) fail(key, "must be true or false");
+    return v ? v->get<bool>() : fallback;
+  }
+  double number(const std::string& key, double fallback) const {
+    const Json* v = get(key);
+    if (v && !(v->is_number() && std::isfinite(v->get<double>()))) fail(key, "must be a finite number");
+    return v ? v->get<double>() : fallback;
+  }
+  // A list of names, or null / absent for none.
+  std::vector<std::string> names(const std::string& key) const {
+    std::vector<std::string> out;
+    const Json* v = get(key);
+    if (!v) return out;
+    if (!v->is_array()) fail(key, "must be a list of module names");
+    for (const Json& n : *v) {
+      if (!n.is_string()) fail(key, "must be a list of module names");
+      out.push_back(n.get<std::string>());
+    }
+    return out;
+  }
+  // Every key neither read nor ignored must be off.
+  void check_the_rest() const {
+    for (const auto& [key, value] : j_.items())
+      if (!kReadKeys.count(key) && !kIgnoredKeys.count(key) && !is_off(value))
+        fail(key, "not supported by shardlm, which computes plain LoRA (W x + scale B A x on every targeted "
+                  "module of every layer); it reads this key only when it is off (null, false, {} or [])");
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  Json j_;
+};
+
+// target_modules: a list of the family's module names, or "all-linear"; PEFT's other string form is
+// a regular expression, which shardlm does not match.
+std::vector<std::string> read_targets(const PeftConfigReader& in, const ModelConfig& model) {
+  const Json* v = in.get("target_modules");
+  if (!v) in.fail("target_modules", "missing: shardlm needs the module names listed (PEFT's choice by architecture is not read)");
+  std::vector<std::string> names;
+  if (v->is_string()) {
+    if (v->get<std::string>() != "all-linear")
+      in.fail("target_modules", "a regular expression is not supported: list the module names instead");
+    names = {"all-linear"};
+  } else {
+    names = in.names("target_modules");
+  }
+  return resolve_lora_targets(model, names, concat(in.source(), ": target_modules"));
+}
+
+}  // namespace
+
+PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, const std::string& source,
+                                                const ModelConfig& model) {
+  const PeftConfigReader in(json_text, source);
+  const Json* type = in.get("peft_type");
+  if (!type || *type != "LORA") in.fail("peft_type", "a LoRA adapter (\"LORA\") is expected");
+  if (const Json* task = in.get("task_type"); task && *task != "CAUSAL_LM")
+    in.fail("task_type", "a causal language model's adapter (\"CAUSAL_LM\") is expected");
+  if (const Json* bias = in.get("bias"); bias && *bias != "none")
+    in.fail("bias", "only \"none\" is supported (shardlm keeps every base bias frozen)");
+  in.check_the_rest();
+
+  PeftAdapterConfig out;
+  LoraConfig& lora = out.lora;
+  const Json* r = in.get("r");
+  if (!r || !r->is_number_integer() || r->get<int64_t>() < 1 || r->get<int64_t>() > (1 << 20))
+    in.fail("r", "must be an integer >= 1");
+  lora.r = static_cast<int>(r->get<int64_t>());
+  lora.alpha = in.number("lora_alpha", 8);
+  if (!(lora.alpha > 0)) in.fail("lora_alpha", "must be > 0");
+  lora.dropout = in.number("lora_dropout", 0);
+  if (!(lora.dropout >= 0 && lora.dropout < 1)) in.fail("lora_dropout", "must be in [0, 1)");
+  lora.use_rslora = in.flag("use_rslora", false);
+  lora.target_modules = read_targets(in, model);
+  lora.modules_to_save =
+      resolve_lora_saved_modules(model, in.names("modules_to_save"), concat(source, ": modules_to_save"));
+  // A tied head trained through its embedding: PEFT keeps the two one matrix only when told to.
+  if (model.tied_head() && !lora.modules_to_save.empty() && !in.flag("ensure_weight_tying", false))
+    in.fail("ensure_weight_tying", concat("must be true when modules_to_save names the embedding of a model whose LM "
+                                          "head is tied to it (PEFT otherwise trains the embedding apart from the "
+                                          "head, which shardlm keeps one matrix)"));
+
+  if (const Json* init = in.get("init_lora_weights")) {
+    const bool init_only = init->is_boolean() || (init->is_string() && kInitOnlyAdapters.count(init->get<std::string>()));
+    if (!init_only)
+      in.fail("init_lora_weights", "not supported: this initialisation also changes the base weights, which the "
+                                   "adapter then needs (shardlm applies it to the unchanged base model)");
+    lora.init = *init == "gaussian" ? LoraInit::Gaussian : LoraInit::Kaiming;
+  }
+  if (const Json* base = in.get("base_model_name_or_path")) {
+    if (!base->is_string()) in.fail("base_model_name_or_path", "must be a string or null");
+    out.base_model_name_or_path = base->get<std::string>();
+  }
+  return out;
+}
+
+std::string peft_adapter_config_json(const ModelConfig& cfg, const std::string& base_model_name_or_path) {
+  const LoraConfig& lora = cfg.lora;
+  SHARDLM_CHECK(lora.enabled() && !lora.target_modules.empty(), "adapter_config.json: LoRA is off (lora.r = ",
+                lora.r, "), there is no adapter to describe");
+  const Json none = nullptr;
+  Json j = Json::object();
+  // PEFT 0.21's keys, at the values of a plain LoRA adapter; the ones shardlm sets below.
+  for (const char* key : {"alora_invocation_tokens", "arrow_config", "auto_mapping", "corda_config", "eva_config",
+                          "exclude_modules", "kasa_config", "layer_replication", "layers_pattern", "layers_to_transform",
+                          "lora_ga_config", "megatron_config", "monteclora_config", "revision", "target_parameters",
+                          "trainable_token_indices", "use_bdlora", "velora_config"})
+    j[key] = none;
+  for (const char* key : {"alpha_pattern", "loftq_config", "rank_pattern"}) j[key] = Json::object();
+  for (const char* key : {"fan_in_fan_out", "lora_bias", "use_dora", "use_qalora"}) j[key] = false;
+  j["bias"] = "none";
+  j["inference_mode"] = true;
+  j["megatron_core"] = "megatron.core";
+  j["peft_type"] = "LORA";
+  j["qalora_group_size"] = 16;
+  j["task_type"] = "CAUSAL_LM";
+
+  j["base_model_name_or_path"] = base_model_name_or_path.empty() ? none : Json(base_model_name_or_path);
+  j["r"] = lora.r;
+  // An integer alpha as PEFT's int field holds it ("lora_alpha": 16), another as a float.
+  const bool whole = lora.alpha == std::floor(lora.alpha) && std::fabs(lora.alpha) < 1e15;
+  j["lora_alpha"] = whole ? Json(static_cast<int64_t>(lora.alpha)) : Json(lora.alpha);
+  j["lora_dropout"] = lora.dropout;
+  j["target_modules"] = lora.target_modules;
+  j["modules_to_save"] = lora.modules_to_save.empty() ? none : Json(lora.modules_to_save);
+  j["ensure_weight_tying"] = cfg.tied_head() && !lora.modules_to_save.empty();
+  j["use_rslora"] = lora.use_rslora;
+  j["init_lora_weights"] = lora.init == LoraInit::Gaussian ? Json("gaussian") : Json(true);
+  return j.dump(2);
+}
+
+}  // namespace shardlm
