@@ -6,6 +6,7 @@
 #include <set>
 
 #include "hf_export_files.hpp"
+#include "staged_folder.hpp"
 #include "shardlm/io.hpp"
 
 namespace shardlm {
@@ -83,31 +84,6 @@ bool weight_file_name(const std::string& name) {
   return std::regex_match(name, weight_file);
 }
 
-void rename_or_throw(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::rename(from, to, ec);
-  SHARDLM_CHECK(!ec, "export: cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
-}
-
-// Puts the complete export in STAGING in the place of DIR. Files of an existing DIR that this export
-// did not write (a file put beside the weights) move into it first, so they stay; an earlier
-// export's weights, and whatever this export wrote anew, go with the old folder.
-void install_export(const fs::path& staging, const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return rename_or_throw(staging, dir);
-  SHARDLM_CHECK(fs::is_directory(dir), "export: ", dir.string(), " exists and is not a folder");
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (!weight_file_name(name) && !fs::exists(staging / name)) rename_or_throw(entry.path(), staging / name);
-  }
-  const fs::path old = fs::path(dir.string() + ".old");
-  fs::remove_all(old, ec);
-  rename_or_throw(dir, old);
-  rename_or_throw(staging, dir);
-  fs::remove_all(old, ec);
-  SHARDLM_CHECK(!ec, "export: cannot remove the earlier export moved to ", old.string(), ": ", ec.message());
-}
-
 // Writes config.json, the weights and the files of hf_export_files.cpp into the new folder ROOT.
 void write_export(const fs::path& root, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                   const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
@@ -145,24 +121,10 @@ void write_export(const fs::path& root, const ModelConfig& cfg, const std::vecto
 void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
                      const HfExportOptions& options) {
-  SHARDLM_CHECK(!dir.empty(), "export: no output folder given");
   // Everything is written into a folder beside DIR, which takes DIR's place once complete: a failed
-  // export leaves DIR as it was.
-  fs::path target = fs::path(dir);
-  if (!target.has_filename()) target = target.parent_path();  // "out/" -> "out"
-  const fs::path staging = fs::path(target.string() + ".partial");
-  std::error_code ec;
-  fs::remove_all(staging, ec);  // left by an export that was killed
-  fs::create_directories(staging, ec);
-  SHARDLM_CHECK(!ec && fs::is_directory(staging), "export: cannot create the folder ", staging.string(),
-                ec ? ": " + ec.message() : std::string());
-  try {
-    write_export(staging, cfg, tensors, fetch, options);
-    install_export(staging, target);
-  } catch (...) {
-    fs::remove_all(staging, ec);
-    throw;
-  }
+  // export leaves DIR as it was. An earlier export's weights go; other files put beside them stay.
+  write_staged_folder(dir, "export", weight_file_name,
+                      [&](const fs::path& staging) { write_export(staging, cfg, tensors, fetch, options); });
 }
 
 }  // namespace shardlm
