@@ -262,4 +262,36 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
                      const HfExportOptions& options = {});
 
+// ---- PEFT LoRA adapters (src/io/peft_adapter.cpp) -------------------------------------------
+
+// One tensor of an adapter by its layout name (lora_layout's "layers.0.self_attn.q_proj.lora_A.weight",
+// or model_layout's root tensor of a module of lora.modules_to_save, "lm_head.weight").
+struct AdapterTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // fp32, row-major
+};
+
+// The tensors an adapter of cfg.lora holds, in file order: every unit's lora_layout tensors, then
+// the root tensors of the modules of lora.modules_to_save (whole, as PEFT saves them).
+std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg);
+
+// Writes DIR/adapter_config.json (peft_adapter_config_json) and DIR/adapter_model.safetensors (fp32,
+// PEFT's names: peft_tensor_name), the folder written beside DIR and put in its place when complete,
+// as PeftModel.from_pretrained(base, DIR) loads it. `tensors` must be exactly peft_adapter_tensors(cfg),
+// in any order, with their shapes and finite values (Error naming the tensor otherwise).
+void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const std::string& base_model_name_or_path,
+                        const std::vector<AdapterTensor>& tensors);
+
+struct PeftAdapter {
+  LoraConfig lora;                      // from adapter_config.json
+  std::string base_model_name_or_path;  // as the file says it; empty when null
+  std::map<std::string, AdapterTensor> tensors;  // by layout name: exactly peft_adapter_tensors of `lora`
+};
+// Reads a PEFT LoRA adapter directory for the base model of shape `cfg`: adapter_config.json
+// (peft_adapter_config_from_json; when cfg.lora is on it must agree with it) and
+// adapter_model.safetensors (F32, BF16 or F16), whose tensors must be exactly those the config
+// implies, with their shapes and finite values. Errors name the file and the key or tensor.
+PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
+
 }  // namespace shardlm

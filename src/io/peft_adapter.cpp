@@ -1,0 +1,143 @@
+// PEFT LoRA adapter directories: adapter_config.json and adapter_model.safetensors, written as PEFT
+// saves them and read back checked against the model they adapt.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "shardlm/io.hpp"
+#include "staged_folder.hpp"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+// The files of an adapter folder that a new adapter replaces (PEFT's older pickle weights too, which
+// would otherwise stand beside the new ones); others (a README, a tokenizer) stay.
+bool adapter_file(const std::string& name) {
+  return name == kConfigFile || name == kWeightsFile || name == "adapter_model.bin";
+}
+
+std::string shape_of(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (int64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + s + "]";
+}
+
+// One tensor as a source names and holds it.
+struct FoundTensor {
+  const std::string& name;
+  const std::vector<int64_t>& shape;
+  const std::vector<float>& values;
+};
+
+// `found` must hold each tensor of `expected` (by the names the source uses) exactly once, with its
+// shape and finite values, and nothing else. `where` names the source in the Error.
+void check_tensors(const std::string& where, const std::map<std::string, const TensorSpec*>& expected,
+                   const std::vector<FoundTensor>& found) {
+  std::set<std::string> seen;
+  std::vector<std::string> extra;
+  for (const FoundTensor& t : found) {
+    const auto it = expected.find(t.name);
+    if (it == expected.end()) {
+      extra.push_back(t.name);
+      continue;
+    }
+    const TensorSpec& spec = *it->second;
+    SHARDLM_CHECK(seen.insert(t.name).second, where, ": tensor '", t.name, "' is given twice");
+    SHARDLM_CHECK(t.shape == spec.shape, where, ": tensor '", t.name, "' has shape ", shape_of(t.shape),
+                  ", the adapter's config implies ", shape_of(spec.shape));
+    SHARDLM_CHECK(t.values.size() == spec.numel, where, ": tensor '", t.name, "' has ", t.values.size(),
+                  " values for a shape of ", spec.numel);
+    const auto bad = std::find_if(t.values.begin(), t.values.end(), [](float x) { return !std::isfinite(x); });
+    SHARDLM_CHECK(bad == t.values.end(), where, ": tensor '", t.name, "' holds ", *bad, " at element ",
+                  bad - t.values.begin(), " (every value of an adapter must be finite)");
+  }
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t i = 0; i < extra.size() && i < 5; ++i) list += (i ? ", '" : "'") + extra[i] + "'";
+    throw Error(concat(where, ": ", extra.size(), " tensor(s) that the adapter's config has no place for: ", list,
+                       extra.size() > 5 ? ", ..." : "", " (another model's adapter, or another r or target_modules?)"));
+  }
+  for (const auto& [name, spec] : expected)
+    SHARDLM_CHECK(seen.count(name), where, ": tensor '", name, "' is missing (the adapter's config implies it, ",
+                  shape_of(spec->shape), ")");
+}
+
+}  // namespace
+
+std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg) {
+  std::vector<TensorSpec> out;
+  for (const UnitLayout& unit : lora_layout(cfg)) out.insert(out.end(), unit.tensors.begin(), unit.tensors.end());
+  if (cfg.lora.modules_to_save.empty()) return out;
+  const UnitLayout root = model_layout(cfg).front();
+  for (const std::string& module : cfg.lora.modules_to_save)
+    for (const TensorSpec& t : root.tensors)
+      if (t.name.rfind(module + ".", 0) == 0) out.push_back(t);
+  return out;
+}
+
+void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const std::string& base_model_name_or_path,
+                        const std::vector<AdapterTensor>& tensors) {
+  const std::string config = peft_adapter_config_json(cfg, base_model_name_or_path);
+  const std::vector<TensorSpec> specs = peft_adapter_tensors(cfg);
+  std::map<std::string, const TensorSpec*> expected;
+  for (const TensorSpec& s : specs) expected[s.name] = &s;
+  std::vector<FoundTensor> found;
+  std::map<std::string, const AdapterTensor*> given;
+  for (const AdapterTensor& t : tensors) {
+    found.push_back({t.name, t.shape, t.values});
+    given[t.name] = &t;
+  }
+  check_tensors(concat("adapter ", dir), expected, found);
+
+  std::vector<SafetensorsEntry> entries;  // in peft_adapter_tensors' order, under PEFT's names
+  for (const TensorSpec& s : specs) entries.push_back({peft_tensor_name(cfg, s.name), s.shape, given.at(s.name)->values});
+  write_staged_folder(dir, "adapter", adapter_file, [&](const fs::path& staging) {
+    replace_file((staging / kConfigFile).string(), config, "adapter config");
+    write_safetensors((staging / kWeightsFile).string(), entries);
+  });
+}
+
+PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg) {
+  const fs::path root(dir);
+  std::error_code ec;
+  SHARDLM_CHECK(fs::is_directory(root, ec), "PEFT adapter ", dir, " is not a directory");
+  const std::string config_path = (root / kConfigFile).string();
+  PeftAdapterConfig file =
+      peft_adapter_config_from_json(read_input_file(config_path, "PEFT adapter config", kMaxDeckBytes), config_path, cfg);
+  if (cfg.lora.enabled()) {
+    const std::string d = lora_disagreement(cfg.lora, file.lora, config_path, [](const std::string&) { return true; });
+    SHARDLM_CHECK(d.empty(), d);
+  }
+  ModelConfig adapted = cfg;
+  adapted.lora = file.lora;
+
+  const std::string weights = (root / kWeightsFile).string();
+  SHARDLM_CHECK(fs::exists(weights, ec), "PEFT adapter ", dir, " has no ", kWeightsFile,
+                fs::exists(root / "adapter_model.bin", ec)
+                    ? " (its adapter_model.bin, PyTorch's pickle format, is not read: save with safe_serialization=True)"
+                    : "");
+  std::vector<SafetensorsEntry> entries = read_safetensors(weights);
+  const std::vector<TensorSpec> specs = peft_adapter_tensors(adapted);
+  std::map<std::string, const TensorSpec*> expected;  // by PEFT's name, as the file has them
+  for (const TensorSpec& s : specs) expected[peft_tensor_name(adapted, s.name)] = &s;
+  std::vector<FoundTensor> found;
+  for (const SafetensorsEntry& e : entries) found.push_back({e.name, e.shape, e.data});
+  check_tensors(weights, expected, found);
+
+  PeftAdapter out;
+  out.lora = file.lora;
+  out.base_model_name_or_path = file.base_model_name_or_path;
+  for (SafetensorsEntry& e : entries) {
+    const TensorSpec& spec = *expected.at(e.name);
+    out.tensors[spec.name] = AdapterTensor{spec.name, spec.shape, std::move(e.data)};
+  }
+  return out;
+}
+
+}  // namespace shardlm

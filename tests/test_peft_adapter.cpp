@@ -1,0 +1,406 @@
+#define BOOST_TEST_MODULE test_peft_adapter
+#include <boost/test/unit_test.hpp>
+// test_peft_adapter: PEFT LoRA adapter folders. adapter_config.json as PEFT 0.21 writes it and a
+// hand-written one in PEFT's format read back; adapter_model.safetensors under PEFT's names; a write
+// read back equal; every refusal of a damaged or mismatched adapter naming the file and the key.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <tuple>
+
+#include "cpu_model_test_support.hpp"
+#include "shardlm/config.hpp"
+#include "shardlm/io.hpp"
+#include "temp_dir.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace shardlm;
+using model_test::tiny_bloom;
+using model_test::tiny_llama;
+using model_test::tiny_qwen2;
+using Json = nlohmann::json;
+
+namespace {
+
+const std::string kFixture = SHARDLM_SOURCE_DIR "/tests/fixtures/peft/adapter_config_llama.json";
+
+ModelConfig with_lora(ModelConfig cfg, std::vector<std::string> targets, std::vector<std::string> saved = {},
+                      int r = 4) {
+  cfg.lora.r = r;
+  cfg.lora.alpha = 8;
+  cfg.lora.target_modules = std::move(targets);
+  cfg.lora.modules_to_save = std::move(saved);
+  return cfg;
+}
+
+const std::vector<std::string> kLlamaLinear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+// The adapter's tensors of `cfg` with random values (B non-zero, as after training).
+std::vector<AdapterTensor> random_adapter(const ModelConfig& cfg, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<AdapterTensor> out;
+  for (const TensorSpec& t : peft_adapter_tensors(cfg))
+    out.push_back({t.name, t.shape, model_test::random_floats(t.numel, rng, 0.5f)});
+  return out;
+}
+
+AdapterTensor& named(std::vector<AdapterTensor>& tensors, const std::string& name) {
+  for (AdapterTensor& t : tensors)
+    if (t.name == name) return t;
+  throw Error("no tensor " + name);
+}
+
+// The fixture's adapter_config.json (PEFT 0.21.2's keys) with `edit` applied.
+std::string fixture_with(const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(read_text_file(kFixture));
+  edit(j);
+  return j.dump(2);
+}
+
+// An adapter folder of `config_text` and these tensors under PEFT's names, written directly (not by
+// write_peft_adapter), in `dtype`.
+std::string adapter_folder(const TempDir& tmp, const std::string& name, const std::string& config_text,
+                           const ModelConfig& cfg, const std::vector<AdapterTensor>& tensors, DType dtype = DType::F32) {
+  const fs::path dir = tmp.root / name;
+  fs::create_directories(dir);
+  std::ofstream(dir / "adapter_config.json") << config_text;
+  std::vector<SafetensorsEntry> entries;
+  for (const AdapterTensor& t : tensors) entries.push_back({peft_tensor_name(cfg, t.name), t.shape, t.values, dtype});
+  write_safetensors((dir / "adapter_model.safetensors").string(), entries);
+  return dir.string();
+}
+
+void check_equal(const PeftAdapter& read, const std::vector<AdapterTensor>& written) {
+  BOOST_TEST(read.tensors.size() == written.size());
+  for (const AdapterTensor& w : written) {
+    BOOST_TEST_CONTEXT(w.name) {
+      const auto it = read.tensors.find(w.name);
+      BOOST_TEST_REQUIRE((it != read.tensors.end()));
+      BOOST_TEST((it->second.shape == w.shape));
+      BOOST_TEST((it->second.values == w.values));
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_tensors_of_an_adapter) {
+  const ModelConfig cfg = with_lora(tiny_llama(), {"v_proj", "q_proj"}, {"lm_head", "embed_tokens"});
+  std::vector<std::string> names;
+  for (const TensorSpec& t : peft_adapter_tensors(cfg)) names.push_back(t.name);
+  const std::vector<std::string> want = {
+      "layers.0.self_attn.q_proj.lora_A.weight", "layers.0.self_attn.q_proj.lora_B.weight",
+      "layers.0.self_attn.v_proj.lora_A.weight", "layers.0.self_attn.v_proj.lora_B.weight",
+      "layers.1.self_attn.q_proj.lora_A.weight", "layers.1.self_attn.q_proj.lora_B.weight",
+      "layers.1.self_attn.v_proj.lora_A.weight", "layers.1.self_attn.v_proj.lora_B.weight",
+      "lm_head.weight",                          "embed_tokens.weight"};
+  BOOST_TEST(names == want, boost::test_tools::per_element());
+  BOOST_TEST((peft_adapter_tensors(cfg).back().shape == std::vector<int64_t>{37, 32}));
+  // BLOOM's embedding is named word_embeddings; its LayerNorm beside it is not part of it.
+  const ModelConfig bloom = with_lora(tiny_bloom(), {"dense"}, {"word_embeddings"});
+  BOOST_TEST(peft_adapter_tensors(bloom).back().name == "word_embeddings.weight");
+  BOOST_TEST(peft_adapter_tensors(bloom).size() == 2u * 2 + 1);
+}
+
+BOOST_AUTO_TEST_CASE(adapter_config_json_as_peft_writes_it) {
+  ModelConfig cfg = with_lora(tiny_llama(), {"all-linear"});
+  cfg.lora.target_modules = kLlamaLinear;
+  cfg.lora.alpha = 16;
+  cfg.lora.dropout = 0.05;
+  const std::string text = peft_adapter_config_json(cfg, "meta-llama/Llama-3.1-8B");
+  // Keys sorted, two-space indent, no newline at the end: json.dumps(indent=2, sort_keys=True).
+  BOOST_TEST(text.rfind("{\n  \"alora_invocation_tokens\": null,\n  \"alpha_pattern\": {},\n", 0) == 0u, text);
+  BOOST_TEST(text.back() == '}');
+  const auto j = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  BOOST_TEST(std::is_sorted(keys.begin(), keys.end()));
+  // Every key PEFT 0.21.2 writes (the fixture's), peft_version aside: shardlm is not PEFT.
+  const Json fixture = Json::parse(read_text_file(kFixture));
+  for (const auto& [k, v] : fixture.items())
+    if (k != "peft_version") BOOST_TEST(j.contains(k), k);
+  BOOST_TEST(keys.size() == fixture.size() - 1);
+
+  BOOST_TEST(j.at("peft_type") == "LORA");
+  BOOST_TEST(j.at("task_type") == "CAUSAL_LM");
+  BOOST_TEST(j.at("r") == 4);
+  BOOST_TEST(j.at("lora_alpha").is_number_integer());
+  BOOST_TEST(j.at("lora_alpha") == 16);
+  BOOST_TEST(j.at("lora_dropout") == 0.05);
+  BOOST_TEST((j.at("target_modules").get<std::vector<std::string>>() == kLlamaLinear));
+  BOOST_TEST(j.at("modules_to_save").is_null());
+  BOOST_TEST(j.at("bias") == "none");
+  BOOST_TEST(j.at("fan_in_fan_out") == false);
+  BOOST_TEST(j.at("inference_mode") == true);
+  BOOST_TEST(j.at("init_lora_weights") == true);
+  BOOST_TEST(j.at("use_rslora") == false);
+  BOOST_TEST(j.at("use_dora") == false);
+  BOOST_TEST(j.at("ensure_weight_tying") == false);
+  BOOST_TEST(j.at("layers_to_transform").is_null());
+  BOOST_TEST(j.at("revision").is_null());
+  BOOST_TEST((j.at("rank_pattern").is_object() && j.at("rank_pattern").empty()));
+  BOOST_TEST(j.at("base_model_name_or_path") == "meta-llama/Llama-3.1-8B");
+
+  cfg.lora.alpha = 0.5;
+  cfg.lora.init = LoraInit::Gaussian;
+  cfg.lora.use_rslora = true;
+  cfg.lora.modules_to_save = {"lm_head"};
+  const Json k = Json::parse(peft_adapter_config_json(cfg, ""));
+  BOOST_TEST(k.at("lora_alpha") == 0.5);
+  BOOST_TEST(k.at("init_lora_weights") == "gaussian");
+  BOOST_TEST(k.at("use_rslora") == true);
+  BOOST_TEST((k.at("modules_to_save").get<std::vector<std::string>>() == std::vector<std::string>{"lm_head"}));
+  BOOST_TEST(k.at("base_model_name_or_path").is_null());
+  // A tied head trained through the embedding: PEFT must keep the two one matrix.
+  const ModelConfig qwen = with_lora(tiny_qwen2(), {"q_proj"}, {"embed_tokens"});
+  BOOST_TEST(Json::parse(peft_adapter_config_json(qwen, "")).at("ensure_weight_tying") == true);
+
+  BOOST_TEST(contains(error_of([&] { peft_adapter_config_json(tiny_llama(), ""); }), "LoRA is off"));
+}
+
+BOOST_AUTO_TEST_CASE(write_then_read_back_equal) {
+  TempDir tmp{"peft"};
+  for (const ModelConfig& cfg : {with_lora(tiny_llama(), kLlamaLinear, {"embed_tokens", "lm_head"}),
+                                 with_lora(tiny_bloom(), {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
+                                           {"word_embeddings"}, 2),
+                                 with_lora(tiny_qwen2(), {"v_proj", "o_proj"}, {}, 3)}) {
+    BOOST_TEST_CONTEXT(cfg.arch) {
+      const std::string dir = (tmp.root / cfg.arch / "adapter").string();
+      const std::vector<AdapterTensor> tensors = random_adapter(cfg, 11);
+      write_peft_adapter(dir, cfg, "base/" + cfg.arch, tensors);
+      BOOST_TEST(fs::exists(fs::path(dir) / "adapter_config.json"));
+      BOOST_TEST(!fs::exists(dir + ".partial"));
+
+      // The weights under PEFT's names, fp32, in the layout's order.
+      SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
+      const std::vector<TensorSpec> specs = peft_adapter_tensors(cfg);
+      BOOST_TEST_REQUIRE(file.tensors().size() == specs.size());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        BOOST_TEST(file.tensors()[i].name == peft_tensor_name(cfg, specs[i].name));
+        BOOST_TEST((file.tensors()[i].dtype == DType::F32));
+      }
+      if (cfg.arch == "llama")
+        BOOST_TEST(file.tensors()[0].name == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+      if (cfg.arch == "bloom")
+        BOOST_TEST(file.tensors().back().name == "base_model.model.transformer.word_embeddings.weight");
+
+      const PeftAdapter read = read_peft_adapter(dir, cfg);
+      BOOST_TEST(read.lora.r == cfg.lora.r);
+      BOOST_TEST(read.lora.alpha == cfg.lora.alpha);
+      BOOST_TEST((read.lora.target_modules == cfg.lora.target_modules));
+      BOOST_TEST((read.lora.modules_to_save == cfg.lora.modules_to_save));
+      BOOST_TEST(read.base_model_name_or_path == "base/" + cfg.arch);
+      check_equal(read, tensors);
+      // A model without LoRA of its own reads the adapter's config as it is.
+      ModelConfig base = cfg;
+      base.lora = LoraConfig{};
+      BOOST_TEST(read_peft_adapter(dir, base).lora.r == cfg.lora.r);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_second_write_replaces_the_adapter_and_keeps_other_files) {
+  TempDir tmp{"peft"};
+  const ModelConfig cfg = with_lora(tiny_llama(), {"q_proj"});
+  const std::string dir = (tmp.root / "adapter").string();
+  write_peft_adapter(dir, cfg, "", random_adapter(cfg, 1));
+  std::ofstream(fs::path(dir) / "README.md") << "notes";
+  std::ofstream(fs::path(dir) / "adapter_model.bin") << "stale pickle";
+  const std::vector<AdapterTensor> second = random_adapter(cfg, 2);
+  write_peft_adapter(dir, cfg, "", second);
+  check_equal(read_peft_adapter(dir, cfg), second);
+  BOOST_TEST(fs::exists(fs::path(dir) / "README.md"));
+  BOOST_TEST(!fs::exists(fs::path(dir) / "adapter_model.bin"));
+  BOOST_TEST(!fs::exists(dir + ".old"));
+  BOOST_TEST(!fs::exists(dir + ".partial"));
+}
+
+// adapter_config.json as PEFT 0.21.2 saves it (tests/fixtures/peft, hand-written in its format: keys
+// sorted, target_modules in a set's order), with weights in bf16 and fp16 beside it.
+BOOST_AUTO_TEST_CASE(a_peft_adapter_config_is_read) {
+  const PeftAdapterConfig c = peft_adapter_config_from_json(read_text_file(kFixture), kFixture, tiny_llama());
+  BOOST_TEST(c.lora.r == 16);
+  BOOST_TEST(c.lora.alpha == 32.0);
+  BOOST_TEST(c.lora.dropout == 0.05);
+  BOOST_TEST((c.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+  BOOST_TEST(c.lora.modules_to_save.empty());
+  BOOST_TEST(!c.lora.use_rslora);
+  BOOST_TEST((c.lora.init == LoraInit::Kaiming));
+  BOOST_TEST(c.base_model_name_or_path == "meta-llama/Llama-3.1-8B");
+  // PEFT's defaults for the keys an older PEFT did not write.
+  const PeftAdapterConfig old = peft_adapter_config_from_json(
+      R"({"peft_type": "LORA", "r": 8, "target_modules": "all-linear", "init_lora_weights": "gaussian"})", "old.json",
+      tiny_llama());
+  BOOST_TEST(old.lora.alpha == 8.0);
+  BOOST_TEST(old.lora.dropout == 0.0);
+  BOOST_TEST((old.lora.target_modules == kLlamaLinear));
+  BOOST_TEST((old.lora.init == LoraInit::Gaussian));
+  BOOST_TEST(old.base_model_name_or_path.empty());
+
+  TempDir tmp{"peft"};
+  ModelConfig cfg = with_lora(tiny_llama(), {"q_proj", "v_proj", "down_proj"}, {}, 16);
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    std::vector<AdapterTensor> tensors = random_adapter(cfg, 5);
+    const std::string dir = adapter_folder(tmp, dtype_name(dtype), read_text_file(kFixture), cfg, tensors, dtype);
+    for (AdapterTensor& t : tensors) round_to(dtype, t.values.data(), t.values.size());
+    const PeftAdapter read = read_peft_adapter(dir, tiny_llama());
+    BOOST_TEST(read.lora.alpha == 32.0);
+    check_equal(read, tensors);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
+  const ModelConfig llama = tiny_llama();
+  const auto refusal = [&](const std::function<void(Json&)>& edit, const ModelConfig& model) {
+    return error_of([&] { peft_adapter_config_from_json(fixture_with(edit), "A/adapter_config.json", model); });
+  };
+  // Each message names the file and the key.
+  const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
+      {[](Json& j) { j["peft_type"] = "LOHA"; }, "A/adapter_config.json: peft_type = \"LOHA\": a LoRA adapter"},
+      {[](Json& j) { j.erase("peft_type"); }, "A/adapter_config.json: peft_type: a LoRA adapter"},
+      {[](Json& j) { j["task_type"] = "SEQ_CLS"; }, "task_type = \"SEQ_CLS\": a causal language model's adapter"},
+      {[](Json& j) { j["bias"] = "lora_only"; }, "bias = \"lora_only\": only \"none\" is supported"},
+      {[](Json& j) { j["fan_in_fan_out"] = true; }, "A/adapter_config.json: fan_in_fan_out = true: not supported"},
+      {[](Json& j) { j["layers_to_transform"] = {0}; }, "layers_to_transform = [0]: not supported"},
+      {[](Json& j) { j["rank_pattern"] = {{"q_proj", 8}}; }, "rank_pattern = {\"q_proj\":8}: not supported"},
+      {[](Json& j) { j["alpha_pattern"] = {{"q_proj", 8}}; }, "alpha_pattern = {\"q_proj\":8}: not supported"},
+      {[](Json& j) { j["use_dora"] = true; }, "use_dora = true: not supported"},
+      {[](Json& j) { j["lora_bias"] = true; }, "lora_bias = true: not supported"},
+      {[](Json& j) { j["exclude_modules"] = {"q_proj"}; }, "exclude_modules = [\"q_proj\"]: not supported"},
+      {[](Json& j) { j["a_future_option"] = {{"on", true}}; }, "a_future_option = {\"on\":true}: not supported"},
+      {[](Json& j) { j["target_modules"] = ".*proj"; }, "target_modules = \".*proj\": a regular expression is not supported"},
+      {[](Json& j) { j.erase("target_modules"); }, "target_modules: missing"},
+      {[](Json& j) { j["target_modules"] = {"q_proj", "wq"}; },
+       "A/adapter_config.json: target_modules: 'wq' is not a linear module of llama: must be q_proj, k_proj"},
+      {[](Json& j) { j["r"] = 0; }, "r = 0: must be an integer >= 1"},
+      {[](Json& j) { j["r"] = 8.5; }, "r = 8.5: must be an integer >= 1"},
+      {[](Json& j) { j.erase("r"); }, "A/adapter_config.json: r: must be an integer >= 1"},
+      {[](Json& j) { j["lora_alpha"] = -1; }, "lora_alpha = -1: must be > 0"},
+      {[](Json& j) { j["lora_alpha"] = "16"; }, "lora_alpha = \"16\": must be a finite number"},
+      {[](Json& j) { j["lora_dropout"] = 1.0; }, "lora_dropout = 1.0: must be in [0, 1)"},
+      {[](Json& j) { j["use_rslora"] = "yes"; }, "use_rslora = \"yes\": must be true or false"},
+      {[](Json& j) { j["init_lora_weights"] = "pissa"; }, "init_lora_weights = \"pissa\": not supported"},
+      {[](Json& j) { j["modules_to_save"] = {"score"}; },
+       "modules_to_save: 'score' is not a module of llama that can be trained whole: must be embed_tokens or lm_head"},
+  };
+  for (const auto& [edit, message] : cases) {
+    const std::string m = refusal(edit, llama);
+    BOOST_TEST(contains(m, message), "'" << message << "' not in: " << m);
+  }
+  // A tied head: lm_head is no module of its own; the embedding needs PEFT told to keep the tie.
+  const ModelConfig qwen = tiny_qwen2();
+  BOOST_TEST(contains(refusal([](Json& j) { j["modules_to_save"] = {"lm_head"}; }, qwen),
+                      "modules_to_save: this qwen2 model's LM head is tied to its embedding matrix"));
+  BOOST_TEST(contains(refusal([](Json& j) { j["modules_to_save"] = {"embed_tokens"}; }, qwen),
+                      "ensure_weight_tying = false: must be true"));
+  BOOST_TEST(peft_adapter_config_from_json(fixture_with([](Json& j) {
+                                             j["modules_to_save"] = {"embed_tokens"};
+                                             j["ensure_weight_tying"] = true;
+                                           }),
+                                           "A", qwen)
+                 .lora.modules_to_save.size() == 1u);
+  // Keys that are off, known or not, and keys that change nothing computed, are accepted.
+  BOOST_TEST(peft_adapter_config_from_json(fixture_with([](Json& j) {
+                                             j["a_future_flag"] = false;
+                                             j["peft_version"] = "0.99.0";
+                                             j["revision"] = "main";
+                                             j["inference_mode"] = false;
+                                           }),
+                                           "A", llama)
+                 .lora.r == 16);
+  BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("{\"r\": ", "A", llama); }), "A: not valid JSON"));
+  BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("[1]", "A", llama); }), "A: expected a JSON object"));
+}
+
+BOOST_AUTO_TEST_CASE(damaged_or_mismatched_adapters_are_refused) {
+  TempDir tmp{"peft"};
+  const ModelConfig cfg = with_lora(tiny_llama(), {"q_proj", "v_proj", "down_proj"}, {}, 16);
+  const std::string config = read_text_file(kFixture);
+  const std::string q_a = "layers.0.self_attn.q_proj.lora_A.weight";
+  const std::string q_a_peft = "base_model.model.model." + q_a;
+  const auto read_error = [&](const std::string& name, const std::vector<AdapterTensor>& tensors) {
+    const std::string dir = adapter_folder(tmp, name, config, cfg, tensors);
+    return std::make_pair(dir + "/adapter_model.safetensors", error_of([&] { read_peft_adapter(dir, tiny_llama()); }));
+  };
+
+  std::string file, m;
+  std::vector<AdapterTensor> missing = random_adapter(cfg, 3);
+  missing.erase(missing.begin());
+  std::tie(file, m) = read_error("missing", missing);
+  BOOST_TEST(contains(m, file + ": tensor '" + q_a_peft + "' is missing"), m);
+
+  std::vector<AdapterTensor> extra = random_adapter(cfg, 3);
+  extra.push_back({"layers.0.self_attn.k_proj.lora_A.weight", {16, 32}, std::vector<float>(16 * 32)});
+  std::tie(file, m) = read_error("extra", extra);
+  BOOST_TEST(contains(m, file + ": 1 tensor(s) that the adapter's config has no place for: "
+                                "'base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight'"), m);
+
+  // Another rank than the config's: r = 8 tensors under r = 16.
+  const std::vector<AdapterTensor> rank8 = random_adapter(with_lora(tiny_llama(), {"q_proj", "v_proj", "down_proj"}, {}, 8), 3);
+  std::tie(file, m) = read_error("rank", rank8);
+  BOOST_TEST(contains(m, file + ": tensor '" + q_a_peft + "' has shape [8, 32], the adapter's config implies [16, 32]"), m);
+
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<AdapterTensor> diverged = random_adapter(cfg, 3);
+    named(diverged, q_a).values[7] = bad;
+    std::tie(file, m) = read_error("diverged", diverged);
+    BOOST_TEST(contains(m, file + ": tensor '" + q_a_peft + "' holds "), m);
+    BOOST_TEST(contains(m, " at element 7 (every value of an adapter must be finite)"), m);
+  }
+
+  // A truncated weights file, a folder without weights (or with PyTorch's pickle only), no folder.
+  const std::string dir = adapter_folder(tmp, "truncated", config, cfg, random_adapter(cfg, 3));
+  fs::resize_file(dir + "/adapter_model.safetensors", fs::file_size(dir + "/adapter_model.safetensors") - 100);
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(dir, tiny_llama()); }), "safetensors " + dir + "/adapter_model.safetensors"));
+  fs::remove(dir + "/adapter_model.safetensors");
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(dir, tiny_llama()); }), "has no adapter_model.safetensors"));
+  std::ofstream(dir + "/adapter_model.bin") << "pickle";
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(dir, tiny_llama()); }), "adapter_model.bin, PyTorch's pickle format, is not read"));
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter((tmp.root / "nowhere").string(), tiny_llama()); }), "is not a directory"));
+
+  // Another family's model, and a run whose own LoRA disagrees with the file.
+  const std::string good = adapter_folder(tmp, "good", config, cfg, random_adapter(cfg, 3));
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, tiny_bloom()); }),
+                      good + "/adapter_config.json: target_modules: 'v_proj' is not a linear module of bloom"));
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, with_lora(tiny_llama(), {"q_proj", "v_proj", "down_proj"}, {}, 8)); }),
+                      "lora.r = 8 disagrees with " + good + "/adapter_config.json (r = 16)"));
+  BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, with_lora(tiny_llama(), {"q_proj"}, {}, 16)); }),
+                      "lora.alpha = 8 disagrees with"));
+  ModelConfig agreeing = cfg;
+  agreeing.lora.alpha = 32;
+  agreeing.lora.dropout = 0.3;  // how to go on training: not compared
+  BOOST_TEST(read_peft_adapter(good, agreeing).tensors.size() == 12u);
+}
+
+BOOST_AUTO_TEST_CASE(writes_of_wrong_tensors_are_refused) {
+  TempDir tmp{"peft"};
+  const ModelConfig cfg = with_lora(tiny_bloom(), {"dense"});
+  const std::string dir = (tmp.root / "adapter").string();
+  const std::string a = "h.0.self_attention.dense.lora_A.weight";
+
+  std::vector<AdapterTensor> t = random_adapter(cfg, 1);
+  t.pop_back();
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", t); }),
+                      "adapter " + dir + ": tensor 'h.1.self_attention.dense.lora_B.weight' is missing"));
+  t = random_adapter(cfg, 1);
+  t.push_back(t.front());
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", t); }), "tensor '" + a + "' is given twice"));
+  t = random_adapter(cfg, 1);
+  named(t, a).shape = {24, 4};
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", t); }),
+                      "tensor '" + a + "' has shape [24, 4], the adapter's config implies [4, 24]"));
+  t = random_adapter(cfg, 1);
+  named(t, a).values.pop_back();
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", t); }), "has 95 values for a shape of 96"));
+  t = random_adapter(cfg, 1);
+  named(t, a).values[0] = std::nanf("");
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", t); }), "holds nan at element 0"));
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, tiny_bloom(), "", {}); }), "LoRA is off"));
+  BOOST_TEST(!fs::exists(dir));  // nothing written by a refused write
+  BOOST_TEST(!fs::exists(dir + ".partial"));
+}
