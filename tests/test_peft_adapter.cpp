@@ -4,6 +4,7 @@
 // hand-written one in PEFT's format read back; adapter_model.safetensors under PEFT's names; a write
 // read back equal; every refusal of a damaged or mismatched adapter naming the file and the key.
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -254,6 +255,40 @@ BOOST_AUTO_TEST_CASE(a_peft_adapter_config_is_read) {
   }
 }
 
+// Adapters PEFT 0.21 itself saved (tests/fixtures/peft/make_lora_parity.py, for test_peft_parity) on
+// the tiny models of tests/fixtures/hf: all-linear saved as every module's full path.
+BOOST_AUTO_TEST_CASE(adapters_peft_saved_are_read) {
+  const std::string hf = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/";
+  const std::string peft = SHARDLM_SOURCE_DIR "/tests/fixtures/peft/";
+  for (const std::string name : {"tiny_llama", "tiny_bloom"}) {
+    BOOST_TEST_CONTEXT(name) {
+      const std::string config_path = hf + name + "/config.json";
+      const ModelConfig cfg = model_config_from_hf(read_text_file(config_path), config_path);
+      const std::string dir = peft + name + "_lora";
+      const PeftAdapter a = read_peft_adapter(dir, cfg);
+      std::vector<std::string> linear;
+      for (const LinearModule& m : linear_modules(cfg)) linear.push_back(m.name);
+      BOOST_TEST(a.lora.r == 4);
+      BOOST_TEST(a.lora.alpha == 8.0);
+      BOOST_TEST(a.lora.dropout == 0.0);
+      BOOST_TEST(a.lora.target_modules == linear, boost::test_tools::per_element());
+      BOOST_TEST(a.lora.modules_to_save.empty());
+      BOOST_TEST(a.base_model_name_or_path.find("tests/fixtures/hf/" + name) != std::string::npos);
+      // Every tensor of the file, by its layout name, with the file's values.
+      const std::vector<SafetensorsEntry> file = read_safetensors(dir + "/adapter_model.safetensors");
+      BOOST_TEST(a.tensors.size() == file.size());
+      ModelConfig adapted = cfg;
+      adapted.lora = a.lora;
+      for (const TensorSpec& spec : peft_adapter_tensors(adapted)) {
+        const auto it = std::find_if(file.begin(), file.end(),
+                                     [&](const SafetensorsEntry& e) { return e.name == peft_tensor_name(adapted, spec.name); });
+        BOOST_TEST_REQUIRE((it != file.end()), spec.name);
+        BOOST_TEST((a.tensors.at(spec.name).values == it->data), spec.name);
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
   const ModelConfig llama = tiny_llama();
   const auto refusal = [&](const std::function<void(Json&)>& edit, const ModelConfig& model) {
@@ -276,7 +311,14 @@ BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
       {[](Json& j) { j["target_modules"] = ".*proj"; }, "target_modules = \".*proj\": a regular expression is not supported"},
       {[](Json& j) { j.erase("target_modules"); }, "target_modules: missing"},
       {[](Json& j) { j["target_modules"] = {"q_proj", "wq"}; },
-       "A/adapter_config.json: target_modules: 'wq' is not a linear module of llama: must be q_proj, k_proj"},
+       "A/adapter_config.json: target_modules = [\"q_proj\",\"wq\"]: 'wq' is not a linear module of llama: must "
+       "be q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj (or the path of one)"},
+      {[](Json& j) { j["target_modules"] = {"mlp"}; }, "'mlp' is not a linear module of llama"},
+      {[](Json& j) { j["target_modules"] = {"lm_head"}; }, "'lm_head' is not a linear module of llama"},
+      // Paths PEFT matches, but of some layers only (what layers_to_transform would do).
+      {[](Json& j) { j["target_modules"] = {"model.layers.1.self_attn.q_proj", "v_proj"}; },
+       "target_modules = [\"model.layers.1.self_attn.q_proj\",\"v_proj\"]: adapts q_proj in 1 of 2 layers; "
+       "shardlm adapts a module in every layer or in none"},
       {[](Json& j) { j["r"] = 0; }, "r = 0: must be an integer >= 1"},
       {[](Json& j) { j["r"] = 8.5; }, "r = 8.5: must be an integer >= 1"},
       {[](Json& j) { j.erase("r"); }, "A/adapter_config.json: r: must be an integer >= 1"},
@@ -304,6 +346,16 @@ BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
                                            }),
                                            "A", qwen)
                  .lora.modules_to_save.size() == 1u);
+  // PEFT's other spellings of the same modules: a path's end, whole paths of every layer (as PEFT
+  // saves all-linear), a path for modules_to_save.
+  const PeftAdapterConfig paths = peft_adapter_config_from_json(fixture_with([](Json& j) {
+                                    j["target_modules"] = {"self_attn.v_proj", "model.layers.0.mlp.down_proj",
+                                                           "model.layers.1.mlp.down_proj"};
+                                    j["modules_to_save"] = {"model.embed_tokens", "lm_head"};
+                                  }),
+                                  "A", llama);
+  BOOST_TEST((paths.lora.target_modules == std::vector<std::string>{"v_proj", "down_proj"}));
+  BOOST_TEST((paths.lora.modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"}));
   // Keys that are off, known or not, and keys that change nothing computed, are accepted.
   BOOST_TEST(peft_adapter_config_from_json(fixture_with([](Json& j) {
                                              j["a_future_flag"] = false;
@@ -365,8 +417,9 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_adapters_are_refused) {
 
   // Another family's model, and a run whose own LoRA disagrees with the file.
   const std::string good = adapter_folder(tmp, "good", config, cfg, random_adapter(cfg, 3));
-  BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, tiny_bloom()); }),
-                      good + "/adapter_config.json: target_modules: 'v_proj' is not a linear module of bloom"));
+  m = error_of([&] { read_peft_adapter(good, tiny_bloom()); });
+  BOOST_TEST(contains(m, good + "/adapter_config.json: target_modules = "), m);
+  BOOST_TEST(contains(m, "'v_proj' is not a linear module of bloom: must be query_key_value, dense"), m);
   BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, with_lora(tiny_llama(), {"q_proj", "v_proj", "down_proj"}, {}, 8)); }),
                       "lora.r = 8 disagrees with " + good + "/adapter_config.json (r = 16)"));
   BOOST_TEST(contains(error_of([&] { read_peft_adapter(good, with_lora(tiny_llama(), {"q_proj"}, {}, 16)); }),

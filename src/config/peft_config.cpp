@@ -1,5 +1,6 @@
 // PEFT's adapter_config.json for a LoRA adapter: read into a LoraConfig (refusing what shardlm does
 // not compute as PEFT would) and written as PEFT 0.21 saves a CAUSAL_LM adapter.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -86,20 +87,69 @@ class PeftConfigReader {
   Json j_;
 };
 
-// target_modules: a list of the family's module names, or "all-linear"; PEFT's other string form is
-// a regular expression, which shardlm does not match.
+// The Hugging Face module path of a layout module ("layers.0.self_attn.q_proj" ->
+// "model.layers.0.self_attn.q_proj"): what PEFT matches its names against.
+std::string module_key(const ModelConfig& model, const std::string& layout_module) {
+  const std::string weight = hf_tensor_name(model, layout_module + ".weight");
+  return weight.substr(0, weight.size() - std::string(".weight").size());
+}
+
+// Whether PEFT's name `entry` selects the module at `key`: the whole path, or its end after a dot.
+bool peft_matches(const std::string& key, const std::string& entry) {
+  return key == entry ||
+         (key.size() > entry.size() && key.compare(key.size() - entry.size(), entry.size(), entry) == 0 &&
+          key[key.size() - entry.size() - 1] == '.');
+}
+
+// target_modules as PEFT reads a list: each entry selects the modules it matches ("q_proj" every
+// layer's, "model.layers.0.self_attn.q_proj" one; PEFT's all-linear is saved as the full paths). The
+// result must adapt each module in every layer or in none: shardlm's adapters are per module name.
+std::vector<std::string> read_target_list(const PeftConfigReader& in, const ModelConfig& model,
+                                          const std::vector<std::string>& entries) {
+  const std::vector<LinearModule> modules = linear_modules(model);
+  const std::vector<UnitLayout> layout = model_layout(model);  // unit 1 + i is block i
+  std::vector<std::string> names;
+  for (const LinearModule& m : modules) names.push_back(m.name);
+  std::vector<std::vector<bool>> picked(modules.size(), std::vector<bool>(layout.size() - 1, false));
+  for (const std::string& entry : entries) {
+    bool found = false;
+    for (size_t m = 0; m < modules.size(); ++m)
+      for (size_t i = 0; i + 1 < layout.size(); ++i)
+        if (peft_matches(module_key(model, layout[i + 1].name + "." + modules[m].path), entry))
+          picked[m][i] = found = true;
+    if (!found) in.fail("target_modules", concat("'", entry, "' is not a linear module of ", model.arch, ": ",
+                                                 choice_list(names), " (or the path of one)"));
+  }
+  std::vector<std::string> out;
+  for (size_t m = 0; m < modules.size(); ++m) {
+    const auto layers = static_cast<size_t>(std::count(picked[m].begin(), picked[m].end(), true));
+    if (layers > 0 && layers < picked[m].size())
+      in.fail("target_modules", concat("adapts ", names[m], " in ", layers, " of ", picked[m].size(),
+                                       " layers; shardlm adapts a module in every layer or in none"));
+    if (layers > 0) out.push_back(names[m]);
+  }
+  return out;
+}
+
+// target_modules: a list (above), or "all-linear"; PEFT's other string form is a regular expression,
+// which shardlm does not match.
 std::vector<std::string> read_targets(const PeftConfigReader& in, const ModelConfig& model) {
   const Json* v = in.get("target_modules");
   if (!v) in.fail("target_modules", "missing: shardlm needs the module names listed (PEFT's choice by architecture is not read)");
-  std::vector<std::string> names;
-  if (v->is_string()) {
-    if (v->get<std::string>() != "all-linear")
-      in.fail("target_modules", "a regular expression is not supported: list the module names instead");
-    names = {"all-linear"};
-  } else {
-    names = in.names("target_modules");
-  }
-  return resolve_lora_targets(model, names, concat(in.source(), ": target_modules"));
+  if (!v->is_string()) return read_target_list(in, model, in.names("target_modules"));
+  if (v->get<std::string>() != "all-linear")
+    in.fail("target_modules", "a regular expression is not supported: list the module names instead");
+  return resolve_lora_targets(model, {"all-linear"}, concat(in.source(), ": target_modules"));
+}
+
+// modules_to_save as PEFT matches it (a module's name or its path: "embed_tokens", "model.embed_tokens"),
+// as lora_savable_modules' names; an entry that matches none is kept for resolve_lora_saved_modules to refuse.
+std::vector<std::string> read_saved_modules(const PeftConfigReader& in, const ModelConfig& model) {
+  std::vector<std::string> names = in.names("modules_to_save");
+  for (std::string& entry : names)
+    for (const std::string& module : lora_savable_modules(model))
+      if (peft_matches(module_key(model, module), entry)) entry = module;
+  return resolve_lora_saved_modules(model, names, concat(in.source(), ": modules_to_save"));
 }
 
 }  // namespace
@@ -127,8 +177,7 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
   if (!(lora.dropout >= 0 && lora.dropout < 1)) in.fail("lora_dropout", "must be in [0, 1)");
   lora.use_rslora = in.flag("use_rslora", false);
   lora.target_modules = read_targets(in, model);
-  lora.modules_to_save =
-      resolve_lora_saved_modules(model, in.names("modules_to_save"), concat(source, ": modules_to_save"));
+  lora.modules_to_save = read_saved_modules(in, model);
   // A tied head trained through its embedding: PEFT keeps the two one matrix only when told to.
   if (model.tied_head() && !lora.modules_to_save.empty() && !in.flag("ensure_weight_tying", false))
     in.fail("ensure_weight_tying", concat("must be true when modules_to_save names the embedding of a model whose LM "
