@@ -598,7 +598,8 @@ void compare_lora_with_cpu(const ModelConfig& model, DType dt, bool checkpointin
         expect_tensors_close({layout[u]}, {got.grads[u]}, {want.grads[u]}, tol_grad);
         continue;
       }
-      const auto changed = std::count_if(got.grads[u].begin(), got.grads[u].end(), [](float v) { return v != kPoison; });
+      const std::vector<float>& g = got.grads[u];
+      const auto changed = std::count_if(g.begin(), g.end(), [](float v) { return v != kPoison; });
       BOOST_TEST(changed == 0, "frozen unit " << layout[u].name);
     }
   }
@@ -855,8 +856,10 @@ BOOST_AUTO_TEST_CASE(lora_cuda_decodes_as_lora_cpu) {
     const ModelConfig cfg = with_lora(model);
     const Params params{params_in(cfg, DType::F32), random_adapters(cfg, DType::F32)};
     const std::vector<int32_t> prompt = random_batch(cfg).tokens;
-    BOOST_TEST(greedy_next(BackendKind::Cuda, cfg, params, prompt) == greedy_next(BackendKind::Cpu, cfg, params, prompt),
-               boost::test_tools::per_element());
+    const std::vector<int32_t> want = greedy_next(BackendKind::Cpu, cfg, params, prompt);
+    BOOST_TEST_CONTEXT(model.arch) {
+      BOOST_TEST(greedy_next(BackendKind::Cuda, cfg, params, prompt) == want, boost::test_tools::per_element());
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "matmul.hpp"
+
 namespace shardlm::cuda {
 
 CudaLoraBlocks::CudaLoraBlocks(const ModelConfig& cfg, DType dt, int max_tokens, bool checkpointing)
@@ -26,9 +28,9 @@ const model_detail::CpuLora& CudaLoraBlocks::adapted(const char* what, int layer
 }
 
 void CudaLoraBlocks::apply(const model_detail::CpuLora& m, const void* adapter, const void* x, int rows, void* xa,
-                           void* y, int ldy, const MatMul& mm) const {
-  const MatMul scaled{mm.gemm, mm.s, m.scale};
-  mm(false, true, rows, m.r, m.in, x, m.in, at(adapter, m.a), m.in, xa, m.r, dt_, dt_);  // x A^T
+                           void* y, int ldy, Gemm& gemm, cudaStream_t s) const {
+  const MatMul plain{gemm, s}, scaled{gemm, s, m.scale};
+  plain(false, true, rows, m.r, m.in, x, m.in, at(adapter, m.a), m.in, xa, m.r, dt_, dt_);  // x A^T
   scaled(false, true, rows, m.out, m.r, xa, m.r, at(adapter, m.b), m.r, y, ldy, dt_, dt_, 1);
 }
 
@@ -38,29 +40,31 @@ char* CudaLoraBlocks::xa(int layer, int module) const {
 }
 
 void CudaLoraBlocks::forward(int layer, int module, const void* adapter, const void* x, int rows, void* y, int ldy,
-                             const MatMul& mm) {
+                             Gemm& gemm, cudaStream_t s) {
   if (!on(module) || rows == 0) return;
-  apply(adapted("forward", layer, module, adapter), adapter, x, rows, xa(layer, module), y, ldy, mm);
+  apply(adapted("forward", layer, module, adapter), adapter, x, rows, xa(layer, module), y, ldy, gemm, s);
 }
 
 void CudaLoraBlocks::param_backward(int layer, int module, const void* adapter, const void* x, const void* dy,
-                                    int ldy, int rows, float* dadapter, const MatMul& mm) {
+                                    int ldy, int rows, float* dadapter, Gemm& gemm, cudaStream_t s) {
   if (!on(module) || rows == 0) return;
   const model_detail::CpuLora& m = adapted("backward", layer, module, adapter);
   SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
   char* dxa = dxa_.data() + slice_[module] * sizes_.slice;
-  const MatMul scaled{mm.gemm, mm.s, m.scale};
+  const MatMul plain{gemm, s}, scaled{gemm, s, m.scale};
   // dB[out, r] += scale dy^T xa; dxa[rows, r] = scale dy B; dA[r, in] += dxa^T x.
   scaled(true, false, m.out, m.r, rows, dy, ldy, xa(layer, module), m.r, dadapter + m.b, m.r, dt_, DType::F32, 1);
   scaled(false, false, rows, m.r, m.out, dy, ldy, at(adapter, m.b), m.r, dxa, m.r, dt_, dt_);
-  mm(true, false, m.r, m.in, rows, dxa, m.r, x, m.in, dadapter + m.a, m.in, dt_, DType::F32, 1);
+  plain(true, false, m.r, m.in, rows, dxa, m.r, x, m.in, dadapter + m.a, m.in, dt_, DType::F32, 1);
 }
 
-void CudaLoraBlocks::input_backward(int module, const void* adapter, int rows, void* dx, const MatMul& mm) {
+void CudaLoraBlocks::input_backward(int module, const void* adapter, int rows, void* dx, Gemm& gemm,
+                                    cudaStream_t s) {
   if (!on(module) || rows == 0) return;
   const model_detail::CpuLora& m = modules_[module];
   const char* dxa = dxa_.data() + slice_[module] * sizes_.slice;
-  mm(false, false, rows, m.in, m.r, dxa, m.r, at(adapter, m.a), m.in, dx, m.in, dt_, dt_, 1);
+  const MatMul plain{gemm, s};
+  plain(false, false, rows, m.in, m.r, dxa, m.r, at(adapter, m.a), m.in, dx, m.in, dt_, dt_, 1);
 }
 
 void CudaLoraBlocks::decode_allocate(int max_rows) {
@@ -69,9 +73,9 @@ void CudaLoraBlocks::decode_allocate(int max_rows) {
 }
 
 void CudaLoraBlocks::decode_forward(int layer, int module, const void* adapter, const void* x, int n, void* y,
-                                    int ldy, const MatMul& mm) {
+                                    int ldy, Gemm& gemm, cudaStream_t s) {
   if (!on(module) || n == 0) return;
-  apply(adapted("decoding", layer, module, adapter), adapter, x, n, decode_xa_.data(), y, ldy, mm);
+  apply(adapted("decoding", layer, module, adapter), adapter, x, n, decode_xa_.data(), y, ldy, gemm, s);
 }
 
 }  // namespace shardlm::cuda

@@ -4,12 +4,14 @@
 // adapters' gradients accumulate in fp32 as the base weights' do. Buffers of lora_cuda_sizes.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <vector>
 
 #include "../cpu_lora.hpp"
 #include "cuda_lora_sizes.hpp"
 #include "device_memory.hpp"
-#include "matmul.hpp"
+#include "gemm.hpp"
 
 namespace shardlm::cuda {
 
@@ -27,20 +29,20 @@ class CudaLoraBlocks {
   bool on(int module) const { return !modules_.empty() && modules_[module].on; }
   // y[rows, out] += scale (x A^T) B^T of x[rows, in] (when on); x A^T kept for block `layer`'s backward.
   void forward(int layer, int module, const void* adapter, const void* x, int rows, void* y, int ldy,
-               const MatMul& mm);
+               Gemm& gemm, cudaStream_t s);
   // dB += scale dy^T (x A^T) and dA += d(x A^T)^T x for dy[rows, out] (when on), with d(x A^T) =
   // scale dy B kept for input_backward.
   void param_backward(int layer, int module, const void* adapter, const void* x, const void* dy, int ldy, int rows,
-                      float* dadapter, const MatMul& mm);
+                      float* dadapter, Gemm& gemm, cudaStream_t s);
   // dx[rows, in] += d(x A^T) A (when on; after the module's param_backward).
-  void input_backward(int module, const void* adapter, int rows, void* dx, const MatMul& mm);
+  void input_backward(int module, const void* adapter, int rows, void* dx, Gemm& gemm, cudaStream_t s);
 
   // Greedy decoding: y += the LoRA term of x over n rows, through scratch of up to max_rows rows that
   // exists from decode_allocate to decode_free.
   void decode_allocate(int max_rows);
   void decode_free() { decode_xa_.release(); }
   void decode_forward(int layer, int module, const void* adapter, const void* x, int n, void* y, int ldy,
-                      const MatMul& mm);
+                      Gemm& gemm, cudaStream_t s);
 
   // The training buffers' bytes: saved blocks x lora_cuda_sizes' xa(), and its dxa().
   size_t bytes() const { return xa_.bytes() + dxa_.bytes(); }
@@ -50,7 +52,7 @@ class CudaLoraBlocks {
   const model_detail::CpuLora& adapted(const char* what, int layer, int module, const void* adapter) const;
   // The layer's y += scale (x A^T) B^T with x A^T written to xa.
   void apply(const model_detail::CpuLora& m, const void* adapter, const void* x, int rows, void* xa, void* y, int ldy,
-             const MatMul& mm) const;
+             Gemm& gemm, cudaStream_t s) const;
   const char* at(const void* adapter, size_t offset) const { return static_cast<const char*>(adapter) + offset * es_; }
 
   std::vector<model_detail::CpuLora> modules_;  // offsets and shapes, as the CPU models read them

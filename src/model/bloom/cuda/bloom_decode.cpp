@@ -5,7 +5,6 @@
 // in the training head's workspace, which is idle while decoding.
 #include "bloom_cuda.hpp"
 #include "kernels.hpp"
-#include "matmul.hpp"
 
 namespace shardlm::cuda {
 
@@ -50,10 +49,9 @@ void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   const size_t NH = static_cast<size_t>(n) * H;
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  const MatMul mm{gemm_, s};
   // A linear layer's LoRA term onto its output (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
-    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, mm);
+    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, gemm_, s);
   };
   DecodeBuffers& b = decode_;
   const BloomBlockOffsets& o = block_;

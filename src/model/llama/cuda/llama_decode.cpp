@@ -7,7 +7,6 @@
 #include "kernels.hpp"
 #include "llama_cuda.hpp"
 #include "llama_kernels.hpp"
-#include "matmul.hpp"
 
 namespace shardlm::cuda {
 
@@ -51,10 +50,9 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   const size_t NH = static_cast<size_t>(n) * H * dsize_;
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  const MatMul mm{gemm_, s};
   // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
-    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, mm);
+    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, gemm_, s);
   };
   DecodeBuffers& b = decode_;
   char* keys = layer_keys(layer);
