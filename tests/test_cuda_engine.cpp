@@ -4,7 +4,7 @@
 // a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
 // with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
 // A tiny Llama (grouped-query attention, untied head, Llama 3.1 rope scaling) matches the CPU
-// backend likewise, in training and in greedy decoding.
+// backend likewise, in training and in greedy decoding; so do LoRA runs of both (fp32).
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"
 
@@ -57,6 +57,22 @@ RunConfig llama_config(const std::string& backend, const std::string& name, int 
   cfg.model.rope_scaling.factor = 8;
   cfg.model.rope_scaling.original_max_position_embeddings = 64;
   return cfg;
+}
+
+// LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
+RunConfig with_lora(RunConfig cfg) {
+  cfg.model.lora.r = 4;
+  cfg.model.lora.alpha = 8;
+  for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+  return cfg;
+}
+
+RunConfig lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(config(backend, "lora_" + name, steps));
+}
+
+RunConfig llama_lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(llama_config(backend, "lora_" + name, steps));
 }
 
 double max_relative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -442,6 +458,16 @@ BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
   cfg.model.arch = "qwen2";
   cfg.model.tie_word_embeddings = true;
   decode_and_check(cfg, 1e-4f, 0.9);
+}
+
+// LoRA over the frozen base, BLOOM and Llama: the adapters alone train, on the GPU as on the CPU backend.
+BOOST_AUTO_TEST_CASE(lora_fp32_matches_the_cpu_backend) {
+  for (auto make : {lora_config, llama_lora_config})
+    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard});
+}
+
+BOOST_AUTO_TEST_CASE(lora_activation_checkpointing_gives_the_same_losses) {
+  for (auto make : {lora_config, llama_lora_config}) expect_activation_checkpointing_changes_nothing(make);
 }
 
 // bf16 Llama decoding (the cache, activations and rotary output in bf16) stays close to the fp32

@@ -5,7 +5,9 @@
 // references' backward passes checked against finite differences; then the UnitModel of the CUDA
 // backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
-// activation checkpointing, and their activation bytes against unit_model_memory's.
+// activation checkpointing, and their activation bytes against unit_model_memory's; and LoRA in the
+// CUDA models (Llama, Qwen2 and BLOOM) against the CPU models': loss, adapter gradients, the input
+// gradients through the blocks, no base gradient where the base is frozen.
 #define BOOST_TEST_MODULE test_cuda_llama
 #include <boost/test/unit_test.hpp>
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu_model_test_support.hpp"
@@ -147,6 +150,11 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
         BOOST_TEST(relative_error(increment, dw) <= 2e-5);  // fp32 sums of exact inputs
       }
     }
+    // A frozen weight (null dweight, LoRA's base): the same dx, no weight gradient.
+    upload(d_dx.at, dx0, dt);
+    cuda::rmsnorm_backward(d_dy.at, d_x.at, d_w.at, d_rstd.as<float>(), d_dx.at, nullptr, n, H, false, dt, s.s);
+    s.sync();
+    BOOST_TEST(relative_error(download(d_dx.at, size, dt), dx) <= output_tolerance(dt), "frozen weight");
   }
 }
 
@@ -401,33 +409,61 @@ ModelConfig tiny_llama(bool tied) {
   return c;
 }
 
+// A model's parameters as both backends take them, per unit: the base (model_layout) and, with LoRA,
+// the adapters (lora_layout; none without).
+struct Params {
+  std::vector<std::vector<float>> base, adapters;
+};
+
+// What a pass trains: a LoRA run freezes the base blocks and the root (their gradients are null).
+struct Trained {
+  bool blocks = true, root = true;
+};
+
+// A frozen unit's base gradient buffer holds this before the pass, and must after it.
+constexpr float kPoison = -1.25e37f;
+
 struct Pass {
   double loss = 0;
-  std::vector<std::vector<float>> grads;  // per unit, fp32
+  std::vector<std::vector<float>> grads;          // per unit, fp32
+  std::vector<std::vector<float>> adapter_grads;  // per unit, fp32, with LoRA
 };
+
+// v where a backend's model reads it: the host values on the CPU, a copy in dt (kept in `owned`) on the
+// GPU; null when v is empty.
+float* resident(const std::vector<float>& v, DType dt, bool gpu, std::vector<DeviceBuffer>& owned) {
+  if (v.empty()) return nullptr;
+  if (!gpu) return const_cast<float*>(v.data());
+  owned.push_back(to_device(v, dt));
+  return owned.back().as<float>();
+}
 
 // One forward and backward of grad_scale * loss through the UnitModel of `backend`, built for
 // max_batch x max_seq (at least B x T): on the GPU with the parameters, tokens and gradients in
-// device memory, the parameters in dt.
-Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const std::vector<std::vector<float>>& params,
+// device memory, the parameters in dt. Frozen units get null base gradients; theirs are returned as
+// poisoned before the pass.
+Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const Params& params,
                      const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int B, int T,
-                     float grad_scale, DType dt, bool checkpointing, int max_batch, int max_seq) {
+                     float grad_scale, DType dt, bool checkpointing, int max_batch, int max_seq, Trained trained = {}) {
   const bool gpu = backend == BackendKind::Cuda;
   const std::unique_ptr<UnitModel> model = make_unit_model(cfg, backend, dt, max_batch, max_seq, checkpointing);
   BOOST_TEST(model->activation_bytes() ==
              unit_model_memory(cfg, backend, dt, max_batch, max_seq, checkpointing).activations);
-  std::vector<DeviceBuffer> d_params, d_grads;
-  std::vector<std::vector<float>> grads;
-  std::vector<const void*> p;
-  std::vector<float*> g;
-  for (const auto& unit : params) {
-    grads.emplace_back(unit.size(), 0.0f);
-    if (gpu) {
-      d_params.push_back(to_device(unit, dt));
-      d_grads.push_back(to_device(grads.back(), DType::F32));
-    }
-    p.push_back(gpu ? static_cast<const void*>(d_params.back().get()) : unit.data());
-    g.push_back(gpu ? d_grads.back().as<float>() : grads.back().data());
+  const size_t units = params.base.size();
+  auto frozen = [&](size_t u) { return u == 0 ? !trained.root : !trained.blocks; };
+  std::vector<DeviceBuffer> owned;
+  auto place = [&](const std::vector<float>& v, DType t) { return resident(v, t, gpu, owned); };
+  std::vector<std::vector<float>> grads(units), adapter_grads(units);
+  std::vector<const void*> p(units), a(units, nullptr);
+  std::vector<float*> g(units), ga(units, nullptr);
+  for (size_t u = 0; u < units; ++u) {
+    grads[u].assign(params.base[u].size(), frozen(u) ? kPoison : 0.0f);
+    p[u] = place(params.base[u], dt);
+    g[u] = place(grads[u], DType::F32);
+    if (params.adapters.empty()) continue;
+    adapter_grads[u].assign(params.adapters[u].size(), 0.0f);
+    a[u] = place(params.adapters[u], dt);
+    ga[u] = place(adapter_grads[u], DType::F32);
   }
   DeviceBuffer d_tokens = to_device_raw(tokens), d_targets = to_device_raw(targets);
   const int32_t* tok = gpu ? d_tokens.as<int32_t>() : tokens.data();
@@ -435,18 +471,62 @@ Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const std::vec
   OwnedStream stream;
   const Stream s = gpu ? stream.s : nullptr;
   const int L = cfg.num_layers;
+  float* droot = frozen(0) ? nullptr : g[0];
   model->reset_loss(s);
   model->embed_forward(p[0], tok, B, T, s);
-  for (int l = 0; l < L; ++l) model->block_forward(l, p[1 + l], B, T, s);
-  model->head(p[0], tgt, B, T, grad_scale, true, g[0], s);
-  for (int l = L - 1; l >= 0; --l) model->block_backward(l, p[1 + l], g[1 + l], B, T, s);
-  model->embed_backward(p[0], tok, g[0], B, T, s);
+  for (int l = 0; l < L; ++l) model->block_forward(l, {p[1 + l], a[1 + l]}, B, T, s);
+  model->head(p[0], tgt, B, T, grad_scale, true, droot, s);
+  for (int l = L - 1; l >= 0; --l)
+    model->block_backward(l, {p[1 + l], a[1 + l]}, {frozen(1 + l) ? nullptr : g[1 + l], ga[1 + l]}, B, T, s);
+  model->embed_backward(p[0], tok, droot, B, T, s);
   Pass out;
   out.loss = model->loss_sum(s);
   stream.sync();
-  for (size_t u = 0; u < params.size(); ++u)
-    out.grads.push_back(gpu ? download(d_grads[u].get(), params[u].size(), DType::F32) : grads[u]);
+  auto fetch = [&](const std::vector<float>& host, const float* at) {
+    return gpu && at ? download(at, host.size(), DType::F32) : host;
+  };
+  for (size_t u = 0; u < units; ++u) {
+    out.grads.push_back(fetch(grads[u], g[u]));
+    out.adapter_grads.push_back(fetch(adapter_grads[u], ga[u]));
+  }
   return out;
+}
+
+// Each tensor of `layout` in got against want, within tol (relative to the tensor's largest value).
+void expect_tensors_close(const std::vector<UnitLayout>& layout, const std::vector<std::vector<float>>& got,
+                          const std::vector<std::vector<float>>& want, double tol) {
+  for (size_t u = 0; u < layout.size(); ++u)
+    for (const TensorSpec& t : layout[u].tensors) {
+      std::vector<float> g(got[u].begin() + t.offset, got[u].begin() + t.offset + t.numel);
+      std::vector<float> w(want[u].begin() + t.offset, want[u].begin() + t.offset + t.numel);
+      BOOST_TEST(relative_error(g, w) <= tol, t.name << " of unit " << layout[u].name);
+    }
+}
+
+// Two sequences of 11 tokens, one repeated (its embedding gradient adds up), some positions without a target.
+struct Batch {
+  int B = 2, T = 11;
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch random_batch(const ModelConfig& cfg) {
+  Batch b;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(0, cfg.vocab_size - 1);
+  for (int i = 0; i < b.B * b.T; ++i) {
+    b.tokens.push_back(token(rng));
+    b.targets.push_back(i % 4 == 1 ? -1 : token(rng));
+  }
+  b.tokens[3] = b.tokens[7] = b.tokens[15];
+  return b;
+}
+
+// The model's parameters from the library's init, rounded to dt: both sides see what the GPU computes with.
+std::vector<std::vector<float>> params_in(const ModelConfig& cfg, DType dt) {
+  std::vector<std::vector<float>> params = model_test::make_model(cfg, 11).params;
+  if (dt != DType::F32)
+    for (auto& p : params) round_to(dt, p.data(), p.size());
+  return params;
 }
 
 // head_dim 8 (tiny_llama's) is below what cuDNN's fused attention takes: those runs use the native
@@ -460,33 +540,107 @@ void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, 
     cfg.arch = arch;
     cfg.attention = attention;
     cfg.hidden_size = head_dim * cfg.num_heads;
-    std::vector<std::vector<float>> params = model_test::make_model(cfg, 11).params;
-    if (dt != DType::F32)  // both sides see the parameters the GPU computes with
-      for (auto& p : params) round_to(dt, p.data(), p.size());
-    const int B = 2, T = 11;
-    std::mt19937 rng(3);
-    std::uniform_int_distribution<int32_t> token(0, cfg.vocab_size - 1);
-    std::vector<int32_t> tokens(B * T), targets(B * T);
-    for (int i = 0; i < B * T; ++i) {
-      tokens[i] = token(rng);
-      targets[i] = i % 4 == 1 ? -1 : token(rng);  // some positions without a target
-    }
-    tokens[3] = tokens[7] = tokens[15];  // a repeated token: its embedding gradient adds up
+    const Params params{params_in(cfg, dt), {}};
+    const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
-    const Pass want = unit_model_pass(BackendKind::Cpu, cfg, params, tokens, targets, B, T, grad_scale, DType::F32,
-                                      false, B, T);
+    const Pass want = unit_model_pass(BackendKind::Cpu, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale,
+                                      DType::F32, false, b.B, b.T);
     // Built for more than it runs: the shapes of the pass, not of the buffers, must drive every kernel.
-    const Pass got = unit_model_pass(BackendKind::Cuda, cfg, params, tokens, targets, B, T, grad_scale, dt,
-                                     checkpointing, B + 1, T + 5);
+    const Pass got = unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale, dt,
+                                     checkpointing, b.B + 1, b.T + 5);
     BOOST_TEST(std::abs(got.loss - want.loss) <= tol_loss * std::abs(want.loss));
-    const std::vector<UnitLayout> layout = model_layout(cfg);
-    for (size_t u = 0; u < layout.size(); ++u)
-      for (const TensorSpec& t : layout[u].tensors) {
-        std::vector<float> g(got.grads[u].begin() + t.offset, got.grads[u].begin() + t.offset + t.numel);
-        std::vector<float> w(want.grads[u].begin() + t.offset, want.grads[u].begin() + t.offset + t.numel);
-        BOOST_TEST(relative_error(g, w) <= tol_grad, t.name << " of unit " << layout[u].name);
-      }
+    expect_tensors_close(model_layout(cfg), got.grads, want.grads, tol_grad);
   }
+}
+
+// ---- LoRA: the CUDA models' adapters against the CPU models' ---------------------------------------
+
+// cfg with LoRA (r 4, alpha 8: scale 2) on `targets`, or on every linear layer of its family.
+ModelConfig with_lora(ModelConfig cfg, std::vector<std::string> targets = {}) {
+  cfg.lora.r = 4;
+  cfg.lora.alpha = 8;
+  if (targets.empty())
+    for (const LinearModule& m : linear_modules(cfg)) targets.push_back(m.name);
+  cfg.lora.target_modules = std::move(targets);
+  return cfg;
+}
+
+// Random adapters, B non-zero too (PEFT's zero B would leave every term but dB out of the test), in dt.
+std::vector<std::vector<float>> random_adapters(const ModelConfig& cfg, DType dt) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<float>> out;
+  for (const UnitLayout& u : lora_layout(cfg)) out.push_back(random_values(u.numel, rng, dt, 0.1f));
+  return out;
+}
+
+// One pass of `model` with LoRA on both backends: the loss (the blocks' outputs), every adapter gradient
+// and, where trained, every base gradient (the root's carries dh_0, the input gradient through every
+// block); a frozen unit's base gradient buffer is never written.
+void compare_lora_with_cpu(const ModelConfig& model, DType dt, bool checkpointing, Trained trained, double tol_loss,
+                           double tol_grad, const std::vector<std::string>& targets = {}) {
+  BOOST_TEST_CONTEXT(model.arch << " LoRA dt=" << dtype_name(dt) << " checkpointing=" << checkpointing
+                                << " blocks trained=" << trained.blocks << " root trained=" << trained.root
+                                << " targets=" << (targets.empty() ? "all" : targets.front() + "...")) {
+    const ModelConfig cfg = with_lora(model, targets);
+    const Params params{params_in(cfg, dt), random_adapters(cfg, dt)};
+    const Batch b = random_batch(cfg);
+    const float grad_scale = 0.25f;
+    const Pass want = unit_model_pass(BackendKind::Cpu, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale,
+                                      DType::F32, false, b.B, b.T, trained);
+    const Pass got = unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale, dt,
+                                     checkpointing, b.B + 1, b.T + 5, trained);
+    BOOST_TEST(std::abs(got.loss - want.loss) <= tol_loss * std::abs(want.loss));
+    expect_tensors_close(lora_layout(cfg), got.adapter_grads, want.adapter_grads, tol_grad);
+    const std::vector<UnitLayout> layout = model_layout(cfg);
+    for (size_t u = 0; u < layout.size(); ++u) {
+      const bool frozen = u == 0 ? !trained.root : !trained.blocks;
+      if (!frozen) {
+        expect_tensors_close({layout[u]}, {got.grads[u]}, {want.grads[u]}, tol_grad);
+        continue;
+      }
+      const std::vector<float>& g = got.grads[u];
+      const auto changed = std::count_if(g.begin(), g.end(), [](float v) { return v != kPoison; });
+      BOOST_TEST(changed == 0, "frozen unit " << layout[u].name);
+    }
+  }
+}
+
+// Greedy decoding in fp32 through the UnitModel of `backend`: one step with the prompt's tokens as the
+// rows of cache slot 0, and every row's next token.
+std::vector<int32_t> greedy_next(BackendKind backend, const ModelConfig& cfg, const Params& params,
+                                 const std::vector<int32_t>& prompt) {
+  const bool gpu = backend == BackendKind::Cuda;
+  const int n = static_cast<int>(prompt.size());
+  const std::unique_ptr<UnitModel> model = make_unit_model(cfg, backend, DType::F32, 1, n, false);
+  std::vector<DeviceBuffer> owned;
+  auto ints = [&](const std::vector<int32_t>& v) {
+    if (!gpu) return const_cast<int32_t*>(v.data());
+    owned.push_back(to_device_raw(v));
+    return owned.back().as<int32_t>();
+  };
+  auto floats = [&](const std::vector<float>& v) { return resident(v, DType::F32, gpu, owned); };
+  std::vector<int32_t> positions(n), slots(n, 0), next(n, -1);
+  for (int i = 0; i < n; ++i) positions[i] = i;
+  int32_t* out = ints(next);
+  OwnedStream stream;
+  const Stream s = gpu ? stream.s : nullptr;
+  model->decode_allocate(1, n, n);
+  model->decode_embed(floats(params.base[0]), ints(prompt), n, s);
+  for (int l = 0; l < cfg.num_layers; ++l)
+    model->decode_block(l, {floats(params.base[1 + l]), floats(params.adapters[1 + l])}, ints(slots), ints(positions),
+                        n, s);
+  model->decode_head_argmax(floats(params.base[0]), ints(positions), n, out, s);
+  stream.sync();
+  model->decode_free();
+  return gpu ? from_device_raw<int32_t>(out, n) : next;
+}
+
+// The tiny models of the LoRA tests: Llama (grouped-query heads, untied head), Qwen2 (q/k/v biases,
+// tied head) and BLOOM (fused interleaved q|k|v with biases, GELU).
+std::vector<ModelConfig> lora_models() {
+  ModelConfig qwen2 = tiny_llama(true);
+  qwen2.arch = "qwen2";
+  return {tiny_llama(false), qwen2, model_test::tiny_bloom()};
 }
 
 }  // namespace
@@ -666,6 +820,54 @@ BOOST_AUTO_TEST_CASE(qwen2_cuda_matches_qwen2_cpu) {
   for (bool tied : {false, true}) compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "qwen2");
   compare_with_cpu(true, DType::F32, true, 1e-5, 1e-4, "qwen2");
   compare_with_cpu(true, DType::BF16, false, 2e-2, 0.1, "qwen2");
+}
+
+// LoRA on every linear layer, as a LoRA run trains it (the base and the root frozen: no base gradient is
+// formed, the poisoned buffers stay as they were), with and without activation checkpointing (the
+// saved x A^T recomputed); then with the root trained (the embedding gradient carries dh_0 through
+// every block's adapters) and with the base trained beside the adapters.
+BOOST_AUTO_TEST_CASE(lora_cuda_matches_lora_cpu_fp32) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models()) {
+    for (bool checkpointing : {false, true})
+      compare_lora_with_cpu(model, DType::F32, checkpointing, Trained{false, false}, 1e-5, 1e-4);
+    compare_lora_with_cpu(model, DType::F32, false, Trained{false, true}, 1e-5, 1e-4);
+    compare_lora_with_cpu(model, DType::F32, true, Trained{true, true}, 1e-5, 1e-4);
+  }
+}
+
+// Some layers adapted and others not: PEFT's default for Llama (q_proj, v_proj), and BLOOM with one of
+// its two MLP layers adapted, so that GELU's fused epilogue meets the LoRA path on either side.
+BOOST_AUTO_TEST_CASE(lora_cuda_on_some_layers_matches_lora_cpu) {
+  require_device("test_cuda_llama");
+  const std::vector<ModelConfig> models = lora_models();
+  for (const ModelConfig& model : {models[0], models[1]})
+    compare_lora_with_cpu(model, DType::F32, false, Trained{false, true}, 1e-5, 1e-4, {"q_proj", "v_proj"});
+  for (const char* mlp : {"dense_h_to_4h", "dense_4h_to_h"})
+    for (bool checkpointing : {false, true})
+      compare_lora_with_cpu(models[2], DType::F32, checkpointing, Trained{false, true}, 1e-5, 1e-4,
+                            {"query_key_value", mlp});
+}
+
+// Greedy decoding with the key/value cache and the adapters' terms: the CPU model's tokens.
+BOOST_AUTO_TEST_CASE(lora_cuda_decodes_as_lora_cpu) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models()) {
+    const ModelConfig cfg = with_lora(model);
+    const Params params{params_in(cfg, DType::F32), random_adapters(cfg, DType::F32)};
+    const std::vector<int32_t> prompt = random_batch(cfg).tokens;
+    const std::vector<int32_t> want = greedy_next(BackendKind::Cpu, cfg, params, prompt);
+    BOOST_TEST_CONTEXT(model.arch) {
+      BOOST_TEST(greedy_next(BackendKind::Cuda, cfg, params, prompt) == want, boost::test_tools::per_element());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(lora_cuda_bf16_stays_close_to_lora_cpu) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models())
+    for (bool checkpointing : {false, true})
+      compare_lora_with_cpu(model, DType::BF16, checkpointing, Trained{false, true}, 2e-2, 0.1);
 }
 
 BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {

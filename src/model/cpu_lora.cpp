@@ -26,8 +26,6 @@ void CpuLora::input_backward(const float* adapter, const float* dxa, int rows, f
   cpu_gemm(false, false, rows, in, r, 1.0f, dxa, r, adapter + a, in, 1.0f, dx, in);
 }
 
-namespace {
-
 std::vector<CpuLora> lora_modules(const ModelConfig& cfg) {
   std::vector<CpuLora> out;
   if (!cfg.lora.enabled() || cfg.num_layers == 0) return out;
@@ -46,8 +44,6 @@ std::vector<CpuLora> lora_modules(const ModelConfig& cfg) {
   }
   return out;
 }
-
-}  // namespace
 
 CpuLoraBlocks::CpuLoraBlocks(const ModelConfig& cfg, int max_tokens) : modules_(lora_modules(cfg)) {
   if (modules_.empty()) return;

@@ -26,6 +26,10 @@ struct CpuLora {
   void input_backward(const float* adapter, const float* dxa, int rows, float* dx) const;
 };
 
+// One CpuLora per module of cfg's family (linear_modules' order), `on` where cfg.lora targets it; empty
+// when LoRA is off or there are no blocks. The CUDA models read their offsets and shapes from it too.
+std::vector<CpuLora> lora_modules(const ModelConfig& cfg);
+
 // The adapters of a CPU model's blocks (every block has the same layout): one CpuLora per module of
 // the family, `on` where cfg.lora targets it, and the x A^T each layer keeps for its backward.
 class CpuLoraBlocks {

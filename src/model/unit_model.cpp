@@ -21,8 +21,6 @@ std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind b
   }
 #ifdef SHARDLM_HAVE_CUDA
   SHARDLM_CHECK(family.make_cuda, "model.arch = '", cfg.arch, "' has no CUDA model");
-  SHARDLM_CHECK(!cfg.lora.enabled(), "[lora] runs on the CPU backend only so far (run.backend = cpu); the CUDA "
-                "models have no adapters yet");
   return model_detail::make_cuda_unit_model(
       family.make_cuda(cfg, compute_dtype, max_batch, max_seq, activation_checkpointing), compute_dtype);
 #else

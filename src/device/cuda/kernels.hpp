@@ -32,7 +32,7 @@ void embedding_backward(const int32_t* tokens, const void* dout, float* dtable, 
 void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd,
                        int n, int H, float eps, DType dt, cudaStream_t stream);
 // dx = LN backward (dx += when accumulate_dx, which adds the residual branch's gradient);
-// dgamma += sum_rows(dy * xhat), dbeta += sum_rows(dy) in fp32.
+// dgamma += sum_rows(dy * xhat), dbeta += sum_rows(dy) in fp32; both null: frozen, dx only.
 void layernorm_backward(const void* dy, const void* x, const void* gamma, const float* mean, const float* rstd,
                         void* dx, float* dgamma, float* dbeta, int n, int H, bool accumulate_dx, DType dt,
                         cudaStream_t stream);
@@ -102,7 +102,8 @@ void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const voi
 // Logits = h @ table^T ([n, V], tied embeddings) are never held for more than `chunk` rows at once.
 // Returns nothing; writes the per-chunk loss sums into loss_sum (fp32 device scalar, +=) and the
 // count of positions with a target (targets >= 0) into *count (int64 device scalar, +=).
-// When dh is non-null: dh[n, H] = d(grad_scale * sum loss)/dh (written), dtable += (fp32).
+// When dh is non-null: dh[n, H] = d(grad_scale * sum loss)/dh (written), dtable += (fp32; null: a
+// frozen table, no weight gradient GEMM).
 // `workspace` holds lm_head_workspace_bytes(chunk, V, dt) (workspace_sizes.hpp).
 void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* targets, int n, int H, int V, int chunk,
                   float grad_scale, float* loss_sum, long long* count, void* dh, float* dtable, DType dt,

@@ -265,11 +265,18 @@ void layernorm_backward(const void* dy, const void* x, const void* gamma, const 
                         void* dx, float* dgamma, float* dbeta, int n, int H, bool accumulate_dx, DType dt,
                         cudaStream_t stream) {
   if (!check_rows("layernorm_backward", n, H)) return;
+  SHARDLM_CHECK((dgamma == nullptr) == (dbeta == nullptr),
+                "layernorm_backward: dgamma and dbeta must both be given or both be null");
   dispatch_dtype_packed(dt, H, {dy, x, gamma, dx}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
     const T* dys = static_cast<const T*>(dy);
     const T* xs = static_cast<const T*>(x);
+    if (!dgamma) {  // frozen gamma and beta: dx alone, row by row
+      backward_with<T, N, 0>(dys, xs, static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx), nullptr, nullptr,
+                             n, H, accumulate_dx, stream);
+      return;
+    }
     dispatch_lane_packs<N, kBackwardMaxLaneElements>(H, [&](auto lane_packs) {
       constexpr int kPacks = decltype(lane_packs)::value;
       backward_with<T, N, kPacks>(dys, xs, static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx), dgamma,

@@ -22,7 +22,8 @@ namespace shardlm::cuda {
 void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
                      cudaStream_t stream);
 // dx (+)= rstd * (g - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd (dx += when
-// accumulate_dx, which adds the residual branch's gradient); dweight += sum_rows(dy * xhat) in fp32.
+// accumulate_dx, which adds the residual branch's gradient); dweight += sum_rows(dy * xhat) in fp32
+// (null: a frozen weight, dx only).
 void rmsnorm_backward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx, float* dweight,
                       int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream);
 

@@ -1,7 +1,7 @@
 // The tied LM head and cross-entropy on the GPU, chunked over rows so that at most `chunk` rows of
 // logits exist at once (V is up to 250,880): per chunk, logits = h table^T in fp32, a row kernel for the
 // loss and, for backward, dlogits = grad_scale (softmax - onehot) in dt over the same bytes, then
-// dh = dlogits table and dtable += dlogits^T h.
+// dh = dlogits table and dtable += dlogits^T h (unless the table is frozen).
 //
 // Workspace: fp32 logits [chunk, V], then per-row losses (fp32) and target flags (int) for [chunk] rows.
 // dlogits in a 16-bit dt are written in place over their own fp32 row (row stride 2V in dt elements), so
@@ -118,7 +118,6 @@ void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* t
                   void* workspace, cudaStream_t stream) {
   SHARDLM_CHECK(n >= 0 && H >= 1 && V >= 1 && chunk >= 1, "lm_head_loss: bad shape n=", n, " H=", H, " V=", V,
                 " chunk=", chunk);
-  SHARDLM_CHECK(dh == nullptr || dtable != nullptr, "lm_head_loss: dh given without dtable");
   SHARDLM_CHECK(n == 0 || (workspace != nullptr && loss_sum != nullptr && count != nullptr),
                 "lm_head_loss: missing workspace, loss_sum or count");
   const bool backward = dh != nullptr;
@@ -159,6 +158,7 @@ void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* t
     dh_gemm.C = static_cast<char*>(dh) + static_cast<size_t>(r0) * H * es, dh_gemm.ldc = H;
     dh_gemm.ab_dtype = dt, dh_gemm.c_dtype = dt;
     gemm.run(dh_gemm, stream);
+    if (!dtable) continue;  // a frozen table: no weight gradient at all
 
     GemmDesc dtable_gemm;  // dtable[V, H] += dlogits^T h_chunk, fp32
     dtable_gemm.trans_a = true;

@@ -85,8 +85,9 @@ void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, 
   rmsnorm_backward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(dy, x, weight, rstd, dx, n, H,
                                                                                  accumulate_dx);
   SHARDLM_CUDA_LAUNCH_CHECK();
-  // dweight[c] += sum_r dy[r,c] x[r,c] rstd[r], column by column.
-  launch_column_grad<ColumnGrad::kRmsNormWeight, T, N>(dy, x, nullptr, rstd, dweight, nullptr, n, H, stream);
+  // dweight[c] += sum_r dy[r,c] x[r,c] rstd[r], column by column; none for a frozen weight.
+  if (dweight)
+    launch_column_grad<ColumnGrad::kRmsNormWeight, T, N>(dy, x, nullptr, rstd, dweight, nullptr, n, H, stream);
 }
 
 }  // namespace

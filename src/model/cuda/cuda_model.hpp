@@ -15,9 +15,11 @@
 
 namespace shardlm::cuda {
 
-// Parameters are a unit's gathered flat parameter in the compute dtype (layout of model_layout);
-// parameter gradients are fp32 in the same layout, accumulated (+=). Hidden states live inside the
-// model: h_0 from embed_forward, h_{l+1} from block_forward(l), their gradients likewise.
+// Parameters are a unit's gathered flat parameters in the compute dtype (UnitParams: the base in the
+// layout of model_layout, the LoRA adapters in lora_layout's or null); parameter gradients are fp32 in
+// the same layouts (UnitGrads), accumulated (+=), and a null base gradient is a frozen base: none of its
+// gradients is formed, only the input gradients. Hidden states live inside the model: h_0 from
+// embed_forward, h_{l+1} from block_forward(l), their gradients likewise.
 class CudaModel {
  public:
   virtual ~CudaModel() = default;
@@ -27,15 +29,15 @@ class CudaModel {
   // h_0 from the token ids (device memory [B*T]).
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
   // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
-  virtual void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) = 0;
+  virtual void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) = 0;
   // Final norm, LM head and cross-entropy on h_L: adds the loss sum and target count to loss_sum /
   // count (device scalars). With backward: the gradient of grad_scale * sum flows to the gradient
-  // of h_L and into droot (fp32, +=).
+  // of h_L and into droot (fp32, +=; null: the root is frozen, only h_L's gradient is formed).
   virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
                     float* loss_sum, long long* count, float* droot, cudaStream_t s) = 0;
-  // The gradient of h_l from that of h_{l+1}; dparams (fp32, the block's flat layout) +=.
-  virtual void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) = 0;
-  // droot += the embedding path's gradient given the gradient of h_0.
+  // The gradient of h_l from that of h_{l+1}; grads += the block's parameter gradients.
+  virtual void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) = 0;
+  // droot += the embedding path's gradient given the gradient of h_0 (nothing when droot is null).
   virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T,
                               cudaStream_t s) = 0;
 
@@ -55,7 +57,7 @@ class CudaModel {
   virtual void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) = 0;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
-  virtual void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+  virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             cudaStream_t s) = 0;
   // next[i] = argmax of the logits of step row rows[i], i < m (device arrays).
   virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) = 0;

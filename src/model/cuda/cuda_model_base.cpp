@@ -14,7 +14,8 @@ CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt,
       max_tokens_(max_batch * max_seq),
       max_seq_(max_seq),
       max_batch_(max_batch),
-      checkpointing_(activation_checkpointing) {
+      checkpointing_(activation_checkpointing),
+      lora_(cfg, dt, max_batch * max_seq, activation_checkpointing) {
   model_detail::check_built_sizes(name, max_batch, max_seq);
 }
 
@@ -41,6 +42,7 @@ void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_
   keys_.allocate(cfg_.num_layers * layer_cache_bytes_);
   values_.allocate(cfg_.num_layers * layer_cache_bytes_);
   max_len_ = max_len, max_rows_ = max_rows;
+  lora_.decode_allocate(max_rows);
 }
 
 void CudaModelBase::free_cache() {
@@ -48,6 +50,7 @@ void CudaModelBase::free_cache() {
   values_.release();
   layer_cache_bytes_ = 0;
   max_len_ = max_rows_ = 0;
+  lora_.decode_free();
 }
 
 void CudaModelBase::check_step_rows(const char* what, int n) const {

@@ -3,6 +3,7 @@
 // decoding's key/value cache); a family adds its units' forward, backward and decoding.
 #pragma once
 
+#include "cuda_lora.hpp"
 #include "cuda_model.hpp"
 #include "device_memory.hpp"
 #include "gemm.hpp"
@@ -24,13 +25,17 @@ class CudaModelBase : public CudaModel {
 
   // What every family's training step holds besides its own buffers, of the family's planned sizes
   // (its *_cuda_sizes): the hidden states h_0 .. h_L, each [max_tokens, H] in the compute dtype (h_l
-  // is block l's input, kept for its backward), attention's and the LM head's workspaces.
+  // is block l's input, kept for its backward), attention's and the LM head's workspaces; and LoRA's
+  // buffers (lora_, allocated with the model).
   void allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes, size_t head_workspace_bytes);
-  size_t step_buffer_bytes() const { return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes(); }
+  size_t step_buffer_bytes() const {
+    return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes() + lora_.bytes();
+  }
   char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
 
   // Greedy decoding's cache, [layers, slots, kv_heads, max_len, head_dim] in the compute dtype for
-  // keys and for values, and the number of rows a step may have, from decode_allocate to decode_free.
+  // keys and for values, and the number of rows a step may have (LoRA's scratch for them too), from
+  // decode_allocate to decode_free.
   void allocate_cache(int slots, int max_len, int max_rows, int kv_heads);
   void free_cache();
   char* layer_keys(int layer) { return keys_.data() + layer * layer_cache_bytes_; }
@@ -48,6 +53,7 @@ class CudaModelBase : public CudaModel {
   Gemm gemm_;
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows (device), or null
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
+  CudaLoraBlocks lora_;  // the blocks' adapted linear layers (nothing without LoRA)
 
  private:
   DeviceBuffer<char> hidden_;

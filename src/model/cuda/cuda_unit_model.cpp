@@ -31,9 +31,8 @@ class CudaUnitModel final : public UnitModel {
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) override {
     if (B * T > 0) model_->embed_forward(root, tokens, B, T, stream_of(s));
   }
-  // The CUDA models have no LoRA yet (make_unit_model refuses it): base parameters and gradients only.
   void block_forward(int layer, UnitParams params, int B, int T, Stream s) override {
-    if (B * T > 0) model_->block_forward(layer, params.base, B, T, stream_of(s));
+    if (B * T > 0) model_->block_forward(layer, params, B, T, stream_of(s));
   }
   void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* droot,
             Stream s) override {
@@ -41,7 +40,7 @@ class CudaUnitModel final : public UnitModel {
       model_->head(root, targets, B, T, grad_scale, backward, loss_.data(), count_.data(), droot, stream_of(s));
   }
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream s) override {
-    if (B * T > 0) model_->block_backward(layer, params.base, grads.base, B, T, stream_of(s));
+    if (B * T > 0) model_->block_backward(layer, params, grads, B, T, stream_of(s));
   }
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream s) override {
     if (B * T > 0) model_->embed_backward(root, tokens, droot, B, T, stream_of(s));
@@ -70,7 +69,7 @@ class CudaUnitModel final : public UnitModel {
   }
   void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     Stream s) override {
-    model_->decode_block(layer, params.base, slots, positions, n, stream_of(s));
+    model_->decode_block(layer, params, slots, positions, n, stream_of(s));
   }
   void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) override {
     model_->decode_head_argmax(root, rows, m, next, stream_of(s));

@@ -64,11 +64,15 @@ void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, in
                     hidden(0), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
 }
 
-void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
+void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size;
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   MatMul mm{gemm_, s};
+  // A linear layer's LoRA term onto its output (row stride ld), when it is adapted.
+  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+    lora_.forward(layer, mod, params.adapter, x, N, y, ld, gemm_, s);
+  };
   char* x = hidden(layer);
   char* out = hidden(layer + 1);
   const float eps = cfg_.layer_norm_eps;
@@ -77,6 +81,7 @@ void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
                     sv.rstd1.data(), N, H, eps, dt_, s);
   mm(false, true, N, 3 * H, H, sv.ln1.data(), H, w(block_.qkv_weight), H, sv.qkv.data(), 3 * H, dt_, dt_, 0,
      Epilogue::Bias, w(block_.qkv_bias));
+  lora(kQueryKeyValue, sv.ln1.data(), sv.qkv.data(), 3 * H);
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.ctx.data(), reinterpret_cast<float*>(sv.probs.data()), slopes_.data(),
                        starts_, attn_ws_.data(), B, T, s);
@@ -87,16 +92,25 @@ void BloomCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, H, sv.ctx.data(), H, w(block_.dense_weight), H, sv.h2.data(), H, dt_, dt_, 1,
      Epilogue::Bias, w(block_.dense_bias));
+  lora(kDense, sv.ctx.data(), sv.h2.data(), H);
   layernorm_forward(sv.h2.data(), w(block_.ln2_weight), w(block_.ln2_bias),
                     sv.ln2.data(), sv.mean2.data(), sv.rstd2.data(), N, H, eps, dt_, s);
-  mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(block_.mlp_in_weight), H, sv.act.data(), 4 * H, dt_, dt_, 0,
-     Epilogue::BiasGelu, w(block_.mlp_in_bias), sv.pre.data());
+  if (lora_.on(kDenseHTo4H)) {  // pre = ln2 W1^T + b1 + its LoRA term, then GELU
+    mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(block_.mlp_in_weight), H, sv.pre.data(), 4 * H, dt_, dt_, 0,
+       Epilogue::Bias, w(block_.mlp_in_bias));
+    lora(kDenseHTo4H, sv.ln2.data(), sv.pre.data(), 4 * H);
+    gelu_forward(sv.pre.data(), sv.act.data(), static_cast<size_t>(N) * 4 * H, dt_, s);
+  } else {
+    mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(block_.mlp_in_weight), H, sv.act.data(), 4 * H, dt_, dt_, 0,
+       Epilogue::BiasGelu, w(block_.mlp_in_bias), sv.pre.data());
+  }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w(block_.mlp_out_weight), 4 * H, out, H, dt_, dt_, 1,
      Epilogue::Bias, w(block_.mlp_out_bias));
+  lora(kDense4HToH, sv.act.data(), out, H);
 }
 
-void BloomCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
+void BloomCuda::block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) {
   forward_into(layer, params, saved(layer), B, T, s);
 }
 
@@ -105,49 +119,65 @@ void BloomCuda::head(const void* root, const int32_t* targets, int B, int T, flo
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers;
   const char* r = static_cast<const char*>(root);
   const char* hL = hidden(L);
+  auto dr = [&](size_t offset) { return backward && droot ? droot + offset : nullptr; };  // null: frozen root
   layernorm_forward(hL, r + root_.final_norm_weight * dsize_, r + root_.final_norm_bias * dsize_, lnf_.data(),
                     lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
   lm_head_loss(gemm_, lnf_.data(), r + root_.embeddings * dsize_, targets, N, H, V, sizes_.head_chunk,
-               grad_scale, loss_sum, count, backward ? dln_.data() : nullptr,
-               backward ? droot + root_.embeddings : nullptr, dt_, head_ws_.data(), s);
+               grad_scale, loss_sum, count, backward ? dln_.data() : nullptr, dr(root_.embeddings), dt_,
+               head_ws_.data(), s);
   if (!backward) return;
   dcur_ = 0;
   layernorm_backward(dln_.data(), hL, r + root_.final_norm_weight * dsize_, lnf_mean_.data(), lnf_rstd_.data(),
-                     dh_[dcur_].data(), droot + root_.final_norm_weight, droot + root_.final_norm_bias, N, H, false,
-                     dt_, s);
+                     dh_[dcur_].data(), dr(root_.final_norm_weight), dr(root_.final_norm_bias), N, H, false, dt_, s);
 }
 
-void BloomCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
+void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size;
   const size_t NH = static_cast<size_t>(N) * H;
   Saved& sv = saved(layer);
   if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  auto g = [&](size_t offset) { return dparams + offset; };
+  const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
+  auto g = [&](size_t offset) { return grads.base_at(offset); };
   MatMul mm{gemm_, s};
+  // A linear layer's weight and bias gradients (unless frozen) and its LoRA parameter gradients, from
+  // the gradient of its output [N, out]; then, after its input gradient, that gradient's LoRA term.
+  auto param_backward = [&](Module mod, const void* x, const char* dy, int in, int out, size_t weight, size_t bias) {
+    if (train_base) {
+      mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, 1);
+      bias_grad(dy, g(bias), N, out, dt_, s);
+    }
+    lora_.param_backward(layer, mod, params.adapter, x, dy, out, N, grads.adapter, gemm_, s);
+  };
+  auto lora_input = [&](Module mod, char* dx) { lora_.input_backward(mod, params.adapter, N, dx, gemm_, s); };
   const char* x = hidden(layer);
   char* dout = dh_[dcur_].data();
   char* dx = dh_[1 - dcur_].data();
 
   // out = h2 + act W2^T + b2
-  mm(true, false, H, 4 * H, N, dout, H, sv.act.data(), 4 * H, g(block_.mlp_out_weight), 4 * H, dt_, DType::F32, 1);
-  bias_grad(dout, g(block_.mlp_out_bias), N, H, dt_, s);
-  mm(false, false, N, 4 * H, H, dout, H, w(block_.mlp_out_weight), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
-     Epilogue::DGelu, nullptr, sv.pre.data());
+  param_backward(kDense4HToH, sv.act.data(), dout, 4 * H, H, block_.mlp_out_weight, block_.mlp_out_bias);
+  if (lora_.on(kDense4HToH)) {  // d(act) with its LoRA term, then GELU's backward
+    mm(false, false, N, 4 * H, H, dout, H, w(block_.mlp_out_weight), 4 * H, dpre_.data(), 4 * H, dt_, dt_);
+    lora_input(kDense4HToH, dpre_.data());
+    gelu_backward(dpre_.data(), sv.pre.data(), dpre_.data(), NH * 4, dt_, s);
+  } else {
+    mm(false, false, N, 4 * H, H, dout, H, w(block_.mlp_out_weight), 4 * H, dpre_.data(), 4 * H, dt_, dt_, 0,
+       Epilogue::DGelu, nullptr, sv.pre.data());
+  }
   // pre = ln2 W1^T + b1
-  mm(true, false, 4 * H, H, N, dpre_.data(), 4 * H, sv.ln2.data(), H, g(block_.mlp_in_weight), H, dt_, DType::F32, 1);
-  bias_grad(dpre_.data(), g(block_.mlp_in_bias), N, 4 * H, dt_, s);
+  param_backward(kDenseHTo4H, sv.ln2.data(), dpre_.data(), H, 4 * H, block_.mlp_in_weight, block_.mlp_in_bias);
   mm(false, false, N, H, 4 * H, dpre_.data(), 4 * H, w(block_.mlp_in_weight), H, dln_.data(), H, dt_, dt_);
+  lora_input(kDenseHTo4H, dln_.data());
   // dh2 = dout + LayerNorm2 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dh2_.data(), dout, NH * dsize_, cudaMemcpyDeviceToDevice, s));
   layernorm_backward(dln_.data(), sv.h2.data(), w(block_.ln2_weight), sv.mean2.data(),
                      sv.rstd2.data(), dh2_.data(), g(block_.ln2_weight),
                      g(block_.ln2_bias), N, H, true, dt_, s);
   // h2 = x + ctx Wd^T + bd
-  mm(true, false, H, H, N, dh2_.data(), H, sv.ctx.data(), H, g(block_.dense_weight), H, dt_, DType::F32, 1);
-  bias_grad(dh2_.data(), g(block_.dense_bias), N, H, dt_, s);
+  param_backward(kDense, sv.ctx.data(), dh2_.data(), H, H, block_.dense_weight, block_.dense_bias);
   mm(false, false, N, H, H, dh2_.data(), H, w(block_.dense_weight), H, dctx_.data(), H, dt_, dt_);
+  lora_input(kDense, dctx_.data());
   if (attention_.fused())
     attention_.backward(dctx_.data(), sv.qkv.data(), sv.ctx.data(), reinterpret_cast<const float*>(sv.probs.data()),
                         dqkv_.data(), slopes_.data(), starts_, attn_ws_.data(), B, T, s);
@@ -155,9 +185,9 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
     attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
                        cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // qkv = ln1 Wqkv^T + bqkv
-  mm(true, false, 3 * H, H, N, dqkv_.data(), 3 * H, sv.ln1.data(), H, g(block_.qkv_weight), H, dt_, DType::F32, 1);
-  bias_grad(dqkv_.data(), g(block_.qkv_bias), N, 3 * H, dt_, s);
+  param_backward(kQueryKeyValue, sv.ln1.data(), dqkv_.data(), H, 3 * H, block_.qkv_weight, block_.qkv_bias);
   mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w(block_.qkv_weight), H, dln_.data(), H, dt_, dt_);
+  lora_input(kQueryKeyValue, dln_.data());
   // dx = dh2 + LayerNorm1 backward
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dx, dh2_.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
   layernorm_backward(dln_.data(), x, w(block_.ln1_weight), sv.mean1.data(), sv.rstd1.data(), dx,
@@ -166,6 +196,7 @@ void BloomCuda::block_backward(int layer, const void* params, float* dparams, in
 }
 
 void BloomCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
+  if (!droot) return;  // a frozen root: nothing below h_0 is trained
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const char* r = static_cast<const char*>(root);
   // dln_ is free here: it takes the gradient of the embedding output.

@@ -25,11 +25,11 @@ class BloomCuda final : public CudaModelBase {
 
   // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
-  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) override;
+  void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) override;
   // Final LayerNorm, tied LM head and cross-entropy on h_L.
   void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
             long long* count, float* droot, cudaStream_t s) override;
-  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
+  void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) override;
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
@@ -43,7 +43,7 @@ class BloomCuda final : public CudaModelBase {
   void decode_free() override;
   // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
   void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
-  void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+  void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
   void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
@@ -53,12 +53,15 @@ class BloomCuda final : public CudaModelBase {
     DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;  // probs: the fused path's fp32 lse instead
     DeviceBuffer<float> mean1, rstd1, mean2, rstd2;
   };
-  void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
+  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
   // block), looked up once.
   BloomRootOffsets root_{};
   BloomBlockOffsets block_{};
+  // The block's linear layers in bloom_linear_modules' order: LoRA's module indices (lora_). An adapted
+  // dense_h_to_4h or dense_4h_to_h runs GELU (or its backward) apart from the GEMM, its LoRA term between.
+  enum Module { kQueryKeyValue, kDense, kDenseHTo4H, kDense4HToH };
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
   AttentionPath attention_;  // cuDNN's fused attention or attention_*; sizes_ follow its choice

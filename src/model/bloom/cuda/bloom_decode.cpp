@@ -39,7 +39,7 @@ void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cud
                     s);
 }
 
-void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
   check_layer("decode_block", layer);
   check_step_rows("decode_block", n);
@@ -47,8 +47,12 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
   const int H = cfg_.hidden_size, heads = cfg_.num_heads, d = cfg_.head_dim();
   const float eps = cfg_.layer_norm_eps;
   const size_t NH = static_cast<size_t>(n) * H;
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
+  // A linear layer's LoRA term onto its output (row stride ld), when it is adapted.
+  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, gemm_, s);
+  };
   DecodeBuffers& b = decode_;
   const BloomBlockOffsets& o = block_;
   char* keys = layer_keys(layer);
@@ -58,6 +62,7 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
   layernorm_forward(b.hidden.data(), w(o.ln1_weight), w(o.ln1_bias), b.ln.data(), b.mean.data(), b.rstd.data(), n,
                     H, eps, dt_, s);
   linear_rows(gemm_, b.ln.data(), n, H, w(o.qkv_weight), w(o.qkv_bias), 3 * H, b.qkv.data(), false, dt_, s);
+  lora(kQueryKeyValue, b.ln.data(), b.qkv.data(), 3 * H);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = interleaved_qkv(heads, d);
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
@@ -66,14 +71,17 @@ void BloomCuda::decode_block(int layer, const void* params, const int32_t* slots
   // h2 = x + ctx Wd^T + bd
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.ctx.data(), n, H, w(o.dense_weight), w(o.dense_bias), H, b.h2.data(), true, dt_, s);
+  lora(kDense, b.ctx.data(), b.h2.data(), H);
   // out = h2 + gelu(LayerNorm(h2) W1^T + b1) W2^T + b2, written over the step's hidden states.
   layernorm_forward(b.h2.data(), w(o.ln2_weight), w(o.ln2_bias), b.ln.data(), b.mean.data(), b.rstd.data(), n, H,
                     eps, dt_, s);
   linear_rows(gemm_, b.ln.data(), n, H, w(o.mlp_in_weight), w(o.mlp_in_bias), 4 * H, b.wide.data(), false, dt_, s);
+  lora(kDenseHTo4H, b.ln.data(), b.wide.data(), 4 * H);
   gelu_forward(b.wide.data(), b.wide.data(), NH * 4, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH * dsize_, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.wide.data(), n, 4 * H, w(o.mlp_out_weight), w(o.mlp_out_bias), H, b.hidden.data(), true, dt_,
               s);
+  lora(kDense4HToH, b.wide.data(), b.hidden.data(), H);
 }
 
 void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {

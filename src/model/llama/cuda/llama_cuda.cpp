@@ -78,12 +78,16 @@ void LlamaCuda::embed_forward(const void* root, const int32_t* tokens, int B, in
                     s);
 }
 
-void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s) {
+void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   MatMul mm{gemm_, s};
+  // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
+  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+    lora_.forward(layer, mod, params.adapter, x, N, y, ld, gemm_, s);
+  };
   const char* x = hidden(layer);
   char* out = hidden(layer + 1);
   const float eps = cfg_.rms_norm_eps;
@@ -92,6 +96,9 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
      qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
+  lora(kQProj, norm_.data(), sv.qkv.data(), QKV);
+  lora(kKProj, norm_.data(), sv.qkv.data() + qw_ * dsize_, QKV);
+  lora(kVProj, norm_.data(), sv.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
   rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s, starts_);  // q, k
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
@@ -101,16 +108,20 @@ void LlamaCuda::forward_into(int layer, const void* params, Saved& sv, int B, in
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
+  lora(kOProj, sv.context.data(), sv.h2.data(), H);
 
   // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
   mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
+  lora(kGateProj, norm_.data(), sv.gate_up.data(), 2 * F);
+  lora(kUpProj, norm_.data(), sv.gate_up.data() + F * dsize_, 2 * F);
   swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
+  lora(kDownProj, wide_.data(), out, H);
 }
 
-void LlamaCuda::block_forward(int layer, const void* params, int B, int T, cudaStream_t s) {
+void LlamaCuda::block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) {
   check_shape("block_forward", B, T);
   check_layer("block_forward", layer);
   if (B * T == 0) return;
@@ -124,16 +135,16 @@ void LlamaCuda::head(const void* root, const int32_t* targets, int B, int T, flo
   if (N == 0) return;
   const char* r = static_cast<const char*>(root);
   const char* hL = hidden(cfg_.num_layers);
+  auto dr = [&](size_t offset) { return backward && droot ? droot + offset : nullptr; };  // null: frozen root
   rmsnorm_forward(hL, r + root_.norm * dsize_, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s);
   lm_head_loss(gemm_, norm_.data(), r + root_.head * dsize_, targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
-               grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, backward ? droot + root_.head : nullptr,
-               dt_, head_ws_.data(), s);
+               grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, dr(root_.head), dt_, head_ws_.data(), s);
   if (!backward) return;
-  rmsnorm_backward(grad_.data(), hL, r + root_.norm * dsize_, final_rstd_.data(), dh_.data(), droot + root_.norm, N,
-                   H, false, dt_, s);
+  rmsnorm_backward(grad_.data(), hL, r + root_.norm * dsize_, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H,
+                   false, dt_, s);
 }
 
-void LlamaCuda::block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) {
+void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
   check_shape("block_backward", B, T);
   check_layer("block_backward", layer);
   const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
@@ -141,30 +152,46 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   if (N == 0) return;
   Saved& sv = saved(layer);
   if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  auto g = [&](size_t offset) { return dparams + offset; };
+  const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
+  auto g = [&](size_t offset) { return grads.base_at(offset); };
   MatMul mm{gemm_, s};
+  // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
+  // input gradient's LoRA term, when it is adapted.
+  auto lora_params = [&](Module mod, const void* x, const char* dy, int ld) {
+    lora_.param_backward(layer, mod, params.adapter, x, dy, ld, N, grads.adapter, gemm_, s);
+  };
+  auto lora_input = [&](Module mod, char* dx) { lora_.input_backward(mod, params.adapter, N, dx, gemm_, s); };
   const char* x = hidden(layer);
   char* dh = dh_.data();  // d(out) on entry, d(h2) after the MLP, d(x) on exit
   const float eps = cfg_.rms_norm_eps;
 
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed).
   swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
-  mm(true, false, H, F, N, dh, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
+  if (train_base) mm(true, false, H, F, N, dh, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
+  lora_params(kDownProj, wide_.data(), dh, H);
   mm(false, false, N, F, H, dh, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
+  lora_input(kDownProj, wide_.data());
   swiglu_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, F, dt_, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
-  mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
+  if (train_base)
+    mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
+  lora_params(kGateProj, norm_.data(), dgate_up_.data(), 2 * F);
+  lora_params(kUpProj, norm_.data(), dgate_up_.data() + F * dsize_, 2 * F);
   mm(false, false, N, H, 2 * F, dgate_up_.data(), 2 * F, w(block_.gate_up), H, grad_.data(), H, dt_, dt_);
+  lora_input(kGateProj, grad_.data());
+  lora_input(kUpProj, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
                    true, dt_, s);
 
   // h2 = x + context W_o^T.
-  mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
+  if (train_base) mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
+  lora_params(kOProj, sv.context.data(), dh, H);
   mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
+  lora_input(kOProj, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
                         starts_, attn_ws_.data(), B, T, s);
@@ -174,9 +201,15 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
-  mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
-  if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
+  if (train_base) {
+    mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
+    if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
+  }
+  lora_params(kQProj, norm_.data(), dqkv_.data(), QKV);
+  lora_params(kKProj, norm_.data(), dqkv_.data() + qw_ * dsize_, QKV);
+  lora_params(kVProj, norm_.data(), dqkv_.data() + (qw_ + kvw_) * dsize_, QKV);
   mm(false, false, N, H, QKV, dqkv_.data(), QKV, w(block_.qkv), H, grad_.data(), H, dt_, dt_);
+  for (Module mod : {kQProj, kKProj, kVProj}) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,
                    s);
@@ -184,6 +217,7 @@ void LlamaCuda::block_backward(int layer, const void* params, float* dparams, in
 
 void LlamaCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
   check_shape("embed_backward", B, T);
+  if (!droot) return;  // a frozen root: nothing below h_0 is trained
   embedding_backward(tokens, dh_.data(), droot + root_.embeddings, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
 }
 

@@ -1,8 +1,9 @@
 // The Llama model on the GPU: forward and backward of each FSDP unit on one stream, activations in
 // the compute dtype in buffers planned up front (llama_cuda_sizes.hpp; no allocation in the step),
 // parameter gradients in fp32; and greedy decoding with a key/value cache. The options of
-// LlamaBlock (Qwen2's q/k/v biases) ride on the fused q|k|v GEMM's bias epilogue. Mirrors LlamaCpu
-// (src/model/llama/llama_cpu.cpp), which is its reference.
+// LlamaBlock (Qwen2's q/k/v biases) ride on the fused q|k|v GEMM's bias epilogue. LoRA's terms add onto
+// the projections' columns (before rotary for q and k). Mirrors LlamaCpu (src/model/llama/llama_cpu.cpp),
+// which is its reference.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,11 +29,11 @@ class LlamaCuda final : public CudaModelBase {
 
   // h_0 = embed_tokens[tokens]; `tokens` is device memory [B*T].
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
-  void block_forward(int layer, const void* params, int B, int T, cudaStream_t s) override;
+  void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) override;
   // Final RMSNorm, the LM head (lm_head.weight, or embed_tokens.weight when tied) and cross-entropy.
   void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
             float* loss_sum, long long* count, float* droot, cudaStream_t s) override;
-  void block_backward(int layer, const void* params, float* dparams, int B, int T, cudaStream_t s) override;
+  void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) override;
   void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
@@ -50,7 +51,7 @@ class LlamaCuda final : public CudaModelBase {
   // Block `layer` on the step's n rows: rotary at each row's position, row r's key and value cached
   // at (slots[r], positions[r]), attention over its slot's positions 0..positions[r] (device arrays,
   // checked by the caller).
-  void decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+  void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final RMSNorm, the LM head) of step row rows[i], i < m (device arrays).
   void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
@@ -60,7 +61,7 @@ class LlamaCuda final : public CudaModelBase {
     DeviceBuffer<float> rstd1, rstd2, lse;  // lse: the attention softmax's, [B, heads, T]
     DeviceBuffer<char> qkv, context, h2, gate_up;
   };
-  void forward_into(int layer, const void* params, Saved& sv, int B, int T, cudaStream_t s);
+  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
 
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
@@ -70,6 +71,8 @@ class LlamaCuda final : public CudaModelBase {
   };
   LlamaRootOffsets root_{};
   BlockOffsets block_{};
+  // The block's linear layers in llama_linear_modules' order: LoRA's module indices (lora_).
+  enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU

@@ -39,7 +39,7 @@ void LlamaCuda::decode_embed(const void* root, const int32_t* tokens, int n, cud
                     cfg_.vocab_size, dt_, s);
 }
 
-void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots, const int32_t* positions, int n,
+void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
   check_layer("decode_block", layer);
   check_step_rows("decode_block", n);
@@ -48,8 +48,12 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   const float eps = cfg_.rms_norm_eps;
   const size_t NH = static_cast<size_t>(n) * H * dsize_;
-  const char* p = static_cast<const char*>(params);
+  const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
+  // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
+  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+    lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, gemm_, s);
+  };
   DecodeBuffers& b = decode_;
   char* keys = layer_keys(layer);
   char* values = layer_values(layer);
@@ -59,6 +63,9 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
   rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), qkv_bias_ ? w(block_.qkv_bias) : nullptr, QKV, b.qkv.data(),
               false, dt_, s);
+  lora(kQProj, b.norm.data(), b.qkv.data(), QKV);
+  lora(kKProj, b.norm.data(), b.qkv.data() + qw_ * dsize_, QKV);
+  lora(kVProj, b.norm.data(), b.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
   rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
@@ -66,14 +73,18 @@ void LlamaCuda::decode_block(int layer, const void* params, const int32_t* slots
   decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), max_len, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
+  lora(kOProj, b.ctx.data(), b.h2.data(), H);
 
   // MLP: out = h2 + down_proj(silu(gate_proj(m)) * up_proj(m)), m = RMSNorm(h2), written over the
   // step's hidden states.
   rmsnorm_forward(b.h2.data(), w(block_.post_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.gate_up), nullptr, 2 * F, b.gate_up.data(), false, dt_, s);
+  lora(kGateProj, b.norm.data(), b.gate_up.data(), 2 * F);
+  lora(kUpProj, b.norm.data(), b.gate_up.data() + F * dsize_, 2 * F);
   swiglu_forward(b.gate_up.data(), b.wide.data(), n, F, dt_, s);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.hidden.data(), true, dt_, s);
+  lora(kDownProj, b.wide.data(), b.hidden.data(), H);
 }
 
 void LlamaCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {

@@ -1,0 +1,69 @@
+// Private to the CUDA models: LoRA on a block's linear layers, CpuLora's math (cpu_lora.hpp) through
+// cuBLASLt. y += scale (x A^T) B^T with x A^T in the compute dtype, kept per saved block for the
+// backward (under activation checkpointing the one saved block's is recomputed with the block); the
+// adapters' gradients accumulate in fp32 as the base weights' do. Buffers of lora_cuda_sizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "../cpu_lora.hpp"
+#include "cuda_lora_sizes.hpp"
+#include "device_memory.hpp"
+#include "gemm.hpp"
+
+namespace shardlm::cuda {
+
+// Modules are indices in the family's linear_modules order; `adapter` is a block's gathered adapters
+// (lora_layout) in the compute dtype, `dadapter` their fp32 gradients. x, dx and the kept x A^T are
+// dense rows; y and dy may be columns of a wider matrix (row stride ld), as q|k|v and gate|up are.
+class CudaLoraBlocks {
+ public:
+  // Nothing is allocated when cfg's LoRA is off. Buffers for max_tokens rows; with checkpointing
+  // one block's x A^T at a time.
+  CudaLoraBlocks(const ModelConfig& cfg, DType dt, int max_tokens, bool checkpointing);
+  CudaLoraBlocks(const CudaLoraBlocks&) = delete;
+  CudaLoraBlocks& operator=(const CudaLoraBlocks&) = delete;
+
+  bool on(int module) const { return !modules_.empty() && modules_[module].on; }
+  // y[rows, out] += scale (x A^T) B^T of x[rows, in] (when on); x A^T kept for block `layer`'s backward.
+  void forward(int layer, int module, const void* adapter, const void* x, int rows, void* y, int ldy,
+               Gemm& gemm, cudaStream_t s);
+  // dB += scale dy^T (x A^T) and dA += d(x A^T)^T x for dy[rows, out] (when on), with d(x A^T) =
+  // scale dy B kept for input_backward.
+  void param_backward(int layer, int module, const void* adapter, const void* x, const void* dy, int ldy, int rows,
+                      float* dadapter, Gemm& gemm, cudaStream_t s);
+  // dx[rows, in] += d(x A^T) A (when on; after the module's param_backward).
+  void input_backward(int module, const void* adapter, int rows, void* dx, Gemm& gemm, cudaStream_t s);
+
+  // Greedy decoding: y += the LoRA term of x over n rows, through scratch of up to max_rows rows that
+  // exists from decode_allocate to decode_free.
+  void decode_allocate(int max_rows);
+  void decode_free() { decode_xa_.release(); }
+  void decode_forward(int layer, int module, const void* adapter, const void* x, int n, void* y, int ldy,
+                      Gemm& gemm, cudaStream_t s);
+
+  // The training buffers' bytes: saved blocks x lora_cuda_sizes' xa(), and its dxa().
+  size_t bytes() const { return xa_.bytes() + dxa_.bytes(); }
+
+ private:
+  char* xa(int layer, int module) const;  // where the module's x A^T of block `layer` is kept
+  const model_detail::CpuLora& adapted(const char* what, int layer, int module, const void* adapter) const;
+  // The layer's y += scale (x A^T) B^T with x A^T written to xa.
+  void apply(const model_detail::CpuLora& m, const void* adapter, const void* x, int rows, void* xa, void* y, int ldy,
+             Gemm& gemm, cudaStream_t s) const;
+  const char* at(const void* adapter, size_t offset) const { return static_cast<const char*>(adapter) + offset * es_; }
+
+  std::vector<model_detail::CpuLora> modules_;  // offsets and shapes, as the CPU models read them
+  std::vector<size_t> slice_;                   // each targeted module's place among the targeted ones
+  DType dt_;
+  size_t es_;
+  bool checkpointing_;
+  LoraCudaSizes sizes_;
+  DeviceBuffer<char> xa_;   // [saved block][module] slices of sizes_.slice
+  DeviceBuffer<char> dxa_;  // [module] slices
+  DeviceBuffer<char> decode_xa_;
+};
+
+}  // namespace shardlm::cuda
