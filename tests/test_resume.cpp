@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/io.hpp"
+#include "test_support.hpp"
 #include "train_test_support.hpp"
 
 using namespace shardlm;
@@ -215,4 +217,120 @@ BOOST_AUTO_TEST_CASE(another_tokenizer_is_refused_on_every_rank_unless_weights_o
   TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
   BOOST_TEST(r.first_step == 0);
   BOOST_TEST(r.step_losses.size() == 2u);
+}
+
+// ---- LoRA runs: adapters in the checkpoints, PEFT's folder at the end --------------------------
+
+namespace {
+
+RunConfig lora_config(const std::string& name) {
+  RunConfig cfg = config(ShardingStrategy::FullShard, name);
+  cfg.model.lora.r = 4;
+  cfg.model.lora.alpha = 8;
+  for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+  cfg.train.lr = 3e-2;
+  cfg.train.max_steps = 8;
+  cfg.run.overwrite = true;  // a case may reuse a folder an earlier one (or run) left
+  return cfg;
+}
+
+const TrainResult& lora_uninterrupted() {
+  static TrainResult r = [] {
+    RunConfig cfg = lora_config("lora_full");
+    cfg.checkpoint.every = 4;
+    return train(cfg, MPI_COMM_WORLD, quiet());
+  }();
+  return r;
+}
+
+std::string lora_step4() { return scratch("lora_full") + "/checkpoints/ckpt-00000004.h5"; }
+
+}  // namespace
+
+// The checkpoint holds the adapters and their AdamW state only, and a resume from it repeats the run.
+BOOST_AUTO_TEST_CASE(lora_checkpoints_hold_the_adapters_and_resume_exactly) {
+  const TrainResult& full = lora_uninterrupted();
+  BOOST_TEST_REQUIRE(full.step_losses.size() == 8u);
+  // A whole model's checkpoint of the same run for scale: the LoRA one is a small fraction of it.
+  const uintmax_t lora_bytes = fs::file_size(lora_step4());
+  const uintmax_t whole_bytes = fs::file_size(step10());
+  BOOST_TEST(lora_bytes * 4 < whole_bytes, lora_bytes << " bytes against " << whole_bytes);
+  CheckpointReader reader(lora_step4());
+  BOOST_TEST(!reader.meta().lora.empty());
+  BOOST_TEST(reader.meta().base_checksum.size() == 16u);
+  for (const CheckpointTensor& t : reader.tensors()) BOOST_TEST(t.name.find(".lora_") != std::string::npos, t.name);
+
+  RunConfig cfg = lora_config("lora_resumed");
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = lora_step4();
+  const TrainResult resumed = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(resumed.first_step == 4);
+  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
+  for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i]);
+}
+
+// The adapter folder written at the end is PEFT's (read_peft_adapter reads it back), and a run
+// started from it (model.adapter) begins where the adapters ended: the same losses as a run that
+// takes the final checkpoint's weights.
+BOOST_AUTO_TEST_CASE(lora_runs_write_peft_adapters_and_start_from_them) {
+  const TrainResult& full = lora_uninterrupted();
+  BOOST_TEST_REQUIRE(full.step_losses.size() == 8u);
+  const std::string adapter = scratch("lora_full") + "/adapter";
+  BOOST_TEST_REQUIRE(fs::is_regular_file(adapter + "/adapter_config.json"));
+  const PeftAdapter read = read_peft_adapter(adapter, lora_config("x").model);
+  BOOST_TEST(read.lora.r == 4);
+  BOOST_TEST(read.tensors.size() == 4u * 2 * 2);  // 2 blocks x 4 modules x (A, B)
+
+  RunConfig from_adapter = lora_config("lora_from_adapter");
+  from_adapter.model.adapter = adapter;
+  from_adapter.train.lr = 0;
+  from_adapter.train.max_steps = 2;
+  RunConfig from_weights = lora_config("lora_from_weights");
+  from_weights.checkpoint.resume = ResumeFrom::Path;
+  from_weights.checkpoint.resume_path = scratch("lora_full") + "/checkpoints/ckpt-00000008.h5";
+  from_weights.checkpoint.load_weights_only = true;
+  from_weights.train.lr = 0;
+  from_weights.train.max_steps = 2;
+  const TrainResult a = train(from_adapter, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(from_weights, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
+  for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
+  // And not the fresh adapters' losses: the adapters were taken.
+  RunConfig fresh = lora_config("lora_fresh");
+  fresh.train.lr = 0;
+  fresh.train.max_steps = 2;
+  const TrainResult c = train(fresh, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(std::abs(c.step_losses.at(0) - a.step_losses[0]) > 1e-3);
+}
+
+// Resume refuses adapters of another [lora] or trained on other base weights, and a whole model's
+// checkpoint for a LoRA run.
+BOOST_AUTO_TEST_CASE(lora_resume_refuses_other_adapters_or_base) {
+  lora_uninterrupted();
+  auto refusal = [](RunConfig cfg, const std::string& path) {
+    cfg.checkpoint.resume = ResumeFrom::Path;
+    cfg.checkpoint.resume_path = path;
+    try {
+      train(cfg, MPI_COMM_WORLD, quiet());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  RunConfig other_r = lora_config("lora_other_r");
+  other_r.model.lora.r = 8;
+  std::string e = refusal(other_r, lora_step4());
+  BOOST_TEST(contains(e, "lora.r"), e);
+  RunConfig other_base = lora_config("lora_other_base");
+  other_base.train.seed = 12;  // the seeded base weights differ
+  e = refusal(other_base, lora_step4());
+  BOOST_TEST(contains(e, "other base weights"), e);
+  e = refusal(lora_config("lora_from_whole"), step10());
+  BOOST_TEST(contains(e, "this run trains LoRA adapters"), e);
+  // load_weights_only takes adapters trained on another base (a new run from them).
+  other_base.checkpoint.load_weights_only = true;
+  other_base.train.max_steps = 1;
+  e = refusal(other_base, lora_step4());
+  BOOST_TEST(e.empty(), e);
 }

@@ -98,6 +98,15 @@ float fp16_to_float(uint16_t h);
 
 // Round an fp32 value to the nearest value representable in `t` (identity for F32).
 float round_to(DType t, float f);
+
+// splitmix64's finaliser: a bijective mix whose outputs of consecutive inputs look independent
+// (counter-based initialisation, checksums that must not depend on how values are split up).
+inline uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 void round_to(DType t, float* data, size_t n);
 // Pack fp32 values into 16-bit storage of `t` (BF16 or F16) and back.
 void pack16(DType t, const float* src, uint16_t* dst, size_t n);

@@ -136,6 +136,9 @@ class FsdpEngine {
   // them in (in the compute dtype) and frees the views. Error without LoRA.
   std::vector<UnitState> frozen_state(uint64_t seed);
   void frozen_loaded();
+  // This rank's part of the frozen base's checksum, as frozen_loaded took it in (values in the compute
+  // dtype); the ranks' parts summed (mod 2^64) give the same value for any world and strategy.
+  uint64_t frozen_checksum_part() const { return frozen_checksum_; }
   bool lora() const;
 
   FsdpMemory memory() const;
@@ -179,6 +182,7 @@ class FsdpEngine {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<void*> pinned_;  // host arrays page-locked by the backend, unlocked before they are freed
   std::vector<std::vector<float>> frozen_staging_;  // frozen_state's views, until frozen_loaded
+  uint64_t frozen_checksum_ = 0;
 };
 
 // ---- memory plan (`shardlm plan`): one rank's bytes, from the same sizes the engines allocate ----

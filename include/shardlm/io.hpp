@@ -42,6 +42,11 @@ struct CheckpointMeta {
   std::string deck;          // resolved deck, INI text
   std::string version;       // shardlm version that wrote it
   std::string tokenizer_hash;  // tokenizer_hash() of the run's tokenizer; empty: written before it was kept
+  // LoRA runs (the units hold the adapters only): the adapters' adapter_config.json text
+  // (peft_adapter_config_json, base_model_name_or_path = model.dir) and the frozen base weights'
+  // checksum (FsdpEngine::frozen_checksum_part summed over the ranks, 16 hex digits). Empty otherwise.
+  std::string lora;
+  std::string base_checksum;
 };
 
 // One vector of an optimizer's per-element fp32 state (AdamW: exp_avg, exp_avg_sq), sliced as the
@@ -293,5 +298,13 @@ struct PeftAdapter {
 // adapter_model.safetensors (F32, BF16 or F16), whose tensors must be exactly those the config
 // implies, with their shapes and finite values. Errors name the file and the key or tensor.
 PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
+
+// The model of a LoRA run's checkpoint with its [lora] (CheckpointMeta::lora); *base_dir receives the
+// base model folder the run started from (empty: the seeded initialisation). Error for a checkpoint
+// of a whole model.
+ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string& path, std::string* base_dir);
+// Writes the adapters of a LoRA run's checkpoint as a PEFT adapter folder DIR (write_peft_adapter);
+// returns the base model folder it names.
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir);
 
 }  // namespace shardlm

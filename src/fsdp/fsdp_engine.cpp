@@ -3,6 +3,7 @@
 // on the compute stream, events between them); the CPU backend runs the same calls in order.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "fsdp_engine_impl.hpp"
 
@@ -215,13 +216,25 @@ void FsdpEngine::frozen_loaded() {
   SHARDLM_CHECK(frozen_staging_.size() == m.units.size(), "FsdpEngine::frozen_loaded without frozen_state");
   const DType cdt = plan_.compute_dtype;
   std::vector<uint16_t> host16;
+  frozen_checksum_ = 0;
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
     std::vector<float>& host = frozen_staging_[u];
     const size_t n = host.size();
+    if (cdt != DType::F32) round_to(cdt, host.data(), n);  // the values the model will read
+    else if (m.opt.param_dtype != DType::F32) round_to(m.opt.param_dtype, host.data(), n);
+    // A sum over the elements this rank holds first (primary replicas), of a hash of (unit, index,
+    // value): the same total for any world size once the ranks' parts are added.
+    if (groups_.replicate->rank() == 0) {
+      const size_t end = std::min(d.frozen.shard_numel, d.frozen.numel - std::min(d.frozen.numel, d.frozen.shard_begin));
+      for (size_t i = 0; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &host[i], sizeof(bits));
+        frozen_checksum_ += mix64(mix64((static_cast<uint64_t>(u) << 40) ^ (d.frozen.shard_begin + i)) ^ bits);
+      }
+    }
     if (cdt == DType::F32) {
-      // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs).
-      if (m.opt.param_dtype != DType::F32) round_to(m.opt.param_dtype, host.data(), n);
+      // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs): rounded above.
       backend_->copy(d.frozen_slice.data(), host.data(), n * sizeof(float),
                      CopyKind::HostToDevice, m.compute);
     } else {

@@ -24,8 +24,13 @@ constexpr const char* kIndexDataset = "index";
 constexpr const char* kChecksumAttr = "checksum";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kParamDataset = "param";
-// The one root attribute a checkpoint may lack: files written before it was kept load without it.
+// Root attributes a checkpoint may lack: files written before they were kept load without them.
 constexpr const char* kTokenizerHashAttr = "tokenizer_hash";
+constexpr const char* kLoraAttr = "lora";
+constexpr const char* kBaseChecksumAttr = "base_checksum";
+inline bool optional_meta_attribute(const std::string& name) {
+  return name == kTokenizerHashAttr || name == kLoraAttr || name == kBaseChecksumAttr;
+}
 
 inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
 inline std::string vector_path(const std::string& unit, const std::string& name) {
@@ -34,7 +39,7 @@ inline std::string vector_path(const std::string& unit, const std::string& name)
 
 // The attributes of CheckpointMeta after format_version (which each side handles first), in the
 // order they are written: f(name, field) for each; model_config is the ModelConfig, stored as its
-// HF config.json text; tokenizer_hash (kTokenizerHashAttr) comes last.
+// HF config.json text; the optional ones (optional_meta_attribute) come last.
 template <typename Meta, typename F>
 void for_each_meta_attribute(Meta& m, F&& f) {
   f("step", m.step);
@@ -54,6 +59,8 @@ void for_each_meta_attribute(Meta& m, F&& f) {
   f("version", m.version);
   f("deck", m.deck);
   f(kTokenizerHashAttr, m.tokenizer_hash);
+  f(kLoraAttr, m.lora);
+  f(kBaseChecksumAttr, m.base_checksum);
 }
 
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.

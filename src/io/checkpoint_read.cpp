@@ -83,7 +83,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
   SHARDLM_CHECK(m.format_version == kCheckpointFormatVersion, "checkpoint ", path, " has format_version ",
                 m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
   for_each_meta_attribute(m, [&](const char* name, auto& field) {
-    if (std::strcmp(name, kTokenizerHashAttr) == 0 && H5Aexists(file, name) == 0) return;  // an older file
+    if (optional_meta_attribute(name) && H5Aexists(file, name) == 0) return;  // an older file
     get_attribute(file, name, path, field);
   });
   return m;
@@ -274,7 +274,9 @@ std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm,
       H5Sselect_none(file_space.get());
       H5Sselect_none(mem_space.get());
     }
-    const herr_t rc = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), dxpl, out);
+    // An empty vector (a unit with nothing trained: LoRA's root) has no storage to read from.
+    const bool empty = H5Sget_simple_extent_npoints(file_space.get()) == 0;
+    const herr_t rc = empty ? 0 : H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), dxpl, out);
     if (rc < 0 && error.empty())
       error = concat("checkpoint ", path, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
     if (rc >= 0 && u.primary && count > 0 && out != &dummy) partial[v] = checksum_slice(out, u.begin, u.count);

@@ -141,3 +141,27 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg) {
 }
 
 }  // namespace shardlm
+
+namespace shardlm {
+
+ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string& path, std::string* base_dir) {
+  SHARDLM_CHECK(!meta.lora.empty(), "checkpoint ", path, " holds a whole model, not LoRA adapters (its run had no [lora])");
+  const PeftAdapterConfig c = peft_adapter_config_from_json(meta.lora, concat("checkpoint ", path, ": attribute lora"),
+                                                            meta.model);
+  ModelConfig cfg = meta.model;
+  cfg.lora = c.lora;
+  if (base_dir) *base_dir = c.base_model_name_or_path;
+  return cfg;
+}
+
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir) {
+  CheckpointReader reader(checkpoint_path);
+  std::string base;
+  const ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
+  std::vector<AdapterTensor> tensors;
+  for (const CheckpointTensor& t : reader.tensors()) tensors.push_back({t.name, t.shape, reader.read(t)});
+  write_peft_adapter(dir, cfg, base, tensors);
+  return base;
+}
+
+}  // namespace shardlm

@@ -11,14 +11,6 @@
 namespace shardlm {
 namespace {
 
-// splitmix64's finaliser: a bijective mix whose outputs of consecutive inputs look independent.
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // Uniform in (0, 1] from the top 53 bits, never 0 so that log() below is finite.
 double unit_interval(uint64_t bits) { return 1.0 - static_cast<double>(bits >> 11) * 0x1.0p-53; }
 

@@ -48,6 +48,7 @@ struct TrainRun {
   MetricsWriter metrics;  // open on rank 0 only
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tokenizer_hash;  // what each checkpoint keeps of it (tokenizer_hash), read once at start
+  std::string base_checksum;   // LoRA: the frozen base weights' checksum (CheckpointMeta::base_checksum)
   std::vector<Example> train_set, eval_set;
   // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
   bool generate_answers = false;

@@ -19,9 +19,30 @@ namespace {
 
 // Resume needs the model and tokenizer a checkpoint was written for: Error naming the first key
 // that differs.
+// LoRA: the checkpoint's adapters must be those of this run's [lora] and have been trained on the same
+// frozen base weights; "" when they are.
+std::string lora_difference(const CheckpointMeta& meta, const TrainRun& run) {
+  const ModelSection& model = run.cfg.model;
+  if (meta.lora.empty() != !model.lora.enabled())
+    return model.lora.enabled() ? "it holds a whole model, this run trains LoRA adapters ([lora])"
+                                : "it holds LoRA adapters, this run trains the whole model (no [lora])";
+  if (meta.lora.empty()) return "";
+  const PeftAdapterConfig saved = peft_adapter_config_from_json(meta.lora, "its LoRA settings", model);
+  std::string diff = lora_disagreement(model.lora, saved.lora, "the checkpoint", [](const std::string&) { return true; });
+  // (The first look at the checkpoint comes before the base is loaded: run.base_checksum is known later.)
+  if (diff.empty() && !meta.base_checksum.empty() && !run.base_checksum.empty() && meta.base_checksum != run.base_checksum)
+    diff = concat("its adapters were trained on other base weights (checksum ", meta.base_checksum, " of ",
+                  saved.base_model_name_or_path.empty() ? std::string("the seeded initialisation")
+                                                        : saved.base_model_name_or_path,
+                  "; this run's ", run.base_checksum, " of ",
+                  model.dir.empty() ? std::string("the seeded initialisation") : model.dir, ")");
+  return diff;
+}
+
 void check_same_model(const std::string& path, const CheckpointMeta& meta, const TrainRun& run) {
   std::string diff = model_config_difference(meta.model, run.cfg.model);
   if (diff.empty()) diff = tokenizer_difference(meta, run.cfg, run.tokenizer_hash);
+  if (diff.empty()) diff = lora_difference(meta, run);
   SHARDLM_CHECK(diff.empty(), "checkpoint ", path, " holds another model than this run's: ", diff,
                 " (resume needs the model and tokenizer it was written for; checkpoint.load_weights_only = true "
                 "starts a new run from its weights)");
@@ -313,6 +334,13 @@ TrainPosition load_start(TrainRun& run) {
     run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
                 {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}, {"frozen", true}});
   }
+  if (model.lora()) {
+    uint64_t part = model.frozen_checksum_part(), sum = 0;
+    MPI_Allreduce(&part, &sum, 1, MPI_UINT64_T, MPI_SUM, run.comm);
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
+    run.base_checksum = hex;
+  }
   if (!run.resume_path.empty() && cfg.checkpoint.load_weights_only) {
     // Only the parameters: step, optimizer state, schedule and data position start afresh.
     const CheckpointMeta meta = load_resume_checkpoint(run);
@@ -340,6 +368,21 @@ TrainPosition load_start(TrainRun& run) {
                    " rank(s) (at most ", format_bytes(load.bytes_max_rank), " by one) in ", load.seconds, " s"));
     run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
                 {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
+  }
+  if (run.resume_path.empty() && !cfg.model.adapter.empty()) {
+    // A fresh run from a PEFT adapter: every rank reads the (small) file and takes its slices.
+    const std::vector<UnitState> states = model.checkpoint_state();
+    run_collectively(run.comm, [&] {
+      const PeftAdapter adapter = read_peft_adapter(cfg.model.adapter, cfg.model);
+      for (const UnitState& s : states)
+        for (const TensorSpec& spec : s.layout->tensors) {
+          const std::vector<float>& values = adapter.tensors.at(spec.name).values;
+          const size_t lo = std::max(s.begin, spec.offset), hi = std::min(s.begin + s.count, spec.offset + spec.numel);
+          for (size_t i = lo; i < hi; ++i) s.param[i - s.begin] = values[i - spec.offset];
+        }
+    });
+    model.checkpoint_loaded();
+    run.say(concat("started from the adapter in ", cfg.model.adapter));
   }
   return pos;
 }

@@ -15,6 +15,10 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
   CheckpointMeta meta = make_meta(run.cfg, run.tokenizer_hash, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
                                   run.engine->optimizer_steps(), run.world, run.engine->groups().shard->size(),
                                   pos.loss_scale);
+  if (run.cfg.model.lora.enabled()) {
+    meta.lora = peft_adapter_config_json(run.cfg.model, run.cfg.model.dir);
+    meta.base_checksum = run.base_checksum;
+  }
   const CheckpointWriteStats stats = write_checkpoint(run.cfg, meta, run.engine->checkpoint_state(), run.comm, run.echo);
   run.record(checkpoint_record(pos.step, stats));
   return stats.path;
@@ -92,6 +96,17 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     if (!run.eval_set.empty()) totals.evals.push_back(evaluate_epoch(run, pos.step, epoch, result));
   }
   checkpoint_at_end();
+  // LoRA: the adapters as PEFT loads them (RUN_DIR/adapter), from the checkpoint of the last step.
+  if (cfg.model.lora.enabled() && !result.last_checkpoint.empty() && saved_step == pos.step) {
+    const std::string dir = cfg.run.dir + "/adapter";
+    run_collectively(comm, [&] {
+      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir);
+    });
+    run.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
+  } else if (cfg.model.lora.enabled()) {
+    run.say("note: no checkpoint of the last step, so no adapter folder; shardlm export --adapter writes one "
+            "from any checkpoint");
+  }
   totals.seconds = run_timer.seconds();
   summarize_run(run, pos, totals, result);
   return result;
