@@ -1,7 +1,10 @@
-// export_logits HF_DIR IDS_JSON OUT_JSON: shardlm's own logits (CPU backend, fp32) of a model
-// directory on given token ids, for tests/fixtures/hf/check_export_tokenizer.py to compare with
-// transformers'. IDS_JSON is a JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per
-// position]}. Every position's logits come from the prefix ending there (the model is causal).
+// export_logits HF_DIR IDS_JSON OUT_JSON [ADAPTER_DIR]: shardlm's own logits (CPU backend, fp32) of a
+// model directory on given token ids, for tests/fixtures/hf/check_export_tokenizer.py and
+// tests/fixtures/peft/check_lora_export.py to compare with transformers' (and PEFT's). IDS_JSON is a
+// JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per position]}. Every position's
+// logits come from the prefix ending there (the model is causal). With ADAPTER_DIR (a PEFT LoRA
+// adapter folder) the model runs with those adapters on the frozen base.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,13 +14,24 @@
 #include "shardlm/model.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: export_logits HF_DIR IDS_JSON OUT_JSON\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: export_logits HF_DIR IDS_JSON OUT_JSON [ADAPTER_DIR]\n");
     return 2;
   }
   try {
     shardlm::HfModelDir dir(argv[1]);
-    const shardlm::ModelConfig& cfg = dir.config();
+    shardlm::ModelConfig cfg = dir.config();
+    std::vector<std::vector<float>> adapters;  // per unit, lora_layout's order
+    if (argc == 5) {
+      const shardlm::PeftAdapter a = shardlm::read_peft_adapter(argv[4], cfg);
+      cfg.lora = a.lora;
+      for (const shardlm::UnitLayout& u : shardlm::lora_layout(cfg)) {
+        std::vector<float> f(u.numel);
+        for (const shardlm::TensorSpec& t : u.tensors)
+          std::copy(a.tensors.at(t.name).values.begin(), a.tensors.at(t.name).values.end(), f.begin() + t.offset);
+        adapters.push_back(std::move(f));
+      }
+    }
     std::ifstream in(argv[2]);
     const std::vector<int32_t> ids = nlohmann::json::parse(in).get<std::vector<int32_t>>();
     std::vector<std::vector<float>> flat;
@@ -34,7 +48,8 @@ int main(int argc, char** argv) {
                                  std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size)};
       model->embed_forward(flat[0].data(), ids.data(), 1, T, h[0].data());
       for (int l = 0; l < cfg.num_layers; ++l)
-        model->block_forward(l, flat[1 + l].data(), h[l % 2].data(), h[1 - l % 2].data(), 1, T);
+        model->block_forward(l, {flat[1 + l].data(), adapters.empty() ? nullptr : adapters[1 + l].data()},
+                             h[l % 2].data(), h[1 - l % 2].data(), 1, T);
       std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
       model->head_logits(flat[0].data(), h[cfg.num_layers % 2].data(), 1, T, logits.data());
       rows.push_back(logits);

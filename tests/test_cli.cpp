@@ -405,6 +405,36 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   BOOST_TEST(bytes_of(dir / "hf_c" / "tokenizer.json") == bytes_of(fs::path(moved) / "tokenizer.json"));
   fs::rename(moved, dir / "hf");
 
+  // LoRA on the same model folder: the base frozen, RUN_DIR/adapter at the end; a plain export of its
+  // checkpoint is refused, --adapter writes the same folder, --merge the base with W + s B A.
+  Outcome lora = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
+                                    " --lora.r=4 --lora.alpha=16 --lora.target_modules=all-linear --train.lr=3e-2"
+                                    " --train.max_steps=3 --data.eval_file= --data.tokenizer=auto --run.dir=" +
+                                    (dir / "lora").string());
+  BOOST_TEST_INFO(lora.output);
+  BOOST_TEST_REQUIRE(lora.exit_code == 0);
+  BOOST_TEST(contains(lora.output, "loaded the frozen base weights from " + (dir / "hf").string()));
+  BOOST_TEST(contains(lora.output, "adapter written to " + (dir / "lora" / "adapter").string()));
+  const std::string lora_ckpt = (dir / "lora" / "checkpoints").string();
+  Outcome plain = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "never").string());
+  BOOST_TEST(plain.exit_code != 0);
+  BOOST_TEST(contains(plain.output, "holds LoRA adapters: pass --adapter"), plain.output);
+  Outcome as_adapter = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "lora_adapter").string() + " --adapter");
+  BOOST_TEST_REQUIRE(as_adapter.exit_code == 0, as_adapter.output);
+  BOOST_TEST(bytes_of(dir / "lora_adapter" / "adapter_model.safetensors") ==
+             bytes_of(dir / "lora" / "adapter" / "adapter_model.safetensors"));
+  Outcome merged = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "lora_merged").string() + " --merge");
+  BOOST_TEST_REQUIRE(merged.exit_code == 0, merged.output);
+  std::map<std::string, std::vector<float>> base_w, merged_w;
+  for (auto& e : shardlm::read_safetensors((dir / "hf" / "model.safetensors").string())) base_w[e.name] = e.data;
+  for (auto& e : shardlm::read_safetensors((dir / "lora_merged" / "model.safetensors").string())) merged_w[e.name] = e.data;
+  BOOST_TEST_REQUIRE(merged_w.size() == base_w.size());
+  for (const auto& [name, w] : base_w) {
+    const bool adapted = contains(name, "query_key_value.weight") || contains(name, "dense.weight") ||
+                         contains(name, "dense_h_to_4h.weight") || contains(name, "dense_4h_to_h.weight");
+    BOOST_TEST((merged_w.at(name) != w) == adapted, name);  // the adapted weights moved, nothing else
+  }
+
   // A tokenizer larger than the model's vocabulary is refused before training.
   Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
                                    "/tests/fixtures/tokenizer/gpt2/tokenizer.json --run.dir=" + (dir / "c").string());

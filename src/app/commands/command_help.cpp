@@ -59,7 +59,7 @@ const char* kInspectUsage =
 
 const char* kExportUsage =
     "usage: [mpirun -np N] shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
-    "                                    [--model-dir DIR]\n"
+    "                                    [--model-dir DIR] [--adapter | --merge]\n"
     "\n"
     "Writes the checkpoint's parameters as a Hugging Face model into DIR, ready for AutoTokenizer,\n"
     "AutoModelForCausalLM and pipeline(): config.json (token ids, torch_dtype), model.safetensors (over\n"
@@ -72,7 +72,11 @@ const char* kExportUsage =
     "  --dtype T             the weights' dtype: fp32 (default), bf16 or fp16\n"
     "  --max-shard-size SIZE the largest weight file, e.g. 5GB (default), 500MB, 2GiB\n"
     "  --model-dir DIR       the folder the tokenizer and generation config are copied from (default:\n"
-    "                        the run's model.dir as its checkpoint records it)\n"
+    "                        the run's model.dir as its checkpoint records it); with --merge, the base\n"
+    "  --adapter             a LoRA run's checkpoint: write its adapters as a PEFT adapter folder\n"
+    "                        (adapter_config.json, adapter_model.safetensors) instead\n"
+    "  --merge               a LoRA run's checkpoint: write the base model (--model-dir, else the run's\n"
+    "                        model.dir) with the adapters merged, W + scale B A, as full weights\n"
     "  -h, --help            print this text\n";
 
 const char* kReportUsage =

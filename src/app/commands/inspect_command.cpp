@@ -207,13 +207,61 @@ void add_tokenizer_and_generation(const std::string& deck_text, const std::strin
 
 }  // namespace
 
+// A LoRA checkpoint's base model (from `base`) with its adapters merged: each adapted weight
+// W + scale B A in fp32, the other tensors as the base holds them.
+void export_merged(const std::string& path, const std::string& out, const std::string& base_flag,
+                   HfExportOptions& options) {
+  CheckpointReader reader(path);
+  std::string recorded;
+  ModelConfig lora_cfg = checkpoint_lora_model(reader.meta(), path, &recorded);
+  const std::string base = base_flag.empty() ? recorded : base_flag;
+  SHARDLM_CHECK(!base.empty(), "export --merge: the run trained its adapters on its seeded initialisation (no "
+                "model.dir): there is no base model folder to merge them into");
+  HfModelDir dir(base);
+  const std::string diff = model_config_difference(reader.meta().model, dir.config());
+  SHARDLM_CHECK(diff.empty(), "export --merge: ", base, " is not the model the adapters were trained on: ", diff);
+  std::map<std::string, CheckpointTensor> adapters;
+  for (const CheckpointTensor& t : reader.tensors()) adapters[t.name] = t;
+  const double scale = lora_cfg.lora.scale();
+  ModelConfig cfg = dir.config();
+  std::vector<CheckpointTensor> tensors;
+  for (size_t u = 0; u < dir.layout().size(); ++u)
+    for (const TensorSpec& s : dir.layout()[u].tensors)
+      tensors.push_back({dir.layout()[u].name, s.name, s.shape, s.offset, s.numel});
+  add_tokenizer_and_generation(reader.meta().deck, base, options);
+  export_hf_model(out, cfg, tensors, [&](const CheckpointTensor& t) {
+    size_t unit = 0;
+    while (dir.layout()[unit].name != t.unit) ++unit;
+    std::vector<float> w(t.numel);
+    dir.read_unit_slice(unit, t.offset, t.offset + t.numel, w.data());
+    const std::string module = t.name.size() > 7 ? t.name.substr(0, t.name.size() - 7) : "";  // less ".weight"
+    auto a = adapters.find(module + ".lora_A.weight"), b = adapters.find(module + ".lora_B.weight");
+    if (t.name.size() <= 7 || t.name.compare(t.name.size() - 7, 7, ".weight") != 0 || a == adapters.end() ||
+        b == adapters.end())
+      return w;
+    const std::vector<float> A = reader.read(a->second), B = reader.read(b->second);
+    const int64_t r = a->second.shape[0], in = a->second.shape[1], outs = b->second.shape[0];
+    for (int64_t o = 0; o < outs; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        const double bk = scale * B[o * r + k];
+        for (int64_t i = 0; i < in; ++i) w[o * in + i] += static_cast<float>(bk * A[k * in + i]);
+      }
+    return w;
+  }, options);
+}
+
 int command_export(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   std::string dtype = "fp32", max_shard = "5GB", model_dir;
+  bool adapter = false, merge = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--max-shard-size", max_shard) ||
         option_value(args, i, "--model-dir", model_dir))
       continue;
+    if (args[i] == "--adapter" || args[i] == "--merge") {
+      (args[i] == "--adapter" ? adapter : merge) = true;
+      continue;
+    }
     if (args[i].rfind("--", 0) == 0) {
       log_info(concat("shardlm: export: unknown or incomplete option '", args[i], "'\n", command_help("export")));
       return 2;
@@ -232,7 +280,21 @@ int command_export(const std::vector<std::string>& args) {
     options.dtype = parse_dtype(dtype);
     options.max_shard_bytes = parse_size("--max-shard-size", max_shard);
     const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
+    SHARDLM_CHECK(!(adapter && merge), "export: --adapter and --merge write different folders: give one");
+    if (adapter) {
+      const std::string base = export_checkpoint_adapter(path, positional[1]);
+      std::printf("exported the adapters of %s to %s (PEFT adapter of %s)\n", path.c_str(), positional[1].c_str(),
+                  base.empty() ? "the run's seeded base" : base.c_str());
+      return;
+    }
+    if (merge) {
+      export_merged(path, positional[1], model_dir, options);
+      std::printf("exported %s merged into its base to %s (%s)\n", path.c_str(), positional[1].c_str(), dtype.c_str());
+      return;
+    }
     CheckpointReader reader(path);
+    SHARDLM_CHECK(reader.meta().lora.empty(), "export: ", path, " holds LoRA adapters: pass --adapter (a PEFT adapter "
+                  "folder) or --merge (the base with the adapters merged)");
     add_tokenizer_and_generation(reader.meta().deck, model_dir, options);
     export_hf_model(positional[1], reader.meta().model, reader.tensors(),
                     [&](const CheckpointTensor& t) { return reader.read(t); }, options);
