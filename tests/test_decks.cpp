@@ -96,6 +96,8 @@ std::vector<DeckCase> deck_cases() {
       {"squad/bloom560m-baseline.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       {"chess/codellama7b.ini", 8, 4, "codellama-7b", {"data/chess/train.jsonl", "data/chess/eval.jsonl"}, {}},
       {"llama/llama31-8b.ini", 8, 4, "llama-3.1-8b", kSquadFiles, {}},
+      {"llama/llama31-8b-lora.ini", 1, 4, "llama-3.1-8b", kSquadFiles, {}},
+      {"squad/bloom560m-lora.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };
@@ -261,7 +263,8 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
   const std::map<std::string, ShardingStrategy> strategy_of = {
       {"baseline", ShardingStrategy::NoShard},       {"fsdp-1gpu", ShardingStrategy::FullShard},
       {"full-shard", ShardingStrategy::FullShard},   {"shard-grad-op", ShardingStrategy::ShardGradOp},
-      {"hybrid-shard", ShardingStrategy::HybridShard}, {"no-shard", ShardingStrategy::NoShard}};
+      {"hybrid-shard", ShardingStrategy::HybridShard}, {"no-shard", ShardingStrategy::NoShard},
+      {"lora", ShardingStrategy::FullShard}};
   int checked = 0;
   for (const DeckCase& c : deck_cases()) {
     if (c.deck.rfind("squad/", 0) != 0) continue;
@@ -275,11 +278,18 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
       BOOST_TEST(cfg.data.eval_size == 100u);
       BOOST_TEST(cfg.train.epochs == 5);
       BOOST_TEST(cfg.train.micro_batch_size == 1);
-      BOOST_TEST(cfg.train.lr == 5e-5);
       BOOST_TEST(cfg.train.weight_decay == 0.01);
       BOOST_TEST(cfg.model.hidden_size == 1024);  // BLOOM-560M's shape, from config.json
 
       std::string name = fs::path(c.deck).stem().string().substr(std::string("bloom560m-").size());
+      // The LoRA deck trains adapters at LoRA's usual rate, on every linear layer.
+      BOOST_TEST(cfg.train.lr == (name == "lora" ? 2e-4 : 5e-5));
+      BOOST_TEST(cfg.model.lora.enabled() == (name == "lora"));
+      if (name == "lora") {
+        BOOST_TEST(cfg.model.lora.r == 16);
+        BOOST_TEST(cfg.model.lora.alpha == 32.0);
+        BOOST_TEST(cfg.model.lora.target_modules.size() == 4u);
+      }
       const bool offload = name.size() > 8 && name.compare(name.size() - 8, 8, "-offload") == 0;
       if (offload) name.resize(name.size() - 8);
       BOOST_REQUIRE_MESSAGE(strategy_of.count(name), "no strategy known for the name " << name);
@@ -295,7 +305,7 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
       ++checked;
     }
   }
-  BOOST_TEST(checked == 11);  // baseline, FSDP on one GPU, four strategies; offload variants
+  BOOST_TEST(checked == 12);  // baseline, FSDP on one GPU, four strategies; offload variants; LoRA
 }
 
 BOOST_AUTO_TEST_CASE(deck_reference_documents_every_key_and_its_default) {
