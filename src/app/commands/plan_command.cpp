@@ -255,6 +255,13 @@ void print_table(const Plan& plan) {
               m.num_layers, m.num_heads);
   if (model_family(m.arch).grouped_query) std::printf(", kv heads %d, intermediate %d", m.kv_heads(), m.ffn_size());
   std::printf("; %zu parameters (%s fp32)\n", params, format_bytes(params * 4).c_str());
+  if (m.lora.enabled()) {
+    const size_t trained = plan.rows.front().memory.record.trainable_params;
+    std::printf("lora     r %d, alpha %g on %zu module kind(s): %zu adapter parameters trained (%.3f%%), the base "
+                "frozen in %s\n", m.lora.r, m.lora.alpha, m.lora.target_modules.size(), trained,
+                100.0 * static_cast<double>(trained) / static_cast<double>(params),
+                dtype_name(cuda ? c.fsdp.param_dtype : DType::F32));
+  }
   std::printf("run      %s backend, %d rank(s), %d per node; micro-batch %d x %d tokens; param %s, reduce %s\n",
               backend_name(c.run.backend), plan.args.ranks, plan.ranks_per_node, c.train.micro_batch_size, c.data.max_length,
               dtype_name(c.fsdp.param_dtype), dtype_name(c.fsdp.reduce_dtype));
