@@ -408,7 +408,8 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
 
 // A file written before the optimizer interface (tests/fixtures/checkpoint) loads onto any slicing,
 // and AdamW checkpoints written now hold the same objects, types, shapes and attributes, plus the
-// tokenizer's hash (a string), which the older file lacks and reads as unknown.
+// tokenizer's hash and LoRA's settings and base checksum (strings, empty without LoRA), which the
+// older file lacks and reads as unknown.
 BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
   CheckpointMeta m;
@@ -424,10 +425,13 @@ BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   if (world_rank() == 0) {
     std::vector<std::string> before = object_listing(fixture), now = object_listing(dir + "/ckpt-00000010.h5");
     BOOST_TEST(before.size() > 20u);
-    const std::string hash_line = concat("/ @tokenizer_hash class ", H5T_STRING);
-    BOOST_TEST(std::count(before.begin(), before.end(), hash_line) == 0);
-    BOOST_TEST(std::count(now.begin(), now.end(), hash_line) == 1);
-    now.erase(std::remove(now.begin(), now.end(), hash_line), now.end());
+    // The root attributes kept since (optional_meta_attribute): the tokenizer's hash and LoRA's two.
+    for (const char* name : {"tokenizer_hash", "lora", "base_checksum"}) {
+      const std::string line = concat("/ @", name, " class ", H5T_STRING);
+      BOOST_TEST(std::count(before.begin(), before.end(), line) == 0, line);
+      BOOST_TEST(std::count(now.begin(), now.end(), line) == 1, line);
+      now.erase(std::remove(now.begin(), now.end(), line), now.end());
+    }
     BOOST_TEST(now == before, "now:\n" << join_lines(now) << "before:\n" << join_lines(before));
     CheckpointReader reader(fixture);
     BOOST_TEST_REQUIRE(reader.unit_states().size() == 3u);
