@@ -16,6 +16,7 @@
 #include "engine.hpp"
 #include "shardlm/fsdp.hpp"
 #include "shardlm/io.hpp"
+#include "hf_batch_support.hpp"
 #include "test_support.hpp"
 
 using namespace shardlm;
@@ -40,25 +41,8 @@ Reference read_reference(const std::string& name) {
   return r;
 }
 
-// The recorded sequences this rank takes (sequence i goes to rank i % world), with targets
-// shifted as transformers does: position t predicts token t + 1 unless labels[t + 1] is -100.
 MicroBatch rank_batch(const Reference& ref, int rank, int world) {
-  const SafetensorsEntry& ids = ref.at("input_ids");
-  const SafetensorsEntry& labels = ref.at("labels");
-  const int B = static_cast<int>(ids.shape[0]), T = static_cast<int>(ids.shape[1]);
-  MicroBatch mb;
-  mb.seq = T;
-  for (int b = rank; b < B; b += world) {
-    ++mb.batch;
-    for (int t = 0; t < T; ++t) {
-      mb.tokens.push_back(static_cast<int32_t>(ids.data[b * T + t]));
-      const float next = t + 1 < T ? labels.data[b * T + t + 1] : -100.0f;
-      mb.targets.push_back(next < 0 ? -1 : static_cast<int32_t>(next));
-      mb.target_count += next >= 0;
-    }
-  }
-  if (mb.batch == 0) mb.seq = 0;
-  return mb;
+  return recorded_rank_batch(ref.at("input_ids"), ref.at("labels"), rank, world);
 }
 
 // Loads the fixture into a FULL_SHARD CPU engine on the world, runs forward and backward of the
