@@ -1,5 +1,6 @@
-// Run by test_nccl under mpirun -np 2: rank 1 never joins the all-reduce, so rank 0's wait must
-// time out (3 s) and end the job with a message naming the group, instead of hanging.
+// Run by test_nccl under mpirun -np 2: rank 1 never joins the all-reduce, so rank 0 must time out
+// (3 s) and end the job with a message naming the group, instead of hanging: in the all-reduce call
+// itself when its first use of the connection to rank 1 needs rank 1, else in the wait.
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
     if (topo.world_rank == 0) {
       world.all_reduce(buf, 1024, DType::F32, ReduceOp::Sum);
       world.wait();  // never returns: the watchdog aborts the job
+      std::fprintf(stderr, "the hung all-reduce returned\n");
     } else {
       sleep(60);
     }
@@ -28,7 +30,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  std::fprintf(stderr, "the hung all-reduce returned\n");
   MPI_Finalize();
   return 4;
 }

@@ -30,6 +30,17 @@ std::string host_name() {
   return name;
 }
 
+#if NCCL_VERSION_CODE >= 21400
+// Nonblocking communicators: no NCCL call blocks the host (a collective's first use of a connection
+// sets it up with the peer, which hangs with a hung peer under a blocking communicator); calls
+// return ncclInProgress and NcclCommunicator::settle polls them under the timeout.
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+#endif
+
 int world_rank_of_job() {
   int rank = 0, initialized = 0;
   MPI_Initialized(&initialized);
@@ -59,7 +70,12 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
   if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_comm_);
   last_ = "ncclCommInitRank";
+#if NCCL_VERSION_CODE >= 21400
+  ncclConfig_t config = nonblocking_config();
+  check(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+#else
   check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+#endif
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
@@ -70,7 +86,23 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStrea
 }
 
 NcclCommunicator::~NcclCommunicator() {
+#if NCCL_VERSION_CODE < 21400
   if (comm_) ncclCommDestroy(comm_);
+#else
+  if (comm_) {
+    // Finalize flushes what is still queued (polled under the timeout: a hung peer must not hang
+    // the exit either); a communicator that does not finalize in time is aborted instead.
+    ncclResult_t rc = ncclCommFinalize(comm_);
+    const auto start = std::chrono::steady_clock::now();
+    while (rc == ncclInProgress &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < timeout_s_) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      ncclCommGetAsyncError(comm_, &rc);
+    }
+    if (rc == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
+  }
+#endif
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
@@ -88,8 +120,29 @@ void NcclCommunicator::fail(const std::string& why) {
 }
 
 void NcclCommunicator::check(ncclResult_t rc, const char* what) {
+  // A nonblocking call is done (a collective enqueued on the stream, so that waits and events after
+  // it cover it) only once the communicator's state has left ncclInProgress: poll it even after a
+  // ncclSuccess (one load when nothing is pending).
+  if (comm_ && (rc == ncclSuccess || rc == ncclInProgress)) rc = settle(comm_, what);
   if (rc == ncclSuccess) return;
   fail(concat(what, " failed: ", ncclGetErrorString(rc), " (", ncclGetLastError(comm_), ")"));
+}
+
+ncclResult_t NcclCommunicator::settle(ncclComm_t comm, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(1);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess) return rc;
+    if (state != ncclInProgress) return state;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s_)
+      fail(concat(what, ": no progress for ", waited, " s (dist.timeout = ", timeout_s_,
+                  " s): a peer rank is hung or dead"));
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+  }
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
@@ -144,7 +197,12 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 #if NCCL_VERSION_CODE >= 21800
   ncclComm_t child = nullptr;
   last_ = "ncclCommSplit";
-  check(ncclCommSplit(comm_, color, key, &child, nullptr), "ncclCommSplit");
+  ncclConfig_t config = nonblocking_config();
+  ncclResult_t rc = ncclCommSplit(comm_, color, key, &child, &config);
+  // Nonblocking, the split is done when both the child and the parent have settled.
+  if (rc == ncclInProgress && child) rc = settle(child, "ncclCommSplit");
+  if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(comm_, "ncclCommSplit");
+  check(rc, "ncclCommSplit");
   return std::make_unique<NcclCommunicator>(child, sub, stream_, timeout_s_, std::move(name));
 #else
   auto made = std::make_unique<NcclCommunicator>(sub, stream_, timeout_s_, std::move(name));

@@ -1,7 +1,9 @@
 // NCCL collectives behind the Communicator interface: communicators bootstrapped through MPI
 // (rank 0's unique id broadcast), sub-groups split from the world, every call checked, and waits
 // that poll NCCL's asynchronous errors with a timeout so that a failing or hanging rank ends the
-// job with a message naming it instead of hanging.
+// job with a message naming it instead of hanging. The communicators are nonblocking (NCCL 2.14+),
+// so that a call that must meet a peer on the host side (initialisation, a split, a collective's
+// first use of a connection) is under the same timeout.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,7 +55,12 @@ class NcclCommunicator : public Communicator {
 
  private:
   [[noreturn]] void fail(const std::string& why);
+  // Fails unless rc is success; ncclInProgress (a nonblocking communicator's call still running on
+  // the host side, e.g. a connection being set up with a peer) is first settled.
   void check(ncclResult_t rc, const char* what);
+  // Polls comm's asynchronous state until the pending call finishes (its result), failing after the
+  // timeout with a message naming `what`.
+  ncclResult_t settle(ncclComm_t comm, const char* what);
 
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate, for the bootstrap of splits and for errors
