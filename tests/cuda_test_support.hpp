@@ -94,9 +94,12 @@ inline std::vector<float> from_bytes(const std::vector<unsigned char>& bytes, DT
   return v;
 }
 
+// Waits for the copy to land: cudaMemcpy from pageable memory may return before its DMA finishes,
+// and a kernel on a non-blocking stream does not wait for it (it could read the old values).
 inline void upload(void* dst, const std::vector<float>& v, DType dt) {
   const std::vector<unsigned char> bytes = to_bytes(v, dt);
   if (!bytes.empty()) check_cuda(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 // Waits for the device first: the kernels under test may run on any stream.
