@@ -31,7 +31,7 @@ void CudaLoraBlocks::apply(const model_detail::CpuLora& m, const void* adapter, 
                            void* y, int ldy, Gemm& gemm, cudaStream_t s) const {
   const MatMul plain{gemm, s}, scaled{gemm, s, m.scale};
   plain(false, true, rows, m.r, m.in, x, m.in, at(adapter, m.a), m.in, xa, m.r, dt_, dt_);  // x A^T
-  scaled(false, true, rows, m.out, m.r, xa, m.r, at(adapter, m.b), m.r, y, ldy, dt_, dt_, 1);
+  if (y) scaled(false, true, rows, m.out, m.r, xa, m.r, at(adapter, m.b), m.r, y, ldy, dt_, dt_, 1);
 }
 
 char* CudaLoraBlocks::xa(int layer, int module) const {

@@ -28,6 +28,7 @@ class CudaLoraBlocks {
 
   bool on(int module) const { return !modules_.empty() && modules_[module].on; }
   // y[rows, out] += scale (x A^T) B^T of x[rows, in] (when on); x A^T kept for block `layer`'s backward.
+  // A null y forms only x A^T (a recomputation whose output the backward does not read).
   void forward(int layer, int module, const void* adapter, const void* x, int rows, void* y, int ldy,
                Gemm& gemm, cudaStream_t s);
   // dB += scale dy^T (x A^T) and dA += d(x A^T)^T x for dy[rows, out] (when on), with d(x A^T) =

@@ -64,7 +64,7 @@ void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, in
                     hidden(0), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
 }
 
-void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s) {
+void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute) {
   const int N = B * T, H = cfg_.hidden_size;
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
@@ -104,6 +104,10 @@ void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     mm(false, true, N, 4 * H, H, sv.ln2.data(), H, w(block_.mlp_in_weight), H, sv.act.data(), 4 * H, dt_, dt_, 0,
        Epilogue::BiasGelu, w(block_.mlp_in_bias), sv.pre.data());
   }
+  if (recompute) {  // dense_4h_to_h's x A^T only: out is the kept h_{layer+1}
+    lora_.forward(layer, kDense4HToH, params.adapter, sv.act.data(), N, nullptr, H, gemm_, s);
+    return;
+  }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, 4 * H, sv.act.data(), 4 * H, w(block_.mlp_out_weight), 4 * H, out, H, dt_, dt_, 1,
      Epilogue::Bias, w(block_.mlp_out_bias));
@@ -135,7 +139,7 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   const int N = B * T, H = cfg_.hidden_size;
   const size_t NH = static_cast<size_t>(N) * H;
   Saved& sv = saved(layer);
-  if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
+  if (checkpointing_) forward_into(layer, params, sv, B, T, s, true);  // recompute this block's activations
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all

@@ -53,7 +53,10 @@ class BloomCuda final : public CudaModelBase {
     DeviceBuffer<char> ln1, qkv, probs, ctx, h2, ln2, pre, act;  // probs: the fused path's fp32 lse instead
     DeviceBuffer<float> mean1, rstd1, mean2, rstd2;
   };
-  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s);
+  // The block's forward into sv and h_{layer+1}; `recompute` (activation checkpointing's backward)
+  // leaves out what the backward does not read: the block's output h_{layer+1}, already kept, and
+  // the last linear layer that makes it (its LoRA's x A^T is still formed).
+  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute = false);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
   // block), looked up once.

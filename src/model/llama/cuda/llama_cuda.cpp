@@ -78,7 +78,7 @@ void LlamaCuda::embed_forward(const void* root, const int32_t* tokens, int B, in
                     s);
 }
 
-void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s) {
+void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute) {
   const int N = B * T, H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   const char* p = static_cast<const char*>(params.base);
@@ -115,7 +115,12 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
   lora(kGateProj, norm_.data(), sv.gate_up.data(), 2 * F);
   lora(kUpProj, norm_.data(), sv.gate_up.data() + F * dsize_, 2 * F);
+  if (recompute && !lora_.on(kDownProj)) return;  // the backward forms SiLU(gate) * up itself
   swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
+  if (recompute) {  // down_proj's x A^T only: out is the kept h_{layer+1}
+    lora_.forward(layer, kDownProj, params.adapter, wide_.data(), N, nullptr, H, gemm_, s);
+    return;
+  }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
   lora(kDownProj, wide_.data(), out, H);
@@ -151,7 +156,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   if (N == 0) return;
   Saved& sv = saved(layer);
-  if (checkpointing_) forward_into(layer, params, sv, B, T, s);  // recompute this block's activations
+  if (checkpointing_) forward_into(layer, params, sv, B, T, s, true);  // recompute this block's activations
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all

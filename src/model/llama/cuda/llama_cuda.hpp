@@ -61,7 +61,10 @@ class LlamaCuda final : public CudaModelBase {
     DeviceBuffer<float> rstd1, rstd2, lse;  // lse: the attention softmax's, [B, heads, T]
     DeviceBuffer<char> qkv, context, h2, gate_up;
   };
-  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s);
+  // The block's forward into sv and h_{layer+1}; `recompute` (activation checkpointing's backward)
+  // leaves out what the backward does not read: the block's output h_{layer+1}, already kept, and
+  // the last linear layer that makes it (its LoRA's x A^T is still formed).
+  void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute = false);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
 
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
