@@ -3,7 +3,8 @@
 // non-zero) are loaded into the engine, the base frozen, on every strategy of the world: the mean loss
 // must equal PEFT's to 1e-5 relative, each rank's slice of every adapter gradient to 1e-4 of the
 // tensor's largest, and after five AdamW steps (torch.optim.AdamW's hyper-parameters) the losses and
-// the adapter weights to 1e-4.
+// the adapter weights to 1e-4. Built twice: test_peft_parity on the CPU backend, and
+// test_cuda_peft_parity (SHARDLM_PARITY_CUDA, a GPU suite) on the CUDA backend in fp32.
 #define BOOST_TEST_MODULE test_peft_parity
 #include "mpi_fixture.hpp"
 
@@ -77,6 +78,9 @@ void check_parity(const std::string& name, ShardingStrategy strategy) {
   run.model.lora.r = 4;
   run.model.lora.alpha = 8;
   for (const LinearModule& m : linear_modules(run.model)) run.model.lora.target_modules.push_back(m.name);
+#ifdef SHARDLM_PARITY_CUDA
+  run.run.backend = BackendKind::Cuda;  // test_cuda_peft_parity: the same checks on the GPU, fp32
+#endif
   run.fsdp.strategy = strategy;
   run.dist.ranks_per_node = strategy == ShardingStrategy::HybridShard && world >= 2 ? world / 2 : 0;
   run.train.seed = 1;
