@@ -88,6 +88,10 @@ void expect_fp32_matches_the_cpu_backend(RunConfig (*make)(const std::string&, c
   for (ShardingStrategy s : strategies) {
     RunConfig cpu = make("cpu", "cpu", 20), gpu = make("cuda", "gpu", 20);
     cpu.fsdp.strategy = gpu.fsdp.strategy = s;
+    // The hybrid strategies on two emulated nodes (2 x 1 GPUs on 2 ranks, 2 x 2 on 4): a shard group
+    // inside each node, a replicate group across them.
+    if ((s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2) && world_size() % 2 == 0)
+      cpu.dist.ranks_per_node = gpu.dist.ranks_per_node = world_size() / 2;
     const TrainResult want = train(cpu, MPI_COMM_WORLD, quiet());
     const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
     BOOST_TEST_CONTEXT(strategy_name(s)) {
@@ -334,7 +338,8 @@ BOOST_AUTO_TEST_CASE(all_gather_schedules_give_the_same_losses) {
 
 BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {
   expect_fp32_matches_the_cpu_backend(config, {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                               ShardingStrategy::NoShard});
+                                               ShardingStrategy::NoShard, ShardingStrategy::HybridShard,
+                                               ShardingStrategy::HybridShardZero2});
 }
 
 BOOST_AUTO_TEST_CASE(activation_checkpointing_gives_the_same_losses) {
@@ -463,7 +468,8 @@ BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
 // LoRA over the frozen base, BLOOM and Llama: the adapters alone train, on the GPU as on the CPU backend.
 BOOST_AUTO_TEST_CASE(lora_fp32_matches_the_cpu_backend) {
   for (auto make : {lora_config, llama_lora_config})
-    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard});
+    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
+                                               ShardingStrategy::HybridShard});
 }
 
 BOOST_AUTO_TEST_CASE(lora_activation_checkpointing_gives_the_same_losses) {
