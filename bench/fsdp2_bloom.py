@@ -26,6 +26,9 @@ What it does, to match shardlm's CUDA backend (input/bench/bloom560m.ini):
     gradient-norm clipping to 1.0 (shardlm clips by default; --max-grad-norm 0 turns it off);
   * --activation-checkpointing wraps each block in checkpoint_wrapper (non-reentrant) before
     fully_shard: only the block input is kept, the block is recomputed in backward;
+  * --cpu-offload passes CPUOffloadPolicy() to every fully_shard: the fp32 parameters, their
+    gradients and AdamW's state live in host memory (pinned), AdamW (foreach, not fused) runs on
+    the CPU, as shardlm's fsdp.cpu_offload does;
   * random token batches of --micro-batch x --seq on each GPU (no padding, no accumulation),
     labels = inputs (transformers shifts them), so each step is micro_batch x seq tokens a GPU.
 
@@ -63,6 +66,7 @@ def parse_args():
     p.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width (0 = 4 x hidden)")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="llama: rotary base")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--cpu-offload", action="store_true", help="FSDP2's CPUOffloadPolicy (AdamW on the host)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each decoder block before fully_shard (as torchtitan does)")
     p.add_argument("--lr", type=float, default=5e-5)
@@ -83,9 +87,9 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
 
     try:  # public since PyTorch 2.6
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     except ImportError:  # older: the composable API
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     import transformers
     from transformers import BloomConfig, BloomForCausalLM
 
@@ -146,17 +150,19 @@ def main():
             blocks[i] = torch.compile(blocks[i])
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = {"offload_policy": CPUOffloadPolicy()} if a.cpu_offload else {}
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, **offload)
     # The root (embeddings + tied LM head) is used again at once by backward: never resharded.
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, **offload)
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+                            lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
+                            **({"foreach": True} if a.cpu_offload else {"fused": True}))
 
     gen = torch.Generator(device=dev)
     gen.manual_seed(a.seed * 1000 + rank)
@@ -222,7 +228,9 @@ def main():
             "seq": a.seq, "micro_batch": a.micro_batch,
             "steps": a.steps, "warmup": a.warmup,
             "activation_checkpointing": a.activation_checkpointing,
-            "param_dtype": "bf16", "reduce_dtype": "fp32", "optimizer": "AdamW(fused=True)",
+            "cpu_offload": a.cpu_offload,
+            "param_dtype": "bf16", "reduce_dtype": "fp32",
+            "optimizer": "AdamW(foreach=True, host)" if a.cpu_offload else "AdamW(fused=True)",
             "grad_clip": clip_note,
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
             "tokens_per_s_per_gpu": statistics.median(tps),

@@ -21,7 +21,9 @@
 #   --steps N        steps per run (default 30)
 #   --warmup N       first steps left out of the medians (default 10)
 #   --gpus N         use N GPUs (default: all that `nvidia-smi -L` lists)
-#   --only LIST      comma-separated subset of: full,sgo,hybrid,noshard,single,full_ac
+#   --only LIST      comma-separated subset of: full,sgo,hybrid,noshard,single,full_ac,offload
+#                    (offload: CPU offload on one GPU, shardlm's fsdp.cpu_offload against FSDP2's
+#                    CPUOffloadPolicy, beside the unsharded run `single`; not in the default set)
 #   --timeout S      limit per run in seconds (default 150; --quick 90)
 #   --budget S       stop starting runs when this many seconds have passed (default 540)
 #   --bin PATH       the shardlm binary (default build/bin/shardlm)
@@ -261,24 +263,26 @@ PY
 DATA=$WORK/bench_data.jsonl
 python3 bench/make_bench_data.py --out "$DATA" --seq "$SEQ" --records $(( STEPS * MB * GPUS )) || exit 1
 
-# ---- configurations: id|label|gpus|strategy|ranks_per_node (hybrid)|activation checkpointing
+# ---- configurations: id|label|gpus|strategy|ranks_per_node (hybrid)|activation checkpointing|cpu offload
 CONFIGS=()
 if [ "$GPUS" -ge 2 ]; then
-  CONFIGS+=("full|FULL_SHARD|$GPUS|FULL_SHARD|0|0")
+  CONFIGS+=("full|FULL_SHARD|$GPUS|FULL_SHARD|0|0|0")
 fi
-CONFIGS+=("single|1 GPU, unsharded|1|NO_SHARD|0|0")
+CONFIGS+=("single|1 GPU, unsharded|1|NO_SHARD|0|0|0")
 if [ "$GPUS" -ge 2 ]; then
-  CONFIGS+=("sgo|SHARD_GRAD_OP|$GPUS|SHARD_GRAD_OP|0|0")
+  CONFIGS+=("sgo|SHARD_GRAD_OP|$GPUS|SHARD_GRAD_OP|0|0|0")
   if [ "$GPUS" -ge 4 ] && [ $((GPUS % 2)) -eq 0 ]; then
-    CONFIGS+=("hybrid|HYBRID_SHARD (2 nodes x $((GPUS / 2)))|$GPUS|HYBRID_SHARD|$((GPUS / 2))|0")
+    CONFIGS+=("hybrid|HYBRID_SHARD (2 nodes x $((GPUS / 2)))|$GPUS|HYBRID_SHARD|$((GPUS / 2))|0|0")
   fi
-  CONFIGS+=("noshard|NO_SHARD|$GPUS|NO_SHARD|0|0")
-  CONFIGS+=("full_ac|FULL_SHARD + activation ckpt|$GPUS|FULL_SHARD|0|1")
+  CONFIGS+=("noshard|NO_SHARD|$GPUS|NO_SHARD|0|0|0")
+  CONFIGS+=("full_ac|FULL_SHARD + activation ckpt|$GPUS|FULL_SHARD|0|1|0")
 else
-  CONFIGS+=("full_ac|1 GPU + activation ckpt|1|NO_SHARD|0|1")
+  CONFIGS+=("full_ac|1 GPU + activation ckpt|1|NO_SHARD|0|1|0")
 fi
+CONFIGS+=("offload|1 GPU + CPU offload|1|NO_SHARD|0|0|1")
 
-want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+# The default set leaves the offload row out (it is slow on the PyTorch side); --only names it.
+want() { if [ -z "$ONLY" ]; then [ "$1" != offload ]; else [[ ",$ONLY," == *",$1,"* ]]; fi; }
 
 # Time left for the next run, or nothing when the budget is spent.
 run_limit() {
@@ -331,12 +335,13 @@ skip_record() {  # id label gpus strategy impl why
   meta_json "$1" "$2" "$3" "$4" "$5" "$6" -1 0 "" >> "$OUT/bench.jsonl"
 }
 
-run_shardlm() {  # id label gpus strategy rpn ac
-  local id=$1 label=$2 g=$3 strat=$4 rpn=$5 ac=$6 name="$1-shardlm"
+run_shardlm() {  # id label gpus strategy rpn ac offload
+  local id=$1 label=$2 g=$3 strat=$4 rpn=$5 ac=$6 off=$7 name="$1-shardlm"
   local dir=$RUNS/$name limit rc t0 extra=()
   if ! limit=$(run_limit); then say "$name: skipped, time budget spent"; skip_record "$id" "$label" "$g" "$strat" shardlm "skipped (budget)"; return; fi
   mkdir -p "$dir"
   [ "$ac" = 1 ] && extra+=(--fsdp.activation_checkpointing=true)
+  [ "$off" = 1 ] && extra+=(--fsdp.cpu_offload=true)
   [ "$BACKEND" = cpu ] && extra+=(--run.backend=cpu)
   local mpi=(mpirun -np "$g" --bind-to none)
   [ "$BACKEND" = cpu ] && mpi+=(--oversubscribe)
@@ -362,12 +367,13 @@ run_shardlm() {  # id label gpus strategy rpn ac
   say "$name: $(status_of $rc) in $(( $(date +%s) - t0 ))s"
 }
 
-run_pytorch() {  # id label gpus strategy rpn ac
-  local id=$1 label=$2 g=$3 strat=$4 rpn=$5 ac=$6 name="$1-pytorch"
+run_pytorch() {  # id label gpus strategy rpn ac offload
+  local id=$1 label=$2 g=$3 strat=$4 rpn=$5 ac=$6 off=$7 name="$1-pytorch"
   local dir=$RUNS/$name limit rc t0 extra=()
   if ! limit=$(run_limit); then say "$name: skipped, time budget spent"; skip_record "$id" "$label" "$g" "$strat" pytorch-fsdp2 "skipped (budget)"; return; fi
   mkdir -p "$dir"
   [ "$ac" = 1 ] && extra+=(--activation-checkpointing)
+  [ "$off" = 1 ] && extra+=(--cpu-offload)
   local nodes=2
   [ "$rpn" -gt 0 ] && nodes=$(( g / rpn ))
   local cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$g" bench/fsdp2_bloom.py
@@ -388,11 +394,11 @@ run_pytorch() {  # id label gpus strategy rpn ac
 }
 
 for c in "${CONFIGS[@]}"; do
-  IFS='|' read -r id label g strat rpn ac <<< "$c"
+  IFS='|' read -r id label g strat rpn ac off <<< "$c"
   want "$id" || continue
-  if [ $SKIP_SL = 0 ]; then run_shardlm "$id" "$label" "$g" "$strat" "$rpn" "$ac"
+  if [ $SKIP_SL = 0 ]; then run_shardlm "$id" "$label" "$g" "$strat" "$rpn" "$ac" "$off"
   else skip_record "$id" "$label" "$g" "$strat" shardlm "not run"; fi
-  if [ $SKIP_PT = 0 ]; then run_pytorch "$id" "$label" "$g" "$strat" "$rpn" "$ac"
+  if [ $SKIP_PT = 0 ]; then run_pytorch "$id" "$label" "$g" "$strat" "$rpn" "$ac" "$off"
   else skip_record "$id" "$label" "$g" "$strat" pytorch-fsdp2 "not run"; fi
 done
 

@@ -278,3 +278,88 @@ BOOST_AUTO_TEST_CASE(default_threads_follow_the_environment) {
       unsetenv(names[i]);
   }
 }
+
+// CPU offload updates a slice in chunks as they go up (AdamW::update_slice): any cut of every slice,
+// with the compute-dtype copy written per chunk, gives step()'s bits.
+BOOST_AUTO_TEST_CASE(update_slice_in_pieces_gives_the_step_bits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const size_t n0 = 300000, n1 = 4100;  // several host AdamW pieces; a slice of one piece
+  std::vector<float> p0(n0), g0(n0), p1(n1), g1(n1);
+  for (auto* v : {&p0, &g0, &p1, &g1})
+    for (float& x : *v) x = normal(rng);
+  std::vector<float> q0 = p0, q1 = p1;
+  std::vector<uint16_t> out0(n0), out1(n1), want0(n0), want1(n1);
+  const std::vector<std::pair<size_t, size_t>> no_decay0 = {{10, 70000}, {200000, 200001}}, no_decay1 = {{0, 5}};
+  AdamWOptions opt{0.9, 0.95, 1e-8, 0.1};
+  auto cpu = make_cpu_backend(2);
+  AdamW whole(*cpu, {{p0.data(), g0.data(), n0, no_decay0, want0.data()}, {p1.data(), g1.data(), n1, no_decay1, want1.data()}},
+              opt, DType::BF16);
+  AdamW pieces(*cpu, {{q0.data(), g0.data(), n0, no_decay0, nullptr}, {q1.data(), g1.data(), n1, no_decay1, nullptr}},
+               opt, DType::BF16);
+  for (int step = 1; step <= 3; ++step) {
+    whole.step(1e-3 * step, 0.5f);
+    const AdamWHyper h = pieces.begin_step(1e-3 * step, 0.5f);
+    BOOST_TEST(h.step == step);
+    // Uneven cuts, slice 1 before slice 0, one cut inside a no-decay range.
+    pieces.update_slice(1, 0, n1, out1.data(), h);
+    for (size_t b : {size_t(0), size_t(65536), size_t(150001)}) {
+      const size_t e = b == 0 ? 65536 : b == 65536 ? 150001 : n0;
+      pieces.update_slice(0, b, e, out0.data() + b, h);
+    }
+    BOOST_TEST(std::memcmp(p0.data(), q0.data(), n0 * sizeof(float)) == 0);
+    BOOST_TEST(std::memcmp(p1.data(), q1.data(), n1 * sizeof(float)) == 0);
+    BOOST_TEST(out0 == want0);
+    BOOST_TEST(out1 == want1);
+    for (size_t k = 0; k < 2; ++k)
+      for (size_t i = 0; i < 2; ++i)
+        BOOST_TEST(std::memcmp(whole.state(i, k), pieces.state(i, k), (i == 0 ? n0 : n1) * sizeof(float)) == 0);
+  }
+  BOOST_TEST(pieces.steps_taken() == 3);
+}
+
+// Offload's host gradient: each dtype's reduced slice summed into fp32 (overwriting after zero_grad,
+// adding after), with the sum of squares of the result, the same bits on any thread count.
+BOOST_AUTO_TEST_CASE(host_gradient_accumulation_matches_the_device_arithmetic) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const size_t n = 3 * kHostAdamWPiece + 77;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    BOOST_TEST_CONTEXT(dtype_name(dt)) {
+      std::vector<float> a(n), b(n);
+      for (float& x : a) x = normal(rng);
+      for (float& x : b) x = normal(rng);
+      if (dt != DType::F32) round_to(dt, a.data(), n), round_to(dt, b.data(), n);
+      std::vector<uint16_t> a16(n), b16(n);
+      if (dt != DType::F32) pack16(dt, a.data(), a16.data(), n), pack16(dt, b.data(), b16.data(), n);
+      const void* in_a = dt == DType::F32 ? static_cast<const void*>(a.data()) : a16.data();
+      const void* in_b = dt == DType::F32 ? static_cast<const void*>(b.data()) : b16.data();
+      std::vector<float> acc_ref(n);
+      for (size_t i = 0; i < n; ++i) acc_ref[i] = (0.0f + a[i]) + b[i];
+      std::vector<float> first_acc;
+      double first_sum = 0;
+      for (int threads : {1, 3}) {
+        std::vector<float> acc(n, 123.0f);  // stale values: the first call overwrites them
+        double s1 = -1, s2 = -1;
+        host_accumulate_grad(acc.data(), in_a, dt, n, true, &s1, threads);
+        BOOST_TEST(std::memcmp(acc.data(), a.data(), n * sizeof(float)) == 0);
+        host_accumulate_grad(acc.data(), in_b, dt, n, false, &s2, threads);
+        BOOST_TEST(std::memcmp(acc.data(), acc_ref.data(), n * sizeof(float)) == 0);
+        double want = 0;
+        for (float x : acc_ref) want += static_cast<double>(x) * x;
+        BOOST_TEST(s2 == want, boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(host_sum_squares(acc.data(), n, threads) == s2);  // the same order, the same bits
+        if (threads == 1) {
+          first_acc = acc, first_sum = s2;
+        } else {
+          BOOST_TEST(acc == first_acc);
+          BOOST_TEST(s2 == first_sum);
+        }
+      }
+    }
+  }
+  std::vector<float> acc(4, 0.0f);
+  const float ones[4] = {1, 1, 1, 1};
+  host_accumulate_grad(acc.data(), ones, DType::F32, 4, false, nullptr, 2);  // no sum asked
+  BOOST_TEST(acc == std::vector<float>(4, 1.0f));
+}

@@ -62,6 +62,7 @@ class BackendEvent {
   virtual ~BackendEvent() = default;
   virtual void record(Stream s) = 0;
   virtual void wait_on(Stream s) = 0;  // work queued on s after this waits for the recorded point
+  virtual void synchronize() = 0;      // the calling thread waits until the recorded point is reached
 };
 
 // One AdamW update of a stretch of a slice; see Backend::adamw.
@@ -83,7 +84,7 @@ struct AdamWHyper {
 
 enum class CopyKind { HostToDevice, DeviceToHost };
 
-// What the FSDP schedule (src/fsdp) needs of a backend: memory, two streams and events between
+// What the FSDP schedule (src/fsdp) needs of a backend: memory, three streams and events between
 // them, casts and the element-wise updates of the gradient and optimizer. The CPU backend runs
 // everything synchronously on the calling thread; its streams are nullptr and its events no-ops.
 class Backend {
@@ -112,8 +113,16 @@ class Backend {
 
   virtual Stream compute_stream() const = 0;
   virtual Stream comm_stream() const = 0;
+  // CPU offload's copies, one stream per direction (so gradients going down and updated parameters
+  // going up overlap each other and the compute and communication streams).
+  virtual Stream copy_stream(CopyKind direction) const = 0;
   virtual std::unique_ptr<BackendEvent> make_event() = 0;
   virtual void synchronize(Stream s) = 0;
+  // Points the calling thread at the backend's device (cudaSetDevice): a thread other than the one
+  // that made the backend calls it before its first call (offload's host worker).
+  virtual void bind_thread() = 0;
+  // Threads the backend's host element-wise work (AdamW, offload's gradient accumulation) spreads over.
+  virtual int host_threads() const = 0;
 
   virtual void zero(void* p, size_t bytes, Stream s) = 0;
   // Copies between host memory and backend memory (a plain copy on the CPU).
@@ -143,6 +152,17 @@ constexpr size_t kHostAdamWPiece = size_t(1) << 16;
 // Backend::adamw on the host with the GPU kernel's formula and fp32 scalars (src/device/cuda/adamw.cu),
 // on `threads` threads with the `simd` path; every path and thread count gives the same bits.
 void host_adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, int threads, HostSimd simd);
+
+// ---- offload's host gradients (cpu/host_grad.cpp) --------------------------------------------
+
+// acc[i] = (overwrite ? 0 : acc[i]) + in[i] for a reduced gradient slice `in` in dtype (fp32, bf16 or
+// fp16), in fp32 as the device's accumulate does it; when sum_squares is set it receives the fp64 sum
+// of the new acc[i]^2, summed per kHostAdamWPiece piece and the pieces in order, so any thread count
+// gives the same bits.
+void host_accumulate_grad(float* acc, const void* in, DType dtype, size_t n, bool overwrite, double* sum_squares,
+                          int threads);
+// The fp64 sum of x[i]^2 in the same order as host_accumulate_grad's.
+double host_sum_squares(const float* x, size_t n, int threads);
 
 // ---- a GPU's dense peak, for the model FLOPs utilisation (gpu_peaks.cpp) ---------------------
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,7 +53,7 @@ struct FsdpOptions {
 // Bytes this rank holds, by role, for the per-rank report and `plan`.
 struct FsdpMemory {
   size_t master_shard = 0;      // master slices (and compute-dtype copies of them; LoRA's frozen slices)
-  size_t grad_shard = 0;        // fp32 grad slices
+  size_t grad_shard = 0;        // fp32 grad slices (none on the device with CPU offload)
   size_t full_params = 0;       // gathered-parameter buffers
   size_t full_grads = 0;        // unsharded-gradient buffers
   size_t comm_staging = 0;      // reduced slices and 16-bit staging
@@ -82,7 +83,20 @@ struct FsdpBufferPlan {
   size_t frozen_root_padded = 0, frozen_block_padded = 0, frozen_max_shard = 0;
   bool frozen_alias = false;        // one-rank shard: the model reads the frozen slices themselves
   size_t frozen_block_copies = 0;   // gathered frozen block buffers (the same turns as block_copies)
+  // CPU offload (src/fsdp/offload.cpp): no fp32 gradient slice stays on the device. Each unit's reduced
+  // slice lands in a device buffer (two, alternating; none where the reduction leaves it in the full
+  // fp32 gradient: one shard, fp32), goes down to pinned host buffers in the reduce dtype (two) and is
+  // summed into the host's fp32 gradient; updated slices go up in chunks, through pinned staging in the
+  // compute dtype (two; none in fp32, which goes up from the pinned master itself).
+  bool grad_slices = true;         // fp32 gradient slices on the backend (every run but an offloaded one)
+  size_t offload_slice = 0;        // bytes of each device landing buffer
+  size_t offload_landing = 0;      // bytes of each pinned host landing buffer
+  size_t offload_chunk = 0;        // elements of an upload
+  size_t offload_stage = 0;        // bytes of each pinned upload staging chunk
 };
+// Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
+// AdamW on one chunk overlaps the copy of the previous one.
+constexpr size_t kOffloadChunk = size_t(1) << 22;
 
 // What the engine trains and what it holds frozen: without LoRA the model's layout and nothing; with
 // LoRA the adapters (lora_layout) and the base weights (model_layout), unit for unit.
@@ -119,6 +133,17 @@ class FsdpEngine {
   // part in the collectives).
   double forward_backward(const MicroBatch& mb, float grad_scale);
   double forward_loss(const MicroBatch& mb);
+  // The next forward_backward is the last micro-step of the optimizer step. With cpu_offload each
+  // unit's gradient is then complete once its reduction reaches the host, where its sum of squares is
+  // taken for grad_norm(). With `update` (the step's lr and gradient factor known before its backward:
+  // no clipping, no loss scaling) each unit is also updated then, on the host while the backward of
+  // the others goes on, and optimizer_step(update->lr, update->grad_factor) must come next. Changes
+  // nothing without cpu_offload.
+  struct StepUpdate {
+    double lr = 0;
+    float grad_factor = 1;
+  };
+  void last_micro_step(const std::optional<StepUpdate>& update = std::nullopt);
   void zero_grad();
   double grad_norm();  // global L2 norm of the whole gradient, the same on every rank
   // One optimizer step at lr with the gradients multiplied by grad_factor (clipping) first.
@@ -170,6 +195,7 @@ class FsdpEngine {
 
  private:
   void refresh_compute_slices();
+  void start_offload();
   void pin(void* p, size_t bytes);
   struct Unit;
   struct Impl;
@@ -209,8 +235,8 @@ struct RankMemoryPlan {
   size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
-  size_t host_bytes = 0;      // CUDA: host memory of the rank (master copy, moments or their staging, grads,
-                              // with offload the pinned 16-bit staging of the updated slices)
+  size_t host_bytes = 0;      // CUDA: host memory of the rank (checkpoint staging of the master and moments;
+                              // with offload the master, moments, fp32 gradient and pinned copy buffers)
   int ranks_per_node = 1;     // the ranks whose host memory one node holds
 
   size_t host_per_node() const { return host_bytes * static_cast<size_t>(ranks_per_node); }

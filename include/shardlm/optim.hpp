@@ -31,6 +31,12 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update at learning rate lr, the gradients multiplied by grad_scale first (clipping).
   virtual void step(double lr, float grad_scale, Stream s) = 0;
+  // The same update in pieces (CPU offload updates each unit as its gradient is ready): begin_step
+  // counts the step and returns its hyper-parameters; update_slice then runs elements [begin, end) of
+  // slice i with them, on any thread, writing the new values also to out (when set; element begin at
+  // out[0]) in the optimizer's out dtype. Every piece of every slice once gives step()'s bits.
+  virtual AdamWHyper begin_step(double lr, float grad_scale) = 0;
+  virtual void update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) = 0;
   virtual long steps_taken() const = 0;
   virtual void set_steps_taken(long steps) = 0;  // when resuming from a checkpoint
   virtual const char* name() const = 0;
@@ -55,6 +61,8 @@ class AdamW final : public Optimizer {
   AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const AdamWOptions& opt,
         DType out_dtype = DType::F32);
   void step(double lr, float grad_scale = 1.0f, Stream s = nullptr) override;
+  AdamWHyper begin_step(double lr, float grad_scale) override;
+  void update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) override;
   long steps_taken() const override { return step_; }
   void set_steps_taken(long steps) override { step_ = steps; }
   const char* name() const override { return "adamw"; }
@@ -69,6 +77,8 @@ class AdamW final : public Optimizer {
   AdamWOptions opt_;
   DType out_dtype_;
   std::vector<AdamWRange> ranges_;  // every slice cut at its no-decay ranges, made once
+  std::vector<size_t> range_offset_;  // of each range in its slice
+  std::vector<size_t> slice_ranges_;  // slice i's ranges are [slice_ranges_[i], slice_ranges_[i + 1])
   std::vector<DeviceArray> exp_avg_, exp_avg_sq_;
   long step_ = 0;
 };

@@ -60,7 +60,11 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   p.compute_slice = same_dtype && (opt.cpu_offload || (shard_size == 1 && opt.param_dtype != DType::F32));
   // Sharded, the gathers cast the fp32 master into their own buffer: no 16-bit copy of the slice.
   p.cast_at_gather = !p.alias && !p.compute_slice && same_dtype && opt.param_dtype != DType::F32;
-  p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1;
+  SHARDLM_CHECK(!opt.cpu_offload || same_dtype, "fsdp.cpu_offload: the backend computes in ", dtype_name(compute_dtype),
+                ", not in fsdp.param_dtype = ", dtype_name(opt.param_dtype));
+  // Offloaded, the gradients leave through per-unit buffers: no fp32 slice to accumulate into directly.
+  p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1 && !opt.cpu_offload;
+  p.grad_slices = !opt.cpu_offload;
 
   if (!p.alias) {
     // Resharding, the blocks take turns in a few buffers: one when synchronous, else
@@ -70,7 +74,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   }
   if (!p.direct_grads) {
     p.grad_buffers = p.block_padded == 0 ? 0 : asynchronous ? 2 : 1;
-    p.grad_slice = p.max_shard;
+    p.grad_slice = opt.cpu_offload ? 0 : p.max_shard;  // offloaded: the landing buffers below
   }
   // 16-bit staging: a full unit (gather receive, reduce send) and a slice (gather send, reduce receive).
   size_t elem = 0;
@@ -78,6 +82,17 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   if (opt.reduce_dtype != DType::F32 && !p.direct_grads) elem = std::max(elem, dtype_size(opt.reduce_dtype));
   p.stage_full = p.max_padded * elem;
   p.stage_slice = p.max_shard * elem;
+  if (opt.cpu_offload) {
+    const size_t rsize = dtype_size(opt.reduce_dtype), csize = dtype_size(compute_dtype);
+    // The 16-bit reduce-scatter sends a cast full unit and receives into a landing buffer; one shard
+    // casts straight into the landing buffer.
+    p.stage_full = opt.reduce_dtype != DType::F32 && shard_size > 1 ? p.max_padded * rsize : 0;
+    p.stage_slice = 0;
+    p.offload_slice = shard_size > 1 || opt.reduce_dtype != DType::F32 ? p.max_shard * rsize : 0;
+    p.offload_landing = p.max_shard * rsize;
+    p.offload_chunk = std::min(kOffloadChunk, p.max_shard);
+    p.offload_stage = csize == sizeof(float) ? 0 : p.offload_chunk * csize;
+  }
   if (!frozen.empty()) {
     SHARDLM_CHECK(frozen.size() == layout.size(), "fsdp_buffer_plan: ", frozen.size(), " frozen units for ",
                   layout.size(), " trainable ones");

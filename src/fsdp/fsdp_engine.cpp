@@ -36,7 +36,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     d.flat = make_flat_parameter(m.layout[u], static_cast<int>(u), shard_rank, shard_size);
     const size_t n = d.flat.shard_numel;
     d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
-    d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
+    if (plan_.grad_slices) d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
     if (plan_.compute_slice) d.compute = be.allocate(n * csize, MemKind::Params);
     // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
     if (state_on_host) {
@@ -54,8 +54,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     }
     if (opt.cpu_offload) {
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
-      // Copied every step: page-locked, so the copies run at DMA speed without a bounce buffer.
-      pin(d.host_grad.data(), d.host_grad.bytes());
+      // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
       if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
       slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});
     } else {
@@ -65,11 +64,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     }
     m.units.push_back(std::move(d));
   }
-  if (opt.cpu_offload && opt.param_dtype != DType::F32) {
-    m.host16.assign(plan_.max_shard, 0);
-    pin(m.host16.data(), m.host16.size() * sizeof(uint16_t));
-  }
-  optimizer_ = std::make_unique<AdamW>(state_be, slices, adam, opt.cpu_offload ? DType::F32 : opt.param_dtype);
+  // Offloaded, the updates write the compute dtype into the upload staging (AdamW::update_slice's out).
+  optimizer_ = std::make_unique<AdamW>(state_be, slices, adam, opt.param_dtype);
   if (!state_on_host) {
     const size_t k = optimizer_->state_names().size();
     for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
@@ -101,6 +97,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   m.root_grad_ready = be.make_event();
   m.params_written = be.make_event();
   m.reductions_done = be.make_event();
+  if (opt.cpu_offload) start_offload();
   m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
   m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
   m.stage_slice = be.allocate(plan_.stage_slice, MemKind::Comm);
@@ -121,8 +118,14 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
 
 FsdpEngine::~FsdpEngine() {
   if (impl_) {
+    // The worker's tasks use the engine's arrays: they finish (or are skipped after an error) first.
+    impl_->offload.worker.reset();
     backend_->synchronize(impl_->compute);
     backend_->synchronize(impl_->comm);
+    if (impl_->opt.cpu_offload) {
+      backend_->synchronize(impl_->offload.down);
+      backend_->synchronize(impl_->offload.up);
+    }
   }
   for (void* p : pinned_) backend_->unpin_host(p);
 }
@@ -137,13 +140,34 @@ double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale) { re
 double FsdpEngine::forward_loss(const MicroBatch& mb) { return impl_->run(mb, 0.0f, false); }
 
 void FsdpEngine::zero_grad() {
-  for (Unit& d : impl_->units) backend_->zero(d.grad.data(), d.grad.bytes(), impl_->compute);
+  Impl& m = *impl_;
+  if (m.opt.cpu_offload) {
+    // The next reductions overwrite the host gradient instead of adding to it.
+    SHARDLM_CHECK(!m.offload.updated_early, "FsdpEngine::zero_grad: the step updated early needs its optimizer_step");
+    m.offload.micro = 0;
+    m.offload.sums_valid = false;
+    return;
+  }
+  for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
 }
 
 double FsdpEngine::grad_norm() {
   Impl& m = *impl_;
   m.finish_reductions();
   double local = 0.0;
+  if (m.opt.cpu_offload) {
+    OffloadState& o = m.offload;
+    o.worker->wait(o.last_arrival);
+    if (o.micro > 0 && !o.sums_valid) {
+      // Not announced as the step's last micro-step: the sums from the host gradient now.
+      for (size_t u = 0; u < m.units.size(); ++u)
+        o.sum_squares[u] = host_sum_squares(m.units[u].host_grad.as<float>(), m.units[u].flat.shard_numel, o.threads);
+      o.sums_valid = true;
+    }
+    if (o.micro > 0)
+      for (size_t u = 0; u < m.units.size(); ++u) local += o.sum_squares[u];
+    return std::sqrt(groups_.shard->host_sum(local));
+  }
   double* sum = m.host_memory ? &local : m.norm.as<double>();
   if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
   for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
@@ -157,36 +181,73 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
   Impl& m = *impl_;
   m.finish_reductions();
   if (m.opt.cpu_offload) {
-    // The gradient slices to the host, AdamW there, the updated slices back in the compute dtype.
-    backend_->synchronize(m.compute);
-    for (Unit& d : m.units)
-      backend_->copy(d.host_grad.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);
-    backend_->synchronize(m.compute);
-    optimizer_->step(lr, grad_factor, nullptr);
-    refresh_compute_slices();
+    OffloadState& o = m.offload;
+    if (o.updated_early) {
+      // last_micro_step posted every unit's update as its gradient arrived.
+      SHARDLM_CHECK(o.early_values && o.early_values->lr == lr && o.early_values->grad_factor == grad_factor,
+                    "FsdpEngine::optimizer_step(", lr, ", ", grad_factor, ") after last_micro_step announced other values");
+      o.updated_early = false;
+    } else {
+      if (o.micro == 0) {
+        // No micro-step since zero_grad: a zero gradient.
+        std::vector<Unit>* units = &m.units;
+        o.worker->post([units] {
+          for (Unit& d : *units) std::memset(d.host_grad.data(), 0, d.host_grad.bytes());
+        });
+      }
+      // Host AdamW per unit in forward order, each unit going up when done: the next forward's first
+      // gathers wait only for their own units (Impl::await_upload).
+      m.uploads_follow_readers();
+      const AdamWHyper h = optimizer_->begin_step(lr, grad_factor);
+      for (size_t u = 0; u < m.units.size(); ++u) m.post_upload(u, &h);
+    }
   } else {
     optimizer_->step(lr, grad_factor, m.compute);
   }
   m.params_updated();
 }
 
-// The compute-dtype slices from the fp32 masters (after init, a checkpoint load, an offloaded step).
+// The compute-dtype slices from the fp32 masters (after init, a checkpoint load).
 void FsdpEngine::refresh_compute_slices() {
   Impl& m = *impl_;
   if (!plan_.compute_slice) return;
-  for (Unit& d : m.units) {
-    const size_t n = d.flat.shard_numel;
-    if (!m.opt.cpu_offload) {
-      backend_->cast(d.master.data(), DType::F32, d.compute.data(), plan_.compute_dtype, n, m.compute);
-    } else if (m.opt.param_dtype == DType::F32) {
-      backend_->copy(d.compute.data(), d.master.data(), n * sizeof(float), CopyKind::HostToDevice, m.compute);
-    } else {
-      // Host fp32 master -> compute dtype on the host -> the GPU slice.
-      pack16(m.opt.param_dtype, d.master.as<float>(), m.host16.data(), n);
-      backend_->copy(d.compute.data(), m.host16.data(), n * sizeof(uint16_t), CopyKind::HostToDevice, m.compute);
-      backend_->synchronize(m.compute);  // host16 is reused by the next unit
-    }
+  if (m.opt.cpu_offload) {
+    // Up through the worker's upload path; the gathers wait for each unit's (Impl::await_upload).
+    m.uploads_follow_readers();
+    for (size_t u = 0; u < m.units.size(); ++u) m.post_upload(u, nullptr);
+    return;
   }
+  for (Unit& d : m.units)
+    backend_->cast(d.master.data(), DType::F32, d.compute.data(), plan_.compute_dtype, d.flat.shard_numel, m.compute);
+}
+
+// CPU offload's buffers, events and worker (offload.cpp says what guards what).
+void FsdpEngine::start_offload() {
+  Impl& m = *impl_;
+  OffloadState& o = m.offload;
+  Backend& be = *backend_;
+  o.optimizer = optimizer_.get();
+  o.down = be.copy_stream(CopyKind::DeviceToHost);
+  o.up = be.copy_stream(CopyKind::HostToDevice);
+  o.threads = host_backend_->host_threads();
+  for (int b = 0; b < 2; ++b) {
+    o.slice[b] = be.allocate(plan_.offload_slice, MemKind::Comm);
+    o.landing[b] = host_backend_->allocate(plan_.offload_landing, MemKind::Comm);
+    pin(o.landing[b].data(), o.landing[b].bytes());
+    o.stage[b] = host_backend_->allocate(plan_.offload_stage, MemKind::Comm);
+    pin(o.stage[b].data(), o.stage[b].bytes());
+    o.copied[b] = be.make_event();
+    o.staged[b] = be.make_event();
+    // Recorded once, so the first waits have a point to wait for.
+    o.copied[b]->record(o.down);
+    o.staged[b]->record(o.up);
+  }
+  o.reduced = be.make_event();
+  o.params_free = be.make_event();
+  for (size_t u = 0; u < m.units.size(); ++u) o.uploaded.push_back(be.make_event());
+  o.upload_task.assign(m.units.size(), 0);
+  o.sum_squares.assign(m.units.size(), 0.0);
+  o.worker = std::make_unique<HostWorker>([&be] { be.bind_thread(); });
 }
 
 std::vector<UnitState> FsdpEngine::frozen_state(uint64_t seed) {
@@ -251,6 +312,12 @@ void FsdpEngine::frozen_loaded() {
 
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
+  if (m.opt.cpu_offload) {
+    // The worker updates and uploads the host state: the views are handed out once it is idle.
+    m.offload.worker->drain();
+    backend_->synchronize(m.offload.down);
+    backend_->synchronize(m.offload.up);
+  }
   backend_->synchronize(m.compute);
   backend_->synchronize(m.comm);
   std::vector<UnitState> states;
@@ -286,6 +353,7 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
 
 void FsdpEngine::checkpoint_loaded() {
   Impl& m = *impl_;
+  if (m.opt.cpu_offload) m.offload.worker->drain();
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
     if (d.host_master.empty()) continue;  // the loaded host arrays are the state
@@ -314,7 +382,8 @@ FsdpMemory FsdpEngine::memory() const {
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
   r.full_grads = m.root_grad_full.bytes();
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
-  r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes();
+  r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.offload.slice[0].bytes() +
+                   m.offload.slice[1].bytes();
   r.activations = m.model->activation_bytes();
   return r;
 }
@@ -328,6 +397,11 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
   m.finish_reductions();
   const Unit& d = m.units.at(u);
   std::vector<float> out(d.flat.shard_numel);
+  if (m.opt.cpu_offload) {
+    m.offload.worker->wait(m.offload.last_arrival);
+    if (m.offload.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
+    return out;
+  }
   backend_->copy(out.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);
   backend_->synchronize(m.compute);
   return out;

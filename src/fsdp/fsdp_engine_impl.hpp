@@ -3,7 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 
+#include "host_worker.hpp"
 #include "shardlm/fsdp.hpp"
 
 namespace shardlm {
@@ -13,14 +15,43 @@ namespace shardlm {
 struct FsdpEngine::Unit {
   FlatParameter flat;
   DeviceArray master;    // fp32 master slice (host memory when offloaded)
-  DeviceArray grad;      // fp32 gradient slice, summed over the micro-steps of a step
+  DeviceArray grad;      // fp32 gradient slice, summed over the micro-steps of a step (not with cpu_offload)
   DeviceArray compute;   // the slice in the compute dtype, when kept (FsdpBufferPlan::compute_slice)
-  DeviceArray host_grad; // cpu_offload: the gradient slice copied to the host once a step
+  DeviceArray host_grad; // cpu_offload: the fp32 gradient slice, summed on the host as the reductions arrive
   std::vector<float> host_master;               // checkpoint staging of a device master
   std::vector<std::vector<float>> host_state;   // checkpoint staging of device optimizer state
   // LoRA: the unit's frozen base weights (EngineLayouts::frozen), this rank's slice in the compute dtype.
   FlatParameter frozen;
   DeviceArray frozen_slice;
+};
+
+// CPU offload's buffers, events and host worker; src/fsdp/offload.cpp holds the schedule and says
+// which event or ticket guards which buffer.
+struct OffloadState {
+  std::unique_ptr<HostWorker> worker;
+  Optimizer* optimizer = nullptr;
+  Stream down = nullptr, up = nullptr;   // the backend's copy streams, device to host and back
+  int threads = 1;                       // of the host's element-wise work
+  DeviceArray slice[2];                  // device landing of the reduced slices (when the plan has them)
+  DeviceArray landing[2];                // pinned host landing of the reduced slices, in the reduce dtype
+  DeviceArray stage[2];                  // pinned staging of 16-bit uploads (worker only)
+  std::unique_ptr<BackendEvent> reduced;               // comm: a unit's reduction is complete
+  std::unique_ptr<BackendEvent> copied[2];             // down: the copy out of slice[b] into landing[b]
+  std::unique_ptr<BackendEvent> staged[2];             // up: the upload out of stage[s] (worker only)
+  std::unique_ptr<BackendEvent> params_free;           // the slices' last readers before uploads overwrite them
+  std::vector<std::unique_ptr<BackendEvent>> uploaded;  // up, per unit: its compute slice is current
+  std::vector<HostWorker::Ticket> upload_task;          // per unit: the task queueing its upload (0: none pending)
+  HostWorker::Ticket landing_read[2] = {0, 0};          // the task that last summed landing[b]
+  HostWorker::Ticket last_arrival = 0;                  // the task summing the latest reduced slice
+  std::vector<double> sum_squares;  // per unit, of its gradient (valid with sums_valid)
+  int next = 0;                     // the landing pair of the next reduction
+  int next_stage = 0;               // worker only
+  int micro = 0;                    // micro-steps reduced since zero_grad
+  bool last_announced = false;      // the next micro-step is its step's last (FsdpEngine::last_micro_step)
+  std::optional<AdamWHyper> early;  // and its update, known before its backward
+  std::optional<FsdpEngine::StepUpdate> early_values;  // what optimizer_step must then be called with
+  bool sums_valid = false;          // sum_squares are of the step's whole gradient
+  bool updated_early = false;       // the step's updates are posted; optimizer_step comes next
 };
 
 struct FsdpEngine::Impl {
@@ -55,7 +86,8 @@ struct FsdpEngine::Impl {
   bool root_reduction_pending = false;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
-  std::vector<uint16_t> host16;       // cpu_offload: 16-bit staging of one slice (page-locked)
+
+  OffloadState offload;               // cpu_offload only
 
   DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each
   std::vector<int32_t> decode_host;
@@ -102,6 +134,7 @@ struct FsdpEngine::Impl {
       slot_free[sl]->wait_on(comm);  // the buffer's previous block has finished computing
       holder[sl] = static_cast<int>(u);
     }
+    await_upload(u, comm);
     const Unit& d = units[u];
     const size_t n = d.flat.shard_numel;
     char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
@@ -129,6 +162,7 @@ struct FsdpEngine::Impl {
   UnitParams use(size_t u) {
     gather(u);
     if (!plan.alias) unit_gathered[u]->wait_on(compute);
+    else await_upload(u, compute);  // the model reads the compute slice itself
     return unit_params(u);
   }
   void done_with(size_t u) {
@@ -153,6 +187,7 @@ struct FsdpEngine::Impl {
   // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over
   // the shard group, all-reduce over the replicate group, in reduce_dtype, then add to the slice.
   void reduce(size_t u, float* full) {
+    if (opt.cpu_offload) return reduce_offloaded(u, full);
     if (plan.direct_grads) return;  // the backward wrote into the slice itself
     Unit& d = units[u];
     if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
@@ -179,8 +214,15 @@ struct FsdpEngine::Impl {
     be.accumulate(d.grad.as<float>(), grad_slice.as<float>(), n, comm);
   }
 
+  // The compute stream waits for the reductions (and offloaded, for the copies out of their buffers).
   void finish_reductions() {
-    reductions_done->record(comm);
+    if (opt.cpu_offload) {
+      offload.reduced->record(comm);
+      offload.reduced->wait_on(offload.down);
+      reductions_done->record(offload.down);
+    } else {
+      reductions_done->record(comm);
+    }
     reductions_done->wait_on(compute);
   }
   void finish_root_reduction() {
@@ -198,6 +240,7 @@ struct FsdpEngine::Impl {
     const bool packed = !mb.starts.empty();
     SHARDLM_CHECK(!packed || model->config().packed, "a packed micro-batch for a model not built for packing");
     const int32_t* starts_in = packed ? mb.starts.data() : nullptr;
+    if (opt.cpu_offload) offload_micro_step_begins(backward);
     if (!host_memory) {
       be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
       be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
@@ -242,7 +285,8 @@ struct FsdpEngine::Impl {
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
         reduce(1 + l, grad);
-        grad_reduced[gs]->record(comm);
+        // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
+        grad_reduced[gs]->record(opt.cpu_offload ? offload.down : comm);
         // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
         // buffer this block frees, so it is safe with a single buffer too.
         if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
@@ -252,9 +296,22 @@ struct FsdpEngine::Impl {
       root_grad_ready->wait_on(comm);
       reduce(0, full_grad(0));
       root_reduction_pending = true;
+      if (opt.cpu_offload) offload_micro_step_ends();
     }
     return model->loss_sum(compute);
   }
+
+  // ---- CPU offload (offload.cpp) ----
+  // Unit u's reduction, its copy down and its sum into the host gradient (and, announced, its update).
+  void reduce_offloaded(size_t u, float* full);
+  // Stream s waits for unit u's pending upload, if any.
+  void await_upload(size_t u, Stream s);
+  // Posts unit u's update with h (or, without h, the upload of its master as it is) to the worker.
+  void post_upload(size_t u, const AdamWHyper* h);
+  // Uploads wait for every earlier reader of the compute slices.
+  void uploads_follow_readers();
+  void offload_micro_step_begins(bool backward);
+  void offload_micro_step_ends();
 };
 
 }  // namespace shardlm

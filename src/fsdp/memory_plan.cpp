@@ -26,10 +26,10 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
     const size_t n = shard_numel_of(l.numel, shard_size);
     p.record.model_params += l.numel;
     p.record.trainable_params += l.numel;
-    p.record.grad_shard += n * 4;
+    if (b.grad_slices) p.record.grad_shard += n * 4;
     if (b.compute_slice) p.record.master_shard += n * csize;
     if (spec.fsdp.cpu_offload) {
-      // Host: the fp32 master, the gradient slice copied down each step, AdamW's moments.
+      // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, AdamW's moments.
       p.host_optimizer += 2 * n * 4;
       p.host_bytes += 4 * n * 4;
     } else {
@@ -38,13 +38,13 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
       if (cuda) p.host_bytes += 3 * n * 4;  // checkpoint staging of the master and the moments
     }
   }
-  // The page-locked staging the 16-bit compute copy of each updated slice goes up through.
-  if (spec.fsdp.cpu_offload && spec.fsdp.param_dtype != DType::F32) p.host_bytes += b.max_shard * sizeof(uint16_t);
+  // Offloaded: the pinned landing buffers of the reduced slices and the upload staging (two of each).
+  p.host_bytes += 2 * (b.offload_landing + b.offload_stage);
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
   if (!layouts.frozen.empty() && !b.frozen_alias)
     p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
-  p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice;
+  p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice;
   const ModelMemory model = unit_model_memory(spec.model, spec.backend, compute, spec.micro_batch, spec.max_seq,
                                               spec.activation_checkpointing);
   p.record.activations = model.activations;

@@ -1,4 +1,5 @@
 // AdamW on the rank's fp32 master shards, on the backend that holds them; its moments live there too.
+#include <algorithm>
 #include <cmath>
 
 #include "shardlm/optim.hpp"
@@ -9,6 +10,7 @@ AdamW::AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const Adam
     : backend_(backend), opt_(opt), out_dtype_(out_dtype) {
   for (const ParamSlice& s : slices) {
     const size_t i = exp_avg_.size();
+    slice_ranges_.push_back(ranges_.size());
     exp_avg_.push_back(backend_.allocate(s.numel * sizeof(float), MemKind::Optimizer));
     exp_avg_sq_.push_back(backend_.allocate(s.numel * sizeof(float), MemKind::Optimizer));
     // Alternating decayed stretches and the no-decay ranges (sorted, disjoint).
@@ -17,6 +19,7 @@ AdamW::AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const Adam
       const size_t out = dtype_size(out_dtype_) * begin;
       ranges_.push_back({s.param + begin, s.grad + begin, exp_avg(i) + begin, exp_avg_sq(i) + begin, end - begin, wd,
                          s.param_out ? static_cast<char*>(s.param_out) + out : nullptr});
+      range_offset_.push_back(begin);
     };
     size_t pos = 0;
     for (const auto& [begin, end] : s.no_decay) {
@@ -26,6 +29,7 @@ AdamW::AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const Adam
     }
     add(pos, s.numel, opt_.weight_decay);
   }
+  slice_ranges_.push_back(ranges_.size());
 }
 
 size_t AdamW::state_bytes() const {
@@ -34,14 +38,31 @@ size_t AdamW::state_bytes() const {
   return bytes;
 }
 
-void AdamW::step(double lr, float grad_scale, Stream s) {
+void AdamW::step(double lr, float grad_scale, Stream s) { backend_.adamw(ranges_, begin_step(lr, grad_scale), s); }
+
+AdamWHyper AdamW::begin_step(double lr, float grad_scale) {
   ++step_;
   AdamWHyper h;
   h.lr = lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
   h.step = step_;
   h.grad_scale = grad_scale;
   h.out_dtype = out_dtype_;
-  backend_.adamw(ranges_, h, s);
+  return h;
+}
+
+void AdamW::update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) {
+  SHARDLM_CHECK(i + 1 < slice_ranges_.size(), "AdamW::update_slice: no slice ", i);
+  // The slice's ranges cut to [begin, end), each writing its part of out.
+  std::vector<AdamWRange> piece;
+  for (size_t r = slice_ranges_[i]; r < slice_ranges_[i + 1]; ++r) {
+    const AdamWRange& whole = ranges_[r];
+    const size_t lo = std::max(begin, range_offset_[r]), hi = std::min(end, range_offset_[r] + whole.numel);
+    if (lo >= hi) continue;
+    const size_t k = lo - range_offset_[r];
+    piece.push_back({whole.param + k, whole.grad + k, whole.exp_avg + k, whole.exp_avg_sq + k, hi - lo,
+                     whole.weight_decay, out ? static_cast<char*>(out) + (lo - begin) * dtype_size(h.out_dtype) : nullptr});
+  }
+  backend_.adamw(piece, h, nullptr);
 }
 
 double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total) {

@@ -4,6 +4,7 @@
 // AdamW and the dynamic loss scale.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "train_run.hpp"
 #include "shardlm/optim.hpp"
@@ -81,16 +82,23 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
   model.zero_grad();
   double loss_sum = 0;
-  const StepMicroBatches micro_batches(run, epoch, s, global, cfg.data.packing);
-  for (int m = 0; m < micro_batches.count(); ++m)
-    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale);
   StepOutcome out;
+  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step, cfg.train.warmup_steps, run.total_steps);
+  // Without clipping or loss scaling the step's gradient factor is known before its backward: an
+  // offloaded engine then updates each unit as its gradient reaches the host (FsdpEngine::last_micro_step).
+  const bool known = cfg.train.max_grad_norm <= 0 && !pos.scaling;
+  const float known_factor = static_cast<float>(clip_factor(0.0, cfg.train.max_grad_norm) / pos.loss_scale);
+  const StepMicroBatches micro_batches(run, epoch, s, global, cfg.data.packing);
+  for (int m = 0; m < micro_batches.count(); ++m) {
+    if (m + 1 == micro_batches.count())
+      model.last_micro_step(known ? std::optional<FsdpEngine::StepUpdate>({out.lr, known_factor}) : std::nullopt);
+    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale);
+  }
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;
   // The loss is reduced over all ranks, so they all stop here together.
   if (!std::isfinite(out.loss))
     throw AgreedError(concat("the loss is not finite at step ", pos.step + 1, " (lower train.lr or check the data)"));
   out.grad_norm = model.grad_norm() / pos.loss_scale;
-  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step, cfg.train.warmup_steps, run.total_steps);
   if (pos.scaling && !std::isfinite(out.grad_norm)) {
     result.skipped_steps += 1;
     pos.good_steps = 0;
@@ -98,7 +106,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
     run.say(concat("step ", pos.step + 1, ": gradient overflow, step skipped; loss scale now ", pos.loss_scale));
     run.record({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale}});
   } else {
-    model.optimizer_step(out.lr, static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) / pos.loss_scale));
+    model.optimizer_step(out.lr, known ? known_factor
+                                       : static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) /
+                                                            pos.loss_scale));
     if (pos.scaling && ++pos.good_steps == kScaleGrowthInterval) {
       pos.loss_scale *= 2;
       pos.good_steps = 0;

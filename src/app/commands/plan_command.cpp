@@ -174,8 +174,8 @@ std::string config_name(const Row& r) {
 
 // Fastest first: fewer collectives (NO_SHARD, then SHARD_GRAD_OP, which gathers once per step;
 // the hybrids keep gathers inside a node, HYBRID_SHARD_ZERO2 once per step), then FULL_SHARD;
-// recomputation (about 16% slower on the GPU, docs/PERFORMANCE.md) before CPU offload (about 30x
-// slower there), then both.
+// recomputation (about 16% slower on the GPU, docs/PERFORMANCE.md) before CPU offload (bound by the
+// host AdamW and the PCIe copies), then both.
 void recommend(Plan& plan) {
   const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
   const bool nodes = plan.args.ranks / plan.ranks_per_node > 1;
@@ -201,7 +201,7 @@ void recommend(Plan& plan) {
     else if (!r.offload)
       plan.why = "nothing fits without recomputation; activation checkpointing costs about 16%";
     else
-      plan.why = "nothing fits without CPU offload, which is slow (synchronous copies, host AdamW)";
+      plan.why = "nothing fits without CPU offload, which is slower (the host AdamW, the copies over PCIe)";
     return;
   }
   // Nothing fits: the preferred configuration among those that fit the largest micro-batch.
@@ -292,7 +292,9 @@ void print_table(const Plan& plan) {
               " max micro = the largest micro-batch that fits\n");
   if (cuda)
     std::printf("  host/rank, host/node: host memory of a rank and of its node's %d rank(s) (checkpoint staging, or\n"
-                "  with CPU offload the fp32 master, gradient slice and moments plus the pinned 16-bit staging)\n",
+                "  with CPU offload the fp32 master, gradient and moments plus the pinned copy buffers)\n"
+                "  CPU offload keeps no fp32 gradient slice on the GPU: each unit's reduced gradient goes to the host\n"
+                "  in fsdp.reduce_dtype as soon as it is reduced, and AdamW runs there unit by unit\n",
                 plan.ranks_per_node);
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");

@@ -31,6 +31,7 @@ class NoEvent final : public BackendEvent {
  public:
   void record(Stream) override {}
   void wait_on(Stream) override {}
+  void synchronize() override {}
 };
 
 class CpuBackend final : public Backend {
@@ -51,8 +52,11 @@ class CpuBackend final : public Backend {
 
   Stream compute_stream() const override { return nullptr; }
   Stream comm_stream() const override { return nullptr; }
+  Stream copy_stream(CopyKind) const override { return nullptr; }
   std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<NoEvent>(); }
   void synchronize(Stream) override {}
+  void bind_thread() override {}
+  int host_threads() const override { return threads_; }
 
   void zero(void* p, size_t bytes, Stream) override {
     if (bytes) std::memset(p, 0, bytes);

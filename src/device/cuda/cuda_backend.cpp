@@ -1,5 +1,5 @@
-// The CUDA backend: device memory through the planned-buffer accounting, a compute and a
-// communication stream with events between them, and the element-wise kernels of kernels.hpp.
+// The CUDA backend: device memory through the planned-buffer accounting, a compute, a
+// communication and two copy streams (CPU offload) with events between them, and the element-wise kernels of kernels.hpp.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,6 +31,7 @@ class CudaEvent final : public BackendEvent {
   ~CudaEvent() override { cudaEventDestroy(e_); }
   void record(Stream s) override { SHARDLM_CUDA_CHECK(cudaEventRecord(e_, as_cuda(s))); }
   void wait_on(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(s), e_, 0)); }
+  void synchronize() override { SHARDLM_CUDA_CHECK(cudaEventSynchronize(e_)); }
 
  private:
   cudaEvent_t e_ = nullptr;
@@ -39,13 +40,18 @@ class CudaEvent final : public BackendEvent {
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
+    SHARDLM_CUDA_CHECK(cudaGetDevice(&device_));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
   }
   ~CudaBackend() override {
     cudaDeviceSynchronize();
     cudaStreamDestroy(compute_);
     cudaStreamDestroy(comm_);
+    cudaStreamDestroy(download_);
+    cudaStreamDestroy(upload_);
   }
 
   BackendKind kind() const override { return BackendKind::Cuda; }
@@ -82,8 +88,13 @@ class CudaBackend final : public Backend {
 
   Stream compute_stream() const override { return compute_; }
   Stream comm_stream() const override { return comm_; }
+  Stream copy_stream(CopyKind direction) const override {
+    return direction == CopyKind::DeviceToHost ? download_ : upload_;
+  }
   std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<CudaEvent>(); }
   void synchronize(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(as_cuda(s))); }
+  void bind_thread() override { SHARDLM_CUDA_CHECK(cudaSetDevice(device_)); }
+  int host_threads() const override { return 1; }
 
   void zero(void* p, size_t bytes, Stream s) override {
     if (bytes) SHARDLM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, as_cuda(s)));
@@ -118,7 +129,8 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr, download_ = nullptr, upload_ = nullptr;
 };
 
 }  // namespace

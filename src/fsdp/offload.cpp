@@ -1,0 +1,164 @@
+// CPU offload's schedule (fsdp.cpu_offload): the fp32 master, the fp32 gradient and AdamW's moments live
+// in host memory; the device keeps the compute-dtype slices the gathers send and no fp32 per-parameter
+// state. Per unit, as soon as its reduction is done:
+//
+//   comm    reduce-scatter / all-reduce in the reduce dtype into slice[b] (or, one fp32 shard, in the
+//           full gradient itself); record `reduced`
+//   down    wait `reduced`; copy into pinned landing[b]; record copied[b]
+//   worker  wait copied[b] (host); sum landing[b] into the host's fp32 gradient (with its sum of
+//           squares in the step's last micro-step); then, when the update is due, AdamW on the unit in
+//           chunks, each chunk going up from pinned staging (or from the pinned fp32 master) on the
+//           `up` stream; record uploaded[u]
+//   comm / compute (next forward)   wait for the upload task (host, ticket), then uploaded[u] (stream)
+//
+// The update is due at once when the step's lr and gradient factor are known before the backward
+// (FsdpEngine::last_micro_step with an update: no clipping, no loss scaling), else at optimizer_step,
+// after grad_norm has summed the units' sums of squares: clipping needs the global norm before any
+// update. optimizer_step then posts the updates in forward order, so the next forward's first gathers
+// wait only for the first units while AdamW on the later ones goes on.
+//
+// What guards each buffer (b alternates per reduction, s per upload chunk):
+//   slice[b]        written by comm, read by down: comm waits copied[b] before reducing into it again.
+//   full gradients  read by down when they are the slice: grad_reduced[gs] (and finish_reductions for
+//                   the root) are recorded on down, and the compute stream waits them before zeroing.
+//   landing[b]      written by down, read by the worker: the main thread waits (host) for the task that
+//                   last summed it (landing_read[b]) before queueing the next copy into it.
+//   host gradient   the worker alone, in posting order; the main thread reads it (grad_norm, grad_slice)
+//                   only after waiting for the last arrival.
+//   stage[s]        the worker alone: it waits staged[s] (host) before writing it again.
+//   compute slices  uploads overwrite them after their last readers: early updates run after the
+//                   worker saw copied[b], which follows the unit's reduction, which follows its backward
+//                   and its gathers; later updates (optimizer_step, checkpoint_loaded, the first upload)
+//                   follow params_free, recorded on compute and comm and waited on `up` first.
+//   master, moments the worker alone while tasks are queued; checkpoint_state drains the worker first.
+// Every cross-thread dependency goes through a HostWorker ticket, so the CPU backend (events no-ops,
+// copies synchronous) runs the same schedule correctly with the worker as its only concurrency.
+#include <cstring>
+
+#include "fsdp_engine_impl.hpp"
+
+namespace shardlm {
+
+void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
+  Unit& d = units[u];
+  if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
+  OffloadState& o = offload;
+  const size_t n = d.flat.shard_numel;
+  const DType rdt = opt.reduce_dtype;
+  const int b = o.next;
+  o.next ^= 1;
+  void* slice = o.slice[b].data();
+  o.copied[b]->wait_on(comm);  // the copy out of slice[b] two reductions ago has read it
+  void* reduced = full;
+  if (rdt == DType::F32) {
+    if (shard.size() > 1) {
+      shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
+      reduced = slice;
+    }
+  } else if (shard.size() > 1) {
+    be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
+    shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
+    reduced = slice;
+  } else {
+    be.cast(full, DType::F32, slice, rdt, n, comm);  // one shard: the full gradient is the slice
+    reduced = slice;
+  }
+  if (replicate.size() > 1) replicate.all_reduce(reduced, n, rdt, ReduceOp::Sum);
+  o.reduced->record(comm);
+  o.reduced->wait_on(o.down);
+  o.worker->wait(o.landing_read[b]);  // the worker has summed what landing[b] held before
+  void* landing = o.landing[b].data();
+  be.copy(landing, reduced, n * dtype_size(rdt), CopyKind::DeviceToHost, o.down);
+  o.copied[b]->record(o.down);
+  const bool first = o.micro == 0, last = o.last_announced;
+  float* acc = d.host_grad.as<float>();
+  double* squares = last ? &o.sum_squares[u] : nullptr;
+  BackendEvent* copied = o.copied[b].get();
+  const int threads = o.threads;
+  o.last_arrival = o.landing_read[b] = o.worker->post([=] {
+    copied->synchronize();
+    host_accumulate_grad(acc, landing, rdt, n, first, squares, threads);
+  });
+  if (o.early) post_upload(u, &*o.early);
+}
+
+void FsdpEngine::Impl::await_upload(size_t u, Stream s) {
+  if (!opt.cpu_offload) return;
+  HostWorker::Ticket& t = offload.upload_task[u];
+  if (t == 0) return;
+  offload.worker->wait(t);  // the task has queued the upload and recorded uploaded[u]
+  offload.uploaded[u]->wait_on(s);
+  t = 0;
+}
+
+void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
+  Unit& d = units[u];
+  if (d.flat.numel == 0) return;
+  OffloadState& o = offload;
+  const std::optional<AdamWHyper> hyper = h ? std::optional<AdamWHyper>(*h) : std::nullopt;
+  o.upload_task[u] = o.worker->post([this, u, hyper] {
+    OffloadState& w = offload;
+    Unit& unit = units[u];
+    const size_t n = unit.flat.shard_numel, csize = dtype_size(plan.compute_dtype);
+    const float* master = unit.master.as<float>();
+    char* dst = static_cast<char*>(unit.compute.data());
+    for (size_t begin = 0; begin < n; begin += plan.offload_chunk) {
+      const size_t end = std::min(n, begin + plan.offload_chunk);
+      const void* src = master + begin;
+      int s = -1;
+      if (csize != sizeof(float)) {
+        s = w.next_stage;
+        w.next_stage ^= 1;
+        w.staged[s]->synchronize();  // the upload that last read stage[s] has finished
+        src = w.stage[s].data();
+      }
+      void* out = s >= 0 ? w.stage[s].data() : nullptr;
+      if (hyper)
+        w.optimizer->update_slice(u, begin, end, out, *hyper);
+      else if (out)
+        pack16(plan.compute_dtype, master + begin, static_cast<uint16_t*>(out), end - begin);
+      be.copy(dst + begin * csize, src, (end - begin) * csize, CopyKind::HostToDevice, w.up);
+      if (s >= 0) w.staged[s]->record(w.up);
+    }
+    w.uploaded[u]->record(w.up);
+  });
+}
+
+void FsdpEngine::Impl::uploads_follow_readers() {
+  OffloadState& o = offload;
+  o.params_free->record(compute);
+  o.params_free->wait_on(comm);
+  o.params_free->record(comm);
+  o.params_free->wait_on(o.up);
+}
+
+void FsdpEngine::Impl::offload_micro_step_begins(bool backward) {
+  SHARDLM_CHECK(!offload.updated_early,
+                "FsdpEngine: a forward after the step's last micro-step updated the parameters: optimizer_step first");
+  if (!backward) return;
+  offload.sums_valid = false;
+}
+
+void FsdpEngine::Impl::offload_micro_step_ends() {
+  OffloadState& o = offload;
+  ++o.micro;
+  o.sums_valid = o.last_announced;
+  o.updated_early = o.early.has_value();
+  o.last_announced = false;
+  o.early.reset();
+}
+
+// ---- the engine's entry points, offloaded ----
+
+void FsdpEngine::last_micro_step(const std::optional<StepUpdate>& update) {
+  Impl& m = *impl_;
+  if (!m.opt.cpu_offload) return;
+  OffloadState& o = m.offload;
+  SHARDLM_CHECK(!o.updated_early, "FsdpEngine::last_micro_step: the previous step has not been finished");
+  o.last_announced = true;
+  o.early.reset();
+  o.early_values = update;
+  if (update) o.early = optimizer_->begin_step(update->lr, update->grad_factor);
+}
+
+}  // namespace shardlm

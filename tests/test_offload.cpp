@@ -1,0 +1,333 @@
+// CPU offload's host side on the CPU (under mpirun): the host worker's ordering, tickets and errors,
+// and the FSDP engine's offloaded schedule run end to end over a CPU backend posing as a device (its
+// memory reached through copies only), against the same engine without offload: equal losses,
+// gradient norms and final state for every strategy, with gradient accumulation, clipping, the early
+// per-unit updates, a 16-bit reduction, LoRA and a checkpoint round trip. The CUDA side of the same
+// schedule (streams, events, pinned copies) is test_cuda_engine's.
+#define BOOST_TEST_MODULE test_offload
+#include "mpi_fixture.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host_worker.hpp"
+#include "shardlm/fsdp.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+// The CPU backend as a device: host_memory() is false, so the engine stages the batch and the offload
+// copies through copy() as it does on a GPU; everything else is the CPU backend's.
+class DeviceLikeCpu final : public Backend {
+ public:
+  DeviceLikeCpu() : cpu_(make_cpu_backend(1)) {}
+  BackendKind kind() const override { return BackendKind::Cpu; }
+  bool host_memory() const override { return false; }
+  bool asynchronous() const override { return false; }
+  DType compute_dtype(DType p) const override { return cpu_->compute_dtype(p); }
+  std::string device_name() const override { return "cpu as a device"; }
+  DeviceArray allocate(size_t bytes, MemKind kind) override { return cpu_->allocate(bytes, kind); }
+  size_t allocated_bytes() const override { return cpu_->allocated_bytes(); }
+  size_t peak_bytes() const override { return cpu_->peak_bytes(); }
+  size_t available_bytes() const override { return cpu_->available_bytes(); }
+  void pin_host(void* p, size_t bytes) override { cpu_->pin_host(p, bytes); }
+  void unpin_host(void* p) override { cpu_->unpin_host(p); }
+  Stream compute_stream() const override { return nullptr; }
+  Stream comm_stream() const override { return nullptr; }
+  Stream copy_stream(CopyKind) const override { return nullptr; }
+  std::unique_ptr<BackendEvent> make_event() override { return cpu_->make_event(); }
+  void synchronize(Stream s) override { cpu_->synchronize(s); }
+  void bind_thread() override {}
+  int host_threads() const override { return 1; }
+  void zero(void* p, size_t bytes, Stream s) override { cpu_->zero(p, bytes, s); }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
+    cpu_->copy(dst, src, bytes, kind, s);
+  }
+  void cast(const void* in, DType a, void* out, DType b, size_t n, Stream s) override { cpu_->cast(in, a, out, b, n, s); }
+  void accumulate(float* x, const float* y, size_t n, Stream s) override { cpu_->accumulate(x, y, n, s); }
+  void sum_squares(const float* x, size_t n, double* sum, Stream s) override { cpu_->sum_squares(x, n, sum, s); }
+  void adamw(const std::vector<AdamWRange>& r, const AdamWHyper& h, Stream s) override { cpu_->adamw(r, h, s); }
+
+ private:
+  std::unique_ptr<Backend> cpu_;
+};
+
+ModelConfig tiny_model(bool lora) {
+  ModelConfig c;
+  c.arch = "bloom";
+  c.vocab_size = 67;
+  c.hidden_size = 16;
+  c.num_layers = 3;
+  c.num_heads = 2;
+  c.init_std = 0.3f;
+  if (lora) {
+    c.lora.r = 2;
+    c.lora.alpha = 4;
+    c.lora.target_modules = {"query_key_value", "dense_4h_to_h"};
+  }
+  return c;
+}
+
+constexpr int kBatch = 2, kSeq = 9;
+
+// Micro-batch m of step s on this rank: random tokens, every position a target but the last.
+MicroBatch micro_batch(int s, int m, const ModelConfig& c) {
+  std::mt19937 rng(1000 * s + 10 * m + world_rank());
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  MicroBatch mb;
+  mb.batch = kBatch, mb.seq = kSeq;
+  for (int i = 0; i < kBatch * kSeq; ++i) {
+    mb.tokens.push_back(token(rng));
+    mb.targets.push_back(i % kSeq == kSeq - 1 ? -1 : token(rng));
+  }
+  mb.target_count = kBatch * (kSeq - 1);
+  return mb;
+}
+
+struct Case {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int accum = 1;
+  double max_norm = 0;       // 0: no clipping
+  bool announce = true;      // last_micro_step as the trainer calls it
+  DType reduce = DType::F32;
+  bool lora = false;
+};
+
+std::string name_of(const Case& c) {
+  return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
+                " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "");
+}
+
+struct Run {
+  std::vector<double> losses, norms, eval;
+  std::vector<std::vector<float>> master, exp_avg_sq;
+  long steps = 0;
+};
+
+std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
+  const ModelConfig model = tiny_model(c.lora);
+  const int per_node = world_size() >= 2 ? world_size() / 2 : 1;  // the hybrids: two emulated nodes
+  const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+  FsdpOptions o;
+  o.strategy = c.strategy;
+  o.reduce_dtype = c.reduce;
+  o.cpu_offload = offload;
+  AdamWOptions adam;
+  adam.weight_decay = 0.1;
+  std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
+  return std::make_unique<FsdpEngine>(std::move(be), make_mpi_process_groups(MPI_COMM_WORLD, topo, c.strategy),
+                                      make_unit_model(model, BackendKind::Cpu, DType::F32, kBatch, kSeq, false), o, adam,
+                                      7, kBatch * kSeq, offload ? make_cpu_backend(2) : nullptr);
+}
+
+// Five optimizer steps as train_step takes them, then an eval loss and the final state.
+Run train_steps(const Case& c, bool offload) {
+  const ModelConfig model = tiny_model(c.lora);
+  std::unique_ptr<FsdpEngine> e = make_engine(c, offload);
+  Run r;
+  const float scale = 1.0f / static_cast<float>(world_size() * c.accum * kBatch * (kSeq - 1));
+  const bool known = c.max_norm <= 0;
+  for (int s = 0; s < 5; ++s) {
+    const double lr = 2e-2 * (s + 1);
+    e->zero_grad();
+    double loss = 0;
+    for (int m = 0; m < c.accum; ++m) {
+      if (c.announce && m + 1 == c.accum)
+        e->last_micro_step(known ? std::optional<FsdpEngine::StepUpdate>({lr, 1.0f}) : std::nullopt);
+      loss += e->forward_backward(micro_batch(s, m, model), scale);
+    }
+    r.losses.push_back(loss);
+    const double norm = e->grad_norm();
+    r.norms.push_back(norm);
+    e->optimizer_step(lr, known ? 1.0f : static_cast<float>(clip_factor(norm, c.max_norm)));
+  }
+  r.eval.push_back(e->forward_loss(micro_batch(9, 0, model)));
+  for (const UnitState& st : e->checkpoint_state()) {
+    r.master.emplace_back(st.param, st.param + st.count);
+    r.exp_avg_sq.emplace_back(st.optimizer.at(1).data, st.optimizer.at(1).data + st.count);
+  }
+  r.steps = e->optimizer_steps();
+  return r;
+}
+
+void expect_same(const Run& got, const Run& want, double rel) {
+  BOOST_TEST_REQUIRE(got.losses.size() == want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    BOOST_TEST(got.losses[i] == want.losses[i], boost::test_tools::tolerance(rel));
+    BOOST_TEST(got.norms[i] == want.norms[i], boost::test_tools::tolerance(rel));
+  }
+  BOOST_TEST(got.eval.at(0) == want.eval.at(0), boost::test_tools::tolerance(rel));
+  BOOST_TEST(got.steps == want.steps);
+  BOOST_TEST_REQUIRE(got.master.size() == want.master.size());
+  for (size_t u = 0; u < want.master.size(); ++u)
+    for (size_t i = 0; i < want.master[u].size(); ++i) {
+      BOOST_TEST(got.master[u][i] == want.master[u][i], boost::test_tools::tolerance(static_cast<float>(rel * 10)));
+      BOOST_TEST(got.exp_avg_sq[u][i] == want.exp_avg_sq[u][i], boost::test_tools::tolerance(static_cast<float>(rel * 10)));
+    }
+}
+
+}  // namespace
+
+// ---- the host worker ----
+
+BOOST_AUTO_TEST_CASE(host_worker_runs_tasks_in_order_and_waits_by_ticket) {
+  std::vector<int> seen;
+  std::atomic<bool> release{false};
+  HostWorker w;
+  BOOST_TEST(w.idle());
+  w.wait(0);  // no task: returns at once
+  const HostWorker::Ticket t1 = w.post([&] {
+    while (!release) std::this_thread::yield();
+    seen.push_back(1);
+  });
+  const HostWorker::Ticket t2 = w.post([&] { seen.push_back(2); });
+  BOOST_TEST(t1 == 1u);
+  BOOST_TEST(t2 == 2u);
+  BOOST_TEST(!w.idle());
+  release = true;
+  w.wait(t1);
+  BOOST_TEST(seen.size() >= 1u);
+  w.drain();
+  BOOST_TEST(seen == std::vector<int>({1, 2}));
+  BOOST_TEST(w.idle());
+  BOOST_CHECK_THROW(w.wait(7), Error);  // never posted
+}
+
+BOOST_AUTO_TEST_CASE(host_worker_keeps_the_first_error_and_skips_what_follows) {
+  std::vector<int> seen;
+  {
+    HostWorker w;
+    w.post([&] { seen.push_back(1); });
+    const HostWorker::Ticket bad = w.post([] { throw std::runtime_error("first"); });
+    w.post([] { throw std::runtime_error("second"); });
+    const HostWorker::Ticket after = w.post([&] { seen.push_back(4); });
+    try {
+      w.wait(bad);
+      BOOST_FAIL("no error");
+    } catch (const std::runtime_error& e) {
+      BOOST_TEST(std::string(e.what()) == "first");
+    }
+    BOOST_CHECK_THROW(w.wait(after), std::runtime_error);  // and on every wait after
+  }
+  BOOST_TEST(seen == std::vector<int>({1}));
+}
+
+BOOST_AUTO_TEST_CASE(host_worker_finishes_its_queue_before_it_goes) {
+  std::atomic<int> done{0};
+  {
+    HostWorker w([&] { done += 100; });  // the setup runs first, on the worker thread
+    for (int i = 0; i < 50; ++i)
+      w.post([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        ++done;
+      });
+  }
+  BOOST_TEST(done == 150);
+}
+
+// ---- the offloaded engine against the same engine without offload ----
+
+// Every strategy, early updates (no clipping) and deferred ones (clipping), with and without
+// accumulation: the same losses, gradient norms, eval loss, master and moments.
+BOOST_AUTO_TEST_CASE(offloaded_steps_give_the_steps_without_offload) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
+    for (int accum : {1, 2})
+      for (double max_norm : {0.0, 0.05}) {
+        Case c;
+        c.strategy = s, c.accum = accum, c.max_norm = max_norm;
+        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+      }
+}
+
+// The clipping cases clip: the norms exceed max_norm (else they would test nothing deferred).
+BOOST_AUTO_TEST_CASE(the_clipping_cases_clip) {
+  Case c;
+  c.max_norm = 0.05;
+  const Run r = train_steps(c, true);
+  for (double n : r.norms) BOOST_TEST(n > 0.05);
+}
+
+// Without last_micro_step (a caller that does not announce the step's end) grad_norm sums the host
+// gradient itself; a bf16 reduction lands and is summed in bf16 as the device path rounds it; LoRA's
+// units without a trainable slice (its root) take no part.
+BOOST_AUTO_TEST_CASE(unannounced_steps_bf16_reductions_and_lora) {
+  std::vector<Case> cases(4);
+  cases[0].announce = false, cases[0].accum = 2;
+  cases[1].announce = false, cases[1].max_norm = 0.05;
+  cases[2].reduce = DType::BF16, cases[2].accum = 2;
+  cases[3].lora = true, cases[3].accum = 2;
+  Case lora_clip;
+  lora_clip.lora = true, lora_clip.max_norm = 0.01, lora_clip.strategy = ShardingStrategy::NoShard;
+  cases.push_back(lora_clip);
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+}
+
+// The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint
+// written and loaded back through the views resumes the same run.
+BOOST_AUTO_TEST_CASE(grad_slices_and_a_checkpoint_round_trip) {
+  Case c;
+  c.accum = 2;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+  for (FsdpEngine* e : {off.get(), plain.get()}) {
+    e->zero_grad();
+    e->forward_backward(micro_batch(0, 0, model), 0.01f);
+    e->forward_backward(micro_batch(0, 1, model), 0.01f);
+  }
+  for (size_t u = 0; u < off->num_units(); ++u) BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u));
+  off->zero_grad();
+  for (size_t u = 0; u < off->num_units(); ++u)
+    BOOST_TEST(off->grad_slice(u) == std::vector<float>(off->unit(u).shard_numel, 0.0f));
+  BOOST_TEST(off->grad_norm() == 0.0);
+  // A step with no micro-step since zero_grad: a zero gradient (only weight decay moves the master).
+  plain->zero_grad();
+  off->optimizer_step(1e-2, 1.0f);
+  plain->optimizer_step(1e-2, 1.0f);
+  // Save the offloaded state, run one more step, load the saved state back: the step repeats exactly.
+  std::vector<std::vector<float>> saved;
+  for (const UnitState& st : off->checkpoint_state()) saved.emplace_back(st.param, st.param + st.count);
+  auto one_step = [&](FsdpEngine& e) {
+    e.zero_grad();
+    e.last_micro_step(FsdpEngine::StepUpdate{1e-2, 1.0f});
+    const double loss = e.forward_backward(micro_batch(1, 0, model), 0.01f);
+    e.grad_norm();
+    e.optimizer_step(1e-2, 1.0f);
+    return loss;
+  };
+  const double first = one_step(*off);
+  BOOST_TEST(first == one_step(*plain), boost::test_tools::tolerance(1e-6));
+  std::vector<UnitState> views = off->checkpoint_state();
+  for (size_t u = 0; u < views.size(); ++u) std::memcpy(views[u].param, saved[u].data(), saved[u].size() * sizeof(float));
+  off->checkpoint_loaded();
+  // The master is the saved one again (the moments moved on), so the forward gives that step's loss.
+  BOOST_TEST(off->forward_loss(micro_batch(1, 0, model)) == first, boost::test_tools::tolerance(1e-12));
+}
+
+// The early path's contract: optimizer_step must follow with the announced values, and nothing else
+// may run in between.
+BOOST_AUTO_TEST_CASE(an_early_step_must_be_finished_as_announced) {
+  Case c;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> e = make_engine(c, true);
+  e->zero_grad();
+  e->last_micro_step(FsdpEngine::StepUpdate{1e-2, 1.0f});
+  e->forward_backward(micro_batch(0, 0, model), 0.01f);
+  BOOST_CHECK_THROW(e->forward_backward(micro_batch(0, 1, model), 0.01f), Error);
+  BOOST_CHECK_THROW(e->zero_grad(), Error);
+  BOOST_CHECK_THROW(e->optimizer_step(2e-2, 1.0f), Error);
+  e->optimizer_step(1e-2, 1.0f);
+  BOOST_TEST(e->optimizer_steps() == 1);
+  e->zero_grad();
+  e->forward_backward(micro_batch(0, 1, model), 0.01f);
+}
