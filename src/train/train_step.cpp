@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../device/dropout_mask.hpp"
 #include "train_run.hpp"
 #include "shardlm/optim.hpp"
 
@@ -82,8 +83,10 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   model.zero_grad();
   double loss_sum = 0;
   const StepMicroBatches micro_batches(run, epoch, s, global, cfg.data.packing);
+  // LoRA dropout's masks: a function of (seed, step, micro-step, rank), which a resume restores.
   for (int m = 0; m < micro_batches.count(); ++m)
-    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale);
+    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale,
+                                       dropout_micro_step_seed(cfg.train.seed, pos.step, m, run.rank));
   StepOutcome out;
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;
   // The loss is reduced over all ranks, so they all stop here together.
