@@ -1,5 +1,5 @@
 // Tests of the CUDA kernels in src/device/cuda/kernels.hpp (embedding, LayerNorm, element-wise ops,
-// casts, the optimizer's reductions, AdamW) against plain host references in double, in fp32, bf16
+// casts, LoRA dropout, the optimizer's reductions, AdamW) against plain host references in double, in fp32, bf16
 // and fp16 wherever a launcher takes a dtype. Runs only on a machine with a GPU (label "gpu").
 #define BOOST_TEST_MODULE test_cuda_kernels
 #include <boost/test/unit_test.hpp>
@@ -174,6 +174,7 @@ BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
     for (DType out : kAllDtypes) cuda::cast(nullptr, dt, nullptr, out, 0, stream);
     cuda::adamw_step(nullptr, nullptr, nullptr, nullptr, 0, cuda::AdamWArgs{}, nullptr, dt, stream);
   }
+  for (DType dt : kAllDtypes) cuda::lora_dropout(nullptr, nullptr, 0, 0, 16, DropoutMask{}, true, dt, stream);
   cuda::scale(nullptr, 0, 2.0f, stream);
   cuda::accumulate(nullptr, nullptr, 0, stream);
   cuda::sum_squares(nullptr, 0, nullptr, stream);
@@ -529,6 +530,53 @@ BOOST_AUTO_TEST_CASE(scale_and_accumulate_are_exact) {
     sync();
     for (size_t i = 0; i < s.n; ++i) want[i] = x[i] + y[i];  // one fp32 add
     check_close(download(px, s.n, DType::F32), want, {0, 0}, concat("accumulate ", span_name(s)));
+  }
+}
+
+// ---- LoRA dropout ----------------------------------------------------------------------------------
+
+// lora_dropout against the host's masks (DropoutMask::factor, as the CPU models apply them): an fp32
+// product (and sum) then one rounding to dt, so equal bit for bit, on packed and unpacked rows.
+BOOST_AUTO_TEST_CASE(lora_dropout_matches_the_host_masks) {
+  struct Shape {
+    int seqs, seq, cols;
+    bool misaligned;
+  };
+  const Shape shapes[] = {{2, 5, 64, false}, {3, 7, 40, false}, {1, 9, 37, false}, {2, 3, 64, true}, {4, 33, 1000, false}};
+  uint32_t seed = 950;
+  for (DType dt : kAllDtypes) {
+    for (const Shape& s : shapes) {
+      for (const double p : {0.1, 0.5}) {
+        const std::string what =
+            label("lora_dropout", dt, concat(s.seqs, "x", s.seq, "x", s.cols, s.misaligned ? " misaligned" : "", " p=", p));
+        const int rows = s.seqs * s.seq;
+        const size_t n = static_cast<size_t>(rows) * s.cols, off = s.misaligned ? dtype_size(dt) : 0;
+        const DropoutMask mask = dropout_mask(1234 + seed, p, 1, 3);
+        const std::vector<float> x = random_values(n, dt, -2.f, 2.f, ++seed);
+        const std::vector<float> dx = random_values(n, dt, -2.f, 2.f, ++seed);
+        std::vector<double> dropped(n), accumulated(n);
+        size_t kept = 0;
+        for (int r = 0; r < rows; ++r)
+          for (int c = 0; c < s.cols; ++c) {
+            const size_t i = static_cast<size_t>(r) * s.cols + c;
+            const float v = x[i] * mask.factor(r / s.seq, r % s.seq, c);
+            kept += v != 0.0f;
+            dropped[i] = round_to(dt, v);
+            accumulated[i] = round_to(dt, dx[i] + v);
+          }
+        BOOST_TEST(kept > 0u, what);
+        BOOST_TEST(kept < n, what);
+        DeviceBuffer d_x((n + 1) * dtype_size(dt)), d_out((n + 1) * dtype_size(dt));
+        upload(d_x.offset(off), x, dt);
+        cuda::lora_dropout(d_x.offset(off), d_out.offset(off), rows, s.seq, s.cols, mask, false, dt, stream);
+        sync();
+        check_close(download(d_out.offset(off), n, dt), dropped, {0, 0}, what + " dropout(x)");
+        upload(d_out.offset(off), dx, dt);
+        cuda::lora_dropout(d_x.offset(off), d_out.offset(off), rows, s.seq, s.cols, mask, true, dt, stream);
+        sync();
+        check_close(download(d_out.offset(off), n, dt), accumulated, {0, 0}, what + " dx += masked");
+      }
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
 // activation checkpointing, and their activation bytes against unit_model_memory's; and LoRA in the
 // CUDA models (Llama, Qwen2 and BLOOM) against the CPU models': loss, adapter gradients, the input
-// gradients through the blocks, no base gradient where the base is frozen.
+// gradients through the blocks, no base gradient where the base is frozen; with LoRA dropout the same
+// masks on both backends (with and without checkpointing), and evaluation as without dropout.
 #define BOOST_TEST_MODULE test_cuda_llama
 #include <boost/test/unit_test.hpp>
 
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -441,12 +443,14 @@ float* resident(const std::vector<float>& v, DType dt, bool gpu, std::vector<Dev
 // One forward and backward of grad_scale * loss through the UnitModel of `backend`, built for
 // max_batch x max_seq (at least B x T): on the GPU with the parameters, tokens and gradients in
 // device memory, the parameters in dt. Frozen units get null base gradients; theirs are returned as
-// poisoned before the pass.
+// poisoned before the pass. With a dropout seed, a training pass with LoRA dropout's masks of that seed.
 Pass unit_model_pass(BackendKind backend, const ModelConfig& cfg, const Params& params,
                      const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int B, int T,
-                     float grad_scale, DType dt, bool checkpointing, int max_batch, int max_seq, Trained trained = {}) {
+                     float grad_scale, DType dt, bool checkpointing, int max_batch, int max_seq, Trained trained = {},
+                     std::optional<uint64_t> dropout_seed = std::nullopt) {
   const bool gpu = backend == BackendKind::Cuda;
   const std::unique_ptr<UnitModel> model = make_unit_model(cfg, backend, dt, max_batch, max_seq, checkpointing);
+  model->set_dropout(dropout_seed);
   BOOST_TEST(model->activation_bytes() ==
              unit_model_memory(cfg, backend, dt, max_batch, max_seq, checkpointing).activations);
   const size_t units = params.base.size();
@@ -575,20 +579,24 @@ std::vector<std::vector<float>> random_adapters(const ModelConfig& cfg, DType dt
 
 // One pass of `model` with LoRA on both backends: the loss (the blocks' outputs), every adapter gradient
 // and, where trained, every base gradient (the root's carries dh_0, the input gradient through every
-// block); a frozen unit's base gradient buffer is never written.
+// block); a frozen unit's base gradient buffer is never written. With dropout > 0 a training pass whose
+// masks both backends draw from the same seed.
 void compare_lora_with_cpu(const ModelConfig& model, DType dt, bool checkpointing, Trained trained, double tol_loss,
-                           double tol_grad, const std::vector<std::string>& targets = {}) {
+                           double tol_grad, const std::vector<std::string>& targets = {}, double dropout = 0) {
   BOOST_TEST_CONTEXT(model.arch << " LoRA dt=" << dtype_name(dt) << " checkpointing=" << checkpointing
                                 << " blocks trained=" << trained.blocks << " root trained=" << trained.root
-                                << " targets=" << (targets.empty() ? "all" : targets.front() + "...")) {
-    const ModelConfig cfg = with_lora(model, targets);
+                                << " targets=" << (targets.empty() ? "all" : targets.front() + "...")
+                                << " dropout=" << dropout) {
+    ModelConfig cfg = with_lora(model, targets);
+    cfg.lora.dropout = dropout;
+    const std::optional<uint64_t> seed = dropout > 0 ? std::optional<uint64_t>(77) : std::nullopt;
     const Params params{params_in(cfg, dt), random_adapters(cfg, dt)};
     const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
     const Pass want = unit_model_pass(BackendKind::Cpu, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale,
-                                      DType::F32, false, b.B, b.T, trained);
+                                      DType::F32, false, b.B, b.T, trained, seed);
     const Pass got = unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, b.B, b.T, grad_scale, dt,
-                                     checkpointing, b.B + 1, b.T + 5, trained);
+                                     checkpointing, b.B + 1, b.T + 5, trained, seed);
     BOOST_TEST(std::abs(got.loss - want.loss) <= tol_loss * std::abs(want.loss));
     expect_tensors_close(lora_layout(cfg), got.adapter_grads, want.adapter_grads, tol_grad);
     const std::vector<UnitLayout> layout = model_layout(cfg);
@@ -868,6 +876,54 @@ BOOST_AUTO_TEST_CASE(lora_cuda_bf16_stays_close_to_lora_cpu) {
   for (const ModelConfig& model : lora_models())
     for (bool checkpointing : {false, true})
       compare_lora_with_cpu(model, DType::BF16, checkpointing, Trained{false, true}, 2e-2, 0.1);
+}
+
+// LoRA dropout (p 0.3, one seed on both backends): the CUDA models draw the CPU models' masks
+// (lora_dropout.cu, dropout_mask.hpp), so the loss and every adapter gradient agree to the fp32
+// tolerances, with and without activation checkpointing (whose recomputation draws the forward's masks
+// again), the root trained too (dh_0 through every block's masked input gradients); and on some layers.
+BOOST_AUTO_TEST_CASE(lora_dropout_cuda_matches_lora_cpu_fp32) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models()) {
+    for (bool checkpointing : {false, true}) {
+      compare_lora_with_cpu(model, DType::F32, checkpointing, Trained{false, false}, 1e-5, 1e-4, {}, 0.3);
+      compare_lora_with_cpu(model, DType::F32, checkpointing, Trained{false, true}, 1e-5, 1e-4, {}, 0.3);
+    }
+  }
+  const std::vector<ModelConfig> models = lora_models();
+  compare_lora_with_cpu(models[0], DType::F32, true, Trained{false, true}, 1e-5, 1e-4, {"q_proj", "v_proj"}, 0.3);
+  for (const char* mlp : {"dense_h_to_4h", "dense_4h_to_h"})
+    compare_lora_with_cpu(models[2], DType::F32, true, Trained{false, true}, 1e-5, 1e-4, {"query_key_value", mlp}, 0.3);
+}
+
+BOOST_AUTO_TEST_CASE(lora_dropout_cuda_bf16_stays_close_to_lora_cpu) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models())
+    for (bool checkpointing : {false, true})
+      compare_lora_with_cpu(model, DType::BF16, checkpointing, Trained{false, true}, 2e-2, 0.1, {}, 0.3);
+}
+
+// Without a training seed (evaluation) a CUDA model with lora.dropout computes exactly what it computes
+// without dropout (no dropout kernel runs); with one, something else.
+BOOST_AUTO_TEST_CASE(lora_dropout_cuda_evaluation_equals_no_dropout) {
+  require_device("test_cuda_llama");
+  for (const ModelConfig& model : lora_models()) {
+    BOOST_TEST_CONTEXT(model.arch) {
+      ModelConfig plain = with_lora(model);
+      ModelConfig dropping = plain;
+      dropping.lora.dropout = 0.3;
+      const Params params{params_in(plain, DType::F32), random_adapters(plain, DType::F32)};
+      const Batch b = random_batch(plain);
+      auto pass = [&](const ModelConfig& cfg, std::optional<uint64_t> seed) {
+        return unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, b.B, b.T, 0.25f, DType::F32,
+                               false, b.B, b.T, Trained{false, false}, seed);
+      };
+      const Pass want = pass(plain, std::nullopt), eval = pass(dropping, std::nullopt), train = pass(dropping, 77);
+      BOOST_TEST(eval.loss == want.loss);
+      BOOST_TEST((eval.adapter_grads == want.adapter_grads));
+      BOOST_TEST(std::abs(train.loss - want.loss) > 1e-4 * std::abs(want.loss));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {

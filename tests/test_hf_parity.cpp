@@ -75,7 +75,7 @@ void check_parity(const std::string& name) {
   int64_t count = mb.target_count, total_count = 0;
   MPI_Allreduce(&count, &total_count, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   model.zero_grad();
-  const double mine = model.forward_backward(mb, 1.0f / static_cast<float>(total_count));
+  const double mine = model.forward_backward(mb, 1.0f / static_cast<float>(total_count), 0);
   double sum = 0;
   MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   const double loss = sum / static_cast<double>(total_count);

@@ -2,14 +2,18 @@
 #include <boost/test/unit_test.hpp>
 // LoRA's layout and names: the adapters of each family's targeted modules (shapes, order, PEFT's
 // tensor names), PEFT's initialisation (Kaiming-uniform A within 1/sqrt(in), zero B; Gaussian A),
-// the scale with and without rsLoRA, and the refusal of a module the family does not have.
+// the scale with and without rsLoRA, and the refusal of a module the family does not have; the CPU
+// models with adapters against the merged model; LoRA dropout (its masks' statistics, gradients
+// against finite differences, evaluation and decoding without it, seeds, memory).
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "cpu_lora.hpp"
 #include "cpu_model_test_support.hpp"
+#include "model_checks.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 #include "test_support.hpp"
@@ -164,10 +168,8 @@ TinyModel merged(const Adapted& a) {
   return m;
 }
 
-// Forward and backward of the adapted model with the base frozen: the loss, d/dh0, and the
-// adapters' gradients per unit.
-double adapted_grads(CpuModel& net, const Adapted& a, const Batch& b, std::vector<float>* dh0,
-                     std::vector<std::vector<float>>* grads) {
+// The adapted model's hidden states h_0 .. h_L on b.
+std::vector<std::vector<float>> adapted_forward(CpuModel& net, const Adapted& a, const Batch& b) {
   const TinyModel& m = a.base;
   const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
   const int L = m.cfg.num_layers;
@@ -176,6 +178,25 @@ double adapted_grads(CpuModel& net, const Adapted& a, const Batch& b, std::vecto
   for (int l = 0; l < L; ++l)
     net.block_forward(l, {m.params[1 + l].data(), a.adapters[1 + l].data()}, hidden[l].data(), hidden[l + 1].data(),
                       b.batch, b.seq);
+  return hidden;
+}
+
+// The adapted model's loss on b (a forward alone).
+double adapted_loss(CpuModel& net, const Adapted& a, const Batch& b) {
+  const std::vector<std::vector<float>> hidden = adapted_forward(net, a, b);
+  int64_t count = 0;
+  return net.head_loss(a.base.params[0].data(), hidden.back().data(), b.targets.data(), b.batch, b.seq, &count, 0.0f,
+                       nullptr, nullptr);
+}
+
+// Forward and backward of the adapted model with the base frozen: the loss, d/dh0, and the
+// adapters' gradients per unit.
+double adapted_grads(CpuModel& net, const Adapted& a, const Batch& b, std::vector<float>* dh0,
+                     std::vector<std::vector<float>>* grads) {
+  const TinyModel& m = a.base;
+  const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
+  const int L = m.cfg.num_layers;
+  std::vector<std::vector<float>> hidden = adapted_forward(net, a, b);
   grads->clear();
   for (const std::vector<float>& p : a.adapters) grads->emplace_back(p.size(), 0.0f);
   std::vector<float> dh(n), dh_prev(n);
@@ -290,4 +311,244 @@ BOOST_AUTO_TEST_CASE(decoding_with_adapters_equals_the_merged_model) {
       BOOST_TEST(max_relative_error(out_a, std::vector<double>(out_m.begin(), out_m.end())) < 1e-5);
     }
   }
+}
+
+// ---- LoRA dropout --------------------------------------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kDropoutSeed = 0x5eed;
+
+// One mask's draw over `rows` rows of `seq` positions and `cols` columns: which elements it keeps.
+std::vector<bool> kept_elements(const DropoutMask& mask, int rows, int seq, int cols) {
+  const std::vector<float> ones(static_cast<size_t>(rows) * cols, 1.0f);
+  std::vector<float> out(ones.size());
+  model_detail::apply_lora_dropout(mask, ones.data(), rows, seq, cols, false, out.data());
+  std::vector<bool> kept(out.size());
+  for (size_t i = 0; i < out.size(); ++i) kept[i] = out[i] != 0.0f;
+  return kept;
+}
+
+// |observed - expected| within 5 standard deviations of a mean of n Bernoulli(q) draws.
+void expect_binomial_fraction(size_t hits, size_t n, double q, const std::string& what) {
+  const double fraction = static_cast<double>(hits) / n, sigma = std::sqrt(q * (1 - q) / n);
+  BOOST_TEST(std::fabs(fraction - q) <= 5 * sigma, what << ": " << fraction << " against " << q << " (sigma " << sigma
+                                                        << ")");
+}
+
+}  // namespace
+
+// dropout(x) keeps a fraction 1 - p of the elements, each multiplied by 1 / (1 - p) (so its mean is x's),
+// with masks independent between layers, modules, seeds and neighbouring columns; tolerances are 5
+// standard deviations of the binomial counts.
+BOOST_AUTO_TEST_CASE(dropout_keeps_one_minus_p_scaled_by_its_inverse) {
+  const int seqs = 4, seq = 64, cols = 512, rows = seqs * seq;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  for (const double p : {0.1, 0.5}) {
+    BOOST_TEST_CONTEXT("p = " << p) {
+      const DropoutMask mask = dropout_mask(kDropoutSeed, p, 1, 2);
+      const float scale = static_cast<float>(1.0 / (1.0 - p));
+      BOOST_TEST(mask.scale == scale);
+      // x ~ N(1, 1): every output is 0 or scale x; dropout(x) - x has mean 0 and variance p / (1 - p) E[x^2].
+      std::mt19937 rng(17);
+      std::normal_distribution<float> normal(1.0f, 1.0f);
+      std::vector<float> x(n), out(n);
+      for (float& v : x) v = normal(rng);
+      model_detail::apply_lora_dropout(mask, x.data(), rows, seq, cols, false, out.data());
+      size_t kept = 0, odd = 0;
+      double diff = 0, x2 = 0;
+      for (size_t i = 0; i < n; ++i) {
+        kept += out[i] != 0.0f;
+        odd += out[i] != 0.0f && out[i] != x[i] * scale;
+        diff += static_cast<double>(out[i]) - x[i];
+        x2 += static_cast<double>(x[i]) * x[i];
+      }
+      BOOST_TEST(odd == 0u);
+      expect_binomial_fraction(kept, n, 1 - p, "kept fraction");
+      const double sigma_mean = std::sqrt(p / (1 - p) * (x2 / n) / n);
+      BOOST_TEST(std::fabs(diff / n) <= 5 * sigma_mean, "mean of dropout(x) - x: " << diff / n << " (sigma "
+                                                                                 << sigma_mean << ")");
+
+      // Independent draws: both of two masks keep an element with probability (1 - p)^2.
+      const std::vector<bool> a = kept_elements(mask, rows, seq, cols);
+      const double both = (1 - p) * (1 - p);
+      auto both_kept = [&](const std::vector<bool>& b) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; ++i) k += a[i] && b[i];
+        return k;
+      };
+      expect_binomial_fraction(both_kept(kept_elements(dropout_mask(kDropoutSeed, p, 0, 2), rows, seq, cols)), n, both,
+                               "another layer");
+      expect_binomial_fraction(both_kept(kept_elements(dropout_mask(kDropoutSeed, p, 1, 3), rows, seq, cols)), n, both,
+                               "another module");
+      expect_binomial_fraction(both_kept(kept_elements(dropout_mask(kDropoutSeed + 1, p, 1, 2), rows, seq, cols)), n,
+                               both, "another seed");
+      size_t neighbours = 0, pairs = 0;
+      for (size_t i = 0; i + 1 < n; ++i)
+        if ((i + 1) % cols != 0) neighbours += a[i] && a[i + 1], ++pairs;
+      expect_binomial_fraction(neighbours, pairs, both, "neighbouring columns");
+      size_t next_position = 0;
+      for (size_t i = 0; i + cols < n; ++i) next_position += a[i] && a[i + cols];
+      expect_binomial_fraction(next_position, n - cols, both, "neighbouring positions");
+      // The same draw again: a mask is a function of its coordinates.
+      BOOST_TEST((kept_elements(mask, rows, seq, cols) == a));
+    }
+  }
+}
+
+// The masks depend on (sequence, position), not on the padded length of the rows: a micro-batch padded
+// to a longer T draws the same mask on its real positions.
+BOOST_AUTO_TEST_CASE(dropout_masks_follow_positions_not_padding) {
+  const DropoutMask mask = dropout_mask(kDropoutSeed, 0.5, 0, 0);
+  const std::vector<bool> short_rows = kept_elements(mask, 2 * 5, 5, 16), long_rows = kept_elements(mask, 2 * 8, 8, 16);
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < 5; ++t)
+      for (int c = 0; c < 16; ++c)
+        BOOST_TEST(short_rows[(b * 5 + t) * 16 + c] == long_rows[(b * 8 + t) * 16 + c]);
+}
+
+namespace {
+
+// The model of `shape` with random adapters on every linear layer and lora.dropout p.
+Adapted dropout_model(const ModelConfig& shape, double p, uint64_t seed) {
+  Adapted a = adapted_model(shape, 3, seed);
+  a.base.cfg.lora.dropout = p;
+  return a;
+}
+
+// Sampled coordinates of every adapter tensor against central differences of the loss with the mask of
+// kDropoutSeed held fixed: each tensor's error is under model_checks' tolerance; the same check against
+// the gradients of the model without dropout fails (so the masks matter to the test).
+void check_dropout_gradients(const ModelConfig& shape) {
+  Adapted a = dropout_model(shape, 0.3, 13);
+  std::mt19937 rng(23);
+  const Batch b = make_batch(2, 5, shape.vocab_size, 0.2, rng);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(a.base.cfg, 2, 5);
+  std::vector<float> dh0;
+  std::vector<std::vector<float>> grads, undropped;
+  adapted_grads(*net, a, b, &dh0, &undropped);  // evaluation state: no dropout
+  net->set_dropout(kDropoutSeed);
+  adapted_grads(*net, a, b, &dh0, &grads);
+  auto loss = [&] { return adapted_loss(*net, a, b); };
+  for (size_t u = 1; u < a.lora.size(); ++u) {
+    std::vector<double> unit_numeric, unit_analytic, unit_undropped;
+    for (const TensorSpec& t : a.lora[u].tensors) {
+      std::uniform_int_distribution<size_t> pick(t.offset, t.offset + t.numel - 1);
+      std::vector<double> numeric, analytic;
+      for (int k = 0; k < 6; ++k) {
+        const size_t i = pick(rng);
+        numeric.push_back(central_difference(a.adapters[u][i], kStep, loss));
+        analytic.push_back(grads[u][i]);
+        unit_undropped.push_back(undropped[u][i]);
+      }
+      const double error = gradient_error(numeric, analytic);
+      BOOST_TEST(error < kGradTolerance, t.name << ": relative error " << error);
+      unit_numeric.insert(unit_numeric.end(), numeric.begin(), numeric.end());
+      unit_analytic.insert(unit_analytic.end(), analytic.begin(), analytic.end());
+    }
+    BOOST_TEST(gradient_error(unit_numeric, unit_analytic) < kGradTolerance, a.lora[u].name);
+    BOOST_TEST(gradient_error(unit_numeric, unit_undropped) > 10 * kGradTolerance, a.lora[u].name);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(llama_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_llama()); }
+BOOST_AUTO_TEST_CASE(qwen2_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_qwen2()); }
+BOOST_AUTO_TEST_CASE(bloom_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_bloom()); }
+
+// Evaluation (no seed set, or set back to none) and greedy decoding (even while a training seed is set)
+// compute exactly what the model without dropout computes; a training forward does not.
+BOOST_AUTO_TEST_CASE(evaluation_and_decoding_do_not_drop) {
+  for (const ModelConfig& shape : {tiny_llama(), tiny_bloom()}) {
+    BOOST_TEST_CONTEXT(shape.arch) {
+      const Adapted plain = dropout_model(shape, 0.0, 31), dropping = dropout_model(shape, 0.5, 31);
+      std::mt19937 rng(3);
+      const Batch b = make_batch(2, 6, shape.vocab_size, 0.2, rng);
+      const std::unique_ptr<CpuModel> plain_net = make_cpu_model(plain.base.cfg, 2, 6);
+      const std::unique_ptr<CpuModel> net = make_cpu_model(dropping.base.cfg, 2, 6);
+      const double want = adapted_loss(*plain_net, plain, b);
+      BOOST_TEST(adapted_loss(*net, dropping, b) == want);
+      net->set_dropout(kDropoutSeed);
+      const double training = adapted_loss(*net, dropping, b);
+      BOOST_TEST(std::fabs(training - want) > 1e-3 * std::fabs(want), training << " against " << want);
+      net->set_dropout(std::nullopt);
+      BOOST_TEST(adapted_loss(*net, dropping, b) == want);
+
+      // Decoding with the training seed still set.
+      net->set_dropout(kDropoutSeed);
+      const int H = shape.hidden_size, n = 6;
+      net->decode_begin(1, n, n);
+      plain_net->decode_begin(1, n, n);
+      const std::vector<float> h0 = random_floats(static_cast<size_t>(n) * H, rng);
+      std::vector<int> slots(n, 0), positions(n);
+      for (int i = 0; i < n; ++i) positions[i] = i;
+      std::vector<float> got(h0.size()), expected(h0.size());
+      net->block_decode(0, {dropping.base.params[1].data(), dropping.adapters[1].data()}, h0.data(), got.data(), n,
+                        slots.data(), positions.data());
+      plain_net->block_decode(0, {plain.base.params[1].data(), plain.adapters[1].data()}, h0.data(), expected.data(),
+                              n, slots.data(), positions.data());
+      BOOST_TEST(got == expected, boost::test_tools::per_element());
+    }
+  }
+}
+
+// A seed fixes the masks: the same seed gives the same loss and adapter gradients bit for bit (in another
+// model object too), other seeds other losses.
+BOOST_AUTO_TEST_CASE(the_seed_decides_the_masks) {
+  for (const ModelConfig& shape : {tiny_llama(), tiny_bloom()}) {
+    BOOST_TEST_CONTEXT(shape.arch) {
+      const Adapted a = dropout_model(shape, 0.3, 41);
+      std::mt19937 rng(4);
+      const Batch b = make_batch(2, 6, shape.vocab_size, 0.2, rng);
+      auto pass = [&](uint64_t seed, std::vector<std::vector<float>>* grads) {
+        const std::unique_ptr<CpuModel> net = make_cpu_model(a.base.cfg, 2, 6);
+        net->set_dropout(seed);
+        std::vector<float> dh0;
+        return adapted_grads(*net, a, b, &dh0, grads);
+      };
+      std::vector<std::vector<float>> g1, g2, g3;
+      const double l1 = pass(1, &g1), l2 = pass(1, &g2), l3 = pass(2, &g3);
+      BOOST_TEST(l1 == l2);
+      BOOST_TEST((g1 == g2));
+      BOOST_TEST(std::fabs(l1 - l3) > 1e-4 * std::fabs(l1), l1 << " against " << l3);
+      BOOST_TEST((g1 != g3));
+    }
+  }
+}
+
+// Dropout's scratch ([tokens, widest adapted input]) is counted where it is allocated: the CPU model's
+// activation bytes and `shardlm plan`'s sizes of both backends.
+BOOST_AUTO_TEST_CASE(dropout_scratch_is_planned) {
+  for (const ModelConfig& shape : {tiny_llama(), tiny_bloom()}) {
+    BOOST_TEST_CONTEXT(shape.arch) {
+      const ModelConfig plain = adapted_model(shape, 3, 1).base.cfg;
+      ModelConfig dropping = plain;
+      dropping.lora.dropout = 0.1;
+      const int B = 3, T = 7;
+      const size_t widest = static_cast<size_t>(shape.arch == "bloom" ? 4 * shape.hidden_size : shape.ffn_size());
+      BOOST_TEST(model_detail::lora_widest_input(dropping) == static_cast<int>(widest));
+      const size_t cpu = make_cpu_model(dropping, B, T)->activation_bytes();
+      BOOST_TEST(cpu == make_cpu_model(plain, B, T)->activation_bytes() + B * T * widest * sizeof(float));
+      BOOST_TEST(cpu_activation_bytes(dropping, B, T) == cpu);
+      BOOST_TEST(unit_model_memory(dropping, BackendKind::Cpu, DType::F32, B, T, false).activations ==
+                 make_unit_model(dropping, BackendKind::Cpu, DType::F32, B, T, false)->activation_bytes());
+      for (const bool checkpointing : {false, true}) {
+        const size_t bf16 = (B * T * widest * 2 + 255) / 256 * 256;
+        BOOST_TEST(unit_model_memory(dropping, BackendKind::Cuda, DType::BF16, B, T, checkpointing).activations ==
+                   unit_model_memory(plain, BackendKind::Cuda, DType::BF16, B, T, checkpointing).activations + bf16);
+      }
+    }
+  }
+}
+
+// Coordinates beyond the masks' counter fields are refused at build time, naming the key.
+BOOST_AUTO_TEST_CASE(dropout_refuses_sizes_its_masks_cannot_address) {
+  ModelConfig cfg = adapted_model(tiny_llama(), 3, 1).base.cfg;
+  cfg.lora.dropout = 0.1;
+  const std::string e = error_of([&] { model_detail::check_lora_dropout_sizes(cfg, (1 << 20) + 1, 1); });
+  BOOST_TEST(e.find("lora.dropout = 0.1") != std::string::npos, e);
+  BOOST_CHECK_NO_THROW(model_detail::check_lora_dropout_sizes(cfg, 1 << 20, 1 << 22));
+  cfg.lora.dropout = 0;
+  BOOST_CHECK_NO_THROW(model_detail::check_lora_dropout_sizes(cfg, 1 << 21, 1));
 }

@@ -143,7 +143,7 @@ Run train_steps(const Case& c, bool offload) {
     for (int m = 0; m < c.accum; ++m) {
       if (c.announce && m + 1 == c.accum)
         e->last_micro_step(known ? std::optional<FsdpEngine::StepUpdate>({lr, 1.0f}) : std::nullopt);
-      loss += e->forward_backward(micro_batch(s, m, model), scale);
+      loss += e->forward_backward(micro_batch(s, m, model), scale, 0);
     }
     r.losses.push_back(loss);
     const double norm = e->grad_norm();
@@ -282,8 +282,8 @@ BOOST_AUTO_TEST_CASE(grad_slices_and_a_checkpoint_round_trip) {
   std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
   for (FsdpEngine* e : {off.get(), plain.get()}) {
     e->zero_grad();
-    e->forward_backward(micro_batch(0, 0, model), 0.01f);
-    e->forward_backward(micro_batch(0, 1, model), 0.01f);
+    e->forward_backward(micro_batch(0, 0, model), 0.01f, 0);
+    e->forward_backward(micro_batch(0, 1, model), 0.01f, 0);
   }
   for (size_t u = 0; u < off->num_units(); ++u) BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u));
   off->zero_grad();
@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(grad_slices_and_a_checkpoint_round_trip) {
   auto one_step = [&](FsdpEngine& e) {
     e.zero_grad();
     e.last_micro_step(FsdpEngine::StepUpdate{1e-2, 1.0f});
-    const double loss = e.forward_backward(micro_batch(1, 0, model), 0.01f);
+    const double loss = e.forward_backward(micro_batch(1, 0, model), 0.01f, 0);
     e.grad_norm();
     e.optimizer_step(1e-2, 1.0f);
     return loss;
@@ -322,12 +322,12 @@ BOOST_AUTO_TEST_CASE(an_early_step_must_be_finished_as_announced) {
   std::unique_ptr<FsdpEngine> e = make_engine(c, true);
   e->zero_grad();
   e->last_micro_step(FsdpEngine::StepUpdate{1e-2, 1.0f});
-  e->forward_backward(micro_batch(0, 0, model), 0.01f);
-  BOOST_CHECK_THROW(e->forward_backward(micro_batch(0, 1, model), 0.01f), Error);
+  e->forward_backward(micro_batch(0, 0, model), 0.01f, 0);
+  BOOST_CHECK_THROW(e->forward_backward(micro_batch(0, 1, model), 0.01f, 0), Error);
   BOOST_CHECK_THROW(e->zero_grad(), Error);
   BOOST_CHECK_THROW(e->optimizer_step(2e-2, 1.0f), Error);
   e->optimizer_step(1e-2, 1.0f);
   BOOST_TEST(e->optimizer_steps() == 1);
   e->zero_grad();
-  e->forward_backward(micro_batch(0, 1, model), 0.01f);
+  e->forward_backward(micro_batch(0, 1, model), 0.01f, 0);
 }

@@ -112,7 +112,7 @@ void check_parity(const std::string& name, ShardingStrategy strategy) {
   const SafetensorsEntry& losses = at(ref, "losses");
   for (int step = 0; step < 5; ++step) {
     model.zero_grad();
-    const double mine = model.forward_backward(mb, 1.0f / static_cast<float>(total));
+    const double mine = model.forward_backward(mb, 1.0f / static_cast<float>(total), 0);
     double sum = 0;
     MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     const double loss = sum / static_cast<double>(total);

@@ -138,7 +138,7 @@ BOOST_AUTO_TEST_CASE(aligned_labels_learn_the_task_and_misaligned_ones_do_not) {
                                              tok.pad_id());
       const double count = mpi_sum(MPI_COMM_WORLD, static_cast<double>(mb.target_count));
       engine->zero_grad();
-      const double loss = mpi_sum(MPI_COMM_WORLD, engine->forward_backward(mb, static_cast<float>(1.0 / count)));
+      const double loss = mpi_sum(MPI_COMM_WORLD, engine->forward_backward(mb, static_cast<float>(1.0 / count), 0));
       losses.push_back(loss / count);
       const double norm = engine->grad_norm();
       engine->optimizer_step(cfg.train.lr, static_cast<float>(clip_factor(norm, cfg.train.max_grad_norm)));

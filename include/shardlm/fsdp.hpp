@@ -130,8 +130,10 @@ class FsdpEngine {
   // One micro-batch's forward and backward; gradients of grad_scale * (sum of token losses) are
   // reduced into the grad slices (added to what earlier micro-steps left). Returns this rank's sum
   // of token losses. Every rank calls it the same number of times (an empty micro-batch still takes
-  // part in the collectives).
-  double forward_backward(const MicroBatch& mb, float grad_scale);
+  // part in the collectives). A training pass: with LoRA dropout its masks are drawn from dropout_seed
+  // (the micro-step's, dropout_micro_step_seed; ignored without dropout).
+  double forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed);
+  // The forward alone, as evaluation: no dropout.
   double forward_loss(const MicroBatch& mb);
   // The next forward_backward is the last micro-step of the optimizer step. With cpu_offload each
   // unit's gradient is then complete once its reduction reaches the host, where its sum of squares is

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,7 @@ enum class LoraInit { Kaiming, Gaussian };
 struct LoraConfig {
   int r = 0;
   double alpha = 8;
-  double dropout = 0;
+  double dropout = 0;  // of each adapted layer's input, in training forwards only (UnitModel::set_dropout)
   // The family's module names (LinearModule::name), in the family's order ("all-linear" expanded).
   std::vector<std::string> target_modules;
   std::vector<std::string> modules_to_save;  // whole modules trained beside the adapters (PEFT's names)
@@ -189,6 +190,11 @@ class UnitModel {
   // per row. A position attends only to its own sample, at position t - starts[t]; the forward and
   // backward of the blocks read it until the next call.
   virtual void set_sample_starts(const int32_t* starts) = 0;
+  // LoRA dropout (lora.dropout > 0): the next forwards, and the backwards and recomputations that follow
+  // them, are a training micro-batch's, each adapted layer's input dropped with masks drawn from `seed`
+  // (the micro-step's, dropout_micro_step_seed); nullopt (the state after construction): evaluation, no
+  // dropout. Greedy decoding never drops. Nothing changes without LoRA dropout.
+  virtual void set_dropout(std::optional<uint64_t> seed) = 0;
   // h_0 from the token ids [B*T].
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) = 0;
   // h_{l+1} = block_l(h_l).
@@ -244,6 +250,8 @@ class CpuModel {
   virtual void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) = 0;
   // UnitModel::set_sample_starts (host memory): packed rows, or null for one sample per row.
   virtual void set_sample_starts(const int32_t* starts) = 0;
+  // UnitModel::set_dropout: training forwards with LoRA dropout masks of `seed`, or evaluation (nullopt).
+  virtual void set_dropout(std::optional<uint64_t> seed) = 0;
   // h_out = block(h_in); saves what block_backward(layer) needs.
   virtual void block_forward(int layer, CpuParams params, const float* h_in, float* h_out, int B, int T) = 0;
   // Final norm, LM head and cross-entropy. Returns the sum of the per-token losses over positions

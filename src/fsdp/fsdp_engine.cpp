@@ -136,8 +136,14 @@ void FsdpEngine::pin(void* p, size_t bytes) {
   pinned_.push_back(p);
 }
 
-double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale) { return impl_->run(mb, grad_scale, true); }
-double FsdpEngine::forward_loss(const MicroBatch& mb) { return impl_->run(mb, 0.0f, false); }
+double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed) {
+  impl_->model->set_dropout(dropout_seed);
+  return impl_->run(mb, grad_scale, true);
+}
+double FsdpEngine::forward_loss(const MicroBatch& mb) {
+  impl_->model->set_dropout(std::nullopt);
+  return impl_->run(mb, 0.0f, false);
+}
 
 void FsdpEngine::zero_grad() {
   Impl& m = *impl_;

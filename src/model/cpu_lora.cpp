@@ -1,6 +1,8 @@
 // LoRA on the CPU models' linear layers (cpu_lora.hpp).
 #include "cpu_lora.hpp"
 
+#include <algorithm>
+
 #include "model_internal.hpp"
 #include "shardlm/device.hpp"
 
@@ -21,9 +23,9 @@ void CpuLora::param_backward(const float* adapter, const float* x, const float* 
   cpu_gemm(true, false, r, in, rows, 1.0f, dxa, r, x, in, 1.0f, dadapter + a, in);
 }
 
-void CpuLora::input_backward(const float* adapter, const float* dxa, int rows, float* dx) const {
+void CpuLora::input_backward(const float* adapter, const float* dxa, int rows, bool accumulate, float* dx) const {
   if (rows == 0) return;
-  cpu_gemm(false, false, rows, in, r, 1.0f, dxa, r, adapter + a, in, 1.0f, dx, in);
+  cpu_gemm(false, false, rows, in, r, 1.0f, dxa, r, adapter + a, in, accumulate ? 1.0f : 0.0f, dx, in);
 }
 
 std::vector<CpuLora> lora_modules(const ModelConfig& cfg) {
@@ -45,8 +47,38 @@ std::vector<CpuLora> lora_modules(const ModelConfig& cfg) {
   return out;
 }
 
-CpuLoraBlocks::CpuLoraBlocks(const ModelConfig& cfg, int max_tokens) : modules_(lora_modules(cfg)) {
+int lora_widest_input(const ModelConfig& cfg) {
+  int widest = 0;
+  for (const CpuLora& l : lora_modules(cfg))
+    if (l.on) widest = std::max(widest, l.in);
+  return widest;
+}
+
+void check_lora_dropout_sizes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  if (!cfg.lora.enabled() || cfg.lora.dropout == 0) return;
+  SHARDLM_CHECK(dropout_mask_fits(max_batch, max_seq, lora_widest_input(cfg)), "lora.dropout = ", cfg.lora.dropout,
+                ": micro-batches of ", max_batch, " x ", max_seq, " tokens through layers of ", lora_widest_input(cfg),
+                " inputs exceed the dropout masks' coordinates (at most 2^", kDropoutSequenceBits, " sequences of 2^",
+                kDropoutPositionBits, " positions, 2^", kDropoutColumnBits, " inputs)");
+}
+
+void apply_lora_dropout(const DropoutMask& mask, const float* x, int rows, int seq, int cols, bool accumulate,
+                        float* out) {
+  for (int row = 0; row < rows; ++row) {
+    const uint32_t b = static_cast<uint32_t>(row / seq), t = static_cast<uint32_t>(row % seq);
+    const size_t at = static_cast<size_t>(row) * cols;
+    for (int c = 0; c < cols; ++c) {
+      const float v = x[at + c] * mask.factor(b, t, static_cast<uint32_t>(c));
+      out[at + c] = accumulate ? out[at + c] + v : v;
+    }
+  }
+}
+
+CpuLoraBlocks::CpuLoraBlocks(const ModelConfig& cfg, int max_batch, int max_seq)
+    : modules_(lora_modules(cfg)), dropout_(cfg.lora.dropout) {
   if (modules_.empty()) return;
+  check_lora_dropout_sizes(cfg, max_batch, max_seq);
+  const size_t max_tokens = static_cast<size_t>(std::max(max_batch, 0)) * std::max(max_seq, 0);
   xa_.resize(cfg.num_layers);
   const size_t n = static_cast<size_t>(max_tokens) * cfg.lora.r;
   for (auto& layer : xa_) {
@@ -57,23 +89,42 @@ CpuLoraBlocks::CpuLoraBlocks(const ModelConfig& cfg, int max_tokens) : modules_(
   dxa_.resize(modules_.size());
   for (size_t m = 0; m < modules_.size(); ++m)
     if (modules_[m].on) dxa_[m].allocate(n, MemKind::Activations);
+  if (dropout_ > 0) dropped_.allocate(max_tokens * lora_widest_input(cfg), MemKind::Activations);
 }
 
-void CpuLoraBlocks::forward(int layer, int module, const float* adapter, const float* x, int rows, float* y) {
+const float* CpuLoraBlocks::adapter_input(int layer, int module, const float* x, int rows, int seq) {
+  if (!dropping()) return x;
+  apply_lora_dropout(dropout_mask(*seed_, dropout_, layer, module), x, rows, seq, modules_[module].in, false,
+                     dropped_.data());
+  return dropped_.data();
+}
+
+void CpuLoraBlocks::forward(int layer, int module, const float* adapter, const float* x, int rows, int seq,
+                            float* y) {
   if (!on(module)) return;
   SHARDLM_CHECK(adapter != nullptr, "LoRA: block ", layer, " was given no adapter parameters");
-  modules_[module].forward(adapter, x, rows, xa_[layer][module].data(), y);
+  modules_[module].forward(adapter, adapter_input(layer, module, x, rows, seq), rows, xa_[layer][module].data(), y);
 }
 
 void CpuLoraBlocks::param_backward(int layer, int module, const float* adapter, const float* x, const float* dy,
-                                   int rows, float* dadapter) {
+                                   int rows, int seq, float* dadapter) {
   if (!on(module)) return;
   SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
-  modules_[module].param_backward(adapter, x, xa_[layer][module].data(), dy, rows, dadapter, dxa_[module].data());
+  // dA reads the forward's dropout(x): its mask again, from the same seed and coordinates.
+  modules_[module].param_backward(adapter, adapter_input(layer, module, x, rows, seq), xa_[layer][module].data(), dy,
+                                  rows, dadapter, dxa_[module].data());
 }
 
-void CpuLoraBlocks::input_backward(int module, const float* adapter, int rows, float* dx) {
-  if (on(module)) modules_[module].input_backward(adapter, dxa_[module].data(), rows, dx);
+void CpuLoraBlocks::input_backward(int layer, int module, const float* adapter, int rows, int seq, float* dx) {
+  if (!on(module)) return;
+  const CpuLora& m = modules_[module];
+  if (!dropping()) {
+    m.input_backward(adapter, dxa_[module].data(), rows, true, dx);
+    return;
+  }
+  // The branch's input was dropout(x): its gradient dxa A reaches x through the same mask and scale.
+  m.input_backward(adapter, dxa_[module].data(), rows, false, dropped_.data());
+  apply_lora_dropout(dropout_mask(*seed_, dropout_, layer, module), dropped_.data(), rows, seq, m.in, true, dx);
 }
 
 void CpuLoraBlocks::decode_begin(int max_rows) {
@@ -91,14 +142,15 @@ size_t CpuLoraBlocks::floats() const {
   for (const auto& layer : xa_)
     for (const Buffer<float>& b : layer) n += b.size();
   for (const Buffer<float>& b : dxa_) n += b.size();
-  return n;
+  return n + dropped_.size();
 }
 
 size_t CpuLoraBlocks::floats_for(const ModelConfig& cfg, size_t max_tokens) {
   if (!cfg.lora.enabled() || cfg.num_layers == 0) return 0;
   size_t on = 0;
   for (const LinearModule& m : linear_modules(cfg)) on += cfg.lora.targets(m.name);
-  return (static_cast<size_t>(cfg.num_layers) + 1) * on * max_tokens * cfg.lora.r;
+  const size_t dropped = cfg.lora.dropout > 0 ? max_tokens * lora_widest_input(cfg) : 0;
+  return (static_cast<size_t>(cfg.num_layers) + 1) * on * max_tokens * cfg.lora.r + dropped;
 }
 
 }  // namespace shardlm::model_detail

@@ -8,7 +8,7 @@
 namespace shardlm::model_detail {
 
 CpuModelBase::CpuModelBase(const char* name, const ModelConfig& cfg, int max_batch, int max_seq)
-    : name_(name), cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq), lora_(cfg, max_batch * max_seq) {
+    : name_(name), cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq), lora_(cfg, max_batch, max_seq) {
   check_built_sizes(name, max_batch, max_seq);
   forward_shapes_.assign(std::max(cfg.num_layers, 0), {-1, -1});
 }

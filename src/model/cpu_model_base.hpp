@@ -26,6 +26,7 @@ class CpuModelBase : public CpuModel {
   void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
   void decode_end() override;
   void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
+  void set_dropout(std::optional<uint64_t> seed) override { lora_.set_dropout(seed); }
   // What the family allocated through allocate_activations, the ends and LoRA's buffers.
   size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + shared_bytes(); }
 

@@ -24,6 +24,7 @@ class CpuUnitModel final : public UnitModel {
   DType compute_dtype() const override { return DType::F32; }
 
   void set_sample_starts(const int32_t* starts) override { model_->set_sample_starts(starts); }
+  void set_dropout(std::optional<uint64_t> seed) override { model_->set_dropout(seed); }
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream) override {
     model_->embed_forward(floats(root), tokens, B, T, hidden_[0].data());
     cur_ = 0;

@@ -12,8 +12,6 @@ std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind b
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "make_unit_model: negative max_batch ", max_batch, " or max_seq ",
                 max_seq);
   const ModelFamily& family = model_family(cfg.arch);
-  SHARDLM_CHECK(!cfg.lora.enabled() || cfg.lora.dropout == 0, "lora.dropout = ", cfg.lora.dropout,
-                ": dropout on the adapters' input is not implemented yet; set lora.dropout = 0 (PEFT's default)");
   SHARDLM_CHECK(cfg.lora.modules_to_save.empty(), "lora.modules_to_save: training whole modules beside the adapters "
                 "is not implemented yet; leave it empty");
   if (backend == BackendKind::Cpu) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 
+#include "../device/dropout_mask.hpp"
 #include "train_run.hpp"
 #include "shardlm/optim.hpp"
 
@@ -92,7 +93,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   for (int m = 0; m < micro_batches.count(); ++m) {
     if (m + 1 == micro_batches.count())
       model.last_micro_step(known ? std::optional<FsdpEngine::StepUpdate>({out.lr, known_factor}) : std::nullopt);
-    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale);
+    // LoRA dropout's masks: a function of (seed, step, micro-step, rank), which a resume restores.
+    loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale,
+                                       dropout_micro_step_seed(cfg.train.seed, pos.step, m, run.rank));
   }
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;
   // The loss is reduced over all ranks, so they all stop here together.

@@ -1,5 +1,5 @@
-// CUDA kernels of the BLOOM block, the optimizer, the casts and greedy decoding (BLOOM's and
-// Llama's), as host-callable launchers.
+// CUDA kernels of the BLOOM block, LoRA dropout, the optimizer, the casts and greedy decoding (BLOOM's
+// and Llama's), as host-callable launchers.
 // Every pointer is device memory; every launcher is asynchronous on `stream` and checks the launch.
 // `dt` is the dtype of activations and gathered parameters (F32, BF16 or F16); arithmetic and
 // every reduction are in fp32; parameter gradients are fp32 (accumulated with +=).
@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../dropout_mask.hpp"
 #include "gemm.hpp"
 #include "shardlm/core.hpp"
 #include "workspace_sizes.hpp"
@@ -53,6 +54,14 @@ void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaSt
 void scale(float* x, size_t n, float factor, cudaStream_t stream);
 // x[i] += y[i] (fp32).
 void accumulate(float* x, const float* y, size_t n, cudaStream_t stream);
+
+// ---- LoRA dropout (lora_dropout.cu) ----------------------------------------------------------------
+
+// out[r, c] = mask.factor(r / seq, r % seq, c) * x[r, c] over dense rows of `cols` (rows a multiple of
+// seq): a layer's dropout(x); with accumulate out[r, c] += that, its LoRA input gradient into dx. fp32
+// arithmetic, out rounded once to dt; the same values as the CPU models' apply_lora_dropout.
+void lora_dropout(const void* x, void* out, int rows, int seq, int cols, const DropoutMask& mask, bool accumulate,
+                  DType dt, cudaStream_t stream);
 
 // ---- reductions for the optimizer step --------------------------------------------------------
 

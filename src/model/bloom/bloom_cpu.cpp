@@ -188,7 +188,7 @@ void BloomCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
   auto adapted = [&](Module mod, const float* x, int in, size_t w, size_t bias, int out, const float* residual,
                      float* y) {
     linear(x, N, in, params + w, params + bias, out, residual, y);
-    lora_.forward(layer, mod, p.adapter, x, N, y);
+    lora_.forward(layer, mod, p.adapter, x, N, T, y);
   };
 
   o.ln1.forward_rows(params, h_in, N, H, a.ln1_xhat.data(), a.ln1_rstd.data(), a.ln1_out.data());
@@ -220,11 +220,11 @@ void BloomCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   // then its input gradient (written) with the LoRA term.
   auto param_backward = [&](Module mod, const float* x, const float* dy, int in, int out, size_t w, size_t bias) {
     linear_param_backward(x, dy, N, in, out, g.base_at(w), g.base_at(bias));
-    lora_.param_backward(layer, mod, p.adapter, x, dy, N, g.adapter);
+    lora_.param_backward(layer, mod, p.adapter, x, dy, N, T, g.adapter);
   };
   auto input_backward = [&](Module mod, const float* dy, int in, size_t w, int out, float* dx) {
     linear_input_backward(dy, N, in, params + w, out, false, dx);
-    lora_.input_backward(mod, p.adapter, N, dx);
+    lora_.input_backward(layer, mod, p.adapter, N, T, dx);
   };
   float* dln = m.hidden_work[0].data();
   float* dh_mid = m.hidden_work[1].data();

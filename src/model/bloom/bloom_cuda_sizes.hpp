@@ -29,14 +29,14 @@ struct BloomCudaSizes {
   // The native kernels' scratch, or cuDNN's fused attention's (cudnn_attention_workspace_bytes).
   size_t attention_workspace = 0, head_workspace = 0;
   int head_chunk = 0;
-  // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients.
-  size_t lora_xa = 0, lora_dxa = 0;
+  // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients, dropout's.
+  size_t lora_xa = 0, lora_scratch = 0;
 
   size_t per_block() const { return 2 * ln + qkv + probs + context + h2 + 2 * wide + 4 * row_stats + lora_xa; }
   // What BloomCuda::activation_bytes() reports.
   size_t activations() const {
     return hidden + 2 * norm_out + saved_blocks * per_block() + 2 * dh + dln + dqkv + dctx + dh2 + dpre +
-           attention_workspace + head_workspace + lora_dxa;
+           attention_workspace + head_workspace + lora_scratch;
   }
   // What it holds beside them: the embedding's and final LayerNorm's statistics, the slopes.
   size_t extra() const { return 4 * row_stats + slopes; }
@@ -69,7 +69,7 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.head_chunk = static_cast<int>(std::min<size_t>(kBloomHeadChunkTokens, N));
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);
-  s.lora_xa = lora.xa(), s.lora_dxa = lora.dxa();
+  s.lora_xa = lora.xa(), s.lora_scratch = lora.scratch();
   return s;
 }
 

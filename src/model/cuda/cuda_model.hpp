@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "shardlm/core.hpp"
@@ -26,6 +27,8 @@ class CudaModel {
 
   // UnitModel::set_sample_starts (device memory [B*T]), or null for one sample per row.
   virtual void set_sample_starts(const int32_t* starts) = 0;
+  // UnitModel::set_dropout: training forwards with LoRA dropout masks of `seed`, or evaluation (nullopt).
+  virtual void set_dropout(std::optional<uint64_t> seed) = 0;
   // h_0 from the token ids (device memory [B*T]).
   virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
   // h_{l+1} = block_l(h_l) with the gathered parameters of block l.

@@ -15,7 +15,7 @@ CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt,
       max_seq_(max_seq),
       max_batch_(max_batch),
       checkpointing_(activation_checkpointing),
-      lora_(cfg, dt, max_batch * max_seq, activation_checkpointing) {
+      lora_(cfg, dt, max_batch, max_seq, activation_checkpointing) {
   model_detail::check_built_sizes(name, max_batch, max_seq);
 }
 

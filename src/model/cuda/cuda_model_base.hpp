@@ -14,6 +14,7 @@ class CudaModelBase : public CudaModel {
  public:
   const ModelConfig& config() const override { return cfg_; }
   void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
+  void set_dropout(std::optional<uint64_t> seed) override { lora_.set_dropout(seed); }
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ...").

@@ -28,6 +28,7 @@ class CudaUnitModel final : public UnitModel {
 
   // The CUDA models take no empty micro-batches: a rank without tokens only joins the collectives.
   void set_sample_starts(const int32_t* starts) override { model_->set_sample_starts(starts); }
+  void set_dropout(std::optional<uint64_t> seed) override { model_->set_dropout(seed); }
   void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) override {
     if (B * T > 0) model_->embed_forward(root, tokens, B, T, stream_of(s));
   }

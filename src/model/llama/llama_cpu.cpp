@@ -239,7 +239,7 @@ void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
   auto adapted = [&](Module mod, const float* x, int in, size_t w, const float* bias, int out, const float* residual,
                      float* y) {
     linear(x, N, in, params + w, bias, out, residual, y);
-    lora_.forward(layer, mod, p.adapter, x, N, y);
+    lora_.forward(layer, mod, p.adapter, x, N, T, y);
   };
 
   // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
@@ -278,11 +278,11 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   // its input gradient (=, or += with accumulate) with the LoRA term.
   auto param_backward = [&](Module mod, const float* x, const float* dy, int in, int out, size_t w, float* dbias) {
     linear_param_backward(x, dy, N, in, out, g.base_at(w), dbias);
-    lora_.param_backward(layer, mod, p.adapter, x, dy, N, g.adapter);
+    lora_.param_backward(layer, mod, p.adapter, x, dy, N, T, g.adapter);
   };
   auto input_backward = [&](Module mod, const float* dy, int in, size_t w, int out, bool accumulate, float* dxin) {
     linear_input_backward(dy, N, in, params + w, out, accumulate, dxin);
-    lora_.input_backward(mod, p.adapter, N, dxin);
+    lora_.input_backward(layer, mod, p.adapter, N, T, dxin);
   };
   auto bias_grad = [&](size_t offset) { return g.base ? o.bias(g.base, offset) : nullptr; };
 

@@ -32,13 +32,13 @@ struct LlamaCudaSizes {
   // (cudnn_attention_workspace_bytes).
   size_t attention_workspace = 0, head_workspace = 0;
   int head_chunk = 0;
-  // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients.
-  size_t lora_xa = 0, lora_dxa = 0;
+  // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients, dropout's.
+  size_t lora_xa = 0, lora_scratch = 0;
 
   size_t per_block() const { return 2 * rstd + qkv + lse + context + h2 + gate_up + lora_xa; }
   size_t total() const {
     return hidden + final_rstd + inv_freq + saved_blocks * per_block() + norm + grad + dh + wide + dqkv + dgate_up +
-           attention_workspace + head_workspace + lora_dxa;
+           attention_workspace + head_workspace + lora_scratch;
   }
 };
 
@@ -75,7 +75,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);
-  s.lora_xa = lora.xa(), s.lora_dxa = lora.dxa();
+  s.lora_xa = lora.xa(), s.lora_scratch = lora.scratch();
   return s;
 }
 

@@ -71,7 +71,7 @@ void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   MatMul mm{gemm_, s};
   // A linear layer's LoRA term onto its output (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
-    lora_.forward(layer, mod, params.adapter, x, N, y, ld, gemm_, s);
+    lora_.forward(layer, mod, params.adapter, x, N, T, y, ld, gemm_, s);
   };
   char* x = hidden(layer);
   char* out = hidden(layer + 1);
@@ -105,7 +105,7 @@ void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
        Epilogue::BiasGelu, w(block_.mlp_in_bias), sv.pre.data());
   }
   if (recompute) {  // dense_4h_to_h's x A^T only: out is the kept h_{layer+1}
-    lora_.forward(layer, kDense4HToH, params.adapter, sv.act.data(), N, nullptr, H, gemm_, s);
+    lora_.forward(layer, kDense4HToH, params.adapter, sv.act.data(), N, T, nullptr, H, gemm_, s);
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
@@ -152,9 +152,11 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
       mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, 1);
       bias_grad(dy, g(bias), N, out, dt_, s);
     }
-    lora_.param_backward(layer, mod, params.adapter, x, dy, out, N, grads.adapter, gemm_, s);
+    lora_.param_backward(layer, mod, params.adapter, x, dy, out, N, T, grads.adapter, gemm_, s);
   };
-  auto lora_input = [&](Module mod, char* dx) { lora_.input_backward(mod, params.adapter, N, dx, gemm_, s); };
+  auto lora_input = [&](Module mod, char* dx) {
+    lora_.input_backward(layer, mod, params.adapter, N, T, dx, gemm_, s);
+  };
   const char* x = hidden(layer);
   char* dout = dh_[dcur_].data();
   char* dx = dh_[1 - dcur_].data();

@@ -86,7 +86,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   MatMul mm{gemm_, s};
   // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
-    lora_.forward(layer, mod, params.adapter, x, N, y, ld, gemm_, s);
+    lora_.forward(layer, mod, params.adapter, x, N, T, y, ld, gemm_, s);
   };
   const char* x = hidden(layer);
   char* out = hidden(layer + 1);
@@ -118,7 +118,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   if (recompute && !lora_.on(kDownProj)) return;  // the backward forms SiLU(gate) * up itself
   swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
   if (recompute) {  // down_proj's x A^T only: out is the kept h_{layer+1}
-    lora_.forward(layer, kDownProj, params.adapter, wide_.data(), N, nullptr, H, gemm_, s);
+    lora_.forward(layer, kDownProj, params.adapter, wide_.data(), N, T, nullptr, H, gemm_, s);
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
@@ -165,9 +165,11 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
   // input gradient's LoRA term, when it is adapted.
   auto lora_params = [&](Module mod, const void* x, const char* dy, int ld) {
-    lora_.param_backward(layer, mod, params.adapter, x, dy, ld, N, grads.adapter, gemm_, s);
+    lora_.param_backward(layer, mod, params.adapter, x, dy, ld, N, T, grads.adapter, gemm_, s);
   };
-  auto lora_input = [&](Module mod, char* dx) { lora_.input_backward(mod, params.adapter, N, dx, gemm_, s); };
+  auto lora_input = [&](Module mod, char* dx) {
+    lora_.input_backward(layer, mod, params.adapter, N, T, dx, gemm_, s);
+  };
   const char* x = hidden(layer);
   char* dh = dh_.data();  // d(out) on entry, d(h2) after the MLP, d(x) on exit
   const float eps = cfg_.rms_norm_eps;
