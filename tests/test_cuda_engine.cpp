@@ -451,30 +451,27 @@ BOOST_AUTO_TEST_CASE(cpu_offload_with_lora) {
   }
 }
 
+// `saved` (10 steps, a checkpoint at step 5) trained, then `resumed` from that checkpoint: its 5 losses
+// are the saved run's last 5 to `tolerance`.
+void expect_resume_continues(RunConfig saved, RunConfig resumed, double tolerance) {
+  saved.checkpoint.every = 5;
+  const TrainResult a = train(saved, MPI_COMM_WORLD, quiet());
+  resumed.checkpoint.resume = ResumeFrom::Path;
+  resumed.checkpoint.resume_path = saved.run.dir + "/checkpoints/ckpt-00000005.h5";
+  const TrainResult b = train(resumed, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 5u);
+  BOOST_TEST(max_relative(b.step_losses, std::vector<double>(a.step_losses.begin() + 5, a.step_losses.end())) < tolerance);
+}
+
 // An offloaded run's checkpoint (its host state) resumes the run without offload.
 BOOST_AUTO_TEST_CASE(an_offloaded_checkpoint_resumes_without_offload) {
   RunConfig off = config("cuda", "offload_save", 10);
   off.fsdp.cpu_offload = true;
-  off.checkpoint.every = 5;
-  const TrainResult o = train(off, MPI_COMM_WORLD, quiet());
-  RunConfig plain = config("cuda", "offload_resume", 10);
-  plain.checkpoint.resume = ResumeFrom::Path;
-  plain.checkpoint.resume_path = off.run.dir + "/checkpoints/ckpt-00000005.h5";
-  const TrainResult p = train(plain, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(p.step_losses.size() == 5u);
-  BOOST_TEST(max_relative(p.step_losses, std::vector<double>(o.step_losses.begin() + 5, o.step_losses.end())) < 1e-5);
+  expect_resume_continues(off, config("cuda", "offload_resume", 10), 1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(a_gpu_checkpoint_resumes_on_the_cpu) {
-  RunConfig gpu = config("cuda", "save", 10);
-  gpu.checkpoint.every = 5;
-  const TrainResult g = train(gpu, MPI_COMM_WORLD, quiet());
-  RunConfig cpu = config("cpu", "resume", 10);
-  cpu.checkpoint.resume = ResumeFrom::Path;
-  cpu.checkpoint.resume_path = gpu.run.dir + "/checkpoints/ckpt-00000005.h5";
-  const TrainResult c = train(cpu, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(c.step_losses.size() == 5u);
-  BOOST_TEST(max_relative(c.step_losses, std::vector<double>(g.step_losses.begin() + 5, g.step_losses.end())) < 1e-4);
+  expect_resume_continues(config("cuda", "save", 10), config("cpu", "resume", 10), 1e-4);
 }
 
 // Greedy decoding with the key/value cache, fp32: every token is the one BloomCpu picks recomputing the
