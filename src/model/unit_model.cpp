@@ -14,8 +14,6 @@ std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind b
   const ModelFamily& family = model_family(cfg.arch);
   SHARDLM_CHECK(!cfg.lora.enabled() || cfg.lora.dropout == 0, "lora.dropout = ", cfg.lora.dropout,
                 ": dropout on the adapters' input is not implemented yet; set lora.dropout = 0 (PEFT's default)");
-  SHARDLM_CHECK(cfg.lora.modules_to_save.empty(), "lora.modules_to_save: training whole modules beside the adapters "
-                "is not implemented yet; leave it empty");
   if (backend == BackendKind::Cpu) {
     SHARDLM_CHECK(compute_dtype == DType::F32, "the CPU backend computes in fp32, not ", dtype_name(compute_dtype),
                   " (16-bit parameters are unpacked before use)");
