@@ -108,7 +108,7 @@ std::vector<std::string> resolve_lora_saved_modules(const ModelConfig& cfg, cons
                        others.size() > 1 ? concat(" and ", others.size() - 1, " more module(s)") : std::string(),
                        " (PEFT trains every module whose path ends with the name); shardlm trains whole only modules ",
                        "of the root unit (the embeddings, final norm and LM head), not of the blocks: ", must,
-                       " (a module's path, e.g. model.norm, names it alone)"));
+                       " (a module's path, as model.norm or transformer.ln_f, names it alone)"));
   }
   std::vector<std::string> out;
   for (size_t i = 0; i < savable.size(); ++i)
