@@ -435,6 +435,32 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
     BOOST_TEST((merged_w.at(name) != w) == adapted, name);  // the adapted weights moved, nothing else
   }
 
+  // lora.modules_to_save: the final LayerNorm trained whole, starting from the folder's; the adapter
+  // holds it under PEFT's names and --merge writes the trained one where the base's was.
+  Outcome saved = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
+                                     " --lora.r=4 --lora.target_modules=dense --lora.modules_to_save=transformer.ln_f"
+                                     " --train.lr=3e-2 --train.max_steps=3 --data.eval_file= --data.tokenizer=auto"
+                                     " --run.dir=" + (dir / "lora_saved").string());
+  BOOST_TEST_INFO(saved.output);
+  BOOST_TEST_REQUIRE(saved.exit_code == 0);
+  BOOST_TEST(contains(saved.output, "loaded the modules trained whole (ln_f) from " + (dir / "hf").string()));
+  std::map<std::string, std::vector<float>> adapter_w;
+  for (auto& e : shardlm::read_safetensors((dir / "lora_saved" / "adapter" / "adapter_model.safetensors").string()))
+    adapter_w[e.name] = e.data;
+  BOOST_TEST_REQUIRE(adapter_w.count("base_model.model.transformer.ln_f.weight") == 1u);
+  BOOST_TEST_REQUIRE(adapter_w.count("base_model.model.transformer.ln_f.bias") == 1u);
+  Outcome merged_saved = run_shardlm(1, "export " + (dir / "lora_saved" / "checkpoints").string() + " " +
+                                            (dir / "saved_merged").string() + " --merge");
+  BOOST_TEST_REQUIRE(merged_saved.exit_code == 0, merged_saved.output);
+  std::map<std::string, std::vector<float>> saved_w;
+  for (auto& e : shardlm::read_safetensors((dir / "saved_merged" / "model.safetensors").string())) saved_w[e.name] = e.data;
+  BOOST_TEST_REQUIRE(saved_w.size() == base_w.size());
+  for (const auto& [name, w] : base_w) {
+    const bool ln_f = contains(name, "ln_f.");
+    BOOST_TEST((saved_w.at(name) != w) == (ln_f || contains(name, ".dense.weight")), name);
+    if (ln_f) BOOST_TEST((saved_w.at(name) == adapter_w.at("base_model.model." + name)), name);
+  }
+
   // A tokenizer larger than the model's vocabulary is refused before training.
   Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
                                    "/tests/fixtures/tokenizer/gpt2/tokenizer.json --run.dir=" + (dir / "c").string());

@@ -443,7 +443,7 @@ BOOST_AUTO_TEST_CASE(lora_is_off_without_its_section) {
 
 BOOST_AUTO_TEST_CASE(lora_section_values) {
   const RunConfig c = load(kLlama + "[lora]\nr = 16\nalpha = 32\ndropout = 0.05\n"
-                                    "target_modules = v_proj, q_proj ,q_proj\nmodules_to_save = lm_head,embed_tokens\n"
+                                    "target_modules = v_proj, q_proj ,q_proj\nmodules_to_save = lm_head,model.norm,embed_tokens\n"
                                     "use_rslora = true\ninit = Gaussian\n");
   const LoraConfig& l = c.model.lora;
   BOOST_TEST(l.enabled());
@@ -452,11 +452,11 @@ BOOST_AUTO_TEST_CASE(lora_section_values) {
   BOOST_TEST(l.dropout == 0.05);
   // Resolved in the family's order, the repeat gone.
   BOOST_TEST((l.target_modules == std::vector<std::string>{"q_proj", "v_proj"}));
-  BOOST_TEST((l.modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"}));
+  BOOST_TEST((l.modules_to_save == std::vector<std::string>{"embed_tokens", "model.norm", "lm_head"}));
   BOOST_TEST(l.use_rslora);
   BOOST_TEST(l.init == LoraInit::Gaussian);
   BOOST_TEST(value_of(c, "lora.target_modules") == "q_proj,v_proj");
-  BOOST_TEST(value_of(c, "lora.modules_to_save") == "embed_tokens,lm_head");
+  BOOST_TEST(value_of(c, "lora.modules_to_save") == "embed_tokens,model.norm,lm_head");
   BOOST_TEST(value_of(c, "lora.init") == "gaussian");
 }
 
@@ -477,9 +477,11 @@ BOOST_AUTO_TEST_CASE(lora_defaults_and_all_linear) {
   const RunConfig b = load(kBase + "[lora]\nr = 4\ntarget_modules = all-linear\n");
   BOOST_TEST((b.model.lora.target_modules ==
               std::vector<std::string>{"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}));
+  // BLOOM's root modules (its head is tied: the embedding is not one), by any end of their paths as PEFT
+  // matches them, resolved to the shortest name that selects each alone.
   BOOST_TEST((load(kBase, {"--lora.r=4", "--lora.target_modules=dense,query_key_value",
-                           "--lora.modules_to_save=word_embeddings"})
-                  .model.lora.modules_to_save == std::vector<std::string>{"word_embeddings"}));
+                           "--lora.modules_to_save=transformer.ln_f,word_embeddings_layernorm"})
+                  .model.lora.modules_to_save == std::vector<std::string>{"word_embeddings_layernorm", "ln_f"}));
 }
 
 BOOST_AUTO_TEST_CASE(lora_refusals) {
@@ -510,13 +512,27 @@ BOOST_AUTO_TEST_CASE(lora_refusals) {
                  "lora.target_modules = 'q_proj,,v_proj': an empty name"));
   BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=classifier"}),
                  "lora.modules_to_save = 'classifier': 'classifier' is not a module of llama that can be trained "
-                 "whole: must be embed_tokens or lm_head"));
-  // A tied head is no module of its own: BLOOM's always, Llama's with tie_word_embeddings.
+                 "whole: must be embed_tokens, model.norm or lm_head"));
+  // PEFT's 'norm' selects every module whose path ends in it: each block's norms too, which shardlm
+  // does not train whole (model.norm names the final norm alone); a block's module likewise.
+  const std::string norm = refused(lora, {"--lora.r=8", "--lora.modules_to_save=norm"});
+  BOOST_TEST(has(norm, "lora.modules_to_save = 'norm': 'norm' selects model.layers.0.input_layernorm and 3 more "
+                       "module(s) (PEFT trains every module whose path ends with the name)"), norm);
+  BOOST_TEST(has(norm, "not of the blocks: must be embed_tokens, model.norm or lm_head"), norm);
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=post_attention_layernorm"}),
+                 "'post_attention_layernorm' selects model.layers.0.post_attention_layernorm and 1 more"));
+  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=model"}), "'model' selects model"));
+  // A tied head and its embedding are one matrix, which PEFT would train as two: refused, BLOOM's
+  // always, Llama's with tie_word_embeddings, saying what is valid.
   const std::string bloom_head = refused(kBase + "[lora]\nr = 8\ntarget_modules = dense\nmodules_to_save = lm_head\n");
-  BOOST_TEST(has(bloom_head, "lora.modules_to_save = 'lm_head': this bloom model's LM head is tied to its embedding"));
-  BOOST_TEST(has(bloom_head, "only word_embeddings is supported"));
-  BOOST_TEST(has(refused(lora, {"--lora.r=8", "--lora.modules_to_save=lm_head", "--model.tie_word_embeddings=true"}),
-                 "this llama model's LM head is tied to its embedding matrix"));
+  BOOST_TEST(has(bloom_head, "lora.modules_to_save = 'lm_head': 'lm_head' selects lm_head, but this bloom model's LM "
+                             "head is tied to its embedding"), bloom_head);
+  BOOST_TEST(has(bloom_head, "Valid here: must be word_embeddings_layernorm or ln_f"), bloom_head);
+  BOOST_TEST(has(refused(kBase + "[lora]\nr = 8\ntarget_modules = dense\nmodules_to_save = word_embeddings\n"),
+                 "'word_embeddings' selects transformer.word_embeddings, but this bloom model's LM head is tied"));
+  for (const char* tied : {"lm_head", "embed_tokens"})
+    BOOST_TEST(has(refused(lora, {"--lora.r=8", concat("--lora.modules_to_save=", tied), "--model.tie_word_embeddings=true"}),
+                   "but this llama model's LM head is tied to its embedding (one matrix)"), tied);
   // Unknown keys of the section get the nearest one.
   BOOST_TEST(has(refused(kLlama + "[lora]\nrank = 8\n"), "unknown key 'lora.rank'"));
   BOOST_TEST(has(refused(kLlama, {"--lora.alpah=16"}), "(did you mean 'lora.alpha'?)"));

@@ -76,6 +76,20 @@ RunConfig llama_lora_config(const std::string& backend, const std::string& name,
   return with_lora(llama_config(backend, "lora_" + name, steps));
 }
 
+// LoRA with lora.modules_to_save: BLOOM's two LayerNorms (the embedding's, under a frozen table, and
+// the final one); Llama's embedding, final norm and untied head, each trained whole in the root.
+RunConfig saved_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = with_lora(config(backend, "saved_" + name, steps));
+  cfg.model.lora.modules_to_save = {"word_embeddings_layernorm", "ln_f"};
+  return cfg;
+}
+
+RunConfig llama_saved_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = with_lora(llama_config(backend, "saved_" + name, steps));
+  cfg.model.lora.modules_to_save = {"embed_tokens", "model.norm", "lm_head"};
+  return cfg;
+}
+
 double max_relative(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
@@ -554,6 +568,13 @@ BOOST_AUTO_TEST_CASE(lora_fp32_matches_the_cpu_backend) {
 
 BOOST_AUTO_TEST_CASE(lora_activation_checkpointing_gives_the_same_losses) {
   for (auto make : {lora_config, llama_lora_config}) expect_activation_checkpointing_changes_nothing(make);
+}
+
+// The root's saved modules (their tensors read from the trainable root, their gradients formed there,
+// the rest of the root frozen) train on the GPU as on the CPU backend.
+BOOST_AUTO_TEST_CASE(lora_saved_modules_fp32_match_the_cpu_backend) {
+  for (auto make : {saved_config, llama_saved_config})
+    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard});
 }
 
 // bf16 Llama decoding (the cache, activations and rotary output in bf16) stays close to the fp32

@@ -271,12 +271,15 @@ BOOST_AUTO_TEST_CASE(packing_does_not_change_the_step) {
   }
 }
 
-// LoRA (adapters on every linear layer, the base frozen): every strategy on the world gives the
-// losses of NO_SHARD on one rank, the adapters alone carry master, gradient and AdamW state, and the
-// adapted model learns. BLOOM and Llama.
-BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) {
+namespace {
+
+// LoRA (adapters on every linear layer, the base frozen but for the root modules of `saved`, trained
+// whole): every strategy on the world gives the losses of NO_SHARD on one rank, the adapters and the
+// saved modules alone carry master, gradient and AdamW state, and the adapted model learns.
+void check_lora_strategies(const std::vector<std::string>& bloom_saved, const std::vector<std::string>& llama_saved,
+                           const std::string& tag) {
   for (const bool llama : {false, true}) {
-    auto config = [llama](ShardingStrategy strategy, const std::string& name) {
+    auto config = [&](ShardingStrategy strategy, const std::string& name) {
       RunConfig cfg = tiny_config(strategy, name);
       if (llama) {
         cfg.model.arch = "llama";
@@ -286,11 +289,12 @@ BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) {
       cfg.model.lora.r = 4;
       cfg.model.lora.alpha = 8;
       for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+      cfg.model.lora.modules_to_save = llama ? llama_saved : bloom_saved;
       cfg.train.max_steps = 6;
       cfg.train.lr = 3e-2;  // the first Adam steps on B = 0 move every element by ~lr: enough to learn in 6 steps
       return cfg;
     };
-    const std::string arch = llama ? "llama" : "bloom";
+    const std::string arch = (llama ? "llama" : "bloom") + tag;
     std::vector<double> single(7, 0.0), untrained(7, 0.0);
     if (world_rank() == 0) {
       const TrainResult r = train(config(ShardingStrategy::NoShard, arch + "_lora_reference"), MPI_COMM_SELF, quiet());
@@ -317,14 +321,25 @@ BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) {
         BOOST_TEST_REQUIRE(r.step_losses.size() == 6u);
         for (int i = 0; i < 6; ++i) BOOST_TEST(r.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
         BOOST_TEST(r.eval_losses.at(0) == single[6], boost::test_tools::tolerance(1e-4));
-        // Master and moments only for the adapters: a few thousand values, not the model's.
-        const size_t adapters = [&] {
-          size_t n = 0;
-          for (const UnitLayout& u : lora_layout(config(s, "").model)) n += u.numel;
-          return n;
-        }();
-        BOOST_TEST(r.optimizer_bytes <= 2 * adapters * sizeof(float));
+        // Master and moments only for the adapters and the saved modules (lora_layout, root included):
+        // a few thousand values, not the model's.
+        const std::vector<UnitLayout> trained = lora_layout(config(s, "").model);
+        size_t n = 0;
+        for (const UnitLayout& u : trained) n += u.numel;
+        BOOST_TEST(r.optimizer_bytes <= 2 * n * sizeof(float));
+        BOOST_TEST(r.optimizer_bytes >= 2 * n * sizeof(float) / static_cast<size_t>(world_size()));
+        BOOST_TEST(trained.front().tensors.size() == (llama ? llama_saved.size() : 2 * bloom_saved.size()));
       }
     }
   }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) { check_lora_strategies({}, {}, ""); }
+
+// lora.modules_to_save: Llama's embedding, final norm and head (untied here), BLOOM's two LayerNorms
+// (its head is tied), trained whole in the root beside the adapters.
+BOOST_AUTO_TEST_CASE(lora_with_saved_modules_matches_one_rank_on_every_strategy) {
+  check_lora_strategies({"word_embeddings_layernorm", "ln_f"}, {"embed_tokens", "model.norm", "lm_head"}, "_saved");
 }

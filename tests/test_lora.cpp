@@ -168,13 +168,15 @@ TinyModel merged(const Adapted& a) {
   return m;
 }
 
-// The adapted model's hidden states h_0 .. h_L on b.
-std::vector<std::vector<float>> adapted_forward(CpuModel& net, const Adapted& a, const Batch& b) {
+// The adapted model's hidden states h_0 .. h_L on b, the root's parameters `root` (the base's own root
+// by default; split as lora.modules_to_save trains it otherwise).
+std::vector<std::vector<float>> adapted_forward(CpuModel& net, const Adapted& a, const Batch& b, CpuParams root = {}) {
   const TinyModel& m = a.base;
+  if (!root.base && !root.adapter) root = m.params[0].data();  // (a root saved whole has no frozen part: base null)
   const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
   const int L = m.cfg.num_layers;
   std::vector<std::vector<float>> hidden(L + 1, std::vector<float>(n));
-  net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, hidden[0].data());
+  net.embed_forward(root, b.tokens.data(), b.batch, b.seq, hidden[0].data());
   for (int l = 0; l < L; ++l)
     net.block_forward(l, {m.params[1 + l].data(), a.adapters[1 + l].data()}, hidden[l].data(), hidden[l + 1].data(),
                       b.batch, b.seq);
@@ -190,27 +192,39 @@ double adapted_loss(CpuModel& net, const Adapted& a, const Batch& b) {
 }
 
 // Forward and backward of the adapted model with the base frozen: the loss, d/dh0, and the
-// adapters' gradients per unit.
+// adapters' gradients per unit. `root` and `droot` are the root's parameters and gradients (the base's
+// own root, frozen, by default; split as lora.modules_to_save trains it otherwise).
 double adapted_grads(CpuModel& net, const Adapted& a, const Batch& b, std::vector<float>* dh0,
-                     std::vector<std::vector<float>>* grads) {
+                     std::vector<std::vector<float>>* grads, CpuParams root = {}, UnitGrads droot = {}) {
   const TinyModel& m = a.base;
+  if (!root.base && !root.adapter) root = m.params[0].data();
   const size_t n = static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size;
   const int L = m.cfg.num_layers;
-  std::vector<std::vector<float>> hidden = adapted_forward(net, a, b);
+  std::vector<std::vector<float>> hidden = adapted_forward(net, a, b, root);
   grads->clear();
   for (const std::vector<float>& p : a.adapters) grads->emplace_back(p.size(), 0.0f);
   std::vector<float> dh(n), dh_prev(n);
   int64_t count = 0;
-  const double loss = net.head_loss(m.params[0].data(), hidden[L].data(), b.targets.data(), b.batch, b.seq, &count,
-                                    1.0f, dh.data(), nullptr);
+  const double loss = net.head_loss(root, hidden[L].data(), b.targets.data(), b.batch, b.seq, &count, 1.0f, dh.data(),
+                                    droot);
   for (int l = L - 1; l >= 0; --l) {
     net.block_backward(l, {m.params[1 + l].data(), a.adapters[1 + l].data()}, dh.data(), dh_prev.data(),
                        UnitGrads{nullptr, (*grads)[1 + l].data()}, b.batch, b.seq);
     dh.swap(dh_prev);
   }
   *dh0 = dh;
-  net.embed_backward(m.params[0].data(), b.tokens.data(), dh.data(), nullptr, b.batch, b.seq);  // frozen: nothing
+  net.embed_backward(root, b.tokens.data(), dh.data(), droot, b.batch, b.seq);  // frozen: nothing
   return loss;
+}
+
+// The root of `m` as a LoRA run of cfg holds it: the frozen rest (lora_frozen_layout) and the modules of
+// lora.modules_to_save (lora_layout's root), each tensor copied by name.
+std::vector<float> root_part(const TinyModel& m, const UnitLayout& as) {
+  std::vector<float> out(as.numel);
+  for (const TensorSpec& t : as.tensors)
+    for (const TensorSpec& w : m.layout[0].tensors)
+      if (w.name == t.name) std::copy_n(m.params[0].begin() + w.offset, t.numel, out.begin() + t.offset);
+  return out;
 }
 
 void check_against_merged(const ModelConfig& shape) {
@@ -551,4 +565,130 @@ BOOST_AUTO_TEST_CASE(dropout_refuses_sizes_its_masks_cannot_address) {
   BOOST_CHECK_NO_THROW(model_detail::check_lora_dropout_sizes(cfg, 1 << 20, 1 << 22));
   cfg.lora.dropout = 0;
   BOOST_CHECK_NO_THROW(model_detail::check_lora_dropout_sizes(cfg, 1 << 21, 1));
+}
+
+// ---- modules_to_save: whole root modules trained beside the adapters --------------------------
+
+namespace {
+
+ModelConfig with_saved(ModelConfig cfg, std::vector<std::string> saved) {
+  cfg.lora.modules_to_save = std::move(saved);
+  return cfg;
+}
+
+}  // namespace
+
+// The saved modules leave the root's layout for the trainable one, in its order, drawing the initial
+// values they have in the whole model; the frozen rest keeps its order.
+BOOST_AUTO_TEST_CASE(saved_modules_split_the_root) {
+  const ModelConfig cfg = with_saved(with_lora(tiny_llama(), {"q_proj"}), {"lm_head", "model.norm"});
+  const UnitLayout saved = lora_layout(cfg)[0], frozen = lora_frozen_layout(cfg)[0], whole = model_layout(cfg)[0];
+  BOOST_TEST((names_of(saved) == std::vector<std::string>{"norm.weight", "lm_head.weight"}));
+  BOOST_TEST((names_of(frozen) == std::vector<std::string>{"embed_tokens.weight"}));
+  BOOST_TEST(saved.numel + frozen.numel == whole.numel);
+  BOOST_TEST(saved.tensors[1].offset == saved.tensors[0].numel);
+  BOOST_TEST(!saved.tensors[0].decay);  // a norm: no weight decay, as in full fine-tuning
+  BOOST_TEST(saved.tensors[1].decay);
+  // The blocks keep their adapters, and the base its blocks.
+  BOOST_TEST(lora_layout(cfg)[1].tensors.size() == 2u);
+  BOOST_TEST(lora_frozen_layout(cfg)[1].numel == model_layout(cfg)[1].numel);
+  std::vector<float> w(whole.numel), s(saved.numel), f(frozen.numel);
+  init_unit_slice(whole, 0, 9, 0, w.size(), w.data());
+  init_unit_slice(saved, 0, 9, 0, s.size(), s.data());
+  init_unit_slice(frozen, 0, 9, 0, f.size(), f.data());
+  for (const UnitLayout* part : {&saved, &frozen})
+    for (const TensorSpec& t : part->tensors) {
+      const TensorSpec& in_whole = find_tensor(whole, t.name);
+      const float* got = (part == &saved ? s.data() : f.data()) + t.offset;
+      BOOST_TEST(std::equal(got, got + t.numel, w.data() + in_whole.offset), t.name);
+    }
+  // Without modules_to_save the base is whole and the trainable root empty.
+  const ModelConfig plain = with_lora(tiny_llama(), {"q_proj"});
+  BOOST_TEST(lora_layout(plain)[0].tensors.empty());
+  BOOST_TEST(lora_frozen_layout(plain)[0].numel == whole.numel);
+}
+
+namespace {
+
+// The adapted model (adapters on every module) with `saved` trained whole: its loss, input gradient and
+// the saved modules' gradients against a full fine-tune of the merged model (W + scale B A, no LoRA) on
+// the same batch and weights, which computes every gradient; the frozen part of the root forms none
+// (its gradient buffer is null: the model would crash writing it).
+void check_saved_against_full_fine_tune(const ModelConfig& shape, const std::vector<std::string>& saved) {
+  const Adapted a = adapted_model(with_saved(shape, saved), 3, 17);
+  const ModelConfig& cfg = a.base.cfg;
+  const TinyModel m = merged(a);
+  std::mt19937 rng(6);
+  const Batch b = make_batch(2, 7, shape.vocab_size, 0.2, rng);
+  auto lora_net = make_cpu_model(cfg, 2, 7);
+  auto full_net = make_cpu_model(m.cfg, 2, 7);
+
+  const UnitLayout saved_root = lora_layout(cfg)[0], frozen_root = lora_frozen_layout(cfg)[0];
+  BOOST_TEST_REQUIRE(!saved_root.tensors.empty());
+  const std::vector<float> frozen = root_part(a.base, frozen_root), trained = root_part(a.base, saved_root);
+  std::vector<float> dtrained(trained.size(), 0.0f), dh0;
+  std::vector<std::vector<float>> dadapters;
+  const double loss = adapted_grads(*lora_net, a, b, &dh0, &dadapters, {frozen.data(), trained.data()},
+                                    UnitGrads{nullptr, dtrained.data()});
+  std::vector<float> dh0_full;
+  double loss_full = 0;
+  const std::vector<std::vector<float>> dfull = model_grads(*full_net, m, b, 1.0f, &dh0_full, &loss_full);
+  BOOST_TEST(loss == loss_full, boost::test_tools::tolerance(1e-5));
+  BOOST_TEST(max_relative_error(dh0, std::vector<double>(dh0_full.begin(), dh0_full.end())) < 1e-4);
+  for (const TensorSpec& t : saved_root.tensors) {
+    const TensorSpec& w = find_tensor(m.layout[0], t.name);
+    const std::vector<float> got(dtrained.begin() + t.offset, dtrained.begin() + t.offset + t.numel);
+    const std::vector<double> want(dfull[0].begin() + w.offset, dfull[0].begin() + w.offset + w.numel);
+    BOOST_TEST_CONTEXT(t.name) {
+      BOOST_TEST(max_abs(got) > 0.0);
+      BOOST_TEST(max_relative_error(got, want) < 1e-4);
+    }
+  }
+}
+
+}  // namespace
+
+// lm_head alone (Llama, untied): its gradient is the full fine-tune's; the embeddings and the final norm
+// stay frozen (no gradient buffer), and the adapters still learn through the blocks.
+BOOST_AUTO_TEST_CASE(a_saved_head_gets_the_full_fine_tune_gradient) {
+  check_saved_against_full_fine_tune(tiny_llama(), {"lm_head"});
+}
+
+BOOST_AUTO_TEST_CASE(every_savable_module_gets_the_full_fine_tune_gradient) {
+  check_saved_against_full_fine_tune(tiny_llama(), {"model.norm"});
+  check_saved_against_full_fine_tune(tiny_llama(), {"embed_tokens", "model.norm", "lm_head"});
+  check_saved_against_full_fine_tune(tiny_qwen2(), {"model.norm"});  // tied: only the final norm
+  // BLOOM: the embedding's LayerNorm under a frozen table, and the final LayerNorm.
+  check_saved_against_full_fine_tune(tiny_bloom(), {"word_embeddings_layernorm"});
+  check_saved_against_full_fine_tune(tiny_bloom(), {"word_embeddings_layernorm", "ln_f"});
+}
+
+// A saved norm's gradient against central differences of the adapted model's loss.
+BOOST_AUTO_TEST_CASE(saved_norms_against_finite_differences) {
+  for (const auto& [shape, saved] : std::vector<std::pair<ModelConfig, std::vector<std::string>>>{
+           {tiny_llama(), {"model.norm"}}, {tiny_bloom(), {"word_embeddings_layernorm", "ln_f"}}}) {
+    const Adapted a = adapted_model(with_saved(shape, saved), 2, 23);
+    const ModelConfig& cfg = a.base.cfg;
+    std::mt19937 rng(8);
+    const Batch b = make_batch(2, 5, shape.vocab_size, 0.3, rng);
+    auto net = make_cpu_model(cfg, 2, 5);
+    const std::vector<float> frozen = root_part(a.base, lora_frozen_layout(cfg)[0]);
+    std::vector<float> trained = root_part(a.base, lora_layout(cfg)[0]);
+    std::vector<float> dtrained(trained.size(), 0.0f), dh0;
+    std::vector<std::vector<float>> dadapters;
+    adapted_grads(*net, a, b, &dh0, &dadapters, {frozen.data(), trained.data()}, UnitGrads{nullptr, dtrained.data()});
+    const auto loss = [&] {
+      std::vector<float> unused;
+      std::vector<std::vector<float>> grads;
+      std::vector<float> scratch(trained.size(), 0.0f);
+      return adapted_grads(*net, a, b, &unused, &grads, {frozen.data(), trained.data()},
+                           UnitGrads{nullptr, scratch.data()});
+    };
+    std::vector<double> numeric, analytic;
+    for (size_t i = 0; i < trained.size(); ++i) {
+      numeric.push_back(central_difference(trained[i], kStep, loss));
+      analytic.push_back(dtrained[i]);
+    }
+    BOOST_TEST_CONTEXT(shape.arch) { BOOST_TEST(gradient_error(numeric, analytic) < kGradTolerance); }
+  }
 }

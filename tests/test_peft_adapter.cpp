@@ -91,7 +91,7 @@ void check_equal(const PeftAdapter& read, const std::vector<AdapterTensor>& writ
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(the_tensors_of_an_adapter) {
-  const ModelConfig cfg = with_lora(tiny_llama(), {"v_proj", "q_proj"}, {"lm_head", "embed_tokens"});
+  const ModelConfig cfg = with_lora(tiny_llama(), {"v_proj", "q_proj"}, {"lm_head", "model.norm", "embed_tokens"});
   std::vector<std::string> names;
   for (const TensorSpec& t : peft_adapter_tensors(cfg)) names.push_back(t.name);
   const std::vector<std::string> want = {
@@ -99,13 +99,51 @@ BOOST_AUTO_TEST_CASE(the_tensors_of_an_adapter) {
       "layers.0.self_attn.v_proj.lora_A.weight", "layers.0.self_attn.v_proj.lora_B.weight",
       "layers.1.self_attn.q_proj.lora_A.weight", "layers.1.self_attn.q_proj.lora_B.weight",
       "layers.1.self_attn.v_proj.lora_A.weight", "layers.1.self_attn.v_proj.lora_B.weight",
-      "lm_head.weight",                          "embed_tokens.weight"};
+      "embed_tokens.weight",                     "norm.weight",
+      "lm_head.weight"};  // the saved modules in the root's order
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST((peft_adapter_tensors(cfg).back().shape == std::vector<int64_t>{37, 32}));
-  // BLOOM's embedding is named word_embeddings; its LayerNorm beside it is not part of it.
-  const ModelConfig bloom = with_lora(tiny_bloom(), {"dense"}, {"word_embeddings"});
-  BOOST_TEST(peft_adapter_tensors(bloom).back().name == "word_embeddings.weight");
-  BOOST_TEST(peft_adapter_tensors(bloom).size() == 2u * 2 + 1);
+  BOOST_TEST(peft_tensor_name(cfg, "norm.weight") == "base_model.model.model.norm.weight");
+  BOOST_TEST(peft_tensor_name(cfg, "lm_head.weight") == "base_model.model.lm_head.weight");
+  // BLOOM's LayerNorms: weight and bias each, under transformer.
+  const ModelConfig bloom = with_lora(tiny_bloom(), {"dense"}, {"word_embeddings_layernorm", "ln_f"});
+  std::vector<std::string> bloom_names;
+  for (const TensorSpec& t : peft_adapter_tensors(bloom)) bloom_names.push_back(peft_tensor_name(bloom, t.name));
+  BOOST_TEST_REQUIRE(bloom_names.size() == 2u * 2 + 4);
+  const std::vector<std::string> bloom_saved(bloom_names.end() - 4, bloom_names.end());
+  BOOST_TEST((bloom_saved == std::vector<std::string>{"base_model.model.transformer.word_embeddings_layernorm.weight",
+                                                      "base_model.model.transformer.word_embeddings_layernorm.bias",
+                                                      "base_model.model.transformer.ln_f.weight",
+                                                      "base_model.model.transformer.ln_f.bias"}),
+             boost::test_tools::per_element());
+}
+
+// The root modules modules_to_save may name, by the shortest end of their path that PEFT's rule
+// (a plain string suffix) matches to them alone.
+BOOST_AUTO_TEST_CASE(savable_modules_and_peft_matching) {
+  auto names = [](const ModelConfig& cfg) {
+    std::vector<std::string> n;
+    for (const SavableModule& m : lora_savable_modules(cfg)) n.push_back(m.name + "=" + m.path);
+    return n;
+  };
+  BOOST_TEST((names(tiny_llama()) ==
+              std::vector<std::string>{"embed_tokens=model.embed_tokens", "model.norm=model.norm", "lm_head=lm_head"}),
+             boost::test_tools::per_element());
+  // A tied head: neither the head nor its embedding.
+  BOOST_TEST((names(tiny_qwen2()) == std::vector<std::string>{"model.norm=model.norm"}));
+  BOOST_TEST((names(tiny_bloom()) == std::vector<std::string>{
+                                         "word_embeddings_layernorm=transformer.word_embeddings_layernorm",
+                                         "ln_f=transformer.ln_f"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(peft_saves("model.layers.3.input_layernorm", "norm"));
+  BOOST_TEST(peft_saves("model.norm", "norm"));
+  BOOST_TEST(peft_saves("model.norm", "model.norm"));
+  BOOST_TEST(!peft_saves("model.layers.3.input_layernorm", "model.norm"));
+  BOOST_TEST(peft_saves("lm_head", "head"));  // a string's end, not a component's
+  BOOST_TEST(!peft_saves("lm_head", ""));
+  const std::vector<std::string> paths = hf_module_paths(tiny_qwen2());
+  BOOST_TEST(std::count(paths.begin(), paths.end(), "lm_head") == 1);  // the tied head is a module of its own
+  BOOST_TEST(std::count(paths.begin(), paths.end(), "model.layers.1.mlp") == 1);
 }
 
 BOOST_AUTO_TEST_CASE(adapter_config_json_as_peft_writes_it) {
@@ -157,18 +195,18 @@ BOOST_AUTO_TEST_CASE(adapter_config_json_as_peft_writes_it) {
   BOOST_TEST(k.at("use_rslora") == true);
   BOOST_TEST((k.at("modules_to_save").get<std::vector<std::string>>() == std::vector<std::string>{"lm_head"}));
   BOOST_TEST(k.at("base_model_name_or_path").is_null());
-  // A tied head trained through the embedding: PEFT must keep the two one matrix.
-  const ModelConfig qwen = with_lora(tiny_qwen2(), {"q_proj"}, {"embed_tokens"});
-  BOOST_TEST(Json::parse(peft_adapter_config_json(qwen, "")).at("ensure_weight_tying") == true);
+  // No tied module is ever trained: ensure_weight_tying has nothing to tie.
+  const ModelConfig qwen = with_lora(tiny_qwen2(), {"q_proj"}, {"model.norm"});
+  BOOST_TEST(Json::parse(peft_adapter_config_json(qwen, "")).at("ensure_weight_tying") == false);
 
   BOOST_TEST(contains(error_of([&] { peft_adapter_config_json(tiny_llama(), ""); }), "LoRA is off"));
 }
 
 BOOST_AUTO_TEST_CASE(write_then_read_back_equal) {
   TempDir tmp{"peft"};
-  for (const ModelConfig& cfg : {with_lora(tiny_llama(), kLlamaLinear, {"embed_tokens", "lm_head"}),
+  for (const ModelConfig& cfg : {with_lora(tiny_llama(), kLlamaLinear, {"embed_tokens", "model.norm", "lm_head"}),
                                  with_lora(tiny_bloom(), {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
-                                           {"word_embeddings"}, 2),
+                                           {"word_embeddings_layernorm", "ln_f"}, 2),
                                  with_lora(tiny_qwen2(), {"v_proj", "o_proj"}, {}, 3)}) {
     BOOST_TEST_CONTEXT(cfg.arch) {
       const std::string dir = (tmp.root / cfg.arch / "adapter").string();
@@ -188,7 +226,7 @@ BOOST_AUTO_TEST_CASE(write_then_read_back_equal) {
       if (cfg.arch == "llama")
         BOOST_TEST(file.tensors()[0].name == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
       if (cfg.arch == "bloom")
-        BOOST_TEST(file.tensors().back().name == "base_model.model.transformer.word_embeddings.weight");
+        BOOST_TEST(file.tensors().back().name == "base_model.model.transformer.ln_f.bias");
 
       const PeftAdapter read = read_peft_adapter(dir, cfg);
       BOOST_TEST(read.lora.r == cfg.lora.r);
@@ -328,34 +366,44 @@ BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
       {[](Json& j) { j["use_rslora"] = "yes"; }, "use_rslora = \"yes\": must be true or false"},
       {[](Json& j) { j["init_lora_weights"] = "pissa"; }, "init_lora_weights = \"pissa\": not supported"},
       {[](Json& j) { j["modules_to_save"] = {"score"}; },
-       "modules_to_save: 'score' is not a module of llama that can be trained whole: must be embed_tokens or lm_head"},
+       "modules_to_save: 'score' is not a module of llama that can be trained whole: must be embed_tokens, "
+       "model.norm or lm_head"},
+      // PEFT's "norm" is every norm, the blocks' too: shardlm trains whole only the root's modules.
+      {[](Json& j) { j["modules_to_save"] = {"norm"}; },
+       "A/adapter_config.json: modules_to_save: 'norm' selects model.layers.0.input_layernorm and 3 more module(s)"},
   };
   for (const auto& [edit, message] : cases) {
     const std::string m = refusal(edit, llama);
     BOOST_TEST(contains(m, message), "'" << message << "' not in: " << m);
   }
-  // A tied head: lm_head is no module of its own; the embedding needs PEFT told to keep the tie.
+  // A tied head and its embedding are one matrix, which PEFT trains as two: refused whatever
+  // ensure_weight_tying says; a tied model's final norm is fine, and ensure_weight_tying changes nothing.
   const ModelConfig qwen = tiny_qwen2();
-  BOOST_TEST(contains(refusal([](Json& j) { j["modules_to_save"] = {"lm_head"}; }, qwen),
-                      "modules_to_save: this qwen2 model's LM head is tied to its embedding matrix"));
-  BOOST_TEST(contains(refusal([](Json& j) { j["modules_to_save"] = {"embed_tokens"}; }, qwen),
-                      "ensure_weight_tying = false: must be true"));
-  BOOST_TEST(peft_adapter_config_from_json(fixture_with([](Json& j) {
-                                             j["modules_to_save"] = {"embed_tokens"};
-                                             j["ensure_weight_tying"] = true;
-                                           }),
-                                           "A", qwen)
-                 .lora.modules_to_save.size() == 1u);
+  for (const char* tied : {"lm_head", "embed_tokens", "model.embed_tokens"})
+    for (const bool tie : {false, true})
+      BOOST_TEST(contains(refusal([&](Json& j) {
+                                    j["modules_to_save"] = {tied};
+                                    j["ensure_weight_tying"] = tie;
+                                  },
+                                  qwen),
+                          "but this qwen2 model's LM head is tied to its embedding (one matrix)"),
+                 tied << " " << tie);
+  BOOST_TEST((peft_adapter_config_from_json(fixture_with([](Json& j) {
+                                              j["modules_to_save"] = {"model.norm"};
+                                              j["ensure_weight_tying"] = true;
+                                            }),
+                                            "A", qwen)
+                  .lora.modules_to_save == std::vector<std::string>{"model.norm"}));
   // PEFT's other spellings of the same modules: a path's end, whole paths of every layer (as PEFT
   // saves all-linear), a path for modules_to_save.
   const PeftAdapterConfig paths = peft_adapter_config_from_json(fixture_with([](Json& j) {
                                     j["target_modules"] = {"self_attn.v_proj", "model.layers.0.mlp.down_proj",
                                                            "model.layers.1.mlp.down_proj"};
-                                    j["modules_to_save"] = {"model.embed_tokens", "lm_head"};
+                                    j["modules_to_save"] = {"lm_head", "model.embed_tokens", "model.norm"};
                                   }),
                                   "A", llama);
   BOOST_TEST((paths.lora.target_modules == std::vector<std::string>{"v_proj", "down_proj"}));
-  BOOST_TEST((paths.lora.modules_to_save == std::vector<std::string>{"embed_tokens", "lm_head"}));
+  BOOST_TEST((paths.lora.modules_to_save == std::vector<std::string>{"embed_tokens", "model.norm", "lm_head"}));
   // Keys that are off, known or not, and keys that change nothing computed, are accepted.
   BOOST_TEST(peft_adapter_config_from_json(fixture_with([](Json& j) {
                                              j["a_future_flag"] = false;

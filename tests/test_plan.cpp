@@ -179,6 +179,35 @@ BOOST_AUTO_TEST_CASE(llama_cuda_plan_counts_what_llama_cuda_allocates) {
              shardlm::plan_rank_memory(tied).record.grad_shard + 300 * 32 * 4);
 }
 
+// LoRA with lora.modules_to_save: the saved module (the LM head here) moves from the frozen base, held
+// in the compute dtype only, to what is trained, with its fp32 master, gradient and AdamW moments.
+BOOST_AUTO_TEST_CASE(lora_plan_counts_the_saved_modules_as_trained) {
+  shardlm::MemoryPlanSpec s;
+  s.model.attention = shardlm::AttentionImpl::Native;
+  s.model.arch = "llama";
+  s.model.vocab_size = 300, s.model.hidden_size = 32, s.model.num_layers = 2, s.model.num_heads = 4;
+  s.model.num_kv_heads = 2;
+  s.model.lora.r = 4;
+  s.model.lora.target_modules = {"q_proj", "v_proj"};
+  s.backend = shardlm::BackendKind::Cuda;
+  s.fsdp.param_dtype = shardlm::DType::BF16;
+  s.micro_batch = 1, s.max_seq = 16;
+  s.world_size = 2;
+  shardlm::MemoryPlanSpec saved = s;
+  saved.model.lora.modules_to_save = {"lm_head"};
+  const shardlm::RankMemoryPlan a = shardlm::plan_rank_memory(s), b = shardlm::plan_rank_memory(saved);
+  const size_t head = 300 * 32, slice = head / 2;  // FULL_SHARD over 2 ranks
+  BOOST_TEST(b.record.model_params == a.record.model_params);
+  BOOST_TEST(b.record.trainable_params == a.record.trainable_params + head);
+  BOOST_TEST(b.record.grad_shard == a.record.grad_shard + slice * 4);
+  BOOST_TEST(b.optimizer == a.optimizer + 2 * slice * 4);
+  // Master: + the fp32 slice, - the bf16 frozen slice it leaves.
+  BOOST_TEST(b.record.master_shard == a.record.master_shard + slice * 4 - slice * 2);
+  // The root's gathered buffers: the trainable one in bf16 (and its fp32 gradient) beside a smaller frozen one.
+  BOOST_TEST(b.record.full_params == a.record.full_params + head * 2 - head * 2);
+  BOOST_TEST(b.record.full_grads == a.record.full_grads + head * 4);
+}
+
 // The Llama decks plan on the CUDA backend they are written for, from their model's config.json.
 BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   struct Deck {

@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE test_resume
 #include "mpi_fixture.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -361,4 +363,140 @@ BOOST_AUTO_TEST_CASE(lora_dropout_trains_and_resumes_exactly) {
   BOOST_TEST(resumed.first_step == 4);
   BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
   for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i], "step " << 5 + i);
+}
+
+// ---- LoRA with modules_to_save: the saved root modules in the checkpoints and adapters -----------
+
+namespace {
+
+// Llama (untied head) with LoRA on every linear layer and its final norm and head trained whole.
+RunConfig saved_config(const std::string& name) {
+  RunConfig cfg = lora_config(name);
+  cfg.model.arch = "llama";
+  cfg.model.num_kv_heads = 2;
+  cfg.model.intermediate_size = 48;
+  cfg.model.lora.target_modules.clear();
+  for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+  cfg.model.lora.modules_to_save = {"model.norm", "lm_head"};
+  return cfg;
+}
+
+const TrainResult& saved_uninterrupted() {
+  static TrainResult r = [] {
+    RunConfig cfg = saved_config("saved_full");
+    cfg.checkpoint.every = 4;
+    return train(cfg, MPI_COMM_WORLD, quiet());
+  }();
+  return r;
+}
+
+std::string saved_step4() { return scratch("saved_full") + "/checkpoints/ckpt-00000004.h5"; }
+
+}  // namespace
+
+// The checkpoint holds the adapters and the saved modules with their AdamW state (the root unit's
+// vectors), and resumes exactly on the same world and, resharded, on one rank.
+BOOST_AUTO_TEST_CASE(saved_modules_are_checkpointed_and_resume_exactly) {
+  const TrainResult& full = saved_uninterrupted();
+  BOOST_TEST_REQUIRE(full.step_losses.size() == 8u);
+  CheckpointReader reader(saved_step4());
+  std::vector<std::string> root;
+  for (const CheckpointTensor& t : reader.tensors())
+    if (t.unit == "root") root.push_back(t.name);
+  BOOST_TEST((root == std::vector<std::string>{"norm.weight", "lm_head.weight"}));
+  BOOST_TEST_REQUIRE(!reader.unit_states().empty());
+  BOOST_TEST(reader.unit_states().front().unit == "root");
+  BOOST_TEST(reader.unit_states().front().optimizer.size() >= 2u);  // AdamW's two moments beside the param
+  // The saved modules moved: the trained head is no longer the base's (the base is the seeded one).
+  const CheckpointTensor& head = *std::find_if(reader.tensors().begin(), reader.tensors().end(),
+                                               [](const CheckpointTensor& t) { return t.name == "lm_head.weight"; });
+  const std::vector<float> trained = reader.read(head);
+  const UnitLayout whole = model_layout(saved_config("x").model)[0];
+  std::vector<float> seeded(whole.numel);
+  init_unit_slice(whole, 0, saved_config("x").train.seed, 0, whole.numel, seeded.data());
+  const TensorSpec& base_head = whole.tensors.back();
+  BOOST_TEST_REQUIRE(base_head.name == "lm_head.weight");
+  double moved = 0;
+  for (size_t i = 0; i < trained.size(); ++i) moved = std::max(moved, double(std::fabs(trained[i] - seeded[base_head.offset + i])));
+  BOOST_TEST(moved > 1e-3);
+
+  RunConfig cfg = saved_config("saved_resumed");
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = saved_step4();
+  const TrainResult resumed = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(resumed.first_step == 4);
+  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
+  for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i]);
+
+  // Resharded onto one rank, NO_SHARD: the same losses to rounding.
+  RunConfig one = saved_config("saved_one_rank");
+  one.fsdp.strategy = ShardingStrategy::NoShard;
+  one.checkpoint.resume = ResumeFrom::Path;
+  one.checkpoint.resume_path = saved_step4();
+  std::vector<double> losses(4, 0.0);
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &sub);
+  if (sub != MPI_COMM_NULL) {
+    const TrainResult r = train(one, sub, quiet());
+    if (r.step_losses.size() == 4u) losses = r.step_losses;
+    MPI_Comm_free(&sub);
+  }
+  MPI_Bcast(losses.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  for (int i = 0; i < 4; ++i) BOOST_TEST(losses[i] == full.step_losses[4 + i], boost::test_tools::tolerance(1e-5));
+}
+
+// Resume refuses a checkpoint trained with other modules_to_save (or none).
+BOOST_AUTO_TEST_CASE(resume_refuses_other_saved_modules) {
+  saved_uninterrupted();
+  for (const std::vector<std::string>& other :
+       {std::vector<std::string>{"lm_head"}, std::vector<std::string>{}}) {
+    RunConfig cfg = saved_config("saved_other");
+    cfg.model.lora.modules_to_save = other;
+    cfg.checkpoint.resume = ResumeFrom::Path;
+    cfg.checkpoint.resume_path = saved_step4();
+    std::string e;
+    try {
+      train(cfg, MPI_COMM_WORLD, quiet());
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    BOOST_TEST(contains(e, "lora.modules_to_save = '"), e);
+    BOOST_TEST(contains(e, "(modules_to_save = 'model.norm,lm_head')"), e);
+  }
+}
+
+// RUN_DIR/adapter holds the saved modules under PEFT's names; a run from it (model.adapter) starts
+// where the run ended, as a run from the last checkpoint's weights does.
+BOOST_AUTO_TEST_CASE(saved_modules_go_to_the_adapter_and_come_back) {
+  const TrainResult& full = saved_uninterrupted();
+  BOOST_TEST_REQUIRE(full.step_losses.size() == 8u);
+  const std::string adapter = scratch("saved_full") + "/adapter";
+  const PeftAdapter read = read_peft_adapter(adapter, saved_config("x").model);
+  BOOST_TEST((read.lora.modules_to_save == std::vector<std::string>{"model.norm", "lm_head"}));
+  BOOST_TEST(read.tensors.count("lm_head.weight") == 1u);
+  BOOST_TEST(read.tensors.count("norm.weight") == 1u);
+  std::vector<std::string> names;
+  for (const SafetensorsEntry& e : read_safetensors(adapter + "/adapter_model.safetensors")) names.push_back(e.name);
+  BOOST_TEST(std::count(names.begin(), names.end(), "base_model.model.lm_head.weight") == 1);
+  BOOST_TEST(std::count(names.begin(), names.end(), "base_model.model.model.norm.weight") == 1);
+  // The file's head is the checkpoint's.
+  CheckpointReader reader(scratch("saved_full") + "/checkpoints/ckpt-00000008.h5");
+  for (const CheckpointTensor& t : reader.tensors())
+    if (t.name == "lm_head.weight") BOOST_TEST((reader.read(t) == read.tensors.at("lm_head.weight").values));
+
+  RunConfig from_adapter = saved_config("saved_from_adapter");
+  from_adapter.model.adapter = adapter;
+  from_adapter.train.lr = 0;
+  from_adapter.train.max_steps = 2;
+  RunConfig from_weights = saved_config("saved_from_weights");
+  from_weights.checkpoint.resume = ResumeFrom::Path;
+  from_weights.checkpoint.resume_path = scratch("saved_full") + "/checkpoints/ckpt-00000008.h5";
+  from_weights.checkpoint.load_weights_only = true;
+  from_weights.train.lr = 0;
+  from_weights.train.max_steps = 2;
+  const TrainResult a = train(from_adapter, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(from_weights, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
+  for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
 }

@@ -163,16 +163,16 @@ size_t edit_distance(const std::string& a, const std::string& b);
 
 // ---- LoRA against the model's family (src/config/lora.cpp) ----------------------------------
 
-// The modules lora.modules_to_save may name for this model, in its layout's order: its embedding
-// ("embed_tokens", BLOOM's "word_embeddings") and, when the head is not tied to it, "lm_head".
-std::vector<std::string> lora_savable_modules(const ModelConfig& cfg);
 // `names` (lora.target_modules as written; "all-linear" = every linear module) as the family's
 // module names in its order, repeats removed. Error "WHERE: ..." listing the valid names for a name
 // the family does not have.
 std::vector<std::string> resolve_lora_targets(const ModelConfig& cfg, const std::vector<std::string>& names,
                                               const std::string& where);
-// The same for lora.modules_to_save (lora_savable_modules' names; lm_head of a tied head is refused
-// saying why).
+// lora.modules_to_save (or an adapter_config.json's) as PEFT reads it: each entry selects every module
+// whose path ends with it (peft_saves), and must select root modules that shardlm trains whole
+// (lora_savable_modules) and nothing else; the result is their names (SavableModule::name), in layout
+// order. Error "WHERE: ..." saying why otherwise (a module of the blocks, a tied embedding or head, no
+// module at all) and listing the valid names.
 std::vector<std::string> resolve_lora_saved_modules(const ModelConfig& cfg, const std::vector<std::string>& names,
                                                     const std::string& where);
 // The first of r, alpha, target_modules, modules_to_save and use_rslora on which `run` (the deck's

@@ -99,7 +99,8 @@ struct FsdpBufferPlan {
 constexpr size_t kOffloadChunk = size_t(1) << 22;
 
 // What the engine trains and what it holds frozen: without LoRA the model's layout and nothing; with
-// LoRA the adapters (lora_layout) and the base weights (model_layout), unit for unit.
+// LoRA the adapters and the saved root modules (lora_layout) and the rest of the base weights
+// (lora_frozen_layout), unit for unit.
 struct EngineLayouts {
   std::vector<UnitLayout> trainable, frozen;
 };

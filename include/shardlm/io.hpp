@@ -229,6 +229,9 @@ class HfModelDir {
   // Elements [begin, end) of unit `unit`'s flat vector (layout of config()), converted to fp32:
   // only the bytes of that range are read. Padding past the unit's end reads as 0.
   void read_unit_slice(size_t unit, size_t begin, size_t end, float* out);
+  // The same for a flat vector laid out as `as`, tensors of unit `unit` by name (LoRA's split root:
+  // lora_frozen_layout's, or lora_layout's saved modules); Error naming a tensor the unit lacks.
+  void read_unit_slice(size_t unit, const UnitLayout& as, size_t begin, size_t end, float* out);
   const std::vector<UnitLayout>& layout() const { return layout_; }
   uint64_t bytes_read() const;
 
@@ -277,8 +280,8 @@ struct AdapterTensor {
   std::vector<float> values;  // fp32, row-major
 };
 
-// The tensors an adapter of cfg.lora holds, in file order: every unit's lora_layout tensors, then
-// the root tensors of the modules of lora.modules_to_save (whole, as PEFT saves them).
+// The tensors an adapter of cfg.lora holds, in file order: every block's lora_layout tensors, then
+// the root's (the modules of lora.modules_to_save, whole, as PEFT saves them).
 std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg);
 
 // Writes DIR/adapter_config.json (peft_adapter_config_json) and DIR/adapter_model.safetensors (fp32,

@@ -42,7 +42,9 @@ struct LoraConfig {
   double dropout = 0;  // of each adapted layer's input, in training forwards only (UnitModel::set_dropout)
   // The family's module names (LinearModule::name), in the family's order ("all-linear" expanded).
   std::vector<std::string> target_modules;
-  std::vector<std::string> modules_to_save;  // whole modules trained beside the adapters (PEFT's names)
+  // Whole modules of the root unit trained beside the adapters (PEFT's modules_to_save), by their
+  // SavableModule::name, in layout order.
+  std::vector<std::string> modules_to_save;
   bool use_rslora = false;                   // scale alpha / sqrt(r) instead of alpha / r
   LoraInit init = LoraInit::Kaiming;
 
@@ -100,6 +102,9 @@ struct TensorSpec {
   bool decay = true;  // AdamW weight decay applies (false for biases and norms)
   InitKind init = InitKind::Normal;
   float init_std = 0.02f;  // standard deviation of a Normal init (ModelConfig::init_std); a Uniform one's bound
+  // The element index its initial values are drawn at: its offset where it was first laid out, kept
+  // when LoRA moves it to another layout (lora_layout's saved modules), so it starts the same.
+  size_t init_offset = 0;
 };
 
 // An FSDP unit: unit 0 is the root (embeddings, final norm, the LM head when untied; BLOOM's
@@ -118,12 +123,32 @@ std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name);
 
 // The linear layers of one block of cfg.arch's family that LoRA can adapt, in the family's order.
 std::vector<LinearModule> linear_modules(const ModelConfig& cfg);
-// The adapters' layout, one unit per model_layout unit (the root empty): for each targeted module of
-// each block, in the family's order, "<block>.<path>.lora_A.weight" [r, in] (init as cfg.lora.init)
-// then "<block>.<path>.lora_B.weight" [out, r] (zeros). Every unit empty when LoRA is off.
+// What LoRA trains, one unit per model_layout unit: the root holds the tensors of the modules of
+// cfg.lora.modules_to_save (model_layout's root tensors, whole, in its order); each block, for each
+// targeted module in the family's order, "<block>.<path>.lora_A.weight" [r, in] (init as
+// cfg.lora.init) then "<block>.<path>.lora_B.weight" [out, r] (zeros). Every unit empty when LoRA is off.
 std::vector<UnitLayout> lora_layout(const ModelConfig& cfg);
+// What LoRA holds frozen: model_layout without lora_layout's root tensors (the rest keep their order).
+std::vector<UnitLayout> lora_frozen_layout(const ModelConfig& cfg);
 // PEFT's name of an adapter tensor in adapter_model.safetensors: "base_model.model." + hf_tensor_name.
 std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name);
+
+// A module lora.modules_to_save can train whole: one of the root unit's (the blocks' are not: see
+// docs/lora.md), the embedding when the LM head is not tied to it.
+struct SavableModule {
+  // How modules_to_save names it: the shortest end of its path that PEFT's rule (peft_saves) matches
+  // to it alone ("embed_tokens", "lm_head", "model.norm"; BLOOM "word_embeddings_layernorm", "ln_f").
+  std::string name;
+  std::string path;    // its Hugging Face module path ("model.norm")
+  std::string prefix;  // its tensors' names in the root's layout less ".weight" / ".bias" ("norm")
+};
+std::vector<SavableModule> lora_savable_modules(const ModelConfig& cfg);
+// Every module path of the Hugging Face model that holds parameters, and their parents ("model",
+// "model.layers.0", ...), as transformers' named_modules lists them (a tied LM head included).
+std::vector<std::string> hf_module_paths(const ModelConfig& cfg);
+// PEFT's modules_to_save rule (peft.utils.other._set_trainable): `entry` selects every module whose
+// path ends with it, as a string ("norm" selects "model.norm" and each block's "input_layernorm").
+bool peft_saves(const std::string& path, const std::string& entry);
 
 // Deterministic initial value of element `index` of unit `unit`'s flat parameter: the same on
 // every rank and every world size, so each rank fills only the slice it owns.
@@ -153,8 +178,9 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // ---- what the FSDP engine runs, on either backend ----
 
-// A unit's parameters as a model reads them: `base` in the layout of model_layout, `adapter` in that of
-// lora_layout (null without LoRA). A plain pointer converts to base-only parameters.
+// A unit's parameters as a model reads them: `base` in the layout of model_layout (with LoRA,
+// lora_frozen_layout), `adapter` in that of lora_layout (null without LoRA). A plain pointer converts
+// to base-only parameters.
 template <class T>
 struct UnitParamsOf {
   const T* base = nullptr;
@@ -176,9 +202,11 @@ using CpuParams = UnitParamsOf<float>;
 // A model as the FSDP engine (src/fsdp) drives it, the same on both backends: forward and backward
 // of each FSDP unit on stream `s` (nullptr and synchronous on the CPU), activations in buffers
 // sized up front for micro-batches of up to max_batch x max_seq tokens, hidden states held inside.
-// `params` is a unit's gathered flat parameter (layout of model_layout) in compute_dtype();
-// parameter gradients are fp32 in the same layout, accumulated (+=). Token ids, targets and the
-// decode arrays live in the backend's memory (host memory on the CPU backend).
+// `params` is a unit's gathered flat parameters (UnitParams) in compute_dtype(); parameter gradients
+// are fp32 in the same layouts (UnitGrads), accumulated (+=). With LoRA the root's `base` is in
+// lora_frozen_layout's root and its `adapter` in lora_layout's (the modules of modules_to_save), each
+// root tensor read from the one that holds it. Token ids, targets and the decode arrays live in the
+// backend's memory (host memory on the CPU backend).
 class UnitModel {
  public:
   virtual ~UnitModel() = default;
@@ -196,18 +224,19 @@ class UnitModel {
   // dropout. Greedy decoding never drops. Nothing changes without LoRA dropout.
   virtual void set_dropout(std::optional<uint64_t> seed) = 0;
   // h_0 from the token ids [B*T].
-  virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) = 0;
+  virtual void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, Stream s) = 0;
   // h_{l+1} = block_l(h_l).
   virtual void block_forward(int layer, UnitParams params, int B, int T, Stream s) = 0;
   // Final norm, LM head and cross-entropy on h_L (targets -1: no loss there); the sum of the token
   // losses is added to the model's loss sum (reset_loss, loss_sum). With backward, the gradient of
-  // grad_scale * sum flows to the gradient of h_L and into droot (fp32, +=; null: the root is frozen).
-  virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
-                    float* droot, Stream s) = 0;
+  // grad_scale * sum flows to the gradient of h_L and into droot's trained tensors (fp32, +=).
+  virtual void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                    UnitGrads droot, Stream s) = 0;
   // The gradient of h_l from that of h_{l+1}; grads += the block's parameter gradients.
   virtual void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream s) = 0;
-  // droot += the embedding path's gradient given the gradient of h_0 (nothing to do when droot is null).
-  virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream s) = 0;
+  // droot += the embedding path's gradient given the gradient of h_0 (nothing to do when none of its
+  // tensors is trained).
+  virtual void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, Stream s) = 0;
   virtual void reset_loss(Stream s) = 0;
   // The loss sum since reset_loss (waits for the stream's work).
   virtual double loss_sum(Stream s) = 0;
@@ -227,19 +256,19 @@ class UnitModel {
   virtual void decode_allocate(int slots, int max_len, int max_rows) = 0;
   virtual void decode_free() = 0;
   // The step's hidden states from n token ids.
-  virtual void decode_embed(const void* root, const int32_t* tokens, int n, Stream s) = 0;
+  virtual void decode_embed(UnitParams root, const int32_t* tokens, int n, Stream s) = 0;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (rows of one slot in position order).
   virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             Stream s) = 0;
   // next[i] = argmax of the logits of step row rows[i], i < m (the lowest id on ties).
-  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
+  virtual void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
 };
 
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations
 // saved for backward, sized up front for at most `max_batch` sequences of `max_seq` tokens.
-// Parameters are passed as the unit's full flat fp32 parameter (layout from model_layout);
-// parameter gradients are accumulated (+=) into a flat buffer of the same layout.
+// Parameters are passed as the unit's full flat fp32 parameters (CpuParams, as UnitModel's);
+// parameter gradients are accumulated (+=) into flat buffers of the same layouts (UnitGrads).
 // Targets are the token each position must predict, or -1 where no loss is taken.
 class CpuModel {
  public:
@@ -247,7 +276,7 @@ class CpuModel {
   virtual const ModelConfig& config() const = 0;
 
   // h0[B*T, H] = the embedded tokens (BLOOM: then LayerNorm).
-  virtual void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) = 0;
+  virtual void embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) = 0;
   // UnitModel::set_sample_starts (host memory): packed rows, or null for one sample per row.
   virtual void set_sample_starts(const int32_t* starts) = 0;
   // UnitModel::set_dropout: training forwards with LoRA dropout masks of `seed`, or evaluation (nullopt).
@@ -256,18 +285,18 @@ class CpuModel {
   virtual void block_forward(int layer, CpuParams params, const float* h_in, float* h_out, int B, int T) = 0;
   // Final norm, LM head and cross-entropy. Returns the sum of the per-token losses over positions
   // with a target and stores their number in *count. When dh is non-null it also runs the
-  // backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot accumulated (unless null).
+  // backward of d(grad_scale * sum)/d(.): dh[B*T, H] is written, droot's trained tensors accumulated.
   // Never holds more than a chunk of tokens' logits at a time.
-  virtual double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T,
-                           int64_t* count, float grad_scale, float* dh, float* droot) = 0;
+  virtual double head_loss(CpuParams root, const float* h, const int32_t* targets, int B, int T,
+                           int64_t* count, float grad_scale, float* dh, UnitGrads droot) = 0;
   // dh_in = d/dh_in given dh_out; grads += d/dparams. Uses the activations of block_forward.
   virtual void block_backward(int layer, CpuParams params, const float* dh_out, float* dh_in, UnitGrads grads,
                               int B, int T) = 0;
   // droot += d/d(root) of the embedding path given dh0; uses the activations of embed_forward.
-  virtual void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot,
+  virtual void embed_backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot,
                               int B, int T) = 0;
   // Logits of the last position of each sequence, [B, V], for greedy decoding.
-  virtual void head_logits(const float* root, const float* h, int B, int T, float* logits) = 0;
+  virtual void head_logits(CpuParams root, const float* h, int B, int T, float* logits) = 0;
 
   // ---- greedy decoding with a key/value cache ----
   // Sizes the cache for `slots` sequences of up to `max_len` positions in every layer, and the

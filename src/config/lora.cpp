@@ -51,20 +51,18 @@ const LoraField kAgreedFields[] = {
     {"lora.use_rslora", "use_rslora", [](const LoraConfig& l) { return std::string(l.use_rslora ? "true" : "false"); }},
 };
 
-}  // namespace
-
-std::vector<std::string> lora_savable_modules(const ModelConfig& cfg) {
-  // The root's [vocab, hidden] matrices: the embedding, and the LM head where it is a tensor of its own.
-  std::vector<std::string> names;
-  const std::vector<int64_t> matrix = {cfg.vocab_size, cfg.hidden_size};
-  const std::string suffix = ".weight";
-  const std::vector<UnitLayout> layout = model_layout(cfg);
-  for (const TensorSpec& t : layout.front().tensors)
-    if (t.shape == matrix && t.name.size() > suffix.size() &&
-        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      names.push_back(t.name.substr(0, t.name.size() - suffix.size()));
-  return names;
+// The Hugging Face path of the model's embedding module: the root's [vocab, hidden] matrix's.
+std::string embedding_path(const ModelConfig& cfg) {
+  const UnitLayout root = model_layout(cfg).front();
+  for (const TensorSpec& t : root.tensors)
+    if (t.shape == std::vector<int64_t>{cfg.vocab_size, cfg.hidden_size}) {
+      const std::string name = hf_tensor_name(cfg, t.name);
+      return name.substr(0, name.rfind('.'));
+    }
+  return "";
 }
+
+}  // namespace
 
 std::vector<std::string> resolve_lora_targets(const ModelConfig& cfg, const std::vector<std::string>& names,
                                               const std::string& where) {
@@ -77,13 +75,45 @@ std::vector<std::string> resolve_lora_targets(const ModelConfig& cfg, const std:
 
 std::vector<std::string> resolve_lora_saved_modules(const ModelConfig& cfg, const std::vector<std::string>& names,
                                                     const std::string& where) {
-  const std::vector<std::string> valid = lora_savable_modules(cfg);
-  return pick_in_order(valid, names, where, false, [&](const std::string& name) {
-    if (name == "lm_head" && cfg.tied_head())
-      return concat("this ", cfg.arch, " model's LM head is tied to its embedding matrix, so it is not a ",
-                    "module of its own (", valid.front(), " trains both)");
-    return concat("'", name, "' is not a module of ", cfg.arch, " that can be trained whole");
-  });
+  const std::vector<SavableModule> savable = lora_savable_modules(cfg);
+  const std::vector<std::string> paths = hf_module_paths(cfg);
+  std::vector<std::string> valid;
+  for (const SavableModule& m : savable) valid.push_back(m.name);
+  const std::string must = valid.empty() ? std::string("this model has none") : choice_list(valid);
+  std::vector<bool> picked(savable.size(), false);
+  for (const std::string& name : names) {
+    std::vector<std::string> others;  // selected modules shardlm does not train whole
+    bool found = false;
+    for (const std::string& path : paths) {
+      if (!peft_saves(path, name)) continue;
+      found = true;
+      const auto it = std::find_if(savable.begin(), savable.end(), [&](const SavableModule& m) { return m.path == path; });
+      if (it == savable.end()) others.push_back(path);
+      else picked[static_cast<size_t>(it - savable.begin())] = true;
+    }
+    if (!found)
+      throw Error(concat(where, ": '", name, "' is not a module of ", cfg.arch, " that can be trained whole: ", must));
+    if (others.empty()) continue;
+    const std::string& first = others.front();
+    const bool tied = cfg.tied_head() && std::any_of(others.begin(), others.end(), [&](const std::string& p) {
+      return p == "lm_head" || p == embedding_path(cfg);
+    });
+    if (tied)
+      throw Error(concat(where, ": '", name, "' selects ", first, ", but this ", cfg.arch, " model's LM head is tied to ",
+                         "its embedding (one matrix): PEFT trains a copy of the named module apart from its tied twin ",
+                         "(ensure_weight_tying ties them again only for the names embed_tokens and lm_head), which ",
+                         "shardlm, holding the one matrix, does not reproduce; leave the embedding and the head to the ",
+                         "base, or train the whole model without [lora]. Valid here: ", must));
+    throw Error(concat(where, ": '", name, "' selects ", first,
+                       others.size() > 1 ? concat(" and ", others.size() - 1, " more module(s)") : std::string(),
+                       " (PEFT trains every module whose path ends with the name); shardlm trains whole only modules ",
+                       "of the root unit (the embeddings, final norm and LM head), not of the blocks: ", must,
+                       " (a module's path, as model.norm or transformer.ln_f, names it alone)"));
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < savable.size(); ++i)
+    if (picked[i]) out.push_back(savable[i].name);
+  return out;
 }
 
 std::string lora_disagreement(const LoraConfig& run, const LoraConfig& file, const std::string& source,

@@ -142,14 +142,10 @@ std::vector<std::string> read_targets(const PeftConfigReader& in, const ModelCon
   return resolve_lora_targets(model, {"all-linear"}, concat(in.source(), ": target_modules"));
 }
 
-// modules_to_save as PEFT matches it (a module's name or its path: "embed_tokens", "model.embed_tokens"),
-// as lora_savable_modules' names; an entry that matches none is kept for resolve_lora_saved_modules to refuse.
+// modules_to_save as PEFT matches it (an entry selects every module whose path ends with it), as
+// lora_savable_modules' names; resolve_lora_saved_modules refuses what shardlm does not train whole.
 std::vector<std::string> read_saved_modules(const PeftConfigReader& in, const ModelConfig& model) {
-  std::vector<std::string> names = in.names("modules_to_save");
-  for (std::string& entry : names)
-    for (const std::string& module : lora_savable_modules(model))
-      if (peft_matches(module_key(model, module), entry)) entry = module;
-  return resolve_lora_saved_modules(model, names, concat(in.source(), ": modules_to_save"));
+  return resolve_lora_saved_modules(model, in.names("modules_to_save"), concat(in.source(), ": modules_to_save"));
 }
 
 }  // namespace
@@ -178,11 +174,9 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
   lora.use_rslora = in.flag("use_rslora", false);
   lora.target_modules = read_targets(in, model);
   lora.modules_to_save = read_saved_modules(in, model);
-  // A tied head trained through its embedding: PEFT keeps the two one matrix only when told to.
-  if (model.tied_head() && !lora.modules_to_save.empty() && !in.flag("ensure_weight_tying", false))
-    in.fail("ensure_weight_tying", concat("must be true when modules_to_save names the embedding of a model whose LM "
-                                          "head is tied to it (PEFT otherwise trains the embedding apart from the "
-                                          "head, which shardlm keeps one matrix)"));
+  // ensure_weight_tying acts on a tied embedding or head in modules_to_save or target_modules, which
+  // shardlm refuses above: whatever its value, it changes nothing here.
+  in.flag("ensure_weight_tying", false);
 
   if (const Json* init = in.get("init_lora_weights")) {
     const bool init_only = init->is_boolean() || (init->is_string() && kInitOnlyAdapters.count(init->get<std::string>()));
@@ -227,7 +221,7 @@ std::string peft_adapter_config_json(const ModelConfig& cfg, const std::string& 
   j["lora_dropout"] = lora.dropout;
   j["target_modules"] = lora.target_modules;
   j["modules_to_save"] = lora.modules_to_save.empty() ? none : Json(lora.modules_to_save);
-  j["ensure_weight_tying"] = cfg.tied_head() && !lora.modules_to_save.empty();
+  j["ensure_weight_tying"] = false;  // no tied module is ever trained (resolve_lora_saved_modules)
   j["use_rslora"] = lora.use_rslora;
   j["init_lora_weights"] = lora.init == LoraInit::Gaussian ? Json("gaussian") : Json(true);
   return j.dump(2);

@@ -26,7 +26,7 @@ EngineLayouts engine_layouts(const ModelConfig& cfg) {
   EngineLayouts l;
   if (cfg.lora.enabled()) {
     l.trainable = lora_layout(cfg);
-    l.frozen = model_layout(cfg);
+    l.frozen = lora_frozen_layout(cfg);
   } else {
     l.trainable = model_layout(cfg);
   }

@@ -42,7 +42,7 @@ void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int*
   int32_t* dev = m.decode_index.as<int32_t>();
   if (n > 0) backend_->copy(dev, host, 4 * static_cast<size_t>(R) * sizeof(int32_t), CopyKind::HostToDevice, m.compute);
   // The forward's schedule: with n == 0 the rank still joins every all-gather.
-  const void* root = m.use(0).base;
+  const UnitParams root = m.use(0);
   if (L > 0 && m.forward_prefetch) m.gather(1);
   m.model->decode_embed(root, dev, n, m.compute);
   for (int l = 0; l < L; ++l) {

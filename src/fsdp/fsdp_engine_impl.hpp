@@ -251,7 +251,7 @@ struct FsdpEngine::Impl {
     model->set_sample_starts(starts_in);
     model->reset_loss(compute);
 
-    const void* root = use(0).base;
+    const UnitParams root = use(0);
     if (L > 0 && forward_prefetch) gather(1);
     if (N > 0) model->embed_forward(root, tok, B, T, compute);
     for (int l = 0; l < L; ++l) {
@@ -267,8 +267,10 @@ struct FsdpEngine::Impl {
       if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
       if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
     }
-    // With LoRA the root is frozen: the head and the embedding form no parameter gradient.
-    float* droot = backward && !lora ? full_grad(0) : nullptr;
+    // With LoRA only the root's saved modules (lora.modules_to_save) form gradients; none without them.
+    UnitGrads droot;
+    if (backward && !lora) droot.base = full_grad(0);
+    if (backward && lora && units[0].flat.numel > 0) droot.adapter = full_grad(0);
     if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {

@@ -118,14 +118,22 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
 }
 
 void HfModelDir::read_unit_slice(size_t unit, size_t begin, size_t end, float* out) {
+  SHARDLM_CHECK(unit < layout_.size(), "HfModelDir::read_unit_slice: unit ", unit, " is invalid");
+  read_unit_slice(unit, layout_[unit], begin, end, out);
+}
+
+void HfModelDir::read_unit_slice(size_t unit, const UnitLayout& as, size_t begin, size_t end, float* out) {
   SHARDLM_CHECK(unit < layout_.size() && begin <= end, "HfModelDir::read_unit_slice: unit ", unit, " range [", begin,
                 ", ", end, ") is invalid");
   std::fill(out, out + (end - begin), 0.0f);
   const UnitLayout& u = layout_[unit];
-  for (size_t i = 0; i < u.tensors.size(); ++i) {
-    const TensorSpec& spec = u.tensors[i];
+  for (const TensorSpec& spec : as.tensors) {
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi) continue;
+    size_t i = 0;
+    while (i < u.tensors.size() && u.tensors[i].name != spec.name) ++i;
+    SHARDLM_CHECK(i < u.tensors.size() && u.tensors[i].shape == spec.shape, "model directory ", dir_, ": unit ", u.name,
+                  " has no tensor ", spec.name, " of shape ", shape_text(spec.shape));
     const Source& s = sources_[unit][i];
     float* part = out + (lo - begin);
     files_[s.file]->read(*s.tensor, lo - spec.offset, hi - lo, part);

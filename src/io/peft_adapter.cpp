@@ -71,13 +71,11 @@ void check_tensors(const std::string& where, const std::map<std::string, const T
 }  // namespace
 
 std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg) {
+  const std::vector<UnitLayout> units = lora_layout(cfg);
   std::vector<TensorSpec> out;
-  for (const UnitLayout& unit : lora_layout(cfg)) out.insert(out.end(), unit.tensors.begin(), unit.tensors.end());
-  if (cfg.lora.modules_to_save.empty()) return out;
-  const UnitLayout root = model_layout(cfg).front();
-  for (const std::string& module : cfg.lora.modules_to_save)
-    for (const TensorSpec& t : root.tensors)
-      if (t.name.rfind(module + ".", 0) == 0) out.push_back(t);
+  // PEFT's order: the blocks' adapters, then the modules_to_save (the root's).
+  for (size_t u = 1; u < units.size(); ++u) out.insert(out.end(), units[u].tensors.begin(), units[u].tensors.end());
+  out.insert(out.end(), units.front().tensors.begin(), units.front().tensors.end());
   return out;
 }
 

@@ -38,6 +38,18 @@ double cross_entropy_rows(float* logits, int rows, int V, const int32_t* targets
 
 }  // namespace
 
+CpuRootNorm root_norm(const ModelConfig& cfg, const CpuNorm& model_norm) {
+  const RootTensor weight = root_tensor(cfg, model_norm.weight);
+  CpuRootNorm out{model_norm, weight.saved};
+  out.norm.weight = weight.offset;
+  if (model_norm.kind == CpuNorm::Kind::Layer) {
+    const RootTensor bias = root_tensor(cfg, model_norm.bias);
+    SHARDLM_CHECK(bias.saved == weight.saved, "root_norm: a norm's weight and bias are trained apart");
+    out.norm.bias = bias.offset;
+  }
+  return out;
+}
+
 void check_tokens(const int32_t* tokens, size_t n, int vocab_size, const char* who, const char* what) {
   for (size_t i = 0; i < n; ++i)
     SHARDLM_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size, who, "::", what, ": token id ", tokens[i], " at position ", i,
@@ -46,45 +58,51 @@ void check_tokens(const int32_t* tokens, size_t n, int vocab_size, const char* w
 
 // ---- embedding ------------------------------------------------------------------------------
 
-CpuEmbedding::CpuEmbedding(const char* who, size_t table, const CpuNorm* norm, int max_tokens, int hidden_size,
-                           int vocab_size)
-    : who_(who), table_(table), normed_(norm != nullptr), norm_(norm ? *norm : CpuNorm{}),
+CpuEmbedding::CpuEmbedding(const char* who, RootTensor table, const CpuRootNorm* norm, int max_tokens,
+                           int hidden_size, int vocab_size)
+    : who_(who), table_(table), normed_(norm != nullptr), norm_(norm ? *norm : CpuRootNorm{}),
       hidden_size_(hidden_size), vocab_size_(vocab_size) {
   if (!normed_) return;
   xhat_.allocate(static_cast<size_t>(max_tokens) * hidden_size, MemKind::Activations);
   rstd_.allocate(static_cast<size_t>(max_tokens), MemKind::Activations);
+  dx_.allocate(static_cast<size_t>(hidden_size), MemKind::Activations);
 }
 
 size_t CpuEmbedding::bytes_for(bool normed, size_t max_tokens, size_t hidden_size) {
-  return normed ? (max_tokens * hidden_size + max_tokens) * sizeof(float) : 0;
+  return normed ? (max_tokens * hidden_size + max_tokens + hidden_size) * sizeof(float) : 0;
 }
 
-void CpuEmbedding::forward(const float* root, const int32_t* tokens, int B, int T, float* h0) {
+void CpuEmbedding::forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) {
   const size_t N = static_cast<size_t>(B) * T, H = hidden_size_;
   check_tokens(tokens, N, vocab_size_, who_, "embed_forward");
   batch_ = B;
   seq_ = T;
-  const float* table = root + table_;
+  const float* table = table_.at(root);
   for (size_t r = 0; r < N; ++r) {
     const float* row = table + static_cast<size_t>(tokens[r]) * H;
     if (normed_)
-      norm_.forward_row(root, row, static_cast<int>(H), xhat_.data() + r * H, rstd_.data() + r, h0 + r * H);
+      norm_.norm.forward_row(norm_.params(root), row, static_cast<int>(H), xhat_.data() + r * H, rstd_.data() + r,
+                             h0 + r * H);
     else
       std::memcpy(h0 + r * H, row, sizeof(float) * H);
   }
 }
 
-void CpuEmbedding::backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B, int T) {
+void CpuEmbedding::backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot, int B, int T) {
+  float* dtable = table_.grad(droot);
+  float* dnorm = normed_ ? norm_.grads(droot) : nullptr;
+  if (!dtable && !dnorm) return;  // nothing below h0 is trained
   SHARDLM_CHECK(B == batch_ && T == seq_, who_, "::embed_backward: shape ", B, " x ", T,
                 " does not match the last embed_forward (", batch_, " x ", seq_, ")");
   const size_t N = static_cast<size_t>(B) * T, H = hidden_size_;
   check_tokens(tokens, N, vocab_size_, who_, "embed_backward");
   // A lookup's gradient is a scatter-add onto the token's row (through the norm when there is one).
   for (size_t r = 0; r < N; ++r) {
-    float* row = droot + table_ + static_cast<size_t>(tokens[r]) * H;
+    float* row = dtable ? dtable + static_cast<size_t>(tokens[r]) * H : dx_.data();
     const float* g = dh0 + r * H;
     if (normed_)
-      norm_.backward_row(root, g, xhat_.data() + r * H, rstd_[r], static_cast<int>(H), row, true, droot);
+      norm_.norm.backward_row(norm_.params(root), g, xhat_.data() + r * H, rstd_[r], static_cast<int>(H), row,
+                              dtable != nullptr, dnorm);
     else
       for (size_t c = 0; c < H; ++c) row[c] += g[c];
   }
@@ -92,7 +110,7 @@ void CpuEmbedding::backward(const float* root, const int32_t* tokens, const floa
 
 // ---- final norm, LM head, cross-entropy -----------------------------------------------------
 
-CpuLmHead::CpuLmHead(const char* who, const CpuNorm& norm, size_t head, int max_tokens, int hidden_size,
+CpuLmHead::CpuLmHead(const char* who, const CpuRootNorm& norm, RootTensor head, int max_tokens, int hidden_size,
                      int vocab_size)
     : who_(who), norm_(norm), head_(head), hidden_size_(hidden_size), vocab_size_(vocab_size) {
   const size_t chunk = std::min(kHeadChunkTokens, static_cast<size_t>(max_tokens)), H = hidden_size;
@@ -115,8 +133,8 @@ size_t CpuLmHead::bytes_for(size_t max_tokens, size_t hidden_size, size_t vocab_
   return (3 * chunk * hidden_size + chunk + chunk * vocab_size) * sizeof(float) + chunk * sizeof(int32_t);
 }
 
-double CpuLmHead::loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
-                       float grad_scale, float* dh, float* droot) {
+double CpuLmHead::loss(CpuParams root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
+                       float grad_scale, float* dh, UnitGrads droot) {
   const int H = hidden_size_, V = vocab_size_;
   const size_t N = static_cast<size_t>(B) * T;
   // Validate every target before touching droot, so a bad batch leaves no partial gradient behind.
@@ -127,7 +145,10 @@ double CpuLmHead::loss(const float* root, const float* h, const int32_t* targets
   // Positions without a target get no gradient from the loss; the norm is per position, so their dh is 0.
   if (backward && N > 0) std::memset(dh, 0, sizeof(float) * N * H);
 
-  const float* head = root + head_;
+  const float* head = head_.at(root);
+  const float* norm = norm_.params(root);
+  float* dhead = head_.grad(droot);
+  float* dnorm = norm_.grads(droot);
   const int chunk = static_cast<int>(rows_.size());
   double loss = 0.0;
   int64_t counted = 0;
@@ -141,34 +162,34 @@ double CpuLmHead::loss(const float* root, const float* h, const int32_t* targets
     counted += rows;
     for (int r = 0; r < rows; ++r) {
       const size_t at = static_cast<size_t>(r) * H;
-      norm_.forward_row(root, h + static_cast<size_t>(rows_[r]) * H, H, xhat_.data() + at, rstd_.data() + r,
-                        out_.data() + at);
+      norm_.norm.forward_row(norm, h + static_cast<size_t>(rows_[r]) * H, H, xhat_.data() + at, rstd_.data() + r,
+                             out_.data() + at);
     }
     float* logits = logits_.data();
     cpu_gemm(false, true, rows, V, H, 1.0f, out_.data(), H, head, H, 0.0f, logits, V);
     loss += cross_entropy_rows(logits, rows, V, targets, rows_.data(), grad_scale, backward);
     if (!backward) continue;
     // logits = hn W^T: dW += dlogits^T hn (into the embeddings when tied), dhn = dlogits W.
-    if (droot) cpu_gemm(true, false, V, H, rows, 1.0f, logits, V, out_.data(), H, 1.0f, droot + head_, H);
+    if (dhead) cpu_gemm(true, false, V, H, rows, 1.0f, logits, V, out_.data(), H, 1.0f, dhead, H);
     cpu_gemm(false, false, rows, H, V, 1.0f, logits, V, head, H, 0.0f, grad_.data(), H);
     for (int r = 0; r < rows; ++r) {
       const size_t at = static_cast<size_t>(r) * H;
-      norm_.backward_row(root, grad_.data() + at, xhat_.data() + at, rstd_[r], H,
-                         dh + static_cast<size_t>(rows_[r]) * H, false, droot);
+      norm_.norm.backward_row(norm, grad_.data() + at, xhat_.data() + at, rstd_[r], H,
+                              dh + static_cast<size_t>(rows_[r]) * H, false, dnorm);
     }
   }
   if (count) *count = counted;
   return loss;
 }
 
-void CpuLmHead::last_logits(const float* root, const float* h, int B, int T, float* logits) {
+void CpuLmHead::last_logits(CpuParams root, const float* h, int B, int T, float* logits) {
   SHARDLM_CHECK(B == 0 || T > 0, who_, "::head_logits: sequences of length 0 have no last position");
   const int H = hidden_size_, V = vocab_size_;
   // One sequence at a time: the last position's final norm, then its row of logits.
   for (int b = 0; b < B; ++b) {
     const float* last = h + (static_cast<size_t>(b) * T + (T - 1)) * H;
-    norm_.forward_row(root, last, H, xhat_.data(), rstd_.data(), out_.data());
-    cpu_gemm(false, true, 1, V, H, 1.0f, out_.data(), H, root + head_, H, 0.0f, logits + static_cast<size_t>(b) * V,
+    norm_.norm.forward_row(norm_.params(root), last, H, xhat_.data(), rstd_.data(), out_.data());
+    cpu_gemm(false, true, 1, V, H, 1.0f, out_.data(), H, head_.at(root), H, 0.0f, logits + static_cast<size_t>(b) * V,
              V);
   }
 }

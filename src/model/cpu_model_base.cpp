@@ -15,8 +15,11 @@ CpuModelBase::CpuModelBase(const char* name, const ModelConfig& cfg, int max_bat
 
 void CpuModelBase::build_ends(size_t table, const CpuNorm* embed_norm, const CpuNorm& final_norm, size_t head) {
   const int tokens = max_batch_ * max_seq_;
-  embedding_.emplace(name_, table, embed_norm, tokens, cfg_.hidden_size, cfg_.vocab_size);
-  head_.emplace(name_, final_norm, head, tokens, cfg_.hidden_size, cfg_.vocab_size);
+  const std::optional<CpuRootNorm> normed = embed_norm ? std::optional(root_norm(cfg_, *embed_norm)) : std::nullopt;
+  embedding_.emplace(name_, root_tensor(cfg_, table), normed ? &*normed : nullptr, tokens, cfg_.hidden_size,
+                     cfg_.vocab_size);
+  head_.emplace(name_, root_norm(cfg_, final_norm), root_tensor(cfg_, head), tokens, cfg_.hidden_size,
+                cfg_.vocab_size);
 }
 
 size_t cpu_shared_bytes(const ModelConfig& cfg, bool normed_embedding, int max_batch, int max_seq) {
@@ -52,24 +55,23 @@ void CpuModelBase::check_block_backward(int layer, int B, int T) const {
                 " does not match its last block_forward (", batch, " x ", seq, ")");
 }
 
-void CpuModelBase::embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) {
+void CpuModelBase::embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) {
   check_shape("embed_forward", B, T);
   embedding_->forward(root, tokens, B, T, h0);
 }
 
-void CpuModelBase::embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
+void CpuModelBase::embed_backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot, int B,
                                   int T) {
-  if (!droot) return;  // a frozen root: nothing below h0 is trained
-  embedding_->backward(root, tokens, dh0, droot, B, T);
+  embedding_->backward(root, tokens, dh0, droot, B, T);  // nothing when none of its tensors is trained
 }
 
-double CpuModelBase::head_loss(const float* root, const float* h, const int32_t* targets, int B, int T,
-                               int64_t* count, float grad_scale, float* dh, float* droot) {
+double CpuModelBase::head_loss(CpuParams root, const float* h, const int32_t* targets, int B, int T,
+                               int64_t* count, float grad_scale, float* dh, UnitGrads droot) {
   check_shape("head_loss", B, T);
   return head_->loss(root, h, targets, B, T, count, grad_scale, dh, droot);
 }
 
-void CpuModelBase::head_logits(const float* root, const float* h, int B, int T, float* logits) {
+void CpuModelBase::head_logits(CpuParams root, const float* h, int B, int T, float* logits) {
   check_shape("head_logits", B, T);
   head_->last_logits(root, h, B, T, logits);
 }

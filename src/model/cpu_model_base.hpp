@@ -18,12 +18,12 @@ namespace shardlm::model_detail {
 class CpuModelBase : public CpuModel {
  public:
   const ModelConfig& config() const override { return cfg_; }
-  void embed_forward(const float* root, const int32_t* tokens, int B, int T, float* h0) override;
-  void embed_backward(const float* root, const int32_t* tokens, const float* dh0, float* droot, int B,
+  void embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) override;
+  void embed_backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot, int B,
                       int T) override;
-  double head_loss(const float* root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
-                   float grad_scale, float* dh, float* droot) override;
-  void head_logits(const float* root, const float* h, int B, int T, float* logits) override;
+  double head_loss(CpuParams root, const float* h, const int32_t* targets, int B, int T, int64_t* count,
+                   float grad_scale, float* dh, UnitGrads droot) override;
+  void head_logits(CpuParams root, const float* h, int B, int T, float* logits) override;
   void decode_end() override;
   void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
   void set_dropout(std::optional<uint64_t> seed) override { lora_.set_dropout(seed); }
@@ -33,8 +33,9 @@ class CpuModelBase : public CpuModel {
  protected:
   // `name` prefixes every error ("BloomCpu::block_forward: ...").
   CpuModelBase(const char* name, const ModelConfig& cfg, int max_batch, int max_seq);
-  // The ends, located in the root unit: the embedding matrix at `table` (then `embed_norm` when not
-  // null), `final_norm` and the LM head's [V, H] matrix at `head`.
+  // The ends, located by their offsets in model_layout's root (placed for the run by root_tensor):
+  // the embedding matrix at `table` (then `embed_norm` when not null), `final_norm` and the LM head's
+  // [V, H] matrix at `head`.
   void build_ends(size_t table, const CpuNorm* embed_norm, const CpuNorm& final_norm, size_t head);
   // Errors naming name::what when B x T exceeds the sizes built for, or the layer does not exist.
   void check_shape(const char* what, int B, int T) const;

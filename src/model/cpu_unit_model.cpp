@@ -25,7 +25,7 @@ class CpuUnitModel final : public UnitModel {
 
   void set_sample_starts(const int32_t* starts) override { model_->set_sample_starts(starts); }
   void set_dropout(std::optional<uint64_t> seed) override { model_->set_dropout(seed); }
-  void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream) override {
+  void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, Stream) override {
     model_->embed_forward(floats(root), tokens, B, T, hidden_[0].data());
     cur_ = 0;
   }
@@ -33,18 +33,18 @@ class CpuUnitModel final : public UnitModel {
     model_->block_forward(layer, floats(params), hidden_[cur_].data(), hidden_[1 - cur_].data(), B, T);
     cur_ = 1 - cur_;
   }
-  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* droot,
+  void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward, UnitGrads droot,
             Stream) override {
     int64_t count = 0;
     loss_ += model_->head_loss(floats(root), hidden_[cur_].data(), targets, B, T, &count, grad_scale,
-                               backward ? dhidden_[0].data() : nullptr, backward ? droot : nullptr);
+                               backward ? dhidden_[0].data() : nullptr, backward ? droot : UnitGrads{});
     dcur_ = 0;
   }
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream) override {
     model_->block_backward(layer, floats(params), dhidden_[dcur_].data(), dhidden_[1 - dcur_].data(), grads, B, T);
     dcur_ = 1 - dcur_;
   }
-  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream) override {
+  void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, Stream) override {
     model_->embed_backward(floats(root), tokens, dhidden_[dcur_].data(), droot, B, T);
   }
   void reset_loss(Stream) override { loss_ = 0.0; }
@@ -70,7 +70,7 @@ class CpuUnitModel final : public UnitModel {
     for (std::vector<float>* v : {&decode_hidden_[0], &decode_hidden_[1], &decode_logits_})
       std::vector<float>().swap(*v);
   }
-  void decode_embed(const void* root, const int32_t* tokens, int n, Stream) override {
+  void decode_embed(UnitParams root, const int32_t* tokens, int n, Stream) override {
     SHARDLM_CHECK(n >= 0 && n <= decode_rows_, "CPU decode_embed: ", n, " rows exceed the ", decode_rows_,
                   " of decode_allocate");
     // The embedding is per token: one row at a time keeps within the sizes the model was built for.
@@ -85,7 +85,7 @@ class CpuUnitModel final : public UnitModel {
                          decode_hidden_[1 - decode_cur_].data(), n, slots, positions);
     decode_cur_ = 1 - decode_cur_;
   }
-  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream) override {
+  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream) override {
     float* logits = decode_logits_.data();
     const int V = model_->config().vocab_size;
     for (int i = 0; i < m; ++i) {

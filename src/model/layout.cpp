@@ -41,10 +41,10 @@ void init_range(const UnitLayout& unit, int unit_index, uint64_t seed, size_t lo
         case InitKind::Zeros: out[i - base] = 0.0f; break;
         case InitKind::Ones: out[i - base] = 1.0f; break;
         case InitKind::Normal:
-          out[i - base] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, i));
+          out[i - base] = static_cast<float>(t.init_std * counter_normal(seed, unit_index, t.init_offset + (i - t.offset)));
           break;
         case InitKind::Uniform:
-          out[i - base] = static_cast<float>(t.init_std * counter_uniform(seed, unit_index, i));
+          out[i - base] = static_cast<float>(t.init_std * counter_uniform(seed, unit_index, t.init_offset + (i - t.offset)));
           break;
       }
     }
@@ -63,6 +63,7 @@ void add_tensor(UnitLayout& unit, const std::string& name, std::vector<int64_t> 
   for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
   t.shape = std::move(shape);
   t.offset = unit.numel;
+  t.init_offset = t.offset;
   t.decay = t.shape.size() >= 2;
   t.init = init;
   t.init_std = init_std;

@@ -12,8 +12,6 @@ std::unique_ptr<UnitModel> make_unit_model(const ModelConfig& cfg, BackendKind b
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "make_unit_model: negative max_batch ", max_batch, " or max_seq ",
                 max_seq);
   const ModelFamily& family = model_family(cfg.arch);
-  SHARDLM_CHECK(cfg.lora.modules_to_save.empty(), "lora.modules_to_save: training whole modules beside the adapters "
-                "is not implemented yet; leave it empty");
   if (backend == BackendKind::Cpu) {
     SHARDLM_CHECK(compute_dtype == DType::F32, "the CPU backend computes in fp32, not ", dtype_name(compute_dtype),
                   " (16-bit parameters are unpacked before use)");

@@ -18,9 +18,11 @@ PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitSta
                   " units, the run has ", units.size());
     for (size_t u = 0; u < units.size(); ++u) {
       const UnitState& s = units[u];
-      SHARDLM_CHECK(s.numel == model.layout()[u].numel, "model directory ", dir, ": unit ", model.layout()[u].name,
-                    " has ", model.layout()[u].numel, " elements, the run's has ", s.numel);
-      model.read_unit_slice(u, s.begin, s.begin + s.count, s.param);
+      // By the tensors' names: LoRA's units hold a part of the model's (lora_frozen_layout, the saved modules).
+      const UnitLayout& as = s.layout ? *s.layout : model.layout()[u];
+      SHARDLM_CHECK(s.numel == as.numel, "model directory ", dir, ": unit ", model.layout()[u].name, " has ", as.numel,
+                    " elements, the run's has ", s.numel);
+      model.read_unit_slice(u, as, s.begin, s.begin + s.count, s.param);
       // A fresh optimizer: its state starts at zero, as in a run from the seed's initialisation.
       for (const StateVector& v : s.optimizer) std::fill(v.data, v.data + s.count, 0.0f);
     }

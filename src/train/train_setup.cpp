@@ -333,6 +333,16 @@ TrainPosition load_start(TrainRun& run) {
                    " read by ", run.world, " rank(s) in ", load.seconds, " s"));
     run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
                 {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}, {"frozen", true}});
+    if (run.resume_path.empty() && !cfg.model.lora.modules_to_save.empty()) {
+      // The modules trained whole (lora.modules_to_save) start as the base's: the trainable root's slices.
+      std::vector<UnitState> states = model.checkpoint_state();
+      for (size_t u = 1; u < states.size(); ++u) states[u].count = 0;  // the blocks' adapters are not the model's
+      load_pretrained(cfg.model.dir, states, run.comm);
+      model.checkpoint_loaded();
+      std::string names;
+      for (const std::string& m : cfg.model.lora.modules_to_save) names += (names.empty() ? "" : ", ") + m;
+      run.say(concat("loaded the modules trained whole (", names, ") from ", cfg.model.dir));
+    }
   }
   if (model.lora()) {
     uint64_t part = model.frozen_checksum_part(), sum = 0;

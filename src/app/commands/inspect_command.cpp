@@ -208,7 +208,8 @@ void add_tokenizer_and_generation(const std::string& deck_text, const std::strin
 }  // namespace
 
 // A LoRA checkpoint's base model (from `base`) with its adapters merged: each adapted weight
-// W + scale B A in fp32, the other tensors as the base holds them.
+// W + scale B A in fp32, each tensor of a module trained whole (lora.modules_to_save) as the
+// checkpoint holds it, the other tensors as the base holds them.
 void export_merged(const std::string& path, const std::string& out, const std::string& base_flag,
                    HfExportOptions& options) {
   CheckpointReader reader(path);
@@ -232,6 +233,7 @@ void export_merged(const std::string& path, const std::string& out, const std::s
   export_hf_model(out, cfg, tensors, [&](const CheckpointTensor& t) {
     size_t unit = 0;
     while (dir.layout()[unit].name != t.unit) ++unit;
+    if (const auto saved = adapters.find(t.name); saved != adapters.end()) return reader.read(saved->second);
     std::vector<float> w(t.numel);
     dir.read_unit_slice(unit, t.offset, t.offset + t.numel, w.data());
     const std::string module = t.name.size() > 7 ? t.name.substr(0, t.name.size() - 7) : "";  // less ".weight"

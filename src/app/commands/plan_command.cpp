@@ -257,8 +257,12 @@ void print_table(const Plan& plan) {
   std::printf("; %zu parameters (%s fp32)\n", params, format_bytes(params * 4).c_str());
   if (m.lora.enabled()) {
     const size_t trained = plan.rows.front().memory.record.trainable_params;
-    std::printf("lora     r %d, alpha %g on %zu module kind(s): %zu adapter parameters trained (%.3f%%), the base "
-                "frozen in %s\n", m.lora.r, m.lora.alpha, m.lora.target_modules.size(), trained,
+    // lora.modules_to_save: whole root modules trained beside the adapters (fp32 master, gradient, AdamW).
+    std::string saved;
+    for (const std::string& name : m.lora.modules_to_save) saved += (saved.empty() ? " and " : ", ") + name;
+    if (!saved.empty()) saved += " whole";
+    std::printf("lora     r %d, alpha %g on %zu module kind(s)%s: %zu parameters trained (%.3f%%), the rest of the "
+                "base frozen in %s\n", m.lora.r, m.lora.alpha, m.lora.target_modules.size(), saved.c_str(), trained,
                 100.0 * static_cast<double>(trained) / static_cast<double>(params),
                 dtype_name(cuda ? c.fsdp.param_dtype : DType::F32));
   }

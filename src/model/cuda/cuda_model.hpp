@@ -17,7 +17,8 @@
 namespace shardlm::cuda {
 
 // Parameters are a unit's gathered flat parameters in the compute dtype (UnitParams: the base in the
-// layout of model_layout, the LoRA adapters in lora_layout's or null); parameter gradients are fp32 in
+// layout of model_layout or lora_frozen_layout, the LoRA adapters in lora_layout's or null; the root's
+// tensors read where root_tensor places them); parameter gradients are fp32 in
 // the same layouts (UnitGrads), accumulated (+=), and a null base gradient is a frozen base: none of its
 // gradients is formed, only the input gradients. Hidden states live inside the model: h_0 from
 // embed_forward, h_{l+1} from block_forward(l), their gradients likewise.
@@ -30,18 +31,19 @@ class CudaModel {
   // UnitModel::set_dropout: training forwards with LoRA dropout masks of `seed`, or evaluation (nullopt).
   virtual void set_dropout(std::optional<uint64_t> seed) = 0;
   // h_0 from the token ids (device memory [B*T]).
-  virtual void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
+  virtual void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) = 0;
   // h_{l+1} = block_l(h_l) with the gathered parameters of block l.
   virtual void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) = 0;
   // Final norm, LM head and cross-entropy on h_L: adds the loss sum and target count to loss_sum /
   // count (device scalars). With backward: the gradient of grad_scale * sum flows to the gradient
-  // of h_L and into droot (fp32, +=; null: the root is frozen, only h_L's gradient is formed).
-  virtual void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
-                    float* loss_sum, long long* count, float* droot, cudaStream_t s) = 0;
+  // of h_L and into droot's trained tensors (fp32, +=; a frozen tensor forms none).
+  virtual void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                    float* loss_sum, long long* count, UnitGrads droot, cudaStream_t s) = 0;
   // The gradient of h_l from that of h_{l+1}; grads += the block's parameter gradients.
   virtual void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) = 0;
-  // droot += the embedding path's gradient given the gradient of h_0 (nothing when droot is null).
-  virtual void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T,
+  // droot += the embedding path's gradient given the gradient of h_0 (nothing when none of its
+  // tensors is trained).
+  virtual void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T,
                               cudaStream_t s) = 0;
 
   // Bytes of the device buffers counted as activations in the run's memory records.
@@ -57,13 +59,13 @@ class CudaModel {
   virtual void decode_allocate(int slots, int max_len, int max_rows) = 0;
   virtual void decode_free() = 0;
   // The step's hidden states from n token ids (device memory).
-  virtual void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) = 0;
+  virtual void decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) = 0;
   // Block `layer` on the step's n rows: row r's key and value are cached at (slots[r], positions[r])
   // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
   virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             cudaStream_t s) = 0;
   // next[i] = argmax of the logits of step row rows[i], i < m (device arrays).
-  virtual void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) = 0;
+  virtual void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) = 0;
 };
 
 // The GPU model of cfg.arch in compute dtype dt, for micro-batches of up to max_batch x max_seq

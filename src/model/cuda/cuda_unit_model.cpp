@@ -29,13 +29,13 @@ class CudaUnitModel final : public UnitModel {
   // The CUDA models take no empty micro-batches: a rank without tokens only joins the collectives.
   void set_sample_starts(const int32_t* starts) override { model_->set_sample_starts(starts); }
   void set_dropout(std::optional<uint64_t> seed) override { model_->set_dropout(seed); }
-  void embed_forward(const void* root, const int32_t* tokens, int B, int T, Stream s) override {
+  void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, Stream s) override {
     if (B * T > 0) model_->embed_forward(root, tokens, B, T, stream_of(s));
   }
   void block_forward(int layer, UnitParams params, int B, int T, Stream s) override {
     if (B * T > 0) model_->block_forward(layer, params, B, T, stream_of(s));
   }
-  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* droot,
+  void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward, UnitGrads droot,
             Stream s) override {
     if (B * T > 0)
       model_->head(root, targets, B, T, grad_scale, backward, loss_.data(), count_.data(), droot, stream_of(s));
@@ -43,7 +43,7 @@ class CudaUnitModel final : public UnitModel {
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream s) override {
     if (B * T > 0) model_->block_backward(layer, params, grads, B, T, stream_of(s));
   }
-  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, Stream s) override {
+  void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, Stream s) override {
     if (B * T > 0) model_->embed_backward(root, tokens, droot, B, T, stream_of(s));
   }
   void reset_loss(Stream s) override {
@@ -65,14 +65,14 @@ class CudaUnitModel final : public UnitModel {
     model_->decode_allocate(slots, max_len, max_rows);
   }
   void decode_free() override { model_->decode_free(); }
-  void decode_embed(const void* root, const int32_t* tokens, int n, Stream s) override {
+  void decode_embed(UnitParams root, const int32_t* tokens, int n, Stream s) override {
     model_->decode_embed(root, tokens, n, stream_of(s));
   }
   void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     Stream s) override {
     model_->decode_block(layer, params, slots, positions, n, stream_of(s));
   }
-  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, Stream s) override {
+  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream s) override {
     model_->decode_head_argmax(root, rows, m, next, stream_of(s));
   }
 

@@ -15,7 +15,10 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       attention_("BloomCuda", cfg, dt, max_batch, max_seq, true),
       sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
-  root_ = bloom_root_offsets(layout[0]);
+  const BloomRootOffsets root = bloom_root_offsets(layout[0]);
+  auto place = [&](size_t offset) { return model_detail::root_tensor(cfg, offset); };
+  root_ = {place(root.embeddings), place(root.embed_norm_weight), place(root.embed_norm_bias),
+           place(root.final_norm_weight), place(root.final_norm_bias)};
   if (cfg.num_layers > 0) block_ = bloom_block_offsets(layout[1]);
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
@@ -56,11 +59,10 @@ size_t BloomCuda::activation_bytes() const {
   return n;
 }
 
-void BloomCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
+void BloomCuda::embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const char* r = static_cast<const char*>(root);
-  embedding_forward(tokens, r + root_.embeddings * dsize_, emb_.data(), N, H, V, dt_, s);
-  layernorm_forward(emb_.data(), r + root_.embed_norm_weight * dsize_, r + root_.embed_norm_bias * dsize_,
+  embedding_forward(tokens, root_.embeddings.at(root, dsize_), emb_.data(), N, H, V, dt_, s);
+  layernorm_forward(emb_.data(), root_.embed_norm_weight.at(root, dsize_), root_.embed_norm_bias.at(root, dsize_),
                     hidden(0), emb_mean_.data(), emb_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
 }
 
@@ -118,20 +120,21 @@ void BloomCuda::block_forward(int layer, UnitParams params, int B, int T, cudaSt
   forward_into(layer, params, saved(layer), B, T, s);
 }
 
-void BloomCuda::head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
-                     float* loss_sum, long long* count, float* droot, cudaStream_t s) {
+void BloomCuda::head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                     float* loss_sum, long long* count, UnitGrads droot, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers;
-  const char* r = static_cast<const char*>(root);
   const char* hL = hidden(L);
-  auto dr = [&](size_t offset) { return backward && droot ? droot + offset : nullptr; };  // null: frozen root
-  layernorm_forward(hL, r + root_.final_norm_weight * dsize_, r + root_.final_norm_bias * dsize_, lnf_.data(),
+  // A null gradient: that tensor is frozen.
+  auto dr = [&](const model_detail::RootTensor& t) { return backward ? t.grad(droot) : nullptr; };
+  const char* lnf_w = root_.final_norm_weight.at(root, dsize_);
+  layernorm_forward(hL, lnf_w, root_.final_norm_bias.at(root, dsize_), lnf_.data(),
                     lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
-  lm_head_loss(gemm_, lnf_.data(), r + root_.embeddings * dsize_, targets, N, H, V, sizes_.head_chunk,
+  lm_head_loss(gemm_, lnf_.data(), root_.embeddings.at(root, dsize_), targets, N, H, V, sizes_.head_chunk,
                grad_scale, loss_sum, count, backward ? dln_.data() : nullptr, dr(root_.embeddings), dt_,
                head_ws_.data(), s);
   if (!backward) return;
   dcur_ = 0;
-  layernorm_backward(dln_.data(), hL, r + root_.final_norm_weight * dsize_, lnf_mean_.data(), lnf_rstd_.data(),
+  layernorm_backward(dln_.data(), hL, lnf_w, lnf_mean_.data(), lnf_rstd_.data(),
                      dh_[dcur_].data(), dr(root_.final_norm_weight), dr(root_.final_norm_bias), N, H, false, dt_, s);
 }
 
@@ -201,15 +204,15 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   dcur_ = 1 - dcur_;
 }
 
-void BloomCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
-  if (!droot) return;  // a frozen root: nothing below h_0 is trained
+void BloomCuda::embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) {
+  float* dtable = root_.embeddings.grad(droot);
+  float* dnorm_w = root_.embed_norm_weight.grad(droot);
+  if (!dtable && !dnorm_w) return;  // nothing below h_0 is trained
   const int N = B * T, H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const char* r = static_cast<const char*>(root);
   // dln_ is free here: it takes the gradient of the embedding output.
-  layernorm_backward(dh_[dcur_].data(), emb_.data(), r + root_.embed_norm_weight * dsize_, emb_mean_.data(),
-                     emb_rstd_.data(), dln_.data(), droot + root_.embed_norm_weight, droot + root_.embed_norm_bias, N,
-                     H, false, dt_, s);
-  embedding_backward(tokens, dln_.data(), droot + root_.embeddings, N, H, V, dt_, s);
+  layernorm_backward(dh_[dcur_].data(), emb_.data(), root_.embed_norm_weight.at(root, dsize_), emb_mean_.data(),
+                     emb_rstd_.data(), dln_.data(), dnorm_w, root_.embed_norm_bias.grad(droot), N, H, false, dt_, s);
+  if (dtable) embedding_backward(tokens, dln_.data(), dtable, N, H, V, dt_, s);
 }
 
 std::unique_ptr<CudaModel> make_bloom_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../../root_tensors.hpp"
 #include "../bloom_cuda_sizes.hpp"
 #include "../bloom_layout.hpp"
 #include "attention_path.hpp"
@@ -24,13 +25,13 @@ class BloomCuda final : public CudaModelBase {
   BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing);
 
   // h_0 = LayerNorm(word_embeddings[tokens]); `tokens` is device memory [B*T].
-  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
+  void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
   void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) override;
   // Final LayerNorm, tied LM head and cross-entropy on h_L.
-  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
-            long long* count, float* droot, cudaStream_t s) override;
+  void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward, float* loss_sum,
+            long long* count, UnitGrads droot, cudaStream_t s) override;
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) override;
-  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
+  void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
   std::string attention_description() const override { return attention_.description(); }
@@ -42,11 +43,11 @@ class BloomCuda final : public CudaModelBase {
   void decode_allocate(int slots, int max_len, int max_rows) override;
   void decode_free() override;
   // The step's hidden states: LayerNorm(word_embeddings[tokens]) for n rows (tokens in device memory).
-  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
+  void decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) override;
   void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
-  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
+  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
 
  private:
   struct Saved {  // one block's activations kept for its backward
@@ -60,7 +61,11 @@ class BloomCuda final : public CudaModelBase {
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
   // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
   // block), looked up once.
-  BloomRootOffsets root_{};
+  // Where the root's tensors are: in the base, or in the trainable root of lora.modules_to_save.
+  struct RootTensors {
+    model_detail::RootTensor embeddings, embed_norm_weight, embed_norm_bias, final_norm_weight, final_norm_bias;
+  };
+  RootTensors root_{};
   BloomBlockOffsets block_{};
   // The block's linear layers in bloom_linear_modules' order: LoRA's module indices (lora_). An adapted
   // dense_h_to_4h or dense_4h_to_h runs GELU (or its backward) apart from the GEMM, its LoRA term between.

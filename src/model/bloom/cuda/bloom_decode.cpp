@@ -27,14 +27,13 @@ void BloomCuda::decode_free() {
   free_cache();
 }
 
-void BloomCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
+void BloomCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) {
   check_step_rows("decode_embed", n);
   if (n == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const char* r = static_cast<const char*>(root);
   // ln takes the raw embeddings; the LayerNorm writes the step's hidden states.
-  embedding_forward(tokens, r + root_.embeddings * dsize_, decode_.ln.data(), n, H, V, dt_, s);
-  layernorm_forward(decode_.ln.data(), r + root_.embed_norm_weight * dsize_, r + root_.embed_norm_bias * dsize_,
+  embedding_forward(tokens, root_.embeddings.at(root, dsize_), decode_.ln.data(), n, H, V, dt_, s);
+  layernorm_forward(decode_.ln.data(), root_.embed_norm_weight.at(root, dsize_), root_.embed_norm_bias.at(root, dsize_),
                     decode_.hidden.data(), decode_.mean.data(), decode_.rstd.data(), n, H, cfg_.layer_norm_eps, dt_,
                     s);
 }
@@ -84,17 +83,16 @@ void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   lora(kDense4HToH, b.wide.data(), b.hidden.data(), H);
 }
 
-void BloomCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
+void BloomCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
   check_step_rows("decode_head_argmax", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const char* r = static_cast<const char*>(root);
   DecodeBuffers& b = decode_;
   gather_rows(b.hidden.data(), rows, m, H, b.ctx.data(), dt_, s);
-  layernorm_forward(b.ctx.data(), r + root_.final_norm_weight * dsize_, r + root_.final_norm_bias * dsize_, b.ln.data(),
+  layernorm_forward(b.ctx.data(), root_.final_norm_weight.at(root, dsize_), root_.final_norm_bias.at(root, dsize_), b.ln.data(),
                     b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
   // The LM head is tied: its weight is the embedding table.
-  head_argmax(gemm_, b.ln.data(), m, H, r + root_.embeddings * dsize_, V, sizes_.head_chunk,
+  head_argmax(gemm_, b.ln.data(), m, H, root_.embeddings.at(root, dsize_), V, sizes_.head_chunk,
               reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 

@@ -23,7 +23,9 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
-  root_ = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
+  const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
+  root_ = {model_detail::root_tensor(cfg, root.embeddings), model_detail::root_tensor(cfg, root.norm),
+           model_detail::root_tensor(cfg, root.head)};
   if (cfg.num_layers > 0) {
     const LlamaBlockOffsets o = llama_block_offsets(layout[1], options);
     const size_t H = cfg.hidden_size;
@@ -71,10 +73,9 @@ size_t LlamaCuda::activation_bytes() const {
   return n;
 }
 
-void LlamaCuda::embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) {
+void LlamaCuda::embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) {
   check_shape("embed_forward", B, T);
-  const char* r = static_cast<const char*>(root);
-  embedding_forward(tokens, r + root_.embeddings * dsize_, hidden(0), B * T, cfg_.hidden_size, cfg_.vocab_size, dt_,
+  embedding_forward(tokens, root_.embeddings.at(root, dsize_), hidden(0), B * T, cfg_.hidden_size, cfg_.vocab_size, dt_,
                     s);
 }
 
@@ -133,20 +134,20 @@ void LlamaCuda::block_forward(int layer, UnitParams params, int B, int T, cudaSt
   forward_into(layer, params, saved(layer), B, T, s);
 }
 
-void LlamaCuda::head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
-                     float* loss_sum, long long* count, float* droot, cudaStream_t s) {
+void LlamaCuda::head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+                     float* loss_sum, long long* count, UnitGrads droot, cudaStream_t s) {
   check_shape("head", B, T);
   const int N = B * T, H = cfg_.hidden_size;
   if (N == 0) return;
-  const char* r = static_cast<const char*>(root);
   const char* hL = hidden(cfg_.num_layers);
-  auto dr = [&](size_t offset) { return backward && droot ? droot + offset : nullptr; };  // null: frozen root
-  rmsnorm_forward(hL, r + root_.norm * dsize_, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s);
-  lm_head_loss(gemm_, norm_.data(), r + root_.head * dsize_, targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
+  // A null gradient: that tensor is frozen.
+  auto dr = [&](const model_detail::RootTensor& t) { return backward ? t.grad(droot) : nullptr; };
+  const char* norm_w = root_.norm.at(root, dsize_);
+  rmsnorm_forward(hL, norm_w, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s);
+  lm_head_loss(gemm_, norm_.data(), root_.head.at(root, dsize_), targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
                grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, dr(root_.head), dt_, head_ws_.data(), s);
   if (!backward) return;
-  rmsnorm_backward(grad_.data(), hL, r + root_.norm * dsize_, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H,
-                   false, dt_, s);
+  rmsnorm_backward(grad_.data(), hL, norm_w, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H, false, dt_, s);
 }
 
 void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
@@ -222,10 +223,11 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                    s);
 }
 
-void LlamaCuda::embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) {
+void LlamaCuda::embed_backward(UnitParams, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) {
   check_shape("embed_backward", B, T);
-  if (!droot) return;  // a frozen root: nothing below h_0 is trained
-  embedding_backward(tokens, dh_.data(), droot + root_.embeddings, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
+  float* dtable = root_.embeddings.grad(droot);
+  if (!dtable) return;  // a frozen embedding: nothing below h_0 is trained
+  embedding_backward(tokens, dh_.data(), dtable, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
 }
 
 std::unique_ptr<CudaModel> make_llama_cuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,

@@ -13,6 +13,7 @@
 
 #include "../llama_cuda_sizes.hpp"
 #include "../llama_layout.hpp"
+#include "../../root_tensors.hpp"
 #include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
@@ -28,13 +29,13 @@ class LlamaCuda final : public CudaModelBase {
             const LlamaBlock& block);
 
   // h_0 = embed_tokens[tokens]; `tokens` is device memory [B*T].
-  void embed_forward(const void* root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
+  void embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) override;
   void block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) override;
   // Final RMSNorm, the LM head (lm_head.weight, or embed_tokens.weight when tied) and cross-entropy.
-  void head(const void* root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
-            float* loss_sum, long long* count, float* droot, cudaStream_t s) override;
+  void head(UnitParams root, const int32_t* targets, int B, int T, float grad_scale, bool backward,
+            float* loss_sum, long long* count, UnitGrads droot, cudaStream_t s) override;
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) override;
-  void embed_backward(const void* root, const int32_t* tokens, float* droot, int B, int T, cudaStream_t s) override;
+  void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) override;
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
@@ -47,14 +48,14 @@ class LlamaCuda final : public CudaModelBase {
   void decode_allocate(int slots, int max_len, int max_rows) override;
   void decode_free() override;
   // The step's hidden states: embed_tokens[tokens] for n rows (tokens in device memory).
-  void decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) override;
+  void decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) override;
   // Block `layer` on the step's n rows: rotary at each row's position, row r's key and value cached
   // at (slots[r], positions[r]), attention over its slot's positions 0..positions[r] (device arrays,
   // checked by the caller).
   void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final RMSNorm, the LM head) of step row rows[i], i < m (device arrays).
-  void decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
+  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
 
  private:
   struct Saved {  // one block's activations kept for its backward
@@ -67,12 +68,16 @@ class LlamaCuda final : public CudaModelBase {
   void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute = false);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
 
-  // Element offsets of the tensors in the root's and in a block's flat layout (the same for every
-  // block), looked up once. q|k|v and gate|up are adjacent, so each pair of GEMMs is one.
+  // Where the root's tensors are (in the base, or in the trainable root of lora.modules_to_save), and
+  // the element offsets of a block's in its flat layout (the same for every block), looked up once.
+  // q|k|v and gate|up are adjacent, so each pair of GEMMs is one.
+  struct RootTensors {
+    model_detail::RootTensor embeddings, norm, head;
+  };
   struct BlockOffsets {
     size_t input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;  // qkv_bias: with qkv_bias_ only
   };
-  LlamaRootOffsets root_{};
+  RootTensors root_{};
   BlockOffsets block_{};
   // The block's linear layers in llama_linear_modules' order: LoRA's module indices (lora_).
   enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };

@@ -31,11 +31,10 @@ void LlamaCuda::decode_free() {
   free_cache();
 }
 
-void LlamaCuda::decode_embed(const void* root, const int32_t* tokens, int n, cudaStream_t s) {
+void LlamaCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) {
   check_step_rows("decode_embed", n);
   if (n == 0) return;
-  const char* r = static_cast<const char*>(root);
-  embedding_forward(tokens, r + root_.embeddings * dsize_, decode_.hidden.data(), n, cfg_.hidden_size,
+  embedding_forward(tokens, root_.embeddings.at(root, dsize_), decode_.hidden.data(), n, cfg_.hidden_size,
                     cfg_.vocab_size, dt_, s);
 }
 
@@ -87,18 +86,17 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   lora(kDownProj, b.wide.data(), b.hidden.data(), H);
 }
 
-void LlamaCuda::decode_head_argmax(const void* root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
+void LlamaCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
   check_step_rows("decode_head_argmax", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const char* r = static_cast<const char*>(root);
   DecodeBuffers& b = decode_;
   // h2 is free between blocks: it takes the rows whose logits are wanted.
   gather_rows(b.hidden.data(), rows, m, H, b.h2.data(), dt_, s);
-  rmsnorm_forward(b.h2.data(), r + root_.norm * dsize_, b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
+  rmsnorm_forward(b.h2.data(), root_.norm.at(root, dsize_), b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
                   s);
   // lm_head.weight, or embed_tokens.weight when tied.
-  head_argmax(gemm_, b.norm.data(), m, H, r + root_.head * dsize_, V, sizes_.head_chunk,
+  head_argmax(gemm_, b.norm.data(), m, H, root_.head.at(root, dsize_), V, sizes_.head_chunk,
               reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
 }
 
