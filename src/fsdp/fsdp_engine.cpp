@@ -54,6 +54,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     }
     if (opt.cpu_offload) {
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
+      // An fp32 reduction lands in it directly in the step's first micro-step (offload.cpp): page-locked.
+      if (opt.reduce_dtype == DType::F32) pin(d.host_grad.data(), d.host_grad.bytes());
       // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
       if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
       slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});

@@ -4,9 +4,11 @@
 //
 //   comm    reduce-scatter / all-reduce in the reduce dtype into slice[b] (or, one fp32 shard, in the
 //           full gradient itself); record `reduced`
-//   down    wait `reduced`; copy into pinned landing[b]; record copied[b]
+//   down    wait `reduced`; copy into pinned landing[b] (the step's first fp32 reduction: into the
+//           page-locked host gradient itself); record copied[b]
 //   worker  wait copied[b] (host); sum landing[b] into the host's fp32 gradient (with its sum of
-//           squares in the step's last micro-step); then, when the update is due, AdamW on the unit in
+//           squares in the step's last micro-step; landed directly, only the sum of squares, when
+//           the micro-step is also the last); then, when the update is due, AdamW on the unit in
 //           chunks, each chunk going up from pinned staging (or from the pinned fp32 master) on the
 //           `up` stream; record uploaded[u]
 //   comm / compute (next forward)   wait for the upload task (host, ticket), then uploaded[u] (stream)
@@ -23,8 +25,9 @@
 //                   the root) are recorded on down, and the compute stream waits them before zeroing.
 //   landing[b]      written by down, read by the worker: the main thread waits (host) for the task that
 //                   last summed it (landing_read[b]) before queueing the next copy into it.
-//   host gradient   the worker alone, in posting order; the main thread reads it (grad_norm, grad_slice)
-//                   only after waiting for the last arrival.
+//   host gradient   the worker alone, in posting order, but for a direct landing (down), queued after
+//                   the main thread waited for the unit's last update task (upload_task[u]); the main
+//                   thread reads it (grad_norm, grad_slice) only after waiting for the last arrival.
 //   stage[s]        the worker alone: it waits staged[s] (host) before writing it again.
 //   compute slices  uploads overwrite them after their last readers: early updates run after the
 //                   worker saw copied[b], which follows the unit's reduction, which follows its backward
@@ -67,17 +70,25 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
   o.worker->wait(o.landing_read[b]);  // the worker has summed what landing[b] held before
-  void* landing = o.landing[b].data();
-  be.copy(landing, reduced, n * dtype_size(rdt), CopyKind::DeviceToHost, o.down);
-  o.copied[b]->record(o.down);
   const bool first = o.micro == 0, last = o.last_announced;
   float* acc = d.host_grad.as<float>();
+  // The step's first fp32 reduction of a unit lands in the (page-locked) host gradient itself, which it
+  // overwrites: the host copies nothing. The unit's last update (the task that read it) is done: the
+  // forward waited for it before this backward.
+  const bool direct = first && rdt == DType::F32;
+  if (direct && o.upload_task[u]) o.worker->wait(o.upload_task[u]);
+  void* landing = direct ? static_cast<void*>(acc) : o.landing[b].data();
+  be.copy(landing, reduced, n * dtype_size(rdt), CopyKind::DeviceToHost, o.down);
+  o.copied[b]->record(o.down);
   double* squares = last ? &o.sum_squares[u] : nullptr;
   BackendEvent* copied = o.copied[b].get();
   const int threads = o.threads;
   o.last_arrival = o.landing_read[b] = o.worker->post([=] {
     copied->synchronize();
-    host_accumulate_grad(acc, landing, rdt, n, first, squares, threads);
+    if (!direct)
+      host_accumulate_grad(acc, landing, rdt, n, first, squares, threads);
+    else if (squares)
+      *squares = host_sum_squares(acc, n, threads);
   });
   if (o.early) post_upload(u, &*o.early);
 }

@@ -8,12 +8,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <iterator>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
+#include "host_pool.hpp"
 #include "shardlm/device.hpp"
 
 // GCC 12 warns about the deliberately undefined vectors inside its own AVX-512 intrinsics.
@@ -212,18 +211,10 @@ void host_adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, int 
   for (size_t r = 0; r < ranges.size(); ++r)
     for (size_t b = 0; b < ranges[r].numel; b += kHostAdamWPiece)
       pieces.push_back({r, b, std::min(ranges[r].numel, b + kHostAdamWPiece)});
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < pieces.size(); i = next++) {
-      const Piece& p = pieces[i];
-      update_piece(simd, ranges[p.range], p.begin, p.end, scalars[p.range], h.out_dtype);
-    }
-  };
-  const int helpers = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(1, threads)), pieces.size())) - 1;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < helpers; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  host_parallel_for(pieces.size(), threads, [&](size_t i) {
+    const Piece& p = pieces[i];
+    update_piece(simd, ranges[p.range], p.begin, p.end, scalars[p.range], h.out_dtype);
+  });
 }
 
 }  // namespace shardlm

@@ -2,11 +2,10 @@
 // accumulation in host memory, with the sum of squares of the result in the same pass, over fixed
 // pieces shared by the threads so that any thread count gives the same bits.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "host_pool.hpp"
 #include "shardlm/device.hpp"
 
 namespace shardlm {
@@ -88,18 +87,13 @@ double accumulate_piece(float* acc, const void* in, DType dtype, size_t begin, s
 }
 
 // Runs piece(i, scratch) for every piece index over `threads` threads (the caller's among them).
+// `scratch` is the running thread's own (16-bit slices are widened into it), kept between calls.
 template <typename Piece>
 void over_pieces(size_t pieces, int threads, Piece piece) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    std::vector<float> scratch;
-    for (size_t i = next++; i < pieces; i = next++) piece(i, scratch);
-  };
-  const int helpers = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(1, threads)), pieces)) - 1;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < helpers; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  host_parallel_for(pieces, threads, [&](size_t i) {
+    thread_local std::vector<float> scratch;
+    piece(i, scratch);
+  });
 }
 
 }  // namespace
