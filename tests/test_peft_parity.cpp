@@ -46,9 +46,15 @@ MicroBatch rank_batch(const Tensors& ref, int rank, int world) {
 }
 
 // Elements of this rank's slice of unit `p` that differ from `want` (the whole tensor, by name
-// "<prefix><PEFT name>") by more than 1e-4 of the tensor's largest magnitude.
+// "<prefix><PEFT name>") by more than 1e-4 of the tensor's largest magnitude. With `conditioned` (the
+// weights after AdamW steps), elements whose first gradient ("grad.<PEFT name>") is below 1e-6 of the
+// tensor's largest gradient are left out: AdamW moves an element by lr g / (|g| + eps) whatever |g| is,
+// and a gradient at the rounding level of its own sum (fp32: ~1e-7 of its terms) has a direction that
+// the order of the sum decides, so no two implementations agree on that element's update (the tiny
+// Llama's saved lm_head has one such element of 3104, |g| = 2.7e-8 beside a largest 0.196). At most
+// 0.1% of a tensor may be left out, so the check stays one of the whole tensor.
 void check_slices(const ModelConfig& cfg, const FlatParameter& p, const float* slice, const Tensors& ref,
-                  const std::string& prefix, const char* what) {
+                  const std::string& prefix, const char* what, bool conditioned = false) {
   for (const TensorSpec& spec : p.layout->tensors) {
     const size_t lo = std::max(p.shard_begin, spec.offset);
     const size_t hi = std::min(p.shard_begin + p.shard_numel, spec.offset + spec.numel);
@@ -57,15 +63,25 @@ void check_slices(const ModelConfig& cfg, const FlatParameter& p, const float* s
     BOOST_TEST_REQUIRE(want.data.size() == spec.numel, name);
     float scale = 0;
     for (float g : want.data) scale = std::max(scale, std::fabs(g));
-    size_t bad = 0;
+    const std::vector<float>* grad = conditioned ? &at(ref, "grad." + name).data : nullptr;
+    float grad_scale = 0;
+    if (grad)
+      for (float g : *grad) grad_scale = std::max(grad_scale, std::fabs(g));
+    size_t bad = 0, left_out = 0;
     double worst = 0;
     for (size_t i = lo; i < hi; ++i) {
+      if (grad && std::fabs((*grad)[i - spec.offset]) < 1e-6f * grad_scale) {
+        ++left_out;
+        continue;
+      }
       const double err = std::fabs(slice[i - p.shard_begin] - want.data[i - spec.offset]);
       worst = std::max(worst, err);
       bad += err > 1e-4 * scale + 1e-9;
     }
     BOOST_TEST(bad == 0u, what << " " << name << ": " << bad << " elements differ by more than 1e-4 x "
                                << scale << "; worst " << worst);
+    BOOST_TEST(left_out * 1000 <= spec.numel, what << " " << name << ": " << left_out
+                                                   << " elements with a gradient at the rounding level");
   }
 }
 
@@ -136,7 +152,7 @@ void check_parity(const std::string& name, ShardingStrategy strategy, const std:
     // The views start at the slice's first element; check_slices indexes from shard_begin.
     std::vector<float> slice(model.unit(u).shard_numel, 0.0f);
     std::copy(after[u].param, after[u].param + after[u].count, slice.begin() + (after[u].begin - std::min(model.unit(u).shard_begin, after[u].begin)));
-    check_slices(cfg, model.unit(u), slice.data(), ref, "step5.", "after five steps");
+    check_slices(cfg, model.unit(u), slice.data(), ref, "step5.", "after five steps", true);
   }
 }
 
