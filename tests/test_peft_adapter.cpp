@@ -294,15 +294,20 @@ BOOST_AUTO_TEST_CASE(a_peft_adapter_config_is_read) {
 }
 
 // Adapters PEFT 0.21 itself saved (tests/fixtures/peft/make_lora_parity.py, for test_peft_parity) on
-// the tiny models of tests/fixtures/hf: all-linear saved as every module's full path.
+// the tiny models of tests/fixtures/hf: all-linear saved as every module's full path; the tiny Llama
+// also with modules_to_save = ["lm_head"] (PEFT saves the head as base_model.model.lm_head.weight):
+// shardlm reads them, and names the tensors it would write for the same settings as PEFT did.
 BOOST_AUTO_TEST_CASE(adapters_peft_saved_are_read) {
   const std::string hf = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/";
   const std::string peft = SHARDLM_SOURCE_DIR "/tests/fixtures/peft/";
-  for (const std::string name : {"tiny_llama", "tiny_bloom"}) {
-    BOOST_TEST_CONTEXT(name) {
+  for (const auto& [name, fixture, saved] : std::vector<std::tuple<std::string, std::string, std::vector<std::string>>>{
+           {"tiny_llama", "tiny_llama_lora", {}},
+           {"tiny_bloom", "tiny_bloom_lora", {}},
+           {"tiny_llama", "tiny_llama_lora_head", {"lm_head"}}}) {
+    BOOST_TEST_CONTEXT(fixture) {
       const std::string config_path = hf + name + "/config.json";
       const ModelConfig cfg = model_config_from_hf(read_text_file(config_path), config_path);
-      const std::string dir = peft + name + "_lora";
+      const std::string dir = peft + fixture;
       const PeftAdapter a = read_peft_adapter(dir, cfg);
       std::vector<std::string> linear;
       for (const LinearModule& m : linear_modules(cfg)) linear.push_back(m.name);
@@ -310,7 +315,7 @@ BOOST_AUTO_TEST_CASE(adapters_peft_saved_are_read) {
       BOOST_TEST(a.lora.alpha == 8.0);
       BOOST_TEST(a.lora.dropout == 0.0);
       BOOST_TEST(a.lora.target_modules == linear, boost::test_tools::per_element());
-      BOOST_TEST(a.lora.modules_to_save.empty());
+      BOOST_TEST(a.lora.modules_to_save == saved, boost::test_tools::per_element());
       BOOST_TEST(a.base_model_name_or_path.find("tests/fixtures/hf/" + name) != std::string::npos);
       // Every tensor of the file, by its layout name, with the file's values.
       const std::vector<SafetensorsEntry> file = read_safetensors(dir + "/adapter_model.safetensors");
@@ -323,6 +328,8 @@ BOOST_AUTO_TEST_CASE(adapters_peft_saved_are_read) {
         BOOST_TEST_REQUIRE((it != file.end()), spec.name);
         BOOST_TEST((a.tensors.at(spec.name).values == it->data), spec.name);
       }
+      if (!saved.empty())
+        BOOST_TEST(a.tensors.count("lm_head.weight") == 1u);
     }
   }
 }
