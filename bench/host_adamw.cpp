@@ -1,14 +1,16 @@
 // bench_host_adamw: bytes/s of the host AdamW (the offloaded optimizer) against the machine's memory
 // bandwidth, measured in the same program by a STREAM-like triad on the same threads.
 //
-//   build/bin/bench_host_adamw [--elements N] [--reps R] [--threads 1,2,4] [--json]
+//   build/bin/bench_host_adamw [--elements N] [--reps R] [--threads 1,2,4] [--moments-dir DIR] [--json]
 //
 // For each thread count: the triad a[i] = b[i] + s c[i] over fp32 arrays of N elements (12 bytes an
 // element: two reads, one write), then host_adamw on one range of N elements with each path the CPU
 // has (scalar, AVX2, AVX-512), without and with the bf16 compute-dtype copy. AdamW reads param, grad
 // and both moments and writes param and both moments: 28 bytes an element, 30 with the bf16 copy
 // (write-allocate traffic is not counted, as STREAM does not count it). Each figure is the median of
-// R repetitions after one warm-up; the last column is the AdamW rate over the triad's.
+// R repetitions after one warm-up; the last column is the AdamW rate over the triad's. With
+// --moments-dir, both moments are memory-mapped files in DIR as fsdp.offload_dir makes them (the
+// CPU backend's allocation): the rate then includes the page cache, and the disk where they do not fit.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,12 +26,13 @@ using namespace shardlm;
 
 namespace {
 
-const char* kUsage = "usage: bench_host_adamw [--elements N] [--reps R] [--threads 1,2,4] [--json]\n";
+const char* kUsage = "usage: bench_host_adamw [--elements N] [--reps R] [--threads 1,2,4] [--moments-dir DIR] [--json]\n";
 
 struct Options {
   size_t elements = size_t(32) << 20;
   int reps = 7;
   std::vector<int> threads;
+  std::string moments_dir;
   bool json = false;
 };
 
@@ -59,6 +62,8 @@ Options parse(int argc, char** argv) {
         o.threads.push_back(static_cast<int>(count(list.substr(pos, comma - pos))));
         pos = comma + 1;
       }
+    } else if (a == "--moments-dir") {
+      o.moments_dir = value();
     } else if (a == "--json") {
       o.json = true;
     } else {
@@ -106,8 +111,14 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const size_t n = o.elements;
-    std::vector<float> p(n), g(n), m(n, 0.f), v(n, 0.f), a(n), b(n), c(n);
+    std::vector<float> p(n), g(n), a(n), b(n), c(n);
     std::vector<uint16_t> out(n);
+    // The moments: host memory, or fsdp.offload_dir's mapped files (zeros either way).
+    const std::unique_ptr<Backend> files = make_cpu_backend(1, o.moments_dir);
+    const DeviceArray m_array = files->allocate(n * sizeof(float), MemKind::Optimizer);
+    const DeviceArray v_array = files->allocate(n * sizeof(float), MemKind::Optimizer);
+    float* m = m_array.as<float>();
+    float* v = v_array.as<float>();
     for (size_t i = 0; i < n; ++i) {
       p[i] = 1e-3f * static_cast<float>(i % 1000);
       g[i] = 1e-4f * static_cast<float>(i % 777) - 0.03f;
@@ -115,8 +126,9 @@ int main(int argc, char** argv) {
     }
     const double gb = 1e9;
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-    std::printf("host AdamW on %zu elements (%.0f MiB per array), median of %d repetitions\n", n,
-                static_cast<double>(n) * 4 / 1048576.0, o.reps);
+    std::printf("host AdamW on %zu elements (%.0f MiB per array), median of %d repetitions%s%s\n", n,
+                static_cast<double>(n) * 4 / 1048576.0, o.reps, o.moments_dir.empty() ? "" : "; moments mapped in ",
+                o.moments_dir.c_str());
     std::printf("%-8s %7s %-10s %12s %10s %9s\n", "threads", "path", "copy", "seconds", "GB/s", "of triad");
     for (int threads : o.threads) {
       const double triad_s = time_median(o.reps, [&] { triad(a.data(), b.data(), c.data(), n, threads); });
@@ -132,7 +144,7 @@ int main(int argc, char** argv) {
           AdamWHyper h;
           h.lr = 1e-4, h.step = 1, h.out_dtype = copy ? DType::BF16 : DType::F32;
           const std::vector<AdamWRange> ranges = {
-              {p.data(), g.data(), m.data(), v.data(), n, 0.01, copy ? out.data() : nullptr}};
+              {p.data(), g.data(), m, v, n, 0.01, copy ? out.data() : nullptr}};
           const double s = time_median(o.reps, [&] {
             host_adamw(ranges, h, threads, simd);
             ++h.step;
@@ -150,7 +162,9 @@ int main(int argc, char** argv) {
       }
     }
     if (o.json)
-      std::printf("%s\n", nlohmann::ordered_json{{"elements", n}, {"reps", o.reps}, {"rows", rows}}.dump().c_str());
+      std::printf("%s\n", nlohmann::ordered_json{{"elements", n}, {"reps", o.reps}, {"moments_dir", o.moments_dir}, {"rows", rows}}
+                               .dump()
+                               .c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_host_adamw: error: %s\n", e.what());
     return 1;

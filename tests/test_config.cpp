@@ -136,7 +136,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 63u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 64u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -339,6 +339,17 @@ BOOST_AUTO_TEST_CASE(dist_timeout) {
     BOOST_TEST(has(error_of([&] { load(kBase); }), concat("SHARDLM_NCCL_TIMEOUT = '", bad, "'")), bad);
   }
   unsetenv("SHARDLM_NCCL_TIMEOUT");
+}
+
+// fsdp.offload_dir: kept as written, written back in the resolved deck; without fsdp.cpu_offload refused.
+BOOST_AUTO_TEST_CASE(offload_dir) {
+  BOOST_TEST(load(kBase).fsdp.offload_dir.empty());
+  const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_dir=/local/nvme"});
+  BOOST_TEST(c.fsdp.offload_dir == "/local/nvme");
+  BOOST_TEST(has(resolved_deck_ini(c), "offload_dir = /local/nvme\n"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.offload_dir=/local/nvme"}); }),
+                 "fsdp.offload_dir = '/local/nvme': keeps the host AdamW's moments of an offloaded run: set "
+                 "fsdp.cpu_offload = true"));
 }
 
 BOOST_AUTO_TEST_CASE(missing_files) {

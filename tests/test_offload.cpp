@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "host_worker.hpp"
+#include "temp_dir.hpp"
 #include "shardlm/fsdp.hpp"
 
 using namespace shardlm;
@@ -100,6 +101,7 @@ struct Case {
   bool announce = true;      // last_micro_step as the trainer calls it
   DType reduce = DType::F32;
   bool lora = false;
+  std::string moments_dir;   // fsdp.offload_dir: the host AdamW's moments in mapped files there
 };
 
 std::string name_of(const Case& c) {
@@ -126,7 +128,7 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
   return std::make_unique<FsdpEngine>(std::move(be), make_mpi_process_groups(MPI_COMM_WORLD, topo, c.strategy),
                                       make_unit_model(model, BackendKind::Cpu, DType::F32, kBatch, kSeq, false), o, adam,
-                                      7, kBatch * kSeq, offload ? make_cpu_backend(2) : nullptr);
+                                      7, kBatch * kSeq, offload ? make_cpu_backend(2, c.moments_dir) : nullptr);
 }
 
 // Five optimizer steps as train_step takes them, then an eval loss and the final state.
@@ -271,6 +273,36 @@ BOOST_AUTO_TEST_CASE(unannounced_steps_bf16_reductions_and_lora) {
   cases.push_back(lora_clip);
   for (const Case& c : cases)
     BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+}
+
+// fsdp.offload_dir: AdamW's moments in memory-mapped files give the same steps (accumulation and
+// clipping: the deferred updates; and the early ones); the files are unlinked as soon as they are made,
+// so the directory is empty while the engine runs and after. A directory that cannot take a file is an
+// error naming the key.
+BOOST_AUTO_TEST_CASE(moments_in_mapped_files_give_the_same_steps) {
+  TempDir dir{"offload_dir"};
+  for (double max_norm : {0.0, 0.05}) {
+    Case c;
+    c.accum = 2, c.max_norm = max_norm;
+    Case mapped = c;
+    mapped.moments_dir = dir.root.string();
+    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(mapped, true), train_steps(c, false), 1e-6); }
+  }
+  Case c;
+  c.moments_dir = dir.root.string();
+  {
+    const std::unique_ptr<FsdpEngine> e = make_engine(c, true);
+    BOOST_TEST(std::filesystem::is_empty(dir.root));
+  }
+  BOOST_TEST(std::filesystem::is_empty(dir.root));
+  c.moments_dir = (dir.root / "missing").string();
+  std::string e;
+  try {
+    make_engine(c, true);
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  BOOST_TEST(e.find("fsdp.offload_dir = '" + c.moments_dir + "': cannot create a file there") != std::string::npos, e);
 }
 
 // The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint

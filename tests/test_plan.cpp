@@ -478,10 +478,22 @@ BOOST_AUTO_TEST_CASE(offload_keeps_no_fp32_state_per_parameter_on_the_device) {
         const size_t cast = world > 1 && reduce != shardlm::DType::F32 ? root * rsize : 0;  // reduce-scatter's send
         BOOST_TEST(off.record.comm_staging == 2 * landing + cast);
         BOOST_TEST(off.device_total() < plain.device_total());
+        // fsdp.offload_dir: the moments (8 bytes a parameter of the slices) move from host memory to files.
+        BOOST_TEST(off.offload_file_bytes == 0u);
+        s.fsdp.moments_in_files = true;
+        const shardlm::RankMemoryPlan mapped = shardlm::plan_rank_memory(s);
+        BOOST_TEST(mapped.offload_file_bytes == 8 * slices);
+        BOOST_TEST(mapped.host_optimizer == 0u);
+        BOOST_TEST(mapped.host_bytes + 8 * slices == off.host_bytes);
+        BOOST_TEST(mapped.device_total() == off.device_total());
       }
     }
-  // `plan` says where the gradients go.
+  // `plan` says where the gradients go, and where fsdp.offload_dir puts the moments.
   Outcome t = plan(kBloom560m + " --train.batch_size=8");
   BOOST_TEST_REQUIRE(t.exit_code == 0);
   BOOST_TEST(contains(t.output, "no fp32 gradient"));
+  BOOST_TEST(!contains(t.output, "fsdp.offload_dir"));
+  Outcome d = plan(kBloom560m + " --train.batch_size=8 --fsdp.cpu_offload=true --fsdp.offload_dir=/local/nvme");
+  BOOST_TEST_REQUIRE(d.exit_code == 0, d.output);
+  BOOST_TEST(contains(d.output, "fsdp.offload_dir = '/local/nvme': with CPU offload AdamW's moments ("), d.output);
 }

@@ -188,6 +188,22 @@ BOOST_AUTO_TEST_CASE(auto_without_checkpoints_starts_fresh) {
   BOOST_TEST(r.last_checkpoint.empty());
 }
 
+// On the CPU backend the state is in host memory already: fsdp.cpu_offload (with offload_dir) changes
+// nothing (docs/deck.md), the run trains as without it (it used to be refused at start).
+BOOST_AUTO_TEST_CASE(cpu_offload_on_the_cpu_backend_changes_nothing) {
+  RunConfig plain = config(ShardingStrategy::FullShard, "cpu_plain");
+  plain.checkpoint.at_end = false;
+  plain.train.max_steps = 3;
+  RunConfig offload = plain;
+  offload.run.dir = scratch("cpu_offload");
+  offload.fsdp.cpu_offload = true;
+  offload.fsdp.offload_dir = scratch("");
+  const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(offload, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(a.step_losses.size() == 3u);
+  BOOST_TEST((b.step_losses == a.step_losses));
+}
+
 BOOST_AUTO_TEST_CASE(a_different_model_is_refused_on_every_rank) {
   uninterrupted();
   RunConfig cfg = config(ShardingStrategy::FullShard, "wrong_model");

@@ -79,6 +79,9 @@ struct FsdpSection {
   DType reduce_dtype = DType::F32;
   bool activation_checkpointing = false;  // recompute each block's activations in its backward (CUDA backend)
   bool cpu_offload = false;  // CUDA backend: fp32 master and AdamW state in host memory, the step on the CPU
+  // With cpu_offload: AdamW's moments in memory-mapped files in this directory (local NVMe) instead of
+  // host memory; empty: in host memory.
+  std::string offload_dir;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

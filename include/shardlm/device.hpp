@@ -138,7 +138,10 @@ class Backend {
 };
 
 // The CPU backend; `threads` spread its element-wise work (AdamW) over the host's cores.
-std::unique_ptr<Backend> make_cpu_backend(int threads = 1);
+// With `moments_dir`, its MemKind::Optimizer arrays (AdamW's moments) are memory-mapped files created in
+// that directory and unlinked at once (nothing stays behind, even after a crash); the kernel pages them
+// in and out, so host memory smaller than the moments suffices (fsdp.offload_dir).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 1, const std::string& moments_dir = "");
 
 // ---- the host AdamW (cpu/host_adamw.cpp): the CPU backend's adamw, offloaded runs' optimizer ----
 

@@ -44,6 +44,7 @@ struct FsdpOptions {
   DType param_dtype = DType::F32;   // dtype the parameters are gathered in
   DType reduce_dtype = DType::F32;  // dtype gradients are reduced in
   bool cpu_offload = false;         // fp32 master and optimizer state in host memory, the step on the host
+  bool moments_in_files = false;    // fsdp.offload_dir set (with cpu_offload): AdamW's moments in mapped files
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -236,6 +237,7 @@ struct RankMemoryPlan {
   FsdpMemory record;
   size_t optimizer = 0;       // AdamW moments in the memory that device_total counts
   size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
+  size_t offload_file_bytes = 0;  // fsdp.offload_dir: the moments in its mapped files instead (not in host_bytes)
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
   size_t host_bytes = 0;      // CUDA: host memory of the rank (checkpoint staging of the master and moments;

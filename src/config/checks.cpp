@@ -44,6 +44,10 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (rpn > 0 && world_size % rpn != 0)
     bad_value("dist.ranks_per_node", std::to_string(rpn),
               concat("world size ", world_size, " is not divisible by it"));
+
+  if (!cfg.fsdp.offload_dir.empty() && !cfg.fsdp.cpu_offload)
+    bad_value("fsdp.offload_dir", "'" + cfg.fsdp.offload_dir + "'",
+              "keeps the host AdamW's moments of an offloaded run: set fsdp.cpu_offload = true, or leave it empty");
 }
 
 }  // namespace shardlm::config_detail

@@ -292,6 +292,7 @@ static std::vector<KeySpec> build_table() {
       dtype_key("fsdp.reduce_dtype", SHARDLM_FIELD(fsdp.reduce_dtype)),
       flag_key("fsdp.activation_checkpointing", SHARDLM_FIELD(fsdp.activation_checkpointing)),
       flag_key("fsdp.cpu_offload", SHARDLM_FIELD(fsdp.cpu_offload)),
+      text_key("fsdp.offload_dir", SHARDLM_FIELD(fsdp.offload_dir)),
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch)),
       enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch),
                {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None}, backward_prefetch_name),

@@ -16,6 +16,7 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
   o.param_dtype = deck.param_dtype;
   o.reduce_dtype = deck.reduce_dtype;
   o.cpu_offload = deck.cpu_offload;
+  o.moments_in_files = deck.cpu_offload && !deck.offload_dir.empty();
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;

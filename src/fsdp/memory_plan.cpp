@@ -29,9 +29,15 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
     if (b.grad_slices) p.record.grad_shard += n * 4;
     if (b.compute_slice) p.record.master_shard += n * csize;
     if (spec.fsdp.cpu_offload) {
-      // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, AdamW's moments.
-      p.host_optimizer += 2 * n * 4;
-      p.host_bytes += 4 * n * 4;
+      // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, AdamW's moments
+      // (in fsdp.offload_dir's mapped files when set).
+      if (spec.fsdp.moments_in_files) {
+        p.offload_file_bytes += 2 * n * 4;
+        p.host_bytes += 2 * n * 4;
+      } else {
+        p.host_optimizer += 2 * n * 4;
+        p.host_bytes += 4 * n * 4;
+      }
     } else {
       p.record.master_shard += n * 4;
       p.optimizer += 2 * n * 4;

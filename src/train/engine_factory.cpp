@@ -51,6 +51,7 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   spec.model = cfg.model;
   spec.backend = cfg.run.backend;
   spec.fsdp = fsdp_options(cfg.fsdp);
+  if (cfg.run.backend == BackendKind::Cpu) spec.fsdp.cpu_offload = spec.fsdp.moments_in_files = false;  // no-ops there
   spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
   spec.world_size = topo.world_size;
   spec.ranks_per_node = topo.local_size;
@@ -71,8 +72,10 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     backend = make_cuda_backend();
     groups = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy,
                                             static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout);
-    // Offloaded, AdamW runs on the host's cores, shared by the ranks on it.
-    if (cfg.fsdp.cpu_offload) host_backend = make_cpu_backend(cpu_default_threads(topo.host_ranks));
+    // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in
+    // fsdp.offload_dir's mapped files when set).
+    if (cfg.fsdp.cpu_offload)
+      host_backend = make_cpu_backend(cpu_default_threads(topo.host_ranks), cfg.fsdp.offload_dir);
 #else
     throw Error("run.backend = cuda: this shardlm was built without CUDA (configure with -DSHARDLM_CUDA=ON)");
 #endif
@@ -86,9 +89,12 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   std::unique_ptr<UnitModel> model = make_unit_model(cfg.model, kind, compute, micro, cfg.data.max_length,
                                                      cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;
-  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model),
-                                             fsdp_options(cfg.fsdp), adamw_options(cfg), cfg.train.seed, max_tokens,
-                                             std::move(host_backend));
+  // On the CPU backend the state is in host memory already: fsdp.cpu_offload (and offload_dir) change
+  // nothing there (docs/deck.md).
+  FsdpOptions options = fsdp_options(cfg.fsdp);
+  if (kind == BackendKind::Cpu) options.cpu_offload = options.moments_in_files = false;
+  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model), options,
+                                             adamw_options(cfg), cfg.train.seed, max_tokens, std::move(host_backend));
   check_memory_plan(cfg, topo, micro, be.allocated_bytes() - before);
   return engine;
 }

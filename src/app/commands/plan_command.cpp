@@ -300,6 +300,14 @@ void print_table(const Plan& plan) {
                 "  CPU offload keeps no fp32 gradient slice on the GPU: each unit's reduced gradient goes to the host\n"
                 "  in fsdp.reduce_dtype as soon as it is reduced, and AdamW runs there unit by unit\n",
                 plan.ranks_per_node);
+  if (cuda && !c.fsdp.offload_dir.empty())
+    for (const Row& r : plan.rows)
+      if (r.offload) {
+        std::printf("  fsdp.offload_dir = '%s': with CPU offload AdamW's moments (%s per rank with a shard group of\n"
+                    "  %d) live in memory-mapped files there, not in host/rank; docs/deck.md says what that costs\n",
+                    c.fsdp.offload_dir.c_str(), format_bytes(r.memory.offload_file_bytes).c_str(), r.memory.shard_size);
+        break;
+      }
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
   if (cuda) {
@@ -344,6 +352,7 @@ void print_json(const Plan& plan) {
                     {"total_bytes", r.total},
                     {"with_runtime_bytes", r.with_runtime},
                     {"host_optimizer_bytes", p.host_optimizer},
+                    {"offload_file_bytes", p.offload_file_bytes},
                     {"host_bytes", p.host_bytes},
                     {"host_bytes_per_node", p.host_per_node()},
                     {"fits", r.fits},
@@ -352,7 +361,7 @@ void print_json(const Plan& plan) {
                     {"memory_record",
                      {{"master_shard_bytes", p.record.master_shard},
                       {"grad_shard_bytes", p.record.grad_shard},
-                      {"optimizer_bytes", p.optimizer + p.host_optimizer},
+                      {"optimizer_bytes", p.optimizer + p.host_optimizer + p.offload_file_bytes},
                       {"full_param_bytes", p.record.full_params},
                       {"full_grad_bytes", p.record.full_grads},
                       {"activation_bytes", p.record.activations},

@@ -1,8 +1,14 @@
 // The CPU backend: host memory counted by MemKind, synchronous "streams", casts and the
 // element-wise updates (gradient accumulation, sums of squares, AdamW over the host's threads).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "shardlm/device.hpp"
 
@@ -27,6 +33,37 @@ class HostMemory final : public DeviceMemory {
   MemKind kind_;
 };
 
+// An array in a memory-mapped file of `dir` (fsdp.offload_dir): created, unlinked at once (the mapping
+// keeps it; nothing stays behind after the run, even a killed one), sized to `bytes` (reads as zeros).
+// Not counted as host memory: the kernel pages it in and out of the page cache.
+class MappedMemory final : public DeviceMemory {
+ public:
+  MappedMemory(const std::string& dir, size_t bytes) {
+    if (bytes == 0) return;
+    std::string path = dir + "/shardlm-moments-XXXXXX";
+    const int fd = mkstemp(path.data());
+    SHARDLM_CHECK(fd >= 0, "fsdp.offload_dir = '", dir, "': cannot create a file there (", std::strerror(errno),
+                  "); give a writable directory on a local disk, or leave it empty");
+    unlink(path.c_str());
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int e = errno;
+      close(fd);
+      throw Error(concat("fsdp.offload_dir = '", dir, "': cannot size a file of ", format_bytes(bytes), " (",
+                         std::strerror(e), ")"));
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int e = errno;
+    close(fd);
+    SHARDLM_CHECK(p != MAP_FAILED, "fsdp.offload_dir = '", dir, "': cannot map ", format_bytes(bytes), " (",
+                  std::strerror(e), ")");
+    data_ = p;
+    bytes_ = bytes;
+  }
+  ~MappedMemory() override {
+    if (data_) munmap(data_, bytes_);
+  }
+};
+
 class NoEvent final : public BackendEvent {
  public:
   void record(Stream) override {}
@@ -36,14 +73,17 @@ class NoEvent final : public BackendEvent {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {}
+  CpuBackend(int threads, std::string moments_dir) : threads_(std::max(1, threads)), moments_dir_(std::move(moments_dir)) {}
   BackendKind kind() const override { return BackendKind::Cpu; }
   bool host_memory() const override { return true; }
   bool asynchronous() const override { return false; }
   DType compute_dtype(DType) const override { return DType::F32; }
   std::string device_name() const override { return "cpu"; }
 
-  DeviceArray allocate(size_t bytes, MemKind kind) override { return {std::make_unique<HostMemory>(bytes, kind)}; }
+  DeviceArray allocate(size_t bytes, MemKind kind) override {
+    if (kind == MemKind::Optimizer && !moments_dir_.empty()) return {std::make_unique<MappedMemory>(moments_dir_, bytes)};
+    return {std::make_unique<HostMemory>(bytes, kind)};
+  }
   size_t allocated_bytes() const override { return memory_stats().total_current; }
   size_t peak_bytes() const override { return memory_stats().total_peak; }
   size_t available_bytes() const override { return host_available_bytes(); }
@@ -90,11 +130,14 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  std::string moments_dir_;  // fsdp.offload_dir: AdamW's moments in mapped files there
   HostSimd simd_ = host_simd_best();
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, const std::string& moments_dir) {
+  return std::make_unique<CpuBackend>(threads, moments_dir);
+}
 
 }  // namespace shardlm
