@@ -3,7 +3,8 @@
 // tests/fixtures/peft/check_lora_export.py to compare with transformers' (and PEFT's). IDS_JSON is a
 // JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per position]}. Every position's
 // logits come from the prefix ending there (the model is causal). With ADAPTER_DIR (a PEFT LoRA
-// adapter folder) the model runs with those adapters on the frozen base.
+// adapter folder) the model runs with those adapters on the frozen base, and with the adapter's
+// modules_to_save (the root's modules it holds whole) in place of the base's.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -40,18 +41,29 @@ int main(int argc, char** argv) {
       dir.read_unit_slice(u, 0, f.size(), f.data());
       flat.push_back(std::move(f));
     }
+    // The root as a LoRA run holds it: the frozen rest (lora_frozen_layout) beside the saved modules.
+    shardlm::CpuParams root = flat[0].data();
+    std::vector<float> frozen_root;
+    if (!adapters.empty() && !adapters[0].empty()) {
+      const shardlm::UnitLayout frozen = shardlm::lora_frozen_layout(cfg)[0];
+      frozen_root.resize(frozen.numel);
+      for (const shardlm::TensorSpec& t : frozen.tensors)
+        for (const shardlm::TensorSpec& w : dir.layout()[0].tensors)
+          if (w.name == t.name) std::copy_n(flat[0].begin() + w.offset, t.numel, frozen_root.begin() + t.offset);
+      root = {frozen_root.data(), adapters[0].data()};
+    }
     const int T_max = static_cast<int>(ids.size());
     std::unique_ptr<shardlm::CpuModel> model = shardlm::make_cpu_model(cfg, 1, T_max);
     nlohmann::json rows = nlohmann::json::array();
     for (int T = 1; T <= T_max; ++T) {
       std::vector<float> h[2] = {std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size),
                                  std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size)};
-      model->embed_forward(flat[0].data(), ids.data(), 1, T, h[0].data());
+      model->embed_forward(root, ids.data(), 1, T, h[0].data());
       for (int l = 0; l < cfg.num_layers; ++l)
         model->block_forward(l, {flat[1 + l].data(), adapters.empty() ? nullptr : adapters[1 + l].data()},
                              h[l % 2].data(), h[1 - l % 2].data(), 1, T);
       std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
-      model->head_logits(flat[0].data(), h[cfg.num_layers % 2].data(), 1, T, logits.data());
+      model->head_logits(root, h[cfg.num_layers % 2].data(), 1, T, logits.data());
       rows.push_back(logits);
     }
     std::ofstream(argv[3]) << nlohmann::json{{"logits", rows}}.dump() << "\n";
