@@ -460,6 +460,29 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
     BOOST_TEST((saved_w.at(name) != w) == (ln_f || contains(name, ".dense.weight")), name);
     if (ln_f) BOOST_TEST((saved_w.at(name) == adapter_w.at("base_model.model." + name)), name);
   }
+  // The base with the adapter (its saved ln_f in place of the base's) computes the merged export's
+  // logits (export_logits, the tool that tests/fixtures/peft/check_lora_export.py compares with PEFT's).
+  std::ofstream(dir / "ids.json") << "[72, 101, 108, 108, 111, 32, 1, 2, 200, 250]";
+  Outcome with_adapter = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + (dir / "hf").string() + " " +
+                                     (dir / "ids.json").string() + " " + (dir / "adapter_logits.json").string() + " " +
+                                     (dir / "lora_saved" / "adapter").string());
+  BOOST_TEST_REQUIRE(with_adapter.exit_code == 0, with_adapter.output);
+  Outcome of_merged = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + (dir / "saved_merged").string() + " " +
+                                  (dir / "ids.json").string() + " " + (dir / "merged_logits.json").string());
+  BOOST_TEST_REQUIRE(of_merged.exit_code == 0, of_merged.output);
+  const auto rows = [&](const char* file) {
+    return nlohmann::json::parse(bytes_of(dir / file)).at("logits").get<std::vector<std::vector<float>>>();
+  };
+  const std::vector<std::vector<float>> a = rows("adapter_logits.json"), m = rows("merged_logits.json");
+  BOOST_TEST_REQUIRE(a.size() == 10u);
+  BOOST_TEST_REQUIRE(m.size() == a.size());
+  double scale = 0, diff = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t v = 0; v < a[t].size(); ++v) {
+      scale = std::max(scale, static_cast<double>(std::fabs(a[t][v])));
+      diff = std::max(diff, static_cast<double>(std::fabs(a[t][v] - m[t][v])));
+    }
+  BOOST_TEST(diff <= 1e-5 * scale, "adapter vs merged logits: " << diff << " of " << scale);
 
   // A tokenizer larger than the model's vocabulary is refused before training.
   Outcome too_big = run_shardlm(1, "train " + (dir / "from_hf.ini").string() + " --data.tokenizer=" SHARDLM_SOURCE_DIR
