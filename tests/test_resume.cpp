@@ -194,6 +194,7 @@ BOOST_AUTO_TEST_CASE(cpu_offload_on_the_cpu_backend_changes_nothing) {
   RunConfig plain = config(ShardingStrategy::FullShard, "cpu_plain");
   plain.checkpoint.at_end = false;
   plain.train.max_steps = 3;
+  plain.run.overwrite = true;
   RunConfig offload = plain;
   offload.run.dir = scratch("cpu_offload");
   offload.fsdp.cpu_offload = true;

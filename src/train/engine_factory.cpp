@@ -17,6 +17,14 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
   return {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay};
 }
 
+// The engine's options from the deck. On the CPU backend the state is in host memory already:
+// fsdp.cpu_offload (and offload_dir) change nothing there (docs/deck.md).
+FsdpOptions engine_fsdp_options(const RunConfig& cfg) {
+  FsdpOptions o = fsdp_options(cfg.fsdp);
+  if (cfg.run.backend == BackendKind::Cpu) o.cpu_offload = o.moments_in_files = false;
+  return o;
+}
+
 // `shardlm plan` predicts the engine's buffers from memory_plan.cpp: say so when the two disagree.
 void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) {
   const size_t planned = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).device_total();
@@ -50,8 +58,7 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   MemoryPlanSpec spec;
   spec.model = cfg.model;
   spec.backend = cfg.run.backend;
-  spec.fsdp = fsdp_options(cfg.fsdp);
-  if (cfg.run.backend == BackendKind::Cpu) spec.fsdp.cpu_offload = spec.fsdp.moments_in_files = false;  // no-ops there
+  spec.fsdp = engine_fsdp_options(cfg);
   spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
   spec.world_size = topo.world_size;
   spec.ranks_per_node = topo.local_size;
@@ -89,12 +96,9 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   std::unique_ptr<UnitModel> model = make_unit_model(cfg.model, kind, compute, micro, cfg.data.max_length,
                                                      cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;
-  // On the CPU backend the state is in host memory already: fsdp.cpu_offload (and offload_dir) change
-  // nothing there (docs/deck.md).
-  FsdpOptions options = fsdp_options(cfg.fsdp);
-  if (kind == BackendKind::Cpu) options.cpu_offload = options.moments_in_files = false;
-  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model), options,
-                                             adamw_options(cfg), cfg.train.seed, max_tokens, std::move(host_backend));
+  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model),
+                                             engine_fsdp_options(cfg), adamw_options(cfg), cfg.train.seed, max_tokens,
+                                             std::move(host_backend));
   check_memory_plan(cfg, topo, micro, be.allocated_bytes() - before);
   return engine;
 }
