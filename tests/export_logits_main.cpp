@@ -47,9 +47,7 @@ int main(int argc, char** argv) {
     if (!adapters.empty() && !adapters[0].empty()) {
       const shardlm::UnitLayout frozen = shardlm::lora_frozen_layout(cfg)[0];
       frozen_root.resize(frozen.numel);
-      for (const shardlm::TensorSpec& t : frozen.tensors)
-        for (const shardlm::TensorSpec& w : dir.layout()[0].tensors)
-          if (w.name == t.name) std::copy_n(flat[0].begin() + w.offset, t.numel, frozen_root.begin() + t.offset);
+      dir.read_unit_slice(0, frozen, 0, frozen.numel, frozen_root.data());  // by name, as a LoRA run reads it
       root = {frozen_root.data(), adapters[0].data()};
     }
     const int T_max = static_cast<int>(ids.size());

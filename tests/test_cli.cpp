@@ -463,17 +463,16 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   // The base with the adapter (its saved ln_f in place of the base's) computes the merged export's
   // logits (export_logits, the tool that tests/fixtures/peft/check_lora_export.py compares with PEFT's).
   std::ofstream(dir / "ids.json") << "[72, 101, 108, 108, 111, 32, 1, 2, 200, 250]";
-  Outcome with_adapter = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + (dir / "hf").string() + " " +
-                                     (dir / "ids.json").string() + " " + (dir / "adapter_logits.json").string() + " " +
-                                     (dir / "lora_saved" / "adapter").string());
-  BOOST_TEST_REQUIRE(with_adapter.exit_code == 0, with_adapter.output);
-  Outcome of_merged = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + (dir / "saved_merged").string() + " " +
-                                  (dir / "ids.json").string() + " " + (dir / "merged_logits.json").string());
-  BOOST_TEST_REQUIRE(of_merged.exit_code == 0, of_merged.output);
-  const auto rows = [&](const char* file) {
-    return nlohmann::json::parse(bytes_of(dir / file)).at("logits").get<std::vector<std::vector<float>>>();
+  // export_logits MODEL ids.json OUT [ADAPTER], and the logits it wrote.
+  const auto logits_of = [&](const fs::path& model, const std::string& out, const std::string& adapter) {
+    Outcome o = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + model.string() + " " +
+                            (dir / "ids.json").string() + " " + (dir / out).string() + " " + adapter);
+    BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+    return nlohmann::json::parse(bytes_of(dir / out)).at("logits").get<std::vector<std::vector<float>>>();
   };
-  const std::vector<std::vector<float>> a = rows("adapter_logits.json"), m = rows("merged_logits.json");
+  const std::vector<std::vector<float>> a = logits_of(dir / "hf", "adapter_logits.json",
+                                                      (dir / "lora_saved" / "adapter").string()),
+                                        m = logits_of(dir / "saved_merged", "merged_logits.json", "");
   BOOST_TEST_REQUIRE(a.size() == 10u);
   BOOST_TEST_REQUIRE(m.size() == a.size());
   double scale = 0, diff = 0;
