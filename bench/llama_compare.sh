@@ -4,8 +4,12 @@
 # sides with random weights (bf16 parameters, fp32 reduction and master, AdamW, clipping 1.0) and
 # records tokens/s (median over the steps after the warm-up) and peak GPU memory.
 #
-#   bash bench/llama_compare.sh [--bin build/bin/shardlm] [--steps 10] [--warmup 4]
+#   bash bench/llama_compare.sh [--bin build/bin/shardlm] [--steps 10] [--warmup 4] [--gpus 1]
 #                               [--sides shardlm,eager,compile] [--timeout 240] [--lora R:ALPHA] ROW... OUT
+#
+# --gpus G (default 1) runs every row FULL_SHARD on G GPUs of this machine on both sides (shardlm
+# under mpirun -np G, FSDP2 under torchrun --nproc-per-node G), MICRO samples per GPU; tokens/s and
+# memory are per GPU. The PEFT side is one GPU only.
 #
 # --lora R:ALPHA trains LoRA adapters (rank R, alpha ALPHA, every linear layer of the blocks, the base
 # frozen) on both sides instead: shardlm with [lora], and transformers + PEFT (bench/peft_lora.py:
@@ -17,7 +21,7 @@
 # turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md and the logs.
 # Run with the shardlm runtime on the paths (source RT/env.sh).
 set -uo pipefail
-BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA=
+BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA= GPUS=1
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -27,12 +31,14 @@ while [ $# -gt 0 ]; do
     --sides) SIDES=$2; shift ;;
     --timeout) RUN_TIMEOUT=$2; shift ;;
     --lora) LORA=$2; shift ;;
+    --gpus) GPUS=$2; shift ;;
     -*) echo "llama_compare.sh: unknown option $1" >&2; exit 2 ;;
     *) POS+=("$1") ;;
   esac
   shift
 done
-[ ${#POS[@]} -ge 2 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ ${#POS[@]} -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $GPUS =~ ^[1-9][0-9]*$ ]] || { echo "llama_compare.sh: --gpus wants a positive count, not '$GPUS'" >&2; exit 2; }
 LORA_FLAGS=() PEFT_FLAGS=()
 if [ -n "$LORA" ]; then
   LORA_FLAGS=(--lora.r="${LORA%%:*}" --lora.alpha="${LORA#*:}" --lora.target_modules=all-linear)
@@ -40,6 +46,9 @@ if [ -n "$LORA" ]; then
   SIDES=${SIDES:-shardlm,peft}
 fi
 SIDES=${SIDES:-shardlm,eager,compile}
+if [ "$GPUS" -gt 1 ] && [[ ",$SIDES," == *",peft,"* ]]; then
+  echo "llama_compare.sh: the PEFT side runs on one GPU only (--gpus $GPUS)" >&2; exit 2
+fi
 OUT=${POS[-1]}
 unset 'POS[${#POS[@]}-1]'
 cd "$(dirname "$0")/.." || exit 1
@@ -64,10 +73,10 @@ PY
 }
 
 record() {  # label side status seconds log run_dir|-
-  python3 - "$@" "$WARMUP" "$GPU" >> "$JSONL" <<'PY'
+  python3 - "$@" "$WARMUP" "$GPU" "$GPUS" >> "$JSONL" <<'PY'
 import json, os, statistics, sys
-label, side, status, seconds, log, run_dir, warmup, gpu = sys.argv[1:9]
-rec = {"label": label, "side": side, "status": status, "seconds": int(seconds), "gpu": gpu}
+label, side, status, seconds, log, run_dir, warmup, gpu, gpus = sys.argv[1:10]
+rec = {"label": label, "side": side, "status": status, "seconds": int(seconds), "gpu": gpu, "gpus": int(gpus)}
 if side == "shardlm" and run_dir != "-":
     train, summary = [], {}
     try:
@@ -99,13 +108,13 @@ for row in "${POS[@]}"; do
   IFS=: read -r deck layers seq micro ac <<< "${row#*=}"
   acflag=false; [ "${ac:-}" = ac ] && acflag=true
   data=$OUT/data_$seq.jsonl
-  [ -f "$data" ] || python3 bench/make_bench_data.py --out "$data" --seq "$seq" --records $((STEPS * micro)) >/dev/null || exit 1
-  echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro, activation checkpointing $acflag"
+  [ -f "$data" ] || python3 bench/make_bench_data.py --out "$data" --seq "$seq" --records $((STEPS * micro * GPUS)) >/dev/null || exit 1
+  echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro per GPU, $GPUS GPU(s), activation checkpointing $acflag"
   if want shardlm; then
     run=$OUT/run_$label log=$OUT/${label}_shardlm.log t0=$(date +%s)
-    timeout "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" train "$deck" --data.train_file="$data" \
+    timeout "$RUN_TIMEOUT" mpirun -np "$GPUS" --bind-to none "$BIN" train "$deck" --data.train_file="$data" \
       --model.num_layers="$layers" --data.max_length="$seq" --train.micro_batch_size="$micro" \
-      --train.batch_size="$micro" --train.max_steps="$STEPS" --train.log_every=1 \
+      --train.batch_size=$((micro * GPUS)) --fsdp.strategy=FULL_SHARD --train.max_steps="$STEPS" --train.log_every=1 \
       --fsdp.activation_checkpointing="$acflag" --run.dir="$run" "${LORA_FLAGS[@]}" > "$log" 2>&1
     rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
     record "$label" shardlm "$st" $(( $(date +%s) - t0 )) "$log" "$run"
@@ -126,7 +135,7 @@ for row in "${POS[@]}"; do
     log=$OUT/${label}_$side.log t0=$(date +%s)
     extra=""; [ $side = compile ] && extra=--compile; [ "$acflag" = true ] && extra="$extra --activation-checkpointing"
     # shellcheck disable=SC2046
-    timeout "$RUN_TIMEOUT" torchrun --nproc-per-node 1 bench/fsdp2_bloom.py --arch llama $(shape_flags "$deck") \
+    timeout "$RUN_TIMEOUT" torchrun --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --arch llama --strategy FULL_SHARD $(shape_flags "$deck") \
       --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" \
       --label "$label" $extra > "$log" 2>&1
     rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
@@ -153,11 +162,11 @@ if any("peft" in g for g in rows.values()):
         print(f"| {label} | {tps(s)} | {tps(q)} | {ratio(s, q, 'tokens_per_s_per_gpu')} | {gib(s)} | {gib(q)} | "
               f"{ratio(s, q, 'peak_memory_bytes')} |")
     sys.exit(0)
-print("| row | shardlm tok/s | FSDP2 eager | FSDP2 compile | vs eager | vs compile | shardlm GiB | eager GiB | compile GiB |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| row | GPUs | shardlm tok/s/GPU | FSDP2 eager | FSDP2 compile | vs eager | vs compile | shardlm GiB | eager GiB | compile GiB |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for label, g in rows.items():
     s, e, c = g.get("shardlm"), g.get("eager"), g.get("compile")
-    print(f"| {label} | {tps(s)} | {tps(e)} | {tps(c)} | {ratio(s, e, 'tokens_per_s_per_gpu')} | "
+    print(f"| {label} | {(s or e or c or {}).get('gpus', 1)} | {tps(s)} | {tps(e)} | {tps(c)} | {ratio(s, e, 'tokens_per_s_per_gpu')} | "
           f"{ratio(s, c, 'tokens_per_s_per_gpu')} | {gib(s)} | {gib(e)} | {gib(c)} |")
 PY
 cat "$OUT/llama.md"
