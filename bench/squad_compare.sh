@@ -17,6 +17,8 @@
 #   fsdp-1gpu-offload   the same with fsdp.cpu_offload, --bind-to none (bloom560m-fsdp-1gpu-offload.ini)
 #   hf-1gpu-offload     Trainer under torchrun, fsdp "full_shard offload auto_wrap" on 1 GPU (only
 #                       with --only naming hf_offload1: it is slow, a host AdamW in PyTorch)
+#   fsdp-1gpu-offload-host, -bf16  only with --only naming offload1_host / offload1_bf16: the offload
+#                       run with fsdp.offload_accumulate = host / also fsdp.reduce_dtype = bf16
 #   with --gpus G > 1, also:
 #   hf-fsdp-Ggpu        Trainer under torchrun, fsdp "full_shard auto_wrap" on G GPUs
 #   full-shard-Ggpu     shardlm FULL_SHARD on G ranks, train.batch_size 4 x G (the tutorial's way)
@@ -34,14 +36,15 @@
 #   --timeout S        limit per run in seconds (default 300: the offload run, about 1.3 s of host
 #                      AdamW a step by docs/PERFORMANCE.md, may take about 200 s at 2 epochs)
 #   --budget S         stop starting runs when this many seconds have passed (default 480)
-#   --only LIST        comma-separated subset of: hf,baseline,fsdp1,offload1,hf_fsdp,full,hf_offload1
+#   --only LIST        comma-separated subset of: hf,baseline,fsdp1,offload1,hf_fsdp,full,hf_offload1,
+#                      offload1_host,offload1_bf16
 #   --skip-hf, --skip-shardlm    one side only
 #   --quick            a tiny model (vocab 512, hidden 128, 2 layers, 4 heads), 1 epoch: the path
 #                      end to end in a minute or two
 #   --dry-run          write the data and the decks, print every command, run none
 set -uo pipefail
 
-usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 BIN=build/bin/shardlm GPUS=1 EPOCHS="" QUESTIONS=250,100 RUN_TIMEOUT=300 BUDGET=480 ONLY=""
 SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda
@@ -259,8 +262,10 @@ PY
 
 # ---- the shardlm decks: the tutorial's values (input/squad/bloom560m-baseline.ini), the model
 # as shape keys (model.dir cannot be combined with them), the byte tokenizer, the synthetic files.
-write_deck() {  # name strategy cpu_offload gpus
-  local name=$1 strat=$2 offload=$3 g=$4
+write_deck() {  # name strategy cpu_offload gpus [offload_accumulate [reduce_dtype]]
+  local name=$1 strat=$2 offload=$3 g=$4 accumulate=${5:-host} reduce=${6:-fp32}
+  local accumulate_line=""
+  [ "$offload" = true ] && accumulate_line="offload_accumulate       = $accumulate"
   cat > "$DECKS/$name.ini" <<EOF
 # shardlm deck written by bench/squad_compare.sh: run "$name", $g GPU(s), $strat, cpu_offload $offload.
 # The tutorial's workload (input/squad/*.ini) on random weights of BLOOM-560M's shape, the byte
@@ -306,9 +311,10 @@ max_steps        = 0
 [fsdp]
 strategy                 = $strat
 param_dtype              = bf16
-reduce_dtype             = fp32
+reduce_dtype             = $reduce
 activation_checkpointing = false
 cpu_offload              = $offload
+$accumulate_line
 
 [eval]
 generate       = end       # greedy answers to every dev question after the last epoch
@@ -333,7 +339,17 @@ EOF
 ROWS=("hf|hf-1gpu|HF Trainer, 1 GPU, no sharding|hf-trainer|1|none|false"
       "baseline|baseline|shardlm baseline: NO_SHARD, 1 GPU|shardlm|1|NO_SHARD|false"
       "fsdp1|fsdp-1gpu|shardlm FULL_SHARD, 1 GPU|shardlm|1|FULL_SHARD|false"
-      "offload1|fsdp-1gpu-offload|shardlm FULL_SHARD + cpu_offload, 1 GPU|shardlm|1|FULL_SHARD|true")
+      "offload1|fsdp-1gpu-offload|shardlm FULL_SHARD + cpu_offload (sums on the GPU), 1 GPU|shardlm|1|FULL_SHARD|true")
+# Variants of the offload row (which sums the micro-steps on the GPU, as the tutorial's offload deck:
+# fsdp.offload_accumulate = device), only when --only names them: the sums on the host
+# (offload_accumulate = host: the least GPU memory), and that with a bf16 reduction (HF Trainer's
+# bf16 = True reduces in bf16).
+if [[ ",$ONLY," == *",offload1_host,"* ]]; then
+  ROWS+=("offload1_host|fsdp-1gpu-offload-host|shardlm FULL_SHARD + cpu_offload, sums on the host, 1 GPU|shardlm|1|FULL_SHARD|true")
+fi
+if [[ ",$ONLY," == *",offload1_bf16,"* ]]; then
+  ROWS+=("offload1_bf16|fsdp-1gpu-offload-bf16|shardlm FULL_SHARD + cpu_offload, sums on the host, bf16 reduction, 1 GPU|shardlm|1|FULL_SHARD|true")
+fi
 if [[ ",$ONLY," == *",hf_offload1,"* ]]; then
   ROWS+=("hf_offload1|hf-1gpu-offload|HF Trainer + FSDP full_shard offload, 1 GPU|hf-trainer|1|FULL_SHARD|true")
 fi
@@ -420,7 +436,10 @@ run_one() {  # id name label impl gpus strategy offload
       --label "$label" --out "$dir/result.json")
   else
     dir=$RUNS/$name
-    write_deck "$name" "$strat" "$offload" "$g"
+    local accumulate=device reduce=fp32  # the tutorial's offload deck sums on the GPU
+    [ "$id" = offload1_host ] || [ "$id" = offload1_bf16 ] && accumulate=host
+    [ "$id" = offload1_bf16 ] && reduce=bf16
+    write_deck "$name" "$strat" "$offload" "$g" "$accumulate" "$reduce"
     cmd=(mpirun -np "$g" --bind-to none)
     [ "$BACKEND" = cpu ] && cmd+=(--oversubscribe)
     [ "$(id -u)" = 0 ] && cmd+=(--allow-run-as-root)

@@ -13,6 +13,7 @@
 #include "config_test_support.hpp"
 #include "temp_dir.hpp"
 #include "shardlm/config.hpp"
+#include "shardlm/fsdp.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardlm;
@@ -136,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 64u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 66u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -350,6 +351,39 @@ BOOST_AUTO_TEST_CASE(offload_dir) {
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.offload_dir=/local/nvme"}); }),
                  "fsdp.offload_dir = '/local/nvme': keeps the host AdamW's moments of an offloaded run: set "
                  "fsdp.cpu_offload = true"));
+}
+
+// fsdp.offload_accumulate: host by default, device kept and written back; without fsdp.cpu_offload refused.
+BOOST_AUTO_TEST_CASE(offload_accumulate) {
+  BOOST_TEST((load(kBase).fsdp.offload_accumulate == OffloadAccumulate::Host));
+  const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=device"});
+  BOOST_TEST((c.fsdp.offload_accumulate == OffloadAccumulate::Device));
+  BOOST_TEST(has(resolved_deck_ini(c), "offload_accumulate = device\n"));
+  BOOST_TEST(fsdp_options(c.fsdp).offload_accumulate_on_device);
+  BOOST_TEST(!fsdp_options(load(kBase, {"--fsdp.cpu_offload=true"}).fsdp).offload_accumulate_on_device);
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.offload_accumulate=device"}); }),
+                 "fsdp.offload_accumulate = device: says where an offloaded run sums its micro-steps' gradients: set "
+                 "fsdp.cpu_offload = true"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=gpu"}); }),
+                 "fsdp.offload_accumulate"));
+}
+
+// model.head_chunk_tokens: 0 (the family's 2048) unless given; an offloaded engine takes 512 for 0 and
+// keeps a given value; negative values are refused.
+BOOST_AUTO_TEST_CASE(head_chunk_tokens) {
+  const RunConfig c = load(kBase);
+  BOOST_TEST(c.model.head_chunk_tokens == 0);
+  BOOST_TEST(c.model.head_chunk(100000) == kDefaultHeadChunkTokens);
+  BOOST_TEST(c.model.head_chunk(300) == 300);
+  FsdpOptions off = fsdp_options(c.fsdp);
+  BOOST_TEST(model_for_engine(c.model, off).head_chunk_tokens == 0);
+  off.cpu_offload = true;
+  BOOST_TEST(model_for_engine(c.model, off).head_chunk(100000) == kOffloadHeadChunkTokens);
+  const RunConfig given = load(kBase, {"--model.head_chunk_tokens=1024"});
+  BOOST_TEST(given.model.head_chunk_tokens == 1024);
+  BOOST_TEST(model_for_engine(given.model, off).head_chunk(100000) == 1024);
+  BOOST_TEST(has(resolved_deck_ini(given), "head_chunk_tokens = 1024\n"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--model.head_chunk_tokens=-1"}); }), "model.head_chunk_tokens"));
 }
 
 BOOST_AUTO_TEST_CASE(missing_files) {

@@ -393,6 +393,7 @@ struct OffloadCase {
   int accum = 1;
   double max_grad_norm = 0;
   DType param = DType::F32, reduce = DType::F32;
+  bool device_sums = false;  // fsdp.offload_accumulate = device
 };
 
 void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const std::string&, int), const OffloadCase& c,
@@ -406,11 +407,12 @@ void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const 
     cfg.fsdp.reduce_dtype = c.reduce;
   };
   const std::string name = concat("offload_", strategy_name(c.strategy), "_accum", c.accum, "_clip", c.max_grad_norm, "_",
-                                  dtype_name(c.param), "_", dtype_name(c.reduce));
+                                  dtype_name(c.param), "_", dtype_name(c.reduce), c.device_sums ? "_device_sums" : "");
   RunConfig plain = make("cuda", name + "_plain", steps), offload = make("cuda", name, steps);
   set(plain);
   set(offload);
   offload.fsdp.cpu_offload = true;
+  if (c.device_sums) offload.fsdp.offload_accumulate = OffloadAccumulate::Device;
   BOOST_TEST_REQUIRE(plain.train.batch_size % (world_size() * c.accum) == 0);
   const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
   const TrainResult b = train(offload, MPI_COMM_WORLD, quiet());
@@ -420,7 +422,7 @@ void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const 
     BOOST_TEST(max_relative(b.grad_norms, a.grad_norms) < 10 * tolerance);
     if (c.max_grad_norm > 0)  // the case clips
       BOOST_TEST(*std::max_element(a.grad_norms.begin(), a.grad_norms.end()) > c.max_grad_norm);
-    BOOST_TEST(b.grad_shard_bytes == 0u);
+    BOOST_TEST(b.grad_shard_bytes == (c.device_sums ? a.grad_shard_bytes : 0u));
     BOOST_TEST(b.optimizer_bytes > 0u);  // on the host
     BOOST_TEST(b.peak_memory_bytes < a.peak_memory_bytes);
   }
@@ -437,6 +439,16 @@ BOOST_AUTO_TEST_CASE(cpu_offload_gives_the_losses_without_offload_on_every_strat
   }
   expect_offload_changes_nothing(config, {ShardingStrategy::FullShard, 2, 0.0}, 10, 1e-6);
   expect_offload_changes_nothing(config, {ShardingStrategy::FullShard, 1, 0.1}, 10, 1e-6);
+}
+
+// fsdp.offload_accumulate = device: the micro-steps summed in an fp32 slice on the GPU, sent down once
+// (with clipping: deferred updates; without: early ones), fp32 and bf16 reductions.
+BOOST_AUTO_TEST_CASE(cpu_offload_with_device_sums) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+    expect_offload_changes_nothing(config, {s, 2, 0.1, DType::F32, DType::F32, true}, 10, 1e-6);
+    expect_offload_changes_nothing(config, {s, 2, 0.0, DType::F32, DType::F32, true}, 10, 1e-6);
+  }
+  expect_offload_changes_nothing(config, {ShardingStrategy::FullShard, 2, 0.1, DType::BF16, DType::BF16, true}, 10, 2e-3);
 }
 
 // bf16 parameters (the slices go up in bf16 through pinned staging), with an fp32 and a bf16 reduction

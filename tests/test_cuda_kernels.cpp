@@ -176,7 +176,7 @@ BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
   }
   for (DType dt : kAllDtypes) cuda::lora_dropout(nullptr, nullptr, 0, 0, 16, DropoutMask{}, true, dt, stream);
   cuda::scale(nullptr, 0, 2.0f, stream);
-  cuda::accumulate(nullptr, nullptr, 0, stream);
+  for (DType dt : kAllDtypes) cuda::accumulate(nullptr, nullptr, dt, 0, stream);
   cuda::sum_squares(nullptr, 0, nullptr, stream);
   sync();
 }
@@ -526,10 +526,22 @@ BOOST_AUTO_TEST_CASE(scale_and_accumulate_are_exact) {
     for (size_t i = 0; i < s.n; ++i) want[i] = x[i] * factor;  // one fp32 multiply
     check_close(download(px, s.n, DType::F32), want, {0, 0}, concat("scale ", span_name(s)));
     upload(px, x, DType::F32);
-    cuda::accumulate(px, py, s.n, stream);
+    cuda::accumulate(px, py, DType::F32, s.n, stream);
     sync();
     for (size_t i = 0; i < s.n; ++i) want[i] = x[i] + y[i];  // one fp32 add
     check_close(download(px, s.n, DType::F32), want, {0, 0}, concat("accumulate ", span_name(s)));
+    // A 16-bit y (a reduced gradient slice): widened exactly, then one fp32 add.
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const std::vector<float> y16 = random_values(s.n, dt, -3.f, 3.f, ++seed);  // values dt holds exactly
+      DeviceBuffer d_y16((s.n + 1) * dtype_size(dt));
+      void* py16 = d_y16.offset(s.misaligned ? dtype_size(dt) : 0);
+      upload(py16, y16, dt);
+      upload(px, x, DType::F32);
+      cuda::accumulate(px, py16, dt, s.n, stream);
+      sync();
+      for (size_t i = 0; i < s.n; ++i) want[i] = x[i] + y16[i];
+      check_close(download(px, s.n, DType::F32), want, {0, 0}, concat("accumulate ", dtype_name(dt), " ", span_name(s)));
+    }
   }
 }
 

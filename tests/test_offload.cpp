@@ -54,7 +54,7 @@ class DeviceLikeCpu final : public Backend {
     cpu_->copy(dst, src, bytes, kind, s);
   }
   void cast(const void* in, DType a, void* out, DType b, size_t n, Stream s) override { cpu_->cast(in, a, out, b, n, s); }
-  void accumulate(float* x, const float* y, size_t n, Stream s) override { cpu_->accumulate(x, y, n, s); }
+  void accumulate(float* x, const void* y, DType dt, size_t n, Stream s) override { cpu_->accumulate(x, y, dt, n, s); }
   void sum_squares(const float* x, size_t n, double* sum, Stream s) override { cpu_->sum_squares(x, n, sum, s); }
   void adamw(const std::vector<AdamWRange>& r, const AdamWHyper& h, Stream s) override { cpu_->adamw(r, h, s); }
 
@@ -102,11 +102,12 @@ struct Case {
   DType reduce = DType::F32;
   bool lora = false;
   std::string moments_dir;   // fsdp.offload_dir: the host AdamW's moments in mapped files there
+  bool device_sums = false;  // fsdp.offload_accumulate = device
 };
 
 std::string name_of(const Case& c) {
   return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
-                " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "");
+                " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "");
 }
 
 struct Run {
@@ -123,6 +124,7 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.strategy = c.strategy;
   o.reduce_dtype = c.reduce;
   o.cpu_offload = offload;
+  o.offload_accumulate_on_device = offload && c.device_sums;
   AdamWOptions adam;
   adam.weight_decay = 0.1;
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
@@ -303,6 +305,41 @@ BOOST_AUTO_TEST_CASE(moments_in_mapped_files_give_the_same_steps) {
     e = err.what();
   }
   BOOST_TEST(e.find("fsdp.offload_dir = '" + c.moments_dir + "': cannot create a file there") != std::string::npos, e);
+}
+
+// fsdp.offload_accumulate = device: the micro-steps summed on the device and sent down once give the
+// same steps: every strategy, accumulation 1 (nothing summed on the device), 2 and 3, early and deferred
+// updates; a bf16 reduction (widened as it is added, as the host does it); unannounced steps (the sums
+// go down when grad_norm asks); LoRA. Mid-step, grad_slice reads the sums so far.
+BOOST_AUTO_TEST_CASE(device_sums_give_the_same_steps) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
+    for (int accum : {1, 3})
+      for (double max_norm : {0.0, 0.05}) {
+        Case c;
+        c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.device_sums = true;
+        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+      }
+  std::vector<Case> cases(4);
+  cases[0].announce = false, cases[0].accum = 2;
+  cases[1].reduce = DType::BF16, cases[1].accum = 2;
+  cases[2].reduce = DType::BF16, cases[2].accum = 3, cases[2].max_norm = 0.05;
+  cases[3].lora = true, cases[3].accum = 2;
+  for (Case& c : cases) {
+    c.device_sums = true;
+    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+  }
+  Case c;
+  c.accum = 2, c.device_sums = true;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+  for (FsdpEngine* e : {off.get(), plain.get()}) {
+    e->zero_grad();
+    e->forward_backward(micro_batch(0, 0, model), 0.01f, 0);
+  }
+  for (size_t u = 0; u < off->num_units(); ++u) BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u));
+  off->zero_grad();
+  BOOST_TEST(off->grad_norm() == 0.0);
 }
 
 // The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint

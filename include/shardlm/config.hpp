@@ -21,12 +21,14 @@ enum class DataFormat { Squad, Jsonl, Chess };             // data.format
 enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: auto | byte | a path
 enum class LrSchedule { Linear, Constant };                // train.lr_schedule
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
+enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
 const char* data_format_name(DataFormat f);                // "squad", ...
 const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | "file"
 const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant"
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
+const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
@@ -82,6 +84,10 @@ struct FsdpSection {
   // With cpu_offload: AdamW's moments in memory-mapped files in this directory (local NVMe) instead of
   // host memory; empty: in host memory.
   std::string offload_dir;
+  // With cpu_offload and gradient accumulation, where the micro-steps' reduced gradients are summed:
+  // Host: each goes down as it is reduced and the host adds it (no fp32 per parameter on the device);
+  // Device: summed in an fp32 slice on the device, which goes down once, in the step's last micro-step.
+  OffloadAccumulate offload_accumulate = OffloadAccumulate::Host;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

@@ -129,7 +129,8 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) = 0;
   // out[i] = in[i] converted (round to nearest even); in and out may be the same dtype.
   virtual void cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, Stream s) = 0;
-  virtual void accumulate(float* x, const float* y, size_t n, Stream s) = 0;  // x += y
+  // x[i] += y[i] in fp32, y in y_dtype (fp32, bf16 or fp16).
+  virtual void accumulate(float* x, const void* y, DType y_dtype, size_t n, Stream s) = 0;
   // *sum (backend memory, fp64) += sum of x[i]^2.
   virtual void sum_squares(const float* x, size_t n, double* sum, Stream s) = 0;
   // Decoupled weight decay as torch.optim.AdamW, on every range: p -= lr * wd * p;

@@ -45,6 +45,9 @@ struct FsdpOptions {
   DType reduce_dtype = DType::F32;  // dtype gradients are reduced in
   bool cpu_offload = false;         // fp32 master and optimizer state in host memory, the step on the host
   bool moments_in_files = false;    // fsdp.offload_dir set (with cpu_offload): AdamW's moments in mapped files
+  // fsdp.offload_accumulate = device (with cpu_offload): the micro-steps' reduced gradients are summed in
+  // an fp32 slice on the device, which goes down once a step (offload.cpp)
+  bool offload_accumulate_on_device = false;
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -108,6 +111,10 @@ struct EngineLayouts {
 EngineLayouts engine_layouts(const ModelConfig& cfg);
 // The engine's options from the deck's [fsdp] section.
 FsdpOptions fsdp_options(const FsdpSection& deck);
+// The model as an engine with these options builds it: offloaded, GPU memory is what the run is for,
+// so model.head_chunk_tokens = 0 becomes kOffloadHeadChunkTokens (the LM head's fp32 logits chunk is
+// tokens x vocab x 4 bytes: 0.5 GB rather than 2 GB at BLOOM's vocabulary).
+ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt);
 
 // `frozen` is EngineLayouts::frozen (empty without LoRA).
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,

@@ -61,6 +61,11 @@ struct LinearModule {
   int64_t in = 0, out = 0;
 };
 
+// The CUDA LM head's logits rows at once when model.head_chunk_tokens is 0, and with fsdp.cpu_offload
+// (model_for_engine in fsdp.hpp).
+constexpr int kDefaultHeadChunkTokens = 2048;
+constexpr int kOffloadHeadChunkTokens = 512;
+
 // The model's shape. `arch` names the family (model_families(): "bloom", "llama", ...); fields a
 // family does not use are ignored.
 struct ModelConfig {
@@ -81,6 +86,9 @@ struct ModelConfig {
   int max_position_embeddings = 4096;
   AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
   bool packed = false;  // not part of the shape: training rows may hold several samples (data.packing)
+  // Not part of the shape: the CUDA LM head's logits rows at once (model.head_chunk_tokens; 0: the
+  // family's default, 2048). Its fp32 logits chunk is tokens x vocab x 4 bytes of workspace.
+  int head_chunk_tokens = 0;
   LoraConfig lora;      // not part of the shape: adapters trained over frozen base weights
 
   int head_dim() const { return hidden_size / num_heads; }
@@ -88,6 +96,11 @@ struct ModelConfig {
   int ffn_size() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden_size; }
   // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).
   bool tied_head() const;
+  // The LM head's chunk for micro-batches of at most `tokens` tokens (model.head_chunk_tokens).
+  int head_chunk(size_t tokens) const {
+    const size_t chunk = head_chunk_tokens > 0 ? static_cast<size_t>(head_chunk_tokens) : kDefaultHeadChunkTokens;
+    return static_cast<int>(chunk < tokens ? chunk : tokens);
+  }
 };
 
 enum class InitKind { Normal, Zeros, Ones, Uniform };

@@ -48,6 +48,9 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (!cfg.fsdp.offload_dir.empty() && !cfg.fsdp.cpu_offload)
     bad_value("fsdp.offload_dir", "'" + cfg.fsdp.offload_dir + "'",
               "keeps the host AdamW's moments of an offloaded run: set fsdp.cpu_offload = true, or leave it empty");
+  if (cfg.fsdp.offload_accumulate == OffloadAccumulate::Device && !cfg.fsdp.cpu_offload)
+    bad_value("fsdp.offload_accumulate", "device",
+              "says where an offloaded run sums its micro-steps' gradients: set fsdp.cpu_offload = true, or use host");
 }
 
 }  // namespace shardlm::config_detail

@@ -151,7 +151,7 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   const bool from_model_dir = vm.count("model.dir") > 0 && !trim(vm["model.dir"].as<std::string>()).empty();
   auto is_shape_key = [](const std::string& name) {
     return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std" &&
-           name != "model.attention" && name != "model.adapter";
+           name != "model.attention" && name != "model.adapter" && name != "model.head_chunk_tokens";
   };
 
   RunConfig cfg;
@@ -178,10 +178,12 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     const std::string text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
     const float init_std = cfg.model.init_std;
     const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
+    const int head_chunk_tokens = cfg.model.head_chunk_tokens;
     const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
     static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text, path);
     cfg.model.init_std = init_std;
     cfg.model.attention = attention;
+    cfg.model.head_chunk_tokens = head_chunk_tokens;
     cfg.model.lora = lora;
   }
   if (cfg.data.tokenizer == TokenizerSource::Auto) {

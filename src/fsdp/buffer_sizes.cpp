@@ -17,10 +17,17 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
   o.reduce_dtype = deck.reduce_dtype;
   o.cpu_offload = deck.cpu_offload;
   o.moments_in_files = deck.cpu_offload && !deck.offload_dir.empty();
+  o.offload_accumulate_on_device = deck.cpu_offload && deck.offload_accumulate == OffloadAccumulate::Device;
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;
   return o;
+}
+
+ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt) {
+  ModelConfig m = model;
+  if (m.head_chunk_tokens == 0 && opt.cpu_offload) m.head_chunk_tokens = kOffloadHeadChunkTokens;
+  return m;
 }
 
 EngineLayouts engine_layouts(const ModelConfig& cfg) {
@@ -65,7 +72,8 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
                 ", not in fsdp.param_dtype = ", dtype_name(opt.param_dtype));
   // Offloaded, the gradients leave through per-unit buffers: no fp32 slice to accumulate into directly.
   p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1 && !opt.cpu_offload;
-  p.grad_slices = !opt.cpu_offload;
+  // Offloaded, fp32 slices on the device only to sum the micro-steps there (fsdp.offload_accumulate).
+  p.grad_slices = !opt.cpu_offload || opt.offload_accumulate_on_device;
 
   if (!p.alias) {
     // Resharding, the blocks take turns in a few buffers: one when synchronous, else
@@ -75,7 +83,9 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   }
   if (!p.direct_grads) {
     p.grad_buffers = p.block_padded == 0 ? 0 : asynchronous ? 2 : 1;
-    p.grad_slice = opt.cpu_offload ? 0 : p.max_shard;  // offloaded: the landing buffers below
+    // The fp32 reduce-scatter's receive buffer (a 16-bit one receives into stage_slice, and the slice
+    // is widened as it is added); offloaded: the landing buffers below.
+    p.grad_slice = opt.cpu_offload || opt.reduce_dtype != DType::F32 ? 0 : p.max_shard;
   }
   // 16-bit staging: a full unit (gather receive, reduce send) and a slice (gather send, reduce receive).
   size_t elem = 0;

@@ -55,7 +55,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     if (opt.cpu_offload) {
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
       // An fp32 reduction lands in it directly in the step's first micro-step (offload.cpp): page-locked.
-      if (opt.reduce_dtype == DType::F32) pin(d.host_grad.data(), d.host_grad.bytes());
+      // So does the device's fp32 sum with offload_accumulate = device.
+      if (opt.reduce_dtype == DType::F32 || opt.offload_accumulate_on_device) pin(d.host_grad.data(), d.host_grad.bytes());
       // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
       if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
       slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});
@@ -154,6 +155,7 @@ void FsdpEngine::zero_grad() {
     SHARDLM_CHECK(!m.offload.updated_early, "FsdpEngine::zero_grad: the step updated early needs its optimizer_step");
     m.offload.micro = 0;
     m.offload.sums_valid = false;
+    m.offload.on_device = false;  // sums on the device not sent down are dropped with the rest
     return;
   }
   for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
@@ -165,6 +167,7 @@ double FsdpEngine::grad_norm() {
   double local = 0.0;
   if (m.opt.cpu_offload) {
     OffloadState& o = m.offload;
+    m.flush_device_sums();
     o.worker->wait(o.last_arrival);
     if (o.micro > 0 && !o.sums_valid) {
       // Not announced as the step's last micro-step: the sums from the host gradient now.
@@ -196,6 +199,7 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
                     "FsdpEngine::optimizer_step(", lr, ", ", grad_factor, ") after last_micro_step announced other values");
       o.updated_early = false;
     } else {
+      m.flush_device_sums();
       if (o.micro == 0) {
         // No micro-step since zero_grad: a zero gradient.
         std::vector<Unit>* units = &m.units;
@@ -252,6 +256,8 @@ void FsdpEngine::start_offload() {
   }
   o.reduced = be.make_event();
   o.params_free = be.make_event();
+  o.device_sums_read = be.make_event();
+  o.device_sums_read->record(o.down);
   for (size_t u = 0; u < m.units.size(); ++u) o.uploaded.push_back(be.make_event());
   o.upload_task.assign(m.units.size(), 0);
   o.sum_squares.assign(m.units.size(), 0.0);
@@ -406,6 +412,7 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
   const Unit& d = m.units.at(u);
   std::vector<float> out(d.flat.shard_numel);
   if (m.opt.cpu_offload) {
+    m.flush_device_sums();
     m.offload.worker->wait(m.offload.last_arrival);
     if (m.offload.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
     return out;

@@ -39,6 +39,7 @@ struct OffloadState {
   std::unique_ptr<BackendEvent> copied[2];             // down: the copy out of slice[b] into landing[b]
   std::unique_ptr<BackendEvent> staged[2];             // up: the upload out of stage[s] (worker only)
   std::unique_ptr<BackendEvent> params_free;           // the slices' last readers before uploads overwrite them
+  std::unique_ptr<BackendEvent> device_sums_read;      // down: the copy of the device sums (offload_accumulate = device)
   std::vector<std::unique_ptr<BackendEvent>> uploaded;  // up, per unit: its compute slice is current
   std::vector<HostWorker::Ticket> upload_task;          // per unit: the task queueing its upload (0: none pending)
   HostWorker::Ticket landing_read[2] = {0, 0};          // the task that last summed landing[b]
@@ -52,6 +53,7 @@ struct OffloadState {
   std::optional<FsdpEngine::StepUpdate> early_values;  // what optimizer_step must then be called with
   bool sums_valid = false;          // sum_squares are of the step's whole gradient
   bool updated_early = false;       // the step's updates are posted; optimizer_step comes next
+  bool on_device = false;           // offload_accumulate = device: micro-steps summed on the device, not yet down
 };
 
 struct FsdpEngine::Impl {
@@ -200,7 +202,7 @@ struct FsdpEngine::Impl {
         shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
       }
       if (replicate.size() > 1) replicate.all_reduce(slice, n, DType::F32, ReduceOp::Sum);
-      be.accumulate(d.grad.as<float>(), slice, n, comm);
+      be.accumulate(d.grad.as<float>(), slice, DType::F32, n, comm);
       return;
     }
     be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
@@ -210,8 +212,7 @@ struct FsdpEngine::Impl {
       shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
     }
     if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
-    be.cast(slice, rdt, grad_slice.data(), DType::F32, n, comm);
-    be.accumulate(d.grad.as<float>(), grad_slice.as<float>(), n, comm);
+    be.accumulate(d.grad.as<float>(), slice, rdt, n, comm);  // widened as it is added
   }
 
   // The compute stream waits for the reductions (and offloaded, for the copies out of their buffers).
@@ -306,6 +307,8 @@ struct FsdpEngine::Impl {
   // ---- CPU offload (offload.cpp) ----
   // Unit u's reduction, its copy down and its sum into the host gradient (and, announced, its update).
   void reduce_offloaded(size_t u, float* full);
+  // offload_accumulate = device, no last micro-step announced: the device sums down into the host gradients.
+  void flush_device_sums();
   // Stream s waits for unit u's pending upload, if any.
   void await_upload(size_t u, Stream s);
   // Posts unit u's update with h (or, without h, the upload of its master as it is) to the worker.

@@ -13,6 +13,11 @@
 //           `up` stream; record uploaded[u]
 //   comm / compute (next forward)   wait for the upload task (host, ticket), then uploaded[u] (stream)
 //
+// fsdp.offload_accumulate = device: before the step's last micro-step, `down` and `worker` do nothing:
+// comm adds each reduction into the unit's fp32 slice on the device (grad); the last micro-step adds its
+// own and sends that slice down as above, as a direct fp32 landing. device_sums_read (down) orders the
+// next step's first write to the slices after that copy.
+//
 // The update is due at once when the step's lr and gradient factor are known before the backward
 // (FsdpEngine::last_micro_step with an update: no clipping, no loss scaling), else at optimizer_step,
 // after grad_norm has summed the units' sums of squares: clipping needs the global norm before any
@@ -34,6 +39,8 @@
 //                   and its gathers; later updates (optimizer_step, checkpoint_loaded, the first upload)
 //                   follow params_free, recorded on compute and comm and waited on `up` first.
 //   master, moments the worker alone while tasks are queued; checkpoint_state drains the worker first.
+//   device sums     (offload_accumulate = device) written by comm; read by down in the last micro-step:
+//                   the step's first write waits device_sums_read.
 // Every cross-thread dependency goes through a HostWorker ticket, so the CPU backend (events no-ops,
 // copies synchronous) runs the same schedule correctly with the worker as its only concurrency.
 #include <cstring>
@@ -67,18 +74,40 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
     reduced = slice;
   }
   if (replicate.size() > 1) replicate.all_reduce(reduced, n, rdt, ReduceOp::Sum);
+  bool first = o.micro == 0;
+  const bool last = o.last_announced;
+  DType landed = rdt;
+  if (opt.offload_accumulate_on_device && !(first && last)) {
+    // fsdp.offload_accumulate = device: the micro-steps add up in the unit's fp32 slice on the device
+    // (the step's first overwrites it, after the last step's copy out of it); only the step's last
+    // micro-step sends it down, once, as one fp32 reduction that overwrites the host gradient.
+    float* sum = d.grad.as<float>();
+    if (first) {
+      o.device_sums_read->wait_on(comm);
+      be.cast(reduced, rdt, sum, DType::F32, n, comm);
+    } else {
+      be.accumulate(sum, reduced, rdt, n, comm);
+    }
+    o.on_device = true;
+    if (!last) {
+      // Nothing goes down: the down stream still orders the reuse of the full gradient (Impl::run).
+      o.reduced->record(comm);
+      o.reduced->wait_on(o.down);
+      return;
+    }
+    reduced = sum, landed = DType::F32, first = true;
+  }
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
   o.worker->wait(o.landing_read[b]);  // the worker has summed what landing[b] held before
-  const bool first = o.micro == 0, last = o.last_announced;
   float* acc = d.host_grad.as<float>();
   // The step's first fp32 reduction of a unit lands in the (page-locked) host gradient itself, which it
   // overwrites: the host copies nothing. The unit's last update (the task that read it) is done: the
   // forward waited for it before this backward.
-  const bool direct = first && rdt == DType::F32;
+  const bool direct = first && landed == DType::F32;
   if (direct && o.upload_task[u]) o.worker->wait(o.upload_task[u]);
   void* landing = direct ? static_cast<void*>(acc) : o.landing[b].data();
-  be.copy(landing, reduced, n * dtype_size(rdt), CopyKind::DeviceToHost, o.down);
+  be.copy(landing, reduced, n * dtype_size(landed), CopyKind::DeviceToHost, o.down);
   o.copied[b]->record(o.down);
   double* squares = last ? &o.sum_squares[u] : nullptr;
   BackendEvent* copied = o.copied[b].get();
@@ -86,11 +115,28 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   o.last_arrival = o.landing_read[b] = o.worker->post([=] {
     copied->synchronize();
     if (!direct)
-      host_accumulate_grad(acc, landing, rdt, n, first, squares, threads);
+      host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
     else if (squares)
       *squares = host_sum_squares(acc, n, threads);
   });
   if (o.early) post_upload(u, &*o.early);
+}
+
+void FsdpEngine::Impl::flush_device_sums() {
+  OffloadState& o = offload;
+  if (!o.on_device) return;
+  // Micro-steps summed on the device without an announced last one: their sums go down now, each
+  // overwriting its unit's host gradient (whose readers, the update tasks, are done once drained).
+  o.worker->drain();
+  o.reduced->record(comm);
+  o.reduced->wait_on(o.down);
+  for (Unit& d : units)
+    if (d.flat.numel > 0)
+      be.copy(d.host_grad.data(), d.grad.data(), d.flat.shard_numel * sizeof(float), CopyKind::DeviceToHost, o.down);
+  o.device_sums_read->record(o.down);
+  be.synchronize(o.down);
+  o.on_device = false;
+  o.sums_valid = false;  // grad_norm sums the host gradients
 }
 
 void FsdpEngine::Impl::await_upload(size_t u, Stream s) {
@@ -152,6 +198,11 @@ void FsdpEngine::Impl::offload_micro_step_begins(bool backward) {
 
 void FsdpEngine::Impl::offload_micro_step_ends() {
   OffloadState& o = offload;
+  if (o.last_announced && o.on_device) {
+    // The sums went down in this micro-step: the next step's first reductions overwrite them after this.
+    o.device_sums_read->record(o.down);
+    o.on_device = false;
+  }
   ++o.micro;
   o.sums_valid = o.last_announced;
   o.updated_early = o.early.has_value();

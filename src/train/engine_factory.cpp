@@ -18,10 +18,10 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
 }
 
 // The engine's options from the deck. On the CPU backend the state is in host memory already:
-// fsdp.cpu_offload (and offload_dir) change nothing there (docs/deck.md).
+// fsdp.cpu_offload (and offload_dir, offload_accumulate) change nothing there (docs/deck.md).
 FsdpOptions engine_fsdp_options(const RunConfig& cfg) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
-  if (cfg.run.backend == BackendKind::Cpu) o.cpu_offload = o.moments_in_files = false;
+  if (cfg.run.backend == BackendKind::Cpu) o.cpu_offload = o.moments_in_files = o.offload_accumulate_on_device = false;
   return o;
 }
 
@@ -93,12 +93,12 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   check_memory_fits(cfg, topo, micro, *backend, comm);
   const size_t before = backend->allocated_bytes();
   const DType compute = backend->compute_dtype(cfg.fsdp.param_dtype);
-  std::unique_ptr<UnitModel> model = make_unit_model(cfg.model, kind, compute, micro, cfg.data.max_length,
-                                                     cfg.fsdp.activation_checkpointing);
+  const FsdpOptions fsdp = engine_fsdp_options(cfg);
+  std::unique_ptr<UnitModel> model = make_unit_model(model_for_engine(cfg.model, fsdp), kind, compute, micro,
+                                                     cfg.data.max_length, cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;
-  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model),
-                                             engine_fsdp_options(cfg), adamw_options(cfg), cfg.train.seed, max_tokens,
-                                             std::move(host_backend));
+  auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model), fsdp,
+                                             adamw_options(cfg), cfg.train.seed, max_tokens, std::move(host_backend));
   check_memory_plan(cfg, topo, micro, be.allocated_bytes() - before);
   return engine;
 }

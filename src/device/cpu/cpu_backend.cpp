@@ -115,8 +115,8 @@ class CpuBackend final : public Backend {
       throw Error(concat("cast from ", dtype_name(in_dtype), " to ", dtype_name(out_dtype), " goes through fp32"));
     }
   }
-  void accumulate(float* x, const float* y, size_t n, Stream) override {
-    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  void accumulate(float* x, const void* y, DType y_dtype, size_t n, Stream) override {
+    host_accumulate_grad(x, y, y_dtype, n, /*overwrite=*/false, nullptr, 1);
   }
   void sum_squares(const float* x, size_t n, double* sum, Stream) override {
     double s = 0.0;

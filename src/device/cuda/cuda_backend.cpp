@@ -112,7 +112,9 @@ class CudaBackend final : public Backend {
   void cast(const void* in, DType in_dtype, void* out, DType out_dtype, size_t n, Stream s) override {
     cuda::cast(in, in_dtype, out, out_dtype, n, as_cuda(s));
   }
-  void accumulate(float* x, const float* y, size_t n, Stream s) override { cuda::accumulate(x, y, n, as_cuda(s)); }
+  void accumulate(float* x, const void* y, DType y_dtype, size_t n, Stream s) override {
+    cuda::accumulate(x, y, y_dtype, n, as_cuda(s));
+  }
   void sum_squares(const float* x, size_t n, double* sum, Stream s) override {
     cuda::sum_squares(x, n, sum, as_cuda(s));
   }

@@ -238,8 +238,29 @@ void scale(float* x, size_t n, float factor, cudaStream_t stream) {
   launch_map<4>(UnaryOp<float, float, Times>{x, x, Times{factor}}, n, is_aligned(x, 16), stream);
 }
 
-void accumulate(float* x, const float* y, size_t n, cudaStream_t stream) {
-  launch_map<4>(BinaryOp<float, Plus>{x, y, x, Plus{}}, n, is_aligned(x, 16) && is_aligned(y, 16), stream);
+// x += y with y in any dtype: x moves 16 bytes per access, y as many elements (8 bytes when 16-bit).
+template <typename In>
+struct AccumulateOp {
+  float* x;
+  const In* y;
+  template <int N>
+  __device__ void apply(size_t i) const {
+    float vx[N], vy[N];
+    load_floats<N>(x + i, vx);
+    load_floats<N>(y + i, vy);
+#pragma unroll
+    for (int k = 0; k < N; ++k) vx[k] += vy[k];
+    store_floats<N>(x + i, vx);
+  }
+};
+
+void accumulate(float* x, const void* y, DType y_dt, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_dtype(y_dt, [&](auto tag) {
+    using In = typename decltype(tag)::type;
+    const AccumulateOp<In> op{x, static_cast<const In*>(y)};
+    launch_map<4>(op, n, is_aligned(x, 16) && is_aligned(y, 4 * sizeof(In)), stream);
+  });
 }
 
 void sum_squares(const float* x, size_t n, double* out, cudaStream_t stream) {

@@ -11,8 +11,6 @@
 
 namespace shardlm::cuda {
 
-constexpr int kBloomHeadChunkTokens = 2048;  // the LM head's logits rows at once (lm_head_loss's chunk)
-
 struct BloomCudaSizes {
   size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)
   // Kept from forward to backward: hidden states h_0 .. h_L; the embedding's and the final
@@ -66,7 +64,7 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.attention_workspace = fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d,
                                                                             cfg.packed)
                                           : attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
-  s.head_chunk = static_cast<int>(std::min<size_t>(kBloomHeadChunkTokens, N));
+  s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);
   s.lora_xa = lora.xa(), s.lora_scratch = lora.scratch();

@@ -13,9 +13,6 @@
 
 namespace shardlm::cuda {
 
-// Logits of at most this many tokens exist at once in LlamaCuda's LM head (lm_head_loss's chunk).
-constexpr int kLlamaHeadChunkTokens = 2048;
-
 struct LlamaCudaSizes {
   size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)
   // Kept from forward to backward: hidden states h_0 .. h_L, the final norm's 1/rms, the rotary
@@ -72,7 +69,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
                                               cfg.packed)
             : llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
   }
-  s.head_chunk = static_cast<int>(std::min<size_t>(kLlamaHeadChunkTokens, N));
+  s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);
   s.lora_xa = lora.xa(), s.lora_scratch = lora.scratch();
