@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 66u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 67u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -147,7 +147,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
                                                           "checkpoint.collective_buffering",
                                                           "checkpoint.load_weights_only"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
-  BOOST_TEST(c.resolved.back().first == "run.overwrite");
+  BOOST_TEST(c.resolved.back().first == "run.trace_step");
 }
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {
@@ -366,6 +366,13 @@ BOOST_AUTO_TEST_CASE(offload_accumulate) {
                  "fsdp.cpu_offload = true"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=gpu"}); }),
                  "fsdp.offload_accumulate"));
+}
+
+// run.trace_step: 0 (no timeline) unless given; negative refused.
+BOOST_AUTO_TEST_CASE(trace_step) {
+  BOOST_TEST(load(kBase).run.trace_step == 0);
+  BOOST_TEST(load(kBase, {"--run.trace_step=5"}).run.trace_step == 5);
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--run.trace_step=-1"}); }), "run.trace_step"));
 }
 
 // model.head_chunk_tokens: 0 (the family's 2048) unless given; an offloaded engine takes 512 for 0 and

@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "train_test_support.hpp"
+#include "shardlm/fsdp.hpp"
 
 using namespace shardlm;
 
@@ -66,6 +70,68 @@ BOOST_AUTO_TEST_CASE(reference_learns) {
 BOOST_AUTO_TEST_CASE(full_shard_matches_one_rank) {
   TrainResult r = train(tiny_config(ShardingStrategy::FullShard, "full"), MPI_COMM_WORLD, quiet());
   expect_same_losses(r, reference(), 1e-4);
+}
+
+// run.trace_step: the traced step changes no loss; every rank writes its timeline (Chrome trace
+// events: each unit's forward and backward on the compute lane, its reduction and, sharded, its
+// all-gathers on the comm lane, all inside the step), and metrics.jsonl has a "trace" record per rank.
+BOOST_AUTO_TEST_CASE(a_traced_step_writes_its_timeline) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "trace");
+  cfg.run.trace_step = 3;
+  TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  expect_same_losses(r, reference(), 1e-4);
+  const int L = cfg.model.num_layers;
+  std::ifstream in(concat(cfg.run.dir, "/trace_step3_rank", world_rank(), ".json"));
+  BOOST_TEST_REQUIRE(in.good());
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> count;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const std::string name = e.at("name");
+    count[name.substr(0, name.find(" unit"))] += 1;
+    BOOST_TEST(e.at("ts").get<double>() >= 0.0);
+    BOOST_TEST(e.at("dur").get<double>() >= 0.0);
+    BOOST_TEST(e.at("tid").get<int>() == (name.rfind("all-gather", 0) == 0 || name.rfind("reduce", 0) == 0 ? 1 : 0));
+  }
+  const int micro = cfg.train.batch_size / (cfg.train.micro_batch_size * world_size());
+  BOOST_TEST(count["forward"] == micro * (L + 1));
+  BOOST_TEST(count["backward"] == micro * L + micro);  // the blocks and the embedding
+  BOOST_TEST(count["forward and backward"] == micro);  // the head
+  BOOST_TEST(count["reduce"] == micro * (L + 1));
+  BOOST_TEST((count["all-gather"] > 0) == (world_size() > 1));  // one rank reads its slices in place
+  BOOST_TEST(count["optimizer (AdamW)"] == 1);
+  if (world_rank() != 0) return;
+  std::ifstream metrics(cfg.run.dir + "/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("type", "") != "trace") continue;
+    ++records;
+    BOOST_TEST(j.at("step").get<int>() == 3);
+    BOOST_TEST(j.at("step_ms").get<double>() > 0.0);
+    BOOST_TEST(j.at("compute_ms").get<double>() <= j.at("step_ms").get<double>() + 1e-6);
+    BOOST_TEST(j.at("exposed_comm_ms").get<double>() >= 0.0);
+  }
+  BOOST_TEST(records == world_size());
+}
+
+// summarize_trace: busy time is the union of a lane's spans, overlap their intersection.
+BOOST_AUTO_TEST_CASE(trace_summary_of_known_spans) {
+  StepTrace t;
+  t.step_ms = 25;
+  t.spans = {{"forward unit 1", "compute", 0, 10}, {"backward unit 1", "compute", 12, 20},
+             {"forward unit 2", "compute", 8, 9},  {"all-gather unit 2", "comm", 5, 7},
+             {"reduce unit 1", "comm", 6, 15}};
+  const TraceSummary s = summarize_trace(t);
+  BOOST_TEST(s.compute_ms == 18.0);
+  BOOST_TEST(s.comm_ms == 10.0);           // [5, 15]
+  BOOST_TEST(s.overlap_ms == 8.0);         // [5, 10] and [12, 15]
+  BOOST_TEST(s.exposed_comm_ms == 2.0);    // [10, 12]
+  BOOST_TEST(s.compute_idle_ms == 7.0);
+  BOOST_TEST(s.gather_ms == 2.0);
+  BOOST_TEST(s.reduce_ms == 9.0);
+  const nlohmann::json j = nlohmann::json::parse(trace_json(t, 3));
+  BOOST_TEST(j.at("traceEvents").size() == 5u + 3u);  // the spans, two lane names, the rank's name
 }
 
 BOOST_AUTO_TEST_CASE(shard_grad_op_matches_one_rank) {

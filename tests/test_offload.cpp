@@ -46,6 +46,8 @@ class DeviceLikeCpu final : public Backend {
   Stream comm_stream() const override { return nullptr; }
   Stream copy_stream(CopyKind) const override { return nullptr; }
   std::unique_ptr<BackendEvent> make_event() override { return cpu_->make_event(); }
+  std::unique_ptr<BackendEvent> make_timing_event() override { return cpu_->make_timing_event(); }
+  double elapsed_ms(BackendEvent& a, BackendEvent& b) override { return cpu_->elapsed_ms(a, b); }
   void synchronize(Stream s) override { cpu_->synchronize(s); }
   void bind_thread() override {}
   int host_threads() const override { return 1; }

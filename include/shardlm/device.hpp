@@ -117,6 +117,10 @@ class Backend {
   // going up overlap each other and the compute and communication streams).
   virtual Stream copy_stream(CopyKind direction) const = 0;
   virtual std::unique_ptr<BackendEvent> make_event() = 0;
+  // An event that also takes the time its point is reached, for the step timeline (run.trace_step),
+  // and the milliseconds between two of them (both recorded and reached: synchronize first).
+  virtual std::unique_ptr<BackendEvent> make_timing_event() = 0;
+  virtual double elapsed_ms(BackendEvent& from, BackendEvent& to) = 0;
   virtual void synchronize(Stream s) = 0;
   // Points the calling thread at the backend's device (cudaSetDevice): a thread other than the one
   // that made the backend calls it before its first call (offload's host worker).

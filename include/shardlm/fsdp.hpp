@@ -121,6 +121,29 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
                                 const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
                                 DType compute_dtype);
 
+// One optimizer step's timeline (run.trace_step): what each stream ran, in ms from the step's start.
+// Lanes: "compute" (each unit's forward and backward, the optimizer), "comm" (each unit's all-gather
+// and reduction; offloaded, the reduction's copy to the host is not in it).
+struct TraceSpan {
+  std::string name;
+  std::string lane;
+  double begin_ms = 0, end_ms = 0;
+};
+struct StepTrace {
+  std::vector<TraceSpan> spans;
+  double step_ms = 0;  // from the step's start to the end of its optimizer step, every stream done
+};
+// Where the step's time went: busy = the union of a lane's spans; overlap = both lanes busy at once;
+// exposed communication = comm busy while compute is not; compute idle = step - compute busy.
+struct TraceSummary {
+  double step_ms = 0, compute_ms = 0, comm_ms = 0, overlap_ms = 0, exposed_comm_ms = 0, compute_idle_ms = 0;
+  double gather_ms = 0, reduce_ms = 0;  // the comm lane's spans by kind (summed, not unioned)
+};
+TraceSummary summarize_trace(const StepTrace& trace);
+// The timeline as Chrome's trace-event JSON (chrome://tracing, Perfetto): one process per rank, one
+// thread per lane.
+std::string trace_json(const StepTrace& trace, int rank);
+
 // The model wrapped unit by unit for FSDP on one backend: the schedule of DESIGN.md written once.
 // On an asynchronous backend parameter all-gathers run on the communication stream ahead of the
 // compute stream (forward and backward prefetch, at most limit_all_gathers gathered blocks when
@@ -155,6 +178,11 @@ class FsdpEngine {
     float grad_factor = 1;
   };
   void last_micro_step(const std::optional<StepUpdate>& update = std::nullopt);
+  // The step timeline (run.trace_step): called before the step's zero_grad and after its
+  // optimizer_step, the engine marks every gather, reduction, forward, backward and the optimizer in
+  // between with timing events; trace_end waits for the step and returns its spans.
+  void trace_begin();
+  StepTrace trace_end();
   void zero_grad();
   double grad_norm();  // global L2 norm of the whole gradient, the same on every rank
   // One optimizer step at lr with the gradients multiplied by grad_factor (clipping) first.

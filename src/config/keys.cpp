@@ -322,6 +322,7 @@ static std::vector<KeySpec> build_table() {
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
       flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite)),
+      int_key("run.trace_step", SHARDLM_FIELD(run.trace_step), 0, "must be >= 0 (0 = no timeline)"),
   };
 }
 

@@ -180,8 +180,10 @@ double FsdpEngine::grad_norm() {
     return std::sqrt(groups_.shard->host_sum(local));
   }
   double* sum = m.host_memory ? &local : m.norm.as<double>();
+  const int span = m.mark_begin("gradient norm", -1, Impl::Lane::Compute);
   if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
   for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
+  m.mark_end(span);
   if (!m.host_memory) backend_->copy(&local, sum, sizeof(double), CopyKind::DeviceToHost, m.compute);
   backend_->synchronize(m.compute);
   // Slices partition the model within a shard group; replicas hold identical slices.
@@ -214,9 +216,54 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
       for (size_t u = 0; u < m.units.size(); ++u) m.post_upload(u, &h);
     }
   } else {
+    const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
     optimizer_->step(lr, grad_factor, m.compute);
+    m.mark_end(span);
   }
   m.params_updated();
+}
+
+void FsdpEngine::trace_begin() {
+  Impl& m = *impl_;
+  // The step starts on idle streams, so that its spans are its own (this drains the pipeline once).
+  if (m.opt.cpu_offload) {
+    m.offload.worker->drain();
+    backend_->synchronize(m.offload.down);
+    backend_->synchronize(m.offload.up);
+  }
+  backend_->synchronize(m.comm);
+  backend_->synchronize(m.compute);
+  m.marks.clear();
+  m.trace_origin = backend_->make_timing_event();
+  m.trace_origin->record(m.compute);
+  m.tracing = true;
+}
+
+StepTrace FsdpEngine::trace_end() {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(m.tracing, "FsdpEngine::trace_end without trace_begin");
+  m.tracing = false;
+  // The step ends when every stream has done its part: communication, and offloaded the host's
+  // updates and their uploads.
+  if (m.opt.cpu_offload) m.offload.worker->drain();
+  std::unique_ptr<BackendEvent> joined = backend_->make_event();
+  std::vector<Stream> others{m.comm};
+  if (m.opt.cpu_offload) others.insert(others.end(), {m.offload.down, m.offload.up});
+  for (Stream s : others) {
+    joined->record(s);
+    joined->wait_on(m.compute);
+  }
+  std::unique_ptr<BackendEvent> end = backend_->make_timing_event();
+  end->record(m.compute);
+  backend_->synchronize(m.compute);
+  StepTrace t;
+  t.step_ms = backend_->elapsed_ms(*m.trace_origin, *end);
+  for (Impl::Mark& k : m.marks)
+    t.spans.push_back({k.name, k.lane, backend_->elapsed_ms(*m.trace_origin, *k.begin),
+                       backend_->elapsed_ms(*m.trace_origin, *k.end)});
+  m.marks.clear();
+  m.trace_origin.reset();
+  return t;
 }
 
 // The compute-dtype slices from the fp32 masters (after init, a checkpoint load).

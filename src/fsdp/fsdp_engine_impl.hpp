@@ -91,6 +91,34 @@ struct FsdpEngine::Impl {
 
   OffloadState offload;               // cpu_offload only
 
+  // The step timeline (trace_begin .. trace_end): a span's two timing events, recorded on its stream.
+  struct Mark {
+    std::string name, lane;
+    std::unique_ptr<BackendEvent> begin, end;
+  };
+  bool tracing = false;
+  std::unique_ptr<BackendEvent> trace_origin;
+  std::vector<Mark> marks;
+  // Opens a span "what unit" (what alone for unit < 0) on the compute or the comm lane (its stream),
+  // returns its index (or -1 when not tracing).
+  enum class Lane { Compute, Comm };
+  int mark_begin(const char* what, long unit, Lane lane) {
+    if (!tracing) return -1;
+    Mark m;
+    m.name = unit >= 0 ? concat(what, " ", unit) : std::string(what);
+    m.lane = lane == Lane::Comm ? "comm" : "compute";
+    m.begin = be.make_timing_event();
+    m.end = be.make_timing_event();
+    m.begin->record(lane == Lane::Comm ? comm : compute);
+    marks.push_back(std::move(m));
+    return static_cast<int>(marks.size()) - 1;
+  }
+  void mark_end(int i) {
+    if (i < 0) return;
+    Mark& m = marks[static_cast<size_t>(i)];
+    m.end->record(m.lane == "comm" ? comm : compute);
+  }
+
   DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each
   std::vector<int32_t> decode_host;
   int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
@@ -137,6 +165,7 @@ struct FsdpEngine::Impl {
       holder[sl] = static_cast<int>(u);
     }
     await_upload(u, comm);
+    const int span = mark_begin("all-gather unit", static_cast<long>(u), Lane::Comm);
     const Unit& d = units[u];
     const size_t n = d.flat.shard_numel;
     char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
@@ -156,6 +185,7 @@ struct FsdpEngine::Impl {
     if (lora && !plan.frozen_alias)
       shard.all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
                        plan.compute_dtype);
+    mark_end(span);
     unit_gathered[u]->record(comm);
     gathered[u] = true;
   }
@@ -254,12 +284,16 @@ struct FsdpEngine::Impl {
 
     const UnitParams root = use(0);
     if (L > 0 && forward_prefetch) gather(1);
+    int span = mark_begin("forward unit 0 (embedding)", -1, Lane::Compute);
     if (N > 0) model->embed_forward(root, tok, B, T, compute);
+    mark_end(span);
     for (int l = 0; l < L; ++l) {
       const UnitParams p = use(1 + l);
       // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
       if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
+      span = mark_begin("forward unit", 1 + l, Lane::Compute);
       if (N > 0) model->block_forward(l, p, B, T, compute);
+      mark_end(span);
       done_with(1 + l);
     }
     if (backward) {
@@ -272,7 +306,10 @@ struct FsdpEngine::Impl {
     UnitGrads droot;
     if (backward && !lora) droot.base = full_grad(0);
     if (backward && lora && units[0].flat.numel > 0) droot.adapter = full_grad(0);
+    span = mark_begin(backward ? "forward and backward unit 0 (head, loss)" : "forward unit 0 (head, loss)", -1,
+                      Lane::Compute);
     if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
+    mark_end(span);
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {
         const UnitParams p = use(1 + l);
@@ -283,21 +320,29 @@ struct FsdpEngine::Impl {
         grad_reduced[gs]->wait_on(compute);  // its last reduction has read the buffer
         if (!plan.direct_grads) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
         float* grad = full_grad(1 + l);
+        span = mark_begin("backward unit", 1 + l, Lane::Compute);
         if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
+        mark_end(span);
         done_with(1 + l);
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
+        span = mark_begin("reduce unit", 1 + l, Lane::Comm);
         reduce(1 + l, grad);
+        mark_end(span);
         // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
         grad_reduced[gs]->record(opt.cpu_offload ? offload.down : comm);
         // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
         // buffer this block frees, so it is safe with a single buffer too.
         if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
       }
+      span = mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
       if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
+      mark_end(span);
       root_grad_ready->record(compute);
       root_grad_ready->wait_on(comm);
+      span = mark_begin("reduce unit 0", -1, Lane::Comm);
       reduce(0, full_grad(0));
+      mark_end(span);
       root_reduction_pending = true;
       if (opt.cpu_offload) offload_micro_step_ends();
     }

@@ -4,7 +4,10 @@
 // AdamW and the dynamic loss scale.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <optional>
+#include <vector>
 
 #include "../device/dropout_mask.hpp"
 #include "train_run.hpp"
@@ -50,6 +53,32 @@ class StepMicroBatches {
   PackedStep packed_;
 };
 
+// run.trace_step: this rank's timeline to dir/trace_stepN_rankR.json, every rank's summary to rank 0
+// as a "trace" record, and rank 0's on the log.
+void write_step_trace(TrainRun& run, long step, const StepTrace& trace) {
+  const std::filesystem::path file =
+      std::filesystem::path(run.cfg.run.dir) / concat("trace_step", step, "_rank", run.rank, ".json");
+  replace_file(file.string(), trace_json(trace, run.rank), "the step timeline");
+  const TraceSummary s = summarize_trace(trace);
+  const double mine[8] = {s.step_ms, s.compute_ms, s.comm_ms, s.overlap_ms, s.exposed_comm_ms, s.compute_idle_ms,
+                          s.gather_ms, s.reduce_ms};
+  std::vector<double> all(8 * static_cast<size_t>(run.world));
+  MPI_Gather(mine, 8, MPI_DOUBLE, all.data(), 8, MPI_DOUBLE, 0, run.comm);
+  for (int r = 0; r < run.world; ++r) {
+    const double* v = &all[8 * static_cast<size_t>(r)];
+    run.record({{"type", "trace"}, {"step", step}, {"rank", r}, {"step_ms", v[0]}, {"compute_ms", v[1]},
+                {"comm_ms", v[2]}, {"overlap_ms", v[3]}, {"exposed_comm_ms", v[4]}, {"compute_idle_ms", v[5]},
+                {"gather_ms", v[6]}, {"reduce_ms", v[7]}});
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %ld timeline (rank 0): %.2f ms; compute busy %.2f, communication busy %.2f (gathers %.2f, "
+                "reductions %.2f), overlapped %.2f, exposed %.2f; compute idle %.2f; %s",
+                step, s.step_ms, s.compute_ms, s.comm_ms, s.gather_ms, s.reduce_ms, s.overlap_ms, s.exposed_comm_ms,
+                s.compute_idle_ms, file.filename().c_str());
+  if (run.echo) run.say(line);
+}
+
 }  // namespace
 
 PaddingShare epoch_padding_share(const TrainRun& run) {
@@ -81,6 +110,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   // Dynamic loss scaling: scale the loss, unscale the gradients, skip a step whose gradient
   // overflowed (every rank sees the same global norm) and halve; double after a run of good steps.
   const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
+  // run.trace_step counts this run's steps from 1 (a resumed run's too).
+  const bool trace = cfg.run.trace_step > 0 && ++run.steps_taken == cfg.run.trace_step;
+  if (trace) model.trace_begin();
   model.zero_grad();
   double loss_sum = 0;
   StepOutcome out;
@@ -117,6 +149,7 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
       pos.good_steps = 0;
     }
   }
+  if (trace) write_step_trace(run, pos.step + 1, model.trace_end());
   ++pos.step;
   out.seconds = mpi_max(run.comm, step_timer.seconds());
   out.tokens = count_tokens(run.train_set, global);

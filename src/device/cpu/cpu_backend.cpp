@@ -1,5 +1,6 @@
 // The CPU backend: host memory counted by MemKind, synchronous "streams", casts and the
 // element-wise updates (gradient accumulation, sums of squares, AdamW over the host's threads).
+#include <chrono>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -71,6 +72,15 @@ class NoEvent final : public BackendEvent {
   void synchronize() override {}
 };
 
+// Work is done when it returns: the time of the record is the time the point was reached.
+class TimedEvent final : public BackendEvent {
+ public:
+  void record(Stream) override { at = std::chrono::steady_clock::now(); }
+  void wait_on(Stream) override {}
+  void synchronize() override {}
+  std::chrono::steady_clock::time_point at;
+};
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, std::string moments_dir) : threads_(std::max(1, threads)), moments_dir_(std::move(moments_dir)) {}
@@ -94,6 +104,11 @@ class CpuBackend final : public Backend {
   Stream comm_stream() const override { return nullptr; }
   Stream copy_stream(CopyKind) const override { return nullptr; }
   std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<NoEvent>(); }
+  std::unique_ptr<BackendEvent> make_timing_event() override { return std::make_unique<TimedEvent>(); }
+  double elapsed_ms(BackendEvent& from, BackendEvent& to) override {
+    return std::chrono::duration<double, std::milli>(dynamic_cast<TimedEvent&>(to).at -
+                                                     dynamic_cast<TimedEvent&>(from).at).count();
+  }
   void synchronize(Stream) override {}
   void bind_thread() override {}
   int host_threads() const override { return threads_; }

@@ -27,11 +27,15 @@ class CudaMemory final : public DeviceMemory {
 
 class CudaEvent final : public BackendEvent {
  public:
-  CudaEvent() { SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  // Timing costs a little on every record: only the step timeline's events take it.
+  explicit CudaEvent(bool timing = false) {
+    SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
   ~CudaEvent() override { cudaEventDestroy(e_); }
   void record(Stream s) override { SHARDLM_CUDA_CHECK(cudaEventRecord(e_, as_cuda(s))); }
   void wait_on(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(s), e_, 0)); }
   void synchronize() override { SHARDLM_CUDA_CHECK(cudaEventSynchronize(e_)); }
+  cudaEvent_t get() const { return e_; }
 
  private:
   cudaEvent_t e_ = nullptr;
@@ -96,6 +100,12 @@ class CudaBackend final : public Backend {
     return direction == CopyKind::DeviceToHost ? download_ : upload_;
   }
   std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<BackendEvent> make_timing_event() override { return std::make_unique<CudaEvent>(true); }
+  double elapsed_ms(BackendEvent& from, BackendEvent& to) override {
+    float ms = 0;
+    SHARDLM_CUDA_CHECK(cudaEventElapsedTime(&ms, dynamic_cast<CudaEvent&>(from).get(), dynamic_cast<CudaEvent&>(to).get()));
+    return ms;
+  }
   void synchronize(Stream s) override { SHARDLM_CUDA_CHECK(cudaStreamSynchronize(as_cuda(s))); }
   void bind_thread() override { SHARDLM_CUDA_CHECK(cudaSetDevice(device_)); }
   int host_threads() const override { return 1; }
