@@ -107,7 +107,7 @@ for row in "${POS[@]}"; do
   label=${row%%=*}
   IFS=: read -r deck layers seq micro ac <<< "${row#*=}"
   acflag=false; [ "${ac:-}" = ac ] && acflag=true
-  data=$OUT/data_$seq.jsonl
+  data=$OUT/data_${seq}_$((STEPS * micro * GPUS)).jsonl  # enough records for this row's steps
   [ -f "$data" ] || python3 bench/make_bench_data.py --out "$data" --seq "$seq" --records $((STEPS * micro * GPUS)) >/dev/null || exit 1
   echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro per GPU, $GPUS GPU(s), activation checkpointing $acflag"
   if want shardlm; then

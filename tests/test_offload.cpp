@@ -344,6 +344,56 @@ BOOST_AUTO_TEST_CASE(device_sums_give_the_same_steps) {
   BOOST_TEST(off->grad_norm() == 0.0);
 }
 
+// Steps of one micro-step (the host's way) between steps summed on the device, as packing makes them,
+// and micro-steps after a step of one without zero_grad (the host holds those sums: the host's way
+// again): the same gradients and norms as without offload. A traced step's spans are every unit's.
+BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
+  Case c;
+  c.device_sums = true;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+  const int counts[] = {1, 3, 1, 2};
+  for (int s = 0; s < 4; ++s) {
+    double norms[2];
+    int k = 0;
+    for (FsdpEngine* e : {off.get(), plain.get()}) {
+      if (s == 1) e->trace_begin();
+      e->zero_grad();
+      for (int m = 0; m < counts[s]; ++m) {
+        if (m + 1 == counts[s]) e->last_micro_step(std::nullopt);
+        e->forward_backward(micro_batch(s, m, model), 0.01f, 0);
+      }
+      norms[k++] = e->grad_norm();
+    }
+    BOOST_TEST_CONTEXT("step " << s) {
+      BOOST_TEST(norms[0] == norms[1], boost::test_tools::tolerance(1e-6));
+      for (size_t u = 0; u < off->num_units(); ++u)
+        BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
+    }
+    for (FsdpEngine* e : {off.get(), plain.get()}) e->optimizer_step(1e-2, static_cast<float>(clip_factor(norms[0], 0.05)));
+    if (s == 1) {
+      const StepTrace t = off->trace_end();
+      plain->trace_end();
+      int reduces = 0;
+      for (const TraceSpan& span : t.spans) {
+        reduces += span.name.rfind("reduce unit", 0) == 0;
+        BOOST_TEST(span.begin_ms >= 0.0);
+        BOOST_TEST(span.end_ms >= span.begin_ms);
+        BOOST_TEST(span.end_ms <= t.step_ms);
+      }
+      BOOST_TEST(reduces == counts[s] * static_cast<int>(off->num_units()));
+    }
+  }
+  for (FsdpEngine* e : {off.get(), plain.get()}) {
+    e->zero_grad();
+    e->last_micro_step(std::nullopt);
+    e->forward_backward(micro_batch(7, 0, model), 0.01f, 0);
+    e->forward_backward(micro_batch(7, 1, model), 0.01f, 0);  // past the announced last: summed on the host
+  }
+  for (size_t u = 0; u < off->num_units(); ++u)
+    BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
+}
+
 // The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint
 // written and loaded back through the views resumes the same run.
 BOOST_AUTO_TEST_CASE(grad_slices_and_a_checkpoint_round_trip) {

@@ -123,8 +123,9 @@ struct RunSection {
   BackendKind backend = BackendKind::Cpu;
   double peak_tflops = 0;  // per rank, for the model FLOPs utilisation (MFU); 0 = the GPU's peak from its name
   bool overwrite = false;  // a fresh run may replace an earlier run left in dir
-  // The optimizer step (1 = the first of this run) whose timeline each rank writes to
-  // dir/trace_stepN_rankR.json, with a "trace" record per rank in metrics.jsonl; 0 = none.
+  // The optimizer step, numbered as the log numbers them (a resumed run continues the count), whose
+  // timeline is written to dir/trace_stepN_rankR.json for each rank R, with a "trace" record per rank
+  // in metrics.jsonl; 0 = none.
   int trace_step = 0;
 };
 

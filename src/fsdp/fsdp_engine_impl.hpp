@@ -218,11 +218,17 @@ struct FsdpEngine::Impl {
 
   // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over
   // the shard group, all-reduce over the replicate group, in reduce_dtype, then add to the slice.
+  // (The step timeline's "reduce unit u" span; offloaded, reduce_offloaded marks its own.)
   void reduce(size_t u, float* full) {
     if (opt.cpu_offload) return reduce_offloaded(u, full);
     if (plan.direct_grads) return;  // the backward wrote into the slice itself
     Unit& d = units[u];
     if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
+    const int span = mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
+    reduce_into_slice(d, full);
+    mark_end(span);
+  }
+  void reduce_into_slice(Unit& d, float* full) {
     const size_t n = d.flat.shard_numel;
     const DType rdt = opt.reduce_dtype;
     if (rdt == DType::F32) {
@@ -326,9 +332,7 @@ struct FsdpEngine::Impl {
         done_with(1 + l);
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
-        span = mark_begin("reduce unit", 1 + l, Lane::Comm);
         reduce(1 + l, grad);
-        mark_end(span);
         // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
         grad_reduced[gs]->record(opt.cpu_offload ? offload.down : comm);
         // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
@@ -340,9 +344,7 @@ struct FsdpEngine::Impl {
       mark_end(span);
       root_grad_ready->record(compute);
       root_grad_ready->wait_on(comm);
-      span = mark_begin("reduce unit 0", -1, Lane::Comm);
       reduce(0, full_grad(0));
-      mark_end(span);
       root_reduction_pending = true;
       if (opt.cpu_offload) offload_micro_step_ends();
     }

@@ -58,7 +58,17 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   const int b = o.next;
   o.next ^= 1;
   void* slice = o.slice[b].data();
+  bool first = o.micro == 0;
+  const bool last = o.last_announced;
+  // fsdp.offload_accumulate = device: the micro-steps add up in the unit's fp32 slice on the device
+  // (the step's first overwrites it, after the last step's copy out of it); only the step's last
+  // micro-step sends it down, once, as one fp32 reduction that overwrites the host gradient. Not for a
+  // step of one micro-step, nor after micro-steps the host already summed (no zero_grad since a step
+  // of one): those go the host's way.
+  const bool on_device = opt.offload_accumulate_on_device && !(first && last) && (first || o.on_device);
   o.copied[b]->wait_on(comm);  // the copy out of slice[b] two reductions ago has read it
+  if (on_device && first) o.device_sums_read->wait_on(comm);
+  const int span = mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
   void* reduced = full;
   if (rdt == DType::F32) {
     if (shard.size() > 1) {
@@ -74,22 +84,16 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
     reduced = slice;
   }
   if (replicate.size() > 1) replicate.all_reduce(reduced, n, rdt, ReduceOp::Sum);
-  bool first = o.micro == 0;
-  const bool last = o.last_announced;
   DType landed = rdt;
-  if (opt.offload_accumulate_on_device && !(first && last)) {
-    // fsdp.offload_accumulate = device: the micro-steps add up in the unit's fp32 slice on the device
-    // (the step's first overwrites it, after the last step's copy out of it); only the step's last
-    // micro-step sends it down, once, as one fp32 reduction that overwrites the host gradient.
+  if (on_device) {
     float* sum = d.grad.as<float>();
-    if (first) {
-      o.device_sums_read->wait_on(comm);
+    if (first)
       be.cast(reduced, rdt, sum, DType::F32, n, comm);
-    } else {
+    else
       be.accumulate(sum, reduced, rdt, n, comm);
-    }
     o.on_device = true;
     if (!last) {
+      mark_end(span);
       // Nothing goes down: the down stream still orders the reuse of the full gradient (Impl::run).
       o.reduced->record(comm);
       o.reduced->wait_on(o.down);
@@ -97,6 +101,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
     }
     reduced = sum, landed = DType::F32, first = true;
   }
+  mark_end(span);  // before the host waits below: the span is the communication stream's work
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
   o.worker->wait(o.landing_read[b]);  // the worker has summed what landing[b] held before

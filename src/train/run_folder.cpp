@@ -170,6 +170,10 @@ std::string claim_run_folder(const RunConfig& cfg) {
     throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(),
                        "): set checkpoint.resume = auto to continue it, run.overwrite = true to replace it, or "
                        "choose another run.dir"));
+  // The earlier run's step timelines (run.trace_step) go with it.
+  static const std::regex trace_file(R"(trace_step\d+_rank\d+\.json)");
+  for (const fs::directory_entry& e : fs::directory_iterator(cfg.run.dir))
+    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), trace_file)) found.push_back(e.path());
   for (const fs::path& p : found) {
     std::error_code ec;
     fs::remove(p, ec);

@@ -63,7 +63,6 @@ struct TrainRun {
   std::unique_ptr<FsdpEngine> engine;
   std::optional<DistributedSampler> sampler;
   long steps_per_epoch = 0, total_steps = 0;
-  long steps_taken = 0;        // by this process (run.trace_step counts them)
   double flops_per_token = 0;  // training FLOPs (forward + backward) per token, for the MFU
   MfuPeak peak;                // of one rank's device, for the MFU
 };

@@ -53,12 +53,29 @@ class StepMicroBatches {
   PackedStep packed_;
 };
 
-// run.trace_step: this rank's timeline to dir/trace_stepN_rankR.json, every rank's summary to rank 0
-// as a "trace" record, and rank 0's on the log.
+// run.trace_step: every rank's timeline to rank 0, which writes dir/trace_stepN_rankR.json for each
+// (only rank 0 is sure to see run.dir: it may be node-local), a "trace" record per rank, and its own
+// summary on the log.
 void write_step_trace(TrainRun& run, long step, const StepTrace& trace) {
-  const std::filesystem::path file =
-      std::filesystem::path(run.cfg.run.dir) / concat("trace_step", step, "_rank", run.rank, ".json");
-  replace_file(file.string(), trace_json(trace, run.rank), "the step timeline");
+  const std::string json = trace_json(trace, run.rank);
+  const int length = static_cast<int>(json.size());
+  std::vector<int> lengths(static_cast<size_t>(run.world)), offsets(static_cast<size_t>(run.world));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, run.comm);
+  std::string jsons;
+  if (run.rank == 0) {
+    size_t total = 0;
+    for (int r = 0; r < run.world; ++r) offsets[r] = static_cast<int>(total), total += static_cast<size_t>(lengths[r]);
+    jsons.resize(total);
+  }
+  MPI_Gatherv(json.data(), length, MPI_CHAR, jsons.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, run.comm);
+  auto file_of = [&](int r) {
+    return std::filesystem::path(run.cfg.run.dir) / concat("trace_step", step, "_rank", r, ".json");
+  };
+  if (run.rank == 0)
+    for (int r = 0; r < run.world; ++r)
+      replace_file(file_of(r).string(), jsons.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])),
+                   "the step timeline");
+  const std::filesystem::path file = file_of(0);
   const TraceSummary s = summarize_trace(trace);
   const double mine[8] = {s.step_ms, s.compute_ms, s.comm_ms, s.overlap_ms, s.exposed_comm_ms, s.compute_idle_ms,
                           s.gather_ms, s.reduce_ms};
@@ -110,8 +127,8 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   // Dynamic loss scaling: scale the loss, unscale the gradients, skip a step whose gradient
   // overflowed (every rank sees the same global norm) and halve; double after a run of good steps.
   const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
-  // run.trace_step counts this run's steps from 1 (a resumed run's too).
-  const bool trace = cfg.run.trace_step > 0 && ++run.steps_taken == cfg.run.trace_step;
+  // run.trace_step names a step as the log does (the run's step count, continued by a resume).
+  const bool trace = cfg.run.trace_step > 0 && pos.step + 1 == cfg.run.trace_step;
   if (trace) model.trace_begin();
   model.zero_grad();
   double loss_sum = 0;

@@ -44,6 +44,13 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   const long start_epoch_step = pos.epoch_step;
 
   run.progress = ProgressDisplay(run.echo, run.echo && output_is_terminal(), pos.step, run.total_steps);
+  if (cfg.run.trace_step > 0 && (cfg.run.trace_step <= pos.step || cfg.run.trace_step > run.total_steps))
+    run.say(concat("warning: run.trace_step = ", cfg.run.trace_step, " is not among this run's steps (", pos.step + 1, " to ",
+                   run.total_steps, "): no timeline will be written"));
+  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda && cfg.fsdp.offload_accumulate == OffloadAccumulate::Device &&
+      run.accum == 1)
+    run.say("warning: fsdp.offload_accumulate = device without gradient accumulation (one micro-step a step) only holds "
+            "an fp32 gradient slice on the GPU that nothing uses: use host");
   TrainResult result;
   result.first_step = pos.step;
   const FsdpMemory mem = run.engine->memory();

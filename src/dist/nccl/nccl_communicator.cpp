@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -151,7 +152,7 @@ ncclResult_t NcclCommunicator::settle(ncclComm_t comm, const char* what) {
       fail(concat(what, ": no progress for ", waited, " s (dist.timeout = ", timeout_s_,
                   " s): a peer rank is hung or dead"));
     std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
@@ -198,7 +199,7 @@ void NcclCommunicator::wait() {
       fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_,
                   " s): a peer rank is hung or dead"));
     std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
