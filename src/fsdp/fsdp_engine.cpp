@@ -225,14 +225,7 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
 
 void FsdpEngine::trace_begin() {
   Impl& m = *impl_;
-  // The step starts on idle streams, so that its spans are its own (this drains the pipeline once).
-  if (m.opt.cpu_offload) {
-    m.offload.worker->drain();
-    backend_->synchronize(m.offload.down);
-    backend_->synchronize(m.offload.up);
-  }
-  backend_->synchronize(m.comm);
-  backend_->synchronize(m.compute);
+  m.idle();  // the step starts on idle streams, so that its spans are its own (this drains the pipeline once)
   m.marks.clear();
   m.trace_origin = backend_->make_timing_event();
   m.trace_origin->record(m.compute);
@@ -373,14 +366,7 @@ void FsdpEngine::frozen_loaded() {
 
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
-  if (m.opt.cpu_offload) {
-    // The worker updates and uploads the host state: the views are handed out once it is idle.
-    m.offload.worker->drain();
-    backend_->synchronize(m.offload.down);
-    backend_->synchronize(m.offload.up);
-  }
-  backend_->synchronize(m.compute);
-  backend_->synchronize(m.comm);
+  m.idle();  // offloaded, the worker updates and uploads the host state: the views are handed out after
   std::vector<UnitState> states;
   const bool primary = groups_.replicate->rank() == 0;
   const std::vector<std::string> names = optimizer_->state_names();

@@ -251,6 +251,17 @@ struct FsdpEngine::Impl {
     be.accumulate(d.grad.as<float>(), slice, rdt, n, comm);  // widened as it is added
   }
 
+  // Every stream done and, offloaded, the host worker idle.
+  void idle() {
+    if (opt.cpu_offload) {
+      offload.worker->drain();
+      be.synchronize(offload.down);
+      be.synchronize(offload.up);
+    }
+    be.synchronize(compute);
+    be.synchronize(comm);
+  }
+
   // The compute stream waits for the reductions (and offloaded, for the copies out of their buffers).
   void finish_reductions() {
     if (opt.cpu_offload) {
