@@ -92,10 +92,11 @@ struct UnaryOp {
   }
 };
 
-template <typename T, typename F>
+// b may be of another dtype than a and out (accumulate's 16-bit addend); the default is a's.
+template <typename T, typename F, typename B = T>
 struct BinaryOp {
   const T* a;
-  const T* b;
+  const B* b;
   T* out;
   F f;
   template <int N>
@@ -239,26 +240,11 @@ void scale(float* x, size_t n, float factor, cudaStream_t stream) {
 }
 
 // x += y with y in any dtype: x moves 16 bytes per access, y as many elements (8 bytes when 16-bit).
-template <typename In>
-struct AccumulateOp {
-  float* x;
-  const In* y;
-  template <int N>
-  __device__ void apply(size_t i) const {
-    float vx[N], vy[N];
-    load_floats<N>(x + i, vx);
-    load_floats<N>(y + i, vy);
-#pragma unroll
-    for (int k = 0; k < N; ++k) vx[k] += vy[k];
-    store_floats<N>(x + i, vx);
-  }
-};
-
 void accumulate(float* x, const void* y, DType y_dt, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   dispatch_dtype(y_dt, [&](auto tag) {
     using In = typename decltype(tag)::type;
-    const AccumulateOp<In> op{x, static_cast<const In*>(y)};
+    const BinaryOp<float, Plus, In> op{x, static_cast<const In*>(y), x, Plus{}};
     launch_map<4>(op, n, is_aligned(x, 16) && is_aligned(y, 4 * sizeof(In)), stream);
   });
 }
