@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 67u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 68u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -366,6 +366,28 @@ BOOST_AUTO_TEST_CASE(offload_accumulate) {
                  "fsdp.cpu_offload = true"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=gpu"}); }),
                  "fsdp.offload_accumulate"));
+}
+
+// fsdp.offload_root_update: auto by default (the engine measures the link), host and device kept and
+// written back; device refused without fsdp.cpu_offload and with fsdp.offload_dir; without offload the
+// engine's option is host.
+BOOST_AUTO_TEST_CASE(offload_root_update) {
+  BOOST_TEST((load(kBase).fsdp.offload_root_update == OffloadRootUpdate::Auto));
+  BOOST_TEST((fsdp_options(load(kBase).fsdp).offload_root_update == OffloadRootUpdate::Host));
+  const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_root_update=device"});
+  BOOST_TEST((c.fsdp.offload_root_update == OffloadRootUpdate::Device));
+  BOOST_TEST(has(resolved_deck_ini(c), "offload_root_update = device\n"));
+  BOOST_TEST((fsdp_options(c.fsdp).offload_root_update == OffloadRootUpdate::Device));
+  BOOST_TEST((fsdp_options(load(kBase, {"--fsdp.cpu_offload=true"}).fsdp).offload_root_update == OffloadRootUpdate::Auto));
+  BOOST_TEST((load(kBase, {"--fsdp.offload_root_update=host"}).fsdp.offload_root_update == OffloadRootUpdate::Host));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.offload_root_update=device"}); }),
+                 "fsdp.offload_root_update = device: says where an offloaded run updates its root unit"));
+  BOOST_TEST(has(error_of([&] {
+                   load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_dir=/tmp", "--fsdp.offload_root_update=device"});
+                 }),
+                 "fsdp.offload_dir keeps them in files"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_root_update=gpu"}); }),
+                 "fsdp.offload_root_update"));
 }
 
 // run.trace_step: 0 (no timeline) unless given; negative refused.

@@ -394,6 +394,7 @@ struct OffloadCase {
   double max_grad_norm = 0;
   DType param = DType::F32, reduce = DType::F32;
   bool device_sums = false;  // fsdp.offload_accumulate = device
+  OffloadRootUpdate root = OffloadRootUpdate::Auto;  // fsdp.offload_root_update
 };
 
 void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const std::string&, int), const OffloadCase& c,
@@ -407,12 +408,14 @@ void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const 
     cfg.fsdp.reduce_dtype = c.reduce;
   };
   const std::string name = concat("offload_", strategy_name(c.strategy), "_accum", c.accum, "_clip", c.max_grad_norm, "_",
-                                  dtype_name(c.param), "_", dtype_name(c.reduce), c.device_sums ? "_device_sums" : "");
+                                  dtype_name(c.param), "_", dtype_name(c.reduce), c.device_sums ? "_device_sums" : "",
+                                  "_root_", offload_root_update_name(c.root));
   RunConfig plain = make("cuda", name + "_plain", steps), offload = make("cuda", name, steps);
   set(plain);
   set(offload);
   offload.fsdp.cpu_offload = true;
   if (c.device_sums) offload.fsdp.offload_accumulate = OffloadAccumulate::Device;
+  offload.fsdp.offload_root_update = c.root;
   BOOST_TEST_REQUIRE(plain.train.batch_size % (world_size() * c.accum) == 0);
   const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
   const TrainResult b = train(offload, MPI_COMM_WORLD, quiet());
@@ -449,6 +452,20 @@ BOOST_AUTO_TEST_CASE(cpu_offload_with_device_sums) {
     expect_offload_changes_nothing(config, {s, 2, 0.0, DType::F32, DType::F32, true}, 10, 1e-6);
   }
   expect_offload_changes_nothing(config, {ShardingStrategy::FullShard, 2, 0.1, DType::BF16, DType::BF16, true}, 10, 2e-3);
+}
+
+// fsdp.offload_root_update = device and host: the root updated on the GPU from its gradient there (one
+// micro-step, or the device sums), its master and moments copied up and back, or on the host with the
+// blocks: the losses without offload, with and without clipping, fp32 and bf16 parameters.
+BOOST_AUTO_TEST_CASE(cpu_offload_root_update_on_the_device_and_the_host) {
+  for (OffloadRootUpdate r : {OffloadRootUpdate::Device, OffloadRootUpdate::Host}) {
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+      expect_offload_changes_nothing(config, {s, 1, 0.1, DType::F32, DType::F32, false, r}, 10, 1e-6);
+      expect_offload_changes_nothing(config, {s, 1, 0.0, DType::F32, DType::F32, false, r}, 10, 1e-6);
+    }
+    expect_offload_changes_nothing(config, {ShardingStrategy::FullShard, 2, 0.1, DType::F32, DType::F32, true, r}, 10, 1e-6);
+    expect_offload_changes_nothing(config, {ShardingStrategy::NoShard, 1, 0.1, DType::BF16, DType::F32, false, r}, 10, 2e-3);
+  }
 }
 
 // bf16 parameters (the slices go up in bf16 through pinned staging), with an fp32 and a bf16 reduction

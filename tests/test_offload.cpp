@@ -105,11 +105,16 @@ struct Case {
   bool lora = false;
   std::string moments_dir;   // fsdp.offload_dir: the host AdamW's moments in mapped files there
   bool device_sums = false;  // fsdp.offload_accumulate = device
+  bool root_on_device = false;  // fsdp.offload_root_update = device (in chunks of kRootChunk elements)
 };
+// Less than the tiny root's slice on any rank count used, so its update on the device takes several
+// chunks and both buffers.
+constexpr size_t kRootChunk = 100;
 
 std::string name_of(const Case& c) {
   return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
-                " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "");
+                " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "",
+                c.root_on_device ? " root on device" : "");
 }
 
 struct Run {
@@ -127,6 +132,8 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.reduce_dtype = c.reduce;
   o.cpu_offload = offload;
   o.offload_accumulate_on_device = offload && c.device_sums;
+  o.offload_root_update = offload && c.root_on_device ? OffloadRootUpdate::Device : OffloadRootUpdate::Host;
+  o.offload_stream_chunk = kRootChunk;
   AdamWOptions adam;
   adam.weight_decay = 0.1;
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
@@ -392,6 +399,77 @@ BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
   }
   for (size_t u = 0; u < off->num_units(); ++u)
     BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
+}
+
+// fsdp.offload_root_update = device: the root updated on the device from its gradient there (one
+// micro-step, or the device sums) gives the same steps: every strategy, one and three micro-steps
+// (three summed on the host: the root goes the host's way), early and deferred updates; with the device
+// sums; unannounced steps and a bf16 reduction (the host's way); LoRA (no root to update).
+BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
+  BOOST_TEST_REQUIRE(tiny_model(false).vocab_size * tiny_model(false).hidden_size > 2 * kRootChunk * 4);
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
+    for (int accum : {1, 3})
+      for (double max_norm : {0.0, 0.05}) {
+        Case c;
+        c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.root_on_device = true;
+        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+      }
+  std::vector<Case> cases(5);
+  cases[0].device_sums = true, cases[0].accum = 3, cases[0].max_norm = 0.05;
+  cases[1].device_sums = true, cases[1].accum = 2;
+  cases[2].announce = false, cases[2].max_norm = 0.05;
+  cases[3].reduce = DType::BF16, cases[3].max_norm = 0.05;
+  cases[4].lora = true;
+  for (Case& c : cases) {
+    c.root_on_device = true;
+    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+  }
+}
+
+// Steps whose root updates on the device between steps whose root updates on the host (their state
+// comes back first) and a traced one: the same gradients (the root's read back from the device), norms
+// and parameters as without offload; the trace shows the root's update on the compute lane.
+BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
+  Case c;
+  c.root_on_device = true;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+  BOOST_TEST((off->options().offload_root_update == OffloadRootUpdate::Device));
+  BOOST_TEST(off->offload_description().find("on the GPU") != std::string::npos);
+  const int counts[] = {1, 2, 1, 1, 2};
+  for (int s = 0; s < 5; ++s) {
+    double norms[2];
+    int k = 0;
+    for (FsdpEngine* e : {off.get(), plain.get()}) {
+      if (s == 3) e->trace_begin();
+      e->zero_grad();
+      for (int m = 0; m < counts[s]; ++m) {
+        if (m + 1 == counts[s]) e->last_micro_step(std::nullopt);
+        e->forward_backward(micro_batch(s, m, model), 0.01f, 0);
+      }
+      norms[k++] = e->grad_norm();
+    }
+    BOOST_TEST_CONTEXT("step " << s) {
+      BOOST_TEST(norms[0] == norms[1], boost::test_tools::tolerance(1e-6));
+      for (size_t u = 0; u < off->num_units(); ++u)
+        BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
+    }
+    for (FsdpEngine* e : {off.get(), plain.get()}) e->optimizer_step(1e-2, static_cast<float>(clip_factor(norms[0], 0.05)));
+    if (s == 3) {
+      const StepTrace t = off->trace_end();
+      plain->trace_end();
+      int updates = 0;
+      for (const TraceSpan& span : t.spans) updates += span.name == "update unit 0 on the device" && span.lane == "compute";
+      BOOST_TEST(updates == 1);
+    }
+  }
+  const std::vector<UnitState> a = off->checkpoint_state(), b = plain->checkpoint_state();
+  for (size_t u = 0; u < a.size(); ++u)
+    for (size_t i = 0; i < a[u].count; ++i) {
+      BOOST_TEST(a[u].param[i] == b[u].param[i], boost::test_tools::tolerance(1e-5f));
+      BOOST_TEST(a[u].optimizer.at(0).data[i] == b[u].optimizer.at(0).data[i], boost::test_tools::tolerance(1e-5f));
+    }
 }
 
 // The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint

@@ -476,8 +476,19 @@ BOOST_AUTO_TEST_CASE(offload_keeps_no_fp32_state_per_parameter_on_the_device) {
         const size_t rsize = shardlm::dtype_size(reduce);
         const size_t landing = world > 1 || reduce != shardlm::DType::F32 ? largest * rsize : 0;
         const size_t cast = world > 1 && reduce != shardlm::DType::F32 ? root * rsize : 0;  // reduce-scatter's send
-        BOOST_TEST(off.record.comm_staging == 2 * landing + cast);
+        const size_t squares = layout.size() * 8;  // each unit's sum of squares, fp64
+        BOOST_TEST(off.record.comm_staging == 2 * landing + cast + squares);
         BOOST_TEST(off.device_total() < plain.device_total());
+        // fsdp.offload_root_update = device (auto counts as device): two buffers of a chunk's master
+        // and moments.
+        for (auto r : {shardlm::OffloadRootUpdate::Device, shardlm::OffloadRootUpdate::Auto}) {
+          shardlm::MemoryPlanSpec dev = s;
+          dev.fsdp.offload_root_update = r;
+          const size_t chunk = std::min(shardlm::kOffloadStreamChunk, root / world);
+          BOOST_TEST(shardlm::plan_rank_memory(dev).record.comm_staging == off.record.comm_staging + 2 * 3 * chunk * 4);
+          dev.fsdp.moments_in_files = true;  // the moments in files: the root updates on the host
+          BOOST_TEST(shardlm::plan_rank_memory(dev).record.comm_staging == off.record.comm_staging);
+        }
         // fsdp.offload_dir: the moments (8 bytes a parameter of the slices) move from host memory to files.
         BOOST_TEST(off.offload_file_bytes == 0u);
         s.fsdp.moments_in_files = true;

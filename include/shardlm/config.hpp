@@ -22,6 +22,7 @@ enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: au
 enum class LrSchedule { Linear, Constant };                // train.lr_schedule
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
 enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
+enum class OffloadRootUpdate { Auto, Host, Device };       // fsdp.offload_root_update
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
 const char* data_format_name(DataFormat f);                // "squad", ...
@@ -29,6 +30,7 @@ const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | 
 const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant"
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
 const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
+const char* offload_root_update_name(OffloadRootUpdate r); // "auto" | "host" | "device"
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
@@ -88,6 +90,10 @@ struct FsdpSection {
   // Host: each goes down as it is reduced and the host adds it (no fp32 per parameter on the device);
   // Device: summed in an fp32 slice on the device, which goes down once, in the step's last micro-step.
   OffloadAccumulate offload_accumulate = OffloadAccumulate::Host;
+  // With cpu_offload, where the root unit's (embeddings, head) AdamW runs: Host, with the blocks; Device:
+  // on the GPU, its fp32 master and moments streamed up and back over the host link while the host's
+  // cores update the blocks; Auto: Device when the link measures at least kOffloadRootLinkGBs each way.
+  OffloadRootUpdate offload_root_update = OffloadRootUpdate::Auto;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

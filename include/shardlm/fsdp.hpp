@@ -48,6 +48,11 @@ struct FsdpOptions {
   // fsdp.offload_accumulate = device (with cpu_offload): the micro-steps' reduced gradients are summed in
   // an fp32 slice on the device, which goes down once a step (offload.cpp)
   bool offload_accumulate_on_device = false;
+  // fsdp.offload_root_update (with cpu_offload): where the root unit's AdamW runs. The engine resolves
+  // Auto when it starts (a timed copy each way over the host link, kOffloadRootLinkGBs); `shardlm plan`
+  // counts Auto as Device.
+  OffloadRootUpdate offload_root_update = OffloadRootUpdate::Host;
+  size_t offload_stream_chunk = 0;  // elements of one chunk of that update (0: kOffloadStreamChunk; tests set less)
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -97,10 +102,24 @@ struct FsdpBufferPlan {
   size_t offload_landing = 0;      // bytes of each pinned host landing buffer
   size_t offload_chunk = 0;        // elements of an upload
   size_t offload_stage = 0;        // bytes of each pinned upload staging chunk
+  size_t offload_stream_chunk = 0; // root update on the device: elements of one streamed chunk
+  size_t offload_stream = 0;       // and bytes of each of its two device buffers (master and moments)
+  size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
 // AdamW on one chunk overlaps the copy of the previous one.
 constexpr size_t kOffloadChunk = size_t(1) << 22;
+// Elements of one chunk of the root's update on the device (fsdp.offload_root_update): its fp32 master
+// and both moments go up, are updated, and come back, two chunks in flight (24 MiB of device memory).
+constexpr size_t kOffloadStreamChunk = size_t(1) << 20;
+// fsdp.offload_root_update = auto updates the root on the device when copies of kOffloadLinkProbeBytes
+// measure at least this many GB/s each way (PCIe 5.0 x16 gives about 55; 4.0 about 25, where moving 12
+// bytes a parameter each way costs about what the host's AdamW does: docs/PERFORMANCE.md).
+constexpr double kOffloadRootLinkGBs = 40.0;
+// ... and when the rank's slice of the root has at least this many elements (a smaller one updates on
+// the host in a millisecond or two either way, and the probe's 16 MiB would outweigh it).
+constexpr size_t kOffloadRootMinElements = size_t(16) << 20;
+constexpr size_t kOffloadLinkProbeBytes = size_t(16) << 20;
 
 // What the engine trains and what it holds frozen: without LoRA the model's layout and nothing; with
 // LoRA the adapters and the saved root modules (lora_layout) and the rest of the base weights
@@ -218,6 +237,10 @@ class FsdpEngine {
   const FsdpBufferPlan& buffer_plan() const { return plan_; }
   size_t num_units() const;
   const FlatParameter& unit(size_t u) const;
+  // The options as the engine resolved them (fsdp.offload_root_update = auto decided), and with
+  // cpu_offload where the root unit's AdamW runs, in words (empty without it).
+  const FsdpOptions& options() const;
+  std::string offload_description() const;
   // This rank's gradient slice of unit u, copied to the host (tests, inspection).
   std::vector<float> grad_slice(size_t u);
 

@@ -37,6 +37,11 @@ class Optimizer {
   // out[0]) in the optimizer's out dtype. Every piece of every slice once gives step()'s bits.
   virtual AdamWHyper begin_step(double lr, float grad_scale) = 0;
   virtual void update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) = 0;
+  // The same piece on copies of its arrays, run by `backend` on stream s (CPU offload's root update on
+  // the device): param, grad, each state vector (state_names' order) and out hold elements [begin, end)
+  // of slice i from their element 0 (out may be null). The arrays the optimizer owns are not touched.
+  virtual void update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, size_t end, float* param,
+                               const float* grad, const std::vector<float*>& state, void* out, const AdamWHyper& h) = 0;
   virtual long steps_taken() const = 0;
   virtual void set_steps_taken(long steps) = 0;  // when resuming from a checkpoint
   virtual const char* name() const = 0;
@@ -63,6 +68,8 @@ class AdamW final : public Optimizer {
   void step(double lr, float grad_scale = 1.0f, Stream s = nullptr) override;
   AdamWHyper begin_step(double lr, float grad_scale) override;
   void update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) override;
+  void update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, size_t end, float* param, const float* grad,
+                       const std::vector<float*>& state, void* out, const AdamWHyper& h) override;
   long steps_taken() const override { return step_; }
   void set_steps_taken(long steps) override { step_ = steps; }
   const char* name() const override { return "adamw"; }
@@ -77,6 +84,8 @@ class AdamW final : public Optimizer {
   AdamWOptions opt_;
   DType out_dtype_;
   std::vector<AdamWRange> ranges_;  // every slice cut at its no-decay ranges, made once
+  // Slice i's ranges cut to [begin, end), with the arrays of `at` (element begin at their [0]).
+  std::vector<AdamWRange> piece(size_t i, size_t begin, size_t end, const AdamWRange& at, DType out_dtype) const;
   std::vector<size_t> range_offset_;  // of each range in its slice
   std::vector<size_t> slice_ranges_;  // slice i's ranges are [slice_ranges_[i], slice_ranges_[i + 1])
   std::vector<DeviceArray> exp_avg_, exp_avg_sq_;

@@ -51,6 +51,13 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (cfg.fsdp.offload_accumulate == OffloadAccumulate::Device && !cfg.fsdp.cpu_offload)
     bad_value("fsdp.offload_accumulate", "device",
               "says where an offloaded run sums its micro-steps' gradients: set fsdp.cpu_offload = true, or use host");
+  if (cfg.fsdp.offload_root_update == OffloadRootUpdate::Device && !cfg.fsdp.cpu_offload)
+    bad_value("fsdp.offload_root_update", "device",
+              "says where an offloaded run updates its root unit: set fsdp.cpu_offload = true, or use auto");
+  if (cfg.fsdp.offload_root_update == OffloadRootUpdate::Device && !cfg.fsdp.offload_dir.empty())
+    bad_value("fsdp.offload_root_update", "device",
+              "streams the root's moments from host memory, and fsdp.offload_dir keeps them in files: leave "
+              "fsdp.offload_dir empty, or use auto (which then updates the root on the host)");
 }
 
 }  // namespace shardlm::config_detail

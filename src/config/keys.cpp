@@ -297,6 +297,8 @@ static std::vector<KeySpec> build_table() {
       text_key("fsdp.offload_dir", SHARDLM_FIELD(fsdp.offload_dir)),
       enum_key("fsdp.offload_accumulate", SHARDLM_FIELD(fsdp.offload_accumulate),
                {OffloadAccumulate::Host, OffloadAccumulate::Device}, offload_accumulate_name),
+      enum_key("fsdp.offload_root_update", SHARDLM_FIELD(fsdp.offload_root_update),
+               {OffloadRootUpdate::Auto, OffloadRootUpdate::Host, OffloadRootUpdate::Device}, offload_root_update_name),
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch)),
       enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch),
                {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None}, backward_prefetch_name),

@@ -18,6 +18,7 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
   o.cpu_offload = deck.cpu_offload;
   o.moments_in_files = deck.cpu_offload && !deck.offload_dir.empty();
   o.offload_accumulate_on_device = deck.cpu_offload && deck.offload_accumulate == OffloadAccumulate::Device;
+  o.offload_root_update = deck.cpu_offload ? deck.offload_root_update : OffloadRootUpdate::Host;
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;
@@ -103,6 +104,13 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     p.offload_landing = p.max_shard * rsize;
     p.offload_chunk = std::min(kOffloadChunk, p.max_shard);
     p.offload_stage = csize == sizeof(float) ? 0 : p.offload_chunk * csize;
+    p.offload_squares = layout.size() * sizeof(double);
+    // The root's update on the device streams its master and AdamW's two moments through two buffers.
+    const size_t root_shard = p.root_padded / shard_size;
+    if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files && layout[0].numel > 0) {
+      p.offload_stream_chunk = std::min(opt.offload_stream_chunk > 0 ? opt.offload_stream_chunk : kOffloadStreamChunk, root_shard);
+      p.offload_stream = 3 * p.offload_stream_chunk * sizeof(float);
+    }
   }
   if (!frozen.empty()) {
     SHARDLM_CHECK(frozen.size() == layout.size(), "fsdp_buffer_plan: ", frozen.size(), " frozen units for ",

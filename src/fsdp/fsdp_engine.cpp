@@ -3,24 +3,41 @@
 // on the compute stream, events between them); the CPU backend runs the same calls in order.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <tuple>
 
 #include "fsdp_engine_impl.hpp"
 
 namespace shardlm {
 
 FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, std::unique_ptr<UnitModel> model,
-                       const FsdpOptions& opt, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
+                       const FsdpOptions& options, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
                        std::unique_ptr<Backend> host_backend)
     : backend_(std::move(backend)), host_backend_(std::move(host_backend)), groups_(std::move(groups)) {
   Backend& be = *backend_;
   const int shard_rank = groups_.shard->rank(), shard_size = groups_.shard->size();
+  FsdpOptions opt = options;
   SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && !be.host_memory()),
                 "fsdp.cpu_offload needs a device backend and a host backend for the optimizer");
+  SHARDLM_CHECK(opt.offload_root_update != OffloadRootUpdate::Device || !opt.moments_in_files,
+                "fsdp.offload_root_update = device streams the moments from host memory: not with fsdp.offload_dir");
   const DType cdt = be.compute_dtype(opt.param_dtype);
   SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
                 ", the backend in ", dtype_name(cdt));
   EngineLayouts layouts = engine_layouts(model->config());
+  // fsdp.offload_root_update: auto measures the host link, for a root worth it (a synchronous backend
+  // has no link to measure).
+  double link[2] = {0, 0};
+  if (!opt.cpu_offload) {
+    opt.offload_root_update = OffloadRootUpdate::Host;
+  } else if (opt.offload_root_update == OffloadRootUpdate::Auto) {
+    const bool worth_it = shard_numel_of(layouts.trainable[0].numel, shard_size) >= kOffloadRootMinElements;
+    if (be.asynchronous() && !opt.moments_in_files && worth_it)
+      std::tie(link[0], link[1]) = measure_host_link(be, *host_backend_);
+    opt.offload_root_update = std::min(link[0], link[1]) >= kOffloadRootLinkGBs ? OffloadRootUpdate::Device
+                                                                               : OffloadRootUpdate::Host;
+  }
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
                            be.asynchronous(), cdt);
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
@@ -100,7 +117,10 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   m.root_grad_ready = be.make_event();
   m.params_written = be.make_event();
   m.reductions_done = be.make_event();
-  if (opt.cpu_offload) start_offload();
+  if (opt.cpu_offload) {
+    start_offload();
+    m.offload.link_up_gbs = link[0], m.offload.link_down_gbs = link[1];
+  }
   m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
   m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
   m.stage_slice = be.allocate(plan_.stage_slice, MemKind::Comm);
@@ -156,6 +176,8 @@ void FsdpEngine::zero_grad() {
     m.offload.micro = 0;
     m.offload.sums_valid = false;
     m.offload.on_device = false;  // sums on the device not sent down are dropped with the rest
+    m.offload.device_grad = nullptr;
+    std::fill(m.offload.squares_on_device.begin(), m.offload.squares_on_device.end(), 0);
     return;
   }
   for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
@@ -173,10 +195,16 @@ double FsdpEngine::grad_norm() {
       // Not announced as the step's last micro-step: the sums from the host gradient now.
       for (size_t u = 0; u < m.units.size(); ++u)
         o.sum_squares[u] = host_sum_squares(m.units[u].host_grad.as<float>(), m.units[u].flat.shard_numel, o.threads);
+      std::fill(o.squares_on_device.begin(), o.squares_on_device.end(), 0);
       o.sums_valid = true;
     }
+    if (std::find(o.squares_on_device.begin(), o.squares_on_device.end(), 1) != o.squares_on_device.end()) {
+      // The sums the device took as the reductions went down (after them on comm).
+      backend_->copy(o.squares_host.data(), o.squares.data(), o.squares.bytes(), CopyKind::DeviceToHost, m.comm);
+      backend_->synchronize(m.comm);
+    }
     if (o.micro > 0)
-      for (size_t u = 0; u < m.units.size(); ++u) local += o.sum_squares[u];
+      for (size_t u = 0; u < m.units.size(); ++u) local += o.squares_on_device[u] ? o.squares_host[u] : o.sum_squares[u];
     return std::sqrt(groups_.shard->host_sum(local));
   }
   double* sum = m.host_memory ? &local : m.norm.as<double>();
@@ -213,7 +241,10 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
       // gathers wait only for their own units (Impl::await_upload).
       m.uploads_follow_readers();
       const AdamWHyper h = optimizer_->begin_step(lr, grad_factor);
-      for (size_t u = 0; u < m.units.size(); ++u) m.post_upload(u, &h);
+      for (size_t u = 0; u < m.units.size(); ++u) {
+        if (u == 0 && o.device_grad) m.update_root_on_device(h);  // on the device while the host does the rest
+        else m.post_upload(u, &h);
+      }
     }
   } else {
     const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
@@ -301,6 +332,25 @@ void FsdpEngine::start_offload() {
   for (size_t u = 0; u < m.units.size(); ++u) o.uploaded.push_back(be.make_event());
   o.upload_task.assign(m.units.size(), 0);
   o.sum_squares.assign(m.units.size(), 0.0);
+  o.squares = be.allocate(plan_.offload_squares, MemKind::Comm);
+  o.squares_on_device.assign(m.units.size(), 0);
+  o.squares_host.assign(m.units.size(), 0.0);
+  o.upload_on_device.assign(m.units.size(), 0);
+  o.root_on_device = plan_.offload_stream_chunk > 0;
+  if (o.root_on_device) {
+    // The root's master and moments are copied up and back chunk by chunk: page-locked.
+    Unit& root = m.units[0];
+    if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
+    for (size_t k = 0; k < optimizer_->state_names().size(); ++k) pin(optimizer_->state(0, k), root.master.bytes());
+    for (int s = 0; s < 2; ++s) {
+      o.stream_buf[s] = be.allocate(plan_.offload_stream, MemKind::Comm);
+      o.chunk_updated[s] = be.make_event();
+      o.chunk_home[s] = be.make_event();
+      o.chunk_home[s]->record(o.down);
+    }
+    o.state_home = be.make_event();
+    o.grad_read = be.make_event();
+  }
   o.worker = std::make_unique<HostWorker>([&be] { be.bind_thread(); });
 }
 
@@ -430,9 +480,26 @@ FsdpMemory FsdpEngine::memory() const {
   r.full_grads = m.root_grad_full.bytes();
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.offload.slice[0].bytes() +
-                   m.offload.slice[1].bytes();
+                   m.offload.slice[1].bytes() + m.offload.stream_buf[0].bytes() + m.offload.stream_buf[1].bytes() +
+                   m.offload.squares.bytes();
   r.activations = m.model->activation_bytes();
   return r;
+}
+
+const FsdpOptions& FsdpEngine::options() const { return impl_->opt; }
+
+std::string FsdpEngine::offload_description() const {
+  const OffloadState& o = impl_->offload;
+  if (!impl_->opt.cpu_offload) return "";
+  std::string where = o.root_on_device ? "the root unit's on the GPU, its master and moments streamed over the host link"
+                                       : "the root unit's too";
+  if (o.link_up_gbs > 0) {
+    char text[160];
+    std::snprintf(text, sizeof(text), " (fsdp.offload_root_update = auto: link %.1f GB/s up, %.1f down, %s %.0f)",
+                  o.link_up_gbs, o.link_down_gbs, o.root_on_device ? "at least" : "under", kOffloadRootLinkGBs);
+    where += text;
+  }
+  return where;
 }
 
 size_t FsdpEngine::num_units() const { return impl_->units.size(); }
@@ -445,9 +512,16 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
   const Unit& d = m.units.at(u);
   std::vector<float> out(d.flat.shard_numel);
   if (m.opt.cpu_offload) {
+    OffloadState& o = m.offload;
     m.flush_device_sums();
-    m.offload.worker->wait(m.offload.last_arrival);
-    if (m.offload.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
+    if (u == 0 && o.device_grad) {
+      // The root's gradient stayed on the device for its update there (after the reductions on down).
+      backend_->copy(out.data(), o.device_grad, out.size() * sizeof(float), CopyKind::DeviceToHost, o.down);
+      backend_->synchronize(o.down);
+      return out;
+    }
+    o.worker->wait(o.last_arrival);
+    if (o.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
     return out;
   }
   backend_->copy(out.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);

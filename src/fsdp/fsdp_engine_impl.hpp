@@ -44,7 +44,24 @@ struct OffloadState {
   std::vector<HostWorker::Ticket> upload_task;          // per unit: the task queueing its upload (0: none pending)
   HostWorker::Ticket landing_read[2] = {0, 0};          // the task that last summed landing[b]
   HostWorker::Ticket last_arrival = 0;                  // the task summing the latest reduced slice
-  std::vector<double> sum_squares;  // per unit, of its gradient (valid with sums_valid)
+  std::vector<double> sum_squares;  // per unit, of its gradient (valid with sums_valid), summed on the host
+  // A gradient that goes down whole in fp32 in the step's last micro-step has its sum of squares taken
+  // on the device (comm) instead: squares[u], with squares_on_device[u]; grad_norm copies them here.
+  DeviceArray squares;
+  std::vector<char> squares_on_device;
+  std::vector<double> squares_host;
+  // fsdp.offload_root_update = device (root_on_device): the root's update runs on the compute stream,
+  // chunk by chunk, its master and moments copied up into stream_buf[c % 2] and back down (down).
+  bool root_on_device = false;
+  double link_up_gbs = 0, link_down_gbs = 0;          // the host link as auto measured it (0: not measured)
+  DeviceArray stream_buf[2];                           // a chunk's master, then each moment
+  std::unique_ptr<BackendEvent> chunk_updated[2];      // compute: the chunk in stream_buf[s] is updated
+  std::unique_ptr<BackendEvent> chunk_home[2];         // down: it is back in host memory (the buffer is free)
+  std::unique_ptr<BackendEvent> state_home;            // down: the root's whole state is back
+  std::unique_ptr<BackendEvent> grad_read;             // compute: the update has read the root's gradient
+  const float* device_grad = nullptr;  // the root's step gradient, fp32 on the device, when it updates there
+  bool state_away = false;             // the root's state last went through the device: wait state_home first
+  std::vector<char> upload_on_device;  // per unit: its compute slice is being written on the device (uploaded[u])
   int next = 0;                     // the landing pair of the next reduction
   int next_stage = 0;               // worker only
   int micro = 0;                    // micro-steps reduced since zero_grad
@@ -55,6 +72,10 @@ struct OffloadState {
   bool updated_early = false;       // the step's updates are posted; optimizer_step comes next
   bool on_device = false;           // offload_accumulate = device: micro-steps summed on the device, not yet down
 };
+
+// The host link's speed up and down in GB/s: the best of four timed copies of kOffloadLinkProbeBytes
+// each way between page-locked host memory and the device (fsdp.offload_root_update = auto).
+std::pair<double, double> measure_host_link(Backend& device, Backend& host);
 
 struct FsdpEngine::Impl {
   Backend& be;
@@ -371,6 +392,8 @@ struct FsdpEngine::Impl {
   void await_upload(size_t u, Stream s);
   // Posts unit u's update with h (or, without h, the upload of its master as it is) to the worker.
   void post_upload(size_t u, const AdamWHyper* h);
+  // The root's update with h on the device, from offload.device_grad (fsdp.offload_root_update).
+  void update_root_on_device(const AdamWHyper& h);
   // Uploads wait for every earlier reader of the compute slices.
   void uploads_follow_readers();
   void offload_micro_step_begins(bool backward);

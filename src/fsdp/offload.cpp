@@ -5,13 +5,20 @@
 //   comm    reduce-scatter / all-reduce in the reduce dtype into slice[b] (or, one fp32 shard, in the
 //           full gradient itself); record `reduced`
 //   down    wait `reduced`; copy into pinned landing[b] (the step's first fp32 reduction: into the
-//           page-locked host gradient itself); record copied[b]
+//           page-locked host gradient itself, its sum of squares taken on comm first in the step's
+//           last micro-step); record copied[b]
 //   worker  wait copied[b] (host); sum landing[b] into the host's fp32 gradient (with its sum of
-//           squares in the step's last micro-step; landed directly, only the sum of squares, when
-//           the micro-step is also the last); then, when the update is due, AdamW on the unit in
-//           chunks, each chunk going up from pinned staging (or from the pinned fp32 master) on the
-//           `up` stream; record uploaded[u]
+//           squares in the step's last micro-step; landed directly, nothing more); then, when the
+//           update is due, AdamW on the unit in chunks, each chunk going up from pinned staging (or
+//           from the pinned fp32 master) on the `up` stream; record uploaded[u]
 //   comm / compute (next forward)   wait for the upload task (host, ticket), then uploaded[u] (stream)
+//
+// fsdp.offload_root_update = device (root_on_device): the root's gradient, last reduced and fp32 on the
+// device whole (one micro-step, or the device sums), does not go down. Its update runs on the compute
+// stream (update_root_on_device) while the worker updates the blocks: chunk c of its pinned master
+// and moments goes up into stream_buf[c % 2] (after chunk_home), is updated there by the device's
+// AdamW, which also writes the compute slice, and goes back down on `down` (chunk_updated, then
+// chunk_home); uploaded[0] follows the last chunk on compute, state_home the last copy down.
 //
 // fsdp.offload_accumulate = device: before the step's last micro-step, `down` and `worker` do nothing:
 // comm adds each reduction into the unit's fp32 slice on the device (grad); the last micro-step adds its
@@ -41,6 +48,11 @@
 //   master, moments the worker alone while tasks are queued; checkpoint_state drains the worker first.
 //   device sums     (offload_accumulate = device) written by comm; read by down in the last micro-step:
 //                   the step's first write waits device_sums_read.
+//   squares         written by comm (zeroed, summed) with the reduction; grad_norm reads them after comm.
+//   root on device  its gradient (full gradient, slice[b] or device sums) read by compute: comm waits
+//                   grad_read before the next step's reductions, compute zeroes the root's after; its host
+//                   master and moments written by down: the next chunks up come after on down's order
+//                   (chunk_home), a host update of the root waits state_home (state_away).
 // Every cross-thread dependency goes through a HostWorker ticket, so the CPU backend (events no-ops,
 // copies synchronous) runs the same schedule correctly with the worker as its only concurrency.
 #include <cstring>
@@ -48,6 +60,32 @@
 #include "fsdp_engine_impl.hpp"
 
 namespace shardlm {
+
+std::pair<double, double> measure_host_link(Backend& device, Backend& host) {
+  const size_t bytes = kOffloadLinkProbeBytes;
+  DeviceArray on_device = device.allocate(bytes, MemKind::Other);
+  DeviceArray on_host = host.allocate(bytes, MemKind::Other);
+  device.pin_host(on_host.data(), bytes);
+  std::unique_ptr<BackendEvent> from = device.make_timing_event(), to = device.make_timing_event();
+  double gbs[2] = {0, 0};
+  for (int way = 0; way < 2; ++way) {
+    const CopyKind kind = way == 0 ? CopyKind::HostToDevice : CopyKind::DeviceToHost;
+    const Stream s = device.copy_stream(kind);
+    double best_ms = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      from->record(s);
+      if (way == 0) device.copy(on_device.data(), on_host.data(), bytes, kind, s);
+      else device.copy(on_host.data(), on_device.data(), bytes, kind, s);
+      to->record(s);
+      device.synchronize(s);
+      const double ms = device.elapsed_ms(*from, *to);
+      if (rep == 0 || ms < best_ms) best_ms = ms;
+    }
+    gbs[way] = best_ms > 0 ? static_cast<double>(bytes) / (best_ms * 1e6) : 0.0;
+  }
+  device.unpin_host(on_host.data());
+  return {gbs[0], gbs[1]};
+}
 
 void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   Unit& d = units[u];
@@ -101,15 +139,30 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
     }
     reduced = sum, landed = DType::F32, first = true;
   }
+  // The step's first fp32 reduction of a unit lands in the (page-locked) host gradient itself, which it
+  // overwrites: the host copies nothing, and in the step's last micro-step the device sums its squares.
+  const bool direct = first && landed == DType::F32;
+  if (last) {
+    o.squares_on_device[u] = direct;
+    if (direct) {
+      double* sq = o.squares.as<double>() + u;
+      be.zero(sq, sizeof(double), comm);
+      be.sum_squares(static_cast<const float*>(reduced), n, sq, comm);
+    }
+  }
   mark_end(span);  // before the host waits below: the span is the communication stream's work
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
+  if (u == 0 && o.root_on_device && direct && last) {
+    // The root updates on the device from this gradient (update_root_on_device): nothing goes down.
+    o.device_grad = static_cast<const float*>(reduced);
+    if (o.early) update_root_on_device(*o.early);
+    return;
+  }
   o.worker->wait(o.landing_read[b]);  // the worker has summed what landing[b] held before
   float* acc = d.host_grad.as<float>();
-  // The step's first fp32 reduction of a unit lands in the (page-locked) host gradient itself, which it
-  // overwrites: the host copies nothing. The unit's last update (the task that read it) is done: the
-  // forward waited for it before this backward.
-  const bool direct = first && landed == DType::F32;
+  // The unit's last update (the task that read the host gradient) is done: the forward waited for it
+  // before this backward.
   if (direct && o.upload_task[u]) o.worker->wait(o.upload_task[u]);
   void* landing = direct ? static_cast<void*>(acc) : o.landing[b].data();
   be.copy(landing, reduced, n * dtype_size(landed), CopyKind::DeviceToHost, o.down);
@@ -119,10 +172,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   const int threads = o.threads;
   o.last_arrival = o.landing_read[b] = o.worker->post([=] {
     copied->synchronize();
-    if (!direct)
-      host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
-    else if (squares)
-      *squares = host_sum_squares(acc, n, threads);
+    if (!direct) host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
   });
   if (o.early) post_upload(u, &*o.early);
 }
@@ -147,10 +197,58 @@ void FsdpEngine::Impl::flush_device_sums() {
 void FsdpEngine::Impl::await_upload(size_t u, Stream s) {
   if (!opt.cpu_offload) return;
   HostWorker::Ticket& t = offload.upload_task[u];
-  if (t == 0) return;
-  offload.worker->wait(t);  // the task has queued the upload and recorded uploaded[u]
+  char& on_device = offload.upload_on_device[u];
+  if (t == 0 && !on_device) return;
+  if (t != 0) offload.worker->wait(t);  // the task has queued the upload and recorded uploaded[u]
   offload.uploaded[u]->wait_on(s);
-  t = 0;
+  t = 0, on_device = 0;
+}
+
+void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
+  OffloadState& o = offload;
+  Unit& d = units[0];
+  const float* grad = o.device_grad;
+  SHARDLM_CHECK(grad, "FsdpEngine: the root's update on the device without its gradient there");
+  const size_t n = d.flat.shard_numel, chunk = plan.offload_stream_chunk, csize = dtype_size(plan.compute_dtype);
+  // The gradient is reduced, and the gathers that read the compute slice (comm) are done.
+  o.reduced->record(comm);
+  o.reduced->wait_on(compute);
+  o.params_free->record(comm);
+  o.params_free->wait_on(compute);
+  const int span = mark_begin("update unit 0 on the device", -1, Lane::Compute);
+  float* master = d.master.as<float>();
+  const size_t k = o.optimizer->state_names().size();
+  std::vector<float*> host_state, state(k);
+  for (size_t i = 0; i < k; ++i) host_state.push_back(o.optimizer->state(0, i));
+  char* out = static_cast<char*>(d.compute.data());
+  // Chunk c goes up into buffer c % 2 on the compute stream after that buffer's last chunk went back
+  // down, is updated there (writing the compute slice too) and goes back down on `down`.
+  for (size_t begin = 0, c = 0; begin < n; begin += chunk, ++c) {
+    const size_t len = std::min(n, begin + chunk) - begin;
+    const int s = static_cast<int>(c % 2);
+    float* buf = o.stream_buf[s].as<float>();
+    o.chunk_home[s]->wait_on(compute);
+    be.copy(buf, master + begin, len * sizeof(float), CopyKind::HostToDevice, compute);
+    for (size_t i = 0; i < k; ++i) {
+      state[i] = buf + (i + 1) * chunk;
+      be.copy(state[i], host_state[i] + begin, len * sizeof(float), CopyKind::HostToDevice, compute);
+    }
+    o.optimizer->update_slice_on(be, compute, 0, begin, begin + len, buf, grad + begin, state, out + begin * csize, h);
+    o.chunk_updated[s]->record(compute);
+    o.chunk_updated[s]->wait_on(o.down);
+    be.copy(master + begin, buf, len * sizeof(float), CopyKind::DeviceToHost, o.down);
+    for (size_t i = 0; i < k; ++i)
+      be.copy(host_state[i] + begin, state[i], len * sizeof(float), CopyKind::DeviceToHost, o.down);
+    o.chunk_home[s]->record(o.down);
+  }
+  mark_end(span);
+  o.uploaded[0]->record(compute);
+  o.upload_on_device[0] = 1;
+  o.state_home->record(o.down);
+  o.state_away = true;
+  // Later writers of the gradient on comm (the next step's reductions) come after these reads.
+  o.grad_read->record(compute);
+  o.grad_read->wait_on(comm);
 }
 
 void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
@@ -158,8 +256,12 @@ void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
   if (d.flat.numel == 0) return;
   OffloadState& o = offload;
   const std::optional<AdamWHyper> hyper = h ? std::optional<AdamWHyper>(*h) : std::nullopt;
-  o.upload_task[u] = o.worker->post([this, u, hyper] {
+  // The root's state last went through the device: its copies back must have landed first.
+  const bool state_away = u == 0 && o.state_away;
+  if (state_away) o.state_away = false;
+  o.upload_task[u] = o.worker->post([this, u, hyper, state_away] {
     OffloadState& w = offload;
+    if (state_away) w.state_home->synchronize();
     Unit& unit = units[u];
     const size_t n = unit.flat.shard_numel, csize = dtype_size(plan.compute_dtype);
     const float* master = unit.master.as<float>();
@@ -199,6 +301,7 @@ void FsdpEngine::Impl::offload_micro_step_begins(bool backward) {
                 "FsdpEngine: a forward after the step's last micro-step updated the parameters: optimizer_step first");
   if (!backward) return;
   offload.sums_valid = false;
+  offload.device_grad = nullptr;  // this backward overwrites it
 }
 
 void FsdpEngine::Impl::offload_micro_step_ends() {

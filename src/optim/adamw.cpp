@@ -50,19 +50,33 @@ AdamWHyper AdamW::begin_step(double lr, float grad_scale) {
   return h;
 }
 
-void AdamW::update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) {
-  SHARDLM_CHECK(i + 1 < slice_ranges_.size(), "AdamW::update_slice: no slice ", i);
-  // The slice's ranges cut to [begin, end), each writing its part of out.
-  std::vector<AdamWRange> piece;
+std::vector<AdamWRange> AdamW::piece(size_t i, size_t begin, size_t end, const AdamWRange& at, DType out_dtype) const {
+  SHARDLM_CHECK(i + 1 < slice_ranges_.size(), "AdamW: no slice ", i);
+  std::vector<AdamWRange> out;
   for (size_t r = slice_ranges_[i]; r < slice_ranges_[i + 1]; ++r) {
     const AdamWRange& whole = ranges_[r];
     const size_t lo = std::max(begin, range_offset_[r]), hi = std::min(end, range_offset_[r] + whole.numel);
     if (lo >= hi) continue;
-    const size_t k = lo - range_offset_[r];
-    piece.push_back({whole.param + k, whole.grad + k, whole.exp_avg + k, whole.exp_avg_sq + k, hi - lo,
-                     whole.weight_decay, out ? static_cast<char*>(out) + (lo - begin) * dtype_size(h.out_dtype) : nullptr});
+    const size_t k = lo - begin;
+    out.push_back({at.param + k, at.grad + k, at.exp_avg + k, at.exp_avg_sq + k, hi - lo, whole.weight_decay,
+                   at.param_out ? static_cast<char*>(at.param_out) + k * dtype_size(out_dtype) : nullptr});
   }
-  backend_.adamw(piece, h, nullptr);
+  return out;
+}
+
+void AdamW::update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) {
+  SHARDLM_CHECK(i + 1 < slice_ranges_.size(), "AdamW::update_slice: no slice ", i);
+  if (slice_ranges_[i] == slice_ranges_[i + 1]) return;  // an empty slice
+  // The slice's own arrays from element begin: its ranges cover it, the first from its element 0.
+  const AdamWRange& first = ranges_[slice_ranges_[i]];
+  const AdamWRange at{first.param + begin, first.grad + begin, first.exp_avg + begin, first.exp_avg_sq + begin, 0, 0, out};
+  backend_.adamw(piece(i, begin, end, at, h.out_dtype), h, nullptr);
+}
+
+void AdamW::update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, size_t end, float* param,
+                            const float* grad, const std::vector<float*>& state, void* out, const AdamWHyper& h) {
+  SHARDLM_CHECK(state.size() == 2, "AdamW::update_slice_on: ", state.size(), " state vectors, AdamW has 2");
+  backend.adamw(piece(i, begin, end, {param, grad, state[0], state[1], 0, 0, out}, h.out_dtype), h, s);
 }
 
 double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total) {

@@ -21,13 +21,18 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
 // fsdp.cpu_offload (and offload_dir, offload_accumulate) change nothing there (docs/deck.md).
 FsdpOptions engine_fsdp_options(const RunConfig& cfg) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
-  if (cfg.run.backend == BackendKind::Cpu) o.cpu_offload = o.moments_in_files = o.offload_accumulate_on_device = false;
+  if (cfg.run.backend == BackendKind::Cpu) {
+    o.cpu_offload = o.moments_in_files = o.offload_accumulate_on_device = false;
+    o.offload_root_update = OffloadRootUpdate::Host;
+  }
   return o;
 }
 
 // `shardlm plan` predicts the engine's buffers from memory_plan.cpp: say so when the two disagree.
-void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, size_t allocated) {
-  const size_t planned = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).device_total();
+void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, const FsdpEngine& engine, size_t allocated) {
+  MemoryPlanSpec spec = memory_plan_spec(cfg, topo, micro);
+  spec.fsdp.offload_root_update = engine.options().offload_root_update;  // auto as the engine decided it
+  const size_t planned = plan_rank_memory(spec).device_total();
   if (planned != allocated)
     log_info(concat("warning: the ", backend_name(cfg.run.backend), " engine allocated ", allocated,
                     " bytes where `shardlm plan` predicts ", planned, " (src/fsdp/memory_plan.cpp is out of date)"));
@@ -99,7 +104,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   Backend& be = *backend;
   auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model), fsdp,
                                              adamw_options(cfg), cfg.train.seed, max_tokens, std::move(host_backend));
-  check_memory_plan(cfg, topo, micro, be.allocated_bytes() - before);
+  check_memory_plan(cfg, topo, micro, *engine, be.allocated_bytes() - before);
   return engine;
 }
 

@@ -172,7 +172,8 @@ void report_shape(TrainRun& run) {
   // Where AdamW runs and, on the host, with which instructions and how many threads (engine_factory's count).
   if (run.engine->backend().host_memory() || cfg.fsdp.cpu_offload)
     run.say(concat("optimizer: AdamW on the host (", host_simd_name(host_simd_best()), ", ",
-                   cpu_default_threads(run.topo.host_ranks), " thread(s) per rank)"));
+                   cpu_default_threads(run.topo.host_ranks), " thread(s) per rank)",
+                   cfg.fsdp.cpu_offload ? "; " + run.engine->offload_description() : ""));
   else
     run.say("optimizer: AdamW on the GPU");
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
@@ -204,6 +205,8 @@ void report_shape(TrainRun& run) {
                           {"micro_batches_per_epoch", pad.unpacked_micro_batches},
                           {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
                           {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}};
+  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda)
+    setup["offload_root_update"] = offload_root_update_name(run.engine->options().offload_root_update);
   if (run.resume_step >= 0) setup["resumed_from_step"] = run.resume_step;
   run.record(setup);
 }
