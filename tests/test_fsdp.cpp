@@ -132,6 +132,20 @@ BOOST_AUTO_TEST_CASE(trace_summary_of_known_spans) {
   BOOST_TEST(s.reduce_ms == 9.0);
   const nlohmann::json j = nlohmann::json::parse(trace_json(t, 3));
   BOOST_TEST(j.at("traceEvents").size() == 5u + 3u);  // the spans, two lane names, the rank's name
+  BOOST_TEST(s.host_ms == 0.0);
+  BOOST_TEST(s.copy_ms == 0.0);
+  // Offloaded lanes: host busy is its union; copies busy the union of down and up.
+  t.spans.push_back({"copy down unit 1", "down", 15, 18});
+  t.spans.push_back({"copy up unit 1", "up", 17, 21});
+  t.spans.push_back({"update unit 1", "host", 18, 22});
+  t.spans.push_back({"update unit 2", "host", 21, 23});
+  const TraceSummary o = summarize_trace(t);
+  BOOST_TEST(o.copy_ms == 6.0);  // [15, 21]
+  BOOST_TEST(o.host_ms == 5.0);  // [18, 23]
+  BOOST_TEST(o.compute_ms == 18.0);
+  const nlohmann::json k = nlohmann::json::parse(trace_json(t, 3));
+  BOOST_TEST(k.at("traceEvents").size() == 9u + 6u);  // five lane names now
+  BOOST_TEST(k.at("traceEvents").back().at("tid") == 4);  // the host lane
 }
 
 BOOST_AUTO_TEST_CASE(shard_grad_op_matches_one_rank) {

@@ -459,9 +459,22 @@ BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
     if (s == 3) {
       const StepTrace t = off->trace_end();
       plain->trace_end();
-      int updates = 0;
-      for (const TraceSpan& span : t.spans) updates += span.name == "update unit 0 on the device" && span.lane == "compute";
+      int updates = 0, host_updates = 0, downs = 0, ups = 0;
+      for (const TraceSpan& span : t.spans) {
+        updates += span.name == "update unit 0 on the device" && span.lane == "compute";
+        host_updates += span.name.rfind("update unit ", 0) == 0 && span.lane == "host";
+        downs += span.lane == "down";
+        ups += span.lane == "up";
+        BOOST_TEST(span.begin_ms >= 0.0);
+        BOOST_TEST(span.end_ms >= span.begin_ms);
+        BOOST_TEST(span.end_ms <= t.step_ms);
+      }
       BOOST_TEST(updates == 1);
+      const int blocks = static_cast<int>(off->num_units()) - 1;
+      BOOST_TEST(host_updates == blocks);   // the blocks on the host
+      BOOST_TEST(ups == blocks);            // each going up
+      BOOST_TEST(downs == blocks + 1);      // their gradients down, the root's state back
+      BOOST_TEST(summarize_trace(t).host_ms > 0.0);
     }
   }
   const std::vector<UnitState> a = off->checkpoint_state(), b = plain->checkpoint_state();

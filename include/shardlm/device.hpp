@@ -193,8 +193,10 @@ const GpuPeak* find_gpu_peak(const std::string& device_name, const std::vector<G
 
 #ifdef SHARDLM_HAVE_CUDA
 // The CUDA backend on this process's current GPU (select it first): a compute and a
-// communication stream, memory counted by the planned-buffer accounting of src/device/cuda.
-std::unique_ptr<Backend> make_cuda_backend();
+// communication stream, memory counted by the planned-buffer accounting of src/device/cuda. With
+// blocking_waits a host thread waiting for the GPU (a stream, the device, an event of this backend)
+// sleeps instead of spinning on a core: CPU offload, whose host AdamW wants every core.
+std::unique_ptr<Backend> make_cuda_backend(bool blocking_waits = false);
 #endif
 
 }  // namespace shardlm

@@ -142,7 +142,9 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
 
 // One optimizer step's timeline (run.trace_step): what each stream ran, in ms from the step's start.
 // Lanes: "compute" (each unit's forward and backward, the optimizer), "comm" (each unit's all-gather
-// and reduction; offloaded, the reduction's copy to the host is not in it).
+// and reduction; offloaded, the reduction's copy to the host is not in it); offloaded also "down" and
+// "up" (the copy streams: gradients down, updated units up, the root's state both ways when it updates
+// on the device) and "host" (the worker's sums and updates, on the host's clock from the step's start).
 struct TraceSpan {
   std::string name;
   std::string lane;
@@ -157,6 +159,7 @@ struct StepTrace {
 struct TraceSummary {
   double step_ms = 0, compute_ms = 0, comm_ms = 0, overlap_ms = 0, exposed_comm_ms = 0, compute_idle_ms = 0;
   double gather_ms = 0, reduce_ms = 0;  // the comm lane's spans by kind (summed, not unioned)
+  double host_ms = 0, copy_ms = 0;      // offloaded: the host lane busy; the copy lanes (down, up) busy
 };
 TraceSummary summarize_trace(const StepTrace& trace);
 // The timeline as Chrome's trace-event JSON (chrome://tracing, Perfetto): one process per rank, one

@@ -190,7 +190,10 @@ double FsdpEngine::grad_norm() {
   if (m.opt.cpu_offload) {
     OffloadState& o = m.offload;
     m.flush_device_sums();
-    o.worker->wait(o.last_arrival);
+    // The host's part: its sums of squares of what landed (none when the device took every unit's).
+    bool host_sums = o.micro > 0 && !o.sums_valid;
+    for (size_t u = 0; u < m.units.size(); ++u) host_sums |= m.units[u].flat.numel > 0 && !o.squares_on_device[u];
+    if (host_sums) o.worker->wait(o.last_arrival);
     if (o.micro > 0 && !o.sums_valid) {
       // Not announced as the step's last micro-step: the sums from the host gradient now.
       for (size_t u = 0; u < m.units.size(); ++u)
@@ -241,10 +244,11 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
       // gathers wait only for their own units (Impl::await_upload).
       m.uploads_follow_readers();
       const AdamWHyper h = optimizer_->begin_step(lr, grad_factor);
-      for (size_t u = 0; u < m.units.size(); ++u) {
-        if (u == 0 && o.device_grad) m.update_root_on_device(h);  // on the device while the host does the rest
-        else m.post_upload(u, &h);
-      }
+      // The root on the device goes last: the worker has the blocks first (queueing the root's chunks
+      // can block this thread for as long as the stream's queue is full).
+      const bool root_on_device = o.device_grad != nullptr;
+      for (size_t u = root_on_device ? 1 : 0; u < m.units.size(); ++u) m.post_upload(u, &h);
+      if (root_on_device) m.update_root_on_device(h);  // on the device while the host does the blocks
     }
   } else {
     const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
@@ -260,16 +264,18 @@ void FsdpEngine::trace_begin() {
   m.marks.clear();
   m.trace_origin = backend_->make_timing_event();
   m.trace_origin->record(m.compute);
+  backend_->synchronize(m.compute);  // the origin is reached now: the host lane's clock starts with it
+  m.trace_host_origin = std::chrono::steady_clock::now();
   m.tracing = true;
 }
 
 StepTrace FsdpEngine::trace_end() {
   Impl& m = *impl_;
   SHARDLM_CHECK(m.tracing, "FsdpEngine::trace_end without trace_begin");
-  m.tracing = false;
   // The step ends when every stream has done its part: communication, and offloaded the host's
   // updates and their uploads.
   if (m.opt.cpu_offload) m.offload.worker->drain();
+  m.tracing = false;
   std::unique_ptr<BackendEvent> joined = backend_->make_event();
   std::vector<Stream> others{m.comm};
   if (m.opt.cpu_offload) others.insert(others.end(), {m.offload.down, m.offload.up});
@@ -282,9 +288,13 @@ StepTrace FsdpEngine::trace_end() {
   backend_->synchronize(m.compute);
   StepTrace t;
   t.step_ms = backend_->elapsed_ms(*m.trace_origin, *end);
-  for (Impl::Mark& k : m.marks)
-    t.spans.push_back({k.name, k.lane, backend_->elapsed_ms(*m.trace_origin, *k.begin),
-                       backend_->elapsed_ms(*m.trace_origin, *k.end)});
+  for (Impl::Mark& k : m.marks) {
+    if (k.lane == Impl::Lane::Host)
+      t.spans.push_back({k.name, Impl::lane_name(k.lane), k.host_begin_ms, std::min(k.host_end_ms, t.step_ms)});
+    else
+      t.spans.push_back({k.name, Impl::lane_name(k.lane), backend_->elapsed_ms(*m.trace_origin, *k.begin),
+                         backend_->elapsed_ms(*m.trace_origin, *k.end)});
+  }
   m.marks.clear();
   m.trace_origin.reset();
   return t;

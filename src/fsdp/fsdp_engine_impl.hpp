@@ -3,6 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <optional>
 
 #include "host_worker.hpp"
@@ -112,32 +115,60 @@ struct FsdpEngine::Impl {
 
   OffloadState offload;               // cpu_offload only
 
-  // The step timeline (trace_begin .. trace_end): a span's two timing events, recorded on its stream.
+  // The step timeline (trace_begin .. trace_end): a span's two timing events, recorded on its stream,
+  // or on the host lane (offload's worker) its two times on the host's clock from trace_begin. The
+  // worker opens and closes spans too: `marks` is guarded by marks_mutex.
+  enum class Lane { Compute, Comm, Down, Up, Host };
+  static const char* lane_name(Lane l) {
+    static const char* const names[] = {"compute", "comm", "down", "up", "host"};
+    return names[static_cast<int>(l)];
+  }
   struct Mark {
-    std::string name, lane;
+    std::string name;
+    Lane lane = Lane::Compute;
     std::unique_ptr<BackendEvent> begin, end;
+    double host_begin_ms = 0, host_end_ms = 0;
   };
-  bool tracing = false;
+  std::atomic<bool> tracing{false};
   std::unique_ptr<BackendEvent> trace_origin;
+  std::chrono::steady_clock::time_point trace_host_origin;
+  std::mutex marks_mutex;
   std::vector<Mark> marks;
-  // Opens a span "what unit" (what alone for unit < 0) on the compute or the comm lane (its stream),
-  // returns its index (or -1 when not tracing).
-  enum class Lane { Compute, Comm };
+  Stream lane_stream(Lane l) const {
+    switch (l) {
+      case Lane::Comm: return comm;
+      case Lane::Down: return offload.down;
+      case Lane::Up: return offload.up;
+      default: return compute;
+    }
+  }
+  double host_ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - trace_host_origin).count();
+  }
+  // Opens a span "what unit" (what alone for unit < 0) on a lane, returns its index (or -1 when not
+  // tracing).
   int mark_begin(const char* what, long unit, Lane lane) {
     if (!tracing) return -1;
     Mark m;
     m.name = unit >= 0 ? concat(what, " ", unit) : std::string(what);
-    m.lane = lane == Lane::Comm ? "comm" : "compute";
-    m.begin = be.make_timing_event();
-    m.end = be.make_timing_event();
-    m.begin->record(lane == Lane::Comm ? comm : compute);
+    m.lane = lane;
+    if (lane == Lane::Host) {
+      m.host_begin_ms = host_ms();
+    } else {
+      m.begin = be.make_timing_event();
+      m.end = be.make_timing_event();
+      m.begin->record(lane_stream(lane));
+    }
+    std::lock_guard<std::mutex> lock(marks_mutex);
     marks.push_back(std::move(m));
     return static_cast<int>(marks.size()) - 1;
   }
   void mark_end(int i) {
     if (i < 0) return;
+    std::lock_guard<std::mutex> lock(marks_mutex);
     Mark& m = marks[static_cast<size_t>(i)];
-    m.end->record(m.lane == "comm" ? comm : compute);
+    if (m.lane == Lane::Host) m.host_end_ms = host_ms();
+    else m.end->record(lane_stream(m.lane));
   }
 
   DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each

@@ -165,14 +165,19 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   // before this backward.
   if (direct && o.upload_task[u]) o.worker->wait(o.upload_task[u]);
   void* landing = direct ? static_cast<void*>(acc) : o.landing[b].data();
+  const int down_span = mark_begin("copy down unit", static_cast<long>(u), Lane::Down);
   be.copy(landing, reduced, n * dtype_size(landed), CopyKind::DeviceToHost, o.down);
+  mark_end(down_span);
   o.copied[b]->record(o.down);
   double* squares = last ? &o.sum_squares[u] : nullptr;
   BackendEvent* copied = o.copied[b].get();
   const int threads = o.threads;
   o.last_arrival = o.landing_read[b] = o.worker->post([=] {
     copied->synchronize();
-    if (!direct) host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
+    if (direct) return;
+    const int host_span = mark_begin("sum unit", static_cast<long>(u), Lane::Host);
+    host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
+    mark_end(host_span);
   });
   if (o.early) post_upload(u, &*o.early);
 }
@@ -221,6 +226,7 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   std::vector<float*> host_state, state(k);
   for (size_t i = 0; i < k; ++i) host_state.push_back(o.optimizer->state(0, i));
   char* out = static_cast<char*>(d.compute.data());
+  int down_span = -1;
   // Chunk c goes up into buffer c % 2 on the compute stream after that buffer's last chunk went back
   // down, is updated there (writing the compute slice too) and goes back down on `down`.
   for (size_t begin = 0, c = 0; begin < n; begin += chunk, ++c) {
@@ -236,12 +242,14 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
     o.optimizer->update_slice_on(be, compute, 0, begin, begin + len, buf, grad + begin, state, out + begin * csize, h);
     o.chunk_updated[s]->record(compute);
     o.chunk_updated[s]->wait_on(o.down);
+    if (c == 0) down_span = mark_begin("copy down unit 0's state", -1, Lane::Down);
     be.copy(master + begin, buf, len * sizeof(float), CopyKind::DeviceToHost, o.down);
     for (size_t i = 0; i < k; ++i)
       be.copy(host_state[i] + begin, state[i], len * sizeof(float), CopyKind::DeviceToHost, o.down);
     o.chunk_home[s]->record(o.down);
   }
   mark_end(span);
+  mark_end(down_span);
   o.uploaded[0]->record(compute);
   o.upload_on_device[0] = 1;
   o.state_home->record(o.down);
@@ -262,6 +270,8 @@ void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
   o.upload_task[u] = o.worker->post([this, u, hyper, state_away] {
     OffloadState& w = offload;
     if (state_away) w.state_home->synchronize();
+    const int host_span = mark_begin(hyper ? "update unit" : "pack unit", static_cast<long>(u), Lane::Host);
+    int up_span = -1;
     Unit& unit = units[u];
     const size_t n = unit.flat.shard_numel, csize = dtype_size(plan.compute_dtype);
     const float* master = unit.master.as<float>();
@@ -281,9 +291,12 @@ void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
         w.optimizer->update_slice(u, begin, end, out, *hyper);
       else if (out)
         pack16(plan.compute_dtype, master + begin, static_cast<uint16_t*>(out), end - begin);
+      if (begin == 0) up_span = mark_begin("copy up unit", static_cast<long>(u), Lane::Up);
       be.copy(dst + begin * csize, src, (end - begin) * csize, CopyKind::HostToDevice, w.up);
       if (s >= 0) w.staged[s]->record(w.up);
     }
+    mark_end(up_span);
+    mark_end(host_span);
     w.uploaded[u]->record(w.up);
   });
 }

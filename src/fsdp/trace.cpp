@@ -10,11 +10,12 @@ namespace {
 
 using Intervals = std::vector<std::pair<double, double>>;
 
-// The lane's spans merged into disjoint intervals, in order.
-Intervals merged(const StepTrace& t, const std::string& lane) {
+// The spans of the given lanes merged into disjoint intervals, in order.
+Intervals merged(const StepTrace& t, std::initializer_list<const char*> lanes) {
   Intervals v;
   for (const TraceSpan& s : t.spans)
-    if (s.lane == lane && s.end_ms > s.begin_ms) v.emplace_back(s.begin_ms, s.end_ms);
+    for (const char* lane : lanes)
+      if (s.lane == lane && s.end_ms > s.begin_ms) v.emplace_back(s.begin_ms, s.end_ms);
   std::sort(v.begin(), v.end());
   Intervals out;
   for (const auto& iv : v) {
@@ -48,7 +49,7 @@ double overlap(const Intervals& a, const Intervals& b) {
 }  // namespace
 
 TraceSummary summarize_trace(const StepTrace& t) {
-  const Intervals compute = merged(t, "compute"), comm = merged(t, "comm");
+  const Intervals compute = merged(t, {"compute"}), comm = merged(t, {"comm"});
   TraceSummary r;
   r.step_ms = t.step_ms;
   r.compute_ms = length(compute);
@@ -56,6 +57,8 @@ TraceSummary summarize_trace(const StepTrace& t) {
   r.overlap_ms = overlap(compute, comm);
   r.exposed_comm_ms = r.comm_ms - r.overlap_ms;
   r.compute_idle_ms = std::max(0.0, r.step_ms - r.compute_ms);
+  r.host_ms = length(merged(t, {"host"}));
+  r.copy_ms = length(merged(t, {"down", "up"}));
   for (const TraceSpan& s : t.spans) {
     if (s.lane != "comm") continue;
     (s.name.rfind("all-gather", 0) == 0 ? r.gather_ms : r.reduce_ms) += s.end_ms - s.begin_ms;
@@ -65,13 +68,19 @@ TraceSummary summarize_trace(const StepTrace& t) {
 
 std::string trace_json(const StepTrace& t, int rank) {
   nlohmann::json events = nlohmann::json::array();
-  const std::string lanes[] = {"compute", "comm"};
-  for (int i = 0; i < 2; ++i)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", i}, {"args", {{"name", lanes[i]}}}});
+  // One thread per lane the step used, in a fixed order.
+  const std::string lanes[] = {"compute", "comm", "down", "up", "host"};
+  for (int i = 0; i < 5; ++i) {
+    const bool used = std::any_of(t.spans.begin(), t.spans.end(), [&](const TraceSpan& s) { return s.lane == lanes[i]; });
+    if (used)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", i}, {"args", {{"name", lanes[i]}}}});
+  }
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", concat("rank ", rank)}}}});
-  for (const TraceSpan& s : t.spans)
-    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", s.lane == "comm" ? 1 : 0},
+  for (const TraceSpan& s : t.spans) {
+    const int tid = static_cast<int>(std::find(std::begin(lanes), std::end(lanes), s.lane) - std::begin(lanes));
+    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid},
                       {"ts", s.begin_ms * 1000.0}, {"dur", std::max(0.0, s.end_ms - s.begin_ms) * 1000.0}});
+  }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
 }
 

@@ -81,7 +81,8 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
 #ifdef SHARDLM_HAVE_CUDA
     kind = BackendKind::Cuda;
     cuda::select_device(topo);
-    backend = make_cuda_backend();
+    // Offloaded, the host's cores run AdamW: threads waiting for the GPU sleep rather than spin on one.
+    backend = make_cuda_backend(cfg.fsdp.cpu_offload);
     groups = cuda::make_nccl_process_groups(comm, topo, cfg.fsdp.strategy,
                                             static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in

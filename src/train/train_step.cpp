@@ -77,15 +77,18 @@ void write_step_trace(TrainRun& run, long step, const StepTrace& trace) {
                    "the step timeline");
   const std::filesystem::path file = file_of(0);
   const TraceSummary s = summarize_trace(trace);
-  const double mine[8] = {s.step_ms, s.compute_ms, s.comm_ms, s.overlap_ms, s.exposed_comm_ms, s.compute_idle_ms,
-                          s.gather_ms, s.reduce_ms};
-  std::vector<double> all(8 * static_cast<size_t>(run.world));
-  MPI_Gather(mine, 8, MPI_DOUBLE, all.data(), 8, MPI_DOUBLE, 0, run.comm);
+  constexpr int kValues = 10;
+  const double mine[kValues] = {s.step_ms,   s.compute_ms, s.comm_ms,   s.overlap_ms, s.exposed_comm_ms,
+                                s.compute_idle_ms, s.gather_ms, s.reduce_ms, s.host_ms,    s.copy_ms};
+  std::vector<double> all(kValues * static_cast<size_t>(run.world));
+  MPI_Gather(mine, kValues, MPI_DOUBLE, all.data(), kValues, MPI_DOUBLE, 0, run.comm);
   for (int r = 0; r < run.world; ++r) {
-    const double* v = &all[8 * static_cast<size_t>(r)];
-    run.record({{"type", "trace"}, {"step", step}, {"rank", r}, {"step_ms", v[0]}, {"compute_ms", v[1]},
-                {"comm_ms", v[2]}, {"overlap_ms", v[3]}, {"exposed_comm_ms", v[4]}, {"compute_idle_ms", v[5]},
-                {"gather_ms", v[6]}, {"reduce_ms", v[7]}});
+    const double* v = &all[kValues * static_cast<size_t>(r)];
+    nlohmann::json rec = {{"type", "trace"}, {"step", step}, {"rank", r}, {"step_ms", v[0]}, {"compute_ms", v[1]},
+                          {"comm_ms", v[2]}, {"overlap_ms", v[3]}, {"exposed_comm_ms", v[4]}, {"compute_idle_ms", v[5]},
+                          {"gather_ms", v[6]}, {"reduce_ms", v[7]}};
+    if (run.cfg.fsdp.cpu_offload) rec["host_ms"] = v[8], rec["copy_ms"] = v[9];
+    run.record(rec);
   }
   char line[256];
   std::snprintf(line, sizeof line,
@@ -93,7 +96,12 @@ void write_step_trace(TrainRun& run, long step, const StepTrace& trace) {
                 "reductions %.2f), overlapped %.2f, exposed %.2f; compute idle %.2f; %s",
                 step, s.step_ms, s.compute_ms, s.comm_ms, s.gather_ms, s.reduce_ms, s.overlap_ms, s.exposed_comm_ms,
                 s.compute_idle_ms, file.filename().c_str());
-  if (run.echo) run.say(line);
+  std::string said = line;
+  if (run.cfg.fsdp.cpu_offload) {
+    std::snprintf(line, sizeof line, "; offload: copies busy %.2f, host busy %.2f", s.copy_ms, s.host_ms);
+    said += line;
+  }
+  if (run.echo) run.say(said);
 }
 
 }  // namespace

@@ -28,8 +28,10 @@ class CudaMemory final : public DeviceMemory {
 class CudaEvent final : public BackendEvent {
  public:
   // Timing costs a little on every record: only the step timeline's events take it.
-  explicit CudaEvent(bool timing = false) {
-    SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  // blocking: a host thread waiting for it sleeps instead of spinning (CudaBackend's blocking waits).
+  explicit CudaEvent(bool timing = false, bool blocking = false) {
+    const unsigned flags = (timing ? cudaEventDefault : cudaEventDisableTiming) | (blocking ? cudaEventBlockingSync : 0);
+    SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, flags));
   }
   ~CudaEvent() override { cudaEventDestroy(e_); }
   void record(Stream s) override { SHARDLM_CUDA_CHECK(cudaEventRecord(e_, as_cuda(s))); }
@@ -43,8 +45,18 @@ class CudaEvent final : public BackendEvent {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(bool blocking_waits) : blocking_(blocking_waits) {
     SHARDLM_CUDA_CHECK(cudaGetDevice(&device_));
+    if (blocking_) {
+      // Stream and device synchronizations sleep instead of spinning (the device's flags, restored at
+      // the end); so do waits for this backend's events (their flag).
+      // A driver that refuses to change an initialized device's flags leaves them (waits then spin).
+      if (cudaGetDeviceFlags(&saved_flags_) != cudaSuccess ||
+          cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync | (saved_flags_ & cudaDeviceMapHost)) != cudaSuccess) {
+        cudaGetLastError();
+        saved_flags_ = kUnchanged;
+      }
+    }
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
@@ -60,6 +72,10 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(download_);
     cudaStreamDestroy(upload_);
+    if (blocking_ && saved_flags_ != kUnchanged) {
+      cudaSetDeviceFlags(saved_flags_ & (cudaDeviceScheduleMask | cudaDeviceMapHost));
+      cudaGetLastError();
+    }
   }
 
   BackendKind kind() const override { return BackendKind::Cuda; }
@@ -99,8 +115,8 @@ class CudaBackend final : public Backend {
   Stream copy_stream(CopyKind direction) const override {
     return direction == CopyKind::DeviceToHost ? download_ : upload_;
   }
-  std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<CudaEvent>(); }
-  std::unique_ptr<BackendEvent> make_timing_event() override { return std::make_unique<CudaEvent>(true); }
+  std::unique_ptr<BackendEvent> make_event() override { return std::make_unique<CudaEvent>(false, blocking_); }
+  std::unique_ptr<BackendEvent> make_timing_event() override { return std::make_unique<CudaEvent>(true, blocking_); }
   double elapsed_ms(BackendEvent& from, BackendEvent& to) override {
     float ms = 0;
     SHARDLM_CUDA_CHECK(cudaEventElapsedTime(&ms, dynamic_cast<CudaEvent&>(from).get(), dynamic_cast<CudaEvent&>(to).get()));
@@ -146,11 +162,14 @@ class CudaBackend final : public Backend {
 
  private:
   int device_ = 0;
+  bool blocking_ = false;
+  static constexpr unsigned kUnchanged = ~0u;
+  unsigned saved_flags_ = kUnchanged;  // the device's flags before blocking waits set theirs
   cudaStream_t compute_ = nullptr, comm_ = nullptr, download_ = nullptr, upload_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(bool blocking_waits) { return std::make_unique<CudaBackend>(blocking_waits); }
 
 }  // namespace shardlm
