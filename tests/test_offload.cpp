@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -351,20 +352,19 @@ BOOST_AUTO_TEST_CASE(device_sums_give_the_same_steps) {
   BOOST_TEST(off->grad_norm() == 0.0);
 }
 
-// Steps of one micro-step (the host's way) between steps summed on the device, as packing makes them,
-// and micro-steps after a step of one without zero_grad (the host holds those sums: the host's way
-// again): the same gradients and norms as without offload. A traced step's spans are every unit's.
-BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
-  Case c;
-  c.device_sums = true;
+namespace {
+
+// Steps of counts[s] micro-steps each (the last announced, clipped at 0.05) on an offloaded engine
+// and one without offload: after each backward the same norm and gradient slices. Step `traced` is
+// traced, and the offloaded engine's timeline goes to check_trace.
+void compare_steps(FsdpEngine& off, FsdpEngine& plain, const std::vector<int>& counts, int traced,
+                   const std::function<void(const StepTrace&, int micro_steps)>& check_trace) {
   const ModelConfig model = tiny_model(false);
-  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
-  const int counts[] = {1, 3, 1, 2};
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < static_cast<int>(counts.size()); ++s) {
     double norms[2];
     int k = 0;
-    for (FsdpEngine* e : {off.get(), plain.get()}) {
-      if (s == 1) e->trace_begin();
+    for (FsdpEngine* e : {&off, &plain}) {
+      if (s == traced) e->trace_begin();
       e->zero_grad();
       for (int m = 0; m < counts[s]; ++m) {
         if (m + 1 == counts[s]) e->last_micro_step(std::nullopt);
@@ -374,23 +374,38 @@ BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
     }
     BOOST_TEST_CONTEXT("step " << s) {
       BOOST_TEST(norms[0] == norms[1], boost::test_tools::tolerance(1e-6));
-      for (size_t u = 0; u < off->num_units(); ++u)
-        BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
+      for (size_t u = 0; u < off.num_units(); ++u)
+        BOOST_TEST(off.grad_slice(u) == plain.grad_slice(u), boost::test_tools::per_element());
     }
-    for (FsdpEngine* e : {off.get(), plain.get()}) e->optimizer_step(1e-2, static_cast<float>(clip_factor(norms[0], 0.05)));
-    if (s == 1) {
-      const StepTrace t = off->trace_end();
-      plain->trace_end();
-      int reduces = 0;
+    for (FsdpEngine* e : {&off, &plain}) e->optimizer_step(1e-2, static_cast<float>(clip_factor(norms[0], 0.05)));
+    if (s == traced) {
+      const StepTrace t = off.trace_end();
+      plain.trace_end();
       for (const TraceSpan& span : t.spans) {
-        reduces += span.name.rfind("reduce unit", 0) == 0;
         BOOST_TEST(span.begin_ms >= 0.0);
         BOOST_TEST(span.end_ms >= span.begin_ms);
         BOOST_TEST(span.end_ms <= t.step_ms);
       }
-      BOOST_TEST(reduces == counts[s] * static_cast<int>(off->num_units()));
+      check_trace(t, counts[s]);
     }
   }
+}
+
+}  // namespace
+
+// Steps of one micro-step (the host's way) between steps summed on the device, as packing makes them,
+// and micro-steps after a step of one without zero_grad (the host holds those sums: the host's way
+// again): the same gradients and norms as without offload. A traced step's spans are every unit's.
+BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
+  Case c;
+  c.device_sums = true;
+  const ModelConfig model = tiny_model(false);
+  std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+  compare_steps(*off, *plain, {1, 3, 1, 2}, 1, [&](const StepTrace& t, int micro_steps) {
+    int reduces = 0;
+    for (const TraceSpan& span : t.spans) reduces += span.name.rfind("reduce unit", 0) == 0;
+    BOOST_TEST(reduces == micro_steps * static_cast<int>(off->num_units()));
+  });
   for (FsdpEngine* e : {off.get(), plain.get()}) {
     e->zero_grad();
     e->last_micro_step(std::nullopt);
@@ -433,50 +448,24 @@ BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
 BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
   Case c;
   c.root_on_device = true;
-  const ModelConfig model = tiny_model(false);
   std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
   BOOST_TEST((off->options().offload_root_update == OffloadRootUpdate::Device));
   BOOST_TEST(off->offload_description().find("on the GPU") != std::string::npos);
-  const int counts[] = {1, 2, 1, 1, 2};
-  for (int s = 0; s < 5; ++s) {
-    double norms[2];
-    int k = 0;
-    for (FsdpEngine* e : {off.get(), plain.get()}) {
-      if (s == 3) e->trace_begin();
-      e->zero_grad();
-      for (int m = 0; m < counts[s]; ++m) {
-        if (m + 1 == counts[s]) e->last_micro_step(std::nullopt);
-        e->forward_backward(micro_batch(s, m, model), 0.01f, 0);
-      }
-      norms[k++] = e->grad_norm();
+  compare_steps(*off, *plain, {1, 2, 1, 1, 2}, 3, [&](const StepTrace& t, int) {
+    int updates = 0, host_updates = 0, downs = 0, ups = 0;
+    for (const TraceSpan& span : t.spans) {
+      updates += span.name == "update unit 0 on the device" && span.lane == "compute";
+      host_updates += span.name.rfind("update unit ", 0) == 0 && span.lane == "host";
+      downs += span.lane == "down";
+      ups += span.lane == "up";
     }
-    BOOST_TEST_CONTEXT("step " << s) {
-      BOOST_TEST(norms[0] == norms[1], boost::test_tools::tolerance(1e-6));
-      for (size_t u = 0; u < off->num_units(); ++u)
-        BOOST_TEST(off->grad_slice(u) == plain->grad_slice(u), boost::test_tools::per_element());
-    }
-    for (FsdpEngine* e : {off.get(), plain.get()}) e->optimizer_step(1e-2, static_cast<float>(clip_factor(norms[0], 0.05)));
-    if (s == 3) {
-      const StepTrace t = off->trace_end();
-      plain->trace_end();
-      int updates = 0, host_updates = 0, downs = 0, ups = 0;
-      for (const TraceSpan& span : t.spans) {
-        updates += span.name == "update unit 0 on the device" && span.lane == "compute";
-        host_updates += span.name.rfind("update unit ", 0) == 0 && span.lane == "host";
-        downs += span.lane == "down";
-        ups += span.lane == "up";
-        BOOST_TEST(span.begin_ms >= 0.0);
-        BOOST_TEST(span.end_ms >= span.begin_ms);
-        BOOST_TEST(span.end_ms <= t.step_ms);
-      }
-      BOOST_TEST(updates == 1);
-      const int blocks = static_cast<int>(off->num_units()) - 1;
-      BOOST_TEST(host_updates == blocks);   // the blocks on the host
-      BOOST_TEST(ups == blocks);            // each going up
-      BOOST_TEST(downs == blocks + 1);      // their gradients down, the root's state back
-      BOOST_TEST(summarize_trace(t).host_ms > 0.0);
-    }
-  }
+    BOOST_TEST(updates == 1);
+    const int blocks = static_cast<int>(off->num_units()) - 1;
+    BOOST_TEST(host_updates == blocks);   // the blocks on the host
+    BOOST_TEST(ups == blocks);            // each going up
+    BOOST_TEST(downs == blocks + 1);      // their gradients down, the root's state back
+    BOOST_TEST(summarize_trace(t).host_ms > 0.0);
+  });
   const std::vector<UnitState> a = off->checkpoint_state(), b = plain->checkpoint_state();
   for (size_t u = 0; u < a.size(); ++u)
     for (size_t i = 0; i < a[u].count; ++i) {

@@ -145,6 +145,8 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
 // and reduction; offloaded, the reduction's copy to the host is not in it); offloaded also "down" and
 // "up" (the copy streams: gradients down, updated units up, the root's state both ways when it updates
 // on the device) and "host" (the worker's sums and updates, on the host's clock from the step's start).
+// The lanes in a fixed order (the trace JSON's thread ids).
+inline constexpr const char* kTraceLanes[] = {"compute", "comm", "down", "up", "host"};
 struct TraceSpan {
   std::string name;
   std::string lane;

@@ -346,8 +346,7 @@ void FsdpEngine::start_offload() {
   o.squares_on_device.assign(m.units.size(), 0);
   o.squares_host.assign(m.units.size(), 0.0);
   o.upload_on_device.assign(m.units.size(), 0);
-  o.root_on_device = plan_.offload_stream_chunk > 0;
-  if (o.root_on_device) {
+  if (m.root_updates_on_device()) {
     // The root's master and moments are copied up and back chunk by chunk: page-locked.
     Unit& root = m.units[0];
     if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
@@ -501,12 +500,13 @@ const FsdpOptions& FsdpEngine::options() const { return impl_->opt; }
 std::string FsdpEngine::offload_description() const {
   const OffloadState& o = impl_->offload;
   if (!impl_->opt.cpu_offload) return "";
-  std::string where = o.root_on_device ? "the root unit's on the GPU, its master and moments streamed over the host link"
+  const bool on_device = impl_->root_updates_on_device();
+  std::string where = on_device ? "the root unit's on the GPU, its master and moments streamed over the host link"
                                        : "the root unit's too";
   if (o.link_up_gbs > 0) {
     char text[160];
     std::snprintf(text, sizeof(text), " (fsdp.offload_root_update = auto: link %.1f GB/s up, %.1f down, %s %.0f)",
-                  o.link_up_gbs, o.link_down_gbs, o.root_on_device ? "at least" : "under", kOffloadRootLinkGBs);
+                  o.link_up_gbs, o.link_down_gbs, on_device ? "at least" : "under", kOffloadRootLinkGBs);
     where += text;
   }
   return where;

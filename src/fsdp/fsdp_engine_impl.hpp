@@ -53,9 +53,9 @@ struct OffloadState {
   DeviceArray squares;
   std::vector<char> squares_on_device;
   std::vector<double> squares_host;
-  // fsdp.offload_root_update = device (root_on_device): the root's update runs on the compute stream,
-  // chunk by chunk, its master and moments copied up into stream_buf[c % 2] and back down (down).
-  bool root_on_device = false;
+  // fsdp.offload_root_update = device (the plan has offload_stream_chunk): the root's update runs on the
+  // compute stream, chunk by chunk, its master and moments copied up into stream_buf[c % 2] and back
+  // down (down).
   double link_up_gbs = 0, link_down_gbs = 0;          // the host link as auto measured it (0: not measured)
   DeviceArray stream_buf[2];                           // a chunk's master, then each moment
   std::unique_ptr<BackendEvent> chunk_updated[2];      // compute: the chunk in stream_buf[s] is updated
@@ -118,11 +118,8 @@ struct FsdpEngine::Impl {
   // The step timeline (trace_begin .. trace_end): a span's two timing events, recorded on its stream,
   // or on the host lane (offload's worker) its two times on the host's clock from trace_begin. The
   // worker opens and closes spans too: `marks` is guarded by marks_mutex.
-  enum class Lane { Compute, Comm, Down, Up, Host };
-  static const char* lane_name(Lane l) {
-    static const char* const names[] = {"compute", "comm", "down", "up", "host"};
-    return names[static_cast<int>(l)];
-  }
+  enum class Lane { Compute, Comm, Down, Up, Host };  // kTraceLanes' order
+  static const char* lane_name(Lane l) { return kTraceLanes[static_cast<int>(l)]; }
   struct Mark {
     std::string name;
     Lane lane = Lane::Compute;
@@ -425,6 +422,7 @@ struct FsdpEngine::Impl {
   void post_upload(size_t u, const AdamWHyper* h);
   // The root's update with h on the device, from offload.device_grad (fsdp.offload_root_update).
   void update_root_on_device(const AdamWHyper& h);
+  bool root_updates_on_device() const { return plan.offload_stream_chunk > 0; }
   // Uploads wait for every earlier reader of the compute slices.
   void uploads_follow_readers();
   void offload_micro_step_begins(bool backward);

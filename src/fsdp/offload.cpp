@@ -13,7 +13,7 @@
 //           from the pinned fp32 master) on the `up` stream; record uploaded[u]
 //   comm / compute (next forward)   wait for the upload task (host, ticket), then uploaded[u] (stream)
 //
-// fsdp.offload_root_update = device (root_on_device): the root's gradient, last reduced and fp32 on the
+// fsdp.offload_root_update = device (root_updates_on_device): the root's gradient, last reduced and fp32 on the
 // device whole (one micro-step, or the device sums), does not go down. Its update runs on the compute
 // stream (update_root_on_device) while the worker updates the blocks: chunk c of its pinned master
 // and moments goes up into stream_buf[c % 2] (after chunk_home), is updated there by the device's
@@ -153,7 +153,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   mark_end(span);  // before the host waits below: the span is the communication stream's work
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
-  if (u == 0 && o.root_on_device && direct && last) {
+  if (u == 0 && root_updates_on_device() && direct && last) {
     // The root updates on the device from this gradient (update_root_on_device): nothing goes down.
     o.device_grad = static_cast<const float*>(reduced);
     if (o.early) update_root_on_device(*o.early);
@@ -215,11 +215,9 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   const float* grad = o.device_grad;
   SHARDLM_CHECK(grad, "FsdpEngine: the root's update on the device without its gradient there");
   const size_t n = d.flat.shard_numel, chunk = plan.offload_stream_chunk, csize = dtype_size(plan.compute_dtype);
-  // The gradient is reduced, and the gathers that read the compute slice (comm) are done.
+  // The gradient is reduced, and the gathers that read the compute slice are done: both on comm.
   o.reduced->record(comm);
   o.reduced->wait_on(compute);
-  o.params_free->record(comm);
-  o.params_free->wait_on(compute);
   const int span = mark_begin("update unit 0 on the device", -1, Lane::Compute);
   float* master = d.master.as<float>();
   const size_t k = o.optimizer->state_names().size();

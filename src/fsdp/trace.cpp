@@ -1,5 +1,6 @@
 // The step timeline's summary and its Chrome trace-event JSON (run.trace_step; FsdpEngine::trace_begin).
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -68,17 +69,20 @@ TraceSummary summarize_trace(const StepTrace& t) {
 
 std::string trace_json(const StepTrace& t, int rank) {
   nlohmann::json events = nlohmann::json::array();
-  // One thread per lane the step used, in a fixed order.
-  const std::string lanes[] = {"compute", "comm", "down", "up", "host"};
-  for (int i = 0; i < 5; ++i) {
-    const bool used = std::any_of(t.spans.begin(), t.spans.end(), [&](const TraceSpan& s) { return s.lane == lanes[i]; });
+  // One thread per lane the step used, in kTraceLanes' order.
+  const int lanes = static_cast<int>(std::size(kTraceLanes));
+  auto tid_of = [&](const std::string& lane) {
+    return static_cast<int>(std::find(kTraceLanes, kTraceLanes + lanes, lane) - kTraceLanes);
+  };
+  for (int i = 0; i < lanes; ++i) {
+    const bool used = std::any_of(t.spans.begin(), t.spans.end(), [&](const TraceSpan& s) { return tid_of(s.lane) == i; });
     if (used)
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", i}, {"args", {{"name", lanes[i]}}}});
+      events.push_back(
+          {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", i}, {"args", {{"name", kTraceLanes[i]}}}});
   }
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", concat("rank ", rank)}}}});
   for (const TraceSpan& s : t.spans) {
-    const int tid = static_cast<int>(std::find(std::begin(lanes), std::end(lanes), s.lane) - std::begin(lanes));
-    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid},
+    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid_of(s.lane)},
                       {"ts", s.begin_ms * 1000.0}, {"dur", std::max(0.0, s.end_ms - s.begin_ms) * 1000.0}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
