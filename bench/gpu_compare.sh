@@ -21,9 +21,12 @@
 #   --steps N        steps per run (default 30)
 #   --warmup N       first steps left out of the medians (default 10)
 #   --gpus N         use N GPUs (default: all that `nvidia-smi -L` lists)
-#   --only LIST      comma-separated subset of: full,sgo,hybrid,noshard,single,full_ac,offload
-#                    (offload: CPU offload on one GPU, shardlm's fsdp.cpu_offload against FSDP2's
-#                    CPUOffloadPolicy, beside the unsharded run `single`; not in the default set)
+#   --only LIST      comma-separated subset of: full,sgo,hybrid,noshard,single,full_ac,offload,
+#                    offload_res (offload: CPU offload on one GPU, shardlm's fsdp.cpu_offload against
+#                    FSDP2's CPUOffloadPolicy, beside the unsharded run `single`; offload_res: both
+#                    with activation checkpointing, shardlm also keeping --resident-gib of the root's
+#                    optimizer state on the GPU (fsdp.offload_resident_gib); not in the default set)
+#   --resident-gib X fsdp.offload_resident_gib of the offload_res row (default 2.7)
 #   --timeout S      limit per run in seconds (default 150; --quick 90)
 #   --budget S       stop starting runs when this many seconds have passed (default 540)
 #   --bin PATH       the shardlm binary (default build/bin/shardlm)
@@ -31,10 +34,10 @@
 #   --keep-runs      leave OUT/runs/ unpacked as well as runs.tar.gz
 set -uo pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 QUICK=0 STEPS="" WARMUP="" GPUS="" ONLY="" RUN_TIMEOUT="" BUDGET=540 BIN=build/bin/shardlm
-SKIP_PT=0 SKIP_SL=0 KEEP_RUNS=0 BACKEND=cuda
+SKIP_PT=0 SKIP_SL=0 KEEP_RUNS=0 BACKEND=cuda RESIDENT_GIB=2.7
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --timeout) RUN_TIMEOUT=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
     --bin) BIN=$2; shift ;;
+    --resident-gib) RESIDENT_GIB=$2; shift ;;
     --skip-pytorch) SKIP_PT=1 ;;
     --skip-shardlm) SKIP_SL=1 ;;
     --keep-runs) KEEP_RUNS=1 ;;
@@ -264,6 +268,7 @@ DATA=$WORK/bench_data.jsonl
 python3 bench/make_bench_data.py --out "$DATA" --seq "$SEQ" --records $(( STEPS * MB * GPUS )) || exit 1
 
 # ---- configurations: id|label|gpus|strategy|ranks_per_node (hybrid)|activation checkpointing|cpu offload
+# (cpu offload 2: shardlm keeps RESIDENT_GIB of the root's optimizer state on the GPU; FSDP2 offloads all)
 CONFIGS=()
 if [ "$GPUS" -ge 2 ]; then
   CONFIGS+=("full|FULL_SHARD|$GPUS|FULL_SHARD|0|0|0")
@@ -280,9 +285,10 @@ else
   CONFIGS+=("full_ac|1 GPU + activation ckpt|1|NO_SHARD|0|1|0")
 fi
 CONFIGS+=("offload|1 GPU + CPU offload|1|NO_SHARD|0|0|1")
+CONFIGS+=("offload_res|1 GPU + CPU offload + activation ckpt (shardlm: ${RESIDENT_GIB} GiB of the root's state resident)|1|NO_SHARD|0|1|2")
 
-# The default set leaves the offload row out (it is slow on the PyTorch side); --only names it.
-want() { if [ -z "$ONLY" ]; then [ "$1" != offload ]; else [[ ",$ONLY," == *",$1,"* ]]; fi; }
+# The default set leaves the offload rows out (they are slow on the PyTorch side); --only names them.
+want() { if [ -z "$ONLY" ]; then [[ "$1" != offload* ]]; else [[ ",$ONLY," == *",$1,"* ]]; fi; }
 
 # Time left for the next run, or nothing when the budget is spent.
 run_limit() {
@@ -341,7 +347,8 @@ run_shardlm() {  # id label gpus strategy rpn ac offload
   if ! limit=$(run_limit); then say "$name: skipped, time budget spent"; skip_record "$id" "$label" "$g" "$strat" shardlm "skipped (budget)"; return; fi
   mkdir -p "$dir"
   [ "$ac" = 1 ] && extra+=(--fsdp.activation_checkpointing=true)
-  [ "$off" = 1 ] && extra+=(--fsdp.cpu_offload=true)
+  [ "$off" != 0 ] && extra+=(--fsdp.cpu_offload=true)
+  [ "$off" = 2 ] && extra+=(--fsdp.offload_resident_gib="$RESIDENT_GIB")
   [ "$BACKEND" = cpu ] && extra+=(--run.backend=cpu)
   local mpi=(mpirun -np "$g" --bind-to none)
   [ "$BACKEND" = cpu ] && mpi+=(--oversubscribe)
@@ -373,7 +380,7 @@ run_pytorch() {  # id label gpus strategy rpn ac offload
   if ! limit=$(run_limit); then say "$name: skipped, time budget spent"; skip_record "$id" "$label" "$g" "$strat" pytorch-fsdp2 "skipped (budget)"; return; fi
   mkdir -p "$dir"
   [ "$ac" = 1 ] && extra+=(--activation-checkpointing)
-  [ "$off" = 1 ] && extra+=(--cpu-offload)
+  [ "$off" != 0 ] && extra+=(--cpu-offload)
   local nodes=2
   [ "$rpn" -gt 0 ] && nodes=$(( g / rpn ))
   local cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$g" bench/fsdp2_bloom.py

@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 68u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 69u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -388,6 +388,24 @@ BOOST_AUTO_TEST_CASE(offload_root_update) {
                  "fsdp.offload_dir keeps them in files"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_root_update=gpu"}); }),
                  "fsdp.offload_root_update"));
+}
+
+// fsdp.offload_resident_gib: 0 by default; GiB of the root's state kept on the GPU, in bytes in the
+// engine's options; refused negative, without cpu_offload, with the root on the host or with offload_dir.
+BOOST_AUTO_TEST_CASE(offload_resident_gib) {
+  BOOST_TEST(load(kBase).fsdp.offload_resident_gib == 0.0);
+  BOOST_TEST(fsdp_options(load(kBase).fsdp).offload_resident_bytes == 0u);
+  const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_resident_gib=2.5"});
+  BOOST_TEST(c.fsdp.offload_resident_gib == 2.5);
+  BOOST_TEST(has(resolved_deck_ini(c), "offload_resident_gib = 2.5\n"));
+  BOOST_TEST(fsdp_options(c.fsdp).offload_resident_bytes == (size_t(5) << 29));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_resident_gib=-1"}); }),
+                 "fsdp.offload_resident_gib"));
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--fsdp.offload_resident_gib=1"},
+        {"--fsdp.cpu_offload=true", "--fsdp.offload_root_update=host", "--fsdp.offload_resident_gib=1"},
+        {"--fsdp.cpu_offload=true", "--fsdp.offload_dir=/tmp", "--fsdp.offload_resident_gib=1"}})
+    BOOST_TEST(has(error_of([&] { load(kBase, bad); }), "keeps part of the root unit's optimizer state on the GPU"));
 }
 
 // run.trace_step: 0 (no timeline) unless given; negative refused.

@@ -107,15 +107,19 @@ struct Case {
   std::string moments_dir;   // fsdp.offload_dir: the host AdamW's moments in mapped files there
   bool device_sums = false;  // fsdp.offload_accumulate = device
   bool root_on_device = false;  // fsdp.offload_root_update = device (in chunks of kRootChunk elements)
+  size_t resident = 0;          // with it, the root's elements resident on the device (fsdp.offload_resident_gib)
 };
 // Less than the tiny root's slice on any rank count used, so its update on the device takes several
 // chunks and both buffers.
 constexpr size_t kRootChunk = 100;
+// Resident elements: some (not a whole number of chunks, so the streamed rest starts mid-chunk), and
+// more than any rank's slice of the root (all of it).
+constexpr size_t kSomeResident = 130, kAllResident = size_t(1) << 30;
 
 std::string name_of(const Case& c) {
   return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
                 " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "",
-                c.root_on_device ? " root on device" : "");
+                c.root_on_device ? " root on device" : "", c.resident ? concat(" resident ", c.resident) : "");
 }
 
 struct Run {
@@ -135,6 +139,7 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.offload_accumulate_on_device = offload && c.device_sums;
   o.offload_root_update = offload && c.root_on_device ? OffloadRootUpdate::Device : OffloadRootUpdate::Host;
   o.offload_stream_chunk = kRootChunk;
+  o.offload_resident_bytes = c.resident * 3 * sizeof(float);
   AdamWOptions adam;
   adam.weight_decay = 0.1;
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
@@ -419,23 +424,29 @@ BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
 // fsdp.offload_root_update = device: the root updated on the device from its gradient there (one
 // micro-step, or the device sums) gives the same steps: every strategy, one and three micro-steps
 // (three summed on the host: the root goes the host's way), early and deferred updates; with the device
-// sums; unannounced steps and a bf16 reduction (the host's way); LoRA (no root to update).
+// sums; unannounced steps and a bf16 reduction (the host's way); LoRA (no root to update). Each also
+// with part and with all of the root's state resident on the device (fsdp.offload_resident_gib).
 BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
   BOOST_TEST_REQUIRE(tiny_model(false).vocab_size * tiny_model(false).hidden_size > 2 * kRootChunk * 4);
   for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
                              ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
     for (int accum : {1, 3})
-      for (double max_norm : {0.0, 0.05}) {
-        Case c;
-        c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.root_on_device = true;
-        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
-      }
-  std::vector<Case> cases(5);
+      for (double max_norm : {0.0, 0.05})
+        for (size_t resident : {size_t(0), kSomeResident, kAllResident}) {
+          if (resident > 0 && accum == 3 && max_norm == 0.0) continue;
+          Case c;
+          c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.root_on_device = true, c.resident = resident;
+          BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+        }
+  std::vector<Case> cases(8);
   cases[0].device_sums = true, cases[0].accum = 3, cases[0].max_norm = 0.05;
   cases[1].device_sums = true, cases[1].accum = 2;
   cases[2].announce = false, cases[2].max_norm = 0.05;
   cases[3].reduce = DType::BF16, cases[3].max_norm = 0.05;
   cases[4].lora = true;
+  cases[5] = cases[0], cases[5].resident = kSomeResident;
+  cases[6] = cases[1], cases[6].resident = kAllResident;
+  cases[7] = cases[2], cases[7].resident = kSomeResident;
   for (Case& c : cases) {
     c.root_on_device = true;
     BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
@@ -444,13 +455,23 @@ BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
 
 // Steps whose root updates on the device between steps whose root updates on the host (their state
 // comes back first) and a traced one: the same gradients (the root's read back from the device), norms
-// and parameters as without offload; the trace shows the root's update on the compute lane.
-BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
+// and parameters as without offload; the trace shows the root's update on the compute lane. With
+// `resident` of the root's elements kept on the device: that part comes back before the host updates the
+// root and goes up again before its next update on the device.
+void root_between_host_steps(size_t resident) {
   Case c;
-  c.root_on_device = true;
+  c.root_on_device = true, c.resident = resident;
   std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
   BOOST_TEST((off->options().offload_root_update == OffloadRootUpdate::Device));
   BOOST_TEST(off->offload_description().find("on the GPU") != std::string::npos);
+  const size_t kept = std::min(resident, off->unit(0).shard_numel);
+  const bool streams = kept < off->unit(0).shard_numel;
+  BOOST_TEST(off->buffer_plan().offload_resident == kept);
+  BOOST_TEST((off->offload_description().find("resident") != std::string::npos) == (resident > 0));
+  Case streamed = c;
+  streamed.resident = 0;
+  // The resident master is counted with the slices (its moments with the optimizer's bytes, in the plan).
+  BOOST_TEST(off->memory().master_shard == make_engine(streamed, true)->memory().master_shard + kept * sizeof(float));
   compare_steps(*off, *plain, {1, 2, 1, 1, 2}, 3, [&](const StepTrace& t, int) {
     int updates = 0, host_updates = 0, downs = 0, ups = 0;
     for (const TraceSpan& span : t.spans) {
@@ -461,17 +482,70 @@ BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
     }
     BOOST_TEST(updates == 1);
     const int blocks = static_cast<int>(off->num_units()) - 1;
-    BOOST_TEST(host_updates == blocks);   // the blocks on the host
-    BOOST_TEST(ups == blocks);            // each going up
-    BOOST_TEST(downs == blocks + 1);      // their gradients down, the root's state back
+    BOOST_TEST(host_updates == blocks);           // the blocks on the host
+    BOOST_TEST(ups == blocks);                    // each going up
+    BOOST_TEST(downs == blocks + (streams ? 1 : 0));  // their gradients down, the root's streamed state back
     BOOST_TEST(summarize_trace(t).host_ms > 0.0);
   });
   const std::vector<UnitState> a = off->checkpoint_state(), b = plain->checkpoint_state();
   for (size_t u = 0; u < a.size(); ++u)
     for (size_t i = 0; i < a[u].count; ++i) {
       BOOST_TEST(a[u].param[i] == b[u].param[i], boost::test_tools::tolerance(1e-5f));
-      BOOST_TEST(a[u].optimizer.at(0).data[i] == b[u].optimizer.at(0).data[i], boost::test_tools::tolerance(1e-5f));
+      for (size_t k = 0; k < 2; ++k)
+        BOOST_TEST(a[u].optimizer.at(k).data[i] == b[u].optimizer.at(k).data[i], boost::test_tools::tolerance(1e-5f));
     }
+}
+
+BOOST_AUTO_TEST_CASE(root_on_the_device_between_host_steps_and_a_trace) {
+  for (size_t resident : {size_t(0), kSomeResident, kAllResident})
+    BOOST_TEST_CONTEXT("resident " << resident) { root_between_host_steps(resident); }
+}
+
+// A checkpoint of a run whose root's state is partly or wholly resident on the device: saved as the device
+// has it (the same as without offload), and after a load the loaded state replaces the device's, so the
+// step after the load repeats the step after the save bit for bit.
+BOOST_AUTO_TEST_CASE(resident_root_state_in_a_checkpoint_round_trip) {
+  const ModelConfig model = tiny_model(false);
+  auto one_step = [&](FsdpEngine& e, int s) {
+    e.zero_grad();
+    e.last_micro_step(std::nullopt);
+    const double loss = e.forward_backward(micro_batch(s, 0, model), 0.01f, 0);
+    e.optimizer_step(1e-2, static_cast<float>(clip_factor(e.grad_norm(), 0.05)));
+    return loss;
+  };
+  auto snapshot = [](FsdpEngine& e) {  // every unit's master, then its moments
+    std::vector<std::vector<float>> v;
+    for (const UnitState& st : e.checkpoint_state()) {
+      v.emplace_back(st.param, st.param + st.count);
+      for (const auto& o : st.optimizer) v.emplace_back(o.data, o.data + st.count);
+    }
+    return v;
+  };
+  for (size_t resident : {kSomeResident, kAllResident}) {
+    Case c;
+    c.root_on_device = true, c.resident = resident;
+    BOOST_TEST_CONTEXT(name_of(c)) {
+      std::unique_ptr<FsdpEngine> off = make_engine(c, true), plain = make_engine(c, false);
+      for (int s = 0; s < 2; ++s) BOOST_TEST(one_step(*off, s) == one_step(*plain, s), boost::test_tools::tolerance(1e-6));
+      const std::vector<std::vector<float>> saved = snapshot(*off), want = snapshot(*plain);
+      BOOST_TEST_REQUIRE(saved.size() == want.size());
+      for (size_t a = 0; a < saved.size(); ++a)
+        for (size_t i = 0; i < saved[a].size(); ++i) BOOST_TEST(saved[a][i] == want[a][i], boost::test_tools::tolerance(1e-5f));
+      BOOST_TEST_REQUIRE(off->optimizer_steps() == 2);
+      const double next = one_step(*off, 2);
+      const std::vector<std::vector<float>> after = snapshot(*off);
+      std::vector<UnitState> views = off->checkpoint_state();
+      size_t a = 0;
+      for (UnitState& st : views) {
+        std::memcpy(st.param, saved[a++].data(), st.count * sizeof(float));
+        for (auto& o : st.optimizer) std::memcpy(o.data, saved[a++].data(), st.count * sizeof(float));
+      }
+      off->checkpoint_loaded();
+      off->set_optimizer_steps(2);  // as a resume sets it
+      BOOST_TEST(one_step(*off, 2) == next);
+      BOOST_TEST((snapshot(*off) == after));
+    }
+  }
 }
 
 // The gradient slices read back (grad_slice) are the host's sums, zero after zero_grad; a checkpoint

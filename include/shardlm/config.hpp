@@ -94,6 +94,10 @@ struct FsdpSection {
   // on the GPU, its fp32 master and moments streamed up and back over the host link while the host's
   // cores update the blocks; Auto: Device when the link measures at least kOffloadRootLinkGBs each way.
   OffloadRootUpdate offload_root_update = OffloadRootUpdate::Auto;
+  // With cpu_offload and the root updated on the device: GiB of GPU memory in which that much of the
+  // root's fp32 master and AdamW moments (12 bytes a parameter) stays resident, instead of going up and
+  // back over the host link every step; 0: none (everything streams).
+  double offload_resident_gib = 0.0;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

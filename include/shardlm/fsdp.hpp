@@ -53,6 +53,10 @@ struct FsdpOptions {
   // counts Auto as Device.
   OffloadRootUpdate offload_root_update = OffloadRootUpdate::Host;
   size_t offload_stream_chunk = 0;  // elements of one chunk of that update (0: kOffloadStreamChunk; tests set less)
+  // fsdp.offload_resident_gib in bytes: the device memory in which the first elements of the root's master
+  // and moments stay resident when it updates on the device (12 bytes an element with AdamW); 0: none.
+  // With Auto, any makes the engine choose Device.
+  size_t offload_resident_bytes = 0;
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -103,7 +107,9 @@ struct FsdpBufferPlan {
   size_t offload_chunk = 0;        // elements of an upload
   size_t offload_stage = 0;        // bytes of each pinned upload staging chunk
   size_t offload_stream_chunk = 0; // root update on the device: elements of one streamed chunk
-  size_t offload_stream = 0;       // and bytes of each of its two device buffers (master and moments)
+  size_t offload_stream = 0;       // and bytes of each of its two device buffers (master and moments;
+                                   // none when every element is resident)
+  size_t offload_resident = 0;     // its first elements whose master and moments stay on the device
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):

@@ -54,6 +54,12 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (cfg.fsdp.offload_root_update == OffloadRootUpdate::Device && !cfg.fsdp.cpu_offload)
     bad_value("fsdp.offload_root_update", "device",
               "says where an offloaded run updates its root unit: set fsdp.cpu_offload = true, or use auto");
+  if (cfg.fsdp.offload_resident_gib > 0 && (!cfg.fsdp.cpu_offload || cfg.fsdp.offload_root_update == OffloadRootUpdate::Host ||
+                                            !cfg.fsdp.offload_dir.empty()))
+    bad_value("fsdp.offload_resident_gib", format_double(cfg.fsdp.offload_resident_gib),
+              "keeps part of the root unit's optimizer state on the GPU when an offloaded run updates the root "
+              "there: set fsdp.cpu_offload = true, fsdp.offload_root_update = auto or device and no "
+              "fsdp.offload_dir, or use 0");
   if (cfg.fsdp.offload_root_update == OffloadRootUpdate::Device && !cfg.fsdp.offload_dir.empty())
     bad_value("fsdp.offload_root_update", "device",
               "streams the root's moments from host memory, and fsdp.offload_dir keeps them in files: leave "

@@ -19,6 +19,10 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
   o.moments_in_files = deck.cpu_offload && !deck.offload_dir.empty();
   o.offload_accumulate_on_device = deck.cpu_offload && deck.offload_accumulate == OffloadAccumulate::Device;
   o.offload_root_update = deck.cpu_offload ? deck.offload_root_update : OffloadRootUpdate::Host;
+  if (deck.cpu_offload && deck.offload_resident_gib > 0) {
+    const double bytes = deck.offload_resident_gib * double(size_t(1) << 30);
+    o.offload_resident_bytes = bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
+  }
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;
@@ -105,11 +109,13 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     p.offload_chunk = std::min(kOffloadChunk, p.max_shard);
     p.offload_stage = csize == sizeof(float) ? 0 : p.offload_chunk * csize;
     p.offload_squares = layout.size() * sizeof(double);
-    // The root's update on the device streams its master and AdamW's two moments through two buffers.
+    // The root's update on the device keeps the first offload_resident elements of its master and AdamW's
+    // two moments on the device and streams the rest through two buffers.
     const size_t root_shard = p.root_padded / shard_size;
     if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files && layout[0].numel > 0) {
       p.offload_stream_chunk = std::min(opt.offload_stream_chunk > 0 ? opt.offload_stream_chunk : kOffloadStreamChunk, root_shard);
-      p.offload_stream = 3 * p.offload_stream_chunk * sizeof(float);
+      p.offload_resident = std::min(root_shard, opt.offload_resident_bytes / (3 * sizeof(float)));
+      p.offload_stream = p.offload_resident < root_shard ? 3 * p.offload_stream_chunk * sizeof(float) : 0;
     }
   }
   if (!frozen.empty()) {

@@ -31,6 +31,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   double link[2] = {0, 0};
   if (!opt.cpu_offload) {
     opt.offload_root_update = OffloadRootUpdate::Host;
+  } else if (opt.offload_root_update == OffloadRootUpdate::Auto && opt.offload_resident_bytes > 0 && !opt.moments_in_files) {
+    opt.offload_root_update = OffloadRootUpdate::Device;  // resident state needs the update there, whatever the link
   } else if (opt.offload_root_update == OffloadRootUpdate::Auto) {
     const bool worth_it = shard_numel_of(layouts.trainable[0].numel, shard_size) >= kOffloadRootMinElements;
     if (be.asynchronous() && !opt.moments_in_files && worth_it)
@@ -351,8 +353,15 @@ void FsdpEngine::start_offload() {
     Unit& root = m.units[0];
     if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
     for (size_t k = 0; k < optimizer_->state_names().size(); ++k) pin(optimizer_->state(0, k), root.master.bytes());
+    const size_t k = optimizer_->state_names().size(), r = plan_.offload_resident;
+    SHARDLM_CHECK(r == 0 || k == 2, "fsdp.offload_resident_gib counts AdamW's two moments; this optimizer has ", k);
+    if (r > 0) {
+      o.resident[0] = be.allocate(r * sizeof(float), MemKind::Params);
+      for (size_t i = 1; i <= k; ++i) o.resident[i] = be.allocate(r * sizeof(float), MemKind::Optimizer);
+      o.resident_updated = be.make_event();
+    }
+    for (int s = 0; s < 2 && plan_.offload_stream > 0; ++s) o.stream_buf[s] = be.allocate(plan_.offload_stream, MemKind::Comm);
     for (int s = 0; s < 2; ++s) {
-      o.stream_buf[s] = be.allocate(plan_.offload_stream, MemKind::Comm);
       o.chunk_updated[s] = be.make_event();
       o.chunk_home[s] = be.make_event();
       o.chunk_home[s]->record(o.down);
@@ -426,6 +435,10 @@ void FsdpEngine::frozen_loaded() {
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
   m.idle();  // offloaded, the worker updates and uploads the host state: the views are handed out after
+  if (m.opt.cpu_offload) {
+    m.resident_home();  // the root's resident state, when the device's is newer
+    backend_->synchronize(m.offload.down);
+  }
   std::vector<UnitState> states;
   const bool primary = groups_.replicate->rank() == 0;
   const std::vector<std::string> names = optimizer_->state_names();
@@ -459,7 +472,11 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
 
 void FsdpEngine::checkpoint_loaded() {
   Impl& m = *impl_;
-  if (m.opt.cpu_offload) m.offload.worker->drain();
+  if (m.opt.cpu_offload) {
+    m.offload.worker->drain();
+    // The loaded host arrays are the root's state now: its next update on the device loads them.
+    m.offload.resident_loaded = m.offload.resident_ahead = false;
+  }
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
     if (d.host_master.empty()) continue;  // the loaded host arrays are the state
@@ -483,6 +500,7 @@ FsdpMemory FsdpEngine::memory() const {
     r.model_params += d.flat.numel + d.frozen.numel;
     r.trainable_params += d.flat.numel;
   }
+  r.master_shard += m.offload.resident[0].bytes();  // offloaded: the root's resident master
   r.full_params = m.root_full.bytes() + m.root_frozen_full.bytes();
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
@@ -503,6 +521,14 @@ std::string FsdpEngine::offload_description() const {
   const bool on_device = impl_->root_updates_on_device();
   std::string where = on_device ? "the root unit's on the GPU, its master and moments streamed over the host link"
                                        : "the root unit's too";
+  const size_t r = impl_->plan.offload_resident, n = impl_->units[0].flat.shard_numel;
+  if (on_device && r > 0) {
+    char text[200];
+    std::snprintf(text, sizeof(text), "the root unit's on the GPU, %.1f%% of its master and moments resident there "
+                  "(fsdp.offload_resident_gib: %s)%s", 100.0 * static_cast<double>(r) / static_cast<double>(n),
+                  format_bytes(3 * r * sizeof(float)).c_str(), r < n ? ", the rest streamed over the host link" : "");
+    where = text;
+  }
   if (o.link_up_gbs > 0) {
     char text[160];
     std::snprintf(text, sizeof(text), " (fsdp.offload_root_update = auto: link %.1f GB/s up, %.1f down, %s %.0f)",

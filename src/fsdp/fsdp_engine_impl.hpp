@@ -63,6 +63,13 @@ struct OffloadState {
   std::unique_ptr<BackendEvent> state_home;            // down: the root's whole state is back
   std::unique_ptr<BackendEvent> grad_read;             // compute: the update has read the root's gradient
   const float* device_grad = nullptr;  // the root's step gradient, fp32 on the device, when it updates there
+  // fsdp.offload_resident_gib: the root's first plan.offload_resident elements of master, then each moment,
+  // stay on the device between updates there. Loaded: they are at least as new as the host's arrays (else
+  // the host's are newer: at start, after a load or a host update); ahead: newer (the host's are stale
+  // until resident_home copies them down).
+  DeviceArray resident[3];
+  std::unique_ptr<BackendEvent> resident_updated;  // compute: the device's last update of them
+  bool resident_loaded = false, resident_ahead = false;
   bool state_away = false;             // the root's state last went through the device: wait state_home first
   std::vector<char> upload_on_device;  // per unit: its compute slice is being written on the device (uploaded[u])
   int next = 0;                     // the landing pair of the next reduction
@@ -422,6 +429,9 @@ struct FsdpEngine::Impl {
   void post_upload(size_t u, const AdamWHyper* h);
   // The root's update with h on the device, from offload.device_grad (fsdp.offload_root_update).
   void update_root_on_device(const AdamWHyper& h);
+  // The resident part of the root's state back into the host's arrays when the device's is newer (on
+  // `down`, then state_home and state_away), before anything on the host reads them.
+  void resident_home();
   bool root_updates_on_device() const { return plan.offload_stream_chunk > 0; }
   // Uploads wait for every earlier reader of the compute slices.
   void uploads_follow_readers();

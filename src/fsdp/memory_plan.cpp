@@ -44,6 +44,9 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
       if (cuda) p.host_bytes += 3 * n * 4;  // checkpoint staging of the master and the moments
     }
   }
+  // Offloaded, the root's resident master and moments (fsdp.offload_resident_gib) on the device.
+  p.record.master_shard += b.offload_resident * 4;
+  p.optimizer += 2 * b.offload_resident * 4;
   // Offloaded: the pinned landing buffers of the reduced slices and the upload staging (two of each).
   p.host_bytes += 2 * (b.offload_landing + b.offload_stage);
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;

@@ -224,10 +224,27 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   std::vector<float*> host_state, state(k);
   for (size_t i = 0; i < k; ++i) host_state.push_back(o.optimizer->state(0, i));
   char* out = static_cast<char*>(d.compute.data());
+  // The resident part (fsdp.offload_resident_gib) is updated where it stays; its first update, or the
+  // first after the host's arrays became newer, loads it from them. (A host update of the root, the last
+  // writer of those arrays, ran before the forward that led here: that forward waited for it.)
+  const size_t r = plan.offload_resident;
+  if (r > 0) {
+    std::vector<float*> resident_state(k);
+    for (size_t i = 0; i < k; ++i) resident_state[i] = o.resident[i + 1].as<float>();
+    if (!o.resident_loaded) {
+      if (o.upload_task[0]) o.worker->wait(o.upload_task[0]);
+      be.copy(o.resident[0].data(), master, r * sizeof(float), CopyKind::HostToDevice, compute);
+      for (size_t i = 0; i < k; ++i)
+        be.copy(resident_state[i], host_state[i], r * sizeof(float), CopyKind::HostToDevice, compute);
+      o.resident_loaded = true;
+    }
+    o.optimizer->update_slice_on(be, compute, 0, 0, r, o.resident[0].as<float>(), grad, resident_state, out, h);
+    o.resident_ahead = true;
+  }
   int down_span = -1;
-  // Chunk c goes up into buffer c % 2 on the compute stream after that buffer's last chunk went back
-  // down, is updated there (writing the compute slice too) and goes back down on `down`.
-  for (size_t begin = 0, c = 0; begin < n; begin += chunk, ++c) {
+  // Chunk c of the rest goes up into buffer c % 2 on the compute stream after that buffer's last chunk
+  // went back down, is updated there (writing the compute slice too) and goes back down on `down`.
+  for (size_t begin = r, c = 0; begin < n; begin += chunk, ++c) {
     const size_t len = std::min(n, begin + chunk) - begin;
     const int s = static_cast<int>(c % 2);
     float* buf = o.stream_buf[s].as<float>();
@@ -250,6 +267,7 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   mark_end(down_span);
   o.uploaded[0]->record(compute);
   o.upload_on_device[0] = 1;
+  if (r > 0) o.resident_updated->record(compute);
   o.state_home->record(o.down);
   o.state_away = true;
   // Later writers of the gradient on comm (the next step's reductions) come after these reads.
@@ -257,10 +275,27 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   o.grad_read->wait_on(comm);
 }
 
+void FsdpEngine::Impl::resident_home() {
+  OffloadState& o = offload;
+  if (!o.resident_ahead) return;
+  const size_t r = plan.offload_resident, k = o.optimizer->state_names().size();
+  o.resident_updated->wait_on(o.down);
+  be.copy(units[0].master.data(), o.resident[0].data(), r * sizeof(float), CopyKind::DeviceToHost, o.down);
+  for (size_t i = 0; i < k; ++i)
+    be.copy(o.optimizer->state(0, i), o.resident[i + 1].data(), r * sizeof(float), CopyKind::DeviceToHost, o.down);
+  o.state_home->record(o.down);
+  o.state_away = true;
+  o.resident_ahead = false;
+}
+
 void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
   Unit& d = units[u];
   if (d.flat.numel == 0) return;
   OffloadState& o = offload;
+  if (u == 0) {
+    resident_home();  // the host reads the root's master (and, updating, its moments) next
+    if (h) o.resident_loaded = false;  // and then its arrays are newer than the device's
+  }
   const std::optional<AdamWHyper> hyper = h ? std::optional<AdamWHyper>(*h) : std::nullopt;
   // The root's state last went through the device: its copies back must have landed first.
   const bool state_away = u == 0 && o.state_away;

@@ -205,8 +205,11 @@ void report_shape(TrainRun& run) {
                           {"micro_batches_per_epoch", pad.unpacked_micro_batches},
                           {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
                           {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}};
-  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda)
+  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda) {
     setup["offload_root_update"] = offload_root_update_name(run.engine->options().offload_root_update);
+    // The root's master and moments kept on the GPU (fsdp.offload_resident_gib), in bytes.
+    setup["offload_resident_bytes"] = 3 * run.engine->buffer_plan().offload_resident * sizeof(float);
+  }
   if (run.resume_step >= 0) setup["resumed_from_step"] = run.resume_step;
   run.record(setup);
 }
