@@ -113,8 +113,10 @@ struct FsdpBufferPlan {
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
-// AdamW on one chunk overlaps the copy of the previous one.
-constexpr size_t kOffloadChunk = size_t(1) << 22;
+// AdamW on one chunk overlaps the copy of the previous one. 16 Mi: a BLOOM-560M block (12.6 M) in one
+// pass of the host threads; each pass costs ~0.1 ms of waking them (1 Mi gave 15% fewer tokens/s than
+// 4 Mi, 16 Mi 1.5-2% more: docs/PERFORMANCE.md).
+constexpr size_t kOffloadChunk = size_t(1) << 24;
 // Elements of one chunk of the root's update on the device (fsdp.offload_root_update): its fp32 master
 // and both moments go up, are updated, and come back, two chunks in flight (24 MiB of device memory).
 constexpr size_t kOffloadStreamChunk = size_t(1) << 20;
