@@ -110,6 +110,7 @@ struct FsdpBufferPlan {
   size_t offload_stream = 0;       // and bytes of each of its two device buffers (master and moments;
                                    // none when every element is resident)
   size_t offload_resident = 0;     // its first elements whose master and moments stay on the device
+  size_t offload_resident_bytes() const { return 3 * offload_resident * sizeof(float); }
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):

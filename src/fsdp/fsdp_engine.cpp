@@ -352,8 +352,8 @@ void FsdpEngine::start_offload() {
     // The root's master and moments are copied up and back chunk by chunk: page-locked.
     Unit& root = m.units[0];
     if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
-    for (size_t k = 0; k < optimizer_->state_names().size(); ++k) pin(optimizer_->state(0, k), root.master.bytes());
     const size_t k = optimizer_->state_names().size(), r = plan_.offload_resident;
+    for (size_t i = 0; i < k; ++i) pin(optimizer_->state(0, i), root.master.bytes());
     SHARDLM_CHECK(r == 0 || k == 2, "fsdp.offload_resident_gib counts AdamW's two moments; this optimizer has ", k);
     if (r > 0) {
       o.resident[0] = be.allocate(r * sizeof(float), MemKind::Params);
@@ -526,7 +526,7 @@ std::string FsdpEngine::offload_description() const {
     char text[200];
     std::snprintf(text, sizeof(text), "the root unit's on the GPU, %.1f%% of its master and moments resident there "
                   "(fsdp.offload_resident_gib: %s)%s", 100.0 * static_cast<double>(r) / static_cast<double>(n),
-                  format_bytes(3 * r * sizeof(float)).c_str(), r < n ? ", the rest streamed over the host link" : "");
+                  format_bytes(impl_->plan.offload_resident_bytes()).c_str(), r < n ? ", the rest streamed over the host link" : "");
     where = text;
   }
   if (o.link_up_gbs > 0) {

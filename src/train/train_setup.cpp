@@ -208,7 +208,7 @@ void report_shape(TrainRun& run) {
   if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda) {
     setup["offload_root_update"] = offload_root_update_name(run.engine->options().offload_root_update);
     // The root's master and moments kept on the GPU (fsdp.offload_resident_gib), in bytes.
-    setup["offload_resident_bytes"] = 3 * run.engine->buffer_plan().offload_resident * sizeof(float);
+    setup["offload_resident_bytes"] = run.engine->buffer_plan().offload_resident_bytes();
   }
   if (run.resume_step >= 0) setup["resumed_from_step"] = run.resume_step;
   run.record(setup);
