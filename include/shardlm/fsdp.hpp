@@ -75,6 +75,10 @@ struct FsdpMemory {
   size_t trainable_params = 0;  // of them trained (LoRA: the adapters; else all)
 };
 
+// Bytes an element of the root's update on the device moves or keeps: its fp32 master and AdamW's two
+// fp32 moments.
+constexpr size_t kRootStateBytes = 3 * sizeof(float);
+
 // How the engine lays out one rank's buffers: a pure function of the layout, the options, the
 // groups and the backend's nature, shared by FsdpEngine and `shardlm plan` so they cannot drift.
 // Sizes are elements.
@@ -110,7 +114,7 @@ struct FsdpBufferPlan {
   size_t offload_stream = 0;       // and bytes of each of its two device buffers (master and moments;
                                    // none when every element is resident)
   size_t offload_resident = 0;     // its first elements whose master and moments stay on the device
-  size_t offload_resident_bytes() const { return 3 * offload_resident * sizeof(float); }
+  size_t offload_resident_bytes() const { return offload_resident * kRootStateBytes; }
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):

@@ -114,8 +114,8 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     const size_t root_shard = p.root_padded / shard_size;
     if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files && layout[0].numel > 0) {
       p.offload_stream_chunk = std::min(opt.offload_stream_chunk > 0 ? opt.offload_stream_chunk : kOffloadStreamChunk, root_shard);
-      p.offload_resident = std::min(root_shard, opt.offload_resident_bytes / (3 * sizeof(float)));
-      p.offload_stream = p.offload_resident < root_shard ? 3 * p.offload_stream_chunk * sizeof(float) : 0;
+      p.offload_resident = std::min(root_shard, opt.offload_resident_bytes / kRootStateBytes);
+      p.offload_stream = p.offload_resident < root_shard ? p.offload_stream_chunk * kRootStateBytes : 0;
     }
   }
   if (!frozen.empty()) {

@@ -519,10 +519,11 @@ std::string FsdpEngine::offload_description() const {
   const OffloadState& o = impl_->offload;
   if (!impl_->opt.cpu_offload) return "";
   const bool on_device = impl_->root_updates_on_device();
-  std::string where = on_device ? "the root unit's on the GPU, its master and moments streamed over the host link"
-                                       : "the root unit's too";
   const size_t r = impl_->plan.offload_resident, n = impl_->units[0].flat.shard_numel;
-  if (on_device && r > 0) {
+  std::string where = "the root unit's too";
+  if (on_device && r == 0) {
+    where = "the root unit's on the GPU, its master and moments streamed over the host link";
+  } else if (on_device) {
     char text[200];
     std::snprintf(text, sizeof(text), "the root unit's on the GPU, %.1f%% of its master and moments resident there "
                   "(fsdp.offload_resident_gib: %s)%s", 100.0 * static_cast<double>(r) / static_cast<double>(n),
