@@ -38,6 +38,12 @@ micro_batch x seq / step time; the median is over the steps after --warmup. Memo
 torch.cuda.max_memory_allocated() and max_memory_reserved() per GPU, reset after setup (so the
 transient full fp32 copy before sharding is not counted; the AdamW state, allocated in the first
 step, is). Rank 0 prints one JSON line starting with {"impl": "pytorch-fsdp2", ...}.
+
+--profile-step K runs step K (1-based, as shardlm's run.trace_step) under torch.profiler (CPU and
+CUDA); rank 0 exports the Chrome trace (kept in --profile-dir, else deleted) and the JSON line's
+"timeline" is bench/trace_summary.py's summary of it: NCCL kernels as the communication lane, every
+other GPU event as compute, the "optimizer" record_function around opt.step() as the optimizer.
+--tie-embeddings ties a llama's LM head to its embedding (Llama-3.2-1B).
 """
 import argparse
 import json
@@ -65,6 +71,8 @@ def parse_args():
     p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
     p.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width (0 = 4 x hidden)")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="llama: rotary base")
+    p.add_argument("--tie-embeddings", action="store_true",
+                   help="llama: the LM head is the embedding (Llama-3.2-1B); default untied")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP2's CPUOffloadPolicy (AdamW on the host)")
     p.add_argument("--compile", action="store_true",
@@ -74,9 +82,16 @@ def parse_args():
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0 = no clipping")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--label", default="", help="copied into the JSON line")
+    p.add_argument("--profile-step", type=int, default=0,
+                   help="record step K (1-based, as shardlm's run.trace_step) with torch.profiler and "
+                        "summarise it (bench/trace_summary.py) into the JSON line's 'timeline'; 0 = off")
+    p.add_argument("--profile-dir", default="",
+                   help="with --profile-step: write rank 0's Chrome trace here (profile_stepK_rank0.json)")
     a = p.parse_args()
     if a.steps <= a.warmup:
         p.error("--steps must be larger than --warmup")
+    if not 0 <= a.profile_step <= a.steps:
+        p.error("--profile-step must be between 0 (off) and --steps")
     return a
 
 
@@ -125,7 +140,7 @@ def main():
                           num_attention_heads=a.heads, num_key_value_heads=a.kv_heads or a.heads,
                           intermediate_size=a.intermediate or 4 * a.hidden, rms_norm_eps=1e-5,
                           rope_theta=a.rope_theta, initializer_range=0.02, use_cache=False,
-                          tie_word_embeddings=False, attn_implementation="sdpa")
+                          tie_word_embeddings=a.tie_embeddings, attn_implementation="sdpa")
         with torch.device(dev):
             model = LlamaForCausalLM(cfg)
     else:
@@ -173,29 +188,43 @@ def main():
     clip = a.max_grad_norm > 0
     clip_note = "clip_grad_norm_" if clip else "off"
 
+    from torch.profiler import ProfilerActivity, profile, record_function
+
     torch.cuda.synchronize()
     dist.barrier()
     torch.cuda.reset_peak_memory_stats(dev)
     times, losses = [], []
+    profiled = None
     for step in range(a.steps):
         x = batch()
         torch.cuda.synchronize()
+        # --profile-step K: step K (1-based) under torch.profiler (CPU and CUDA activity); its
+        # time is in the step times as shardlm's traced step is in its own.
+        prof = None
+        if step + 1 == a.profile_step:
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.start()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = model(input_ids=x, labels=x, use_cache=False)
         out.loss.backward()
         if clip:
             try:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm, foreach=True)
+                with record_function("gradient norm"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm, foreach=True)
             except Exception as e:  # DTensor corner cases across versions: measure without it
                 if rank == 0:
                     print(f"fsdp2_bloom: clip_grad_norm_ failed ({type(e).__name__}: {e}); clipping off",
                           file=sys.stderr, flush=True)
                 clip, clip_note = False, f"failed: {type(e).__name__}"
-        opt.step()
+        with record_function("optimizer"):  # bench/trace_summary.py's optimizer region
+            opt.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(out.loss.detach())
+        if prof is not None:
+            prof.stop()
+            profiled = prof  # exported after the loop, so that no timed step waits for the file
 
     # Each step's time is the slowest rank's.
     t = torch.tensor(times, dtype=torch.float64, device=dev)
@@ -207,6 +236,31 @@ def main():
     dist.all_gather(all_mem, mem)
     loss_vals = torch.stack(losses).float()
     dist.all_reduce(loss_vals, op=dist.ReduceOp.AVG)
+
+    timeline = None
+    if rank == 0 and profiled is not None:
+        # The profiled step summarised as shardlm's: step_ms from its first GPU event to its last (as
+        # shardlm's traced step runs from its origin event on drained streams to the optimizer's end);
+        # step_wall_ms the host's time for it, profiler start-up included.
+        trace_path = os.path.join(a.profile_dir or ".", f"profile_step{a.profile_step}_rank0.json")
+        try:
+            if a.profile_dir:
+                os.makedirs(a.profile_dir, exist_ok=True)
+            profiled.export_chrome_trace(trace_path)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import trace_summary
+            with open(trace_path) as f:
+                timeline = trace_summary.summarize(json.load(f))
+            timeline["step"] = a.profile_step
+            timeline["step_wall_ms"] = times[a.profile_step - 1] * 1e3
+            timeline["file"] = trace_path
+            print("fsdp2_bloom: " + trace_summary.text(timeline, f"step {a.profile_step} timeline (rank 0)"),
+                  flush=True)
+        except Exception as e:  # the measurement stands without its timeline
+            timeline = {"error": f"{type(e).__name__}: {e}", "file": trace_path}
+        if not a.profile_dir and os.path.exists(trace_path):
+            os.remove(trace_path)
+            timeline.pop("file", None)
 
     tokens_per_gpu_step = a.micro_batch * a.seq
     measured = step_times[a.warmup:]
@@ -242,6 +296,8 @@ def main():
             "peak_memory_bytes_per_gpu": alloc,
             "peak_reserved_bytes_per_gpu": reserved,
             "loss_first": loss_vals[0].item(), "loss_last": loss_vals[-1].item(),
+            "tie_embeddings": a.tie_embeddings if a.arch == "llama" else True,
+            "timeline": timeline,
             "torch": torch.__version__, "transformers": transformers.__version__,
         }
         print(json.dumps(record), flush=True)
