@@ -93,6 +93,7 @@ std::vector<DeckCase> deck_cases() {
       {"bench/codellama7b.ini", 2, 1, "", {}, {"--data.train_file=BENCH_DATA", "--train.batch_size=8"}},
       {"bench/qwen25-05b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/llama31-8b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
+      {"bench/llama32-1b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"squad/bloom560m-baseline.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       {"chess/codellama7b.ini", 8, 4, "codellama-7b", {"data/chess/train.jsonl", "data/chess/eval.jsonl"}, {}},
       {"llama/llama31-8b.ini", 8, 4, "llama-3.1-8b", kSquadFiles, {}},
