@@ -5,7 +5,9 @@
 # records tokens/s (median over the steps after the warm-up) and peak GPU memory.
 #
 #   bash bench/llama_compare.sh [--bin build/bin/shardlm] [--steps 10] [--warmup 4] [--gpus 1]
-#                               [--sides shardlm,eager,compile] [--timeout 240] [--lora R:ALPHA] ROW... OUT
+#                               [--sides shardlm,eager,compile] [--timeout 240] [--lora R:ALPHA]
+#                               [--strategy FULL_SHARD] [--nodes N] [--trace-step K] [--rt RT]
+#                               [--deadline EPOCH] [--dry-run] ROW... OUT
 #
 # --gpus G (default 1) runs every row FULL_SHARD on G GPUs of this machine on both sides (shardlm
 # under mpirun -np G, FSDP2 under torchrun --nproc-per-node G), MICRO samples per GPU; tokens/s and
@@ -16,12 +18,26 @@
 # bf16 base, fp32 adapters under bf16 autocast, torch AdamW) as the side "peft" (the default sides
 # become shardlm,peft).
 #
+# --strategy HYBRID_SHARD --nodes N (G GPUs): N emulated nodes of G/N consecutive ranks, shardlm's
+# --dist.ranks_per_node=G/N against FSDP2's HSDP mesh (replicate N, shard G/N). Default FULL_SHARD.
+# --trace-step K records step K's timeline on both sides (shardlm --run.trace_step=K; FSDP2
+# --profile-step K under torch.profiler) and adds its summary (bench/trace_summary.py: compute,
+# exposed communication, optimizer) to each record as "timeline".
+# --rt RT sources RT/env.sh (the bundled OpenMPI) around each mpirun only, so PyTorch keeps its own
+# libraries; without it, run with the shardlm runtime already on the paths. Every NCCL_* variable set
+# when the script starts goes to the shardlm ranks (mpirun -x) and to torchrun alike.
+# --deadline EPOCH (date +%s): start no run with less than 30 s left, and end none later.
+# --dry-run prints every command (and writes the records and table with status "dry run").
+# --shardlm-args "ARGS" appends deck overrides to every shardlm run (word-split), e.g. for a smoke test
+# on this machine: "--run.backend=cpu --model.hidden_size=64 ..." (bench/README.md).
+#
 # A ROW is label=DECK:LAYERS:SEQ:MICRO[:ac], e.g. llama8b-2k=input/bench/llama31-8b.ini:4:2048:8
-# (the deck gives the shape; LAYERS replaces its layer count so the model fits one GPU; ":ac"
-# turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md and the logs.
-# Run with the shardlm runtime on the paths (source RT/env.sh).
+# (the deck gives the shape, BLOOM or Llama; LAYERS replaces its layer count so the model fits;
+# ":ac" turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md, one log
+# per run (its first line the command) and, with --trace-step, the run folders' timelines.
 set -uo pipefail
 BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA= GPUS=1
+STRATEGY=FULL_SHARD NODES=2 TRACE_STEP=0 RT="" DEADLINE=0 DRY=0 SHARDLM_ARGS=""
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -32,13 +48,35 @@ while [ $# -gt 0 ]; do
     --timeout) RUN_TIMEOUT=$2; shift ;;
     --lora) LORA=$2; shift ;;
     --gpus) GPUS=$2; shift ;;
+    --strategy) STRATEGY=$2; shift ;;
+    --nodes) NODES=$2; shift ;;
+    --trace-step) TRACE_STEP=$2; shift ;;
+    --rt) RT=$2; shift ;;
+    --deadline) DEADLINE=$2; shift ;;
+    --dry-run) DRY=1 ;;
+    --shardlm-args) SHARDLM_ARGS=$2; shift ;;
     -*) echo "llama_compare.sh: unknown option $1" >&2; exit 2 ;;
     *) POS+=("$1") ;;
   esac
   shift
 done
-[ ${#POS[@]} -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ ${#POS[@]} -ge 2 ] || { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $GPUS =~ ^[1-9][0-9]*$ ]] || { echo "llama_compare.sh: --gpus wants a positive count, not '$GPUS'" >&2; exit 2; }
+[[ $TRACE_STEP =~ ^[0-9]+$ ]] && [ "$TRACE_STEP" -le "$STEPS" ] || { echo "llama_compare.sh: --trace-step wants 0 (off) to --steps ($STEPS)" >&2; exit 2; }
+RPN=0
+case $STRATEGY in
+  FULL_SHARD|SHARD_GRAD_OP|NO_SHARD) ;;
+  HYBRID_SHARD|HYBRID_SHARD_ZERO2)
+    [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ $((GPUS % NODES)) = 0 ] ||
+      { echo "llama_compare.sh: --nodes $NODES does not divide --gpus $GPUS" >&2; exit 2; }
+    RPN=$((GPUS / NODES)) ;;
+  *) echo "llama_compare.sh: unknown --strategy $STRATEGY" >&2; exit 2 ;;
+esac
+ENVSH=""
+if [ -n "$RT" ] && [ "$RT" != - ]; then
+  ENVSH=$(cd "$RT" 2>/dev/null && pwd)/env.sh
+  [ -f "$ENVSH" ] || { echo "llama_compare.sh: $RT/env.sh not found" >&2; exit 2; }
+fi
 LORA_FLAGS=() PEFT_FLAGS=()
 if [ -n "$LORA" ]; then
   LORA_FLAGS=(--lora.r="${LORA%%:*}" --lora.alpha="${LORA#*:}" --lora.target_modules=all-linear)
@@ -55,28 +93,90 @@ cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 JSONL=$OUT/llama.jsonl
 : > "$JSONL"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared GPU hosts (both sides); a hung rank ends the shardlm job.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export SHARDLM_NCCL_TIMEOUT=${SHARDLM_NCCL_TIMEOUT:-120}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 want() { [[ ",$SIDES," == *",$1,"* ]]; }
+# The NCCL_* settings of this environment, passed on to the shardlm ranks explicitly.
+MPI_X=()
+while IFS= read -r v; do MPI_X+=(-x "$v"); done < <(env | sed -n 's/^\(NCCL_[A-Za-z0-9_]*\)=.*/\1/p' | sort)
+NCCL_ENV=$(env | grep '^NCCL_' | sort | tr '\n' ' ')
+[ -n "$NCCL_ENV" ] && echo "llama_compare.sh: NCCL settings for both sides: $NCCL_ENV"
 
-# The deck's shape as fsdp2_bloom.py flags.
+# The seconds a run may take now (the --timeout, or what the --deadline leaves); fails when < 30.
+run_limit() {
+  [ "$DEADLINE" -gt 0 ] || { echo "$RUN_TIMEOUT"; return 0; }
+  local left=$(( DEADLINE - $(date +%s) ))
+  [ $left -ge 30 ] || return 1
+  echo $(( left < RUN_TIMEOUT ? left : RUN_TIMEOUT ))
+}
+
+# run_bounded LOG CMD...: print the command (here and as the log's first line), run it under the
+# time limit (the runtime's env.sh sourced around mpirun only), print its status word.
+run_bounded() {
+  local log=$1 limit rc; shift
+  if ! limit=$(run_limit); then echo "skipped (budget)"; echo "+ skipped (budget): $*" > "$log"; return; fi
+  echo "+ $* (limit ${limit}s)" >&2
+  echo "+ $*" > "$log"
+  [ $DRY = 1 ] && { echo "dry run"; return; }
+  # shellcheck source=/dev/null
+  if [ "$1" = mpirun ] && [ -n "$ENVSH" ]; then
+    ( source "$ENVSH" && exec timeout -k 20 "$limit" "$@" ) >> "$log" 2>&1
+  else
+    timeout -k 20 "$limit" "$@" >> "$log" 2>&1
+  fi
+  rc=$?
+  case $rc in 0) echo ok ;; 124|137) echo timeout ;; *) echo "failed (rc $rc)" ;; esac
+}
+
+# The deck's shape as fsdp2_bloom.py flags (peft: peft_lora.py's, Llama only).
 shape_flags() {
-  python3 - "$1" <<'PY'
+  python3 - "$1" "${2:-fsdp2}" <<'PY'
 import configparser, sys
-c = configparser.ConfigParser(inline_comment_prefixes=("#",))
+c = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
 c.read(sys.argv[1])
 m = c["model"]
-print(f"--vocab {m['vocab_size']} --hidden {m['hidden_size']} --heads {m['num_heads']} "
-      f"--kv-heads {m.get('num_kv_heads', m['num_heads'])} --intermediate {m['intermediate_size']} "
-      f"--rope-theta {float(m['rope_theta'])}")
+arch = m.get("arch", "llama").strip()
+flags = f"--vocab {m['vocab_size']} --hidden {m['hidden_size']} --heads {m['num_heads']}"
+if arch == "bloom":
+    print(f"--arch bloom {flags}")
+else:
+    flags += (f" --kv-heads {m.get('num_kv_heads', m['num_heads'])} --intermediate {m['intermediate_size']}"
+              f" --rope-theta {float(m['rope_theta'])}")
+    if sys.argv[2] == "peft":
+        print(flags)
+    else:
+        tie = m.get("tie_word_embeddings", "false").strip().lower() in ("true", "1", "yes", "on")
+        print(f"--arch llama {flags}" + (" --tie-embeddings" if tie else ""))
 PY
 }
 
 record() {  # label side status seconds log run_dir|-
-  python3 - "$@" "$WARMUP" "$GPU" "$GPUS" >> "$JSONL" <<'PY'
+  python3 - "$@" "$WARMUP" "$GPU" "$GPUS" "$STRATEGY" "$RPN" "$TRACE_STEP" >> "$JSONL" <<'PY'
 import json, os, statistics, sys
-label, side, status, seconds, log, run_dir, warmup, gpu, gpus = sys.argv[1:10]
-rec = {"label": label, "side": side, "status": status, "seconds": int(seconds), "gpu": gpu, "gpus": int(gpus)}
+sys.path.insert(0, "bench")
+label, side, status, seconds, log, run_dir, warmup, gpu, gpus, strategy, rpn, trace_step = sys.argv[1:13]
+rec = {"label": label, "side": side, "status": status, "seconds": int(seconds), "gpu": gpu, "gpus": int(gpus),
+       "strategy": strategy if int(gpus) > 1 else "FULL_SHARD (1 GPU)"}
+if int(rpn) > 0:
+    rec["ranks_per_node"] = int(rpn)
+    rec["nodes"] = int(gpus) // int(rpn)
+nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+if nccl:
+    rec["nccl_env"] = nccl
+try:
+    with open(log, errors="replace") as f:
+        first = f.readline()
+        text = first + f.read()
+    if first.startswith("+ ") and not first.startswith("+ skipped"):
+        rec["command"] = first[2:].rstrip("\n")
+    # With NCCL_DEBUG=INFO, NCCL names the transport each channel uses.
+    if "NCCL INFO" in text:
+        rec["nccl_transports"] = sorted({t for t in ("NET/Socket", "NET/IB", "P2P", "SHM", "CollNet", "NVLS")
+                                         if f"via {t}" in text})
+except OSError:
+    text = ""
 if side == "shardlm" and run_dir != "-":
     train, summary = [], {}
     try:
@@ -92,13 +192,32 @@ if side == "shardlm" and run_dir != "-":
         rec["peak_memory_bytes"] = summary["peak_memory_bytes"]
         rec["attention"] = summary.get("attention")
         rec["train_loss"] = summary.get("train_loss")
+    trace = os.path.join(run_dir, f"trace_step{trace_step}_rank0.json")
+    if int(trace_step) > 0 and os.path.isfile(trace):
+        try:
+            import trace_summary
+            with open(trace) as f:
+                tl = trace_summary.summarize(
+                    json.load(f), trace_summary.step_ms_from_metrics(os.path.join(run_dir, "metrics.jsonl"), 0))
+            tl.update(step=int(trace_step), file=trace)
+        except Exception as e:
+            tl = {"error": f"{type(e).__name__}: {e}", "file": trace}
+        rec["timeline"] = tl
 else:
-    for line in open(log, errors="replace"):
+    for line in text.splitlines():
         if line.startswith('{"impl": "pytorch-fsdp2"') or line.startswith('{"impl": "peft-lora"'):
             o = json.loads(line)
             rec.update(tokens_per_s_per_gpu=o["tokens_per_s_per_gpu"], peak_memory_bytes=o["peak_memory_bytes"],
                        torch=o.get("torch"), compile=o.get("compile"))
+            if o.get("peak_reserved_bytes"):
+                rec["peak_reserved_bytes"] = o["peak_reserved_bytes"]
+            if o.get("timeline"):
+                rec["timeline"] = o["timeline"]
 if status == "ok" and "tokens_per_s_per_gpu" not in rec: rec["status"] = "no result"
+if status != "ok":
+    tail = [l for l in text.splitlines() if l.strip()][-3:]
+    if tail and status != "dry run" and not status.startswith("skipped"):
+        rec["error"] = " | ".join(tail)[-600:]
 print(json.dumps(rec))
 PY
 }
@@ -109,14 +228,16 @@ for row in "${POS[@]}"; do
   acflag=false; [ "${ac:-}" = ac ] && acflag=true
   data=$OUT/data_${seq}_$((STEPS * micro * GPUS)).jsonl  # enough records for this row's steps
   [ -f "$data" ] || python3 bench/make_bench_data.py --out "$data" --seq "$seq" --records $((STEPS * micro * GPUS)) >/dev/null || exit 1
-  echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro per GPU, $GPUS GPU(s), activation checkpointing $acflag"
+  echo "== $label: $deck, $layers layers, seq $seq, micro-batch $micro per GPU, $GPUS GPU(s), $STRATEGY$([ $RPN -gt 0 ] && echo " ($((GPUS / RPN)) nodes x $RPN)"), activation checkpointing $acflag"
   if want shardlm; then
-    run=$OUT/run_$label log=$OUT/${label}_shardlm.log t0=$(date +%s)
-    timeout "$RUN_TIMEOUT" mpirun -np "$GPUS" --bind-to none "$BIN" train "$deck" --data.train_file="$data" \
+    run=$OUT/run_$label log=$OUT/${label}_shardlm.log t0=$(date +%s) extra=()
+    [ "$TRACE_STEP" -gt 0 ] && extra+=(--run.trace_step="$TRACE_STEP")
+    [ $RPN -gt 0 ] && extra+=(--dist.ranks_per_node="$RPN")
+    read -r -a more <<< "$SHARDLM_ARGS"; extra+=("${more[@]}")
+    st=$(run_bounded "$log" mpirun -np "$GPUS" --bind-to none "${MPI_X[@]}" "$BIN" train "$deck" --data.train_file="$data" \
       --model.num_layers="$layers" --data.max_length="$seq" --train.micro_batch_size="$micro" \
-      --train.batch_size=$((micro * GPUS)) --fsdp.strategy=FULL_SHARD --train.max_steps="$STEPS" --train.log_every=1 \
-      --fsdp.activation_checkpointing="$acflag" --run.dir="$run" "${LORA_FLAGS[@]}" > "$log" 2>&1
-    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+      --train.batch_size=$((micro * GPUS)) --fsdp.strategy="$STRATEGY" --train.max_steps="$STEPS" --train.log_every=1 \
+      --fsdp.activation_checkpointing="$acflag" --checkpoint.at_end=false --run.dir="$run" "${extra[@]}" "${LORA_FLAGS[@]}")
     record "$label" shardlm "$st" $(( $(date +%s) - t0 )) "$log" "$run"
     tail -1 "$JSONL"
   fi
@@ -124,21 +245,20 @@ for row in "${POS[@]}"; do
     log=$OUT/${label}_peft.log t0=$(date +%s) extra=""
     [ "$acflag" = true ] && extra=--activation-checkpointing
     # shellcheck disable=SC2046
-    timeout "$RUN_TIMEOUT" python3 bench/peft_lora.py $(shape_flags "$deck") "${PEFT_FLAGS[@]}" --layers "$layers" \
-      --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" --label "$label" $extra > "$log" 2>&1
-    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+    st=$(run_bounded "$log" python3 bench/peft_lora.py $(shape_flags "$deck" peft) "${PEFT_FLAGS[@]}" --layers "$layers" \
+      --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" --label "$label" $extra)
     record "$label" peft "$st" $(( $(date +%s) - t0 )) "$log" -
     tail -1 "$JSONL"
   fi
   for side in eager compile; do
     want $side || continue
     log=$OUT/${label}_$side.log t0=$(date +%s)
-    extra=""; [ $side = compile ] && extra=--compile; [ "$acflag" = true ] && extra="$extra --activation-checkpointing"
+    extra=(); [ $side = compile ] && extra+=(--compile); [ "$acflag" = true ] && extra+=(--activation-checkpointing)
+    [ "$TRACE_STEP" -gt 0 ] && extra+=(--profile-step "$TRACE_STEP" --profile-dir "$OUT/profile_${label}_$side")
     # shellcheck disable=SC2046
-    timeout "$RUN_TIMEOUT" torchrun --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --arch llama --strategy FULL_SHARD $(shape_flags "$deck") \
-      --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" \
-      --label "$label" $extra > "$log" 2>&1
-    rc=$?; st=ok; [ $rc = 0 ] || st="failed (rc $rc)"; [ $rc = 124 ] && st=timeout
+    st=$(run_bounded "$log" torchrun --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --strategy "$STRATEGY" \
+      --nodes "$NODES" $(shape_flags "$deck") --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" \
+      --warmup "$WARMUP" --label "$label" "${extra[@]}")
     record "$label" "$side" "$st" $(( $(date +%s) - t0 )) "$log" -
     tail -1 "$JSONL"
   done
