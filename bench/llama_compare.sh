@@ -36,7 +36,7 @@
 # ":ac" turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md, one log
 # per run (its first line the command) and, with --trace-step, the run folders' timelines.
 set -uo pipefail
-BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA= GPUS=1
+BIN=build/bin/shardlm STEPS=10 WARMUP=4 SIDES="" RUN_TIMEOUT=240 LORA="" GPUS=1
 STRATEGY=FULL_SHARD NODES=2 TRACE_STEP=0 RT="" DEADLINE=0 DRY=0 SHARDLM_ARGS=""
 POS=()
 while [ $# -gt 0 ]; do
@@ -62,20 +62,23 @@ while [ $# -gt 0 ]; do
 done
 [ ${#POS[@]} -ge 2 ] || { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $GPUS =~ ^[1-9][0-9]*$ ]] || { echo "llama_compare.sh: --gpus wants a positive count, not '$GPUS'" >&2; exit 2; }
-[[ $TRACE_STEP =~ ^[0-9]+$ ]] && [ "$TRACE_STEP" -le "$STEPS" ] || { echo "llama_compare.sh: --trace-step wants 0 (off) to --steps ($STEPS)" >&2; exit 2; }
+if ! [[ $TRACE_STEP =~ ^[0-9]+$ ]] || [ "$TRACE_STEP" -gt "$STEPS" ]; then
+  echo "llama_compare.sh: --trace-step wants 0 (off) to --steps ($STEPS)" >&2; exit 2
+fi
 RPN=0
 case $STRATEGY in
   FULL_SHARD|SHARD_GRAD_OP|NO_SHARD) ;;
   HYBRID_SHARD|HYBRID_SHARD_ZERO2)
-    [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ $((GPUS % NODES)) = 0 ] ||
-      { echo "llama_compare.sh: --nodes $NODES does not divide --gpus $GPUS" >&2; exit 2; }
+    if ! [[ $NODES =~ ^[1-9][0-9]*$ ]] || [ $((GPUS % NODES)) != 0 ]; then
+      echo "llama_compare.sh: --nodes $NODES does not divide --gpus $GPUS" >&2; exit 2
+    fi
     RPN=$((GPUS / NODES)) ;;
   *) echo "llama_compare.sh: unknown --strategy $STRATEGY" >&2; exit 2 ;;
 esac
 ENVSH=""
 if [ -n "$RT" ] && [ "$RT" != - ]; then
   ENVSH=$(cd "$RT" 2>/dev/null && pwd)/env.sh
-  [ -f "$ENVSH" ] || { echo "llama_compare.sh: $RT/env.sh not found" >&2; exit 2; }
+  [ -f "$ENVSH" ] || [ $DRY = 1 ] || { echo "llama_compare.sh: $RT/env.sh not found" >&2; exit 2; }
 fi
 LORA_FLAGS=() PEFT_FLAGS=()
 if [ -n "$LORA" ]; then
@@ -215,7 +218,9 @@ else:
                 rec["timeline"] = o["timeline"]
 if status == "ok" and "tokens_per_s_per_gpu" not in rec: rec["status"] = "no result"
 if status != "ok":
-    tail = [l for l in text.splitlines() if l.strip()][-3:]
+    lines = [l.strip() for l in text.splitlines()[1:] if l.strip() and not l.startswith("---")]
+    said = [l for l in lines if "error" in l.lower() and "NCCL INFO" not in l][-2:]
+    tail = said + [l for l in lines[-2:] if l not in said]
     if tail and status != "dry run" and not status.startswith("skipped"):
         rec["error"] = " | ".join(tail)[-600:]
 print(json.dumps(rec))
@@ -242,11 +247,11 @@ for row in "${POS[@]}"; do
     tail -1 "$JSONL"
   fi
   if want peft; then
-    log=$OUT/${label}_peft.log t0=$(date +%s) extra=""
-    [ "$acflag" = true ] && extra=--activation-checkpointing
+    log=$OUT/${label}_peft.log t0=$(date +%s) extra=()
+    [ "$acflag" = true ] && extra=(--activation-checkpointing)
     # shellcheck disable=SC2046
     st=$(run_bounded "$log" python3 bench/peft_lora.py $(shape_flags "$deck" peft) "${PEFT_FLAGS[@]}" --layers "$layers" \
-      --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" --label "$label" $extra)
+      --seq "$seq" --micro-batch "$micro" --steps "$STEPS" --warmup "$WARMUP" --label "$label" "${extra[@]}")
     record "$label" peft "$st" $(( $(date +%s) - t0 )) "$log" -
     tail -1 "$JSONL"
   fi
@@ -255,9 +260,10 @@ for row in "${POS[@]}"; do
     log=$OUT/${label}_$side.log t0=$(date +%s)
     extra=(); [ $side = compile ] && extra+=(--compile); [ "$acflag" = true ] && extra+=(--activation-checkpointing)
     [ "$TRACE_STEP" -gt 0 ] && extra+=(--profile-step "$TRACE_STEP" --profile-dir "$OUT/profile_${label}_$side")
+    [ $RPN -gt 0 ] && extra+=(--nodes "$NODES")
     # shellcheck disable=SC2046
     st=$(run_bounded "$log" torchrun --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --strategy "$STRATEGY" \
-      --nodes "$NODES" $(shape_flags "$deck") --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" \
+      $(shape_flags "$deck") --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" \
       --warmup "$WARMUP" --label "$label" "${extra[@]}")
     record "$label" "$side" "$st" $(( $(date +%s) - t0 )) "$log" -
     tail -1 "$JSONL"

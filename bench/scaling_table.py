@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""bench/scaling.sh's records and tables (stdlib only).
+
+    scaling_table.py append --shape S --mode M --gpus G SRC.jsonl DEST.jsonl
+        bench/llama_compare.sh's records of one (shape, GPU count) onto DEST, tagged with the shape
+        and mode (a missing SRC becomes one "no records" record, so the table shows the hole)
+    scaling_table.py finish [--title T] SCALING.jsonl SCALING.md
+        adds to every record `efficiency` (tok/s/GPU over the same shape and side's on 1 GPU),
+        `vs_eager` (tok/s/GPU over FSDP2 eager's, same shape and GPUs) and `efficiency_vs_eager_points`
+        (its efficiency minus eager's, in percentage points), rewrites SCALING.jsonl, and writes the
+        Markdown tables: throughput, efficiency and memory; and each run's step timeline.
+"""
+import argparse
+import json
+import os
+import sys
+
+GIB = float(1 << 30)
+SIDE_NAMES = {"shardlm": "shardlm", "eager": "FSDP2 eager", "compile": "FSDP2 compile", "peft": "PEFT"}
+SIDE_ORDER = ["shardlm", "eager", "compile", "peft"]
+
+
+def load(path):
+    recs = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        recs.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return recs
+
+
+def append(a):
+    recs = load(a.src)
+    if not recs:
+        recs = [{"label": a.shape, "side": "all", "status": "no records", "gpus": a.gpus,
+                 "error": f"{a.src}: missing or empty (llama_compare.sh did not run?)"}]
+    with open(a.dest, "a") as out:
+        for r in recs:
+            r["shape"], r["mode"] = a.shape, a.mode
+            out.write(json.dumps(r) + "\n")
+    return 0
+
+
+def ok(r):
+    return r is not None and r.get("status") == "ok" and r.get("tokens_per_s_per_gpu")
+
+
+def enrich(recs):
+    by = {}
+    for r in recs:
+        by[(r.get("shape"), r.get("side"), r.get("gpus"))] = r
+    for r in recs:  # first every efficiency, then the comparisons with eager
+        base = by.get((r.get("shape"), r.get("side"), 1))
+        if ok(r) and ok(base):
+            r["efficiency"] = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+    for r in recs:
+        eager = by.get((r.get("shape"), "eager", r.get("gpus")))
+        if not ok(r) or not ok(eager) or r.get("side") == "eager":
+            continue
+        r["vs_eager"] = r["tokens_per_s_per_gpu"] / eager["tokens_per_s_per_gpu"]
+        if "efficiency" in r and "efficiency" in eager:
+            r["efficiency_vs_eager_points"] = 100.0 * (r["efficiency"] - eager["efficiency"])
+    return recs
+
+
+def layout(r):
+    g = r.get("gpus", 1)
+    if g == 1:
+        return "1 GPU"
+    if r.get("nodes"):
+        return f"HSDP {r['nodes']} x {r.get('ranks_per_node')}"
+    return str(r.get("strategy", "FULL_SHARD"))
+
+
+def f_tps(r):
+    return f"{r['tokens_per_s_per_gpu']:,.0f}" if ok(r) else r.get("status", "-")
+
+
+def f_pct(v):
+    return "-" if v is None else f"{100.0 * v:.1f}%"
+
+
+def f_pts(v):
+    return "-" if v is None else f"{v:+.1f}"
+
+
+def f_gib(r):
+    return f"{r['peak_memory_bytes'] / GIB:.2f}" if ok(r) and r.get("peak_memory_bytes") else "-"
+
+
+def f_x(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def f_ms(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def ordered(recs):
+    shapes = []
+    for r in recs:
+        if r.get("shape") not in shapes:
+            shapes.append(r.get("shape"))
+    side_rank = {s: i for i, s in enumerate(SIDE_ORDER)}
+    return sorted(recs, key=lambda r: (shapes.index(r.get("shape")), r.get("gpus", 0),
+                                       side_rank.get(r.get("side"), 99)))
+
+
+def tables(recs, title):
+    out = [f"## {title}" if title else "## Scaling", "",
+           "| shape | GPUs | layout | side | tok/s/GPU | efficiency | eff. vs eager (points) | peak GiB | tok/s vs eager |",
+           "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in ordered(recs):
+        out.append(f"| {r.get('shape')} | {r.get('gpus')} | {layout(r)} | {SIDE_NAMES.get(r.get('side'), r.get('side'))} | "
+                   f"{f_tps(r)} | {f_pct(r.get('efficiency'))} | "
+                   f"{f_pts(r.get('efficiency_vs_eager_points')) if r.get('side') != 'eager' else ''} | {f_gib(r)} | "
+                   f"{f_x(r.get('vs_eager')) if r.get('side') != 'eager' else ''} |")
+    timed = [r for r in ordered(recs) if isinstance(r.get("timeline"), dict)]
+    if timed:
+        out += ["", "One step's timeline, rank 0 (bench/trace_summary.py; ms): compute = compute-lane busy time "
+                "less the optimizer's; exposed comm = communication while nothing computes (of the "
+                "communication busy time); idle = neither busy.", "",
+                "| shape | GPUs | side | step | step ms | compute | exposed comm (of busy) | optimizer | idle |",
+                "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in timed:
+            t = r["timeline"]
+            side = SIDE_NAMES.get(r.get("side"), r.get("side"))
+            if "error" in t:
+                out.append(f"| {r.get('shape')} | {r.get('gpus')} | {side} | {t.get('step', '-')} | "
+                           f"error: {t['error'][:80]} | | | | |")
+                continue
+            out.append(f"| {r.get('shape')} | {r.get('gpus')} | {side} | {t.get('step', '-')} | {f_ms(t.get('step_ms'))} | "
+                       f"{f_ms(t.get('compute_ms_no_optimizer'))} | {f_ms(t.get('exposed_comm_ms'))} "
+                       f"({f_ms(t.get('comm_ms'))}) | {f_ms(t.get('optimizer_ms'))} | {f_ms(t.get('idle_ms'))} |")
+    bad = [r for r in ordered(recs) if r.get("status") not in ("ok", "dry run")]
+    if bad:
+        out += ["", "Runs that did not come out ok:", ""]
+        for r in bad:
+            out.append(f"- {r.get('shape')}, {r.get('gpus')} GPU(s), {r.get('side')}: {r.get('status')}"
+                       + (f" ({r['error'][:300]})" if r.get("error") else ""))
+    transports = sorted({t for r in recs for t in r.get("nccl_transports", [])})
+    if transports:
+        out += ["", f"NCCL transports seen in the logs (NCCL_DEBUG=INFO): {', '.join(transports)}."]
+    return "\n".join(out) + "\n"
+
+
+def finish(a):
+    recs = enrich(load(a.jsonl))
+    with open(a.jsonl, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    with open(a.md, "w") as f:
+        f.write(tables(recs, a.title))
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("append")
+    p.add_argument("--shape", required=True)
+    p.add_argument("--mode", default="scaling")
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("src")
+    p.add_argument("dest")
+    p = sub.add_parser("finish")
+    p.add_argument("--title", default="")
+    p.add_argument("jsonl")
+    p.add_argument("md")
+    a = ap.parse_args(argv)
+    return append(a) if a.cmd == "append" else finish(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
