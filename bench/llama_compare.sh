@@ -10,7 +10,7 @@
 #                               [--deadline EPOCH] [--dry-run] ROW... OUT
 #
 # --gpus G (default 1) runs every row FULL_SHARD on G GPUs of this machine on both sides (shardlm
-# under mpirun -np G, FSDP2 under torchrun --nproc-per-node G), MICRO samples per GPU; tokens/s and
+# under mpirun -np G, FSDP2 under torchrun (python3 -m torch.distributed.run) --nproc-per-node G), MICRO samples per GPU; tokens/s and
 # memory are per GPU. The PEFT side is one GPU only.
 #
 # --lora R:ALPHA trains LoRA adapters (rank R, alpha ALPHA, every linear layer of the blocks, the base
@@ -262,7 +262,7 @@ for row in "${POS[@]}"; do
     [ "$TRACE_STEP" -gt 0 ] && extra+=(--profile-step "$TRACE_STEP" --profile-dir "$OUT/profile_${label}_$side")
     [ $RPN -gt 0 ] && extra+=(--nodes "$NODES")
     # shellcheck disable=SC2046
-    st=$(run_bounded "$log" torchrun --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --strategy "$STRATEGY" \
+    st=$(run_bounded "$log" python3 -m torch.distributed.run --standalone --nproc-per-node "$GPUS" bench/fsdp2_bloom.py --strategy "$STRATEGY" \
       $(shape_flags "$deck") --layers "$layers" --seq "$seq" --micro-batch "$micro" --steps "$STEPS" \
       --warmup "$WARMUP" --label "$label" "${extra[@]}")
     record "$label" "$side" "$st" $(( $(date +%s) - t0 )) "$log" -

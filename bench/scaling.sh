@@ -42,15 +42,17 @@
 #   --budget S         start no run after S seconds (default 540, for a 10-minute command; 0 = none)
 #   --bin PATH         the shardlm binary (default build/bin/shardlm)
 #   --keep-runs        leave OUT/runs/ unpacked beside runs.tar.gz
+#   --keep-traces      keep PyTorch's profiler traces in runs.tar.gz (tens of MB each: left out by
+#                      default, their summaries are in the records; shardlm's timelines always kept)
 #   --dry-run          print every command, run none (writes the records and tables all the same)
 #   --shardlm-args "A" extra deck overrides for every shardlm run (e.g. a CPU smoke test)
 # Runs go shape by shape, 1 GPU first, shardlm then FSDP2 each, so a cut-off leaves whole baselines.
 set -uo pipefail
 
-usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 GPU_LIST="" SHAPES=llama1b,llama8b,bloom COMPILE=0 STEPS=20 WARMUP=8 TRACE_STEP="" RUN_TIMEOUT=300
-BUDGET=540 BIN=build/bin/shardlm KEEP_RUNS=0 DRY=0 NODES=0 SLOW=0 SHARDLM_ARGS=""
+BUDGET=540 BIN=build/bin/shardlm KEEP_RUNS=0 KEEP_TRACES=0 DRY=0 NODES=0 SLOW=0 SHARDLM_ARGS=""
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -64,6 +66,7 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET=$2; shift ;;
     --bin) BIN=$2; shift ;;
     --keep-runs) KEEP_RUNS=1 ;;
+    --keep-traces) KEEP_TRACES=1 ;;
     --dry-run) DRY=1 ;;
     --emulated-nodes) NODES=$2; shift ;;
     --slow-link) SLOW=1 ;;
@@ -170,6 +173,7 @@ python3 bench/scaling_table.py finish --title "$TITLE" "$JSONL" "$OUT/scaling.md
 echo
 cat "$OUT/scaling.md"
 echo
+[ $KEEP_TRACES = 1 ] || find "$OUT/runs" -path '*/profile_*' -name 'profile_step*_rank0.json' -delete
 tar -C "$OUT" -czf "$OUT/runs.tar.gz" runs
 [ $KEEP_RUNS = 1 ] || rm -rf "$OUT/runs"
 say "done: $OUT/scaling.jsonl, $OUT/scaling.md, $OUT/scaling.log, $OUT/runs.tar.gz"
