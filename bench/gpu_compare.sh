@@ -65,6 +65,8 @@ done
 RT=${POS[0]} OUT=${POS[1]}
 
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=bench/bench_lib.sh
+source bench/bench_lib.sh
 REPO=$(pwd)
 DECK=input/bench/bloom560m.ini
 mkdir -p "$OUT" || exit 1
@@ -313,15 +315,9 @@ stop_nvsmi() {
 # After a run that timed out or failed: end what it left on the GPUs (only our own programs,
 # by pid), so the next run starts on empty GPUs.
 reap() {
-  [ "$BACKEND" = cuda ] && command -v nvidia-smi >/dev/null || return 0
-  local pid cmd any=0
-  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
-    cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || continue
-    case $cmd in
-      *"$BIN"*|*shardlm*|*fsdp2_bloom.py*) say "ending leftover pid $pid: $cmd"; kill -9 "$pid" 2>/dev/null; any=1 ;;
-    esac
-  done
-  [ $any = 1 ] && sleep 3
+  [ "$BACKEND" = cuda ] || return 0
+  local line
+  while IFS= read -r line; do say "$line"; done < <(bench_reap "$BIN" shardlm fsdp2_bloom.py)
   return 0
 }
 

@@ -93,6 +93,8 @@ fi
 OUT=${POS[-1]}
 unset 'POS[${#POS[@]}-1]'
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=bench/bench_lib.sh
+source bench/bench_lib.sh
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 JSONL=$OUT/llama.jsonl
 : > "$JSONL"
@@ -116,7 +118,8 @@ run_limit() {
 }
 
 # run_bounded LOG CMD...: print the command (here and as the log's first line), run it under the
-# time limit (the runtime's env.sh sourced around mpirun only), print its status word.
+# time limit (the runtime's env.sh sourced around mpirun only), print its status word; after a
+# failure, end what the run left on the GPUs (bench_lib.sh's bench_reap).
 run_bounded() {
   local log=$1 limit rc; shift
   if ! limit=$(run_limit); then echo "skipped (budget)"; echo "+ skipped (budget): $*" > "$log"; return; fi
@@ -130,6 +133,8 @@ run_bounded() {
     timeout -k 20 "$limit" "$@" >> "$log" 2>&1
   fi
   rc=$?
+  # A run that failed or timed out may leave ranks on the GPUs: end them before the next.
+  [ $rc = 0 ] || bench_reap "$BIN" fsdp2_bloom.py peft_lora.py >&2
   case $rc in 0) echo ok ;; 124|137) echo timeout ;; *) echo "failed (rc $rc)" ;; esac
 }
 

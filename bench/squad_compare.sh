@@ -78,6 +78,8 @@ for v in "$GPUS" "$N_TRAIN" "$N_DEV" "$RUN_TIMEOUT" "$BUDGET" ${EPOCHS:+"$EPOCHS
 done
 
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=bench/bench_lib.sh
+source bench/bench_lib.sh
 REPO=$(pwd)
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -383,15 +385,9 @@ stop_nvsmi() {
 # After a run that timed out or failed: end what it left on the GPUs (only our own programs,
 # by pid), so the next run starts on empty GPUs.
 reap() {
-  [ "$BACKEND" = cuda ] && command -v nvidia-smi >/dev/null || return 0
-  local pid cmd any=0
-  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
-    cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || continue
-    case $cmd in
-      *"$BIN"*|*hf_trainer_squad.py*) say "ending leftover pid $pid: $cmd"; kill -9 "$pid" 2>/dev/null; any=1 ;;
-    esac
-  done
-  [ $any = 1 ] && sleep 3
+  [ "$BACKEND" = cuda ] || return 0
+  local line
+  while IFS= read -r line; do say "$line"; done < <(bench_reap "$BIN" hf_trainer_squad.py)
   return 0
 }
 
