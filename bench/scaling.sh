@@ -89,9 +89,12 @@ if ! [[ $TRACE_STEP =~ ^[0-9]+$ ]] || [ "$TRACE_STEP" -gt "$STEPS" ]; then
   echo "scaling.sh: --trace-step wants 0 (none) to --steps" >&2; exit 2
 fi
 
-cd "$(dirname "$0")/.." || exit 1
+# Paths given relative to where the script was started from, before it moves to the repository root.
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
+[ "$RT" != - ] && [ -d "$RT" ] && RT=$(cd "$RT" && pwd)
+[ -e "$BIN" ] && BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+cd "$(dirname "$0")/.." || exit 1
 exec > >(tee "$OUT/scaling.log") 2>&1
 TEE_PID=$!
 START=$(date +%s)
@@ -174,6 +177,7 @@ echo
 cat "$OUT/scaling.md"
 echo
 [ $KEEP_TRACES = 1 ] || find "$OUT/runs" -path '*/profile_*' -name 'profile_step*_rank0.json' -delete
+find "$OUT/runs" -name 'data_*.jsonl' -delete   # generated text, remade by any run
 tar -C "$OUT" -czf "$OUT/runs.tar.gz" runs
 [ $KEEP_RUNS = 1 ] || rm -rf "$OUT/runs"
 say "done: $OUT/scaling.jsonl, $OUT/scaling.md, $OUT/scaling.log, $OUT/runs.tar.gz"
