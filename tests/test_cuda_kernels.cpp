@@ -20,6 +20,7 @@
 #include "kernels.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
+#include "token_rows_check.hpp"
 
 using namespace shardlm;
 
@@ -727,6 +728,14 @@ BOOST_AUTO_TEST_CASE(adamw_matches_torch_for_three_steps) {
 // on the same data: five steps over ranges with and without decay, a clipping factor, the bf16 copy.
 // Within 1e-6 relative (the vector's rms the floor where a value crosses zero): the two differ only
 // where nvcc fuses a multiply and an add; a bf16 copy differs at most by one unit, and rarely.
+// The token-row primitives of the root's split reduction, as the CPU backend's (test_token_rows).
+BOOST_AUTO_TEST_CASE(token_rows_match_the_reference_in_every_dtype) {
+  std::unique_ptr<Backend> gpu = make_cuda_backend();
+  for (DType dt : kAllDtypes) {
+    BOOST_TEST_CONTEXT(dtype_name(dt)) { token_rows_test::check_token_rows(*gpu, dt); }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(host_adamw_matches_the_cuda_backend) {
   std::unique_ptr<Backend> gpu = make_cuda_backend();
   const size_t n = 300007;

@@ -276,6 +276,10 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
                                   ? "--dist.ranks_per_node=" + std::to_string(np / 2)  // two emulated nodes
                                   : ""});
   cases.push_back({2, "FULL_SHARD", "--fsdp.param_dtype=bf16 --fsdp.reduce_dtype=bf16"});
+  // The root's reduction split in two (its token-id and packed-row buffers), sharded and replicated.
+  cases.push_back({2, "FULL_SHARD", "--fsdp.root_reduction=split"});
+  cases.push_back({4, "HYBRID_SHARD", "--dist.ranks_per_node=2 --fsdp.root_reduction=split --fsdp.reduce_dtype=bf16 "
+                                      "--fsdp.param_dtype=bf16"});
   const std::string common = "--train.batch_size=16 --checkpoint.at_end=false";
   for (const Case& c : cases) {
     BOOST_TEST_CONTEXT(c.strategy << " on " << c.np << " rank(s) " << c.extra) {
@@ -318,6 +322,57 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
       }
     }
   }
+}
+
+// fsdp.root_reduction: the split's parts from the family's embedding table and extras (BLOOM: a tied
+// head, the embedding LayerNorm beside the table; Llama: untied and tied), off where it cannot apply
+// and, with auto, where every rank's tokens name half the table's rows or more.
+BOOST_AUTO_TEST_CASE(root_split_plan_follows_the_family_and_the_tokens) {
+  using namespace shardlm;
+  auto split_of = [](const ModelConfig& cfg, RootReduction mode, int shard, int replicate, size_t tokens) {
+    FsdpOptions opt;
+    opt.root_reduction = mode;
+    const std::vector<UnitLayout> layout = model_layout(cfg);
+    FsdpBufferPlan plan;
+    plan_root_split(plan, cfg, layout[0], opt, shard, replicate, tokens);
+    return std::make_pair(plan, layout[0]);
+  };
+  ModelConfig bloom;
+  bloom.arch = "bloom", bloom.vocab_size = 1000, bloom.hidden_size = 16, bloom.num_layers = 1, bloom.num_heads = 2;
+  const auto [b, broot] = split_of(bloom, RootReduction::Auto, 2, 2, 100);
+  const RootSplit& s = b.root_split;
+  BOOST_TEST_REQUIRE(s.on);
+  BOOST_TEST(s.table_offset == 0u);
+  BOOST_TEST(s.table_rows == 1000u);
+  BOOST_TEST(s.width == 16u);
+  BOOST_TEST(s.table_in_head);
+  BOOST_TEST(s.head_begin == 0u);  // the tied table, then ln_f at the end
+  BOOST_TEST(s.head_end == broot.numel);
+  BOOST_TEST(s.extras_begin == 16000u);  // word_embeddings_layernorm's weight and bias
+  BOOST_TEST(s.extras_end == 16032u);
+  BOOST_TEST(s.id_capacity == 400u);
+  BOOST_TEST(s.shard_ids == 200u);
+  // Ids (own, shard group's, every rank's), first occurrences, packed rows and the LayerNorm in fp32.
+  BOOST_TEST(b.root_split_bytes == (100u + 200u + 400u + 1000u) * 4u + (400u * 16u + 32u) * 4u);
+
+  ModelConfig llama = bloom;
+  llama.arch = "llama", llama.num_kv_heads = 2, llama.intermediate_size = 32, llama.tie_word_embeddings = false;
+  const auto [u, uroot] = split_of(llama, RootReduction::Split, 4, 1, 300);
+  BOOST_TEST_REQUIRE(u.root_split.on);  // split although 1200 ids name more than half the rows
+  BOOST_TEST(!u.root_split.table_in_head);
+  BOOST_TEST(u.root_split.head_begin == 16000u);  // the final norm and lm_head
+  BOOST_TEST(u.root_split.head_end == uroot.numel);
+  BOOST_TEST(u.root_split.extras_end == u.root_split.extras_begin);
+  llama.tie_word_embeddings = true;
+  const auto [t, troot] = split_of(llama, RootReduction::Split, 4, 1, 300);
+  BOOST_TEST(t.root_split.table_in_head);
+  BOOST_TEST(t.root_split.head_begin == 0u);
+  BOOST_TEST(t.root_split.head_end == troot.numel);
+
+  BOOST_TEST(!split_of(llama, RootReduction::Auto, 4, 1, 300).first.root_split.on);  // 1200 ids of 1000 rows
+  BOOST_TEST(!split_of(llama, RootReduction::Whole, 4, 1, 10).first.root_split.on);
+  BOOST_TEST(!split_of(llama, RootReduction::Split, 1, 1, 10).first.root_split.on);  // one rank: nothing to hide
+  BOOST_TEST(split_of(llama, RootReduction::Split, 1, 1, 10).first.root_split_bytes == 0u);
 }
 
 // HYBRID_SHARD on 8 ranks, 4 a node, is FULL_SHARD inside each node: the gathered parameters of

@@ -23,6 +23,7 @@ enum class LrSchedule { Linear, Constant };                // train.lr_schedule
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
 enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
 enum class OffloadRootUpdate { Auto, Host, Device };       // fsdp.offload_root_update
+enum class RootReduction { Auto, Split, Whole };           // fsdp.root_reduction
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
 const char* data_format_name(DataFormat f);                // "squad", ...
@@ -31,6 +32,7 @@ const char* lr_schedule_name(LrSchedule s);                // "linear" | "consta
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
 const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
 const char* offload_root_update_name(OffloadRootUpdate r); // "auto" | "host" | "device"
+const char* root_reduction_name(RootReduction r);          // "auto" | "split" | "whole"
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
@@ -98,6 +100,10 @@ struct FsdpSection {
   // root's fp32 master and AdamW moments (12 bytes a parameter) stays resident, instead of going up and
   // back over the host link every step; 0: none (everything streams).
   double offload_resident_gib = 0.0;
+  // How the root unit's gradient is reduced with several ranks: Split: the head's part right after the
+  // head's backward, the embedding's token rows at the end (FsdpBufferPlan::root_split); Whole: all of
+  // it at the end; Auto: Split when every rank's tokens name under half the embedding's rows.
+  RootReduction root_reduction = RootReduction::Auto;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

@@ -140,6 +140,22 @@ class Backend {
   // Decoupled weight decay as torch.optim.AdamW, on every range: p -= lr * wd * p;
   // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
   virtual void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) = 0;
+
+  // ---- the token rows of a [rows, width] fp32 table's gradient (the FSDP engine reduces the embedding's
+  // part of the root as these rows). ids[k], k < m, names row ids[k] (an id outside [0, rows): row 0, as
+  // the embedding reads it); k is its row's first occurrence when no lower k names the row.
+  // first (rows int32, backend memory) must be zero before the first call of a round; afterwards it
+  // marks each named row's first occurrence (zero it again for the next round).
+  virtual void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) = 0;
+  // out[k, :] (width values in out_dtype) = table row ids[k] at its first occurrence k, else zeros.
+  virtual void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m,
+                         size_t rows, void* out, DType out_dtype, Stream s) = 0;
+  // For each first occurrence k and column c: slice[pos + ids[k] * width + c] += in[k, c] (in_dtype),
+  // where that index is inside [0, count) (the slice may hold part of the table).
+  virtual void rows_unpack_add(const void* in, DType in_dtype, size_t width, const int32_t* ids, const int32_t* first,
+                               size_t m, size_t rows, float* slice, long long pos, size_t count, Stream s) = 0;
+  // Every named row of table set to zero.
+  virtual void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream s) = 0;
 };
 
 // The CPU backend; `threads` spread its element-wise work (AdamW) over the host's cores.

@@ -37,6 +37,8 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // The group's sum of send into recv on rank `root` only (recv is not read or written elsewhere).
+  virtual void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   // Sum of a host double over the group's ranks (run statistics such as the gradient norm).
   virtual double host_sum(double v) const = 0;
@@ -62,6 +64,7 @@ class MpiCommunicator : public Communicator {
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   double host_sum(double v) const override;
 

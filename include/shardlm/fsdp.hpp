@@ -57,6 +57,7 @@ struct FsdpOptions {
   // and moments stay resident when it updates on the device (12 bytes an element with AdamW); 0: none.
   // With Auto, any makes the engine choose Device.
   size_t offload_resident_bytes = 0;
+  RootReduction root_reduction = RootReduction::Auto;  // fsdp.root_reduction (FsdpBufferPlan::root_split)
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -82,6 +83,32 @@ constexpr size_t kRootStateBytes = 3 * sizeof(float);
 // How the engine lays out one rank's buffers: a pure function of the layout, the options, the
 // groups and the backend's nature, shared by FsdpEngine and `shardlm plan` so they cannot drift.
 // Sizes are elements.
+// The root unit's gradient reduced in two parts (a family with ModelFamily::embedding_table, several
+// ranks, no LoRA or CPU offload): the range the head's backward writes (final norm, LM head; the tied
+// table too) right after that backward, behind the blocks' backward; then the embedding's part, which is
+// only the rows of the micro-batches' tokens and the small tensors beside them: every rank's token ids
+// are gathered, the rows they name packed into one buffer with those tensors, all-reduced, and added to
+// the slices. Pays when the rows are under half the table (else one reduction of the whole root at the
+// end, as before). Offsets and sizes are elements of the root's flat parameter.
+struct RootSplit {
+  bool on = false;
+  size_t head_begin = 0, head_end = 0;     // what the head's backward writes (hull)
+  size_t table_offset = 0, table_rows = 0, width = 0;
+  bool table_in_head = false;              // tied: the head wrote the table too; its token rows are zeroed after
+  size_t extras_begin = 0, extras_end = 0; // the embedding's other tensors (hull; empty when none)
+  size_t token_capacity = 0;               // token ids of one rank's micro-batch
+  size_t shard_ids = 0;                    // of the shard group's (shard x token_capacity)
+  size_t id_capacity = 0;                  // of every rank's (x replicate)
+  size_t packed_numel() const { return id_capacity * width + (extras_end - extras_begin); }
+  // Device bytes: this rank's ids, the shard group's, every rank's (when replicated), the rows' first
+  // occurrences (table_rows), the packed rows and tensors in the reduce dtype.
+  size_t bytes(DType reduce_dtype) const {
+    if (!on) return 0;
+    const size_t all = id_capacity == shard_ids ? 0 : id_capacity;
+    return (token_capacity + shard_ids + all + table_rows) * sizeof(int32_t) + packed_numel() * dtype_size(reduce_dtype);
+  }
+};
+
 struct FsdpBufferPlan {
   DType compute_dtype = DType::F32;  // of the gathered parameters the model reads
   bool alias = false;            // one-rank shard: the model reads the slice (or its compute copy) itself
@@ -116,6 +143,8 @@ struct FsdpBufferPlan {
   size_t offload_resident = 0;     // its first elements whose master and moments stay on the device
   size_t offload_resident_bytes() const { return offload_resident * kRootStateBytes; }
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
+  RootSplit root_split;            // set by root_split_plan (the engine and `plan` both call it)
+  size_t root_split_bytes = 0;     // its device buffers
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
 // AdamW on one chunk overlaps the copy of the previous one. 16 Mi: a BLOOM-560M block (12.6 M) in one
@@ -152,6 +181,10 @@ ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt);
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
                                 const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
                                 DType compute_dtype);
+// Sets plan.root_split and its bytes for cfg's model (`root`: EngineLayouts::trainable[0]) and
+// micro-batches of up to max_tokens tokens.
+void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,
+                     int shard_size, int replicate_size, size_t max_tokens);
 
 // One optimizer step's timeline (run.trace_step): what each stream ran, in ms from the step's start.
 // Lanes: "compute" (each unit's forward and backward, the optimizer), "comm" (each unit's all-gather

@@ -369,6 +369,12 @@ struct ModelFamily {
   bool rotary = false;            // rotary positions: the head dimension must be even
   bool grouped_query = false;     // model.num_kv_heads and model.intermediate_size apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
+  // The root tensor the token ids index ([vocab, hidden]: the embedding's backward adds only to the rows
+  // of a micro-batch's tokens) and the root tensors that backward writes besides it (BLOOM's embedding
+  // LayerNorm). The FSDP engine reduces the rest of the root's gradient as soon as the head's backward
+  // is done, and these rows and tensors at the end (FsdpBufferPlan::root_split). Empty: one reduction.
+  std::string embedding_table;
+  std::vector<std::string> embedding_extras;
 
   std::vector<UnitLayout> (*layout)(const ModelConfig&) = nullptr;  // also validates the config
   std::vector<LinearModule> (*linear_modules)(const ModelConfig&) = nullptr;  // a block's, for LoRA

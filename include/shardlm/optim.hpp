@@ -31,6 +31,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update at learning rate lr, the gradients multiplied by grad_scale first (clipping).
   virtual void step(double lr, float grad_scale, Stream s) = 0;
+  // The same update on slices [first, last) only, with begin_step's hyper-parameters, on stream s: the
+  // engine updates the root and the first block ahead of the rest to gather them behind it. Every slice
+  // once gives step()'s bits.
+  virtual void update_slices(size_t first, size_t last, const AdamWHyper& h, Stream s) = 0;
   // The same update in pieces (CPU offload updates each unit as its gradient is ready): begin_step
   // counts the step and returns its hyper-parameters; update_slice then runs elements [begin, end) of
   // slice i with them, on any thread, writing the new values also to out (when set; element begin at
@@ -66,6 +70,7 @@ class AdamW final : public Optimizer {
   AdamW(Backend& backend, const std::vector<ParamSlice>& slices, const AdamWOptions& opt,
         DType out_dtype = DType::F32);
   void step(double lr, float grad_scale = 1.0f, Stream s = nullptr) override;
+  void update_slices(size_t first, size_t last, const AdamWHyper& h, Stream s) override;
   AdamWHyper begin_step(double lr, float grad_scale) override;
   void update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) override;
   void update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, size_t end, float* param, const float* grad,

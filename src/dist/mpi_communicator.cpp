@@ -92,6 +92,16 @@ void MpiCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp 
             "MPI all-reduce");
 }
 
+void MpiCommunicator::reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) {
+  int n = mpi_count(count, "reduce");
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    return;
+  }
+  check_mpi(MPI_Reduce(send, rank_ == root ? recv : nullptr, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), root, comm_),
+            "MPI reduce");
+}
+
 void MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   int n = mpi_count(count, "broadcast");
   if (size_ == 1) return;

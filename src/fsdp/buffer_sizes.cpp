@@ -23,6 +23,7 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
     const double bytes = deck.offload_resident_gib * double(size_t(1) << 30);
     o.offload_resident_bytes = bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
   }
+  o.root_reduction = deck.root_reduction;
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;
@@ -133,6 +134,58 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     }
   }
   return p;
+}
+
+namespace {
+
+RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt, int shard_size,
+                        int replicate_size, size_t max_tokens) {
+  RootSplit r;
+  // LoRA trains a few saved root modules at most; offloaded, the root's reduction has its own path.
+  if (opt.root_reduction == RootReduction::Whole || cfg.lora.enabled() || opt.cpu_offload ||
+      shard_size * replicate_size == 1 || max_tokens == 0)
+    return r;
+  const ModelFamily& family = model_family(cfg.arch);
+  const TensorSpec* table = nullptr;
+  for (const TensorSpec& t : root.tensors)
+    if (t.name == family.embedding_table && t.shape.size() == 2) table = &t;
+  if (!table) return r;
+  const bool tied = family.head_always_tied || cfg.tie_word_embeddings;
+  auto extra = [&](const TensorSpec& t) {
+    return std::find(family.embedding_extras.begin(), family.embedding_extras.end(), t.name) != family.embedding_extras.end();
+  };
+  size_t head_begin = root.numel, head_end = 0, extras_begin = root.numel, extras_end = 0;
+  for (const TensorSpec& t : root.tensors) {
+    if (extra(t)) {
+      extras_begin = std::min(extras_begin, t.offset), extras_end = std::max(extras_end, t.offset + t.numel);
+    } else if (&t != table || tied) {
+      head_begin = std::min(head_begin, t.offset), head_end = std::max(head_end, t.offset + t.numel);
+    }
+  }
+  if (extras_end <= extras_begin) extras_begin = extras_end = 0;
+  if (head_end <= head_begin) return r;
+  r.table_rows = static_cast<size_t>(table->shape[0]);
+  r.width = static_cast<size_t>(table->shape[1]);
+  r.token_capacity = max_tokens;
+  r.shard_ids = static_cast<size_t>(shard_size) * max_tokens;
+  r.id_capacity = static_cast<size_t>(shard_size) * static_cast<size_t>(replicate_size) * max_tokens;
+  // The packed rows are all-reduced (twice the bytes a reduce-scatter moves per element): under half the
+  // table, or the whole root's one reduction at the end moves less.
+  if (opt.root_reduction == RootReduction::Auto && 2 * r.id_capacity > r.table_rows) return RootSplit{};
+  r.on = true;
+  r.head_begin = head_begin, r.head_end = head_end;
+  r.table_offset = table->offset;
+  r.table_in_head = tied;
+  r.extras_begin = extras_begin, r.extras_end = extras_end;
+  return r;
+}
+
+}  // namespace
+
+void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,
+                     int shard_size, int replicate_size, size_t max_tokens) {
+  plan.root_split = root_split_of(cfg, root, opt, shard_size, replicate_size, max_tokens);
+  plan.root_split_bytes = plan.root_split.bytes(opt.reduce_dtype);
 }
 
 }  // namespace shardlm

@@ -42,6 +42,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   }
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
                            be.asynchronous(), cdt);
+  plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
   const size_t csize = dtype_size(cdt);
@@ -117,6 +118,15 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     m.grad_reduced.back()->record(m.comm);
   }
   m.root_grad_ready = be.make_event();
+  if (const RootSplit& rs = plan_.root_split; rs.on) {
+    m.split_ids = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
+    m.split_ids_shard = be.allocate(rs.shard_ids * sizeof(int32_t), MemKind::Comm);
+    if (groups_.replicate->size() > 1) m.split_ids_all = be.allocate(rs.id_capacity * sizeof(int32_t), MemKind::Comm);
+    m.split_first = be.allocate(rs.table_rows * sizeof(int32_t), MemKind::Comm);
+    be.zero(m.split_first.data(), m.split_first.bytes(), m.comm);
+    m.split_packed = be.allocate(rs.packed_numel() * dtype_size(opt.reduce_dtype), MemKind::Comm);
+    m.head_reduced = be.make_event();
+  }
   m.params_written = be.make_event();
   m.reductions_done = be.make_event();
   if (opt.cpu_offload) {
@@ -252,12 +262,12 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
       for (size_t u = root_on_device ? 1 : 0; u < m.units.size(); ++u) m.post_upload(u, &h);
       if (root_on_device) m.update_root_on_device(h);  // on the device while the host does the blocks
     }
-  } else {
-    const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
-    optimizer_->step(lr, grad_factor, m.compute);
-    m.mark_end(span);
+    m.params_updated();
+    return;
   }
-  m.params_updated();
+  const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
+  m.update_and_gather_ahead(*optimizer_, optimizer_->begin_step(lr, grad_factor));
+  m.mark_end(span);
 }
 
 void FsdpEngine::trace_begin() {
@@ -508,7 +518,8 @@ FsdpMemory FsdpEngine::memory() const {
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.offload.slice[0].bytes() +
                    m.offload.slice[1].bytes() + m.offload.stream_buf[0].bytes() + m.offload.stream_buf[1].bytes() +
-                   m.offload.squares.bytes();
+                   m.offload.squares.bytes() + m.split_ids.bytes() + m.split_ids_shard.bytes() + m.split_ids_all.bytes() +
+                   m.split_first.bytes() + m.split_packed.bytes();
   r.activations = m.model->activation_bytes();
   return r;
 }

@@ -117,6 +117,10 @@ struct FsdpEngine::Impl {
   std::vector<std::unique_ptr<BackendEvent>> grad_ready, grad_reduced;
   std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
   bool root_reduction_pending = false;
+  // plan.root_split: this rank's token ids, the shard group's and every rank's (the shard group's when
+  // not replicated), the rows' first occurrences, the packed rows; the head's part reduced (comm).
+  DeviceArray split_ids, split_ids_shard, split_ids_all, split_first, split_packed;
+  std::unique_ptr<BackendEvent> head_reduced;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
@@ -265,6 +269,25 @@ struct FsdpEngine::Impl {
     params_written->wait_on(comm);
   }
 
+  // The optimizer's update of every unit with h on the compute stream. The root, then (with forward
+  // prefetch) the first block, update first and are gathered on the communication stream while the
+  // rest updates, so the next forward finds both in place instead of waiting for their gathers.
+  void update_and_gather_ahead(Optimizer& optimizer, const AdamWHyper& h) {
+    std::fill(gathered.begin(), gathered.end(), false);
+    std::fill(holder.begin(), holder.end(), -1);
+    size_t ahead = 0;
+    if (be.asynchronous() && !plan.alias) ahead = std::min<size_t>(units.size(), forward_prefetch && can_prefetch() ? 2 : 1);
+    for (size_t u = 0; u < ahead; ++u) {
+      optimizer.update_slices(u, u + 1, h, compute);
+      params_written->record(compute);
+      params_written->wait_on(comm);
+      gather(u);
+    }
+    optimizer.update_slices(ahead, units.size(), h, compute);
+    params_written->record(compute);
+    params_written->wait_on(comm);
+  }
+
   // Where the backward accumulates unit u's full fp32 gradient: the grad slice itself when the
   // gradients are direct, else the root's buffer or block l = u - 1's buffer l % grad_buffers.
   float* full_grad(size_t u) {
@@ -305,6 +328,90 @@ struct FsdpEngine::Impl {
     }
     if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
     be.accumulate(d.grad.as<float>(), slice, rdt, n, comm);  // widened as it is added
+  }
+
+  // Reduces elements [lo, hi) of unit d's full gradient as reduce_into_slice does the whole unit: each
+  // rank's part of the range to it over the shard group, then over the replicate group, added to its slice.
+  void reduce_range(Unit& d, float* full, size_t lo, size_t hi) {
+    const size_t n = d.flat.shard_numel;
+    const int S = shard.size(), me = shard.rank();
+    const DType rdt = opt.reduce_dtype;
+    const size_t rsize = dtype_size(rdt);
+    char* send = reinterpret_cast<char*>(full);
+    char* recv = static_cast<char*>(rdt == DType::F32 ? grad_slice.data() : stage_slice.data());
+    if (rdt != DType::F32) {
+      be.cast(full + lo, DType::F32, stage_full.as<char>() + lo * rsize, rdt, hi - lo, comm);
+      send = stage_full.as<char>();
+    }
+    size_t my_lo = 0, my_hi = 0;
+    for (int r = 0; r < S; ++r) {
+      const size_t begin = static_cast<size_t>(r) * n, a = std::max(lo, begin), b = std::min(hi, begin + n);
+      if (a >= b) continue;
+      if (r == me) my_lo = a, my_hi = b;
+      if (S > 1) shard.reduce(send + a * rsize, r == me ? recv + (a - begin) * rsize : recv, b - a, rdt, ReduceOp::Sum, r);
+    }
+    if (my_hi <= my_lo) return;
+    const size_t mine = my_lo - static_cast<size_t>(me) * n;
+    char* reduced = S > 1 ? recv + mine * rsize : send + my_lo * rsize;
+    if (replicate.size() > 1) replicate.all_reduce(reduced, my_hi - my_lo, rdt, ReduceOp::Sum);
+    be.accumulate(d.grad.as<float>() + mine, reduced, rdt, my_hi - my_lo, comm);
+  }
+
+  // plan.root_split, after the head's backward: the range it wrote is reduced now, behind the blocks'
+  // backward; every rank's token ids are gathered and the rows they name marked for the embedding's part.
+  void reduce_root_head() {
+    const RootSplit& rs = plan.root_split;
+    Unit& d = units[0];
+    root_grad_ready->record(compute);
+    root_grad_ready->wait_on(comm);
+    const int span = mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
+    if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) reduce_into_slice(d, root_grad_full.as<float>());
+    else reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+    // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
+    shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
+    if (replicate.size() > 1)
+      replicate.all_gather(split_ids_shard.data(), split_ids_all.data(), rs.shard_ids, DType::F32);
+    be.rows_mark_first(token_ids_all(), rs.id_capacity, split_first.as<int32_t>(), rs.table_rows, comm);
+    mark_end(span);
+    head_reduced->record(comm);
+  }
+  const int32_t* token_ids_all() const {
+    return (replicate.size() > 1 ? split_ids_all : split_ids_shard).as<int32_t>();
+  }
+
+  // plan.root_split, before the embedding's backward: it must not add to what the head's part reduced.
+  void embedding_grad_begins() {
+    const RootSplit& rs = plan.root_split;
+    head_reduced->wait_on(compute);
+    if (rs.table_in_head)  // the head's gradient of the named rows went with the head's part
+      be.rows_zero(root_grad_full.as<float>() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity,
+                   rs.table_rows, compute);
+  }
+
+  // plan.root_split, after the embedding's backward: the named rows and the embedding's other tensors,
+  // packed, all-reduced and added to the slice.
+  void reduce_root_embedding() {
+    const RootSplit& rs = plan.root_split;
+    Unit& d = units[0];
+    const DType rdt = opt.reduce_dtype;
+    const size_t rsize = dtype_size(rdt), extras = rs.extras_end - rs.extras_begin;
+    float* full = root_grad_full.as<float>();
+    const int32_t* ids = token_ids_all();
+    int32_t* first = split_first.as<int32_t>();
+    const int span = mark_begin("reduce unit 0 (embedding rows)", -1, Lane::Comm);
+    be.rows_pack(full + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(), rdt,
+                 comm);
+    char* tail = split_packed.as<char>() + rs.id_capacity * rs.width * rsize;
+    if (extras > 0) be.cast(full + rs.extras_begin, DType::F32, tail, rdt, extras, comm);
+    if (shard.size() > 1) shard.all_reduce(split_packed.data(), rs.packed_numel(), rdt, ReduceOp::Sum);
+    if (replicate.size() > 1) replicate.all_reduce(split_packed.data(), rs.packed_numel(), rdt, ReduceOp::Sum);
+    const size_t n = d.flat.shard_numel, begin = static_cast<size_t>(shard.rank()) * n;
+    be.rows_unpack_add(split_packed.data(), rdt, rs.width, ids, first, rs.id_capacity, rs.table_rows, d.grad.as<float>(),
+                       static_cast<long long>(rs.table_offset) - static_cast<long long>(begin), n, comm);
+    const size_t lo = std::max(rs.extras_begin, begin), hi = std::min(rs.extras_end, begin + n);
+    if (lo < hi) be.accumulate(d.grad.as<float>() + (lo - begin), tail + (lo - rs.extras_begin) * rsize, rdt, hi - lo, comm);
+    be.zero(first, split_first.bytes(), comm);  // for the next micro-step's marks
+    mark_end(span);
   }
 
   // Every stream done and, offloaded, the host worker idle.
@@ -369,10 +476,16 @@ struct FsdpEngine::Impl {
       mark_end(span);
       done_with(1 + l);
     }
+    const bool split = backward && plan.root_split.on;
     if (backward) {
-      // The previous micro-batch's root reduction reads root_grad_full.
+      // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
       finish_root_reduction();
       if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+      if (split) {
+        // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
+        be.zero(split_ids.data(), split_ids.bytes(), compute);
+        be.copy(split_ids.data(), mb.tokens.data(), N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+      }
       if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
     }
     // With LoRA only the root's saved modules (lora.modules_to_save) form gradients; none without them.
@@ -383,6 +496,7 @@ struct FsdpEngine::Impl {
                       Lane::Compute);
     if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
     mark_end(span);
+    if (split) reduce_root_head();
     if (backward) {
       for (int l = L - 1; l >= 0; --l) {
         const UnitParams p = use(1 + l);
@@ -406,12 +520,14 @@ struct FsdpEngine::Impl {
         // buffer this block frees, so it is safe with a single buffer too.
         if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
       }
+      if (split) embedding_grad_begins();
       span = mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
       if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
       mark_end(span);
       root_grad_ready->record(compute);
       root_grad_ready->wait_on(comm);
-      reduce(0, full_grad(0));
+      if (split) reduce_root_embedding();
+      else reduce(0, full_grad(0));
       root_reduction_pending = true;
       if (opt.cpu_offload) offload_micro_step_ends();
     }

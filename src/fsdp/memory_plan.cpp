@@ -13,8 +13,10 @@ namespace {
 RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& layouts, int shard_size) {
   const bool cuda = spec.backend == BackendKind::Cuda;
   const DType compute = cuda ? spec.fsdp.param_dtype : DType::F32;  // Backend::compute_dtype
-  const FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, spec.fsdp, shard_size,
-                                            spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
+  FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, spec.fsdp, shard_size,
+                                      spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
+  plan_root_split(b, spec.model, layouts.trainable[0], spec.fsdp, shard_size, spec.world_size / shard_size,
+                  static_cast<size_t>(spec.micro_batch) * spec.max_seq);
   const size_t csize = dtype_size(compute);
   RankMemoryPlan p;
   // LoRA's frozen base: its slices in the compute dtype, nothing else.
@@ -54,7 +56,7 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
     p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice + 2 * b.offload_stream +
-                          b.offload_squares;
+                          b.offload_squares + b.root_split_bytes;
   const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
                                               spec.activation_checkpointing);
   p.record.activations = model.activations;

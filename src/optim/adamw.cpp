@@ -40,6 +40,14 @@ size_t AdamW::state_bytes() const {
 
 void AdamW::step(double lr, float grad_scale, Stream s) { backend_.adamw(ranges_, begin_step(lr, grad_scale), s); }
 
+void AdamW::update_slices(size_t first, size_t last, const AdamWHyper& h, Stream s) {
+  SHARDLM_CHECK(first <= last && last + 1 <= slice_ranges_.size(), "AdamW::update_slices: no slices [", first, ", ",
+                last, ")");
+  const std::vector<AdamWRange> some(ranges_.begin() + static_cast<std::ptrdiff_t>(slice_ranges_[first]),
+                                     ranges_.begin() + static_cast<std::ptrdiff_t>(slice_ranges_[last]));
+  if (!some.empty()) backend_.adamw(some, h, s);
+}
+
 AdamWHyper AdamW::begin_step(double lr, float grad_scale) {
   ++step_;
   AdamWHyper h;

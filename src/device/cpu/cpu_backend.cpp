@@ -16,6 +16,13 @@
 namespace shardlm {
 namespace {
 
+// Backend::rows_*: an id outside [0, rows) names row 0 (as the embedding reads it).
+size_t row_of(int32_t id, size_t rows) { return id >= 0 && static_cast<size_t>(id) < rows ? static_cast<size_t>(id) : 0; }
+bool is_first(const int32_t* ids, const int32_t* first, size_t k, size_t m, size_t rows) {
+  return first[row_of(ids[k], rows)] == static_cast<int32_t>(m - k);
+}
+
+
 class HostMemory final : public DeviceMemory {
  public:
   HostMemory(size_t bytes, MemKind kind) : kind_(kind) {
@@ -141,6 +148,35 @@ class CpuBackend final : public Backend {
 
   void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream) override {
     host_adamw(ranges, h, threads_, simd_);
+  }
+
+  void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream) override {
+    for (size_t k = m; k-- > 0;) first[row_of(ids[k], rows)] = static_cast<int32_t>(m - k);  // the lowest k last
+  }
+  void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
+                 void* out, DType out_dtype, Stream s) override {
+    const size_t bytes = width * dtype_size(out_dtype);
+    for (size_t k = 0; k < m; ++k) {
+      char* dst = static_cast<char*>(out) + k * bytes;
+      if (is_first(ids, first, k, m, rows)) cast(table + row_of(ids[k], rows) * width, DType::F32, dst, out_dtype, width, s);
+      else std::memset(dst, 0, bytes);
+    }
+  }
+  void rows_unpack_add(const void* in, DType in_dtype, size_t width, const int32_t* ids, const int32_t* first, size_t m,
+                       size_t rows, float* slice, long long pos, size_t count, Stream s) override {
+    const size_t bytes = width * dtype_size(in_dtype);
+    for (size_t k = 0; k < m; ++k) {
+      if (!is_first(ids, first, k, m, rows)) continue;
+      // The row's columns [lo, hi) fall inside the slice.
+      const long long base = pos + static_cast<long long>(row_of(ids[k], rows) * width);
+      const long long lo = std::max(0LL, -base), hi = std::min<long long>(width, static_cast<long long>(count) - base);
+      if (lo >= hi) continue;
+      const char* src = static_cast<const char*>(in) + k * bytes + static_cast<size_t>(lo) * dtype_size(in_dtype);
+      accumulate(slice + base + lo, src, in_dtype, static_cast<size_t>(hi - lo), s);
+    }
+  }
+  void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream) override {
+    for (size_t k = 0; k < m; ++k) std::memset(table + row_of(ids[k], rows) * width, 0, width * sizeof(float));
   }
 
  private:

@@ -144,6 +144,20 @@ class CudaBackend final : public Backend {
   void sum_squares(const float* x, size_t n, double* sum, Stream s) override {
     cuda::sum_squares(x, n, sum, as_cuda(s));
   }
+  void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) override {
+    cuda::rows_mark_first(ids, m, first, rows, as_cuda(s));
+  }
+  void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
+                 void* out, DType out_dtype, Stream s) override {
+    cuda::rows_pack(table, width, ids, first, m, rows, out, out_dtype, as_cuda(s));
+  }
+  void rows_unpack_add(const void* in, DType in_dtype, size_t width, const int32_t* ids, const int32_t* first, size_t m,
+                       size_t rows, float* slice, long long pos, size_t count, Stream s) override {
+    cuda::rows_unpack_add(in, in_dtype, width, ids, first, m, rows, slice, pos, count, as_cuda(s));
+  }
+  void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream s) override {
+    cuda::rows_zero(table, width, ids, m, rows, as_cuda(s));
+  }
   void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) override {
     cuda::AdamWArgs a;
     a.lr = static_cast<float>(h.lr);

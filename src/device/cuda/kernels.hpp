@@ -27,6 +27,15 @@ void embedding_forward(const int32_t* tokens, const void* table, void* out, int 
 void embedding_backward(const int32_t* tokens, const void* dout, float* dtable, int n, int H, int V, DType dt,
                         cudaStream_t stream);
 
+// ---- token rows (Backend::rows_*: the embedding's part of the root's gradient reduction) ----------
+
+void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, cudaStream_t stream);
+void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
+               void* out, DType out_dt, cudaStream_t stream);
+void rows_unpack_add(const void* in, DType in_dt, size_t width, const int32_t* ids, const int32_t* first, size_t m,
+                     size_t rows, float* slice, long long pos, size_t count, cudaStream_t stream);
+void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, cudaStream_t stream);
+
 // ---- LayerNorm -------------------------------------------------------------------------------
 
 // y = (x - mean) * rstd * gamma + beta over rows of H; saves mean and rstd (fp32, [n]) for backward.

@@ -171,6 +171,11 @@ void NcclCommunicator::all_reduce(void* buf, size_t count, DType dtype, ReduceOp
   check(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream_), "ncclAllReduce");
 }
 
+void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) {
+  last_ = concat("reduce of ", count, " elements to ", root);
+  check(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, comm_, stream_), "ncclReduce");
+}
+
 void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   last_ = concat("broadcast of ", count, " elements from ", root);
   check(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");

@@ -39,6 +39,7 @@ class NcclCommunicator : public Communicator {
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
 
   cudaStream_t stream() const { return stream_; }

@@ -48,6 +48,8 @@ ModelFamily bloom_family() {
   f.hf_model_types = {"bloom"};
   f.hf_architecture = "BloomForCausalLM";
   f.head_always_tied = true;
+  f.embedding_table = "word_embeddings.weight";
+  f.embedding_extras = {"word_embeddings_layernorm.weight", "word_embeddings_layernorm.bias"};
   f.layout = bloom_layout;
   f.linear_modules = bloom_linear_modules;
   f.hf_tensor_name = [](const std::string& name) { return "transformer." + name; };

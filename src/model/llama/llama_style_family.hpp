@@ -25,6 +25,7 @@ ModelFamily llama_style_family(const std::string& name, const std::string& hf_ar
   f.hf_architecture = hf_architecture;
   f.rotary = true;
   f.grouped_query = true;
+  f.embedding_table = "embed_tokens.weight";
   f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, Block); };
   f.linear_modules = llama_linear_modules;
   f.hf_tensor_name = llama_hf_tensor_name;
