@@ -60,6 +60,20 @@ class DeviceLikeCpu final : public Backend {
   void accumulate(float* x, const void* y, DType dt, size_t n, Stream s) override { cpu_->accumulate(x, y, dt, n, s); }
   void sum_squares(const float* x, size_t n, double* sum, Stream s) override { cpu_->sum_squares(x, n, sum, s); }
   void adamw(const std::vector<AdamWRange>& r, const AdamWHyper& h, Stream s) override { cpu_->adamw(r, h, s); }
+  void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) override {
+    cpu_->rows_mark_first(ids, m, first, rows, s);
+  }
+  void rows_pack(const float* t, size_t w, const int32_t* ids, const int32_t* first, size_t m, size_t rows, void* out,
+                 DType dt, Stream s) override {
+    cpu_->rows_pack(t, w, ids, first, m, rows, out, dt, s);
+  }
+  void rows_unpack_add(const void* in, DType dt, size_t w, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
+                       float* slice, long long pos, size_t count, Stream s) override {
+    cpu_->rows_unpack_add(in, dt, w, ids, first, m, rows, slice, pos, count, s);
+  }
+  void rows_zero(float* t, size_t w, const int32_t* ids, size_t m, size_t rows, Stream s) override {
+    cpu_->rows_zero(t, w, ids, m, rows, s);
+  }
 
  private:
   std::unique_ptr<Backend> cpu_;

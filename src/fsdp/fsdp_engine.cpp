@@ -112,12 +112,16 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   if (!plan_.direct_grads) m.root_grad_full = be.allocate(plan_.root_padded * sizeof(float), MemKind::Grads);
   for (size_t i = 0; i < plan_.grad_buffers; ++i)
     m.block_grad_full.push_back(be.allocate(plan_.block_padded * sizeof(float), MemKind::Grads));
+  // Zeroed after each reduction from here on (Impl::zero_on_comm).
+  for (DeviceArray& g : m.block_grad_full) be.zero(g.data(), g.bytes(), m.compute);
+  m.grad_fresh.assign(m.units.size(), 0);
   for (size_t i = 0; i < std::max<size_t>(plan_.grad_buffers, 1); ++i) {
     m.grad_ready.push_back(be.make_event());
     m.grad_reduced.push_back(be.make_event());
     m.grad_reduced.back()->record(m.comm);
   }
   m.root_grad_ready = be.make_event();
+  m.root_zeroed = be.make_event();
   if (const RootSplit& rs = plan_.root_split; rs.on) {
     m.split_ids = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
     m.split_ids_shard = be.allocate(rs.shard_ids * sizeof(int32_t), MemKind::Comm);
@@ -192,7 +196,12 @@ void FsdpEngine::zero_grad() {
     std::fill(m.offload.squares_on_device.begin(), m.offload.squares_on_device.end(), 0);
     return;
   }
-  for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
+  if (m.plan.direct_grads) {  // the backward adds into the slices themselves
+    for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
+    return;
+  }
+  // No pass over the slices: each unit's first reduction writes its slice (Impl::add_to_grad).
+  std::fill(m.grad_fresh.begin(), m.grad_fresh.end(), 1);
 }
 
 double FsdpEngine::grad_norm() {
@@ -222,6 +231,7 @@ double FsdpEngine::grad_norm() {
       for (size_t u = 0; u < m.units.size(); ++u) local += o.squares_on_device[u] ? o.squares_host[u] : o.sum_squares[u];
     return std::sqrt(groups_.shard->host_sum(local));
   }
+  m.settle_fresh_grads(m.compute);
   double* sum = m.host_memory ? &local : m.norm.as<double>();
   const int span = m.mark_begin("gradient norm", -1, Impl::Lane::Compute);
   if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
@@ -265,6 +275,7 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
     m.params_updated();
     return;
   }
+  m.settle_fresh_grads(m.compute);
   const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
   m.update_and_gather_ahead(*optimizer_, optimizer_->begin_step(lr, grad_factor));
   m.mark_end(span);
@@ -572,6 +583,7 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
     if (o.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
     return out;
   }
+  m.settle_fresh_grads(m.compute);
   backend_->copy(out.data(), d.grad.data(), d.grad.bytes(), CopyKind::DeviceToHost, m.compute);
   backend_->synchronize(m.compute);
   return out;

@@ -121,6 +121,10 @@ struct FsdpEngine::Impl {
   // not replicated), the rows' first occurrences, the packed rows; the head's part reduced (comm).
   DeviceArray split_ids, split_ids_shard, split_ids_all, split_first, split_packed;
   std::unique_ptr<BackendEvent> head_reduced;
+  // Per unit: its grad slice holds nothing of this step yet (zero_grad sets it instead of zeroing): the
+  // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest).
+  std::vector<char> grad_fresh;
+  std::unique_ptr<BackendEvent> root_zeroed;  // comm: root_grad_full is zero for this backward
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
@@ -317,7 +321,7 @@ struct FsdpEngine::Impl {
         shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
       }
       if (replicate.size() > 1) replicate.all_reduce(slice, n, DType::F32, ReduceOp::Sum);
-      be.accumulate(d.grad.as<float>(), slice, DType::F32, n, comm);
+      add_to_grad(d, slice, DType::F32);
       return;
     }
     be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
@@ -327,8 +331,24 @@ struct FsdpEngine::Impl {
       shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
     }
     if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
-    be.accumulate(d.grad.as<float>(), slice, rdt, n, comm);  // widened as it is added
+    add_to_grad(d, slice, rdt);
   }
+  // d's grad slice += its reduced slice (in dt, widened), on comm; the step's first writes it instead.
+  void add_to_grad(Unit& d, const void* slice, DType dt) {
+    char& fresh = grad_fresh[static_cast<size_t>(&d - units.data())];
+    if (fresh) be.cast(slice, dt, d.grad.data(), DType::F32, d.flat.shard_numel, comm);
+    else be.accumulate(d.grad.as<float>(), slice, dt, d.flat.shard_numel, comm);
+    fresh = 0;
+  }
+  // Units whose grad slice no reduction wrote this step (none ran, or a partial one comes next) are
+  // zeroed on stream s.
+  void settle_fresh_grads(Stream s) {
+    for (size_t u = 0; u < units.size(); ++u)
+      if (grad_fresh[u]) be.zero(units[u].grad.data(), units[u].grad.bytes(), s), grad_fresh[u] = 0;
+  }
+  // The full gradient buffers are zeroed on the communication stream after their reductions have read
+  // them (off the compute stream); offloaded, the copies down read them: there the compute stream does it.
+  bool zero_on_comm() const { return !opt.cpu_offload && !plan.direct_grads; }
 
   // Reduces elements [lo, hi) of unit d's full gradient as reduce_into_slice does the whole unit: each
   // rank's part of the range to it over the shard group, then over the replicate group, added to its slice.
@@ -365,8 +385,12 @@ struct FsdpEngine::Impl {
     root_grad_ready->record(compute);
     root_grad_ready->wait_on(comm);
     const int span = mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
-    if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) reduce_into_slice(d, root_grad_full.as<float>());
-    else reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+    if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
+      reduce_into_slice(d, root_grad_full.as<float>());
+    } else {
+      if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
+      reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+    }
     // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
     shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
     if (replicate.size() > 1)
@@ -471,6 +495,11 @@ struct FsdpEngine::Impl {
       const UnitParams p = use(1 + l);
       // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
       if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
+      // Behind the forward's last gathers, the root's full gradient is zeroed for this backward.
+      if (backward && zero_on_comm() && l + 1 == L) {
+        be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
+        root_zeroed->record(comm);
+      }
       span = mark_begin("forward unit", 1 + l, Lane::Compute);
       if (N > 0) model->block_forward(l, p, B, T, compute);
       mark_end(span);
@@ -478,9 +507,14 @@ struct FsdpEngine::Impl {
     }
     const bool split = backward && plan.root_split.on;
     if (backward) {
+      if (zero_on_comm() && L == 0) {
+        be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
+        root_zeroed->record(comm);
+      }
       // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
       finish_root_reduction();
-      if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+      if (zero_on_comm()) root_zeroed->wait_on(compute);
+      else if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
       if (split) {
         // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
         be.zero(split_ids.data(), split_ids.bytes(), compute);
@@ -504,8 +538,9 @@ struct FsdpEngine::Impl {
         // reduce-scatter), so it overlaps this block's compute.
         if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
         const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
-        grad_reduced[gs]->wait_on(compute);  // its last reduction has read the buffer
-        if (!plan.direct_grads) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
+        grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
+        if (!plan.direct_grads && !zero_on_comm())
+          be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
         float* grad = full_grad(1 + l);
         span = mark_begin("backward unit", 1 + l, Lane::Compute);
         if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
@@ -514,6 +549,7 @@ struct FsdpEngine::Impl {
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
         reduce(1 + l, grad);
+        if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
         // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
         grad_reduced[gs]->record(opt.cpu_offload ? offload.down : comm);
         // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the

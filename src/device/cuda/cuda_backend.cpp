@@ -58,7 +58,12 @@ class CudaBackend final : public Backend {
       }
     }
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-    SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    // The collectives' stream at the highest priority: their blocks are scheduled as soon as the
+    // compute stream's kernels free an SM, so a reduction overlapping a backward finishes early
+    // instead of trickling through it (as PyTorch FSDP's streams do).
+    int least = 0, greatest = 0;
+    SHARDLM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
     // peak_bytes() is this backend's (its engine's, its run's) peak: an earlier run in the process (a
