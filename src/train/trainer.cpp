@@ -107,7 +107,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   if (cfg.model.lora.enabled() && !result.last_checkpoint.empty() && saved_step == pos.step) {
     const std::string dir = cfg.run.dir + "/adapter";
     run_collectively(comm, [&] {
-      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir);
+      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir, /*overwrite=*/true);
     });
     run.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
   } else if (cfg.model.lora.enabled()) {
