@@ -1062,6 +1062,18 @@ BOOST_AUTO_TEST_CASE(an_overwrite_that_fails_to_start_leaves_the_earlier_run_as_
     }
   }
 
+  // A start that fails after the earlier run was set aside (its step-2 timeline cannot be written
+  // where a folder of that name stands) puts it back as it was.
+  fs::create_directories(dir / "run" / "trace_step2_rank0.json");
+  const auto with_folder = tree_of(dir / "run");
+  Outcome late = run_shardlm(1, train + " --train.max_steps=3 --run.trace_step=2 --run.overwrite=true");
+  BOOST_TEST(late.exit_code != 0, late.output);
+  BOOST_TEST(count_of(late.output, "is set aside in .replaced-run") == 1u, late.output);
+  BOOST_TEST(count_of(late.output, "the earlier run in " + (dir / "run").string() + " is back as it was") == 1u,
+             late.output);
+  BOOST_TEST((tree_of(dir / "run") == with_folder));
+  fs::remove(dir / "run" / "trace_step2_rank0.json");
+
   Outcome replaced = run_shardlm(1, train + " --train.max_steps=3 --checkpoint.every=0 --run.overwrite=true");
   BOOST_TEST_REQUIRE(replaced.exit_code == 0, replaced.output);
   BOOST_TEST(count_of(replaced.output, "is set aside in .replaced-run until this run's first logged step") == 1u,
