@@ -175,9 +175,9 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
   for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
     const fs::path aside = fs::path(folder) / kReplacedRunFolder;
     if (fresh && fs::exists(fs::symlink_status(aside, ec)))
-      throw Error(concat("run.overwrite: ", aside.string(), " holds an earlier run set aside by an overwrite that "
-                         "stopped before its first step: move its files back into ", folder,
-                         ", or delete it, before starting a new run there"));
+      throw Error(concat(folder == cfg.run.dir ? "run.dir" : "checkpoint.dir", " = '", folder, "': ", aside.string(),
+                         " holds an earlier run set aside by a run.overwrite that stopped before its first step: "
+                         "move its files back into ", folder, ", or delete it, before starting a new run there"));
   }
   std::vector<fs::path> found;
   for (const char* name : {"metrics.jsonl", "predictions.json"}) {
