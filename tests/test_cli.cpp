@@ -1011,6 +1011,169 @@ BOOST_AUTO_TEST_CASE(a_run_folder_belongs_to_one_job) {
   BOOST_TEST(!fs::exists(dir / "lock"));
 }
 
+namespace {
+
+// Every entry under ROOT (relative path -> bytes; "<dir>" for a folder, "-> target" for a link).
+std::map<std::string, std::string> tree_of(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string rel = fs::relative(it->path(), root).string();
+    if (it->is_symlink()) {
+      out[rel] = "-> " + fs::read_symlink(it->path()).string();
+    } else if (it->is_directory()) {
+      out[rel] = "<dir>";
+    } else {
+      std::ifstream in(it->path(), std::ios::binary);
+      out[rel] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// run.overwrite = true touches nothing of the earlier run before the new one has passed every check
+// a run makes before its first step (the backend, the tokenizer against the vocabulary, the data):
+// a failed start leaves it byte-identical. A start that succeeds removes it after its first step.
+BOOST_AUTO_TEST_CASE(an_overwrite_that_fails_to_start_leaves_the_earlier_run_as_it_was) {
+  const fs::path dir = scratch("cli_overwrite");
+  const std::string train = "train " + kDemo + " --data.eval_file= --run.dir=" + (dir / "run").string();
+  Outcome first = run_shardlm(1, train + " --train.max_steps=2 --run.trace_step=1");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  { std::ofstream(dir / "run" / "run_id") << "the earlier run\n"; }
+  { std::ofstream(dir / "run" / "notes.txt") << "the user's\n"; }
+  { std::ofstream(dir / "bad.json") << "{\"version\": \"1.1\", \"data\": 7}"; }
+  const auto before = tree_of(dir / "run");
+  BOOST_TEST_REQUIRE(before.count("checkpoints/ckpt-00000002.h5") == 1u);
+  BOOST_TEST_REQUIRE(before.count("trace_step1_rank0.json") == 1u);
+  std::vector<std::pair<std::string, std::string>> failures = {
+      {" --model.vocab_size=100", "model.vocab_size = 100"},
+      {" --data.train_file=" + (dir / "bad.json").string(), "bad.json"}};
+#ifndef SHARDLM_HAVE_CUDA
+  failures.push_back({" --run.backend=cuda", "CUDA"});
+#endif
+  for (const auto& [bad, message] : failures) {
+    BOOST_TEST_CONTEXT(bad) {
+      Outcome o = run_shardlm(1, train + " --train.max_steps=2 --run.overwrite=true" + bad);
+      BOOST_TEST(o.exit_code != 0, o.output);
+      BOOST_TEST(count_of(o.output, message) >= 1u, o.output);
+      BOOST_TEST(count_of(o.output, "replaced the earlier run") == 0u, o.output);
+      BOOST_TEST((tree_of(dir / "run") == before));
+    }
+  }
+
+  // A start that fails after the earlier run was set aside (its step-2 timeline cannot be written
+  // where a folder of that name stands) puts it back as it was.
+  fs::create_directories(dir / "run" / "trace_step2_rank0.json");
+  const auto with_folder = tree_of(dir / "run");
+  Outcome late = run_shardlm(1, train + " --train.max_steps=3 --run.trace_step=2 --run.overwrite=true");
+  BOOST_TEST(late.exit_code != 0, late.output);
+  BOOST_TEST(count_of(late.output, "is set aside in .replaced-run") == 1u, late.output);
+  BOOST_TEST(count_of(late.output, "the earlier run in " + (dir / "run").string() + " is back as it was") == 1u,
+             late.output);
+  BOOST_TEST((tree_of(dir / "run") == with_folder));
+  fs::remove(dir / "run" / "trace_step2_rank0.json");
+
+  Outcome replaced = run_shardlm(1, train + " --train.max_steps=3 --checkpoint.every=0 --run.overwrite=true");
+  BOOST_TEST_REQUIRE(replaced.exit_code == 0, replaced.output);
+  BOOST_TEST(count_of(replaced.output, "is set aside in .replaced-run until this run's first logged step") == 1u,
+             replaced.output);
+  BOOST_TEST(count_of(replaced.output, "run.overwrite = true: replaced the earlier run in") == 1u, replaced.output);
+  // The first logged step comes before the line that says the earlier run is gone.
+  BOOST_TEST(replaced.output.find("step 3/3") < replaced.output.find("replaced the earlier run"), replaced.output);
+  const auto after = tree_of(dir / "run");
+  for (const char* gone : {"run_id", "trace_step1_rank0.json", "checkpoints/ckpt-00000002.h5", ".replaced-run",
+                           "checkpoints/.replaced-run"})
+    BOOST_TEST(after.count(gone) == 0u, gone);
+  BOOST_TEST(after.at("notes.txt") == "the user's\n");
+  BOOST_TEST(after.count("checkpoints/ckpt-00000003.h5") == 1u);
+  BOOST_TEST(count_of(after.at("metrics.jsonl"), "\"type\":\"setup\"") == 1u, after.at("metrics.jsonl"));
+}
+
+// Two jobs with their own run.dir but one checkpoint.dir: the second is refused, naming the lock
+// in the checkpoint folder and its owner (here this test process, standing in for a live job).
+BOOST_AUTO_TEST_CASE(two_runs_sharing_a_checkpoint_dir_are_refused) {
+  const fs::path dir = scratch("cli_shared_checkpoints");
+  const std::string shared = " --checkpoint.dir=" + (dir / "ckpt").string();
+  const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=2" + shared;
+  Outcome first = run_shardlm(1, train + " --run.dir=" + (dir / "a").string());
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  BOOST_TEST(!fs::exists(dir / "ckpt" / "lock"));  // given back at the end
+  {
+    std::ofstream(dir / "ckpt" / "lock") << "host=" << host_name_for_test() << "\npid=" << ::getpid()
+                                         << "\nslurm_job_id=77\nstarted=2026-01-01T00:00:00Z\n";
+  }
+  const auto before = tree_of(dir / "ckpt");
+  expect_failure(1, train + " --run.dir=" + (dir / "b").string() + " --checkpoint.resume=auto",
+                 "checkpoint.dir = '" + (dir / "ckpt").string() + "' is in use by another job (host " +
+                     host_name_for_test());
+  Outcome second = run_shardlm(1, train + " --run.dir=" + (dir / "b").string() + " --checkpoint.resume=auto");
+  BOOST_TEST(count_of(second.output, "Slurm job 77") == 1u, second.output);
+  BOOST_TEST(count_of(second.output, (dir / "ckpt" / "lock").string()) >= 1u, second.output);
+  BOOST_TEST((tree_of(dir / "ckpt") == before));
+  BOOST_TEST(!fs::exists(dir / "b" / "lock"));
+}
+
+// export into a folder that holds files: refused without --overwrite; with it, only the export's
+// own files are replaced. A leftover DIR.partial and a DIR that is a symbolic link are refused and
+// left as they are.
+BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
+  const fs::path dir = scratch("cli_export_safety");
+  const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();
+  Outcome trained = run_shardlm(1, train);
+  BOOST_TEST_REQUIRE(trained.exit_code == 0, trained.output);
+  const std::string ckpt = (dir / "run" / "checkpoints").string();
+  fs::create_directories(dir / "out" / "mine");
+  { std::ofstream(dir / "out" / "mine" / "model.safetensors") << "the user's\n"; }
+  { std::ofstream(dir / "out" / "config.json") << "{\"the user's\": 1}\n"; }
+  { std::ofstream(dir / "out" / "model-00001-of-00009.safetensors.txt") << "notes\n"; }
+  const auto before = tree_of(dir / "out");
+  const std::string out = (dir / "out").string();
+  expect_failure(1, "export " + ckpt + " " + out, out + " is not empty: pass --overwrite");
+  BOOST_TEST((tree_of(dir / "out") == before));
+  expect_failure(1, "export " + ckpt + " " + out + " --adapter", "is not empty: pass --overwrite");
+  BOOST_TEST((tree_of(dir / "out") == before));
+
+  Outcome replaced = run_shardlm(1, "export " + ckpt + " " + out + " --overwrite --max-shard-size 500KB");
+  BOOST_TEST_REQUIRE(replaced.exit_code == 0, replaced.output);
+  auto after = tree_of(dir / "out");
+  BOOST_TEST(after.at("mine/model.safetensors") == "the user's\n");
+  BOOST_TEST(after.at("model-00001-of-00009.safetensors.txt") == "notes\n");
+  BOOST_TEST(after.at("config.json") != before.at("config.json"));  // a file the export writes: replaced
+  BOOST_TEST(after.count("model.safetensors.index.json") == 1u);
+  // Again as one file: the shards and index of the earlier export go, nothing else.
+  Outcome single = run_shardlm(1, "export " + ckpt + " " + out + " --overwrite");
+  BOOST_TEST_REQUIRE(single.exit_code == 0, single.output);
+  after = tree_of(dir / "out");
+  BOOST_TEST(after.count("model.safetensors.index.json") == 0u);
+  BOOST_TEST(after.count("model.safetensors") == 1u);
+  for (const auto& entry : after)
+    BOOST_TEST((entry.first.find("-of-0000") == std::string::npos || entry.first.find(".txt") != std::string::npos),
+               entry.first);
+  BOOST_TEST(after.at("mine/model.safetensors") == "the user's\n");
+  BOOST_TEST(!fs::exists(out + ".partial"));
+
+  // A leftover DIR.partial: an error naming it, kept as it was.
+  fs::create_directories(dir / "new.partial");
+  { std::ofstream(dir / "new.partial" / "x") << "x"; }
+  expect_failure(1, "export " + ckpt + " " + (dir / "new").string() + " --overwrite",
+                 (dir / "new.partial").string() + " exists");
+  BOOST_TEST(tree_of(dir / "new.partial").at("x") == "x");
+  BOOST_TEST(!fs::exists(dir / "new"));
+
+  // A symbolic link to another scratch folder: refused, never followed.
+  fs::create_directories(dir / "target");
+  { std::ofstream(dir / "target" / "keep") << "kept\n"; }
+  fs::create_directory_symlink(dir / "target", dir / "link");
+  for (const std::string flags : {"", " --overwrite", " --overwrite --adapter", " --overwrite --merge"}) {
+    Outcome o = run_shardlm(1, "export " + ckpt + " " + (dir / "link").string() + flags);
+    BOOST_TEST(o.exit_code != 0, o.output);
+    BOOST_TEST(count_of(o.output, (dir / "link").string() + " is a symbolic link") == 1u, o.output);
+    BOOST_TEST((tree_of(dir / "target") == std::map<std::string, std::string>{{"keep", "kept\n"}}));
+    BOOST_TEST(fs::is_symlink(dir / "link"));
+  }
+}
+
 // Output folders are checked before step 1; a partial last line of metrics.jsonl is cut off when a
 // run resumes; the final checkpoint is written before the last evaluation.
 BOOST_AUTO_TEST_CASE(outputs_are_checked_at_start_and_metrics_stay_whole) {

@@ -243,18 +243,23 @@ BOOST_AUTO_TEST_CASE(write_then_read_back_equal) {
   }
 }
 
+// A second write into the folder is refused unless it overwrites; then it replaces its own two
+// files and leaves every other one (a README, PEFT's pickle weights) as it was.
 BOOST_AUTO_TEST_CASE(a_second_write_replaces_the_adapter_and_keeps_other_files) {
   TempDir tmp{"peft"};
   const ModelConfig cfg = with_lora(tiny_llama(), {"q_proj"});
   const std::string dir = (tmp.root / "adapter").string();
-  write_peft_adapter(dir, cfg, "", random_adapter(cfg, 1));
+  const std::vector<AdapterTensor> first = random_adapter(cfg, 1);
+  write_peft_adapter(dir, cfg, "", first);
   std::ofstream(fs::path(dir) / "README.md") << "notes";
-  std::ofstream(fs::path(dir) / "adapter_model.bin") << "stale pickle";
+  std::ofstream(fs::path(dir) / "adapter_model.bin") << "a pickle";
   const std::vector<AdapterTensor> second = random_adapter(cfg, 2);
-  write_peft_adapter(dir, cfg, "", second);
+  BOOST_TEST(contains(error_of([&] { write_peft_adapter(dir, cfg, "", second); }), "is not empty: pass --overwrite"));
+  check_equal(read_peft_adapter(dir, cfg), first);
+  write_peft_adapter(dir, cfg, "", second, /*overwrite=*/true);
   check_equal(read_peft_adapter(dir, cfg), second);
   BOOST_TEST(fs::exists(fs::path(dir) / "README.md"));
-  BOOST_TEST(!fs::exists(fs::path(dir) / "adapter_model.bin"));
+  BOOST_TEST(fs::exists(fs::path(dir) / "adapter_model.bin"));
   BOOST_TEST(!fs::exists(dir + ".old"));
   BOOST_TEST(!fs::exists(dir + ".partial"));
 }

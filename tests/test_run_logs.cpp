@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "metrics.hpp"
@@ -352,4 +353,107 @@ BOOST_AUTO_TEST_CASE(mfu_peak_choice_at_setup) {
   BOOST_TEST(resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::BF16, path).source == "built-in");
   const std::string bad = dir.write("bad.txt", "RTX 4090\n");
   BOOST_TEST(contains(error_of([&] { resolve_mfu_peak(0, BackendKind::Cuda, h100, DType::BF16, bad); }), bad + ":1 "));
+}
+
+namespace {
+
+// Every file under ROOT (relative path -> bytes; "<dir>" for a folder).
+std::map<std::string, std::string> files_of(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_directory()) {
+      out[fs::relative(it->path(), root).string()] = "<dir>";
+      continue;
+    }
+    std::ifstream in(it->path(), std::ios::binary);
+    out[fs::relative(it->path(), root).string()] =
+        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  return out;
+}
+
+// An earlier run in RUN (its checkpoints in CKPT), with a user's file beside it.
+RunConfig earlier_run(const TempDir& tmp) {
+  RunConfig cfg;
+  cfg.run.dir = (tmp.root / "run").string();
+  cfg.checkpoint.dir = (tmp.root / "ckpt").string();
+  cfg.run.overwrite = true;
+  tmp.write("run/metrics.jsonl", "{\"type\":\"setup\"}\n{\"type\":\"train\",\"step\":1}\n");
+  tmp.write("run/deck.resolved.ini", "[run]\n");
+  tmp.write("run/run_id", "run-1\n");
+  tmp.write("run/trace_step1_rank0.json", "[]");
+  tmp.write("run/notes.txt", "the user's\n");
+  tmp.write("ckpt/ckpt-00000001.h5", "weights");
+  tmp.write("ckpt/latest", "ckpt-00000001.h5\n");
+  tmp.write("ckpt/README", "the user's too\n");
+  return cfg;
+}
+
+}  // namespace
+
+// run.overwrite: claiming the folder touches nothing; a start that fails after the earlier run was
+// set aside puts it back byte-identical (the new run's own files gone); a run that reached its
+// first step removes the set-aside files and nothing else.
+BOOST_AUTO_TEST_CASE(an_overwritten_run_is_set_aside_then_put_back_or_removed) {
+  TempDir tmp{"replace"};
+  const RunConfig cfg = earlier_run(tmp);
+  const auto before = files_of(tmp.root);
+  const fs::path run = tmp.root / "run", ckpt = tmp.root / "ckpt";
+  {
+    RunReplacement replacement = claim_run_folder(cfg);
+    BOOST_TEST(!replacement.empty());
+    BOOST_TEST((files_of(tmp.root) == before));
+    const std::string line = replacement.set_aside({run / "deck.resolved.ini", run / "metrics.jsonl", run / "new.txt"});
+    BOOST_TEST(contains(line, "is set aside in .replaced-run"), line);
+    BOOST_TEST(fs::exists(run / ".replaced-run" / "run_id"));
+    BOOST_TEST(fs::exists(ckpt / ".replaced-run" / "ckpt-00000001.h5"));
+    BOOST_TEST(!fs::exists(run / "metrics.jsonl"));
+    tmp.write("run/metrics.jsonl", "{\"type\":\"setup\",\"new\":true}\n");
+    tmp.write("run/new.txt", "the new run's");
+  }  // a failed start
+  BOOST_TEST((files_of(tmp.root) == before));
+
+  // A .replaced-run left by a job that died in between is an error naming it.
+  fs::create_directories(run / ".replaced-run");
+  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), (run / ".replaced-run").string()));
+  fs::remove(run / ".replaced-run");
+
+  RunReplacement replacement = claim_run_folder(cfg);
+  replacement.set_aside({run / "metrics.jsonl"});
+  tmp.write("run/metrics.jsonl", "new\n");
+  BOOST_TEST(contains(replacement.keep_new_run(), "replaced the earlier run in " + cfg.run.dir));
+  const auto after = files_of(tmp.root);
+  BOOST_TEST((after == std::map<std::string, std::string>{{"ckpt", "<dir>"}, {"ckpt/README", "the user's too\n"},
+                                                           {"run", "<dir>"}, {"run/metrics.jsonl", "new\n"},
+                                                           {"run/notes.txt", "the user's\n"}}));
+}
+
+// Without run.overwrite the earlier run is an error naming what it holds, and nothing is touched.
+BOOST_AUTO_TEST_CASE(a_fresh_run_into_an_earlier_one_is_refused_without_overwrite) {
+  TempDir tmp{"refuse"};
+  RunConfig cfg = earlier_run(tmp);
+  cfg.run.overwrite = false;
+  const auto before = files_of(tmp.root);
+  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "already holds a run (metrics.jsonl, 1 checkpoint(s)"));
+  BOOST_TEST((files_of(tmp.root) == before));
+}
+
+// A checkpoint.dir outside run.dir is locked too: a second job with its own run.dir is refused,
+// naming the key and the lock file; both locks go with the first job.
+BOOST_AUTO_TEST_CASE(a_shared_checkpoint_dir_is_locked) {
+  TempDir tmp{"lock"};
+  for (const char* d : {"a", "b", "ckpt"}) fs::create_directories(tmp.root / d);
+  const std::string ckpt = (tmp.root / "ckpt").string();
+  {
+    RunFolderLock first((tmp.root / "a").string(), ckpt);
+    BOOST_TEST(fs::exists(tmp.root / "ckpt" / "lock"));
+    const std::string e = error_of([&] { RunFolderLock second((tmp.root / "b").string(), ckpt); });
+    BOOST_TEST(contains(e, "checkpoint.dir = '" + ckpt + "' is in use by another job (host "), e);
+    BOOST_TEST(contains(e, (tmp.root / "ckpt" / "lock").string()), e);
+    BOOST_TEST(!fs::exists(tmp.root / "b" / "lock"));  // the run.dir lock taken first is given back
+  }
+  BOOST_TEST(!fs::exists(tmp.root / "a" / "lock"));
+  BOOST_TEST(!fs::exists(tmp.root / "ckpt" / "lock"));
+  RunFolderLock same((tmp.root / "a").string(), (tmp.root / "a").string());  // one folder, one lock
+  BOOST_TEST(fs::exists(tmp.root / "a" / "lock"));
 }

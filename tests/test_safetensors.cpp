@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -342,6 +343,12 @@ HfExportOptions shards_of(size_t max_shard_bytes, DType dtype = DType::F32) {
   return o;
 }
 
+// The options with overwrite set: the export may write into a folder that holds files.
+HfExportOptions overwriting(HfExportOptions o) {
+  o.overwrite = true;
+  return o;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(export_tiny_bloom_to_one_file) {
@@ -443,7 +450,7 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
   BOOST_TEST(contents.at(*files.begin()).at(0).name == "transformer.word_embeddings.weight");
 
   // Exporting again as a single file removes the shards and the index of the earlier export.
-  export_hf_model(dir.string(), cfg, tensors, known_values);
+  export_hf_model(dir.string(), cfg, tensors, known_values, overwriting({}));
   for (const auto& file : files) BOOST_TEST(!fs::exists(dir / file));
   BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
   check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
@@ -459,13 +466,13 @@ BOOST_AUTO_TEST_CASE(export_tiny_bloom_in_shards_with_an_index) {
                                       if (t.name == "ln_f.weight") throw Error("disk full (simulated)");
                                       return known_values(t);
                                     },
-                                    shards_of(max_shard)),
+                                    overwriting(shards_of(max_shard))),
                     Error);
   BOOST_TEST(!fs::exists(dir.string() + ".partial"));
   BOOST_TEST(fs::file_size(dir / "model.safetensors") == before);
   BOOST_TEST(!fs::exists(dir / "model.safetensors.index.json"));
   check_exported({{"model.safetensors", read_safetensors((dir / "model.safetensors").string())}}, tensors);
-  export_hf_model(dir.string(), cfg, tensors, known_values, shards_of(max_shard));
+  export_hf_model(dir.string(), cfg, tensors, known_values, overwriting(shards_of(max_shard)));
   BOOST_TEST(fs::exists(dir / "tokenizer.json"));
   BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
   BOOST_TEST(!fs::exists(dir / "model.safetensors"));
@@ -551,9 +558,99 @@ BOOST_AUTO_TEST_CASE(export_writes_generation_config_and_the_given_files) {
   fs::create_directories(source);
   write_bytes((source / "generation_config.json").string(), "{\"do_sample\": true, \"eos_token_id\": 2}\n");
   options.copy_files = {(source / "generation_config.json").string()};
+  options.overwrite = true;
   export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options);
   BOOST_TEST(read_json(dir / "generation_config.json").at("do_sample") == true);
   options.copy_files = {(source / "missing.json").string()};
   expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options); }, {"missing.json"});
 }
 
+
+namespace {
+
+// Every entry under ROOT (relative path -> contents, or "<dir>" / "-> target" for a folder / link).
+std::map<std::string, std::string> tree_of(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string rel = fs::relative(it->path(), root).string();
+    if (it->is_symlink()) out[rel] = "-> " + fs::read_symlink(it->path()).string();
+    else if (it->is_directory()) out[rel] = "<dir>";
+    else out[rel] = read_bytes(it->path());
+  }
+  return out;
+}
+
+}  // namespace
+
+// An export into a folder that holds files is refused without overwrite; with it, each file the
+// export writes replaces its namesake, an earlier export's weight files it did not write again go,
+// and every other entry (files, folders, a file named like a shard's folder) stays byte-identical.
+BOOST_AUTO_TEST_CASE(export_into_a_non_empty_folder_needs_overwrite_and_keeps_other_files) {
+  const fs::path root = scratch("export_overwrite");
+  const fs::path dir = root / "out";
+  const ModelConfig cfg = tiny_bloom();
+  fs::create_directories(dir / "notes");
+  write_bytes((dir / "README.md").string(), "mine\n");
+  write_bytes((dir / "notes" / "model.safetensors").string(), "not the export's\n");
+  write_bytes((dir / "model.safetensors.bak").string(), "a copy\n");
+  const auto before = tree_of(dir);
+  expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values); },
+               {dir.string(), "is not empty: pass --overwrite"});
+  BOOST_TEST((tree_of(dir) == before));
+  BOOST_TEST(!fs::exists(dir.string() + ".partial"));
+
+  // Sharded, then a single file: the shards and their index go, the user's files stay.
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting(shards_of(5000)));
+  BOOST_TEST(fs::exists(dir / "model.safetensors.index.json"));
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting({}));
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  BOOST_TEST((names == std::set<std::string>{"README.md", "config.json", "generation_config.json", "model.safetensors",
+                                             "model.safetensors.bak", "notes"}));
+  for (const auto& [rel, text] : before) BOOST_TEST(tree_of(dir).at(rel) == text, rel);
+  BOOST_TEST(!fs::exists(dir.string() + ".partial"));
+
+  // A folder where the export writes a file is the user's: refused, nothing moved, the new files
+  // left in DIR.partial.
+  fs::remove(dir / "config.json");
+  fs::create_directories(dir / "config.json");
+  const auto with_folder = tree_of(dir);
+  expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting({})); },
+               {(dir / "config.json").string(), "is not a regular file"});
+  BOOST_TEST((tree_of(dir) == with_folder));
+}
+
+// DIR.partial left by someone is an error naming it and is not touched; a DIR that is a symbolic
+// link is refused and the folder it points to stays as it was.
+BOOST_AUTO_TEST_CASE(export_refuses_a_leftover_partial_and_a_symbolic_link) {
+  const fs::path root = scratch("export_refusals");
+  const ModelConfig cfg = tiny_bloom();
+  const fs::path dir = root / "out";
+  fs::create_directories(root / "out.partial");
+  write_bytes((root / "out.partial" / "keep.txt").string(), "kept\n");
+  for (const bool overwrite : {false, true}) {
+    HfExportOptions options;
+    options.overwrite = overwrite;
+    expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, options); },
+                 {(root / "out.partial").string(), "exists", "it is not removed"});
+    BOOST_TEST(read_bytes(root / "out.partial" / "keep.txt") == "kept\n");
+    BOOST_TEST(!fs::exists(dir));
+  }
+
+  const fs::path target = root / "elsewhere";
+  fs::create_directories(target);
+  write_bytes((target / "model.safetensors").string(), "the user's\n");
+  write_bytes((target / "other").string(), "x");
+  fs::create_directory_symlink(target, root / "link");
+  const auto before = tree_of(target);
+  for (const std::string& given : {(root / "link").string(), (root / "link").string() + "/"})
+    for (const bool overwrite : {false, true}) {
+      HfExportOptions options;
+      options.overwrite = overwrite;
+      expect_error([&] { export_hf_model(given, cfg, tiny_tensors(cfg), known_values, options); },
+                   {(root / "link").string(), "is a symbolic link"});
+      BOOST_TEST((tree_of(target) == before));
+      BOOST_TEST(fs::is_symlink(root / "link"));
+      BOOST_TEST(!fs::exists(root / "link.partial"));
+    }
+}

@@ -258,6 +258,9 @@ struct HfExportOptions {
   std::vector<std::string> copy_files;
   // Files written with this text, by name (a byte tokenizer's tokenizer.json, ...).
   std::map<std::string, std::string> text_files;
+  // A non-empty output folder is an Error unless set; then only the export's own files in it are
+  // replaced (write_staged_folder).
+  bool overwrite = false;
 };
 
 // Writes DIR/config.json (BloomForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM, with the token
@@ -289,7 +292,7 @@ std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg);
 // as PeftModel.from_pretrained(base, DIR) loads it. `tensors` must be exactly peft_adapter_tensors(cfg),
 // in any order, with their shapes and finite values (Error naming the tensor otherwise).
 void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const std::string& base_model_name_or_path,
-                        const std::vector<AdapterTensor>& tensors);
+                        const std::vector<AdapterTensor>& tensors, bool overwrite = false);
 
 struct PeftAdapter {
   LoraConfig lora;                      // from adapter_config.json
@@ -308,6 +311,10 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
 ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string& path, std::string* base_dir);
 // Writes the adapters of a LoRA run's checkpoint as a PEFT adapter folder DIR (write_peft_adapter);
 // returns the base model folder it names.
-std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir);
+// The checks an export into DIR makes before it writes (a symbolic link, a non-empty folder without
+// `overwrite`, a leftover DIR.partial), made up front so a long export fails at once.
+void check_export_folder(const std::string& dir, bool overwrite);
+
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite = false);
 
 }  // namespace shardlm

@@ -118,12 +118,14 @@ void write_export(const fs::path& root, const ModelConfig& cfg, const std::vecto
 
 }  // namespace
 
+void check_export_folder(const std::string& dir, bool overwrite) { check_output_folder(dir, "export", overwrite); }
+
 void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::vector<CheckpointTensor>& tensors,
                      const std::function<std::vector<float>(const CheckpointTensor&)>& fetch,
                      const HfExportOptions& options) {
-  // Everything is written into a folder beside DIR, which takes DIR's place once complete: a failed
-  // export leaves DIR as it was. An earlier export's weights go; other files put beside them stay.
-  write_staged_folder(dir, "export", weight_file_name,
+  // Everything is written into a folder beside DIR and moved in once complete: a failed export
+  // leaves DIR as it was. An earlier export's weight files go; other files put beside them stay.
+  write_staged_folder(dir, "export", options.overwrite, weight_file_name,
                       [&](const fs::path& staging) { write_export(staging, cfg, tensors, fetch, options); });
 }
 

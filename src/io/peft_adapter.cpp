@@ -16,10 +16,10 @@ namespace fs = std::filesystem;
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
 
-// The files of an adapter folder that a new adapter replaces (PEFT's older pickle weights too, which
-// would otherwise stand beside the new ones); others (a README, a tokenizer) stay.
+// The files an adapter write puts in its folder: the only ones it replaces; others (a README, a
+// tokenizer, PEFT's pickle weights, which PEFT reads only without the safetensors file) stay.
 bool adapter_file(const std::string& name) {
-  return name == kConfigFile || name == kWeightsFile || name == "adapter_model.bin";
+  return name == kConfigFile || name == kWeightsFile;
 }
 
 std::string shape_of(const std::vector<int64_t>& shape) {
@@ -80,7 +80,7 @@ std::vector<TensorSpec> peft_adapter_tensors(const ModelConfig& cfg) {
 }
 
 void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const std::string& base_model_name_or_path,
-                        const std::vector<AdapterTensor>& tensors) {
+                        const std::vector<AdapterTensor>& tensors, bool overwrite) {
   const std::string config = peft_adapter_config_json(cfg, base_model_name_or_path);
   const std::vector<TensorSpec> specs = peft_adapter_tensors(cfg);
   std::map<std::string, const TensorSpec*> expected;
@@ -95,7 +95,7 @@ void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const st
 
   std::vector<SafetensorsEntry> entries;  // in peft_adapter_tensors' order, under PEFT's names
   for (const TensorSpec& s : specs) entries.push_back({peft_tensor_name(cfg, s.name), s.shape, given.at(s.name)->values});
-  write_staged_folder(dir, "adapter", adapter_file, [&](const fs::path& staging) {
+  write_staged_folder(dir, "adapter", overwrite, adapter_file, [&](const fs::path& staging) {
     replace_file((staging / kConfigFile).string(), config, "adapter config");
     write_safetensors((staging / kWeightsFile).string(), entries);
   });
@@ -152,13 +152,13 @@ ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string&
   return cfg;
 }
 
-std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir) {
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite) {
   CheckpointReader reader(checkpoint_path);
   std::string base;
   const ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
   std::vector<AdapterTensor> tensors;
   for (const CheckpointTensor& t : reader.tensors()) tensors.push_back({t.name, t.shape, reader.read(t)});
-  write_peft_adapter(dir, cfg, base, tensors);
+  write_peft_adapter(dir, cfg, base, tensors, overwrite);
   return base;
 }
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -95,8 +96,12 @@ bool provably_stale(const LockOwner& o) {
 
 }  // namespace
 
-RunFolderLock::RunFolderLock(const std::string& run_dir) {
-  const std::string path = (fs::path(run_dir) / kLockName).string();
+namespace {
+
+// Creates the lock file FOLDER/lock (Error naming `key` and the owner when another job holds it);
+// returns its path.
+std::string take_lock(const std::string& folder, const std::string& key, const std::string& what) {
+  const std::string path = (fs::path(folder) / kLockName).string();
   const std::string text = lock_text();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -109,29 +114,50 @@ RunFolderLock::RunFolderLock(const std::string& run_dir) {
         throw;
       }
       ::close(fd);
-      path_ = path;
-      return;
+      return path;
     }
     if (errno != EEXIST) throw Error(concat("cannot create the run folder lock '", path, "': ", std::strerror(errno)));
     const LockOwner owner = read_owner(path);
     if (attempt > 0 || !provably_stale(owner))
-      throw Error(concat("run.dir = '", run_dir, "' is in use by another job (", owner.describe(),
-                         "): two jobs must not share a run folder. Choose another run.dir, or, if that job is "
+      throw Error(concat(key, " = '", folder, "' is in use by another job (", owner.describe(), "; lock '", path,
+                         "'): two jobs must not share a ", what, ". Choose another ", key, ", or, if that job is "
                          "gone, delete '", path, "'"));
     log_info(concat("warning: breaking the stale lock '", path, "' of a job that has ended (", owner.describe(), ")"));
     ::unlink(path.c_str());
   }
+  throw Error(concat("cannot take the lock '", path, "'"));
 }
 
-RunFolderLock::~RunFolderLock() {
-  if (!path_.empty()) ::unlink(path_.c_str());
+// Whether A and B name one folder (both exist: check_output_folders made them).
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const bool same = fs::equivalent(a, b, ec);
+  return !ec && same;
+}
+
+}  // namespace
+
+RunFolderLock::RunFolderLock(const std::string& run_dir, const std::string& checkpoint_dir) {
+  paths_.push_back(take_lock(run_dir, "run.dir", "run folder"));
+  if (checkpoint_dir.empty() || same_folder(run_dir, checkpoint_dir)) return;
+  try {
+    paths_.push_back(take_lock(checkpoint_dir, "checkpoint.dir", "checkpoint folder"));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void RunFolderLock::release() noexcept {
+  for (const std::string& p : paths_) ::unlink(p.c_str());
+  paths_.clear();
 }
 
 RunFolderLock& RunFolderLock::operator=(RunFolderLock&& o) noexcept {
   if (this != &o) {
-    if (!path_.empty()) ::unlink(path_.c_str());
-    path_ = std::move(o.path_);
-    o.path_.clear();
+    release();
+    paths_ = std::move(o.paths_);
+    o.paths_.clear();
   }
   return *this;
 }
@@ -142,13 +168,21 @@ void check_output_folders(const RunConfig& cfg) {
                                                                           : "checkpoint.dir");
 }
 
-std::string claim_run_folder(const RunConfig& cfg) {
+RunReplacement claim_run_folder(const RunConfig& cfg) {
   static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|latest(\.tmp)?)");
+  const bool fresh = cfg.checkpoint.resume == ResumeFrom::None || cfg.checkpoint.load_weights_only;
+  std::error_code ec;
+  for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
+    const fs::path aside = fs::path(folder) / kReplacedRunFolder;
+    if (fresh && fs::exists(fs::symlink_status(aside, ec)))
+      throw Error(concat(folder == cfg.run.dir ? "run.dir" : "checkpoint.dir", " = '", folder, "': ", aside.string(),
+                         " holds an earlier run set aside by a run.overwrite that stopped before its first step: "
+                         "move its files back into ", folder, ", or delete it, before starting a new run there"));
+  }
   std::vector<fs::path> found;
   for (const char* name : {"metrics.jsonl", "predictions.json"}) {
     // An empty metrics file is a run that failed before its first record (a bad size, say).
     const fs::path p = fs::path(cfg.run.dir) / name;
-    std::error_code ec;
     if (fs::exists(p) && !(fs::is_regular_file(p) && fs::file_size(p, ec) == 0)) found.push_back(p);
   }
   size_t checkpoints = 0;
@@ -158,7 +192,7 @@ std::string claim_run_folder(const RunConfig& cfg) {
     if (e.path().extension() == ".h5") ++checkpoints;
   }
   // Weights only start a new run: it must not mix with an earlier one either.
-  if (found.empty() || (cfg.checkpoint.resume != ResumeFrom::None && !cfg.checkpoint.load_weights_only)) return "";
+  if (found.empty() || !fresh) return {};
   std::ostringstream list;
   size_t listed = 0;
   for (const fs::path& p : found) {
@@ -170,16 +204,102 @@ std::string claim_run_folder(const RunConfig& cfg) {
     throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(),
                        "): set checkpoint.resume = auto to continue it, run.overwrite = true to replace it, or "
                        "choose another run.dir"));
-  // The earlier run's step timelines (run.trace_step) go with it.
+  // The earlier run's resolved deck, identity and step timelines (run.trace_step) go with it.
   static const std::regex trace_file(R"(trace_step\d+_rank\d+\.json)");
-  for (const fs::directory_entry& e : fs::directory_iterator(cfg.run.dir))
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), trace_file)) found.push_back(e.path());
-  for (const fs::path& p : found) {
-    std::error_code ec;
-    fs::remove(p, ec);
-    if (ec) throw Error(concat("run.overwrite: cannot delete '", p.string(), "': ", ec.message()));
+  for (const fs::directory_entry& e : fs::directory_iterator(cfg.run.dir)) {
+    const std::string name = e.path().filename().string();
+    const bool is_new = std::find(found.begin(), found.end(), e.path()) == found.end();
+    if (is_new && e.is_regular_file() && !e.is_symlink() &&
+        (name == "deck.resolved.ini" || name == "run_id" || name == "metrics.jsonl" || std::regex_match(name, trace_file)))
+      found.push_back(e.path());
   }
-  return concat("run.overwrite = true: replaced the earlier run in ", cfg.run.dir, " (", list.str(), ")");
+  return RunReplacement(std::move(found), cfg.run.dir, list.str());
+}
+
+RunReplacement::RunReplacement(std::vector<fs::path> files, std::string run_dir, std::string description)
+    : files_(std::move(files)), run_dir_(std::move(run_dir)), description_(std::move(description)) {}
+
+RunReplacement::~RunReplacement() { put_back(); }
+
+RunReplacement& RunReplacement::operator=(RunReplacement&& o) noexcept {
+  if (this != &o) {
+    put_back();
+    files_ = std::move(o.files_);
+    run_dir_ = std::move(o.run_dir_);
+    description_ = std::move(o.description_);
+    moved_ = std::move(o.moved_);
+    aside_folders_ = std::move(o.aside_folders_);
+    new_files_ = std::move(o.new_files_);
+    o.files_.clear();
+    o.moved_.clear();
+    o.aside_folders_.clear();
+  }
+  return *this;
+}
+
+std::string RunReplacement::set_aside(const std::vector<fs::path>& new_files) {
+  if (files_.empty() || !moved_.empty()) return "";
+  std::error_code ec;
+  for (const fs::path& file : files_) {
+    const fs::path folder = file.parent_path() / kReplacedRunFolder;
+    if (std::find(aside_folders_.begin(), aside_folders_.end(), folder) == aside_folders_.end()) {
+      const bool made = fs::create_directory(folder, ec);
+      if (!made || ec) {
+        put_back();
+        throw Error(concat("run.overwrite: cannot create ", folder.string(), " to set the earlier run aside: ",
+                           ec ? ec.message() : std::string("it exists")));
+      }
+      aside_folders_.push_back(folder);
+    }
+    const fs::path to = folder / file.filename();
+    fs::rename(file, to, ec);
+    if (ec) {
+      const std::string reason = ec.message();
+      put_back();
+      throw Error(concat("run.overwrite: cannot move '", file.string(), "' into ", folder.string(), ": ", reason,
+                         " (the earlier run is left as it was)"));
+    }
+    moved_.push_back({file, to});
+  }
+  new_files_ = new_files;
+  return concat("run.overwrite = true: the earlier run in ", run_dir_, " (", description_, ") is set aside in ",
+                kReplacedRunFolder, " until this run's first logged step");
+}
+
+std::string RunReplacement::keep_new_run() {
+  if (moved_.empty()) return "";
+  std::error_code ec;
+  for (const Moved& m : moved_) fs::remove(m.to, ec);
+  for (const fs::path& folder : aside_folders_) fs::remove(folder, ec);  // only when empty: nothing else goes
+  moved_.clear();
+  aside_folders_.clear();
+  files_.clear();
+  return concat("run.overwrite = true: replaced the earlier run in ", run_dir_, " (", description_, ")");
+}
+
+void RunReplacement::put_back() noexcept {
+  if (moved_.empty() && aside_folders_.empty()) return;
+  std::error_code ec;
+  for (const fs::path& p : new_files_) {
+    const bool replaces = std::any_of(moved_.begin(), moved_.end(), [&](const Moved& m) { return m.from == p; });
+    if (!replaces) fs::remove(p, ec);  // the failed start's own file; one of the same name is renamed over
+  }
+  bool all_back = true;
+  for (const Moved& m : moved_) {
+    fs::rename(m.to, m.from, ec);
+    if (ec) {
+      all_back = false;
+      log_info(concat("warning: run.overwrite: cannot put '", m.to.string(), "' back as '", m.from.string(), "': ",
+                      ec.message()));
+    }
+  }
+  for (const fs::path& folder : aside_folders_) fs::remove(folder, ec);
+  if (all_back && !moved_.empty())
+    log_info(concat("run.overwrite = true: this run stopped before its first step; the earlier run in ", run_dir_,
+                    " is back as it was"));
+  moved_.clear();
+  aside_folders_.clear();
+  new_files_.clear();
 }
 
 }  // namespace shardlm

@@ -56,6 +56,7 @@ double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& 
   log.gpu_memory = run.engine->device_peak_bytes() > 0;
   run.say(train_line(log));
   run.record(train_record(log));
+  run.keep_new_run();
   interval = LogInterval{};
   return log.loss;
 }

@@ -32,11 +32,18 @@ struct MfuPeak {
 struct TrainRun {
   TrainRun(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
   void say(const std::string& line) { progress.print(line); }
-  // Writes a metrics record (rank 0 only); after a resume it carries the run's "segment".
+  // Writes a metrics record (rank 0 only); after a resume it carries the run's "segment". Records
+  // of the setup wait until open_run_outputs opens the file.
   void record(nlohmann::json j) {
     if (rank != 0) return;
     if (segment > 0) j["segment"] = segment;
-    metrics.write(j);
+    if (outputs_open) metrics.write(j);
+    else pending_records.push_back(std::move(j));
+  }
+  // After the first logged step or checkpoint: an earlier run that run.overwrite set aside goes.
+  void keep_new_run() {
+    const std::string line = replacement.keep_new_run();
+    if (!line.empty()) say(line);
   }
 
   const RunConfig& cfg;
@@ -45,7 +52,11 @@ struct TrainRun {
   bool echo = false;  // this rank prints the deck, the log lines and the summary
   ProgressDisplay progress;
   RunFolderLock lock;     // held by rank 0 for the whole run
-  MetricsWriter metrics;  // open on rank 0 only
+  MetricsWriter metrics;  // open on rank 0 only, from open_run_outputs
+  bool outputs_open = false;
+  std::vector<nlohmann::json> pending_records;  // the setup's, until the file is open
+  // Rank 0, run.overwrite: the earlier run, put back if this one fails before its first logged step.
+  RunReplacement replacement;
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tokenizer_hash;  // what each checkpoint keeps of it (tokenizer_hash), read once at start
   std::string base_checksum;   // LoRA: the frozen base weights' checksum (CheckpointMeta::base_checksum)
@@ -87,6 +98,9 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
 // The loss scale to start from and, from a checkpoint (resume) or a Hugging Face directory
 // (model.dir), the weights and position to start at. Collective.
 TrainPosition load_start(TrainRun& run);
+// After every check a run makes before its first step: sets an earlier run aside (run.overwrite),
+// writes deck.resolved.ini, opens metrics.jsonl and writes the setup's records. Collective.
+void open_run_outputs(TrainRun& run);
 
 // ---- one optimizer step (train_step.cpp) ----------------------------------------------------
 struct StepOutcome {

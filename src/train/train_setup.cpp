@@ -75,24 +75,20 @@ int segments_in(const std::filesystem::path& metrics) {
   return setups;
 }
 
-// Run directory, resolved deck and metrics file (rank 0), tokenizer and data (every rank).
+// Output folders checked and locked, an earlier run found (rank 0), tokenizer and data (every rank).
 void load_inputs(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   run.resume_path = resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir());
   if (run.rank == 0) {
     // Every output folder is checked before step 1, not when the first checkpoint is due.
     check_output_folders(cfg);
-    run.lock = RunFolderLock(cfg.run.dir);
-    const std::string replaced = claim_run_folder(cfg);
-    if (!replaced.empty() && run.echo) log_info(replaced);
-    replace_file((std::filesystem::path(cfg.run.dir) / "deck.resolved.ini").string(), resolved_deck_ini(cfg),
-                 "resolved deck");
-    const std::filesystem::path metrics = std::filesystem::path(cfg.run.dir) / "metrics.jsonl";
+    run.lock = RunFolderLock(cfg.run.dir, cfg.checkpoint_dir());
+    // Nothing of an earlier run is touched here: open_run_outputs sets it aside once every check passed.
+    run.replacement = claim_run_folder(cfg);
     // A resumed run continues the run's file as its next segment (segment 1 at least, also when it
     // starts a new file from another run's checkpoint); loading weights only starts a new run.
-    const bool continues = !run.resume_path.empty() && !cfg.checkpoint.load_weights_only;
-    if (continues) run.segment = std::max(1, segments_in(metrics));
-    run.metrics = MetricsWriter(metrics.string(), continues);
+    if (!run.resume_path.empty() && !cfg.checkpoint.load_weights_only)
+      run.segment = std::max(1, segments_in(std::filesystem::path(cfg.run.dir) / "metrics.jsonl"));
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
@@ -322,6 +318,21 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
 }
 
 }  // namespace
+
+void open_run_outputs(TrainRun& run) {
+  run_collectively(run.comm, [&] {
+    if (run.rank != 0) return;
+    const RunConfig& cfg = run.cfg;
+    const std::filesystem::path dir(cfg.run.dir), deck = dir / "deck.resolved.ini", metrics = dir / "metrics.jsonl";
+    const std::string aside = run.replacement.set_aside({deck, metrics});
+    if (!aside.empty()) run.say(aside);
+    replace_file(deck.string(), resolved_deck_ini(cfg), "resolved deck");
+    run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty() && !cfg.checkpoint.load_weights_only);
+    run.outputs_open = true;
+    for (nlohmann::json& j : run.pending_records) run.metrics.write(j);
+    run.pending_records.clear();
+  });
+}
 
 TrainPosition load_start(TrainRun& run) {
   const RunConfig& cfg = run.cfg;

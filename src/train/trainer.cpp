@@ -21,6 +21,7 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
   }
   const CheckpointWriteStats stats = write_checkpoint(run.cfg, meta, run.engine->checkpoint_state(), run.comm, run.echo);
   run.record(checkpoint_record(pos.step, stats));
+  run.keep_new_run();
   return stats.path;
 }
 
@@ -40,6 +41,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   }
   install_stop_signals();
   TrainPosition pos = load_start(run);
+  open_run_outputs(run);
   const int start_epoch = pos.epoch;
   const long start_epoch_step = pos.epoch_step;
 
@@ -107,7 +109,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   if (cfg.model.lora.enabled() && !result.last_checkpoint.empty() && saved_step == pos.step) {
     const std::string dir = cfg.run.dir + "/adapter";
     run_collectively(comm, [&] {
-      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir);
+      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir, /*overwrite=*/true);
     });
     run.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
   } else if (cfg.model.lora.enabled()) {

@@ -59,7 +59,7 @@ const char* kInspectUsage =
 
 const char* kExportUsage =
     "usage: [mpirun -np N] shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
-    "                                    [--model-dir DIR] [--adapter | --merge]\n"
+    "                                    [--model-dir DIR] [--adapter | --merge] [--overwrite]\n"
     "\n"
     "Writes the checkpoint's parameters as a Hugging Face model into DIR, ready for AutoTokenizer,\n"
     "AutoModelForCausalLM and pipeline(): config.json (token ids, torch_dtype), model.safetensors (over\n"
@@ -68,7 +68,8 @@ const char* kExportUsage =
     "not exported.\n"
     "\n"
     "  CHECKPOINT            a .h5 file, or a checkpoint folder (run.dir/checkpoints: its latest)\n"
-    "  DIR                   the output folder, created if missing\n"
+    "  DIR                   the output folder: new or empty (a symbolic link is refused); the files\n"
+    "                        are written in DIR.partial, then moved in\n"
     "  --dtype T             the weights' dtype: fp32 (default), bf16 or fp16\n"
     "  --max-shard-size SIZE the largest weight file, e.g. 5GB (default), 500MB, 2GiB\n"
     "  --model-dir DIR       the folder the tokenizer and generation config are copied from (default:\n"
@@ -77,6 +78,9 @@ const char* kExportUsage =
     "                        (adapter_config.json, adapter_model.safetensors) instead\n"
     "  --merge               a LoRA run's checkpoint: write the base model (--model-dir, else the run's\n"
     "                        model.dir) with the adapters merged, W + scale B A, as full weights\n"
+    "  --overwrite           DIR may hold files: each file the export writes replaces the one of its\n"
+    "                        name once complete, an earlier export's other weight files (model*.safetensors,\n"
+    "                        the index) are then removed, and every other file stays\n"
     "  -h, --help            print this text\n";
 
 const char* kReportUsage =

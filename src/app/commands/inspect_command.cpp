@@ -255,13 +255,13 @@ void export_merged(const std::string& path, const std::string& out, const std::s
 int command_export(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   std::string dtype = "fp32", max_shard = "5GB", model_dir;
-  bool adapter = false, merge = false;
+  bool adapter = false, merge = false, overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--max-shard-size", max_shard) ||
         option_value(args, i, "--model-dir", model_dir))
       continue;
-    if (args[i] == "--adapter" || args[i] == "--merge") {
-      (args[i] == "--adapter" ? adapter : merge) = true;
+    if (args[i] == "--adapter" || args[i] == "--merge" || args[i] == "--overwrite") {
+      (args[i] == "--adapter" ? adapter : args[i] == "--merge" ? merge : overwrite) = true;
       continue;
     }
     if (args[i].rfind("--", 0) == 0) {
@@ -272,19 +272,21 @@ int command_export(const std::vector<std::string>& args) {
   }
   if (positional.size() != 2) {
     log_info("usage: shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--model-dir DIR]"
-             "   (--help)");
+             " [--overwrite]   (--help)");
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {
     HfExportOptions options;
+    options.overwrite = overwrite;
     SHARDLM_CHECK(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "export: --dtype = '", dtype,
                   "': expected bf16, fp16 or fp32");
     options.dtype = parse_dtype(dtype);
     options.max_shard_bytes = parse_size("--max-shard-size", max_shard);
     const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
     SHARDLM_CHECK(!(adapter && merge), "export: --adapter and --merge write different folders: give one");
+    check_export_folder(positional[1], overwrite);
     if (adapter) {
-      const std::string base = export_checkpoint_adapter(path, positional[1]);
+      const std::string base = export_checkpoint_adapter(path, positional[1], overwrite);
       std::printf("exported the adapters of %s to %s (PEFT adapter of %s)\n", path.c_str(), positional[1].c_str(),
                   base.empty() ? "the run's seeded base" : base.c_str());
       return;
