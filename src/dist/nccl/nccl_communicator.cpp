@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <thread>
 
@@ -31,6 +32,15 @@ std::string host_name() {
   return name;
 }
 
+// The thread blocks (one an SM) a collective's kernel may use: NCCL_MAX_CTAS when set, else 16, which
+// moves a large collective at NVLink speed on H100/H200 pairs while leaving the rest of the GPU to the
+// compute stream (whose GEMMs are planned for it: NcclCommunicator::device_sms).
+int comm_max_ctas() {
+  const char* env = std::getenv("NCCL_MAX_CTAS");
+  const int n = env ? std::atoi(env) : 0;
+  return n > 0 ? n : 16;
+}
+
 #if NCCL_VERSION_CODE >= 21400
 // Nonblocking communicators: no NCCL call blocks the host (a collective's first use of a connection
 // sets it up with the peer, which hangs with a hung peer under a blocking communicator); calls
@@ -38,6 +48,9 @@ std::string host_name() {
 ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+#if NCCL_VERSION_CODE >= 21700
+  config.maxCTAs = comm_max_ctas();
+#endif
   return config;
 }
 #endif
@@ -212,6 +225,14 @@ double NcclCommunicator::host_sum(double v) const {
   double out = 0;
   MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, mpi_comm_);
   return out;
+}
+
+int NcclCommunicator::device_sms() const {
+#if NCCL_VERSION_CODE >= 21700
+  return size_ > 1 ? comm_max_ctas() : 0;
+#else
+  return 0;  // NCCL's own choice, unknown here
+#endif
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name) {
