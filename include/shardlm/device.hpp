@@ -140,9 +140,6 @@ class Backend {
   // Decoupled weight decay as torch.optim.AdamW, on every range: p -= lr * wd * p;
   // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
   virtual void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) = 0;
-  // Another stream's kernels (collectives) occupy up to n SMs while this backend computes: its GEMMs are
-  // planned for the rest, so that their waves still fill the GPU. Before the first GEMM; nothing on the CPU.
-  virtual void reserve_sms(int n) { (void)n; }
 
   // ---- the token rows of a [rows, width] fp32 table's gradient (the FSDP engine reduces the embedding's
   // part of the root as these rows). ids[k], k < m, names row ids[k] (an id outside [0, rows): row 0, as

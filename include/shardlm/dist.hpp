@@ -42,9 +42,6 @@ class Communicator {
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   // Sum of a host double over the group's ranks (run statistics such as the gradient norm).
   virtual double host_sum(double v) const = 0;
-  // The streaming multiprocessors one of its collectives may occupy on the device while it runs (0: none,
-  // it runs on the host): the GEMMs that overlap it are planned for the rest (Backend::reserve_sms).
-  virtual int device_sms() const { return 0; }
 };
 
 // The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).

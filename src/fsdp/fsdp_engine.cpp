@@ -43,9 +43,6 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
                            be.asynchronous(), cdt);
   plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
-  // Collectives overlap the model's GEMMs: those are planned for the SMs the collectives leave.
-  if (be.asynchronous() && shard_size * groups_.replicate->size() > 1)
-    be.reserve_sms(std::max(groups_.shard->device_sms(), groups_.replicate->device_sms()));
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
   const size_t csize = dtype_size(cdt);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "device_memory.hpp"
 #include "kernels.hpp"
@@ -163,11 +162,6 @@ class CudaBackend final : public Backend {
   }
   void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream s) override {
     cuda::rows_zero(table, width, ids, m, rows, as_cuda(s));
-  }
-  void reserve_sms(int n) override {
-    // SHARDLM_GEMM_SM_RESERVE overrides it (0: plan for the whole GPU).
-    if (const char* env = std::getenv("SHARDLM_GEMM_SM_RESERVE")) n = std::atoi(env);
-    cuda::set_gemm_sm_reserve(std::max(n, 0));
   }
   void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) override {
     cuda::AdamWArgs a;

@@ -6,7 +6,6 @@
 // cuBLASLt's bias has one entry per row of its D = per column of our C, which is the bias[N] we want;
 // its aux matrix has D's shape, so our row-major [M,N] aux with row stride ldc has leading dimension ldc.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -175,23 +174,6 @@ void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
 
 }  // namespace
 
-namespace {
-// The SM count GEMMs are planned for (set_gemm_sm_reserve): the device's less the reserve; 0 for all.
-std::atomic<int> g_sm_target{0};
-int gemm_sm_target() { return g_sm_target.load(std::memory_order_relaxed); }
-}  // namespace
-
-void set_gemm_sm_reserve(int reserve) {
-  int target = 0;
-  if (reserve > 0) {
-    int device = 0, sms = 0;
-    SHARDLM_CUDA_CHECK(cudaGetDevice(&device));
-    SHARDLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    target = std::max(sms - reserve, 1);
-  }
-  g_sm_target.store(target, std::memory_order_relaxed);
-}
-
 Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
   SHARDLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
   // The cuBLASLt workspace, then (256-byte aligned) vectors of ones in F32, BF16 and F16 for the Bias fallback.
@@ -256,10 +238,9 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
                     int(sig.c) << 6;
   const int aligns = log2_of(sig.align_a) | log2_of(sig.align_b) << 4 | log2_of(sig.align_c) << 8 |
                      log2_of(sig.align_bias) << 12 | log2_of(sig.align_aux) << 16;
-  const int sm_target = gemm_sm_target();
   const auto key = std::make_tuple(flags, aligns, sig.M, sig.N, sig.K, sig.lda, sig.ldb, sig.ldc, sig.batch,
                                    static_cast<int>(sig.stride_a), static_cast<int>(sig.stride_b),
-                                   static_cast<int>(sig.stride_c), sm_target);
+                                   static_cast<int>(sig.stride_c));
   Plan*& slot = plans_[key];
   if (slot && !(slot->signature == sig)) {  // a key collision (strides beyond 32 bits): plan again
     delete slot;
@@ -273,9 +254,6 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
     const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    if (sm_target > 0)
-      SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target,
-                                                          sizeof sm_target));
     // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
     plan->layout_a = make_layout(d.ab_dtype, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
     plan->layout_b = make_layout(d.ab_dtype, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);

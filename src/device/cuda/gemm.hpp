@@ -43,10 +43,6 @@ struct GemmDesc {
 
 // One per device and stream user: the cuBLASLt handle, a workspace, and the cache of chosen
 // algorithms per shape (heuristics are asked once per shape, never in the steady state).
-// SMs the GEMMs planned from now on leave to another stream's kernels (collectives overlapping them):
-// cuBLASLt picks algorithms for the remaining SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET). 0: all of them.
-void set_gemm_sm_reserve(int sms);
-
 class Gemm {
  public:
   explicit Gemm(size_t workspace_bytes = 32u << 20);
@@ -61,7 +57,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int>, Plan*> plans_;  // .., SM target
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>, Plan*> plans_;
 };
 
 // y[n, out] = x[n, in] W^T (+ bias[out] when bias is not null) (+ y when accumulate: a residual

@@ -32,9 +32,9 @@ std::string host_name() {
   return name;
 }
 
-// The thread blocks (one an SM) a collective's kernel may use: NCCL_MAX_CTAS when set, else 16, which
-// moves a large collective at NVLink speed on H100/H200 pairs while leaving the rest of the GPU to the
-// compute stream (whose GEMMs are planned for it: NcclCommunicator::device_sms).
+// The thread blocks (one an SM each) a collective's kernel may use: NCCL_MAX_CTAS when set, else 16.
+// On an H200 pair a large collective still moves at NVLink speed with 16, and the backward's GEMMs that
+// overlap it keep the other SMs (8 was slower; docs/PERFORMANCE.md).
 int comm_max_ctas() {
   const char* env = std::getenv("NCCL_MAX_CTAS");
   const int n = env ? std::atoi(env) : 0;
@@ -225,14 +225,6 @@ double NcclCommunicator::host_sum(double v) const {
   double out = 0;
   MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, mpi_comm_);
   return out;
-}
-
-int NcclCommunicator::device_sms() const {
-#if NCCL_VERSION_CODE >= 21700
-  return size_ > 1 ? comm_max_ctas() : 0;
-#else
-  return 0;  // NCCL's own choice, unknown here
-#endif
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name) {

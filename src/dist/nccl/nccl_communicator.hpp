@@ -41,7 +41,6 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  int device_sms() const override;
 
   cudaStream_t stream() const { return stream_; }
   ncclComm_t nccl() const { return comm_; }
