@@ -364,7 +364,9 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
       if (i + 1 == candidates.size())
         throw AgreedError(concat(e.what(), "; no usable checkpoint is left in ", cfg.checkpoint_dir(),
                                  " (set checkpoint.resume = none, or run.dir elsewhere, to start afresh)"));
-      run.say(concat("warning: skipping checkpoint ", candidates[i], ": ", e.what(), "; trying ", candidates[i + 1]));
+      // Every such message names the file.
+      run.say(concat("warning: skipping ", checkpoint_damaged(e.what()) ? "a damaged checkpoint" : "a checkpoint",
+                     ": ", e.what(), "; trying ", candidates[i + 1]));
     }
   }
   throw AgreedError(concat("checkpoint.resume: no checkpoint in ", cfg.checkpoint_dir()));
