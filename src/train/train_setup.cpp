@@ -129,11 +129,11 @@ void load_inputs(TrainRun& run) {
     // A fresh run is a new run id; a resume keeps the folder's (none: load_start settles it).
     if (continues) {
       run.run_id = read_run_id(cfg.run.dir);
+      run.segment = std::max(1, segments_in(metrics));
     } else {
       run.run_id = new_run_id();
       write_run_id(cfg.run.dir, run.run_id);
     }
-    if (continues) run.segment = std::max(1, segments_in(metrics));
     run.metrics = MetricsWriter(metrics.string(), continues);
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
