@@ -17,6 +17,7 @@
 #include <functional>
 #include <thread>
 
+#include "checkpoint_edit.hpp"
 #include "checkpoint_test_model.hpp"
 #include "launch_support.hpp"
 #include "test_support.hpp"
@@ -65,6 +66,17 @@ CheckpointWriteStats save_known(const std::string& dir, long step, int keep_last
   const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
   return save_checkpoint(dir, keep_last, tiny_meta(cfg, step, world_size()), s.units, MPI_COMM_WORLD);
+}
+
+// save_known with the run's identity, global batch and epoch length kept, as the trainer writes them.
+void save_identified(const std::string& dir, long step) {
+  const ModelConfig cfg = tiny_bloom();
+  Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
+  CheckpointMeta meta = tiny_meta(cfg, step, world_size());
+  meta.run_id = "20261127-221510-00000000000000aa";
+  meta.global_batch = 8;
+  meta.steps_per_epoch = 25;
+  save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD);
 }
 
 // Loads into zeroed slices of group size `group`; returns the wrong elements summed over ranks.
@@ -390,6 +402,125 @@ BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// An attribute set to a value no run writes is refused on every rank naming the file: the contents
+// checksum catches the change; in a file written before that checksum (the attribute removed) the
+// reader's own checks name the value. The serial reader reports the same without reading vectors.
+BOOST_AUTO_TEST_CASE(impossible_attributes_are_refused_naming_the_file) {
+  const std::string dir = scratch("impossible");
+  save_identified(dir, 10);
+  const std::string good = dir + "/ckpt-00000010.h5";
+  BOOST_TEST(load_and_count_wrong(good, world_size()) == 0u);
+  Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
+  struct Case {
+    const char* attribute;
+    int64_t value;
+    const char* why;
+  };
+  const Case cases[] = {{"step", -1, "step -1 is negative"},
+                        {"epoch", -1, "epoch -1 is negative"},
+                        {"epoch_step", -5, "epoch_step -5 is negative"},
+                        {"epoch_step", 1000, "epoch_step 1000 is past the 25 steps of its epochs"},
+                        {"step", 1000, "step 1000 is past total_steps 100 of the run that wrote it"},
+                        {"optimizer_steps", -2, "optimizer_steps -2 is negative"},
+                        {"global_batch", -8, "global_batch -8 is negative"}};
+  for (const Case& c : cases) {
+    for (bool old_format : {false, true}) {
+      const std::string path = concat(dir, "/", c.attribute, c.value, old_format ? "_old" : "", ".h5");
+      int edited = 0;
+      damaged_copy(good, path, [&] {
+        edited = ckpt_edit::set_integer(path, c.attribute, c.value) &&
+                 (!old_format || ckpt_edit::remove_attributes(path, {"contents_checksum"}));
+      });
+      MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      BOOST_TEST_REQUIRE(edited == 1, path);
+      const std::string expected = "checkpoint " + path + (old_format ? concat(" is inconsistent: ", c.why)
+                                                                      : std::string(" is damaged: its attributes"));
+      std::string message;
+      BOOST_TEST(ranks_failing([&] { load_checkpoint(path, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+      BOOST_TEST(contains(message, expected), message);
+      BOOST_TEST(checkpoint_unusable(message), message);
+      if (world_rank() == 0) {
+        CheckpointReader reader(path);
+        BOOST_TEST_REQUIRE(!reader.metadata_problems().empty(), path);
+        BOOST_TEST(contains(reader.metadata_problems().front(), expected), reader.metadata_problems().front());
+        const std::vector<std::string> damage = reader.verify();
+        BOOST_TEST_REQUIRE(!damage.empty(), path);
+        BOOST_TEST(contains(damage.front(), expected), damage.front());
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The contents checksum covers what the vectors' own checksums do not: the tensor index (whose
+// damage read as "different model?") and which dataset each checksum belongs to (param and exp_avg
+// swapped each still match their own checksum).
+BOOST_AUTO_TEST_CASE(index_damage_and_swapped_vectors_are_damage) {
+  const std::string dir = scratch("index_damage");
+  save_identified(dir, 1);
+  const std::string good = dir + "/ckpt-00000001.h5";
+  Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
+  const std::string index = dir + "/index.h5", swapped = dir + "/swapped.h5", old_swapped = dir + "/old_swapped.h5";
+  int edited = 0;
+  damaged_copy(good, index, [&] {
+    // The first row's offset (after its 128-byte name), then a byte of the second row's name.
+    edited = ckpt_edit::flip_dataset_bytes(index, "/units/h.0/index", 128, 1) &&
+             ckpt_edit::flip_dataset_bytes(index, "/units/h.1/index", 180 + 2, 1);
+  });
+  damaged_copy(good, swapped, [&] {
+    edited += ckpt_edit::swap_datasets(swapped, "/units/h.0/param", "/units/h.0/exp_avg");
+  });
+  damaged_copy(good, old_swapped, [&] {
+    edited += ckpt_edit::swap_datasets(old_swapped, "/units/h.0/param", "/units/h.0/exp_avg") &&
+              ckpt_edit::make_old_format(old_swapped);
+  });
+  MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  BOOST_TEST_REQUIRE(edited == 3);
+  for (const std::string& path : {index, swapped}) {
+    std::string message;
+    BOOST_TEST(ranks_failing([&] { load_checkpoint(path, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+    BOOST_TEST(contains(message, "checkpoint " + path + " is damaged: its attributes, tensor index or vectors' "
+                                 "checksums are not those its contents_checksum was computed over"), message);
+    BOOST_TEST(checkpoint_damaged(message), message);
+    if (world_rank() == 0) {
+      CheckpointReader reader(path);
+      const std::vector<std::string> damage = reader.verify();
+      BOOST_TEST(damage.size() == 1u, join_lines(damage));  // every vector matches its own checksum
+      BOOST_TEST((!damage.empty() && contains(damage.front(), path)));
+    }
+  }
+  // A file written before the contents checksum has nothing to tell the swap by (docs/checkpoint.md).
+  if (world_rank() == 0) BOOST_TEST(CheckpointReader(old_swapped).verify().empty());
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A file written before run ids, global batch and contents checksum reads as it did, with them
+// empty; its contents are not checked beyond the vectors' checksums.
+BOOST_AUTO_TEST_CASE(checkpoints_without_the_new_attributes_still_load) {
+  const std::string dir = scratch("old_format");
+  save_identified(dir, 3);
+  const std::string path = dir + "/ckpt-00000003.h5";
+  int edited = 0;
+  if (world_rank() == 0) edited = ckpt_edit::make_old_format(path);
+  MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  BOOST_TEST_REQUIRE(edited == 1);
+  CheckpointMeta m;
+  BOOST_TEST(load_and_count_wrong(path, world_size(), &m) == 0u);
+  BOOST_TEST(m.step == 3);
+  BOOST_TEST(m.run_id.empty());
+  BOOST_TEST(m.global_batch == 0);
+  BOOST_TEST(m.steps_per_epoch == 0);
+  if (world_rank() == 0) BOOST_TEST(CheckpointReader(path).verify().empty());
+  // And one written now keeps them.
+  const std::string now = scratch("new_format");
+  save_identified(now, 3);
+  BOOST_TEST(load_and_count_wrong(now + "/ckpt-00000003.h5", world_size(), &m) == 0u);
+  BOOST_TEST(m.run_id == "20261127-221510-00000000000000aa");
+  BOOST_TEST(m.global_batch == 8);
+  BOOST_TEST(m.steps_per_epoch == 25);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
   const std::string dir = scratch("other_model");
   save_known(dir, 1);
@@ -408,8 +539,9 @@ BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
 
 // A file written before the optimizer interface (tests/fixtures/checkpoint) loads onto any slicing,
 // and AdamW checkpoints written now hold the same objects, types, shapes and attributes, plus the
-// tokenizer's hash and LoRA's settings and base checksum (strings, empty without LoRA), which the
-// older file lacks and reads as unknown.
+// tokenizer's hash, LoRA's settings and base checksum (strings, empty without LoRA), the run id,
+// global batch, steps per epoch and contents checksum, which the older file lacks and reads as
+// unknown (it loads without the contents check).
 BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
   CheckpointMeta m;
@@ -425,9 +557,14 @@ BOOST_AUTO_TEST_CASE(todays_format_2_checkpoint_reads_unchanged) {
   if (world_rank() == 0) {
     std::vector<std::string> before = object_listing(fixture), now = object_listing(dir + "/ckpt-00000010.h5");
     BOOST_TEST(before.size() > 20u);
-    // The root attributes kept since (optional_meta_attribute): the tokenizer's hash and LoRA's two.
-    for (const char* name : {"tokenizer_hash", "lora", "base_checksum"}) {
-      const std::string line = concat("/ @", name, " class ", H5T_STRING);
+    // The root attributes kept since (optional_meta_attribute): the tokenizer's hash, LoRA's two,
+    // the run's id, global batch and steps per epoch, and the contents checksum.
+    const std::pair<const char*, H5T_class_t> added[] = {
+        {"tokenizer_hash", H5T_STRING}, {"lora", H5T_STRING},         {"base_checksum", H5T_STRING},
+        {"run_id", H5T_STRING},         {"global_batch", H5T_INTEGER}, {"steps_per_epoch", H5T_INTEGER},
+        {"contents_checksum", H5T_INTEGER}};
+    for (const auto& [name, type_class] : added) {
+      const std::string line = concat("/ @", name, " class ", type_class);
       BOOST_TEST(std::count(before.begin(), before.end(), line) == 0, line);
       BOOST_TEST(std::count(now.begin(), now.end(), line) == 1, line);
       now.erase(std::remove(now.begin(), now.end(), line), now.end());

@@ -21,6 +21,7 @@
 
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
+#include "checkpoint_edit.hpp"
 #include "launch_support.hpp"
 #include "test_support.hpp"
 #include "train_test_support.hpp"
@@ -1235,6 +1236,13 @@ void flip_data_bit(const fs::path& file, const std::string& where) {
   io.write(&byte, 1);
 }
 
+std::string first_line_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
 }  // namespace
 
 // resume = auto skips a truncated or bit-flipped newest checkpoint with a warning naming it and
@@ -1281,6 +1289,46 @@ BOOST_AUTO_TEST_CASE(resume_skips_a_damaged_newest_checkpoint) {
   BOOST_TEST(o.exit_code == 0, o.output);
   BOOST_TEST(count_of(o.output, "has no 'latest' pointer") == 1u, o.output);
   BOOST_TEST(count_of(o.output, "resumed from " + newest.string()) == 1u, o.output);
+}
+
+// A newest checkpoint whose param and exp_avg were swapped (each still matches its own checksum)
+// or that another run wrote into this run's checkpoint folder: inspect --verify says so and exits
+// 1, resume = auto skips it with a warning naming the file (and both run ids) and resumes from the
+// one before; the run keeps its run_id, which each checkpoint carries.
+BOOST_AUTO_TEST_CASE(resume_skips_a_swapped_or_foreign_newest_checkpoint) {
+  const fs::path dir = scratch("cli_swapped_resume"), other = scratch("cli_swapped_other");
+  const std::string common = "train " + kDemo + " --data.eval_file= --checkpoint.every=2 --checkpoint.keep_last=0"
+                             " --checkpoint.at_end=false --run.dir=";
+  Outcome first = run_shardlm(2, common + dir.string() + " --train.max_steps=4");
+  BOOST_TEST_REQUIRE(first.exit_code == 0, first.output);
+  const std::string id = first_line_of(dir / "run_id");
+  BOOST_TEST(id.size() == 32u, id);
+  const fs::path newest = dir / "checkpoints" / "ckpt-00000004.h5", pristine = dir / "pristine.h5";
+  fs::copy_file(newest, pristine);
+  BOOST_TEST_REQUIRE(ckpt_edit::swap_datasets(newest.string(), "/units/h.0/param", "/units/h.0/exp_avg"));
+  Outcome verify = run_shardlm(1, "inspect --verify " + newest.string());
+  BOOST_TEST(verify.exit_code == 1, verify.output);
+  BOOST_TEST(count_of(verify.output, newest.string() + " is damaged: its attributes, tensor index or vectors' "
+                                     "checksums are not those its contents_checksum was computed over") == 1u,
+             verify.output);
+  const std::string resume = common + dir.string() + " --checkpoint.resume=auto --train.max_steps=5";
+  auto resumes_from_two = [&](const std::string& warning) {
+    Outcome o = run_shardlm(2, resume);
+    BOOST_TEST(o.exit_code == 0, o.output);
+    BOOST_TEST(count_of(o.output, warning) == 1u, o.output);
+    BOOST_TEST(count_of(o.output, "resumed from " + (dir / "checkpoints" / "ckpt-00000002.h5").string()) == 1u,
+               o.output);
+  };
+  resumes_from_two("warning: skipping a damaged checkpoint: checkpoint " + newest.string() + " is damaged: ");
+
+  Outcome b = run_shardlm(2, common + other.string() + " --train.max_steps=4");
+  BOOST_TEST_REQUIRE(b.exit_code == 0, b.output);
+  const std::string other_id = first_line_of(other / "run_id");
+  fs::copy_file(other / "checkpoints" / "ckpt-00000004.h5", newest, fs::copy_options::overwrite_existing);
+  resumes_from_two(shardlm::concat("warning: skipping a checkpoint: checkpoint ", newest.string(),
+                          " belongs to another run: its run id is ", other_id, ", this run's is ", id, " (",
+                          (dir / "run_id").string(), ")"));
+  BOOST_TEST(first_line_of(dir / "run_id") == id);
 }
 
 // A full disk under the run's other outputs (/dev/full answers every write with ENOSPC): metrics
@@ -1351,14 +1399,13 @@ BOOST_AUTO_TEST_CASE(resume_refuses_another_tokenizer_unless_weights_only) {
   BOOST_TEST(weights.exit_code == 0, weights.output);
   BOOST_TEST(count_of(weights.output, "loaded the weights of ") == 1u, weights.output);
 
-  // A checkpoint as written before the tokenizer's hash was kept: the attribute removed.
+  // A checkpoint as written before the tokenizer's hash was kept: the attribute removed, with those
+  // kept since (the run id, global batch and contents checksum).
   const fs::path old = dir / "old" / "ckpt-00000002.h5";
   fs::create_directories(old.parent_path());
   fs::copy_file(step2, old);
-  const hid_t file = H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  BOOST_TEST_REQUIRE(file >= 0);
-  BOOST_TEST(H5Adelete(file, "tokenizer_hash") >= 0);
-  H5Fclose(file);
+  BOOST_TEST_REQUIRE(ckpt_edit::remove_attributes(old.string(), {"tokenizer_hash"}));
+  BOOST_TEST_REQUIRE(ckpt_edit::make_old_format(old.string()));
   Outcome inspect = run_shardlm(1, "inspect " + old.string());
   BOOST_TEST(contains(inspect.output, "\ntokenizer    byte (no hash kept: written before checkpoints kept one)\n"),
              inspect.output);

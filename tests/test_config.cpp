@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 69u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 70u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -145,7 +145,8 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST((checkpoint_keys == std::vector<std::string>{"checkpoint.dir", "checkpoint.every", "checkpoint.keep_last",
                                                           "checkpoint.resume", "checkpoint.at_end",
                                                           "checkpoint.collective_buffering",
-                                                          "checkpoint.load_weights_only"}));
+                                                          "checkpoint.load_weights_only",
+                                                          "checkpoint.allow_new_batch"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
   BOOST_TEST(c.resolved.back().first == "run.trace_step");
 }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_edit.hpp"
 #include "shardlm/io.hpp"
 #include "test_support.hpp"
 #include "train_test_support.hpp"
@@ -92,6 +93,52 @@ std::vector<nlohmann::json> records_of(const std::string& name) {
   std::string line;
   while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
   return records;
+}
+
+// Removes what an earlier run of the tests left in scratch(name).
+void start_afresh(const std::string& name) {
+  if (world_rank() == 0) fs::remove_all(scratch(name));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+std::string checkpoint_of(const std::string& name, long step) {
+  char file[64];
+  std::snprintf(file, sizeof file, "/checkpoints/ckpt-%08ld.h5", step);
+  return scratch(name) + file;
+}
+
+// Rank 0 runs `edit` (true when it worked); every rank learns whether it did.
+bool edited_on_rank0(const std::function<bool()>& edit) {
+  int ok = world_rank() == 0 ? edit() : 0;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok == 1;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The run id of RUN_DIR/run_id on rank 0, shared with every rank.
+std::string run_id_of(const std::string& name) {
+  std::string id = world_rank() == 0 ? first_line(scratch(name) + "/run_id") : "";
+  int size = static_cast<int>(id.size());
+  MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  id.resize(static_cast<size_t>(size));
+  MPI_Bcast(id.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return id;
+}
+
+// The Error message train(cfg) ends with on this rank ("" if it trains).
+std::string refusal_of(const RunConfig& cfg) {
+  try {
+    train(cfg, MPI_COMM_WORLD, quiet());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -514,4 +561,139 @@ BOOST_AUTO_TEST_CASE(saved_modules_go_to_the_adapter_and_come_back) {
   BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
   BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
   for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
+}
+
+// resume = auto passes over a newest checkpoint that is damaged (its tensor index, two vectors
+// swapped), impossible (an old-format file without the contents checksum, so that only the reader's
+// checks can tell) or past this deck's epochs, and resumes from the older intact one; the same file
+// named in checkpoint.resume is refused naming it.
+BOOST_AUTO_TEST_CASE(auto_falls_back_past_unusable_checkpoints) {
+  start_afresh("fallback");
+  RunConfig cfg = config(ShardingStrategy::FullShard, "fallback");
+  cfg.train.max_steps = 10;
+  cfg.checkpoint.every = 5;
+  train(cfg, MPI_COMM_WORLD, quiet());
+  const std::string newest = checkpoint_of("fallback", 10), pristine = scratch("fallback") + "/pristine.h5";
+  BOOST_TEST_REQUIRE(edited_on_rank0([&] { return fs::copy_file(newest, pristine); }));
+  cfg.checkpoint.every = 0;
+  cfg.checkpoint.at_end = false;  // the folder stays as it is: latest names step 10
+  cfg.train.max_steps = 11;
+  struct Case {
+    const char* what;
+    std::function<bool()> edit;
+    const char* why;
+  };
+  using namespace ckpt_edit;
+  const Case cases[] = {
+      {"index", [&] { return flip_dataset_bytes(newest, "/units/h.0/index", 128, 1); }, " is damaged: its attributes"},
+      {"swapped", [&] { return swap_datasets(newest, "/units/h.0/param", "/units/h.0/exp_avg"); },
+       " is damaged: its attributes"},
+      {"negative step", [&] { return set_integer(newest, "step", -1) && make_old_format(newest); },
+       " is inconsistent: step -1 is negative"},
+      {"epoch_step", [&] { return set_integer(newest, "epoch_step", 1000) && make_old_format(newest); },
+       " is inconsistent with this run: epoch_step 1000 is past the "},
+      {"epoch", [&] { return set_integer(newest, "epoch", 1000) && make_old_format(newest); },
+       " is inconsistent with this run: epoch 1000 is past train.epochs"}};
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      BOOST_TEST_REQUIRE(edited_on_rank0([&] {
+        return fs::copy_file(pristine, newest, fs::copy_options::overwrite_existing) && c.edit();
+      }));
+      cfg.checkpoint.resume = ResumeFrom::Auto;
+      const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+      BOOST_TEST(r.first_step == 5);
+      BOOST_TEST(r.step_losses.size() == 6u);
+      cfg.checkpoint.resume = ResumeFrom::Path;
+      cfg.checkpoint.resume_path = newest;
+      const std::string message = refusal_of(cfg);
+      BOOST_TEST(contains(message, "checkpoint " + newest + c.why), message);
+    }
+  }
+}
+
+// Two runs with one checkpoint folder: a checkpoint another run wrote there is passed over by
+// resume = auto, naming both run ids, the file and RUN_DIR/run_id, and refused when no other is
+// left; named in checkpoint.resume it resumes, the run keeping its own id.
+BOOST_AUTO_TEST_CASE(another_runs_checkpoint_is_refused_by_auto) {
+  start_afresh("run_a");
+  RunConfig a = config(ShardingStrategy::FullShard, "run_a");
+  a.train.max_steps = 10;
+  a.checkpoint.every = 5;
+  train(a, MPI_COMM_WORLD, quiet());
+  start_afresh("run_b");
+  RunConfig b = config(ShardingStrategy::FullShard, "run_b");
+  b.train.max_steps = 10;
+  train(b, MPI_COMM_WORLD, quiet());
+  const std::string id_a = run_id_of("run_a"), id_b = run_id_of("run_b");
+  BOOST_TEST(!id_a.empty());
+  BOOST_TEST(id_a != id_b);
+  if (world_rank() == 0) {
+    BOOST_TEST(CheckpointReader(checkpoint_of("run_a", 5)).meta().run_id == id_a);
+    BOOST_TEST(CheckpointReader(checkpoint_of("run_b", 10)).meta().run_id == id_b);
+  }
+  const std::string theirs = checkpoint_of("run_a", 10);
+  BOOST_TEST_REQUIRE(edited_on_rank0([&] {
+    return fs::copy_file(checkpoint_of("run_b", 10), theirs, fs::copy_options::overwrite_existing);
+  }));
+  a.checkpoint.every = 0;
+  a.checkpoint.at_end = false;
+  a.train.max_steps = 11;
+  a.checkpoint.resume = ResumeFrom::Auto;
+  TrainResult r = train(a, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 5);
+
+  BOOST_TEST_REQUIRE(edited_on_rank0([&] { return fs::remove(checkpoint_of("run_a", 5)); }));
+  const std::string message = refusal_of(a);
+  BOOST_TEST(contains(message, concat("checkpoint ", theirs, " belongs to another run: its run id is ", id_b,
+                                      ", this run's is ", id_a, " (", scratch("run_a"), "/run_id)")),
+             message);
+  BOOST_TEST(contains(message, "no usable checkpoint is left"), message);
+
+  a.checkpoint.resume = ResumeFrom::Path;
+  a.checkpoint.resume_path = theirs;
+  r = train(a, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 10);
+  BOOST_TEST(run_id_of("run_a") == id_a);
+}
+
+// A resume with another train.batch_size is refused naming both batches, unless
+// checkpoint.allow_new_batch; then the step count goes on.
+BOOST_AUTO_TEST_CASE(a_different_global_batch_is_refused_unless_allowed) {
+  start_afresh("batch");
+  RunConfig cfg = config(ShardingStrategy::FullShard, "batch");
+  cfg.train.max_steps = 4;
+  train(cfg, MPI_COMM_WORLD, quiet());
+  cfg.checkpoint.resume = ResumeFrom::Auto;
+  cfg.train.batch_size = 16;
+  cfg.train.max_steps = 6;
+  const std::string message = refusal_of(cfg);
+  BOOST_TEST(contains(message, "checkpoint " + checkpoint_of("batch", 4) +
+                                   " was written with a global batch of 8, this run's train.batch_size is 16"),
+             message);
+  BOOST_TEST(contains(message, "checkpoint.allow_new_batch = true"), message);
+  cfg.checkpoint.allow_new_batch = true;
+  const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 4);
+  BOOST_TEST(r.step_losses.size() == 2u);
+  if (world_rank() == 0) BOOST_TEST(CheckpointReader(checkpoint_of("batch", 6)).meta().global_batch == 16);
+}
+
+// A checkpoint written before run ids, global batch and contents checksum, in a run folder without
+// run_id, still resumes; the run then makes an id, which its next checkpoint keeps.
+BOOST_AUTO_TEST_CASE(an_old_format_checkpoint_still_resumes) {
+  start_afresh("old_format");
+  RunConfig cfg = config(ShardingStrategy::FullShard, "old_format");
+  cfg.train.max_steps = 4;
+  train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(edited_on_rank0([&] {
+    return ckpt_edit::make_old_format(checkpoint_of("old_format", 4)) && fs::remove(scratch("old_format") + "/run_id");
+  }));
+  cfg.checkpoint.resume = ResumeFrom::Auto;
+  cfg.train.max_steps = 6;
+  const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 4);
+  BOOST_TEST(r.step_losses.size() == 2u);
+  const std::string id = run_id_of("old_format");
+  BOOST_TEST(!id.empty());
+  if (world_rank() == 0) BOOST_TEST(CheckpointReader(checkpoint_of("old_format", 6)).meta().run_id == id);
 }

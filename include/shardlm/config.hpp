@@ -132,6 +132,7 @@ struct CheckpointSection {
   bool at_end = true;           // write one when training ends
   bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
   bool load_weights_only = false;     // resume takes only the parameters: a fresh run from another model config
+  bool allow_new_batch = false;       // resume a checkpoint written with another train.batch_size
 };
 
 struct RunSection {

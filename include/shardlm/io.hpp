@@ -47,6 +47,12 @@ struct CheckpointMeta {
   // checksum (FsdpEngine::frozen_checksum_part summed over the ranks, 16 hex digits). Empty otherwise.
   std::string lora;
   std::string base_checksum;
+  // The run that wrote it (RUN_DIR/run_id, made at the run's first start), its global batch
+  // (train.batch_size) and steps per epoch: resume = auto refuses another run's checkpoint, and a
+  // resume another batch (checkpoint.allow_new_batch). Empty / 0: written before they were kept.
+  std::string run_id;
+  long global_batch = 0;
+  long steps_per_epoch = 0;
 };
 
 // One vector of an optimizer's per-element fp32 state (AdamW: exp_avg, exp_avg_sq), sliced as the
@@ -93,7 +99,9 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
                                      const std::vector<UnitState>& units, MPI_Comm comm,
                                      const CheckpointWriteOptions& options = {});
 
-// Collective over comm. Checks the file's model and units against `units`, and each unit's stored
+// Collective over comm. Checks the file's contents checksum (attributes, index rows and the
+// vectors' checksums as written; Error "... is damaged: ..." when they differ), its attributes for
+// impossible values ("... is inconsistent: ..."), its model and units against `units`, and each unit's stored
 // optimizer vectors against the names its `optimizer` lists (Error naming the file, unit and
 // dataset on any mismatch), reads each rank's slices, verifies every dataset's checksum.
 // `check_meta`, when given, runs on every rank on the file's attributes before any data is read;
@@ -129,6 +137,9 @@ std::vector<std::string> resume_candidates(const std::string& dir, std::string* 
 // Whether a load_checkpoint error says the file is damaged (truncated, unreadable, checksum), as
 // opposed to a checkpoint of another model or optimizer.
 bool checkpoint_damaged(const std::string& error);
+// Whether resume = auto may pass over the checkpoint a load_checkpoint (or setup) error is about:
+// damaged, inconsistent (impossible or out-of-range position), or another run's.
+bool checkpoint_unusable(const std::string& error);
 // A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist, naming the
 // argument it came from (`what`: the deck key, or the subcommand's own argument).
 std::string resolve_checkpoint_path(const std::string& path, const std::string& what = "--checkpoint.resume");
@@ -160,9 +171,14 @@ class CheckpointReader {
   const std::vector<CheckpointUnitState>& unit_states() const { return unit_states_; }  // in unit order
   // The fp32 master values of one tensor (checksum of its unit's dataset verified on first use).
   std::vector<float> read(const CheckpointTensor& t);
-  // Reads every stored vector of every unit (param and optimizer state) and compares its checksum:
-  // one line per damaged dataset ("checkpoint FILE is damaged: dataset D: checksum mismatch"),
-  // empty when the file is intact.
+  // What the metadata alone shows, without reading any vector, one line each naming the file: the
+  // contents checksum not matching (attributes, index or vectors' checksums changed, vectors
+  // swapped), or impossible attributes (a negative step, epoch_step past its epoch). Empty when
+  // none (files written before the contents checksum are only checked for impossible values).
+  const std::vector<std::string>& metadata_problems() const { return metadata_problems_; }
+  // metadata_problems(), then reads every stored vector of every unit (param and optimizer state)
+  // and compares its checksum: one line per damaged dataset ("checkpoint FILE is damaged: dataset
+  // D: checksum mismatch"), empty when the file is intact.
   std::vector<std::string> verify();
 
  private:
@@ -172,6 +188,7 @@ class CheckpointReader {
   std::vector<CheckpointTensor> tensors_;
   std::vector<CheckpointUnitState> unit_states_;
   std::map<std::string, bool> verified_;
+  std::vector<std::string> metadata_problems_;
 };
 
 // ---- safetensors and Hugging Face export ----------------------------------------------------

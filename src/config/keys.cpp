@@ -322,6 +322,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("checkpoint.at_end", SHARDLM_FIELD(checkpoint.at_end)),
       flag_key("checkpoint.collective_buffering", SHARDLM_FIELD(checkpoint.collective_buffering)),
       flag_key("checkpoint.load_weights_only", SHARDLM_FIELD(checkpoint.load_weights_only)),
+      flag_key("checkpoint.allow_new_batch", SHARDLM_FIELD(checkpoint.allow_new_batch)),
 
       dir_key("run.dir"),
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),

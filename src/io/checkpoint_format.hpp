@@ -28,9 +28,16 @@ constexpr const char* kParamDataset = "param";
 constexpr const char* kTokenizerHashAttr = "tokenizer_hash";
 constexpr const char* kLoraAttr = "lora";
 constexpr const char* kBaseChecksumAttr = "base_checksum";
+constexpr const char* kRunIdAttr = "run_id";
+constexpr const char* kGlobalBatchAttr = "global_batch";
+constexpr const char* kStepsPerEpochAttr = "steps_per_epoch";
 inline bool optional_meta_attribute(const std::string& name) {
-  return name == kTokenizerHashAttr || name == kLoraAttr || name == kBaseChecksumAttr;
+  return name == kTokenizerHashAttr || name == kLoraAttr || name == kBaseChecksumAttr || name == kRunIdAttr ||
+         name == kGlobalBatchAttr || name == kStepsPerEpochAttr;
 }
+// Root attribute binding everything a resume reads besides the vectors' data (ContentsHash); files
+// written before it was kept lack it and are read without that check.
+constexpr const char* kContentsChecksumAttr = "contents_checksum";
 
 inline std::string unit_group_path(const std::string& unit) { return std::string(kUnitsGroup) + "/" + unit; }
 inline std::string vector_path(const std::string& unit, const std::string& name) {
@@ -61,6 +68,9 @@ void for_each_meta_attribute(Meta& m, F&& f) {
   f(kTokenizerHashAttr, m.tokenizer_hash);
   f(kLoraAttr, m.lora);
   f(kBaseChecksumAttr, m.base_checksum);
+  f(kRunIdAttr, m.run_id);
+  f(kGlobalBatchAttr, m.global_batch);
+  f(kStepsPerEpochAttr, m.steps_per_epoch);
 }
 
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.
@@ -150,6 +160,53 @@ class Fnv1a {
 
  private:
   uint64_t hash_ = 0xcbf29ce484222325ULL;  // the offset basis
+};
+
+// What contents_checksum covers, in this order: every root attribute of for_each_meta_attribute
+// (format_version first) by name and stored value, then per unit in stored order its name, its index
+// rows and, for param and then the optimizer's vectors in name order, the dataset's name and its
+// checksum attribute. A changed attribute, a damaged index or two vectors swapped (the checksum
+// attribute travels with its dataset, away from the name it was bound to) all change it.
+class ContentsHash {
+ public:
+  void attribute(const char* name, int64_t v) { tagged(name, 1, static_cast<uint64_t>(v)); }
+  void attribute(const char* name, uint64_t v) { tagged(name, 2, v); }
+  void attribute(const char* name, double v) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    tagged(name, 3, bits);
+  }
+  // A string attribute by its stored text (a ModelConfig as its JSON).
+  void text_attribute(const char* name, const std::string& text) {
+    tagged(name, 4, text.size());
+    hash_.add_bytes(text);
+  }
+  void absent(const char* name) { tagged(name, 5, 0); }
+  void unit(const std::string& name) { word(name, 6); }
+  void tensor(const std::string& name, uint64_t offset, uint64_t numel, const std::vector<int64_t>& shape) {
+    word(name, 7);
+    hash_.add(offset);
+    hash_.add(numel);
+    hash_.add(shape.size());
+    for (int64_t d : shape) hash_.add(static_cast<uint64_t>(d));
+  }
+  void dataset(const std::string& name, uint64_t checksum) {
+    word(name, 8);
+    hash_.add(checksum);
+  }
+  uint64_t value() const { return hash_.value(); }
+
+ private:
+  // A name, then a tag no byte equals (0x100 + kind): names and kinds cannot run into each other.
+  void word(const std::string& name, uint64_t kind) {
+    hash_.add_bytes(name);
+    hash_.add(0x100 + kind);
+  }
+  void tagged(const char* name, uint64_t kind, uint64_t value) {
+    word(name, kind);
+    hash_.add(value);
+  }
+  Fnv1a hash_;
 };
 
 // ---- HDF5 handles and errors ------------------------------------------------------------------

@@ -73,20 +73,58 @@ void get_attribute(hid_t obj, const char* name, const std::string& file, double&
 void get_attribute(hid_t obj, const char* name, const std::string& file, std::string& out) {
   out = get_string(obj, name, file);
 }
-void get_attribute(hid_t obj, const char* name, const std::string& file, ModelConfig& out) {
-  out = model_config_from_hf(get_string(obj, name, file), concat("checkpoint ", file, ": attribute ", name));
+
+// The attribute as read into the contents hash (the writer's hash_attribute of the same value).
+void hash_attribute(ContentsHash& h, const char* name, int v) { h.attribute(name, int64_t{v}); }
+void hash_attribute(ContentsHash& h, const char* name, long v) { h.attribute(name, int64_t{v}); }
+void hash_attribute(ContentsHash& h, const char* name, uint64_t v) { h.attribute(name, v); }
+void hash_attribute(ContentsHash& h, const char* name, double v) { h.attribute(name, v); }
+void hash_attribute(ContentsHash& h, const char* name, const std::string& v) { h.text_attribute(name, v); }
+
+template <typename T>
+void read_attribute(hid_t file, const char* name, const std::string& path, T& out, ContentsHash& hash) {
+  get_attribute(file, name, path, out);
+  hash_attribute(hash, name, out);
+}
+// A model config is hashed as its stored text, not as parsed and written again.
+void read_attribute(hid_t file, const char* name, const std::string& path, ModelConfig& out, ContentsHash& hash) {
+  const std::string text = get_string(file, name, path);
+  hash.text_attribute(name, text);
+  out = model_config_from_hf(text, concat("checkpoint ", path, ": attribute ", name));
 }
 
-CheckpointMeta read_meta(hid_t file, const std::string& path) {
+// The root attributes; `hash` takes them for contents_problem.
+CheckpointMeta read_meta(hid_t file, const std::string& path, ContentsHash& hash) {
   CheckpointMeta m;
-  get_attribute(file, "format_version", path, m.format_version);
+  read_attribute(file, "format_version", path, m.format_version, hash);
   SHARDLM_CHECK(m.format_version == kCheckpointFormatVersion, "checkpoint ", path, " has format_version ",
                 m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
   for_each_meta_attribute(m, [&](const char* name, auto& field) {
-    if (optional_meta_attribute(name) && H5Aexists(file, name) == 0) return;  // an older file
-    get_attribute(file, name, path, field);
+    if (optional_meta_attribute(name) && H5Aexists(file, name) == 0) {  // an older file
+      hash.absent(name);
+      return;
+    }
+    read_attribute(file, name, path, field, hash);
   });
   return m;
+}
+
+// Values no run writes, each named with the file ("" when there is none): what the checksums cannot
+// catch in a file written wrong, or in one written before the contents checksum was kept.
+std::string meta_problem(const CheckpointMeta& m, const std::string& path) {
+  const std::string at = concat("checkpoint ", path, " is inconsistent: ");
+  if (m.step < 0) return concat(at, "step ", m.step, " is negative");
+  if (m.epoch < 0) return concat(at, "epoch ", m.epoch, " is negative");
+  if (m.epoch_step < 0) return concat(at, "epoch_step ", m.epoch_step, " is negative");
+  if (m.optimizer_steps < 0) return concat(at, "optimizer_steps ", m.optimizer_steps, " is negative");
+  if (m.total_steps < 0) return concat(at, "total_steps ", m.total_steps, " is negative");
+  if (m.step > m.total_steps)
+    return concat(at, "step ", m.step, " is past total_steps ", m.total_steps, " of the run that wrote it");
+  if (m.global_batch < 0) return concat(at, "global_batch ", m.global_batch, " is negative");
+  if (m.steps_per_epoch < 0) return concat(at, "steps_per_epoch ", m.steps_per_epoch, " is negative");
+  if (m.steps_per_epoch > 0 && m.epoch_step > m.steps_per_epoch)
+    return concat(at, "epoch_step ", m.epoch_step, " is past the ", m.steps_per_epoch, " steps of its epochs");
+  return "";
 }
 
 // ---- units ----------------------------------------------------------------------------------
@@ -133,7 +171,7 @@ std::vector<CheckpointTensor> read_index(hid_t file, const std::string& unit, co
                 "checkpoint ", path, " is damaged: dataset ", where, " cannot be read: ", h5_error_text());
   std::vector<CheckpointTensor> tensors;
   for (const IndexRecord& r : rows) {
-    SHARDLM_CHECK(r.ndim >= 0 && r.ndim <= kIndexMaxDims, "checkpoint ", path, ": dataset ", where,
+    SHARDLM_CHECK(r.ndim >= 0 && r.ndim <= kIndexMaxDims, "checkpoint ", path, " is damaged: dataset ", where,
                   " has a tensor with ", r.ndim, " dimensions");
     CheckpointTensor t;
     t.unit = unit;
@@ -242,6 +280,30 @@ std::string checksum_mismatch(const std::string& path, const std::string& where)
   return concat("checkpoint ", path, " is damaged: dataset ", where, ": checksum mismatch");
 }
 
+// "" when the file keeps no contents checksum (written before it was kept) or the file's
+// attributes (in `hash` already), index rows and dataset checksums give the value it keeps; else
+// the damage, naming the file. Metadata only: no vector's data is read.
+std::string contents_problem(hid_t file, const std::string& path, ContentsHash hash) {
+  if (H5Aexists(file, kContentsChecksumAttr) <= 0) return "";
+  const uint64_t kept = get_number<uint64_t>(file, kContentsChecksumAttr, H5T_NATIVE_UINT64, path);
+  for (const std::string& unit : unit_names(file, path)) {
+    hash.unit(unit);
+    for (const CheckpointTensor& t : read_index(file, unit, path)) hash.tensor(t.name, t.offset, t.numel, t.shape);
+    std::vector<std::string> names{kParamDataset};
+    for (const std::string& name : stored_optimizer_vectors(file, unit, path)) names.push_back(name);
+    for (const std::string& name : names) {
+      const std::string where = vector_path(unit, name);
+      H5Id dset = h5_dataset(H5Dopen2(file, where.c_str(), H5P_DEFAULT));
+      SHARDLM_CHECK(dset.valid(), "checkpoint ", path, " is damaged: dataset ", where, " cannot be opened: ",
+                    h5_error_text("it is missing"));
+      hash.dataset(name, checksum_attribute(dset.get(), where, path));
+    }
+  }
+  if (hash.value() == kept) return "";
+  return concat("checkpoint ", path, " is damaged: its attributes, tensor index or vectors' checksums are not those its ",
+                kContentsChecksumAttr, " was computed over (changed after it was written, or vectors swapped?)");
+}
+
 // Collective: each rank reads [begin, begin + count) of the unit's datasets; primaries' partial
 // checksums are summed and compared with the attributes. Returns this rank's error.
 std::string read_unit(hid_t file, const UnitState& u, hid_t dxpl, MPI_Comm comm, const std::string& path,
@@ -314,7 +376,12 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
   CheckpointMeta meta;
   std::string error;
   try {
-    meta = read_meta(file.get(), path);
+    ContentsHash hash;
+    meta = read_meta(file.get(), path, hash);
+    const std::string damage = contents_problem(file.get(), path, hash);
+    if (!damage.empty()) throw Error(damage);
+    const std::string inconsistency = meta_problem(meta, path);
+    if (!inconsistency.empty()) throw Error(inconsistency);
     if (check_meta) check_meta(meta);
     check_layout(file.get(), units, path, weights_only);
   } catch (const std::exception& e) {
@@ -336,12 +403,16 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   // Default (serial) file access: no MPI-IO, so it works on one rank or without MPI at all.
   H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) throw Error(open_failure(path));
-  meta_ = read_meta(file.get(), path);
+  ContentsHash hash;
+  meta_ = read_meta(file.get(), path, hash);
   for (const std::string& unit : unit_names(file.get(), path)) {
     std::vector<CheckpointTensor> unit_tensors = read_index(file.get(), unit, path);
     tensors_.insert(tensors_.end(), unit_tensors.begin(), unit_tensors.end());
     unit_states_.push_back({unit, stored_optimizer_vectors(file.get(), unit, path)});
   }
+  // Kept for metadata_problems() and verify(): inspect still shows what such a file holds.
+  for (const std::string& problem : {contents_problem(file.get(), path, hash), meta_problem(meta_, path)})
+    if (!problem.empty()) metadata_problems_.push_back(problem);
   file_ = file.release();  // closed in the destructor
 }
 
@@ -380,7 +451,7 @@ std::vector<float> CheckpointReader::read(const CheckpointTensor& t) {
 }
 
 std::vector<std::string> CheckpointReader::verify() {
-  std::vector<std::string> damage;
+  std::vector<std::string> damage = metadata_problems_;
   const hid_t file = static_cast<hid_t>(file_);
   for (const CheckpointUnitState& u : unit_states_) {
     std::vector<std::string> names{kParamDataset};
@@ -421,6 +492,11 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
 
 bool checkpoint_damaged(const std::string& error) {
   return error.find(" is damaged: ") != std::string::npos || error.find("': it is damaged: ") != std::string::npos;
+}
+
+bool checkpoint_unusable(const std::string& error) {
+  return checkpoint_damaged(error) || error.find(" is inconsistent") != std::string::npos ||
+         error.find(" belongs to another run: ") != std::string::npos;
 }
 
 }  // namespace shardlm

@@ -88,14 +88,30 @@ void put_attribute(hid_t obj, const char* name, double v, FirstFailure& f) {
   put_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, f);
 }
 void put_attribute(hid_t obj, const char* name, const std::string& v, FirstFailure& f) { put_string(obj, name, v, f); }
+std::string stored_text(const ModelConfig& v) { return nlohmann::ordered_json::parse(hf_config_json(v)).dump(); }
 void put_attribute(hid_t obj, const char* name, const ModelConfig& v, FirstFailure& f) {
-  put_string(obj, name, nlohmann::ordered_json::parse(hf_config_json(v)).dump(), f);
+  put_string(obj, name, stored_text(v), f);
 }
 
+// The attribute's stored value into the contents hash, as the reader will see it.
+void hash_attribute(ContentsHash& h, const char* name, int v) { h.attribute(name, int64_t{v}); }
+void hash_attribute(ContentsHash& h, const char* name, long v) { h.attribute(name, int64_t{v}); }
+void hash_attribute(ContentsHash& h, const char* name, uint64_t v) { h.attribute(name, v); }
+void hash_attribute(ContentsHash& h, const char* name, double v) { h.attribute(name, v); }
+void hash_attribute(ContentsHash& h, const char* name, const std::string& v) { h.text_attribute(name, v); }
+void hash_attribute(ContentsHash& h, const char* name, const ModelConfig& v) { h.text_attribute(name, stored_text(v)); }
+
 // Collective: every rank writes the same values (parallel HDF5 requires identical metadata calls).
-void write_meta(hid_t file, const CheckpointMeta& meta, FirstFailure& f) {
+// The contents checksum is created here and set once the datasets' checksums are known; `hash`
+// takes the attributes.
+void write_meta(hid_t file, const CheckpointMeta& meta, ContentsHash& hash, FirstFailure& f) {
   put_attribute(file, "format_version", kCheckpointFormatVersion, f);
-  for_each_meta_attribute(meta, [&](const char* name, const auto& field) { put_attribute(file, name, field, f); });
+  hash_attribute(hash, "format_version", kCheckpointFormatVersion);
+  for_each_meta_attribute(meta, [&](const char* name, const auto& field) {
+    put_attribute(file, name, field, f);
+    hash_attribute(hash, name, field);
+  });
+  put_attribute(file, kContentsChecksumAttr, uint64_t{0}, f);
 }
 
 // HDF5 compound of IndexRecord as stored: packed, little-endian, readable field names.
@@ -199,6 +215,19 @@ OpenUnit create_unit(hid_t file, const UnitState& u, FirstFailure& f) {
 void set_checksum(hid_t dset, uint64_t value, const std::string& what, FirstFailure& f) {
   H5Id attr = h5_attr(H5Aopen(dset, kChecksumAttr, H5P_DEFAULT));
   f.check(attr.valid() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value) >= 0, concat("writing the checksum of ", what));
+}
+
+// A unit's share of the contents hash: its name, index rows, and each stored vector's name with its
+// checksum (checksum_of(v) for stored_vectors' v), param first, then the optimizer's in name order.
+template <typename ChecksumOf>
+void hash_unit(ContentsHash& hash, const UnitState& u, ChecksumOf checksum_of) {
+  hash.unit(u.layout->name);
+  for (const TensorSpec& t : u.layout->tensors) hash.tensor(t.name, t.offset, t.numel, t.shape);
+  const std::vector<StateVector> vectors = stored_vectors(u);
+  std::vector<size_t> order(vectors.size());
+  for (size_t v = 0; v < order.size(); ++v) order[v] = v;
+  std::sort(order.begin() + 1, order.end(), [&](size_t a, size_t b) { return vectors[a].name < vectors[b].name; });
+  for (size_t v : order) hash.dataset(vectors[v].name, checksum_of(v));
 }
 
 bool writes_slice(const UnitState& u) { return u.primary && u.count > 0; }
@@ -440,7 +469,8 @@ class FileWriter {
     // the aggregator ranks (slower on one node: docs/PERFORMANCE.md). On a striped parallel file
     // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
     if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl_.get(), H5FD_MPIO_INDIVIDUAL_IO);
-    write_meta(file_.get(), meta, f);
+    ContentsHash contents;
+    write_meta(file_.get(), meta, contents, f);
     {
       // Units are listed in creation order (h.10 would otherwise sort before h.2).
       H5Id gcpl = h5_plist(H5Pcreate(H5P_GROUP_CREATE));
@@ -509,6 +539,13 @@ class FileWriter {
       for (size_t v = 0; v < open_[i].dsets.size(); ++v)
         set_checksum(open_[i].dsets[v].get(), total[checksums.at(i, v)],
                      vector_path(units[i].layout->name, vectors[v].name), f);
+      hash_unit(contents, units[i], [&](size_t v) { return total[checksums.at(i, v)]; });
+    }
+    {
+      const uint64_t value = contents.value();
+      H5Id attr = h5_attr(H5Aopen(file_.get(), kContentsChecksumAttr, H5P_DEFAULT));
+      f.check(attr.valid() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value) >= 0,
+              concat("writing attribute ", kContentsChecksumAttr));
     }
     agree_on_error(comm_, f.message());
     open_.clear();

@@ -27,6 +27,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash
   m.deck = resolved_deck_ini(cfg);
   m.version = SHARDLM_VERSION;
   m.tokenizer_hash = tokenizer_hash;
+  m.global_batch = cfg.train.batch_size;
   return m;
 }
 

@@ -64,6 +64,9 @@ struct TrainRun {
   // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
   bool generate_answers = false;
   std::vector<SquadQuestion> questions;
+  // RUN_DIR/run_id, the same on every rank; empty until load_start when a resumed run's folder has
+  // none yet (it then takes the checkpoint's).
+  std::string run_id;
   std::string resume_path;  // empty: a fresh run
   long resume_step = -1;    // the step resume_path was written at (-1: a fresh run)
   // 0 for a run's first process; the k-th resume of the run (maybe on another world) is segment k.

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "gpu_guard.hpp"
+#include "run_id.hpp"
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
 #include "shardlm/device.hpp"
@@ -48,6 +49,40 @@ void check_same_model(const std::string& path, const CheckpointMeta& meta, const
                 "starts a new run from its weights)");
 }
 
+// The checkpoint's position in the epoch in steps of this run's global batch: the examples its
+// steps took, divided by this batch, rounded down (checkpoint.allow_new_batch).
+long resumed_epoch_step(const CheckpointMeta& meta, const TrainRun& run) {
+  const long batch = run.cfg.train.batch_size;
+  if (meta.global_batch <= 0 || meta.global_batch == batch) return meta.epoch_step;
+  return meta.epoch_step * meta.global_batch / batch;
+}
+
+// The checkpoint against this deck and run, Error naming the file: its global batch, its position
+// within this run's epochs, and (resume = auto) its run id. Errors saying "is inconsistent" or
+// "belongs to another run" let resume = auto pass over it (checkpoint_unusable); another batch
+// is the deck's choice and ends the run.
+void check_resume_fits(const std::string& path, const CheckpointMeta& meta, const TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  SHARDLM_CHECK(meta.global_batch <= 0 || meta.global_batch == cfg.train.batch_size || cfg.checkpoint.allow_new_batch,
+                "checkpoint ", path, " was written with a global batch of ", meta.global_batch,
+                ", this run's train.batch_size is ", cfg.train.batch_size,
+                ": its steps and position in the data would mean other examples (checkpoint.allow_new_batch = true "
+                "resumes it with the new batch)");
+  const std::string at = concat("checkpoint ", path, " is inconsistent with this run: ");
+  // A finished run of a longer deck is left to say "nothing to do".
+  SHARDLM_CHECK(meta.epoch < cfg.train.epochs || meta.step >= run.total_steps, at, "epoch ", meta.epoch,
+                " is past train.epochs = ", cfg.train.epochs, " while step ", meta.step, " is before the run's last, ",
+                run.total_steps);
+  SHARDLM_CHECK(resumed_epoch_step(meta, run) <= run.steps_per_epoch, at, "epoch_step ", meta.epoch_step,
+                " is past the ", run.steps_per_epoch, " steps of an epoch of ", run.train_set.size(),
+                " examples in batches of ", cfg.train.batch_size);
+  if (cfg.checkpoint.resume == ResumeFrom::Auto && !run.run_id.empty() && !meta.run_id.empty() &&
+      meta.run_id != run.run_id)
+    throw Error(concat("checkpoint ", path, " belongs to another run: its run id is ", meta.run_id, ", this run's is ",
+                       run.run_id, " (", run_id_path(cfg.run.dir), "); checkpoint.resume = ", path,
+                       " resumes it all the same"));
+}
+
 DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
   DatasetOptions opt;
   opt.max_length = data.max_length;
@@ -87,8 +122,15 @@ void load_inputs(TrainRun& run) {
     run.replacement = claim_run_folder(cfg);
     // A resumed run continues the run's file as its next segment (segment 1 at least, also when it
     // starts a new file from another run's checkpoint); loading weights only starts a new run.
-    if (!run.resume_path.empty() && !cfg.checkpoint.load_weights_only)
+    const bool continues = !run.resume_path.empty() && !cfg.checkpoint.load_weights_only;
+    // A fresh run is a new run id, written by open_run_outputs once the earlier run is set aside; a resume
+    // keeps the folder's (none: load_start settles it).
+    if (continues) {
+      run.run_id = read_run_id(cfg.run.dir);
       run.segment = std::max(1, segments_in(std::filesystem::path(cfg.run.dir) / "metrics.jsonl"));
+    } else {
+      run.run_id = new_run_id();
+    }
   }
   // A deck has resolved "auto" already; a RunConfig built in code may still hold it.
   run.tokenizer = make_tokenizer(cfg.tokenizer_json());
@@ -227,6 +269,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   if (run->echo) log_info(resolved_deck_ini(cfg));
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
   run_collectively(comm, [&] { load_inputs(*run); });
+  broadcast_run_id(run->run_id, comm);
   run_collectively(comm, [&] { run->topo = make_topology(comm, cfg.dist.ranks_per_node); });
   // Ranks sharing a host split its cores between their BLAS threads.
   cpu_set_threads(cpu_default_threads(run->topo.host_ranks));
@@ -240,21 +283,24 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   if (cfg.train.max_steps > 0) run->total_steps = std::min<long>(run->total_steps, cfg.train.max_steps);
   if (!run->resume_path.empty() && !cfg.checkpoint.load_weights_only) {
     // The checkpoint's step, read by rank 0 before any engine is built: a finished run of this
-    // model stops here, once its checksums say the final checkpoint is intact. A damaged one is left
-    // to load_start, which skips it under resume = auto and resumes from the newest intact one.
+    // model stops here, once its checksums say the final checkpoint is intact. A damaged,
+    // inconsistent or another run's one is left to load_start, which skips it under resume = auto
+    // and resumes from the newest usable one.
     run_collectively(comm, [&] {
       if (run->rank != 0) return;
       try {
         CheckpointReader reader(run->resume_path);
+        if (!reader.metadata_problems().empty()) throw Error(reader.metadata_problems().front());
         const CheckpointMeta& meta = reader.meta();
         check_same_model(run->resume_path, meta, *run);
+        check_resume_fits(run->resume_path, meta, *run);
         run->resume_step = meta.step;
         if (meta.step >= run->total_steps) {
           const std::vector<std::string> damage = reader.verify();
           if (!damage.empty()) throw Error(damage.front());
         }
       } catch (const Error& e) {
-        if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_damaged(e.what())) throw;
+        if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_unusable(e.what())) throw;
         run->resume_step = -1;
       }
     });
@@ -284,9 +330,10 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
 
 namespace {
 
-// The checkpoint a resumed run starts from. With resume = auto a damaged newest checkpoint (or a
-// missing latest pointer) is skipped with a warning naming it, and the newest intact one is used:
-// a requeued job neither fails for good nor silently starts afresh. Sets run.resume_path to it.
+// The checkpoint a resumed run starts from. With resume = auto a newest checkpoint that is damaged,
+// inconsistent or another run's (or a missing latest pointer) is skipped with a warning naming it
+// and why, and the newest usable one is used: a requeued job neither fails for good nor silently
+// starts afresh. Sets run.resume_path to it.
 CheckpointMeta load_resume_checkpoint(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   std::vector<std::string> candidates{run.resume_path};
@@ -301,20 +348,46 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
       CheckpointMeta meta = load_checkpoint(
           candidates[i], run.engine->checkpoint_state(), run.comm,
           [&](const CheckpointMeta& m) {
-            if (!weights_only) check_same_model(candidates[i], m, run);
+            if (weights_only) return;
+            check_same_model(candidates[i], m, run);
+            check_resume_fits(candidates[i], m, run);
           },
           weights_only);
       run.resume_path = candidates[i];
       return meta;
     } catch (const AgreedError& e) {
-      if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_damaged(e.what())) throw;
+      if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_unusable(e.what())) throw;
       if (i + 1 == candidates.size())
-        throw AgreedError(concat(e.what(), "; no intact checkpoint is left in ", cfg.checkpoint_dir(),
+        throw AgreedError(concat(e.what(), "; no usable checkpoint is left in ", cfg.checkpoint_dir(),
                                  " (set checkpoint.resume = none, or run.dir elsewhere, to start afresh)"));
-      run.say(concat("warning: skipping a damaged checkpoint: ", e.what(), "; trying ", candidates[i + 1]));
+      // Every such message names the file.
+      run.say(concat("warning: skipping ", checkpoint_damaged(e.what()) ? "a damaged checkpoint" : "a checkpoint",
+                     ": ", e.what(), "; trying ", candidates[i + 1]));
     }
   }
   throw AgreedError(concat("checkpoint.resume: no checkpoint in ", cfg.checkpoint_dir()));
+}
+
+// After a resume: a run folder with no run id yet (made before they were kept) takes the
+// checkpoint's, or a new one; a run resumed from another run's checkpoint (an explicit
+// checkpoint.resume) keeps its own and says so.
+void settle_run_id(TrainRun& run, const CheckpointMeta& meta) {
+  if (run.run_id.empty()) {
+    std::string id = meta.run_id.empty() ? new_run_id() : meta.run_id;
+    broadcast_run_id(id, run.comm);  // rank 0's new id, if it made one
+    run.run_id = id;
+    run_collectively(run.comm, [&] {
+      if (run.rank == 0) write_run_id(run.cfg.run.dir, run.run_id);
+    });
+    run.say(concat("run id ", run.run_id, meta.run_id.empty() ? " (new" : " (the checkpoint's", ": ",
+                   run_id_path(run.cfg.run.dir), " had none)"));
+  } else if (!meta.run_id.empty() && meta.run_id != run.run_id) {
+    run.say(concat("note: ", run.resume_path, " is another run's checkpoint (run id ", meta.run_id,
+                   "); this run keeps its id ", run.run_id, " (", run_id_path(run.cfg.run.dir), ")"));
+  }
+  if (meta.run_id.empty())
+    run.say(concat("warning: ", run.resume_path, " was written before checkpoints kept their run id, global batch and "
+                   "contents checksum: it could not be checked to be this run's (", run.run_id, ")"));
 }
 
 }  // namespace
@@ -324,8 +397,10 @@ void open_run_outputs(TrainRun& run) {
     if (run.rank != 0) return;
     const RunConfig& cfg = run.cfg;
     const std::filesystem::path dir(cfg.run.dir), deck = dir / "deck.resolved.ini", metrics = dir / "metrics.jsonl";
-    const std::string aside = run.replacement.set_aside({deck, metrics});
+    const bool fresh = run.resume_path.empty() || cfg.checkpoint.load_weights_only;
+    const std::string aside = run.replacement.set_aside({deck, metrics, run_id_path(cfg.run.dir)});
     if (!aside.empty()) run.say(aside);
+    if (fresh) write_run_id(cfg.run.dir, run.run_id);  // the earlier run's id went with it
     replace_file(deck.string(), resolved_deck_ini(cfg), "resolved deck");
     run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty() && !cfg.checkpoint.load_weights_only);
     run.outputs_open = true;
@@ -373,7 +448,9 @@ TrainPosition load_start(TrainRun& run) {
     const CheckpointMeta meta = load_resume_checkpoint(run);
     model.checkpoint_loaded();
     run.say(concat("loaded the weights of ", run.resume_path, " (step ", meta.step,
-                   "; checkpoint.load_weights_only: a new run from step 0 with fresh optimizer state)"));
+                   meta.run_id.empty() || meta.run_id == run.run_id ? "" : concat(" of run ", meta.run_id),
+                   "; checkpoint.load_weights_only: a new run ", run.run_id,
+                   " from step 0 with fresh optimizer state)"));
   } else if (!run.resume_path.empty()) {
     CheckpointMeta meta = load_resume_checkpoint(run);
     model.set_optimizer_steps(meta.optimizer_steps);
@@ -381,9 +458,15 @@ TrainPosition load_start(TrainRun& run) {
     pos.step = meta.step;
     if (pos.scaling && meta.loss_scale > 0) pos.loss_scale = meta.loss_scale;
     pos.epoch = meta.epoch;
-    pos.epoch_step = meta.epoch_step;
+    pos.epoch_step = resumed_epoch_step(meta, run);
     run.say(concat("resumed from ", run.resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",
                    meta.epoch_step, " of its steps (written by ", meta.world_size, " rank(s), ", meta.strategy, ")"));
+    settle_run_id(run, meta);
+    if (pos.epoch_step != meta.epoch_step || (meta.global_batch > 0 && meta.global_batch != cfg.train.batch_size))
+      run.say(concat("warning: checkpoint.allow_new_batch: ", run.resume_path, " was written with a global batch of ",
+                     meta.global_batch, ", this run's is ", cfg.train.batch_size, ": its ", meta.epoch_step,
+                     " steps of epoch ", meta.epoch, " are ", pos.epoch_step, " of this run's (",
+                     meta.epoch_step * meta.global_batch, " examples, rounded down to whole batches)"));
     if (meta.tokenizer_hash.empty())
       run.say(concat("warning: ", run.resume_path, " was written before checkpoints kept their tokenizer's hash: "
                      "its tokenizer could not be compared with this run's (data.tokenizer = ",

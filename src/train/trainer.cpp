@@ -15,6 +15,8 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos) {
   CheckpointMeta meta = make_meta(run.cfg, run.tokenizer_hash, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
                                   run.engine->optimizer_steps(), run.world, run.engine->groups().shard->size(),
                                   pos.loss_scale);
+  meta.run_id = run.run_id;
+  meta.steps_per_epoch = run.steps_per_epoch;
   if (run.cfg.model.lora.enabled()) {
     meta.lora = peft_adapter_config_json(run.cfg.model, run.cfg.model.dir);
     meta.base_checksum = run.base_checksum;

@@ -78,6 +78,12 @@ void print_checkpoint(const std::string& path) {
   std::printf("schedule     %s, lr %g, warmup %ld, total %ld steps; seed %llu\n", m.lr_schedule.c_str(), m.base_lr,
               m.warmup_steps, m.total_steps, static_cast<unsigned long long>(m.seed));
   std::printf("layout       %s on %d rank(s), shard group %d\n", m.strategy.c_str(), m.world_size, m.shard_group_size);
+  if (!m.run_id.empty())
+    std::printf("run          %s; global batch %ld, %ld steps/epoch\n", m.run_id.c_str(), m.global_batch,
+                m.steps_per_epoch);
+  else
+    std::printf("run          not kept (written before run ids, global batch and contents checksum)\n");
+  for (const std::string& problem : reader.metadata_problems()) std::printf("warning      %s\n", problem.c_str());
   std::printf("model        %s: vocab %d, hidden %d, layers %d, heads %d", m.model.arch.c_str(), m.model.vocab_size,
               m.model.hidden_size, m.model.num_layers, m.model.num_heads);
   if (model_family(m.model.arch).grouped_query)
@@ -124,7 +130,8 @@ int command_inspect(const std::vector<std::string>& args) {
     on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(spec, "shardlm inspect CHECKPOINT")); });
     return 0;
   }
-  // --verify: every dataset's checksum; the damage is the agreed error, so the exit code is 1.
+  // --verify: the contents checksum and impossible attributes, then every dataset's checksum; the
+  // damage is the agreed error, so the exit code is 1.
   on_rank0(MPI_COMM_WORLD, [&] {
     const std::string path = resolve_checkpoint_path(spec, "shardlm inspect CHECKPOINT");
     CheckpointReader reader(path);
@@ -132,7 +139,7 @@ int command_inspect(const std::vector<std::string>& args) {
     if (!damage.empty()) {
       std::string text = damage.front();
       for (size_t i = 1; i < damage.size(); ++i) text += "\n  " + damage[i];
-      throw Error(concat(text, damage.size() > 1 ? concat("\n  (", damage.size(), " damaged datasets)") : ""));
+      throw Error(concat(text, damage.size() > 1 ? concat("\n  (", damage.size(), " findings)") : ""));
     }
     size_t datasets = 0;
     for (const CheckpointUnitState& u : reader.unit_states()) datasets += 1 + u.optimizer.size();

@@ -1,0 +1,50 @@
+// RUN_DIR/run_id: made, read, written and shared between the ranks.
+#include "run_id.hpp"
+
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm {
+
+std::string run_id_path(const std::string& run_dir) { return (std::filesystem::path(run_dir) / "run_id").string(); }
+
+std::string new_run_id() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y%m%d-%H%M%S", &utc);
+  std::random_device device;  // two jobs started in the same second still differ
+  const uint64_t bits = (uint64_t{device()} << 32) ^ device();
+  char id[64];
+  std::snprintf(id, sizeof id, "%s-%016llx", when, static_cast<unsigned long long>(bits));
+  return id;
+}
+
+std::string read_run_id(const std::string& run_dir) {
+  const std::string path = run_id_path(run_dir);
+  if (!std::filesystem::exists(path)) return "";
+  std::ifstream in(path);
+  std::string id;
+  SHARDLM_CHECK(in && std::getline(in, id), "cannot read the run id in '", path, "'");
+  while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
+  SHARDLM_CHECK(!id.empty(), "the run id file '", path, "' is empty (delete it to make a new id)");
+  return id;
+}
+
+void write_run_id(const std::string& run_dir, const std::string& id) { replace_file(run_id_path(run_dir), id + "\n", "run id"); }
+
+void broadcast_run_id(std::string& id, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int size = rank == 0 ? static_cast<int>(id.size()) : 0;
+  MPI_Bcast(&size, 1, MPI_INT, 0, comm);
+  id.resize(static_cast<size_t>(size));
+  MPI_Bcast(id.data(), size, MPI_CHAR, 0, comm);
+}
+
+}  // namespace shardlm
