@@ -1083,9 +1083,12 @@ BOOST_AUTO_TEST_CASE(an_overwrite_that_fails_to_start_leaves_the_earlier_run_as_
   // The first logged step comes before the line that says the earlier run is gone.
   BOOST_TEST(replaced.output.find("step 3/3") < replaced.output.find("replaced the earlier run"), replaced.output);
   const auto after = tree_of(dir / "run");
-  for (const char* gone : {"run_id", "trace_step1_rank0.json", "checkpoints/ckpt-00000002.h5", ".replaced-run",
+  for (const char* gone : {"trace_step1_rank0.json", "checkpoints/ckpt-00000002.h5", ".replaced-run",
                            "checkpoints/.replaced-run"})
     BOOST_TEST(after.count(gone) == 0u, gone);
+  // The new run has an identity of its own; the earlier one's went with it.
+  BOOST_TEST_REQUIRE(after.count("run_id") == 1u);
+  BOOST_TEST(after.at("run_id") != "the earlier run\n");
   BOOST_TEST(after.at("notes.txt") == "the user's\n");
   BOOST_TEST(after.count("checkpoints/ckpt-00000003.h5") == 1u);
   BOOST_TEST(count_of(after.at("metrics.jsonl"), "\"type\":\"setup\"") == 1u, after.at("metrics.jsonl"));

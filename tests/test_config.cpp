@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 70u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 71u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -389,6 +389,17 @@ BOOST_AUTO_TEST_CASE(offload_root_update) {
                  "fsdp.offload_dir keeps them in files"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_root_update=gpu"}); }),
                  "fsdp.offload_root_update"));
+}
+
+// fsdp.root_reduction: auto by default; split and whole read and written back; another word is refused
+// naming the key.
+BOOST_AUTO_TEST_CASE(root_reduction) {
+  BOOST_TEST((load(kBase).fsdp.root_reduction == RootReduction::Auto));
+  const RunConfig c = load(kBase, {"--fsdp.root_reduction=split"});
+  BOOST_TEST((c.fsdp.root_reduction == RootReduction::Split));
+  BOOST_TEST(has(resolved_deck_ini(c), "root_reduction = split\n"));
+  BOOST_TEST((load(kBase, {"--fsdp.root_reduction=whole"}).fsdp.root_reduction == RootReduction::Whole));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.root_reduction=halves"}); }), "fsdp.root_reduction"));
 }
 
 // fsdp.offload_resident_gib: 0 by default; GiB of the root's state kept on the GPU, in bytes in the
