@@ -236,10 +236,10 @@ double FsdpEngine::grad_norm() {
   }
   m.settle_fresh_grads(m.compute);
   double* sum = m.host_memory ? &local : m.norm.as<double>();
-  const int span = m.mark_begin("gradient norm", -1, Impl::Lane::Compute);
+  const int span = m.tracer.mark_begin("gradient norm", -1, Impl::Lane::Compute);
   if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
   for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
-  m.mark_end(span);
+  m.tracer.mark_end(span);
   if (!m.host_memory) backend_->copy(&local, sum, sizeof(double), CopyKind::DeviceToHost, m.compute);
   backend_->synchronize(m.compute);
   // Slices partition the model within a shard group; replicas hold identical slices.
@@ -279,51 +279,25 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
     return;
   }
   m.settle_fresh_grads(m.compute);
-  const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
+  const int span = m.tracer.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
   m.update_and_gather_ahead(*optimizer_, optimizer_->begin_step(lr, grad_factor));
-  m.mark_end(span);
+  m.tracer.mark_end(span);
 }
 
 void FsdpEngine::trace_begin() {
-  Impl& m = *impl_;
-  m.idle();  // the step starts on idle streams, so that its spans are its own (this drains the pipeline once)
-  m.marks.clear();
-  m.trace_origin = backend_->make_timing_event();
-  m.trace_origin->record(m.compute);
-  backend_->synchronize(m.compute);  // the origin is reached now: the host lane's clock starts with it
-  m.trace_host_origin = std::chrono::steady_clock::now();
-  m.tracing = true;
+  impl_->idle();  // the step starts on idle streams, so that its spans are its own (this drains the pipeline once)
+  impl_->tracer.begin();
 }
 
 StepTrace FsdpEngine::trace_end() {
   Impl& m = *impl_;
-  SHARDLM_CHECK(m.tracing, "FsdpEngine::trace_end without trace_begin");
+  SHARDLM_CHECK(m.tracer.tracing(), "FsdpEngine::trace_end without trace_begin");
   // The step ends when every stream has done its part: communication, and offloaded the host's
   // updates and their uploads.
   if (m.opt.cpu_offload) m.offload.worker->drain();
-  m.tracing = false;
-  std::unique_ptr<BackendEvent> joined = backend_->make_event();
   std::vector<Stream> others{m.comm};
   if (m.opt.cpu_offload) others.insert(others.end(), {m.offload.down, m.offload.up});
-  for (Stream s : others) {
-    joined->record(s);
-    joined->wait_on(m.compute);
-  }
-  std::unique_ptr<BackendEvent> end = backend_->make_timing_event();
-  end->record(m.compute);
-  backend_->synchronize(m.compute);
-  StepTrace t;
-  t.step_ms = backend_->elapsed_ms(*m.trace_origin, *end);
-  for (Impl::Mark& k : m.marks) {
-    if (k.lane == Impl::Lane::Host)
-      t.spans.push_back({k.name, Impl::lane_name(k.lane), k.host_begin_ms, std::min(k.host_end_ms, t.step_ms)});
-    else
-      t.spans.push_back({k.name, Impl::lane_name(k.lane), backend_->elapsed_ms(*m.trace_origin, *k.begin),
-                         backend_->elapsed_ms(*m.trace_origin, *k.end)});
-  }
-  m.marks.clear();
-  m.trace_origin.reset();
-  return t;
+  return m.tracer.end(others);
 }
 
 // The compute-dtype slices from the fp32 masters (after init, a checkpoint load).
@@ -348,6 +322,7 @@ void FsdpEngine::start_offload() {
   o.optimizer = optimizer_.get();
   o.down = be.copy_stream(CopyKind::DeviceToHost);
   o.up = be.copy_stream(CopyKind::HostToDevice);
+  m.tracer.set_copy_streams(o.down, o.up);
   o.threads = host_backend_->host_threads();
   for (int b = 0; b < 2; ++b) {
     o.slice[b] = be.allocate(plan_.offload_slice, MemKind::Comm);
@@ -394,66 +369,6 @@ void FsdpEngine::start_offload() {
     o.grad_read = be.make_event();
   }
   o.worker = std::make_unique<HostWorker>([&be] { be.bind_thread(); });
-}
-
-std::vector<UnitState> FsdpEngine::frozen_state(uint64_t seed) {
-  Impl& m = *impl_;
-  SHARDLM_CHECK(m.lora, "FsdpEngine::frozen_state: nothing is frozen without LoRA");
-  std::vector<UnitState> states;
-  frozen_staging_.assign(m.units.size(), {});
-  for (size_t u = 0; u < m.units.size(); ++u) {
-    const FlatParameter& f = m.units[u].frozen;
-    std::vector<float>& host = frozen_staging_[u];
-    host.assign(f.shard_numel, 0.0f);
-    init_unit_slice(*f.layout, static_cast<int>(u), seed, f.shard_begin, f.shard_begin + f.shard_numel, host.data());
-    UnitState st;
-    st.layout = f.layout;
-    st.numel = f.numel;
-    st.begin = std::min(f.shard_begin, f.numel);
-    st.count = std::min(f.shard_begin + f.shard_numel, f.numel) - st.begin;
-    st.primary = groups_.replicate->rank() == 0;
-    st.param = host.data();
-    states.push_back(st);
-  }
-  return states;
-}
-
-void FsdpEngine::frozen_loaded() {
-  Impl& m = *impl_;
-  SHARDLM_CHECK(frozen_staging_.size() == m.units.size(), "FsdpEngine::frozen_loaded without frozen_state");
-  const DType cdt = plan_.compute_dtype;
-  std::vector<uint16_t> host16;
-  frozen_checksum_ = 0;
-  for (size_t u = 0; u < m.units.size(); ++u) {
-    Unit& d = m.units[u];
-    std::vector<float>& host = frozen_staging_[u];
-    const size_t n = host.size();
-    if (cdt != DType::F32) round_to(cdt, host.data(), n);  // the values the model will read
-    else if (m.opt.param_dtype != DType::F32) round_to(m.opt.param_dtype, host.data(), n);
-    // A sum over the elements this rank holds first (primary replicas), of a hash of (unit, index,
-    // value): the same total for any world size once the ranks' parts are added.
-    if (groups_.replicate->rank() == 0) {
-      const size_t end = std::min(d.frozen.shard_numel, d.frozen.numel - std::min(d.frozen.numel, d.frozen.shard_begin));
-      for (size_t i = 0; i < end; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &host[i], sizeof(bits));
-        frozen_checksum_ += mix64(mix64((static_cast<uint64_t>(u) << 40) ^ (d.frozen.shard_begin + i)) ^ bits);
-      }
-    }
-    if (cdt == DType::F32) {
-      // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs): rounded above.
-      backend_->copy(d.frozen_slice.data(), host.data(), n * sizeof(float),
-                     CopyKind::HostToDevice, m.compute);
-    } else {
-      host16.resize(n);
-      pack16(cdt, host.data(), host16.data(), n);
-      backend_->copy(d.frozen_slice.data(), host16.data(), n * sizeof(uint16_t), CopyKind::HostToDevice, m.compute);
-    }
-    backend_->synchronize(m.compute);  // the staging is freed next
-    std::vector<float>().swap(host);
-  }
-  frozen_staging_.clear();
-  m.params_updated();
 }
 
 std::vector<UnitState> FsdpEngine::checkpoint_state() {

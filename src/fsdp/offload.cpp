@@ -106,7 +106,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   const bool on_device = opt.offload_accumulate_on_device && !(first && last) && (first || o.on_device);
   o.copied[b]->wait_on(comm);  // the copy out of slice[b] two reductions ago has read it
   if (on_device && first) o.device_sums_read->wait_on(comm);
-  const int span = mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
+  const int span = tracer.mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
   void* reduced = full;
   if (rdt == DType::F32) {
     if (shard.size() > 1) {
@@ -131,7 +131,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
       be.accumulate(sum, reduced, rdt, n, comm);
     o.on_device = true;
     if (!last) {
-      mark_end(span);
+      tracer.mark_end(span);
       // Nothing goes down: the down stream still orders the reuse of the full gradient (Impl::run).
       o.reduced->record(comm);
       o.reduced->wait_on(o.down);
@@ -150,7 +150,7 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
       be.sum_squares(static_cast<const float*>(reduced), n, sq, comm);
     }
   }
-  mark_end(span);  // before the host waits below: the span is the communication stream's work
+  tracer.mark_end(span);  // before the host waits below: the span is the communication stream's work
   o.reduced->record(comm);
   o.reduced->wait_on(o.down);
   if (u == 0 && root_updates_on_device() && direct && last) {
@@ -165,9 +165,9 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   // before this backward.
   if (direct && o.upload_task[u]) o.worker->wait(o.upload_task[u]);
   void* landing = direct ? static_cast<void*>(acc) : o.landing[b].data();
-  const int down_span = mark_begin("copy down unit", static_cast<long>(u), Lane::Down);
+  const int down_span = tracer.mark_begin("copy down unit", static_cast<long>(u), Lane::Down);
   be.copy(landing, reduced, n * dtype_size(landed), CopyKind::DeviceToHost, o.down);
-  mark_end(down_span);
+  tracer.mark_end(down_span);
   o.copied[b]->record(o.down);
   double* squares = last ? &o.sum_squares[u] : nullptr;
   BackendEvent* copied = o.copied[b].get();
@@ -175,9 +175,9 @@ void FsdpEngine::Impl::reduce_offloaded(size_t u, float* full) {
   o.last_arrival = o.landing_read[b] = o.worker->post([=] {
     copied->synchronize();
     if (direct) return;
-    const int host_span = mark_begin("sum unit", static_cast<long>(u), Lane::Host);
+    const int host_span = tracer.mark_begin("sum unit", static_cast<long>(u), Lane::Host);
     host_accumulate_grad(acc, landing, landed, n, first, squares, threads);
-    mark_end(host_span);
+    tracer.mark_end(host_span);
   });
   if (o.early) post_upload(u, &*o.early);
 }
@@ -218,7 +218,7 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
   // The gradient is reduced, and the gathers that read the compute slice are done: both on comm.
   o.reduced->record(comm);
   o.reduced->wait_on(compute);
-  const int span = mark_begin("update unit 0 on the device", -1, Lane::Compute);
+  const int span = tracer.mark_begin("update unit 0 on the device", -1, Lane::Compute);
   float* master = d.master.as<float>();
   const size_t k = o.optimizer->state_names().size();
   std::vector<float*> host_state, state(k);
@@ -257,14 +257,14 @@ void FsdpEngine::Impl::update_root_on_device(const AdamWHyper& h) {
     o.optimizer->update_slice_on(be, compute, 0, begin, begin + len, buf, grad + begin, state, out + begin * csize, h);
     o.chunk_updated[s]->record(compute);
     o.chunk_updated[s]->wait_on(o.down);
-    if (c == 0) down_span = mark_begin("copy down unit 0's state", -1, Lane::Down);
+    if (c == 0) down_span = tracer.mark_begin("copy down unit 0's state", -1, Lane::Down);
     be.copy(master + begin, buf, len * sizeof(float), CopyKind::DeviceToHost, o.down);
     for (size_t i = 0; i < k; ++i)
       be.copy(host_state[i] + begin, state[i], len * sizeof(float), CopyKind::DeviceToHost, o.down);
     o.chunk_home[s]->record(o.down);
   }
-  mark_end(span);
-  mark_end(down_span);
+  tracer.mark_end(span);
+  tracer.mark_end(down_span);
   o.uploaded[0]->record(compute);
   o.upload_on_device[0] = 1;
   if (r > 0) o.resident_updated->record(compute);
@@ -303,7 +303,7 @@ void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
   o.upload_task[u] = o.worker->post([this, u, hyper, state_away] {
     OffloadState& w = offload;
     if (state_away) w.state_home->synchronize();
-    const int host_span = mark_begin(hyper ? "update unit" : "pack unit", static_cast<long>(u), Lane::Host);
+    const int host_span = tracer.mark_begin(hyper ? "update unit" : "pack unit", static_cast<long>(u), Lane::Host);
     int up_span = -1;
     Unit& unit = units[u];
     const size_t n = unit.flat.shard_numel, csize = dtype_size(plan.compute_dtype);
@@ -324,12 +324,12 @@ void FsdpEngine::Impl::post_upload(size_t u, const AdamWHyper* h) {
         w.optimizer->update_slice(u, begin, end, out, *hyper);
       else if (out)
         pack16(plan.compute_dtype, master + begin, static_cast<uint16_t*>(out), end - begin);
-      if (begin == 0) up_span = mark_begin("copy up unit", static_cast<long>(u), Lane::Up);
+      if (begin == 0) up_span = tracer.mark_begin("copy up unit", static_cast<long>(u), Lane::Up);
       be.copy(dst + begin * csize, src, (end - begin) * csize, CopyKind::HostToDevice, w.up);
       if (s >= 0) w.staged[s]->record(w.up);
     }
-    mark_end(up_span);
-    mark_end(host_span);
+    tracer.mark_end(up_span);
+    tracer.mark_end(host_span);
     w.uploaded[u]->record(w.up);
   });
 }
