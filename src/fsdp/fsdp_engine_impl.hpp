@@ -26,65 +26,6 @@ struct FsdpEngine::Unit {
   DeviceArray frozen_slice;
 };
 
-// CPU offload's buffers, events and host worker; src/fsdp/offload.cpp holds the schedule and says
-// which event or ticket guards which buffer.
-struct OffloadState {
-  std::unique_ptr<HostWorker> worker;
-  Optimizer* optimizer = nullptr;
-  Stream down = nullptr, up = nullptr;   // the backend's copy streams, device to host and back
-  int threads = 1;                       // of the host's element-wise work
-  DeviceArray slice[2];                  // device landing of the reduced slices (when the plan has them)
-  DeviceArray landing[2];                // pinned host landing of the reduced slices, in the reduce dtype
-  DeviceArray stage[2];                  // pinned staging of 16-bit uploads (worker only)
-  std::unique_ptr<BackendEvent> reduced;               // comm: a unit's reduction is complete
-  std::unique_ptr<BackendEvent> copied[2];             // down: the copy out of slice[b] into landing[b]
-  std::unique_ptr<BackendEvent> staged[2];             // up: the upload out of stage[s] (worker only)
-  std::unique_ptr<BackendEvent> params_free;           // the slices' last readers before uploads overwrite them
-  std::unique_ptr<BackendEvent> device_sums_read;      // down: the copy of the device sums (offload_accumulate = device)
-  std::vector<std::unique_ptr<BackendEvent>> uploaded;  // up, per unit: its compute slice is current
-  std::vector<HostWorker::Ticket> upload_task;          // per unit: the task queueing its upload (0: none pending)
-  HostWorker::Ticket landing_read[2] = {0, 0};          // the task that last summed landing[b]
-  HostWorker::Ticket last_arrival = 0;                  // the task summing the latest reduced slice
-  std::vector<double> sum_squares;  // per unit, of its gradient (valid with sums_valid), summed on the host
-  // A gradient that goes down whole in fp32 in the step's last micro-step has its sum of squares taken
-  // on the device (comm) instead: squares[u], with squares_on_device[u]; grad_norm copies them here.
-  DeviceArray squares;
-  std::vector<char> squares_on_device;
-  std::vector<double> squares_host;
-  // fsdp.offload_root_update = device (the plan has offload_stream_chunk): the root's update runs on the
-  // compute stream, chunk by chunk, its master and moments copied up into stream_buf[c % 2] and back
-  // down (down).
-  double link_up_gbs = 0, link_down_gbs = 0;          // the host link as auto measured it (0: not measured)
-  DeviceArray stream_buf[2];                           // a chunk's master, then each moment
-  std::unique_ptr<BackendEvent> chunk_updated[2];      // compute: the chunk in stream_buf[s] is updated
-  std::unique_ptr<BackendEvent> chunk_home[2];         // down: it is back in host memory (the buffer is free)
-  std::unique_ptr<BackendEvent> state_home;            // down: the root's whole state is back
-  std::unique_ptr<BackendEvent> grad_read;             // compute: the update has read the root's gradient
-  const float* device_grad = nullptr;  // the root's step gradient, fp32 on the device, when it updates there
-  // fsdp.offload_resident_gib: the root's first plan.offload_resident elements of master, then each moment,
-  // stay on the device between updates there. Loaded: they are at least as new as the host's arrays (else
-  // the host's are newer: at start, after a load or a host update); ahead: newer (the host's are stale
-  // until resident_home copies them down).
-  DeviceArray resident[3];
-  std::unique_ptr<BackendEvent> resident_updated;  // compute: the device's last update of them
-  bool resident_loaded = false, resident_ahead = false;
-  bool state_away = false;             // the root's state last went through the device: wait state_home first
-  std::vector<char> upload_on_device;  // per unit: its compute slice is being written on the device (uploaded[u])
-  int next = 0;                     // the landing pair of the next reduction
-  int next_stage = 0;               // worker only
-  int micro = 0;                    // micro-steps reduced since zero_grad
-  bool last_announced = false;      // the next micro-step is its step's last (FsdpEngine::last_micro_step)
-  std::optional<AdamWHyper> early;  // and its update, known before its backward
-  std::optional<FsdpEngine::StepUpdate> early_values;  // what optimizer_step must then be called with
-  bool sums_valid = false;          // sum_squares are of the step's whole gradient
-  bool updated_early = false;       // the step's updates are posted; optimizer_step comes next
-  bool on_device = false;           // offload_accumulate = device: micro-steps summed on the device, not yet down
-};
-
-// The host link's speed up and down in GB/s: the best of four timed copies of kOffloadLinkProbeBytes
-// each way between page-locked host memory and the device (fsdp.offload_root_update = auto).
-std::pair<double, double> measure_host_link(Backend& device, Backend& host);
-
 struct FsdpEngine::Impl {
   Backend& be;
   std::unique_ptr<UnitModel> model;
@@ -126,7 +67,8 @@ struct FsdpEngine::Impl {
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
-  OffloadState offload;               // cpu_offload only
+  class OffloadPolicy;                     // offload.hpp
+  std::unique_ptr<OffloadPolicy> offload;  // cpu_offload only
 
   // The step timeline's spans (trace_begin .. trace_end); the host worker opens and closes spans too.
   StepTracer tracer;
@@ -136,16 +78,10 @@ struct FsdpEngine::Impl {
   std::vector<int32_t> decode_host;
   int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
 
+  // (Defined in fsdp_engine.cpp, where OffloadPolicy is complete.)
   Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLayouts layouts, const FsdpOptions& o,
-       const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens)
-      : be(backend), model(std::move(m)), opt(o), plan(p), shard(*groups.shard), replicate(*groups.replicate),
-        compute(backend.compute_stream()), comm(backend.comm_stream()),
-        host_memory(backend.host_memory()), L(model->config().num_layers), max_tokens(tokens),
-        layout(std::move(layouts.trainable)), frozen_layout(std::move(layouts.frozen)), lora(!frozen_layout.empty()),
-        tracer(backend, compute, comm) {
-    // A synchronous backend gains nothing from gathering ahead.
-    if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
-  }
+       const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens);
+  ~Impl();
 
   size_t csize() const { return dtype_size(plan.compute_dtype); }
   size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
@@ -202,7 +138,7 @@ struct FsdpEngine::Impl {
   void settle_fresh_grads(Stream s);
   // The full gradient buffers are zeroed on the communication stream after their reductions have read
   // them (off the compute stream); offloaded, the copies down read them: there the compute stream does it.
-  bool zero_on_comm() const { return !opt.cpu_offload && !plan.direct_grads; }
+  bool zero_on_comm() const { return !offload && !plan.direct_grads; }
 
   // Reduces elements [lo, hi) of unit d's full gradient as reduce_into_slice does the whole unit: each
   // rank's part of the range to it over the shard group, then over the replicate group, added to its slice.
@@ -231,26 +167,6 @@ struct FsdpEngine::Impl {
 
   // One micro-batch: the forward (and, with backward, the backward and its reductions); its loss sum.
   double run(const MicroBatch& mb, float grad_scale, bool backward);
-
-  // ---- CPU offload (offload.cpp) ----
-  // Unit u's reduction, its copy down and its sum into the host gradient (and, announced, its update).
-  void reduce_offloaded(size_t u, float* full);
-  // offload_accumulate = device, no last micro-step announced: the device sums down into the host gradients.
-  void flush_device_sums();
-  // Stream s waits for unit u's pending upload, if any.
-  void await_upload(size_t u, Stream s);
-  // Posts unit u's update with h (or, without h, the upload of its master as it is) to the worker.
-  void post_upload(size_t u, const AdamWHyper* h);
-  // The root's update with h on the device, from offload.device_grad (fsdp.offload_root_update).
-  void update_root_on_device(const AdamWHyper& h);
-  // The resident part of the root's state back into the host's arrays when the device's is newer (on
-  // `down`, then state_home and state_away), before anything on the host reads them.
-  void resident_home();
-  bool root_updates_on_device() const { return plan.offload_stream_chunk > 0; }
-  // Uploads wait for every earlier reader of the compute slices.
-  void uploads_follow_readers();
-  void offload_micro_step_begins(bool backward);
-  void offload_micro_step_ends();
 };
 
 }  // namespace shardlm

@@ -3,7 +3,7 @@
 // (the root's split in its head and embedding parts), and the update that gathers the first units ahead.
 #include <algorithm>
 
-#include "fsdp_engine_impl.hpp"
+#include "offload.hpp"
 
 namespace shardlm {
 
@@ -16,7 +16,7 @@ void FsdpEngine::Impl::gather(size_t u) {
     slot_free[sl]->wait_on(comm);  // the buffer's previous block has finished computing
     holder[sl] = static_cast<int>(u);
   }
-  await_upload(u, comm);
+  if (offload) offload->await_upload(u, comm);
   const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), Lane::Comm);
   const Unit& d = units[u];
   const size_t n = d.flat.shard_numel;
@@ -45,7 +45,7 @@ void FsdpEngine::Impl::gather(size_t u) {
 UnitParams FsdpEngine::Impl::use(size_t u) {
   gather(u);
   if (!plan.alias) unit_gathered[u]->wait_on(compute);
-  else await_upload(u, compute);  // the model reads the compute slice itself
+  else if (offload) offload->await_upload(u, compute);  // the model reads the compute slice itself
   return unit_params(u);
 }
 
@@ -78,7 +78,7 @@ void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const AdamW
 }
 
 void FsdpEngine::Impl::reduce(size_t u, float* full) {
-  if (opt.cpu_offload) return reduce_offloaded(u, full);
+  if (offload) return offload->reduce(u, full);
   if (plan.direct_grads) return;  // the backward wrote into the slice itself
   Unit& d = units[u];
   if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
@@ -201,23 +201,13 @@ void FsdpEngine::Impl::reduce_root_embedding() {
 }
 
 void FsdpEngine::Impl::idle() {
-  if (opt.cpu_offload) {
-    offload.worker->drain();
-    be.synchronize(offload.down);
-    be.synchronize(offload.up);
-  }
+  if (offload) offload->idle();
   be.synchronize(compute);
   be.synchronize(comm);
 }
 
 void FsdpEngine::Impl::finish_reductions() {
-  if (opt.cpu_offload) {
-    offload.reduced->record(comm);
-    offload.reduced->wait_on(offload.down);
-    reductions_done->record(offload.down);
-  } else {
-    reductions_done->record(comm);
-  }
+  reductions_done->record(offload ? offload->follow_reductions() : comm);
   reductions_done->wait_on(compute);
 }
 
@@ -236,7 +226,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
   const bool packed = !mb.starts.empty();
   SHARDLM_CHECK(!packed || model->config().packed, "a packed micro-batch for a model not built for packing");
   const int32_t* starts_in = packed ? mb.starts.data() : nullptr;
-  if (opt.cpu_offload) offload_micro_step_begins(backward);
+  if (offload) offload->micro_step_begins(backward);
   if (!host_memory) {
     be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
     be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
@@ -312,7 +302,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
       reduce(1 + l, grad);
       if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
       // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
-      grad_reduced[gs]->record(opt.cpu_offload ? offload.down : comm);
+      grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
       // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
       // buffer this block frees, so it is safe with a single buffer too.
       if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
@@ -326,7 +316,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     if (split) reduce_root_embedding();
     else reduce(0, full_grad(0));
     root_reduction_pending = true;
-    if (opt.cpu_offload) offload_micro_step_ends();
+    if (offload) offload->micro_step_ends();
   }
   return model->loss_sum(compute);
 }
