@@ -1,11 +1,9 @@
-// FsdpEngine's state, shared by the engine's source files: the units' arrays, CPU offload's state and
-// the Impl the schedule (schedule.cpp) and offload (offload.cpp) run on.
+// FsdpEngine's state, shared by the engine's source files: the units' arrays and the Impl that the
+// schedule (schedule.cpp) runs on, with short helpers; CPU offload's state is in offload.hpp.
 #pragma once
 
 #include <algorithm>
-#include <optional>
 
-#include "host_worker.hpp"
 #include "step_trace.hpp"
 #include "shardlm/fsdp.hpp"
 
@@ -128,7 +126,7 @@ struct FsdpEngine::Impl {
 
   // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over
   // the shard group, all-reduce over the replicate group, in reduce_dtype, then add to the slice.
-  // (The step timeline's "reduce unit u" span; offloaded, reduce_offloaded marks its own.)
+  // (The step timeline's "reduce unit u" span; offloaded, OffloadPolicy::reduce marks its own.)
   void reduce(size_t u, float* full);
   void reduce_into_slice(Unit& d, float* full);
   // d's grad slice += its reduced slice (in dt, widened), on comm; the step's first writes it instead.

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "fsdp_engine_impl.hpp"
+#include "host_worker.hpp"
 
 namespace shardlm {
 
