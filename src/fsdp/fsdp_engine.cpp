@@ -147,9 +147,10 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   }
   m.params_written = be.make_event();
   m.reductions_done = be.make_event();
-  if (opt.cpu_offload)
-    m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_,
-                                                      [this](void* p, size_t bytes) { pin(p, bytes); }, link[0], link[1]);
+  if (opt.cpu_offload) {
+    const auto pin_host = [this](void* p, size_t bytes) { pin(p, bytes); };
+    m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
+  }
   m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
   m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
   m.stage_slice = be.allocate(plan_.stage_slice, MemKind::Comm);

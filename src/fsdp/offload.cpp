@@ -1,6 +1,6 @@
-// CPU offload's schedule (fsdp.cpu_offload): the fp32 master, the fp32 gradient and AdamW's moments live
-// in host memory; the device keeps the compute-dtype slices the gathers send and no fp32 per-parameter
-// state. Per unit, as soon as its reduction is done:
+// CPU offload's schedule (fsdp.cpu_offload), OffloadPolicy's methods: the fp32 master, the fp32
+// gradient and AdamW's moments live in host memory; the device keeps the compute-dtype slices the
+// gathers send and no fp32 per-parameter state. Per unit, as soon as its reduction is done:
 //
 //   comm    reduce-scatter / all-reduce in the reduce dtype into slice[b] (or, one fp32 shard, in the
 //           full gradient itself); record `reduced`
@@ -551,7 +551,8 @@ void FsdpEngine::Impl::OffloadPolicy::checkpoint_loaded() {
 
 size_t FsdpEngine::Impl::OffloadPolicy::staging_bytes() const {
   const OffloadState& o = state_;
-  return o.slice[0].bytes() + o.slice[1].bytes() + o.stream_buf[0].bytes() + o.stream_buf[1].bytes() + o.squares.bytes();
+  return o.slice[0].bytes() + o.slice[1].bytes() + o.stream_buf[0].bytes() + o.stream_buf[1].bytes() +
+         o.squares.bytes();
 }
 
 std::string FsdpEngine::Impl::OffloadPolicy::description() const {
