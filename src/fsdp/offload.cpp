@@ -529,8 +529,7 @@ Stream FsdpEngine::Impl::OffloadPolicy::follow_reductions() {
 
 void FsdpEngine::Impl::OffloadPolicy::idle() {
   state_.worker->drain();
-  m.be.synchronize(state_.down);
-  m.be.synchronize(state_.up);
+  synchronize_copies();
 }
 
 void FsdpEngine::Impl::OffloadPolicy::synchronize_copies() {
