@@ -308,7 +308,6 @@ class FsdpEngine {
 
  private:
   void refresh_compute_slices();
-  void start_offload();
   void pin(void* p, size_t bytes);
   struct Unit;
   struct Impl;

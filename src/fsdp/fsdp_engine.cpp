@@ -1,15 +1,26 @@
-// FsdpEngine: the FSDP schedule of DESIGN.md, written once over the Backend interface. The CUDA
-// backend runs it on two streams (gathers and reductions on the communication stream, the model
-// on the compute stream, events between them); the CPU backend runs the same calls in order.
+// FsdpEngine, written once over the Backend interface: its construction (slices, buffers and events of
+// the buffer plan), the step's entry points (zero_grad, grad_norm, optimizer_step, the trace), checkpoint
+// state and memory. schedule.cpp runs a micro-batch; offload.cpp is CPU offload's policy.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <tuple>
 
-#include "fsdp_engine_impl.hpp"
+#include "offload.hpp"
 
 namespace shardlm {
+
+FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLayouts layouts, const FsdpOptions& o,
+                       const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens)
+    : be(backend), model(std::move(m)), opt(o), plan(p), shard(*groups.shard), replicate(*groups.replicate),
+      compute(backend.compute_stream()), comm(backend.comm_stream()),
+      host_memory(backend.host_memory()), L(model->config().num_layers), max_tokens(tokens),
+      layout(std::move(layouts.trainable)), frozen_layout(std::move(layouts.frozen)), lora(!frozen_layout.empty()),
+      tracer(backend, compute, comm) {
+  // A synchronous backend gains nothing from gathering ahead.
+  if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
+}
+
+FsdpEngine::Impl::~Impl() = default;
 
 FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, std::unique_ptr<UnitModel> model,
                        const FsdpOptions& options, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
@@ -134,8 +145,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   m.params_written = be.make_event();
   m.reductions_done = be.make_event();
   if (opt.cpu_offload) {
-    start_offload();
-    m.offload.link_up_gbs = link[0], m.offload.link_down_gbs = link[1];
+    const auto pin_host = [this](void* p, size_t bytes) { pin(p, bytes); };
+    m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
   }
   m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
   m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
@@ -158,13 +169,10 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
 FsdpEngine::~FsdpEngine() {
   if (impl_) {
     // The worker's tasks use the engine's arrays: they finish (or are skipped after an error) first.
-    impl_->offload.worker.reset();
+    if (impl_->offload) impl_->offload->stop_worker();
     backend_->synchronize(impl_->compute);
     backend_->synchronize(impl_->comm);
-    if (impl_->opt.cpu_offload) {
-      backend_->synchronize(impl_->offload.down);
-      backend_->synchronize(impl_->offload.up);
-    }
+    if (impl_->offload) impl_->offload->synchronize_copies();
   }
   for (void* p : pinned_) backend_->unpin_host(p);
 }
@@ -186,16 +194,7 @@ double FsdpEngine::forward_loss(const MicroBatch& mb) {
 
 void FsdpEngine::zero_grad() {
   Impl& m = *impl_;
-  if (m.opt.cpu_offload) {
-    // The next reductions overwrite the host gradient instead of adding to it.
-    SHARDLM_CHECK(!m.offload.updated_early, "FsdpEngine::zero_grad: the step updated early needs its optimizer_step");
-    m.offload.micro = 0;
-    m.offload.sums_valid = false;
-    m.offload.on_device = false;  // sums on the device not sent down are dropped with the rest
-    m.offload.device_grad = nullptr;
-    std::fill(m.offload.squares_on_device.begin(), m.offload.squares_on_device.end(), 0);
-    return;
-  }
+  if (m.offload) return m.offload->zero_grad();
   if (m.plan.direct_grads) {  // the backward adds into the slices themselves
     for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
     return;
@@ -208,37 +207,18 @@ double FsdpEngine::grad_norm() {
   Impl& m = *impl_;
   m.finish_reductions();
   double local = 0.0;
-  if (m.opt.cpu_offload) {
-    OffloadState& o = m.offload;
-    m.flush_device_sums();
-    // The host's part: its sums of squares of what landed (none when the device took every unit's).
-    bool host_sums = o.micro > 0 && !o.sums_valid;
-    for (size_t u = 0; u < m.units.size(); ++u) host_sums |= m.units[u].flat.numel > 0 && !o.squares_on_device[u];
-    if (host_sums) o.worker->wait(o.last_arrival);
-    if (o.micro > 0 && !o.sums_valid) {
-      // Not announced as the step's last micro-step: the sums from the host gradient now.
-      for (size_t u = 0; u < m.units.size(); ++u)
-        o.sum_squares[u] = host_sum_squares(m.units[u].host_grad.as<float>(), m.units[u].flat.shard_numel, o.threads);
-      std::fill(o.squares_on_device.begin(), o.squares_on_device.end(), 0);
-      o.sums_valid = true;
-    }
-    if (std::find(o.squares_on_device.begin(), o.squares_on_device.end(), 1) != o.squares_on_device.end()) {
-      // The sums the device took as the reductions went down (after them on comm).
-      backend_->copy(o.squares_host.data(), o.squares.data(), o.squares.bytes(), CopyKind::DeviceToHost, m.comm);
-      backend_->synchronize(m.comm);
-    }
-    if (o.micro > 0)
-      for (size_t u = 0; u < m.units.size(); ++u) local += o.squares_on_device[u] ? o.squares_host[u] : o.sum_squares[u];
-    return std::sqrt(groups_.shard->host_sum(local));
+  if (m.offload) {
+    local = m.offload->sum_squares();
+  } else {
+    m.settle_fresh_grads(m.compute);
+    double* sum = m.host_memory ? &local : m.norm.as<double>();
+    const int span = m.tracer.mark_begin("gradient norm", -1, Impl::Lane::Compute);
+    if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
+    for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
+    m.tracer.mark_end(span);
+    if (!m.host_memory) backend_->copy(&local, sum, sizeof(double), CopyKind::DeviceToHost, m.compute);
+    backend_->synchronize(m.compute);
   }
-  m.settle_fresh_grads(m.compute);
-  double* sum = m.host_memory ? &local : m.norm.as<double>();
-  const int span = m.mark_begin("gradient norm", -1, Impl::Lane::Compute);
-  if (!m.host_memory) backend_->zero(sum, sizeof(double), m.compute);
-  for (Unit& d : m.units) backend_->sum_squares(d.grad.as<float>(), d.flat.shard_numel, sum, m.compute);
-  m.mark_end(span);
-  if (!m.host_memory) backend_->copy(&local, sum, sizeof(double), CopyKind::DeviceToHost, m.compute);
-  backend_->synchronize(m.compute);
   // Slices partition the model within a shard group; replicas hold identical slices.
   return std::sqrt(groups_.shard->host_sum(local));
 }
@@ -246,220 +226,49 @@ double FsdpEngine::grad_norm() {
 void FsdpEngine::optimizer_step(double lr, float grad_factor) {
   Impl& m = *impl_;
   m.finish_reductions();
-  if (m.opt.cpu_offload) {
-    OffloadState& o = m.offload;
-    if (o.updated_early) {
-      // last_micro_step posted every unit's update as its gradient arrived.
-      SHARDLM_CHECK(o.early_values && o.early_values->lr == lr && o.early_values->grad_factor == grad_factor,
-                    "FsdpEngine::optimizer_step(", lr, ", ", grad_factor, ") after last_micro_step announced other values");
-      o.updated_early = false;
-    } else {
-      m.flush_device_sums();
-      if (o.micro == 0) {
-        // No micro-step since zero_grad: a zero gradient.
-        std::vector<Unit>* units = &m.units;
-        o.worker->post([units] {
-          for (Unit& d : *units) std::memset(d.host_grad.data(), 0, d.host_grad.bytes());
-        });
-      }
-      // Host AdamW per unit in forward order, each unit going up when done: the next forward's first
-      // gathers wait only for their own units (Impl::await_upload).
-      m.uploads_follow_readers();
-      const AdamWHyper h = optimizer_->begin_step(lr, grad_factor);
-      // The root on the device goes last: the worker has the blocks first (queueing the root's chunks
-      // can block this thread for as long as the stream's queue is full).
-      const bool root_on_device = o.device_grad != nullptr;
-      for (size_t u = root_on_device ? 1 : 0; u < m.units.size(); ++u) m.post_upload(u, &h);
-      if (root_on_device) m.update_root_on_device(h);  // on the device while the host does the blocks
-    }
+  if (m.offload) {
+    m.offload->optimizer_step(lr, grad_factor);
     m.params_updated();
     return;
   }
   m.settle_fresh_grads(m.compute);
-  const int span = m.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
+  const int span = m.tracer.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
   m.update_and_gather_ahead(*optimizer_, optimizer_->begin_step(lr, grad_factor));
-  m.mark_end(span);
+  m.tracer.mark_end(span);
 }
 
 void FsdpEngine::trace_begin() {
-  Impl& m = *impl_;
-  m.idle();  // the step starts on idle streams, so that its spans are its own (this drains the pipeline once)
-  m.marks.clear();
-  m.trace_origin = backend_->make_timing_event();
-  m.trace_origin->record(m.compute);
-  backend_->synchronize(m.compute);  // the origin is reached now: the host lane's clock starts with it
-  m.trace_host_origin = std::chrono::steady_clock::now();
-  m.tracing = true;
+  impl_->idle();  // the step starts on idle streams, so that its spans are its own (this drains the pipeline once)
+  impl_->tracer.begin();
 }
 
 StepTrace FsdpEngine::trace_end() {
   Impl& m = *impl_;
-  SHARDLM_CHECK(m.tracing, "FsdpEngine::trace_end without trace_begin");
+  SHARDLM_CHECK(m.tracer.tracing(), "FsdpEngine::trace_end without trace_begin");
   // The step ends when every stream has done its part: communication, and offloaded the host's
   // updates and their uploads.
-  if (m.opt.cpu_offload) m.offload.worker->drain();
-  m.tracing = false;
-  std::unique_ptr<BackendEvent> joined = backend_->make_event();
   std::vector<Stream> others{m.comm};
-  if (m.opt.cpu_offload) others.insert(others.end(), {m.offload.down, m.offload.up});
-  for (Stream s : others) {
-    joined->record(s);
-    joined->wait_on(m.compute);
+  if (m.offload) {
+    m.offload->drain_worker();
+    const std::vector<Stream> copies = m.offload->copy_streams();
+    others.insert(others.end(), copies.begin(), copies.end());
   }
-  std::unique_ptr<BackendEvent> end = backend_->make_timing_event();
-  end->record(m.compute);
-  backend_->synchronize(m.compute);
-  StepTrace t;
-  t.step_ms = backend_->elapsed_ms(*m.trace_origin, *end);
-  for (Impl::Mark& k : m.marks) {
-    if (k.lane == Impl::Lane::Host)
-      t.spans.push_back({k.name, Impl::lane_name(k.lane), k.host_begin_ms, std::min(k.host_end_ms, t.step_ms)});
-    else
-      t.spans.push_back({k.name, Impl::lane_name(k.lane), backend_->elapsed_ms(*m.trace_origin, *k.begin),
-                         backend_->elapsed_ms(*m.trace_origin, *k.end)});
-  }
-  m.marks.clear();
-  m.trace_origin.reset();
-  return t;
+  return m.tracer.end(others);
 }
 
 // The compute-dtype slices from the fp32 masters (after init, a checkpoint load).
 void FsdpEngine::refresh_compute_slices() {
   Impl& m = *impl_;
   if (!plan_.compute_slice) return;
-  if (m.opt.cpu_offload) {
-    // Up through the worker's upload path; the gathers wait for each unit's (Impl::await_upload).
-    m.uploads_follow_readers();
-    for (size_t u = 0; u < m.units.size(); ++u) m.post_upload(u, nullptr);
-    return;
-  }
+  if (m.offload) return m.offload->refresh_compute_slices();  // up through the worker's upload path
   for (Unit& d : m.units)
     backend_->cast(d.master.data(), DType::F32, d.compute.data(), plan_.compute_dtype, d.flat.shard_numel, m.compute);
-}
-
-// CPU offload's buffers, events and worker (offload.cpp says what guards what).
-void FsdpEngine::start_offload() {
-  Impl& m = *impl_;
-  OffloadState& o = m.offload;
-  Backend& be = *backend_;
-  o.optimizer = optimizer_.get();
-  o.down = be.copy_stream(CopyKind::DeviceToHost);
-  o.up = be.copy_stream(CopyKind::HostToDevice);
-  o.threads = host_backend_->host_threads();
-  for (int b = 0; b < 2; ++b) {
-    o.slice[b] = be.allocate(plan_.offload_slice, MemKind::Comm);
-    o.landing[b] = host_backend_->allocate(plan_.offload_landing, MemKind::Comm);
-    pin(o.landing[b].data(), o.landing[b].bytes());
-    o.stage[b] = host_backend_->allocate(plan_.offload_stage, MemKind::Comm);
-    pin(o.stage[b].data(), o.stage[b].bytes());
-    o.copied[b] = be.make_event();
-    o.staged[b] = be.make_event();
-    // Recorded once, so the first waits have a point to wait for.
-    o.copied[b]->record(o.down);
-    o.staged[b]->record(o.up);
-  }
-  o.reduced = be.make_event();
-  o.params_free = be.make_event();
-  o.device_sums_read = be.make_event();
-  o.device_sums_read->record(o.down);
-  for (size_t u = 0; u < m.units.size(); ++u) o.uploaded.push_back(be.make_event());
-  o.upload_task.assign(m.units.size(), 0);
-  o.sum_squares.assign(m.units.size(), 0.0);
-  o.squares = be.allocate(plan_.offload_squares, MemKind::Comm);
-  o.squares_on_device.assign(m.units.size(), 0);
-  o.squares_host.assign(m.units.size(), 0.0);
-  o.upload_on_device.assign(m.units.size(), 0);
-  if (m.root_updates_on_device()) {
-    // The root's master and moments are copied up and back chunk by chunk: page-locked.
-    Unit& root = m.units[0];
-    if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
-    const size_t k = optimizer_->state_names().size(), r = plan_.offload_resident;
-    for (size_t i = 0; i < k; ++i) pin(optimizer_->state(0, i), root.master.bytes());
-    SHARDLM_CHECK(r == 0 || k == 2, "fsdp.offload_resident_gib counts AdamW's two moments; this optimizer has ", k);
-    if (r > 0) {
-      o.resident[0] = be.allocate(r * sizeof(float), MemKind::Params);
-      for (size_t i = 1; i <= k; ++i) o.resident[i] = be.allocate(r * sizeof(float), MemKind::Optimizer);
-      o.resident_updated = be.make_event();
-    }
-    for (int s = 0; s < 2 && plan_.offload_stream > 0; ++s) o.stream_buf[s] = be.allocate(plan_.offload_stream, MemKind::Comm);
-    for (int s = 0; s < 2; ++s) {
-      o.chunk_updated[s] = be.make_event();
-      o.chunk_home[s] = be.make_event();
-      o.chunk_home[s]->record(o.down);
-    }
-    o.state_home = be.make_event();
-    o.grad_read = be.make_event();
-  }
-  o.worker = std::make_unique<HostWorker>([&be] { be.bind_thread(); });
-}
-
-std::vector<UnitState> FsdpEngine::frozen_state(uint64_t seed) {
-  Impl& m = *impl_;
-  SHARDLM_CHECK(m.lora, "FsdpEngine::frozen_state: nothing is frozen without LoRA");
-  std::vector<UnitState> states;
-  frozen_staging_.assign(m.units.size(), {});
-  for (size_t u = 0; u < m.units.size(); ++u) {
-    const FlatParameter& f = m.units[u].frozen;
-    std::vector<float>& host = frozen_staging_[u];
-    host.assign(f.shard_numel, 0.0f);
-    init_unit_slice(*f.layout, static_cast<int>(u), seed, f.shard_begin, f.shard_begin + f.shard_numel, host.data());
-    UnitState st;
-    st.layout = f.layout;
-    st.numel = f.numel;
-    st.begin = std::min(f.shard_begin, f.numel);
-    st.count = std::min(f.shard_begin + f.shard_numel, f.numel) - st.begin;
-    st.primary = groups_.replicate->rank() == 0;
-    st.param = host.data();
-    states.push_back(st);
-  }
-  return states;
-}
-
-void FsdpEngine::frozen_loaded() {
-  Impl& m = *impl_;
-  SHARDLM_CHECK(frozen_staging_.size() == m.units.size(), "FsdpEngine::frozen_loaded without frozen_state");
-  const DType cdt = plan_.compute_dtype;
-  std::vector<uint16_t> host16;
-  frozen_checksum_ = 0;
-  for (size_t u = 0; u < m.units.size(); ++u) {
-    Unit& d = m.units[u];
-    std::vector<float>& host = frozen_staging_[u];
-    const size_t n = host.size();
-    if (cdt != DType::F32) round_to(cdt, host.data(), n);  // the values the model will read
-    else if (m.opt.param_dtype != DType::F32) round_to(m.opt.param_dtype, host.data(), n);
-    // A sum over the elements this rank holds first (primary replicas), of a hash of (unit, index,
-    // value): the same total for any world size once the ranks' parts are added.
-    if (groups_.replicate->rank() == 0) {
-      const size_t end = std::min(d.frozen.shard_numel, d.frozen.numel - std::min(d.frozen.numel, d.frozen.shard_begin));
-      for (size_t i = 0; i < end; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &host[i], sizeof(bits));
-        frozen_checksum_ += mix64(mix64((static_cast<uint64_t>(u) << 40) ^ (d.frozen.shard_begin + i)) ^ bits);
-      }
-    }
-    if (cdt == DType::F32) {
-      // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs): rounded above.
-      backend_->copy(d.frozen_slice.data(), host.data(), n * sizeof(float),
-                     CopyKind::HostToDevice, m.compute);
-    } else {
-      host16.resize(n);
-      pack16(cdt, host.data(), host16.data(), n);
-      backend_->copy(d.frozen_slice.data(), host16.data(), n * sizeof(uint16_t), CopyKind::HostToDevice, m.compute);
-    }
-    backend_->synchronize(m.compute);  // the staging is freed next
-    std::vector<float>().swap(host);
-  }
-  frozen_staging_.clear();
-  m.params_updated();
 }
 
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
   m.idle();  // offloaded, the worker updates and uploads the host state: the views are handed out after
-  if (m.opt.cpu_offload) {
-    m.resident_home();  // the root's resident state, when the device's is newer
-    backend_->synchronize(m.offload.down);
-  }
+  if (m.offload) m.offload->checkpoint_state();
   std::vector<UnitState> states;
   const bool primary = groups_.replicate->rank() == 0;
   const std::vector<std::string> names = optimizer_->state_names();
@@ -493,11 +302,7 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
 
 void FsdpEngine::checkpoint_loaded() {
   Impl& m = *impl_;
-  if (m.opt.cpu_offload) {
-    m.offload.worker->drain();
-    // The loaded host arrays are the root's state now: its next update on the device loads them.
-    m.offload.resident_loaded = m.offload.resident_ahead = false;
-  }
+  if (m.offload) m.offload->checkpoint_loaded();
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
     if (d.host_master.empty()) continue;  // the loaded host arrays are the state
@@ -516,21 +321,20 @@ FsdpMemory FsdpEngine::memory() const {
   FsdpMemory r;
   for (const Unit& d : m.units) {
     // An offloaded master is host memory: only its compute copy is on the device.
-    r.master_shard += (m.opt.cpu_offload ? 0 : d.master.bytes()) + d.compute.bytes() + d.frozen_slice.bytes();
+    r.master_shard += (m.offload ? 0 : d.master.bytes()) + d.compute.bytes() + d.frozen_slice.bytes();
     r.grad_shard += d.grad.bytes();
     r.model_params += d.flat.numel + d.frozen.numel;
     r.trainable_params += d.flat.numel;
   }
-  r.master_shard += m.offload.resident[0].bytes();  // offloaded: the root's resident master
+  if (m.offload) r.master_shard += m.offload->resident_master_bytes();  // the root's resident master
   r.full_params = m.root_full.bytes() + m.root_frozen_full.bytes();
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
   r.full_grads = m.root_grad_full.bytes();
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
-  r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.offload.slice[0].bytes() +
-                   m.offload.slice[1].bytes() + m.offload.stream_buf[0].bytes() + m.offload.stream_buf[1].bytes() +
-                   m.offload.squares.bytes() + m.split_ids.bytes() + m.split_ids_shard.bytes() + m.split_ids_all.bytes() +
-                   m.split_first.bytes() + m.split_packed.bytes();
+  r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
+                   m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() +
+                   (m.offload ? m.offload->staging_bytes() : 0);
   r.activations = m.model->activation_bytes();
   return r;
 }
@@ -538,27 +342,7 @@ FsdpMemory FsdpEngine::memory() const {
 const FsdpOptions& FsdpEngine::options() const { return impl_->opt; }
 
 std::string FsdpEngine::offload_description() const {
-  const OffloadState& o = impl_->offload;
-  if (!impl_->opt.cpu_offload) return "";
-  const bool on_device = impl_->root_updates_on_device();
-  const size_t r = impl_->plan.offload_resident, n = impl_->units[0].flat.shard_numel;
-  std::string where = "the root unit's too";
-  if (on_device && r == 0) {
-    where = "the root unit's on the GPU, its master and moments streamed over the host link";
-  } else if (on_device) {
-    char text[200];
-    std::snprintf(text, sizeof(text), "the root unit's on the GPU, %.1f%% of its master and moments resident there "
-                  "(fsdp.offload_resident_gib: %s)%s", 100.0 * static_cast<double>(r) / static_cast<double>(n),
-                  format_bytes(impl_->plan.offload_resident_bytes()).c_str(), r < n ? ", the rest streamed over the host link" : "");
-    where = text;
-  }
-  if (o.link_up_gbs > 0) {
-    char text[160];
-    std::snprintf(text, sizeof(text), " (fsdp.offload_root_update = auto: link %.1f GB/s up, %.1f down, %s %.0f)",
-                  o.link_up_gbs, o.link_down_gbs, on_device ? "at least" : "under", kOffloadRootLinkGBs);
-    where += text;
-  }
-  return where;
+  return impl_->offload ? impl_->offload->description() : "";
 }
 
 size_t FsdpEngine::num_units() const { return impl_->units.size(); }
@@ -570,17 +354,8 @@ std::vector<float> FsdpEngine::grad_slice(size_t u) {
   m.finish_reductions();
   const Unit& d = m.units.at(u);
   std::vector<float> out(d.flat.shard_numel);
-  if (m.opt.cpu_offload) {
-    OffloadState& o = m.offload;
-    m.flush_device_sums();
-    if (u == 0 && o.device_grad) {
-      // The root's gradient stayed on the device for its update there (after the reductions on down).
-      backend_->copy(out.data(), o.device_grad, out.size() * sizeof(float), CopyKind::DeviceToHost, o.down);
-      backend_->synchronize(o.down);
-      return out;
-    }
-    o.worker->wait(o.last_arrival);
-    if (o.micro > 0) std::copy_n(d.host_grad.as<float>(), out.size(), out.begin());
+  if (m.offload) {
+    m.offload->grad_slice(u, out);
     return out;
   }
   m.settle_fresh_grads(m.compute);

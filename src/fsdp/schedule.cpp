@@ -1,0 +1,324 @@
+// FsdpEngine's schedule of one micro-batch (Impl::run): each unit gathered before its use and
+// resharded after, gathers prefetched ahead, gradients reduced into the slices behind the backward
+// (the root's split in its head and embedding parts), and the update that gathers the first units ahead.
+#include <algorithm>
+
+#include "offload.hpp"
+
+namespace shardlm {
+
+void FsdpEngine::Impl::gather(size_t u) {
+  // (One rank reads its slices in place, the frozen ones too: plan.alias implies plan.frozen_alias.)
+  if (plan.alias || gathered[u]) return;
+  if (u > 0) {
+    const size_t sl = slot(u);
+    if (holder[sl] >= 0) gathered[holder[sl]] = false;  // evicted from the shared buffer
+    slot_free[sl]->wait_on(comm);  // the buffer's previous block has finished computing
+    holder[sl] = static_cast<int>(u);
+  }
+  if (offload) offload->await_upload(u, comm);
+  const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), Lane::Comm);
+  const Unit& d = units[u];
+  const size_t n = d.flat.shard_numel;
+  char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
+  if (plan.staged_gather) {
+    // Cast the slice to param_dtype first, so the gather moves 16-bit values; the model reads fp32.
+    be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, comm);
+    shard.all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
+    be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, comm);
+  } else if (plan.cast_at_gather) {
+    // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
+    char* mine = full + static_cast<size_t>(shard.rank()) * n * csize();
+    be.cast(d.master.data(), DType::F32, mine, plan.compute_dtype, n, comm);
+    shard.all_gather(mine, full, n, plan.compute_dtype);
+  } else {
+    shard.all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
+  }
+  if (lora && !plan.frozen_alias)
+    shard.all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
+                     plan.compute_dtype);
+  tracer.mark_end(span);
+  unit_gathered[u]->record(comm);
+  gathered[u] = true;
+}
+
+UnitParams FsdpEngine::Impl::use(size_t u) {
+  gather(u);
+  if (!plan.alias) unit_gathered[u]->wait_on(compute);
+  else if (offload) offload->await_upload(u, compute);  // the model reads the compute slice itself
+  return unit_params(u);
+}
+
+void FsdpEngine::Impl::done_with(size_t u) {
+  if (!plan.alias && u > 0) slot_free[slot(u)]->record(compute);
+}
+
+void FsdpEngine::Impl::params_updated() {
+  std::fill(gathered.begin(), gathered.end(), false);
+  std::fill(holder.begin(), holder.end(), -1);
+  // The new slices must be written before any gather reads them.
+  params_written->record(compute);
+  params_written->wait_on(comm);
+}
+
+void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const AdamWHyper& h) {
+  std::fill(gathered.begin(), gathered.end(), false);
+  std::fill(holder.begin(), holder.end(), -1);
+  size_t ahead = 0;
+  if (be.asynchronous() && !plan.alias) ahead = std::min<size_t>(units.size(), forward_prefetch && can_prefetch() ? 2 : 1);
+  for (size_t u = 0; u < ahead; ++u) {
+    optimizer.update_slices(u, u + 1, h, compute);
+    params_written->record(compute);
+    params_written->wait_on(comm);
+    gather(u);
+  }
+  optimizer.update_slices(ahead, units.size(), h, compute);
+  params_written->record(compute);
+  params_written->wait_on(comm);
+}
+
+void FsdpEngine::Impl::reduce(size_t u, float* full) {
+  if (offload) return offload->reduce(u, full);
+  if (plan.direct_grads) return;  // the backward wrote into the slice itself
+  Unit& d = units[u];
+  if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
+  const int span = tracer.mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
+  reduce_into_slice(d, full);
+  tracer.mark_end(span);
+}
+
+void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
+  const size_t n = d.flat.shard_numel;
+  const DType rdt = opt.reduce_dtype;
+  if (rdt == DType::F32) {
+    float* slice = full;  // one shard: the full gradient is the slice
+    if (shard.size() > 1) {
+      slice = grad_slice.as<float>();
+      shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
+    }
+    if (replicate.size() > 1) replicate.all_reduce(slice, n, DType::F32, ReduceOp::Sum);
+    add_to_grad(d, slice, DType::F32);
+    return;
+  }
+  be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
+  void* slice = stage_full.data();
+  if (shard.size() > 1) {
+    slice = stage_slice.data();
+    shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
+  }
+  if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
+  add_to_grad(d, slice, rdt);
+}
+
+void FsdpEngine::Impl::add_to_grad(Unit& d, const void* slice, DType dt) {
+  char& fresh = grad_fresh[static_cast<size_t>(&d - units.data())];
+  if (fresh) be.cast(slice, dt, d.grad.data(), DType::F32, d.flat.shard_numel, comm);
+  else be.accumulate(d.grad.as<float>(), slice, dt, d.flat.shard_numel, comm);
+  fresh = 0;
+}
+
+void FsdpEngine::Impl::settle_fresh_grads(Stream s) {
+  for (size_t u = 0; u < units.size(); ++u)
+    if (grad_fresh[u]) be.zero(units[u].grad.data(), units[u].grad.bytes(), s), grad_fresh[u] = 0;
+}
+
+void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) {
+  const size_t n = d.flat.shard_numel;
+  const int S = shard.size(), me = shard.rank();
+  const DType rdt = opt.reduce_dtype;
+  const size_t rsize = dtype_size(rdt);
+  char* send = reinterpret_cast<char*>(full);
+  char* recv = static_cast<char*>(rdt == DType::F32 ? grad_slice.data() : stage_slice.data());
+  if (rdt != DType::F32) {
+    be.cast(full + lo, DType::F32, stage_full.as<char>() + lo * rsize, rdt, hi - lo, comm);
+    send = stage_full.as<char>();
+  }
+  size_t my_lo = 0, my_hi = 0;
+  for (int r = 0; r < S; ++r) {
+    const size_t begin = static_cast<size_t>(r) * n, a = std::max(lo, begin), b = std::min(hi, begin + n);
+    if (a >= b) continue;
+    if (r == me) my_lo = a, my_hi = b;
+    if (S > 1) shard.reduce(send + a * rsize, r == me ? recv + (a - begin) * rsize : recv, b - a, rdt, ReduceOp::Sum, r);
+  }
+  if (my_hi <= my_lo) return;
+  const size_t mine = my_lo - static_cast<size_t>(me) * n;
+  char* reduced = S > 1 ? recv + mine * rsize : send + my_lo * rsize;
+  if (replicate.size() > 1) replicate.all_reduce(reduced, my_hi - my_lo, rdt, ReduceOp::Sum);
+  be.accumulate(d.grad.as<float>() + mine, reduced, rdt, my_hi - my_lo, comm);
+}
+
+void FsdpEngine::Impl::reduce_root_head() {
+  const RootSplit& rs = plan.root_split;
+  Unit& d = units[0];
+  root_grad_ready->record(compute);
+  root_grad_ready->wait_on(comm);
+  const int span = tracer.mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
+  if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
+    reduce_into_slice(d, root_grad_full.as<float>());
+  } else {
+    if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
+    reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+  }
+  // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
+  shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
+  if (replicate.size() > 1)
+    replicate.all_gather(split_ids_shard.data(), split_ids_all.data(), rs.shard_ids, DType::F32);
+  be.rows_mark_first(token_ids_all(), rs.id_capacity, split_first.as<int32_t>(), rs.table_rows, comm);
+  tracer.mark_end(span);
+  head_reduced->record(comm);
+}
+
+void FsdpEngine::Impl::embedding_grad_begins() {
+  const RootSplit& rs = plan.root_split;
+  head_reduced->wait_on(compute);
+  if (rs.table_in_head)  // the head's gradient of the named rows went with the head's part
+    be.rows_zero(root_grad_full.as<float>() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity,
+                 rs.table_rows, compute);
+}
+
+void FsdpEngine::Impl::reduce_root_embedding() {
+  const RootSplit& rs = plan.root_split;
+  Unit& d = units[0];
+  const DType rdt = opt.reduce_dtype;
+  const size_t rsize = dtype_size(rdt), extras = rs.extras_end - rs.extras_begin;
+  float* full = root_grad_full.as<float>();
+  const int32_t* ids = token_ids_all();
+  int32_t* first = split_first.as<int32_t>();
+  const int span = tracer.mark_begin("reduce unit 0 (embedding rows)", -1, Lane::Comm);
+  be.rows_pack(full + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(), rdt,
+               comm);
+  char* tail = split_packed.as<char>() + rs.id_capacity * rs.width * rsize;
+  if (extras > 0) be.cast(full + rs.extras_begin, DType::F32, tail, rdt, extras, comm);
+  if (shard.size() > 1) shard.all_reduce(split_packed.data(), rs.packed_numel(), rdt, ReduceOp::Sum);
+  if (replicate.size() > 1) replicate.all_reduce(split_packed.data(), rs.packed_numel(), rdt, ReduceOp::Sum);
+  const size_t n = d.flat.shard_numel, begin = static_cast<size_t>(shard.rank()) * n;
+  be.rows_unpack_add(split_packed.data(), rdt, rs.width, ids, first, rs.id_capacity, rs.table_rows, d.grad.as<float>(),
+                     static_cast<long long>(rs.table_offset) - static_cast<long long>(begin), n, comm);
+  const size_t lo = std::max(rs.extras_begin, begin), hi = std::min(rs.extras_end, begin + n);
+  if (lo < hi) be.accumulate(d.grad.as<float>() + (lo - begin), tail + (lo - rs.extras_begin) * rsize, rdt, hi - lo, comm);
+  be.zero(first, split_first.bytes(), comm);  // for the next micro-step's marks
+  tracer.mark_end(span);
+}
+
+void FsdpEngine::Impl::idle() {
+  if (offload) offload->idle();
+  be.synchronize(compute);
+  be.synchronize(comm);
+}
+
+void FsdpEngine::Impl::finish_reductions() {
+  reductions_done->record(offload ? offload->follow_reductions() : comm);
+  reductions_done->wait_on(compute);
+}
+
+void FsdpEngine::Impl::finish_root_reduction() {
+  if (!root_reduction_pending) return;
+  finish_reductions();
+  root_reduction_pending = false;
+}
+
+double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backward) {
+  const int B = mb.batch, T = mb.seq;
+  const size_t N = static_cast<size_t>(B) * T;
+  SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
+  const int32_t* tok = mb.tokens.data();
+  const int32_t* tgt = mb.targets.data();
+  const bool packed = !mb.starts.empty();
+  SHARDLM_CHECK(!packed || model->config().packed, "a packed micro-batch for a model not built for packing");
+  const int32_t* starts_in = packed ? mb.starts.data() : nullptr;
+  if (offload) offload->micro_step_begins(backward);
+  if (!host_memory) {
+    be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+    be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+    if (packed) be.copy(starts.data(), starts_in, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+    tok = tokens.as<int32_t>(), tgt = targets.as<int32_t>();
+    if (packed) starts_in = starts.as<int32_t>();
+  }
+  model->set_sample_starts(starts_in);
+  model->reset_loss(compute);
+
+  const UnitParams root = use(0);
+  if (L > 0 && forward_prefetch) gather(1);
+  int span = tracer.mark_begin("forward unit 0 (embedding)", -1, Lane::Compute);
+  if (N > 0) model->embed_forward(root, tok, B, T, compute);
+  tracer.mark_end(span);
+  for (int l = 0; l < L; ++l) {
+    const UnitParams p = use(1 + l);
+    // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
+    if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
+    // Behind the forward's last gathers, the root's full gradient is zeroed for this backward.
+    if (backward && zero_on_comm() && l + 1 == L) {
+      be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
+      root_zeroed->record(comm);
+    }
+    span = tracer.mark_begin("forward unit", 1 + l, Lane::Compute);
+    if (N > 0) model->block_forward(l, p, B, T, compute);
+    tracer.mark_end(span);
+    done_with(1 + l);
+  }
+  const bool split = backward && plan.root_split.on;
+  if (backward) {
+    if (zero_on_comm() && L == 0) {
+      be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
+      root_zeroed->record(comm);
+    }
+    // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
+    finish_root_reduction();
+    if (zero_on_comm()) root_zeroed->wait_on(compute);
+    else if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+    if (split) {
+      // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
+      be.zero(split_ids.data(), split_ids.bytes(), compute);
+      be.copy(split_ids.data(), mb.tokens.data(), N * sizeof(int32_t), CopyKind::HostToDevice, compute);
+    }
+    if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
+  }
+  // With LoRA only the root's saved modules (lora.modules_to_save) form gradients; none without them.
+  UnitGrads droot;
+  if (backward && !lora) droot.base = full_grad(0);
+  if (backward && lora && units[0].flat.numel > 0) droot.adapter = full_grad(0);
+  span = tracer.mark_begin(backward ? "forward and backward unit 0 (head, loss)" : "forward unit 0 (head, loss)", -1,
+                    Lane::Compute);
+  if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
+  tracer.mark_end(span);
+  if (split) reduce_root_head();
+  if (backward) {
+    for (int l = L - 1; l >= 0; --l) {
+      const UnitParams p = use(1 + l);
+      // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
+      // reduce-scatter), so it overlaps this block's compute.
+      if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
+      const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
+      grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
+      if (!plan.direct_grads && !zero_on_comm())
+        be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
+      float* grad = full_grad(1 + l);
+      span = tracer.mark_begin("backward unit", 1 + l, Lane::Compute);
+      if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
+      tracer.mark_end(span);
+      done_with(1 + l);
+      grad_ready[gs]->record(compute);
+      grad_ready[gs]->wait_on(comm);
+      reduce(1 + l, grad);
+      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
+      // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
+      grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
+      // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
+      // buffer this block frees, so it is safe with a single buffer too.
+      if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
+    }
+    if (split) embedding_grad_begins();
+    span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
+    if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
+    tracer.mark_end(span);
+    root_grad_ready->record(compute);
+    root_grad_ready->wait_on(comm);
+    if (split) reduce_root_embedding();
+    else reduce(0, full_grad(0));
+    root_reduction_pending = true;
+    if (offload) offload->micro_step_ends();
+  }
+  return model->loss_sum(compute);
+}
+
+}  // namespace shardlm
