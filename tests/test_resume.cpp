@@ -101,6 +101,16 @@ void start_afresh(const std::string& name) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A fresh FULL_SHARD run of 10 steps in scratch(name), checkpoints at steps 5 and 10; its config.
+RunConfig train_ten_steps(const std::string& name) {
+  start_afresh(name);
+  RunConfig cfg = config(ShardingStrategy::FullShard, name);
+  cfg.train.max_steps = 10;
+  cfg.checkpoint.every = 5;
+  train(cfg, MPI_COMM_WORLD, quiet());
+  return cfg;
+}
+
 std::string checkpoint_of(const std::string& name, long step) {
   char file[64];
   std::snprintf(file, sizeof file, "/checkpoints/ckpt-%08ld.h5", step);
@@ -568,11 +578,7 @@ BOOST_AUTO_TEST_CASE(saved_modules_go_to_the_adapter_and_come_back) {
 // checks can tell) or past this deck's epochs, and resumes from the older intact one; the same file
 // named in checkpoint.resume is refused naming it.
 BOOST_AUTO_TEST_CASE(auto_falls_back_past_unusable_checkpoints) {
-  start_afresh("fallback");
-  RunConfig cfg = config(ShardingStrategy::FullShard, "fallback");
-  cfg.train.max_steps = 10;
-  cfg.checkpoint.every = 5;
-  train(cfg, MPI_COMM_WORLD, quiet());
+  RunConfig cfg = train_ten_steps("fallback");
   const std::string newest = checkpoint_of("fallback", 10), pristine = scratch("fallback") + "/pristine.h5";
   BOOST_TEST_REQUIRE(edited_on_rank0([&] { return fs::copy_file(newest, pristine); }));
   cfg.checkpoint.every = 0;
@@ -615,15 +621,8 @@ BOOST_AUTO_TEST_CASE(auto_falls_back_past_unusable_checkpoints) {
 // resume = auto, naming both run ids, the file and RUN_DIR/run_id, and refused when no other is
 // left; named in checkpoint.resume it resumes, the run keeping its own id.
 BOOST_AUTO_TEST_CASE(another_runs_checkpoint_is_refused_by_auto) {
-  start_afresh("run_a");
-  RunConfig a = config(ShardingStrategy::FullShard, "run_a");
-  a.train.max_steps = 10;
-  a.checkpoint.every = 5;
-  train(a, MPI_COMM_WORLD, quiet());
-  start_afresh("run_b");
-  RunConfig b = config(ShardingStrategy::FullShard, "run_b");
-  b.train.max_steps = 10;
-  train(b, MPI_COMM_WORLD, quiet());
+  RunConfig a = train_ten_steps("run_a");
+  train_ten_steps("run_b");
   const std::string id_a = run_id_of("run_a"), id_b = run_id_of("run_b");
   BOOST_TEST(!id_a.empty());
   BOOST_TEST(id_a != id_b);
