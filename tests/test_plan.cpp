@@ -208,6 +208,29 @@ BOOST_AUTO_TEST_CASE(lora_plan_counts_the_saved_modules_as_trained) {
   BOOST_TEST(b.record.full_grads == a.record.full_grads + head * 4);
 }
 
+// input/DECK copied into a scratch folder (FOLDER, else plan_MODEL) beside models/MODEL with `config` as its config.json and a
+// small byte-level BPE tokenizer.json standing in for the model's.
+fs::path scratch_deck(const std::string& deck_name, const std::string& model, const std::string& config,
+                      const std::string& folder = "") {
+  const fs::path dir = scratch(folder.empty() ? "plan_" + model : folder);
+  const fs::path deck = dir / fs::path(deck_name).filename();
+  fs::copy_file(SHARDLM_SOURCE_DIR "/input/" + deck_name, deck);
+  fs::create_directories(dir / "models" / model);
+  std::ofstream(dir / "models" / model / "config.json") << config;
+  std::ofstream(dir / "models" / model / "tokenizer.json") << R"({"added_tokens": [], "normalizer": null,
+      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+      "post_processor": null, "decoder": {"type": "ByteLevel"},
+      "model": {"type": "BPE", "unk_token": null, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})";
+  return deck;
+}
+
+const char* kLlama31Config =
+    R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "max_position_embeddings": 131072,
+        "tie_word_embeddings": false})";
+
 // The Llama decks plan on the CUDA backend they are written for, from their model's config.json.
 BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   struct Deck {
@@ -215,13 +238,7 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
     double parameters;  // the Hub's count for the model
   };
   const std::vector<Deck> decks = {
-      {"llama/llama31-8b.ini", "llama-3.1-8b",
-       R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
-           "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-           "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "max_position_embeddings": 131072,
-           "tie_word_embeddings": false})",
-       8030261248.0},
+      {"llama/llama31-8b.ini", "llama-3.1-8b", kLlama31Config, 8030261248.0},
       {"chess/codellama7b.ini", "codellama-7b",
        R"({"model_type": "llama", "vocab_size": 32016, "hidden_size": 4096, "intermediate_size": 11008,
            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-05,
@@ -231,16 +248,7 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   };
   for (const Deck& d : decks) {
     BOOST_TEST_CONTEXT(d.deck) {
-      const fs::path dir = scratch("plan_" + d.model);
-      const fs::path deck = dir / fs::path(d.deck).filename();
-      fs::copy_file(SHARDLM_SOURCE_DIR "/input/" + d.deck, deck);
-      fs::create_directories(dir / "models" / d.model);
-      std::ofstream(dir / "models" / d.model / "config.json") << d.config;
-      // The deck reads the model's tokenizer.json: a small byte-level BPE one stands in for it.
-      std::ofstream(dir / "models" / d.model / "tokenizer.json") << R"({"added_tokens": [], "normalizer": null,
-          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-          "post_processor": null, "decoder": {"type": "ByteLevel"},
-          "model": {"type": "BPE", "unk_token": null, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})";
+      const fs::path deck = scratch_deck(d.deck, d.model, d.config);
       Outcome o = plan(deck.string() + " --ranks=8 --json");
       if (o.exit_code != 0) o = plan(deck.string() + " --ranks=8 --json", true);  // for the message
       BOOST_TEST_INFO(o.output);
@@ -259,6 +267,42 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
       BOOST_TEST(full.at("memory_record").at("grad_shard_bytes").get<double>() < d.parameters * 4 / 8 + 4096 * 64);
     }
   }
+}
+
+// A row fits only when the node's host memory holds host/node too: Llama-3.1-8B offloaded unsharded on
+// eight ranks a node needs 16 bytes a parameter for each rank, far more than 512 GiB; sharded, an eighth.
+BOOST_AUTO_TEST_CASE(plan_fits_only_where_the_host_memory_fits_too) {
+  const fs::path deck = scratch_deck("llama/llama31-8b.ini", "llama-3.1-8b", kLlama31Config, "plan_host_memory");
+  const std::string args = deck.string() + " --ranks=8 --ranks-per-node=8 --gpu-memory=1000GiB";
+  Outcome o = plan(args + " --host-memory=512GiB --json");
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  json j = json::parse(o.output);
+  BOOST_TEST(j.at("host_budget_bytes_per_node").get<double>() == 512.0 * (1 << 30));
+  BOOST_TEST(j.at("host_budget_source") == "--host-memory");
+  const json& unsharded = row_of(j, "NO_SHARD", true);
+  BOOST_TEST(unsharded.at("host_bytes_per_node").get<double>() > 8 * 16 * 8030261248.0);
+  BOOST_TEST(unsharded.at("host_fits") == false);
+  BOOST_TEST(unsharded.at("fits") == false);  // the GPU's 1000 GiB would hold it
+  BOOST_TEST(unsharded.at("max_micro_batch") == 0);
+  const json& sharded = row_of(j, "FULL_SHARD", true);
+  BOOST_TEST(sharded.at("host_fits") == true);
+  BOOST_TEST(sharded.at("fits") == true);
+  // Without offload the host holds only checkpoint staging, 12 bytes a parameter of a rank's slice.
+  BOOST_TEST(row_of(j, "NO_SHARD").at("host_fits") == false);
+  BOOST_TEST(row_of(j, "FULL_SHARD").at("host_fits") == true);
+  // A host twice the need: the unsharded row fits.
+  j = json::parse(plan(args + " --host-memory=2048GiB --json").output);
+  BOOST_TEST(row_of(j, "NO_SHARD", true).at("fits") == true);
+  // The table says which memory failed, and what the host holds.
+  o = plan(args + " --host-memory=512GiB");
+  BOOST_TEST(contains(o.output, "host     512.00 GiB per node (--host-memory)"), o.output);
+  BOOST_TEST(contains(o.output, "fits = host"), o.output);
+  // Without --host-memory: this machine's memory.
+  j = json::parse(plan(args + " --json").output);
+  BOOST_TEST(j.at("host_budget_source") == "this machine's MemTotal");
+  BOOST_TEST(j.at("host_budget_bytes_per_node").get<double>() > 0);
+  BOOST_TEST(plan(args + " --host-memory=lots").exit_code != 0);
 }
 
 // The plan of the demo deck against the memory the demo reports, for every strategy on 1, 2 and
@@ -458,8 +502,9 @@ BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {
     BOOST_TEST(contains(o.output, s), s);
   BOOST_TEST(contains(o.output, "recommendation: NO_SHARD"));
 
-  // BLOOM-560M on 8 GPUs of 80 GiB: 20 CUDA rows, and micro-batch 8 fits unsharded.
-  Outcome b = plan(kBloom560m + " --ranks=8 --train.batch_size=64 --json");
+  // BLOOM-560M on 8 GPUs of 80 GiB (a node of 1 TiB, not this machine's): 20 CUDA rows, and
+  // micro-batch 8 fits unsharded.
+  Outcome b = plan(kBloom560m + " --ranks=8 --train.batch_size=64 --host-memory=1TiB --json");
   BOOST_TEST_INFO(b.output);
   BOOST_TEST_REQUIRE(b.exit_code == 0);
   const json j = json::parse(b.output);
@@ -467,7 +512,7 @@ BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {
   BOOST_TEST(j.at("recommendation").at("strategy") == "NO_SHARD");
   BOOST_TEST(j.at("runtime_overhead_bytes").get<double>() > 1e9);
   // On a 16 GiB GPU micro-batch 8 does not fit unsharded; something sharded or recomputed must.
-  Outcome small = plan(kBloom560m + " --ranks=8 --train.batch_size=64 --gpu-memory=16GiB --json");
+  Outcome small = plan(kBloom560m + " --ranks=8 --train.batch_size=64 --gpu-memory=16GiB --host-memory=1TiB --json");
   BOOST_TEST_REQUIRE(small.exit_code == 0);
   const json s = json::parse(small.output);
   BOOST_TEST(!row_of(s, "NO_SHARD").at("fits").get<bool>());
@@ -478,15 +523,30 @@ BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_input_fails_with_one_clear_message) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"/nonexistent/deck.ini", "/nonexistent/deck.ini"},
+  // plan's own options, wrong: the message and plan's usage, exit 2.
+  const std::vector<std::pair<std::string, std::string>> usage_cases = {
       {kDemo + " --gpu-memory=80", "give a unit"},
       {kDemo + " --gpu-memory=80GiBs", "unknown unit 'gibs'"},
       {kDemo + " --gpu-memory=-4GiB", "must be positive"},
       {kDemo + " --gpu-memory=lots", "not a size"},
+      {kDemo + " --host-memory=lots", "not a size"},
       {kDemo + " --ranks=0", "--ranks"},
-      {kDemo + " --ranks=4 --train.batch_size=16 --ranks-per-node=3", "--ranks-per-node = 3"},
       {kDemo + " --gpus=4", "unknown option '--gpus=4'"},
+      {"--ranks=2", "the first argument must be the deck"},
+  };
+  for (const auto& [args, message] : usage_cases) {
+    Outcome o = plan(args, true);
+    BOOST_TEST_CONTEXT("plan " << args << "\n" << o.output) {
+      BOOST_TEST(o.exit_code == 2);
+      BOOST_TEST(contains(o.output, "shardlm plan: "));
+      BOOST_TEST(contains(o.output, message));
+      BOOST_TEST(contains(o.output, "usage: shardlm plan"));
+    }
+  }
+  // The deck, wrong: one error line.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/nonexistent/deck.ini", "/nonexistent/deck.ini"},
+      {kDemo + " --ranks=4 --train.batch_size=16 --ranks-per-node=3", "--ranks-per-node = 3"},
       {kDemo + " --trian.lr=1", "did you mean 'train.lr'"},
       {kDemo + " --ranks=3", "train.batch_size"},
   };

@@ -313,6 +313,42 @@ BOOST_AUTO_TEST_CASE(gpu_peaks_file_errors_name_file_and_line) {
   BOOST_TEST(contains(message, "SHARDLM_GPU_PEAKS"), message);
 }
 
+BOOST_AUTO_TEST_CASE(model_flops_per_token_counts_what_runs) {
+  // Full training: 6N + 12 L H T; here N = 1000, L = 2, H = 8, T = 16.
+  BOOST_TEST(model_flops_per_token(1000, 1000, 2, 8, 16) == 6.0 * 1000 + 12.0 * 2 * 8 * 16);
+  // LoRA: 960 frozen base parameters run forward (2) and the input gradient (2), the 40 adapter ones
+  // forward and both gradients (6); the attention term is unchanged.
+  BOOST_TEST(model_flops_per_token(1000, 40, 2, 8, 16) == 4.0 * 960 + 6.0 * 40 + 12.0 * 2 * 8 * 16);
+  // A hand count for a LoRA shape: Llama-3.1-8B's 8030261248 parameters, rank-16 adapters on q and v
+  // of 32 layers (q: 4096 -> 4096, v: 4096 -> 1024), T = 512.
+  const size_t adapters = 32 * (16 * (4096 + 4096) + 16 * (4096 + 1024));
+  const size_t all = 8030261248ull + adapters;
+  BOOST_TEST(model_flops_per_token(all, adapters, 32, 4096, 512) ==
+             4.0 * 8030261248.0 + 6.0 * adapters + 12.0 * 32 * 4096 * 512);
+}
+
+BOOST_AUTO_TEST_CASE(keys_that_do_nothing_here_are_warned_about) {
+  RunConfig cfg;
+  cfg.run.backend = BackendKind::Cpu;
+  cfg.fsdp.strategy = ShardingStrategy::FullShard;
+  BOOST_TEST(inert_key_warnings(cfg, 1).empty());
+  cfg.fsdp.cpu_offload = true;
+  cfg.fsdp.activation_checkpointing = true;
+  std::vector<std::string> w = inert_key_warnings(cfg, 1);
+  BOOST_TEST_REQUIRE(w.size() == 2u);
+  BOOST_TEST(contains(w[0], "fsdp.cpu_offload = true does nothing on the CPU backend"), w[0]);
+  BOOST_TEST(contains(w[1], "fsdp.activation_checkpointing = true does nothing on the CPU backend"), w[1]);
+  cfg.run.backend = BackendKind::Cuda;  // both act on the GPU
+  BOOST_TEST(inert_key_warnings(cfg, 1).empty());
+  cfg.fsdp.strategy = ShardingStrategy::HybridShard;
+  w = inert_key_warnings(cfg, 1);
+  BOOST_TEST_REQUIRE(w.size() == 1u);
+  BOOST_TEST(contains(w[0], "fsdp.strategy = HYBRID_SHARD on one node is FULL_SHARD"), w[0]);
+  cfg.fsdp.strategy = ShardingStrategy::HybridShardZero2;
+  BOOST_TEST(contains(inert_key_warnings(cfg, 1).at(0), "HYBRID_SHARD_ZERO2 on one node is SHARD_GRAD_OP"));
+  BOOST_TEST(inert_key_warnings(cfg, 2).empty());  // two nodes, real or emulated: it acts
+}
+
 BOOST_AUTO_TEST_CASE(mfu_peak_choice_at_setup) {
   const std::string h100 = "NVIDIA H100 80GB HBM3";
   // run.peak_tflops wins over everything, on either backend.

@@ -61,6 +61,16 @@ int main(int argc, char** argv) {
   if (args[0] == "import-accelerate")
     return shardlm::command_import_accelerate(std::vector<std::string>(args.begin() + 1, args.end()));
 
+  // A wrong command line gets the command's usage before MPI starts (no MPI warnings, one message).
+  if (const std::string problem =
+          shardlm::mpi_command_usage_problem(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+      !problem.empty()) {
+    // The other ranks leave quietly with 0: one failing first would make mpirun kill the job before
+    // the first rank has printed the message.
+    if (!shardlm::first_rank_of_launch()) return 0;
+    std::fputs(shardlm::usage_error(args[0], problem).c_str(), stderr);
+    return 2;
+  }
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

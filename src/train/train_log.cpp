@@ -13,6 +13,12 @@ size_t run_peak_bytes(const FsdpEngine& engine) {
   return engine.device_peak_bytes() > 0 ? engine.device_peak_bytes() : memory_stats().total_peak;
 }
 
+double model_flops_per_token(size_t model_params, size_t trainable_params, int layers, int hidden, int seq_len) {
+  const double frozen = static_cast<double>(model_params - trainable_params);
+  const double attention = 12.0 * layers * static_cast<double>(hidden) * seq_len;
+  return 4.0 * frozen + 6.0 * static_cast<double>(trainable_params) + attention;
+}
+
 double run_mfu(const TrainRun& run, double tokens_per_second) {
   const double peak = run.peak.tflops;
   return peak > 0 ? tokens_per_second * run.flops_per_token / (run.world * peak * 1e12) : 0.0;

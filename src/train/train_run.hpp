@@ -98,6 +98,10 @@ struct TrainPosition {
 // a checkpoint at or past the run's last step sets `finished` and returns before the engine is
 // built, writing no record.
 std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
+// Warnings for deck keys that do nothing on this backend and topology: fsdp.cpu_offload and
+// fsdp.activation_checkpointing on the CPU backend, the hybrid strategies on one node (num_nodes
+// real or emulated nodes). Empty when every key set acts.
+std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes);
 // The loss scale to start from and, from a checkpoint (resume) or a Hugging Face directory
 // (model.dir), the weights and position to start at. Collective.
 TrainPosition load_start(TrainRun& run);
@@ -133,6 +137,11 @@ struct LogInterval {
 double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& last, LogInterval& interval);
 // This rank's peak memory: on a GPU the device's high-water mark; on the CPU the planned buffers.
 size_t run_peak_bytes(const FsdpEngine& engine);
+// The model FLOPs of training on one token (docs/deck.md, "MFU"): a frozen parameter (LoRA's base)
+// costs 4 (forward 2, input gradient 2; no weight gradient), a trained one 6, and the attention's
+// score and value products 12 x layers x hidden x seq_len (they have no weights, so LoRA runs them all).
+// model_params counts every parameter, trainable_params those trained (all without LoRA).
+double model_flops_per_token(size_t model_params, size_t trainable_params, int layers, int hidden, int seq_len);
 // Model FLOPs utilisation at `tokens_per_second` over all ranks; 0 without a peak.
 double run_mfu(const TrainRun& run, double tokens_per_second);
 // The peak of one rank's device: run.peak_tflops when > 0; else, on the CUDA backend with bf16 or

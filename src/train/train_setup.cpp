@@ -198,6 +198,7 @@ void report_memory(TrainRun& run) {
 // The run's shape: world and groups, data and batch, as log lines and the setup record.
 void report_shape(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
+  for (const std::string& warning : inert_key_warnings(cfg, run.topo.num_nodes)) run.say(warning);
   ProcessGroups& groups = run.engine->groups();
   run.say(concat("world ", run.world, " rank(s) on ", run.topo.num_nodes, run.topo.emulated ? " emulated" : "",
                  " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
@@ -263,6 +264,25 @@ TrainRun::TrainRun(const RunConfig& config, MPI_Comm communicator, const TrainOp
       progress(echo, echo && output_is_terminal(), 0, 0),
       generate_answers(config.data.format == DataFormat::Squad && config.eval.generate != EvalGenerate::None) {}
 
+std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes) {
+  std::vector<std::string> warnings;
+  if (cfg.run.backend == BackendKind::Cpu) {
+    if (cfg.fsdp.cpu_offload)
+      warnings.push_back("warning: fsdp.cpu_offload = true does nothing on the CPU backend (its state is in host "
+                         "memory and AdamW runs on the CPU already)");
+    if (cfg.fsdp.activation_checkpointing)
+      warnings.push_back("warning: fsdp.activation_checkpointing = true does nothing on the CPU backend (it keeps "
+                         "every activation and recomputes none)");
+  }
+  const ShardingStrategy s = cfg.fsdp.strategy;
+  if (num_nodes == 1 && (s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2))
+    warnings.push_back(concat("warning: fsdp.strategy = ", strategy_name(s), " on one node is ",
+                              s == ShardingStrategy::HybridShard ? "FULL_SHARD" : "SHARD_GRAD_OP",
+                              " (one shard group of every rank, nothing to replicate across nodes; "
+                              "dist.ranks_per_node emulates smaller nodes)"));
+  return warnings;
+}
+
 std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options) {
   auto run = std::make_unique<TrainRun>(cfg, comm, options);
   memory_reset_peak();
@@ -312,9 +332,9 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   }
   run->engine = make_run_engine(*run);
   const ModelConfig& mc = cfg.model;
-  const double params = static_cast<double>(run->engine->memory().model_params);
-  run->flops_per_token =
-      6.0 * params + 12.0 * mc.num_layers * static_cast<double>(mc.hidden_size) * cfg.data.max_length;
+  const FsdpMemory mem = run->engine->memory();
+  run->flops_per_token = model_flops_per_token(mem.model_params, mem.trainable_params, mc.num_layers,
+                                               mc.hidden_size, cfg.data.max_length);
   // Every rank reads SHARDLM_GPU_PEAKS, so a malformed file ends them all with its message.
   run_collectively(comm, [&] {
     const char* peaks_file = std::getenv("SHARDLM_GPU_PEAKS");

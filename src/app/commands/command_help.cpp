@@ -109,7 +109,7 @@ const char* kEvalUsage =
 
 const char* kPlanUsage =
     "usage: shardlm plan DECK [--section.key=value ...] [--gpu-memory=SIZE] [--ranks=N]\n"
-    "                    [--ranks-per-node=K] [--json]\n"
+    "                    [--host-memory=SIZE] [--ranks-per-node=K] [--json]\n"
     "\n"
     "Per-rank memory of each sharding strategy for the deck's model, micro-batch, max length,\n"
     "dtypes and backend (on CUDA also with CPU offload and activation checkpointing), the largest\n"
@@ -119,6 +119,8 @@ const char* kPlanUsage =
     "  --section.key=value   override one key of the deck, as for train\n"
     "  --gpu-memory=SIZE     memory per rank, e.g. 80GiB, 40GB, 16000MiB (default 80GiB); on the\n"
     "                        CPU backend, the host memory each rank may use\n"
+    "  --host-memory=SIZE    CUDA: host memory of a node, which host/node must fit in too (default\n"
+    "                        this machine's MemTotal)\n"
     "  --ranks=N             ranks of the run (default 1)\n"
     "  --ranks-per-node=K    ranks per node, for the HYBRID_SHARD strategies (default dist.ranks_per_node,\n"
     "                        or all)\n"

@@ -28,6 +28,11 @@ int command_import_accelerate(const std::vector<std::string>& args);
 // `shardlm --help` (command empty) or `shardlm COMMAND --help`: usage, flags and the docs' paths;
 // empty for an unknown command.
 std::string command_help(const std::string& command);
+// What is wrong with the arguments of an MPI command (train, inspect, export, comm-test), found
+// before MPI starts so the message is the command's own and not MPI's; empty when they will do.
+std::string mpi_command_usage_problem(const std::string& command, const std::vector<std::string>& args);
+// `shardlm COMMAND: problem`, a blank line and the command's usage, for stderr.
+std::string usage_error(const std::string& command, const std::string& problem);
 // "--help" or "-h".
 bool is_help_flag(const std::string& arg);
 // Whether this process is rank 0 of its launch (mpirun, srun) or was started alone: the one that

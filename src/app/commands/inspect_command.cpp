@@ -121,8 +121,8 @@ void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
 
 int command_inspect(const std::vector<std::string>& args) {
   const bool verify = !args.empty() && args[0] == "--verify";
-  if (args.size() != (verify ? 2u : 1u)) {
-    log_info("usage: shardlm inspect [--verify] CHECKPOINT   (a .h5 file, or a checkpoint folder: its latest; --help)");
+  if (const std::string problem = mpi_command_usage_problem("inspect", args); !problem.empty()) {
+    log_info(usage_error("inspect", problem));
     return 2;
   }
   const std::string spec = args.back();
@@ -272,14 +272,13 @@ int command_export(const std::vector<std::string>& args) {
       continue;
     }
     if (args[i].rfind("--", 0) == 0) {
-      log_info(concat("shardlm: export: unknown or incomplete option '", args[i], "'\n", command_help("export")));
+      log_info(usage_error("export", concat("unknown or incomplete option '", args[i], "'")));
       return 2;
     }
     positional.push_back(args[i]);
   }
-  if (positional.size() != 2) {
-    log_info("usage: shardlm export CHECKPOINT DIR [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--model-dir DIR]"
-             " [--overwrite]   (--help)");
+  if (const std::string problem = mpi_command_usage_problem("export", args); !problem.empty()) {
+    log_info(usage_error("export", problem));
     return 2;
   }
   on_rank0(MPI_COMM_WORLD, [&] {

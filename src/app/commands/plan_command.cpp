@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
@@ -25,6 +26,7 @@ struct PlanArgs {
   std::string deck;
   std::vector<std::string> overrides;
   size_t budget = 80 * kGiB;
+  size_t host_budget = 0;  // a node's host memory; 0: this machine's (MemTotal)
   int ranks = 1;
   int ranks_per_node = -1;  // -1: the deck's dist.ranks_per_node
   bool json = false;
@@ -57,7 +59,7 @@ int parse_count(const std::string& flag, const std::string& text) {
 // Plan's own options; everything else is a deck override for load_run_config.
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   PlanArgs p;
-  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "plan: the first argument must be the deck");
+  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "the first argument must be the deck");
   p.deck = args[0];
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -68,6 +70,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     std::string v;
     if (value("--gpu-memory", v)) {
       p.budget = parse_size("--gpu-memory", v);
+    } else if (value("--host-memory", v)) {
+      p.host_budget = parse_size("--host-memory", v);
     } else if (value("--ranks-per-node", v)) {
       p.ranks_per_node = parse_count("--ranks-per-node", v);
     } else if (value("--ranks", v)) {
@@ -75,12 +79,22 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     } else if (a == "--json") {
       p.json = true;
     } else if (a.rfind("--", 0) == 0 && a.find('.') == std::string::npos) {
-      throw Error(concat("plan: unknown option '", a, "' (deck keys look like --section.key=value)"));
+      throw Error(concat("unknown option '", a, "' (deck keys look like --section.key=value)"));
     } else {
       p.overrides.push_back(a);
     }
   }
   return p;
+}
+
+// This machine's memory: MemTotal of /proc/meminfo (0 where it cannot be read).
+size_t this_machine_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
 }
 
 struct Row {
@@ -89,7 +103,8 @@ struct Row {
   RankMemoryPlan memory;
   size_t total = 0;         // what the run reports as its peak
   size_t with_runtime = 0;  // plus the CUDA runtime: what must fit
-  bool fits = false;
+  bool host_fits = true;  // CUDA: host/node <= the node's host memory
+  bool fits = false;      // the GPU's memory and the host's
   int max_micro = 0;
   bool deck = false;  // the deck's own configuration
 };
@@ -99,6 +114,8 @@ struct Plan {
   PlanArgs args;
   int ranks_per_node = 0;
   size_t runtime = 0;
+  size_t host_budget = 0;   // a node's host memory (--host-memory, else this machine's)
+  std::string host_source;  // where host_budget came from
   std::vector<Row> rows;
   int pick = -1;  // index of the recommended row, or -1 when nothing fits
   std::string why;
@@ -124,9 +141,10 @@ size_t needed(const Plan& plan, const Row& row, int micro) {
 }
 
 // The longest data.max_length whose run fits at the deck's micro-batch with the given attention
-// path (0: not even one token), by doubling then bisection up to kMaxSeqSearched.
+// path (0: not even one token, or the host's memory does not fit), by doubling then bisection up to kMaxSeqSearched.
 constexpr int kMaxSeqSearched = 1 << 22;
 int longest_sequence(const Plan& plan, const Row& row, AttentionImpl attention) {
+  if (!row.host_fits) return 0;  // the host's share does not shrink with the sequence
   auto fits = [&](int seq) {
     MemoryPlanSpec s = spec_of(plan, row, plan.cfg.train.micro_batch_size);
     s.model.attention = attention;
@@ -225,6 +243,8 @@ Plan make_plan(const PlanArgs& args) {
                 ": does not divide --ranks = ", args.ranks);
   const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
   plan.runtime = cuda ? kCudaRuntimeOverheadBytes : 0;
+  plan.host_budget = args.host_budget > 0 ? args.host_budget : this_machine_memory();
+  plan.host_source = args.host_budget > 0 ? "--host-memory" : "this machine's MemTotal";
   for (bool offload : {false, true})
     for (bool ac : {false, true})
       for (ShardingStrategy s : all_strategies()) {
@@ -235,8 +255,10 @@ Plan make_plan(const PlanArgs& args) {
         r.memory = plan_rank_memory(spec_of(plan, r, plan.cfg.train.micro_batch_size));
         r.total = r.memory.device_total();
         r.with_runtime = r.total + plan.runtime;
-        r.fits = r.with_runtime <= args.budget;
-        r.max_micro = largest_micro_batch(plan, r);
+        // The host's share does not grow with the micro-batch: a host that cannot hold it fits none.
+        r.host_fits = !cuda || plan.host_budget == 0 || r.memory.host_per_node() <= plan.host_budget;
+        r.fits = r.with_runtime <= args.budget && r.host_fits;
+        r.max_micro = r.host_fits ? largest_micro_batch(plan, r) : 0;
         r.deck = s == plan.cfg.fsdp.strategy && (!cuda || (offload == plan.cfg.fsdp.cpu_offload &&
                                                            ac == plan.cfg.fsdp.activation_checkpointing));
         plan.rows.push_back(r);
@@ -274,6 +296,10 @@ void print_table(const Plan& plan) {
     std::printf("budget   %s per GPU, of which %s for the CUDA runtime (context, cuBLASLt, NCCL; measured,\n"
                 "         docs/PERFORMANCE.md); \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str(), format_bytes(plan.runtime).c_str());
+  if (cuda)
+    std::printf("host     %s per node (%s); a row fits when host/node fits in it too\n",
+                plan.host_budget > 0 ? format_bytes(plan.host_budget).c_str() : "unknown, not checked",
+                plan.host_source.c_str());
   else
     std::printf("budget   %s of host memory per rank; \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str());
@@ -290,10 +316,11 @@ void print_table(const Plan& plan) {
     if (cuda)
       std::printf(" %11s %11s %11s", format_bytes(r.with_runtime).c_str(), format_bytes(p.host_bytes).c_str(),
                   format_bytes(p.host_per_node()).c_str());
-    std::printf(" %4s %9d\n", r.fits ? "yes" : "no", r.max_micro);
+    std::printf(" %4s %9d\n", r.fits ? "yes" : r.host_fits ? "no" : "host", r.max_micro);
   }
   std::printf("\n  * the deck's configuration; shard = shard-group size;"
               " max micro = the largest micro-batch that fits\n");
+  if (cuda) std::printf("  fits = host: the GPU's memory would do, the node's host memory (host/node) would not\n");
   if (cuda)
     std::printf("  host/rank, host/node: host memory of a rank and of its node's %d rank(s) (checkpoint staging, or\n"
                 "  with CPU offload the fp32 master, gradient and moments plus the pinned copy buffers)\n"
@@ -306,6 +333,12 @@ void print_table(const Plan& plan) {
         std::printf("  fsdp.offload_dir = '%s': with CPU offload AdamW's moments (%s per rank with a shard group of\n"
                     "  %d) live in memory-mapped files there, not in host/rank; docs/deck.md says what that costs\n",
                     c.fsdp.offload_dir.c_str(), format_bytes(r.memory.offload_file_bytes).c_str(), r.memory.shard_size);
+        // At memory speed only while the page cache holds the files beside what the node's ranks keep.
+        const size_t cached = r.memory.host_per_node() + r.memory.offload_file_bytes * plan.ranks_per_node;
+        if (plan.host_budget > 0 && cached > plan.host_budget)
+          std::printf("  the node's page cache cannot hold them too (%s with host/node, over %s): every optimizer\n"
+                      "  step reads and writes them on disk\n", format_bytes(cached).c_str(),
+                      format_bytes(plan.host_budget).c_str());
         break;
       }
   if (!cuda)
@@ -355,6 +388,8 @@ void print_json(const Plan& plan) {
                     {"offload_file_bytes", p.offload_file_bytes},
                     {"host_bytes", p.host_bytes},
                     {"host_bytes_per_node", p.host_per_node()},
+                    {"offload_file_bytes_per_node", p.offload_file_bytes * static_cast<size_t>(plan.ranks_per_node)},
+                    {"host_fits", r.host_fits},
                     {"fits", r.fits},
                     {"max_micro_batch", r.max_micro},
                     // The fields of the run's "memory" record, by the same names.
@@ -386,6 +421,8 @@ void print_json(const Plan& plan) {
       {"attention", planned_attention(c)},
       {"budget_bytes", plan.args.budget},
       {"runtime_overhead_bytes", plan.runtime},
+      {"host_budget_bytes_per_node", plan.host_budget},
+      {"host_budget_source", plan.host_source},
       {"rows", rows}};
   if (plan.pick >= 0) {
     const Row& pick = plan.rows[plan.pick];
@@ -406,8 +443,15 @@ int command_plan(const std::vector<std::string>& args) {
     std::fputs(command_help("plan").c_str(), stderr);
     return 2;
   }
+  PlanArgs plan_args;
   try {
-    const Plan plan = make_plan(parse_plan_args(args));
+    plan_args = parse_plan_args(args);
+  } catch (const Error& e) {
+    std::fputs(usage_error("plan", e.what()).c_str(), stderr);
+    return 2;
+  }
+  try {
+    const Plan plan = make_plan(plan_args);
     plan.args.json ? print_json(plan) : print_table(plan);
   } catch (const Error& e) {
     std::fprintf(stderr, "shardlm: error: %s\n", e.what());

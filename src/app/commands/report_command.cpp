@@ -29,14 +29,17 @@ int command_report(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     if (option_value(args, i, "--csv", csv_path) || option_value(args, i, "--svg", svg_dir)) continue;
     if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "shardlm: report: unknown or incomplete option '%s'\n%s", a.c_str(),
-                   command_help("report").c_str());
+      std::fputs(usage_error("report", concat("unknown or incomplete option '", a, "'")).c_str(), stderr);
       return 2;
     }
     dirs.push_back(a);
   }
   if (dirs.empty()) {
-    std::fputs(command_help("report").c_str(), stderr);
+    std::fputs(usage_error("report", args.empty() ? "no run folder given"
+                                                  : "no run folder given: RUN_DIR... names the runs to report, "
+                                                    "--csv and --svg only say where to write them")
+                   .c_str(),
+               stderr);
     return 2;
   }
   try {

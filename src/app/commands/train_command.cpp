@@ -11,8 +11,8 @@ namespace shardlm {
 int command_train(const std::vector<std::string>& args) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (args.empty() || args[0].rfind("--", 0) == 0) {
-    log_info("usage: mpirun -np N shardlm train DECK [--section.key=value ...]   (shardlm train --help)");
+  if (const std::string problem = mpi_command_usage_problem("train", args); !problem.empty()) {
+    log_info(usage_error("train", problem));
     return 2;
   }
   RunConfig cfg;
