@@ -194,6 +194,29 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
   BOOST_TEST(fs::exists(again / "metrics.jsonl"));
 }
 
+// A stop signal during start-up (0.3 s in: before MPI has started, long before the first step) stops
+// the run at its first step with a checkpoint and exit code 0, not by killing it; SIGUSR2 (which
+// Open MPI's mpirun forwards too) does the same as SIGUSR1.
+BOOST_AUTO_TEST_CASE(an_early_stop_signal_stops_at_the_first_step) {
+  for (const char* sig : {"USR1", "USR2"}) {
+    BOOST_TEST_CONTEXT(sig) {
+      const fs::path dir = scratch(std::string("cli_early_") + sig);
+      fs::create_directories(dir);
+      const std::string cmd = std::string(SHARDLM_BINARY_DIR "/bin/shardlm train ") + kDemo + " --data.eval_file= --run.dir=" +
+                              dir.string() + " > " + (dir / "out.txt").string() + " 2>&1 & pid=$!; sleep 0.3; kill -" +
+                              sig + " $pid; wait $pid";
+      const int status = std::system(("timeout 120 bash -c '" + cmd + "'").c_str());
+      std::ifstream out(dir / "out.txt");
+      const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+      BOOST_TEST_INFO(text);
+      BOOST_TEST(WIFEXITED(status));
+      BOOST_TEST(WEXITSTATUS(status) == 0);
+      BOOST_TEST(text.find("stop signal received: checkpoint written at step 1;") != std::string::npos);
+      BOOST_TEST(fs::exists(dir / "checkpoints" / "ckpt-00000001.h5"));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   fs::path dir = scratch("cli_preempt");
   // Slurm's --signal=USR1@T reaches mpirun, which forwards SIGUSR1 to every rank.

@@ -35,7 +35,7 @@ struct TrainResult {
   double mfu = 0;                   // model FLOPs utilisation over the run (0 without a peak: CPU, fp32, GPU unknown)
   long skipped_steps = 0;           // steps skipped for an inf/NaN gradient (dynamic loss scaling)
   double loss_scale = 1;            // the loss scale at the end (1 when scaling is off)
-  bool preempted = false;           // stopped by SIGTERM/SIGUSR1 after writing a checkpoint
+  bool preempted = false;           // stopped by SIGTERM/SIGUSR1/SIGUSR2 after writing a checkpoint
   bool nothing_to_do = false;       // resumed from a checkpoint at the run's last step: nothing trained or recorded
   std::string last_checkpoint;      // path of the last checkpoint written, if any
 };
@@ -44,5 +44,12 @@ struct TrainResult {
 // resolved deck into cfg.run.dir (rank 0 of comm). Throws Error consistently on all ranks for
 // anything wrong with the setup.
 TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options = {});
+
+// SIGTERM, SIGUSR1 and SIGUSR2 ask a run to stop: the handler sets a flag, and at its next step
+// boundary train() writes a checkpoint and returns with `preempted`. `shardlm train` installs them
+// first thing, before MPI starts, so that a signal during start-up stops the run at its first step
+// instead of killing it; train() installs them again for callers in code. A request waits for the
+// run that acts on it.
+void install_stop_signals();
 
 }  // namespace shardlm

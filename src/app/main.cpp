@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands/commands.hpp"
+#include "shardlm/train.hpp"
 #include "shardlm/core.hpp"
 
 namespace {
@@ -71,6 +72,8 @@ int main(int argc, char** argv) {
     std::fputs(shardlm::usage_error(args[0], problem).c_str(), stderr);
     return 2;
   }
+  // Before anything else of a run: a stop signal during start-up stops it at its first step.
+  if (args[0] == "train") shardlm::install_stop_signals();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

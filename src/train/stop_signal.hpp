@@ -1,13 +1,16 @@
-// Preemption: SIGTERM / SIGUSR1 (what Slurm sends before the time limit) ask the run to stop.
+// Preemption: SIGTERM / SIGUSR1 / SIGUSR2 (what Slurm and mpirun send before a time limit) ask the run
+// to stop (install_stop_signals, shardlm/train.hpp, installs the handlers).
 #pragma once
 
 #include <mpi.h>
 
+#include "shardlm/train.hpp"
+
 namespace shardlm {
 
-// Installs the handlers and clears any earlier request.
-void install_stop_signals();
 // True on every rank when any rank has received a stop signal (collective over comm).
 bool stop_requested(MPI_Comm comm);
+// The request has been acted on (a checkpoint written): a later run in this process starts without it.
+void clear_stop_request();
 
 }  // namespace shardlm

@@ -99,6 +99,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
         run.say(concat("stop signal received: checkpoint written at step ", pos.step,
                        "; exiting so the job can be requeued"));
         result.preempted = true;
+        clear_stop_request();
         break;
       }
     }
@@ -120,6 +121,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
   }
   totals.seconds = run_timer.seconds();
   summarize_run(run, pos, totals, result);
+  clear_stop_request();  // one that came during the last steps: the run has ended anyway
   return result;
 }
 

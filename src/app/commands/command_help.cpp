@@ -43,8 +43,8 @@ const char* kTrainUsage =
     "                         --checkpoint.every=50 --checkpoint.resume=auto --run.backend=cuda\n"
     "  -h, --help             print this text\n"
     "\n"
-    "A bad deck or override stops every rank with one message naming the key. SIGUSR1 or SIGTERM\n"
-    "writes a checkpoint at the next step and exits 0.\n";
+    "A bad deck or override stops every rank with one message naming the key. SIGUSR1, SIGUSR2 or\n"
+    "SIGTERM writes a checkpoint at the next step (the first, if it comes during start-up) and exits 0.\n";
 
 const char* kInspectUsage =
     "usage: [mpirun -np N] shardlm inspect [--verify] CHECKPOINT\n"
