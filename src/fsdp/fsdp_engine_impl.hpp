@@ -110,7 +110,20 @@ struct FsdpEngine::Impl {
   void done_with(size_t u);
 
   // New slices (an update, a load): every unit is gathered again, after they are written.
-  void params_updated();
+  void params_updated() {
+    forget_gathers();
+    gathers_follow_compute();
+  }
+  // Every gathered copy is stale.
+  void forget_gathers() {
+    std::fill(gathered.begin(), gathered.end(), false);
+    std::fill(holder.begin(), holder.end(), -1);
+  }
+  // Gathers queued from here read what the compute stream has written so far.
+  void gathers_follow_compute() {
+    params_written->record(compute);
+    params_written->wait_on(comm);
+  }
 
   // The optimizer's update of every unit with h on the compute stream. The root, then (with forward
   // prefetch) the first block, update first and are gathered on the communication stream while the
@@ -137,6 +150,11 @@ struct FsdpEngine::Impl {
   // The full gradient buffers are zeroed on the communication stream after their reductions have read
   // them (off the compute stream); offloaded, the copies down read them: there the compute stream does it.
   bool zero_on_comm() const { return !offload && !plan.direct_grads; }
+  // zero_on_comm: the root's full gradient zeroed on the communication stream for this backward.
+  void zero_root_grad_on_comm() {
+    be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
+    root_zeroed->record(comm);
+  }
 
   // Reduces elements [lo, hi) of unit d's full gradient as reduce_into_slice does the whole unit: each
   // rank's part of the range to it over the shard group, then over the replicate group, added to its slice.

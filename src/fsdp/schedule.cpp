@@ -53,28 +53,17 @@ void FsdpEngine::Impl::done_with(size_t u) {
   if (!plan.alias && u > 0) slot_free[slot(u)]->record(compute);
 }
 
-void FsdpEngine::Impl::params_updated() {
-  std::fill(gathered.begin(), gathered.end(), false);
-  std::fill(holder.begin(), holder.end(), -1);
-  // The new slices must be written before any gather reads them.
-  params_written->record(compute);
-  params_written->wait_on(comm);
-}
-
 void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const AdamWHyper& h) {
-  std::fill(gathered.begin(), gathered.end(), false);
-  std::fill(holder.begin(), holder.end(), -1);
+  forget_gathers();
   size_t ahead = 0;
   if (be.asynchronous() && !plan.alias) ahead = std::min<size_t>(units.size(), forward_prefetch && can_prefetch() ? 2 : 1);
   for (size_t u = 0; u < ahead; ++u) {
     optimizer.update_slices(u, u + 1, h, compute);
-    params_written->record(compute);
-    params_written->wait_on(comm);
+    gathers_follow_compute();
     gather(u);
   }
   optimizer.update_slices(ahead, units.size(), h, compute);
-  params_written->record(compute);
-  params_written->wait_on(comm);
+  gathers_follow_compute();
 }
 
 void FsdpEngine::Impl::reduce(size_t u, float* full) {
@@ -247,10 +236,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
     if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
     // Behind the forward's last gathers, the root's full gradient is zeroed for this backward.
-    if (backward && zero_on_comm() && l + 1 == L) {
-      be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
-      root_zeroed->record(comm);
-    }
+    if (backward && zero_on_comm() && l + 1 == L) zero_root_grad_on_comm();
     span = tracer.mark_begin("forward unit", 1 + l, Lane::Compute);
     if (N > 0) model->block_forward(l, p, B, T, compute);
     tracer.mark_end(span);
@@ -258,10 +244,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
   }
   const bool split = backward && plan.root_split.on;
   if (backward) {
-    if (zero_on_comm() && L == 0) {
-      be.zero(root_grad_full.data(), root_grad_full.bytes(), comm);
-      root_zeroed->record(comm);
-    }
+    if (zero_on_comm() && L == 0) zero_root_grad_on_comm();
     // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
     finish_root_reduction();
     if (zero_on_comm()) root_zeroed->wait_on(compute);
