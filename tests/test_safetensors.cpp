@@ -620,6 +620,34 @@ BOOST_AUTO_TEST_CASE(export_into_a_non_empty_folder_needs_overwrite_and_keeps_ot
   BOOST_TEST((tree_of(dir) == with_folder));
 }
 
+// Files named like an export's weights that no export wrote (no "writer": "shardlm" mark) are the
+// user's: an overwriting export leaves them byte-identical, removing only an earlier export's own.
+BOOST_AUTO_TEST_CASE(an_overwriting_export_removes_only_weights_an_export_wrote) {
+  const fs::path dir = scratch("export_foreign_weights") / "out";
+  const ModelConfig cfg = tiny_bloom();
+  // An earlier export, sharded: its shards and index carry the mark.
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting(shards_of(5000)));
+  std::set<std::string> earlier;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("model-", 0) == 0) earlier.insert(e.path().filename().string());
+  BOOST_TEST_REQUIRE(earlier.size() >= 2u);
+  // The user's: a safetensors shard of another model and an index, under names the export uses.
+  write_safetensors((dir / "model-00097-of-00099.safetensors").string(), {{"x", {2}, {1, 2}}});
+  write_bytes((dir / "model-00098-of-00099.safetensors").string(), "not even safetensors\n");
+  fs::remove(dir / "model.safetensors.index.json");
+  write_bytes((dir / "model.safetensors.index.json").string(), "{\"metadata\": {}, \"weight_map\": {}}\n");
+  const auto before = tree_of(dir);
+
+  export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting({}));
+  const auto after = tree_of(dir);
+  for (const std::string& name : earlier) BOOST_TEST(after.count(name) == 0u, name);  // the export's own: gone
+  for (const char* mine : {"model-00097-of-00099.safetensors", "model-00098-of-00099.safetensors",
+                           "model.safetensors.index.json"})
+    BOOST_TEST(after.at(mine) == before.at(mine), mine);
+  BOOST_TEST(after.count("model.safetensors") == 1u);
+  BOOST_TEST(!fs::exists(dir.string() + ".partial"));
+}
+
 // DIR.partial left by someone is an error naming it and is not touched; a DIR that is a symbolic
 // link is refused and the folder it points to stays as it was.
 BOOST_AUTO_TEST_CASE(export_refuses_a_leftover_partial_and_a_symbolic_link) {

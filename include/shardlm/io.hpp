@@ -224,6 +224,7 @@ class SafetensorsFile {
   explicit SafetensorsFile(const std::string& path);
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }  // in data order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }  // the header's __metadata__
   // Elements [first, first + count) of t (row-major, flat) converted to fp32.
   void read(const SafetensorsTensor& t, size_t first, size_t count, float* out);
   uint64_t bytes_read() const { return bytes_read_; }
@@ -232,6 +233,7 @@ class SafetensorsFile {
   std::string path_;
   std::ifstream in_;
   std::vector<SafetensorsTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
   uint64_t bytes_read_ = 0;
 };
 

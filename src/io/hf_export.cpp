@@ -13,6 +13,12 @@ namespace shardlm {
 namespace {
 
 namespace fs = std::filesystem;
+
+// An export's weight files say that shardlm wrote them (the safetensors __metadata__, the index's
+// "metadata"): a later export into the folder removes the ones it does not write again only then.
+constexpr const char* kWriterKey = "writer";
+constexpr const char* kWriter = "shardlm";
+
 using OrderedJson = nlohmann::ordered_json;
 
 // Writes a small text file via PATH.tmp, fsync and a rename (replace_file), like the weights.
@@ -75,13 +81,28 @@ void write_shard(const std::string& path, const ModelConfig& cfg, const std::vec
                   " values, expected ", t->numel);
     entries.push_back({hf_tensor_name(cfg, t->name), t->shape, std::move(values), dtype});
   }
-  write_safetensors(path, entries);
+  write_safetensors(path, entries, {{kWriterKey, kWriter}});
 }
 
-// The weights of an export: one file, or shards and their index.
-bool weight_file_name(const std::string& name) {
+// An earlier export's weight file, by its name (one file, or shards and their index) and its mark; a
+// file of that name the user put there, or one that does not read, is not.
+bool earlier_export_weights(const fs::path& file) {
   static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  return std::regex_match(name, weight_file);
+  if (!std::regex_match(file.filename().string(), weight_file)) return false;
+  try {
+    if (file.extension() == ".json") {
+      const nlohmann::json index =
+          nlohmann::json::parse(read_input_file(file.string(), "weight index", kMaxDeckBytes), nullptr, false);
+      return index.is_object() && index.contains("metadata") && index["metadata"].is_object() &&
+             index["metadata"].value(kWriterKey, "") == kWriter;
+    }
+    const SafetensorsFile weights(file.string());
+    const std::map<std::string, std::string>& meta = weights.metadata();
+    const auto writer = meta.find(kWriterKey);
+    return writer != meta.end() && writer->second == kWriter;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // Writes config.json, the weights and the files of hf_export_files.cpp into the new folder ROOT.
@@ -103,7 +124,7 @@ void write_export(const fs::path& root, const ModelConfig& cfg, const std::vecto
   } else {
     const auto shards = plan_shards(selected, max_shard_bytes, options.dtype);
     OrderedJson index;
-    index["metadata"] = {{"total_size", total_bytes}};
+    index["metadata"] = {{"total_size", total_bytes}, {kWriterKey, kWriter}};
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as save_pretrained writes it
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = shard_file_name(i, shards.size());
@@ -125,8 +146,10 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
                      const HfExportOptions& options) {
   // Everything is written into a folder beside DIR and moved in once complete: a failed export
   // leaves DIR as it was. An earlier export's weight files go; other files put beside them stay.
-  write_staged_folder(dir, "export", options.overwrite, weight_file_name,
-                      [&](const fs::path& staging) { write_export(staging, cfg, tensors, fetch, options); });
+  const fs::path target(dir);
+  write_staged_folder(
+      dir, "export", options.overwrite, [&](const std::string& name) { return earlier_export_weights(target / name); },
+      [&](const fs::path& staging) { write_export(staging, cfg, tensors, fetch, options); });
 }
 
 }  // namespace shardlm

@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
 
-// The files an adapter write puts in its folder: the only ones it replaces; others (a README, a
-// tokenizer, PEFT's pickle weights, which PEFT reads only without the safetensors file) stay.
-bool adapter_file(const std::string& name) {
-  return name == kConfigFile || name == kWeightsFile;
-}
 
 std::string shape_of(const std::vector<int64_t>& shape) {
   std::string s;
@@ -95,7 +90,11 @@ void write_peft_adapter(const std::string& dir, const ModelConfig& cfg, const st
 
   std::vector<SafetensorsEntry> entries;  // in peft_adapter_tensors' order, under PEFT's names
   for (const TensorSpec& s : specs) entries.push_back({peft_tensor_name(cfg, s.name), s.shape, given.at(s.name)->values});
-  write_staged_folder(dir, "adapter", overwrite, adapter_file, [&](const fs::path& staging) {
+  // An adapter write puts both of its files every time: they are the only ones it replaces, and nothing
+  // of an earlier write is left to remove; others (a README, a tokenizer, PEFT's pickle weights, which
+  // PEFT reads only without the safetensors file) stay.
+  const auto nothing_stale = [](const std::string&) { return false; };
+  write_staged_folder(dir, "adapter", overwrite, nothing_stale, [&](const fs::path& staging) {
     replace_file((staging / kConfigFile).string(), config, "adapter config");
     write_safetensors((staging / kWeightsFile).string(), entries);
   });

@@ -197,7 +197,9 @@ void read_range(const std::string& path, std::ifstream& in, uint64_t at, DType d
 }
 
 // The checked header of an open file: its tensors in data order and where the data section starts.
-std::vector<TensorInfo> read_header(const std::string& path, std::ifstream& in, uint64_t* data_start) {
+// The tensors of the header; its __metadata__ into *metadata when given.
+std::vector<TensorInfo> read_header(const std::string& path, std::ifstream& in, uint64_t* data_start,
+                                    std::map<std::string, std::string>* metadata = nullptr) {
   SHARDLM_CHECK(in, "safetensors ", path, ": cannot open the file");
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
@@ -224,10 +226,13 @@ std::vector<TensorInfo> read_header(const std::string& path, std::ifstream& in, 
   std::vector<TensorInfo> infos;
   for (const std::string& name : header.keys) {
     const Json& entry = header.json.at(name);
-    if (name == "__metadata__")
+    if (name == "__metadata__") {
       check_metadata(path, entry);
-    else
+      if (metadata)
+        for (const auto& [key, value] : entry.items()) (*metadata)[key] = value.get<std::string>();
+    } else {
       infos.push_back(parse_entry(path, name, entry, data_bytes));
+    }
   }
   sort_and_check_overlaps(path, infos);
   return infos;
@@ -251,7 +256,7 @@ std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
   uint64_t data_start = 0;
-  for (const TensorInfo& t : read_header(path, in_, &data_start))
+  for (const TensorInfo& t : read_header(path, in_, &data_start, &metadata_))
     tensors_.push_back({t.name, t.dtype, t.shape, t.numel, data_start + t.begin});
 }
 
