@@ -24,6 +24,7 @@ enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_pref
 enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
 enum class OffloadRootUpdate { Auto, Host, Device };       // fsdp.offload_root_update
 enum class RootReduction { Auto, Split, Whole };           // fsdp.root_reduction
+enum class NoSync { Auto, Off, Replicate, Full };         // fsdp.no_sync
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
 const char* data_format_name(DataFormat f);                // "squad", ...
@@ -33,6 +34,7 @@ const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "
 const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
 const char* offload_root_update_name(OffloadRootUpdate r); // "auto" | "host" | "device"
 const char* root_reduction_name(RootReduction r);          // "auto" | "split" | "whole"
+const char* no_sync_name(NoSync n);                        // "auto" | "off" | "replicate" | "full"
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
@@ -104,6 +106,13 @@ struct FsdpSection {
   // head's backward, the embedding's token rows at the end (FsdpBufferPlan::root_split); Whole: all of
   // it at the end; Auto: Split when every rank's tokens name under half the embedding's rows.
   RootReduction root_reduction = RootReduction::Auto;
+  // Gradient accumulation's communication (several micro-steps a step), as PyTorch's no_sync: Full: the
+  // micro-steps before the last keep every unit's gradient unsharded and its parameters gathered, and
+  // only the last reduces (once a step, at the memory of unsharded gradients and parameters); Replicate:
+  // each micro-step reduce-scatters in the shard group, the replicate group's all-reduce runs once, in
+  // the last (HSDP's; no extra memory); Off: every micro-step reduces everything; Auto: Full when the
+  // unsharded model fits kNoSyncAutoBytes, else Replicate (FsdpBufferPlan::no_sync).
+  NoSync no_sync = NoSync::Auto;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

@@ -58,6 +58,8 @@ struct FsdpOptions {
   // With Auto, any makes the engine choose Device.
   size_t offload_resident_bytes = 0;
   RootReduction root_reduction = RootReduction::Auto;  // fsdp.root_reduction (FsdpBufferPlan::root_split)
+  NoSync no_sync = NoSync::Auto;    // fsdp.no_sync (FsdpBufferPlan::no_sync)
+  int accumulation = 1;             // micro-steps of an optimizer step (the deck's accumulation)
   // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
@@ -79,6 +81,10 @@ struct FsdpMemory {
 // Bytes an element of the root's update on the device moves or keeps: its fp32 master and AdamW's two
 // fp32 moments.
 constexpr size_t kRootStateBytes = 3 * sizeof(float);
+// fsdp.no_sync = auto chooses Full when the whole model's gathered parameters and fp32 gradients (the
+// trainable part's) take at most this many bytes: a BLOOM-560M (3.4 GB) or a Llama-3.2-1B (7.4 GB),
+// not a Llama-8B (48 GB).
+constexpr size_t kNoSyncAutoBytes = size_t(16) << 30;
 
 // How the engine lays out one rank's buffers: a pure function of the layout, the options, the
 // groups and the backend's nature, shared by FsdpEngine and `shardlm plan` so they cannot drift.
@@ -144,6 +150,10 @@ struct FsdpBufferPlan {
   size_t offload_resident_bytes() const { return offload_resident * kRootStateBytes; }
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
   RootSplit root_split;            // set by root_split_plan (the engine and `plan` both call it)
+  // fsdp.no_sync resolved: Off (one micro-step a step, CPU offload, one rank in all), Replicate (the
+  // replicate group's all-reduce once a step: several replicas), Full (the micro-steps before the last
+  // reduce nothing: every block has its own gathered buffer and full fp32 gradient buffer).
+  NoSync no_sync = NoSync::Off;
   size_t root_split_bytes = 0;     // its device buffers
 };
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):

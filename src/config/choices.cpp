@@ -21,6 +21,7 @@ const char* backward_prefetch_name(BackwardPrefetch p) { return name_of(p, {"pre
 const char* offload_accumulate_name(OffloadAccumulate a) { return name_of(a, {"host", "device"}); }
 const char* offload_root_update_name(OffloadRootUpdate r) { return name_of(r, {"auto", "host", "device"}); }
 const char* root_reduction_name(RootReduction r) { return name_of(r, {"auto", "split", "whole"}); }
+const char* no_sync_name(NoSync n) { return name_of(n, {"auto", "off", "replicate", "full"}); }
 const char* eval_generate_name(EvalGenerate g) { return name_of(g, {"end", "epoch", "none"}); }
 const char* resume_from_name(ResumeFrom r) { return name_of(r, {"none", "auto", "path"}); }
 const char* backend_name(BackendKind b) { return name_of(b, {"cpu", "cuda"}); }

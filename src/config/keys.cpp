@@ -302,6 +302,8 @@ static std::vector<KeySpec> build_table() {
       double_key("fsdp.offload_resident_gib", SHARDLM_FIELD(fsdp.offload_resident_gib), non_negative),
       enum_key("fsdp.root_reduction", SHARDLM_FIELD(fsdp.root_reduction),
                {RootReduction::Auto, RootReduction::Split, RootReduction::Whole}, root_reduction_name),
+      enum_key("fsdp.no_sync", SHARDLM_FIELD(fsdp.no_sync), {NoSync::Auto, NoSync::Off, NoSync::Replicate, NoSync::Full},
+               no_sync_name),
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch)),
       enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch),
                {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None}, backward_prefetch_name),

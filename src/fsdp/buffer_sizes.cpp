@@ -24,6 +24,7 @@ FsdpOptions fsdp_options(const FsdpSection& deck) {
     o.offload_resident_bytes = bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
   }
   o.root_reduction = deck.root_reduction;
+  o.no_sync = deck.no_sync;
   o.forward_prefetch = deck.forward_prefetch;
   o.backward_prefetch = deck.backward_prefetch;
   o.limit_all_gathers = deck.limit_all_gathers;
