@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 71u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 72u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -400,6 +400,17 @@ BOOST_AUTO_TEST_CASE(root_reduction) {
   BOOST_TEST(has(resolved_deck_ini(c), "root_reduction = split\n"));
   BOOST_TEST((load(kBase, {"--fsdp.root_reduction=whole"}).fsdp.root_reduction == RootReduction::Whole));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.root_reduction=halves"}); }), "fsdp.root_reduction"));
+}
+
+// fsdp.no_sync: auto by default; every word read and written back; another word is refused naming the key.
+BOOST_AUTO_TEST_CASE(no_sync) {
+  BOOST_TEST((load(kBase).fsdp.no_sync == NoSync::Auto));
+  for (NoSync n : {NoSync::Off, NoSync::Replicate, NoSync::Full}) {
+    const RunConfig c = load(kBase, {concat("--fsdp.no_sync=", no_sync_name(n))});
+    BOOST_TEST((c.fsdp.no_sync == n));
+    BOOST_TEST(has(resolved_deck_ini(c), concat("no_sync = ", no_sync_name(n), "\n")));
+  }
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.no_sync=sometimes"}); }), "fsdp.no_sync"));
 }
 
 // fsdp.offload_resident_gib: 0 by default; GiB of the root's state kept on the GPU, in bytes in the

@@ -375,6 +375,37 @@ BOOST_AUTO_TEST_CASE(split_root_reduction_gives_the_whole_reductions_losses) {
     }
 }
 
+// fsdp.no_sync with accumulation (micro-batch 1 of the global batch's 2 a rank): full (nothing reduced
+// before the step's last micro-step, gathered blocks kept; the root's split reduction then sends the
+// whole root but the last micro-step's rows behind the backward) and replicate (the replicas' all-reduce
+// once a step) give the losses and norms of every micro-step reducing, on NCCL and the GPU's streams;
+// BLOOM (tied) and Llama (untied), sharded and hybrid, the root split or whole.
+BOOST_AUTO_TEST_CASE(no_sync_gives_the_losses_of_every_micro_step_reducing) {
+  for (auto make : {config, llama_config})
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard})
+      for (RootReduction root : {RootReduction::Split, RootReduction::Whole}) {
+        const std::string tag = concat(strategy_name(s), "_", root_reduction_name(root));
+        RunConfig base = make("cuda", "no_sync_off_" + tag, 8);
+        base.train.micro_batch_size = std::max(1, base.train.batch_size / (2 * world_size()));
+        base.fsdp.strategy = s;
+        base.fsdp.root_reduction = root;
+        if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) base.dist.ranks_per_node = world_size() / 2;
+        base.fsdp.no_sync = NoSync::Off;
+        const TrainResult want = train(base, MPI_COMM_WORLD, quiet());
+        for (NoSync mode : {NoSync::Replicate, NoSync::Full}) {
+          RunConfig cfg = base;
+          cfg.fsdp.no_sync = mode;
+          cfg.run.dir = base.run.dir + "_" + no_sync_name(mode);
+          const TrainResult got = train(cfg, MPI_COMM_WORLD, quiet());
+          BOOST_TEST_CONTEXT(cfg.model.arch << " " << tag << " no_sync " << no_sync_name(mode)) {
+            BOOST_TEST_REQUIRE(got.step_losses.size() == 8u);
+            BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-5);
+            BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-4);
+          }
+        }
+      }
+}
+
 BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {
   expect_fp32_matches_the_cpu_backend(config, {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                                ShardingStrategy::NoShard, ShardingStrategy::HybridShard,

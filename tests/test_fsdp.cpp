@@ -97,7 +97,8 @@ BOOST_AUTO_TEST_CASE(a_traced_step_writes_its_timeline) {
   BOOST_TEST(count["forward"] == micro * (L + 1));
   BOOST_TEST(count["backward"] == micro * L + micro);  // the blocks and the embedding
   BOOST_TEST(count["forward and backward"] == micro);  // the head
-  BOOST_TEST(count["reduce"] == micro * (L + 1));
+  // fsdp.no_sync = auto is full for this tiny model with accumulation: one reduction a unit a step.
+  BOOST_TEST(count["reduce"] == (world_size() > 1 && micro > 1 ? 1 : micro) * (L + 1));
   BOOST_TEST((count["all-gather"] > 0) == (world_size() > 1));  // one rank reads its slices in place
   BOOST_TEST(count["optimizer (AdamW)"] == 1);
   if (world_rank() != 0) return;

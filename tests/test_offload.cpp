@@ -3,7 +3,8 @@
 // memory reached through copies only), against the same engine without offload: equal losses,
 // gradient norms and final state for every strategy, with gradient accumulation, clipping, the early
 // per-unit updates, a 16-bit reduction, LoRA and a checkpoint round trip. The CUDA side of the same
-// schedule (streams, events, pinned copies) is test_cuda_engine's.
+// schedule (streams, events, pinned copies) is test_cuda_engine's. The same engine without offload also
+// checks fsdp.no_sync (accumulation that reduces once a step) against every micro-step reducing.
 #define BOOST_TEST_MODULE test_offload
 #include "mpi_fixture.hpp"
 
@@ -122,6 +123,10 @@ struct Case {
   bool device_sums = false;  // fsdp.offload_accumulate = device
   bool root_on_device = false;  // fsdp.offload_root_update = device (in chunks of kRootChunk elements)
   size_t resident = 0;          // with it, the root's elements resident on the device (fsdp.offload_resident_gib)
+  // fsdp.no_sync; off by default, so that the engine without offload sums in the order the offloaded one
+  // does (an offloaded engine runs off whatever it says)
+  NoSync no_sync = NoSync::Off;
+  bool split_root = false;        // fsdp.root_reduction = split
 };
 // Less than the tiny root's slice on any rank count used, so its update on the device takes several
 // chunks and both buffers.
@@ -133,7 +138,8 @@ constexpr size_t kSomeResident = 130, kAllResident = size_t(1) << 30;
 std::string name_of(const Case& c) {
   return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
                 " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "",
-                c.root_on_device ? " root on device" : "", c.resident ? concat(" resident ", c.resident) : "");
+                c.root_on_device ? " root on device" : "", c.resident ? concat(" resident ", c.resident) : "",
+                " no_sync ", no_sync_name(c.no_sync), c.split_root ? " split root" : "");
 }
 
 struct Run {
@@ -154,6 +160,9 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.offload_root_update = offload && c.root_on_device ? OffloadRootUpdate::Device : OffloadRootUpdate::Host;
   o.offload_stream_chunk = kRootChunk;
   o.offload_resident_bytes = c.resident * 3 * sizeof(float);
+  o.no_sync = c.no_sync;
+  o.accumulation = c.accum;
+  o.root_reduction = c.split_root ? RootReduction::Split : RootReduction::Whole;
   AdamWOptions adam;
   adam.weight_decay = 0.1;
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
@@ -283,6 +292,82 @@ BOOST_AUTO_TEST_CASE(offloaded_steps_give_the_steps_without_offload) {
 }
 
 // The clipping cases clip: the norms exceed max_norm (else they would test nothing deferred).
+// ---- fsdp.no_sync, without offload ----
+
+// Three steps at a small learning rate: each step's loss, gradient norm and every unit's gradient slice.
+struct GradRun {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> grads;  // step-major, then unit
+};
+GradRun accumulated_gradients(const Case& c) {
+  const ModelConfig model = tiny_model(c.lora);
+  std::unique_ptr<FsdpEngine> e = make_engine(c, false);
+  const float scale = 1.0f / static_cast<float>(world_size() * c.accum * kBatch * (kSeq - 1));
+  GradRun r;
+  for (int s = 0; s < 3; ++s) {
+    e->zero_grad();
+    double loss = 0;
+    for (int m = 0; m < c.accum; ++m) {
+      if (c.announce && m + 1 == c.accum) e->last_micro_step();
+      loss += e->forward_backward(micro_batch(s, m, model), scale, 0);
+    }
+    r.losses.push_back(loss);
+    r.norms.push_back(e->grad_norm());
+    for (size_t u = 0; u < e->num_units(); ++u) r.grads.push_back(e->grad_slice(u));
+    e->optimizer_step(1e-3, 1.0f);
+  }
+  return r;
+}
+
+// Reducing once a step changes only the order of the sums: full (unsharded gradients and gathered
+// blocks kept between micro-steps) and replicate (the replicas' all-reduce in the last micro-step only)
+// give the gradients of every micro-step reducing (off), step after step (the gathers follow each
+// update), on every strategy, announced or not (unannounced, the slices' readers reduce what is left),
+// with the root's reduction split or whole, an fp32 or a bf16 reduction, and LoRA; the plan says which
+// mode ran. (Compared per element against the unit's largest gradient: AdamW's steps would amplify
+// the rounding of near-zero gradients.)
+BOOST_AUTO_TEST_CASE(no_sync_gives_the_gradients_of_every_micro_step_reducing) {
+  const int world = world_size();
+  for (ShardingStrategy s : all_strategies())
+    for (NoSync mode : {NoSync::Replicate, NoSync::Full})
+      for (int variant = 0; variant < 4; ++variant) {
+        Case c;
+        c.strategy = s;
+        c.accum = 3;
+        c.no_sync = mode;
+        c.announce = variant != 1;
+        c.split_root = variant == 2;
+        c.reduce = variant == 3 ? DType::BF16 : DType::F32;
+        c.lora = variant == 1;
+        Case off = c;
+        off.no_sync = NoSync::Off;
+        const double tol = c.reduce == DType::BF16 ? 2e-2 : 1e-5;
+        BOOST_TEST_CONTEXT(name_of(c)) {
+          const auto e = make_engine(c, false);
+          const int shard = e->groups().shard->size(), replicas = e->groups().replicate->size();
+          const NoSync want = world == 1 ? NoSync::Off
+                              : mode == NoSync::Full && shard > 1 ? NoSync::Full
+                              : replicas > 1 ? NoSync::Replicate : NoSync::Off;
+          BOOST_TEST((e->buffer_plan().no_sync == want));
+          if (want == NoSync::Full) BOOST_TEST(e->buffer_plan().grad_buffers == 3u);  // one a block
+          const GradRun got = accumulated_gradients(c), ref = accumulated_gradients(off);
+          for (size_t i = 0; i < ref.losses.size(); ++i) {
+            BOOST_TEST(got.losses[i] == ref.losses[i], boost::test_tools::tolerance(c.reduce == DType::BF16 ? 1e-4 : 1e-6));
+            BOOST_TEST(got.norms[i] == ref.norms[i], boost::test_tools::tolerance(tol));
+          }
+          BOOST_TEST_REQUIRE(got.grads.size() == ref.grads.size());
+          for (size_t k = 0; k < ref.grads.size(); ++k) {
+            float largest = 0, worst = 0;
+            for (size_t i = 0; i < ref.grads[k].size(); ++i) {
+              largest = std::max(largest, std::fabs(ref.grads[k][i]));
+              worst = std::max(worst, std::fabs(got.grads[k][i] - ref.grads[k][i]));
+            }
+            BOOST_TEST(worst <= tol * largest);
+          }
+        }
+      }
+}
+
 BOOST_AUTO_TEST_CASE(the_clipping_cases_clip) {
   Case c;
   c.max_norm = 0.05;

@@ -421,8 +421,10 @@ BOOST_AUTO_TEST_CASE(root_split_plan_follows_the_family_and_the_tokens) {
 
 // HYBRID_SHARD on 8 ranks, 4 a node, is FULL_SHARD inside each node: the gathered parameters of
 // FULL_SHARD on 4 ranks. HYBRID_SHARD_ZERO2 keeps every block gathered, as SHARD_GRAD_OP on 4 does.
+// (Without fsdp.no_sync, which would keep them all gathered through an accumulating step.)
 BOOST_AUTO_TEST_CASE(hybrid_shard_gathers_as_full_shard_inside_a_node) {
-  for (const std::string& deck : {kDemo + " --train.batch_size=32", kBloom560m + " --train.batch_size=64"}) {
+  for (const std::string& deck : {kDemo + " --train.batch_size=32 --fsdp.no_sync=off",
+                                  kBloom560m + " --train.batch_size=64 --fsdp.no_sync=off"}) {
     BOOST_TEST_CONTEXT(deck) {
       Outcome eight = plan(deck + " --ranks=8 --ranks-per-node=4 --json");
       Outcome four = plan(deck + " --ranks=4 --json");
@@ -440,6 +442,30 @@ BOOST_AUTO_TEST_CASE(hybrid_shard_gathers_as_full_shard_inside_a_node) {
       BOOST_TEST(row_of(e, "HYBRID_SHARD").at("params_bytes") == row_of(f, "FULL_SHARD").at("params_bytes"));
     }
   }
+}
+
+// fsdp.no_sync = full (auto for BLOOM-560M with accumulation) keeps every block gathered and gives each
+// its own full fp32 gradient buffer: FULL_SHARD's gathered parameters become SHARD_GRAD_OP's, its full
+// gradients the whole model's; without accumulation auto changes nothing, and off never does.
+BOOST_AUTO_TEST_CASE(no_sync_full_prices_gathered_blocks_and_full_gradients) {
+  auto record = [](const std::string& args, const std::string& strategy) {
+    Outcome o = plan(kBloom560m + " --ranks=2 --json " + args);
+    BOOST_TEST_REQUIRE(o.exit_code == 0);
+    return row_of(json::parse(o.output), strategy).at("memory_record");
+  };
+  // micro-batch 8 (the deck's) on 2 ranks: accumulation 4 at batch 64, none at 16.
+  const json accumulating = record("--train.batch_size=64", "FULL_SHARD");
+  const json once = record("--train.batch_size=16", "FULL_SHARD");
+  const json off = record("--train.batch_size=64 --fsdp.no_sync=off", "FULL_SHARD");
+  const json grad_op = record("--train.batch_size=64 --fsdp.no_sync=off", "SHARD_GRAD_OP");
+  BOOST_TEST(accumulating.at("full_param_bytes").get<double>() == grad_op.at("full_param_bytes").get<double>());
+  BOOST_TEST(accumulating.at("full_param_bytes").get<double>() > off.at("full_param_bytes").get<double>());
+  BOOST_TEST(once.at("full_param_bytes").get<double>() == off.at("full_param_bytes").get<double>());
+  BOOST_TEST(once.at("full_grad_bytes").get<double>() == off.at("full_grad_bytes").get<double>());
+  // 24 blocks' full fp32 gradients instead of two alternating buffers.
+  const double block_grad = (off.at("full_grad_bytes").get<double>() - accumulating.at("full_grad_bytes").get<double>()) / (2 - 24);
+  BOOST_TEST(block_grad > 12e6 * 4);
+  BOOST_TEST(block_grad < 13e6 * 4);
 }
 
 // Offloaded, a rank's host holds its fp32 master, gradient slice and both moments (16 bytes a slice

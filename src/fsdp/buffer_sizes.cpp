@@ -48,6 +48,31 @@ EngineLayouts engine_layouts(const ModelConfig& cfg) {
   return l;
 }
 
+namespace {
+
+// fsdp.no_sync as a run with these options and groups carries it out (FsdpBufferPlan::no_sync).
+NoSync resolve_no_sync(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
+                       const FsdpOptions& opt, int shard_size, int replicate_size, DType compute_dtype,
+                       bool direct_grads) {
+  // Offloaded, the reductions feed the host's sums (offload.cpp); one rank in all has nothing to reduce.
+  if (opt.no_sync == NoSync::Off || opt.cpu_offload || direct_grads) return NoSync::Off;
+  NoSync want = opt.no_sync;
+  if (want == NoSync::Auto) {
+    if (opt.accumulation <= 1) return NoSync::Off;
+    // The whole model gathered in the compute dtype, and the trainable part's fp32 gradient.
+    size_t bytes = 0;
+    for (const UnitLayout& l : layout) bytes += l.numel * (dtype_size(compute_dtype) + sizeof(float));
+    for (const UnitLayout& l : frozen) bytes += l.numel * dtype_size(compute_dtype);
+    want = bytes <= kNoSyncAutoBytes ? NoSync::Full : NoSync::Replicate;
+  }
+  // One shard: the slice is the whole gradient already, so no sync in full is the replicas' part alone.
+  if (want == NoSync::Full && shard_size == 1) want = NoSync::Replicate;
+  if (want == NoSync::Replicate && replicate_size == 1) return NoSync::Off;
+  return want;
+}
+
+}  // namespace
+
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
                                 const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
                                 DType compute_dtype) {
@@ -82,6 +107,10 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   // Offloaded, fp32 slices on the device only to sum the micro-steps there (fsdp.offload_accumulate).
   p.grad_slices = !opt.cpu_offload || opt.offload_accumulate_on_device;
 
+  p.no_sync = resolve_no_sync(layout, frozen, opt, shard_size, replicate_size, compute_dtype, p.direct_grads);
+  // No sync in full: every block keeps its gathered parameters and its full gradient through the step.
+  if (p.no_sync == NoSync::Full) p.reshard = false;
+
   if (!p.alias) {
     // Resharding, the blocks take turns in a few buffers: one when synchronous, else
     // limit_all_gathers so that the next block's gather overlaps this block's compute.
@@ -89,7 +118,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     p.block_copies = p.block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
   }
   if (!p.direct_grads) {
-    p.grad_buffers = p.block_padded == 0 ? 0 : asynchronous ? 2 : 1;
+    p.grad_buffers = p.block_padded == 0 ? 0 : p.no_sync == NoSync::Full ? p.layers : asynchronous ? 2 : 1;
     // The fp32 reduce-scatter's receive buffer (a 16-bit one receives into stage_slice, and the slice
     // is widened as it is added); offloaded: the landing buffers below.
     p.grad_slice = opt.cpu_offload || opt.reduce_dtype != DType::F32 ? 0 : p.max_shard;
@@ -140,7 +169,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
 namespace {
 
 RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt, int shard_size,
-                        int replicate_size, size_t max_tokens) {
+                        int replicate_size, size_t max_tokens, NoSync no_sync) {
   RootSplit r;
   // LoRA trains a few saved root modules at most; offloaded, the root's reduction has its own path.
   if (opt.root_reduction == RootReduction::Whole || cfg.lora.enabled() || opt.cpu_offload ||
@@ -177,6 +206,13 @@ RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const Fs
   r.head_begin = head_begin, r.head_end = head_end;
   r.table_offset = table->offset;
   r.table_in_head = tied;
+  if (no_sync == NoSync::Full) {
+    // The last micro-step reduces the whole root but the embedding's tensors after the head's backward:
+    // what the earlier micro-steps left in the table is complete then; only the rows of the last
+    // micro-step's tokens wait for its embedding backward (zeroed first, as a tied head's are).
+    r.head_begin = 0, r.head_end = root.numel;
+    r.table_in_head = true;
+  }
   r.extras_begin = extras_begin, r.extras_end = extras_end;
   return r;
 }
@@ -185,7 +221,7 @@ RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const Fs
 
 void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,
                      int shard_size, int replicate_size, size_t max_tokens) {
-  plan.root_split = root_split_of(cfg, root, opt, shard_size, replicate_size, max_tokens);
+  plan.root_split = root_split_of(cfg, root, opt, shard_size, replicate_size, max_tokens, plan.no_sync);
   plan.root_split_bytes = plan.root_split.bytes(opt.reduce_dtype);
 }
 

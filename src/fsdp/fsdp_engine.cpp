@@ -126,6 +126,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : m.block_grad_full) be.zero(g.data(), g.bytes(), m.compute);
   m.grad_fresh.assign(m.units.size(), 0);
+  m.local_pending.assign(m.units.size(), 0);
+  m.replicate_pending.assign(m.units.size(), 0);
   for (size_t i = 0; i < std::max<size_t>(plan_.grad_buffers, 1); ++i) {
     m.grad_ready.push_back(be.make_event());
     m.grad_reduced.push_back(be.make_event());
@@ -194,6 +196,7 @@ double FsdpEngine::forward_loss(const MicroBatch& mb) {
 
 void FsdpEngine::zero_grad() {
   Impl& m = *impl_;
+  m.drop_pending();
   if (m.offload) return m.offload->zero_grad();
   if (m.plan.direct_grads) {  // the backward adds into the slices themselves
     for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
@@ -205,6 +208,7 @@ void FsdpEngine::zero_grad() {
 
 double FsdpEngine::grad_norm() {
   Impl& m = *impl_;
+  m.reduce_pending();
   m.finish_reductions();
   double local = 0.0;
   if (m.offload) {
@@ -225,6 +229,7 @@ double FsdpEngine::grad_norm() {
 
 void FsdpEngine::optimizer_step(double lr, float grad_factor) {
   Impl& m = *impl_;
+  m.reduce_pending();
   m.finish_reductions();
   if (m.offload) {
     m.offload->optimizer_step(lr, grad_factor);
@@ -351,6 +356,7 @@ const FlatParameter& FsdpEngine::unit(size_t u) const { return impl_->units.at(u
 
 std::vector<float> FsdpEngine::grad_slice(size_t u) {
   Impl& m = *impl_;
+  m.reduce_pending();
   m.finish_reductions();
   const Unit& d = m.units.at(u);
   std::vector<float> out(d.flat.shard_numel);

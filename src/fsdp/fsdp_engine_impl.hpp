@@ -62,6 +62,13 @@ struct FsdpEngine::Impl {
   // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest).
   std::vector<char> grad_fresh;
   std::unique_ptr<BackendEvent> root_zeroed;  // comm: root_grad_full is zero for this backward
+  // fsdp.no_sync (plan.no_sync): the micro-steps of this step so far and whether the next is announced
+  // as its last (FsdpEngine::last_micro_step); per unit, what a later micro-step (or reduce_pending)
+  // still owes: Full: its full gradient holds micro-steps not reduced; Replicate: its slice holds
+  // micro-steps not all-reduced over the replicate group.
+  int micro = 0;
+  bool last_announced = false;
+  std::vector<char> local_pending, replicate_pending;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
@@ -173,6 +180,18 @@ struct FsdpEngine::Impl {
   // plan.root_split, after the embedding's backward: the named rows and the embedding's other tensors,
   // packed, all-reduced and added to the slice.
   void reduce_root_embedding();
+
+  // This micro-step reduces: every one but with no sync in full, where only the step's last does.
+  bool reduces() const { return plan.no_sync != NoSync::Full || last_announced; }
+  // With no sync for the replicas, this reduction leaves the replicate group's all-reduce for later.
+  bool defers_replicate() const { return plan.no_sync == NoSync::Replicate && !last_announced; }
+  // The replicate group's all-reduce of unit d's whole grad slice (in the reduce dtype), on comm.
+  void all_reduce_replicas(Unit& d);
+  // Before the slices are read: what no_sync left unreduced (a step whose last micro-step was not
+  // announced) is reduced now, on comm.
+  void reduce_pending();
+  // A new step: gradients that no step consumed are dropped.
+  void drop_pending();
 
   // Every stream done and, offloaded, the host worker idle.
   void idle();

@@ -426,6 +426,7 @@ void FsdpEngine::Impl::OffloadPolicy::micro_step_ends() {
 // ---- the engine's calls ----
 
 void FsdpEngine::last_micro_step(const std::optional<StepUpdate>& update) {
+  impl_->last_announced = true;  // no_sync: this micro-step reduces (schedule.cpp)
   if (impl_->offload) impl_->offload->last_micro_step(update);
 }
 

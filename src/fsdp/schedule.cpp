@@ -77,26 +77,71 @@ void FsdpEngine::Impl::reduce(size_t u, float* full) {
 }
 
 void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
+  const size_t u = static_cast<size_t>(&d - units.data()), n = d.flat.shard_numel;
+  const DType rdt = opt.reduce_dtype;
+  // No sync for the replicas: the slice sums the micro-steps, all-reduced once in the step's last. (The
+  // root's split parts all-reduce as they go, so its head part does too.)
+  const bool replicas = replicate.size() > 1;
+  const bool defer = replicas && defers_replicate() && !(u == 0 && plan.root_split.on);
+  const bool owed = replicas && replicate_pending[u];
+  void* slice = full;  // one shard, fp32: the full gradient is the slice
+  if (rdt != DType::F32) {
+    be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
+    slice = stage_full.data();
+  }
+  if (shard.size() > 1) {
+    void* mine = rdt == DType::F32 ? grad_slice.data() : stage_slice.data();
+    shard.reduce_scatter(slice, mine, n, rdt, ReduceOp::Sum);
+    slice = mine;
+  }
+  if (replicas && !defer && !owed) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
+  add_to_grad(d, slice, rdt);
+  if (defer) {
+    replicate_pending[u] = 1;
+  } else if (owed) {
+    all_reduce_replicas(d);
+    replicate_pending[u] = 0;
+  }
+}
+
+void FsdpEngine::Impl::all_reduce_replicas(Unit& d) {
   const size_t n = d.flat.shard_numel;
   const DType rdt = opt.reduce_dtype;
-  if (rdt == DType::F32) {
-    float* slice = full;  // one shard: the full gradient is the slice
-    if (shard.size() > 1) {
-      slice = grad_slice.as<float>();
-      shard.reduce_scatter(full, slice, n, DType::F32, ReduceOp::Sum);
+  if (rdt == DType::F32) return replicate.all_reduce(d.grad.data(), n, DType::F32, ReduceOp::Sum);
+  be.cast(d.grad.data(), DType::F32, stage_slice.data(), rdt, n, comm);
+  replicate.all_reduce(stage_slice.data(), n, rdt, ReduceOp::Sum);
+  be.cast(stage_slice.data(), rdt, d.grad.data(), DType::F32, n, comm);
+}
+
+void FsdpEngine::Impl::reduce_pending() {
+  const auto any = [](const std::vector<char>& v) { return std::find(v.begin(), v.end(), 1) != v.end(); };
+  if (!any(local_pending) && !any(replicate_pending)) return;
+  root_grad_ready->record(compute);  // the backward has written the full gradients
+  root_grad_ready->wait_on(comm);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (local_pending[u]) {
+      reduce(u, full_grad(u));
+      local_pending[u] = 0;
+      if (u > 0) {
+        const size_t gs = (u - 1) % block_grad_full.size();
+        be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
+        grad_reduced[gs]->record(comm);
+      }
     }
-    if (replicate.size() > 1) replicate.all_reduce(slice, n, DType::F32, ReduceOp::Sum);
-    add_to_grad(d, slice, DType::F32);
-    return;
+    if (replicate_pending[u]) all_reduce_replicas(units[u]), replicate_pending[u] = 0;
   }
-  be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
-  void* slice = stage_full.data();
-  if (shard.size() > 1) {
-    slice = stage_slice.data();
-    shard.reduce_scatter(stage_full.data(), slice, n, rdt, ReduceOp::Sum);
-  }
-  if (replicate.size() > 1) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
-  add_to_grad(d, slice, rdt);
+  root_reduction_pending = true;  // the next backward zeroes the root's full gradient after this
+}
+
+void FsdpEngine::Impl::drop_pending() {
+  last_announced = false;
+  for (size_t u = 1; u < units.size(); ++u)
+    if (local_pending[u]) {
+      const DeviceArray& g = block_grad_full[(u - 1) % block_grad_full.size()];
+      be.zero(g.data(), g.bytes(), compute);
+    }
+  std::fill(local_pending.begin(), local_pending.end(), 0);  // the root's is zeroed by the next backward
+  std::fill(replicate_pending.begin(), replicate_pending.end(), 0);  // fresh slices are overwritten
 }
 
 void FsdpEngine::Impl::add_to_grad(Unit& d, const void* slice, DType dt) {
@@ -142,11 +187,17 @@ void FsdpEngine::Impl::reduce_root_head() {
   root_grad_ready->record(compute);
   root_grad_ready->wait_on(comm);
   const int span = tracer.mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
-  if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
+  // The head's range less the embedding's other tensors, which its part reduces (with no sync in full
+  // they hold the earlier micro-steps' gradients by now).
+  const bool extras = rs.extras_end > rs.extras_begin;
+  const size_t pieces[2][2] = {{rs.head_begin, extras ? std::min(rs.head_end, rs.extras_begin) : rs.head_end},
+                               {extras ? std::max(rs.head_begin, rs.extras_end) : rs.head_end, rs.head_end}};
+  if (pieces[0][0] == 0 && pieces[0][1] >= d.flat.numel) {
     reduce_into_slice(d, root_grad_full.as<float>());
   } else {
     if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
-    reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+    for (const auto& piece : pieces)
+      if (piece[0] < piece[1]) reduce_range(d, root_grad_full.as<float>(), piece[0], piece[1]);
   }
   // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
   shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
@@ -235,20 +286,25 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     const UnitParams p = use(1 + l);
     // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
     if (forward_prefetch && can_prefetch() && l + 1 < L) gather(2 + l);
-    // Behind the forward's last gathers, the root's full gradient is zeroed for this backward.
-    if (backward && zero_on_comm() && l + 1 == L) zero_root_grad_on_comm();
+    // Behind the forward's last gathers, the root's full gradient is zeroed for this backward (unless it
+    // holds earlier micro-steps' gradients, no sync).
+    if (backward && zero_on_comm() && !local_pending[0] && l + 1 == L) zero_root_grad_on_comm();
     span = tracer.mark_begin("forward unit", 1 + l, Lane::Compute);
     if (N > 0) model->block_forward(l, p, B, T, compute);
     tracer.mark_end(span);
     done_with(1 + l);
   }
-  const bool split = backward && plan.root_split.on;
+  // No sync in full: a micro-step before the step's last reduces nothing, and its gradients stay in the
+  // full buffers for the next to add to (local_pending).
+  const bool reducing = reduces();
+  const bool split = backward && plan.root_split.on && reducing;
   if (backward) {
-    if (zero_on_comm() && L == 0) zero_root_grad_on_comm();
+    const bool zero_root = !local_pending[0];
+    if (zero_on_comm() && zero_root && L == 0) zero_root_grad_on_comm();
     // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
     finish_root_reduction();
-    if (zero_on_comm()) root_zeroed->wait_on(compute);
-    else if (!plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+    if (zero_on_comm() && zero_root) root_zeroed->wait_on(compute);
+    else if (!zero_on_comm() && !plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
     if (split) {
       // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
       be.zero(split_ids.data(), split_ids.bytes(), compute);
@@ -280,12 +336,15 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
       if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
       tracer.mark_end(span);
       done_with(1 + l);
-      grad_ready[gs]->record(compute);
-      grad_ready[gs]->wait_on(comm);
-      reduce(1 + l, grad);
-      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
-      // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
-      grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
+      if (reducing) {
+        grad_ready[gs]->record(compute);
+        grad_ready[gs]->wait_on(comm);
+        reduce(1 + l, grad);
+        if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
+        // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
+        grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
+      }
+      local_pending[1 + l] = !reducing;
       // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
       // buffer this block frees, so it is safe with a single buffer too.
       if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
@@ -294,11 +353,14 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
     if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
     tracer.mark_end(span);
-    root_grad_ready->record(compute);
-    root_grad_ready->wait_on(comm);
-    if (split) reduce_root_embedding();
-    else reduce(0, full_grad(0));
-    root_reduction_pending = true;
+    if (reducing) {
+      root_grad_ready->record(compute);
+      root_grad_ready->wait_on(comm);
+      if (split) reduce_root_embedding();
+      else reduce(0, full_grad(0));
+      root_reduction_pending = true;
+    }
+    local_pending[0] = !reducing;
     if (offload) offload->micro_step_ends();
   }
   return model->loss_sum(compute);

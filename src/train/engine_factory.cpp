@@ -17,10 +17,11 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
   return {cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps, cfg.train.weight_decay};
 }
 
-// The engine's options from the deck. On the CPU backend the state is in host memory already:
-// fsdp.cpu_offload (and offload_dir, offload_accumulate) change nothing there (docs/deck.md).
-FsdpOptions engine_fsdp_options(const RunConfig& cfg) {
+// The engine's options from the deck, for `world` ranks. On the CPU backend the state is in host memory
+// already: fsdp.cpu_offload (and offload_dir, offload_accumulate) change nothing there (docs/deck.md).
+FsdpOptions engine_fsdp_options(const RunConfig& cfg, int world) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
+  o.accumulation = std::max(1, cfg.grad_accum(world));  // what fsdp.no_sync = auto weighs
   if (cfg.run.backend == BackendKind::Cpu) {
     o.cpu_offload = o.moments_in_files = o.offload_accumulate_on_device = false;
     o.offload_root_update = OffloadRootUpdate::Host;
@@ -63,7 +64,7 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   MemoryPlanSpec spec;
   spec.model = cfg.model;
   spec.backend = cfg.run.backend;
-  spec.fsdp = engine_fsdp_options(cfg);
+  spec.fsdp = engine_fsdp_options(cfg, topo.world_size);
   spec.activation_checkpointing = cfg.fsdp.activation_checkpointing;
   spec.world_size = topo.world_size;
   spec.ranks_per_node = topo.local_size;
@@ -99,7 +100,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   check_memory_fits(cfg, topo, micro, *backend, comm);
   const size_t before = backend->allocated_bytes();
   const DType compute = backend->compute_dtype(cfg.fsdp.param_dtype);
-  const FsdpOptions fsdp = engine_fsdp_options(cfg);
+  const FsdpOptions fsdp = engine_fsdp_options(cfg, topo.world_size);
   std::unique_ptr<UnitModel> model = make_unit_model(model_for_engine(cfg.model, fsdp), kind, compute, micro,
                                                      cfg.data.max_length, cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;

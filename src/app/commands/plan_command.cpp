@@ -1,6 +1,7 @@
 // `shardlm plan DECK`: each strategy's per-rank memory (with and without CPU offload and activation
 // checkpointing on the CUDA backend), the largest micro-batch that fits, and a recommendation.
 // Serial and without MPI: it only sizes buffers (src/fsdp/memory_plan.cpp), it allocates none.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -128,6 +129,7 @@ MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
   s.fsdp = fsdp_options(plan.cfg.fsdp);
   s.fsdp.strategy = row.strategy;
   s.fsdp.cpu_offload = row.offload;
+  s.fsdp.accumulation = std::max(1, plan.cfg.train.batch_size / std::max(1, plan.args.ranks * micro));
   s.activation_checkpointing = row.checkpointing;
   s.world_size = plan.args.ranks;
   s.ranks_per_node = plan.ranks_per_node;
