@@ -22,6 +22,8 @@
 #   with --gpus G > 1, also:
 #   hf-fsdp-Ggpu        Trainer under torchrun, fsdp "full_shard auto_wrap" on G GPUs
 #   full-shard-Ggpu     shardlm FULL_SHARD on G ranks, train.batch_size 4 x G (the tutorial's way)
+#   full-shard-Ggpu-sync  only with --only naming full_sync: the same with fsdp.no_sync = off (every
+#                       micro-step gathers and reduces, as before fsdp.no_sync)
 # Every shardlm run writes a deck into OUT/decks/ (the tutorial's values, the model as shape keys)
 # and its run folder OUT/runs/NAME (no checkpoint; greedy answers to the 100 questions after the
 # last epoch, eval.max_new_tokens 50: the model is random, so exact match is about 0). Then
@@ -37,14 +39,14 @@
 #                      AdamW a step by docs/PERFORMANCE.md, may take about 200 s at 2 epochs)
 #   --budget S         stop starting runs when this many seconds have passed (default 480)
 #   --only LIST        comma-separated subset of: hf,baseline,fsdp1,offload1,hf_fsdp,full,hf_offload1,
-#                      offload1_host,offload1_bf16
+#                      offload1_host,offload1_bf16,full_sync
 #   --skip-hf, --skip-shardlm    one side only
 #   --quick            a tiny model (vocab 512, hidden 128, 2 layers, 4 heads), 1 epoch: the path
 #                      end to end in a minute or two
 #   --dry-run          write the data and the decks, print every command, run none
 set -uo pipefail
 
-usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 BIN=build/bin/shardlm GPUS=1 EPOCHS="" QUESTIONS=250,100 RUN_TIMEOUT=300 BUDGET=480 ONLY=""
 SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda
@@ -264,8 +266,8 @@ PY
 
 # ---- the shardlm decks: the tutorial's values (input/squad/bloom560m-baseline.ini), the model
 # as shape keys (model.dir cannot be combined with them), the byte tokenizer, the synthetic files.
-write_deck() {  # name strategy cpu_offload gpus [offload_accumulate [reduce_dtype]]
-  local name=$1 strat=$2 offload=$3 g=$4 accumulate=${5:-host} reduce=${6:-fp32}
+write_deck() {  # name strategy cpu_offload gpus [offload_accumulate [reduce_dtype [no_sync]]]
+  local name=$1 strat=$2 offload=$3 g=$4 accumulate=${5:-host} reduce=${6:-fp32} no_sync=${7:-auto}
   local accumulate_line=""
   [ "$offload" = true ] && accumulate_line="offload_accumulate       = $accumulate"
   cat > "$DECKS/$name.ini" <<EOF
@@ -316,6 +318,7 @@ param_dtype              = bf16
 reduce_dtype             = $reduce
 activation_checkpointing = false
 cpu_offload              = $offload
+no_sync                  = $no_sync
 $accumulate_line
 
 [eval]
@@ -358,6 +361,10 @@ fi
 if [ "$GPUS" -gt 1 ]; then
   ROWS+=("hf_fsdp|hf-fsdp-${GPUS}gpu|HF Trainer + FSDP full_shard, $GPUS GPUs|hf-trainer|$GPUS|FULL_SHARD|false"
          "full|full-shard-${GPUS}gpu|shardlm FULL_SHARD, $GPUS GPUs|shardlm|$GPUS|FULL_SHARD|false")
+  # Only when --only names it: every micro-step reducing (fsdp.no_sync = off), as before no_sync.
+  if [[ ",$ONLY," == *",full_sync,"* ]]; then
+    ROWS+=("full_sync|full-shard-${GPUS}gpu-sync|shardlm FULL_SHARD, every micro-step reducing, $GPUS GPUs|shardlm|$GPUS|FULL_SHARD|false")
+  fi
 fi
 
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
@@ -432,10 +439,11 @@ run_one() {  # id name label impl gpus strategy offload
       --label "$label" --out "$dir/result.json")
   else
     dir=$RUNS/$name
-    local accumulate=device reduce=fp32  # the tutorial's offload deck sums on the GPU
+    local accumulate=device reduce=fp32 no_sync=auto  # the tutorial's offload deck sums on the GPU
     [ "$id" = offload1_host ] || [ "$id" = offload1_bf16 ] && accumulate=host
     [ "$id" = offload1_bf16 ] && reduce=bf16
-    write_deck "$name" "$strat" "$offload" "$g" "$accumulate" "$reduce"
+    [ "$id" = full_sync ] && no_sync=off
+    write_deck "$name" "$strat" "$offload" "$g" "$accumulate" "$reduce" "$no_sync"
     cmd=(mpirun -np "$g" --bind-to none)
     [ "$BACKEND" = cpu ] && cmd+=(--oversubscribe)
     [ "$(id -u)" = 0 ] && cmd+=(--allow-run-as-root)
