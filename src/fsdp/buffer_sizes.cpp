@@ -207,9 +207,10 @@ RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const Fs
   r.table_offset = table->offset;
   r.table_in_head = tied;
   if (no_sync == NoSync::Full) {
-    // The last micro-step reduces the whole root but the embedding's tensors after the head's backward:
-    // what the earlier micro-steps left in the table is complete then; only the rows of the last
-    // micro-step's tokens wait for its embedding backward (zeroed first, as a tied head's are).
+    // The last micro-step reduces the whole root after the head's backward (one reduce-scatter): what
+    // the earlier micro-steps left in the table and the embedding's other tensors is complete then; the
+    // rows of the last micro-step's tokens and those tensors are zeroed and wait for its embedding
+    // backward (Impl::embedding_grad_begins).
     r.head_begin = 0, r.head_end = root.numel;
     r.table_in_head = true;
   }

@@ -187,17 +187,11 @@ void FsdpEngine::Impl::reduce_root_head() {
   root_grad_ready->record(compute);
   root_grad_ready->wait_on(comm);
   const int span = tracer.mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
-  // The head's range less the embedding's other tensors, which its part reduces (with no sync in full
-  // they hold the earlier micro-steps' gradients by now).
-  const bool extras = rs.extras_end > rs.extras_begin;
-  const size_t pieces[2][2] = {{rs.head_begin, extras ? std::min(rs.head_end, rs.extras_begin) : rs.head_end},
-                               {extras ? std::max(rs.head_begin, rs.extras_end) : rs.head_end, rs.head_end}};
-  if (pieces[0][0] == 0 && pieces[0][1] >= d.flat.numel) {
+  if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
     reduce_into_slice(d, root_grad_full.as<float>());
   } else {
     if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
-    for (const auto& piece : pieces)
-      if (piece[0] < piece[1]) reduce_range(d, root_grad_full.as<float>(), piece[0], piece[1]);
+    reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
   }
   // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
   shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
@@ -214,6 +208,10 @@ void FsdpEngine::Impl::embedding_grad_begins() {
   if (rs.table_in_head)  // the head's gradient of the named rows went with the head's part
     be.rows_zero(root_grad_full.as<float>() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity,
                  rs.table_rows, compute);
+  // No sync in full: the head's part was the whole root, the embedding's other tensors with what the
+  // earlier micro-steps left in them; the embedding's part carries this micro-step's alone.
+  if (plan.no_sync == NoSync::Full && rs.extras_end > rs.extras_begin)
+    be.zero(root_grad_full.as<float>() + rs.extras_begin, (rs.extras_end - rs.extras_begin) * sizeof(float), compute);
 }
 
 void FsdpEngine::Impl::reduce_root_embedding() {
