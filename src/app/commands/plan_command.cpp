@@ -138,6 +138,16 @@ MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
   return s;
 }
 
+// fsdp.no_sync as the row's run would carry it out (FsdpBufferPlan::no_sync, the plan the buffers come from).
+NoSync resolved_no_sync(const Plan& plan, const Row& row) {
+  const MemoryPlanSpec s = spec_of(plan, row, plan.cfg.train.micro_batch_size);
+  const EngineLayouts layouts = engine_layouts(s.model);
+  const bool cuda = s.backend == BackendKind::Cuda;
+  return fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, row.memory.shard_size, row.memory.replicate_size,
+                          cuda, cuda ? s.fsdp.param_dtype : DType::F32)
+      .no_sync;
+}
+
 size_t needed(const Plan& plan, const Row& row, int micro) {
   return plan_rank_memory(spec_of(plan, row, micro)).device_total() + plan.runtime;
 }
@@ -360,6 +370,17 @@ void print_table(const Plan& plan) {
       std::printf("\n");
     }
   }
+  for (const Row& r : plan.rows)
+    if (r.deck) {
+      const int accumulation = std::max(1, c.train.batch_size / std::max(1, plan.args.ranks * c.train.micro_batch_size));
+      const NoSync mode = resolved_no_sync(plan, r);
+      std::printf("\naccumulation: %d micro-step(s) a step; fsdp.no_sync = %s runs %s for the deck's configuration%s\n",
+                  accumulation, no_sync_name(c.fsdp.no_sync), no_sync_name(mode),
+                  mode == NoSync::Full ? " (every block gathered and its full fp32 gradient held through the step: "
+                                         "in params and grads above)"
+                  : mode == NoSync::Replicate ? " (the replicate group's all-reduce once a step; no extra memory)"
+                                              : "");
+    }
   if (plan.pick >= 0)
     std::printf("\nrecommendation: %s at micro-batch %d (up to %d fits): %s\n",
                 config_name(plan.rows[plan.pick]).c_str(), c.train.micro_batch_size, plan.rows[plan.pick].max_micro,
@@ -394,6 +415,7 @@ void print_json(const Plan& plan) {
                     {"host_fits", r.host_fits},
                     {"fits", r.fits},
                     {"max_micro_batch", r.max_micro},
+                    {"no_sync", no_sync_name(resolved_no_sync(plan, r))},
                     // The fields of the run's "memory" record, by the same names.
                     {"memory_record",
                      {{"master_shard_bytes", p.record.master_shard},
