@@ -38,6 +38,32 @@ BOOST_AUTO_TEST_CASE(fp32_collectives) {
   BOOST_TEST(b[0] == 42.0f);
 }
 
+// In place, as NCCL allows and the engine uses: all_gather from this rank's piece of the output,
+// reduce_scatter into this rank's piece of the input, reduce into the root's own input.
+BOOST_AUTO_TEST_CASE(in_place_collectives) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int r = world.rank(), n = world.size();
+  const size_t count = 4;
+  std::vector<float> all(count * n, -1.0f);
+  for (size_t i = 0; i < count; ++i) all[r * count + i] = float(100 * r + i);
+  world.all_gather(all.data() + r * count, all.data(), count, DType::F32);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) BOOST_TEST(all[q * count + i] == float(100 * q + i));
+
+  std::vector<float> full(count * n);
+  for (size_t j = 0; j < full.size(); ++j) full[j] = float(r + j);
+  world.reduce_scatter(full.data(), full.data() + r * count, count, DType::F32, ReduceOp::Sum);
+  const float rank_sum = float(n * (n - 1) / 2);
+  for (size_t i = 0; i < count; ++i) BOOST_TEST(full[r * count + i] == rank_sum + n * float(r * count + i));
+
+  for (int root = 0; root < n; ++root) {
+    std::vector<float> v = {float(r), float(root)};
+    world.reduce(v.data(), v.data(), 2, DType::F32, ReduceOp::Sum, root);
+    if (r == root) BOOST_TEST(v[0] == rank_sum);
+    if (r == root) BOOST_TEST(v[1] == float(n * root));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(sixteen_bit_reductions) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int r = world.rank(), n = world.size();

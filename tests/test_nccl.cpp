@@ -83,6 +83,24 @@ void check_collectives(NcclCommunicator& c, const std::vector<int>& members) {
     for (int m : members) want += value(m, c.rank() * count + i);
     BOOST_TEST(piece[i] == want);
   }
+  // In place, as the engine reduces: into this rank's piece of the input; and a reduce into the root's input.
+  rs_send.put(full);
+  c.reduce_scatter(rs_send.p, rs_send.p + c.rank() * count, count, DType::F32, ReduceOp::Sum);
+  c.wait();
+  const std::vector<float> in_place = rs_send.get();
+  for (size_t i = 0; i < count; i += 89) BOOST_TEST(in_place[c.rank() * count + i] == piece[i]);
+  for (int root = 0; root < c.size(); ++root) {
+    send.put(mine);
+    c.reduce(send.p, send.p, count, DType::F32, ReduceOp::Sum, root);
+    c.wait();
+    if (c.rank() != root) continue;
+    const std::vector<float> summed = send.get();
+    for (size_t i = 0; i < count; i += 83) {
+      double want = 0;
+      for (int m : members) want += value(m, i);
+      BOOST_TEST(summed[i] == want);
+    }
+  }
 
   send.put(mine);
   c.all_reduce(send.p, count, DType::F32, ReduceOp::Max);

@@ -27,7 +27,9 @@ bool reshards_after_forward(ShardingStrategy s);
 enum class ReduceOp { Sum, Max };
 
 // Collectives over one process group. Counts are elements of `dtype`; for all_gather and
-// reduce_scatter `count` is the per-rank piece (recv / send hold size() * count elements).
+// reduce_scatter `count` is the per-rank piece (recv / send hold size() * count elements). In place,
+// as NCCL allows: all_gather when send is this rank's piece of recv (recv + rank() * count),
+// reduce_scatter when recv is this rank's piece of send, reduce when send == recv on the root.
 // 16-bit dtypes are reduced in their own precision, as NCCL does.
 class Communicator {
  public:

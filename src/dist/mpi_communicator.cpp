@@ -71,7 +71,10 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return;
   }
-  check_mpi(MPI_Allgather(send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_), "MPI all-gather");
+  // In place (send is this rank's piece of recv, as NCCL allows): MPI says so with MPI_IN_PLACE.
+  const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * count * dtype_size(dtype);
+  check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_),
+            "MPI all-gather");
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
@@ -79,6 +82,16 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count,
   int n = mpi_count(count, "reduce-scatter");
   if (size_ == 1) {
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    return;
+  }
+  // In place (recv is this rank's piece of send, as NCCL allows): MPI_IN_PLACE leaves the piece at the
+  // buffer's start, from where it moves to the rank's place.
+  const size_t piece = count * dtype_size(dtype);
+  char* whole = const_cast<char*>(static_cast<const char*>(send));
+  if (recv == whole + static_cast<size_t>(rank_) * piece) {
+    check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_),
+              "MPI reduce-scatter");
+    if (rank_ != 0) std::memmove(recv, whole, piece);
     return;
   }
   check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), comm_),
@@ -98,7 +111,9 @@ void MpiCommunicator::reduce(const void* send, void* recv, size_t count, DType d
     if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return;
   }
-  check_mpi(MPI_Reduce(send, rank_ == root ? recv : nullptr, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), root, comm_),
+  // In place on the root (recv == send, as NCCL allows).
+  const void* from = rank_ == root && send == recv ? MPI_IN_PLACE : send;
+  check_mpi(MPI_Reduce(from, rank_ == root ? recv : nullptr, n, mpi_datatype(dtype), mpi_reduce_op(dtype, op), root, comm_),
             "MPI reduce");
 }
 

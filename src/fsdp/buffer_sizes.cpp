@@ -119,16 +119,17 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   }
   if (!p.direct_grads) {
     p.grad_buffers = p.block_padded == 0 ? 0 : p.no_sync == NoSync::Full ? p.layers : asynchronous ? 2 : 1;
-    // The fp32 reduce-scatter's receive buffer (a 16-bit one receives into stage_slice, and the slice
-    // is widened as it is added); offloaded: the landing buffers below.
-    p.grad_slice = opt.cpu_offload || opt.reduce_dtype != DType::F32 ? 0 : p.max_shard;
+    // No receive buffer: the reductions land in place, in this rank's piece of the full gradient (of
+    // its 16-bit staging); offloaded: the landing buffers below.
+    p.grad_slice = 0;
   }
-  // 16-bit staging: a full unit (gather receive, reduce send) and a slice (gather send, reduce receive).
+  // 16-bit staging: a full unit (gather receive, reduce send and in-place receive) and, for a staged
+  // gather, a slice (its send).
   size_t elem = 0;
   if (p.staged_gather) elem = dtype_size(opt.param_dtype);
   if (opt.reduce_dtype != DType::F32 && !p.direct_grads) elem = std::max(elem, dtype_size(opt.reduce_dtype));
   p.stage_full = p.max_padded * elem;
-  p.stage_slice = p.max_shard * elem;
+  p.stage_slice = p.staged_gather ? p.max_shard * dtype_size(opt.param_dtype) : 0;
   if (opt.cpu_offload) {
     const size_t rsize = dtype_size(opt.reduce_dtype), csize = dtype_size(compute_dtype);
     // The 16-bit reduce-scatter sends a cast full unit and receives into a landing buffer; one shard

@@ -84,16 +84,15 @@ void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   const bool replicas = replicate.size() > 1;
   const bool defer = replicas && defers_replicate() && !(u == 0 && plan.root_split.on);
   const bool owed = replicas && replicate_pending[u];
-  void* slice = full;  // one shard, fp32: the full gradient is the slice
+  char* send = reinterpret_cast<char*>(full);
   if (rdt != DType::F32) {
     be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
-    slice = stage_full.data();
+    send = stage_full.as<char>();
   }
-  if (shard.size() > 1) {
-    void* mine = rdt == DType::F32 ? grad_slice.data() : stage_slice.data();
-    shard.reduce_scatter(slice, mine, n, rdt, ReduceOp::Sum);
-    slice = mine;
-  }
+  // Reduce-scattered in place: this rank's piece of the full buffer receives the group's sum (the
+  // buffer is zeroed, or the root's rewritten, before it is written again), so no slice-sized staging.
+  char* slice = send + static_cast<size_t>(shard.rank()) * n * dtype_size(rdt);
+  if (shard.size() > 1) shard.reduce_scatter(send, slice, n, rdt, ReduceOp::Sum);
   if (replicas && !defer && !owed) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
   add_to_grad(d, slice, rdt);
   if (defer) {
@@ -108,9 +107,9 @@ void FsdpEngine::Impl::all_reduce_replicas(Unit& d) {
   const size_t n = d.flat.shard_numel;
   const DType rdt = opt.reduce_dtype;
   if (rdt == DType::F32) return replicate.all_reduce(d.grad.data(), n, DType::F32, ReduceOp::Sum);
-  be.cast(d.grad.data(), DType::F32, stage_slice.data(), rdt, n, comm);
-  replicate.all_reduce(stage_slice.data(), n, rdt, ReduceOp::Sum);
-  be.cast(stage_slice.data(), rdt, d.grad.data(), DType::F32, n, comm);
+  be.cast(d.grad.data(), DType::F32, stage_full.data(), rdt, n, comm);
+  replicate.all_reduce(stage_full.data(), n, rdt, ReduceOp::Sum);
+  be.cast(stage_full.data(), rdt, d.grad.data(), DType::F32, n, comm);
 }
 
 void FsdpEngine::Impl::reduce_pending() {
@@ -162,21 +161,21 @@ void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) 
   const DType rdt = opt.reduce_dtype;
   const size_t rsize = dtype_size(rdt);
   char* send = reinterpret_cast<char*>(full);
-  char* recv = static_cast<char*>(rdt == DType::F32 ? grad_slice.data() : stage_slice.data());
   if (rdt != DType::F32) {
     be.cast(full + lo, DType::F32, stage_full.as<char>() + lo * rsize, rdt, hi - lo, comm);
     send = stage_full.as<char>();
   }
+  // Each rank's part of the range reduced in place on that rank (no slice-sized staging).
   size_t my_lo = 0, my_hi = 0;
   for (int r = 0; r < S; ++r) {
     const size_t begin = static_cast<size_t>(r) * n, a = std::max(lo, begin), b = std::min(hi, begin + n);
     if (a >= b) continue;
     if (r == me) my_lo = a, my_hi = b;
-    if (S > 1) shard.reduce(send + a * rsize, r == me ? recv + (a - begin) * rsize : recv, b - a, rdt, ReduceOp::Sum, r);
+    if (S > 1) shard.reduce(send + a * rsize, send + a * rsize, b - a, rdt, ReduceOp::Sum, r);
   }
   if (my_hi <= my_lo) return;
   const size_t mine = my_lo - static_cast<size_t>(me) * n;
-  char* reduced = S > 1 ? recv + mine * rsize : send + my_lo * rsize;
+  char* reduced = send + my_lo * rsize;
   if (replicate.size() > 1) replicate.all_reduce(reduced, my_hi - my_lo, rdt, ReduceOp::Sum);
   be.accumulate(d.grad.as<float>() + mine, reduced, rdt, my_hi - my_lo, comm);
 }
