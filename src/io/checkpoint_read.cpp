@@ -2,7 +2,10 @@
 // checksums verified) and CheckpointReader (serial, one tensor at a time for inspect and export).
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "../core/input_file.hpp"
 
 #include "checkpoint_format.hpp"
 
@@ -368,6 +371,13 @@ std::string open_failure(const std::string& path) {
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
                                const std::function<void(const CheckpointMeta&)>& check_meta, bool weights_only) {
   silence_hdf5_errors();
+  std::string not_a_file;
+  try {
+    check_input_file(path, "checkpoint", std::numeric_limits<uint64_t>::max());
+  } catch (const Error& e) {
+    not_a_file = e.what();  // a pipe would block H5Fopen; every rank says so, none opens it
+  }
+  agree_on_error(comm, not_a_file);
   H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
   H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
@@ -400,6 +410,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   silence_hdf5_errors();
+  check_input_file(path, "checkpoint", std::numeric_limits<uint64_t>::max());
   // Default (serial) file access: no MPI-IO, so it works on one rank or without MPI at all.
   H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) throw Error(open_failure(path));
