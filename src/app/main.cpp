@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,15 @@ int main(int argc, char** argv) {
     // Errors raised through run_collectively reach every rank with the same text: rank 0 prints it.
     if (rank == 0) std::fprintf(stderr, "shardlm: error: %s\n", e.what());
     code = 1;
+  } catch (const std::bad_alloc&) {
+    // The last resort: sizes from decks, configs and tokenizers are checked before they are
+    // allocated, so this names the command, the rank and what the host had left.
+    std::fprintf(stderr,
+                 "shardlm: error: out of host memory in '%s' (an allocation failed with %s available on "
+                 "this node) (rank %d)\n",
+                 command.c_str(), shardlm::format_bytes(shardlm::host_available_bytes()).c_str(), rank);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     // Anything else may be one rank's alone (a file only rank 0 writes): report it from that rank
     // and end the whole job.
