@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE test_inputs
 #include <boost/test/unit_test.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -150,6 +151,32 @@ BOOST_AUTO_TEST_CASE(token_ids_are_bounded_with_the_memory_they_would_take) {
   BOOST_TEST(HfTokenizer::from_json(largest, "tok.json").vocab_size() == 300001);
 }
 
+// A data file that loads for longer than 5 s says how far it is, on stdout (rank 0's log).
+BOOST_AUTO_TEST_CASE(a_slow_data_file_load_prints_progress) {
+  TempDir t("inputs_progress");
+  std::string lines;
+  for (int i = 0; i < 3000; ++i) lines += "{\"text\": \"x\"}\n";
+  const std::string path = t.write("data.jsonl", lines);
+  const std::string captured = (t.root / "stdout.txt").string();
+  std::fflush(stdout);
+  const int saved = ::dup(1);
+  const int file = ::open(captured.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  BOOST_REQUIRE(saved >= 0 && file >= 0);
+  ::dup2(file, 1);
+  size_t records = 0;
+  for_each_record_line(path, [&](const std::string&, const std::string&) {
+    if (++records == 1000) ::usleep(5200 * 1000);  // as if the first thousand lines took 5.2 s
+  });
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  ::close(file);
+  const std::string out = read_text_file(captured);
+  BOOST_TEST(records == 3000u);
+  BOOST_TEST(contains(out, "reading data file " + path + ": 0 of 0 MiB, 1024 lines, 5."), out);
+  BOOST_TEST(contains(out, "read data file " + path + ": 3000 lines in 5."), out);
+}
+
 // The order of every epoch is what it was when each micro-batch recomputed it: the epoch's
 // seeded_permutation (seed + epoch x 0x9E3779B97F4A7C15) cut into global batches.
 BOOST_AUTO_TEST_CASE(sampler_order_is_unchanged_and_costs_the_batch_not_the_dataset) {
@@ -284,10 +311,10 @@ namespace {
 
 // Starts `shardlm train` on 2 ranks in the background with checkpoints that take about a second to
 // write (SHARDLM_FAULT_CHECKPOINT=slow_units), waits until the write of step `step` is under way,
-// sends `sig` to the ranks (as srun does: both get it) and waits for the job. Returns its output;
-// *status gets the shell's exit status.
+// sends `sig` to the ranks (as srun does: both get it), or with to_mpirun to mpirun alone, and waits
+// for the job. Returns its output; *status gets the shell's exit status.
 std::string signal_during_write(const fs::path& run, int step, const char* sig, const std::string& extra,
-                                 int* status) {
+                                int* status, bool to_mpirun = false) {
   char tmp_name[32];
   std::snprintf(tmp_name, sizeof tmp_name, "ckpt-%08d.h5.tmp", step);
   const std::string out = (run.parent_path() / (run.filename().string() + ".out")).string();
@@ -296,7 +323,7 @@ std::string signal_during_write(const fs::path& run, int step, const char* sig, 
       "/bin/shardlm train " + kDemo + " --data.eval_file= --checkpoint.every=2 --train.log_every=1 --run.dir=" +
       run.string() + " " + extra + " > " + out + " 2>&1 & pid=$!; " +
       "for i in $(seq 600); do [ -e " + (run / "checkpoints" / tmp_name).string() + " ] && break; sleep 0.05; done; " +
-      "kill -" + sig + " $(pgrep -P $pid); wait $pid";
+      "kill -" + sig + (to_mpirun ? " $pid" : " $(pgrep -P $pid)") + "; wait $pid";
   *status = std::system(("timeout 120 bash -c '" + script + "'").c_str());
   return read_text_file(out);
 }
@@ -345,5 +372,26 @@ BOOST_AUTO_TEST_CASE(a_write_killed_midway_leaves_latest_and_the_next_start_clea
   BOOST_TEST(contains(resumed.output, "removed 1 unfinished checkpoint write(s) of a job stopped while writing "
                                       "(ckpt-00000004.h5.tmp)"), resumed.output);
   BOOST_TEST(contains(resumed.output, "resumed from"), resumed.output);
+  for (const std::string& name : names_in(ckpts)) BOOST_TEST(name.find(".tmp") == std::string::npos, name);
+}
+
+// SIGTERM to mpirun during a write: mpirun passes it on and kills the ranks a few seconds later.
+// Whether the write beat the kill or not, latest names a complete checkpoint, nothing is left
+// half-renamed, and the next start leaves no .tmp behind.
+BOOST_AUTO_TEST_CASE(sigterm_to_mpirun_during_a_write_keeps_latest_complete) {
+  TempDir t("inputs_mpirun_term");
+  int status = 0;
+  const std::string text = signal_during_write(t.root / "run", 4, "TERM", "", &status, true);
+  BOOST_TEST_INFO(text);
+  const fs::path ckpts = t.root / "run" / "checkpoints";
+  const std::string latest = read_text_file((ckpts / "latest").string());
+  BOOST_TEST((latest == "ckpt-00000004.h5\n" || latest == "ckpt-00000002.h5\n"), latest);
+  const std::string newest = (ckpts / latest.substr(0, latest.size() - 1)).string();
+  BOOST_TEST(CheckpointReader(newest).verify().empty());
+  BOOST_TEST(!fs::exists(ckpts / "ckpt-00000006.h5"));  // no step trained on past the signal
+
+  const Outcome resumed = run_shardlm(2, "train " + kDemo + " --data.eval_file= --train.max_steps=5 --run.dir=" +
+                                             (t.root / "run").string() + " --checkpoint.resume=auto", "", 120);
+  BOOST_TEST(resumed.exit_code == 0, resumed.output);
   for (const std::string& name : names_in(ckpts)) BOOST_TEST(name.find(".tmp") == std::string::npos, name);
 }

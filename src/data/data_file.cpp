@@ -2,14 +2,13 @@
 // line-per-record formats.
 #include "data_file.hpp"
 
-#include "../core/input_file.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "../core/input_file.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
