@@ -262,6 +262,12 @@ BOOST_AUTO_TEST_CASE(the_cli_refuses_a_pipe_in_every_input_at_once) {
   BOOST_REQUIRE(::mkfifo((run / "metrics.jsonl").c_str(), 0600) == 0);
   expect_cli_failure(1, "report " + run.string(), "a pipe (FIFO)");
   expect_cli_failure(1, "inspect " + fifo, "a pipe (FIFO)");
+  // A run folder whose metrics.jsonl is a pipe: its writes would wait once the pipe is full.
+  const fs::path piped = t.root / "piped_run";
+  fs::create_directories(piped);
+  BOOST_REQUIRE(::mkfifo((piped / "metrics.jsonl").c_str(), 0600) == 0);
+  expect_cli_failure(1, "train " + kDemo + " --train.max_steps=1 --data.eval_file= --checkpoint.resume=auto --run.dir=" +
+                            piped.string(), "metrics.jsonl': it is a pipe (FIFO)");
   const Outcome yaml = run_shardlm(1, "import-accelerate " + fifo + " -o " + (t.root / "out.ini").string(), "", 60);
   BOOST_TEST(yaml.exit_code != 0, yaml.output);
   BOOST_TEST(yaml.exit_code != 124, yaml.output);

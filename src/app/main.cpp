@@ -25,6 +25,24 @@ bool help_asked(const std::vector<std::string>& args, std::string& command) {
   return std::any_of(args.begin() + 1, args.end(), shardlm::is_help_flag);
 }
 
+// The last resort for a failed allocation: sizes from decks, configs and tokenizers are checked
+// before they are allocated, so this names the command and what the host had left.
+std::string out_of_memory(const std::string& command) {
+  return "shardlm: error: out of host memory in '" + command + "' (an allocation failed with " +
+         shardlm::format_bytes(shardlm::host_available_bytes()) + " available on this node)";
+}
+
+// A command that runs without MPI, with the same last resort.
+int without_mpi(const std::string& command, int (*run)(const std::vector<std::string>&),
+                const std::vector<std::string>& args) {
+  try {
+    return run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s\n", out_of_memory(command).c_str());
+    return 1;
+  }
+}
+
 // Help needs no MPI: it is printed before MPI_Init, by the launch's first rank only.
 int print_help(const std::string& command) {
   const std::string text = shardlm::command_help(command);
@@ -53,15 +71,14 @@ int main(int argc, char** argv) {
   if (std::string command; help_asked(args, command)) return print_help(command);
 
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
-  if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "report") return without_mpi(args[0], shardlm::command_report, args);
   // plan only sizes buffers: no MPI either.
-  if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "plan") return without_mpi(args[0], shardlm::command_plan, args);
   // eval scores a predictions file: no MPI.
-  if (args[0] == "eval") return shardlm::command_eval(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "eval") return without_mpi(args[0], shardlm::command_eval, args);
 
   // import-accelerate only reads and writes files: no MPI.
-  if (args[0] == "import-accelerate")
-    return shardlm::command_import_accelerate(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "import-accelerate") return without_mpi(args[0], shardlm::command_import_accelerate, args);
 
   // A wrong command line gets the command's usage before MPI starts (no MPI warnings, one message).
   if (const std::string problem =
@@ -101,12 +118,7 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "shardlm: error: %s\n", e.what());
     code = 1;
   } catch (const std::bad_alloc&) {
-    // The last resort: sizes from decks, configs and tokenizers are checked before they are
-    // allocated, so this names the command, the rank and what the host had left.
-    std::fprintf(stderr,
-                 "shardlm: error: out of host memory in '%s' (an allocation failed with %s available on "
-                 "this node) (rank %d)\n",
-                 command.c_str(), shardlm::format_bytes(shardlm::host_available_bytes()).c_str(), rank);
+    std::fprintf(stderr, "%s (rank %d)\n", out_of_memory(command).c_str(), rank);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {

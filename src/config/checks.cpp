@@ -16,6 +16,7 @@ static void check_generation_sizes(const RunConfig& cfg) {
   if (cfg.data.format != DataFormat::Squad || cfg.eval.generate == EvalGenerate::None || cfg.data.eval_file.empty())
     return;
   const ModelConfig& m = cfg.model;
+  model_layout(m);  // a shape no model has is refused as such first, not blamed on this key
   const int64_t positions = int64_t{cfg.data.max_length} + cfg.eval.max_new_tokens;
   if (positions > INT32_MAX)
     bad_value("eval.max_new_tokens", std::to_string(cfg.eval.max_new_tokens),

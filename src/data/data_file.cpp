@@ -28,7 +28,9 @@ class LoadProgress {
   void advance(size_t bytes, size_t lines) {
     done_ += bytes;
     lines_ = lines;
-    if ((lines & 1023) != 0) return;  // the clock is read once in 1024 lines
+    unchecked_ += bytes;
+    if ((lines & 1023) != 0 && unchecked_ < (uintmax_t{16} << 20)) return;  // the clock: every 1024 lines or 16 MiB
+    unchecked_ = 0;
     if (timer_.seconds() < next_) return;
     next_ += kProgressSeconds;
     said_ = true;
@@ -49,7 +51,7 @@ class LoadProgress {
   }
   std::string path_;
   uintmax_t file_bytes_;
-  uintmax_t done_ = 0;
+  uintmax_t done_ = 0, unchecked_ = 0;
   size_t lines_ = 0;
   double next_ = kProgressSeconds;
   bool said_ = false;

@@ -105,15 +105,15 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append)
     : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (append ? 0 : O_TRUNC), 0644)),
       path_(path) {
   SHARDLM_CHECK(fd_ >= 0, "cannot write metrics file '", path, "': ", std::strerror(errno));
-  // O_NONBLOCK above: a pipe or device of that name must not hold the run; a regular file is
-  // written as one (blocking) from here on.
+  // O_NONBLOCK above: a pipe of that name must not hold the open, and is refused, as its writes
+  // would wait once its buffer is full; a file (or a device such as /dev/null) is written blocking.
   struct stat st {};
-  const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
-  if (!regular || ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK) != 0) {
+  const bool pipe = ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode);
+  if (pipe || ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw Error(concat("cannot write metrics file '", path, "': ",
-                       regular ? std::strerror(errno) : "not a regular file (a pipe, device or socket)"));
+    throw Error(concat("cannot write metrics file '", path, "': ", pipe ? "it is a pipe (FIFO)" : std::strerror(err)));
   }
   if (append) cut_partial_last_line(fd_, path_);
 }
