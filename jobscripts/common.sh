@@ -102,7 +102,11 @@ shardlm_stopped_early() {
 }
 
 # SIGUSR1 (sbatch --signal=B:USR1@T) goes to this shell, which passes it to srun and so to the
-# ranks; trapped from the start, as its default action would end the job script.
+# ranks; trapped from the start, as its default action would end the job script. USR1, not
+# SIGTERM: Slurm's SIGTERM (scancel, time limit) is followed by SIGKILL after KillWait (30 s by
+# default), which a large checkpoint may not fit in; USR1 at T seconds leaves the margin T for
+# a step and the write (docs/checkpoint.md, "Preemption"). Starting the ranks with mpirun instead
+# of srun: pass USR1 to mpirun the same way (it forwards it); its SIGTERM kills the ranks in seconds.
 SHARDLM_STEP_PID=
 shardlm_on_usr1() {
   if [[ -n $SHARDLM_STEP_PID ]]; then

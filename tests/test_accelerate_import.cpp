@@ -5,6 +5,7 @@
 // with the settings they name; every key gets a comment; differences are warned; bad input is an
 // error naming the key; docs/accelerate.md lists every key the importer knows.
 
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 
@@ -259,4 +260,34 @@ BOOST_AUTO_TEST_CASE(docs_list_every_key) {
   const std::string doc = read_text(kSource / "docs/accelerate.md");
   BOOST_TEST(contains(doc, foreign_key_tables()), "docs/accelerate.md lacks the current key tables: paste "
                                                   "`shardlm import-accelerate --key-tables` into it");
+}
+
+// Aliases let a few lines stand for a billion values (and an anchor can hold its own alias): the
+// conversion stops at a bound at once, with a message, instead of growing by gigabytes.
+BOOST_AUTO_TEST_CASE(yaml_alias_bombs_and_deep_nesting_are_refused_at_once) {
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c)
+    bomb += concat(std::string(1, c), ": &", std::string(1, c), " [*", std::string(1, char(c - 1)), ", *",
+                   std::string(1, char(c - 1)), ", *", std::string(1, char(c - 1)), ", *", std::string(1, char(c - 1)),
+                   ", *", std::string(1, char(c - 1)), ", *", std::string(1, char(c - 1)), ", *",
+                   std::string(1, char(c - 1)), ", *", std::string(1, char(c - 1)), ", *", std::string(1, char(c - 1)),
+                   ", *", std::string(1, char(c - 1)), "]\n");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { import_accelerate(bomb, "bomb.yaml", "", "", {}, "test"); });
+  BOOST_TEST(contains(message, "bomb.yaml: expands to more than 100000 values"), message);
+  BOOST_TEST(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 3.0);
+
+  std::string deep = "compute_environment: LOCAL_MACHINE\nfsdp_config: ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += "\n";
+  BOOST_TEST(contains(error_of([&] { import_accelerate(deep, "deep.yaml", "", "", {}, "test"); }),
+                      "deep.yaml: nests deeper than 64 levels"));
+  // TrainingArguments JSON nested past the bound.
+  const std::string args = "{\"a\": " + std::string(200, '[') + std::string(200, ']') + "}";
+  BOOST_TEST(contains(error_of([&] {
+                        import_accelerate(read_text(kExamples / "course-fsdp-4gpu.yaml"), "course-fsdp-4gpu.yaml", args,
+                                          "args.json", {}, "test");
+                      }),
+                      "args.json: nests deeper than 64 levels"));
 }

@@ -204,6 +204,8 @@ struct PaddingShare {
 // Splits each epoch's (seeded, optionally shuffled) order into global batches of a fixed size;
 // the global batch of a step is the same whatever the world size, and each rank's micro-batches
 // are contiguous pieces of it. The last incomplete global batch of an epoch is dropped.
+// An epoch's order is computed once and kept until another epoch is asked for, so the steps and
+// micro-batches of an epoch cost their own size, not the dataset's (thread-safe).
 class DistributedSampler {
  public:
   DistributedSampler(size_t dataset_size, size_t global_batch, uint64_t seed, bool shuffle);
@@ -214,11 +216,16 @@ class DistributedSampler {
                                   int micro_size) const;
 
  private:
-  std::vector<size_t> order(size_t epoch) const;
+  struct EpochOrder {
+    size_t epoch = 0;
+    std::vector<size_t> indices;  // every example once, in the epoch's order
+  };
+  std::shared_ptr<const EpochOrder> order(size_t epoch) const;
   size_t n_;
   size_t global_batch_;
   uint64_t seed_;
   bool shuffle_;
+  mutable std::shared_ptr<const EpochOrder> last_order_;  // read and replaced with std::atomic_load/store
 };
 
 // A Hugging Face tokenizer read from tokenizer.json (the `tokenizers` library's format), giving the

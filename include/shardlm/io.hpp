@@ -134,6 +134,9 @@ std::string resolve_resume(ResumeFrom from, const std::string& path, const std::
 // nothing; `note` then says so). Empty when DIR holds none; Error when latest names a missing file
 // and no checkpoint is left.
 std::vector<std::string> resume_candidates(const std::string& dir, std::string* note);
+// Deletes the ckpt-*.h5.tmp files in DIR: writes of a job killed before it could finish them (the
+// caller holds DIR's lock, so no other job is writing). Returns a line naming them, "" when none.
+std::string remove_unfinished_checkpoints(const std::string& dir);
 // Whether a load_checkpoint error says the file is damaged (truncated, unreadable, checksum), as
 // opposed to a checkpoint of another model or optimizer.
 bool checkpoint_damaged(const std::string& error);

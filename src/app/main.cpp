@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,24 @@ bool help_asked(const std::vector<std::string>& args, std::string& command) {
   }
   command = args[0];
   return std::any_of(args.begin() + 1, args.end(), shardlm::is_help_flag);
+}
+
+// The last resort for a failed allocation: sizes from decks, configs and tokenizers are checked
+// before they are allocated, so this names the command and what the host had left.
+std::string out_of_memory(const std::string& command) {
+  return "shardlm: error: out of host memory in '" + command + "' (an allocation failed with " +
+         shardlm::format_bytes(shardlm::host_available_bytes()) + " available on this node)";
+}
+
+// A command that runs without MPI, with the same last resort.
+int without_mpi(const std::string& command, int (*run)(const std::vector<std::string>&),
+                const std::vector<std::string>& args) {
+  try {
+    return run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s\n", out_of_memory(command).c_str());
+    return 1;
+  }
 }
 
 // Help needs no MPI: it is printed before MPI_Init, by the launch's first rank only.
@@ -52,15 +71,14 @@ int main(int argc, char** argv) {
   if (std::string command; help_asked(args, command)) return print_help(command);
 
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
-  if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "report") return without_mpi(args[0], shardlm::command_report, args);
   // plan only sizes buffers: no MPI either.
-  if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "plan") return without_mpi(args[0], shardlm::command_plan, args);
   // eval scores a predictions file: no MPI.
-  if (args[0] == "eval") return shardlm::command_eval(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "eval") return without_mpi(args[0], shardlm::command_eval, args);
 
   // import-accelerate only reads and writes files: no MPI.
-  if (args[0] == "import-accelerate")
-    return shardlm::command_import_accelerate(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (args[0] == "import-accelerate") return without_mpi(args[0], shardlm::command_import_accelerate, args);
 
   // A wrong command line gets the command's usage before MPI starts (no MPI warnings, one message).
   if (const std::string problem =
@@ -99,6 +117,10 @@ int main(int argc, char** argv) {
     // Errors raised through run_collectively reach every rank with the same text: rank 0 prints it.
     if (rank == 0) std::fprintf(stderr, "shardlm: error: %s\n", e.what());
     code = 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s (rank %d)\n", out_of_memory(command).c_str(), rank);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     // Anything else may be one rank's alone (a file only rank 0 writes): report it from that rank
     // and end the whole job.

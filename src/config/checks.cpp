@@ -1,10 +1,38 @@
 // Checks that involve more than one key, or the world size the run is launched with.
+#include <algorithm>
+#include <climits>
+
 #include "config_internal.hpp"
 
 namespace shardlm::config_detail {
 
 // The byte tokenizer's vocabulary: 256 byte values plus its special tokens.
 static constexpr int kByteVocab = 259;
+
+// SQuAD evaluation by generation: each rank's key/value cache holds eval.batch_size prompts of up to
+// data.max_length tokens plus eval.max_new_tokens, K and V of every layer, in fp32 at most. Checked
+// here, before training, against this node's available memory (the cache is allocated after training).
+static void check_generation_sizes(const RunConfig& cfg) {
+  if (cfg.data.format != DataFormat::Squad || cfg.eval.generate == EvalGenerate::None || cfg.data.eval_file.empty())
+    return;
+  const ModelConfig& m = cfg.model;
+  model_layout(m);  // a shape no model has is refused as such first, not blamed on this key
+  const int64_t positions = int64_t{cfg.data.max_length} + cfg.eval.max_new_tokens;
+  if (positions > INT32_MAX)
+    bad_value("eval.max_new_tokens", std::to_string(cfg.eval.max_new_tokens),
+              concat("with data.max_length (", cfg.data.max_length, ") gives ", positions,
+                     " positions, more than the 2147483647 a sequence may have"));
+  const int64_t slots = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : cfg.train.micro_batch_size;
+  const double bytes = static_cast<double>(slots) * static_cast<double>(positions) * 2.0 * m.num_layers *
+                       m.kv_heads() * m.head_dim() * sizeof(float);
+  const double available = static_cast<double>(host_available_bytes());
+  if (available > 0 && bytes > available)
+    bad_value("eval.max_new_tokens", std::to_string(cfg.eval.max_new_tokens),
+              concat("the generation's key/value cache would take ", format_bytes(static_cast<size_t>(std::min(bytes, 1e18))),
+                     " per rank (", slots, " prompts x ", positions, " positions x ", m.num_layers,
+                     " layers, K and V), more than the ", format_bytes(static_cast<size_t>(available)),
+                     " this node has available; lower it or eval.batch_size"));
+}
 
 void check_run_config(const RunConfig& cfg, int world_size) {
   const ModelConfig& m = cfg.model;
@@ -21,6 +49,8 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
+
+  check_generation_sizes(cfg);
 
   SHARDLM_CHECK(world_size >= 1, "world size must be >= 1 (got ", world_size, ")");
   const TrainSection& t = cfg.train;

@@ -112,8 +112,17 @@ static KeySpec strategy_key(const char* name) {
 static void check_data_file(const char* name, const std::string& text, const std::string& abs) {
   std::string where = text == abs ? "" : concat(" (looked for '", abs, "')");
   std::error_code ec;
-  if (!fs::exists(abs, ec)) bad_value(name, quoted(text), "file not found" + where);
-  if (fs::is_directory(abs, ec)) bad_value(name, quoted(text), "is a directory, not a file" + where);
+  const fs::file_status st = fs::status(abs, ec);
+  if (!fs::exists(st)) bad_value(name, quoted(text), "file not found" + where);
+  if (fs::is_directory(st)) bad_value(name, quoted(text), "is a directory, not a file" + where);
+  // Opening a pipe would wait for a writer, and a device need not end: neither is opened.
+  const fs::file_type type = st.type();
+  if (type != fs::file_type::regular)
+    bad_value(name, quoted(text),
+              concat("is ", type == fs::file_type::fifo ? "a pipe (FIFO)" : type == fs::file_type::socket ? "a socket"
+                            : type == fs::file_type::character || type == fs::file_type::block ? "a device"
+                                                                                                : "not a regular file",
+                     ", not a regular file", where));
   std::ifstream f(abs, std::ios::binary);
   if (!f) bad_value(name, quoted(text), "file cannot be opened, check its permissions" + where);
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../core/input_file.hpp"
 #include "config_internal.hpp"
 
 namespace shardlm {
@@ -35,7 +36,7 @@ class PeftConfigReader {
  public:
   PeftConfigReader(const std::string& text, const std::string& source) : source_(source) {
     try {
-      j_ = Json::parse(text);
+      j_ = parse_json_bounded(text, source);
     } catch (const Json::exception& e) {
       throw Error(concat(source, ": not valid JSON: ", e.what()));
     }

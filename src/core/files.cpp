@@ -1,4 +1,5 @@
-// Input files read whole or by lines, checked before reading: regular files under a size limit;
+// Input files read whole or by lines, checked before reading: regular files under a size limit
+// (check_input_file), JSON of bounded nesting;
 // output files written whole, with the reason of a failure.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "input_file.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
@@ -20,27 +22,79 @@ std::string clip_for_message(const std::string& text, size_t limit) {
   return concat(text.substr(0, limit), "... (", text.size(), " characters)");
 }
 
-std::unique_ptr<std::istream> open_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
-  struct stat st {};
-  // stat follows links: a link to a regular file is a regular file.
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) throw Error(concat("cannot open ", what, " '", path, "'"));
-  if (S_ISDIR(st.st_mode)) throw Error(concat("cannot open ", what, " '", path, "': it is a directory"));
-  if (!S_ISREG(st.st_mode))
-    throw Error(concat("cannot open ", what, " '", path, "': not a regular file (a device, pipe or socket)"));
+namespace {
+
+// What a file that is not a regular file is, for the message that refuses it.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "it is a directory";
+  if (S_ISFIFO(mode)) return "not a regular file but a pipe (FIFO)";
+  if (S_ISSOCK(mode)) return "not a regular file but a socket";
+  if (S_ISCHR(mode)) return "not a regular file but a character device";
+  if (S_ISBLK(mode)) return "not a regular file but a block device";
+  return "not a regular file";
+}
+
+void check_stat(const struct stat& st, const std::string& path, const std::string& what, uint64_t max_bytes) {
+  if (!S_ISREG(st.st_mode)) throw Error(concat("cannot open ", what, " '", path, "': ", file_kind(st.st_mode)));
   if (static_cast<uint64_t>(st.st_size) > max_bytes)
     throw Error(concat(what, " '", path, "' is ", st.st_size, " bytes, more than the limit of ", max_bytes,
                        " bytes for it"));
+}
+
+}  // namespace
+
+void check_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  struct stat st {};
+  // stat follows links: a link to a regular file is a regular file. stat never opens, so a pipe
+  // is refused here before an open() could wait for its writer.
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) throw Error(concat("cannot open ", what, " '", path, "'"));
+  check_stat(st, path, what, max_bytes);
+}
+
+std::unique_ptr<std::istream> open_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  check_input_file(path, what, max_bytes);
   auto in = std::make_unique<std::ifstream>(path, std::ios::binary);
   if (!*in) throw Error(concat("cannot open ", what, " '", path, "'"));
   return in;
 }
 
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
-  std::unique_ptr<std::istream> in = open_input_file(path, what, max_bytes);
-  std::ostringstream text;
-  text << in->rdbuf();
-  if (in->bad()) throw Error(concat("cannot read ", what, " '", path, "'"));
-  return text.str();
+  check_input_file(path, what, max_bytes);
+  // O_NONBLOCK: should the name become a pipe after the check, open() still returns at once and
+  // the fstat below refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error(concat("cannot open ", what, " '", path, "': ", std::strerror(errno)));
+  std::string text;
+  try {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw Error(concat("cannot read ", what, " '", path, "': ", std::strerror(errno)));
+    check_stat(st, path, what, max_bytes);
+    text.reserve(static_cast<size_t>(st.st_size));
+    char buffer[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error(concat("cannot read ", what, " '", path, "': ", std::strerror(errno)));
+      if (n == 0) break;
+      text.append(buffer, static_cast<size_t>(n));
+      // A file that grows while it is read is still held to the limit.
+      if (text.size() > max_bytes)
+        throw Error(concat(what, " '", path, "' is more than the limit of ", max_bytes, " bytes for it"));
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return text;
+}
+
+nlohmann::json parse_json_bounded(const std::string& text, const std::string& where, int max_depth) {
+  const nlohmann::json::parser_callback_t check = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > max_depth) throw Error(concat(where, ": nests deeper than ", max_depth, " levels"));
+    return true;
+  };
+  return nlohmann::json::parse(text, check);
 }
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& what, const std::string& path) {

@@ -2,12 +2,14 @@
 // `tokenizers` (added tokens, normalizer, pre-tokenizer, BPE, post-processor, decoder) and runs it.
 #include "hf_tokenizer.hpp"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <unordered_set>
 
+#include "../core/input_file.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -70,6 +72,18 @@ void fail_unsupported(const JsonContext& ctx, const std::string& path, const std
   ctx.fail(path, concat("'", type, "' is not supported (supported: ", supported, ")"));
 }
 
+std::string token_id_problem(const json& id) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0) return "expected a non-negative integer id";
+  const int64_t value = id.get<int64_t>();
+  if (value <= kMaxTokenId) return "";
+  // The id-to-token table alone: one std::string per id up to it.
+  const double gib = static_cast<double>(value) * sizeof(std::string) / double(1 << 30);
+  char need[32];
+  std::snprintf(need, sizeof need, "%.1f", gib);
+  return concat("id ", value, " is larger than the limit of ", kMaxTokenId, " (a table indexed by it would take ", need,
+                " GiB)");
+}
+
 }  // namespace hf
 
 namespace {
@@ -79,7 +93,7 @@ using hf::JsonContext;
 
 json parse_json_text(const JsonContext& ctx, const std::string& text) {
   try {
-    return json::parse(text);
+    return parse_json_bounded(text, ctx.source);
   } catch (const json::parse_error& e) {
     ctx.fail("", concat("not valid JSON: ", clip_for_message(e.what())));
   }
@@ -97,9 +111,8 @@ std::vector<hf::AddedToken> parse_added_tokens(const JsonContext& ctx, const jso
     const json& entry = list[i];
     hf::AddedToken t;
     const json& id = hf::require_member(ctx, entry, path, "id");
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      ctx.fail(hf::child_path(path, "id"), "expected a non-negative integer");
-    }
+    const std::string problem = hf::token_id_problem(id);
+    if (!problem.empty()) ctx.fail(hf::child_path(path, "id"), problem);
     t.id = static_cast<int32_t>(id.get<int64_t>());
     t.content = hf::require_string(ctx, entry, path, "content");
     if (t.content.empty()) ctx.fail(hf::child_path(path, "content"), "empty");

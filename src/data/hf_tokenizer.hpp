@@ -22,6 +22,13 @@ namespace shardlm::hf {
 
 using nlohmann::json;
 
+// The largest token id read: tables are indexed by id, so an id sizes them (the largest released
+// vocabularies hold about 256k tokens); a larger one is refused naming it and the memory it would take.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+// "expected a non-negative integer" or, past kMaxTokenId, how large a table the id would need.
+std::string token_id_problem(const json& id);
+
 // ---- JSON access: every error names the source and the JSON path ("model.merges[3]") -----------
 
 struct JsonContext {

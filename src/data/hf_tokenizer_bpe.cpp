@@ -43,9 +43,8 @@ BpeModel::BpeModel(const JsonContext& ctx, const json& model, const std::string&
   vocab_.reserve(vocab.size());
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      ctx.fail(child_path(vocab_path, token), "expected a non-negative integer id");
-    }
+    const std::string problem = token_id_problem(id);
+    if (!problem.empty()) ctx.fail(child_path(vocab_path, token), problem);
     const auto value = static_cast<int32_t>(id.get<int64_t>());
     vocab_[token] = value;
     max_id = std::max(max_id, value);

@@ -172,11 +172,7 @@ std::vector<size_t> char_boundaries(const std::string& text) {
 }  // namespace
 
 std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
-  std::ifstream in(model_path, std::ios::binary);
-  SHARDLM_CHECK(in, "cannot open SentencePiece model '", model_path, "'");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  const SpmModel model = read_model(buffer.str(), model_path);
+  const SpmModel model = read_model(read_input_file(model_path, "SentencePiece model", kMaxTokenizerBytes), model_path);
   SHARDLM_CHECK(!model.pieces.empty(), model_path, ": not a SentencePiece model (no pieces)");
   SHARDLM_CHECK(model.model_type == 2, model_path, ": SentencePiece model_type ", model.model_type,
                 " is not BPE (2); only BPE models convert to a BPE tokenizer.json");

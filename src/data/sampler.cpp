@@ -2,6 +2,7 @@
 // epochs into global batches and global batches into per-rank micro-batches.
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -71,17 +72,27 @@ DistributedSampler::DistributedSampler(size_t dataset_size, size_t global_batch,
 
 size_t DistributedSampler::steps_per_epoch() const { return n_ / global_batch_; }
 
-std::vector<size_t> DistributedSampler::order(size_t epoch) const {
-  if (shuffle_) return seeded_permutation(n_, seed_ + static_cast<uint64_t>(epoch) * kEpochStride);
-  std::vector<size_t> identity(n_);
-  for (size_t i = 0; i < n_; ++i) identity[i] = i;
-  return identity;
+std::shared_ptr<const DistributedSampler::EpochOrder> DistributedSampler::order(size_t epoch) const {
+  std::shared_ptr<const EpochOrder> last = std::atomic_load(&last_order_);
+  if (last && last->epoch == epoch) return last;
+  auto made = std::make_shared<EpochOrder>();
+  made->epoch = epoch;
+  if (shuffle_) {
+    made->indices = seeded_permutation(n_, seed_ + static_cast<uint64_t>(epoch) * kEpochStride);
+  } else {
+    made->indices.resize(n_);
+    for (size_t i = 0; i < n_; ++i) made->indices[i] = i;
+  }
+  std::shared_ptr<const EpochOrder> result = std::move(made);
+  std::atomic_store(&last_order_, result);
+  return result;
 }
 
 std::vector<size_t> DistributedSampler::global_batch(size_t epoch, size_t step) const {
   SHARDLM_CHECK(step < steps_per_epoch(), "sampler: step ", step, " is out of range (",
                 steps_per_epoch(), " steps per epoch)");
-  const std::vector<size_t> all = order(epoch);
+  const std::shared_ptr<const EpochOrder> order_of_epoch = order(epoch);
+  const std::vector<size_t>& all = order_of_epoch->indices;
   const auto first = all.begin() + static_cast<std::ptrdiff_t>(step * global_batch_);
   return std::vector<size_t>(first, first + static_cast<std::ptrdiff_t>(global_batch_));
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "../core/input_file.hpp"
 #include "data_file.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
@@ -108,7 +109,7 @@ Example build_example(const QaRecord& record, const Tokenizer& tok, int max_leng
 json read_json_file(const std::string& path) {
   const std::string text = read_data_file(path);
   try {
-    return json::parse(text);
+    return parse_json_bounded(text, path);
   } catch (const json::exception& e) {
     throw Error(concat(path, ": not valid JSON: ", e.what()));
   }

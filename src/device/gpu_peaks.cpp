@@ -56,8 +56,7 @@ const std::vector<GpuPeak>& builtin_gpu_peaks() {
 }
 
 std::vector<GpuPeak> read_gpu_peaks(const std::string& path) {
-  std::ifstream in(path);
-  SHARDLM_CHECK(in, "SHARDLM_GPU_PEAKS = '", path, "': cannot read the file");
+  std::istringstream in(read_input_file(path, "SHARDLM_GPU_PEAKS file", kMaxDeckBytes));
   std::vector<GpuPeak> entries;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {

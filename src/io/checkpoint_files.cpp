@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <sstream>
 
 #include "checkpoint_format.hpp"
 
@@ -70,14 +71,15 @@ void remove_file(const fs::path& path) {
 std::string latest_target(const std::string& dir) {
   const fs::path latest = fs::path(dir) / kLatestFile;
   if (!fs::exists(latest)) return "";
-  std::ifstream in(latest);
+  // A checkpoint file's name is one short line: a longer pointer is not one shardlm wrote.
+  std::istringstream in(read_input_file(latest.string(), "checkpoint pointer", 4096));
   std::string name;
   std::getline(in, name);
   while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
   SHARDLM_CHECK(!name.empty(), "checkpoint pointer '", latest.string(), "' is empty");
   const fs::path target = fs::path(dir) / name;
-  SHARDLM_CHECK(fs::is_regular_file(target), "checkpoint pointer '", latest.string(), "' names '", name,
-                "', which does not exist");
+  SHARDLM_CHECK(fs::is_regular_file(target), "checkpoint pointer '", latest.string(), "' names '",
+                clip_for_message(name, 100), "', which does not exist or is not a regular file");
   return target.string();
 }
 
@@ -108,13 +110,25 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
       if (finished[i].path.filename() != name) remove_file(finished[i].path);
     }
   }
-  // Temporaries of earlier steps belong to jobs killed mid-write; this run has gone past them.
-  const long step = std::stol(name.substr(5, name.size() - 8));
-  for (const Found& t : list_checkpoints(dir, true))
-    if (t.step < step) remove_file(t.path);
+  // Any other temporary belongs to a job killed mid-write (this job holds the folder's lock).
+  for (const Found& t : list_checkpoints(dir, true)) remove_file(t.path);
 }
 
 }  // namespace ckpt
+
+std::string remove_unfinished_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return "";
+  std::string names;
+  size_t count = 0;
+  for (const Found& t : list_checkpoints(dir, true)) {
+    remove_file(t.path);
+    names += (count++ ? ", " : "") + t.path.filename().string();
+  }
+  if (count == 0) return "";
+  return concat("removed ", count, " unfinished checkpoint write(s) of a job stopped while writing (", names,
+                ") from ", dir);
+}
 
 std::vector<std::string> resume_candidates(const std::string& dir, std::string* note) {
   std::vector<std::string> out;

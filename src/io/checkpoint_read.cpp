@@ -2,7 +2,10 @@
 // checksums verified) and CheckpointReader (serial, one tensor at a time for inspect and export).
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "../core/input_file.hpp"
 
 #include "checkpoint_format.hpp"
 
@@ -363,11 +366,25 @@ std::string open_failure(const std::string& path) {
   return concat("cannot open checkpoint '", path, "': it is damaged: ", reason);
 }
 
+// "" when `path` is a regular file, else why it cannot be opened as a checkpoint: a pipe would block
+// H5Fopen, a folder or device is no checkpoint either.
+std::string not_a_checkpoint_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return concat("cannot open checkpoint '", path, "': no such file");
+  try {
+    check_input_file(path, "checkpoint", std::numeric_limits<uint64_t>::max());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitState>& units, MPI_Comm comm,
                                const std::function<void(const CheckpointMeta&)>& check_meta, bool weights_only) {
   silence_hdf5_errors();
+  agree_on_error(comm, not_a_checkpoint_file(path));  // every rank refuses a pipe before any opens it
   H5Id fapl = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
   H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
@@ -400,6 +417,8 @@ CheckpointMeta load_checkpoint(const std::string& path, const std::vector<UnitSt
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   silence_hdf5_errors();
+  const std::string not_a_file = not_a_checkpoint_file(path);
+  if (!not_a_file.empty()) throw Error(not_a_file);
   // Default (serial) file access: no MPI-IO, so it works on one rank or without MPI at all.
   H5Id file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) throw Error(open_failure(path));

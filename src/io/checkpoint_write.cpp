@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -297,9 +298,11 @@ class ChecksumThread {
 // What SHARDLM_FAULT_CHECKPOINT asks for (tests): after_units:N kills every rank after N units;
 // write_error:RANK:PIECE makes rank RANK's PIECE-th data write (0-based, over the whole file)
 // fail with ENOSPC, as a full disk would; reserve_error makes the space reservation fail so;
-// no_reserve skips the reservation, so that a real full disk fails inside HDF5's writes.
+// no_reserve skips the reservation, so that a real full disk fails inside HDF5's writes;
+// slow_units:MS waits MS milliseconds after each unit, so a signal can be sent while a write is in progress.
 struct Fault {
   int after_units = -1;
+  long slow_unit_ms = 0;
   int error_rank = -1;
   long error_piece = -1;
   bool reserve_error = false;
@@ -311,7 +314,7 @@ Fault fault_from_env() {
   const char* spec = std::getenv("SHARDLM_FAULT_CHECKPOINT");
   if (!spec || !*spec) return fault;
   const std::string s = spec;
-  const std::string usage = "expected after_units:N, write_error:RANK:PIECE, reserve_error or no_reserve";
+  const std::string usage = "expected after_units:N, write_error:RANK:PIECE, reserve_error, no_reserve or slow_units:MS";
   auto number = [&](const char* text, char stop, const char** next) {
     char* end = nullptr;
     const long n = std::strtol(text, &end, 10);
@@ -324,6 +327,8 @@ Fault fault_from_env() {
     fault.reserve_error = true;
   } else if (s == "no_reserve") {
     fault.no_reserve = true;
+  } else if (s.rfind("slow_units:", 0) == 0) {
+    fault.slow_unit_ms = number(s.c_str() + 11, '\0', nullptr);
   } else if (s.rfind("after_units:", 0) == 0) {
     fault.after_units = static_cast<int>(number(s.c_str() + 12, '\0', nullptr));
   } else if (s.rfind("write_error:", 0) == 0) {
@@ -526,6 +531,7 @@ class FileWriter {
       agree_on_error(comm_, f.message());
       // Simulates a job killed mid-write: the temporary file stays behind, latest is untouched.
       if (fault.after_units >= 0 && static_cast<int>(i) + 1 == fault.after_units) std::_Exit(86);
+      if (fault.slow_unit_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault.slow_unit_ms));
     }
     // The data reaches the disk here (MPI_File_sync) while the checksum thread may still be running.
     f.check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");

@@ -24,15 +24,9 @@ void write_export_files(const std::string& dir, const HfExportOptions& options,
                         const std::function<void(const std::string&, const std::string&)>& write_text) {
   bool generation_config = false;
   for (const std::string& source : options.copy_files) {
-    std::error_code ec;
-    SHARDLM_CHECK(fs::is_regular_file(source, ec), "export: cannot copy '", source, "': not a readable file");
-    std::ifstream in(source, std::ios::binary);
-    SHARDLM_CHECK(in, "export: cannot open '", source, "'");
-    std::ostringstream text;
-    text << in.rdbuf();
-    SHARDLM_CHECK(in.good() || in.eof(), "export: reading '", source, "' failed");
+    const std::string text = read_input_file(source, "export: file to copy", kMaxTokenizerBytes);
     const std::string name = fs::path(source).filename().string();
-    write_text((fs::path(dir) / name).string(), text.str());
+    write_text((fs::path(dir) / name).string(), text);
     generation_config |= name == "generation_config.json";
   }
   for (const auto& [name, text] : options.text_files) {

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "../core/input_file.hpp"
 #include "shardlm/io.hpp"
 
 namespace shardlm {
@@ -33,7 +34,7 @@ std::vector<std::string> weight_files(const fs::path& dir) {
     const std::string what = "model directory " + dir.string();
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_text(index, what));
+      j = parse_json_bounded(read_text(index, what), index.string());
     } catch (const nlohmann::json::exception& e) {
       throw Error(concat(index.string(), ": not valid JSON: ", e.what()));
     }
@@ -43,8 +44,9 @@ std::vector<std::string> weight_files(const fs::path& dir) {
     for (const auto& [name, file] : j["weight_map"].items()) {
       SHARDLM_CHECK(file.is_string(), index.string(), ": weight_map['", name, "'] must be a file name");
       const std::string f = file.get<std::string>();
-      SHARDLM_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "..", index.string(), ": weight_map['",
-                    name, "'] = '", f, "' is not a file name in the directory");
+      SHARDLM_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", index.string(),
+                    ": weight_map['", clip_for_message(name, 100), "'] = '", clip_for_message(f, 100),
+                    "' is not a file name in the directory");
       files.insert(f);
     }
     SHARDLM_CHECK(!files.empty(), index.string(), ": weight_map is empty");

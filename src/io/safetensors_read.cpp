@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../core/input_file.hpp"
 #include "shardlm/io.hpp"
 
 // The data section is read as the host's bytes; safetensors is little-endian.
@@ -238,10 +239,17 @@ std::vector<TensorInfo> read_header(const std::string& path, std::ifstream& in, 
   return infos;
 }
 
+// The path, once it names a regular file: a folder, a pipe or a device is refused by name before
+// it is opened (a pipe would block the open, a folder would read as a truncated file).
+const std::string& checked_path(const std::string& path) {
+  check_input_file(path, "safetensors file", std::numeric_limits<uint64_t>::max());
+  return path;
+}
+
 }  // namespace
 
 std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(checked_path(path), std::ios::binary);
   uint64_t data_start = 0;
   const std::vector<TensorInfo> infos = read_header(path, in, &data_start);
   std::vector<SafetensorsEntry> tensors;
@@ -254,7 +262,7 @@ std::vector<SafetensorsEntry> read_safetensors(const std::string& path) {
   return tensors;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), in_(checked_path(path), std::ios::binary) {
   uint64_t data_start = 0;
   for (const TensorInfo& t : read_header(path, in_, &data_start, &metadata_))
     tensors_.push_back({t.name, t.dtype, t.shape, t.numel, data_start + t.begin});

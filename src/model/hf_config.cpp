@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "../core/input_file.hpp"
 #include "hf_config_reader.hpp"
 #include "shardlm/model.hpp"
 
@@ -19,7 +20,7 @@ double shortest_decimal(float f) {
 ModelConfig model_config_from_hf(const std::string& json_text, const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(json_text);
+    j = parse_json_bounded(json_text, source + ": config.json");
   } catch (const nlohmann::json::exception& e) {
     throw Error(concat(source, ": config.json is not valid JSON: ", e.what()));
   }

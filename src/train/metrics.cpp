@@ -3,6 +3,7 @@
 #include "metrics.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,8 +102,19 @@ void cut_partial_last_line(int fd, const std::string& path) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644)), path_(path) {
+    : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (append ? 0 : O_TRUNC), 0644)),
+      path_(path) {
   SHARDLM_CHECK(fd_ >= 0, "cannot write metrics file '", path, "': ", std::strerror(errno));
+  // O_NONBLOCK above: a pipe of that name must not hold the open, and is refused, as its writes
+  // would wait once its buffer is full; a file (or a device such as /dev/null) is written blocking.
+  struct stat st {};
+  const bool pipe = ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode);
+  if (pipe || ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(concat("cannot write metrics file '", path, "': ", pipe ? "it is a pipe (FIFO)" : std::strerror(err)));
+  }
   if (append) cut_partial_last_line(fd_, path_);
 }
 

@@ -65,7 +65,13 @@ struct LockOwner {
 
 LockOwner read_owner(const std::string& path) {
   LockOwner o;
-  std::ifstream in(path);
+  std::unique_ptr<std::istream> file;
+  try {
+    file = open_input_file(path, "run folder lock", kMaxDeckBytes);
+  } catch (const Error&) {
+    return o;  // not a lock file shardlm wrote (a pipe, a folder): no owner to name
+  }
+  std::istream& in = *file;
   std::string line;
   while (std::getline(in, line)) {
     const size_t eq = line.find('=');

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "shardlm/core.hpp"
 
@@ -28,9 +29,9 @@ std::string new_run_id() {
 std::string read_run_id(const std::string& run_dir) {
   const std::string path = run_id_path(run_dir);
   if (!std::filesystem::exists(path)) return "";
-  std::ifstream in(path);
+  std::istringstream in(read_input_file(path, "run id file", 4096));
   std::string id;
-  SHARDLM_CHECK(in && std::getline(in, id), "cannot read the run id in '", path, "'");
+  SHARDLM_CHECK(std::getline(in, id), "cannot read the run id in '", path, "'");
   while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
   SHARDLM_CHECK(!id.empty(), "the run id file '", path, "' is empty (delete it to make a new id)");
   return id;

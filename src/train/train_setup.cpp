@@ -100,7 +100,10 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
 // How many segments metrics.jsonl already holds (one 'setup' record each): a resume appends the
 // next. Lines that are not whole records (a crash mid-write) are not counted.
 int segments_in(const std::filesystem::path& metrics) {
-  std::ifstream in(metrics);
+  std::error_code ec;
+  if (!std::filesystem::exists(metrics, ec)) return 0;
+  const std::unique_ptr<std::istream> file = open_input_file(metrics.string(), "metrics file", kMaxDataFileBytes);
+  std::istream& in = *file;
   int setups = 0;
   std::string line;
   while (std::getline(in, line)) {
@@ -420,6 +423,9 @@ void open_run_outputs(TrainRun& run) {
     const bool fresh = run.resume_path.empty() || cfg.checkpoint.load_weights_only;
     const std::string aside = run.replacement.set_aside({deck, metrics, run_id_path(cfg.run.dir)});
     if (!aside.empty()) run.say(aside);
+    // A resumed run's folder may hold the .tmp of a job killed mid-write: never latest's successor.
+    const std::string unfinished = remove_unfinished_checkpoints(cfg.checkpoint_dir());
+    if (!unfinished.empty()) run.say(unfinished);
     if (fresh) write_run_id(cfg.run.dir, run.run_id);  // the earlier run's id went with it
     replace_file(deck.string(), resolved_deck_ini(cfg), "resolved deck");
     run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty() && !cfg.checkpoint.load_weights_only);

@@ -90,10 +90,13 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
         totals.final_loss = log_interval(run, pos, out, interval);
       pos.epoch = epoch;
       pos.epoch_step = s + 1;
-      const bool stop = stop_requested(comm);
+      bool stop = stop_requested(comm);
       if (stop || (cfg.checkpoint.every > 0 && pos.step % cfg.checkpoint.every == 0)) {
         result.last_checkpoint = checkpoint(run, pos);
         saved_step = pos.step;
+        // A signal that came while this checkpoint was written stops here, at the position it holds:
+        // another step and checkpoint could outlast the launcher's grace time (mpirun's few seconds).
+        stop = stop || stop_requested(comm);
       }
       if (stop) {
         run.say(concat("stop signal received: checkpoint written at step ", pos.step,

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "../../core/input_file.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 
@@ -38,16 +39,32 @@ json yaml_scalar(const YAML::Node& n) {
   return s;
 }
 
-json yaml_to_json(const YAML::Node& n) {
+// An alias names an earlier node again, so a small text can stand for a huge tree (a "billion
+// laughs") or one that holds itself: the copy stops at these bounds, far past any Accelerate config.
+constexpr size_t kMaxYamlValues = 100000;
+constexpr int kMaxYamlDepth = 64;
+
+struct YamlBudget {
+  const std::string& source;
+  size_t values = 0;
+};
+
+json yaml_to_json(const YAML::Node& n, YamlBudget& budget, int depth = 0) {
+  if (++budget.values > kMaxYamlValues)
+    throw Error(concat(budget.source, ": expands to more than ", kMaxYamlValues,
+                       " values (aliases repeating a node?); an Accelerate config holds a few dozen"));
+  if (depth > kMaxYamlDepth)
+    throw Error(concat(budget.source, ": nests deeper than ", kMaxYamlDepth,
+                       " levels (an alias inside its own anchor?); an Accelerate config nests 2"));
   switch (n.Type()) {
     case YAML::NodeType::Map: {
       json o = json::object();
-      for (const auto& kv : n) o[kv.first.Scalar()] = yaml_to_json(kv.second);
+      for (const auto& kv : n) o[kv.first.Scalar()] = yaml_to_json(kv.second, budget, depth + 1);
       return o;
     }
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (const auto& v : n) a.push_back(yaml_to_json(v));
+      for (const auto& v : n) a.push_back(yaml_to_json(v, budget, depth + 1));
       return a;
     }
     case YAML::NodeType::Scalar:
@@ -391,14 +408,15 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
   try {
     YAML::Node root = YAML::Load(yaml_text);
     if (!root.IsMap()) throw Error(concat(yaml_name, ": expected an Accelerate config (a YAML mapping of keys)"));
-    acc = yaml_to_json(root);
+    YamlBudget budget{yaml_name};
+    acc = yaml_to_json(root, budget);
   } catch (const YAML::Exception& e) {
     throw Error(concat(yaml_name, ": not valid YAML: ", e.what()));
   }
   json ta = json::object();
   if (!args_json.empty()) {
     try {
-      ta = json::parse(args_json);
+      ta = parse_json_bounded(args_json, args_name);
     } catch (const json::exception& e) {
       throw Error(concat(args_name, ": not valid JSON: ", e.what()));
     }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "../../core/input_file.hpp"
 #include "commands.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
@@ -203,8 +204,13 @@ void add_tokenizer_and_generation(const std::string& deck_text, const std::strin
   if (!model_dir.empty()) {
     // The source model's own ids win: they are what its users' code expects.
     if (fs::is_regular_file(fs::path(model_dir) / "config.json", ec)) {
-      std::ifstream in(fs::path(model_dir) / "config.json");
-      const nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+      const std::string path = (fs::path(model_dir) / "config.json").string();
+      nlohmann::json config;
+      try {
+        config = parse_json_bounded(read_input_file(path, "model config", kMaxDeckBytes), path);
+      } catch (const nlohmann::json::exception&) {
+        // Not JSON: the export keeps the tokenizer's own ids.
+      }
       if (config.is_object()) take_token_ids(config, options.token_ids);
     }
     if (fs::is_regular_file(fs::path(model_dir) / "generation_config.json", ec))

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "../../core/input_file.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 
@@ -22,11 +23,9 @@ namespace {
 
 // "section.key" -> value of the resolved deck.
 std::map<std::string, std::string> read_ini(const std::string& path) {
-  std::ifstream in(path);
-  SHARDLM_CHECK(in, path, ": cannot open the resolved deck (is this a shardlm run directory?)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ini_values(text.str(), path);
+  std::error_code ec;
+  SHARDLM_CHECK(fs::exists(path, ec), path, ": cannot open the resolved deck (is this a shardlm run directory?)");
+  return ini_values(read_input_file(path, "resolved deck", kMaxDeckBytes), path);
 }
 
 double number_or_nan(const nlohmann::json& j, const char* key) {
@@ -119,8 +118,10 @@ RunRecord read_run(const std::string& run_dir) {
   run.param_dtype = deck_value("fsdp.param_dtype");
 
   const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
-  std::ifstream in(metrics_path);
-  SHARDLM_CHECK(in, metrics_path, ": cannot open the metrics log (is this a shardlm run directory?)");
+  SHARDLM_CHECK(fs::exists(metrics_path, ec), metrics_path,
+                ": cannot open the metrics log (is this a shardlm run directory?)");
+  const std::unique_ptr<std::istream> metrics = open_input_file(metrics_path, "metrics log", kMaxDataFileBytes);
+  std::istream& in = *metrics;
   std::string line;
   double last_eval_epoch = NAN;
   for (size_t number = 1; std::getline(in, line); ++number) {
@@ -128,7 +129,7 @@ RunRecord read_run(const std::string& run_dir) {
     nlohmann::json j;
     std::string type;
     try {
-      j = nlohmann::json::parse(line);
+      j = parse_json_bounded(line, metrics_path);
       if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
         throw std::runtime_error("expected a JSON object with a string 'type'");
       type = j["type"];
