@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   if (args[0] == "report") return shardlm::command_report(std::vector<std::string>(args.begin() + 1, args.end()));
   // plan only sizes buffers: no MPI either.
   if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
+  // preprocess only reads the data and the tokenizer: no MPI.
+  if (args[0] == "preprocess")
+    return shardlm::command_preprocess(std::vector<std::string>(args.begin() + 1, args.end()));
   // eval scores a predictions file: no MPI.
   if (args[0] == "eval") return shardlm::command_eval(std::vector<std::string>(args.begin() + 1, args.end()));
 
