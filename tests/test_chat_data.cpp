@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "commands.hpp"
 #include "shardlm/chat.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
@@ -175,10 +176,11 @@ BOOST_AUTO_TEST_CASE(prefixes_that_do_not_line_up_are_counted) {
   BOOST_REQUIRE_EQUAL(phi.spans.size(), 3u);
   BOOST_TEST(phi.text.substr(phi.spans[0].first, phi.spans[0].second - phi.spans[0].first) == "b<|end|>\n");
   BOOST_TEST(phi.text.substr(phi.spans[2].first) == "f<|end|>\n<|endoftext|>");
-  // Mistral moves the system prompt into the last user turn.
+  // Mistral puts the system prompt into the last user turn only when the conversation ends there:
+  // each turn's prompt has it, the whole conversation not.
   const ChatSample mistral = make_chat_sample(conversation("system_multi_turn"), fixture_template("mistral-7b-instruct-v0.3"),
                                               bytes, false, 1 << 20);
-  BOOST_TEST(mistral.misaligned_turns == 1u);
+  BOOST_TEST(mistral.misaligned_turns == 2u);
   ChatLoad load;
   load.conversations = 3, load.assistant_turns = 5, load.misaligned_turns = 1, load.misaligned_conversations = 1;
   BOOST_TEST(chat_alignment_warning(load, "f.jsonl").find("in 1 of 3 conversations, 1 of 5 assistant turns take no loss") !=
@@ -247,4 +249,30 @@ BOOST_AUTO_TEST_CASE(where_the_template_comes_from) {
   BOOST_TEST(find_chat_template(config, model, "").render(messages, false) == "DE");
   const std::string broken = dir.write("b.jinja", "line 1\n{{ x | nosuchfilter }}");
   BOOST_TEST(error_of([&] { find_chat_template(broken, "", ""); }) == broken + ":2: no filter named 'nosuchfilter'");
+}
+
+// `shardlm preprocess DECK --out FILE`: one JSON line per sample with the text, the ids and the
+// mask training uses (input/demo.ini with chat data and the byte tokenizer).
+BOOST_AUTO_TEST_CASE(preprocess_writes_what_training_sees) {
+  TempDir dir("chat_preprocess");
+  const std::string data = dir.write("chat.jsonl",
+      R"({"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]})" "\n"
+      R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]})" "\n");
+  const std::string out = (dir.root / "samples.jsonl").string();
+  const std::vector<std::string> args = {SHARDLM_SOURCE_DIR "/input/demo.ini", "--data.format=chat",
+                                         "--data.train_file=" + data, "--data.eval_file=",
+                                         "--data.chat_template=" + kChat + "templates/qwen2.5-instruct.jinja",
+                                         "--out", out};
+  BOOST_REQUIRE_EQUAL(command_preprocess(args), 0);
+  std::ifstream in(out);
+  std::string line;
+  std::vector<Json> lines;
+  while (std::getline(in, line)) lines.push_back(Json::parse(line));
+  BOOST_REQUIRE_EQUAL(lines.size(), 2u);
+  const ChatSample s = make_chat_sample(conversation("one_turn"), fixture_template("qwen2.5-instruct"), ByteTokenizer(),
+                                        false, 256);
+  BOOST_TEST(lines[0]["text"].get<std::string>() == s.text);
+  BOOST_TEST(lines[0]["input_ids"].get<std::vector<int32_t>>() == s.ids);
+  BOOST_TEST(lines[0]["loss_mask"].get<std::vector<int>>() == std::vector<int>(s.trained.begin(), s.trained.end()));
+  BOOST_TEST(command_preprocess({SHARDLM_SOURCE_DIR "/input/demo.ini", "--limit", "zero"}) == 2);
 }
