@@ -14,8 +14,7 @@ using namespace shardlm;
 
 namespace {
 
-// A ChatML template and 48 conversations whose answers follow from the question (the word reversed).
-std::string write_chat_files(const std::string& dir) {
+void write_chat_files_here(const std::string& dir) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/chatml.jinja")
       << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -31,6 +30,13 @@ std::string write_chat_files(const std::string& dir) {
                                {{"role", "assistant"}, {"content", r}}}}};
     data << record.dump() << "\n";
   }
+}
+
+// A ChatML template and 48 conversations whose answers follow from the question (the word reversed),
+// written by rank 0 while the others wait.
+std::string write_chat_files(const std::string& dir) {
+  if (world_rank() == 0) write_chat_files_here(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
   return dir;
 }
 
@@ -45,7 +51,7 @@ RunConfig chat_config(const std::string& name) {
   cfg.data.format = DataFormat::Chat;
   cfg.data.train_file = files + "/chat.jsonl";
   cfg.data.chat_template = files + "/chatml.jinja";
-  cfg.data.max_length = 96;
+  cfg.data.max_length = 160;  // byte tokens: the longest conversation is about 125
   cfg.train.batch_size = 8;
   cfg.train.micro_batch_size = 2;
   cfg.train.epochs = 6;
@@ -93,7 +99,7 @@ BOOST_AUTO_TEST_CASE(packed_and_unpacked_give_the_same_losses) {
   RunConfig unpacked = chat_config("unpacked");
   unpacked.train.max_steps = 6;
   RunConfig packed = unpacked;
-  packed.data.packing = true;
+  packed.data.packing = packed.model.packed = true;  // a deck sets both from data.packing
   packed.run.dir += "_packed";
   const TrainResult u = train(unpacked, MPI_COMM_WORLD, quiet());
   const TrainResult p = train(packed, MPI_COMM_WORLD, quiet());
