@@ -85,7 +85,7 @@ BOOST_AUTO_TEST_CASE(snippets_render_as_jinja2) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(chat_templates_render_as_transformers) {
+BOOST_AUTO_TEST_CASE(chat_templates_render_as_recorded) {
   const Json cases = read_json(kChat + "cases.json");
   const Json tokens = read_json(kChat + "templates/tokens.json");
   for (const std::string& file : expectation_files()) {
