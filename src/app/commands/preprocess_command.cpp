@@ -52,7 +52,7 @@ PreprocessArgs parse_args(const std::vector<std::string>& args) {
 }
 
 // A sample as preprocess shows it: text, ids and a 0/1 per token; `spans` are the trained bytes of
-// `text` where they are known exactly (chat), else empty.
+// `text` where they are known exactly (chat, not cut), else empty.
 struct Shown {
   std::string text;
   std::vector<int32_t> ids;
@@ -69,7 +69,7 @@ std::vector<Shown> chat_samples(const RunConfig& cfg, const std::string& path, c
     if (limit > 0 && out.size() >= limit) break;
     ChatSample s = make_chat_sample(c, tmpl, tok, cfg.data.train_on_prompt, cfg.data.max_length);
     out.push_back({std::move(s.text), std::move(s.ids), std::move(s.trained),
-                   cfg.data.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{} : std::move(s.spans), s.cut,
+                   cfg.data.train_on_prompt || s.cut ? std::vector<std::pair<size_t, size_t>>{} : std::move(s.spans), s.cut,
                    s.misaligned_turns});
   }
   return out;
