@@ -116,5 +116,5 @@ BOOST_AUTO_TEST_CASE(deck_format_chess_reads_games) {
   BOOST_TEST(load_examples(cfg.data.format, cfg.data.train_file, ByteTokenizer(), opt).size() == 3u);
   const std::string m = error_of([&] { load_run_config(deck, {"--data.format=pgn"}, 1); });
   BOOST_TEST(contains(m, "data.format"), m);
-  BOOST_TEST(contains(m, "squad, jsonl or chess"), m);
+  BOOST_TEST(contains(m, "squad, jsonl, chess or chat"), m);
 }

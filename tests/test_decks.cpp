@@ -65,11 +65,19 @@ const std::map<std::string, std::string> kModelConfigs = {
                                           "original_max_position_embeddings": 8192, "rope_type": "llama3"},
                          "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": false,
                          "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})"},
+{"llama-3.1-8b-instruct", R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+                         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+                         "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                         "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": false,
+                         "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})"},
 };
 
 const char* kSquadRecord =
     R"({"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.",
         "qas": [{"id": "q1", "question": "Where is Paris?", "answers": [{"answer_start": 12, "text": "France"}]}]}]}]})";
+const char* kChatRecord = R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})";
 const char* kChessRecord = R"({"Moves": ["e2e4", "e7e5", "g1f3"], "Termination": "NORMAL", "Result": "1-0"})";
 
 // ---- the decks ------------------------------------------------------------------------------
@@ -98,6 +106,8 @@ std::vector<DeckCase> deck_cases() {
       {"chess/codellama7b.ini", 8, 4, "codellama-7b", {"data/chess/train.jsonl", "data/chess/eval.jsonl"}, {}},
       {"llama/llama31-8b.ini", 8, 4, "llama-3.1-8b", kSquadFiles, {}},
       {"llama/llama31-8b-lora.ini", 1, 4, "llama-3.1-8b", kSquadFiles, {}},
+      {"llama/llama31-8b-instruct-chat-lora.ini", 1, 4, "llama-3.1-8b-instruct",
+       {"data/chat/train.jsonl", "data/chat/eval.jsonl"}, {}},
       {"squad/bloom560m-lora.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
@@ -122,7 +132,8 @@ fs::path lay_out(const DeckCase& c, const fs::path& work) {
     write_file(folder / "models" / c.model / "tokenizer.json", kTinyTokenizerJson);
   }
   for (const std::string& f : c.data_files)
-    write_file(folder / f, f.find("chess") != std::string::npos ? kChessRecord : kSquadRecord);
+    write_file(folder / f, f.find("chess") != std::string::npos ? kChessRecord
+                           : f.find("chat") != std::string::npos ? kChatRecord : kSquadRecord);
   return deck;
 }
 

@@ -17,7 +17,8 @@ namespace shardlm {
 
 // The deck's word-valued keys, parsed once here (src/config/choices.cpp names them; the deck's
 // spelling is the name in lower case).
-enum class DataFormat { Squad, Jsonl, Chess };             // data.format
+enum class DataFormat { Squad, Jsonl, Chess, Chat };       // data.format
+enum class ChatFormat { Auto, Messages, Sharegpt, Alpaca };  // data.chat_format
 enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: auto | byte | a path
 enum class LrSchedule { Linear, Constant };                // train.lr_schedule
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
@@ -28,6 +29,7 @@ enum class NoSync { Auto, Off, Replicate, Full };         // fsdp.no_sync
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
 const char* data_format_name(DataFormat f);                // "squad", ...
+const char* chat_format_name(ChatFormat f);                // "auto" | "messages" | "sharegpt" | "alpaca"
 const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | "file"
 const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant"
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
@@ -60,6 +62,11 @@ struct DataSection {
   // Auto: model.dir's tokenizer.json, else byte (a deck resolves it at load); File: tokenizer_file.
   TokenizerSource tokenizer = TokenizerSource::Auto;
   std::string tokenizer_file;  // a tokenizer.json (a folder holding one is resolved to its file at load)
+  // data.format = chat: the records' layout, the template (a .jinja file or a tokenizer_config.json;
+  // empty: model.dir's) and whether the prompt's tokens take a loss too (default: assistant turns only).
+  ChatFormat chat_format = ChatFormat::Auto;
+  std::string chat_template;
+  bool train_on_prompt = false;
 };
 
 struct TrainSection {

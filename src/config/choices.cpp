@@ -14,7 +14,8 @@ const char* name_of(E value, const char* const (&names)[N]) {
 
 }  // namespace
 
-const char* data_format_name(DataFormat f) { return name_of(f, {"squad", "jsonl", "chess"}); }
+const char* data_format_name(DataFormat f) { return name_of(f, {"squad", "jsonl", "chess", "chat"}); }
+const char* chat_format_name(ChatFormat f) { return name_of(f, {"auto", "messages", "sharegpt", "alpaca"}); }
 const char* tokenizer_source_name(TokenizerSource t) { return name_of(t, {"auto", "byte", "file"}); }
 const char* lr_schedule_name(LrSchedule s) { return name_of(s, {"linear", "constant"}); }
 const char* backward_prefetch_name(BackwardPrefetch p) { return name_of(p, {"pre", "post", "none"}); }

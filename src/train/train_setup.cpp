@@ -10,6 +10,7 @@
 #include "run_id.hpp"
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
+#include "shardlm/chat.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/fsdp.hpp"
 #include "shardlm/io.hpp"
@@ -97,6 +98,17 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
   return load_examples(data.format, path, tok, dataset_options(data, limit, seed));
 }
 
+// A data file of the run; a chat file says once (rank 0) how many assistant turns take no loss.
+std::vector<Example> load_run_dataset(TrainRun& run, const std::string& path, size_t limit) {
+  const RunConfig& cfg = run.cfg;
+  if (cfg.data.format != DataFormat::Chat) return load_dataset(cfg.data, path, limit, cfg.train.seed, *run.tokenizer);
+  ChatLoad load = load_chat(cfg.data, cfg.model.dir, cfg.tokenizer_json(), path, *run.tokenizer,
+                            dataset_options(cfg.data, limit, cfg.train.seed));
+  const std::string warning = chat_alignment_warning(load, path);
+  if (!warning.empty()) run.say(warning);
+  return std::move(load.examples);
+}
+
 // How many segments metrics.jsonl already holds (one 'setup' record each): a resume appends the
 // next. Lines that are not whole records (a crash mid-write) are not counted.
 int segments_in(const std::filesystem::path& metrics) {
@@ -141,9 +153,9 @@ void load_inputs(TrainRun& run) {
   SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
                 " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
                 cfg.model.vocab_size);
-  run.train_set = load_dataset(cfg.data, cfg.data.train_file, cfg.data.train_size, cfg.train.seed, *run.tokenizer);
+  run.train_set = load_run_dataset(run, cfg.data.train_file, cfg.data.train_size);
   if (!cfg.data.eval_file.empty()) {
-    run.eval_set = load_dataset(cfg.data, cfg.data.eval_file, cfg.data.eval_size, cfg.train.seed, *run.tokenizer);
+    run.eval_set = load_run_dataset(run, cfg.data.eval_file, cfg.data.eval_size);
     if (run.generate_answers)
       run.questions =
           load_squad_questions(cfg.data.eval_file, dataset_options(cfg.data, cfg.data.eval_size, cfg.train.seed));

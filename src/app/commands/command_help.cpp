@@ -23,6 +23,7 @@ const char* kShardlmUsage =
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
+    "  preprocess DECK [--out F] [--limit N]  the samples training will see: text, tokens, loss mask\n"
     "  import-accelerate CONFIG.yaml -o DECK  a deck from an Accelerate FSDP config and TrainingArguments\n"
     "  eval --predictions FILE DATA           SQuAD exact match and F1 of a predictions file\n"
     "\n"
@@ -127,6 +128,23 @@ const char* kPlanUsage =
     "  --json                print the plan as one JSON object\n"
     "  -h, --help            print this text\n";
 
+const char* kPreprocessUsage =
+    "usage: shardlm preprocess DECK [--section.key=value ...] [--out FILE] [--limit N] [--eval]\n"
+    "\n"
+    "Shows what training will see without training: each sample of data.train_file as the deck reads\n"
+    "it (data.format, the tokenizer, data.max_length; for chat data the rendering by the chat template\n"
+    "and the assistant turns that take the loss). Without --out it prints the first samples (3, or\n"
+    "--limit) with the trained spans marked (green on a terminal, else between [[ and ]]); a summary\n"
+    "line gives the samples, tokens, the share of trained tokens and the samples cut at max_length.\n"
+    "Runs without mpirun.\n"
+    "\n"
+    "  --section.key=value   override one key of the deck, as for train\n"
+    "  --out FILE            write one JSON line per sample: {\"text\", \"input_ids\", \"loss_mask\"}\n"
+    "                        (loss_mask: 1 where the token takes a loss); the summary goes to stderr\n"
+    "  --limit N             only the first N records\n"
+    "  --eval                data.eval_file instead of data.train_file\n"
+    "  -h, --help            print this text\n";
+
 const char* kImportAccelerateUsage =
     "usage: shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK [--section.key=value ...]\n"
     "\n"
@@ -179,6 +197,8 @@ std::string docs_line(const std::string& command) {
     s += page("deck.md", "eval.generate and the scores a run writes (section [eval])");
   else if (command == "plan")
     s += page("plan.md", "every column, and how the sizes are computed");
+  else if (command == "preprocess")
+    s += page("data.md", "the data formats, chat templates and which tokens take the loss");
   else if (command == "import-accelerate")
     s += page("accelerate.md", "every Accelerate and TrainingArguments key, what it becomes") +
          page("deck.md", "every deck key");
@@ -201,6 +221,7 @@ std::string command_help(const std::string& command) {
                       : command == "export"    ? kExportUsage
                       : command == "report"    ? kReportUsage
                       : command == "plan"      ? kPlanUsage
+                      : command == "preprocess" ? kPreprocessUsage
                       : command == "import-accelerate" ? kImportAccelerateUsage
                       : command == "eval"      ? kEvalUsage
                       : command == "comm-test" ? comm_test_usage()

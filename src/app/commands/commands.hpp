@@ -21,6 +21,10 @@ int command_report(const std::vector<std::string>& args);
 int command_eval(const std::vector<std::string>& args);
 // `shardlm plan DECK [...]`: per-rank memory of each strategy, max micro-batch, a recommendation; serial, no MPI.
 int command_plan(const std::vector<std::string>& args);
+// `shardlm preprocess DECK [--out FILE] [--limit N] [--eval]`: each sample's text, token ids and loss
+// mask as training sees them (JSON lines, or a terminal view marking the trained spans) and a
+// summary; serial, no MPI.
+int command_preprocess(const std::vector<std::string>& args);
 // `shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK`: a deck from an
 // Accelerate FSDP config and Hugging Face TrainingArguments; serial, no MPI.
 int command_import_accelerate(const std::vector<std::string>& args);

@@ -1,0 +1,144 @@
+#define BOOST_TEST_MODULE test_jinja
+#include <boost/test/unit_test.hpp>
+
+// Tests of the Jinja interpreter (src/data/jinja*.cpp) against the renderings of
+// tests/fixtures/chat: expected.json (made by transformers with render_fixtures.py) and
+// expected_jinja2.json (made by jinja2 configured as transformers configures it), byte for byte:
+// Jinja snippets, and six public chat templates on every prefix of each conversation with and
+// without the generation prompt, refusals included.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "jinja.hpp"
+
+using namespace shardlm;
+using namespace shardlm::jinja;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+const std::string kChat = SHARDLM_SOURCE_DIR "/tests/fixtures/chat/";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  BOOST_REQUIRE_MESSAGE(in, "cannot open " + path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Json read_json(const std::string& path) { return Json::parse(read_file(path)); }
+
+// The expectation files present: transformers' own when render_fixtures.py has been run with it.
+std::vector<std::string> expectation_files() {
+  std::vector<std::string> files;
+  for (const char* name : {"expected.json", "expected_jinja2.json"})
+    if (std::filesystem::exists(kChat + name)) files.push_back(kChat + name);
+  return files;
+}
+
+Dict dict_of(const Json& object) { return Value::from_json(object).entries(); }
+
+// Renders and compares with one recorded outcome ({"text"} or {"error", "error_type"}).
+void check_outcome(const Template& t, const Dict& vars, const Json& expected, const std::string& what) {
+  std::string text;
+  try {
+    text = t.render(vars);
+  } catch (const TemplateError& e) {
+    BOOST_TEST_INFO(what << ": " << e.what());
+    BOOST_REQUIRE(expected.contains("error"));
+    if (expected["error_type"] == "TemplateError") {  // raise_exception: the same words
+      BOOST_TEST(e.raised());
+      BOOST_TEST(e.message() == expected["error"].get<std::string>());
+    }
+    return;
+  }
+  BOOST_TEST_INFO(what);
+  BOOST_REQUIRE_MESSAGE(expected.contains("text"), what + ": rendered, expected the error " + expected.dump());
+  BOOST_TEST(text == expected["text"].get<std::string>());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fixtures_exist) { BOOST_TEST(!expectation_files().empty()); }
+
+BOOST_AUTO_TEST_CASE(snippets_render_as_jinja2) {
+  const Json cases = read_json(kChat + "cases.json");
+  for (const std::string& file : expectation_files()) {
+    const Json expected = read_json(file);
+    for (const Json& snippet : cases["snippets"]) {
+      const std::string name = snippet["name"];
+      const std::string what = file + " snippet " + name;
+      const Json& outcome = expected["snippets"][name];
+      std::unique_ptr<Template> t;
+      try {
+        t = std::make_unique<Template>(snippet["template"].get<std::string>(), "snippet " + name);
+      } catch (const TemplateError& e) {
+        BOOST_TEST_INFO(what << ": " << e.what());
+        BOOST_TEST(outcome.contains("error"));
+        continue;
+      }
+      check_outcome(*t, dict_of(snippet["context"]), outcome, what);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(chat_templates_render_as_recorded) {
+  const Json cases = read_json(kChat + "cases.json");
+  const Json tokens = read_json(kChat + "templates/tokens.json");
+  for (const std::string& file : expectation_files()) {
+    const Json expected = read_json(file);
+    for (const auto& [name, special] : tokens.items()) {
+      const Template t(read_file(kChat + "templates/" + name + ".jinja"), name + ".jinja");
+      for (const Json& conversation : cases["conversations"]) {
+        const std::string case_name = conversation["name"];
+        const Json& prefixes = expected["templates"][name][case_name];
+        const Json& messages = conversation["messages"];
+        for (size_t k = 1; k <= messages.size(); ++k) {
+          for (bool generation : {false, true}) {
+            Dict vars;
+            vars.set("messages", Value::from_json(Json(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(k))));
+            vars.set("add_generation_prompt", Value::boolean(generation));
+            vars.set("tools", Value::none());
+            vars.set("documents", Value::none());
+            for (const auto& [key, token] : special.items())
+              if (!token.is_null()) vars.set(key, Value::string(token.get<std::string>()));
+            check_outcome(t, vars, prefixes[k - 1][generation ? "gen" : "plain"],
+                          concat(file, " ", name, " ", case_name, " prefix ", k, generation ? " +gen" : ""));
+          }
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(errors_name_the_template_and_line) {
+  auto message_of = [](const std::string& text) {
+    try {
+      Template t(text, "t.jinja");
+      t.render({});
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  BOOST_TEST(message_of("a\n{{ x | frobnicate }}") == "t.jinja:2: no filter named 'frobnicate'");
+  BOOST_TEST(message_of("a\n\n{% if x %}open").find("t.jinja:3: the 'if' opened here is not closed") == 0);
+  BOOST_TEST(message_of("{{ 1 + }}").find("t.jinja:1: expected an expression") == 0);
+  BOOST_TEST(message_of("x\n{% frob %}").find("t.jinja:2: unknown or unsupported tag 'frob'") == 0);
+  BOOST_TEST(message_of("x\n{{ 'a' ") == "t.jinja:2: a tag is not closed");
+  BOOST_TEST(message_of("\n\n{{ raise_exception('no system role') }}") ==
+             "t.jinja:3: the template refuses the input: no system role");
+  BOOST_TEST(message_of("{{ missing.attr }}") == "t.jinja:1: 'missing' is undefined");
+}
+
+BOOST_AUTO_TEST_CASE(python_float_repr) {
+  BOOST_TEST(python_float(0.1 + 0.2) == "0.30000000000000004");
+  BOOST_TEST(python_float(1e16) == "1e+16");
+  BOOST_TEST(python_float(123456789012345.0) == "123456789012345.0");
+  BOOST_TEST(python_float(0.0001) == "0.0001");
+  BOOST_TEST(python_float(0.00001) == "1e-05");
+  BOOST_TEST(python_float(-2.5) == "-2.5");
+}
