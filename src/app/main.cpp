@@ -73,14 +73,9 @@ int main(int argc, char** argv) {
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
   if (args[0] == "report") return without_mpi(args[0], shardlm::command_report, args);
   // plan only sizes buffers: no MPI either.
-<<<<<<< HEAD
   if (args[0] == "plan") return without_mpi(args[0], shardlm::command_plan, args);
-=======
-  if (args[0] == "plan") return shardlm::command_plan(std::vector<std::string>(args.begin() + 1, args.end()));
   // preprocess only reads the data and the tokenizer: no MPI.
-  if (args[0] == "preprocess")
-    return shardlm::command_preprocess(std::vector<std::string>(args.begin() + 1, args.end()));
->>>>>>> helper-chat
+  if (args[0] == "preprocess") return without_mpi(args[0], shardlm::command_preprocess, args);
   // eval scores a predictions file: no MPI.
   if (args[0] == "eval") return without_mpi(args[0], shardlm::command_eval, args);
 
