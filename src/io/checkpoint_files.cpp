@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -86,7 +87,7 @@ std::string latest_target(const std::string& dir) {
 namespace ckpt {
 
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
-                        int keep_last) {
+                        int keep_last, const std::string& keep_name) {
   try {
     sync_path(tmp_path);
     rename_path(tmp_path, final_path);
@@ -101,11 +102,15 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
   sync_path(dir);
 
   const std::vector<Found> finished = list_checkpoints(dir, false);
-  if (keep_last > 0 && finished.size() > static_cast<size_t>(keep_last)) {
-    const size_t extra = finished.size() - static_cast<size_t>(keep_last);
+  // The best checkpoint (keep_name) is kept beside the last keep_last, not counted among them.
+  std::vector<Found> counted;
+  for (const Found& f : finished)
+    if (keep_name.empty() || f.path.filename() != keep_name || keep_name == name) counted.push_back(f);
+  if (keep_last > 0 && counted.size() > static_cast<size_t>(keep_last)) {
+    const size_t extra = counted.size() - static_cast<size_t>(keep_last);
     for (size_t i = 0; i < extra; ++i) {
       // Never delete the checkpoint just written, even if an older run left higher steps here.
-      if (finished[i].path.filename() != name) remove_file(finished[i].path);
+      if (counted[i].path.filename() != name) remove_file(counted[i].path);
     }
   }
   // Temporaries of earlier steps belong to jobs killed mid-write; this run has gone past them.
@@ -115,6 +120,26 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
 }
 
 }  // namespace ckpt
+
+void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss) {
+  char loss[64];
+  std::snprintf(loss, sizeof loss, "%.17g", eval_loss);
+  replace_file((fs::path(dir) / kBestFile).string(), concat(name, "\neval_loss ", loss, "\n"), "best checkpoint pointer");
+  sync_path(dir);
+}
+
+bool read_best_pointer(const std::string& dir, std::string* name, double* eval_loss) {
+  std::ifstream in(fs::path(dir) / kBestFile);
+  if (!in) return false;
+  std::string file, word;
+  double loss = 0;
+  if (!std::getline(in, file) || !(in >> word >> loss) || word != "eval_loss" || file.empty()) return false;
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(dir) / file, ec)) return false;
+  *name = file;
+  *eval_loss = loss;
+  return true;
+}
 
 std::vector<std::string> resume_candidates(const std::string& dir, std::string* note) {
   std::vector<std::string> out;

@@ -169,7 +169,7 @@ void check_output_folders(const RunConfig& cfg) {
 }
 
 RunReplacement claim_run_folder(const RunConfig& cfg) {
-  static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|latest(\.tmp)?)");
+  static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|(latest|best)(\.tmp)?)");
   const bool fresh = cfg.checkpoint.resume == ResumeFrom::None || cfg.checkpoint.load_weights_only;
   std::error_code ec;
   for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
@@ -196,7 +196,7 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
   std::ostringstream list;
   size_t listed = 0;
   for (const fs::path& p : found) {
-    if (p.extension() == ".h5" || p.extension() == ".tmp" || p.filename() == "latest") continue;
+    if (p.extension() == ".h5" || p.extension() == ".tmp" || p.filename() == "latest" || p.filename() == "best") continue;
     list << (listed++ ? ", " : "") << p.filename().string();
   }
   if (checkpoints > 0) list << (listed++ ? ", " : "") << checkpoints << " checkpoint(s) in " << cfg.checkpoint_dir();
