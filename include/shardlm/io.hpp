@@ -98,8 +98,9 @@ struct CheckpointWriteOptions {
   std::string keep_name;
 };
 // DIR/best (checkpoint.keep_best): the file name of the checkpoint with the best eval loss on its first
-// line and that loss on the second, replaced through a rename as DIR/latest is.
-void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss);
+// line and that loss on the second, replaced through a rename as DIR/latest is; then the previous best
+// goes if it is not among the last keep_last (0 keeps all).
+void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss, int keep_last);
 // The checkpoint file name DIR/best holds and its eval loss; false when there is no DIR/best or it
 // names a file that is gone.
 bool read_best_pointer(const std::string& dir, std::string* name, double* eval_loss);

@@ -86,6 +86,21 @@ std::string latest_target(const std::string& dir) {
 
 namespace ckpt {
 
+void prune_checkpoints(const std::string& dir, int keep_last, const std::string& keep_name, const std::string& newest) {
+  const std::vector<Found> finished = list_checkpoints(dir, false);
+  // The best checkpoint (keep_name) is kept beside the last keep_last, not counted among them.
+  std::vector<Found> counted;
+  for (const Found& f : finished)
+    if (keep_name.empty() || f.path.filename() != keep_name || keep_name == newest) counted.push_back(f);
+  if (keep_last > 0 && counted.size() > static_cast<size_t>(keep_last)) {
+    const size_t extra = counted.size() - static_cast<size_t>(keep_last);
+    for (size_t i = 0; i < extra; ++i) {
+      // Never delete the checkpoint just written, even if an older run left higher steps here.
+      if (counted[i].path.filename() != newest) remove_file(counted[i].path);
+    }
+  }
+}
+
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
                         int keep_last, const std::string& keep_name) {
   try {
@@ -101,18 +116,7 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
   write_latest(dir, name);
   sync_path(dir);
 
-  const std::vector<Found> finished = list_checkpoints(dir, false);
-  // The best checkpoint (keep_name) is kept beside the last keep_last, not counted among them.
-  std::vector<Found> counted;
-  for (const Found& f : finished)
-    if (keep_name.empty() || f.path.filename() != keep_name || keep_name == name) counted.push_back(f);
-  if (keep_last > 0 && counted.size() > static_cast<size_t>(keep_last)) {
-    const size_t extra = counted.size() - static_cast<size_t>(keep_last);
-    for (size_t i = 0; i < extra; ++i) {
-      // Never delete the checkpoint just written, even if an older run left higher steps here.
-      if (counted[i].path.filename() != name) remove_file(counted[i].path);
-    }
-  }
+  prune_checkpoints(dir, keep_last, keep_name, name);
   // Temporaries of earlier steps belong to jobs killed mid-write; this run has gone past them.
   const long step = std::stol(name.substr(5, name.size() - 8));
   for (const Found& t : list_checkpoints(dir, true))
@@ -121,11 +125,14 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
 
 }  // namespace ckpt
 
-void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss) {
+void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss, int keep_last) {
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.17g", eval_loss);
   replace_file((fs::path(dir) / kBestFile).string(), concat(name, "\neval_loss ", loss, "\n"), "best checkpoint pointer");
   sync_path(dir);
+  // The best before this one goes now if keep_last would have pruned it.
+  const std::string latest = latest_target(dir);
+  prune_checkpoints(dir, keep_last, name, latest.empty() ? name : fs::path(latest).filename().string());
 }
 
 bool read_best_pointer(const std::string& dir, std::string* name, double* eval_loss) {

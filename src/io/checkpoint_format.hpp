@@ -320,5 +320,8 @@ inline void agree_on_error(MPI_Comm comm, const std::string& local_error) {
 // and deletes abandoned temporaries of earlier steps. Throws Error naming the path at fault.
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
                         int keep_last, const std::string& keep_name = "");
+// Deletes the oldest checkpoints of DIR beyond keep_last (0 keeps all), never keep_name (DIR/best's,
+// not counted) nor `newest` (the one just written).
+void prune_checkpoints(const std::string& dir, int keep_last, const std::string& keep_name, const std::string& newest);
 
 }  // namespace shardlm::ckpt

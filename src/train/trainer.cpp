@@ -121,7 +121,7 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
       }
       best = {true, ev.loss, std::filesystem::path(result.last_checkpoint).filename().string()};
       run_collectively(comm, [&] {
-        if (run.rank == 0) write_best_pointer(cfg.checkpoint_dir(), best.name, best.loss);
+        if (run.rank == 0) write_best_pointer(cfg.checkpoint_dir(), best.name, best.loss, cfg.checkpoint.keep_last);
       });
       run.say(concat("best checkpoint: ", best.name, " (eval_loss ", ev.loss, ")"));
       run.record({{"type", "best_checkpoint"}, {"step", pos.step}, {"path", result.last_checkpoint}, {"eval_loss", ev.loss}});
