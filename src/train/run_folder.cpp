@@ -213,6 +213,13 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
         (name == "deck.resolved.ini" || name == "run_id" || name == "metrics.jsonl" || std::regex_match(name, trace_file)))
       found.push_back(e.path());
   }
+  // Its TensorBoard events files too, so TensorBoard does not show the two runs as one.
+  static const std::regex events_file(R"(events\.out\.tfevents\..*)");
+  const fs::path tensorboard = fs::path(cfg.run.dir) / "tensorboard";
+  if (fs::is_directory(tensorboard, ec))
+    for (const fs::directory_entry& e : fs::directory_iterator(tensorboard))
+      if (e.is_regular_file() && !e.is_symlink() && std::regex_match(e.path().filename().string(), events_file))
+        found.push_back(e.path());
   return RunReplacement(std::move(found), cfg.run.dir, list.str());
 }
 
