@@ -112,28 +112,32 @@ std::string scalars_event(double wall_time, int64_t step, const std::vector<std:
   return e;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& folder) {
-  std::error_code ec;
-  std::filesystem::create_directories(folder, ec);
-  if (ec) throw Error(concat("cannot create the TensorBoard folder '", folder, "': ", ec.message()));
-  char host[256] = "host";
-  gethostname(host, sizeof host - 1);
-  const double t = now_seconds();
-  const std::string base = concat(folder, "/events.out.tfevents.", static_cast<long long>(t), ".", host);
-  // A resume within the same second on the same host gets its own file too.
-  for (int n = 0; fd_ < 0; ++n) {
-    path_ = n == 0 ? base : concat(base, ".", n);
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0 && errno != EEXIST) throw Error(concat("cannot create '", path_, "': ", std::strerror(errno)));
-  }
-  write(file_version_event(t));
-}
+// The file is made at the first scalars, not here: a run that fails before it logs anything (a
+// run.overwrite that puts the earlier run back) leaves no file of its own. Until then path_ is the folder.
+TensorBoardWriter::TensorBoardWriter(const std::string& folder) : path_(folder) {}
 
 TensorBoardWriter::~TensorBoardWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+  if (fd_ < 0) {
+    const std::string folder = path_;
+    std::error_code ec;
+    std::filesystem::create_directories(folder, ec);
+    if (ec) throw Error(concat("cannot create the TensorBoard folder '", folder, "': ", ec.message()));
+    char host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    const double t = now_seconds();
+    const std::string base = concat(folder, "/events.out.tfevents.", static_cast<long long>(t), ".", host);
+    // A resume within the same second on the same host gets its own file too.
+    for (int n = 0; fd_ < 0; ++n) {
+      path_ = n == 0 ? base : concat(base, ".", n);
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+      if (fd_ < 0 && errno != EEXIST) throw Error(concat("cannot create '", path_, "': ", std::strerror(errno)));
+    }
+    write(file_version_event(t));
+  }
   write(scalars_event(now_seconds(), step, values));
 }
 
