@@ -183,11 +183,11 @@ BOOST_AUTO_TEST_CASE(every_key_of_both_files_has_a_comment_line) {
 BOOST_AUTO_TEST_CASE(differences_are_warned) {
   const std::string yaml = std::string(kFsdpYaml) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 100000000\n";
   const AccelerateImport im = import_accelerate(yaml, "c.yaml",
-                                                R"({"lr_scheduler_type": "cosine", "report_to": ["wandb"], "optim": "adafactor",
-                                                    "warmup_ratio": 0.1, "num_train_epochs": 2.5, "eval_strategy": "steps"})",
+                                                R"({"lr_scheduler_type": "inverse_sqrt", "report_to": ["wandb"], "optim": "adafactor",
+                                                    "num_train_epochs": 2.5, "eval_strategy": "steps"})",
                                                 "a.json", {}, "test");
   for (const char* w : {"fsdp_auto_wrap_policy", "fsdp_min_num_params", "lr_scheduler_type", "report_to", "optim",
-                        "warmup_ratio", "num_train_epochs", "eval_strategy"})
+                        "num_train_epochs", "eval_strategy"})
     BOOST_CHECK_MESSAGE(has_warning(im, w), "no warning for " << w);
   BOOST_TEST(contains(im.deck, "lr_schedule = linear"));
   BOOST_TEST(contains(im.deck, "epochs = 3"));
@@ -201,10 +201,54 @@ BOOST_AUTO_TEST_CASE(differences_are_warned) {
   BOOST_TEST(has_warning(quiet, "fsdp_auto_wrap_policy absent"));
 }
 
-BOOST_AUTO_TEST_CASE(warmup_ratio_becomes_steps_with_max_steps) {
+BOOST_AUTO_TEST_CASE(warmup_ratio_stays_a_ratio) {
   const std::string deck = converted_text(kFsdpYaml, R"({"warmup_ratio": 0.1, "max_steps": 250})");
-  BOOST_TEST(contains(deck, "warmup_steps = 25"));
+  BOOST_TEST(contains(deck, "warmup_steps = 0"));
+  BOOST_TEST(contains(deck, "warmup_ratio = 0.1"));
   BOOST_TEST(contains(deck, "max_steps = 250"));
+  // transformers 5 spells a ratio as warmup_steps below 1; warmup_steps wins over warmup_ratio.
+  BOOST_TEST(contains(converted_text(kFsdpYaml, R"({"warmup_steps": 0.05})"), "warmup_ratio = 0.05"));
+  const std::string both = converted_text(kFsdpYaml, R"({"warmup_steps": 7, "warmup_ratio": 0.1})");
+  BOOST_TEST(contains(both, "warmup_steps = 7"));
+  BOOST_TEST(!contains(both, "warmup_ratio = 0.1"));
+}
+
+// transformers' schedules keep their names and arguments (lr_scheduler_kwargs).
+BOOST_AUTO_TEST_CASE(schedules_and_their_arguments_are_mapped) {
+  const std::string cosine = converted_text(
+      kFsdpYaml, R"({"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1, "num_cycles": 0.5}})");
+  BOOST_TEST(contains(cosine, "lr_schedule = cosine_with_min_lr"));
+  BOOST_TEST(contains(cosine, "min_lr_ratio = 0.1"));
+  BOOST_TEST(contains(cosine, "lr_num_cycles = 0.5"));
+  const std::string poly = converted_text(
+      kFsdpYaml, R"({"lr_scheduler_type": "polynomial", "learning_rate": 1e-4, "lr_scheduler_kwargs": {"power": 2.0, "lr_end": 1e-6}})");
+  BOOST_TEST(contains(poly, "lr_schedule = polynomial"));
+  BOOST_TEST(contains(poly, "lr_power = 2"));
+  BOOST_TEST(contains(poly, "lr_end = 1e-06"));
+  for (const char* name : {"cosine", "cosine_with_restarts", "constant_with_warmup"})
+    BOOST_TEST(contains(converted_text(kFsdpYaml, concat(R"({"lr_scheduler_type": ")", name, R"("})")),
+                        concat("lr_schedule = ", name, "\n")), name);
+  // Trainer's constant ignores the warm-up: the deck says 0 and the importer warns.
+  const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", R"({"lr_scheduler_type": "constant", "warmup_steps": 10})",
+                                                "a.json", {}, "test");
+  BOOST_TEST(contains(im.deck, "warmup_steps = 0"));
+  BOOST_TEST(has_warning(im, "warmup_steps"));
+}
+
+// eval_strategy steps, eval_steps and load_best_model_at_end with an eval file.
+BOOST_AUTO_TEST_CASE(evaluation_by_steps_and_the_best_checkpoint_are_mapped) {
+  const AccelerateImport im = import_accelerate(
+      kFsdpYaml, "c.yaml",
+      R"({"eval_strategy": "steps", "eval_steps": 50, "load_best_model_at_end": true, "metric_for_best_model": "eval_loss"})",
+      "a.json", {"--data.eval_file=e.json"}, "test");
+  BOOST_TEST(contains(im.deck, "every_steps = 50"));
+  BOOST_TEST(contains(im.deck, "keep_best = eval_loss"));
+  BOOST_TEST(has_warning(im, "load_best_model_at_end"));  // kept, not loaded at the end
+  const AccelerateImport other = import_accelerate(
+      kFsdpYaml, "c.yaml", R"({"eval_strategy": "steps", "load_best_model_at_end": true, "metric_for_best_model": "accuracy"})",
+      "a.json", {"--data.eval_file=e.json"}, "test");
+  BOOST_TEST(has_warning(other, "metric_for_best_model"));
+  BOOST_TEST(contains(other.deck, "every_steps = 500"));  // eval_steps null: logging_steps, Trainer's default 500
 }
 
 BOOST_AUTO_TEST_CASE(training_arguments_win_over_accelerate_as_in_trainer) {

@@ -321,6 +321,78 @@ Outcome run_command(const std::string& cmd) {
 
 }  // namespace
 
+// eval.every_steps, checkpoint.keep_best and TensorBoard on the demo: the best checkpoint survives
+// keep_last's pruning and a resume, which writes a second events file; a bf16 run exports bf16 by
+// default (as save_pretrained); early stopping stops where Trainer's callback would.
+BOOST_AUTO_TEST_CASE(evaluation_by_steps_keeps_the_best_and_writes_tensorboard) {
+  const fs::path dir = scratch("cli_habits");
+  const std::string args = " --eval.every_steps=4 --checkpoint.keep_best=eval_loss --checkpoint.keep_last=1"
+                           " --checkpoint.every=4 --fsdp.param_dtype=bf16 --eval.generate=none --run.dir=" + dir.string();
+  Outcome o = run_shardlm(1, "train " + kDemo + " --train.max_steps=12" + args);
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  auto records = [&](const std::string& type) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("type", "") == type) out.push_back(j);
+    }
+    return out;
+  };
+  std::vector<long> eval_steps;
+  for (const nlohmann::json& e : records("eval")) eval_steps.push_back(e.at("step").get<long>());
+  BOOST_TEST((eval_steps == std::vector<long>{4, 8, 12}));  // every 4, the last one the epoch's (once)
+  auto best_name = [&] {
+    std::ifstream in(dir / "checkpoints" / "best");
+    std::string name;
+    std::getline(in, name);
+    return name;
+  };
+  const std::string best = best_name();
+  BOOST_TEST_REQUIRE(!best.empty());
+  BOOST_TEST(fs::exists(dir / "checkpoints" / best));
+  BOOST_TEST(fs::exists(dir / "checkpoints" / "ckpt-00000012.h5"));  // the last, kept beside the best
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints")) files += e.path().extension() == ".h5";
+  BOOST_TEST(files == (best == "ckpt-00000012.h5" ? 1u : 2u));
+  BOOST_TEST(!records("best_checkpoint").empty());
+  auto event_files = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir / "tensorboard"))
+      n += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+    return n;
+  };
+  BOOST_TEST(event_files() == 1u);
+
+  Outcome resumed = run_shardlm(1, "train " + kDemo + " --train.max_steps=16 --checkpoint.resume=auto" + args);
+  BOOST_TEST_INFO(resumed.output);
+  BOOST_TEST_REQUIRE(resumed.exit_code == 0);
+  BOOST_TEST(resumed.output.find("best checkpoint so far: " + best) != std::string::npos);
+  BOOST_TEST(event_files() == 2u);  // a resume appends a new file to the folder
+  BOOST_TEST(fs::exists(dir / "checkpoints" / best_name()));
+
+  // Export defaults to the dtype the run trained in.
+  Outcome exported = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf").string());
+  BOOST_TEST_REQUIRE(exported.exit_code == 0, exported.output);
+  std::ifstream config_file(dir / "hf" / "config.json");
+  BOOST_TEST(nlohmann::json::parse(config_file).at("torch_dtype") == "bfloat16");
+  Outcome fp32 = run_shardlm(1, "export " + (dir / "checkpoints").string() + " " + (dir / "hf32").string() + " --dtype fp32");
+  BOOST_TEST_REQUIRE(fp32.exit_code == 0, fp32.output);
+  std::ifstream config32(dir / "hf32" / "config.json");
+  BOOST_TEST(nlohmann::json::parse(config32).at("torch_dtype") == "float32");
+
+  // Early stopping: a threshold no evaluation can beat stops at the second evaluation (patience 1).
+  const fs::path early = scratch("cli_early_stop");
+  Outcome stopped = run_shardlm(1, "train " + kDemo + " --train.max_steps=12 --eval.every_steps=2 --eval.generate=none"
+                                   " --train.early_stopping_patience=1 --train.early_stopping_threshold=100 --run.dir=" +
+                                   early.string());
+  BOOST_TEST_INFO(stopped.output);
+  BOOST_TEST_REQUIRE(stopped.exit_code == 0);
+  BOOST_TEST(stopped.output.find("early stopping at step 4") != std::string::npos);
+  BOOST_TEST(stopped.output.find("done: 4 steps") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(hdf5_tools_read_a_checkpoint_with_readable_names) {
   // The checkpoint format promises that the standard HDF5 tools read it: they must be installed.
   if (std::system("command -v h5ls > /dev/null 2>&1 && command -v h5dump > /dev/null 2>&1") != 0)

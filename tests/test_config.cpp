@@ -78,7 +78,7 @@ BOOST_AUTO_TEST_CASE(values_are_parsed) {
       "[data]\nformat = jsonl\ntrain_file = train.json\neval_file = eval.json\nmax_length = 64\n"
       "train_size = 100\neval_size = 10\ntokenizer = byte\n"
       "[train]\nepochs = 3\nbatch_size = 16\nmicro_batch_size = 2\nlr = 3e-4\nweight_decay = 0\n"
-      "warmup_steps = 5\nlr_schedule = constant\nadam_beta1 = 0.8\nadam_beta2 = 0.95\n"
+      "warmup_steps = 5\nlr_schedule = constant_with_warmup\nadam_beta1 = 0.8\nadam_beta2 = 0.95\n"
       "adam_eps = 1e-6\nmax_grad_norm = 0.5\nseed = 18446744073709551615\nshuffle = no\n"
       "log_every = 7\nmax_steps = 20\n"
       "[fsdp]\nstrategy = shard_grad_op\nparam_dtype = bf16\nreduce_dtype = FP16\n"
@@ -104,7 +104,7 @@ BOOST_AUTO_TEST_CASE(values_are_parsed) {
   BOOST_TEST(c.train.lr == 3e-4);
   BOOST_TEST(c.train.weight_decay == 0.0);
   BOOST_TEST(c.train.warmup_steps == 5);
-  BOOST_TEST(c.train.lr_schedule == LrSchedule::Constant);
+  BOOST_TEST(c.train.lr_schedule == LrSchedule::ConstantWithWarmup);
   BOOST_TEST(c.train.adam_beta1 == 0.8);
   BOOST_TEST(c.train.adam_beta2 == 0.95);
   BOOST_TEST(c.train.adam_eps == 1e-6);
@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 75u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 85u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -146,9 +146,9 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
                                                           "checkpoint.resume", "checkpoint.at_end",
                                                           "checkpoint.collective_buffering",
                                                           "checkpoint.load_weights_only",
-                                                          "checkpoint.allow_new_batch"}));
+                                                          "checkpoint.allow_new_batch", "checkpoint.keep_best"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
-  BOOST_TEST(c.resolved.back().first == "run.trace_step");
+  BOOST_TEST(c.resolved.back().first == "run.tensorboard");
 }
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {
@@ -172,6 +172,56 @@ BOOST_AUTO_TEST_CASE(eval_generation_keys) {
     chosen.push_back(std::string("--eval.generate=") + choice);
     BOOST_TEST(eval_generate_name(load(llama_cuda, chosen).eval.generate) == std::string(choice));
   }
+}
+
+// transformers' schedule names and arguments, the warm-up ratio, evaluation by steps, the best
+// checkpoint, early stopping and TensorBoard: parsed, written back, and refused where they would do nothing.
+BOOST_AUTO_TEST_CASE(schedule_evaluation_and_tensorboard_keys) {
+  const RunConfig d = load(kBase);
+  BOOST_TEST(d.train.warmup_ratio == 0.0);
+  BOOST_TEST(d.train.lr_end == 1e-7);
+  BOOST_TEST(d.run.tensorboard);
+  BOOST_TEST((d.checkpoint.keep_best == KeepBest::None));
+  BOOST_TEST(value_of(d, "checkpoint.keep_best") == "none");
+  for (const char* name : {"linear", "constant", "constant_with_warmup", "cosine", "cosine_with_restarts", "polynomial",
+                           "cosine_with_min_lr"})
+    BOOST_TEST(value_of(load(kBase + "lr_schedule = " + name + "\n"), "train.lr_schedule") == name);
+  const RunConfig c = load(kBase + "warmup_ratio = 0.1\nlr_schedule = cosine_with_min_lr\nmin_lr_ratio = 0.1\n"
+                                   "lr_num_cycles = 1\nearly_stopping_patience = 3\nearly_stopping_threshold = 0.01\n"
+                                   "[data]\neval_file = eval.json\n[eval]\nevery_steps = 50\n"
+                                   "[checkpoint]\nkeep_best = eval_loss\n[run]\ntensorboard = false\n");
+  BOOST_TEST(c.train.warmup_ratio == 0.1);
+  BOOST_TEST(c.train.min_lr_ratio == 0.1);
+  BOOST_TEST(c.train.lr_num_cycles == 1.0);
+  BOOST_TEST(c.train.early_stopping_patience == 3);
+  BOOST_TEST(c.train.early_stopping_threshold == 0.01);
+  BOOST_TEST(c.eval.every_steps == 50);
+  BOOST_TEST((c.checkpoint.keep_best == KeepBest::EvalLoss));
+  BOOST_TEST(!c.run.tensorboard);
+  BOOST_TEST(value_of(c, "train.warmup_ratio") == "0.1");
+  BOOST_TEST(value_of(c, "checkpoint.keep_best") == "eval_loss");
+  BOOST_TEST(value_of(c, "run.tensorboard") == "false");
+  const RunConfig p = load(kBase + "lr_schedule = polynomial\nlr_power = 2\nlr_end = 1e-6\n");
+  BOOST_TEST(p.train.lr_power == 2.0);
+  BOOST_TEST(p.train.lr_end == 1e-6);
+  // Refused: a key the chosen schedule ignores, a warm-up transformers' constant would ignore.
+  BOOST_TEST(has(error_of([&] { load(kBase + "warmup_steps = 3\nlr_schedule = constant\n"); }),
+                 "train.lr_schedule = constant: has no warm-up"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "warmup_ratio = 0.1\nlr_schedule = constant\n"); }), "constant_with_warmup"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "min_lr_ratio = 0.1\nlr_schedule = cosine\n"); }),
+                 "train.min_lr_ratio = 0.1: is cosine_with_min_lr's floor"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr_num_cycles = 2\n"); }), "train.lr_num_cycles = 2: applies to the cosine"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr_power = 2\n"); }), "train.lr_power = 2: applies to the polynomial"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr_schedule = polynomial\nlr_end = 1\n"); }),
+                 "train.lr_end = 1: must be below train.lr"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "warmup_ratio = 1.5\n"); }), "train.warmup_ratio = 1.5: must be in [0, 1]"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[eval]\nevery_steps = 5\n"); }), "eval.every_steps = 5: needs data.eval_file"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[checkpoint]\nkeep_best = eval_loss\n"); }),
+                 "checkpoint.keep_best = eval_loss: needs data.eval_file"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[checkpoint]\nkeep_best = accuracy\n"); }),
+                 "checkpoint.keep_best = 'accuracy': must be none or eval_loss"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "early_stopping_patience = 2\n"); }),
+                 "train.early_stopping_patience = 2: needs data.eval_file"));
 }
 
 BOOST_AUTO_TEST_CASE(booleans) {
@@ -256,8 +306,8 @@ BOOST_AUTO_TEST_CASE(bad_values) {
   BOOST_TEST(has(error_of([&] { load(kBase + "epochs = 99999999999\n"); }), "out of range"));
   BOOST_TEST(has(error_of([&] { load(kBase + "adam_beta2 = 1\n"); }), "train.adam_beta2 = 1"));
   BOOST_TEST(has(error_of([&] { load(kBase + "seed = -3\n"); }), "train.seed = -3: must be >= 0"));
-  BOOST_TEST(has(error_of([&] { load(kBase + "lr_schedule = cosine\n"); }),
-                 "train.lr_schedule = 'cosine'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "lr_schedule = cosine_annealing\n"); }),
+                 "train.lr_schedule = 'cosine_annealing'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[data]\nmax_length = 4\n"); }), "data.max_length = 4"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[data]\nformat = csv\n"); }), "data.format = 'csv'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[fsdp]\nparam_dtype = fp8\n"); }),

@@ -88,7 +88,8 @@ BOOST_AUTO_TEST_CASE(linear_schedule_with_warmup) {
   BOOST_TEST(scheduled_lr(LrSchedule::Linear, 1.0, 12, 4, 12) == 0.0);
   BOOST_TEST(scheduled_lr(LrSchedule::Linear, 2.0, 0, 0, 10) == 2.0);
   BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 9, 3, 10) == 2.0);
-  BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 1, 4, 10) == 0.5);
+  BOOST_TEST(scheduled_lr(LrSchedule::ConstantWithWarmup, 2.0, 1, 4, 10) == 0.5);
+  BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 1, 4, 10) == 2.0);  // transformers' constant: no warm-up
 }
 
 BOOST_AUTO_TEST_CASE(clipping_factor) {

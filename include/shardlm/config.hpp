@@ -20,7 +20,8 @@ namespace shardlm {
 enum class DataFormat { Squad, Jsonl, Chess, Chat };       // data.format
 enum class ChatFormat { Auto, Messages, Sharegpt, Alpaca };  // data.chat_format
 enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: auto | byte | a path
-enum class LrSchedule { Linear, Constant };                // train.lr_schedule
+// train.lr_schedule: transformers' get_scheduler names (src/optim/schedule.cpp).
+enum class LrSchedule { Linear, Constant, ConstantWithWarmup, Cosine, CosineWithRestarts, Polynomial, CosineWithMinLr };
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
 enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
 enum class OffloadRootUpdate { Auto, Host, Device };       // fsdp.offload_root_update
@@ -28,10 +29,11 @@ enum class RootReduction { Auto, Split, Whole };           // fsdp.root_reductio
 enum class NoSync { Auto, Off, Replicate, Full };         // fsdp.no_sync
 enum class EvalGenerate { End, Epoch, None };              // eval.generate
 enum class ResumeFrom { None, Auto, Path };                // checkpoint.resume: none | auto | a path
+enum class KeepBest { None, EvalLoss };                     // checkpoint.keep_best
 const char* data_format_name(DataFormat f);                // "squad", ...
 const char* chat_format_name(ChatFormat f);                // "auto" | "messages" | "sharegpt" | "alpaca"
 const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | "file"
-const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant"
+const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant" | "cosine" | ...
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
 const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
 const char* offload_root_update_name(OffloadRootUpdate r); // "auto" | "host" | "device"
@@ -39,6 +41,7 @@ const char* root_reduction_name(RootReduction r);          // "auto" | "split" |
 const char* no_sync_name(NoSync n);                        // "auto" | "off" | "replicate" | "full"
 const char* eval_generate_name(EvalGenerate g);            // "end" | "epoch" | "none"
 const char* resume_from_name(ResumeFrom r);                // "none" | "auto" | "path"
+const char* keep_best_name(KeepBest k);                    // "none" | "eval_loss"
 const char* backend_name(BackendKind b);                   // run.backend: "cpu" | "cuda"
 const char* attention_impl_name(AttentionImpl a);          // model.attention: "auto" | "cudnn" | "native"
 const char* lora_init_name(LoraInit i);                    // lora.init: "kaiming" | "gaussian"
@@ -76,7 +79,18 @@ struct TrainSection {
   double lr = 5e-5;
   double weight_decay = 0.01;
   int warmup_steps = 0;
+  double warmup_ratio = 0;   // of the run's steps, rounded up; used when warmup_steps is 0 (Trainer's rule)
   LrSchedule lr_schedule = LrSchedule::Linear;
+  // The schedules' arguments (transformers' lr_scheduler_kwargs): 0 cycles = the schedule's default
+  // (cosine 0.5, cosine_with_restarts 1); polynomial's power and final rate; cosine_with_min_lr's floor.
+  double lr_num_cycles = 0;
+  double lr_power = 1.0;
+  double lr_end = 1e-7;
+  double min_lr_ratio = 0;
+  // Trainer's EarlyStoppingCallback on the eval loss: stop after `patience` evaluations in a row
+  // that do not improve on the best by more than `threshold`; 0 = off.
+  int early_stopping_patience = 0;
+  double early_stopping_threshold = 0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
@@ -132,6 +146,7 @@ struct EvalSection {
   EvalGenerate generate = EvalGenerate::End;  // End: after the last epoch | Epoch: after every epoch | None
   int max_new_tokens = 50;       // tokens generated per answer at most (EOS ends it earlier)
   int batch_size = 0;            // prompts decoded together on a rank; 0 = train.micro_batch_size
+  int every_steps = 0;           // the eval loss every N optimizer steps too (beside each epoch's); 0 = none
 };
 
 struct DistSection {
@@ -149,6 +164,7 @@ struct CheckpointSection {
   bool collective_buffering = false;  // MPI-IO two-phase aggregation of the slices (parallel file systems)
   bool load_weights_only = false;     // resume takes only the parameters: a fresh run from another model config
   bool allow_new_batch = false;       // resume a checkpoint written with another train.batch_size
+  KeepBest keep_best = KeepBest::None;  // EvalLoss: the checkpoint of the lowest eval loss kept beside the last N (DIR/best)
 };
 
 struct RunSection {
@@ -160,6 +176,7 @@ struct RunSection {
   // timeline is written to dir/trace_stepN_rankR.json for each rank R, with a "trace" record per rank
   // in metrics.jsonl; 0 = none.
   int trace_step = 0;
+  bool tensorboard = true;  // rank 0 writes dir/tensorboard/events.out.tfevents.* (TensorBoard's scalars)
 };
 
 // data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.

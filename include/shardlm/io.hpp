@@ -94,7 +94,16 @@ struct CheckpointWriteOptions {
   // Each rank writes its slice of a vector in H5Dwrite calls of at most this many bytes, and the
   // disk write of each starts as soon as it returns.
   size_t piece_bytes = size_t{32} << 20;
+  // A checkpoint file name of DIR that keep_last pruning never deletes (DIR/best's: checkpoint.keep_best).
+  std::string keep_name;
 };
+// DIR/best (checkpoint.keep_best): the file name of the checkpoint with the best eval loss on its first
+// line and that loss on the second, replaced through a rename as DIR/latest is; then the previous best
+// goes if it is not among the last keep_last (0 keeps all).
+void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss, int keep_last);
+// The checkpoint file name DIR/best holds and its eval loss; false when there is no DIR/best or it
+// names a file that is gone.
+bool read_best_pointer(const std::string& dir, std::string* name, double* eval_loss);
 CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, const CheckpointMeta& meta,
                                      const std::vector<UnitState>& units, MPI_Comm comm,
                                      const CheckpointWriteOptions& options = {});

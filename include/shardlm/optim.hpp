@@ -97,9 +97,24 @@ class AdamW final : public Optimizer {
   long step_ = 0;
 };
 
-// Learning rate for optimizer step `step` (0-based) of `total`: linear warmup from 0 over
-// `warmup` steps, then constant or linear decay to 0 at `total` (as transformers' schedules).
-double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total);
+// The schedules' arguments beside their name (transformers' lr_scheduler_kwargs): num_cycles 0 is
+// the schedule's default (cosine and cosine_with_min_lr 0.5, cosine_with_restarts 1).
+struct LrScheduleArgs {
+  double num_cycles = 0;
+  double power = 1.0;       // polynomial
+  double lr_end = 1e-7;     // polynomial: the rate at the last step
+  double min_lr_ratio = 0;  // cosine_with_min_lr: the floor, as a fraction of base_lr (min_lr_rate)
+};
+LrScheduleArgs lr_schedule_args(const TrainSection& train);
+
+// Learning rate for optimizer step `step` (0-based) of `total`, with `warmup` warm-up steps, as
+// transformers' get_scheduler(name) gives it (src/optim/schedule.cpp; tests/test_schedules.cpp checks
+// it against transformers' own values). `constant` ignores the warm-up, as transformers' does.
+double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total,
+                    const LrScheduleArgs& args = {});
+// The warm-up steps of a run of `total` steps: warmup_steps when > 0, else ceil(warmup_ratio x total)
+// (TrainingArguments.get_warmup_steps).
+long resolved_warmup_steps(int warmup_steps, double warmup_ratio, long total);
 
 // Factor to multiply gradients by so their global norm is at most max_norm (1 when max_norm is 0
 // or the norm is already within it), as torch.nn.utils.clip_grad_norm_.

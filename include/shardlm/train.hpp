@@ -19,7 +19,7 @@ struct TrainOptions {
 struct TrainResult {
   std::vector<double> step_losses;  // mean token loss of every optimizer step this run took
   std::vector<double> grad_norms;   // global gradient norm of every step, before clipping
-  std::vector<double> eval_losses;  // one per epoch when there is an eval set
+  std::vector<double> eval_losses;  // one per evaluation (each epoch, every eval.every_steps) when there is an eval set
   double exact_match = NAN;         // SQuAD EM / F1 (percent) of the last generation, NaN when none ran
   double f1 = NAN;
   double train_loss = 0;            // mean of step_losses
@@ -38,6 +38,8 @@ struct TrainResult {
   bool preempted = false;           // stopped by SIGTERM/SIGUSR1/SIGUSR2 after writing a checkpoint
   bool nothing_to_do = false;       // resumed from a checkpoint at the run's last step: nothing trained or recorded
   std::string last_checkpoint;      // path of the last checkpoint written, if any
+  bool early_stopped = false;       // train.early_stopping_patience evaluations without improvement
+  std::string best_checkpoint;      // checkpoint.keep_best: the checkpoint of the best eval loss, if any
 };
 
 // Trains the model the config describes on the ranks of `comm`, writing metrics.jsonl and the

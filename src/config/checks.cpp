@@ -70,6 +70,40 @@ void check_run_config(const RunConfig& cfg, int world_size) {
                        t.micro_batch_size, ") x world size (", world_size, "): ", fix));
   }
 
+  // The schedule's arguments act on their own schedules only (transformers' get_scheduler refuses or
+  // ignores the others): a key that would do nothing is an error, not a silent no-op.
+  const LrSchedule sched = t.lr_schedule;
+  if (sched == LrSchedule::Constant && (t.warmup_steps > 0 || t.warmup_ratio > 0))
+    bad_value("train.lr_schedule", "constant",
+              "has no warm-up (as transformers' constant): use constant_with_warmup, or set train.warmup_steps and "
+              "train.warmup_ratio to 0");
+  const bool cosine = sched == LrSchedule::Cosine || sched == LrSchedule::CosineWithRestarts ||
+                      sched == LrSchedule::CosineWithMinLr;
+  if (t.lr_num_cycles > 0 && !cosine)
+    bad_value("train.lr_num_cycles", format_double(t.lr_num_cycles),
+              concat("applies to the cosine schedules, not ", lr_schedule_name(sched)));
+  if (t.min_lr_ratio > 0 && sched != LrSchedule::CosineWithMinLr)
+    bad_value("train.min_lr_ratio", format_double(t.min_lr_ratio),
+              concat("is cosine_with_min_lr's floor: set train.lr_schedule = cosine_with_min_lr (now ",
+                     lr_schedule_name(sched), ")"));
+  if (sched != LrSchedule::Polynomial && (t.lr_power != 1.0 || t.lr_end != 1e-7))
+    bad_value(t.lr_power != 1.0 ? "train.lr_power" : "train.lr_end",
+              format_double(t.lr_power != 1.0 ? t.lr_power : t.lr_end),
+              concat("applies to the polynomial schedule, not ", lr_schedule_name(sched)));
+  if (sched == LrSchedule::Polynomial && !(t.lr_end < t.lr))
+    bad_value("train.lr_end", format_double(t.lr_end),
+              concat("must be below train.lr (", format_double(t.lr), "), as transformers' polynomial schedule requires"));
+
+  // Evaluation-driven keys need an eval set.
+  if (cfg.data.eval_file.empty()) {
+    if (cfg.eval.every_steps > 0)
+      bad_value("eval.every_steps", std::to_string(cfg.eval.every_steps), "needs data.eval_file");
+    if (cfg.checkpoint.keep_best != KeepBest::None)
+      bad_value("checkpoint.keep_best", keep_best_name(cfg.checkpoint.keep_best), "needs data.eval_file");
+    if (t.early_stopping_patience > 0)
+      bad_value("train.early_stopping_patience", std::to_string(t.early_stopping_patience), "needs data.eval_file");
+  }
+
   int rpn = cfg.dist.ranks_per_node;
   if (rpn > 0 && world_size % rpn != 0)
     bad_value("dist.ranks_per_node", std::to_string(rpn),

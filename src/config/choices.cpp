@@ -17,7 +17,10 @@ const char* name_of(E value, const char* const (&names)[N]) {
 const char* data_format_name(DataFormat f) { return name_of(f, {"squad", "jsonl", "chess", "chat"}); }
 const char* chat_format_name(ChatFormat f) { return name_of(f, {"auto", "messages", "sharegpt", "alpaca"}); }
 const char* tokenizer_source_name(TokenizerSource t) { return name_of(t, {"auto", "byte", "file"}); }
-const char* lr_schedule_name(LrSchedule s) { return name_of(s, {"linear", "constant"}); }
+const char* lr_schedule_name(LrSchedule s) {
+  return name_of(s, {"linear", "constant", "constant_with_warmup", "cosine", "cosine_with_restarts", "polynomial",
+                     "cosine_with_min_lr"});
+}
 const char* backward_prefetch_name(BackwardPrefetch p) { return name_of(p, {"pre", "post", "none"}); }
 const char* offload_accumulate_name(OffloadAccumulate a) { return name_of(a, {"host", "device"}); }
 const char* offload_root_update_name(OffloadRootUpdate r) { return name_of(r, {"auto", "host", "device"}); }
@@ -25,6 +28,7 @@ const char* root_reduction_name(RootReduction r) { return name_of(r, {"auto", "s
 const char* no_sync_name(NoSync n) { return name_of(n, {"auto", "off", "replicate", "full"}); }
 const char* eval_generate_name(EvalGenerate g) { return name_of(g, {"end", "epoch", "none"}); }
 const char* resume_from_name(ResumeFrom r) { return name_of(r, {"none", "auto", "path"}); }
+const char* keep_best_name(KeepBest k) { return name_of(k, {"none", "eval_loss"}); }
 const char* backend_name(BackendKind b) { return name_of(b, {"cpu", "cuda"}); }
 const char* attention_impl_name(AttentionImpl a) { return name_of(a, {"auto", "cudnn", "native"}); }
 const char* lora_init_name(LoraInit i) { return name_of(i, {"kaiming", "gaussian"}); }

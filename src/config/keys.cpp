@@ -237,6 +237,7 @@ static KeySpec resume_key(const char* name) {
 static const char* positive(double v) { return v > 0 ? nullptr : "must be > 0"; }
 static const char* non_negative(double v) { return v >= 0 ? nullptr : "must be >= 0"; }
 static const char* unit_interval(double v) { return v >= 0 && v < 1 ? nullptr : "must be in [0, 1)"; }
+static const char* unit_closed(double v) { return v >= 0 && v <= 1 ? nullptr : "must be in [0, 1]"; }
 
 static std::vector<KeySpec> build_table() {
   return {
@@ -290,8 +291,15 @@ static std::vector<KeySpec> build_table() {
       double_key("train.lr", SHARDLM_FIELD(train.lr), positive),
       double_key("train.weight_decay", SHARDLM_FIELD(train.weight_decay), non_negative),
       int_key("train.warmup_steps", SHARDLM_FIELD(train.warmup_steps), 0, "must be >= 0"),
-      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), {LrSchedule::Linear, LrSchedule::Constant},
+      double_key("train.warmup_ratio", SHARDLM_FIELD(train.warmup_ratio), unit_closed),
+      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule),
+               {LrSchedule::Linear, LrSchedule::Constant, LrSchedule::ConstantWithWarmup, LrSchedule::Cosine,
+                LrSchedule::CosineWithRestarts, LrSchedule::Polynomial, LrSchedule::CosineWithMinLr},
                lr_schedule_name),
+      double_key("train.lr_num_cycles", SHARDLM_FIELD(train.lr_num_cycles), non_negative),
+      double_key("train.lr_power", SHARDLM_FIELD(train.lr_power), positive),
+      double_key("train.lr_end", SHARDLM_FIELD(train.lr_end), non_negative),
+      double_key("train.min_lr_ratio", SHARDLM_FIELD(train.min_lr_ratio), unit_closed),
       double_key("train.adam_beta1", SHARDLM_FIELD(train.adam_beta1), unit_interval),
       double_key("train.adam_beta2", SHARDLM_FIELD(train.adam_beta2), unit_interval),
       double_key("train.adam_eps", SHARDLM_FIELD(train.adam_eps), positive),
@@ -301,6 +309,9 @@ static std::vector<KeySpec> build_table() {
       flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1"),
       int_key("train.max_steps", SHARDLM_FIELD(train.max_steps), 0, "must be >= 0"),
+      int_key("train.early_stopping_patience", SHARDLM_FIELD(train.early_stopping_patience), 0,
+              "must be >= 0 (0 = no early stopping)"),
+      double_key("train.early_stopping_threshold", SHARDLM_FIELD(train.early_stopping_threshold), non_negative),
 
       strategy_key("fsdp.strategy"),
       dtype_key("fsdp.param_dtype", SHARDLM_FIELD(fsdp.param_dtype)),
@@ -326,6 +337,7 @@ static std::vector<KeySpec> build_table() {
                eval_generate_name),
       int_key("eval.max_new_tokens", SHARDLM_FIELD(eval.max_new_tokens), 1, "must be >= 1"),
       int_key("eval.batch_size", SHARDLM_FIELD(eval.batch_size), 0, "must be >= 0 (0 = train.micro_batch_size)"),
+      int_key("eval.every_steps", SHARDLM_FIELD(eval.every_steps), 0, "must be >= 0 (0 = after each epoch only)"),
 
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0"),
       double_key("dist.timeout", SHARDLM_FIELD(dist.timeout), positive),
@@ -338,12 +350,15 @@ static std::vector<KeySpec> build_table() {
       flag_key("checkpoint.collective_buffering", SHARDLM_FIELD(checkpoint.collective_buffering)),
       flag_key("checkpoint.load_weights_only", SHARDLM_FIELD(checkpoint.load_weights_only)),
       flag_key("checkpoint.allow_new_batch", SHARDLM_FIELD(checkpoint.allow_new_batch)),
+      enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), {KeepBest::None, KeepBest::EvalLoss},
+               keep_best_name),
 
       dir_key("run.dir"),
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), non_negative),
       flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite)),
       int_key("run.trace_step", SHARDLM_FIELD(run.trace_step), 0, "must be >= 0 (0 = no timeline)"),
+      flag_key("run.tensorboard", SHARDLM_FIELD(run.tensorboard)),
   };
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -87,8 +88,23 @@ std::string latest_target(const std::string& dir) {
 
 namespace ckpt {
 
+void prune_checkpoints(const std::string& dir, int keep_last, const std::string& keep_name, const std::string& newest) {
+  const std::vector<Found> finished = list_checkpoints(dir, false);
+  // The best checkpoint (keep_name) is kept beside the last keep_last, not counted among them.
+  std::vector<Found> counted;
+  for (const Found& f : finished)
+    if (keep_name.empty() || f.path.filename() != keep_name || keep_name == newest) counted.push_back(f);
+  if (keep_last > 0 && counted.size() > static_cast<size_t>(keep_last)) {
+    const size_t extra = counted.size() - static_cast<size_t>(keep_last);
+    for (size_t i = 0; i < extra; ++i) {
+      // Never delete the checkpoint just written, even if an older run left higher steps here.
+      if (counted[i].path.filename() != newest) remove_file(counted[i].path);
+    }
+  }
+}
+
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
-                        int keep_last) {
+                        int keep_last, const std::string& keep_name) {
   try {
     sync_path(tmp_path);
     rename_path(tmp_path, final_path);
@@ -102,14 +118,7 @@ void publish_checkpoint(const std::string& dir, const std::string& tmp_path, con
   write_latest(dir, name);
   sync_path(dir);
 
-  const std::vector<Found> finished = list_checkpoints(dir, false);
-  if (keep_last > 0 && finished.size() > static_cast<size_t>(keep_last)) {
-    const size_t extra = finished.size() - static_cast<size_t>(keep_last);
-    for (size_t i = 0; i < extra; ++i) {
-      // Never delete the checkpoint just written, even if an older run left higher steps here.
-      if (finished[i].path.filename() != name) remove_file(finished[i].path);
-    }
-  }
+  prune_checkpoints(dir, keep_last, keep_name, name);
   // Any other temporary belongs to a job killed mid-write (this job holds the folder's lock).
   for (const Found& t : list_checkpoints(dir, true)) remove_file(t.path);
 }
@@ -128,6 +137,31 @@ std::string remove_unfinished_checkpoints(const std::string& dir) {
   if (count == 0) return "";
   return concat("removed ", count, " unfinished checkpoint write(s) of a job stopped while writing (", names,
                 ") from ", dir);
+}
+
+void write_best_pointer(const std::string& dir, const std::string& name, double eval_loss, int keep_last) {
+  char loss[64];
+  std::snprintf(loss, sizeof loss, "%.17g", eval_loss);
+  replace_file((fs::path(dir) / kBestFile).string(), concat(name, "\neval_loss ", loss, "\n"), "best checkpoint pointer");
+  sync_path(dir);
+  // The best before this one goes now if keep_last would have pruned it.
+  const std::string latest = latest_target(dir);
+  prune_checkpoints(dir, keep_last, name, latest.empty() ? name : fs::path(latest).filename().string());
+}
+
+bool read_best_pointer(const std::string& dir, std::string* name, double* eval_loss) {
+  std::error_code ec;
+  // (A pipe or a folder in its place is no pointer: stat first, so that open() cannot wait on it.)
+  if (!fs::is_regular_file(fs::path(dir) / kBestFile, ec)) return false;
+  std::ifstream in(fs::path(dir) / kBestFile);
+  if (!in) return false;
+  std::string file, word;
+  double loss = 0;
+  if (!std::getline(in, file) || !(in >> word >> loss) || word != "eval_loss" || file.empty()) return false;
+  if (!fs::is_regular_file(fs::path(dir) / file, ec)) return false;
+  *name = file;
+  *eval_loss = loss;
+  return true;
 }
 
 std::vector<std::string> resume_candidates(const std::string& dir, std::string* note) {

@@ -23,6 +23,7 @@ constexpr const char* kUnitsGroup = "/units";
 constexpr const char* kIndexDataset = "index";
 constexpr const char* kChecksumAttr = "checksum";
 constexpr const char* kLatestFile = "latest";
+constexpr const char* kBestFile = "best";  // checkpoint.keep_best's pointer
 constexpr const char* kParamDataset = "param";
 // Root attributes a checkpoint may lack: files written before they were kept load without them.
 constexpr const char* kTokenizerHashAttr = "tokenizer_hash";
@@ -318,6 +319,9 @@ inline void agree_on_error(MPI_Comm comm, const std::string& local_error) {
 // at FINAL's name (written to latest.tmp, synced, renamed), prunes beyond keep_last (0 keeps all)
 // and deletes abandoned temporaries of earlier steps. Throws Error naming the path at fault.
 void publish_checkpoint(const std::string& dir, const std::string& tmp_path, const std::string& final_path,
-                        int keep_last);
+                        int keep_last, const std::string& keep_name = "");
+// Deletes the oldest checkpoints of DIR beyond keep_last (0 keeps all), never keep_name (DIR/best's,
+// not counted) nor `newest` (the one just written).
+void prune_checkpoints(const std::string& dir, int keep_last, const std::string& keep_name, const std::string& newest);
 
 }  // namespace shardlm::ckpt

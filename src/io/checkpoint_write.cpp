@@ -646,7 +646,7 @@ CheckpointWriteStats save_checkpoint(const std::string& dir, int keep_last, cons
   error.clear();
   if (rank == 0) {
     try {
-      publish_checkpoint(dir, tmp_path, final_path, keep_last);
+      publish_checkpoint(dir, tmp_path, final_path, keep_last, options.keep_name);
       bytes = fs::file_size(final_path);
     } catch (const std::exception& e) {
       error = e.what();

@@ -87,14 +87,6 @@ void AdamW::update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, 
   backend.adamw(piece(i, begin, end, {param, grad, state[0], state[1], 0, 0, out}, h.out_dtype), h, s);
 }
 
-double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup, long total) {
-  if (warmup > 0 && step < warmup) return base_lr * static_cast<double>(step) / static_cast<double>(warmup);
-  if (schedule == LrSchedule::Constant) return base_lr;
-  if (total <= warmup) return base_lr;
-  double remaining = static_cast<double>(total - step) / static_cast<double>(total - warmup);
-  return base_lr * (remaining > 0.0 ? remaining : 0.0);
-}
-
 double clip_factor(double grad_norm, double max_norm) {
   if (max_norm <= 0.0 || !std::isfinite(grad_norm)) return 1.0;
   double f = max_norm / (grad_norm + 1e-6);

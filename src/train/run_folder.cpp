@@ -175,7 +175,7 @@ void check_output_folders(const RunConfig& cfg) {
 }
 
 RunReplacement claim_run_folder(const RunConfig& cfg) {
-  static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|latest(\.tmp)?)");
+  static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|(latest|best)(\.tmp)?)");
   const bool fresh = cfg.checkpoint.resume == ResumeFrom::None || cfg.checkpoint.load_weights_only;
   std::error_code ec;
   for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
@@ -202,7 +202,7 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
   std::ostringstream list;
   size_t listed = 0;
   for (const fs::path& p : found) {
-    if (p.extension() == ".h5" || p.extension() == ".tmp" || p.filename() == "latest") continue;
+    if (p.extension() == ".h5" || p.extension() == ".tmp" || p.filename() == "latest" || p.filename() == "best") continue;
     list << (listed++ ? ", " : "") << p.filename().string();
   }
   if (checkpoints > 0) list << (listed++ ? ", " : "") << checkpoints << " checkpoint(s) in " << cfg.checkpoint_dir();
@@ -219,6 +219,13 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
         (name == "deck.resolved.ini" || name == "run_id" || name == "metrics.jsonl" || std::regex_match(name, trace_file)))
       found.push_back(e.path());
   }
+  // Its TensorBoard events files too, so TensorBoard does not show the two runs as one.
+  static const std::regex events_file(R"(events\.out\.tfevents\..*)");
+  const fs::path tensorboard = fs::path(cfg.run.dir) / "tensorboard";
+  if (fs::is_directory(tensorboard, ec))
+    for (const fs::directory_entry& e : fs::directory_iterator(tensorboard))
+      if (e.is_regular_file() && !e.is_symlink() && std::regex_match(e.path().filename().string(), events_file))
+        found.push_back(e.path());
   return RunReplacement(std::move(found), cfg.run.dir, list.str());
 }
 

@@ -17,7 +17,7 @@ CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash
   m.optimizer_steps = optimizer_steps;
   m.lr_schedule = lr_schedule_name(cfg.train.lr_schedule);
   m.base_lr = cfg.train.lr;
-  m.warmup_steps = cfg.train.warmup_steps;
+  m.warmup_steps = resolved_warmup_steps(cfg.train.warmup_steps, cfg.train.warmup_ratio, total_steps);
   m.total_steps = total_steps;
   m.world_size = world_size;
   m.shard_group_size = shard_group_size;
@@ -32,8 +32,10 @@ CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash
 }
 
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
-                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo) {
+                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
+                                      const std::string& keep_name) {
   CheckpointWriteOptions options;
+  options.keep_name = keep_name;
   options.collective_buffering = cfg.checkpoint.collective_buffering;
   CheckpointWriteStats stats = save_checkpoint(cfg.checkpoint_dir(), cfg.checkpoint.keep_last, meta, units, comm, options);
   const double rate = stats.seconds > 0 ? stats.bytes / stats.seconds : 0.0;

@@ -20,9 +20,10 @@ CheckpointMeta make_meta(const RunConfig& cfg, const std::string& tokenizer_hash
                          long epoch_step, long total_steps, long optimizer_steps, int world_size,
                          int shard_group_size, double loss_scale);
 
-// Writes a checkpoint and logs its size and write bandwidth.
+// Writes a checkpoint and logs its size and write bandwidth; keep_name (DIR/best's file) survives pruning.
 CheckpointWriteStats write_checkpoint(const RunConfig& cfg, const CheckpointMeta& meta,
-                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo);
+                                      const std::vector<UnitState>& units, MPI_Comm comm, bool echo,
+                                      const std::string& keep_name = "");
 // The metrics record of a written checkpoint.
 nlohmann::json checkpoint_record(long step, const CheckpointWriteStats& stats);
 

@@ -1,5 +1,6 @@
 // The evaluation after each epoch: the eval loss on every rank's share of the eval set and, for
 // SQuAD when eval.generate asks, greedy answers scored by exact match and F1 (predictions.json).
+#include <cmath>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -50,7 +51,17 @@ EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI
 
 }  // namespace
 
-EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result) {
+bool EarlyStopping::should_stop(double eval_loss) {
+  if (patience <= 0) return false;
+  if (!have_best || (eval_loss < best && std::abs(eval_loss - best) > threshold)) without_improvement = 0;
+  else without_improvement += 1;
+  // Trainer keeps the best metric of every evaluation, improved by any amount.
+  if (!have_best || eval_loss < best) best = eval_loss;
+  have_best = true;
+  return without_improvement >= patience;
+}
+
+EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result, bool epoch_end) {
   const RunConfig& cfg = run.cfg;
   run.progress.hide();
   EvalResult ev =
@@ -64,7 +75,7 @@ EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result)
   log.samples_per_second = ev.samples_per_second;
   log.steps_per_second = ev.steps_per_second;
   const bool last_eval = step >= run.total_steps || epoch == cfg.train.epochs - 1;
-  if (run.generate_answers && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) {
+  if (epoch_end && run.generate_answers && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) {
     const int batch = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : run.micro;
     const SquadGeneration g = squad_generate(*run.engine, run.eval_set, run.questions, *run.tokenizer, batch,
                                              cfg.eval.max_new_tokens, run.comm);
@@ -78,6 +89,12 @@ EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result)
   }
   run.say(eval_line(log));
   run.record(eval_record(log));
+  if (run.tensorboard) {
+    std::vector<std::pair<std::string, double>> scalars{{"eval/loss", log.loss}, {"eval/runtime", log.runtime}};
+    if (!std::isnan(log.exact_match)) scalars.emplace_back("eval/exact_match", log.exact_match);
+    if (!std::isnan(log.f1)) scalars.emplace_back("eval/f1", log.f1);
+    run.tensorboard->scalars(step, scalars);
+  }
   return log;
 }
 

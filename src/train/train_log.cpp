@@ -1,5 +1,6 @@
 // The log of the step loop: a train line and record every train.log_every steps, with the means
 // since the previous one, the MFU and every rank's peak memory; the peak the MFU is measured against.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,17 @@ double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& 
   log.gpu_memory = run.engine->device_peak_bytes() > 0;
   run.say(train_line(log));
   run.record(train_record(log));
+  if (run.tensorboard) {
+    // Named as Trainer's TensorBoard callback names them (train/...), plus throughput, MFU and memory.
+    double peak = 0;
+    for (double b : log.peak_memory_bytes) peak = std::max(peak, b);
+    std::vector<std::pair<std::string, double>> scalars{
+        {"train/loss", log.loss}, {"train/learning_rate", log.learning_rate}, {"train/grad_norm", log.grad_norm},
+        {"train/epoch", log.epoch}, {"train/tokens_per_second", log.tokens_per_second},
+        {"train/memory_gib", peak / static_cast<double>(1ull << 30)}};
+    if (log.mfu > 0) scalars.emplace_back("train/mfu", log.mfu);
+    run.tensorboard->scalars(log.step, scalars);
+  }
   run.keep_new_run();
   interval = LogInterval{};
   return log.loss;

@@ -14,6 +14,7 @@
 #include "engine.hpp"
 #include "metrics.hpp"
 #include "run_folder.hpp"
+#include "tensorboard.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
@@ -79,6 +80,7 @@ struct TrainRun {
   long steps_per_epoch = 0, total_steps = 0;
   double flops_per_token = 0;  // training FLOPs (forward + backward) per token, for the MFU
   MfuPeak peak;                // of one rank's device, for the MFU
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // rank 0 with run.tensorboard, from open_run_outputs
 };
 
 // Where the run is: optimizer steps taken, the position in the data after the last of them, and
@@ -151,8 +153,21 @@ MfuPeak resolve_mfu_peak(double peak_tflops, BackendKind backend, const std::str
                          const std::string& peaks_file);
 
 // ---- evaluation (train_eval.cpp) ------------------------------------------------------------
-// The eval loss after `epoch` (and the SQuAD answers when due), logged and recorded. Collective.
-EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result);
+// The eval loss after `epoch` or at step `step` inside it (eval.every_steps: epoch_end false), and
+// at an epoch's end the SQuAD answers when due; logged, recorded and written to TensorBoard. Collective.
+EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result, bool epoch_end = true);
+
+// Trainer's EarlyStoppingCallback on the eval loss: an evaluation counts against the patience unless
+// it is lower than the best before it by more than the threshold; the best is the lowest seen.
+struct EarlyStopping {
+  int patience = 0;  // 0: never stops
+  double threshold = 0;
+  bool have_best = false;
+  double best = 0;
+  int without_improvement = 0;
+  // Takes one evaluation's loss; true when training should stop.
+  bool should_stop(double eval_loss);
+};
 
 // ---- the end (train_summary.cpp) ------------------------------------------------------------
 struct RunTotals {

@@ -11,6 +11,7 @@
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
 #include "shardlm/chat.hpp"
+#include "shardlm/optim.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/fsdp.hpp"
 #include "shardlm/io.hpp"
@@ -258,7 +259,9 @@ void report_shape(TrainRun& run) {
                           {"packed_padding_share", pad.packed_share()},
                           {"micro_batches_per_epoch", pad.unpacked_micro_batches},
                           {"packed_micro_batches_per_epoch", pad.packed_micro_batches},
-                          {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps}};
+                          {"steps_per_epoch", run.steps_per_epoch}, {"total_steps", run.total_steps},
+                          {"warmup_steps", resolved_warmup_steps(cfg.train.warmup_steps, cfg.train.warmup_ratio,
+                                                                 run.total_steps)}};
   if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda) {
     setup["offload_root_update"] = offload_root_update_name(run.engine->options().offload_root_update);
     // The root's master and moments kept on the GPU (fsdp.offload_resident_gib), in bytes.
@@ -444,6 +447,8 @@ void open_run_outputs(TrainRun& run) {
     run.outputs_open = true;
     for (nlohmann::json& j : run.pending_records) run.metrics.write(j);
     run.pending_records.clear();
+    // A new events file per start, a resume's beside the earlier ones (TensorBoard reads them as one run).
+    if (cfg.run.tensorboard) run.tensorboard = std::make_unique<TensorBoardWriter>((dir / "tensorboard").string());
   });
 }
 

@@ -141,7 +141,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   model.zero_grad();
   double loss_sum = 0;
   StepOutcome out;
-  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step, cfg.train.warmup_steps, run.total_steps);
+  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step,
+                        resolved_warmup_steps(cfg.train.warmup_steps, cfg.train.warmup_ratio, run.total_steps),
+                        run.total_steps, lr_schedule_args(cfg.train));
   // Without clipping or loss scaling the step's gradient factor is known before its backward: an
   // offloaded engine then updates each unit as its gradient reaches the host (FsdpEngine::last_micro_step).
   const bool known = cfg.train.max_grad_norm <= 0 && !pos.scaling;

@@ -589,32 +589,50 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
 
   im.set("train.lr", number_text(number(t.get("learning_rate"), args_name + ": learning_rate")), t_origin("learning_rate"));
   const std::string sched = text(t.get("lr_scheduler_type"), args_name + ": lr_scheduler_type");
-  if (sched == "linear" || sched == "constant" || sched == "constant_with_warmup") {
-    im.set("train.lr_schedule", sched == "linear" ? "linear" : "constant", t_origin("lr_scheduler_type"));
+  // The schedules shardlm computes as transformers does (tests/test_schedules.cpp); others become linear.
+  static const std::set<std::string> kSchedules = {"linear", "constant", "constant_with_warmup", "cosine",
+                                                   "cosine_with_restarts", "polynomial", "cosine_with_min_lr"};
+  if (kSchedules.count(sched)) {
+    im.set("train.lr_schedule", sched, t_origin("lr_scheduler_type"));
   } else {
     im.set("train.lr_schedule", "linear", t_origin("lr_scheduler_type"));
     im.warn("train.lr_schedule", t_origin("lr_scheduler_type"),
-            concat("shardlm has the linear and constant schedules only: linear decay instead of ", sched));
+            concat("shardlm has transformers' linear, constant, constant_with_warmup, cosine, cosine_with_restarts, "
+                   "polynomial and cosine_with_min_lr schedules: linear decay instead of ", sched));
   }
-  if (sched == "constant" && number(t.get("warmup_steps"), args_name) > 0)
-    im.warn("train.lr_schedule", t_origin("lr_scheduler_type"),
-            "Trainer's constant schedule ignores warmup_steps; shardlm's warms up (constant_with_warmup)");
-  // Warm-up: steps, a ratio (warmup_ratio, or warmup_steps below 1 in transformers 5) of the run.
+  // lr_scheduler_kwargs: the schedules' arguments.
+  const json kwargs = t.get("lr_scheduler_kwargs");
+  if (kwargs.is_object()) {
+    const double lr = number(t.get("learning_rate"), args_name + ": learning_rate");
+    for (const auto& [name, value] : kwargs.items()) {
+      const std::string origin = concat(t_origin("lr_scheduler_kwargs"), ".", name);
+      const double v = number(value, concat(args_name, ": lr_scheduler_kwargs.", name));
+      if (name == "num_cycles") im.set("train.lr_num_cycles", number_text(v), origin);
+      else if (name == "power") im.set("train.lr_power", number_text(v), origin);
+      else if (name == "lr_end") im.set("train.lr_end", number_text(v), origin);
+      else if (name == "min_lr_rate") im.set("train.min_lr_ratio", number_text(v), origin);
+      else if (name == "min_lr" && lr > 0) im.set("train.min_lr_ratio", number_text(v / lr), concat(origin, " / learning_rate"));
+      else im.warn("", origin, "not done: shardlm's schedules take num_cycles, power, lr_end, min_lr_rate and min_lr");
+    }
+  }
+  done_t.insert("lr_scheduler_kwargs");
+  // Warm-up: steps, or a ratio of the run (warmup_ratio, or warmup_steps below 1 in transformers 5);
+  // warmup_steps wins when both are set, as in Trainer.
   double warm = number(t.get("warmup_steps"), args_name + ": warmup_steps");
   const char* warm_key = "warmup_steps";
   double ratio = 0;
   if (warm > 0 && warm < 1) ratio = warm;
   if (t.given("warmup_ratio") && !t.get("warmup_ratio").is_null() && number(t.get("warmup_ratio"), args_name) > 0 && warm == 0)
     ratio = number(t.get("warmup_ratio"), args_name + ": warmup_ratio"), warm_key = "warmup_ratio";
-  if (warm < 0 || ratio < 0 || ratio >= 1) throw Error(concat(args_name, ": ", warm_key, " out of range"));
-  if (ratio > 0 && max_steps > 0) {
-    im.set("train.warmup_steps", std::to_string(static_cast<long long>(std::ceil(ratio * max_steps))),
-           concat(t_origin(warm_key), " x max_steps ", max_steps));
-  } else if (ratio > 0) {
+  if (warm < 0 || ratio < 0 || ratio > 1) throw Error(concat(args_name, ": ", warm_key, " out of range"));
+  if (sched == "constant" && (warm > 0 || ratio > 0)) {
+    // Trainer's constant schedule ignores the warm-up; shardlm's deck refuses the pair.
     im.set("train.warmup_steps", "0", t_origin(warm_key));
     im.warn("train.warmup_steps", t_origin(warm_key),
-            "a warm-up ratio needs the run's step count, which depends on the data set: set train.warmup_steps to "
-            "ratio x steps (the run's setup line prints the steps)");
+            "Trainer's constant schedule ignores the warm-up, and so does this deck (use constant_with_warmup to warm up)");
+  } else if (ratio > 0) {
+    im.set("train.warmup_steps", "0", t_origin(warm_key));
+    im.set("train.warmup_ratio", number_text(ratio), t_origin(warm_key));
   } else {
     if (warm != std::floor(warm)) throw Error(concat(args_name, ": warmup_steps above 1 must be whole"));
     im.set("train.warmup_steps", std::to_string(static_cast<long long>(warm)), t_origin("warmup_steps"));
@@ -679,9 +697,21 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
   const char* eval_key = t.given("evaluation_strategy") && !t.given("eval_strategy") ? "evaluation_strategy" : "eval_strategy";
   const std::string eval_strategy = text(t.get(eval_key), args_name + ": " + eval_key);
   const bool eval_file = !im.value("data.eval_file").empty();
-  if (eval_strategy == "steps")
-    im.warn("", t_origin(eval_key), "shardlm evaluates after each epoch (when data.eval_file is set), not every eval_steps");
-  else if (eval_strategy == "no" && eval_file)
+  if (eval_strategy == "steps") {
+    // eval_steps defaults to logging_steps in Trainer; a fraction below 1 is a ratio of the run.
+    const json es = t.get("eval_steps");
+    const double steps = es.is_null() ? number(t.get("logging_steps"), args_name + ": logging_steps")
+                                      : number(es, args_name + ": eval_steps");
+    const std::string origin = t_origin(es.is_null() ? "logging_steps" : "eval_steps");
+    if (steps >= 1 && steps == std::floor(steps) && eval_file) {
+      im.set("eval.every_steps", std::to_string(static_cast<long long>(steps)), origin);
+      im.warn("eval.every_steps", origin, "shardlm also evaluates after each epoch");
+    } else if (!eval_file) {
+      im.warn("", t_origin(eval_key), "evaluation needs data.eval_file: give --data.eval_file=FILE, then set eval.every_steps");
+    } else {
+      im.warn("eval.every_steps", origin, "a fraction of the run is not done: set eval.every_steps to a step count");
+    }
+  } else if (eval_strategy == "no" && eval_file)
     im.warn("data.eval_file", t_origin(eval_key), "shardlm evaluates after each epoch when data.eval_file is set");
   else if (eval_strategy == "epoch" && !eval_file)
     im.warn("", t_origin(eval_key), "evaluation needs data.eval_file: give --data.eval_file=FILE");
@@ -689,6 +719,23 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
     im.unused(t_origin(eval_key), "evaluation after each epoch on data.eval_file");
   else
     im.unused(t_origin(eval_key), "no evaluation: no data.eval_file");
+  done_t.insert("eval_steps");
+  // load_best_model_at_end with the eval loss: the best checkpoint is kept (and named by DIR/best).
+  if (truthy(t.get("load_best_model_at_end"), args_name + ": load_best_model_at_end")) {
+    const json metric = t.get("metric_for_best_model");
+    const std::string m = metric.is_null() ? "loss" : text(metric, args_name + ": metric_for_best_model");
+    if ((m == "loss" || m == "eval_loss") && eval_file) {
+      im.set("checkpoint.keep_best", "eval_loss", t_origin("load_best_model_at_end"));
+      im.warn("checkpoint.keep_best", t_origin("load_best_model_at_end"),
+              "shardlm keeps the best checkpoint (DIR/best names it) instead of loading it at the end: export it "
+              "with shardlm export");
+    } else if (!eval_file) {
+      im.warn("", t_origin("load_best_model_at_end"), "the best model needs data.eval_file: give --data.eval_file=FILE");
+    } else {
+      im.warn("", t_origin("metric_for_best_model"), concat("not done: shardlm keeps the best by eval_loss only, not ", m));
+    }
+  }
+  done_t.insert({"load_best_model_at_end", "metric_for_best_model"});
   done_t.insert({"eval_strategy", "evaluation_strategy"});
   const char* pdebs = t.given("per_gpu_eval_batch_size") && !t.get("per_gpu_eval_batch_size").is_null()
                           ? "per_gpu_eval_batch_size" : "per_device_eval_batch_size";

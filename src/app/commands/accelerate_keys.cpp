@@ -18,7 +18,7 @@ const char* kLaunch = "the launch: mpirun or srun start and place the ranks, MPI
 const char* kTpu = "TPUs only";
 const char* kPython = "Python's or PyTorch's machinery; shardlm is one compiled program";
 const char* kHub = "the Hugging Face Hub: shardlm writes files only (`shardlm export` makes a model folder to upload)";
-const char* kTrackers = "metrics go to RUN_DIR/metrics.jsonl with Trainer's keys; no tracker integration";
+const char* kTrackers = "metrics go to RUN_DIR/metrics.jsonl with Trainer's keys and to TensorBoard event files (`run.tensorboard`, on by default); no other tracker";
 const char* kScript = "read by the training script, not by Trainer";
 const char* kNotOptimizer = "shardlm's optimizer is AdamW only";
 const char* kEvalLoss = "shardlm evaluates the eval loss (and SQuAD EM/F1 by generation) after each epoch, nothing else";
@@ -90,10 +90,10 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "num_train_epochs", "3.0", M, "`train.epochs` (a fraction: rounded up, with a warning)"},
     {"training_args", "max_steps", "-1", M, "`train.max_steps` (-1: 0)"},
     {"training_args", "learning_rate", "5e-05", M, "`train.lr`"},
-    {"training_args", "lr_scheduler_type", "\"linear\"", M, "`train.lr_schedule` (linear; constant and constant_with_warmup: constant; others: linear, with a warning)"},
-    {"training_args", "lr_scheduler_kwargs", "{}", N, "the schedules take no arguments"},
-    {"training_args", "warmup_steps", "0", M, "`train.warmup_steps` (a fraction below 1 is a ratio: converted when max_steps is set, else a warning)"},
-    {"training_args", "warmup_ratio", "0.0", M, "`train.warmup_steps` when max_steps is set; else a warning (the steps depend on the data set's size)"},
+    {"training_args", "lr_scheduler_type", "\"linear\"", M, "`train.lr_schedule`, the same name (linear, constant, constant_with_warmup, cosine, cosine_with_restarts, polynomial, cosine_with_min_lr); others: linear, with a warning"},
+    {"training_args", "lr_scheduler_kwargs", "{}", M, "num_cycles: `train.lr_num_cycles`; power: `train.lr_power`; lr_end: `train.lr_end`; min_lr_rate: `train.min_lr_ratio` (min_lr: over learning_rate); others: a warning"},
+    {"training_args", "warmup_steps", "0", M, "`train.warmup_steps` (a fraction below 1 is a ratio: `train.warmup_ratio`; with constant: 0, with a warning)"},
+    {"training_args", "warmup_ratio", "0.0", M, "`train.warmup_ratio` (warmup_steps wins when both are set, as in Trainer)"},
     {"training_args", "optim", "\"adamw_torch\"", M, "AdamW, the one optimizer (adamw_torch, adamw_torch_fused, adamw_hf, adamw_apex_fused; others: a warning)"},
     {"training_args", "optim_args", "null", N, kNotOptimizer},
     {"training_args", "optim_target_modules", "null", N, "GaLore and APOLLO: no counterpart"},
@@ -140,9 +140,9 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "run_name", "null", E, kTrackers},
     {"training_args", "project", "\"huggingface\"", E, kTrackers},
     {"training_args", "trackio_space_id", "\"trackio\"", E, kTrackers},
-    {"training_args", "eval_strategy", "\"no\"", M, "epoch: the eval loss after each epoch when data.eval_file is set; steps: a warning; no: a warning when data.eval_file is given"},
+    {"training_args", "eval_strategy", "\"no\"", M, "epoch: the eval loss after each epoch when data.eval_file is set; steps: `eval.every_steps` (shardlm also evaluates each epoch: a warning); no: a warning when data.eval_file is given"},
     {"training_args", "evaluation_strategy", "\"no\"", M, "older name of eval_strategy"},
-    {"training_args", "eval_steps", "null", N, kEvalLoss},
+    {"training_args", "eval_steps", "null", M, "`eval.every_steps` with eval_strategy steps (null: logging_steps, as Trainer; a fraction below 1: a warning)"},
     {"training_args", "eval_delay", "0", N, kEvalLoss},
     {"training_args", "per_device_eval_batch_size", "8", M, "`eval.batch_size` (prompts a rank decodes together for EM/F1; the eval loss runs train.micro_batch_size samples at a time)"},
     {"training_args", "per_gpu_eval_batch_size", "null", M, "older name of per_device_eval_batch_size"},
@@ -167,9 +167,9 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "restore_callback_states_from_checkpoint", "false", E, "no callbacks"},
     {"training_args", "resume_from_checkpoint", "null", N, "shardlm resumes from its own checkpoints (`checkpoint.resume = auto` or a path), not from Trainer's"},
     {"training_args", "ignore_data_skip", "false", N, "a resumed run always continues at the checkpoint's position in the data"},
-    {"training_args", "load_best_model_at_end", "false", N, "no best-model tracking"},
-    {"training_args", "metric_for_best_model", "null", N, "no best-model tracking"},
-    {"training_args", "greater_is_better", "null", N, "no best-model tracking"},
+    {"training_args", "load_best_model_at_end", "false", M, "`checkpoint.keep_best = eval_loss` (the best checkpoint is kept and named by DIR/best, not loaded at the end: a warning)"},
+    {"training_args", "metric_for_best_model", "null", M, "loss or eval_loss (or null) with load_best_model_at_end: `checkpoint.keep_best = eval_loss`; another metric: a warning"},
+    {"training_args", "greater_is_better", "null", N, "the best checkpoint is the lowest eval loss"},
     {"training_args", "push_to_hub", "false", N, kHub},
     {"training_args", "hub_model_id", "null", E, kHub},
     {"training_args", "hub_strategy", "\"every_save\"", E, kHub},

@@ -267,7 +267,7 @@ void export_merged(const std::string& path, const std::string& out, const std::s
 
 int command_export(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
-  std::string dtype = "fp32", max_shard = "5GB", model_dir;
+  std::string dtype, max_shard = "5GB", model_dir;  // dtype empty: the one the run trained in
   bool adapter = false, merge = false, overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--max-shard-size", max_shard) ||
@@ -290,11 +290,19 @@ int command_export(const std::vector<std::string>& args) {
   on_rank0(MPI_COMM_WORLD, [&] {
     HfExportOptions options;
     options.overwrite = overwrite;
+    const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
+    // As save_pretrained: the weights in the dtype the run computed in (fsdp.param_dtype), unless told.
+    if (dtype.empty() && !adapter) {
+      const std::map<std::string, std::string> deck =
+          ini_values(CheckpointReader(path).meta().deck, "the checkpoint's deck");
+      const auto it = deck.find("fsdp.param_dtype");
+      dtype = it == deck.end() || it->second.empty() ? "fp32" : it->second;
+    }
+    if (dtype.empty()) dtype = "fp32";
     SHARDLM_CHECK(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "export: --dtype = '", dtype,
                   "': expected bf16, fp16 or fp32");
     options.dtype = parse_dtype(dtype);
     options.max_shard_bytes = parse_size("--max-shard-size", max_shard);
-    const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
     SHARDLM_CHECK(!(adapter && merge), "export: --adapter and --merge write different folders: give one");
     check_export_folder(positional[1], overwrite);
     if (adapter) {
