@@ -467,7 +467,6 @@ BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
         cfg.train.lr = 3e-2;
       }
       cfg.train.max_steps = 5;
-      cfg.dist.ranks_per_node = world_size() >= 2 ? world_size() / 2 : 1;  // the hybrids: two emulated nodes
       return cfg;
     };
     const std::string tag = lora ? "qwen3_lora_" : "qwen3_";
@@ -483,7 +482,9 @@ BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
     for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
                                ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2}) {
       BOOST_TEST_CONTEXT(tag << strategy_name(s)) {
-        const TrainResult r = train(config(s, tag + strategy_name(s)), MPI_COMM_WORLD, quiet());
+        RunConfig cfg = config(s, tag + strategy_name(s));
+        cfg.dist.ranks_per_node = world_size() >= 2 ? world_size() / 2 : 1;  // the hybrids: two emulated nodes
+        const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
         BOOST_TEST_REQUIRE(r.step_losses.size() == 5u);
         for (int i = 0; i < 5; ++i) BOOST_TEST(r.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
         BOOST_TEST(r.eval_losses.at(0) == single[5], boost::test_tools::tolerance(1e-4));
