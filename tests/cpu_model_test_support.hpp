@@ -55,6 +55,15 @@ inline ModelConfig tiny_qwen2() {
   return c;
 }
 
+// Qwen3: tiny_llama's shape with per-head q/k RMSNorms, no biases, an untied head and head_dim 12 where
+// hidden_size / heads is 8 (q is 48 wide, as Qwen3-0.6B's 2048 at hidden 1024).
+inline ModelConfig tiny_qwen3() {
+  ModelConfig c = tiny_llama();
+  c.arch = "qwen3";
+  c.head_size = 12;
+  return c;
+}
+
 // ---- helpers --------------------------------------------------------------------------------
 
 inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {

@@ -60,6 +60,16 @@ RunConfig llama_config(const std::string& backend, const std::string& name, int 
   return cfg;
 }
 
+// Qwen3: llama_config's shape with per-head q/k RMSNorms and head_dim 16 where hidden_size / heads is
+// smaller (q wider than the hidden state), untied head.
+RunConfig qwen3_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = llama_config(backend, "qwen3_" + name, steps);
+  cfg.model.arch = "qwen3";
+  cfg.model.head_size = cfg.model.hidden_size / cfg.model.num_heads + 8;
+  cfg.model.rope_scaling = RopeScaling{};
+  return cfg;
+}
+
 // LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
 RunConfig with_lora(RunConfig cfg) {
   cfg.model.lora.r = 4;
@@ -74,6 +84,10 @@ RunConfig lora_config(const std::string& backend, const std::string& name, int s
 
 RunConfig llama_lora_config(const std::string& backend, const std::string& name, int steps) {
   return with_lora(llama_config(backend, "lora_" + name, steps));
+}
+
+RunConfig qwen3_lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(qwen3_config(backend, "lora_" + name, steps));
 }
 
 // LoRA with lora.modules_to_save: BLOOM's two LayerNorms (the embedding's, under a frozen table, and
@@ -669,6 +683,20 @@ BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
   RunConfig cfg = llama_decode_config("decode_qwen2");
   cfg.model.arch = "qwen2";
   cfg.model.tie_word_embeddings = true;
+  decode_and_check(cfg, 1e-4f, 0.9);
+}
+
+// Qwen3 (q_norm / k_norm on tokens x heads rows of head_dim, head_dim != hidden / heads): training and
+// LoRA on the GPU as on the CPU backend, and greedy decoding with the cache as the CPU model without it.
+BOOST_AUTO_TEST_CASE(qwen3_fp32_matches_the_cpu_backend) {
+  for (auto make : {qwen3_config, qwen3_lora_config})
+    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
+                                               ShardingStrategy::HybridShard});
+}
+
+BOOST_AUTO_TEST_CASE(qwen3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  RunConfig cfg = qwen3_config("cuda", "decode", 1);
+  cfg.model.init_std = 0.2f;
   decode_and_check(cfg, 1e-4f, 0.9);
 }
 

@@ -537,13 +537,15 @@ std::vector<std::vector<float>> params_in(const ModelConfig& cfg, DType dt) {
 // kernels whatever `attention` says (auto); head_dim 64 runs the fused path in 16 bits.
 void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
                       const std::string& arch = "llama", AttentionImpl attention = AttentionImpl::Auto,
-                      int head_dim = 8) {
+                      int head_dim = 8, int head_size = 0) {
   BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing
-                          << " attention=" << static_cast<int>(attention) << " head_dim=" << head_dim) {
+                          << " attention=" << static_cast<int>(attention) << " head_dim=" << head_dim
+                          << " head_size=" << head_size) {
     ModelConfig cfg = tiny_llama(tied);
     cfg.arch = arch;
     cfg.attention = attention;
     cfg.hidden_size = head_dim * cfg.num_heads;
+    cfg.head_size = head_size;  // Qwen3: head_dim apart from hidden_size / heads
     const Params params{params_in(cfg, dt), {}};
     const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
@@ -644,11 +646,15 @@ std::vector<int32_t> greedy_next(BackendKind backend, const ModelConfig& cfg, co
 }
 
 // The tiny models of the LoRA tests: Llama (grouped-query heads, untied head), Qwen2 (q/k/v biases,
-// tied head) and BLOOM (fused interleaved q|k|v with biases, GELU).
+// tied head), Qwen3 (per-head q/k norms, head_dim 12 at hidden 32 / 4 heads) and BLOOM (fused
+// interleaved q|k|v with biases, GELU).
 std::vector<ModelConfig> lora_models() {
   ModelConfig qwen2 = tiny_llama(true);
   qwen2.arch = "qwen2";
-  return {tiny_llama(false), qwen2, model_test::tiny_bloom()};
+  ModelConfig qwen3 = tiny_llama(false);
+  qwen3.arch = "qwen3";
+  qwen3.head_size = 12;
+  return {tiny_llama(false), qwen2, qwen3, model_test::tiny_bloom()};
 }
 
 }  // namespace
@@ -828,6 +834,18 @@ BOOST_AUTO_TEST_CASE(qwen2_cuda_matches_qwen2_cpu) {
   for (bool tied : {false, true}) compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "qwen2");
   compare_with_cpu(true, DType::F32, true, 1e-5, 1e-4, "qwen2");
   compare_with_cpu(true, DType::BF16, false, 2e-2, 0.1, "qwen2");
+}
+
+// Qwen3: the per-head q/k RMSNorms (the RMSNorm kernels on tokens x heads rows of head_dim, their
+// weight gradients summed over those rows) with head_dim 12 and 16 != hidden_size / heads = 8; bf16
+// on cuDNN's fused attention (head_dim 16) and on the native kernels.
+BOOST_AUTO_TEST_CASE(qwen3_cuda_matches_qwen3_cpu) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true})
+    compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "qwen3", AttentionImpl::Auto, 8, 12);
+  compare_with_cpu(false, DType::F32, true, 1e-5, 1e-4, "qwen3", AttentionImpl::Auto, 8, 12);
+  for (AttentionImpl attention : {AttentionImpl::Auto, AttentionImpl::Native})
+    compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1, "qwen3", attention, 8, 16);
 }
 
 // LoRA on every linear layer, as a LoRA run trains it (the base and the root frozen: no base gradient is

@@ -58,6 +58,12 @@ const std::map<std::string, std::string> kModelConfigs = {
                          "num_key_value_heads": 32, "rms_norm_eps": 1e-05, "rope_theta": 1000000,
                          "rope_scaling": null, "max_position_embeddings": 16384, "hidden_act": "silu",
                          "tie_word_embeddings": false, "pretraining_tp": 1})"},
+    {"qwen3-0.6b", R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
+                       "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                       "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-06,
+                       "rope_theta": 1000000, "max_position_embeddings": 40960, "hidden_act": "silu",
+                       "attention_bias": false, "use_sliding_window": false, "sliding_window": null,
+                       "max_window_layers": 28, "tie_word_embeddings": true})"},
     {"llama-3.1-8b", R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                          "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                          "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
@@ -109,6 +115,7 @@ std::vector<DeckCase> deck_cases() {
       {"llama/llama31-8b-instruct-chat-lora.ini", 1, 4, "llama-3.1-8b-instruct",
        {"data/chat/train.jsonl", "data/chat/eval.jsonl"}, {}},
       {"squad/bloom560m-lora.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
+      {"qwen3/qwen3-0.6b.ini", 1, 4, "qwen3-0.6b", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };

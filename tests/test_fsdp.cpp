@@ -446,6 +446,53 @@ void check_lora_strategies(const std::vector<std::string>& bloom_saved, const st
 
 BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) { check_lora_strategies({}, {}, ""); }
 
+// A tiny Qwen3 (per-head q/k RMSNorms, head_dim 12 where hidden 32 / 4 heads is 8, GQA, untied head),
+// fully trained and with LoRA on every linear layer: every strategy on the world gives the losses of
+// NO_SHARD on one rank.
+BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
+  for (const bool lora : {false, true}) {
+    auto config = [lora](ShardingStrategy strategy, const std::string& name) {
+      RunConfig cfg = tiny_config(strategy, name);
+      ModelConfig& m = cfg.model;
+      m.arch = "qwen3";
+      m.num_kv_heads = 2;
+      m.intermediate_size = 48;
+      m.head_size = 12;
+      m.rope_theta = 1000.0f;
+      m.tie_word_embeddings = false;
+      if (lora) {
+        m.lora.r = 4;
+        m.lora.alpha = 8;
+        for (const LinearModule& l : linear_modules(m)) m.lora.target_modules.push_back(l.name);
+        cfg.train.lr = 3e-2;
+      }
+      cfg.train.max_steps = 5;
+      return cfg;
+    };
+    const std::string tag = lora ? "qwen3_lora_" : "qwen3_";
+    std::vector<double> single(6, 0.0);
+    if (world_rank() == 0) {
+      const TrainResult r = train(config(ShardingStrategy::NoShard, tag + "reference"), MPI_COMM_SELF, quiet());
+      BOOST_TEST(r.step_losses.size() == 5u);
+      std::copy_n(r.step_losses.begin(), std::min<size_t>(5, r.step_losses.size()), single.begin());
+      single[5] = r.eval_losses.empty() ? 0.0 : r.eval_losses[0];
+    }
+    MPI_Bcast(single.data(), 6, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    BOOST_TEST(single[4] < single[0]);  // it learns
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                               ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2}) {
+      BOOST_TEST_CONTEXT(tag << strategy_name(s)) {
+        RunConfig cfg = config(s, tag + strategy_name(s));
+        cfg.dist.ranks_per_node = world_size() >= 2 ? world_size() / 2 : 1;  // the hybrids: two emulated nodes
+        const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+        BOOST_TEST_REQUIRE(r.step_losses.size() == 5u);
+        for (int i = 0; i < 5; ++i) BOOST_TEST(r.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+        BOOST_TEST(r.eval_losses.at(0) == single[5], boost::test_tools::tolerance(1e-4));
+      }
+    }
+  }
+}
+
 // lora.modules_to_save: Llama's embedding, final norm and head (untied here), BLOOM's two LayerNorms
 // (its head is tied), trained whole in the root beside the adapters.
 BOOST_AUTO_TEST_CASE(lora_with_saved_modules_matches_one_rank_on_every_strategy) {

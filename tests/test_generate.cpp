@@ -1,7 +1,7 @@
 // Greedy generation with a key/value cache: the cached rows of block_decode equal the full forward
-// (BLOOM, Llama, Qwen2); greedy_generate on the sharded model equals transformers' generate() on the
+// (BLOOM, Llama, Qwen2, Qwen3); greedy_generate on the sharded model equals transformers' generate() on the
 // tiny parity models (tests/fixtures/hf/generate_reference.json, make_generate_fixtures.py;
-// qwen2_generate_reference.json, make_qwen2_fixtures.py),
+// qwen2_generate_reference.json, make_qwen2_fixtures.py; qwen3_generate_reference.json, make_qwen3_fixtures.py),
 // batched or one prompt at a time, on any number of ranks, with ranks that have nothing to decode.
 #define BOOST_TEST_MODULE test_generate
 #include "mpi_fixture.hpp"
@@ -152,10 +152,13 @@ BOOST_AUTO_TEST_CASE(llama_decode_rows_equal_the_forward) { check_decode_matches
 
 BOOST_AUTO_TEST_CASE(qwen2_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen2()); }
 
+BOOST_AUTO_TEST_CASE(qwen3_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen3()); }
+
 BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
   check_bad_rows(tiny_bloom());
   check_bad_rows(tiny_llama());
   check_bad_rows(tiny_qwen2());
+  check_bad_rows(tiny_qwen3());
 }
 
 BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {
@@ -171,6 +174,11 @@ BOOST_AUTO_TEST_CASE(llama_generation_equals_transformers) {
 BOOST_AUTO_TEST_CASE(qwen2_generation_equals_transformers) {
   check_generate("tiny_qwen2", 1, false, "qwen2_generate_reference.json");
   check_generate("tiny_qwen2", 3, false, "qwen2_generate_reference.json");
+}
+
+BOOST_AUTO_TEST_CASE(qwen3_generation_equals_transformers) {
+  check_generate("tiny_qwen3", 1, false, "qwen3_generate_reference.json");
+  check_generate("tiny_qwen3", 3, false, "qwen3_generate_reference.json");
 }
 
 BOOST_AUTO_TEST_CASE(ranks_without_prompts_still_take_part) {

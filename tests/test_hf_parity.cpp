@@ -1,5 +1,5 @@
-// Parity with transformers: tiny BLOOM, Llama and Qwen2 models saved by transformers' save_pretrained
-// (tests/fixtures/hf/make_parity_fixtures.py, make_qwen2_fixtures.py) are loaded from their model directories through
+// Parity with transformers: tiny BLOOM, Llama, Qwen2 and Qwen3 models saved by transformers' save_pretrained
+// (tests/fixtures/hf/make_parity_fixtures.py, make_qwen2_fixtures.py, make_qwen3_fixtures.py) are loaded from their model directories through
 // HfModelDir, each rank reading only its FULL_SHARD slices; the mean loss on the recorded inputs
 // must equal transformers' to 1e-5 relative and every parameter's gradient to 1e-4, on any
 // number of ranks. Also: the load reads only the slices' bytes, and bad model directories fail
@@ -133,6 +133,9 @@ BOOST_AUTO_TEST_CASE(llama_matches_transformers) { check_parity("tiny_llama"); }
 
 BOOST_AUTO_TEST_CASE(qwen2_matches_transformers) { check_parity("tiny_qwen2"); }
 
+// Qwen3: q_norm / k_norm per head before rotary, head_dim 12 != hidden 32 / 4 heads, untied head.
+BOOST_AUTO_TEST_CASE(qwen3_matches_transformers) { check_parity("tiny_qwen3"); }
+
 BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   const ModelConfig bloom = HfModelDir(kFixtures + "/tiny_bloom").config();
   BOOST_TEST(bloom.arch == "bloom");
@@ -158,6 +161,16 @@ BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   BOOST_TEST(qwen2.tied_head());
   BOOST_TEST(qwen2.rope_theta == 1000.0f);
   BOOST_TEST(qwen2.rope_scaling.factor == 0.0f);
+  const ModelConfig qwen3 = HfModelDir(kFixtures + "/tiny_qwen3").config();
+  BOOST_TEST(qwen3.arch == "qwen3");
+  BOOST_TEST(qwen3.head_dim() == 12);
+  BOOST_TEST(qwen3.kv_heads() == 2);
+  BOOST_TEST(!qwen3.tied_head());
+  BOOST_TEST(qwen3.rope_theta == 1000.0f);
+  // Written back and read again: head_dim survives.
+  const ModelConfig qwen3_again = model_config_from_hf(hf_config_json(qwen3), "round trip");
+  BOOST_TEST(qwen3_again.arch == "qwen3");
+  BOOST_TEST(qwen3_again.head_dim() == 12);
 }
 
 BOOST_AUTO_TEST_CASE(bad_model_directories_fail_clearly) {

@@ -1,10 +1,11 @@
 #define BOOST_TEST_MODULE test_llama
 #include <boost/test/unit_test.hpp>
-// Tests of the Llama-style families on the CPU (Llama; Qwen2, its layer with q/k/v biases): rotary
+// Tests of the Llama-style families on the CPU (Llama; Qwen2, its layer with q/k/v biases; Qwen3, with
+// per-head q/k RMSNorms and a head_dim of its own): rotary
 // frequencies (llama3 scaling) against independently computed values, RMSNorm and rotary on
 // hand-computed values, the forward against a naive double reference, gradients of every unit
 // against finite differences, GQA as MHA with repeated kv heads, padding, head chunking, argument
-// checks; Qwen2's layout, Hugging Face names and config.json.
+// checks; Qwen2's and Qwen3's layouts, Hugging Face names and config.json.
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +42,13 @@ ModelConfig tiny_config() {
 // The same shape as Qwen2: q/k/v biases.
 ModelConfig qwen2(ModelConfig cfg) {
   cfg.arch = "qwen2";
+  return cfg;
+}
+
+// Qwen3's: per-head q/k RMSNorms, and head_dim 6 where hidden_size / heads is 4 (q is 24 wide, not 16).
+ModelConfig qwen3(ModelConfig cfg) {
+  cfg.arch = "qwen3";
+  cfg.head_size = 6;
   return cfg;
 }
 
@@ -94,6 +102,9 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), m.tensor_or_null(u, "k_proj.bias"), kv * d);
   const Rows v =
       reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), m.tensor_or_null(u, "v_proj.bias"), kv * d);
+  // Qwen3's per-head norms, before the rotation.
+  if (const float* w = m.tensor_or_null(u, "q_norm.weight")) q = reference_rms_norm(q, N * heads, d, w, eps);
+  if (const float* w = m.tensor_or_null(u, "k_norm.weight")) k = reference_rms_norm(k, N * kv, d, w, eps);
   reference_rotary(q, B, T, heads, d, inv_freq);
   reference_rotary(k, B, T, kv, d, inv_freq);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
@@ -255,7 +266,8 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(forward)
 
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
-  for (const ModelConfig& cfg : {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config())}) {
+  for (const ModelConfig& cfg :
+       {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config())}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -338,8 +350,17 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen2) {
   check_parameter_gradients(tied, 27);
 }
 
+// Qwen3's q_norm / k_norm weights and the projections under them, head_dim != hidden_size / heads.
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen3) {
+  check_parameter_gradients(qwen3(tiny_config()), 28);
+  ModelConfig tied = qwen3(tiny_config());
+  tied.tie_word_embeddings = true;
+  check_parameter_gradients(tied, 29);
+}
+
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
   check_hidden_input_gradients(with_llama3_scaling(tiny_config()), 24, 10);
+  check_hidden_input_gradients(qwen3(tiny_config()), 30, 10);
 }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
@@ -520,8 +541,8 @@ BOOST_AUTO_TEST_CASE(bad_ids_shapes_and_configs_throw) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
-  for (bool tied : {false, true}) {
-    ModelConfig cfg = tiny_config();
+  for (bool tied : {false, true}) for (bool q3 : {false, true}) {
+    ModelConfig cfg = q3 ? qwen3(tiny_config()) : tiny_config();
     cfg.tie_word_embeddings = tied;
     // At least the saved attention probabilities and SwiGLU inputs of every layer.
     const size_t tokens = 4 * 16;
@@ -625,6 +646,94 @@ BOOST_AUTO_TEST_CASE(config_json_sizes_are_checked) {
   const std::string bloom = R"({"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2,
       "vocab_size": 300, "layer_norm_epsilon": 0})";
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(bloom, "b"); }), "'layer_norm_epsilon' = 0: must be > 0"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- Qwen3: layout, names, config.json ---------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(qwen3_family)
+
+// Llama's block with q_norm and k_norm ([head_dim] each) after o_proj, no biases; q and o are
+// heads x head_dim wide, not hidden_size.
+BOOST_AUTO_TEST_CASE(layout_adds_qk_norms_with_hf_names) {
+  const ModelConfig cfg = qwen3(tiny_config());
+  const std::vector<UnitLayout> layout = model_layout(cfg);
+  const int64_t H = cfg.hidden_size, D = 6, Q = cfg.num_heads * D, KV = cfg.kv_heads() * D;
+  BOOST_TEST(cfg.head_dim() == 6);
+  const std::vector<std::string> names = {"layers.1.input_layernorm.weight", "layers.1.self_attn.q_proj.weight",
+                                          "layers.1.self_attn.k_proj.weight", "layers.1.self_attn.v_proj.weight",
+                                          "layers.1.self_attn.o_proj.weight", "layers.1.self_attn.q_norm.weight",
+                                          "layers.1.self_attn.k_norm.weight", "layers.1.post_attention_layernorm.weight"};
+  for (size_t i = 0; i < names.size(); ++i) BOOST_TEST(layout[2].tensors[i].name == names[i]);
+  BOOST_TEST((layout[2].tensors[1].shape == std::vector<int64_t>{Q, H}));
+  BOOST_TEST((layout[2].tensors[2].shape == std::vector<int64_t>{KV, H}));
+  BOOST_TEST((layout[2].tensors[4].shape == std::vector<int64_t>{H, Q}));
+  const TensorSpec& k_norm = layout[2].tensors[6];
+  BOOST_TEST((k_norm.shape == std::vector<int64_t>{D}));
+  BOOST_TEST(!k_norm.decay);
+  BOOST_TEST((k_norm.init == InitKind::Ones));
+  BOOST_TEST(hf_tensor_name(cfg, k_norm.name) == "model.layers.1.self_attn.k_norm.weight");
+  const std::vector<LinearModule> modules = linear_modules(cfg);
+  BOOST_TEST(modules[0].name == "q_proj");
+  BOOST_TEST(modules[0].out == Q);
+  BOOST_TEST(modules[3].name == "o_proj");
+  BOOST_TEST(modules[3].in == Q);
+  BOOST_TEST(model_family("qwen3").rotary);
+  BOOST_TEST(model_family("qwen3").grouped_query);
+}
+
+// Qwen3-0.6B's config.json as transformers 5 writes it (head_dim 128 at hidden 1024 and 16 heads):
+// read, written back, read again.
+BOOST_AUTO_TEST_CASE(config_json_round_trips) {
+  const std::string text = R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+      "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+      "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+      "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 40960,
+      "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 2,
+      "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": null,
+      "tie_word_embeddings": true, "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  const ModelConfig cfg = model_config_from_hf(text, "qwen3");
+  BOOST_TEST(cfg.arch == "qwen3");
+  BOOST_TEST(cfg.head_dim() == 128);
+  BOOST_TEST(cfg.num_heads * cfg.head_dim() == 2048);
+  BOOST_TEST(cfg.kv_heads() == 8);
+  BOOST_TEST(cfg.ffn_size() == 3072);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.tie_word_embeddings);
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"model_type\": \"qwen3\""), written);
+  BOOST_TEST(contains(written, "\"Qwen3ForCausalLM\""), written);
+  BOOST_TEST(contains(written, "\"head_dim\": 128"), written);
+  BOOST_TEST(contains(written, "\"attention_bias\": false"), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.arch == "qwen3");
+  BOOST_TEST(again.head_dim() == 128);
+  BOOST_TEST(again.rope_theta == cfg.rope_theta);
+  // Biases and sliding windows are refused.
+  std::string bias = text;
+  bias.replace(bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true ");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(bias, "b"); }), "attention_bias"));
+  std::string sliding = text;
+  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+}
+
+// The Llama-style families read head_dim for themselves too; a Llama with hidden_size / heads as
+// head_dim keeps 0 (the default), one with another head_dim keeps it.
+BOOST_AUTO_TEST_CASE(llama_head_dim_is_read) {
+  const std::string base = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "num_hidden_layers": 2HEAD})";
+  auto with = [&](const std::string& head) {
+    std::string t = base;
+    t.replace(t.find("HEAD"), 4, head);
+    return model_config_from_hf(t, "c");
+  };
+  BOOST_TEST(with("").head_size == 0);
+  BOOST_TEST(with(", \"head_dim\": 16").head_size == 0);
+  BOOST_TEST(with(", \"head_dim\": 32").head_dim() == 32);
+  BOOST_TEST(contains(error_of([&] { with(", \"head_dim\": 0"); }), "head_dim must be positive"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

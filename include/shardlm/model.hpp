@@ -79,6 +79,7 @@ struct ModelConfig {
   // Llama
   int num_kv_heads = 0;        // 0 = num_heads (no grouping)
   int intermediate_size = 0;   // SwiGLU width; 0 = 4 * hidden_size
+  int head_size = 0;           // the attention heads' dimension (config.json head_dim); 0 = hidden_size / num_heads
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
@@ -91,7 +92,7 @@ struct ModelConfig {
   int head_chunk_tokens = 0;
   LoraConfig lora;      // not part of the shape: adapters trained over frozen base weights
 
-  int head_dim() const { return hidden_size / num_heads; }
+  int head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   int ffn_size() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden_size; }
   // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).
@@ -367,7 +368,7 @@ struct ModelFamily {
   std::vector<std::string> hf_model_types;  // config.json model_type values it reads; the first is written
   std::string hf_architecture;              // config.json "architectures" entry it writes
   bool rotary = false;            // rotary positions: the head dimension must be even
-  bool grouped_query = false;     // model.num_kv_heads and model.intermediate_size apply
+  bool grouped_query = false;     // model.num_kv_heads, model.intermediate_size and model.head_dim apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
   // The root tensor the token ids index ([vocab, hidden]: the embedding's backward adds only to the rows
   // of a micro-batch's tokens) and the root tensors that backward writes besides it (BLOOM's embedding

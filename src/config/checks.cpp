@@ -36,10 +36,12 @@ static void check_generation_sizes(const RunConfig& cfg) {
 
 void check_run_config(const RunConfig& cfg, int world_size) {
   const ModelConfig& m = cfg.model;
-  if (m.hidden_size % m.num_heads != 0)
+  if (m.head_size == 0 && m.hidden_size % m.num_heads != 0)
     bad_value("model.num_heads", std::to_string(m.num_heads),
               concat("hidden_size (", m.hidden_size, ") is not divisible by it"));
   const ModelFamily& family = model_family(m.arch);
+  if (m.head_size != 0 && !family.grouped_query)
+    bad_value("model.head_dim", std::to_string(m.head_size), concat("applies to the Llama-style families, not ", m.arch));
   if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
     bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
               concat("num_heads (", m.num_heads, ") is not divisible by it"));

@@ -251,6 +251,7 @@ static std::vector<KeySpec> build_table() {
       int_key("model.num_kv_heads", SHARDLM_FIELD(model.num_kv_heads), 0, "must be >= 0 (0 = num_heads)"),
       int_key("model.intermediate_size", SHARDLM_FIELD(model.intermediate_size), 0,
               "must be >= 0 (0 = 4 x hidden_size)"),
+      int_key("model.head_dim", SHARDLM_FIELD(model.head_size), 0, "must be >= 0 (0 = hidden_size / num_heads)"),
       positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps)),
       positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta)),
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),

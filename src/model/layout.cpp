@@ -77,10 +77,13 @@ size_t tensor_offset(const UnitLayout& unit, const std::string& name, const char
   throw Error(concat(who, ": unit ", unit.name, " has no tensor ", name));
 }
 
-void check_common_shape(const ModelConfig& cfg, const char* family, const char* heads_key) {
+void check_common_shape(const ModelConfig& cfg, const char* family, const char* heads_key, bool own_head_dim) {
   SHARDLM_CHECK(cfg.vocab_size > 0 && cfg.hidden_size > 0 && cfg.num_heads > 0 && cfg.num_layers >= 0, family,
                 " config: vocab_size, hidden_size and num_heads must be positive and num_layers >= 0 (got ",
                 cfg.vocab_size, ", ", cfg.hidden_size, ", ", cfg.num_heads, ", ", cfg.num_layers, ")");
+  SHARDLM_CHECK(cfg.head_size >= 0 && (own_head_dim || cfg.head_size == 0), family, " config: head_dim ",
+                cfg.head_size, " is not supported (", own_head_dim ? ">= 0" : "hidden_size / heads only", ")");
+  if (cfg.head_size > 0) return;  // the family's own head dimension: q is heads x head_dim wide
   SHARDLM_CHECK(cfg.hidden_size % cfg.num_heads == 0, family, " config: hidden_size ", cfg.hidden_size,
                 " is not a multiple of ", heads_key, " ", cfg.num_heads);
 }

@@ -12,12 +12,14 @@ namespace shardlm {
 ModelFamily bloom_family();
 ModelFamily llama_family();
 ModelFamily qwen2_family();
+ModelFamily qwen3_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const ModelFamily records[] = {
       bloom_family(),
       llama_family(),
       qwen2_family(),
+      qwen3_family(),
   };
   static const std::vector<const ModelFamily*> families = [] {
     std::vector<const ModelFamily*> all;

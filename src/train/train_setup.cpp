@@ -351,8 +351,9 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   run->engine = make_run_engine(*run);
   const ModelConfig& mc = cfg.model;
   const FsdpMemory mem = run->engine->memory();
+  // The attention's products are over the query width, heads x head_dim (hidden_size but for Qwen3's own head_dim).
   run->flops_per_token = model_flops_per_token(mem.model_params, mem.trainable_params, mc.num_layers,
-                                               mc.hidden_size, cfg.data.max_length);
+                                               mc.num_heads * mc.head_dim(), cfg.data.max_length);
   // Every rank reads SHARDLM_GPU_PEAKS, so a malformed file ends them all with its message.
   run_collectively(comm, [&] {
     const char* peaks_file = std::getenv("SHARDLM_GPU_PEAKS");

@@ -1,5 +1,5 @@
 // LlamaCpu: fp32 forward and backward of Llama's decoder layers (RMSNorm, rotary grouped-query
-// attention, SwiGLU MLP; Qwen2's q/k/v biases when asked) on the CPU, around the shared embedding,
+// attention, SwiGLU MLP; Qwen2's q/k/v biases and Qwen3's per-head q/k RMSNorms when asked) on the CPU, around the shared embedding,
 // LM head and attention (src/model/cpu_*.hpp). Every matrix product goes through cpu_gemm; the
 // element-wise parts (RMSNorm, rotary, softmax, SiLU) are loops.
 #include "llama_cpu.hpp"
@@ -28,10 +28,10 @@ using model_detail::linear_param_backward;
 // The block's linear layers in llama_linear_modules' order: LoRA's module indices.
 enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 
-// A block's tensors (llama_block_offsets) with its two norms; the q/k/v biases are null without
-// LlamaBlock::qkv_bias.
+// A block's tensors (llama_block_offsets) with its two norms (four with LlamaBlock::qk_norm: q's and k's
+// over each head); the q/k/v biases are null without LlamaBlock::qkv_bias.
 struct BlockOffsets : LlamaBlockOffsets {
-  CpuNorm input_norm_rows, post_norm_rows;
+  CpuNorm input_norm_rows, post_norm_rows, q_norm_heads, k_norm_heads;
   const float* bias(const float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
   float* bias(float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
 };
@@ -41,6 +41,8 @@ BlockOffsets block_offsets(const UnitLayout& block, float eps, const LlamaBlock&
   static_cast<LlamaBlockOffsets&>(o) = llama_block_offsets(block, options);
   o.input_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.input_norm, 0, eps};
   o.post_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.post_norm, 0, eps};
+  o.q_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.q_norm, 0, eps};
+  o.k_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.k_norm, 0, eps};
   return o;
 }
 
@@ -97,12 +99,27 @@ void rotary_angles(int pos, const std::vector<float>& inv_freq, float* cos_out, 
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// RMSNorm of each head (rows x heads vectors of d, row stride heads * d) in place, its xhat and rstd
+// into the arrays given ([rows heads d], [rows heads]).
+void norm_heads_forward(const CpuNorm& norm, const float* params, float* x, int rows, int heads, int d, float* xhat,
+                        float* rstd) {
+  norm.forward_rows(params, x, rows * heads, d, xhat, rstd, x);
+}
+
+// Its backward in place: dx = d(normed x) through the norm; the weight's gradient into dparams (null: frozen).
+void norm_heads_backward(const CpuNorm& norm, const float* params, float* dx, const float* xhat, const float* rstd,
+                         int rows, int heads, int d, float* dparams) {
+  const size_t n = static_cast<size_t>(rows) * heads;
+  for (size_t r = 0; r < n; ++r) norm.backward_row(params, dx + r * d, xhat + r * d, rstd[r], d, dx + r * d, false, dparams);
+}
+
 // ---- saved state ----------------------------------------------------------------------------
 
 // What one block's forward keeps for its backward, sized for the largest micro-batch.
 struct BlockActivations {
   Buffer<float> norm1_xhat, norm1_rstd;  // input RMSNorm (its output is rebuilt from xhat)
   Buffer<float> q, k, v;                 // projections, q and k after rotary: [N, nh*d], [N, nkv*d]
+  Buffer<float> q_xhat, q_rstd, k_xhat, k_rstd;  // the per-head q/k RMSNorms (LlamaBlock::qk_norm only)
   Buffer<float> probs;                   // attention probabilities [B, heads, T, T]
   Buffer<float> context;                 // attention output before o_proj [N, nh*d]
   Buffer<float> norm2_xhat, norm2_rstd;  // post-attention RMSNorm
@@ -183,6 +200,12 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     allocate_activations(a.q, tokens * QW);
     allocate_activations(a.k, tokens * KVW);
     allocate_activations(a.v, tokens * KVW);
+    if (options.qk_norm) {
+      allocate_activations(a.q_xhat, tokens * QW);
+      allocate_activations(a.q_rstd, tokens * heads);
+      allocate_activations(a.k_xhat, tokens * KVW);
+      allocate_activations(a.k_rstd, tokens * cfg.kv_heads());
+    }
     allocate_activations(a.probs, tokens * heads * max_seq);
     allocate_activations(a.context, tokens * QW);
     allocate_activations(a.norm2_xhat, tokens * H);
@@ -191,8 +214,9 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     allocate_activations(a.up, tokens * F);
   }
   if (cfg.num_layers > 0) {
-    // QW == H (head_dim is H / heads), so the [N, H] workspaces also hold d(context).
-    for (Buffer<float>& w : m.hidden_work) allocate_activations(w, tokens * H);
+    // hidden_work[1] also holds d(context), [N, QW]: wider than H where head_dim is not H / heads.
+    allocate_activations(m.hidden_work[0], tokens * H);
+    allocate_activations(m.hidden_work[1], tokens * std::max(H, QW));
     for (Buffer<float>& w : m.wide_work) allocate_activations(w, tokens * F);
     allocate_activations(m.q_grad, tokens * QW);
     allocate_activations(m.k_grad, tokens * KVW);
@@ -201,7 +225,7 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
   }
 }
 
-size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block) {
   SHARDLM_CHECK(max_batch >= 0 && max_seq >= 0, "cpu_activation_bytes: negative max_batch ", max_batch,
                 " or max_seq ", max_seq);
   // The allocations of the constructor above, buffer by buffer.
@@ -209,10 +233,11 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
   const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
   const size_t F = cfg.ffn_size(), S = max_seq;
   const size_t tokens = static_cast<size_t>(max_batch) * S;
-  const size_t per_layer = 2 * (tokens * H + tokens) + 2 * tokens * QW + 2 * tokens * KVW + tokens * heads * S +
-                           2 * tokens * F;
+  size_t per_layer = 2 * (tokens * H + tokens) + 2 * tokens * QW + 2 * tokens * KVW + tokens * heads * S +
+                     2 * tokens * F;
+  if (block.qk_norm) per_layer += tokens * (QW + heads + KVW + cfg.kv_heads());
   size_t floats = L * per_layer;
-  if (L > 0) floats += 2 * tokens * H + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
+  if (L > 0) floats += tokens * (H + std::max(H, QW)) + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
   return floats * sizeof(float) + model_detail::cpu_shared_bytes(cfg, false, max_batch, max_seq);
 }
 
@@ -247,6 +272,10 @@ void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
   adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
   adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
   adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
+  if (o.qk_norm) {  // Qwen3: each head of q and k RMSNormed before rotary
+    norm_heads_forward(o.q_norm_heads, params, a.q.data(), N, shape.heads, d, a.q_xhat.data(), a.q_rstd.data());
+    norm_heads_forward(o.k_norm_heads, params, a.k.data(), N, shape.kv_heads, d, a.k_xhat.data(), a.k_rstd.data());
+  }
   apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
   apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
   model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
@@ -312,6 +341,12 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
   apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
   apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
+  if (o.qk_norm) {
+    norm_heads_backward(o.q_norm_heads, params, m.q_grad.data(), a.q_xhat.data(), a.q_rstd.data(), N, shape.heads, d,
+                        g.base);
+    norm_heads_backward(o.k_norm_heads, params, m.k_grad.data(), a.k_xhat.data(), a.k_rstd.data(), N,
+                        shape.kv_heads, d, g.base);
+  }
   rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm, work);
   param_backward(kQProj, work, m.q_grad.data(), H, QW, o.q, bias_grad(o.q_bias));
   param_backward(kKProj, work, m.k_grad.data(), H, KVW, o.k, bias_grad(o.k_bias));
@@ -329,9 +364,11 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
 void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
   const size_t H = cfg_.hidden_size, F = cfg_.ffn_size(), rows = std::max(max_rows, 0), d = cfg_.head_dim();
   const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = m_.inv_freq.size();
+  // The norm state also serves the per-head q/k norms: rows x heads vectors of d.
   begin_decoding(slots, max_len, max_rows, cfg_.kv_heads(),
-                 {rows * H, rows, rows * H, rows * QW, rows * KVW, rows * KVW, rows * QW, rows * H, rows * F, rows * F,
-                  static_cast<size_t>(std::max(max_len, 0)), half, half});
+                 {rows * std::max(H, QW), rows * std::max<size_t>(1, cfg_.num_heads), rows * H, rows * QW, rows * KVW,
+                  rows * KVW, rows * QW, rows * H, rows * F, rows * F, static_cast<size_t>(std::max(max_len, 0)), half,
+                  half});
 }
 
 void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n,
@@ -359,6 +396,10 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, q);
   adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
   adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
+  if (o.qk_norm) {
+    norm_heads_forward(o.q_norm_heads, params, q, n, shape.heads, d, scratch(kXhat), scratch(kRstd));
+    norm_heads_forward(o.k_norm_heads, params, k, n, shape.kv_heads, d, scratch(kXhat), scratch(kRstd));
+  }
   // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
   for (int r = 0; r < n; ++r) {
     rotary_angles(positions[r], m_.inv_freq, cos_row, sin_row);

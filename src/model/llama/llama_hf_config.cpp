@@ -19,10 +19,15 @@ ModelConfig read_llama_style_config(const HfConfigReader& r) {
   c.init_std = r.get_or<float>({"initializer_range"}, 0.02f);
   const std::string act = r.get_or<std::string>({"hidden_act"}, "silu");
   SHARDLM_CHECK(act == "silu", r.source(), ": hidden_act '", act, "' is not supported (silu)");
-  if (c.num_heads > 0) {
+  // head_dim may differ from hidden_size / heads (Qwen3: 128 at hidden 1024 and 16 heads); null or absent
+  // is hidden_size / heads, kept as 0 so that a config without it round-trips unchanged.
+  if (c.num_heads > 0 && c.hidden_size % c.num_heads == 0) {
     const int head_dim = r.get_or<int>({"head_dim"}, c.hidden_size / c.num_heads);
-    SHARDLM_CHECK(head_dim * c.num_heads == c.hidden_size, r.source(), ": head_dim ", head_dim, " x num_attention_heads ",
-                  c.num_heads, " != hidden_size ", c.hidden_size, " is not supported");
+    SHARDLM_CHECK(head_dim > 0, r.source(), ": head_dim must be positive (got ", head_dim, ")");
+    if (head_dim != c.hidden_size / c.num_heads) c.head_size = head_dim;
+  } else {
+    c.head_size = r.get<int>({"head_dim"});
+    SHARDLM_CHECK(c.head_size > 0, r.source(), ": head_dim must be positive (got ", c.head_size, ")");
   }
   const HfConfigReader::Json* rs = r.find({"rope_parameters"});
   if (rs) {

@@ -12,7 +12,7 @@ namespace {
 using model_detail::add_tensor;
 
 void check_config(const ModelConfig& cfg) {
-  model_detail::check_common_shape(cfg, "Llama", "num_attention_heads");
+  model_detail::check_common_shape(cfg, "Llama", "num_attention_heads", true);
   SHARDLM_CHECK(cfg.head_dim() % 2 == 0, "Llama config: head dimension ", cfg.head_dim(),
                 " must be even for rotary embeddings");
   SHARDLM_CHECK(cfg.kv_heads() > 0 && cfg.num_heads % cfg.kv_heads() == 0, "Llama config: num_attention_heads ",
@@ -51,6 +51,10 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& o
       add_tensor(block, p + "self_attn.v_proj.bias", {KV}, InitKind::Zeros, std_);
     }
     add_tensor(block, p + "self_attn.o_proj.weight", {H, Q}, InitKind::Normal, std_);
+    if (options.qk_norm) {
+      add_tensor(block, p + "self_attn.q_norm.weight", {D}, InitKind::Ones, std_);
+      add_tensor(block, p + "self_attn.k_norm.weight", {D}, InitKind::Ones, std_);
+    }
     add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, std_);
     add_tensor(block, p + "mlp.gate_proj.weight", {F, H}, InitKind::Normal, std_);
     add_tensor(block, p + "mlp.up_proj.weight", {F, H}, InitKind::Normal, std_);
@@ -87,6 +91,11 @@ LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock&
     o.q_bias = at("self_attn.q_proj.bias");
     o.k_bias = at("self_attn.k_proj.bias");
     o.v_bias = at("self_attn.v_proj.bias");
+  }
+  o.qk_norm = options.qk_norm;
+  if (options.qk_norm) {
+    o.q_norm = at("self_attn.q_norm.weight");
+    o.k_norm = at("self_attn.k_norm.weight");
   }
   return o;
 }

@@ -1,6 +1,6 @@
 // Llama's parameter layout per FSDP unit: the root (embed_tokens, norm, lm_head when untied) and
 // decoder layers "layers.<i>" (RMSNorms, q/k/v/o projections, SwiGLU's gate/up/down), and what the
-// families built on Llama's decoder layer (Qwen2) change in it.
+// families built on Llama's decoder layer (Qwen2, Qwen3) change in it.
 #pragma once
 
 #include <string>
@@ -13,6 +13,8 @@ namespace shardlm {
 // The options of the Llama-style decoder layer; Llama itself has none set.
 struct LlamaBlock {
   bool qkv_bias = false;  // biases on q_proj, k_proj and v_proj (Qwen2), after the three weights
+  // RMSNorms over each head of q and of k before rotary (Qwen3): self_attn.q_norm / k_norm, [head_dim]
+  bool qk_norm = false;
 };
 
 // Also validates the config (positive sizes, even head dimension, kv heads dividing heads).
@@ -26,11 +28,13 @@ std::string llama_hf_tensor_name(const std::string& name);
 struct LlamaRootOffsets {
   size_t embeddings = 0, norm = 0, head = 0;
 };
-// The same in a block's (equal for every block); the q/k/v biases only with LlamaBlock::qkv_bias.
+// The same in a block's (equal for every block); the q/k/v biases only with LlamaBlock::qkv_bias, the
+// q/k norms only with LlamaBlock::qk_norm.
 struct LlamaBlockOffsets {
   size_t input_norm = 0, q = 0, k = 0, v = 0, q_bias = 0, k_bias = 0, v_bias = 0, o = 0;
+  size_t q_norm = 0, k_norm = 0;
   size_t post_norm = 0, gate = 0, up = 0, down = 0;
-  bool qkv_bias = false;
+  bool qkv_bias = false, qk_norm = false;
 };
 // From llama_layout's units, so that the models can never disagree with the layout.
 LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied);

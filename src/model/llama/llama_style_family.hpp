@@ -1,4 +1,4 @@
-// The registry record of a family built on Llama's decoder layer (Llama itself, Qwen2): the fields
+// The registry record of a family built on Llama's decoder layer (Llama itself, Qwen2, Qwen3): the fields
 // that follow from the layer and its options, and the family's names and config.json mapping.
 #pragma once
 
@@ -34,9 +34,12 @@ ModelFamily llama_style_family(const std::string& name, const std::string& hf_ar
   f.make_cpu = [](const ModelConfig& cfg, int max_batch, int max_seq) {
     return make_llama_cpu(cfg, max_batch, max_seq, Block);
   };
-  // Options such as Qwen2's biases add no activations: the sizes are Llama's.
-  f.cpu_activation_bytes = llama_cpu_activation_bytes;
-  f.cuda_memory = cuda::llama_cuda_memory;
+  f.cpu_activation_bytes = [](const ModelConfig& cfg, int max_batch, int max_seq) {
+    return llama_cpu_activation_bytes(cfg, max_batch, max_seq, Block);
+  };
+  f.cuda_memory = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
+    return cuda::llama_cuda_memory(cfg, dt, max_batch, max_seq, checkpointing, Block.qk_norm);
+  };
 #ifdef SHARDLM_HAVE_CUDA
   f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
     return cuda::make_llama_cuda(cfg, dt, max_batch, max_seq, checkpointing, Block);

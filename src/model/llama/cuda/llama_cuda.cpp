@@ -21,7 +21,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
       attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
-      sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
+      sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused(),
+                              options.qk_norm)) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
   root_ = {model_detail::root_tensor(cfg, root.embeddings), model_detail::root_tensor(cfg, root.norm),
@@ -29,7 +30,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   if (cfg.num_layers > 0) {
     const LlamaBlockOffsets o = llama_block_offsets(layout[1], options);
     const size_t H = cfg.hidden_size;
-    block_ = {o.input_norm, o.q, o.q_bias, o.o, o.post_norm, o.gate, o.down};
+    block_ = {o.input_norm, o.q, o.q_bias, o.o, o.post_norm, o.gate, o.down, o.q_norm, o.k_norm};
     // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each, and the bias
     // epilogue [q; k; v] biases as one vector.
     SHARDLM_CHECK(o.k == o.q + qw_ * H && o.v == o.q + (qw_ + kvw_) * H && o.up == o.gate + ffn_ * H,
@@ -38,6 +39,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
                   "LlamaCuda: q/k/v biases are not adjacent in the block layout");
   }
   qkv_bias_ = options.qkv_bias;
+  qk_norm_ = options.qk_norm;
 
   const std::vector<float> inv_freq = rope_inv_freq(cfg);
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
@@ -55,7 +57,10 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
     sv.context.allocate(sizes_.context);
     sv.h2.allocate(sizes_.h2);
     sv.gate_up.allocate(sizes_.gate_up);
+    sv.qk_raw.allocate(sizes_.qk_raw);
+    sv.qk_rstd.allocate(sizes_.qk_rstd / sizeof(float));
   }
+  qk_work_.allocate(sizes_.qk_work);
   norm_.allocate(sizes_.norm);
   grad_.allocate(sizes_.grad);
   dh_.allocate(sizes_.dh);
@@ -66,11 +71,51 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 
 size_t LlamaCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + inv_freq_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() +
-             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes();
+             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
-         sv.h2.bytes() + sv.gate_up.bytes();
+         sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes();
   return n;
+}
+
+// Columns [col, col + width) of n rows of stride ld (elements of dsize bytes) to or from a contiguous [n, width].
+static void copy_columns(void* dst, size_t dst_ld, const void* src, size_t src_ld, int n, size_t width, size_t dsize,
+                         cudaStream_t s) {
+  SHARDLM_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * dsize, src, src_ld * dsize, width * dsize, n,
+                                       cudaMemcpyDeviceToDevice, s));
+}
+
+void LlamaCuda::qk_norm_forward(char* qkv, int n, const char* q_weight, const char* k_weight, char* raw, float* rstd,
+                                char* work, cudaStream_t s) const {
+  const int d = cfg_.head_dim(), heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
+  const size_t QKV = qw_ + 2 * kvw_;
+  char* raw_k = raw + static_cast<size_t>(n) * qw_ * dsize_;
+  // q: its heads are rows of d once copied out of the q|k|v rows; normed into work and copied back.
+  copy_columns(raw, qw_, qkv, QKV, n, qw_, dsize_, s);
+  rmsnorm_forward(raw, q_weight, work, rstd, n * heads, d, cfg_.rms_norm_eps, dt_, s);
+  copy_columns(qkv, QKV, work, qw_, n, qw_, dsize_, s);
+  char* k = qkv + qw_ * dsize_;
+  copy_columns(raw_k, kvw_, k, QKV, n, kvw_, dsize_, s);
+  rmsnorm_forward(raw_k, k_weight, work, rstd + static_cast<size_t>(n) * heads, n * kv_heads, d, cfg_.rms_norm_eps, dt_,
+                  s);
+  copy_columns(k, QKV, work, kvw_, n, kvw_, dsize_, s);
+}
+
+void LlamaCuda::qk_norm_backward(char* dqkv, int n, const char* q_weight, const char* k_weight, const char* raw,
+                                 const float* rstd, float* dq_weight, float* dk_weight, char* work,
+                                 cudaStream_t s) const {
+  const int d = cfg_.head_dim(), heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
+  const size_t QKV = qw_ + 2 * kvw_;
+  char* dy = work;
+  char* dx = work + static_cast<size_t>(n) * qw_ * dsize_;
+  copy_columns(dy, qw_, dqkv, QKV, n, qw_, dsize_, s);
+  rmsnorm_backward(dy, raw, q_weight, rstd, dx, dq_weight, n * heads, d, false, dt_, s);
+  copy_columns(dqkv, QKV, dx, qw_, n, qw_, dsize_, s);
+  char* dk = dqkv + qw_ * dsize_;
+  copy_columns(dy, kvw_, dk, QKV, n, kvw_, dsize_, s);
+  rmsnorm_backward(dy, raw + static_cast<size_t>(n) * qw_ * dsize_, k_weight, rstd + static_cast<size_t>(n) * heads, dx,
+                   dk_weight, n * kv_heads, d, false, dt_, s);
+  copy_columns(dk, QKV, dx, kvw_, n, kvw_, dsize_, s);
 }
 
 void LlamaCuda::embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) {
@@ -100,6 +145,10 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   lora(kQProj, norm_.data(), sv.qkv.data(), QKV);
   lora(kKProj, norm_.data(), sv.qkv.data() + qw_ * dsize_, QKV);
   lora(kVProj, norm_.data(), sv.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
+  // Qwen3: each head of q and k RMSNormed before rotary.
+  if (qk_norm_)
+    qk_norm_forward(sv.qkv.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
+                    qk_work_.data(), s);
   rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s, starts_);  // q, k
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
@@ -207,6 +256,10 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
                              d, dt_, attn_ws_.data(), s, starts_);
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
+  if (qk_norm_)
+    qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
+                     train_base ? g(block_.q_norm) : nullptr, train_base ? g(block_.k_norm) : nullptr,
+                     qk_work_.data(), s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
   if (train_base) {

@@ -1,7 +1,8 @@
 // The Llama model on the GPU: forward and backward of each FSDP unit on one stream, activations in
 // the compute dtype in buffers planned up front (llama_cuda_sizes.hpp; no allocation in the step),
 // parameter gradients in fp32; and greedy decoding with a key/value cache. The options of
-// LlamaBlock (Qwen2's q/k/v biases) ride on the fused q|k|v GEMM's bias epilogue. LoRA's terms add onto
+// LlamaBlock: Qwen2's q/k/v biases ride on the fused q|k|v GEMM's bias epilogue; Qwen3's per-head q/k
+// RMSNorms are the RMSNorm kernels over rows of head_dim (tokens x heads rows), before rotary. LoRA's terms add onto
 // the projections' columns (before rotary for q and k). Mirrors LlamaCpu (src/model/llama/llama_cpu.cpp),
 // which is its reference.
 #pragma once
@@ -61,6 +62,8 @@ class LlamaCuda final : public CudaModelBase {
   struct Saved {  // one block's activations kept for its backward
     DeviceBuffer<float> rstd1, rstd2, lse;  // lse: the attention softmax's, [B, heads, T]
     DeviceBuffer<char> qkv, context, h2, gate_up;
+    DeviceBuffer<char> qk_raw;        // LlamaBlock::qk_norm: q then k before their norms, [N, q] and [N, k]
+    DeviceBuffer<float> qk_rstd;      // their 1/rms per head, [N heads] then [N kv_heads]
   };
   // The block's forward into sv and h_{layer+1}; `recompute` (activation checkpointing's backward)
   // leaves out what the backward does not read: the block's output h_{layer+1}, already kept, and
@@ -76,6 +79,7 @@ class LlamaCuda final : public CudaModelBase {
   };
   struct BlockOffsets {
     size_t input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;  // qkv_bias: with qkv_bias_ only
+    size_t q_norm, k_norm;                                            // with qk_norm_ only
   };
   RootTensors root_{};
   BlockOffsets block_{};
@@ -83,6 +87,15 @@ class LlamaCuda final : public CudaModelBase {
   enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
+  bool qk_norm_ = false;   // LlamaBlock::qk_norm
+  // The per-head q and k RMSNorms of q|k|v rows (stride QKV) in place, keeping the raw heads in raw and
+  // their 1/rms in rstd (rows x heads each, q's then k's); work: [n, q] of scratch.
+  void qk_norm_forward(char* qkv, int n, const char* q_weight, const char* k_weight, char* raw, float* rstd, char* work,
+                       cudaStream_t s) const;
+  // Their backward in place on d(q|k|v)'s q and k columns; the weights' gradients added into dq_weight,
+  // dk_weight (null: frozen); work: 2 x [n, q] of scratch.
+  void qk_norm_backward(char* dqkv, int n, const char* q_weight, const char* k_weight, const char* raw,
+                        const float* rstd, float* dq_weight, float* dk_weight, char* work, cudaStream_t s) const;
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   AttentionPath attention_;  // cuDNN's fused attention or llama_attention_*; sizes_ follow its choice
   LlamaCudaSizes sizes_;
@@ -92,12 +105,16 @@ class LlamaCuda final : public CudaModelBase {
   // Scratch: a norm's output; the gradient into a norm or the context; the hidden-state gradient
   // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
+  DeviceBuffer<char> qk_work_;  // LlamaBlock::qk_norm's scratch (sizes_.qk_work)
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
     // a norm's output, projections, attention context, gate|up, SiLU(gate) * up.
     DeviceBuffer<char> hidden, h2, norm, qkv, ctx, gate_up, wide;
     DeviceBuffer<float> rstd;  // [max_rows], RMSNorm statistics (unused after)
+    // LlamaBlock::qk_norm: q|k before their norms and the normed heads, [max_rows, q] x 3; their 1/rms.
+    DeviceBuffer<char> qk;
+    DeviceBuffer<float> qk_rstd;
   };
   DecodeBuffers decode_;
 };

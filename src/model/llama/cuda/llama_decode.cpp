@@ -24,6 +24,10 @@ void LlamaCuda::decode_allocate(int slots, int max_len, int max_rows) {
   decode_.gate_up.allocate(rows * 2 * ffn_ * dsize_);
   decode_.wide.allocate(rows * ffn_ * dsize_);
   decode_.rstd.allocate(rows);
+  if (qk_norm_) {
+    decode_.qk.allocate(rows * (qw_ + kvw_ + qw_) * dsize_);
+    decode_.qk_rstd.allocate(rows * (cfg_.num_heads + cfg_.kv_heads()));
+  }
 }
 
 void LlamaCuda::decode_free() {
@@ -65,6 +69,9 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   lora(kQProj, b.norm.data(), b.qkv.data(), QKV);
   lora(kKProj, b.norm.data(), b.qkv.data() + qw_ * dsize_, QKV);
   lora(kVProj, b.norm.data(), b.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
+  if (qk_norm_)  // Qwen3's per-head q/k RMSNorms: the raw heads and the normed scratch side by side in b.qk
+    qk_norm_forward(b.qkv.data(), n, w(block_.q_norm), w(block_.k_norm), b.qk.data(), b.qk_rstd.data(),
+                    b.qk.data() + static_cast<size_t>(n) * (qw_ + kvw_) * dsize_, s);
   rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);

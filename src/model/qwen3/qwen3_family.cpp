@@ -1,0 +1,42 @@
+// The Qwen3 family's record for the registry (transformers' Qwen3ForCausalLM): Llama's decoder layer
+// without biases, with an RMSNorm over each head of q and of k before rotary (LlamaBlock::qk_norm:
+// self_attn.q_norm / k_norm, [head_dim]), head_dim from config.json independent of hidden_size / heads,
+// a tied or untied head; everything else is the Llama-style code of src/model/llama/.
+#include "../llama/llama_hf_config.hpp"
+#include "../llama/llama_style_family.hpp"
+
+namespace shardlm {
+namespace {
+
+constexpr LlamaBlock kQwen3Block{false, true};
+
+ModelConfig qwen3_from_hf(const HfConfigReader& r) {
+  ModelConfig c = read_llama_style_config(r);
+  SHARDLM_CHECK(!r.get_or<bool>({"attention_bias"}, false), r.source(), ": attention_bias = true is not supported");
+  // Sliding-window attention is off in the released Qwen3 models; refuse it when asked.
+  SHARDLM_CHECK(!r.get_or<bool>({"use_sliding_window"}, false), r.source(),
+                ": use_sliding_window = true is not supported");
+  if (const HfConfigReader::Json* types = r.find({"layer_types"})) {
+    SHARDLM_CHECK(types->is_array(), r.source(), ": layer_types must be a list");
+    for (const HfConfigReader::Json& t : *types)
+      SHARDLM_CHECK(t == "full_attention", r.source(), ": layer_types entry ", t.dump(),
+                    " is not supported (full_attention)");
+  }
+  return c;
+}
+
+void qwen3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
+  write_llama_style_config(cfg, c);
+  c["attention_bias"] = false;
+  c["use_sliding_window"] = false;
+  c["attention_dropout"] = 0.0;
+  c["initializer_range"] = shortest_decimal(cfg.init_std);
+}
+
+}  // namespace
+
+ModelFamily qwen3_family() {
+  return llama_style_family<kQwen3Block>("qwen3", "Qwen3ForCausalLM", qwen3_from_hf, qwen3_to_hf);
+}
+
+}  // namespace shardlm
