@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "commands.hpp"
-#include "shardlm/chat.hpp"
+#include "chat.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 #include "temp_dir.hpp"

@@ -1,7 +1,7 @@
 // Chat records into conversations: OpenAI messages, ShareGPT conversations and alpaca
 // instruction/input/output, from JSON lines or a JSON array, each record checked field by field.
 #include "data_file.hpp"
-#include "shardlm/chat.hpp"
+#include "chat.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {

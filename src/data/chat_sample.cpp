@@ -3,7 +3,7 @@
 // tokenized once, and the tokens that overlap a span trained.
 #include <algorithm>
 
-#include "shardlm/chat.hpp"
+#include "chat.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {

@@ -4,7 +4,7 @@
 
 #include "data_file.hpp"
 #include "jinja.hpp"
-#include "shardlm/chat.hpp"
+#include "chat.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "hf_tokenizer.hpp"
 #include "jinja_ast.hpp"
 
 namespace shardlm::jinja {
@@ -294,23 +295,7 @@ std::u32string utf8_decode(const std::string& text) {
 
 std::string utf8_encode(const std::u32string& text) {
   std::string out;
-  for (char32_t cp : text) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
+  for (char32_t cp : text) hf::append_utf8(out, static_cast<uint32_t>(cp));  // the tokenizer's encoder
   return out;
 }
 

@@ -10,7 +10,7 @@
 #include "run_id.hpp"
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
-#include "shardlm/chat.hpp"
+#include "../data/chat.hpp"
 #include "shardlm/optim.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/fsdp.hpp"

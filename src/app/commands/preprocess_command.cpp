@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "shardlm/chat.hpp"
+#include "../../data/chat.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
