@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -372,8 +373,15 @@ BOOST_AUTO_TEST_CASE(a_write_killed_midway_leaves_latest_and_the_next_start_clea
   BOOST_TEST(fs::exists(ckpts / "ckpt-00000004.h5.tmp"));
   BOOST_TEST(!fs::exists(ckpts / "ckpt-00000004.h5"));
 
-  const Outcome resumed = run_shardlm(2, "train " + kDemo + " --data.eval_file= --train.max_steps=3 --run.dir=" +
-                                             (t.root / "run").string() + " --checkpoint.resume=auto", "", 120);
+  // The killed job's processes may still be going away (mpirun tears down asynchronously): while the
+  // run folder's lock says so, the next start is refused; it is tried again for up to 10 s.
+  Outcome resumed;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    resumed = run_shardlm(2, "train " + kDemo + " --data.eval_file= --train.max_steps=3 --run.dir=" +
+                                 (t.root / "run").string() + " --checkpoint.resume=auto", "", 120);
+    if (!contains(resumed.output, "is in use by another job")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   BOOST_TEST(resumed.exit_code == 0, resumed.output);
   BOOST_TEST(contains(resumed.output, "removed 1 unfinished checkpoint write(s) of a job stopped while writing "
                                       "(ckpt-00000004.h5.tmp)"), resumed.output);
