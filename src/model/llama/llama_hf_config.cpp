@@ -79,4 +79,15 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
   c["tie_word_embeddings"] = cfg.tie_word_embeddings;
 }
 
+void refuse_sliding_window(const HfConfigReader& r) {
+  SHARDLM_CHECK(!r.get_or<bool>({"use_sliding_window"}, false), r.source(),
+                ": use_sliding_window = true is not supported");
+  if (const HfConfigReader::Json* types = r.find({"layer_types"})) {
+    SHARDLM_CHECK(types->is_array(), r.source(), ": layer_types must be a list");
+    for (const HfConfigReader::Json& t : *types)
+      SHARDLM_CHECK(t == "full_attention", r.source(), ": layer_types entry ", t.dump(),
+                    " is not supported (full_attention)");
+  }
+}
+
 }  // namespace shardlm

@@ -12,4 +12,7 @@ ModelConfig read_llama_style_config(const HfConfigReader& r);
 // Writes them, from vocab_size to tie_word_embeddings.
 void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 
+// Qwen2 and Qwen3: use_sliding_window = true, or a layer_types entry other than full_attention, refused.
+void refuse_sliding_window(const HfConfigReader& r);
+
 }  // namespace shardlm

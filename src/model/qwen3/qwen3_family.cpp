@@ -13,15 +13,7 @@ constexpr LlamaBlock kQwen3Block{false, true};
 ModelConfig qwen3_from_hf(const HfConfigReader& r) {
   ModelConfig c = read_llama_style_config(r);
   SHARDLM_CHECK(!r.get_or<bool>({"attention_bias"}, false), r.source(), ": attention_bias = true is not supported");
-  // Sliding-window attention is off in the released Qwen3 models; refuse it when asked.
-  SHARDLM_CHECK(!r.get_or<bool>({"use_sliding_window"}, false), r.source(),
-                ": use_sliding_window = true is not supported");
-  if (const HfConfigReader::Json* types = r.find({"layer_types"})) {
-    SHARDLM_CHECK(types->is_array(), r.source(), ": layer_types must be a list");
-    for (const HfConfigReader::Json& t : *types)
-      SHARDLM_CHECK(t == "full_attention", r.source(), ": layer_types entry ", t.dump(),
-                    " is not supported (full_attention)");
-  }
+  refuse_sliding_window(r);  // off in the released models
   return c;
 }
 
