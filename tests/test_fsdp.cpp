@@ -325,6 +325,12 @@ BOOST_AUTO_TEST_CASE(llama_full_shard_matches_one_rank) {
   RunConfig split_cfg = config(ShardingStrategy::FullShard, "llama_split");
   split_cfg.fsdp.root_reduction = RootReduction::Split;
   TrainResult split = train(split_cfg, MPI_COMM_WORLD, quiet());
+  // Reducing every micro-step (no_sync off), the table's rows are written over the head's part of the
+  // full gradient once it is reduced (RootSplit::grad_from).
+  RunConfig reuse_cfg = config(ShardingStrategy::FullShard, "llama_split_reuse");
+  reuse_cfg.fsdp.root_reduction = RootReduction::Split;
+  reuse_cfg.fsdp.no_sync = NoSync::Off;
+  TrainResult reuse = train(reuse_cfg, MPI_COMM_WORLD, quiet());
   std::vector<double> single(7, 0.0);
   if (world_rank() == 0) {
     TrainResult r = train(config(ShardingStrategy::NoShard, "llama_reference"), MPI_COMM_SELF, quiet());
@@ -339,6 +345,8 @@ BOOST_AUTO_TEST_CASE(llama_full_shard_matches_one_rank) {
   BOOST_TEST(world.eval_losses.at(0) == single[6], boost::test_tools::tolerance(1e-4));
   BOOST_TEST_REQUIRE(split.step_losses.size() == 6u);
   for (int i = 0; i < 6; ++i) BOOST_TEST(split.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
+  BOOST_TEST_REQUIRE(reuse.step_losses.size() == 6u);
+  for (int i = 0; i < 6; ++i) BOOST_TEST(reuse.step_losses[i] == single[i], boost::test_tools::tolerance(1e-4));
   // A fresh model starts near ln(259) and learns.
   BOOST_TEST(single[0] > 4.5);
   BOOST_TEST(single[5] < single[0]);

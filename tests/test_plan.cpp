@@ -407,11 +407,15 @@ BOOST_AUTO_TEST_CASE(root_split_plan_follows_the_family_and_the_tokens) {
   BOOST_TEST(u.root_split.head_begin == 16000u);  // the final norm and lm_head
   BOOST_TEST(u.root_split.head_end == uroot.numel);
   BOOST_TEST(u.root_split.extras_end == u.root_split.extras_begin);
+  // Untied: the table's rows reuse the head's part of the full gradient, which starts the buffer.
+  BOOST_TEST(u.root_split.grad_from == 16000u);
+  BOOST_TEST(s.grad_from == 0u);  // BLOOM: the tied table is the head's
   llama.tie_word_embeddings = true;
   const auto [t, troot] = split_of(llama, RootReduction::Split, 4, 1, 300);
   BOOST_TEST(t.root_split.table_in_head);
   BOOST_TEST(t.root_split.head_begin == 0u);
   BOOST_TEST(t.root_split.head_end == troot.numel);
+  BOOST_TEST(t.root_split.grad_from == 0u);
 
   BOOST_TEST(!split_of(llama, RootReduction::Auto, 4, 1, 300).first.root_split.on);  // 1200 ids of 1000 rows
   BOOST_TEST(!split_of(llama, RootReduction::Whole, 4, 1, 10).first.root_split.on);
@@ -466,6 +470,22 @@ BOOST_AUTO_TEST_CASE(no_sync_full_prices_gathered_blocks_and_full_gradients) {
   const double block_grad = (off.at("full_grad_bytes").get<double>() - accumulating.at("full_grad_bytes").get<double>()) / (2 - 24);
   BOOST_TEST(block_grad > 12e6 * 4);
   BOOST_TEST(block_grad < 13e6 * 4);
+}
+
+// Untied (the Llama-3.1-8B shape), the root's split reduction writes the table's rows over the head's
+// part of the full gradient once it is reduced: the full gradients hold no fp32 table (vocabulary x
+// hidden) beside the head's, unless no_sync = full keeps both for the next micro-step.
+BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
+  const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini --model.num_layers=2 --ranks=2 --json ";
+  auto full_grads = [&](const std::string& args) {
+    Outcome o = plan(deck + args);
+    BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+    return row_of(json::parse(o.output), "FULL_SHARD").at("memory_record").at("full_grad_bytes").get<double>();
+  };
+  const double table = 128256.0 * 4096 * 4;
+  const double whole = full_grads("--fsdp.root_reduction=whole --fsdp.no_sync=off --train.batch_size=4");
+  BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=off --train.batch_size=4") == whole - table);
+  BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8") == whole);
 }
 
 // Offloaded, a rank's host holds its fp32 master, gradient slice and both moments (16 bytes a slice

@@ -105,6 +105,11 @@ struct RootSplit {
   size_t token_capacity = 0;               // token ids of one rank's micro-batch
   size_t shard_ids = 0;                    // of the shard group's (shard x token_capacity)
   size_t id_capacity = 0;                  // of every rank's (x replicate)
+  // Untied and reducing every micro-step: the root's full gradient buffer starts at the head's part
+  // (grad_from, an element offset in the root) and the table's rows reuse its first table_rows x width
+  // elements once that part is reduced (the micro-step's rows zeroed first), so the table has no fp32
+  // buffer of its own. 0: the buffer is the whole root.
+  size_t grad_from = 0;
   size_t packed_numel() const { return id_capacity * width + (extras_end - extras_begin); }
   // Device bytes: this rank's ids, the shard group's, every rank's (when replicated), the rows' first
   // occurrences (table_rows), the packed rows and tensors in the reduce dtype.

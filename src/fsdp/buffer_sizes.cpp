@@ -216,6 +216,12 @@ RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const Fs
     r.table_in_head = true;
   }
   r.extras_begin = extras_begin, r.extras_end = extras_end;
+  // The table before the head's part and no larger than it: its rows can be written where the head's
+  // gradient was, after that was reduced (not with no_sync full, where both hold earlier micro-steps').
+  const size_t table_numel = r.table_rows * r.width;
+  if (!r.table_in_head && extras_end == 0 && table->offset + table_numel <= head_begin &&
+      table_numel <= root.numel - head_begin)
+    r.grad_from = head_begin;
   return r;
 }
 

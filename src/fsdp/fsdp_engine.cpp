@@ -120,7 +120,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   m.gathered.assign(m.units.size(), false);
   for (size_t i = 0; i < m.block_full.size(); ++i) m.slot_free.push_back(be.make_event());
   for (size_t i = 0; i < m.units.size(); ++i) m.unit_gathered.push_back(be.make_event());
-  if (!plan_.direct_grads) m.root_grad_full = be.allocate(plan_.root_padded * sizeof(float), MemKind::Grads);
+  if (!plan_.direct_grads)
+    m.root_grad_full = be.allocate((plan_.root_padded - plan_.root_split.grad_from) * sizeof(float), MemKind::Grads);
   for (size_t i = 0; i < plan_.grad_buffers; ++i)
     m.block_grad_full.push_back(be.allocate(plan_.block_padded * sizeof(float), MemKind::Grads));
   // Zeroed after each reduction from here on (Impl::zero_on_comm).

@@ -141,7 +141,19 @@ struct FsdpEngine::Impl {
   // gradients are direct, else the root's buffer or block l = u - 1's buffer l % grad_buffers.
   float* full_grad(size_t u) {
     if (plan.direct_grads) return units[u].grad.as<float>();
-    return u == 0 ? root_grad_full.as<float>() : block_grad_full[(u - 1) % block_grad_full.size()].as<float>();
+    return u == 0 ? root_grad() : block_grad_full[(u - 1) % block_grad_full.size()].as<float>();
+  }
+  // The root's full gradient addressed by root offsets: root_grad_full holds it from
+  // plan.root_split.grad_from on (the head's part and after), so this points that many elements before.
+  float* root_grad() { return elements_before(root_grad_full.as<float>(), plan.root_split.grad_from); }
+  // Addressed by root offsets, where the embedding's backward writes the table's rows: the table's own
+  // place in root_grad, or with grad_from the buffer's start (the head's part, reduced by then).
+  float* table_grad() {
+    const RootSplit& rs = plan.root_split;
+    return rs.grad_from > 0 ? elements_before(root_grad_full.as<float>(), rs.table_offset) : root_grad();
+  }
+  static float* elements_before(float* p, size_t n) {
+    return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(p) - n * sizeof(float));
   }
 
   // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over

@@ -187,10 +187,10 @@ void FsdpEngine::Impl::reduce_root_head() {
   root_grad_ready->wait_on(comm);
   const int span = tracer.mark_begin("reduce unit 0 (head)", -1, Lane::Comm);
   if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
-    reduce_into_slice(d, root_grad_full.as<float>());
+    reduce_into_slice(d, root_grad());
   } else {
     if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
-    reduce_range(d, root_grad_full.as<float>(), rs.head_begin, rs.head_end);
+    reduce_range(d, root_grad(), rs.head_begin, rs.head_end);
   }
   // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
   shard.all_gather(split_ids.data(), split_ids_shard.data(), rs.token_capacity, DType::F32);
@@ -204,13 +204,14 @@ void FsdpEngine::Impl::reduce_root_head() {
 void FsdpEngine::Impl::embedding_grad_begins() {
   const RootSplit& rs = plan.root_split;
   head_reduced->wait_on(compute);
-  if (rs.table_in_head)  // the head's gradient of the named rows went with the head's part
-    be.rows_zero(root_grad_full.as<float>() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity,
-                 rs.table_rows, compute);
+  // Tied, the head's gradient of the named rows went with the head's part; with grad_from the rows are
+  // written over that part.
+  if (rs.table_in_head || rs.grad_from > 0)
+    be.rows_zero(table_grad() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity, rs.table_rows, compute);
   // No sync in full: the head's part was the whole root, the embedding's other tensors with what the
   // earlier micro-steps left in them; the embedding's part carries this micro-step's alone.
   if (plan.no_sync == NoSync::Full && rs.extras_end > rs.extras_begin)
-    be.zero(root_grad_full.as<float>() + rs.extras_begin, (rs.extras_end - rs.extras_begin) * sizeof(float), compute);
+    be.zero(root_grad() + rs.extras_begin, (rs.extras_end - rs.extras_begin) * sizeof(float), compute);
 }
 
 void FsdpEngine::Impl::reduce_root_embedding() {
@@ -218,11 +219,11 @@ void FsdpEngine::Impl::reduce_root_embedding() {
   Unit& d = units[0];
   const DType rdt = opt.reduce_dtype;
   const size_t rsize = dtype_size(rdt), extras = rs.extras_end - rs.extras_begin;
-  float* full = root_grad_full.as<float>();
+  float* full = root_grad();
   const int32_t* ids = token_ids_all();
   int32_t* first = split_first.as<int32_t>();
   const int span = tracer.mark_begin("reduce unit 0 (embedding rows)", -1, Lane::Comm);
-  be.rows_pack(full + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(), rdt,
+  be.rows_pack(table_grad() + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(), rdt,
                comm);
   char* tail = split_packed.as<char>() + rs.id_capacity * rs.width * rsize;
   if (extras > 0) be.cast(full + rs.extras_begin, DType::F32, tail, rdt, extras, comm);
@@ -348,7 +349,10 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     }
     if (split) embedding_grad_begins();
     span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
-    if (N > 0) model->embed_backward(root, tok, droot, B, T, compute);
+    // With the root split's grad_from, the table's rows go where the head's part was (reduced by now).
+    // (grad_from is never set where a micro-step may leave the root unreduced: split is on here.)
+    const UnitGrads dtable = plan.root_split.grad_from > 0 ? UnitGrads{table_grad()} : droot;
+    if (N > 0) model->embed_backward(root, tok, dtable, B, T, compute);
     tracer.mark_end(span);
     if (reducing) {
       root_grad_ready->record(compute);
