@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench.hpp"
 #include "cuda_check.hpp"
 #include "gemm.hpp"
 #include "kernels.hpp"
@@ -28,6 +29,8 @@
 #endif
 
 using namespace shardlm;
+using shardlm::bench::GpuBuffer;
+using shardlm::bench::median_ms;
 
 namespace {
 
@@ -37,37 +40,6 @@ std::vector<int> int_list(const std::string& s) {
   std::string item;
   while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
   return out;
-}
-
-struct GpuBuffer {
-  void* p = nullptr;
-  explicit GpuBuffer(size_t bytes) { SHARDLM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~GpuBuffer() { cudaFree(p); }
-  GpuBuffer(const GpuBuffer&) = delete;
-  GpuBuffer& operator=(const GpuBuffer&) = delete;
-};
-
-// Median milliseconds of `reps` calls of f (after `warmup`), each timed by its own events.
-template <typename F>
-double median_ms(F&& f, int warmup, int reps, cudaStream_t s) {
-  for (int i = 0; i < warmup; ++i) f();
-  cudaEvent_t a, b;
-  SHARDLM_CUDA_CHECK(cudaEventCreate(&a));
-  SHARDLM_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    SHARDLM_CUDA_CHECK(cudaEventRecord(a, s));
-    f();
-    SHARDLM_CUDA_CHECK(cudaEventRecord(b, s));
-    SHARDLM_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    SHARDLM_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 // A random fill in dt (values of order one).
