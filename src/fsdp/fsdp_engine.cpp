@@ -214,6 +214,9 @@ double FsdpEngine::grad_norm() {
   double local = 0.0;
   if (m.offload) {
     local = m.offload->sum_squares();
+  } else if (m.squares_taken) {  // the last micro-step summed them as the reductions landed
+    backend_->copy(&local, m.norm.data(), sizeof(double), CopyKind::DeviceToHost, m.compute);
+    backend_->synchronize(m.compute);
   } else {
     m.settle_fresh_grads(m.compute);
     double* sum = m.host_memory ? &local : m.norm.as<double>();

@@ -70,6 +70,12 @@ struct FsdpEngine::Impl {
   bool last_announced = false;
   std::vector<char> local_pending, replicate_pending;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
+  // The step's last micro-step summed each unit's squares into `norm` on comm as its slice became final
+  // (its last reduction landed), so grad_norm waits for one copy, not a pass over every slice.
+  bool squares_taken = false;
+  void take_squares(size_t u) {
+    be.sum_squares(units[u].grad.as<float>(), units[u].flat.shard_numel, norm.as<double>(), comm);
+  }
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
   class OffloadPolicy;                     // offload.hpp

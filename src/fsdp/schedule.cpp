@@ -134,6 +134,7 @@ void FsdpEngine::Impl::reduce_pending() {
 
 void FsdpEngine::Impl::drop_pending() {
   last_announced = false;
+  squares_taken = false;
   for (size_t u = 1; u < units.size(); ++u)
     if (local_pending[u]) {
       const DeviceArray& g = block_grad_full[(u - 1) % block_grad_full.size()];
@@ -296,7 +297,11 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
   // full buffers for the next to add to (local_pending).
   const bool reducing = reduces();
   const bool split = backward && plan.root_split.on && reducing;
+  // The step's last micro-step (announced) takes each unit's squares as its reduction lands (a device
+  // engine whose slices the reductions write).
+  const bool squares = backward && reducing && last_announced && !offload && !host_memory && !plan.direct_grads;
   if (backward) {
+    if (squares) be.zero(norm.data(), sizeof(double), comm);
     const bool zero_root = !local_pending[0];
     if (zero_on_comm() && zero_root && L == 0) zero_root_grad_on_comm();
     // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
@@ -338,6 +343,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
         grad_ready[gs]->record(compute);
         grad_ready[gs]->wait_on(comm);
         reduce(1 + l, grad);
+        if (squares) take_squares(1 + l);
         if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
         // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
         grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
@@ -359,6 +365,8 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
       root_grad_ready->wait_on(comm);
       if (split) reduce_root_embedding();
       else reduce(0, full_grad(0));
+      if (squares) take_squares(0);
+      squares_taken = squares;
       root_reduction_pending = true;
     }
     local_pending[0] = !reducing;
