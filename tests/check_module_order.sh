@@ -4,7 +4,7 @@
 # of train/, fsdp/, optim/ or model/, is reported. Exit status 1 when anything is reported.
 # Usage: tests/check_module_order.sh [REPOSITORY_ROOT]   (default: the folder above this script)
 
-# Lower never includes higher (DESIGN.md's table, top to bottom).
+# Lower never includes higher (docs/design.md's table, top to bottom).
 ORDER=(core dist device model config data io optim fsdp train app)
 # What the device backends must never include, whatever the order says.
 DEVICE_FORBIDDEN=(train fsdp optim model)

@@ -229,7 +229,7 @@ TraceSummary summarize_trace(const StepTrace& trace);
 // thread per lane.
 std::string trace_json(const StepTrace& trace, int rank);
 
-// The model wrapped unit by unit for FSDP on one backend: the schedule of DESIGN.md written once.
+// The model wrapped unit by unit for FSDP on one backend: the schedule of docs/design.md written once.
 // On an asynchronous backend parameter all-gathers run on the communication stream ahead of the
 // compute stream (forward and backward prefetch, at most limit_all_gathers gathered blocks when
 // resharding) and each block's gradient is reduced on the communication stream while the compute
@@ -378,7 +378,7 @@ struct RankMemoryPlan {
 
 // The shard-group size of `strategy` for this world (HYBRID_SHARD: the ranks of one node).
 int plan_shard_size(const MemoryPlanSpec& spec);
-// Error naming the reason when the backend cannot run the model (Llama on CUDA).
+// Throws an Error naming the reason when the backend cannot run the model.
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec);
 // GPU memory a CUDA rank uses outside its planned buffers: CUDA context, cuBLASLt (handle and its
 // 32 MiB workspace) and NCCL; measured on one H100 as nvidia-smi's process total minus the planned
