@@ -1,5 +1,5 @@
 // Tests of `shardlm plan`: its CPU numbers against what demo runs on 1, 2 and 4 ranks report for
-// every strategy; its CUDA numbers against the peaks measured on an H100 (docs/PERFORMANCE.md) and,
+// every strategy; its CUDA numbers against the peaks measured on an H100 (docs/history/performance-log.md) and,
 // for Llama, against LlamaCuda's allocations added up by hand; the Llama decks on the CUDA backend;
 // the sizing functions against the allocations of the code they mirror; bad decks and options.
 #define BOOST_TEST_MODULE test_plan
@@ -98,7 +98,7 @@ BOOST_AUTO_TEST_CASE(cpu_activation_sizing_matches_the_model_it_mirrors) {
   BOOST_TEST(contains(error_of([&] { shardlm::cpu_activation_bytes(cfg, 1, 8); }), "gpt2"));
 }
 
-// The measured peaks of docs/PERFORMANCE.md (one GPU, BLOOM-560M shape, seq 512, micro-batch 8,
+// The measured peaks of docs/history/performance-log.md (one GPU, BLOOM-560M shape, seq 512, micro-batch 8,
 // bf16; measured on an H200 after a lone rank stopped holding full-gradient buffers): the plan must
 // give the bytes the engine allocated, to the doc's two decimals.
 BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {

@@ -471,7 +471,7 @@ class FileWriter {
     // Every rank calls H5Dwrite for every piece either way. Without collective buffering each rank's
     // contiguous hyperslab goes to the file through its own MPI_File_write_at: the slices of the
     // ranks never interleave, so two-phase aggregation would only copy every byte once more through
-    // the aggregator ranks (slower on one node: docs/PERFORMANCE.md). On a striped parallel file
+    // the aggregator ranks (slower on one node: docs/history/performance-log.md). On a striped parallel file
     // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
     if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl_.get(), H5FD_MPIO_INDIVIDUAL_IO);
     ContentsHash contents;

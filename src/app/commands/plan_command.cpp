@@ -204,7 +204,7 @@ std::string config_name(const Row& r) {
 
 // Fastest first: fewer collectives (NO_SHARD, then SHARD_GRAD_OP, which gathers once per step;
 // the hybrids keep gathers inside a node, HYBRID_SHARD_ZERO2 once per step), then FULL_SHARD;
-// recomputation (about 16% slower on the GPU, docs/PERFORMANCE.md) before CPU offload (bound by the
+// recomputation (about 16% slower on the GPU, docs/history/performance-log.md) before CPU offload (bound by the
 // host AdamW and the PCIe copies), then both.
 void recommend(Plan& plan) {
   const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
@@ -306,7 +306,7 @@ void print_table(const Plan& plan) {
   if (cuda) std::printf("attention %s\n", planned_attention(c).c_str());
   if (cuda)
     std::printf("budget   %s per GPU, of which %s for the CUDA runtime (context, cuBLASLt, NCCL; measured,\n"
-                "         docs/PERFORMANCE.md); \"total\" is what the run reports as its peak\n",
+                "         docs/history/performance-log.md); \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str(), format_bytes(plan.runtime).c_str());
   if (cuda)
     std::printf("host     %s per node (%s); a row fits when host/node fits in it too\n",

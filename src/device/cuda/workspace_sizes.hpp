@@ -37,7 +37,7 @@ inline size_t cudnn_attention_own_bytes(int B, int T, int heads, int head_dim) {
 
 // All the fused calls need: the above and cuDNN's engine workspace, which its fused backward
 // reports as 256 bytes, plus one fp32 [B, heads, T, head_dim] tensor when key/value heads are
-// grouped (cuDNN 9.19 on an H100, for every shape measured: docs/PERFORMANCE.md). The models take
+// grouped (cuDNN 9.19 on an H100, for every shape measured: docs/history/performance-log.md). The models take
 // cuDNN's own figure instead where it is larger (their start-up check then says the plan was short).
 // Packed rows on the fused path: the [B, 1, T, T] mask (packed_attention_bias) in the 16-bit dtype,
 // held at the start of the attention workspace.

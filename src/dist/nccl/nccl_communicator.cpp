@@ -34,7 +34,7 @@ std::string host_name() {
 
 // The thread blocks (one an SM each) a collective's kernel may use: NCCL_MAX_CTAS when set, else 16.
 // On an H200 pair a large collective still moves at NVLink speed with 16, and the backward's GEMMs that
-// overlap it keep the other SMs (8 was slower; docs/PERFORMANCE.md).
+// overlap it keep the other SMs (8 was slower; docs/history/performance-log.md).
 int comm_max_ctas() {
   const char* env = std::getenv("NCCL_MAX_CTAS");
   const int n = env ? std::atoi(env) : 0;

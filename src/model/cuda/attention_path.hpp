@@ -26,7 +26,7 @@ class AttentionPath {
 
   bool fused() const { return fused_; }
   // Micro-batch lengths the path runs best at: cuDNN builds plans per shape (about 0.14 s each after
-  // the first, docs/PERFORMANCE.md), so the fused path asks for multiples of 64; the native, any.
+  // the first, docs/history/performance-log.md), so the fused path asks for multiples of 64; the native, any.
   int length_multiple() const { return fused_ ? 64 : 1; }
   // "cudnn (cuDNN 9.19.0 fused flash attention)" or "native (...why not cuDNN...)".
   const std::string& description() const { return description_; }
