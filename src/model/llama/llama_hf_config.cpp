@@ -90,4 +90,19 @@ void refuse_sliding_window(const HfConfigReader& r) {
   }
 }
 
+int read_sliding_window(const HfConfigReader& r, int absent) {
+  if (!r.has("sliding_window")) return absent;
+  const int window = r.get_or<int>({"sliding_window"}, 0);
+  SHARDLM_CHECK(window > 0 || r.find({"sliding_window"}) == nullptr, r.source(), ": config.json 'sliding_window' = ",
+                window, ": must be > 0 (or null for no window)");
+  return window;
+}
+
+void write_sliding_window(const ModelConfig& cfg, OrderedJson& c) {
+  if (cfg.sliding_window > 0)
+    c["sliding_window"] = cfg.sliding_window;
+  else
+    c["sliding_window"] = nullptr;
+}
+
 }  // namespace shardlm

@@ -15,4 +15,10 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 // Qwen2 and Qwen3: use_sliding_window = true, or a layer_types entry other than full_attention, refused.
 void refuse_sliding_window(const HfConfigReader& r);
 
+// config.json sliding_window as ModelConfig::sliding_window: null is none (0), absent is `absent`
+// (transformers' default for the family); 0 or negative is an Error naming the file and the key.
+int read_sliding_window(const HfConfigReader& r, int absent);
+// Writes it back: the window, or null for none.
+void write_sliding_window(const ModelConfig& cfg, OrderedJson& c);
+
 }  // namespace shardlm
