@@ -332,7 +332,7 @@ BOOST_AUTO_TEST_CASE(model_sliding_window) {
   BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = -1\n"); }), "model.sliding_window = -1: must be >= 0"));
   BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = 2.5\n"); }), "model.sliding_window = '2.5'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nsliding_window = 8\n"); }),
-                 "model.sliding_window = 8: applies to the families with sliding-window attention (mistral), not llama"));
+                 "model.sliding_window = 8: applies to the families with sliding-window attention (qwen2, qwen3, mistral), not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\nsliding_window = 8\n"); }), "not bloom"));
 }
 

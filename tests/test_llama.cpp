@@ -63,6 +63,12 @@ ModelConfig mistral(ModelConfig cfg) {
   return cfg;
 }
 
+// Qwen2 and Qwen3 with every layer windowed (use_sliding_window, max_window_layers 0).
+ModelConfig windowed(ModelConfig cfg, int window) {
+  cfg.sliding_window = window;
+  return cfg;
+}
+
 // Llama 3.1's scaling with a short original context, so both the slowed and the blended regimes
 // apply to the two frequencies of head_dim 4 (wavelengths 2 pi and 20 pi against 4 and 16).
 ModelConfig with_llama3_scaling(ModelConfig cfg) {
@@ -282,7 +288,7 @@ BOOST_AUTO_TEST_SUITE(forward)
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
   for (const ModelConfig& cfg :
        {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config()),
-        mistral(tiny_config())}) {
+        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2)}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -634,10 +640,11 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(again.arch == "qwen2");
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
   BOOST_TEST(again.num_layers == 2);
-  // Sliding-window attention is refused, as is a sliding layer.
+  // use_sliding_window with every layer full (layer_types) is no window; a sliding layer without
+  // use_sliding_window is refused (qwen_sliding_windows below has the rest).
   std::string sliding = text;
   sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
-  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+  BOOST_TEST(model_config_from_hf(sliding, "s").sliding_window == 0);
   std::string layer = text;
   layer.replace(layer.find("\"full_attention\"]"), 16, "\"sliding_attention\"");
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(layer, "l"); }), "sliding_attention"));
@@ -736,13 +743,60 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(again.arch == "qwen3");
   BOOST_TEST(again.head_dim() == 128);
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
-  // Biases and sliding windows are refused.
+  // Biases are refused.
   std::string bias = text;
   bias.replace(bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true ");
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(bias, "b"); }), "attention_bias"));
-  std::string sliding = text;
-  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
-  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+}
+
+// Qwen2's and Qwen3's windows as transformers reads them: layer i is windowed where layer_types[i] is
+// sliding_attention, or (without layer_types) where use_sliding_window and i >= max_window_layers
+// (default 28). Every layer windowed gives the model's window, none gives 0; some layers only, or
+// sliding layers without use_sliding_window, are refused naming the file and the keys. Written back
+// with every layer's type, it reads the same.
+BOOST_AUTO_TEST_CASE(qwen_sliding_windows) {
+  for (const std::string type : {"qwen2", "qwen3"}) {
+    BOOST_TEST_CONTEXT(type) {
+      auto config = [&](const std::string& window_keys) {
+        return model_config_from_hf(R"({"model_type": ")" + type + R"(", "hidden_size": 32, "intermediate_size": 48,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "num_hidden_layers": 3, )" +
+                                        window_keys + "}",
+                                    "dir/config.json");
+      };
+      BOOST_TEST(config(R"("use_sliding_window": false, "sliding_window": 8)").sliding_window == 0);
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8)").sliding_window == 0);  // 3 < 28
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 3)").sliding_window ==
+                 0);
+      const ModelConfig all = config(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0)");
+      BOOST_TEST(all.sliding_window == 8);
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8, "layer_types":
+          ["sliding_attention", "sliding_attention", "sliding_attention"])")
+                     .sliding_window == 8);
+      const std::string written = hf_config_json(all);
+      BOOST_TEST(contains(written, "\"use_sliding_window\": true"), written);
+      BOOST_TEST(contains(written, "\"sliding_window\": 8"), written);
+      BOOST_TEST(contains(written, "\"sliding_attention\""), written);
+      BOOST_TEST(model_config_from_hf(written, "written").sliding_window == 8);
+      BOOST_TEST(!contains(hf_config_json(config("\"use_sliding_window\": false")), "\"sliding_attention\""));
+      auto refused = [&](const std::string& keys, const std::string& part) {
+        const std::string message = error_of([&] { config(keys); });
+        BOOST_TEST(contains(message, "dir/config.json"), message);
+        BOOST_TEST(contains(message, part), message);
+      };
+      refused(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1)",
+              "2 of 3 layers use a sliding window (from layer 1");
+      refused(R"("use_sliding_window": true, "sliding_window": 8, "layer_types":
+          ["full_attention", "sliding_attention", "full_attention"])",
+              "1 of 3 layers");
+      refused(R"("use_sliding_window": false, "sliding_window": 8, "layer_types":
+          ["sliding_attention", "sliding_attention", "sliding_attention"])",
+              "use_sliding_window is false");
+      refused(R"("use_sliding_window": true, "sliding_window": 0, "max_window_layers": 0)", "'sliding_window' = 0");
+      refused(R"("use_sliding_window": true, "sliding_window": null, "max_window_layers": 0)", "needs a sliding_window");
+      refused(R"("layer_types": ["full_attention"])", "layer_types must be a list of num_hidden_layers (3)");
+      refused(R"("layer_types": ["full_attention", "chunked_attention", "full_attention"])", "chunked_attention");
+    }
+  }
 }
 
 // The Llama-style families read head_dim for themselves too; a Llama with hidden_size / heads as
@@ -789,7 +843,8 @@ BOOST_AUTO_TEST_CASE(layout_is_llamas_with_hf_names) {
               std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
   BOOST_TEST(model_family("mistral").sliding_window);
   BOOST_TEST(!model_family("llama").sliding_window);
-  BOOST_TEST(!model_family("qwen2").sliding_window);
+  BOOST_TEST(model_family("qwen2").sliding_window);  // where every layer is windowed (qwen_sliding_windows)
+  BOOST_TEST(!model_family("bloom").sliding_window);
 }
 
 // Mistral-7B-v0.1's config.json as transformers 5 writes it (sliding_window 4096), cut to 2 layers:
