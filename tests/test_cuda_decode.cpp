@@ -4,7 +4,7 @@
 // step's rows over their slots' cached positions (several slots of different lengths, rows of one slot
 // attending to each other, stale cache entries past a row's position) against a double-precision host
 // reference, for BLOOM (interleaved heads, ALiBi) and Llama (rotary at each row's own position, then
-// grouped-query heads without ALiBi); the row gather; and the argmax of logits rows (ties go to the
+// grouped-query heads without ALiBi), Mistral's sliding window over the cached positions; the row gather; and the argmax of logits rows (ties go to the
 // lowest id, also across threads and warps of the kernel).
 
 #include <cuda_runtime_api.h>

@@ -4,7 +4,8 @@
 // a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
 // with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
 // A tiny Llama (grouped-query attention, untied head, Llama 3.1 rope scaling) matches the CPU
-// backend likewise, in training and in greedy decoding; so do LoRA runs of both (fp32). CPU offload
+// backend likewise, in training and in greedy decoding; so do Qwen3 and Mistral (its sliding window in
+// training, packing and decoding) and LoRA runs (fp32). CPU offload
 // gives the losses of the same runs without it, on every strategy, with accumulation and clipping.
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"

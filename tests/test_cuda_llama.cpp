@@ -5,8 +5,9 @@
 // references' backward passes checked against finite differences; then the UnitModel of the CUDA
 // backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
-// activation checkpointing, and their activation bytes against unit_model_memory's; and LoRA in the
-// CUDA models (Llama, Qwen2 and BLOOM) against the CPU models': loss, adapter gradients, the input
+// activation checkpointing, Qwen3's q/k norms and Mistral's sliding window (native and cuDNN), and
+// their activation bytes against unit_model_memory's; and LoRA in the CUDA models (Llama, Qwen2, Qwen3,
+// Mistral and BLOOM) against the CPU models': loss, adapter gradients, the input
 // gradients through the blocks, no base gradient where the base is frozen; with LoRA dropout the same
 // masks on both backends (with and without checkpointing), and evaluation as without dropout.
 #define BOOST_TEST_MODULE test_cuda_llama
