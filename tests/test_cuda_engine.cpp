@@ -702,33 +702,43 @@ BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
   decode_and_check(cfg, 1e-4f, 0.9);
 }
 
-// Qwen3 (q_norm / k_norm on tokens x heads rows of head_dim, head_dim != hidden / heads): training and
-// LoRA on the GPU as on the CPU backend, and greedy decoding with the cache as the CPU model without it.
+namespace {
+
+using MakeConfig = RunConfig (*)(const std::string&, const std::string&, int);
+
+// A family's training and LoRA (fp32, FULL_SHARD, NO_SHARD and HYBRID_SHARD) on the GPU as on the CPU backend.
+void expect_family_matches_the_cpu_backend(MakeConfig make, MakeConfig make_lora) {
+  for (MakeConfig m : {make, make_lora})
+    expect_fp32_matches_the_cpu_backend(m, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
+                                            ShardingStrategy::HybridShard});
+}
+
+// Its greedy decoding with the cache as the CPU model without it.
+void expect_family_decodes_as_the_cpu_model(MakeConfig make) {
+  RunConfig cfg = make("cuda", "decode", 1);
+  cfg.model.init_std = 0.2f;
+  decode_and_check(cfg, 1e-4f, 0.9);
+}
+
+}  // namespace
+
+// Qwen3 (q_norm / k_norm on tokens x heads rows of head_dim, head_dim != hidden / heads).
 BOOST_AUTO_TEST_CASE(qwen3_fp32_matches_the_cpu_backend) {
-  for (auto make : {qwen3_config, qwen3_lora_config})
-    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
-                                               ShardingStrategy::HybridShard});
+  expect_family_matches_the_cpu_backend(qwen3_config, qwen3_lora_config);
 }
 
 BOOST_AUTO_TEST_CASE(qwen3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
-  RunConfig cfg = qwen3_config("cuda", "decode", 1);
-  cfg.model.init_std = 0.2f;
-  decode_and_check(cfg, 1e-4f, 0.9);
+  expect_family_decodes_as_the_cpu_model(qwen3_config);
 }
 
-// Mistral (the sliding window in the native kernels, cuDNN's graph and the decoding kernel; head_dim
-// != hidden / heads): training and LoRA on the GPU as on the CPU backend, and greedy decoding with the
-// cache, past the window, as the CPU model without it.
+// Mistral (the sliding window in the native kernels and the decoding kernel; head_dim != hidden /
+// heads), decoding past the window.
 BOOST_AUTO_TEST_CASE(mistral_fp32_matches_the_cpu_backend) {
-  for (auto make : {mistral_config, mistral_lora_config})
-    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
-                                               ShardingStrategy::HybridShard});
+  expect_family_matches_the_cpu_backend(mistral_config, mistral_lora_config);
 }
 
 BOOST_AUTO_TEST_CASE(mistral_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
-  RunConfig cfg = mistral_config("cuda", "decode", 1);
-  cfg.model.init_std = 0.2f;
-  decode_and_check(cfg, 1e-4f, 0.9);
+  expect_family_decodes_as_the_cpu_model(mistral_config);
 }
 
 // LoRA over the frozen base, BLOOM and Llama: the adapters alone train, on the GPU as on the CPU backend.

@@ -31,9 +31,7 @@ void mistral_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily mistral_family() {
-  ModelFamily f = llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", mistral_from_hf, mistral_to_hf);
-  f.sliding_window = true;
-  return f;
+  return llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", mistral_from_hf, mistral_to_hf, true);
 }
 
 }  // namespace shardlm

@@ -26,9 +26,7 @@ void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen2_family() {
-  ModelFamily f = llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf);
-  f.sliding_window = true;
-  return f;
+  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf, true);
 }
 
 }  // namespace shardlm

@@ -29,9 +29,7 @@ void qwen3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen3_family() {
-  ModelFamily f = llama_style_family<kQwen3Block>("qwen3", "Qwen3ForCausalLM", qwen3_from_hf, qwen3_to_hf);
-  f.sliding_window = true;
-  return f;
+  return llama_style_family<kQwen3Block>("qwen3", "Qwen3ForCausalLM", qwen3_from_hf, qwen3_to_hf, true);
 }
 
 }  // namespace shardlm
