@@ -338,14 +338,15 @@ struct Ops {
     // Causal: keep key j for query i where i >= j, the lowest float elsewhere.
     auto keep =
         score(CUDNN_POINTWISE_CMP_GE, index(cur, 2, f32), index(cur, 3, f32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
-    cur = score(CUDNN_POINTWISE_BINARY_SELECT, cur, g.scalar(kMaskValue, f32), f32, f32, keep);
+    const DescPtr lowest = g.scalar(kMaskValue, f32);  // one tensor per unique id, both masks read it
+    cur = score(CUDNN_POINTWISE_BINARY_SELECT, cur, lowest, f32, f32, keep);
     if (!window) return cur;
     // Sliding window, the diagonal band cuDNN's SDPA takes: keep key j for query i where j + window > i
-    // (transformers' i - window < j).
-    auto shifted = score(CUDNN_POINTWISE_ADD, index(cur, 3, f32), window, f32, f32);
+    // (transformers' i - window < j), in int32 as cudnn-frontend builds the band before cuDNN 9.21.
+    auto shifted = score(CUDNN_POINTWISE_ADD, index(cur, 3, i32), window, i32, i32);
     auto in_window =
-        score(CUDNN_POINTWISE_CMP_GT, shifted, index(cur, 2, f32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
-    return score(CUDNN_POINTWISE_BINARY_SELECT, cur, g.scalar(kMaskValue, f32), f32, f32, in_window);
+        score(CUDNN_POINTWISE_CMP_GT, shifted, index(cur, 2, i32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
+    return score(CUDNN_POINTWISE_BINARY_SELECT, cur, lowest, f32, f32, in_window);
   }
 };
 
@@ -363,7 +364,7 @@ Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bo
           g.scalar(kScale, f32),
           alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr,
           bias ? g.tensor(kBias, io, {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}) : nullptr,
-          window ? g.scalar(kWindow, f32) : nullptr};
+          window ? g.scalar(kWindow, CUDNN_DATA_INT32) : nullptr};
 }
 
 }  // namespace
@@ -530,8 +531,8 @@ void* at(const void* base, long long elements, DType dt) {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * static_cast<long long>(dtype_size(dt));
 }
 
-// ALiBi's slopes, the packed rows' bias and the sliding window (a host float), where the layout reads them.
-void add_optional_inputs(const AttentionLayout& l, const float* slopes, const void* bias, float* window,
+// ALiBi's slopes, the packed rows' bias and the sliding window (a host int32), where the layout reads them.
+void add_optional_inputs(const AttentionLayout& l, const float* slopes, const void* bias, int32_t* window,
                          std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
   if (l.alibi) {
     uids.push_back(kSlopes);
@@ -561,7 +562,7 @@ void CudnnAttention::forward(const AttentionLayout& l, const void* qkv, void* ct
   require_prepared(p.refused);
   float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
-  float window = static_cast<float>(l.window);
+  int32_t window = l.window;
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kMaskValue};
   std::vector<void*> ptrs = {at(qkv, l.q, l.dt), at(qkv, l.k, l.dt), at(qkv, l.v, l.dt), ctx, lse, &scale, &mask_value};
   add_optional_inputs(l, slopes, bias, &window, uids, ptrs);
@@ -583,7 +584,7 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
   float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
   float one = 1.0f;
-  float window = static_cast<float>(l.window);
+  int32_t window = l.window;
   std::vector<int64_t> uids = {kQ,  kK,  kV,     kO,         kDO,         kStats,   kDQ,
                                kDK, kDV, kScale, kMaskValue, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs = {at(qkv, l.q, l.dt),
