@@ -64,6 +64,17 @@ inline ModelConfig tiny_qwen3() {
   return c;
 }
 
+// Mistral: tiny_llama's shape without rope scaling, head_dim 12 where hidden_size / heads is 8 (as
+// Mistral Nemo's) and a sliding window of 3 keys, shorter than the tests' sequences.
+inline ModelConfig tiny_mistral() {
+  ModelConfig c = tiny_llama();
+  c.arch = "mistral";
+  c.rope_scaling = RopeScaling{};
+  c.head_size = 12;
+  c.sliding_window = 3;
+  return c;
+}
+
 // ---- helpers --------------------------------------------------------------------------------
 
 inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {

@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 86u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 87u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -317,6 +317,23 @@ BOOST_AUTO_TEST_CASE(bad_values) {
   BOOST_TEST(has(error_of([&] { load(kBase + "[run]\ndir =\n"); }), "run.dir"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\ninit_std = 0\n"); }), "model.init_std = 0"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--train.lr=-1e-3"}); }), "train.lr = -1e-3"));
+}
+
+// model.sliding_window: Mistral's window of keys, 0 (none) by default; negative values are refused by
+// the key, a window for a family without one by the family check, naming the key either way.
+BOOST_AUTO_TEST_CASE(model_sliding_window) {
+  BOOST_TEST(load(kBase).model.sliding_window == 0);
+  BOOST_TEST(value_of(load(kBase), "model.sliding_window") == "0");
+  const std::string mistral = kBase + "[model]\narch = mistral\n";
+  const RunConfig c = load(mistral + "sliding_window = 4096\n");
+  BOOST_TEST(c.model.sliding_window == 4096);
+  BOOST_TEST(value_of(c, "model.sliding_window") == "4096");
+  BOOST_TEST(has(resolved_deck_ini(c), "sliding_window = 4096"));
+  BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = -1\n"); }), "model.sliding_window = -1: must be >= 0"));
+  BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = 2.5\n"); }), "model.sliding_window = '2.5'"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nsliding_window = 8\n"); }),
+                 "model.sliding_window = 8: applies to the families with sliding-window attention (qwen2, qwen3, mistral), not llama"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\nsliding_window = 8\n"); }), "not bloom"));
 }
 
 // model.attention: how the CUDA backend runs attention; not part of the shape, so it may sit beside

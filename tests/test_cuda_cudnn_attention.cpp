@@ -5,8 +5,9 @@
 // AttentionLayout (Llama's grouped heads; BLOOM's interleaved heads with ALiBi), at odd lengths, length
 // 1 and group ratios 1, 4, 8 and 32, head dims 64, 80, 96 and 128, bf16 and fp16; against the native
 // kernels (llama_attention.cu, attention.cu, themselves checked by finite differences) at a medium
-// length; packed rows (several samples per row, 1-token samples) on both paths; the plan cache; and
-// the shapes cuDNN's fused engine does not take (fp32, odd head dims).
+// length; packed rows (several samples per row, 1-token samples) on both paths; Mistral's sliding
+// window on both paths (the graph's band mask; in packed rows, the bias that holds it); the plan cache;
+// and the shapes cuDNN's fused engine does not take (fp32, odd head dims, a window beside a bias).
 
 #include <cuda_runtime_api.h>
 
@@ -52,9 +53,10 @@ struct Reference {
 };
 
 // Causal softmax attention in double: s_ij = q_i k_j / sqrt(d) (+ slope_n (j - i)), lo_i <= j <= i,
-// lo_i = starts[b T + i] for packed rows (starts non-empty), else 0.
+// lo_i = starts[b T + i] for packed rows (starts non-empty), else 0, and with a sliding window (> 0)
+// at least i - window + 1 (transformers' i - window < j).
 Reference reference(const AttentionLayout& l, const std::vector<float>& qkv, const std::vector<float>& dctx,
-                    const std::vector<float>& slopes, const std::vector<int32_t>& starts = {}) {
+                    const std::vector<float>& slopes, const std::vector<int32_t>& starts = {}, int window = 0) {
   Reference r;
   r.ctx.assign(ctx_size(l), 0.0);
   r.lse.assign(lse_size(l), 0.0);
@@ -66,7 +68,8 @@ Reference reference(const AttentionLayout& l, const std::vector<float>& qkv, con
     for (int n = 0; n < l.heads; ++n) {
       const int g = n / G;
       for (int i = 0; i < l.T; ++i) {
-        const int lo = starts.empty() ? 0 : starts[static_cast<size_t>(b) * l.T + i];
+        int lo = starts.empty() ? 0 : starts[static_cast<size_t>(b) * l.T + i];
+        if (window > 0) lo = std::max(lo, i - window + 1);
         double m = -INFINITY;
         for (int j = lo; j <= i; ++j) {
           double s = 0.0;
@@ -111,10 +114,12 @@ struct Result {
 };
 
 // cuDNN's forward and backward on device copies of qkv and dctx; outputs start as garbage.
-// Packed rows (starts non-empty, l.bias): the bias the models build (packed_attention_bias) is passed.
+// Packed rows (starts non-empty, l.bias): the bias the models build (packed_attention_bias) is passed,
+// holding the sliding window `window` (> 0) as AttentionPath folds it in; without packed rows the
+// window is the layout's own (l.window).
 Result run_cudnn(CudnnAttention& attn, const AttentionLayout& l, const std::vector<float>& qkv,
                  const std::vector<float>& dctx, const std::vector<float>& slopes,
-                 const std::vector<int32_t>& starts = {}) {
+                 const std::vector<int32_t>& starts = {}, int window = 0) {
   BOOST_REQUIRE(l.bias == !starts.empty());
   const std::string refused = attn.prepare(l);
   BOOST_REQUIRE_MESSAGE(refused.empty(), "cuDNN refused the shape: " << refused);
@@ -133,7 +138,7 @@ Result run_cudnn(CudnnAttention& attn, const AttentionLayout& l, const std::vect
   const void* bias = nullptr;
   if (!starts.empty()) {
     CUDA_OK(cudaMemcpy(d_starts.get(), starts.data(), starts.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    cuda::packed_attention_bias(d_starts.as<int32_t>(), l.B, l.T, d_bias.get(), l.dt, stream);
+    cuda::packed_attention_bias(d_starts.as<int32_t>(), l.B, l.T, window, d_bias.get(), l.dt, stream);
     bias = d_bias.get();
   }
   BOOST_REQUIRE_NO_THROW(attn.forward(l, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), d_slopes.as<float>(), bias,
@@ -231,8 +236,9 @@ BOOST_AUTO_TEST_CASE(bloom_alibi_matches_reference) {
 }
 
 // The native kernels (attention.cu for BLOOM's layout, llama_attention.cu for grouped heads) on the
-// same inputs, packed rows through `starts` (empty: none).
-Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, const std::vector<int32_t>& starts) {
+// same inputs, packed rows through `starts` (empty: none), a sliding window through `window` (grouped only).
+Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, const std::vector<int32_t>& starts,
+                  int window = 0) {
   const DType dt = l.dt;
   const size_t es = dtype_size(dt);
   DeviceBuffer d_qkv = to_device(in.qkv, dt), d_dctx = to_device(in.dctx, dt), d_slopes = to_device(in.slopes, DType::F32);
@@ -253,9 +259,9 @@ Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, 
   } else {
     DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
     cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
-                                  l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+                                  l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
     cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T, l.heads,
-                                   l.kv_heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+                                   l.kv_heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
   }
   CUDA_OK(cudaDeviceSynchronize());
   Result r;
@@ -327,6 +333,58 @@ BOOST_AUTO_TEST_CASE(packed_rows_match_reference_on_both_paths) {
     }
 }
 
+// Mistral's sliding window, windows 1 (each query its own key), 4 and 16 against rows of 37 and of 64:
+// the native kernels (the window in their softmax rows) and cuDNN (the band mask in its graph) against
+// the double reference, forward, log-sum-exp and backward; then packed rows with a window, where cuDNN
+// reads the window from the bias packed_attention_bias builds.
+BOOST_AUTO_TEST_CASE(sliding_window_matches_reference_on_both_paths) {
+  Device dev;
+  CudnnAttention attn;
+  cuda::Gemm gemm;
+  unsigned seed = 71;
+  for (const DType dt : {DType::BF16, DType::F16})
+    for (const int T : {37, 64})
+      for (const int window : {1, 4, 16}) {
+        AttentionLayout l = AttentionLayout::grouped(2, T, 8, 2, 64, dt);
+        BOOST_TEST_CONTEXT(dtype_name(dt) << " T " << T << " window " << window) {
+          const Inputs in = make_inputs(l, seed++);
+          const Reference ref = reference(l, in.qkv, in.dctx, in.slopes, {}, window);
+          const Reference full = reference(l, in.qkv, in.dctx, in.slopes);
+          double moved = 0.0, scale = 0.0;  // the window matters at these lengths
+          for (size_t i = 0; i < ref.ctx.size(); ++i)
+            moved = std::max(moved, std::abs(ref.ctx[i] - full.ctx[i])), scale = std::max(scale, std::abs(full.ctx[i]));
+          BOOST_TEST(moved > 0.05 * scale);
+          const Result native = run_native(gemm, l, in, {}, window);
+          BOOST_TEST(relative_error(native.ctx, ref.ctx) <= tolerance(dt, false));
+          BOOST_TEST(relative_error(native.dqkv, ref.dqkv) <= tolerance(dt, true));
+          l.window = window;
+          const Result fused = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes);
+          BOOST_TEST(relative_error(fused.ctx, ref.ctx) <= tolerance(dt, false));
+          BOOST_TEST(relative_error(fused.dqkv, ref.dqkv) <= tolerance(dt, true));
+          double worst = 0.0;
+          for (size_t i = 0; i < ref.lse.size(); ++i) worst = std::max(worst, std::abs(fused.lse[i] - ref.lse[i]));
+          BOOST_TEST(worst <= 2e-2);
+        }
+      }
+  const int T = 40;
+  const std::vector<int32_t> starts = packed_starts({{1, 12, 1, 9, 17}, {40}, {3, 1}}, T);
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    AttentionLayout l = AttentionLayout::grouped(3, T, 8, 2, 64, dt);
+    BOOST_TEST_CONTEXT("packed " << dtype_name(dt)) {
+      const int window = 5;
+      const Inputs in = make_inputs(l, seed++);
+      const Reference ref = reference(l, in.qkv, in.dctx, in.slopes, starts, window);
+      const Result native = run_native(gemm, l, in, starts, window);
+      BOOST_TEST(relative_error(native.ctx, ref.ctx) <= tolerance(dt, false));
+      BOOST_TEST(relative_error(native.dqkv, ref.dqkv) <= tolerance(dt, true));
+      l.bias = true;
+      const Result fused = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes, starts, window);
+      BOOST_TEST(relative_error(fused.ctx, ref.ctx) <= tolerance(dt, false));
+      BOOST_TEST(relative_error(fused.dqkv, ref.dqkv) <= tolerance(dt, true));
+    }
+  }
+}
+
 // prepare() builds a layout's plans once; workspace_bytes() covers the backward's own scratch.
 BOOST_AUTO_TEST_CASE(plans_are_cached_per_shape) {
   Device dev;
@@ -347,6 +405,9 @@ BOOST_AUTO_TEST_CASE(unsupported_shapes_are_refused_with_a_reason) {
   BOOST_TEST(odd.find("head dimension 20") != std::string::npos);
   const std::string groups = attn.prepare(AttentionLayout::grouped(1, 16, 6, 4, 64, DType::BF16));
   BOOST_TEST(!groups.empty());
+  AttentionLayout biased_window = AttentionLayout::grouped(1, 16, 4, 2, 64, DType::BF16);
+  biased_window.bias = true, biased_window.window = 4;
+  BOOST_TEST(attn.prepare(biased_window).find("folds it into the bias") != std::string::npos);
   BOOST_CHECK_THROW(attn.forward(AttentionLayout::grouped(1, 16, 4, 2, 20, DType::BF16), nullptr, nullptr, nullptr,
                                  nullptr, nullptr, nullptr, nullptr),
                     Error);

@@ -4,7 +4,7 @@
 // step's rows over their slots' cached positions (several slots of different lengths, rows of one slot
 // attending to each other, stale cache entries past a row's position) against a double-precision host
 // reference, for BLOOM (interleaved heads, ALiBi) and Llama (rotary at each row's own position, then
-// grouped-query heads without ALiBi); the row gather; and the argmax of logits rows (ties go to the
+// grouped-query heads without ALiBi), Mistral's sliding window over the cached positions; the row gather; and the argmax of logits rows (ties go to the
 // lowest id, also across threads and warps of the kernel).
 
 #include <cuda_runtime_api.h>
@@ -35,6 +35,7 @@ struct Step {
   cuda::DecodeQkv l;
   int slots, max_len;
   std::vector<std::pair<int, int>> rows;
+  int window = 0;  // a sliding window (Mistral): keys j > position - window only; 0: none
   int n() const { return static_cast<int>(rows.size()); }
   int d() const { return l.head_dim; }
   int width() const { return l.heads * l.head_dim; }  // of a ctx row
@@ -53,7 +54,7 @@ struct Step {
 
 // The cache after the step's writes, and ctx [n, heads d] in double (bloom_cpu.cpp's and
 // kv_cache.cpp's attention, one query row); query head h reads kv head h / (heads / kv_heads).
-// No slopes: no ALiBi.
+// No slopes: no ALiBi. With s.window the keys last - window < j <= last only.
 void reference(const Step& s, const std::vector<float>& slopes, const std::vector<float>& qkv,
                std::vector<float>& keys, std::vector<float>& values, std::vector<double>& ctx) {
   const int d = s.d(), group = s.l.heads / s.l.kv_heads;
@@ -70,17 +71,18 @@ void reference(const Step& s, const std::vector<float>& slopes, const std::vecto
     for (int h = 0; h < s.l.heads; ++h) {
       const int g = h / group;
       const double slope = slopes.empty() ? 0.0 : slopes[h];
-      std::vector<double> score(last + 1);
+      const int first = s.window > 0 ? std::max(0, last - s.window + 1) : 0;
+      std::vector<double> score(last + 1, 0.0);
       double top = -INFINITY;
-      for (int j = 0; j <= last; ++j) {
+      for (int j = first; j <= last; ++j) {
         double dot = 0.0;
         for (int c = 0; c < d; ++c) dot += static_cast<double>(qkv[s.q_at(r, h, c)]) * keys[s.cache_at(slot, g, j, c)];
         score[j] = scale * dot + slope * j;
         top = std::max(top, score[j]);
       }
       double total = 0.0;
-      for (double& x : score) total += (x = std::exp(x - top));
-      for (int j = 0; j <= last; ++j)
+      for (int j = first; j <= last; ++j) total += (score[j] = std::exp(score[j] - top));
+      for (int j = first; j <= last; ++j)
         for (int c = 0; c < d; ++c)
           ctx[static_cast<size_t>(r) * s.width() + static_cast<size_t>(h) * d + c] +=
               score[j] / total * values[s.cache_at(slot, g, j, c)];
@@ -102,7 +104,7 @@ void check_attention(const Step& s, const std::vector<float>& slopes, const std:
                        d_keys.get(), d_values.get(), dt, nullptr);
   cuda::decode_attention(d_qkv.get(), s.l, d_keys.get(), d_values.get(), d_slots.as<int32_t>(),
                          d_positions.as<int32_t>(), s.n(), slopes.empty() ? nullptr : d_slopes.as<float>(),
-                         d_ctx.get(), s.max_len, dt, nullptr);
+                         d_ctx.get(), s.max_len, dt, nullptr, s.window);
 
   std::vector<double> want;
   reference(s, slopes, qkv, keys, values, want);
@@ -267,6 +269,29 @@ BOOST_AUTO_TEST_CASE(grouped_decode_attention_with_rotary_matches_reference_16bi
   check_llama_step(llama_step(8, 2, 128, 700), llama31, DType::BF16, 1.5e-2, 32);
   check_llama_step(llama_step(4, 2, 16, 20), plain16, DType::F16, 3e-3, 33);
   check_llama_step(llama_step(8, 2, 128, 700), llama31, DType::F16, 3e-3, 34);
+}
+
+// Mistral's sliding window: each row attends its slot's last `window` positions only (windows 1, 4 and
+// one longer than the cache), grouped heads, fp32 and bf16; stale cache entries before the window hold
+// values the kernel must skip.
+BOOST_AUTO_TEST_CASE(decode_attention_keeps_the_sliding_window) {
+  require_device("test_cuda_decode");
+  unsigned seed = 41;
+  for (const DType dt : {DType::F32, DType::BF16})
+    for (const int window : {1, 4, 500}) {
+      Step s = llama_step(8, 2, 64, 20);
+      s.window = window;
+      BOOST_TEST_CONTEXT(dtype_name(dt) << " window " << window) {
+        std::mt19937 rng(seed++);
+        const std::vector<float> qkv = random_values(s.qkv_size(), rng, dt);
+        const std::vector<float> keys = random_values(s.cache_size(), rng, dt);
+        const std::vector<float> values = random_values(s.cache_size(), rng, dt);
+        check_attention(s, {}, qkv, keys, values, dt, dt == DType::F32 ? 1e-5 : 1e-2);
+      }
+    }
+  BOOST_CHECK_THROW(cuda::decode_attention(nullptr, cuda::grouped_qkv(4, 2, 8), nullptr, nullptr, nullptr, nullptr, 1,
+                                           nullptr, nullptr, 8, DType::BF16, nullptr, -1),
+                    Error);
 }
 
 BOOST_AUTO_TEST_CASE(decode_kernels_reject_bad_shapes_and_launch_nothing_for_no_rows) {

@@ -4,7 +4,8 @@
 // a checkpoint written on the GPU resumes on the CPU bit-compatibly in format, and greedy decoding
 // with the key/value cache picks the tokens BloomCpu picks when it recomputes the whole sequence.
 // A tiny Llama (grouped-query attention, untied head, Llama 3.1 rope scaling) matches the CPU
-// backend likewise, in training and in greedy decoding; so do LoRA runs of both (fp32). CPU offload
+// backend likewise, in training and in greedy decoding; so do Qwen3 and Mistral (its sliding window in
+// training, packing and decoding) and LoRA runs (fp32). CPU offload
 // gives the losses of the same runs without it, on every strategy, with accumulation and clipping.
 #define BOOST_TEST_MODULE test_cuda_engine
 #include "mpi_fixture.hpp"
@@ -70,6 +71,17 @@ RunConfig qwen3_config(const std::string& backend, const std::string& name, int 
   return cfg;
 }
 
+// Mistral: llama_config's shape with a sliding window of 16 keys (samples run to 128 tokens) and head_dim
+// 8 more than hidden_size / heads, untied head, no rope scaling.
+RunConfig mistral_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = llama_config(backend, "mistral_" + name, steps);
+  cfg.model.arch = "mistral";
+  cfg.model.head_size = cfg.model.hidden_size / cfg.model.num_heads + 8;
+  cfg.model.sliding_window = 16;
+  cfg.model.rope_scaling = RopeScaling{};
+  return cfg;
+}
+
 // LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
 RunConfig with_lora(RunConfig cfg) {
   cfg.model.lora.r = 4;
@@ -88,6 +100,10 @@ RunConfig llama_lora_config(const std::string& backend, const std::string& name,
 
 RunConfig qwen3_lora_config(const std::string& backend, const std::string& name, int steps) {
   return with_lora(qwen3_config(backend, "lora_" + name, steps));
+}
+
+RunConfig mistral_lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(mistral_config(backend, "lora_" + name, steps));
 }
 
 // LoRA with lora.modules_to_save: BLOOM's two LayerNorms (the embedding's, under a frozen table, and
@@ -686,18 +702,43 @@ BOOST_AUTO_TEST_CASE(qwen2_greedy_decoding_with_the_kv_cache_matches_the_cpu_mod
   decode_and_check(cfg, 1e-4f, 0.9);
 }
 
-// Qwen3 (q_norm / k_norm on tokens x heads rows of head_dim, head_dim != hidden / heads): training and
-// LoRA on the GPU as on the CPU backend, and greedy decoding with the cache as the CPU model without it.
+namespace {
+
+using MakeConfig = RunConfig (*)(const std::string&, const std::string&, int);
+
+// A family's training and LoRA (fp32, FULL_SHARD, NO_SHARD and HYBRID_SHARD) on the GPU as on the CPU backend.
+void expect_family_matches_the_cpu_backend(MakeConfig make, MakeConfig make_lora) {
+  for (MakeConfig m : {make, make_lora})
+    expect_fp32_matches_the_cpu_backend(m, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
+                                            ShardingStrategy::HybridShard});
+}
+
+// Its greedy decoding with the cache as the CPU model without it.
+void expect_family_decodes_as_the_cpu_model(MakeConfig make) {
+  RunConfig cfg = make("cuda", "decode", 1);
+  cfg.model.init_std = 0.2f;
+  decode_and_check(cfg, 1e-4f, 0.9);
+}
+
+}  // namespace
+
+// Qwen3 (q_norm / k_norm on tokens x heads rows of head_dim, head_dim != hidden / heads).
 BOOST_AUTO_TEST_CASE(qwen3_fp32_matches_the_cpu_backend) {
-  for (auto make : {qwen3_config, qwen3_lora_config})
-    expect_fp32_matches_the_cpu_backend(make, {ShardingStrategy::FullShard, ShardingStrategy::NoShard,
-                                               ShardingStrategy::HybridShard});
+  expect_family_matches_the_cpu_backend(qwen3_config, qwen3_lora_config);
 }
 
 BOOST_AUTO_TEST_CASE(qwen3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
-  RunConfig cfg = qwen3_config("cuda", "decode", 1);
-  cfg.model.init_std = 0.2f;
-  decode_and_check(cfg, 1e-4f, 0.9);
+  expect_family_decodes_as_the_cpu_model(qwen3_config);
+}
+
+// Mistral (the sliding window in the native kernels and the decoding kernel; head_dim != hidden /
+// heads), decoding past the window.
+BOOST_AUTO_TEST_CASE(mistral_fp32_matches_the_cpu_backend) {
+  expect_family_matches_the_cpu_backend(mistral_config, mistral_lora_config);
+}
+
+BOOST_AUTO_TEST_CASE(mistral_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  expect_family_decodes_as_the_cpu_model(mistral_config);
 }
 
 // LoRA over the frozen base, BLOOM and Llama: the adapters alone train, on the GPU as on the CPU backend.
@@ -769,12 +810,13 @@ BOOST_AUTO_TEST_CASE(bf16_attention_paths_give_the_same_curve) {
 
 // Sequence packing on the GPU: fp32 (the native kernels, the starts masking the other samples)
 // gives the unpacked losses, and bf16 through cuDNN's fused attention (the packed rows' bias) and
-// through the native kernels tracks the unpacked bf16 curve, for BLOOM (ALiBi) and Llama (rotary).
+// through the native kernels tracks the unpacked bf16 curve, for BLOOM (ALiBi), Llama (rotary) and
+// Mistral (its sliding window inside each sample: the native softmax rows, the cuDNN bias that holds it).
 BOOST_AUTO_TEST_CASE(packing_gives_the_unpacked_losses) {
-  for (const bool llama : {false, true}) {
-    auto make = llama ? llama_config : config;
+  for (const std::string family : {"bloom", "llama", "mistral"}) {
+    auto make = family == "bloom" ? config : family == "llama" ? llama_config : mistral_config;
     auto packed = [](RunConfig& c) { c.data.packing = c.model.packed = true; };
-    BOOST_TEST_CONTEXT((llama ? "llama" : "bloom")) {
+    BOOST_TEST_CONTEXT(family) {
       const auto [a, b] = train_plain_and_changed(make, "fp32_unpacked", "fp32_packed", 20, packed);
       BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 1e-4);
       RunConfig unpacked16 = make("cuda", "bf16_unpacked", 20);

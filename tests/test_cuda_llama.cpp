@@ -5,8 +5,9 @@
 // references' backward passes checked against finite differences; then the UnitModel of the CUDA
 // backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
-// activation checkpointing, and their activation bytes against unit_model_memory's; and LoRA in the
-// CUDA models (Llama, Qwen2 and BLOOM) against the CPU models': loss, adapter gradients, the input
+// activation checkpointing, Qwen3's q/k norms and Mistral's sliding window (native and cuDNN), and
+// their activation bytes against unit_model_memory's; and LoRA in the CUDA models (Llama, Qwen2, Qwen3,
+// Mistral and BLOOM) against the CPU models': loss, adapter gradients, the input
 // gradients through the blocks, no base gradient where the base is frozen; with LoRA dropout the same
 // masks on both backends (with and without checkpointing), and evaluation as without dropout.
 #define BOOST_TEST_MODULE test_cuda_llama
@@ -537,15 +538,17 @@ std::vector<std::vector<float>> params_in(const ModelConfig& cfg, DType dt) {
 // kernels whatever `attention` says (auto); head_dim 64 runs the fused path in 16 bits.
 void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
                       const std::string& arch = "llama", AttentionImpl attention = AttentionImpl::Auto,
-                      int head_dim = 8, int head_size = 0) {
+                      int head_dim = 8, int head_size = 0, int window = 0) {
   BOOST_TEST_CONTEXT(arch << " tied=" << tied << " dt=" << dtype_name(dt) << " checkpointing=" << checkpointing
                           << " attention=" << static_cast<int>(attention) << " head_dim=" << head_dim
-                          << " head_size=" << head_size) {
+                          << " head_size=" << head_size << " window=" << window) {
     ModelConfig cfg = tiny_llama(tied);
     cfg.arch = arch;
     cfg.attention = attention;
     cfg.hidden_size = head_dim * cfg.num_heads;
-    cfg.head_size = head_size;  // Qwen3: head_dim apart from hidden_size / heads
+    cfg.head_size = head_size;  // Qwen3, Mistral: head_dim apart from hidden_size / heads
+    cfg.sliding_window = window;  // Mistral
+    if (window > 0) cfg.rope_scaling = RopeScaling{};
     const Params params{params_in(cfg, dt), {}};
     const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
@@ -646,7 +649,8 @@ std::vector<int32_t> greedy_next(BackendKind backend, const ModelConfig& cfg, co
 }
 
 // The tiny models of the LoRA tests: Llama (grouped-query heads, untied head), Qwen2 (q/k/v biases,
-// tied head), Qwen3 (per-head q/k norms, head_dim 12 at hidden 32 / 4 heads) and BLOOM (fused
+// tied head), Qwen3 (per-head q/k norms, head_dim 12 at hidden 32 / 4 heads), Mistral (a sliding window
+// of 3 keys, head_dim 12) and BLOOM (fused
 // interleaved q|k|v with biases, GELU).
 std::vector<ModelConfig> lora_models() {
   ModelConfig qwen2 = tiny_llama(true);
@@ -654,7 +658,12 @@ std::vector<ModelConfig> lora_models() {
   ModelConfig qwen3 = tiny_llama(false);
   qwen3.arch = "qwen3";
   qwen3.head_size = 12;
-  return {tiny_llama(false), qwen2, qwen3, model_test::tiny_bloom()};
+  ModelConfig mistral = tiny_llama(false);
+  mistral.arch = "mistral";
+  mistral.head_size = 12;
+  mistral.sliding_window = 3;
+  mistral.rope_scaling = RopeScaling{};
+  return {tiny_llama(false), qwen2, qwen3, mistral, model_test::tiny_bloom()};
 }
 
 }  // namespace
@@ -826,6 +835,18 @@ BOOST_AUTO_TEST_CASE(llama_cuda_matches_llama_cpu_fp32) {
   require_device("test_cuda_llama");
   for (bool tied : {false, true})
     for (bool checkpointing : {false, true}) compare_with_cpu(tied, DType::F32, checkpointing, 1e-5, 1e-4);
+}
+
+// Mistral: a sliding window of 3 keys over sequences of 11 (native softmax rows; cuDNN's band mask at
+// head_dim 16 in bf16), head_dim 12 and 16 != hidden_size / heads = 8.
+BOOST_AUTO_TEST_CASE(mistral_cuda_matches_mistral_cpu) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true})
+    compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "mistral", AttentionImpl::Auto, 8, 12, 3);
+  compare_with_cpu(false, DType::F32, true, 1e-5, 1e-4, "mistral", AttentionImpl::Auto, 8, 12, 3);
+  compare_with_cpu(false, DType::F32, false, 1e-5, 1e-4, "mistral", AttentionImpl::Auto, 8, 12, 1);
+  for (AttentionImpl attention : {AttentionImpl::Cudnn, AttentionImpl::Native})
+    for (int window : {3, 8}) compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1, "mistral", attention, 8, 16, window);
 }
 
 // Qwen2: the q/k/v biases through the fused GEMM's bias epilogue and bias_grad.

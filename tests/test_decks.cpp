@@ -64,6 +64,11 @@ const std::map<std::string, std::string> kModelConfigs = {
                        "rope_theta": 1000000, "max_position_embeddings": 40960, "hidden_act": "silu",
                        "attention_bias": false, "use_sliding_window": false, "sliding_window": null,
                        "max_window_layers": 28, "tie_word_embeddings": true})"},
+    {"mistral-7b-v0.1", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000,
+                            "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                            "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+                            "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
+                            "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": false})"},
     {"llama-3.1-8b", R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
                          "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                          "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
@@ -116,6 +121,7 @@ std::vector<DeckCase> deck_cases() {
        {"data/chat/train.jsonl", "data/chat/eval.jsonl"}, {}},
       {"squad/bloom560m-lora.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       {"qwen3/qwen3-0.6b.ini", 1, 4, "qwen3-0.6b", kSquadFiles, {}},
+      {"mistral/mistral-7b-v0.1-lora.ini", 1, 4, "mistral-7b-v0.1", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };

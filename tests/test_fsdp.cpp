@@ -355,23 +355,24 @@ BOOST_AUTO_TEST_CASE(llama_full_shard_matches_one_rank) {
 // Sequence packing (data.packing): the same global batches packed into rows of 480 tokens (the demo's
 // samples are 147-220 tokens, so 2-3 to a row, some ranks given an empty micro-batch), FULL_SHARD on
 // the world, train to the losses of the unpacked run on one rank (fp32, 1e-5), and pad less; BLOOM
-// (ALiBi) and Llama (rotary positions restarting at each sample).
+// (ALiBi), Llama (rotary positions restarting at each sample) and Mistral (a sliding window of 16 keys
+// inside each sample).
 BOOST_AUTO_TEST_CASE(packing_does_not_change_the_step) {
-  for (const bool llama : {false, true}) {
-    auto config = [llama](bool packed, const std::string& name) {
+  for (const std::string arch : {"bloom", "llama", "mistral"}) {
+    auto config = [arch](bool packed, const std::string& name) {
       RunConfig cfg = tiny_config(ShardingStrategy::FullShard, name);
-      if (llama) {
-        cfg.model.arch = "llama";
+      if (arch != "bloom") {
+        cfg.model.arch = arch;
         cfg.model.num_kv_heads = 2;
         cfg.model.intermediate_size = 48;
       }
+      if (arch == "mistral") cfg.model.sliding_window = 16;
       cfg.data.max_length = 480;
       cfg.data.eval_file.clear();
       cfg.train.max_steps = 6;
       cfg.data.packing = cfg.model.packed = packed;
       return cfg;
     };
-    const std::string arch = llama ? "llama" : "bloom";
     TrainResult packed = train(config(true, arch + "_packed"), MPI_COMM_WORLD, quiet());
     std::vector<double> single(6, 0.0);
     if (world_rank() == 0) {
@@ -454,18 +455,21 @@ void check_lora_strategies(const std::vector<std::string>& bloom_saved, const st
 
 BOOST_AUTO_TEST_CASE(lora_matches_one_rank_on_every_strategy) { check_lora_strategies({}, {}, ""); }
 
-// A tiny Qwen3 (per-head q/k RMSNorms, head_dim 12 where hidden 32 / 4 heads is 8, GQA, untied head),
-// fully trained and with LoRA on every linear layer: every strategy on the world gives the losses of
-// NO_SHARD on one rank.
-BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
+namespace {
+
+// A tiny Llama-style model of family `arch` (GQA, head_dim 12 where hidden 32 / 4 heads is 8, untied
+// head, sliding window `window`), fully trained and with LoRA on every linear layer: every strategy on
+// the world gives the losses of NO_SHARD on one rank.
+void check_family_strategies(const std::string& arch, int window) {
   for (const bool lora : {false, true}) {
-    auto config = [lora](ShardingStrategy strategy, const std::string& name) {
+    auto config = [lora, arch, window](ShardingStrategy strategy, const std::string& name) {
       RunConfig cfg = tiny_config(strategy, name);
       ModelConfig& m = cfg.model;
-      m.arch = "qwen3";
+      m.arch = arch;
       m.num_kv_heads = 2;
       m.intermediate_size = 48;
       m.head_size = 12;
+      m.sliding_window = window;
       m.rope_theta = 1000.0f;
       m.tie_word_embeddings = false;
       if (lora) {
@@ -477,7 +481,7 @@ BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
       cfg.train.max_steps = 5;
       return cfg;
     };
-    const std::string tag = lora ? "qwen3_lora_" : "qwen3_";
+    const std::string tag = arch + (lora ? "_lora_" : "_");
     std::vector<double> single(6, 0.0);
     if (world_rank() == 0) {
       const TrainResult r = train(config(ShardingStrategy::NoShard, tag + "reference"), MPI_COMM_SELF, quiet());
@@ -500,6 +504,14 @@ BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) {
     }
   }
 }
+
+}  // namespace
+
+// Qwen3: per-head q/k RMSNorms.
+BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) { check_family_strategies("qwen3", 0); }
+
+// Mistral: a sliding window of 16 keys over samples of 147-220 tokens.
+BOOST_AUTO_TEST_CASE(mistral_matches_one_rank_on_every_strategy) { check_family_strategies("mistral", 16); }
 
 // lora.modules_to_save: Llama's embedding, final norm and head (untied here), BLOOM's two LayerNorms
 // (its head is tied), trained whole in the root beside the adapters.

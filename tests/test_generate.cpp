@@ -1,7 +1,8 @@
 // Greedy generation with a key/value cache: the cached rows of block_decode equal the full forward
 // (BLOOM, Llama, Qwen2, Qwen3); greedy_generate on the sharded model equals transformers' generate() on the
 // tiny parity models (tests/fixtures/hf/generate_reference.json, make_generate_fixtures.py;
-// qwen2_generate_reference.json, make_qwen2_fixtures.py; qwen3_generate_reference.json, make_qwen3_fixtures.py),
+// qwen2_generate_reference.json, make_qwen2_fixtures.py; qwen3_generate_reference.json, make_qwen3_fixtures.py;
+// mistral_generate_reference.json, make_mistral_fixtures.py),
 // batched or one prompt at a time, on any number of ranks, with ranks that have nothing to decode.
 #define BOOST_TEST_MODULE test_generate
 #include "mpi_fixture.hpp"
@@ -87,7 +88,8 @@ struct GenerateReference {
 // The fixture `name` of tests/fixtures/hf/<file>.
 GenerateReference read_reference(const std::string& file, const std::string& name) {
   std::ifstream in(kFixtures + "/" + file);
-  BOOST_REQUIRE_MESSAGE(in.good(), "cannot read tests/fixtures/hf/" << file);
+  BOOST_REQUIRE_MESSAGE(in.good(), "cannot read tests/fixtures/hf/" << file
+                                      << " (a fixture not made yet is made by its make_*_fixtures.py there)");
   const nlohmann::json j = nlohmann::json::parse(in).at(name);
   GenerateReference r;
   r.eos = j.at("eos_id").get<int32_t>();
@@ -154,11 +156,15 @@ BOOST_AUTO_TEST_CASE(qwen2_decode_rows_equal_the_forward) { check_decode_matches
 
 BOOST_AUTO_TEST_CASE(qwen3_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen3()); }
 
+// Mistral's sliding window (3 keys) in the cache's attention: prompts of 4 and 7 decoded positions.
+BOOST_AUTO_TEST_CASE(mistral_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_mistral()); }
+
 BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
   check_bad_rows(tiny_bloom());
   check_bad_rows(tiny_llama());
   check_bad_rows(tiny_qwen2());
   check_bad_rows(tiny_qwen3());
+  check_bad_rows(tiny_mistral());
 }
 
 BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {
@@ -179,6 +185,13 @@ BOOST_AUTO_TEST_CASE(qwen2_generation_equals_transformers) {
 BOOST_AUTO_TEST_CASE(qwen3_generation_equals_transformers) {
   check_generate("tiny_qwen3", 1, false, "qwen3_generate_reference.json");
   check_generate("tiny_qwen3", 3, false, "qwen3_generate_reference.json");
+}
+
+// Prompts of up to 12 tokens and 12 new ones, past the window of 4 (make_mistral_fixtures.py; the
+// fixture is made on a machine with transformers).
+BOOST_AUTO_TEST_CASE(mistral_generation_equals_transformers) {
+  check_generate("tiny_mistral", 1, false, "mistral_generate_reference.json");
+  check_generate("tiny_mistral", 3, false, "mistral_generate_reference.json");
 }
 
 BOOST_AUTO_TEST_CASE(ranks_without_prompts_still_take_part) {

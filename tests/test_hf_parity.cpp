@@ -136,6 +136,20 @@ BOOST_AUTO_TEST_CASE(qwen2_matches_transformers) { check_parity("tiny_qwen2"); }
 // Qwen3: q_norm / k_norm per head before rotary, head_dim 12 != hidden 32 / 4 heads, untied head.
 BOOST_AUTO_TEST_CASE(qwen3_matches_transformers) { check_parity("tiny_qwen3"); }
 
+// Mistral: a sliding window of 4 keys over sequences of 16, head_dim 12 != hidden 32 / 4 heads, GQA,
+// untied head (make_mistral_fixtures.py, run on a machine with transformers).
+BOOST_AUTO_TEST_CASE(mistral_matches_transformers) {
+  BOOST_TEST_REQUIRE(fs::exists(kFixtures + "/tiny_mistral/config.json"),
+                     "fixture pending: run tests/fixtures/hf/make_mistral_fixtures.py where transformers is installed");
+  const ModelConfig cfg = HfModelDir(kFixtures + "/tiny_mistral").config();
+  BOOST_TEST(cfg.arch == "mistral");
+  BOOST_TEST(cfg.sliding_window == 4);
+  BOOST_TEST(cfg.head_dim() == 12);
+  BOOST_TEST(cfg.kv_heads() == 2);
+  BOOST_TEST(model_config_from_hf(hf_config_json(cfg), "round trip").sliding_window == 4);
+  check_parity("tiny_mistral");
+}
+
 BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   const ModelConfig bloom = HfModelDir(kFixtures + "/tiny_bloom").config();
   BOOST_TEST(bloom.arch == "bloom");

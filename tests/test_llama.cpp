@@ -1,11 +1,13 @@
 #define BOOST_TEST_MODULE test_llama
 #include <boost/test/unit_test.hpp>
 // Tests of the Llama-style families on the CPU (Llama; Qwen2, its layer with q/k/v biases; Qwen3, with
-// per-head q/k RMSNorms and a head_dim of its own): rotary
+// per-head q/k RMSNorms and a head_dim of its own; Mistral, with a sliding window and a head_dim of its
+// own): rotary
 // frequencies (llama3 scaling) against independently computed values, RMSNorm and rotary on
 // hand-computed values, the forward against a naive double reference, gradients of every unit
 // against finite differences, GQA as MHA with repeated kv heads, padding, head chunking, argument
-// checks; Qwen2's and Qwen3's layouts, Hugging Face names and config.json.
+// checks; Qwen2's, Qwen3's and Mistral's layouts, Hugging Face names and config.json (Mistral's
+// sliding_window: read, written back, bad values refused naming the file and key).
 
 #include <algorithm>
 #include <cmath>
@@ -49,6 +51,21 @@ ModelConfig qwen2(ModelConfig cfg) {
 ModelConfig qwen3(ModelConfig cfg) {
   cfg.arch = "qwen3";
   cfg.head_size = 6;
+  return cfg;
+}
+
+// Mistral's: a sliding window of 3 keys (shorter than the tests' sequences of 5 to 7) and head_dim 6
+// where hidden_size / heads is 4 (Mistral Nemo's 128 at hidden 5120 and 32 heads).
+ModelConfig mistral(ModelConfig cfg) {
+  cfg.arch = "mistral";
+  cfg.sliding_window = 3;
+  cfg.head_size = 6;
+  return cfg;
+}
+
+// Qwen2 and Qwen3 with every layer windowed (use_sliding_window, max_window_layers 0).
+ModelConfig windowed(ModelConfig cfg, int window) {
+  cfg.sliding_window = window;
   return cfg;
 }
 
@@ -108,22 +125,25 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   reference_rotary(q, B, T, heads, d, inv_freq);
   reference_rotary(k, B, T, kv, d, inv_freq);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
+  // Mistral's sliding window: query i attends keys i - window < j <= i (transformers' sliding_window_overlay).
+  const int window = m.cfg.sliding_window;
   for (int b = 0; b < B; ++b)
     for (int n = 0; n < heads; ++n) {
       const int g = n * kv / heads;  // the kv head of query head n
       for (int i = 0; i < T; ++i) {
+        const int first = window > 0 ? std::max(0, i - window + 1) : 0;
         std::vector<double> weights(i + 1);
         double max_score = -1e300, total = 0.0;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = first; j <= i; ++j) {
           double dot = 0.0;
           for (int c = 0; c < d; ++c) dot += q[(b * T + i) * heads * d + n * d + c] * k[(b * T + j) * kv * d + g * d + c];
           weights[j] = dot / std::sqrt(static_cast<double>(d));
           max_score = std::max(max_score, weights[j]);
         }
-        for (int j = 0; j <= i; ++j) total += (weights[j] = std::exp(weights[j] - max_score));
+        for (int j = first; j <= i; ++j) total += (weights[j] = std::exp(weights[j] - max_score));
         for (int c = 0; c < d; ++c) {
           double sum = 0.0;
-          for (int j = 0; j <= i; ++j) sum += weights[j] / total * v[(b * T + j) * kv * d + g * d + c];
+          for (int j = first; j <= i; ++j) sum += weights[j] / total * v[(b * T + j) * kv * d + g * d + c];
           context[(b * T + i) * heads * d + n * d + c] = sum;
         }
       }
@@ -267,7 +287,8 @@ BOOST_AUTO_TEST_SUITE(forward)
 
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
   for (const ModelConfig& cfg :
-       {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config())}) {
+       {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config()),
+        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2)}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -358,9 +379,19 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen3) {
   check_parameter_gradients(tied, 29);
 }
 
+// Mistral's sliding window (3 keys over sequences of 5) and its own head_dim.
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_mistral) {
+  check_parameter_gradients(mistral(tiny_config()), 31);
+  ModelConfig tied = mistral(tiny_config());
+  tied.tie_word_embeddings = true;
+  tied.sliding_window = 2;
+  check_parameter_gradients(tied, 32);
+}
+
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
   check_hidden_input_gradients(with_llama3_scaling(tiny_config()), 24, 10);
   check_hidden_input_gradients(qwen3(tiny_config()), 30, 10);
+  check_hidden_input_gradients(mistral(tiny_config()), 33, 10);
 }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
@@ -609,10 +640,11 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(again.arch == "qwen2");
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
   BOOST_TEST(again.num_layers == 2);
-  // Sliding-window attention is refused, as is a sliding layer.
+  // use_sliding_window with every layer full (layer_types) is no window; a sliding layer without
+  // use_sliding_window is refused (qwen_sliding_windows below has the rest).
   std::string sliding = text;
   sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
-  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+  BOOST_TEST(model_config_from_hf(sliding, "s").sliding_window == 0);
   std::string layer = text;
   layer.replace(layer.find("\"full_attention\"]"), 16, "\"sliding_attention\"");
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(layer, "l"); }), "sliding_attention"));
@@ -711,13 +743,60 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(again.arch == "qwen3");
   BOOST_TEST(again.head_dim() == 128);
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
-  // Biases and sliding windows are refused.
+  // Biases are refused.
   std::string bias = text;
   bias.replace(bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true ");
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(bias, "b"); }), "attention_bias"));
-  std::string sliding = text;
-  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true ");
-  BOOST_TEST(contains(error_of([&] { model_config_from_hf(sliding, "s"); }), "use_sliding_window"));
+}
+
+// Qwen2's and Qwen3's windows as transformers reads them: layer i is windowed where layer_types[i] is
+// sliding_attention, or (without layer_types) where use_sliding_window and i >= max_window_layers
+// (default 28). Every layer windowed gives the model's window, none gives 0; some layers only, or
+// sliding layers without use_sliding_window, are refused naming the file and the keys. Written back
+// with every layer's type, it reads the same.
+BOOST_AUTO_TEST_CASE(qwen_sliding_windows) {
+  for (const std::string type : {"qwen2", "qwen3"}) {
+    BOOST_TEST_CONTEXT(type) {
+      auto config = [&](const std::string& window_keys) {
+        return model_config_from_hf(R"({"model_type": ")" + type + R"(", "hidden_size": 32, "intermediate_size": 48,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "num_hidden_layers": 3, )" +
+                                        window_keys + "}",
+                                    "dir/config.json");
+      };
+      BOOST_TEST(config(R"("use_sliding_window": false, "sliding_window": 8)").sliding_window == 0);
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8)").sliding_window == 0);  // 3 < 28
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 3)").sliding_window ==
+                 0);
+      const ModelConfig all = config(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0)");
+      BOOST_TEST(all.sliding_window == 8);
+      BOOST_TEST(config(R"("use_sliding_window": true, "sliding_window": 8, "layer_types":
+          ["sliding_attention", "sliding_attention", "sliding_attention"])")
+                     .sliding_window == 8);
+      const std::string written = hf_config_json(all);
+      BOOST_TEST(contains(written, "\"use_sliding_window\": true"), written);
+      BOOST_TEST(contains(written, "\"sliding_window\": 8"), written);
+      BOOST_TEST(contains(written, "\"sliding_attention\""), written);
+      BOOST_TEST(model_config_from_hf(written, "written").sliding_window == 8);
+      BOOST_TEST(!contains(hf_config_json(config("\"use_sliding_window\": false")), "\"sliding_attention\""));
+      auto refused = [&](const std::string& keys, const std::string& part) {
+        const std::string message = error_of([&] { config(keys); });
+        BOOST_TEST(contains(message, "dir/config.json"), message);
+        BOOST_TEST(contains(message, part), message);
+      };
+      refused(R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1)",
+              "2 of 3 layers use a sliding window (from layer 1");
+      refused(R"("use_sliding_window": true, "sliding_window": 8, "layer_types":
+          ["full_attention", "sliding_attention", "full_attention"])",
+              "1 of 3 layers");
+      refused(R"("use_sliding_window": false, "sliding_window": 8, "layer_types":
+          ["sliding_attention", "sliding_attention", "sliding_attention"])",
+              "use_sliding_window is false");
+      refused(R"("use_sliding_window": true, "sliding_window": 0, "max_window_layers": 0)", "'sliding_window' = 0");
+      refused(R"("use_sliding_window": true, "sliding_window": null, "max_window_layers": 0)", "needs a sliding_window");
+      refused(R"("layer_types": ["full_attention"])", "layer_types must be a list of num_hidden_layers (3)");
+      refused(R"("layer_types": ["full_attention", "chunked_attention", "full_attention"])", "chunked_attention");
+    }
+  }
 }
 
 // The Llama-style families read head_dim for themselves too; a Llama with hidden_size / heads as
@@ -734,6 +813,123 @@ BOOST_AUTO_TEST_CASE(llama_head_dim_is_read) {
   BOOST_TEST(with(", \"head_dim\": 16").head_size == 0);
   BOOST_TEST(with(", \"head_dim\": 32").head_dim() == 32);
   BOOST_TEST(contains(error_of([&] { with(", \"head_dim\": 0"); }), "head_dim must be positive"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- Mistral: layout, names, config.json -------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(mistral_family)
+
+// Llama's block and names (no biases, no q/k norms); q and o are heads x head_dim wide.
+BOOST_AUTO_TEST_CASE(layout_is_llamas_with_hf_names) {
+  const ModelConfig cfg = mistral(tiny_config());
+  const std::vector<UnitLayout> layout = model_layout(cfg), llama = model_layout(qwen3(tiny_config()));
+  const std::vector<std::string> names = {"layers.1.input_layernorm.weight", "layers.1.self_attn.q_proj.weight",
+                                          "layers.1.self_attn.k_proj.weight", "layers.1.self_attn.v_proj.weight",
+                                          "layers.1.self_attn.o_proj.weight", "layers.1.post_attention_layernorm.weight",
+                                          "layers.1.mlp.gate_proj.weight",   "layers.1.mlp.up_proj.weight",
+                                          "layers.1.mlp.down_proj.weight"};
+  BOOST_TEST_REQUIRE(layout[2].tensors.size() == names.size());
+  for (size_t i = 0; i < names.size(); ++i) BOOST_TEST(layout[2].tensors[i].name == names[i]);
+  BOOST_TEST((layout[2].tensors[1].shape == std::vector<int64_t>{cfg.num_heads * 6, cfg.hidden_size}));
+  BOOST_TEST(hf_tensor_name(cfg, "layers.1.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight");
+  BOOST_TEST(hf_tensor_name(cfg, "lm_head.weight") == "lm_head.weight");
+  const std::vector<LinearModule> modules = linear_modules(cfg);
+  std::vector<std::string> module_names;
+  for (const LinearModule& m : modules) module_names.push_back(m.name);
+  // PEFT's target_modules for Mistral are Llama's.
+  BOOST_TEST((module_names ==
+              std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  BOOST_TEST(model_family("mistral").sliding_window);
+  BOOST_TEST(!model_family("llama").sliding_window);
+  BOOST_TEST(model_family("qwen2").sliding_window);  // where every layer is windowed (qwen_sliding_windows)
+  BOOST_TEST(!model_family("bloom").sliding_window);
+}
+
+// Mistral-7B-v0.1's config.json as transformers 5 writes it (sliding_window 4096), cut to 2 layers:
+// read, written back with the window, read again.
+const std::string kMistral7B = R"({"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "head_dim": null, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 2, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32000})";
+
+std::string with_window(const std::string& value) {
+  std::string t = kMistral7B;
+  const std::string key = "\"sliding_window\": 4096";
+  t.replace(t.find(key), key.size(), value);
+  return t;
+}
+
+BOOST_AUTO_TEST_CASE(config_json_round_trips_with_the_window) {
+  const ModelConfig cfg = model_config_from_hf(kMistral7B, "mistral");
+  BOOST_TEST(cfg.arch == "mistral");
+  BOOST_TEST(cfg.sliding_window == 4096);
+  BOOST_TEST(cfg.head_dim() == 128);
+  BOOST_TEST(cfg.head_size == 0);
+  BOOST_TEST(cfg.kv_heads() == 8);
+  BOOST_TEST(cfg.ffn_size() == 14336);
+  BOOST_TEST(!cfg.tie_word_embeddings);
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"model_type\": \"mistral\""), written);
+  BOOST_TEST(contains(written, "\"MistralForCausalLM\""), written);
+  BOOST_TEST(contains(written, "\"sliding_window\": 4096"), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.arch == "mistral");
+  BOOST_TEST(again.sliding_window == 4096);
+  BOOST_TEST(again.head_dim() == 128);
+}
+
+// v0.3 sets sliding_window null: full causal attention, written back as null. Left out, it is
+// transformers' MistralConfig default, 4096. Mistral Nemo's head_dim 128 at hidden 5120 and 32 heads.
+BOOST_AUTO_TEST_CASE(null_absent_and_own_head_dim) {
+  const ModelConfig none = model_config_from_hf(with_window("\"sliding_window\": null"), "v0.3");
+  BOOST_TEST(none.sliding_window == 0);
+  BOOST_TEST(contains(hf_config_json(none), "\"sliding_window\": null"), hf_config_json(none));
+  BOOST_TEST(model_config_from_hf(with_window("\"vocab_size_copy\": 1"), "absent").sliding_window == 4096);
+  std::string nemo = with_window("\"sliding_window\": null");
+  nemo.replace(nemo.find("\"head_dim\": null"), 16, "\"head_dim\": 128");
+  nemo.replace(nemo.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": 5120");
+  const ModelConfig n = model_config_from_hf(nemo, "nemo");
+  BOOST_TEST(n.head_dim() == 128);
+  BOOST_TEST(n.num_heads * n.head_dim() == 4096);
+  BOOST_TEST(contains(hf_config_json(n), "\"head_dim\": 128"));
+}
+
+// A window of 0 or below, or not an integer, is refused naming the file and the key.
+BOOST_AUTO_TEST_CASE(bad_windows_are_refused_naming_file_and_key) {
+  for (const std::string bad : {"0", "-1", "-4096", "2.5", "\"4096\""}) {
+    const std::string message = error_of([&] { model_config_from_hf(with_window("\"sliding_window\": " + bad), "dir/config.json"); });
+    BOOST_TEST(contains(message, "dir/config.json"), message);
+    BOOST_TEST(contains(message, "sliding_window"), message);
+  }
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(with_window("\"sliding_window\": 0"), "c"); }), "must be > 0"));
+}
+
+// A CPU model built with a window of 1 makes every position its own context: the block output of a
+// position does not change when an earlier token changes (it only reaches later positions through
+// the residual stream, which window 1 cuts in one layer).
+BOOST_AUTO_TEST_CASE(window_of_one_isolates_positions_in_a_block) {
+  ModelConfig cfg = mistral(tiny_config());
+  cfg.sliding_window = 1;
+  const TinyModel m = make_model(cfg, 61);
+  std::mt19937 rng(9);
+  const int T = 6, H = cfg.hidden_size;
+  std::vector<float> h = random_floats(static_cast<size_t>(T) * H, rng), out(h.size()), changed_out(h.size());
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, T);
+  net->block_forward(0, m.params[1].data(), h.data(), out.data(), 1, T);
+  for (int c = 0; c < H; ++c) h[2 * H + c] += 0.5f;  // position 2's input
+  net->block_forward(0, m.params[1].data(), h.data(), changed_out.data(), 1, T);
+  for (int t = 0; t < T; ++t) {
+    double moved = 0.0;
+    for (int c = 0; c < H; ++c) moved += std::abs(out[t * H + c] - changed_out[t * H + c]);
+    if (t == 2)
+      BOOST_TEST(moved > 1e-3);
+    else
+      BOOST_TEST(moved == 0.0, "position " << t);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

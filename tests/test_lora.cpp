@@ -277,6 +277,7 @@ void check_against_merged(const ModelConfig& shape) {
 BOOST_AUTO_TEST_CASE(llama_adapters_equal_the_merged_model) { check_against_merged(tiny_llama()); }
 BOOST_AUTO_TEST_CASE(qwen2_adapters_equal_the_merged_model) { check_against_merged(tiny_qwen2()); }
 BOOST_AUTO_TEST_CASE(qwen3_adapters_equal_the_merged_model) { check_against_merged(tiny_qwen3()); }
+BOOST_AUTO_TEST_CASE(mistral_adapters_equal_the_merged_model) { check_against_merged(tiny_mistral()); }
 BOOST_AUTO_TEST_CASE(bloom_adapters_equal_the_merged_model) { check_against_merged(tiny_bloom()); }
 
 // PEFT's initialisation (B = 0) leaves the model as it was.
@@ -471,6 +472,7 @@ void check_dropout_gradients(const ModelConfig& shape) {
 BOOST_AUTO_TEST_CASE(llama_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_llama()); }
 BOOST_AUTO_TEST_CASE(qwen2_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_qwen2()); }
 BOOST_AUTO_TEST_CASE(qwen3_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_qwen3()); }
+BOOST_AUTO_TEST_CASE(mistral_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_mistral()); }
 BOOST_AUTO_TEST_CASE(bloom_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_bloom()); }
 
 // Evaluation (no seed set, or set back to none) and greedy decoding (even while a training seed is set)

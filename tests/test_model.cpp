@@ -1,7 +1,9 @@
 #define BOOST_TEST_MODULE test_model
 #include <boost/test/unit_test.hpp>
 // Tests of the model module: cpu_gemm, BLOOM's layout, init and ALiBi slopes, the forward against a
-// naive double-precision reference, gradients against finite differences, causality, head chunking.
+// naive double-precision reference, gradients against finite differences, causality, head chunking;
+// the shared CPU attention with a sliding window (and packed rows) against a double reference, its
+// backward against finite differences, and the cached decoding attention with a window.
 
 #include <algorithm>
 #include <cmath>
@@ -9,12 +11,14 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/model.hpp"
 #include "bloom/bloom_layout.hpp"
+#include "cpu_attention.hpp"
 #include "cpu_model_test_support.hpp"
 #include "model_checks.hpp"
 
@@ -492,6 +496,172 @@ BOOST_AUTO_TEST_CASE(activation_memory_is_accounted) {
   const ModelConfig cfg = tiny_config();
   // At least the saved attention probabilities of every layer: L * B * heads * T * T floats.
   check_activation_memory(cfg, static_cast<size_t>(cfg.num_layers) * 4 * cfg.num_heads * 16 * 16 * sizeof(float));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- the shared CPU attention with a sliding window --------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(sliding_window_attention)
+
+using model_detail::AttentionShape;
+
+// 2 sequences of 9 positions, 4 query heads over 2 kv heads of 4, q|k|v in separate row-major arrays;
+// the second sequence packs two samples (starting at 0 and 4) when `packed`.
+struct WindowCase {
+  AttentionShape s;
+  std::vector<int32_t> starts;
+  std::vector<float> q, k, v;
+  WindowCase(int window, bool packed, uint32_t seed) {
+    const int B = 2, T = 9, heads = 4, kv = 2, d = 4;
+    s = AttentionShape{B, T, heads, kv, d, heads * d, kv * d, d, nullptr};
+    s.window = window;
+    if (packed) {
+      starts.assign(static_cast<size_t>(B) * T, 0);
+      for (int t = 4; t < T; ++t) starts[T + t] = 4;
+      s.starts = starts.data();
+    }
+    std::mt19937 rng(seed);
+    q = random_floats(static_cast<size_t>(B) * T * heads * d, rng, 1.5f);
+    k = random_floats(static_cast<size_t>(B) * T * kv * d, rng, 1.5f);
+    v = random_floats(static_cast<size_t>(B) * T * kv * d, rng);
+  }
+};
+
+// context in double, written apart from cpu_attention.cpp: query i of sequence b attends keys j with
+// j <= i, j >= its sample's start and i - window < j (transformers' sliding_window_overlay).
+Rows reference_window_context(const WindowCase& c) {
+  const AttentionShape& s = c.s;
+  const int T = s.seq, d = s.head_dim;
+  Rows ctx(static_cast<size_t>(s.batch) * T * s.heads * d, 0.0);
+  for (int b = 0; b < s.batch; ++b)
+    for (int n = 0; n < s.heads; ++n) {
+      const int g = n / (s.heads / s.kv_heads);
+      for (int i = 0; i < T; ++i) {
+        const int start = c.starts.empty() ? 0 : c.starts[b * T + i];
+        std::vector<double> w(T, 0.0);
+        double top = -1e300, total = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          if (j < start || (s.window > 0 && !(j > i - s.window))) continue;
+          double dot = 0.0;
+          for (int e = 0; e < d; ++e)
+            dot += double{c.q[(b * T + i) * s.q_ld + n * d + e]} * c.k[(b * T + j) * s.kv_ld + g * d + e];
+          w[j] = dot / std::sqrt(static_cast<double>(d));
+          top = std::max(top, w[j]);
+        }
+        for (int j = 0; j <= i; ++j) {
+          if (j < start || (s.window > 0 && !(j > i - s.window))) continue;
+          total += (w[j] = std::exp(w[j] - top));
+        }
+        for (int j = 0; j <= i; ++j) {
+          if (j < start || (s.window > 0 && !(j > i - s.window))) continue;
+          for (int e = 0; e < d; ++e)
+            ctx[(b * T + i) * s.heads * d + n * d + e] += w[j] / total * c.v[(b * T + j) * s.kv_ld + g * d + e];
+        }
+      }
+    }
+  return ctx;
+}
+
+std::vector<float> window_context(const WindowCase& c, std::vector<float>* probs = nullptr) {
+  const AttentionShape& s = c.s;
+  std::vector<float> p(static_cast<size_t>(s.batch) * s.heads * s.seq * s.seq);
+  std::vector<float> ctx(static_cast<size_t>(s.batch) * s.seq * s.heads * s.head_dim);
+  model_detail::attention_forward(s, c.q.data(), c.k.data(), c.v.data(), p.data(), ctx.data());
+  if (probs) *probs = p;
+  return ctx;
+}
+
+BOOST_AUTO_TEST_CASE(forward_matches_double_reference) {
+  for (int window : {1, 2, 3, 9, 20})
+    for (bool packed : {false, true}) {
+      const WindowCase c(window, packed, 7 + window);
+      const std::vector<float> got = window_context(c);
+      const Rows want = reference_window_context(c);
+      for (size_t i = 0; i < got.size(); ++i)  // fp32 against double: outputs are O(1)
+        BOOST_TEST(std::abs(got[i] - want[i]) <= 1e-5 * (1.0 + std::abs(want[i])),
+                   "window " << window << " packed " << packed << " element " << i << ": " << got[i] << " != "
+                             << want[i]);
+    }
+}
+
+// The window changes the result (the reference is not just full causal attention): window 3 against
+// none differs from position 3 on and equals it before.
+BOOST_AUTO_TEST_CASE(window_masks_keys_before_it) {
+  const WindowCase windowed(3, false, 11), full(0, false, 11);
+  const std::vector<float> a = window_context(windowed), b = window_context(full);
+  const int row = windowed.s.heads * windowed.s.head_dim;
+  double before = 0.0, after = 0.0;
+  for (int t = 0; t < windowed.s.seq; ++t)
+    for (int e = 0; e < row; ++e) (t < 3 ? before : after) += std::abs(a[t * row + e] - b[t * row + e]);
+  BOOST_TEST(before == 0.0);
+  BOOST_TEST(after > 1e-3);
+  // Key j gets probability 0 from query i when j <= i - window.
+  std::vector<float> probs;
+  window_context(windowed, &probs);
+  const int T = windowed.s.seq;
+  for (int i = 0; i < T; ++i)
+    for (int j = 0; j < T; ++j) {
+      const bool kept = j <= i && j > i - 3;
+      BOOST_TEST((probs[i * T + j] > 0.0f) == kept, "query " << i << " key " << j);
+    }
+}
+
+// dq, dk, dv of L = sum(context * weights) against central differences of the double reference.
+BOOST_AUTO_TEST_CASE(backward_matches_finite_differences) {
+  for (int window : {2, 4})
+    for (bool packed : {false, true}) {
+      WindowCase c(window, packed, 31 + window);
+      const AttentionShape& s = c.s;
+      std::mt19937 rng(5);
+      const std::vector<float> weights = random_floats(c.q.size(), rng);  // context is q-shaped
+      std::vector<float> probs;
+      window_context(c, &probs);
+      std::vector<float> dscores(static_cast<size_t>(s.seq) * s.seq), dq(c.q.size()), dk(c.k.size()),
+          dv(c.v.size());
+      model_detail::attention_backward(s, c.q.data(), c.k.data(), c.v.data(), probs.data(), weights.data(),
+                                       dscores.data(), dq.data(), dk.data(), dv.data());
+      auto loss = [&] {
+        const Rows ctx = reference_window_context(c);
+        double l = 0.0;
+        for (size_t i = 0; i < ctx.size(); ++i) l += ctx[i] * weights[i];
+        return l;
+      };
+      for (auto [x, grad, name] : {std::tuple{&c.q, &dq, "q"}, std::tuple{&c.k, &dk, "k"}, std::tuple{&c.v, &dv, "v"}})
+        for (size_t i = 0; i < x->size(); i += 5) {
+          const float keep = (*x)[i];
+          const float h = 1e-2f;
+          (*x)[i] = keep + h;
+          const double up = loss();
+          (*x)[i] = keep - h;
+          const double down = loss();
+          (*x)[i] = keep;
+          const double numeric = (up - down) / (2.0 * h);
+          BOOST_TEST(std::abs((*grad)[i] - numeric) <= 1e-3 * (1.0 + std::abs(numeric)),
+                     name << "[" << i << "] = " << (*grad)[i] << ", finite differences " << numeric << " (window "
+                          << window << ", packed " << packed << ")");
+        }
+    }
+}
+
+// Decoding's cached attention keeps the same window: each position's context equals the training
+// forward's for that position, one cached row at a time.
+BOOST_AUTO_TEST_CASE(cached_decoding_keeps_the_window) {
+  const WindowCase c(3, false, 41);
+  const AttentionShape& s = c.s;
+  const std::vector<float> want = window_context(c);
+  model_detail::KvCache cache;
+  cache.reset(1, 1, s.seq, s.kv_heads, s.head_dim);
+  AttentionShape row = s;
+  row.batch = 1, row.seq = 1;
+  std::vector<float> scores(s.seq), ctx(static_cast<size_t>(s.heads) * s.head_dim);
+  const int slot = 0;
+  for (int t = 0; t < s.seq; ++t) {
+    model_detail::cached_attention_rows(cache, 0, row, c.q.data() + t * s.q_ld, c.k.data() + t * s.kv_ld,
+                                       c.v.data() + t * s.kv_ld, 1, &slot, &t, scores.data(), ctx.data());
+    for (size_t e = 0; e < ctx.size(); ++e)
+      BOOST_TEST(ctx[e] == want[t * ctx.size() + e], boost::test_tools::tolerance(1e-5f) << "position " << t);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

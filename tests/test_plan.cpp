@@ -269,6 +269,29 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   }
 }
 
+// The Mistral LoRA deck plans on one GPU from Mistral-7B-v0.1's config.json (sliding window 4096): the
+// Hub's parameter count with the adapters', the family's name.
+BOOST_AUTO_TEST_CASE(mistral_deck_plans_on_the_cuda_backend) {
+  const fs::path deck = scratch_deck(
+      "mistral/mistral-7b-v0.1-lora.ini", "mistral-7b-v0.1",
+      R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+          "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
+          "tie_word_embeddings": false})");
+  Outcome o = plan(deck.string() + " --ranks=1 --json");
+  if (o.exit_code != 0) o = plan(deck.string() + " --ranks=1 --json", true);  // for the message
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  const json j = json::parse(o.output);
+  BOOST_TEST(j.at("backend") == "cuda");
+  BOOST_TEST(j.at("model").at("arch") == "mistral");
+  // The Hub's 7,241,732,096 and LoRA's r 16 on the 7 linear layers of 32 blocks: 32 x 16 x (2 x (4096 + 4096)
+  // + 2 x (4096 + 1024) + 3 x (4096 + 14336)) = 41,943,040.
+  BOOST_TEST(j.at("model").at("parameters").get<double>() == 7241732096.0 + 41943040.0);
+  const json& full = row_of(j, "FULL_SHARD");
+  BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * 4096 * 2);
+}
+
 // A row fits only when the node's host memory holds host/node too: Llama-3.1-8B offloaded unsharded on
 // eight ranks a node needs 16 bytes a parameter for each rank, far more than 512 GiB; sharded, an eighth.
 BOOST_AUTO_TEST_CASE(plan_fits_only_where_the_host_memory_fits_too) {

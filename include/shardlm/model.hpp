@@ -80,6 +80,9 @@ struct ModelConfig {
   int num_kv_heads = 0;        // 0 = num_heads (no grouping)
   int intermediate_size = 0;   // SwiGLU width; 0 = 4 * hidden_size
   int head_size = 0;           // the attention heads' dimension (config.json head_dim); 0 = hidden_size / num_heads
+  // Sliding-window attention (Mistral's config.json sliding_window): a query at position i attends keys
+  // j with i - sliding_window < j <= i, as transformers' sliding_window_overlay; 0 = every earlier key.
+  int sliding_window = 0;
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
@@ -370,6 +373,7 @@ struct ModelFamily {
   bool rotary = false;            // rotary positions: the head dimension must be even
   bool grouped_query = false;     // model.num_kv_heads, model.intermediate_size and model.head_dim apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
+  bool sliding_window = false;    // model.sliding_window applies (its attention may keep the last keys only)
   // The root tensor the token ids index ([vocab, hidden]: the embedding's backward adds only to the rows
   // of a micro-batch's tokens) and the root tensors that backward writes besides it (BLOOM's embedding
   // LayerNorm). The FSDP engine reduces the rest of the root's gradient as soon as the head's backward

@@ -42,6 +42,13 @@ void check_run_config(const RunConfig& cfg, int world_size) {
   const ModelFamily& family = model_family(m.arch);
   if (m.head_size != 0 && !family.grouped_query)
     bad_value("model.head_dim", std::to_string(m.head_size), concat("applies to the Llama-style families, not ", m.arch));
+  if (m.sliding_window != 0 && !family.sliding_window) {
+    std::string windowed;
+    for (const ModelFamily* f : model_families())
+      if (f->sliding_window) windowed += (windowed.empty() ? "" : ", ") + f->name;
+    bad_value("model.sliding_window", std::to_string(m.sliding_window),
+              concat("applies to the families with sliding-window attention (", windowed, "), not ", m.arch));
+  }
   if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
     bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
               concat("num_heads (", m.num_heads, ") is not divisible by it"));

@@ -252,6 +252,8 @@ static std::vector<KeySpec> build_table() {
       int_key("model.intermediate_size", SHARDLM_FIELD(model.intermediate_size), 0,
               "must be >= 0 (0 = 4 x hidden_size)"),
       int_key("model.head_dim", SHARDLM_FIELD(model.head_size), 0, "must be >= 0 (0 = hidden_size / num_heads)"),
+      int_key("model.sliding_window", SHARDLM_FIELD(model.sliding_window), 0,
+              "must be >= 0 (0 = no window: every earlier key)"),
       positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps)),
       positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta)),
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings)),

@@ -20,7 +20,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
       cpu_gemm(false, true, T, T, d, scale, q + s.q_at(b, n), s.q_ld, k + s.kv_at(b, g), s.kv_ld, 0.0f, p, T);
       for (int i = 0; i < T; ++i) {
         float* row = p + static_cast<size_t>(i) * T;
-        const int lo = s.starts ? s.starts[static_cast<size_t>(b) * T + i] : 0;
+        const int lo = s.first_key(b, i);
         if (s.slopes)
           for (int j = lo; j <= i; ++j) row[j] += s.slopes[n] * static_cast<float>(j);
         const float max_score = *std::max_element(row + lo, row + i + 1);
@@ -31,7 +31,8 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
         }
         const float inv_total = 1.0f / total;
         for (int j = lo; j <= i; ++j) row[j] *= inv_total;
-        // Causal mask, and (packed rows) the keys of earlier samples; the backward relies on these zeros.
+        // Causal mask, (packed rows) the keys of earlier samples and those before the sliding window;
+        // the backward relies on these zeros.
         std::fill(row, row + lo, 0.0f);
         for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
@@ -64,7 +65,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       cpu_gemm(false, true, T, T, d, 1.0f, dctx, lc, vg, s.kv_ld, 0.0f, dscores, T);
       cpu_gemm(true, false, T, d, T, 1.0f, p, T, dctx, lc, 1.0f, dv + s.kv_at(b, g), s.kv_ld);
       // Softmax backward in place: dS = P * (dP - sum_j P dP); masked entries (the causal mask,
-      // other samples of a packed row) have P = 0.
+      // other samples of a packed row, keys before the window) have P = 0.
       for (int i = 0; i < T; ++i) {
         const float* prow = p + static_cast<size_t>(i) * T;
         float* row = dscores + static_cast<size_t>(i) * T;

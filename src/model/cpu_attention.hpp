@@ -1,5 +1,6 @@
 // Private to src/model: causal multi-head attention on the CPU, fp32, as the families share it:
-// grouped-query heads (Llama) or one key/value head per query head (BLOOM), optional ALiBi slopes,
+// grouped-query heads (Llama) or one key/value head per query head (BLOOM), optional ALiBi slopes, an
+// optional sliding window (Mistral),
 // q, k and v read from strided rows (separate projections, or BLOOM's head-interleaved fused qkv);
 // and the key/value cache of greedy decoding with the attention of one cached row.
 #pragma once
@@ -19,8 +20,19 @@ struct AttentionShape {
   const float* slopes = nullptr;  // ALiBi: score += slopes[n] * key position; null for none
   // Packed rows: position t of sequence b attends to keys starts[b * seq + t] .. t only; null: 0 .. t.
   const int32_t* starts = nullptr;
+  // Sliding window (ModelConfig::sliding_window): keys after t - window only (within the sample); 0: none.
+  int window = 0;
 
   int kv_head_of(int n) const { return n / (heads / kv_heads); }
+  // The first key position t of sequence b attends to: its sample's start, or the window's, the later.
+  int first_key(int b, int t) const {
+    const int start = starts ? starts[static_cast<size_t>(b) * seq + t] : 0;
+    return window_start(start, t, window);
+  }
+  // The first key of position t given its sample's start and a window (0: none): i - window < j.
+  static int window_start(int start, int t, int window) {
+    return window > 0 && t - window + 1 > start ? t - window + 1 : start;
+  }
   size_t q_at(int b, int n) const {
     return static_cast<size_t>(b) * seq * q_ld + static_cast<size_t>(n) * head_stride;
   }
@@ -33,8 +45,8 @@ struct AttentionShape {
   size_t probs_at(int b, int n) const { return (static_cast<size_t>(b) * heads + n) * static_cast<size_t>(seq) * seq; }
 };
 
-// probs[b, n] = softmax_j(q_i.k_j / sqrt(d) + slope_n * j) over start_i <= j <= i ([B, heads, T, T],
-// zero elsewhere); context[b, :, head n] = probs V.
+// probs[b, n] = softmax_j(q_i.k_j / sqrt(d) + slope_n * j) over first_key(b, i) <= j <= i ([B, heads,
+// T, T], zero elsewhere); context[b, :, head n] = probs V.
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* probs,
                        float* context);
 // dq (overwritten), dk and dv (overwritten; summed over the query heads sharing each kv head), in
@@ -68,7 +80,7 @@ class KvCache {
 // Greedy decoding's attention for n rows (q, k, v in the layout of `s` with batch n and seq 1):
 // row r's key and value are cached at (slots[r], positions[r]) of `layer` first, for every row,
 // so a prompt's rows see each other; then each query head attends to its slot's positions
-// 0..positions[r]. context is [n, heads * head_dim]; scores holds max_len floats of scratch.
+// 0..positions[r] (the last s.window of them with a sliding window). context is [n, heads * head_dim]; scores holds max_len floats of scratch.
 void cached_attention_rows(KvCache& cache, int layer, const AttentionShape& s, const float* q, const float* k,
                            const float* v, int n, const int* slots, const int* positions, float* scores,
                            float* context);

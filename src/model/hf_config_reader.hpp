@@ -25,6 +25,8 @@ class HfConfigReader {
   using Json = nlohmann::json;
   HfConfigReader(const Json& j, std::string source) : j_(j), source_(std::move(source)) {}
 
+  // Whether the file names `key` at all (null included: find() treats null as absent).
+  bool has(const char* key) const { return j_.contains(key); }
   const Json* find(std::initializer_list<const char*> keys) const {
     for (const char* k : keys) {
       auto it = j_.find(k);

@@ -33,15 +33,15 @@ void KvCache::check_rows(const char* who, int layer, int n, const int* slots, co
 
 namespace {
 
-// One query head of one row attending to its slot's cached positions 0..pos of kv head `head`:
+// One query head of one row attending to its slot's cached positions first..pos of kv head `head`:
 // context = softmax_j(scale * q.k_j + slope * j) V, the softmax in fp32 over a max-shifted row.
-void cached_attention_head(KvCache& cache, int layer, int slot, int head, int pos, const float* q, int head_dim,
-                           float slope, float* scores, float* context) {
+void cached_attention_head(KvCache& cache, int layer, int slot, int head, int first, int pos, const float* q,
+                           int head_dim, float slope, float* scores, float* context) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const float* keys = cache.key(layer, slot, head, 0);
   const float* values = cache.value(layer, slot, head, 0);
   float max_score = -INFINITY;
-  for (int j = 0; j <= pos; ++j) {
+  for (int j = first; j <= pos; ++j) {
     const float* k = keys + static_cast<size_t>(j) * head_dim;
     float dot = 0.0f;
     for (int c = 0; c < head_dim; ++c) dot += q[c] * k[c];
@@ -49,13 +49,13 @@ void cached_attention_head(KvCache& cache, int layer, int slot, int head, int po
     max_score = std::max(max_score, scores[j]);
   }
   float total = 0.0f;
-  for (int j = 0; j <= pos; ++j) {
+  for (int j = first; j <= pos; ++j) {
     scores[j] = std::exp(scores[j] - max_score);
     total += scores[j];
   }
   const float inv_total = 1.0f / total;
   std::fill(context, context + head_dim, 0.0f);
-  for (int j = 0; j <= pos; ++j) {
+  for (int j = first; j <= pos; ++j) {
     const float p = scores[j] * inv_total;
     const float* v = values + static_cast<size_t>(j) * head_dim;
     for (int c = 0; c < head_dim; ++c) context[c] += p * v[c];
@@ -76,7 +76,8 @@ void cached_attention_rows(KvCache& cache, int layer, const AttentionShape& s, c
     }
   for (int r = 0; r < n; ++r)
     for (int h = 0; h < s.heads; ++h)
-      cached_attention_head(cache, layer, slots[r], s.kv_head_of(h), positions[r],
+      cached_attention_head(cache, layer, slots[r], s.kv_head_of(h),
+                            AttentionShape::window_start(0, positions[r], s.window), positions[r],
                             q + static_cast<size_t>(r) * s.q_ld + static_cast<size_t>(h) * s.head_stride, d,
                             s.slopes ? s.slopes[h] : 0.0f, scores,
                             context + static_cast<size_t>(r) * s.heads * d + static_cast<size_t>(h) * d);

@@ -13,6 +13,7 @@ ModelFamily bloom_family();
 ModelFamily llama_family();
 ModelFamily qwen2_family();
 ModelFamily qwen3_family();
+ModelFamily mistral_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const ModelFamily records[] = {
@@ -20,6 +21,7 @@ const std::vector<const ModelFamily*>& model_families() {
       llama_family(),
       qwen2_family(),
       qwen3_family(),
+      mistral_family(),
   };
   static const std::vector<const ModelFamily*> families = [] {
     std::vector<const ModelFamily*> all;

@@ -91,6 +91,7 @@ enum Uid : int64_t {
   kDQAccum,
   kOne,
   kBias,
+  kWindow,
   kFirstVirtual = 100
 };
 
@@ -323,10 +324,10 @@ struct Ops {
     return score(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, CUDNN_DATA_INT32, precision, nullptr, axis);
   }
 
-  // scores = scale Q K^T (+ bias) (+ ALiBi), causally masked: the chain the forward and the backward
-  // share, in the order of cuDNN's fused SDPA (scale, bias, ALiBi, masks).
+  // scores = scale Q K^T (+ bias) (+ ALiBi), causally masked (and to a sliding window): the chain the
+  // forward and the backward share, in the order of cuDNN's fused SDPA (scale, bias, ALiBi, masks).
   DescPtr masked_scores(const DescPtr& q, const DescPtr& kt, const DescPtr& scale, bool alibi, const DescPtr& slopes,
-                        const DescPtr& bias) {
+                        const DescPtr& bias, const DescPtr& window) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, i32 = CUDNN_DATA_INT32;
     DescPtr cur = score(CUDNN_POINTWISE_MUL, score_matmul(q, kt), scale);
     if (bias) cur = score(CUDNN_POINTWISE_ADD, cur, bias);
@@ -337,16 +338,24 @@ struct Ops {
     // Causal: keep key j for query i where i >= j, the lowest float elsewhere.
     auto keep =
         score(CUDNN_POINTWISE_CMP_GE, index(cur, 2, f32), index(cur, 3, f32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
-    return score(CUDNN_POINTWISE_BINARY_SELECT, cur, g.scalar(kMaskValue, f32), f32, f32, keep);
+    const DescPtr lowest = g.scalar(kMaskValue, f32);  // one tensor per unique id, both masks read it
+    cur = score(CUDNN_POINTWISE_BINARY_SELECT, cur, lowest, f32, f32, keep);
+    if (!window) return cur;
+    // Sliding window, the diagonal band cuDNN's SDPA takes: keep key j for query i where j + window > i
+    // (transformers' i - window < j), in int32 as cudnn-frontend builds the band before cuDNN 9.21.
+    auto shifted = score(CUDNN_POINTWISE_ADD, index(cur, 3, i32), window, i32, i32);
+    auto in_window =
+        score(CUDNN_POINTWISE_CMP_GT, shifted, index(cur, 2, i32), CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
+    return score(CUDNN_POINTWISE_BINARY_SELECT, cur, lowest, f32, f32, in_window);
   }
 };
 
-// The tensors both graphs read: Q, K^T, O, the softmax statistics, the scale, (ALiBi) the slopes and
-// (packed rows) the [B, 1, T, T] bias, broadcast over the heads.
+// The tensors both graphs read: Q, K^T, O, the softmax statistics, the scale, (ALiBi) the slopes,
+// (packed rows) the [B, 1, T, T] bias, broadcast over the heads, and (sliding window) the window.
 struct Common {
-  DescPtr q, kt, o, stats, scale, slopes, bias;
+  DescPtr q, kt, o, stats, scale, slopes, bias, window;
 };
-Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bool alibi, bool bias) {
+Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bool alibi, bool bias, bool window) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   return {g.tensor(kQ, io, s.q_dims, s.q_strides),
           g.tensor(kK, io, s.kt_dims, s.kt_strides),
@@ -354,7 +363,8 @@ Common common_tensors(GraphBuilder& g, const Geometry& s, cudnnDataType_t io, bo
           g.tensor(kStats, f32, s.row_dims, s.row_strides),
           g.scalar(kScale, f32),
           alibi ? g.tensor(kSlopes, f32, {1, s.H, 1, 1}, {s.H, 1, 1, 1}) : nullptr,
-          bias ? g.tensor(kBias, io, {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}) : nullptr};
+          bias ? g.tensor(kBias, io, {s.B, 1, s.T, s.T}, {s.T * s.T, s.T * s.T, s.T, 1}) : nullptr,
+          window ? g.scalar(kWindow, CUDNN_DATA_INT32) : nullptr};
 }
 
 }  // namespace
@@ -433,13 +443,16 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
     plans->refused = concat("head dimension ", l.head_dim, " (cuDNN's fused attention takes multiples of 8 up to 256)");
   else if (l.kv_heads <= 0 || l.heads % l.kv_heads != 0)
     plans->refused = concat(l.heads, " query heads do not group over ", l.kv_heads, " key/value heads");
+  else if (l.window < 0 || (l.window > 0 && l.bias))
+    plans->refused = concat("sliding window ", l.window,
+                            l.window < 0 ? " < 0" : " with a bias (packed_attention_bias folds it into the bias)");
 
   if (plans->refused.empty()) {  // forward
     GraphBuilder g(handle);
     Ops op{g, s};
-    const Common c = common_tensors(g, s, io, l.alibi, l.bias);
+    const Common c = common_tensors(g, s, io, l.alibi, l.bias, l.window > 0);
     auto v = g.tensor(kV, io, s.v_dims, s.v_strides);
-    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias, c.window);
     // Softmax, saving the row's log-sum-exp: max, exp(s - max), sum, stats = max + log(sum), p = e / sum.
     auto max = op.row_reduce(CUDNN_REDUCE_TENSOR_MAX, scores);
     auto e = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, max));
@@ -455,7 +468,7 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
   if (plans->refused.empty()) {  // backward
     GraphBuilder g(handle);
     Ops op{g, s};
-    const Common c = common_tensors(g, s, io, l.alibi, l.bias);
+    const Common c = common_tensors(g, s, io, l.alibi, l.bias, l.window > 0);
     auto vt = g.tensor(kV, io, s.vt_dims, s.vt_strides);
     auto d_o = g.tensor(kDO, io, s.o_dims, s.o_strides);
     auto dq = g.tensor(kDQ, io, s.q_dims, s.q_strides);
@@ -468,7 +481,7 @@ CudnnAttention::Plans& CudnnAttention::plans(const AttentionLayout& l) {
     g.pointwise(CUDNN_POINTWISE_MUL, f32, op.row_reduce(CUDNN_REDUCE_TENSOR_ADD, prod), g.scalar(kOne, f32),
                 softmax_sum);
     // p = exp(scores - stats), recomputed.
-    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias);
+    auto scores = op.masked_scores(c.q, c.kt, c.scale, l.alibi, c.slopes, c.bias, c.window);
     auto p = op.score(CUDNN_POINTWISE_EXP, op.score(CUDNN_POINTWISE_SUB, scores, c.stats));
     // dV = P^T dO (summed over the query heads of a group).
     transposed_product(g, s, io, p, d_o, dv, grouped);
@@ -518,9 +531,9 @@ void* at(const void* base, long long elements, DType dt) {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * static_cast<long long>(dtype_size(dt));
 }
 
-// ALiBi's slopes and the packed rows' bias, where the layout reads them.
-void add_optional_inputs(const AttentionLayout& l, const float* slopes, const void* bias, std::vector<int64_t>& uids,
-                         std::vector<void*>& ptrs) {
+// ALiBi's slopes, the packed rows' bias and the sliding window (a host int32), where the layout reads them.
+void add_optional_inputs(const AttentionLayout& l, const float* slopes, const void* bias, int32_t* window,
+                         std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
   if (l.alibi) {
     uids.push_back(kSlopes);
     ptrs.push_back(const_cast<float*>(slopes));
@@ -529,6 +542,10 @@ void add_optional_inputs(const AttentionLayout& l, const float* slopes, const vo
     SHARDLM_CHECK(bias != nullptr, "cuDNN attention: a layout with a bias was given none");
     uids.push_back(kBias);
     ptrs.push_back(const_cast<void*>(bias));
+  }
+  if (l.window > 0) {
+    uids.push_back(kWindow);
+    ptrs.push_back(window);
   }
 }
 
@@ -545,9 +562,10 @@ void CudnnAttention::forward(const AttentionLayout& l, const void* qkv, void* ct
   require_prepared(p.refused);
   float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
+  int32_t window = l.window;
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kMaskValue};
   std::vector<void*> ptrs = {at(qkv, l.q, l.dt), at(qkv, l.k, l.dt), at(qkv, l.v, l.dt), ctx, lse, &scale, &mask_value};
-  add_optional_inputs(l, slopes, bias, uids, ptrs);
+  add_optional_inputs(l, slopes, bias, &window, uids, ptrs);
   execute(static_cast<cudnnHandle_t>(handle_), *p.forward.plan, uids, ptrs, workspace, stream);
 }
 
@@ -566,6 +584,7 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
   float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
   float one = 1.0f;
+  int32_t window = l.window;
   std::vector<int64_t> uids = {kQ,  kK,  kV,     kO,         kDO,         kStats,   kDQ,
                                kDK, kDV, kScale, kMaskValue, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs = {at(qkv, l.q, l.dt),
@@ -582,7 +601,7 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
                              softmax_sum,
                              dq_accum,
                              &one};
-  add_optional_inputs(l, slopes, bias, uids, ptrs);
+  add_optional_inputs(l, slopes, bias, &window, uids, ptrs);
   execute(static_cast<cudnnHandle_t>(handle_), *p.backward.plan, uids, ptrs, engine_workspace, stream);
 }
 

@@ -4,7 +4,7 @@
 //
 // The graph per shape is the one cuDNN's fused SDPA engines recognise: Q K^T, a scale, BLOOM's
 // ALiBi bias (slope_h * (j - i); after the softmax the same as BLOOM's slope_h * j), the causal
-// mask, a softmax that saves each row's log-sum-exp (fp32, [B, heads, T]: memory per layer O(T)),
+// mask, Mistral's sliding window (the diagonal band j + window > i), a softmax that saves each row's log-sum-exp (fp32, [B, heads, T]: memory per layer O(T)),
 // and P V; the backward recomputes the probabilities from that log-sum-exp. Grouped-query and
 // multi-query heads are read in place (no K/V expansion). Plans are built once per shape (call
 // prepare() at start-up, outside any timed loop) and cached; the calls then only execute them.
@@ -31,6 +31,9 @@ struct AttentionLayout {
   DType dt = DType::BF16;
   bool alibi = false;             // add slope_h * (j - i) to the scores (slopes: fp32 device [heads])
   bool bias = false;              // add a [B, 1, T, T] tensor in dt to the scores (packed rows' mask)
+  // Sliding window (> 0): keys j > i - window only; 0: none. Not with a bias (packed_attention_bias
+  // folds the window into it).
+  int window = 0;
   long long row = 0;              // elements from one token's q/k/v row to the next (qkv and dqkv)
   long long head = 0;             // elements from one head to the next inside q, k or v
   long long q = 0, k = 0, v = 0;  // offset of head 0 of q, k and v inside a row
@@ -42,8 +45,8 @@ struct AttentionLayout {
   static AttentionLayout bloom(int B, int T, int heads, int head_dim, DType dt);
 
   auto key() const {
-    return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, bias, row, head, q, k, v,
-                           out_row);
+    return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, bias, window, row, head, q, k,
+                           v, out_row);
   }
 };
 

@@ -2,7 +2,8 @@
 // ALiBi) and Llama (q, k, v projections side by side, grouped-query heads, no positional bias here:
 // rotary is applied to q and k before). kv_cache_write stores each row's key and value heads at
 // (slot, position); decode_attention then gives each (row, query head) one block that walks the
-// slot's cached positions 0..position of its kv head with an online softmax in fp32: each warp takes
+// slot's cached positions 0..position (the last `window` of them with a sliding window) of its kv head
+// with an online softmax in fp32: each warp takes
 // every kWarps-th key and keeps its running (max, sum, weighted values), and the warps' states merge
 // at the end, so no score row is stored and any cache length fits.
 #include "dtype_cuda.cuh"
@@ -34,13 +35,14 @@ __global__ void kv_cache_write_kernel(const T* __restrict__ qkv, DecodeQkv l, co
 }
 
 // One block per (row, query head h): ctx = sum_j softmax_j(scale q.k_j + slope_h j) v_j over
-// j <= position, keys and values of kv head h / group; slope 0 without ALiBi.
+// position - window < j <= position (window 0: every j <= position), keys and values of kv head h / group;
+// slope 0 without ALiBi.
 template <typename T, int PerLane>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attention_kernel(const T* __restrict__ qkv, DecodeQkv l, const T* __restrict__ keys,
                             const T* __restrict__ values, const int32_t* __restrict__ slots,
                             const int32_t* __restrict__ positions, const float* __restrict__ slopes,
-                            T* __restrict__ ctx, int max_len, float scale) {
+                            T* __restrict__ ctx, int max_len, float scale, int window) {
   __shared__ float shared_m[kWarps], shared_s[kWarps];
   __shared__ float shared_acc[kWarps][PerLane * 32];
   const long long r = blockIdx.x;
@@ -58,9 +60,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const T* K = keys + base;
   const T* V = values + base;
   const int last = positions[r];
+  const int first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
   const float slope = slopes != nullptr ? slopes[h] : 0.0f;
   float m = -INFINITY, s = 0.0f;
-  for (int j = warp; j <= last; j += kWarps) {
+  for (int j = first + warp; j <= last; j += kWarps) {
     const T* kj = K + static_cast<size_t>(j) * d;
     float dot = 0.0f;
 #pragma unroll
@@ -85,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int k = 0; k < PerLane; ++k) shared_acc[warp][lane + 32 * k] = acc[k];
   __syncthreads();
-  // Warp 0 always holds key 0, so the largest max is finite; warps without keys weigh 0.
+  // Warp 0 always holds the first key, so the largest max is finite; warps without keys weigh 0.
   float top = shared_m[0];
   for (int w = 1; w < kWarps; ++w) top = fmaxf(top, shared_m[w]);
   float weight[kWarps], total = 0.0f;
@@ -105,12 +108,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <typename T, int PerLane>
 void launch_decode_attention(const void* qkv, const DecodeQkv& l, const void* keys, const void* values,
                              const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
-                             int max_len, cudaStream_t stream) {
+                             int max_len, int window, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(l.head_dim));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(l.heads));
   decode_attention_kernel<T, PerLane><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(qkv), l, static_cast<const T*>(keys), static_cast<const T*>(values), slots, positions,
-      slopes, static_cast<T*>(ctx), max_len, scale);
+      slopes, static_cast<T*>(ctx), max_len, scale, window);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -146,8 +149,9 @@ void kv_cache_write(const void* qkv, const DecodeQkv& layout, const int32_t* slo
 
 void decode_attention(const void* qkv, const DecodeQkv& layout, const void* keys, const void* values,
                       const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
-                      int max_len, DType dt, cudaStream_t stream) {
+                      int max_len, DType dt, cudaStream_t stream, int window) {
   check_shape("decode_attention", layout, n, max_len);
+  SHARDLM_CHECK(window >= 0, "decode_attention: window ", window, " < 0");
   if (n == 0) return;
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -157,7 +161,7 @@ void decode_attention(const void* qkv, const DecodeQkv& layout, const void* keys
                         : d <= 64  ? launch_decode_attention<T, 2>
                         : d <= 128 ? launch_decode_attention<T, 4>
                                    : launch_decode_attention<T, 8>;
-    launch(qkv, layout, keys, values, slots, positions, n, slopes, ctx, max_len, stream);
+    launch(qkv, layout, keys, values, slots, positions, n, slopes, ctx, max_len, window, stream);
   });
 }
 

@@ -109,9 +109,9 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T, int heads,
                        int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts = nullptr);
 // The [B, 1, T, T] additive mask (bf16/fp16) of packed rows for cuDNN's fused attention
-// (packed_bias.cu): 0 where key j is in query i's sample (j >= starts[b, i]), a huge negative value
-// before it; `starts` is device [B*T].
-void packed_attention_bias(const int32_t* starts, int B, int T, void* bias, DType dt, cudaStream_t stream);
+// (packed_bias.cu): 0 where key j is in query i's sample (j >= starts[b, i]) and, with a sliding window
+// (window > 0), inside it (j > i - window), a huge negative value elsewhere; `starts` is device [B*T].
+void packed_attention_bias(const int32_t* starts, int B, int T, int window, void* bias, DType dt, cudaStream_t stream);
 // dqkv = d/dqkv given dctx (written, not accumulated).
 void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv, const float* slopes,
                         int B, int T, int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream);
@@ -156,10 +156,11 @@ void kv_cache_write(const void* qkv, const DecodeQkv& layout, const int32_t* slo
 // ctx of row r, query head h = sum_j softmax_j(q.k_j / sqrt(d) + slopes[h] * j) v_j over the slot's
 // cached positions j <= positions[r] of kv head h / (heads / kv_heads) (written by kv_cache_write
 // first, this step's rows included); fp32 softmax. slopes: ALiBi's per-head fp32 slopes, or null
-// for none (Llama). head_dim <= 256.
+// for none (Llama). head_dim <= 256. window > 0 (a sliding window, Mistral): only positions j >
+// positions[r] - window.
 void decode_attention(const void* qkv, const DecodeQkv& layout, const void* keys, const void* values,
                       const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
-                      int max_len, DType dt, cudaStream_t stream);
+                      int max_len, DType dt, cudaStream_t stream, int window = 0);
 // dst[i, :] = src[rows[i], :] for i < m (rows of H elements in dt).
 void gather_rows(const void* src, const int32_t* rows, int m, int H, void* dst, DType dt, cudaStream_t stream);
 // out[r] = the index of the largest of x[r, 0..cols) (fp32, row stride cols); the lowest index wins

@@ -1,5 +1,5 @@
-// Llama attention on the GPU: causal softmax attention with grouped-query heads, forward and
-// backward, as strided-batched cuBLASLt GEMMs around fp32 softmax row kernels.
+// Llama attention on the GPU: causal softmax attention with grouped-query heads (and Mistral's sliding
+// window), forward and backward, as strided-batched cuBLASLt GEMMs around fp32 softmax row kernels.
 //
 // Query head n = g * G + j (G = heads / kv_heads query heads per kv head) reads kv head g. For a
 // fixed j, the query heads g * G + j sit at a constant column stride G * d and their kv heads at a
@@ -29,14 +29,15 @@ __device__ __forceinline__ void write_causal_probs(const float* s, float lse, T*
 // One warp per row (h, i) of one sequence: lse_i = log sum_j exp(scores_ij) over j <= i, then
 // p_ij = exp(scores_ij - lse_i) for j <= i, 0 beyond. `scores` holds scale * q k^T as fp32
 // [heads, T, T]; `probs` is that sequence's [heads, T, T] in dt, `lse` its [heads, T].
-// (row_starts: a packed row's sample starts, [T], or null; the keys before them are masked too.)
+// (row_starts: a packed row's sample starts, [T], or null; the keys before them are masked too, and
+// with a sliding window (> 0) those before i - window + 1.)
 template <typename T>
 __global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse, const int32_t* row_starts, int heads,
-                                      int seq) {
+                                      int seq, int window) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
-  const int i = static_cast<int>(row % seq), lo = first_key(row_starts, i);
+  const int i = static_cast<int>(row % seq), lo = first_key(row_starts, i, window);
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
   float m, sum;
@@ -50,12 +51,12 @@ __global__ void causal_softmax_kernel(const float* scores, T* probs, float* lse,
 // One warp per row: the forward's probabilities again, from the recomputed scores and the saved lse.
 template <typename T>
 __global__ void causal_probs_from_lse_kernel(const float* scores, const float* lse, T* probs, const int32_t* row_starts,
-                                             int heads, int seq) {
+                                             int heads, int seq, int window) {
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= static_cast<long long>(heads) * seq) return;
   const int i = static_cast<int>(row % seq);
-  write_causal_probs(scores + row * seq, lse[row], probs + row * seq, first_key(row_starts, i), i, seq, lane);
+  write_causal_probs(scores + row * seq, lse[row], probs + row * seq, first_key(row_starts, i, window), i, seq, lane);
 }
 
 // out[r, c] = (T) in[r, c] for a [rows, cols] fp32 block (row stride ld_in) into rows of stride ld_out.
@@ -138,7 +139,7 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
 
 void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
                              int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
-                             const int32_t* starts) {
+                             const int32_t* starts, int window) {
   check_shape("llama_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
@@ -156,7 +157,7 @@ void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse,
       using E = typename decltype(tag)::type;
       causal_softmax_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
           ws.scores, reinterpret_cast<E*>(ws.probs), lse + b * l.lse_rows(),
-          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T);
+          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T, window);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
     // ctx_n = P_n v_g, written into query head n's columns of ctx.
@@ -170,7 +171,7 @@ void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse,
 
 void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
-                              cudaStream_t stream, const int32_t* starts) {
+                              cudaStream_t stream, const int32_t* starts, int window) {
   check_shape("llama_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
@@ -193,7 +194,7 @@ void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, con
       using E = typename decltype(tag)::type;
       causal_probs_from_lse_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
           ws.scores, lse + b * l.lse_rows(), reinterpret_cast<E*>(ws.probs),
-          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T);
+          starts ? starts + static_cast<size_t>(b) * T : nullptr, heads, T, window);
     });
     SHARDLM_CUDA_LAUNCH_CHECK();
     for (int j = 0; j < G; ++j) {

@@ -61,13 +61,14 @@ void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int 
 // heads), around softmax kernels. `workspace` is scratch of llama_attention_workspace_bytes(T, ...)
 // (workspace_sizes.hpp); nothing in it outlives a call.
 // `starts` (device [B*T], or null): packed rows, position t attends to keys starts[t] .. t of its row.
+// `window` (> 0, ModelConfig::sliding_window): only keys j > t - window as well; 0: no window.
 void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
                              int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
-                             const int32_t* starts = nullptr);
+                             const int32_t* starts = nullptr, int window = 0);
 // dqkv (same layout as qkv) written from dctx, qkv and the forward's lse; the key and value
 // gradients are summed over the query heads of their group in fp32 before they are rounded to dt.
 void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
                               int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
-                              cudaStream_t stream, const int32_t* starts = nullptr);
+                              cudaStream_t stream, const int32_t* starts = nullptr, int window = 0);
 
 }  // namespace shardlm::cuda

@@ -26,8 +26,11 @@ __device__ __forceinline__ void causal_row_softmax_state(const float* s, float s
 }
 
 // The first key row i of a sequence attends to: where its sample starts in a packed row (row_starts:
-// that sequence's [T] starts), else 0.
-__device__ __forceinline__ int first_key(const int32_t* row_starts, int i) { return row_starts ? row_starts[i] : 0; }
+// that sequence's [T] starts), else 0; with a sliding window (> 0) none before i - window + 1 either.
+__device__ __forceinline__ int first_key(const int32_t* row_starts, int i, int window = 0) {
+  const int start = row_starts ? row_starts[i] : 0;
+  return window > 0 ? max(start, i - window + 1) : start;
+}
 
 // dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') for j <= i, 0 beyond (the 1/sqrt(d) goes into the
 // GEMMs that follow; the keys of a packed row's earlier samples have P = 0, so their dS is 0 too). dS may alias P, or dP when T is float: the dot product is complete (a warp

@@ -14,10 +14,12 @@ namespace shardlm::cuda {
 
 #ifdef SHARDLM_HAVE_CUDNN
 namespace {
+// A sliding window is the graph's own mask, or, in packed rows, part of their bias (packed_bias).
 AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool bloom, bool packed) {
   AttentionLayout l = bloom ? AttentionLayout::bloom(B, T, cfg.num_heads, cfg.head_dim(), dt)
                             : AttentionLayout::grouped(B, T, cfg.num_heads, cfg.kv_heads(), cfg.head_dim(), dt);
   l.bias = packed;
+  l.window = packed ? 0 : cfg.sliding_window;
   return l;
 }
 }  // namespace
@@ -89,7 +91,7 @@ static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const Mod
 void* AttentionPath::packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const {
   if (!starts) return nullptr;
   SHARDLM_CHECK(bias_bytes_ > 0, model_, ": packed rows for a model built without data.packing");
-  packed_attention_bias(starts, B, T, workspace, dt_, s);
+  packed_attention_bias(starts, B, T, cfg_.sliding_window, workspace, dt_, s);
   return workspace;
 }
 

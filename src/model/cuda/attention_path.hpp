@@ -36,7 +36,8 @@ class AttentionPath {
 
   // The fused calls (fused() only), in the model's layouts, with a workspace of workspace_bytes().
   // starts: packed rows (device [B*T], CudaModel::set_sample_starts) or null; packed rows are masked
-  // through an additive [B, 1, T, T] bias built at the start of the workspace on every call.
+  // through an additive [B, 1, T, T] bias built at the start of the workspace on every call, which then
+  // holds the model's sliding window too (the graph's own window mask otherwise).
   void forward(const void* qkv, void* ctx, float* lse, const float* slopes, const int32_t* starts, void* workspace,
                int B, int T, cudaStream_t s);
   void backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv, const float* slopes,

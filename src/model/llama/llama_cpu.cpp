@@ -46,10 +46,13 @@ BlockOffsets block_offsets(const UnitLayout& block, float eps, const LlamaBlock&
   return o;
 }
 
-// Query, key and value projections in separate arrays of rows [N, heads d] and [N, kv_heads d].
+// Query, key and value projections in separate arrays of rows [N, heads d] and [N, kv_heads d]; the
+// model's sliding window (Mistral), if any.
 AttentionShape grouped_heads(int B, int T, const ModelConfig& cfg) {
   const int d = cfg.head_dim();
-  return AttentionShape{B, T, cfg.num_heads, cfg.kv_heads(), d, cfg.num_heads * d, cfg.kv_heads() * d, d, nullptr};
+  AttentionShape s{B, T, cfg.num_heads, cfg.kv_heads(), d, cfg.num_heads * d, cfg.kv_heads() * d, d, nullptr};
+  s.window = cfg.sliding_window;
+  return s;
 }
 
 // y = xhat * weight again from the saved xhat (cheaper to rebuild than to keep for backward).

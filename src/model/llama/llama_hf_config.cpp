@@ -2,7 +2,14 @@
 // writes rope_theta and rope_scaling; transformers 5 writes both in rope_parameters.
 #include "llama_hf_config.hpp"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 namespace shardlm {
+
+// Qwen2Config's and Qwen3Config's default max_window_layers, for a config.json without it.
+constexpr int kTransformersMaxWindowLayers = 28;
 
 ModelConfig read_llama_style_config(const HfConfigReader& r) {
   ModelConfig c;
@@ -79,15 +86,57 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
   c["tie_word_embeddings"] = cfg.tie_word_embeddings;
 }
 
-void refuse_sliding_window(const HfConfigReader& r) {
-  SHARDLM_CHECK(!r.get_or<bool>({"use_sliding_window"}, false), r.source(),
-                ": use_sliding_window = true is not supported");
+int read_layer_sliding_window(const HfConfigReader& r, int num_layers) {
+  const bool use = r.get_or<bool>({"use_sliding_window"}, false);
+  std::vector<bool> windowed(static_cast<size_t>(std::max(num_layers, 0)), false);
   if (const HfConfigReader::Json* types = r.find({"layer_types"})) {
-    SHARDLM_CHECK(types->is_array(), r.source(), ": layer_types must be a list");
-    for (const HfConfigReader::Json& t : *types)
-      SHARDLM_CHECK(t == "full_attention", r.source(), ": layer_types entry ", t.dump(),
-                    " is not supported (full_attention)");
+    SHARDLM_CHECK(types->is_array() && types->size() == windowed.size(), r.source(),
+                  ": layer_types must be a list of num_hidden_layers (", num_layers, ") entries");
+    for (size_t i = 0; i < windowed.size(); ++i) {
+      const HfConfigReader::Json& t = (*types)[i];
+      SHARDLM_CHECK(t == "full_attention" || t == "sliding_attention", r.source(), ": layer_types entry ", t.dump(),
+                    " is not supported (full_attention, sliding_attention)");
+      windowed[i] = t == "sliding_attention";
+    }
+  } else {
+    const int from = r.get_or<int>({"max_window_layers"}, kTransformersMaxWindowLayers);
+    for (size_t i = 0; i < windowed.size(); ++i) windowed[i] = use && static_cast<int>(i) >= from;
   }
+  const auto first = std::find(windowed.begin(), windowed.end(), true);
+  if (first == windowed.end()) return 0;
+  SHARDLM_CHECK(use, r.source(), ": layer_types has sliding_attention layers but use_sliding_window is false ",
+                "(transformers then gives them no window); set both or neither");
+  const auto count = std::count(windowed.begin(), windowed.end(), true);
+  SHARDLM_CHECK(count == num_layers, r.source(), ": ", count, " of ", num_layers, " layers use a sliding window (from ",
+                "layer ", first - windowed.begin(), ", max_window_layers / layer_types); a window on some layers only "
+                "is not supported, only on every layer or none");
+  const int window = read_sliding_window(r, 0);
+  SHARDLM_CHECK(window > 0, r.source(), ": use_sliding_window = true needs a sliding_window");
+  return window;
+}
+
+void write_layer_sliding_window(const ModelConfig& cfg, OrderedJson& c) {
+  const bool windowed = cfg.sliding_window > 0;
+  c["use_sliding_window"] = windowed;
+  write_sliding_window(cfg, c);
+  c["max_window_layers"] = windowed ? 0 : cfg.num_layers;
+  c["layer_types"] = std::vector<std::string>(static_cast<size_t>(cfg.num_layers),
+                                              windowed ? "sliding_attention" : "full_attention");
+}
+
+int read_sliding_window(const HfConfigReader& r, int absent) {
+  if (!r.has("sliding_window")) return absent;
+  const int window = r.get_or<int>({"sliding_window"}, 0);
+  SHARDLM_CHECK(window > 0 || r.find({"sliding_window"}) == nullptr, r.source(), ": config.json 'sliding_window' = ",
+                window, ": must be > 0 (or null for no window)");
+  return window;
+}
+
+void write_sliding_window(const ModelConfig& cfg, OrderedJson& c) {
+  if (cfg.sliding_window > 0)
+    c["sliding_window"] = cfg.sliding_window;
+  else
+    c["sliding_window"] = nullptr;
 }
 
 }  // namespace shardlm

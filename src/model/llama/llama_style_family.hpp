@@ -14,17 +14,19 @@
 
 namespace shardlm {
 
-// `Block` is a template argument because the record holds plain function pointers.
+// `Block` is a template argument because the record holds plain function pointers. `sliding_window`:
+// the family's attention may keep the last keys only (ModelFamily::sliding_window).
 template <const LlamaBlock& Block>
 ModelFamily llama_style_family(const std::string& name, const std::string& hf_architecture,
                                ModelConfig (*config_from_hf)(const HfConfigReader&),
-                               void (*config_to_hf)(const ModelConfig&, OrderedJson&)) {
+                               void (*config_to_hf)(const ModelConfig&, OrderedJson&), bool sliding_window = false) {
   ModelFamily f;
   f.name = name;
   f.hf_model_types = {name};
   f.hf_architecture = hf_architecture;
   f.rotary = true;
   f.grouped_query = true;
+  f.sliding_window = sliding_window;
   f.embedding_table = "embed_tokens.weight";
   f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, Block); };
   f.linear_modules = llama_linear_modules;

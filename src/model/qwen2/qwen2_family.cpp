@@ -1,6 +1,7 @@
 // The Qwen2 family's record for the registry (transformers' Qwen2ForCausalLM): Llama's decoder
 // layer with biases on q_proj, k_proj and v_proj (LlamaBlock::qkv_bias), a tied or untied head, its
-// rope_theta and rms_norm_eps; everything else is the Llama-style code of src/model/llama/.
+// rope_theta and rms_norm_eps, a sliding window where every layer has one (off in the released
+// models); everything else is the Llama-style code of src/model/llama/.
 #include "../llama/llama_hf_config.hpp"
 #include "../llama/llama_style_family.hpp"
 
@@ -11,13 +12,13 @@ constexpr LlamaBlock kQwen2Block{true};
 
 ModelConfig qwen2_from_hf(const HfConfigReader& r) {
   ModelConfig c = read_llama_style_config(r);
-  refuse_sliding_window(r);  // off in the released models
+  c.sliding_window = read_layer_sliding_window(r, c.num_layers);
   return c;
 }
 
 void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   write_llama_style_config(cfg, c);
-  c["use_sliding_window"] = false;
+  write_layer_sliding_window(cfg, c);
   c["attention_dropout"] = 0.0;
   c["initializer_range"] = shortest_decimal(cfg.init_std);
 }
@@ -25,7 +26,7 @@ void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen2_family() {
-  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf);
+  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf, true);
 }
 
 }  // namespace shardlm

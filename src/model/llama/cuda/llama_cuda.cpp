@@ -154,7 +154,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
   else
     llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
-                            attn_ws_.data(), s, starts_);
+                            attn_ws_.data(), s, starts_, cfg_.sliding_window);
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
@@ -254,7 +254,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                         starts_, attn_ws_.data(), B, T, s);
   else
     llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
-                             d, dt_, attn_ws_.data(), s, starts_);
+                             d, dt_, attn_ws_.data(), s, starts_, cfg_.sliding_window);
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),

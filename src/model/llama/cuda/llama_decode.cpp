@@ -76,7 +76,8 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
-  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), max_len, dt_, s);
+  decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), max_len, dt_, s,
+                   cfg_.sliding_window);
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
   lora(kOProj, b.ctx.data(), b.h2.data(), H);
