@@ -60,7 +60,7 @@ CheckpointFacts read_checkpoint_facts(const std::string& path, MPI_Comm comm) {
 
 std::string generation_source_kind(const std::string& path, std::string* checkpoint) {
   std::error_code ec;
-  SHARDLM_CHECK(fs::exists(path, ec), "shardlm generate: '", path, "' does not exist");
+  SHARDLM_CHECK(fs::exists(path, ec), "MODEL '", path, "' does not exist");
   if (fs::is_regular_file(path, ec)) {
     *checkpoint = path;
     return "checkpoint";
@@ -83,7 +83,7 @@ std::string generation_source_kind(const std::string& path, std::string* checkpo
     *checkpoint = resolve_checkpoint_path(checkpoints.string(), "shardlm generate MODEL");
     return "checkpoint";
   }
-  throw Error(concat("shardlm generate: '", path, "' is neither a checkpoint (.h5, or a folder with a 'latest' file), "
+  throw Error(concat("MODEL '", path, "' is neither a checkpoint (.h5, or a folder with a 'latest' file), "
                      "a run folder with checkpoints, nor a Hugging Face model folder (config.json)"));
 }
 
@@ -98,7 +98,7 @@ GenerationModel load_generation_model(const std::string& path, const std::string
   std::map<std::string, std::string> deck;
   if (kind == "checkpoint") {
     run_collectively(comm, [&] {
-      SHARDLM_CHECK(adapter.empty(), "shardlm generate --adapter: ", path, " is a checkpoint, which holds its own "
+      SHARDLM_CHECK(adapter.empty(), "--adapter: ", path, " is a checkpoint, which holds its own "
                     "weights (a LoRA run's checkpoint its adapters); --adapter goes with a model folder");
     });
     facts = read_checkpoint_facts(g.checkpoint, comm);
