@@ -835,7 +835,7 @@ BOOST_AUTO_TEST_CASE(every_command_has_help_printed_once) {
       {"train", "--section.key=value"}, {"inspect", "CHECKPOINT"}, {"export", "CHECKPOINT DIR"},
       {"report", "--csv FILE"},         {"plan", "--gpu-memory=SIZE"}, {"comm-test", "--max-bytes=N"},
       {"import-accelerate", "--training-args FILE"},
-      {"eval", "--predictions FILE"}};
+      {"eval", "--predictions FILE"},   {"generate", "--prompt-file FILE"}};
   for (const auto& [command, flag] : commands)
     for (const std::string& ask :
          {command + " --help", command + " -h", "help " + command, command + " " + kDemo + " --help"}) {
@@ -871,7 +871,8 @@ BOOST_AUTO_TEST_CASE(usage_errors_say_what_is_missing_with_the_commands_usage) {
       {"export ckpt.h5 --dtype bf16", "no output folder given"},
       {"comm-test --bogus", "--bogus"},
       {"report --csv runs.csv", "no run folder given: RUN_DIR"},
-      {"plan --ranks=2", "the first argument must be the deck"}};
+      {"plan --ranks=2", "the first argument must be the deck"},
+      {"generate --prompt hi", "the first argument must be the model, not the option '--prompt'"}};
   for (const auto& [args, problem] : cases) {
     const std::string command = args.substr(0, args.find(' '));
     // report and plan run without MPI, on each rank they are started on: one rank for them.

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine.hpp"
+#include "generate.hpp"
 #include "shardlm/model.hpp"
 #include "shardlm/train.hpp"
 #include "train_test_support.hpp"
@@ -739,6 +740,43 @@ BOOST_AUTO_TEST_CASE(mistral_fp32_matches_the_cpu_backend) {
 
 BOOST_AUTO_TEST_CASE(mistral_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
   expect_family_decodes_as_the_cpu_model(mistral_config);
+}
+
+// The logits a step hands back for sampling (the head's GEMM into the engine's logits buffer) are the
+// CPU model's for the same prompt, and sampling from a nucleus of one token is greedy decoding.
+BOOST_AUTO_TEST_CASE(sampling_logits_match_the_cpu_model_and_a_nucleus_of_one_is_greedy) {
+  for (const RunConfig& cfg : {decode_config("sampling"), llama_decode_config("sampling")}) {
+    const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+    std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
+    const std::vector<std::vector<float>> params = decode_params(cfg);
+    load_params(*engine, params);
+    const int V = cfg.model.vocab_size, H = cfg.model.hidden_size, T = 6;
+    const std::vector<int32_t> prompt = {3, 17, 5, 9, 1, 40};
+    std::vector<int> slots(T, 0), positions(T), last = {T - 1};
+    for (int i = 0; i < T; ++i) positions[i] = i;
+    std::vector<float> logits(V, NAN);
+    engine->decode_begin(1, T, T);
+    engine->decode_step(prompt.data(), slots.data(), positions.data(), T, last.data(), 1, nullptr, logits.data());
+    engine->decode_end();
+    const std::unique_ptr<CpuModel> model = make_cpu_model(cfg.model, 1, T);
+    std::vector<float> a(static_cast<size_t>(T) * H), b(a.size()), expected(V);
+    model->embed_forward(params[0].data(), prompt.data(), 1, T, a.data());
+    for (int l = 0; l < cfg.model.num_layers; ++l) {
+      model->block_forward(l, params[1 + l].data(), a.data(), b.data(), 1, T);
+      std::swap(a, b);
+    }
+    model->head_logits(params[0].data(), a.data(), 1, T, expected.data());
+    for (int v = 0; v < V; ++v)
+      BOOST_TEST(std::fabs(logits[v] - expected[v]) <= 1e-3f, "logit " << v << ": " << logits[v] << " vs " << expected[v]);
+    GenerateOptions greedy;
+    greedy.max_new_tokens = 8;
+    GenerateOptions nucleus = greedy;
+    nucleus.sampling = {1.0, 1e-9, 3};
+    const std::vector<std::vector<int32_t>> prompts = {prompt};
+    BOOST_TEST(generate(*engine, prompts, nucleus, MPI_COMM_WORLD)[0].ids ==
+                   generate(*engine, prompts, greedy, MPI_COMM_WORLD)[0].ids,
+               boost::test_tools::per_element());
+  }
 }
 
 // LoRA over the frozen base, BLOOM and Llama: the adapters alone train, on the GPU as on the CPU backend.

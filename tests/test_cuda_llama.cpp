@@ -642,7 +642,7 @@ std::vector<int32_t> greedy_next(BackendKind backend, const ModelConfig& cfg, co
   for (int l = 0; l < cfg.num_layers; ++l)
     model->decode_block(l, {floats(params.base[1 + l]), floats(params.adapters[1 + l])}, ints(slots), ints(positions),
                         n, s);
-  model->decode_head_argmax(floats(params.base[0]), ints(positions), n, out, s);
+  model->decode_head(floats(params.base[0]), ints(positions), n, out, nullptr, s);
   stream.sync();
   model->decode_free();
   return gpu ? from_device_raw<int32_t>(out, n) : next;

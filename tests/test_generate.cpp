@@ -221,3 +221,45 @@ BOOST_AUTO_TEST_CASE(eval_shares_have_the_same_number_of_batches) {
       BOOST_TEST(seen == n);
     }
 }
+
+BOOST_AUTO_TEST_CASE(greedy_sampling_is_the_argmax_and_nan_never_wins) {
+  const float logits[5] = {0.5f, 2.0f, NAN, 2.0f, -1.0f};
+  BOOST_TEST(sample_token(logits, 5, Sampling{}, 0, 0) == 1);  // ties: the lowest id
+  const float nan_first[3] = {NAN, -3.0f, -2.0f};
+  BOOST_TEST(sample_token(nan_first, 3, Sampling{}, 0, 0) == 2);
+  for (uint64_t step = 0; step < 50; ++step) BOOST_TEST(sample_token(nan_first, 3, {1.0, 1.0, 5}, 0, step) != 0);
+  // A nucleus of the most likely token only: its argmax, whatever the draw.
+  for (uint64_t step = 0; step < 50; ++step) BOOST_TEST(sample_token(logits, 5, {1.0, 1e-9, 9}, 3, step) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(sampling_draws_by_the_tempered_and_cut_probabilities) {
+  const float logits[3] = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  const int draws = 40000;
+  auto frequencies = [&](const Sampling& s) {
+    std::vector<double> f(3, 0.0);
+    for (int step = 0; step < draws; ++step) f[sample_token(logits, 3, s, 1, step)] += 1.0 / draws;
+    return f;
+  };
+  const std::vector<double> plain = frequencies({1.0, 1.0, 11});
+  const double p[3] = {0.5, 0.3, 0.2};
+  for (int v = 0; v < 3; ++v) BOOST_TEST(plain[v] == p[v], boost::test_tools::tolerance(0.04));
+  // Temperature 0.5 squares the probabilities: 0.25 : 0.09 : 0.04.
+  const std::vector<double> cold = frequencies({0.5, 1.0, 11});
+  const double q[3] = {0.25 / 0.38, 0.09 / 0.38, 0.04 / 0.38};
+  for (int v = 0; v < 3; ++v) BOOST_TEST(cold[v] == q[v], boost::test_tools::tolerance(0.05));
+  // top_p 0.6: 0.5 does not reach it, 0.5 + 0.3 does; the last token is out.
+  const std::vector<double> cut = frequencies({1.0, 0.6, 11});
+  BOOST_TEST(cut[2] == 0.0);
+  BOOST_TEST(cut[0] == 0.625, boost::test_tools::tolerance(0.04));
+  // The draw is a function of (seed, prompt, step): the same again, another for another seed or prompt.
+  std::vector<int32_t> a, again, seed, prompt;
+  for (int step = 0; step < 64; ++step) {
+    a.push_back(sample_token(logits, 3, {1.0, 1.0, 11}, 0, step));
+    again.push_back(sample_token(logits, 3, {1.0, 1.0, 11}, 0, step));
+    seed.push_back(sample_token(logits, 3, {1.0, 1.0, 12}, 0, step));
+    prompt.push_back(sample_token(logits, 3, {1.0, 1.0, 11}, 1, step));
+  }
+  BOOST_TEST(a == again, boost::test_tools::per_element());
+  BOOST_TEST(a != seed);
+  BOOST_TEST(a != prompt);
+}

@@ -438,3 +438,72 @@ BOOST_AUTO_TEST_CASE(byte_tokenizer_files_encode_as_the_byte_tokenizer) {
   BOOST_TEST(config.at("eos_token") == ByteTokenizer::kEosText);
   BOOST_TEST(config.at("model_max_length") == 256);
 }
+
+// ---- TextStream: streaming the decoded text of generated ids -----------------------------------
+
+namespace {
+
+// Decodes id 99 followed by 100 as "€", a trailing 99 as U+FFFD (a character not yet whole, as a
+// byte-level tokenizer decodes it), every other id as that byte.
+class SplitCharTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(const std::string&) const override { return {}; }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == 99) s += i + 1 < ids.size() && ids[i + 1] == 100 ? (++i, "\xE2\x82\xAC") : "\xEF\xBF\xBD";
+      else s += static_cast<char>(ids[i]);
+    return s;
+  }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return 0; }
+  int32_t pad_id() const override { return 0; }
+  int32_t vocab_size() const override { return 101; }
+};
+
+// What the stream gives out for each id of `text`'s bytes, and at the end.
+std::vector<std::string> stream_bytes(const std::string& text, const std::vector<std::string>& stops,
+                                      bool* stopped = nullptr) {
+  const ByteTokenizer tok;
+  TextStream stream(tok, stops);
+  std::vector<std::string> out;
+  for (unsigned char c : text) out.push_back(stream.push(c));
+  out.push_back(stream.finish());
+  if (stopped) *stopped = stream.stopped();
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(text_stream_gives_out_whole_characters) {
+  // "é" is two bytes, "😀" four: nothing of either before its last byte.
+  const std::vector<std::string> out = stream_bytes("a\xC3\xA9\xF0\x9F\x98\x80", {});
+  const std::vector<std::string> expected = {"a", "", "\xC3\xA9", "", "", "", "\xF0\x9F\x98\x80", ""};
+  BOOST_TEST(out == expected, boost::test_tools::per_element());
+  // A tokenizer that decodes a split character to U+FFFD: held back until the rest comes.
+  const SplitCharTokenizer split;
+  TextStream stream(split);
+  BOOST_TEST(stream.push('x') == "x");
+  BOOST_TEST(stream.push(99) == "");
+  BOOST_TEST(stream.push(100) == "\xE2\x82\xAC");
+  BOOST_TEST(stream.push(99) == "");
+  BOOST_TEST(stream.finish() == "\xEF\xBF\xBD");  // at the end, what the tokenizer made of it
+}
+
+BOOST_AUTO_TEST_CASE(text_stream_stops_at_a_stop_string_and_never_gives_it_out) {
+  bool stopped = false;
+  const std::vector<std::string> out = stream_bytes("blue<|im_end|>\nmore", {"<|im_end|>"}, &stopped);
+  std::string all;
+  for (const std::string& piece : out) all += piece;
+  BOOST_TEST(all == "blue");
+  BOOST_TEST(stopped);
+  // The start of a stop string is held back, and given out once it is not one.
+  const std::vector<std::string> near = stream_bytes("a<|x", {"<|im_end|>"}, &stopped);
+  const std::vector<std::string> expected = {"a", "", "", "<|x", ""};
+  BOOST_TEST(near == expected, boost::test_tools::per_element());
+  BOOST_TEST(!stopped);
+  // Held back at the end: given out by finish.
+  const std::vector<std::string> end = stream_bytes("ok<|im", {"<|im_end|>"}, &stopped);
+  BOOST_TEST(end.back() == "<|im");
+  BOOST_TEST(!stopped);
+}

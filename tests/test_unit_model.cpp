@@ -70,7 +70,7 @@ std::vector<int32_t> unit_model_step(UnitModel& net, const TinyModel& m, const s
   for (int l = 0; l < m.cfg.num_layers; ++l)
     net.decode_block(l, m.params[1 + l].data(), slots.data(), positions.data(), n, nullptr);
   std::vector<int32_t> next(rows.size());
-  net.decode_head_argmax(m.params[0].data(), rows.data(), static_cast<int>(rows.size()), next.data(), nullptr);
+  net.decode_head(m.params[0].data(), rows.data(), static_cast<int>(rows.size()), next.data(), nullptr, nullptr);
   return next;
 }
 

@@ -214,6 +214,10 @@ struct RunConfig {
 // unread and unset.
 RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                           int world_size, bool check_data_files = true);
+// The same from the deck's text, named `deck_path` in errors, its relative paths taken from `deck_dir`
+// (`shardlm generate` loads a checkpoint's resolved deck this way).
+RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
+                               const std::vector<std::string>& overrides, int world_size, bool check_data_files = true);
 
 // The resolved deck as INI text, loadable again by load_run_config.
 std::string resolved_deck_ini(const RunConfig& cfg);

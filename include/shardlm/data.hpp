@@ -295,4 +295,25 @@ std::string tokenizer_file(const std::string& tokenizer_json);
 // (RunConfig::tokenizer_json). Error naming the file when it cannot be read or has no EOS token.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json);
 
+// The text of a growing sequence of token ids, given out as the ids come (streaming generation):
+// push returns the text that became final with the new id. Held back until later ids settle it: the
+// end of a UTF-8 character split over tokens (an incomplete byte sequence, or the U+FFFD a tokenizer
+// decodes it to) and text that may begin a stop string. At a stop string the stream stops: that
+// string and whatever follows are never given out.
+class TextStream {
+ public:
+  explicit TextStream(const Tokenizer& tok, std::vector<std::string> stop_strings = {});
+  std::string push(int32_t id);
+  // At the end: the text still held back (a stop string never).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  const Tokenizer& tok_;
+  std::vector<std::string> stop_strings_;
+  std::vector<int32_t> ids_;
+  size_t given_ = 0;  // bytes of the decoded text given out
+  bool stopped_ = false;
+};
+
 }  // namespace shardlm

@@ -131,6 +131,8 @@ double default_dist_timeout();
 // Host-side reductions of run statistics over the world (losses, counts, timings).
 double mpi_sum(MPI_Comm comm, double v);
 double mpi_max(MPI_Comm comm, double v);
+// Every rank gets rank 0's `text` (a run id, a prompt read from stdin).
+void broadcast_string(std::string& text, MPI_Comm comm);
 
 // Runs `fn` on every rank and agrees on the outcome: if any rank throws, every rank throws an
 // AgreedError carrying the message of the lowest failing rank (so one clear message, no hang).

@@ -310,16 +310,18 @@ class FsdpEngine {
   // This rank's gradient slice of unit u, copied to the host (tests, inspection).
   std::vector<float> grad_slice(size_t u);
 
-  // ---- greedy generation with a key/value cache (every rank of the world calls these together) ----
+  // ---- generation with a key/value cache (every rank of the world calls these together) ----
   // A cache for `slots` sequences of up to `max_len` positions, steps of up to `max_rows` rows.
   void decode_begin(int slots, int max_len, int max_rows);
   // Runs the model on n rows: row r is token tokens[r] at position positions[r] of the sequence in
   // cache slot slots[r]; it attends to its slot's positions 0..positions[r]. For each of the m rows
-  // listed in logit_rows, next[i] is the argmax of its logits (the lowest id on ties). n may be 0:
-  // the rank still takes part in the collectives.
+  // listed in logit_rows, next[i] is the argmax of its logits (the lowest id on ties), or with
+  // `logits` (host, m x vocab_size; m at most `slots`) the fp32 logits themselves, for sampling (then
+  // `next` may be null). n may be 0: the rank still takes part in the collectives.
   void decode_step(const int32_t* tokens, const int* slots, const int* positions, int n, const int* logit_rows,
-                   int m, int32_t* next);
+                   int m, int32_t* next, float* logits = nullptr);
   void decode_end();
+  int vocab_size() const;  // the logits' width
 
  private:
   void refresh_compute_slices();

@@ -278,8 +278,9 @@ class UnitModel {
   // and it attends to its slot's positions 0..positions[r] (rows of one slot in position order).
   virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             Stream s) = 0;
-  // next[i] = argmax of the logits of step row rows[i], i < m (the lowest id on ties).
-  virtual void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream s) = 0;
+  // The head on step rows rows[i], i < m: with `next`, next[i] = the argmax of row i's logits (the lowest
+  // id on ties); with `logits`, its fp32 logits at logits[i * vocab_size] (sampling). Either may be null.
+  virtual void decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits, Stream s) = 0;
 };
 
 // Forward and backward of each unit, fp32, on the CPU backend. The object owns the activations

@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
       code = shardlm::command_inspect(rest);
     } else if (command == "export") {
       code = shardlm::command_export(rest);
+    } else if (command == "generate") {
+      code = shardlm::command_generate(rest);
     } else if (command == "comm-test") {
       code = shardlm::command_comm_test(rest);
     } else {

@@ -64,9 +64,10 @@ static std::string clean_deck(const std::string& path, const std::string& raw) {
   return out.str();
 }
 
-// The deck's options; unknown keys are errors with a hint.
-static po::parsed_options parse_deck(const std::string& path, const po::options_description& desc) {
-  std::istringstream text(clean_deck(path, read_file_text(path)));
+// The deck's options (`raw`, the text of the deck `path`); unknown keys are errors with a hint.
+static po::parsed_options parse_deck(const std::string& path, const std::string& raw,
+                                     const po::options_description& desc) {
+  std::istringstream text(clean_deck(path, raw));
   po::parsed_options parsed(&desc);
   try {
     parsed = po::parse_config_file(text, desc, /*allow_unregistered=*/true);
@@ -126,8 +127,16 @@ static po::parsed_options parse_overrides(const std::vector<std::string>& args,
 
 RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                           int world_size, bool check_data_files) {
+  // Deck paths are relative to the deck's folder.
+  return load_run_config_text(read_file_text(deck_path), deck_path,
+                              fs::absolute(deck_path).lexically_normal().parent_path().string(), overrides, world_size,
+                              check_data_files);
+}
+
+RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
+                               const std::vector<std::string>& overrides, int world_size, bool check_data_files) {
   const po::options_description desc = deck_options();
-  po::parsed_options deck = parse_deck(deck_path, desc);
+  po::parsed_options deck = parse_deck(deck_path, text, desc);
   po::parsed_options cli = parse_overrides(overrides, desc);
 
   std::set<std::string> from_cli;
@@ -143,8 +152,7 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
     throw Error(concat("cannot combine input deck '", deck_path, "' and the overrides: ", e.what()));
   }
 
-  // Deck paths are relative to the deck's folder, override paths to the current directory.
-  const std::string deck_dir = fs::absolute(deck_path).lexically_normal().parent_path().string();
+  // Deck paths are relative to deck_dir, override paths to the current directory.
   const std::string cwd = fs::current_path().string();
 
   // With model.dir the model's shape comes from its config.json: shape keys may not be given too.
@@ -160,27 +168,27 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
   for (const KeySpec& k : key_table()) {
     bool given = vm.count(k.name) > 0;
     if (given && k.name.rfind("lora.", 0) == 0) given_lora.insert(k.name);
-    std::string text = given ? vm[k.name].as<std::string>() : "";
+    std::string value = given ? vm[k.name].as<std::string>() : "";
     if (from_model_dir && is_shape_key(k.name)) {
       if (given)
         throw Error(concat(k.name, " is read from model.dir's config.json; remove it from the ",
                            from_cli.count(k.name) ? "command line" : "deck", " (or remove model.dir)"));
       continue;
     }
-    if (k.required && trim(text).empty())
+    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
+    if (k.required && trim(value).empty())
       throw Error(concat(k.name, " is required (set it in the deck or with --", k.name, "=",
                          k.required, ")"));
-    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
-    if (given) k.set(cfg, text, from_cli.count(k.name) ? cwd : deck_dir);
+    if (given) k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
   }
   if (!cfg.model.dir.empty()) {
     const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
-    const std::string text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
+    const std::string config_text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
     const float init_std = cfg.model.init_std;
     const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
     const int head_chunk_tokens = cfg.model.head_chunk_tokens;
     const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
-    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(text, path);
+    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(config_text, path);
     cfg.model.init_std = init_std;
     cfg.model.attention = attention;
     cfg.model.head_chunk_tokens = head_chunk_tokens;

@@ -1,5 +1,6 @@
-// FsdpEngine's greedy generation: the forward's gather schedule around the model's decode path,
-// one step of rows at a time, with the rows' indices checked once here (the kernels index with them).
+// FsdpEngine's generation: the forward's gather schedule around the model's decode path, one step of
+// rows at a time, with the rows' indices checked once here (the kernels index with them); each step
+// hands back the argmax of the rows asked for (greedy) or their logits (sampling, src/train/generate.cpp).
 #include "fsdp_engine_impl.hpp"
 
 namespace shardlm {
@@ -18,13 +19,18 @@ void FsdpEngine::decode_begin(int slots, int max_len, int max_rows) {
 }
 
 void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int* positions, int n,
-                             const int* logit_rows, int m_rows, int32_t* next) {
+                             const int* logit_rows, int m_rows, int32_t* next, float* logits) {
   Impl& m = *impl_;
   SHARDLM_CHECK(m.decode_max_rows > 0, "FsdpEngine::decode_step before decode_begin");
   const int R = m.decode_max_rows, L = m.L;
   const int V = m.model->config().vocab_size;
   SHARDLM_CHECK(n >= 0 && n <= R && m_rows >= 0 && m_rows <= n, "FsdpEngine::decode_step: ", n, " rows and ", m_rows,
                 " logit rows, decode_begin sized ", R, " rows");
+  SHARDLM_CHECK(!logits || m_rows <= m.decode_slots, "FsdpEngine::decode_step: logits of ", m_rows,
+                " rows asked for, decode_begin sized ", m.decode_slots, " slots");
+  const size_t logit_bytes = static_cast<size_t>(m.decode_slots) * V * sizeof(float);
+  if (logits && m.decode_logits.bytes() < logit_bytes) m.decode_logits = backend_->allocate(logit_bytes, MemKind::Other);
+  float* dev_logits = logits ? m.decode_logits.as<float>() : nullptr;
   int32_t* host = m.decode_host.data();
   for (int r = 0; r < n; ++r) {
     SHARDLM_CHECK(tokens[r] >= 0 && tokens[r] < V, "FsdpEngine::decode_step: row ", r, " has token ", tokens[r],
@@ -51,20 +57,26 @@ void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int*
     m.model->decode_block(l, p, dev + R, dev + 2 * R, n, m.compute);
     m.done_with(1 + l);
   }
-  m.model->decode_head_argmax(root, dev + 3 * R, m_rows, dev + 4 * R, m.compute);
-  if (m_rows > 0)
+  m.model->decode_head(root, dev + 3 * R, m_rows, next ? dev + 4 * R : nullptr, dev_logits, m.compute);
+  if (m_rows > 0 && next)
     backend_->copy(host + 4 * R, dev + 4 * R, static_cast<size_t>(m_rows) * sizeof(int32_t), CopyKind::DeviceToHost,
+                   m.compute);
+  if (m_rows > 0 && logits)
+    backend_->copy(logits, dev_logits, static_cast<size_t>(m_rows) * V * sizeof(float), CopyKind::DeviceToHost,
                    m.compute);
   // Also keeps the next step from overwriting staging that this step's copy still reads.
   backend_->synchronize(m.compute);
-  std::copy(host + 4 * R, host + 4 * R + m_rows, next);
+  if (next) std::copy(host + 4 * R, host + 4 * R + m_rows, next);
 }
+
+int FsdpEngine::vocab_size() const { return impl_->model->config().vocab_size; }
 
 void FsdpEngine::decode_end() {
   Impl& m = *impl_;
   backend_->synchronize(m.compute);
   m.model->decode_free();
   m.decode_index = DeviceArray{};
+  m.decode_logits = DeviceArray{};
   std::vector<int32_t>().swap(m.decode_host);
   m.decode_slots = m.decode_max_len = m.decode_max_rows = 0;
 }

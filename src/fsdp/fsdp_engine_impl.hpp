@@ -86,6 +86,7 @@ struct FsdpEngine::Impl {
   using Lane = StepTracer::Lane;
 
   DeviceArray decode_index;           // tokens, slots, positions, logit rows, next: max_rows each
+  DeviceArray decode_logits;          // fp32 logits of up to decode_slots rows, made on the first step that asks
   std::vector<int32_t> decode_host;
   int decode_slots = 0, decode_max_len = 0, decode_max_rows = 0;
 

@@ -85,16 +85,16 @@ class CpuUnitModel final : public UnitModel {
                          decode_hidden_[1 - decode_cur_].data(), n, slots, positions);
     decode_cur_ = 1 - decode_cur_;
   }
-  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream) override {
-    float* logits = decode_logits_.data();
+  void decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits_out, Stream) override {
     const int V = model_->config().vocab_size;
     for (int i = 0; i < m; ++i) {
-      SHARDLM_CHECK(rows[i] >= 0 && rows[i] < decode_n_, "CPU decode_head_argmax: logit row ", rows[i],
+      SHARDLM_CHECK(rows[i] >= 0 && rows[i] < decode_n_, "CPU decode_head: logit row ", rows[i],
                     " is not one of the step's ", decode_n_, " rows");
+      float* logits = logits_out ? logits_out + static_cast<size_t>(i) * V : decode_logits_.data();
       model_->head_logits(floats(root), decode_hidden_[decode_cur_].data() + static_cast<size_t>(rows[i]) * hidden_size_,
                           1, 1, logits);
       // std::max_element returns the first maximum: the lowest id on ties, as torch.argmax.
-      next[i] = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+      if (next) next[i] = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
     }
   }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "gpu_guard.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/model.hpp"
 #ifdef SHARDLM_HAVE_CUDA
@@ -107,6 +108,16 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   auto engine = std::make_unique<FsdpEngine>(std::move(backend), std::move(groups), std::move(model), fsdp,
                                              adamw_options(cfg), cfg.train.seed, max_tokens, std::move(host_backend));
   check_memory_plan(cfg, topo, micro, *engine, be.allocated_bytes() - before);
+  return engine;
+}
+
+std::unique_ptr<FsdpEngine> make_engine_collectively(const RunConfig& cfg, MPI_Comm comm, const Topology& topo,
+                                                     int micro) {
+  std::unique_ptr<FsdpEngine> engine;
+  // Before NCCL starts: a GPU this binary has no kernels for, or bf16 on a GPU without it, stops
+  // every rank together with the message.
+  run_collectively(comm, [&] { check_gpu_for_run(cfg, topo); });
+  run_collectively(comm, [&] { engine = make_engine(cfg, comm, topo, micro); });
   return engine;
 }
 

@@ -1,7 +1,8 @@
-// Greedy generation over the engine's key/value cache, and SQuAD exact match / F1 from it.
+// Generation over the engine's key/value cache (greedy or sampled), and SQuAD exact match / F1 from it.
 #include "generate.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -20,23 +21,83 @@ std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int worl
   return out;
 }
 
-std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                                  int max_new_tokens, int32_t eos_id, MPI_Comm comm) {
-  SHARDLM_CHECK(max_new_tokens >= 1, "greedy_generate: max_new_tokens must be >= 1, not ", max_new_tokens);
+int32_t sample_token(const float* logits, int vocab, const Sampling& sampling, uint64_t prompt, uint64_t step) {
+  SHARDLM_CHECK(vocab >= 1, "sample_token: no logits");
+  // The argmax rule of the engine's greedy head: the lowest id on ties, NaN never wins.
+  int32_t best = 0;
+  for (int v = 1; v < vocab; ++v)
+    if (logits[v] > logits[best] || std::isnan(logits[best])) best = v;
+  if (sampling.greedy() || std::isnan(logits[best])) return best;
+  // Probabilities up to a factor, in double: exp((l - max) / T).
+  std::vector<double> p(vocab);
+  double total = 0;
+  for (int v = 0; v < vocab; ++v) {
+    p[v] = std::isnan(logits[v]) ? 0.0 : std::exp((static_cast<double>(logits[v]) - logits[best]) / sampling.temperature);
+    total += p[v];
+  }
+  // The tokens in the order the draw walks them: by id, or with top_p < 1 the most likely first
+  // (ties by id), cut after the first whose running sum reaches top_p of the total.
+  std::vector<int32_t> order(vocab);
+  for (int v = 0; v < vocab; ++v) order[v] = v;
+  if (sampling.top_p < 1) {
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double running = 0;
+    size_t keep = 0;
+    while (keep < order.size() && (keep == 0 || running < sampling.top_p * total)) running += p[order[keep++]];
+    order.resize(keep);
+    total = running;
+  }
+  // A uniform draw in [0, 1) from the counter (seed, prompt, step): 53 random bits.
+  const uint64_t bits = mix64(mix64(mix64(sampling.seed) ^ prompt) ^ (step * 0xd1b54a32d192ed03ULL));
+  const double target = static_cast<double>(bits >> 11) * 0x1.0p-53 * total;
+  double running = 0;
+  for (int32_t v : order) {
+    running += p[v];
+    if (target < running) return v;
+  }
+  return order.back();  // rounding left the target at the very end
+}
+
+std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                const GenerateOptions& options, MPI_Comm comm, const TokenCallback& on_token) {
+  const int max_new_tokens = options.max_new_tokens;
+  SHARDLM_CHECK(max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, not ", max_new_tokens);
+  const Sampling& sampling = options.sampling;
   const int slots = static_cast<int>(prompts.size());
   size_t prompt_rows = 0, longest = 0;
   for (const std::vector<int32_t>& p : prompts) {
-    SHARDLM_CHECK(!p.empty(), "greedy_generate: an empty prompt has no position to continue from");
+    SHARDLM_CHECK(!p.empty(), "generate: an empty prompt has no position to continue from");
     prompt_rows += p.size();
     longest = std::max(longest, p.size());
   }
   const int max_len = static_cast<int>(longest) + max_new_tokens;
   // A rank without prompts still sizes a (one-slot) cache: engines may refuse empty ones.
   engine.decode_begin(std::max(slots, 1), max_len, static_cast<int>(std::max<size_t>({prompt_rows, size_t(slots), 1})));
+  const int vocab = engine.vocab_size();
+  std::vector<float> logits(sampling.greedy() ? 0 : static_cast<size_t>(std::max(slots, 1)) * vocab);
+  std::vector<Generated> out(slots);
+  std::vector<int32_t> next;
+  // One step of the engine; for sampling the logits come back and each active slot draws its token.
+  auto step = [&](const std::vector<int32_t>& tokens, const std::vector<int>& row_slot, const std::vector<int>& row_pos,
+                  const std::vector<int>& logit_rows, const std::vector<int>& active) {
+    const int m = static_cast<int>(logit_rows.size());
+    next.assign(m, 0);
+    if (sampling.greedy()) {
+      engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
+                         logit_rows.data(), m, next.data());
+      return;
+    }
+    engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
+                       logit_rows.data(), m, nullptr, logits.data());
+    for (int i = 0; i < m; ++i)
+      next[i] = sample_token(logits.data() + static_cast<size_t>(i) * vocab, vocab, sampling,
+                             static_cast<uint64_t>(active[i]), out[active[i]].ids.size());
+  };
 
   // The prefill: every prompt token is a row; each prompt's last row gives its first new token.
   std::vector<int32_t> tokens;
   std::vector<int> row_slot, row_pos, logit_rows;
+  std::vector<int> active;  // the slots whose token in `next` is new
   for (int s = 0; s < slots; ++s) {
     for (size_t t = 0; t < prompts[s].size(); ++t) {
       tokens.push_back(prompts[s][t]);
@@ -44,26 +105,23 @@ std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std:
       row_pos.push_back(static_cast<int>(t));
     }
     logit_rows.push_back(static_cast<int>(tokens.size()) - 1);
+    active.push_back(s);
   }
-  std::vector<int32_t> next(slots);
-  engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
-                     logit_rows.data(), slots, next.data());
+  step(tokens, row_slot, row_pos, logit_rows, active);
 
-  std::vector<std::vector<int32_t>> out(slots);
-  std::vector<bool> done(slots, false);
-  std::vector<int> active;  // the slots whose token in `next` is new
-  for (int s = 0; s < slots; ++s) active.push_back(s);
   while (true) {
-    // Take in the tokens just produced; a sequence ends at EOS or at max_new_tokens.
+    // Take in the tokens just produced; a sequence ends at a stop id, max_new_tokens or the caller's word.
     std::vector<int> still;
     for (size_t i = 0; i < active.size(); ++i) {
       const int s = active[i];
-      if (next[i] == eos_id) {
-        done[s] = true;
+      Generated& g = out[s];
+      if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next[i]) != options.stop_ids.end()) {
+        g.finish = FinishReason::Stop;
         continue;
       }
-      out[s].push_back(next[i]);
-      if (static_cast<int>(out[s].size()) >= max_new_tokens) done[s] = true;
+      g.ids.push_back(next[i]);
+      if (on_token && !on_token(static_cast<size_t>(s), next[i])) g.finish = FinishReason::Caller;
+      else if (static_cast<int>(g.ids.size()) >= max_new_tokens) g.finish = FinishReason::Length;
       else still.push_back(s);
     }
     active = still;
@@ -73,17 +131,25 @@ std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std:
     if (!any) break;
     tokens.clear(), row_slot.clear(), row_pos.clear(), logit_rows.clear();
     for (int s : active) {
-      tokens.push_back(out[s].back());
+      tokens.push_back(out[s].ids.back());
       row_slot.push_back(s);
-      row_pos.push_back(static_cast<int>(prompts[s].size() + out[s].size()) - 1);
+      row_pos.push_back(static_cast<int>(prompts[s].size() + out[s].ids.size()) - 1);
       logit_rows.push_back(static_cast<int>(logit_rows.size()));
     }
-    next.assign(active.size(), 0);
-    engine.decode_step(tokens.data(), row_slot.data(), row_pos.data(), static_cast<int>(tokens.size()),
-                       logit_rows.data(), static_cast<int>(logit_rows.size()), next.data());
+    step(tokens, row_slot, row_pos, logit_rows, active);
   }
   engine.decode_end();
   return out;
+}
+
+std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                                  int max_new_tokens, int32_t eos_id, MPI_Comm comm) {
+  GenerateOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.stop_ids = {eos_id};
+  std::vector<std::vector<int32_t>> ids;
+  for (Generated& g : generate(engine, prompts, options, comm)) ids.push_back(std::move(g.ids));
+  return ids;
 }
 
 std::vector<int32_t> completion_prompt(const Example& example) {

@@ -1,10 +1,12 @@
-// Greedy generation on the FsdpEngine (the model as it trains, still sharded) and the SQuAD
-// evaluation built on it: each rank decodes its share of the eval set.
+// Generation on the FsdpEngine (the model as it trains, still sharded), greedy or sampled, and the
+// SQuAD evaluation built on it: each rank decodes its share of the eval set. `shardlm generate`
+// runs the same loop.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,11 +19,47 @@ namespace shardlm {
 // inside the engine line up.
 std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int world, int micro);
 
-// Continues each prompt (non-empty token ids) with the argmax token until eos_id or
-// max_new_tokens, with a key/value cache: one step for all prompt tokens, then one row per
-// unfinished sequence per step. Returns the generated ids, EOS left out. Every rank of `comm`
-// calls it together (an empty `prompts` is fine): the ranks agree before each step whether any of
-// them still decodes, so the collectives inside the engine line up.
+// How each new token is chosen: the argmax of its logits (temperature 0), or a draw from
+// softmax(logits / temperature) restricted to the smallest set of most likely tokens whose
+// probabilities reach top_p (nucleus sampling; 1: every token), as transformers' generate(do_sample)
+// with its TemperatureLogitsWarper and TopPLogitsWarper.
+struct Sampling {
+  double temperature = 0;
+  double top_p = 1;
+  uint64_t seed = 0;
+  bool greedy() const { return temperature <= 0; }
+};
+
+// The token drawn for the `step`-th new token (from 0) of prompt `prompt` from its fp32 logits over
+// `vocab` ids: a pure function of (seed, prompt, step, logits), so every rank, batch and run with the
+// seed draws the same. NaN logits never win; a row of nothing else gives its argmax's rule (id 0).
+int32_t sample_token(const float* logits, int vocab, const Sampling& sampling, uint64_t prompt, uint64_t step);
+
+struct GenerateOptions {
+  int max_new_tokens = 0;
+  std::vector<int32_t> stop_ids;  // a sequence ends at the first of these (EOS, end of turn); left out
+  Sampling sampling;
+};
+
+enum class FinishReason { Stop, Length, Caller };  // a stop id, max_new_tokens, on_token said so
+
+struct Generated {
+  std::vector<int32_t> ids;  // the new tokens, the stop id left out
+  FinishReason finish = FinishReason::Length;
+};
+
+// Called with each new token of prompt i (stop ids excluded) as soon as it is chosen: streaming,
+// stop strings. False ends prompt i after this token.
+using TokenCallback = std::function<bool(size_t prompt, int32_t token)>;
+
+// Continues each prompt (non-empty token ids) until a stop id, max_new_tokens or on_token says so,
+// with a key/value cache: one step for all prompt tokens, then one row per unfinished sequence per
+// step. Every rank of `comm` calls it together (an empty `prompts` is fine): the ranks agree before
+// each step whether any of them still decodes, so the collectives inside the engine line up.
+std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                const GenerateOptions& options, MPI_Comm comm, const TokenCallback& on_token = {});
+
+// generate() with the argmax until eos_id or max_new_tokens: the ids of each prompt, EOS left out.
 std::vector<std::vector<int32_t>> greedy_generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                                   int max_new_tokens, int32_t eos_id, MPI_Comm comm);
 

@@ -1,5 +1,7 @@
-// Starting weights from a Hugging Face model directory: each rank reads the slices it owns.
+// Starting weights from a Hugging Face model directory (each rank reads the slices it owns) and from a
+// PEFT adapter folder; LoRA's frozen base and its checksum.
 #include <algorithm>
+#include <cstdio>
 
 #include "shardlm/dist.hpp"
 #include "train_checkpoint.hpp"
@@ -35,6 +37,34 @@ PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitSta
   MPI_Allreduce(&result.seconds_mine, &result.seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
   result.bytes_total = total[0];
   return result;
+}
+
+PretrainedLoad load_frozen_base(FsdpEngine& engine, const std::string& dir, uint64_t seed, MPI_Comm comm) {
+  const PretrainedLoad load = load_pretrained(dir, engine.frozen_state(seed), comm);
+  engine.frozen_loaded();
+  return load;
+}
+
+std::string frozen_base_checksum(const FsdpEngine& engine, MPI_Comm comm) {
+  uint64_t part = engine.frozen_checksum_part(), sum = 0;
+  MPI_Allreduce(&part, &sum, 1, MPI_UINT64_T, MPI_SUM, comm);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
+  return hex;
+}
+
+void load_peft_adapter_slices(FsdpEngine& engine, const std::string& dir, const ModelConfig& model, MPI_Comm comm) {
+  const std::vector<UnitState> states = engine.checkpoint_state();
+  run_collectively(comm, [&] {
+    const PeftAdapter adapter = read_peft_adapter(dir, model);
+    for (const UnitState& s : states)
+      for (const TensorSpec& spec : s.layout->tensors) {
+        const std::vector<float>& values = adapter.tensors.at(spec.name).values;
+        const size_t lo = std::max(s.begin, spec.offset), hi = std::min(s.begin + s.count, spec.offset + spec.numel);
+        for (size_t i = lo; i < hi; ++i) s.param[i - s.begin] = values[i - spec.offset];
+      }
+  });
+  engine.checkpoint_loaded();
 }
 
 }  // namespace shardlm

@@ -39,13 +39,4 @@ std::string read_run_id(const std::string& run_dir) {
 
 void write_run_id(const std::string& run_dir, const std::string& id) { replace_file(run_id_path(run_dir), id + "\n", "run id"); }
 
-void broadcast_run_id(std::string& id, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  int size = rank == 0 ? static_cast<int>(id.size()) : 0;
-  MPI_Bcast(&size, 1, MPI_INT, 0, comm);
-  id.resize(static_cast<size_t>(size));
-  MPI_Bcast(id.data(), size, MPI_CHAR, 0, comm);
-}
-
 }  // namespace shardlm

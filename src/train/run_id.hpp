@@ -16,7 +16,5 @@ std::string new_run_id();
 // Error naming the file when it cannot be read or holds no id.
 std::string read_run_id(const std::string& run_dir);
 void write_run_id(const std::string& run_dir, const std::string& id);
-// Collective: every rank gets rank 0's `id`.
-void broadcast_run_id(std::string& id, MPI_Comm comm);
 
 }  // namespace shardlm

@@ -37,5 +37,14 @@ struct PretrainedLoad {
 // Fills the param views of `units` (this rank's slices) from the Hugging Face model directory
 // `dir`, reading only the bytes of those slices, and zeroes every optimizer vector. Collective.
 PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitState>& units, MPI_Comm comm);
+// LoRA: the frozen base weights of the engine from the model directory `dir` (frozen_state of `seed`,
+// then frozen_loaded). Collective.
+PretrainedLoad load_frozen_base(FsdpEngine& engine, const std::string& dir, uint64_t seed, MPI_Comm comm);
+// LoRA: the checksum of the frozen base the engine holds, 16 hex digits, the same for any world and
+// strategy (a checkpoint keeps it: CheckpointMeta::base_checksum). Collective.
+std::string frozen_base_checksum(const FsdpEngine& engine, MPI_Comm comm);
+// The adapters of the PEFT adapter folder `dir`, read for the model `model`, into this rank's slices of
+// the engine's trainable units (then checkpoint_loaded). Collective: every rank reads the small file.
+void load_peft_adapter_slices(FsdpEngine& engine, const std::string& dir, const ModelConfig& model, MPI_Comm comm);
 
 }  // namespace shardlm

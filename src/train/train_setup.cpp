@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "gpu_guard.hpp"
 #include "run_id.hpp"
 #include "train_checkpoint.hpp"
 #include "train_run.hpp"
@@ -166,17 +165,6 @@ void load_inputs(TrainRun& run) {
                 cfg.data.train_file, ")");
 }
 
-// Collective: a rank that cannot build its engine (no GPU, no CUDA in this build) ends every rank
-// with its message.
-std::unique_ptr<FsdpEngine> make_run_engine(const TrainRun& run) {
-  std::unique_ptr<FsdpEngine> engine;
-  // Before NCCL starts: a GPU this binary has no kernels for, or bf16 on a GPU without it, stops
-  // every rank together with the message.
-  run_collectively(run.comm, [&] { check_gpu_for_run(run.cfg, run.topo); });
-  run_collectively(run.comm, [&] { engine = make_engine(run.cfg, run.comm, run.topo, run.micro); });
-  return engine;
-}
-
 void report_memory(TrainRun& run) {
   const FsdpEngine& engine = *run.engine;
   MPI_Comm comm = run.comm;
@@ -307,7 +295,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   if (run->echo) log_info(resolved_deck_ini(cfg));
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
   run_collectively(comm, [&] { load_inputs(*run); });
-  broadcast_run_id(run->run_id, comm);
+  broadcast_string(run->run_id, comm);
   run_collectively(comm, [&] { run->topo = make_topology(comm, cfg.dist.ranks_per_node); });
   // Ranks sharing a host split its cores between their BLAS threads.
   cpu_set_threads(cpu_default_threads(run->topo.host_ranks));
@@ -348,7 +336,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
       return run;
     }
   }
-  run->engine = make_run_engine(*run);
+  run->engine = make_engine_collectively(cfg, comm, run->topo, run->micro);
   const ModelConfig& mc = cfg.model;
   const FsdpMemory mem = run->engine->memory();
   // The attention's products are over the query width, heads x head_dim (hidden_size but for Qwen3's own head_dim).
@@ -413,7 +401,7 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
 void settle_run_id(TrainRun& run, const CheckpointMeta& meta) {
   if (run.run_id.empty()) {
     std::string id = meta.run_id.empty() ? new_run_id() : meta.run_id;
-    broadcast_run_id(id, run.comm);  // rank 0's new id, if it made one
+    broadcast_string(id, run.comm);  // rank 0's new id, if it made one
     run.run_id = id;
     run_collectively(run.comm, [&] {
       if (run.rank == 0) write_run_id(run.cfg.run.dir, run.run_id);
@@ -463,8 +451,7 @@ TrainPosition load_start(TrainRun& run) {
   // LoRA: the frozen base comes from model.dir (or stays the seeded initialisation) whether the run
   // resumes or not; checkpoints hold the adapters only.
   if (model.lora() && !cfg.model.dir.empty()) {
-    const PretrainedLoad load = load_pretrained(cfg.model.dir, model.frozen_state(cfg.train.seed), run.comm);
-    model.frozen_loaded();
+    const PretrainedLoad load = load_frozen_base(model, cfg.model.dir, cfg.train.seed, run.comm);
     run.say(concat("loaded the frozen base weights from ", cfg.model.dir, ": ", format_bytes(load.bytes_total),
                    " read by ", run.world, " rank(s) in ", load.seconds, " s"));
     run.record({{"type", "pretrained"}, {"dir", cfg.model.dir}, {"bytes", load.bytes_total},
@@ -480,13 +467,7 @@ TrainPosition load_start(TrainRun& run) {
       run.say(concat("loaded the modules trained whole (", names, ") from ", cfg.model.dir));
     }
   }
-  if (model.lora()) {
-    uint64_t part = model.frozen_checksum_part(), sum = 0;
-    MPI_Allreduce(&part, &sum, 1, MPI_UINT64_T, MPI_SUM, run.comm);
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
-    run.base_checksum = hex;
-  }
+  if (model.lora()) run.base_checksum = frozen_base_checksum(model, run.comm);
   if (!run.resume_path.empty() && cfg.checkpoint.load_weights_only) {
     // Only the parameters: step, optimizer state, schedule and data position start afresh.
     const CheckpointMeta meta = load_resume_checkpoint(run);
@@ -524,18 +505,8 @@ TrainPosition load_start(TrainRun& run) {
                 {"max_rank_bytes", load.bytes_max_rank}, {"seconds", load.seconds}});
   }
   if (run.resume_path.empty() && !cfg.model.adapter.empty()) {
-    // A fresh run from a PEFT adapter: every rank reads the (small) file and takes its slices.
-    const std::vector<UnitState> states = model.checkpoint_state();
-    run_collectively(run.comm, [&] {
-      const PeftAdapter adapter = read_peft_adapter(cfg.model.adapter, cfg.model);
-      for (const UnitState& s : states)
-        for (const TensorSpec& spec : s.layout->tensors) {
-          const std::vector<float>& values = adapter.tensors.at(spec.name).values;
-          const size_t lo = std::max(s.begin, spec.offset), hi = std::min(s.begin + s.count, spec.offset + spec.numel);
-          for (size_t i = lo; i < hi; ++i) s.param[i - s.begin] = values[i - spec.offset];
-        }
-    });
-    model.checkpoint_loaded();
+    // A fresh run from a PEFT adapter.
+    load_peft_adapter_slices(model, cfg.model.adapter, cfg.model, run.comm);
     run.say(concat("started from the adapter in ", cfg.model.adapter));
   }
   return pos;

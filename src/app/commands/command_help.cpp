@@ -20,6 +20,7 @@ const char* kShardlmUsage =
     "  train DECK [--section.key=value ...]   fine-tune the model the input deck describes\n"
     "  inspect [--verify] CHECKPOINT          print a checkpoint's step, model, strategy and tensors\n"
     "  export CHECKPOINT DIR                  write it as a Hugging Face model (config, weights, tokenizer)\n"
+    "  generate MODEL [--prompt T] [--chat]   continue a prompt or answer a chat turn, streamed\n"
     "  report RUN_DIR... [--csv F] [--svg D]  compare runs: Markdown table, CSV, loss and scaling plots\n"
     "  comm-test [OPTIONS]                    collective bandwidth over message sizes\n"
     "  plan DECK [--gpu-memory=SIZE ...]      per-rank memory of each strategy, what fits\n"
@@ -83,6 +84,37 @@ const char* kExportUsage =
     "  --overwrite           DIR may hold files: each file the export writes replaces the one of its\n"
     "                        name once complete, an earlier export's other weight files (model*.safetensors,\n"
     "                        the index) are then removed, and every other file stays\n"
+    "  -h, --help            print this text\n";
+
+const char* kGenerateUsage =
+    "usage: [mpirun -np N] shardlm generate MODEL [--adapter DIR] [--prompt TEXT | --prompt-file FILE |\n"
+    "                                  --prompt-ids IDS] [--chat [--system TEXT]] [--max-new-tokens N]\n"
+    "                                  [--temperature T [--top-p P] [--seed S]] [--eos-ids IDS]\n"
+    "                                  [--output FILE] [--section.key=value ...]\n"
+    "\n"
+    "Loads the model sharded over the ranks as training holds it and continues one prompt, printing\n"
+    "the text to stdout as the tokens come (rank 0; what it loaded and the speed go to stderr). It\n"
+    "stops at an end-of-sequence or end-of-turn token, or after --max-new-tokens. The decoding is the\n"
+    "SQuAD evaluation's: a key/value cache, one step per token.\n"
+    "\n"
+    "  MODEL                 a checkpoint (.h5), a checkpoint folder (its latest), a run folder (its\n"
+    "                        checkpoints' latest), or a Hugging Face model folder (config.json); a\n"
+    "                        checkpoint brings its run's deck: model.dir, tokenizer, chat template, [lora]\n"
+    "  --adapter DIR         a PEFT LoRA adapter folder on the model folder MODEL\n"
+    "  --prompt TEXT         the prompt; else --prompt-file FILE ('-': standard input), else standard input\n"
+    "  --prompt-ids IDS      the prompt as token ids, e.g. 1,15,27 (no tokenizer needed)\n"
+    "  --chat                the prompt is a user turn: rendered with the model's chat template (or\n"
+    "                        data.chat_template) and its generation prompt, as apply_chat_template\n"
+    "  --system TEXT         with --chat, a system turn before it\n"
+    "  --max-new-tokens N    tokens generated at most (default 256)\n"
+    "  --temperature T       0 (default): greedy, the most likely token; > 0: sample from softmax(logits / T)\n"
+    "  --top-p P             with sampling, only the most likely tokens whose probabilities reach P (default 1)\n"
+    "  --seed S              the sampling seed (default 0): the same seed, the same text, on any ranks\n"
+    "  --eos-ids IDS         the token ids that end the answer, instead of the tokenizer's EOS,\n"
+    "                        generation_config.json's eos_token_id and, with --chat, the end of turn\n"
+    "  --output FILE         also write {\"prompt_ids\", \"generated_ids\", \"text\", \"finish_reason\"} as JSON\n"
+    "  --section.key=value   a deck key over the checkpoint's deck (or the folder's defaults), e.g.\n"
+    "                        --run.backend=cuda --fsdp.param_dtype=bf16 --data.chat_template=FILE\n"
     "  -h, --help            print this text\n";
 
 const char* kReportUsage =
@@ -194,6 +226,9 @@ std::string docs_line(const std::string& command) {
          page("huggingface.md", "the exported folder and transformers");
   else if (command == "report")
     s += page("report.md", "the columns and plots");
+  else if (command == "generate")
+    s += page("generate.md", "the models it loads, prompts, chat, sampling and stopping") +
+         page("data.md", "chat templates");
   else if (command == "eval")
     s += page("deck.md", "eval.generate and the scores a run writes (section [eval])");
   else if (command == "plan")
@@ -220,6 +255,7 @@ std::string command_help(const std::string& command) {
                       : command == "train"     ? kTrainUsage
                       : command == "inspect"   ? kInspectUsage
                       : command == "export"    ? kExportUsage
+                      : command == "generate"  ? kGenerateUsage
                       : command == "report"    ? kReportUsage
                       : command == "plan"      ? kPlanUsage
                       : command == "preprocess" ? kPreprocessUsage

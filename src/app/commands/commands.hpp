@@ -25,6 +25,9 @@ int command_plan(const std::vector<std::string>& args);
 // mask as training sees them (JSON lines, or a terminal view marking the trained spans) and a
 // summary; serial, no MPI.
 int command_preprocess(const std::vector<std::string>& args);
+// `shardlm generate MODEL [--prompt TEXT | --prompt-file F | --prompt-ids IDS] [--chat] ...`: a
+// checkpoint or model folder continues a prompt, greedy or sampled, streamed to stdout by rank 0.
+int command_generate(const std::vector<std::string>& args);
 // `shardlm import-accelerate CONFIG.yaml [--training-args ARGS.json] -o DECK`: a deck from an
 // Accelerate FSDP config and Hugging Face TrainingArguments; serial, no MPI.
 int command_import_accelerate(const std::vector<std::string>& args);
@@ -32,9 +35,11 @@ int command_import_accelerate(const std::vector<std::string>& args);
 // `shardlm --help` (command empty) or `shardlm COMMAND --help`: usage, flags and the docs' paths;
 // empty for an unknown command.
 std::string command_help(const std::string& command);
-// What is wrong with the arguments of an MPI command (train, inspect, export, comm-test), found
+// What is wrong with the arguments of an MPI command (train, inspect, export, comm-test, generate), found
 // before MPI starts so the message is the command's own and not MPI's; empty when they will do.
 std::string mpi_command_usage_problem(const std::string& command, const std::vector<std::string>& args);
+// What is wrong with generate's arguments; empty when they will do (mpi_command_usage_problem asks it).
+std::string generate_usage_problem(const std::vector<std::string>& args);
 // `shardlm COMMAND: problem`, a blank line and the command's usage, for stderr.
 std::string usage_error(const std::string& command, const std::string& problem);
 // "--help" or "-h".

@@ -56,6 +56,7 @@ std::string mpi_command_usage_problem(const std::string& command, const std::vec
     if (n > 2) return concat("expected CHECKPOINT DIR, got ", n, " arguments");
     return "";
   }
+  if (command == "generate") return generate_usage_problem(args);
   if (command == "comm-test") {
     try {
       parse_comm_test_options(args);

@@ -1,5 +1,5 @@
-// The greedy-decoding head's kernels: gathering the rows whose logits are wanted, and the argmax of
-// each fp32 logits row (one block per row; the lowest id wins ties, as std::max_element does).
+// The decoding head's kernels: gathering the rows whose logits are wanted, the head's GEMM, and the
+// argmax of each fp32 logits row (one block per row; the lowest id wins ties, as std::max_element does).
 #include <algorithm>
 #include <climits>
 
@@ -69,12 +69,15 @@ void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t 
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
-void head_argmax(Gemm& gemm, const void* x, int m, int H, const void* table, int V, int chunk, float* logits,
-                 int32_t* next, DType dt, cudaStream_t stream) {
-  SHARDLM_CHECK(chunk >= 1, "head_argmax: no logits workspace (chunk ", chunk, ")");
+void decode_head_rows(Gemm& gemm, const void* x, int m, int H, const void* table, int V, int chunk, float* workspace,
+                      int32_t* next, float* logits_out, DType dt, cudaStream_t stream) {
+  // The caller's buffer holds every row: one GEMM.
+  if (logits_out) chunk = std::max(m, 1);
+  SHARDLM_CHECK(chunk >= 1, "decode_head_rows: no logits workspace (chunk ", chunk, ")");
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(dt);
   for (int r0 = 0; r0 < m; r0 += chunk) {
     const int count = std::min(chunk, m - r0);
+    float* logits = logits_out ? logits_out : workspace;
     GemmDesc g;  // logits[count, V] = x table^T, fp32
     g.trans_b = true;
     g.M = count, g.N = V, g.K = H;
@@ -83,7 +86,7 @@ void head_argmax(Gemm& gemm, const void* x, int m, int H, const void* table, int
     g.C = logits, g.ldc = V;
     g.ab_dtype = dt, g.c_dtype = DType::F32;
     gemm.run(g, stream);
-    argmax_rows(logits, count, V, next + r0, stream);
+    if (next) argmax_rows(logits, count, V, next + r0, stream);
   }
 }
 

@@ -64,8 +64,10 @@ class CudaModel {
   // and it attends to its slot's positions 0..positions[r] (device arrays, checked by the caller).
   virtual void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                             cudaStream_t s) = 0;
-  // next[i] = argmax of the logits of step row rows[i], i < m (device arrays).
-  virtual void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) = 0;
+  // UnitModel::decode_head: next[i] = the argmax of step row rows[i]'s logits and/or those fp32 logits
+  // [m, vocab_size], i < m (device arrays; either output may be null).
+  virtual void decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
+                           cudaStream_t s) = 0;
 };
 
 // The GPU model of cfg.arch in compute dtype dt, for micro-batches of up to max_batch x max_seq

@@ -72,8 +72,8 @@ class CudaUnitModel final : public UnitModel {
                     Stream s) override {
     model_->decode_block(layer, params, slots, positions, n, stream_of(s));
   }
-  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, Stream s) override {
-    model_->decode_head_argmax(root, rows, m, next, stream_of(s));
+  void decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits, Stream s) override {
+    model_->decode_head(root, rows, m, next, logits, stream_of(s));
   }
 
  private:

@@ -47,7 +47,8 @@ class BloomCuda final : public CudaModelBase {
   void decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                     cudaStream_t s) override;
   // next[i] = argmax of the logits (final LayerNorm, tied head) of step row rows[i], i < m (device arrays).
-  void decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) override;
+  void decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
+                   cudaStream_t s) override;
 
  private:
   struct Saved {  // one block's activations kept for its backward

@@ -83,8 +83,9 @@ void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   lora(kDense4HToH, b.wide.data(), b.hidden.data(), H);
 }
 
-void BloomCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
-  check_step_rows("decode_head_argmax", m);
+void BloomCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
+                            cudaStream_t s) {
+  check_step_rows("decode_head", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   DecodeBuffers& b = decode_;
@@ -92,8 +93,8 @@ void BloomCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, 
   layernorm_forward(b.ctx.data(), root_.final_norm_weight.at(root, dsize_), root_.final_norm_bias.at(root, dsize_), b.ln.data(),
                     b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
   // The LM head is tied: its weight is the embedding table.
-  head_argmax(gemm_, b.ln.data(), m, H, root_.embeddings.at(root, dsize_), V, sizes_.head_chunk,
-              reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
+  decode_head_rows(gemm_, b.ln.data(), m, H, root_.embeddings.at(root, dsize_), V, sizes_.head_chunk,
+                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
 }
 
 }  // namespace shardlm::cuda

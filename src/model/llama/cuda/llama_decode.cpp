@@ -94,8 +94,9 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   lora(kDownProj, b.wide.data(), b.hidden.data(), H);
 }
 
-void LlamaCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, int32_t* next, cudaStream_t s) {
-  check_step_rows("decode_head_argmax", m);
+void LlamaCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
+                            cudaStream_t s) {
+  check_step_rows("decode_head", m);
   if (m == 0) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   DecodeBuffers& b = decode_;
@@ -104,8 +105,8 @@ void LlamaCuda::decode_head_argmax(UnitParams root, const int32_t* rows, int m, 
   rmsnorm_forward(b.h2.data(), root_.norm.at(root, dsize_), b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
                   s);
   // lm_head.weight, or embed_tokens.weight when tied.
-  head_argmax(gemm_, b.norm.data(), m, H, root_.head.at(root, dsize_), V, sizes_.head_chunk,
-              reinterpret_cast<float*>(head_ws_.data()), next, dt_, s);
+  decode_head_rows(gemm_, b.norm.data(), m, H, root_.head.at(root, dsize_), V, sizes_.head_chunk,
+                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
 }
 
 }  // namespace shardlm::cuda

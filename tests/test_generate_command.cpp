@@ -1,0 +1,263 @@
+// `shardlm generate` under mpirun: greedy continuations of the tiny parity models equal
+// transformers' generate() token for token (tests/fixtures/hf/*generate_reference.json) on 1 and 2
+// ranks; sampling is reproducible for a seed, on any ranks, and differs from greedy; a checkpoint
+// trained here on chat data answers its questions with the chat template applied (a byte tokenizer
+// and a template override with its end-of-turn text); bad models, adapters, prompts and options end
+// with one clear message.
+#define BOOST_TEST_MODULE test_generate_command
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "launch_support.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = SHARDLM_SOURCE_DIR "/tests/fixtures/hf";
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::path(SHARDLM_BINARY_DIR) / "test_runs" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+struct Result {
+  std::vector<int32_t> ids;
+  std::string text, finish;
+};
+
+// `shardlm generate ARGS --output F` on np ranks; the record it wrote.
+Result generate(int np, const std::string& args, const fs::path& out) {
+  fs::remove(out);
+  const Outcome o = run_shardlm(np, "generate " + args + " --output " + out.string());
+  BOOST_TEST_REQUIRE(o.exit_code == 0, "shardlm generate " << args << "\n" << o.output);
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(out.string()));
+  return {j.at("generated_ids").get<std::vector<int32_t>>(), j.at("text").get<std::string>(),
+          j.at("finish_reason").get<std::string>()};
+}
+
+// `shardlm ARGS` on np ranks ends with one error message that says must_contain.
+void expect_error(int np, const std::string& args, const std::string& must_contain) {
+  const Outcome o = run_shardlm(np, args);
+  BOOST_TEST_CONTEXT("np " << np << ": shardlm " << args << "\n" << o.output) {
+    BOOST_TEST(o.exit_code != 0);
+    BOOST_TEST(count_of(o.output, "shardlm: error:") == 1u);  // one message, not one per rank
+    BOOST_TEST(count_of(o.output, must_contain) == 1u);
+  }
+}
+
+struct Case {
+  std::vector<int32_t> prompt, generated;  // generated as transformers returned it (an EOS last, if it came)
+};
+
+struct Reference {
+  int32_t eos = 0;
+  int max_new_tokens = 0;
+  std::vector<Case> cases;
+};
+
+Reference read_reference(const std::string& file, const std::string& model) {
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(kFixtures + "/" + file)).at(model);
+  Reference r;
+  r.eos = j.at("eos_id").get<int32_t>();
+  r.max_new_tokens = j.at("max_new_tokens").get<int>();
+  for (const nlohmann::json& c : j.at("cases"))
+    r.cases.push_back({c.at("prompt").get<std::vector<int32_t>>(), c.at("generated").get<std::vector<int32_t>>()});
+  return r;
+}
+
+// Every case of the model's reference (or the first `limit`) on np ranks: the same ids, the EOS a stop.
+void check_against_transformers(const std::string& file, const std::string& model, int np, size_t limit = 100) {
+  const Reference ref = read_reference(file, model);
+  BOOST_TEST_REQUIRE(!ref.cases.empty());
+  const fs::path out = scratch("generate_" + model + "_np" + std::to_string(np)) / "out.json";
+  for (size_t i = 0; i < std::min(limit, ref.cases.size()); ++i) {
+    const Case& c = ref.cases[i];
+    const Result r = generate(np, kFixtures + "/" + model + " --prompt-ids " + ids_text(c.prompt) + " --eos-ids " +
+                                      std::to_string(ref.eos) + " --max-new-tokens " +
+                                      std::to_string(ref.max_new_tokens), out);
+    std::vector<int32_t> expected = c.generated;
+    const bool stopped = !expected.empty() && expected.back() == ref.eos;
+    if (stopped) expected.pop_back();
+    BOOST_TEST_CONTEXT(model << " case " << i << " on " << np << " rank(s)") {
+      BOOST_TEST(r.ids == expected, boost::test_tools::per_element());
+      BOOST_TEST(r.finish == (stopped ? "stop" : "length"));
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(greedy_generation_equals_transformers_on_one_and_two_ranks) {
+  check_against_transformers("generate_reference.json", "tiny_bloom", 1);
+  check_against_transformers("generate_reference.json", "tiny_llama", 1);
+  check_against_transformers("qwen2_generate_reference.json", "tiny_qwen2", 1);
+  check_against_transformers("qwen3_generate_reference.json", "tiny_qwen3", 1);
+  // Sharded: each rank holds half of every unit, gathered for each step.
+  check_against_transformers("generate_reference.json", "tiny_llama", 2);
+  check_against_transformers("generate_reference.json", "tiny_bloom", 2, 2);
+  check_against_transformers("qwen3_generate_reference.json", "tiny_qwen3", 2, 2);
+}
+
+BOOST_AUTO_TEST_CASE(sampling_is_reproducible_on_any_ranks_and_differs_from_greedy) {
+  const Reference ref = read_reference("generate_reference.json", "tiny_llama");
+  const fs::path out = scratch("generate_sampling") / "out.json";
+  const std::string base = kFixtures + "/tiny_llama --prompt-ids " + ids_text(ref.cases[2].prompt) +
+                           " --eos-ids " + std::to_string(ref.eos) + " --max-new-tokens 16";
+  const Result greedy = generate(1, base, out);
+  const Result a = generate(1, base + " --temperature 1 --seed 7", out);
+  const Result again = generate(1, base + " --temperature 1 --seed 7", out);
+  const Result two = generate(2, base + " --temperature 1 --seed 7", out);
+  const Result other = generate(1, base + " --temperature 1 --seed 8", out);
+  BOOST_TEST(a.ids == again.ids, boost::test_tools::per_element());
+  BOOST_TEST(a.ids == two.ids, boost::test_tools::per_element());
+  BOOST_TEST(a.ids != greedy.ids);
+  BOOST_TEST(a.ids != other.ids);
+  // A nucleus that holds only the most likely token is greedy decoding.
+  const Result nucleus = generate(2, base + " --temperature 1 --top-p 1e-9 --seed 7", out);
+  BOOST_TEST(nucleus.ids == greedy.ids, boost::test_tools::per_element());
+}
+
+namespace {
+
+// A tiny Llama with the byte tokenizer trained on four questions, each with its one-word answer, in
+// ChatML through a tokenizer_config.json override whose eos_token is the end of turn.
+const char* const kChatDeck = R"([model]
+arch = llama
+vocab_size = 259
+hidden_size = 64
+intermediate_size = 128
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+rope_theta = 10000
+
+[data]
+format = chat
+train_file = chat.jsonl
+chat_template = tokenizer_config.json
+tokenizer = byte
+max_length = 128
+
+[train]
+epochs = 200
+max_steps = 300
+batch_size = 8
+micro_batch_size = 2
+lr = 3e-3
+warmup_steps = 5
+lr_schedule = constant_with_warmup
+seed = 3
+log_every = 50
+
+[checkpoint]
+at_end = true
+
+[run]
+dir = run
+backend = cpu
+tensorboard = false
+)";
+
+const std::vector<std::pair<std::string, std::string>> kAnswers = {
+    {"sky", "blue"}, {"grass", "green"}, {"fire", "red"}, {"snow", "white"}};
+const std::string kSystem = "Name the colour.";
+
+// Trains the chat model once (2 ranks) and returns its run folder.
+fs::path trained_chat_run() {
+  static const fs::path run = [] {
+    const fs::path dir = scratch("generate_chat");
+    std::ofstream(dir / "tokenizer_config.json")
+        << nlohmann::json{{"chat_template",
+                           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"},
+                          {"eos_token", "<|im_end|>"}}
+               .dump();
+    {
+      std::ofstream data(dir / "chat.jsonl");
+      for (int copy = 0; copy < 8; ++copy)
+        for (const auto& [question, answer] : kAnswers)
+          data << nlohmann::json{{"messages",
+                                  {{{"role", "system"}, {"content", kSystem}},
+                                   {{"role", "user"}, {"content", question}},
+                                   {{"role", "assistant"}, {"content", answer}}}}}
+                      .dump()
+               << "\n";
+    }
+    std::ofstream(dir / "chat.ini") << kChatDeck;
+    const Outcome o = run_shardlm(2, "train " + (dir / "chat.ini").string() + " --run.dir=" + (dir / "run").string(),
+                                  "", 600);
+    BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+    return dir / "run";
+  }();
+  return run;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_trained_chat_checkpoint_answers_with_its_template) {
+  const fs::path run = trained_chat_run();
+  const fs::path out = run.parent_path() / "answer.json";
+  for (int np : {1, 2})
+    for (const auto& [question, answer] : kAnswers) {
+      const Result r = generate(np, run.string() + " --chat --system '" + kSystem + "' --prompt " + question +
+                                        " --max-new-tokens 40", out);
+      BOOST_TEST_CONTEXT(question << " on " << np << " rank(s)") {
+        // The end of turn is text to the byte tokenizer: the answer stops there, without it.
+        BOOST_TEST(r.text == answer);
+        BOOST_TEST(r.finish == "stop");
+      }
+    }
+  // The checkpoint file and its folder are the run's latest too.
+  const Result file = generate(1, (run / "checkpoints").string() + " --chat --system '" + kSystem + "' --prompt sky", out);
+  BOOST_TEST(file.text == "blue");
+}
+
+BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {
+  const fs::path dir = scratch("generate_errors");
+  const std::string llama = kFixtures + "/tiny_llama";
+  for (int np : {1, 2}) {
+    expect_error(np, "generate " + (dir / "nothing").string() + " --prompt-ids 1", "does not exist");
+    expect_error(np, "generate " + dir.string() + " --prompt-ids 1", "is neither a checkpoint");
+    expect_error(np, "generate " + llama + " --prompt-ids 1,500", "token id 500, outside the model's vocabulary of 97");
+    // The byte tokenizer's 259 ids do not fit the fixture's 97.
+    expect_error(np, "generate " + llama + " --prompt hello", "more than the model's vocab_size 97");
+    expect_error(np, "generate " + llama + " --adapter " SHARDLM_SOURCE_DIR "/tests/fixtures/peft/tiny_bloom_lora --prompt-ids 1",
+                 "tiny_bloom_lora");
+    expect_error(np, "generate " + llama + " --prompt-ids 1 --run.bakend=cpu", "run.backend");
+  }
+  std::ofstream(dir / "broken.h5") << "not an HDF5 file";
+  expect_error(2, "generate " + (dir / "broken.h5").string() + " --prompt-ids 1", "broken.h5");
+  const fs::path run = trained_chat_run();
+  expect_error(2, "generate " + run.string() + " --adapter " + llama + " --prompt x", "--adapter goes with a model folder");
+  // No template: none in the deck (overridden away), none beside a byte tokenizer.
+  expect_error(2, "generate " + run.string() + " --chat --prompt sky --data.chat_template=", "needs a chat template");
+  // Usage: before MPI starts, the command's own usage.
+  for (const auto& [args, problem] :
+       std::vector<std::pair<std::string, std::string>>{{"generate", "no model given"},
+                                                        {"generate m --top-p 0.9", "give --temperature > 0 too"},
+                                                        {"generate m --temperature -1", "--temperature = '-1'"},
+                                                        {"generate m --prompt a --prompt-ids 1", "give one of"},
+                                                        {"generate m --system s --prompt a", "give --chat too"}}) {
+    const Outcome o = run_shardlm(2, args);
+    BOOST_TEST_CONTEXT(args << "\n" << o.output) {
+      BOOST_TEST(o.exit_code != 0);
+      BOOST_TEST(count_of(o.output, problem) == 1u);
+      BOOST_TEST(count_of(o.output, "usage: [mpirun -np N] shardlm generate") == 1u);
+    }
+  }
+}
