@@ -164,14 +164,14 @@ struct FsdpBufferPlan {
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
 // AdamW on one chunk overlaps the copy of the previous one. 16 Mi: a BLOOM-560M block (12.6 M) in one
 // pass of the host threads; each pass costs ~0.1 ms of waking them (1 Mi gave 15% fewer tokens/s than
-// 4 Mi, 16 Mi 1.5-2% more: docs/PERFORMANCE.md).
+// 4 Mi, 16 Mi 1.5-2% more: docs/history/performance-log.md).
 constexpr size_t kOffloadChunk = size_t(1) << 24;
 // Elements of one chunk of the root's update on the device (fsdp.offload_root_update): its fp32 master
 // and both moments go up, are updated, and come back, two chunks in flight (24 MiB of device memory).
 constexpr size_t kOffloadStreamChunk = size_t(1) << 20;
 // fsdp.offload_root_update = auto updates the root on the device when copies of kOffloadLinkProbeBytes
 // measure at least this many GB/s each way (PCIe 5.0 x16 gives about 55; 4.0 about 25, where moving 12
-// bytes a parameter each way costs about what the host's AdamW does: docs/PERFORMANCE.md).
+// bytes a parameter each way costs about what the host's AdamW does: docs/history/performance-log.md).
 constexpr double kOffloadRootLinkGBs = 40.0;
 // ... and when the rank's slice of the root has at least this many elements (a smaller one updates on
 // the host in a millisecond or two either way, and the probe's 16 MiB would outweigh it).
@@ -384,7 +384,7 @@ int plan_shard_size(const MemoryPlanSpec& spec);
 RankMemoryPlan plan_rank_memory(const MemoryPlanSpec& spec);
 // GPU memory a CUDA rank uses outside its planned buffers: CUDA context, cuBLASLt (handle and its
 // 32 MiB workspace) and NCCL; measured on one H100 as nvidia-smi's process total minus the planned
-// peak (docs/PERFORMANCE.md: 20.07 - 17.94 GiB and 15.94 - 13.80 GiB).
+// peak (docs/history/performance-log.md: 20.07 - 17.94 GiB and 15.94 - 13.80 GiB).
 constexpr size_t kCudaRuntimeOverheadBytes = static_cast<size_t>(2.14 * 1024 * 1024 * 1024);
 
 }  // namespace shardlm
