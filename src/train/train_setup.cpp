@@ -291,6 +291,23 @@ std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes)
     if (cfg.fsdp.activation_checkpointing)
       warnings.push_back("warning: fsdp.activation_checkpointing = true does nothing on the CPU backend (it keeps "
                          "every activation and recomputes none)");
+    // The CUDA backend's own choices, set away from their defaults: the CPU backend runs synchronously
+    // (no prefetch, one gathered block at a time), its attention loops and a 128-token LM head.
+    const FsdpSection defaults;
+    std::string cuda_only;
+    auto add = [&](const std::string& key_value) { cuda_only += (cuda_only.empty() ? "" : ", ") + key_value; };
+    if (cfg.fsdp.forward_prefetch != defaults.forward_prefetch)
+      add(concat("fsdp.forward_prefetch = ", cfg.fsdp.forward_prefetch ? "true" : "false"));
+    if (cfg.fsdp.backward_prefetch != defaults.backward_prefetch)
+      add(concat("fsdp.backward_prefetch = ", backward_prefetch_name(cfg.fsdp.backward_prefetch)));
+    if (cfg.fsdp.limit_all_gathers != defaults.limit_all_gathers)
+      add(concat("fsdp.limit_all_gathers = ", cfg.fsdp.limit_all_gathers));
+    if (cfg.model.attention != AttentionImpl::Auto)
+      add(concat("model.attention = ", attention_impl_name(cfg.model.attention)));
+    if (cfg.model.head_chunk_tokens > 0) add(concat("model.head_chunk_tokens = ", cfg.model.head_chunk_tokens));
+    if (!cuda_only.empty())
+      warnings.push_back(concat("warning: ", cuda_only, " ", cuda_only.find(',') == std::string::npos ? "does" : "do",
+                                " nothing on the CPU backend (they choose how the CUDA backend schedules and computes)"));
   }
   const ShardingStrategy s = cfg.fsdp.strategy;
   if (num_nodes == 1 && (s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2))
