@@ -154,7 +154,10 @@ void load_inputs(TrainRun& run) {
   SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
                 " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
                 cfg.model.vocab_size);
-  run.train_set = load_run_dataset(run, cfg.data.train_file, cfg.data.train_size);
+  // A smoke run without its data file trains on synthetic text (RunConfig::notes said so).
+  run.train_set = cfg.run.smoke && cfg.data.train_file.empty()
+                      ? synthetic_examples(cfg.data.train_size, cfg.data.max_length, *run.tokenizer, cfg.train.seed)
+                      : load_run_dataset(run, cfg.data.train_file, cfg.data.train_size);
   if (!cfg.data.eval_file.empty()) {
     run.eval_set = load_run_dataset(run, cfg.data.eval_file, cfg.data.eval_size);
     if (run.generate_answers)
@@ -214,6 +217,7 @@ void report_memory(TrainRun& run) {
 // The run's shape: world and groups, data and batch, as log lines and the setup record.
 void report_shape(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
+  for (const std::string& note : cfg.notes) run.say(note);
   for (const std::string& warning : inert_key_warnings(cfg, run.topo.num_nodes)) run.say(warning);
   ProcessGroups& groups = run.engine->groups();
   run.say(concat("world ", run.world, " rank(s) on ", run.topo.num_nodes, run.topo.emulated ? " emulated" : "",
