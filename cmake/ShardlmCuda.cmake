@@ -1,7 +1,8 @@
 # The CUDA toolkit, its host compiler, NCCL and cuDNN, picked coherently (CUDA 11.8 to 13).
 #
 # One toolkit decides everything: the nvcc of CMAKE_CUDA_COMPILER or CUDACXX, else
-# CUDAToolkit_ROOT/bin/nvcc, else nvcc on PATH, else /usr/local/cuda/bin/nvcc. Its own ptxas is put
+# CUDAToolkit_ROOT/bin/nvcc, else nvcc on PATH, else CUDA_HOME or CUDA_PATH/bin/nvcc, else
+# /usr/local/cuda/bin/nvcc. Its own ptxas is put
 # first on the compiler's PATH (another toolkit's ptxas earlier on PATH cannot compile for it), its
 # headers and cuBLASLt come from find_package(CUDAToolkit) of that compiler, the host compiler is
 # one it supports (g++-N picked when the default g++ is too new), NCCL comes from NCCL_HOME /
@@ -36,8 +37,11 @@ if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
     set(CMAKE_CUDA_COMPILER "${_shardlm_root}/bin/nvcc")
   else()
     find_program(_shardlm_nvcc_on_path nvcc)
+    _shardlm_setting(_shardlm_cuda_home CUDA_HOME CUDA_PATH)  # what CUDA modules set beside PATH
     if(_shardlm_nvcc_on_path)
       set(CMAKE_CUDA_COMPILER "${_shardlm_nvcc_on_path}")
+    elseif(_shardlm_cuda_home AND EXISTS "${_shardlm_cuda_home}/bin/nvcc")
+      set(CMAKE_CUDA_COMPILER "${_shardlm_cuda_home}/bin/nvcc")
     elseif(EXISTS /usr/local/cuda/bin/nvcc)
       set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
     endif()
@@ -135,7 +139,9 @@ if(CMAKE_CUDA_COMPILER)
 endif()
 if(NOT SHARDLM_HAVE_CUDA)
   if(SHARDLM_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "SHARDLM_CUDA=ON but no CUDA compiler was found (set CUDAToolkit_ROOT, CUDACXX or put nvcc on PATH)")
+    message(FATAL_ERROR "SHARDLM_CUDA=ON but no CUDA compiler was found (set CUDAToolkit_ROOT, CUDA_HOME or CUDACXX or put "
+                        "nvcc on PATH): `module load cuda`; RHEL-family: `dnf install cuda-toolkit` from NVIDIA's "
+                        "repository; Debian: `apt-get install nvidia-cuda-toolkit` (contrib non-free)")
   endif()
   message(STATUS "shardlm: no CUDA compiler found; building the CPU backend only")
   return()
@@ -179,7 +185,9 @@ else()
   set(_shardlm_nccl_hint "beside CUDA ${CUDAToolkit_VERSION} or in the system's folders (set NCCL_HOME)")
 endif()
 if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-  message(FATAL_ERROR "the CUDA backend needs NCCL: nccl.h and libnccl not found ${_shardlm_nccl_hint}")
+  message(FATAL_ERROR "the CUDA backend needs NCCL: nccl.h and libnccl not found ${_shardlm_nccl_hint}: `module load nccl` "
+                      "(or set NCCL_HOME); RHEL-family: `dnf install libnccl-devel` from NVIDIA's repository; Debian: "
+                      "`apt-get install libnccl-dev`; or -DSHARDLM_CUDA=OFF for the CPU backend alone")
 endif()
 # An nccl.h among another toolkit's headers (NCCL_HOME=/usr/local/cuda with CUDA 11.8 chosen) would
 # bring that toolkit's cuda_runtime.h in with it: stage nccl.h alone in the build tree instead.
@@ -214,7 +222,9 @@ if(NOT SHARDLM_CUDNN STREQUAL "OFF")
   if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
     set(SHARDLM_HAVE_CUDNN ON)
   elseif(SHARDLM_CUDNN STREQUAL "ON")
-    message(FATAL_ERROR "SHARDLM_CUDNN=ON but cuDNN 9 (cudnn_graph.h, libcudnn) was not found (set CUDNN_ROOT)")
+    message(FATAL_ERROR "SHARDLM_CUDNN=ON but cuDNN 9 (cudnn_graph.h, libcudnn) was not found (set CUDNN_ROOT): "
+                        "`module load cudnn`; RHEL-family: `dnf install libcudnn9-devel-cuda-12` (NVIDIA's repository); "
+                        "Debian: `apt-get install libcudnn9-dev-cuda-12`; or -DSHARDLM_CUDNN=AUTO to build without it")
   endif()
 endif()
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "accelerate_import.hpp"
@@ -297,6 +298,117 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_naming_the_key) {
   BOOST_TEST(contains(error_of([] { converted_text(kFsdpYaml, R"({"bf16": true, "fp16": true})"); }), "both true"));
   BOOST_TEST(contains(error_of([] { converted_text("distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\n", ""); }),
                       "not a multiple of num_machines"));
+}
+
+// Every TrainingArguments key the importer maps has a case here: a value other than Trainer's default
+// that shows in the deck (the line given) or in a warning naming the key. A mapped key added to the table
+// without a case fails the coverage check.
+BOOST_AUTO_TEST_CASE(every_mapped_trainer_key_has_a_tested_mapping) {
+  struct Case {
+    const char* key;
+    const char* args;     // TrainingArguments JSON
+    const char* expect;   // a deck line (with "\n") or "warning" (a warning naming the key)
+  };
+  const std::vector<Case> cases = {
+      {"output_dir", R"({"output_dir": "out/x"})", "dir = out/x\n"},
+      {"per_device_train_batch_size", R"({"per_device_train_batch_size": 3})", "micro_batch_size = 3\n"},
+      {"per_gpu_train_batch_size", R"({"per_gpu_train_batch_size": 5})", "micro_batch_size = 5\n"},
+      {"gradient_accumulation_steps", R"({"gradient_accumulation_steps": 3})", "batch_size = 48\n"},
+      {"num_train_epochs", R"({"num_train_epochs": 7})", "epochs = 7\n"},
+      {"max_steps", R"({"max_steps": 40})", "max_steps = 40\n"},
+      {"learning_rate", R"({"learning_rate": 0.001})", "lr = 0.001\n"},
+      {"lr_scheduler_type", R"({"lr_scheduler_type": "cosine"})", "lr_schedule = cosine\n"},
+      {"lr_scheduler_kwargs", R"({"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": 2}})",
+       "lr_num_cycles = 2\n"},
+      {"warmup_steps", R"({"warmup_steps": 9})", "warmup_steps = 9\n"},
+      {"warmup_ratio", R"({"warmup_ratio": 0.2})", "warmup_ratio = 0.2\n"},
+      {"optim", R"({"optim": "sgd"})", "warning"},
+      {"weight_decay", R"({"weight_decay": 0.1})", "weight_decay = 0.1\n"},
+      {"adam_beta1", R"({"adam_beta1": 0.8})", "adam_beta1 = 0.8\n"},
+      {"adam_beta2", R"({"adam_beta2": 0.95})", "adam_beta2 = 0.95\n"},
+      {"adam_epsilon", R"({"adam_epsilon": 1e-6})", "adam_eps = 1e-06\n"},
+      {"max_grad_norm", R"({"max_grad_norm": 0.5})", "max_grad_norm = 0.5\n"},
+      {"average_tokens_across_devices", R"({"average_tokens_across_devices": false})", "warning"},
+      {"bf16", R"({"bf16": true})", "param_dtype = bf16\n"},
+      {"fp16", R"({"fp16": true})", "param_dtype = fp16\n"},
+      {"gradient_checkpointing", R"({"gradient_checkpointing": true})", "activation_checkpointing = true\n"},
+      {"logging_strategy", R"({"logging_strategy": "epoch"})", "warning"},
+      {"logging_steps", R"({"logging_steps": 25})", "log_every = 25\n"},
+      {"eval_strategy", R"({"eval_strategy": "steps", "eval_steps": 30})", "every_steps = 30\n"},
+      {"evaluation_strategy", R"({"evaluation_strategy": "steps", "eval_steps": 20})", "every_steps = 20\n"},
+      {"eval_steps", R"({"eval_strategy": "steps", "eval_steps": 0.5})", "warning"},
+      {"per_device_eval_batch_size", R"({"per_device_eval_batch_size": 6})", "batch_size = 6\n"},
+      {"per_gpu_eval_batch_size", R"({"per_gpu_eval_batch_size": 7})", "batch_size = 7\n"},
+      {"save_strategy", R"({"save_strategy": "epoch"})", "every_epoch = true\n"},
+      {"save_steps", R"({"save_steps": 75})", "every = 75\n"},
+      {"save_total_limit", R"({"save_total_limit": 2})", "keep_last = 2\n"},
+      {"load_best_model_at_end", R"({"load_best_model_at_end": true})", "keep_best = eval_loss\n"},
+      {"metric_for_best_model", R"({"load_best_model_at_end": true, "metric_for_best_model": "accuracy"})", "warning"},
+      {"seed", R"({"seed": 7})", "seed = 7\n"},
+      {"use_cpu", R"({"use_cpu": true})", "backend = cpu\n"},
+      {"no_cuda", R"({"no_cuda": true})", "backend = cpu\n"},
+      {"fsdp", R"({"fsdp": "hybrid_shard"})", "strategy = HYBRID_SHARD\n"},
+      {"fsdp_config", R"({"fsdp_config": {"forward_prefetch": true}})", "forward_prefetch = true\n"},
+      {"fsdp_transformer_layer_cls_to_wrap", R"({"fsdp_transformer_layer_cls_to_wrap": "GPT2Block"})", "warning"},
+      {"dataloader_drop_last", R"({"dataloader_drop_last": false})", "warning"},
+      {"train_sampling_strategy", R"({"train_sampling_strategy": "sequential"})", "shuffle = false\n"},
+  };
+  std::set<std::string> covered;
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.key) {
+      covered.insert(c.key);
+      const AccelerateImport im =
+          import_accelerate(kFsdpYaml, "c.yaml", c.args, "a.json", {"--data.eval_file=e.json"}, "test");
+      if (std::string(c.expect) == "warning") {
+        bool named = false;
+        for (const std::string& w : im.warnings) named = named || contains(w, std::string(": ") + c.key);
+        BOOST_TEST(named);
+      } else {
+        BOOST_TEST(contains(im.deck, c.expect), im.deck);
+        // Not the default conversion's line already.
+        BOOST_TEST(!contains(import_accelerate(kFsdpYaml, "c.yaml", "{}", "a.json", {"--data.eval_file=e.json"}, "test").deck,
+                             c.expect));
+      }
+    }
+  }
+  for (const ForeignKey& k : foreign_keys())
+    if (std::string(k.source) == "training_args" && k.use == ForeignKeyUse::Mapped)
+      BOOST_CHECK_MESSAGE(covered.count(k.name), k.name << " is mapped but has no case here");
+}
+
+// Every key shardlm does not do warns when it asks for something other than Trainer's default, and a
+// key with no effect never warns: both with a value of the key's kind that is not its default.
+BOOST_AUTO_TEST_CASE(every_unmapped_trainer_key_warns_or_is_silent_as_its_table_says) {
+  for (const ForeignKey& k : foreign_keys()) {
+    if (std::string(k.source) != "training_args" || k.use == ForeignKeyUse::Mapped) continue;
+    BOOST_TEST_CONTEXT(k.name) {
+      const std::string d = k.default_json;
+      const std::string value = d == "false" ? "true" : d == "true" ? "false"
+                              : d == "null" || d.front() == '"' ? "\"something\""
+                              : d.front() == '[' ? "[\"x\"]" : d.front() == '{' ? "{\"x\": 1}" : "12345";
+      const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", concat("{\"", k.name, "\": ", value, "}"), "a.json",
+                                                    {"--model.dir=m", "--data.train_file=t"}, "test");
+      bool named = false;
+      for (const std::string& w : im.warnings) named = named || contains(w, concat(": ", k.name, ": "));
+      BOOST_TEST(named == (k.use == ForeignKeyUse::NotDone));
+      BOOST_TEST(contains(im.deck, concat(": ", k.name, ": ")));  // said in the deck either way
+    }
+  }
+}
+
+// Without --model.dir and --data.train_file the deck is written, and `shardlm train`'s first error says
+// exactly which keys to add (not a random model's shape keys).
+BOOST_AUTO_TEST_CASE(a_deck_without_model_and_data_says_which_keys_to_add) {
+  TempDir dir("accelerate_missing");
+  const AccelerateImport im = convert("course-fsdp-4gpu.yaml", "squad-training-args.json", {});
+  BOOST_TEST(has_warning(im, "give --model.dir=PATH"));
+  const std::string deck = dir.write("deck.ini", im.deck);
+  const std::string m = error_of([&] { load_run_config(deck, {}, 4); });
+  BOOST_TEST(contains(m, "input deck '" + deck + "' is missing model.dir, data.train_file: add dir = PATH under [model], "
+                         "train_file = PATH under [data] (or give --model.dir=PATH --data.train_file=PATH)"), m);
+  // Given on the command line instead, it loads.
+  Stand_ins s;
+  BOOST_TEST(load_run_config(deck, {"--model.dir=" + s.model, "--data.train_file=" + s.train}, 4).model.arch == "llama");
 }
 
 // docs/accelerate.md holds the importer's key tables as `--key-tables` prints them.

@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 87u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 89u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -146,9 +146,10 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
                                                           "checkpoint.resume", "checkpoint.at_end",
                                                           "checkpoint.collective_buffering",
                                                           "checkpoint.load_weights_only",
-                                                          "checkpoint.allow_new_batch", "checkpoint.keep_best"}));
+                                                          "checkpoint.allow_new_batch", "checkpoint.keep_best",
+                                                          "checkpoint.every_epoch"}));
   BOOST_TEST(c.resolved[1].first == "model.vocab_size");
-  BOOST_TEST(c.resolved.back().first == "run.tensorboard");
+  BOOST_TEST(c.resolved.back().first == "run.smoke");
 }
 
 BOOST_AUTO_TEST_CASE(eval_generation_keys) {
@@ -578,6 +579,85 @@ BOOST_AUTO_TEST_CASE(missing_required_key) {
   BOOST_TEST(has(m, "data.train_file is required"));
   m = error_of([&] { load(kBase, {"--train.batch_size="}); });
   BOOST_TEST(has(m, "train.batch_size is required"));
+  // A deck that names no model (as import-accelerate writes one without --model.dir): one error naming
+  // every key to add, model.dir first, not the shape of a random model.
+  const std::string deck = tmp.write("imported.ini", "[train]\nlr = 1e-4\n[fsdp]\nstrategy = FULL_SHARD\n");
+  m = error_of([&] { load_run_config(deck, {}, 1); });
+  BOOST_TEST(has(m, "input deck '" + deck + "' is missing model.dir, data.train_file, train.batch_size: add dir = PATH "
+                    "under [model], train_file = PATH under [data], batch_size = N under [train] (or give "
+                    "--model.dir=PATH --data.train_file=PATH --train.batch_size=N)"));
+  BOOST_TEST(has(m, "model.dir is a Hugging Face model folder"));
+  BOOST_TEST(!has(m, "vocab_size is required"));
+  // With the model named, the data alone.
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
+  m = error_of([&] { load_run_config(deck, {"--model.dir=" + dir, "--data.tokenizer=byte"}, 1); });
+  BOOST_TEST(has(m, "is missing data.train_file, train.batch_size: add train_file = PATH under [data], batch_size = N "
+                    "under [train]"));
+}
+
+// model.dir on the command line points a deck with shape keys at a Hugging Face folder: its config.json
+// decides the shape, and the run is told which of the deck's keys went unused. In the deck itself, or with
+// shape keys on the command line, the two still contradict each other.
+BOOST_AUTO_TEST_CASE(model_dir_on_the_command_line_replaces_the_decks_shape) {
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_qwen3";
+  const RunConfig c = load(kBase + "[model]\narch = bloom\n", {"--model.dir=" + dir, "--data.tokenizer=byte"});
+  BOOST_TEST(c.model.arch == "qwen3");
+  BOOST_TEST(c.model.hidden_size == 32);
+  BOOST_TEST_REQUIRE(c.notes.size() == 1u);
+  BOOST_TEST(c.notes[0] == "model.dir from the command line: its config.json gives the model's shape; the deck's "
+                           "model.arch, model.vocab_size, model.hidden_size, model.num_layers, model.num_heads are not used");
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--model.dir=" + dir, "--model.num_layers=3"}); }),
+                 "model.num_layers is read from model.dir's config.json; remove it from the command line"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\ndir = " + dir + "\n"); }),
+                 "is read from model.dir's config.json; remove it from the deck"));
+  BOOST_TEST(load(kBase).notes.empty());
+}
+
+// run.smoke: the deck's family at a tiny size, its shape's proportions kept; missing files replaced.
+BOOST_AUTO_TEST_CASE(smoke_runs_keep_the_family_and_replace_what_is_missing) {
+  // Qwen3 from its folder: grouped heads (2 per key/value head), head_dim apart from hidden/heads.
+  const std::string qwen3 = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_qwen3";
+  RunConfig c = load("[model]\ndir = " + qwen3 + "\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 64\n"
+                     "micro_batch_size = 8\n[run]\ndir = runs/q\n",
+                     {"--run.smoke=true"}, 2);
+  BOOST_TEST(c.model.arch == "qwen3");
+  BOOST_TEST(c.model.num_layers == 2);
+  BOOST_TEST(c.model.num_kv_heads == 2);
+  BOOST_TEST(c.model.num_heads == 4);
+  BOOST_TEST(c.model.head_size == 16);
+  BOOST_TEST(c.model.hidden_size == 32);  // heads x head_dim twice the width, as in the folder's config
+  BOOST_TEST(c.model.dir.empty());       // random weights: the folder's are another size
+  BOOST_TEST(c.model.vocab_size == 259);
+  BOOST_TEST((c.data.tokenizer == TokenizerSource::Byte));
+  BOOST_TEST(c.train.batch_size == 4);   // micro-batch 1 x accumulation 2 x 2 ranks
+  BOOST_TEST(c.grad_accum(2) == 2);
+  BOOST_TEST(c.train.max_steps == 2);
+  BOOST_TEST(c.run.dir == "runs/q-smoke");
+  BOOST_TEST(!c.data.train_file.empty());  // the deck's file is here: kept
+  // Llama-3.1-8B's shape in the deck (32 heads over 8, untied): 4 query heads per key/value head.
+  c = load("[model]\narch = llama\nvocab_size = 128256\nhidden_size = 4096\nnum_layers = 32\nnum_heads = 32\n"
+           "num_kv_heads = 8\nintermediate_size = 14336\n[data]\ntrain_file = missing.jsonl\nformat = jsonl\n"
+           "[train]\nbatch_size = 8\n", {"--run.smoke=true", "--run.dir=/tmp/x"});
+  BOOST_TEST(c.model.num_heads == 8);
+  BOOST_TEST(c.model.num_kv_heads == 2);
+  BOOST_TEST(c.model.hidden_size == 128);
+  BOOST_TEST(c.model.intermediate_size == 448);  // 3.5 x the width, as 14336 / 4096
+  BOOST_TEST(!c.model.tie_word_embeddings);
+  BOOST_TEST(c.data.train_file.empty());  // synthetic text
+  BOOST_TEST(c.run.dir == "/tmp/x");      // as the command line says
+  BOOST_TEST(!c.run.overwrite);
+  bool said = false;
+  for (const std::string& n : c.notes) said = said || has(n, "missing.jsonl': file not found");
+  BOOST_TEST(said);
+  // A missing model folder: the family its name says.
+  c = load("[model]\ndir = models/Qwen2.5-0.5B\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n",
+           {"--run.smoke=true"});
+  BOOST_TEST(c.model.arch == "qwen2");
+  BOOST_TEST(c.model.num_kv_heads == 2);
+  // Without run.smoke the same deck stops at the missing folder.
+  BOOST_TEST(has(error_of([&] { load("[model]\ndir = models/Qwen2.5-0.5B\n[data]\ntrain_file = train.json\n"
+                                     "[train]\nbatch_size = 8\n"); }),
+                 "model.dir = 'models/Qwen2.5-0.5B': is not a directory"));
 }
 
 BOOST_AUTO_TEST_CASE(syntax_errors) {

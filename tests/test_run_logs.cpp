@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <map>
 #include <string>
@@ -24,18 +25,19 @@ namespace fs = std::filesystem;
 namespace {
 
 // A run directory holding the given metrics lines and a resolved deck.
-fs::path make_run(const std::string& name, const std::string& metrics, const std::string& deck_extra = "") {
+fs::path make_run(const std::string& name, const std::string& metrics, const std::string& deck_extra = "",
+                  const std::string& backend = "cuda") {
   const fs::path dir = fs::temp_directory_path() / ("shardlm_test_run_logs_" + std::to_string(getpid())) / name;
   fs::create_directories(dir);
   std::ofstream(dir / "deck.resolved.ini") << "# shardlm resolved input deck\n\n[fsdp]\nparam_dtype = bf16\n"
-                                           << deck_extra << "\n[run]\nbackend = cuda\n";
+                                           << deck_extra << "\n[run]\nbackend = " << backend << "\n";
   std::ofstream(dir / "metrics.jsonl") << metrics;
   return dir;
 }
 
-std::string setup(int world, int nodes, const char* strategy) {
+std::string setup(int world, int nodes, const char* strategy, int grad_accum = 0) {
   return concat("{\"type\":\"setup\",\"world_size\":", world, ",\"num_nodes\":", nodes, ",\"strategy\":\"", strategy,
-                "\"}\n");
+                "\"", grad_accum > 0 ? concat(",\"grad_accum\":", grad_accum) : std::string(), "}\n");
 }
 
 std::string summary(double sps, double loss, double peak) {
@@ -117,23 +119,29 @@ BOOST_AUTO_TEST_CASE(summary_table_shows_em_and_f1_only_when_scored) {
 }
 
 BOOST_AUTO_TEST_CASE(report_speedup_efficiency_and_scores) {
-  const fs::path one = make_run("gpu1", setup(1, 1, "FULL_SHARD") +
+  const fs::path one = make_run("gpu1", setup(1, 1, "FULL_SHARD", 4) +
                                             "{\"type\":\"train\",\"step\":5,\"loss\":3.0}\n"
                                             "{\"type\":\"eval\",\"eval_loss\":2.5,\"epoch\":1}\n" +
                                             summary(10, 3.0, 1073741824));
-  const fs::path four = make_run("gpu4", setup(4, 2, "HYBRID_SHARD") +
+  const fs::path four = make_run("gpu4", setup(4, 2, "HYBRID_SHARD", 1) +
                                              "{\"type\":\"train\",\"step\":5,\"loss\":2.9}\n"
                                              "{\"type\":\"eval\",\"eval_loss\":2.4,\"epoch\":1,"
                                              "\"eval_exact_match\":12.5,\"eval_f1\":20.0}\n" +
                                              summary(36, 2.9, 536870912),
-                                 "cpu_offload = true\n");
+                                 "cpu_offload = true\n[train]\nbatch_size = 4\n");
   const std::vector<RunRecord> runs = {read_run(four.string()), read_run(one.string())};
   BOOST_TEST(base_run(runs) == 1u);
   BOOST_TEST(speedup(runs[0], runs[1]) == 3.6, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(efficiency(runs[0], runs[1]) == 0.9, boost::test_tools::tolerance(1e-12));
   const std::string md = report_markdown(runs);
-  BOOST_TEST(contains(md, "| gpu4 | cuda | HYBRID_SHARD +offload | bf16 | 4 | 2 | 36.00 | 3.60x | 90% | 512.00 MiB"), md);
-  BOOST_TEST(contains(md, "| gpu1 | cuda | FULL_SHARD | bf16 | 1 | 1 | 10.00 | 1.00x | 100% |"), md);
+  BOOST_TEST(contains(md, "| global batch | accumulation |"), md);
+  BOOST_TEST(contains(md, "| gpu4 | cuda | HYBRID_SHARD +offload | bf16 | 4 | 2 | 4 | 1 | 36.00 | 3.60x | 90% | 512.00 MiB"), md);
+  BOOST_TEST(contains(md, "| gpu1 | cuda | FULL_SHARD | bf16 | 1 | 1 | - | 4 | 10.00 | 1.00x | 100% |"), md);
+  const std::string csv = report_csv(runs);
+  BOOST_TEST(contains(csv, "ranks,nodes,global_batch,grad_accum,"), csv);
+  BOOST_TEST(contains(csv, "\ngpu4,"), csv);
+  BOOST_TEST(contains(csv, ",4,2,4,1,36,"), csv);
+  BOOST_TEST(contains(csv, ",1,1,,4,10,"), csv);
   BOOST_TEST(contains(md, " EM | F1 |"), md);
   BOOST_TEST(contains(md, "| 12.50 | 20.00 |"), md);
   BOOST_TEST(contains(md, "| - | - |"), md);  // gpu1 was not scored
@@ -157,7 +165,7 @@ BOOST_AUTO_TEST_CASE(report_of_a_resumed_and_an_unfinished_run) {
   const std::vector<RunRecord> runs = {read_run(unfinished.string()), r};
   BOOST_TEST(std::isnan(speedup(runs[1], runs[0])));
   const std::string md = report_markdown(runs);
-  BOOST_TEST(contains(md, "| un,finished | cuda | NO_SHARD | bf16 | 1 | 1 | - | - | - | - | 4.5000 |"), md);
+  BOOST_TEST(contains(md, "| un,finished | cuda | NO_SHARD | bf16 | 1 | 1 | - | - | - | - | - | - | 4.5000 |"), md);
   const std::string csv = report_csv(runs);
   BOOST_TEST(contains(csv, "\n\"un,finished\","), csv);  // a comma in a name is quoted
   BOOST_TEST(count_of_polylines(loss_curves_svg(runs)) == 2u);
@@ -203,7 +211,7 @@ BOOST_AUTO_TEST_CASE(report_of_a_run_resumed_on_another_world_covers_every_segme
   BOOST_TEST(base_run(runs) == 0u);
   BOOST_TEST(std::isnan(speedup(runs[1], runs[0])));  // no single rank count to scale by
   const std::string md = report_markdown(runs);
-  BOOST_TEST(contains(md, "| four_then_two | cuda | FULL_SHARD | bf16 | 4 then 2 | 1 | 26.67 | - | - |"), md);
+  BOOST_TEST(contains(md, "| four_then_two | cuda | FULL_SHARD | bf16 | 4 then 2 | 1 | - | - | 26.67 | - | - |"), md);
   BOOST_TEST(contains(md, "| four_then_two | 0 | 4 | 1 | FULL_SHARD | 0-50 | 10.00 | 40.00 | 3.0000 | preempted |"), md);
   BOOST_TEST(contains(md, "| four_then_two | 1 | 2 | 1 | FULL_SHARD | 50-100 | 20.00 | 20.00 | 2.0000 | finished |"), md);
   BOOST_TEST(contains(report_csv(runs), ",2,4;2\n"), report_csv(runs));
@@ -239,6 +247,63 @@ BOOST_AUTO_TEST_CASE(scaling_plot_has_one_point_per_rank_count) {
   BOOST_TEST(circles == 2u);
   BOOST_TEST(contains(svg, "2 rank(s): 20.00 samples/s (median of 3 runs)"), svg);
   BOOST_TEST(contains(svg, "points: median of the"), svg);
+}
+
+BOOST_AUTO_TEST_CASE(report_labels_offload_only_where_it_ran) {
+  // fsdp.cpu_offload on the CPU backend does nothing (the run warns): no "+offload" in the report.
+  const RunRecord cpu = read_run(make_run("off_cpu", setup(1, 1, "FULL_SHARD") + summary(5, 3, 1e6), "cpu_offload = true\n",
+                                          "cpu").string());
+  BOOST_TEST(cpu.strategy == "FULL_SHARD");
+  const RunRecord gpu = read_run(make_run("off_gpu", setup(1, 1, "FULL_SHARD") + summary(5, 3, 1e6), "cpu_offload = true\n",
+                                          "cuda").string());
+  BOOST_TEST(gpu.strategy == "FULL_SHARD +offload");
+  // A resumed run whose accumulation changed (another world size) says both.
+  const RunRecord mixed = read_run(make_run("accum", setup(4, 1, "FULL_SHARD", 1) + setup(2, 1, "FULL_SHARD", 2)).string());
+  BOOST_TEST(mixed.grad_accum_text() == "1 then 2");
+}
+
+namespace {
+
+// The number in attribute `name`="..." of the first element `tag` of an SVG text.
+double svg_attribute(const std::string& svg, const std::string& tag, const std::string& name, size_t from = 0) {
+  const size_t at = svg.find("<" + tag, from);
+  BOOST_REQUIRE(at != std::string::npos);
+  const size_t value = svg.find(name + "=\"", at) + name.size() + 2;
+  return std::stod(svg.substr(value));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(report_legends_fit_and_twenty_runs_look_different) {
+  std::vector<RunRecord> runs;
+  for (int i = 0; i < 20; ++i) {
+    const std::string name = i == 3 ? "shard-grad-op-offload-4-ranks-bf16-activation-checkpointing" : concat("run", i);
+    runs.push_back(read_run(make_run(name, setup(1 + i % 4, 1, i % 2 ? "SHARD_GRAD_OP" : "FULL_SHARD") +
+                                               concat("{\"type\":\"train\",\"step\":1,\"loss\":", 3 + i * 0.1, "}\n"
+                                                      "{\"type\":\"train\",\"step\":2,\"loss\":", 2 + i * 0.1, "}\n") +
+                                               summary(10 + i, 2, 1e6)).string()));
+  }
+  const std::string svg = loss_curves_svg(runs);
+  // Every legend text ends inside the picture, at 7.5 px a character (wider than 12 px sans-serif's).
+  const double width = svg_attribute(svg, "svg", "width");
+  for (size_t at = svg.find("font-size=\"12\">"); at != std::string::npos; at = svg.find("font-size=\"12\">", at + 1)) {
+    const size_t text_start = svg.rfind("<text", at);
+    const double x = svg_attribute(svg, "text", "x", text_start);
+    const size_t begin = at + 16, end = svg.find("</text>", begin);
+    BOOST_TEST(x + 7.5 * static_cast<double>(end - begin) <= width, svg.substr(begin, end - begin) << " ends past " << width);
+  }
+  BOOST_TEST(contains(svg, "shard-grad-op-offload-4-ranks-bf16-activation-checkpointing (4)"));
+  // The 20 polylines: 20 different colour and dash pairs.
+  std::set<std::string> styles;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) {
+    const size_t stroke = svg.find("stroke=\"", at) + 8;
+    const size_t points = svg.find(" points=", at);
+    styles.insert(svg.substr(stroke, points - stroke));
+  }
+  BOOST_TEST(styles.size() == 20u);
+  std::set<std::string> colours;
+  for (const std::string& s : styles) colours.insert(s.substr(0, s.find('"')));
+  BOOST_TEST(colours.size() == 20u);  // colours alone, no dashes needed yet
 }
 
 // ---- the peak the MFU is measured against ---------------------------------------------------
@@ -338,7 +403,15 @@ BOOST_AUTO_TEST_CASE(keys_that_do_nothing_here_are_warned_about) {
   BOOST_TEST_REQUIRE(w.size() == 2u);
   BOOST_TEST(contains(w[0], "fsdp.cpu_offload = true does nothing on the CPU backend"), w[0]);
   BOOST_TEST(contains(w[1], "fsdp.activation_checkpointing = true does nothing on the CPU backend"), w[1]);
-  cfg.run.backend = BackendKind::Cuda;  // both act on the GPU
+  // The CUDA backend's schedule and kernels, away from their defaults: one line naming each.
+  cfg.fsdp.forward_prefetch = false;
+  cfg.fsdp.limit_all_gathers = 4;
+  cfg.model.attention = AttentionImpl::Native;
+  w = inert_key_warnings(cfg, 1);
+  BOOST_TEST_REQUIRE(w.size() == 3u);
+  BOOST_TEST(w[2] == "warning: fsdp.forward_prefetch = false, fsdp.limit_all_gathers = 4, model.attention = native do "
+                     "nothing on the CPU backend (they choose how the CUDA backend schedules and computes)");
+  cfg.run.backend = BackendKind::Cuda;  // all act on the GPU
   BOOST_TEST(inert_key_warnings(cfg, 1).empty());
   cfg.fsdp.strategy = ShardingStrategy::HybridShard;
   w = inert_key_warnings(cfg, 1);

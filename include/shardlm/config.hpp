@@ -165,6 +165,7 @@ struct CheckpointSection {
   bool load_weights_only = false;     // resume takes only the parameters: a fresh run from another model config
   bool allow_new_batch = false;       // resume a checkpoint written with another train.batch_size
   KeepBest keep_best = KeepBest::None;  // EvalLoss: the checkpoint of the lowest eval loss kept beside the last N (DIR/best)
+  bool every_epoch = false;     // one at the end of every epoch too (Trainer's save_strategy = epoch)
 };
 
 struct RunSection {
@@ -177,6 +178,10 @@ struct RunSection {
   // in metrics.jsonl; 0 = none.
   int trace_step = 0;
   bool tensorboard = true;  // rank 0 writes dir/tensorboard/events.out.tfevents.* (TensorBoard's scalars)
+  // A smoke run (`--run.smoke`, `shardlm train DECK --tiny`): the deck's model family at a tiny width and
+  // depth with random weights, a few steps of its data, or of synthetic data where its files are missing
+  // (src/config/smoke.cpp says what it changes; RunConfig::notes lists it for the run's log).
+  bool smoke = false;
 };
 
 // data.tokenizer and checkpoint.resume as the resolved deck writes them: the word, or the path.
@@ -194,6 +199,9 @@ struct RunConfig {
   RunSection run;
   // Every key with its resolved value ("section.key", "value"), in a fixed order.
   std::vector<std::pair<std::string, std::string>> resolved;
+  // What loading the deck changed that the deck does not say, one line each ("model.dir from the command
+  // line: ...", a smoke run's substitutions): rank 0 prints them when the run starts.
+  std::vector<std::string> notes;
 
   // Micro-steps per optimizer step for a world of `world` ranks (validated to divide).
   int grad_accum(int world) const { return train.batch_size / (world * train.micro_batch_size); }

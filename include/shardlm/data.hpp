@@ -117,6 +117,9 @@ std::vector<Example> load_jsonl(const std::string& path, const Tokenizer& tok,
 // [BOS] text [EOS] with a loss on every next token, cut to max_length tokens (its end goes).
 Example next_token_example(const std::vector<int32_t>& text, const Tokenizer& tok, int max_length);
 
+// `count` next-token examples of made-up words, the same for a seed (smoke runs without their data file).
+std::vector<Example> synthetic_examples(size_t count, int max_length, const Tokenizer& tok, uint64_t seed);
+
 // Chess games as sequences of UCI moves (e2e4, e7e8q), one game per line: JSON lines with a
 // "moves" field (any letter case, as laion/strategic_game_chess's "Moves"; a list of move
 // strings or one space-separated string; other fields such as "Termination" and "Result" are

@@ -6,9 +6,6 @@
 
 namespace shardlm::config_detail {
 
-// The byte tokenizer's vocabulary: 256 byte values plus its special tokens.
-static constexpr int kByteVocab = 259;
-
 // SQuAD evaluation by generation: each rank's key/value cache holds eval.batch_size prompts of up to
 // data.max_length tokens plus eval.max_new_tokens, K and V of every layer, in fp32 at most. Checked
 // here, before training, against this node's available memory (the cache is allocated after training).

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ std::string join_names(const std::vector<std::string>& names);
 std::string format_double(double v);
 std::string format_float(float v);
 
+// The byte tokenizer's vocabulary: 256 byte values plus its special tokens (data's ByteTokenizer).
+constexpr int kByteVocab = 259;
+
 // ---- keys (keys.cpp) ------------------------------------------------------------------------
 
 struct KeySpec {
@@ -67,5 +71,22 @@ void check_run_config(const RunConfig& cfg, int world_size);
 // adapter_config.json read, the deck's lora.* keys (`given`: those the deck or command line set)
 // checked against it or required without it, the module names resolved for the family.
 void resolve_run_lora(RunConfig& cfg, const std::set<std::string>& given);
+
+// ---- smoke runs (smoke.cpp) -----------------------------------------------------------------
+
+// A path key whose file or folder is not there: its text and its check's error.
+struct SkippedPath {
+  std::string text, error;
+};
+
+// Whether a smoke run may go on without key `name`'s file or folder (a missing one means synthetic data
+// or a random model instead).
+bool smoke_can_skip(const std::string& name);
+// The run shrunk for a smoke run on `world_size` ranks: the model to a tiny one of its family, the data
+// to a few steps (synthetic where `missing` names its file), the run into its own folder; each change
+// that is not obvious from run.smoke said in cfg.notes. `missing`: "key" -> each path key whose file or
+// folder is not there; `given_on_cli`: the keys the command line set (kept as given).
+void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& missing,
+                      const std::set<std::string>& given_on_cli, int world_size);
 
 }  // namespace shardlm::config_detail

@@ -2,6 +2,7 @@
 // turned into a checked RunConfig; resolved_deck_ini writes the result back as a deck, and
 // ini_values reads such a deck's values back (a checkpoint stores one).
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -125,6 +126,32 @@ static po::parsed_options parse_overrides(const std::vector<std::string>& args,
   return parsed;
 }
 
+// What the error for a missing key suggests as its value ("N", "PATH").
+static std::string placeholder(const std::string& key) {
+  for (const KeySpec& k : key_table())
+    if (k.name == key && k.required) return k.required;
+  return "PATH";  // model.dir
+}
+
+// The one error for the required keys that are missing: each with the section it goes under. A deck
+// that names no model is pointed at model.dir (what an imported deck lacks), not at a random model's shape.
+static std::string missing_keys_message(const std::string& deck_path, const std::vector<std::string>& keys) {
+  if (keys.size() == 1 && keys[0] != "model.dir")
+    return concat(keys[0], " is required (set it in the deck or with --", keys[0], "=", placeholder(keys[0]), ")");
+  std::string names, add, flags;
+  for (const std::string& k : keys) {
+    names += concat(names.empty() ? "" : ", ", k);
+    const size_t dot = k.find('.');
+    add += concat(add.empty() ? "" : ", ", k.substr(dot + 1), " = ", placeholder(k), " under [", k.substr(0, dot), "]");
+    flags += concat(" --", k, "=", placeholder(k));
+  }
+  const bool no_model = keys[0] == "model.dir";
+  return concat("input deck '", deck_path, "' is missing ", names, ": add ", add, " (or give", flags, ")",
+                no_model ? "; model.dir is a Hugging Face model folder, whose config.json gives the shape (a random "
+                           "model takes model.arch, vocab_size, hidden_size, num_layers and num_heads instead)"
+                         : "");
+}
+
 RunConfig load_run_config(const std::string& deck_path, const std::vector<std::string>& overrides,
                           int world_size, bool check_data_files) {
   // Deck paths are relative to the deck's folder.
@@ -155,31 +182,62 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
   // Deck paths are relative to deck_dir, override paths to the current directory.
   const std::string cwd = fs::current_path().string();
 
-  // With model.dir the model's shape comes from its config.json: shape keys may not be given too.
-  const bool from_model_dir = vm.count("model.dir") > 0 && !trim(vm["model.dir"].as<std::string>()).empty();
+  // With model.dir the model's shape comes from its config.json: shape keys may not be given too,
+  // except that model.dir on the command line replaces the deck's shape (said in cfg.notes).
+  auto text_of = [&](const std::string& key) { return vm.count(key) ? trim(vm[key].as<std::string>()) : std::string(); };
+  const bool from_model_dir = !text_of("model.dir").empty();
+  const bool model_dir_on_cli = from_model_dir && from_cli.count("model.dir") > 0;
   auto is_shape_key = [](const std::string& name) {
     return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std" &&
            name != "model.attention" && name != "model.adapter" && name != "model.head_chunk_tokens";
   };
+  const bool smoke = vm.count("run.smoke") > 0 && parse_bool("run.smoke", vm["run.smoke"].as<std::string>());
 
   RunConfig cfg;
   cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
   std::set<std::string> given_lora;  // [lora] is on when any of its keys is given
+  std::vector<std::string> overridden_shape;  // the deck's shape keys model.dir on the command line replaced
+  std::vector<std::string> missing;           // required keys neither the deck nor the command line gives
+  std::map<std::string, SkippedPath> skipped;  // smoke: paths that are not there
+  bool model_named = from_model_dir;           // model.dir or some shape key of the model
+  for (const KeySpec& k : key_table())
+    if (k.required && is_shape_key(k.name) && !text_of(k.name).empty()) model_named = true;
   for (const KeySpec& k : key_table()) {
     bool given = vm.count(k.name) > 0;
     if (given && k.name.rfind("lora.", 0) == 0) given_lora.insert(k.name);
     std::string value = given ? vm[k.name].as<std::string>() : "";
     if (from_model_dir && is_shape_key(k.name)) {
-      if (given)
+      if (given && (!model_dir_on_cli || from_cli.count(k.name)))
         throw Error(concat(k.name, " is read from model.dir's config.json; remove it from the ",
                            from_cli.count(k.name) ? "command line" : "deck", " (or remove model.dir)"));
+      if (given) overridden_shape.push_back(k.name);
+      continue;
+    }
+    if (k.required && trim(value).empty()) {
+      const bool shape = is_shape_key(k.name);
+      if (smoke && (shape || k.name == "data.train_file" || k.name == "train.batch_size")) continue;  // the smoke run's
+      const std::string key = shape && !model_named ? "model.dir" : k.name;
+      if (std::find(missing.begin(), missing.end(), key) == missing.end()) missing.push_back(key);
       continue;
     }
     if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
-    if (k.required && trim(value).empty())
-      throw Error(concat(k.name, " is required (set it in the deck or with --", k.name, "=",
-                         k.required, ")"));
-    if (given) k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
+    if (!given) continue;
+    if (smoke && smoke_can_skip(k.name)) {
+      try {
+        k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
+      } catch (const Error& e) {
+        skipped[k.name] = {trim(value), e.what()};
+      }
+      continue;
+    }
+    k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
+  }
+  if (!missing.empty()) throw Error(missing_keys_message(deck_path, missing));
+  if (!overridden_shape.empty()) {
+    std::string keys;
+    for (const std::string& k : overridden_shape) keys += (keys.empty() ? "" : ", ") + k;
+    cfg.notes.push_back(concat("model.dir from the command line: its config.json gives the model's shape; the deck's ",
+                               keys, " are not used"));
   }
   if (!cfg.model.dir.empty()) {
     const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
@@ -194,6 +252,7 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
     cfg.model.head_chunk_tokens = head_chunk_tokens;
     cfg.model.lora = lora;
   }
+  if (smoke) shrink_for_smoke(cfg, skipped, from_cli, world_size);
   if (cfg.data.tokenizer == TokenizerSource::Auto) {
     cfg.data.tokenizer_file = cfg.tokenizer_json();
     cfg.data.tokenizer = cfg.data.tokenizer_file.empty() ? TokenizerSource::Byte : TokenizerSource::File;

@@ -355,6 +355,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("checkpoint.allow_new_batch", SHARDLM_FIELD(checkpoint.allow_new_batch)),
       enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), {KeepBest::None, KeepBest::EvalLoss},
                keep_best_name),
+      flag_key("checkpoint.every_epoch", SHARDLM_FIELD(checkpoint.every_epoch)),
 
       dir_key("run.dir"),
       enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name),
@@ -362,6 +363,7 @@ static std::vector<KeySpec> build_table() {
       flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite)),
       int_key("run.trace_step", SHARDLM_FIELD(run.trace_step), 0, "must be >= 0 (0 = no timeline)"),
       flag_key("run.tensorboard", SHARDLM_FIELD(run.tensorboard)),
+      flag_key("run.smoke", SHARDLM_FIELD(run.smoke)),
   };
 }
 

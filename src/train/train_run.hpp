@@ -100,8 +100,9 @@ struct TrainPosition {
 // a checkpoint at or past the run's last step sets `finished` and returns before the engine is
 // built, writing no record.
 std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& options);
-// Warnings for deck keys that do nothing on this backend and topology: fsdp.cpu_offload and
-// fsdp.activation_checkpointing on the CPU backend, the hybrid strategies on one node (num_nodes
+// Warnings for deck keys that do nothing on this backend and topology: fsdp.cpu_offload,
+// fsdp.activation_checkpointing and the CUDA backend's schedule and kernel keys away from their
+// defaults on the CPU backend, the hybrid strategies on one node (num_nodes
 // real or emulated nodes). Empty when every key set acts.
 std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes);
 // The loss scale to start from and, from a checkpoint (resume) or a Hugging Face directory

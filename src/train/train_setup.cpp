@@ -153,7 +153,10 @@ void load_inputs(TrainRun& run) {
   SHARDLM_CHECK(run.tokenizer->vocab_size() <= cfg.model.vocab_size, "data.tokenizer ", tokenizer_text(cfg.data),
                 " has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocab_size ",
                 cfg.model.vocab_size);
-  run.train_set = load_run_dataset(run, cfg.data.train_file, cfg.data.train_size);
+  // A smoke run without its data file trains on synthetic text (RunConfig::notes said so).
+  run.train_set = cfg.run.smoke && cfg.data.train_file.empty()
+                      ? synthetic_examples(cfg.data.train_size, cfg.data.max_length, *run.tokenizer, cfg.train.seed)
+                      : load_run_dataset(run, cfg.data.train_file, cfg.data.train_size);
   if (!cfg.data.eval_file.empty()) {
     run.eval_set = load_run_dataset(run, cfg.data.eval_file, cfg.data.eval_size);
     if (run.generate_answers)
@@ -202,6 +205,7 @@ void report_memory(TrainRun& run) {
 // The run's shape: world and groups, data and batch, as log lines and the setup record.
 void report_shape(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
+  for (const std::string& note : cfg.notes) run.say(note);
   for (const std::string& warning : inert_key_warnings(cfg, run.topo.num_nodes)) run.say(warning);
   ProcessGroups& groups = run.engine->groups();
   run.say(concat("world ", run.world, " rank(s) on ", run.topo.num_nodes, run.topo.emulated ? " emulated" : "",
@@ -279,6 +283,23 @@ std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes)
     if (cfg.fsdp.activation_checkpointing)
       warnings.push_back("warning: fsdp.activation_checkpointing = true does nothing on the CPU backend (it keeps "
                          "every activation and recomputes none)");
+    // The CUDA backend's own choices, set away from their defaults: the CPU backend runs synchronously
+    // (no prefetch, one gathered block at a time), its attention loops and a 128-token LM head.
+    const FsdpSection defaults;
+    std::string cuda_only;
+    auto add = [&](const std::string& key_value) { cuda_only += (cuda_only.empty() ? "" : ", ") + key_value; };
+    if (cfg.fsdp.forward_prefetch != defaults.forward_prefetch)
+      add(concat("fsdp.forward_prefetch = ", cfg.fsdp.forward_prefetch ? "true" : "false"));
+    if (cfg.fsdp.backward_prefetch != defaults.backward_prefetch)
+      add(concat("fsdp.backward_prefetch = ", backward_prefetch_name(cfg.fsdp.backward_prefetch)));
+    if (cfg.fsdp.limit_all_gathers != defaults.limit_all_gathers)
+      add(concat("fsdp.limit_all_gathers = ", cfg.fsdp.limit_all_gathers));
+    if (cfg.model.attention != AttentionImpl::Auto)
+      add(concat("model.attention = ", attention_impl_name(cfg.model.attention)));
+    if (cfg.model.head_chunk_tokens > 0) add(concat("model.head_chunk_tokens = ", cfg.model.head_chunk_tokens));
+    if (!cuda_only.empty())
+      warnings.push_back(concat("warning: ", cuda_only, " ", cuda_only.find(',') == std::string::npos ? "does" : "do",
+                                " nothing on the CPU backend (they choose how the CUDA backend schedules and computes)"));
   }
   const ShardingStrategy s = cfg.fsdp.strategy;
   if (num_nodes == 1 && (s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2))

@@ -175,6 +175,10 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     }
     if (result.preempted || result.early_stopped) break;
     if (pos.step >= run.total_steps || epoch == cfg.train.epochs - 1) checkpoint_at_end();
+    if (cfg.checkpoint.every_epoch && saved_step != pos.step && pos.step > result.first_step) {  // save_strategy = epoch
+      result.last_checkpoint = checkpoint(run, pos, best.name);
+      saved_step = pos.step;
+    }
     if (!run.eval_set.empty()) {
       totals.evals.push_back(evaluate_epoch(run, pos.step, epoch, result));
       if (after_eval(totals.evals.back())) break;

@@ -667,6 +667,7 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
   const std::string sampling = text(t.get("train_sampling_strategy"), args_name + ": train_sampling_strategy");
   const bool grouped = t.given("group_by_length") && truthy(t.get("group_by_length"), args_name);
   im.set("train.shuffle", sampling == "sequential" ? "false" : "true", t_origin("train_sampling_strategy"));
+  if (t.given("group_by_length")) im.note("train.shuffle", t_origin("group_by_length"));
   if (sampling == "group_by_length" || grouped)
     im.warn("train.shuffle", t_origin(grouped ? "group_by_length" : "train_sampling_strategy"),
             "shardlm draws samples in a seeded random order, not grouped by length");
@@ -747,13 +748,20 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
   if (save_strategy == "no") {
     im.set("checkpoint.every", "0", t_origin("save_strategy"));
     im.set("checkpoint.at_end", "false", t_origin("save_strategy"));
+  } else if (save_strategy == "epoch") {
+    im.set("checkpoint.every", "0", t_origin("save_strategy"));
+    im.set("checkpoint.every_epoch", "true", t_origin("save_strategy"));
   } else if (save_strategy == "steps" && save_steps >= 1 && save_steps == std::floor(save_steps)) {
     im.set("checkpoint.every", std::to_string(static_cast<long long>(save_steps)), t_origin("save_steps"));
     if (t.given("save_strategy")) im.unused(t_origin("save_strategy"), "checkpoint.every, from save_steps");
   } else {
     im.set("checkpoint.every", "0", t_origin(save_strategy == "steps" ? "save_steps" : "save_strategy"));
     im.warn("checkpoint.every", t_origin(save_strategy == "steps" ? "save_steps" : "save_strategy"),
-            "shardlm checkpoints every checkpoint.every optimizer steps and at the end: only at the end here");
+            save_strategy == "best"
+                ? "shardlm checkpoints every checkpoint.every optimizer steps, every epoch (checkpoint.every_epoch) and "
+                  "at the end, and keeps the best by eval loss with checkpoint.keep_best: only at the end here"
+                : "a fraction of the run is not done: shardlm checkpoints every checkpoint.every optimizer steps and at "
+                  "the end; only at the end here");
   }
   const json limit = t.get("save_total_limit");
   im.set("checkpoint.keep_last", limit.is_null() ? "0" : std::to_string(whole(limit, args_name + ": save_total_limit", 0)),

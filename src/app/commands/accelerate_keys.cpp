@@ -157,7 +157,7 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "jit_mode_eval", "false", E, kPython},
     {"training_args", "use_legacy_prediction_loop", "false", E, kPython},
     {"training_args", "past_index", "-1", E, "models with mems (Transformer-XL, XLNet): not among shardlm's families"},
-    {"training_args", "save_strategy", "\"steps\"", M, "steps: `checkpoint.every = save_steps`; no: `checkpoint.every = 0`, `checkpoint.at_end = false`; epoch and best: a warning"},
+    {"training_args", "save_strategy", "\"steps\"", M, "steps: `checkpoint.every = save_steps`; epoch: `checkpoint.every_epoch = true`; no: `checkpoint.every = 0`, `checkpoint.at_end = false`; best: a warning (`checkpoint.keep_best` keeps the best by eval loss)"},
     {"training_args", "save_steps", "500", M, "`checkpoint.every` (a fraction below 1: a warning)"},
     {"training_args", "save_total_limit", "null", M, "`checkpoint.keep_last` (null: 0, keep all)"},
     {"training_args", "save_safetensors", "true", E, "checkpoints are HDF5; `shardlm export` writes safetensors"},

@@ -33,7 +33,7 @@ const char* kShardlmUsage =
     "  -h, --help  print this text; `shardlm COMMAND --help` prints a command's own\n";
 
 const char* kTrainUsage =
-    "usage: mpirun -np N shardlm train DECK [--section.key=value ...]\n"
+    "usage: mpirun -np N shardlm train DECK [--tiny] [--section.key=value ...]\n"
     "\n"
     "Fine-tunes the model the input deck describes (BLOOM, Llama or Qwen2, from scratch or from a\n"
     "Hugging Face model directory) with fully sharded data parallelism over the ranks, and writes\n"
@@ -43,6 +43,9 @@ const char* kTrainUsage =
     "  --section.key=value    override one key of the deck (also --section.key value), e.g.\n"
     "                         --train.lr=1e-3 --fsdp.strategy=SHARD_GRAD_OP --run.dir=runs/try\n"
     "                         --checkpoint.every=50 --checkpoint.resume=auto --run.backend=cuda\n"
+    "  --tiny                 a smoke run (--run.smoke=true): the deck's model family at a tiny width\n"
+    "                         and 2 layers with random weights, 2 steps of its data (synthetic text\n"
+    "                         where its files are missing), into RUN_DIR-smoke; e.g. --run.backend=cpu\n"
     "  -h, --help             print this text\n"
     "\n"
     "A bad deck or override stops every rank with one message naming the key. SIGUSR1, SIGUSR2 or\n"

@@ -12,10 +12,17 @@ namespace shardlm {
 
 namespace {
 
-constexpr double kWidth = 760, kHeight = 440;
-constexpr double kLeft = 70, kRight = 200, kTop = 40, kBottom = 50;  // margins; the legend sits right
-const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+constexpr double kPlotWidth = 560, kHeight = 440;  // the plot and its left margin; the legend's column is added
+constexpr double kLeft = 70, kLegendMin = 200, kTop = 40, kBottom = 50;  // margins; the legend sits right
+// 20 colours told apart side by side (Kelly's and Tableau's, without white, black and near-greys); a 21st
+// run takes the first colour again with a dash pattern (line_style).
+const char* const kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                "#7f7f7f", "#bcbd22", "#17becf", "#f3c300", "#875692", "#a1caf1", "#be0032",
+                                "#c2b280", "#008856", "#e68fac", "#0067a5", "#604e97", "#882d17"};
+const char* const kDashes[] = {"", "6 4", "2 3", "8 3 2 3"};
+// Width of a legend text at 12 px: 7.5 px a character is wider than sans-serif's average, so a label is
+// never cut off at the picture's edge.
+constexpr double kCharWidth = 7.5;
 
 std::string num(double v) {
   char buf[32];
@@ -58,16 +65,19 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
   return ticks;
 }
 
-// A plot area mapping data ranges onto the frame, with axes, ticks and titles.
+// A plot area mapping data ranges onto the frame, with axes, ticks and titles; the legend's column of
+// `right` pixels (legend_column) beside it.
 struct Frame {
   double x0, x1, y0, y1;
-  double x(double v) const { return kLeft + (v - x0) / (x1 - x0) * (kWidth - kLeft - kRight); }
+  double right = kLegendMin;
+  double width() const { return kPlotWidth + right; }
+  double x(double v) const { return kLeft + (v - x0) / (x1 - x0) * (kPlotWidth - kLeft); }
   double y(double v) const { return kHeight - kBottom - (v - y0) / (y1 - y0) * (kHeight - kTop - kBottom); }
 
   std::string axes(const std::string& title, const std::string& x_title, const std::string& y_title,
                    const std::vector<double>& x_ticks) const {
-    std::string s = concat("<rect x=\"0\" y=\"0\" width=\"", kWidth, "\" height=\"", kHeight, "\" fill=\"white\"/>\n");
-    s += concat("<text x=\"", num(kWidth / 2 - kRight / 2 + kLeft / 2), "\" y=\"24\" text-anchor=\"middle\" "
+    std::string s = concat("<rect x=\"0\" y=\"0\" width=\"", width(), "\" height=\"", kHeight, "\" fill=\"white\"/>\n");
+    s += concat("<text x=\"", num(kPlotWidth / 2 + kLeft / 2), "\" y=\"24\" text-anchor=\"middle\" "
                 "font-size=\"16\">", xml_escape(title), "</text>\n");
     const double px0 = x(x0), px1 = x(x1), py0 = y(y0), py1 = y(y1);
     s += concat("<path d=\"M", num(px0), " ", num(py1), " V", num(py0), " H", num(px1),
@@ -90,26 +100,45 @@ struct Frame {
   }
 };
 
-std::string legend_entry(size_t row, const std::string& colour, const std::string& text, bool dashed) {
-  const double ly = kTop + 10 + 20.0 * static_cast<double>(row), lx = kWidth - kRight + 16;
+// How series i is drawn: its colour and dash pattern ("" solid), distinct for 20 x 4 series.
+struct LineStyle {
+  std::string colour, dashes;
+};
+LineStyle line_style(size_t i) {
+  return {kColours[i % std::size(kColours)], kDashes[(i / std::size(kColours)) % std::size(kDashes)]};
+}
+
+// The legend's column: wide enough for the longest of `labels` after its line sample.
+double legend_column(const std::vector<std::string>& labels) {
+  size_t longest = 0;
+  for (const std::string& l : labels) longest = std::max(longest, l.size());
+  return std::max(kLegendMin, 16 + 30 + kCharWidth * static_cast<double>(longest) + 12);
+}
+
+std::string dash_attribute(const std::string& dashes) {
+  return dashes.empty() ? std::string() : concat(" stroke-dasharray=\"", dashes, "\"");
+}
+
+std::string legend_entry(size_t row, const LineStyle& style, const std::string& text) {
+  const double ly = kTop + 10 + 20.0 * static_cast<double>(row), lx = kPlotWidth + 16;
   return concat("<line x1=\"", num(lx), "\" y1=\"", num(ly), "\" x2=\"", num(lx + 24), "\" y2=\"", num(ly),
-                "\" stroke=\"", colour, "\" stroke-width=\"2\"", dashed ? " stroke-dasharray=\"6 4\"" : "",
+                "\" stroke=\"", style.colour, "\" stroke-width=\"2\"", dash_attribute(style.dashes),
                 "/><text x=\"", num(lx + 30), "\" y=\"", num(ly + 4), "\" font-size=\"12\">", xml_escape(text),
                 "</text>\n");
 }
 
-std::string polyline(const std::vector<std::pair<double, double>>& points, const std::string& colour,
-                     const std::string& title, bool dashed) {
+std::string polyline(const std::vector<std::pair<double, double>>& points, const LineStyle& style,
+                     const std::string& title) {
   std::string pts;
   for (const auto& [px, py] : points) pts += (pts.empty() ? "" : " ") + num(px) + "," + num(py);
-  return concat("<polyline fill=\"none\" stroke=\"", colour, "\" stroke-width=\"2\"",
-                dashed ? " stroke-dasharray=\"6 4\"" : "", " points=\"", pts, "\"><title>", xml_escape(title),
+  return concat("<polyline fill=\"none\" stroke=\"", style.colour, "\" stroke-width=\"2\"",
+                dash_attribute(style.dashes), " points=\"", pts, "\"><title>", xml_escape(title),
                 "</title></polyline>\n");
 }
 
-std::string svg_open() {
-  return concat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", kWidth, "\" height=\"", kHeight,
-                "\" viewBox=\"0 0 ", kWidth, " ", kHeight, "\" font-family=\"sans-serif\">\n");
+std::string svg_open(double width) {
+  return concat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width, "\" height=\"", kHeight,
+                "\" viewBox=\"0 0 ", width, " ", kHeight, "\" font-family=\"sans-serif\">\n");
 }
 
 double median(std::vector<double> values) {
@@ -136,23 +165,25 @@ std::string loss_curves_svg(const std::vector<RunRecord>& runs) {
       l0 = std::min(l0, loss);
       l1 = std::max(l1, loss);
     }
-  std::string svg = svg_open();
   if (!std::isfinite(s0)) {
-    return svg + "<text x=\"20\" y=\"40\">no train records in these runs</text>\n</svg>\n";
+    return svg_open(kPlotWidth + kLegendMin) + "<text x=\"20\" y=\"40\">no train records in these runs</text>\n</svg>\n";
   }
+  std::vector<std::string> labels;
+  for (const RunRecord& r : runs) labels.push_back(concat(r.name, " (", r.ranks, ")"));
   const auto [y0, y1] = padded(l0, l1, 0.05);
-  const Frame f{0, s1 > 0 ? s1 : 1, y0, y1};
+  const Frame f{0, s1 > 0 ? s1 : 1, y0, y1, legend_column(labels)};
+  std::string svg = svg_open(f.width());
   svg += f.axes("train loss", "optimizer step", "loss", nice_ticks(0, f.x1, 6));
   for (size_t i = 0; i < runs.size(); ++i) {
-    const std::string colour = kColours[i % std::size(kColours)];
+    const LineStyle style = line_style(i);
     std::vector<std::pair<double, double>> points;
     for (const auto& [step, loss] : runs[i].train_loss_by_step) points.emplace_back(f.x(step), f.y(loss));
     if (points.empty()) continue;
-    svg += polyline(points, colour, runs[i].name, false);
+    svg += polyline(points, style, runs[i].name);
     if (points.size() == 1)  // a lone point draws no line: mark it
       svg += concat("<circle cx=\"", num(points[0].first), "\" cy=\"", num(points[0].second), "\" r=\"3\" fill=\"",
-                    colour, "\"/>\n");
-    svg += legend_entry(i, colour, concat(runs[i].name, " (", runs[i].ranks, ")"), false);
+                    style.colour, "\"/>\n");
+    svg += legend_entry(i, style, labels[i]);
   }
   return svg + "</svg>\n";
 }
@@ -180,9 +211,8 @@ std::string scaling_svg(const std::vector<RunRecord>& runs) {
       r1 = std::max(r1, static_cast<double>(ranks));
       v1 = std::max(v1, medians[strategy][ranks]);
     }
-  std::string svg = svg_open();
   if (medians.empty()) {
-    return svg + "<text x=\"20\" y=\"40\">no finished runs on one rank count (no summary records)</text>\n</svg>\n";
+    return svg_open(kPlotWidth + kLegendMin) + "<text x=\"20\" y=\"40\">no finished runs on one rank count (no summary records)</text>\n</svg>\n";
   }
   const RunRecord& base_record = runs[base_run(runs)];
   auto base_series = medians.find(base_record.strategy);
@@ -190,7 +220,10 @@ std::string scaling_svg(const std::vector<RunRecord>& runs) {
                      base_record.ranks > 0 && base_series != medians.end();
   const double base_value = ideal ? base_series->second.at(base_record.ranks) : 0;
   const double ideal_top = ideal ? base_value * r1 / base_record.ranks : 0;
-  const Frame f{0, r1 * 1.05, 0, std::max(v1, ideal_top) * 1.1};
+  std::vector<std::string> labels = {"ideal"};
+  for (const auto& [strategy, by_ranks] : medians) labels.push_back(strategy);
+  const Frame f{0, r1 * 1.05, 0, std::max(v1, ideal_top) * 1.1, legend_column(labels)};
+  std::string svg = svg_open(f.width());
   std::vector<double> x_ticks;
   for (const auto& [strategy, by_ranks] : medians)
     for (const auto& [ranks, value] : by_ranks) x_ticks.push_back(ranks);
@@ -199,13 +232,15 @@ std::string scaling_svg(const std::vector<RunRecord>& runs) {
   svg += f.axes("scaling", "ranks (GPUs)", "train samples/s", x_ticks);
   size_t row = 0;
   if (ideal) {
-    svg += polyline({{f.x(base_record.ranks), f.y(base_value)}, {f.x(r1), f.y(ideal_top)}}, "#555555",
-                    "ideal (linear from " + base_record.name + ")", true);
-    svg += legend_entry(row++, "#555555", "ideal", true);
+    const LineStyle grey{"#555555", "6 4"};
+    svg += polyline({{f.x(base_record.ranks), f.y(base_value)}, {f.x(r1), f.y(ideal_top)}}, grey,
+                    "ideal (linear from " + base_record.name + ")");
+    svg += legend_entry(row++, grey, "ideal");
   }
   size_t colour = 0;
   for (const auto& [strategy, by_ranks] : medians) {
-    const std::string c = kColours[colour++ % std::size(kColours)];
+    const LineStyle style = line_style(colour++);
+    const std::string& c = style.colour;
     std::vector<std::pair<double, double>> points;
     for (const auto& [ranks, value] : by_ranks) {
       points.emplace_back(f.x(ranks), f.y(value));
@@ -214,11 +249,11 @@ std::string scaling_svg(const std::vector<RunRecord>& runs) {
                     "\" r=\"4\" fill=\"", c, "\"><title>", xml_escape(strategy), ", ", ranks, " rank(s): ", num(value),
                     " samples/s", n > 1 ? concat(" (median of ", n, " runs)") : std::string(), "</title></circle>\n");
     }
-    svg += polyline(points, c, strategy, false);
-    svg += legend_entry(row++, c, strategy, false);
+    svg += polyline(points, style, strategy);
+    svg += legend_entry(row++, style, strategy);
   }
   // Say how the points were made, under the legend.
-  const double note_x = kWidth - kRight + 16;
+  const double note_x = kPlotWidth + 16;
   double note_y = kTop + 20.0 * static_cast<double>(row) + 20;
   svg += concat("<text x=\"", num(note_x), "\" y=\"", num(note_y), "\" font-size=\"11\">points: median of the</text>\n");
   svg += concat("<text x=\"", num(note_x), "\" y=\"", num(note_y + 14),

@@ -3,6 +3,7 @@
 #include "run_report.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <stdexcept>
 #include <filesystem>
@@ -116,6 +117,7 @@ RunRecord read_run(const std::string& run_dir) {
   };
   run.backend = deck_value("run.backend");
   run.param_dtype = deck_value("fsdp.param_dtype");
+  run.global_batch = std::atoi(deck_value("train.batch_size").c_str());
 
   const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
   SHARDLM_CHECK(fs::exists(metrics_path, ec), metrics_path,
@@ -139,6 +141,7 @@ RunRecord read_run(const std::string& run_dir) {
         seg.ranks = j.at("world_size").get<int>();
         seg.nodes = j.at("num_nodes").get<int>();
         seg.strategy = j.at("strategy").get<std::string>();
+        seg.grad_accum = j.value("grad_accum", 0);
         seg.first_step = j.value("resumed_from_step", run.segments.empty() ? 0L : run.segments.back().last_step);
         seg.last_step = seg.first_step;
         run.segments.push_back(seg);
@@ -188,7 +191,7 @@ RunRecord read_run(const std::string& run_dir) {
   run.ranks = last.ranks;
   run.nodes = last.nodes;
   run.strategy = last.strategy;
-  if (deck_value("fsdp.cpu_offload") == "true") run.strategy += " +offload";
+  if (deck_value("fsdp.cpu_offload") == "true" && run.backend == "cuda") run.strategy += " +offload";
 
   // Totals over the segments that ended with a summary: samples over their summed runtime, and
   // the loss of each segment weighted by its steps.
@@ -224,16 +227,20 @@ bool RunRecord::mixed_ranks() const {
   return false;
 }
 
-std::string RunRecord::ranks_text() const {
+// A segment field's values in order, repeats merged: "4", "4 then 2"; "-" for none recorded (0).
+static std::string segments_text(const std::vector<RunSegment>& segments, int RunSegment::*field) {
   std::string text;
   int previous = -1;
   for (const RunSegment& seg : segments)
-    if (seg.ranks != previous) {
-      text += (text.empty() ? "" : " then ") + std::to_string(seg.ranks);
-      previous = seg.ranks;
+    if (seg.*field != previous && seg.*field > 0) {
+      text += (text.empty() ? "" : " then ") + std::to_string(seg.*field);
+      previous = seg.*field;
     }
-  return text;
+  return text.empty() ? "-" : text;
 }
+
+std::string RunRecord::ranks_text() const { return segments_text(segments, &RunSegment::ranks); }
+std::string RunRecord::grad_accum_text() const { return segments_text(segments, &RunSegment::grad_accum); }
 
 size_t base_run(const std::vector<RunRecord>& runs) {
   // A run on one rank count only, when there is one: a mixed run has no single ranks to scale from.
@@ -258,9 +265,9 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
   const RunRecord& base = runs[base_run(runs)];
   const bool em = any_finite(runs, &RunRecord::exact_match);
   const bool f1 = any_finite(runs, &RunRecord::f1);
-  std::string out = "| run | backend | strategy | dtype | ranks | nodes | train samples/s | speed-up | efficiency | "
-                    "peak memory/rank | final train loss | mean train loss | eval loss per epoch |";
-  std::string rule = "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |";
+  std::string out = "| run | backend | strategy | dtype | ranks | nodes | global batch | accumulation | train samples/s | "
+                    "speed-up | efficiency | peak memory/rank | final train loss | mean train loss | eval loss per epoch |";
+  std::string rule = "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |";
   if (em) out += " EM |", rule += " ---: |";
   if (f1) out += " F1 |", rule += " ---: |";
   out += "\n" + rule + "\n";
@@ -268,7 +275,8 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
     std::string evals;
     for (size_t i = 0; i < r.eval_losses.size(); ++i) evals += (i ? ", " : "") + fixed(r.eval_losses[i], "%.4f");
     out += concat("| ", r.name, " | ", r.backend, " | ", r.strategy, " | ", r.param_dtype, " | ", r.ranks_text(), " | ",
-                  r.nodes, " | ", fixed(r.train_samples_per_second, "%.2f"), " | ",
+                  r.nodes, " | ", r.global_batch > 0 ? std::to_string(r.global_batch) : "-", " | ", r.grad_accum_text(),
+                  " | ", fixed(r.train_samples_per_second, "%.2f"), " | ",
                   fixed(speedup(r, base), "%.2fx"), " | ", fixed(100 * efficiency(r, base), "%.0f%%"), " | ",
                   memory_text(r.peak_memory_bytes), " | ", fixed(r.final_loss, "%.4f"), " | ",
                   fixed(r.train_loss, "%.4f"), " | ", evals.empty() ? "-" : evals, " |");
@@ -290,13 +298,16 @@ std::string report_csv(const std::vector<RunRecord>& runs) {
   const RunRecord& base = runs[base_run(runs)];
   const size_t epochs = max_evals(runs);
   std::string out =
-      "run,dir,backend,strategy,param_dtype,ranks,nodes,train_samples_per_second,speedup,efficiency,"
+      "run,dir,backend,strategy,param_dtype,ranks,nodes,global_batch,grad_accum,train_samples_per_second,speedup,efficiency,"
       "peak_memory_bytes,final_train_loss,train_loss";
   for (size_t e = 1; e <= epochs; ++e) out += concat(",eval_loss_", e);
   out += ",eval_exact_match,eval_f1,segments,segment_ranks\n";
   for (const RunRecord& r : runs) {
     out += concat(csv_field(r.name), ",", csv_field(r.dir), ",", csv_field(r.backend), ",", csv_field(r.strategy),
-                  ",", csv_field(r.param_dtype), ",", r.ranks, ",", r.nodes, ",", csv_number(r.train_samples_per_second),
+                  ",", csv_field(r.param_dtype), ",", r.ranks, ",", r.nodes, ",",
+                  r.global_batch > 0 ? std::to_string(r.global_batch) : "", ",",
+                  r.segments.empty() || r.segments.back().grad_accum <= 0 ? "" : std::to_string(r.segments.back().grad_accum),
+                  ",", csv_number(r.train_samples_per_second),
                   ",", csv_number(speedup(r, base)), ",", csv_number(efficiency(r, base)), ",",
                   csv_number(r.peak_memory_bytes), ",", csv_number(r.final_loss), ",", csv_number(r.train_loss));
     for (size_t e = 0; e < epochs; ++e) out += "," + (e < r.eval_losses.size() ? csv_number(r.eval_losses[e]) : "");

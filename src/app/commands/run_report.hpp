@@ -15,6 +15,7 @@ struct RunSegment {
   int ranks = 0;
   int nodes = 0;
   std::string strategy;
+  int grad_accum = 0;   // micro-steps per optimizer step (the setup record's; 0: not recorded)
   long first_step = 0;  // the segment trained steps (first_step, last_step]
   long last_step = 0;   // its summary's, else its last train record's
   bool summary = false;  // it ended with a summary record (finished or preempted by a signal)
@@ -33,8 +34,11 @@ struct RunRecord {
   std::string name;  // the directory's name
   std::string dir;
   std::string backend;   // run.backend of the resolved deck
-  std::string strategy;  // the last segment's: FULL_SHARD, ... (+ " +offload" with fsdp.cpu_offload)
+  // The last segment's: FULL_SHARD, ... (+ " +offload" with fsdp.cpu_offload on the CUDA backend: on
+  // the CPU backend the key does nothing, and the run says so when it starts).
+  std::string strategy;
   std::string param_dtype;
+  int global_batch = 0;  // train.batch_size of the resolved deck (0: not there)
   int ranks = 0;  // the last segment's
   int nodes = 0;
   double train_samples_per_second = NAN;  // samples over the train runtime of all segments
@@ -51,6 +55,7 @@ struct RunRecord {
   // Whether its segments ran on different rank counts: no speed-up or scaling point then.
   bool mixed_ranks() const;
   std::string ranks_text() const;  // "4", or "4 then 2" for a run resumed on another world size
+  std::string grad_accum_text() const;  // "4", "4 then 8" likewise, "-" when no segment recorded it
 };
 
 // Reads RUN_DIR/metrics.jsonl and RUN_DIR/deck.resolved.ini; Error naming the file when the

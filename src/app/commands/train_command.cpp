@@ -1,6 +1,8 @@
 // `shardlm train`: read and check the deck on every rank, agree on errors, then run the loop.
 #include <mpi.h>
 
+#include <algorithm>
+
 #include "commands.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/dist.hpp"
@@ -17,6 +19,8 @@ int command_train(const std::vector<std::string>& args) {
   }
   RunConfig cfg;
   std::vector<std::string> overrides(args.begin() + 1, args.end());
+  // --tiny is run.smoke's short form.
+  std::replace(overrides.begin(), overrides.end(), std::string("--tiny"), std::string("--run.smoke=true"));
   run_collectively(MPI_COMM_WORLD, [&] { cfg = load_run_config(args[0], overrides, world); });
   // A preempted run has written its checkpoint: exit 0 so Slurm can requeue it.
   train(cfg, MPI_COMM_WORLD);

@@ -1,0 +1,153 @@
+// Smoke runs (run.smoke, `shardlm train DECK --tiny`): any deck shrunk to a run of a few seconds on a
+// laptop or in CI, keeping what makes the deck's model what it is (family, grouped-query ratio, a head_dim
+// apart from hidden/heads, a tied head, biases, LoRA) and its strategy and precision.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+
+#include "config_internal.hpp"
+
+namespace shardlm::config_detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSmokeLayers = 2;
+constexpr int kSmokeHeadDim = 16;
+constexpr int kSmokeSteps = 2;
+constexpr int kSmokeMaxLength = 256;  // a SQuAD question and its answer fit
+constexpr int kSmokeEvalRecords = 4;
+constexpr int kSmokeNewTokens = 4;
+
+// The family a folder's name suggests (codellama-7b: llama; Qwen2.5-0.5B: qwen2), or "" when none does.
+std::string family_in_name(const std::string& path) {
+  std::string name = fs::path(path).lexically_normal().filename().string();
+  if (name.empty()) name = fs::path(path).lexically_normal().parent_path().filename().string();
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const std::string& family : model_family_names())
+    if (name.find(family) != std::string::npos) return family;
+  return "";
+}
+
+// The model at a tiny width and depth: the same family and proportions, random weights.
+void shrink_model(ModelSection& m) {
+  const int heads = m.num_heads > 0 ? m.num_heads : 4;
+  const int kv = m.num_kv_heads > 0 ? m.num_kv_heads : heads;
+  const int group = std::max(1, heads / std::max(1, kv));  // query heads per key/value head
+  const int kv_small = std::min(kv, 2);
+  const bool own_head_dim = m.head_size > 0 && m.hidden_size > 0 && m.head_size * heads != m.hidden_size;
+  const int old_hidden = m.hidden_size;
+  m.num_heads = kv_small * group;
+  if (m.num_kv_heads > 0) m.num_kv_heads = kv_small;
+  // Qwen3's head_dim apart from hidden/heads: heads x head_dim twice the width, as 0.6B's.
+  m.hidden_size = m.num_heads * kSmokeHeadDim / (own_head_dim ? 2 : 1);
+  m.head_size = own_head_dim ? kSmokeHeadDim : 0;
+  if (m.intermediate_size > 0 && old_hidden > 0) {
+    const double ratio = static_cast<double>(m.intermediate_size) / old_hidden;
+    m.intermediate_size = std::max(8, static_cast<int>(std::lround(ratio * m.hidden_size / 8.0)) * 8);
+  }
+  m.num_layers = kSmokeLayers;
+  m.vocab_size = kByteVocab;
+  m.dir.clear();
+  m.adapter.clear();
+}
+
+}  // namespace
+
+bool smoke_can_skip(const std::string& name) {
+  return name == "model.dir" || name == "model.adapter" || name == "data.train_file" || name == "data.eval_file" ||
+         name == "data.tokenizer" || name == "data.chat_template";
+}
+
+void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& missing,
+                      const std::set<std::string>& given_on_cli, int world_size) {
+  std::vector<std::string>& notes = cfg.notes;
+  auto say = [&](const std::string& text) { notes.push_back("smoke run: " + text); };
+
+  // ---- the model ----
+  ModelSection& m = cfg.model;
+  const std::string model_dir = m.dir;
+  if (auto it = missing.find("model.dir"); it != missing.end()) {
+    const std::string guessed = family_in_name(it->second.text);
+    if (!guessed.empty()) m.arch = guessed;
+    say(concat(it->second.error, ": a random tiny ", m.arch, " instead", guessed.empty() ? " (set model.arch to choose the family)"
+                                                                               : " (the family its name says)"));
+  }
+  if (m.num_heads == 0) {  // no shape at all (no model.dir, no shape keys): grouped query heads where the family has them
+    m.num_heads = 4;
+    m.hidden_size = 4 * kSmokeHeadDim;
+    if (model_family(m.arch).grouped_query) m.num_kv_heads = 2;
+  }
+  if (auto it = missing.find("model.adapter"); it != missing.end()) say(it->second.error + ": no adapter");
+  else if (!m.adapter.empty()) say("model.adapter " + m.adapter + " fits the full-size model: LoRA starts afresh");
+  shrink_model(m);
+  say(concat(m.arch, " of ", m.num_layers, " layers, width ", m.hidden_size, ", ", m.num_heads, " heads",
+             m.num_kv_heads > 0 ? concat(" over ", m.num_kv_heads, " key/value heads") : std::string(),
+             m.head_size > 0 ? concat(", head_dim ", m.head_size) : std::string(), m.tied_head() ? ", tied head" : "",
+             "; random weights", model_dir.empty() ? std::string() : " (shape from " + model_dir + "/config.json)",
+             "; the byte tokenizer"));
+
+  // ---- the data: the deck's files where they are, else synthetic ----
+  DataSection& d = cfg.data;
+  d.tokenizer = TokenizerSource::Byte;
+  d.tokenizer_file.clear();
+  if (auto it = missing.find("data.tokenizer"); it != missing.end()) say(it->second.error + ": the byte tokenizer");
+  // A chat file is rendered with a template: the deck's own file, else the model folder's.
+  if (d.format == DataFormat::Chat && d.chat_template.empty() && !model_dir.empty()) {
+    const fs::path config = fs::path(model_dir) / "tokenizer_config.json";
+    if (fs::exists(config)) d.chat_template = config.string();
+  }
+  const bool no_template = d.format == DataFormat::Chat && d.chat_template.empty();
+  if (auto it = missing.find("data.chat_template"); it != missing.end()) say(it->second.error);
+  if (missing.count("data.train_file") || d.train_file.empty() || no_template) {
+    const auto it = missing.find("data.train_file");
+    say(concat(it != missing.end() ? it->second.error : no_template ? "no chat template (model.dir is not here)"
+                                                              : std::string("no data.train_file"),
+               ": synthetic text instead"));
+    d.train_file.clear();
+    d.eval_file.clear();
+  } else if (auto e = missing.find("data.eval_file"); e != missing.end()) {
+    say(e->second.error + ": no evaluation");
+    d.eval_file.clear();
+  }
+  d.max_length = std::min(d.max_length, kSmokeMaxLength);
+
+  // ---- the steps: micro-batch 1, accumulation 2 (both code paths), a few steps ----
+  TrainSection& t = cfg.train;
+  t.micro_batch_size = 1;
+  t.batch_size = 2 * world_size;
+  t.epochs = 1;
+  t.max_steps = kSmokeSteps;
+  t.log_every = 1;
+  d.train_size = static_cast<size_t>(t.batch_size) * kSmokeSteps;
+  d.eval_size = kSmokeEvalRecords;
+  if (d.eval_file.empty()) {
+    cfg.eval.every_steps = 0;
+    cfg.checkpoint.keep_best = KeepBest::None;
+    t.early_stopping_patience = 0;
+  }
+  if (d.train_file.empty() || d.format != DataFormat::Squad) cfg.eval.generate = EvalGenerate::None;
+  cfg.eval.max_new_tokens = std::min(cfg.eval.max_new_tokens, kSmokeNewTokens);
+  cfg.eval.batch_size = 0;
+  if (cfg.dist.ranks_per_node > 0 && world_size % cfg.dist.ranks_per_node != 0) {
+    say(concat("dist.ranks_per_node = ", cfg.dist.ranks_per_node, " does not divide ", world_size, " rank(s): the real nodes"));
+    cfg.dist.ranks_per_node = 0;
+  }
+  say(concat(kSmokeSteps, " steps of ", t.batch_size, " samples (micro-batch 1, accumulation 2) of at most ",
+             d.max_length, " tokens"));
+
+  // ---- where it goes: its own folder, never the deck's real run or checkpoints ----
+  cfg.checkpoint.resume = ResumeFrom::None;
+  cfg.checkpoint.resume_path.clear();
+  cfg.checkpoint.every = 0;
+  if (!given_on_cli.count("run.dir")) {
+    cfg.run.dir += "-smoke";
+    cfg.run.overwrite = true;  // the smoke folder of an earlier smoke run
+  }
+  if (!given_on_cli.count("checkpoint.dir")) cfg.checkpoint.dir.clear();
+  say(concat("written to ", cfg.run.dir));
+}
+
+}  // namespace shardlm::config_detail
