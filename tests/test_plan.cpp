@@ -137,6 +137,11 @@ BOOST_AUTO_TEST_CASE(cuda_plan_reproduces_the_measured_one_gpu_peaks) {
   BOOST_TEST(four.optimizer * 4 < one.optimizer + 32);
   BOOST_TEST(four.record.full_params > 0u);
   BOOST_TEST(one.record.full_params == 0u);
+  // data.packing: the engine also copies each row's sample starts to the device (one int32 a token).
+  shardlm::MemoryPlanSpec packed = s;
+  packed.model.packed = true;
+  const size_t tokens = static_cast<size_t>(s.micro_batch) * s.max_seq;
+  BOOST_TEST(shardlm::plan_rank_memory(packed).io_buffers == four.io_buffers + tokens * 4);
 }
 
 // LlamaCuda's buffers for a small Llama (V 300, H 32, 2 layers, 4 query over 2 kv heads, SwiGLU

@@ -213,6 +213,8 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
       if (given) overridden_shape.push_back(k.name);
       continue;
     }
+    // Data files that will not be read (plan, generate): neither required nor checked.
+    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
     if (k.required && trim(value).empty()) {
       const bool shape = is_shape_key(k.name);
       if (smoke && (shape || k.name == "data.train_file" || k.name == "train.batch_size")) continue;  // the smoke run's
@@ -220,7 +222,6 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
       if (std::find(missing.begin(), missing.end(), key) == missing.end()) missing.push_back(key);
       continue;
     }
-    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
     if (!given) continue;
     if (smoke && smoke_can_skip(k.name)) {
       try {

@@ -61,9 +61,11 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
                                               spec.activation_checkpointing);
   p.record.activations = model.activations;
   p.model_extra = model.extra;
-  // The CUDA engine's device copies of a micro-batch's token and target ids, the model's loss and
-  // target count, the gradient norm's sum (the CPU reads the host's arrays in place).
-  if (cuda) p.io_buffers = 2 * static_cast<size_t>(spec.micro_batch) * spec.max_seq * 4 + 4 + 8 + 8;
+  // The CUDA engine's device copies of a micro-batch's token and target ids (and with data.packing its
+  // rows' sample starts), the model's loss and target count, the gradient norm's sum (the CPU reads the
+  // host's arrays in place).
+  const size_t id_arrays = spec.model.packed ? 3 : 2;
+  if (cuda) p.io_buffers = id_arrays * static_cast<size_t>(spec.micro_batch) * spec.max_seq * 4 + 4 + 8 + 8;
   return p;
 }
 
