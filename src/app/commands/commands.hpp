@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/core.hpp"
+
 namespace shardlm {
 
 // `shardlm train DECK [--section.key=value ...]`; returns the process exit code.
@@ -40,6 +42,16 @@ std::string command_help(const std::string& command);
 std::string mpi_command_usage_problem(const std::string& command, const std::vector<std::string>& args);
 // What is wrong with generate's arguments; empty when they will do (mpi_command_usage_problem asks it).
 std::string generate_usage_problem(const std::vector<std::string>& args);
+// What `parse` (an options parser called for its checks) throws as an Error, or "" when it returns.
+template <class Parse>
+std::string parse_problem(Parse&& parse) {
+  try {
+    parse();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 // `shardlm COMMAND: problem`, a blank line and the command's usage, for stderr.
 std::string usage_error(const std::string& command, const std::string& problem);
 // "--help" or "-h".

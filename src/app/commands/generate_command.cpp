@@ -291,12 +291,7 @@ int command_generate(const std::vector<std::string>& args) {
 }
 
 std::string generate_usage_problem(const std::vector<std::string>& args) {
-  try {
-    parse_generate_args(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return parse_problem([&] { parse_generate_args(args); });
 }
 
 }  // namespace shardlm

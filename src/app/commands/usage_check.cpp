@@ -57,13 +57,7 @@ std::string mpi_command_usage_problem(const std::string& command, const std::vec
     return "";
   }
   if (command == "generate") return generate_usage_problem(args);
-  if (command == "comm-test") {
-    try {
-      parse_comm_test_options(args);
-    } catch (const Error& e) {
-      return e.what();
-    }
-  }
+  if (command == "comm-test") return parse_problem([&] { parse_comm_test_options(args); });
   return "";
 }
 
