@@ -352,6 +352,15 @@ BOOST_AUTO_TEST_CASE(every_mapped_trainer_key_has_a_tested_mapping) {
       {"fsdp_transformer_layer_cls_to_wrap", R"({"fsdp_transformer_layer_cls_to_wrap": "GPT2Block"})", "warning"},
       {"dataloader_drop_last", R"({"dataloader_drop_last": false})", "warning"},
       {"train_sampling_strategy", R"({"train_sampling_strategy": "sequential"})", "shuffle = false\n"},
+      // TRL's SFTConfig keys, in the same file.
+      {"max_length", R"({"max_length": 2048})", "max_length = 2048\n"},
+      {"max_seq_length", R"({"max_seq_length": 300})", "max_length = 300\n"},
+      {"packing", R"({"packing": true})", "packing = true\n"},
+      {"packing_strategy", R"({"packing": true, "packing_strategy": "wrapped"})", "warning"},
+      {"assistant_only_loss", R"({"assistant_only_loss": true})", "train_on_prompt = false\n"},
+      {"completion_only_loss", R"({"completion_only_loss": false})", "warning"},
+      {"chat_template_path", R"({"chat_template_path": "t/llama3.jinja"})", "chat_template = t/llama3.jinja\n"},
+      {"loss_type", R"({"loss_type": "dft"})", "warning"},
   };
   std::set<std::string> covered;
   for (const Case& c : cases) {
@@ -372,7 +381,7 @@ BOOST_AUTO_TEST_CASE(every_mapped_trainer_key_has_a_tested_mapping) {
     }
   }
   for (const ForeignKey& k : foreign_keys())
-    if (std::string(k.source) == "training_args" && k.use == ForeignKeyUse::Mapped)
+    if ((std::string(k.source) == "training_args" || std::string(k.source) == "sft_config") && k.use == ForeignKeyUse::Mapped)
       BOOST_CHECK_MESSAGE(covered.count(k.name), k.name << " is mapped but has no case here");
 }
 
@@ -380,7 +389,8 @@ BOOST_AUTO_TEST_CASE(every_mapped_trainer_key_has_a_tested_mapping) {
 // key with no effect never warns: both with a value of the key's kind that is not its default.
 BOOST_AUTO_TEST_CASE(every_unmapped_trainer_key_warns_or_is_silent_as_its_table_says) {
   for (const ForeignKey& k : foreign_keys()) {
-    if (std::string(k.source) != "training_args" || k.use == ForeignKeyUse::Mapped) continue;
+    if ((std::string(k.source) != "training_args" && std::string(k.source) != "sft_config") || k.use == ForeignKeyUse::Mapped)
+      continue;
     BOOST_TEST_CONTEXT(k.name) {
       const std::string d = k.default_json;
       const std::string value = d == "false" ? "true" : d == "true" ? "false"
@@ -394,6 +404,47 @@ BOOST_AUTO_TEST_CASE(every_unmapped_trainer_key_warns_or_is_silent_as_its_table_
       BOOST_TEST(contains(im.deck, concat(": ", k.name, ": ")));  // said in the deck either way
     }
   }
+}
+
+// A file naming TRL's SFTConfig keys is an SFTConfig: its own defaults apply to the TrainingArguments keys it
+// leaves out (learning rate 2e-5, logging every 10 steps, gradient checkpointing, bf16 unless fp16), its
+// data keys become the deck's, and the deck loads as a chat run.
+BOOST_AUTO_TEST_CASE(an_sft_config_brings_trls_defaults_and_its_data_keys) {
+  TempDir dir("accelerate_sft");
+  dir.write("model/config.json", read_text(kSource / "tests/fixtures/hf/tiny_llama/config.json"));
+  dir.write("model/tokenizer.json", kTinyTokenizerJson);
+  const std::string tmpl = (kSource / "tests/fixtures/chat/templates/qwen2.5-instruct.jinja").string();
+  const std::string args = concat(R"({"output_dir": "sft-out", "assistant_only_loss": true, "packing": true,)",
+                                  R"( "max_length": 256, "chat_template_path": ")", tmpl, R"("})");
+  const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", args, "sft.json",
+                                                {"--model.dir=" + (dir.root / "model").string(),
+                                                 "--data.train_file=" + (kSource / "input/data/demo_chat.jsonl").string(),
+                                                 "--data.format=chat", "--data.eval_file="},
+                                                "test");
+  for (const char* line : {"lr = 2e-05\n", "log_every = 10\n", "activation_checkpointing = true\n", "param_dtype = bf16\n",
+                           "max_length = 256\n", "packing = true\n", "train_on_prompt = false\n"})
+    BOOST_TEST(contains(im.deck, line), line << " missing from\n" << im.deck);
+  BOOST_TEST(contains(im.deck, "sft.json: learning_rate absent: SFTConfig's default 2e-05"), im.deck);
+  BOOST_TEST(contains(im.deck, "bf16 absent: SFTConfig's default true"), im.deck);
+  BOOST_TEST(contains(im.deck, "TRL's SFTConfig sft.json"), im.deck);
+  const RunConfig cfg = load(dir, im, 2);
+  BOOST_TEST(cfg.data.format == DataFormat::Chat);
+  BOOST_TEST(cfg.data.packing);
+  BOOST_TEST(!cfg.data.train_on_prompt);
+  BOOST_TEST(cfg.data.max_length == 256);
+  BOOST_TEST(cfg.data.chat_template == tmpl);
+  // TRL's default (assistant_only_loss false) trains on every token, and says that shardlm's does not.
+  const std::string whole = converted_text(kFsdpYaml, R"({"packing": false})");
+  BOOST_TEST(contains(whole, "train_on_prompt = true\n"), whole);
+  BOOST_TEST(contains(whole, "shardlm's own default is the assistant's turns only"), whole);
+  // fp16 keeps SFTConfig's bf16 off; plain TrainingArguments keep Trainer's defaults.
+  BOOST_TEST(contains(converted_text(kFsdpYaml, R"({"packing": false, "fp16": true})"), "param_dtype = fp16\n"));
+  const std::string plain = converted_text(kFsdpYaml, R"({"seed": 3})");
+  BOOST_TEST(contains(plain, "lr = 5e-05\n"));
+  BOOST_TEST(!contains(plain, "train_on_prompt"));
+  // A folder names its tokenizer_config.json.
+  BOOST_TEST(contains(converted_text(kFsdpYaml, R"({"chat_template_path": "models/Qwen2.5-7B-Instruct"})"),
+                      "chat_template = models/Qwen2.5-7B-Instruct/tokenizer_config.json\n"));
 }
 
 // Without --model.dir and --data.train_file the deck is written, and `shardlm train`'s first error says

@@ -15,9 +15,12 @@ enum class ForeignKeyUse {
 };
 
 // One key shardlm knows. `source`: "accelerate" (the YAML's top level), "fsdp_config" (the YAML's
-// fsdp_config block, also TrainingArguments' fsdp_config without the fsdp_ prefix) or
-// "training_args". `default_json`: the value Accelerate or Trainer uses when the key is absent, as
-// JSON. `deck`: the deck keys it sets (Mapped), else why it has no counterpart.
+// fsdp_config block, also TrainingArguments' fsdp_config without the fsdp_ prefix), "training_args" or
+// "sft_config" (TRL's SFTConfig: TrainingArguments plus its own keys, read from the same file; a file
+// naming one of them is an SFTConfig, whose defaults for learning_rate, logging_steps,
+// gradient_checkpointing and bf16 then apply). `default_json`: the value Accelerate, Trainer or TRL
+// uses when the key is absent, as JSON. `deck`: the deck keys it sets (Mapped), else why it has no
+// counterpart.
 struct ForeignKey {
   const char* source;
   const char* name;
@@ -26,8 +29,8 @@ struct ForeignKey {
   const char* deck;
 };
 
-// Every key of Accelerate's config file (FSDP and the launch keys) and of TrainingArguments
-// (transformers 4.x and 5.x, deprecated names included).
+// Every key of Accelerate's config file (FSDP and the launch keys), of TrainingArguments
+// (transformers 4.x and 5.x, deprecated names included) and of TRL's SFTConfig.
 const std::vector<ForeignKey>& foreign_keys();
 const ForeignKey* find_foreign_key(const std::string& source, const std::string& name);
 

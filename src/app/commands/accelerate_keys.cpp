@@ -224,6 +224,28 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "do_train", "false", E, kScript},
     {"training_args", "do_eval", "false", E, kScript},
     {"training_args", "do_predict", "false", E, kScript},
+    // ---- TRL's SFTConfig (TrainingArguments plus these, in the same file) ----
+    {"sft_config", "max_length", "1024", M, "`data.max_length` (null: a warning; shardlm always cuts at data.max_length)"},
+    {"sft_config", "max_seq_length", "null", M, "older name of max_length (TRL before 0.20)"},
+    {"sft_config", "packing", "false", M, "`data.packing`"},
+    {"sft_config", "packing_strategy", "\"bfd\"", M, "with packing: bfd is what shardlm does (whole samples, longest first, into the first row with room); bfd_split and wrapped: a warning"},
+    {"sft_config", "assistant_only_loss", "false", M, "`data.train_on_prompt` (true: false, the loss on the assistant's turns only; false: true, every token of the conversation, as TRL)"},
+    {"sft_config", "completion_only_loss", "null", M, "null or true: what shardlm does for {\"prompt\", \"completion\"} records; false: a warning (shardlm always takes the loss on the completion)"},
+    {"sft_config", "chat_template_path", "null", M, "`data.chat_template` (a .jinja or .json file as given; a tokenizer folder: its tokenizer_config.json)"},
+    {"sft_config", "dataset_text_field", "\"text\"", N, "shardlm's JSON lines read the field text (data.format = jsonl), or messages / conversations / instruction (data.format = chat)"},
+    {"sft_config", "dataset_kwargs", "null", N, "skip_prepare_dataset: shardlm always tokenizes the records itself"},
+    {"sft_config", "dataset_num_proc", "null", E, "the data are tokenized once at start-up, on every rank"},
+    {"sft_config", "dataset_batch_size", "null", E, "the data are tokenized once at start-up, on every rank"},
+    {"sft_config", "model_init_kwargs", "null", N, "the model's dtypes come from fsdp.param_dtype, its attention is shardlm's own"},
+    {"sft_config", "eos_token", "null", N, "the end of a turn is what the chat template writes; the end of a text sample is the tokenizer's eos"},
+    {"sft_config", "pad_token", "null", E, "padding takes no loss; shardlm chooses the pad id itself"},
+    {"sft_config", "truncation_mode", "\"keep_start\"", N, "a sample longer than data.max_length loses its end (keep_start)"},
+    {"sft_config", "shuffle_dataset", "false", E, "train.shuffle draws the samples in a seeded random order each epoch"},
+    {"sft_config", "padding_free", "false", E, "with data.packing, samples in one row never attend to each other; without it, rows are padded"},
+    {"sft_config", "pad_to_multiple_of", "null", E, "shardlm pads each micro-batch to its longest row"},
+    {"sft_config", "eval_packing", "null", N, "the eval loss is computed on unpacked samples"},
+    {"sft_config", "loss_type", "null", M, "nll and chunked_nll (null): the mean token cross-entropy, shardlm's loss (its fused head never holds the full logits); dft: a warning"},
+    {"sft_config", "activation_offloading", "false", N, "activations stay on the GPU: fsdp.activation_checkpointing recomputes them instead"},
 };
 
 const char* use_name(ForeignKeyUse u) {
@@ -245,7 +267,8 @@ std::string foreign_key_tables() {
   const struct { const char* source; const char* title; } sources[] = {
       {"accelerate", "Accelerate config file (top level)"},
       {"fsdp_config", "Accelerate `fsdp_config` (and TrainingArguments' `fsdp_config`)"},
-      {"training_args", "TrainingArguments"}};
+      {"training_args", "TrainingArguments"},
+      {"sft_config", "TRL `SFTConfig` (its own keys, in the same `--training-args` file)"}};
   for (const auto& s : sources) {
     os << "### " << s.title << "\n\n| key | default | becomes | deck key, or why not |\n| --- | --- | --- | --- |\n";
     for (const ForeignKey& k : kKeys)
