@@ -5,9 +5,11 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardlm/core.hpp"
@@ -128,11 +130,29 @@ ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, Shar
 // (Error for a value that is not a number > 0), else 600. The key, when given, wins over both.
 double default_dist_timeout();
 
-// Host-side reductions of run statistics over the world (losses, counts, timings).
+// ---- host values over the ranks (src/dist/rank_values.cpp): what train/ asks of every rank ----
+
+// Reductions of run statistics over the world (losses, counts, timings, flags).
 double mpi_sum(MPI_Comm comm, double v);
 double mpi_max(MPI_Comm comm, double v);
+double mpi_min(MPI_Comm comm, double v);
+uint64_t mpi_sum(MPI_Comm comm, uint64_t v);
+uint64_t mpi_max(MPI_Comm comm, uint64_t v);
+bool any_rank(MPI_Comm comm, bool mine);  // true on every rank when it is true on one
 // Every rank gets rank 0's `text` (a run id, a prompt read from stdin).
 void broadcast_string(std::string& text, MPI_Comm comm);
+// Every rank gets rank 0's value (a step, a flag, a loss).
+void broadcast_value(long& v, MPI_Comm comm);
+void broadcast_value(double& v, MPI_Comm comm);
+void broadcast_value(bool& v, MPI_Comm comm);
+// Every rank's `mine` on rank 0, in rank order (empty on the other ranks).
+std::vector<double> gather_on_root(MPI_Comm comm, double mine);
+std::vector<std::string> gather_on_root(MPI_Comm comm, const std::string& mine);
+// A record of named numbers per rank (memory sizes, a step's timings), gathered on rank 0 in rank
+// order (empty elsewhere): the names travel with the values, so no caller indexes an array by position.
+// Every rank gives the same names in the same order.
+using NamedValues = std::vector<std::pair<std::string, double>>;
+std::vector<NamedValues> gather_on_root(MPI_Comm comm, const NamedValues& mine);
 
 // Runs `fn` on every rank and agrees on the outcome: if any rank throws, every rank throws an
 // AgreedError carrying the message of the lowest failing rank (so one clear message, no hang).

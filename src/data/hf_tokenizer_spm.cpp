@@ -169,34 +169,26 @@ std::vector<size_t> char_boundaries(const std::string& text) {
   return cuts;
 }
 
-}  // namespace
-
-std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
-  const SpmModel model = read_model(read_input_file(model_path, "SentencePiece model", kMaxTokenizerBytes), model_path);
-  SHARDLM_CHECK(!model.pieces.empty(), model_path, ": not a SentencePiece model (no pieces)");
-  SHARDLM_CHECK(model.model_type == 2, model_path, ": SentencePiece model_type ", model.model_type,
-                " is not BPE (2); only BPE models convert to a BPE tokenizer.json");
-
-  // LlamaConverter.vocab: ids 0..2 keep their pieces with score 0, the rest keep their scores.
-  std::unordered_map<std::string, int32_t> vocab;
-  for (size_t i = 0; i < model.pieces.size(); ++i) {
-    vocab[model.pieces[i].piece] = static_cast<int32_t>(i);
-  }
-  // dict(vocab_scores): first-occurrence order, last score.
+// LlamaConverter.vocab's scores as dict(vocab_scores) holds them: first-occurrence order, last score;
+// ids 0..2 keep their pieces with score 0, the rest keep their scores.
+std::vector<std::pair<std::string, double>> piece_scores(const SpmModel& model) {
   std::vector<std::pair<std::string, double>> scores;
   std::unordered_map<std::string, size_t> score_index;
   for (size_t i = 0; i < model.pieces.size(); ++i) {
     const double score = i < 3 ? 0.0 : model.pieces[i].score;
     const auto [it, inserted] = score_index.emplace(model.pieces[i].piece, scores.size());
-    if (inserted) {
+    if (inserted)
       scores.emplace_back(model.pieces[i].piece, score);
-    } else {
+    else
       scores[it->second].second = score;
-    }
   }
+  return scores;
+}
 
-  // transformers' generate_merges: every split of a piece into two vocabulary pieces (in id
-  // order per piece), then a stable sort by score, left length and right length, descending.
+// transformers' generate_merges: every split of a piece into two vocabulary pieces (in id order per
+// piece), then a stable sort by score, left length and right length, descending; as "left right".
+json bpe_merges(const std::vector<std::pair<std::string, double>>& scores,
+                const std::unordered_map<std::string, int32_t>& vocab) {
   struct Merge {
     std::string left, right;
     double score;
@@ -213,8 +205,7 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
       std::string left = piece.substr(0, cuts[k]), right = piece.substr(cuts[k]);
       const auto l = vocab.find(left), r = vocab.find(right);
       if (l == vocab.end() || r == vocab.end()) continue;
-      local.push_back(
-          {std::move(left), std::move(right), score, k, n_chars - k, l->second, r->second});
+      local.push_back({std::move(left), std::move(right), score, k, n_chars - k, l->second, r->second});
     }
     std::sort(local.begin(), local.end(), [](const Merge& a, const Merge& b) {
       return a.left_id != b.left_id ? a.left_id < b.left_id : a.right_id < b.right_id;
@@ -226,12 +217,13 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
     if (a.left_chars != b.left_chars) return a.left_chars > b.left_chars;
     return a.right_chars > b.right_chars;
   });
+  json out = json::array();
+  for (const Merge& m : merges) out.push_back(m.left + " " + m.right);
+  return out;
+}
 
-  json vocab_json = json::object();
-  for (const auto& [piece, id] : vocab) vocab_json[piece] = id;
-  json merges_json = json::array();
-  for (const Merge& m : merges) merges_json.push_back(m.left + " " + m.right);
-
+// The control, user-defined and byte pieces (types 2, 3, 4) as added tokens; byte pieces are not special.
+json added_tokens(const SpmModel& model) {
   json added = json::array();
   for (size_t i = 0; i < model.pieces.size(); ++i) {
     const int type = model.pieces[i].type;
@@ -244,47 +236,53 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
                      {"normalized", false},
                      {"special", type != 4}});
   }
+  return added;
+}
+
+// BOS before each sequence, as LlamaConverter's TemplateProcessing; null without a BOS piece.
+json bos_post_processor(const SpmModel& model, const std::unordered_map<std::string, int32_t>& vocab) {
+  const auto bos = vocab.find(model.bos_piece);
+  if (model.bos_id < 0 || bos == vocab.end()) return nullptr;
+  const std::string& b = model.bos_piece;
+  const auto special = [&](int type_id) { return json{{"SpecialToken", {{"id", b}, {"type_id", type_id}}}}; };
+  const auto sequence = [](const char* id, int type_id) { return json{{"Sequence", {{"id", id}, {"type_id", type_id}}}}; };
+  return {{"type", "TemplateProcessing"},
+          {"single", json::array({special(0), sequence("A", 0)})},
+          {"pair", json::array({special(0), sequence("A", 0), special(1), sequence("B", 1)})},
+          {"special_tokens", {{b, {{"id", b}, {"ids", json::array({bos->second})}, {"tokens", json::array({b})}}}}}};
+}
+
+}  // namespace
+
+std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
+  const SpmModel model = read_model(read_input_file(model_path, "SentencePiece model", kMaxTokenizerBytes), model_path);
+  SHARDLM_CHECK(!model.pieces.empty(), model_path, ": not a SentencePiece model (no pieces)");
+  SHARDLM_CHECK(model.model_type == 2, model_path, ": SentencePiece model_type ", model.model_type,
+                " is not BPE (2); only BPE models convert to a BPE tokenizer.json");
+  std::unordered_map<std::string, int32_t> vocab;
+  for (size_t i = 0; i < model.pieces.size(); ++i) vocab[model.pieces[i].piece] = static_cast<int32_t>(i);
+  json vocab_json = json::object();
+  for (const auto& [piece, id] : vocab) vocab_json[piece] = id;
 
   json normalizers = json::array();
   if (model.add_dummy_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
-  normalizers.push_back(
-      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
   json decoders = json::array({
       {{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
       {{"type", "ByteFallback"}},
       {{"type", "Fuse"}},
   });
-  if (model.add_dummy_prefix) {
-    decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-  }
-
-  json post_processor = nullptr;
-  const auto bos = vocab.find(model.bos_piece);
-  if (model.bos_id >= 0 && bos != vocab.end()) {
-    const std::string& b = model.bos_piece;
-    const auto special = [&](int type_id) {
-      return json{{"SpecialToken", {{"id", b}, {"type_id", type_id}}}};
-    };
-    const auto sequence = [](const char* id, int type_id) {
-      return json{{"Sequence", {{"id", id}, {"type_id", type_id}}}};
-    };
-    post_processor = {
-        {"type", "TemplateProcessing"},
-        {"single", json::array({special(0), sequence("A", 0)})},
-        {"pair", json::array({special(0), sequence("A", 0), special(1), sequence("B", 1)})},
-        {"special_tokens",
-         {{b, {{"id", b}, {"ids", json::array({bos->second})}, {"tokens", json::array({b})}}}}}};
-  }
+  if (model.add_dummy_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
 
   const json unk_token = vocab.count(model.unk_piece) ? json(model.unk_piece) : json(nullptr);
   json tokenizer = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens", std::move(added)},
+      {"added_tokens", added_tokens(model)},
       {"normalizer", {{"type", "Sequence"}, {"normalizers", std::move(normalizers)}}},
       {"pre_tokenizer", nullptr},
-      {"post_processor", std::move(post_processor)},
+      {"post_processor", bos_post_processor(model, vocab)},
       {"decoder", {{"type", "Sequence"}, {"decoders", std::move(decoders)}}},
       {"model",
        {{"type", "BPE"},
@@ -296,7 +294,7 @@ std::string sentencepiece_to_tokenizer_json(const std::string& model_path) {
         {"byte_fallback", model.byte_fallback},
         {"ignore_merges", false},
         {"vocab", std::move(vocab_json)},
-        {"merges", std::move(merges_json)}}},
+        {"merges", bpe_merges(piece_scores(model), vocab)}}},
   };
   return tokenizer.dump();
 }

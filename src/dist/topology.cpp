@@ -78,29 +78,6 @@ ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, Shar
   return g;
 }
 
-double mpi_sum(MPI_Comm comm, double v) {
-  double out = 0;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm);
-  return out;
-}
-
-double mpi_max(MPI_Comm comm, double v) {
-  double out = 0;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return out;
-}
-
-void broadcast_string(std::string& text, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  // The length in 64 bits: a text past MPI's int count is an error, not a wrapped count.
-  unsigned long long size = rank == 0 ? text.size() : 0;
-  MPI_Bcast(&size, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
-  SHARDLM_CHECK(size <= static_cast<unsigned long long>(INT32_MAX), "broadcast_string: ", size, " bytes is too long");
-  text.resize(static_cast<size_t>(size));
-  MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, comm);
-}
-
 void run_collectively(MPI_Comm comm, const std::function<void()>& fn) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);

@@ -221,6 +221,19 @@ struct FsdpEngine::Impl {
 
   // One micro-batch: the forward (and, with backward, the backward and its reductions); its loss sum.
   double run(const MicroBatch& mb, float grad_scale, bool backward);
+  // run()'s steps (schedule.cpp). What one backward does: reduce (or keep, no sync), split the root's
+  // reduction, take the norm's squares as reductions land.
+  struct BackwardPlan {
+    bool reducing = false, split = false, squares = false;
+  };
+  // The micro-batch's token ids and targets where the model reads them (copied up unless host memory).
+  std::pair<const int32_t*, const int32_t*> upload_batch(const MicroBatch& mb);
+  void forward_blocks(int B, int T, bool backward);
+  // Before the head's backward: zero the root's gradient, the split's token ids, prefetch the last block.
+  void begin_backward(const MicroBatch& mb, const BackwardPlan& bp);
+  void backward_blocks(int B, int T, const BackwardPlan& bp);
+  void backward_embedding(const UnitParams& root, const int32_t* tok, const UnitGrads& droot, int B, int T,
+                          const BackwardPlan& bp);
 };
 
 }  // namespace shardlm

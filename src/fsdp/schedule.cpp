@@ -256,16 +256,12 @@ void FsdpEngine::Impl::finish_root_reduction() {
   root_reduction_pending = false;
 }
 
-double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backward) {
-  const int B = mb.batch, T = mb.seq;
-  const size_t N = static_cast<size_t>(B) * T;
-  SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
+std::pair<const int32_t*, const int32_t*> FsdpEngine::Impl::upload_batch(const MicroBatch& mb) {
+  const size_t N = static_cast<size_t>(mb.batch) * mb.seq;
   const int32_t* tok = mb.tokens.data();
   const int32_t* tgt = mb.targets.data();
   const bool packed = !mb.starts.empty();
-  SHARDLM_CHECK(!packed || model->config().packed, "a packed micro-batch for a model not built for packing");
   const int32_t* starts_in = packed ? mb.starts.data() : nullptr;
-  if (offload) offload->micro_step_begins(backward);
   if (!host_memory) {
     be.copy(tokens.data(), tok, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
     be.copy(targets.data(), tgt, N * sizeof(int32_t), CopyKind::HostToDevice, compute);
@@ -274,13 +270,11 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     if (packed) starts_in = starts.as<int32_t>();
   }
   model->set_sample_starts(starts_in);
-  model->reset_loss(compute);
+  return {tok, tgt};
+}
 
-  const UnitParams root = use(0);
-  if (L > 0 && forward_prefetch) gather(1);
-  int span = tracer.mark_begin("forward unit 0 (embedding)", -1, Lane::Compute);
-  if (N > 0) model->embed_forward(root, tok, B, T, compute);
-  tracer.mark_end(span);
+void FsdpEngine::Impl::forward_blocks(int B, int T, bool backward) {
+  const bool any = B > 0 && T > 0;
   for (int l = 0; l < L; ++l) {
     const UnitParams p = use(1 + l);
     // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).
@@ -288,88 +282,117 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     // Behind the forward's last gathers, the root's full gradient is zeroed for this backward (unless it
     // holds earlier micro-steps' gradients, no sync).
     if (backward && zero_on_comm() && !local_pending[0] && l + 1 == L) zero_root_grad_on_comm();
-    span = tracer.mark_begin("forward unit", 1 + l, Lane::Compute);
-    if (N > 0) model->block_forward(l, p, B, T, compute);
+    const int span = tracer.mark_begin("forward unit", 1 + l, Lane::Compute);
+    if (any) model->block_forward(l, p, B, T, compute);
     tracer.mark_end(span);
     done_with(1 + l);
   }
-  // No sync in full: a micro-step before the step's last reduces nothing, and its gradients stay in the
-  // full buffers for the next to add to (local_pending).
-  const bool reducing = reduces();
-  const bool split = backward && plan.root_split.on && reducing;
-  // The step's last micro-step (announced) takes each unit's squares as its reduction lands (a device
-  // engine whose slices the reductions write).
-  const bool squares = backward && reducing && last_announced && !offload && !host_memory && !plan.direct_grads;
-  if (backward) {
-    if (squares) be.zero(norm.data(), sizeof(double), comm);
-    const bool zero_root = !local_pending[0];
-    if (zero_on_comm() && zero_root && L == 0) zero_root_grad_on_comm();
-    // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
-    finish_root_reduction();
-    if (zero_on_comm() && zero_root) root_zeroed->wait_on(compute);
-    else if (!zero_on_comm() && !plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
-    if (split) {
-      // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
-      be.zero(split_ids.data(), split_ids.bytes(), compute);
-      be.copy(split_ids.data(), mb.tokens.data(), N * sizeof(int32_t), CopyKind::HostToDevice, compute);
-    }
-    if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
+}
+
+void FsdpEngine::Impl::begin_backward(const MicroBatch& mb, const BackwardPlan& bp) {
+  if (bp.squares) be.zero(norm.data(), sizeof(double), comm);
+  const bool zero_root = !local_pending[0];
+  if (zero_on_comm() && zero_root && L == 0) zero_root_grad_on_comm();
+  // The previous micro-batch's root reduction reads root_grad_full (and split, the token ids).
+  finish_root_reduction();
+  if (zero_on_comm() && zero_root) root_zeroed->wait_on(compute);
+  else if (!zero_on_comm() && !plan.direct_grads) be.zero(root_grad_full.data(), root_grad_full.bytes(), compute);
+  if (bp.split) {
+    // This rank's token ids for the embedding's part of the root's reduction (zeros pad: row 0).
+    be.zero(split_ids.data(), split_ids.bytes(), compute);
+    be.copy(split_ids.data(), mb.tokens.data(), static_cast<size_t>(mb.batch) * mb.seq * sizeof(int32_t),
+            CopyKind::HostToDevice, compute);
   }
+  if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
+}
+
+void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
+  const bool any = B > 0 && T > 0;
+  for (int l = L - 1; l >= 0; --l) {
+    const UnitParams p = use(1 + l);
+    // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
+    // reduce-scatter), so it overlaps this block's compute.
+    if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
+    const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
+    grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
+    if (!plan.direct_grads && !zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
+    float* grad = full_grad(1 + l);
+    const int span = tracer.mark_begin("backward unit", 1 + l, Lane::Compute);
+    if (any) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
+    tracer.mark_end(span);
+    done_with(1 + l);
+    if (bp.reducing) {
+      grad_ready[gs]->record(compute);
+      grad_ready[gs]->wait_on(comm);
+      reduce(1 + l, grad);
+      if (bp.squares) take_squares(1 + l);
+      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
+      // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
+      grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
+    }
+    local_pending[1 + l] = !bp.reducing;
+    // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
+    // buffer this block frees, so it is safe with a single buffer too.
+    if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
+  }
+}
+
+void FsdpEngine::Impl::backward_embedding(const UnitParams& root, const int32_t* tok, const UnitGrads& droot, int B,
+                                          int T, const BackwardPlan& bp) {
+  if (bp.split) embedding_grad_begins();
+  const int span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
+  // With the root split's grad_from, the table's rows go where the head's part was (reduced by now).
+  // (grad_from is never set where a micro-step may leave the root unreduced: split is on here.)
+  const UnitGrads dtable = plan.root_split.grad_from > 0 ? UnitGrads{table_grad()} : droot;
+  if (B > 0 && T > 0) model->embed_backward(root, tok, dtable, B, T, compute);
+  tracer.mark_end(span);
+  if (bp.reducing) {
+    root_grad_ready->record(compute);
+    root_grad_ready->wait_on(comm);
+    if (bp.split) reduce_root_embedding();
+    else reduce(0, full_grad(0));
+    if (bp.squares) take_squares(0);
+    squares_taken = bp.squares;
+    root_reduction_pending = true;
+  }
+  local_pending[0] = !bp.reducing;
+}
+
+double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backward) {
+  const int B = mb.batch, T = mb.seq;
+  const size_t N = static_cast<size_t>(B) * T;
+  SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
+  SHARDLM_CHECK(mb.starts.empty() || model->config().packed, "a packed micro-batch for a model not built for packing");
+  if (offload) offload->micro_step_begins(backward);
+  const auto [tok, tgt] = upload_batch(mb);
+  model->reset_loss(compute);
+
+  const UnitParams root = use(0);
+  if (L > 0 && forward_prefetch) gather(1);
+  int span = tracer.mark_begin("forward unit 0 (embedding)", -1, Lane::Compute);
+  if (N > 0) model->embed_forward(root, tok, B, T, compute);
+  tracer.mark_end(span);
+  forward_blocks(B, T, backward);
+  // No sync in full: a micro-step before the step's last reduces nothing, and its gradients stay in the
+  // full buffers for the next to add to (local_pending). The step's last micro-step (announced) takes
+  // each unit's squares as its reduction lands (a device engine whose slices the reductions write).
+  BackwardPlan bp;
+  bp.reducing = reduces();
+  bp.split = backward && plan.root_split.on && bp.reducing;
+  bp.squares = backward && bp.reducing && last_announced && !offload && !host_memory && !plan.direct_grads;
+  if (backward) begin_backward(mb, bp);
   // With LoRA only the root's saved modules (lora.modules_to_save) form gradients; none without them.
   UnitGrads droot;
   if (backward && !lora) droot.base = full_grad(0);
   if (backward && lora && units[0].flat.numel > 0) droot.adapter = full_grad(0);
   span = tracer.mark_begin(backward ? "forward and backward unit 0 (head, loss)" : "forward unit 0 (head, loss)", -1,
-                    Lane::Compute);
+                           Lane::Compute);
   if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
   tracer.mark_end(span);
-  if (split) reduce_root_head();
+  if (bp.split) reduce_root_head();
   if (backward) {
-    for (int l = L - 1; l >= 0; --l) {
-      const UnitParams p = use(1 + l);
-      // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
-      // reduce-scatter), so it overlaps this block's compute.
-      if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
-      const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
-      grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
-      if (!plan.direct_grads && !zero_on_comm())
-        be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
-      float* grad = full_grad(1 + l);
-      span = tracer.mark_begin("backward unit", 1 + l, Lane::Compute);
-      if (N > 0) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
-      tracer.mark_end(span);
-      done_with(1 + l);
-      if (reducing) {
-        grad_ready[gs]->record(compute);
-        grad_ready[gs]->wait_on(comm);
-        reduce(1 + l, grad);
-        if (squares) take_squares(1 + l);
-        if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
-        // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
-        grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
-      }
-      local_pending[1 + l] = !reducing;
-      // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
-      // buffer this block frees, so it is safe with a single buffer too.
-      if (backward_prefetch == BackwardPrefetch::Post && l > 0) gather(l);
-    }
-    if (split) embedding_grad_begins();
-    span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
-    // With the root split's grad_from, the table's rows go where the head's part was (reduced by now).
-    // (grad_from is never set where a micro-step may leave the root unreduced: split is on here.)
-    const UnitGrads dtable = plan.root_split.grad_from > 0 ? UnitGrads{table_grad()} : droot;
-    if (N > 0) model->embed_backward(root, tok, dtable, B, T, compute);
-    tracer.mark_end(span);
-    if (reducing) {
-      root_grad_ready->record(compute);
-      root_grad_ready->wait_on(comm);
-      if (split) reduce_root_embedding();
-      else reduce(0, full_grad(0));
-      if (squares) take_squares(0);
-      squares_taken = squares;
-      root_reduction_pending = true;
-    }
-    local_pending[0] = !reducing;
+    backward_blocks(B, T, bp);
+    backward_embedding(root, tok, droot, B, T, bp);
     if (offload) offload->micro_step_ends();
   }
   return model->loss_sum(compute);

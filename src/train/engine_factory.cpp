@@ -48,13 +48,12 @@ void check_memory_fits(const RunConfig& cfg, const Topology& topo, int micro, co
   const bool cuda = be.kind() == BackendKind::Cuda;
   size_t available = be.available_bytes();
   if (!cuda) available /= static_cast<size_t>(std::max(topo.host_ranks, 1));  // ranks share a host's memory
-  const double mine[2] = {available > 0 && planned > available ? 1.0 : 0.0, -static_cast<double>(available)};
-  double worst[2] = {0, 0};
-  MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm);
-  if (worst[0] > 0)
+  const bool short_here = available > 0 && planned > available;
+  const double least_free = mpi_min(comm, static_cast<double>(available));
+  if (any_rank(comm, short_here))
     throw AgreedError(concat("the run needs ", format_bytes(planned), " of ", cuda ? "GPU" : "host",
                              " memory per rank (`shardlm plan` with this deck shows where) but a rank has ",
-                             format_bytes(static_cast<size_t>(-worst[1])), " free: lower train.micro_batch_size or ",
+                             format_bytes(static_cast<size_t>(least_free)), " free: lower train.micro_batch_size or ",
                              "data.max_length, shard over more ranks, or turn on fsdp.activation_checkpointing",
                              cuda ? " or fsdp.cpu_offload" : ""));
 }

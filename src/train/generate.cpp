@@ -126,9 +126,7 @@ std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vecto
     }
     active = still;
     // Every rank runs the same number of steps: the engine gathers each unit in every step.
-    int mine = active.empty() ? 0 : 1, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
-    if (!any) break;
+    if (!any_rank(comm, !active.empty())) break;
     tokens.clear(), row_slot.clear(), row_pos.clear(), logit_rows.clear();
     for (int s : active) {
       tokens.push_back(out[s].ids.back());
@@ -163,25 +161,12 @@ namespace {
 // Every rank's (id, text) pairs on rank 0, in rank order (each rank's share is contiguous).
 std::vector<std::pair<std::string, std::string>> gather_predictions(
     const std::vector<std::pair<std::string, std::string>>& mine, MPI_Comm comm) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [id, text] : mine) j.push_back({id, text});
-  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  int length = static_cast<int>(text.size());
-  std::vector<int> lengths(world), displs(world, 0);
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
-  std::string all;
-  if (rank == 0) {
-    for (int r = 1; r < world; ++r) displs[r] = displs[r - 1] + lengths[r - 1];
-    all.resize(static_cast<size_t>(displs[world - 1]) + lengths[world - 1]);
-  }
-  MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0, comm);
   std::vector<std::pair<std::string, std::string>> out;
-  if (rank != 0) return out;
-  for (int r = 0; r < world; ++r)
-    for (const nlohmann::json& p : nlohmann::json::parse(all.substr(displs[r], lengths[r])))
+  for (const std::string& share :
+       gather_on_root(comm, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)))
+    for (const nlohmann::json& p : nlohmann::json::parse(share))
       out.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
   return out;
 }

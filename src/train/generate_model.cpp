@@ -52,7 +52,7 @@ CheckpointFacts read_checkpoint_facts(const std::string& path, MPI_Comm comm) {
   broadcast_string(facts.deck, comm);
   broadcast_string(facts.lora, comm);
   broadcast_string(facts.base_checksum, comm);
-  MPI_Bcast(&facts.step, 1, MPI_LONG, 0, comm);
+  broadcast_value(facts.step, comm);
   return facts;
 }
 

@@ -263,15 +263,6 @@ std::string summary_table(const RunSummary& s) {
   return out + "***** eval per epoch *****\n" + text_table(evals);
 }
 
-std::vector<double> gather_on_root(MPI_Comm comm, double value) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
-  std::vector<double> all(rank == 0 ? static_cast<size_t>(world) : 0);
-  MPI_Gather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, comm);
-  return all;
-}
-
 bool output_is_terminal() {
   if (!isatty(STDOUT_FILENO)) return false;
   // Under Open MPI's mpirun (or MPICH's hydra) our terminal may be the launcher's pseudo-terminal:

@@ -104,9 +104,6 @@ std::string done_line(const TrainResult& result, long steps_run, bool gpu_memory
 // evaluation (with EM and F1 columns when any evaluation has them).
 std::string summary_table(const RunSummary& summary);
 
-// `value` of every rank of `comm`, on rank 0 (empty elsewhere). Collective.
-std::vector<double> gather_on_root(MPI_Comm comm, double value);
-
 // Whether rank 0's output reaches a terminal. mpirun hands its ranks a pseudo-terminal even when
 // its own output goes to a file, so under it the launcher's standard output is what counts.
 bool output_is_terminal();

@@ -31,11 +31,9 @@ PretrainedLoad load_pretrained(const std::string& dir, const std::vector<UnitSta
     mine = model.bytes_read();
   });
   result.seconds_mine = timer.seconds();
-  unsigned long long in[1] = {mine}, total[1] = {0};
-  MPI_Allreduce(in, total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
-  MPI_Allreduce(&mine, &result.bytes_max_rank, 1, MPI_UINT64_T, MPI_MAX, comm);
-  MPI_Allreduce(&result.seconds_mine, &result.seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
-  result.bytes_total = total[0];
+  result.bytes_total = mpi_sum(comm, static_cast<uint64_t>(mine));
+  result.bytes_max_rank = mpi_max(comm, static_cast<uint64_t>(mine));
+  result.seconds = mpi_max(comm, result.seconds_mine);
   return result;
 }
 
@@ -46,8 +44,7 @@ PretrainedLoad load_frozen_base(FsdpEngine& engine, const std::string& dir, uint
 }
 
 std::string frozen_base_checksum(const FsdpEngine& engine, MPI_Comm comm) {
-  uint64_t part = engine.frozen_checksum_part(), sum = 0;
-  MPI_Allreduce(&part, &sum, 1, MPI_UINT64_T, MPI_SUM, comm);
+  const uint64_t sum = mpi_sum(comm, static_cast<uint64_t>(engine.frozen_checksum_part()));
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
   return hex;

@@ -23,9 +23,7 @@ void install_stop_signals() {
 void clear_stop_request() { g_signal = 0; }
 
 bool stop_requested(MPI_Comm comm) {
-  int mine = g_signal != 0 ? 1 : 0, any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
-  return any != 0;
+  return any_rank(comm, g_signal != 0);
 }
 
 }  // namespace shardlm

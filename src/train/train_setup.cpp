@@ -173,11 +173,13 @@ void report_memory(TrainRun& run) {
   MPI_Comm comm = run.comm;
   const bool echo = run.echo;
   const int rank = run.rank, world = run.world;
-  FsdpMemory m = engine.memory();
-  double mine[7] = {double(m.master_shard), double(m.grad_shard), double(engine.optimizer_bytes()),
-                    double(m.full_params),  double(m.full_grads), double(m.activations), double(m.comm_staging)};
-  std::vector<double> all(7 * static_cast<size_t>(world));
-  MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, comm);
+  const FsdpMemory m = engine.memory();
+  // The memory record's fields, in the table's column order (the last is not a column).
+  const NamedValues mine = {{"master_shard_bytes", double(m.master_shard)}, {"grad_shard_bytes", double(m.grad_shard)},
+                            {"optimizer_bytes", double(engine.optimizer_bytes())}, {"full_param_bytes", double(m.full_params)},
+                            {"full_grad_bytes", double(m.full_grads)},           {"activation_bytes", double(m.activations)},
+                            {"comm_staging_bytes", double(m.comm_staging)}};
+  const std::vector<NamedValues> all = gather_on_root(comm, mine);
   if (rank != 0) return;
   const double model_bytes = static_cast<double>(m.model_params) * sizeof(float);
   if (echo) {
@@ -185,20 +187,20 @@ void report_memory(TrainRun& run) {
                     " fp32); per-rank state:"));
     log_info("  rank   master-shard     grad-shard      optimizer    full-params     full-grads    activations");
   }
+  auto right = [](const std::string& t, size_t width) { return std::string(t.size() < width ? width - t.size() : 0, ' ') + t; };
   for (int r = 0; r < world; ++r) {
-    const double* v = &all[7 * static_cast<size_t>(r)];
-    if (echo) {
-      char line[256];
-      std::snprintf(line, sizeof line, "  %4d %14s %14s %14s %14s %14s %14s", r, format_bytes(size_t(v[0])).c_str(),
-                    format_bytes(size_t(v[1])).c_str(), format_bytes(size_t(v[2])).c_str(),
-                    format_bytes(size_t(v[3])).c_str(), format_bytes(size_t(v[4])).c_str(),
-                    format_bytes(size_t(v[5])).c_str());
-      log_info(line);
+    nlohmann::json rec = {{"type", "memory"}, {"rank", r}};
+    std::string line = "  " + right(std::to_string(r), 4);
+    for (size_t k = 0; k < all[r].size(); ++k) {
+      const auto& [name, bytes] = all[r][k];
+      rec[name] = bytes;
+      if (k + 1 < all[r].size()) line += " " + right(format_bytes(size_t(bytes)), 14);
     }
-    run.record({{"type", "memory"}, {"rank", r}, {"master_shard_bytes", v[0]}, {"grad_shard_bytes", v[1]},
-                   {"optimizer_bytes", v[2]}, {"full_param_bytes", v[3]}, {"full_grad_bytes", v[4]},
-                   {"activation_bytes", v[5]}, {"comm_staging_bytes", v[6]}, {"model_bytes", model_bytes},
-                   {"sharded_state_fraction", (v[0] + v[2]) / (3.0 * model_bytes)}});
+    if (echo) log_info(line);
+    rec["model_bytes"] = model_bytes;
+    rec["sharded_state_fraction"] = (rec["master_shard_bytes"].get<double>() + rec["optimizer_bytes"].get<double>()) /
+                                    (3.0 * model_bytes);
+    run.record(rec);
   }
 }
 
@@ -351,7 +353,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
         run->resume_step = -1;
       }
     });
-    MPI_Bcast(&run->resume_step, 1, MPI_LONG, 0, comm);
+    broadcast_value(run->resume_step, comm);
     if (run->resume_step >= run->total_steps) {
       run->finished = true;
       return run;

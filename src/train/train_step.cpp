@@ -57,37 +57,22 @@ class StepMicroBatches {
 // (only rank 0 is sure to see run.dir: it may be node-local), a "trace" record per rank, and its own
 // summary on the log.
 void write_step_trace(TrainRun& run, long step, const StepTrace& trace) {
-  const std::string json = trace_json(trace, run.rank);
-  const int length = static_cast<int>(json.size());
-  std::vector<int> lengths(static_cast<size_t>(run.world)), offsets(static_cast<size_t>(run.world));
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, run.comm);
-  std::string jsons;
-  if (run.rank == 0) {
-    size_t total = 0;
-    for (int r = 0; r < run.world; ++r) offsets[r] = static_cast<int>(total), total += static_cast<size_t>(lengths[r]);
-    jsons.resize(total);
-  }
-  MPI_Gatherv(json.data(), length, MPI_CHAR, jsons.data(), lengths.data(), offsets.data(), MPI_CHAR, 0, run.comm);
+  const std::vector<std::string> jsons = gather_on_root(run.comm, trace_json(trace, run.rank));
   auto file_of = [&](int r) {
     return std::filesystem::path(run.cfg.run.dir) / concat("trace_step", step, "_rank", r, ".json");
   };
-  if (run.rank == 0)
-    for (int r = 0; r < run.world; ++r)
-      replace_file(file_of(r).string(), jsons.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])),
-                   "the step timeline");
+  for (size_t r = 0; r < jsons.size(); ++r) replace_file(file_of(static_cast<int>(r)).string(), jsons[r], "the step timeline");
   const std::filesystem::path file = file_of(0);
   const TraceSummary s = summarize_trace(trace);
-  constexpr int kValues = 10;
-  const double mine[kValues] = {s.step_ms,   s.compute_ms, s.comm_ms,   s.overlap_ms, s.exposed_comm_ms,
-                                s.compute_idle_ms, s.gather_ms, s.reduce_ms, s.host_ms,    s.copy_ms};
-  std::vector<double> all(kValues * static_cast<size_t>(run.world));
-  MPI_Gather(mine, kValues, MPI_DOUBLE, all.data(), kValues, MPI_DOUBLE, 0, run.comm);
-  for (int r = 0; r < run.world; ++r) {
-    const double* v = &all[kValues * static_cast<size_t>(r)];
-    nlohmann::json rec = {{"type", "trace"}, {"step", step}, {"rank", r}, {"step_ms", v[0]}, {"compute_ms", v[1]},
-                          {"comm_ms", v[2]}, {"overlap_ms", v[3]}, {"exposed_comm_ms", v[4]}, {"compute_idle_ms", v[5]},
-                          {"gather_ms", v[6]}, {"reduce_ms", v[7]}};
-    if (run.cfg.fsdp.cpu_offload) rec["host_ms"] = v[8], rec["copy_ms"] = v[9];
+  NamedValues mine = {{"step_ms", s.step_ms},       {"compute_ms", s.compute_ms},
+                      {"comm_ms", s.comm_ms},       {"overlap_ms", s.overlap_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms}, {"compute_idle_ms", s.compute_idle_ms},
+                      {"gather_ms", s.gather_ms},   {"reduce_ms", s.reduce_ms}};
+  if (run.cfg.fsdp.cpu_offload) mine.insert(mine.end(), {{"host_ms", s.host_ms}, {"copy_ms", s.copy_ms}});
+  const std::vector<NamedValues> all = gather_on_root(run.comm, mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    nlohmann::json rec = {{"type", "trace"}, {"step", step}, {"rank", r}};
+    for (const auto& [name, ms] : all[r]) rec[name] = ms;
     run.record(rec);
   }
   char line[256];

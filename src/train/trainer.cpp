@@ -42,18 +42,166 @@ struct BestCheckpoint {
 // DIR/best as a resumed run finds it (rank 0 reads, every rank learns it). Collective.
 BestCheckpoint read_best(TrainRun& run) {
   BestCheckpoint best;
-  char name[256] = {};
-  if (run.rank == 0 && read_best_pointer(run.cfg.checkpoint_dir(), &best.name, &best.loss) && best.name.size() < sizeof name) {
-    best.have = true;
-    std::snprintf(name, sizeof name, "%s", best.name.c_str());
-  }
-  int have = best.have ? 1 : 0;
-  MPI_Bcast(&have, 1, MPI_INT, 0, run.comm);
-  MPI_Bcast(&best.loss, 1, MPI_DOUBLE, 0, run.comm);
-  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, run.comm);
-  best.have = have != 0;
-  best.name = name;
+  if (run.rank == 0) best.have = read_best_pointer(run.cfg.checkpoint_dir(), &best.name, &best.loss);
+  broadcast_value(best.have, run.comm);
+  broadcast_value(best.loss, run.comm);
+  broadcast_string(best.name, run.comm);
   return best;
+}
+
+// The loop's state over a run: where it is, what it has saved and the best so far, and the result.
+class TrainLoop {
+ public:
+  TrainLoop(TrainRun& run, TrainPosition pos) : run_(run), cfg_(run.cfg), pos_(pos) {
+    result_.first_step = pos_.step;
+    const FsdpMemory mem = run.engine->memory();
+    result_.master_shard_bytes = mem.master_shard;
+    result_.grad_shard_bytes = mem.grad_shard;
+    result_.optimizer_bytes = run.engine->optimizer_bytes();
+    result_.model_params = mem.model_params;
+    if (keep_best_ && !run.resume_path.empty() && !cfg_.checkpoint.load_weights_only) best_ = read_best(run);
+    if (best_.have) run.say(concat("best checkpoint so far: ", best_.name, " (eval_loss ", best_.loss, ")"));
+  }
+
+  TrainResult run() {
+    const int start_epoch = pos_.epoch;
+    const long start_epoch_step = pos_.epoch_step;
+    Timer run_timer;
+    for (int epoch = start_epoch; epoch < cfg_.train.epochs && pos_.step < run_.total_steps; ++epoch) {
+      if (run_epoch(epoch, epoch == start_epoch ? start_epoch_step : 0)) break;
+      if (pos_.step >= run_.total_steps || epoch == cfg_.train.epochs - 1) checkpoint_at_end();
+      if (cfg_.checkpoint.every_epoch && saved_step_ != pos_.step && pos_.step > result_.first_step)  // save_strategy = epoch
+        save(best_.name);
+      if (!run_.eval_set.empty()) {
+        totals_.evals.push_back(evaluate_epoch(run_, pos_.step, epoch, result_));
+        if (after_eval(totals_.evals.back())) break;
+      }
+    }
+    checkpoint_at_end();
+    write_adapter();
+    totals_.seconds = run_timer.seconds();
+    summarize_run(run_, pos_, totals_, result_);
+    clear_stop_request();  // one that came during the last steps: the run has ended anyway
+    return result_;
+  }
+
+ private:
+  TrainRun& run_;
+  const RunConfig& cfg_;
+  TrainPosition pos_;
+  TrainResult result_;
+  RunTotals totals_;
+  LogInterval interval_;
+  long saved_step_ = -1;
+  const bool keep_best_ = cfg_.checkpoint.keep_best == KeepBest::EvalLoss;
+  BestCheckpoint best_;
+  EarlyStopping early_{cfg_.train.early_stopping_patience, cfg_.train.early_stopping_threshold};
+
+  void save(const std::string& keep_name) {
+    result_.last_checkpoint = checkpoint(run_, pos_, keep_name);
+    saved_step_ = pos_.step;
+  }
+
+  // The checkpoint at the end of training is written before the last evaluation and generation, so a
+  // failure there loses no training.
+  void checkpoint_at_end() {
+    if (cfg_.checkpoint.at_end && !result_.preempted && saved_step_ != pos_.step && pos_.step > result_.first_step)
+      save(best_.name);
+  }
+
+  // Steps `first` on of `epoch`; true when the run stops inside it (a signal, early stopping).
+  bool run_epoch(int epoch, long first) {
+    for (long s = first; s < run_.steps_per_epoch && pos_.step < run_.total_steps; ++s) {
+      const StepOutcome out = take_step(run_, pos_, epoch, s, result_);
+      interval_.loss += out.loss;
+      interval_.steps += 1;
+      interval_.seconds += out.seconds;
+      interval_.tokens += out.tokens;
+      totals_.tokens += out.tokens;
+      run_.progress.step(pos_.step, out.loss);
+      // Every rank reaches the logging steps: the per-rank memory gather lines up.
+      if (pos_.step % cfg_.train.log_every == 0 || pos_.step == run_.total_steps)
+        totals_.final_loss = log_interval(run_, pos_, out, interval_);
+      pos_.epoch = epoch;
+      pos_.epoch_step = s + 1;
+      if (checkpoint_or_stop()) return true;
+      // eval.every_steps; the epoch's last step is evaluated after the epoch, once.
+      const bool epoch_ends = s + 1 == run_.steps_per_epoch || pos_.step >= run_.total_steps;
+      if (cfg_.eval.every_steps > 0 && pos_.step % cfg_.eval.every_steps == 0 && !epoch_ends && !run_.eval_set.empty()) {
+        totals_.evals.push_back(evaluate_epoch(run_, pos_.step, epoch, result_, /*epoch_end=*/false));
+        if (after_eval(totals_.evals.back())) return true;
+      }
+    }
+    return false;
+  }
+
+  // The checkpoint.every cadence and the stop signal (which checkpoints at once); true on a stop.
+  bool checkpoint_or_stop() {
+    bool stop = stop_requested(run_.comm);
+    if (stop || (cfg_.checkpoint.every > 0 && pos_.step % cfg_.checkpoint.every == 0)) {
+      save(best_.name);
+      // A signal that came while this checkpoint was written stops here, at the position it holds:
+      // another step and checkpoint could outlast the launcher's grace time (mpirun's few seconds).
+      stop = stop || stop_requested(run_.comm);
+    }
+    if (!stop) return false;
+    run_.say(concat("stop signal received: checkpoint written at step ", pos_.step, "; exiting so the job can be requeued"));
+    result_.preempted = true;
+    clear_stop_request();
+    return true;
+  }
+
+  // After each evaluation: the best checkpoint (written now unless this step has one) and early
+  // stopping. True when training should stop.
+  bool after_eval(const EvalLog& ev) {
+    if (keep_best_ && (!best_.have || ev.loss < best_.loss)) {
+      char name[64];
+      std::snprintf(name, sizeof name, "ckpt-%08ld.h5", pos_.step);
+      if (saved_step_ != pos_.step) save(name);
+      best_ = {true, ev.loss, std::filesystem::path(result_.last_checkpoint).filename().string()};
+      run_collectively(run_.comm, [&] {
+        if (run_.rank == 0) write_best_pointer(cfg_.checkpoint_dir(), best_.name, best_.loss, cfg_.checkpoint.keep_last);
+      });
+      run_.say(concat("best checkpoint: ", best_.name, " (eval_loss ", ev.loss, ")"));
+      run_.record({{"type", "best_checkpoint"}, {"step", pos_.step}, {"path", result_.last_checkpoint}, {"eval_loss", ev.loss}});
+    }
+    if (best_.have) result_.best_checkpoint = (std::filesystem::path(cfg_.checkpoint_dir()) / best_.name).string();
+    if (!early_.should_stop(ev.loss)) return false;
+    run_.say(concat("early stopping at step ", pos_.step, ": ", early_.without_improvement,
+                    " evaluation(s) without an improvement of more than ", cfg_.train.early_stopping_threshold,
+                    " on the best eval_loss ", early_.best, " (train.early_stopping_patience = ", early_.patience, ")"));
+    run_.record({{"type", "early_stopping"}, {"step", pos_.step}, {"best_eval_loss", early_.best},
+                 {"evaluations_without_improvement", early_.without_improvement}});
+    result_.early_stopped = true;
+    return true;
+  }
+
+  // LoRA: the adapters as PEFT loads them (RUN_DIR/adapter), from the checkpoint of the last step.
+  void write_adapter() {
+    if (!cfg_.model.lora.enabled()) return;
+    if (result_.last_checkpoint.empty() || saved_step_ != pos_.step) {
+      run_.say("note: no checkpoint of the last step, so no adapter folder; shardlm export --adapter writes one "
+               "from any checkpoint");
+      return;
+    }
+    const std::string dir = cfg_.run.dir + "/adapter";
+    run_collectively(run_.comm, [&] {
+      if (run_.rank == 0) export_checkpoint_adapter(result_.last_checkpoint, dir, /*overwrite=*/true);
+    });
+    run_.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
+  }
+};
+
+// Warnings about settings that do nothing in this run.
+void warn_idle_settings(TrainRun& run, const TrainPosition& pos) {
+  const RunConfig& cfg = run.cfg;
+  if (cfg.run.trace_step > 0 && (cfg.run.trace_step <= pos.step || cfg.run.trace_step > run.total_steps))
+    run.say(concat("warning: run.trace_step = ", cfg.run.trace_step, " is not among this run's steps (", pos.step + 1, " to ",
+                   run.total_steps, "): no timeline will be written"));
+  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda && cfg.fsdp.offload_accumulate == OffloadAccumulate::Device &&
+      run.accum == 1)
+    run.say("warning: fsdp.offload_accumulate = device without gradient accumulation (one micro-step a step) only holds "
+            "an fp32 gradient slice on the GPU that nothing uses: use host");
 }
 
 }  // namespace
@@ -71,135 +219,11 @@ TrainResult train(const RunConfig& cfg, MPI_Comm comm, const TrainOptions& optio
     return result;
   }
   install_stop_signals();
-  TrainPosition pos = load_start(run);
+  const TrainPosition pos = load_start(run);
   open_run_outputs(run);
-  const int start_epoch = pos.epoch;
-  const long start_epoch_step = pos.epoch_step;
-
   run.progress = ProgressDisplay(run.echo, run.echo && output_is_terminal(), pos.step, run.total_steps);
-  if (cfg.run.trace_step > 0 && (cfg.run.trace_step <= pos.step || cfg.run.trace_step > run.total_steps))
-    run.say(concat("warning: run.trace_step = ", cfg.run.trace_step, " is not among this run's steps (", pos.step + 1, " to ",
-                   run.total_steps, "): no timeline will be written"));
-  if (cfg.fsdp.cpu_offload && cfg.run.backend == BackendKind::Cuda && cfg.fsdp.offload_accumulate == OffloadAccumulate::Device &&
-      run.accum == 1)
-    run.say("warning: fsdp.offload_accumulate = device without gradient accumulation (one micro-step a step) only holds "
-            "an fp32 gradient slice on the GPU that nothing uses: use host");
-  TrainResult result;
-  result.first_step = pos.step;
-  const FsdpMemory mem = run.engine->memory();
-  result.master_shard_bytes = mem.master_shard;
-  result.grad_shard_bytes = mem.grad_shard;
-  result.optimizer_bytes = run.engine->optimizer_bytes();
-  result.model_params = mem.model_params;
-
-  Timer run_timer;
-  RunTotals totals;
-  LogInterval interval;
-  long saved_step = -1;
-  // The checkpoint at the end of training is written before the last evaluation and generation, so
-  // a failure there loses no training.
-  const bool keep_best = cfg.checkpoint.keep_best == KeepBest::EvalLoss;
-  BestCheckpoint best = keep_best && !run.resume_path.empty() && !cfg.checkpoint.load_weights_only ? read_best(run)
-                                                                                                     : BestCheckpoint{};
-  if (best.have) run.say(concat("best checkpoint so far: ", best.name, " (eval_loss ", best.loss, ")"));
-  EarlyStopping early{cfg.train.early_stopping_patience, cfg.train.early_stopping_threshold};
-  auto checkpoint_at_end = [&] {
-    if (cfg.checkpoint.at_end && !result.preempted && saved_step != pos.step && pos.step > result.first_step) {
-      result.last_checkpoint = checkpoint(run, pos, best.name);
-      saved_step = pos.step;
-    }
-  };
-  // After each evaluation: the best checkpoint (written now unless this step has one) and early
-  // stopping. True when training should stop.
-  auto after_eval = [&](const EvalLog& ev) {
-    if (keep_best && (!best.have || ev.loss < best.loss)) {
-      char name[64];
-      std::snprintf(name, sizeof name, "ckpt-%08ld.h5", pos.step);
-      if (saved_step != pos.step) {
-        result.last_checkpoint = checkpoint(run, pos, name);
-        saved_step = pos.step;
-      }
-      best = {true, ev.loss, std::filesystem::path(result.last_checkpoint).filename().string()};
-      run_collectively(comm, [&] {
-        if (run.rank == 0) write_best_pointer(cfg.checkpoint_dir(), best.name, best.loss, cfg.checkpoint.keep_last);
-      });
-      run.say(concat("best checkpoint: ", best.name, " (eval_loss ", ev.loss, ")"));
-      run.record({{"type", "best_checkpoint"}, {"step", pos.step}, {"path", result.last_checkpoint}, {"eval_loss", ev.loss}});
-    }
-    if (best.have) result.best_checkpoint = (std::filesystem::path(cfg.checkpoint_dir()) / best.name).string();
-    if (!early.should_stop(ev.loss)) return false;
-    run.say(concat("early stopping at step ", pos.step, ": ", early.without_improvement,
-                   " evaluation(s) without an improvement of more than ", cfg.train.early_stopping_threshold,
-                   " on the best eval_loss ", early.best, " (train.early_stopping_patience = ", early.patience, ")"));
-    run.record({{"type", "early_stopping"}, {"step", pos.step}, {"best_eval_loss", early.best},
-                {"evaluations_without_improvement", early.without_improvement}});
-    result.early_stopped = true;
-    return true;
-  };
-  for (int epoch = start_epoch; epoch < cfg.train.epochs && pos.step < run.total_steps; ++epoch) {
-    for (long s = epoch == start_epoch ? start_epoch_step : 0; s < run.steps_per_epoch && pos.step < run.total_steps;
-         ++s) {
-      const StepOutcome out = take_step(run, pos, epoch, s, result);
-      interval.loss += out.loss;
-      interval.steps += 1;
-      interval.seconds += out.seconds;
-      interval.tokens += out.tokens;
-      totals.tokens += out.tokens;
-      run.progress.step(pos.step, out.loss);
-      // Every rank reaches the logging steps: the per-rank memory gather lines up.
-      if (pos.step % cfg.train.log_every == 0 || pos.step == run.total_steps)
-        totals.final_loss = log_interval(run, pos, out, interval);
-      pos.epoch = epoch;
-      pos.epoch_step = s + 1;
-      bool stop = stop_requested(comm);
-      if (stop || (cfg.checkpoint.every > 0 && pos.step % cfg.checkpoint.every == 0)) {
-        result.last_checkpoint = checkpoint(run, pos, best.name);
-        saved_step = pos.step;
-        // A signal that came while this checkpoint was written stops here, at the position it holds:
-        // another step and checkpoint could outlast the launcher's grace time (mpirun's few seconds).
-        stop = stop || stop_requested(comm);
-      }
-      if (stop) {
-        run.say(concat("stop signal received: checkpoint written at step ", pos.step,
-                       "; exiting so the job can be requeued"));
-        result.preempted = true;
-        clear_stop_request();
-        break;
-      }
-      // eval.every_steps; the epoch's last step is evaluated below, once.
-      const bool epoch_ends = s + 1 == run.steps_per_epoch || pos.step >= run.total_steps;
-      if (cfg.eval.every_steps > 0 && pos.step % cfg.eval.every_steps == 0 && !epoch_ends && !run.eval_set.empty()) {
-        totals.evals.push_back(evaluate_epoch(run, pos.step, epoch, result, /*epoch_end=*/false));
-        if (after_eval(totals.evals.back())) break;
-      }
-    }
-    if (result.preempted || result.early_stopped) break;
-    if (pos.step >= run.total_steps || epoch == cfg.train.epochs - 1) checkpoint_at_end();
-    if (cfg.checkpoint.every_epoch && saved_step != pos.step && pos.step > result.first_step) {  // save_strategy = epoch
-      result.last_checkpoint = checkpoint(run, pos, best.name);
-      saved_step = pos.step;
-    }
-    if (!run.eval_set.empty()) {
-      totals.evals.push_back(evaluate_epoch(run, pos.step, epoch, result));
-      if (after_eval(totals.evals.back())) break;
-    }
-  }
-  checkpoint_at_end();
-  // LoRA: the adapters as PEFT loads them (RUN_DIR/adapter), from the checkpoint of the last step.
-  if (cfg.model.lora.enabled() && !result.last_checkpoint.empty() && saved_step == pos.step) {
-    const std::string dir = cfg.run.dir + "/adapter";
-    run_collectively(comm, [&] {
-      if (run.rank == 0) export_checkpoint_adapter(result.last_checkpoint, dir, /*overwrite=*/true);
-    });
-    run.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
-  } else if (cfg.model.lora.enabled()) {
-    run.say("note: no checkpoint of the last step, so no adapter folder; shardlm export --adapter writes one "
-            "from any checkpoint");
-  }
-  totals.seconds = run_timer.seconds();
-  summarize_run(run, pos, totals, result);
-  clear_stop_request();  // one that came during the last steps: the run has ended anyway
-  return result;
+  warn_idle_settings(run, pos);
+  return TrainLoop(run, pos).run();
 }
 
 }  // namespace shardlm

@@ -172,6 +172,151 @@ std::function<void(int, int)> progress_printer(int rank, const std::string& what
   };
 }
 
+// The backend's groups (HYBRID_SHARD's: shard = the ranks of one node, replicate = one rank of each
+// node), how to make a bench on one, and what the header says about it.
+struct CommBackend {
+  ProcessGroups groups;
+  std::function<std::unique_ptr<CollectiveBench>(Communicator&, size_t)> make_bench;
+  std::string device, library = mpi_library_text(), memory_where = "this host's share";
+  size_t available = 0;  // bytes a rank may use
+};
+
+#ifdef SHARDLM_HAVE_CUDA
+using StreamHandle = cudaStream_t;
+#else
+using StreamHandle = void*;  // no streams without CUDA
+#endif
+
+// `s` (CUDA: the NCCL groups' stream) is created here and must outlive the groups.
+CommBackend open_backend(const CommTestOptions& o, const Topology& topo, [[maybe_unused]] StreamHandle& s) {
+  CommBackend b;
+#ifdef SHARDLM_HAVE_CUDA
+  if (o.backend == "cuda") {
+    run_collectively(MPI_COMM_WORLD, [&] {
+      cuda::select_device(topo);
+      SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      b.device = cuda::current_device_text();
+      b.available = cuda::device_free_bytes();
+    });
+    b.groups = cuda::make_nccl_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard, s, o.timeout);
+    b.make_bench = [](Communicator& c, size_t max) {
+      return cuda::make_nccl_collective_bench(static_cast<cuda::NcclCommunicator&>(c), max);
+    };
+    b.library += ", " + cuda::nccl_version_text();
+    b.memory_where = "the GPU";
+  }
+#endif
+  if (o.backend == "cpu") {
+    b.groups = make_mpi_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard);
+    b.make_bench = [](Communicator& c, size_t max) {
+      return make_mpi_collective_bench(static_cast<MpiCommunicator&>(c), max);
+    };
+    b.available = host_available_bytes() / static_cast<size_t>(topo.host_ranks);  // the host's ranks share it
+  }
+  return b;
+}
+
+// The groups asked for; a group that is one rank or the whole world (when world runs too) is skipped,
+// with why in `skipped`.
+std::vector<GroupKind> groups_to_run(const CommTestOptions& o, const Topology& topo, const ProcessGroups& groups,
+                                     std::vector<std::pair<std::string, std::string>>& skipped) {
+  const int world_size = topo.world_size;
+  std::vector<GroupKind> kinds;
+  const bool world_selected = std::find(o.groups.begin(), o.groups.end(), "world") != o.groups.end();
+  const GroupLayout layout = group_layout(ShardingStrategy::HybridShard, topo);
+  for (const std::string& name : o.groups) {
+    GroupKind k{name, groups.world.get(), 0, 1};
+    if (name == "intra") k = {name, groups.shard.get(), layout.shard_color, world_size / layout.shard_size};
+    if (name == "inter") k = {name, groups.replicate.get(), layout.replicate_color, world_size / layout.replicate_size};
+    if (name != "world" && k.comm->size() == 1)
+      skipped.emplace_back(name, concat("groups of 1 rank (", topo.num_nodes, " node(s) of ", topo.local_size,
+                                        " rank(s)); --dist.ranks_per_node=K emulates nodes of K ranks"));
+    else if (name != "world" && k.comm->size() == world_size && world_selected)
+      skipped.emplace_back(name, "the same ranks as world");
+    else
+      kinds.push_back(k);
+  }
+  run_collectively(MPI_COMM_WORLD, [&] {
+    std::string why;
+    for (const auto& [name, reason] : skipped) why += concat("; ", name, ": ", reason);
+    SHARDLM_CHECK(!kinds.empty(), "comm-test: nothing to measure on ", world_size, " rank(s)", why);
+  });
+  return kinds;
+}
+
+// The header lines (and, on rank 0, the setup and skipped records).
+void print_header(const CommTestOptions& o, const Topology& topo, const CommBackend& b, const std::vector<size_t>& sizes,
+                  int smallest_group, const std::vector<std::pair<std::string, std::string>>& skipped,
+                  std::ofstream& jsonl) {
+  log_info(concat("# shardlm ", SHARDLM_VERSION, " comm-test: ", topo.world_size, " rank(s), ", topo.num_nodes,
+                  topo.emulated ? " emulated node(s)" : " node(s)", " of ", topo.local_size, " rank(s); backend ",
+                  o.backend, " (", b.library, ")"));
+  log_info(concat("# sizes ", sizes.front(), " to ", sizes.back(), " B by x", o.step_factor, ", dtype ",
+                  dtype_name(o.dtype), ", warmup ", o.warmup, ", iters ", o.iters, ", check ",
+                  o.check ? "on" : "off", "; buffers ", format_bytes(bytes_needed(o, sizes.back(), smallest_group)),
+                  " per rank"));
+  log_info("# time: median over the iterations of each rank, the largest over ranks; algbw = size / time;");
+  log_info("# busbw = algbw x (all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)");
+  print_placement(topo, b.device);
+  for (const auto& [name, why] : skipped) log_info(concat("# group ", name, " skipped: ", why));
+  if (topo.world_rank != 0) return;
+  jsonl << nlohmann::json{{"type", "comm_test_setup"},   {"version", SHARDLM_VERSION},
+                          {"world_size", topo.world_size}, {"nodes", topo.num_nodes},
+                          {"ranks_per_node", topo.local_size}, {"emulated_nodes", topo.emulated},
+                          {"backend", o.backend},         {"library", b.library},
+                          {"dtype", dtype_name(o.dtype)}, {"min_bytes", sizes.front()},
+                          {"max_bytes", sizes.back()},    {"step_factor", o.step_factor},
+                          {"iters", o.iters},             {"warmup", o.warmup},
+                          {"check", o.check}}
+               .dump()
+        << "\n";
+  for (const auto& [name, why] : skipped)
+    jsonl << nlohmann::json{{"type", "comm_test_skipped"}, {"group", name}, {"reason", why}}.dump() << "\n";
+}
+
+// One collective on one group over every size: its table and records; returns the wrong values.
+size_t measure_table(const CommTestOptions& o, int rank, const GroupKind& k, Collective c, bool one_host,
+                     const std::vector<size_t>& sizes, CollectiveBench& bench, std::ofstream& jsonl) {
+  CommTestTable t;
+  t.collective = c;
+  t.group = k.name;
+  t.group_size = k.comm->size();
+  t.group_count = k.count;
+  t.backend = o.backend;
+  t.call = library_call(o.backend, c);
+  t.algo = forced_algorithm(o.backend, c);
+  t.transport = t.group_size == 1 ? "self" : !one_host ? "net" : o.backend == "cuda" ? "p2p|shm" : "shm";
+  t.dtype = o.dtype;
+  if (rank == 0) print_table_start(t);
+  std::vector<CommTestRow> rows;
+  size_t wrong_total = 0;
+  for (size_t nominal : sizes) {
+    const CollectiveShape shape = collective_shape(c, nominal, t.group_size, o.dtype);
+    if (shape.piece == 0) continue;  // smaller than one element per rank
+    CollectiveBenchSettings s;
+    s.dtype = o.dtype;
+    s.warmup = o.warmup;
+    s.iters = o.iters;
+    s.check = o.check;
+    s.root = t.root;
+    s.progress = progress_printer(rank, concat(collective_name(c), " on ", k.name, ", ", shape.bytes, " B"));
+    const CollectiveTimes times = bench.run(c, shape, s);
+    const double time_us = mpi_max(MPI_COMM_WORLD, median(times.iteration_us));
+    const uint64_t wrong = mpi_sum(MPI_COMM_WORLD, static_cast<uint64_t>(times.wrong));
+    rows.push_back(make_comm_test_row(t, shape, time_us, wrong));
+    wrong_total += wrong;
+    if (rank == 0) {
+      print_table_row(t, rows.back());
+      jsonl << row_json(t, rows.back(), o.iters, o.warmup).dump() << "\n" << std::flush;
+    }
+  }
+  if (rank == 0) {
+    print_table_end(t, rows);
+    jsonl << table_summary_json(t, rows).dump() << "\n" << std::flush;
+  }
+  return wrong_total;
+}
+
 }  // namespace
 
 int command_comm_test(const std::vector<std::string>& args) {
@@ -193,9 +338,9 @@ int command_comm_test(const std::vector<std::string>& args) {
   Topology topo;
   run_collectively(MPI_COMM_WORLD, [&] { topo = make_topology(MPI_COMM_WORLD, o.ranks_per_node); });
 
-#ifdef SHARDLM_HAVE_CUDA
   // The NCCL groups' stream; declared first so that it outlives them.
-  cudaStream_t stream = nullptr;
+  StreamHandle stream = nullptr;
+#ifdef SHARDLM_HAVE_CUDA
   struct StreamGuard {
     cudaStream_t& s;
     ~StreamGuard() {
@@ -203,144 +348,29 @@ int command_comm_test(const std::vector<std::string>& args) {
     }
   } stream_guard{stream};
 #endif
-  // The groups of HYBRID_SHARD: shard = the ranks of one node, replicate = one rank of each node.
-  ProcessGroups groups;
-  std::function<std::unique_ptr<CollectiveBench>(Communicator&, size_t)> make_bench;
-  std::string device, library = mpi_library_text(), memory_where = "this host's share";
-  size_t available = 0;
-#ifdef SHARDLM_HAVE_CUDA
-  if (o.backend == "cuda") {
-    run_collectively(MPI_COMM_WORLD, [&] {
-      cuda::select_device(topo);
-      SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      device = cuda::current_device_text();
-      available = cuda::device_free_bytes();
-    });
-    groups = cuda::make_nccl_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard, stream, o.timeout);
-    make_bench = [](Communicator& c, size_t max) {
-      return cuda::make_nccl_collective_bench(static_cast<cuda::NcclCommunicator&>(c), max);
-    };
-    library += ", " + cuda::nccl_version_text();
-    memory_where = "the GPU";
-  }
-#endif
-  if (o.backend == "cpu") {
-    groups = make_mpi_process_groups(MPI_COMM_WORLD, topo, ShardingStrategy::HybridShard);
-    make_bench = [](Communicator& c, size_t max) {
-      return make_mpi_collective_bench(static_cast<MpiCommunicator&>(c), max);
-    };
-    available = host_available_bytes() / static_cast<size_t>(topo.host_ranks);  // the host's ranks share it
-  }
-
-  // The groups asked for; a group that is one rank or the whole world (when world runs too) is skipped.
-  std::vector<GroupKind> kinds;
+  const CommBackend b = open_backend(o, topo, stream);
   std::vector<std::pair<std::string, std::string>> skipped;
-  const bool world_selected = std::find(o.groups.begin(), o.groups.end(), "world") != o.groups.end();
-  const GroupLayout layout = group_layout(ShardingStrategy::HybridShard, topo);
-  for (const std::string& name : o.groups) {
-    GroupKind k{name, groups.world.get(), 0, 1};
-    if (name == "intra")
-      k = {name, groups.shard.get(), layout.shard_color, world_size / layout.shard_size};
-    if (name == "inter")
-      k = {name, groups.replicate.get(), layout.replicate_color, world_size / layout.replicate_size};
-    if (name != "world" && k.comm->size() == 1)
-      skipped.emplace_back(name, concat("groups of 1 rank (", topo.num_nodes, " node(s) of ", topo.local_size,
-                                        " rank(s)); --dist.ranks_per_node=K emulates nodes of K ranks"));
-    else if (name != "world" && k.comm->size() == world_size && world_selected)
-      skipped.emplace_back(name, "the same ranks as world");
-    else
-      kinds.push_back(k);
-  }
-  run_collectively(MPI_COMM_WORLD, [&] {
-    std::string why;
-    for (const auto& [name, reason] : skipped) why += concat("; ", name, ": ", reason);
-    SHARDLM_CHECK(!kinds.empty(), "comm-test: nothing to measure on ", world_size, " rank(s)", why);
-  });
+  const std::vector<GroupKind> kinds = groups_to_run(o, topo, b.groups, skipped);
   int smallest_group = world_size;
   for (const GroupKind& k : kinds) smallest_group = std::min(smallest_group, k.comm->size());
 
   std::vector<size_t> sizes;
   run_collectively(MPI_COMM_WORLD, [&] {
-    sizes = sizes_that_fit(o, available, smallest_group, memory_where);
+    sizes = sizes_that_fit(o, b.available, smallest_group, b.memory_where);
     const size_t word = dtype_size(o.dtype);
     SHARDLM_CHECK(o.backend != "cpu" || sizes.back() / word <= static_cast<size_t>(INT32_MAX), "--max-bytes=",
                   sizes.back(), " is ", sizes.back() / word, " elements, over MPI's int count limit; lower it");
   });
   std::string jsonl_path;
   std::ofstream jsonl = open_jsonl(o, rank, &jsonl_path);
-
-  log_info(concat("# shardlm ", SHARDLM_VERSION, " comm-test: ", world_size, " rank(s), ", topo.num_nodes,
-                  topo.emulated ? " emulated node(s)" : " node(s)", " of ", topo.local_size, " rank(s); backend ",
-                  o.backend, " (", library, ")"));
-  log_info(concat("# sizes ", sizes.front(), " to ", sizes.back(), " B by x", o.step_factor, ", dtype ",
-                  dtype_name(o.dtype), ", warmup ", o.warmup, ", iters ", o.iters, ", check ",
-                  o.check ? "on" : "off", "; buffers ", format_bytes(bytes_needed(o, sizes.back(), smallest_group)),
-                  " per rank"));
-  log_info("# time: median over the iterations of each rank, the largest over ranks; algbw = size / time;");
-  log_info("# busbw = algbw x (all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1)");
-  print_placement(topo, device);
-  for (const auto& [name, why] : skipped) log_info(concat("# group ", name, " skipped: ", why));
-  if (rank == 0) {
-    jsonl << nlohmann::json{{"type", "comm_test_setup"},   {"version", SHARDLM_VERSION},
-                            {"world_size", world_size},     {"nodes", topo.num_nodes},
-                            {"ranks_per_node", topo.local_size}, {"emulated_nodes", topo.emulated},
-                            {"backend", o.backend},         {"library", library},
-                            {"dtype", dtype_name(o.dtype)}, {"min_bytes", sizes.front()},
-                            {"max_bytes", sizes.back()},    {"step_factor", o.step_factor},
-                            {"iters", o.iters},             {"warmup", o.warmup},
-                            {"check", o.check}}
-                 .dump()
-          << "\n";
-    for (const auto& [name, why] : skipped)
-      jsonl << nlohmann::json{{"type", "comm_test_skipped"}, {"group", name}, {"reason", why}}.dump() << "\n";
-  }
+  print_header(o, topo, b, sizes, smallest_group, skipped, jsonl);
 
   size_t total_wrong = 0;
   for (const GroupKind& k : kinds) {
     std::unique_ptr<CollectiveBench> bench;
-    run_collectively(MPI_COMM_WORLD, [&] { bench = make_bench(*k.comm, sizes.back()); });
+    run_collectively(MPI_COMM_WORLD, [&] { bench = b.make_bench(*k.comm, sizes.back()); });
     const bool one_host = groups_on_one_host(MPI_COMM_WORLD, k.color);
-    for (Collective c : o.collectives) {
-      CommTestTable t;
-      t.collective = c;
-      t.group = k.name;
-      t.group_size = k.comm->size();
-      t.group_count = k.count;
-      t.backend = o.backend;
-      t.call = library_call(o.backend, c);
-      t.algo = forced_algorithm(o.backend, c);
-      t.transport = t.group_size == 1 ? "self" : !one_host ? "net" : o.backend == "cuda" ? "p2p|shm" : "shm";
-      t.dtype = o.dtype;
-      if (rank == 0) print_table_start(t);
-      std::vector<CommTestRow> rows;
-      for (size_t nominal : sizes) {
-        const CollectiveShape shape = collective_shape(c, nominal, t.group_size, o.dtype);
-        if (shape.piece == 0) continue;  // smaller than one element per rank
-        CollectiveBenchSettings s;
-        s.dtype = o.dtype;
-        s.warmup = o.warmup;
-        s.iters = o.iters;
-        s.check = o.check;
-        s.root = t.root;
-        s.progress = progress_printer(rank, concat(collective_name(c), " on ", k.name, ", ", shape.bytes, " B"));
-        const CollectiveTimes times = bench->run(c, shape, s);
-        const double local_us = median(times.iteration_us);
-        double time_us = 0;
-        unsigned long long wrong = times.wrong, all_wrong = 0;
-        MPI_Allreduce(&local_us, &time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(&wrong, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-        rows.push_back(make_comm_test_row(t, shape, time_us, all_wrong));
-        total_wrong += all_wrong;
-        if (rank == 0) {
-          print_table_row(t, rows.back());
-          jsonl << row_json(t, rows.back(), o.iters, o.warmup).dump() << "\n" << std::flush;
-        }
-      }
-      if (rank == 0) {
-        print_table_end(t, rows);
-        jsonl << table_summary_json(t, rows).dump() << "\n" << std::flush;
-      }
-    }
+    for (Collective c : o.collectives) total_wrong += measure_table(o, rank, k, c, one_host, sizes, *bench, jsonl);
   }
   log_info(concat("#\n# Wrong values         : ", total_wrong, total_wrong ? " FAILED" : " OK"));
   log_info(concat("# results: ", jsonl_path));

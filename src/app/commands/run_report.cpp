@@ -98,6 +98,103 @@ std::string segment_ranks(const RunRecord& r) {
   return out;
 }
 
+// One record of metrics.jsonl into the run (`last_eval_epoch`: the epoch of the last eval record, which
+// a resumed run's first evaluation of the same epoch replaces). Throws on a malformed record.
+void read_record(const nlohmann::json& j, const std::string& type, RunRecord& run, double& last_eval_epoch) {
+  if (type == "setup") {
+    // Each process of the run (the first, then each resume) starts with one.
+    RunSegment seg;
+    seg.ranks = j.at("world_size").get<int>();
+    seg.nodes = j.at("num_nodes").get<int>();
+    seg.strategy = j.at("strategy").get<std::string>();
+    seg.grad_accum = j.value("grad_accum", 0);
+    seg.first_step = j.value("resumed_from_step", run.segments.empty() ? 0L : run.segments.back().last_step);
+    seg.last_step = seg.first_step;
+    run.segments.push_back(seg);
+  } else if (run.segments.empty()) {
+    throw std::runtime_error("'" + type + "' record before any 'setup' record");
+  } else if (type == "train") {
+    const long step = j.at("step").get<long>();
+    const double loss = j.at("loss").get<double>();
+    run.train_loss_by_step[step] = loss;
+    run.final_loss = loss;
+    run.segments.back().last_step = step;
+  } else if (type == "eval") {
+    const double loss = j.at("eval_loss").get<double>();
+    const double epoch = number_or_nan(j, "epoch");
+    if (!run.eval_losses.empty() && std::isfinite(epoch) && epoch == last_eval_epoch) {
+      run.eval_losses.pop_back();
+      run.eval_samples_per_second.pop_back();
+    }
+    last_eval_epoch = epoch;
+    run.eval_losses.push_back(loss);
+    run.eval_samples_per_second.push_back(number_or_nan(j, "eval_samples_per_second"));
+    run.exact_match = number_or_nan(j, "eval_exact_match");
+    run.f1 = number_or_nan(j, "eval_f1");
+  } else if (type == "summary") {
+    RunSegment& seg = run.segments.back();
+    seg.train_samples_per_second = j.at("train_samples_per_second").get<double>();
+    seg.train_loss = j.at("train_loss").get<double>();
+    seg.train_runtime = number_or_nan(j, "train_runtime");
+    seg.train_steps_per_second = number_or_nan(j, "train_steps_per_second");
+    if (j.contains("first_step")) seg.first_step = j["first_step"].get<long>();
+    if (j.contains("steps")) seg.last_step = j["steps"].get<long>();
+    seg.preempted = j.value("preempted", false);
+    seg.summary = true;
+    const double peak = j.at("peak_memory_bytes").get<double>();
+    run.peak_memory_bytes = std::isfinite(run.peak_memory_bytes) ? std::max(run.peak_memory_bytes, peak) : peak;
+  }
+}
+
+// Every record of RUN_DIR/metrics.jsonl; a bad line is a warning, not the end of the report.
+void read_metrics(const std::string& run_dir, RunRecord& run) {
+  std::error_code ec;
+  const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
+  SHARDLM_CHECK(fs::exists(metrics_path, ec), metrics_path,
+                ": cannot open the metrics log (is this a shardlm run directory?)");
+  const std::unique_ptr<std::istream> metrics = open_input_file(metrics_path, "metrics log", kMaxDataFileBytes);
+  std::string line;
+  double last_eval_epoch = NAN;
+  for (size_t number = 1; std::getline(*metrics, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string type;
+    try {
+      const nlohmann::json j = parse_json_bounded(line, metrics_path);
+      if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+        throw std::runtime_error("expected a JSON object with a string 'type'");
+      type = j["type"];
+      read_record(j, type, run, last_eval_epoch);
+    } catch (const std::exception& e) {
+      // One bad line (a crash mid-write, a hand edit) does not hide the rest of the run.
+      run.warnings.push_back(concat(metrics_path, ":", number, ": skipped",
+                                    type.empty() ? std::string() : " '" + type + "' record", ": ", e.what()));
+    }
+  }
+  SHARDLM_CHECK(!run.segments.empty(), metrics_path, ": no 'setup' record (the run did not start?)");
+}
+
+// Totals over the segments that ended with a summary: samples over their summed runtime, and the loss
+// of each segment weighted by its steps.
+void total_segments(RunRecord& run) {
+  std::vector<const RunSegment*> done;
+  for (const RunSegment& seg : run.segments)
+    if (seg.summary) done.push_back(&seg);
+  if (done.size() == 1) {
+    run.train_samples_per_second = done[0]->train_samples_per_second;
+    run.train_loss = done[0]->train_loss;
+  } else if (done.size() > 1) {
+    double samples = 0, seconds = 0, loss_sum = 0, steps = 0;
+    for (const RunSegment* seg : done) {
+      samples += seg->train_samples_per_second * seg->train_runtime;
+      seconds += seg->train_runtime;
+      const double n = seg->steps_run();
+      if (n > 0) loss_sum += seg->train_loss * n, steps += n;
+    }
+    run.train_samples_per_second = seconds > 0 ? samples / seconds : NAN;
+    run.train_loss = steps > 0 ? loss_sum / steps : NAN;
+  }
+}
+
 }  // namespace
 
 RunRecord read_run(const std::string& run_dir) {
@@ -118,100 +215,13 @@ RunRecord read_run(const std::string& run_dir) {
   run.backend = deck_value("run.backend");
   run.param_dtype = deck_value("fsdp.param_dtype");
   run.global_batch = std::atoi(deck_value("train.batch_size").c_str());
-
-  const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
-  SHARDLM_CHECK(fs::exists(metrics_path, ec), metrics_path,
-                ": cannot open the metrics log (is this a shardlm run directory?)");
-  const std::unique_ptr<std::istream> metrics = open_input_file(metrics_path, "metrics log", kMaxDataFileBytes);
-  std::istream& in = *metrics;
-  std::string line;
-  double last_eval_epoch = NAN;
-  for (size_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    std::string type;
-    try {
-      j = parse_json_bounded(line, metrics_path);
-      if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-        throw std::runtime_error("expected a JSON object with a string 'type'");
-      type = j["type"];
-      if (type == "setup") {
-        // Each process of the run (the first, then each resume) starts with one.
-        RunSegment seg;
-        seg.ranks = j.at("world_size").get<int>();
-        seg.nodes = j.at("num_nodes").get<int>();
-        seg.strategy = j.at("strategy").get<std::string>();
-        seg.grad_accum = j.value("grad_accum", 0);
-        seg.first_step = j.value("resumed_from_step", run.segments.empty() ? 0L : run.segments.back().last_step);
-        seg.last_step = seg.first_step;
-        run.segments.push_back(seg);
-      } else if (run.segments.empty()) {
-        throw std::runtime_error("'" + type + "' record before any 'setup' record");
-      } else if (type == "train") {
-        const long step = j.at("step").get<long>();
-        const double loss = j.at("loss").get<double>();
-        run.train_loss_by_step[step] = loss;
-        run.final_loss = loss;
-        run.segments.back().last_step = step;
-      } else if (type == "eval") {
-        const double loss = j.at("eval_loss").get<double>();
-        // A run resumed at an epoch's end evaluates that epoch again: the later record replaces it.
-        const double epoch = number_or_nan(j, "epoch");
-        if (!run.eval_losses.empty() && std::isfinite(epoch) && epoch == last_eval_epoch) {
-          run.eval_losses.pop_back();
-          run.eval_samples_per_second.pop_back();
-        }
-        last_eval_epoch = epoch;
-        run.eval_losses.push_back(loss);
-        run.eval_samples_per_second.push_back(number_or_nan(j, "eval_samples_per_second"));
-        run.exact_match = number_or_nan(j, "eval_exact_match");
-        run.f1 = number_or_nan(j, "eval_f1");
-      } else if (type == "summary") {
-        RunSegment& seg = run.segments.back();
-        seg.train_samples_per_second = j.at("train_samples_per_second").get<double>();
-        seg.train_loss = j.at("train_loss").get<double>();
-        seg.train_runtime = number_or_nan(j, "train_runtime");
-        seg.train_steps_per_second = number_or_nan(j, "train_steps_per_second");
-        if (j.contains("first_step")) seg.first_step = j["first_step"].get<long>();
-        if (j.contains("steps")) seg.last_step = j["steps"].get<long>();
-        seg.preempted = j.value("preempted", false);
-        seg.summary = true;
-        run.peak_memory_bytes = std::isfinite(run.peak_memory_bytes)
-                                    ? std::max(run.peak_memory_bytes, j.at("peak_memory_bytes").get<double>())
-                                    : j.at("peak_memory_bytes").get<double>();
-      }
-    } catch (const std::exception& e) {
-      // One bad line (a crash mid-write, a hand edit) does not hide the rest of the run.
-      run.warnings.push_back(concat(metrics_path, ":", number, ": skipped",
-                                    type.empty() ? std::string() : " '" + type + "' record", ": ", e.what()));
-    }
-  }
-  SHARDLM_CHECK(!run.segments.empty(), metrics_path, ": no 'setup' record (the run did not start?)");
+  read_metrics(run_dir, run);
   const RunSegment& last = run.segments.back();
   run.ranks = last.ranks;
   run.nodes = last.nodes;
   run.strategy = last.strategy;
   if (deck_value("fsdp.cpu_offload") == "true" && run.backend == "cuda") run.strategy += " +offload";
-
-  // Totals over the segments that ended with a summary: samples over their summed runtime, and
-  // the loss of each segment weighted by its steps.
-  std::vector<const RunSegment*> done;
-  for (const RunSegment& seg : run.segments)
-    if (seg.summary) done.push_back(&seg);
-  if (done.size() == 1) {
-    run.train_samples_per_second = done[0]->train_samples_per_second;
-    run.train_loss = done[0]->train_loss;
-  } else if (done.size() > 1) {
-    double samples = 0, seconds = 0, loss_sum = 0, steps = 0;
-    for (const RunSegment* seg : done) {
-      samples += seg->train_samples_per_second * seg->train_runtime;
-      seconds += seg->train_runtime;
-      const double n = seg->steps_run();
-      if (n > 0) loss_sum += seg->train_loss * n, steps += n;
-    }
-    run.train_samples_per_second = seconds > 0 ? samples / seconds : NAN;
-    run.train_loss = steps > 0 ? loss_sum / steps : NAN;
-  }
+  total_segments(run);
   return run;
 }
 

@@ -202,22 +202,25 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
-  validate(d);
-  if (d.M == 0 || d.N == 0) return;
-  const size_t ab_size = dtype_size(d.ab_dtype), c_size = dtype_size(d.c_dtype);
-  if (d.K == 0) {
-    // An empty sum: C = beta C. cuBLASLt takes no k = 0; clearing is all the model ever needs here.
-    SHARDLM_CHECK(d.epilogue == Epilogue::None && (d.beta == 0.0f || d.beta == 1.0f),
-                  "Gemm: K = 0 is supported only without epilogue and with beta 0 or 1 (", describe(d), ")");
-    if (d.beta == 0.0f)
-      for (int b = 0; b < d.batch; ++b)
-        SHARDLM_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(d.C) + static_cast<size_t>(b) * d.stride_c * c_size,
-                                             static_cast<size_t>(d.ldc) * c_size, 0, static_cast<size_t>(d.N) * c_size,
-                                             d.M, stream));
-    return;
-  }
+namespace {
 
+// C = beta C for an empty sum (K = 0): cuBLASLt takes no k = 0; clearing is all the model ever needs here.
+void run_empty_sum(const GemmDesc& d, cudaStream_t stream) {
+  SHARDLM_CHECK(d.epilogue == Epilogue::None && (d.beta == 0.0f || d.beta == 1.0f),
+                "Gemm: K = 0 is supported only without epilogue and with beta 0 or 1 (", describe(d), ")");
+  const size_t c_size = dtype_size(d.c_dtype);
+  if (d.beta == 0.0f)
+    for (int b = 0; b < d.batch; ++b)
+      SHARDLM_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(d.C) + static_cast<size_t>(b) * d.stride_c * c_size,
+                                           static_cast<size_t>(d.ldc) * c_size, 0, static_cast<size_t>(d.N) * c_size,
+                                           d.M, stream));
+}
+
+bool has_bias(const GemmDesc& d) { return d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu; }
+bool has_aux(const GemmDesc& d) { return d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu; }
+
+Signature signature_of(const GemmDesc& d) {
+  const size_t ab_size = dtype_size(d.ab_dtype), c_size = dtype_size(d.c_dtype);
   Signature sig{};
   sig.trans_a = d.trans_a;
   sig.trans_b = d.trans_b;
@@ -229,11 +232,75 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
   sig.align_a = alignment_of(d.A, d.stride_a, d.batch, ab_size);
   sig.align_b = alignment_of(d.B, d.stride_b, d.batch, ab_size);
   sig.align_c = alignment_of(d.C, d.stride_c, d.batch, c_size);
-  const bool has_bias = d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu;
-  const bool has_aux = d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu;
-  sig.align_bias = has_bias ? alignment_of(d.bias, 0, 1, c_size) : 0;
-  sig.align_aux = has_aux ? alignment_of(d.aux, d.stride_c, d.batch, c_size) : 0;
+  sig.align_bias = has_bias(d) ? alignment_of(d.bias, 0, 1, c_size) : 0;
+  sig.align_aux = has_aux(d) ? alignment_of(d.aux, d.stride_c, d.batch, c_size) : 0;
+  return sig;
+}
 
+// The epilogue on the descriptor; false when cuBLASLt cannot take it (the GELU aux leading dimension
+// and batch stride must be divisible by 8).
+bool set_native_epilogue(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
+  if (has_aux(d) && (d.ldc % 8 != 0 || (d.batch > 1 && d.stride_c % 8 != 0))) return false;
+  if (d.epilogue == Epilogue::None) return true;
+  const cublasLtEpilogue_t epi = lt_epilogue(d.epilogue);
+  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  set_epilogue_pointers(desc, d);  // the heuristic reads their alignment
+  if (has_aux(d)) {
+    const int64_t aux_ld = d.ldc;
+    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    if (d.batch > 1) {
+      const int64_t aux_stride = d.stride_c;
+      SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                                          &aux_stride, sizeof aux_stride));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Gemm::choose_algorithm(Plan& plan, const GemmDesc& d) {
+  if (!set_native_epilogue(plan.desc, d)) return false;
+  cublasLtMatmulPreference_t pref = nullptr;
+  SHARDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const Signature& sig = plan.signature;
+  const uint64_t max_workspace = workspace_bytes_;
+  const uint32_t align_lt_a = sig.align_b, align_lt_b = sig.align_a, align_c = sig.align_c;
+  struct PreferenceValue {
+    cublasLtMatmulPreferenceAttributes_t attribute;
+    const void* value;
+    size_t size;
+  };
+  const PreferenceValue preferences[] = {
+      {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a, sizeof align_lt_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_lt_b, sizeof align_lt_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c},
+  };
+  cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
+  for (const PreferenceValue& v : preferences)  // in order, up to the first failure
+    if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, v.attribute, v.value, v.size);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (rc == CUBLAS_STATUS_SUCCESS)
+    rc = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c, plan.layout_c,
+                                        pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (rc == CUBLAS_STATUS_SUCCESS && found > 0) {
+    plan.algo = result.algo;
+    return true;
+  }
+  if (d.epilogue != Epilogue::None &&
+      (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE))
+    return false;  // this epilogue is not offered for these dtypes / this version: fallback
+  if (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED)
+    throw Error(concat("Gemm: cuBLASLt has no algorithm for ", describe(d)));
+  throw_cublas(rc, concat("cublasLtMatmulAlgoGetHeuristic for ", describe(d)).c_str(), __FILE__, __LINE__);
+}
+
+Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
+  const Signature sig = signature_of(d);
   const int flags = int(sig.trans_a) | int(sig.trans_b) << 1 | int(sig.epilogue) << 2 | int(sig.ab) << 4 |
                     int(sig.c) << 6;
   const int aligns = log2_of(sig.align_a) | log2_of(sig.align_b) << 4 | log2_of(sig.align_c) << 8 |
@@ -246,129 +313,78 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
     delete slot;
     slot = nullptr;
   }
-  if (!slot) {
-    auto plan = std::make_unique<Plan>();
-    plan->signature = sig;
-    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_a = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
-    const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
-    plan->layout_a = make_layout(d.ab_dtype, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
-    plan->layout_b = make_layout(d.ab_dtype, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);
-    plan->layout_c = make_layout(d.c_dtype, d.N, d.M, d.ldc, d.batch, d.stride_c);
+  if (slot) return *slot;
+  auto plan = std::make_unique<Plan>();
+  plan->signature = sig;
+  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
+  plan->layout_a = make_layout(d.ab_dtype, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
+  plan->layout_b = make_layout(d.ab_dtype, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);
+  plan->layout_c = make_layout(d.c_dtype, d.N, d.M, d.ldc, d.batch, d.stride_c);
+  plan->fallback = !choose_algorithm(*plan, d);
+  slot = plan.release();
+  return *slot;
+}
 
-    // cuBLASLt needs the GELU aux leading dimension and batch stride divisible by 8; otherwise use the fallback.
-    bool try_native = true;
-    if (has_aux && (d.ldc % 8 != 0 || (d.batch > 1 && d.stride_c % 8 != 0))) try_native = false;
-    if (try_native && d.epilogue != Epilogue::None) {
-      const cublasLtEpilogue_t epi = lt_epilogue(d.epilogue);
-      SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      set_epilogue_pointers(plan->desc, d);  // the heuristic reads their alignment
-      if (has_aux) {
-        const int64_t aux_ld = d.ldc;
-        SHARDLM_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-        if (d.batch > 1) {
-          const int64_t aux_stride = d.stride_c;
-          SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-              plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride, sizeof aux_stride));
-        }
+void Gemm::run_fallback(const GemmDesc& d, cudaStream_t stream) {
+  // Correctness first: the product with a simpler epilogue (itself planned and cached), then a small pass.
+  const size_t c_size = dtype_size(d.c_dtype);
+  GemmDesc inner = d;
+  if (d.epilogue == Epilogue::Bias) {
+    inner.epilogue = Epilogue::None;
+    run(inner, stream);
+    // C += ones[M,1] bias[1,N], a rank-1 GEMM per block of rows: A/B and C all in C's dtype.
+    const size_t ones_at = (workspace_bytes_ + 255) / 256 * 256;
+    const char* ones_base = static_cast<const char*>(workspace_) + ones_at;
+    const void* ones = d.c_dtype == DType::F32    ? ones_base
+                       : d.c_dtype == DType::BF16 ? ones_base + kOnesRows * sizeof(float)
+                                                  : ones_base + kOnesRows * (sizeof(float) + 2);
+    for (int b = 0; b < d.batch; ++b) {
+      for (int r0 = 0; r0 < d.M; r0 += kOnesRows) {
+        GemmDesc rank1;
+        rank1.M = std::min(kOnesRows, d.M - r0), rank1.N = d.N, rank1.K = 1;
+        rank1.alpha = 1.0f, rank1.beta = 1.0f;
+        rank1.A = ones, rank1.lda = 1;
+        rank1.B = d.bias, rank1.ldb = d.N;
+        const size_t at = static_cast<size_t>(b) * d.stride_c + static_cast<size_t>(r0) * d.ldc;
+        rank1.C = static_cast<char*>(d.C) + at * c_size;
+        rank1.ldc = d.ldc;
+        rank1.ab_dtype = rank1.c_dtype = d.c_dtype;
+        run(rank1, stream);
       }
     }
-
-    if (try_native) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      SHARDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t max_workspace = workspace_bytes_;
-      const uint32_t align_lt_a = sig.align_b, align_lt_b = sig.align_a, align_c = sig.align_c;
-      struct PreferenceValue {
-        cublasLtMatmulPreferenceAttributes_t attribute;
-        const void* value;
-        size_t size;
-      };
-      const PreferenceValue preferences[] = {
-          {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a, sizeof align_lt_a},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_lt_b, sizeof align_lt_b},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c},
-      };
-      cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
-      for (const PreferenceValue& v : preferences)  // in order, up to the first failure
-        if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, v.attribute, v.value, v.size);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      if (rc == CUBLAS_STATUS_SUCCESS)
-        rc = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
-                                            plan->layout_c, pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (rc == CUBLAS_STATUS_SUCCESS && found > 0) {
-        plan->algo = result.algo;
-      } else if (d.epilogue != Epilogue::None && (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED ||
-                                                   rc == CUBLAS_STATUS_INVALID_VALUE)) {
-        try_native = false;  // this epilogue is not offered for these dtypes / this version: fallback
-      } else if (rc == CUBLAS_STATUS_SUCCESS || rc == CUBLAS_STATUS_NOT_SUPPORTED) {
-        throw Error(concat("Gemm: cuBLASLt has no algorithm for ", describe(d)));
-      } else {
-        throw_cublas(rc, concat("cublasLtMatmulAlgoGetHeuristic for ", describe(d)).c_str(), __FILE__, __LINE__);
-      }
-    }
-    plan->fallback = !try_native;
-    slot = plan.release();
+  } else if (d.epilogue == Epilogue::BiasGelu) {
+    // aux = alpha op(A) op(B) + bias, then C = gelu(aux).
+    inner.epilogue = Epilogue::Bias;
+    inner.C = d.aux;
+    run(inner, stream);
+    for_each_run(d, [&](size_t at, size_t count) {
+      gelu_forward(static_cast<const char*>(d.aux) + at * c_size, static_cast<char*>(d.C) + at * c_size, count,
+                   d.c_dtype, stream);
+    });
+  } else if (d.epilogue == Epilogue::DGelu) {
+    // C = alpha op(A) op(B), then C *= gelu'(aux) in place.
+    inner.epilogue = Epilogue::None;
+    run(inner, stream);
+    for_each_run(d, [&](size_t at, size_t count) {
+      void* c = static_cast<char*>(d.C) + at * c_size;
+      gelu_backward(c, static_cast<const char*>(d.aux) + at * c_size, c, count, d.c_dtype, stream);
+    });
+  } else {
+    throw Error(concat("Gemm: no algorithm for ", describe(d)));
   }
-  Plan& plan = *slot;
+}
 
-  if (plan.fallback) {
-    // Correctness first: the product with a simpler epilogue (itself planned and cached), then a small pass.
-    GemmDesc inner = d;
-    if (d.epilogue == Epilogue::Bias) {
-      inner.epilogue = Epilogue::None;
-      run(inner, stream);
-      // C += ones[M,1] bias[1,N], a rank-1 GEMM per block of rows: A/B and C all in C's dtype.
-      const size_t ones_at = (workspace_bytes_ + 255) / 256 * 256;
-      const char* ones_base = static_cast<const char*>(workspace_) + ones_at;
-      const void* ones = d.c_dtype == DType::F32    ? ones_base
-                         : d.c_dtype == DType::BF16 ? ones_base + kOnesRows * sizeof(float)
-                                                    : ones_base + kOnesRows * (sizeof(float) + 2);
-      for (int b = 0; b < d.batch; ++b) {
-        for (int r0 = 0; r0 < d.M; r0 += kOnesRows) {
-          GemmDesc rank1;
-          rank1.M = std::min(kOnesRows, d.M - r0), rank1.N = d.N, rank1.K = 1;
-          rank1.alpha = 1.0f, rank1.beta = 1.0f;
-          rank1.A = ones, rank1.lda = 1;
-          rank1.B = d.bias, rank1.ldb = d.N;
-          const size_t at = static_cast<size_t>(b) * d.stride_c + static_cast<size_t>(r0) * d.ldc;
-          rank1.C = static_cast<char*>(d.C) + at * c_size;
-          rank1.ldc = d.ldc;
-          rank1.ab_dtype = rank1.c_dtype = d.c_dtype;
-          run(rank1, stream);
-        }
-      }
-    } else if (d.epilogue == Epilogue::BiasGelu) {
-      // aux = alpha op(A) op(B) + bias, then C = gelu(aux).
-      inner.epilogue = Epilogue::Bias;
-      inner.C = d.aux;
-      run(inner, stream);
-      for_each_run(d, [&](size_t at, size_t count) {
-        gelu_forward(static_cast<const char*>(d.aux) + at * c_size, static_cast<char*>(d.C) + at * c_size, count,
-                     d.c_dtype, stream);
-      });
-    } else if (d.epilogue == Epilogue::DGelu) {
-      // C = alpha op(A) op(B), then C *= gelu'(aux) in place.
-      inner.epilogue = Epilogue::None;
-      run(inner, stream);
-      for_each_run(d, [&](size_t at, size_t count) {
-        void* c = static_cast<char*>(d.C) + at * c_size;
-        gelu_backward(c, static_cast<const char*>(d.aux) + at * c_size, c, count, d.c_dtype, stream);
-      });
-    } else {
-      throw Error(concat("Gemm: no algorithm for ", describe(d)));
-    }
-    return;
-  }
-
+void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
+  validate(d);
+  if (d.M == 0 || d.N == 0) return;
+  if (d.K == 0) return run_empty_sum(d, stream);
+  Plan& plan = plan_for(d);
+  if (plan.fallback) return run_fallback(d, stream);
   if (d.epilogue != Epilogue::None) set_epilogue_pointers(plan.desc, d);
   const float alpha = d.alpha, beta = d.beta;
   const cublasStatus_t rc =

@@ -54,6 +54,12 @@ class Gemm {
 
  private:
   struct Plan;
+  // The cached plan of d's shape, made (descriptor, layouts, algorithm or fallback) on first use.
+  Plan& plan_for(const GemmDesc& d);
+  // The plan's epilogue and cuBLASLt's algorithm; false when the epilogue needs the fallback.
+  bool choose_algorithm(Plan& plan, const GemmDesc& d);
+  // d through a simpler epilogue (its own plan) plus a small pass: when cuBLASLt offers no algorithm.
+  void run_fallback(const GemmDesc& d, cudaStream_t stream);
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
