@@ -34,8 +34,9 @@ int command_deck_reference(const std::vector<std::string>& args) {
   if (check) {
     if (written == text.str()) return 0;
     std::fprintf(stderr,
-                 "shardlm: deck-reference: the key tables of %s are stale: a key's declaration in "
-                 "src/config/keys_*.cpp changed; run `build/bin/shardlm deck-reference %s` and commit the result\n",
+                 "shardlm: deck-reference: the key tables of %s differ from the keys' declarations in "
+                 "src/config/keys_*.cpp (edit those, not the tables): run `build/bin/shardlm deck-reference %s` "
+                 "and commit the result\n",
                  path.c_str(), path.c_str());
     return 1;
   }
