@@ -1,5 +1,12 @@
 // The deck's sections in order, the table of every key they declare, their checks run together, and
 // the key kinds that are not templates (key_builders.hpp).
+//
+// Adding a key: its field with its default in the section's struct (include/shardlm/config.hpp), one entry
+// in keys_<section>.cpp (the builder states the type and range; .cuda() where it acts on the CUDA backend
+// only; .of_shape() for a model key that config.json gives; .doc() the meaning docs/deck.md shows), a check
+// in that file if it constrains other keys, the code that uses it, then `shardlm deck-reference
+// docs/deck.md`. The parser, the range errors, the resolved deck, the nearest-key hint and the reference
+// follow from the entry; [fsdp] keys reach the engine through FsdpOptions (which derives from FsdpSection).
 #include <filesystem>
 #include <fstream>
 

@@ -1,7 +1,5 @@
 // The [model] section's keys and the checks between the model's shape keys.
-// Adding a key: a field with its default in config.hpp's section struct, one entry here (the builder
-// states the type and range; .cuda() where it acts on the CUDA backend only; .doc() the meaning docs/deck.md
-// shows), a check below if it constrains other keys, then `shardlm deck-reference docs/deck.md`.
+// Adding a key: keys.cpp's first lines.
 #include "key_builders.hpp"
 
 namespace shardlm::config_detail {
