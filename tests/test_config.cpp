@@ -428,8 +428,8 @@ BOOST_AUTO_TEST_CASE(offload_accumulate) {
   const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=device"});
   BOOST_TEST((c.fsdp.offload_accumulate == OffloadAccumulate::Device));
   BOOST_TEST(has(resolved_deck_ini(c), "offload_accumulate = device\n"));
-  BOOST_TEST(fsdp_options(c.fsdp).offload_accumulate_on_device);
-  BOOST_TEST(!fsdp_options(load(kBase, {"--fsdp.cpu_offload=true"}).fsdp).offload_accumulate_on_device);
+  BOOST_TEST(fsdp_options(c.fsdp).offload_accumulate_on_device());
+  BOOST_TEST(!fsdp_options(load(kBase, {"--fsdp.cpu_offload=true"}).fsdp).offload_accumulate_on_device());
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.offload_accumulate=device"}); }),
                  "fsdp.offload_accumulate = device: says where an offloaded run sums its micro-steps' gradients: set "
                  "fsdp.cpu_offload = true"));
@@ -481,15 +481,36 @@ BOOST_AUTO_TEST_CASE(no_sync) {
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.no_sync=sometimes"}); }), "fsdp.no_sync"));
 }
 
+// docs/deck.md's key tables are written from the keys' declarations between marker comments: a stale
+// row goes, the prose around the tables stays, the committed file is what the declarations give (CTest's
+// deck_reference checks the same through `shardlm deck-reference --check`), and a section without its
+// markers is an error naming it.
+BOOST_AUTO_TEST_CASE(deck_reference_tables_come_from_the_declarations) {
+  std::ifstream in(SHARDLM_SOURCE_DIR "/docs/deck.md", std::ios::binary);
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOOST_TEST(deck_reference_tables(doc) == doc);
+  const std::string row = "| `offload_resident_gib` | float >= 0 | `0` | cuda | with `cpu_offload = true`";
+  BOOST_TEST(has(doc, row));
+  std::string stale = doc;
+  const size_t at = stale.find(row);
+  stale.insert(at, "| `gone` | int | `1` | both | a key that is no more |\n");
+  stale.replace(stale.find("| float >= 0 | `0` | cuda | with `cpu_offload"), 10, "| number  ");
+  BOOST_TEST(deck_reference_tables(stale) == doc);
+  std::string unmarked = doc;
+  const size_t end = unmarked.find("<!-- end of the keys of [eval] -->");
+  unmarked.erase(end, unmarked.find('\n', end) - end);
+  BOOST_TEST(has(error_of([&] { deck_reference_tables(unmarked); }), "no place for the keys of [eval]"));
+}
+
 // fsdp.offload_resident_gib: 0 by default; GiB of the root's state kept on the GPU, in bytes in the
 // engine's options; refused negative, without cpu_offload, with the root on the host or with offload_dir.
 BOOST_AUTO_TEST_CASE(offload_resident_gib) {
   BOOST_TEST(load(kBase).fsdp.offload_resident_gib == 0.0);
-  BOOST_TEST(fsdp_options(load(kBase).fsdp).offload_resident_bytes == 0u);
+  BOOST_TEST(fsdp_options(load(kBase).fsdp).offload_resident_bytes() == 0u);
   const RunConfig c = load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_resident_gib=2.5"});
   BOOST_TEST(c.fsdp.offload_resident_gib == 2.5);
   BOOST_TEST(has(resolved_deck_ini(c), "offload_resident_gib = 2.5\n"));
-  BOOST_TEST(fsdp_options(c.fsdp).offload_resident_bytes == (size_t(5) << 29));
+  BOOST_TEST(fsdp_options(c.fsdp).offload_resident_bytes() == (size_t(5) << 29));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_resident_gib=-1"}); }),
                  "fsdp.offload_resident_gib"));
   for (const std::vector<std::string>& bad :

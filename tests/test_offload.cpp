@@ -156,10 +156,10 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.strategy = c.strategy;
   o.reduce_dtype = c.reduce;
   o.cpu_offload = offload;
-  o.offload_accumulate_on_device = offload && c.device_sums;
+  o.offload_accumulate = c.device_sums ? OffloadAccumulate::Device : OffloadAccumulate::Host;
   o.offload_root_update = offload && c.root_on_device ? OffloadRootUpdate::Device : OffloadRootUpdate::Host;
   o.offload_stream_chunk = kRootChunk;
-  o.offload_resident_bytes = c.resident * 3 * sizeof(float);
+  o.offload_resident_gib = double(c.resident * 3 * sizeof(float)) / double(size_t(1) << 30);  // exact
   o.no_sync = c.no_sync;
   o.accumulation = c.accum;
   o.root_reduction = c.split_root ? RootReduction::Split : RootReduction::Whole;

@@ -680,7 +680,7 @@ BOOST_AUTO_TEST_CASE(offload_keeps_no_fp32_state_per_parameter_on_the_device) {
           const size_t slice = root / world;
           for (size_t resident : {slice / 3, slice, slice + 1000}) {
             shardlm::MemoryPlanSpec res = dev;
-            res.fsdp.offload_resident_bytes = resident * 12;
+            res.fsdp.offload_resident_gib = double(resident * 12) / double(size_t(1) << 30);  // exact
             const shardlm::RankMemoryPlan p = shardlm::plan_rank_memory(res);
             const size_t kept = std::min(resident, slice);
             BOOST_TEST(p.record.master_shard == off.record.master_shard + kept * 4);
@@ -688,14 +688,14 @@ BOOST_AUTO_TEST_CASE(offload_keeps_no_fp32_state_per_parameter_on_the_device) {
             BOOST_TEST(p.record.comm_staging == off.record.comm_staging + (kept < slice ? 2 * 3 * chunk * 4 : 0));
             BOOST_TEST(p.host_bytes == off.host_bytes);  // the host keeps the whole state either way
           }
-          dev.fsdp.moments_in_files = true;  // the moments in files: the root updates on the host
+          dev.fsdp.offload_dir = "/tmp";  // the moments in files: the root updates on the host
           BOOST_TEST(shardlm::plan_rank_memory(dev).record.comm_staging == off.record.comm_staging);
-          dev.fsdp.offload_resident_bytes = size_t(1) << 30;  // and nothing is resident
+          dev.fsdp.offload_resident_gib = 1;  // and nothing is resident
           BOOST_TEST(shardlm::plan_rank_memory(dev).device_total() == off.device_total());
         }
         // fsdp.offload_dir: the moments (8 bytes a parameter of the slices) move from host memory to files.
         BOOST_TEST(off.offload_file_bytes == 0u);
-        s.fsdp.moments_in_files = true;
+        s.fsdp.offload_dir = "/tmp";  // the moments in files
         const shardlm::RankMemoryPlan mapped = shardlm::plan_rank_memory(s);
         BOOST_TEST(mapped.offload_file_bytes == 8 * slices);
         BOOST_TEST(mapped.host_optimizer == 0u);

@@ -233,6 +233,11 @@ std::string resolved_deck_ini(const RunConfig& cfg);
 // line for a line that is neither a section header nor `key = value`.
 std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);
 
+// docs/deck.md (`doc`) with the table of each section's keys, between the section's marker comments,
+// written anew from the keys' declarations (src/config/keys_<section>.cpp): `shardlm deck-reference`.
+// Error naming the section whose markers are missing.
+std::string deck_reference_tables(const std::string& doc);
+
 // Levenshtein distance, for the nearest-key hint.
 size_t edit_distance(const std::string& a, const std::string& b);
 

@@ -39,31 +39,27 @@ FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int 
 // Elements of one rank's slice of a unit of `numel` elements padded to a multiple of shard_size.
 size_t shard_numel_of(size_t numel, int shard_size);
 
-struct FsdpOptions {
-  ShardingStrategy strategy = ShardingStrategy::FullShard;
-  DType param_dtype = DType::F32;   // dtype the parameters are gathered in
-  DType reduce_dtype = DType::F32;  // dtype gradients are reduced in
-  bool cpu_offload = false;         // fp32 master and optimizer state in host memory, the step on the host
-  bool moments_in_files = false;    // fsdp.offload_dir set (with cpu_offload): AdamW's moments in mapped files
-  // fsdp.offload_accumulate = device (with cpu_offload): the micro-steps' reduced gradients are summed in
-  // an fp32 slice on the device, which goes down once a step (offload.cpp)
-  bool offload_accumulate_on_device = false;
-  // fsdp.offload_root_update (with cpu_offload): where the root unit's AdamW runs. The engine resolves
-  // Auto when it starts (a timed copy each way over the host link, kOffloadRootLinkGBs); `shardlm plan`
-  // counts Auto as Device.
-  OffloadRootUpdate offload_root_update = OffloadRootUpdate::Host;
-  size_t offload_stream_chunk = 0;  // elements of one chunk of that update (0: kOffloadStreamChunk; tests set less)
-  // fsdp.offload_resident_gib in bytes: the device memory in which the first elements of the root's master
-  // and moments stay resident when it updates on the device (12 bytes an element with AdamW); 0: none.
-  // With Auto, any makes the engine choose Device.
-  size_t offload_resident_bytes = 0;
-  RootReduction root_reduction = RootReduction::Auto;  // fsdp.root_reduction (FsdpBufferPlan::root_split)
-  NoSync no_sync = NoSync::Auto;    // fsdp.no_sync (FsdpBufferPlan::no_sync)
+// The engine's options: the deck's [fsdp] section as it is (its keys declared once, in
+// src/config/keys_fsdp.cpp), what the run derives beside it, and what the keys mean together. Built from
+// the section (fsdp_options), never field by field, so a new [fsdp] key reaches the engine by itself.
+struct FsdpOptions : FsdpSection {
+  FsdpOptions() { offload_root_update = OffloadRootUpdate::Host; }  // as fsdp_options gives without cpu_offload
   int accumulation = 1;             // micro-steps of an optimizer step (the deck's accumulation)
-  // The all-gather schedule of an asynchronous backend (a synchronous one gathers when needed):
-  bool forward_prefetch = true;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
-  int limit_all_gathers = 2;        // resharding strategies: gathered block buffers (in flight + in use)
+  // Elements of one chunk of the root's update on the device (0: kOffloadStreamChunk; tests set less).
+  size_t offload_stream_chunk = 0;
+
+  // fsdp.offload_dir set with cpu_offload: AdamW's moments in mapped files.
+  bool moments_in_files() const { return cpu_offload && !offload_dir.empty(); }
+  // fsdp.offload_accumulate = device with cpu_offload: the micro-steps' reduced gradients are summed in an
+  // fp32 slice on the device, which goes down once a step (offload.cpp).
+  bool offload_accumulate_on_device() const { return cpu_offload && offload_accumulate == OffloadAccumulate::Device; }
+  // fsdp.offload_resident_gib in bytes with cpu_offload: the device memory in which the first elements of the
+  // root's master and moments stay resident when it updates on the device (12 bytes an element with AdamW);
+  // 0: none. With offload_root_update = auto, any makes the engine choose Device.
+  size_t offload_resident_bytes() const;
+  // fsdp.offload_root_update is where the root unit's AdamW runs with cpu_offload (Host without): the engine
+  // resolves Auto when it starts (a timed copy each way over the host link, kOffloadRootLinkGBs); `shardlm
+  // plan` counts Auto as Device.
 };
 
 // Bytes this rank holds, by role, for the per-rank report and `plan`.
@@ -185,7 +181,8 @@ struct EngineLayouts {
   std::vector<UnitLayout> trainable, frozen;
 };
 EngineLayouts engine_layouts(const ModelConfig& cfg);
-// The engine's options from the deck's [fsdp] section.
+// The engine's options from the deck's [fsdp] section: its keys as they are, offload_root_update Host
+// without cpu_offload.
 FsdpOptions fsdp_options(const FsdpSection& deck);
 // The model as an engine with these options builds it: offloaded, GPU memory is what the run is for,
 // so model.head_chunk_tokens = 0 becomes kOffloadHeadChunkTokens (the LM head's fp32 logits chunk is

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
   // eval scores a predictions file: no MPI.
   if (args[0] == "eval") return without_mpi(args[0], shardlm::command_eval, args);
 
-  // import-accelerate only reads and writes files: no MPI.
+  // deck-reference and import-accelerate only read and write files: no MPI.
+  if (args[0] == "deck-reference") return without_mpi(args[0], shardlm::command_deck_reference, args);
   if (args[0] == "import-accelerate") return without_mpi(args[0], shardlm::command_import_accelerate, args);
 
   // A wrong command line gets the command's usage before MPI starts (no MPI warnings, one message).

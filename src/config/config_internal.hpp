@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardlm/config.hpp"
@@ -42,20 +43,65 @@ std::string format_float(float v);
 // The byte tokenizer's vocabulary: 256 byte values plus its special tokens (data's ByteTokenizer).
 constexpr int kByteVocab = 259;
 
-// ---- keys (keys.cpp) ------------------------------------------------------------------------
+// ---- keys (keys.cpp, key_builders.hpp, keys_<section>.cpp) ---------------------------------
 
+// One deck key, declared once (keys_<section>.cpp): its parser with the range it accepts, its resolved
+// text, and what docs/deck.md's tables say of it. The type and the range of the reference come from the
+// builder (key_builders.hpp) and the default from the field's initializer in config.hpp (what `get`
+// gives for a default-constructed RunConfig), so neither is written twice.
 struct KeySpec {
+  using Setter = std::function<void(RunConfig&, const std::string& text, const std::string& base_dir)>;
+  using Getter = std::function<std::string(const RunConfig&)>;
+  KeySpec(std::string name, const char* required, Setter set, Getter get)
+      : name(std::move(name)), required(required), set(std::move(set)), get(std::move(get)) {}
+
   std::string name;                  // "section.key"
   const char* required = nullptr;    // placeholder for the "is required" hint ("N"); null: optional
   // Parses `text` into the config; relative paths resolve against `base_dir`.
-  std::function<void(RunConfig&, const std::string& text, const std::string& base_dir)> set;
+  Setter set;
   // The field's current value as text that `set` accepts back unchanged.
-  std::function<std::string(const RunConfig&)> get;
+  Getter get;
   // Whether the resolved deck holds the key: null, always; a section that is off unless given (lora) says so here.
   bool (*written)(const RunConfig&) = nullptr;
+  // Part of the model's shape, which model.dir's config.json gives instead (the key may then not be given).
+  bool shape = false;
+  // The reference's columns: the value's type and range ("int >= 1", "`host` \| `device`"), where it has an
+  // effect ("both", "cuda"), the default when it is not the field's ("required" for a key its section
+  // requires), and the meaning.
+  std::string type;
+  std::string backend = "both";
+  std::string default_doc;
+  std::string help;
+
+  KeySpec&& of_shape() && { return shape = true, std::move(*this); }
+  KeySpec&& cuda() && { return backend = "cuda", std::move(*this); }
+  KeySpec&& on(std::string where) && { return backend = std::move(where), std::move(*this); }
+  KeySpec&& shown_default(std::string text) && { return default_doc = std::move(text), std::move(*this); }
+  KeySpec&& doc(std::string text) && { return help = std::move(text), std::move(*this); }
 };
 
-// Every key, in the fixed order of `resolved` (sections model, lora, data, train, fsdp, eval, dist, checkpoint, run).
+// A section of the deck: its keys in the resolved deck's order and the checks between them (or between
+// them and other sections' keys, or the world size), which run once every key is read.
+struct DeckSection {
+  std::string name;  // "fsdp"
+  std::vector<KeySpec> keys;
+  void (*check)(const RunConfig&, int world_size) = nullptr;
+};
+
+// The sections (keys_<section>.cpp), in the resolved deck's order: model, lora, data, train, fsdp, eval,
+// dist, checkpoint, run.
+DeckSection model_section();
+DeckSection lora_section();
+DeckSection data_section();
+DeckSection train_section();
+DeckSection fsdp_section();
+DeckSection eval_section();
+DeckSection dist_section();
+DeckSection checkpoint_section();
+DeckSection run_section();
+const std::vector<DeckSection>& deck_sections();
+
+// Every key, in the fixed order of `resolved`.
 const std::vector<KeySpec>& key_table();
 
 // The nearest valid key to an unknown one, or "" when none is close enough to suggest.
@@ -64,7 +110,7 @@ std::string nearest_key(const std::string& unknown);
 // Whether the resolved deck (and RunConfig::resolved) holds key k for this config.
 inline bool in_resolved_deck(const KeySpec& k, const RunConfig& cfg) { return !k.written || k.written(cfg); }
 
-// Checks between keys and against the world size (checks.cpp).
+// Every section's checks, in the sections' order (keys.cpp).
 void check_run_config(const RunConfig& cfg, int world_size);
 
 // [lora] and model.adapter once the model's shape is known (lora.cpp): the adapter's

@@ -160,100 +160,121 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
                               check_data_files);
 }
 
-RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
-                               const std::vector<std::string>& overrides, int world_size, bool check_data_files) {
+// The parsed deck and overrides: each key's text (the command line's wins) and where it came from.
+struct GivenKeys {
+  po::variables_map vm;
+  std::set<std::string> from_cli;
+  std::string deck_dir;  // deck paths are relative to it, override paths to the current directory
+  bool given(const std::string& key) const { return vm.count(key) > 0; }
+  std::string text(const std::string& key) const { return given(key) ? vm[key].as<std::string>() : std::string(); }
+  std::string base_dir(const std::string& key) const {
+    return from_cli.count(key) ? fs::current_path().string() : deck_dir;
+  }
+};
+
+static GivenKeys given_keys(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
+                            const std::vector<std::string>& overrides) {
   const po::options_description desc = deck_options();
   po::parsed_options deck = parse_deck(deck_path, text, desc);
   po::parsed_options cli = parse_overrides(overrides, desc);
-
-  std::set<std::string> from_cli;
-  for (const po::option& o : cli.options) from_cli.insert(o.string_key);
-
+  GivenKeys g;
+  g.deck_dir = deck_dir;
+  for (const po::option& o : cli.options) g.from_cli.insert(o.string_key);
   // The first store() of a key wins in Boost: overrides first, so they take precedence.
-  po::variables_map vm;
   try {
-    po::store(cli, vm);
-    po::store(deck, vm);
-    po::notify(vm);
+    po::store(cli, g.vm);
+    po::store(deck, g.vm);
+    po::notify(g.vm);
   } catch (const po::error& e) {  // repeats and unknowns were rejected above; keep the context
     throw Error(concat("cannot combine input deck '", deck_path, "' and the overrides: ", e.what()));
   }
+  return g;
+}
 
-  // Deck paths are relative to deck_dir, override paths to the current directory.
-  const std::string cwd = fs::current_path().string();
-
-  // With model.dir the model's shape comes from its config.json: shape keys may not be given too,
-  // except that model.dir on the command line replaces the deck's shape (said in cfg.notes).
-  auto text_of = [&](const std::string& key) { return vm.count(key) ? trim(vm[key].as<std::string>()) : std::string(); };
-  const bool from_model_dir = !text_of("model.dir").empty();
-  const bool model_dir_on_cli = from_model_dir && from_cli.count("model.dir") > 0;
-  auto is_shape_key = [](const std::string& name) {
-    return name.rfind("model.", 0) == 0 && name != "model.dir" && name != "model.init_std" &&
-           name != "model.attention" && name != "model.adapter" && name != "model.head_chunk_tokens";
-  };
-  const bool smoke = vm.count("run.smoke") > 0 && parse_bool("run.smoke", vm["run.smoke"].as<std::string>());
-
-  RunConfig cfg;
-  cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
-  std::set<std::string> given_lora;  // [lora] is on when any of its keys is given
-  std::vector<std::string> overridden_shape;  // the deck's shape keys model.dir on the command line replaced
-  std::vector<std::string> missing;           // required keys neither the deck nor the command line gives
+// What reading the keys found beside their values.
+struct KeysRead {
+  std::set<std::string> given_lora;            // [lora] is on when any of its keys is given
+  std::vector<std::string> overridden_shape;   // the deck's shape keys model.dir on the command line replaced
+  std::vector<std::string> missing;            // required keys neither the deck nor the command line gives
   std::map<std::string, SkippedPath> skipped;  // smoke: paths that are not there
-  bool model_named = from_model_dir;           // model.dir or some shape key of the model
+};
+
+// Every given key parsed into cfg through its declaration. With model.dir the model's shape comes from its
+// config.json: shape keys may not be given too, except that model.dir on the command line replaces the
+// deck's shape (said in cfg.notes).
+static KeysRead set_keys(RunConfig& cfg, const GivenKeys& g, bool smoke, bool check_data_files) {
+  KeysRead r;
+  const bool from_model_dir = !trim(g.text("model.dir")).empty();
+  const bool model_dir_on_cli = from_model_dir && g.from_cli.count("model.dir") > 0;
+  bool model_named = from_model_dir;  // model.dir or some shape key of the model
   for (const KeySpec& k : key_table())
-    if (k.required && is_shape_key(k.name) && !text_of(k.name).empty()) model_named = true;
+    if (k.required && k.shape && !trim(g.text(k.name)).empty()) model_named = true;
   for (const KeySpec& k : key_table()) {
-    bool given = vm.count(k.name) > 0;
-    if (given && k.name.rfind("lora.", 0) == 0) given_lora.insert(k.name);
-    std::string value = given ? vm[k.name].as<std::string>() : "";
-    if (from_model_dir && is_shape_key(k.name)) {
-      if (given && (!model_dir_on_cli || from_cli.count(k.name)))
+    const bool given = g.given(k.name);
+    if (given && k.name.rfind("lora.", 0) == 0) r.given_lora.insert(k.name);
+    const std::string value = g.text(k.name);
+    if (from_model_dir && k.shape) {
+      if (given && (!model_dir_on_cli || g.from_cli.count(k.name)))
         throw Error(concat(k.name, " is read from model.dir's config.json; remove it from the ",
-                           from_cli.count(k.name) ? "command line" : "deck", " (or remove model.dir)"));
-      if (given) overridden_shape.push_back(k.name);
+                           g.from_cli.count(k.name) ? "command line" : "deck", " (or remove model.dir)"));
+      if (given) r.overridden_shape.push_back(k.name);
       continue;
     }
     // Data files that will not be read (plan, generate): neither required nor checked.
     if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
     if (k.required && trim(value).empty()) {
-      const bool shape = is_shape_key(k.name);
+      const bool shape = k.shape;
       if (smoke && (shape || k.name == "data.train_file" || k.name == "train.batch_size")) continue;  // the smoke run's
       const std::string key = shape && !model_named ? "model.dir" : k.name;
-      if (std::find(missing.begin(), missing.end(), key) == missing.end()) missing.push_back(key);
+      if (std::find(r.missing.begin(), r.missing.end(), key) == r.missing.end()) r.missing.push_back(key);
       continue;
     }
     if (!given) continue;
     if (smoke && smoke_can_skip(k.name)) {
       try {
-        k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
+        k.set(cfg, value, g.base_dir(k.name));
       } catch (const Error& e) {
-        skipped[k.name] = {trim(value), e.what()};
+        r.skipped[k.name] = {trim(value), e.what()};
       }
       continue;
     }
-    k.set(cfg, value, from_cli.count(k.name) ? cwd : deck_dir);
+    k.set(cfg, value, g.base_dir(k.name));
   }
-  if (!missing.empty()) throw Error(missing_keys_message(deck_path, missing));
-  if (!overridden_shape.empty()) {
+  return r;
+}
+
+// The model's shape from model.dir's config.json, keeping the deck's keys that are not part of it.
+static void take_model_dir_shape(RunConfig& cfg) {
+  const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
+  const std::string config_text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
+  const float init_std = cfg.model.init_std;
+  const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
+  const int head_chunk_tokens = cfg.model.head_chunk_tokens;
+  const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
+  static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(config_text, path);
+  cfg.model.init_std = init_std;
+  cfg.model.attention = attention;
+  cfg.model.head_chunk_tokens = head_chunk_tokens;
+  cfg.model.lora = lora;
+}
+
+RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
+                               const std::vector<std::string>& overrides, int world_size, bool check_data_files) {
+  const GivenKeys g = given_keys(text, deck_path, deck_dir, overrides);
+  const bool smoke = g.given("run.smoke") && parse_bool("run.smoke", g.text("run.smoke"));
+
+  RunConfig cfg;
+  cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
+  const KeysRead r = set_keys(cfg, g, smoke, check_data_files);
+  if (!r.missing.empty()) throw Error(missing_keys_message(deck_path, r.missing));
+  if (!r.overridden_shape.empty()) {
     std::string keys;
-    for (const std::string& k : overridden_shape) keys += (keys.empty() ? "" : ", ") + k;
+    for (const std::string& k : r.overridden_shape) keys += (keys.empty() ? "" : ", ") + k;
     cfg.notes.push_back(concat("model.dir from the command line: its config.json gives the model's shape; the deck's ",
                                keys, " are not used"));
   }
-  if (!cfg.model.dir.empty()) {
-    const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
-    const std::string config_text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
-    const float init_std = cfg.model.init_std;
-    const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
-    const int head_chunk_tokens = cfg.model.head_chunk_tokens;
-    const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
-    static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(config_text, path);
-    cfg.model.init_std = init_std;
-    cfg.model.attention = attention;
-    cfg.model.head_chunk_tokens = head_chunk_tokens;
-    cfg.model.lora = lora;
-  }
-  if (smoke) shrink_for_smoke(cfg, skipped, from_cli, world_size);
+  if (!cfg.model.dir.empty()) take_model_dir_shape(cfg);
+  if (smoke) shrink_for_smoke(cfg, r.skipped, g.from_cli, world_size);
   if (cfg.data.tokenizer == TokenizerSource::Auto) {
     cfg.data.tokenizer_file = cfg.tokenizer_json();
     cfg.data.tokenizer = cfg.data.tokenizer_file.empty() ? TokenizerSource::Byte : TokenizerSource::File;
@@ -262,7 +283,7 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
   }
   cfg.model.packed = cfg.data.packing;  // the model sizes its packed-attention buffers by it
   check_run_config(cfg, world_size);
-  resolve_run_lora(cfg, given_lora);  // needs the model's family and a valid shape, known only now
+  resolve_run_lora(cfg, r.given_lora);  // needs the model's family and a valid shape, known only now
 
   for (const KeySpec& k : key_table())
     if (in_resolved_deck(k, cfg)) cfg.resolved.emplace_back(k.name, k.get(cfg));

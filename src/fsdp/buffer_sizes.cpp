@@ -12,23 +12,15 @@ size_t shard_numel_of(size_t numel, int shard_size) {
 
 FsdpOptions fsdp_options(const FsdpSection& deck) {
   FsdpOptions o;
-  o.strategy = deck.strategy;
-  o.param_dtype = deck.param_dtype;
-  o.reduce_dtype = deck.reduce_dtype;
-  o.cpu_offload = deck.cpu_offload;
-  o.moments_in_files = deck.cpu_offload && !deck.offload_dir.empty();
-  o.offload_accumulate_on_device = deck.cpu_offload && deck.offload_accumulate == OffloadAccumulate::Device;
-  o.offload_root_update = deck.cpu_offload ? deck.offload_root_update : OffloadRootUpdate::Host;
-  if (deck.cpu_offload && deck.offload_resident_gib > 0) {
-    const double bytes = deck.offload_resident_gib * double(size_t(1) << 30);
-    o.offload_resident_bytes = bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
-  }
-  o.root_reduction = deck.root_reduction;
-  o.no_sync = deck.no_sync;
-  o.forward_prefetch = deck.forward_prefetch;
-  o.backward_prefetch = deck.backward_prefetch;
-  o.limit_all_gathers = deck.limit_all_gathers;
+  static_cast<FsdpSection&>(o) = deck;
+  if (!o.cpu_offload) o.offload_root_update = OffloadRootUpdate::Host;
   return o;
+}
+
+size_t FsdpOptions::offload_resident_bytes() const {
+  if (!cpu_offload || !(offload_resident_gib > 0)) return 0;
+  const double bytes = offload_resident_gib * double(size_t(1) << 30);
+  return bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
 }
 
 ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt) {
@@ -105,7 +97,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   // Offloaded, the gradients leave through per-unit buffers: no fp32 slice to accumulate into directly.
   p.direct_grads = asynchronous && shard_size == 1 && replicate_size == 1 && !opt.cpu_offload;
   // Offloaded, fp32 slices on the device only to sum the micro-steps there (fsdp.offload_accumulate).
-  p.grad_slices = !opt.cpu_offload || opt.offload_accumulate_on_device;
+  p.grad_slices = !opt.cpu_offload || opt.offload_accumulate_on_device();
 
   p.no_sync = resolve_no_sync(layout, frozen, opt, shard_size, replicate_size, compute_dtype, p.direct_grads);
   // No sync in full: every block keeps its gathered parameters and its full gradient through the step.
@@ -144,9 +136,9 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     // The root's update on the device keeps the first offload_resident elements of its master and AdamW's
     // two moments on the device and streams the rest through two buffers.
     const size_t root_shard = p.root_padded / shard_size;
-    if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files && layout[0].numel > 0) {
+    if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files() && layout[0].numel > 0) {
       p.offload_stream_chunk = std::min(opt.offload_stream_chunk > 0 ? opt.offload_stream_chunk : kOffloadStreamChunk, root_shard);
-      p.offload_resident = std::min(root_shard, opt.offload_resident_bytes / kRootStateBytes);
+      p.offload_resident = std::min(root_shard, opt.offload_resident_bytes() / kRootStateBytes);
       p.offload_stream = p.offload_resident < root_shard ? p.offload_stream_chunk * kRootStateBytes : 0;
     }
   }

@@ -31,7 +31,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   FsdpOptions opt = options;
   SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && !be.host_memory()),
                 "fsdp.cpu_offload needs a device backend and a host backend for the optimizer");
-  SHARDLM_CHECK(opt.offload_root_update != OffloadRootUpdate::Device || !opt.moments_in_files,
+  SHARDLM_CHECK(opt.offload_root_update != OffloadRootUpdate::Device || !opt.moments_in_files(),
                 "fsdp.offload_root_update = device streams the moments from host memory: not with fsdp.offload_dir");
   const DType cdt = be.compute_dtype(opt.param_dtype);
   SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
@@ -42,11 +42,12 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   double link[2] = {0, 0};
   if (!opt.cpu_offload) {
     opt.offload_root_update = OffloadRootUpdate::Host;
-  } else if (opt.offload_root_update == OffloadRootUpdate::Auto && opt.offload_resident_bytes > 0 && !opt.moments_in_files) {
+  } else if (opt.offload_root_update == OffloadRootUpdate::Auto && opt.offload_resident_bytes() > 0 &&
+             !opt.moments_in_files()) {
     opt.offload_root_update = OffloadRootUpdate::Device;  // resident state needs the update there, whatever the link
   } else if (opt.offload_root_update == OffloadRootUpdate::Auto) {
     const bool worth_it = shard_numel_of(layouts.trainable[0].numel, shard_size) >= kOffloadRootMinElements;
-    if (be.asynchronous() && !opt.moments_in_files && worth_it)
+    if (be.asynchronous() && !opt.moments_in_files() && worth_it)
       std::tie(link[0], link[1]) = measure_host_link(be, *host_backend_);
     opt.offload_root_update = std::min(link[0], link[1]) >= kOffloadRootLinkGBs ? OffloadRootUpdate::Device
                                                                                : OffloadRootUpdate::Host;
@@ -87,7 +88,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
       // An fp32 reduction lands in it directly in the step's first micro-step (offload.cpp): page-locked.
       // So does the device's fp32 sum with offload_accumulate = device.
-      if (opt.reduce_dtype == DType::F32 || opt.offload_accumulate_on_device) pin(d.host_grad.data(), d.host_grad.bytes());
+      if (opt.reduce_dtype == DType::F32 || opt.offload_accumulate_on_device()) pin(d.host_grad.data(), d.host_grad.bytes());
       // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
       if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
       slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});

@@ -33,7 +33,7 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
     if (spec.fsdp.cpu_offload) {
       // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, AdamW's moments
       // (in fsdp.offload_dir's mapped files when set).
-      if (spec.fsdp.moments_in_files) {
+      if (spec.fsdp.moments_in_files()) {
         p.offload_file_bytes += 2 * n * 4;
         p.host_bytes += 2 * n * 4;
       } else {

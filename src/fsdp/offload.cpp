@@ -163,7 +163,7 @@ void FsdpEngine::Impl::OffloadPolicy::reduce(size_t u, float* full) {
   // micro-step sends it down, once, as one fp32 reduction that overwrites the host gradient. Not for a
   // step of one micro-step, nor after micro-steps the host already summed (no zero_grad since a step
   // of one): those go the host's way.
-  const bool on_device = m.opt.offload_accumulate_on_device && !(first && last) && (first || o.on_device);
+  const bool on_device = m.opt.offload_accumulate_on_device() && !(first && last) && (first || o.on_device);
   o.copied[b]->wait_on(m.comm);  // the copy out of slice[b] two reductions ago has read it
   if (on_device && first) o.device_sums_read->wait_on(m.comm);
   const int span = m.tracer.mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);

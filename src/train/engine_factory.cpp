@@ -24,7 +24,7 @@ FsdpOptions engine_fsdp_options(const RunConfig& cfg, int world) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
   o.accumulation = std::max(1, cfg.grad_accum(world));  // what fsdp.no_sync = auto weighs
   if (cfg.run.backend == BackendKind::Cpu) {
-    o.cpu_offload = o.moments_in_files = o.offload_accumulate_on_device = false;
+    o.cpu_offload = false;  // and with it offload_dir, offload_accumulate and offload_resident_gib
     o.offload_root_update = OffloadRootUpdate::Host;
   }
   return o;

@@ -27,6 +27,7 @@ const char* kShardlmUsage =
     "  preprocess DECK [--out F] [--limit N]  the samples training will see: text, tokens, loss mask\n"
     "  import-accelerate CONFIG.yaml -o DECK  a deck from an Accelerate FSDP config and TrainingArguments\n"
     "  eval --predictions FILE DATA           SQuAD exact match and F1 of a predictions file\n"
+    "  deck-reference [--check] docs/deck.md  write (or check) the reference's key tables from the code\n"
     "\n"
     "options:\n"
     "  --version   print the version\n"
@@ -50,6 +51,14 @@ const char* kTrainUsage =
     "\n"
     "A bad deck or override stops every rank with one message naming the key. SIGUSR1, SIGUSR2 or\n"
     "SIGTERM writes a checkpoint at the next step (the first, if it comes during start-up) and exits 0.\n";
+
+const char* kDeckReferenceUsage =
+    "usage: shardlm deck-reference [--check] FILE\n"
+    "\n"
+    "Writes the tables of deck keys in FILE (docs/deck.md), between its marker comments, from the keys'\n"
+    "declarations in src/config/keys_*.cpp: type, range, default, backend and meaning.\n"
+    "\n"
+    "  --check      write nothing; exit 1 when FILE's tables differ from the declarations\n";
 
 const char* kInspectUsage =
     "usage: [mpirun -np N] shardlm inspect [--verify] CHECKPOINT\n"
@@ -266,6 +275,7 @@ std::string command_help(const std::string& command) {
                       : command == "preprocess" ? kPreprocessUsage
                       : command == "import-accelerate" ? kImportAccelerateUsage
                       : command == "eval"      ? kEvalUsage
+                      : command == "deck-reference" ? kDeckReferenceUsage
                       : command == "comm-test" ? comm_test_usage()
                                                : nullptr;
   return usage ? usage + docs_line(command) : std::string();

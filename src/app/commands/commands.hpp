@@ -34,6 +34,9 @@ int command_generate(const std::vector<std::string>& args);
 // Accelerate FSDP config and Hugging Face TrainingArguments; serial, no MPI.
 int command_import_accelerate(const std::vector<std::string>& args);
 
+// `shardlm deck-reference [--check] FILE`: FILE's (docs/deck.md's) key tables from the keys' declarations.
+int command_deck_reference(const std::vector<std::string>& args);
+
 // `shardlm --help` (command empty) or `shardlm COMMAND --help`: usage, flags and the docs' paths;
 // empty for an unknown command.
 std::string command_help(const std::string& command);

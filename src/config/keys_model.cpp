@@ -1,0 +1,148 @@
+// The [model] section's keys and the checks between the model's shape keys.
+// Adding a key: keys.cpp's first lines.
+#include "key_builders.hpp"
+
+namespace shardlm::config_detail {
+
+// The shape keys against each other and the model's family.
+static void check_model(const RunConfig& cfg, int) {
+  const ModelConfig& m = cfg.model;
+  if (m.head_size == 0 && m.hidden_size % m.num_heads != 0)
+    bad_value("model.num_heads", std::to_string(m.num_heads),
+              concat("hidden_size (", m.hidden_size, ") is not divisible by it"));
+  const ModelFamily& family = model_family(m.arch);
+  if (m.head_size != 0 && !family.grouped_query)
+    bad_value("model.head_dim", std::to_string(m.head_size),
+              concat("applies to the Llama-style families, not ", m.arch));
+  if (m.sliding_window != 0 && !family.sliding_window) {
+    std::string windowed;
+    for (const ModelFamily* f : model_families())
+      if (f->sliding_window) windowed += (windowed.empty() ? "" : ", ") + f->name;
+    bad_value("model.sliding_window", std::to_string(m.sliding_window),
+              concat("applies to the families with sliding-window attention (", windowed, "), not ", m.arch));
+  }
+  if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
+    bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
+              concat("num_heads (", m.num_heads, ") is not divisible by it"));
+  if (family.rotary && m.head_dim() % 2 != 0)
+    bad_value("model.num_heads", std::to_string(m.num_heads),
+              concat("gives an odd head dimension ", m.head_dim(), "; rotary embeddings need an even one"));
+  if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
+    bad_value("model.vocab_size", std::to_string(m.vocab_size),
+              concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
+}
+
+// The model's shape (and init_std, its random initialisation), which model.dir's config.json gives instead.
+static std::vector<KeySpec> shape_keys() {
+  return {
+      choice_key("model.arch", SHARDLM_FIELD(model.arch), model_family_names())
+          .on("both; `llama`, `qwen2`, `qwen3`, `mistral`: see README \"Status\" for the CUDA backend")
+          .of_shape()
+          .doc("BLOOM (ALiBi, LayerNorm with biases, GELU MLP, LM head tied to the embeddings), Llama (RMSNorm, "
+               "rotary embeddings, grouped-query attention, SwiGLU MLP, no biases), Qwen2 (Llama's layer with biases "
+               "on the q, k and v projections), Qwen3 (Llama's layer with an RMSNorm over each head of q and of k "
+               "before rotary, `q_norm` / `k_norm`, and its own `head_dim`) or Mistral (Llama's layer with a sliding "
+               "window of `sliding_window` keys, and its own `head_dim`); with `model.dir`, config.json's "
+               "`model_type` decides"),
+      int_key("model.vocab_size", SHARDLM_FIELD(model.vocab_size), 1, "must be > 0", "N")
+          .of_shape()
+          .doc("vocabulary size; at least 259 with the byte tokenizer (required without `dir`)"),
+      int_key("model.hidden_size", SHARDLM_FIELD(model.hidden_size), 1, "must be > 0", "N")
+          .of_shape()
+          .doc("width of the residual stream (required without `dir`)"),
+      int_key("model.num_layers", SHARDLM_FIELD(model.num_layers), 1, "must be > 0", "N")
+          .of_shape()
+          .doc("transformer blocks; each is one FSDP unit (required without `dir`)"),
+      int_key("model.num_heads", SHARDLM_FIELD(model.num_heads), 1, "must be > 0", "N")
+          .of_shape()
+          .doc("attention heads; must divide `hidden_size` unless `head_dim` is set; Llama: the head dimension must "
+               "be even (required without `dir`)"),
+      positive_float_key("model.layer_norm_eps", SHARDLM_FIELD(model.layer_norm_eps))
+          .of_shape()
+          .doc("BLOOM: LayerNorm epsilon"),
+      positive_float_key("model.init_std", SHARDLM_FIELD(model.init_std))
+          .doc("standard deviation of the normal initialisation of a model without `dir`"),
+      int_key("model.num_kv_heads", SHARDLM_FIELD(model.num_kv_heads), 0, "must be >= 0 (0 = num_heads)")
+          .of_shape()
+          .doc("Llama: key/value heads (grouped-query attention); must divide `num_heads`; 0 = `num_heads`"),
+      int_key("model.intermediate_size", SHARDLM_FIELD(model.intermediate_size), 0,
+              "must be >= 0 (0 = 4 x hidden_size)")
+          .of_shape()
+          .doc("Llama: width of the SwiGLU MLP; 0 = 4 x `hidden_size`"),
+      int_key("model.head_dim", SHARDLM_FIELD(model.head_size), 0, "must be >= 0 (0 = hidden_size / num_heads)")
+          .of_shape()
+          .doc("Llama, Qwen2, Qwen3, Mistral: the dimension of each attention head, which may differ from "
+               "`hidden_size` / `num_heads` (Qwen3-0.6B: 128 at hidden 1024 and 16 heads, so q is 2048 wide); must be"
+               " even; 0 = `hidden_size` / `num_heads` (which must then divide)"),
+      int_key("model.sliding_window", SHARDLM_FIELD(model.sliding_window), 0,
+              "must be >= 0 (0 = no window: every earlier key)")
+          .of_shape()
+          .doc("Mistral, Qwen2, Qwen3: attention over a sliding window of keys in every layer, as config.json's "
+               "`sliding_window` (Mistral-7B-v0.1: 4096; v0.3: null, none; Qwen2 and Qwen3 where every layer is a "
+               "`sliding_attention` layer, [huggingface.md](huggingface.md)): the query at position i attends the "
+               "keys j with i - `sliding_window` < j <= i, as transformers' sliding-window mask; with `data.packing` "
+               "the window lies inside each packed sample (keys of earlier samples stay masked). Applied in training "
+               "on both backends (the CPU attention, the CUDA kernels and cuDNN's fused attention, whose graph masks "
+               "the band j + window > i, or whose packed rows' bias holds the window) and in generation's "
+               "key/value-cache decoding. 0 = no window: every earlier key. Other families: must be 0"),
+      positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps))
+          .of_shape()
+          .doc("Llama: RMSNorm epsilon"),
+      positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta))
+          .of_shape()
+          .doc("Llama: base of the rotary frequencies (Llama 3.1's `rope_scaling` comes from `config.json` only)"),
+      flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings))
+          .of_shape()
+          .doc("Llama: the LM head is the embedding matrix (BLOOM's always is)"),
+  };
+}
+
+// How the model runs and where it comes from.
+static std::vector<KeySpec> run_keys() {
+  return {
+      enum_key("model.attention", SHARDLM_FIELD(model.attention),
+               {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native}, attention_impl_name)
+          .cuda()
+          .doc("how training runs attention. `auto`: cuDNN's fused flash attention (forward and backward; causal, "
+               "grouped-query heads read in place, BLOOM's ALiBi computed inside the kernel; each layer keeps only "
+               "its softmax's log-sum-exp) where it can run: a build with cuDNN (`SHARDLM_CUDNN`), a GPU of compute "
+               "capability 8.0 or newer, `fsdp.param_dtype` bf16 or fp16, a head dimension that is a multiple of 8 up"
+               " to 256; elsewhere shardlm's own kernels (cuBLASLt GEMMs around softmax kernels; their T x T scratch "
+               "and, for BLOOM, the T x T probabilities per layer). `cudnn`: the fused path or an error at start "
+               "saying why not. `native`: never cuDNN. The start-up log line `attention: ...` and the summary "
+               "record's `\"attention\"` say which ran and why; `shardlm plan` sizes the path it expects. cuDNN "
+               "builds its plans once per micro-batch shape (about 0.14 s each, 1.5-2 s for the first), so on the "
+               "fused path micro-batches are padded up to a multiple of 64 tokens (at most `data.max_length`; the "
+               "added positions are padding without loss, after every real token, so no result changes). Generation's"
+               " key/value-cache decoding uses its own kernels either way"),
+      int_key("model.head_chunk_tokens", SHARDLM_FIELD(model.head_chunk_tokens), 0,
+              "must be >= 0 (0 = 2048, 512 with fsdp.cpu_offload)")
+          .cuda()
+          .doc("how many tokens' logits the LM head forms at once (its loss and gradient run chunk by chunk): the "
+               "chunk's fp32 logits are tokens x vocabulary x 4 bytes of GPU workspace (2 GB at BLOOM's 250,880 words"
+               " and 2048 tokens). `0`: 2048, or 512 with `fsdp.cpu_offload` (where GPU memory is what the run is "
+               "for). Smaller chunks save that memory for more passes of the head's weight gradient (one fp32 read "
+               "and write of vocabulary x hidden per chunk). Not part of the shape: allowed with `model.dir`. The CPU"
+               " backend has its own chunks and ignores it"),
+      folder_key("model.dir", SHARDLM_FIELD(model.dir), {"config.json"}, "a Hugging Face model directory")
+          .doc("a Hugging Face model directory: `config.json` and the weights, `model.safetensors` or shards with "
+               "`model.safetensors.index.json` (as `save_pretrained` writes them or as the Hub has them). The shape "
+               "comes from `config.json`, the initial weights from the safetensors files; each rank reads only the "
+               "bytes of its own slices. Empty: a model of the shape below, randomly initialised"),
+      folder_key("model.adapter", SHARDLM_FIELD(model.adapter), {"adapter_config.json", "adapter_model.safetensors"},
+                 "a PEFT adapter directory")
+          .doc("a PEFT LoRA adapter directory (`adapter_config.json` and `adapter_model.safetensors`, as PEFT's "
+               "`save_pretrained` writes them) to start from: its `adapter_config.json` sets LoRA's `r`, `alpha`, "
+               "`target_modules`, `modules_to_save` and `use_rslora`, so `[lora]` may be left out; a `[lora]` value "
+               "that disagrees with the file is an error naming both. Checked at start against the model's family "
+               "([lora.md](lora.md))"),
+  };
+}
+
+DeckSection model_section() {
+  DeckSection section{"model", {}, check_model};
+  for (auto keys : {shape_keys(), run_keys()}) section.keys.insert(section.keys.end(), keys.begin(), keys.end());
+  return section;
+}
+
+}  // namespace shardlm::config_detail
