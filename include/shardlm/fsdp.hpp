@@ -43,14 +43,16 @@ struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   DType param_dtype = DType::F32;   // dtype the parameters are gathered in
   DType reduce_dtype = DType::F32;  // dtype gradients are reduced in
+  Optim optimizer = Optim::AdamWTorch;  // train.optim: what the engine updates its slices with
   bool cpu_offload = false;         // fp32 master and optimizer state in host memory, the step on the host
-  bool moments_in_files = false;    // fsdp.offload_dir set (with cpu_offload): AdamW's moments in mapped files
+  bool moments_in_files = false;    // fsdp.offload_dir set (with cpu_offload): the optimizer's state in mapped files
   // fsdp.offload_accumulate = device (with cpu_offload): the micro-steps' reduced gradients are summed in
   // an fp32 slice on the device, which goes down once a step (offload.cpp)
   bool offload_accumulate_on_device = false;
   // fsdp.offload_root_update (with cpu_offload): where the root unit's AdamW runs. The engine resolves
   // Auto when it starts (a timed copy each way over the host link, kOffloadRootLinkGBs); `shardlm plan`
-  // counts Auto as Device.
+  // counts Auto as Device. Only AdamW updates it on the device (its fp32 moments stream in chunks); another
+  // optimizer resolves Auto to Host.
   OffloadRootUpdate offload_root_update = OffloadRootUpdate::Host;
   size_t offload_stream_chunk = 0;  // elements of one chunk of that update (0: kOffloadStreamChunk; tests set less)
   // fsdp.offload_resident_gib in bytes: the device memory in which the first elements of the root's master
@@ -79,7 +81,7 @@ struct FsdpMemory {
 };
 
 // Bytes an element of the root's update on the device moves or keeps: its fp32 master and AdamW's two
-// fp32 moments.
+// fp32 moments (only AdamW updates the root there: FsdpOptions::offload_root_update).
 constexpr size_t kRootStateBytes = 3 * sizeof(float);
 // fsdp.no_sync = auto chooses Full when the whole model's gathered parameters and fp32 gradients (the
 // trainable part's) take at most this many bytes: a BLOOM-560M (3.4 GB) or a Llama-3.2-1B (7.4 GB),
@@ -335,6 +337,7 @@ class FsdpEngine {
   FsdpBufferPlan plan_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<float*> quantised_state_views(size_t u);
   std::vector<void*> pinned_;  // host arrays page-locked by the backend, unlocked before they are freed
   std::vector<std::vector<float>> frozen_staging_;  // frozen_state's views, until frozen_loaded
   uint64_t frozen_checksum_ = 0;
@@ -360,8 +363,8 @@ struct MemoryPlanSpec {
 struct RankMemoryPlan {
   int shard_size = 1, replicate_size = 1;
   FsdpMemory record;
-  size_t optimizer = 0;       // AdamW moments in the memory that device_total counts
-  size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
+  size_t optimizer = 0;       // optimizer state (train.optim's) in the memory that device_total counts
+  size_t host_optimizer = 0;  // CUDA offload: the optimizer state in host memory instead
   size_t offload_file_bytes = 0;  // fsdp.offload_dir: the moments in its mapped files instead (not in host_bytes)
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars

@@ -295,6 +295,7 @@ static std::vector<KeySpec> build_table() {
       double_key("train.weight_decay", SHARDLM_FIELD(train.weight_decay), non_negative),
       int_key("train.warmup_steps", SHARDLM_FIELD(train.warmup_steps), 0, "must be >= 0"),
       double_key("train.warmup_ratio", SHARDLM_FIELD(train.warmup_ratio), unit_closed),
+      enum_key("train.optim", SHARDLM_FIELD(train.optim), {Optim::AdamWTorch, Optim::AdamW8bit}, optim_name),
       enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule),
                {LrSchedule::Linear, LrSchedule::Constant, LrSchedule::ConstantWithWarmup, LrSchedule::Cosine,
                 LrSchedule::CosineWithRestarts, LrSchedule::Polynomial, LrSchedule::CosineWithMinLr},

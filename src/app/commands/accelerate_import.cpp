@@ -639,11 +639,16 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
   }
   done_t.insert({"learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio"});
 
+  // train.optim: Trainer's AdamW names are adamw_torch; bitsandbytes' 8-bit AdamW (paged or not: paging is
+  // how bitsandbytes moves its state under memory pressure, not a different update) is adamw_8bit.
   const std::string optim = text(t.get("optim"), args_name + ": optim");
-  if (optim != "adamw_torch" && optim != "adamw_torch_fused" && optim != "adamw_hf" && optim != "adamw_apex_fused")
-    im.warn("", t_origin("optim"), concat("shardlm's optimizer is AdamW (PyTorch's), not ", optim));
-  else
-    im.unused(t_origin("optim"), "AdamW, shardlm's optimizer");
+  if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit" || optim == "paged_adamw_8bit")
+    im.set("train.optim", "adamw_8bit", t_origin("optim"));
+  else if (optim != "adamw_torch" && optim != "adamw_torch_fused" && optim != "adamw_hf" && optim != "adamw_apex_fused")
+    im.warn("train.optim", t_origin("optim"),
+            concat("shardlm's optimizers are adamw_torch and adamw_8bit, not ", optim, ": the deck uses adamw_torch"));
+  else if (t.given("optim"))
+    im.set("train.optim", "adamw_torch", t_origin("optim"));
   done_t.insert("optim");
   const struct { const char* from; const char* to; } numbers[] = {
       {"weight_decay", "train.weight_decay"}, {"adam_beta1", "train.adam_beta1"}, {"adam_beta2", "train.adam_beta2"},
