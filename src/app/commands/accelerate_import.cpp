@@ -649,6 +649,8 @@ AccelerateImport import_accelerate(const std::string& yaml_text, const std::stri
             concat("shardlm's optimizers are adamw_torch and adamw_8bit, not ", optim, ": the deck uses adamw_torch"));
   else if (t.given("optim"))
     im.set("train.optim", "adamw_torch", t_origin("optim"));
+  else
+    im.unused(t_origin("optim"), "train.optim's default, adamw_torch");
   done_t.insert("optim");
   const struct { const char* from; const char* to; } numbers[] = {
       {"weight_decay", "train.weight_decay"}, {"adam_beta1", "train.adam_beta1"}, {"adam_beta2", "train.adam_beta2"},
