@@ -68,8 +68,10 @@ class Optimizer {
   // Names of the fp32 state vectors every slice has, as checkpoints keep them, in a fixed order
   // ("exp_avg", "exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
-  // State vector k of slice i (backend memory, the slice's numel elements) when the optimizer keeps it so
-  // in fp32; nullptr when it keeps it otherwise (quantised): read_state and write_state convert then.
+  // Whether the optimizer keeps its state vectors as fp32 arrays that state() hands out in place.
+  virtual bool fp32_state() const = 0;
+  // State vector k of slice i (backend memory, the slice's numel elements) when fp32_state(); nullptr
+  // when the optimizer keeps it otherwise (quantised): read_state and write_state convert then.
   virtual float* state(size_t slice, size_t k) = 0;
   // State vector k of slice i as fp32 values into host memory (numel elements), and back.
   virtual void read_state(size_t slice, size_t k, float* out) = 0;
@@ -107,6 +109,7 @@ class AdamW final : public Optimizer {
   void set_steps_taken(long steps) override { step_ = steps; }
   const char* name() const override { return optim_name(Optim::AdamWTorch); }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool fp32_state() const override { return true; }
   float* state(size_t slice, size_t k) override { return (k == 0 ? exp_avg_ : exp_avg_sq_)[slice].as<float>(); }
   void read_state(size_t slice, size_t k, float* out) override;
   void write_state(size_t slice, size_t k, const float* in) override;
@@ -148,6 +151,7 @@ class AdamW8bit final : public Optimizer {
   void set_steps_taken(long steps) override { step_ = steps; }
   const char* name() const override { return optim_name(Optim::AdamW8bit); }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool fp32_state() const override { return false; }
   float* state(size_t, size_t) override { return nullptr; }
   void read_state(size_t slice, size_t k, float* out) override;
   void write_state(size_t slice, size_t k, const float* in) override;

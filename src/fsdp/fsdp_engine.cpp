@@ -110,7 +110,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   }
   // Offloaded, the updates write the compute dtype into the upload staging (AdamW::update_slice's out).
   optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
-  if (!state_on_host && optimizer_->state(0, 0) != nullptr) {
+  if (!state_on_host && optimizer_->fp32_state()) {
     const size_t k = optimizer_->state_names().size();
     for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
   }
@@ -243,7 +243,7 @@ double FsdpEngine::grad_norm() {
 
 void FsdpEngine::optimizer_step(double lr, float grad_factor) {
   Impl& m = *impl_;
-  if (!optimizer_->state(0, 0))
+  if (!optimizer_->fp32_state())
     for (Unit& d : m.units) std::vector<std::vector<float>>().swap(d.host_state);  // a checkpoint's staging
   m.reduce_pending();
   m.finish_reductions();
@@ -322,7 +322,7 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
       param = d.host_master.data();
       for (size_t k = 0; k < state.size() && state[k]; ++k) state[k] = d.host_state[k].data();
     }
-    if (!state.empty() && !state[0]) state = quantised_state_views(u);
+    if (!optimizer_->fp32_state()) state = quantised_state_views(u);
     UnitState s;
     s.layout = d.flat.layout;
     s.numel = d.flat.numel;
@@ -343,7 +343,7 @@ void FsdpEngine::checkpoint_loaded() {
   if (m.offload) m.offload->checkpoint_loaded();
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
-    if (!optimizer_->state(u, 0)) {
+    if (!optimizer_->fp32_state()) {
       // A quantised optimizer takes its state from the fp32 staging back (quantising again).
       for (size_t k = 0; k < d.host_state.size(); ++k) optimizer_->write_state(u, k, d.host_state[k].data());
       d.host_state.clear();

@@ -135,7 +135,7 @@ FsdpEngine::Impl::OffloadPolicy::OffloadPolicy(Impl& engine, Backend& host, Opti
     for (size_t i = 0; i < k; ++i) pin(optimizer.state(0, i), root.master.bytes());
     // kRootStateBytes is AdamW's master and two fp32 moments: the only optimizer the engine updates the root
     // of on the device (FsdpOptions::offload_root_update).
-    SHARDLM_CHECK(k == 2 && optimizer.state(0, 0), "the root's update on the device streams AdamW's two fp32 "
+    SHARDLM_CHECK(k == 2 && optimizer.fp32_state(), "the root's update on the device streams AdamW's two fp32 "
                   "moments; ", optimizer.name(), " updates it on the host");
     if (r > 0) {
       o.resident[0] = be.allocate(r * sizeof(float), MemKind::Params);
