@@ -181,6 +181,22 @@ BOOST_AUTO_TEST_CASE(every_key_of_both_files_has_a_comment_line) {
   }
 }
 
+// TrainingArguments' optim: bitsandbytes' 8-bit AdamW names are train.optim = adamw_8bit, Trainer's AdamW
+// names adamw_torch; another optimizer is a warning and AdamW.
+BOOST_AUTO_TEST_CASE(optim_maps_to_train_optim) {
+  for (const char* name : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"}) {
+    const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", concat(R"({"optim": ")", name, R"("})"), "a.json",
+                                                  {}, "test");
+    BOOST_TEST(contains(im.deck, "optim = adamw_8bit\n"), name);
+  }
+  const AccelerateImport fused = import_accelerate(kFsdpYaml, "c.yaml", R"({"optim": "adamw_torch_fused"})", "a.json",
+                                                   {}, "test");
+  BOOST_TEST(contains(fused.deck, "optim = adamw_torch\n"));
+  const AccelerateImport sgd = import_accelerate(kFsdpYaml, "c.yaml", R"({"optim": "sgd"})", "a.json", {}, "test");
+  BOOST_TEST(has_warning(sgd, "optim"));
+  BOOST_TEST(!contains(sgd.deck, "optim = "));
+}
+
 BOOST_AUTO_TEST_CASE(differences_are_warned) {
   const std::string yaml = std::string(kFsdpYaml) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 100000000\n";
   const AccelerateImport im = import_accelerate(yaml, "c.yaml",

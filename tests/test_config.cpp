@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 89u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 90u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -435,6 +435,26 @@ BOOST_AUTO_TEST_CASE(offload_accumulate) {
                  "fsdp.cpu_offload = true"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.cpu_offload=true", "--fsdp.offload_accumulate=gpu"}); }),
                  "fsdp.offload_accumulate"));
+}
+
+// train.optim: TrainingArguments' names, adamw_torch by default, written back; another name is refused
+// naming the key; adamw_8bit offloaded updates the root on the host, so the device's root update and its
+// resident state are refused with it.
+BOOST_AUTO_TEST_CASE(train_optim) {
+  BOOST_TEST((load(kBase).train.optim == Optim::AdamWTorch));
+  const RunConfig c = load(kBase, {"--train.optim=adamw_8bit"});
+  BOOST_TEST((c.train.optim == Optim::AdamW8bit));
+  BOOST_TEST(has(resolved_deck_ini(c), "optim = adamw_8bit\n"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--train.optim=sgd"}); }), "train.optim"));
+  BOOST_TEST(has(error_of([&] {
+                   load(kBase, {"--train.optim=adamw_8bit", "--fsdp.cpu_offload=true", "--fsdp.offload_root_update=device"});
+                 }),
+                 "train.optim = adamw_8bit: updates an offloaded run's root unit on the host"));
+  BOOST_TEST(has(error_of([&] {
+                   load(kBase, {"--train.optim=adamw_8bit", "--fsdp.cpu_offload=true", "--fsdp.offload_resident_gib=1"});
+                 }),
+                 "train.optim = adamw_8bit"));
+  load(kBase, {"--train.optim=adamw_8bit", "--fsdp.cpu_offload=true"});  // auto: the root on the host
 }
 
 // fsdp.offload_root_update: auto by default (the engine measures the link), host and device kept and

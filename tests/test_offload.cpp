@@ -61,6 +61,9 @@ class DeviceLikeCpu final : public Backend {
   void accumulate(float* x, const void* y, DType dt, size_t n, Stream s) override { cpu_->accumulate(x, y, dt, n, s); }
   void sum_squares(const float* x, size_t n, double* sum, Stream s) override { cpu_->sum_squares(x, n, sum, s); }
   void adamw(const std::vector<AdamWRange>& r, const AdamWHyper& h, Stream s) override { cpu_->adamw(r, h, s); }
+  void adamw_8bit(const std::vector<AdamW8bitRange>& r, const AdamWHyper& h, Stream s) override {
+    cpu_->adamw_8bit(r, h, s);
+  }
   void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) override {
     cpu_->rows_mark_first(ids, m, first, rows, s);
   }
@@ -127,6 +130,7 @@ struct Case {
   // does (an offloaded engine runs off whatever it says)
   NoSync no_sync = NoSync::Off;
   bool split_root = false;        // fsdp.root_reduction = split
+  Optim optim = Optim::AdamWTorch;  // train.optim
 };
 // Less than the tiny root's slice on any rank count used, so its update on the device takes several
 // chunks and both buffers.
@@ -139,7 +143,7 @@ std::string name_of(const Case& c) {
   return concat(strategy_name(c.strategy), " accum ", c.accum, " max_norm ", c.max_norm, c.announce ? "" : " unannounced",
                 " reduce ", dtype_name(c.reduce), c.lora ? " lora" : "", c.device_sums ? " device sums" : "",
                 c.root_on_device ? " root on device" : "", c.resident ? concat(" resident ", c.resident) : "",
-                " no_sync ", no_sync_name(c.no_sync), c.split_root ? " split root" : "");
+                " no_sync ", no_sync_name(c.no_sync), c.split_root ? " split root" : "", " ", optim_name(c.optim));
 }
 
 struct Run {
@@ -163,6 +167,7 @@ std::unique_ptr<FsdpEngine> make_engine(const Case& c, bool offload) {
   o.no_sync = c.no_sync;
   o.accumulation = c.accum;
   o.root_reduction = c.split_root ? RootReduction::Split : RootReduction::Whole;
+  o.optimizer = c.optim;
   AdamWOptions adam;
   adam.weight_decay = 0.1;
   std::unique_ptr<Backend> be = offload ? std::unique_ptr<Backend>(new DeviceLikeCpu) : make_cpu_backend(1);
@@ -288,6 +293,22 @@ BOOST_AUTO_TEST_CASE(offloaded_steps_give_the_steps_without_offload) {
         Case c;
         c.strategy = s, c.accum = accum, c.max_norm = max_norm;
         BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+      }
+}
+
+// 8-bit AdamW (train.optim = adamw_8bit) offloaded: the host updates every unit in block-aligned chunks,
+// early or at optimizer_step, with its state in memory or in mapped files, and gives the steps without offload.
+BOOST_AUTO_TEST_CASE(offloaded_8bit_adamw_gives_the_steps_without_offload) {
+  TempDir dir{"offload_8bit"};
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard})
+    for (double max_norm : {0.0, 0.05})
+      for (bool in_files : {false, true}) {
+        Case c;
+        c.strategy = s, c.accum = 2, c.max_norm = max_norm, c.optim = Optim::AdamW8bit;
+        if (in_files) c.moments_dir = dir.root.string();
+        BOOST_TEST_CONTEXT(name_of(c) << (in_files ? " in files" : "")) {
+          expect_same(train_steps(c, true), train_steps(c, false), 1e-6);
+        }
       }
 }
 

@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(update_slice_in_pieces_gives_the_step_bits) {
                opt, DType::BF16);
   for (int step = 1; step <= 3; ++step) {
     whole.step(1e-3 * step, 0.5f);
-    const AdamWHyper h = pieces.begin_step(1e-3 * step, 0.5f);
+    const StepHyper h = pieces.begin_step(1e-3 * step, 0.5f);
     BOOST_TEST(h.step == step);
     // Uneven cuts, slice 1 before slice 0, one cut inside a no-decay range.
     pieces.update_slice(1, 0, n1, out1.data(), h);

@@ -352,6 +352,8 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
   cases.push_back({2, "FULL_SHARD", "--fsdp.root_reduction=split"});
   cases.push_back({4, "HYBRID_SHARD", "--dist.ranks_per_node=2 --fsdp.root_reduction=split --fsdp.reduce_dtype=bf16 "
                                       "--fsdp.param_dtype=bf16"});
+  // train.optim = adamw_8bit trains the demo on 1, 2 and 4 ranks with the state the plan counts.
+  for (int np : {1, 2, 4}) cases.push_back({np, "FULL_SHARD", "--train.optim=adamw_8bit"});
   const std::string common = "--train.batch_size=16 --checkpoint.at_end=false";
   for (const Case& c : cases) {
     BOOST_TEST_CONTEXT(c.strategy << " on " << c.np << " rank(s) " << c.extra) {
@@ -394,6 +396,28 @@ BOOST_AUTO_TEST_CASE(cpu_plan_matches_what_demo_runs_report) {
       }
     }
   }
+}
+
+// `shardlm plan` counts train.optim's state: adamw_8bit's codes and block scales (2 bytes a parameter and
+// 8 a block) against AdamW's two fp32 moments (8 bytes a parameter), here and in the host memory of offload.
+BOOST_AUTO_TEST_CASE(plan_counts_the_8bit_optimizer_state) {
+  const std::string args = kBloom560m + " --json --ranks=4 --train.batch_size=32";
+  const Outcome adamw = plan(args), eight = plan(args + " --train.optim=adamw_8bit");
+  BOOST_TEST_INFO(adamw.output << eight.output);
+  BOOST_TEST_REQUIRE((adamw.exit_code == 0 && eight.exit_code == 0));
+  const json a = row_of(json::parse(adamw.output), "FULL_SHARD").at("memory_record");
+  const json b = row_of(json::parse(eight.output), "FULL_SHARD").at("memory_record");
+  const double full = a.at("optimizer_bytes").get<double>(), quantised = b.at("optimizer_bytes").get<double>();
+  BOOST_TEST(quantised < full * 2.05 / 8);
+  BOOST_TEST(quantised > full * 2.0 / 8);
+  const shardlm::RunConfig c = bloom560m({"--train.optim=adamw_8bit", "--fsdp.cpu_offload=true"});
+  shardlm::MemoryPlanSpec s = spec_of(c);
+  s.fsdp.optimizer = c.train.optim;
+  s.world_size = 1;
+  const shardlm::RankMemoryPlan p = shardlm::plan_rank_memory(s);
+  BOOST_TEST(p.optimizer == 0u);
+  BOOST_TEST(p.host_optimizer < p.record.trainable_params * 2.05);
+  BOOST_TEST(p.host_optimizer >= p.record.trainable_params * 2);
 }
 
 // fsdp.root_reduction: the split's parts from the family's embedding table and extras (BLOOM: a tied

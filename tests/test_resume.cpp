@@ -167,6 +167,29 @@ BOOST_AUTO_TEST_CASE(resume_on_the_same_world_is_bit_exact) {
   for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i]);  // exactly
 }
 
+// train.optim = adamw_8bit: trains as AdamW does (its losses within a few percent of AdamW's), its
+// checkpoints hold the dequantised moments, and a resume on the same world repeats the run bit for bit
+// (quantising the checkpoint's moments again gives back the codes); another world resumes to rounding.
+BOOST_AUTO_TEST_CASE(adamw_8bit_trains_and_resumes_exactly) {
+  const std::vector<double>& adamw = uninterrupted().step_losses;  // first: its first call clears scratch
+  start_afresh("adamw_8bit");
+  start_afresh("adamw_8bit_resumed");
+  RunConfig cfg = config(ShardingStrategy::FullShard, "adamw_8bit");
+  cfg.train.optim = Optim::AdamW8bit;
+  cfg.checkpoint.every = 10;
+  const TrainResult whole = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(whole.step_losses.size() == 20u);
+  for (size_t i = 0; i < 20; ++i) BOOST_TEST(whole.step_losses[i] == adamw[i], boost::test_tools::tolerance(0.05));
+  BOOST_TEST(whole.optimizer_bytes < uninterrupted().optimizer_bytes / 3);
+  RunConfig again = cfg;
+  again.run.dir = scratch("adamw_8bit_resumed");
+  again.checkpoint.resume = ResumeFrom::Path;
+  again.checkpoint.resume_path = scratch("adamw_8bit") + "/checkpoints/ckpt-00000010.h5";
+  const TrainResult resumed = train(again, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 10u);
+  for (size_t i = 0; i < 10; ++i) BOOST_TEST(resumed.step_losses[i] == whole.step_losses[10 + i]);  // exactly
+}
+
 BOOST_AUTO_TEST_CASE(resume_on_one_rank_no_shard) {
   std::vector<double> got = resumed_on(1, config(ShardingStrategy::NoShard, "one_rank"));
   std::vector<double> want = tail_of_uninterrupted();

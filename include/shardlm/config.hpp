@@ -22,6 +22,8 @@ enum class ChatFormat { Auto, Messages, Sharegpt, Alpaca };  // data.chat_format
 enum class TokenizerSource { Auto, Byte, File };           // data.tokenizer: auto | byte | a path
 // train.lr_schedule: transformers' get_scheduler names (src/optim/schedule.cpp).
 enum class LrSchedule { Linear, Constant, ConstantWithWarmup, Cosine, CosineWithRestarts, Polynomial, CosineWithMinLr };
+// train.optim: TrainingArguments' optim names (src/optim: AdamW, and 8-bit AdamW with block-wise quantised moments).
+enum class Optim { AdamWTorch, AdamW8bit };
 enum class BackwardPrefetch { Pre, Post, None };           // fsdp.backward_prefetch
 enum class OffloadAccumulate { Host, Device };             // fsdp.offload_accumulate
 enum class OffloadRootUpdate { Auto, Host, Device };       // fsdp.offload_root_update
@@ -34,6 +36,7 @@ const char* data_format_name(DataFormat f);                // "squad", ...
 const char* chat_format_name(ChatFormat f);                // "auto" | "messages" | "sharegpt" | "alpaca"
 const char* tokenizer_source_name(TokenizerSource t);      // "auto" | "byte" | "file"
 const char* lr_schedule_name(LrSchedule s);                // "linear" | "constant" | "cosine" | ...
+const char* optim_name(Optim o);                           // "adamw_torch" | "adamw_8bit"
 const char* backward_prefetch_name(BackwardPrefetch p);    // "pre" | "post" | "none"
 const char* offload_accumulate_name(OffloadAccumulate a);  // "host" | "device"
 const char* offload_root_update_name(OffloadRootUpdate r); // "auto" | "host" | "device"
@@ -80,6 +83,7 @@ struct TrainSection {
   double weight_decay = 0.01;
   int warmup_steps = 0;
   double warmup_ratio = 0;   // of the run's steps, rounded up; used when warmup_steps is 0 (Trainer's rule)
+  Optim optim = Optim::AdamWTorch;
   LrSchedule lr_schedule = LrSchedule::Linear;
   // The schedules' arguments (transformers' lr_scheduler_kwargs): 0 cycles = the schedule's default
   // (cosine 0.5, cosine_with_restarts 1); polynomial's power and final rate; cosine_with_min_lr's floor.

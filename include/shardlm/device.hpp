@@ -82,6 +82,28 @@ struct AdamWHyper {
   DType out_dtype = DType::F32;
 };
 
+// One 8-bit AdamW update (train.optim = adamw_8bit) of a stretch of a slice; see Backend::adamw_8bit.
+// The moments are kept as one code per element and one fp32 scale per kQuantBlock elements, the blocks
+// counted from the stretch's element 0 (a block boundary of its slice).
+constexpr size_t kQuantBlock = 256;
+struct AdamW8bitRange {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  int8_t* exp_avg = nullptr;        // signed codes of exp_avg (square-root map, see host_adamw_8bit.cpp)
+  uint8_t* exp_avg_sq = nullptr;    // codes of exp_avg_sq (fourth-root map)
+  float* exp_avg_scale = nullptr;   // per block: the largest |exp_avg|
+  float* exp_avg_sq_scale = nullptr;  // per block: the largest exp_avg_sq
+  size_t numel = 0;
+  // Elements [no_decay[2j] - position, no_decay[2j + 1] - position) of the stretch take no weight decay:
+  // the slice's no-decay ranges (host memory, sorted; the CUDA backend passes them to its launches by
+  // value), `position` the stretch's place in its slice.
+  const uint64_t* no_decay = nullptr;
+  size_t no_decay_count = 0;        // ranges, two numbers each
+  size_t position = 0;
+  double weight_decay = 0;
+  void* param_out = nullptr;        // when set, the updated parameter is also written here in out_dtype
+};
+
 enum class CopyKind { HostToDevice, DeviceToHost };
 
 // What the FSDP schedule (src/fsdp) needs of a backend: memory, three streams and events between
@@ -140,6 +162,10 @@ class Backend {
   // Decoupled weight decay as torch.optim.AdamW, on every range: p -= lr * wd * p;
   // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
   virtual void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream s) = 0;
+  // The same update with block-wise quantised moments: per block, dequantise the old codes, update as
+  // adamw does in fp32, then quantise the new moments against the block's new largest values. Every
+  // backend gives the same bits (host_adamw_8bit's formula, IEEE fp32 operations without contraction).
+  virtual void adamw_8bit(const std::vector<AdamW8bitRange>& ranges, const AdamWHyper& h, Stream s) = 0;
 
   // ---- the token rows of a [rows, width] fp32 table's gradient (the FSDP engine reduces the embedding's
   // part of the root as these rows). ids[k], k < m, names row ids[k] (an id outside [0, rows): row 0, as
@@ -176,6 +202,19 @@ constexpr size_t kHostAdamWPiece = size_t(1) << 16;
 // Backend::adamw on the host with the GPU kernel's formula and fp32 scalars (src/device/cuda/adamw.cu),
 // on `threads` threads with the `simd` path; every path and thread count gives the same bits.
 void host_adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, int threads, HostSimd simd);
+
+// ---- the host 8-bit AdamW (cpu/host_adamw_8bit.cpp): the CPU backend's adamw_8bit -----------
+
+// Backend::adamw_8bit on the host, block by block over `threads` threads (any count gives the same bits).
+void host_adamw_8bit(const std::vector<AdamW8bitRange>& ranges, const AdamWHyper& h, int threads);
+// The maps between fp32 moments and their codes, for one block of n <= kQuantBlock elements:
+// exp_avg m -> code round(sign(m) 127 sqrt(|m| / scale)), scale the block's largest |m|;
+// exp_avg_sq v -> code round(255 (v / scale)^(1/4)), scale the block's largest v; a zero scale gives zero
+// codes. Dequantising then quantising gives back the same codes and scale (checkpoints keep fp32 values).
+void quantise_exp_avg(const float* m, size_t n, int8_t* codes, float* scale);
+void quantise_exp_avg_sq(const float* v, size_t n, uint8_t* codes, float* scale);
+void dequantise_exp_avg(const int8_t* codes, float scale, size_t n, float* m);
+void dequantise_exp_avg_sq(const uint8_t* codes, float scale, size_t n, float* v);
 
 // ---- offload's host gradients (cpu/host_grad.cpp) --------------------------------------------
 

@@ -44,6 +44,7 @@ size_t shard_numel_of(size_t numel, int shard_size);
 // the section (fsdp_options), never field by field, so a new [fsdp] key reaches the engine by itself.
 struct FsdpOptions : FsdpSection {
   FsdpOptions() { offload_root_update = OffloadRootUpdate::Host; }  // as fsdp_options gives without cpu_offload
+  Optim optimizer = Optim::AdamWTorch;  // train.optim (not an [fsdp] key): what the engine updates its slices with
   int accumulation = 1;             // micro-steps of an optimizer step (the deck's accumulation)
   // Elements of one chunk of the root's update on the device (0: kOffloadStreamChunk; tests set less).
   size_t offload_stream_chunk = 0;
@@ -59,7 +60,8 @@ struct FsdpOptions : FsdpSection {
   size_t offload_resident_bytes() const;
   // fsdp.offload_root_update is where the root unit's AdamW runs with cpu_offload (Host without): the engine
   // resolves Auto when it starts (a timed copy each way over the host link, kOffloadRootLinkGBs); `shardlm
-  // plan` counts Auto as Device.
+  // plan` counts Auto as Device. Only AdamW updates it on the device (its fp32 moments stream in chunks);
+  // another optimizer resolves Auto to Host.
 };
 
 // Bytes this rank holds, by role, for the per-rank report and `plan`.
@@ -75,7 +77,7 @@ struct FsdpMemory {
 };
 
 // Bytes an element of the root's update on the device moves or keeps: its fp32 master and AdamW's two
-// fp32 moments.
+// fp32 moments (only AdamW updates the root there: FsdpOptions::offload_root_update).
 constexpr size_t kRootStateBytes = 3 * sizeof(float);
 // fsdp.no_sync = auto chooses Full when the whole model's gathered parameters and fp32 gradients (the
 // trainable part's) take at most this many bytes: a BLOOM-560M (3.4 GB) or a Llama-3.2-1B (7.4 GB),
@@ -332,6 +334,7 @@ class FsdpEngine {
   FsdpBufferPlan plan_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<float*> quantised_state_views(size_t u);
   std::vector<void*> pinned_;  // host arrays page-locked by the backend, unlocked before they are freed
   std::vector<std::vector<float>> frozen_staging_;  // frozen_state's views, until frozen_loaded
   uint64_t frozen_checksum_ = 0;
@@ -357,8 +360,8 @@ struct MemoryPlanSpec {
 struct RankMemoryPlan {
   int shard_size = 1, replicate_size = 1;
   FsdpMemory record;
-  size_t optimizer = 0;       // AdamW moments in the memory that device_total counts
-  size_t host_optimizer = 0;  // CUDA offload: AdamW moments in host memory instead
+  size_t optimizer = 0;       // optimizer state (train.optim's) in the memory that device_total counts
+  size_t host_optimizer = 0;  // CUDA offload: the optimizer state in host memory instead
   size_t offload_file_bytes = 0;  // fsdp.offload_dir: the moments in its mapped files instead (not in host_bytes)
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars

@@ -21,6 +21,7 @@ const char* lr_schedule_name(LrSchedule s) {
   return name_of(s, {"linear", "constant", "constant_with_warmup", "cosine", "cosine_with_restarts", "polynomial",
                      "cosine_with_min_lr"});
 }
+const char* optim_name(Optim o) { return name_of(o, {"adamw_torch", "adamw_8bit"}); }
 const char* backward_prefetch_name(BackwardPrefetch p) { return name_of(p, {"pre", "post", "none"}); }
 const char* offload_accumulate_name(OffloadAccumulate a) { return name_of(a, {"host", "device"}); }
 const char* offload_root_update_name(OffloadRootUpdate r) { return name_of(r, {"auto", "host", "device"}); }

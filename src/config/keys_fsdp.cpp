@@ -22,6 +22,12 @@ static void check_fsdp(const RunConfig& cfg, int) {
               "keeps part of the root unit's optimizer state on the GPU when an offloaded run updates the root "
               "there: set fsdp.cpu_offload = true, fsdp.offload_root_update = auto or device and no "
               "fsdp.offload_dir, or use 0");
+  // The root's update on the device streams AdamW's fp32 moments; 8-bit moments update on the host with the rest.
+  if (cfg.train.optim != Optim::AdamWTorch && f.cpu_offload &&
+      (f.offload_root_update == OffloadRootUpdate::Device || f.offload_resident_gib > 0))
+    bad_value("train.optim", optim_name(cfg.train.optim),
+              "updates an offloaded run's root unit on the host: use fsdp.offload_root_update = auto or host and "
+              "fsdp.offload_resident_gib = 0, or train.optim = adamw_torch");
   if (f.offload_root_update == OffloadRootUpdate::Device && !f.offload_dir.empty())
     bad_value("fsdp.offload_root_update", "device",
               "streams the root's moments from host memory, and fsdp.offload_dir keeps them in files: leave "

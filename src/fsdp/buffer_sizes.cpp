@@ -136,7 +136,8 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     // The root's update on the device keeps the first offload_resident elements of its master and AdamW's
     // two moments on the device and streams the rest through two buffers.
     const size_t root_shard = p.root_padded / shard_size;
-    if (opt.offload_root_update != OffloadRootUpdate::Host && !opt.moments_in_files() && layout[0].numel > 0) {
+    if (opt.offload_root_update != OffloadRootUpdate::Host && opt.optimizer == Optim::AdamWTorch &&
+        !opt.moments_in_files() && layout[0].numel > 0) {
       p.offload_stream_chunk = std::min(opt.offload_stream_chunk > 0 ? opt.offload_stream_chunk : kOffloadStreamChunk, root_shard);
       p.offload_resident = std::min(root_shard, opt.offload_resident_bytes() / kRootStateBytes);
       p.offload_stream = p.offload_resident < root_shard ? p.offload_stream_chunk * kRootStateBytes : 0;

@@ -22,6 +22,27 @@ FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLay
 
 FsdpEngine::Impl::~Impl() = default;
 
+namespace {
+
+// fsdp.offload_root_update as the engine runs it: auto measures the host link (into link[]), for a root
+// slice of root_shard elements worth it (a synchronous backend has no link to measure); only AdamW updates
+// the root on the device.
+OffloadRootUpdate resolved_root_update(const FsdpOptions& opt, size_t root_shard, Backend& be, Backend* host,
+                                       double link[2]) {
+  SHARDLM_CHECK(opt.optimizer == Optim::AdamWTorch || opt.offload_root_update != OffloadRootUpdate::Device,
+                "fsdp.offload_root_update = device streams AdamW's fp32 moments; train.optim = ",
+                optim_name(opt.optimizer), " updates the root on the host");
+  if (!opt.cpu_offload || opt.optimizer != Optim::AdamWTorch) return OffloadRootUpdate::Host;
+  if (opt.offload_root_update != OffloadRootUpdate::Auto) return opt.offload_root_update;
+  // Resident state needs the update there, whatever the link.
+  if (opt.offload_resident_bytes() > 0 && !opt.moments_in_files()) return OffloadRootUpdate::Device;
+  if (be.asynchronous() && !opt.moments_in_files() && root_shard >= kOffloadRootMinElements)
+    std::tie(link[0], link[1]) = measure_host_link(be, *host);
+  return std::min(link[0], link[1]) >= kOffloadRootLinkGBs ? OffloadRootUpdate::Device : OffloadRootUpdate::Host;
+}
+
+}  // namespace
+
 FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, std::unique_ptr<UnitModel> model,
                        const FsdpOptions& options, const AdamWOptions& adam, uint64_t seed, size_t max_tokens,
                        std::unique_ptr<Backend> host_backend)
@@ -37,21 +58,9 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   SHARDLM_CHECK(model->compute_dtype() == cdt, "FsdpEngine: the model computes in ", dtype_name(model->compute_dtype()),
                 ", the backend in ", dtype_name(cdt));
   EngineLayouts layouts = engine_layouts(model->config());
-  // fsdp.offload_root_update: auto measures the host link, for a root worth it (a synchronous backend
-  // has no link to measure).
   double link[2] = {0, 0};
-  if (!opt.cpu_offload) {
-    opt.offload_root_update = OffloadRootUpdate::Host;
-  } else if (opt.offload_root_update == OffloadRootUpdate::Auto && opt.offload_resident_bytes() > 0 &&
-             !opt.moments_in_files()) {
-    opt.offload_root_update = OffloadRootUpdate::Device;  // resident state needs the update there, whatever the link
-  } else if (opt.offload_root_update == OffloadRootUpdate::Auto) {
-    const bool worth_it = shard_numel_of(layouts.trainable[0].numel, shard_size) >= kOffloadRootMinElements;
-    if (be.asynchronous() && !opt.moments_in_files() && worth_it)
-      std::tie(link[0], link[1]) = measure_host_link(be, *host_backend_);
-    opt.offload_root_update = std::min(link[0], link[1]) >= kOffloadRootLinkGBs ? OffloadRootUpdate::Device
-                                                                               : OffloadRootUpdate::Host;
-  }
+  opt.offload_root_update = resolved_root_update(opt, shard_numel_of(layouts.trainable[0].numel, shard_size), be,
+                                                 host_backend_.get(), link);
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
                            be.asynchronous(), cdt);
   plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
@@ -100,8 +109,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     m.units.push_back(std::move(d));
   }
   // Offloaded, the updates write the compute dtype into the upload staging (AdamW::update_slice's out).
-  optimizer_ = std::make_unique<AdamW>(state_be, slices, adam, opt.param_dtype);
-  if (!state_on_host) {
+  optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
+  if (!state_on_host && optimizer_->fp32_state()) {
     const size_t k = optimizer_->state_names().size();
     for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
   }
@@ -234,6 +243,8 @@ double FsdpEngine::grad_norm() {
 
 void FsdpEngine::optimizer_step(double lr, float grad_factor) {
   Impl& m = *impl_;
+  if (!optimizer_->fp32_state())
+    for (Unit& d : m.units) std::vector<std::vector<float>>().swap(d.host_state);  // a checkpoint's staging
   m.reduce_pending();
   m.finish_reductions();
   if (m.offload) {
@@ -242,7 +253,9 @@ void FsdpEngine::optimizer_step(double lr, float grad_factor) {
     return;
   }
   m.settle_fresh_grads(m.compute);
-  const int span = m.tracer.mark_begin("optimizer (AdamW)", -1, Impl::Lane::Compute);
+  // The trace tools (bench/trace_summary.py) know AdamW's span by this name.
+  const char* what = m.opt.optimizer == Optim::AdamWTorch ? "optimizer (AdamW)" : "optimizer (AdamW 8-bit)";
+  const int span = m.tracer.mark_begin(what, -1, Impl::Lane::Compute);
   m.update_and_gather_ahead(*optimizer_, optimizer_->begin_step(lr, grad_factor));
   m.tracer.mark_end(span);
 }
@@ -275,6 +288,20 @@ void FsdpEngine::refresh_compute_slices() {
     backend_->cast(d.master.data(), DType::F32, d.compute.data(), plan_.compute_dtype, d.flat.shard_numel, m.compute);
 }
 
+// A quantised optimizer's state (Optimizer::state null) as fp32 vectors in host staging, made for the
+// checkpoint and released at the next step or load (8 bytes an element while it lasts).
+std::vector<float*> FsdpEngine::quantised_state_views(size_t u) {
+  Unit& d = impl_->units[u];
+  const size_t k = optimizer_->state_names().size();
+  d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
+  std::vector<float*> views;
+  for (size_t i = 0; i < k; ++i) {
+    optimizer_->read_state(u, i, d.host_state[i].data());
+    views.push_back(d.host_state[i].data());
+  }
+  return views;
+}
+
 std::vector<UnitState> FsdpEngine::checkpoint_state() {
   Impl& m = *impl_;
   m.idle();  // offloaded, the worker updates and uploads the host state: the views are handed out after
@@ -290,11 +317,12 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
     if (!d.host_master.empty()) {
       // Device memory: copied into the host staging the views point at.
       backend_->copy(d.host_master.data(), param, d.master.bytes(), CopyKind::DeviceToHost, m.compute);
-      for (size_t k = 0; k < state.size(); ++k)
+      for (size_t k = 0; k < state.size() && state[k]; ++k)
         backend_->copy(d.host_state[k].data(), state[k], d.master.bytes(), CopyKind::DeviceToHost, m.compute);
       param = d.host_master.data();
-      for (size_t k = 0; k < state.size(); ++k) state[k] = d.host_state[k].data();
+      for (size_t k = 0; k < state.size() && state[k]; ++k) state[k] = d.host_state[k].data();
     }
+    if (!optimizer_->fp32_state()) state = quantised_state_views(u);
     UnitState s;
     s.layout = d.flat.layout;
     s.numel = d.flat.numel;
@@ -315,6 +343,11 @@ void FsdpEngine::checkpoint_loaded() {
   if (m.offload) m.offload->checkpoint_loaded();
   for (size_t u = 0; u < m.units.size(); ++u) {
     Unit& d = m.units[u];
+    if (!optimizer_->fp32_state()) {
+      // A quantised optimizer takes its state from the fp32 staging back (quantising again).
+      for (size_t k = 0; k < d.host_state.size(); ++k) optimizer_->write_state(u, k, d.host_state[k].data());
+      d.host_state.clear();
+    }
     if (d.host_master.empty()) continue;  // the loaded host arrays are the state
     backend_->copy(d.master.data(), d.host_master.data(), d.master.bytes(), CopyKind::HostToDevice, m.compute);
     for (size_t k = 0; k < d.host_state.size(); ++k)

@@ -142,7 +142,7 @@ struct FsdpEngine::Impl {
   // The optimizer's update of every unit with h on the compute stream. The root, then (with forward
   // prefetch) the first block, update first and are gathered on the communication stream while the
   // rest updates, so the next forward finds both in place instead of waiting for their gathers.
-  void update_and_gather_ahead(Optimizer& optimizer, const AdamWHyper& h);
+  void update_and_gather_ahead(Optimizer& optimizer, const StepHyper& h);
 
   // Where the backward accumulates unit u's full fp32 gradient: the grad slice itself when the
   // gradients are direct, else the root's buffer or block l = u - 1's buffer l % grad_buffers.

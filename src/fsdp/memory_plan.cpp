@@ -26,29 +26,32 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
   }
   for (const UnitLayout& l : layouts.trainable) {
     const size_t n = shard_numel_of(l.numel, shard_size);
+    const size_t state = optimizer_state_bytes(spec.fsdp.optimizer, n);  // train.optim's, as it allocates
     p.record.model_params += l.numel;
     p.record.trainable_params += l.numel;
     if (b.grad_slices) p.record.grad_shard += n * 4;
     if (b.compute_slice) p.record.master_shard += n * csize;
     if (spec.fsdp.cpu_offload) {
-      // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, AdamW's moments
+      // Host: the fp32 master, the fp32 gradient the reduced slices are summed into, the optimizer's state
       // (in fsdp.offload_dir's mapped files when set).
       if (spec.fsdp.moments_in_files()) {
-        p.offload_file_bytes += 2 * n * 4;
+        p.offload_file_bytes += state;
         p.host_bytes += 2 * n * 4;
       } else {
-        p.host_optimizer += 2 * n * 4;
-        p.host_bytes += 4 * n * 4;
+        p.host_optimizer += state;
+        p.host_bytes += 2 * n * 4 + state;
       }
     } else {
       p.record.master_shard += n * 4;
-      p.optimizer += 2 * n * 4;
-      if (cuda) p.host_bytes += 3 * n * 4;  // checkpoint staging of the master and the moments
+      p.optimizer += state;
+      // Checkpoint staging of the master and the moments as fp32 (a quantised optimizer's only while a
+      // checkpoint is written or read).
+      if (cuda) p.host_bytes += 3 * n * 4;
     }
   }
   // Offloaded, the root's resident master and moments (fsdp.offload_resident_gib) on the device.
   p.record.master_shard += b.offload_resident * 4;
-  p.optimizer += 2 * b.offload_resident * 4;
+  p.optimizer += b.offload_resident * (kRootStateBytes - sizeof(float));  // AdamW's moments (no other optimizer)
   // Offloaded: the pinned landing buffers of the reduced slices and the upload staging (two of each).
   p.host_bytes += 2 * (b.offload_landing + b.offload_stage);
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;

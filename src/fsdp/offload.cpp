@@ -123,13 +123,20 @@ FsdpEngine::Impl::OffloadPolicy::OffloadPolicy(Impl& engine, Backend& host, Opti
   o.squares_on_device.assign(m.units.size(), 0);
   o.squares_host.assign(m.units.size(), 0.0);
   o.upload_on_device.assign(m.units.size(), 0);
+  // The host updates a unit in chunks: each must be whole pieces of the optimizer's (8-bit AdamW's blocks).
+  SHARDLM_CHECK(m.plan.offload_chunk == m.plan.max_shard || m.plan.offload_chunk % optimizer.piece_align() == 0,
+                "CPU offload: update chunks of ", m.plan.offload_chunk, " elements cut ", optimizer.name(),
+                "'s pieces of ", optimizer.piece_align());
   if (root_updates_on_device()) {
     // The root's master and moments are copied up and back chunk by chunk: page-locked.
     Unit& root = m.units[0];
     if (m.opt.param_dtype != DType::F32) pin(root.master.data(), root.master.bytes());
     const size_t k = optimizer.state_names().size(), r = m.plan.offload_resident;
     for (size_t i = 0; i < k; ++i) pin(optimizer.state(0, i), root.master.bytes());
-    SHARDLM_CHECK(r == 0 || k == 2, "fsdp.offload_resident_gib counts AdamW's two moments; this optimizer has ", k);
+    // kRootStateBytes is AdamW's master and two fp32 moments: the only optimizer the engine updates the root
+    // of on the device (FsdpOptions::offload_root_update).
+    SHARDLM_CHECK(k == 2 && optimizer.fp32_state(), "the root's update on the device streams AdamW's two fp32 "
+                  "moments; ", optimizer.name(), " updates it on the host");
     if (r > 0) {
       o.resident[0] = be.allocate(r * sizeof(float), MemKind::Params);
       for (size_t i = 1; i <= k; ++i) o.resident[i] = be.allocate(r * sizeof(float), MemKind::Optimizer);
@@ -268,7 +275,7 @@ void FsdpEngine::Impl::OffloadPolicy::await_upload(size_t u, Stream s) {
   t = 0, on_device = 0;
 }
 
-void FsdpEngine::Impl::OffloadPolicy::update_root_on_device(const AdamWHyper& h) {
+void FsdpEngine::Impl::OffloadPolicy::update_root_on_device(const StepHyper& h) {
   OffloadState& o = state_;
   Unit& d = m.units[0];
   const float* grad = o.device_grad;
@@ -347,7 +354,7 @@ void FsdpEngine::Impl::OffloadPolicy::resident_home() {
   o.resident_ahead = false;
 }
 
-void FsdpEngine::Impl::OffloadPolicy::post_upload(size_t u, const AdamWHyper* h) {
+void FsdpEngine::Impl::OffloadPolicy::post_upload(size_t u, const StepHyper* h) {
   Unit& d = m.units[u];
   if (d.flat.numel == 0) return;
   OffloadState& o = state_;
@@ -355,7 +362,7 @@ void FsdpEngine::Impl::OffloadPolicy::post_upload(size_t u, const AdamWHyper* h)
     resident_home();  // the host reads the root's master (and, updating, its moments) next
     if (h) o.resident_loaded = false;  // and then its arrays are newer than the device's
   }
-  const std::optional<AdamWHyper> hyper = h ? std::optional<AdamWHyper>(*h) : std::nullopt;
+  const std::optional<StepHyper> hyper = h ? std::optional<StepHyper>(*h) : std::nullopt;
   // The root's state last went through the device: its copies back must have landed first.
   const bool state_away = u == 0 && o.state_away;
   if (state_away) o.state_away = false;
@@ -495,7 +502,7 @@ void FsdpEngine::Impl::OffloadPolicy::optimizer_step(double lr, float grad_facto
   // Host AdamW per unit in forward order, each unit going up when done: the next forward's first
   // gathers wait only for their own units (await_upload).
   uploads_follow_readers();
-  const AdamWHyper h = o.optimizer->begin_step(lr, grad_factor);
+  const StepHyper h = o.optimizer->begin_step(lr, grad_factor);
   // The root on the device goes last: the worker has the blocks first (queueing the root's chunks
   // can block this thread for as long as the stream's queue is full).
   const bool root_on_device = o.device_grad != nullptr;

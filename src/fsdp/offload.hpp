@@ -59,7 +59,7 @@ struct OffloadState {
   int next_stage = 0;               // worker only
   int micro = 0;                    // micro-steps reduced since zero_grad
   bool last_announced = false;      // the next micro-step is its step's last (FsdpEngine::last_micro_step)
-  std::optional<AdamWHyper> early;  // and its update, known before its backward
+  std::optional<StepHyper> early;  // and its update, known before its backward
   std::optional<FsdpEngine::StepUpdate> early_values;  // what optimizer_step must then be called with
   bool sums_valid = false;          // sum_squares are of the step's whole gradient
   bool updated_early = false;       // the step's updates are posted; optimizer_step comes next
@@ -119,9 +119,9 @@ class FsdpEngine::Impl::OffloadPolicy {
   // offload_accumulate = device, no last micro-step announced: the device sums down into the host gradients.
   void flush_device_sums();
   // Posts unit u's update with h (or, without h, the upload of its master as it is) to the worker.
-  void post_upload(size_t u, const AdamWHyper* h);
+  void post_upload(size_t u, const StepHyper* h);
   // The root's update with h on the device, from state_.device_grad (fsdp.offload_root_update).
-  void update_root_on_device(const AdamWHyper& h);
+  void update_root_on_device(const StepHyper& h);
   // The resident part of the root's state back into the host's arrays when the device's is newer (on
   // `down`, then state_home and state_away), before anything on the host reads them.
   void resident_home();

@@ -53,7 +53,7 @@ void FsdpEngine::Impl::done_with(size_t u) {
   if (!plan.alias && u > 0) slot_free[slot(u)]->record(compute);
 }
 
-void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const AdamWHyper& h) {
+void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const StepHyper& h) {
   forget_gathers();
   size_t ahead = 0;
   if (be.asynchronous() && !plan.alias) ahead = std::min<size_t>(units.size(), forward_prefetch && can_prefetch() ? 2 : 1);

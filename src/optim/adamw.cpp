@@ -38,24 +38,45 @@ size_t AdamW::state_bytes() const {
   return bytes;
 }
 
-void AdamW::step(double lr, float grad_scale, Stream s) { backend_.adamw(ranges_, begin_step(lr, grad_scale), s); }
+void AdamW::step(double lr, float grad_scale, Stream s) { backend_.adamw(ranges_, hyper(begin_step(lr, grad_scale)), s); }
 
-void AdamW::update_slices(size_t first, size_t last, const AdamWHyper& h, Stream s) {
+void AdamW::update_slices(size_t first, size_t last, const StepHyper& h, Stream s) {
   SHARDLM_CHECK(first <= last && last + 1 <= slice_ranges_.size(), "AdamW::update_slices: no slices [", first, ", ",
                 last, ")");
   const std::vector<AdamWRange> some(ranges_.begin() + static_cast<std::ptrdiff_t>(slice_ranges_[first]),
                                      ranges_.begin() + static_cast<std::ptrdiff_t>(slice_ranges_[last]));
-  if (!some.empty()) backend_.adamw(some, h, s);
+  if (!some.empty()) backend_.adamw(some, hyper(h), s);
 }
 
-AdamWHyper AdamW::begin_step(double lr, float grad_scale) {
+StepHyper AdamW::begin_step(double lr, float grad_scale) {
   ++step_;
-  AdamWHyper h;
-  h.lr = lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
+  StepHyper h;
+  h.lr = lr;
   h.step = step_;
   h.grad_scale = grad_scale;
   h.out_dtype = out_dtype_;
   return h;
+}
+
+AdamWHyper AdamW::hyper(const StepHyper& step) const {
+  AdamWHyper h;
+  h.lr = step.lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
+  h.step = step.step;
+  h.grad_scale = step.grad_scale;
+  h.out_dtype = step.out_dtype;
+  return h;
+}
+
+void AdamW::read_state(size_t slice, size_t k, float* out) {
+  const DeviceArray& a = (k == 0 ? exp_avg_ : exp_avg_sq_).at(slice);
+  backend_.copy(out, a.data(), a.bytes(), CopyKind::DeviceToHost, backend_.compute_stream());
+  backend_.synchronize(backend_.compute_stream());
+}
+
+void AdamW::write_state(size_t slice, size_t k, const float* in) {
+  const DeviceArray& a = (k == 0 ? exp_avg_ : exp_avg_sq_).at(slice);
+  backend_.copy(a.data(), in, a.bytes(), CopyKind::HostToDevice, backend_.compute_stream());
+  backend_.synchronize(backend_.compute_stream());
 }
 
 std::vector<AdamWRange> AdamW::piece(size_t i, size_t begin, size_t end, const AdamWRange& at, DType out_dtype) const {
@@ -72,19 +93,19 @@ std::vector<AdamWRange> AdamW::piece(size_t i, size_t begin, size_t end, const A
   return out;
 }
 
-void AdamW::update_slice(size_t i, size_t begin, size_t end, void* out, const AdamWHyper& h) {
+void AdamW::update_slice(size_t i, size_t begin, size_t end, void* out, const StepHyper& h) {
   SHARDLM_CHECK(i + 1 < slice_ranges_.size(), "AdamW::update_slice: no slice ", i);
   if (slice_ranges_[i] == slice_ranges_[i + 1]) return;  // an empty slice
   // The slice's own arrays from element begin: its ranges cover it, the first from its element 0.
   const AdamWRange& first = ranges_[slice_ranges_[i]];
   const AdamWRange at{first.param + begin, first.grad + begin, first.exp_avg + begin, first.exp_avg_sq + begin, 0, 0, out};
-  backend_.adamw(piece(i, begin, end, at, h.out_dtype), h, nullptr);
+  backend_.adamw(piece(i, begin, end, at, h.out_dtype), hyper(h), nullptr);
 }
 
 void AdamW::update_slice_on(Backend& backend, Stream s, size_t i, size_t begin, size_t end, float* param,
-                            const float* grad, const std::vector<float*>& state, void* out, const AdamWHyper& h) {
+                            const float* grad, const std::vector<float*>& state, void* out, const StepHyper& h) {
   SHARDLM_CHECK(state.size() == 2, "AdamW::update_slice_on: ", state.size(), " state vectors, AdamW has 2");
-  backend.adamw(piece(i, begin, end, {param, grad, state[0], state[1], 0, 0, out}, h.out_dtype), h, s);
+  backend.adamw(piece(i, begin, end, {param, grad, state[0], state[1], 0, 0, out}, h.out_dtype), hyper(h), s);
 }
 
 double clip_factor(double grad_norm, double max_norm) {

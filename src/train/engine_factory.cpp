@@ -22,6 +22,7 @@ AdamWOptions adamw_options(const RunConfig& cfg) {
 // already: fsdp.cpu_offload (and offload_dir, offload_accumulate) change nothing there (docs/deck.md).
 FsdpOptions engine_fsdp_options(const RunConfig& cfg, int world) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
+  o.optimizer = cfg.train.optim;
   o.accumulation = std::max(1, cfg.grad_accum(world));  // what fsdp.no_sync = auto weighs
   if (cfg.run.backend == BackendKind::Cpu) {
     o.cpu_offload = false;  // and with it offload_dir, offload_accumulate and offload_resident_gib

@@ -218,13 +218,16 @@ void report_shape(TrainRun& run) {
   run.say(concat("attention: ", run.engine->attention_description(),
                  multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));
   run.say(run.peak.line);
-  // Where AdamW runs and, on the host, with which instructions and how many threads (engine_factory's count).
+  // Which optimizer runs where and, on the host, with which instructions and how many threads (engine_factory's
+  // count; the 8-bit AdamW's blocks are plain C++).
+  const std::string optimizer = cfg.train.optim == Optim::AdamWTorch ? "AdamW" : "8-bit AdamW (adamw_8bit)";
+  const bool simd = cfg.train.optim == Optim::AdamWTorch;
   if (run.engine->backend().host_memory() || cfg.fsdp.cpu_offload)
-    run.say(concat("optimizer: AdamW on the host (", host_simd_name(host_simd_best()), ", ",
+    run.say(concat("optimizer: ", optimizer, " on the host (", simd ? host_simd_name(host_simd_best()) : "scalar", ", ",
                    cpu_default_threads(run.topo.host_ranks), " thread(s) per rank)",
                    cfg.fsdp.cpu_offload ? "; " + run.engine->offload_description() : ""));
   else
-    run.say("optimizer: AdamW on the GPU");
+    run.say(concat("optimizer: ", optimizer, " on the GPU"));
   run.say(concat("data: ", run.train_set.size(), " train / ", run.eval_set.size(), " eval examples; global batch ",
                  cfg.train.batch_size, " = micro-batch ", run.micro, " x ", run.accum, " accumulation x ", run.world,
                  " ranks", cfg.data.packing ? concat(" (packed: rows of ", cfg.data.max_length, " tokens, ", run.micro,

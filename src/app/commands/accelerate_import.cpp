@@ -745,11 +745,18 @@ class Conversion {
   }
 
   void optimizer_and_sampling() {
+    // train.optim: Trainer's AdamW names are adamw_torch; bitsandbytes' 8-bit AdamW (paged or not: paging is
+    // how bitsandbytes moves its state under memory pressure, not a different update) is adamw_8bit.
     const std::string optim = text(t_.get("optim"), args_ + ": optim");
-    if (optim != "adamw_torch" && optim != "adamw_torch_fused" && optim != "adamw_hf" && optim != "adamw_apex_fused")
-      im_.warn("", t_origin("optim"), concat("shardlm's optimizer is AdamW (PyTorch's), not ", optim));
+    if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit" || optim == "paged_adamw_8bit")
+      im_.set("train.optim", "adamw_8bit", t_origin("optim"));
+    else if (optim != "adamw_torch" && optim != "adamw_torch_fused" && optim != "adamw_hf" && optim != "adamw_apex_fused")
+      im_.warn("train.optim", t_origin("optim"),
+               concat("shardlm's optimizers are adamw_torch and adamw_8bit, not ", optim, ": the deck uses adamw_torch"));
+    else if (t_.given("optim"))
+      im_.set("train.optim", "adamw_torch", t_origin("optim"));
     else
-      im_.unused(t_origin("optim"), "AdamW, shardlm's optimizer");
+      im_.unused(t_origin("optim"), "train.optim's default, adamw_torch");
     done_t_.insert("optim");
     const struct { const char* from; const char* to; } numbers[] = {
         {"weight_decay", "train.weight_decay"}, {"adam_beta1", "train.adam_beta1"}, {"adam_beta2", "train.adam_beta2"},

@@ -20,7 +20,7 @@ const char* kPython = "Python's or PyTorch's machinery; shardlm is one compiled 
 const char* kHub = "the Hugging Face Hub: shardlm writes files only (`shardlm export` makes a model folder to upload)";
 const char* kTrackers = "metrics go to RUN_DIR/metrics.jsonl with Trainer's keys and to TensorBoard event files (`run.tensorboard`, on by default); no other tracker";
 const char* kScript = "read by the training script, not by Trainer";
-const char* kNotOptimizer = "shardlm's optimizer is AdamW only";
+const char* kNotOptimizer = "shardlm's optimizers are AdamW and 8-bit AdamW (`train.optim`), without extra arguments";
 const char* kEvalLoss = "shardlm evaluates the eval loss (and SQuAD EM/F1 by generation) after each epoch, nothing else";
 
 const std::vector<ForeignKey> kKeys = {
@@ -94,7 +94,7 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "lr_scheduler_kwargs", "{}", M, "num_cycles: `train.lr_num_cycles`; power: `train.lr_power`; lr_end: `train.lr_end`; min_lr_rate: `train.min_lr_ratio` (min_lr: over learning_rate); others: a warning"},
     {"training_args", "warmup_steps", "0", M, "`train.warmup_steps` (a fraction below 1 is a ratio: `train.warmup_ratio`; with constant: 0, with a warning)"},
     {"training_args", "warmup_ratio", "0.0", M, "`train.warmup_ratio` (warmup_steps wins when both are set, as in Trainer)"},
-    {"training_args", "optim", "\"adamw_torch\"", M, "AdamW, the one optimizer (adamw_torch, adamw_torch_fused, adamw_hf, adamw_apex_fused; others: a warning)"},
+    {"training_args", "optim", "\"adamw_torch\"", M, "`train.optim`: adamw_torch, adamw_torch_fused, adamw_hf, adamw_apex_fused: adamw_torch; adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit: adamw_8bit (block-wise 8-bit moments, as bitsandbytes'; not its bits); others: adamw_torch, with a warning"},
     {"training_args", "optim_args", "null", N, kNotOptimizer},
     {"training_args", "optim_target_modules", "null", N, "GaLore and APOLLO: no counterpart"},
     {"training_args", "adafactor", "false", N, kNotOptimizer},

@@ -127,6 +127,7 @@ MemoryPlanSpec spec_of(const Plan& plan, const Row& row, int micro) {
   s.model = plan.cfg.model;
   s.backend = plan.cfg.run.backend;
   s.fsdp = fsdp_options(plan.cfg.fsdp);
+  s.fsdp.optimizer = plan.cfg.train.optim;
   s.fsdp.strategy = row.strategy;
   s.fsdp.cpu_offload = row.offload;
   s.fsdp.accumulation = std::max(1, plan.cfg.train.batch_size / std::max(1, plan.args.ranks * micro));

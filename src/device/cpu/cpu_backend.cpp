@@ -149,6 +149,9 @@ class CpuBackend final : public Backend {
   void adamw(const std::vector<AdamWRange>& ranges, const AdamWHyper& h, Stream) override {
     host_adamw(ranges, h, threads_, simd_);
   }
+  void adamw_8bit(const std::vector<AdamW8bitRange>& ranges, const AdamWHyper& h, Stream) override {
+    host_adamw_8bit(ranges, h, threads_);
+  }
 
   void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream) override {
     for (size_t k = m; k-- > 0;) first[row_of(ids[k], rows)] = static_cast<int32_t>(m - k);  // the lowest k last

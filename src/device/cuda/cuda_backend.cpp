@@ -178,6 +178,9 @@ class CudaBackend final : public Backend {
       cuda::adamw_step(r.param, r.grad, r.exp_avg, r.exp_avg_sq, r.numel, a, r.param_out, h.out_dtype, as_cuda(s));
     }
   }
+  void adamw_8bit(const std::vector<AdamW8bitRange>& ranges, const AdamWHyper& h, Stream s) override {
+    for (const AdamW8bitRange& r : ranges) cuda::adamw_8bit_step(r, h, as_cuda(s));
+  }
 
  private:
   int device_ = 0;

@@ -13,6 +13,7 @@
 #include "../dropout_mask.hpp"
 #include "gemm.hpp"
 #include "shardlm/core.hpp"
+#include "shardlm/device.hpp"
 #include "workspace_sizes.hpp"
 
 namespace shardlm::cuda {
@@ -97,6 +98,8 @@ struct AdamWArgs {
 // compute-dtype copy that the next all-gather sends), saving a separate cast pass.
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                 const AdamWArgs& args, void* param_out, DType out_dt, cudaStream_t stream);
+// Backend::adamw_8bit on one range (adamw_8bit.cu): the same bits as host_adamw_8bit.
+void adamw_8bit_step(const AdamW8bitRange& r, const AdamWHyper& h, cudaStream_t stream);
 
 // ---- attention (BLOOM: fused QKV, head-interleaved; ALiBi; causal) -----------------------------
 // qkv is [B*T, 3H] laid out per head as [q(d), k(d), v(d)] (transformers' BloomAttention view
