@@ -15,6 +15,7 @@
 #include "../../core/input_file.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
 
 namespace shardlm {
 
@@ -267,8 +268,8 @@ std::string strategy_name(const json& v, const std::string& what) {
   return it->second;
 }
 
-// The block classes shardlm wraps, one per family.
-const std::set<std::string> kBlockClasses = {"BloomBlock", "LlamaDecoderLayer", "Qwen2DecoderLayer"};
+// The block classes shardlm wraps, one per family (ModelFamily::hf_block_class).
+const std::vector<std::string> kBlockClasses = hf_block_classes();
 
 void import_fsdp_config(Importer& im, const Source& fc, bool from_trainer) {
   const char* whose = "Accelerate";
@@ -358,13 +359,14 @@ void import_fsdp_config(Importer& im, const Source& fc, bool from_trainer) {
         if (!c.empty()) classes.push_back(c);
       }
     bool all_blocks = !classes.empty();
-    for (const std::string& c : classes) all_blocks = all_blocks && kBlockClasses.count(c);
+    for (const std::string& c : classes)
+      all_blocks = all_blocks && std::find(kBlockClasses.begin(), kBlockClasses.end(), c) != kBlockClasses.end();
     if (all_blocks)
       im.unused(origin("fsdp_transformer_layer_cls_to_wrap"), "the block shardlm wraps for this family");
     else
       im.warn("", origin("fsdp_transformer_layer_cls_to_wrap"),
-              "shardlm wraps the transformer block of its families (BloomBlock, LlamaDecoderLayer, Qwen2DecoderLayer), "
-              "whatever this names");
+              concat("shardlm wraps the transformer block of its families (", hf_block_class_names(),
+                     "), whatever this names"));
   }
 
   // Checkpoint format.
