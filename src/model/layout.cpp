@@ -110,7 +110,6 @@ void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size
   for (std::thread& t : pool) t.join();
 }
 
-
 // ---- cfg.arch's family's layout, HF names and linear modules ----
 
 bool ModelConfig::tied_head() const { return model_family(arch).head_always_tied || tie_word_embeddings; }

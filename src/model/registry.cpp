@@ -1,5 +1,6 @@
-// The registry of model families: one line per family below, and the lookups by model.arch and by
-// config.json model_type that every family-dependent call goes through.
+// The registry of model families: one line per family below, the lookups by model.arch and by
+// config.json model_type that every family-dependent call goes through, and the families' names and
+// Hugging Face block classes listed for choices and messages.
 #include <algorithm>
 
 #include "shardlm/model.hpp"
