@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "adamw.hpp"
 #include "cuda_bench.hpp"
-#include "kernels.hpp"
 #include "shardlm/core.hpp"
 
 using namespace shardlm;

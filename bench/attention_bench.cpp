@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "alibi_attention.hpp"
 #include "cuda_bench.hpp"
 #include "cuda_check.hpp"
 #include "gemm.hpp"
-#include "kernels.hpp"
-#include "llama_kernels.hpp"
+#include "gqa_attention.hpp"
+#include "workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
-#include "workspace_sizes.hpp"
 #ifdef SHARDLM_HAVE_CUDNN
 #include "cudnn_attention.hpp"
 #endif
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       if (!cudnn) {
         report("cudnn", 0, 0, cuda::CudnnAttention::unavailable_reason());
       } else {
-        const cuda::AttentionLayout l = alibi ? cuda::AttentionLayout::bloom(B, T, heads, d, dt)
+        const cuda::AttentionLayout l = alibi ? cuda::AttentionLayout::interleaved_alibi(B, T, heads, d, dt)
                                               : cuda::AttentionLayout::grouped(B, T, heads, kv_heads, d, dt);
         const auto t0 = std::chrono::steady_clock::now();
         const std::string refused = cudnn->prepare(l);
@@ -165,8 +165,8 @@ int main(int argc, char** argv) {
     }
 #endif
     if (paths.find("native") != std::string::npos) {
-      const size_t work_bytes = alibi ? cuda::attention_workspace_bytes(B, T, heads, d, dt)
-                                      : cuda::llama_attention_workspace_bytes(T, heads, kv_heads, d, dt);
+      const size_t work_bytes = alibi ? cuda::alibi_attention_workspace_bytes(B, T, heads, d, dt)
+                                      : cuda::gqa_attention_workspace_bytes(T, heads, kv_heads, d, dt);
       const size_t probs_bytes = alibi ? static_cast<size_t>(B) * heads * T * T * es : 0;
       const double gib = static_cast<double>(work_bytes + probs_bytes) / (1 << 30);
       if (gib > native_limit_gib) {
@@ -178,20 +178,20 @@ int main(int argc, char** argv) {
       GpuBuffer work(work_bytes), probs(probs_bytes);
       auto fwd = [&] {
         if (alibi)
-          cuda::attention_forward(gemm, qkv.p, ctx.p, probs.p, static_cast<float*>(slopes.p), B, T, heads, d, dt,
-                                  work.p, s);
-        else
-          cuda::llama_attention_forward(gemm, qkv.p, ctx.p, static_cast<float*>(lse.p), B, T, heads, kv_heads, d, dt,
+          cuda::alibi_attention_forward(gemm, qkv.p, ctx.p, probs.p, static_cast<float*>(slopes.p), B, T, heads, d, dt,
                                         work.p, s);
+        else
+          cuda::gqa_attention_forward(gemm, qkv.p, ctx.p, static_cast<float*>(lse.p), B, T, heads, kv_heads, d, dt,
+                                      work.p, s);
       };
       auto both = [&] {
         fwd();
         if (alibi)
-          cuda::attention_backward(gemm, dctx.p, qkv.p, probs.p, dqkv.p, static_cast<float*>(slopes.p), B, T, heads, d,
-                                   dt, work.p, s);
+          cuda::alibi_attention_backward(gemm, dctx.p, qkv.p, probs.p, dqkv.p, static_cast<float*>(slopes.p), B, T,
+                                         heads, d, dt, work.p, s);
         else
-          cuda::llama_attention_backward(gemm, dctx.p, qkv.p, static_cast<float*>(lse.p), dqkv.p, B, T, heads, kv_heads,
-                                         d, dt, work.p, s);
+          cuda::gqa_attention_backward(gemm, dctx.p, qkv.p, static_cast<float*>(lse.p), dqkv.p, B, T, heads, kv_heads,
+                                       d, dt, work.p, s);
       };
       report("native", median_ms(fwd, warmup, reps, s), median_ms(both, warmup, reps, s), "");
     }

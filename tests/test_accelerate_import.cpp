@@ -13,6 +13,7 @@
 #include "accelerate_import.hpp"
 #include "config_test_support.hpp"
 #include "shardlm/config.hpp"
+#include "shardlm/model.hpp"
 #include "temp_dir.hpp"
 #include "test_support.hpp"
 
@@ -216,6 +217,31 @@ BOOST_AUTO_TEST_CASE(differences_are_warned) {
   BOOST_TEST(quiet.warnings.size() == 2u);
   BOOST_TEST(has_warning(quiet, "fsdp_state_dict_type absent"));
   BOOST_TEST(has_warning(quiet, "fsdp_auto_wrap_policy absent"));
+}
+
+// Every family's decoder layer is a block shardlm wraps, as the registry says; another class is warned
+// about with the registry's classes named.
+BOOST_AUTO_TEST_CASE(layer_classes_to_wrap_are_the_registrys) {
+  auto wrapping = [](const std::string& classes) {
+    return import_accelerate(std::string(kFsdpYaml) + "  fsdp_transformer_layer_cls_to_wrap: " + classes + "\n",
+                             "c.yaml", "", "", {}, "test");
+  };
+  for (const char* accepted : {"MistralDecoderLayer", "Qwen3DecoderLayer", "BloomBlock, Qwen2DecoderLayer"})
+    BOOST_TEST_CONTEXT(accepted) {
+      const AccelerateImport im = wrapping(accepted);
+      BOOST_TEST(!has_warning(im, "fsdp_transformer_layer_cls_to_wrap"));
+      BOOST_TEST(contains(im.deck, "fsdp_transformer_layer_cls_to_wrap"));  // said in a comment line
+    }
+  for (const char* refused : {"GPT2Block", "MistralDecoderLayer, GPT2Block"})
+    BOOST_TEST_CONTEXT(refused) {
+      const AccelerateImport im = wrapping(refused);
+      BOOST_TEST(has_warning(im, "fsdp_transformer_layer_cls_to_wrap"));
+      BOOST_TEST(has_warning(im, hf_block_class_names()));
+      for (const ModelFamily* f : model_families()) BOOST_TEST(has_warning(im, f->hf_block_class));
+    }
+  BOOST_TEST(hf_block_classes().size() == model_families().size());
+  BOOST_TEST(contains(find_foreign_key("fsdp_config", "fsdp_transformer_layer_cls_to_wrap")->deck,
+                      hf_block_class_names()));
 }
 
 BOOST_AUTO_TEST_CASE(warmup_ratio_stays_a_ratio) {

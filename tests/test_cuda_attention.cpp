@@ -14,9 +14,10 @@
 #include <random>
 #include <vector>
 
+#include "alibi_attention.hpp"
 #include "cuda_test_support.hpp"
 #include "gemm.hpp"
-#include "kernels.hpp"
+#include "lm_head.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 
@@ -116,7 +117,7 @@ GpuAttention run_gpu_attention(Gemm& gemm, const Shape& s, const std::vector<flo
   const size_t es = dtype_size(dt);
   DeviceBuffer d_qkv(s.qkv_size() * es), d_ctx(s.ctx_size() * es), d_probs(s.probs_size() * es);
   DeviceBuffer d_dctx(s.ctx_size() * es), d_dqkv(s.qkv_size() * es), d_slopes(slopes.size() * sizeof(float));
-  DeviceBuffer d_work(cuda::attention_workspace_bytes(s.B, s.T, s.heads, s.d, dt));
+  DeviceBuffer d_work(cuda::alibi_attention_workspace_bytes(s.B, s.T, s.heads, s.d, dt));
   upload(d_qkv.get(), qkv, dt);
   upload(d_dctx.get(), dctx, dt);
   upload(d_slopes.get(), slopes, DType::F32);
@@ -126,11 +127,12 @@ GpuAttention run_gpu_attention(Gemm& gemm, const Shape& s, const std::vector<flo
   check_cuda(cudaMemset(d_ctx.get(), 0x7f, s.ctx_size() * es), "cudaMemset");
   cudaStream_t stream = nullptr;
   check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
-  BOOST_REQUIRE_NO_THROW(cuda::attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(),
-                                                 s.B, s.T, s.heads, s.d, dt, d_work.get(), stream));
-  BOOST_REQUIRE_NO_THROW(cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(),
-                                                  d_slopes.as<float>(), s.B, s.T, s.heads, s.d, dt, d_work.get(),
-                                                  stream));
+  BOOST_REQUIRE_NO_THROW(cuda::alibi_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(),
+                                                       d_slopes.as<float>(), s.B, s.T, s.heads, s.d, dt, d_work.get(),
+                                                       stream));
+  BOOST_REQUIRE_NO_THROW(cuda::alibi_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(),
+                                                        d_slopes.as<float>(), s.B, s.T, s.heads, s.d, dt, d_work.get(),
+                                                        stream));
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
   GpuAttention out;
@@ -329,12 +331,12 @@ BOOST_AUTO_TEST_CASE(attention_backward_matches_finite_differences) {
 BOOST_AUTO_TEST_CASE(attention_rejects_bad_shapes) {
   require_device("test_cuda_attention");
   Gemm gemm;
-  BOOST_CHECK_THROW(cuda::attention_forward(gemm, nullptr, nullptr, nullptr, nullptr, 1, 4, 0, 8, DType::F32, nullptr,
-                                            nullptr),
-                    Error);
+  BOOST_CHECK_THROW(
+      cuda::alibi_attention_forward(gemm, nullptr, nullptr, nullptr, nullptr, 1, 4, 0, 8, DType::F32, nullptr, nullptr),
+      Error);
   // Nothing to do: no throw, no launch.
-  BOOST_CHECK_NO_THROW(cuda::attention_forward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 8, DType::F32,
-                                               nullptr, nullptr));
+  BOOST_CHECK_NO_THROW(cuda::alibi_attention_forward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 8, DType::F32,
+                                                     nullptr, nullptr));
 }
 
 BOOST_AUTO_TEST_CASE(lm_head_loss_and_gradients_fp32) {

@@ -4,7 +4,7 @@
 // (dq, dk, dv) against a double-precision host reference that reads q, k and v through the same
 // AttentionLayout (Llama's grouped heads; BLOOM's interleaved heads with ALiBi), at odd lengths, length
 // 1 and group ratios 1, 4, 8 and 32, head dims 64, 80, 96 and 128, bf16 and fp16; against the native
-// kernels (llama_attention.cu, attention.cu, themselves checked by finite differences) at a medium
+// kernels (gqa_attention.cu, alibi_attention.cu, themselves checked by finite differences) at a medium
 // length; packed rows (several samples per row, 1-token samples) on both paths; Mistral's sliding
 // window on both paths (the graph's band mask; in packed rows, the bias that holds it); the plan cache;
 // and the shapes cuDNN's fused engine does not take (fp32, odd head dims, a window beside a bias).
@@ -17,14 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "alibi_attention.hpp"
 #include "cuda_test_support.hpp"
 #include "cudnn_attention.hpp"
 #include "gemm.hpp"
-#include "kernels.hpp"
-#include "llama_kernels.hpp"
+#include "gqa_attention.hpp"
+#include "packed_bias.hpp"
+#include "workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
-#include "workspace_sizes.hpp"
 
 using namespace shardlm;
 using shardlm::cuda::AttentionLayout;
@@ -230,12 +231,12 @@ BOOST_AUTO_TEST_CASE(head_dims_64_80_96_128) {
 BOOST_AUTO_TEST_CASE(bloom_alibi_matches_reference) {
   Device dev;
   CudnnAttention attn;
-  check_against_reference(attn, AttentionLayout::bloom(2, 33, 4, 64, DType::BF16), 41);
-  check_against_reference(attn, AttentionLayout::bloom(1, 17, 16, 64, DType::F16), 42);
-  check_against_reference(attn, AttentionLayout::bloom(1, 1, 4, 64, DType::BF16), 43);
+  check_against_reference(attn, AttentionLayout::interleaved_alibi(2, 33, 4, 64, DType::BF16), 41);
+  check_against_reference(attn, AttentionLayout::interleaved_alibi(1, 17, 16, 64, DType::F16), 42);
+  check_against_reference(attn, AttentionLayout::interleaved_alibi(1, 1, 4, 64, DType::BF16), 43);
 }
 
-// The native kernels (attention.cu for BLOOM's layout, llama_attention.cu for grouped heads) on the
+// The native kernels (alibi_attention.cu for BLOOM's layout, gqa_attention.cu for grouped heads) on the
 // same inputs, packed rows through `starts` (empty: none), a sliding window through `window` (grouped only).
 Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, const std::vector<int32_t>& starts,
                   int window = 0) {
@@ -251,17 +252,17 @@ Result run_native(cuda::Gemm& gemm, const AttentionLayout& l, const Inputs& in, 
   }
   if (l.alibi) {
     DeviceBuffer d_probs(static_cast<size_t>(l.B) * l.heads * l.T * l.T * es);
-    DeviceBuffer d_work(cuda::attention_workspace_bytes(l.B, l.T, l.heads, l.head_dim, dt));
-    cuda::attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(), l.B, l.T, l.heads,
-                            l.head_dim, dt, d_work.get(), nullptr, dev_starts);
-    cuda::attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(), l.B,
-                             l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
+    DeviceBuffer d_work(cuda::alibi_attention_workspace_bytes(l.B, l.T, l.heads, l.head_dim, dt));
+    cuda::alibi_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_probs.get(), d_slopes.as<float>(), l.B, l.T,
+                                  l.heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts);
+    cuda::alibi_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_probs.get(), d_dqkv.get(), d_slopes.as<float>(),
+                                   l.B, l.T, l.heads, l.head_dim, dt, d_work.get(), nullptr);
   } else {
-    DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
-    cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
-                                  l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
-    cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T, l.heads,
-                                   l.kv_heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
+    DeviceBuffer d_work(cuda::gqa_attention_workspace_bytes(l.T, l.heads, l.kv_heads, l.head_dim, dt));
+    cuda::gqa_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), l.B, l.T, l.heads, l.kv_heads,
+                                l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
+    cuda::gqa_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(), l.B, l.T, l.heads,
+                                 l.kv_heads, l.head_dim, dt, d_work.get(), nullptr, dev_starts, window);
   }
   CUDA_OK(cudaDeviceSynchronize());
   Result r;
@@ -281,7 +282,7 @@ BOOST_AUTO_TEST_CASE(medium_length_matches_native_kernels) {
   for (const bool bloom : {false, true}) {
     const DType dt = DType::BF16;
     const AttentionLayout l =
-        bloom ? AttentionLayout::bloom(2, 384, 8, 64, dt) : AttentionLayout::grouped(2, 512, 8, 2, 128, dt);
+        bloom ? AttentionLayout::interleaved_alibi(2, 384, 8, 64, dt) : AttentionLayout::grouped(2, 512, 8, 2, 128, dt);
     BOOST_TEST_CONTEXT((bloom ? "BLOOM" : "Llama") << " T " << l.T) {
       const Inputs in = make_inputs(l, bloom ? 51 : 52);
       const Result got = run_cudnn(attn, l, in.qkv, in.dctx, in.slopes);
@@ -318,7 +319,8 @@ BOOST_AUTO_TEST_CASE(packed_rows_match_reference_on_both_paths) {
   unsigned seed = 61;
   for (const DType dt : {DType::BF16, DType::F16})
     for (const bool bloom : {false, true}) {
-      AttentionLayout l = bloom ? AttentionLayout::bloom(3, T, 4, 64, dt) : AttentionLayout::grouped(3, T, 8, 2, 64, dt);
+      AttentionLayout l =
+          bloom ? AttentionLayout::interleaved_alibi(3, T, 4, 64, dt) : AttentionLayout::grouped(3, T, 8, 2, 64, dt);
       BOOST_TEST_CONTEXT((bloom ? "BLOOM" : "Llama") << " " << dtype_name(dt)) {
         const Inputs in = make_inputs(l, seed++);
         const Reference ref = reference(l, in.qkv, in.dctx, in.slopes, starts);

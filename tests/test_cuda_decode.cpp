@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
-#include "kernels.hpp"
-#include "llama_kernels.hpp"
+#include "decode_attention.hpp"
+#include "decode_head.hpp"
+#include "rotary.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 

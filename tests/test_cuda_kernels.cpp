@@ -1,4 +1,4 @@
-// Tests of the CUDA kernels in src/device/cuda/kernels.hpp (embedding, LayerNorm, element-wise ops,
+// Tests of the CUDA kernels of src/device/cuda (embedding, LayerNorm, element-wise ops,
 // casts, LoRA dropout, the optimizer's reductions, AdamW) against plain host references in double, in fp32, bf16
 // and fp16 wherever a launcher takes a dtype. Runs only on a machine with a GPU (label "gpu").
 #define BOOST_TEST_MODULE test_cuda_kernels
@@ -16,11 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "adamw.hpp"
 #include "cuda_test_support.hpp"
-#include "kernels.hpp"
+#include "elementwise.hpp"
+#include "embedding.hpp"
+#include "layernorm.hpp"
+#include "lora_dropout.hpp"
+#include "token_rows_check.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/device.hpp"
-#include "token_rows_check.hpp"
 
 using namespace shardlm;
 

@@ -1,4 +1,4 @@
-// Tests of the Llama pieces of the CUDA backend (label gpu): the kernels of llama_kernels.hpp
+// Tests of the Llama pieces of the CUDA backend (label gpu): the kernels they use
 // (RMSNorm, rotary embeddings with Llama 3.1's rope_scaling, SwiGLU, causal grouped-query attention)
 // against double-precision host references that mirror src/model/llama_cpu.cpp, in fp32, bf16 and
 // fp16 (attention's backward recomputing the probabilities from the saved log-sum-exp), with the
@@ -27,8 +27,12 @@
 #include "cpu_model_test_support.hpp"
 #include "cuda_test_support.hpp"
 #include "gemm.hpp"
+#include "gqa_attention.hpp"
 #include "llama/cuda/llama_cuda.hpp"
-#include "llama_kernels.hpp"
+#include "lora_dropout.hpp"
+#include "rmsnorm.hpp"
+#include "rotary.hpp"
+#include "swiglu.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 
@@ -353,7 +357,7 @@ GpuAttention run_gpu_attention(const AttnShape& s, const std::vector<float>& qkv
   const size_t es = dtype_size(dt);
   DeviceBuffer d_qkv = to_device(qkv, dt), d_dctx = to_device(dctx, dt);
   DeviceBuffer d_ctx(s.ctx_size() * es), d_lse(s.lse_size() * sizeof(float)), d_dqkv(s.qkv_size() * es);
-  DeviceBuffer d_work(cuda::llama_attention_workspace_bytes(s.T, s.heads, s.kv_heads, s.d, dt));
+  DeviceBuffer d_work(cuda::gqa_attention_workspace_bytes(s.T, s.heads, s.kv_heads, s.d, dt));
   // Garbage in the outputs and the workspace: everything must be written, masked probabilities too.
   CUDA_OK(cudaMemset(d_lse.get(), 0x7f, d_lse.bytes()));
   CUDA_OK(cudaMemset(d_ctx.get(), 0x7f, d_ctx.bytes()));
@@ -361,13 +365,12 @@ GpuAttention run_gpu_attention(const AttnShape& s, const std::vector<float>& qkv
   CUDA_OK(cudaMemset(d_work.get(), 0x7f, d_work.bytes()));
   Gemm gemm;
   OwnedStream st;
-  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), s.B, s.T,
-                                                       s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
+  BOOST_REQUIRE_NO_THROW(cuda::gqa_attention_forward(gemm, d_qkv.get(), d_ctx.get(), d_lse.as<float>(), s.B, s.T,
+                                                     s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
   // LlamaCuda's blocks share the workspace: the backward recomputes from qkv and lse alone.
   CUDA_OK(cudaMemsetAsync(d_work.get(), 0x7f, d_work.bytes(), st.s));
-  BOOST_REQUIRE_NO_THROW(cuda::llama_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(),
-                                                        d_dqkv.get(), s.B, s.T, s.heads, s.kv_heads, s.d, dt,
-                                                        d_work.get(), st.s));
+  BOOST_REQUIRE_NO_THROW(cuda::gqa_attention_backward(gemm, d_dctx.get(), d_qkv.get(), d_lse.as<float>(), d_dqkv.get(),
+                                                      s.B, s.T, s.heads, s.kv_heads, s.d, dt, d_work.get(), st.s));
   st.sync();
   GpuAttention out;
   out.lse = download(d_lse.get(), s.lse_size(), DType::F32);
@@ -680,13 +683,13 @@ BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
     cuda::rotary_apply(nullptr, 0, 4, 2, 8, 16, nullptr, false, dt, nullptr);
     cuda::swiglu_forward(nullptr, nullptr, 0, 16, dt, nullptr);
     cuda::swiglu_backward(nullptr, nullptr, nullptr, 0, 16, dt, nullptr);
-    cuda::llama_attention_forward(gemm, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
-    cuda::llama_attention_backward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
+    cuda::gqa_attention_forward(gemm, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
+    cuda::gqa_attention_backward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
   }
   CUDA_OK(cudaDeviceSynchronize());
-  BOOST_CHECK_THROW(cuda::llama_attention_forward(gemm, nullptr, nullptr, nullptr, 1, 4, 4, 3, 8, DType::F32, nullptr,
-                                                  nullptr),
-                    Error);  // 3 kv heads do not divide 4 query heads
+  BOOST_CHECK_THROW(
+      cuda::gqa_attention_forward(gemm, nullptr, nullptr, nullptr, 1, 4, 4, 3, 8, DType::F32, nullptr, nullptr),
+      Error);  // 3 kv heads do not divide 4 query heads
   BOOST_CHECK_THROW(cuda::rotary_apply(nullptr, 4, 4, 2, 7, 14, nullptr, false, DType::F32, nullptr), Error);
 }
 

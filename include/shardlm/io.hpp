@@ -294,7 +294,7 @@ struct HfExportOptions {
   bool overwrite = false;
 };
 
-// Writes DIR/config.json (BloomForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM, with the token
+// Writes DIR/config.json (the family's ModelFamily::hf_architecture, with the token
 // ids and torch_dtype) and the weights as DIR/model.safetensors, or, above max_shard_bytes, as
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json, as transformers'
 // save_pretrained does; then generation_config.json (written from the token ids unless a copied

@@ -371,6 +371,7 @@ struct ModelFamily {
   std::string name;                         // model.arch
   std::vector<std::string> hf_model_types;  // config.json model_type values it reads; the first is written
   std::string hf_architecture;              // config.json "architectures" entry it writes
+  std::string hf_block_class;               // transformers' decoder layer (Accelerate's fsdp_transformer_layer_cls_to_wrap)
   bool rotary = false;            // rotary positions: the head dimension must be even
   bool grouped_query = false;     // model.num_kv_heads, model.intermediate_size and model.head_dim apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
@@ -405,5 +406,8 @@ const ModelFamily& model_family(const std::string& arch);
 const ModelFamily& model_family_of_hf_type(const std::string& type, const std::string& source);
 // The registered names, for deck choices and messages.
 std::vector<std::string> model_family_names();
+// Every family's hf_block_class in registration order, and the same comma-separated for messages.
+std::vector<std::string> hf_block_classes();
+std::string hf_block_class_names();
 
 }  // namespace shardlm

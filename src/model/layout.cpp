@@ -1,5 +1,6 @@
 // What every family's layout shares: appending tensors to a unit, finding one by name, the checks
-// of the shape every family has, and the deterministic counter-based initialisation of any layout.
+// of the shape every family has, the bounds on sizes, cfg.arch's layout, HF tensor names and linear
+// modules (from its family's record), and the deterministic counter-based initialisation of any layout.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -108,5 +109,31 @@ void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size
   }
   for (std::thread& t : pool) t.join();
 }
+
+// ---- cfg.arch's family's layout, HF names and linear modules ----
+
+bool ModelConfig::tied_head() const { return model_family(arch).head_always_tied || tie_word_embeddings; }
+
+// Sizes beyond any real model's are refused before a layout is built: a wrapped or mistyped size
+// (1e9 layers) would otherwise allocate until the process is killed.
+constexpr int64_t kMaxLayers = 4096, kMaxHidden = 1 << 17, kMaxVocab = 1 << 24, kMaxHeads = 4096;
+
+std::vector<UnitLayout> model_layout(const ModelConfig& cfg) {
+  auto bound = [](const char* key, int64_t value, int64_t limit) {
+    SHARDLM_CHECK(value <= limit, "model.", key, " = ", value, ": more than shardlm takes (at most ", limit, ")");
+  };
+  bound("num_layers", cfg.num_layers, kMaxLayers);
+  bound("hidden_size", cfg.hidden_size, kMaxHidden);
+  bound("vocab_size", cfg.vocab_size, kMaxVocab);
+  bound("num_heads", cfg.num_heads, kMaxHeads);
+  bound("intermediate_size", cfg.intermediate_size, 8 * kMaxHidden);
+  return model_family(cfg.arch).layout(cfg);
+}
+
+std::string hf_tensor_name(const ModelConfig& cfg, const std::string& name) {
+  return model_family(cfg.arch).hf_tensor_name(name);
+}
+
+std::vector<LinearModule> linear_modules(const ModelConfig& cfg) { return model_family(cfg.arch).linear_modules(cfg); }
 
 }  // namespace shardlm

@@ -1,5 +1,6 @@
 // make_unit_model and unit_model_memory: the UnitModel of a run on either backend, and what it
-// holds, from the same family record (so that `shardlm plan` and the run agree).
+// holds, from the same family record (so that `shardlm plan` and the run agree); the CPU model of
+// cfg.arch and its activation bytes.
 #include "unit_model_internal.hpp"
 #ifdef SHARDLM_HAVE_CUDA
 #include "cuda/cuda_model.hpp"  // the factory's result is destroyed here on errors
@@ -36,6 +37,14 @@ ModelMemory unit_model_memory(const ModelConfig& cfg, BackendKind backend, DType
   // The CPU adapter's hidden states and their gradients, two of each.
   const size_t hidden = static_cast<size_t>(max_batch) * max_seq * cfg.hidden_size;
   return ModelMemory{family.cpu_activation_bytes(cfg, max_batch, max_seq) + 4 * hidden * sizeof(float), 0};
+}
+
+std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return model_family(cfg.arch).make_cpu(cfg, max_batch, max_seq);
+}
+
+size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return model_family(cfg.arch).cpu_activation_bytes(cfg, max_batch, max_seq);
 }
 
 }  // namespace shardlm

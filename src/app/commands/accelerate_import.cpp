@@ -15,6 +15,7 @@
 #include "../../core/input_file.hpp"
 #include "shardlm/config.hpp"
 #include "shardlm/core.hpp"
+#include "shardlm/model.hpp"
 
 namespace shardlm {
 
@@ -284,8 +285,8 @@ std::string strategy_name(const json& v, const std::string& what) {
   return it->second;
 }
 
-// The block classes shardlm wraps, one per family.
-const std::set<std::string> kBlockClasses = {"BloomBlock", "LlamaDecoderLayer", "Qwen2DecoderLayer"};
+// The block classes shardlm wraps, one per family (ModelFamily::hf_block_class).
+const std::vector<std::string> kBlockClasses = hf_block_classes();
 
 // One fsdp_config block into the deck. Trainer's fsdp_config changes only what it names; Accelerate's
 // sets everything (absent keys: its defaults).
@@ -406,13 +407,14 @@ class FsdpConfigImport {
     if (!given("fsdp_transformer_layer_cls_to_wrap")) return;
     const std::vector<std::string> classes = wrap_classes();
     bool all_blocks = !classes.empty();
-    for (const std::string& c : classes) all_blocks = all_blocks && kBlockClasses.count(c);
+    for (const std::string& c : classes)
+      all_blocks = all_blocks && std::find(kBlockClasses.begin(), kBlockClasses.end(), c) != kBlockClasses.end();
     if (all_blocks)
       im_.unused(origin("fsdp_transformer_layer_cls_to_wrap"), "the block shardlm wraps for this family");
     else
       im_.warn("", origin("fsdp_transformer_layer_cls_to_wrap"),
-               "shardlm wraps the transformer block of its families (BloomBlock, LlamaDecoderLayer, Qwen2DecoderLayer), "
-               "whatever this names");
+               concat("shardlm wraps the transformer block of its families (", hf_block_class_names(),
+                      "), whatever this names"));
   }
 
   // The checkpoint format.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "accelerate_import.hpp"
+#include "shardlm/model.hpp"
 
 namespace shardlm {
 
@@ -21,6 +22,8 @@ const char* kHub = "the Hugging Face Hub: shardlm writes files only (`shardlm ex
 const char* kTrackers = "metrics go to RUN_DIR/metrics.jsonl with Trainer's keys and to TensorBoard event files (`run.tensorboard`, on by default); no other tracker";
 const char* kScript = "read by the training script, not by Trainer";
 const char* kNotOptimizer = "shardlm's optimizers are AdamW and 8-bit AdamW (`train.optim`), without extra arguments";
+// The registry's block classes, each family's (before kKeys: it points into this string).
+const std::string kBlockClassesNote = "checked: " + hf_block_class_names() + " are the blocks shardlm wraps";
 const char* kEvalLoss = "shardlm evaluates the eval loss (and SQuAD EM/F1 by generation) after each epoch, nothing else";
 
 const std::vector<ForeignKey> kKeys = {
@@ -63,7 +66,7 @@ const std::vector<ForeignKey> kKeys = {
     {"fsdp_config", "fsdp_reshard_after_forward", "true", M, "`fsdp.strategy` (true: FULL_SHARD, false: SHARD_GRAD_OP; a strategy name in Accelerate 1.6+'s FSDP1 spelling)"},
     {"fsdp_config", "fsdp_offload_params", "false", M, "`fsdp.cpu_offload`"},
     {"fsdp_config", "fsdp_auto_wrap_policy", "null", M, "shardlm wraps each transformer block, as TRANSFORMER_BASED_WRAP (a warning for SIZE_BASED_WRAP and NO_WRAP)"},
-    {"fsdp_config", "fsdp_transformer_layer_cls_to_wrap", "null", M, "checked: BloomBlock, LlamaDecoderLayer and Qwen2DecoderLayer are the blocks shardlm wraps"},
+    {"fsdp_config", "fsdp_transformer_layer_cls_to_wrap", "null", M, kBlockClassesNote.c_str()},
     {"fsdp_config", "fsdp_min_num_params", "0", N, "SIZE_BASED_WRAP's threshold: shardlm wraps by block"},
     {"fsdp_config", "fsdp_backward_prefetch", "null", M, "`fsdp.backward_prefetch` (BACKWARD_PRE: pre, BACKWARD_POST: post, NO_PREFETCH or absent: none)"},
     {"fsdp_config", "fsdp_backward_prefetch_policy", "null", M, "older name of fsdp_backward_prefetch"},

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "adamw.hpp"
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
 
 namespace shardlm::cuda {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
+#include "adamw_8bit.hpp"
 
 namespace shardlm::cuda {
 namespace {

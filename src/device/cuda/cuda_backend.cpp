@@ -1,12 +1,16 @@
 // The CUDA backend: device memory through the planned-buffer accounting, a compute, a
-// communication and two copy streams (CPU offload) with events between them, and the element-wise kernels of kernels.hpp.
+// communication and two copy streams (CPU offload) with events between them, and the element-wise kernels
+// (elementwise.hpp), the token rows (token_rows.hpp) and AdamW (adamw.hpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "adamw.hpp"
+#include "adamw_8bit.hpp"
 #include "device_memory.hpp"
-#include "kernels.hpp"
+#include "elementwise.hpp"
+#include "token_rows.hpp"
 #include "shardlm/device.hpp"
 
 namespace shardlm {

@@ -379,7 +379,7 @@ AttentionLayout AttentionLayout::grouped(int B, int T, int heads, int kv_heads, 
   return l;
 }
 
-AttentionLayout AttentionLayout::bloom(int B, int T, int heads, int head_dim, DType dt) {
+AttentionLayout AttentionLayout::interleaved_alibi(int B, int T, int heads, int head_dim, DType dt) {
   AttentionLayout l;
   l.B = B, l.T = T, l.heads = heads, l.kv_heads = heads, l.head_dim = head_dim, l.dt = dt, l.alibi = true;
   l.row = 3LL * heads * head_dim;

@@ -1,6 +1,6 @@
 // Causal attention through cuDNN's fused flash attention (the cuDNN 9 graph API), forward and
 // backward, reading q, k and v where the model's projection left them and writing the context and
-// the gradients in the same layouts as the native kernels (attention.cu, llama_attention.cu).
+// the gradients in the same layouts as the native kernels (alibi_attention.cu, gqa_attention.cu).
 //
 // The graph per shape is the one cuDNN's fused SDPA engines recognise: Q K^T, a scale, BLOOM's
 // ALiBi bias (slope_h * (j - i); after the softmax the same as BLOOM's slope_h * j), the causal
@@ -39,10 +39,11 @@ struct AttentionLayout {
   long long q = 0, k = 0, v = 0;  // offset of head 0 of q, k and v inside a row
   long long out_row = 0;          // elements from one token's context row to the next (ctx and dctx)
 
-  // Llama / Qwen2: each row is q heads, then k heads, then v heads (q_proj, k_proj, v_proj side by side).
+  // Grouped-query heads (the Llama-style families): each row is q heads, then k heads, then v heads (q_proj,
+  // k_proj, v_proj side by side).
   static AttentionLayout grouped(int B, int T, int heads, int kv_heads, int head_dim, DType dt);
-  // BLOOM: each head's q, k, v side by side ([T, heads, 3, d]), ALiBi.
-  static AttentionLayout bloom(int B, int T, int heads, int head_dim, DType dt);
+  // Head-interleaved with ALiBi (BLOOM): each head's q, k, v side by side ([T, heads, 3, d]).
+  static AttentionLayout interleaved_alibi(int B, int T, int heads, int head_dim, DType dt);
 
   auto key() const {
     return std::make_tuple(B, T, heads, kv_heads, head_dim, static_cast<int>(dt), alibi, bias, window, row, head, q, k,

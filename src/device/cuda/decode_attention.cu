@@ -6,8 +6,8 @@
 // with an online softmax in fp32: each warp takes
 // every kWarps-th key and keeps its running (max, sum, weighted values), and the warps' states merge
 // at the end, so no score row is stored and any cache length fits.
+#include "decode_attention.hpp"
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
 
 namespace shardlm::cuda {
 namespace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "decode_head.hpp"
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
 
 namespace shardlm::cuda {
 namespace {

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "column_grad.cuh"
-#include "kernels.hpp"
+#include "elementwise.hpp"
 
 namespace shardlm::cuda {
 namespace {

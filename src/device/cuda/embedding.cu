@@ -3,7 +3,7 @@
 // The forward copies raw rows (no conversion) in 16-byte packs when H and the pointers allow. The
 // backward scatter-adds into the fp32 table gradient with one atomic per element; a warp's atomics
 // cover consecutive addresses so each instruction touches whole 128-byte lines.
-#include "kernels.hpp"
+#include "embedding.hpp"
 #include "warp_rows.cuh"
 
 namespace shardlm::cuda {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "elementwise.hpp"
 #include "gemm.hpp"
-#include "kernels.hpp"
 
 namespace shardlm::cuda {
 namespace {

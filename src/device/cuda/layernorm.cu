@@ -8,7 +8,7 @@
 // row (still in L1/L2); its backward writes dx only, and a second, column-parallel kernel sums
 // dgamma/dbeta (per-element atomics from row-parallel warps would serialise on the same columns).
 #include "column_grad.cuh"
-#include "kernels.hpp"
+#include "layernorm.hpp"
 #include "warp_rows.cuh"
 
 namespace shardlm::cuda {

@@ -12,7 +12,7 @@
 
 #include "cuda_check.hpp"
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
+#include "lm_head.hpp"
 
 namespace shardlm::cuda {
 namespace {

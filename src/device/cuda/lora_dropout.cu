@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
+#include "lora_dropout.hpp"
 
 namespace shardlm::cuda {
 namespace {

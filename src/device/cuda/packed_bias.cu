@@ -4,7 +4,7 @@
 // take no window of their own), the dtype's lowest finite value elsewhere, so the softmax gives those
 // keys exactly 0.
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
+#include "packed_bias.hpp"
 
 namespace shardlm::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // the same columns). Rows move in 16-byte packs when H and every pointer allow, else one element
 // at a time.
 #include "column_grad.cuh"
-#include "llama_kernels.hpp"
+#include "rmsnorm.hpp"
 #include "warp_rows.cuh"
 
 namespace shardlm::cuda {

@@ -2,7 +2,7 @@
 // each row, at position row % T (training) or at each row's own position (decoding). One thread per
 // (row, frequency): it forms cos and sin of its angle once and rotates that pair of every head of the row.
 #include "dtype_cuda.cuh"
-#include "llama_kernels.hpp"
+#include "rotary.hpp"
 
 namespace shardlm::cuda {
 namespace {

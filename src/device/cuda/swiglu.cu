@@ -1,7 +1,7 @@
 // SwiGLU (Llama's MLP activation) forward and backward over the fused gate|up projection rows:
 // grid-stride loops over the [n, F] output, packs of 16 bytes when F and every pointer allow.
 #include "dtype_cuda.cuh"
-#include "llama_kernels.hpp"
+#include "swiglu.hpp"
 
 namespace shardlm::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // which rows a list of token ids names, those rows packed into one buffer, the packed rows added back
 // into a slice, and the rows zeroed. One warp per listed id, grid-stride over the list; an id outside
 // [0, rows) names row 0, as the embedding kernels read and write it.
-#include "kernels.hpp"
+#include "token_rows.hpp"
 #include "warp_rows.cuh"
 
 namespace shardlm::cuda {

@@ -12,17 +12,17 @@ namespace shardlm::cuda {
 // Workspace pieces start on 256-byte boundaries (what cuBLASLt and vector loads like).
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// attention_forward/backward (attention.cu): fp32 scores of every head of one sequence, and for a
+// alibi_attention_forward/backward (alibi_attention.cu): fp32 scores of every head of one sequence, and for a
 // 16-bit dt the probabilities' gradient in dt.
-inline size_t attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt) {
+inline size_t alibi_attention_workspace_bytes(int B, int T, int heads, int head_dim, DType dt) {
   const size_t scores = static_cast<size_t>(heads) * T * T;
   return align256(scores * sizeof(float)) + (dt == DType::F32 ? 0 : align256(scores * dtype_size(dt)));
 }
 
-// llama_attention_forward/backward (llama_attention.cu), one sequence at a time: fp32 scores of
+// gqa_attention_forward/backward (gqa_attention.cu), one sequence at a time: fp32 scores of
 // every head (then the probabilities' gradient), the probabilities in dt (then the scores'
 // gradient), and the fp32 sums of the key and value gradients over the query heads sharing them.
-inline size_t llama_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
+inline size_t gqa_attention_workspace_bytes(int T, int heads, int kv_heads, int head_dim, DType dt) {
   const size_t scores = static_cast<size_t>(heads) * T * T;
   const size_t kv_grads = static_cast<size_t>(T) * 2 * kv_heads * head_dim;
   return align256(scores * sizeof(float)) + align256(scores * dtype_size(dt)) + align256(kv_grads * sizeof(float));

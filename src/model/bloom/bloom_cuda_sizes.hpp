@@ -61,9 +61,9 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.dqkv = N * 3 * H * es;
   s.dpre = N * 4 * H * es;
   const int d = cfg.head_dim();
-  s.attention_workspace = fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d,
-                                                                            cfg.packed)
-                                          : attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
+  s.attention_workspace =
+      fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d, cfg.packed)
+                      : alibi_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);

@@ -47,6 +47,7 @@ ModelFamily bloom_family() {
   f.name = "bloom";
   f.hf_model_types = {"bloom"};
   f.hf_architecture = "BloomForCausalLM";
+  f.hf_block_class = "BloomBlock";
   f.head_always_tied = true;
   f.embedding_table = "word_embeddings.weight";
   f.embedding_extras = {"word_embeddings_layernorm.weight", "word_embeddings_layernorm.bias"};

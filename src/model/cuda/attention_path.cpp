@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "kernels.hpp"
+#include "packed_bias.hpp"
 #include "workspace_sizes.hpp"
 
 #ifdef SHARDLM_HAVE_CUDNN
@@ -15,8 +15,8 @@ namespace shardlm::cuda {
 #ifdef SHARDLM_HAVE_CUDNN
 namespace {
 // A sliding window is the graph's own mask, or, in packed rows, part of their bias (packed_bias).
-AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool bloom, bool packed) {
-  AttentionLayout l = bloom ? AttentionLayout::bloom(B, T, cfg.num_heads, cfg.head_dim(), dt)
+AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool alibi, bool packed) {
+  AttentionLayout l = alibi ? AttentionLayout::interleaved_alibi(B, T, cfg.num_heads, cfg.head_dim(), dt)
                             : AttentionLayout::grouped(B, T, cfg.num_heads, cfg.kv_heads(), cfg.head_dim(), dt);
   l.bias = packed;
   l.window = packed ? 0 : cfg.sliding_window;
@@ -26,8 +26,8 @@ AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool b
 #endif
 
 AttentionPath::AttentionPath(const char* model, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                             bool bloom)
-    : model_(model), cfg_(cfg), dt_(dt), bloom_(bloom) {
+                             bool alibi)
+    : model_(model), cfg_(cfg), dt_(dt), alibi_(alibi) {
   if (cfg.attention == AttentionImpl::Native) {
     description_ = "native (model.attention = native)";
     return;
@@ -39,18 +39,18 @@ AttentionPath::AttentionPath(const char* model, const ModelConfig& cfg, DType dt
     cudnn_ = std::make_shared<CudnnAttention>();
     // Plans for the largest micro-batch now, before any step; other shapes get theirs on first use.
     // A packed run's micro-batches may be packed or not (eval): both graphs must be taken.
-    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, bloom, false);
+    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, alibi, false);
     why = cudnn_->prepare(l);
     size_t engine_bytes = why.empty() ? cudnn_->workspace_bytes(l) : 0;
     if (why.empty() && cfg.packed) {
-      const AttentionLayout packed = layout_of(cfg, dt, max_batch, max_seq, bloom, true);
+      const AttentionLayout packed = layout_of(cfg, dt, max_batch, max_seq, alibi, true);
       why = cudnn_->prepare(packed);
       if (!why.empty()) why = concat("packed rows (data.packing): ", why);
       else engine_bytes = std::max(engine_bytes, cudnn_->workspace_bytes(packed));
     }
     if (why.empty()) {
       // What the plan counted, or cuDNN's own figure where that is larger; packed rows' bias first.
-      const int kv_heads = bloom ? cfg.num_heads : cfg.kv_heads();
+      const int kv_heads = alibi ? cfg.num_heads : cfg.kv_heads();
       bias_bytes_ = cfg.packed ? packed_attention_bias_bytes(max_batch, max_seq) : 0;
       capacity_ = bias_bytes_ + std::max(engine_bytes, cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads,
                                                                                        kv_heads, cfg.head_dim()));
@@ -78,8 +78,8 @@ AttentionPath::~AttentionPath() = default;
 // Layout of a B x T micro-batch, its plans built on first use; a shape cuDNN refuses, or one whose
 // workspace would exceed the largest shape's (what the model allocated), is an Error.
 static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const ModelConfig& cfg, DType dt, int B, int T,
-                             bool bloom, bool packed, size_t capacity) {
-  const AttentionLayout l = layout_of(cfg, dt, B, T, bloom, packed);
+                             bool alibi, bool packed, size_t capacity) {
+  const AttentionLayout l = layout_of(cfg, dt, B, T, alibi, packed);
   const std::string refused = cudnn.prepare(l);
   SHARDLM_CHECK(refused.empty(), model, ": cuDNN attention refused a ", B, " x ", T, " micro-batch: ", refused);
   SHARDLM_CHECK(cudnn.workspace_bytes(l) <= capacity, model, ": cuDNN attention wants ", cudnn.workspace_bytes(l),
@@ -100,7 +100,7 @@ void AttentionPath::forward(const void* qkv, void* ctx, float* lse, const float*
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
   const void* bias = packed_bias(starts, workspace, B, T, s);
-  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, bias != nullptr, capacity_ - bias_bytes_), qkv, ctx,
+  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_), qkv, ctx,
                   lse, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }
@@ -111,7 +111,7 @@ void AttentionPath::backward(const void* dctx, const void* qkv, const void* ctx,
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
   const void* bias = packed_bias(starts, workspace, B, T, s);
-  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, bloom_, bias != nullptr, capacity_ - bias_bytes_), dctx, qkv,
+  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_), dctx, qkv,
                    ctx, lse, dqkv, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }

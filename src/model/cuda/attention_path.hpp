@@ -1,6 +1,6 @@
 // The attention a CUDA model runs, chosen once when the model is built (model.attention): cuDNN's
 // fused flash attention where it can run the model's largest micro-batch, else the model's native
-// kernels (attention.cu, llama_attention.cu), with the reason either way for the run's log.
+// kernels (alibi_attention.cu, gqa_attention.cu), with the reason either way for the run's log.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,9 +17,9 @@ class CudnnAttention;
 
 class AttentionPath {
  public:
-  // layout: the model's q/k/v rows (true: BLOOM's interleaved heads with ALiBi; false: grouped heads).
+  // alibi: the model's q/k/v rows are interleaved heads with ALiBi (BLOOM's), else grouped heads.
   // With model.attention = cudnn a path that cannot be taken is an Error naming why.
-  AttentionPath(const char* model, const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool bloom);
+  AttentionPath(const char* model, const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool alibi);
   ~AttentionPath();
   AttentionPath(const AttentionPath&) = delete;
   AttentionPath& operator=(const AttentionPath&) = delete;
@@ -47,7 +47,7 @@ class AttentionPath {
   const char* model_;
   ModelConfig cfg_;
   DType dt_;
-  bool bloom_;
+  bool alibi_;
   // Packed rows' bias at the start of the workspace (null when starts is null).
   void* packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const;
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "kernels.hpp"
+#include "lora_dropout.hpp"
 #include "matmul.hpp"
 
 namespace shardlm::cuda {

@@ -75,7 +75,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
         fused_attention
             ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.kv_heads(), static_cast<int>(d),
                                               cfg.packed)
-            : llama_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
+            : gqa_attention_workspace_bytes(max_seq, cfg.num_heads, cfg.kv_heads(), d, dt);
   }
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);

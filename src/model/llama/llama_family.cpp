@@ -26,7 +26,8 @@ void llama_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily llama_family() {
-  return llama_style_family<kLlamaBlock>("llama", "LlamaForCausalLM", llama_from_hf, llama_to_hf);
+  return llama_style_family<kLlamaBlock>("llama", "LlamaForCausalLM", "LlamaDecoderLayer",
+                                         llama_from_hf, llama_to_hf);
 }
 
 }  // namespace shardlm

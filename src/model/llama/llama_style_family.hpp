@@ -18,12 +18,13 @@ namespace shardlm {
 // the family's attention may keep the last keys only (ModelFamily::sliding_window).
 template <const LlamaBlock& Block>
 ModelFamily llama_style_family(const std::string& name, const std::string& hf_architecture,
-                               ModelConfig (*config_from_hf)(const HfConfigReader&),
+                               const std::string& hf_block_class, ModelConfig (*config_from_hf)(const HfConfigReader&),
                                void (*config_to_hf)(const ModelConfig&, OrderedJson&), bool sliding_window = false) {
   ModelFamily f;
   f.name = name;
   f.hf_model_types = {name};
   f.hf_architecture = hf_architecture;
+  f.hf_block_class = hf_block_class;
   f.rotary = true;
   f.grouped_query = true;
   f.sliding_window = sliding_window;

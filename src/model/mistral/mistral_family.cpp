@@ -31,7 +31,8 @@ void mistral_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily mistral_family() {
-  return llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", mistral_from_hf, mistral_to_hf, true);
+  return llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", "MistralDecoderLayer",
+                                           mistral_from_hf, mistral_to_hf, true);
 }
 
 }  // namespace shardlm

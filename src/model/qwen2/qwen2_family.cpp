@@ -26,7 +26,8 @@ void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen2_family() {
-  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", qwen2_from_hf, qwen2_to_hf, true);
+  return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer",
+                                         qwen2_from_hf, qwen2_to_hf, true);
 }
 
 }  // namespace shardlm

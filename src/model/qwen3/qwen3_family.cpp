@@ -29,7 +29,8 @@ void qwen3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 }  // namespace
 
 ModelFamily qwen3_family() {
-  return llama_style_family<kQwen3Block>("qwen3", "Qwen3ForCausalLM", qwen3_from_hf, qwen3_to_hf, true);
+  return llama_style_family<kQwen3Block>("qwen3", "Qwen3ForCausalLM", "Qwen3DecoderLayer",
+                                         qwen3_from_hf, qwen3_to_hf, true);
 }
 
 }  // namespace shardlm

@@ -1,11 +1,16 @@
 // BloomCuda: the BLOOM block's forward and backward as cuBLASLt GEMMs (bias and GELU fused into
-// their epilogues) and the kernels of kernels.hpp, on the caller's stream.
+// their epilogues) and the kernels of device/cuda (layernorm, alibi_attention, ...), on
+// the caller's stream.
 #include "bloom_cuda.hpp"
 
 #include <algorithm>
 
 #include "../bloom_layout.hpp"
-#include "kernels.hpp"
+#include "alibi_attention.hpp"
+#include "elementwise.hpp"
+#include "embedding.hpp"
+#include "layernorm.hpp"
+#include "lm_head.hpp"
 #include "matmul.hpp"
 
 namespace shardlm::cuda {
@@ -88,8 +93,8 @@ void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     attention_.forward(sv.qkv.data(), sv.ctx.data(), reinterpret_cast<float*>(sv.probs.data()), slopes_.data(),
                        starts_, attn_ws_.data(), B, T, s);
   else
-    attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
-                      cfg_.head_dim(), dt_, attn_ws_.data(), s, starts_);
+    alibi_attention_forward(gemm_, sv.qkv.data(), sv.ctx.data(), sv.probs.data(), slopes_.data(), B, T, cfg_.num_heads,
+                            cfg_.head_dim(), dt_, attn_ws_.data(), s, starts_);
   // h2 = x + ctx Wd^T + bd: the residual is copied in and the GEMM accumulates onto it.
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, static_cast<size_t>(N) * H * dsize_, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, H, sv.ctx.data(), H, w(block_.dense_weight), H, sv.h2.data(), H, dt_, dt_, 1,
@@ -191,8 +196,8 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     attention_.backward(dctx_.data(), sv.qkv.data(), sv.ctx.data(), reinterpret_cast<const float*>(sv.probs.data()),
                         dqkv_.data(), slopes_.data(), starts_, attn_ws_.data(), B, T, s);
   else
-    attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
-                       cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
+    alibi_attention_backward(gemm_, dctx_.data(), sv.qkv.data(), sv.probs.data(), dqkv_.data(), slopes_.data(), B, T,
+                             cfg_.num_heads, cfg_.head_dim(), dt_, attn_ws_.data(), s);
   // qkv = ln1 Wqkv^T + bqkv
   param_backward(kQueryKeyValue, sv.ln1.data(), dqkv_.data(), H, 3 * H, block_.qkv_weight, block_.qkv_bias);
   mm(false, false, N, H, 3 * H, dqkv_.data(), 3 * H, w(block_.qkv_weight), H, dln_.data(), H, dt_, dt_);

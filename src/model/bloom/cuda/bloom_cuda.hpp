@@ -73,7 +73,7 @@ class BloomCuda final : public CudaModelBase {
   enum Module { kQueryKeyValue, kDense, kDenseHTo4H, kDense4HToH };
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
-  AttentionPath attention_;  // cuDNN's fused attention or attention_*; sizes_ follow its choice
+  AttentionPath attention_;  // cuDNN's fused attention or alibi_attention_*; sizes_ follow its choice
   BloomCudaSizes sizes_;
   DeviceBuffer<float> slopes_;
   DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output

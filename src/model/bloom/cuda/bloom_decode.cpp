@@ -4,7 +4,11 @@
 // reads the slot's cache, decode_attention.cu). Logits exist for at most sizes_.head_chunk rows at once,
 // in the training head's workspace, which is idle while decoding.
 #include "bloom_cuda.hpp"
-#include "kernels.hpp"
+#include "decode_attention.hpp"
+#include "decode_head.hpp"
+#include "elementwise.hpp"
+#include "embedding.hpp"
+#include "layernorm.hpp"
 
 namespace shardlm::cuda {
 

@@ -1,5 +1,6 @@
 // LlamaCuda: the Llama decoder layer's forward and backward as cuBLASLt GEMMs (q|k|v and gate|up
-// each one GEMM over adjacent weights) and the kernels of llama_kernels.hpp, on the caller's stream.
+// each one GEMM over adjacent weights) and the kernels of device/cuda (rmsnorm, rotary, swiglu,
+// gqa_attention, ...), on the caller's stream.
 // The hidden-state gradient is updated in place through a block (the residual adds onto it); norm
 // outputs, SiLU(gate) * up and the attention probabilities (from the softmax's saved log-sum-exp)
 // are recomputed in backward rather than kept per block.
@@ -8,9 +9,14 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels.hpp"
-#include "llama_kernels.hpp"
+#include "elementwise.hpp"
+#include "embedding.hpp"
+#include "gqa_attention.hpp"
+#include "lm_head.hpp"
 #include "matmul.hpp"
+#include "rmsnorm.hpp"
+#include "rotary.hpp"
+#include "swiglu.hpp"
 
 namespace shardlm::cuda {
 
@@ -153,8 +159,8 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
   else
-    llama_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
-                            attn_ws_.data(), s, starts_, cfg_.sliding_window);
+    gqa_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
+                          attn_ws_.data(), s, starts_, cfg_.sliding_window);
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
@@ -253,8 +259,8 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
                         starts_, attn_ws_.data(), B, T, s);
   else
-    llama_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads,
-                             d, dt_, attn_ws_.data(), s, starts_, cfg_.sliding_window);
+    gqa_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads, d,
+                           dt_, attn_ws_.data(), s, starts_, cfg_.sliding_window);
   rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),

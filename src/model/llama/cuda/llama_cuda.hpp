@@ -98,7 +98,7 @@ class LlamaCuda final : public CudaModelBase {
   void qk_norm_backward(char* dqkv, int n, const char* q_weight, const char* k_weight, const char* raw,
                         const float* rstd, float* dq_weight, float* dk_weight, char* work, cudaStream_t s) const;
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
-  AttentionPath attention_;  // cuDNN's fused attention or llama_attention_*; sizes_ follow its choice
+  AttentionPath attention_;  // cuDNN's fused attention or gqa_attention_*; sizes_ follow its choice
   LlamaCudaSizes sizes_;
   DeviceBuffer<float> inv_freq_;
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms

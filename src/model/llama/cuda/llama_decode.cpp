@@ -4,9 +4,13 @@
 // row's own position and attention reads the slot's cache (decode_attention.cu, no ALiBi). Logits
 // exist for at most sizes_.head_chunk rows at once, in the training head's workspace, which is idle
 // while decoding. LlamaCpu::block_decode is the reference.
-#include "kernels.hpp"
+#include "decode_attention.hpp"
+#include "decode_head.hpp"
+#include "embedding.hpp"
 #include "llama_cuda.hpp"
-#include "llama_kernels.hpp"
+#include "rmsnorm.hpp"
+#include "rotary.hpp"
+#include "swiglu.hpp"
 
 namespace shardlm::cuda {
 

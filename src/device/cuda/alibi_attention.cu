@@ -1,4 +1,4 @@
-// BLOOM attention on the GPU: causal ALiBi softmax attention over the head-interleaved fused QKV,
+// Causal ALiBi softmax attention over a head-interleaved fused QKV (BLOOM's) on the GPU,
 // forward and backward, as strided-batched cuBLASLt GEMMs (one call per sequence, batched over heads)
 // around two row kernels (softmax, softmax backward) that work in fp32.
 //
@@ -9,9 +9,9 @@
 // that consume dS need it in the dtype of q and k).
 #include <cmath>
 
+#include "alibi_attention.hpp"
 #include "cuda_check.hpp"
 #include "dtype_cuda.cuh"
-#include "kernels.hpp"
 #include "softmax_rows.cuh"
 
 namespace shardlm::cuda {
@@ -78,9 +78,10 @@ void check_shape(const char* what, int B, int T, int heads, int head_dim, const 
 
 }  // namespace
 
-void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
-                       int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts) {
-  check_shape("attention_forward", B, T, heads, head_dim, workspace);
+void alibi_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
+                             int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
+                             const int32_t* starts) {
+  check_shape("alibi_attention_forward", B, T, heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const int d = head_dim, H = heads * d, ld = 3 * H;
   const size_t es = dtype_size(dt);
@@ -107,10 +108,10 @@ void attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, cons
   }
 }
 
-void attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv,
-                        const float* slopes, int B, int T, int heads, int head_dim, DType dt, void* workspace,
-                        cudaStream_t stream) {
-  check_shape("attention_backward", B, T, heads, head_dim, workspace);
+void alibi_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv,
+                              const float* slopes, int B, int T, int heads, int head_dim, DType dt, void* workspace,
+                              cudaStream_t stream) {
+  check_shape("alibi_attention_backward", B, T, heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const int d = head_dim, H = heads * d, ld = 3 * H;
   const size_t es = dtype_size(dt);

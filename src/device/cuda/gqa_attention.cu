@@ -1,5 +1,6 @@
-// Llama attention on the GPU: causal softmax attention with grouped-query heads (and Mistral's sliding
-// window), forward and backward, as strided-batched cuBLASLt GEMMs around fp32 softmax row kernels.
+// Causal softmax attention with grouped-query heads (and a sliding window: Mistral's) on the GPU (the
+// Llama-style families'), forward and backward, as strided-batched cuBLASLt GEMMs around fp32 softmax
+// row kernels.
 //
 // Query head n = g * G + j (G = heads / kv_heads query heads per kv head) reads kv head g. For a
 // fixed j, the query heads g * G + j sit at a constant column stride G * d and their kv heads at a
@@ -13,7 +14,7 @@
 #include <cmath>
 
 #include "dtype_cuda.cuh"
-#include "llama_kernels.hpp"
+#include "gqa_attention.hpp"
 #include "softmax_rows.cuh"
 
 namespace shardlm::cuda {
@@ -106,7 +107,7 @@ struct Layout {
   size_t lse_rows() const { return static_cast<size_t>(heads) * T; }     // one sequence of lse
 };
 
-// The workspace of one sequence (llama_attention_workspace_bytes): fp32 scores [heads, T, T] (the
+// The workspace of one sequence (gqa_attention_workspace_bytes): fp32 scores [heads, T, T] (the
 // backward's dP after them), the probabilities in dt [heads, T, T] (the backward's dS in place
 // after them), the fp32 key|value gradient sums [T, 2 kv_heads d].
 struct Workspace {
@@ -137,10 +138,10 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
 
 }  // namespace
 
-void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads,
-                             int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
-                             const int32_t* starts, int window) {
-  check_shape("llama_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
+void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads, int kv_heads,
+                           int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts,
+                           int window) {
+  check_shape("gqa_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);
@@ -169,10 +170,10 @@ void llama_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse,
   }
 }
 
-void llama_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B,
-                              int T, int heads, int kv_heads, int head_dim, DType dt, void* workspace,
-                              cudaStream_t stream, const int32_t* starts, int window) {
-  check_shape("llama_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
+void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B, int T,
+                            int heads, int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
+                            const int32_t* starts, int window) {
+  check_shape("gqa_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);

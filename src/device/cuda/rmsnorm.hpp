@@ -1,0 +1,24 @@
+// RMSNorm forward and backward over rows (rmsnorm.cu).
+// Launchers as everywhere in device/cuda: device pointers, asynchronous on `stream`, launch checked;
+// `dt` the dtype of activations and gathered parameters, fp32 arithmetic, fp32 parameter gradients (+=).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+// y = x * rstd * weight over rows of H, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd (fp32, [n]).
+void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
+                     cudaStream_t stream);
+// dx (+)= rstd * (g - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd (dx += when
+// accumulate_dx, which adds the residual branch's gradient); dweight += sum_rows(dy * xhat) in fp32
+// (null: a frozen weight, dx only).
+void rmsnorm_backward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx, float* dweight,
+                      int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream);
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,22 @@
+// SwiGLU over the fused gate|up projection rows, forward and backward (swiglu.cu).
+// Launchers as everywhere in device/cuda: device pointers, asynchronous on `stream`, launch checked;
+// `dt` the dtype of activations and gathered parameters, fp32 arithmetic, fp32 parameter gradients (+=).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shardlm/core.hpp"
+
+namespace shardlm::cuda {
+
+// gate_up is [n, 2F]: each row the gate projection (F), then the up projection (F).
+// out[n, F] = silu(gate) * up with silu(g) = g * sigmoid(g).
+void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream);
+// dgate_up[n, 2F] from dout[n, F]: d(up) = dout * silu(gate), d(gate) = dout * up * silu'(gate).
+void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                     cudaStream_t stream);
+
+}  // namespace shardlm::cuda
