@@ -317,9 +317,8 @@ BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
       const Batch b = make_batch(2, 7, c.vocab_size, 0.3, rng);
       // Built larger than used, so strides of the saved activations differ from the call's shape.
       const std::unique_ptr<CpuModel> net = make_cpu_model(c, 3, 9);
-      const size_t n = static_cast<size_t>(b.batch) * b.seq * c.hidden_size;
-      std::vector<float> h(n);
-      net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h.data());
+      std::vector<float> h = embedded(*net, m, b);
+      const size_t n = h.size();
       Rows reference(n);
       for (size_t r = 0; r < b.tokens.size(); ++r)
         for (int col = 0; col < c.hidden_size; ++col)
