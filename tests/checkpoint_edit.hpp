@@ -55,8 +55,9 @@ inline bool swap_datasets(const std::string& path, const std::string& a, const s
   });
 }
 
-// XORs `count` bytes at `skip` bytes into a dataset's (contiguous) data; false if it has none.
-inline bool flip_dataset_bytes(const std::string& path, const std::string& dataset, size_t skip, int count) {
+// XORs `count` bytes at `skip` bytes into a dataset's (contiguous) data with `mask`; false if it has none.
+inline bool flip_dataset_bytes(const std::string& path, const std::string& dataset, size_t skip, int count,
+                               char mask = 0x5a) {
   haddr_t offset = HADDR_UNDEF;
   {
     const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -74,7 +75,7 @@ inline bool flip_dataset_bytes(const std::string& path, const std::string& datas
     char c = 0;
     f.get(c);
     f.seekp(at);
-    f.put(static_cast<char>(c ^ 0x5a));
+    f.put(static_cast<char>(c ^ mask));
   }
   return static_cast<bool>(f);
 }

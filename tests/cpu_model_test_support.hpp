@@ -8,12 +8,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
+
+// A tiny model named by its family in Boost.Test's log, as a data test case's sample.
+namespace shardlm {
+inline std::ostream& boost_test_print_type(std::ostream& os, const ModelConfig& cfg) { return os << cfg.arch; }
+}  // namespace shardlm
 
 namespace model_test {
 
@@ -73,6 +79,11 @@ inline ModelConfig tiny_mistral() {
   c.head_size = 12;
   c.sliding_window = 3;
   return c;
+}
+
+// Every family's tiny model, for the cases each family passes (BOOST_DATA_TEST_CASE over them).
+inline std::vector<ModelConfig> tiny_families() {
+  return {tiny_bloom(), tiny_llama(), tiny_qwen2(), tiny_qwen3(), tiny_mistral()};
 }
 
 // ---- helpers --------------------------------------------------------------------------------
@@ -176,10 +187,15 @@ inline double loss_from_h0(CpuModel& net, const TinyModel& m, const std::vector<
                        nullptr);
 }
 
-inline double model_loss(CpuModel& net, const TinyModel& m, const Batch& b, std::vector<float>* final_hidden = nullptr) {
+// The embedding's hidden states h_0 of b's tokens through net: batch x seq rows of hidden_size.
+inline std::vector<float> embedded(CpuModel& net, const TinyModel& m, const Batch& b) {
   std::vector<float> h0(static_cast<size_t>(b.batch) * b.seq * m.cfg.hidden_size);
   net.embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  return loss_from_h0(net, m, h0, b, final_hidden);
+  return h0;
+}
+
+inline double model_loss(CpuModel& net, const TinyModel& m, const Batch& b, std::vector<float>* final_hidden = nullptr) {
+  return loss_from_h0(net, m, embedded(net, m, b), b, final_hidden);
 }
 
 // Full forward and backward of grad_scale * loss: gradients per unit, and d/dh0 in *dh0.

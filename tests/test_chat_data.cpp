@@ -7,13 +7,13 @@
 // prefixes that do not line up are counted, and special tokens stay single tokens.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "commands.hpp"
 #include "chat.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 #include "temp_dir.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 using Json = nlohmann::ordered_json;
@@ -22,28 +22,21 @@ namespace {
 
 const std::string kChat = SHARDLM_SOURCE_DIR "/tests/fixtures/chat/";
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 const Json& cases() {
-  static const Json all = Json::parse(read_file(kChat + "cases.json"));
+  static const Json all = Json::parse(read_text_file(kChat + "cases.json"));
   return all;
 }
 
 // The renderings transformers made (expected.json) when present, else jinja2's.
 Json expected() {
   const std::string file = std::filesystem::exists(kChat + "expected.json") ? "expected.json" : "expected_jinja2.json";
-  return Json::parse(read_file(kChat + file));
+  return Json::parse(read_text_file(kChat + file));
 }
 
 ChatTemplate fixture_template(const std::string& name) {
-  const Json tokens = Json::parse(read_file(kChat + "templates/tokens.json"))[name];
+  const Json tokens = Json::parse(read_text_file(kChat + "templates/tokens.json"))[name];
   auto token = [&](const char* key) { return tokens[key].is_null() ? std::string() : tokens[key].get<std::string>(); };
-  return ChatTemplate::from_text(read_file(kChat + "templates/" + name + ".jinja"), name, token("bos_token"),
+  return ChatTemplate::from_text(read_text_file(kChat + "templates/" + name + ".jinja"), name, token("bos_token"),
                                  token("eos_token"));
 }
 
@@ -52,15 +45,6 @@ Conversation conversation(const std::string& name) {
     if (c["name"] == name) return {c["messages"], "cases.json " + name};
   BOOST_FAIL("no conversation " + name);
   return {};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // The trained bytes of a byte-tokenizer sample as [begin, end) runs of its text.

@@ -42,18 +42,12 @@ std::string write_chat_files(const std::string& dir) {
 
 RunConfig chat_config(const std::string& name) {
   static const std::string files = write_chat_files(concat(SHARDLM_BINARY_DIR, "/test_runs/chat_files_np", world_size()));
-  RunConfig cfg = tiny_squad_config(32);
-  ModelConfig& m = cfg.model;
-  m.arch = "llama";
-  m.num_kv_heads = 2;
-  m.intermediate_size = 48;
-  m.rope_theta = 10000.0f;
+  RunConfig cfg = tiny_squad_config(32);  // a global batch of 8 in micro-batches of 2
+  make_tiny_llama(cfg.model);
   cfg.data.format = DataFormat::Chat;
   cfg.data.train_file = files + "/chat.jsonl";
   cfg.data.chat_template = files + "/chatml.jinja";
   cfg.data.max_length = 160;  // byte tokens: the longest conversation is about 125
-  cfg.train.batch_size = 8;
-  cfg.train.micro_batch_size = 2;
   cfg.train.epochs = 6;
   cfg.train.max_steps = 30;
   cfg.train.warmup_steps = 2;

@@ -54,6 +54,13 @@ int ranks_failing(const std::function<void()>& fn, std::string* message) {
   return total;
 }
 
+// The message load_checkpoint refuses `path` onto `s` with, checked to come from every rank.
+std::string load_refusal(const std::string& path, Sharded& s) {
+  std::string message;
+  BOOST_TEST(ranks_failing([&] { load_checkpoint(path, s.units, MPI_COMM_WORLD); }, &message) == world_size(), path);
+  return message;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::string s;
@@ -69,14 +76,14 @@ CheckpointWriteStats save_known(const std::string& dir, long step, int keep_last
 }
 
 // save_known with the run's identity, global batch and epoch length kept, as the trainer writes them.
-void save_identified(const std::string& dir, long step) {
+CheckpointWriteStats save_identified(const std::string& dir, long step) {
   const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
   CheckpointMeta meta = tiny_meta(cfg, step, world_size());
   meta.run_id = "20261127-221510-00000000000000aa";
   meta.global_batch = 8;
   meta.steps_per_epoch = 25;
-  save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD);
+  return save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD);
 }
 
 // Loads into zeroed slices of group size `group`; returns the wrong elements summed over ranks.
@@ -96,27 +103,6 @@ void damaged_copy(const std::string& src, const std::string& dst, const std::fun
     edit();
   }
   MPI_Barrier(MPI_COMM_WORLD);
-}
-
-// Byte offset of a dataset's data in the file (contiguous layout), found with serial HDF5.
-haddr_t data_offset(const std::string& path, const std::string& dataset) {
-  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  hid_t dset = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
-  const haddr_t offset = H5Dget_offset(dset);
-  H5Dclose(dset);
-  H5Fclose(file);
-  return offset;
-}
-
-void flip_bytes(const std::string& path, haddr_t offset, int count) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    f.seekg(static_cast<std::streamoff>(offset + i));
-    char c = 0;
-    f.get(c);
-    f.seekp(static_cast<std::streamoff>(offset + i));
-    f.put(static_cast<char>(c ^ 0x5a));
-  }
 }
 
 // Every object of an HDF5 file with its kind, element type and shape, and every attribute's name
@@ -270,8 +256,7 @@ BOOST_AUTO_TEST_CASE(round_trip_on_the_same_slicing) {
 
 BOOST_AUTO_TEST_CASE(loads_onto_a_different_slicing) {
   const std::string dir = scratch("reshard");
-  save_known(dir, 3);
-  const std::string path = dir + "/ckpt-00000003.h5";
+  const std::string path = save_known(dir, 3).path;
   // Every rank reads everything (NO_SHARD); rank 0 alone verifies checksums.
   BOOST_TEST(load_and_count_wrong(path, 1) == 0u);
   // Two replicas of world/2 slices (HYBRID_SHARD on two nodes).
@@ -345,24 +330,22 @@ BOOST_AUTO_TEST_CASE(serial_reader_returns_tensors_by_name) {
 
 BOOST_AUTO_TEST_CASE(unreadable_files_are_refused_on_every_rank) {
   const std::string dir = scratch("unreadable");
-  save_known(dir, 1);
-  const std::string good = dir + "/ckpt-00000001.h5";
+  const std::string good = save_known(dir, 1).path;
   const std::string truncated = dir + "/truncated.h5";
   damaged_copy(good, truncated, [&] { fs::resize_file(truncated, fs::file_size(good) / 2); });
   const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), false);
-  std::string message;
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(truncated, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  std::string message = load_refusal(truncated, s);
   BOOST_TEST(contains(message, "cannot open checkpoint '" + truncated + "'"), message);
 
   const std::string missing = dir + "/missing.h5";
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(missing, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  message = load_refusal(missing, s);
   BOOST_TEST(contains(message, "cannot open checkpoint '" + missing + "': no such file"), message);
 
   const std::string text = dir + "/text.h5";
   if (world_rank() == 0) std::ofstream(text) << "not an HDF5 file\n";
   MPI_Barrier(MPI_COMM_WORLD);
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(text, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  message = load_refusal(text, s);
   BOOST_TEST(contains(message, "cannot open checkpoint '" + text + "'"), message);
 
   if (world_rank() == 0) {
@@ -374,18 +357,18 @@ BOOST_AUTO_TEST_CASE(unreadable_files_are_refused_on_every_rank) {
 
 BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
   const std::string dir = scratch("flipped");
-  save_known(dir, 1);
-  const std::string good = dir + "/ckpt-00000001.h5";
+  const std::string good = save_known(dir, 1).path;
   const std::string damaged = dir + "/damaged.h5";
-  damaged_copy(good, damaged, [&] { flip_bytes(damaged, data_offset(damaged, "/units/h.0/exp_avg") + 20, 3); });
+  damaged_copy(good, damaged,
+               [&] { BOOST_TEST(ckpt_edit::flip_dataset_bytes(damaged, "/units/h.0/exp_avg", 20, 3)); });
   Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
-  std::string message;
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+  std::string message = load_refusal(damaged, s);
   BOOST_TEST(contains(message, "checkpoint " + damaged + " is damaged: dataset /units/h.0/exp_avg: checksum mismatch"), message);
 
   // The reader checks only the param vectors; damage one of those for it.
   const std::string damaged_param = dir + "/damaged_param.h5";
-  damaged_copy(good, damaged_param, [&] { flip_bytes(damaged_param, data_offset(damaged_param, "/units/h.1/param"), 2); });
+  damaged_copy(good, damaged_param,
+               [&] { BOOST_TEST(ckpt_edit::flip_dataset_bytes(damaged_param, "/units/h.1/param", 0, 2)); });
   if (world_rank() == 0) {
     CheckpointReader reader(damaged_param);
     for (const CheckpointTensor& t : reader.tensors()) {
@@ -407,8 +390,7 @@ BOOST_AUTO_TEST_CASE(flipped_bytes_fail_the_checksum) {
 // reader's own checks name the value. The serial reader reports the same without reading vectors.
 BOOST_AUTO_TEST_CASE(impossible_attributes_are_refused_naming_the_file) {
   const std::string dir = scratch("impossible");
-  save_identified(dir, 10);
-  const std::string good = dir + "/ckpt-00000010.h5";
+  const std::string good = save_identified(dir, 10).path;
   BOOST_TEST(load_and_count_wrong(good, world_size()) == 0u);
   Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
   struct Case {
@@ -435,8 +417,7 @@ BOOST_AUTO_TEST_CASE(impossible_attributes_are_refused_naming_the_file) {
       BOOST_TEST_REQUIRE(edited == 1, path);
       const std::string expected = "checkpoint " + path + (old_format ? concat(" is inconsistent: ", c.why)
                                                                       : std::string(" is damaged: its attributes"));
-      std::string message;
-      BOOST_TEST(ranks_failing([&] { load_checkpoint(path, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+      std::string message = load_refusal(path, s);
       BOOST_TEST(contains(message, expected), message);
       BOOST_TEST(checkpoint_unusable(message), message);
       if (world_rank() == 0) {
@@ -457,8 +438,7 @@ BOOST_AUTO_TEST_CASE(impossible_attributes_are_refused_naming_the_file) {
 // swapped each still match their own checksum).
 BOOST_AUTO_TEST_CASE(index_damage_and_swapped_vectors_are_damage) {
   const std::string dir = scratch("index_damage");
-  save_identified(dir, 1);
-  const std::string good = dir + "/ckpt-00000001.h5";
+  const std::string good = save_identified(dir, 1).path;
   Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
   const std::string index = dir + "/index.h5", swapped = dir + "/swapped.h5", old_swapped = dir + "/old_swapped.h5";
   int edited = 0;
@@ -477,8 +457,7 @@ BOOST_AUTO_TEST_CASE(index_damage_and_swapped_vectors_are_damage) {
   MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
   BOOST_TEST_REQUIRE(edited == 3);
   for (const std::string& path : {index, swapped}) {
-    std::string message;
-    BOOST_TEST(ranks_failing([&] { load_checkpoint(path, s.units, MPI_COMM_WORLD); }, &message) == world_size());
+    std::string message = load_refusal(path, s);
     BOOST_TEST(contains(message, "checkpoint " + path + " is damaged: its attributes, tensor index or vectors' "
                                  "checksums are not those its contents_checksum was computed over"), message);
     BOOST_TEST(checkpoint_damaged(message), message);
@@ -498,8 +477,7 @@ BOOST_AUTO_TEST_CASE(index_damage_and_swapped_vectors_are_damage) {
 // empty; its contents are not checked beyond the vectors' checksums.
 BOOST_AUTO_TEST_CASE(checkpoints_without_the_new_attributes_still_load) {
   const std::string dir = scratch("old_format");
-  save_identified(dir, 3);
-  const std::string path = dir + "/ckpt-00000003.h5";
+  const std::string path = save_identified(dir, 3).path;
   int edited = 0;
   if (world_rank() == 0) edited = ckpt_edit::make_old_format(path);
   MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -523,17 +501,15 @@ BOOST_AUTO_TEST_CASE(checkpoints_without_the_new_attributes_still_load) {
 
 BOOST_AUTO_TEST_CASE(a_different_model_is_refused_naming_the_dataset) {
   const std::string dir = scratch("other_model");
-  save_known(dir, 1);
-  const std::string path = dir + "/ckpt-00000001.h5";
-  std::string message;
+  const std::string path = save_known(dir, 1).path;
 
   Sharded wider = make_sharded(tiny_bloom(16), world_size(), world_rank(), false);
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(path, wider.units, MPI_COMM_WORLD); }, &message) == world_size());
+  std::string message = load_refusal(path, wider);
   BOOST_TEST(contains(message, "checkpoint " + path + ": /units/root/param has "), message);
   BOOST_TEST(contains(message, "(different model shape?)"), message);
 
   Sharded deeper = make_sharded(tiny_bloom(8, 3), world_size(), world_rank(), false);
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(path, deeper.units, MPI_COMM_WORLD); }, &message) == world_size());
+  message = load_refusal(path, deeper);
   BOOST_TEST(contains(message, "holds units [root, h.0, h.1], the model has [root, h.0, h.1, h.2]"), message);
 }
 
@@ -651,41 +627,39 @@ BOOST_AUTO_TEST_CASE(a_third_optimizer_vector_round_trips_and_reshards) {
   save_checkpoint(dir, 0, tiny_meta(cfg, 7, world_size()), s.units, MPI_COMM_WORLD);
   const std::string damaged = dir + "/damaged.h5";
   damaged_copy(dir + "/ckpt-00000007.h5", damaged,
-               [&] { flip_bytes(damaged, data_offset(damaged, "/units/root/max_exp_avg_sq") + 8, 2); });
+               [&] { BOOST_TEST(ckpt_edit::flip_dataset_bytes(damaged, "/units/root/max_exp_avg_sq", 8, 2)); });
   Sharded into = make_sharded(cfg, world_size(), world_rank(), false, amsgrad);
-  std::string message;
-  BOOST_TEST(ranks_failing([&] { load_checkpoint(damaged, into.units, MPI_COMM_WORLD); }, &message) == world_size());
+  std::string message = load_refusal(damaged, into);
   BOOST_TEST(contains(message, "dataset /units/root/max_exp_avg_sq: checksum mismatch"), message);
 }
 
 BOOST_AUTO_TEST_CASE(other_optimizer_state_is_refused_naming_the_dataset) {
   const std::string dir = scratch("other_optimizer");
-  save_known(dir, 1);
-  const std::string path = dir + "/ckpt-00000001.h5";
+  const std::string path = save_known(dir, 1).path;
   const std::string fixture = SHARDLM_SOURCE_DIR "/tests/fixtures/checkpoint/v2_adamw_tiny_bloom.h5";
   const ModelConfig cfg = tiny_bloom();
   std::string message;
-  auto refused = [&](const std::string& file, const std::vector<std::string>& names) {
+  auto refusal = [&](const std::string& file, const std::vector<std::string>& names) {
     Sharded s = make_sharded(cfg, world_size(), world_rank(), false, names);
-    return ranks_failing([&] { load_checkpoint(file, s.units, MPI_COMM_WORLD); }, &message) == world_size();
+    return load_refusal(file, s);
   };
   for (const std::string& file : {path, fixture}) {
-    BOOST_TEST(refused(file, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}));
+    message = refusal(file, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
     BOOST_TEST(contains(message, "checkpoint " + file + ": unit root holds optimizer state [exp_avg, exp_avg_sq], "
                                  "the run's optimizer keeps [exp_avg, exp_avg_sq, max_exp_avg_sq]; missing dataset "
                                  "/units/root/max_exp_avg_sq (written by another optimizer?)"),
                message);
   }
-  BOOST_TEST(refused(path, {"momentum_buffer"}));
+  message = refusal(path, {"momentum_buffer"});
   BOOST_TEST(contains(message, "unit root holds optimizer state [exp_avg, exp_avg_sq], the run's optimizer keeps "
                                "[momentum_buffer]; missing dataset /units/root/momentum_buffer; extra dataset "
                                "/units/root/exp_avg; extra dataset /units/root/exp_avg_sq"),
              message);
-  BOOST_TEST(refused(path, {}));
+  message = refusal(path, {});
   BOOST_TEST(contains(message, "the run's optimizer keeps []; extra dataset /units/root/exp_avg; extra dataset "
                                "/units/root/exp_avg_sq"),
              message);
-  BOOST_TEST(refused(path, {"exp_avg_sq", "exp_avg", "exp_avg"}));
+  message = refusal(path, {"exp_avg_sq", "exp_avg", "exp_avg"});
   BOOST_TEST(contains(message, "lists optimizer vector 'exp_avg' twice"), message);
   // The AdamW names in another order are the same state.
   Sharded swapped = make_sharded(cfg, world_size(), world_rank(), false, {"exp_avg_sq", "exp_avg"});

@@ -89,6 +89,27 @@ std::string squad_file(const std::string& qas_json) {
 
 std::vector<int32_t> ids_of(const std::string& text) { return ByteTokenizer().encode(text); }
 
+// A malformed data file: its name, what it holds and the parts its error message must name.
+struct BadFile {
+  std::string name;
+  std::string content;
+  std::vector<std::string> expected;
+};
+
+// Each file written into tmp and loaded: the error names every expected part. Then a file that is not
+// there (`missing` in tmp): the error names it.
+void check_bad_files(const TempDir& tmp, const std::vector<BadFile>& files, const std::string& missing,
+                     const std::function<void(const std::string&)>& load) {
+  for (const BadFile& f : files) {
+    const std::string path = tmp.write(f.name, f.content);
+    const std::string msg = error_of([&] { load(path); });
+    for (const std::string& part : f.expected)
+      BOOST_TEST(contains(msg, part), f.name << ": " << msg);
+  }
+  const std::string path = (tmp.root / missing).string();
+  BOOST_TEST(error_of([&] { load(path); }) == "cannot open data file '" + path + "'");
+}
+
 }  // namespace
 
 // ---- tokenizer ------------------------------------------------------------------------------
@@ -214,12 +235,7 @@ BOOST_AUTO_TEST_CASE(squad_malformed_files_throw_with_file_name) {
   TempDir tmp{"data"};
   ByteTokenizer tok;
   DatasetOptions opt;
-  struct Case {
-    std::string name;
-    std::string content;
-    std::vector<std::string> expected;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BadFile> files = {
       {"missing_answers.json",
        squad_file(R"([{"id":"q1","question":"What colour?"}])"),
        {"missing_answers.json", "data[0].paragraphs[0].qas[0]", "'q1'", "missing 'answers'"}},
@@ -239,15 +255,7 @@ BOOST_AUTO_TEST_CASE(squad_malformed_files_throw_with_file_name) {
        {"question_not_string.json", "qas[0]", "'question' must be a string"}},
       {"empty.json", R"({"version":"1.1","data":[]})", {"empty.json", "no question records"}},
   };
-  for (const Case& c : cases) {
-    const std::string path = tmp.write(c.name, c.content);
-    const std::string msg = error_of([&] { load_squad(path, tok, opt); });
-    for (const std::string& part : c.expected)
-      BOOST_TEST(contains(msg, part), c.name << ": " << msg);
-  }
-  const std::string missing = (tmp.root / "nowhere.json").string();
-  const std::string msg = error_of([&] { load_squad(missing, tok, opt); });
-  BOOST_TEST(msg == "cannot open data file '" + missing + "'");
+  check_bad_files(tmp, files, "nowhere.json", [&](const std::string& path) { load_squad(path, tok, opt); });
   const std::string dir_msg = error_of([&] { load_squad(tmp.root.string(), tok, opt); });
   BOOST_TEST(contains(dir_msg, "cannot open data file"), dir_msg);
 }
@@ -379,13 +387,8 @@ BOOST_AUTO_TEST_CASE(jsonl_malformed_lines_name_file_and_line) {
   ByteTokenizer tok;
   DatasetOptions opt;
   opt.max_length = 16;
-  struct Case {
-    std::string name;
-    std::string content;
-    std::vector<std::string> expected;
-  };
   const std::string ok = R"({"text": "fine"})";
-  const std::vector<Case> cases = {
+  const std::vector<BadFile> files = {
       {"bad.jsonl",
        ok + "\n\n" + R"({"text": "unterminated)" + "\n",
        {"bad.jsonl:3: not valid JSON"}},
@@ -403,15 +406,7 @@ BOOST_AUTO_TEST_CASE(jsonl_malformed_lines_name_file_and_line) {
        {"long_completion.jsonl:2:", "max_length 16"}},
       {"blank.jsonl", "\n  \n\n", {"blank.jsonl", "no records"}},
   };
-  for (const Case& c : cases) {
-    const std::string path = tmp.write(c.name, c.content);
-    const std::string msg = error_of([&] { load_jsonl(path, tok, opt); });
-    for (const std::string& part : c.expected)
-      BOOST_TEST(contains(msg, part), c.name << ": " << msg);
-  }
-  const std::string missing = (tmp.root / "nowhere.jsonl").string();
-  BOOST_TEST(error_of([&] { load_jsonl(missing, tok, opt); }) ==
-             "cannot open data file '" + missing + "'");
+  check_bad_files(tmp, files, "nowhere.jsonl", [&](const std::string& path) { load_jsonl(path, tok, opt); });
   // Not a regular file: refused by name before a byte is read (/dev/zero would grow memory forever).
   BOOST_TEST(contains(error_of([&] { load_jsonl("/dev/zero", tok, opt); }), "not a regular file"));
   BOOST_TEST(contains(error_of([&] { load_jsonl(tmp.root.string(), tok, opt); }), "it is a directory"));

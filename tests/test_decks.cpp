@@ -16,7 +16,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -33,20 +32,17 @@ namespace {
 
 const fs::path kSource = SHARDLM_SOURCE_DIR;
 
-void write_file(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary) << text;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  BOOST_REQUIRE_MESSAGE(in, "cannot read " << p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
 // ---- stand-ins ------------------------------------------------------------------------------
+
+// Llama 3.1 8B's config.json, the same in its instruct model's folder.
+const char* const kLlama31_8b =
+    R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+       "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+       "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+       "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                        "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+       "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": false,
+       "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})";
 
 // The fields shardlm reads from each model's config.json on the Hub, with the Hub's values.
 const std::map<std::string, std::string> kModelConfigs = {
@@ -69,20 +65,8 @@ const std::map<std::string, std::string> kModelConfigs = {
                             "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
                             "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
                             "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": false})"},
-    {"llama-3.1-8b", R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-                         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-                         "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                         "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": false,
-                         "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})"},
-{"llama-3.1-8b-instruct", R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-                         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-                         "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                         "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": false,
-                         "mlp_bias": false, "tie_word_embeddings": false, "pretraining_tp": 1})"},
+    {"llama-3.1-8b", kLlama31_8b},
+    {"llama-3.1-8b-instruct", kLlama31_8b},
 };
 
 const char* kSquadRecord =
@@ -141,12 +125,12 @@ fs::path lay_out(const DeckCase& c, const fs::path& work) {
   fs::copy_file(kSource / "input" / c.deck, deck);
   const fs::path folder = deck.parent_path();
   if (!c.model.empty()) {
-    write_file(folder / "models" / c.model / "config.json", kModelConfigs.at(c.model));
-    write_file(folder / "models" / c.model / "tokenizer.json", kTinyTokenizerJson);
+    write_text_file(folder / "models" / c.model / "config.json", kModelConfigs.at(c.model));
+    write_text_file(folder / "models" / c.model / "tokenizer.json", kTinyTokenizerJson);
   }
   for (const std::string& f : c.data_files)
-    write_file(folder / f, f.find("chess") != std::string::npos ? kChessRecord
-                           : f.find("chat") != std::string::npos ? kChatRecord : kSquadRecord);
+    write_text_file(folder / f, f.find("chess") != std::string::npos ? kChessRecord
+                                : f.find("chat") != std::string::npos ? kChatRecord : kSquadRecord);
   return deck;
 }
 
@@ -252,7 +236,7 @@ BOOST_AUTO_TEST_CASE(decks_load_for_their_gpu_count) {
       for (const std::string& o : c.overrides) {
         std::string v = o;
         if (v == "--data.train_file=BENCH_DATA") {
-          write_file(work.root / "bench.jsonl", "{\"text\": \"x\"}\n");
+          write_text_file(work.root / "bench.jsonl", "{\"text\": \"x\"}\n");
           v = "--data.train_file=" + (work.root / "bench.jsonl").string();
         }
         overrides.push_back(v);
@@ -334,13 +318,13 @@ BOOST_AUTO_TEST_CASE(squad_decks_carry_the_tutorials_values) {
 }
 
 BOOST_AUTO_TEST_CASE(deck_reference_documents_every_key_and_its_default) {
-  const std::string md = read_file(kSource / "docs/deck.md");
+  const std::string md = read_text_file((kSource / "docs/deck.md").string());
   const std::map<std::string, DocRow> documented = documented_keys(md);
 
   // The resolved defaults: a deck with only the required keys.
   TempDir tmp{"decks"};
-  write_file(tmp.root / "train.json", kSquadRecord);
-  write_file(tmp.root / "deck.ini",
+  write_text_file(tmp.root / "train.json", kSquadRecord);
+  write_text_file(tmp.root / "deck.ini",
              "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\nnum_heads = 4\n"
              "[data]\ntrain_file = train.json\n[train]\nbatch_size = 1\n");
   const RunConfig cfg = load_run_config((tmp.root / "deck.ini").string(), {}, 1);

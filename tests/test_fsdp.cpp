@@ -310,10 +310,7 @@ BOOST_AUTO_TEST_CASE(llama_full_shard_matches_one_rank) {
   auto config = [](ShardingStrategy strategy, const std::string& name) {
     RunConfig cfg = tiny_config(strategy, name);
     ModelConfig& m = cfg.model;
-    m.arch = "llama";
-    m.num_kv_heads = 2;
-    m.intermediate_size = 48;
-    m.rope_theta = 10000.0f;
+    make_tiny_llama(m);
     m.rope_scaling.factor = 8.0f;
     m.rope_scaling.original_max_position_embeddings = 64;
     m.tie_word_embeddings = false;
@@ -398,11 +395,7 @@ void check_lora_strategies(const std::vector<std::string>& bloom_saved, const st
   for (const bool llama : {false, true}) {
     auto config = [&](ShardingStrategy strategy, const std::string& name) {
       RunConfig cfg = tiny_config(strategy, name);
-      if (llama) {
-        cfg.model.arch = "llama";
-        cfg.model.num_kv_heads = 2;
-        cfg.model.intermediate_size = 48;
-      }
+      if (llama) make_tiny_llama(cfg.model);
       cfg.model.lora.r = 4;
       cfg.model.lora.alpha = 8;
       for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);

@@ -7,6 +7,8 @@
 #define BOOST_TEST_MODULE test_generate
 #include "mpi_fixture.hpp"
 
+#include <boost/test/data/test_case.hpp>
+
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 
 using namespace shardlm;
 using namespace model_test;
+namespace data = boost::unit_test::data;
 
 namespace {
 
@@ -148,23 +151,13 @@ void check_generate(const std::string& name, size_t batch, bool only_rank_0,
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(bloom_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_bloom()); }
-
-BOOST_AUTO_TEST_CASE(llama_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_llama()); }
-
-BOOST_AUTO_TEST_CASE(qwen2_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen2()); }
-
-BOOST_AUTO_TEST_CASE(qwen3_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_qwen3()); }
-
-// Mistral's sliding window (3 keys) in the cache's attention: prompts of 4 and 7 decoded positions.
-BOOST_AUTO_TEST_CASE(mistral_decode_rows_equal_the_forward) { check_decode_matches_forward(tiny_mistral()); }
+// Mistral's sliding window (3 keys) in the cache's attention too: prompts of 4 and 7 decoded positions.
+BOOST_DATA_TEST_CASE(decode_rows_equal_the_forward, data::make(tiny_families()), cfg) {
+  check_decode_matches_forward(cfg);
+}
 
 BOOST_AUTO_TEST_CASE(rows_outside_the_cache_are_errors) {
-  check_bad_rows(tiny_bloom());
-  check_bad_rows(tiny_llama());
-  check_bad_rows(tiny_qwen2());
-  check_bad_rows(tiny_qwen3());
-  check_bad_rows(tiny_mistral());
+  for (const ModelConfig& cfg : tiny_families()) BOOST_TEST_CONTEXT(cfg.arch) { check_bad_rows(cfg); }
 }
 
 BOOST_AUTO_TEST_CASE(bloom_generation_equals_transformers) {

@@ -7,11 +7,10 @@
 // Jinja snippets, and six public chat templates on every prefix of each conversation with and
 // without the generation prompt, refusals included.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "jinja.hpp"
+#include "test_support.hpp"
 
 using namespace shardlm;
 using namespace shardlm::jinja;
@@ -21,15 +20,7 @@ namespace {
 
 const std::string kChat = SHARDLM_SOURCE_DIR "/tests/fixtures/chat/";
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOOST_REQUIRE_MESSAGE(in, "cannot open " + path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Json read_json(const std::string& path) { return Json::parse(read_file(path)); }
+Json read_json(const std::string& path) { return Json::parse(read_text_file(path)); }
 
 // The expectation files present: transformers' own when render_fixtures.py has been run with it.
 std::vector<std::string> expectation_files() {
@@ -91,7 +82,7 @@ BOOST_AUTO_TEST_CASE(chat_templates_render_as_recorded) {
   for (const std::string& file : expectation_files()) {
     const Json expected = read_json(file);
     for (const auto& [name, special] : tokens.items()) {
-      const Template t(read_file(kChat + "templates/" + name + ".jinja"), name + ".jinja");
+      const Template t(read_text_file(kChat + "templates/" + name + ".jinja"), name + ".jinja");
       for (const Json& conversation : cases["conversations"]) {
         const std::string case_name = conversation["name"];
         const Json& prefixes = expected["templates"][name][case_name];

@@ -63,7 +63,14 @@ ModelConfig mistral(ModelConfig cfg) {
   return cfg;
 }
 
-// Qwen2 and Qwen3 with every layer windowed (use_sliding_window, max_window_layers 0).
+// The head tied to the embedding table.
+ModelConfig tied(ModelConfig cfg) {
+  cfg.tie_word_embeddings = true;
+  return cfg;
+}
+
+// A sliding window of `window` keys; for Qwen2 and Qwen3, every layer windowed (use_sliding_window,
+// max_window_layers 0).
 ModelConfig windowed(ModelConfig cfg, int window) {
   cfg.sliding_window = window;
   return cfg;
@@ -77,6 +84,19 @@ ModelConfig with_llama3_scaling(ModelConfig cfg) {
   cfg.rope_scaling.high_freq_factor = 4.0f;
   cfg.rope_scaling.original_max_position_embeddings = 16;
   return cfg;
+}
+
+// hf_config_json(cfg) as the family's config.json: its model_type, its `architecture` class and each
+// of `parts`; read back, the same family. Returns what it read back.
+ModelConfig written_and_read_back(const ModelConfig& cfg, const std::string& model_type,
+                                  const std::string& architecture, const std::vector<std::string>& parts) {
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"model_type\": \"" + model_type + "\""), written);
+  BOOST_TEST(contains(written, "\"" + architecture + "\""), written);
+  for (const std::string& part : parts) BOOST_TEST(contains(written, part), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.arch == model_type);
+  return again;
 }
 
 
@@ -297,9 +317,8 @@ BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
       const Batch b = make_batch(2, 7, c.vocab_size, 0.3, rng);
       // Built larger than used, so strides of the saved activations differ from the call's shape.
       const std::unique_ptr<CpuModel> net = make_cpu_model(c, 3, 9);
-      const size_t n = static_cast<size_t>(b.batch) * b.seq * c.hidden_size;
-      std::vector<float> h(n);
-      net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h.data());
+      std::vector<float> h = embedded(*net, m, b);
+      const size_t n = h.size();
       Rows reference(n);
       for (size_t r = 0; r < b.tokens.size(); ++r)
         for (int col = 0; col < c.hidden_size; ++col)
@@ -358,34 +377,25 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_llama3_scaling) {
 }
 
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_with_tied_head) {
-  ModelConfig cfg = tiny_config();
-  cfg.tie_word_embeddings = true;
-  check_parameter_gradients(cfg, 23);
+  check_parameter_gradients(tied(tiny_config()), 23);
 }
 
 // Qwen2's q/k/v biases too (the key bias has a gradient: the rotation makes q.R_j b depend on j).
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen2) {
   check_parameter_gradients(qwen2(tiny_config()), 26);
-  ModelConfig tied = qwen2(tiny_config());
-  tied.tie_word_embeddings = true;
-  check_parameter_gradients(tied, 27);
+  check_parameter_gradients(tied(qwen2(tiny_config())), 27);
 }
 
 // Qwen3's q_norm / k_norm weights and the projections under them, head_dim != hidden_size / heads.
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_qwen3) {
   check_parameter_gradients(qwen3(tiny_config()), 28);
-  ModelConfig tied = qwen3(tiny_config());
-  tied.tie_word_embeddings = true;
-  check_parameter_gradients(tied, 29);
+  check_parameter_gradients(tied(qwen3(tiny_config())), 29);
 }
 
 // Mistral's sliding window (3 keys over sequences of 5) and its own head_dim.
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_mistral) {
   check_parameter_gradients(mistral(tiny_config()), 31);
-  ModelConfig tied = mistral(tiny_config());
-  tied.tie_word_embeddings = true;
-  tied.sliding_window = 2;
-  check_parameter_gradients(tied, 32);
+  check_parameter_gradients(windowed(tied(mistral(tiny_config())), 2), 32);
 }
 
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
@@ -632,12 +642,7 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(cfg.rms_norm_eps == 1e-6f);
   BOOST_TEST(cfg.tie_word_embeddings);
   BOOST_TEST(cfg.rope_scaling.factor == 0.0f);
-  const std::string written = hf_config_json(cfg);
-  BOOST_TEST(contains(written, "\"model_type\": \"qwen2\""), written);
-  BOOST_TEST(contains(written, "\"Qwen2ForCausalLM\""), written);
-  BOOST_TEST(contains(written, "\"use_sliding_window\": false"), written);
-  const ModelConfig again = model_config_from_hf(written, "written");
-  BOOST_TEST(again.arch == "qwen2");
+  const ModelConfig again = written_and_read_back(cfg, "qwen2", "Qwen2ForCausalLM", {"\"use_sliding_window\": false"});
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
   BOOST_TEST(again.num_layers == 2);
   // use_sliding_window with every layer full (layer_types) is no window; a sliding layer without
@@ -734,13 +739,8 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   BOOST_TEST(cfg.ffn_size() == 3072);
   BOOST_TEST(cfg.rope_theta == 1e6f);
   BOOST_TEST(cfg.tie_word_embeddings);
-  const std::string written = hf_config_json(cfg);
-  BOOST_TEST(contains(written, "\"model_type\": \"qwen3\""), written);
-  BOOST_TEST(contains(written, "\"Qwen3ForCausalLM\""), written);
-  BOOST_TEST(contains(written, "\"head_dim\": 128"), written);
-  BOOST_TEST(contains(written, "\"attention_bias\": false"), written);
-  const ModelConfig again = model_config_from_hf(written, "written");
-  BOOST_TEST(again.arch == "qwen3");
+  const ModelConfig again =
+      written_and_read_back(cfg, "qwen3", "Qwen3ForCausalLM", {"\"head_dim\": 128", "\"attention_bias\": false"});
   BOOST_TEST(again.head_dim() == 128);
   BOOST_TEST(again.rope_theta == cfg.rope_theta);
   // Biases are refused.
@@ -872,12 +872,7 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips_with_the_window) {
   BOOST_TEST(cfg.kv_heads() == 8);
   BOOST_TEST(cfg.ffn_size() == 14336);
   BOOST_TEST(!cfg.tie_word_embeddings);
-  const std::string written = hf_config_json(cfg);
-  BOOST_TEST(contains(written, "\"model_type\": \"mistral\""), written);
-  BOOST_TEST(contains(written, "\"MistralForCausalLM\""), written);
-  BOOST_TEST(contains(written, "\"sliding_window\": 4096"), written);
-  const ModelConfig again = model_config_from_hf(written, "written");
-  BOOST_TEST(again.arch == "mistral");
+  const ModelConfig again = written_and_read_back(cfg, "mistral", "MistralForCausalLM", {"\"sliding_window\": 4096"});
   BOOST_TEST(again.sliding_window == 4096);
   BOOST_TEST(again.head_dim() == 128);
 }

@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE test_lora
 #include <boost/test/unit_test.hpp>
+#include <boost/test/data/test_case.hpp>
 // LoRA's layout and names: the adapters of each family's targeted modules (shapes, order, PEFT's
 // tensor names), PEFT's initialisation (Kaiming-uniform A within 1/sqrt(in), zero B; Gaussian A),
 // the scale with and without rsLoRA, and the refusal of a module the family does not have; the CPU
@@ -20,6 +21,7 @@
 
 using namespace shardlm;
 using namespace model_test;
+namespace data = boost::unit_test::data;
 
 namespace {
 
@@ -144,28 +146,61 @@ Adapted adapted_model(ModelConfig cfg, int r, uint64_t seed) {
   return a;
 }
 
+// An adapted weight of unit `unit`: its LoRA A [r, in] and B [out, r] among the unit's adapters and the
+// base weight W [out, in] they add to.
+struct AdaptedWeight {
+  size_t unit;
+  const TensorSpec& a;
+  const TensorSpec& b;
+  const TensorSpec& w;
+  int64_t r() const { return a.shape[0]; }
+  int64_t in() const { return a.shape[1]; }
+  int64_t out() const { return b.shape[0]; }
+};
+
+// Every adapted weight of the units past the root.
+std::vector<AdaptedWeight> adapted_weights(const Adapted& a) {
+  const std::string suffix = ".lora_A.weight";
+  std::vector<AdaptedWeight> all;
+  for (size_t u = 1; u < a.lora.size(); ++u)
+    for (const TensorSpec& t : a.lora[u].tensors) {
+      if (t.name.find(suffix) == std::string::npos) continue;
+      const std::string module = t.name.substr(0, t.name.size() - suffix.size());
+      all.push_back({u, t, find_tensor(a.lora[u], module + ".lora_B.weight"),
+                     find_tensor(a.base.layout[u], module + ".weight")});
+    }
+  return all;
+}
+
 // The base model with each adapted weight replaced by W + scale * B A (LoRA off).
 TinyModel merged(const Adapted& a) {
   TinyModel m = a.base;
   m.cfg.lora = LoraConfig{};
   const double scale = a.base.cfg.lora.scale();
-  for (size_t u = 1; u < a.lora.size(); ++u)
-    for (const TensorSpec& t : a.lora[u].tensors) {
-      if (t.name.find(".lora_A.weight") == std::string::npos) continue;
-      const std::string module = t.name.substr(0, t.name.size() - std::string(".lora_A.weight").size());
-      const TensorSpec& b = find_tensor(a.lora[u], module + ".lora_B.weight");
-      const TensorSpec& w = find_tensor(m.layout[u], module + ".weight");
-      const int64_t r = t.shape[0], in = t.shape[1], out = b.shape[0];
-      const float* A = a.adapters[u].data() + t.offset;
-      const float* B = a.adapters[u].data() + b.offset;
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) {
-          double s = 0;
-          for (int64_t k = 0; k < r; ++k) s += double(B[o * r + k]) * A[k * in + i];
-          m.params[u][w.offset + o * in + i] += static_cast<float>(scale * s);
-        }
-    }
+  for (const AdaptedWeight& aw : adapted_weights(a)) {
+    const int64_t r = aw.r(), in = aw.in(), out = aw.out();
+    const float* A = a.adapters[aw.unit].data() + aw.a.offset;
+    const float* B = a.adapters[aw.unit].data() + aw.b.offset;
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double s = 0;
+        for (int64_t k = 0; k < r; ++k) s += double(B[o * r + k]) * A[k * in + i];
+        m.params[aw.unit][aw.w.offset + o * in + i] += static_cast<float>(scale * s);
+      }
+  }
   return m;
+}
+
+// The first layer's output for hidden rows h0 of one sequence decoded from its start (a cache of as
+// many positions as rows of `hidden` width), by `net` with `params`.
+std::vector<float> decoded_first_layer(CpuModel& net, CpuParams params, const std::vector<float>& h0, int hidden) {
+  const int n = static_cast<int>(h0.size()) / hidden;
+  net.decode_begin(1, n, n);
+  std::vector<int> slots(n, 0), positions(n);
+  for (int i = 0; i < n; ++i) positions[i] = i;
+  std::vector<float> out(h0.size());
+  net.block_decode(0, params, h0.data(), out.data(), n, slots.data(), positions.data());
+  return out;
 }
 
 // The adapted model's hidden states h_0 .. h_L on b, the root's parameters `root` (the base's own root
@@ -245,40 +280,34 @@ void check_against_merged(const ModelConfig& shape) {
 
   // With W' = W + s B A: dB = s dW' A^T and dA = s B^T dW', from the merged model's weight gradient.
   const double scale = a.base.cfg.lora.scale();
-  for (size_t u = 1; u < a.lora.size(); ++u)
-    for (const TensorSpec& t : a.lora[u].tensors) {
-      if (t.name.find(".lora_A.weight") == std::string::npos) continue;
-      const std::string module = t.name.substr(0, t.name.size() - std::string(".lora_A.weight").size());
-      const TensorSpec& tb = find_tensor(a.lora[u], module + ".lora_B.weight");
-      const TensorSpec& w = find_tensor(m.layout[u], module + ".weight");
-      const int64_t r = t.shape[0], in = t.shape[1], out = tb.shape[0];
-      const float* A = a.adapters[u].data() + t.offset;
-      const float* B = a.adapters[u].data() + tb.offset;
-      const float* dW = dmerged[u].data() + w.offset;
-      std::vector<double> want_a(r * in, 0.0), want_b(out * r, 0.0);
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i)
-          for (int64_t k = 0; k < r; ++k) {
-            want_b[o * r + k] += scale * dW[o * in + i] * A[k * in + i];
-            want_a[k * in + i] += scale * B[o * r + k] * dW[o * in + i];
-          }
-      const auto got = [&](const TensorSpec& s) {
-        return std::vector<float>(dadapters[u].begin() + s.offset, dadapters[u].begin() + s.offset + s.numel);
-      };
-      BOOST_TEST_CONTEXT(t.name) {
-        BOOST_TEST(max_relative_error(got(t), want_a) < 1e-4);
-        BOOST_TEST(max_relative_error(got(tb), want_b) < 1e-4);
-      }
+  for (const AdaptedWeight& aw : adapted_weights(a)) {
+    const size_t u = aw.unit;
+    const int64_t r = aw.r(), in = aw.in(), out = aw.out();
+    const float* A = a.adapters[u].data() + aw.a.offset;
+    const float* B = a.adapters[u].data() + aw.b.offset;
+    const float* dW = dmerged[u].data() + aw.w.offset;
+    std::vector<double> want_a(r * in, 0.0), want_b(out * r, 0.0);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t k = 0; k < r; ++k) {
+          want_b[o * r + k] += scale * dW[o * in + i] * A[k * in + i];
+          want_a[k * in + i] += scale * B[o * r + k] * dW[o * in + i];
+        }
+    const auto got = [&](const TensorSpec& s) {
+      return std::vector<float>(dadapters[u].begin() + s.offset, dadapters[u].begin() + s.offset + s.numel);
+    };
+    BOOST_TEST_CONTEXT(aw.a.name) {
+      BOOST_TEST(max_relative_error(got(aw.a), want_a) < 1e-4);
+      BOOST_TEST(max_relative_error(got(aw.b), want_b) < 1e-4);
     }
+  }
 }
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(llama_adapters_equal_the_merged_model) { check_against_merged(tiny_llama()); }
-BOOST_AUTO_TEST_CASE(qwen2_adapters_equal_the_merged_model) { check_against_merged(tiny_qwen2()); }
-BOOST_AUTO_TEST_CASE(qwen3_adapters_equal_the_merged_model) { check_against_merged(tiny_qwen3()); }
-BOOST_AUTO_TEST_CASE(mistral_adapters_equal_the_merged_model) { check_against_merged(tiny_mistral()); }
-BOOST_AUTO_TEST_CASE(bloom_adapters_equal_the_merged_model) { check_against_merged(tiny_bloom()); }
+BOOST_DATA_TEST_CASE(adapters_equal_the_merged_model, data::make(tiny_families()), shape) {
+  check_against_merged(shape);
+}
 
 // PEFT's initialisation (B = 0) leaves the model as it was.
 BOOST_AUTO_TEST_CASE(fresh_adapters_change_nothing) {
@@ -313,16 +342,11 @@ BOOST_AUTO_TEST_CASE(decoding_with_adapters_equals_the_merged_model) {
     auto adapted_net = make_cpu_model(a.base.cfg, 1, 6);
     auto merged_net = make_cpu_model(m.cfg, 1, 6);
     const int H = shape.hidden_size, n = 6;
-    adapted_net->decode_begin(1, n, n);
-    merged_net->decode_begin(1, n, n);
     std::mt19937 rng(9);
     const std::vector<float> h0 = random_floats(static_cast<size_t>(n) * H, rng);
-    std::vector<int> slots(n, 0), positions(n);
-    for (int i = 0; i < n; ++i) positions[i] = i;
-    std::vector<float> out_a(h0.size()), out_m(h0.size());
-    adapted_net->block_decode(0, {a.base.params[1].data(), a.adapters[1].data()}, h0.data(), out_a.data(), n,
-                              slots.data(), positions.data());
-    merged_net->block_decode(0, m.params[1].data(), h0.data(), out_m.data(), n, slots.data(), positions.data());
+    const std::vector<float> out_a =
+        decoded_first_layer(*adapted_net, {a.base.params[1].data(), a.adapters[1].data()}, h0, H);
+    const std::vector<float> out_m = decoded_first_layer(*merged_net, m.params[1].data(), h0, H);
     BOOST_TEST_CONTEXT(shape.arch) {
       BOOST_TEST(max_relative_error(out_a, std::vector<double>(out_m.begin(), out_m.end())) < 1e-5);
     }
@@ -469,11 +493,9 @@ void check_dropout_gradients(const ModelConfig& shape) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(llama_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_llama()); }
-BOOST_AUTO_TEST_CASE(qwen2_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_qwen2()); }
-BOOST_AUTO_TEST_CASE(qwen3_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_qwen3()); }
-BOOST_AUTO_TEST_CASE(mistral_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_mistral()); }
-BOOST_AUTO_TEST_CASE(bloom_dropout_gradients_match_finite_differences) { check_dropout_gradients(tiny_bloom()); }
+BOOST_DATA_TEST_CASE(dropout_gradients_match_finite_differences, data::make(tiny_families()), shape) {
+  check_dropout_gradients(shape);
+}
 
 // Evaluation (no seed set, or set back to none) and greedy decoding (even while a training seed is set)
 // compute exactly what the model without dropout computes; a training forward does not.
@@ -496,16 +518,11 @@ BOOST_AUTO_TEST_CASE(evaluation_and_decoding_do_not_drop) {
       // Decoding with the training seed still set.
       net->set_dropout(kDropoutSeed);
       const int H = shape.hidden_size, n = 6;
-      net->decode_begin(1, n, n);
-      plain_net->decode_begin(1, n, n);
       const std::vector<float> h0 = random_floats(static_cast<size_t>(n) * H, rng);
-      std::vector<int> slots(n, 0), positions(n);
-      for (int i = 0; i < n; ++i) positions[i] = i;
-      std::vector<float> got(h0.size()), expected(h0.size());
-      net->block_decode(0, {dropping.base.params[1].data(), dropping.adapters[1].data()}, h0.data(), got.data(), n,
-                        slots.data(), positions.data());
-      plain_net->block_decode(0, {plain.base.params[1].data(), plain.adapters[1].data()}, h0.data(), expected.data(),
-                              n, slots.data(), positions.data());
+      const std::vector<float> got =
+          decoded_first_layer(*net, {dropping.base.params[1].data(), dropping.adapters[1].data()}, h0, H);
+      const std::vector<float> expected =
+          decoded_first_layer(*plain_net, {plain.base.params[1].data(), plain.adapters[1].data()}, h0, H);
       BOOST_TEST(got == expected, boost::test_tools::per_element());
     }
   }

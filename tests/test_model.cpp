@@ -370,9 +370,7 @@ BOOST_AUTO_TEST_CASE(embed_block_and_head_match_reference) {
   const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 3, 7);
   const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
 
-  std::vector<float> h0(n);
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
-  BOOST_TEST(max_relative_error(h0, reference_embed(m, b)) < 1e-5);
+  BOOST_TEST(max_relative_error(embedded(*net, m, b), reference_embed(m, b)) < 1e-5);
 
   // Blocks on an input with a non-trivial scale and mean per row.
   std::vector<float> h_in = random_floats(n, rng, 2.0f);
@@ -402,9 +400,8 @@ BOOST_AUTO_TEST_CASE(longer_sequence_with_more_heads_matches_reference) {
   std::mt19937 rng(8);
   const Batch b = make_batch(2, 33, cfg.vocab_size, 0.0, rng);
   const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 2, 40);
-  const size_t n = static_cast<size_t>(b.batch) * b.seq * cfg.hidden_size;
-  std::vector<float> h0(n), h1(n);
-  net->embed_forward(m.params[0].data(), b.tokens.data(), b.batch, b.seq, h0.data());
+  const std::vector<float> h0 = embedded(*net, m, b);
+  std::vector<float> h1(h0.size());
   net->block_forward(0, m.params[1].data(), h0.data(), h1.data(), b.batch, b.seq);
   BOOST_TEST(max_relative_error(h1, reference_block(m, 0, reference_embed(m, b), b.batch, b.seq)) < 1e-4);
 }

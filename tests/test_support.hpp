@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -51,6 +53,14 @@ inline std::string read_text_file(const std::string& path) {
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
   std::fclose(f);
   return text;
+}
+
+// Writes `text` to the file `path`, creating its folder (a failed check when it cannot).
+inline void write_text_file(const std::filesystem::path& path, const std::string& text) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  BOOST_TEST_REQUIRE(out.good(), "cannot write " << path);
 }
 
 // Runs a shell command, appending what it prints on stdout to `output`; its exit code (-1 if it did

@@ -39,28 +39,13 @@ const std::string kLlamaModel =
 // Generated tokenizer.json files (variants, Llama 2) live in the build tree.
 const fs::path kGenerated = fs::path(SHARDLM_BINARY_DIR) / "tokenizer-fixtures";
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOOST_REQUIRE_MESSAGE(in, "cannot open " << path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  BOOST_REQUIRE(out.good());
-}
-
 const json& reference() {
-  static const json ref = json::parse(read_text(kFixtures + "/reference.json"));
+  static const json ref = json::parse(read_text_file(kFixtures + "/reference.json"));
   return ref;
 }
 
 std::vector<std::string> corpus_lines() {
-  const std::string corpus = read_text(kFixtures + "/corpus.txt");
+  const std::string corpus = read_text_file(kFixtures + "/corpus.txt");
   std::vector<std::string> lines;
   size_t start = 0;
   while (start < corpus.size()) {
@@ -73,9 +58,9 @@ std::vector<std::string> corpus_lines() {
 
 // gpt2/tokenizer.json with a variant of variants.json applied, as generate_reference.mjs does.
 std::string variant_file(const std::string& name) {
-  const json variants = json::parse(read_text(kFixtures + "/variants.json"));
+  const json variants = json::parse(read_text_file(kFixtures + "/variants.json"));
   const json& variant = variants.at("variants").at(name);
-  json tok = json::parse(read_text(kGpt2));
+  json tok = json::parse(read_text_file(kGpt2));
   for (const auto& [key, value] : variant.at("tokenizer").items()) {
     if (key == "model") {
       for (const auto& [k, v] : value.items()) tok["model"][k] = v;
@@ -95,7 +80,7 @@ std::string variant_file(const std::string& name) {
     tok["model"]["merges"] = pairs;
   }
   const fs::path path = kGenerated / name / "tokenizer.json";
-  write_text(path, tok.dump());
+  write_text_file(path, tok.dump());
   return path.string();
 }
 
@@ -103,7 +88,7 @@ std::string llama2_file() {
   BOOST_REQUIRE_MESSAGE(fs::exists(kLlamaModel),
                         "the Llama 2 tokenizer model is missing: " << kLlamaModel);
   const fs::path path = kGenerated / "llama2" / "tokenizer.json";
-  write_text(path, sentencepiece_to_tokenizer_json(kLlamaModel));
+  write_text_file(path, sentencepiece_to_tokenizer_json(kLlamaModel));
   return path.string();
 }
 
@@ -134,7 +119,7 @@ void check_against_reference(const std::string& name) {
   BOOST_REQUIRE_EQUAL(lines.size(), ref.at("lines").size());
   std::vector<std::pair<std::string, const json*>> cases;
   for (size_t i = 0; i < lines.size(); ++i) cases.emplace_back(lines[i], &ref["lines"][i]);
-  cases.emplace_back(read_text(kFixtures + "/corpus.txt"), &ref["whole"]);
+  cases.emplace_back(read_text_file(kFixtures + "/corpus.txt"), &ref["whole"]);
   size_t failures = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [text, expected] = cases[i];
@@ -296,13 +281,13 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_path) {
   TempDir tmp{"tokenizer"};
   const auto write_and_load = [&](const std::string& name, const std::string& text) {
     const fs::path path = tmp.root / name / "tokenizer.json";
-    write_text(path, text);
+    write_text_file(path, text);
     return std::make_pair(path.string(), error_of([&] { HfTokenizer::from_file(path.string()); }));
   };
   // The tiny tokenizer itself loads and works.
   {
     const fs::path path = tmp.root / "ok" / "tokenizer.json";
-    write_text(path, tiny_tokenizer().dump());
+    write_text_file(path, tiny_tokenizer().dump());
     const HfTokenizer tok = HfTokenizer::from_file(path.string());
     BOOST_TEST(tok.encode("ab ab<eos>", false) == (std::vector<int32_t>{2, 4, 5}));
     BOOST_TEST(tok.eos_id() == 5);
@@ -374,14 +359,14 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_path) {
   }
   {
     const fs::path path = tmp.root / "bad_config" / "tokenizer.json";
-    write_text(path, tiny_tokenizer().dump());
-    write_text(tmp.root / "bad_config" / "tokenizer_config.json", "{\"bos_token\": 3");
+    write_text_file(path, tiny_tokenizer().dump());
+    write_text_file(tmp.root / "bad_config" / "tokenizer_config.json", "{\"bos_token\": 3");
     const std::string message = error_of([&] { HfTokenizer::from_file(path.string()); });
     BOOST_TEST(contains(message, "tokenizer_config.json: not valid JSON"), message);
   }
   {
     const fs::path model = tmp.root / "not_a_model.model";
-    write_text(model, "\x0a\xff\xff\xff");
+    write_text_file(model, "\x0a\xff\xff\xff");
     const std::string message = error_of([&] { sentencepiece_to_tokenizer_json(model.string()); });
     BOOST_TEST(contains(message, model.string() + ": not a SentencePiece model"), message);
   }

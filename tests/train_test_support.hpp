@@ -32,6 +32,15 @@ inline shardlm::RunConfig tiny_squad_config(int hidden_size) {
   return cfg;
 }
 
+// tiny_squad_config's model made a Llama: 2 key/value heads for its 4 query heads, a SwiGLU 48 wide,
+// rope theta 1e4.
+inline void make_tiny_llama(shardlm::ModelConfig& m) {
+  m.arch = "llama";
+  m.num_kv_heads = 2;
+  m.intermediate_size = 48;
+  m.rope_theta = 10000.0f;
+}
+
 // Writes the byte tokenizer's files (as `shardlm export` writes them) into folder `dir` with the ids
 // of 'a' and 'b' swapped: another tokenizer of the same 259 tokens, which no model config key tells
 // apart. Returns the path of its tokenizer.json.
