@@ -48,7 +48,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
                        std::unique_ptr<Backend> host_backend)
     : backend_(std::move(backend)), host_backend_(std::move(host_backend)), groups_(std::move(groups)) {
   Backend& be = *backend_;
-  const int shard_rank = groups_.shard->rank(), shard_size = groups_.shard->size();
+  const int shard_size = groups_.shard->size();
   FsdpOptions opt = options;
   SHARDLM_CHECK(!opt.cpu_offload || (host_backend_ && !be.host_memory()),
                 "fsdp.cpu_offload needs a device backend and a host backend for the optimizer");
@@ -66,48 +66,12 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
-  const size_t csize = dtype_size(cdt);
   // Master and optimizer state where the optimizer runs: the host when offloaded.
   Backend& state_be = opt.cpu_offload ? *host_backend_ : be;
   const bool state_on_host = m.host_memory || opt.cpu_offload;
 
-  std::vector<ParamSlice> slices;
-  for (size_t u = 0; u < m.layout.size(); ++u) {
-    Unit d;
-    d.flat = make_flat_parameter(m.layout[u], static_cast<int>(u), shard_rank, shard_size);
-    const size_t n = d.flat.shard_numel;
-    d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
-    if (plan_.grad_slices) d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
-    if (plan_.compute_slice) d.compute = be.allocate(n * csize, MemKind::Params);
-    // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
-    if (state_on_host) {
-      init_unit_slice(m.layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
-                      d.master.as<float>());
-    } else {
-      d.host_master.resize(n);
-      init_unit_slice(m.layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
-                      d.host_master.data());
-      be.copy(d.master.data(), d.host_master.data(), n * sizeof(float), CopyKind::HostToDevice, m.compute);
-    }
-    if (m.lora) {
-      d.frozen = make_flat_parameter(m.frozen_layout[u], static_cast<int>(u), shard_rank, shard_size);
-      d.frozen_slice = be.allocate(d.frozen.shard_numel * csize, MemKind::Params);
-    }
-    if (opt.cpu_offload) {
-      d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
-      // An fp32 reduction lands in it directly in the step's first micro-step (offload.cpp): page-locked.
-      // So does the device's fp32 sum with offload_accumulate = device.
-      if (opt.reduce_dtype == DType::F32 || opt.offload_accumulate_on_device()) pin(d.host_grad.data(), d.host_grad.bytes());
-      // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
-      if (opt.param_dtype == DType::F32) pin(d.master.data(), d.master.bytes());
-      slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});
-    } else {
-      // The update also writes the compute-dtype copy of the slice that the next gather sends.
-      slices.push_back({d.master.as<float>(), d.grad.as<float>(), n, d.flat.no_decay,
-                        plan_.compute_slice ? d.compute.data() : nullptr});
-    }
-    m.units.push_back(std::move(d));
-  }
+  const auto pin_host = [this](void* p, size_t bytes) { pin(p, bytes); };
+  const std::vector<ParamSlice> slices = m.make_units(state_be, state_on_host, seed, pin_host);
   // Offloaded, the updates write the compute dtype into the upload staging (AdamW::update_slice's out).
   optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
   if (!state_on_host && optimizer_->fp32_state()) {
@@ -115,61 +79,9 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
     for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
   }
 
-  if (!plan_.alias) {
-    m.root_full = be.allocate(plan_.root_padded * csize, MemKind::Params);
-    for (size_t i = 0; i < plan_.block_copies; ++i)
-      m.block_full.push_back(be.allocate(plan_.block_padded * csize, MemKind::Params));
-  }
-  if (m.lora && !plan_.frozen_alias) {
-    m.root_frozen_full = be.allocate(plan_.frozen_root_padded * csize, MemKind::Params);
-    for (size_t i = 0; i < plan_.frozen_block_copies; ++i)
-      m.block_frozen_full.push_back(be.allocate(plan_.frozen_block_padded * csize, MemKind::Params));
-  }
-
-  m.holder.assign(m.block_full.size(), -1);
-  m.gathered.assign(m.units.size(), false);
-  for (size_t i = 0; i < m.block_full.size(); ++i) m.slot_free.push_back(be.make_event());
-  for (size_t i = 0; i < m.units.size(); ++i) m.unit_gathered.push_back(be.make_event());
-  if (!plan_.direct_grads)
-    m.root_grad_full = be.allocate((plan_.root_padded - plan_.root_split.grad_from) * sizeof(float), MemKind::Grads);
-  for (size_t i = 0; i < plan_.grad_buffers; ++i)
-    m.block_grad_full.push_back(be.allocate(plan_.block_padded * sizeof(float), MemKind::Grads));
-  // Zeroed after each reduction from here on (Impl::zero_on_comm).
-  for (DeviceArray& g : m.block_grad_full) be.zero(g.data(), g.bytes(), m.compute);
-  m.grad_fresh.assign(m.units.size(), 0);
-  m.local_pending.assign(m.units.size(), 0);
-  m.replicate_pending.assign(m.units.size(), 0);
-  for (size_t i = 0; i < std::max<size_t>(plan_.grad_buffers, 1); ++i) {
-    m.grad_ready.push_back(be.make_event());
-    m.grad_reduced.push_back(be.make_event());
-    m.grad_reduced.back()->record(m.comm);
-  }
-  m.root_grad_ready = be.make_event();
-  m.root_zeroed = be.make_event();
-  if (const RootSplit& rs = plan_.root_split; rs.on) {
-    m.split_ids = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
-    m.split_ids_shard = be.allocate(rs.shard_ids * sizeof(int32_t), MemKind::Comm);
-    if (groups_.replicate->size() > 1) m.split_ids_all = be.allocate(rs.id_capacity * sizeof(int32_t), MemKind::Comm);
-    m.split_first = be.allocate(rs.table_rows * sizeof(int32_t), MemKind::Comm);
-    be.zero(m.split_first.data(), m.split_first.bytes(), m.comm);
-    m.split_packed = be.allocate(rs.packed_numel() * dtype_size(opt.reduce_dtype), MemKind::Comm);
-    m.head_reduced = be.make_event();
-  }
-  m.params_written = be.make_event();
-  m.reductions_done = be.make_event();
-  if (opt.cpu_offload) {
-    const auto pin_host = [this](void* p, size_t bytes) { pin(p, bytes); };
+  m.allocate_buffers();
+  if (opt.cpu_offload)
     m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
-  }
-  m.grad_slice = be.allocate(plan_.grad_slice * sizeof(float), MemKind::Comm);
-  m.stage_full = be.allocate(plan_.stage_full, MemKind::Comm);
-  m.stage_slice = be.allocate(plan_.stage_slice, MemKind::Comm);
-  if (!m.host_memory) {
-    m.tokens = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
-    m.targets = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
-    if (m.model->config().packed) m.starts = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
-    m.norm = be.allocate(sizeof(double), MemKind::Other);
-  }
   if (m.lora) {
     // The base weights start as the model's own initialisation (a pretrained load replaces them).
     frozen_state(seed);
@@ -177,6 +89,104 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   }
   refresh_compute_slices();
   be.synchronize(m.compute);
+}
+
+std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool state_on_host, uint64_t seed,
+                                                    const std::function<void(void*, size_t)>& pin_host) {
+  const size_t cs = csize();
+  std::vector<ParamSlice> slices;
+  for (size_t u = 0; u < layout.size(); ++u) {
+    Unit d;
+    d.flat = make_flat_parameter(layout[u], static_cast<int>(u), shard.rank(), shard.size());
+    const size_t n = d.flat.shard_numel;
+    d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
+    if (plan.grad_slices) d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
+    if (plan.compute_slice) d.compute = be.allocate(n * cs, MemKind::Params);
+    // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
+    if (state_on_host) {
+      init_unit_slice(layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
+                      d.master.as<float>());
+    } else {
+      d.host_master.resize(n);
+      init_unit_slice(layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
+                      d.host_master.data());
+      be.copy(d.master.data(), d.host_master.data(), n * sizeof(float), CopyKind::HostToDevice, compute);
+    }
+    if (lora) {
+      d.frozen = make_flat_parameter(frozen_layout[u], static_cast<int>(u), shard.rank(), shard.size());
+      d.frozen_slice = be.allocate(d.frozen.shard_numel * cs, MemKind::Params);
+    }
+    if (opt.cpu_offload) {
+      d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
+      // An fp32 reduction lands in it directly in the step's first micro-step (offload.cpp): page-locked.
+      // So does the device's fp32 sum with offload_accumulate = device.
+      if (opt.reduce_dtype == DType::F32 || opt.offload_accumulate_on_device()) pin_host(d.host_grad.data(), d.host_grad.bytes());
+      // An fp32 master goes up itself: page-locked, so the copies run at DMA speed without a bounce buffer.
+      if (opt.param_dtype == DType::F32) pin_host(d.master.data(), d.master.bytes());
+      slices.push_back({d.master.as<float>(), d.host_grad.as<float>(), n, d.flat.no_decay, nullptr});
+    } else {
+      // The update also writes the compute-dtype copy of the slice that the next gather sends.
+      slices.push_back({d.master.as<float>(), d.grad.as<float>(), n, d.flat.no_decay,
+                        plan.compute_slice ? d.compute.data() : nullptr});
+    }
+    units.push_back(std::move(d));
+  }
+  return slices;
+}
+
+void FsdpEngine::Impl::allocate_buffers() {
+  const size_t cs = csize();
+  if (!plan.alias) {
+    root_full = be.allocate(plan.root_padded * cs, MemKind::Params);
+    for (size_t i = 0; i < plan.block_copies; ++i)
+      block_full.push_back(be.allocate(plan.block_padded * cs, MemKind::Params));
+  }
+  if (lora && !plan.frozen_alias) {
+    root_frozen_full = be.allocate(plan.frozen_root_padded * cs, MemKind::Params);
+    for (size_t i = 0; i < plan.frozen_block_copies; ++i)
+      block_frozen_full.push_back(be.allocate(plan.frozen_block_padded * cs, MemKind::Params));
+  }
+
+  holder.assign(block_full.size(), -1);
+  gathered.assign(units.size(), false);
+  for (size_t i = 0; i < block_full.size(); ++i) slot_free.push_back(be.make_event());
+  for (size_t i = 0; i < units.size(); ++i) unit_gathered.push_back(be.make_event());
+  if (!plan.direct_grads)
+    root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
+  for (size_t i = 0; i < plan.grad_buffers; ++i)
+    block_grad_full.push_back(be.allocate(plan.block_padded * sizeof(float), MemKind::Grads));
+  // Zeroed after each reduction from here on (Impl::zero_on_comm).
+  for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
+  grad_fresh.assign(units.size(), 0);
+  local_pending.assign(units.size(), 0);
+  replicate_pending.assign(units.size(), 0);
+  for (size_t i = 0; i < std::max<size_t>(plan.grad_buffers, 1); ++i) {
+    grad_ready.push_back(be.make_event());
+    grad_reduced.push_back(be.make_event());
+    grad_reduced.back()->record(comm);
+  }
+  root_grad_ready = be.make_event();
+  root_zeroed = be.make_event();
+  if (const RootSplit& rs = plan.root_split; rs.on) {
+    split_ids = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
+    split_ids_shard = be.allocate(rs.shard_ids * sizeof(int32_t), MemKind::Comm);
+    if (replicate.size() > 1) split_ids_all = be.allocate(rs.id_capacity * sizeof(int32_t), MemKind::Comm);
+    split_first = be.allocate(rs.table_rows * sizeof(int32_t), MemKind::Comm);
+    be.zero(split_first.data(), split_first.bytes(), comm);
+    split_packed = be.allocate(rs.packed_numel() * dtype_size(opt.reduce_dtype), MemKind::Comm);
+    head_reduced = be.make_event();
+  }
+  params_written = be.make_event();
+  reductions_done = be.make_event();
+  grad_slice = be.allocate(plan.grad_slice * sizeof(float), MemKind::Comm);
+  stage_full = be.allocate(plan.stage_full, MemKind::Comm);
+  stage_slice = be.allocate(plan.stage_slice, MemKind::Comm);
+  if (!host_memory) {
+    tokens = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    targets = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    if (model->config().packed) starts = be.allocate(max_tokens * sizeof(int32_t), MemKind::Other);
+    norm = be.allocate(sizeof(double), MemKind::Other);
+  }
 }
 
 FsdpEngine::~FsdpEngine() {

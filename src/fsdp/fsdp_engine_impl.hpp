@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 
 #include "step_trace.hpp"
 #include "shardlm/fsdp.hpp"
@@ -96,6 +97,12 @@ struct FsdpEngine::Impl {
   ~Impl();
 
   size_t csize() const { return dtype_size(plan.compute_dtype); }
+  // The construction's steps (fsdp_engine.cpp): each unit's flat parameter and slices (master, gradient,
+  // compute copy, frozen base), initialised from the seed, with the slices the optimizer updates; then the
+  // gathered and gradient buffers, events, the root split's and the staging buffers the plan sizes.
+  std::vector<ParamSlice> make_units(Backend& state_be, bool state_on_host, uint64_t seed,
+                                     const std::function<void(void*, size_t)>& pin_host);
+  void allocate_buffers();
   size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
   // A prefetch queued before this unit's compute must land in another buffer than the one in use.
   bool can_prefetch() const { return !plan.reshard || block_full.size() >= 2; }

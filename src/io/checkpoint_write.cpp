@@ -458,6 +458,43 @@ class FileWriter {
   void write(const CheckpointMeta& meta, const std::vector<UnitState>& units, const Fault& fault,
              const CheckpointWriteOptions& options) {
     FirstFailure f(tmp_path_);
+    create(options, f);
+    ContentsHash contents;
+    write_skeleton(meta, units, fault, contents, f);
+    ChecksumThread checksums(units);
+    write_slices(units, fault, options, f);
+    write_checksums(units, checksums, contents, f);
+    // The attributes reach the disk when rank 0 syncs the file before renaming it.
+    dxpl_.reset();
+    fapl_.reset();
+    f.check(file_.close(), "closing");
+    agree_on_error(comm_, f.message());
+  }
+
+  // Collective, after write() threw AgreedError(message) on every rank: closes the file and deletes
+  // it. Rank 0 first empties it, so that the metadata HDF5 writes while closing finds room even on
+  // the disk this file filled; the close runs under a deadline.
+  void abandon(const std::string& message) {
+    if (rank_ == 0 && file_.valid()) (void)::truncate(tmp_path_.c_str(), 0);
+    MPI_Barrier(comm_);
+    {
+      CloseDeadline deadline(message, 10.0, rank_);
+      open_.clear();
+      dxpl_.reset();
+      fapl_.reset();
+      (void)file_.close();
+      H5Eclear2(H5E_DEFAULT);
+    }
+    MPI_Barrier(comm_);
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove(tmp_path_, ignored);  // a failed write leaves nothing a resume could pick up
+    }
+  }
+
+ private:
+  // The file, created collectively, and the transfer properties of its slices.
+  void create(const CheckpointWriteOptions& options, FirstFailure& f) {
     fapl_ = h5_plist(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fapl_mpio(fapl_.get(), comm_, MPI_INFO_NULL);
     // v1.8+ objects: dense attribute storage (a deck beyond 64 KiB) and link creation order.
@@ -474,7 +511,11 @@ class FileWriter {
     // the aggregator ranks (slower on one node: docs/history/performance-log.md). On a striped parallel file
     // system, aggregators aligned to the stripes can be the faster choice: the deck key turns it on.
     if (!options.collective_buffering) H5Pset_dxpl_mpio_collective_opt(dxpl_.get(), H5FD_MPIO_INDIVIDUAL_IO);
-    ContentsHash contents;
+  }
+
+  // The metadata, the units group, every unit's datasets and index, and the file's room reserved.
+  void write_skeleton(const CheckpointMeta& meta, const std::vector<UnitState>& units, const Fault& fault,
+                      ContentsHash& contents, FirstFailure& f) {
     write_meta(file_.get(), meta, contents, f);
     {
       // Units are listed in creation order (h.10 would otherwise sort before h.2).
@@ -493,6 +534,11 @@ class FileWriter {
     for (size_t i = 0; i < units.size(); ++i) write_index(open_[i], units[i], rank_, dxpl_.get(), f);
     agree_on_error(comm_, f.message());
 
+  }
+
+  // Every rank's slices of every unit's vectors, collectively, in pieces.
+  void write_slices(const std::vector<UnitState>& units, const Fault& fault, const CheckpointWriteOptions& options,
+                    FirstFailure& f) {
     // Slices go out in pieces of options.piece_bytes, so that the disk starts on one while the next is
     // copied into the page cache. Every rank makes the same number of collective transfers per
     // vector: the most pieces any rank's slice of the unit needs (a rank with fewer, or none, selects
@@ -504,7 +550,6 @@ class FileWriter {
                   comm_);
 
     EarlyWriteback writeback(tmp_path_);
-    ChecksumThread checksums(units);
     long piece_number = 0;
     for (size_t i = 0; i < units.size(); ++i) {
       const UnitState& u = units[i];
@@ -537,6 +582,11 @@ class FileWriter {
     f.check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing");
     agree_on_error(comm_, f.message());
 
+  }
+
+  // The datasets' checksums summed over the ranks, and the contents checksum over all of them.
+  void write_checksums(const std::vector<UnitState>& units, ChecksumThread& checksums, ContentsHash& contents,
+                       FirstFailure& f) {
     const std::vector<uint64_t>& partial = checksums.sums();
     std::vector<uint64_t> total(partial.size(), 0);
     MPI_Allreduce(partial.data(), total.data(), static_cast<int>(total.size()), MPI_UINT64_T, MPI_SUM, comm_);
@@ -556,35 +606,8 @@ class FileWriter {
     agree_on_error(comm_, f.message());
     open_.clear();
 
-    // The attributes reach the disk when rank 0 syncs the file before renaming it.
-    dxpl_.reset();
-    fapl_.reset();
-    f.check(file_.close(), "closing");
-    agree_on_error(comm_, f.message());
   }
 
-  // Collective, after write() threw AgreedError(message) on every rank: closes the file and deletes
-  // it. Rank 0 first empties it, so that the metadata HDF5 writes while closing finds room even on
-  // the disk this file filled; the close runs under a deadline.
-  void abandon(const std::string& message) {
-    if (rank_ == 0 && file_.valid()) (void)::truncate(tmp_path_.c_str(), 0);
-    MPI_Barrier(comm_);
-    {
-      CloseDeadline deadline(message, 10.0, rank_);
-      open_.clear();
-      dxpl_.reset();
-      fapl_.reset();
-      (void)file_.close();
-      H5Eclear2(H5E_DEFAULT);
-    }
-    MPI_Barrier(comm_);
-    if (rank_ == 0) {
-      std::error_code ignored;
-      fs::remove(tmp_path_, ignored);  // a failed write leaves nothing a resume could pick up
-    }
-  }
-
- private:
   // Where the last byte of the (allocated at creation) vector datasets lies in the file.
   uint64_t data_end(const std::vector<UnitState>& units) const {
     uint64_t end = 0;

@@ -280,7 +280,8 @@ Plan make_plan(const PlanArgs& args) {
   return plan;
 }
 
-void print_table(const Plan& plan) {
+// The deck, the model and the budgets the rows are measured against.
+void print_plan_header(const Plan& plan) {
   const RunConfig& c = plan.cfg;
   const ModelConfig& m = c.model;
   const bool cuda = c.run.backend == BackendKind::Cuda;
@@ -316,6 +317,11 @@ void print_table(const Plan& plan) {
   else
     std::printf("budget   %s of host memory per rank; \"total\" is what the run reports as its peak\n",
                 format_bytes(plan.args.budget).c_str());
+}
+
+// One row per configuration: its memory by role, its total and whether it fits.
+void print_rows(const Plan& plan) {
+  const bool cuda = plan.cfg.run.backend == BackendKind::Cuda;
   std::printf("\n  %-37s %5s %11s %11s %11s %11s %11s %11s", "configuration", "shard", "params", "grads", "optimizer",
               "activations", "buffers", "total");
   if (cuda) std::printf(" %11s %11s %11s", "+runtime", "host/rank", "host/node");
@@ -331,6 +337,12 @@ void print_table(const Plan& plan) {
                   format_bytes(p.host_per_node()).c_str());
     std::printf(" %4s %9d\n", r.fits ? "yes" : r.host_fits ? "no" : "host", r.max_micro);
   }
+}
+
+// What the columns and the offload choices mean.
+void print_notes(const Plan& plan) {
+  const RunConfig& c = plan.cfg;
+  const bool cuda = c.run.backend == BackendKind::Cuda;
   std::printf("\n  * the deck's configuration; shard = shard-group size;"
               " max micro = the largest micro-batch that fits\n");
   if (cuda) std::printf("  fits = host: the GPU's memory would do, the node's host memory (host/node) would not\n");
@@ -356,6 +368,12 @@ void print_table(const Plan& plan) {
       }
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
+}
+
+// The longest sequence that fits, the accumulation mode and the recommendation.
+void print_choices(const Plan& plan) {
+  const RunConfig& c = plan.cfg;
+  const bool cuda = c.run.backend == BackendKind::Cuda;
   if (cuda) {
     // The longest data.max_length at the deck's micro-batch, for the deck's configuration and the
     // recommended one, with the attention path the run would take and with the native kernels.
@@ -388,6 +406,13 @@ void print_table(const Plan& plan) {
                 plan.why.c_str());
   else
     std::printf("\nrecommendation: none: %s\n", plan.why.c_str());
+}
+
+void print_table(const Plan& plan) {
+  print_plan_header(plan);
+  print_rows(plan);
+  print_notes(plan);
+  print_choices(plan);
 }
 
 void print_json(const Plan& plan) {
