@@ -87,6 +87,11 @@ struct AdamWOptions {
   double weight_decay = 0.0;
 };
 
+// What the AdamW-family optimizers share: the next step's StepHyper (counting `steps`), and AdamW's
+// hyper-parameters for one step's updates.
+StepHyper count_step(long& steps, double lr, float grad_scale, DType out_dtype);
+AdamWHyper adamw_hyper(const AdamWOptions& opt, const StepHyper& step);
+
 // train.optim's optimizer on the slices, its state on `backend`, writing param_out in out_dtype where set.
 std::unique_ptr<Optimizer> make_optimizer(Optim optim, Backend& backend, const std::vector<ParamSlice>& slices,
                                           const AdamWOptions& opt, DType out_dtype);

@@ -48,24 +48,27 @@ void AdamW::update_slices(size_t first, size_t last, const StepHyper& h, Stream 
   if (!some.empty()) backend_.adamw(some, hyper(h), s);
 }
 
-StepHyper AdamW::begin_step(double lr, float grad_scale) {
-  ++step_;
+StepHyper count_step(long& steps, double lr, float grad_scale, DType out_dtype) {
   StepHyper h;
   h.lr = lr;
-  h.step = step_;
+  h.step = ++steps;
   h.grad_scale = grad_scale;
-  h.out_dtype = out_dtype_;
+  h.out_dtype = out_dtype;
   return h;
 }
 
-AdamWHyper AdamW::hyper(const StepHyper& step) const {
+AdamWHyper adamw_hyper(const AdamWOptions& opt, const StepHyper& step) {
   AdamWHyper h;
-  h.lr = step.lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
+  h.lr = step.lr, h.beta1 = opt.beta1, h.beta2 = opt.beta2, h.eps = opt.eps;
   h.step = step.step;
   h.grad_scale = step.grad_scale;
   h.out_dtype = step.out_dtype;
   return h;
 }
+
+StepHyper AdamW::begin_step(double lr, float grad_scale) { return count_step(step_, lr, grad_scale, out_dtype_); }
+
+AdamWHyper AdamW::hyper(const StepHyper& step) const { return adamw_hyper(opt_, step); }
 
 void AdamW::read_state(size_t slice, size_t k, float* out) {
   const DeviceArray& a = (k == 0 ? exp_avg_ : exp_avg_sq_).at(slice);

@@ -50,24 +50,9 @@ size_t AdamW8bit::state_bytes() const {
   return bytes;
 }
 
-StepHyper AdamW8bit::begin_step(double lr, float grad_scale) {
-  ++step_;
-  StepHyper h;
-  h.lr = lr;
-  h.step = step_;
-  h.grad_scale = grad_scale;
-  h.out_dtype = out_dtype_;
-  return h;
-}
+StepHyper AdamW8bit::begin_step(double lr, float grad_scale) { return count_step(step_, lr, grad_scale, out_dtype_); }
 
-AdamWHyper AdamW8bit::hyper(const StepHyper& step) const {
-  AdamWHyper h;
-  h.lr = step.lr, h.beta1 = opt_.beta1, h.beta2 = opt_.beta2, h.eps = opt_.eps;
-  h.step = step.step;
-  h.grad_scale = step.grad_scale;
-  h.out_dtype = step.out_dtype;
-  return h;
-}
+AdamWHyper AdamW8bit::hyper(const StepHyper& step) const { return adamw_hyper(opt_, step); }
 
 // Elements [begin, end) of slice i (begin on a block boundary), writing `out` from element begin.
 AdamW8bitRange AdamW8bit::range(size_t i, size_t begin, size_t end, void* out) const {

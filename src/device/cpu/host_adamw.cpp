@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "adamw_scalars.hpp"
 #include "host_pool.hpp"
 #include "shardlm/device.hpp"
 
@@ -21,32 +22,8 @@
 namespace shardlm {
 namespace {
 
-// Per-step scalars, derived as cuda_backend.cpp and adamw.cu derive them (fp32 hyper-parameters,
-// bias corrections rounded to fp32, the step size and sqrt of the second correction in fp64).
-struct Scalars {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
-  float decay;             // 1 - lr * weight_decay
-  float step_size;         // lr / bias_correction1
-  float sqrt_correction2;  // sqrt(bias_correction2)
-  float grad_scale;
-};
-
-Scalars scalars_of(const AdamWHyper& h, double weight_decay) {
-  const float lr = static_cast<float>(h.lr);
-  const float bias1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
-  const float bias2 = static_cast<float>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
-  Scalars s;
-  s.beta1 = static_cast<float>(h.beta1);
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta1 = 1.0f - s.beta1;
-  s.one_minus_beta2 = 1.0f - s.beta2;
-  s.eps = static_cast<float>(h.eps);
-  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<float>(weight_decay));
-  s.step_size = static_cast<float>(static_cast<double>(lr) / bias1);
-  s.sqrt_correction2 = static_cast<float>(std::sqrt(static_cast<double>(bias2)));
-  s.grad_scale = h.grad_scale;
-  return s;
-}
+using Scalars = AdamWScalars;
+inline Scalars scalars_of(const AdamWHyper& h, double weight_decay) { return adamw_scalars(h, weight_decay); }
 
 // One element, in the kernel's order: decay, the moments (the first as a lerp), then the step.
 inline void update_one(float& p, float g, float& m, float& v, const Scalars& s) {

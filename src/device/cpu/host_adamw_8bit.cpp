@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "adamw_scalars.hpp"
 #include "host_pool.hpp"
 #include "shardlm/device.hpp"
 
@@ -60,30 +61,8 @@ void dequantise_exp_avg_sq(const uint8_t* codes, float scale, size_t n, float* v
 
 namespace {
 
-// Per-step scalars, derived as host_adamw.cpp and the CUDA backend derive AdamW's.
-struct Scalars {
-  float beta2, one_minus_beta1, one_minus_beta2, eps;
-  float decay;             // 1 - lr * weight_decay
-  float step_size;         // lr / bias_correction1
-  float sqrt_correction2;  // sqrt(bias_correction2)
-  float grad_scale;
-};
-
-Scalars scalars_of(const AdamWHyper& h, double weight_decay) {
-  const float lr = static_cast<float>(h.lr);
-  const float bias1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
-  const float bias2 = static_cast<float>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
-  Scalars s;
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta1 = 1.0f - static_cast<float>(h.beta1);
-  s.one_minus_beta2 = 1.0f - s.beta2;
-  s.eps = static_cast<float>(h.eps);
-  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<float>(weight_decay));
-  s.step_size = static_cast<float>(static_cast<double>(lr) / bias1);
-  s.sqrt_correction2 = static_cast<float>(std::sqrt(static_cast<double>(bias2)));
-  s.grad_scale = h.grad_scale;
-  return s;
-}
+using Scalars = AdamWScalars;
+inline Scalars scalars_of(const AdamWHyper& h, double weight_decay) { return adamw_scalars(h, weight_decay); }
 
 // The decay factor of each element of [begin, begin + n) of the range: 1 inside a no-decay range.
 void decay_factors(const AdamW8bitRange& r, size_t begin, size_t n, float decay, float* out) {
