@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dtype_cuda.cuh"
+#include "../cpu/adamw_scalars.hpp"
 #include "adamw_8bit.hpp"
 
 namespace shardlm::cuda {
@@ -12,11 +13,8 @@ namespace {
 
 static_assert(kQuantBlock == kBlockThreads, "one thread per element of a quantisation block");
 
-// Per-step scalars, derived on the host as host_adamw_8bit.cpp derives them.
-struct Scalars {
-  float beta2, one_minus_beta1, one_minus_beta2, eps;
-  float decay, step_size, sqrt_correction2, grad_scale;
-};
+// Per-step scalars, derived on the host as host_adamw_8bit.cpp derives them (one derivation for both).
+using Scalars = AdamWScalars;
 
 // The largest x over the thread block (exact: max does not depend on the order).
 __device__ __forceinline__ float block_max(float x, float* shared) {
@@ -97,21 +95,6 @@ __global__ void __launch_bounds__(kBlockThreads) adamw_8bit_kernel(Stretch r, Sc
   }
 }
 
-Scalars scalars_of(const AdamWHyper& h, double weight_decay) {
-  const float lr = static_cast<float>(h.lr);
-  const float bias1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
-  const float bias2 = static_cast<float>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
-  Scalars s;
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta1 = 1.0f - static_cast<float>(h.beta1);
-  s.one_minus_beta2 = 1.0f - s.beta2;
-  s.eps = static_cast<float>(h.eps);
-  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<float>(weight_decay));
-  s.step_size = static_cast<float>(static_cast<double>(lr) / bias1);
-  s.sqrt_correction2 = static_cast<float>(std::sqrt(static_cast<double>(bias2)));
-  s.grad_scale = h.grad_scale;
-  return s;
-}
 
 void launch(const Stretch& r, const Scalars& s, DType out_dtype, cudaStream_t stream) {
   const unsigned grid = grid_for(r.numel);
@@ -152,7 +135,7 @@ Stretch stretch_of(const AdamW8bitRange& r, size_t at, size_t end, DType out_dty
 
 void adamw_8bit_step(const AdamW8bitRange& r, const AdamWHyper& h, cudaStream_t stream) {
   SHARDLM_CHECK(h.step >= 1, "adamw_8bit_step: the step count starts at 1 (got ", h.step, ")");
-  const Scalars s = scalars_of(h, r.weight_decay);
+  const Scalars s = adamw_scalars(h, r.weight_decay);
   // Launches of whole blocks, each meeting at most kLaunchNoDecay no-decay ranges (one for a unit's slice
   // in practice: a block has a few norms and biases).
   size_t at = 0;
