@@ -122,6 +122,10 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> shard;
   std::unique_ptr<Communicator> replicate;
+  // The replicate group again, enqueuing on a stream of its own (NCCL, dist.replicate_stream): the
+  // blocks' all-reduces over the replicas run beside the shard group's collectives instead of after
+  // them. Null where there is none (MPI, a replicate group of one, the key off).
+  std::unique_ptr<Communicator> replicate_overlap;
 };
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy);

@@ -26,6 +26,13 @@ DeckSection dist_section() {
           .doc("seconds how long an NCCL wait may make no progress before the job ends (below); the environment "
                "variable `SHARDLM_NCCL_TIMEOUT`, when set, replaces the default, and the key, when given, wins over "
                "it"),
+      flag_key("dist.replicate_stream", SHARDLM_FIELD(dist.replicate_stream))
+          .cuda()
+          .doc("with a replicate group of several ranks (HYBRID_SHARD, HYBRID_SHARD_ZERO2, NO_SHARD): the blocks' "
+               "all-reduces over the replicas run on a CUDA stream and NCCL communicator of their own, beside the "
+               "shard group's all-gathers and reduce-scatters instead of after them; `false` queues them all on one "
+               "stream (the same arithmetic either way). The second communicator costs NCCL's buffers once more "
+               "(outside the memory plan, as the first's)"),
   };
   return section;
 }

@@ -18,6 +18,15 @@ FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLay
       tracer(backend, compute, comm) {
   // A synchronous backend gains nothing from gathering ahead.
   if (be.asynchronous()) forward_prefetch = opt.forward_prefetch, backward_prefetch = opt.backward_prefetch;
+  // Offloaded, the reductions go through OffloadPolicy::reduce, on comm.
+  if (groups.replicate_overlap && !opt.cpu_offload) {
+    replicate_overlap = groups.replicate_overlap.get();
+    rep = backend.replicate_stream();
+    rep_follows = be.make_event();
+    rep_done = be.make_event();
+    stage_released = be.make_event();
+    tracer.set_replicate_stream(rep);
+  }
 }
 
 FsdpEngine::Impl::~Impl() = default;
@@ -195,6 +204,7 @@ FsdpEngine::~FsdpEngine() {
     if (impl_->offload) impl_->offload->stop_worker();
     backend_->synchronize(impl_->compute);
     backend_->synchronize(impl_->comm);
+    if (impl_->replicate_overlap) backend_->synchronize(impl_->rep);
     if (impl_->offload) impl_->offload->synchronize_copies();
   }
   for (void* p : pinned_) backend_->unpin_host(p);
@@ -281,6 +291,7 @@ StepTrace FsdpEngine::trace_end() {
   // The step ends when every stream has done its part: communication, and offloaded the host's
   // updates and their uploads.
   std::vector<Stream> others{m.comm};
+  if (m.replicate_overlap) others.push_back(m.rep);
   if (m.offload) {
     m.offload->drain_worker();
     const std::vector<Stream> copies = m.offload->copy_streams();

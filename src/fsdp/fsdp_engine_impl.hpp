@@ -33,6 +33,14 @@ struct FsdpEngine::Impl {
   Communicator& shard;
   Communicator& replicate;
   Stream compute, comm;
+  // dist.replicate_stream: the replicate group again on a stream of its own, where a block's all-reduce
+  // over the replicas and the add to its slice run (hand_to_replicas) while comm goes on with the next
+  // unit's collectives. Null without it (then everything is on comm); never with cpu_offload.
+  Communicator* replicate_overlap = nullptr;
+  Stream rep = nullptr;
+  std::unique_ptr<BackendEvent> rep_follows, rep_done, stage_released;
+  bool rep_pending = false;  // rep has work that comm does not yet follow (follow_replicas)
+  bool stage_held = false;   // rep reads stage_full (a non-fp32 reduction): comm waits before writing it
   bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
   int L = 0;
   size_t max_tokens = 0;  // of a micro-batch
@@ -74,8 +82,8 @@ struct FsdpEngine::Impl {
   // The step's last micro-step summed each unit's squares into `norm` on comm as its slice became final
   // (its last reduction landed), so grad_norm waits for one copy, not a pass over every slice.
   bool squares_taken = false;
-  void take_squares(size_t u) {
-    be.sum_squares(units[u].grad.as<float>(), units[u].flat.shard_numel, norm.as<double>(), comm);
+  void take_squares(size_t u, Stream s) {
+    be.sum_squares(units[u].grad.as<float>(), units[u].flat.shard_numel, norm.as<double>(), s);
   }
   DeviceArray starts;                 // packed rows' sample starts (device copy; data.packing only)
 
@@ -173,10 +181,20 @@ struct FsdpEngine::Impl {
   // Reduces unit u's full gradient into its slice on the communication stream: reduce-scatter over
   // the shard group, all-reduce over the replicate group, in reduce_dtype, then add to the slice.
   // (The step timeline's "reduce unit u" span; offloaded, OffloadPolicy::reduce marks its own.)
-  void reduce(size_t u, float* full);
-  void reduce_into_slice(Unit& d, float* full);
-  // d's grad slice += its reduced slice (in dt, widened), on comm; the step's first writes it instead.
-  void add_to_grad(Unit& d, const void* slice, DType dt);
+  // Returns the stream after whose work the slice is final and the full buffer read: comm, or rep
+  // when the all-reduce was handed to the replicate stream.
+  Stream reduce(size_t u, float* full);
+  Stream reduce_into_slice(Unit& d, float* full);
+  // d's grad slice += its reduced slice (in dt, widened), on s; the step's first writes it instead.
+  void add_to_grad(Unit& d, const void* slice, DType dt, Stream s);
+  // rep takes over from here (what comm has queued so far comes first); comm follows rep's work before
+  // what it queues next (everything rep was handed is then done first).
+  void hand_to_replicas();
+  void follow_replicas();
+  // comm is about to write stage_full: rep's all-reduce of a piece of it has finished.
+  void stage_for_comm() {
+    if (stage_held) stage_released->wait_on(comm), stage_held = false;
+  }
   // Units whose grad slice no reduction wrote this step (none ran, or a partial one comes next) are
   // zeroed on stream s.
   void settle_fresh_grads(Stream s);

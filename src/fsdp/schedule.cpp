@@ -66,17 +66,18 @@ void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const StepH
   gathers_follow_compute();
 }
 
-void FsdpEngine::Impl::reduce(size_t u, float* full) {
-  if (offload) return offload->reduce(u, full);
-  if (plan.direct_grads) return;  // the backward wrote into the slice itself
+Stream FsdpEngine::Impl::reduce(size_t u, float* full) {
+  if (offload) return offload->reduce(u, full), comm;
+  if (plan.direct_grads) return comm;  // the backward wrote into the slice itself
   Unit& d = units[u];
-  if (d.flat.numel == 0) return;  // nothing trained in it (LoRA's root)
+  if (d.flat.numel == 0) return comm;  // nothing trained in it (LoRA's root)
   const int span = tracer.mark_begin("reduce unit", static_cast<long>(u), Lane::Comm);
-  reduce_into_slice(d, full);
+  const Stream done = reduce_into_slice(d, full);
   tracer.mark_end(span);
+  return done;
 }
 
-void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
+Stream FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   const size_t u = static_cast<size_t>(&d - units.data()), n = d.flat.shard_numel;
   const DType rdt = opt.reduce_dtype;
   // No sync for the replicas: the slice sums the micro-steps, all-reduced once in the step's last. (The
@@ -86,6 +87,7 @@ void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   const bool owed = replicas && replicate_pending[u];
   char* send = reinterpret_cast<char*>(full);
   if (rdt != DType::F32) {
+    stage_for_comm();
     be.cast(full, DType::F32, stage_full.data(), rdt, d.flat.padded_numel, comm);
     send = stage_full.as<char>();
   }
@@ -93,20 +95,47 @@ void FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   // buffer is zeroed, or the root's rewritten, before it is written again), so no slice-sized staging.
   char* slice = send + static_cast<size_t>(shard.rank()) * n * dtype_size(rdt);
   if (shard.size() > 1) shard.reduce_scatter(send, slice, n, rdt, ReduceOp::Sum);
-  if (replicas && !defer && !owed) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
-  add_to_grad(d, slice, rdt);
+  const bool all_reduce = replicas && !defer && !owed;
+  // A block's all-reduce over the replicas and its add on the replicate stream, while comm goes on to
+  // the next unit's gather and reduce-scatter. (The root's reductions stay on comm.)
+  if (all_reduce && replicate_overlap && u > 0) {
+    hand_to_replicas();
+    const int span = tracer.mark_begin("all-reduce unit", static_cast<long>(u), Lane::Replicate);
+    replicate_overlap->all_reduce(slice, n, rdt, ReduceOp::Sum);
+    add_to_grad(d, slice, rdt, rep);
+    tracer.mark_end(span);
+    if (rdt != DType::F32) stage_released->record(rep), stage_held = true;
+    return rep;
+  }
+  if (all_reduce) replicate.all_reduce(slice, n, rdt, ReduceOp::Sum);
+  add_to_grad(d, slice, rdt, comm);
   if (defer) {
     replicate_pending[u] = 1;
   } else if (owed) {
     all_reduce_replicas(d);
     replicate_pending[u] = 0;
   }
+  return comm;
+}
+
+void FsdpEngine::Impl::hand_to_replicas() {
+  rep_follows->record(comm);
+  rep_follows->wait_on(rep);
+  rep_pending = true;
+}
+
+void FsdpEngine::Impl::follow_replicas() {
+  if (!rep_pending) return;
+  rep_done->record(rep);
+  rep_done->wait_on(comm);
+  rep_pending = stage_held = false;
 }
 
 void FsdpEngine::Impl::all_reduce_replicas(Unit& d) {
   const size_t n = d.flat.shard_numel;
   const DType rdt = opt.reduce_dtype;
   if (rdt == DType::F32) return replicate.all_reduce(d.grad.data(), n, DType::F32, ReduceOp::Sum);
+  stage_for_comm();
   be.cast(d.grad.data(), DType::F32, stage_full.data(), rdt, n, comm);
   replicate.all_reduce(stage_full.data(), n, rdt, ReduceOp::Sum);
   be.cast(stage_full.data(), rdt, d.grad.data(), DType::F32, n, comm);
@@ -119,12 +148,12 @@ void FsdpEngine::Impl::reduce_pending() {
   root_grad_ready->wait_on(comm);
   for (size_t u = 0; u < units.size(); ++u) {
     if (local_pending[u]) {
-      reduce(u, full_grad(u));
+      const Stream done = reduce(u, full_grad(u));
       local_pending[u] = 0;
       if (u > 0) {
         const size_t gs = (u - 1) % block_grad_full.size();
-        be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
-        grad_reduced[gs]->record(comm);
+        be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), done);
+        grad_reduced[gs]->record(done);
       }
     }
     if (replicate_pending[u]) all_reduce_replicas(units[u]), replicate_pending[u] = 0;
@@ -144,10 +173,10 @@ void FsdpEngine::Impl::drop_pending() {
   std::fill(replicate_pending.begin(), replicate_pending.end(), 0);  // fresh slices are overwritten
 }
 
-void FsdpEngine::Impl::add_to_grad(Unit& d, const void* slice, DType dt) {
+void FsdpEngine::Impl::add_to_grad(Unit& d, const void* slice, DType dt, Stream s) {
   char& fresh = grad_fresh[static_cast<size_t>(&d - units.data())];
-  if (fresh) be.cast(slice, dt, d.grad.data(), DType::F32, d.flat.shard_numel, comm);
-  else be.accumulate(d.grad.as<float>(), slice, dt, d.flat.shard_numel, comm);
+  if (fresh) be.cast(slice, dt, d.grad.data(), DType::F32, d.flat.shard_numel, s);
+  else be.accumulate(d.grad.as<float>(), slice, dt, d.flat.shard_numel, s);
   fresh = 0;
 }
 
@@ -163,6 +192,7 @@ void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) 
   const size_t rsize = dtype_size(rdt);
   char* send = reinterpret_cast<char*>(full);
   if (rdt != DType::F32) {
+    stage_for_comm();
     be.cast(full + lo, DType::F32, stage_full.as<char>() + lo * rsize, rdt, hi - lo, comm);
     send = stage_full.as<char>();
   }
@@ -243,9 +273,11 @@ void FsdpEngine::Impl::idle() {
   if (offload) offload->idle();
   be.synchronize(compute);
   be.synchronize(comm);
+  if (replicate_overlap) be.synchronize(rep);
 }
 
 void FsdpEngine::Impl::finish_reductions() {
+  follow_replicas();
   reductions_done->record(offload ? offload->follow_reductions() : comm);
   reductions_done->wait_on(compute);
 }
@@ -324,11 +356,11 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
     if (bp.reducing) {
       grad_ready[gs]->record(compute);
       grad_ready[gs]->wait_on(comm);
-      reduce(1 + l, grad);
-      if (bp.squares) take_squares(1 + l);
-      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), comm);
+      const Stream done = reduce(1 + l, grad);
+      if (bp.squares) take_squares(1 + l, done);
+      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), done);
       // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
-      grad_reduced[gs]->record(offload ? offload->grad_readers() : comm);
+      grad_reduced[gs]->record(offload ? offload->grad_readers() : done);
     }
     local_pending[1 + l] = !bp.reducing;
     // BACKWARD_POST: queued after this block's backward and reduce-scatter; it waits for the
@@ -351,7 +383,7 @@ void FsdpEngine::Impl::backward_embedding(const UnitParams& root, const int32_t*
     root_grad_ready->wait_on(comm);
     if (bp.split) reduce_root_embedding();
     else reduce(0, full_grad(0));
-    if (bp.squares) take_squares(0);
+    if (bp.squares) take_squares(0, comm);
     squares_taken = bp.squares;
     root_reduction_pending = true;
   }

@@ -12,7 +12,7 @@ namespace shardlm {
 
 class StepTracer {
  public:
-  enum class Lane { Compute, Comm, Down, Up, Host };  // kTraceLanes' order
+  enum class Lane { Compute, Comm, Down, Up, Host, Replicate };  // kTraceLanes' order
 
   StepTracer(Backend& be, Stream compute, Stream comm) : be_(be) {
     streams_[static_cast<int>(Lane::Compute)] = compute;
@@ -23,6 +23,8 @@ class StepTracer {
     streams_[static_cast<int>(Lane::Down)] = down;
     streams_[static_cast<int>(Lane::Up)] = up;
   }
+  // The replicate group's own stream (the Replicate lane).
+  void set_replicate_stream(Stream s) { streams_[static_cast<int>(Lane::Replicate)] = s; }
 
   // The step starts: its origin recorded on the compute stream, which must be idle.
   void begin();
@@ -52,7 +54,7 @@ class StepTracer {
   }
 
   Backend& be_;
-  Stream streams_[4] = {};  // per lane but the host's
+  Stream streams_[6] = {};  // per lane (the host's unused)
   std::atomic<bool> tracing_{false};
   std::unique_ptr<BackendEvent> origin_;
   std::chrono::steady_clock::time_point host_origin_;

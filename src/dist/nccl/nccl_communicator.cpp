@@ -227,7 +227,8 @@ double NcclCommunicator::host_sum(double v) const {
   return out;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name) {
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name, cudaStream_t stream) {
+  if (!stream) stream = stream_;
   MPI_Comm sub;
   MPI_Comm_split(mpi_comm_, color, key, &sub);
 #if NCCL_VERSION_CODE >= 21800
@@ -239,21 +240,24 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
   if (rc == ncclInProgress && child) rc = settle(child, "ncclCommSplit");
   if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(comm_, "ncclCommSplit");
   check(rc, "ncclCommSplit");
-  return std::make_unique<NcclCommunicator>(child, sub, stream_, timeout_s_, std::move(name));
+  return std::make_unique<NcclCommunicator>(child, sub, stream, timeout_s_, std::move(name));
 #else
-  auto made = std::make_unique<NcclCommunicator>(sub, stream_, timeout_s_, std::move(name));
+  auto made = std::make_unique<NcclCommunicator>(sub, stream, timeout_s_, std::move(name));
   MPI_Comm_free(&sub);
   return made;
 #endif
 }
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
-                                       cudaStream_t stream, double timeout_s) {
+                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream) {
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
   g.shard = w->split(layout.shard_color, layout.shard_key, "shard");
   g.replicate = w->split(layout.replicate_color, layout.replicate_key, "replicate");
+  // (Every rank's replicate group has the same size: all split, or none.)
+  if (replicate_stream && layout.replicate_size > 1)
+    g.replicate_overlap = w->split(layout.replicate_color, layout.replicate_key, "replicate (overlap)", replicate_stream);
   g.world = std::move(w);
   return g;
 }

@@ -45,8 +45,9 @@ class NcclCommunicator : public Communicator {
   cudaStream_t stream() const { return stream_; }
   ncclComm_t nccl() const { return comm_; }
   // Splits this communicator (collective over it): ranks with the same color form a group,
-  // ordered by key. Uses ncclCommSplit where NCCL has it, else a fresh MPI bootstrap.
-  std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name);
+  // ordered by key, enqueuing on `stream` (null: this one's). Uses ncclCommSplit where NCCL has it,
+  // else a fresh MPI bootstrap.
+  std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name, cudaStream_t stream = nullptr);
   // Blocks until everything enqueued on stream() has finished, polling NCCL's asynchronous error
   // state; on an error or after the timeout, aborts the communicator and the MPI job with a
   // message naming this rank, the group and the last collective.
@@ -74,8 +75,10 @@ class NcclCommunicator : public Communicator {
 };
 
 // The FSDP process groups on NCCL, shaped as make_mpi_process_groups's: world, shard and replicate.
-// All three enqueue on `stream`. timeout_s bounds every wait (dist.timeout in the deck).
+// All three enqueue on `stream`. With `replicate_stream` and a replicate group of several ranks, the
+// replicate group once more on that stream (ProcessGroups::replicate_overlap). timeout_s bounds every
+// wait (dist.timeout in the deck).
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
-                                       cudaStream_t stream, double timeout_s);
+                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr);
 
 }  // namespace shardlm::cuda
