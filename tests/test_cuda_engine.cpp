@@ -439,7 +439,7 @@ BOOST_AUTO_TEST_CASE(no_sync_gives_the_losses_of_every_micro_step_reducing) {
 
 // dist.replicate_stream (the blocks' all-reduces over the replicas on a stream and NCCL communicator of
 // their own, beside the shard group's collectives) gives the losses and norms of one stream: NO_SHARD and
-// HYBRID_SHARD, fp32 and bf16 reductions (bf16 through the staging buffer both streams use), every
+// HYBRID_SHARD, fp32 and bf16 reductions (bf16 parameters, through the staging buffer both streams use), every
 // micro-step reducing and no sync for the replicas. Meaningful on 2 or more GPUs (on 4, HYBRID_SHARD is
 // 2 x 2, so the shard group's reduce-scatters run beside the all-reduces).
 BOOST_AUTO_TEST_CASE(a_replicate_stream_gives_one_streams_losses) {
@@ -451,6 +451,7 @@ BOOST_AUTO_TEST_CASE(a_replicate_stream_gives_one_streams_losses) {
         one.train.micro_batch_size = std::max(1, one.train.batch_size / (2 * world_size()));
         one.fsdp.strategy = s;
         one.fsdp.reduce_dtype = rdt;
+        if (rdt != DType::F32) one.fsdp.param_dtype = rdt;  // the CUDA backend reduces in fp32 or the param dtype
         one.fsdp.no_sync = mode;
         if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) one.dist.ranks_per_node = world_size() / 2;
         one.dist.replicate_stream = false;
