@@ -5,8 +5,8 @@
 
 TRACE.json is either
   * shardlm's step timeline (`--run.trace_step=K` writes RUN_DIR/trace_stepK_rankR.json, src/fsdp/trace.cpp):
-    Chrome trace events, one "thread_name" record per lane used ("compute", "comm", with a replicate
-    group's own stream "replicate" (counted as communication), and offloaded "down", "up", "host"), one "X" span per unit's forward / backward / all-gather / reduction, the
+    Chrome trace events, one "thread_name" record per lane used ("compute", "comm", with their own
+    streams "replicate" and "gather" (counted as communication), and offloaded "down", "up", "host"), one "X" span per unit's forward / backward / all-gather / reduction, the
     gradient norm and "optimizer (AdamW)", times in microseconds from the step's start; or
   * PyTorch's profiler trace (torch.profiler ... export_chrome_trace, Kineto's JSON): GPU events of
     category "kernel", "gpu_memcpy" or "gpu_memset"; kernels whose name holds "nccl" are the
@@ -91,7 +91,7 @@ def shardlm_lanes(events, rank=None):
             compute.append(iv)
             if e.get("name", "").lower().startswith("optimizer"):
                 opt.append(iv)
-        elif lane in ("comm", "replicate"):  # the replicate group's own stream is communication too
+        elif lane in ("comm", "replicate", "gather"):  # the replicate group's and the gathers' own streams too
             comm.append(iv)
     return compute, comm, opt, every
 

@@ -438,28 +438,28 @@ BOOST_AUTO_TEST_CASE(no_sync_gives_the_losses_of_every_micro_step_reducing) {
 }
 
 // dist.replicate_stream (the blocks' all-reduces over the replicas on a stream and NCCL communicator of
-// their own, beside the shard group's collectives) gives the losses and norms of one stream: NO_SHARD and
-// HYBRID_SHARD, fp32 and bf16 reductions (bf16 parameters, through the staging buffer both streams use), every
-// micro-step reducing and no sync for the replicas. Meaningful on 2 or more GPUs (on 4, HYBRID_SHARD is
-// 2 x 2, so the shard group's reduce-scatters run beside the all-reduces).
-BOOST_AUTO_TEST_CASE(a_replicate_stream_gives_one_streams_losses) {
-  for (ShardingStrategy s : {ShardingStrategy::NoShard, ShardingStrategy::HybridShard})
+// their own) and dist.gather_stream (the all-gathers on theirs) give the losses and norms of one stream:
+// FULL_SHARD, NO_SHARD and HYBRID_SHARD, fp32 and bf16 reductions (bf16 parameters, through the staging
+// buffer two streams use), every micro-step reducing and no sync for the replicas. Meaningful on 2 or more
+// GPUs (on 4, HYBRID_SHARD is 2 x 2, so all three communication streams run at once).
+BOOST_AUTO_TEST_CASE(separate_communication_streams_give_one_streams_losses) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard})
     for (DType rdt : {DType::F32, DType::BF16})
       for (NoSync mode : {NoSync::Off, NoSync::Replicate}) {
         const std::string tag = concat(strategy_name(s), "_", dtype_name(rdt), "_", no_sync_name(mode));
-        RunConfig one = config("cuda", "replicate_one_stream_" + tag, 6);
+        RunConfig one = config("cuda", "one_stream_" + tag, 6);
         one.train.micro_batch_size = std::max(1, one.train.batch_size / (2 * world_size()));
         one.fsdp.strategy = s;
         one.fsdp.reduce_dtype = rdt;
         if (rdt != DType::F32) one.fsdp.param_dtype = rdt;  // the CUDA backend reduces in fp32 or the param dtype
         one.fsdp.no_sync = mode;
         if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) one.dist.ranks_per_node = world_size() / 2;
-        one.dist.replicate_stream = false;
-        RunConfig two = one;
-        two.dist.replicate_stream = true;
-        two.run.dir = concat(one.run.dir, "_two");
+        one.dist.replicate_stream = one.dist.gather_stream = false;
+        RunConfig three = one;
+        three.dist.replicate_stream = three.dist.gather_stream = true;
+        three.run.dir = concat(one.run.dir, "_streams");
         const TrainResult a = train(one, MPI_COMM_WORLD, quiet());
-        const TrainResult b = train(two, MPI_COMM_WORLD, quiet());
+        const TrainResult b = train(three, MPI_COMM_WORLD, quiet());
         BOOST_TEST_CONTEXT(tag) {
           BOOST_TEST_REQUIRE(b.step_losses.size() == 6u);
           BOOST_TEST(max_relative(b.step_losses, a.step_losses) < 1e-6);

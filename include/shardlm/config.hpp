@@ -157,6 +157,7 @@ struct DistSection {
   int ranks_per_node = 0;  // 0 = the real node layout; K > 0 emulates nodes of K ranks
   double timeout = 600;    // seconds an NCCL wait may make no progress before the job ends (default_dist_timeout())
   bool replicate_stream = true;  // the replicate group's block all-reduces on a stream of their own (NCCL)
+  bool gather_stream = true;     // the all-gathers on a stream of their own (NCCL)
 };
 
 struct CheckpointSection {

@@ -138,6 +138,9 @@ class Backend {
   // The replicate group's all-reduces of block gradients (ProcessGroups::replicate_overlap), beside the
   // communication stream; a backend without one runs them on comm_stream().
   virtual Stream replicate_stream() const { return comm_stream(); }
+  // The all-gathers (ProcessGroups::shard_gather), beside the reductions; a backend without one runs
+  // them on comm_stream().
+  virtual Stream gather_stream() const { return comm_stream(); }
   // CPU offload's copies, one stream per direction (so gradients going down and updated parameters
   // going up overlap each other and the compute and communication streams).
   virtual Stream copy_stream(CopyKind direction) const = 0;

@@ -126,6 +126,10 @@ struct ProcessGroups {
   // blocks' all-reduces over the replicas run beside the shard group's collectives instead of after
   // them. Null where there is none (MPI, a replicate group of one, the key off).
   std::unique_ptr<Communicator> replicate_overlap;
+  // The shard group again, enqueuing on a stream of its own (NCCL, dist.gather_stream): the units'
+  // all-gathers, so that a gather never queues behind a reduction. Null where there is none (MPI, a
+  // shard group of one, the key off).
+  std::unique_ptr<Communicator> shard_gather;
 };
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy);

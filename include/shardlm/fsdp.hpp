@@ -205,9 +205,10 @@ void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLay
 // and reduction; offloaded, the reduction's copy to the host is not in it); offloaded also "down" and
 // "up" (the copy streams: gradients down, updated units up, the root's state both ways when it updates
 // on the device) and "host" (the worker's sums and updates, on the host's clock from the step's start);
-// with dist.replicate_stream, "replicate" (the blocks' all-reduces over the replicas, a communication
-// lane as "comm" is). The lanes in a fixed order (the trace JSON's thread ids).
-inline constexpr const char* kTraceLanes[] = {"compute", "comm", "down", "up", "host", "replicate"};
+// with dist.replicate_stream, "replicate" (the blocks' all-reduces over the replicas), with
+// dist.gather_stream "gather" (the all-gathers): communication lanes as "comm" is. The lanes in a fixed
+// order (the trace JSON's thread ids).
+inline constexpr const char* kTraceLanes[] = {"compute", "comm", "down", "up", "host", "replicate", "gather"};
 struct TraceSpan {
   std::string name;
   std::string lane;

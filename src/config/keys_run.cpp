@@ -31,8 +31,15 @@ DeckSection dist_section() {
           .doc("with a replicate group of several ranks (HYBRID_SHARD, HYBRID_SHARD_ZERO2, NO_SHARD): the blocks' "
                "all-reduces over the replicas run on a CUDA stream and NCCL communicator of their own, beside the "
                "shard group's all-gathers and reduce-scatters instead of after them; `false` queues them all on one "
-               "stream (the same arithmetic either way). The second communicator costs NCCL's buffers once more "
-               "(outside the memory plan, as the first's)"),
+               "stream (the same arithmetic either way). Not with `fsdp.cpu_offload`. The second communicator costs "
+               "NCCL's buffers once more (outside the memory plan, as the first's)"),
+      flag_key("dist.gather_stream", SHARDLM_FIELD(dist.gather_stream))
+          .cuda()
+          .doc("with a shard group of several ranks: the units' all-gathers run on a CUDA stream and NCCL "
+               "communicator of their own, so that a gather (the next block's, prefetched) never waits behind "
+               "a reduction; `false` queues gathers and reductions on one stream. Not with `fsdp.cpu_offload`, "
+               "which keeps its order on one stream. The same arithmetic either way; the second communicator "
+               "costs NCCL's buffers once more"),
   };
   return section;
 }

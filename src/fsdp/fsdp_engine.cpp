@@ -27,6 +27,15 @@ FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLay
     stage_released = be.make_event();
     tracer.set_replicate_stream(rep);
   }
+  gatherer = &shard;
+  gs = comm;
+  // Offloaded, the uploads and the gathers that read them are ordered on comm; a staged gather uses stage_full.
+  if (groups.shard_gather && !opt.cpu_offload && !plan.staged_gather) {
+    gatherer = groups.shard_gather.get();
+    gs = backend.gather_stream();
+    gather_lane = Lane::Gather;
+    tracer.set_gather_stream(gs);
+  }
 }
 
 FsdpEngine::Impl::~Impl() = default;
@@ -205,6 +214,7 @@ FsdpEngine::~FsdpEngine() {
     backend_->synchronize(impl_->compute);
     backend_->synchronize(impl_->comm);
     if (impl_->replicate_overlap) backend_->synchronize(impl_->rep);
+    if (impl_->own_gather_stream()) backend_->synchronize(impl_->gs);
     if (impl_->offload) impl_->offload->synchronize_copies();
   }
   for (void* p : pinned_) backend_->unpin_host(p);
@@ -292,6 +302,7 @@ StepTrace FsdpEngine::trace_end() {
   // updates and their uploads.
   std::vector<Stream> others{m.comm};
   if (m.replicate_overlap) others.push_back(m.rep);
+  if (m.own_gather_stream()) others.push_back(m.gs);
   if (m.offload) {
     m.offload->drain_worker();
     const std::vector<Stream> copies = m.offload->copy_streams();

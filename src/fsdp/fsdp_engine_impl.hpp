@@ -41,6 +41,13 @@ struct FsdpEngine::Impl {
   std::unique_ptr<BackendEvent> rep_follows, rep_done, stage_released;
   bool rep_pending = false;  // rep has work that comm does not yet follow (follow_replicas)
   bool stage_held = false;   // rep reads stage_full (a non-fp32 reduction): comm waits before writing it
+  // dist.gather_stream: the all-gathers' communicator and stream (the shard group once more, on a stream of
+  // its own, so that a gather never queues behind a reduction); else the shard group on comm. Never with
+  // cpu_offload or a staged gather (which shares stage_full with the reductions).
+  Communicator* gatherer = nullptr;
+  Stream gs = nullptr;
+  StepTracer::Lane gather_lane = StepTracer::Lane::Comm;
+  bool own_gather_stream() const { return gs != comm; }
   bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
   int L = 0;
   size_t max_tokens = 0;  // of a micro-batch
@@ -151,7 +158,7 @@ struct FsdpEngine::Impl {
   // Gathers queued from here read what the compute stream has written so far.
   void gathers_follow_compute() {
     params_written->record(compute);
-    params_written->wait_on(comm);
+    params_written->wait_on(gs);
   }
 
   // The optimizer's update of every unit with h on the compute stream. The root, then (with forward

@@ -13,32 +13,32 @@ void FsdpEngine::Impl::gather(size_t u) {
   if (u > 0) {
     const size_t sl = slot(u);
     if (holder[sl] >= 0) gathered[holder[sl]] = false;  // evicted from the shared buffer
-    slot_free[sl]->wait_on(comm);  // the buffer's previous block has finished computing
+    slot_free[sl]->wait_on(gs);  // the buffer's previous block has finished computing
     holder[sl] = static_cast<int>(u);
   }
-  if (offload) offload->await_upload(u, comm);
-  const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), Lane::Comm);
+  if (offload) offload->await_upload(u, gs);
+  const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), gather_lane);
   const Unit& d = units[u];
   const size_t n = d.flat.shard_numel;
   char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
   if (plan.staged_gather) {
     // Cast the slice to param_dtype first, so the gather moves 16-bit values; the model reads fp32.
-    be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, comm);
-    shard.all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
-    be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, comm);
+    be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, gs);
+    gatherer->all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
+    be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, gs);
   } else if (plan.cast_at_gather) {
     // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
     char* mine = full + static_cast<size_t>(shard.rank()) * n * csize();
-    be.cast(d.master.data(), DType::F32, mine, plan.compute_dtype, n, comm);
-    shard.all_gather(mine, full, n, plan.compute_dtype);
+    be.cast(d.master.data(), DType::F32, mine, plan.compute_dtype, n, gs);
+    gatherer->all_gather(mine, full, n, plan.compute_dtype);
   } else {
-    shard.all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
+    gatherer->all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
   }
   if (lora && !plan.frozen_alias)
-    shard.all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
-                     plan.compute_dtype);
+    gatherer->all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
+                         plan.compute_dtype);
   tracer.mark_end(span);
-  unit_gathered[u]->record(comm);
+  unit_gathered[u]->record(gs);
   gathered[u] = true;
 }
 
@@ -274,6 +274,7 @@ void FsdpEngine::Impl::idle() {
   be.synchronize(compute);
   be.synchronize(comm);
   if (replicate_overlap) be.synchronize(rep);
+  if (own_gather_stream()) be.synchronize(gs);
 }
 
 void FsdpEngine::Impl::finish_reductions() {

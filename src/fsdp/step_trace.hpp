@@ -12,7 +12,7 @@ namespace shardlm {
 
 class StepTracer {
  public:
-  enum class Lane { Compute, Comm, Down, Up, Host, Replicate };  // kTraceLanes' order
+  enum class Lane { Compute, Comm, Down, Up, Host, Replicate, Gather };  // kTraceLanes' order
 
   StepTracer(Backend& be, Stream compute, Stream comm) : be_(be) {
     streams_[static_cast<int>(Lane::Compute)] = compute;
@@ -25,6 +25,8 @@ class StepTracer {
   }
   // The replicate group's own stream (the Replicate lane).
   void set_replicate_stream(Stream s) { streams_[static_cast<int>(Lane::Replicate)] = s; }
+  // The all-gathers' own stream (the Gather lane).
+  void set_gather_stream(Stream s) { streams_[static_cast<int>(Lane::Gather)] = s; }
 
   // The step starts: its origin recorded on the compute stream, which must be idle.
   void begin();
@@ -54,7 +56,7 @@ class StepTracer {
   }
 
   Backend& be_;
-  Stream streams_[6] = {};  // per lane (the host's unused)
+  Stream streams_[7] = {};  // per lane (the host's unused)
   std::atomic<bool> tracing_{false};
   std::unique_ptr<BackendEvent> origin_;
   std::chrono::steady_clock::time_point host_origin_;

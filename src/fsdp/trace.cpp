@@ -50,7 +50,7 @@ double overlap(const Intervals& a, const Intervals& b) {
 }  // namespace
 
 TraceSummary summarize_trace(const StepTrace& t) {
-  const Intervals compute = merged(t, {"compute"}), comm = merged(t, {"comm", "replicate"});
+  const Intervals compute = merged(t, {"compute"}), comm = merged(t, {"comm", "replicate", "gather"});
   TraceSummary r;
   r.step_ms = t.step_ms;
   r.compute_ms = length(compute);
@@ -61,7 +61,7 @@ TraceSummary summarize_trace(const StepTrace& t) {
   r.host_ms = length(merged(t, {"host"}));
   r.copy_ms = length(merged(t, {"down", "up"}));
   for (const TraceSpan& s : t.spans) {
-    if (s.lane != "comm" && s.lane != "replicate") continue;
+    if (s.lane != "comm" && s.lane != "replicate" && s.lane != "gather") continue;
     (s.name.rfind("all-gather", 0) == 0 ? r.gather_ms : r.reduce_ms) += s.end_ms - s.begin_ms;
   }
   return r;

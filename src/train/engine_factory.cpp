@@ -85,11 +85,13 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     cuda::select_device(topo);
     // Offloaded, the host's cores run AdamW: threads waiting for the GPU sleep rather than spin on one.
     backend = make_cuda_backend(cfg.fsdp.cpu_offload);
-    // The replicate group's second communicator is for the engine's reductions, which offload runs its own way.
+    // The second communicators are for the engine's own schedule; CPU offload keeps everything on one stream.
     const bool overlap = cfg.dist.replicate_stream && !cfg.fsdp.cpu_offload;
+    const bool gathers = cfg.dist.gather_stream && !cfg.fsdp.cpu_offload;
     groups = cuda::make_nccl_process_groups(
         comm, topo, cfg.fsdp.strategy, static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout,
-        overlap ? static_cast<cudaStream_t>(backend->replicate_stream()) : nullptr);
+        overlap ? static_cast<cudaStream_t>(backend->replicate_stream()) : nullptr,
+        gathers ? static_cast<cudaStream_t>(backend->gather_stream()) : nullptr);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in
     // fsdp.offload_dir's mapped files when set).
     if (cfg.fsdp.cpu_offload)

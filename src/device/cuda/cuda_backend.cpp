@@ -1,5 +1,5 @@
-// The CUDA backend: device memory through the planned-buffer accounting, a compute, two
-// communication (the replicate group's own) and two copy streams (CPU offload) with events between them, and the element-wise kernels
+// The CUDA backend: device memory through the planned-buffer accounting, a compute, three
+// communication (the reductions', the gathers', the replicate group's) and two copy streams (CPU offload) with events between them, and the element-wise kernels
 // (elementwise.hpp), the token rows (token_rows.hpp) and AdamW (adamw.hpp).
 #include <cuda_runtime_api.h>
 
@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
     SHARDLM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithPriority(&replicate_, cudaStreamNonBlocking, greatest));
+    SHARDLM_CUDA_CHECK(cudaStreamCreateWithPriority(&gather_, cudaStreamNonBlocking, greatest));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
     SHARDLM_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
     // peak_bytes() is this backend's (its engine's, its run's) peak: an earlier run in the process (a
@@ -81,6 +82,7 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(compute_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(replicate_);
+    cudaStreamDestroy(gather_);
     cudaStreamDestroy(download_);
     cudaStreamDestroy(upload_);
     if (blocking_ && saved_flags_ != kUnchanged) {
@@ -124,6 +126,7 @@ class CudaBackend final : public Backend {
   Stream compute_stream() const override { return compute_; }
   Stream comm_stream() const override { return comm_; }
   Stream replicate_stream() const override { return replicate_; }
+  Stream gather_stream() const override { return gather_; }
   Stream copy_stream(CopyKind direction) const override {
     return direction == CopyKind::DeviceToHost ? download_ : upload_;
   }
@@ -194,7 +197,7 @@ class CudaBackend final : public Backend {
   bool blocking_ = false;
   static constexpr unsigned kUnchanged = ~0u;
   unsigned saved_flags_ = kUnchanged;  // the device's flags before blocking waits set theirs
-  cudaStream_t compute_ = nullptr, comm_ = nullptr, replicate_ = nullptr, download_ = nullptr, upload_ = nullptr;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr, replicate_ = nullptr, gather_ = nullptr, download_ = nullptr, upload_ = nullptr;
 };
 
 }  // namespace

@@ -249,15 +249,18 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 }
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
-                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream) {
+                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream,
+                                       cudaStream_t gather_stream) {
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
   g.shard = w->split(layout.shard_color, layout.shard_key, "shard");
   g.replicate = w->split(layout.replicate_color, layout.replicate_key, "replicate");
-  // (Every rank's replicate group has the same size: all split, or none.)
+  // (Every rank's groups have the same sizes: all split, or none.)
   if (replicate_stream && layout.replicate_size > 1)
     g.replicate_overlap = w->split(layout.replicate_color, layout.replicate_key, "replicate (overlap)", replicate_stream);
+  if (gather_stream && layout.shard_size > 1)
+    g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream);
   g.world = std::move(w);
   return g;
 }

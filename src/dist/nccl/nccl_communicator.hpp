@@ -76,9 +76,11 @@ class NcclCommunicator : public Communicator {
 
 // The FSDP process groups on NCCL, shaped as make_mpi_process_groups's: world, shard and replicate.
 // All three enqueue on `stream`. With `replicate_stream` and a replicate group of several ranks, the
-// replicate group once more on that stream (ProcessGroups::replicate_overlap). timeout_s bounds every
-// wait (dist.timeout in the deck).
+// replicate group once more on that stream (ProcessGroups::replicate_overlap); with `gather_stream` and
+// a shard group of several, the shard group once more on it (ProcessGroups::shard_gather). timeout_s
+// bounds every wait (dist.timeout in the deck).
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
-                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr);
+                                       cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr,
+                                       cudaStream_t gather_stream = nullptr);
 
 }  // namespace shardlm::cuda
