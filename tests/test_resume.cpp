@@ -347,6 +347,28 @@ const TrainResult& uninterrupted(const std::string& name, RunConfig (*make)(cons
 }
 std::string step4_of(const std::string& name) { return scratch(name) + "/checkpoints/ckpt-00000004.h5"; }
 
+// Two untrained (lr 0) steps from the adapter folder of the case's uninterrupted run (name) and two
+// from its final checkpoint's weights must give the same losses; returns those from the adapter.
+std::vector<double> losses_from_adapter_match_weights(const std::string& name,
+                                                      RunConfig (*make)(const std::string&)) {
+  RunConfig from_adapter = make(name + "_from_adapter");
+  from_adapter.model.adapter = scratch(name + "_full") + "/adapter";
+  from_adapter.train.lr = 0;
+  from_adapter.train.max_steps = 2;
+  RunConfig from_weights = make(name + "_from_weights");
+  from_weights.checkpoint.resume = ResumeFrom::Path;
+  from_weights.checkpoint.resume_path = scratch(name + "_full") + "/checkpoints/ckpt-00000008.h5";
+  from_weights.checkpoint.load_weights_only = true;
+  from_weights.train.lr = 0;
+  from_weights.train.max_steps = 2;
+  const TrainResult a = train(from_adapter, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(from_weights, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
+  for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
+  return a.step_losses;
+}
+
 const TrainResult& lora_uninterrupted() { return uninterrupted("lora_full", lora_config); }
 std::string lora_step4() { return step4_of("lora_full"); }
 
@@ -386,27 +408,13 @@ BOOST_AUTO_TEST_CASE(lora_runs_write_peft_adapters_and_start_from_them) {
   BOOST_TEST(read.lora.r == 4);
   BOOST_TEST(read.tensors.size() == 4u * 2 * 2);  // 2 blocks x 4 modules x (A, B)
 
-  RunConfig from_adapter = lora_config("lora_from_adapter");
-  from_adapter.model.adapter = adapter;
-  from_adapter.train.lr = 0;
-  from_adapter.train.max_steps = 2;
-  RunConfig from_weights = lora_config("lora_from_weights");
-  from_weights.checkpoint.resume = ResumeFrom::Path;
-  from_weights.checkpoint.resume_path = scratch("lora_full") + "/checkpoints/ckpt-00000008.h5";
-  from_weights.checkpoint.load_weights_only = true;
-  from_weights.train.lr = 0;
-  from_weights.train.max_steps = 2;
-  const TrainResult a = train(from_adapter, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(from_weights, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
-  for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
+  const std::vector<double> a = losses_from_adapter_match_weights("lora", lora_config);
   // And not the fresh adapters' losses: the adapters were taken.
   RunConfig fresh = lora_config("lora_fresh");
   fresh.train.lr = 0;
   fresh.train.max_steps = 2;
   const TrainResult c = train(fresh, MPI_COMM_WORLD, quiet());
-  BOOST_TEST(std::abs(c.step_losses.at(0) - a.step_losses[0]) > 1e-3);
+  BOOST_TEST(std::abs(c.step_losses.at(0) - a.at(0)) > 1e-3);
 }
 
 // Resume refuses adapters of another [lora] or trained on other base weights, and a whole model's
@@ -579,21 +587,7 @@ BOOST_AUTO_TEST_CASE(saved_modules_go_to_the_adapter_and_come_back) {
   for (const CheckpointTensor& t : reader.tensors())
     if (t.name == "lm_head.weight") BOOST_TEST((reader.read(t) == read.tensors.at("lm_head.weight").values));
 
-  RunConfig from_adapter = saved_config("saved_from_adapter");
-  from_adapter.model.adapter = adapter;
-  from_adapter.train.lr = 0;
-  from_adapter.train.max_steps = 2;
-  RunConfig from_weights = saved_config("saved_from_weights");
-  from_weights.checkpoint.resume = ResumeFrom::Path;
-  from_weights.checkpoint.resume_path = scratch("saved_full") + "/checkpoints/ckpt-00000008.h5";
-  from_weights.checkpoint.load_weights_only = true;
-  from_weights.train.lr = 0;
-  from_weights.train.max_steps = 2;
-  const TrainResult a = train(from_adapter, MPI_COMM_WORLD, quiet());
-  const TrainResult b = train(from_weights, MPI_COMM_WORLD, quiet());
-  BOOST_TEST_REQUIRE(a.step_losses.size() == 2u);
-  BOOST_TEST_REQUIRE(b.step_losses.size() == 2u);
-  for (int i = 0; i < 2; ++i) BOOST_TEST(a.step_losses[i] == b.step_losses[i], boost::test_tools::tolerance(1e-6));
+  losses_from_adapter_match_weights("saved", saved_config);
 }
 
 // resume = auto passes over a newest checkpoint that is damaged (its tensor index, two vectors
