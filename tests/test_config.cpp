@@ -86,12 +86,7 @@ BOOST_AUTO_TEST_CASE(values_are_parsed) {
       "[run]\ndir = out/x\nbackend = cpu\n",
       {}, 4);
   BOOST_TEST(c.model.arch == "bloom");
-  BOOST_TEST(c.model.vocab_size == 300);
-  BOOST_TEST(c.model.hidden_size == 64);
-  BOOST_TEST(c.model.num_layers == 3);
-  BOOST_TEST(c.model.num_heads == 8);
-  BOOST_TEST(c.model.layer_norm_eps == 1e-6f);
-  BOOST_TEST(c.model.init_std == 0.01f);
+  check_bloom_shape(c.model, 300, 64, 3, 8, 1e-6f, 0.01f);
   BOOST_TEST(c.data.format == DataFormat::Jsonl);
   BOOST_TEST(c.data.train_file == (tmp.root / "train.json").string());
   BOOST_TEST(c.data.eval_file == (tmp.root / "eval.json").string());

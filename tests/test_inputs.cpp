@@ -22,6 +22,7 @@
 
 #include "../src/core/input_file.hpp"
 #include "../src/data/data_file.hpp"
+#include "config_test_support.hpp"
 #include "launch_support.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/io.hpp"
@@ -71,13 +72,7 @@ std::string nested_arrays(int depth) { return std::string(depth, '[') + std::str
 
 // A tiny BLOOM's config.json.
 std::string tiny_bloom_config() {
-  ModelConfig cfg;
-  cfg.arch = "bloom";
-  cfg.vocab_size = 259;
-  cfg.hidden_size = 32;
-  cfg.num_layers = 1;
-  cfg.num_heads = 2;
-  return hf_config_json(cfg);
+  return hf_config_json(bloom_shape(259, 32, 1, 2));
 }
 
 // `shardlm ARGS` on np ranks fails within a few seconds with one message saying must_contain.

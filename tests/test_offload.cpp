@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "config_test_support.hpp"
 #include "host_worker.hpp"
 #include "temp_dir.hpp"
 #include "shardlm/fsdp.hpp"
@@ -84,12 +85,7 @@ class DeviceLikeCpu final : public Backend {
 };
 
 ModelConfig tiny_model(bool lora) {
-  ModelConfig c;
-  c.arch = "bloom";
-  c.vocab_size = 67;
-  c.hidden_size = 16;
-  c.num_layers = 3;
-  c.num_heads = 2;
+  ModelConfig c = bloom_shape(67, 16, 3, 2);
   c.init_std = 0.3f;
   if (lora) {
     c.lora.r = 2;
