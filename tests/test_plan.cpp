@@ -46,6 +46,16 @@ Outcome plan(const std::string& args, bool with_stderr = false) {
   return run_command("timeout 60 " + kBin + " plan " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
+// The JSON of `shardlm plan ARGS`, which must succeed; a failing plan runs again with stderr for the
+// message the failed check shows.
+json json_of_plan(const std::string& args) {
+  Outcome o = plan(args);
+  if (o.exit_code != 0) o = plan(args, true);  // for the message
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  return json::parse(o.output);
+}
+
 Outcome train(int np, const std::string& args) {
   return run_command(std::string("timeout 120 " SHARDLM_MPIEXEC " -np ") + std::to_string(np) +
                      " " SHARDLM_MPIEXEC_FLAGS " " + kBin + " train " + args + " 2>&1");
@@ -254,11 +264,7 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   for (const Deck& d : decks) {
     BOOST_TEST_CONTEXT(d.deck) {
       const fs::path deck = scratch_deck(d.deck, d.model, d.config);
-      Outcome o = plan(deck.string() + " --ranks=8 --json");
-      if (o.exit_code != 0) o = plan(deck.string() + " --ranks=8 --json", true);  // for the message
-      BOOST_TEST_INFO(o.output);
-      BOOST_TEST_REQUIRE(o.exit_code == 0);
-      const json j = json::parse(o.output);
+      const json j = json_of_plan(deck.string() + " --ranks=8 --json");
       BOOST_TEST(j.at("backend") == "cuda");
       BOOST_TEST(j.at("model").at("arch") == "llama");
       BOOST_TEST(j.at("model").at("parameters").get<double>() == d.parameters);
@@ -283,11 +289,7 @@ BOOST_AUTO_TEST_CASE(mistral_deck_plans_on_the_cuda_backend) {
           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
           "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
           "tie_word_embeddings": false})");
-  Outcome o = plan(deck.string() + " --ranks=1 --json");
-  if (o.exit_code != 0) o = plan(deck.string() + " --ranks=1 --json", true);  // for the message
-  BOOST_TEST_INFO(o.output);
-  BOOST_TEST_REQUIRE(o.exit_code == 0);
-  const json j = json::parse(o.output);
+  const json j = json_of_plan(deck.string() + " --ranks=1 --json");
   BOOST_TEST(j.at("backend") == "cuda");
   BOOST_TEST(j.at("model").at("arch") == "mistral");
   // The Hub's 7,241,732,096 and LoRA's r 16 on the 7 linear layers of 32 blocks: 32 x 16 x (2 x (4096 + 4096)
