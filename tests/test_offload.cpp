@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -218,6 +219,26 @@ void expect_same(const Run& got, const Run& want, double rel) {
     }
 }
 
+// Case c's steps offloaded give its steps without offload (expect_same to a relative 1e-6).
+void expect_offload_changes_nothing(const Case& c) {
+  BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+}
+
+// `base` under every strategy, with each of `accums` micro-steps a step, updating early (no clipping)
+// and deferred (clipping at 0.05): strategy outermost, clipping innermost.
+std::vector<Case> every_strategy(const Case& base, std::initializer_list<int> accums) {
+  std::vector<Case> cases;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
+    for (int accum : accums)
+      for (double max_norm : {0.0, 0.05}) {
+        Case c = base;
+        c.strategy = s, c.accum = accum, c.max_norm = max_norm;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
 }  // namespace
 
 // ---- the host worker ----
@@ -282,14 +303,7 @@ BOOST_AUTO_TEST_CASE(host_worker_finishes_its_queue_before_it_goes) {
 // Every strategy, early updates (no clipping) and deferred ones (clipping), with and without
 // accumulation: the same losses, gradient norms, eval loss, master and moments.
 BOOST_AUTO_TEST_CASE(offloaded_steps_give_the_steps_without_offload) {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
-                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
-    for (int accum : {1, 2})
-      for (double max_norm : {0.0, 0.05}) {
-        Case c;
-        c.strategy = s, c.accum = accum, c.max_norm = max_norm;
-        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
-      }
+  for (const Case& c : every_strategy(Case{}, {1, 2})) expect_offload_changes_nothing(c);
 }
 
 // 8-bit AdamW (train.optim = adamw_8bit) offloaded: the host updates every unit in block-aligned chunks,
@@ -405,7 +419,7 @@ BOOST_AUTO_TEST_CASE(unannounced_steps_bf16_reductions_and_lora) {
   lora_clip.lora = true, lora_clip.max_norm = 0.01, lora_clip.strategy = ShardingStrategy::NoShard;
   cases.push_back(lora_clip);
   for (const Case& c : cases)
-    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+    expect_offload_changes_nothing(c);
 }
 
 // fsdp.offload_dir: AdamW's moments in memory-mapped files give the same steps (accumulation and
@@ -443,14 +457,9 @@ BOOST_AUTO_TEST_CASE(moments_in_mapped_files_give_the_same_steps) {
 // updates; a bf16 reduction (widened as it is added, as the host does it); unannounced steps (the sums
 // go down when grad_norm asks); LoRA. Mid-step, grad_slice reads the sums so far.
 BOOST_AUTO_TEST_CASE(device_sums_give_the_same_steps) {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
-                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
-    for (int accum : {1, 3})
-      for (double max_norm : {0.0, 0.05}) {
-        Case c;
-        c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.device_sums = true;
-        BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
-      }
+  Case device_sums;
+  device_sums.device_sums = true;
+  for (const Case& c : every_strategy(device_sums, {1, 3})) expect_offload_changes_nothing(c);
   std::vector<Case> cases(4);
   cases[0].announce = false, cases[0].accum = 2;
   cases[1].reduce = DType::BF16, cases[1].accum = 2;
@@ -458,7 +467,7 @@ BOOST_AUTO_TEST_CASE(device_sums_give_the_same_steps) {
   cases[3].lora = true, cases[3].accum = 2;
   for (Case& c : cases) {
     c.device_sums = true;
-    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+    expect_offload_changes_nothing(c);
   }
   Case c;
   c.accum = 2, c.device_sums = true;
@@ -544,16 +553,14 @@ BOOST_AUTO_TEST_CASE(device_sums_with_varying_micro_steps_and_a_trace) {
 // with part and with all of the root's state resident on the device (fsdp.offload_resident_gib).
 BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
   BOOST_TEST_REQUIRE(tiny_model(false).vocab_size * tiny_model(false).hidden_size > 2 * kRootChunk * 4);
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
-                             ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
-    for (int accum : {1, 3})
-      for (double max_norm : {0.0, 0.05})
-        for (size_t resident : {size_t(0), kSomeResident, kAllResident}) {
-          if (resident > 0 && accum == 3 && max_norm == 0.0) continue;
-          Case c;
-          c.strategy = s, c.accum = accum, c.max_norm = max_norm, c.root_on_device = true, c.resident = resident;
-          BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
-        }
+  Case on_device;
+  on_device.root_on_device = true;
+  for (Case c : every_strategy(on_device, {1, 3}))
+    for (size_t resident : {size_t(0), kSomeResident, kAllResident}) {
+      if (resident > 0 && c.accum == 3 && c.max_norm == 0.0) continue;
+      c.resident = resident;
+      expect_offload_changes_nothing(c);
+    }
   std::vector<Case> cases(8);
   cases[0].device_sums = true, cases[0].accum = 3, cases[0].max_norm = 0.05;
   cases[1].device_sums = true, cases[1].accum = 2;
@@ -565,7 +572,7 @@ BOOST_AUTO_TEST_CASE(root_updated_on_the_device_gives_the_same_steps) {
   cases[7] = cases[2], cases[7].resident = kSomeResident;
   for (Case& c : cases) {
     c.root_on_device = true;
-    BOOST_TEST_CONTEXT(name_of(c)) { expect_same(train_steps(c, true), train_steps(c, false), 1e-6); }
+    expect_offload_changes_nothing(c);
   }
 }
 
