@@ -623,6 +623,14 @@ BOOST_AUTO_TEST_CASE(table_lists_every_configuration_and_recommends_one) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_input_fails_with_one_clear_message) {
+  // `shardlm plan ARGS` exits with `code`, its output (stderr too) holding each of `parts`.
+  auto expect_failure = [](const std::string& args, int code, const std::vector<std::string>& parts) {
+    Outcome o = plan(args, true);
+    BOOST_TEST_CONTEXT("plan " << args << "\n" << o.output) {
+      BOOST_TEST(o.exit_code == code);
+      for (const std::string& part : parts) BOOST_TEST(contains(o.output, part), part);
+    }
+  };
   // plan's own options, wrong: the message and plan's usage, exit 2.
   const std::vector<std::pair<std::string, std::string>> usage_cases = {
       {kDemo + " --gpu-memory=80", "give a unit"},
@@ -634,15 +642,8 @@ BOOST_AUTO_TEST_CASE(bad_input_fails_with_one_clear_message) {
       {kDemo + " --gpus=4", "unknown option '--gpus=4'"},
       {"--ranks=2", "the first argument must be the deck"},
   };
-  for (const auto& [args, message] : usage_cases) {
-    Outcome o = plan(args, true);
-    BOOST_TEST_CONTEXT("plan " << args << "\n" << o.output) {
-      BOOST_TEST(o.exit_code == 2);
-      BOOST_TEST(contains(o.output, "shardlm plan: "));
-      BOOST_TEST(contains(o.output, message));
-      BOOST_TEST(contains(o.output, "usage: shardlm plan"));
-    }
-  }
+  for (const auto& [args, message] : usage_cases)
+    expect_failure(args, 2, {"shardlm plan: ", message, "usage: shardlm plan"});
   // The deck, wrong: one error line.
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"/nonexistent/deck.ini", "/nonexistent/deck.ini"},
@@ -650,14 +651,7 @@ BOOST_AUTO_TEST_CASE(bad_input_fails_with_one_clear_message) {
       {kDemo + " --trian.lr=1", "did you mean 'train.lr'"},
       {kDemo + " --ranks=3", "train.batch_size"},
   };
-  for (const auto& [args, message] : cases) {
-    Outcome o = plan(args, true);
-    BOOST_TEST_CONTEXT("plan " << args << "\n" << o.output) {
-      BOOST_TEST(o.exit_code == 1);
-      BOOST_TEST(contains(o.output, "shardlm: error:"));
-      BOOST_TEST(contains(o.output, message));
-    }
-  }
+  for (const auto& [args, message] : cases) expect_failure(args, 1, {"shardlm: error:", message});
   Outcome none = plan("", true);
   BOOST_TEST(none.exit_code == 2);
   BOOST_TEST(contains(none.output, "usage: shardlm plan"));
