@@ -349,6 +349,19 @@ const TrainResult& uninterrupted(const std::string& name, RunConfig (*make)(cons
 }
 std::string step4_of(const std::string& name) { return scratch(name) + "/checkpoints/ckpt-00000004.h5"; }
 
+// make(name + "_resumed") resumed from the step-4 checkpoint of the case's uninterrupted run (`full`,
+// in name + "_full") starts at step 4 and repeats that run's last 4 losses exactly.
+void expect_step4_resume_repeats(const std::string& name, RunConfig (*make)(const std::string&),
+                                 const TrainResult& full) {
+  RunConfig cfg = make(name + "_resumed");
+  cfg.checkpoint.resume = ResumeFrom::Path;
+  cfg.checkpoint.resume_path = step4_of(name + "_full");
+  const TrainResult resumed = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(resumed.first_step == 4);
+  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
+  for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i]);
+}
+
 // Two untrained (lr 0) steps from the adapter folder of the case's uninterrupted run (name) and two
 // from its final checkpoint's weights must give the same losses; returns those from the adapter.
 std::vector<double> losses_from_adapter_match_weights(const std::string& name,
@@ -388,13 +401,7 @@ BOOST_AUTO_TEST_CASE(lora_checkpoints_hold_the_adapters_and_resume_exactly) {
   BOOST_TEST(reader.meta().base_checksum.size() == 16u);
   for (const CheckpointTensor& t : reader.tensors()) BOOST_TEST(t.name.find(".lora_") != std::string::npos, t.name);
 
-  RunConfig cfg = lora_config("lora_resumed");
-  cfg.checkpoint.resume = ResumeFrom::Path;
-  cfg.checkpoint.resume_path = lora_step4();
-  const TrainResult resumed = train(cfg, MPI_COMM_WORLD, quiet());
-  BOOST_TEST(resumed.first_step == 4);
-  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
-  for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i]);
+  expect_step4_resume_repeats("lora", lora_config, full);
 }
 
 // The adapter folder written at the end is PEFT's (read_peft_adapter reads it back), and a run
@@ -521,13 +528,7 @@ BOOST_AUTO_TEST_CASE(saved_modules_are_checkpointed_and_resume_exactly) {
   for (size_t i = 0; i < trained.size(); ++i) moved = std::max(moved, double(std::fabs(trained[i] - seeded[base_head.offset + i])));
   BOOST_TEST(moved > 1e-3);
 
-  RunConfig cfg = saved_config("saved_resumed");
-  cfg.checkpoint.resume = ResumeFrom::Path;
-  cfg.checkpoint.resume_path = saved_step4();
-  const TrainResult resumed = train(cfg, MPI_COMM_WORLD, quiet());
-  BOOST_TEST(resumed.first_step == 4);
-  BOOST_TEST_REQUIRE(resumed.step_losses.size() == 4u);
-  for (int i = 0; i < 4; ++i) BOOST_TEST(resumed.step_losses[i] == full.step_losses[4 + i]);
+  expect_step4_resume_repeats("saved", saved_config, full);
 
   // Resharded onto one rank, NO_SHARD: the same losses to rounding.
   RunConfig one = saved_config("saved_one_rank");
