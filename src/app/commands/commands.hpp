@@ -1,6 +1,7 @@
 // app: the subcommands of the shardlm executable.
 #pragma once
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +60,29 @@ std::string parse_problem(Parse&& parse) {
 std::string usage_error(const std::string& command, const std::string& problem);
 // "--help" or "-h".
 bool is_help_flag(const std::string& arg);
+// A command without MPI that parses its arguments first: no arguments print its help (exit 2); an
+// Error from parse(args) is a usage error (exit 2); an Error from run(parsed) is printed as
+// "shardlm: error: ..." (exit 1); else run's exit code.
+template <class Parse, class Run>
+int run_parsed_command(const char* name, const std::vector<std::string>& args, Parse parse, Run run) {
+  if (args.empty()) {
+    std::fputs(command_help(name).c_str(), stderr);
+    return 2;
+  }
+  decltype(parse(args)) parsed;
+  try {
+    parsed = parse(args);
+  } catch (const Error& e) {
+    std::fputs(usage_error(name, e.what()).c_str(), stderr);
+    return 2;
+  }
+  try {
+    return run(parsed);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
+    return 1;
+  }
+}
 // Whether this process is rank 0 of its launch (mpirun, srun) or was started alone: the one that
 // prints help, which needs no MPI.
 bool first_rank_of_launch();
@@ -66,6 +90,9 @@ bool first_rank_of_launch();
 // args[i] as `--flag VALUE` (i moves to the value) or `--flag=VALUE`: the value into `out`, true.
 // False when args[i] is something else, or the flag comes last without its value.
 bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);
+// An argument no flag took: a deck override (`--section.key=value`, or any word without a leading `--`)
+// goes to overrides; another `--` option is an Error naming it.
+void take_deck_override(const std::string& arg, std::vector<std::string>& overrides);
 // "80GiB", "40 GB", "16000MiB", "5GB" in bytes (a unit is required); Error naming `flag` otherwise.
 size_t parse_size(const std::string& flag, const std::string& text);
 

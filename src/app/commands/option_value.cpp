@@ -22,6 +22,12 @@ bool option_value(const std::vector<std::string>& args, size_t& i, const std::st
   return false;
 }
 
+void take_deck_override(const std::string& arg, std::vector<std::string>& overrides) {
+  if (arg.rfind("--", 0) == 0 && arg.find('.') == std::string::npos)
+    throw Error(concat("unknown option '", arg, "' (deck keys look like --section.key=value)"));
+  overrides.push_back(arg);
+}
+
 // "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).
 size_t parse_size(const std::string& flag, const std::string& text) {
   size_t used = 0;

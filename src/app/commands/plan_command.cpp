@@ -79,10 +79,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       p.ranks = parse_count("--ranks", v);
     } else if (a == "--json") {
       p.json = true;
-    } else if (a.rfind("--", 0) == 0 && a.find('.') == std::string::npos) {
-      throw Error(concat("unknown option '", a, "' (deck keys look like --section.key=value)"));
     } else {
-      p.overrides.push_back(a);
+      take_deck_override(a, p.overrides);
     }
   }
   return p;
@@ -489,25 +487,11 @@ void print_json(const Plan& plan) {
 }  // namespace
 
 int command_plan(const std::vector<std::string>& args) {
-  if (args.empty()) {
-    std::fputs(command_help("plan").c_str(), stderr);
-    return 2;
-  }
-  PlanArgs plan_args;
-  try {
-    plan_args = parse_plan_args(args);
-  } catch (const Error& e) {
-    std::fputs(usage_error("plan", e.what()).c_str(), stderr);
-    return 2;
-  }
-  try {
-    const Plan plan = make_plan(plan_args);
+  return run_parsed_command("plan", args, parse_plan_args, [](const PlanArgs& a) {
+    const Plan plan = make_plan(a);
     plan.args.json ? print_json(plan) : print_table(plan);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
 
 }  // namespace shardlm

@@ -42,10 +42,8 @@ PreprocessArgs parse_args(const std::vector<std::string>& args) {
       p.limit = static_cast<size_t>(n);
     } else if (a == "--eval") {
       p.eval = true;
-    } else if (a.rfind("--", 0) == 0 && a.find('.') == std::string::npos) {
-      throw Error(concat("unknown option '", a, "' (deck keys look like --section.key=value)"));
     } else {
-      p.overrides.push_back(a);
+      take_deck_override(a, p.overrides);
     }
   }
   return p;
@@ -166,23 +164,7 @@ int run(const PreprocessArgs& args) {
 }  // namespace
 
 int command_preprocess(const std::vector<std::string>& args) {
-  if (args.empty()) {
-    std::fputs(command_help("preprocess").c_str(), stderr);
-    return 2;
-  }
-  PreprocessArgs parsed;
-  try {
-    parsed = parse_args(args);
-  } catch (const Error& e) {
-    std::fputs(usage_error("preprocess", e.what()).c_str(), stderr);
-    return 2;
-  }
-  try {
-    return run(parsed);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "shardlm: error: %s\n", e.what());
-    return 1;
-  }
+  return run_parsed_command("preprocess", args, parse_args, run);
 }
 
 }  // namespace shardlm

@@ -15,6 +15,26 @@
 namespace shardlm::cuda {
 namespace {
 
+// Calls done() until it returns true: yielding through the first `spin`, then sleeping with a back-off
+// from 50 us to 1 ms. Returns 0 once done() is true, or the seconds waited when it gave up after timeout_s.
+template <class Done>
+double poll_until(std::chrono::milliseconds spin, double timeout_s, Done done) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    if (done()) return 0.0;
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    if (elapsed < spin) {
+      std::this_thread::yield();
+      continue;
+    }
+    const double waited = std::chrono::duration<double>(elapsed).count();
+    if (waited > timeout_s) return waited;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
     case DType::F32: return ncclFloat32;
@@ -144,29 +164,20 @@ void NcclCommunicator::check(ncclResult_t rc, const char* what) {
 
 ncclResult_t NcclCommunicator::settle(ncclComm_t comm, const char* what) {
   // A collective on a connected communicator settles within microseconds: poll without sleeping
-  // for the first kSpin (a sleep, however short, costs the kernel's timer slack, ~50-60 us, per
+  // for the first 2 ms (a sleep, however short, costs the kernel's timer slack, ~50-60 us, per
   // call: every collective of a step paid it, 170 us an NCCL call in comm-test on 4 H200), then
-  // back off to 1 ms sleeps for a connection being set up or a peer that is late or hung.
-  constexpr auto kSpin = std::chrono::milliseconds(2);
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(50);
-  for (;;) {
+  // back off for a connection being set up or a peer that is late or hung.
+  ncclResult_t result = ncclSuccess;
+  const double waited = poll_until(std::chrono::milliseconds(2), timeout_s_, [&] {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
-    if (rc != ncclSuccess) return rc;
-    if (state != ncclInProgress) return state;
-    const auto elapsed = std::chrono::steady_clock::now() - start;
-    if (elapsed < kSpin) {
-      std::this_thread::yield();
-      continue;
-    }
-    const double waited = std::chrono::duration<double>(elapsed).count();
-    if (waited > timeout_s_)
-      fail(concat(what, ": no progress for ", waited, " s (dist.timeout = ", timeout_s_,
-                  " s): a peer rank is hung or dead"));
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
+    result = rc != ncclSuccess ? rc : state;
+    return result != ncclInProgress;
+  });
+  if (waited > 0)
+    fail(concat(what, ": no progress for ", waited, " s (dist.timeout = ", timeout_s_,
+                " s): a peer rank is hung or dead"));
+  return result;
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
@@ -195,30 +206,19 @@ void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root)
 }
 
 void NcclCommunicator::wait() {
-  // As settle: spin through the first kSpin (most waits end within it), then sleep with back-off.
-  constexpr auto kSpin = std::chrono::milliseconds(1);
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(50);
-  for (;;) {
+  // As settle, spinning through the first 1 ms (most waits end within it).
+  const double waited = poll_until(std::chrono::milliseconds(1), timeout_s_, [&] {
     const cudaError_t rc = cudaStreamQuery(stream_);
-    if (rc == cudaSuccess) return;
+    if (rc == cudaSuccess) return true;
     if (rc != cudaErrorNotReady) fail(concat("CUDA error on the stream: ", cudaGetErrorString(rc)));
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress)
       fail(concat("asynchronous NCCL error: ", ncclGetErrorString(async), " (a peer rank may have died)"));
-    const auto elapsed = std::chrono::steady_clock::now() - start;
-    if (elapsed < kSpin) {
-      std::this_thread::yield();
-      continue;
-    }
-    const double waited = std::chrono::duration<double>(elapsed).count();
-    if (waited > timeout_s_)
-      fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_,
-                  " s): a peer rank is hung or dead"));
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
+    return false;
+  });
+  if (waited > 0)
+    fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_, " s): a peer rank is hung or dead"));
 }
 
 double NcclCommunicator::host_sum(double v) const {
