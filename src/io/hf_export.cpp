@@ -1,5 +1,5 @@
 // export_hf_model: a Hugging Face model directory (config.json, safetensors weights, shard index,
-// and the files hf_export_files.cpp writes) for BLOOM, Llama or Qwen2.
+// and the files hf_export_files.cpp writes) for every family of the registry (its layout and config writer).
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
