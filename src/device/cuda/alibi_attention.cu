@@ -58,16 +58,8 @@ void launch_softmax_backward(const float* dprobs, const void* probs, void* dscor
 GemmDesc head_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
                    long long stride_a, const void* B, int ldb, long long stride_b, void* C, int ldc, long long stride_c,
                    DType ab, DType c, int heads) {
-  GemmDesc g;
-  g.trans_a = trans_a, g.trans_b = trans_b;
-  g.M = M, g.N = N, g.K = K;
-  g.alpha = alpha, g.beta = 0.0f;
-  g.A = A, g.lda = lda, g.stride_a = stride_a;
-  g.B = B, g.ldb = ldb, g.stride_b = stride_b;
-  g.C = C, g.ldc = ldc, g.stride_c = stride_c;
-  g.ab_dtype = ab, g.c_dtype = c;
-  g.batch = heads;
-  return g;
+  return batched_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, 0.0f, C, ldc, stride_c, ab,
+                      c, heads);
 }
 
 void check_shape(const char* what, int B, int T, int heads, int head_dim, const void* workspace) {

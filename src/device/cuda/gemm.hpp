@@ -41,6 +41,23 @@ struct GemmDesc {
   long long stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch members
 };
 
+// A strided batched GEMM without epilogue: `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, member
+// i at A + i * stride_a elements, likewise B and C (attention's per-head products).
+inline GemmDesc batched_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+                             long long stride_a, const void* B, int ldb, long long stride_b, float beta, void* C,
+                             int ldc, long long stride_c, DType ab, DType c, int batch) {
+  GemmDesc g;
+  g.trans_a = trans_a, g.trans_b = trans_b;
+  g.M = M, g.N = N, g.K = K;
+  g.alpha = alpha, g.beta = beta;
+  g.A = A, g.lda = lda, g.stride_a = stride_a;
+  g.B = B, g.ldb = ldb, g.stride_b = stride_b;
+  g.C = C, g.ldc = ldc, g.stride_c = stride_c;
+  g.ab_dtype = ab, g.c_dtype = c;
+  g.batch = batch;
+  return g;
+}
+
 // One per device and stream user: the cuBLASLt handle, a workspace, and the cache of chosen
 // algorithms per shape (heuristics are asked once per shape, never in the steady state).
 class Gemm {

@@ -72,21 +72,6 @@ __global__ void store_rows_kernel(const float* in, int ld_in, T* out, int ld_out
 }
 
 // A GEMM batched over the kv heads of one sequence.
-GemmDesc kv_head_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
-                      long long stride_a, const void* B, int ldb, long long stride_b, float beta, void* C, int ldc,
-                      long long stride_c, DType ab, DType c, int kv_heads) {
-  GemmDesc g;
-  g.trans_a = trans_a, g.trans_b = trans_b;
-  g.M = M, g.N = N, g.K = K;
-  g.alpha = alpha, g.beta = beta;
-  g.A = A, g.lda = lda, g.stride_a = stride_a;
-  g.B = B, g.ldb = ldb, g.stride_b = stride_b;
-  g.C = C, g.ldc = ldc, g.stride_c = stride_c;
-  g.ab_dtype = ab, g.c_dtype = c;
-  g.batch = kv_heads;
-  return g;
-}
-
 void check_shape(const char* what, int B, int T, int heads, int kv_heads, int head_dim, const void* workspace) {
   SHARDLM_CHECK(B >= 0 && T >= 0 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && head_dim >= 1, what,
                 ": bad shape B=", B, " T=", T, " heads=", heads, " kv_heads=", kv_heads, " head_dim=", head_dim);
@@ -130,7 +115,7 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
                   cudaStream_t stream) {
   const int d = l.d, G = l.G;
   for (int j = 0; j < G; ++j)
-    gemm.run(kv_head_gemm(false, true, l.T, l.T, d, scale, q + static_cast<size_t>(j) * d * l.es, l.ld,
+    gemm.run(batched_gemm(false, true, l.T, l.T, d, scale, q + static_cast<size_t>(j) * d * l.es, l.ld,
                           static_cast<long long>(G) * d, k, l.ld, d, 0.0f, scores + j * l.tt, l.T, G * l.tt, dt,
                           DType::F32, l.kv_heads),
              stream);
@@ -163,7 +148,7 @@ void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, i
     SHARDLM_CUDA_LAUNCH_CHECK();
     // ctx_n = P_n v_g, written into query head n's columns of ctx.
     for (int j = 0; j < G; ++j)
-      gemm.run(kv_head_gemm(false, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(batched_gemm(false, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             v, l.ld, d, 0.0f, ctx_b + static_cast<size_t>(j) * d * es, l.qw,
                             static_cast<long long>(G) * d, dt, dt, kv_heads),
                stream);
@@ -201,11 +186,11 @@ void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const
     for (int j = 0; j < G; ++j) {
       const float beta = j == 0 ? 0.0f : 1.0f;  // the group's first query head writes, the others add
       // dP_n = dctx_n v_g^T (fp32); dv_g += P_n^T dctx_n (fp32).
-      gemm.run(kv_head_gemm(false, true, T, T, d, 1.0f, dctx_b + static_cast<size_t>(j) * d * es, l.qw,
+      gemm.run(batched_gemm(false, true, T, T, d, 1.0f, dctx_b + static_cast<size_t>(j) * d * es, l.qw,
                             static_cast<long long>(G) * d, v, l.ld, d, 0.0f, dprobs + j * l.tt, T, G * l.tt, dt,
                             DType::F32, kv_heads),
                stream);
-      gemm.run(kv_head_gemm(true, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(batched_gemm(true, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             dctx_b + static_cast<size_t>(j) * d * es, l.qw, static_cast<long long>(G) * d, beta,
                             dkv + l.kvw, ld_dkv, d, dt, DType::F32, kv_heads),
                stream);
@@ -221,11 +206,11 @@ void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const
     for (int j = 0; j < G; ++j) {
       const float beta = j == 0 ? 0.0f : 1.0f;
       // S = scale q k^T: dq_n = scale dS_n k_g (each query head once), dk_g += scale dS_n^T q_n (fp32).
-      gemm.run(kv_head_gemm(false, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt, k,
+      gemm.run(batched_gemm(false, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt, k,
                             l.ld, d, 0.0f, dq + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d,
                             dt, dt, kv_heads),
                stream);
-      gemm.run(kv_head_gemm(true, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(batched_gemm(true, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             q + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d, beta, dkv,
                             ld_dkv, d, dt, DType::F32, kv_heads),
                stream);
