@@ -309,6 +309,20 @@ BOOST_AUTO_TEST_CASE(training_arguments_win_over_accelerate_as_in_trainer) {
   BOOST_TEST(contains(deck, "activation_checkpointing = true"));
 }
 
+// Accelerate's mixed_precision: fp8 is bf16 with the blocks' linear layers in FP8 (model.fp8_linear);
+// on the CPU backend, which has no FP8, bf16 throughout and a warning.
+BOOST_AUTO_TEST_CASE(fp8_mixed_precision_maps_to_fp8_linear_layers) {
+  const AccelerateImport gpu = import_accelerate(std::string(kFsdpYaml) + "mixed_precision: fp8\n", "c.yaml", "", "", {}, "t");
+  BOOST_TEST(contains(gpu.deck, "param_dtype = bf16"));
+  BOOST_TEST(contains(gpu.deck, "fp8_linear = true"));
+  BOOST_TEST(contains(gpu.deck, "compute capability 8.9"));
+  const AccelerateImport cpu =
+      import_accelerate(std::string(kFsdpYaml) + "mixed_precision: fp8\nuse_cpu: true\n", "c.yaml", "", "", {}, "t");
+  BOOST_TEST(contains(cpu.deck, "param_dtype = bf16"));
+  BOOST_TEST(!contains(cpu.deck, "fp8_linear = true"));
+  BOOST_TEST(has_warning(cpu, "the CPU backend has no FP8"));
+}
+
 BOOST_AUTO_TEST_CASE(command_line_keys_win_and_are_said) {
   const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--fsdp.strategy=NO_SHARD", "--train.lr=1e-3"}, "test");
   BOOST_TEST(contains(im.deck, "strategy = NO_SHARD"));

@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 92u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 93u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -347,6 +347,23 @@ BOOST_AUTO_TEST_CASE(model_attention) {
                            "tokenizer = byte\n[train]\nbatch_size = 8\n");
   BOOST_TEST(c.model.arch == "llama");
   BOOST_TEST((c.model.attention == AttentionImpl::Native));
+}
+
+// model.fp8_linear: off by default; on with bf16 parameters on the CUDA backend, kept when model.dir
+// gives the shape; refused on the CPU backend and with fp32 parameters, naming the key and why.
+BOOST_AUTO_TEST_CASE(model_fp8_linear) {
+  BOOST_TEST(!load(kBase).model.fp8_linear);
+  const std::vector<std::string> cuda_bf16 = {"--run.backend=cuda", "--fsdp.param_dtype=bf16", "--model.fp8_linear=true"};
+  const RunConfig c = load(kBase, cuda_bf16);
+  BOOST_TEST(c.model.fp8_linear);
+  BOOST_TEST(has(resolved_deck_ini(c), "fp8_linear = true"));
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
+  BOOST_TEST(load("[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\ntokenizer = byte\n[train]\nbatch_size = 8\n",
+                  cuda_bf16).model.fp8_linear);
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.param_dtype=bf16", "--model.fp8_linear=true"}); }),
+                 "model.fp8_linear = true: needs the CUDA backend"));
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--run.backend=cuda", "--model.fp8_linear=true"}); }),
+                 "needs 16-bit parameters (fsdp.param_dtype = bf16)"));
 }
 
 BOOST_AUTO_TEST_CASE(model_shape_checks) {

@@ -480,6 +480,30 @@ BOOST_AUTO_TEST_CASE(activation_checkpointing_gives_the_same_losses) {
 
 BOOST_AUTO_TEST_CASE(bf16_tracks_the_fp32_curve) { expect_bf16_tracks_the_fp32_curve(config, 0.02); }
 
+// model.fp8_linear: 100 bf16 steps with the blocks' GEMMs in FP8 stay within `tolerance` of the bf16
+// curve, halve the loss, and differ from it (the FP8 path ran). BLOOM's bias+GELU GEMMs stay bf16.
+void expect_fp8_tracks_the_bf16_curve(RunConfig (*make)(const std::string&, const std::string&, int),
+                                      double tolerance) {
+  const auto to_bf16 = [make](const std::string& backend, const std::string& name, int steps) {
+    RunConfig c = make(backend, name, steps);
+    c.fsdp.param_dtype = DType::BF16;
+    return c;
+  };
+  RunConfig plain = to_bf16("cuda", "fp8_plain", 100), fp8 = to_bf16("cuda", "fp8_linear", 100);
+  fp8.model.fp8_linear = true;
+  const TrainResult a = train(plain, MPI_COMM_WORLD, quiet());
+  const TrainResult b = train(fp8, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(b.step_losses.size() == 100u);
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) < tolerance);
+  BOOST_TEST(max_relative(b.step_losses, a.step_losses) > 1e-6);
+  BOOST_TEST(b.step_losses.back() < b.step_losses.front() / 2);
+}
+
+BOOST_AUTO_TEST_CASE(fp8_linear_tracks_the_bf16_curve) {
+  expect_fp8_tracks_the_bf16_curve(llama_config, 0.03);
+  expect_fp8_tracks_the_bf16_curve(config, 0.03);
+}
+
 BOOST_AUTO_TEST_CASE(fp16_with_loss_scaling_trains_and_skips_overflow) {
   RunConfig fp32 = config("cuda", "fp32_ref", 100), fp16 = config("cuda", "fp16", 100);
   fp16.fsdp.param_dtype = DType::F16;

@@ -3,7 +3,10 @@
 // Tests of the cuBLASLt GEMM (label gpu): row-major products in every transpose combination, odd sizes,
 // padded row strides, F32/BF16/F16 inputs with F32 and 16-bit outputs, beta accumulation, the bias, bias+GELU
 // and GELU-backward epilogues (the fused path and the fallback), strided batches, misaligned pointers
-// against cached plans, and argument errors, all against a double-precision loop on the host.
+// against cached plans, and argument errors, all against a double-precision loop on the host; the FP8
+// path (model.fp8_linear): fp8_quantize's copies, scales and its handling of zeros, infs and NaNs, and the
+// forward, dgrad and wgrad forms through run_fp8_gemm against the host product of the same E4M3 values
+// (tight) and of the unquantized inputs (within FP8's error).
 
 #include <cuda_runtime_api.h>
 
@@ -15,7 +18,10 @@
 #include <vector>
 
 #include "cuda_test_support.hpp"
+#include "fp8_cast.hpp"
+#include "fp8_gemm.hpp"
 #include "gemm.hpp"
+#include "workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 
 using namespace shardlm;
@@ -352,4 +358,167 @@ BOOST_AUTO_TEST_CASE(bad_arguments_throw) {
   bad.epilogue = Epilogue::DGelu;  // no aux pointer
   BOOST_CHECK_THROW(gemm.run(bad, nullptr), Error);
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// ---- FP8 ------------------------------------------------------------------------------------
+
+namespace {
+
+// E4M3's value nearest to v (ties to even mantissa), saturating at 448: the host's fp8_quantize.
+float nearest_e4m3(float v) {
+  if (std::isnan(v)) return v;
+  const float a = std::min(std::fabs(v), cuda::kFp8E4M3Max);
+  float best = 0.0f;
+  for (int code = 0; code < 0x7f; ++code) {  // every finite non-negative E4M3 value
+    const float c = cuda::fp8_e4m3_to_float(static_cast<uint8_t>(code));
+    if (std::fabs(c - a) < std::fabs(best - a) ||
+        (std::fabs(c - a) == std::fabs(best - a) && (code & 1) == 0))
+      best = c;
+  }
+  return v < 0 ? -best : best;
+}
+
+struct Quantized {
+  std::vector<uint8_t> out, out_t;
+  float inv_scale = 0;
+};
+
+Quantized quantize_on_device(const std::vector<float>& x, int rows, int cols, int ld) {
+  TestArray dx(x, DType::BF16);
+  DeviceBuffer out(static_cast<size_t>(rows) * cols + 16), out_t(static_cast<size_t>(rows) * cols + 16);
+  DeviceBuffer scratch(2 * sizeof(float));
+  float* inv = reinterpret_cast<float*>(scratch.get());
+  unsigned* amax = reinterpret_cast<unsigned*>(scratch.get() + sizeof(float));
+  cuda::fp8_quantize(dx.data(), rows, cols, ld, DType::BF16, reinterpret_cast<uint8_t*>(out.get()),
+                     reinterpret_cast<uint8_t*>(out_t.get()), inv, amax, nullptr);
+  check_cuda(cudaDeviceSynchronize(), "fp8_quantize");
+  Quantized q;
+  q.out = from_device_raw<uint8_t>(out.get(), static_cast<size_t>(rows) * cols);
+  q.out_t = from_device_raw<uint8_t>(out_t.get(), static_cast<size_t>(rows) * cols);
+  q.inv_scale = from_device_raw<float>(inv, 1)[0];
+  return q;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fp8_quantize_scales_rounds_and_transposes) {
+  std::mt19937 rng(21);
+  const int rows = 37, cols = 45, ld = 50;  // odd sizes and a padded row stride: partial tiles
+  std::vector<float> x = random_values(static_cast<size_t>(rows) * ld, rng, DType::BF16, 3.0f);
+  x[5 * ld + 7] = -100.0f;  // the largest magnitude (random_values' normal draws stay far below), exact in bf16
+  x[6 * ld + cols + 2] = 1000.0f;  // in the row stride's padding: not part of the matrix, so not its amax
+  const Quantized q = quantize_on_device(x, rows, cols, ld);
+  BOOST_TEST(q.inv_scale == 100.0f / 448.0f);
+  const float scale = 448.0f / 100.0f;
+  size_t wrong = 0, wrong_t = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const float want = nearest_e4m3(bf16_to_float(float_to_bf16(x[static_cast<size_t>(r) * ld + c])) * scale);
+      wrong += cuda::fp8_e4m3_to_float(q.out[static_cast<size_t>(r) * cols + c]) != want;
+      wrong_t += q.out_t[static_cast<size_t>(c) * rows + r] != q.out[static_cast<size_t>(r) * cols + c];
+    }
+  BOOST_TEST(wrong == 0u);
+  BOOST_TEST(wrong_t == 0u);
+  BOOST_TEST(cuda::fp8_e4m3_to_float(q.out[5 * cols + 7]) == -448.0f);
+}
+
+BOOST_AUTO_TEST_CASE(fp8_quantize_zeros_infs_and_nans) {
+  const int rows = 16, cols = 32;
+  const Quantized zeros = quantize_on_device(std::vector<float>(rows * cols, 0.0f), rows, cols, cols);
+  BOOST_TEST(zeros.inv_scale == 1.0f);  // no division by a zero amax
+  BOOST_TEST(std::all_of(zeros.out.begin(), zeros.out.end(), [](uint8_t v) { return (v & 0x7f) == 0; }));
+  for (const float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<float> x(rows * cols, 0.25f);
+    x[3 * cols + 9] = bad;
+    const Quantized q = quantize_on_device(x, rows, cols, cols);
+    BOOST_TEST_CONTEXT("bad value " << bad) {
+      BOOST_TEST(!std::isfinite(q.inv_scale));  // amax inf or NaN: the GEMM's result is not finite
+      BOOST_TEST(std::isnan(cuda::fp8_e4m3_to_float(q.out[3 * cols + 9])));
+    }
+  }
+}
+
+// run_fp8_gemm on one form against (1) the host product of the E4M3 values the device made, times
+// their scales (what the GEMM must compute, up to fp32 accumulation and C's rounding) and (2) the
+// product of the unquantized inputs (FP8's own error: about 2^-4 per factor, averaging over K).
+void check_fp8_form(bool trans_a, bool trans_b, DType c_dtype, float beta) {
+  BOOST_TEST_CONTEXT("trans_a=" << trans_a << " trans_b=" << trans_b << " C " << dtype_name(c_dtype) << " beta "
+                                << beta) {
+    std::mt19937 rng(5 + trans_a + 2 * trans_b);
+    const int M = 64, N = 48, K = 96;
+    const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const std::vector<float> a = random_values(static_cast<size_t>(a_rows) * a_cols, rng, DType::BF16, 2.0f);
+    const std::vector<float> b = random_values(static_cast<size_t>(b_rows) * b_cols, rng, DType::BF16, 0.5f);
+    const std::vector<float> c0 = random_values(static_cast<size_t>(M) * N, rng, c_dtype);
+    TestArray da(a, DType::BF16), db(b, DType::BF16), dc(c0, c_dtype);
+    const size_t a_el = static_cast<size_t>(M) * K, b_el = static_cast<size_t>(N) * K;
+    DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
+    const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+    GemmDesc d;
+    d.trans_a = trans_a, d.trans_b = trans_b, d.M = M, d.N = N, d.K = K, d.beta = beta;
+    d.A = da.data(), d.lda = a_cols, d.B = db.data(), d.ldb = b_cols, d.C = dc.data(), d.ldc = N;
+    d.ab_dtype = DType::BF16, d.c_dtype = c_dtype;
+    BOOST_TEST_REQUIRE(cuda::fp8_gemm_fits(d, w));
+    Gemm gemm;
+    BOOST_REQUIRE_NO_THROW(cuda::run_fp8_gemm(gemm, d, w, nullptr));
+    const std::vector<float> c = dc.download(static_cast<size_t>(M) * N);
+    const std::vector<uint8_t> qa = from_device_raw<uint8_t>(w.a, a_el), qb = from_device_raw<uint8_t>(w.b, b_el);
+    const std::vector<float> inv = {from_device_raw<float>(w.a_scale, 1)[0], from_device_raw<float>(w.b_scale, 1)[0]};
+    double worst_exact = 0, worst_fp8 = 0, scale = 0, sum_ab = 0;
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double exact = 0, plain = 0, abs_sum = 0;
+        for (int k = 0; k < K; ++k) {
+          // the quantized operands: A as [M, K], B as [N, K]
+          exact += double(cuda::fp8_e4m3_to_float(qa[static_cast<size_t>(i) * K + k])) * inv[0] *
+                   cuda::fp8_e4m3_to_float(qb[static_cast<size_t>(j) * K + k]) * inv[1];
+          const double av = trans_a ? a[static_cast<size_t>(k) * a_cols + i] : a[static_cast<size_t>(i) * a_cols + k];
+          const double bv = trans_b ? b[static_cast<size_t>(j) * b_cols + k] : b[static_cast<size_t>(k) * b_cols + j];
+          plain += av * bv;
+          abs_sum += std::fabs(av * bv);
+        }
+        const double base = beta * c0[static_cast<size_t>(i) * N + j];
+        worst_exact = std::max(worst_exact, std::fabs(c[static_cast<size_t>(i) * N + j] - (base + exact)));
+        worst_fp8 = std::max(worst_fp8, std::fabs(c[static_cast<size_t>(i) * N + j] - (base + plain)));
+        scale = std::max(scale, std::fabs(base + plain));
+        sum_ab = std::max(sum_ab, abs_sum);
+      }
+    // (1): the tensor cores' accumulation of exact products (Hopper's FP8 MMA adds with fewer bits than
+    // fp32: measured 1.8e-4 of the largest value at K = 96), then C's rounding (bf16: 2^-8 of the value).
+    BOOST_TEST(worst_exact <= (c_dtype == DType::BF16 ? 8e-3 : 1e-3) * scale,
+               "against the E4M3 values: " << worst_exact << " of " << scale);
+    // (2): each factor within 2^-4 relative (E4M3's 3 mantissa bits), errors of random sign.
+    BOOST_TEST(worst_fp8 <= 0.06 * sum_ab, "against the bf16 inputs: " << worst_fp8 << " of sum |a b| " << sum_ab);
+    BOOST_TEST(worst_fp8 > 0.0, "FP8 changed nothing: the inputs were not quantized");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fp8_forward_dgrad_wgrad_forms) {
+  check_fp8_form(false, true, DType::BF16, 0.0f);   // forward: x W^T
+  check_fp8_form(false, true, DType::BF16, 1.0f);   // forward onto a residual
+  check_fp8_form(false, false, DType::BF16, 0.0f);  // dgrad: dy W
+  check_fp8_form(true, false, DType::F32, 1.0f);    // wgrad: dW += dy^T x
+  check_fp8_form(true, true, DType::F32, 0.0f);     // both transposed
+}
+
+BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {
+  const size_t a_el = 64 * 96, b_el = 48 * 96;
+  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
+  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+  GemmDesc d;
+  d.trans_b = true, d.M = 64, d.N = 48, d.K = 96, d.lda = 96, d.ldb = 96, d.ldc = 48;
+  d.ab_dtype = DType::BF16, d.c_dtype = DType::BF16;
+  BOOST_TEST(cuda::fp8_gemm_fits(d, w));
+  GemmDesc odd = d;
+  odd.K = 90;  // not a multiple of 16: stays 16-bit
+  BOOST_TEST(!cuda::fp8_gemm_fits(odd, w));
+  GemmDesc big = d;
+  big.M = 128;  // beyond the scratch
+  BOOST_TEST(!cuda::fp8_gemm_fits(big, w));
+  GemmDesc gelu = d;
+  gelu.epilogue = Epilogue::BiasGelu;
+  BOOST_TEST(!cuda::fp8_gemm_fits(gelu, w));
+  GemmDesc f32 = d;
+  f32.ab_dtype = DType::F32;
+  BOOST_TEST(!cuda::fp8_gemm_fits(f32, w));
 }

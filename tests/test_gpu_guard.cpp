@@ -42,6 +42,19 @@ BOOST_AUTO_TEST_CASE(a_v100_stops_bf16_and_names_the_deck_keys) {
   BOOST_TEST(gpu_run_problem(a100, DType::BF16, DType::BF16).empty());
 }
 
+// model.fp8_linear needs FP8 tensor cores (compute capability 8.9 or newer): an A100 stops naming itself.
+BOOST_AUTO_TEST_CASE(fp8_linear_needs_compute_capability_8_9) {
+  GpuFacts a100{"NVIDIA A100-SXM4-80GB", 8, 0, "", "80;90", true};
+  const std::string m = gpu_run_problem(a100, DType::BF16, DType::F32, true);
+  BOOST_TEST(contains(m, "GPU 'NVIDIA A100-SXM4-80GB' has compute capability 8.0"), m);
+  BOOST_TEST(contains(m, "model.fp8_linear needs compute capability 8.9"), m);
+  BOOST_TEST(gpu_run_problem(a100, DType::BF16, DType::F32, false).empty());
+  GpuFacts l40s{"NVIDIA L40S", 8, 9, "", "89", true};
+  BOOST_TEST(gpu_run_problem(l40s, DType::BF16, DType::F32, true).empty());
+  GpuFacts h100{"NVIDIA H100 80GB HBM3", 9, 0, "", "90", true};
+  BOOST_TEST(gpu_run_problem(h100, DType::BF16, DType::F32, true).empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_binary_without_the_gpus_kernels_names_both_architectures) {
   GpuFacts v100{"Tesla V100-PCIE-16GB", 7, 0, "", "80,90", true};
   const std::string m = gpu_run_problem(v100, DType::F16, DType::F16);

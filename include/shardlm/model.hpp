@@ -94,6 +94,9 @@ struct ModelConfig {
   // family's default, 2048). Its fp32 logits chunk is tokens x vocab x 4 bytes of workspace.
   int head_chunk_tokens = 0;
   LoraConfig lora;      // not part of the shape: adapters trained over frozen base weights
+  // Not part of the shape: the CUDA blocks' linear layers run their GEMMs in FP8 (E4M3, per-tensor
+  // current scaling; model.fp8_linear); everything else stays in the compute dtype.
+  bool fp8_linear = false;
 
   int head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }

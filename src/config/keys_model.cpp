@@ -27,6 +27,12 @@ static void check_model(const RunConfig& cfg, int) {
   if (family.rotary && m.head_dim() % 2 != 0)
     bad_value("model.num_heads", std::to_string(m.num_heads),
               concat("gives an odd head dimension ", m.head_dim(), "; rotary embeddings need an even one"));
+  if (m.fp8_linear && cfg.run.backend != BackendKind::Cuda)
+    bad_value("model.fp8_linear", "true", "needs the CUDA backend (run.backend = cuda) on a GPU of compute capability 8.9 "
+                                          "or newer (L4, L40S, H100, H200): the CPU backend has no FP8");
+  if (m.fp8_linear && cfg.fsdp.param_dtype == DType::F32)
+    bad_value("model.fp8_linear", "true", "needs 16-bit parameters (fsdp.param_dtype = bf16): the FP8 copies are made "
+                                          "from the gathered bf16 weights and activations");
   if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
@@ -124,6 +130,17 @@ static std::vector<KeySpec> run_keys() {
                "for). Smaller chunks save that memory for more passes of the head's weight gradient (one fp32 read "
                "and write of vocabulary x hidden per chunk). Not part of the shape: allowed with `model.dir`. The CPU"
                " backend has its own chunks and ignores it"),
+      flag_key("model.fp8_linear", SHARDLM_FIELD(model.fp8_linear))
+          .cuda()
+          .doc("the decoder blocks' linear layers (q|k|v, o, gate|up, down) run their forward and both backward GEMMs "
+               "in FP8 on the tensor cores (Accelerate's `mixed_precision: fp8`): each operand is copied to E4M3 with "
+               "one scale per tensor from its current largest magnitude (torchao's tensorwise current scaling; "
+               "activations, weights and gradients alike), the GEMM accumulates in fp32 and writes bf16 (fp32 for "
+               "weight gradients). Attention, norms, embeddings, the LM head and the loss stay in "
+               "`fsdp.param_dtype`, as do GEMMs whose sizes are not multiples of 16. Needs the CUDA backend, "
+               "`fsdp.param_dtype = bf16` and a GPU of compute capability 8.9 or newer (an error at start names the "
+               "GPU otherwise); `shardlm plan` counts the E4M3 copies ([PERFORMANCE.md](PERFORMANCE.md) has its "
+               "speed and loss against bf16)"),
       folder_key("model.dir", SHARDLM_FIELD(model.dir), {"config.json"}, "a Hugging Face model directory")
           .doc("a Hugging Face model directory: `config.json` and the weights, `model.safetensors` or shards with "
                "`model.safetensors.index.json` (as `save_pretrained` writes them or as the Hub has them). The shape "

@@ -51,7 +51,7 @@ bool archs_cover(const std::string& archs, int major, int minor) {
   return false;
 }
 
-std::string gpu_run_problem(const GpuFacts& gpu, DType param_dtype, DType reduce_dtype) {
+std::string gpu_run_problem(const GpuFacts& gpu, DType param_dtype, DType reduce_dtype, bool fp8_linear) {
   std::vector<std::string> problems;
   const bool covered = gpu.forged_by.empty() ? gpu.kernels_load && archs_cover(gpu.built_archs, gpu.major, gpu.minor)
                                              : archs_cover(gpu.built_archs, gpu.major, gpu.minor);
@@ -68,6 +68,9 @@ std::string gpu_run_problem(const GpuFacts& gpu, DType param_dtype, DType reduce
                               "fsdp.param_dtype = fp16 and fsdp.reduce_dtype = fp16 in the deck (or "
                               "--fsdp.param_dtype=fp16 --fsdp.reduce_dtype=fp16); with fp16, dynamic loss scaling "
                               "turns itself on (train.loss_scale = 0)"));
+  if (fp8_linear && gpu.major * 10 + gpu.minor < 89)
+    problems.push_back("model.fp8_linear needs compute capability 8.9 or newer (L4, L40S, H100, H200), whose tensor "
+                       "cores run FP8; this GPU's do not: remove model.fp8_linear");
   if (problems.empty()) return "";
   std::string msg = concat("GPU '", gpu.name, "' has compute capability ", gpu.major, ".", gpu.minor,
                            gpu.forged_by.empty() ? std::string() : concat(" (forged by ", gpu.forged_by, ")"), ": ");
@@ -99,7 +102,7 @@ void check_gpu_for_run(const RunConfig& cfg, const Topology& topo) {
     parse_compute_capability(forged, "SHARDLM_FORGE_COMPUTE_CAPABILITY", gpu.major, gpu.minor);
     gpu.forged_by = "SHARDLM_FORGE_COMPUTE_CAPABILITY";
   }
-  const std::string problem = gpu_run_problem(gpu, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype);
+  const std::string problem = gpu_run_problem(gpu, cfg.fsdp.param_dtype, cfg.fsdp.reduce_dtype, cfg.model.fp8_linear);
   SHARDLM_CHECK(problem.empty(), "rank ", topo.world_rank, ": ", problem);
 #else
   (void)topo;  // make_engine says that this build has no CUDA backend

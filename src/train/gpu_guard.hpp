@@ -27,7 +27,8 @@ bool archs_cover(const std::string& archs, int major, int minor);
 
 // "" when the run can go; else the message: the GPU (name, compute capability) and, for each
 // problem, what to change (rebuild for its architecture; fp16 with loss scaling instead of bf16).
-std::string gpu_run_problem(const GpuFacts& gpu, DType param_dtype, DType reduce_dtype);
+// fp8_linear: model.fp8_linear, which needs compute capability 8.9 or newer.
+std::string gpu_run_problem(const GpuFacts& gpu, DType param_dtype, DType reduce_dtype, bool fp8_linear = false);
 
 // "7.0" or "70" as (7, 0); Error naming `what` otherwise.
 void parse_compute_capability(const std::string& text, const std::string& what, int& major, int& minor);

@@ -643,7 +643,12 @@ class Conversion {
       throw Error(concat(yaml_, ": mixed_precision: unknown value '", clip_for_message(mp), "' (no, fp16, bf16 or fp8)"));
     im_.set("fsdp.param_dtype", dtype, dtype_origin);
     im_.set("fsdp.reduce_dtype", dtype, dtype_origin);
-    if (mp == "FP8") im_.warn("fsdp.param_dtype", dtype_origin, "shardlm has no fp8 training: bf16 instead");
+    if (mp == "FP8" && cpu_)
+      im_.warn("fsdp.param_dtype", dtype_origin, "the CPU backend has no FP8: bf16 throughout instead");
+    else if (mp == "FP8")
+      im_.set("model.fp8_linear", "true", concat(dtype_origin, ": the blocks' linear layers in FP8 (E4M3, per-tensor "
+                                                 "current scaling), the rest in bf16, as Accelerate's fp8 recipes; "
+                                                 "needs compute capability 8.9 or newer (H100, H200, L40S)"));
     if (dtype == "fp16")
       im_.set("train.loss_scale", "0", "fp16: dynamic loss scaling from 65536, doubling after 2000 good steps (Trainer's GradScaler)");
     if ((ta_bf16 || ta_fp16) && a_.given("mixed_precision"))

@@ -73,11 +73,12 @@ struct Signature {
   int M, N, K, lda, ldb, ldc, batch;
   long long stride_a, stride_b, stride_c;
   DType ab, c;
+  bool fp8;
   Epilogue epilogue;
   uint32_t align_a, align_b, align_c, align_bias, align_aux;
 
   auto tied() const {
-    return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, ab, c, epilogue,
+    return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, ab, c, fp8, epilogue,
                     align_a, align_b, align_c, align_bias, align_aux);
   }
   bool operator==(const Signature& o) const { return tied() == o.tied(); }
@@ -85,19 +86,29 @@ struct Signature {
 
 std::string describe(const GemmDesc& d) {
   return concat("M=", d.M, " N=", d.N, " K=", d.K, " trans_a=", d.trans_a, " trans_b=", d.trans_b, " lda=", d.lda,
-                " ldb=", d.ldb, " ldc=", d.ldc, " batch=", d.batch, " A/B ", dtype_name(d.ab_dtype), " C ",
+                " ldb=", d.ldb, " ldc=", d.ldc, " batch=", d.batch, " A/B ", d.fp8 ? "fp8 e4m3" : dtype_name(d.ab_dtype), " C ",
                 dtype_name(d.c_dtype), " epilogue ", epilogue_name(d.epilogue));
 }
 
 void validate(const GemmDesc& d) {
   SHARDLM_CHECK(d.M >= 0 && d.N >= 0 && d.K >= 0 && d.batch >= 1, "Gemm: bad size (", describe(d), ")");
-  SHARDLM_CHECK(d.c_dtype == DType::F32 || d.c_dtype == d.ab_dtype,
-                "Gemm: C must be F32 or the A/B dtype (", describe(d), ")");
   const int a_cols = d.trans_a ? d.M : d.K, b_cols = d.trans_b ? d.K : d.N;
   SHARDLM_CHECK(d.lda >= std::max(1, a_cols) && d.ldb >= std::max(1, b_cols) && d.ldc >= std::max(1, d.N),
                 "Gemm: row stride too small (", describe(d), ")");
   SHARDLM_CHECK(d.stride_a >= 0 && d.stride_b >= 0 && d.stride_c >= 0, "Gemm: negative batch stride (", describe(d),
                 ")");
+  if (d.fp8) {
+    SHARDLM_CHECK(!d.trans_a && d.trans_b && d.batch == 1 &&
+                      (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && d.a_scale && d.b_scale &&
+                      d.M % 16 == 0 && d.N % 16 == 0 && d.K % 16 == 0 && d.lda % 16 == 0 && d.ldb % 16 == 0 &&
+                      d.ldc * dtype_size(d.c_dtype) % 16 == 0 && reinterpret_cast<uintptr_t>(d.a_scale) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(d.b_scale) % 16 == 0,
+                  "Gemm: FP8 takes trans_a = false, trans_b = true, batch 1, no epilogue but a bias, both scales on ",
+                  "16-byte boundaries, and M, N, K, lda, ldb multiples of 16 (", describe(d), ")");
+  } else {
+    SHARDLM_CHECK(d.c_dtype == DType::F32 || d.c_dtype == d.ab_dtype,
+                  "Gemm: C must be F32 or the A/B dtype (", describe(d), ")");
+  }
   if (d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu)
     SHARDLM_CHECK(d.bias != nullptr, "Gemm: epilogue ", epilogue_name(d.epilogue), " needs a bias (", describe(d),
                   ")");
@@ -149,9 +160,10 @@ struct Gemm::Plan {
 
 namespace {
 
-cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_t ld, int batch, long long stride) {
+cublasLtMatrixLayout_t make_layout(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int batch,
+                                   long long stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  SHARDLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(t), rows, cols, ld));
+  SHARDLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, t, rows, cols, ld));
   if (batch > 1) {
     const int32_t count = batch;
     const int64_t offset = stride;
@@ -164,6 +176,12 @@ cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_
 }
 
 void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
+  if (d.fp8) {  // cuBLASLt's A is our B
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &d.b_scale, sizeof d.b_scale));
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &d.a_scale, sizeof d.a_scale));
+  }
   if (d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu)
     SHARDLM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
@@ -220,7 +238,7 @@ bool has_bias(const GemmDesc& d) { return d.epilogue == Epilogue::Bias || d.epil
 bool has_aux(const GemmDesc& d) { return d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu; }
 
 Signature signature_of(const GemmDesc& d) {
-  const size_t ab_size = dtype_size(d.ab_dtype), c_size = dtype_size(d.c_dtype);
+  const size_t ab_size = d.fp8 ? 1 : dtype_size(d.ab_dtype), c_size = dtype_size(d.c_dtype);
   Signature sig{};
   sig.trans_a = d.trans_a;
   sig.trans_b = d.trans_b;
@@ -228,7 +246,7 @@ Signature signature_of(const GemmDesc& d) {
   sig.stride_a = d.batch > 1 ? d.stride_a : 0;
   sig.stride_b = d.batch > 1 ? d.stride_b : 0;
   sig.stride_c = d.batch > 1 ? d.stride_c : 0;
-  sig.ab = d.ab_dtype, sig.c = d.c_dtype, sig.epilogue = d.epilogue;
+  sig.ab = d.fp8 ? DType::F32 : d.ab_dtype, sig.c = d.c_dtype, sig.fp8 = d.fp8, sig.epilogue = d.epilogue;
   sig.align_a = alignment_of(d.A, d.stride_a, d.batch, ab_size);
   sig.align_b = alignment_of(d.B, d.stride_b, d.batch, ab_size);
   sig.align_c = alignment_of(d.C, d.stride_c, d.batch, c_size);
@@ -241,10 +259,10 @@ Signature signature_of(const GemmDesc& d) {
 // and batch stride must be divisible by 8).
 bool set_native_epilogue(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
   if (has_aux(d) && (d.ldc % 8 != 0 || (d.batch > 1 && d.stride_c % 8 != 0))) return false;
+  set_epilogue_pointers(desc, d);  // the FP8 scales, the bias and aux: the heuristic reads their alignment
   if (d.epilogue == Epilogue::None) return true;
   const cublasLtEpilogue_t epi = lt_epilogue(d.epilogue);
   SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-  set_epilogue_pointers(desc, d);  // the heuristic reads their alignment
   if (has_aux(d)) {
     const int64_t aux_ld = d.ldc;
     SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
@@ -302,7 +320,7 @@ bool Gemm::choose_algorithm(Plan& plan, const GemmDesc& d) {
 Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
   const Signature sig = signature_of(d);
   const int flags = int(sig.trans_a) | int(sig.trans_b) << 1 | int(sig.epilogue) << 2 | int(sig.ab) << 4 |
-                    int(sig.c) << 6;
+                    int(sig.c) << 6 | int(sig.fp8) << 8;
   const int aligns = log2_of(sig.align_a) | log2_of(sig.align_b) << 4 | log2_of(sig.align_c) << 8 |
                      log2_of(sig.align_bias) << 12 | log2_of(sig.align_aux) << 16;
   const auto key = std::make_tuple(flags, aligns, sig.M, sig.N, sig.K, sig.lda, sig.ldb, sig.ldc, sig.batch,
@@ -322,9 +340,10 @@ Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
   SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
-  plan->layout_a = make_layout(d.ab_dtype, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
-  plan->layout_b = make_layout(d.ab_dtype, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);
-  plan->layout_c = make_layout(d.c_dtype, d.N, d.M, d.ldc, d.batch, d.stride_c);
+  const cudaDataType_t ab = d.fp8 ? CUDA_R_8F_E4M3 : cuda_type(d.ab_dtype);
+  plan->layout_a = make_layout(ab, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);
+  plan->layout_b = make_layout(ab, d.trans_a ? d.M : d.K, d.trans_a ? d.K : d.M, d.lda, d.batch, d.stride_a);
+  plan->layout_c = make_layout(cuda_type(d.c_dtype), d.N, d.M, d.ldc, d.batch, d.stride_c);
   plan->fallback = !choose_algorithm(*plan, d);
   slot = plan.release();
   return *slot;
@@ -385,7 +404,7 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
   if (d.K == 0) return run_empty_sum(d, stream);
   Plan& plan = plan_for(d);
   if (plan.fallback) return run_fallback(d, stream);
-  if (d.epilogue != Epilogue::None) set_epilogue_pointers(plan.desc, d);
+  if (d.epilogue != Epilogue::None || d.fp8) set_epilogue_pointers(plan.desc, d);
   const float alpha = d.alpha, beta = d.beta;
   const cublasStatus_t rc =
       cublasLtMatmul(handle_, plan.desc, &alpha, d.B, plan.layout_a, d.A, plan.layout_b, &beta, d.C, plan.layout_c,

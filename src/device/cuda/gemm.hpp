@@ -39,6 +39,14 @@ struct GemmDesc {
   void* aux = nullptr;           // [M, N] in c_dtype, row stride ldc (BiasGelu writes, DGelu reads)
   int batch = 1;                 // strided batch (attention)
   long long stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch members
+  // FP8: A and B hold E4M3 bytes (fp8_quantize's copies; ab_dtype is not read), each multiplied back by
+  // the device float a_scale / b_scale points to. cuBLASLt runs FP8 in its "TN" form only: trans_a
+  // false, trans_b true (both operands K-contiguous), batch 1, epilogue None or Bias, C in BF16, F16
+  // or F32, M, N, K multiples of 16, and each scale on a 16-byte boundary (cuBLASLt 13 answers
+  // CUBLAS_STATUS_NOT_SUPPORTED otherwise); fp8_gemm.hpp makes the copies that reach this form.
+  bool fp8 = false;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 // A strided batched GEMM without epilogue: `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, member

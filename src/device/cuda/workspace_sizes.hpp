@@ -61,4 +61,15 @@ inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
          align256(rows * sizeof(int));
 }
 
+// cuBLASLt's FP8 GEMM takes scale pointers on 16-byte boundaries only.
+constexpr size_t kFp8ScaleAlignment = 16;
+
+// run_fp8_gemm's scratch (fp8_gemm.hpp, Fp8Scratch): the E4M3 copies of A operands of up to
+// a_elements and B operands of up to b_elements, then two fp32 inverse scales 16 bytes apart and two
+// amax words.
+inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements) {
+  return align256(a_elements) + align256(b_elements) + align256(2 * kFp8ScaleAlignment) +
+         align256(2 * sizeof(unsigned));
+}
+
 }  // namespace shardlm::cuda

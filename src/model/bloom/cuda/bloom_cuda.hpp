@@ -14,6 +14,7 @@
 #include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
+#include "fp8_gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
@@ -81,6 +82,9 @@ class BloomCuda final : public CudaModelBase {
   std::vector<Saved> saved_;
   // Backward scratch: gradients flowing between ops, ping-pong gradient of the hidden state.
   DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
+  DeviceBuffer<char> fp8_buffer_;  // model.fp8_linear: the block GEMMs' E4M3 operands
+  Fp8Scratch fp8_{};
+  const Fp8Scratch* fp8() const { return fp8_buffer_.bytes() ? &fp8_ : nullptr; }
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache

@@ -1,0 +1,53 @@
+// run_fp8_gemm: each 16-bit operand quantized (fp8_quantize) into the layout cuBLASLt's FP8 GEMM takes,
+// A as [M, K] and B as [N, K] with K contiguous, then one GEMM with their inverse scales.
+#include "fp8_gemm.hpp"
+
+#include "cuda_check.hpp"
+#include "fp8_cast.hpp"
+#include "workspace_sizes.hpp"
+
+namespace shardlm::cuda {
+
+Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements) {
+  char* p = static_cast<char*>(base);
+  Fp8Scratch w;
+  w.a = reinterpret_cast<uint8_t*>(p), w.a_bytes = a_elements;
+  p += align256(a_elements);
+  w.b = reinterpret_cast<uint8_t*>(p), w.b_bytes = b_elements;
+  p += align256(b_elements);
+  w.a_scale = reinterpret_cast<float*>(p);
+  w.b_scale = reinterpret_cast<float*>(p + kFp8ScaleAlignment);
+  p += align256(2 * kFp8ScaleAlignment);
+  w.amax = reinterpret_cast<unsigned*>(p);
+  return w;
+}
+
+bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
+  return !d.fp8 && (d.ab_dtype == DType::BF16 || d.ab_dtype == DType::F16) && d.batch == 1 &&
+         (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && d.M % 16 == 0 && d.N % 16 == 0 &&
+         d.K % 16 == 0 && d.ldc * dtype_size(d.c_dtype) % 16 == 0 &&
+         static_cast<size_t>(d.M) * d.K <= w.a_bytes && static_cast<size_t>(d.N) * d.K <= w.b_bytes;
+}
+
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream) {
+  SHARDLM_CHECK(fp8_gemm_fits(d, w), "run_fp8_gemm: this GEMM cannot run in FP8 here");
+  // op(A) is [M, K]: stored [M, K] (row stride lda) as it is, or [K, M] when trans_a, transposed.
+  if (d.trans_a)
+    fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, w.amax, stream);
+  else
+    fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, w.amax, stream);
+  // op(B) is [K, N]; the GEMM wants B^T [N, K]: stored [N, K] when trans_b, else [K, N], transposed.
+  if (d.trans_b)
+    fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, w.b, nullptr, w.b_scale, w.amax + 1, stream);
+  else
+    fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, w.amax + 1, stream);
+  GemmDesc q = d;
+  q.fp8 = true;
+  q.trans_a = false, q.trans_b = true;
+  q.A = w.a, q.lda = d.K;
+  q.B = w.b, q.ldb = d.K;
+  q.a_scale = w.a_scale, q.b_scale = w.b_scale;
+  gemm.run(q, stream);
+}
+
+}  // namespace shardlm::cuda

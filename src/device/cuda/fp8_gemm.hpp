@@ -1,0 +1,41 @@
+// A linear layer's three GEMMs in FP8 (model.fp8_linear): the 16-bit operands of a GemmDesc quantized
+// to E4M3 with per-tensor current scaling (fp8_quantize), transposed where cuBLASLt's FP8 form needs
+// it, then one FP8 GEMM with fp32 accumulation into C in its own dtype.
+//
+//   forward  y[n, out]  = x[n, in] W[out, in]^T     (trans_a 0, trans_b 1): x and W as they are
+//   dgrad    dx[n, in]  = dy[n, out] W[out, in]     (trans_a 0, trans_b 0): W transposed
+//   wgrad    dW[out, in] += dy[n, out]^T x[n, in]   (trans_a 1, trans_b 0): dy and x transposed
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm.hpp"
+
+namespace shardlm::cuda {
+
+// Device scratch of the quantized operands: `a` and `b` hold the largest A and B of the GEMMs run
+// through it (elements = bytes), a_scale and b_scale their inverse scales (16-byte aligned each:
+// cuBLASLt refuses the FP8 GEMM, CUBLAS_STATUS_NOT_SUPPORTED, for a scale pointer that is not),
+// `amax` two unsigned.
+struct Fp8Scratch {
+  uint8_t* a = nullptr;
+  size_t a_bytes = 0;
+  uint8_t* b = nullptr;
+  size_t b_bytes = 0;
+  float* a_scale = nullptr;
+  float* b_scale = nullptr;
+  unsigned* amax = nullptr;
+  // The parts of one allocation of fp8_scratch_bytes(a_elements, b_elements) (workspace_sizes.hpp) at base.
+  static Fp8Scratch at(void* base, size_t a_elements, size_t b_elements);
+};
+
+// Whether d (16-bit A and B, no batch, epilogue None or Bias) can run as an FP8 GEMM: every size a
+// multiple of 16, the transposed copies fitting the scratch, C's row stride a multiple of 16 bytes.
+bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w);
+// Runs d in FP8 through w (fp8_gemm_fits must hold).
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream);
+
+}  // namespace shardlm::cuda
