@@ -81,9 +81,32 @@ inline ModelConfig tiny_mistral() {
   return c;
 }
 
+// cfg as Gemma 3 (its block: (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, q/k norms) with local
+// layers (a window of `window` keys, rope base `local_theta`) then global ones (cfg's rope_theta over a
+// linear factor 2) in turn, its own head_dim and a score scale other than head_dim's.
+inline ModelConfig as_gemma3(ModelConfig c, int head_dim, int window, float local_theta, float query_scalar) {
+  c.arch = "gemma3";
+  c.rope_scaling = RopeScaling{};
+  c.head_size = head_dim;
+  c.sliding_window = window;
+  c.sliding_window_pattern = 2;
+  c.rope_local_theta = local_theta;
+  c.rope_linear_factor = 2.0f;
+  c.query_pre_attn_scalar = query_scalar;
+  return c;
+}
+
+// Gemma 3: tiny_llama's shape as Gemma 3 with head_dim 12, a local layer (window 3, rope base 100) then a
+// global one (base 500 / 2), query_pre_attn_scalar 10, tied head as the released models.
+inline ModelConfig tiny_gemma3() {
+  ModelConfig c = as_gemma3(tiny_llama(), 12, 3, 100.0f, 10.0f);
+  c.tie_word_embeddings = true;
+  return c;
+}
+
 // Every family's tiny model, for the cases each family passes (BOOST_DATA_TEST_CASE over them).
 inline std::vector<ModelConfig> tiny_families() {
-  return {tiny_bloom(), tiny_llama(), tiny_qwen2(), tiny_qwen3(), tiny_mistral()};
+  return {tiny_bloom(), tiny_llama(), tiny_qwen2(), tiny_qwen3(), tiny_mistral(), tiny_gemma3()};
 }
 
 // ---- helpers --------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 93u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 97u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -328,8 +328,33 @@ BOOST_AUTO_TEST_CASE(model_sliding_window) {
   BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = -1\n"); }), "model.sliding_window = -1: must be >= 0"));
   BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = 2.5\n"); }), "model.sliding_window = '2.5'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nsliding_window = 8\n"); }),
-                 "model.sliding_window = 8: applies to the families with sliding-window attention (qwen2, qwen3, mistral), not llama"));
+                 "model.sliding_window = 8: applies to the families with sliding-window attention (qwen2, qwen3, mistral, "
+                 "gemma3), not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\nsliding_window = 8\n"); }), "not bloom"));
+}
+
+// Gemma 3's attention keys: local / global layers, the local rope base, the global table's linear factor and
+// the score scale; 0 (off) by default, in the resolved deck, refused for other families naming the key.
+BOOST_AUTO_TEST_CASE(model_gemma3_attention_keys) {
+  const RunConfig d = load(kBase);
+  BOOST_TEST(d.model.sliding_window_pattern == 0);
+  BOOST_TEST(d.model.rope_local_theta == 0.0f);
+  BOOST_TEST(d.model.query_pre_attn_scalar == 0.0f);
+  const std::string gemma = kBase + "[model]\narch = gemma3\nnum_kv_heads = 2\nhead_dim = 16\nsliding_window = 8\n";
+  const RunConfig c = load(gemma + "sliding_window_pattern = 6\nrope_local_theta = 10000\nrope_linear_factor = 8\n"
+                                   "query_pre_attn_scalar = 256\n");
+  BOOST_TEST(c.model.sliding_window_pattern == 6);
+  BOOST_TEST(c.model.rope_local_theta == 10000.0f);
+  BOOST_TEST(c.model.rope_linear_factor == 8.0f);
+  BOOST_TEST(c.model.query_pre_attn_scalar == 256.0f);
+  BOOST_TEST(has(resolved_deck_ini(c), "sliding_window_pattern = 6"));
+  BOOST_TEST(has(resolved_deck_ini(c), "query_pre_attn_scalar = 256"));
+  BOOST_TEST(has(error_of([&] { load(gemma + "sliding_window_pattern = -1\n"); }), "model.sliding_window_pattern = -1"));
+  BOOST_TEST(has(error_of([&] { load(gemma + "rope_local_theta = -5\n"); }), "model.rope_local_theta"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nquery_pre_attn_scalar = 256\n"); }),
+                 "model.query_pre_attn_scalar = 256: applies to gemma3, not llama"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = mistral\nsliding_window_pattern = 6\n"); }),
+                 "model.sliding_window_pattern = 6: applies to gemma3, not mistral"));
 }
 
 // model.attention: how the CUDA backend runs attention; not part of the shape, so it may sit beside

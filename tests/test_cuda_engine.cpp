@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cpu_model_test_support.hpp"
 #include "engine.hpp"
 #include "generate.hpp"
 #include "shardlm/model.hpp"
@@ -83,6 +84,17 @@ RunConfig mistral_config(const std::string& backend, const std::string& name, in
   return cfg;
 }
 
+// Gemma 3: mistral_config's shape with Gemma's block ((1 + w) norms, sandwich norms, GeGLU, scaled embeddings,
+// q/k norms), local layers (window 16, rope base 100) interleaved with global ones (rope theta over a linear
+// factor 2), query_pre_attn_scalar 10, tied head.
+RunConfig gemma3_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = mistral_config(backend, "gemma3_" + name, steps);
+  ModelConfig& m = cfg.model;
+  m = model_test::as_gemma3(m, m.head_size, m.sliding_window, 100.0f, 10.0f);
+  m.tie_word_embeddings = true;
+  return cfg;
+}
+
 // LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
 RunConfig with_lora(RunConfig cfg) {
   cfg.model.lora.r = 4;
@@ -105,6 +117,10 @@ RunConfig qwen3_lora_config(const std::string& backend, const std::string& name,
 
 RunConfig mistral_lora_config(const std::string& backend, const std::string& name, int steps) {
   return with_lora(mistral_config(backend, "lora_" + name, steps));
+}
+
+RunConfig gemma3_lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(gemma3_config(backend, "lora_" + name, steps));
 }
 
 // LoRA with lora.modules_to_save: BLOOM's two LayerNorms (the embedding's, under a frozen table, and
@@ -795,6 +811,16 @@ BOOST_AUTO_TEST_CASE(mistral_fp32_matches_the_cpu_backend) {
 
 BOOST_AUTO_TEST_CASE(mistral_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
   expect_family_decodes_as_the_cpu_model(mistral_config);
+}
+
+// Gemma 3 (its block, per-layer windows and rope tables in training and in the decoding kernels), decoding
+// past the local layers' window.
+BOOST_AUTO_TEST_CASE(gemma3_fp32_matches_the_cpu_backend) {
+  expect_family_matches_the_cpu_backend(gemma3_config, gemma3_lora_config);
+}
+
+BOOST_AUTO_TEST_CASE(gemma3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  expect_family_decodes_as_the_cpu_model(gemma3_config);
 }
 
 // The logits a step hands back for sampling (the head's GEMM into the engine's logits buffer) are the

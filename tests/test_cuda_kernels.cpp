@@ -551,6 +551,26 @@ BOOST_AUTO_TEST_CASE(scale_and_accumulate_are_exact) {
   }
 }
 
+// scale_values (Gemma's embedding scale) in every dtype: one fp32 product of the stored value and the factor,
+// then one rounding to dt, so equal bit for bit to round_to(dt, x * factor); aligned and misaligned spans.
+BOOST_AUTO_TEST_CASE(scale_values_is_one_product_then_one_rounding) {
+  uint32_t seed = 950;
+  for (DType dt : kAllDtypes)
+    for (const Span& s : kSpans) {
+      const size_t off = s.misaligned ? dtype_size(dt) : 0;
+      const std::vector<float> x = random_values(s.n, dt, -3.f, 3.f, ++seed);  // values dt holds exactly
+      DeviceBuffer d_x((s.n + 1) * dtype_size(dt));
+      upload(d_x.offset(off), x, dt);
+      const float factor = round_to(dt, 33.941125f);  // sqrt(1152) as the compute dtype holds it
+      cuda::scale_values(d_x.offset(off), s.n, factor, dt, stream);
+      sync();
+      std::vector<double> want(s.n);
+      for (size_t i = 0; i < s.n; ++i) want[i] = round_to(dt, x[i] * factor);
+      check_close(download(d_x.offset(off), s.n, dt), want, {0, 0}, concat("scale_values ", dtype_name(dt), " ",
+                                                                             span_name(s)));
+    }
+}
+
 // ---- LoRA dropout ----------------------------------------------------------------------------------
 
 // lora_dropout against the host's masks (DropoutMask::factor, as the CPU models apply them): an fp32

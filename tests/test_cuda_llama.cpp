@@ -117,8 +117,10 @@ void rmsnorm_backward_ref(const std::vector<double>& dy, const std::vector<doubl
   }
 }
 
-void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
-  BOOST_TEST_CONTEXT("rmsnorm n=" << n << " H=" << H << " dt=" << dtype_name(dt) << " shift=" << shift) {
+// `offset` (Gemma's 1): the kernels' weight_offset; the references see the weight offset + w.
+void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed, float offset = 0.0f) {
+  BOOST_TEST_CONTEXT("rmsnorm n=" << n << " H=" << H << " dt=" << dtype_name(dt) << " shift=" << shift
+                                  << " offset=" << offset) {
     std::mt19937 rng(seed);
     const float eps = 1e-5f;
     const size_t size = static_cast<size_t>(n) * H;
@@ -131,21 +133,22 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
     Placed d_y(size, dt, shift), d_dx(size, dt, shift);
     DeviceBuffer d_rstd(n * sizeof(float)), d_dw = to_device(dw0, DType::F32);
     OwnedStream s;
-    cuda::rmsnorm_forward(d_x.at, d_w.at, d_y.at, d_rstd.as<float>(), n, H, eps, dt, s.s);
+    cuda::rmsnorm_forward(d_x.at, d_w.at, d_y.at, d_rstd.as<float>(), n, H, eps, dt, s.s, offset);
     s.sync();
-    std::vector<double> rstd;
-    const std::vector<double> y = rmsnorm_ref(to_double(x), to_double(w), n, H, eps, &rstd);
+    std::vector<double> rstd, w_eff = to_double(w);
+    for (double& v : w_eff) v += offset;
+    const std::vector<double> y = rmsnorm_ref(to_double(x), w_eff, n, H, eps, &rstd);
     BOOST_TEST(relative_error(download(d_y.at, size, dt), y) <= output_tolerance(dt));
     BOOST_TEST(relative_error(download(d_rstd.get(), n, DType::F32), rstd) <= 1e-5);  // fp32 sums of exact inputs
 
     std::vector<double> dx, dw;
-    rmsnorm_backward_ref(to_double(dy), to_double(x), to_double(w), n, H, eps, dx, dw);
+    rmsnorm_backward_ref(to_double(dy), to_double(x), w_eff, n, H, eps, dx, dw);
     for (bool accumulate : {false, true}) {
       BOOST_TEST_CONTEXT((accumulate ? "dx +=" : "dx =")) {
         upload(d_dx.at, dx0, dt);
         upload(d_dw.get(), dw0, DType::F32);
         cuda::rmsnorm_backward(d_dy.at, d_x.at, d_w.at, d_rstd.as<float>(), d_dx.at, d_dw.as<float>(), n, H,
-                               accumulate, dt, s.s);
+                               accumulate, dt, s.s, offset);
         s.sync();
         std::vector<double> want_dx = dx;
         if (accumulate)
@@ -159,7 +162,7 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed) {
     }
     // A frozen weight (null dweight, LoRA's base): the same dx, no weight gradient.
     upload(d_dx.at, dx0, dt);
-    cuda::rmsnorm_backward(d_dy.at, d_x.at, d_w.at, d_rstd.as<float>(), d_dx.at, nullptr, n, H, false, dt, s.s);
+    cuda::rmsnorm_backward(d_dy.at, d_x.at, d_w.at, d_rstd.as<float>(), d_dx.at, nullptr, n, H, false, dt, s.s, offset);
     s.sync();
     BOOST_TEST(relative_error(download(d_dx.at, size, dt), dx) <= output_tolerance(dt), "frozen weight");
   }
@@ -226,31 +229,44 @@ void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rop
 
 double sigmoid_ref(double g) { return 1.0 / (1.0 + std::exp(-g)); }
 
-std::vector<double> swiglu_ref(const std::vector<double>& gate_up, int n, int F) {
+// GeGLU's activation (Gemma): tanh-approximated GELU and its derivative, in double.
+double gelu_tanh_ref(double x) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846);
+  return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad_ref(double x) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846), t = std::tanh(c * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// act(gate) * up with act SiLU, or GELU's tanh approximation with `geglu`.
+std::vector<double> swiglu_ref(const std::vector<double>& gate_up, int n, int F, bool geglu = false) {
   std::vector<double> out(static_cast<size_t>(n) * F);
   for (int r = 0; r < n; ++r)
     for (int c = 0; c < F; ++c) {
       const double g = gate_up[static_cast<size_t>(r) * 2 * F + c], u = gate_up[static_cast<size_t>(r) * 2 * F + F + c];
-      out[static_cast<size_t>(r) * F + c] = g * sigmoid_ref(g) * u;
+      out[static_cast<size_t>(r) * F + c] = (geglu ? gelu_tanh_ref(g) : g * sigmoid_ref(g)) * u;
     }
   return out;
 }
 
 std::vector<double> swiglu_backward_ref(const std::vector<double>& dout, const std::vector<double>& gate_up, int n,
-                                        int F) {
+                                        int F, bool geglu = false) {
   std::vector<double> d(gate_up.size());
   for (int r = 0; r < n; ++r)
     for (int c = 0; c < F; ++c) {
       const size_t at = static_cast<size_t>(r) * 2 * F + c;
       const double g = gate_up[at], u = gate_up[at + F], s = sigmoid_ref(g), dy = dout[static_cast<size_t>(r) * F + c];
-      d[at] = dy * u * s * (1.0 + g * (1.0 - s));
-      d[at + F] = dy * g * s;
+      d[at] = dy * u * (geglu ? gelu_tanh_grad_ref(g) : s * (1.0 + g * (1.0 - s)));
+      d[at + F] = dy * (geglu ? gelu_tanh_ref(g) : g * s);
     }
   return d;
 }
 
-void check_swiglu(int n, int F, DType dt, int shift, unsigned seed) {
-  BOOST_TEST_CONTEXT("swiglu n=" << n << " F=" << F << " dt=" << dtype_name(dt) << " shift=" << shift) {
+// SwiGLU's kernels, or with `geglu` GeGLU's (geglu_tanh_forward / backward).
+void check_swiglu(int n, int F, DType dt, int shift, unsigned seed, bool geglu = false) {
+  BOOST_TEST_CONTEXT((geglu ? "geglu" : "swiglu") << " n=" << n << " F=" << F << " dt=" << dtype_name(dt)
+                                                  << " shift=" << shift) {
     std::mt19937 rng(seed);
     const size_t wide = static_cast<size_t>(n) * F;
     const std::vector<float> gate_up = random_values(2 * wide, rng, dt, 2.0f);
@@ -258,13 +274,19 @@ void check_swiglu(int n, int F, DType dt, int shift, unsigned seed) {
     Placed d_gu = placed(gate_up, dt, shift), d_dout = placed(dout, dt, shift);
     Placed d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
     OwnedStream s;
-    cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
-    cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
+    if (geglu) {
+      cuda::geglu_tanh_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+      cuda::geglu_tanh_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
+    } else {
+      cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+      cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
+    }
     s.sync();
-    BOOST_TEST(relative_error(download(d_out.at, wide, dt), swiglu_ref(to_double(gate_up), n, F)) <=
+    BOOST_TEST(relative_error(download(d_out.at, wide, dt), swiglu_ref(to_double(gate_up), n, F, geglu)) <=
                output_tolerance(dt));
     BOOST_TEST(relative_error(download(d_dgu.at, 2 * wide, dt),
-                              swiglu_backward_ref(to_double(dout), to_double(gate_up), n, F)) <= output_tolerance(dt));
+                              swiglu_backward_ref(to_double(dout), to_double(gate_up), n, F, geglu)) <=
+               output_tolerance(dt));
   }
 }
 
@@ -552,6 +574,8 @@ void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, 
     cfg.head_size = head_size;  // Qwen3, Mistral: head_dim apart from hidden_size / heads
     cfg.sliding_window = window;  // Mistral
     if (window > 0) cfg.rope_scaling = RopeScaling{};
+    // Gemma 3: local / global layers (the window on layer 0), their own rope tables, the score scale.
+    if (arch == "gemma3") cfg = model_test::as_gemma3(cfg, head_size, window, 100.0f, 10.0f);
     const Params params{params_in(cfg, dt), {}};
     const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
@@ -666,7 +690,8 @@ std::vector<ModelConfig> lora_models() {
   mistral.head_size = 12;
   mistral.sliding_window = 3;
   mistral.rope_scaling = RopeScaling{};
-  return {tiny_llama(false), qwen2, qwen3, mistral, model_test::tiny_bloom()};
+  ModelConfig gemma3 = model_test::tiny_gemma3();
+  return {tiny_llama(false), qwen2, qwen3, mistral, gemma3, model_test::tiny_bloom()};
 }
 
 }  // namespace
@@ -683,6 +708,8 @@ BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
     cuda::rotary_apply(nullptr, 0, 4, 2, 8, 16, nullptr, false, dt, nullptr);
     cuda::swiglu_forward(nullptr, nullptr, 0, 16, dt, nullptr);
     cuda::swiglu_backward(nullptr, nullptr, nullptr, 0, 16, dt, nullptr);
+    cuda::geglu_tanh_forward(nullptr, nullptr, 0, 16, dt, nullptr);
+    cuda::geglu_tanh_backward(nullptr, nullptr, nullptr, 0, 16, dt, nullptr);
     cuda::gqa_attention_forward(gemm, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
     cuda::gqa_attention_backward(gemm, nullptr, nullptr, nullptr, nullptr, 0, 4, 4, 2, 8, dt, nullptr, nullptr);
   }
@@ -706,6 +733,17 @@ BOOST_AUTO_TEST_CASE(rmsnorm_matches_reference) {
       check_rmsnorm(s.n, s.H, dt, 0, ++seed);
       if (s.H % 8 == 0) check_rmsnorm(s.n, s.H, dt, 1, ++seed);  // pointers off 16-byte alignment
     }
+}
+
+// Gemma's (1 + weight) norms: the kernels' weight_offset in both directions, the weight gradient unchanged.
+BOOST_AUTO_TEST_CASE(rmsnorm_with_unit_offset_matches_reference) {
+  require_device("test_cuda_llama");
+  unsigned seed = 150;
+  for (DType dt : kAllDtypes) {
+    check_rmsnorm(7, 64, dt, 0, ++seed, 1.0f);
+    check_rmsnorm(5, 37, dt, 0, ++seed, 1.0f);
+    check_rmsnorm(300, 256, dt, 1, ++seed, 1.0f);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(rmsnorm_backward_reference_matches_finite_differences) {
@@ -790,6 +828,36 @@ BOOST_AUTO_TEST_CASE(swiglu_backward_matches_finite_differences) {
   BOOST_TEST(relative_error(download(d_dgu.get(), 2 * n * F, DType::F32), numeric) <= 1e-5);
 }
 
+// GeGLU (Gemma): gelu_tanh(gate) * up and its backward against the double reference, in every dtype, packs
+// and single elements; the reference's backward against finite differences, and the kernel's.
+BOOST_AUTO_TEST_CASE(geglu_tanh_matches_reference) {
+  require_device("test_cuda_llama");
+  unsigned seed = 250;
+  struct Shape {
+    int n, F;
+  };
+  const Shape shapes[] = {{1, 8}, {37, 96}, {5, 33}, {16, 6912}, {3, 1}};
+  for (DType dt : kAllDtypes)
+    for (const Shape& s : shapes) {
+      check_swiglu(s.n, s.F, dt, 0, ++seed, true);
+      if (s.F % 8 == 0) check_swiglu(s.n, s.F, dt, 1, ++seed, true);
+    }
+  const int n = 3, F = 5;
+  std::mt19937 rng(19);
+  const std::vector<float> gate_up = random_values(2 * n * F, rng, DType::F32, 2.0f);
+  const std::vector<float> weights = random_values(n * F, rng, DType::F32);
+  const auto numeric =
+      numeric_gradient([&](const std::vector<double>& gu) { return dot(swiglu_ref(gu, n, F, true), weights); },
+                       to_double(gate_up));
+  const std::vector<double> analytic = swiglu_backward_ref(to_double(weights), to_double(gate_up), n, F, true);
+  BOOST_TEST(relative_error(std::vector<float>(analytic.begin(), analytic.end()), numeric) <= 1e-6);
+  DeviceBuffer d_gu = to_device(gate_up, DType::F32), d_dout = to_device(weights, DType::F32), d_dgu(2 * n * F * 4);
+  OwnedStream s;
+  cuda::geglu_tanh_backward(d_dout.get(), d_gu.get(), d_dgu.get(), n, F, DType::F32, s.s);
+  s.sync();
+  BOOST_TEST(relative_error(download(d_dgu.get(), 2 * n * F, DType::F32), numeric) <= 1e-5);
+}
+
 BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_fp32) {
   require_device("test_cuda_llama");
   check_attention({2, 13, 4, 2, 8}, DType::F32, 1e-5, 1e-4, 11);   // two query heads per kv head
@@ -850,6 +918,20 @@ BOOST_AUTO_TEST_CASE(mistral_cuda_matches_mistral_cpu) {
   compare_with_cpu(false, DType::F32, false, 1e-5, 1e-4, "mistral", AttentionImpl::Auto, 8, 12, 1);
   for (AttentionImpl attention : {AttentionImpl::Cudnn, AttentionImpl::Native})
     for (int window : {3, 8}) compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1, "mistral", attention, 8, 16, window);
+}
+
+// Gemma 3: (1 + w) norms (the RMSNorm kernels' offset), sandwich norms, GeGLU, the scaled embeddings, q/k
+// norms, query_pre_attn_scalar 10 and local (window 3, rope 100) / global (rope theta / 2) layers; head_dim 12
+// in fp32 (native kernels), 16 in bf16 on cuDNN's fused attention (two graphs: with and without the band) and on
+// the native kernels; activation checkpointing (the sandwich norms' inputs recomputed).
+BOOST_AUTO_TEST_CASE(gemma3_cuda_matches_gemma3_cpu) {
+  require_device("test_cuda_llama");
+  for (bool tied : {false, true})
+    compare_with_cpu(tied, DType::F32, false, 1e-5, 1e-4, "gemma3", AttentionImpl::Auto, 8, 12, 3);
+  compare_with_cpu(true, DType::F32, true, 1e-5, 1e-4, "gemma3", AttentionImpl::Auto, 8, 12, 3);
+  for (AttentionImpl attention : {AttentionImpl::Cudnn, AttentionImpl::Native})
+    for (bool checkpointing : {false, true})
+      compare_with_cpu(true, DType::BF16, checkpointing, 2e-2, 0.1, "gemma3", attention, 8, 16, 3);
 }
 
 // Qwen2: the q/k/v biases through the fused GEMM's bias epilogue and bias_grad.

@@ -23,6 +23,7 @@
 #include "config_test_support.hpp"
 #include "temp_dir.hpp"
 #include "shardlm/config.hpp"
+#include "gemma3_1b_config.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -65,6 +66,7 @@ const std::map<std::string, std::string> kModelConfigs = {
                             "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
                             "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
                             "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": false})"},
+    {"gemma-3-1b-pt", kGemma3_1bConfig},
     {"llama-3.1-8b", kLlama31_8b},
     {"llama-3.1-8b-instruct", kLlama31_8b},
 };
@@ -106,6 +108,7 @@ std::vector<DeckCase> deck_cases() {
       {"squad/bloom560m-lora.ini", 1, 4, "bloom-560m", kSquadFiles, {}},
       {"qwen3/qwen3-0.6b.ini", 1, 4, "qwen3-0.6b", kSquadFiles, {}},
       {"mistral/mistral-7b-v0.1-lora.ini", 1, 4, "mistral-7b-v0.1", kSquadFiles, {}},
+      {"gemma3/gemma3-1b-lora.ini", 1, 4, "gemma-3-1b-pt", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cpu_model_test_support.hpp"
 #include "train_test_support.hpp"
 #include "shardlm/fsdp.hpp"
 
@@ -465,6 +466,8 @@ void check_family_strategies(const std::string& arch, int window) {
       m.sliding_window = window;
       m.rope_theta = 1000.0f;
       m.tie_word_embeddings = false;
+      // Gemma 3: local, global, local...: the window on every other layer, its own rope base.
+      if (arch == "gemma3") m = model_test::as_gemma3(m, 12, window, 100.0f, 10.0f);
       if (lora) {
         m.lora.r = 4;
         m.lora.alpha = 8;
@@ -505,6 +508,10 @@ BOOST_AUTO_TEST_CASE(qwen3_matches_one_rank_on_every_strategy) { check_family_st
 
 // Mistral: a sliding window of 16 keys over samples of 147-220 tokens.
 BOOST_AUTO_TEST_CASE(mistral_matches_one_rank_on_every_strategy) { check_family_strategies("mistral", 16); }
+
+// Gemma 3: local layers (a window of 16 keys, rope base 100) interleaved with global ones, its block's norms,
+// GeGLU and scaled embeddings.
+BOOST_AUTO_TEST_CASE(gemma3_matches_one_rank_on_every_strategy) { check_family_strategies("gemma3", 16); }
 
 // lora.modules_to_save: Llama's embedding, final norm and head (untied here), BLOOM's two LayerNorms
 // (its head is tied), trained whole in the root beside the adapters.

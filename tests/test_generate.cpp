@@ -187,6 +187,12 @@ BOOST_AUTO_TEST_CASE(mistral_generation_equals_transformers) {
   check_generate("tiny_mistral", 3, false, "mistral_generate_reference.json");
 }
 
+// Gemma 3: the local layers' window (4) and rope base in the cache's decoding, prompts past the window.
+BOOST_AUTO_TEST_CASE(gemma3_generation_equals_transformers) {
+  check_generate("tiny_gemma3", 1, false, "gemma3_generate_reference.json");
+  check_generate("tiny_gemma3", 3, false, "gemma3_generate_reference.json");
+}
+
 BOOST_AUTO_TEST_CASE(ranks_without_prompts_still_take_part) {
   check_generate("tiny_llama", 6, true);
   check_generate("tiny_bloom", 2, true);

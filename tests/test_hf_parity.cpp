@@ -47,10 +47,11 @@ MicroBatch rank_batch(const Reference& ref, int rank, int world) {
 
 // Loads the fixture into a FULL_SHARD CPU engine on the world, runs forward and backward of the
 // mean loss, checks the loss and this rank's slice of every gradient against transformers'.
-void check_parity(const std::string& name) {
+// `reference`: the recorded reference's name when it is not the directory's.
+void check_parity(const std::string& name, const std::string& reference = "") {
   HfModelDir dir(kFixtures + "/" + name);
   const ModelConfig& cfg = dir.config();
-  const Reference ref = read_reference(name);
+  const Reference ref = read_reference(reference.empty() ? name : reference);
   const int rank = world_rank(), world = world_size();
 
   Topology topo = make_topology(MPI_COMM_WORLD, 0);
@@ -135,6 +136,25 @@ BOOST_AUTO_TEST_CASE(qwen2_matches_transformers) { check_parity("tiny_qwen2"); }
 
 // Qwen3: q_norm / k_norm per head before rotary, head_dim 12 != hidden 32 / 4 heads, untied head.
 BOOST_AUTO_TEST_CASE(qwen3_matches_transformers) { check_parity("tiny_qwen3"); }
+
+// Gemma 3: (1 + w) RMSNorms, four norms per layer, GeGLU (tanh), embeddings times sqrt(hidden), q/k norms,
+// query_pre_attn_scalar 10, local (window 4, rope 100) / global (rope 1000, linear factor 2) / local layers,
+// GQA 4/2, head_dim 12, tied (make_gemma3_fixtures.py).
+BOOST_AUTO_TEST_CASE(gemma3_matches_transformers) {
+  const ModelConfig cfg = HfModelDir(kFixtures + "/tiny_gemma3").config();
+  BOOST_TEST(cfg.arch == "gemma3");
+  BOOST_TEST(cfg.sliding_window_pattern == 2);  // local, global, local (config.json's form: test_llama)
+  check_parity("tiny_gemma3");
+}
+
+// The same text weights inside a multimodal Gemma3ForConditionalGeneration checkpoint (model_type gemma3,
+// text_config, language_model.model.* names, a vision tower that is ignored): the same loss and gradients.
+BOOST_AUTO_TEST_CASE(gemma3_multimodal_checkpoint_loads_its_text_model) {
+  const ModelConfig text = HfModelDir(kFixtures + "/tiny_gemma3").config();
+  const ModelConfig mm = HfModelDir(kFixtures + "/tiny_gemma3_mm").config();
+  BOOST_TEST(hf_config_json(mm) == hf_config_json(text));
+  check_parity("tiny_gemma3_mm", "tiny_gemma3");
+}
 
 // Mistral: a sliding window of 4 keys over sequences of 16, head_dim 12 != hidden 32 / 4 heads, GQA,
 // untied head (make_mistral_fixtures.py, run on a machine with transformers).

@@ -19,6 +19,7 @@
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
 #include "cpu_model_test_support.hpp"
+#include "gemma3_1b_config.hpp"
 #include "model_checks.hpp"
 #include "test_support.hpp"
 
@@ -63,6 +64,11 @@ ModelConfig mistral(ModelConfig cfg) {
   return cfg;
 }
 
+// Gemma 3's: (1 + w) norms (weights off their init of 0 in make_model), sandwich norms, GeGLU, embeddings
+// times sqrt(hidden), q/k norms, head_dim 6, query_pre_attn_scalar 5 (not head_dim), a local layer (window 3,
+// rope base 10) then a global one (base 100, linear factor 2): every piece moves the output.
+ModelConfig gemma3(ModelConfig cfg) { return as_gemma3(cfg, 6, 3, 10.0f, 5.0f); }
+
 // The head tied to the embedding table.
 ModelConfig tied(ModelConfig cfg) {
   cfg.tie_word_embeddings = true;
@@ -100,14 +106,29 @@ ModelConfig written_and_read_back(const ModelConfig& cfg, const std::string& mod
 }
 
 
-Rows reference_rms_norm(const Rows& x, int rows, int H, const float* weight, double eps) {
+// With `offset` (Gemma's 1) the weight is offset + weight.
+Rows reference_rms_norm(const Rows& x, int rows, int H, const float* weight, double eps, double offset = 0.0) {
   Rows y(x.size());
   for (int r = 0; r < rows; ++r) {
     double mean_square = 0.0;
     for (int c = 0; c < H; ++c) mean_square += x[r * H + c] * x[r * H + c] / H;
-    for (int c = 0; c < H; ++c) y[r * H + c] = x[r * H + c] / std::sqrt(mean_square + eps) * weight[c];
+    for (int c = 0; c < H; ++c) y[r * H + c] = x[r * H + c] / std::sqrt(mean_square + eps) * (offset + weight[c]);
   }
   return y;
+}
+
+bool is_gemma(const ModelConfig& cfg) { return cfg.arch == "gemma3"; }
+
+// Gemma's embedding scale: sqrt(hidden) rounded to fp32 as transformers' fp32 buffer holds it.
+double embed_scale(const ModelConfig& cfg) {
+  return is_gemma(cfg) ? static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(cfg.hidden_size))))
+                       : 1.0;
+}
+
+// tanh-approximated GELU (gelu_pytorch_tanh) in double.
+double reference_gelu_tanh(double x) {
+  const double pi = 3.14159265358979323846;
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (x + 0.044715 * x * x * x)));
 }
 
 // x * cos + rotate_half(x) * sin per head, with rotate_half(x1, x2) = (-x2, x1) and the angles
@@ -131,22 +152,37 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   const int H = m.cfg.hidden_size, heads = m.cfg.num_heads, kv = m.cfg.kv_heads(), d = m.cfg.head_dim();
   const int F = m.cfg.ffn_size(), N = B * T;
   const double eps = m.cfg.rms_norm_eps;
-  const std::vector<float> inv_freq = rope_inv_freq(m.cfg);
+  const bool gemma = is_gemma(m.cfg);
+  const double offset = gemma ? 1.0 : 0.0;
+  // Gemma 3's local layers use rope_local_theta unscaled, its global ones rope_theta over the linear factor
+  // (independent of rope_inv_freq's table argument: formed here from the bases).
+  std::vector<float> inv_freq = rope_inv_freq(m.cfg);
+  if (gemma) {
+    const bool local = (layer + 1) % m.cfg.sliding_window_pattern != 0;
+    for (int i = 0; i < d / 2; ++i) {
+      const double base = local ? m.cfg.rope_local_theta : m.cfg.rope_theta;
+      const double f = 1.0 / std::pow(base, 2.0 * i / d);
+      inv_freq[i] = static_cast<float>(local ? f : static_cast<float>(f) / m.cfg.rope_linear_factor);
+    }
+  }
 
-  const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps);
+  const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps, offset);
   // Qwen2's biases, before the rotation.
   Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), m.tensor_or_null(u, "q_proj.bias"), heads * d);
   Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), m.tensor_or_null(u, "k_proj.bias"), kv * d);
   const Rows v =
       reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), m.tensor_or_null(u, "v_proj.bias"), kv * d);
   // Qwen3's per-head norms, before the rotation.
-  if (const float* w = m.tensor_or_null(u, "q_norm.weight")) q = reference_rms_norm(q, N * heads, d, w, eps);
-  if (const float* w = m.tensor_or_null(u, "k_norm.weight")) k = reference_rms_norm(k, N * kv, d, w, eps);
+  if (const float* w = m.tensor_or_null(u, "q_norm.weight")) q = reference_rms_norm(q, N * heads, d, w, eps, offset);
+  if (const float* w = m.tensor_or_null(u, "k_norm.weight")) k = reference_rms_norm(k, N * kv, d, w, eps, offset);
   reference_rotary(q, B, T, heads, d, inv_freq);
   reference_rotary(k, B, T, kv, d, inv_freq);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
   // Mistral's sliding window: query i attends keys i - window < j <= i (transformers' sliding_window_overlay).
-  const int window = m.cfg.sliding_window;
+  // Gemma 3: the window on its local layers only, scores scaled by query_pre_attn_scalar^-1/2.
+  const int window = gemma && (layer + 1) % m.cfg.sliding_window_pattern == 0 ? 0 : m.cfg.sliding_window;
+  const double scale = gemma ? 1.0 / std::sqrt(static_cast<double>(m.cfg.query_pre_attn_scalar))
+                             : 1.0 / std::sqrt(static_cast<double>(d));
   for (int b = 0; b < B; ++b)
     for (int n = 0; n < heads; ++n) {
       const int g = n * kv / heads;  // the kv head of query head n
@@ -157,7 +193,7 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
         for (int j = first; j <= i; ++j) {
           double dot = 0.0;
           for (int c = 0; c < d; ++c) dot += q[(b * T + i) * heads * d + n * d + c] * k[(b * T + j) * kv * d + g * d + c];
-          weights[j] = dot / std::sqrt(static_cast<double>(d));
+          weights[j] = dot * scale;
           max_score = std::max(max_score, weights[j]);
         }
         for (int j = first; j <= i; ++j) total += (weights[j] = std::exp(weights[j] - max_score));
@@ -169,12 +205,17 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
       }
     }
   Rows x = reference_linear(context, N, heads * d, m.tensor(u, "o_proj.weight"), nullptr, H);
+  // Gemma 3: post_attention_layernorm on the attention's output before the residual add.
+  if (gemma) x = reference_rms_norm(x, N, H, m.tensor(u, "post_attention_layernorm.weight"), eps, offset);
   for (size_t i = 0; i < x.size(); ++i) x[i] += h_in[i];
-  const Rows n2 = reference_rms_norm(x, N, H, m.tensor(u, "post_attention_layernorm.weight"), eps);
+  const Rows n2 = reference_rms_norm(
+      x, N, H, m.tensor(u, gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), eps, offset);
   const Rows gate = reference_linear(n2, N, H, m.tensor(u, "gate_proj.weight"), nullptr, F);
   Rows act = reference_linear(n2, N, H, m.tensor(u, "up_proj.weight"), nullptr, F);
-  for (size_t i = 0; i < act.size(); ++i) act[i] *= gate[i] / (1.0 + std::exp(-gate[i]));
+  for (size_t i = 0; i < act.size(); ++i)
+    act[i] *= gemma ? reference_gelu_tanh(gate[i]) : gate[i] / (1.0 + std::exp(-gate[i]));
   Rows out = reference_linear(act, N, F, m.tensor(u, "down_proj.weight"), nullptr, H);
+  if (gemma) out = reference_rms_norm(out, N, H, m.tensor(u, "post_feedforward_layernorm.weight"), eps, offset);
   for (size_t i = 0; i < out.size(); ++i) out[i] += x[i];
   return out;
 }
@@ -182,7 +223,7 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
 double reference_head_loss(const TinyModel& m, const Rows& h, const std::vector<int32_t>& targets,
                            int64_t* count) {
   const int H = m.cfg.hidden_size, N = static_cast<int>(targets.size());
-  const Rows hn = reference_rms_norm(h, N, H, m.tensor(0, "norm.weight"), m.cfg.rms_norm_eps);
+  const Rows hn = reference_rms_norm(h, N, H, m.tensor(0, "norm.weight"), m.cfg.rms_norm_eps, is_gemma(m.cfg) ? 1.0 : 0.0);
   const float* head = m.tensor(0, m.cfg.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight");
   return reference_cross_entropy(hn, head, H, m.cfg.vocab_size, targets, count);
 }
@@ -308,7 +349,7 @@ BOOST_AUTO_TEST_SUITE(forward)
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
   for (const ModelConfig& cfg :
        {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config()),
-        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2)}) {
+        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2), gemma3(tiny_config())}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -322,8 +363,10 @@ BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
       Rows reference(n);
       for (size_t r = 0; r < b.tokens.size(); ++r)
         for (int col = 0; col < c.hidden_size; ++col)
-          reference[r * c.hidden_size + col] = m.tensor(0, "embed_tokens.weight")[b.tokens[r] * c.hidden_size + col];
-      BOOST_TEST(max_relative_error(h, reference) == 0.0);
+          reference[r * c.hidden_size + col] =
+              m.tensor(0, "embed_tokens.weight")[b.tokens[r] * c.hidden_size + col] * embed_scale(c);
+      // Gemma's scaled embeddings: one fp32 product.
+      BOOST_TEST(max_relative_error(h, reference) <= (is_gemma(c) ? 1e-7 : 0.0));
       for (int layer = 0; layer < c.num_layers; ++layer) {
         std::vector<float> next(n);
         net->block_forward(layer, m.params[1 + layer].data(), h.data(), next.data(), b.batch, b.seq);
@@ -398,10 +441,18 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_mistral) {
   check_parameter_gradients(windowed(tied(mistral(tiny_config())), 2), 32);
 }
 
+// Gemma 3's (1 + w) norms, its four norms per layer, GeGLU, the scaled embeddings' gradient, q/k norms and
+// the local / global layers' windows and rope tables; its head tied or not.
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_gemma3) {
+  check_parameter_gradients(gemma3(tiny_config()), 34);
+  check_parameter_gradients(tied(gemma3(tiny_config())), 35);
+}
+
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
   check_hidden_input_gradients(with_llama3_scaling(tiny_config()), 24, 10);
   check_hidden_input_gradients(qwen3(tiny_config()), 30, 10);
   check_hidden_input_gradients(mistral(tiny_config()), 33, 10);
+  check_hidden_input_gradients(gemma3(tiny_config()), 36, 10);
 }
 
 BOOST_AUTO_TEST_CASE(grad_scale_scales_and_gradients_accumulate) {
@@ -925,6 +976,159 @@ BOOST_AUTO_TEST_CASE(window_of_one_isolates_positions_in_a_block) {
     else
       BOOST_TEST(moved == 0.0, "position " << t);
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- Gemma 3: layout, names, config.json (both forms), refusals ---------------------------------
+
+BOOST_AUTO_TEST_SUITE(gemma3_family)
+
+// Llama's block with four norms (post_attention_layernorm on the attention's output; pre/post_feedforward)
+// and q/k norms, every norm initialised to 0 (1 + w); PEFT's names are Llama's.
+BOOST_AUTO_TEST_CASE(layout_has_four_norms_at_zero_and_llama_names) {
+  const ModelConfig cfg = gemma3(tiny_config());
+  const std::vector<UnitLayout> layout = model_layout(cfg);
+  const std::vector<std::string> names = {
+      "layers.1.input_layernorm.weight",         "layers.1.self_attn.q_proj.weight",
+      "layers.1.self_attn.k_proj.weight",        "layers.1.self_attn.v_proj.weight",
+      "layers.1.self_attn.o_proj.weight",        "layers.1.self_attn.q_norm.weight",
+      "layers.1.self_attn.k_norm.weight",        "layers.1.post_attention_layernorm.weight",
+      "layers.1.pre_feedforward_layernorm.weight", "layers.1.post_feedforward_layernorm.weight",
+      "layers.1.mlp.gate_proj.weight",           "layers.1.mlp.up_proj.weight",
+      "layers.1.mlp.down_proj.weight"};
+  BOOST_TEST_REQUIRE(layout[2].tensors.size() == names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    BOOST_TEST(layout[2].tensors[i].name == names[i]);
+    if (names[i].find("norm") != std::string::npos) BOOST_TEST((layout[2].tensors[i].init == InitKind::Zeros), names[i]);
+  }
+  BOOST_TEST((find_tensor(layout[0], "norm.weight").init == InitKind::Zeros));
+  BOOST_TEST(hf_tensor_name(cfg, "layers.1.self_attn.q_norm.weight") == "model.layers.1.self_attn.q_norm.weight");
+  std::vector<std::string> module_names;
+  for (const LinearModule& m : linear_modules(cfg)) module_names.push_back(m.name);
+  BOOST_TEST((module_names ==
+              std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  BOOST_TEST(model_family("gemma3").sliding_window);
+}
+
+// Layers alternate local and global: window and rotary table per layer; the global table is the linear
+// scaling's (inv_freq / factor), the local one its own base.
+BOOST_AUTO_TEST_CASE(per_layer_window_and_rope_tables) {
+  ModelConfig cfg = gemma3(tiny_config());
+  cfg.num_layers = 6;
+  cfg.sliding_window_pattern = 3;
+  for (int i = 0; i < 6; ++i) {
+    const bool global = i == 2 || i == 5;
+    BOOST_TEST(cfg.layer_sliding_window(i) == (global ? 0 : 3), i);
+    BOOST_TEST(cfg.layer_rope_table(i) == (global ? 0 : 1), i);
+  }
+  const std::vector<float> global = rope_inv_freq(cfg, 0), local = rope_inv_freq(cfg, 1);
+  BOOST_REQUIRE_EQUAL(global.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    BOOST_TEST(global[i] == static_cast<float>(1.0 / std::pow(100.0, 2.0 * i / 6)) / 2.0f);
+    BOOST_TEST(local[i] == static_cast<float>(1.0 / std::pow(10.0, 2.0 * i / 6)));
+  }
+  BOOST_TEST(cfg.attention_scale() == static_cast<float>(1.0 / std::sqrt(5.0)));
+  // Other families: every layer alike, one table, 1 / sqrt(head_dim).
+  const ModelConfig m = mistral(tiny_config());
+  BOOST_TEST(m.layer_sliding_window(1) == 3);
+  BOOST_TEST(m.layer_rope_table(1) == 0);
+  BOOST_TEST(m.rope_tables() == 1);
+}
+
+// Gemma-3-1B's config.json in transformers 4.5x's form (rope_theta, rope_local_base_freq, rope_scaling,
+// sliding_window_pattern, no layer_types); the 4B's linear factor 8 added below.
+const std::string kGemma1B = kGemma3_1bConfig;
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, from);
+  return text.replace(at, from.size(), to);
+}
+
+BOOST_AUTO_TEST_CASE(transformers_4_config_reads_and_round_trips) {
+  const ModelConfig cfg = model_config_from_hf(kGemma1B, "gemma-3-1b");
+  BOOST_TEST(cfg.arch == "gemma3");
+  BOOST_TEST(cfg.head_dim() == 256);
+  BOOST_TEST(cfg.kv_heads() == 1);
+  BOOST_TEST(cfg.sliding_window == 512);
+  BOOST_TEST(cfg.sliding_window_pattern == 6);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.rope_local_theta == 1e4f);
+  BOOST_TEST(cfg.rope_linear_factor == 0.0f);
+  BOOST_TEST(cfg.query_pre_attn_scalar == 256.0f);
+  BOOST_TEST(cfg.tie_word_embeddings);  // Gemma3TextConfig's default
+  BOOST_TEST(cfg.layer_sliding_window(5) == 0);
+  BOOST_TEST(cfg.layer_sliding_window(6) == 512);
+  const ModelConfig scaled = model_config_from_hf(
+      replaced(kGemma1B, "\"rope_scaling\": null", R"("rope_scaling": {"rope_type": "linear", "factor": 8.0})"), "4b");
+  BOOST_TEST(scaled.rope_linear_factor == 8.0f);
+  for (const ModelConfig& c : {cfg, scaled}) {
+    const std::string written = hf_config_json(c);
+    for (const std::string part : {"\"model_type\": \"gemma3_text\"", "\"Gemma3ForCausalLM\"",
+                                   "\"hidden_activation\": \"gelu_pytorch_tanh\"", "\"query_pre_attn_scalar\": 256",
+                                   "\"full_attention\"", "\"sliding_attention\"", "\"rope_parameters\""})
+      BOOST_TEST(contains(written, part), written);
+    BOOST_TEST(!contains(written, "\"hidden_act\""), written);
+    BOOST_TEST(!contains(written, "\"rope_scaling\""), written);  // transformers 5 would read it for rope_parameters
+    const ModelConfig again = model_config_from_hf(written, "written");
+    BOOST_TEST(hf_config_json(again) == written);
+    BOOST_TEST(again.sliding_window_pattern == 6);
+    BOOST_TEST(again.rope_linear_factor == c.rope_linear_factor);
+    BOOST_TEST(again.rope_local_theta == 1e4f);
+    BOOST_TEST(again.sliding_window == 512);
+  }
+}
+
+// transformers 5's form: layer_types and rope_parameters per layer type (the fixture's config.json).
+BOOST_AUTO_TEST_CASE(transformers_5_config_reads) {
+  const std::string v5 = R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 12,
+      "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+      "num_hidden_layers": 3, "num_key_value_heads": 2, "query_pre_attn_scalar": 10, "sliding_window": 4,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+      "rope_parameters": {"full_attention": {"factor": 2.0, "rope_theta": 1000.0, "rope_type": "linear"},
+                          "sliding_attention": {"rope_theta": 100.0, "rope_type": "default"}},
+      "attn_logit_softcapping": null, "final_logit_softcapping": null, "use_bidirectional_attention": false,
+      "tie_word_embeddings": true, "vocab_size": 97})";
+  const ModelConfig cfg = model_config_from_hf(v5, "v5");
+  BOOST_TEST(cfg.sliding_window_pattern == 2);
+  BOOST_TEST(cfg.rope_theta == 1000.0f);
+  BOOST_TEST(cfg.rope_linear_factor == 2.0f);
+  BOOST_TEST(cfg.rope_local_theta == 100.0f);
+  BOOST_TEST(cfg.sliding_window == 4);
+  // Every layer global: pattern 1; every layer local: pattern 0 (no global layer).
+  const std::string all_full = replaced(v5, R"(["sliding_attention", "full_attention", "sliding_attention"])",
+                                        R"(["full_attention", "full_attention", "full_attention"])");
+  BOOST_TEST(model_config_from_hf(all_full, "full").sliding_window_pattern == 1);
+  const std::string all_local = replaced(v5, R"(["sliding_attention", "full_attention", "sliding_attention"])",
+                                         R"(["sliding_attention", "sliding_attention", "sliding_attention"])");
+  BOOST_TEST(model_config_from_hf(all_local, "local").sliding_window_pattern == 0);
+  // Not a repeating pattern of local layers then one global layer.
+  const std::string irregular = replaced(v5, R"(["sliding_attention", "full_attention", "sliding_attention"])",
+                                         R"(["full_attention", "sliding_attention", "sliding_attention"])");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(irregular, "c"); }), "layer_types"));
+  // A scaled local table is not Gemma 3's.
+  const std::string local_scaled = replaced(v5, R"({"rope_theta": 100.0, "rope_type": "default"})",
+                                            R"({"rope_theta": 100.0, "rope_type": "linear", "factor": 2.0})");
+  BOOST_TEST(contains(error_of([&] { model_config_from_hf(local_scaled, "c"); }), "rope_type 'linear'"));
+}
+
+// Soft-capping (Gemma 2's), bidirectional attention, another activation and Gemma 2 itself are refused
+// naming the file and why.
+BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
+  const auto refused = [](const std::string& text) { return error_of([&] { model_config_from_hf(text, "dir/config.json"); }); };
+  const std::string attn = refused(replaced(kGemma1B, "\"attn_logit_softcapping\": null", "\"attn_logit_softcapping\": 50.0"));
+  BOOST_TEST(contains(attn, "dir/config.json"), attn);
+  BOOST_TEST(contains(attn, "soft-capping"), attn);
+  BOOST_TEST(contains(refused(replaced(kGemma1B, "\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 30.0")),
+                      "final_logit_softcapping"));
+  BOOST_TEST(contains(refused(replaced(kGemma1B, "\"rope_scaling\": null",
+                                       "\"use_bidirectional_attention\": true, \"rope_scaling\": null")),
+                      "use_bidirectional_attention"));
+  BOOST_TEST(contains(refused(replaced(kGemma1B, "gelu_pytorch_tanh", "gelu")), "hidden_activation 'gelu'"));
+  const std::string gemma2 = refused(replaced(kGemma1B, "\"gemma3_text\"", "\"gemma2\""));
+  BOOST_TEST(contains(gemma2, "Gemma 2"), gemma2);
+  BOOST_TEST(contains(gemma2, "soft-caps"), gemma2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

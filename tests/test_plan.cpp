@@ -19,6 +19,7 @@
 #include "shardlm/config.hpp"
 #include "shardlm/fsdp.hpp"
 #include "shardlm/model.hpp"
+#include "gemma3_1b_config.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -297,6 +298,23 @@ BOOST_AUTO_TEST_CASE(mistral_deck_plans_on_the_cuda_backend) {
   BOOST_TEST(j.at("model").at("parameters").get<double>() == 7241732096.0 + 41943040.0);
   const json& full = row_of(j, "FULL_SHARD");
   BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * 4096 * 2);
+}
+
+// The Gemma 3 LoRA deck plans on one GPU from Gemma-3-1B's config.json (transformers 4.5x's form: local and
+// global layers, tied 262k vocabulary): the shape's parameters with the adapters', the family's name.
+BOOST_AUTO_TEST_CASE(gemma3_deck_plans_on_the_cuda_backend) {
+  const fs::path deck = scratch_deck("gemma3/gemma3-1b-lora.ini", "gemma-3-1b-pt", kGemma3_1bConfig);
+  const json j = json_of_plan(deck.string() + " --ranks=1 --json");
+  BOOST_TEST(j.at("backend") == "cuda");
+  BOOST_TEST(j.at("model").at("arch") == "gemma3");
+  // Embeddings 262144 x 1152 = 301,989,888 (tied), 26 layers of 26,842,112 (q 1152 x 1024, k and v 1152 x 256,
+  // o 1024 x 1152, gate/up/down 3 x 1152 x 6912, four norms of 1152 and q/k norms of 256), the final norm
+  // 1152: 999,885,952. LoRA's r 16 on the 7 linear layers of 26 blocks: 26 x 16 x ((1152 + 1024) + 2 x (1152 +
+  // 256) + (1024 + 1152) + 3 x (1152 + 6912)) = 13,045,760.
+  BOOST_TEST(j.at("model").at("parameters").get<double>() == 999885952.0 + 13045760.0);
+  const json& full = row_of(j, "FULL_SHARD");
+  // Four norms' outputs and the GeGLU rows at least, per layer, in bf16.
+  BOOST_TEST(full.at("activation_bytes").get<double>() > 26.0 * j.at("max_length").get<double>() * 1152 * 2);
 }
 
 // A row fits only when the node's host memory holds host/node too: Llama-3.1-8B offloaded unsharded on

@@ -86,6 +86,13 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
+  // Per-layer attention (Gemma 3's local / global layers): with a pattern N > 0 the layers i with (i + 1) % N
+  // == 0 are global (every earlier key, rope_theta), the others local (sliding_window, rope_local_theta);
+  // 0 = every layer alike (sliding_window on each). layer_sliding_window / layer_rope_table below.
+  int sliding_window_pattern = 0;
+  float rope_local_theta = 0;  // the local layers' rotary base, unscaled; 0 = the global table on every layer
+  float rope_linear_factor = 0;  // rope_type linear on the global table: inv_freq / factor; 0 = none
+  float query_pre_attn_scalar = 0;  // attention scores scaled by its inverse square root; 0 = head_dim
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
   AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
@@ -101,6 +108,16 @@ struct ModelConfig {
   int head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   int ffn_size() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden_size; }
+  // Whether layer `layer` is a local (sliding-window) one: every layer without a pattern.
+  bool layer_is_local(int layer) const {
+    return sliding_window_pattern <= 0 || (layer + 1) % sliding_window_pattern != 0;
+  }
+  // Layer `layer`'s sliding window (0: none) and rotary table (0: rope_theta's, 1: rope_local_theta's).
+  int layer_sliding_window(int layer) const { return layer_is_local(layer) ? sliding_window : 0; }
+  int layer_rope_table(int layer) const { return rope_local_theta > 0 && layer_is_local(layer) ? 1 : 0; }
+  int rope_tables() const { return rope_local_theta > 0 ? 2 : 1; }
+  // The attention scores' scale: query_pre_attn_scalar^-1/2, or head_dim^-1/2.
+  float attention_scale() const;
   // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).
   bool tied_head() const;
   // The LM head's chunk for micro-batches of at most `tokens` tokens (model.head_chunk_tokens).
@@ -195,6 +212,9 @@ std::string hf_config_json(const ModelConfig& cfg);
 // Rotary inverse frequencies for head dimension `head_dim` (cfg.rope_theta, rope_scaling applied):
 // the positions of the Llama-style families.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// The inverse frequencies of rotary table `table` (ModelConfig::layer_rope_table): 0 is rope_inv_freq's with
+// rope_linear_factor applied, 1 the local layers' (rope_local_theta, unscaled).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, int table);
 
 // ---- what the FSDP engine runs, on either backend ----
 
@@ -379,6 +399,8 @@ struct ModelFamily {
   bool grouped_query = false;     // model.num_kv_heads, model.intermediate_size and model.head_dim apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
   bool sliding_window = false;    // model.sliding_window applies (its attention may keep the last keys only)
+  // model.sliding_window_pattern, rope_local_theta, rope_linear_factor and query_pre_attn_scalar apply (Gemma 3)
+  bool local_global_layers = false;
   // The root tensor the token ids index ([vocab, hidden]: the embedding's backward adds only to the rows
   // of a micro-batch's tokens) and the root tensors that backward writes besides it (BLOOM's embedding
   // LayerNorm). The FSDP engine reduces the rest of the root's gradient as soon as the head's backward
@@ -389,6 +411,11 @@ struct ModelFamily {
   std::vector<UnitLayout> (*layout)(const ModelConfig&) = nullptr;  // also validates the config
   std::vector<LinearModule> (*linear_modules)(const ModelConfig&) = nullptr;  // a block's, for LoRA
   std::string (*hf_tensor_name)(const std::string& layout_name) = nullptr;
+  // Loading only (null: none): other names a checkpoint may give the tensor hf_tensor_name names, tried after
+  // it (Gemma 3's multimodal checkpoints keep the text model under language_model.model.*), and the tensors
+  // of a checkpoint the model has no place for that are skipped (their vision tower).
+  std::vector<std::string> (*hf_tensor_aliases)(const std::string& hf_name) = nullptr;
+  bool (*hf_ignored_tensor)(const ModelConfig&, const std::string& hf_name) = nullptr;
   // config.json: the family's keys (arch, architectures and model_type are set by the registry).
   ModelConfig (*config_from_hf)(const HfConfigReader&) = nullptr;
   void (*config_to_hf)(const ModelConfig&, nlohmann::ordered_json&) = nullptr;

@@ -21,6 +21,14 @@ static void check_model(const RunConfig& cfg, int) {
     bad_value("model.sliding_window", std::to_string(m.sliding_window),
               concat("applies to the families with sliding-window attention (", windowed, "), not ", m.arch));
   }
+  if (!family.local_global_layers) {
+    const std::pair<const char*, double> gemma_keys[] = {{"model.sliding_window_pattern", m.sliding_window_pattern},
+                                                         {"model.rope_local_theta", m.rope_local_theta},
+                                                         {"model.rope_linear_factor", m.rope_linear_factor},
+                                                         {"model.query_pre_attn_scalar", m.query_pre_attn_scalar}};
+    for (const auto& [key, value] : gemma_keys)
+      if (value != 0) bad_value(key, format_double(value), concat("applies to gemma3, not ", m.arch));
+  }
   if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
     bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
               concat("num_heads (", m.num_heads, ") is not divisible by it"));
@@ -42,14 +50,17 @@ static void check_model(const RunConfig& cfg, int) {
 static std::vector<KeySpec> shape_keys() {
   return {
       choice_key("model.arch", SHARDLM_FIELD(model.arch), model_family_names())
-          .on("both; `llama`, `qwen2`, `qwen3`, `mistral`: see README \"Status\" for the CUDA backend")
+          .on("both; `llama`, `qwen2`, `qwen3`, `mistral`, `gemma3`: see README \"Status\" for the CUDA backend")
           .of_shape()
           .doc("BLOOM (ALiBi, LayerNorm with biases, GELU MLP, LM head tied to the embeddings), Llama (RMSNorm, "
                "rotary embeddings, grouped-query attention, SwiGLU MLP, no biases), Qwen2 (Llama's layer with biases "
                "on the q, k and v projections), Qwen3 (Llama's layer with an RMSNorm over each head of q and of k "
-               "before rotary, `q_norm` / `k_norm`, and its own `head_dim`) or Mistral (Llama's layer with a sliding "
-               "window of `sliding_window` keys, and its own `head_dim`); with `model.dir`, config.json's "
-               "`model_type` decides"),
+               "before rotary, `q_norm` / `k_norm`, and its own `head_dim`), Mistral (Llama's layer with a sliding "
+               "window of `sliding_window` keys, and its own `head_dim`) or Gemma 3's text model (Llama's layer with "
+               "(1 + weight) RMSNorms, norms on the attention's and the MLP's outputs too, GeGLU with tanh GELU, "
+               "embeddings times sqrt(`hidden_size`), q/k norms, local sliding-window layers interleaved with global "
+               "ones: `sliding_window_pattern`, `rope_local_theta`, `query_pre_attn_scalar`); with `model.dir`, "
+               "config.json's `model_type` decides"),
       int_key("model.vocab_size", SHARDLM_FIELD(model.vocab_size), 1, "must be > 0", "N")
           .of_shape()
           .doc("vocabulary size; at least 259 with the byte tokenizer (required without `dir`)"),
@@ -77,7 +88,7 @@ static std::vector<KeySpec> shape_keys() {
           .doc("Llama: width of the SwiGLU MLP; 0 = 4 x `hidden_size`"),
       int_key("model.head_dim", SHARDLM_FIELD(model.head_size), 0, "must be >= 0 (0 = hidden_size / num_heads)")
           .of_shape()
-          .doc("Llama, Qwen2, Qwen3, Mistral: the dimension of each attention head, which may differ from "
+          .doc("Llama, Qwen2, Qwen3, Mistral, Gemma 3: the dimension of each attention head, which may differ from "
                "`hidden_size` / `num_heads` (Qwen3-0.6B: 128 at hidden 1024 and 16 heads, so q is 2048 wide); must be"
                " even; 0 = `hidden_size` / `num_heads` (which must then divide)"),
       int_key("model.sliding_window", SHARDLM_FIELD(model.sliding_window), 0,
@@ -90,7 +101,30 @@ static std::vector<KeySpec> shape_keys() {
                "the window lies inside each packed sample (keys of earlier samples stay masked). Applied in training "
                "on both backends (the CPU attention, the CUDA kernels and cuDNN's fused attention, whose graph masks "
                "the band j + window > i, or whose packed rows' bias holds the window) and in generation's "
-               "key/value-cache decoding. 0 = no window: every earlier key. Other families: must be 0"),
+               "key/value-cache decoding. 0 = no window: every earlier key. Gemma 3: the local layers' window "
+               "(`sliding_window_pattern`). Other families: must be 0"),
+      int_key("model.sliding_window_pattern", SHARDLM_FIELD(model.sliding_window_pattern), 0,
+              "must be >= 0 (0 = every layer alike)")
+          .of_shape()
+          .doc("Gemma 3: local and global layers interleaved, as config.json's `layer_types` (or `sliding_window_pattern`"
+               "): with N > 0 the layers i with (i + 1) % N == 0 are global (every earlier key, `rope_theta` with "
+               "`rope_linear_factor`), the others local (`sliding_window` keys, `rope_local_theta`); Gemma 3's "
+               "models: 6 (five local layers, then one global). 0 = every layer alike. Other families: must be 0"),
+      double_key("model.rope_local_theta", SHARDLM_FIELD(model.rope_local_theta), kNonNegative)
+          .of_shape()
+          .doc("Gemma 3: the rotary base of the local layers, unscaled (config.json's `rope_local_base_freq`, or "
+               "`rope_parameters.sliding_attention.rope_theta`; Gemma 3: 10000). 0 = `rope_theta` on every layer. "
+               "Other families: must be 0"),
+      double_key("model.rope_linear_factor", SHARDLM_FIELD(model.rope_linear_factor), kNonNegative)
+          .of_shape()
+          .doc("Gemma 3: linear rope scaling of the global layers' table, its frequencies divided by the factor "
+               "(config.json's `rope_scaling` / `rope_parameters.full_attention` with `rope_type` linear; Gemma 3 "
+               "4B-27B: 8). 0 = none. Other families: must be 0"),
+      double_key("model.query_pre_attn_scalar", SHARDLM_FIELD(model.query_pre_attn_scalar), kNonNegative)
+          .of_shape()
+          .doc("Gemma 3: attention scores scaled by its inverse square root instead of `head_dim`'s (config.json's "
+               "`query_pre_attn_scalar`; Gemma 3 1B: 256, its head_dim). 0 = `head_dim`. Other "
+               "families: must be 0"),
       positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps))
           .of_shape()
           .doc("Llama: RMSNorm epsilon"),

@@ -63,6 +63,8 @@ bool ignorable(const ModelConfig& cfg, const std::string& name) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   if (cfg.tied_head() && (name == "lm_head.weight" || name == "transformer.lm_head.weight")) return true;
+  const ModelFamily& family = model_family(cfg.arch);
+  if (family.hf_ignored_tensor && family.hf_ignored_tensor(cfg, name)) return true;
   return ends_with("rotary_emb.inv_freq");
 }
 
@@ -96,6 +98,9 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
       const std::string full = hf_tensor_name(config_, spec.name);
       auto it = found.find(full);
       if (it == found.end()) it = found.find(spec.name);
+      if (it == found.end() && model_family(config_.arch).hf_tensor_aliases)
+        for (const std::string& alias : model_family(config_.arch).hf_tensor_aliases(full))
+          if (it == found.end()) it = found.find(alias);
       SHARDLM_CHECK(it != found.end(), "model directory ", dir, ": tensor '", full,
                     "' is missing from the weights (does config.json match them?)");
       const SafetensorsTensor& t = *it->second.tensor;

@@ -12,7 +12,7 @@ namespace shardlm::model_detail {
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* probs,
                        float* context) {
   const int T = s.seq, d = s.head_dim, lc = s.heads * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = s.score_scale();
   for (int b = 0; b < s.batch; ++b) {
     for (int n = 0; n < s.heads; ++n) {
       const int g = s.kv_head_of(n);
@@ -44,7 +44,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* probs,
                         const float* dcontext, float* dscores, float* dq, float* dk, float* dv) {
   const int T = s.seq, d = s.head_dim, lc = s.heads * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = s.score_scale();
   // dk and dv add up over the query heads of a group: zero them first.
   for (int b = 0; b < s.batch; ++b)
     for (int t = 0; t < T; ++t)

@@ -5,6 +5,7 @@
 // and the key/value cache of greedy decoding with the attention of one cached row.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -22,6 +23,9 @@ struct AttentionShape {
   const int32_t* starts = nullptr;
   // Sliding window (ModelConfig::sliding_window): keys after t - window only (within the sample); 0: none.
   int window = 0;
+  float scale = 0;  // the scores' scale (ModelConfig::attention_scale); 0: 1 / sqrt(head_dim)
+
+  float score_scale() const { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
   int kv_head_of(int n) const { return n / (heads / kv_heads); }
   // The first key position t of sequence b attends to: its sample's start, or the window's, the later.

@@ -41,7 +41,8 @@ void layer_norm_backward_row(const float* dy, const float* xhat, float rstd, int
   }
 }
 
-void rms_norm_row(const float* x, int H, const float* weight, float eps, float* xhat, float* rstd, float* y) {
+void rms_norm_row(const float* x, int H, const float* weight, float eps, float* xhat, float* rstd, float* y,
+                  float weight_offset) {
   // The mean square in double: rows of large activations lose digits in a float sum.
   double squares = 0.0;
   for (int c = 0; c < H; ++c) squares += static_cast<double>(x[c]) * x[c];
@@ -49,27 +50,27 @@ void rms_norm_row(const float* x, int H, const float* weight, float eps, float* 
   *rstd = inv_rms;
   for (int c = 0; c < H; ++c) {
     xhat[c] = x[c] * inv_rms;
-    y[c] = xhat[c] * weight[c];
+    y[c] = xhat[c] * (weight_offset + weight[c]);
   }
 }
 
 void rms_norm_backward_row(const float* dy, const float* xhat, float rstd, int H, const float* weight, float* dx,
-                           bool accumulate, float* dweight) {
+                           bool accumulate, float* dweight, float weight_offset) {
   float sum_g_xhat = 0.0f;
   for (int c = 0; c < H; ++c) {
-    sum_g_xhat += dy[c] * weight[c] * xhat[c];
+    sum_g_xhat += dy[c] * (weight_offset + weight[c]) * xhat[c];
     if (dweight) dweight[c] += dy[c] * xhat[c];
   }
   const float mean_g_xhat = sum_g_xhat / H;
   for (int c = 0; c < H; ++c) {
-    const float d = rstd * (dy[c] * weight[c] - xhat[c] * mean_g_xhat);
+    const float d = rstd * (dy[c] * (weight_offset + weight[c]) - xhat[c] * mean_g_xhat);
     dx[c] = accumulate ? dx[c] + d : d;
   }
 }
 
 void CpuNorm::forward_row(const float* params, const float* x, int H, float* xhat, float* rstd, float* y) const {
   if (kind == Kind::Rms)
-    rms_norm_row(x, H, params + weight, eps, xhat, rstd, y);
+    rms_norm_row(x, H, params + weight, eps, xhat, rstd, y, weight_offset);
   else
     layer_norm_row(x, H, params + weight, params + bias, eps, xhat, rstd, y);
 }
@@ -78,7 +79,7 @@ void CpuNorm::backward_row(const float* params, const float* dy, const float* xh
                            bool accumulate, float* dparams) const {
   float* dweight = dparams ? dparams + weight : nullptr;
   if (kind == Kind::Rms)
-    rms_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dweight);
+    rms_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dweight, weight_offset);
   else
     layer_norm_backward_row(dy, xhat, rstd, H, params + weight, dx, accumulate, dweight,
                             dparams ? dparams + bias : nullptr);

@@ -14,10 +14,12 @@ void layer_norm_row(const float* x, int H, const float* weight, const float* bia
 void layer_norm_backward_row(const float* dy, const float* xhat, float rstd, int H, const float* weight, float* dx,
                              bool accumulate, float* dweight, float* dbias);
 // One row of RMSNorm: y = xhat * weight with xhat = x * rstd, rstd = 1 / sqrt(mean(x^2) + eps).
-void rms_norm_row(const float* x, int H, const float* weight, float eps, float* xhat, float* rstd, float* y);
-// Its backward: dx (+)= rstd * (g - xhat * mean(g * xhat)) with g = dy * weight; dweight += dy * xhat.
+// With weight_offset (Gemma's 1): y = xhat * (weight_offset + weight).
+void rms_norm_row(const float* x, int H, const float* weight, float eps, float* xhat, float* rstd, float* y,
+                  float weight_offset = 0.0f);
+// Its backward: dx (+)= rstd * (g - xhat * mean(g * xhat)) with g = dy * (weight_offset + weight); dweight += dy * xhat.
 void rms_norm_backward_row(const float* dy, const float* xhat, float rstd, int H, const float* weight, float* dx,
-                           bool accumulate, float* dweight);
+                           bool accumulate, float* dweight, float weight_offset = 0.0f);
 
 // A norm of a family, located by the offsets of its tensors inside a flat parameter: LayerNorm
 // (weight and bias) or RMSNorm (weight only).
@@ -26,6 +28,7 @@ struct CpuNorm {
   Kind kind = Kind::Layer;
   size_t weight = 0, bias = 0;  // element offsets; bias unused for RMSNorm
   float eps = 1e-5f;
+  float weight_offset = 0.0f;  // RMSNorm: y = xhat * (weight_offset + weight) (Gemma: 1)
 
   void forward_row(const float* params, const float* x, int H, float* xhat, float* rstd, float* y) const;
   // dparams (the flat parameter's gradient) receives the weight's (and bias's) gradient; null: frozen.

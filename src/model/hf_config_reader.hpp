@@ -78,6 +78,7 @@ class HfConfigReader {
     }
   }
   const std::string& source() const { return source_; }
+  const Json* root() const { return &j_; }  // the whole object read
 
  private:
   const Json& j_;

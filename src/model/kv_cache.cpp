@@ -36,8 +36,7 @@ namespace {
 // One query head of one row attending to its slot's cached positions first..pos of kv head `head`:
 // context = softmax_j(scale * q.k_j + slope * j) V, the softmax in fp32 over a max-shifted row.
 void cached_attention_head(KvCache& cache, int layer, int slot, int head, int first, int pos, const float* q,
-                           int head_dim, float slope, float* scores, float* context) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                           int head_dim, float slope, float scale, float* scores, float* context) {
   const float* keys = cache.key(layer, slot, head, 0);
   const float* values = cache.value(layer, slot, head, 0);
   float max_score = -INFINITY;
@@ -79,7 +78,7 @@ void cached_attention_rows(KvCache& cache, int layer, const AttentionShape& s, c
       cached_attention_head(cache, layer, slots[r], s.kv_head_of(h),
                             AttentionShape::window_start(0, positions[r], s.window), positions[r],
                             q + static_cast<size_t>(r) * s.q_ld + static_cast<size_t>(h) * s.head_stride, d,
-                            s.slopes ? s.slopes[h] : 0.0f, scores,
+                            s.slopes ? s.slopes[h] : 0.0f, s.score_scale(), scores,
                             context + static_cast<size_t>(r) * s.heads * d + static_cast<size_t>(h) * d);
 }
 

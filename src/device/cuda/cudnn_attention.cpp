@@ -560,7 +560,7 @@ void CudnnAttention::forward(const AttentionLayout& l, const void* qkv, void* ct
   if (l.B == 0 || l.T == 0) return;
   const Plans& p = plans(l);
   require_prepared(p.refused);
-  float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
+  float scale = l.scale > 0 ? l.scale : 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
   int32_t window = l.window;
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kMaskValue};
@@ -581,7 +581,7 @@ void CudnnAttention::backward(const AttentionLayout& l, const void* dctx, const 
   float* dq_accum = reinterpret_cast<float*>(own + align256(rows * sizeof(float)));
   void* engine_workspace = own + cudnn_attention_own_bytes(l.B, l.T, l.heads, l.head_dim);
   SHARDLM_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, rows * l.head_dim * sizeof(float), stream));
-  float scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
+  float scale = l.scale > 0 ? l.scale : 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   float mask_value = std::numeric_limits<float>::lowest();
   float one = 1.0f;
   int32_t window = l.window;

@@ -34,6 +34,7 @@ struct AttentionLayout {
   // Sliding window (> 0): keys j > i - window only; 0: none. Not with a bias (packed_attention_bias
   // folds the window into it).
   int window = 0;
+  float scale = 0;  // the scores' scale (a runtime input, not in key()); 0: 1 / sqrt(head_dim)
   long long row = 0;              // elements from one token's q/k/v row to the next (qkv and dqkv)
   long long head = 0;             // elements from one head to the next inside q, k or v
   long long q = 0, k = 0, v = 0;  // offset of head 0 of q, k and v inside a row

@@ -109,7 +109,7 @@ template <typename T, int PerLane>
 void launch_decode_attention(const void* qkv, const DecodeQkv& l, const void* keys, const void* values,
                              const int32_t* slots, const int32_t* positions, int n, const float* slopes, void* ctx,
                              int max_len, int window, cudaStream_t stream) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(l.head_dim));
+  const float scale = l.scale > 0 ? l.scale : 1.0f / sqrtf(static_cast<float>(l.head_dim));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(l.heads));
   decode_attention_kernel<T, PerLane><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(qkv), l, static_cast<const T*>(keys), static_cast<const T*>(values), slots, positions,

@@ -22,6 +22,7 @@ namespace shardlm::cuda {
 struct DecodeQkv {
   int heads = 0, kv_heads = 0, head_dim = 0;
   int row_stride = 0, head_stride = 0, k_offset = 0, v_offset = 0;
+  float scale = 0;  // the scores' scale (Gemma's query_pre_attn_scalar^-1/2); 0: 1 / sqrt(head_dim)
 };
 // BLOOM's fused projection (alibi_attention_forward's layout): each head's q, k, v side by side, [n, 3 heads d].
 inline DecodeQkv interleaved_qkv(int heads, int head_dim) {

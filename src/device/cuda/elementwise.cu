@@ -7,6 +7,7 @@
 
 #include "column_grad.cuh"
 #include "elementwise.hpp"
+#include "gelu_tanh.cuh"
 
 namespace shardlm::cuda {
 namespace {
@@ -38,22 +39,6 @@ void launch_map(const Op& op, size_t n, bool vectorised, cudaStream_t stream) {
 }
 
 // ---- GELU -------------------------------------------------------------------------------------
-
-// BLOOM's constants: sqrt(2/pi) and the cubic coefficient (as in bloom_cpu.cpp).
-constexpr float kGeluScale = 0.79788456f;
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float gelu_inner_tanh(float u) {
-  return tanhf(kGeluScale * u * (1.0f + kGeluCubic * u * u));
-}
-
-__device__ __forceinline__ float gelu_value(float u) { return 0.5f * u * (1.0f + gelu_inner_tanh(u)); }
-
-__device__ __forceinline__ float gelu_derivative(float u) {
-  const float t = gelu_inner_tanh(u);
-  const float inner_derivative = kGeluScale * (1.0f + 3.0f * kGeluCubic * u * u);
-  return 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * inner_derivative;
-}
 
 struct Gelu {
   __device__ float operator()(float u) const { return gelu_value(u); }
@@ -237,6 +222,15 @@ void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaSt
 
 void scale(float* x, size_t n, float factor, cudaStream_t stream) {
   launch_map<4>(UnaryOp<float, float, Times>{x, x, Times{factor}}, n, is_aligned(x, 16), stream);
+}
+
+void scale_values(void* x, size_t n, float factor, DType dt, cudaStream_t stream) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int N = vec_width<T>();
+    T* v = static_cast<T*>(x);
+    launch_map<N>(UnaryOp<T, T, Times>{v, v, Times{factor}}, n, is_aligned(x, 16), stream);
+  });
 }
 
 // x += y with y in any dtype: x moves 16 bytes per access, y as many elements (8 bytes when 16-bit).

@@ -25,6 +25,8 @@ void bias_grad(const void* dy, float* dbias, int n, int cols, DType dt, cudaStre
 void cast(const void* in, DType in_dt, void* out, DType out_dt, size_t n, cudaStream_t stream);
 // x[i] *= factor (fp32).
 void scale(float* x, size_t n, float factor, cudaStream_t stream);
+// x[i] = (dt) (x[i] * factor), the product in fp32 (Gemma's embedding scale; factor rounded by the caller).
+void scale_values(void* x, size_t n, float factor, DType dt, cudaStream_t stream);
 // x[i] += y[i], y in y_dt (F32, BF16 or F16; 16-bit values widen exactly), one fp32 add.
 void accumulate(float* x, const void* y, DType y_dt, size_t n, cudaStream_t stream);
 

@@ -125,14 +125,14 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
 
 void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads, int kv_heads,
                            int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts,
-                           int window) {
+                           int window, float scale_override) {
   check_shape("gqa_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(d));
   for (int b = 0; b < B; ++b) {
     const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
     const char* k = q + static_cast<size_t>(l.qw) * es;
@@ -157,14 +157,14 @@ void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, i
 
 void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B, int T,
                             int heads, int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
-                            const int32_t* starts, int window) {
+                            const int32_t* starts, int window, float scale_override) {
   check_shape("gqa_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
   if (B == 0 || T == 0) return;
   const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(d));
   float* dprobs = ws.scores;  // the recomputed scores are spent once P is formed
   float* dkv = ws.dkv;
   const int ld_dkv = 2 * l.kvw;

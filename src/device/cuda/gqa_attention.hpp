@@ -26,13 +26,14 @@ namespace shardlm::cuda {
 // (workspace_sizes.hpp); nothing in it outlives a call.
 // `starts` (device [B*T], or null): packed rows, position t attends to keys starts[t] .. t of its row.
 // `window` (> 0, ModelConfig::sliding_window): only keys j > t - window as well; 0: no window.
+// `scale` (> 0): the scores' scale instead of 1 / sqrt(d) (Gemma's query_pre_attn_scalar^-1/2).
 void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads, int kv_heads,
                            int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts = nullptr,
-                           int window = 0);
+                           int window = 0, float scale = 0);
 // dqkv (same layout as qkv) written from dctx, qkv and the forward's lse; the key and value
 // gradients are summed over the query heads of their group in fp32 before they are rounded to dt.
 void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B, int T,
                             int heads, int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
-                            const int32_t* starts = nullptr, int window = 0);
+                            const int32_t* starts = nullptr, int window = 0, float scale = 0);
 
 }  // namespace shardlm::cuda

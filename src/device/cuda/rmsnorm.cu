@@ -12,7 +12,7 @@ namespace {
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y,
-                           float* __restrict__ rstd, int n, int H, float eps) {
+                           float* __restrict__ rstd, int n, int H, float eps, float offset) {
   const int lane = threadIdx.x % 32;
   const int packs = H / N;
   for_warp_rows(n, [&](long long row) {
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kRowThreads)
       load_floats<N>(xr + p * N, v);
       load_floats<N>(weight + p * N, w);
 #pragma unroll
-      for (int k = 0; k < N; ++k) v[k] = (v[k] * rs) * w[k];  // xhat first, then the weight: as LlamaCpu
+      for (int k = 0; k < N; ++k) v[k] = (v[k] * rs) * (offset + w[k]);  // xhat first, then the weight: as LlamaCpu
       store_floats<N>(yr + p * N, v);
     }
     if (lane == 0) rstd[row] = rs;
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kRowThreads)
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
-                            const float* __restrict__ rstd, T* dx, int n, int H, bool accumulate_dx) {
+                            const float* __restrict__ rstd, T* dx, int n, int H, bool accumulate_dx, float offset) {
   const int lane = threadIdx.x % 32;
   const int packs = H / N;
   for_warp_rows(n, [&](long long row) {
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kRowThreads)
       load_floats<N>(xr + p * N, xv);
       load_floats<N>(weight + p * N, w);
 #pragma unroll
-      for (int k = 0; k < N; ++k) sum_g_xhat += d[k] * w[k] * (xv[k] * rs);
+      for (int k = 0; k < N; ++k) sum_g_xhat += d[k] * (offset + w[k]) * (xv[k] * rs);
     }
     const float mean_g_xhat = warp_sum(sum_g_xhat) / H;
     for (int p = lane; p < packs; p += 32) {
@@ -67,23 +67,24 @@ __global__ void __launch_bounds__(kRowThreads)
       load_floats<N>(weight + p * N, w);
       load_or_zero<N>(accumulate_dx, dxr + p * N, out);
 #pragma unroll
-      for (int k = 0; k < N; ++k) out[k] += rs * (d[k] * w[k] - (xv[k] * rs) * mean_g_xhat);
+      for (int k = 0; k < N; ++k) out[k] += rs * (d[k] * (offset + w[k]) - (xv[k] * rs) * mean_g_xhat);
       store_floats<N>(dxr + p * N, out);
     }
   });
 }
 
 template <typename T, int N>
-void forward_with(const T* x, const T* weight, T* y, float* rstd, int n, int H, float eps, cudaStream_t stream) {
-  rmsnorm_forward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(x, weight, y, rstd, n, H, eps);
+void forward_with(const T* x, const T* weight, T* y, float* rstd, int n, int H, float eps, float offset,
+                  cudaStream_t stream) {
+  rmsnorm_forward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(x, weight, y, rstd, n, H, eps, offset);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 template <typename T, int N>
 void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, T* dx, float* dweight, int n, int H,
-                   bool accumulate_dx, cudaStream_t stream) {
+                   bool accumulate_dx, float offset, cudaStream_t stream) {
   rmsnorm_backward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(dy, x, weight, rstd, dx, n, H,
-                                                                                 accumulate_dx);
+                                                                                 accumulate_dx, offset);
   SHARDLM_CUDA_LAUNCH_CHECK();
   // dweight[c] += sum_r dy[r,c] x[r,c] rstd[r], column by column; none for a frozen weight.
   if (dweight)
@@ -93,23 +94,23 @@ void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, 
 }  // namespace
 
 void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float weight_offset) {
   if (!check_rows("rmsnorm_forward", n, H)) return;
   dispatch_dtype_packed(dt, H, {x, weight, y}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     forward_with<T, decltype(width)::value>(static_cast<const T*>(x), static_cast<const T*>(weight),
-                                            static_cast<T*>(y), rstd, n, H, eps, stream);
+                                            static_cast<T*>(y), rstd, n, H, eps, weight_offset, stream);
   });
 }
 
 void rmsnorm_backward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx, float* dweight,
-                      int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream) {
+                      int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream, float weight_offset) {
   if (!check_rows("rmsnorm_backward", n, H)) return;
   dispatch_dtype_packed(dt, H, {dy, x, weight, dx}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     backward_with<T, decltype(width)::value>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                              static_cast<const T*>(weight), rstd, static_cast<T*>(dx), dweight, n,
-                                             H, accumulate_dx, stream);
+                                             H, accumulate_dx, weight_offset, stream);
   });
 }
 

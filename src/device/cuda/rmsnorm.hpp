@@ -12,13 +12,14 @@
 
 namespace shardlm::cuda {
 
-// y = x * rstd * weight over rows of H, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd (fp32, [n]).
+// y = x * rstd * weight over rows of H, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd (fp32, [n]). With
+// weight_offset (Gemma's 1) the weight is weight_offset + weight, in fp32, in both directions.
 void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
-                     cudaStream_t stream);
+                     cudaStream_t stream, float weight_offset = 0.0f);
 // dx (+)= rstd * (g - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd (dx += when
 // accumulate_dx, which adds the residual branch's gradient); dweight += sum_rows(dy * xhat) in fp32
 // (null: a frozen weight, dx only).
 void rmsnorm_backward(const void* dy, const void* x, const void* weight, const float* rstd, void* dx, float* dweight,
-                      int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream);
+                      int n, int H, bool accumulate_dx, DType dt, cudaStream_t stream, float weight_offset = 0.0f);
 
 }  // namespace shardlm::cuda

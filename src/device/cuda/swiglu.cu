@@ -1,6 +1,8 @@
-// SwiGLU (Llama's MLP activation) forward and backward over the fused gate|up projection rows:
+// SwiGLU (Llama's MLP activation) and GeGLU with tanh GELU (Gemma's) forward and backward over the fused
+// gate|up projection rows:
 // grid-stride loops over the [n, F] output, packs of 16 bytes when F and every pointer allow.
 #include "dtype_cuda.cuh"
+#include "gelu_tanh.cuh"
 #include "swiglu.hpp"
 
 namespace shardlm::cuda {
@@ -20,21 +22,36 @@ __device__ __forceinline__ void for_swiglu_packs(long long n, int F, Body&& f) {
   }
 }
 
-template <typename T, int N>
-__global__ void swiglu_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F) {
+// The gated activations of the fused gate|up rows: out = act(gate) * up and its two derivatives.
+struct Silu {  // SwiGLU: silu(g) = g * sigmoid(g)
+  __device__ float forward(float g, float u) const { return g * sigmoid(g) * u; }  // as LlamaCpu: (g * s) * u
+  __device__ float up_grad(float d, float g) const { return d * g * sigmoid(g); }  // d(up) = dout * silu(gate)
+  __device__ float gate_grad(float d, float g, float u) const {
+    const float s = sigmoid(g);
+    return d * u * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+  }
+};
+struct GeluTanh {  // GeGLU (Gemma): gelu_tanh(g) * up
+  __device__ float forward(float g, float u) const { return gelu_value(g) * u; }
+  __device__ float up_grad(float d, float g) const { return d * gelu_value(g); }
+  __device__ float gate_grad(float d, float g, float u) const { return d * u * gelu_derivative(g); }
+};
+
+template <typename Act, typename T, int N>
+__global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F) {
   for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float g[N], u[N];
     load_floats<N>(gate_up + at, g);
     load_floats<N>(gate_up + at + F, u);
 #pragma unroll
-    for (int k = 0; k < N; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];  // as LlamaCpu: (g * s) * u
+    for (int k = 0; k < N; ++k) g[k] = Act{}.forward(g[k], u[k]);
     store_floats<N>(out + e, g);
   });
 }
 
-template <typename T, int N>
-__global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate_up,
-                                       T* __restrict__ dgate_up, long long n, int F) {
+template <typename Act, typename T, int N>
+__global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate_up,
+                                      T* __restrict__ dgate_up, long long n, int F) {
   for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float d[N], g[N], u[N], dg[N], du[N];
     load_floats<N>(dout + e, d);
@@ -42,9 +59,8 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
     load_floats<N>(gate_up + at + F, u);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const float s = sigmoid(g[k]);
-      du[k] = d[k] * g[k] * s;                             // d(up) = dout * silu(gate)
-      dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+      du[k] = Act{}.up_grad(d[k], g[k]);
+      dg[k] = Act{}.gate_grad(d[k], g[k], u[k]);
     }
     store_floats<N>(dgate_up + at, dg);
     store_floats<N>(dgate_up + at + F, du);
@@ -57,31 +73,51 @@ bool check_shape(const char* what, int n, int F) {
   return n > 0;
 }
 
-}  // namespace
-
-void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
-  if (!check_shape("swiglu_forward", n, F)) return;
+template <typename Act>
+void gated_forward(const char* what, const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
+  if (!check_shape(what, n, F)) return;
   const size_t items = static_cast<size_t>(n) * F;
   dispatch_dtype_packed(dt, F, {gate_up, out}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
-    swiglu_forward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
+    gated_forward_kernel<Act, T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
         static_cast<const T*>(gate_up), static_cast<T*>(out), n, F);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
-void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                     cudaStream_t stream) {
-  if (!check_shape("swiglu_backward", n, F)) return;
+template <typename Act>
+void gated_backward(const char* what, const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                    cudaStream_t stream) {
+  if (!check_shape(what, n, F)) return;
   const size_t items = static_cast<size_t>(n) * F;
   dispatch_dtype_packed(dt, F, {dout, gate_up, dgate_up}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
-    swiglu_backward_kernel<T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
+    gated_backward_kernel<Act, T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
         static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up), n, F);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
+  gated_forward<Silu>("swiglu_forward", gate_up, out, n, F, dt, stream);
+}
+
+void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                     cudaStream_t stream) {
+  gated_backward<Silu>("swiglu_backward", dout, gate_up, dgate_up, n, F, dt, stream);
+}
+
+void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
+  gated_forward<GeluTanh>("geglu_tanh_forward", gate_up, out, n, F, dt, stream);
+}
+
+void geglu_tanh_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                         cudaStream_t stream) {
+  gated_backward<GeluTanh>("geglu_tanh_backward", dout, gate_up, dgate_up, n, F, dt, stream);
 }
 
 }  // namespace shardlm::cuda

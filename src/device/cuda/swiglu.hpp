@@ -1,4 +1,4 @@
-// SwiGLU over the fused gate|up projection rows, forward and backward (swiglu.cu).
+// SwiGLU and GeGLU over the fused gate|up projection rows, forward and backward (swiglu.cu).
 // Launchers as everywhere in device/cuda: device pointers, asynchronous on `stream`, launch checked;
 // `dt` the dtype of activations and gathered parameters, fp32 arithmetic, fp32 parameter gradients (+=).
 #pragma once
@@ -18,5 +18,10 @@ void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cuda
 // dgate_up[n, 2F] from dout[n, F]: d(up) = dout * silu(gate), d(gate) = dout * up * silu'(gate).
 void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
                      cudaStream_t stream);
+// GeGLU (Gemma): out = gelu_tanh(gate) * up (GELU's tanh approximation, gelu_pytorch_tanh), and its backward:
+// d(up) = dout * gelu_tanh(gate), d(gate) = dout * up * gelu_tanh'(gate).
+void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream);
+void geglu_tanh_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                         cudaStream_t stream);
 
 }  // namespace shardlm::cuda

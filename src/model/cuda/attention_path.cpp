@@ -14,12 +14,14 @@ namespace shardlm::cuda {
 
 #ifdef SHARDLM_HAVE_CUDNN
 namespace {
-// A sliding window is the graph's own mask, or, in packed rows, part of their bias (packed_bias).
-AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool alibi, bool packed) {
+// A sliding window (`window`, the layer's) is the graph's own mask, or, in packed rows, part of their bias
+// (packed_bias). The scores' scale is the model's where it sets one (query_pre_attn_scalar).
+AttentionLayout layout_of(const ModelConfig& cfg, DType dt, int B, int T, bool alibi, bool packed, int window) {
   AttentionLayout l = alibi ? AttentionLayout::interleaved_alibi(B, T, cfg.num_heads, cfg.head_dim(), dt)
                             : AttentionLayout::grouped(B, T, cfg.num_heads, cfg.kv_heads(), cfg.head_dim(), dt);
   l.bias = packed;
-  l.window = packed ? 0 : cfg.sliding_window;
+  l.window = packed ? 0 : window;
+  if (cfg.query_pre_attn_scalar > 0) l.scale = cfg.attention_scale();
   return l;
 }
 }  // namespace
@@ -39,11 +41,17 @@ AttentionPath::AttentionPath(const char* model, const ModelConfig& cfg, DType dt
     cudnn_ = std::make_shared<CudnnAttention>();
     // Plans for the largest micro-batch now, before any step; other shapes get theirs on first use.
     // A packed run's micro-batches may be packed or not (eval): both graphs must be taken.
-    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, alibi, false);
+    const AttentionLayout l = layout_of(cfg, dt, max_batch, max_seq, alibi, false, cfg.sliding_window);
     why = cudnn_->prepare(l);
     size_t engine_bytes = why.empty() ? cudnn_->workspace_bytes(l) : 0;
+    // Layers without the window (Gemma 3's global ones) run the graph without its mask: planned too.
+    if (why.empty() && cfg.sliding_window > 0 && cfg.sliding_window_pattern > 0) {
+      const AttentionLayout global = layout_of(cfg, dt, max_batch, max_seq, alibi, false, 0);
+      why = cudnn_->prepare(global);
+      if (why.empty()) engine_bytes = std::max(engine_bytes, cudnn_->workspace_bytes(global));
+    }
     if (why.empty() && cfg.packed) {
-      const AttentionLayout packed = layout_of(cfg, dt, max_batch, max_seq, alibi, true);
+      const AttentionLayout packed = layout_of(cfg, dt, max_batch, max_seq, alibi, true, cfg.sliding_window);
       why = cudnn_->prepare(packed);
       if (!why.empty()) why = concat("packed rows (data.packing): ", why);
       else engine_bytes = std::max(engine_bytes, cudnn_->workspace_bytes(packed));
@@ -78,8 +86,8 @@ AttentionPath::~AttentionPath() = default;
 // Layout of a B x T micro-batch, its plans built on first use; a shape cuDNN refuses, or one whose
 // workspace would exceed the largest shape's (what the model allocated), is an Error.
 static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const ModelConfig& cfg, DType dt, int B, int T,
-                             bool alibi, bool packed, size_t capacity) {
-  const AttentionLayout l = layout_of(cfg, dt, B, T, alibi, packed);
+                             bool alibi, bool packed, size_t capacity, int window) {
+  const AttentionLayout l = layout_of(cfg, dt, B, T, alibi, packed, window);
   const std::string refused = cudnn.prepare(l);
   SHARDLM_CHECK(refused.empty(), model, ": cuDNN attention refused a ", B, " x ", T, " micro-batch: ", refused);
   SHARDLM_CHECK(cudnn.workspace_bytes(l) <= capacity, model, ": cuDNN attention wants ", cudnn.workspace_bytes(l),
@@ -88,31 +96,38 @@ static AttentionLayout ready(CudnnAttention& cudnn, const char* model, const Mod
 }
 #endif
 
-void* AttentionPath::packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const {
+int AttentionPath::window_of(int layer) const {
+  return layer >= 0 ? cfg_.layer_sliding_window(layer) : cfg_.sliding_window;
+}
+
+void* AttentionPath::packed_bias(const int32_t* starts, void* workspace, int B, int T, int window,
+                                 cudaStream_t s) const {
   if (!starts) return nullptr;
   SHARDLM_CHECK(bias_bytes_ > 0, model_, ": packed rows for a model built without data.packing");
-  packed_attention_bias(starts, B, T, cfg_.sliding_window, workspace, dt_, s);
+  packed_attention_bias(starts, B, T, window, workspace, dt_, s);
   return workspace;
 }
 
 void AttentionPath::forward(const void* qkv, void* ctx, float* lse, const float* slopes, const int32_t* starts,
-                            void* workspace, int B, int T, cudaStream_t s) {
+                            void* workspace, int B, int T, cudaStream_t s, int layer) {
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
-  const void* bias = packed_bias(starts, workspace, B, T, s);
-  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_), qkv, ctx,
-                  lse, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
+  const int window = window_of(layer);
+  const void* bias = packed_bias(starts, workspace, B, T, window, s);
+  cudnn_->forward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_, window), qkv,
+                  ctx, lse, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }
 
 void AttentionPath::backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv,
                              const float* slopes, const int32_t* starts, void* workspace, int B, int T,
-                             cudaStream_t s) {
+                             cudaStream_t s, int layer) {
   SHARDLM_CHECK(fused_, model_, ": the fused attention path is not in use");
 #ifdef SHARDLM_HAVE_CUDNN
-  const void* bias = packed_bias(starts, workspace, B, T, s);
-  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_), dctx, qkv,
-                   ctx, lse, dqkv, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
+  const int window = window_of(layer);
+  const void* bias = packed_bias(starts, workspace, B, T, window, s);
+  cudnn_->backward(ready(*cudnn_, model_, cfg_, dt_, B, T, alibi_, bias != nullptr, capacity_ - bias_bytes_, window),
+                   dctx, qkv, ctx, lse, dqkv, slopes, bias, static_cast<char*>(workspace) + bias_bytes_, s);
 #endif
 }
 

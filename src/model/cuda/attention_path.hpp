@@ -37,19 +37,21 @@ class AttentionPath {
   // The fused calls (fused() only), in the model's layouts, with a workspace of workspace_bytes().
   // starts: packed rows (device [B*T], CudaModel::set_sample_starts) or null; packed rows are masked
   // through an additive [B, 1, T, T] bias built at the start of the workspace on every call, which then
-  // holds the model's sliding window too (the graph's own window mask otherwise).
+  // holds the model's sliding window too (the graph's own window mask otherwise). `layer` (>= 0): that layer's
+  // window (ModelConfig::layer_sliding_window: Gemma 3's global layers have none); -1: the model's.
   void forward(const void* qkv, void* ctx, float* lse, const float* slopes, const int32_t* starts, void* workspace,
-               int B, int T, cudaStream_t s);
+               int B, int T, cudaStream_t s, int layer = -1);
   void backward(const void* dctx, const void* qkv, const void* ctx, const float* lse, void* dqkv, const float* slopes,
-                const int32_t* starts, void* workspace, int B, int T, cudaStream_t s);
+                const int32_t* starts, void* workspace, int B, int T, cudaStream_t s, int layer = -1);
 
  private:
   const char* model_;
   ModelConfig cfg_;
   DType dt_;
   bool alibi_;
-  // Packed rows' bias at the start of the workspace (null when starts is null).
-  void* packed_bias(const int32_t* starts, void* workspace, int B, int T, cudaStream_t s) const;
+  // Packed rows' bias at the start of the workspace (null when starts is null), with `window`.
+  void* packed_bias(const int32_t* starts, void* workspace, int B, int T, int window, cudaStream_t s) const;
+  int window_of(int layer) const;
 
   bool fused_ = false;
   size_t capacity_ = 0;    // workspace_bytes()

@@ -29,9 +29,11 @@ using model_detail::linear_param_backward;
 enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 
 // A block's tensors (llama_block_offsets) with its two norms (four with LlamaBlock::qk_norm: q's and k's
-// over each head); the q/k/v biases are null without LlamaBlock::qkv_bias.
+// over each head; two more on the attention's and the MLP's outputs with LlamaBlock::sandwich_norms); the
+// q/k/v biases are null without LlamaBlock::qkv_bias.
 struct BlockOffsets : LlamaBlockOffsets {
-  CpuNorm input_norm_rows, post_norm_rows, q_norm_heads, k_norm_heads;
+  CpuNorm input_norm_rows, post_norm_rows, q_norm_heads, k_norm_heads, attn_out_norm_rows, mlp_out_norm_rows;
+  bool gelu_tanh = false;  // LlamaBlock::gelu_tanh: GeGLU instead of SwiGLU
   const float* bias(const float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
   float* bias(float* params, size_t offset) const { return qkv_bias ? params + offset : nullptr; }
 };
@@ -39,27 +41,34 @@ struct BlockOffsets : LlamaBlockOffsets {
 BlockOffsets block_offsets(const UnitLayout& block, float eps, const LlamaBlock& options) {
   BlockOffsets o;
   static_cast<LlamaBlockOffsets&>(o) = llama_block_offsets(block, options);
-  o.input_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.input_norm, 0, eps};
-  o.post_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.post_norm, 0, eps};
-  o.q_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.q_norm, 0, eps};
-  o.k_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.k_norm, 0, eps};
+  const float offset = options.unit_offset_norms ? 1.0f : 0.0f;
+  o.input_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.input_norm, 0, eps, offset};
+  o.post_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.post_norm, 0, eps, offset};
+  o.q_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.q_norm, 0, eps, offset};
+  o.k_norm_heads = CpuNorm{CpuNorm::Kind::Rms, o.k_norm, 0, eps, offset};
+  o.attn_out_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.attn_out_norm, 0, eps, offset};
+  o.mlp_out_norm_rows = CpuNorm{CpuNorm::Kind::Rms, o.mlp_out_norm, 0, eps, offset};
+  o.gelu_tanh = options.gelu_tanh;
   return o;
 }
 
-// Query, key and value projections in separate arrays of rows [N, heads d] and [N, kv_heads d]; the
-// model's sliding window (Mistral), if any.
-AttentionShape grouped_heads(int B, int T, const ModelConfig& cfg) {
+// Query, key and value projections in separate arrays of rows [N, heads d] and [N, kv_heads d]; layer
+// `layer`'s sliding window (Mistral; Gemma 3's local layers), if any, and the model's score scale (Gemma 3's
+// query_pre_attn_scalar).
+AttentionShape grouped_heads(int B, int T, const ModelConfig& cfg, int layer) {
   const int d = cfg.head_dim();
   AttentionShape s{B, T, cfg.num_heads, cfg.kv_heads(), d, cfg.num_heads * d, cfg.kv_heads() * d, d, nullptr};
-  s.window = cfg.sliding_window;
+  s.window = cfg.layer_sliding_window(layer);
+  if (cfg.query_pre_attn_scalar > 0) s.scale = cfg.attention_scale();
   return s;
 }
 
-// y = xhat * weight again from the saved xhat (cheaper to rebuild than to keep for backward).
-void rms_norm_output(const float* xhat, int rows, int H, const float* weight, float* y) {
+// y = xhat * (offset + weight) again from the saved xhat (cheaper to rebuild than to keep for backward).
+void rms_norm_output(const float* xhat, int rows, int H, const CpuNorm& norm, const float* params, float* y) {
+  const float* weight = params + norm.weight;
   for (int r = 0; r < rows; ++r) {
     const size_t at = static_cast<size_t>(r) * H;
-    for (int c = 0; c < H; ++c) y[at + c] = xhat[at + c] * weight[c];
+    for (int c = 0; c < H; ++c) y[at + c] = xhat[at + c] * (norm.weight_offset + weight[c]);
   }
 }
 
@@ -102,6 +111,38 @@ void rotary_angles(int pos, const std::vector<float>& inv_freq, float* cos_out, 
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// GELU's tanh approximation (PyTorch's gelu(approximate='tanh'), transformers' gelu_pytorch_tanh) and its
+// derivative, in fp32 as PyTorch computes it.
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
+float gelu_tanh(float x) {
+  const float inner = kGeluBeta * (x + kGeluKappa * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+float gelu_tanh_grad(float x) {
+  const float inner = kGeluBeta * (x + kGeluKappa * x * x * x);
+  const float t = std::tanh(inner);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * x * x);
+}
+
+// The gated MLP's activation of one element: SiLU(gate) * up, or GeGLU's gelu_tanh(gate) * up.
+float gated(bool geglu, float gate, float up) { return (geglu ? gelu_tanh(gate) : gate * sigmoid(gate)) * up; }
+// Its derivative with respect to gate (per unit of up): silu'(g) = s (1 + g (1 - s)), or gelu_tanh'(g).
+float gated_grad(bool geglu, float gate) {
+  if (geglu) return gelu_tanh_grad(gate);
+  const float s = sigmoid(gate);
+  return s * (1.0f + gate * (1.0f - s));
+}
+
+// Sandwich norms (LlamaBlock::sandwich_norms): y = base + norm(out) over N rows of H, the norm's xhat and rstd
+// kept, `normed` as scratch.
+void add_normed(const CpuNorm& norm, const float* params, const float* base, const float* out, int N, int H,
+                float* xhat, float* rstd, float* normed, float* y) {
+  norm.forward_rows(params, out, N, H, xhat, rstd, normed);
+  const size_t n = static_cast<size_t>(N) * H;
+  for (size_t i = 0; i < n; ++i) y[i] = base[i] + normed[i];
+}
+
 // RMSNorm of each head (rows x heads vectors of d, row stride heads * d) in place, its xhat and rstd
 // into the arrays given ([rows heads d], [rows heads]).
 void norm_heads_forward(const CpuNorm& norm, const float* params, float* x, int rows, int heads, int d, float* xhat,
@@ -127,11 +168,19 @@ struct BlockActivations {
   Buffer<float> context;                 // attention output before o_proj [N, nh*d]
   Buffer<float> norm2_xhat, norm2_rstd;  // post-attention RMSNorm
   Buffer<float> gate, up;                // [N, F]: gate_proj and up_proj outputs
+  // LlamaBlock::sandwich_norms: the norms of o_proj's output and of down_proj's output
+  Buffer<float> norm3_xhat, norm3_rstd, norm4_xhat, norm4_rstd;
+};
+
+// A rotary table: cos and sin [max_seq, head_dim / 2] and its frequencies (decoding may run past max_seq, so
+// its angles are formed per row).
+struct RopeTable {
+  std::vector<float> cos, sin, inv_freq;
 };
 
 struct State {
   BlockOffsets block;
-  std::vector<float> rope_cos, rope_sin;  // [max_seq, head_dim / 2]
+  std::vector<RopeTable> rope;  // ModelConfig::rope_tables(), chosen per layer by layer_rope_table
   std::vector<BlockActivations> layers;
 
   // Workspaces shared by every layer (only one forward or backward runs at a time).
@@ -139,14 +188,17 @@ struct State {
   Buffer<float> wide_work[2];    // [N, F]: SiLU(gate) * up; in backward d(gate), d(up)
   Buffer<float> q_grad, k_grad, v_grad;
   Buffer<float> score_grad;      // [T, T] of one (sequence, head)
-
-  std::vector<float> inv_freq;  // rotary frequencies; decoding may run past max_seq, so angles are formed per row
+  // LlamaBlock::sandwich_norms: [N, H], o_proj's and down_proj's outputs, then their gradients.
+  Buffer<float> sandwich;
+  float embed_scale = 1.0f;   // LlamaBlock::scaled_embeddings: sqrt(hidden_size)
+  Buffer<float> embed_grad;  // [N, H]: d(h0) times the scale, with scaled embeddings
 };
 
 // Greedy decoding's scratch arrays (CpuModelBase::scratch): a norm's state and output, q, k, v, the
 // attention context, the mid-block residual, SwiGLU's gate and up, scores of a row, a row's rotary
 // cos and sin.
-enum DecodeScratch { kXhat, kRstd, kNorm, kQ, kK, kV, kContext, kMid, kGate, kUp, kScores, kCos, kSin };
+// With sandwich norms, kOut holds o_proj's and down_proj's outputs before their norms.
+enum DecodeScratch { kXhat, kRstd, kNorm, kQ, kK, kV, kContext, kMid, kGate, kUp, kScores, kCos, kSin, kOut };
 
 // What block_forward and block_backward of one call share: the layer's saved activations, the
 // block's offsets, the attention's shape, the rows (B * T) and the hidden size.
@@ -155,12 +207,17 @@ struct BlockCall {
   const BlockOffsets& o;
   AttentionShape shape;
   int N, H;
+  const RopeTable& rope;  // the layer's rotary table
 };
 
 class LlamaCpu final : public model_detail::CpuModelBase {
  public:
   LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block);
 
+  // Scaled embeddings (LlamaBlock::scaled_embeddings): the base's lookup times the scale, and its backward.
+  void embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) override;
+  void embed_backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot, int B,
+                      int T) override;
   void block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) override;
   void block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                       int T) override;
@@ -183,19 +240,26 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
   State& m = m_;
   if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options);
 
-  m.inv_freq = rope_inv_freq(cfg);
-  const size_t half = m.inv_freq.size();
-  m.rope_cos.resize(static_cast<size_t>(max_seq) * half);
-  m.rope_sin.resize(m.rope_cos.size());
-  for (int t = 0; t < max_seq; ++t)
-    rotary_angles(t, m.inv_freq, m.rope_cos.data() + t * half, m.rope_sin.data() + t * half);
+  m.rope.resize(cfg.rope_tables());
+  for (int table = 0; table < cfg.rope_tables(); ++table) {
+    RopeTable& r = m.rope[table];
+    r.inv_freq = rope_inv_freq(cfg, table);
+    const size_t half = r.inv_freq.size();
+    r.cos.resize(static_cast<size_t>(max_seq) * half);
+    r.sin.resize(r.cos.size());
+    for (int t = 0; t < max_seq; ++t) rotary_angles(t, r.inv_freq, r.cos.data() + t * half, r.sin.data() + t * half);
+  }
 
   const size_t H = cfg.hidden_size, heads = cfg.num_heads, F = cfg.ffn_size();
   const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
   const size_t tokens = static_cast<size_t>(max_batch) * max_seq;
   // embed_tokens; the final RMSNorm, then lm_head (or embed_tokens when tied).
   const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
-  build_ends(root.embeddings, nullptr, CpuNorm{CpuNorm::Kind::Rms, root.norm, 0, cfg.rms_norm_eps}, root.head);
+  build_ends(root.embeddings, nullptr,
+             CpuNorm{CpuNorm::Kind::Rms, root.norm, 0, cfg.rms_norm_eps, options.unit_offset_norms ? 1.0f : 0.0f},
+             root.head);
+  m.embed_scale = llama_embed_scale(cfg, options);
+  if (options.scaled_embeddings) allocate_activations(m.embed_grad, tokens * H);
   m.layers.resize(cfg.num_layers);
   for (BlockActivations& a : m.layers) {
     allocate_activations(a.norm1_xhat, tokens * H);
@@ -215,6 +279,12 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     allocate_activations(a.norm2_rstd, tokens);
     allocate_activations(a.gate, tokens * F);
     allocate_activations(a.up, tokens * F);
+    if (options.sandwich_norms) {
+      allocate_activations(a.norm3_xhat, tokens * H);
+      allocate_activations(a.norm3_rstd, tokens);
+      allocate_activations(a.norm4_xhat, tokens * H);
+      allocate_activations(a.norm4_rstd, tokens);
+    }
   }
   if (cfg.num_layers > 0) {
     // hidden_work[1] also holds d(context), [N, QW]: wider than H where head_dim is not H / heads.
@@ -225,6 +295,7 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     allocate_activations(m.k_grad, tokens * KVW);
     allocate_activations(m.v_grad, tokens * KVW);
     allocate_activations(m.score_grad, static_cast<size_t>(max_seq) * max_seq);
+    if (options.sandwich_norms) allocate_activations(m.sandwich, tokens * H);
   }
 }
 
@@ -239,8 +310,11 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
   size_t per_layer = 2 * (tokens * H + tokens) + 2 * tokens * QW + 2 * tokens * KVW + tokens * heads * S +
                      2 * tokens * F;
   if (block.qk_norm) per_layer += tokens * (QW + heads + KVW + cfg.kv_heads());
+  if (block.sandwich_norms) per_layer += 2 * (tokens * H + tokens);
   size_t floats = L * per_layer;
   if (L > 0) floats += tokens * (H + std::max(H, QW)) + 2 * tokens * F + tokens * QW + 2 * tokens * KVW + S * S;
+  if (L > 0 && block.sandwich_norms) floats += tokens * H;
+  if (block.scaled_embeddings) floats += tokens * H;
   return floats * sizeof(float) + model_detail::cpu_shared_bytes(cfg, false, max_batch, max_seq);
 }
 
@@ -251,14 +325,30 @@ BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
     begin_block_forward(layer, B, T);
   else
     check_block_backward(layer, B, T);
-  AttentionShape shape = grouped_heads(B, T, cfg_);
+  AttentionShape shape = grouped_heads(B, T, cfg_, layer);
   shape.starts = starts_;
-  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};
+  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, m_.rope[cfg_.layer_rope_table(layer)]};
+}
+
+void LlamaCpu::embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) {
+  CpuModelBase::embed_forward(root, tokens, B, T, h0);
+  if (m_.embed_scale == 1.0f) return;
+  const size_t n = static_cast<size_t>(B) * T * cfg_.hidden_size;
+  for (size_t i = 0; i < n; ++i) h0[i] *= m_.embed_scale;
+}
+
+void LlamaCpu::embed_backward(CpuParams root, const int32_t* tokens, const float* dh0, UnitGrads droot, int B, int T) {
+  if (m_.embed_scale == 1.0f) return CpuModelBase::embed_backward(root, tokens, dh0, droot, B, T);
+  check_shape("embed_backward", B, T);
+  const size_t n = static_cast<size_t>(B) * T * cfg_.hidden_size;
+  float* scaled = m_.embed_grad.data();
+  for (size_t i = 0; i < n; ++i) scaled[i] = dh0[i] * m_.embed_scale;
+  CpuModelBase::embed_backward(root, tokens, scaled, droot, B, T);
 }
 
 void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  const auto [a, o, shape, N, H] = block_call(layer, B, T, true);
+  const auto [a, o, shape, N, H, rope] = block_call(layer, B, T, true);
   if (N == 0) return;
   const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   const float* params = p.base;
@@ -279,26 +369,39 @@ void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
     norm_heads_forward(o.q_norm_heads, params, a.q.data(), N, shape.heads, d, a.q_xhat.data(), a.q_rstd.data());
     norm_heads_forward(o.k_norm_heads, params, a.k.data(), N, shape.kv_heads, d, a.k_xhat.data(), a.k_rstd.data());
   }
-  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
-  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), false, shape.starts);
+  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, rope.cos.data(), rope.sin.data(), false, shape.starts);
+  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, rope.cos.data(), rope.sin.data(), false, shape.starts);
   model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
   float* x = m.hidden_work[0].data();
-  adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, h_in, x);
+  if (o.sandwich_norms) {  // Gemma 3: x = h + RMSNorm(o_proj(...))
+    float* out = m.sandwich.data();
+    adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, nullptr, out);
+    add_normed(o.attn_out_norm_rows, params, h_in, out, N, H, a.norm3_xhat.data(), a.norm3_rstd.data(), normed, x);
+  } else {
+    adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, h_in, x);
+  }
 
-  // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x).
+  // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x) (GeGLU: gelu_tanh for silu;
+  // sandwich norms: down_proj's output normed before the add).
   o.post_norm_rows.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
   adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, a.gate.data());
   adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, a.up.data());
   float* act = m.wide_work[0].data();
   const size_t wide = static_cast<size_t>(N) * F;
-  for (size_t i = 0; i < wide; ++i) act[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
-  adapted(kDownProj, act, F, o.down, nullptr, H, x, h_out);
+  for (size_t i = 0; i < wide; ++i) act[i] = gated(o.gelu_tanh, a.gate[i], a.up[i]);
+  if (o.sandwich_norms) {
+    float* out = m.sandwich.data();
+    adapted(kDownProj, act, F, o.down, nullptr, H, nullptr, out);
+    add_normed(o.mlp_out_norm_rows, params, x, out, N, H, a.norm4_xhat.data(), a.norm4_rstd.data(), normed, h_out);
+  } else {
+    adapted(kDownProj, act, F, o.down, nullptr, H, x, h_out);
+  }
 }
 
 void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                               int T) {
   State& m = m_;
-  const auto [a, o, shape, N, H] = block_call(layer, B, T, false);
+  const auto [a, o, shape, N, H, rope] = block_call(layer, B, T, false);
   if (N == 0) return;
   const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   const float* params = p.base;
@@ -318,17 +421,28 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   };
   auto bias_grad = [&](size_t offset) { return g.base ? o.bias(g.base, offset) : nullptr; };
 
+  // Sandwich norms: the gradient of down_proj's output (of o_proj's below) through the norm after it, into
+  // m.sandwich; without them the block's output gradient itself.
+  auto branch_grad = [&](const CpuNorm& norm, const float* dy, const Buffer<float>& xhat, const Buffer<float>& rstd) {
+    if (!o.sandwich_norms) return dy;
+    float* dout = m.sandwich.data();
+    std::fill(dout, dout + static_cast<size_t>(N) * H, 0.0f);
+    norm.backward_rows(params, dy, xhat.data(), rstd.data(), N, H, dout, g.base);
+    return static_cast<const float*>(dout);
+  };
+  const float* dmlp = branch_grad(o.mlp_out_norm_rows, dh_out, a.norm4_xhat, a.norm4_rstd);
+
   // MLP.
   const size_t wide = static_cast<size_t>(N) * F;
-  for (size_t i = 0; i < wide; ++i) dgate[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
-  param_backward(kDownProj, dgate, dh_out, F, H, o.down, nullptr);
-  input_backward(kDownProj, dh_out, F, o.down, H, false, dup);
+  for (size_t i = 0; i < wide; ++i) dgate[i] = gated(o.gelu_tanh, a.gate[i], a.up[i]);
+  param_backward(kDownProj, dgate, dmlp, F, H, o.down, nullptr);
+  input_backward(kDownProj, dmlp, F, o.down, H, false, dup);
   for (size_t i = 0; i < wide; ++i) {
-    const float gt = a.gate[i], s = sigmoid(gt), dact = dup[i];
-    dup[i] = dact * gt * s;                                    // d(up) = dact * silu(gate)
-    dgate[i] = dact * a.up[i] * s * (1.0f + gt * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+    const float gt = a.gate[i], dact = dup[i];
+    dup[i] = dact * gated(o.gelu_tanh, gt, 1.0f);         // d(up) = dact * act(gate)
+    dgate[i] = dact * a.up[i] * gated_grad(o.gelu_tanh, gt);  // d(gate) = dact * up * act'(gate)
   }
-  rms_norm_output(a.norm2_xhat.data(), N, H, params + o.post_norm, work);
+  rms_norm_output(a.norm2_xhat.data(), N, H, o.post_norm_rows, params, work);
   param_backward(kGateProj, work, dgate, H, F, o.gate, nullptr);
   param_backward(kUpProj, work, dup, H, F, o.up, nullptr);
   input_backward(kGateProj, dgate, H, o.gate, F, false, work);
@@ -337,20 +451,22 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   std::memcpy(dx, dh_out, sizeof(float) * N * H);
   o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, g.base);
 
-  // Attention: o_proj, attention itself, rotary (its transpose), then the q/k/v projections.
-  param_backward(kOProj, a.context.data(), dx, QW, H, o.o, nullptr);
-  input_backward(kOProj, dx, QW, o.o, H, false, work);
+  // Attention: o_proj (after the norm of its output with sandwich norms), attention itself, rotary (its
+  // transpose), then the q/k/v projections.
+  const float* dattn = branch_grad(o.attn_out_norm_rows, dx, a.norm3_xhat, a.norm3_rstd);
+  param_backward(kOProj, a.context.data(), dattn, QW, H, o.o, nullptr);
+  input_backward(kOProj, dattn, QW, o.o, H, false, work);
   model_detail::attention_backward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), work,
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
-  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
-  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, m.rope_cos.data(), m.rope_sin.data(), true, shape.starts);
+  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, rope.cos.data(), rope.sin.data(), true, shape.starts);
+  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, rope.cos.data(), rope.sin.data(), true, shape.starts);
   if (o.qk_norm) {
     norm_heads_backward(o.q_norm_heads, params, m.q_grad.data(), a.q_xhat.data(), a.q_rstd.data(), N, shape.heads, d,
                         g.base);
     norm_heads_backward(o.k_norm_heads, params, m.k_grad.data(), a.k_xhat.data(), a.k_rstd.data(), N,
                         shape.kv_heads, d, g.base);
   }
-  rms_norm_output(a.norm1_xhat.data(), N, H, params + o.input_norm, work);
+  rms_norm_output(a.norm1_xhat.data(), N, H, o.input_norm_rows, params, work);
   param_backward(kQProj, work, m.q_grad.data(), H, QW, o.q, bias_grad(o.q_bias));
   param_backward(kKProj, work, m.k_grad.data(), H, KVW, o.k, bias_grad(o.k_bias));
   param_backward(kVProj, work, m.v_grad.data(), H, KVW, o.v, bias_grad(o.v_bias));
@@ -366,12 +482,12 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
 
 void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
   const size_t H = cfg_.hidden_size, F = cfg_.ffn_size(), rows = std::max(max_rows, 0), d = cfg_.head_dim();
-  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = m_.inv_freq.size();
+  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = d / 2;
   // The norm state also serves the per-head q/k norms: rows x heads vectors of d.
   begin_decoding(slots, max_len, max_rows, cfg_.kv_heads(),
                  {rows * std::max(H, QW), rows * std::max<size_t>(1, cfg_.num_heads), rows * H, rows * QW, rows * KVW,
                   rows * KVW, rows * QW, rows * H, rows * F, rows * F, static_cast<size_t>(std::max(max_len, 0)), half,
-                  half});
+                  half, m_.block.sandwich_norms ? rows * H : 0});
 }
 
 void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n,
@@ -386,7 +502,8 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   };
   const BlockOffsets& o = m_.block;
   const int H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
-  const AttentionShape shape = grouped_heads(n, 1, cfg_);
+  const AttentionShape shape = grouped_heads(n, 1, cfg_, layer);
+  const RopeTable& rope = m_.rope[cfg_.layer_rope_table(layer)];
   const int QW = shape.q_ld, KVW = shape.kv_ld;
   float* normed = scratch(kNorm);
   float* q = scratch(kQ);
@@ -405,14 +522,20 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   }
   // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
   for (int r = 0; r < n; ++r) {
-    rotary_angles(positions[r], m_.inv_freq, cos_row, sin_row);
+    rotary_angles(positions[r], rope.inv_freq, cos_row, sin_row);
     apply_rotary(q + static_cast<size_t>(r) * QW, 1, 1, shape.heads, d, QW, cos_row, sin_row, false);
     apply_rotary(k + static_cast<size_t>(r) * KVW, 1, 1, shape.kv_heads, d, KVW, cos_row, sin_row, false);
   }
   model_detail::cached_attention_rows(cache(), layer, shape, q, k, v, n, slots, positions, scratch(kScores),
                                       scratch(kContext));
   float* x = scratch(kMid);
-  adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, h_in, x);
+  if (o.sandwich_norms) {
+    float* out = scratch(kOut);
+    adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, nullptr, out);
+    add_normed(o.attn_out_norm_rows, params, h_in, out, n, H, scratch(kXhat), scratch(kRstd), normed, x);
+  } else {
+    adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, h_in, x);
+  }
 
   o.post_norm_rows.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
   float* gate = scratch(kGate);
@@ -420,8 +543,14 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, gate);
   adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, up);
   const size_t wide = static_cast<size_t>(n) * F;
-  for (size_t i = 0; i < wide; ++i) gate[i] = gate[i] * sigmoid(gate[i]) * up[i];
-  adapted(kDownProj, gate, F, o.down, nullptr, H, x, h_out);
+  for (size_t i = 0; i < wide; ++i) gate[i] = gated(o.gelu_tanh, gate[i], up[i]);
+  if (o.sandwich_norms) {
+    float* out = scratch(kOut);
+    adapted(kDownProj, gate, F, o.down, nullptr, H, nullptr, out);
+    add_normed(o.mlp_out_norm_rows, params, x, out, n, H, scratch(kXhat), scratch(kRstd), normed, h_out);
+  } else {
+    adapted(kDownProj, gate, F, o.down, nullptr, H, x, h_out);
+  }
 }
 
 std::unique_ptr<CpuModel> make_llama_cpu(const ModelConfig& cfg, int max_batch, int max_seq, const LlamaBlock& block) {

@@ -25,6 +25,9 @@ struct LlamaCudaSizes {
   // With LlamaBlock::qk_norm (Qwen3), per saved block: q|k before their per-head RMSNorms, as [N, q] then
   // [N, k] rows, and the norms' 1/rms per head; scratch: q or k normed, or their gradient in and out, 2 x [N, q].
   size_t qk_raw = 0, qk_rstd = 0, qk_work = 0;
+  // With LlamaBlock::sandwich_norms (Gemma 3), per saved block: o_proj's and down_proj's outputs before the
+  // norms on them ([N, H] each) and those norms' 1/rms.
+  size_t sandwich_out = 0, sandwich_rstd = 0;
   // Scratch shared by the blocks: a norm's output, the gradient flowing into a norm or the
   // context, the hidden-state gradient, SiLU(gate) * up and its gradient, d(q|k|v), d(gate|up).
   size_t norm = 0, grad = 0, dh = 0, wide = 0, dqkv = 0, dgate_up = 0;
@@ -37,7 +40,10 @@ struct LlamaCudaSizes {
   // model.fp8_linear: the E4M3 copies of the largest A and B operand of the block's GEMMs (fp8_gemm.hpp).
   size_t fp8_a = 0, fp8_b = 0, fp8 = 0;
 
-  size_t per_block() const { return 2 * rstd + qkv + lse + context + h2 + gate_up + qk_raw + qk_rstd + lora_xa; }
+  size_t per_block() const {
+    return 2 * rstd + qkv + lse + context + h2 + gate_up + qk_raw + qk_rstd + 2 * (sandwich_out + sandwich_rstd) +
+           lora_xa;
+  }
   size_t total() const {
     return hidden + final_rstd + inv_freq + saved_blocks * per_block() + norm + grad + dh + wide + dqkv + dgate_up + qk_work +
            attention_workspace + head_workspace + lora_scratch + fp8;
@@ -45,7 +51,8 @@ struct LlamaCudaSizes {
 };
 
 inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                                       bool activation_checkpointing, bool fused_attention, bool qk_norm = false) {
+                                       bool activation_checkpointing, bool fused_attention, bool qk_norm = false,
+                                       bool sandwich_norms = false) {
   const size_t es = dtype_size(dt), f32 = sizeof(float);
   const size_t B = static_cast<size_t>(std::max(max_batch, 0)), T = static_cast<size_t>(std::max(max_seq, 0));
   const size_t N = B * T, H = cfg.hidden_size, L = cfg.num_layers, F = cfg.ffn_size();
@@ -54,7 +61,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.saved_blocks = activation_checkpointing ? std::min<size_t>(L, 1) : L;
   s.hidden = (L + 1) * N * H * es;
   s.final_rstd = N * f32;
-  s.inv_freq = d / 2 * f32;
+  s.inv_freq = cfg.rope_tables() * (d / 2) * f32;  // one table per ModelConfig::rope_tables
   s.rstd = N * f32;
   s.qkv = N * (QW + 2 * KVW) * es;
   s.lse = B * cfg.num_heads * T * f32;
@@ -65,6 +72,10 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
     s.qk_raw = N * (QW + KVW) * es;
     s.qk_rstd = N * (cfg.num_heads + cfg.kv_heads()) * f32;
     s.qk_work = 2 * N * QW * es;
+  }
+  if (sandwich_norms && L > 0) {
+    s.sandwich_out = N * H * es;
+    s.sandwich_rstd = N * f32;
   }
   s.norm = N * H * es;
   s.grad = N * std::max(H, QW) * es;
@@ -96,10 +107,11 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
 // The Llama-style families' cuda_memory: LlamaCuda counts every buffer it holds as activations
 // (the attention path plans_fused_attention assumes).
 inline ModelMemory llama_cuda_memory(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                                     bool activation_checkpointing, bool qk_norm) {
+                                     bool activation_checkpointing, bool qk_norm, bool sandwich_norms = false) {
   const bool fused = plans_fused_attention(cfg, dt);
-  return ModelMemory{llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, fused, qk_norm).total(),
-                     0};
+  return ModelMemory{
+      llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, fused, qk_norm, sandwich_norms).total(),
+      0};
 }
 
 }  // namespace shardlm::cuda

@@ -27,12 +27,14 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& o
   const int64_t V = cfg.vocab_size, H = cfg.hidden_size, D = cfg.head_dim();
   const int64_t Q = cfg.num_heads * D, KV = cfg.kv_heads() * D, F = cfg.ffn_size();
   const float std_ = cfg.init_std;
+  // (1 + weight) norms start at 0, as transformers initialises Gemma's.
+  const InitKind norm_init = options.unit_offset_norms ? InitKind::Zeros : InitKind::Ones;
   std::vector<UnitLayout> units;
 
   UnitLayout root;
   root.name = "root";
   add_tensor(root, "embed_tokens.weight", {V, H}, InitKind::Normal, std_);
-  add_tensor(root, "norm.weight", {H}, InitKind::Ones, std_);
+  add_tensor(root, "norm.weight", {H}, norm_init, std_);
   if (!cfg.tie_word_embeddings) add_tensor(root, "lm_head.weight", {V, H}, InitKind::Normal, std_);
   units.push_back(std::move(root));
 
@@ -40,7 +42,7 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& o
     UnitLayout block;
     block.name = concat("layers.", i);
     const std::string p = block.name + ".";
-    add_tensor(block, p + "input_layernorm.weight", {H}, InitKind::Ones, std_);
+    add_tensor(block, p + "input_layernorm.weight", {H}, norm_init, std_);
     add_tensor(block, p + "self_attn.q_proj.weight", {Q, H}, InitKind::Normal, std_);
     add_tensor(block, p + "self_attn.k_proj.weight", {KV, H}, InitKind::Normal, std_);
     add_tensor(block, p + "self_attn.v_proj.weight", {KV, H}, InitKind::Normal, std_);
@@ -52,10 +54,14 @@ std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& o
     }
     add_tensor(block, p + "self_attn.o_proj.weight", {H, Q}, InitKind::Normal, std_);
     if (options.qk_norm) {
-      add_tensor(block, p + "self_attn.q_norm.weight", {D}, InitKind::Ones, std_);
-      add_tensor(block, p + "self_attn.k_norm.weight", {D}, InitKind::Ones, std_);
+      add_tensor(block, p + "self_attn.q_norm.weight", {D}, norm_init, std_);
+      add_tensor(block, p + "self_attn.k_norm.weight", {D}, norm_init, std_);
     }
-    add_tensor(block, p + "post_attention_layernorm.weight", {H}, InitKind::Ones, std_);
+    add_tensor(block, p + "post_attention_layernorm.weight", {H}, norm_init, std_);
+    if (options.sandwich_norms) {
+      add_tensor(block, p + "pre_feedforward_layernorm.weight", {H}, norm_init, std_);
+      add_tensor(block, p + "post_feedforward_layernorm.weight", {H}, norm_init, std_);
+    }
     add_tensor(block, p + "mlp.gate_proj.weight", {F, H}, InitKind::Normal, std_);
     add_tensor(block, p + "mlp.up_proj.weight", {F, H}, InitKind::Normal, std_);
     add_tensor(block, p + "mlp.down_proj.weight", {H, F}, InitKind::Normal, std_);
@@ -83,6 +89,12 @@ LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock&
   o.v = at("self_attn.v_proj.weight");
   o.o = at("self_attn.o_proj.weight");
   o.post_norm = at("post_attention_layernorm.weight");
+  o.sandwich_norms = options.sandwich_norms;
+  if (options.sandwich_norms) {
+    o.attn_out_norm = o.post_norm;
+    o.post_norm = at("pre_feedforward_layernorm.weight");
+    o.mlp_out_norm = at("post_feedforward_layernorm.weight");
+  }
   o.gate = at("mlp.gate_proj.weight");
   o.up = at("mlp.up_proj.weight");
   o.down = at("mlp.down_proj.weight");
@@ -98,6 +110,10 @@ LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock&
     o.k_norm = at("self_attn.k_norm.weight");
   }
   return o;
+}
+
+float llama_embed_scale(const ModelConfig& cfg, const LlamaBlock& block) {
+  return block.scaled_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(cfg.hidden_size))) : 1.0f;
 }
 
 std::vector<LinearModule> llama_linear_modules(const ModelConfig& cfg) {
@@ -138,6 +154,21 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
     }
     inv_freq[i] = static_cast<float>(f);
   }
+  return inv_freq;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, int table) {
+  if (table == 1) {
+    SHARDLM_CHECK(cfg.rope_local_theta > 0, "rope_inv_freq: the model has no local rotary table (rope_local_theta)");
+    ModelConfig local;
+    local.head_size = cfg.head_dim();
+    local.rope_theta = cfg.rope_local_theta;
+    return rope_inv_freq(local);
+  }
+  std::vector<float> inv_freq = rope_inv_freq(cfg);
+  // transformers' linear scaling divides the fp32 frequencies by the factor.
+  if (cfg.rope_linear_factor > 0)
+    for (float& f : inv_freq) f = f / cfg.rope_linear_factor;
   return inv_freq;
 }
 

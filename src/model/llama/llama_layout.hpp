@@ -15,7 +15,19 @@ struct LlamaBlock {
   bool qkv_bias = false;  // biases on q_proj, k_proj and v_proj (Qwen2), after the three weights
   // RMSNorms over each head of q and of k before rotary (Qwen3): self_attn.q_norm / k_norm, [head_dim]
   bool qk_norm = false;
+  // Gemma 3: every RMSNorm (q/k's and the final one too) multiplies by (1 + weight), its weight initialised to 0
+  bool unit_offset_norms = false;
+  // Gemma 3: RMSNorms on the attention's and the MLP's outputs before their residual adds
+  // (post_attention_layernorm, post_feedforward_layernorm); the MLP's input norm is pre_feedforward_layernorm
+  bool sandwich_norms = false;
+  // Gemma 3: GeGLU, tanh-approximated GELU of gate times up (gelu_pytorch_tanh), instead of SwiGLU
+  bool gelu_tanh = false;
+  // Gemma 3: the embeddings multiplied by sqrt(hidden_size) (rounded to the embedding's dtype first)
+  bool scaled_embeddings = false;
 };
+
+// The embedding scale of `block` for cfg: sqrt(hidden_size), or 1.
+float llama_embed_scale(const ModelConfig& cfg, const LlamaBlock& block);
 
 // Also validates the config (positive sizes, even head dimension, kv heads dividing heads).
 std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& block);
@@ -33,8 +45,10 @@ struct LlamaRootOffsets {
 struct LlamaBlockOffsets {
   size_t input_norm = 0, q = 0, k = 0, v = 0, q_bias = 0, k_bias = 0, v_bias = 0, o = 0;
   size_t q_norm = 0, k_norm = 0;
-  size_t post_norm = 0, gate = 0, up = 0, down = 0;
-  bool qkv_bias = false, qk_norm = false;
+  size_t post_norm = 0, gate = 0, up = 0, down = 0;  // post_norm: the MLP's input norm
+  // LlamaBlock::sandwich_norms: the norms of the attention's output and of the MLP's output
+  size_t attn_out_norm = 0, mlp_out_norm = 0;
+  bool qkv_bias = false, qk_norm = false, sandwich_norms = false;
 };
 // From llama_layout's units, so that the models can never disagree with the layout.
 LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied);

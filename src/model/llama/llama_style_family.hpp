@@ -41,7 +41,7 @@ ModelFamily llama_style_family(const std::string& name, const std::string& hf_ar
     return llama_cpu_activation_bytes(cfg, max_batch, max_seq, Block);
   };
   f.cuda_memory = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
-    return cuda::llama_cuda_memory(cfg, dt, max_batch, max_seq, checkpointing, Block.qk_norm);
+    return cuda::llama_cuda_memory(cfg, dt, max_batch, max_seq, checkpointing, Block.qk_norm, Block.sandwich_norms);
   };
 #ifdef SHARDLM_HAVE_CUDA
   f.make_cuda = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {

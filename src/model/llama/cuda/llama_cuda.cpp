@@ -28,7 +28,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
       ffn_(cfg.ffn_size()),
       attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused(),
-                              options.qk_norm)) {
+                              options.qk_norm, options.sandwich_norms)) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   const LlamaRootOffsets root = llama_root_offsets(layout[0], cfg.tie_word_embeddings);
   root_ = {model_detail::root_tensor(cfg, root.embeddings), model_detail::root_tensor(cfg, root.norm),
@@ -36,7 +36,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   if (cfg.num_layers > 0) {
     const LlamaBlockOffsets o = llama_block_offsets(layout[1], options);
     const size_t H = cfg.hidden_size;
-    block_ = {o.input_norm, o.q, o.q_bias, o.o, o.post_norm, o.gate, o.down, o.q_norm, o.k_norm};
+    block_ = {o.input_norm, o.q,      o.q_bias, o.o,           o.post_norm,
+              o.gate,       o.down,   o.q_norm, o.k_norm,      o.attn_out_norm, o.mlp_out_norm};
     // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each, and the bias
     // epilogue [q; k; v] biases as one vector.
     SHARDLM_CHECK(o.k == o.q + qw_ * H && o.v == o.q + (qw_ + kvw_) * H && o.up == o.gate + ffn_ * H,
@@ -46,9 +47,20 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   }
   qkv_bias_ = options.qkv_bias;
   qk_norm_ = options.qk_norm;
+  sandwich_ = options.sandwich_norms;
+  geglu_ = options.gelu_tanh;
+  norm_offset_ = options.unit_offset_norms ? 1.0f : 0.0f;
+  // transformers casts the scale to the embedding's dtype before the product.
+  embed_scale_ = round_to(dt, llama_embed_scale(cfg, options));
 
-  const std::vector<float> inv_freq = rope_inv_freq(cfg);
+  std::vector<float> inv_freq;
+  for (int table = 0; table < cfg.rope_tables(); ++table) {
+    const std::vector<float> t = rope_inv_freq(cfg, table);
+    inv_freq.insert(inv_freq.end(), t.begin(), t.end());
+  }
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
+  SHARDLM_CHECK(inv_freq.size() * sizeof(float) == sizes_.inv_freq, "LlamaCuda: rotary tables of ",
+                inv_freq.size(), " frequencies, ", sizes_.inv_freq, " bytes planned");
   SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                                 cudaMemcpyHostToDevice));
   allocate_step_buffers(sizes_.hidden, std::max(sizes_.attention_workspace, attention_.workspace_bytes()),
@@ -65,6 +77,10 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
     sv.gate_up.allocate(sizes_.gate_up);
     sv.qk_raw.allocate(sizes_.qk_raw);
     sv.qk_rstd.allocate(sizes_.qk_rstd / sizeof(float));
+    sv.attn_out.allocate(sizes_.sandwich_out);
+    sv.mlp_out.allocate(sizes_.sandwich_out);
+    sv.rstd3.allocate(sizes_.sandwich_rstd / sizeof(float));
+    sv.rstd4.allocate(sizes_.sandwich_rstd / sizeof(float));
   }
   qk_work_.allocate(sizes_.qk_work);
   norm_.allocate(sizes_.norm);
@@ -85,8 +101,34 @@ size_t LlamaCuda::activation_bytes() const {
              fp8_buffer_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
-         sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes();
+         sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes() + sv.attn_out.bytes() +
+         sv.mlp_out.bytes() + sv.rstd3.bytes() + sv.rstd4.bytes();
   return n;
+}
+
+const float* LlamaCuda::inv_freq(int layer) const {
+  return inv_freq_.data() + static_cast<size_t>(cfg_.layer_rope_table(layer)) * (cfg_.head_dim() / 2);
+}
+
+void LlamaCuda::gated_forward(const void* gate_up, void* out, int n, cudaStream_t s) const {
+  if (geglu_)
+    geglu_tanh_forward(gate_up, out, n, ffn_, dt_, s);
+  else
+    swiglu_forward(gate_up, out, n, ffn_, dt_, s);
+}
+
+void LlamaCuda::gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s) const {
+  if (geglu_)
+    geglu_tanh_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s);
+  else
+    swiglu_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s);
+}
+
+void LlamaCuda::add_normed(const char* base, const char* out, const char* weight, float* rstd, char* y, int n,
+                           cudaStream_t s) {
+  const int H = cfg_.hidden_size;
+  rmsnorm_forward(out, weight, norm_.data(), rstd, n, H, cfg_.rms_norm_eps, dt_, s, norm_offset_);
+  add(base, norm_.data(), y, static_cast<size_t>(n) * H, dt_, s);
 }
 
 // Columns [col, col + width) of n rows of stride ld (elements of dsize bytes) to or from a contiguous [n, width].
@@ -103,12 +145,12 @@ void LlamaCuda::qk_norm_forward(char* qkv, int n, const char* q_weight, const ch
   char* raw_k = raw + static_cast<size_t>(n) * qw_ * dsize_;
   // q: its heads are rows of d once copied out of the q|k|v rows; normed into work and copied back.
   copy_columns(raw, qw_, qkv, QKV, n, qw_, dsize_, s);
-  rmsnorm_forward(raw, q_weight, work, rstd, n * heads, d, cfg_.rms_norm_eps, dt_, s);
+  rmsnorm_forward(raw, q_weight, work, rstd, n * heads, d, cfg_.rms_norm_eps, dt_, s, norm_offset_);
   copy_columns(qkv, QKV, work, qw_, n, qw_, dsize_, s);
   char* k = qkv + qw_ * dsize_;
   copy_columns(raw_k, kvw_, k, QKV, n, kvw_, dsize_, s);
   rmsnorm_forward(raw_k, k_weight, work, rstd + static_cast<size_t>(n) * heads, n * kv_heads, d, cfg_.rms_norm_eps, dt_,
-                  s);
+                  s, norm_offset_);
   copy_columns(k, QKV, work, kvw_, n, kvw_, dsize_, s);
 }
 
@@ -120,12 +162,12 @@ void LlamaCuda::qk_norm_backward(char* dqkv, int n, const char* q_weight, const 
   char* dy = work;
   char* dx = work + static_cast<size_t>(n) * qw_ * dsize_;
   copy_columns(dy, qw_, dqkv, QKV, n, qw_, dsize_, s);
-  rmsnorm_backward(dy, raw, q_weight, rstd, dx, dq_weight, n * heads, d, false, dt_, s);
+  rmsnorm_backward(dy, raw, q_weight, rstd, dx, dq_weight, n * heads, d, false, dt_, s, norm_offset_);
   copy_columns(dqkv, QKV, dx, qw_, n, qw_, dsize_, s);
   char* dk = dqkv + qw_ * dsize_;
   copy_columns(dy, kvw_, dk, QKV, n, kvw_, dsize_, s);
   rmsnorm_backward(dy, raw + static_cast<size_t>(n) * qw_ * dsize_, k_weight, rstd + static_cast<size_t>(n) * heads, dx,
-                   dk_weight, n * kv_heads, d, false, dt_, s);
+                   dk_weight, n * kv_heads, d, false, dt_, s, norm_offset_);
   copy_columns(dk, QKV, dx, kvw_, n, kvw_, dsize_, s);
 }
 
@@ -133,6 +175,8 @@ void LlamaCuda::embed_forward(UnitParams root, const int32_t* tokens, int B, int
   check_shape("embed_forward", B, T);
   embedding_forward(tokens, root_.embeddings.at(root, dsize_), hidden(0), B * T, cfg_.hidden_size, cfg_.vocab_size, dt_,
                     s);
+  if (embed_scale_ != 1.0f)  // Gemma: the embeddings times sqrt(hidden_size)
+    scale_values(hidden(0), static_cast<size_t>(B) * T * cfg_.hidden_size, embed_scale_, dt_, s);
 }
 
 void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute) {
@@ -150,7 +194,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   const float eps = cfg_.rms_norm_eps;
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
-  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
+  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
      qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
   lora(kQProj, norm_.data(), sv.qkv.data(), QKV);
@@ -160,24 +204,44 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   if (qk_norm_)
     qk_norm_forward(sv.qkv.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
                     qk_work_.data(), s);
-  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), false, dt_, s, starts_);  // q, k
+  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq(layer), false, dt_, s, starts_);  // q, k
+  // The layer's window (Gemma 3's global layers have none) and the model's score scale.
   if (attention_.fused())
-    attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s);
+    attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s,
+                       layer);
   else
     gqa_attention_forward(gemm_, sv.qkv.data(), sv.context.data(), sv.lse.data(), B, T, heads, kv_heads, d, dt_,
-                          attn_ws_.data(), s, starts_, cfg_.sliding_window);
+                          attn_ws_.data(), s, starts_, cfg_.layer_sliding_window(layer), attention_scale());
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
-  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
-  lora(kOProj, sv.context.data(), sv.h2.data(), H);
+  if (sandwich_) {  // Gemma 3: h2 = x + RMSNorm(o_proj(...))
+    mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.attn_out.data(), H, dt_, dt_);
+    lora(kOProj, sv.context.data(), sv.attn_out.data(), H);
+    add_normed(x, sv.attn_out.data(), w(block_.attn_out_norm), sv.rstd3.data(), sv.h2.data(), N, s);
+  } else {
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
+    mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
+    lora(kOProj, sv.context.data(), sv.h2.data(), H);
+  }
 
-  // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2).
-  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
+  // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2) (GeGLU: gelu_tanh for silu;
+  // sandwich norms: down_proj's output normed before the add).
+  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
   lora(kGateProj, norm_.data(), sv.gate_up.data(), 2 * F);
   lora(kUpProj, norm_.data(), sv.gate_up.data() + F * dsize_, 2 * F);
-  if (recompute && !lora_.on(kDownProj)) return;  // the backward forms SiLU(gate) * up itself
-  swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
+  // The backward forms SiLU(gate) * up itself; with sandwich norms it needs down_proj's output too.
+  if (recompute && !lora_.on(kDownProj) && !sandwich_) return;
+  gated_forward(sv.gate_up.data(), wide_.data(), N, s);
+  if (sandwich_) {
+    mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, sv.mlp_out.data(), H, dt_, dt_);
+    lora(kDownProj, wide_.data(), sv.mlp_out.data(), H);
+    if (recompute)  // the norm's 1/rms only: out is the kept h_{layer+1}
+      rmsnorm_forward(sv.mlp_out.data(), w(block_.mlp_out_norm), norm_.data(), sv.rstd4.data(), N, H, eps, dt_, s,
+                      norm_offset_);
+    else
+      add_normed(sv.h2.data(), sv.mlp_out.data(), w(block_.mlp_out_norm), sv.rstd4.data(), out, N, s);
+    return;
+  }
   if (recompute) {  // down_proj's x A^T only: out is the kept h_{layer+1}
     lora_.forward(layer, kDownProj, params.adapter, wide_.data(), N, T, nullptr, H, gemm_, s);
     return;
@@ -203,11 +267,12 @@ void LlamaCuda::head(UnitParams root, const int32_t* targets, int B, int T, floa
   // A null gradient: that tensor is frozen.
   auto dr = [&](const model_detail::RootTensor& t) { return backward ? t.grad(droot) : nullptr; };
   const char* norm_w = root_.norm.at(root, dsize_);
-  rmsnorm_forward(hL, norm_w, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s);
+  rmsnorm_forward(hL, norm_w, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s, norm_offset_);
   lm_head_loss(gemm_, norm_.data(), root_.head.at(root, dsize_), targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
                grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, dr(root_.head), dt_, head_ws_.data(), s);
   if (!backward) return;
-  rmsnorm_backward(grad_.data(), hL, norm_w, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H, false, dt_, s);
+  rmsnorm_backward(grad_.data(), hL, norm_w, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H, false, dt_, s,
+                   norm_offset_);
 }
 
 void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
@@ -235,15 +300,22 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   char* dh = dh_.data();  // d(out) on entry, d(h2) after the MLP, d(x) on exit
   const float eps = cfg_.rms_norm_eps;
 
-  // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed).
-  swiglu_forward(sv.gate_up.data(), wide_.data(), N, F, dt_, s);
-  if (train_base) mm(true, false, H, F, N, dh, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
-  lora_params(kDownProj, wide_.data(), dh, H);
-  mm(false, false, N, F, H, dh, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
+  // Sandwich norms: d(down_proj's output) through the norm on it, into norm_ (free until the recomputation below).
+  const char* dmlp = dh;
+  if (sandwich_) {
+    rmsnorm_backward(dh, sv.mlp_out.data(), w(block_.mlp_out_norm), sv.rstd4.data(), norm_.data(),
+                     g(block_.mlp_out_norm), N, H, false, dt_, s, norm_offset_);
+    dmlp = norm_.data();
+  }
+  // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
+  gated_forward(sv.gate_up.data(), wide_.data(), N, s);
+  if (train_base) mm(true, false, H, F, N, dmlp, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
+  lora_params(kDownProj, wide_.data(), dmlp, H);
+  mm(false, false, N, F, H, dmlp, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
   lora_input(kDownProj, wide_.data());
-  swiglu_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, F, dt_, s);
+  gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
-  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s);
+  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   if (train_base)
     mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
   lora_params(kGateProj, norm_.data(), dgate_up_.data(), 2 * F);
@@ -253,26 +325,32 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   lora_input(kUpProj, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
-                   true, dt_, s);
+                   true, dt_, s, norm_offset_);
 
-  // h2 = x + context W_o^T.
-  if (train_base) mm(true, false, H, qw_, N, dh, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
-  lora_params(kOProj, sv.context.data(), dh, H);
-  mm(false, false, N, qw_, H, dh, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
+  // h2 = x + context W_o^T (sandwich norms: x + RMSNorm(context W_o^T), its gradient into norm_ first).
+  const char* dattn = dh;
+  if (sandwich_) {
+    rmsnorm_backward(dh, sv.attn_out.data(), w(block_.attn_out_norm), sv.rstd3.data(), norm_.data(),
+                     g(block_.attn_out_norm), N, H, false, dt_, s, norm_offset_);
+    dattn = norm_.data();
+  }
+  if (train_base) mm(true, false, H, qw_, N, dattn, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
+  lora_params(kOProj, sv.context.data(), dattn, H);
+  mm(false, false, N, qw_, H, dattn, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
   lora_input(kOProj, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
-                        starts_, attn_ws_.data(), B, T, s);
+                        starts_, attn_ws_.data(), B, T, s, layer);
   else
     gqa_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads, d,
-                           dt_, attn_ws_.data(), s, starts_, cfg_.sliding_window);
-  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq_.data(), true, dt_, s, starts_);
+                           dt_, attn_ws_.data(), s, starts_, cfg_.layer_sliding_window(layer), attention_scale());
+  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq(layer), true, dt_, s, starts_);
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
                      train_base ? g(block_.q_norm) : nullptr, train_base ? g(block_.k_norm) : nullptr,
                      qk_work_.data(), s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
-  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s);
+  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
   if (train_base) {
     mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
     if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
@@ -284,13 +362,16 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   for (Module mod : {kQProj, kKProj, kVProj}) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,
-                   s);
+                   s, norm_offset_);
 }
 
 void LlamaCuda::embed_backward(UnitParams, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) {
   check_shape("embed_backward", B, T);
   float* dtable = root_.embeddings.grad(droot);
   if (!dtable) return;  // a frozen embedding: nothing below h_0 is trained
+  // d(h_0) is read only here: scaled in place by the embedding's scale.
+  if (embed_scale_ != 1.0f)
+    scale_values(dh_.data(), static_cast<size_t>(B) * T * cfg_.hidden_size, embed_scale_, dt_, s);
   embedding_backward(tokens, dh_.data(), dtable, B * T, cfg_.hidden_size, cfg_.vocab_size, dt_, s);
 }
 

@@ -66,6 +66,9 @@ class LlamaCuda final : public CudaModelBase {
     DeviceBuffer<char> qkv, context, h2, gate_up;
     DeviceBuffer<char> qk_raw;        // LlamaBlock::qk_norm: q then k before their norms, [N, q] and [N, k]
     DeviceBuffer<float> qk_rstd;      // their 1/rms per head, [N heads] then [N kv_heads]
+    // LlamaBlock::sandwich_norms: o_proj's and down_proj's outputs before their norms, and the norms' 1/rms.
+    DeviceBuffer<char> attn_out, mlp_out;
+    DeviceBuffer<float> rstd3, rstd4;
   };
   // The block's forward into sv and h_{layer+1}; `recompute` (activation checkpointing's backward)
   // leaves out what the backward does not read: the block's output h_{layer+1}, already kept, and
@@ -82,6 +85,7 @@ class LlamaCuda final : public CudaModelBase {
   struct BlockOffsets {
     size_t input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;  // qkv_bias: with qkv_bias_ only
     size_t q_norm, k_norm;                                            // with qk_norm_ only
+    size_t attn_out_norm, mlp_out_norm;                               // with sandwich_ only
   };
   RootTensors root_{};
   BlockOffsets block_{};
@@ -90,6 +94,20 @@ class LlamaCuda final : public CudaModelBase {
 
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   bool qk_norm_ = false;   // LlamaBlock::qk_norm
+  bool sandwich_ = false;  // LlamaBlock::sandwich_norms
+  bool geglu_ = false;     // LlamaBlock::gelu_tanh: GeGLU instead of SwiGLU
+  float norm_offset_ = 0;  // LlamaBlock::unit_offset_norms: every RMSNorm's weight is 1 + weight
+  float embed_scale_ = 1;  // LlamaBlock::scaled_embeddings: sqrt(hidden_size) rounded to the compute dtype
+  // The gated MLP activation of gate|up rows (SwiGLU or GeGLU) and its backward.
+  void gated_forward(const void* gate_up, void* out, int n, cudaStream_t s) const;
+  void gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s) const;
+  // Layer `layer`'s rotary table (ModelConfig::layer_rope_table) in inv_freq_, and its attention scale (0: the
+  // kernels' 1 / sqrt(head_dim)).
+  const float* inv_freq(int layer) const;
+  float attention_scale() const { return cfg_.query_pre_attn_scalar > 0 ? cfg_.attention_scale() : 0.0f; }
+  // Sandwich norms: y = base + RMSNorm(out), the norm's input `out` kept and its 1/rms in rstd; norm_ is scratch.
+  void add_normed(const char* base, const char* out, const char* weight, float* rstd, char* y, int n,
+                  cudaStream_t s);
   // The per-head q and k RMSNorms of q|k|v rows (stride QKV) in place, keeping the raw heads in raw and
   // their 1/rms in rstd (rows x heads each, q's then k's); work: [n, q] of scratch.
   void qk_norm_forward(char* qkv, int n, const char* q_weight, const char* k_weight, char* raw, float* rstd, char* work,
@@ -101,7 +119,7 @@ class LlamaCuda final : public CudaModelBase {
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   AttentionPath attention_;  // cuDNN's fused attention or gqa_attention_*; sizes_ follow its choice
   LlamaCudaSizes sizes_;
-  DeviceBuffer<float> inv_freq_;
+  DeviceBuffer<float> inv_freq_;  // ModelConfig::rope_tables() tables of head_dim / 2, one after the other
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms
   std::vector<Saved> saved_;
   // Scratch: a norm's output; the gradient into a norm or the context; the hidden-state gradient
@@ -116,6 +134,7 @@ class LlamaCuda final : public CudaModelBase {
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
     // a norm's output, projections, attention context, gate|up, SiLU(gate) * up.
     DeviceBuffer<char> hidden, h2, norm, qkv, ctx, gate_up, wide;
+    DeviceBuffer<char> out;  // LlamaBlock::sandwich_norms: [max_rows, H], o_proj's or down_proj's output
     DeviceBuffer<float> rstd;  // [max_rows], RMSNorm statistics (unused after)
     // LlamaBlock::qk_norm: q|k before their norms and the normed heads, [max_rows, q] x 3; their 1/rms.
     DeviceBuffer<char> qk;

@@ -6,6 +6,7 @@
 // while decoding. LlamaCpu::block_decode is the reference.
 #include "decode_attention.hpp"
 #include "decode_head.hpp"
+#include "elementwise.hpp"
 #include "embedding.hpp"
 #include "llama_cuda.hpp"
 #include "rmsnorm.hpp"
@@ -28,6 +29,7 @@ void LlamaCuda::decode_allocate(int slots, int max_len, int max_rows) {
   decode_.gate_up.allocate(rows * 2 * ffn_ * dsize_);
   decode_.wide.allocate(rows * ffn_ * dsize_);
   decode_.rstd.allocate(rows);
+  if (sandwich_) decode_.out.allocate(rows * H * dsize_);
   if (qk_norm_) {
     decode_.qk.allocate(rows * (qw_ + kvw_ + qw_) * dsize_);
     decode_.qk_rstd.allocate(rows * (cfg_.num_heads + cfg_.kv_heads()));
@@ -44,6 +46,8 @@ void LlamaCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cuda
   if (n == 0) return;
   embedding_forward(tokens, root_.embeddings.at(root, dsize_), decode_.hidden.data(), n, cfg_.hidden_size,
                     cfg_.vocab_size, dt_, s);
+  if (embed_scale_ != 1.0f)
+    scale_values(decode_.hidden.data(), static_cast<size_t>(n) * cfg_.hidden_size, embed_scale_, dt_, s);
 }
 
 void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
@@ -67,7 +71,7 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   const int max_len = cache_max_len();
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
-  rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
+  rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s, norm_offset_);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), qkv_bias_ ? w(block_.qkv_bias) : nullptr, QKV, b.qkv.data(),
               false, dt_, s);
   lora(kQProj, b.norm.data(), b.qkv.data(), QKV);
@@ -76,23 +80,41 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   if (qk_norm_)  // Qwen3's per-head q/k RMSNorms: the raw heads and the normed scratch side by side in b.qk
     qk_norm_forward(b.qkv.data(), n, w(block_.q_norm), w(block_.k_norm), b.qk.data(), b.qk_rstd.data(),
                     b.qk.data() + static_cast<size_t>(n) * (qw_ + kvw_) * dsize_, s);
-  rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq_.data(), dt_, s);  // q and k heads
+  rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq(layer), dt_, s);  // q and k heads
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
-  const DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
+  DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
+  qkv.scale = attention_scale();
   kv_cache_write(b.qkv.data(), qkv, slots, positions, n, max_len, keys, values, dt_, s);
   decode_attention(b.qkv.data(), qkv, keys, values, slots, positions, n, nullptr, b.ctx.data(), max_len, dt_, s,
-                   cfg_.sliding_window);
-  SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
-  linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
-  lora(kOProj, b.ctx.data(), b.h2.data(), H);
+                   cfg_.layer_sliding_window(layer));
+  // A sandwich norm: y = base + RMSNorm(out), through b.norm.
+  auto add_normed_rows = [&](const char* base, const char* out, size_t weight, char* y) {
+    rmsnorm_forward(out, w(weight), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s, norm_offset_);
+    add(base, b.norm.data(), y, static_cast<size_t>(n) * H, dt_, s);
+  };
+  if (sandwich_) {
+    linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.out.data(), false, dt_, s);
+    lora(kOProj, b.ctx.data(), b.out.data(), H);
+    add_normed_rows(b.hidden.data(), b.out.data(), block_.attn_out_norm, b.h2.data());
+  } else {
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
+    linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
+    lora(kOProj, b.ctx.data(), b.h2.data(), H);
+  }
 
   // MLP: out = h2 + down_proj(silu(gate_proj(m)) * up_proj(m)), m = RMSNorm(h2), written over the
   // step's hidden states.
-  rmsnorm_forward(b.h2.data(), w(block_.post_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s);
+  rmsnorm_forward(b.h2.data(), w(block_.post_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s, norm_offset_);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.gate_up), nullptr, 2 * F, b.gate_up.data(), false, dt_, s);
   lora(kGateProj, b.norm.data(), b.gate_up.data(), 2 * F);
   lora(kUpProj, b.norm.data(), b.gate_up.data() + F * dsize_, 2 * F);
-  swiglu_forward(b.gate_up.data(), b.wide.data(), n, F, dt_, s);
+  gated_forward(b.gate_up.data(), b.wide.data(), n, s);
+  if (sandwich_) {
+    linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.out.data(), false, dt_, s);
+    lora(kDownProj, b.wide.data(), b.out.data(), H);
+    add_normed_rows(b.h2.data(), b.out.data(), block_.mlp_out_norm, b.hidden.data());
+    return;
+  }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.hidden.data(), true, dt_, s);
   lora(kDownProj, b.wide.data(), b.hidden.data(), H);
@@ -107,7 +129,7 @@ void LlamaCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t
   // h2 is free between blocks: it takes the rows whose logits are wanted.
   gather_rows(b.hidden.data(), rows, m, H, b.h2.data(), dt_, s);
   rmsnorm_forward(b.h2.data(), root_.norm.at(root, dsize_), b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
-                  s);
+                  s, norm_offset_);
   // lm_head.weight, or embed_tokens.weight when tied.
   decode_head_rows(gemm_, b.norm.data(), m, H, root_.head.at(root, dsize_), V, sizes_.head_chunk,
                    reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
