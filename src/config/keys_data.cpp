@@ -9,13 +9,11 @@ namespace shardlm::config_detail {
 DeckSection data_section() {
   DeckSection section{"data", {}, nullptr};
   section.keys = {
-      enum_key("data.format", SHARDLM_FIELD(data.format),
-               {DataFormat::Squad, DataFormat::Jsonl, DataFormat::Chess, DataFormat::Chat}, data_format_name)
+      enum_key("data.format", SHARDLM_FIELD(data.format), data_format_name)
           .doc("SQuAD v1.1 JSON; JSON lines with `{\"text\"}` or `{\"prompt\",\"completion\"}`; chess games as UCI "
                "moves (below); conversations rendered with the model's chat template, the loss on the assistant's "
                "turns ([data.md](data.md))"),
-      enum_key("data.chat_format", SHARDLM_FIELD(data.chat_format),
-               {ChatFormat::Auto, ChatFormat::Messages, ChatFormat::Sharegpt, ChatFormat::Alpaca}, chat_format_name)
+      enum_key("data.chat_format", SHARDLM_FIELD(data.chat_format), chat_format_name)
           .doc("`format = chat`: the records' form, OpenAI `{\"messages\"}`, ShareGPT `{\"conversations\"}` or alpaca"
                " `instruction`/`input`/`output`; `auto` tells each record's by its fields "
                "([data.md](data.md#records))"),

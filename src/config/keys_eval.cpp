@@ -43,8 +43,7 @@ static void check_eval(const RunConfig& cfg, int) {
 DeckSection eval_section() {
   DeckSection section{"eval", {}, check_eval};
   section.keys = {
-      enum_key("eval.generate", SHARDLM_FIELD(eval.generate),
-               {EvalGenerate::End, EvalGenerate::Epoch, EvalGenerate::None}, eval_generate_name)
+      enum_key("eval.generate", SHARDLM_FIELD(eval.generate), eval_generate_name)
           .doc("`data.format = squad` with an `eval_file` only: answer every eval question by greedy generation and "
                "score the answers with the official SQuAD v1.1 exact match and F1 (best over each question's "
                "reference answers): after the last epoch (`end`), after every epoch (`epoch`), or never"),

@@ -47,8 +47,7 @@ DeckSection lora_section() {
                "([lora.md](lora.md#whole-modules-beside-the-adapters-modules_to_save))"),
       lora_key(flag_key("lora.use_rslora", SHARDLM_FIELD(model.lora.use_rslora)))
           .doc("rank-stabilised LoRA: scale `alpha / sqrt(r)` instead of `alpha / r`"),
-      lora_key(enum_key("lora.init", SHARDLM_FIELD(model.lora.init), {LoraInit::Kaiming, LoraInit::Gaussian},
-                        lora_init_name))
+      lora_key(enum_key("lora.init", SHARDLM_FIELD(model.lora.init), lora_init_name))
           .doc("the adapters' start, as PEFT's `init_lora_weights`: `kaiming` (PEFT's `True`) draws A "
                "Kaiming-uniform, bound `1 / sqrt(in)`; `gaussian` draws A normal with standard deviation `1 / r`; B "
                "is zero either way, so training starts from the base model's output. Ignored for adapters read from "

@@ -76,8 +76,7 @@ DeckSection checkpoint_section() {
                "position in the epoch becomes the examples already taken divided by the new global batch (rounded "
                "down: a few examples may come again), and the log says so. Without it such a resume is refused naming"
                " both batches, since its steps would take other examples than the run that wrote it"),
-      enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), {KeepBest::None, KeepBest::EvalLoss},
-               keep_best_name)
+      enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), keep_best_name)
           .doc("`eval_loss`: the checkpoint of the lowest eval loss is kept beside the last `keep_last` (not counted "
                "among them), named by the file `DIR/best` (its file name on the first line, `eval_loss VALUE` on the "
                "second; written through a rename as `latest`). An evaluation that beats the best writes a checkpoint "
@@ -99,7 +98,7 @@ DeckSection run_section() {
           .doc("output folder: `metrics.jsonl`, `deck.resolved.ini`, `run_id` (the run's identity, made when a fresh "
                "run starts, kept by its resumes and carried by each checkpoint: "
                "[checkpoint.md](checkpoint.md#the-run-id)), checkpoints (relative to the current folder)"),
-      enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name)
+      enum_key("run.backend", SHARDLM_FIELD(run.backend), backend_name)
           .doc("compute backend; `cuda` needs a build with `SHARDLM_CUDA` and one GPU per rank"),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), kNonNegative)
           .doc("peak rate of one rank's device in TFLOP/s that the MFU (model FLOPs utilisation) of every train line "

@@ -74,7 +74,7 @@ DeckSection train_section() {
       double_key("train.warmup_ratio", SHARDLM_FIELD(train.warmup_ratio), kUnitClosed)
           .doc("with `warmup_steps = 0`: warm up over `ceil(warmup_ratio x total steps)` steps, as TrainingArguments'"
                " `get_warmup_steps` (the run's total: all epochs, or `max_steps`)"),
-      enum_key("train.optim", SHARDLM_FIELD(train.optim), {Optim::AdamWTorch, Optim::AdamW8bit}, optim_name)
+      enum_key("train.optim", SHARDLM_FIELD(train.optim), optim_name)
           .doc(
                "the optimizer, by TrainingArguments' `optim` names: `adamw_torch` is `torch.optim.AdamW` (two fp32 "
                "moments, 8 bytes a parameter); `adamw_8bit` is AdamW with block-wise 8-bit moments (one byte each "
@@ -83,10 +83,7 @@ DeckSection train_section() {
                "Checkpoints keep either's moments as fp32 `exp_avg`/`exp_avg_sq`, so a run may resume with the "
                "other. With `fsdp.cpu_offload`, `adamw_8bit` updates the root unit on the host (refused with "
                "`fsdp.offload_root_update = device` or `fsdp.offload_resident_gib > 0`)"),
-      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule),
-               {LrSchedule::Linear, LrSchedule::Constant, LrSchedule::ConstantWithWarmup, LrSchedule::Cosine,
-                LrSchedule::CosineWithRestarts, LrSchedule::Polynomial, LrSchedule::CosineWithMinLr},
-               lr_schedule_name)
+      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), lr_schedule_name)
           .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below); "
                "`tests/test_schedules.cpp` checks every name, both warm-up forms, to 1e-7 against values computed "
                "with transformers"),
