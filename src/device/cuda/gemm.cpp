@@ -31,16 +31,6 @@ cudaDataType_t cuda_type(DType t) {
   throw Error("Gemm: unknown dtype");
 }
 
-const char* epilogue_name(Epilogue e) {
-  switch (e) {
-    case Epilogue::None: return "none";
-    case Epilogue::Bias: return "bias";
-    case Epilogue::BiasGelu: return "bias+gelu";
-    case Epilogue::DGelu: return "dgelu";
-  }
-  return "?";
-}
-
 cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   switch (e) {
     case Epilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
@@ -125,6 +115,16 @@ void for_each_run(const GemmDesc& d, F f) {
 }
 
 }  // namespace
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::BiasGelu: return "bias+gelu";
+    case Epilogue::DGelu: return "dgelu";
+  }
+  return "?";
+}
 
 struct Gemm::Plan {
   Signature signature{};
