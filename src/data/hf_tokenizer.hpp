@@ -180,6 +180,22 @@ class Decoder {
 std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value,
                                        const std::string& path);
 
+// What the "Sequence" normalizer, pre-tokenizer and decoder share: their steps, each applied in turn
+// through `Apply` (Normalizer::normalize, ...) by `apply_each`, which the override calls.
+template <typename Component, typename Arg, void (Component::*Apply)(Arg&) const>
+class SequenceOf : public Component {
+ public:
+  explicit SequenceOf(std::vector<std::unique_ptr<Component>> steps) : steps_(std::move(steps)) {}
+
+ protected:
+  void apply_each(Arg& arg) const {
+    for (const auto& step : steps_) ((*step).*Apply)(arg);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Component>> steps_;
+};
+
 // What the post-processor adds around the ids of one sequence when add_special_tokens is set.
 struct PostProcessor {
   std::vector<int32_t> prefix;
