@@ -7,8 +7,7 @@ namespace shardlm::config_detail {
 // CHECKS
 
 DeckSection data_section() {
-  DeckSection section{"data", {}, nullptr};
-  section.keys = {
+  return {"data", nullptr, {
       enum_key("data.format", SHARDLM_FIELD(data.format), data_format_name)
           .doc("SQuAD v1.1 JSON; JSON lines with `{\"text\"}` or `{\"prompt\",\"completion\"}`; chess games as UCI "
                "moves (below); conversations rendered with the model's chat template, the loss on the assistant's "
@@ -55,8 +54,7 @@ DeckSection data_section() {
                " 257 EOS, 258 PAD. A path: a Hugging Face `tokenizer.json` (byte-level BPE as BLOOM's and Llama 3's, "
                "or Llama 2 style as CodeLlama's), or a folder holding one, such as the model directory. Checkpoints "
                "keep a hash of it, and resume refuses another tokenizer (see `checkpoint.load_weights_only`)"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

@@ -11,8 +11,7 @@ static KeySpec lora_key(KeySpec k) {
 }
 
 DeckSection lora_section() {
-  DeckSection section{"lora", {}, nullptr};
-  section.keys = {
+  return {"lora", nullptr, {
       lora_key(int_key("lora.r", SHARDLM_FIELD(model.lora.r), 1, "must be >= 1"))
           .shown_default("required")
           .doc("rank of each adapter: A is `[r, in]`, B is `[out, r]` (PEFT's `r`)"),
@@ -52,8 +51,7 @@ DeckSection lora_section() {
                "Kaiming-uniform, bound `1 / sqrt(in)`; `gaussian` draws A normal with standard deviation `1 / r`; B "
                "is zero either way, so training starts from the base model's output. Ignored for adapters read from "
                "`model.adapter`"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

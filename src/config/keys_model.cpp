@@ -139,7 +139,7 @@ static std::vector<KeySpec> run_keys() {
 }
 
 DeckSection model_section() {
-  DeckSection section{"model", {}, check_model};
+  DeckSection section{"model", check_model, {}};
   for (auto keys : {shape_keys(), run_keys()}) section.keys.insert(section.keys.end(), keys.begin(), keys.end());
   return section;
 }

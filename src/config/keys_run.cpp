@@ -16,8 +16,7 @@ static void check_checkpoint(const RunConfig& cfg, int) {
 }
 
 DeckSection dist_section() {
-  DeckSection section{"dist", {}, check_dist};
-  section.keys = {
+  return {"dist", check_dist, {
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0")
           .doc("0 = the real hosts; K > 0 treats each K consecutive ranks as one node (must divide the number of "
                "ranks), to run the HYBRID_SHARD strategies' layout on one machine"),
@@ -40,13 +39,11 @@ DeckSection dist_section() {
                "a reduction; `false` queues gathers and reductions on one stream. Not with `fsdp.cpu_offload`, "
                "which keeps its order on one stream. The same arithmetic either way; the second communicator "
                "costs NCCL's buffers once more"),
-  };
-  return section;
+  }};
 }
 
 DeckSection checkpoint_section() {
-  DeckSection section{"checkpoint", {}, check_checkpoint};
-  section.keys = {
+  return {"checkpoint", check_checkpoint, {
       text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir), "path to a folder")
           .doc("where checkpoints go; empty = `RUN_DIR/checkpoints` (relative to the current folder)"),
       int_key("checkpoint.every", SHARDLM_FIELD(checkpoint.every), 0, "must be >= 0")
@@ -87,13 +84,11 @@ DeckSection checkpoint_section() {
       flag_key("checkpoint.every_epoch", SHARDLM_FIELD(checkpoint.every_epoch))
           .doc("also a checkpoint at the end of every epoch (before its evaluation), as Trainer's `save_strategy = "
                "epoch`; `import-accelerate` maps that setting here. With `every` too, a step due for both writes one"),
-  };
-  return section;
+  }};
 }
 
 DeckSection run_section() {
-  DeckSection section{"run", {}, nullptr};
-  section.keys = {
+  return {"run", nullptr, {
       nonempty_text_key("run.dir", SHARDLM_FIELD(run.dir), "path to a folder")
           .doc("output folder: `metrics.jsonl`, `deck.resolved.ini`, `run_id` (the run's identity, made when a fresh "
                "run starts, kept by its resumes and carried by each checkpoint: "
@@ -143,8 +138,7 @@ DeckSection run_section() {
           .doc("a smoke run ([below](#smoke-runs)): the deck's model family at 2 layers of a tiny width with random "
                "weights, 2 steps of its data (or synthetic text where its files are missing), into `dir` + `-smoke`; "
                "`shardlm train DECK --tiny` is the same"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

@@ -58,8 +58,7 @@ static void check_train(const RunConfig& cfg, int world_size) {
 }
 
 DeckSection train_section() {
-  DeckSection section{"train", {}, check_train};
-  section.keys = {
+  return {"train", check_train, {
       int_key("train.epochs", SHARDLM_FIELD(train.epochs), 1, "must be >= 1").doc("passes over the training set"),
       int_key("train.batch_size", SHARDLM_FIELD(train.batch_size), 1, "must be >= 1", "N")
           .doc("global batch: samples per optimizer step over all ranks (the batch rule above)"),
@@ -127,8 +126,7 @@ DeckSection train_section() {
                "the `at_end` checkpoint and an `early_stopping` record"),
       double_key("train.early_stopping_threshold", SHARDLM_FIELD(train.early_stopping_threshold), kNonNegative)
           .doc("how much lower than the best an eval loss must be to count as an improvement"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail
