@@ -109,14 +109,11 @@ class Regex {
  public:
   // Throws std::invalid_argument with the reason when the pattern does not compile.
   explicit Regex(const std::string& oniguruma_pattern);
-  ~Regex();
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
   // Non-overlapping matches [start, end) left to right, as Oniguruma's find_iter gives them.
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:
-  void* code_ = nullptr;  // pcre2_code_8, kept out of this header
+  std::unique_ptr<void, void (*)(void*)> code_{nullptr, nullptr};  // pcre2_code_8, kept out of this header
   bool jit_ = false;
 };
 
