@@ -26,6 +26,7 @@
 
 using namespace shardlm;
 using shardlm::cuda::Epilogue;
+using shardlm::cuda::epilogue_name;
 using shardlm::cuda::Gemm;
 using shardlm::cuda::GemmDesc;
 
@@ -75,16 +76,6 @@ struct Case {
   size_t misalign = 0;     // elements by which A, B and C start past an allocation's start
 };
 
-const char* epilogue_label(Epilogue e) {
-  switch (e) {
-    case Epilogue::None: return "none";
-    case Epilogue::Bias: return "bias";
-    case Epilogue::BiasGelu: return "bias+gelu";
-    case Epilogue::DGelu: return "dgelu";
-  }
-  return "?";
-}
-
 double tolerance_for(const Case& cs) {
   if (cs.c == DType::BF16) return 1e-2;
   if (cs.c == DType::F16) return 2e-3;
@@ -105,7 +96,7 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
 void run_case(Gemm& gemm, const Case& cs, std::mt19937& rng) {
   BOOST_TEST_CONTEXT("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " trans_a=" << cs.trans_a
                           << " trans_b=" << cs.trans_b << " ab=" << dtype_name(cs.ab) << " c=" << dtype_name(cs.c)
-                          << " epilogue=" << epilogue_label(cs.epilogue) << " batch=" << cs.batch
+                          << " epilogue=" << epilogue_name(cs.epilogue) << " batch=" << cs.batch
                           << " beta=" << cs.beta << " misalign=" << cs.misalign) {
     const int a_rows = cs.trans_a ? cs.K : cs.M, a_cols = cs.trans_a ? cs.M : cs.K;
     const int b_rows = cs.trans_b ? cs.N : cs.K, b_cols = cs.trans_b ? cs.K : cs.N;

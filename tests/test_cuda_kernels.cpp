@@ -92,10 +92,6 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
                                      << (want.empty() ? 0.0 : want[first]) << "; worst error/limit " << worst);
 }
 
-void check_close(const std::vector<float>& got, const std::vector<float>& want, Tolerance tol, const std::string& what) {
-  check_close(got, std::vector<double>(want.begin(), want.end()), tol, what);
-}
-
 std::string label(const char* op, DType dt, const std::string& shape) {
   return concat(op, " ", dtype_name(dt), " ", shape);
 }

@@ -86,6 +86,12 @@ void log_error(const std::string& line);  // any rank, stderr, prefixed "shardlm
 
 enum class DType { F32, BF16, F16 };
 
+// The value of `t` out of one per dtype: the maps from DType to names and types in other spellings.
+template <typename V>
+V by_dtype(DType t, V f32, V bf16, V f16) {
+  return t == DType::F32 ? f32 : t == DType::BF16 ? bf16 : f16;
+}
+
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);  // "fp32" | "bf16" | "fp16"; throws Error otherwise
 size_t dtype_size(DType t);

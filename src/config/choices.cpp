@@ -5,7 +5,8 @@ namespace shardlm {
 
 namespace {
 
-// names[i] is the name of the enum's value i (the enums are declared in the names' order).
+// names[i] is the name of the enum's value i (the enums are declared in the names' order); "?" past the
+// last, which is where enum_key (key_builders.hpp) stops listing a key's words.
 template <typename E, size_t N>
 const char* name_of(E value, const char* const (&names)[N]) {
   const auto i = static_cast<size_t>(value);

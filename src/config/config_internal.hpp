@@ -84,8 +84,8 @@ struct KeySpec {
 // them and other sections' keys, or the world size), which run once every key is read.
 struct DeckSection {
   std::string name;  // "fsdp"
-  std::vector<KeySpec> keys;
   void (*check)(const RunConfig&, int world_size) = nullptr;
+  std::vector<KeySpec> keys;
 };
 
 // The sections (keys_<section>.cpp), in the resolved deck's order: model, lora, data, train, fsdp, eval,

@@ -91,11 +91,16 @@ KeySpec choice_key(const char* name, F field, std::vector<std::string> choices) 
   return k;
 }
 
-// A lowercase word naming one of `values` (their names as `value_name` spells them), stored as the enum.
+// A lowercase word naming one of the enum's values (as `value_name` spells them), stored as the enum. The
+// values are the enum's own, in its order: choices.cpp's name functions answer "?" past the last one.
 template <typename F, typename E>
-KeySpec enum_key(const char* name, F field, std::vector<E> values, const char* (*value_name)(E)) {
+KeySpec enum_key(const char* name, F field, const char* (*value_name)(E)) {
+  std::vector<E> values;
   std::vector<std::string> names;
-  for (E e : values) names.emplace_back(value_name(e));
+  for (int i = 0; std::string(value_name(static_cast<E>(i))) != "?"; ++i) {
+    values.push_back(static_cast<E>(i));
+    names.emplace_back(value_name(values.back()));
+  }
   KeySpec k{name, nullptr,
             [=](RunConfig& c, const std::string& t, const std::string&) {
               const std::string v = lower(trim(t));

@@ -7,15 +7,12 @@ namespace shardlm::config_detail {
 // CHECKS
 
 DeckSection data_section() {
-  DeckSection section{"data", {}, nullptr};
-  section.keys = {
-      enum_key("data.format", SHARDLM_FIELD(data.format),
-               {DataFormat::Squad, DataFormat::Jsonl, DataFormat::Chess, DataFormat::Chat}, data_format_name)
+  return {"data", nullptr, {
+      enum_key("data.format", SHARDLM_FIELD(data.format), data_format_name)
           .doc("SQuAD v1.1 JSON; JSON lines with `{\"text\"}` or `{\"prompt\",\"completion\"}`; chess games as UCI "
                "moves (below); conversations rendered with the model's chat template, the loss on the assistant's "
                "turns ([data.md](data.md))"),
-      enum_key("data.chat_format", SHARDLM_FIELD(data.chat_format),
-               {ChatFormat::Auto, ChatFormat::Messages, ChatFormat::Sharegpt, ChatFormat::Alpaca}, chat_format_name)
+      enum_key("data.chat_format", SHARDLM_FIELD(data.chat_format), chat_format_name)
           .doc("`format = chat`: the records' form, OpenAI `{\"messages\"}`, ShareGPT `{\"conversations\"}` or alpaca"
                " `instruction`/`input`/`output`; `auto` tells each record's by its fields "
                "([data.md](data.md#records))"),
@@ -57,8 +54,7 @@ DeckSection data_section() {
                " 257 EOS, 258 PAD. A path: a Hugging Face `tokenizer.json` (byte-level BPE as BLOOM's and Llama 3's, "
                "or Llama 2 style as CodeLlama's), or a folder holding one, such as the model directory. Checkpoints "
                "keep a hash of it, and resume refuses another tokenizer (see `checkpoint.load_weights_only`)"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

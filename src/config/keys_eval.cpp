@@ -41,10 +41,8 @@ static void check_eval(const RunConfig& cfg, int) {
 }
 
 DeckSection eval_section() {
-  DeckSection section{"eval", {}, check_eval};
-  section.keys = {
-      enum_key("eval.generate", SHARDLM_FIELD(eval.generate),
-               {EvalGenerate::End, EvalGenerate::Epoch, EvalGenerate::None}, eval_generate_name)
+  return {"eval", check_eval, {
+      enum_key("eval.generate", SHARDLM_FIELD(eval.generate), eval_generate_name)
           .doc("`data.format = squad` with an `eval_file` only: answer every eval question by greedy generation and "
                "score the answers with the official SQuAD v1.1 exact match and F1 (best over each question's "
                "reference answers): after the last epoch (`end`), after every epoch (`epoch`), or never"),
@@ -57,8 +55,7 @@ DeckSection eval_section() {
                "beside the one after each epoch (a step that ends an epoch is evaluated once); generation stays at "
                "the epochs. Each is an `eval` line and record, a TensorBoard `eval/loss`, and counts for "
                "`checkpoint.keep_best` and early stopping. 0 = after each epoch only; needs `data.eval_file`"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

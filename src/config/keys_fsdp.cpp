@@ -85,8 +85,7 @@ static std::vector<KeySpec> offload_keys() {
                "4 NVMe), against about 1.5 s for AdamW in memory at 170 GB/s (docs/history/performance-log.md, \"Host"
                " AdamW against memory bandwidth\"). Refused without `cpu_offload`; changes nothing on the CPU "
                "backend, as `cpu_offload`"),
-      enum_key("fsdp.offload_accumulate", SHARDLM_FIELD(fsdp.offload_accumulate),
-               {OffloadAccumulate::Host, OffloadAccumulate::Device}, offload_accumulate_name)
+      enum_key("fsdp.offload_accumulate", SHARDLM_FIELD(fsdp.offload_accumulate), offload_accumulate_name)
           .cuda()
           .doc("with `cpu_offload = true` and gradient accumulation (`train.batch_size` more than `micro_batch_size` "
                "x ranks): where the micro-steps' reduced gradients are summed. `host`: every micro-step's reduced "
@@ -100,8 +99,7 @@ static std::vector<KeySpec> offload_keys() {
                "held whenever the key says `device`; without accumulation nothing uses it (the start-up log warns), "
                "and a step of a single micro-step (packing can make one) goes the host's way. Refused without "
                "`cpu_offload`; changes nothing on the CPU backend"),
-      enum_key("fsdp.offload_root_update", SHARDLM_FIELD(fsdp.offload_root_update),
-               {OffloadRootUpdate::Auto, OffloadRootUpdate::Host, OffloadRootUpdate::Device}, offload_root_update_name)
+      enum_key("fsdp.offload_root_update", SHARDLM_FIELD(fsdp.offload_root_update), offload_root_update_name)
           .cuda()
           .doc("with `cpu_offload = true`: where the root unit's AdamW runs (the root holds the embeddings, the LM "
                "head and the final norm: 46% of BLOOM-560M's parameters, 13% of Llama-3.1-8B's). `host`: with the "
@@ -142,8 +140,7 @@ static std::vector<KeySpec> offload_keys() {
 // How the gradients are reduced and the parameters gathered.
 static std::vector<KeySpec> communication_keys() {
   return {
-      enum_key("fsdp.root_reduction", SHARDLM_FIELD(fsdp.root_reduction),
-               {RootReduction::Auto, RootReduction::Split, RootReduction::Whole}, root_reduction_name)
+      enum_key("fsdp.root_reduction", SHARDLM_FIELD(fsdp.root_reduction), root_reduction_name)
           .doc("with several ranks: how the root unit's gradient (embeddings, final norm, LM head) is reduced. "
                "`split`: in two parts. The part the head's backward writes (the final norm and the LM head, or with a"
                " tied head the whole table) is reduced right after the head's backward, so it overlaps the blocks' "
@@ -158,8 +155,7 @@ static std::vector<KeySpec> communication_keys() {
                "`no_sync = full`). Not with LoRA or `cpu_offload` (their root has its own path) or on one rank "
                "(nothing to reduce). `shardlm plan` counts its buffers (comm staging: the ids, one int32 per "
                "vocabulary row, the packed rows)"),
-      enum_key("fsdp.no_sync", SHARDLM_FIELD(fsdp.no_sync),
-               {NoSync::Auto, NoSync::Off, NoSync::Replicate, NoSync::Full}, no_sync_name)
+      enum_key("fsdp.no_sync", SHARDLM_FIELD(fsdp.no_sync), no_sync_name)
           .doc("with gradient accumulation (several micro-steps a step): how often the gradients are communicated, as"
                " PyTorch's `no_sync`. `full`: the micro-steps before the step's last reduce nothing; each block keeps"
                " its gathered parameters and its own full fp32 gradient buffer through the step (FULL_SHARD then "
@@ -177,8 +173,7 @@ static std::vector<KeySpec> communication_keys() {
           .cuda()
           .doc("queue the next block's all-gather before this block's forward, so it overlaps this block's compute; "
                "`false`: each block is gathered when it is needed. No effect on the CPU backend (synchronous)"),
-      enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch),
-               {BackwardPrefetch::Pre, BackwardPrefetch::Post, BackwardPrefetch::None}, backward_prefetch_name)
+      enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch), backward_prefetch_name)
           .cuda()
           .doc("when the previous block's all-gather is queued in backward: `pre` before this block's backward "
                "(overlaps it; PyTorch's BACKWARD_PRE), `post` after this block's backward and reduce-scatter "
@@ -193,7 +188,7 @@ static std::vector<KeySpec> communication_keys() {
 }
 
 DeckSection fsdp_section() {
-  DeckSection section{"fsdp", {}, check_fsdp};
+  DeckSection section{"fsdp", check_fsdp, {}};
   for (auto keys : {precision_keys(), offload_keys(), communication_keys()})
     section.keys.insert(section.keys.end(), keys.begin(), keys.end());
   return section;

@@ -11,8 +11,7 @@ static KeySpec lora_key(KeySpec k) {
 }
 
 DeckSection lora_section() {
-  DeckSection section{"lora", {}, nullptr};
-  section.keys = {
+  return {"lora", nullptr, {
       lora_key(int_key("lora.r", SHARDLM_FIELD(model.lora.r), 1, "must be >= 1"))
           .shown_default("required")
           .doc("rank of each adapter: A is `[r, in]`, B is `[out, r]` (PEFT's `r`)"),
@@ -47,14 +46,12 @@ DeckSection lora_section() {
                "([lora.md](lora.md#whole-modules-beside-the-adapters-modules_to_save))"),
       lora_key(flag_key("lora.use_rslora", SHARDLM_FIELD(model.lora.use_rslora)))
           .doc("rank-stabilised LoRA: scale `alpha / sqrt(r)` instead of `alpha / r`"),
-      lora_key(enum_key("lora.init", SHARDLM_FIELD(model.lora.init), {LoraInit::Kaiming, LoraInit::Gaussian},
-                        lora_init_name))
+      lora_key(enum_key("lora.init", SHARDLM_FIELD(model.lora.init), lora_init_name))
           .doc("the adapters' start, as PEFT's `init_lora_weights`: `kaiming` (PEFT's `True`) draws A "
                "Kaiming-uniform, bound `1 / sqrt(in)`; `gaussian` draws A normal with standard deviation `1 / r`; B "
                "is zero either way, so training starts from the base model's output. Ignored for adapters read from "
                "`model.adapter`"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

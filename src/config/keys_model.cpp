@@ -140,8 +140,7 @@ static std::vector<KeySpec> shape_keys() {
 // How the model runs and where it comes from.
 static std::vector<KeySpec> run_keys() {
   return {
-      enum_key("model.attention", SHARDLM_FIELD(model.attention),
-               {AttentionImpl::Auto, AttentionImpl::Cudnn, AttentionImpl::Native}, attention_impl_name)
+      enum_key("model.attention", SHARDLM_FIELD(model.attention), attention_impl_name)
           .cuda()
           .doc("how training runs attention. `auto`: cuDNN's fused flash attention (forward and backward; causal, "
                "grouped-query heads read in place, BLOOM's ALiBi computed inside the kernel; each layer keeps only "
@@ -191,7 +190,7 @@ static std::vector<KeySpec> run_keys() {
 }
 
 DeckSection model_section() {
-  DeckSection section{"model", {}, check_model};
+  DeckSection section{"model", check_model, {}};
   for (auto keys : {shape_keys(), run_keys()}) section.keys.insert(section.keys.end(), keys.begin(), keys.end());
   return section;
 }

@@ -16,8 +16,7 @@ static void check_checkpoint(const RunConfig& cfg, int) {
 }
 
 DeckSection dist_section() {
-  DeckSection section{"dist", {}, check_dist};
-  section.keys = {
+  return {"dist", check_dist, {
       int_key("dist.ranks_per_node", SHARDLM_FIELD(dist.ranks_per_node), 0, "must be >= 0")
           .doc("0 = the real hosts; K > 0 treats each K consecutive ranks as one node (must divide the number of "
                "ranks), to run the HYBRID_SHARD strategies' layout on one machine"),
@@ -40,13 +39,11 @@ DeckSection dist_section() {
                "a reduction; `false` queues gathers and reductions on one stream. Not with `fsdp.cpu_offload`, "
                "which keeps its order on one stream. The same arithmetic either way; the second communicator "
                "costs NCCL's buffers once more"),
-  };
-  return section;
+  }};
 }
 
 DeckSection checkpoint_section() {
-  DeckSection section{"checkpoint", {}, check_checkpoint};
-  section.keys = {
+  return {"checkpoint", check_checkpoint, {
       text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir), "path to a folder")
           .doc("where checkpoints go; empty = `RUN_DIR/checkpoints` (relative to the current folder)"),
       int_key("checkpoint.every", SHARDLM_FIELD(checkpoint.every), 0, "must be >= 0")
@@ -76,8 +73,7 @@ DeckSection checkpoint_section() {
                "position in the epoch becomes the examples already taken divided by the new global batch (rounded "
                "down: a few examples may come again), and the log says so. Without it such a resume is refused naming"
                " both batches, since its steps would take other examples than the run that wrote it"),
-      enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), {KeepBest::None, KeepBest::EvalLoss},
-               keep_best_name)
+      enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), keep_best_name)
           .doc("`eval_loss`: the checkpoint of the lowest eval loss is kept beside the last `keep_last` (not counted "
                "among them), named by the file `DIR/best` (its file name on the first line, `eval_loss VALUE` on the "
                "second; written through a rename as `latest`). An evaluation that beats the best writes a checkpoint "
@@ -88,18 +84,16 @@ DeckSection checkpoint_section() {
       flag_key("checkpoint.every_epoch", SHARDLM_FIELD(checkpoint.every_epoch))
           .doc("also a checkpoint at the end of every epoch (before its evaluation), as Trainer's `save_strategy = "
                "epoch`; `import-accelerate` maps that setting here. With `every` too, a step due for both writes one"),
-  };
-  return section;
+  }};
 }
 
 DeckSection run_section() {
-  DeckSection section{"run", {}, nullptr};
-  section.keys = {
+  return {"run", nullptr, {
       nonempty_text_key("run.dir", SHARDLM_FIELD(run.dir), "path to a folder")
           .doc("output folder: `metrics.jsonl`, `deck.resolved.ini`, `run_id` (the run's identity, made when a fresh "
                "run starts, kept by its resumes and carried by each checkpoint: "
                "[checkpoint.md](checkpoint.md#the-run-id)), checkpoints (relative to the current folder)"),
-      enum_key("run.backend", SHARDLM_FIELD(run.backend), {BackendKind::Cpu, BackendKind::Cuda}, backend_name)
+      enum_key("run.backend", SHARDLM_FIELD(run.backend), backend_name)
           .doc("compute backend; `cuda` needs a build with `SHARDLM_CUDA` and one GPU per rank"),
       double_key("run.peak_tflops", SHARDLM_FIELD(run.peak_tflops), kNonNegative)
           .doc("peak rate of one rank's device in TFLOP/s that the MFU (model FLOPs utilisation) of every train line "
@@ -144,8 +138,7 @@ DeckSection run_section() {
           .doc("a smoke run ([below](#smoke-runs)): the deck's model family at 2 layers of a tiny width with random "
                "weights, 2 steps of its data (or synthetic text where its files are missing), into `dir` + `-smoke`; "
                "`shardlm train DECK --tiny` is the same"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

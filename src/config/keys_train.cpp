@@ -58,8 +58,7 @@ static void check_train(const RunConfig& cfg, int world_size) {
 }
 
 DeckSection train_section() {
-  DeckSection section{"train", {}, check_train};
-  section.keys = {
+  return {"train", check_train, {
       int_key("train.epochs", SHARDLM_FIELD(train.epochs), 1, "must be >= 1").doc("passes over the training set"),
       int_key("train.batch_size", SHARDLM_FIELD(train.batch_size), 1, "must be >= 1", "N")
           .doc("global batch: samples per optimizer step over all ranks (the batch rule above)"),
@@ -74,7 +73,7 @@ DeckSection train_section() {
       double_key("train.warmup_ratio", SHARDLM_FIELD(train.warmup_ratio), kUnitClosed)
           .doc("with `warmup_steps = 0`: warm up over `ceil(warmup_ratio x total steps)` steps, as TrainingArguments'"
                " `get_warmup_steps` (the run's total: all epochs, or `max_steps`)"),
-      enum_key("train.optim", SHARDLM_FIELD(train.optim), {Optim::AdamWTorch, Optim::AdamW8bit}, optim_name)
+      enum_key("train.optim", SHARDLM_FIELD(train.optim), optim_name)
           .doc(
                "the optimizer, by TrainingArguments' `optim` names: `adamw_torch` is `torch.optim.AdamW` (two fp32 "
                "moments, 8 bytes a parameter); `adamw_8bit` is AdamW with block-wise 8-bit moments (one byte each "
@@ -83,10 +82,7 @@ DeckSection train_section() {
                "Checkpoints keep either's moments as fp32 `exp_avg`/`exp_avg_sq`, so a run may resume with the "
                "other. With `fsdp.cpu_offload`, `adamw_8bit` updates the root unit on the host (refused with "
                "`fsdp.offload_root_update = device` or `fsdp.offload_resident_gib > 0`)"),
-      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule),
-               {LrSchedule::Linear, LrSchedule::Constant, LrSchedule::ConstantWithWarmup, LrSchedule::Cosine,
-                LrSchedule::CosineWithRestarts, LrSchedule::Polynomial, LrSchedule::CosineWithMinLr},
-               lr_schedule_name)
+      enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), lr_schedule_name)
           .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below); "
                "`tests/test_schedules.cpp` checks every name, both warm-up forms, to 1e-7 against values computed "
                "with transformers"),
@@ -130,8 +126,7 @@ DeckSection train_section() {
                "the `at_end` checkpoint and an `early_stopping` record"),
       double_key("train.early_stopping_threshold", SHARDLM_FIELD(train.early_stopping_threshold), kNonNegative)
           .doc("how much lower than the best an eval loss must be to count as an improvement"),
-  };
-  return section;
+  }};
 }
 
 }  // namespace shardlm::config_detail

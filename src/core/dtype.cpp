@@ -5,14 +5,7 @@
 
 namespace shardlm {
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-  }
-  return "?";
-}
+const char* dtype_name(DType t) { return by_dtype(t, "fp32", "bf16", "fp16"); }
 
 DType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "float32") return DType::F32;
@@ -21,7 +14,7 @@ DType parse_dtype(const std::string& name) {
   throw Error(concat("unknown dtype '", name, "' (expected fp32, bf16 or fp16)"));
 }
 
-size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType t) { return by_dtype<size_t>(t, 4, 2, 2); }
 
 static uint32_t bits_of(float f) {
   uint32_t u;

@@ -109,14 +109,11 @@ class Regex {
  public:
   // Throws std::invalid_argument with the reason when the pattern does not compile.
   explicit Regex(const std::string& oniguruma_pattern);
-  ~Regex();
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
   // Non-overlapping matches [start, end) left to right, as Oniguruma's find_iter gives them.
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:
-  void* code_ = nullptr;  // pcre2_code_8, kept out of this header
+  std::unique_ptr<void, void (*)(void*)> code_{nullptr, nullptr};  // pcre2_code_8, kept out of this header
   bool jit_ = false;
 };
 
@@ -179,6 +176,22 @@ class Decoder {
 };
 std::unique_ptr<Decoder> parse_decoder(const JsonContext& ctx, const json& value,
                                        const std::string& path);
+
+// What the "Sequence" normalizer, pre-tokenizer and decoder share: their steps, each applied in turn
+// through `Apply` (Normalizer::normalize, ...) by `apply_each`, which the override calls.
+template <typename Component, typename Arg, void (Component::*Apply)(Arg&) const>
+class SequenceOf : public Component {
+ public:
+  explicit SequenceOf(std::vector<std::unique_ptr<Component>> steps) : steps_(std::move(steps)) {}
+
+ protected:
+  void apply_each(Arg& arg) const {
+    for (const auto& step : steps_) ((*step).*Apply)(arg);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Component>> steps_;
+};
 
 // What the post-processor adds around the ids of one sequence when add_special_tokens is set.
 struct PostProcessor {

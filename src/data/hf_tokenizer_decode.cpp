@@ -8,16 +8,10 @@ namespace shardlm::hf {
 
 namespace {
 
-class SequenceDecoder : public Decoder {
+class SequenceDecoder : public SequenceOf<Decoder, std::vector<std::string>, &Decoder::decode_chain> {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
-      : steps_(std::move(steps)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& step : steps_) step->decode_chain(tokens);
-  }
-
- private:
-  std::vector<std::unique_ptr<Decoder>> steps_;
+  using SequenceOf::SequenceOf;
+  void decode_chain(std::vector<std::string>& tokens) const override { apply_each(tokens); }
 };
 
 // All tokens become one string: each character back to its byte (a token with a character

@@ -8,16 +8,10 @@ namespace shardlm::hf {
 
 namespace {
 
-class SequenceNormalizer : public Normalizer {
+class SequenceNormalizer : public SequenceOf<Normalizer, std::string, &Normalizer::normalize> {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
-      : steps_(std::move(steps)) {}
-  void normalize(std::string& text) const override {
-    for (const auto& step : steps_) step->normalize(text);
-  }
-
- private:
-  std::vector<std::unique_ptr<Normalizer>> steps_;
+  using SequenceOf::SequenceOf;
+  void normalize(std::string& text) const override { apply_each(text); }
 };
 
 class PrependNormalizer : public Normalizer {

@@ -27,16 +27,10 @@ void for_each_text_piece(std::vector<Piece>& pieces, F&& f) {
   pieces.swap(out);
 }
 
-class SequencePreTokenizer : public PreTokenizer {
+class SequencePreTokenizer : public SequenceOf<PreTokenizer, std::vector<Piece>, &PreTokenizer::pre_tokenize> {
  public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> steps)
-      : steps_(std::move(steps)) {}
-  void pre_tokenize(std::vector<Piece>& pieces) const override {
-    for (const auto& step : steps_) step->pre_tokenize(pieces);
-  }
-
- private:
-  std::vector<std::unique_ptr<PreTokenizer>> steps_;
+  using SequenceOf::SequenceOf;
+  void pre_tokenize(std::vector<Piece>& pieces) const override { apply_each(pieces); }
 };
 
 class ByteLevelPreTokenizer : public PreTokenizer {

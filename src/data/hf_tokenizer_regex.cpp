@@ -158,15 +158,13 @@ Regex::Regex(const std::string& oniguruma_pattern) {
                                 " at offset " + std::to_string(offset) + " of the PCRE2 form '" +
                                 pattern + "'");
   }
-  code_ = code;
+  code_ = {code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); }};
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
-
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   thread_local MatchScratch scratch;
-  auto* code = static_cast<pcre2_code*>(code_);
+  auto* code = static_cast<pcre2_code*>(code_.get());
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   size_t last_match_end = std::string_view::npos;

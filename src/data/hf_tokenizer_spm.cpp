@@ -99,63 +99,63 @@ struct SpmModel {
   bool add_dummy_prefix = true;
 };
 
+// Each field of `message` in turn: read(field, wire, reader) reads the value of a field it knows and
+// says so (true); the others are skipped.
+template <typename Read>
+void read_fields(std::string_view message, const std::string& source, Read read) {
+  ProtoReader r(message, source);
+  while (!r.done()) {
+    uint32_t field, wire;
+    r.next_key(field, wire);
+    if (!read(field, wire, r)) r.skip(wire);
+  }
+}
+
 SpmModel read_model(const std::string& data, const std::string& source) {
   SpmModel model;
-  ProtoReader top(data, source);
-  while (!top.done()) {
-    uint32_t field, wire;
-    top.next_key(field, wire);
-    if (field == 1 && wire == 2) {  // pieces
-      ProtoReader r(top.bytes(), source);
+  read_fields(data, source, [&](uint32_t field, uint32_t wire, ProtoReader& top) {
+    if (wire != 2) return false;
+    if (field == 1) {  // pieces
       SpmPiece p;
-      while (!r.done()) {
-        uint32_t f, w;
-        r.next_key(f, w);
-        if (f == 1 && w == 2) {
+      read_fields(top.bytes(), source, [&](uint32_t f, uint32_t w, ProtoReader& r) {
+        if (f == 1 && w == 2)
           p.piece = std::string(r.bytes());
-        } else if (f == 2 && w == 5) {
+        else if (f == 2 && w == 5)
           p.score = r.fixed32_float();
-        } else if (f == 3 && w == 0) {
+        else if (f == 3 && w == 0)
           p.type = static_cast<int>(r.varint());
-        } else {
-          r.skip(w);
-        }
-      }
+        else
+          return false;
+        return true;
+      });
       model.pieces.push_back(std::move(p));
-    } else if (field == 2 && wire == 2) {  // trainer_spec
-      ProtoReader r(top.bytes(), source);
-      while (!r.done()) {
-        uint32_t f, w;
-        r.next_key(f, w);
-        if (f == 3 && w == 0) {
+    } else if (field == 2) {  // trainer_spec
+      read_fields(top.bytes(), source, [&](uint32_t f, uint32_t w, ProtoReader& r) {
+        if (f == 3 && w == 0)
           model.model_type = static_cast<int>(r.varint());
-        } else if (f == 35 && w == 0) {
+        else if (f == 35 && w == 0)
           model.byte_fallback = r.varint() != 0;
-        } else if (f == 41 && w == 0) {
+        else if (f == 41 && w == 0)
           model.bos_id = static_cast<int32_t>(static_cast<uint32_t>(r.varint()));
-        } else if (f == 45 && w == 2) {
+        else if (f == 45 && w == 2)
           model.unk_piece = std::string(r.bytes());
-        } else if (f == 46 && w == 2) {
+        else if (f == 46 && w == 2)
           model.bos_piece = std::string(r.bytes());
-        } else {
-          r.skip(w);
-        }
-      }
-    } else if (field == 3 && wire == 2) {  // normalizer_spec
-      ProtoReader r(top.bytes(), source);
-      while (!r.done()) {
-        uint32_t f, w;
-        r.next_key(f, w);
-        if (f == 3 && w == 0) {
-          model.add_dummy_prefix = r.varint() != 0;
-        } else {
-          r.skip(w);
-        }
-      }
+        else
+          return false;
+        return true;
+      });
+    } else if (field == 3) {  // normalizer_spec
+      read_fields(top.bytes(), source, [&](uint32_t f, uint32_t w, ProtoReader& r) {
+        if (f != 3 || w != 0) return false;
+        model.add_dummy_prefix = r.varint() != 0;
+        return true;
+      });
     } else {
-      top.skip(wire);
+      return false;
     }
-  }
+    return true;
+  });
   return model;
 }
 

@@ -12,13 +12,7 @@ namespace shardlm {
 
 namespace fs = std::filesystem;
 
-const char* torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    default: return "float32";
-  }
-}
+const char* torch_dtype_name(DType dtype) { return by_dtype(dtype, "float32", "bfloat16", "float16"); }
 
 void write_export_files(const std::string& dir, const HfExportOptions& options,
                         const std::function<void(const std::string&, const std::string&)>& write_text) {

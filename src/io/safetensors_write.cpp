@@ -11,13 +11,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assume
 namespace shardlm {
 namespace {
 
-const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    default: return "F32";
-  }
-}
+const char* safetensors_dtype(DType t) { return by_dtype(t, "F32", "BF16", "F16"); }
 
 // Number of elements a shape holds; Error on a negative dimension or overflow.
 size_t checked_numel(const std::string& path, const SafetensorsEntry& t) {

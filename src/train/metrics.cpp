@@ -71,6 +71,21 @@ std::string text_table(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
+// Trainer's speed_metrics of a split ("eval", "train"): SPLIT_runtime, SPLIT_samples_per_second and
+// SPLIT_steps_per_second.
+void put_speed_metrics(nlohmann::json& j, const std::string& split, double runtime, double samples_per_second,
+                       double steps_per_second) {
+  j[split + "_runtime"] = runtime;
+  j[split + "_samples_per_second"] = samples_per_second;
+  j[split + "_steps_per_second"] = steps_per_second;
+}
+
+// An evaluation's SQuAD scores, where it generated (NaN otherwise).
+void put_generation_scores(nlohmann::json& j, const EvalLog& e) {
+  if (std::isfinite(e.exact_match)) j["eval_exact_match"] = e.exact_match;
+  if (std::isfinite(e.f1)) j["eval_f1"] = e.f1;
+}
+
 }  // namespace
 
 namespace {
@@ -165,24 +180,15 @@ nlohmann::json train_record(const StepLog& log) {
 }
 
 nlohmann::json eval_record(const EvalLog& log) {
-  nlohmann::json j = {{"type", "eval"},
-                      {"eval_loss", log.loss},
-                      {"eval_runtime", log.runtime},
-                      {"eval_samples_per_second", log.samples_per_second},
-                      {"eval_steps_per_second", log.steps_per_second},
-                      {"epoch", log.epoch},
-                      {"step", log.step}};
-  if (std::isfinite(log.exact_match)) j["eval_exact_match"] = log.exact_match;
-  if (std::isfinite(log.f1)) j["eval_f1"] = log.f1;
+  nlohmann::json j = {{"type", "eval"}, {"eval_loss", log.loss}, {"epoch", log.epoch}, {"step", log.step}};
+  put_speed_metrics(j, "eval", log.runtime, log.samples_per_second, log.steps_per_second);
+  put_generation_scores(j, log);
   if (std::isfinite(log.generation_runtime)) j["eval_generation_runtime"] = log.generation_runtime;
   return j;
 }
 
 nlohmann::json summary_record(const RunSummary& s) {
   nlohmann::json j = {{"type", "summary"},
-                      {"train_runtime", s.train_runtime},
-                      {"train_samples_per_second", s.train_samples_per_second},
-                      {"train_steps_per_second", s.train_steps_per_second},
                       {"train_loss", s.train_loss},
                       {"epoch", s.epoch},
                       {"steps", s.steps},
@@ -192,13 +198,11 @@ nlohmann::json summary_record(const RunSummary& s) {
                       {"peak_memory_bytes_per_rank", s.peak_memory_bytes},
                       {"peak_rss_bytes", s.peak_rss_bytes},
                       {"preempted", s.preempted}};
+  put_speed_metrics(j, "train", s.train_runtime, s.train_samples_per_second, s.train_steps_per_second);
   if (!s.attention.empty()) j["attention"] = s.attention;
   if (std::isfinite(s.final_loss)) j["final_loss"] = s.final_loss;
   // The last generation's scores, as Trainer's final metrics carry its last evaluation's.
-  for (const EvalLog& e : s.evals) {
-    if (std::isfinite(e.exact_match)) j["eval_exact_match"] = e.exact_match;
-    if (std::isfinite(e.f1)) j["eval_f1"] = e.f1;
-  }
+  for (const EvalLog& e : s.evals) put_generation_scores(j, e);
   return j;
 }
 

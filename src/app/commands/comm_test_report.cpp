@@ -8,14 +8,7 @@ namespace shardlm {
 namespace {
 
 // nccl-tests' names of the element types.
-const char* table_type_name(DType t) {
-  switch (t) {
-    case DType::F32: return "float";
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "half";
-  }
-  return "?";
-}
+const char* table_type_name(DType t) { return by_dtype(t, "float", "bfloat16", "half"); }
 
 bool is_reduction(Collective c) { return c == Collective::AllReduce || c == Collective::ReduceScatter; }
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "comm_test.hpp"
 #include "commands.hpp"
@@ -227,36 +228,54 @@ std::string docs_dir() {
   return "the docs/ folder of the shardlm source";
 }
 
+// The docs pages each command's help names, with what each covers; a command not listed gets kOverview.
+struct DocPage {
+  const char* page;
+  const char* what;
+};
+const struct {
+  std::vector<std::string> commands;
+  std::vector<DocPage> pages;
+} kCommandDocs[] = {
+    {{"train"},
+     {{"deck.md", "every deck key, its default and range"},
+      {"checkpoint.md", "checkpoints and resume"},
+      {"huggingface.md", "starting from a Hugging Face model directory"}}},
+    {{"inspect", "export"},
+     {{"checkpoint.md", "the checkpoint format, inspect and export"},
+      {"huggingface.md", "the exported folder and transformers"}}},
+    {{"report"}, {{"report.md", "the columns and plots"}}},
+    {{"generate"},
+     {{"generate.md", "the models it loads, prompts, chat, sampling and stopping"}, {"data.md", "chat templates"}}},
+    {{"eval"}, {{"deck.md", "eval.generate and the scores a run writes (section [eval])"}}},
+    {{"plan"}, {{"plan.md", "every column, and how the sizes are computed"}}},
+    {{"preprocess"}, {{"data.md", "the data formats, chat templates and which tokens take the loss"}}},
+    {{"import-accelerate"},
+     {{"accelerate.md", "every Accelerate and TrainingArguments key, what it becomes"}, {"deck.md", "every deck key"}}},
+    {{"comm-test"}, {{"comm-test.md", "the columns and the JSON lines"}}},
+};
+const DocPage kOverview[] = {{"deck.md", "the input deck"},
+                             {"checkpoint.md", "checkpoints, inspect and export"},
+                             {"cluster.md", "the Lmod module and Slurm scripts"},
+                             {"README.md", "an overview"}};  // beside the docs when installed, else ../README.md
+
 // The pages of each command's docs, as "page (what it covers)".
 std::string docs_line(const std::string& command) {
-  const auto page = [](std::string name, const char* what) { return "  " + name.append(16 - name.size(), ' ') + what + "\n"; };
   const std::string dir = docs_dir();
   std::string s = "\ndocs, in " + dir + ":\n";
-  if (command == "train")
-    s += page("deck.md", "every deck key, its default and range") + page("checkpoint.md", "checkpoints and resume") +
-         page("huggingface.md", "starting from a Hugging Face model directory");
-  else if (command == "inspect" || command == "export")
-    s += page("checkpoint.md", "the checkpoint format, inspect and export") +
-         page("huggingface.md", "the exported folder and transformers");
-  else if (command == "report")
-    s += page("report.md", "the columns and plots");
-  else if (command == "generate")
-    s += page("generate.md", "the models it loads, prompts, chat, sampling and stopping") +
-         page("data.md", "chat templates");
-  else if (command == "eval")
-    s += page("deck.md", "eval.generate and the scores a run writes (section [eval])");
-  else if (command == "plan")
-    s += page("plan.md", "every column, and how the sizes are computed");
-  else if (command == "preprocess")
-    s += page("data.md", "the data formats, chat templates and which tokens take the loss");
-  else if (command == "import-accelerate")
-    s += page("accelerate.md", "every Accelerate and TrainingArguments key, what it becomes") +
-         page("deck.md", "every deck key");
-  else if (command == "comm-test")
-    s += page("comm-test.md", "the columns and the JSON lines");
-  else
-    s += page("deck.md", "the input deck") + page("checkpoint.md", "checkpoints, inspect and export") +
-         page("cluster.md", "the Lmod module and Slurm scripts") + page(fs::exists(fs::path(dir) / "README.md") ? "README.md" : "../README.md", "an overview");
+  const auto add = [&](std::string name, const char* what) {
+    s += "  " + name.append(16 - name.size(), ' ') + what + "\n";
+  };
+  for (const auto& entry : kCommandDocs)
+    for (const std::string& c : entry.commands)
+      if (c == command) {
+        for (const DocPage& p : entry.pages) add(p.page, p.what);
+        return s;
+      }
+  for (const DocPage& p : kOverview) {
+    const bool readme_above = std::string(p.page) == "README.md" && !fs::exists(fs::path(dir) / "README.md");
+    add(readme_above ? "../README.md" : p.page, p.what);
+  }
   return s;
 }
 

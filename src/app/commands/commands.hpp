@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -93,6 +94,18 @@ bool option_value(const std::vector<std::string>& args, size_t& i, const std::st
 // An argument no flag took: a deck override (`--section.key=value`, or any word without a leading `--`)
 // goes to overrides; another `--` option is an Error naming it.
 void take_deck_override(const std::string& arg, std::vector<std::string>& overrides);
+// The argument a command that takes `DECK [options] [--section.key=value ...]` is reading (plan, preprocess).
+struct DeckArgument {
+  const std::vector<std::string>& args;
+  size_t& i;
+  const std::string& arg() const { return args[i]; }
+  // option_value, but a flag that comes last without its value is an Error "FLAG needs a value".
+  bool value(const std::string& flag, std::string& out);
+};
+// Reads such arguments: the deck first (an Error if it is missing or an option), then each argument
+// offered to `option` (true: it took it, and any value after it), else take_deck_override. The deck.
+std::string parse_deck_arguments(const std::vector<std::string>& args, std::vector<std::string>& overrides,
+                                 const std::function<bool(DeckArgument&)>& option);
 // "80GiB", "40 GB", "16000MiB", "5GB" in bytes (a unit is required); Error naming `flag` otherwise.
 size_t parse_size(const std::string& flag, const std::string& text);
 

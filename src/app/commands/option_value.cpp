@@ -1,4 +1,5 @@
-// What the commands' flags share: `--flag VALUE` / `--flag=VALUE`, and sizes such as 80GiB.
+// What the commands' flags share: `--flag VALUE` / `--flag=VALUE`, DECK-first argument lists, and sizes
+// such as 80GiB.
 #include <cctype>
 #include <cmath>
 #include <stdexcept>
@@ -26,6 +27,21 @@ void take_deck_override(const std::string& arg, std::vector<std::string>& overri
   if (arg.rfind("--", 0) == 0 && arg.find('.') == std::string::npos)
     throw Error(concat("unknown option '", arg, "' (deck keys look like --section.key=value)"));
   overrides.push_back(arg);
+}
+
+bool DeckArgument::value(const std::string& flag, std::string& out) {
+  SHARDLM_CHECK(arg() != flag || i + 1 < args.size(), flag, " needs a value");
+  return option_value(args, i, flag, out);
+}
+
+std::string parse_deck_arguments(const std::vector<std::string>& args, std::vector<std::string>& overrides,
+                                 const std::function<bool(DeckArgument&)>& option) {
+  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "the first argument must be the deck");
+  for (size_t i = 1; i < args.size(); ++i) {
+    DeckArgument a{args, i};
+    if (!option(a)) take_deck_override(args[i], overrides);
+  }
+  return args[0];
 }
 
 // "80GiB", "40 GB", "16000MiB", "1.5TiB": a unit is required (is a bare 80 bytes or GiB?).

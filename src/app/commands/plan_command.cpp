@@ -60,29 +60,22 @@ int parse_count(const std::string& flag, const std::string& text) {
 // Plan's own options; everything else is a deck override for load_run_config.
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   PlanArgs p;
-  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "the first argument must be the deck");
-  p.deck = args[0];
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const std::string& flag, std::string& out) {
-      SHARDLM_CHECK(a != flag || i + 1 < args.size(), flag, " needs a value");
-      return option_value(args, i, flag, out);
-    };
+  p.deck = parse_deck_arguments(args, p.overrides, [&](DeckArgument& a) {
     std::string v;
-    if (value("--gpu-memory", v)) {
+    if (a.value("--gpu-memory", v))
       p.budget = parse_size("--gpu-memory", v);
-    } else if (value("--host-memory", v)) {
+    else if (a.value("--host-memory", v))
       p.host_budget = parse_size("--host-memory", v);
-    } else if (value("--ranks-per-node", v)) {
+    else if (a.value("--ranks-per-node", v))
       p.ranks_per_node = parse_count("--ranks-per-node", v);
-    } else if (value("--ranks", v)) {
+    else if (a.value("--ranks", v))
       p.ranks = parse_count("--ranks", v);
-    } else if (a == "--json") {
+    else if (a.arg() == "--json")
       p.json = true;
-    } else {
-      take_deck_override(a, p.overrides);
-    }
-  }
+    else
+      return false;
+    return true;
+  });
   return p;
 }
 

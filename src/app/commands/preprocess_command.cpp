@@ -27,25 +27,22 @@ struct PreprocessArgs {
 
 PreprocessArgs parse_args(const std::vector<std::string>& args) {
   PreprocessArgs p;
-  SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "the first argument must be the deck");
-  p.deck = args[0];
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
+  p.deck = parse_deck_arguments(args, p.overrides, [&](DeckArgument& a) {
     std::string v;
-    SHARDLM_CHECK(!((a == "--out" || a == "--limit") && i + 1 >= args.size()), a, " needs a value");
-    if (option_value(args, i, "--out", v)) {
+    if (a.value("--out", v)) {
       p.out = v;
-    } else if (option_value(args, i, "--limit", v)) {
+    } else if (a.value("--limit", v)) {
       char* end = nullptr;
       const long long n = std::strtoll(v.c_str(), &end, 10);
       SHARDLM_CHECK(!v.empty() && *end == '\0' && n > 0, "--limit must be a whole number > 0, not '", v, "'");
       p.limit = static_cast<size_t>(n);
-    } else if (a == "--eval") {
+    } else if (a.arg() == "--eval") {
       p.eval = true;
     } else {
-      take_deck_override(a, p.overrides);
+      return false;
     }
-  }
+    return true;
+  });
   return p;
 }
 

@@ -68,24 +68,44 @@ void check_shape(const char* what, int B, int T, int heads, int head_dim, const 
   SHARDLM_CHECK(B == 0 || T == 0 || workspace != nullptr, what, ": no workspace");
 }
 
+// One sequence's widths, sizes and the scores' scale, shared by forward and backward; made once the
+// call's shape is checked.
+struct Layout {
+  int d, H, ld;  // head_dim, the model width, qkv's row stride 3H
+  size_t es;
+  long long tt;  // T * T: one head's scores
+  float scale;   // 1 / sqrt(d)
+  size_t qkv_bytes, ctx_bytes, probs_bytes;  // one sequence of each
+  Layout(const char* what, int B, int T, int heads, int head_dim, DType dt, const void* workspace) {
+    check_shape(what, B, T, heads, head_dim, workspace);
+    d = head_dim;
+    H = heads * d;
+    ld = 3 * H;
+    es = dtype_size(dt);
+    tt = static_cast<long long>(T) * T;
+    scale = 1.0f / std::sqrt(static_cast<float>(d));
+    qkv_bytes = static_cast<size_t>(T) * ld * es;
+    ctx_bytes = static_cast<size_t>(T) * H * es;
+    probs_bytes = static_cast<size_t>(heads) * tt * es;
+  }
+};
+
 }  // namespace
 
 void alibi_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs, const float* slopes, int B, int T,
                              int heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
                              const int32_t* starts) {
-  check_shape("alibi_attention_forward", B, T, heads, head_dim, workspace);
+  const Layout l("alibi_attention_forward", B, T, heads, head_dim, dt, workspace);
   if (B == 0 || T == 0) return;
-  const int d = head_dim, H = heads * d, ld = 3 * H;
-  const size_t es = dtype_size(dt);
-  const long long tt = static_cast<long long>(T) * T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int d = l.d, H = l.H, ld = l.ld;
+  const size_t es = l.es;
   float* scores = static_cast<float*>(workspace);
   for (int b = 0; b < B; ++b) {
-    const char* qkv_b = static_cast<const char*>(qkv) + static_cast<size_t>(b) * T * ld * es;
-    char* probs_b = static_cast<char*>(probs) + static_cast<size_t>(b) * heads * tt * es;
-    char* ctx_b = static_cast<char*>(ctx) + static_cast<size_t>(b) * T * H * es;
+    const char* qkv_b = static_cast<const char*>(qkv) + b * l.qkv_bytes;
+    char* probs_b = static_cast<char*>(probs) + b * l.probs_bytes;
+    char* ctx_b = static_cast<char*>(ctx) + b * l.ctx_bytes;
     // scores_h = scale * q_h k_h^T in fp32.
-    gemm.run(head_gemm(false, true, T, T, d, scale, qkv_b, ld, 3 * d, qkv_b + d * es, ld, 3 * d, scores, T, tt, dt,
+    gemm.run(head_gemm(false, true, T, T, d, l.scale, qkv_b, ld, 3 * d, qkv_b + d * es, ld, 3 * d, scores, T, l.tt, dt,
                        DType::F32, heads),
              stream);
     dispatch_dtype(dt, [&](auto tag) {
@@ -94,8 +114,8 @@ void alibi_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs
                                                            heads, T, stream);
     });
     // ctx_h = P_h v_h, written into the head's columns of ctx.
-    gemm.run(head_gemm(false, false, T, d, T, 1.0f, probs_b, T, tt, qkv_b + 2 * d * es, ld, 3 * d, ctx_b, H, d, dt, dt,
-                       heads),
+    gemm.run(head_gemm(false, false, T, d, T, 1.0f, probs_b, T, l.tt, qkv_b + 2 * d * es, ld, 3 * d, ctx_b, H, d, dt,
+                       dt, heads),
              stream);
   }
 }
@@ -103,38 +123,37 @@ void alibi_attention_forward(Gemm& gemm, const void* qkv, void* ctx, void* probs
 void alibi_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const void* probs, void* dqkv,
                               const float* slopes, int B, int T, int heads, int head_dim, DType dt, void* workspace,
                               cudaStream_t stream) {
-  check_shape("alibi_attention_backward", B, T, heads, head_dim, workspace);
+  const Layout l("alibi_attention_backward", B, T, heads, head_dim, dt, workspace);
   if (B == 0 || T == 0) return;
-  const int d = head_dim, H = heads * d, ld = 3 * H;
-  const size_t es = dtype_size(dt);
-  const long long tt = static_cast<long long>(T) * T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int d = l.d, H = l.H, ld = l.ld;
+  const size_t es = l.es;
   float* dprobs = static_cast<float*>(workspace);
   // dS in dt: in place over dP for fp32, else in its own region after dP.
   void* dscores = dt == DType::F32 ? workspace
-                                   : static_cast<char*>(workspace) + align256(static_cast<size_t>(heads) * tt * 4);
+                                   : static_cast<char*>(workspace) + align256(static_cast<size_t>(heads) * l.tt * 4);
   for (int b = 0; b < B; ++b) {
-    const char* qkv_b = static_cast<const char*>(qkv) + static_cast<size_t>(b) * T * ld * es;
+    const char* qkv_b = static_cast<const char*>(qkv) + b * l.qkv_bytes;
     const char* q = qkv_b;
     const char* k = qkv_b + d * es;
     const char* v = qkv_b + 2 * d * es;
-    char* dqkv_b = static_cast<char*>(dqkv) + static_cast<size_t>(b) * T * ld * es;
-    const char* probs_b = static_cast<const char*>(probs) + static_cast<size_t>(b) * heads * tt * es;
-    const char* dctx_b = static_cast<const char*>(dctx) + static_cast<size_t>(b) * T * H * es;
+    char* dqkv_b = static_cast<char*>(dqkv) + b * l.qkv_bytes;
+    const char* probs_b = static_cast<const char*>(probs) + b * l.probs_bytes;
+    const char* dctx_b = static_cast<const char*>(dctx) + b * l.ctx_bytes;
     // dP_h = dctx_h v_h^T (fp32); dv_h = P_h^T dctx_h.
-    gemm.run(head_gemm(false, true, T, T, d, 1.0f, dctx_b, H, d, v, ld, 3 * d, dprobs, T, tt, dt, DType::F32, heads),
+    gemm.run(head_gemm(false, true, T, T, d, 1.0f, dctx_b, H, d, v, ld, 3 * d, dprobs, T, l.tt, dt, DType::F32, heads),
              stream);
-    gemm.run(head_gemm(true, false, T, d, T, 1.0f, probs_b, T, tt, dctx_b, H, d, dqkv_b + 2 * d * es, ld, 3 * d, dt,
+    gemm.run(head_gemm(true, false, T, d, T, 1.0f, probs_b, T, l.tt, dctx_b, H, d, dqkv_b + 2 * d * es, ld, 3 * d, dt,
                        dt, heads),
              stream);
     dispatch_dtype(dt, [&](auto tag) {
       launch_softmax_backward<typename decltype(tag)::type>(dprobs, probs_b, dscores, heads, T, stream);
     });
     // S = scale q k^T: dq_h = scale dS_h k_h, dk_h = scale dS_h^T q_h.
-    gemm.run(head_gemm(false, false, T, d, T, scale, dscores, T, tt, k, ld, 3 * d, dqkv_b, ld, 3 * d, dt, dt, heads),
-             stream);
-    gemm.run(head_gemm(true, false, T, d, T, scale, dscores, T, tt, q, ld, 3 * d, dqkv_b + d * es, ld, 3 * d, dt, dt,
-                       heads),
+    gemm.run(
+        head_gemm(false, false, T, d, T, l.scale, dscores, T, l.tt, k, ld, 3 * d, dqkv_b, ld, 3 * d, dt, dt, heads),
+        stream);
+    gemm.run(head_gemm(true, false, T, d, T, l.scale, dscores, T, l.tt, q, ld, 3 * d, dqkv_b + d * es, ld, 3 * d, dt,
+                       dt, heads),
              stream);
   }
 }

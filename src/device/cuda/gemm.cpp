@@ -22,24 +22,7 @@ namespace {
 // Rows of C one rank-1 bias GEMM covers in the Bias fallback (the ones vector's length).
 constexpr int kOnesRows = 1024;
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F16: return CUDA_R_16F;
-  }
-  throw Error("Gemm: unknown dtype");
-}
-
-const char* epilogue_name(Epilogue e) {
-  switch (e) {
-    case Epilogue::None: return "none";
-    case Epilogue::Bias: return "bias";
-    case Epilogue::BiasGelu: return "bias+gelu";
-    case Epilogue::DGelu: return "dgelu";
-  }
-  return "?";
-}
+cudaDataType_t cuda_type(DType t) { return by_dtype(t, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F); }
 
 cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   switch (e) {
@@ -136,6 +119,16 @@ void for_each_run(const GemmDesc& d, F f) {
 }
 
 }  // namespace
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::BiasGelu: return "bias+gelu";
+    case Epilogue::DGelu: return "dgelu";
+  }
+  return "?";
+}
 
 struct Gemm::Plan {
   Signature signature{};

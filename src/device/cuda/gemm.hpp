@@ -20,6 +20,7 @@ enum class Epilogue {
   BiasGelu,   // aux = alpha op(A) op(B) + bias (pre-activation, C's dtype); C = gelu(aux)
   DGelu,      // C = (alpha op(A) op(B)) * gelu'(aux): the GELU backward fused into dW2^T-side GEMM
 };
+const char* epilogue_name(Epilogue e);  // "none", "bias", "bias+gelu", "dgelu" (in errors and test labels)
 
 struct GemmDesc {
   bool trans_a = false;

@@ -71,25 +71,46 @@ __global__ void store_rows_kernel(const float* in, int ld_in, T* out, int ld_out
   }
 }
 
-// A GEMM batched over the kv heads of one sequence.
 void check_shape(const char* what, int B, int T, int heads, int kv_heads, int head_dim, const void* workspace) {
   SHARDLM_CHECK(B >= 0 && T >= 0 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && head_dim >= 1, what,
                 ": bad shape B=", B, " T=", T, " heads=", heads, " kv_heads=", kv_heads, " head_dim=", head_dim);
   SHARDLM_CHECK(B == 0 || T == 0 || workspace != nullptr, what, ": no workspace");
 }
 
-// Where the pieces of one sequence sit (byte pointers) and the strides of the per-j GEMMs.
+// Where the pieces of one sequence sit (byte pointers), the strides of the per-j GEMMs and the scores'
+// scale, shared by forward and backward; made once the call's shape is checked.
 struct Layout {
   int T, heads, kv_heads, d, G, qw, kvw, ld;
   size_t es;
   long long tt;
-  Layout(int T_, int heads_, int kv_heads_, int d_, DType dt)
-      : T(T_), heads(heads_), kv_heads(kv_heads_), d(d_), G(heads_ / kv_heads_), qw(heads_ * d_),
-        kvw(kv_heads_ * d_), ld(heads_ * d_ + 2 * kv_heads_ * d_), es(dtype_size(dt)),
-        tt(static_cast<long long>(T_) * T_) {}
+  float scale;  // scale_override where it is > 0 (Gemma's query_pre_attn_scalar^-1/2), else 1 / sqrt(d)
+  Layout(const char* what, int B, int T_, int heads_, int kv_heads_, int d_, DType dt, const void* workspace,
+         float scale_override) {
+    check_shape(what, B, T_, heads_, kv_heads_, d_, workspace);  // before G divides by kv_heads
+    T = T_;
+    heads = heads_;
+    kv_heads = kv_heads_;
+    d = d_;
+    G = heads / kv_heads;
+    qw = heads * d;
+    kvw = kv_heads * d;
+    ld = qw + 2 * kvw;
+    es = dtype_size(dt);
+    tt = static_cast<long long>(T) * T;
+    scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(d));
+  }
   size_t qkv_bytes() const { return static_cast<size_t>(T) * ld * es; }  // one sequence of qkv
   size_t ctx_bytes() const { return static_cast<size_t>(T) * qw * es; }  // one sequence of ctx
   size_t lse_rows() const { return static_cast<size_t>(heads) * T; }     // one sequence of lse
+  // Sequence b's q, k and v (its [Q | K | V] rows start at q).
+  struct Qkv {
+    const char *q, *k, *v;
+  };
+  Qkv sequence(const void* qkv, int b) const {
+    const char* q = static_cast<const char*>(qkv) + b * qkv_bytes();
+    const char* k = q + static_cast<size_t>(qw) * es;
+    return {q, k, k + static_cast<size_t>(kvw) * es};
+  }
 };
 
 // The workspace of one sequence (gqa_attention_workspace_bytes): fp32 scores [heads, T, T] (the
@@ -111,11 +132,12 @@ struct Workspace {
 
 // scores_n = scale * q_n k_g^T in fp32, for the query heads n = g G + j of every group g of one
 // sequence. The forward and the backward's recomputation run exactly these GEMMs.
-void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, float scale, float* scores, DType dt,
+void scores_gemms(Gemm& gemm, const Layout& l, const Layout::Qkv& seq, float* scores, DType dt,
                   cudaStream_t stream) {
   const int d = l.d, G = l.G;
+  const char *q = seq.q, *k = seq.k;
   for (int j = 0; j < G; ++j)
-    gemm.run(batched_gemm(false, true, l.T, l.T, d, scale, q + static_cast<size_t>(j) * d * l.es, l.ld,
+    gemm.run(batched_gemm(false, true, l.T, l.T, d, l.scale, q + static_cast<size_t>(j) * d * l.es, l.ld,
                           static_cast<long long>(G) * d, k, l.ld, d, 0.0f, scores + j * l.tt, l.T, G * l.tt, dt,
                           DType::F32, l.kv_heads),
              stream);
@@ -126,19 +148,15 @@ void scores_gemms(Gemm& gemm, const Layout& l, const char* q, const char* k, flo
 void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, int B, int T, int heads, int kv_heads,
                            int head_dim, DType dt, void* workspace, cudaStream_t stream, const int32_t* starts,
                            int window, float scale_override) {
-  check_shape("gqa_attention_forward", B, T, heads, kv_heads, head_dim, workspace);
+  const Layout l("gqa_attention_forward", B, T, heads, kv_heads, head_dim, dt, workspace, scale_override);
   if (B == 0 || T == 0) return;
-  const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
-  const float scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(d));
   for (int b = 0; b < B; ++b) {
-    const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
-    const char* k = q + static_cast<size_t>(l.qw) * es;
-    const char* v = k + static_cast<size_t>(l.kvw) * es;
+    const Layout::Qkv seq = l.sequence(qkv, b);
     char* ctx_b = static_cast<char*>(ctx) + b * l.ctx_bytes();
-    scores_gemms(gemm, l, q, k, scale, ws.scores, dt, stream);
+    scores_gemms(gemm, l, seq, ws.scores, dt, stream);
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_softmax_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
@@ -149,7 +167,7 @@ void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, i
     // ctx_n = P_n v_g, written into query head n's columns of ctx.
     for (int j = 0; j < G; ++j)
       gemm.run(batched_gemm(false, false, T, d, T, 1.0f, ws.probs + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
-                            v, l.ld, d, 0.0f, ctx_b + static_cast<size_t>(j) * d * es, l.qw,
+                            seq.v, l.ld, d, 0.0f, ctx_b + static_cast<size_t>(j) * d * es, l.qw,
                             static_cast<long long>(G) * d, dt, dt, kv_heads),
                stream);
   }
@@ -158,24 +176,21 @@ void gqa_attention_forward(Gemm& gemm, const void* qkv, void* ctx, float* lse, i
 void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const float* lse, void* dqkv, int B, int T,
                             int heads, int kv_heads, int head_dim, DType dt, void* workspace, cudaStream_t stream,
                             const int32_t* starts, int window, float scale_override) {
-  check_shape("gqa_attention_backward", B, T, heads, kv_heads, head_dim, workspace);
+  const Layout l("gqa_attention_backward", B, T, heads, kv_heads, head_dim, dt, workspace, scale_override);
   if (B == 0 || T == 0) return;
-  const Layout l(T, heads, kv_heads, head_dim, dt);
   const Workspace ws(workspace, l);
   const int d = head_dim, G = l.G;
   const size_t es = l.es;
-  const float scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(d));
   float* dprobs = ws.scores;  // the recomputed scores are spent once P is formed
   float* dkv = ws.dkv;
   const int ld_dkv = 2 * l.kvw;
   for (int b = 0; b < B; ++b) {
-    const char* q = static_cast<const char*>(qkv) + b * l.qkv_bytes();
-    const char* k = q + static_cast<size_t>(l.qw) * es;
-    const char* v = k + static_cast<size_t>(l.kvw) * es;
+    const Layout::Qkv seq = l.sequence(qkv, b);
+    const char *q = seq.q, *k = seq.k, *v = seq.v;
     char* dq = static_cast<char*>(dqkv) + b * l.qkv_bytes();
     const char* dctx_b = static_cast<const char*>(dctx) + b * l.ctx_bytes();
     // P again: the forward's scores, then p = exp(s - lse) with the saved lse.
-    scores_gemms(gemm, l, q, k, scale, ws.scores, dt, stream);
+    scores_gemms(gemm, l, seq, ws.scores, dt, stream);
     dispatch_dtype(dt, [&](auto tag) {
       using E = typename decltype(tag)::type;
       causal_probs_from_lse_kernel<E><<<row_blocks(heads, T), kWarpsPerBlock * 32, 0, stream>>>(
@@ -206,11 +221,11 @@ void gqa_attention_backward(Gemm& gemm, const void* dctx, const void* qkv, const
     for (int j = 0; j < G; ++j) {
       const float beta = j == 0 ? 0.0f : 1.0f;
       // S = scale q k^T: dq_n = scale dS_n k_g (each query head once), dk_g += scale dS_n^T q_n (fp32).
-      gemm.run(batched_gemm(false, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt, k,
+      gemm.run(batched_gemm(false, false, T, d, T, l.scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt, k,
                             l.ld, d, 0.0f, dq + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d,
                             dt, dt, kv_heads),
                stream);
-      gemm.run(batched_gemm(true, false, T, d, T, scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
+      gemm.run(batched_gemm(true, false, T, d, T, l.scale, ds + static_cast<size_t>(j) * l.tt * es, T, G * l.tt,
                             q + static_cast<size_t>(j) * d * es, l.ld, static_cast<long long>(G) * d, beta, dkv,
                             ld_dkv, d, dt, DType::F32, kv_heads),
                stream);

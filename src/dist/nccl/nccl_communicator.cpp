@@ -35,14 +35,7 @@ double poll_until(std::chrono::milliseconds spin, double timeout_s, Done done) {
   }
 }
 
-ncclDataType_t nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return ncclFloat32;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F16: return ncclFloat16;
-  }
-  throw Error("NCCL: unsupported dtype");
-}
+ncclDataType_t nccl_type(DType dtype) { return by_dtype(dtype, ncclFloat32, ncclBfloat16, ncclFloat16); }
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 
