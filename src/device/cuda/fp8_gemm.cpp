@@ -22,6 +22,12 @@ Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements) {
   return w;
 }
 
+void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
+  if (size.bytes() == 0) return;
+  buffer_.allocate(size.bytes());
+  scratch_ = Fp8Scratch::at(buffer_.data(), size.a, size.b);
+}
+
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
   return !d.fp8 && (d.ab_dtype == DType::BF16 || d.ab_dtype == DType::F16) && d.batch == 1 &&
          (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && d.M % 16 == 0 && d.N % 16 == 0 &&

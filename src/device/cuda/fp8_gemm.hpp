@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device_memory.hpp"
 #include "gemm.hpp"
+#include "workspace_sizes.hpp"
 
 namespace shardlm::cuda {
 
@@ -30,6 +32,19 @@ struct Fp8Scratch {
   unsigned* amax = nullptr;
   // The parts of one allocation of fp8_scratch_bytes(a_elements, b_elements) (workspace_sizes.hpp) at base.
   static Fp8Scratch at(void* base, size_t a_elements, size_t b_elements);
+};
+
+// The scratch a model holds for its FP8 GEMMs, allocated once (nothing for an empty size).
+class Fp8Buffer {
+ public:
+  void allocate(const Fp8ScratchSize& size);
+  // Null without FP8: MatMul then runs every GEMM in 16 bits.
+  const Fp8Scratch* scratch() const { return buffer_.bytes() ? &scratch_ : nullptr; }
+  size_t bytes() const { return buffer_.bytes(); }
+
+ private:
+  DeviceBuffer<char> buffer_;
+  Fp8Scratch scratch_{};
 };
 
 // Whether d (16-bit A and B, no batch, epilogue None or Bias) can run as an FP8 GEMM: every size a

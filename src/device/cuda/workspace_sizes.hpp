@@ -72,4 +72,10 @@ inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements) {
          align256(2 * sizeof(unsigned));
 }
 
+// A model's FP8 scratch (model.fp8_linear): its largest A and B operands, in elements; empty without FP8.
+struct Fp8ScratchSize {
+  size_t a = 0, b = 0;
+  size_t bytes() const { return a == 0 && b == 0 ? 0 : fp8_scratch_bytes(a, b); }
+};
+
 }  // namespace shardlm::cuda

@@ -30,13 +30,13 @@ struct BloomCudaSizes {
   // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients, dropout's.
   size_t lora_xa = 0, lora_scratch = 0;
   // model.fp8_linear: the E4M3 copies of the largest A and B operand of the block's GEMMs (fp8_gemm.hpp).
-  size_t fp8_a = 0, fp8_b = 0, fp8 = 0;
+  Fp8ScratchSize fp8;
 
   size_t per_block() const { return 2 * ln + qkv + probs + context + h2 + 2 * wide + 4 * row_stats + lora_xa; }
   // What BloomCuda::activation_bytes() reports.
   size_t activations() const {
     return hidden + 2 * norm_out + saved_blocks * per_block() + 2 * dh + dln + dqkv + dctx + dh2 + dpre +
-           attention_workspace + head_workspace + lora_scratch + fp8;
+           attention_workspace + head_workspace + lora_scratch + fp8.bytes();
   }
   // What it holds beside them: the embedding's and final LayerNorm's statistics, the slopes.
   size_t extra() const { return 4 * row_stats + slopes; }
@@ -66,11 +66,8 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.attention_workspace =
       fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d, cfg.packed)
                       : alibi_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
-  if (cfg.fp8_linear && L > 0) {  // the [4H, H] MLP weights and the wide activations bound every operand
-    s.fp8_a = N * 4 * H;
-    s.fp8_b = std::max(4 * H * H, N * 4 * H);
-    s.fp8 = fp8_scratch_bytes(s.fp8_a, s.fp8_b);
-  }
+  // FP8: the [4H, H] MLP weights and the wide activations bound every operand.
+  if (cfg.fp8_linear && L > 0) s.fp8 = {N * 4 * H, std::max(4 * H * H, N * 4 * H)};
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);

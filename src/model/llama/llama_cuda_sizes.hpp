@@ -38,7 +38,7 @@ struct LlamaCudaSizes {
   // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients, dropout's.
   size_t lora_xa = 0, lora_scratch = 0;
   // model.fp8_linear: the E4M3 copies of the largest A and B operand of the block's GEMMs (fp8_gemm.hpp).
-  size_t fp8_a = 0, fp8_b = 0, fp8 = 0;
+  Fp8ScratchSize fp8;
 
   size_t per_block() const {
     return 2 * rstd + qkv + lse + context + h2 + gate_up + qk_raw + qk_rstd + 2 * (sandwich_out + sandwich_rstd) +
@@ -46,7 +46,7 @@ struct LlamaCudaSizes {
   }
   size_t total() const {
     return hidden + final_rstd + inv_freq + saved_blocks * per_block() + norm + grad + dh + wide + dqkv + dgate_up + qk_work +
-           attention_workspace + head_workspace + lora_scratch + fp8;
+           attention_workspace + head_workspace + lora_scratch + fp8.bytes();
   }
 };
 
@@ -93,9 +93,7 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   if (cfg.fp8_linear && L > 0) {
     // forward x W^T, dgrad dy W (W transposed) and wgrad dy^T x (dy and x transposed) of q|k|v, o, gate|up, down
     const size_t QKV = QW + 2 * KVW;
-    s.fp8_a = N * std::max({2 * F, QKV, H, QW});
-    s.fp8_b = std::max(H * std::max({QKV, 2 * F, QW}), N * std::max({F, H, QW}));
-    s.fp8 = fp8_scratch_bytes(s.fp8_a, s.fp8_b);
+    s.fp8 = {N * std::max({2 * F, QKV, H, QW}), std::max(H * std::max({QKV, 2 * F, QW}), N * std::max({F, H, QW}))};
   }
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);

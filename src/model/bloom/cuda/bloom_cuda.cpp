@@ -53,16 +53,13 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dctx_.allocate(z.dctx);
   dh2_.allocate(z.dh2);
   dpre_.allocate(z.dpre);
-  if (z.fp8) {
-    fp8_buffer_.allocate(z.fp8);
-    fp8_ = Fp8Scratch::at(fp8_buffer_.data(), z.fp8_a, z.fp8_b);
-  }
+  fp8_.allocate(z.fp8);
 }
 
 size_t BloomCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + emb_.bytes() + lnf_.bytes();
   n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes() +
-       fp8_buffer_.bytes();
+       fp8_.bytes();
   for (const Saved& sv : saved_)
     n += sv.ln1.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.ctx.bytes() + sv.h2.bytes() + sv.ln2.bytes() +
          sv.pre.bytes() + sv.act.bytes() + 4 * sv.mean1.bytes();
@@ -80,7 +77,7 @@ void BloomCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   const int N = B * T, H = cfg_.hidden_size;
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  MatMul mm{gemm_, s, 1, fp8()};
+  MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA term onto its output (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
     lora_.forward(layer, mod, params.adapter, x, N, T, y, ld, gemm_, s);
@@ -157,7 +154,7 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
   auto g = [&](size_t offset) { return grads.base_at(offset); };
-  MatMul mm{gemm_, s, 1, fp8()};
+  MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's weight and bias gradients (unless frozen) and its LoRA parameter gradients, from
   // the gradient of its output [N, out]; then, after its input gradient, that gradient's LoRA term.
   auto param_backward = [&](Module mod, const void* x, const char* dy, int in, int out, size_t weight, size_t bias) {

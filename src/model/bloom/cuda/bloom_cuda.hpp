@@ -82,9 +82,7 @@ class BloomCuda final : public CudaModelBase {
   std::vector<Saved> saved_;
   // Backward scratch: gradients flowing between ops, ping-pong gradient of the hidden state.
   DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
-  DeviceBuffer<char> fp8_buffer_;  // model.fp8_linear: the block GEMMs' E4M3 operands
-  Fp8Scratch fp8_{};
-  const Fp8Scratch* fp8() const { return fp8_buffer_.bytes() ? &fp8_ : nullptr; }
+  Fp8Buffer fp8_;  // model.fp8_linear: the block GEMMs' E4M3 operands
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache

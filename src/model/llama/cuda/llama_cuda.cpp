@@ -89,16 +89,13 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   wide_.allocate(sizes_.wide);
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
-  if (sizes_.fp8) {
-    fp8_buffer_.allocate(sizes_.fp8);
-    fp8_ = Fp8Scratch::at(fp8_buffer_.data(), sizes_.fp8_a, sizes_.fp8_b);
-  }
+  fp8_.allocate(sizes_.fp8);
 }
 
 size_t LlamaCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + inv_freq_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() +
              dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes() +
-             fp8_buffer_.bytes();
+             fp8_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes() + sv.attn_out.bytes() +
@@ -184,7 +181,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  MatMul mm{gemm_, s, 1, fp8()};
+  MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
   auto lora = [&](Module mod, const void* x, char* y, int ld) {
     lora_.forward(layer, mod, params.adapter, x, N, T, y, ld, gemm_, s);
@@ -287,7 +284,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
   auto g = [&](size_t offset) { return grads.base_at(offset); };
-  MatMul mm{gemm_, s, 1, fp8()};
+  MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
   // input gradient's LoRA term, when it is adapted.
   auto lora_params = [&](Module mod, const void* x, const char* dy, int ld) {

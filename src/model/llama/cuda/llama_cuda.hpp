@@ -126,9 +126,7 @@ class LlamaCuda final : public CudaModelBase {
   // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
   DeviceBuffer<char> qk_work_;  // LlamaBlock::qk_norm's scratch (sizes_.qk_work)
-  DeviceBuffer<char> fp8_buffer_;  // model.fp8_linear: the block GEMMs' E4M3 operands (sizes_.fp8)
-  Fp8Scratch fp8_{};
-  const Fp8Scratch* fp8() const { return fp8_buffer_.bytes() ? &fp8_ : nullptr; }
+  Fp8Buffer fp8_;  // model.fp8_linear: the block GEMMs' E4M3 operands (sizes_.fp8)
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
