@@ -1069,6 +1069,7 @@ BOOST_AUTO_TEST_CASE(transformers_4_config_reads_and_round_trips) {
                                    "\"hidden_activation\": \"gelu_pytorch_tanh\"", "\"query_pre_attn_scalar\": 256",
                                    "\"full_attention\"", "\"sliding_attention\"", "\"rope_parameters\""})
       BOOST_TEST(contains(written, part), written);
+    BOOST_TEST(!contains(written, "\"query_pre_attn_scalar\": 256.0"), written);  // an int, as transformers 5 demands
     BOOST_TEST(!contains(written, "\"hidden_act\""), written);
     BOOST_TEST(!contains(written, "\"rope_scaling\""), written);  // transformers 5 would read it for rope_parameters
     const ModelConfig again = model_config_from_hf(written, "written");

@@ -6,6 +6,7 @@
 // ModelConfig fields of its attention: query_pre_attn_scalar, local (sliding-window, rope_local_theta) layers
 // interleaved with global ones (every sliding_window_pattern-th layer, rope_theta with linear scaling).
 // Soft-capping (Gemma 2) and bidirectional attention are refused.
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -142,7 +143,12 @@ void gemma3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   c.erase("rope_theta");
   c.erase("rope_scaling");
   c["hidden_activation"] = "gelu_pytorch_tanh";
-  c["query_pre_attn_scalar"] = shortest_decimal(cfg.query_pre_attn_scalar);
+  // An integer where it is one: transformers 5's Gemma3TextConfig declares it int and refuses 40.0.
+  const float scalar = cfg.query_pre_attn_scalar;
+  if (scalar == std::floor(scalar) && std::fabs(scalar) < 1e9f)
+    c["query_pre_attn_scalar"] = static_cast<long long>(scalar);
+  else
+    c["query_pre_attn_scalar"] = shortest_decimal(scalar);
   write_sliding_window(cfg, c);
   std::vector<std::string> types;
   for (int i = 0; i < cfg.num_layers; ++i)
