@@ -391,7 +391,7 @@ std::string lora_step4() { return step4_of("lora_full"); }
 
 // The checkpoint holds the adapters and their AdamW state only, and a resume from it repeats the run.
 BOOST_AUTO_TEST_CASE(lora_checkpoints_hold_the_adapters_and_resume_exactly) {
-  const TrainResult& full = lora_uninterrupted();
+  (void)lora_uninterrupted();  // the run (made once) whose adapter folder is read below
   // A whole model's checkpoint of the same run for scale: the LoRA one is a small fraction of it.
   const uintmax_t lora_bytes = fs::file_size(lora_step4());
   const uintmax_t whole_bytes = fs::file_size(step10());
@@ -408,7 +408,7 @@ BOOST_AUTO_TEST_CASE(lora_checkpoints_hold_the_adapters_and_resume_exactly) {
 // started from it (model.adapter) begins where the adapters ended: the same losses as a run that
 // takes the final checkpoint's weights.
 BOOST_AUTO_TEST_CASE(lora_runs_write_peft_adapters_and_start_from_them) {
-  const TrainResult& full = lora_uninterrupted();
+  (void)lora_uninterrupted();  // the run (made once) whose adapter folder is read below
   const std::string adapter = scratch("lora_full") + "/adapter";
   BOOST_TEST_REQUIRE(fs::is_regular_file(adapter + "/adapter_config.json"));
   const PeftAdapter read = read_peft_adapter(adapter, lora_config("x").model);
@@ -506,7 +506,7 @@ std::string saved_step4() { return step4_of("saved_full"); }
 // The checkpoint holds the adapters and the saved modules with their AdamW state (the root unit's
 // vectors), and resumes exactly on the same world and, resharded, on one rank.
 BOOST_AUTO_TEST_CASE(saved_modules_are_checkpointed_and_resume_exactly) {
-  const TrainResult& full = saved_uninterrupted();
+  (void)saved_uninterrupted();  // the run (made once) whose adapter folder is read below
   CheckpointReader reader(saved_step4());
   std::vector<std::string> root;
   for (const CheckpointTensor& t : reader.tensors())
@@ -570,7 +570,7 @@ BOOST_AUTO_TEST_CASE(resume_refuses_other_saved_modules) {
 // RUN_DIR/adapter holds the saved modules under PEFT's names; a run from it (model.adapter) starts
 // where the run ended, as a run from the last checkpoint's weights does.
 BOOST_AUTO_TEST_CASE(saved_modules_go_to_the_adapter_and_come_back) {
-  const TrainResult& full = saved_uninterrupted();
+  (void)saved_uninterrupted();  // the run (made once) whose adapter folder is read below
   const std::string adapter = scratch("saved_full") + "/adapter";
   const PeftAdapter read = read_peft_adapter(adapter, saved_config("x").model);
   BOOST_TEST((read.lora.modules_to_save == std::vector<std::string>{"model.norm", "lm_head"}));
