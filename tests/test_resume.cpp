@@ -391,7 +391,7 @@ std::string lora_step4() { return step4_of("lora_full"); }
 
 // The checkpoint holds the adapters and their AdamW state only, and a resume from it repeats the run.
 BOOST_AUTO_TEST_CASE(lora_checkpoints_hold_the_adapters_and_resume_exactly) {
-  (void)lora_uninterrupted();  // the run (made once) whose adapter folder is read below
+  const TrainResult& full = lora_uninterrupted();
   // A whole model's checkpoint of the same run for scale: the LoRA one is a small fraction of it.
   const uintmax_t lora_bytes = fs::file_size(lora_step4());
   const uintmax_t whole_bytes = fs::file_size(step10());
@@ -506,7 +506,7 @@ std::string saved_step4() { return step4_of("saved_full"); }
 // The checkpoint holds the adapters and the saved modules with their AdamW state (the root unit's
 // vectors), and resumes exactly on the same world and, resharded, on one rank.
 BOOST_AUTO_TEST_CASE(saved_modules_are_checkpointed_and_resume_exactly) {
-  (void)saved_uninterrupted();  // the run (made once) whose adapter folder is read below
+  const TrainResult& full = saved_uninterrupted();
   CheckpointReader reader(saved_step4());
   std::vector<std::string> root;
   for (const CheckpointTensor& t : reader.tensors())
