@@ -13,6 +13,7 @@ ModelFamily llama_family();
 ModelFamily qwen2_family();
 ModelFamily qwen3_family();
 ModelFamily mistral_family();
+ModelFamily phi3_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const ModelFamily records[] = {
@@ -21,6 +22,7 @@ const std::vector<const ModelFamily*>& model_families() {
       qwen2_family(),
       qwen3_family(),
       mistral_family(),
+      phi3_family(),
   };
   static const std::vector<const ModelFamily*> families = [] {
     std::vector<const ModelFamily*> all;
