@@ -36,7 +36,7 @@ const char* kShardlmUsage =
 const char* kTrainUsage =
     "usage: mpirun -np N shardlm train DECK [--tiny] [--section.key=value ...]\n"
     "\n"
-    "Fine-tunes the model the input deck describes (BLOOM, Llama, Qwen2, Qwen3 or Mistral, from\n"
+    "Fine-tunes the model the input deck describes (BLOOM, Llama, Qwen2, Qwen3, Mistral or Phi-3, from\n"
     "scratch or from a Hugging Face model directory) with fully sharded data parallelism over the\n"
     "ranks, and writes the resolved deck, metrics.jsonl and checkpoints into run.dir.\n"
     "\n"
