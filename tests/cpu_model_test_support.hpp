@@ -104,9 +104,26 @@ inline ModelConfig tiny_gemma3() {
   return c;
 }
 
+// Phi-3: tiny_llama's shape without llama3 scaling, q|k|v and gate|up fused, rotary over 6 of the 8 dimensions
+// of each head (partial_rotary_factor 0.75), LongRoPE with an original context of 3 positions (so the tests'
+// sequences of 4 or more, and decoding's prefills of 4, take the long factors) against max_position_embeddings
+// 32 (attention factor sqrt(1 + ln(32 / 3) / ln 3)), a sliding window of 3 keys, untied.
+inline ModelConfig tiny_phi3() {
+  ModelConfig c = tiny_llama();
+  c.arch = "phi3";
+  c.rope_scaling = RopeScaling{};
+  c.partial_rotary_factor = 0.75;
+  c.longrope.short_factor = {1.0f, 1.5f, 2.5f};
+  c.longrope.long_factor = {1.25f, 3.0f, 7.0f};
+  c.longrope.original_max_position_embeddings = 3;
+  c.max_position_embeddings = 32;
+  c.sliding_window = 3;
+  return c;
+}
+
 // Every family's tiny model, for the cases each family passes (BOOST_DATA_TEST_CASE over them).
 inline std::vector<ModelConfig> tiny_families() {
-  return {tiny_bloom(), tiny_llama(), tiny_qwen2(), tiny_qwen3(), tiny_mistral(), tiny_gemma3()};
+  return {tiny_bloom(), tiny_llama(), tiny_qwen2(), tiny_qwen3(), tiny_mistral(), tiny_gemma3(), tiny_phi3()};
 }
 
 // ---- helpers --------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 97u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 102u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -329,7 +329,7 @@ BOOST_AUTO_TEST_CASE(model_sliding_window) {
   BOOST_TEST(has(error_of([&] { load(mistral + "sliding_window = 2.5\n"); }), "model.sliding_window = '2.5'"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nsliding_window = 8\n"); }),
                  "model.sliding_window = 8: applies to the families with sliding-window attention (qwen2, qwen3, mistral, "
-                 "gemma3), not llama"));
+                 "gemma3, phi3), not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\nsliding_window = 8\n"); }), "not bloom"));
 }
 
@@ -355,6 +355,33 @@ BOOST_AUTO_TEST_CASE(model_gemma3_attention_keys) {
                  "model.query_pre_attn_scalar = 256: applies to gemma3, not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = mistral\nsliding_window_pattern = 6\n"); }),
                  "model.sliding_window_pattern = 6: applies to gemma3, not mistral"));
+}
+
+// Phi-3's rotary keys: model.partial_rotary_factor and LongRoPE's factors, original context and attention factor;
+// read, shown in the resolved deck, checked against the rotary dimension and refused for other families.
+BOOST_AUTO_TEST_CASE(model_rotary_options) {
+  BOOST_TEST(value_of(load(kBase), "model.partial_rotary_factor") == "1");
+  BOOST_TEST(value_of(load(kBase), "model.longrope_short_factor") == "");
+  const std::string phi3 = kBase + "[model]\narch = phi3\nnum_kv_heads = 2\nintermediate_size = 64\n";
+  const std::string longrope = "longrope_short_factor = 1, 1.5, 2.5\nlongrope_long_factor = 1.25,3,7\n"
+                               "longrope_original_max_position_embeddings = 8\n";
+  // The base deck's 4 heads of 16: 6 rotating dimensions, 3 frequencies.
+  const RunConfig c = load(phi3 + "partial_rotary_factor = 0.375\n" + longrope);
+  BOOST_TEST(c.model.rotary_dim() == 6);
+  BOOST_TEST((c.model.longrope.long_factor == std::vector<float>{1.25f, 3.0f, 7.0f}));
+  BOOST_TEST(c.model.longrope.original_max_position_embeddings == 8);
+  BOOST_TEST(value_of(c, "model.longrope_short_factor") == "1, 1.5, 2.5");
+  BOOST_TEST(has(resolved_deck_ini(c), "partial_rotary_factor = 0.375"));
+  BOOST_TEST(has(error_of([&] { load(phi3 + "partial_rotary_factor = 0\n"); }),
+                 "model.partial_rotary_factor = 0: must be in (0, 1]"));
+  BOOST_TEST(has(error_of([&] { load(phi3 + "partial_rotary_factor = 0.5\n" + longrope); }),
+                 "one value per rotary frequency, 4 each"));
+  BOOST_TEST(has(error_of([&] { load(phi3 + "longrope_short_factor = 1, -1, 2\n"); }), "model.longrope_short_factor"));
+  BOOST_TEST(has(error_of([&] { load(phi3 + "partial_rotary_factor = 0.375\nlongrope_short_factor = 1,1,1\n"
+                                            "longrope_long_factor = 1,1,1\n"); }),
+                 "model.longrope_original_max_position_embeddings = 0: must be > 0"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\npartial_rotary_factor = 0.5\n"); }),
+                 "applies to the families with partial rotary and LongRoPE (phi3), not llama"));
 }
 
 // model.attention: how the CUDA backend runs attention; not part of the shape, so it may sit beside

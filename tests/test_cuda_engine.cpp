@@ -95,6 +95,26 @@ RunConfig gemma3_config(const std::string& backend, const std::string& name, int
   return cfg;
 }
 
+// Phi-3: llama_config's shape with fused q|k|v and gate|up, half of each head rotating, LongRoPE with an original
+// context of 32 positions against 4096 (training's samples of up to 128 tokens take the long factors; the
+// decoding checks' sequences of at most 24 the short ones, so a forward without the cache picks the same) and a
+// sliding window of 16 keys.
+RunConfig phi3_config(const std::string& backend, const std::string& name, int steps) {
+  RunConfig cfg = llama_config(backend, "phi3_" + name, steps);
+  ModelConfig& m = cfg.model;
+  m.arch = "phi3";
+  m.sliding_window = 16;
+  m.rope_scaling = RopeScaling{};
+  m.partial_rotary_factor = 0.5;
+  for (int i = 0; i < m.rotary_dim() / 2; ++i) {
+    m.longrope.short_factor.push_back(1.0f + 0.25f * i);
+    m.longrope.long_factor.push_back(1.5f + i);
+  }
+  m.longrope.original_max_position_embeddings = 32;
+  m.max_position_embeddings = 4096;
+  return cfg;
+}
+
 // LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
 RunConfig with_lora(RunConfig cfg) {
   cfg.model.lora.r = 4;
@@ -121,6 +141,10 @@ RunConfig mistral_lora_config(const std::string& backend, const std::string& nam
 
 RunConfig gemma3_lora_config(const std::string& backend, const std::string& name, int steps) {
   return with_lora(gemma3_config(backend, "lora_" + name, steps));
+}
+
+RunConfig phi3_lora_config(const std::string& backend, const std::string& name, int steps) {
+  return with_lora(phi3_config(backend, "lora_" + name, steps));
 }
 
 // LoRA with lora.modules_to_save: BLOOM's two LayerNorms (the embedding's, under a frozen table, and
@@ -822,6 +846,15 @@ BOOST_AUTO_TEST_CASE(gemma3_fp32_matches_the_cpu_backend) {
 
 BOOST_AUTO_TEST_CASE(gemma3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
   expect_family_decodes_as_the_cpu_model(gemma3_config);
+}
+
+// Phi-3 (qkv_proj and gate_up_proj fused, LoRA on them; partial rotary and LongRoPE in the rotary kernels).
+BOOST_AUTO_TEST_CASE(phi3_fp32_matches_the_cpu_backend) {
+  expect_family_matches_the_cpu_backend(phi3_config, phi3_lora_config);
+}
+
+BOOST_AUTO_TEST_CASE(phi3_greedy_decoding_with_the_kv_cache_matches_the_cpu_model_without_it) {
+  expect_family_decodes_as_the_cpu_model(phi3_config);
 }
 
 // The logits a step hands back for sampling (the head's GEMM into the engine's logits buffer) are the

@@ -559,6 +559,20 @@ std::vector<std::vector<float>> params_in(const ModelConfig& cfg, DType dt) {
   return params;
 }
 
+// Phi-3's rotary options on cfg's shape: 3/4 of each head rotating, LongRoPE with factors for that rotary
+// dimension and an original context of 4 positions against 64, so the tests' sequences take the long factors.
+void phi3_rope(ModelConfig& cfg) {
+  cfg.partial_rotary_factor = 0.75;
+  cfg.rope_scaling = RopeScaling{};
+  cfg.longrope = LongRope{};
+  for (int i = 0; i < cfg.rotary_dim() / 2; ++i) {
+    cfg.longrope.short_factor.push_back(1.0f + 0.5f * i);
+    cfg.longrope.long_factor.push_back(1.25f + 2.0f * i);
+  }
+  cfg.longrope.original_max_position_embeddings = 4;
+  cfg.max_position_embeddings = 64;
+}
+
 // head_dim 8 (tiny_llama's) is below what cuDNN's fused attention takes: those runs use the native
 // kernels whatever `attention` says (auto); head_dim 64 runs the fused path in 16 bits.
 void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, double tol_grad,
@@ -576,6 +590,7 @@ void compare_with_cpu(bool tied, DType dt, bool checkpointing, double tol_loss, 
     if (window > 0) cfg.rope_scaling = RopeScaling{};
     // Gemma 3: local / global layers (the window on layer 0), their own rope tables, the score scale.
     if (arch == "gemma3") cfg = model_test::as_gemma3(cfg, head_size, window, 100.0f, 10.0f);
+    if (arch == "phi3") phi3_rope(cfg);  // after the head dimension is set
     const Params params{params_in(cfg, dt), {}};
     const Batch b = random_batch(cfg);
     const float grad_scale = 0.25f;
@@ -691,7 +706,11 @@ std::vector<ModelConfig> lora_models() {
   mistral.sliding_window = 3;
   mistral.rope_scaling = RopeScaling{};
   ModelConfig gemma3 = model_test::tiny_gemma3();
-  return {tiny_llama(false), qwen2, qwen3, mistral, gemma3, model_test::tiny_bloom()};
+  ModelConfig phi3 = tiny_llama(false);
+  phi3.arch = "phi3";
+  phi3.sliding_window = 3;
+  phi3_rope(phi3);
+  return {tiny_llama(false), qwen2, qwen3, mistral, gemma3, phi3, model_test::tiny_bloom()};
 }
 
 }  // namespace
@@ -934,6 +953,18 @@ BOOST_AUTO_TEST_CASE(gemma3_cuda_matches_gemma3_cpu) {
       compare_with_cpu(true, DType::BF16, checkpointing, 2e-2, 0.1, "gemma3", attention, 8, 16, 3);
 }
 
+// Phi-3: the fused qkv_proj / gate_up_proj tensors, partial rotary (6 of 8 or 12 of 16 dimensions) with
+// LongRoPE's long factors and attention factor, a window of 3 keys; fp32 on the native kernels, bf16 on both
+// attention paths (head_dim 16).
+BOOST_AUTO_TEST_CASE(phi3_cuda_matches_phi3_cpu) {
+  require_device("test_cuda_llama");
+  for (bool checkpointing : {false, true})
+    compare_with_cpu(false, DType::F32, checkpointing, 1e-5, 1e-4, "phi3", AttentionImpl::Auto, 8, 0, 3);
+  compare_with_cpu(false, DType::F32, false, 1e-5, 1e-4, "phi3", AttentionImpl::Native, 16, 0, 0);
+  for (AttentionImpl attention : {AttentionImpl::Cudnn, AttentionImpl::Native})
+    for (int window : {0, 3}) compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1, "phi3", attention, 16, 0, window);
+}
+
 // Qwen2: the q/k/v biases through the fused GEMM's bias epilogue and bias_grad.
 BOOST_AUTO_TEST_CASE(qwen2_cuda_matches_qwen2_cpu) {
   require_device("test_cuda_llama");
@@ -979,6 +1010,9 @@ BOOST_AUTO_TEST_CASE(lora_cuda_on_some_layers_matches_lora_cpu) {
     for (bool checkpointing : {false, true})
       compare_lora_with_cpu(models.back(), DType::F32, checkpointing, Trained{false, true}, 1e-5, 1e-4,
                             {"query_key_value", mlp});
+  // Phi-3: one adapter over the fused q|k|v, or over gate|up, beside unadapted layers.
+  for (const char* fused : {"qkv_proj", "gate_up_proj"})
+    compare_lora_with_cpu(models[4], DType::F32, false, Trained{false, true}, 1e-5, 1e-4, {fused});
 }
 
 // Greedy decoding with the key/value cache and the adapters' terms: the CPU model's tokens.

@@ -67,6 +67,14 @@ const std::map<std::string, std::string> kModelConfigs = {
                             "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
                             "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": false})"},
     {"gemma-3-1b-pt", kGemma3_1bConfig},
+    {"phi-3-mini-4k-instruct", R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+                                   "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                                   "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-05,
+                                   "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+                                   "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+                                   "hidden_act": "silu", "attention_bias": false, "resid_pdrop": 0.0,
+                                   "embd_pdrop": 0.0, "attention_dropout": 0.0, "initializer_range": 0.02,
+                                   "tie_word_embeddings": false})"},
     {"llama-3.1-8b", kLlama31_8b},
     {"llama-3.1-8b-instruct", kLlama31_8b},
 };
@@ -109,6 +117,7 @@ std::vector<DeckCase> deck_cases() {
       {"qwen3/qwen3-0.6b.ini", 1, 4, "qwen3-0.6b", kSquadFiles, {}},
       {"mistral/mistral-7b-v0.1-lora.ini", 1, 4, "mistral-7b-v0.1", kSquadFiles, {}},
       {"gemma3/gemma3-1b-lora.ini", 1, 4, "gemma-3-1b-pt", kSquadFiles, {}},
+      {"phi3/phi3-mini-4k-lora.ini", 1, 4, "phi-3-mini-4k-instruct", kSquadFiles, {}},
       // Written by `shardlm import-accelerate` from the course's Accelerate config (its first line).
       {"accelerate/course-fsdp-4gpu.ini", 4, 4, "llama-3.1-8b", kSquadFiles, {}},
   };

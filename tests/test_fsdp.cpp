@@ -468,6 +468,12 @@ void check_family_strategies(const std::string& arch, int window) {
       m.tie_word_embeddings = false;
       // Gemma 3: local, global, local...: the window on every other layer, its own rope base.
       if (arch == "gemma3") m = model_test::as_gemma3(m, 12, window, 100.0f, 10.0f);
+      if (arch == "phi3") {  // half of each head rotates; LongRoPE's long factors past 64 positions
+        m.partial_rotary_factor = 0.5;
+        m.longrope.short_factor = {1.0f, 1.5f, 2.5f};
+        m.longrope.long_factor = {1.25f, 3.0f, 7.0f};
+        m.longrope.original_max_position_embeddings = 64;
+      }
       if (lora) {
         m.lora.r = 4;
         m.lora.alpha = 8;
@@ -512,6 +518,8 @@ BOOST_AUTO_TEST_CASE(mistral_matches_one_rank_on_every_strategy) { check_family_
 // Gemma 3: local layers (a window of 16 keys, rope base 100) interleaved with global ones, its block's norms,
 // GeGLU and scaled embeddings.
 BOOST_AUTO_TEST_CASE(gemma3_matches_one_rank_on_every_strategy) { check_family_strategies("gemma3", 16); }
+// Phi-3: fused q|k|v and gate|up (LoRA on qkv_proj and gate_up_proj), partial rotary, LongRoPE, a window of 16.
+BOOST_AUTO_TEST_CASE(phi3_matches_one_rank_on_every_strategy) { check_family_strategies("phi3", 16); }
 
 // lora.modules_to_save: Llama's embedding, final norm and head (untied here), BLOOM's two LayerNorms
 // (its head is tied), trained whole in the root beside the adapters.

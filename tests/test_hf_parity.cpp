@@ -170,6 +170,20 @@ BOOST_AUTO_TEST_CASE(mistral_matches_transformers) {
   check_parity("tiny_mistral");
 }
 
+// Phi-3: fused qkv_proj and gate_up_proj, 6 of 8 dimensions rotating (partial_rotary_factor 0.75), LongRoPE's
+// long factors and attention factor (sequences of 16 past an original context of 8), a window of 6, GQA,
+// untied head (make_phi3_fixtures.py).
+BOOST_AUTO_TEST_CASE(phi3_matches_transformers) {
+  const ModelConfig cfg = HfModelDir(kFixtures + "/tiny_phi3").config();
+  BOOST_TEST(cfg.arch == "phi3");
+  BOOST_TEST(cfg.rotary_dim() == 6);
+  BOOST_TEST(cfg.longrope.enabled());
+  BOOST_TEST(cfg.sliding_window == 6);
+  BOOST_TEST(cfg.kv_heads() == 2);
+  BOOST_TEST(model_config_from_hf(hf_config_json(cfg), "round trip").rotary_dim() == 6);
+  check_parity("tiny_phi3");
+}
+
 BOOST_AUTO_TEST_CASE(model_directory_config_is_read) {
   const ModelConfig bloom = HfModelDir(kFixtures + "/tiny_bloom").config();
   BOOST_TEST(bloom.arch == "bloom");

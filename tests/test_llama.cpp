@@ -7,7 +7,9 @@
 // hand-computed values, the forward against a naive double reference, gradients of every unit
 // against finite differences, GQA as MHA with repeated kv heads, padding, head chunking, argument
 // checks; Qwen2's, Qwen3's and Mistral's layouts, Hugging Face names and config.json (Mistral's
-// sliding_window: read, written back, bad values refused naming the file and key).
+// sliding_window: read, written back, bad values refused naming the file and key); Phi-3's fused
+// qkv_proj / gate_up_proj, partial rotary and LongRoPE (forward, finite differences, layout, LoRA names,
+// config.json in both transformers forms, refusals).
 
 #include <algorithm>
 #include <cmath>
@@ -68,6 +70,20 @@ ModelConfig mistral(ModelConfig cfg) {
 // times sqrt(hidden), q/k norms, head_dim 6, query_pre_attn_scalar 5 (not head_dim), a local layer (window 3,
 // rope base 10) then a global one (base 100, linear factor 2): every piece moves the output.
 ModelConfig gemma3(ModelConfig cfg) { return as_gemma3(cfg, 6, 3, 10.0f, 5.0f); }
+// Phi-3's: q|k|v and gate|up fused, head_dim 8 of which 6 rotate (partial_rotary_factor 0.75), LongRoPE with
+// an original context of `original` positions against 64 (the tests' sequences of 5 to 7 take the long factors
+// when it is 4, the short ones when it is 8), a sliding window of 3 keys.
+ModelConfig phi3(ModelConfig cfg, int original = 4) {
+  cfg.arch = "phi3";
+  cfg.head_size = 8;
+  cfg.partial_rotary_factor = 0.75;
+  cfg.longrope.short_factor = {1.0f, 1.5f, 2.5f};
+  cfg.longrope.long_factor = {1.25f, 3.0f, 7.0f};
+  cfg.longrope.original_max_position_embeddings = original;
+  cfg.max_position_embeddings = 64;
+  cfg.sliding_window = 3;
+  return cfg;
+}
 
 // The head tied to the embedding table.
 ModelConfig tied(ModelConfig cfg) {
@@ -132,17 +148,20 @@ double reference_gelu_tanh(double x) {
 }
 
 // x * cos + rotate_half(x) * sin per head, with rotate_half(x1, x2) = (-x2, x1) and the angles
-// pos * inv_freq repeated over both halves; rows are [B, T] of `heads` heads of d.
-void reference_rotary(Rows& x, int B, int T, int heads, int d, const std::vector<float>& inv_freq) {
+// pos * inv_freq repeated over both halves; rows are [B, T] of `heads` heads of d. Partial rotary: only the
+// first `rot` dimensions (2 x inv_freq's) rotate, the rest pass; cos and sin are scaled by `scale` (LongRoPE).
+void reference_rotary(Rows& x, int B, int T, int heads, int d, const std::vector<float>& inv_freq,
+                      double scale = 1.0) {
+  const int rot = 2 * static_cast<int>(inv_freq.size());
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < heads; ++n) {
         double* head = &x[((static_cast<size_t>(b) * T + t) * heads + n) * d];
         const Rows original(head, head + d);
-        for (int c = 0; c < d; ++c) {
-          const double angle = t * static_cast<double>(inv_freq[c % (d / 2)]);
-          const double rotated = c < d / 2 ? -original[c + d / 2] : original[c - d / 2];
-          head[c] = original[c] * std::cos(angle) + rotated * std::sin(angle);
+        for (int c = 0; c < rot; ++c) {
+          const double angle = t * static_cast<double>(inv_freq[c % (rot / 2)]);
+          const double rotated = c < rot / 2 ? -original[c + rot / 2] : original[c - rot / 2];
+          head[c] = scale * (original[c] * std::cos(angle) + rotated * std::sin(angle));
         }
       }
 }
@@ -154,9 +173,11 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   const double eps = m.cfg.rms_norm_eps;
   const bool gemma = is_gemma(m.cfg);
   const double offset = gemma ? 1.0 : 0.0;
+  // LongRoPE: the long factors where the sequence reaches past the original context.
+  const bool long_factors = m.cfg.longrope.enabled() && T > m.cfg.longrope.original_max_position_embeddings;
   // Gemma 3's local layers use rope_local_theta unscaled, its global ones rope_theta over the linear factor
   // (independent of rope_inv_freq's table argument: formed here from the bases).
-  std::vector<float> inv_freq = rope_inv_freq(m.cfg);
+  std::vector<float> inv_freq = rope_inv_freq(m.cfg, long_factors);
   if (gemma) {
     const bool local = (layer + 1) % m.cfg.sliding_window_pattern != 0;
     for (int i = 0; i < d / 2; ++i) {
@@ -165,18 +186,30 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
       inv_freq[i] = static_cast<float>(local ? f : static_cast<float>(f) / m.cfg.rope_linear_factor);
     }
   }
+  double rope_scale = 1.0;
+  if (m.cfg.longrope.enabled()) {
+    const double factor = static_cast<double>(m.cfg.max_position_embeddings) / m.cfg.longrope.original_max_position_embeddings;
+    rope_scale = std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(m.cfg.longrope.original_max_position_embeddings)));
+  }
+  // Phi-3's fused q|k|v and gate|up: the rows of each projection inside them.
+  const float* qkv = m.tensor_or_null(u, "qkv_proj.weight");
+  const float* gate_up = m.tensor_or_null(u, "gate_up_proj.weight");
+  auto weight = [&](const char* name, size_t fused_row) {
+    return qkv ? qkv + fused_row * H : m.tensor(u, name);
+  };
 
   const Rows n1 = reference_rms_norm(h_in, N, H, m.tensor(u, "input_layernorm.weight"), eps, offset);
   // Qwen2's biases, before the rotation.
-  Rows q = reference_linear(n1, N, H, m.tensor(u, "q_proj.weight"), m.tensor_or_null(u, "q_proj.bias"), heads * d);
-  Rows k = reference_linear(n1, N, H, m.tensor(u, "k_proj.weight"), m.tensor_or_null(u, "k_proj.bias"), kv * d);
-  const Rows v =
-      reference_linear(n1, N, H, m.tensor(u, "v_proj.weight"), m.tensor_or_null(u, "v_proj.bias"), kv * d);
+  Rows q = reference_linear(n1, N, H, weight("q_proj.weight", 0), m.tensor_or_null(u, "q_proj.bias"), heads * d);
+  Rows k = reference_linear(n1, N, H, weight("k_proj.weight", static_cast<size_t>(heads) * d),
+                            m.tensor_or_null(u, "k_proj.bias"), kv * d);
+  const Rows v = reference_linear(n1, N, H, weight("v_proj.weight", static_cast<size_t>(heads + kv) * d),
+                                  m.tensor_or_null(u, "v_proj.bias"), kv * d);
   // Qwen3's per-head norms, before the rotation.
   if (const float* w = m.tensor_or_null(u, "q_norm.weight")) q = reference_rms_norm(q, N * heads, d, w, eps, offset);
   if (const float* w = m.tensor_or_null(u, "k_norm.weight")) k = reference_rms_norm(k, N * kv, d, w, eps, offset);
-  reference_rotary(q, B, T, heads, d, inv_freq);
-  reference_rotary(k, B, T, kv, d, inv_freq);
+  reference_rotary(q, B, T, heads, d, inv_freq, rope_scale);
+  reference_rotary(k, B, T, kv, d, inv_freq, rope_scale);
   Rows context(static_cast<size_t>(N) * heads * d, 0.0);
   // Mistral's sliding window: query i attends keys i - window < j <= i (transformers' sliding_window_overlay).
   // Gemma 3: the window on its local layers only, scores scaled by query_pre_attn_scalar^-1/2.
@@ -210,8 +243,9 @@ Rows reference_block(const TinyModel& m, int layer, const Rows& h_in, int B, int
   for (size_t i = 0; i < x.size(); ++i) x[i] += h_in[i];
   const Rows n2 = reference_rms_norm(
       x, N, H, m.tensor(u, gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), eps, offset);
-  const Rows gate = reference_linear(n2, N, H, m.tensor(u, "gate_proj.weight"), nullptr, F);
-  Rows act = reference_linear(n2, N, H, m.tensor(u, "up_proj.weight"), nullptr, F);
+  const Rows gate = reference_linear(n2, N, H, gate_up ? gate_up : m.tensor(u, "gate_proj.weight"), nullptr, F);
+  Rows act = reference_linear(n2, N, H, gate_up ? gate_up + static_cast<size_t>(F) * H : m.tensor(u, "up_proj.weight"),
+                              nullptr, F);
   for (size_t i = 0; i < act.size(); ++i)
     act[i] *= gemma ? reference_gelu_tanh(gate[i]) : gate[i] / (1.0 + std::exp(-gate[i]));
   Rows out = reference_linear(act, N, F, m.tensor(u, "down_proj.weight"), nullptr, H);
@@ -349,7 +383,8 @@ BOOST_AUTO_TEST_SUITE(forward)
 BOOST_AUTO_TEST_CASE(embed_blocks_and_head_match_reference) {
   for (const ModelConfig& cfg :
        {tiny_config(), with_llama3_scaling(tiny_config()), qwen2(tiny_config()), qwen3(tiny_config()),
-        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2), gemma3(tiny_config())}) {
+        mistral(tiny_config()), windowed(qwen2(tiny_config()), 2), gemma3(tiny_config()), phi3(tiny_config()),
+        phi3(tiny_config(), 8)}) {
     for (bool tied : {false, true}) {
       ModelConfig c = cfg;
       c.tie_word_embeddings = tied;
@@ -446,6 +481,13 @@ BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_mistral) {
 BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_gemma3) {
   check_parameter_gradients(gemma3(tiny_config()), 34);
   check_parameter_gradients(tied(gemma3(tiny_config())), 35);
+}
+
+// Phi-3: the fused projections, partial rotary and LongRoPE's long factors (sequences of 5 past an original
+// context of 4) and short ones (original 8), with the attention factor on cos and sin.
+BOOST_AUTO_TEST_CASE(parameters_match_finite_differences_phi3) {
+  check_parameter_gradients(phi3(tiny_config()), 81);
+  check_parameter_gradients(phi3(tiny_config(), 8), 82);
 }
 
 BOOST_AUTO_TEST_CASE(hidden_inputs_match_finite_differences) {
@@ -1130,6 +1172,155 @@ BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
   const std::string gemma2 = refused(replaced(kGemma1B, "\"gemma3_text\"", "\"gemma2\""));
   BOOST_TEST(contains(gemma2, "Gemma 2"), gemma2);
   BOOST_TEST(contains(gemma2, "soft-caps"), gemma2);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- Phi-3: fused layout, names, config.json ----------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(phi3_family)
+
+// q|k|v and gate|up are one tensor each, with Hugging Face's names and shapes; they sit where Llama's separate
+// tensors sit, so the fused tensors' rows are the projections' (the offsets the models read).
+BOOST_AUTO_TEST_CASE(layout_fuses_qkv_and_gate_up_with_hf_names) {
+  const ModelConfig cfg = phi3(tiny_config());
+  const std::vector<UnitLayout> layout = model_layout(cfg);
+  const std::vector<std::string> names = {"layers.1.input_layernorm.weight", "layers.1.self_attn.qkv_proj.weight",
+                                          "layers.1.self_attn.o_proj.weight", "layers.1.post_attention_layernorm.weight",
+                                          "layers.1.mlp.gate_up_proj.weight", "layers.1.mlp.down_proj.weight"};
+  BOOST_TEST_REQUIRE(layout[2].tensors.size() == names.size());
+  for (size_t i = 0; i < names.size(); ++i) BOOST_TEST(layout[2].tensors[i].name == names[i]);
+  const int64_t H = cfg.hidden_size, d = 8, F = cfg.ffn_size();
+  BOOST_TEST((layout[2].tensors[1].shape == std::vector<int64_t>{(cfg.num_heads + 2 * cfg.kv_heads()) * d, H}));
+  BOOST_TEST((layout[2].tensors[4].shape == std::vector<int64_t>{2 * F, H}));
+  BOOST_TEST(hf_tensor_name(cfg, "layers.1.self_attn.qkv_proj.weight") == "model.layers.1.self_attn.qkv_proj.weight");
+  BOOST_TEST(hf_tensor_name(cfg, "layers.0.mlp.gate_up_proj.weight") == "model.layers.0.mlp.gate_up_proj.weight");
+  // The same element count per block as Llama's separate tensors.
+  ModelConfig llama = cfg;
+  llama.arch = "mistral";
+  BOOST_TEST(model_layout(llama)[2].numel == layout[2].numel);
+  std::vector<std::string> module_names;
+  for (const LinearModule& m : linear_modules(cfg)) module_names.push_back(m.name);
+  // PEFT's target_modules for Phi-3.
+  BOOST_TEST((module_names == std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}));
+  BOOST_TEST(linear_modules(cfg)[0].out == (cfg.num_heads + 2 * cfg.kv_heads()) * d);
+  BOOST_TEST(linear_modules(cfg)[2].out == 2 * F);
+  BOOST_TEST(model_family("phi3").sliding_window);
+  BOOST_TEST(model_family("phi3").hf_block_class == "Phi3DecoderLayer");
+}
+
+// LoRA on qkv_proj is one A [r, hidden] and one B [(heads + 2 kv_heads) head_dim, r] with PEFT's names, not
+// three adapters; gate_up_proj likewise.
+BOOST_AUTO_TEST_CASE(lora_adapts_the_fused_modules_with_peft_names) {
+  ModelConfig cfg = phi3(tiny_config());
+  cfg.lora.r = 4;
+  cfg.lora.target_modules = {"qkv_proj", "gate_up_proj"};
+  const std::vector<UnitLayout> lora = lora_layout(cfg);
+  BOOST_TEST_REQUIRE(lora[1].tensors.size() == 4u);
+  BOOST_TEST(lora[1].tensors[0].name == "layers.0.self_attn.qkv_proj.lora_A.weight");
+  BOOST_TEST((lora[1].tensors[0].shape == std::vector<int64_t>{4, cfg.hidden_size}));
+  BOOST_TEST(lora[1].tensors[1].name == "layers.0.self_attn.qkv_proj.lora_B.weight");
+  BOOST_TEST((lora[1].tensors[1].shape == std::vector<int64_t>{(cfg.num_heads + 2 * cfg.kv_heads()) * 8, 4}));
+  BOOST_TEST((lora[1].tensors[3].shape == std::vector<int64_t>{2 * cfg.ffn_size(), 4}));
+  BOOST_TEST(peft_tensor_name(cfg, lora[1].tensors[1].name) ==
+             "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight");
+  cfg.lora.target_modules = {"q_proj"};
+  BOOST_TEST(contains(error_of([&] { lora_layout(cfg); }), "has no linear module 'q_proj'"));
+}
+
+// The tiny fixture's config.json as transformers 5.17 writes it (rope_parameters with LongRoPE and the
+// partial rotary factor), and Phi-3-mini-128k-instruct's as transformers 4 wrote it (top-level
+// partial_rotary_factor absent, rope_scaling type longrope), cut to 2 layers, hidden 256 (head_dim 8) and 4 factors.
+const std::string kPhi3V5 = R"({"architectures": ["Phi3ForCausalLM"], "hidden_act": "silu", "hidden_size": 32,
+    "initializer_range": 0.2, "intermediate_size": 48, "max_position_embeddings": 64, "model_type": "phi3",
+    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "original_max_position_embeddings": 8,
+    "rms_norm_eps": 1e-06, "rope_parameters": {"long_factor": [1.25, 3.0, 7.0], "original_max_position_embeddings": 8,
+    "partial_rotary_factor": 0.75, "rope_theta": 1000.0, "rope_type": "longrope", "short_factor": [1.0, 1.5, 2.5]},
+    "sliding_window": 6, "tie_word_embeddings": false, "vocab_size": 97})";
+const std::string kPhi3Mini128k = R"({"architectures": ["Phi3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 256, "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 2, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": [1.08, 1.11, 1.14, 1.34], "short_factor": [1.05, 1.05, 1.05, 1.1],
+    "type": "longrope"}, "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32064})";
+
+BOOST_AUTO_TEST_CASE(config_json_round_trips_both_forms) {
+  const ModelConfig cfg = model_config_from_hf(kPhi3V5, "tiny_phi3");
+  BOOST_TEST((cfg.longrope.long_factor == std::vector<float>{1.25f, 3.0f, 7.0f}));
+  // arch, partial rotary (6 of 8 dimensions), theta, window and original context as the file says.
+  BOOST_TEST((cfg.arch == "phi3" && cfg.partial_rotary_factor == 0.75 && cfg.rotary_dim() == 6));
+  BOOST_TEST((cfg.rope_theta == 1000.0f && cfg.sliding_window == 6));
+  BOOST_TEST(cfg.longrope.original_max_position_embeddings == 8);
+  BOOST_TEST(rope_attention_factor(cfg) == std::sqrt(2.0f), boost::test_tools::tolerance(1e-6f));
+  const ModelConfig again = written_and_read_back(
+      cfg, "phi3", "Phi3ForCausalLM",
+      {"\"rope_type\": \"longrope\"", "\"partial_rotary_factor\": 0.75", "\"original_max_position_embeddings\": 8",
+       "\"sliding_window\": 6"});
+  BOOST_TEST(again.rotary_dim() == 6);
+  BOOST_TEST((again.longrope.short_factor == cfg.longrope.short_factor));
+  BOOST_TEST(again.longrope.attention_factor == 0.0f);
+  BOOST_TEST(!contains(hf_config_json(cfg), "\"rope_scaling\""));
+
+  const ModelConfig mini = model_config_from_hf(kPhi3Mini128k, "phi3-mini-128k");
+  BOOST_TEST(mini.rotary_dim() == 8);
+  BOOST_TEST(mini.longrope.original_max_position_embeddings == 4096);
+  BOOST_TEST(mini.longrope.long_factor.size() == 4u);
+  // sqrt(1 + ln 32 / ln 4096)
+  BOOST_TEST(rope_attention_factor(mini) == static_cast<float>(std::sqrt(1.0 + std::log(32.0) / std::log(4096.0))),
+             boost::test_tools::tolerance(1e-6f));
+  const ModelConfig mini_again = model_config_from_hf(hf_config_json(mini), "written");
+  BOOST_TEST((mini_again.longrope.long_factor == mini.longrope.long_factor));
+  BOOST_TEST(mini_again.sliding_window == 262144);
+  // An attention_factor of its own is kept and written back.
+  std::string own = kPhi3V5;
+  own.replace(own.find("\"rope_type\""), 0, "\"attention_factor\": 1.5, ");
+  const ModelConfig with_factor = model_config_from_hf(own, "own");
+  BOOST_TEST(rope_attention_factor(with_factor) == 1.5f);
+  BOOST_TEST(model_config_from_hf(hf_config_json(with_factor), "written").longrope.attention_factor == 1.5f);
+}
+
+// Rope types other than longrope (and default), biases, a bad partial factor or factors of the wrong length are
+// refused naming the file and the key.
+BOOST_AUTO_TEST_CASE(unsupported_keys_are_refused_naming_file_and_key) {
+  auto replaced = [](const std::string& from, const std::string& to) {
+    std::string t = kPhi3V5;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  auto refused = [](const std::string& json, const std::string& key) {
+    const std::string message = error_of([&] { model_config_from_hf(json, "dir/config.json"); });
+    BOOST_TEST(contains(message, "dir/config.json"), message);
+    BOOST_TEST(contains(message, key), message);
+  };
+  refused(replaced("\"rope_type\": \"longrope\"", "\"rope_type\": \"yarn\""), "yarn");
+  refused(replaced("\"vocab_size\": 97", "\"vocab_size\": 97, \"attention_bias\": true"), "attention_bias");
+  refused(replaced("\"vocab_size\": 97", "\"vocab_size\": 97, \"mlp_bias\": true"), "mlp_bias");
+  refused(replaced("\"partial_rotary_factor\": 0.75", "\"partial_rotary_factor\": 1.5"), "partial_rotary_factor");
+  refused(replaced("[1.25, 3.0, 7.0]", "[1.25, 3.0]"), "long_factor");
+  refused(replaced("[1.0, 1.5, 2.5]", "\"x\""), "short_factor");
+  std::string no_original = replaced("\"original_max_position_embeddings\": 8,", "");
+  no_original = no_original.replace(no_original.find("\"original_max_position_embeddings\": 8,"), 38, "");
+  refused(no_original, "original_max_position_embeddings");
+}
+
+// A forward of no more positions than the original context takes the short factors, a longer one the long
+// factors: the block's output at the same positions differs between a sequence of 4 and one of 5.
+BOOST_AUTO_TEST_CASE(longer_forwards_take_the_long_factors) {
+  const ModelConfig cfg = phi3(tiny_config());
+  const TinyModel m = make_model(cfg, 71);
+  std::mt19937 rng(3);
+  const int H = cfg.hidden_size;
+  std::vector<float> h = random_floats(static_cast<size_t>(5) * H, rng), four(4 * H), five(5 * H);
+  const std::unique_ptr<CpuModel> net = make_cpu_model(cfg, 1, 5);
+  net->block_forward(0, m.params[1].data(), h.data(), four.data(), 1, 4);
+  net->block_forward(0, m.params[1].data(), h.data(), five.data(), 1, 5);
+  double moved = 0.0;
+  for (int i = H; i < 4 * H; ++i) moved += std::abs(four[i] - five[i]);  // position 0 does not rotate
+  BOOST_TEST(moved > 1e-3);
+  BOOST_TEST(rope_uses_long(cfg, 4));
+  BOOST_TEST(!rope_uses_long(cfg, 3));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -281,23 +281,48 @@ BOOST_AUTO_TEST_CASE(llama_decks_plan_on_the_cuda_backend) {
   }
 }
 
-// The Mistral LoRA deck plans on one GPU from Mistral-7B-v0.1's config.json (sliding window 4096): the
-// Hub's parameter count with the adapters', the family's name.
+namespace {
+
+// A one-GPU LoRA deck of input/ planned from a stand-in config.json: the CUDA backend, the family's name,
+// `parameters` (the Hub's count with the adapters') and FULL_SHARD's activations above 33 bf16 hidden states
+// per token (`hidden` wide).
+void check_lora_deck_plans(const std::string& deck_name, const std::string& model, const std::string& config_json,
+                           const std::string& arch, double parameters, double hidden) {
+  const fs::path deck = scratch_deck(deck_name, model, config_json);
+  const json j = json_of_plan(deck.string() + " --ranks=1 --json");
+  BOOST_TEST(j.at("backend") == "cuda");
+  BOOST_TEST(j.at("model").at("arch") == arch);
+  BOOST_TEST(j.at("model").at("parameters").get<double>() == parameters);
+  const json& full = row_of(j, "FULL_SHARD");
+  BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * hidden * 2);
+}
+
+}  // namespace
+
+// The Mistral LoRA deck plans on one GPU from Mistral-7B-v0.1's config.json (sliding window 4096): the Hub's
+// 7,241,732,096 and LoRA's r 16 on the 7 linear layers of 32 blocks: 32 x 16 x (2 x (4096 + 4096)
+// + 2 x (4096 + 1024) + 3 x (4096 + 14336)) = 41,943,040.
 BOOST_AUTO_TEST_CASE(mistral_deck_plans_on_the_cuda_backend) {
-  const fs::path deck = scratch_deck(
+  check_lora_deck_plans(
       "mistral/mistral-7b-v0.1-lora.ini", "mistral-7b-v0.1",
       R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
           "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 32768,
-          "tie_word_embeddings": false})");
-  const json j = json_of_plan(deck.string() + " --ranks=1 --json");
-  BOOST_TEST(j.at("backend") == "cuda");
-  BOOST_TEST(j.at("model").at("arch") == "mistral");
-  // The Hub's 7,241,732,096 and LoRA's r 16 on the 7 linear layers of 32 blocks: 32 x 16 x (2 x (4096 + 4096)
-  // + 2 x (4096 + 1024) + 3 x (4096 + 14336)) = 41,943,040.
-  BOOST_TEST(j.at("model").at("parameters").get<double>() == 7241732096.0 + 41943040.0);
-  const json& full = row_of(j, "FULL_SHARD");
-  BOOST_TEST(full.at("activation_bytes").get<double>() > 33.0 * j.at("max_length").get<double>() * 4096 * 2);
+          "tie_word_embeddings": false})",
+      "mistral", 7241732096.0 + 41943040.0, 4096);
+}
+
+// The Phi-3 LoRA deck plans on one GPU from Phi-3-mini-4k-instruct's config.json (fused qkv_proj and
+// gate_up_proj, sliding window 2047): the Hub's 3,821,079,552 and LoRA's r 16 on the 4 linear modules of 32
+// blocks: 32 x 16 x ((3072 + 9216) + (3072 + 3072) + (3072 + 16384) + (8192 + 3072)) = 25,165,824.
+BOOST_AUTO_TEST_CASE(phi3_deck_plans_on_the_cuda_backend) {
+  check_lora_deck_plans(
+      "phi3/phi3-mini-4k-lora.ini", "phi-3-mini-4k-instruct",
+      R"({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+          "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+          "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+          "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "tie_word_embeddings": false})",
+      "phi3", 3821079552.0 + 25165824.0, 3072);
 }
 
 // The Gemma 3 LoRA deck plans on one GPU from Gemma-3-1B's config.json (transformers 4.5x's form: local and

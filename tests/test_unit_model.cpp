@@ -22,8 +22,7 @@ using namespace model_test;
 
 namespace {
 
-const std::vector<ModelConfig> kFamilies = {tiny_bloom(),   tiny_llama(),   tiny_qwen2(),
-                                            tiny_qwen3(),   tiny_mistral(), tiny_gemma3()};
+const std::vector<ModelConfig> kFamilies = tiny_families();
 
 // Forward and backward of grad_scale * loss through the UnitModel interface: the loss sum and the
 // gradient of every unit.

@@ -323,6 +323,7 @@ class FsdpEngine {
                    int m, int32_t* next, float* logits = nullptr);
   void decode_end();
   int vocab_size() const;  // the logits' width
+  const ModelConfig& model_config() const;  // the model it runs (generation reads its rotary options)
 
  private:
   void refresh_compute_slices();

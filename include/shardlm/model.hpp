@@ -25,6 +25,19 @@ struct RopeScaling {
   int original_max_position_embeddings = 8192;
 };
 
+// LongRoPE (Phi-3's rope_type "longrope", transformers' _compute_longrope_parameters): the rotary frequency i
+// is 1 / (ext_i * theta^(2i / rotary_dim)), ext the long factors in a forward whose positions reach past
+// original_max_position_embeddings (its largest position + 1 above it) and the short ones otherwise, and cos
+// and sin are multiplied by attention_factor. Off when short_factor is empty.
+struct LongRope {
+  std::vector<float> short_factor, long_factor;  // [rotary_dim / 2] each
+  int original_max_position_embeddings = 0;
+  // 0: transformers' default from factor = max_position_embeddings / original_max_position_embeddings,
+  // sqrt(1 + ln(factor) / ln(original)) (1 where factor <= 1).
+  float attention_factor = 0;
+  bool enabled() const { return !short_factor.empty(); }
+};
+
 // How the CUDA backend runs attention (model.attention): Auto takes cuDNN's fused flash attention
 // where it can run (cuDNN built in, a GPU of compute capability 8.0+, a 16-bit compute dtype, a head
 // dimension cuDNN takes) and the native kernels elsewhere; Cudnn requires the fused path; Native
@@ -93,6 +106,10 @@ struct ModelConfig {
   float rope_local_theta = 0;  // the local layers' rotary base, unscaled; 0 = the global table on every layer
   float rope_linear_factor = 0;  // rope_type linear on the global table: inv_freq / factor; 0 = none
   float query_pre_attn_scalar = 0;  // attention scores scaled by its inverse square root; 0 = head_dim
+  // Partial rotary (Phi-3's partial_rotary_factor): only the first int(head_dim * factor) dimensions of
+  // each head rotate (rotate_half within them); the rest pass through. 1 = all.
+  double partial_rotary_factor = 1.0;
+  LongRope longrope;
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
   AttentionImpl attention = AttentionImpl::Auto;  // not part of the shape: how the CUDA backend runs it
@@ -118,6 +135,8 @@ struct ModelConfig {
   int rope_tables() const { return rope_local_theta > 0 ? 2 : 1; }
   // The attention scores' scale: query_pre_attn_scalar^-1/2, or head_dim^-1/2.
   float attention_scale() const;
+  // The leading dimensions of each head that rotate (partial_rotary_factor; transformers truncates).
+  int rotary_dim() const { return static_cast<int>(head_dim() * partial_rotary_factor); }
   // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).
   bool tied_head() const;
   // The LM head's chunk for micro-batches of at most `tokens` tokens (model.head_chunk_tokens).
@@ -210,11 +229,27 @@ ModelConfig model_config_from_hf(const std::string& json_text, const std::string
 std::string hf_config_json(const ModelConfig& cfg);
 
 // Rotary inverse frequencies for head dimension `head_dim` (cfg.rope_theta, rope_scaling applied):
-// the positions of the Llama-style families.
-std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// the positions of the Llama-style families. [rotary_dim / 2]; with LongRoPE the short factors' (`long_factors`:
+// the long factors').
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, bool long_factors = false);
 // The inverse frequencies of rotary table `table` (ModelConfig::layer_rope_table): 0 is rope_inv_freq's with
-// rope_linear_factor applied, 1 the local layers' (rope_local_theta, unscaled).
-std::vector<float> rope_inv_freq(const ModelConfig& cfg, int table);
+// rope_linear_factor applied (LongRoPE's long factors with `long_factors`), 1 the local layers' (rope_local_theta,
+// unscaled; `long_factors` does not apply).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, int table, bool long_factors = false);
+// What cos and sin are multiplied by: LongRoPE's attention factor, else 1.
+float rope_attention_factor(const ModelConfig& cfg);
+// Whether a forward whose largest position is `max_position` uses LongRoPE's long factors.
+inline bool rope_uses_long(const ModelConfig& cfg, long long max_position) {
+  return cfg.longrope.enabled() && max_position + 1 > cfg.longrope.original_max_position_embeddings;
+}
+// A decoding step's largest position among the rows of row r's sequence (its slot): what the forward of
+// that sequence alone (transformers' generate, one prompt) decides LongRoPE's factors by.
+inline int rope_step_max_position(const int* slots, const int* positions, int n, int r) {
+  int max_position = positions[r];
+  for (int i = 0; i < n; ++i)
+    if (slots[i] == slots[r] && positions[i] > max_position) max_position = positions[i];
+  return max_position;
+}
 
 // ---- what the FSDP engine runs, on either backend ----
 
@@ -401,6 +436,8 @@ struct ModelFamily {
   bool sliding_window = false;    // model.sliding_window applies (its attention may keep the last keys only)
   // model.sliding_window_pattern, rope_local_theta, rope_linear_factor and query_pre_attn_scalar apply (Gemma 3)
   bool local_global_layers = false;
+  // Partial rotary and LongRoPE apply (model.partial_rotary_factor, model.longrope_*; Phi-3's config.json keys).
+  bool rotary_options = false;
   // The root tensor the token ids index ([vocab, hidden]: the embedding's backward adds only to the rows
   // of a micro-batch's tokens) and the root tensors that backward writes besides it (BLOOM's embedding
   // LayerNorm). The FSDP engine reduces the rest of the root's gradient as soon as the head's backward

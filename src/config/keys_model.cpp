@@ -4,6 +4,65 @@
 
 namespace shardlm::config_detail {
 
+// Partial rotary and LongRoPE: only for a family that takes them (Phi-3), with factors for its rotary dimension.
+static void check_rotary_options(const ModelConfig& m, const ModelFamily& family) {
+  const LongRope& lr = m.longrope;
+  const bool set = m.partial_rotary_factor != 1.0 || lr.enabled() || !lr.long_factor.empty() ||
+                   lr.original_max_position_embeddings != 0 || lr.attention_factor != 0;
+  if (set && !family.rotary_options) {
+    std::string takes;
+    for (const ModelFamily* f : model_families())
+      if (f->rotary_options) takes += (takes.empty() ? "" : ", ") + f->name;
+    bad_value(m.partial_rotary_factor != 1.0 ? "model.partial_rotary_factor" : "model.longrope_short_factor",
+              m.partial_rotary_factor != 1.0 ? format_double(m.partial_rotary_factor) : "...",
+              concat("applies to the families with partial rotary and LongRoPE (", takes, "), not ", m.arch));
+  }
+  if (!set) return;
+  const int half = static_cast<int>(m.head_dim() * m.partial_rotary_factor) / 2;
+  if (2 * half != static_cast<int>(m.head_dim() * m.partial_rotary_factor) || half < 1)
+    bad_value("model.partial_rotary_factor", format_double(m.partial_rotary_factor),
+              concat("gives ", static_cast<int>(m.head_dim() * m.partial_rotary_factor), " rotary dimensions of the head's ",
+                     m.head_dim(), "; they must be even and at least 2"));
+  const bool any = lr.enabled() || !lr.long_factor.empty() || lr.original_max_position_embeddings != 0;
+  if (!any) return;
+  if (static_cast<int>(lr.short_factor.size()) != half || static_cast<int>(lr.long_factor.size()) != half)
+    bad_value("model.longrope_short_factor", std::to_string(lr.short_factor.size()) + " values",
+              concat("model.longrope_short_factor and model.longrope_long_factor need one value per rotary frequency, ",
+                     half, " each (they have ", lr.short_factor.size(), " and ", lr.long_factor.size(), ")"));
+  if (lr.original_max_position_embeddings <= 0)
+    bad_value("model.longrope_original_max_position_embeddings", std::to_string(lr.original_max_position_embeddings),
+              "must be > 0 with the LongRoPE factors");
+}
+
+// A fraction of the head that rotates: (0, 1].
+constexpr Range kRotaryFraction{"in (0, 1]", [](double v) { return v > 0 && v <= 1; }};
+
+// Comma-separated positive floats (LongRoPE's factors); empty for none.
+template <typename F>
+KeySpec float_list_key(const char* name, F field) {
+  KeySpec k{name, nullptr,
+            [=](RunConfig& c, const std::string& t, const std::string&) {
+              std::vector<float> values;
+              std::string rest = trim(t);
+              while (!rest.empty()) {
+                const size_t comma = rest.find(',');
+                const std::string item = trim(rest.substr(0, comma));
+                const float v = parse_float(name, item);
+                if (!(v > 0)) bad_value(name, t, "every value must be > 0");
+                values.push_back(v);
+                rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+              }
+              field(c) = values;
+            },
+            [=](const RunConfig& c) {
+              std::string text;
+              for (float v : field(c)) text += (text.empty() ? "" : ", ") + format_float(v);
+              return text;
+            }};
+  k.type = "floats > 0, comma-separated";
+  return k;
+}
+
 // The shape keys against each other and the model's family.
 static void check_model(const RunConfig& cfg, int) {
   const ModelConfig& m = cfg.model;
@@ -29,6 +88,7 @@ static void check_model(const RunConfig& cfg, int) {
     for (const auto& [key, value] : gemma_keys)
       if (value != 0) bad_value(key, format_double(value), concat("applies to gemma3, not ", m.arch));
   }
+  check_rotary_options(m, family);
   if (family.grouped_query && m.num_heads % m.kv_heads() != 0)
     bad_value("model.num_kv_heads", std::to_string(m.num_kv_heads),
               concat("num_heads (", m.num_heads, ") is not divisible by it"));
@@ -50,17 +110,19 @@ static void check_model(const RunConfig& cfg, int) {
 static std::vector<KeySpec> shape_keys() {
   return {
       choice_key("model.arch", SHARDLM_FIELD(model.arch), model_family_names())
-          .on("both; `llama`, `qwen2`, `qwen3`, `mistral`, `gemma3`: see README \"Status\" for the CUDA backend")
+          .on("both; `llama`, `qwen2`, `qwen3`, `mistral`, `gemma3`, `phi3`: see README \"Status\" for the CUDA "
+              "backend")
           .of_shape()
           .doc("BLOOM (ALiBi, LayerNorm with biases, GELU MLP, LM head tied to the embeddings), Llama (RMSNorm, "
                "rotary embeddings, grouped-query attention, SwiGLU MLP, no biases), Qwen2 (Llama's layer with biases "
                "on the q, k and v projections), Qwen3 (Llama's layer with an RMSNorm over each head of q and of k "
                "before rotary, `q_norm` / `k_norm`, and its own `head_dim`), Mistral (Llama's layer with a sliding "
-               "window of `sliding_window` keys, and its own `head_dim`) or Gemma 3's text model (Llama's layer with "
+               "window of `sliding_window` keys, and its own `head_dim`), Gemma 3's text model (Llama's layer with "
                "(1 + weight) RMSNorms, norms on the attention's and the MLP's outputs too, GeGLU with tanh GELU, "
                "embeddings times sqrt(`hidden_size`), q/k norms, local sliding-window layers interleaved with global "
-               "ones: `sliding_window_pattern`, `rope_local_theta`, `query_pre_attn_scalar`); with `model.dir`, "
-               "config.json's `model_type` decides"),
+               "ones: `sliding_window_pattern`, `rope_local_theta`, `query_pre_attn_scalar`) or Phi-3 (Llama's layer "
+               "with q|k|v and gate|up fused, `qkv_proj` / `gate_up_proj`, `partial_rotary_factor`, LongRoPE and a "
+               "sliding window); with `model.dir`, config.json's `model_type` decides"),
       int_key("model.vocab_size", SHARDLM_FIELD(model.vocab_size), 1, "must be > 0", "N")
           .of_shape()
           .doc("vocabulary size; at least 259 with the byte tokenizer (required without `dir`)"),
@@ -94,7 +156,7 @@ static std::vector<KeySpec> shape_keys() {
       int_key("model.sliding_window", SHARDLM_FIELD(model.sliding_window), 0,
               "must be >= 0 (0 = no window: every earlier key)")
           .of_shape()
-          .doc("Mistral, Qwen2, Qwen3: attention over a sliding window of keys in every layer, as config.json's "
+          .doc("Mistral, Phi-3, Qwen2, Qwen3: attention over a sliding window of keys in every layer, as config.json's "
                "`sliding_window` (Mistral-7B-v0.1: 4096; v0.3: null, none; Qwen2 and Qwen3 where every layer is a "
                "`sliding_attention` layer, [huggingface.md](huggingface.md)): the query at position i attends the "
                "keys j with i - `sliding_window` < j <= i, as transformers' sliding-window mask; with `data.packing` "
@@ -131,6 +193,32 @@ static std::vector<KeySpec> shape_keys() {
       positive_float_key("model.rope_theta", SHARDLM_FIELD(model.rope_theta))
           .of_shape()
           .doc("Llama: base of the rotary frequencies (Llama 3.1's `rope_scaling` comes from `config.json` only)"),
+      double_key("model.partial_rotary_factor", SHARDLM_FIELD(model.partial_rotary_factor), kRotaryFraction)
+          .of_shape()
+          .doc("Phi-3: the fraction of each head's dimensions that rotate, as config.json's `partial_rotary_factor` "
+               "(Phi-4-mini: 0.75): the first int(head_dim x factor) dimensions rotate (rotate_half within them), the "
+               "rest pass through; must give an even number. 1 = all. Other families: must be 1"),
+      float_list_key("model.longrope_short_factor", SHARDLM_FIELD(model.longrope.short_factor))
+          .of_shape()
+          .doc("Phi-3: LongRoPE's `short_factor` (config.json `rope_parameters` / `rope_scaling` with `rope_type` "
+               "longrope, the 128k variants): comma-separated, one per rotary frequency (rotary dimension / 2); the "
+               "frequency i is 1 / (factor_i x theta^(2i / rotary dimension)) in a forward whose positions stay "
+               "within `longrope_original_max_position_embeddings`. Empty = no LongRoPE"),
+      float_list_key("model.longrope_long_factor", SHARDLM_FIELD(model.longrope.long_factor))
+          .of_shape()
+          .doc("Phi-3: LongRoPE's `long_factor`, used instead in a forward whose largest position + 1 exceeds "
+               "`longrope_original_max_position_embeddings` (a training micro-batch of more positions; in generation "
+               "each step's sequence by its own largest position, as transformers' generate())"),
+      int_key("model.longrope_original_max_position_embeddings",
+              SHARDLM_FIELD(model.longrope.original_max_position_embeddings), 0, "must be >= 0 (0 = no LongRoPE)")
+          .of_shape()
+          .doc("Phi-3: LongRoPE's `original_max_position_embeddings` (Phi-3-mini-128k: 4096): past it the long "
+               "factors apply; required with the factors"),
+      double_key("model.longrope_attention_factor", SHARDLM_FIELD(model.longrope.attention_factor), kNonNegative)
+          .of_shape()
+          .doc("Phi-3: what LongRoPE multiplies cos and sin by (config.json's `attention_factor`); 0 = transformers' "
+               "default sqrt(1 + ln(f) / ln(original)) with f = max_position_embeddings / original (1 where f <= 1; "
+               "max_position_embeddings is config.json's, 4096 for a model made from the deck)"),
       flag_key("model.tie_word_embeddings", SHARDLM_FIELD(model.tie_word_embeddings))
           .of_shape()
           .doc("Llama: the LM head is the embedding matrix (BLOOM's always is)"),

@@ -71,6 +71,8 @@ void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int*
 
 int FsdpEngine::vocab_size() const { return impl_->model->config().vocab_size; }
 
+const ModelConfig& FsdpEngine::model_config() const { return impl_->model->config(); }
+
 void FsdpEngine::decode_end() {
   Impl& m = *impl_;
   backend_->synchronize(m.compute);

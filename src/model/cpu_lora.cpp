@@ -9,17 +9,38 @@
 namespace shardlm::model_detail {
 
 void CpuLora::forward(const float* adapter, const float* x, int rows, float* xa, float* y) const {
+  forward(adapter, x, rows, xa, std::vector<LoraOutput>{{y, out}});
+}
+
+void CpuLora::forward(const float* adapter, const float* x, int rows, float* xa,
+                      const std::vector<LoraOutput>& parts) const {
   if (rows == 0) return;
   cpu_gemm(false, true, rows, r, in, 1.0f, x, in, adapter + a, in, 0.0f, xa, r);
-  cpu_gemm(false, true, rows, out, r, scale, xa, r, adapter + b, r, 1.0f, y, out);
+  size_t row = 0;  // of B
+  for (const LoraOutput& p : parts) {
+    cpu_gemm(false, true, rows, p.width, r, scale, xa, r, adapter + b + row * r, r, 1.0f, p.y, p.width);
+    row += p.width;
+  }
+  SHARDLM_CHECK(row == static_cast<size_t>(out), "LoRA: output parts of ", row, " rows for a module of ", out);
 }
 
 void CpuLora::param_backward(const float* adapter, const float* x, const float* xa, const float* dy, int rows,
                              float* dadapter, float* dxa) const {
+  param_backward(adapter, x, xa, std::vector<LoraOutputGrad>{{dy, out}}, rows, dadapter, dxa);
+}
+
+void CpuLora::param_backward(const float* adapter, const float* x, const float* xa,
+                             const std::vector<LoraOutputGrad>& dy, int rows, float* dadapter, float* dxa) const {
   if (rows == 0) return;
-  // dB[out, r] += scale * dy^T xa; dxa[rows, r] = scale * dy B; dA[r, in] += dxa^T x.
-  cpu_gemm(true, false, out, r, rows, scale, dy, out, xa, r, 1.0f, dadapter + b, r);
-  cpu_gemm(false, false, rows, r, out, scale, dy, out, adapter + b, r, 0.0f, dxa, r);
+  // dB[out, r] += scale * dy^T xa; dxa[rows, r] = scale * dy B; dA[r, in] += dxa^T x (B's rows part by part).
+  size_t row = 0;
+  for (const LoraOutputGrad& p : dy) {
+    cpu_gemm(true, false, p.width, r, rows, scale, p.dy, p.width, xa, r, 1.0f, dadapter + b + row * r, r);
+    cpu_gemm(false, false, rows, r, p.width, scale, p.dy, p.width, adapter + b + row * r, r, row == 0 ? 0.0f : 1.0f,
+             dxa, r);
+    row += p.width;
+  }
+  SHARDLM_CHECK(row == static_cast<size_t>(out), "LoRA: gradient parts of ", row, " rows for a module of ", out);
   cpu_gemm(true, false, r, in, rows, 1.0f, dxa, r, x, in, 1.0f, dadapter + a, in);
 }
 
@@ -101,13 +122,24 @@ const float* CpuLoraBlocks::adapter_input(int layer, int module, const float* x,
 
 void CpuLoraBlocks::forward(int layer, int module, const float* adapter, const float* x, int rows, int seq,
                             float* y) {
+  if (on(module)) forward(layer, module, adapter, x, rows, seq, {{y, modules_[module].out}});
+}
+
+void CpuLoraBlocks::forward(int layer, int module, const float* adapter, const float* x, int rows, int seq,
+                            const std::vector<LoraOutput>& parts) {
   if (!on(module)) return;
   SHARDLM_CHECK(adapter != nullptr, "LoRA: block ", layer, " was given no adapter parameters");
-  modules_[module].forward(adapter, adapter_input(layer, module, x, rows, seq), rows, xa_[layer][module].data(), y);
+  modules_[module].forward(adapter, adapter_input(layer, module, x, rows, seq), rows, xa_[layer][module].data(),
+                           parts);
 }
 
 void CpuLoraBlocks::param_backward(int layer, int module, const float* adapter, const float* x, const float* dy,
                                    int rows, int seq, float* dadapter) {
+  if (on(module)) param_backward(layer, module, adapter, x, {{dy, modules_[module].out}}, rows, seq, dadapter);
+}
+
+void CpuLoraBlocks::param_backward(int layer, int module, const float* adapter, const float* x,
+                                   const std::vector<LoraOutputGrad>& dy, int rows, int seq, float* dadapter) {
   if (!on(module)) return;
   SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
   // dA reads the forward's dropout(x): its mask again, from the same seed and coordinates.
@@ -135,6 +167,11 @@ void CpuLoraBlocks::decode_begin(int max_rows) {
 
 void CpuLoraBlocks::decode_forward(int module, const float* adapter, const float* x, int n, float* y) {
   if (on(module)) modules_[module].forward(adapter, x, n, decode_xa_.data(), y);
+}
+
+void CpuLoraBlocks::decode_forward(int module, const float* adapter, const float* x, int n,
+                                   const std::vector<LoraOutput>& parts) {
+  if (on(module)) modules_[module].forward(adapter, x, n, decode_xa_.data(), parts);
 }
 
 size_t CpuLoraBlocks::floats() const {

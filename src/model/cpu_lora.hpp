@@ -14,6 +14,17 @@
 
 namespace shardlm::model_detail {
 
+// Where a module's output goes when a model keeps its rows apart (a fused module, Phi-3's qkv_proj: q, k and v
+// in arrays of their own): consecutive rows of B from row 0, `width` of them into y[rows, width] each.
+struct LoraOutput {
+  float* y;
+  int width;
+};
+struct LoraOutputGrad {
+  const float* dy;
+  int width;
+};
+
 // One linear layer's adapters inside a block's adapter parameters (lora_layout): y += scale * (x A^T) B^T.
 struct CpuLora {
   bool on = false;         // the layer is targeted
@@ -23,9 +34,14 @@ struct CpuLora {
 
   // y[rows, out] += scale * (x A^T) B^T; xa[rows, r] receives x A^T (kept for the backward).
   void forward(const float* adapter, const float* x, int rows, float* xa, float* y) const;
+  // The same with the output in parts (LoraOutput), whose widths add up to `out`.
+  void forward(const float* adapter, const float* x, int rows, float* xa, const std::vector<LoraOutput>& parts) const;
   // dB += scale * dy^T xa and dA += dxa^T x with dxa[rows, r] = scale * dy B (written, for input_backward).
   void param_backward(const float* adapter, const float* x, const float* xa, const float* dy, int rows,
                       float* dadapter, float* dxa) const;
+  // The same with dy in parts: dxa = scale * sum of dy_p B_p.
+  void param_backward(const float* adapter, const float* x, const float* xa, const std::vector<LoraOutputGrad>& dy,
+                      int rows, float* dadapter, float* dxa) const;
   // dx[rows, in] += dxa A (= with accumulate false).
   void input_backward(const float* adapter, const float* dxa, int rows, bool accumulate, float* dx) const;
 };
@@ -57,13 +73,19 @@ class CpuLoraBlocks {
   void set_dropout(std::optional<uint64_t> seed) { seed_ = seed; }
   // The layer's forward of module `module` (when on): y += its LoRA term of x (of dropout(x) when dropping).
   void forward(int layer, int module, const float* adapter, const float* x, int rows, int seq, float* y);
+  // The same for a module whose output the model keeps in parts (LoraOutput).
+  void forward(int layer, int module, const float* adapter, const float* x, int rows, int seq,
+               const std::vector<LoraOutput>& parts);
   // Its parameter gradients (into dadapter) and the module's d(x A^T) for input_backward.
   void param_backward(int layer, int module, const float* adapter, const float* x, const float* dy, int rows, int seq,
                       float* dadapter);
+  void param_backward(int layer, int module, const float* adapter, const float* x,
+                      const std::vector<LoraOutputGrad>& dy, int rows, int seq, float* dadapter);
   // dx += the module's LoRA input gradient (after param_backward), masked as its forward's input was.
   void input_backward(int layer, int module, const float* adapter, int rows, int seq, float* dx);
   // Decoding: y += the LoRA term of x over n rows (scratch sized by decode_begin); never drops.
   void decode_forward(int module, const float* adapter, const float* x, int n, float* y);
+  void decode_forward(int module, const float* adapter, const float* x, int n, const std::vector<LoraOutput>& parts);
   void decode_begin(int max_rows);
   size_t floats() const;  // what the buffers hold
   // The floats CpuLoraBlocks(cfg, max_batch, max_seq) holds (max_tokens = max_batch x max_seq), without

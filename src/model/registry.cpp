@@ -14,6 +14,7 @@ ModelFamily qwen2_family();
 ModelFamily qwen3_family();
 ModelFamily mistral_family();
 ModelFamily gemma3_family();
+ModelFamily phi3_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const ModelFamily records[] = {
@@ -23,6 +24,7 @@ const std::vector<const ModelFamily*>& model_families() {
       qwen3_family(),
       mistral_family(),
       gemma3_family(),
+      phi3_family(),
   };
   static const std::vector<const ModelFamily*> families = [] {
     std::vector<const ModelFamily*> all;

@@ -71,8 +71,19 @@ std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vecto
     longest = std::max(longest, p.size());
   }
   const int max_len = static_cast<int>(longest) + max_new_tokens;
+  // LongRoPE (Phi-3): the step that first feeds position original_max_position_embeddings of a sequence
+  // prefilled within it re-feeds the whole sequence, so that every cached key and value is recomputed with the
+  // long factors, as transformers' Phi3ForCausalLM.prepare_inputs_for_generation drops its cache there.
+  const LongRope& longrope = engine.model_config().longrope;
+  const int refill = longrope.enabled() ? longrope.original_max_position_embeddings : -1;
+  size_t refill_rows = 0;  // what the steps that re-feed may need at most
+  for (const std::vector<int32_t>& p : prompts)
+    refill_rows += refill >= static_cast<int>(p.size()) && refill <= static_cast<int>(p.size()) + max_new_tokens - 2
+                       ? static_cast<size_t>(refill) + 1
+                       : 1;
   // A rank without prompts still sizes a (one-slot) cache: engines may refuse empty ones.
-  engine.decode_begin(std::max(slots, 1), max_len, static_cast<int>(std::max<size_t>({prompt_rows, size_t(slots), 1})));
+  engine.decode_begin(std::max(slots, 1), max_len,
+                      static_cast<int>(std::max<size_t>({prompt_rows, refill_rows, size_t(slots), 1})));
   const int vocab = engine.vocab_size();
   std::vector<float> logits(sampling.greedy() ? 0 : static_cast<size_t>(std::max(slots, 1)) * vocab);
   std::vector<Generated> out(slots);
@@ -129,10 +140,15 @@ std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vecto
     if (!any_rank(comm, !active.empty())) break;
     tokens.clear(), row_slot.clear(), row_pos.clear(), logit_rows.clear();
     for (int s : active) {
-      tokens.push_back(out[s].ids.back());
-      row_slot.push_back(s);
-      row_pos.push_back(static_cast<int>(prompts[s].size() + out[s].ids.size()) - 1);
-      logit_rows.push_back(static_cast<int>(logit_rows.size()));
+      const int position = static_cast<int>(prompts[s].size() + out[s].ids.size()) - 1;
+      const int first = position == refill ? 0 : position;  // LongRoPE's crossing: the whole sequence again
+      for (int t = first; t <= position; ++t) {
+        const size_t prompt = prompts[s].size();
+        tokens.push_back(t < static_cast<int>(prompt) ? prompts[s][t] : out[s].ids[t - prompt]);
+        row_slot.push_back(s);
+        row_pos.push_back(t);
+      }
+      logit_rows.push_back(static_cast<int>(tokens.size()) - 1);
     }
     step(tokens, row_slot, row_pos, logit_rows, active);
   }

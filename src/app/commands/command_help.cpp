@@ -37,9 +37,9 @@ const char* kShardlmUsage =
 const char* kTrainUsage =
     "usage: mpirun -np N shardlm train DECK [--tiny] [--section.key=value ...]\n"
     "\n"
-    "Fine-tunes the model the input deck describes (BLOOM, Llama, Qwen2, Qwen3, Mistral or Gemma 3,\n"
-    "from scratch or from a Hugging Face model directory) with fully sharded data parallelism over\n"
-    "the ranks, and writes the resolved deck, metrics.jsonl and checkpoints into run.dir.\n"
+    "Fine-tunes the model the input deck describes (BLOOM, Llama, Qwen2, Qwen3, Mistral, Gemma 3 or\n"
+    "Phi-3, from scratch or from a Hugging Face model directory) with fully sharded data parallelism\n"
+    "over the ranks, and writes the resolved deck, metrics.jsonl and checkpoints into run.dir.\n"
     "\n"
     "  DECK                   an INI input deck, e.g. input/demo.ini (a tiny CPU demo)\n"
     "  --section.key=value    override one key of the deck (also --section.key value), e.g.\n"

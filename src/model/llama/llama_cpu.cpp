@@ -25,8 +25,22 @@ using model_detail::linear;
 using model_detail::linear_input_backward;
 using model_detail::linear_param_backward;
 
-// The block's linear layers in llama_linear_modules' order: LoRA's module indices.
+// The block's projections (LlamaProjection); llama_lora_slots maps them to LoRA's modules.
 enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
+
+// The LoRA calls of projections given in their order: one call per module, a fused module's (Phi-3's qkv_proj)
+// with the outputs (or output gradients) of its projections as parts in the rows of its B.
+template <class Part>
+std::vector<std::pair<int, std::vector<Part>>> lora_calls(const std::vector<LlamaLoraSlot>& slots,
+                                                          std::initializer_list<std::pair<Module, Part>> projections) {
+  std::vector<std::pair<int, std::vector<Part>>> calls;
+  for (const auto& [projection, part] : projections) {
+    const int module = slots[projection].module;
+    if (calls.empty() || calls.back().first != module) calls.push_back({module, {}});
+    calls.back().second.push_back(part);
+  }
+  return calls;
+}
 
 // A block's tensors (llama_block_offsets) with its two norms (four with LlamaBlock::qk_norm: q's and k's
 // over each head; two more on the attention's and the MLP's outputs with LlamaBlock::sandwich_norms); the
@@ -74,13 +88,14 @@ void rms_norm_output(const float* xhat, int rows, int H, const CpuNorm& norm, co
 
 // ---- rotary embeddings ----------------------------------------------------------------------
 
-// transformers' rotate_half convention: element i pairs with i + d/2, both rotated by angle
-// pos * inv_freq[i]. `inverse` applies the transposed rotation (the backward of the forward one).
-// x is [B*T rows of `heads` heads of d], row stride ld; cos/sin tables are [pos, d/2]. Row t of a
+// transformers' rotate_half convention: element i pairs with i + rot/2, both rotated by angle
+// pos * inv_freq[i], in the first `rot` dimensions of each head (all d but with partial rotary, whose
+// other dimensions pass through). `inverse` applies the transposed rotation (the backward of the forward one).
+// x is [B*T rows of `heads` heads of d], row stride ld; cos/sin tables are [pos, rot/2]. Row t of a
 // sequence sits at position t, or t - starts[row] in packed rows (starts non-null).
-void apply_rotary(float* x, int B, int T, int heads, int d, int ld, const float* cos_table, const float* sin_table,
-                  bool inverse, const int32_t* starts = nullptr) {
-  const int half = d / 2;
+void apply_rotary(float* x, int B, int T, int heads, int d, int rot, int ld, const float* cos_table,
+                  const float* sin_table, bool inverse, const int32_t* starts = nullptr) {
+  const int half = rot / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
@@ -100,14 +115,27 @@ void apply_rotary(float* x, int B, int T, int heads, int d, int ld, const float*
     }
 }
 
-// cos and sin of pos * inv_freq, the angle rounded to fp32 as transformers forms it.
-void rotary_angles(int pos, const std::vector<float>& inv_freq, float* cos_out, float* sin_out) {
+// cos and sin of pos * inv_freq, the angle rounded to fp32 as transformers forms it, each times `scale`
+// (LongRoPE's attention factor; rounded to fp32 before, as transformers scales them).
+void rotary_angles(int pos, const std::vector<float>& inv_freq, float scale, float* cos_out, float* sin_out) {
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     const float angle = static_cast<float>(pos) * inv_freq[i];
-    cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-    sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    cos_out[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+    sin_out[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
   }
 }
+
+// The rotary tables of one set of frequencies: cos and sin [max_seq, rotary_dim / 2].
+struct RotaryTables {
+  std::vector<float> inv_freq, cos, sin;
+  void build(std::vector<float> freq, float scale, int max_seq) {
+    inv_freq = std::move(freq);
+    const size_t half = inv_freq.size();
+    cos.resize(static_cast<size_t>(max_seq) * half);
+    sin.resize(cos.size());
+    for (int t = 0; t < max_seq; ++t) rotary_angles(t, inv_freq, scale, cos.data() + t * half, sin.data() + t * half);
+  }
+};
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
@@ -172,15 +200,15 @@ struct BlockActivations {
   Buffer<float> norm3_xhat, norm3_rstd, norm4_xhat, norm4_rstd;
 };
 
-// A rotary table: cos and sin [max_seq, head_dim / 2] and its frequencies (decoding may run past max_seq, so
-// its angles are formed per row).
-struct RopeTable {
-  std::vector<float> cos, sin, inv_freq;
-};
-
 struct State {
   BlockOffsets block;
-  std::vector<RopeTable> rope;  // ModelConfig::rope_tables(), chosen per layer by layer_rope_table
+  // Rotary tables: ModelConfig::rope_tables(), chosen per layer by layer_rope_table; LongRoPE's long factors' of
+  // table 0 in `rope_long` (a forward of more than original_max_position_embeddings positions uses them).
+  // Decoding may run past max_seq, so its angles are formed per row from inv_freq.
+  std::vector<RotaryTables> rope;
+  RotaryTables rope_long;
+  float rope_scale = 1;  // LongRoPE's attention factor
+  std::vector<LlamaLoraSlot> lora_slots;  // llama_lora_slots: where LoRA adds onto each projection
   std::vector<BlockActivations> layers;
 
   // Workspaces shared by every layer (only one forward or backward runs at a time).
@@ -192,6 +220,12 @@ struct State {
   Buffer<float> sandwich;
   float embed_scale = 1.0f;   // LlamaBlock::scaled_embeddings: sqrt(hidden_size)
   Buffer<float> embed_grad;  // [N, H]: d(h0) times the scale, with scaled embeddings
+
+  // Layer `layer`'s rotary table for a forward whose largest position is max_position.
+  const RotaryTables& rotary_for(const ModelConfig& cfg, int layer, long long max_position) const {
+    const int table = cfg.layer_rope_table(layer);
+    return table == 0 && rope_uses_long(cfg, max_position) ? rope_long : rope[table];
+  }
 };
 
 // Greedy decoding's scratch arrays (CpuModelBase::scratch): a norm's state and output, q, k, v, the
@@ -207,7 +241,7 @@ struct BlockCall {
   const BlockOffsets& o;
   AttentionShape shape;
   int N, H;
-  const RopeTable& rope;  // the layer's rotary table
+  const RotaryTables& rope;  // the layer's rotary table (LongRoPE's long factors' past the original context)
 };
 
 class LlamaCpu final : public model_detail::CpuModelBase {
@@ -240,15 +274,11 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
   State& m = m_;
   if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options);
 
+  m.rope_scale = rope_attention_factor(cfg);
   m.rope.resize(cfg.rope_tables());
-  for (int table = 0; table < cfg.rope_tables(); ++table) {
-    RopeTable& r = m.rope[table];
-    r.inv_freq = rope_inv_freq(cfg, table);
-    const size_t half = r.inv_freq.size();
-    r.cos.resize(static_cast<size_t>(max_seq) * half);
-    r.sin.resize(r.cos.size());
-    for (int t = 0; t < max_seq; ++t) rotary_angles(t, r.inv_freq, r.cos.data() + t * half, r.sin.data() + t * half);
-  }
+  for (int table = 0; table < cfg.rope_tables(); ++table) m.rope[table].build(rope_inv_freq(cfg, table), m.rope_scale, max_seq);
+  if (cfg.longrope.enabled()) m.rope_long.build(rope_inv_freq(cfg, 0, true), m.rope_scale, max_seq);
+  m.lora_slots = llama_lora_slots(cfg, options);
 
   const size_t H = cfg.hidden_size, heads = cfg.num_heads, F = cfg.ffn_size();
   const size_t QW = heads * cfg.head_dim(), KVW = static_cast<size_t>(cfg.kv_heads()) * cfg.head_dim();
@@ -327,7 +357,7 @@ BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
     check_block_backward(layer, B, T);
   AttentionShape shape = grouped_heads(B, T, cfg_, layer);
   shape.starts = starts_;
-  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, m_.rope[cfg_.layer_rope_table(layer)]};
+  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, m_.rotary_for(cfg_, layer, T - 1)};
 }
 
 void LlamaCpu::embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) {
@@ -353,48 +383,54 @@ void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
   const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   const float* params = p.base;
   float* normed = m.hidden_work[1].data();
-  // A linear layer of the block, with its LoRA term when it is adapted.
-  auto adapted = [&](Module mod, const float* x, int in, size_t w, const float* bias, int out, const float* residual,
-                     float* y) {
-    linear(x, N, in, params + w, bias, out, residual, y);
-    lora_.forward(layer, mod, p.adapter, x, N, T, y);
+  // The LoRA terms of projections of input x, when adapted.
+  auto lora = [&](const float* x, std::initializer_list<std::pair<Module, model_detail::LoraOutput>> outputs) {
+    for (const auto& [module, parts] : lora_calls(m.lora_slots, outputs))
+      lora_.forward(layer, module, p.adapter, x, N, T, parts);
   };
+  const int rot = cfg_.rotary_dim();
 
   // Attention: x = h + o_proj(attention(rotary(q), rotary(k), v)) of the normed input.
   o.input_norm_rows.forward_rows(params, h_in, N, H, a.norm1_xhat.data(), a.norm1_rstd.data(), normed);
-  adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
-  adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
-  adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
+  linear(normed, N, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, a.q.data());
+  linear(normed, N, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, a.k.data());
+  linear(normed, N, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, a.v.data());
+  lora(normed, {{kQProj, {a.q.data(), QW}}, {kKProj, {a.k.data(), KVW}}, {kVProj, {a.v.data(), KVW}}});
   if (o.qk_norm) {  // Qwen3: each head of q and k RMSNormed before rotary
     norm_heads_forward(o.q_norm_heads, params, a.q.data(), N, shape.heads, d, a.q_xhat.data(), a.q_rstd.data());
     norm_heads_forward(o.k_norm_heads, params, a.k.data(), N, shape.kv_heads, d, a.k_xhat.data(), a.k_rstd.data());
   }
-  apply_rotary(a.q.data(), B, T, shape.heads, d, QW, rope.cos.data(), rope.sin.data(), false, shape.starts);
-  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, KVW, rope.cos.data(), rope.sin.data(), false, shape.starts);
+  apply_rotary(a.q.data(), B, T, shape.heads, d, rot, QW, rope.cos.data(), rope.sin.data(), false, shape.starts);
+  apply_rotary(a.k.data(), B, T, shape.kv_heads, d, rot, KVW, rope.cos.data(), rope.sin.data(), false, shape.starts);
   model_detail::attention_forward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.context.data());
   float* x = m.hidden_work[0].data();
   if (o.sandwich_norms) {  // Gemma 3: x = h + RMSNorm(o_proj(...))
     float* out = m.sandwich.data();
-    adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, nullptr, out);
+    linear(a.context.data(), N, QW, params + o.o, nullptr, H, nullptr, out);
+    lora(a.context.data(), {{kOProj, {out, H}}});
     add_normed(o.attn_out_norm_rows, params, h_in, out, N, H, a.norm3_xhat.data(), a.norm3_rstd.data(), normed, x);
   } else {
-    adapted(kOProj, a.context.data(), QW, o.o, nullptr, H, h_in, x);
+    linear(a.context.data(), N, QW, params + o.o, nullptr, H, h_in, x);
+    lora(a.context.data(), {{kOProj, {x, H}}});
   }
 
   // MLP: out = x + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(x) (GeGLU: gelu_tanh for silu;
   // sandwich norms: down_proj's output normed before the add).
   o.post_norm_rows.forward_rows(params, x, N, H, a.norm2_xhat.data(), a.norm2_rstd.data(), normed);
-  adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, a.gate.data());
-  adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, a.up.data());
+  linear(normed, N, H, params + o.gate, nullptr, F, nullptr, a.gate.data());
+  linear(normed, N, H, params + o.up, nullptr, F, nullptr, a.up.data());
+  lora(normed, {{kGateProj, {a.gate.data(), F}}, {kUpProj, {a.up.data(), F}}});
   float* act = m.wide_work[0].data();
   const size_t wide = static_cast<size_t>(N) * F;
   for (size_t i = 0; i < wide; ++i) act[i] = gated(o.gelu_tanh, a.gate[i], a.up[i]);
   if (o.sandwich_norms) {
     float* out = m.sandwich.data();
-    adapted(kDownProj, act, F, o.down, nullptr, H, nullptr, out);
+    linear(act, N, F, params + o.down, nullptr, H, nullptr, out);
+    lora(act, {{kDownProj, {out, H}}});
     add_normed(o.mlp_out_norm_rows, params, x, out, N, H, a.norm4_xhat.data(), a.norm4_rstd.data(), normed, h_out);
   } else {
-    adapted(kDownProj, act, F, o.down, nullptr, H, x, h_out);
+    linear(act, N, F, params + o.down, nullptr, H, x, h_out);
+    lora(act, {{kDownProj, {h_out, H}}});
   }
 }
 
@@ -409,17 +445,26 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   float* work = m.hidden_work[1].data();  // a norm's output, then its gradient; d(context)
   float* dgate = m.wide_work[0].data();      // SiLU(gate) * up first (for d(down_proj))
   float* dup = m.wide_work[1].data();        // d(SiLU(gate) * up) first
-  // A linear layer's parameter gradients (the base's unless frozen, its adapters' when adapted), then
-  // its input gradient (=, or += with accumulate) with the LoRA term.
-  auto param_backward = [&](Module mod, const float* x, const float* dy, int in, int out, size_t w, float* dbias) {
+  // A linear layer's parameter gradients (the base's unless frozen), then its input gradient (=, or += with
+  // accumulate).
+  auto param_backward = [&](const float* x, const float* dy, int in, int out, size_t w, float* dbias) {
     linear_param_backward(x, dy, N, in, out, g.base_at(w), dbias);
-    lora_.param_backward(layer, mod, p.adapter, x, dy, N, T, g.adapter);
   };
-  auto input_backward = [&](Module mod, const float* dy, int in, size_t w, int out, bool accumulate, float* dxin) {
+  auto input_backward = [&](const float* dy, int in, size_t w, int out, bool accumulate, float* dxin) {
     linear_input_backward(dy, N, in, params + w, out, accumulate, dxin);
-    lora_.input_backward(layer, mod, p.adapter, N, T, dxin);
+  };
+  // The adapters' parameter gradients of projections of input x, when adapted (before x is overwritten),
+  // then (lora_input) their terms of the input gradient, added into dxin.
+  auto lora_params = [&](const float* x, std::initializer_list<std::pair<Module, model_detail::LoraOutputGrad>> dys) {
+    for (const auto& [module, parts] : lora_calls(m.lora_slots, dys))
+      lora_.param_backward(layer, module, p.adapter, x, parts, N, T, g.adapter);
+  };
+  auto lora_input = [&](std::initializer_list<std::pair<Module, int>> projections, float* dxin) {
+    for (const auto& [module, unused] : lora_calls(m.lora_slots, projections))
+      lora_.input_backward(layer, module, p.adapter, N, T, dxin);
   };
   auto bias_grad = [&](size_t offset) { return g.base ? o.bias(g.base, offset) : nullptr; };
+  const int rot = cfg_.rotary_dim();
 
   // Sandwich norms: the gradient of down_proj's output (of o_proj's below) through the norm after it, into
   // m.sandwich; without them the block's output gradient itself.
@@ -435,18 +480,22 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   // MLP.
   const size_t wide = static_cast<size_t>(N) * F;
   for (size_t i = 0; i < wide; ++i) dgate[i] = gated(o.gelu_tanh, a.gate[i], a.up[i]);
-  param_backward(kDownProj, dgate, dmlp, F, H, o.down, nullptr);
-  input_backward(kDownProj, dmlp, F, o.down, H, false, dup);
+  param_backward(dgate, dmlp, F, H, o.down, nullptr);
+  lora_params(dgate, {{kDownProj, {dmlp, H}}});
+  input_backward(dmlp, F, o.down, H, false, dup);
+  lora_input({{kDownProj, 0}}, dup);
   for (size_t i = 0; i < wide; ++i) {
     const float gt = a.gate[i], dact = dup[i];
     dup[i] = dact * gated(o.gelu_tanh, gt, 1.0f);         // d(up) = dact * act(gate)
     dgate[i] = dact * a.up[i] * gated_grad(o.gelu_tanh, gt);  // d(gate) = dact * up * act'(gate)
   }
   rms_norm_output(a.norm2_xhat.data(), N, H, o.post_norm_rows, params, work);
-  param_backward(kGateProj, work, dgate, H, F, o.gate, nullptr);
-  param_backward(kUpProj, work, dup, H, F, o.up, nullptr);
-  input_backward(kGateProj, dgate, H, o.gate, F, false, work);
-  input_backward(kUpProj, dup, H, o.up, F, true, work);
+  param_backward(work, dgate, H, F, o.gate, nullptr);
+  param_backward(work, dup, H, F, o.up, nullptr);
+  lora_params(work, {{kGateProj, {dgate, F}}, {kUpProj, {dup, F}}});
+  input_backward(dgate, H, o.gate, F, false, work);
+  input_backward(dup, H, o.up, F, true, work);
+  lora_input({{kGateProj, 0}, {kUpProj, 0}}, work);
   // out = x + mlp(RMSNorm(x)): the residual passes dh_out straight through.
   std::memcpy(dx, dh_out, sizeof(float) * N * H);
   o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, g.base);
@@ -454,12 +503,15 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   // Attention: o_proj (after the norm of its output with sandwich norms), attention itself, rotary (its
   // transpose), then the q/k/v projections.
   const float* dattn = branch_grad(o.attn_out_norm_rows, dx, a.norm3_xhat, a.norm3_rstd);
-  param_backward(kOProj, a.context.data(), dattn, QW, H, o.o, nullptr);
-  input_backward(kOProj, dattn, QW, o.o, H, false, work);
+  param_backward(a.context.data(), dattn, QW, H, o.o, nullptr);
+  lora_params(a.context.data(), {{kOProj, {dattn, H}}});
+  input_backward(dattn, QW, o.o, H, false, work);
+  lora_input({{kOProj, 0}}, work);
   model_detail::attention_backward(shape, a.q.data(), a.k.data(), a.v.data(), a.probs.data(), work,
                                    m.score_grad.data(), m.q_grad.data(), m.k_grad.data(), m.v_grad.data());
-  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, QW, rope.cos.data(), rope.sin.data(), true, shape.starts);
-  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, KVW, rope.cos.data(), rope.sin.data(), true, shape.starts);
+  apply_rotary(m.q_grad.data(), B, T, shape.heads, d, rot, QW, rope.cos.data(), rope.sin.data(), true, shape.starts);
+  apply_rotary(m.k_grad.data(), B, T, shape.kv_heads, d, rot, KVW, rope.cos.data(), rope.sin.data(), true,
+               shape.starts);
   if (o.qk_norm) {
     norm_heads_backward(o.q_norm_heads, params, m.q_grad.data(), a.q_xhat.data(), a.q_rstd.data(), N, shape.heads, d,
                         g.base);
@@ -467,12 +519,15 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
                         shape.kv_heads, d, g.base);
   }
   rms_norm_output(a.norm1_xhat.data(), N, H, o.input_norm_rows, params, work);
-  param_backward(kQProj, work, m.q_grad.data(), H, QW, o.q, bias_grad(o.q_bias));
-  param_backward(kKProj, work, m.k_grad.data(), H, KVW, o.k, bias_grad(o.k_bias));
-  param_backward(kVProj, work, m.v_grad.data(), H, KVW, o.v, bias_grad(o.v_bias));
-  input_backward(kQProj, m.q_grad.data(), H, o.q, QW, false, work);
-  input_backward(kKProj, m.k_grad.data(), H, o.k, KVW, true, work);
-  input_backward(kVProj, m.v_grad.data(), H, o.v, KVW, true, work);
+  param_backward(work, m.q_grad.data(), H, QW, o.q, bias_grad(o.q_bias));
+  param_backward(work, m.k_grad.data(), H, KVW, o.k, bias_grad(o.k_bias));
+  param_backward(work, m.v_grad.data(), H, KVW, o.v, bias_grad(o.v_bias));
+  lora_params(work, {{kQProj, {m.q_grad.data(), QW}}, {kKProj, {m.k_grad.data(), KVW}},
+                     {kVProj, {m.v_grad.data(), KVW}}});
+  input_backward(m.q_grad.data(), H, o.q, QW, false, work);
+  input_backward(m.k_grad.data(), H, o.k, KVW, true, work);
+  input_backward(m.v_grad.data(), H, o.v, KVW, true, work);
+  lora_input({{kQProj, 0}, {kKProj, 0}, {kVProj, 0}}, work);
   // x = h_in + attention(RMSNorm(h_in)).
   std::memcpy(dh_in, dx, sizeof(float) * N * H);
   o.input_norm_rows.backward_rows(params, work, a.norm1_xhat.data(), a.norm1_rstd.data(), N, H, dh_in, g.base);
@@ -482,7 +537,7 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
 
 void LlamaCpu::decode_begin(int slots, int max_len, int max_rows) {
   const size_t H = cfg_.hidden_size, F = cfg_.ffn_size(), rows = std::max(max_rows, 0), d = cfg_.head_dim();
-  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = d / 2;
+  const size_t QW = cfg_.num_heads * d, KVW = cfg_.kv_heads() * d, half = m_.rope[0].inv_freq.size();
   // The norm state also serves the per-head q/k norms: rows x heads vectors of d.
   begin_decoding(slots, max_len, max_rows, cfg_.kv_heads(),
                  {rows * std::max(H, QW), rows * std::max<size_t>(1, cfg_.num_heads), rows * H, rows * QW, rows * KVW,
@@ -495,15 +550,12 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   check_decode_rows(layer, n, slots, positions);
   if (n == 0) return;
   const float* params = p.base;
-  auto adapted = [&](Module mod, const float* x, int in, size_t w, const float* bias, int out, const float* residual,
-                     float* y) {
-    linear(x, n, in, params + w, bias, out, residual, y);
-    lora_.decode_forward(mod, p.adapter, x, n, y);
+  auto lora = [&](const float* x, std::initializer_list<std::pair<Module, model_detail::LoraOutput>> outputs) {
+    for (const auto& [module, parts] : lora_calls(m_.lora_slots, outputs)) lora_.decode_forward(module, p.adapter, x, n, parts);
   };
   const BlockOffsets& o = m_.block;
   const int H = cfg_.hidden_size, F = cfg_.ffn_size(), d = cfg_.head_dim();
   const AttentionShape shape = grouped_heads(n, 1, cfg_, layer);
-  const RopeTable& rope = m_.rope[cfg_.layer_rope_table(layer)];
   const int QW = shape.q_ld, KVW = shape.kv_ld;
   float* normed = scratch(kNorm);
   float* q = scratch(kQ);
@@ -513,43 +565,52 @@ void LlamaCpu::block_decode(int layer, CpuParams p, const float* h_in, float* h_
   float* sin_row = scratch(kSin);
 
   o.input_norm_rows.forward_rows(params, h_in, n, H, scratch(kXhat), scratch(kRstd), normed);
-  adapted(kQProj, normed, H, o.q, o.bias(params, o.q_bias), QW, nullptr, q);
-  adapted(kKProj, normed, H, o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
-  adapted(kVProj, normed, H, o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
+  linear(normed, n, H, params + o.q, o.bias(params, o.q_bias), QW, nullptr, q);
+  linear(normed, n, H, params + o.k, o.bias(params, o.k_bias), KVW, nullptr, k);
+  linear(normed, n, H, params + o.v, o.bias(params, o.v_bias), KVW, nullptr, v);
+  lora(normed, {{kQProj, {q, QW}}, {kKProj, {k, KVW}}, {kVProj, {v, KVW}}});
   if (o.qk_norm) {
     norm_heads_forward(o.q_norm_heads, params, q, n, shape.heads, d, scratch(kXhat), scratch(kRstd));
     norm_heads_forward(o.k_norm_heads, params, k, n, shape.kv_heads, d, scratch(kXhat), scratch(kRstd));
   }
-  // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are).
+  // Rotary at each row's own position (the angle formed in fp32 as block_forward's tables are); LongRoPE's
+  // factors by the largest position of the row's sequence in this step, as transformers' forward of it picks them.
+  const int rot = cfg_.rotary_dim();
   for (int r = 0; r < n; ++r) {
-    rotary_angles(positions[r], rope.inv_freq, cos_row, sin_row);
-    apply_rotary(q + static_cast<size_t>(r) * QW, 1, 1, shape.heads, d, QW, cos_row, sin_row, false);
-    apply_rotary(k + static_cast<size_t>(r) * KVW, 1, 1, shape.kv_heads, d, KVW, cos_row, sin_row, false);
+    const RotaryTables& rope = m_.rotary_for(cfg_, layer, rope_step_max_position(slots, positions, n, r));
+    rotary_angles(positions[r], rope.inv_freq, m_.rope_scale, cos_row, sin_row);
+    apply_rotary(q + static_cast<size_t>(r) * QW, 1, 1, shape.heads, d, rot, QW, cos_row, sin_row, false);
+    apply_rotary(k + static_cast<size_t>(r) * KVW, 1, 1, shape.kv_heads, d, rot, KVW, cos_row, sin_row, false);
   }
   model_detail::cached_attention_rows(cache(), layer, shape, q, k, v, n, slots, positions, scratch(kScores),
                                       scratch(kContext));
   float* x = scratch(kMid);
   if (o.sandwich_norms) {
     float* out = scratch(kOut);
-    adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, nullptr, out);
+    linear(scratch(kContext), n, QW, params + o.o, nullptr, H, nullptr, out);
+    lora(scratch(kContext), {{kOProj, {out, H}}});
     add_normed(o.attn_out_norm_rows, params, h_in, out, n, H, scratch(kXhat), scratch(kRstd), normed, x);
   } else {
-    adapted(kOProj, scratch(kContext), QW, o.o, nullptr, H, h_in, x);
+    linear(scratch(kContext), n, QW, params + o.o, nullptr, H, h_in, x);
+    lora(scratch(kContext), {{kOProj, {x, H}}});
   }
 
   o.post_norm_rows.forward_rows(params, x, n, H, scratch(kXhat), scratch(kRstd), normed);
   float* gate = scratch(kGate);
   float* up = scratch(kUp);
-  adapted(kGateProj, normed, H, o.gate, nullptr, F, nullptr, gate);
-  adapted(kUpProj, normed, H, o.up, nullptr, F, nullptr, up);
+  linear(normed, n, H, params + o.gate, nullptr, F, nullptr, gate);
+  linear(normed, n, H, params + o.up, nullptr, F, nullptr, up);
+  lora(normed, {{kGateProj, {gate, F}}, {kUpProj, {up, F}}});
   const size_t wide = static_cast<size_t>(n) * F;
   for (size_t i = 0; i < wide; ++i) gate[i] = gated(o.gelu_tanh, gate[i], up[i]);
   if (o.sandwich_norms) {
     float* out = scratch(kOut);
-    adapted(kDownProj, gate, F, o.down, nullptr, H, nullptr, out);
+    linear(gate, n, F, params + o.down, nullptr, H, nullptr, out);
+    lora(gate, {{kDownProj, {out, H}}});
     add_normed(o.mlp_out_norm_rows, params, x, out, n, H, scratch(kXhat), scratch(kRstd), normed, h_out);
   } else {
-    adapted(kDownProj, gate, F, o.down, nullptr, H, x, h_out);
+    linear(gate, n, F, params + o.down, nullptr, H, x, h_out);
+    lora(gate, {{kDownProj, {h_out, H}}});
   }
 }
 

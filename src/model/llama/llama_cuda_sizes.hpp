@@ -61,7 +61,8 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   s.saved_blocks = activation_checkpointing ? std::min<size_t>(L, 1) : L;
   s.hidden = (L + 1) * N * H * es;
   s.final_rstd = N * f32;
-  s.inv_freq = cfg.rope_tables() * (d / 2) * f32;  // one table per ModelConfig::rope_tables
+  // One table per ModelConfig::rope_tables of rotary_dim / 2, then with LongRoPE the long factors' of table 0.
+  s.inv_freq = (cfg.rope_tables() + (cfg.longrope.enabled() ? 1 : 0)) * static_cast<size_t>(cfg.rotary_dim() / 2) * f32;
   s.rstd = N * f32;
   s.qkv = N * (QW + 2 * KVW) * es;
   s.lse = B * cfg.num_heads * T * f32;

@@ -3,6 +3,7 @@
 #include "llama_hf_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,7 @@ namespace shardlm {
 // Qwen2Config's and Qwen3Config's default max_window_layers, for a config.json without it.
 constexpr int kTransformersMaxWindowLayers = 28;
 
-ModelConfig read_llama_style_config(const HfConfigReader& r) {
+ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope) {
   ModelConfig c;
   c.vocab_size = r.get<int>({"vocab_size"});
   c.hidden_size = r.get<int>({"hidden_size"});
@@ -54,9 +55,9 @@ ModelConfig read_llama_style_config(const HfConfigReader& r) {
       c.rope_scaling.original_max_position_embeddings = s.get<int>({"original_max_position_embeddings"});
       SHARDLM_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
                     r.source(), ": rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor");
-    } else {
-      SHARDLM_CHECK(type == "default", r.source(), ": rope_scaling type '", type,
-                    "' is not supported (llama3, or none)");
+    } else if (!(longrope && (type == "longrope" || type == "su"))) {
+      SHARDLM_CHECK(type == "default", r.source(), ": rope_scaling type '", type, "' is not supported (",
+                    longrope ? "llama3, longrope" : "llama3", ", or none)");
     }
   }
   return c;
@@ -84,6 +85,74 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
   }
   c["max_position_embeddings"] = cfg.max_position_embeddings;
   c["tie_word_embeddings"] = cfg.tie_word_embeddings;
+}
+
+void read_rope_options(const HfConfigReader& r, ModelConfig& c) {
+  const HfConfigReader::Json* params = r.find({"rope_parameters"});
+  const bool v5 = params != nullptr;
+  const HfConfigReader::Json* scaling = v5 ? params : r.find({"rope_scaling"});
+  const std::string where = v5 ? " rope_parameters" : " rope_scaling";
+  // partial_rotary_factor: inside rope_parameters (transformers 5), else at the top (4.x).
+  const HfConfigReader top = r;
+  double partial = top.get_or<double>({"partial_rotary_factor"}, 1.0);
+  if (v5) partial = HfConfigReader(*params, r.source() + where).get_or<double>({"partial_rotary_factor"}, partial);
+  SHARDLM_CHECK(partial > 0 && partial <= 1, r.source(), ": config.json 'partial_rotary_factor' = ", partial,
+                ": must be in (0, 1]");
+  c.partial_rotary_factor = partial;
+  if (!scaling) return;
+  SHARDLM_CHECK(scaling->is_object(), r.source(), ":", where, " must be an object or null");
+  const HfConfigReader s(*scaling, r.source() + where);
+  const std::string type = s.get_or<std::string>({"rope_type", "type"}, "default");
+  if (type != "longrope" && type != "su") return;  // read_llama_style_config took the others
+  auto factors = [&](const char* key) {
+    const HfConfigReader::Json* list = s.find({key});
+    SHARDLM_CHECK(list && list->is_array() && !list->empty(), r.source(), ":", where, " '", key,
+                  "' must be a list of numbers (LongRoPE)");
+    std::vector<float> out;
+    for (const HfConfigReader::Json& v : *list) {
+      const float f = s.as<float>(v, key);
+      SHARDLM_CHECK(std::isfinite(f) && f > 0, r.source(), ":", where, " '", key, "' holds ", f, ": must be > 0");
+      out.push_back(f);
+    }
+    return out;
+  };
+  c.longrope.short_factor = factors("short_factor");
+  c.longrope.long_factor = factors("long_factor");
+  // transformers reads original_max_position_embeddings from the top of config.json (Phi-3), or from
+  // rope_parameters (transformers 5 puts it in both).
+  c.longrope.original_max_position_embeddings =
+      r.get_or<int>({"original_max_position_embeddings"}, s.get_or<int>({"original_max_position_embeddings"}, 0));
+  SHARDLM_CHECK(c.longrope.original_max_position_embeddings > 0, r.source(),
+                ": LongRoPE needs original_max_position_embeddings > 0 (at the top of config.json or in", where, ")");
+  const float attention = s.get_or<float>({"attention_factor"}, 0.0f);
+  SHARDLM_CHECK(std::isfinite(attention) && attention >= 0, r.source(), ":", where, " 'attention_factor' = ",
+                attention, ": must be > 0 (or absent)");
+  c.longrope.attention_factor = attention;
+  const size_t half = static_cast<size_t>(c.rotary_dim() / 2);
+  SHARDLM_CHECK(c.longrope.short_factor.size() == half && c.longrope.long_factor.size() == half, r.source(), ":",
+                where, " 'short_factor' and 'long_factor' need ", half, " entries each (rotary dimension ",
+                c.rotary_dim(), " / 2), have ", c.longrope.short_factor.size(), " and ", c.longrope.long_factor.size());
+}
+
+void write_rope_options(const ModelConfig& cfg, OrderedJson& c) {
+  c.erase("rope_theta");
+  c.erase("rope_scaling");
+  OrderedJson p;
+  const LongRope& lr = cfg.longrope;
+  p["rope_type"] = lr.enabled() ? "longrope" : "default";
+  p["rope_theta"] = shortest_decimal(cfg.rope_theta);
+  p["partial_rotary_factor"] = cfg.partial_rotary_factor;
+  if (lr.enabled()) {
+    std::vector<double> short_factor, long_factor;
+    for (float f : lr.short_factor) short_factor.push_back(shortest_decimal(f));
+    for (float f : lr.long_factor) long_factor.push_back(shortest_decimal(f));
+    p["short_factor"] = short_factor;
+    p["long_factor"] = long_factor;
+    p["original_max_position_embeddings"] = lr.original_max_position_embeddings;
+    if (lr.attention_factor > 0) p["attention_factor"] = shortest_decimal(lr.attention_factor);
+    c["original_max_position_embeddings"] = lr.original_max_position_embeddings;
+  }
+  c["rope_parameters"] = std::move(p);
 }
 
 int read_layer_sliding_window(const HfConfigReader& r, int num_layers) {

@@ -8,7 +8,8 @@
 namespace shardlm {
 
 // The keys every Llama-style config.json has; Errors name unsupported values (activation, rope type).
-ModelConfig read_llama_style_config(const HfConfigReader& r);
+// `longrope`: a rope type longrope (or its old name su) is left to read_rope_options instead of refused.
+ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope = false);
 // Writes them, from vocab_size to tie_word_embeddings.
 void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 
@@ -19,6 +20,15 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 int read_layer_sliding_window(const HfConfigReader& r, int num_layers);
 // Writes them back: use_sliding_window, sliding_window (null for none), max_window_layers and layer_types.
 void write_layer_sliding_window(const ModelConfig& cfg, OrderedJson& c);
+
+// The rotary options a family may take beside theta (Phi-3's): partial_rotary_factor and LongRoPE's
+// short_factor, long_factor, original_max_position_embeddings and attention_factor, from transformers 5's
+// rope_parameters or 4.x's top-level partial_rotary_factor / original_max_position_embeddings and rope_scaling
+// (type longrope or su). Errors name the file and the key.
+void read_rope_options(const HfConfigReader& r, ModelConfig& c);
+// Writes them as transformers 5 does: rope_parameters (rope_type, rope_theta, partial_rotary_factor and
+// LongRoPE's keys) in place of rope_theta / rope_scaling, original_max_position_embeddings also at the top.
+void write_rope_options(const ModelConfig& cfg, OrderedJson& c);
 
 // config.json sliding_window as ModelConfig::sliding_window: null is none (0), absent is `absent`
 // (transformers' default for the family); 0 or negative is an Error naming the file and the key.

@@ -24,6 +24,10 @@ struct LlamaBlock {
   bool gelu_tanh = false;
   // Gemma 3: the embeddings multiplied by sqrt(hidden_size) (rounded to the embedding's dtype first)
   bool scaled_embeddings = false;
+  // Phi-3: q|k|v one tensor self_attn.qkv_proj.weight [(heads + 2 kv_heads) head_dim, hidden] and gate|up one
+  // mlp.gate_up_proj.weight [2 intermediate, hidden] (gate rows first), as in the Hugging Face files; LoRA
+  // adapts each fused module with one A and one B (PEFT's qkv_proj / gate_up_proj).
+  bool fused_projections = false;
 };
 
 // The embedding scale of `block` for cfg: sqrt(hidden_size), or 1.
@@ -33,6 +37,18 @@ float llama_embed_scale(const ModelConfig& cfg, const LlamaBlock& block);
 std::vector<UnitLayout> llama_layout(const ModelConfig& cfg, const LlamaBlock& block);
 // The linear layers LoRA can adapt, in PEFT's order: q/k/v/o_proj, gate/up/down_proj.
 std::vector<LinearModule> llama_linear_modules(const ModelConfig& cfg);
+// Phi-3's (LlamaBlock::fused_projections): qkv_proj, o_proj, gate_up_proj, down_proj.
+std::vector<LinearModule> llama_fused_linear_modules(const ModelConfig& cfg);
+// Where LoRA adds onto a block's projections: for each of q, k, v, o, gate, up, down (LlamaProjection) the
+// module index in the family's linear_modules and the first row of its B that the projection's outputs are
+// (Llama: one module each, row 0; Phi-3: q, k and v rows of qkv_proj, gate and up rows of gate_up_proj).
+enum LlamaProjection { kQProjection, kKProjection, kVProjection, kOProjection, kGateProjection, kUpProjection,
+                       kDownProjection };
+struct LlamaLoraSlot {
+  int module = 0;
+  int row = 0;
+};
+std::vector<LlamaLoraSlot> llama_lora_slots(const ModelConfig& cfg, const LlamaBlock& block);
 // "model." + name, except lm_head.weight.
 std::string llama_hf_tensor_name(const std::string& name);
 
@@ -49,6 +65,7 @@ struct LlamaBlockOffsets {
   // LlamaBlock::sandwich_norms: the norms of the attention's output and of the MLP's output
   size_t attn_out_norm = 0, mlp_out_norm = 0;
   bool qkv_bias = false, qk_norm = false, sandwich_norms = false;
+  bool fused = false;  // LlamaBlock::fused_projections: q, k, v inside qkv_proj and gate, up inside gate_up_proj
 };
 // From llama_layout's units, so that the models can never disagree with the layout.
 LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied);

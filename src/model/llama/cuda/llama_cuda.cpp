@@ -53,10 +53,17 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   // transformers casts the scale to the embedding's dtype before the product.
   embed_scale_ = round_to(dt, llama_embed_scale(cfg, options));
 
+  rotary_dim_ = cfg.rotary_dim();
+  rope_scale_ = rope_attention_factor(cfg);
+  lora_slots_ = llama_lora_slots(cfg, options);
   std::vector<float> inv_freq;
   for (int table = 0; table < cfg.rope_tables(); ++table) {
     const std::vector<float> t = rope_inv_freq(cfg, table);
     inv_freq.insert(inv_freq.end(), t.begin(), t.end());
+  }
+  if (cfg.longrope.enabled()) {
+    const std::vector<float> long_freq = rope_inv_freq(cfg, 0, true);
+    inv_freq.insert(inv_freq.end(), long_freq.begin(), long_freq.end());
   }
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
   SHARDLM_CHECK(inv_freq.size() * sizeof(float) == sizes_.inv_freq, "LlamaCuda: rotary tables of ",
@@ -104,7 +111,12 @@ size_t LlamaCuda::activation_bytes() const {
 }
 
 const float* LlamaCuda::inv_freq(int layer) const {
-  return inv_freq_.data() + static_cast<size_t>(cfg_.layer_rope_table(layer)) * (cfg_.head_dim() / 2);
+  return inv_freq_.data() + static_cast<size_t>(cfg_.layer_rope_table(layer)) * (rotary_dim_ / 2);
+}
+
+const float* LlamaCuda::long_inv_freq(int layer) const {
+  if (!cfg_.longrope.enabled() || cfg_.layer_rope_table(layer) != 0) return nullptr;
+  return inv_freq_.data() + static_cast<size_t>(cfg_.rope_tables()) * (rotary_dim_ / 2);
 }
 
 void LlamaCuda::gated_forward(const void* gate_up, void* out, int n, cudaStream_t s) const {
@@ -168,6 +180,21 @@ void LlamaCuda::qk_norm_backward(char* dqkv, int n, const char* q_weight, const 
   copy_columns(dk, QKV, dx, kvw_, n, kvw_, dsize_, s);
 }
 
+std::vector<std::pair<int, int>> LlamaCuda::lora_columns(
+    std::initializer_list<std::pair<Module, int>> projections) const {
+  std::vector<std::pair<int, int>> calls;
+  for (const auto& [projection, column] : projections) {
+    const int module = lora_slots_[projection].module;
+    if (calls.empty() || calls.back().first != module) calls.emplace_back(module, column);
+  }
+  return calls;
+}
+
+const float* LlamaCuda::rope_freq(int layer, int T) const {
+  const float* long_freq = long_inv_freq(layer);
+  return long_freq && rope_uses_long(cfg_, T - 1) ? long_freq : inv_freq(layer);
+}
+
 void LlamaCuda::embed_forward(UnitParams root, const int32_t* tokens, int B, int T, cudaStream_t s) {
   check_shape("embed_forward", B, T);
   embedding_forward(tokens, root_.embeddings.at(root, dsize_), hidden(0), B * T, cfg_.hidden_size, cfg_.vocab_size, dt_,
@@ -183,9 +210,10 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
-  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+  auto lora = [&](int mod, const void* x, char* y, int ld) {
     lora_.forward(layer, mod, params.adapter, x, N, T, y, ld, gemm_, s);
   };
+  const RotaryOptions rope{rotary_dim_, rope_scale_};
   const char* x = hidden(layer);
   char* out = hidden(layer + 1);
   const float eps = cfg_.rms_norm_eps;
@@ -194,14 +222,13 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
   mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
      qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
-  lora(kQProj, norm_.data(), sv.qkv.data(), QKV);
-  lora(kKProj, norm_.data(), sv.qkv.data() + qw_ * dsize_, QKV);
-  lora(kVProj, norm_.data(), sv.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
+  for (const auto& [mod, col] : lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}}))
+    lora(mod, norm_.data(), sv.qkv.data() + col * dsize_, QKV);
   // Qwen3: each head of q and k RMSNormed before rotary.
   if (qk_norm_)
     qk_norm_forward(sv.qkv.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
                     qk_work_.data(), s);
-  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, inv_freq(layer), false, dt_, s, starts_);  // q, k
+  rotary_apply(sv.qkv.data(), N, T, heads + kv_heads, d, QKV, rope_freq(layer, T), false, dt_, s, starts_, rope);  // q, k
   // The layer's window (Gemma 3's global layers have none) and the model's score scale.
   if (attention_.fused())
     attention_.forward(sv.qkv.data(), sv.context.data(), sv.lse.data(), nullptr, starts_, attn_ws_.data(), B, T, s,
@@ -212,26 +239,27 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   if (sandwich_) {  // Gemma 3: h2 = x + RMSNorm(o_proj(...))
     mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.attn_out.data(), H, dt_, dt_);
-    lora(kOProj, sv.context.data(), sv.attn_out.data(), H);
+    lora(lora_slots_[kOProj].module, sv.context.data(), sv.attn_out.data(), H);
     add_normed(x, sv.attn_out.data(), w(block_.attn_out_norm), sv.rstd3.data(), sv.h2.data(), N, s);
   } else {
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
     mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
-    lora(kOProj, sv.context.data(), sv.h2.data(), H);
+    lora(lora_slots_[kOProj].module, sv.context.data(), sv.h2.data(), H);
   }
 
   // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2) (GeGLU: gelu_tanh for silu;
   // sandwich norms: down_proj's output normed before the add).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
-  lora(kGateProj, norm_.data(), sv.gate_up.data(), 2 * F);
-  lora(kUpProj, norm_.data(), sv.gate_up.data() + F * dsize_, 2 * F);
+  for (const auto& [mod, col] : lora_columns({{kGateProj, 0}, {kUpProj, F}}))
+    lora(mod, norm_.data(), sv.gate_up.data() + col * dsize_, 2 * F);
+  const int down = lora_slots_[kDownProj].module;
   // The backward forms SiLU(gate) * up itself; with sandwich norms it needs down_proj's output too.
-  if (recompute && !lora_.on(kDownProj) && !sandwich_) return;
+  if (recompute && !lora_.on(down) && !sandwich_) return;
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   if (sandwich_) {
     mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, sv.mlp_out.data(), H, dt_, dt_);
-    lora(kDownProj, wide_.data(), sv.mlp_out.data(), H);
+    lora(down, wide_.data(), sv.mlp_out.data(), H);
     if (recompute)  // the norm's 1/rms only: out is the kept h_{layer+1}
       rmsnorm_forward(sv.mlp_out.data(), w(block_.mlp_out_norm), norm_.data(), sv.rstd4.data(), N, H, eps, dt_, s,
                       norm_offset_);
@@ -240,12 +268,12 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     return;
   }
   if (recompute) {  // down_proj's x A^T only: out is the kept h_{layer+1}
-    lora_.forward(layer, kDownProj, params.adapter, wide_.data(), N, T, nullptr, H, gemm_, s);
+    lora_.forward(layer, down, params.adapter, wide_.data(), N, T, nullptr, H, gemm_, s);
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
-  lora(kDownProj, wide_.data(), out, H);
+  lora(down, wide_.data(), out, H);
 }
 
 void LlamaCuda::block_forward(int layer, UnitParams params, int B, int T, cudaStream_t s) {
@@ -287,12 +315,13 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
   // input gradient's LoRA term, when it is adapted.
-  auto lora_params = [&](Module mod, const void* x, const char* dy, int ld) {
+  auto lora_params = [&](int mod, const void* x, const char* dy, int ld) {
     lora_.param_backward(layer, mod, params.adapter, x, dy, ld, N, T, grads.adapter, gemm_, s);
   };
-  auto lora_input = [&](Module mod, char* dx) {
-    lora_.input_backward(layer, mod, params.adapter, N, T, dx, gemm_, s);
-  };
+  auto lora_input = [&](int mod, char* dx) { lora_.input_backward(layer, mod, params.adapter, N, T, dx, gemm_, s); };
+  const int o_mod = lora_slots_[kOProj].module, down = lora_slots_[kDownProj].module;
+  const auto qkv_lora = lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}});
+  const auto gate_up_lora = lora_columns({{kGateProj, 0}, {kUpProj, F}});
   const char* x = hidden(layer);
   char* dh = dh_.data();  // d(out) on entry, d(h2) after the MLP, d(x) on exit
   const float eps = cfg_.rms_norm_eps;
@@ -307,19 +336,17 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   if (train_base) mm(true, false, H, F, N, dmlp, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
-  lora_params(kDownProj, wide_.data(), dmlp, H);
+  lora_params(down, wide_.data(), dmlp, H);
   mm(false, false, N, F, H, dmlp, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
-  lora_input(kDownProj, wide_.data());
+  lora_input(down, wide_.data());
   gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   if (train_base)
     mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
-  lora_params(kGateProj, norm_.data(), dgate_up_.data(), 2 * F);
-  lora_params(kUpProj, norm_.data(), dgate_up_.data() + F * dsize_, 2 * F);
+  for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
   mm(false, false, N, H, 2 * F, dgate_up_.data(), 2 * F, w(block_.gate_up), H, grad_.data(), H, dt_, dt_);
-  lora_input(kGateProj, grad_.data());
-  lora_input(kUpProj, grad_.data());
+  for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
                    true, dt_, s, norm_offset_);
@@ -332,16 +359,17 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     dattn = norm_.data();
   }
   if (train_base) mm(true, false, H, qw_, N, dattn, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
-  lora_params(kOProj, sv.context.data(), dattn, H);
+  lora_params(o_mod, sv.context.data(), dattn, H);
   mm(false, false, N, qw_, H, dattn, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
-  lora_input(kOProj, grad_.data());
+  lora_input(o_mod, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
                         starts_, attn_ws_.data(), B, T, s, layer);
   else
     gqa_attention_backward(gemm_, grad_.data(), sv.qkv.data(), sv.lse.data(), dqkv_.data(), B, T, heads, kv_heads, d,
                            dt_, attn_ws_.data(), s, starts_, cfg_.layer_sliding_window(layer), attention_scale());
-  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, inv_freq(layer), true, dt_, s, starts_);
+  rotary_apply(dqkv_.data(), N, T, heads + kv_heads, d, QKV, rope_freq(layer, T), true, dt_, s, starts_,
+               RotaryOptions{rotary_dim_, rope_scale_});
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
                      train_base ? g(block_.q_norm) : nullptr, train_base ? g(block_.k_norm) : nullptr,
@@ -352,11 +380,9 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
     if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   }
-  lora_params(kQProj, norm_.data(), dqkv_.data(), QKV);
-  lora_params(kKProj, norm_.data(), dqkv_.data() + qw_ * dsize_, QKV);
-  lora_params(kVProj, norm_.data(), dqkv_.data() + (qw_ + kvw_) * dsize_, QKV);
+  for (const auto& [mod, col] : qkv_lora) lora_params(mod, norm_.data(), dqkv_.data() + col * dsize_, QKV);
   mm(false, false, N, H, QKV, dqkv_.data(), QKV, w(block_.qkv), H, grad_.data(), H, dt_, dt_);
-  for (Module mod : {kQProj, kKProj, kVProj}) lora_input(mod, grad_.data());
+  for (const auto& [mod, col] : qkv_lora) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,
                    s, norm_offset_);

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "../llama_cuda_sizes.hpp"
@@ -89,8 +91,20 @@ class LlamaCuda final : public CudaModelBase {
   };
   RootTensors root_{};
   BlockOffsets block_{};
-  // The block's linear layers in llama_linear_modules' order: LoRA's module indices (lora_).
+  // The block's projections (LlamaProjection); lora_slots_ maps them to LoRA's module indices (lora_).
   enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
+  std::vector<LlamaLoraSlot> lora_slots_;
+  // The LoRA calls onto adjacent projections' output columns given as (projection, first column), in order:
+  // (module, first column) once per module, a fused module's (Phi-3's qkv_proj) over all its projections.
+  std::vector<std::pair<int, int>> lora_columns(std::initializer_list<std::pair<Module, int>> projections) const;
+  // Partial rotary and LongRoPE (ModelConfig::rotary_dim, longrope): the frequencies a training forward of
+  // T positions rotates by, and the rotation's options.
+  // Layer `layer`'s (its ModelConfig::layer_rope_table; LongRoPE's long factors apply to table 0 only).
+  const float* rope_freq(int layer, int T) const;
+  // The long factors' frequencies of layer `layer`'s table: null without LongRoPE or on a local table.
+  const float* long_inv_freq(int layer) const;
+  int rotary_dim_ = 0;
+  float rope_scale_ = 1;
 
   bool qkv_bias_ = false;  // LlamaBlock::qkv_bias
   bool qk_norm_ = false;   // LlamaBlock::qk_norm
@@ -119,7 +133,9 @@ class LlamaCuda final : public CudaModelBase {
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
   AttentionPath attention_;  // cuDNN's fused attention or gqa_attention_*; sizes_ follow its choice
   LlamaCudaSizes sizes_;
-  DeviceBuffer<float> inv_freq_;  // ModelConfig::rope_tables() tables of head_dim / 2, one after the other
+  // ModelConfig::rope_tables() tables of rotary_dim / 2, one after the other; with LongRoPE then the long factors'
+  // of table 0.
+  DeviceBuffer<float> inv_freq_;
   DeviceBuffer<float> final_rstd_;  // the final RMSNorm's 1/rms
   std::vector<Saved> saved_;
   // Scratch: a norm's output; the gradient into a norm or the context; the hidden-state gradient

@@ -62,7 +62,7 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
   // A linear layer's LoRA term onto its output columns (row stride ld), when it is adapted.
-  auto lora = [&](Module mod, const void* x, char* y, int ld) {
+  auto lora = [&](int mod, const void* x, char* y, int ld) {
     lora_.decode_forward(layer, mod, params.adapter, x, n, y, ld, gemm_, s);
   };
   DecodeBuffers& b = decode_;
@@ -74,13 +74,19 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   rmsnorm_forward(b.hidden.data(), w(block_.input_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s, norm_offset_);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.qkv), qkv_bias_ ? w(block_.qkv_bias) : nullptr, QKV, b.qkv.data(),
               false, dt_, s);
-  lora(kQProj, b.norm.data(), b.qkv.data(), QKV);
-  lora(kKProj, b.norm.data(), b.qkv.data() + qw_ * dsize_, QKV);
-  lora(kVProj, b.norm.data(), b.qkv.data() + (qw_ + kvw_) * dsize_, QKV);
+  for (const auto& [mod, col] : lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}}))
+    lora(mod, b.norm.data(), b.qkv.data() + col * dsize_, QKV);
   if (qk_norm_)  // Qwen3's per-head q/k RMSNorms: the raw heads and the normed scratch side by side in b.qk
     qk_norm_forward(b.qkv.data(), n, w(block_.q_norm), w(block_.k_norm), b.qk.data(), b.qk_rstd.data(),
                     b.qk.data() + static_cast<size_t>(n) * (qw_ + kvw_) * dsize_, s);
-  rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq(layer), dt_, s);  // q and k heads
+  // q and k heads; LongRoPE's factors by the largest position of each row's sequence in the step.
+  RotaryOptions rope{rotary_dim_, rope_scale_};
+  if (const float* long_freq = long_inv_freq(layer)) {
+    rope.long_inv_freq = long_freq;
+    rope.slots = slots;
+    rope.original_max = cfg_.longrope.original_max_position_embeddings;
+  }
+  rotary_apply_at(b.qkv.data(), n, positions, heads + kv_heads, d, QKV, inv_freq(layer), dt_, s, rope);
   // Every row's key and value are cached before any row attends: rows of one slot see each other.
   DecodeQkv qkv = grouped_qkv(heads, kv_heads, d);
   qkv.scale = attention_scale();
@@ -94,30 +100,30 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
   };
   if (sandwich_) {
     linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.out.data(), false, dt_, s);
-    lora(kOProj, b.ctx.data(), b.out.data(), H);
+    lora(lora_slots_[kOProj].module, b.ctx.data(), b.out.data(), H);
     add_normed_rows(b.hidden.data(), b.out.data(), block_.attn_out_norm, b.h2.data());
   } else {
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.h2.data(), b.hidden.data(), NH, cudaMemcpyDeviceToDevice, s));
     linear_rows(gemm_, b.ctx.data(), n, qw_, w(block_.o), nullptr, H, b.h2.data(), true, dt_, s);
-    lora(kOProj, b.ctx.data(), b.h2.data(), H);
+    lora(lora_slots_[kOProj].module, b.ctx.data(), b.h2.data(), H);
   }
 
   // MLP: out = h2 + down_proj(silu(gate_proj(m)) * up_proj(m)), m = RMSNorm(h2), written over the
   // step's hidden states.
   rmsnorm_forward(b.h2.data(), w(block_.post_norm), b.norm.data(), b.rstd.data(), n, H, eps, dt_, s, norm_offset_);
   linear_rows(gemm_, b.norm.data(), n, H, w(block_.gate_up), nullptr, 2 * F, b.gate_up.data(), false, dt_, s);
-  lora(kGateProj, b.norm.data(), b.gate_up.data(), 2 * F);
-  lora(kUpProj, b.norm.data(), b.gate_up.data() + F * dsize_, 2 * F);
+  for (const auto& [mod, col] : lora_columns({{kGateProj, 0}, {kUpProj, F}}))
+    lora(mod, b.norm.data(), b.gate_up.data() + col * dsize_, 2 * F);
   gated_forward(b.gate_up.data(), b.wide.data(), n, s);
   if (sandwich_) {
     linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.out.data(), false, dt_, s);
-    lora(kDownProj, b.wide.data(), b.out.data(), H);
+    lora(lora_slots_[kDownProj].module, b.wide.data(), b.out.data(), H);
     add_normed_rows(b.h2.data(), b.out.data(), block_.mlp_out_norm, b.hidden.data());
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(b.hidden.data(), b.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
   linear_rows(gemm_, b.wide.data(), n, F, w(block_.down), nullptr, H, b.hidden.data(), true, dt_, s);
-  lora(kDownProj, b.wide.data(), b.hidden.data(), H);
+  lora(lora_slots_[kDownProj].module, b.wide.data(), b.hidden.data(), H);
 }
 
 void LlamaCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
