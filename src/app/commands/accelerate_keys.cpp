@@ -30,7 +30,7 @@ const std::vector<ForeignKey> kKeys = {
     // ---- Accelerate config file, top level ----
     {"accelerate", "compute_environment", "\"LOCAL_MACHINE\"", E, "LOCAL_MACHINE is what shardlm runs on; AMAZON_SAGEMAKER has no counterpart"},
     {"accelerate", "distributed_type", "\"NO\"", M, "`fsdp.strategy` (FSDP: from fsdp_config; MULTI_GPU: NO_SHARD, which is DDP; NO: NO_SHARD on one rank; MULTI_CPU: NO_SHARD, `run.backend = cpu`); others are refused"},
-    {"accelerate", "mixed_precision", "\"no\"", M, "`fsdp.param_dtype`, `fsdp.reduce_dtype` (no: fp32; fp8: bf16, with a warning); TrainingArguments' bf16/fp16 win over it, as in Trainer"},
+    {"accelerate", "mixed_precision", "\"no\"", M, "`fsdp.param_dtype`, `fsdp.reduce_dtype` (no: fp32; fp8: bf16 with `model.fp8_linear`, the blocks' linear layers in FP8; on the CPU backend bf16 and a warning); TrainingArguments' bf16/fp16 win over it, as in Trainer"},
     {"accelerate", "use_cpu", "false", M, "`run.backend` (cpu or cuda)"},
     {"accelerate", "num_processes", "1", M, "the ranks the deck is written for (`train.batch_size` = per-device batch x accumulation x num_processes; `mpirun -np`)"},
     {"accelerate", "num_machines", "1", M, "said in the deck's header; HYBRID_SHARD's nodes are the real hosts (`dist.ranks_per_node = 0`)"},
