@@ -13,6 +13,13 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // threads per tile column: each thread covers kTile / kTileRows rows
 
+// A thread's largest |x| bits into *amax_bits: the warp's maximum, then one atomicMax per warp.
+__device__ __forceinline__ void publish_amax(unsigned m, unsigned* amax_bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* x, int rows, int cols, int ld, unsigned* amax_bits) {
   const size_t n = static_cast<size_t>(rows) * cols;
@@ -23,9 +30,7 @@ __global__ void amax_kernel(const T* x, int rows, int cols, int ld, unsigned* am
     const float v = FloatConversion<T>::to(x[r * ld + c]);
     m = max(m, __float_as_uint(v) & 0x7fffffffu);
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+  publish_amax(m, amax_bits);
 }
 
 // The contiguous case (ld == cols, 16-byte aligned, n a multiple of 8): 8 elements per 16-byte load.
@@ -39,12 +44,12 @@ __global__ void amax_packed_kernel(const T* x, size_t packs, unsigned* amax_bits
 #pragma unroll
     for (int k = 0; k < 8; ++k) m = max(m, __float_as_uint(v[k]) & 0x7fffffffu);
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+  publish_amax(m, amax_bits);
 }
 
+// The factor onto E4M3's range, and the one the GEMM multiplies back (1 both for an all-zero tensor).
 __device__ __forceinline__ float scale_of(float amax) { return amax == 0.0f ? 1.0f : kFp8E4M3Max / amax; }
+__device__ __forceinline__ float inv_scale_of(float amax) { return amax == 0.0f ? 1.0f : amax / kFp8E4M3Max; }
 
 // The untransposed copy of the contiguous case: 8 elements in (16 bytes), 8 bytes out.
 template <typename T>
@@ -52,7 +57,7 @@ __global__ void quantize_packed_kernel(const T* x, size_t packs, const unsigned*
                                        float* inv_scale) {
   const float amax = __uint_as_float(*amax_bits);
   const float scale = scale_of(amax);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *inv_scale = amax == 0.0f ? 1.0f : amax / kFp8E4M3Max;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *inv_scale = inv_scale_of(amax);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t p = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride) {
     float v[8];
@@ -72,7 +77,7 @@ __global__ void quantize_kernel(const T* x, int rows, int cols, int ld, const un
   const float amax = __uint_as_float(*amax_bits);
   const float scale = scale_of(amax);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
-    *inv_scale = amax == 0.0f ? 1.0f : amax / kFp8E4M3Max;
+    *inv_scale = inv_scale_of(amax);
   const int c0 = blockIdx.x * kTile, r0 = blockIdx.y * kTile;
   for (int dr = threadIdx.y; dr < kTile; dr += kTileRows) {
     const int r = r0 + dr, c = c0 + threadIdx.x;
