@@ -392,25 +392,34 @@ Quantized quantize_on_device(const std::vector<float>& x, int rows, int cols, in
 
 }  // namespace
 
+// Odd sizes with a padded row stride (32 x 32 tiles element by element, partial tiles), and multiples of
+// 8 with a padded row stride and partial 64 x 64 tiles (the vectorised tiles).
 BOOST_AUTO_TEST_CASE(fp8_quantize_scales_rounds_and_transposes) {
-  std::mt19937 rng(21);
-  const int rows = 37, cols = 45, ld = 50;  // odd sizes and a padded row stride: partial tiles
-  std::vector<float> x = random_values(static_cast<size_t>(rows) * ld, rng, DType::BF16, 3.0f);
-  x[5 * ld + 7] = -100.0f;  // the largest magnitude (random_values' normal draws stay far below), exact in bf16
-  x[6 * ld + cols + 2] = 1000.0f;  // in the row stride's padding: not part of the matrix, so not its amax
-  const Quantized q = quantize_on_device(x, rows, cols, ld);
-  BOOST_TEST(q.inv_scale == 100.0f / 448.0f);
-  const float scale = 448.0f / 100.0f;
-  size_t wrong = 0, wrong_t = 0;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      const float want = nearest_e4m3(bf16_to_float(float_to_bf16(x[static_cast<size_t>(r) * ld + c])) * scale);
-      wrong += cuda::fp8_e4m3_to_float(q.out[static_cast<size_t>(r) * cols + c]) != want;
-      wrong_t += q.out_t[static_cast<size_t>(c) * rows + r] != q.out[static_cast<size_t>(r) * cols + c];
+  struct Shape {
+    int rows, cols, ld;
+  };
+  for (const Shape sh : {Shape{37, 45, 50}, Shape{72, 136, 144}, Shape{128, 64, 64}}) {
+    BOOST_TEST_CONTEXT(sh.rows << " x " << sh.cols << " ld " << sh.ld) {
+      const int rows = sh.rows, cols = sh.cols, ld = sh.ld;
+      std::mt19937 rng(21);
+      std::vector<float> x = random_values(static_cast<size_t>(rows) * ld, rng, DType::BF16, 3.0f);
+      x[5 * ld + 7] = -100.0f;  // the largest magnitude (random_values' normal draws stay far below), exact in bf16
+      if (ld > cols) x[6 * ld + cols + 2] = 1000.0f;  // in the row stride's padding: not the matrix's, not its amax
+      const Quantized q = quantize_on_device(x, rows, cols, ld);
+      BOOST_TEST(q.inv_scale == 100.0f / 448.0f);
+      const float scale = 448.0f / 100.0f;
+      size_t wrong = 0, wrong_t = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          const float want = nearest_e4m3(bf16_to_float(float_to_bf16(x[static_cast<size_t>(r) * ld + c])) * scale);
+          wrong += cuda::fp8_e4m3_to_float(q.out[static_cast<size_t>(r) * cols + c]) != want;
+          wrong_t += q.out_t[static_cast<size_t>(c) * rows + r] != q.out[static_cast<size_t>(r) * cols + c];
+        }
+      BOOST_TEST(wrong == 0u);
+      BOOST_TEST(wrong_t == 0u);
+      BOOST_TEST(cuda::fp8_e4m3_to_float(q.out[5 * cols + 7]) == -448.0f);
     }
-  BOOST_TEST(wrong == 0u);
-  BOOST_TEST(wrong_t == 0u);
-  BOOST_TEST(cuda::fp8_e4m3_to_float(q.out[5 * cols + 7]) == -448.0f);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(fp8_quantize_zeros_infs_and_nans) {

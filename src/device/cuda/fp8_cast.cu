@@ -1,7 +1,8 @@
 // fp8_quantize: the amax of a 16-bit matrix (one grid-stride pass, a warp maximum per warp, one
 // atomicMax on the bits of |x|: for non-negative floats the bit patterns order as the values, and
-// NaN's lie above inf's, so both propagate), then its E4M3 copy and/or transpose through 32 x 32
-// tiles in shared memory (both written coalesced).
+// NaN's lie above inf's, so both propagate; one atomic per block), then its E4M3 copy and/or transpose through tiles in
+// shared memory (both written coalesced): 64 x 64 tiles moved 8 elements a thread where every size is a
+// multiple of 8 (the FP8 GEMMs' operands), 32 x 32 tiles element by element otherwise.
 #include <cuda_fp8.h>
 
 #include "dtype_cuda.cuh"
@@ -12,12 +13,26 @@ namespace {
 
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // threads per tile column: each thread covers kTile / kTileRows rows
+constexpr int kAmaxBlocksPerSm = 8;  // the amax's grid: a few blocks per SM, each looping over its share
 
-// A thread's largest |x| bits into *amax_bits: the warp's maximum, then one atomicMax per warp.
-__device__ __forceinline__ void publish_amax(unsigned m, unsigned* amax_bits) {
+// A thread's largest |x| bits into *amax_bits: the warp's maximum, the block's through shared memory,
+// then one atomicMax per block (one per warp serialises tens of thousands of atomics on one address).
+// Every thread of the block calls it.
+__device__ __forceinline__ unsigned warp_max(unsigned m) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+  return m;
+}
+
+__device__ __forceinline__ void publish_amax(unsigned m, unsigned* amax_bits) {
+  __shared__ unsigned warps[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  m = warp_max(m);
+  if (lane == 0) warps[warp] = m;
+  __syncthreads();
+  if (warp != 0) return;
+  m = warp_max(lane < static_cast<int>((blockDim.x + 31) / 32) ? warps[lane] : 0u);
+  if (lane == 0 && m != 0) atomicMax(amax_bits, m);
 }
 
 template <typename T>
@@ -97,6 +112,54 @@ __global__ void quantize_kernel(const T* x, int rows, int cols, int ld, const un
   }
 }
 
+// The vectorised tile (rows, cols and ld multiples of 8, x 16-byte aligned): 64 x 64 elements, each thread
+// loading 8 (16 bytes) and storing 8 bytes to `out` and to the tile, then 8 bytes of the transpose (eight
+// rows of one column) to `out_t`. The tile's 8-byte chunks are swizzled (chunk ^ row / 8) so that the
+// transposed reads of a warp fall in different banks.
+constexpr int kVecTile = 64;
+constexpr int kVecThreads = 256;
+
+__device__ __forceinline__ int swizzled(int row, int col) {
+  return row * kVecTile + ((((col >> 3) ^ (row >> 3)) & 7) << 3) + (col & 7);
+}
+
+template <typename T>
+__global__ void quantize_tiles_kernel(const T* x, int rows, int cols, int ld, const unsigned* amax_bits, uint8_t* out,
+                                      uint8_t* out_t, float* inv_scale) {
+  __shared__ __align__(16) uint8_t tile[kVecTile * kVecTile];
+  const float amax = __uint_as_float(*amax_bits);
+  const float scale = scale_of(amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *inv_scale = inv_scale_of(amax);
+  const int c0 = blockIdx.x * kVecTile, r0 = blockIdx.y * kVecTile;
+  constexpr int kPacks = kVecTile * kVecTile / 8;
+  for (int p = threadIdx.x; p < kPacks; p += kVecThreads) {
+    const int dr = p >> 3, dc = (p & 7) << 3;
+    const int r = r0 + dr, c = c0 + dc;
+    if (r >= rows || c >= cols) continue;
+    float v[8];
+    load_floats<8>(x + static_cast<size_t>(r) * ld + c, v);
+    uint2 q;
+    uint8_t* b = reinterpret_cast<uint8_t*>(&q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) b[k] = __nv_cvt_float_to_fp8(v[k] * scale, __NV_SATFINITE, __NV_E4M3);
+    if (out) *reinterpret_cast<uint2*>(out + static_cast<size_t>(r) * cols + c) = q;
+    *reinterpret_cast<uint2*>(tile + swizzled(dr, dc)) = q;
+  }
+  if (!out_t) return;
+  __syncthreads();
+  // Thread p writes out_t's row c0 + p / 8 (x's column), elements r0 + 8 (p % 8) ... + 7.
+  for (int p = threadIdx.x; p < kPacks; p += kVecThreads) {
+    const int dc = p >> 3, dr = (p & 7) << 3;
+    const int c = c0 + dc, r = r0 + dr;
+    if (r >= rows || c >= cols) continue;
+    uint2 q;
+    uint8_t* b = reinterpret_cast<uint8_t*>(&q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) b[k] = tile[swizzled(dr + k, dc)];
+    *reinterpret_cast<uint2*>(out_t + static_cast<size_t>(c) * rows + r) = q;
+  }
+}
+
 }  // namespace
 
 void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* out, uint8_t* out_t, float* inv_scale,
@@ -113,7 +176,8 @@ void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* 
     if constexpr (sizeof(T) == 2) {  // bf16 or fp16 (checked above); no fp32 instantiation
     const T* xt = static_cast<const T*>(x);
     if (packed) {
-      amax_packed_kernel<T><<<grid_for(n / 8), kBlockThreads, 0, stream>>>(xt, n / 8, amax_bits);
+      amax_packed_kernel<T><<<grid_for(n / 8, kBlockThreads, kAmaxBlocksPerSm), kBlockThreads, 0, stream>>>(
+          xt, n / 8, amax_bits);
       SHARDLM_CUDA_LAUNCH_CHECK();
       if (!out_t) {
         quantize_packed_kernel<T><<<grid_for(n / 8), kBlockThreads, 0, stream>>>(xt, n / 8, amax_bits, out, inv_scale);
@@ -121,8 +185,16 @@ void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* 
         return;
       }
     } else {
-      amax_kernel<T><<<grid_for(n), kBlockThreads, 0, stream>>>(xt, rows, cols, ld, amax_bits);
+      amax_kernel<T><<<grid_for(n, kBlockThreads, kAmaxBlocksPerSm), kBlockThreads, 0, stream>>>(xt, rows, cols, ld,
+                                                                                             amax_bits);
       SHARDLM_CUDA_LAUNCH_CHECK();
+    }
+    if (rows % 8 == 0 && cols % 8 == 0 && ld % 8 == 0 && is_aligned(x, 16) && (!out || is_aligned(out, 8)) &&
+        (!out_t || is_aligned(out_t, 8))) {
+      const dim3 grid((cols + kVecTile - 1) / kVecTile, (rows + kVecTile - 1) / kVecTile);
+      quantize_tiles_kernel<T><<<grid, kVecThreads, 0, stream>>>(xt, rows, cols, ld, amax_bits, out, out_t, inv_scale);
+      SHARDLM_CUDA_LAUNCH_CHECK();
+      return;
     }
     const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, kTileRows);
     quantize_kernel<T><<<grid, block, 0, stream>>>(xt, rows, cols, ld, amax_bits, out, out_t, inv_scale);

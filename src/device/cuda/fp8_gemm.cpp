@@ -49,6 +49,8 @@ void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream
     fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, w.amax + 1, stream);
   GemmDesc q = d;
   q.fp8 = true;
+  // The forward with fast accumulation (torchao's default); the gradients with fp32 promotion.
+  q.fast_accum = !d.trans_a && d.trans_b;
   q.trans_a = false, q.trans_b = true;
   q.A = w.a, q.lda = d.K;
   q.B = w.b, q.ldb = d.K;

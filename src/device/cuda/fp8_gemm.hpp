@@ -1,6 +1,7 @@
 // A linear layer's three GEMMs in FP8 (model.fp8_linear): the 16-bit operands of a GemmDesc quantized
 // to E4M3 with per-tensor current scaling (fp8_quantize), transposed where cuBLASLt's FP8 form needs
-// it, then one FP8 GEMM with fp32 accumulation into C in its own dtype.
+// it, then one FP8 GEMM with fp32 accumulation into C in its own dtype (the forward with cuBLASLt's
+// fast accumulation, the two gradients without, as torchao's float8 training does).
 //
 //   forward  y[n, out]  = x[n, in] W[out, in]^T     (trans_a 0, trans_b 1): x and W as they are
 //   dgrad    dx[n, in]  = dy[n, out] W[out, in]     (trans_a 0, trans_b 0): W transposed

@@ -56,13 +56,13 @@ struct Signature {
   int M, N, K, lda, ldb, ldc, batch;
   long long stride_a, stride_b, stride_c;
   DType ab, c;
-  bool fp8;
+  bool fp8, fast_accum;
   Epilogue epilogue;
   uint32_t align_a, align_b, align_c, align_bias, align_aux;
 
   auto tied() const {
-    return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, ab, c, fp8, epilogue,
-                    align_a, align_b, align_c, align_bias, align_aux);
+    return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, ab, c, fp8,
+                    fast_accum, epilogue, align_a, align_b, align_c, align_bias, align_aux);
   }
   bool operator==(const Signature& o) const { return tied() == o.tied(); }
 };
@@ -240,6 +240,7 @@ Signature signature_of(const GemmDesc& d) {
   sig.stride_b = d.batch > 1 ? d.stride_b : 0;
   sig.stride_c = d.batch > 1 ? d.stride_c : 0;
   sig.ab = d.fp8 ? DType::F32 : d.ab_dtype, sig.c = d.c_dtype, sig.fp8 = d.fp8, sig.epilogue = d.epilogue;
+  sig.fast_accum = d.fp8 && d.fast_accum;
   sig.align_a = alignment_of(d.A, d.stride_a, d.batch, ab_size);
   sig.align_b = alignment_of(d.B, d.stride_b, d.batch, ab_size);
   sig.align_c = alignment_of(d.C, d.stride_c, d.batch, c_size);
@@ -313,7 +314,7 @@ bool Gemm::choose_algorithm(Plan& plan, const GemmDesc& d) {
 Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
   const Signature sig = signature_of(d);
   const int flags = int(sig.trans_a) | int(sig.trans_b) << 1 | int(sig.epilogue) << 2 | int(sig.ab) << 4 |
-                    int(sig.c) << 6 | int(sig.fp8) << 8;
+                    int(sig.c) << 6 | int(sig.fp8) << 8 | int(sig.fast_accum) << 9;
   const int aligns = log2_of(sig.align_a) | log2_of(sig.align_b) << 4 | log2_of(sig.align_c) << 8 |
                      log2_of(sig.align_bias) << 12 | log2_of(sig.align_aux) << 16;
   const auto key = std::make_tuple(flags, aligns, sig.M, sig.N, sig.K, sig.lda, sig.ldb, sig.ldc, sig.batch,
@@ -332,6 +333,11 @@ Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
   const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  if (sig.fast_accum) {
+    const int8_t fast = 1;
+    SHARDLM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  }
   // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
   const cudaDataType_t ab = d.fp8 ? CUDA_R_8F_E4M3 : cuda_type(d.ab_dtype);
   plan->layout_a = make_layout(ab, d.trans_b ? d.K : d.N, d.trans_b ? d.N : d.K, d.ldb, d.batch, d.stride_b);

@@ -46,6 +46,9 @@ struct GemmDesc {
   // or F32, M, N, K multiples of 16, and each scale on a 16-byte boundary (cuBLASLt 13 answers
   // CUBLAS_STATUS_NOT_SUPPORTED otherwise); fp8_gemm.hpp makes the copies that reach this form.
   bool fp8 = false;
+  // FP8 only: cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial
+  // sums are not promoted to fp32 at intervals). Faster; torchao uses it for the forward only.
+  bool fast_accum = false;
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
 };
