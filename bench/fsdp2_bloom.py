@@ -43,7 +43,10 @@ step, is). Rank 0 prints one JSON line starting with {"impl": "pytorch-fsdp2", .
 CUDA); rank 0 exports the Chrome trace (kept in --profile-dir, else deleted) and the JSON line's
 "timeline" is bench/trace_summary.py's summary of it: NCCL kernels as the communication lane, every
 other GPU event as compute, the "optimizer" record_function around opt.step() as the optimizer.
---tie-embeddings ties a llama's LM head to its embedding (Llama-3.2-1B).
+--tie-embeddings ties a decoder's LM head to its embedding (Llama-3.2-1B, Qwen3, Gemma 3).
+--arch qwen3 / mistral / gemma3 / phi3 builds that family's transformers class with the same shape
+flags as llama plus --head-dim, --sliding-window, --sliding-window-pattern, --rope-local-theta and
+--query-pre-attn-scalar (bench/llama_compare.sh passes them from the deck).
 """
 import argparse
 import json
@@ -66,11 +69,18 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--arch", default="bloom", choices=["bloom", "llama"],
-                   help="llama: LlamaForCausalLM (SDPA attention), untied head")
+    p.add_argument("--arch", default="bloom", choices=["bloom"] + list(DECODERS),
+                   help="bloom, or a Llama-style family built by its transformers class")
     p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
     p.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width (0 = 4 x hidden)")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="llama: rotary base")
+    p.add_argument("--head-dim", type=int, default=0, help="qwen3, mistral, gemma3: head size (0 = hidden / heads)")
+    p.add_argument("--sliding-window", type=int, default=0, help="mistral, phi3, gemma3: attention window (0 = none)")
+    p.add_argument("--sliding-window-pattern", type=int, default=0,
+                   help="gemma3: every N-th layer global, the rest local (windowed)")
+    p.add_argument("--rope-local-theta", type=float, default=0.0, help="gemma3: the local layers' rotary base")
+    p.add_argument("--query-pre-attn-scalar", type=float, default=0.0, help="gemma3: scores scaled by its 1/sqrt")
+    p.add_argument("--rms-eps", type=float, default=1e-5)
     p.add_argument("--tie-embeddings", action="store_true",
                    help="llama: the LM head is the embedding (Llama-3.2-1B); default untied")
     p.add_argument("--activation-checkpointing", action="store_true")
@@ -93,6 +103,40 @@ def parse_args():
     if not 0 <= a.profile_step <= a.steps:
         p.error("--profile-step must be between 0 (off) and --steps")
     return a
+
+
+# The Llama-style families: their transformers config and model classes.
+DECODERS = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+            "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+
+
+def build_decoder(a):
+    """The --arch family's model from its transformers config (random init, no download), SDPA attention."""
+    import transformers
+    config_class, model_class = (getattr(transformers, n) for n in DECODERS[a.arch])
+    kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+              num_key_value_heads=a.kv_heads or a.heads, intermediate_size=a.intermediate or 4 * a.hidden,
+              rms_norm_eps=a.rms_eps, rope_theta=a.rope_theta, initializer_range=0.02, use_cache=False,
+              tie_word_embeddings=a.tie_embeddings, attn_implementation="sdpa")
+    if a.head_dim:
+        kw["head_dim"] = a.head_dim
+    if a.arch in ("mistral", "phi3", "gemma3"):
+        kw["sliding_window"] = a.sliding_window or None
+    if a.arch == "qwen3":
+        kw.update(attention_bias=False, use_sliding_window=False)
+    if a.arch == "phi3":
+        kw.update(resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, pad_token_id=0)
+    if a.arch == "gemma3":
+        n = a.sliding_window_pattern
+        kw.update(layer_types=["full_attention" if n and (i + 1) % n == 0 else "sliding_attention"
+                               for i in range(a.layers)],
+                  rope_local_base_freq=a.rope_local_theta or a.rope_theta,
+                  query_pre_attn_scalar=int(a.query_pre_attn_scalar or a.head_dim or a.hidden // a.heads),
+                  hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None,
+                  pad_token_id=0)
+    cfg = config_class(**kw)
+    return model_class(cfg)
 
 
 def main():
@@ -134,15 +178,9 @@ def main():
 
     # ---- model: random init on the GPU, fp32 master ---------------------------------------
     torch.manual_seed(a.seed)
-    if a.arch == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
-                          num_attention_heads=a.heads, num_key_value_heads=a.kv_heads or a.heads,
-                          intermediate_size=a.intermediate or 4 * a.hidden, rms_norm_eps=1e-5,
-                          rope_theta=a.rope_theta, initializer_range=0.02, use_cache=False,
-                          tie_word_embeddings=a.tie_embeddings, attn_implementation="sdpa")
+    if a.arch in DECODERS:
         with torch.device(dev):
-            model = LlamaForCausalLM(cfg)
+            model = build_decoder(a)
     else:
         cfg = BloomConfig(vocab_size=a.vocab, hidden_size=a.hidden, n_layer=a.layers, n_head=a.heads,
                           layer_norm_epsilon=1e-5, initializer_range=0.02, hidden_dropout=0.0,
@@ -152,7 +190,7 @@ def main():
     model = model.float().train()
     n_params = sum(p.numel() for p in model.parameters())
 
-    blocks = model.model.layers if a.arch == "llama" else model.transformer.h
+    blocks = model.transformer.h if a.arch == "bloom" else model.model.layers
     if a.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, checkpoint_wrapper)
@@ -296,7 +334,7 @@ def main():
             "peak_memory_bytes_per_gpu": alloc,
             "peak_reserved_bytes_per_gpu": reserved,
             "loss_first": loss_vals[0].item(), "loss_last": loss_vals[-1].item(),
-            "tie_embeddings": a.tie_embeddings if a.arch == "llama" else True,
+            "tie_embeddings": a.tie_embeddings if a.arch != "bloom" else True,
             "timeline": timeline,
             "torch": torch.__version__, "transformers": transformers.__version__,
         }

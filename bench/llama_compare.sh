@@ -32,7 +32,7 @@
 # on this machine: "--run.backend=cpu --model.hidden_size=64 ..." (bench/README.md).
 #
 # A ROW is label=DECK:LAYERS:SEQ:MICRO[:ac], e.g. llama8b-2k=input/bench/llama31-8b.ini:4:2048:8
-# (the deck gives the shape, BLOOM or Llama; LAYERS replaces its layer count so the model fits;
+# (the deck gives the shape, BLOOM or any Llama-style family; LAYERS replaces its layer count so the model fits;
 # ":ac" turns activation checkpointing on for both sides). OUT gets llama.jsonl, llama.md, one log
 # per run (its first line the command) and, with --trace-step, the run folders' timelines.
 set -uo pipefail
@@ -138,7 +138,7 @@ run_bounded() {
   case $rc in 0) echo ok ;; 124|137) echo timeout ;; *) echo "failed (rc $rc)" ;; esac
 }
 
-# The deck's shape as fsdp2_bloom.py flags (peft: peft_lora.py's, Llama only).
+# The deck's shape as fsdp2_bloom.py flags (BLOOM or a Llama-style family; peft: peft_lora.py's, Llama only).
 shape_flags() {
   python3 - "$1" "${2:-fsdp2}" <<'PY'
 import configparser, sys
@@ -155,8 +155,15 @@ else:
     if sys.argv[2] == "peft":
         print(flags)
     else:
+        # The families' own shape keys (deck key: fsdp2_bloom.py flag).
+        extra = {"head_dim": "--head-dim", "sliding_window": "--sliding-window",
+                 "sliding_window_pattern": "--sliding-window-pattern", "rope_local_theta": "--rope-local-theta",
+                 "query_pre_attn_scalar": "--query-pre-attn-scalar", "rms_norm_eps": "--rms-eps"}
+        for key, flag in extra.items():
+            if m.get(key, "").strip():
+                flags += f" {flag} {m[key].strip()}"
         tie = m.get("tie_word_embeddings", "false").strip().lower() in ("true", "1", "yes", "on")
-        print(f"--arch llama {flags}" + (" --tie-embeddings" if tie else ""))
+        print(f"--arch {arch} {flags}" + (" --tie-embeddings" if tie else ""))
 PY
 }
 
