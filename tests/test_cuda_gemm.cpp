@@ -501,6 +501,54 @@ BOOST_AUTO_TEST_CASE(fp8_forward_dgrad_wgrad_forms) {
   check_fp8_form(true, true, DType::F32, 0.0f);     // both transposed
 }
 
+// run_fp8_linear_backward (the output gradient quantized once, in both layouts) gives the bits of the
+// two GEMMs run one at a time through run_fp8_gemm: the same E4M3 copies and scales, the same GEMMs;
+// with a frozen weight (no wgrad) too, and with dx written over x's buffer after wgrad has read it.
+BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemms) {
+  std::mt19937 rng(17);
+  const int n = 96, out = 64, in = 48;
+  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
+  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
+  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
+  const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
+  const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(n) * in;
+  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
+  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+  Gemm gemm;
+  // wgrad dW += dy^T x and dgrad dx = dy W over these buffers.
+  auto descs = [&](const TestArray& ddy, const TestArray& dx_in, const TestArray& dweight, const TestArray& dW,
+                   void* dx) {
+    GemmDesc wg, dg;
+    wg.trans_a = true, wg.M = out, wg.N = in, wg.K = n, wg.beta = 1;
+    wg.A = ddy.data(), wg.lda = out, wg.B = dx_in.data(), wg.ldb = in, wg.C = dW.data(), wg.ldc = in;
+    wg.ab_dtype = DType::BF16, wg.c_dtype = DType::F32;
+    dg.M = n, dg.N = in, dg.K = out;
+    dg.A = ddy.data(), dg.lda = out, dg.B = dweight.data(), dg.ldb = in, dg.C = dx, dg.ldc = in;
+    dg.ab_dtype = DType::BF16, dg.c_dtype = DType::BF16;
+    return std::pair{wg, dg};
+  };
+  for (const bool frozen : {false, true}) {
+    BOOST_TEST_CONTEXT("frozen weight " << frozen) {
+      // Separately: wgrad through run_fp8_gemm, then dgrad into its own buffer.
+      TestArray ddy(dy, DType::BF16), dx_sep(x, DType::BF16), dW_w(W, DType::BF16), dW_sep(dw0, DType::F32);
+      TestArray dx_out(std::vector<float>(static_cast<size_t>(n) * in, 0.0f), DType::BF16);
+      const auto [wg, dg] = descs(ddy, dx_sep, dW_w, dW_sep, dx_out.data());
+      if (!frozen) cuda::run_fp8_gemm(gemm, wg, w, nullptr);
+      cuda::run_fp8_gemm(gemm, dg, w, nullptr);
+      check_cuda(cudaDeviceSynchronize(), "separate FP8 GEMMs");
+      const std::vector<float> want_dx = dx_out.download(static_cast<size_t>(n) * in);
+      const std::vector<float> want_dw = dW_sep.download(static_cast<size_t>(out) * in);
+      // Shared: dx written over x's buffer.
+      TestArray dx_shared(x, DType::BF16), dW_shared(dw0, DType::F32);
+      const auto [wg2, dg2] = descs(ddy, dx_shared, dW_w, dW_shared, dx_shared.data());
+      BOOST_REQUIRE_NO_THROW(cuda::run_fp8_linear_backward(gemm, frozen ? nullptr : &wg2, dg2, w, nullptr));
+      check_cuda(cudaDeviceSynchronize(), "run_fp8_linear_backward");
+      BOOST_TEST(dx_shared.download(static_cast<size_t>(n) * in) == want_dx, boost::test_tools::per_element());
+      BOOST_TEST(dW_shared.download(static_cast<size_t>(out) * in) == want_dw, boost::test_tools::per_element());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {
   const size_t a_el = 64 * 96, b_el = 48 * 96;
   DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));

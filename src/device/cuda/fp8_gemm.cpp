@@ -13,6 +13,8 @@ Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements) {
   Fp8Scratch w;
   w.a = reinterpret_cast<uint8_t*>(p), w.a_bytes = a_elements;
   p += align256(a_elements);
+  w.g = reinterpret_cast<uint8_t*>(p);
+  p += align256(a_elements);
   w.b = reinterpret_cast<uint8_t*>(p), w.b_bytes = b_elements;
   p += align256(b_elements);
   w.a_scale = reinterpret_cast<float*>(p);
@@ -35,6 +37,31 @@ bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
          static_cast<size_t>(d.M) * d.K <= w.a_bytes && static_cast<size_t>(d.N) * d.K <= w.b_bytes;
 }
 
+namespace {
+
+// d in cuBLASLt's FP8 form on copies already made: A [M, K] at a, B^T [N, K] at w.b, their inverse scales
+// in w; the forward with fast accumulation (torchao's default), the two gradients with fp32 promotion.
+void run_quantized(Gemm& gemm, const GemmDesc& d, const uint8_t* a, const Fp8Scratch& w, cudaStream_t stream) {
+  GemmDesc q = d;
+  q.fp8 = true;
+  q.fast_accum = !d.trans_a && d.trans_b;
+  q.trans_a = false, q.trans_b = true;
+  q.A = a, q.lda = d.K;
+  q.B = w.b, q.ldb = d.K;
+  q.a_scale = w.a_scale, q.b_scale = w.b_scale;
+  gemm.run(q, stream);
+}
+
+// op(B) [K, N] of d as B^T [N, K] in w.b: stored [N, K] when trans_b, else [K, N], transposed.
+void quantize_b(const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream) {
+  if (d.trans_b)
+    fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, w.b, nullptr, w.b_scale, w.amax + 1, stream);
+  else
+    fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, w.amax + 1, stream);
+}
+
+}  // namespace
+
 void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream) {
   SHARDLM_CHECK(fp8_gemm_fits(d, w), "run_fp8_gemm: this GEMM cannot run in FP8 here");
   // op(A) is [M, K]: stored [M, K] (row stride lda) as it is, or [K, M] when trans_a, transposed.
@@ -42,20 +69,26 @@ void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream
     fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, w.amax, stream);
   else
     fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, w.amax, stream);
-  // op(B) is [K, N]; the GEMM wants B^T [N, K]: stored [N, K] when trans_b, else [K, N], transposed.
-  if (d.trans_b)
-    fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, w.b, nullptr, w.b_scale, w.amax + 1, stream);
-  else
-    fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, w.amax + 1, stream);
-  GemmDesc q = d;
-  q.fp8 = true;
-  // The forward with fast accumulation (torchao's default); the gradients with fp32 promotion.
-  q.fast_accum = !d.trans_a && d.trans_b;
-  q.trans_a = false, q.trans_b = true;
-  q.A = w.a, q.lda = d.K;
-  q.B = w.b, q.ldb = d.K;
-  q.a_scale = w.a_scale, q.b_scale = w.b_scale;
-  gemm.run(q, stream);
+  quantize_b(d, w, stream);
+  run_quantized(gemm, d, w.a, w, stream);
+}
+
+void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
+                             cudaStream_t stream) {
+  SHARDLM_CHECK(!dgrad.trans_a && fp8_gemm_fits(dgrad, w) &&
+                    (!wgrad || (wgrad->trans_a && !wgrad->trans_b && fp8_gemm_fits(*wgrad, w) &&
+                                wgrad->A == dgrad.A && wgrad->lda == dgrad.lda && wgrad->M == dgrad.K &&
+                                wgrad->K == dgrad.M)),
+                "run_fp8_linear_backward: these GEMMs cannot share their output gradient in FP8 here");
+  // dy [n, out] (dgrad's A as it is): untransposed into g for dgrad, transposed into a for wgrad.
+  fp8_quantize(dgrad.A, dgrad.M, dgrad.K, dgrad.lda, dgrad.ab_dtype, w.g, wgrad ? w.a : nullptr, w.a_scale, w.amax,
+               stream);
+  if (wgrad) {
+    quantize_b(*wgrad, w, stream);
+    run_quantized(gemm, *wgrad, w.a, w, stream);
+  }
+  quantize_b(dgrad, w, stream);
+  run_quantized(gemm, dgrad, w.g, w, stream);
 }
 
 }  // namespace shardlm::cuda

@@ -20,12 +20,14 @@
 namespace shardlm::cuda {
 
 // Device scratch of the quantized operands: `a` and `b` hold the largest A and B of the GEMMs run
-// through it (elements = bytes), a_scale and b_scale their inverse scales (16-byte aligned each:
+// through it (elements = bytes), `g` as many as `a` (a linear layer's output gradient untransposed
+// while `a` holds its transpose), a_scale and b_scale their inverse scales (16-byte aligned each:
 // cuBLASLt refuses the FP8 GEMM, CUBLAS_STATUS_NOT_SUPPORTED, for a scale pointer that is not),
 // `amax` two unsigned.
 struct Fp8Scratch {
   uint8_t* a = nullptr;
   size_t a_bytes = 0;
+  uint8_t* g = nullptr;
   uint8_t* b = nullptr;
   size_t b_bytes = 0;
   float* a_scale = nullptr;
@@ -53,5 +55,10 @@ class Fp8Buffer {
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w);
 // Runs d in FP8 through w (fp8_gemm_fits must hold).
 void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream);
+// A linear layer's two backward GEMMs in FP8 with its output gradient dy quantized once (one amax, both
+// layouts): wgrad dW += dy^T x (null: a frozen weight) and dgrad dx = dy W, in that order (dx may be x's
+// buffer). Both must fit (fp8_gemm_fits) and share dy: wgrad's A is dgrad's A, transposed.
+void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
+                             cudaStream_t stream);
 
 }  // namespace shardlm::cuda

@@ -65,10 +65,11 @@ inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
 constexpr size_t kFp8ScaleAlignment = 16;
 
 // run_fp8_gemm's scratch (fp8_gemm.hpp, Fp8Scratch): the E4M3 copies of A operands of up to
-// a_elements and B operands of up to b_elements, then two fp32 inverse scales 16 bytes apart and two
-// amax words.
+// a_elements (twice: a linear layer's output gradient is kept in both layouts for its two backward
+// GEMMs) and B operands of up to b_elements, then two fp32 inverse scales 16 bytes apart and two amax
+// words.
 inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements) {
-  return align256(a_elements) + align256(b_elements) + align256(2 * kFp8ScaleAlignment) +
+  return 2 * align256(a_elements) + align256(b_elements) + align256(2 * kFp8ScaleAlignment) +
          align256(2 * sizeof(unsigned));
 }
 

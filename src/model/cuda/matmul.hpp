@@ -19,10 +19,35 @@ struct MatMul {
   void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
                   int ldc, DType ab, DType c, float beta = 0, Epilogue ep = Epilogue::None,
                   const void* bias = nullptr, void* aux = nullptr) const {
+    GemmDesc d = desc(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, ab, c, beta);
+    d.epilogue = ep, d.bias = bias, d.aux = aux;
+    run(d);
+  }
+
+  // A linear layer y[n, out] = x[n, in] W[out, in]^T, backward: dW += dy^T x in fp32 (dW null: a frozen
+  // weight), then dx = dy W (dx may be x's buffer). In FP8 dy is quantized once for both.
+  void linear_backward(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, const void* W,
+                       void* dW, void* dx, int ld_dx, DType dt) const {
+    const GemmDesc wgrad = desc(true, false, out, in, n, dy, ld_dy, x, ld_x, dW, in, dt, DType::F32, 1);
+    const GemmDesc dgrad = desc(false, false, n, in, out, dy, ld_dy, W, in, dx, ld_dx, dt, dt, 0);
+    if (fp8 && fp8_gemm_fits(dgrad, *fp8) && (!dW || fp8_gemm_fits(wgrad, *fp8))) {
+      run_fp8_linear_backward(gemm, dW ? &wgrad : nullptr, dgrad, *fp8, s);
+      return;
+    }
+    if (dW) run(wgrad);
+    run(dgrad);
+  }
+
+ private:
+  GemmDesc desc(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C, int ldc,
+                DType ab, DType c, float beta) const {
     GemmDesc d;
     d.trans_a = ta, d.trans_b = tb, d.M = M, d.N = N, d.K = K, d.alpha = alpha;
     d.A = A, d.lda = lda, d.B = B, d.ldb = ldb, d.C = C, d.ldc = ldc;
-    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta, d.epilogue = ep, d.bias = bias, d.aux = aux;
+    d.ab_dtype = ab, d.c_dtype = c, d.beta = beta;
+    return d;
+  }
+  void run(const GemmDesc& d) const {
     if (fp8 && fp8_gemm_fits(d, *fp8))
       run_fp8_gemm(gemm, d, *fp8, s);
     else

@@ -335,17 +335,16 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   }
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
-  if (train_base) mm(true, false, H, F, N, dmlp, H, wide_.data(), F, g(block_.down), F, dt_, DType::F32, 1);
   lora_params(down, wide_.data(), dmlp, H);
-  mm(false, false, N, F, H, dmlp, H, w(block_.down), F, wide_.data(), F, dt_, dt_);
+  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), train_base ? g(block_.down) : nullptr,
+                     wide_.data(), F, dt_);
   lora_input(down, wide_.data());
   gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
-  if (train_base)
-    mm(true, false, 2 * F, H, N, dgate_up_.data(), 2 * F, norm_.data(), H, g(block_.gate_up), H, dt_, DType::F32, 1);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
-  mm(false, false, N, H, 2 * F, dgate_up_.data(), 2 * F, w(block_.gate_up), H, grad_.data(), H, dt_, dt_);
+  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up),
+                     train_base ? g(block_.gate_up) : nullptr, grad_.data(), H, dt_);
   for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
@@ -358,9 +357,9 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                      g(block_.attn_out_norm), N, H, false, dt_, s, norm_offset_);
     dattn = norm_.data();
   }
-  if (train_base) mm(true, false, H, qw_, N, dattn, H, sv.context.data(), qw_, g(block_.o), qw_, dt_, DType::F32, 1);
   lora_params(o_mod, sv.context.data(), dattn, H);
-  mm(false, false, N, qw_, H, dattn, H, w(block_.o), qw_, grad_.data(), qw_, dt_, dt_);
+  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), train_base ? g(block_.o) : nullptr,
+                     grad_.data(), qw_, dt_);
   lora_input(o_mod, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
@@ -376,12 +375,10 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                      qk_work_.data(), s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
-  if (train_base) {
-    mm(true, false, QKV, H, N, dqkv_.data(), QKV, norm_.data(), H, g(block_.qkv), H, dt_, DType::F32, 1);
-    if (qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
-  }
+  if (train_base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   for (const auto& [mod, col] : qkv_lora) lora_params(mod, norm_.data(), dqkv_.data() + col * dsize_, QKV);
-  mm(false, false, N, H, QKV, dqkv_.data(), QKV, w(block_.qkv), H, grad_.data(), H, dt_, dt_);
+  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), train_base ? g(block_.qkv) : nullptr,
+                     grad_.data(), H, dt_);
   for (const auto& [mod, col] : qkv_lora) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,
