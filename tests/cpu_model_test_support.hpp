@@ -53,6 +53,13 @@ inline ModelConfig tiny_llama() {
   return c;
 }
 
+// cfg as family `arch` without Llama 3's rope scaling, which Mistral, Gemma 3 and Phi-3 do not take.
+inline ModelConfig unscaled_as(ModelConfig c, const char* arch) {
+  c.arch = arch;
+  c.rope_scaling = RopeScaling{};
+  return c;
+}
+
 // Qwen2: tiny_llama's shape with q/k/v biases and the head tied, as Qwen2.5's small models.
 inline ModelConfig tiny_qwen2() {
   ModelConfig c = tiny_llama();
@@ -73,9 +80,7 @@ inline ModelConfig tiny_qwen3() {
 // Mistral: tiny_llama's shape without rope scaling, head_dim 12 where hidden_size / heads is 8 (as
 // Mistral Nemo's) and a sliding window of 3 keys, shorter than the tests' sequences.
 inline ModelConfig tiny_mistral() {
-  ModelConfig c = tiny_llama();
-  c.arch = "mistral";
-  c.rope_scaling = RopeScaling{};
+  ModelConfig c = unscaled_as(tiny_llama(), "mistral");
   c.head_size = 12;
   c.sliding_window = 3;
   return c;
@@ -84,9 +89,8 @@ inline ModelConfig tiny_mistral() {
 // cfg as Gemma 3 (its block: (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, q/k norms) with local
 // layers (a window of `window` keys, rope base `local_theta`) then global ones (cfg's rope_theta over a
 // linear factor 2) in turn, its own head_dim and a score scale other than head_dim's.
-inline ModelConfig as_gemma3(ModelConfig c, int head_dim, int window, float local_theta, float query_scalar) {
-  c.arch = "gemma3";
-  c.rope_scaling = RopeScaling{};
+inline ModelConfig as_gemma3(const ModelConfig& cfg, int head_dim, int window, float local_theta, float query_scalar) {
+  ModelConfig c = unscaled_as(cfg, "gemma3");
   c.head_size = head_dim;
   c.sliding_window = window;
   c.sliding_window_pattern = 2;
@@ -109,9 +113,7 @@ inline ModelConfig tiny_gemma3() {
 // sequences of 4 or more, and decoding's prefills of 4, take the long factors) against max_position_embeddings
 // 32 (attention factor sqrt(1 + ln(32 / 3) / ln 3)), a sliding window of 3 keys, untied.
 inline ModelConfig tiny_phi3() {
-  ModelConfig c = tiny_llama();
-  c.arch = "phi3";
-  c.rope_scaling = RopeScaling{};
+  ModelConfig c = unscaled_as(tiny_llama(), "phi3");
   c.partial_rotary_factor = 0.75;
   c.longrope.short_factor = {1.0f, 1.5f, 2.5f};
   c.longrope.long_factor = {1.25f, 3.0f, 7.0f};

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
@@ -87,6 +88,14 @@ struct DeckSection {
   void (*check)(const RunConfig&, int world_size) = nullptr;
   std::vector<KeySpec> keys;
 };
+
+// A section whose keys are declared in groups (a function each, as keys_fsdp.cpp's), in the groups' order.
+inline DeckSection grouped_section(std::string name, void (*check)(const RunConfig&, int),
+                                   std::initializer_list<std::vector<KeySpec>> groups) {
+  DeckSection section{std::move(name), check, {}};
+  for (const std::vector<KeySpec>& keys : groups) section.keys.insert(section.keys.end(), keys.begin(), keys.end());
+  return section;
+}
 
 // The sections (keys_<section>.cpp), in the resolved deck's order: model, lora, data, train, fsdp, eval,
 // dist, checkpoint, run.

@@ -188,10 +188,7 @@ static std::vector<KeySpec> communication_keys() {
 }
 
 DeckSection fsdp_section() {
-  DeckSection section{"fsdp", check_fsdp, {}};
-  for (auto keys : {precision_keys(), offload_keys(), communication_keys()})
-    section.keys.insert(section.keys.end(), keys.begin(), keys.end());
-  return section;
+  return grouped_section("fsdp", check_fsdp, {precision_keys(), offload_keys(), communication_keys()});
 }
 
 }  // namespace shardlm::config_detail

@@ -106,8 +106,9 @@ static void check_model(const RunConfig& cfg, int) {
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
 }
 
-// The model's shape (and init_std, its random initialisation), which model.dir's config.json gives instead.
-static std::vector<KeySpec> shape_keys() {
+// The model's shape, which model.dir's config.json gives instead, in two groups: the family, its sizes and
+// attention windows (with init_std, the random initialisation), then the norms, rotary embeddings and the tied head.
+static std::vector<KeySpec> family_size_and_window_keys() {
   return {
       choice_key("model.arch", SHARDLM_FIELD(model.arch), model_family_names())
           .on("both; `llama`, `qwen2`, `qwen3`, `mistral`, `gemma3`, `phi3`: see README \"Status\" for the CUDA "
@@ -187,6 +188,11 @@ static std::vector<KeySpec> shape_keys() {
           .doc("Gemma 3: attention scores scaled by its inverse square root instead of `head_dim`'s (config.json's "
                "`query_pre_attn_scalar`; Gemma 3 1B: 256, its head_dim). 0 = `head_dim`. Other "
                "families: must be 0"),
+  };
+}
+
+static std::vector<KeySpec> norm_rotary_and_tie_keys() {
+  return {
       positive_float_key("model.rms_norm_eps", SHARDLM_FIELD(model.rms_norm_eps))
           .of_shape()
           .doc("Llama: RMSNorm epsilon"),
@@ -278,9 +284,7 @@ static std::vector<KeySpec> run_keys() {
 }
 
 DeckSection model_section() {
-  DeckSection section{"model", check_model, {}};
-  for (auto keys : {shape_keys(), run_keys()}) section.keys.insert(section.keys.end(), keys.begin(), keys.end());
-  return section;
+  return grouped_section("model", check_model, {family_size_and_window_keys(), norm_rotary_and_tie_keys(), run_keys()});
 }
 
 }  // namespace shardlm::config_detail

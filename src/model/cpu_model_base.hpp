@@ -44,6 +44,13 @@ class CpuModelBase : public CpuModel {
   void begin_block_forward(int layer, int B, int T);
   // block_backward's checks: the layer exists and B x T is the shape of its last block_forward.
   void check_block_backward(int layer, int B, int T) const;
+  // A family's block call: begin_block_forward for a forward, check_block_backward for a backward.
+  void enter_block(int layer, int B, int T, bool forward) {
+    if (forward)
+      begin_block_forward(layer, B, T);
+    else
+      check_block_backward(layer, B, T);
+  }
   size_t shared_bytes() const { return embedding_->bytes() + head_->bytes() + lora_.floats() * sizeof(float); }
   // A family's activation buffer (or workspace) of `floats` elements, counted in activation_bytes().
   void allocate_activations(Buffer<float>& buffer, size_t floats);

@@ -109,7 +109,7 @@ class BloomCpu final : public model_detail::CpuModelBase {
                     const int* positions) override;
 
  private:
-  // Forward: begins the layer's step (CpuModelBase::begin_block_forward); backward: checks it.
+  // Forward: begins the layer's step, backward: checks it (CpuModelBase::enter_block); then what both share.
   BlockCall block_call(int layer, int B, int T, bool forward);
 
   State m_;
@@ -169,10 +169,7 @@ size_t bloom_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
 // ---- transformer block ----------------------------------------------------------------------
 
 BlockCall BloomCpu::block_call(int layer, int B, int T, bool forward) {
-  if (forward)
-    begin_block_forward(layer, B, T);
-  else
-    check_block_backward(layer, B, T);
+  enter_block(layer, B, T, forward);
   AttentionShape shape = interleaved_heads(B, T, cfg_.num_heads, cfg_.head_dim(), m_.slopes.data());
   shape.starts = starts_;
   return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size};

@@ -2,6 +2,7 @@
 #include "cuda_model_base.hpp"
 
 #include "../size_checks.hpp"
+#include "decode_head.hpp"
 
 namespace shardlm::cuda {
 
@@ -53,9 +54,22 @@ void CudaModelBase::free_cache() {
   lora_.decode_free();
 }
 
-void CudaModelBase::check_step_rows(const char* what, int n) const {
+bool CudaModelBase::check_step_rows(const char* what, int n) const {
   SHARDLM_CHECK(n >= 0 && n <= max_rows_, name_, "::", what, ": ", n, " rows, scratch for ", max_rows_,
                 " (decode_allocate first)");
+  return n > 0;
+}
+
+bool CudaModelBase::gather_head_rows(const void* hidden, const int32_t* rows, int m, void* out, cudaStream_t s) const {
+  if (!check_step_rows("decode_head", m)) return false;
+  gather_rows(hidden, rows, m, cfg_.hidden_size, out, dt_, s);
+  return true;
+}
+
+void CudaModelBase::head_argmax(const void* normed, int m, const void* head, int chunk, int32_t* next, float* logits,
+                                cudaStream_t s) {
+  decode_head_rows(gemm_, normed, m, cfg_.hidden_size, head, cfg_.vocab_size, chunk,
+                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
 }
 
 }  // namespace shardlm::cuda

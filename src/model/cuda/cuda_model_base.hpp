@@ -42,8 +42,16 @@ class CudaModelBase : public CudaModel {
   char* layer_keys(int layer) { return keys_.data() + layer * layer_cache_bytes_; }
   char* layer_values(int layer) { return values_.data() + layer * layer_cache_bytes_; }
   int cache_max_len() const { return max_len_; }
-  // name::what errors for a step of more rows than decode_allocate's.
-  void check_step_rows(const char* what, int n) const;
+  // name::what errors for a step of more rows than decode_allocate's; else whether the step has any rows
+  // (an empty step does nothing).
+  bool check_step_rows(const char* what, int n) const;
+  // decode_head's steps around the family's final norm. gather_head_rows: `hidden`'s rows rows[i] (i < m, the
+  // step's rows whose next token is wanted) into `out` ([m, H]), false for none (checked as check_step_rows);
+  // head_argmax: next[i] = argmax of the logits of `normed` row i over the LM head's [V, H] `head` (written to
+  // `logits` too unless null), `chunk` rows at a time through head_ws_.
+  bool gather_head_rows(const void* hidden, const int32_t* rows, int m, void* out, cudaStream_t s) const;
+  void head_argmax(const void* normed, int m, const void* head, int chunk, int32_t* next, float* logits,
+                   cudaStream_t s);
 
   const char* name_;
   ModelConfig cfg_;

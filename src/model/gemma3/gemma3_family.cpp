@@ -166,8 +166,7 @@ void gemma3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   c["final_logit_softcapping"] = nullptr;
   c["use_bidirectional_attention"] = false;
   c["attention_bias"] = false;
-  c["attention_dropout"] = 0.0;
-  c["initializer_range"] = shortest_decimal(cfg.init_std);
+  write_dropout_and_init_range(cfg, c);
 }
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }

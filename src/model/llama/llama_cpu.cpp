@@ -260,7 +260,7 @@ class LlamaCpu final : public model_detail::CpuModelBase {
                     const int* positions) override;
 
  private:
-  // Forward: begins the layer's step (CpuModelBase::begin_block_forward); backward: checks it.
+  // Forward: begins the layer's step, backward: checks it (CpuModelBase::enter_block); then what both share.
   BlockCall block_call(int layer, int B, int T, bool forward);
 
   State m_;
@@ -351,10 +351,7 @@ size_t llama_cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max
 // ---- decoder layer --------------------------------------------------------------------------
 
 BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
-  if (forward)
-    begin_block_forward(layer, B, T);
-  else
-    check_block_backward(layer, B, T);
+  enter_block(layer, B, T, forward);
   AttentionShape shape = grouped_heads(B, T, cfg_, layer);
   shape.starts = starts_;
   return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, m_.rotary_for(cfg_, layer, T - 1)};

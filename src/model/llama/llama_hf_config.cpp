@@ -208,4 +208,9 @@ void write_sliding_window(const ModelConfig& cfg, OrderedJson& c) {
     c["sliding_window"] = nullptr;
 }
 
+void write_dropout_and_init_range(const ModelConfig& cfg, OrderedJson& c) {
+  c["attention_dropout"] = 0.0;
+  c["initializer_range"] = shortest_decimal(cfg.init_std);
+}
+
 }  // namespace shardlm

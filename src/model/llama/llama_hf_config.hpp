@@ -30,6 +30,10 @@ void read_rope_options(const HfConfigReader& r, ModelConfig& c);
 // LongRoPE's keys) in place of rope_theta / rope_scaling, original_max_position_embeddings also at the top.
 void write_rope_options(const ModelConfig& cfg, OrderedJson& c);
 
+// The training-only keys that end the windowed Llama-style families' config.json (Mistral, Qwen2, Qwen3,
+// Gemma 3): attention_dropout (0: shardlm has none) and initializer_range (ModelConfig::init_std).
+void write_dropout_and_init_range(const ModelConfig& cfg, OrderedJson& c);
+
 // config.json sliding_window as ModelConfig::sliding_window: null is none (0), absent is `absent`
 // (transformers' default for the family); 0 or negative is an Error naming the file and the key.
 int read_sliding_window(const HfConfigReader& r, int absent);

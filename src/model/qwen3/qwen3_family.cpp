@@ -22,8 +22,7 @@ void qwen3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   write_llama_style_config(cfg, c);
   c["attention_bias"] = false;
   write_layer_sliding_window(cfg, c);
-  c["attention_dropout"] = 0.0;
-  c["initializer_range"] = shortest_decimal(cfg.init_std);
+  write_dropout_and_init_range(cfg, c);
 }
 
 }  // namespace

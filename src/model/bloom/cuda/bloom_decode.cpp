@@ -5,7 +5,6 @@
 // in the training head's workspace, which is idle while decoding.
 #include "bloom_cuda.hpp"
 #include "decode_attention.hpp"
-#include "decode_head.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "layernorm.hpp"
@@ -32,8 +31,7 @@ void BloomCuda::decode_free() {
 }
 
 void BloomCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) {
-  check_step_rows("decode_embed", n);
-  if (n == 0) return;
+  if (!check_step_rows("decode_embed", n)) return;
   const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   // ln takes the raw embeddings; the LayerNorm writes the step's hidden states.
   embedding_forward(tokens, root_.embeddings.at(root, dsize_), decode_.ln.data(), n, H, V, dt_, s);
@@ -45,8 +43,7 @@ void BloomCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cuda
 void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
   check_layer("decode_block", layer);
-  check_step_rows("decode_block", n);
-  if (n == 0) return;
+  if (!check_step_rows("decode_block", n)) return;
   const int H = cfg_.hidden_size, heads = cfg_.num_heads, d = cfg_.head_dim();
   const float eps = cfg_.layer_norm_eps;
   const size_t NH = static_cast<size_t>(n) * H;
@@ -89,16 +86,12 @@ void BloomCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
 
 void BloomCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
                             cudaStream_t s) {
-  check_step_rows("decode_head", m);
-  if (m == 0) return;
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   DecodeBuffers& b = decode_;
-  gather_rows(b.hidden.data(), rows, m, H, b.ctx.data(), dt_, s);
+  if (!gather_head_rows(b.hidden.data(), rows, m, b.ctx.data(), s)) return;
   layernorm_forward(b.ctx.data(), root_.final_norm_weight.at(root, dsize_), root_.final_norm_bias.at(root, dsize_), b.ln.data(),
-                    b.mean.data(), b.rstd.data(), m, H, cfg_.layer_norm_eps, dt_, s);
+                    b.mean.data(), b.rstd.data(), m, cfg_.hidden_size, cfg_.layer_norm_eps, dt_, s);
   // The LM head is tied: its weight is the embedding table.
-  decode_head_rows(gemm_, b.ln.data(), m, H, root_.embeddings.at(root, dsize_), V, sizes_.head_chunk,
-                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
+  head_argmax(b.ln.data(), m, root_.embeddings.at(root, dsize_), sizes_.head_chunk, next, logits, s);
 }
 
 }  // namespace shardlm::cuda

@@ -5,7 +5,6 @@
 // exist for at most sizes_.head_chunk rows at once, in the training head's workspace, which is idle
 // while decoding. LlamaCpu::block_decode is the reference.
 #include "decode_attention.hpp"
-#include "decode_head.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "llama_cuda.hpp"
@@ -42,8 +41,7 @@ void LlamaCuda::decode_free() {
 }
 
 void LlamaCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cudaStream_t s) {
-  check_step_rows("decode_embed", n);
-  if (n == 0) return;
+  if (!check_step_rows("decode_embed", n)) return;
   embedding_forward(tokens, root_.embeddings.at(root, dsize_), decode_.hidden.data(), n, cfg_.hidden_size,
                     cfg_.vocab_size, dt_, s);
   if (embed_scale_ != 1.0f)
@@ -53,8 +51,7 @@ void LlamaCuda::decode_embed(UnitParams root, const int32_t* tokens, int n, cuda
 void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots, const int32_t* positions, int n,
                              cudaStream_t s) {
   check_layer("decode_block", layer);
-  check_step_rows("decode_block", n);
-  if (n == 0) return;
+  if (!check_step_rows("decode_block", n)) return;
   const int H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_, d = cfg_.head_dim();
   const int heads = cfg_.num_heads, kv_heads = cfg_.kv_heads();
   const float eps = cfg_.rms_norm_eps;
@@ -128,17 +125,13 @@ void LlamaCuda::decode_block(int layer, UnitParams params, const int32_t* slots,
 
 void LlamaCuda::decode_head(UnitParams root, const int32_t* rows, int m, int32_t* next, float* logits,
                             cudaStream_t s) {
-  check_step_rows("decode_head", m);
-  if (m == 0) return;
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
   DecodeBuffers& b = decode_;
   // h2 is free between blocks: it takes the rows whose logits are wanted.
-  gather_rows(b.hidden.data(), rows, m, H, b.h2.data(), dt_, s);
-  rmsnorm_forward(b.h2.data(), root_.norm.at(root, dsize_), b.norm.data(), b.rstd.data(), m, H, cfg_.rms_norm_eps, dt_,
-                  s, norm_offset_);
+  if (!gather_head_rows(b.hidden.data(), rows, m, b.h2.data(), s)) return;
+  rmsnorm_forward(b.h2.data(), root_.norm.at(root, dsize_), b.norm.data(), b.rstd.data(), m, cfg_.hidden_size,
+                  cfg_.rms_norm_eps, dt_, s, norm_offset_);
   // lm_head.weight, or embed_tokens.weight when tied.
-  decode_head_rows(gemm_, b.norm.data(), m, H, root_.head.at(root, dsize_), V, sizes_.head_chunk,
-                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
+  head_argmax(b.norm.data(), m, root_.head.at(root, dsize_), sizes_.head_chunk, next, logits, s);
 }
 
 }  // namespace shardlm::cuda
