@@ -1,8 +1,9 @@
 // export_logits HF_DIR IDS_JSON OUT_JSON [ADAPTER_DIR]: shardlm's own logits (CPU backend, fp32) of a
 // model directory on given token ids, for tests/fixtures/hf/check_export_tokenizer.py and
 // tests/fixtures/peft/check_lora_export.py to compare with transformers' (and PEFT's). IDS_JSON is a
-// JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per position]}. Every position's
-// logits come from the prefix ending there (the model is causal). With ADAPTER_DIR (a PEFT LoRA
+// JSON array of token ids; OUT_JSON gets {"logits": [[V floats] per position]}, every position's from
+// one forward of the whole sequence, as transformers' forward gives them (not from the prefix ending
+// there: with LongRoPE the whole sequence's length picks the rotary factors). With ADAPTER_DIR (a PEFT LoRA
 // adapter folder) the model runs with those adapters on the frozen base, and with the adapter's
 // modules_to_save (the root's modules it holds whole) in place of the base's.
 #include <algorithm>
@@ -50,20 +51,22 @@ int main(int argc, char** argv) {
       dir.read_unit_slice(0, frozen, 0, frozen.numel, frozen_root.data());  // by name, as a LoRA run reads it
       root = {frozen_root.data(), adapters[0].data()};
     }
-    const int T_max = static_cast<int>(ids.size());
-    std::unique_ptr<shardlm::CpuModel> model = shardlm::make_cpu_model(cfg, 1, T_max);
+    const int T = static_cast<int>(ids.size());
+    // Room for the head over all T positions at once, each as a sequence of one.
+    std::unique_ptr<shardlm::CpuModel> model = shardlm::make_cpu_model(cfg, T, T);
+    std::vector<float> h[2] = {std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size),
+                               std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size)};
+    model->embed_forward(root, ids.data(), 1, T, h[0].data());
+    for (int l = 0; l < cfg.num_layers; ++l)
+      model->block_forward(l, {flat[1 + l].data(), adapters.empty() ? nullptr : adapters[1 + l].data()},
+                           h[l % 2].data(), h[1 - l % 2].data(), 1, T);
+    // The final norm and LM head act on each position alone: the T hidden rows as T sequences of length 1.
+    std::vector<float> logits(static_cast<size_t>(T) * cfg.vocab_size);
+    model->head_logits(root, h[cfg.num_layers % 2].data(), T, 1, logits.data());
     nlohmann::json rows = nlohmann::json::array();
-    for (int T = 1; T <= T_max; ++T) {
-      std::vector<float> h[2] = {std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size),
-                                 std::vector<float>(static_cast<size_t>(T) * cfg.hidden_size)};
-      model->embed_forward(root, ids.data(), 1, T, h[0].data());
-      for (int l = 0; l < cfg.num_layers; ++l)
-        model->block_forward(l, {flat[1 + l].data(), adapters.empty() ? nullptr : adapters[1 + l].data()},
-                             h[l % 2].data(), h[1 - l % 2].data(), 1, T);
-      std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
-      model->head_logits(root, h[cfg.num_layers % 2].data(), 1, T, logits.data());
-      rows.push_back(logits);
-    }
+    for (int t = 0; t < T; ++t)
+      rows.push_back(std::vector<float>(logits.begin() + static_cast<size_t>(t) * cfg.vocab_size,
+                                        logits.begin() + static_cast<size_t>(t + 1) * cfg.vocab_size));
     std::ofstream(argv[3]) << nlohmann::json{{"logits", rows}}.dump() << "\n";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "export_logits: %s\n", e.what());
