@@ -51,30 +51,22 @@ void report(const char* path, size_t n, double ms, double bytes, double copy_gbs
 int main(int argc, char** argv) try {
   std::vector<size_t> sizes = {size_t(64) << 20, size_t(256) << 20, size_t(700) << 20};
   int reps = 20, warmup = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(concat(a, " needs a value"));
-      return argv[++i];
-    };
+  for (shardlm::bench::BenchArgs args(argc, argv); args.next();) {
+    const std::string a = args.option();
     if (a == "--elements") {
       sizes.clear();
-      std::stringstream in(next());
+      std::stringstream in(args.value());
       for (std::string item; std::getline(in, item, ',');) sizes.push_back(count_of(item));
     } else if (a == "--reps") {
-      reps = std::stoi(next());
+      reps = std::stoi(args.value());
     } else if (a == "--warmup") {
-      warmup = std::stoi(next());
+      warmup = std::stoi(args.value());
     } else {
       throw Error(concat("bench_adamw: unknown option ", a, " (--elements, --reps, --warmup)"));
     }
   }
   if (reps < 1 || warmup < 0) throw Error("bench_adamw: --reps must be at least 1 and --warmup at least 0");
-  cudaStream_t s;
-  SHARDLM_CUDA_CHECK(cudaStreamCreate(&s));
-  cudaDeviceProp prop{};
-  SHARDLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("{\"gpu\": \"%s\"}\n", prop.name);
+  cudaStream_t s = shardlm::bench::open_bench_stream();
   for (size_t n : sizes) {
     GpuBuffer param(n * 4), grad(n * 4), m(n * 4), v(n * 4), out(n * 2), src(n * 16), dst(n * 16);
     for (void* p : {param.p, grad.p, m.p, v.p, src.p}) SHARDLM_CUDA_CHECK(cudaMemsetAsync(p, 0, n * 4, s));

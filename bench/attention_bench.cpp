@@ -31,16 +31,9 @@
 using namespace shardlm;
 using shardlm::bench::GpuBuffer;
 using shardlm::bench::median_ms;
+using shardlm::bench::int_list;
 
 namespace {
-
-std::vector<int> int_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
 
 // A random fill in dt (values of order one).
 void fill(void* p, size_t n, DType dt, unsigned seed) {
@@ -67,12 +60,9 @@ int main(int argc, char** argv) {
   double native_limit_gib = 24;
   bool alibi = false;
   std::string dtype = "bf16", paths = "cudnn,native";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(concat(a, " needs a value"));
-      return argv[++i];
-    };
+  for (shardlm::bench::BenchArgs args(argc, argv); args.next();) {
+    const std::string a = args.option();
+    auto next = [&] { return args.value(); };
     if (a == "--T")
       Ts = int_list(next());
     else if (a == "--heads")

@@ -33,6 +33,7 @@
 using namespace shardlm;
 using namespace shardlm::cuda;
 using shardlm::bench::GpuBuffer;
+using shardlm::bench::int_list;
 using shardlm::bench::median_ms;
 
 namespace {
@@ -40,13 +41,6 @@ namespace {
 struct Shape {
   int out, in;
 };
-
-std::vector<int> ints_of(const std::string& list) {
-  std::vector<int> v;
-  std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoi(item));
-  return v;
-}
 
 std::vector<Shape> shapes_of(const std::string& list) {
   std::vector<Shape> v;
@@ -104,14 +98,11 @@ int main(int argc, char** argv) try {
   std::vector<int> tokens = {4096, 8192};
   std::vector<Shape> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   int reps = 20, warmup = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(concat(a, " needs a value"));
-      return argv[++i];
-    };
+  for (shardlm::bench::BenchArgs args(argc, argv); args.next();) {
+    const std::string a = args.option();
+    auto next = [&] { return args.value(); };
     if (a == "--tokens")
-      tokens = ints_of(next());
+      tokens = int_list(next());
     else if (a == "--shapes")
       shapes = shapes_of(next());
     else if (a == "--reps")
@@ -122,11 +113,7 @@ int main(int argc, char** argv) try {
       throw Error(concat("bench_fp8_gemm: unknown option ", a, " (--tokens, --shapes, --reps, --warmup)"));
   }
   if (reps < 1 || warmup < 0) throw Error("bench_fp8_gemm: --reps must be at least 1 and --warmup at least 0");
-  cudaStream_t s;
-  SHARDLM_CUDA_CHECK(cudaStreamCreate(&s));
-  cudaDeviceProp prop{};
-  SHARDLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("{\"gpu\": \"%s\"}\n", prop.name);
+  cudaStream_t s = shardlm::bench::open_bench_stream();
   Gemm gemm;
   for (int n : tokens)
     for (const Shape sh : shapes) {
