@@ -692,6 +692,42 @@ BOOST_AUTO_TEST_CASE(exported_llama_weights_give_the_transformers_loss) {
 }
 
 // data.format = chess trains from the shipped games (JSON lines for training, text for eval).
+// export_logits (what check_export_tokenizer.py and check_lora_export.py compare with transformers and PEFT)
+// gives the logits transformers recorded for each family's tiny model, every position of one forward: for
+// Phi-3 the 16 positions are past LongRoPE's original context of 8, so all of them rotate with the long
+// factors (a prefix of 8 or fewer would take the short ones).
+BOOST_AUTO_TEST_CASE(export_logits_gives_the_recorded_transformers_logits) {
+  const fs::path dir = scratch("export_logits_reference");
+  for (const std::string family : {"bloom", "llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3"}) {
+    BOOST_TEST_CONTEXT(family) {
+      const std::string fixtures = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/";
+      std::map<std::string, shardlm::SafetensorsEntry> ref;
+      for (auto& e : shardlm::read_safetensors(fixtures + "tiny_" + family + "_reference.safetensors"))
+        ref[e.name] = std::move(e);
+      const shardlm::SafetensorsEntry& ids = ref.at("input_ids");
+      const shardlm::SafetensorsEntry& want = ref.at("logits");
+      const size_t T = static_cast<size_t>(ids.shape.at(1)), V = static_cast<size_t>(want.shape.at(2));
+      std::vector<int> first(T);
+      for (size_t t = 0; t < T; ++t) first[t] = static_cast<int>(ids.data[t]);
+      std::ofstream(dir / "ids.json") << nlohmann::json(first).dump();
+      const fs::path out = dir / (family + ".json");
+      Outcome o = run_command(SHARDLM_BINARY_DIR "/bin/export_logits " + fixtures + "tiny_" + family + " " +
+                              (dir / "ids.json").string() + " " + out.string());
+      BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+      std::ifstream in(out);
+      const auto got = nlohmann::json::parse(in).at("logits").get<std::vector<std::vector<float>>>();
+      BOOST_TEST_REQUIRE(got.size() == T);
+      double scale = 1, diff = 0;
+      for (size_t t = 0; t < T; ++t)
+        for (size_t v = 0; v < V; ++v) {
+          scale = std::max(scale, static_cast<double>(std::fabs(want.data[t * V + v])));
+          diff = std::max(diff, static_cast<double>(std::fabs(got[t][v] - want.data[t * V + v])));
+        }
+      BOOST_TEST(diff <= 1e-5 * scale, "largest difference " << diff << " of " << scale);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(chess_games_train) {
   fs::path dir = scratch("cli_chess");
   Outcome o = run_shardlm(2, "train " + kDemo + " --data.format=chess --data.train_file=" SHARDLM_SOURCE_DIR
