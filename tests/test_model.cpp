@@ -20,6 +20,7 @@
 #include "bloom/bloom_layout.hpp"
 #include "cpu_attention.hpp"
 #include "cpu_model_test_support.hpp"
+#include "fp8_linear_note.hpp"
 #include "model_checks.hpp"
 
 using namespace shardlm;
@@ -662,3 +663,17 @@ BOOST_AUTO_TEST_CASE(cached_decoding_keeps_the_window) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// model.fp8_linear's start-up note: the layers in FP8, those whose sizes keep them 16-bit, a family's own
+// 16-bit GEMMs, and a max_length that is not a multiple of 16.
+BOOST_AUTO_TEST_CASE(fp8_linear_note_names_what_stays_16_bit) {
+  using shardlm::model_detail::fp8_linear_note;
+  BOOST_TEST(fp8_linear_note({{"q|k|v", 6144, 4096}, {"o", 4096, 4096}}, "", 2048) ==
+             "q|k|v, o in E4M3 with per-tensor current scaling");
+  const std::string odd = fp8_linear_note({{"q|k|v", 6144, 4096}, {"down", 4096, 11000}}, "the GELU ones", 500);
+  BOOST_TEST(odd.find("q|k|v in E4M3") == 0u, odd);
+  BOOST_TEST(odd.find("16-bit, sizes not multiples of 16: down (4096 x 11000)") != std::string::npos, odd);
+  BOOST_TEST(odd.find("16-bit: the GELU ones") != std::string::npos, odd);
+  BOOST_TEST(odd.find("data.max_length = 500 (not a multiple of 16)") != std::string::npos, odd);
+  BOOST_TEST(fp8_linear_note({{"o", 40, 40}}, "", 64).find("none in E4M3") == 0u);
+}

@@ -299,6 +299,7 @@ class FsdpEngine {
   // prefers (UnitModel::length_multiple).
   std::string attention_description() const;
   int length_multiple() const;
+  std::string fp8_description() const;  // UnitModel::fp8_description
   ProcessGroups& groups() { return groups_; }
   const Backend& backend() const { return *backend_; }
   const FsdpBufferPlan& buffer_plan() const { return plan_; }

@@ -324,6 +324,8 @@ class UnitModel {
   // Micro-batch lengths run best as multiples of this (1: any): cuDNN's fused attention builds
   // plans per shape, so the trainer pads micro-batches up to a multiple (make_micro_batch).
   virtual int length_multiple() const = 0;
+  // model.fp8_linear: which GEMMs run in FP8 and which stay 16-bit, for the run's log; empty without FP8.
+  virtual std::string fp8_description() const { return ""; }
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

@@ -264,7 +264,9 @@ static std::vector<KeySpec> run_keys() {
                "one scale per tensor from its current largest magnitude (torchao's tensorwise current scaling; "
                "activations, weights and gradients alike), the GEMM accumulates in fp32 and writes bf16 (fp32 for "
                "weight gradients). Attention, norms, embeddings, the LM head and the loss stay in "
-               "`fsdp.param_dtype`, as do GEMMs whose sizes are not multiples of 16. Needs the CUDA backend, "
+               "`fsdp.param_dtype`, as do LoRA's adapter GEMMs and GEMMs whose sizes are not multiples of 16 "
+               "(the run's `fp8:` line at start names them; micro-batches are padded to a multiple of 16 tokens). "
+               "Needs the CUDA backend, "
                "`fsdp.param_dtype = bf16` and a GPU of compute capability 8.9 or newer (an error at start names the "
                "GPU otherwise); `shardlm plan` counts the E4M3 copies ([PERFORMANCE.md](PERFORMANCE.md) has its "
                "speed and loss against bf16)"),

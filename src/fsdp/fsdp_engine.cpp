@@ -446,5 +446,6 @@ size_t FsdpEngine::device_peak_bytes() const {
 
 std::string FsdpEngine::attention_description() const { return impl_->model->attention_description(); }
 int FsdpEngine::length_multiple() const { return impl_->model->length_multiple(); }
+std::string FsdpEngine::fp8_description() const { return impl_->model->fp8_description(); }
 
 }  // namespace shardlm

@@ -217,6 +217,7 @@ void report_shape(TrainRun& run) {
   const int multiple = run.engine->length_multiple();
   run.say(concat("attention: ", run.engine->attention_description(),
                  multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));
+  if (const std::string fp8 = run.engine->fp8_description(); !fp8.empty()) run.say("fp8: " + fp8);
   run.say(run.peak.line);
   // Which optimizer runs where and, on the host, with which instructions and how many threads (engine_factory's
   // count; the 8-bit AdamW's blocks are plain C++).

@@ -51,6 +51,7 @@ class CudaModel {
   // The attention path and why (AttentionPath::description).
   virtual std::string attention_description() const = 0;
   virtual int length_multiple() const = 0;  // UnitModel::length_multiple
+  virtual std::string fp8_description() const = 0;  // UnitModel::fp8_description
   virtual const ModelConfig& config() const = 0;
 
   // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----

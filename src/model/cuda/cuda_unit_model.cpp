@@ -60,6 +60,7 @@ class CudaUnitModel final : public UnitModel {
   size_t activation_bytes() const override { return model_->activation_bytes(); }
   std::string attention_description() const override { return model_->attention_description(); }
   int length_multiple() const override { return model_->length_multiple(); }
+  std::string fp8_description() const override { return model_->fp8_description(); }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_allocate(slots, max_len, max_rows);

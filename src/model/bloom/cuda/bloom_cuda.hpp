@@ -36,7 +36,9 @@ class BloomCuda final : public CudaModelBase {
 
   size_t activation_bytes() const override;
   std::string attention_description() const override { return attention_.description(); }
-  int length_multiple() const override { return attention_.length_multiple(); }
+  // With FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
+  int length_multiple() const override;
+  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

@@ -7,8 +7,10 @@
 #include "llama_cuda.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
+#include "../../fp8_linear_note.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "gqa_attention.hpp"
@@ -97,6 +99,17 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
   fp8_.allocate(sizes_.fp8);
+}
+
+int LlamaCuda::length_multiple() const {
+  return cfg_.fp8_linear ? std::lcm(attention_.length_multiple(), 16) : attention_.length_multiple();
+}
+
+std::string LlamaCuda::fp8_description() const {
+  if (!cfg_.fp8_linear) return "";
+  const int H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_;
+  return model_detail::fp8_linear_note({{"q|k|v", QKV, H}, {"o", H, qw_}, {"gate|up", 2 * F, H}, {"down", H, F}},
+                                       "", max_seq_);
 }
 
 size_t LlamaCuda::activation_bytes() const {

@@ -44,7 +44,9 @@ class LlamaCuda final : public CudaModelBase {
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
   std::string attention_description() const override { return attention_.description(); }
-  int length_multiple() const override { return attention_.length_multiple(); }
+  // With FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
+  int length_multiple() const override;
+  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
