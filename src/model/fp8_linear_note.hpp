@@ -7,6 +7,13 @@
 
 namespace shardlm::model_detail {
 
+// cuBLASLt's FP8 GEMMs take sizes that are multiples of this only.
+constexpr int kFp8SizeMultiple = 16;
+
+// The micro-batch length multiple a CUDA family asks for: its attention path's, and with model.fp8_linear
+// also a multiple of kFp8SizeMultiple tokens (the FP8 GEMMs' token dimension).
+int fp8_length_multiple(bool fp8_linear, int attention_multiple);
+
 // A linear layer of a block as the note names it, y[n, out] = x[n, in] W[out, in]^T.
 struct Fp8Linear {
   std::string name;

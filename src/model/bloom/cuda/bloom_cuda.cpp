@@ -4,7 +4,6 @@
 #include "bloom_cuda.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 
 #include "../../fp8_linear_note.hpp"
@@ -60,7 +59,7 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 }
 
 int BloomCuda::length_multiple() const {
-  return cfg_.fp8_linear ? std::lcm(attention_.length_multiple(), 16) : attention_.length_multiple();
+  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
 }
 
 std::string BloomCuda::fp8_description() const {

@@ -7,7 +7,6 @@
 #include "llama_cuda.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 
 #include "../../fp8_linear_note.hpp"
@@ -102,7 +101,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 }
 
 int LlamaCuda::length_multiple() const {
-  return cfg_.fp8_linear ? std::lcm(attention_.length_multiple(), 16) : attention_.length_multiple();
+  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
 }
 
 std::string LlamaCuda::fp8_description() const {
