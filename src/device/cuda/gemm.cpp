@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cublaslt_library.hpp"
 #include "cuda_check.hpp"
 #include "elementwise.hpp"
 #include "gemm.hpp"
@@ -144,10 +145,10 @@ struct Gemm::Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
-    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
-    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (layout_c) cublaslt().MatrixLayoutDestroy(layout_c);
+    if (layout_b) cublaslt().MatrixLayoutDestroy(layout_b);
+    if (layout_a) cublaslt().MatrixLayoutDestroy(layout_a);
+    if (desc) cublaslt().MatmulDescDestroy(desc);
   }
 };
 
@@ -156,14 +157,14 @@ namespace {
 cublasLtMatrixLayout_t make_layout(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int batch,
                                    long long stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  SHARDLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, t, rows, cols, ld));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&layout, t, rows, cols, ld));
   if (batch > 1) {
     const int32_t count = batch;
     const int64_t offset = stride;
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof offset));
+        cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof offset));
   }
   return layout;
 }
@@ -171,28 +172,28 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, uint64_t rows, uint64_t col
 void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
   if (d.fp8) {  // cuBLASLt's A is our B
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &d.b_scale, sizeof d.b_scale));
+        cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &d.b_scale, sizeof d.b_scale));
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &d.a_scale, sizeof d.a_scale));
+        cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &d.a_scale, sizeof d.a_scale));
   }
   if (d.epilogue == Epilogue::Bias || d.epilogue == Epilogue::BiasGelu)
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
+        cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
   if (d.epilogue == Epilogue::BiasGelu || d.epilogue == Epilogue::DGelu)
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &d.aux, sizeof d.aux));
+        cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &d.aux, sizeof d.aux));
 }
 
 }  // namespace
 
 Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
-  SHARDLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  SHARDLM_CUBLAS_CHECK(cublaslt().Create(&handle_));
   // The cuBLASLt workspace, then (256-byte aligned) vectors of ones in F32, BF16 and F16 for the Bias fallback.
   const size_t ones_at = (workspace_bytes_ + 255) / 256 * 256;
   const size_t total = ones_at + kOnesRows * (sizeof(float) + 2 * sizeof(uint16_t));
   const cudaError_t rc = cudaMalloc(&workspace_, total);
   if (rc != cudaSuccess) {
-    cublasLtDestroy(handle_);
+    cublaslt().Destroy(handle_);
     throw_cuda(rc, "cudaMalloc(Gemm workspace)", __FILE__, __LINE__);
   }
   std::vector<unsigned char> ones(kOnesRows * (sizeof(float) + 2 * sizeof(uint16_t)));
@@ -210,7 +211,7 @@ Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
 Gemm::~Gemm() {
   for (auto& entry : plans_) delete entry.second;
   if (workspace_) cudaFree(workspace_);
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) cublaslt().Destroy(handle_);
 }
 
 namespace {
@@ -256,13 +257,13 @@ bool set_native_epilogue(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
   set_epilogue_pointers(desc, d);  // the FP8 scales, the bias and aux: the heuristic reads their alignment
   if (d.epilogue == Epilogue::None) return true;
   const cublasLtEpilogue_t epi = lt_epilogue(d.epilogue);
-  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   if (has_aux(d)) {
     const int64_t aux_ld = d.ldc;
-    SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     if (d.batch > 1) {
       const int64_t aux_stride = d.stride_c;
-      SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+      SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
                                                           &aux_stride, sizeof aux_stride));
     }
   }
@@ -274,7 +275,7 @@ bool set_native_epilogue(cublasLtMatmulDesc_t desc, const GemmDesc& d) {
 bool Gemm::choose_algorithm(Plan& plan, const GemmDesc& d) {
   if (!set_native_epilogue(plan.desc, d)) return false;
   cublasLtMatmulPreference_t pref = nullptr;
-  SHARDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref));
   const Signature& sig = plan.signature;
   const uint64_t max_workspace = workspace_bytes_;
   const uint32_t align_lt_a = sig.align_b, align_lt_b = sig.align_a, align_c = sig.align_c;
@@ -292,13 +293,13 @@ bool Gemm::choose_algorithm(Plan& plan, const GemmDesc& d) {
   };
   cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
   for (const PreferenceValue& v : preferences)  // in order, up to the first failure
-    if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, v.attribute, v.value, v.size);
+    if (rc == CUBLAS_STATUS_SUCCESS) rc = cublaslt().MatmulPreferenceSetAttribute(pref, v.attribute, v.value, v.size);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (rc == CUBLAS_STATUS_SUCCESS)
-    rc = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c, plan.layout_c,
+    rc = cublaslt().MatmulAlgoGetHeuristic(handle_, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c, plan.layout_c,
                                         pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  cublaslt().MatmulPreferenceDestroy(pref);
   if (rc == CUBLAS_STATUS_SUCCESS && found > 0) {
     plan.algo = result.algo;
     return true;
@@ -328,15 +329,15 @@ Gemm::Plan& Gemm::plan_for(const GemmDesc& d) {
   if (slot) return *slot;
   auto plan = std::make_unique<Plan>();
   plan->signature = sig;
-  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
   const cublasOperation_t op_b = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  SHARDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  SHARDLM_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   if (sig.fast_accum) {
     const int8_t fast = 1;
     SHARDLM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
   }
   // Stored shapes, column-major: our B is [N,K] (or [K,N] when trans_b), our A is [K,M] (or [M,K] when trans_a).
   const cudaDataType_t ab = d.fp8 ? CUDA_R_8F_E4M3 : cuda_type(d.ab_dtype);
@@ -406,7 +407,7 @@ void Gemm::run(const GemmDesc& d, cudaStream_t stream) {
   if (d.epilogue != Epilogue::None || d.fp8) set_epilogue_pointers(plan.desc, d);
   const float alpha = d.alpha, beta = d.beta;
   const cublasStatus_t rc =
-      cublasLtMatmul(handle_, plan.desc, &alpha, d.B, plan.layout_a, d.A, plan.layout_b, &beta, d.C, plan.layout_c,
+      cublaslt().Matmul(handle_, plan.desc, &alpha, d.B, plan.layout_a, d.A, plan.layout_b, &beta, d.C, plan.layout_c,
                      d.C, plan.layout_c, &plan.algo, workspace_, workspace_bytes_, stream);
   if (rc != CUBLAS_STATUS_SUCCESS)
     throw_cublas(rc, concat("cublasLtMatmul for ", describe(d)).c_str(), __FILE__, __LINE__);
