@@ -43,16 +43,20 @@ int without_mpi(const std::string& command, int (*run)(const std::vector<std::st
   }
 }
 
+// A wrong command line before MPI_Init: the launch's first rank prints `message` and fails; the other
+// ranks leave quietly with 0, since one failing first would let mpirun kill the job before the first rank
+// has printed it.
+int refuse_before_mpi(const std::string& message) {
+  if (!shardlm::first_rank_of_launch()) return 0;
+  std::fputs(message.c_str(), stderr);
+  return 2;
+}
+
 // Help needs no MPI: it is printed before MPI_Init, by the launch's first rank only.
 int print_help(const std::string& command) {
   const std::string text = shardlm::command_help(command);
-  const bool printer = shardlm::first_rank_of_launch();
-  if (text.empty()) {
-    if (printer)
-      std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", command.c_str(), shardlm::command_help("").c_str());
-    return 2;
-  }
-  if (printer) std::fputs(text.c_str(), stdout);
+  if (text.empty()) return refuse_before_mpi("shardlm: unknown command '" + command + "'\n\n" + shardlm::command_help(""));
+  if (shardlm::first_rank_of_launch()) std::fputs(text.c_str(), stdout);
   return 0;
 }
 
@@ -64,10 +68,7 @@ int main(int argc, char** argv) {
     std::printf("shardlm %s\n", SHARDLM_VERSION);
     return 0;
   }
-  if (args.empty()) {
-    if (shardlm::first_rank_of_launch()) std::fputs(shardlm::command_help("").c_str(), stderr);
-    return 2;
-  }
+  if (args.empty()) return refuse_before_mpi(shardlm::command_help(""));
   if (std::string command; help_asked(args, command)) return print_help(command);
 
   // report only reads files: it runs without MPI, directly or under mpirun -np 1.
@@ -86,13 +87,8 @@ int main(int argc, char** argv) {
   // A wrong command line gets the command's usage before MPI starts (no MPI warnings, one message).
   if (const std::string problem =
           shardlm::mpi_command_usage_problem(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
-      !problem.empty()) {
-    // The other ranks leave quietly with 0: one failing first would make mpirun kill the job before
-    // the first rank has printed the message.
-    if (!shardlm::first_rank_of_launch()) return 0;
-    std::fputs(shardlm::usage_error(args[0], problem).c_str(), stderr);
-    return 2;
-  }
+      !problem.empty())
+    return refuse_before_mpi(shardlm::usage_error(args[0], problem));
   // Before anything else of a run: a stop signal during start-up stops it at its first step.
   if (args[0] == "train") shardlm::install_stop_signals();
   MPI_Init(&argc, &argv);

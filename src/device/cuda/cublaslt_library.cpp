@@ -41,19 +41,9 @@ void bind(void* library, F& entry, const char* name) {
 CublasLt load() {
   void* lib = open_library();  // kept open for the life of the process
   CublasLt lt{};
-  bind(lib, lt.Create, "cublasLtCreate");
-  bind(lib, lt.Destroy, "cublasLtDestroy");
-  bind(lib, lt.Matmul, "cublasLtMatmul");
-  bind(lib, lt.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  bind(lib, lt.MatmulDescCreate, "cublasLtMatmulDescCreate");
-  bind(lib, lt.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  bind(lib, lt.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  bind(lib, lt.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  bind(lib, lt.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  bind(lib, lt.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  bind(lib, lt.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  bind(lib, lt.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
-  bind(lib, lt.MatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
+#define SHARDLM_CUBLASLT_BIND(name) bind(lib, lt.name, "cublasLt" #name);
+  SHARDLM_CUBLASLT_ENTRY_POINTS(SHARDLM_CUBLASLT_BIND)
+#undef SHARDLM_CUBLASLT_BIND
   return lt;
 }
 

@@ -7,22 +7,18 @@
 
 namespace shardlm::cuda {
 
-// The cuBLASLt entry points shardlm calls, resolved from the library this build was compiled against
-// (libcublasLt.so.<CUBLAS_VER_MAJOR>).
+// The cuBLASLt entry points shardlm calls, each named once: X(name) for cublasLt<name>.
+#define SHARDLM_CUBLASLT_ENTRY_POINTS(X)                                                              \
+  X(Create) X(Destroy) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate) X(MatmulDescDestroy) \
+  X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)                    \
+  X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute)
+
+// Those entry points, resolved from the library this build was compiled against
+// (libcublasLt.so.<CUBLAS_VER_MAJOR>): cublaslt().Matmul(...) is cublasLtMatmul(...).
 struct CublasLt {
-  decltype(&::cublasLtCreate) Create;
-  decltype(&::cublasLtDestroy) Destroy;
-  decltype(&::cublasLtMatmul) Matmul;
-  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
-  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate;
-  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy;
-  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
-  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
-  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
-  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
-  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
-  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
-  decltype(&::cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute;
+#define SHARDLM_CUBLASLT_MEMBER(name) decltype(&::cublasLt##name) name;
+  SHARDLM_CUBLASLT_ENTRY_POINTS(SHARDLM_CUBLASLT_MEMBER)
+#undef SHARDLM_CUBLASLT_MEMBER
 };
 
 // Opens the library the first time (thread-safe; the dynamic loader's search path first, then the folder
