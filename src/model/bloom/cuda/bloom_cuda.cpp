@@ -18,8 +18,7 @@
 namespace shardlm::cuda {
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
-    : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
-      attention_("BloomCuda", cfg, dt, max_batch, max_seq, true),
+    : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing, true),
       sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
   const BloomRootOffsets root = bloom_root_offsets(layout[0]);
@@ -33,7 +32,7 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 
   // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
   const BloomCudaSizes& z = sizes_;
-  allocate_step_buffers(z.hidden, std::max(z.attention_workspace, attention_.workspace_bytes()), z.head_workspace);
+  allocate_step_buffers(z.hidden, z.attention_workspace, z.head_workspace, z.fp8);
   emb_.allocate(z.norm_out);
   lnf_.allocate(z.norm_out);
   for (DeviceBuffer<float>* b : {&emb_mean_, &emb_rstd_, &lnf_mean_, &lnf_rstd_}) b->allocate(z.row_stats / sizeof(float));
@@ -55,11 +54,6 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dctx_.allocate(z.dctx);
   dh2_.allocate(z.dh2);
   dpre_.allocate(z.dpre);
-  fp8_.allocate(z.fp8);
-}
-
-int BloomCuda::length_multiple() const {
-  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
 }
 
 std::string BloomCuda::fp8_description() const {
@@ -74,8 +68,7 @@ std::string BloomCuda::fp8_description() const {
 
 size_t BloomCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + emb_.bytes() + lnf_.bytes();
-  n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes() +
-       fp8_.bytes();
+  n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes();
   for (const Saved& sv : saved_)
     n += sv.ln1.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.ctx.bytes() + sv.h2.bytes() + sv.ln2.bytes() +
          sv.pre.bytes() + sv.act.bytes() + 4 * sv.mean1.bytes();

@@ -23,11 +23,10 @@ namespace shardlm::cuda {
 
 LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing,
                      const LlamaBlock& options)
-    : CudaModelBase("LlamaCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
+    : CudaModelBase("LlamaCuda", cfg, dt, max_batch, max_seq, activation_checkpointing, false),
       qw_(cfg.num_heads * cfg.head_dim()),
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
-      attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused(),
                               options.qk_norm, options.sandwich_norms)) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
@@ -71,8 +70,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
                 inv_freq.size(), " frequencies, ", sizes_.inv_freq, " bytes planned");
   SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                                 cudaMemcpyHostToDevice));
-  allocate_step_buffers(sizes_.hidden, std::max(sizes_.attention_workspace, attention_.workspace_bytes()),
-                        sizes_.head_workspace);
+  allocate_step_buffers(sizes_.hidden, sizes_.attention_workspace, sizes_.head_workspace, sizes_.fp8);
   final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
   saved_.resize(sizes_.saved_blocks);
   for (Saved& sv : saved_) {
@@ -97,11 +95,6 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   wide_.allocate(sizes_.wide);
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
-  fp8_.allocate(sizes_.fp8);
-}
-
-int LlamaCuda::length_multiple() const {
-  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
 }
 
 std::string LlamaCuda::fp8_description() const {
@@ -113,8 +106,7 @@ std::string LlamaCuda::fp8_description() const {
 
 size_t LlamaCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + inv_freq_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() +
-             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes() +
-             fp8_.bytes();
+             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes() + sv.attn_out.bytes() +
