@@ -314,7 +314,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   if (checkpointing_) forward_into(layer, params, sv, B, T, s, true);  // recompute this block's activations
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
+  // A base tensor's gradient, null when the base is frozen (no weight, bias or norm gradient at all).
   auto g = [&](size_t offset) { return grads.base_at(offset); };
   MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
@@ -340,15 +340,14 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   lora_params(down, wide_.data(), dmlp, H);
-  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), train_base ? g(block_.down) : nullptr,
-                     wide_.data(), F, dt_);
+  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
   lora_input(down, wide_.data());
   gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
-  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up),
-                     train_base ? g(block_.gate_up) : nullptr, grad_.data(), H, dt_);
+  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up), g(block_.gate_up),
+                     grad_.data(), H, dt_);
   for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
@@ -362,8 +361,8 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     dattn = norm_.data();
   }
   lora_params(o_mod, sv.context.data(), dattn, H);
-  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), train_base ? g(block_.o) : nullptr,
-                     grad_.data(), qw_, dt_);
+  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), g(block_.o), grad_.data(), qw_,
+                     dt_);
   lora_input(o_mod, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
@@ -375,13 +374,12 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                RotaryOptions{rotary_dim_, rope_scale_});
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
-                     train_base ? g(block_.q_norm) : nullptr, train_base ? g(block_.k_norm) : nullptr,
-                     qk_work_.data(), s);
+                     g(block_.q_norm), g(block_.k_norm), qk_work_.data(), s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
-  if (train_base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
+  if (grads.base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   for (const auto& [mod, col] : qkv_lora) lora_params(mod, norm_.data(), dqkv_.data() + col * dsize_, QKV);
-  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), train_base ? g(block_.qkv) : nullptr,
+  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), g(block_.qkv),
                      grad_.data(), H, dt_);
   for (const auto& [mod, col] : qkv_lora) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
