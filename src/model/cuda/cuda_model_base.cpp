@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "../fp8_linear_note.hpp"
 #include "../size_checks.hpp"
 #include "decode_head.hpp"
 
@@ -34,6 +33,10 @@ void CudaModelBase::check_shape(const char* what, int B, int T) const {
 
 void CudaModelBase::check_layer(const char* what, int layer) const {
   model_detail::check_layer_index(name_, what, layer, cfg_.num_layers);
+}
+
+void CudaModelBase::describe_fp8(const std::vector<model_detail::Fp8Linear>& linears, const std::string& also) {
+  if (cfg_.fp8_linear) fp8_note_ = model_detail::fp8_linear_note(linears, also, max_seq_);
 }
 
 void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes,

@@ -4,6 +4,7 @@
 // and decoding.
 #pragma once
 
+#include "../fp8_linear_note.hpp"
 #include "attention_path.hpp"
 #include "cuda_lora.hpp"
 #include "cuda_model.hpp"
@@ -21,6 +22,7 @@ class CudaModelBase : public CudaModel {
   std::string attention_description() const override { return attention_.description(); }
   // The attention path's multiple, with FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
   int length_multiple() const override;
+  std::string fp8_description() const override { return fp8_note_; }
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ..."). alibi: the family's attention is BLOOM's
@@ -30,6 +32,9 @@ class CudaModelBase : public CudaModel {
   // name::what errors when B x T exceeds the sizes built for, or the layer does not exist.
   void check_shape(const char* what, int B, int T) const;
   void check_layer(const char* what, int layer) const;
+  // model.fp8_linear's note (fp8_description; empty without FP8), said once by the family's constructor: the
+  // block's linear layers and its other GEMMs that stay 16-bit (fp8_linear_note's `also`).
+  void describe_fp8(const std::vector<model_detail::Fp8Linear>& linears, const std::string& also);
 
   // What every family's training step holds besides its own buffers, of the family's planned sizes
   // (its *_cuda_sizes): the hidden states h_0 .. h_L, each [max_tokens, H] in the compute dtype (h_l
@@ -78,6 +83,7 @@ class CudaModelBase : public CudaModel {
  private:
   DeviceBuffer<char> hidden_;
   DeviceBuffer<char> keys_, values_;
+  std::string fp8_note_;
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;
 };

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <string>
 
-#include "../../fp8_linear_note.hpp"
 #include "../bloom_layout.hpp"
 #include "alibi_attention.hpp"
 #include "elementwise.hpp"
@@ -54,16 +53,12 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dctx_.allocate(z.dctx);
   dh2_.allocate(z.dh2);
   dpre_.allocate(z.dpre);
-}
 
-std::string BloomCuda::fp8_description() const {
-  if (!cfg_.fp8_linear) return "";
-  const int H = cfg_.hidden_size;
-  return model_detail::fp8_linear_note(
+  const int H = cfg.hidden_size;
+  describe_fp8(
       {{"query_key_value", 3 * H, H}, {"dense", H, H}, {"dense_h_to_4h", 4 * H, H}, {"dense_4h_to_h", H, 4 * H}},
       "dense_h_to_4h's forward and dense_4h_to_h's input gradient, which carry GELU in their epilogue (each in FP8 "
-      "where a LoRA adapter on that layer moves the GELU out)",
-      max_seq_);
+      "where a LoRA adapter on that layer moves the GELU out)");
 }
 
 size_t BloomCuda::activation_bytes() const {

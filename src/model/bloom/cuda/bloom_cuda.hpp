@@ -33,7 +33,6 @@ class BloomCuda final : public CudaModelBase {
   void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
-  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

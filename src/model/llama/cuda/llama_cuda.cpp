@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <string>
 
-#include "../../fp8_linear_note.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "gqa_attention.hpp"
@@ -95,13 +94,9 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   wide_.allocate(sizes_.wide);
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
-}
 
-std::string LlamaCuda::fp8_description() const {
-  if (!cfg_.fp8_linear) return "";
-  const int H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_;
-  return model_detail::fp8_linear_note({{"q|k|v", QKV, H}, {"o", H, qw_}, {"gate|up", 2 * F, H}, {"down", H, F}},
-                                       "", max_seq_);
+  const int H = cfg.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_;
+  describe_fp8({{"q|k|v", QKV, H}, {"o", H, qw_}, {"gate|up", 2 * F, H}, {"down", H, F}}, "");
 }
 
 size_t LlamaCuda::activation_bytes() const {

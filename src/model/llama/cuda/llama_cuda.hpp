@@ -41,7 +41,6 @@ class LlamaCuda final : public CudaModelBase {
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
-  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
