@@ -74,7 +74,7 @@ class CudaModelBase : public CudaModel {
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
   Gemm gemm_;
-  AttentionPath attention_;  // cuDNN's fused attention or the family's native kernels; its sizes_ follow the choice
+  AttentionPath attention_;  // cuDNN's fused attention or the family's native kernels, chosen before its sizes_
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows (device), or null
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
   CudaLoraBlocks lora_;  // the blocks' adapted linear layers (nothing without LoRA)

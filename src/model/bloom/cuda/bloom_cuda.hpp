@@ -70,7 +70,7 @@ class BloomCuda final : public CudaModelBase {
   enum Module { kQueryKeyValue, kDense, kDenseHTo4H, kDense4HToH };
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
-  BloomCudaSizes sizes_;  // attention_'s native kernels are alibi_attention_*
+  BloomCudaSizes sizes_;  // of attention_'s choice (its native kernels: alibi_attention_*)
   DeviceBuffer<float> slopes_;
   DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output
   DeviceBuffer<float> emb_mean_, emb_rstd_, lnf_mean_, lnf_rstd_;

@@ -127,7 +127,7 @@ class LlamaCuda final : public CudaModelBase {
   void qk_norm_backward(char* dqkv, int n, const char* q_weight, const char* k_weight, const char* raw,
                         const float* rstd, float* dq_weight, float* dk_weight, char* work, cudaStream_t s) const;
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
-  LlamaCudaSizes sizes_;  // attention_'s native kernels are gqa_attention_*
+  LlamaCudaSizes sizes_;  // of attention_'s choice (its native kernels: gqa_attention_*)
   // ModelConfig::rope_tables() tables of rotary_dim / 2, one after the other; with LongRoPE then the long factors'
   // of table 0.
   DeviceBuffer<float> inv_freq_;
