@@ -1,13 +1,15 @@
 // The parts of a family's CudaModel every family shares (cuda_model_base.hpp).
 #include "cuda_model_base.hpp"
 
+#include <algorithm>
+
 #include "../size_checks.hpp"
 #include "decode_head.hpp"
 
 namespace shardlm::cuda {
 
 CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                             bool activation_checkpointing)
+                             bool activation_checkpointing, bool alibi)
     : name_(name),
       cfg_(cfg),
       dt_(dt),
@@ -16,8 +18,13 @@ CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt,
       max_seq_(max_seq),
       max_batch_(max_batch),
       checkpointing_(activation_checkpointing),
+      attention_(name, cfg, dt, max_batch, max_seq, alibi),
       lora_(cfg, dt, max_batch, max_seq, activation_checkpointing) {
   model_detail::check_built_sizes(name, max_batch, max_seq);
+}
+
+int CudaModelBase::length_multiple() const {
+  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
 }
 
 void CudaModelBase::check_shape(const char* what, int B, int T) const {
@@ -28,11 +35,16 @@ void CudaModelBase::check_layer(const char* what, int layer) const {
   model_detail::check_layer_index(name_, what, layer, cfg_.num_layers);
 }
 
+void CudaModelBase::describe_fp8(const std::vector<model_detail::Fp8Linear>& linears, const std::string& also) {
+  if (cfg_.fp8_linear) fp8_note_ = model_detail::fp8_linear_note(linears, also, max_seq_);
+}
+
 void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes,
-                                          size_t head_workspace_bytes) {
+                                          size_t head_workspace_bytes, const Fp8ScratchSize& fp8) {
   hidden_.allocate(hidden_bytes);
-  attn_ws_.allocate(attention_workspace_bytes);
+  attn_ws_.allocate(std::max(attention_workspace_bytes, attention_.workspace_bytes()));
   head_ws_.allocate(head_workspace_bytes);
+  fp8_.allocate(fp8);
 }
 
 void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_heads) {

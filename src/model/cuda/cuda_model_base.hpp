@@ -1,11 +1,15 @@
 // Private to the CUDA models: what every family's CudaModel shares (its shape, dtype and GEMM
-// handle, the checks of shapes and layers, the hidden states and workspaces of a step, greedy
-// decoding's key/value cache); a family adds its units' forward, backward and decoding.
+// handle, its attention path, the checks of shapes and layers, the hidden states, workspaces and FP8
+// scratch of a step, greedy decoding's key/value cache); a family adds its units' forward, backward
+// and decoding.
 #pragma once
 
+#include "../fp8_linear_note.hpp"
+#include "attention_path.hpp"
 #include "cuda_lora.hpp"
 #include "cuda_model.hpp"
 #include "device_memory.hpp"
+#include "fp8_gemm.hpp"
 #include "gemm.hpp"
 
 namespace shardlm::cuda {
@@ -15,22 +19,32 @@ class CudaModelBase : public CudaModel {
   const ModelConfig& config() const override { return cfg_; }
   void set_sample_starts(const int32_t* starts) override { starts_ = starts; }
   void set_dropout(std::optional<uint64_t> seed) override { lora_.set_dropout(seed); }
+  std::string attention_description() const override { return attention_.description(); }
+  // The attention path's multiple, with FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
+  int length_multiple() const override;
+  std::string fp8_description() const override { return fp8_note_; }
 
  protected:
-  // `name` prefixes every error ("LlamaCuda::block_forward: ...").
+  // `name` prefixes every error ("LlamaCuda::block_forward: ..."). alibi: the family's attention is BLOOM's
+  // (AttentionPath).
   CudaModelBase(const char* name, const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
-                bool activation_checkpointing);
+                bool activation_checkpointing, bool alibi);
   // name::what errors when B x T exceeds the sizes built for, or the layer does not exist.
   void check_shape(const char* what, int B, int T) const;
   void check_layer(const char* what, int layer) const;
+  // model.fp8_linear's note (fp8_description; empty without FP8), said once by the family's constructor: the
+  // block's linear layers and its other GEMMs that stay 16-bit (fp8_linear_note's `also`).
+  void describe_fp8(const std::vector<model_detail::Fp8Linear>& linears, const std::string& also);
 
   // What every family's training step holds besides its own buffers, of the family's planned sizes
   // (its *_cuda_sizes): the hidden states h_0 .. h_L, each [max_tokens, H] in the compute dtype (h_l
-  // is block l's input, kept for its backward), attention's and the LM head's workspaces; and LoRA's
-  // buffers (lora_, allocated with the model).
-  void allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes, size_t head_workspace_bytes);
+  // is block l's input, kept for its backward), attention's workspace (the planned native one, or the
+  // fused path's when larger) and the LM head's, model.fp8_linear's E4M3 operands; and LoRA's buffers
+  // (lora_, allocated with the model).
+  void allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes, size_t head_workspace_bytes,
+                             const Fp8ScratchSize& fp8);
   size_t step_buffer_bytes() const {
-    return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes() + lora_.bytes();
+    return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes() + fp8_.bytes() + lora_.bytes();
   }
   char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
 
@@ -60,13 +74,16 @@ class CudaModelBase : public CudaModel {
   int max_tokens_, max_seq_, max_batch_;
   bool checkpointing_;
   Gemm gemm_;
+  AttentionPath attention_;  // cuDNN's fused attention or the family's native kernels, chosen before its sizes_
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows (device), or null
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
   CudaLoraBlocks lora_;  // the blocks' adapted linear layers (nothing without LoRA)
+  Fp8Buffer fp8_;        // model.fp8_linear: the block GEMMs' E4M3 operands (see allocate_step_buffers)
 
  private:
   DeviceBuffer<char> hidden_;
   DeviceBuffer<char> keys_, values_;
+  std::string fp8_note_;
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;
 };

@@ -235,12 +235,13 @@ struct State {
 enum DecodeScratch { kXhat, kRstd, kNorm, kQ, kK, kV, kContext, kMid, kGate, kUp, kScores, kCos, kSin, kOut };
 
 // What block_forward and block_backward of one call share: the layer's saved activations, the
-// block's offsets, the attention's shape, the rows (B * T) and the hidden size.
+// block's offsets, the attention's shape, the rows (B * T) and the widths: hidden, MLP, head, and the
+// q and k (= v) rows (the attention shape's q_ld and kv_ld).
 struct BlockCall {
   BlockActivations& a;
   const BlockOffsets& o;
   AttentionShape shape;
-  int N, H;
+  int N, H, F, d, QW, KVW;
   const RotaryTables& rope;  // the layer's rotary table (LongRoPE's long factors' past the original context)
 };
 
@@ -354,7 +355,8 @@ BlockCall LlamaCpu::block_call(int layer, int B, int T, bool forward) {
   enter_block(layer, B, T, forward);
   AttentionShape shape = grouped_heads(B, T, cfg_, layer);
   shape.starts = starts_;
-  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, m_.rotary_for(cfg_, layer, T - 1)};
+  return {m_.layers[layer], m_.block, shape, B * T, cfg_.hidden_size, cfg_.ffn_size(), cfg_.head_dim(), shape.q_ld,
+          shape.kv_ld, m_.rotary_for(cfg_, layer, T - 1)};
 }
 
 void LlamaCpu::embed_forward(CpuParams root, const int32_t* tokens, int B, int T, float* h0) {
@@ -375,9 +377,8 @@ void LlamaCpu::embed_backward(CpuParams root, const int32_t* tokens, const float
 
 void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) {
   State& m = m_;
-  const auto [a, o, shape, N, H, rope] = block_call(layer, B, T, true);
+  const auto [a, o, shape, N, H, F, d, QW, KVW, rope] = block_call(layer, B, T, true);
   if (N == 0) return;
-  const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   const float* params = p.base;
   float* normed = m.hidden_work[1].data();
   // The LoRA terms of projections of input x, when adapted.
@@ -434,9 +435,8 @@ void LlamaCpu::block_forward(int layer, CpuParams p, const float* h_in, float* h
 void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                               int T) {
   State& m = m_;
-  const auto [a, o, shape, N, H, rope] = block_call(layer, B, T, false);
+  const auto [a, o, shape, N, H, F, d, QW, KVW, rope] = block_call(layer, B, T, false);
   if (N == 0) return;
-  const int F = cfg_.ffn_size(), d = cfg_.head_dim(), QW = shape.q_ld, KVW = shape.kv_ld;
   const float* params = p.base;
   float* dx = m.hidden_work[0].data();
   float* work = m.hidden_work[1].data();  // a norm's output, then its gradient; d(context)

@@ -193,6 +193,12 @@ void write_layer_sliding_window(const ModelConfig& cfg, OrderedJson& c) {
                                               windowed ? "sliding_attention" : "full_attention");
 }
 
+ModelConfig read_layer_windowed_llama_style_config(const HfConfigReader& r) {
+  ModelConfig c = read_llama_style_config(r);
+  c.sliding_window = read_layer_sliding_window(r, c.num_layers);
+  return c;
+}
+
 int read_sliding_window(const HfConfigReader& r, int absent) {
   if (!r.has("sliding_window")) return absent;
   const int window = r.get_or<int>({"sliding_window"}, 0);

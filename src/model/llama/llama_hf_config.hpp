@@ -20,6 +20,9 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 int read_layer_sliding_window(const HfConfigReader& r, int num_layers);
 // Writes them back: use_sliding_window, sliding_window (null for none), max_window_layers and layer_types.
 void write_layer_sliding_window(const ModelConfig& cfg, OrderedJson& c);
+// A config.json with no keys beside the Llama-style ones and the per-layer window (Qwen2's): read_llama_style_config
+// and read_layer_sliding_window; written by write_windowed_llama_style_config<write_layer_sliding_window>.
+ModelConfig read_layer_windowed_llama_style_config(const HfConfigReader& r);
 
 // The rotary options a family may take beside theta (Phi-3's): partial_rotary_factor and LongRoPE's
 // short_factor, long_factor, original_max_position_embeddings and attention_factor, from transformers 5's
@@ -39,5 +42,15 @@ void write_dropout_and_init_range(const ModelConfig& cfg, OrderedJson& c);
 int read_sliding_window(const HfConfigReader& r, int absent);
 // Writes it back: the window, or null for none.
 void write_sliding_window(const ModelConfig& cfg, OrderedJson& c);
+
+// The whole config.json of a windowed Llama-style family without keys of its own: the Llama-style keys, the
+// window's (WriteWindow: write_sliding_window for Mistral, write_layer_sliding_window for Qwen2) and
+// write_dropout_and_init_range; a template so that the family record can hold it as a plain function pointer.
+template <void (*WriteWindow)(const ModelConfig&, OrderedJson&)>
+void write_windowed_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
+  write_llama_style_config(cfg, c);
+  WriteWindow(cfg, c);
+  write_dropout_and_init_range(cfg, c);
+}
 
 }  // namespace shardlm

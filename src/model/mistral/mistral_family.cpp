@@ -21,17 +21,11 @@ ModelConfig mistral_from_hf(const HfConfigReader& r) {
   return c;
 }
 
-void mistral_to_hf(const ModelConfig& cfg, OrderedJson& c) {
-  write_llama_style_config(cfg, c);
-  write_sliding_window(cfg, c);
-  write_dropout_and_init_range(cfg, c);
-}
-
 }  // namespace
 
 ModelFamily mistral_family() {
-  return llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", "MistralDecoderLayer",
-                                           mistral_from_hf, mistral_to_hf, true);
+  return llama_style_family<kMistralBlock>("mistral", "MistralForCausalLM", "MistralDecoderLayer", mistral_from_hf,
+                                           write_windowed_llama_style_config<write_sliding_window>, true);
 }
 
 }  // namespace shardlm

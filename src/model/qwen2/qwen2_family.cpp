@@ -10,23 +10,12 @@ namespace {
 
 constexpr LlamaBlock kQwen2Block{true};
 
-ModelConfig qwen2_from_hf(const HfConfigReader& r) {
-  ModelConfig c = read_llama_style_config(r);
-  c.sliding_window = read_layer_sliding_window(r, c.num_layers);
-  return c;
-}
-
-void qwen2_to_hf(const ModelConfig& cfg, OrderedJson& c) {
-  write_llama_style_config(cfg, c);
-  write_layer_sliding_window(cfg, c);
-  write_dropout_and_init_range(cfg, c);
-}
-
 }  // namespace
 
 ModelFamily qwen2_family() {
   return llama_style_family<kQwen2Block>("qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer",
-                                         qwen2_from_hf, qwen2_to_hf, true);
+                                         read_layer_windowed_llama_style_config,
+                                         write_windowed_llama_style_config<write_layer_sliding_window>, true);
 }
 
 }  // namespace shardlm

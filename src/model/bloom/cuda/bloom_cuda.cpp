@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <string>
 
-#include "../../fp8_linear_note.hpp"
 #include "../bloom_layout.hpp"
 #include "alibi_attention.hpp"
 #include "elementwise.hpp"
@@ -18,8 +17,7 @@
 namespace shardlm::cuda {
 
 BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing)
-    : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
-      attention_("BloomCuda", cfg, dt, max_batch, max_seq, true),
+    : CudaModelBase("BloomCuda", cfg, dt, max_batch, max_seq, activation_checkpointing, true),
       sizes_(bloom_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused())) {
   const std::vector<UnitLayout> layout = bloom_layout(cfg);  // also validates the config
   const BloomRootOffsets root = bloom_root_offsets(layout[0]);
@@ -33,7 +31,7 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
 
   // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
   const BloomCudaSizes& z = sizes_;
-  allocate_step_buffers(z.hidden, std::max(z.attention_workspace, attention_.workspace_bytes()), z.head_workspace);
+  allocate_step_buffers(z.hidden, z.attention_workspace, z.head_workspace, z.fp8);
   emb_.allocate(z.norm_out);
   lnf_.allocate(z.norm_out);
   for (DeviceBuffer<float>* b : {&emb_mean_, &emb_rstd_, &lnf_mean_, &lnf_rstd_}) b->allocate(z.row_stats / sizeof(float));
@@ -55,27 +53,17 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   dctx_.allocate(z.dctx);
   dh2_.allocate(z.dh2);
   dpre_.allocate(z.dpre);
-  fp8_.allocate(z.fp8);
-}
 
-int BloomCuda::length_multiple() const {
-  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
-}
-
-std::string BloomCuda::fp8_description() const {
-  if (!cfg_.fp8_linear) return "";
-  const int H = cfg_.hidden_size;
-  return model_detail::fp8_linear_note(
+  const int H = cfg.hidden_size;
+  describe_fp8(
       {{"query_key_value", 3 * H, H}, {"dense", H, H}, {"dense_h_to_4h", 4 * H, H}, {"dense_4h_to_h", H, 4 * H}},
       "dense_h_to_4h's forward and dense_4h_to_h's input gradient, which carry GELU in their epilogue (each in FP8 "
-      "where a LoRA adapter on that layer moves the GELU out)",
-      max_seq_);
+      "where a LoRA adapter on that layer moves the GELU out)");
 }
 
 size_t BloomCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + emb_.bytes() + lnf_.bytes();
-  n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes() +
-       fp8_.bytes();
+  n += dh_[0].bytes() * 2 + dln_.bytes() + dqkv_.bytes() + dctx_.bytes() + dh2_.bytes() + dpre_.bytes();
   for (const Saved& sv : saved_)
     n += sv.ln1.bytes() + sv.qkv.bytes() + sv.probs.bytes() + sv.ctx.bytes() + sv.h2.bytes() + sv.ln2.bytes() +
          sv.pre.bytes() + sv.act.bytes() + 4 * sv.mean1.bytes();

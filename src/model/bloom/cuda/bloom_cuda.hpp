@@ -11,10 +11,8 @@
 #include "../../root_tensors.hpp"
 #include "../bloom_cuda_sizes.hpp"
 #include "../bloom_layout.hpp"
-#include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
-#include "fp8_gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
@@ -35,10 +33,6 @@ class BloomCuda final : public CudaModelBase {
   void embed_backward(UnitParams root, const int32_t* tokens, UnitGrads droot, int B, int T, cudaStream_t s) override;
 
   size_t activation_bytes() const override;
-  std::string attention_description() const override { return attention_.description(); }
-  // With FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
-  int length_multiple() const override;
-  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (bloom_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
@@ -76,15 +70,13 @@ class BloomCuda final : public CudaModelBase {
   enum Module { kQueryKeyValue, kDense, kDenseHTo4H, kDense4HToH };
   void* at(DeviceBuffer<char>& b, size_t elements) { return b.data() + elements * dsize_; }
 
-  AttentionPath attention_;  // cuDNN's fused attention or alibi_attention_*; sizes_ follow its choice
-  BloomCudaSizes sizes_;
+  BloomCudaSizes sizes_;  // of attention_'s choice (its native kernels: alibi_attention_*)
   DeviceBuffer<float> slopes_;
   DeviceBuffer<char> emb_, lnf_;                  // embedding output, final LayerNorm output
   DeviceBuffer<float> emb_mean_, emb_rstd_, lnf_mean_, lnf_rstd_;
   std::vector<Saved> saved_;
   // Backward scratch: gradients flowing between ops, ping-pong gradient of the hidden state.
   DeviceBuffer<char> dh_[2], dln_, dqkv_, dctx_, dh2_, dpre_;
-  Fp8Buffer fp8_;  // model.fp8_linear: the block GEMMs' E4M3 operands
   int dcur_ = 0;  // which dh_ holds the current hidden-state gradient
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <string>
 
-#include "../../fp8_linear_note.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "gqa_attention.hpp"
@@ -23,11 +22,10 @@ namespace shardlm::cuda {
 
 LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool activation_checkpointing,
                      const LlamaBlock& options)
-    : CudaModelBase("LlamaCuda", cfg, dt, max_batch, max_seq, activation_checkpointing),
+    : CudaModelBase("LlamaCuda", cfg, dt, max_batch, max_seq, activation_checkpointing, false),
       qw_(cfg.num_heads * cfg.head_dim()),
       kvw_(cfg.kv_heads() * cfg.head_dim()),
       ffn_(cfg.ffn_size()),
-      attention_("LlamaCuda", cfg, dt, max_batch, max_seq, false),
       sizes_(llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, attention_.fused(),
                               options.qk_norm, options.sandwich_norms)) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
@@ -71,8 +69,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
                 inv_freq.size(), " frequencies, ", sizes_.inv_freq, " bytes planned");
   SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
                                 cudaMemcpyHostToDevice));
-  allocate_step_buffers(sizes_.hidden, std::max(sizes_.attention_workspace, attention_.workspace_bytes()),
-                        sizes_.head_workspace);
+  allocate_step_buffers(sizes_.hidden, sizes_.attention_workspace, sizes_.head_workspace, sizes_.fp8);
   final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
   saved_.resize(sizes_.saved_blocks);
   for (Saved& sv : saved_) {
@@ -97,24 +94,14 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   wide_.allocate(sizes_.wide);
   dqkv_.allocate(sizes_.dqkv);
   dgate_up_.allocate(sizes_.dgate_up);
-  fp8_.allocate(sizes_.fp8);
-}
 
-int LlamaCuda::length_multiple() const {
-  return model_detail::fp8_length_multiple(cfg_.fp8_linear, attention_.length_multiple());
-}
-
-std::string LlamaCuda::fp8_description() const {
-  if (!cfg_.fp8_linear) return "";
-  const int H = cfg_.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_;
-  return model_detail::fp8_linear_note({{"q|k|v", QKV, H}, {"o", H, qw_}, {"gate|up", 2 * F, H}, {"down", H, F}},
-                                       "", max_seq_);
+  const int H = cfg.hidden_size, F = ffn_, QKV = qw_ + 2 * kvw_;
+  describe_fp8({{"q|k|v", QKV, H}, {"o", H, qw_}, {"gate|up", 2 * F, H}, {"down", H, F}}, "");
 }
 
 size_t LlamaCuda::activation_bytes() const {
   size_t n = step_buffer_bytes() + inv_freq_.bytes() + final_rstd_.bytes() + norm_.bytes() + grad_.bytes() +
-             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes() +
-             fp8_.bytes();
+             dh_.bytes() + wide_.bytes() + dqkv_.bytes() + dgate_up_.bytes() + qk_work_.bytes();
   for (const Saved& sv : saved_)
     n += sv.rstd1.bytes() + sv.rstd2.bytes() + sv.qkv.bytes() + sv.lse.bytes() + sv.context.bytes() +
          sv.h2.bytes() + sv.gate_up.bytes() + sv.qk_raw.bytes() + sv.qk_rstd.bytes() + sv.attn_out.bytes() +
@@ -322,7 +309,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   if (checkpointing_) forward_into(layer, params, sv, B, T, s, true);  // recompute this block's activations
   const char* p = static_cast<const char*>(params.base);
   auto w = [&](size_t offset) { return p + offset * dsize_; };
-  const bool train_base = grads.base != nullptr;  // else frozen: no weight, bias or norm gradient at all
+  // A base tensor's gradient, null when the base is frozen (no weight, bias or norm gradient at all).
   auto g = [&](size_t offset) { return grads.base_at(offset); };
   MatMul mm{gemm_, s, 1, fp8_.scratch()};
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
@@ -348,15 +335,14 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   lora_params(down, wide_.data(), dmlp, H);
-  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), train_base ? g(block_.down) : nullptr,
-                     wide_.data(), F, dt_);
+  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
   lora_input(down, wide_.data());
   gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
-  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up),
-                     train_base ? g(block_.gate_up) : nullptr, grad_.data(), H, dt_);
+  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up), g(block_.gate_up),
+                     grad_.data(), H, dt_);
   for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
@@ -370,8 +356,8 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     dattn = norm_.data();
   }
   lora_params(o_mod, sv.context.data(), dattn, H);
-  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), train_base ? g(block_.o) : nullptr,
-                     grad_.data(), qw_, dt_);
+  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), g(block_.o), grad_.data(), qw_,
+                     dt_);
   lora_input(o_mod, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
@@ -383,13 +369,12 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                RotaryOptions{rotary_dim_, rope_scale_});
   if (qk_norm_)
     qk_norm_backward(dqkv_.data(), N, w(block_.q_norm), w(block_.k_norm), sv.qk_raw.data(), sv.qk_rstd.data(),
-                     train_base ? g(block_.q_norm) : nullptr, train_base ? g(block_.k_norm) : nullptr,
-                     qk_work_.data(), s);
+                     g(block_.q_norm), g(block_.k_norm), qk_work_.data(), s);
   // q|k|v = n W_qkv^T with n = RMSNorm(x) (recomputed).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
-  if (train_base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
+  if (grads.base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   for (const auto& [mod, col] : qkv_lora) lora_params(mod, norm_.data(), dqkv_.data() + col * dsize_, QKV);
-  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), train_base ? g(block_.qkv) : nullptr,
+  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), g(block_.qkv),
                      grad_.data(), H, dt_);
   for (const auto& [mod, col] : qkv_lora) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.

@@ -17,10 +17,8 @@
 #include "../llama_cuda_sizes.hpp"
 #include "../llama_layout.hpp"
 #include "../../root_tensors.hpp"
-#include "attention_path.hpp"
 #include "cuda_model_base.hpp"
 #include "device_memory.hpp"
-#include "fp8_gemm.hpp"
 #include "shardlm/model.hpp"
 
 namespace shardlm::cuda {
@@ -43,10 +41,6 @@ class LlamaCuda final : public CudaModelBase {
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
-  std::string attention_description() const override { return attention_.description(); }
-  // With FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
-  int length_multiple() const override;
-  std::string fp8_description() const override;
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
@@ -133,8 +127,7 @@ class LlamaCuda final : public CudaModelBase {
   void qk_norm_backward(char* dqkv, int n, const char* q_weight, const char* k_weight, const char* raw,
                         const float* rstd, float* dq_weight, float* dk_weight, char* work, cudaStream_t s) const;
   int qw_, kvw_, ffn_;  // widths: query heads, key (= value) heads, SwiGLU
-  AttentionPath attention_;  // cuDNN's fused attention or gqa_attention_*; sizes_ follow its choice
-  LlamaCudaSizes sizes_;
+  LlamaCudaSizes sizes_;  // of attention_'s choice (its native kernels: gqa_attention_*)
   // ModelConfig::rope_tables() tables of rotary_dim / 2, one after the other; with LongRoPE then the long factors'
   // of table 0.
   DeviceBuffer<float> inv_freq_;
@@ -144,7 +137,6 @@ class LlamaCuda final : public CudaModelBase {
   // (updated in place through each block); SiLU(gate) * up and its gradient; d(q|k|v); d(gate|up).
   DeviceBuffer<char> norm_, grad_, dh_, wide_, dqkv_, dgate_up_;
   DeviceBuffer<char> qk_work_;  // LlamaBlock::qk_norm's scratch (sizes_.qk_work)
-  Fp8Buffer fp8_;  // model.fp8_linear: the block GEMMs' E4M3 operands (sizes_.fp8)
 
   struct DecodeBuffers {  // between decode_allocate and decode_free, beside the cache
     // [max_rows, H | H | H | q|k|v | heads d | 2F | F] in dt: hidden states, mid-block residual,
