@@ -140,6 +140,9 @@ double default_dist_timeout();
 
 // ---- host values over the ranks (src/dist/rank_values.cpp): what train/ asks of every rank ----
 
+// This rank's number in comm and comm's size.
+int rank_of(MPI_Comm comm);
+int size_of(MPI_Comm comm);
 // Reductions of run statistics over the world (losses, counts, timings, flags).
 double mpi_sum(MPI_Comm comm, double v);
 double mpi_max(MPI_Comm comm, double v);

@@ -15,19 +15,19 @@ T all_reduce(MPI_Comm comm, T v, MPI_Datatype type, MPI_Op op) {
   return out;
 }
 
+}  // namespace
+
 int rank_of(MPI_Comm comm) {
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   return rank;
 }
 
 int size_of(MPI_Comm comm) {
-  int world = 1;
-  MPI_Comm_size(comm, &world);
-  return world;
+  int size = 1;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return size;
 }
-
-}  // namespace
 
 double mpi_sum(MPI_Comm comm, double v) { return all_reduce(comm, v, MPI_DOUBLE, MPI_SUM); }
 double mpi_max(MPI_Comm comm, double v) { return all_reduce(comm, v, MPI_DOUBLE, MPI_MAX); }

@@ -195,9 +195,7 @@ SquadGeneration squad_generate(FsdpEngine& engine, const std::vector<Example>& e
   SHARDLM_CHECK(questions.size() == eval_set.size(), "SQuAD evaluation: ", questions.size(), " questions for ",
                 eval_set.size(), " eval examples");
   SHARDLM_CHECK(batch >= 1, "SQuAD evaluation: batch must be >= 1, not ", batch);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  const int rank = rank_of(comm), world = size_of(comm);
   Timer timer;
   double em = 0, f1 = 0;
   std::vector<std::pair<std::string, std::string>> mine;

@@ -35,8 +35,7 @@ struct CheckpointFacts {
 };
 
 CheckpointFacts read_checkpoint_facts(const std::string& path, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  const int rank = rank_of(comm);
   CheckpointFacts facts;
   run_collectively(comm, [&] {
     if (rank != 0) return;
@@ -89,8 +88,7 @@ std::string generation_source_kind(const std::string& path, std::string* checkpo
 
 GenerationModel load_generation_model(const std::string& path, const std::string& adapter,
                                       const std::vector<std::string>& overrides, MPI_Comm comm) {
-  int world = 1;
-  MPI_Comm_size(comm, &world);
+  const int world = size_of(comm);
   GenerationModel g;
   std::string kind;
   run_collectively(comm, [&] { kind = generation_source_kind(path, &g.checkpoint); });

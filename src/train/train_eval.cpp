@@ -28,9 +28,7 @@ struct EvalResult {
 
 EvalResult evaluate(FsdpEngine& model, const std::vector<Example>& eval_set, MPI_Comm comm, int micro,
                     int32_t pad_id, int max_seq) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  const int rank = rank_of(comm), world = size_of(comm);
   Timer timer;
   double loss_sum = 0, count = 0;
   const std::vector<std::vector<size_t>> batches = eval_micro_batches(eval_set.size(), rank, world, micro);

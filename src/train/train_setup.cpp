@@ -274,8 +274,8 @@ void report_shape(TrainRun& run) {
 TrainRun::TrainRun(const RunConfig& config, MPI_Comm communicator, const TrainOptions& options)
     : cfg(config),
       comm(communicator),
-      rank([&] { int r = 0; MPI_Comm_rank(communicator, &r); return r; }()),
-      world([&] { int w = 1; MPI_Comm_size(communicator, &w); return w; }()),
+      rank(rank_of(communicator)),
+      world(size_of(communicator)),
       echo(options.echo && rank == 0),
       progress(echo, echo && output_is_terminal(), 0, 0),
       generate_answers(config.data.format == DataFormat::Squad && config.eval.generate != EvalGenerate::None) {}
