@@ -6,7 +6,8 @@
 // against cached plans, and argument errors, all against a double-precision loop on the host; the FP8
 // path (model.fp8_linear): fp8_quantize's copies, scales and its handling of zeros, infs and NaNs, and the
 // forward, dgrad and wgrad forms through run_fp8_gemm against the host product of the same E4M3 values
-// (tight) and of the unquantized inputs (within FP8's error).
+// (tight) and of the unquantized inputs (within FP8's error); the linear backward sharing its output
+// gradient, and reading its forward's amaxes from a slot, bit for bit against the GEMMs it replaces.
 
 #include <cuda_runtime_api.h>
 
@@ -547,6 +548,68 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemm
       BOOST_TEST(dW_shared.download(static_cast<size_t>(out) * in) == want_dw, boost::test_tools::per_element());
     }
   }
+}
+
+// A linear layer's amax slot: the forward through run_fp8_gemm with a slot gives the bits it gives without
+// one and leaves max |x| and max |W| there; the backward reading them (no amax pass over x or W) gives the
+// bits of the backward that reduces them again, and it does read the slot (a different W amax changes
+// dgrad's scale). A slot outside the scratch is refused.
+BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputing_it) {
+  std::mt19937 rng(23);
+  const int n = 96, out = 64, in = 48, slots = 3, slot = 1;
+  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
+  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
+  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
+  const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
+  const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(n) * in;
+  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el, slots));
+  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el, slots);
+  BOOST_TEST_REQUIRE(w.slots == slots);
+  Gemm gemm;
+  TestArray ddy(dy, DType::BF16), dx_in(x, DType::BF16), dweight(W, DType::BF16);
+  // The forward y = x W^T, with and without the slot.
+  TestArray y_plain(std::vector<float>(a_el, 0.0f), DType::BF16), y_slot(std::vector<float>(a_el, 0.0f), DType::BF16);
+  GemmDesc fw;
+  fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
+  fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y_plain.data(), fw.ldc = out;
+  fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
+  cuda::run_fp8_gemm(gemm, fw, w, nullptr);
+  fw.C = y_slot.data();
+  BOOST_REQUIRE_NO_THROW(cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot));
+  BOOST_TEST(y_slot.download(a_el) == y_plain.download(a_el), boost::test_tools::per_element());
+  const std::vector<unsigned> saved = from_device_raw<unsigned>(w.saved_amax + 2 * slot, 2);
+  float amax_x = 0, amax_w = 0;
+  for (const float v : x) amax_x = std::max(amax_x, std::fabs(v));
+  for (const float v : W) amax_w = std::max(amax_w, std::fabs(v));
+  float saved_x, saved_w;
+  std::memcpy(&saved_x, &saved[0], sizeof(float));
+  std::memcpy(&saved_w, &saved[1], sizeof(float));
+  BOOST_TEST(saved_x == amax_x);
+  BOOST_TEST(saved_w == amax_w);
+  // The backward: wgrad dW += dy^T x, dgrad dx = dy W, recomputing the amaxes (-1) or reading the slot.
+  auto backward = [&](int use_slot) {
+    TestArray dW(dw0, DType::F32), dx(std::vector<float>(b_el, 0.0f), DType::BF16);
+    GemmDesc wg, dg;
+    wg.trans_a = true, wg.M = out, wg.N = in, wg.K = n, wg.beta = 1;
+    wg.A = ddy.data(), wg.lda = out, wg.B = dx_in.data(), wg.ldb = in, wg.C = dW.data(), wg.ldc = in;
+    wg.ab_dtype = DType::BF16, wg.c_dtype = DType::F32;
+    dg.M = n, dg.N = in, dg.K = out;
+    dg.A = ddy.data(), dg.lda = out, dg.B = dweight.data(), dg.ldb = in, dg.C = dx.data(), dg.ldc = in;
+    dg.ab_dtype = DType::BF16, dg.c_dtype = DType::BF16;
+    cuda::run_fp8_linear_backward(gemm, &wg, dg, w, nullptr, use_slot);
+    return std::pair{dW.download(static_cast<size_t>(out) * in), dx.download(b_el)};
+  };
+  const auto [want_dw, want_dx] = backward(-1);
+  const auto [dw, dx] = backward(slot);
+  BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
+  BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
+  // dgrad's B (W) scale comes from the slot: a larger saved amax gives its scale, not W's own.
+  const float poison = 4 * amax_w;
+  check_cuda(cudaMemcpy(w.saved_amax + 2 * slot + 1, &poison, sizeof(float), cudaMemcpyHostToDevice), "poison");
+  backward(slot);
+  const float b_scale = from_device_raw<float>(w.b_scale, 1)[0];
+  BOOST_TEST(std::fabs(b_scale - poison / cuda::kFp8E4M3Max) <= 1e-6f * b_scale, b_scale << " for amax " << poison);
+  BOOST_CHECK_THROW(backward(slots), Error);
 }
 
 BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {

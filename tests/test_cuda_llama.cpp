@@ -6,7 +6,8 @@
 // backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
 // activation checkpointing, Qwen3's q/k norms and Mistral's sliding window (native and cuDNN), and
-// their activation bytes against unit_model_memory's; and LoRA in the CUDA models (Llama, Qwen2, Qwen3,
+// their activation bytes against unit_model_memory's; FP8 linear layers with and without checkpointing (the
+// backward reusing the forward's amaxes); and LoRA in the CUDA models (Llama, Qwen2, Qwen3,
 // Mistral and BLOOM) against the CPU models': loss, adapter gradients, the input
 // gradients through the blocks, no base gradient where the base is frozen; with LoRA dropout the same
 // masks on both backends (with and without checkpointing), and evaluation as without dropout.
@@ -1090,6 +1091,30 @@ BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {
   require_device("test_cuda_llama");
   compare_with_cpu(false, DType::BF16, false, 2e-2, 0.1);
   compare_with_cpu(false, DType::F16, true, 5e-3, 0.03);
+}
+
+// model.fp8_linear on sizes that all run in FP8 (2 x 8 tokens, hidden 32, q|k|v 64, gate|up 96): an amax
+// slot per block and projection, counted by the plan (unit_model_pass checks the bytes); with activation
+// checkpointing, whose recomputation leaves down_proj's forward out so that its backward reads the first
+// forward's amaxes (of the same recomputed bits), the loss and gradients are those of kept activations, bit
+// for bit.
+BOOST_AUTO_TEST_CASE(llama_cuda_fp8_backward_reuses_the_forward_amaxes) {
+  require_device("test_cuda_llama");
+  ModelConfig cfg = tiny_llama(false);
+  cfg.fp8_linear = true;
+  const int B = 2, T = 8;
+  BOOST_TEST(cuda::llama_cuda_sizes(cfg, DType::BF16, B, T, false, false).fp8.slots ==
+             static_cast<size_t>(cfg.num_layers) * cuda::kFp8SlotsPerBlock);
+  const Params params{params_in(cfg, DType::BF16), {}};
+  Batch b = random_batch(cfg);
+  b.tokens.resize(B * T), b.targets.resize(B * T);
+  const Pass kept = unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, B, T, 0.25f, DType::BF16,
+                                    false, B, T);
+  const Pass recomputed = unit_model_pass(BackendKind::Cuda, cfg, params, b.tokens, b.targets, B, T, 0.25f,
+                                          DType::BF16, true, B, T);
+  BOOST_TEST(recomputed.loss == kept.loss);
+  for (size_t u = 0; u < kept.grads.size(); ++u)
+    BOOST_TEST(recomputed.grads[u] == kept.grads[u], boost::test_tools::per_element());
 }
 
 // Head dim 64: cuDNN's fused attention in 16 bits (auto), and the native kernels asked for by name.

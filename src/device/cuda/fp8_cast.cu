@@ -1,6 +1,7 @@
 // fp8_quantize: the amax of a 16-bit matrix (one grid-stride pass, a warp maximum per warp, one
 // atomicMax on the bits of |x|: for non-negative floats the bit patterns order as the values, and
-// NaN's lie above inf's, so both propagate; one atomic per block), then its E4M3 copy and/or transpose through tiles in
+// NaN's lie above inf's, so both propagate; one atomic per block; skipped for an amax the caller already
+// has), then its E4M3 copy and/or transpose through tiles in
 // shared memory (both written coalesced): 64 x 64 tiles moved 8 elements a thread where every size is a
 // multiple of 8 (the FP8 GEMMs' operands), 32 x 32 tiles element by element otherwise.
 #include <cuda_fp8.h>
@@ -163,11 +164,11 @@ __global__ void quantize_tiles_kernel(const T* x, int rows, int cols, int ld, co
 }  // namespace
 
 void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* out, uint8_t* out_t, float* inv_scale,
-                  unsigned* amax_bits, cudaStream_t stream) {
+                  unsigned* amax_bits, cudaStream_t stream, bool amax_known) {
   SHARDLM_CHECK(dt == DType::BF16 || dt == DType::F16, "fp8_quantize: the input must be bf16 or fp16, not ",
                 dtype_name(dt));
   SHARDLM_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "fp8_quantize: bad shape ", rows, " x ", cols, " ld ", ld);
-  SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
+  if (!amax_known) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
   if (rows == 0 || cols == 0) return;
   const size_t n = static_cast<size_t>(rows) * cols;
   const bool packed = ld == cols && n % 8 == 0 && is_aligned(x, 16) && (!out || is_aligned(out, 8));
@@ -175,19 +176,19 @@ void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* 
     using T = typename decltype(tag)::type;
     if constexpr (sizeof(T) == 2) {  // bf16 or fp16 (checked above); no fp32 instantiation
     const T* xt = static_cast<const T*>(x);
-    if (packed) {
+    if (!amax_known && packed) {
       amax_packed_kernel<T><<<grid_for(n / 8, kBlockThreads, kAmaxBlocksPerSm), kBlockThreads, 0, stream>>>(
           xt, n / 8, amax_bits);
       SHARDLM_CUDA_LAUNCH_CHECK();
-      if (!out_t) {
-        quantize_packed_kernel<T><<<grid_for(n / 8), kBlockThreads, 0, stream>>>(xt, n / 8, amax_bits, out, inv_scale);
-        SHARDLM_CUDA_LAUNCH_CHECK();
-        return;
-      }
-    } else {
+    } else if (!amax_known) {
       amax_kernel<T><<<grid_for(n, kBlockThreads, kAmaxBlocksPerSm), kBlockThreads, 0, stream>>>(xt, rows, cols, ld,
                                                                                              amax_bits);
       SHARDLM_CUDA_LAUNCH_CHECK();
+    }
+    if (packed && !out_t) {
+      quantize_packed_kernel<T><<<grid_for(n / 8), kBlockThreads, 0, stream>>>(xt, n / 8, amax_bits, out, inv_scale);
+      SHARDLM_CUDA_LAUNCH_CHECK();
+      return;
     }
     if (rows % 8 == 0 && cols % 8 == 0 && ld % 8 == 0 && is_aligned(x, 16) && (!out || is_aligned(out, 8)) &&
         (!out_t || is_aligned(out_t, 8))) {

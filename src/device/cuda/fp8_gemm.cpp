@@ -8,7 +8,7 @@
 
 namespace shardlm::cuda {
 
-Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements) {
+Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements, size_t slots) {
   char* p = static_cast<char*>(base);
   Fp8Scratch w;
   w.a = reinterpret_cast<uint8_t*>(p), w.a_bytes = a_elements;
@@ -21,13 +21,15 @@ Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements) {
   w.b_scale = reinterpret_cast<float*>(p + kFp8ScaleAlignment);
   p += align256(2 * kFp8ScaleAlignment);
   w.amax = reinterpret_cast<unsigned*>(p);
+  p += align256(2 * sizeof(unsigned));
+  w.saved_amax = reinterpret_cast<unsigned*>(p), w.slots = static_cast<int>(slots);
   return w;
 }
 
 void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
   if (size.bytes() == 0) return;
   buffer_.allocate(size.bytes());
-  scratch_ = Fp8Scratch::at(buffer_.data(), size.a, size.b);
+  scratch_ = Fp8Scratch::at(buffer_.data(), size.a, size.b, size.slots);
 }
 
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
@@ -52,29 +54,38 @@ void run_quantized(Gemm& gemm, const GemmDesc& d, const uint8_t* a, const Fp8Scr
   gemm.run(q, stream);
 }
 
-// op(B) [K, N] of d as B^T [N, K] in w.b: stored [N, K] when trans_b, else [K, N], transposed.
-void quantize_b(const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream) {
+// op(B) [K, N] of d as B^T [N, K] in w.b: stored [N, K] when trans_b, else [K, N], transposed; its amax
+// into *amax, or read from there when `known`.
+void quantize_b(const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, unsigned* amax, bool known) {
   if (d.trans_b)
-    fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, w.b, nullptr, w.b_scale, w.amax + 1, stream);
+    fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, w.b, nullptr, w.b_scale, amax, stream, known);
   else
-    fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, w.amax + 1, stream);
+    fp8_quantize(d.B, d.K, d.N, d.ldb, d.ab_dtype, nullptr, w.b, w.b_scale, amax, stream, known);
+}
+
+// Slot `slot`'s two amax words (a linear layer's x, then W); null for slot -1.
+unsigned* slot_amax(const Fp8Scratch& w, int slot) {
+  SHARDLM_CHECK(slot >= -1 && slot < w.slots, "FP8 amax slot ", slot, " outside the scratch's ", w.slots);
+  return slot < 0 ? nullptr : w.saved_amax + 2 * slot;
 }
 
 }  // namespace
 
-void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream) {
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot) {
   SHARDLM_CHECK(fp8_gemm_fits(d, w), "run_fp8_gemm: this GEMM cannot run in FP8 here");
+  unsigned* saved = slot_amax(w, slot);
+  unsigned* amax = saved ? saved : w.amax;
   // op(A) is [M, K]: stored [M, K] (row stride lda) as it is, or [K, M] when trans_a, transposed.
   if (d.trans_a)
-    fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, w.amax, stream);
+    fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, amax, stream);
   else
-    fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, w.amax, stream);
-  quantize_b(d, w, stream);
+    fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, amax, stream);
+  quantize_b(d, w, stream, amax + 1, false);
   run_quantized(gemm, d, w.a, w, stream);
 }
 
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int slot) {
   SHARDLM_CHECK(!dgrad.trans_a && fp8_gemm_fits(dgrad, w) &&
                     (!wgrad || (wgrad->trans_a && !wgrad->trans_b && fp8_gemm_fits(*wgrad, w) &&
                                 wgrad->A == dgrad.A && wgrad->lda == dgrad.lda && wgrad->M == dgrad.K &&
@@ -83,11 +94,13 @@ void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& 
   // dy [n, out] (dgrad's A as it is): untransposed into g for dgrad, transposed into a for wgrad.
   fp8_quantize(dgrad.A, dgrad.M, dgrad.K, dgrad.lda, dgrad.ab_dtype, w.g, wgrad ? w.a : nullptr, w.a_scale, w.amax,
                stream);
+  // x (wgrad's B) and W (dgrad's B): their amaxes from the forward's slot when there is one.
+  unsigned* saved = slot_amax(w, slot);
   if (wgrad) {
-    quantize_b(*wgrad, w, stream);
+    quantize_b(*wgrad, w, stream, saved ? saved : w.amax + 1, saved != nullptr);
     run_quantized(gemm, *wgrad, w.a, w, stream);
   }
-  quantize_b(dgrad, w, stream);
+  quantize_b(dgrad, w, stream, saved ? saved + 1 : w.amax + 1, saved != nullptr);
   run_quantized(gemm, dgrad, w.g, w, stream);
 }
 

@@ -23,7 +23,8 @@ namespace shardlm::cuda {
 // through it (elements = bytes), `g` as many as `a` (a linear layer's output gradient untransposed
 // while `a` holds its transpose), a_scale and b_scale their inverse scales (16-byte aligned each:
 // cuBLASLt refuses the FP8 GEMM, CUBLAS_STATUS_NOT_SUPPORTED, for a scale pointer that is not),
-// `amax` two unsigned.
+// `amax` two unsigned, `saved_amax` two per slot (a linear layer's x and W amaxes from its forward,
+// read again by its backward: run_fp8_gemm, run_fp8_linear_backward).
 struct Fp8Scratch {
   uint8_t* a = nullptr;
   size_t a_bytes = 0;
@@ -33,8 +34,10 @@ struct Fp8Scratch {
   float* a_scale = nullptr;
   float* b_scale = nullptr;
   unsigned* amax = nullptr;
-  // The parts of one allocation of fp8_scratch_bytes(a_elements, b_elements) (workspace_sizes.hpp) at base.
-  static Fp8Scratch at(void* base, size_t a_elements, size_t b_elements);
+  unsigned* saved_amax = nullptr;
+  int slots = 0;
+  // The parts of one allocation of fp8_scratch_bytes(a_elements, b_elements, slots) (workspace_sizes.hpp) at base.
+  static Fp8Scratch at(void* base, size_t a_elements, size_t b_elements, size_t slots = 0);
 };
 
 // The scratch a model holds for its FP8 GEMMs, allocated once (nothing for an empty size).
@@ -53,12 +56,15 @@ class Fp8Buffer {
 // Whether d (16-bit A and B, no batch, epilogue None or Bias) can run as an FP8 GEMM: every size a
 // multiple of 16, the transposed copies fitting the scratch, C's row stride a multiple of 16 bytes.
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w);
-// Runs d in FP8 through w (fp8_gemm_fits must hold).
-void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream);
+// Runs d in FP8 through w (fp8_gemm_fits must hold). With a slot (>= 0, below w.slots) the amaxes of A and
+// B (a linear layer's forward: x and W) are kept in it, A's first, for the layer's backward.
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot = -1);
 // A linear layer's two backward GEMMs in FP8 with its output gradient dy quantized once (one amax, both
 // layouts): wgrad dW += dy^T x (null: a frozen weight) and dgrad dx = dy W, in that order (dx may be x's
-// buffer). Both must fit (fp8_gemm_fits) and share dy: wgrad's A is dgrad's A, transposed.
+// buffer). Both must fit (fp8_gemm_fits) and share dy: wgrad's A is dgrad's A, transposed. With a slot
+// the layer's forward ran through run_fp8_gemm with it on the same bits of x and W, so their amaxes are
+// read from it instead of reduced again (the same copies, two amax passes fewer).
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
-                             cudaStream_t stream);
+                             cudaStream_t stream, int slot = -1);
 
 }  // namespace shardlm::cuda

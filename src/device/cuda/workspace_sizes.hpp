@@ -66,17 +66,19 @@ constexpr size_t kFp8ScaleAlignment = 16;
 
 // run_fp8_gemm's scratch (fp8_gemm.hpp, Fp8Scratch): the E4M3 copies of A operands of up to
 // a_elements (twice: a linear layer's output gradient is kept in both layouts for its two backward
-// GEMMs) and B operands of up to b_elements, then two fp32 inverse scales 16 bytes apart and two amax
-// words.
-inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements) {
+// GEMMs) and B operands of up to b_elements, then two fp32 inverse scales 16 bytes apart, two amax
+// words, and two amax words per slot (a linear layer's input and weight, kept from its forward for its
+// backward).
+inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements, size_t slots = 0) {
   return 2 * align256(a_elements) + align256(b_elements) + align256(2 * kFp8ScaleAlignment) +
-         align256(2 * sizeof(unsigned));
+         align256(2 * sizeof(unsigned)) + align256(2 * slots * sizeof(unsigned));
 }
 
-// A model's FP8 scratch (model.fp8_linear): its largest A and B operands, in elements; empty without FP8.
+// A model's FP8 scratch (model.fp8_linear): its largest A and B operands, in elements, and its amax slots
+// (one per block and projection whose backward reuses its forward's amaxes); empty without FP8.
 struct Fp8ScratchSize {
-  size_t a = 0, b = 0;
-  size_t bytes() const { return a == 0 && b == 0 ? 0 : fp8_scratch_bytes(a, b); }
+  size_t a = 0, b = 0, slots = 0;
+  size_t bytes() const { return a == 0 && b == 0 ? 0 : fp8_scratch_bytes(a, b, slots); }
 };
 
 }  // namespace shardlm::cuda

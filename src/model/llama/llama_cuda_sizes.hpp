@@ -13,6 +13,10 @@
 
 namespace shardlm::cuda {
 
+// model.fp8_linear: a block's linear layers, each with an amax slot per block (Fp8Scratch::saved_amax) that
+// its forward fills and its backward reads; slot layer * kFp8SlotsPerBlock + projection.
+enum LlamaFp8Slot { kFp8Qkv, kFp8O, kFp8GateUp, kFp8Down, kFp8SlotsPerBlock };
+
 struct LlamaCudaSizes {
   size_t saved_blocks = 0;  // blocks whose activations are kept at once (1 with checkpointing)
   // Kept from forward to backward: hidden states h_0 .. h_L, the final norm's 1/rms, the rotary
@@ -37,7 +41,8 @@ struct LlamaCudaSizes {
   int head_chunk = 0;
   // LoRA (lora_cuda_sizes): per saved block the targeted layers' x A^T; scratch: their gradients, dropout's.
   size_t lora_xa = 0, lora_scratch = 0;
-  // model.fp8_linear: the E4M3 copies of the largest A and B operand of the block's GEMMs (fp8_gemm.hpp).
+  // model.fp8_linear: the E4M3 copies of the largest A and B operand of the block's GEMMs (fp8_gemm.hpp),
+  // and every block's amax slots.
   Fp8ScratchSize fp8;
 
   size_t per_block() const {
@@ -94,7 +99,8 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
   if (cfg.fp8_linear && L > 0) {
     // forward x W^T, dgrad dy W (W transposed) and wgrad dy^T x (dy and x transposed) of q|k|v, o, gate|up, down
     const size_t QKV = QW + 2 * KVW;
-    s.fp8 = {N * std::max({2 * F, QKV, H, QW}), std::max(H * std::max({QKV, 2 * F, QW}), N * std::max({F, H, QW}))};
+    s.fp8 = {N * std::max({2 * F, QKV, H, QW}), std::max(H * std::max({QKV, 2 * F, QW}), N * std::max({F, H, QW})),
+             L * kFp8SlotsPerBlock};
   }
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);

@@ -219,8 +219,9 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
 
   // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
-  mm(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_, dt_, 0,
-     qkv_bias_ ? Epilogue::Bias : Epilogue::None, qkv_bias_ ? w(block_.qkv_bias) : nullptr);
+  mm.projection(fp8_slot(layer, kFp8Qkv))(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(),
+                                          QKV, dt_, dt_, 0, qkv_bias_ ? Epilogue::Bias : Epilogue::None,
+                                          qkv_bias_ ? w(block_.qkv_bias) : nullptr);
   for (const auto& [mod, col] : lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}}))
     lora(mod, norm_.data(), sv.qkv.data() + col * dsize_, QKV);
   // Qwen3: each head of q and k RMSNormed before rotary.
@@ -237,19 +238,22 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
                           attn_ws_.data(), s, starts_, cfg_.layer_sliding_window(layer), attention_scale());
   const size_t NH = static_cast<size_t>(N) * H * dsize_;
   if (sandwich_) {  // Gemma 3: h2 = x + RMSNorm(o_proj(...))
-    mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.attn_out.data(), H, dt_, dt_);
+    mm.projection(fp8_slot(layer, kFp8O))(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_,
+                                          sv.attn_out.data(), H, dt_, dt_);
     lora(lora_slots_[kOProj].module, sv.context.data(), sv.attn_out.data(), H);
     add_normed(x, sv.attn_out.data(), w(block_.attn_out_norm), sv.rstd3.data(), sv.h2.data(), N, s);
   } else {
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(sv.h2.data(), x, NH, cudaMemcpyDeviceToDevice, s));
-    mm(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_, sv.h2.data(), H, dt_, dt_, 1);
+    mm.projection(fp8_slot(layer, kFp8O))(false, true, N, H, qw_, sv.context.data(), qw_, w(block_.o), qw_,
+                                          sv.h2.data(), H, dt_, dt_, 1);
     lora(lora_slots_[kOProj].module, sv.context.data(), sv.h2.data(), H);
   }
 
   // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2) (GeGLU: gelu_tanh for silu;
   // sandwich norms: down_proj's output normed before the add).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
-  mm(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H, sv.gate_up.data(), 2 * F, dt_, dt_);
+  mm.projection(fp8_slot(layer, kFp8GateUp))(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H,
+                                             sv.gate_up.data(), 2 * F, dt_, dt_);
   for (const auto& [mod, col] : lora_columns({{kGateProj, 0}, {kUpProj, F}}))
     lora(mod, norm_.data(), sv.gate_up.data() + col * dsize_, 2 * F);
   const int down = lora_slots_[kDownProj].module;
@@ -257,7 +261,8 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   if (recompute && !lora_.on(down) && !sandwich_) return;
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   if (sandwich_) {
-    mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, sv.mlp_out.data(), H, dt_, dt_);
+    mm.projection(fp8_slot(layer, kFp8Down))(false, true, N, H, F, wide_.data(), F, w(block_.down), F,
+                                             sv.mlp_out.data(), H, dt_, dt_);
     lora(down, wide_.data(), sv.mlp_out.data(), H);
     if (recompute)  // the norm's 1/rms only: out is the kept h_{layer+1}
       rmsnorm_forward(sv.mlp_out.data(), w(block_.mlp_out_norm), norm_.data(), sv.rstd4.data(), N, H, eps, dt_, s,
@@ -271,7 +276,8 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
-  mm(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
+  mm.projection(fp8_slot(layer, kFp8Down))(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_,
+                                           1);
   lora(down, wide_.data(), out, H);
 }
 
@@ -335,14 +341,16 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
   gated_forward(sv.gate_up.data(), wide_.data(), N, s);
   lora_params(down, wide_.data(), dmlp, H);
-  mm.linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
+  mm.projection(fp8_slot(layer, kFp8Down))
+      .linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
   lora_input(down, wide_.data());
   gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
-  mm.linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up), g(block_.gate_up),
-                     grad_.data(), H, dt_);
+  mm.projection(fp8_slot(layer, kFp8GateUp))
+      .linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up), g(block_.gate_up),
+                       grad_.data(), H, dt_);
   for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
@@ -356,8 +364,8 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     dattn = norm_.data();
   }
   lora_params(o_mod, sv.context.data(), dattn, H);
-  mm.linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), g(block_.o), grad_.data(), qw_,
-                     dt_);
+  mm.projection(fp8_slot(layer, kFp8O))
+      .linear_backward(N, H, qw_, dattn, H, sv.context.data(), qw_, w(block_.o), g(block_.o), grad_.data(), qw_, dt_);
   lora_input(o_mod, grad_.data());
   if (attention_.fused())
     attention_.backward(grad_.data(), sv.qkv.data(), sv.context.data(), sv.lse.data(), dqkv_.data(), nullptr,
@@ -374,8 +382,9 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
   if (grads.base && qkv_bias_) bias_grad(dqkv_.data(), g(block_.qkv_bias), N, QKV, dt_, s);
   for (const auto& [mod, col] : qkv_lora) lora_params(mod, norm_.data(), dqkv_.data() + col * dsize_, QKV);
-  mm.linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), g(block_.qkv),
-                     grad_.data(), H, dt_);
+  mm.projection(fp8_slot(layer, kFp8Qkv))
+      .linear_backward(N, QKV, H, dqkv_.data(), QKV, norm_.data(), H, w(block_.qkv), g(block_.qkv), grad_.data(), H,
+                       dt_);
   for (const auto& [mod, col] : qkv_lora) lora_input(mod, grad_.data());
   // d(x) = d(h2) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), x, w(block_.input_norm), sv.rstd1.data(), dh, g(block_.input_norm), N, H, true, dt_,

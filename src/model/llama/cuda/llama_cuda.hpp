@@ -73,6 +73,8 @@ class LlamaCuda final : public CudaModelBase {
   // the last linear layer that makes it (its LoRA's x A^T is still formed).
   void forward_into(int layer, UnitParams params, Saved& sv, int B, int T, cudaStream_t s, bool recompute = false);
   Saved& saved(int layer) { return checkpointing_ ? saved_[0] : saved_[layer]; }
+  // Layer `layer`'s projection p's FP8 amax slot (MatMul::projection): its backward reuses its forward's amaxes.
+  static int fp8_slot(int layer, LlamaFp8Slot p) { return layer * kFp8SlotsPerBlock + p; }
 
   // Where the root's tensors are (in the base, or in the trainable root of lora.modules_to_save), and
   // the element offsets of a block's in its flat layout (the same for every block), looked up once.
