@@ -5,10 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "../device/cuda/workspace_sizes.hpp"
+
 namespace shardlm::model_detail {
 
-// cuBLASLt's FP8 GEMMs take sizes that are multiples of this only.
-constexpr int kFp8SizeMultiple = 16;
+using cuda::kFp8SizeMultiple;  // the FP8 GEMMs' size multiple (fp8_gemm_fits)
 
 // The micro-batch length multiple a CUDA family asks for: its attention path's, and with model.fp8_linear
 // also a multiple of kFp8SizeMultiple tokens (the FP8 GEMMs' token dimension).

@@ -34,8 +34,8 @@ void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
 
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
   return !d.fp8 && (d.ab_dtype == DType::BF16 || d.ab_dtype == DType::F16) && d.batch == 1 &&
-         (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && d.M % 16 == 0 && d.N % 16 == 0 &&
-         d.K % 16 == 0 && d.ldc * dtype_size(d.c_dtype) % 16 == 0 &&
+         (d.epilogue == Epilogue::None || d.epilogue == Epilogue::Bias) && d.M % kFp8SizeMultiple == 0 &&
+         d.N % kFp8SizeMultiple == 0 && d.K % kFp8SizeMultiple == 0 && d.ldc * dtype_size(d.c_dtype) % 16 == 0 &&
          static_cast<size_t>(d.M) * d.K <= w.a_bytes && static_cast<size_t>(d.N) * d.K <= w.b_bytes;
 }
 

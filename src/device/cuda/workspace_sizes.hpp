@@ -63,6 +63,8 @@ inline size_t lm_head_workspace_bytes(int chunk, int V, DType dt) {
 
 // cuBLASLt's FP8 GEMM takes scale pointers on 16-byte boundaries only.
 constexpr size_t kFp8ScaleAlignment = 16;
+// ... and M, N and K that are multiples of this only (fp8_gemm_fits; the start-up note, fp8_linear_note).
+constexpr int kFp8SizeMultiple = 16;
 
 // run_fp8_gemm's scratch (fp8_gemm.hpp, Fp8Scratch): the E4M3 copies of A operands of up to
 // a_elements (twice: a linear layer's output gradient is kept in both layouts for its two backward
