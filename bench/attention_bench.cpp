@@ -62,31 +62,30 @@ int main(int argc, char** argv) {
   std::string dtype = "bf16", paths = "cudnn,native";
   for (shardlm::bench::BenchArgs args(argc, argv); args.next();) {
     const std::string a = args.option();
-    auto next = [&] { return args.value(); };
     if (a == "--T")
-      Ts = int_list(next());
+      Ts = int_list(args.value());
     else if (a == "--heads")
-      heads = std::stoi(next());
+      heads = std::stoi(args.value());
     else if (a == "--kv-heads")
-      kv_heads = std::stoi(next());
+      kv_heads = std::stoi(args.value());
     else if (a == "--head-dim")
-      d = std::stoi(next());
+      d = std::stoi(args.value());
     else if (a == "--batch")
-      batch = std::stoi(next());
+      batch = std::stoi(args.value());
     else if (a == "--tokens")
-      tokens = std::stoi(next());
+      tokens = std::stoi(args.value());
     else if (a == "--dtype")
-      dtype = next();
+      dtype = args.value();
     else if (a == "--alibi")
       alibi = true;
     else if (a == "--paths")
-      paths = next();
+      paths = args.value();
     else if (a == "--reps")
-      reps = std::stoi(next());
+      reps = std::stoi(args.value());
     else if (a == "--warmup")
-      warmup = std::stoi(next());
+      warmup = std::stoi(args.value());
     else if (a == "--native-limit-gib")
-      native_limit_gib = std::stod(next());
+      native_limit_gib = std::stod(args.value());
     else {
       std::cerr << "bench_attention: unknown option " << a << "\n";
       return 2;

@@ -100,15 +100,14 @@ int main(int argc, char** argv) try {
   int reps = 20, warmup = 5;
   for (shardlm::bench::BenchArgs args(argc, argv); args.next();) {
     const std::string a = args.option();
-    auto next = [&] { return args.value(); };
     if (a == "--tokens")
-      tokens = int_list(next());
+      tokens = int_list(args.value());
     else if (a == "--shapes")
-      shapes = shapes_of(next());
+      shapes = shapes_of(args.value());
     else if (a == "--reps")
-      reps = std::stoi(next());
+      reps = std::stoi(args.value());
     else if (a == "--warmup")
-      warmup = std::stoi(next());
+      warmup = std::stoi(args.value());
     else
       throw Error(concat("bench_fp8_gemm: unknown option ", a, " (--tokens, --shapes, --reps, --warmup)"));
   }
