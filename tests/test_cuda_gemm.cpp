@@ -391,6 +391,20 @@ Quantized quantize_on_device(const std::vector<float>& x, int rows, int cols, in
   return q;
 }
 
+// A bf16 linear layer's backward GEMMs over [n, out] dy, [n, in] x and [out, in] W: wgrad dW += dy^T x
+// (fp32 dW) and dgrad dx = dy W (bf16 dx, which may be x's buffer).
+std::pair<GemmDesc, GemmDesc> linear_backward_descs(int n, int out, int in, const void* dy, const void* x,
+                                                    const void* W, void* dW, void* dx) {
+  GemmDesc wg, dg;
+  wg.trans_a = true, wg.M = out, wg.N = in, wg.K = n, wg.beta = 1;
+  wg.A = dy, wg.lda = out, wg.B = x, wg.ldb = in, wg.C = dW, wg.ldc = in;
+  wg.ab_dtype = DType::BF16, wg.c_dtype = DType::F32;
+  dg.M = n, dg.N = in, dg.K = out;
+  dg.A = dy, dg.lda = out, dg.B = W, dg.ldb = in, dg.C = dx, dg.ldc = in;
+  dg.ab_dtype = DType::BF16, dg.c_dtype = DType::BF16;
+  return {wg, dg};
+}
+
 }  // namespace
 
 // Odd sizes with a padded row stride (32 x 32 tiles element by element, partial tiles), and multiples of
@@ -519,14 +533,7 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemm
   // wgrad dW += dy^T x and dgrad dx = dy W over these buffers.
   auto descs = [&](const TestArray& ddy, const TestArray& dx_in, const TestArray& dweight, const TestArray& dW,
                    void* dx) {
-    GemmDesc wg, dg;
-    wg.trans_a = true, wg.M = out, wg.N = in, wg.K = n, wg.beta = 1;
-    wg.A = ddy.data(), wg.lda = out, wg.B = dx_in.data(), wg.ldb = in, wg.C = dW.data(), wg.ldc = in;
-    wg.ab_dtype = DType::BF16, wg.c_dtype = DType::F32;
-    dg.M = n, dg.N = in, dg.K = out;
-    dg.A = ddy.data(), dg.lda = out, dg.B = dweight.data(), dg.ldb = in, dg.C = dx, dg.ldc = in;
-    dg.ab_dtype = DType::BF16, dg.c_dtype = DType::BF16;
-    return std::pair{wg, dg};
+    return linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx);
   };
   for (const bool frozen : {false, true}) {
     BOOST_TEST_CONTEXT("frozen weight " << frozen) {
@@ -589,13 +596,8 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputi
   // The backward: wgrad dW += dy^T x, dgrad dx = dy W, recomputing the amaxes (-1) or reading the slot.
   auto backward = [&](int use_slot) {
     TestArray dW(dw0, DType::F32), dx(std::vector<float>(b_el, 0.0f), DType::BF16);
-    GemmDesc wg, dg;
-    wg.trans_a = true, wg.M = out, wg.N = in, wg.K = n, wg.beta = 1;
-    wg.A = ddy.data(), wg.lda = out, wg.B = dx_in.data(), wg.ldb = in, wg.C = dW.data(), wg.ldc = in;
-    wg.ab_dtype = DType::BF16, wg.c_dtype = DType::F32;
-    dg.M = n, dg.N = in, dg.K = out;
-    dg.A = ddy.data(), dg.lda = out, dg.B = dweight.data(), dg.ldb = in, dg.C = dx.data(), dg.ldc = in;
-    dg.ab_dtype = DType::BF16, dg.c_dtype = DType::BF16;
+    const auto [wg, dg] =
+        linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx.data());
     cuda::run_fp8_linear_backward(gemm, &wg, dg, w, nullptr, use_slot);
     return std::pair{dW.download(static_cast<size_t>(out) * in), dx.download(b_el)};
   };
