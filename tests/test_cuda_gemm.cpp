@@ -7,7 +7,8 @@
 // path (model.fp8_linear): fp8_quantize's copies, scales and its handling of zeros, infs and NaNs, and the
 // forward, dgrad and wgrad forms through run_fp8_gemm against the host product of the same E4M3 values
 // (tight) and of the unquantized inputs (within FP8's error); the linear backward sharing its output
-// gradient, and reading its forward's amaxes from a slot, bit for bit against the GEMMs it replaces.
+// gradient, reading its forward's amaxes from a slot and multiplying by the transposed weight its forward
+// kept (model.fp8_keep_weights), bit for bit against the GEMMs it replaces.
 
 #include <cuda_runtime_api.h>
 
@@ -612,6 +613,120 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputi
   const float b_scale = from_device_raw<float>(w.b_scale, 1)[0];
   BOOST_TEST(std::fabs(b_scale - poison / cuda::kFp8E4M3Max) <= 1e-6f * b_scale, b_scale << " for amax " << poison);
   BOOST_CHECK_THROW(backward(slots), Error);
+}
+
+// model.fp8_keep_weights: a slot that keeps its weight. The forward writes W^T in E4M3 beside the copy it
+// multiplies by (the bytes and scale of quantizing W transposed on its own) and gives the bits it gives
+// without keeping; the backward then multiplies by that kept copy (poisoning it changes dx, not dW) and
+// gives the bits of the backward that quantizes W again. A slot whose kept room is smaller than W is
+// quantized again, as without one.
+BOOST_AUTO_TEST_CASE(fp8_kept_transposed_weight_gives_the_bits_of_quantizing_it_again) {
+  std::mt19937 rng(29);
+  const int n = 64, out = 48, in = 80, slot = 1;
+  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
+  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
+  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
+  const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
+  const size_t a_el = static_cast<size_t>(n) * std::max(out, in), b_el = static_cast<size_t>(n) * in;
+  const size_t w_el = static_cast<size_t>(out) * in;
+  cuda::Fp8Buffer plain, keeping, too_small;
+  plain.allocate({a_el, b_el, 3, {}});
+  keeping.allocate({a_el, b_el, 3, {16, w_el, 16}});
+  too_small.allocate({a_el, b_el, 3, {w_el, w_el - 16, w_el}});
+  BOOST_TEST_REQUIRE(keeping.bytes() == cuda::Fp8ScratchSize({a_el, b_el, 3, {16, w_el, 16}}).bytes());
+  BOOST_TEST_REQUIRE(keeping.scratch()->kept != nullptr);
+  BOOST_TEST_REQUIRE(plain.scratch()->kept == nullptr);
+  Gemm gemm;
+  TestArray ddy(dy, DType::BF16), dx_in(x, DType::BF16), dweight(W, DType::BF16);
+  auto forward = [&](const cuda::Fp8Scratch& w) {
+    TestArray y(std::vector<float>(static_cast<size_t>(n) * out, 0.0f), DType::BF16);
+    GemmDesc fw;
+    fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
+    fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y.data(), fw.ldc = out;
+    fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
+    cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot);
+    return y.download(static_cast<size_t>(n) * out);
+  };
+  auto backward = [&](const cuda::Fp8Scratch& w) {
+    TestArray dW(dw0, DType::F32), dx(std::vector<float>(b_el, 0.0f), DType::BF16);
+    const auto [wg, dg] =
+        linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx.data());
+    cuda::run_fp8_linear_backward(gemm, &wg, dg, w, nullptr, slot);
+    return std::pair{dW.download(w_el), dx.download(b_el)};
+  };
+  const cuda::Fp8Scratch& k = *keeping.scratch();
+  const std::vector<float> want_y = forward(*plain.scratch());
+  BOOST_TEST(forward(k) == want_y, boost::test_tools::per_element());
+  // The kept copy is W transposed in E4M3 with W's own scale.
+  DeviceBuffer alone(w_el), alone_scale(sizeof(float)), alone_amax(sizeof(unsigned));
+  cuda::fp8_quantize(dweight.data(), out, in, in, DType::BF16, nullptr, reinterpret_cast<uint8_t*>(alone.get()),
+                     reinterpret_cast<float*>(alone_scale.get()), reinterpret_cast<unsigned*>(alone_amax.get()), nullptr);
+  BOOST_TEST(from_device_raw<uint8_t>(k.kept[slot].t, w_el) == from_device_raw<uint8_t>(alone.get(), w_el),
+             boost::test_tools::per_element());
+  BOOST_TEST(from_device_raw<float>(k.kept[slot].inv_scale, 1)[0] == from_device_raw<float>(alone_scale.get(), 1)[0]);
+  const auto [want_dw, want_dx] = backward(*plain.scratch());
+  const auto [dw, dx] = backward(k);
+  BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
+  BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
+  // dgrad reads the kept bytes: zeroed, dx is zero and dW unchanged.
+  check_cuda(cudaMemset(k.kept[slot].t, 0, w_el), "zero the kept weight");
+  const auto [dw_zeroed, dx_zeroed] = backward(k);
+  BOOST_TEST(dw_zeroed == want_dw, boost::test_tools::per_element());
+  BOOST_TEST(dx_zeroed == std::vector<float>(b_el, 0.0f), boost::test_tools::per_element());
+  // Room for fewer than out x in bytes: W is quantized again, the same bits.
+  BOOST_TEST(forward(*too_small.scratch()) == want_y, boost::test_tools::per_element());
+  check_cuda(cudaMemset(too_small.scratch()->kept[slot].t, 0, w_el - 16), "zero the small room");
+  BOOST_TEST(backward(*too_small.scratch()).second == want_dx, boost::test_tools::per_element());
+}
+
+// A frozen kept weight (LoRA's base): the first forward fills both copies; later forwards multiply by them
+// without reading W (W changed behind it leaves the output as it was), with the bits of quantizing W
+// each time, and the backward too; after forget_kept the next forward reads W again.
+BOOST_AUTO_TEST_CASE(fp8_frozen_kept_weight_is_quantized_once) {
+  std::mt19937 rng(31);
+  const int n = 32, out = 64, in = 48, slot = 0;
+  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
+  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
+  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
+  const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(out) * in;
+  cuda::Fp8ScratchSize size{a_el, b_el, 1, {b_el}};
+  const size_t unfrozen = size.bytes();
+  size.frozen = true;
+  BOOST_TEST(size.bytes() > unfrozen);
+  cuda::Fp8Buffer plain, frozen;
+  plain.allocate({a_el, b_el, 1, {}});
+  frozen.allocate(size);
+  BOOST_TEST_REQUIRE(frozen.scratch()->kept[slot].w != nullptr);
+  Gemm gemm;
+  TestArray dx_in(x, DType::BF16), dweight(W, DType::BF16), ddy(dy, DType::BF16);
+  auto forward = [&](const cuda::Fp8Scratch& w) {
+    TestArray y(std::vector<float>(a_el, 0.0f), DType::BF16);
+    GemmDesc fw;
+    fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
+    fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y.data(), fw.ldc = out;
+    fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
+    cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot);
+    return y.download(a_el);
+  };
+  auto dgrad = [&](const cuda::Fp8Scratch& w) {  // a frozen weight's backward: dx = dy W only
+    TestArray dx(std::vector<float>(static_cast<size_t>(n) * in, 0.0f), DType::BF16);
+    const auto [wg, dg] = linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), nullptr, dx.data());
+    cuda::run_fp8_linear_backward(gemm, nullptr, dg, w, nullptr, slot);
+    return dx.download(static_cast<size_t>(n) * in);
+  };
+  const std::vector<float> want_y = forward(*plain.scratch()), want_dx = dgrad(*plain.scratch());
+  BOOST_TEST(!frozen.scratch()->kept[slot].filled);
+  BOOST_TEST(forward(*frozen.scratch()) == want_y, boost::test_tools::per_element());
+  BOOST_TEST(frozen.scratch()->kept[slot].filled);
+  BOOST_TEST(dgrad(*frozen.scratch()) == want_dx, boost::test_tools::per_element());
+  // W rewritten: the frozen copies still hold the first W.
+  const std::vector<unsigned char> W2 = to_bytes(std::vector<float>(W.size(), 0.25f), DType::BF16);
+  check_cuda(cudaMemcpy(dweight.data(), W2.data(), W2.size(), cudaMemcpyHostToDevice), "rewrite W");
+  BOOST_TEST(forward(*frozen.scratch()) == want_y, boost::test_tools::per_element());
+  BOOST_TEST(dgrad(*frozen.scratch()) == want_dx, boost::test_tools::per_element());
+  frozen.forget_kept();
+  BOOST_TEST(forward(*frozen.scratch()) == forward(*plain.scratch()), boost::test_tools::per_element());
+  BOOST_TEST(forward(*frozen.scratch()) != want_y);
 }
 
 BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {

@@ -1097,7 +1097,8 @@ BOOST_AUTO_TEST_CASE(llama_cuda_16bit_stays_close_to_llama_cpu) {
 // slot per block and projection, counted by the plan (unit_model_pass checks the bytes); with activation
 // checkpointing, whose recomputation leaves down_proj's forward out so that its backward reads the first
 // forward's amaxes (of the same recomputed bits), the loss and gradients are those of kept activations, bit
-// for bit.
+// for bit. With model.fp8_keep_weights (the backward reads the transposed weight its forward kept instead of
+// quantizing the weight again) the bits are the same again.
 BOOST_AUTO_TEST_CASE(llama_cuda_fp8_backward_reuses_the_forward_amaxes) {
   require_device("test_cuda_llama");
   ModelConfig cfg = tiny_llama(false);
@@ -1115,6 +1116,22 @@ BOOST_AUTO_TEST_CASE(llama_cuda_fp8_backward_reuses_the_forward_amaxes) {
   BOOST_TEST(recomputed.loss == kept.loss);
   for (size_t u = 0; u < kept.grads.size(); ++u)
     BOOST_TEST(recomputed.grads[u] == kept.grads[u], boost::test_tools::per_element());
+
+  ModelConfig keeping = cfg;
+  keeping.fp8_keep_weights = true;
+  const cuda::Fp8ScratchSize with = cuda::llama_cuda_sizes(keeping, DType::BF16, B, T, false, false).fp8;
+  const cuda::Fp8ScratchSize without = cuda::llama_cuda_sizes(cfg, DType::BF16, B, T, false, false).fp8;
+  BOOST_TEST(with.kept.size() == with.slots);
+  BOOST_TEST(!with.frozen);
+  BOOST_TEST(without.kept.empty());
+  BOOST_TEST(with.bytes() > without.bytes());
+  for (const bool checkpointing : {false, true}) {
+    const Pass again = unit_model_pass(BackendKind::Cuda, keeping, params, b.tokens, b.targets, B, T, 0.25f,
+                                       DType::BF16, checkpointing, B, T);
+    BOOST_TEST(again.loss == kept.loss);
+    for (size_t u = 0; u < kept.grads.size(); ++u)
+      BOOST_TEST(again.grads[u] == kept.grads[u], boost::test_tools::per_element());
+  }
 }
 
 // Head dim 64: cuDNN's fused attention in 16 bits (auto), and the native kernels asked for by name.

@@ -121,6 +121,10 @@ struct ModelConfig {
   // Not part of the shape: the CUDA blocks' linear layers run their GEMMs in FP8 (E4M3, per-tensor
   // current scaling; model.fp8_linear); everything else stays in the compute dtype.
   bool fp8_linear = false;
+  // Not part of the shape: with fp8_linear, each such layer's E4M3 transposed weight is kept from its
+  // forward to its backward (one byte a weight; with LoRA both copies, all run: model.fp8_keep_weights)
+  // instead of made again there.
+  bool fp8_keep_weights = false;
 
   int head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -326,6 +330,8 @@ class UnitModel {
   virtual int length_multiple() const = 0;
   // model.fp8_linear: which GEMMs run in FP8 and which stay 16-bit, for the run's log; empty without FP8.
   virtual std::string fp8_description() const { return ""; }
+  // LoRA's frozen base weights were written (loaded): copies made from them (model.fp8_keep_weights) are stale.
+  virtual void frozen_weights_changed() {}
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

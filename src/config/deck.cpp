@@ -250,13 +250,14 @@ static void take_model_dir_shape(RunConfig& cfg) {
   const float init_std = cfg.model.init_std;
   const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
   const int head_chunk_tokens = cfg.model.head_chunk_tokens;
-  const bool fp8_linear = cfg.model.fp8_linear;
+  const bool fp8_linear = cfg.model.fp8_linear, fp8_keep_weights = cfg.model.fp8_keep_weights;
   const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
   static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(config_text, path);
   cfg.model.init_std = init_std;
   cfg.model.attention = attention;
   cfg.model.head_chunk_tokens = head_chunk_tokens;
   cfg.model.fp8_linear = fp8_linear;
+  cfg.model.fp8_keep_weights = fp8_keep_weights;
   cfg.model.lora = lora;
 }
 

@@ -270,6 +270,16 @@ static std::vector<KeySpec> run_keys() {
                "`fsdp.param_dtype = bf16` and a GPU of compute capability 8.9 or newer (an error at start names the "
                "GPU otherwise); `shardlm plan` counts the E4M3 copies ([PERFORMANCE.md](PERFORMANCE.md) has its "
                "speed and loss against bf16)"),
+      flag_key("model.fp8_keep_weights", SHARDLM_FIELD(model.fp8_keep_weights))
+          .cuda()
+          .doc("with `model.fp8_linear`, each of those layers keeps its weight's transposed E4M3 copy from its "
+               "forward to its backward (the copy its input gradient multiplies by, written in the same pass as "
+               "the forward's) instead of quantizing the weight again there: one byte of GPU memory per weight "
+               "of the blocks' linear layers, unsharded, all layers at once, for one read and write of them fewer "
+               "a step. With LoRA, whose base weights never change, both E4M3 copies are kept for the whole run "
+               "(two bytes per weight), so no weight is quantized after the first step. `shardlm plan` and the "
+               "run's `fp8:` line count the bytes; Llama-style families (BLOOM's blocks quantize again). The "
+               "results are the same bits either way"),
       folder_key("model.dir", SHARDLM_FIELD(model.dir), {"config.json"}, "a Hugging Face model directory")
           .doc("a Hugging Face model directory: `config.json` and the weights, `model.safetensors` or shards with "
                "`model.safetensors.index.json` (as `save_pretrained` writes them or as the Hub has them). The shape "

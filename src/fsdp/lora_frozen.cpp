@@ -64,6 +64,7 @@ void FsdpEngine::frozen_loaded() {
     std::vector<float>().swap(host);
   }
   frozen_staging_.clear();
+  m.model->frozen_weights_changed();
   m.params_updated();
 }
 

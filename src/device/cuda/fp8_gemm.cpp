@@ -28,8 +28,23 @@ Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements, size
 
 void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
   if (size.bytes() == 0) return;
+  SHARDLM_CHECK(size.kept.empty() || size.kept.size() == size.slots, "FP8 scratch: ", size.kept.size(),
+                " kept weights for ", size.slots, " slots");
   buffer_.allocate(size.bytes());
   scratch_ = Fp8Scratch::at(buffer_.data(), size.a, size.b, size.slots);
+  if (size.kept.empty()) return;
+  kept_bytes_ = size.kept_bytes();
+  // After the scratch: the slots' inverse scales, then each slot's transposed weight (and frozen, its copy).
+  char* p = buffer_.data() + fp8_scratch_bytes(size.a, size.b, size.slots);
+  char* t = p + align256(size.kept.size() * kFp8ScaleAlignment);
+  kept_.resize(size.kept.size());
+  for (size_t i = 0; i < kept_.size(); ++i) {
+    Fp8KeptWeight& k = kept_[i];
+    k = {reinterpret_cast<uint8_t*>(t), size.kept[i], reinterpret_cast<float*>(p + i * kFp8ScaleAlignment)};
+    t += align256(size.kept[i]);
+    if (size.frozen) k.w = reinterpret_cast<uint8_t*>(t), t += align256(size.kept[i]);
+  }
+  scratch_.kept = kept_.data();
 }
 
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
@@ -41,16 +56,18 @@ bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w) {
 
 namespace {
 
-// d in cuBLASLt's FP8 form on copies already made: A [M, K] at a, B^T [N, K] at w.b, their inverse scales
-// in w; the forward with fast accumulation (torchao's default), the two gradients with fp32 promotion.
-void run_quantized(Gemm& gemm, const GemmDesc& d, const uint8_t* a, const Fp8Scratch& w, cudaStream_t stream) {
+// d in cuBLASLt's FP8 form on copies already made: A [M, K] at a with inverse scale w.a_scale, B^T [N, K]
+// at b with b_scale; the forward with fast accumulation (torchao's default), the two gradients with fp32
+// promotion.
+void run_quantized(Gemm& gemm, const GemmDesc& d, const uint8_t* a, const Fp8Scratch& w, const uint8_t* b,
+                   const float* b_scale, cudaStream_t stream) {
   GemmDesc q = d;
   q.fp8 = true;
   q.fast_accum = !d.trans_a && d.trans_b;
   q.trans_a = false, q.trans_b = true;
   q.A = a, q.lda = d.K;
-  q.B = w.b, q.ldb = d.K;
-  q.a_scale = w.a_scale, q.b_scale = w.b_scale;
+  q.B = b, q.ldb = d.K;
+  q.a_scale = w.a_scale, q.b_scale = b_scale;
   gemm.run(q, stream);
 }
 
@@ -69,6 +86,13 @@ unsigned* slot_amax(const Fp8Scratch& w, int slot) {
   return slot < 0 ? nullptr : w.saved_amax + 2 * slot;
 }
 
+// Slot `slot`'s kept W^T when it has one that holds W's out x in elements; null otherwise.
+Fp8KeptWeight* kept_weight(const Fp8Scratch& w, int slot, int out, int in) {
+  if (slot < 0 || !w.kept) return nullptr;
+  Fp8KeptWeight& k = w.kept[slot];
+  return k.t && static_cast<size_t>(out) * in <= k.elements ? &k : nullptr;
+}
+
 }  // namespace
 
 void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot) {
@@ -80,8 +104,19 @@ void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream
     fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, amax, stream);
   else
     fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, amax, stream);
+  // A linear layer's forward (B = W [out, in] as it is) with a kept weight: W^T written beside W's copy
+  // (kept too when frozen), or with a frozen one already filled, W not read at all.
+  if (Fp8KeptWeight* kept = !d.trans_a && d.trans_b ? kept_weight(w, slot, d.N, d.K) : nullptr) {
+    uint8_t* copy = kept->w ? kept->w : w.b;
+    if (!kept->filled) {
+      fp8_quantize(d.B, d.N, d.K, d.ldb, d.ab_dtype, copy, kept->t, kept->inv_scale, amax + 1, stream);
+      kept->filled = kept->w != nullptr;
+    }
+    run_quantized(gemm, d, w.a, w, copy, kept->inv_scale, stream);
+    return;
+  }
   quantize_b(d, w, stream, amax + 1, false);
-  run_quantized(gemm, d, w.a, w, stream);
+  run_quantized(gemm, d, w.a, w, w.b, w.b_scale, stream);
 }
 
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
@@ -98,10 +133,15 @@ void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& 
   unsigned* saved = slot_amax(w, slot);
   if (wgrad) {
     quantize_b(*wgrad, w, stream, saved ? saved : w.amax + 1, saved != nullptr);
-    run_quantized(gemm, *wgrad, w.a, w, stream);
+    run_quantized(gemm, *wgrad, w.a, w, w.b, w.b_scale, stream);
+  }
+  // dgrad's B is W [out, in] = [K, N]: the forward's kept W^T when there is one.
+  if (const Fp8KeptWeight* kept = kept_weight(w, slot, dgrad.K, dgrad.N)) {
+    run_quantized(gemm, dgrad, w.g, w, kept->t, kept->inv_scale, stream);
+    return;
   }
   quantize_b(dgrad, w, stream, saved ? saved + 1 : w.amax + 1, saved != nullptr);
-  run_quantized(gemm, dgrad, w.g, w, stream);
+  run_quantized(gemm, dgrad, w.g, w, w.b, w.b_scale, stream);
 }
 
 }  // namespace shardlm::cuda

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "device_memory.hpp"
 #include "gemm.hpp"
@@ -24,7 +25,21 @@ namespace shardlm::cuda {
 // while `a` holds its transpose), a_scale and b_scale their inverse scales (16-byte aligned each:
 // cuBLASLt refuses the FP8 GEMM, CUBLAS_STATUS_NOT_SUPPORTED, for a scale pointer that is not),
 // `amax` two unsigned, `saved_amax` two per slot (a linear layer's x and W amaxes from its forward,
-// read again by its backward: run_fp8_gemm, run_fp8_linear_backward).
+// read again by its backward: run_fp8_gemm, run_fp8_linear_backward), and with model.fp8_keep_weights
+// `kept`, one Fp8KeptWeight per slot.
+// A linear layer's weight W [out, in] kept in E4M3 from its forward to its backward: `t` its transpose
+// [in, out] (dgrad's B in cuBLASLt's FP8 form) of up to `elements` bytes, `inv_scale` its inverse scale
+// (device, 16-byte aligned). The forward writes both with the copy it multiplies by (one read of W), the
+// backward reads them instead of quantizing W again. A frozen weight (LoRA's base) also keeps that
+// forward copy in `w` [out, in]: once `filled` (its first forward), forwards multiply by the kept copies
+// without reading W at all, until Fp8Buffer::forget_kept.
+struct Fp8KeptWeight {
+  uint8_t* t = nullptr;
+  size_t elements = 0;
+  float* inv_scale = nullptr;
+  uint8_t* w = nullptr;
+  bool filled = false;
+};
 struct Fp8Scratch {
   uint8_t* a = nullptr;
   size_t a_bytes = 0;
@@ -36,6 +51,7 @@ struct Fp8Scratch {
   unsigned* amax = nullptr;
   unsigned* saved_amax = nullptr;
   int slots = 0;
+  Fp8KeptWeight* kept = nullptr;  // host array of `slots` entries, or null: no weight kept
   // The parts of one allocation of fp8_scratch_bytes(a_elements, b_elements, slots) (workspace_sizes.hpp) at base.
   static Fp8Scratch at(void* base, size_t a_elements, size_t b_elements, size_t slots = 0);
 };
@@ -47,23 +63,32 @@ class Fp8Buffer {
   // Null without FP8: MatMul then runs every GEMM in 16 bits.
   const Fp8Scratch* scratch() const { return buffer_.bytes() ? &scratch_ : nullptr; }
   size_t bytes() const { return buffer_.bytes(); }
+  size_t kept_bytes() const { return kept_bytes_; }  // of that, the kept weights (Fp8ScratchSize::kept_bytes)
+  // The frozen weights changed (loaded again): their kept copies are made again by their next forwards.
+  void forget_kept() {
+    for (Fp8KeptWeight& k : kept_) k.filled = false;
+  }
 
  private:
   DeviceBuffer<char> buffer_;
   Fp8Scratch scratch_{};
+  std::vector<Fp8KeptWeight> kept_;  // scratch_.kept
+  size_t kept_bytes_ = 0;
 };
 
 // Whether d (16-bit A and B, no batch, epilogue None or Bias) can run as an FP8 GEMM: every size a
 // multiple of 16, the transposed copies fitting the scratch, C's row stride a multiple of 16 bytes.
 bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w);
 // Runs d in FP8 through w (fp8_gemm_fits must hold). With a slot (>= 0, below w.slots) the amaxes of A and
-// B (a linear layer's forward: x and W) are kept in it, A's first, for the layer's backward.
+// B (a linear layer's forward: x and W) are kept in it, A's first, for the layer's backward, and so is W's
+// transposed E4M3 copy where the slot keeps one (w.kept).
 void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot = -1);
 // A linear layer's two backward GEMMs in FP8 with its output gradient dy quantized once (one amax, both
 // layouts): wgrad dW += dy^T x (null: a frozen weight) and dgrad dx = dy W, in that order (dx may be x's
 // buffer). Both must fit (fp8_gemm_fits) and share dy: wgrad's A is dgrad's A, transposed. With a slot
 // the layer's forward ran through run_fp8_gemm with it on the same bits of x and W, so their amaxes are
-// read from it instead of reduced again (the same copies, two amax passes fewer).
+// read from it instead of reduced again (the same copies, two amax passes fewer), and dgrad multiplies by
+// the W^T copy that forward kept, where it kept one (the same bytes, W's transposing copy skipped).
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
                              cudaStream_t stream, int slot = -1);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 #include "shardlm/core.hpp"
 
@@ -78,9 +79,21 @@ inline size_t fp8_scratch_bytes(size_t a_elements, size_t b_elements, size_t slo
 
 // A model's FP8 scratch (model.fp8_linear): its largest A and B operands, in elements, and its amax slots
 // (one per block and projection whose backward reuses its forward's amaxes); empty without FP8.
+// With model.fp8_keep_weights, `kept` has one entry per slot: the elements of that linear layer's weight,
+// whose E4M3 transpose its forward writes and its backward reads (one byte each, then an inverse scale
+// per slot, kFp8ScaleAlignment apart); empty: the backward quantizes the weight again. `frozen` (LoRA's
+// base weights, which never change): each slot keeps the forward's copy too, for the whole run.
 struct Fp8ScratchSize {
   size_t a = 0, b = 0, slots = 0;
-  size_t bytes() const { return a == 0 && b == 0 ? 0 : fp8_scratch_bytes(a, b, slots); }
+  std::vector<size_t> kept;
+  bool frozen = false;
+  size_t kept_bytes() const {
+    if (kept.empty()) return 0;
+    size_t n = align256(kept.size() * kFp8ScaleAlignment);
+    for (size_t k : kept) n += (frozen ? 2 : 1) * align256(k);
+    return n;
+  }
+  size_t bytes() const { return a == 0 && b == 0 ? 0 : fp8_scratch_bytes(a, b, slots) + kept_bytes(); }
 };
 
 }  // namespace shardlm::cuda

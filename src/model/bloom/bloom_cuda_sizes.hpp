@@ -67,7 +67,7 @@ inline BloomCudaSizes bloom_cuda_sizes(const ModelConfig& cfg, DType dt, int max
       fused_attention ? cudnn_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, cfg.num_heads, d, cfg.packed)
                       : alibi_attention_workspace_bytes(max_batch, max_seq, cfg.num_heads, d, dt);
   // FP8: the [4H, H] MLP weights and the wide activations bound every operand.
-  if (cfg.fp8_linear && L > 0) s.fp8 = {N * 4 * H, std::max(4 * H * H, N * 4 * H)};
+  if (cfg.fp8_linear && L > 0) s.fp8 = {N * 4 * H, std::max(4 * H * H, N * 4 * H), 0, {}};
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
   const LoraCudaSizes lora = lora_cuda_sizes(cfg, dt, N);

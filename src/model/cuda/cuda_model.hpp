@@ -52,6 +52,7 @@ class CudaModel {
   virtual std::string attention_description() const = 0;
   virtual int length_multiple() const = 0;  // UnitModel::length_multiple
   virtual std::string fp8_description() const = 0;  // UnitModel::fp8_description
+  virtual void frozen_weights_changed() = 0;        // UnitModel::frozen_weights_changed
   virtual const ModelConfig& config() const = 0;
 
   // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----

@@ -36,7 +36,11 @@ void CudaModelBase::check_layer(const char* what, int layer) const {
 }
 
 void CudaModelBase::describe_fp8(const std::vector<model_detail::Fp8Linear>& linears, const std::string& also) {
-  if (cfg_.fp8_linear) fp8_note_ = model_detail::fp8_linear_note(linears, also, max_seq_);
+  if (!cfg_.fp8_linear) return;
+  fp8_note_ = model_detail::fp8_linear_note(linears, also, max_seq_);
+  if (fp8_.kept_bytes() > 0)
+    fp8_note_ += concat("; weights kept in E4M3 (model.fp8_keep_weights", cfg_.lora.enabled() ? ", frozen: all run" : "",
+                        "): ", format_bytes(fp8_.kept_bytes()));
 }
 
 void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes,

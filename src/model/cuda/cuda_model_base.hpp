@@ -23,6 +23,7 @@ class CudaModelBase : public CudaModel {
   // The attention path's multiple, with FP8 also a multiple of 16 tokens (the FP8 GEMMs' token dimension).
   int length_multiple() const override;
   std::string fp8_description() const override { return fp8_note_; }
+  void frozen_weights_changed() override { fp8_.forget_kept(); }
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ..."). alibi: the family's attention is BLOOM's

@@ -61,6 +61,7 @@ class CudaUnitModel final : public UnitModel {
   std::string attention_description() const override { return model_->attention_description(); }
   int length_multiple() const override { return model_->length_multiple(); }
   std::string fp8_description() const override { return model_->fp8_description(); }
+  void frozen_weights_changed() override { model_->frozen_weights_changed(); }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_allocate(slots, max_len, max_rows);

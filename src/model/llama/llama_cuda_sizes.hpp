@@ -100,7 +100,11 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
     // forward x W^T, dgrad dy W (W transposed) and wgrad dy^T x (dy and x transposed) of q|k|v, o, gate|up, down
     const size_t QKV = QW + 2 * KVW;
     s.fp8 = {N * std::max({2 * F, QKV, H, QW}), std::max(H * std::max({QKV, 2 * F, QW}), N * std::max({F, H, QW})),
-             L * kFp8SlotsPerBlock};
+             L * kFp8SlotsPerBlock, {}};
+    if (cfg.fp8_keep_weights) {  // each slot's weight, in LlamaFp8Slot order; LoRA's are frozen
+      for (size_t layer = 0; layer < L; ++layer) s.fp8.kept.insert(s.fp8.kept.end(), {QKV * H, H * QW, 2 * F * H, H * F});
+      s.fp8.frozen = cfg.lora.enabled();
+    }
   }
   s.head_chunk = cfg.head_chunk(N);
   s.head_workspace = lm_head_workspace_bytes(s.head_chunk, cfg.vocab_size, dt);
