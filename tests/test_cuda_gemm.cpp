@@ -406,6 +406,39 @@ std::pair<GemmDesc, GemmDesc> linear_backward_descs(int n, int out, int in, cons
   return {wg, dg};
 }
 
+// A bf16 linear layer on the device, random dy [n, out], x [n, in], W [out, in] and fp32 dW0 from `rng`,
+// run through the FP8 path with an amax slot (or -1): forward y = x W^T (run_fp8_gemm) and backward
+// (run_fp8_linear_backward: dW = dW0 + dy^T x unless frozen, then dx = dy W).
+struct Fp8LinearCase {
+  int n, out, in;
+  std::vector<float> dy, x, W, dw0;
+  TestArray ddy, dx_in, dweight;
+  Gemm gemm;
+  Fp8LinearCase(int n_, int out_, int in_, std::mt19937 rng)
+      : n(n_), out(out_), in(in_), dy(random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f)),
+        x(random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f)),
+        W(random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f)),
+        dw0(random_values(static_cast<size_t>(out) * in, rng, DType::F32)), ddy(dy, DType::BF16),
+        dx_in(x, DType::BF16), dweight(W, DType::BF16) {}
+  std::vector<float> forward(const cuda::Fp8Scratch& w, int slot) {
+    TestArray y(std::vector<float>(static_cast<size_t>(n) * out, 0.0f), DType::BF16);
+    GemmDesc fw;
+    fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
+    fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y.data(), fw.ldc = out;
+    fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
+    cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot);
+    return y.download(static_cast<size_t>(n) * out);
+  }
+  // dW (empty when frozen) and dx.
+  std::pair<std::vector<float>, std::vector<float>> backward(const cuda::Fp8Scratch& w, int slot, bool frozen = false) {
+    TestArray dW(dw0, DType::F32), dx(std::vector<float>(static_cast<size_t>(n) * in, 0.0f), DType::BF16);
+    const auto [wg, dg] = linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx.data());
+    cuda::run_fp8_linear_backward(gemm, frozen ? nullptr : &wg, dg, w, nullptr, slot);
+    return {frozen ? std::vector<float>{} : dW.download(static_cast<size_t>(out) * in),
+            dx.download(static_cast<size_t>(n) * in)};
+  }
+};
+
 }  // namespace
 
 // Odd sizes with a padded row stride (32 x 32 tiles element by element, partial tiles), and multiples of
@@ -563,56 +596,38 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemm
 // bits of the backward that reduces them again, and it does read the slot (a different W amax changes
 // dgrad's scale). A slot outside the scratch is refused.
 BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputing_it) {
-  std::mt19937 rng(23);
-  const int n = 96, out = 64, in = 48, slots = 3, slot = 1;
-  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
-  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
-  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
-  const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
-  const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(n) * in;
+  Fp8LinearCase c(96, 64, 48, std::mt19937(23));
+  const int slots = 3, slot = 1;
+  const size_t a_el = static_cast<size_t>(c.n) * c.out, b_el = static_cast<size_t>(c.n) * c.in;
   DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el, slots));
   const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el, slots);
   BOOST_TEST_REQUIRE(w.slots == slots);
-  Gemm gemm;
-  TestArray ddy(dy, DType::BF16), dx_in(x, DType::BF16), dweight(W, DType::BF16);
   // The forward y = x W^T, with and without the slot.
-  TestArray y_plain(std::vector<float>(a_el, 0.0f), DType::BF16), y_slot(std::vector<float>(a_el, 0.0f), DType::BF16);
-  GemmDesc fw;
-  fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
-  fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y_plain.data(), fw.ldc = out;
-  fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
-  cuda::run_fp8_gemm(gemm, fw, w, nullptr);
-  fw.C = y_slot.data();
-  BOOST_REQUIRE_NO_THROW(cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot));
-  BOOST_TEST(y_slot.download(a_el) == y_plain.download(a_el), boost::test_tools::per_element());
+  const std::vector<float> y_plain = c.forward(w, -1);
+  std::vector<float> y_slot;
+  BOOST_REQUIRE_NO_THROW(y_slot = c.forward(w, slot));
+  BOOST_TEST(y_slot == y_plain, boost::test_tools::per_element());
   const std::vector<unsigned> saved = from_device_raw<unsigned>(w.saved_amax + 2 * slot, 2);
   float amax_x = 0, amax_w = 0;
-  for (const float v : x) amax_x = std::max(amax_x, std::fabs(v));
-  for (const float v : W) amax_w = std::max(amax_w, std::fabs(v));
+  for (const float v : c.x) amax_x = std::max(amax_x, std::fabs(v));
+  for (const float v : c.W) amax_w = std::max(amax_w, std::fabs(v));
   float saved_x, saved_w;
   std::memcpy(&saved_x, &saved[0], sizeof(float));
   std::memcpy(&saved_w, &saved[1], sizeof(float));
   BOOST_TEST(saved_x == amax_x);
   BOOST_TEST(saved_w == amax_w);
   // The backward: wgrad dW += dy^T x, dgrad dx = dy W, recomputing the amaxes (-1) or reading the slot.
-  auto backward = [&](int use_slot) {
-    TestArray dW(dw0, DType::F32), dx(std::vector<float>(b_el, 0.0f), DType::BF16);
-    const auto [wg, dg] =
-        linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx.data());
-    cuda::run_fp8_linear_backward(gemm, &wg, dg, w, nullptr, use_slot);
-    return std::pair{dW.download(static_cast<size_t>(out) * in), dx.download(b_el)};
-  };
-  const auto [want_dw, want_dx] = backward(-1);
-  const auto [dw, dx] = backward(slot);
+  const auto [want_dw, want_dx] = c.backward(w, -1);
+  const auto [dw, dx] = c.backward(w, slot);
   BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
   BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
   // dgrad's B (W) scale comes from the slot: a larger saved amax gives its scale, not W's own.
   const float poison = 4 * amax_w;
   check_cuda(cudaMemcpy(w.saved_amax + 2 * slot + 1, &poison, sizeof(float), cudaMemcpyHostToDevice), "poison");
-  backward(slot);
+  c.backward(w, slot);
   const float b_scale = from_device_raw<float>(w.b_scale, 1)[0];
   BOOST_TEST(std::fabs(b_scale - poison / cuda::kFp8E4M3Max) <= 1e-6f * b_scale, b_scale << " for amax " << poison);
-  BOOST_CHECK_THROW(backward(slots), Error);
+  BOOST_CHECK_THROW(c.backward(w, slots), Error);
 }
 
 // model.fp8_keep_weights: a slot that keeps its weight. The forward writes W^T in E4M3 beside the copy it
@@ -621,14 +636,10 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputi
 // gives the bits of the backward that quantizes W again. A slot whose kept room is smaller than W is
 // quantized again, as without one.
 BOOST_AUTO_TEST_CASE(fp8_kept_transposed_weight_gives_the_bits_of_quantizing_it_again) {
-  std::mt19937 rng(29);
-  const int n = 64, out = 48, in = 80, slot = 1;
-  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
-  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
-  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
-  const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
-  const size_t a_el = static_cast<size_t>(n) * std::max(out, in), b_el = static_cast<size_t>(n) * in;
-  const size_t w_el = static_cast<size_t>(out) * in;
+  Fp8LinearCase c(64, 48, 80, std::mt19937(29));
+  const int slot = 1;
+  const size_t a_el = static_cast<size_t>(c.n) * std::max(c.out, c.in), b_el = static_cast<size_t>(c.n) * c.in;
+  const size_t w_el = static_cast<size_t>(c.out) * c.in;
   cuda::Fp8Buffer plain, keeping, too_small;
   plain.allocate({a_el, b_el, 3, {}});
   keeping.allocate({a_el, b_el, 3, {16, w_el, 16}});
@@ -636,59 +647,38 @@ BOOST_AUTO_TEST_CASE(fp8_kept_transposed_weight_gives_the_bits_of_quantizing_it_
   BOOST_TEST_REQUIRE(keeping.bytes() == cuda::Fp8ScratchSize({a_el, b_el, 3, {16, w_el, 16}}).bytes());
   BOOST_TEST_REQUIRE(keeping.scratch()->kept != nullptr);
   BOOST_TEST_REQUIRE(plain.scratch()->kept == nullptr);
-  Gemm gemm;
-  TestArray ddy(dy, DType::BF16), dx_in(x, DType::BF16), dweight(W, DType::BF16);
-  auto forward = [&](const cuda::Fp8Scratch& w) {
-    TestArray y(std::vector<float>(static_cast<size_t>(n) * out, 0.0f), DType::BF16);
-    GemmDesc fw;
-    fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
-    fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y.data(), fw.ldc = out;
-    fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
-    cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot);
-    return y.download(static_cast<size_t>(n) * out);
-  };
-  auto backward = [&](const cuda::Fp8Scratch& w) {
-    TestArray dW(dw0, DType::F32), dx(std::vector<float>(b_el, 0.0f), DType::BF16);
-    const auto [wg, dg] =
-        linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), dW.data(), dx.data());
-    cuda::run_fp8_linear_backward(gemm, &wg, dg, w, nullptr, slot);
-    return std::pair{dW.download(w_el), dx.download(b_el)};
-  };
   const cuda::Fp8Scratch& k = *keeping.scratch();
-  const std::vector<float> want_y = forward(*plain.scratch());
-  BOOST_TEST(forward(k) == want_y, boost::test_tools::per_element());
+  const std::vector<float> want_y = c.forward(*plain.scratch(), slot);
+  BOOST_TEST(c.forward(k, slot) == want_y, boost::test_tools::per_element());
   // The kept copy is W transposed in E4M3 with W's own scale.
   DeviceBuffer alone(w_el), alone_scale(sizeof(float)), alone_amax(sizeof(unsigned));
-  cuda::fp8_quantize(dweight.data(), out, in, in, DType::BF16, nullptr, reinterpret_cast<uint8_t*>(alone.get()),
+  cuda::fp8_quantize(c.dweight.data(), c.out, c.in, c.in, DType::BF16, nullptr, reinterpret_cast<uint8_t*>(alone.get()),
                      reinterpret_cast<float*>(alone_scale.get()), reinterpret_cast<unsigned*>(alone_amax.get()), nullptr);
   BOOST_TEST(from_device_raw<uint8_t>(k.kept[slot].t, w_el) == from_device_raw<uint8_t>(alone.get(), w_el),
              boost::test_tools::per_element());
   BOOST_TEST(from_device_raw<float>(k.kept[slot].inv_scale, 1)[0] == from_device_raw<float>(alone_scale.get(), 1)[0]);
-  const auto [want_dw, want_dx] = backward(*plain.scratch());
-  const auto [dw, dx] = backward(k);
+  const auto [want_dw, want_dx] = c.backward(*plain.scratch(), slot);
+  const auto [dw, dx] = c.backward(k, slot);
   BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
   BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
   // dgrad reads the kept bytes: zeroed, dx is zero and dW unchanged.
   check_cuda(cudaMemset(k.kept[slot].t, 0, w_el), "zero the kept weight");
-  const auto [dw_zeroed, dx_zeroed] = backward(k);
+  const auto [dw_zeroed, dx_zeroed] = c.backward(k, slot);
   BOOST_TEST(dw_zeroed == want_dw, boost::test_tools::per_element());
   BOOST_TEST(dx_zeroed == std::vector<float>(b_el, 0.0f), boost::test_tools::per_element());
   // Room for fewer than out x in bytes: W is quantized again, the same bits.
-  BOOST_TEST(forward(*too_small.scratch()) == want_y, boost::test_tools::per_element());
+  BOOST_TEST(c.forward(*too_small.scratch(), slot) == want_y, boost::test_tools::per_element());
   check_cuda(cudaMemset(too_small.scratch()->kept[slot].t, 0, w_el - 16), "zero the small room");
-  BOOST_TEST(backward(*too_small.scratch()).second == want_dx, boost::test_tools::per_element());
+  BOOST_TEST(c.backward(*too_small.scratch(), slot).second == want_dx, boost::test_tools::per_element());
 }
 
 // A frozen kept weight (LoRA's base): the first forward fills both copies; later forwards multiply by them
 // without reading W (W changed behind it leaves the output as it was), with the bits of quantizing W
 // each time, and the backward too; after forget_kept the next forward reads W again.
 BOOST_AUTO_TEST_CASE(fp8_frozen_kept_weight_is_quantized_once) {
-  std::mt19937 rng(31);
-  const int n = 32, out = 64, in = 48, slot = 0;
-  const std::vector<float> dy = random_values(static_cast<size_t>(n) * out, rng, DType::BF16, 1.0f);
-  const std::vector<float> x = random_values(static_cast<size_t>(n) * in, rng, DType::BF16, 2.0f);
-  const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
-  const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(out) * in;
+  Fp8LinearCase c(32, 64, 48, std::mt19937(31));
+  const int slot = 0;
+  const size_t a_el = static_cast<size_t>(c.n) * c.out, b_el = static_cast<size_t>(c.out) * c.in;
   cuda::Fp8ScratchSize size{a_el, b_el, 1, {b_el}};
   const size_t unfrozen = size.bytes();
   size.frozen = true;
@@ -697,36 +687,21 @@ BOOST_AUTO_TEST_CASE(fp8_frozen_kept_weight_is_quantized_once) {
   plain.allocate({a_el, b_el, 1, {}});
   frozen.allocate(size);
   BOOST_TEST_REQUIRE(frozen.scratch()->kept[slot].w != nullptr);
-  Gemm gemm;
-  TestArray dx_in(x, DType::BF16), dweight(W, DType::BF16), ddy(dy, DType::BF16);
-  auto forward = [&](const cuda::Fp8Scratch& w) {
-    TestArray y(std::vector<float>(a_el, 0.0f), DType::BF16);
-    GemmDesc fw;
-    fw.trans_b = true, fw.M = n, fw.N = out, fw.K = in;
-    fw.A = dx_in.data(), fw.lda = in, fw.B = dweight.data(), fw.ldb = in, fw.C = y.data(), fw.ldc = out;
-    fw.ab_dtype = DType::BF16, fw.c_dtype = DType::BF16;
-    cuda::run_fp8_gemm(gemm, fw, w, nullptr, slot);
-    return y.download(a_el);
-  };
-  auto dgrad = [&](const cuda::Fp8Scratch& w) {  // a frozen weight's backward: dx = dy W only
-    TestArray dx(std::vector<float>(static_cast<size_t>(n) * in, 0.0f), DType::BF16);
-    const auto [wg, dg] = linear_backward_descs(n, out, in, ddy.data(), dx_in.data(), dweight.data(), nullptr, dx.data());
-    cuda::run_fp8_linear_backward(gemm, nullptr, dg, w, nullptr, slot);
-    return dx.download(static_cast<size_t>(n) * in);
-  };
-  const std::vector<float> want_y = forward(*plain.scratch()), want_dx = dgrad(*plain.scratch());
-  BOOST_TEST(!frozen.scratch()->kept[slot].filled);
-  BOOST_TEST(forward(*frozen.scratch()) == want_y, boost::test_tools::per_element());
-  BOOST_TEST(frozen.scratch()->kept[slot].filled);
-  BOOST_TEST(dgrad(*frozen.scratch()) == want_dx, boost::test_tools::per_element());
+  const cuda::Fp8Scratch& k = *frozen.scratch();
+  const std::vector<float> want_y = c.forward(*plain.scratch(), slot);
+  const std::vector<float> want_dx = c.backward(*plain.scratch(), slot, true).second;
+  BOOST_TEST(!k.kept[slot].filled);
+  BOOST_TEST(c.forward(k, slot) == want_y, boost::test_tools::per_element());
+  BOOST_TEST(k.kept[slot].filled);
+  BOOST_TEST(c.backward(k, slot, true).second == want_dx, boost::test_tools::per_element());
   // W rewritten: the frozen copies still hold the first W.
-  const std::vector<unsigned char> W2 = to_bytes(std::vector<float>(W.size(), 0.25f), DType::BF16);
-  check_cuda(cudaMemcpy(dweight.data(), W2.data(), W2.size(), cudaMemcpyHostToDevice), "rewrite W");
-  BOOST_TEST(forward(*frozen.scratch()) == want_y, boost::test_tools::per_element());
-  BOOST_TEST(dgrad(*frozen.scratch()) == want_dx, boost::test_tools::per_element());
+  const std::vector<unsigned char> W2 = to_bytes(std::vector<float>(c.W.size(), 0.25f), DType::BF16);
+  check_cuda(cudaMemcpy(c.dweight.data(), W2.data(), W2.size(), cudaMemcpyHostToDevice), "rewrite W");
+  BOOST_TEST(c.forward(k, slot) == want_y, boost::test_tools::per_element());
+  BOOST_TEST(c.backward(k, slot, true).second == want_dx, boost::test_tools::per_element());
   frozen.forget_kept();
-  BOOST_TEST(forward(*frozen.scratch()) == forward(*plain.scratch()), boost::test_tools::per_element());
-  BOOST_TEST(forward(*frozen.scratch()) != want_y);
+  BOOST_TEST(c.forward(k, slot) == c.forward(*plain.scratch(), slot), boost::test_tools::per_element());
+  BOOST_TEST(c.forward(k, slot) != want_y);
 }
 
 BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {
