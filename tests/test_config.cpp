@@ -402,7 +402,8 @@ BOOST_AUTO_TEST_CASE(model_attention) {
 }
 
 // model.fp8_linear: off by default; on with bf16 parameters on the CUDA backend, kept when model.dir
-// gives the shape; refused on the CPU backend and with fp32 parameters, naming the key and why.
+// gives the shape; refused on the CPU backend and with fp32 parameters, naming the key and why. So is
+// model.fp8_keep_weights (off by default), and refused without model.fp8_linear.
 BOOST_AUTO_TEST_CASE(model_fp8_linear) {
   BOOST_TEST(!load(kBase).model.fp8_linear);
   const std::vector<std::string> cuda_bf16 = {"--run.backend=cuda", "--fsdp.param_dtype=bf16", "--model.fp8_linear=true"};
@@ -410,8 +411,17 @@ BOOST_AUTO_TEST_CASE(model_fp8_linear) {
   BOOST_TEST(c.model.fp8_linear);
   BOOST_TEST(has(resolved_deck_ini(c), "fp8_linear = true"));
   const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_llama";
-  BOOST_TEST(load("[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\ntokenizer = byte\n[train]\nbatch_size = 8\n",
-                  cuda_bf16).model.fp8_linear);
+  std::vector<std::string> keeping = cuda_bf16;
+  keeping.push_back("--model.fp8_keep_weights=true");
+  BOOST_TEST(!c.model.fp8_keep_weights);
+  BOOST_TEST(load(kBase, keeping).model.fp8_keep_weights);
+  const RunConfig from_dir =
+      load("[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\ntokenizer = byte\n[train]\nbatch_size = 8\n",
+           keeping);
+  BOOST_TEST(from_dir.model.fp8_linear);
+  BOOST_TEST(from_dir.model.fp8_keep_weights);
+  BOOST_TEST(has(error_of([&] { load(kBase, {"--run.backend=cuda", "--fsdp.param_dtype=bf16", "--model.fp8_keep_weights=true"}); }),
+                 "model.fp8_keep_weights = true: keeps the E4M3 weights of model.fp8_linear, which is off"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.param_dtype=bf16", "--model.fp8_linear=true"}); }),
                  "model.fp8_linear = true: needs the CUDA backend"));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--run.backend=cuda", "--model.fp8_linear=true"}); }),

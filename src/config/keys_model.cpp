@@ -101,6 +101,9 @@ static void check_model(const RunConfig& cfg, int) {
   if (m.fp8_linear && cfg.fsdp.param_dtype == DType::F32)
     bad_value("model.fp8_linear", "true", "needs 16-bit parameters (fsdp.param_dtype = bf16): the FP8 copies are made "
                                           "from the gathered bf16 weights and activations");
+  if (m.fp8_keep_weights && !m.fp8_linear)
+    bad_value("model.fp8_keep_weights", "true", "keeps the E4M3 weights of model.fp8_linear, which is off: set "
+                                                "model.fp8_linear = true too, or leave this out");
   if (cfg.data.tokenizer != TokenizerSource::File && cfg.model.dir.empty() && m.vocab_size < kByteVocab)
     bad_value("model.vocab_size", std::to_string(m.vocab_size),
               concat("must be >= ", kByteVocab, ", the byte tokenizer's vocabulary size"));
