@@ -310,7 +310,8 @@ BOOST_AUTO_TEST_CASE(training_arguments_win_over_accelerate_as_in_trainer) {
 }
 
 // Accelerate's mixed_precision: fp8 is bf16 with the blocks' linear layers in FP8 (model.fp8_linear);
-// on the CPU backend, which has no FP8, bf16 throughout and a warning.
+// on the CPU backend, which has no FP8, bf16 throughout and a warning. A Transformer Engine fp8_config
+// (HYBRID format, amax history) is not read, and the warning says which recipe runs instead.
 BOOST_AUTO_TEST_CASE(fp8_mixed_precision_maps_to_fp8_linear_layers) {
   const AccelerateImport gpu = import_accelerate(std::string(kFsdpYaml) + "mixed_precision: fp8\n", "c.yaml", "", "", {}, "t");
   BOOST_TEST(contains(gpu.deck, "param_dtype = bf16"));
@@ -321,6 +322,11 @@ BOOST_AUTO_TEST_CASE(fp8_mixed_precision_maps_to_fp8_linear_layers) {
   BOOST_TEST(contains(cpu.deck, "param_dtype = bf16"));
   BOOST_TEST(!contains(cpu.deck, "fp8_linear = true"));
   BOOST_TEST(has_warning(cpu, "the CPU backend has no FP8"));
+  const AccelerateImport te = import_accelerate(
+      std::string(kFsdpYaml) + "mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: HYBRID\n  amax_history_len: 32\n",
+      "c.yaml", "", "", {}, "t");
+  BOOST_TEST(contains(te.deck, "fp8_linear = true"));
+  BOOST_TEST(has_warning(te, "torchao's tensorwise current scaling, E4M3 for every operand"));
 }
 
 BOOST_AUTO_TEST_CASE(command_line_keys_win_and_are_said) {
