@@ -413,6 +413,12 @@ BOOST_AUTO_TEST_CASE(keys_that_do_nothing_here_are_warned_about) {
                      "nothing on the CPU backend (they choose how the CUDA backend schedules and computes)");
   cfg.run.backend = BackendKind::Cuda;  // all act on the GPU
   BOOST_TEST(inert_key_warnings(cfg, 1).empty());
+  cfg.model.fp8_linear = cfg.model.fp8_keep_weights = true;  // BLOOM (the default arch) keeps no weights
+  w = inert_key_warnings(cfg, 1);
+  BOOST_TEST_REQUIRE(w.size() == 1u);
+  BOOST_TEST(contains(w[0], "model.fp8_keep_weights = true does nothing for BLOOM"), w[0]);
+  cfg.model.arch = "llama";
+  BOOST_TEST(inert_key_warnings(cfg, 1).empty());
   cfg.fsdp.strategy = ShardingStrategy::HybridShard;
   w = inert_key_warnings(cfg, 1);
   BOOST_TEST_REQUIRE(w.size() == 1u);

@@ -27,6 +27,7 @@ Fp8Scratch Fp8Scratch::at(void* base, size_t a_elements, size_t b_elements, size
 }
 
 void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
+  *this = Fp8Buffer();
   if (size.bytes() == 0) return;
   SHARDLM_CHECK(size.kept.empty() || size.kept.size() == size.slots, "FP8 scratch: ", size.kept.size(),
                 " kept weights for ", size.slots, " slots");

@@ -31,8 +31,10 @@ namespace shardlm::cuda {
 // [in, out] (dgrad's B in cuBLASLt's FP8 form) of up to `elements` bytes, `inv_scale` its inverse scale
 // (device, 16-byte aligned). The forward writes both with the copy it multiplies by (one read of W), the
 // backward reads them instead of quantizing W again. A frozen weight (LoRA's base) also keeps that
-// forward copy in `w` [out, in]: once `filled` (its first forward), forwards multiply by the kept copies
-// without reading W at all, until Fp8Buffer::forget_kept.
+// forward copy in `w` [out, in]: once `filled` (its first forward), forwards multiply by `w` without
+// reading W at all, until Fp8Buffer::forget_kept. `filled` is host state set as the quantization is
+// queued: right because a model runs every GEMM in order on one stream, without graph capture. A filled
+// slot's W amax (saved_amax) is then never written again; nothing reads it, since dgrad takes `t`.
 struct Fp8KeptWeight {
   uint8_t* t = nullptr;
   size_t elements = 0;
