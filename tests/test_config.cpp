@@ -399,6 +399,15 @@ BOOST_AUTO_TEST_CASE(model_attention) {
                            "tokenizer = byte\n[train]\nbatch_size = 8\n");
   BOOST_TEST(c.model.arch == "llama");
   BOOST_TEST((c.model.attention == AttentionImpl::Native));
+  // So do the other keys that are not part of the shape, given or at their defaults (the folder's
+  // initializer_range does not replace init_std).
+  const RunConfig d = load("[model]\ndir = " + dir + "\ninit_std = 0.05\nhead_chunk_tokens = 512\n[data]\n"
+                           "train_file = train.json\ntokenizer = byte\n[train]\nbatch_size = 8\n");
+  BOOST_TEST(d.model.init_std == 0.05f);
+  BOOST_TEST(d.model.head_chunk_tokens == 512);
+  BOOST_TEST((d.model.attention == AttentionImpl::Auto));
+  BOOST_TEST(load("[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\ntokenizer = byte\n[train]\n"
+                  "batch_size = 8\n").model.init_std == RunConfig().model.init_std);
 }
 
 // model.fp8_linear: off by default; on with bf16 parameters on the CUDA backend, kept when model.dir

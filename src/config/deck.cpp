@@ -243,22 +243,19 @@ static KeysRead set_keys(RunConfig& cfg, const GivenKeys& g, bool smoke, bool ch
   return r;
 }
 
-// The model's shape from model.dir's config.json, keeping the deck's keys that are not part of it.
+// The model's shape from model.dir's config.json, keeping the deck's values of every [model] key that is not
+// part of it (KeySpec::shape; each one's text round-trips through get and set) and the deck's [lora].
 static void take_model_dir_shape(RunConfig& cfg) {
   const std::string path = (fs::path(cfg.model.dir) / "config.json").string();
   const std::string config_text = read_input_file(path, "model.dir's config.json", kMaxDeckBytes);
-  const float init_std = cfg.model.init_std;
-  const AttentionImpl attention = cfg.model.attention;  // how to run it, not its shape
-  const int head_chunk_tokens = cfg.model.head_chunk_tokens;
-  const bool fp8_linear = cfg.model.fp8_linear, fp8_keep_weights = cfg.model.fp8_keep_weights;
-  const LoraConfig lora = cfg.model.lora;               // the deck's [lora], not part of the shape
+  const RunConfig deck = cfg;
   static_cast<ModelConfig&>(cfg.model) = model_config_from_hf(config_text, path);
-  cfg.model.init_std = init_std;
-  cfg.model.attention = attention;
-  cfg.model.head_chunk_tokens = head_chunk_tokens;
-  cfg.model.fp8_linear = fp8_linear;
-  cfg.model.fp8_keep_weights = fp8_keep_weights;
-  cfg.model.lora = lora;
+  for (const KeySpec& k : key_table())
+    if (k.name.rfind("model.", 0) == 0 && !k.shape) {
+      const std::string value = k.get(deck);
+      if (value != k.get(cfg)) k.set(cfg, value, "");
+    }
+  cfg.model.lora = deck.model.lora;
 }
 
 RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
