@@ -33,8 +33,8 @@ void Fp8Buffer::allocate(const Fp8ScratchSize& size) {
                 " kept weights for ", size.slots, " slots");
   buffer_.allocate(size.bytes());
   scratch_ = Fp8Scratch::at(buffer_.data(), size.a, size.b, size.slots);
+  size_ = size;
   if (size.kept.empty()) return;
-  kept_bytes_ = size.kept_bytes();
   // After the scratch: the slots' inverse scales, then each slot's transposed weight (and frozen, its copy).
   char* p = buffer_.data() + fp8_scratch_bytes(size.a, size.b, size.slots);
   char* t = p + align256(size.kept.size() * kFp8ScaleAlignment);

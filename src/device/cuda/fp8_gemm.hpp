@@ -65,7 +65,8 @@ class Fp8Buffer {
   // Null without FP8: MatMul then runs every GEMM in 16 bits.
   const Fp8Scratch* scratch() const { return buffer_.bytes() ? &scratch_ : nullptr; }
   size_t bytes() const { return buffer_.bytes(); }
-  size_t kept_bytes() const { return kept_bytes_; }  // of that, the kept weights (Fp8ScratchSize::kept_bytes)
+  size_t kept_bytes() const { return size_.kept_bytes(); }  // of that, the kept weights
+  bool kept_frozen() const { return size_.frozen && !size_.kept.empty(); }  // kept for the whole run (LoRA)
   // The frozen weights changed (loaded again): their kept copies are made again by their next forwards.
   void forget_kept() {
     for (Fp8KeptWeight& k : kept_) k.filled = false;
@@ -75,7 +76,7 @@ class Fp8Buffer {
   DeviceBuffer<char> buffer_;
   Fp8Scratch scratch_{};
   std::vector<Fp8KeptWeight> kept_;  // scratch_.kept
-  size_t kept_bytes_ = 0;
+  Fp8ScratchSize size_;              // what allocate carved
 };
 
 // Whether d (16-bit A and B, no batch, epilogue None or Bias) can run as an FP8 GEMM: every size a

@@ -39,7 +39,7 @@ void CudaModelBase::describe_fp8(const std::vector<model_detail::Fp8Linear>& lin
   if (!cfg_.fp8_linear) return;
   fp8_note_ = model_detail::fp8_linear_note(linears, also, max_seq_);
   if (fp8_.kept_bytes() > 0)
-    fp8_note_ += concat("; weights kept in E4M3 (model.fp8_keep_weights", cfg_.lora.enabled() ? ", frozen: all run" : "",
+    fp8_note_ += concat("; weights kept in E4M3 (model.fp8_keep_weights", fp8_.kept_frozen() ? ", frozen: all run" : "",
                         "): ", format_bytes(fp8_.kept_bytes()));
 }
 
