@@ -442,6 +442,7 @@ struct ModelFamily {
   bool grouped_query = false;     // model.num_kv_heads, model.intermediate_size and model.head_dim apply
   bool head_always_tied = false;  // the LM head is the embedding matrix whatever tie_word_embeddings says
   bool sliding_window = false;    // model.sliding_window applies (its attention may keep the last keys only)
+  bool keeps_fp8_weights = false; // model.fp8_keep_weights applies (its CUDA blocks keep the E4M3 weights)
   // model.sliding_window_pattern, rope_local_theta, rope_linear_factor and query_pre_attn_scalar apply (Gemma 3)
   bool local_global_layers = false;
   // Partial rotary and LongRoPE apply (model.partial_rotary_factor, model.longrope_*; Phi-3's config.json keys).

@@ -307,9 +307,10 @@ std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes)
       warnings.push_back(concat("warning: ", cuda_only, " ", cuda_only.find(',') == std::string::npos ? "does" : "do",
                                 " nothing on the CPU backend (they choose how the CUDA backend schedules and computes)"));
   }
-  if (cfg.model.fp8_keep_weights && cfg.model.arch == "bloom")
-    warnings.push_back("warning: model.fp8_keep_weights = true does nothing for BLOOM (its blocks' backward "
-                       "quantizes the weights again; the Llama-style families keep them)");
+  if (cfg.model.fp8_keep_weights && !model_family(cfg.model.arch).keeps_fp8_weights)
+    warnings.push_back(concat("warning: model.fp8_keep_weights = true does nothing for model.arch = ", cfg.model.arch,
+                              " (its blocks' backward quantizes the weights again; the Llama-style families keep "
+                              "them)"));
   const ShardingStrategy s = cfg.fsdp.strategy;
   if (num_nodes == 1 && (s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardZero2))
     warnings.push_back(concat("warning: fsdp.strategy = ", strategy_name(s), " on one node is ",

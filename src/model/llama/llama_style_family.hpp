@@ -28,6 +28,7 @@ ModelFamily llama_style_family(const std::string& name, const std::string& hf_ar
   f.rotary = true;
   f.grouped_query = true;
   f.sliding_window = sliding_window;
+  f.keeps_fp8_weights = true;
   f.embedding_table = "embed_tokens.weight";
   f.layout = [](const ModelConfig& cfg) { return llama_layout(cfg, Block); };
   f.linear_modules = llama_linear_modules;
