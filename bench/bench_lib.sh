@@ -23,3 +23,26 @@ bench_reap() {
   [ $any = 1 ] && sleep 3
   return 0
 }
+
+# bench_run_limit LEFT TIMEOUT: the seconds the next run may take, the smaller of what the budget
+# leaves (LEFT) and the per-run limit; fails (prints nothing) when fewer than 30 are left.
+bench_run_limit() {
+  local left=$1 timeout=$2
+  [ "$left" -ge 30 ] || return 1
+  echo $(( left < timeout ? left : timeout ))
+}
+
+# bench_nvsmi_start FILE: sample every GPU's memory.used (MiB) into FILE every 200 ms in the
+# background until bench_nvsmi_stop; nothing without nvidia-smi.
+BENCH_NVSMI_PID=""
+bench_nvsmi_start() {
+  BENCH_NVSMI_PID=""
+  command -v nvidia-smi >/dev/null || return 0
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$1" 2>/dev/null &
+  BENCH_NVSMI_PID=$!
+}
+bench_nvsmi_stop() {
+  [ -n "$BENCH_NVSMI_PID" ] && { kill "$BENCH_NVSMI_PID" 2>/dev/null; wait "$BENCH_NVSMI_PID" 2>/dev/null; }
+  BENCH_NVSMI_PID=""
+  return 0
+}

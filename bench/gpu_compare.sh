@@ -293,24 +293,11 @@ CONFIGS+=("offload_res|1 GPU + CPU offload + activation ckpt (shardlm: ${RESIDEN
 want() { if [ -z "$ONLY" ]; then [[ "$1" != offload* ]]; else [[ ",$ONLY," == *",$1,"* ]]; fi; }
 
 # Time left for the next run, or nothing when the budget is spent.
-run_limit() {
-  local left=$(( BUDGET - $(now) ))
-  [ $left -ge 30 ] || return 1
-  echo $(( left < RUN_TIMEOUT ? left : RUN_TIMEOUT ))
-}
+run_limit() { bench_run_limit $(( BUDGET - $(now) )) "$RUN_TIMEOUT"; }
 
-# Background sampler of every GPU's memory.used; prints its pid.
-NVSMI_PID=""
-start_nvsmi() {
-  NVSMI_PID=""
-  [ "$BACKEND" = cuda ] && command -v nvidia-smi >/dev/null || return 0
-  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$1" 2>/dev/null &
-  NVSMI_PID=$!
-}
-stop_nvsmi() {
-  [ -n "$NVSMI_PID" ] && { kill "$NVSMI_PID" 2>/dev/null; wait "$NVSMI_PID" 2>/dev/null; }
-  NVSMI_PID=""
-}
+# Background sampler of every GPU's memory.used (the CUDA backend only).
+start_nvsmi() { [ "$BACKEND" != cuda ] || bench_nvsmi_start "$1"; }
+stop_nvsmi() { bench_nvsmi_stop; }
 
 # After a run that timed out or failed: end what it left on the GPUs (only our own programs,
 # by pid), so the next run starts on empty GPUs.

@@ -112,9 +112,7 @@ NCCL_ENV=$(env | grep '^NCCL_' | sort | tr '\n' ' ')
 # The seconds a run may take now (the --timeout, or what the --deadline leaves); fails when < 30.
 run_limit() {
   [ "$DEADLINE" -gt 0 ] || { echo "$RUN_TIMEOUT"; return 0; }
-  local left=$(( DEADLINE - $(date +%s) ))
-  [ $left -ge 30 ] || return 1
-  echo $(( left < RUN_TIMEOUT ? left : RUN_TIMEOUT ))
+  bench_run_limit $(( DEADLINE - $(date +%s) )) "$RUN_TIMEOUT"
 }
 
 # run_bounded LOG CMD...: print the command (here and as the log's first line), run it under the
