@@ -32,12 +32,12 @@ bench_run_limit() {
   echo $(( left < timeout ? left : timeout ))
 }
 
-# bench_nvsmi_start FILE: sample every GPU's memory.used (MiB) into FILE every 200 ms in the
-# background until bench_nvsmi_stop; nothing without nvidia-smi.
+# bench_nvsmi_start FILE BACKEND: sample every GPU's memory.used (MiB) into FILE every 200 ms in the
+# background until bench_nvsmi_stop; nothing unless BACKEND is cuda and nvidia-smi is here.
 BENCH_NVSMI_PID=""
 bench_nvsmi_start() {
   BENCH_NVSMI_PID=""
-  command -v nvidia-smi >/dev/null || return 0
+  [ "$2" = cuda ] && command -v nvidia-smi >/dev/null || return 0
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$1" 2>/dev/null &
   BENCH_NVSMI_PID=$!
 }

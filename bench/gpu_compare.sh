@@ -295,10 +295,6 @@ want() { if [ -z "$ONLY" ]; then [[ "$1" != offload* ]]; else [[ ",$ONLY," == *"
 # Time left for the next run, or nothing when the budget is spent.
 run_limit() { bench_run_limit $(( BUDGET - $(now) )) "$RUN_TIMEOUT"; }
 
-# Background sampler of every GPU's memory.used (the CUDA backend only).
-start_nvsmi() { [ "$BACKEND" != cuda ] || bench_nvsmi_start "$1"; }
-stop_nvsmi() { bench_nvsmi_stop; }
-
 # After a run that timed out or failed: end what it left on the GPUs (only our own programs,
 # by pid), so the next run starts on empty GPUs.
 reap() {
@@ -343,12 +339,12 @@ run_shardlm() {  # id label gpus strategy rpn ac offload
     --run.dir="$dir" --checkpoint.dir="$WORK/ckpt/$name" --checkpoint.at_end=false "${extra[@]}")
   say "$name: ${cmd[*]} (limit ${limit}s)"
   echo "${cmd[*]}" > "$dir/command.txt"
-  start_nvsmi "$dir/nvsmi.csv"
+  bench_nvsmi_start "$dir/nvsmi.csv" "$BACKEND"
   t0=$(date +%s)
   # shellcheck source=/dev/null
   ( [ -n "$ENVSH" ] && source "$ENVSH"; exec timeout -k 20 "$limit" "${cmd[@]}" ) > "$dir/stdout.log" 2>&1
   rc=$?
-  stop_nvsmi
+  bench_nvsmi_stop
   rm -rf "$WORK/ckpt/$name"
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   local meta
@@ -371,11 +367,11 @@ run_pytorch() {  # id label gpus strategy rpn ac offload
     --vocab "$VOCAB" --hidden "$HIDDEN" --layers "$LAYERS" --heads "$HEADS" --label "$label" "${extra[@]}")
   say "$name: ${cmd[*]} (limit ${limit}s)"
   echo "${cmd[*]}" > "$dir/command.txt"
-  start_nvsmi "$dir/nvsmi.csv"
+  bench_nvsmi_start "$dir/nvsmi.csv" "$BACKEND"
   t0=$(date +%s)
   timeout -k 20 "$limit" "${cmd[@]}" > "$dir/stdout.log" 2>&1
   rc=$?
-  stop_nvsmi
+  bench_nvsmi_stop
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   local meta
   meta=$(meta_json "$id" "$label" "$g" "$strat" pytorch-fsdp2 "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "runs/$name/stdout.log")

@@ -372,10 +372,6 @@ want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 # Time left for the next run, or nothing when the budget is spent.
 run_limit() { bench_run_limit $(( BUDGET - $(now) )) "$RUN_TIMEOUT"; }
 
-# Background sampler of every GPU's memory.used (the CUDA backend only).
-start_nvsmi() { [ "$BACKEND" != cuda ] || bench_nvsmi_start "$1"; }
-stop_nvsmi() { bench_nvsmi_stop; }
-
 # After a run that timed out or failed: end what it left on the GPUs (only our own programs,
 # by pid), so the next run starts on empty GPUs.
 reap() {
@@ -454,7 +450,7 @@ run_one() {  # id name label impl gpus strategy offload
   mkdir -p "$dir"
   say "$name: $shown (limit ${limit}s)"
   echo "$shown" > "$dir/command.txt"
-  start_nvsmi "$dir/nvsmi.csv"
+  bench_nvsmi_start "$dir/nvsmi.csv" "$BACKEND"
   t0=$(date +%s)
   if [ "$impl" = hf-trainer ]; then
     env "${envs[@]}" timeout -k 20 "$limit" "${cmd[@]}" > "$dir/stdout.log" 2>&1
@@ -463,7 +459,7 @@ run_one() {  # id name label impl gpus strategy offload
     ( [ -n "$ENVSH" ] && source "$ENVSH"; exec timeout -k 20 "$limit" "${cmd[@]}" ) > "$dir/stdout.log" 2>&1
   fi
   rc=$?
-  stop_nvsmi
+  bench_nvsmi_stop
   rm -rf "$WORK/ckpt/$name"
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   meta=$(meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "${dir#"$OUT"/}/stdout.log")
