@@ -46,3 +46,10 @@ bench_nvsmi_stop() {
   BENCH_NVSMI_PID=""
   return 0
 }
+# bench_nvsmi_peak FILE GPUS: the largest memory.used that FILE (bench_nvsmi_start's) holds for any of the
+# first GPUS GPUs, in bytes; nothing when it holds none (no file, not on the GPU).
+bench_nvsmi_peak() {
+  [ -r "$1" ] || return 0
+  awk -F', *' -v gpus="$2" '$1 ~ /^[0-9]+$/ && $1 < gpus && $2 ~ /^[0-9.]+$/ && (n == 0 || $2 > best) { best = $2; n = 1 }
+    END { if (n) printf "%.0f\n", best * 1048576 }' "$1"
+}

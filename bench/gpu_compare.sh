@@ -140,19 +140,6 @@ import json, os, statistics, sys
 
 GIB = float(1 << 30)
 
-def nvsmi_peak(path, gpus):
-    """Largest memory.used (MiB) over the run of any of the first `gpus` GPUs, in bytes."""
-    best = None
-    try:
-        for line in open(path):
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) < gpus:
-                v = float(parts[1]) * (1 << 20)
-                best = v if best is None else max(best, v)
-    except (OSError, ValueError):
-        pass
-    return best
-
 def shardlm(meta, run_dir, warmup):
     rec = dict(meta)
     train, summary = [], None
@@ -257,9 +244,8 @@ if __name__ == "__main__":
             rec = shardlm(meta, sys.argv[3], int(sys.argv[4]))
         else:
             rec = pytorch(meta, sys.argv[3])
-        peak = nvsmi_peak(sys.argv[-1], rec["gpus"]) if sys.argv[-1].endswith(".csv") else None
-        if peak:
-            rec["nvsmi_peak_bytes"] = peak
+        if sys.argv[-1]:  # bench_nvsmi_peak's bytes, or empty
+            rec["nvsmi_peak_bytes"] = float(sys.argv[-1])
         print(json.dumps(rec))
     elif cmd == "table":
         print(table(sys.argv[2], sys.argv[3]))
@@ -349,7 +335,7 @@ run_shardlm() {  # id label gpus strategy rpn ac offload
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   local meta
   meta=$(meta_json "$id" "$label" "$g" "$strat" shardlm "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "runs/$name/stdout.log")
-  python3 "$TOOL" shardlm "$meta" "$dir" "$WARMUP" "$dir/nvsmi.csv" >> "$OUT/bench.jsonl"
+  python3 "$TOOL" shardlm "$meta" "$dir" "$WARMUP" "$(bench_nvsmi_peak "$dir/nvsmi.csv" "$g")" >> "$OUT/bench.jsonl"
   say "$name: $(status_of $rc) in $(( $(date +%s) - t0 ))s"
 }
 
@@ -375,7 +361,7 @@ run_pytorch() {  # id label gpus strategy rpn ac offload
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   local meta
   meta=$(meta_json "$id" "$label" "$g" "$strat" pytorch-fsdp2 "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "runs/$name/stdout.log")
-  python3 "$TOOL" pytorch "$meta" "$dir/stdout.log" "$dir/nvsmi.csv" >> "$OUT/bench.jsonl"
+  python3 "$TOOL" pytorch "$meta" "$dir/stdout.log" "$(bench_nvsmi_peak "$dir/nvsmi.csv" "$g")" >> "$OUT/bench.jsonl"
   say "$name: $(status_of $rc) in $(( $(date +%s) - t0 ))s"
 }
 

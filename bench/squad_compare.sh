@@ -149,19 +149,6 @@ import json, os, sys
 
 GIB = float(1 << 30)
 
-def nvsmi_peak(path, gpus):
-    """Largest memory.used (MiB) over the run of any of the first `gpus` GPUs, in bytes."""
-    best = None
-    try:
-        for line in open(path):
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) < gpus:
-                v = float(parts[1]) * (1 << 20)
-                best = v if best is None else max(best, v)
-    except (OSError, ValueError):
-        pass
-    return best
-
 def shardlm(meta, run_dir, batch):
     rec = dict(meta)
     evals, summary, setup = [], None, None
@@ -256,9 +243,8 @@ if __name__ == "__main__":
     if cmd in ("shardlm", "hf"):
         meta = json.loads(sys.argv[2])
         rec = shardlm(meta, sys.argv[3], int(sys.argv[4])) if cmd == "shardlm" else hf(meta, sys.argv[3])
-        peak = nvsmi_peak(sys.argv[-1], rec["gpus"]) if sys.argv[-1].endswith(".csv") else None
-        if peak:
-            rec["nvsmi_peak_bytes"] = peak
+        if sys.argv[-1]:  # bench_nvsmi_peak's bytes, or empty
+            rec["nvsmi_peak_bytes"] = float(sys.argv[-1])
         print(json.dumps(rec))
     elif cmd == "table":
         print(table(sys.argv[2], sys.argv[3]))
@@ -464,9 +450,9 @@ run_one() {  # id name label impl gpus strategy offload
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
   meta=$(meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "${dir#"$OUT"/}/stdout.log")
   if [ "$impl" = hf-trainer ]; then
-    python3 "$TOOL" hf "$meta" "$dir/result.json" "$dir/nvsmi.csv" >> "$OUT/squad.jsonl"
+    python3 "$TOOL" hf "$meta" "$dir/result.json" "$(bench_nvsmi_peak "$dir/nvsmi.csv" "$g")" >> "$OUT/squad.jsonl"
   else
-    python3 "$TOOL" shardlm "$meta" "$dir" $(( MICRO * ACCUM * g )) "$dir/nvsmi.csv" >> "$OUT/squad.jsonl"
+    python3 "$TOOL" shardlm "$meta" "$dir" $(( MICRO * ACCUM * g )) "$(bench_nvsmi_peak "$dir/nvsmi.csv" "$g")" >> "$OUT/squad.jsonl"
   fi
   say "$name: $(status_of $rc) in $(( $(date +%s) - t0 ))s"
 }
