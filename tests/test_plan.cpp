@@ -585,6 +585,48 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8") == whole);
 }
 
+// The full block-gradient buffers lie in the LM head's scratch (FsdpBufferPlan::grads_in_head_scratch), which
+// is counted once, under the gradients: the 8B shape on 2 ranks (a 1.05 GB logits chunk inside two 0.87 GB
+// buffers) and BLOOM-560M (two 50 MB buffers inside a larger chunk) plan that much less and hold the same
+// gradient buffers; nothing is shared with no sync in full (every block's buffer kept through the step), on
+// one rank (no buffers), or on the CPU backend (whose head keeps its own).
+BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
+  const std::string llama8b = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
+  for (const std::string& deck : {llama8b, kBloom560m}) {
+    shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=2"}, 1, false));
+    s.world_size = 2;
+    BOOST_TEST_CONTEXT(deck) {
+      const shardlm::DType compute = s.fsdp.param_dtype;
+      const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend, compute,
+                                                     s.micro_batch, s.max_seq, false).head_scratch;
+      const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+      const shardlm::FsdpBufferPlan b = shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, true, compute);
+      BOOST_TEST_REQUIRE(b.grads_in_head_scratch);
+      const size_t grads = b.grad_buffers * b.block_padded * 4;
+      const shardlm::RankMemoryPlan on = shardlm::plan_rank_memory(s);
+      BOOST_TEST(on.shared_head_scratch == std::min(head, grads));
+      BOOST_TEST((deck == llama8b ? head < grads : grads < head));
+      shardlm::MemoryPlanSpec off = s;
+      off.fsdp.share_head_scratch = false;
+      const shardlm::RankMemoryPlan apart = shardlm::plan_rank_memory(off);
+      BOOST_TEST(apart.shared_head_scratch == 0u);
+      BOOST_TEST(apart.record.full_grads == on.record.full_grads);
+      BOOST_TEST(apart.device_total() - on.device_total() == on.shared_head_scratch);
+      shardlm::MemoryPlanSpec full = s;
+      full.fsdp.no_sync = shardlm::NoSync::Full;
+      full.fsdp.accumulation = 2;
+      BOOST_TEST(shardlm::plan_rank_memory(full).shared_head_scratch == 0u);
+      shardlm::MemoryPlanSpec one = s;
+      one.world_size = 1;
+      BOOST_TEST(shardlm::plan_rank_memory(one).shared_head_scratch == 0u);
+      shardlm::MemoryPlanSpec cpu = s;
+      cpu.backend = shardlm::BackendKind::Cpu;
+      cpu.fsdp.param_dtype = shardlm::DType::F32;
+      BOOST_TEST(shardlm::plan_rank_memory(cpu).shared_head_scratch == 0u);
+    }
+  }
+}
+
 // Offloaded, a rank's host holds its fp32 master, gradient slice and both moments (16 bytes a slice
 // element), two pinned landing buffers of the largest slice in the reduce dtype and, for 16-bit
 // parameters, two pinned upload chunks; a node holds the host memory of each of its ranks.

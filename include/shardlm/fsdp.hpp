@@ -48,6 +48,9 @@ struct FsdpOptions : FsdpSection {
   int accumulation = 1;             // micro-steps of an optimizer step (the deck's accumulation)
   // Elements of one chunk of the root's update on the device (0: kOffloadStreamChunk; tests set less).
   size_t offload_stream_chunk = 0;
+  // The block-gradient buffers may live in the model's head scratch (FsdpBufferPlan::grads_in_head_scratch);
+  // tests turn it off to compare.
+  bool share_head_scratch = true;
 
   // fsdp.offload_dir set with cpu_offload: AdamW's moments in mapped files.
   bool moments_in_files() const { return cpu_offload && !offload_dir.empty(); }
@@ -129,6 +132,10 @@ struct FsdpBufferPlan {
   size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
   size_t block_copies = 0;       // gathered block buffers
   size_t grad_buffers = 0;       // full block-gradient buffers (two alternate on an asynchronous backend)
+  // They live in the model's head scratch (UnitModel::share_head_scratch, grown to hold them where it is
+  // smaller), which is idle whenever they are in use: they are zeroed again after the head wrote there.
+  // Not where they carry gradients from one micro-step to the next (no sync in full).
+  bool grads_in_head_scratch = false;
   size_t grad_slice = 0;         // one reduced fp32 slice
   size_t stage_full = 0, stage_slice = 0;  // 16-bit staging bytes: a full unit, a slice
   // LoRA's frozen base: sharded like the rest but held in the compute dtype only (no master, gradient
@@ -368,6 +375,9 @@ struct RankMemoryPlan {
   size_t host_optimizer = 0;  // CUDA offload: the optimizer state in host memory instead
   size_t offload_file_bytes = 0;  // fsdp.offload_dir: the moments in its mapped files instead (not in host_bytes)
   size_t model_extra = 0;     // CUDA: buffers of the model outside activation_bytes (norm statistics, ALiBi slopes)
+  // FsdpBufferPlan::grads_in_head_scratch: the bytes the block-gradient buffers and the model's head scratch
+  // share, counted once, under record.full_grads (record.activations leaves them out).
+  size_t shared_head_scratch = 0;
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
   size_t host_bytes = 0;      // CUDA: host memory of the rank (checkpoint staging of the master and moments;
                               // with offload the master, moments, fp32 gradient and pinned copy buffers)

@@ -332,6 +332,13 @@ class UnitModel {
   virtual std::string fp8_description() const { return ""; }
   // LoRA's frozen base weights were written (loaded): copies made from them (model.fp8_keep_weights) are stale.
   virtual void frozen_weights_changed() {}
+  // The head's scratch: the loss's logits chunk (and decoding's), head_scratch_bytes() of the activations,
+  // which head() and decode_head() overwrite and nothing reads after they return. Between those calls its
+  // holder may keep buffers of its own there (the engine's block gradients). share_head_scratch grows it
+  // to at least `bytes` (freeing the old before allocating the new) and says where it is; null, and 0
+  // bytes, where the model has none to share (the CPU models keep theirs inside the family's code).
+  virtual size_t head_scratch_bytes() const { return 0; }
+  virtual void* share_head_scratch(size_t /*bytes*/) { return nullptr; }
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
@@ -411,6 +418,7 @@ size_t cpu_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 struct ModelMemory {
   size_t activations = 0;
   size_t extra = 0;
+  size_t head_scratch = 0;  // of the activations: UnitModel::head_scratch_bytes()
 };
 
 // The model the FSDP engine drives: cfg.arch's family on `backend`, computing in compute_dtype

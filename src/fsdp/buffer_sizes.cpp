@@ -111,6 +111,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   }
   if (!p.direct_grads) {
     p.grad_buffers = p.block_padded == 0 ? 0 : p.no_sync == NoSync::Full ? p.layers : asynchronous ? 2 : 1;
+    p.grads_in_head_scratch = opt.share_head_scratch && p.grad_buffers > 0 && p.no_sync != NoSync::Full;
     // No receive buffer: the reductions land in place, in this rank's piece of the full gradient (of
     // its 16-bit staging); offloaded: the landing buffers below.
     p.grad_slice = 0;

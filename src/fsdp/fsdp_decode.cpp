@@ -57,6 +57,7 @@ void FsdpEngine::decode_step(const int32_t* tokens, const int* slots, const int*
     m.model->decode_block(l, p, dev + R, dev + 2 * R, n, m.compute);
     m.done_with(1 + l);
   }
+  m.head_takes_scratch();
   m.model->decode_head(root, dev + 3 * R, m_rows, next ? dev + 4 * R : nullptr, dev_logits, m.compute);
   if (m_rows > 0 && next)
     backend_->copy(host + 4 * R, dev + 4 * R, static_cast<size_t>(m_rows) * sizeof(int32_t), CopyKind::DeviceToHost,

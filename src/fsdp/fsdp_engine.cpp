@@ -8,6 +8,15 @@
 #include "offload.hpp"
 
 namespace shardlm {
+namespace {
+
+// Memory another object owns (the model's head scratch), held as a DeviceArray.
+class BorrowedMemory final : public DeviceMemory {
+ public:
+  BorrowedMemory(void* p, size_t n) { data_ = p, bytes_ = n; }
+};
+
+}  // namespace
 
 FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLayouts layouts, const FsdpOptions& o,
                        const FsdpBufferPlan& p, ProcessGroups& groups, size_t tokens)
@@ -171,8 +180,12 @@ void FsdpEngine::Impl::allocate_buffers() {
   for (size_t i = 0; i < units.size(); ++i) unit_gathered.push_back(be.make_event());
   if (!plan.direct_grads)
     root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
+  const size_t grad_bytes = plan.block_padded * sizeof(float);
+  char* scratch = plan.grads_in_head_scratch ? static_cast<char*>(model->share_head_scratch(plan.grad_buffers * grad_bytes)) : nullptr;
+  if (scratch) grads_borrowed = plan.grad_buffers * grad_bytes, head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
   for (size_t i = 0; i < plan.grad_buffers; ++i)
-    block_grad_full.push_back(be.allocate(plan.block_padded * sizeof(float), MemKind::Grads));
+    block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
+                                      : be.allocate(grad_bytes, MemKind::Grads));
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
   grad_fresh.assign(units.size(), 0);
@@ -410,7 +423,7 @@ FsdpMemory FsdpEngine::memory() const {
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
                    m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() +
                    (m.offload ? m.offload->staging_bytes() : 0);
-  r.activations = m.model->activation_bytes();
+  r.activations = m.model->activation_bytes() - m.grads_borrowed;  // counted once, as gradients
   return r;
 }
 

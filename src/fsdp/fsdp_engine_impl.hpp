@@ -68,6 +68,20 @@ struct FsdpEngine::Impl {
   DeviceArray root_grad_full, grad_slice, stage_full, stage_slice;
   std::vector<DeviceArray> block_grad_full;
   std::vector<std::unique_ptr<BackendEvent>> grad_ready, grad_reduced;
+  // plan.grads_in_head_scratch: the block-gradient buffers lie in the model's head scratch, grads_borrowed
+  // bytes from its start, of which the head writes the first head_shared; head_wrote: it did since a
+  // backward last zeroed them.
+  size_t grads_borrowed = 0, head_shared = 0;
+  bool head_wrote = false;
+  // Before the head (or decoding's) runs on the compute stream: every reduction has read its buffer.
+  void head_takes_scratch() {
+    if (head_shared == 0) return;
+    for (auto& e : grad_reduced) e->wait_on(compute);
+    head_wrote = true;
+  }
+  // Before a backward's first block: what the head left where the gradients accumulate is zeroed (offloaded,
+  // each buffer is zeroed before its block's backward anyway).
+  void grads_take_scratch_back();
   std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
   bool root_reduction_pending = false;
   // plan.root_split: this rank's token ids, the shard group's and every rank's (the shard group's when

@@ -62,7 +62,9 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
                           b.offload_squares + b.root_split_bytes;
   const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
                                               spec.activation_checkpointing);
-  p.record.activations = model.activations;
+  // The block-gradient buffers in the head's scratch: what they share is counted under the gradients.
+  if (b.grads_in_head_scratch) p.shared_head_scratch = std::min(model.head_scratch, b.grad_buffers * b.block_padded * 4);
+  p.record.activations = model.activations - p.shared_head_scratch;
   p.model_extra = model.extra;
   // The CUDA engine's device copies of a micro-batch's token and target ids (and with data.packing its
   // rows' sample starts), the model's loss and target count, the gradient norm's sum (the CPU reads the

@@ -339,8 +339,18 @@ void FsdpEngine::Impl::begin_backward(const MicroBatch& mb, const BackwardPlan& 
   if (L > 0 && backward_prefetch != BackwardPrefetch::None) gather(L);  // the last block (usually still held)
 }
 
+void FsdpEngine::Impl::grads_take_scratch_back() {
+  if (head_wrote && zero_on_comm()) {
+    const int span = tracer.mark_begin("zero the block gradients (the head's scratch)", -1, Lane::Compute);
+    be.zero(block_grad_full[0].data(), head_shared, compute);
+    tracer.mark_end(span);
+  }
+  head_wrote = false;
+}
+
 void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
   const bool any = B > 0 && T > 0;
+  grads_take_scratch_back();
   for (int l = L - 1; l >= 0; --l) {
     const UnitParams p = use(1 + l);
     // BACKWARD_PRE: the previous block's gather is queued before this block's backward (and its
@@ -420,7 +430,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
   if (backward && lora && units[0].flat.numel > 0) droot.adapter = full_grad(0);
   span = tracer.mark_begin(backward ? "forward and backward unit 0 (head, loss)" : "forward unit 0 (head, loss)", -1,
                            Lane::Compute);
-  if (N > 0) model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
+  if (N > 0) head_takes_scratch(), model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
   tracer.mark_end(span);
   if (bp.split) reduce_root_head();
   if (backward) {

@@ -2,6 +2,7 @@
 // and AdamW, put together from the deck (the engine itself is src/fsdp's FsdpEngine).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "shardlm/config.hpp"
@@ -12,7 +13,9 @@ namespace shardlm {
 
 // The engine of a run on `topo` for micro-batches of `micro` sequences. Collective over `comm`;
 // on the CUDA backend it selects this rank's GPU first. Error when this build lacks the backend.
-std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro);
+// `adjust` (tests) changes the engine's options that no deck key sets (FsdpOptions::share_head_scratch).
+std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro,
+                                        const std::function<void(FsdpOptions&)>& adjust = nullptr);
 // The same, after the GPU check (check_gpu_for_run), with every rank ending with the message of a rank
 // that cannot build its engine (no GPU, no CUDA in this build, not enough memory).
 std::unique_ptr<FsdpEngine> make_engine_collectively(const RunConfig& cfg, MPI_Comm comm, const Topology& topo,

@@ -35,6 +35,7 @@ FsdpOptions engine_fsdp_options(const RunConfig& cfg, int world) {
 void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, const FsdpEngine& engine, size_t allocated) {
   MemoryPlanSpec spec = memory_plan_spec(cfg, topo, micro);
   spec.fsdp.offload_root_update = engine.options().offload_root_update;  // auto as the engine decided it
+  spec.fsdp.share_head_scratch = engine.options().share_head_scratch;    // (tests may turn it off)
   const size_t planned = plan_rank_memory(spec).device_total();
   if (planned != allocated)
     log_info(concat("warning: the ", backend_name(cfg.run.backend), " engine allocated ", allocated,
@@ -74,7 +75,8 @@ MemoryPlanSpec memory_plan_spec(const RunConfig& cfg, const Topology& topo, int 
   return spec;
 }
 
-std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro) {
+std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, const Topology& topo, int micro,
+                                        const std::function<void(FsdpOptions&)>& adjust) {
   const size_t max_tokens = static_cast<size_t>(micro) * cfg.data.max_length;
   std::unique_ptr<Backend> backend, host_backend;
   ProcessGroups groups;
@@ -106,7 +108,8 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   check_memory_fits(cfg, topo, micro, *backend, comm);
   const size_t before = backend->allocated_bytes();
   const DType compute = backend->compute_dtype(cfg.fsdp.param_dtype);
-  const FsdpOptions fsdp = engine_fsdp_options(cfg, topo.world_size);
+  FsdpOptions fsdp = engine_fsdp_options(cfg, topo.world_size);
+  if (adjust) adjust(fsdp);
   std::unique_ptr<UnitModel> model = make_unit_model(model_for_engine(cfg.model, fsdp), kind, compute, micro,
                                                      cfg.data.max_length, cfg.fsdp.activation_checkpointing);
   Backend& be = *backend;

@@ -357,6 +357,9 @@ void print_notes(const Plan& plan) {
                       format_bytes(plan.host_budget).c_str());
         break;
       }
+  if (cuda)
+    std::printf("  grads: the full block-gradient buffers (several ranks, or CPU offload) lie in the LM head's logits\n"
+                "  scratch, which is counted there and not under activations (not with fsdp.no_sync = full)\n");
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
 }
@@ -433,6 +436,7 @@ void print_json(const Plan& plan) {
                     {"fits", r.fits},
                     {"max_micro_batch", r.max_micro},
                     {"no_sync", no_sync_name(resolved_no_sync(plan, r))},
+                    {"head_scratch_shared_bytes", p.shared_head_scratch},
                     // The fields of the run's "memory" record, by the same names.
                     {"memory_record",
                      {{"master_shard_bytes", p.record.master_shard},

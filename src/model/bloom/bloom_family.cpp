@@ -61,7 +61,7 @@ ModelFamily bloom_family() {
   f.cuda_memory = [](const ModelConfig& cfg, DType dt, int max_batch, int max_seq, bool checkpointing) {
     const cuda::BloomCudaSizes s =
         cuda::bloom_cuda_sizes(cfg, dt, max_batch, max_seq, checkpointing, plans_fused_attention(cfg, dt));
-    return ModelMemory{s.activations(), s.extra()};
+    return ModelMemory{s.activations(), s.extra(), s.head_workspace};
   };
 #ifdef SHARDLM_HAVE_CUDA
   f.make_cuda = cuda::make_bloom_cuda;

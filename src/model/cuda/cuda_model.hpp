@@ -53,6 +53,8 @@ class CudaModel {
   virtual int length_multiple() const = 0;  // UnitModel::length_multiple
   virtual std::string fp8_description() const = 0;  // UnitModel::fp8_description
   virtual void frozen_weights_changed() = 0;        // UnitModel::frozen_weights_changed
+  virtual size_t head_scratch_bytes() const = 0;    // UnitModel::head_scratch_bytes
+  virtual void* share_head_scratch(size_t bytes) = 0;  // UnitModel::share_head_scratch
   virtual const ModelConfig& config() const = 0;
 
   // ---- greedy decoding with a key/value cache (UnitModel::decode_*) ----

@@ -48,7 +48,13 @@ void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_
   hidden_.allocate(hidden_bytes);
   attn_ws_.allocate(std::max(attention_workspace_bytes, attention_.workspace_bytes()));
   head_ws_.allocate(head_workspace_bytes);
+  head_scratch_bytes_ = head_workspace_bytes;
   fp8_.allocate(fp8);
+}
+
+void* CudaModelBase::share_head_scratch(size_t bytes) {
+  if (head_ws_.size() < bytes) head_ws_.allocate(bytes);  // (allocate frees the old first)
+  return head_ws_.data();
 }
 
 void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_heads) {

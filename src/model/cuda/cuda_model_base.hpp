@@ -24,6 +24,8 @@ class CudaModelBase : public CudaModel {
   int length_multiple() const override;
   std::string fp8_description() const override { return fp8_note_; }
   void frozen_weights_changed() override { fp8_.forget_kept(); }
+  size_t head_scratch_bytes() const override { return head_scratch_bytes_; }
+  void* share_head_scratch(size_t bytes) override;
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ..."). alibi: the family's attention is BLOOM's
@@ -85,6 +87,7 @@ class CudaModelBase : public CudaModel {
   DeviceBuffer<char> hidden_;
   DeviceBuffer<char> keys_, values_;
   std::string fp8_note_;
+  size_t head_scratch_bytes_ = 0;  // what the head writes of head_ws_ (share_head_scratch may have grown it)
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;
 };

@@ -62,6 +62,8 @@ class CudaUnitModel final : public UnitModel {
   int length_multiple() const override { return model_->length_multiple(); }
   std::string fp8_description() const override { return model_->fp8_description(); }
   void frozen_weights_changed() override { model_->frozen_weights_changed(); }
+  size_t head_scratch_bytes() const override { return model_->head_scratch_bytes(); }
+  void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_allocate(slots, max_len, max_rows);

@@ -117,10 +117,9 @@ inline LlamaCudaSizes llama_cuda_sizes(const ModelConfig& cfg, DType dt, int max
 // (the attention path plans_fused_attention assumes).
 inline ModelMemory llama_cuda_memory(const ModelConfig& cfg, DType dt, int max_batch, int max_seq,
                                      bool activation_checkpointing, bool qk_norm, bool sandwich_norms = false) {
-  const bool fused = plans_fused_attention(cfg, dt);
-  return ModelMemory{
-      llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing, fused, qk_norm, sandwich_norms).total(),
-      0};
+  const LlamaCudaSizes s = llama_cuda_sizes(cfg, dt, max_batch, max_seq, activation_checkpointing,
+                                            plans_fused_attention(cfg, dt), qk_norm, sandwich_norms);
+  return ModelMemory{s.total(), 0, s.head_workspace};
 }
 
 }  // namespace shardlm::cuda
