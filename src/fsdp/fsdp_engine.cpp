@@ -182,7 +182,11 @@ void FsdpEngine::Impl::allocate_buffers() {
     root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
   const size_t grad_bytes = plan.block_padded * sizeof(float);
   char* scratch = plan.grads_in_head_scratch ? static_cast<char*>(model->share_head_scratch(plan.grad_buffers * grad_bytes)) : nullptr;
-  if (scratch) grads_borrowed = plan.grad_buffers * grad_bytes, head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
+  if (scratch) {
+    grads_borrowed = plan.grad_buffers * grad_bytes;
+    head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
+    head_done = be.make_event();
+  }
   for (size_t i = 0; i < plan.grad_buffers; ++i)
     block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
                                       : be.allocate(grad_bytes, MemKind::Grads));

@@ -80,8 +80,11 @@ struct FsdpEngine::Impl {
     head_wrote = true;
   }
   // Before a backward's first block: what the head left where the gradients accumulate is zeroed (offloaded,
-  // each buffer is zeroed before its block's backward anyway).
+  // each buffer is zeroed before its block's backward anyway), buffer by buffer in the backward's order, on
+  // the gather stream when it has its own (each buffer's grad_reduced then says it is zeroed), so that the
+  // second buffer's zeroing overlaps the first block's backward.
   void grads_take_scratch_back();
+  std::unique_ptr<BackendEvent> head_done;  // compute: the head has written the scratch (with head_shared)
   std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
   bool root_reduction_pending = false;
   // plan.root_split: this rank's token ids, the shard group's and every rank's (the shard group's when

@@ -340,12 +340,25 @@ void FsdpEngine::Impl::begin_backward(const MicroBatch& mb, const BackwardPlan& 
 }
 
 void FsdpEngine::Impl::grads_take_scratch_back() {
-  if (head_wrote && zero_on_comm()) {
-    const int span = tracer.mark_begin("zero the block gradients (the head's scratch)", -1, Lane::Compute);
-    be.zero(block_grad_full[0].data(), head_shared, compute);
-    tracer.mark_end(span);
+  if (!head_wrote || !zero_on_comm()) {
+    head_wrote = false;
+    return;
   }
   head_wrote = false;
+  const Stream s = own_gather_stream() ? gs : compute;
+  if (s != compute) head_done->record(compute), head_done->wait_on(s);
+  const int n = static_cast<int>(block_grad_full.size());
+  const size_t each = block_grad_full[0].bytes();
+  for (int k = 0; k < n; ++k) {
+    const size_t i = static_cast<size_t>(((L - 1 - k) % n + n) % n);  // the buffer of block L - 1 - k
+    const size_t begin = i * each, end = std::min(head_shared, begin + each);
+    if (end <= begin) continue;
+    const int span = tracer.mark_begin("zero block gradients (the head's scratch)", -1,
+                                       s == compute ? Lane::Compute : gather_lane);
+    be.zero(block_grad_full[i].data(), end - begin, s);
+    tracer.mark_end(span);
+    if (s != compute) grad_reduced[i]->record(s);
+  }
 }
 
 void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
