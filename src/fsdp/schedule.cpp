@@ -340,11 +340,9 @@ void FsdpEngine::Impl::begin_backward(const MicroBatch& mb, const BackwardPlan& 
 }
 
 void FsdpEngine::Impl::grads_take_scratch_back() {
-  if (!head_wrote || !zero_on_comm()) {
-    head_wrote = false;
-    return;
-  }
+  const bool wrote = head_wrote && zero_on_comm();
   head_wrote = false;
+  if (!wrote) return;
   const Stream s = own_gather_stream() ? gs : compute;
   if (s != compute) head_done->record(compute), head_done->wait_on(s);
   const int n = static_cast<int>(block_grad_full.size());
