@@ -27,6 +27,7 @@
 #include "cpu_model_test_support.hpp"
 #include "engine.hpp"
 #include "generate.hpp"
+#include "head_scratch_check.hpp"
 #include "shardlm/model.hpp"
 #include "shardlm/train.hpp"
 #include "train_test_support.hpp"
@@ -648,103 +649,19 @@ void expect_offload_changes_nothing(RunConfig (*make)(const std::string&, const 
   }
 }
 
-// The bytes an engine holds on its device, by its own record.
-size_t engine_bytes(const FsdpEngine& e) {
-  const FsdpMemory m = e.memory();
-  return m.master_shard + m.grad_shard + m.full_params + m.full_grads + m.comm_staging + m.activations;
-}
-
-// The full block-gradient buffers in the LM head's scratch (FsdpBufferPlan::grads_in_head_scratch) change
-// nothing: steps with an evaluation and greedy decoding before each micro-step (both write the scratch) give
-// the losses and gradient slices of separate buffers, and the engine holds less by the bytes they share.
-// BLOOM, Llama and Llama with LoRA, every strategy, with and without CPU offload; on one GPU only the
-// offloaded engines have the buffers (one rank accumulates into its slices).
+// The full block-gradient buffers in the LM head's scratch change nothing (head_scratch_check.hpp): BLOOM,
+// Llama and Llama with LoRA in bf16, every strategy, with and without CPU offload; on one GPU only the
+// offloaded engines have the buffers (one rank accumulates into its slices). LoRA's gradient slices bit
+// for bit, the full model's to the order of fp32 atomic sums (the embedding's and the norms' weight
+// gradients), in which two engines of one kind differ as much.
 BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
   for (auto make : {config, llama_config, llama_lora_config})
-    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard,
-                               ShardingStrategy::NoShard})
-      for (bool offload : {false, true}) {
-        RunConfig cfg = make("cuda", "head_scratch", 1);
-        cfg.fsdp.strategy = s;
-        cfg.fsdp.cpu_offload = offload;
-        cfg.fsdp.param_dtype = DType::BF16;
-        // The sharded strategies reducing every micro-step (no sync in full keeps the buffers apart); the
-        // replicated ones with the replicas' all-reduce once a step (no sync for the replicas, shared).
-        const bool replicated = s == ShardingStrategy::HybridShard || s == ShardingStrategy::NoShard;
-        cfg.fsdp.no_sync = replicated ? NoSync::Auto : NoSync::Off;
-        const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
-        const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
-        const int micro = 2;
-        auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.share_head_scratch = false; });
-        auto shared = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
-        const std::string tag = concat(cfg.model.arch, cfg.model.lora.enabled() ? "_lora_" : "_", strategy_name(s),
-                                       offload ? "_offload" : "");
-        BOOST_TEST_CONTEXT(tag) {
-          const FsdpBufferPlan& plan = shared->buffer_plan();
-          BOOST_TEST((plan.no_sync != NoSync::Full));
-          BOOST_TEST(plan.grads_in_head_scratch == (plan.grad_buffers > 0));
-          BOOST_TEST(!apart->buffer_plan().grads_in_head_scratch);
-          if (offload || world_size() > 1) BOOST_TEST(plan.grad_buffers > 0u);
-          BOOST_TEST(shared->memory().full_grads == apart->memory().full_grads);
-          if (plan.grads_in_head_scratch) BOOST_TEST(engine_bytes(*shared) < engine_bytes(*apart));
-          else BOOST_TEST(engine_bytes(*shared) == engine_bytes(*apart));
-          for (FsdpEngine* e : {apart.get(), shared.get()})
-            if (e->lora()) {
-              e->frozen_state(cfg.train.seed);
-              e->frozen_loaded();
-            }
-          const int V = cfg.model.vocab_size, T = cfg.data.max_length;
-          std::mt19937 rng(11 + world_rank());
-          auto batch = [&] {
-            MicroBatch mb;
-            mb.batch = micro, mb.seq = T;
-            for (int i = 0; i < micro * T; ++i) mb.tokens.push_back(static_cast<int32_t>(rng() % V));
-            for (int i = 0; i < micro * T; ++i) mb.targets.push_back(i % 5 == 0 ? -1 : static_cast<int32_t>(rng() % V));
-            mb.target_count = 0;
-            for (int32_t t : mb.targets) mb.target_count += t >= 0;
-            return mb;
-          };
-          const std::vector<int32_t> prompt = {3, 17, 5, 9};
-          const std::vector<int> slots(4, 0), positions = {0, 1, 2, 3}, last = {3};
-          for (int step = 0; step < 3; ++step) {
-            const MicroBatch eval = batch(), train_mb = batch();
-            std::vector<double> losses, norms;
-            std::vector<std::vector<float>> grads;
-            std::vector<int32_t> next;
-            for (FsdpEngine* e : {apart.get(), shared.get()}) {
-              losses.push_back(e->forward_loss(eval));
-              int32_t token = -1;
-              e->decode_begin(1, 8, 4);
-              e->decode_step(prompt.data(), slots.data(), positions.data(), 4, last.data(), 1, &token, nullptr);
-              e->decode_end();
-              next.push_back(token);
-              e->zero_grad();
-              e->last_micro_step();
-              losses.push_back(e->forward_backward(train_mb, 1.0f / train_mb.target_count, 0));
-              norms.push_back(e->grad_norm());
-              for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
-              e->optimizer_step(1e-3, 1.0f);
-            }
-            BOOST_TEST_CONTEXT("step " << step) {
-              BOOST_TEST(losses[2] == losses[0]);  // evaluation
-              BOOST_TEST(losses[3] == losses[1]);  // training
-              BOOST_TEST(next[1] == next[0]);
-              BOOST_TEST(std::fabs(norms[1] - norms[0]) <= 1e-9 * norms[0]);  // (atomic sums of squares)
-              // LoRA's slices bit for bit; the full model's to the order of fp32 atomic sums (the embedding's
-              // and the norms' weight gradients), in which two engines of one kind differ as much.
-              const size_t units = grads.size() / 2;
-              for (size_t u = 0; u < units; ++u) {
-                const std::vector<float>&a = grads[u], &b = grads[units + u];
-                BOOST_TEST_REQUIRE(a.size() == b.size());
-                float gap = 0, scale = 0;
-                for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(a[i]));
-                if (cfg.model.lora.enabled()) BOOST_TEST(gap == 0.0f, "unit " << u);
-                else BOOST_TEST(gap <= 1e-5f * scale, "unit " << u << ": " << gap << " of " << scale);
-              }
-            }
-          }
-        }
-      }
+    for (bool offload : {false, true}) {
+      RunConfig cfg = make("cuda", "head_scratch", 1);
+      cfg.fsdp.cpu_offload = offload;
+      cfg.fsdp.param_dtype = DType::BF16;
+      expect_head_scratch_changes_nothing(cfg, cfg.model.lora.enabled());
+    }
 }
 
 // fp32, every strategy: with accumulation and clipping (updates after the global norm), and without

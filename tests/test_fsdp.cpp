@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu_model_test_support.hpp"
+#include "head_scratch_check.hpp"
 #include "train_test_support.hpp"
 #include "shardlm/fsdp.hpp"
 
@@ -387,6 +388,22 @@ BOOST_AUTO_TEST_CASE(packing_does_not_change_the_step) {
 }
 
 namespace {
+
+// The full block-gradient buffer in the LM head's scratch (the CPU backend's one buffer and 128-token logits
+// chunk) changes no bit (head_scratch_check.hpp): BLOOM, Llama, and Llama with LoRA, every strategy. (One
+// rank has the buffer too: the CPU engine never accumulates into its slices directly.)
+BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
+  for (int kind = 0; kind < 3; ++kind) {
+    RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "head_scratch");
+    if (kind > 0) make_tiny_llama(cfg.model);
+    if (kind == 2) {
+      cfg.model.lora.r = 4;
+      cfg.model.lora.alpha = 8;
+      for (const LinearModule& m : linear_modules(cfg.model)) cfg.model.lora.target_modules.push_back(m.name);
+    }
+    expect_head_scratch_changes_nothing(cfg, true);
+  }
+}
 
 // LoRA (adapters on every linear layer, the base frozen but for the root modules of `saved`, trained
 // whole): every strategy on the world gives the losses of NO_SHARD on one rank, the adapters and the

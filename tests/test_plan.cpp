@@ -588,8 +588,8 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
 // The full block-gradient buffers lie in the LM head's scratch (FsdpBufferPlan::grads_in_head_scratch), which
 // is counted once, under the gradients: the 8B shape on 2 ranks (a 1.05 GB logits chunk inside two 0.87 GB
 // buffers) and BLOOM-560M (two 50 MB buffers inside a larger chunk) plan that much less and hold the same
-// gradient buffers; nothing is shared with no sync in full (every block's buffer kept through the step), on
-// one rank (no buffers), or on the CPU backend (whose head keeps its own).
+// gradient buffers; nothing is shared with no sync in full (every block's buffer kept through the step) or
+// on one rank (no buffers). The CPU backend shares its one buffer with its 128-token logits chunk.
 BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
   const std::string llama8b = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
   for (const std::string& deck : {llama8b, kBloom560m}) {
@@ -619,10 +619,16 @@ BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
       shardlm::MemoryPlanSpec one = s;
       one.world_size = 1;
       BOOST_TEST(shardlm::plan_rank_memory(one).shared_head_scratch == 0u);
+      // The CPU backend: one fp32 buffer and a 128-token logits chunk.
       shardlm::MemoryPlanSpec cpu = s;
       cpu.backend = shardlm::BackendKind::Cpu;
-      cpu.fsdp.param_dtype = shardlm::DType::F32;
-      BOOST_TEST(shardlm::plan_rank_memory(cpu).shared_head_scratch == 0u);
+      const size_t cpu_head = shardlm::unit_model_memory(cpu.model, cpu.backend, shardlm::DType::F32, s.micro_batch,
+                                                         s.max_seq, false).head_scratch;
+      const shardlm::FsdpBufferPlan cb =
+          shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, cpu.fsdp, 2, 1, false, shardlm::DType::F32);
+      BOOST_TEST(cpu_head == 128u * s.model.vocab_size * 4);
+      BOOST_TEST(cb.grad_buffers == 1u);
+      BOOST_TEST(shardlm::plan_rank_memory(cpu).shared_head_scratch == std::min(cpu_head, cb.block_padded * 4));
     }
   }
 }

@@ -336,7 +336,7 @@ class UnitModel {
   // which head() and decode_head() overwrite and nothing reads after they return. Between those calls its
   // holder may keep buffers of its own there (the engine's block gradients). share_head_scratch grows it
   // to at least `bytes` (freeing the old before allocating the new) and says where it is; null, and 0
-  // bytes, where the model has none to share (the CPU models keep theirs inside the family's code).
+  // bytes, where the model has none to share.
   virtual size_t head_scratch_bytes() const { return 0; }
   virtual void* share_head_scratch(size_t /*bytes*/) { return nullptr; }
 
@@ -402,6 +402,9 @@ class CpuModel {
 
   // Bytes of saved activations and workspaces this object holds.
   virtual size_t activation_bytes() const = 0;
+  // UnitModel::head_scratch_bytes and share_head_scratch: head_loss's logits chunk (of activation_bytes).
+  virtual size_t head_scratch_bytes() const { return 0; }
+  virtual float* share_head_scratch(size_t /*bytes*/) { return nullptr; }
 };
 
 // The CPU model of cfg.arch.

@@ -121,6 +121,16 @@ CpuLmHead::CpuLmHead(const char* who, const CpuRootNorm& norm, RootTensor head, 
   out_.allocate(chunk * H, kind);
   grad_.allocate(chunk * H, kind);
   logits_.allocate(chunk * vocab_size, kind);
+  scratch_bytes_ = logits_.size() * sizeof(float);
+}
+
+float* CpuLmHead::share_scratch(size_t bytes) {
+  if (logits_.size() * sizeof(float) < bytes) logits_.allocate((bytes + sizeof(float) - 1) / sizeof(float), MemKind::Activations);
+  return logits_.data();
+}
+
+size_t CpuLmHead::scratch_bytes_for(size_t max_tokens, size_t vocab_size) {
+  return std::min(kHeadChunkTokens, max_tokens) * vocab_size * sizeof(float);
 }
 
 size_t CpuLmHead::bytes() const {
@@ -130,7 +140,8 @@ size_t CpuLmHead::bytes() const {
 
 size_t CpuLmHead::bytes_for(size_t max_tokens, size_t hidden_size, size_t vocab_size) {
   const size_t chunk = std::min(kHeadChunkTokens, max_tokens);
-  return (3 * chunk * hidden_size + chunk + chunk * vocab_size) * sizeof(float) + chunk * sizeof(int32_t);
+  return (3 * chunk * hidden_size + chunk) * sizeof(float) + scratch_bytes_for(max_tokens, vocab_size) +
+         chunk * sizeof(int32_t);
 }
 
 double CpuLmHead::loss(CpuParams root, const float* h, const int32_t* targets, int B, int T, int64_t* count,

@@ -29,6 +29,8 @@ class CpuModelBase : public CpuModel {
   void set_dropout(std::optional<uint64_t> seed) override { lora_.set_dropout(seed); }
   // What the family allocated through allocate_activations, the ends and LoRA's buffers.
   size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + shared_bytes(); }
+  size_t head_scratch_bytes() const override { return head_ ? head_->scratch_bytes() : 0; }
+  float* share_head_scratch(size_t bytes) override { return head_ ? head_->share_scratch(bytes) : nullptr; }
 
  protected:
   // `name` prefixes every error ("BloomCpu::block_forward: ...").

@@ -55,6 +55,8 @@ class CpuUnitModel final : public UnitModel {
     for (int i = 0; i < 2; ++i) floats += hidden_[i].size() + dhidden_[i].size();
     return model_->activation_bytes() + floats * sizeof(float);
   }
+  size_t head_scratch_bytes() const override { return model_->head_scratch_bytes(); }
+  void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
   std::string attention_description() const override { return "cpu"; }
   int length_multiple() const override { return 1; }
 

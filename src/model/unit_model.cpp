@@ -1,6 +1,7 @@
 // make_unit_model and unit_model_memory: the UnitModel of a run on either backend, and what it
 // holds, from the same family record (so that `shardlm plan` and the run agree); the CPU model of
 // cfg.arch and its activation bytes.
+#include "cpu_head.hpp"
 #include "unit_model_internal.hpp"
 #ifdef SHARDLM_HAVE_CUDA
 #include "cuda/cuda_model.hpp"  // the factory's result is destroyed here on errors
@@ -35,8 +36,9 @@ ModelMemory unit_model_memory(const ModelConfig& cfg, BackendKind backend, DType
   if (backend == BackendKind::Cuda)
     return family.cuda_memory(cfg, compute_dtype, max_batch, max_seq, activation_checkpointing);
   // The CPU adapter's hidden states and their gradients, two of each.
-  const size_t hidden = static_cast<size_t>(max_batch) * max_seq * cfg.hidden_size;
-  return ModelMemory{family.cpu_activation_bytes(cfg, max_batch, max_seq) + 4 * hidden * sizeof(float), 0};
+  const size_t tokens = static_cast<size_t>(max_batch) * max_seq, hidden = tokens * cfg.hidden_size;
+  return ModelMemory{family.cpu_activation_bytes(cfg, max_batch, max_seq) + 4 * hidden * sizeof(float), 0,
+                     model_detail::CpuLmHead::scratch_bytes_for(tokens, cfg.vocab_size)};
 }
 
 std::unique_ptr<CpuModel> make_cpu_model(const ModelConfig& cfg, int max_batch, int max_seq) {

@@ -357,9 +357,9 @@ void print_notes(const Plan& plan) {
                       format_bytes(plan.host_budget).c_str());
         break;
       }
-  if (cuda)
-    std::printf("  grads: the full block-gradient buffers (several ranks, or CPU offload) lie in the LM head's logits\n"
-                "  scratch, which is counted there and not under activations (not with fsdp.no_sync = full)\n");
+  std::printf("  grads: the full block-gradient buffers (several ranks%s) lie in the LM head's logits scratch,\n"
+              "  which is counted there and not under activations (not with fsdp.no_sync = full)\n",
+              cuda ? ", or CPU offload" : "");
   if (!cuda)
     std::printf("  (fsdp.cpu_offload and fsdp.activation_checkpointing apply to the CUDA backend only)\n");
 }
