@@ -121,7 +121,6 @@ CpuLmHead::CpuLmHead(const char* who, const CpuRootNorm& norm, RootTensor head, 
   out_.allocate(chunk * H, kind);
   grad_.allocate(chunk * H, kind);
   logits_.allocate(chunk * vocab_size, kind);
-  scratch_bytes_ = logits_.size() * sizeof(float);
 }
 
 float* CpuLmHead::share_scratch(size_t bytes) {

@@ -66,7 +66,7 @@ class CpuLmHead {
   static size_t bytes_for(size_t max_tokens, size_t hidden_size, size_t vocab_size);
   // The logits chunk, loss()'s alone (CpuModel::head_scratch_bytes, share_head_scratch): its bytes as built
   // (scratch_bytes_for without building it), and where it is once grown to at least `bytes`.
-  size_t scratch_bytes() const { return scratch_bytes_; }
+  size_t scratch_bytes() const { return scratch_bytes_for(rows_.size(), static_cast<size_t>(vocab_size_)); }
   float* share_scratch(size_t bytes);
   static size_t scratch_bytes_for(size_t max_tokens, size_t vocab_size);
 
@@ -77,7 +77,6 @@ class CpuLmHead {
   int hidden_size_, vocab_size_;
   Buffer<int32_t> rows_;  // positions of the chunk's tokens
   Buffer<float> xhat_, rstd_, out_, grad_, logits_;
-  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace shardlm::model_detail
