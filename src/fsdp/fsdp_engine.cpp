@@ -101,10 +101,6 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   const std::vector<ParamSlice> slices = m.make_units(state_be, state_on_host, seed, pin_host);
   // Offloaded, the updates write the compute dtype into the upload staging (AdamW::update_slice's out).
   optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
-  if (!state_on_host && optimizer_->fp32_state()) {
-    const size_t k = optimizer_->state_names().size();
-    for (Unit& d : m.units) d.host_state.assign(k, std::vector<float>(d.flat.shard_numel, 0.0f));
-  }
 
   m.allocate_buffers();
   if (opt.cpu_offload)
@@ -122,6 +118,9 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
                                                     const std::function<void(void*, size_t)>& pin_host) {
   const size_t cs = csize();
   std::vector<ParamSlice> slices;
+  // A device master is initialised through one host buffer, reused unit by unit (the largest unit's slice)
+  // and freed after: no host copy of the whole model is kept (checkpoint_state stages one when it is needed).
+  std::vector<float> init_buffer;
   for (size_t u = 0; u < layout.size(); ++u) {
     Unit d;
     d.flat = make_flat_parameter(layout[u], static_cast<int>(u), shard.rank(), shard.size());
@@ -134,10 +133,11 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
       init_unit_slice(layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
                       d.master.as<float>());
     } else {
-      d.host_master.resize(n);
+      if (init_buffer.size() < n) init_buffer.resize(n);
       init_unit_slice(layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
-                      d.host_master.data());
-      be.copy(d.master.data(), d.host_master.data(), n * sizeof(float), CopyKind::HostToDevice, compute);
+                      init_buffer.data());
+      be.copy(d.master.data(), init_buffer.data(), n * sizeof(float), CopyKind::HostToDevice, compute);
+      be.synchronize(compute);  // the buffer is written again by the next unit
     }
     if (lora) {
       d.frozen = make_flat_parameter(frozen_layout[u], static_cast<int>(u), shard.rank(), shard.size());
@@ -363,8 +363,12 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
     float* param = d.master.as<float>();
     std::vector<float*> state;
     for (size_t k = 0; k < names.size(); ++k) state.push_back(optimizer_->state(u, k));
-    if (!d.host_master.empty()) {
-      // Device memory: copied into the host staging the views point at.
+    if (m.state_staged()) {
+      // Device memory: copied into the host staging the views point at, made at the first checkpoint (or
+      // load) and kept for the next (12 bytes an element with AdamW: `plan`'s host/rank).
+      if (d.host_master.empty()) d.host_master.resize(d.flat.shard_numel);
+      if (optimizer_->fp32_state() && d.host_state.size() != names.size())
+        d.host_state.assign(names.size(), std::vector<float>(d.flat.shard_numel));
       backend_->copy(d.host_master.data(), param, d.master.bytes(), CopyKind::DeviceToHost, m.compute);
       for (size_t k = 0; k < state.size() && state[k]; ++k)
         backend_->copy(d.host_state[k].data(), state[k], d.master.bytes(), CopyKind::DeviceToHost, m.compute);
@@ -397,7 +401,7 @@ void FsdpEngine::checkpoint_loaded() {
       for (size_t k = 0; k < d.host_state.size(); ++k) optimizer_->write_state(u, k, d.host_state[k].data());
       d.host_state.clear();
     }
-    if (d.host_master.empty()) continue;  // the loaded host arrays are the state
+    if (!m.state_staged()) continue;  // the loaded host arrays are the state
     backend_->copy(d.master.data(), d.host_master.data(), d.master.bytes(), CopyKind::HostToDevice, m.compute);
     for (size_t k = 0; k < d.host_state.size(); ++k)
       backend_->copy(optimizer_->state(u, k), d.host_state[k].data(), d.master.bytes(), CopyKind::HostToDevice,

@@ -18,8 +18,9 @@ struct FsdpEngine::Unit {
   DeviceArray grad;      // fp32 gradient slice, summed over the micro-steps of a step (not with cpu_offload)
   DeviceArray compute;   // the slice in the compute dtype, when kept (FsdpBufferPlan::compute_slice)
   DeviceArray host_grad; // cpu_offload: the fp32 gradient slice, summed on the host as the reductions arrive
-  std::vector<float> host_master;               // checkpoint staging of a device master
-  std::vector<std::vector<float>> host_state;   // checkpoint staging of device optimizer state
+  // Checkpoint staging of a device master and its optimizer state: empty until the first checkpoint_state.
+  std::vector<float> host_master;
+  std::vector<std::vector<float>> host_state;
   // LoRA: the unit's frozen base weights (EngineLayouts::frozen), this rank's slice in the compute dtype.
   FlatParameter frozen;
   DeviceArray frozen_slice;
@@ -49,6 +50,8 @@ struct FsdpEngine::Impl {
   StepTracer::Lane gather_lane = StepTracer::Lane::Comm;
   bool own_gather_stream() const { return gs != comm; }
   bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
+  // The master and optimizer state are device memory: checkpoints go through the units' host staging.
+  bool state_staged() const { return !host_memory && !opt.cpu_offload; }
   int L = 0;
   size_t max_tokens = 0;  // of a micro-batch
   bool forward_prefetch = false;

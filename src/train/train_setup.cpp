@@ -367,9 +367,17 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
       return run;
     }
   }
+  const Timer built;
   run->engine = make_engine_collectively(cfg, comm, run->topo, run->micro);
   const ModelConfig& mc = cfg.model;
   const FsdpMemory mem = run->engine->memory();
+  // Building a large model takes a while (its initial values are drawn on the host, its buffers allocated):
+  // said when it is long enough to notice.
+  if (const double s = built.seconds(); s >= 5) {
+    char text[96];
+    std::snprintf(text, sizeof(text), "model built in %.1f s (%zu parameters)", s, mem.model_params);
+    run->say(text);
+  }
   // The attention's products are over the query width, heads x head_dim (hidden_size but for Qwen3's own head_dim).
   run->flops_per_token = model_flops_per_token(mem.model_params, mem.trainable_params, mc.num_layers,
                                                mc.num_heads * mc.head_dim(), cfg.data.max_length);
