@@ -22,6 +22,20 @@ inline size_t engine_bytes(const shardlm::FsdpEngine& e) {
   return m.master_shard + m.grad_shard + m.full_params + m.full_grads + m.comm_staging + m.activations;
 }
 
+// grads holds two engines' gradient slices, every unit of the first, then every unit of the second: each
+// unit's two equal bit for bit (exact), or to 1e-5 of the first's largest element.
+inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads, bool exact) {
+  const size_t units = grads.size() / 2;
+  for (size_t u = 0; u < units; ++u) {
+    const std::vector<float>&a = grads[u], &b = grads[units + u];
+    BOOST_TEST_REQUIRE(a.size() == b.size());
+    float gap = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(a[i]));
+    if (exact) BOOST_TEST(gap == 0.0f, "unit " << u);
+    else BOOST_TEST(gap <= 1e-5f * scale, "unit " << u << ": " << gap << " of " << scale);
+  }
+}
+
 // Every strategy of `base` (its backend, model, dtype and offload as given). The sharded strategies reduce
 // every micro-step (no sync in full would keep the buffers apart); the replicated ones all-reduce over the
 // replicas once a step (no sync for the replicas, shared). `exact`: the gradient slices bit for bit, else
@@ -92,15 +106,7 @@ inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, 
           BOOST_TEST(losses[3] == losses[1]);  // training
           BOOST_TEST(next[1] == next[0]);
           BOOST_TEST(std::fabs(norms[1] - norms[0]) <= 1e-9 * norms[0]);  // (the GPU's atomic sums of squares)
-          const size_t units = grads.size() / 2;
-          for (size_t u = 0; u < units; ++u) {
-            const std::vector<float>&a = grads[u], &b = grads[units + u];
-            BOOST_TEST_REQUIRE(a.size() == b.size());
-            float gap = 0, scale = 0;
-            for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(a[i]));
-            if (exact) BOOST_TEST(gap == 0.0f, "unit " << u);
-            else BOOST_TEST(gap <= 1e-5f * scale, "unit " << u << ": " << gap << " of " << scale);
-          }
+          expect_same_grad_slices(grads, exact);
         }
       }
     }

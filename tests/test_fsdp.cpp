@@ -405,6 +405,65 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
   }
 }
 
+// The first block's reduction in two parts (FsdpEngine::Impl::split_first_block: the MLP's part reduced as
+// soon as the block's backward has written it, the attention's after) gives the gradients of the whole
+// reduction: Llama, and Gemma 3 (whose sandwich norm on the attention's output lies before the MLP's part),
+// FULL_SHARD and SHARD_GRAD_OP, two engines of one deck, one with the split off, three steps each. On two
+// ranks bit for bit (each element a sum of two), on more to 1e-5 (of each slice's largest element; the losses
+// after the first step, whose parameters took those differences). One rank's micro-batch is empty in one step.
+BOOST_AUTO_TEST_CASE(first_block_reduced_in_two_parts_changes_nothing) {
+  for (const ModelConfig& model : {model_test::tiny_llama(), model_test::tiny_gemma3()}) {
+    // Where the MLP's part begins: its input norm (Gemma 3's pre-feedforward one).
+    const std::vector<UnitLayout> layout = model_layout(model);
+    const std::string first = model.arch == "gemma3" ? "layers.0.pre_feedforward_layernorm.weight"
+                                                     : "layers.0.post_attention_layernorm.weight";
+    size_t want = 0;
+    for (const TensorSpec& t : layout[1].tensors)
+      if (t.name == first) want = t.offset;
+    BOOST_TEST_REQUIRE(want > 0u);
+    BOOST_TEST(make_cpu_model(model, 1, 8)->backward_tail_begin() == want);
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+      RunConfig cfg = tiny_config(s, "tail_split");
+      static_cast<ModelConfig&>(cfg.model) = model;
+      cfg.fsdp.no_sync = NoSync::Off;
+      const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+      const int micro = 2, V = cfg.model.vocab_size, T = 16;
+      cfg.data.max_length = T;
+      auto whole = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.split_first_block = false; });
+      auto split = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+      std::mt19937 rng(5 + world_rank());
+      BOOST_TEST_CONTEXT(model.arch << " " << strategy_name(s)) {
+        for (int step = 0; step < 3; ++step) {
+          // In the second step the last rank has no tokens (its backward calls no hook; it reduces both parts after).
+          const bool empty = step == 1 && world_size() > 1 && world_rank() == world_size() - 1;
+          MicroBatch mb;
+          mb.batch = empty ? 0 : micro, mb.seq = T;
+          for (int i = 0; i < mb.batch * T; ++i) mb.tokens.push_back(static_cast<int32_t>(rng() % V));
+          for (int i = 0; i < mb.batch * T; ++i) mb.targets.push_back(static_cast<int32_t>(rng() % V));
+          mb.target_count = mb.batch * T;
+          std::vector<double> losses;
+          std::vector<std::vector<float>> grads;
+          for (FsdpEngine* e : {whole.get(), split.get()}) {
+            e->zero_grad();
+            e->last_micro_step();
+            losses.push_back(e->forward_backward(mb, 1.0f / (micro * T), 0));
+            e->grad_norm();
+            for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+            e->optimizer_step(1e-3, 1.0f);
+          }
+          BOOST_TEST_CONTEXT("step " << step) {
+            if (world_size() <= 2) BOOST_TEST(losses[1] == losses[0]);
+            else BOOST_TEST(losses[1] == losses[0], boost::test_tools::tolerance(1e-5));
+            expect_same_grad_slices(grads, world_size() <= 2);
+            for (size_t u = 0; u < grads.size() / 2; ++u)  // (the blocks' and the root's gradients are not zero)
+              BOOST_TEST((!grads[u].empty() && *std::max_element(grads[u].begin(), grads[u].end()) > 0.0f), "unit " << u);
+          }
+        }
+      }
+    }
+  }
+}
+
 // LoRA (adapters on every linear layer, the base frozen but for the root modules of `saved`, trained
 // whole): every strategy on the world gives the losses of NO_SHARD on one rank, the adapters and the
 // saved modules alone carry master, gradient and AdamW state, and the adapted model learns.

@@ -51,6 +51,9 @@ struct FsdpOptions : FsdpSection {
   // The block-gradient buffers may live in the model's head scratch (FsdpBufferPlan::grads_in_head_scratch);
   // tests turn it off to compare.
   bool share_head_scratch = true;
+  // The first block's reduction may go in two parts, its MLP's beside its attention's backward
+  // (Impl::split_first_block); tests turn it off to compare.
+  bool split_first_block = true;
 
   // fsdp.offload_dir set with cpu_offload: AdamW's moments in mapped files.
   bool moments_in_files() const { return cpu_offload && !offload_dir.empty(); }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -339,6 +340,14 @@ class UnitModel {
   // bytes, where the model has none to share.
   virtual size_t head_scratch_bytes() const { return 0; }
   virtual void* share_head_scratch(size_t /*bytes*/) { return nullptr; }
+  // A block's backward in two parts: first the MLP, whose parameters are the unit's flat elements from
+  // backward_tail_begin() on (its input norm, gate|up, down; the engine splits only without LoRA), then the
+  // attention. block_backward calls the hook of set_backward_tail_hook between the two (on the host, as it
+  // queues its work on the stream: what it queues there follows the MLP's gradients), so that their
+  // reduction can start while the attention's backward runs. 0 (the default): not split, the hook is never
+  // called. An empty hook: none.
+  virtual size_t backward_tail_begin() const { return 0; }
+  virtual void set_backward_tail_hook(std::function<void()> /*hook*/) {}
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to
@@ -405,6 +414,9 @@ class CpuModel {
   // UnitModel::head_scratch_bytes and share_head_scratch: head_loss's logits chunk (of activation_bytes).
   virtual size_t head_scratch_bytes() const { return 0; }
   virtual float* share_head_scratch(size_t /*bytes*/) { return nullptr; }
+  // UnitModel::backward_tail_begin and set_backward_tail_hook (the hook called between block_backward's parts).
+  virtual size_t backward_tail_begin() const { return 0; }
+  virtual void set_backward_tail_hook(std::function<void()> /*hook*/) {}
 };
 
 // The CPU model of cfg.arch.

@@ -202,6 +202,7 @@ void FsdpEngine::Impl::allocate_buffers() {
   }
   root_grad_ready = be.make_event();
   root_zeroed = be.make_event();
+  tail_ready = be.make_event();
   if (const RootSplit& rs = plan.root_split; rs.on) {
     split_ids = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
     split_ids_shard = be.allocate(rs.shard_ids * sizeof(int32_t), MemKind::Comm);

@@ -89,6 +89,7 @@ struct FsdpEngine::Impl {
   void grads_take_scratch_back();
   std::unique_ptr<BackendEvent> head_done;  // compute: the head has written the scratch (with head_shared)
   std::unique_ptr<BackendEvent> root_grad_ready, params_written, reductions_done;
+  std::unique_ptr<BackendEvent> tail_ready;  // compute: the first block's MLP gradients are written (split_first_block)
   bool root_reduction_pending = false;
   // plan.root_split: this rank's token ids, the shard group's and every rank's (the shard group's when
   // not replicated), the rows' first occurrences, the packed rows; the head's part reduced (comm).
@@ -284,6 +285,15 @@ struct FsdpEngine::Impl {
   // Before the head's backward: zero the root's gradient, the split's token ids, prefetch the last block.
   void begin_backward(const MicroBatch& mb, const BackwardPlan& bp);
   void backward_blocks(int B, int T, const BackwardPlan& bp);
+  // The first block's reduction is the one nothing hides (the backward ends with it). Where the model splits
+  // its backward (UnitModel::backward_tail_begin), the block's MLP part [tail, end) is reduced as soon as the
+  // model has queued its gradients, beside the block's attention backward, and only [0, tail) after it: the
+  // element `tail` where this micro-step does so, else 0. Each part goes as reduce_range does the root's
+  // head part: to its owners over the shard group. Only a block reduced over the shard group alone (no
+  // replicas, no offload, no LoRA) and on more than one rank.
+  size_t split_first_block(const BackwardPlan& bp) const;
+  // Part [lo, hi) of unit u's full gradient reduced into its slice (reduce_range), traced as `what` (a literal).
+  void reduce_part(size_t u, float* full, size_t lo, size_t hi, const char* what);
   void backward_embedding(const UnitParams& root, const int32_t* tok, const UnitGrads& droot, int B, int T,
                           const BackwardPlan& bp);
 };

@@ -359,8 +359,25 @@ void FsdpEngine::Impl::grads_take_scratch_back() {
   }
 }
 
+size_t FsdpEngine::Impl::split_first_block(const BackwardPlan& bp) const {
+  if (!opt.split_first_block || !bp.reducing || offload || plan.direct_grads || lora || L == 0 || shard.size() < 2 ||
+      replicate.size() > 1)
+    return 0;
+  const size_t tail = model->backward_tail_begin();
+  return tail < units[1].flat.numel ? tail : 0;
+}
+
+void FsdpEngine::Impl::reduce_part(size_t u, float* full, size_t lo, size_t hi, const char* what) {
+  Unit& d = units[u];
+  const int span = tracer.mark_begin(what, -1, Lane::Comm);
+  if (grad_fresh[u]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[u] = 0;  // written in parts
+  reduce_range(d, full, lo, hi);
+  tracer.mark_end(span);
+}
+
 void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
   const bool any = B > 0 && T > 0;
+  const size_t tail = split_first_block(bp);
   grads_take_scratch_back();
   for (int l = L - 1; l >= 0; --l) {
     const UnitParams p = use(1 + l);
@@ -371,6 +388,26 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
     grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
     if (!plan.direct_grads && !zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
     float* grad = full_grad(1 + l);
+    // (Every rank splits alike, one without tokens too: its backward queues nothing, and reduces both parts after.)
+    const bool split = l == 0 && tail > 0;
+    bool tail_reduced = false;
+    const auto reduce_tail = [&] {
+      reduce_part(1, grad, tail, units[1].flat.padded_numel, "reduce unit 1 (MLP part)");
+      tail_reduced = true;
+    };
+    // The hook holds references to this iteration's locals: set for this block's backward alone.
+    struct HookSet {
+      UnitModel* model;
+      ~HookSet() {
+        if (model) model->set_backward_tail_hook({});
+      }
+    } hook_set{split ? model.get() : nullptr};
+    if (split)
+      model->set_backward_tail_hook([&] {
+        tail_ready->record(compute);
+        tail_ready->wait_on(comm);
+        reduce_tail();
+      });
     const int span = tracer.mark_begin("backward unit", 1 + l, Lane::Compute);
     if (any) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
     tracer.mark_end(span);
@@ -378,7 +415,9 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
     if (bp.reducing) {
       grad_ready[gs]->record(compute);
       grad_ready[gs]->wait_on(comm);
-      const Stream done = reduce(1 + l, grad);
+      if (split && !tail_reduced) reduce_tail();  // a backward that did not call the hook (no tokens)
+      if (split) reduce_part(1, grad, 0, tail, "reduce unit 1 (attention part)");
+      const Stream done = split ? comm : reduce(1 + l, grad);
       if (bp.squares) take_squares(1 + l, done);
       if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), done);
       // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.

@@ -3,6 +3,7 @@
 // decoding's cache and scratch); a family adds its blocks, forward, backward and decoding.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <utility>
@@ -31,6 +32,7 @@ class CpuModelBase : public CpuModel {
   size_t activation_bytes() const override { return activation_floats_ * sizeof(float) + shared_bytes(); }
   size_t head_scratch_bytes() const override { return head_ ? head_->scratch_bytes() : 0; }
   float* share_head_scratch(size_t bytes) override { return head_ ? head_->share_scratch(bytes) : nullptr; }
+  void set_backward_tail_hook(std::function<void()> hook) override { tail_hook_ = std::move(hook); }
 
  protected:
   // `name` prefixes every error ("BloomCpu::block_forward: ...").
@@ -70,10 +72,15 @@ class CpuModelBase : public CpuModel {
   int max_batch_, max_seq_;
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows, or null
   CpuLoraBlocks lora_;               // the blocks' adapters (none without LoRA)
+  // block_backward between its MLP and its attention (UnitModel::backward_tail_begin).
+  void backward_tail_done() const {
+    if (tail_hook_) tail_hook_();
+  }
 
  private:
   std::optional<CpuEmbedding> embedding_;
   std::optional<CpuLmHead> head_;
+  std::function<void()> tail_hook_;  // set_backward_tail_hook
   size_t activation_floats_ = 0;  // of the family's buffers
   std::vector<std::pair<int, int>> forward_shapes_;  // B x T of each layer's last block_forward
   KvCache cache_;

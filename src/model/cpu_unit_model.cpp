@@ -57,6 +57,8 @@ class CpuUnitModel final : public UnitModel {
   }
   size_t head_scratch_bytes() const override { return model_->head_scratch_bytes(); }
   void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
+  size_t backward_tail_begin() const override { return model_->backward_tail_begin(); }
+  void set_backward_tail_hook(std::function<void()> hook) override { model_->set_backward_tail_hook(std::move(hook)); }
   std::string attention_description() const override { return "cpu"; }
   int length_multiple() const override { return 1; }
 

@@ -26,6 +26,8 @@ class CudaModelBase : public CudaModel {
   void frozen_weights_changed() override { fp8_.forget_kept(); }
   size_t head_scratch_bytes() const override { return head_scratch_bytes_; }
   void* share_head_scratch(size_t bytes) override;
+  size_t backward_tail_begin() const override { return 0; }  // a family that splits its backward says where
+  void set_backward_tail_hook(std::function<void()> hook) override { tail_hook_ = std::move(hook); }
 
  protected:
   // `name` prefixes every error ("LlamaCuda::block_forward: ..."). alibi: the family's attention is BLOOM's
@@ -82,12 +84,17 @@ class CudaModelBase : public CudaModel {
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
   CudaLoraBlocks lora_;  // the blocks' adapted linear layers (nothing without LoRA)
   Fp8Buffer fp8_;        // model.fp8_linear: the block GEMMs' E4M3 operands (see allocate_step_buffers)
+  // block_backward between its MLP and its attention (UnitModel::backward_tail_begin).
+  void backward_tail_done() const {
+    if (tail_hook_) tail_hook_();
+  }
 
  private:
   DeviceBuffer<char> hidden_;
   DeviceBuffer<char> keys_, values_;
   std::string fp8_note_;
   size_t head_scratch_bytes_ = 0;  // what the head writes of head_ws_ (share_head_scratch may have grown it)
+  std::function<void()> tail_hook_;  // set_backward_tail_hook
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;
 };

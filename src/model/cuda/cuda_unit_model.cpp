@@ -64,6 +64,8 @@ class CudaUnitModel final : public UnitModel {
   void frozen_weights_changed() override { model_->frozen_weights_changed(); }
   size_t head_scratch_bytes() const override { return model_->head_scratch_bytes(); }
   void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
+  size_t backward_tail_begin() const override { return model_->backward_tail_begin(); }
+  void set_backward_tail_hook(std::function<void()> hook) override { model_->set_backward_tail_hook(std::move(hook)); }
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_allocate(slots, max_len, max_rows);

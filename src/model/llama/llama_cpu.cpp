@@ -256,6 +256,7 @@ class LlamaCpu final : public model_detail::CpuModelBase {
   void block_forward(int layer, CpuParams p, const float* h_in, float* h_out, int B, int T) override;
   void block_backward(int layer, CpuParams p, const float* dh_out, float* dh_in, UnitGrads g, int B,
                       int T) override;
+  size_t backward_tail_begin() const override { return tail_begin_; }
   void decode_begin(int slots, int max_len, int max_rows) override;
   void block_decode(int layer, CpuParams p, const float* h_in, float* h_out, int n, const int* slots,
                     const int* positions) override;
@@ -265,6 +266,7 @@ class LlamaCpu final : public model_detail::CpuModelBase {
   BlockCall block_call(int layer, int B, int T, bool forward);
 
   State m_;
+  size_t tail_begin_ = 0;  // llama_backward_tail_begin
 };
 
 }  // namespace
@@ -273,7 +275,10 @@ LlamaCpu::LlamaCpu(const ModelConfig& cfg, int max_batch, int max_seq, const Lla
     : CpuModelBase("LlamaCpu", cfg, max_batch, max_seq) {
   const std::vector<UnitLayout> layout = llama_layout(cfg, options);  // also validates the config
   State& m = m_;
-  if (cfg.num_layers > 0) m.block = block_offsets(layout[1], cfg.rms_norm_eps, options);
+  if (cfg.num_layers > 0) {
+    m.block = block_offsets(layout[1], cfg.rms_norm_eps, options);
+    tail_begin_ = llama_backward_tail_begin(layout[1], m.block);
+  }
 
   m.rope_scale = rope_attention_factor(cfg);
   m.rope.resize(cfg.rope_tables());
@@ -496,6 +501,7 @@ void LlamaCpu::block_backward(int layer, CpuParams p, const float* dh_out, float
   // out = x + mlp(RMSNorm(x)): the residual passes dh_out straight through.
   std::memcpy(dx, dh_out, sizeof(float) * N * H);
   o.post_norm_rows.backward_rows(params, work, a.norm2_xhat.data(), a.norm2_rstd.data(), N, H, dx, g.base);
+  backward_tail_done();  // from tail_begin_ on the unit's gradients are final
 
   // Attention: o_proj (after the norm of its output with sandwich norms), attention itself, rotary (its
   // transpose), then the q/k/v projections.

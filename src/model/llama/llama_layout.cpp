@@ -2,6 +2,7 @@
 // and its rotary frequencies, Llama 3.1's rope_scaling included.
 #include "llama_layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "../model_internal.hpp"
@@ -148,6 +149,15 @@ LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock&
     o.k_norm = at("self_attn.k_norm.weight");
   }
   return o;
+}
+
+size_t llama_backward_tail_begin(const UnitLayout& block, const LlamaBlockOffsets& o) {
+  std::vector<size_t> mlp = {o.post_norm, o.gate, o.up, o.down};
+  if (o.sandwich_norms) mlp.push_back(o.mlp_out_norm);
+  const size_t tail = *std::min_element(mlp.begin(), mlp.end());
+  for (const TensorSpec& t : block.tensors)
+    if (t.offset >= tail && std::find(mlp.begin(), mlp.end(), t.offset) == mlp.end()) return 0;
+  return tail;
 }
 
 float llama_embed_scale(const ModelConfig& cfg, const LlamaBlock& block) {

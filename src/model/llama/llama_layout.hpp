@@ -70,5 +70,8 @@ struct LlamaBlockOffsets {
 // From llama_layout's units, so that the models can never disagree with the layout.
 LlamaRootOffsets llama_root_offsets(const UnitLayout& root, bool tied);
 LlamaBlockOffsets llama_block_offsets(const UnitLayout& block, const LlamaBlock& options);
+// Where the block's MLP part begins in its flat layout (UnitModel::backward_tail_begin): the first of its
+// input norm, gate, up, down (and the norm on its output); 0 unless every tensor from there on is one of them.
+size_t llama_backward_tail_begin(const UnitLayout& block, const LlamaBlockOffsets& o);
 
 }  // namespace shardlm

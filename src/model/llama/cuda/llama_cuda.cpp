@@ -37,6 +37,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
     const size_t H = cfg.hidden_size;
     block_ = {o.input_norm, o.q,      o.q_bias, o.o,           o.post_norm,
               o.gate,       o.down,   o.q_norm, o.k_norm,      o.attn_out_norm, o.mlp_out_norm};
+    tail_begin_ = llama_backward_tail_begin(layout[1], o);
     // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each, and the bias
     // epilogue [q; k; v] biases as one vector.
     SHARDLM_CHECK(o.k == o.q + qw_ * H && o.v == o.q + (qw_ + kvw_) * H && o.up == o.gate + ffn_ * H,
@@ -355,6 +356,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // The residual carries d(out) through: d(h2) = d(out) + RMSNorm backward.
   rmsnorm_backward(grad_.data(), sv.h2.data(), w(block_.post_norm), sv.rstd2.data(), dh, g(block_.post_norm), N, H,
                    true, dt_, s, norm_offset_);
+  backward_tail_done();  // the MLP's gradients are queued: from tail_begin_ on the unit's are final
 
   // h2 = x + context W_o^T (sandwich norms: x + RMSNorm(context W_o^T), its gradient into norm_ first).
   const char* dattn = dh;

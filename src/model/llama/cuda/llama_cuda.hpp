@@ -41,6 +41,7 @@ class LlamaCuda final : public CudaModelBase {
 
   // Every device buffer of training (llama_cuda_sizes(...).total()); the decoding buffers are not.
   size_t activation_bytes() const override;
+  size_t backward_tail_begin() const override { return tail_begin_; }
 
   // ---- greedy decoding with a key/value cache (llama_decode.cpp) ----
   // The cache of `slots` sequences of up to `max_len` positions (kv heads only) and the scratch of
@@ -89,6 +90,7 @@ class LlamaCuda final : public CudaModelBase {
   };
   RootTensors root_{};
   BlockOffsets block_{};
+  size_t tail_begin_ = 0;  // llama_backward_tail_begin
   // The block's projections (LlamaProjection); lora_slots_ maps them to LoRA's module indices (lora_).
   enum Module { kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
   std::vector<LlamaLoraSlot> lora_slots_;
