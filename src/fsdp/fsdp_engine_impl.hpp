@@ -236,7 +236,8 @@ struct FsdpEngine::Impl {
   }
 
   // Reduces elements [lo, hi) of unit d's full gradient as reduce_into_slice does the whole unit: each
-  // rank's part of the range to it over the shard group, then over the replicate group, added to its slice.
+  // rank's part of the range to it over the shard group, then over the replicate group, added to its slice
+  // (zeroed first while it holds nothing of this step: grad_fresh).
   void reduce_range(Unit& d, float* full, size_t lo, size_t hi);
 
   // plan.root_split, after the head's backward: the range it wrote is reduced now, behind the blocks'

@@ -186,6 +186,9 @@ void FsdpEngine::Impl::settle_fresh_grads(Stream s) {
 }
 
 void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) {
+  // The slice is written in parts, each added: a slice with nothing of this step yet is zeroed first.
+  char& fresh = grad_fresh[static_cast<size_t>(&d - units.data())];
+  if (fresh) be.zero(d.grad.data(), d.grad.bytes(), comm), fresh = 0;
   const size_t n = d.flat.shard_numel;
   const int S = shard.size(), me = shard.rank();
   const DType rdt = opt.reduce_dtype;
@@ -220,7 +223,6 @@ void FsdpEngine::Impl::reduce_root_head() {
   if (rs.head_begin == 0 && rs.head_end >= d.flat.numel) {
     reduce_into_slice(d, root_grad());
   } else {
-    if (grad_fresh[0]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[0] = 0;  // written in parts
     reduce_range(d, root_grad(), rs.head_begin, rs.head_end);
   }
   // (int32 ids travel as 4-byte words: a gather copies them bit for bit.)
@@ -368,10 +370,8 @@ size_t FsdpEngine::Impl::split_first_block(const BackwardPlan& bp) const {
 }
 
 void FsdpEngine::Impl::reduce_part(size_t u, float* full, size_t lo, size_t hi, const char* what) {
-  Unit& d = units[u];
   const int span = tracer.mark_begin(what, -1, Lane::Comm);
-  if (grad_fresh[u]) be.zero(d.grad.data(), d.grad.bytes(), comm), grad_fresh[u] = 0;  // written in parts
-  reduce_range(d, full, lo, hi);
+  reduce_range(units[u], full, lo, hi);
   tracer.mark_end(span);
 }
 
