@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -157,6 +158,50 @@ BOOST_AUTO_TEST_CASE(groups_of_each_strategy) {
       check_collectives(dynamic_cast<NcclCommunicator&>(*g.replicate), replicate);
     }
   }
+}
+
+// dist.gather_copy_engine: a group split with the zero-CTA policy hands out symmetric windows (NCCL 2.28+),
+// zeroed, and all-gathers between them, in place (this rank's piece inside the receive window, as the
+// engine's cast-at-gather does) and out of place, give MPI's values; the windows are released with their
+// memory. Without the policy, or with one rank, the group hands out none.
+BOOST_AUTO_TEST_CASE(copy_engine_gathers_between_windows) {
+  const int n = world_size(), r = world_rank();
+  NcclCommunicator world(MPI_COMM_WORLD, gpu().stream, 60, "world");
+  auto plain = world.split(0, r, "plain");
+  BOOST_TEST(!plain->allocate_window(4096));
+  auto ce = world.split(0, r, "copy engine", nullptr, true);
+  const bool offered = n > 1 && cuda::copy_engine_gathers_available();
+  const size_t count = 1 << 20;  // 4 MiB a rank: large enough for the copy engines to be NCCL's choice
+  {
+    std::unique_ptr<DeviceMemory> send = ce->allocate_window(count * sizeof(float));
+    std::unique_ptr<DeviceMemory> recv = ce->allocate_window(n * count * sizeof(float));
+    BOOST_TEST_REQUIRE((send != nullptr) == offered);
+    if (!offered) return;
+    BOOST_TEST(ce->windows() == 2);
+    std::vector<float> host(n * count, 1.0f);
+    SHARDLM_CUDA_CHECK(cudaMemcpy(host.data(), recv->data(), host.size() * 4, cudaMemcpyDeviceToHost));
+    BOOST_TEST(std::count(host.begin(), host.end(), 0.0f) == static_cast<long>(host.size()));  // zeroed
+
+    std::vector<float> mine(count), want(n * count);
+    for (size_t i = 0; i < count; ++i) mine[i] = value(r, i);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i) want[q * count + i] = value(q, i);
+    // Out of place.
+    SHARDLM_CUDA_CHECK(cudaMemcpy(send->data(), mine.data(), count * 4, cudaMemcpyHostToDevice));
+    ce->all_gather(send->data(), recv->data(), count, DType::F32);
+    ce->wait();
+    SHARDLM_CUDA_CHECK(cudaMemcpy(host.data(), recv->data(), host.size() * 4, cudaMemcpyDeviceToHost));
+    BOOST_TEST(host == want);
+    // In place, the pieces of the last gather overwritten first.
+    SHARDLM_CUDA_CHECK(cudaMemset(recv->data(), 0, n * count * 4));
+    float* piece = static_cast<float*>(recv->data()) + r * count;
+    SHARDLM_CUDA_CHECK(cudaMemcpy(piece, mine.data(), count * 4, cudaMemcpyHostToDevice));
+    ce->all_gather(piece, recv->data(), count, DType::F32);
+    ce->wait();
+    SHARDLM_CUDA_CHECK(cudaMemcpy(host.data(), recv->data(), host.size() * 4, cudaMemcpyDeviceToHost));
+    BOOST_TEST(host == want);
+  }
+  BOOST_TEST(ce->windows() == 0);
 }
 
 // A rank that never joins a collective: its peer's wait times out and the job ends, naming the

@@ -158,6 +158,7 @@ struct DistSection {
   double timeout = 600;    // seconds an NCCL wait may make no progress before the job ends (default_dist_timeout())
   bool replicate_stream = true;  // the replicate group's block all-reduces on a stream of their own (NCCL)
   bool gather_stream = true;     // the all-gathers on a stream of their own (NCCL)
+  bool gather_copy_engine = true;  // those all-gathers on the copy engines (NCCL 2.28+, a shard group on one host)
 };
 
 struct CheckpointSection {

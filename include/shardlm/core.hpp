@@ -137,6 +137,28 @@ class Timer {
 // What the planned buffers of a rank hold; reported per rank and compared to `shardlm plan`.
 enum class MemKind { Params, Grads, Optimizer, Activations, Comm, Other, Count };
 
+// Memory of a backend (device memory on the CUDA backend, host memory on the CPU backend; NCCL window
+// memory too), freed when the object goes; its bytes count against the backend's accounting.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An owned, possibly empty, array of backend memory.
+struct DeviceArray {
+  std::unique_ptr<DeviceMemory> memory;
+  void* data() const { return memory ? memory->data() : nullptr; }
+  size_t bytes() const { return memory ? memory->bytes() : 0; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data()); }
+};
+
 struct MemoryStats {
   size_t current[static_cast<int>(MemKind::Count)] = {};
   size_t total_current = 0;

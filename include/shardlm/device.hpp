@@ -34,28 +34,6 @@ int cpu_default_threads(int ranks_on_node);
 
 // ---- the backend interface the FSDP engine runs on ------------------------------------------
 
-// Memory of a backend (device memory on the CUDA backend, host memory on the CPU backend), freed
-// when the object goes; its bytes count against the backend's accounting.
-class DeviceMemory {
- public:
-  virtual ~DeviceMemory() = default;
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-
- protected:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// An owned, possibly empty, array of backend memory.
-struct DeviceArray {
-  std::unique_ptr<DeviceMemory> memory;
-  void* data() const { return memory ? memory->data() : nullptr; }
-  size_t bytes() const { return memory ? memory->bytes() : 0; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data()); }
-};
-
 // A point in a stream that another stream can wait for (nothing to wait for on the CPU).
 class BackendEvent {
  public:

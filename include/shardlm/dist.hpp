@@ -46,6 +46,11 @@ class Communicator {
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   // Sum of a host double over the group's ranks (run statistics such as the gradient norm).
   virtual double host_sum(double v) const = 0;
+  // Collective over the group (every rank, the same sizes in the same order): zeroed device memory that
+  // this group's all-gathers move with the GPU's copy engines instead of its SMs, when both buffers of a
+  // gather are such memory (NCCL symmetric windows on a communicator with the zero-CTA policy,
+  // dist.gather_copy_engine). Null where the group has none to offer: allocate ordinary memory instead.
+  virtual std::unique_ptr<DeviceMemory> allocate_window(size_t /*bytes*/) { return nullptr; }
 };
 
 // The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).

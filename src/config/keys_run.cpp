@@ -39,6 +39,13 @@ DeckSection dist_section() {
                "a reduction; `false` queues gathers and reductions on one stream. Not with `fsdp.cpu_offload`, "
                "which keeps its order on one stream. The same arithmetic either way; the second communicator "
                "costs NCCL's buffers once more"),
+      flag_key("dist.gather_copy_engine", SHARDLM_FIELD(dist.gather_copy_engine))
+          .cuda()
+          .doc("with `dist.gather_stream` and a shard group of several ranks on one host, under NCCL 2.28 or "
+               "later: the all-gathers run on the GPU's copy engines instead of its SMs, so that the compute they "
+               "overlap keeps every SM (the gathered buffers and the compute-dtype slices are NCCL symmetric "
+               "windows, `ncclMemAlloc`'d, on a communicator with the zero-CTA policy). Elsewhere, or `false`, "
+               "NCCL's kernels move them. The same bytes either way"),
   }};
 }
 

@@ -127,7 +127,7 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
     const size_t n = d.flat.shard_numel;
     d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
     if (plan.grad_slices) d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
-    if (plan.compute_slice) d.compute = be.allocate(n * cs, MemKind::Params);
+    if (plan.compute_slice) d.compute = gather_memory(n * cs);
     // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
     if (state_on_host) {
       init_unit_slice(layout[u], static_cast<int>(u), seed, d.flat.shard_begin, d.flat.shard_begin + n,
@@ -141,7 +141,7 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
     }
     if (lora) {
       d.frozen = make_flat_parameter(frozen_layout[u], static_cast<int>(u), shard.rank(), shard.size());
-      d.frozen_slice = be.allocate(d.frozen.shard_numel * cs, MemKind::Params);
+      d.frozen_slice = gather_memory(d.frozen.shard_numel * cs);
     }
     if (opt.cpu_offload) {
       d.host_grad = state_be.allocate(n * sizeof(float), MemKind::Grads);
@@ -161,17 +161,22 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
   return slices;
 }
 
+DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
+  if (own_gather_stream())
+    if (std::unique_ptr<DeviceMemory> window = gatherer->allocate_window(bytes)) return DeviceArray{std::move(window)};
+  return be.allocate(bytes, MemKind::Params);
+}
+
 void FsdpEngine::Impl::allocate_buffers() {
   const size_t cs = csize();
   if (!plan.alias) {
-    root_full = be.allocate(plan.root_padded * cs, MemKind::Params);
-    for (size_t i = 0; i < plan.block_copies; ++i)
-      block_full.push_back(be.allocate(plan.block_padded * cs, MemKind::Params));
+    root_full = gather_memory(plan.root_padded * cs);
+    for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
   }
   if (lora && !plan.frozen_alias) {
-    root_frozen_full = be.allocate(plan.frozen_root_padded * cs, MemKind::Params);
+    root_frozen_full = gather_memory(plan.frozen_root_padded * cs);
     for (size_t i = 0; i < plan.frozen_block_copies; ++i)
-      block_frozen_full.push_back(be.allocate(plan.frozen_block_padded * cs, MemKind::Params));
+      block_frozen_full.push_back(gather_memory(plan.frozen_block_padded * cs));
   }
 
   holder.assign(block_full.size(), -1);

@@ -139,6 +139,9 @@ struct FsdpEngine::Impl {
   std::vector<ParamSlice> make_units(Backend& state_be, bool state_on_host, uint64_t seed,
                                      const std::function<void(void*, size_t)>& pin_host);
   void allocate_buffers();
+  // A buffer an all-gather sends from or lands in: the gathers' communicator's window memory where it has
+  // some (dist.gather_copy_engine: the copy engines move the gather), else the backend's.
+  DeviceArray gather_memory(size_t bytes);
   size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
   // A prefetch queued before this unit's compute must land in another buffer than the one in use.
   bool can_prefetch() const { return !plan.reshard || block_full.size() >= 2; }

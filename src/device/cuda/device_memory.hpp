@@ -8,15 +8,9 @@
 #include <cstddef>
 
 #include "cuda_check.hpp"
+#include "device_memory_count.hpp"
 
 namespace shardlm::cuda {
-
-struct DeviceMemoryStats {
-  size_t current = 0;
-  size_t peak = 0;
-};
-DeviceMemoryStats& device_memory_stats();
-void device_memory_add(ptrdiff_t bytes);
 
 template <typename T>
 class DeviceBuffer {

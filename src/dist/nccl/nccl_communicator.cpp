@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <exception>
 #include <thread>
 
 #include "cuda_check.hpp"
+#include "device_memory_count.hpp"
 
 namespace shardlm::cuda {
 namespace {
@@ -59,15 +61,42 @@ int comm_max_ctas() {
 // Nonblocking communicators: no NCCL call blocks the host (a collective's first use of a connection
 // sets it up with the peer, which hangs with a hung peer under a blocking communicator); calls
 // return ncclInProgress and NcclCommunicator::settle polls them under the timeout.
-ncclConfig_t nonblocking_config() {
+// zero_cta: NCCL_CTA_POLICY_ZERO, under which all-gathers between symmetric windows run on the copy
+// engines (NcclCommunicator::allocate_window).
+ncclConfig_t nonblocking_config(bool zero_cta = false) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
 #if NCCL_VERSION_CODE >= 21700
   config.maxCTAs = comm_max_ctas();
 #endif
+#if NCCL_VERSION_CODE >= 22800
+  if (zero_cta) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+#else
+  (void)zero_cta;
+#endif
   return config;
 }
 #endif
+
+// The NCCL library the process runs with (it may be newer or older than the headers built against).
+int nccl_runtime_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return v;
+}
+
+// Whether every rank of `comm` runs on one host (collective over it).
+bool on_one_host(MPI_Comm comm) {
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0, size = 0, all = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_free(&local);
+  const int here = local_size == size ? 1 : 0;
+  MPI_Allreduce(&here, &all, 1, MPI_INT, MPI_MIN, comm);
+  return all == 1;
+}
 
 int world_rank_of_job() {
   int rank = 0, initialized = 0;
@@ -77,6 +106,40 @@ int world_rank_of_job() {
 }
 
 }  // namespace
+
+bool copy_engine_gathers_available() {
+#if NCCL_VERSION_CODE >= 22800
+  return nccl_runtime_version() >= 22800;
+#else
+  return false;
+#endif
+}
+
+#if NCCL_VERSION_CODE >= 22800
+// Device memory from ncclMemAlloc registered as a symmetric window of one communicator; deregistered
+// (collectively, as it was registered) and freed when it goes.
+class NcclWindowMemory final : public DeviceMemory {
+ public:
+  NcclWindowMemory(NcclCommunicator& owner, void* p, size_t bytes, ncclWindow_t window)
+      : owner_(owner), window_(window) {
+    data_ = p;
+    bytes_ = bytes;
+    device_memory_add(static_cast<ptrdiff_t>(bytes));
+  }
+  ~NcclWindowMemory() override {
+    // Unwinding from an error, the peers may never deregister theirs: the memory goes with the process.
+    if (std::uncaught_exceptions() == 0) {
+      owner_.release_window(window_);
+      ncclMemFree(data_);
+    }
+    device_memory_add(-static_cast<ptrdiff_t>(bytes_));
+  }
+
+ private:
+  NcclCommunicator& owner_;
+  ncclWindow_t window_;
+};
+#endif
 
 int select_device(const Topology& topo) {
   int count = 0;
@@ -107,8 +170,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
-                                   std::string name)
-    : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)) {
+                                   std::string name, bool zero_cta)
+    : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)),
+      zero_cta_(zero_cta) {
   MPI_Comm_rank(mpi_comm_, &rank_);
   MPI_Comm_size(mpi_comm_, &size_);
 }
@@ -215,26 +279,62 @@ void NcclCommunicator::wait() {
     fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_, " s): a peer rank is hung or dead"));
 }
 
+std::unique_ptr<DeviceMemory> NcclCommunicator::allocate_window(size_t bytes) {
+#if NCCL_VERSION_CODE >= 22800
+  if (!zero_cta_ || bytes == 0) return nullptr;
+  void* p = nullptr;
+  last_ = concat("ncclMemAlloc of ", bytes, " bytes");
+  const ncclResult_t rc = ncclMemAlloc(&p, bytes);
+  if (rc != ncclSuccess) {
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    throw Error(concat("out of GPU memory: allocating ", bytes, " bytes (an all-gather window, ncclMemAlloc: ",
+                       ncclGetErrorString(rc), ") with ", free, " of ", total,
+                       " free (lower train.micro_batch_size or data.max_length, or shard more)"));
+  }
+  SHARDLM_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  ncclWindow_t window = nullptr;
+  last_ = concat("ncclCommWindowRegister of ", bytes, " bytes");
+  check(ncclCommWindowRegister(comm_, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister");
+  ++windows_;
+  return std::make_unique<NcclWindowMemory>(*this, p, bytes, window);
+#else
+  (void)bytes;
+  return nullptr;
+#endif
+}
+
+#if NCCL_VERSION_CODE >= 22800
+void NcclCommunicator::release_window(ncclWindow_t window) {
+  last_ = "ncclCommWindowDeregister";
+  check(ncclCommWindowDeregister(comm_, window), "ncclCommWindowDeregister");
+  --windows_;
+}
+#endif
+
 double NcclCommunicator::host_sum(double v) const {
   double out = 0;
   MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, mpi_comm_);
   return out;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name, cudaStream_t stream) {
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name, cudaStream_t stream,
+                                                         bool zero_cta) {
   if (!stream) stream = stream_;
   MPI_Comm sub;
   MPI_Comm_split(mpi_comm_, color, key, &sub);
+  // Copy-engine gathers need the group on one host (NCCL's symmetric windows); all its ranks agree.
+  zero_cta = zero_cta && copy_engine_gathers_available() && on_one_host(sub);
 #if NCCL_VERSION_CODE >= 21800
   ncclComm_t child = nullptr;
   last_ = "ncclCommSplit";
-  ncclConfig_t config = nonblocking_config();
+  ncclConfig_t config = nonblocking_config(zero_cta);
   ncclResult_t rc = ncclCommSplit(comm_, color, key, &child, &config);
   // Nonblocking, the split is done when both the child and the parent have settled.
   if (rc == ncclInProgress && child) rc = settle(child, "ncclCommSplit");
   if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(comm_, "ncclCommSplit");
   check(rc, "ncclCommSplit");
-  return std::make_unique<NcclCommunicator>(child, sub, stream, timeout_s_, std::move(name));
+  return std::make_unique<NcclCommunicator>(child, sub, stream, timeout_s_, std::move(name), zero_cta);
 #else
   auto made = std::make_unique<NcclCommunicator>(sub, stream, timeout_s_, std::move(name));
   MPI_Comm_free(&sub);
@@ -244,7 +344,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream,
-                                       cudaStream_t gather_stream) {
+                                       cudaStream_t gather_stream, bool copy_engine_gathers) {
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
@@ -254,7 +354,8 @@ ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, Sha
   if (replicate_stream && layout.replicate_size > 1)
     g.replicate_overlap = w->split(layout.replicate_color, layout.replicate_key, "replicate (overlap)", replicate_stream);
   if (gather_stream && layout.shard_size > 1)
-    g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream);
+    g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream,
+                              copy_engine_gathers);
   g.world = std::move(w);
   return g;
 }

@@ -26,8 +26,10 @@ class NcclCommunicator : public Communicator {
   // Collective over `comm`: rank 0 makes the unique id and broadcasts it over MPI. The
   // communicator enqueues its collectives on `stream` (the caller's communication stream).
   NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double timeout_s, std::string name);
-  // Takes an existing NCCL communicator (from ncclCommSplit).
-  NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s, std::string name);
+  // Takes an existing NCCL communicator (from ncclCommSplit); zero_cta: it was made with NCCL's
+  // zero-CTA policy (allocate_window then hands out symmetric windows).
+  NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s, std::string name,
+                   bool zero_cta = false);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -41,13 +43,24 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  // On a zero-CTA communicator (split with zero_cta, NCCL 2.28+): ncclMemAlloc'd memory registered as a
+  // symmetric window, so that an all-gather between two such buffers runs on the copy engines; else null.
+  std::unique_ptr<DeviceMemory> allocate_window(size_t bytes) override;
+  // The windows allocate_window has handed out that are still registered.
+  int windows() const { return windows_; }
+#if NCCL_VERSION_CODE >= 22800
+  // Deregisters a window of allocate_window's (collective, in the order they were registered).
+  void release_window(ncclWindow_t window);
+#endif
 
   cudaStream_t stream() const { return stream_; }
   ncclComm_t nccl() const { return comm_; }
   // Splits this communicator (collective over it): ranks with the same color form a group,
   // ordered by key, enqueuing on `stream` (null: this one's). Uses ncclCommSplit where NCCL has it,
-  // else a fresh MPI bootstrap.
-  std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name, cudaStream_t stream = nullptr);
+  // else a fresh MPI bootstrap. zero_cta: the new group takes NCCL's zero-CTA policy, where NCCL has it
+  // (copy_engine_gathers_available) and the group is on one host; else it is ignored.
+  std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name, cudaStream_t stream = nullptr,
+                                          bool zero_cta = false);
   // Blocks until everything enqueued on stream() has finished, polling NCCL's asynchronous error
   // state; on an error or after the timeout, aborts the communicator and the MPI job with a
   // message naming this rank, the group and the last collective.
@@ -72,15 +85,22 @@ class NcclCommunicator : public Communicator {
   std::string last_;  // the last collective enqueued, for error messages
   int rank_ = 0;
   int size_ = 1;
+  bool zero_cta_ = false;
+  int windows_ = 0;
 };
+
+// Whether the NCCL the process runs with (2.28 or later, as built against) moves all-gathers between
+// symmetric windows with the copy engines.
+bool copy_engine_gathers_available();
 
 // The FSDP process groups on NCCL, shaped as make_mpi_process_groups's: world, shard and replicate.
 // All three enqueue on `stream`. With `replicate_stream` and a replicate group of several ranks, the
 // replicate group once more on that stream (ProcessGroups::replicate_overlap); with `gather_stream` and
-// a shard group of several, the shard group once more on it (ProcessGroups::shard_gather). timeout_s
-// bounds every wait (dist.timeout in the deck).
+// a shard group of several, the shard group once more on it (ProcessGroups::shard_gather), with the
+// zero-CTA policy when copy_engine_gathers (dist.gather_copy_engine). timeout_s bounds every wait
+// (dist.timeout in the deck).
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr,
-                                       cudaStream_t gather_stream = nullptr);
+                                       cudaStream_t gather_stream = nullptr, bool copy_engine_gathers = false);
 
 }  // namespace shardlm::cuda

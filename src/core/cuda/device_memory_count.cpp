@@ -1,5 +1,5 @@
-// The process's count of device bytes held by DeviceBuffer (device_memory.hpp): current and peak.
-#include "device_memory.hpp"
+// The process's count of device bytes its buffers hold (device_memory_count.hpp): current and peak.
+#include "device_memory_count.hpp"
 
 #include <algorithm>
 
