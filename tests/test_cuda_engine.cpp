@@ -512,40 +512,46 @@ BOOST_AUTO_TEST_CASE(separate_communication_streams_give_one_streams_losses) {
       }
 }
 
-// dist.gather_copy_engine: the all-gathers on the copy engines (between NCCL symmetric windows) move the same
-// bytes as NCCL's kernels: the same losses bit for bit (and norms to the embedding's atomics), FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD
-// (2 x 2 on 4 ranks), bf16 parameters (each rank casts its piece into the gathered buffer: in place), LoRA
-// (the frozen base's gathers too). The engine made its gathered buffers windows where NCCL offers them.
-BOOST_AUTO_TEST_CASE(copy_engine_gathers_change_nothing) {
+// dist.gather_copy_engine and dist.symmetric_reductions: the all-gathers on the copy engines (between NCCL
+// symmetric windows) move the same bytes as NCCL's kernels, and the symmetric reduce-scatters make the same
+// sums on 2 ranks (on 4, in another order): the same losses, bit for bit on 2 ranks (and norms to the
+// embedding's atomics), FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD (2 x 2 on 4 ranks), bf16 parameters (each
+// rank casts its piece into the gathered buffer: in place), LoRA (the frozen base's gathers too), the block
+// gradients in the LM head's scratch (lent to the model as a window). The engine made its gathered buffers
+// and its block gradients windows where NCCL offers them.
+BOOST_AUTO_TEST_CASE(nccl_windows_change_nothing) {
+  const double exact = world_size() <= 2 ? 0.0 : 1e-6;
   for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard})
     for (bool lora : {false, true}) {
       const std::string tag = concat(strategy_name(s), lora ? "_lora" : "");
-      RunConfig kernels = llama_config("cuda", "gathers_by_kernels_" + tag, 6);
+      RunConfig kernels = llama_config("cuda", "nccl_kernels_" + tag, 6);
       kernels.fsdp.strategy = s;
       kernels.fsdp.param_dtype = DType::BF16;
       if (lora) kernels = with_lora(kernels);
       if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) kernels.dist.ranks_per_node = world_size() / 2;
-      kernels.dist.gather_copy_engine = false;
-      RunConfig engines = kernels;
-      engines.dist.gather_copy_engine = true;
-      engines.run.dir = concat(kernels.run.dir, "_ce");
+      kernels.dist.gather_copy_engine = kernels.dist.symmetric_reductions = false;
+      RunConfig windows = kernels;
+      windows.dist.gather_copy_engine = windows.dist.symmetric_reductions = true;
+      windows.run.dir = concat(kernels.run.dir, "_windows");
       const TrainResult a = train(kernels, MPI_COMM_WORLD, quiet());
-      const TrainResult b = train(engines, MPI_COMM_WORLD, quiet());
+      const TrainResult b = train(windows, MPI_COMM_WORLD, quiet());
       BOOST_TEST_CONTEXT(tag) {
         BOOST_TEST_REQUIRE(b.step_losses.size() == 6u);
-        BOOST_TEST(b.step_losses == a.step_losses);
+        BOOST_TEST(max_relative(b.step_losses, a.step_losses) <= exact);
         // (The embedding's backward adds its rows' gradients with fp32 atomics, in any order: the gradients,
         // and so the norms, differ in their last bits from run to run; the bf16 parameters hide it.)
-        BOOST_TEST(max_relative(b.grad_norms, a.grad_norms) < 1e-8);
+        BOOST_TEST(max_relative(b.grad_norms, a.grad_norms) < 1e-6);
       }
     }
-  RunConfig cfg = llama_config("cuda", "gather_windows", 1);
+  RunConfig cfg = llama_config("cuda", "nccl_windows", 1);
   cfg.fsdp.param_dtype = DType::BF16;
   const Topology topo = make_topology(MPI_COMM_WORLD, 0);
   std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
   auto* gatherer = dynamic_cast<cuda::NcclCommunicator*>(engine->groups().shard_gather.get());
+  auto* shard = dynamic_cast<cuda::NcclCommunicator*>(engine->groups().shard.get());
   const bool offered = world_size() > 1 && cuda::copy_engine_gathers_available();
   BOOST_TEST((gatherer != nullptr && gatherer->windows() > 0) == offered);
+  BOOST_TEST((shard != nullptr && shard->windows() > 0) == offered);
 }
 
 BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {

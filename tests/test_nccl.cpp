@@ -204,6 +204,28 @@ BOOST_AUTO_TEST_CASE(copy_engine_gathers_between_windows) {
   BOOST_TEST(ce->windows() == 0);
 }
 
+// dist.symmetric_reductions: a group split with windows hands out symmetric windows, and a reduce-scatter in
+// place in one (NCCL's symmetric kernels) gives MPI's sums.
+BOOST_AUTO_TEST_CASE(reduce_scatter_in_a_window) {
+  const int n = world_size(), r = world_rank();
+  NcclCommunicator world(MPI_COMM_WORLD, gpu().stream, 60, "world");
+  auto shard = world.split(0, r, "symmetric", nullptr, false, true);
+  const size_t count = (1 << 20) + 7;
+  std::unique_ptr<DeviceMemory> full = shard->allocate_window(n * count * sizeof(float));
+  BOOST_TEST_REQUIRE((full != nullptr) == (n > 1 && cuda::copy_engine_gathers_available()));
+  if (!full) return;
+  std::vector<float> mine(n * count), want(count, 0.0f), got(count);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, i);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) want[i] += value(q, r * count + i);
+  SHARDLM_CUDA_CHECK(cudaMemcpy(full->data(), mine.data(), mine.size() * 4, cudaMemcpyHostToDevice));
+  float* piece = static_cast<float*>(full->data()) + r * count;
+  shard->reduce_scatter(full->data(), piece, count, DType::F32, ReduceOp::Sum);
+  shard->wait();
+  SHARDLM_CUDA_CHECK(cudaMemcpy(got.data(), piece, count * 4, cudaMemcpyDeviceToHost));
+  BOOST_TEST(got == want);
+}
+
 // A rank that never joins a collective: its peer's wait times out and the job ends, naming the
 // group and the collective. Driven from the 1-rank run; needs 2 GPUs.
 BOOST_AUTO_TEST_CASE(a_hung_peer_ends_the_job_with_a_message) {

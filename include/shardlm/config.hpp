@@ -159,6 +159,7 @@ struct DistSection {
   bool replicate_stream = true;  // the replicate group's block all-reduces on a stream of their own (NCCL)
   bool gather_stream = true;     // the all-gathers on a stream of their own (NCCL)
   bool gather_copy_engine = true;  // those all-gathers on the copy engines (NCCL 2.28+, a shard group on one host)
+  bool symmetric_reductions = true;  // the block gradients in NCCL symmetric windows (NCCL 2.28+, one host)
 };
 
 struct CheckpointSection {

@@ -46,6 +46,13 @@ DeckSection dist_section() {
                "overlap keeps every SM (the gathered buffers and the compute-dtype slices are NCCL symmetric "
                "windows, `ncclMemAlloc`'d, on a communicator with the zero-CTA policy). Elsewhere, or `false`, "
                "NCCL's kernels move them. The same bytes either way"),
+      flag_key("dist.symmetric_reductions", SHARDLM_FIELD(dist.symmetric_reductions))
+          .cuda()
+          .doc("with a shard group of several ranks on one host, under NCCL 2.28 or later: the blocks' gradient "
+               "buffers (and the LM head's scratch, when they lie in it) are NCCL symmetric windows of the shard "
+               "group, `ncclMemAlloc`'d, so that NCCL reduce-scatters them with its symmetric kernels, which read "
+               "the peers' buffers directly and take fewer SMs (9 thread blocks instead of 32 on 2 x H200). "
+               "Elsewhere, or `false`, NCCL's ring kernels. The same sums on 2 ranks; on more, to rounding"),
   }};
 }
 

@@ -167,6 +167,11 @@ DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
   return be.allocate(bytes, MemKind::Params);
 }
 
+DeviceArray FsdpEngine::Impl::reduction_memory(size_t bytes) {
+  if (std::unique_ptr<DeviceMemory> window = shard.allocate_window(bytes)) return DeviceArray{std::move(window)};
+  return be.allocate(bytes, MemKind::Grads);
+}
+
 void FsdpEngine::Impl::allocate_buffers() {
   const size_t cs = csize();
   if (!plan.alias) {
@@ -186,7 +191,14 @@ void FsdpEngine::Impl::allocate_buffers() {
   if (!plan.direct_grads)
     root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
   const size_t grad_bytes = plan.block_padded * sizeof(float);
-  char* scratch = plan.grads_in_head_scratch ? static_cast<char*>(model->share_head_scratch(plan.grad_buffers * grad_bytes)) : nullptr;
+  // The block gradients are reduce-scattered in place: in the shard group's window memory where it has some
+  // (dist.symmetric_reductions), lent to the model as its head scratch when they share it.
+  char* scratch = nullptr;
+  if (plan.grads_in_head_scratch) {
+    const size_t want = plan.grad_buffers * grad_bytes;
+    scratch = static_cast<char*>(model->lend_head_scratch(want, [this](size_t n) { return shard.allocate_window(n); }));
+    if (!scratch) scratch = static_cast<char*>(model->share_head_scratch(want));
+  }
   if (scratch) {
     grads_borrowed = plan.grad_buffers * grad_bytes;
     head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
@@ -194,7 +206,7 @@ void FsdpEngine::Impl::allocate_buffers() {
   }
   for (size_t i = 0; i < plan.grad_buffers; ++i)
     block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
-                                      : be.allocate(grad_bytes, MemKind::Grads));
+                                      : reduction_memory(grad_bytes));
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
   grad_fresh.assign(units.size(), 0);

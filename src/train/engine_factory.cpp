@@ -93,7 +93,8 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     groups = cuda::make_nccl_process_groups(
         comm, topo, cfg.fsdp.strategy, static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout,
         overlap ? static_cast<cudaStream_t>(backend->replicate_stream()) : nullptr,
-        gathers ? static_cast<cudaStream_t>(backend->gather_stream()) : nullptr, cfg.dist.gather_copy_engine);
+        gathers ? static_cast<cudaStream_t>(backend->gather_stream()) : nullptr, cfg.dist.gather_copy_engine,
+        cfg.dist.symmetric_reductions);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in
     // fsdp.offload_dir's mapped files when set).
     if (cfg.fsdp.cpu_offload)

@@ -170,9 +170,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
-                                   std::string name, bool zero_cta)
+                                   std::string name, bool zero_cta, bool windows)
     : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)),
-      zero_cta_(zero_cta) {
+      zero_cta_(zero_cta), windows_offered_(zero_cta || windows) {
   MPI_Comm_rank(mpi_comm_, &rank_);
   MPI_Comm_size(mpi_comm_, &size_);
 }
@@ -281,7 +281,7 @@ void NcclCommunicator::wait() {
 
 std::unique_ptr<DeviceMemory> NcclCommunicator::allocate_window(size_t bytes) {
 #if NCCL_VERSION_CODE >= 22800
-  if (!zero_cta_ || bytes == 0) return nullptr;
+  if (!windows_offered_ || bytes == 0) return nullptr;
   void* p = nullptr;
   last_ = concat("ncclMemAlloc of ", bytes, " bytes");
   const ncclResult_t rc = ncclMemAlloc(&p, bytes);
@@ -319,12 +319,15 @@ double NcclCommunicator::host_sum(double v) const {
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, std::string name, cudaStream_t stream,
-                                                         bool zero_cta) {
+                                                         bool zero_cta, bool windows) {
   if (!stream) stream = stream_;
   MPI_Comm sub;
   MPI_Comm_split(mpi_comm_, color, key, &sub);
-  // Copy-engine gathers need the group on one host (NCCL's symmetric windows); all its ranks agree.
-  zero_cta = zero_cta && copy_engine_gathers_available() && on_one_host(sub);
+  int sub_size = 1;
+  MPI_Comm_size(sub, &sub_size);
+  // NCCL's symmetric windows (and so the copy-engine gathers) need the group on one host; all its ranks agree.
+  if ((zero_cta || windows) && !(sub_size > 1 && copy_engine_gathers_available() && on_one_host(sub)))
+    zero_cta = windows = false;
 #if NCCL_VERSION_CODE >= 21800
   ncclComm_t child = nullptr;
   last_ = "ncclCommSplit";
@@ -334,7 +337,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
   if (rc == ncclInProgress && child) rc = settle(child, "ncclCommSplit");
   if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(comm_, "ncclCommSplit");
   check(rc, "ncclCommSplit");
-  return std::make_unique<NcclCommunicator>(child, sub, stream, timeout_s_, std::move(name), zero_cta);
+  return std::make_unique<NcclCommunicator>(child, sub, stream, timeout_s_, std::move(name), zero_cta, windows);
 #else
   auto made = std::make_unique<NcclCommunicator>(sub, stream, timeout_s_, std::move(name));
   MPI_Comm_free(&sub);
@@ -344,11 +347,11 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream,
-                                       cudaStream_t gather_stream, bool copy_engine_gathers) {
+                                       cudaStream_t gather_stream, bool copy_engine_gathers, bool symmetric_reductions) {
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
-  g.shard = w->split(layout.shard_color, layout.shard_key, "shard");
+  g.shard = w->split(layout.shard_color, layout.shard_key, "shard", nullptr, false, symmetric_reductions);
   g.replicate = w->split(layout.replicate_color, layout.replicate_key, "replicate");
   // (Every rank's groups have the same sizes: all split, or none.)
   if (replicate_stream && layout.replicate_size > 1)

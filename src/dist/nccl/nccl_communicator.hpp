@@ -27,9 +27,9 @@ class NcclCommunicator : public Communicator {
   // communicator enqueues its collectives on `stream` (the caller's communication stream).
   NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double timeout_s, std::string name);
   // Takes an existing NCCL communicator (from ncclCommSplit); zero_cta: it was made with NCCL's
-  // zero-CTA policy (allocate_window then hands out symmetric windows).
+  // zero-CTA policy; windows: allocate_window hands out symmetric windows (zero_cta implies it).
   NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s, std::string name,
-                   bool zero_cta = false);
+                   bool zero_cta = false, bool windows = false);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -43,8 +43,9 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  // On a zero-CTA communicator (split with zero_cta, NCCL 2.28+): ncclMemAlloc'd memory registered as a
-  // symmetric window, so that an all-gather between two such buffers runs on the copy engines; else null.
+  // On a communicator split with zero_cta or windows (NCCL 2.28+): ncclMemAlloc'd memory registered as a
+  // symmetric window, so that an all-gather between two such buffers runs on the copy engines (zero-CTA)
+  // and a reduce-scatter in one runs NCCL's symmetric kernels (fewer SMs); else null.
   std::unique_ptr<DeviceMemory> allocate_window(size_t bytes) override;
   // The windows allocate_window has handed out that are still registered.
   int windows() const { return windows_; }
@@ -57,10 +58,11 @@ class NcclCommunicator : public Communicator {
   ncclComm_t nccl() const { return comm_; }
   // Splits this communicator (collective over it): ranks with the same color form a group,
   // ordered by key, enqueuing on `stream` (null: this one's). Uses ncclCommSplit where NCCL has it,
-  // else a fresh MPI bootstrap. zero_cta: the new group takes NCCL's zero-CTA policy, where NCCL has it
-  // (copy_engine_gathers_available) and the group is on one host; else it is ignored.
+  // else a fresh MPI bootstrap. zero_cta: the new group takes NCCL's zero-CTA policy and hands out
+  // symmetric windows; windows: it hands out symmetric windows. Either only where NCCL has them
+  // (copy_engine_gathers_available) and the group has several ranks, all on one host; else ignored.
   std::unique_ptr<NcclCommunicator> split(int color, int key, std::string name, cudaStream_t stream = nullptr,
-                                          bool zero_cta = false);
+                                          bool zero_cta = false, bool windows = false);
   // Blocks until everything enqueued on stream() has finished, polling NCCL's asynchronous error
   // state; on an error or after the timeout, aborts the communicator and the MPI job with a
   // message naming this rank, the group and the last collective.
@@ -86,6 +88,7 @@ class NcclCommunicator : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool zero_cta_ = false;
+  bool windows_offered_ = false;  // allocate_window hands out windows
   int windows_ = 0;
 };
 
@@ -97,10 +100,12 @@ bool copy_engine_gathers_available();
 // All three enqueue on `stream`. With `replicate_stream` and a replicate group of several ranks, the
 // replicate group once more on that stream (ProcessGroups::replicate_overlap); with `gather_stream` and
 // a shard group of several, the shard group once more on it (ProcessGroups::shard_gather), with the
-// zero-CTA policy when copy_engine_gathers (dist.gather_copy_engine). timeout_s bounds every wait
+// zero-CTA policy when copy_engine_gathers (dist.gather_copy_engine). symmetric_reductions
+// (dist.symmetric_reductions): the shard group hands out symmetric windows. timeout_s bounds every wait
 // (dist.timeout in the deck).
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr,
-                                       cudaStream_t gather_stream = nullptr, bool copy_engine_gathers = false);
+                                       cudaStream_t gather_stream = nullptr, bool copy_engine_gathers = false,
+                                       bool symmetric_reductions = false);
 
 }  // namespace shardlm::cuda

@@ -55,6 +55,7 @@ class CudaModel {
   virtual void frozen_weights_changed() = 0;        // UnitModel::frozen_weights_changed
   virtual size_t head_scratch_bytes() const = 0;    // UnitModel::head_scratch_bytes
   virtual void* share_head_scratch(size_t bytes) = 0;  // UnitModel::share_head_scratch
+  virtual void* lend_head_scratch(size_t bytes, const UnitModel::LendScratch& allocate) = 0;  // UnitModel's
   virtual size_t backward_tail_begin() const = 0;   // UnitModel::backward_tail_begin
   virtual void set_backward_tail_hook(std::function<void()> hook) = 0;  // UnitModel::set_backward_tail_hook
   virtual const ModelConfig& config() const = 0;

@@ -53,8 +53,17 @@ void CudaModelBase::allocate_step_buffers(size_t hidden_bytes, size_t attention_
 }
 
 void* CudaModelBase::share_head_scratch(size_t bytes) {
+  if (head_lent_) return head_lent_->bytes() >= bytes ? head_lent_->data() : nullptr;
   if (head_ws_.size() < bytes) head_ws_.allocate(bytes);  // (allocate frees the old first)
   return head_ws_.data();
+}
+
+void* CudaModelBase::lend_head_scratch(size_t bytes, const UnitModel::LendScratch& allocate) {
+  const size_t n = std::max(bytes, head_scratch_bytes_);
+  head_ws_.release();
+  head_lent_ = allocate(n);
+  if (!head_lent_) head_ws_.allocate(n);
+  return head_scratch();
 }
 
 void CudaModelBase::allocate_cache(int slots, int max_len, int max_rows, int kv_heads) {
@@ -91,7 +100,7 @@ bool CudaModelBase::gather_head_rows(const void* hidden, const int32_t* rows, in
 void CudaModelBase::head_argmax(const void* normed, int m, const void* head, int chunk, int32_t* next, float* logits,
                                 cudaStream_t s) {
   decode_head_rows(gemm_, normed, m, cfg_.hidden_size, head, cfg_.vocab_size, chunk,
-                   reinterpret_cast<float*>(head_ws_.data()), next, logits, dt_, s);
+                   reinterpret_cast<float*>(head_scratch()), next, logits, dt_, s);
 }
 
 }  // namespace shardlm::cuda

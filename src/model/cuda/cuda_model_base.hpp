@@ -26,6 +26,7 @@ class CudaModelBase : public CudaModel {
   void frozen_weights_changed() override { fp8_.forget_kept(); }
   size_t head_scratch_bytes() const override { return head_scratch_bytes_; }
   void* share_head_scratch(size_t bytes) override;
+  void* lend_head_scratch(size_t bytes, const UnitModel::LendScratch& allocate) override;
   size_t backward_tail_begin() const override { return 0; }  // a family that splits its backward says where
   void set_backward_tail_hook(std::function<void()> hook) override { tail_hook_ = std::move(hook); }
 
@@ -49,7 +50,8 @@ class CudaModelBase : public CudaModel {
   void allocate_step_buffers(size_t hidden_bytes, size_t attention_workspace_bytes, size_t head_workspace_bytes,
                              const Fp8ScratchSize& fp8);
   size_t step_buffer_bytes() const {
-    return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes() + fp8_.bytes() + lora_.bytes();
+    return hidden_.bytes() + attn_ws_.bytes() + head_ws_.bytes() + (head_lent_ ? head_lent_->bytes() : 0) +
+           fp8_.bytes() + lora_.bytes();
   }
   char* hidden(int l) { return hidden_.data() + static_cast<size_t>(l) * max_tokens_ * cfg_.hidden_size * dsize_; }
 
@@ -82,6 +84,8 @@ class CudaModelBase : public CudaModel {
   AttentionPath attention_;  // cuDNN's fused attention or the family's native kernels, chosen before its sizes_
   const int32_t* starts_ = nullptr;  // set_sample_starts: the micro-batch's packed rows (device), or null
   DeviceBuffer<char> attn_ws_, head_ws_;  // see allocate_step_buffers; the head's also holds decoding's logits
+  // The head's scratch: head_ws_, or the memory lent in its place (lend_head_scratch).
+  char* head_scratch() const { return head_lent_ ? static_cast<char*>(head_lent_->data()) : head_ws_.data(); }
   CudaLoraBlocks lora_;  // the blocks' adapted linear layers (nothing without LoRA)
   Fp8Buffer fp8_;        // model.fp8_linear: the block GEMMs' E4M3 operands (see allocate_step_buffers)
   // block_backward between its MLP and its attention (UnitModel::backward_tail_begin).
@@ -94,6 +98,7 @@ class CudaModelBase : public CudaModel {
   DeviceBuffer<char> keys_, values_;
   std::string fp8_note_;
   size_t head_scratch_bytes_ = 0;  // what the head writes of head_ws_ (share_head_scratch may have grown it)
+  std::unique_ptr<DeviceMemory> head_lent_;  // lend_head_scratch's memory, in head_ws_'s place
   std::function<void()> tail_hook_;  // set_backward_tail_hook
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;

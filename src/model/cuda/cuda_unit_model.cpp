@@ -64,6 +64,9 @@ class CudaUnitModel final : public UnitModel {
   void frozen_weights_changed() override { model_->frozen_weights_changed(); }
   size_t head_scratch_bytes() const override { return model_->head_scratch_bytes(); }
   void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
+  void* lend_head_scratch(size_t bytes, const LendScratch& allocate) override {
+    return model_->lend_head_scratch(bytes, allocate);
+  }
   size_t backward_tail_begin() const override { return model_->backward_tail_begin(); }
   void set_backward_tail_hook(std::function<void()> hook) override { model_->set_backward_tail_hook(std::move(hook)); }
 

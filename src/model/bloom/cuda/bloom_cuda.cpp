@@ -142,7 +142,7 @@ void BloomCuda::head(UnitParams root, const int32_t* targets, int B, int T, floa
                     lnf_mean_.data(), lnf_rstd_.data(), N, H, cfg_.layer_norm_eps, dt_, s);
   lm_head_loss(gemm_, lnf_.data(), root_.embeddings.at(root, dsize_), targets, N, H, V, sizes_.head_chunk,
                grad_scale, loss_sum, count, backward ? dln_.data() : nullptr, dr(root_.embeddings), dt_,
-               head_ws_.data(), s);
+               head_scratch(), s);
   if (!backward) return;
   dcur_ = 0;
   layernorm_backward(dln_.data(), hL, lnf_w, lnf_mean_.data(), lnf_rstd_.data(),

@@ -300,7 +300,7 @@ void LlamaCuda::head(UnitParams root, const int32_t* targets, int B, int T, floa
   const char* norm_w = root_.norm.at(root, dsize_);
   rmsnorm_forward(hL, norm_w, norm_.data(), final_rstd_.data(), N, H, cfg_.rms_norm_eps, dt_, s, norm_offset_);
   lm_head_loss(gemm_, norm_.data(), root_.head.at(root, dsize_), targets, N, H, cfg_.vocab_size, sizes_.head_chunk,
-               grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, dr(root_.head), dt_, head_ws_.data(), s);
+               grad_scale, loss_sum, count, backward ? grad_.data() : nullptr, dr(root_.head), dt_, head_scratch(), s);
   if (!backward) return;
   rmsnorm_backward(grad_.data(), hL, norm_w, final_rstd_.data(), dh_.data(), dr(root_.norm), N, H, false, dt_, s,
                    norm_offset_);
