@@ -283,14 +283,16 @@ std::unique_ptr<DeviceMemory> NcclCommunicator::allocate_window(size_t bytes) {
 #if NCCL_VERSION_CODE >= 22800
   if (!windows_offered_ || bytes == 0) return nullptr;
   void* p = nullptr;
-  last_ = concat("ncclMemAlloc of ", bytes, " bytes");
-  const ncclResult_t rc = ncclMemAlloc(&p, bytes);
-  if (rc != ncclSuccess) {
-    size_t free = 0, total = 0;
-    cudaMemGetInfo(&free, &total);
-    throw Error(concat("out of GPU memory: allocating ", bytes, " bytes (an all-gather window, ncclMemAlloc: ",
-                       ncclGetErrorString(rc), ") with ", free, " of ", total,
-                       " free (lower train.micro_batch_size or data.max_length, or shard more)"));
+  // Every rank registers, or none: where one cannot allocate (no CUDA VMM under this NCCL, or short of
+  // memory), the group stops offering windows and the caller allocates ordinary memory (which says if
+  // memory is short).
+  const int here = ncclMemAlloc(&p, bytes) == ncclSuccess ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&here, &all, 1, MPI_INT, MPI_MIN, mpi_comm_);
+  if (!all) {
+    if (here) ncclMemFree(p);
+    windows_offered_ = false;
+    return nullptr;
   }
   SHARDLM_CUDA_CHECK(cudaMemset(p, 0, bytes));
   ncclWindow_t window = nullptr;

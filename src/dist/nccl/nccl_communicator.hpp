@@ -45,7 +45,8 @@ class NcclCommunicator : public Communicator {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   // On a communicator split with zero_cta or windows (NCCL 2.28+): ncclMemAlloc'd memory registered as a
   // symmetric window, so that an all-gather between two such buffers runs on the copy engines (zero-CTA)
-  // and a reduce-scatter in one runs NCCL's symmetric kernels (fewer SMs); else null.
+  // and a reduce-scatter in one runs NCCL's symmetric kernels (fewer SMs); else null. Collective: where a
+  // rank cannot allocate one, none does, and the group offers no more.
   std::unique_ptr<DeviceMemory> allocate_window(size_t bytes) override;
   // The windows allocate_window has handed out that are still registered.
   int windows() const { return windows_; }
