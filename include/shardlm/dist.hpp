@@ -51,6 +51,8 @@ class Communicator {
   // gather are such memory (NCCL symmetric windows on a communicator with the zero-CTA policy,
   // dist.gather_copy_engine). Null where the group has none to offer: allocate ordinary memory instead.
   virtual std::unique_ptr<DeviceMemory> allocate_window(size_t /*bytes*/) { return nullptr; }
+  // The windows allocate_window has handed out that are still held.
+  virtual int windows() const { return 0; }
 };
 
 // The MPI datatype and reduction of a dtype (16-bit floats: user ops reducing in their own precision).

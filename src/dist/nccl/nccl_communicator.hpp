@@ -48,8 +48,7 @@ class NcclCommunicator : public Communicator {
   // and a reduce-scatter in one runs NCCL's symmetric kernels (fewer SMs); else null. Collective: where a
   // rank cannot allocate one, none does, and the group offers no more.
   std::unique_ptr<DeviceMemory> allocate_window(size_t bytes) override;
-  // The windows allocate_window has handed out that are still registered.
-  int windows() const { return windows_; }
+  int windows() const override { return windows_; }
 #if NCCL_VERSION_CODE >= 22800
   // Deregisters a window of allocate_window's (collective, in the order they were registered).
   void release_window(ncclWindow_t window);
