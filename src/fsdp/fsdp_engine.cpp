@@ -162,7 +162,9 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
 }
 
 DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
-  if (own_gather_stream())
+  // Only where the gathers also send from window memory (a 16-bit slice or piece; not the fp32 master):
+  // NCCL's copy engines need both buffers in windows.
+  if (own_gather_stream() && (plan.cast_at_gather || plan.compute_slice))
     if (std::unique_ptr<DeviceMemory> window = gatherer->allocate_window(bytes)) return DeviceArray{std::move(window)};
   return be.allocate(bytes, MemKind::Params);
 }

@@ -140,7 +140,8 @@ struct FsdpEngine::Impl {
                                      const std::function<void(void*, size_t)>& pin_host);
   void allocate_buffers();
   // A buffer an all-gather sends from or lands in: the gathers' communicator's window memory where it has
-  // some (dist.gather_copy_engine: the copy engines move the gather), else the backend's.
+  // some and the gathers send 16-bit values (dist.gather_copy_engine: the copy engines move the gather),
+  // else the backend's.
   DeviceArray gather_memory(size_t bytes);
   // A block-gradient buffer (reduce-scattered in place): the shard group's window memory where it has some
   // (dist.symmetric_reductions: NCCL's symmetric reduce-scatter kernels), else the backend's.
