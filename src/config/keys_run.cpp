@@ -41,11 +41,12 @@ DeckSection dist_section() {
                "costs NCCL's buffers once more"),
       flag_key("dist.gather_copy_engine", SHARDLM_FIELD(dist.gather_copy_engine))
           .cuda()
-          .doc("with `dist.gather_stream` and a shard group of several ranks on one host, under NCCL 2.28 or "
-               "later: the all-gathers run on the GPU's copy engines instead of its SMs, so that the compute they "
-               "overlap keeps every SM (the gathered buffers and the compute-dtype slices are NCCL symmetric "
-               "windows, `ncclMemAlloc`'d, on a communicator with the zero-CTA policy). Elsewhere, or `false`, "
-               "NCCL's kernels move them. The same bytes either way"),
+          .doc("with `dist.gather_stream`, 16-bit parameters and a shard group of several ranks on one host, "
+               "under NCCL 2.28 or later: the all-gathers run on the GPU's copy engines instead of its SMs, so "
+               "that the compute they overlap keeps every SM (the gathered buffers are NCCL symmetric windows, "
+               "`ncclMemAlloc`'d, on a communicator with the zero-CTA policy; the run's log says so). Elsewhere "
+               "(an fp32 master is gathered as it is), or `false`, NCCL's kernels move them. The same bytes either "
+               "way"),
       flag_key("dist.symmetric_reductions", SHARDLM_FIELD(dist.symmetric_reductions))
           .cuda()
           .doc("with a shard group of several ranks on one host, under NCCL 2.28 or later: the blocks' gradient "
