@@ -125,6 +125,12 @@ RunConfig with_lora(RunConfig cfg) {
   return cfg;
 }
 
+// HYBRID_SHARD on two emulated nodes of half the ranks each (where the ranks split evenly).
+void on_two_nodes_if_hybrid(RunConfig& cfg) {
+  if (cfg.fsdp.strategy == ShardingStrategy::HybridShard && world_size() % 2 == 0)
+    cfg.dist.ranks_per_node = world_size() / 2;
+}
+
 RunConfig lora_config(const std::string& backend, const std::string& name, int steps) {
   return with_lora(config(backend, "lora_" + name, steps));
 }
@@ -462,7 +468,7 @@ BOOST_AUTO_TEST_CASE(no_sync_gives_the_losses_of_every_micro_step_reducing) {
         base.train.micro_batch_size = std::max(1, base.train.batch_size / (2 * world_size()));
         base.fsdp.strategy = s;
         base.fsdp.root_reduction = root;
-        if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) base.dist.ranks_per_node = world_size() / 2;
+        on_two_nodes_if_hybrid(base);
         base.fsdp.no_sync = NoSync::Off;
         const TrainResult want = train(base, MPI_COMM_WORLD, quiet());
         for (NoSync mode : {NoSync::Replicate, NoSync::Full}) {
@@ -495,7 +501,7 @@ BOOST_AUTO_TEST_CASE(separate_communication_streams_give_one_streams_losses) {
         one.fsdp.reduce_dtype = rdt;
         if (rdt != DType::F32) one.fsdp.param_dtype = rdt;  // the CUDA backend reduces in fp32 or the param dtype
         one.fsdp.no_sync = mode;
-        if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) one.dist.ranks_per_node = world_size() / 2;
+        on_two_nodes_if_hybrid(one);
         one.dist.replicate_stream = one.dist.gather_stream = false;
         RunConfig three = one;
         three.dist.replicate_stream = three.dist.gather_stream = true;
@@ -528,7 +534,7 @@ BOOST_AUTO_TEST_CASE(nccl_windows_change_nothing) {
       kernels.fsdp.strategy = s;
       kernels.fsdp.param_dtype = DType::BF16;
       if (lora) kernels = with_lora(kernels);
-      if (s == ShardingStrategy::HybridShard && world_size() % 2 == 0) kernels.dist.ranks_per_node = world_size() / 2;
+      on_two_nodes_if_hybrid(kernels);
       kernels.dist.gather_copy_engine = kernels.dist.symmetric_reductions = false;
       RunConfig windows = kernels;
       windows.dist.gather_copy_engine = windows.dist.symmetric_reductions = true;

@@ -342,10 +342,10 @@ class UnitModel {
   virtual void* share_head_scratch(size_t /*bytes*/) { return nullptr; }
   // The same with memory its holder lends (the engine's NCCL window, which its reductions read): the model
   // frees its own scratch first (so the two never coexist), then keeps allocate(n) as it, n the larger of
-  // `bytes` and head_scratch_bytes(), or its own again where allocate gives null; says where it is. Null,
-  // allocate not called, where the model has no scratch to share.
+  // `bytes` and head_scratch_bytes(), or its own again where allocate gives null; says where it is. A model
+  // that takes no lent memory shares its own (share_head_scratch, allocate not called).
   using LendScratch = std::function<std::unique_ptr<DeviceMemory>(size_t)>;
-  virtual void* lend_head_scratch(size_t /*bytes*/, const LendScratch& /*allocate*/) { return nullptr; }
+  virtual void* lend_head_scratch(size_t bytes, const LendScratch& /*allocate*/) { return share_head_scratch(bytes); }
   // A block's backward in two parts: first the MLP, whose parameters are the unit's flat elements from
   // backward_tail_begin() on (its input norm, gate|up, down; the engine splits only without LoRA), then the
   // attention. block_backward calls the hook of set_backward_tail_hook between the two (on the host, as it

@@ -161,17 +161,17 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
   return slices;
 }
 
+DeviceArray FsdpEngine::Impl::window_or_backend(Communicator* group, size_t bytes, MemKind kind) {
+  if (group)
+    if (std::unique_ptr<DeviceMemory> window = group->allocate_window(bytes)) return DeviceArray{std::move(window)};
+  return be.allocate(bytes, kind);
+}
+
 DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
   // Only where the gathers also send from window memory (a 16-bit slice or piece; not the fp32 master):
   // NCCL's copy engines need both buffers in windows.
-  if (own_gather_stream() && (plan.cast_at_gather || plan.compute_slice))
-    if (std::unique_ptr<DeviceMemory> window = gatherer->allocate_window(bytes)) return DeviceArray{std::move(window)};
-  return be.allocate(bytes, MemKind::Params);
-}
-
-DeviceArray FsdpEngine::Impl::reduction_memory(size_t bytes) {
-  if (std::unique_ptr<DeviceMemory> window = shard.allocate_window(bytes)) return DeviceArray{std::move(window)};
-  return be.allocate(bytes, MemKind::Grads);
+  const bool windows = own_gather_stream() && (plan.cast_at_gather || plan.compute_slice);
+  return window_or_backend(windows ? gatherer : nullptr, bytes, MemKind::Params);
 }
 
 void FsdpEngine::Impl::allocate_buffers() {
@@ -196,11 +196,9 @@ void FsdpEngine::Impl::allocate_buffers() {
   // The block gradients are reduce-scattered in place: in the shard group's window memory where it has some
   // (dist.symmetric_reductions), lent to the model as its head scratch when they share it.
   char* scratch = nullptr;
-  if (plan.grads_in_head_scratch) {
-    const size_t want = plan.grad_buffers * grad_bytes;
-    scratch = static_cast<char*>(model->lend_head_scratch(want, [this](size_t n) { return shard.allocate_window(n); }));
-    if (!scratch) scratch = static_cast<char*>(model->share_head_scratch(want));
-  }
+  if (plan.grads_in_head_scratch)
+    scratch = static_cast<char*>(model->lend_head_scratch(plan.grad_buffers * grad_bytes,
+                                                          [this](size_t n) { return shard.allocate_window(n); }));
   if (scratch) {
     grads_borrowed = plan.grad_buffers * grad_bytes;
     head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
@@ -208,7 +206,7 @@ void FsdpEngine::Impl::allocate_buffers() {
   }
   for (size_t i = 0; i < plan.grad_buffers; ++i)
     block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
-                                      : reduction_memory(grad_bytes));
+                                      : window_or_backend(&shard, grad_bytes, MemKind::Grads));
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
   grad_fresh.assign(units.size(), 0);

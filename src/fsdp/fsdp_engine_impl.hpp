@@ -143,9 +143,9 @@ struct FsdpEngine::Impl {
   // some and the gathers send 16-bit values (dist.gather_copy_engine: the copy engines move the gather),
   // else the backend's.
   DeviceArray gather_memory(size_t bytes);
-  // A block-gradient buffer (reduce-scattered in place): the shard group's window memory where it has some
-  // (dist.symmetric_reductions: NCCL's symmetric reduce-scatter kernels), else the backend's.
-  DeviceArray reduction_memory(size_t bytes);
+  // `group`'s window memory where it has some (null: none asked), else the backend's. The block-gradient
+  // buffers come from the shard group's (dist.symmetric_reductions: NCCL's symmetric reduce-scatters).
+  DeviceArray window_or_backend(Communicator* group, size_t bytes, MemKind kind);
   size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
   // A prefetch queued before this unit's compute must land in another buffer than the one in use.
   bool can_prefetch() const { return !plan.reshard || block_full.size() >= 2; }

@@ -172,7 +172,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
                                    std::string name, bool zero_cta, bool windows)
     : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)),
-      zero_cta_(zero_cta), windows_offered_(zero_cta || windows) {
+      windows_offered_(zero_cta || windows) {
   MPI_Comm_rank(mpi_comm_, &rank_);
   MPI_Comm_size(mpi_comm_, &size_);
 }

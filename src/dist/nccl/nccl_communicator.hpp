@@ -87,7 +87,6 @@ class NcclCommunicator : public Communicator {
   std::string last_;  // the last collective enqueued, for error messages
   int rank_ = 0;
   int size_ = 1;
-  bool zero_cta_ = false;
   bool windows_offered_ = false;  // allocate_window hands out windows
   int windows_ = 0;
 };
