@@ -22,16 +22,29 @@ inline size_t engine_bytes(const shardlm::FsdpEngine& e) {
   return m.master_shard + m.grad_shard + m.full_params + m.full_grads + m.comm_staging + m.activations;
 }
 
+// A micro-batch of `micro` random sequences of cfg's max length, every fifth target masked.
+inline shardlm::MicroBatch random_micro_batch(const shardlm::RunConfig& cfg, int micro, std::mt19937& rng) {
+  const int V = cfg.model.vocab_size, T = cfg.data.max_length;
+  shardlm::MicroBatch mb;
+  mb.batch = micro, mb.seq = T;
+  for (int i = 0; i < micro * T; ++i) mb.tokens.push_back(static_cast<int32_t>(rng() % V));
+  for (int i = 0; i < micro * T; ++i) mb.targets.push_back(i % 5 == 0 ? -1 : static_cast<int32_t>(rng() % V));
+  mb.target_count = 0;
+  for (int32_t t : mb.targets) mb.target_count += t >= 0;
+  return mb;
+}
+
 // grads holds two engines' gradient slices, every unit of the first, then every unit of the second: each
-// unit's two equal bit for bit (exact), or to 1e-5 of the first's largest element.
-inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads, bool exact) {
+// unit's two equal bit for bit (exact), or to 1e-5 of the first's largest element; the first `inexact`
+// units to 1e-5 in any case (the root: the GPU embedding's backward adds with atomics, in any order).
+inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads, bool exact, size_t inexact = 0) {
   const size_t units = grads.size() / 2;
   for (size_t u = 0; u < units; ++u) {
     const std::vector<float>&a = grads[u], &b = grads[units + u];
     BOOST_TEST_REQUIRE(a.size() == b.size());
     float gap = 0, scale = 0;
     for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(a[i]));
-    if (exact) BOOST_TEST(gap == 0.0f, "unit " << u);
+    if (exact && u >= inexact) BOOST_TEST(gap == 0.0f, "unit " << u << ": " << gap << " of " << scale);
     else BOOST_TEST(gap <= 1e-5f * scale, "unit " << u << ": " << gap << " of " << scale);
   }
 }
@@ -69,17 +82,8 @@ inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, 
           e->frozen_state(cfg.train.seed);
           e->frozen_loaded();
         }
-      const int V = cfg.model.vocab_size, T = cfg.data.max_length;
       std::mt19937 rng(11 + world_rank());
-      auto batch = [&] {
-        MicroBatch mb;
-        mb.batch = micro, mb.seq = T;
-        for (int i = 0; i < micro * T; ++i) mb.tokens.push_back(static_cast<int32_t>(rng() % V));
-        for (int i = 0; i < micro * T; ++i) mb.targets.push_back(i % 5 == 0 ? -1 : static_cast<int32_t>(rng() % V));
-        mb.target_count = 0;
-        for (int32_t t : mb.targets) mb.target_count += t >= 0;
-        return mb;
-      };
+      auto batch = [&] { return random_micro_batch(cfg, micro, rng); };
       const std::vector<int32_t> prompt = {3, 17, 5, 9};
       const std::vector<int> slots(4, 0), positions = {0, 1, 2, 3}, last = {3};
       for (int step = 0; step < 3; ++step) {

@@ -535,9 +535,9 @@ BOOST_AUTO_TEST_CASE(nccl_windows_change_nothing) {
       kernels.fsdp.param_dtype = DType::BF16;
       if (lora) kernels = with_lora(kernels);
       on_two_nodes_if_hybrid(kernels);
-      kernels.dist.gather_copy_engine = kernels.dist.symmetric_reductions = false;
+      kernels.dist.gather_copy_engine = kernels.dist.symmetric_reductions = kernels.dist.copy_engine_reductions = false;
       RunConfig windows = kernels;
-      windows.dist.gather_copy_engine = windows.dist.symmetric_reductions = true;
+      windows.dist.gather_copy_engine = windows.dist.symmetric_reductions = windows.dist.copy_engine_reductions = true;
       windows.run.dir = concat(kernels.run.dir, "_windows");
       const TrainResult a = train(kernels, MPI_COMM_WORLD, quiet());
       const TrainResult b = train(windows, MPI_COMM_WORLD, quiet());
@@ -555,9 +555,68 @@ BOOST_AUTO_TEST_CASE(nccl_windows_change_nothing) {
   std::unique_ptr<FsdpEngine> engine = make_engine(cfg, MPI_COMM_WORLD, topo, cfg.train.micro_batch_size);
   auto* gatherer = dynamic_cast<cuda::NcclCommunicator*>(engine->groups().shard_gather.get());
   auto* shard = dynamic_cast<cuda::NcclCommunicator*>(engine->groups().shard.get());
+  auto* exchange = dynamic_cast<cuda::NcclCommunicator*>(engine->groups().shard_exchange.get());
   const bool offered = world_size() > 1 && cuda::copy_engine_gathers_available();
   BOOST_TEST((gatherer != nullptr && gatherer->windows() > 0) == offered);
-  BOOST_TEST((shard != nullptr && shard->windows() > 0) == offered);
+  // On a shard group of two, the exchange's window and the block gradients are the exchange group's windows;
+  // else the gradients are the shard group's.
+  const bool exchanges = offered && world_size() == 2;
+  BOOST_TEST(engine->options().copy_engine_reductions == exchanges);
+  BOOST_TEST((exchange != nullptr && exchange->windows() >= 2) == exchanges);
+  BOOST_TEST((engine->buffer_plan().exchange_numel > 0) == exchanges);
+  BOOST_TEST((shard != nullptr && shard->windows() > 0) == (offered && !exchanges));
+}
+
+// dist.copy_engine_reductions in pieces: with a window of 4 KiB a block's slice goes in several exchanges, the
+// last shorter, each added to this rank's part. Two engines, NCCL's reduce-scatters against the exchange (on
+// a shard group of two: 2 ranks, or HYBRID_SHARD 2 x 2 on 4), take steps of two micro-steps (the second adds
+// to the slices) and give the same losses and the same block gradients bit for bit (the root's to the
+// embedding's atomics): FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, fp32 and bf16 parameters.
+BOOST_AUTO_TEST_CASE(copy_engine_exchange_in_pieces_changes_nothing) {
+  const bool offered = world_size() > 1 && cuda::copy_engine_gathers_available();
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard})
+    for (DType pdt : {DType::F32, DType::BF16}) {
+      RunConfig cfg = llama_config("cuda", "exchange_pieces", 1);
+      cfg.fsdp.strategy = s;
+      cfg.fsdp.param_dtype = pdt;
+      cfg.fsdp.no_sync = NoSync::Off;
+      const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+      const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+      const int micro = 2;
+      auto ring = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.copy_engine_reductions = false; });
+      auto pieces = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.exchange_window_bytes = 4096; });
+      BOOST_TEST_CONTEXT(strategy_name(s) << " " << dtype_name(pdt)) {
+        const FsdpBufferPlan& plan = pieces->buffer_plan();
+        BOOST_TEST(pieces->options().copy_engine_reductions == (offered && pieces->groups().shard->size() == 2));
+        if (pieces->options().copy_engine_reductions) {
+          BOOST_TEST(plan.exchange_numel * 2 * 4 <= 4096u);
+          BOOST_TEST(plan.block_padded / 2 % plan.exchange_numel != 0);  // a shorter last piece
+          BOOST_TEST(plan.block_padded / 2 > 2 * plan.exchange_numel);
+        }
+        std::mt19937 rng(29 + world_rank());
+        for (int step = 0; step < 2; ++step) {
+          const MicroBatch first = random_micro_batch(cfg, micro, rng), second = random_micro_batch(cfg, micro, rng);
+          std::vector<double> losses;
+          std::vector<std::vector<float>> grads;
+          for (FsdpEngine* e : {ring.get(), pieces.get()}) {
+            e->zero_grad();
+            losses.push_back(e->forward_backward(first, 0.5f / first.target_count, 0));
+            e->last_micro_step();
+            losses.push_back(e->forward_backward(second, 0.5f / second.target_count, 0));
+            for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+            e->optimizer_step(1e-3, 1.0f);
+          }
+          BOOST_TEST_CONTEXT("step " << step) {
+            // (Bit for bit would be too strict: the norms' weight gradients add with atomics, in any order, so
+            // after the first update the parameters may differ in their last bits too.)
+            const double tolerance = step == 0 ? 0.0 : 1e-6;
+            BOOST_TEST(std::fabs(losses[2] - losses[0]) <= tolerance * std::fabs(losses[0]));
+            BOOST_TEST(std::fabs(losses[3] - losses[1]) <= tolerance * std::fabs(losses[1]));
+            expect_same_grad_slices(grads, false);
+          }
+        }
+      }
+    }
 }
 
 BOOST_AUTO_TEST_CASE(fp32_matches_the_cpu_backend) {

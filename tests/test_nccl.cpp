@@ -226,6 +226,39 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_in_a_window) {
   BOOST_TEST(got == want);
 }
 
+// dist.copy_engine_reductions: on a zero-CTA group of two, all-to-alls between windows, the send at different
+// offsets on the two ranks (the engine's exchange: rank 1 sends from its piece of rank 0's part, rank 0 from
+// count elements before its piece of rank 1's), give MPI's values; twice back to back through one window (a
+// 12 MiB piece, on the copy engines, then a short last one). A group without the policy offers no copy engines.
+BOOST_AUTO_TEST_CASE(exchange_all_to_all_between_windows) {
+  const int n = world_size(), r = world_rank();
+  NcclCommunicator world(MPI_COMM_WORLD, gpu().stream, 60, "world");
+  BOOST_TEST(!world.split(0, r, "plain", nullptr, false, true)->copy_engines());
+  if (n != 2) return;  // (the exchange pairs two ranks)
+  auto ce = world.split(0, r, "exchange", nullptr, true);
+  BOOST_TEST_REQUIRE(ce->copy_engines() == cuda::copy_engine_gathers_available());
+  if (!ce->copy_engines()) return;
+  const size_t part = (3u << 20) + 64, piece = 3u << 20, other = 1 - r;
+  std::unique_ptr<DeviceMemory> window = ce->allocate_window(2 * piece * sizeof(float));
+  std::unique_ptr<DeviceMemory> full = ce->allocate_window(2 * part * sizeof(float));
+  BOOST_TEST_REQUIRE((window && full));
+  std::vector<float> mine(2 * part);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, i);
+  SHARDLM_CUDA_CHECK(cudaMemcpy(full->data(), mine.data(), mine.size() * 4, cudaMemcpyHostToDevice));
+  const float* theirs = static_cast<const float*>(full->data()) + other * part;
+  std::vector<float> got_a(2 * piece), got_b(2 * 64);
+  for (size_t off : {size_t(0), piece}) {
+    const size_t count = std::min(piece, part - off);
+    ce->all_to_all(r == 0 ? theirs + off - count : theirs + off, window->data(), count, DType::F32);
+    std::vector<float>& got = off == 0 ? got_a : got_b;
+    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(got.data(), window->data(), got.size() * 4, cudaMemcpyDeviceToHost, ce->stream()));
+  }
+  ce->wait();
+  // At other * count, the other's piece of this rank's part.
+  for (size_t i = 0; i < piece; ++i) BOOST_TEST_REQUIRE(got_a[other * piece + i] == value(other, r * part + i));
+  for (size_t i = 0; i < 64; ++i) BOOST_TEST_REQUIRE(got_b[other * 64 + i] == value(other, r * part + piece + i));
+}
+
 // A rank that never joins a collective: its peer's wait times out and the job ends, naming the
 // group and the collective. Driven from the 1-rank run; needs 2 GPUs.
 BOOST_AUTO_TEST_CASE(a_hung_peer_ends_the_job_with_a_message) {

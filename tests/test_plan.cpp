@@ -633,6 +633,61 @@ BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
   }
 }
 
+// dist.copy_engine_reductions: a CUDA plan over a shard group of two inside a node prices the exchange's window
+// (both ranks' pieces of a block slice, fp32, at most kExchangeWindowBytes) under the communication staging:
+// BLOOM-560M's slice whole, Llama-3.2-1B's in two pieces; not Llama-3.1-8B's slices (above
+// kExchangeMaxSliceBytes), a shard group of four or one across nodes, the CPU backend, 16-bit reductions,
+// CPU offload or the key off.
+BOOST_AUTO_TEST_CASE(copy_engine_exchange_window_is_planned) {
+  const std::string llama1b = SHARDLM_SOURCE_DIR "/input/bench/llama32-1b.ini";
+  const std::string llama8b = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
+  const auto window_of = [](shardlm::MemoryPlanSpec s) {
+    shardlm::MemoryPlanSpec off = s;
+    off.fsdp.copy_engine_reductions = false;
+    return shardlm::plan_rank_memory(s).record.comm_staging - shardlm::plan_rank_memory(off).record.comm_staging;
+  };
+  for (const std::string& deck : {kBloom560m, llama1b, llama8b}) {
+    shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=2"}, 1, false));
+    s.world_size = 2;
+    s.fsdp.copy_engine_reductions = true;
+    BOOST_TEST_CONTEXT(deck) {
+      const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+      const shardlm::FsdpBufferPlan b =
+          shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, true, s.fsdp.param_dtype);
+      const size_t slice = b.block_padded / 2;
+      if (deck == llama8b) {
+        BOOST_TEST(slice * 4 > shardlm::kExchangeMaxSliceBytes);
+        BOOST_TEST(b.exchange_numel == 0u);
+        BOOST_TEST(window_of(s) == 0u);
+        continue;
+      }
+      const size_t piece = std::min(slice, shardlm::kExchangeWindowBytes / 8);
+      BOOST_TEST(b.exchange_numel == piece);
+      BOOST_TEST(b.exchange_bytes == 2 * piece * 4);
+      BOOST_TEST(window_of(s) == b.exchange_bytes);
+      BOOST_TEST((deck == kBloom560m ? piece == slice : (slice + piece - 1) / piece == 2u));
+      shardlm::MemoryPlanSpec hybrid = s;  // HYBRID_SHARD 2 x 2: a shard group of two in each node
+      hybrid.world_size = 4, hybrid.ranks_per_node = 2, hybrid.fsdp.strategy = shardlm::ShardingStrategy::HybridShard;
+      BOOST_TEST(window_of(hybrid) == b.exchange_bytes);
+      shardlm::MemoryPlanSpec four = s;
+      four.world_size = 4;
+      BOOST_TEST(window_of(four) == 0u);
+      shardlm::MemoryPlanSpec across = s;  // FULL_SHARD over two nodes of one rank
+      across.ranks_per_node = 1;
+      BOOST_TEST(window_of(across) == 0u);
+      shardlm::MemoryPlanSpec cpu = s;
+      cpu.backend = shardlm::BackendKind::Cpu;
+      BOOST_TEST(window_of(cpu) == 0u);
+      shardlm::MemoryPlanSpec bf16 = s;
+      bf16.fsdp.reduce_dtype = shardlm::DType::BF16;
+      BOOST_TEST(window_of(bf16) == 0u);
+      shardlm::MemoryPlanSpec offload = s;
+      offload.fsdp.cpu_offload = true;
+      BOOST_TEST(window_of(offload) == 0u);
+    }
+  }
+}
+
 // Offloaded, a rank's host holds its fp32 master, gradient slice and both moments (16 bytes a slice
 // element), two pinned landing buffers of the largest slice in the reduce dtype and, for 16-bit
 // parameters, two pinned upload chunks; a node holds the host memory of each of its ranks.

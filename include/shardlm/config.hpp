@@ -160,6 +160,7 @@ struct DistSection {
   bool gather_stream = true;     // the all-gathers on a stream of their own (NCCL)
   bool gather_copy_engine = true;  // those all-gathers on the copy engines (NCCL 2.28+, a shard group on one host)
   bool symmetric_reductions = true;  // the block gradients in NCCL symmetric windows (NCCL 2.28+, one host)
+  bool copy_engine_reductions = true;  // the blocks' reduce-scatters as copy-engine exchanges and a sum (same)
 };
 
 struct CheckpointSection {

@@ -44,6 +44,9 @@ class Communicator {
   // The group's sum of send into recv on rank `root` only (recv is not read or written elsewhere).
   virtual void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  // Elements [q * count, (q + 1) * count) of send to rank q, landing at recv + rank() * count there (send and
+  // recv hold size() * count; not in place).
+  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
   // Sum of a host double over the group's ranks (run statistics such as the gradient norm).
   virtual double host_sum(double v) const = 0;
   // Collective over the group (every rank, the same sizes in the same order): zeroed device memory that
@@ -77,6 +80,7 @@ class MpiCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
   double host_sum(double v) const override;
 
  private:
@@ -137,6 +141,12 @@ struct ProcessGroups {
   // all-gathers, so that a gather never queues behind a reduction. Null where there is none (MPI, a
   // shard group of one, the key off).
   std::unique_ptr<Communicator> shard_gather;
+  // A shard group of two once more, on the shard group's stream, with the zero-CTA policy (NCCL 2.28+,
+  // dist.copy_engine_reductions): all-to-alls between its windows move each rank's pieces of the other's part
+  // of a block's gradient to the other (the copy engines), which adds them to its own, so that a block's
+  // reduce-scatter takes no SMs from the backward beside it. Null where there is none (MPI, a shard group of another size
+  // or across hosts, an older NCCL, the key off).
+  std::unique_ptr<Communicator> shard_exchange;
 };
 
 ProcessGroups make_mpi_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy);

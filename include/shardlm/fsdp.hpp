@@ -54,6 +54,11 @@ struct FsdpOptions : FsdpSection {
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
+  // dist.copy_engine_reductions where it can apply (a CUDA run whose shard group is on one host): the blocks'
+  // reductions over a shard group of two as copy-engine exchanges through a window (FsdpBufferPlan::
+  // exchange_numel). The engine resolves it to whether it got one (ProcessGroups::shard_exchange's).
+  bool copy_engine_reductions = false;
+  size_t exchange_window_bytes = 0;  // its window's size (0: kExchangeWindowBytes; tests set less)
 
   // fsdp.offload_dir set with cpu_offload: AdamW's moments in mapped files.
   bool moments_in_files() const { return cpu_offload && !offload_dir.empty(); }
@@ -141,6 +146,10 @@ struct FsdpBufferPlan {
   bool grads_in_head_scratch = false;
   size_t grad_slice = 0;         // one reduced fp32 slice
   size_t stage_full = 0, stage_slice = 0;  // 16-bit staging bytes: a full unit, a slice
+  // copy_engine_reductions: elements of one piece of a block's slice that an exchange moves (both ranks'
+  // pieces land in the exchange window, fp32), 0 where the blocks reduce through NCCL's reduce-scatter; and
+  // the window's bytes.
+  size_t exchange_numel = 0, exchange_bytes = 0;
   // LoRA's frozen base: sharded like the rest but held in the compute dtype only (no master, gradient
   // or optimizer state), gathered beside the adapters. Zero without LoRA.
   size_t frozen_root_padded = 0, frozen_block_padded = 0, frozen_max_shard = 0;
@@ -169,6 +178,14 @@ struct FsdpBufferPlan {
   NoSync no_sync = NoSync::Off;
   size_t root_split_bytes = 0;     // its device buffers
 };
+// The copy-engine exchange's window (dist.copy_engine_reductions): both ranks' pieces of a block's slice,
+// fp32. 128 MiB: 16 Mi elements a piece.
+constexpr size_t kExchangeWindowBytes = size_t(128) << 20;
+// ... and the largest block slice it reduces (fp32 bytes; two pieces). Each piece costs both ranks a
+// synchronisation and a kernel that waits for SMs beside the backward: on 2 x H200 a Llama-3.2-1B block (2
+// pieces) reduced 1-2% faster this way and a BLOOM-560M block (1 piece) 6%, but a Llama-3.1-8B block (7
+// pieces) 1-2% slower, its exchange outlasting the next block's backward (docs/PERFORMANCE.md).
+constexpr size_t kExchangeMaxSliceBytes = size_t(256) << 20;
 // Elements of one upload of updated parameters under CPU offload (a multiple of kHostAdamWPiece):
 // AdamW on one chunk overlaps the copy of the previous one. 16 Mi: a BLOOM-560M block (12.6 M) in one
 // pass of the host threads; each pass costs ~0.1 ms of waking them (1 Mi gave 15% fewer tokens/s than

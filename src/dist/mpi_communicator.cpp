@@ -77,6 +77,11 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t count, DTy
             "MPI all-gather");
 }
 
+void MpiCommunicator::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
+  const int n = mpi_count(count, "all-to-all");
+  check_mpi(MPI_Alltoall(send, n, mpi_datatype(dtype), recv, n, mpi_datatype(dtype), comm_), "MPI all-to-all");
+}
+
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                                      ReduceOp op) {
   int n = mpi_count(count, "reduce-scatter");

@@ -63,6 +63,20 @@ NoSync resolve_no_sync(const std::vector<UnitLayout>& layout, const std::vector<
   return want;
 }
 
+// The copy-engine exchange (dist.copy_engine_reductions): an fp32 block reduction on a device over two ranks,
+// for a block slice of at most kExchangeMaxSliceBytes, through a window of at most kExchangeWindowBytes (whole
+// pieces of 64 elements, so that every piece starts 256-byte aligned).
+void plan_exchange(FsdpBufferPlan& p, const FsdpOptions& opt, int shard_size, bool asynchronous) {
+  const size_t block_shard = p.block_padded / static_cast<size_t>(shard_size);
+  if (!opt.copy_engine_reductions || !asynchronous || shard_size != 2 || opt.reduce_dtype != DType::F32 ||
+      opt.cpu_offload || p.grad_buffers == 0 || block_shard * sizeof(float) > kExchangeMaxSliceBytes)
+    return;
+  const size_t window = opt.exchange_window_bytes > 0 ? opt.exchange_window_bytes : kExchangeWindowBytes;
+  const size_t most = window / (sizeof(float) * static_cast<size_t>(shard_size)) / 64 * 64;
+  p.exchange_numel = std::min(block_shard, std::max<size_t>(most, 64));
+  p.exchange_bytes = p.exchange_numel * sizeof(float) * static_cast<size_t>(shard_size);
+}
+
 }  // namespace
 
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
@@ -116,6 +130,7 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     // its 16-bit staging); offloaded: the landing buffers below.
     p.grad_slice = 0;
   }
+  plan_exchange(p, opt, shard_size, asynchronous);
   // 16-bit staging: a full unit (gather receive, reduce send and in-place receive) and, for a staged
   // gather, a slice (its send).
   size_t elem = 0;

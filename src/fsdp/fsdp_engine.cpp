@@ -36,6 +36,7 @@ FsdpEngine::Impl::Impl(Backend& backend, std::unique_ptr<UnitModel> m, EngineLay
     stage_released = be.make_event();
     tracer.set_replicate_stream(rep);
   }
+  exchange_group = groups.shard_exchange.get();
   gatherer = &shard;
   gs = comm;
   // Offloaded, the uploads and the gathers that read them are ordered on comm; a staged gather uses stage_full.
@@ -86,6 +87,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
                 ", the backend in ", dtype_name(cdt));
   EngineLayouts layouts = engine_layouts(model->config());
   double link[2] = {0, 0};
+  // dist.copy_engine_reductions where NCCL offers the exchange (the shard group on one host, 2.28+).
+  opt.copy_engine_reductions = opt.copy_engine_reductions && groups_.shard_exchange && !opt.cpu_offload;
   opt.offload_root_update = resolved_root_update(opt, shard_numel_of(layouts.trainable[0].numel, shard_size), be,
                                                  host_backend_.get(), link);
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
@@ -103,6 +106,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
 
   m.allocate_buffers();
+  // (No window for the exchange: NCCL's reduce-scatters, and no exchange in the plan.)
+  if (!m.exchanger) plan_.exchange_numel = plan_.exchange_bytes = 0;
   if (opt.cpu_offload)
     m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
   if (m.lora) {
@@ -193,20 +198,41 @@ void FsdpEngine::Impl::allocate_buffers() {
   if (!plan.direct_grads)
     root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
   const size_t grad_bytes = plan.block_padded * sizeof(float);
+  // The copy-engine exchange (dist.copy_engine_reductions): its window, else NCCL's reduce-scatters (every rank
+  // alike: window allocation is agreed).
+  if (plan.exchange_numel > 0)
+    if (std::unique_ptr<DeviceMemory> w = exchange_group->allocate_window(plan.exchange_bytes)) {
+      exchange_window = DeviceArray{std::move(w)};
+      exchanger = exchange_group;
+    }
   // The block gradients are reduce-scattered in place: in the shard group's window memory where it has some
-  // (dist.symmetric_reductions), lent to the model as its head scratch when they share it.
+  // (dist.symmetric_reductions; the exchange group's with the exchange, whose all-to-alls send from them),
+  // lent to the model as its head scratch when they share it.
+  Communicator* grads_group = exchanger ? exchanger : &shard;
+  size_t windows_asked = 0, windows_made = 0;
+  const auto grad_window = [&](size_t n) {
+    std::unique_ptr<DeviceMemory> w = grads_group->allocate_window(n);
+    ++windows_asked;
+    windows_made += w != nullptr;
+    return w;
+  };
   char* scratch = nullptr;
   if (plan.grads_in_head_scratch)
-    scratch = static_cast<char*>(model->lend_head_scratch(plan.grad_buffers * grad_bytes,
-                                                          [this](size_t n) { return shard.allocate_window(n); }));
+    scratch = static_cast<char*>(model->lend_head_scratch(plan.grad_buffers * grad_bytes, grad_window));
   if (scratch) {
     grads_borrowed = plan.grad_buffers * grad_bytes;
     head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
     head_done = be.make_event();
   }
-  for (size_t i = 0; i < plan.grad_buffers; ++i)
+  for (size_t i = 0; i < plan.grad_buffers; ++i) {
+    std::unique_ptr<DeviceMemory> w = scratch ? nullptr : grad_window(grad_bytes);
     block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
-                                      : window_or_backend(&shard, grad_bytes, MemKind::Grads));
+                              : w     ? DeviceArray{std::move(w)}
+                                      : be.allocate(grad_bytes, MemKind::Grads));
+  }
+  // (The model kept its own scratch, or a window failed: NCCL's reduce-scatters.)
+  if (exchanger && windows_made < std::max<size_t>(windows_asked, 1)) exchanger = nullptr, exchange_window = DeviceArray{};
+  if (!exchanger) opt.copy_engine_reductions = false;
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
   grad_fresh.assign(units.size(), 0);

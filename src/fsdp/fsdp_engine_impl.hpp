@@ -70,6 +70,13 @@ struct FsdpEngine::Impl {
   std::vector<std::unique_ptr<BackendEvent>> slot_free, unit_gathered;
   DeviceArray root_grad_full, grad_slice, stage_full, stage_slice;
   std::vector<DeviceArray> block_grad_full;
+  // dist.copy_engine_reductions (plan.exchange_numel): the shard group's exchange communicator
+  // (ProcessGroups::shard_exchange), the one the blocks reduce through (null: NCCL's reduce-scatters), and
+  // its window, into which the two ranks exchange pieces of each other's part (reduce_by_exchange). The block
+  // gradients are then that group's windows.
+  Communicator* exchange_group = nullptr;
+  Communicator* exchanger = nullptr;
+  DeviceArray exchange_window;
   std::vector<std::unique_ptr<BackendEvent>> grad_ready, grad_reduced;
   // plan.grads_in_head_scratch: the block-gradient buffers lie in the model's head scratch, grads_borrowed
   // bytes from its start, of which the head writes the first head_shared; head_wrote: it did since a
@@ -246,6 +253,10 @@ struct FsdpEngine::Impl {
   // rank's part of the range to it over the shard group, then over the replicate group, added to its slice
   // (zeroed first while it holds nothing of this step: grad_fresh).
   void reduce_range(Unit& d, float* full, size_t lo, size_t hi);
+  // The reduce-scatter of a block's full fp32 gradient over two ranks in place (this rank's part of `full`,
+  // n elements, receives the pair's sum) in pieces of plan.exchange_numel elements: an all-to-all moves each
+  // rank's piece of the other's part into the other's exchange_window (the copy engines), which adds it to its own.
+  void reduce_by_exchange(float* full, size_t n);
 
   // plan.root_split, after the head's backward: the range it wrote is reduced now, behind the blocks'
   // backward; every rank's token ids are gathered and the rows they name marked for the embedding's part.

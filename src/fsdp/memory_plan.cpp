@@ -13,7 +13,11 @@ namespace {
 RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& layouts, int shard_size) {
   const bool cuda = spec.backend == BackendKind::Cuda;
   const DType compute = cuda ? spec.fsdp.param_dtype : DType::F32;  // Backend::compute_dtype
-  FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, spec.fsdp, shard_size,
+  FsdpOptions opt = spec.fsdp;
+  // The copy-engine exchange needs the shard group on one host (NCCL's windows).
+  const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
+  if (shard_size > node) opt.copy_engine_reductions = false;
+  FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size,
                                       spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
   plan_root_split(b, spec.model, layouts.trainable[0], spec.fsdp, shard_size, spec.world_size / shard_size,
                   static_cast<size_t>(spec.micro_batch) * spec.max_seq);
@@ -59,7 +63,7 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
     p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded - b.root_split.grad_from) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice + 2 * b.offload_stream +
-                          b.offload_squares + b.root_split_bytes;
+                          b.offload_squares + b.root_split_bytes + b.exchange_bytes;
   const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
                                               spec.activation_checkpointing);
   // The block-gradient buffers in the head's scratch: what they share is counted under the gradients.

@@ -94,7 +94,11 @@ Stream FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   // Reduce-scattered in place: this rank's piece of the full buffer receives the group's sum (the
   // buffer is zeroed, or the root's rewritten, before it is written again), so no slice-sized staging.
   char* slice = send + static_cast<size_t>(shard.rank()) * n * dtype_size(rdt);
-  if (shard.size() > 1) shard.reduce_scatter(send, slice, n, rdt, ReduceOp::Sum);
+  // A block's gradient (a window of the exchange group) through the copy engines; the root's through NCCL.
+  if (exchanger && u > 0 && rdt == DType::F32)
+    reduce_by_exchange(full, n);
+  else if (shard.size() > 1)
+    shard.reduce_scatter(send, slice, n, rdt, ReduceOp::Sum);
   const bool all_reduce = replicas && !defer && !owed;
   // A block's all-reduce over the replicas and its add on the replicate stream, while comm goes on to
   // the next unit's gather and reduce-scatter. (The root's reductions stay on comm.)
@@ -116,6 +120,25 @@ Stream FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
     replicate_pending[u] = 0;
   }
   return comm;
+}
+
+void FsdpEngine::Impl::reduce_by_exchange(float* full, size_t n) {
+  const size_t me = static_cast<size_t>(exchanger->rank()), other = 1 - me, piece = plan.exchange_numel;
+  float* mine = full + me * n;
+  const float* theirs = full + other * n;
+  float* window = exchange_window.as<float>();
+  // Each piece: an all-to-all of two runs of count elements a rank, the run for the other rank being this
+  // rank's piece of the other's part: rank 1 sends from that piece (the run after it goes to itself, unused),
+  // rank 0 from count elements before it (that run goes to itself, unused). The other's piece of this rank's
+  // part lands in the window at other * count and is added to this rank's own, in place (a + b: NCCL's sum
+  // of two). The next all-to-all overwrites the window after the add (the same stream). (Only the window's
+  // offsets are the same on both ranks; the copy engines read each rank's send where it is.)
+  for (size_t off = 0; off < n; off += piece) {
+    const size_t count = std::min(piece, n - off);
+    const float* send = me == 0 ? theirs + off - count : theirs + off;
+    exchanger->all_to_all(send, window, count, DType::F32);
+    be.accumulate(mine + off, window + other * count, DType::F32, count, comm);
+  }
 }
 
 void FsdpEngine::Impl::hand_to_replicas() {

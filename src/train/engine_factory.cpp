@@ -24,6 +24,7 @@ FsdpOptions engine_fsdp_options(const RunConfig& cfg, int world) {
   FsdpOptions o = fsdp_options(cfg.fsdp);
   o.optimizer = cfg.train.optim;
   o.accumulation = std::max(1, cfg.grad_accum(world));  // what fsdp.no_sync = auto weighs
+  o.copy_engine_reductions = cfg.dist.copy_engine_reductions && cfg.run.backend == BackendKind::Cuda;
   if (cfg.run.backend == BackendKind::Cpu) {
     o.cpu_offload = false;  // and with it offload_dir, offload_accumulate and offload_resident_gib
     o.offload_root_update = OffloadRootUpdate::Host;
@@ -36,6 +37,8 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, co
   MemoryPlanSpec spec = memory_plan_spec(cfg, topo, micro);
   spec.fsdp.offload_root_update = engine.options().offload_root_update;  // auto as the engine decided it
   spec.fsdp.share_head_scratch = engine.options().share_head_scratch;    // (tests may turn it off)
+  spec.fsdp.copy_engine_reductions = engine.options().copy_engine_reductions;  // where NCCL offered it
+  spec.fsdp.exchange_window_bytes = engine.options().exchange_window_bytes;    // (tests may set less)
   const size_t planned = plan_rank_memory(spec).device_total();
   if (planned != allocated)
     log_info(concat("warning: the ", backend_name(cfg.run.backend), " engine allocated ", allocated,
@@ -94,7 +97,8 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
         comm, topo, cfg.fsdp.strategy, static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout,
         overlap ? static_cast<cudaStream_t>(backend->replicate_stream()) : nullptr,
         gathers ? static_cast<cudaStream_t>(backend->gather_stream()) : nullptr, cfg.dist.gather_copy_engine,
-        cfg.dist.symmetric_reductions);
+        cfg.dist.symmetric_reductions, cfg.dist.copy_engine_reductions && !cfg.fsdp.cpu_offload &&
+                                           cfg.fsdp.reduce_dtype == DType::F32);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in
     // fsdp.offload_dir's mapped files when set).
     if (cfg.fsdp.cpu_offload)

@@ -214,12 +214,17 @@ void report_shape(TrainRun& run) {
                  " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
                  ", replicate group ", groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype),
                  ", reduce ", dtype_name(cfg.fsdp.reduce_dtype)));
-  // NCCL's symmetric windows, where the engine got them (dist.gather_copy_engine, dist.symmetric_reductions).
-  const bool copy_engines = groups.shard_gather && groups.shard_gather->windows() > 0;
-  const bool symmetric = groups.shard->windows() > 0;
-  if (copy_engines || symmetric)
-    run.say(concat("nccl: ", copy_engines ? "all-gathers on the copy engines" : "", copy_engines && symmetric ? "; " : "",
-                   symmetric ? "the blocks' reduce-scatters in symmetric windows" : ""));
+  // NCCL's symmetric windows, where the engine got them (dist.gather_copy_engine, dist.symmetric_reductions,
+  // dist.copy_engine_reductions).
+  std::vector<std::string> windows;
+  if (groups.shard_gather && groups.shard_gather->windows() > 0) windows.push_back("all-gathers on the copy engines");
+  if (run.engine->options().copy_engine_reductions)
+    windows.push_back("the blocks' reduce-scatters as copy-engine exchanges and a sum");
+  else if (groups.shard->windows() > 0)
+    windows.push_back("the blocks' reduce-scatters in symmetric windows");
+  std::string line;
+  for (const std::string& w : windows) line += (line.empty() ? "nccl: " : "; ") + w;
+  if (!line.empty()) run.say(line);
   const int multiple = run.engine->length_multiple();
   run.say(concat("attention: ", run.engine->attention_description(),
                  multiple > 1 ? concat("; micro-batches padded to a multiple of ", multiple, " tokens") : ""));

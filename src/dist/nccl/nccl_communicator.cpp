@@ -172,7 +172,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, MPI_Comm mpi_comm, cudaStream_t stream, double timeout_s,
                                    std::string name, bool zero_cta, bool windows)
     : comm_(comm), mpi_comm_(mpi_comm), stream_(stream), timeout_s_(timeout_s), name_(std::move(name)),
-      windows_offered_(zero_cta || windows) {
+      windows_offered_(zero_cta || windows), zero_cta_(zero_cta) {
   MPI_Comm_rank(mpi_comm_, &rank_);
   MPI_Comm_size(mpi_comm_, &size_);
 }
@@ -263,6 +263,21 @@ void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root)
   check(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");
 }
 
+void NcclCommunicator::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
+  last_ = concat("all-to-all of ", count, " x ", size_, " elements");
+#if NCCL_VERSION_CODE >= 22800
+  check(ncclAlltoAll(send, recv, count, nccl_type(dtype), comm_, stream_), "ncclAlltoAll");
+#else
+  const size_t bytes = count * dtype_size(dtype);
+  check(ncclGroupStart(), "ncclGroupStart");
+  for (int q = 0; q < size_; ++q) {
+    check(ncclSend(static_cast<const char*>(send) + q * bytes, count, nccl_type(dtype), q, comm_, stream_), "ncclSend");
+    check(ncclRecv(static_cast<char*>(recv) + q * bytes, count, nccl_type(dtype), q, comm_, stream_), "ncclRecv");
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd");
+#endif
+}
+
 void NcclCommunicator::wait() {
   // As settle, spinning through the first 1 ms (most waits end within it).
   const double waited = poll_until(std::chrono::milliseconds(1), timeout_s_, [&] {
@@ -349,7 +364,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, st
 
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream,
-                                       cudaStream_t gather_stream, bool copy_engine_gathers, bool symmetric_reductions) {
+                                       cudaStream_t gather_stream, bool copy_engine_gathers, bool symmetric_reductions,
+                                       bool copy_engine_reductions) {
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
@@ -361,6 +377,11 @@ ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, Sha
   if (gather_stream && layout.shard_size > 1)
     g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream,
                               copy_engine_gathers);
+  if (copy_engine_reductions && layout.shard_size == 2) {
+    auto x = w->split(layout.shard_color, layout.shard_key, "shard (exchanges)", nullptr, true);
+    // (split agrees over the group whether it offers windows: every rank keeps it, or none.)
+    if (x->copy_engines()) g.shard_exchange = std::move(x);
+  }
   g.world = std::move(w);
   return g;
 }

@@ -43,12 +43,18 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  // ncclAlltoAll (NCCL 2.28+; grouped sends and receives before); between windows of a zero-CTA group, the
+  // copy engines move it.
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
   // On a communicator split with zero_cta or windows (NCCL 2.28+): ncclMemAlloc'd memory registered as a
   // symmetric window, so that an all-gather between two such buffers runs on the copy engines (zero-CTA)
   // and a reduce-scatter in one runs NCCL's symmetric kernels (fewer SMs); else null. Collective: where a
   // rank cannot allocate one, none does, and the group offers no more.
   std::unique_ptr<DeviceMemory> allocate_window(size_t bytes) override;
   int windows() const override { return windows_; }
+  // Split with the zero-CTA policy and handing out windows: all-gathers and all-to-alls between its windows
+  // run on the copy engines (NCCL 2.28+).
+  bool copy_engines() const { return zero_cta_ && windows_offered_; }
 #if NCCL_VERSION_CODE >= 22800
   // Deregisters a window of allocate_window's (collective, in the order they were registered).
   void release_window(ncclWindow_t window);
@@ -88,6 +94,7 @@ class NcclCommunicator : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool windows_offered_ = false;  // allocate_window hands out windows
+  bool zero_cta_ = false;         // split with NCCL's zero-CTA policy
   int windows_ = 0;
 };
 
@@ -100,11 +107,13 @@ bool copy_engine_gathers_available();
 // replicate group once more on that stream (ProcessGroups::replicate_overlap); with `gather_stream` and
 // a shard group of several, the shard group once more on it (ProcessGroups::shard_gather), with the
 // zero-CTA policy when copy_engine_gathers (dist.gather_copy_engine). symmetric_reductions
-// (dist.symmetric_reductions): the shard group hands out symmetric windows. timeout_s bounds every wait
-// (dist.timeout in the deck).
+// (dist.symmetric_reductions): the shard group hands out symmetric windows. copy_engine_reductions
+// (dist.copy_engine_reductions): a shard group of two on one host once more, zero-CTA, on `stream`
+// (ProcessGroups::shard_exchange), where NCCL offers its windows. timeout_s bounds every wait (dist.timeout
+// in the deck).
 ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, ShardingStrategy strategy,
                                        cudaStream_t stream, double timeout_s, cudaStream_t replicate_stream = nullptr,
                                        cudaStream_t gather_stream = nullptr, bool copy_engine_gathers = false,
-                                       bool symmetric_reductions = false);
+                                       bool symmetric_reductions = false, bool copy_engine_reductions = false);
 
 }  // namespace shardlm::cuda
