@@ -36,6 +36,14 @@ BOOST_AUTO_TEST_CASE(fp32_collectives) {
   std::vector<float> b = {r == n - 1 ? 42.0f : 0.0f};
   world.broadcast(b.data(), 1, DType::F32, n - 1);
   BOOST_TEST(b[0] == 42.0f);
+
+  // all-to-all: run q of rank r's send (element i: 1000 r + 10 q + i) lands at r * count on rank q.
+  std::vector<float> send(count * n), recv(count * n, -1.0f);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) send[q * count + i] = float(1000 * r + 10 * q + i);
+  world.all_to_all(send.data(), recv.data(), count, DType::F32);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) BOOST_TEST(recv[q * count + i] == float(1000 * q + 10 * r + i));
 }
 
 // In place, as NCCL allows and the engine uses: all_gather from this rank's piece of the output,
