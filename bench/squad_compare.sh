@@ -44,12 +44,13 @@
 #   --quick            a tiny model (vocab 512, hidden 128, 2 layers, 4 heads), 1 epoch: the path
 #                      end to end in a minute or two
 #   --dry-run          write the data and the decks, print every command, run none
+#   --shardlm-args "A" extra deck overrides for every shardlm run (e.g. "--dist.copy_engine_reductions=false")
 set -uo pipefail
 
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 BIN=build/bin/shardlm GPUS=1 EPOCHS="" QUESTIONS=250,100 RUN_TIMEOUT=300 BUDGET=480 ONLY=""
-SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda
+SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda SHARDLM_ARGS=
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -64,6 +65,7 @@ while [ $# -gt 0 ]; do
     --skip-shardlm) SKIP_SL=1 ;;
     --quick) QUICK=1 ;;
     --dry-run) DRY=1 ;;
+    --shardlm-args) SHARDLM_ARGS=$2; shift ;;
     --backend) BACKEND=$2; shift ;;   # hidden: "cpu" exercises the shardlm plumbing without a GPU
     -h|--help) usage 0 ;;
     -) POS+=("$1") ;;
@@ -417,6 +419,8 @@ run_one() {  # id name label impl gpus strategy offload
     [ "$BACKEND" = cpu ] && cmd+=(--oversubscribe)
     [ "$(id -u)" = 0 ] && cmd+=(--allow-run-as-root)
     cmd+=("$BIN" train "$DECKS/$name.ini")
+    # shellcheck disable=SC2206  # word-split on purpose: several overrides in one argument
+    [ -n "$SHARDLM_ARGS" ] && cmd+=($SHARDLM_ARGS)
   fi
   local shown
   shown=$(quoted "${envs[@]}" "${cmd[@]}")
