@@ -659,12 +659,14 @@ BOOST_AUTO_TEST_CASE(copy_engine_exchange_window_is_planned) {
         BOOST_TEST(slice * 4 > shardlm::kExchangeMaxSliceBytes);
         BOOST_TEST(b.exchange_numel == 0u);
         BOOST_TEST(window_of(s) == 0u);
+        BOOST_TEST(shardlm::plan_rank_memory(s).exchange_bytes == 0u);
         continue;
       }
       const size_t piece = std::min(slice, shardlm::kExchangeWindowBytes / 8);
       BOOST_TEST(b.exchange_numel == piece);
       BOOST_TEST(b.exchange_bytes == 2 * piece * 4);
       BOOST_TEST(window_of(s) == b.exchange_bytes);
+      BOOST_TEST(shardlm::plan_rank_memory(s).exchange_bytes == b.exchange_bytes);  // what make_engine asks
       BOOST_TEST((deck == kBloom560m ? piece == slice : (slice + piece - 1) / piece == 2u));
       shardlm::MemoryPlanSpec hybrid = s;  // HYBRID_SHARD 2 x 2: a shard group of two in each node
       hybrid.world_size = 4, hybrid.ranks_per_node = 2, hybrid.fsdp.strategy = shardlm::ShardingStrategy::HybridShard;

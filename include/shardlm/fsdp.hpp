@@ -398,6 +398,7 @@ struct RankMemoryPlan {
   // FsdpBufferPlan::grads_in_head_scratch: the bytes the block-gradient buffers and the model's head scratch
   // share, counted once, under record.full_grads (record.activations leaves them out).
   size_t shared_head_scratch = 0;
+  size_t exchange_bytes = 0;  // the copy-engine exchange's window (FsdpBufferPlan::exchange_bytes), in comm_staging
   size_t io_buffers = 0;      // CUDA: token and target ids of a micro-batch, loss and norm scalars
   size_t host_bytes = 0;      // CUDA: host memory of the rank (checkpoint staging of the master and moments;
                               // with offload the master, moments, fp32 gradient and pinned copy buffers)

@@ -68,6 +68,7 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
                                               spec.activation_checkpointing);
   // The block-gradient buffers in the head's scratch: what they share is counted under the gradients.
   if (b.grads_in_head_scratch) p.shared_head_scratch = std::min(model.head_scratch, b.grad_buffers * b.block_padded * 4);
+  p.exchange_bytes = b.exchange_bytes;
   p.record.activations = model.activations - p.shared_head_scratch;
   p.model_extra = model.extra;
   // The CUDA engine's device copies of a micro-batch's token and target ids (and with data.packing its

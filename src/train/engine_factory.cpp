@@ -93,12 +93,14 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     // The second communicators are for the engine's own schedule; CPU offload keeps everything on one stream.
     const bool overlap = cfg.dist.replicate_stream && !cfg.fsdp.cpu_offload;
     const bool gathers = cfg.dist.gather_stream && !cfg.fsdp.cpu_offload;
+    // The exchange's communicator only where the plan gives the blocks one (dist.copy_engine_reductions: a
+    // shard group of two, fp32 reductions, block slices small enough).
+    const bool exchanges = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).exchange_bytes > 0;
     groups = cuda::make_nccl_process_groups(
         comm, topo, cfg.fsdp.strategy, static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout,
         overlap ? static_cast<cudaStream_t>(backend->replicate_stream()) : nullptr,
         gathers ? static_cast<cudaStream_t>(backend->gather_stream()) : nullptr, cfg.dist.gather_copy_engine,
-        cfg.dist.symmetric_reductions, cfg.dist.copy_engine_reductions && !cfg.fsdp.cpu_offload &&
-                                           cfg.fsdp.reduce_dtype == DType::F32);
+        cfg.dist.symmetric_reductions, exchanges);
     // Offloaded, AdamW runs on the host's cores, shared by the ranks on it (its moments in
     // fsdp.offload_dir's mapped files when set).
     if (cfg.fsdp.cpu_offload)
