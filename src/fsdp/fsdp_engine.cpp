@@ -88,7 +88,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   EngineLayouts layouts = engine_layouts(model->config());
   double link[2] = {0, 0};
   // dist.copy_engine_reductions where NCCL offers the exchange (the shard group on one host, 2.28+).
-  opt.copy_engine_reductions = opt.copy_engine_reductions && groups_.shard_exchange && !opt.cpu_offload;
+  opt.copy_engine_reductions = opt.copy_engine_reductions && groups_.shard_exchange;
   opt.offload_root_update = resolved_root_update(opt, shard_numel_of(layouts.trainable[0].numel, shard_size), be,
                                                  host_backend_.get(), link);
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
@@ -106,8 +106,11 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   optimizer_ = make_optimizer(opt.optimizer, state_be, slices, adam, opt.param_dtype);
 
   m.allocate_buffers();
-  // (No window for the exchange: NCCL's reduce-scatters, and no exchange in the plan.)
-  if (!m.exchanger) plan_.exchange_numel = plan_.exchange_bytes = 0;
+  // (No windows for the exchange: NCCL's reduce-scatters, and no exchange in the plan or the options.)
+  if (!m.exchanger) {
+    plan_.exchange_numel = plan_.exchange_bytes = 0;
+    m.opt.copy_engine_reductions = false;
+  }
   if (opt.cpu_offload)
     m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
   if (m.lora) {
@@ -209,30 +212,22 @@ void FsdpEngine::Impl::allocate_buffers() {
   // (dist.symmetric_reductions; the exchange group's with the exchange, whose all-to-alls send from them),
   // lent to the model as its head scratch when they share it.
   Communicator* grads_group = exchanger ? exchanger : &shard;
-  size_t windows_asked = 0, windows_made = 0;
-  const auto grad_window = [&](size_t n) {
-    std::unique_ptr<DeviceMemory> w = grads_group->allocate_window(n);
-    ++windows_asked;
-    windows_made += w != nullptr;
-    return w;
-  };
   char* scratch = nullptr;
   if (plan.grads_in_head_scratch)
-    scratch = static_cast<char*>(model->lend_head_scratch(plan.grad_buffers * grad_bytes, grad_window));
+    scratch = static_cast<char*>(model->lend_head_scratch(
+        plan.grad_buffers * grad_bytes, [grads_group](size_t n) { return grads_group->allocate_window(n); }));
   if (scratch) {
     grads_borrowed = plan.grad_buffers * grad_bytes;
     head_shared = std::min(model->head_scratch_bytes(), grads_borrowed);
     head_done = be.make_event();
   }
-  for (size_t i = 0; i < plan.grad_buffers; ++i) {
-    std::unique_ptr<DeviceMemory> w = scratch ? nullptr : grad_window(grad_bytes);
+  for (size_t i = 0; i < plan.grad_buffers; ++i)
     block_grad_full.push_back(scratch ? DeviceArray{std::make_unique<BorrowedMemory>(scratch + i * grad_bytes, grad_bytes)}
-                              : w     ? DeviceArray{std::move(w)}
-                                      : be.allocate(grad_bytes, MemKind::Grads));
-  }
-  // (The model kept its own scratch, or a window failed: NCCL's reduce-scatters.)
-  if (exchanger && windows_made < std::max<size_t>(windows_asked, 1)) exchanger = nullptr, exchange_window = DeviceArray{};
-  if (!exchanger) opt.copy_engine_reductions = false;
+                                      : window_or_backend(grads_group, grad_bytes, MemKind::Grads));
+  // The exchange sends from the block gradients: its window and every gradient buffer (or the lent scratch)
+  // windows of its group, else NCCL's reduce-scatters (the model kept its own scratch, or a window failed).
+  const int grad_windows = scratch ? 1 : static_cast<int>(plan.grad_buffers);
+  if (exchanger && exchanger->windows() != 1 + grad_windows) exchanger = nullptr, exchange_window = DeviceArray{};
   // Zeroed after each reduction from here on (Impl::zero_on_comm).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
   grad_fresh.assign(units.size(), 0);

@@ -151,7 +151,8 @@ struct FsdpEngine::Impl {
   // else the backend's.
   DeviceArray gather_memory(size_t bytes);
   // `group`'s window memory where it has some (null: none asked), else the backend's. The block-gradient
-  // buffers come from the shard group's (dist.symmetric_reductions: NCCL's symmetric reduce-scatters).
+  // buffers come from the shard group's (dist.symmetric_reductions: NCCL's symmetric reduce-scatters), or the
+  // exchange group's (dist.copy_engine_reductions).
   DeviceArray window_or_backend(Communicator* group, size_t bytes, MemKind kind);
   size_t slot(size_t u) const { return plan.reshard ? (u - 1) % block_full.size() : u - 1; }
   // A prefetch queued before this unit's compute must land in another buffer than the one in use.

@@ -94,8 +94,9 @@ Stream FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
   // Reduce-scattered in place: this rank's piece of the full buffer receives the group's sum (the
   // buffer is zeroed, or the root's rewritten, before it is written again), so no slice-sized staging.
   char* slice = send + static_cast<size_t>(shard.rank()) * n * dtype_size(rdt);
-  // A block's gradient (a window of the exchange group) through the copy engines; the root's through NCCL.
-  if (exchanger && u > 0 && rdt == DType::F32)
+  // A block's gradient (a window of the exchange group; fp32, as the plan gives the exchange only then)
+  // through the copy engines; the root's through NCCL.
+  if (exchanger && u > 0)
     reduce_by_exchange(full, n);
   else if (shard.size() > 1)
     shard.reduce_scatter(send, slice, n, rdt, ReduceOp::Sum);
