@@ -272,6 +272,9 @@ struct UnitParamsOf {
 struct UnitGrads {
   float* base = nullptr;
   float* adapter = nullptr;
+  // A block's base gradient holds nothing yet (UnitModel::writes_fresh_block_grads): the backward writes every
+  // element of the unit's layout instead of adding to it, whatever the memory holds (its padding aside).
+  bool fresh = false;
   UnitGrads(float* b = nullptr, float* a = nullptr) : base(b), adapter(a) {}  // NOLINT: implicit
   // Where the base tensor at `offset` accumulates, or null when the base is frozen.
   float* base_at(size_t offset) const { return base ? base + offset : nullptr; }
@@ -354,6 +357,11 @@ class UnitModel {
   // called. An empty hook: none.
   virtual size_t backward_tail_begin() const { return 0; }
   virtual void set_backward_tail_hook(std::function<void()> /*hook*/) {}
+  // block_backward honours UnitGrads::fresh: its projections' weight gradients written (no zeroed buffer read and
+  // added to) and the rest of the unit's elements zeroed before the kernels that add to them, so the engine need
+  // not zero the gradient buffers itself (FsdpEngine: the slices under zero_grad on one rank, each block buffer
+  // after its reduction). Without it the engine zeroes them and fresh is never set.
+  virtual bool writes_fresh_block_grads() const { return false; }
 
   // ---- greedy decoding with a key/value cache ----
   // The cache of `slots` sequences of up to `max_len` positions and the scratch of steps of up to

@@ -113,6 +113,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   }
   if (opt.cpu_offload)
     m.offload = std::make_unique<Impl::OffloadPolicy>(m, *host_backend_, *optimizer_, pin_host, link[0], link[1]);
+  m.fresh_grads = opt.fresh_block_grads && m.model->writes_fresh_block_grads() && !opt.cpu_offload && !m.lora;
   if (m.lora) {
     // The base weights start as the model's own initialisation (a pretrained load replaces them).
     frozen_state(seed);
@@ -228,8 +229,9 @@ void FsdpEngine::Impl::allocate_buffers() {
   // windows of its group, else NCCL's reduce-scatters (the model kept its own scratch, or a window failed).
   const int grad_windows = scratch ? 1 : static_cast<int>(plan.grad_buffers);
   if (exchanger && exchanger->windows() != 1 + grad_windows) exchanger = nullptr, exchange_window = DeviceArray{};
-  // Zeroed after each reduction from here on (Impl::zero_on_comm).
+  // Zeroed after each reduction from here on (Impl::zero_on_comm), or written whole (fresh_grads).
   for (DeviceArray& g : block_grad_full) be.zero(g.data(), g.bytes(), compute);
+  grad_buffer_empty.assign(block_grad_full.size(), 1);
   grad_fresh.assign(units.size(), 0);
   local_pending.assign(units.size(), 0);
   replicate_pending.assign(units.size(), 0);
@@ -295,8 +297,11 @@ void FsdpEngine::zero_grad() {
   Impl& m = *impl_;
   m.drop_pending();
   if (m.offload) return m.offload->zero_grad();
-  if (m.plan.direct_grads) {  // the backward adds into the slices themselves
-    for (Unit& d : m.units) backend_->zero(d.grad.data(), d.grad.bytes(), m.compute);
+  if (m.plan.direct_grads) {  // the backward adds into the slices themselves; the blocks' first writes them (fresh)
+    for (size_t u = 0; u < m.units.size(); ++u) {
+      if (m.fresh_grads && u > 0) m.grad_fresh[u] = 1;
+      else backend_->zero(m.units[u].grad.data(), m.units[u].grad.bytes(), m.compute);
+    }
     return;
   }
   // No pass over the slices: each unit's first reduction writes its slice (Impl::add_to_grad).

@@ -103,8 +103,20 @@ struct FsdpEngine::Impl {
   DeviceArray split_ids, split_ids_shard, split_ids_all, split_first, split_packed;
   std::unique_ptr<BackendEvent> head_reduced;
   // Per unit: its grad slice holds nothing of this step yet (zero_grad sets it instead of zeroing): the
-  // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest).
+  // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest). With
+  // fresh_grads and direct gradients, the first block backward writes it (UnitGrads::fresh).
   std::vector<char> grad_fresh;
+  // opt.fresh_block_grads where the model writes a block's gradient whole (UnitModel::writes_fresh_block_grads;
+  // not offloaded, not LoRA, whose blocks train adapters): no block-gradient memory is zeroed for it, neither
+  // the slices under zero_grad (direct gradients) nor a buffer after its reduction; instead, per buffer, it
+  // holds nothing to keep (zeroed, or read by its reduction), so the next block backward into it is fresh.
+  bool fresh_grads = false;
+  std::vector<char> grad_buffer_empty;
+  // Whether block l's backward into gradient buffer gs (or its slice, direct) is fresh.
+  bool block_grad_fresh(int l, size_t gs) const {
+    if (!fresh_grads) return false;
+    return plan.direct_grads ? grad_fresh[1 + static_cast<size_t>(l)] != 0 : grad_buffer_empty[gs] != 0;
+  }
   std::unique_ptr<BackendEvent> root_zeroed;  // comm: root_grad_full is zero for this backward
   // fsdp.no_sync (plan.no_sync): the micro-steps of this step so far and whether the next is announced
   // as its last (FsdpEngine::last_micro_step); per unit, what a later micro-step (or reduce_pending)

@@ -412,6 +412,8 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
     grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
     if (!plan.direct_grads && !zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
     float* grad = full_grad(1 + l);
+    UnitGrads grads = lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr};
+    grads.fresh = block_grad_fresh(l, gs);
     // (Every rank splits alike, one without tokens too: its backward queues nothing, and reduces both parts after.)
     const bool split = l == 0 && tail > 0;
     bool tail_reduced = false;
@@ -433,8 +435,10 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
         reduce_tail();
       });
     const int span = tracer.mark_begin("backward unit", 1 + l, Lane::Compute);
-    if (any) model->block_backward(l, p, lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr}, B, T, compute);
+    if (any) model->block_backward(l, p, grads, B, T, compute);
+    else if (grads.fresh) be.zero(grad, units[1 + l].flat.padded_numel * sizeof(float), compute);  // nothing written
     tracer.mark_end(span);
+    if (fresh_grads) (plan.direct_grads ? grad_fresh[1 + l] : grad_buffer_empty[gs]) = 0;
     done_with(1 + l);
     if (bp.reducing) {
       grad_ready[gs]->record(compute);
@@ -443,7 +447,11 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
       if (split) reduce_part(1, grad, 0, tail, "reduce unit 1 (attention part)");
       const Stream done = split ? comm : reduce(1 + l, grad);
       if (bp.squares) take_squares(1 + l, done);
-      if (zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), done);
+      // Read by its reduction: zeroed for the next block's backward to add to, or left for it to write whole.
+      if (zero_on_comm()) {
+        if (fresh_grads) grad_buffer_empty[gs] = 1;
+        else be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), done);
+      }
       // Offloaded, the copy down may read the buffer itself (one fp32 shard): its stream says when it is free.
       grad_reduced[gs]->record(offload ? offload->grad_readers() : done);
     }

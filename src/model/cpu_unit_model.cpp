@@ -13,6 +13,8 @@ class CpuUnitModel final : public UnitModel {
  public:
   CpuUnitModel(std::unique_ptr<CpuModel> model, int max_batch, int max_seq)
       : model_(std::move(model)), hidden_size_(model_->config().hidden_size) {
+    const std::vector<UnitLayout> layout = model_layout(model_->config());
+    block_numel_ = layout.size() > 1 ? layout[1].numel : 0;
     const size_t n = static_cast<size_t>(max_batch) * max_seq * hidden_size_;
     for (int i = 0; i < 2; ++i) {
       hidden_[i].allocate(n, MemKind::Activations);
@@ -41,6 +43,9 @@ class CpuUnitModel final : public UnitModel {
     dcur_ = 0;
   }
   void block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, Stream) override {
+    // UnitGrads::fresh: the CPU model adds to its gradients, so the block's are zeroed first (the engine's
+    // fresh-gradient schedule then runs in CI too; the GPU families write them instead).
+    if (grads.fresh && grads.base) std::fill(grads.base, grads.base + block_numel_, 0.0f);
     model_->block_backward(layer, floats(params), dhidden_[dcur_].data(), dhidden_[1 - dcur_].data(), grads, B, T);
     dcur_ = 1 - dcur_;
   }
@@ -59,6 +64,7 @@ class CpuUnitModel final : public UnitModel {
   void* share_head_scratch(size_t bytes) override { return model_->share_head_scratch(bytes); }
   size_t backward_tail_begin() const override { return model_->backward_tail_begin(); }
   void set_backward_tail_hook(std::function<void()> hook) override { model_->set_backward_tail_hook(std::move(hook)); }
+  bool writes_fresh_block_grads() const override { return true; }
   std::string attention_description() const override { return "cpu"; }
   int length_multiple() const override { return 1; }
 
@@ -108,6 +114,7 @@ class CpuUnitModel final : public UnitModel {
 
   std::unique_ptr<CpuModel> model_;
   size_t hidden_size_;
+  size_t block_numel_ = 0;  // a block's elements (model_layout), zeroed for a fresh backward
   Buffer<float> hidden_[2], dhidden_[2];  // h and dh between units, ping-pong
   int cur_ = 0, dcur_ = 0;                // which of each holds the current state
   double loss_ = 0.0;

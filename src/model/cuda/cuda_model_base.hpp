@@ -92,6 +92,14 @@ class CudaModelBase : public CudaModel {
   void backward_tail_done() const {
     if (tail_hook_) tail_hook_();
   }
+  // UnitGrads::fresh: the family's constructor says what its block_backward writes whole (its projections'
+  // weights: block_written_, [offset, offset + count) in the block's layout of block_numel_ elements), and
+  // block_backward calls zero_unwritten first: the rest of the block's gradient, which its kernels add to
+  // (norms, biases), zeroed; with none_written (a backward of no tokens) all of it. Nothing without fresh (or for
+  // a frozen base).
+  size_t block_numel_ = 0;
+  std::vector<std::pair<size_t, size_t>> block_written_;
+  void zero_unwritten(const UnitGrads& grads, cudaStream_t s, bool none_written = false) const;
 
  private:
   DeviceBuffer<char> hidden_;

@@ -69,6 +69,7 @@ class CudaUnitModel final : public UnitModel {
   }
   size_t backward_tail_begin() const override { return model_->backward_tail_begin(); }
   void set_backward_tail_hook(std::function<void()> hook) override { model_->set_backward_tail_hook(std::move(hook)); }
+  bool writes_fresh_block_grads() const override { return true; }  // every CUDA family (CudaModelBase::zero_unwritten)
 
   void decode_allocate(int slots, int max_len, int max_rows) override {
     model_->decode_allocate(slots, max_len, max_rows);

@@ -19,6 +19,8 @@ struct MatMul {
   // With fp8: the block's amax slot of the linear layer this call is (Fp8Scratch::saved_amax; -1: none),
   // which its forward fills and its linear_backward reads instead of reducing x's and W's amax again.
   int fp8_slot = -1;
+  // linear_backward's weight gradient: dW = weight_beta dW + dy^T x (0: written, UnitGrads::fresh).
+  float weight_beta = 1;
   // This MatMul for the linear layer of amax slot `slot`.
   MatMul projection(int slot) const {
     MatMul m = *this;
@@ -33,13 +35,13 @@ struct MatMul {
     run(d, fp8_slot);
   }
 
-  // A linear layer y[n, out] = x[n, in] W[out, in]^T, backward: dW += dy^T x in fp32 (dW null: a frozen
-  // weight), then dx = dy W (dx may be x's buffer). In FP8 dy is quantized once for both, and with
-  // fp8_slot x's and W's amaxes are the forward's (same bits) when that forward ran in FP8 (it fit: its
-  // output taken as whole rows of `out`).
+  // A linear layer y[n, out] = x[n, in] W[out, in]^T, backward: dW += dy^T x in fp32 (dW = dy^T x with
+  // weight_beta 0; dW null: a frozen weight), then dx = dy W (dx may be x's buffer). In FP8 dy is quantized
+  // once for both, and with fp8_slot x's and W's amaxes are the forward's (same bits) when that forward ran
+  // in FP8 (it fit: its output taken as whole rows of `out`).
   void linear_backward(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, const void* W,
                        void* dW, void* dx, int ld_dx, DType dt) const {
-    const GemmDesc wgrad = desc(true, false, out, in, n, dy, ld_dy, x, ld_x, dW, in, dt, DType::F32, 1);
+    const GemmDesc wgrad = desc(true, false, out, in, n, dy, ld_dy, x, ld_x, dW, in, dt, DType::F32, weight_beta);
     const GemmDesc dgrad = desc(false, false, n, in, out, dy, ld_dy, W, in, dx, ld_dx, dt, dt, 0);
     if (fp8 && fp8_gemm_fits(dgrad, *fp8) && (!dW || fp8_gemm_fits(wgrad, *fp8))) {
       const bool forward_fp8 =

@@ -24,7 +24,13 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   auto place = [&](size_t offset) { return model_detail::root_tensor(cfg, offset); };
   root_ = {place(root.embeddings), place(root.embed_norm_weight), place(root.embed_norm_bias),
            place(root.final_norm_weight), place(root.final_norm_bias)};
-  if (cfg.num_layers > 0) block_ = bloom_block_offsets(layout[1]);
+  if (cfg.num_layers > 0) {
+    block_ = bloom_block_offsets(layout[1]);
+    const size_t H = cfg.hidden_size;
+    block_numel_ = layout[1].numel;
+    block_written_ = {{block_.qkv_weight, 3 * H * H}, {block_.dense_weight, H * H}, {block_.mlp_in_weight, 4 * H * H},
+                      {block_.mlp_out_weight, 4 * H * H}};
+  }
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
   SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -152,6 +158,7 @@ void BloomCuda::head(UnitParams root, const int32_t* targets, int B, int T, floa
 void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
   const int N = B * T, H = cfg_.hidden_size;
   const size_t NH = static_cast<size_t>(N) * H;
+  zero_unwritten(grads, s, N == 0);  // UnitGrads::fresh: what no kernel below writes whole
   Saved& sv = saved(layer);
   if (checkpointing_) forward_into(layer, params, sv, B, T, s, true);  // recompute this block's activations
   const char* p = static_cast<const char*>(params.base);
@@ -163,7 +170,7 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // the gradient of its output [N, out]; then, after its input gradient, that gradient's LoRA term.
   auto param_backward = [&](Module mod, const void* x, const char* dy, int in, int out, size_t weight, size_t bias) {
     if (train_base) {
-      mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, 1);
+      mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, grads.fresh ? 0.0f : 1.0f);
       bias_grad(dy, g(bias), N, out, dt_, s);
     }
     lora_.param_backward(layer, mod, params.adapter, x, dy, out, N, T, grads.adapter, gemm_, s);
