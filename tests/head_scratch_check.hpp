@@ -49,6 +49,36 @@ inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads
   }
 }
 
+// Two engines of cfg take two steps of two micro-steps of the same random micro-batches (the second adds to the
+// first; an AdamW update after each step): the same losses, exactly in the first step, to 1e-6 after an update,
+// and gradient slices to 1e-5 of each slice's largest element. (Bit for bit would be too strict: the norms'
+// weight gradients add with atomics, in any order, so after the first update the parameters may differ in their
+// last bits too.)
+inline void expect_two_steps_alike(const shardlm::RunConfig& cfg, int micro, shardlm::FsdpEngine& a,
+                                   shardlm::FsdpEngine& b, unsigned seed) {
+  using namespace shardlm;
+  std::mt19937 rng(seed + static_cast<unsigned>(world_rank()));
+  for (int step = 0; step < 2; ++step) {
+    const MicroBatch first = random_micro_batch(cfg, micro, rng), second = random_micro_batch(cfg, micro, rng);
+    std::vector<double> losses;
+    std::vector<std::vector<float>> grads;
+    for (FsdpEngine* e : {&a, &b}) {
+      e->zero_grad();
+      losses.push_back(e->forward_backward(first, 0.5f / first.target_count, 0));
+      e->last_micro_step();
+      losses.push_back(e->forward_backward(second, 0.5f / second.target_count, 0));
+      for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+      e->optimizer_step(1e-3, 1.0f);
+    }
+    BOOST_TEST_CONTEXT("step " << step) {
+      const double tolerance = step == 0 ? 0.0 : 1e-6;
+      BOOST_TEST(std::fabs(losses[2] - losses[0]) <= tolerance * std::fabs(losses[0]));
+      BOOST_TEST(std::fabs(losses[3] - losses[1]) <= tolerance * std::fabs(losses[1]));
+      expect_same_grad_slices(grads, false);
+    }
+  }
+}
+
 // Every strategy of `base` (its backend, model, dtype and offload as given). The sharded strategies reduce
 // every micro-step (no sync in full would keep the buffers apart); the replicated ones all-reduce over the
 // replicas once a step (no sync for the replicas, shared). `exact`: the gradient slices bit for bit, else

@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(defaults_fill_the_rest) {
   BOOST_TEST(c.model.layer_norm_eps == d.model.layer_norm_eps);
   // Every key is in `resolved`, in the fixed order, sections model .. run.
   // LoRA is off without [lora], and the resolved deck then has no [lora] keys.
-  BOOST_TEST(c.resolved.size() == 106u);  // grows with each new key; the list below pins the order
+  BOOST_TEST(c.resolved.size() == 107u);  // grows with each new key; the list below pins the order
   BOOST_TEST(c.resolved.front().first == "model.arch");
   std::vector<std::string> checkpoint_keys;
   for (const auto& kv : c.resolved)
@@ -571,6 +571,14 @@ BOOST_AUTO_TEST_CASE(root_reduction) {
   BOOST_TEST(has(resolved_deck_ini(c), "root_reduction = split\n"));
   BOOST_TEST((load(kBase, {"--fsdp.root_reduction=whole"}).fsdp.root_reduction == RootReduction::Whole));
   BOOST_TEST(has(error_of([&] { load(kBase, {"--fsdp.root_reduction=halves"}); }), "fsdp.root_reduction"));
+}
+
+// fsdp.fresh_block_grads: on by default; false read and written back.
+BOOST_AUTO_TEST_CASE(fresh_block_grads) {
+  BOOST_TEST(load(kBase).fsdp.fresh_block_grads);
+  const RunConfig c = load(kBase, {"--fsdp.fresh_block_grads=false"});
+  BOOST_TEST(!c.fsdp.fresh_block_grads);
+  BOOST_TEST(has(resolved_deck_ini(c), "fresh_block_grads = false\n"));
 }
 
 // fsdp.no_sync: auto by default; every word read and written back; another word is refused naming the key.

@@ -117,34 +117,6 @@ RunConfig phi3_config(const std::string& backend, const std::string& name, int s
   return cfg;
 }
 
-// Two engines of cfg take two steps of two micro-steps of the same random micro-batches (the second adds to the
-// first; an AdamW update after each step): the same losses, exactly in the first step, to 1e-6 after an update,
-// and gradient slices to 1e-5 of each slice's largest element. (Bit for bit would be too strict: the norms'
-// weight gradients add with atomics, in any order, so after the first update the parameters may differ in their
-// last bits too.)
-void expect_two_steps_alike(const RunConfig& cfg, int micro, FsdpEngine& a, FsdpEngine& b, unsigned seed) {
-  std::mt19937 rng(seed + static_cast<unsigned>(world_rank()));
-  for (int step = 0; step < 2; ++step) {
-    const MicroBatch first = random_micro_batch(cfg, micro, rng), second = random_micro_batch(cfg, micro, rng);
-    std::vector<double> losses;
-    std::vector<std::vector<float>> grads;
-    for (FsdpEngine* e : {&a, &b}) {
-      e->zero_grad();
-      losses.push_back(e->forward_backward(first, 0.5f / first.target_count, 0));
-      e->last_micro_step();
-      losses.push_back(e->forward_backward(second, 0.5f / second.target_count, 0));
-      for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
-      e->optimizer_step(1e-3, 1.0f);
-    }
-    BOOST_TEST_CONTEXT("step " << step) {
-      const double tolerance = step == 0 ? 0.0 : 1e-6;
-      BOOST_TEST(std::fabs(losses[2] - losses[0]) <= tolerance * std::fabs(losses[0]));
-      BOOST_TEST(std::fabs(losses[3] - losses[1]) <= tolerance * std::fabs(losses[1]));
-      expect_same_grad_slices(grads, false);
-    }
-  }
-}
-
 // LoRA (r 4, alpha 8) on every linear layer of the family, over the frozen base.
 RunConfig with_lora(RunConfig cfg) {
   cfg.model.lora.r = 4;
@@ -781,7 +753,7 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
     }
 }
 
-// fsdp fresh block gradients (UnitModel::writes_fresh_block_grads): the CUDA families' block backwards write their
+// fsdp.fresh_block_grads (UnitModel::writes_fresh_block_grads): the CUDA families' block backwards write their
 // projections' weight gradients (GEMM beta 0) and zero the rest themselves, so the engine zeroes no block-gradient
 // memory (one rank: the slices under zero_grad; several: each buffer after its reduction), which then holds the
 // previous step's or block's values. Against an engine that zeroes as before: BLOOM, Llama and Gemma 3 (sandwich
@@ -800,8 +772,9 @@ BOOST_AUTO_TEST_CASE(fresh_block_gradients_change_nothing) {
         cfg.fsdp.no_sync = s == ShardingStrategy::NoShard ? NoSync::Full : NoSync::Off;
         const Topology topo = make_topology(MPI_COMM_WORLD, 0);
         const int micro = 2;
-        auto zeroing =
-            make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.fresh_block_grads = false; });
+        RunConfig zeroing_cfg = cfg;
+        zeroing_cfg.fsdp.fresh_block_grads = false;
+        auto zeroing = make_engine(zeroing_cfg, MPI_COMM_WORLD, topo, micro);
         auto fresh = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
         BOOST_TEST_CONTEXT(cfg.model.arch << " " << strategy_name(s) << " " << dtype_name(pdt)) {
           expect_two_steps_alike(cfg, micro, *zeroing, *fresh, 41);

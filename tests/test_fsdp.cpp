@@ -405,6 +405,27 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
   }
 }
 
+// fsdp.fresh_block_grads: the CPU model zeroes a block's gradient itself before adding to it when the engine says
+// its memory holds nothing to keep, and the engine zeroes none (the schedule the GPU families run, writing
+// their weight gradients instead): against fsdp.fresh_block_grads = false, BLOOM and Llama, FULL_SHARD,
+// NO_SHARD with no sync in full and HYBRID_SHARD, two steps of two micro-steps (head_scratch_check.hpp).
+BOOST_AUTO_TEST_CASE(fresh_block_gradients_change_nothing) {
+  for (int kind = 0; kind < 2; ++kind)
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+      RunConfig cfg = tiny_config(s, "fresh_grads");
+      if (kind > 0) make_tiny_llama(cfg.model);
+      cfg.fsdp.no_sync = s == ShardingStrategy::NoShard ? NoSync::Full : NoSync::Off;
+      const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+      const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+      const int micro = 2;
+      RunConfig zeroing_cfg = cfg;
+      zeroing_cfg.fsdp.fresh_block_grads = false;
+      auto zeroing = make_engine(zeroing_cfg, MPI_COMM_WORLD, topo, micro);
+      auto fresh = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+      BOOST_TEST_CONTEXT(cfg.model.arch << " " << strategy_name(s)) { expect_two_steps_alike(cfg, micro, *zeroing, *fresh, 53); }
+    }
+}
+
 // The first block's reduction in two parts (FsdpEngine::Impl::split_first_block: the MLP's part reduced as
 // soon as the block's backward has written it, the attention's after) gives the gradients of the whole
 // reduction: Llama, and Gemma 3 (whose sandwich norm on the attention's output lies before the MLP's part),

@@ -138,6 +138,10 @@ struct FsdpSection {
   // the last (HSDP's; no extra memory); Off: every micro-step reduces everything; Auto: Full when the
   // unsharded model fits kNoSyncAutoBytes, else Replicate (FsdpBufferPlan::no_sync).
   NoSync no_sync = NoSync::Auto;
+  // The blocks' backward writes their fp32 gradients into memory whose content nothing needs (a buffer its
+  // reduction has read, a slice zero_grad left), instead of the engine zeroing it to be added to; false: zeroed
+  // as before (UnitModel::writes_fresh_block_grads says which models can).
+  bool fresh_block_grads = true;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

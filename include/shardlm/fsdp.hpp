@@ -54,10 +54,6 @@ struct FsdpOptions : FsdpSection {
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
-  // A model that writes a block's gradient whole (UnitModel::writes_fresh_block_grads) is told when its memory
-  // holds nothing to keep, and the engine zeroes no block-gradient memory for it (Impl::fresh_grads); tests
-  // turn it off to compare.
-  bool fresh_block_grads = true;
   // dist.copy_engine_reductions where it can apply (a CUDA run whose shard group is on one host): the blocks'
   // reductions over a shard group of two as copy-engine exchanges through a window (FsdpBufferPlan::
   // exchange_numel). The engine resolves it to whether it got one (ProcessGroups::shard_exchange's).

@@ -106,7 +106,7 @@ struct FsdpEngine::Impl {
   // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest). With
   // fresh_grads and direct gradients, the first block backward writes it (UnitGrads::fresh).
   std::vector<char> grad_fresh;
-  // opt.fresh_block_grads where the model writes a block's gradient whole (UnitModel::writes_fresh_block_grads;
+  // fsdp.fresh_block_grads where the model writes a block's gradient whole (UnitModel::writes_fresh_block_grads;
   // not offloaded, not LoRA, whose blocks train adapters): no block-gradient memory is zeroed for it, neither
   // the slices under zero_grad (direct gradients) nor a buffer after its reduction; instead, per buffer, it
   // holds nothing to keep (zeroed, or read by its reduction), so the next block backward into it is fresh.
