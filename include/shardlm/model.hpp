@@ -276,6 +276,8 @@ struct UnitGrads {
   // element of the unit's layout instead of adding to it, whatever the memory holds (its padding aside).
   bool fresh = false;
   UnitGrads(float* b = nullptr, float* a = nullptr) : base(b), adapter(a) {}  // NOLINT: implicit
+  // The beta of a GEMM that forms a base gradient: 0 writes it (fresh), 1 adds to it.
+  float gemm_beta() const { return fresh ? 0.0f : 1.0f; }
   // Where the base tensor at `offset` accumulates, or null when the base is frozen.
   float* base_at(size_t offset) const { return base ? base + offset : nullptr; }
 };

@@ -23,16 +23,20 @@ CudaModelBase::CudaModelBase(const char* name, const ModelConfig& cfg, DType dt,
   model_detail::check_built_sizes(name, max_batch, max_seq);
 }
 
+void CudaModelBase::written_whole(size_t numel, std::vector<std::pair<size_t, size_t>> regions) {
+  std::sort(regions.begin(), regions.end());
+  block_numel_ = numel;
+  block_written_ = std::move(regions);
+}
+
 void CudaModelBase::zero_unwritten(const UnitGrads& grads, cudaStream_t s, bool none_written) const {
   if (!grads.fresh || !grads.base) return;
-  std::vector<std::pair<size_t, size_t>> written;
-  if (!none_written) written = block_written_;
-  std::sort(written.begin(), written.end());
   size_t at = 0;  // the first element not yet zeroed or written
-  for (const auto& [offset, count] : written) {
-    if (offset > at) SHARDLM_CUDA_CHECK(cudaMemsetAsync(grads.base + at, 0, (offset - at) * sizeof(float), s));
-    at = std::max(at, offset + count);
-  }
+  if (!none_written)
+    for (const auto& [offset, count] : block_written_) {
+      if (offset > at) SHARDLM_CUDA_CHECK(cudaMemsetAsync(grads.base + at, 0, (offset - at) * sizeof(float), s));
+      at = std::max(at, offset + count);
+    }
   if (block_numel_ > at)
     SHARDLM_CUDA_CHECK(cudaMemsetAsync(grads.base + at, 0, (block_numel_ - at) * sizeof(float), s));
 }

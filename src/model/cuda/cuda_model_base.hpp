@@ -92,13 +92,12 @@ class CudaModelBase : public CudaModel {
   void backward_tail_done() const {
     if (tail_hook_) tail_hook_();
   }
-  // UnitGrads::fresh: the family's constructor says what its block_backward writes whole (its projections'
-  // weights: block_written_, [offset, offset + count) in the block's layout of block_numel_ elements), and
+  // UnitGrads::fresh: the family's constructor says what its block_backward writes whole (written_whole: its
+  // projections' weights, [offset, offset + count) in the block's layout of `numel` elements), and
   // block_backward calls zero_unwritten first: the rest of the block's gradient, which its kernels add to
   // (norms, biases), zeroed; with none_written (a backward of no tokens) all of it. Nothing without fresh (or for
   // a frozen base).
-  size_t block_numel_ = 0;
-  std::vector<std::pair<size_t, size_t>> block_written_;
+  void written_whole(size_t numel, std::vector<std::pair<size_t, size_t>> regions);
   void zero_unwritten(const UnitGrads& grads, cudaStream_t s, bool none_written = false) const;
 
  private:
@@ -108,6 +107,8 @@ class CudaModelBase : public CudaModel {
   size_t head_scratch_bytes_ = 0;  // what the head writes of head_ws_ (share_head_scratch may have grown it)
   std::unique_ptr<DeviceMemory> head_lent_;  // lend_head_scratch's memory, in head_ws_'s place
   std::function<void()> tail_hook_;  // set_backward_tail_hook
+  size_t block_numel_ = 0;                                // written_whole
+  std::vector<std::pair<size_t, size_t>> block_written_;  // written_whole's regions, in order
   size_t layer_cache_bytes_ = 0;
   int max_len_ = 0, max_rows_ = 0;
 };

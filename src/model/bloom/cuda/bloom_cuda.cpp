@@ -27,9 +27,8 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   if (cfg.num_layers > 0) {
     block_ = bloom_block_offsets(layout[1]);
     const size_t H = cfg.hidden_size;
-    block_numel_ = layout[1].numel;
-    block_written_ = {{block_.qkv_weight, 3 * H * H}, {block_.dense_weight, H * H}, {block_.mlp_in_weight, 4 * H * H},
-                      {block_.mlp_out_weight, 4 * H * H}};
+    written_whole(layout[1].numel, {{block_.qkv_weight, 3 * H * H}, {block_.dense_weight, H * H},
+                                    {block_.mlp_in_weight, 4 * H * H}, {block_.mlp_out_weight, 4 * H * H}});
   }
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
@@ -170,7 +169,7 @@ void BloomCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // the gradient of its output [N, out]; then, after its input gradient, that gradient's LoRA term.
   auto param_backward = [&](Module mod, const void* x, const char* dy, int in, int out, size_t weight, size_t bias) {
     if (train_base) {
-      mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, grads.fresh ? 0.0f : 1.0f);
+      mm(true, false, out, in, N, dy, out, x, in, g(weight), in, dt_, DType::F32, grads.gemm_beta());
       bias_grad(dy, g(bias), N, out, dt_, s);
     }
     lora_.param_backward(layer, mod, params.adapter, x, dy, out, N, T, grads.adapter, gemm_, s);

@@ -38,8 +38,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
     block_ = {o.input_norm, o.q,      o.q_bias, o.o,           o.post_norm,
               o.gate,       o.down,   o.q_norm, o.k_norm,      o.attn_out_norm, o.mlp_out_norm};
     tail_begin_ = llama_backward_tail_begin(layout[1], o);
-    block_numel_ = layout[1].numel;
-    block_written_ = {{o.q, (qw_ + 2 * kvw_) * H}, {o.o, H * qw_}, {o.gate, 2 * ffn_ * H}, {o.down, H * ffn_}};
+    written_whole(layout[1].numel,
+                  {{o.q, (qw_ + 2 * kvw_) * H}, {o.o, H * qw_}, {o.gate, 2 * ffn_ * H}, {o.down, H * ffn_}});
     // The fused GEMMs read [q; k; v] and [gate; up] as one weight matrix each, and the bias
     // epilogue [q; k; v] biases as one vector.
     SHARDLM_CHECK(o.k == o.q + qw_ * H && o.v == o.q + (qw_ + kvw_) * H && o.up == o.gate + ffn_ * H,
@@ -322,7 +322,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   // A base tensor's gradient, null when the base is frozen (no weight, bias or norm gradient at all).
   auto g = [&](size_t offset) { return grads.base_at(offset); };
   MatMul mm{gemm_, s, 1, fp8_.scratch()};
-  mm.weight_beta = grads.fresh ? 0.0f : 1.0f;
+  mm.weight_beta = grads.gemm_beta();
   // A linear layer's LoRA parameter gradients from its output's (columns of row stride ld), and its
   // input gradient's LoRA term, when it is adapted.
   auto lora_params = [&](int mod, const void* x, const char* dy, int ld) {
