@@ -23,6 +23,7 @@
 #include "fp8_cast.hpp"
 #include "fp8_gemm.hpp"
 #include "gemm.hpp"
+#include "matmul.hpp"
 #include "workspace_sizes.hpp"
 #include "shardlm/core.hpp"
 
@@ -628,6 +629,60 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputi
   const float b_scale = from_device_raw<float>(w.b_scale, 1)[0];
   BOOST_TEST(std::fabs(b_scale - poison / cuda::kFp8E4M3Max) <= 1e-6f * b_scale, b_scale << " for amax " << poison);
   BOOST_CHECK_THROW(c.backward(w, slots), Error);
+}
+
+// An input's amax reduced by the kernel that wrote it (swiglu.hpp, rmsnorm.hpp) into the word MatMul names for
+// it: a linear layer's forward (x, the slot's word) and backward (dy) read it instead of reducing their own,
+// with the bits of reducing it when it holds max |x| (max |dy|), and they do read it (3 max |x| there gives
+// other bits: a power of two would only move E4M3's exponents). A call that would not run in FP8 has no word.
+BOOST_AUTO_TEST_CASE(fp8_input_amax_reduced_by_its_producer_gives_the_same_bits) {
+  Fp8LinearCase c(96, 64, 48, std::mt19937(31));
+  const int slots = 2, slot = 1;
+  const size_t a_el = static_cast<size_t>(c.n) * c.out, b_el = static_cast<size_t>(c.n) * c.in;
+  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el, slots));
+  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el, slots);
+  const cuda::MatMul plain{c.gemm, nullptr}, mm = cuda::MatMul{c.gemm, nullptr, 1, &w}.projection(slot);
+  const DType bf = DType::BF16;
+  unsigned* x_word = mm.fp8_forward_x_amax(c.n, c.out, c.in, c.out, bf);
+  unsigned* dy_word = mm.fp8_backward_dy_amax(c.n, c.out, c.in, c.out, c.in, true, c.in, bf);
+  BOOST_TEST_REQUIRE(x_word == w.saved_amax + 2 * slot);
+  BOOST_TEST_REQUIRE(dy_word == w.amax);
+  BOOST_TEST(!plain.fp8_forward_x_amax(c.n, c.out, c.in, c.out, bf));
+  BOOST_TEST(!mm.fp8_forward_x_amax(c.n, c.out, c.in - 8, c.out, bf));  // in not a multiple of 16: 16 bits
+  BOOST_TEST(!mm.fp8_backward_dy_amax(c.n, c.out + 8, c.in, c.out + 8, c.in, true, c.in, bf));
+  auto put_amax = [](unsigned* word, const std::vector<float>& v, float factor) {
+    float m = 0;
+    for (const float e : v) m = std::max(m, std::fabs(e));
+    m *= factor;
+    check_cuda(cudaMemcpy(word, &m, sizeof m, cudaMemcpyHostToDevice), "amax word");
+  };
+  // The forward: reducing x's amax (c.forward), then reading it from the word.
+  const std::vector<float> want_y = c.forward(w, slot);
+  auto forward_known = [&] {
+    TestArray y(std::vector<float>(static_cast<size_t>(c.n) * c.out, 0.0f), bf);
+    mm.input_amax_in(x_word)(false, true, c.n, c.out, c.in, c.dx_in.data(), c.in, c.dweight.data(), c.in, y.data(),
+                             c.out, bf, bf);
+    return y.download(static_cast<size_t>(c.n) * c.out);
+  };
+  put_amax(x_word, c.x, 1.0f);
+  BOOST_TEST(forward_known() == want_y, boost::test_tools::per_element());
+  put_amax(x_word, c.x, 3.0f);
+  BOOST_TEST((forward_known() != want_y));
+  put_amax(x_word, c.x, 1.0f);  // the slot's x amax again, for the backward's wgrad
+  // The backward: dy's amax reduced (c.backward), then read from the word.
+  const auto [want_dw, want_dx] = c.backward(w, slot);
+  auto backward_known = [&] {
+    TestArray dW(c.dw0, DType::F32), dx(std::vector<float>(static_cast<size_t>(c.n) * c.in, 0.0f), bf);
+    mm.input_amax_in(dy_word).linear_backward(c.n, c.out, c.in, c.ddy.data(), c.out, c.dx_in.data(), c.in,
+                                              c.dweight.data(), dW.data(), dx.data(), c.in, bf);
+    return std::make_pair(dW.download(static_cast<size_t>(c.out) * c.in), dx.download(static_cast<size_t>(c.n) * c.in));
+  };
+  put_amax(dy_word, c.dy, 1.0f);
+  const auto [dw, dx] = backward_known();
+  BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
+  BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
+  put_amax(dy_word, c.dy, 3.0f);
+  BOOST_TEST((backward_known().second != want_dx));
 }
 
 // model.fp8_keep_weights: a slot that keeps its weight. The forward writes W^T in E4M3 beside the copy it

@@ -118,6 +118,24 @@ void rmsnorm_backward_ref(const std::vector<double>& dy, const std::vector<doubl
   }
 }
 
+// The bits of max |v| over v, as the FP8 amax holds them (fp8_amax.cuh): NaN's bits above inf's.
+unsigned amax_bits_of(const std::vector<float>& v) {
+  unsigned m = 0;
+  for (float x : v) {
+    unsigned bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    m = std::max(m, bits & 0x7fffffffu);
+  }
+  return m;
+}
+
+// An amax word against the host's: the same bits, or both NaN (the device's fp16 NaN reads back as another
+// NaN pattern than the host's conversion gives, and fp8_quantize's own pass reads it as the device does).
+bool same_amax(unsigned got, unsigned want) {
+  const unsigned inf = 0x7f800000u;
+  return got == want || (got > inf && want > inf);
+}
+
 // `offset` (Gemma's 1): the kernels' weight_offset; the references see the weight offset + w.
 void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed, float offset = 0.0f) {
   BOOST_TEST_CONTEXT("rmsnorm n=" << n << " H=" << H << " dt=" << dtype_name(dt) << " shift=" << shift
@@ -141,6 +159,19 @@ void check_rmsnorm(int n, int H, DType dt, int shift, unsigned seed, float offse
     const std::vector<double> y = rmsnorm_ref(to_double(x), w_eff, n, H, eps, &rstd);
     BOOST_TEST(relative_error(download(d_y.at, size, dt), y) <= output_tolerance(dt));
     BOOST_TEST(relative_error(download(d_rstd.get(), n, DType::F32), rstd) <= 1e-5);  // fp32 sums of exact inputs
+    {  // given an amax word (FP8): the same y, and in the word y's amax as stored, bit for bit
+      Placed d_y2(size, dt, shift);
+      DeviceBuffer word(sizeof(unsigned));
+      CUDA_OK(cudaMemset(word.get(), 0xff, sizeof(unsigned)));  // the launcher zeroes it first
+      cuda::rmsnorm_forward(d_x.at, d_w.at, d_y2.at, d_rstd.as<float>(), n, H, eps, dt, s.s, offset,
+                            word.as<unsigned>());
+      s.sync();
+      const std::vector<float> y1 = download(d_y.at, size, dt), y2 = download(d_y2.at, size, dt);
+      BOOST_TEST(std::memcmp(y1.data(), y2.data(), size * sizeof(float)) == 0);
+      unsigned got = 0;
+      CUDA_OK(cudaMemcpy(&got, word.get(), sizeof got, cudaMemcpyDeviceToHost));
+      BOOST_TEST(same_amax(got, amax_bits_of(y1)), got << " against " << amax_bits_of(y1));
+    }
 
     std::vector<double> dx, dw;
     rmsnorm_backward_ref(to_double(dy), to_double(x), w_eff, n, H, eps, dx, dw);
@@ -264,6 +295,33 @@ std::vector<double> swiglu_backward_ref(const std::vector<double>& dout, const s
   return d;
 }
 
+// The gated kernels given an amax word: the same outputs (`out`, `dgate_up`: those of a run without one), and
+// the word the amax of each, as stored, bit for bit (what fp8_quantize's own pass would reduce).
+void check_gated_amax(const void* gate_up, const void* dout, int n, int F, DType dt, int shift, bool geglu,
+                      const std::vector<float>& out, const std::vector<float>& dgate_up) {
+  const size_t wide = static_cast<size_t>(n) * F;
+  Placed d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
+  DeviceBuffer words(2 * sizeof(unsigned));
+  unsigned* word = words.as<unsigned>();
+  CUDA_OK(cudaMemset(word, 0xff, 2 * sizeof(unsigned)));  // the kernels zero them first
+  OwnedStream s;
+  if (geglu) {
+    cuda::geglu_tanh_forward(gate_up, d_out.at, n, F, dt, s.s, word);
+    cuda::geglu_tanh_backward(dout, gate_up, d_dgu.at, n, F, dt, s.s, word + 1);
+  } else {
+    cuda::swiglu_forward(gate_up, d_out.at, n, F, dt, s.s, word);
+    cuda::swiglu_backward(dout, gate_up, d_dgu.at, n, F, dt, s.s, word + 1);
+  }
+  s.sync();
+  unsigned got[2] = {0, 0};
+  CUDA_OK(cudaMemcpy(got, word, sizeof got, cudaMemcpyDeviceToHost));
+  const std::vector<float> out2 = download(d_out.at, wide, dt), dgu2 = download(d_dgu.at, 2 * wide, dt);
+  BOOST_TEST(std::memcmp(out2.data(), out.data(), wide * sizeof(float)) == 0);
+  BOOST_TEST(std::memcmp(dgu2.data(), dgate_up.data(), 2 * wide * sizeof(float)) == 0);
+  BOOST_TEST(same_amax(got[0], amax_bits_of(out)), got[0] << " against " << amax_bits_of(out));
+  BOOST_TEST(same_amax(got[1], amax_bits_of(dgate_up)), got[1] << " against " << amax_bits_of(dgate_up));
+}
+
 // SwiGLU's kernels, or with `geglu` GeGLU's (geglu_tanh_forward / backward).
 void check_swiglu(int n, int F, DType dt, int shift, unsigned seed, bool geglu = false) {
   BOOST_TEST_CONTEXT((geglu ? "geglu" : "swiglu") << " n=" << n << " F=" << F << " dt=" << dtype_name(dt)
@@ -288,6 +346,8 @@ void check_swiglu(int n, int F, DType dt, int shift, unsigned seed, bool geglu =
     BOOST_TEST(relative_error(download(d_dgu.at, 2 * wide, dt),
                               swiglu_backward_ref(to_double(dout), to_double(gate_up), n, F, geglu)) <=
                output_tolerance(dt));
+    check_gated_amax(d_gu.at, d_dout.at, n, F, dt, shift, geglu, download(d_out.at, wide, dt),
+                     download(d_dgu.at, 2 * wide, dt));
   }
 }
 
@@ -827,6 +887,31 @@ BOOST_AUTO_TEST_CASE(swiglu_matches_reference) {
     for (const Shape& s : shapes) {
       check_swiglu(s.n, s.F, dt, 0, ++seed);
       if (s.F % 8 == 0) check_swiglu(s.n, s.F, dt, 1, ++seed);
+    }
+}
+
+// The amax the gated kernels reduce for FP8 keeps an inf and a NaN of their outputs (the step's non-finite check
+// then sees them through the quantized copy), and is zero for an all-zero output.
+BOOST_AUTO_TEST_CASE(gated_activation_amax_keeps_infs_and_nans) {
+  require_device("test_cuda_llama");
+  const int n = 4, F = 16;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const float poison : {0.0f, INFINITY, NAN}) {
+      BOOST_TEST_CONTEXT("dt=" << dtype_name(dt) << " poison=" << poison) {
+        std::vector<float> gate_up(2 * n * F, 0.0f), dout(n * F, 0.0f);
+        if (poison != 0.0f) gate_up[2 * F + F + 3] = poison, dout[F + 5] = poison;  // row 1: an up and a dout
+        Placed d_gu = placed(gate_up, dt, 0), d_dout = placed(dout, dt, 0);
+        Placed d_out(n * F, dt, 0), d_dgu(2 * n * F, dt, 0);
+        OwnedStream s;
+        cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+        cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
+        s.sync();
+        const std::vector<float> out = download(d_out.at, n * F, dt), dgu = download(d_dgu.at, 2 * n * F, dt);
+        check_gated_amax(d_gu.at, d_dout.at, n, F, dt, 0, false, out, dgu);
+        const unsigned fwd = amax_bits_of(out), bwd = amax_bits_of(dgu);
+        if (poison == 0.0f) BOOST_TEST((fwd == 0u && bwd == 0u));
+        else BOOST_TEST((fwd >= 0x7f800000u || bwd >= 0x7f800000u));  // inf or NaN reached an output
+      }
     }
 }
 

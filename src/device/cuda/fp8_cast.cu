@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include "dtype_cuda.cuh"
+#include "fp8_amax.cuh"
 #include "fp8_cast.hpp"
 
 namespace shardlm::cuda {
@@ -16,26 +17,6 @@ constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // threads per tile column: each thread covers kTile / kTileRows rows
 constexpr int kAmaxBlocksPerSm = 8;  // the amax's grid: a few blocks per SM, each looping over its share
 
-// A thread's largest |x| bits into *amax_bits: the warp's maximum, the block's through shared memory,
-// then one atomicMax per block (one per warp serialises tens of thousands of atomics on one address).
-// Every thread of the block calls it.
-__device__ __forceinline__ unsigned warp_max(unsigned m) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  return m;
-}
-
-__device__ __forceinline__ void publish_amax(unsigned m, unsigned* amax_bits) {
-  __shared__ unsigned warps[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  m = warp_max(m);
-  if (lane == 0) warps[warp] = m;
-  __syncthreads();
-  if (warp != 0) return;
-  m = warp_max(lane < static_cast<int>((blockDim.x + 31) / 32) ? warps[lane] : 0u);
-  if (lane == 0 && m != 0) atomicMax(amax_bits, m);
-}
-
 template <typename T>
 __global__ void amax_kernel(const T* x, int rows, int cols, int ld, unsigned* amax_bits) {
   const size_t n = static_cast<size_t>(rows) * cols;
@@ -44,7 +25,7 @@ __global__ void amax_kernel(const T* x, int rows, int cols, int ld, unsigned* am
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const size_t r = i / cols, c = i % cols;
     const float v = FloatConversion<T>::to(x[r * ld + c]);
-    m = max(m, __float_as_uint(v) & 0x7fffffffu);
+    m = max(m, abs_bits(v));
   }
   publish_amax(m, amax_bits);
 }
@@ -58,7 +39,7 @@ __global__ void amax_packed_kernel(const T* x, size_t packs, unsigned* amax_bits
     float v[8];
     load_floats<8>(x + p * 8, v);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) m = max(m, __float_as_uint(v[k]) & 0x7fffffffu);
+    for (int k = 0; k < 8; ++k) m = max(m, abs_bits(v[k]));
   }
   publish_amax(m, amax_bits);
 }

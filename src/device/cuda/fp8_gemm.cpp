@@ -96,15 +96,22 @@ Fp8KeptWeight* kept_weight(const Fp8Scratch& w, int slot, int out, int in) {
 
 }  // namespace
 
-void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot) {
-  SHARDLM_CHECK(fp8_gemm_fits(d, w), "run_fp8_gemm: this GEMM cannot run in FP8 here");
+unsigned* fp8_gemm_a_amax(const Fp8Scratch& w, int slot) {
   unsigned* saved = slot_amax(w, slot);
-  unsigned* amax = saved ? saved : w.amax;
+  return saved ? saved : w.amax;
+}
+
+unsigned* fp8_linear_backward_dy_amax(const Fp8Scratch& w) { return w.amax; }
+
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot,
+                  bool a_amax_known) {
+  SHARDLM_CHECK(fp8_gemm_fits(d, w), "run_fp8_gemm: this GEMM cannot run in FP8 here");
+  unsigned* amax = fp8_gemm_a_amax(w, slot);
   // op(A) is [M, K]: stored [M, K] (row stride lda) as it is, or [K, M] when trans_a, transposed.
   if (d.trans_a)
-    fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, amax, stream);
+    fp8_quantize(d.A, d.K, d.M, d.lda, d.ab_dtype, nullptr, w.a, w.a_scale, amax, stream, a_amax_known);
   else
-    fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, amax, stream);
+    fp8_quantize(d.A, d.M, d.K, d.lda, d.ab_dtype, w.a, nullptr, w.a_scale, amax, stream, a_amax_known);
   // A linear layer's forward (B = W [out, in] as it is) with a kept weight: W^T written beside W's copy
   // (kept too when frozen), or with a frozen one already filled, W not read at all.
   if (Fp8KeptWeight* kept = !d.trans_a && d.trans_b ? kept_weight(w, slot, d.N, d.K) : nullptr) {
@@ -121,15 +128,15 @@ void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream
 }
 
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
-                             cudaStream_t stream, int slot) {
+                             cudaStream_t stream, int slot, bool dy_amax_known) {
   SHARDLM_CHECK(!dgrad.trans_a && fp8_gemm_fits(dgrad, w) &&
                     (!wgrad || (wgrad->trans_a && !wgrad->trans_b && fp8_gemm_fits(*wgrad, w) &&
                                 wgrad->A == dgrad.A && wgrad->lda == dgrad.lda && wgrad->M == dgrad.K &&
                                 wgrad->K == dgrad.M)),
                 "run_fp8_linear_backward: these GEMMs cannot share their output gradient in FP8 here");
   // dy [n, out] (dgrad's A as it is): untransposed into g for dgrad, transposed into a for wgrad.
-  fp8_quantize(dgrad.A, dgrad.M, dgrad.K, dgrad.lda, dgrad.ab_dtype, w.g, wgrad ? w.a : nullptr, w.a_scale, w.amax,
-               stream);
+  fp8_quantize(dgrad.A, dgrad.M, dgrad.K, dgrad.lda, dgrad.ab_dtype, w.g, wgrad ? w.a : nullptr, w.a_scale,
+               fp8_linear_backward_dy_amax(w), stream, dy_amax_known);
   // x (wgrad's B) and W (dgrad's B): their amaxes from the forward's slot when there is one.
   unsigned* saved = slot_amax(w, slot);
   if (wgrad) {

@@ -85,14 +85,23 @@ bool fp8_gemm_fits(const GemmDesc& d, const Fp8Scratch& w);
 // Runs d in FP8 through w (fp8_gemm_fits must hold). With a slot (>= 0, below w.slots) the amaxes of A and
 // B (a linear layer's forward: x and W) are kept in it, A's first, for the layer's backward, and so is W's
 // transposed E4M3 copy where the slot keeps one (w.kept).
-void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot = -1);
+// With `a_amax_known` the word fp8_gemm_a_amax(w, slot) already holds A's amax (the kernel that wrote A
+// reduced it, fp8_amax.cuh): A is quantized without a pass of its own.
+void run_fp8_gemm(Gemm& gemm, const GemmDesc& d, const Fp8Scratch& w, cudaStream_t stream, int slot = -1,
+                  bool a_amax_known = false);
+// The word run_fp8_gemm reduces A's amax into: slot's first (x's) with a slot, else w's scratch word.
+unsigned* fp8_gemm_a_amax(const Fp8Scratch& w, int slot);
 // A linear layer's two backward GEMMs in FP8 with its output gradient dy quantized once (one amax, both
 // layouts): wgrad dW += dy^T x (null: a frozen weight) and dgrad dx = dy W, in that order (dx may be x's
 // buffer). Both must fit (fp8_gemm_fits) and share dy: wgrad's A is dgrad's A, transposed. With a slot
 // the layer's forward ran through run_fp8_gemm with it on the same bits of x and W, so their amaxes are
 // read from it instead of reduced again (the same copies, two amax passes fewer), and dgrad multiplies by
 // the W^T copy that forward kept, where it kept one (the same bytes, W's transposing copy skipped).
+// With `dy_amax_known` the word fp8_linear_backward_dy_amax(w) already holds dy's amax (reduced by the
+// kernel that wrote dy): dy is quantized without a pass of its own.
 void run_fp8_linear_backward(Gemm& gemm, const GemmDesc* wgrad, const GemmDesc& dgrad, const Fp8Scratch& w,
-                             cudaStream_t stream, int slot = -1);
+                             cudaStream_t stream, int slot = -1, bool dy_amax_known = false);
+// The word run_fp8_linear_backward reduces dy's amax into (w's scratch word).
+unsigned* fp8_linear_backward_dy_amax(const Fp8Scratch& w);
 
 }  // namespace shardlm::cuda

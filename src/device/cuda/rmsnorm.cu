@@ -1,8 +1,10 @@
 // RMSNorm forward and backward (Llama): one warp per row with fp32 sums; the weight gradient by a
 // second, column-parallel kernel (per-element atomics from row-parallel warps would serialise on
 // the same columns). Rows move in 16-byte packs when H and every pointer allow, else one element
-// at a time.
+// at a time. Given a word, the forward also reduces the amax of what it writes (fp8_amax.cuh) for the FP8
+// GEMM that reads it next.
 #include "column_grad.cuh"
+#include "fp8_amax.cuh"
 #include "rmsnorm.hpp"
 #include "warp_rows.cuh"
 
@@ -12,9 +14,10 @@ namespace {
 template <typename T, int N>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y,
-                           float* __restrict__ rstd, int n, int H, float eps, float offset) {
+                           float* __restrict__ rstd, int n, int H, float eps, float offset, unsigned* amax_bits) {
   const int lane = threadIdx.x % 32;
   const int packs = H / N;
+  unsigned m = 0;
   for_warp_rows(n, [&](long long row) {
     const T* xr = x + row * H;
     T* yr = y + row * H;
@@ -33,9 +36,14 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int k = 0; k < N; ++k) v[k] = (v[k] * rs) * (offset + w[k]);  // xhat first, then the weight: as LlamaCpu
       store_floats<N>(yr + p * N, v);
+      if (amax_bits) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) m = max(m, stored_abs_bits<T>(v[k]));
+      }
     }
     if (lane == 0) rstd[row] = rs;
   });
+  if (amax_bits) publish_amax(m, amax_bits);
 }
 
 // dx only; rmsnorm_weight_grad_kernel sums the weight gradient.
@@ -75,8 +83,9 @@ __global__ void __launch_bounds__(kRowThreads)
 
 template <typename T, int N>
 void forward_with(const T* x, const T* weight, T* y, float* rstd, int n, int H, float eps, float offset,
-                  cudaStream_t stream) {
-  rmsnorm_forward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(x, weight, y, rstd, n, H, eps, offset);
+                  unsigned* amax_bits, cudaStream_t stream) {
+  rmsnorm_forward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(x, weight, y, rstd, n, H, eps, offset,
+                                                                                amax_bits);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
@@ -94,12 +103,13 @@ void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, 
 }  // namespace
 
 void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
-                     cudaStream_t stream, float weight_offset) {
+                     cudaStream_t stream, float weight_offset, unsigned* amax_bits) {
+  if (amax_bits) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
   if (!check_rows("rmsnorm_forward", n, H)) return;
   dispatch_dtype_packed(dt, H, {x, weight, y}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     forward_with<T, decltype(width)::value>(static_cast<const T*>(x), static_cast<const T*>(weight),
-                                            static_cast<T*>(y), rstd, n, H, eps, weight_offset, stream);
+                                            static_cast<T*>(y), rstd, n, H, eps, weight_offset, amax_bits, stream);
   });
 }
 

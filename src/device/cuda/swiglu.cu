@@ -1,7 +1,9 @@
 // SwiGLU (Llama's MLP activation) and GeGLU with tanh GELU (Gemma's) forward and backward over the fused
 // gate|up projection rows:
-// grid-stride loops over the [n, F] output, packs of 16 bytes when F and every pointer allow.
+// grid-stride loops over the [n, F] output, packs of 16 bytes when F and every pointer allow. Given a word,
+// each also reduces the amax of what it writes (fp8_amax.cuh) for the FP8 GEMM that reads it next.
 #include "dtype_cuda.cuh"
+#include "fp8_amax.cuh"
 #include "gelu_tanh.cuh"
 #include "swiglu.hpp"
 
@@ -38,7 +40,9 @@ struct GeluTanh {  // GeGLU (Gemma): gelu_tanh(g) * up
 };
 
 template <typename Act, typename T, int N>
-__global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F) {
+__global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restrict__ out, long long n, int F,
+                                     unsigned* amax_bits) {
+  unsigned m = 0;
   for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float g[N], u[N];
     load_floats<N>(gate_up + at, g);
@@ -46,12 +50,18 @@ __global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restric
 #pragma unroll
     for (int k = 0; k < N; ++k) g[k] = Act{}.forward(g[k], u[k]);
     store_floats<N>(out + e, g);
+    if (amax_bits) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) m = max(m, stored_abs_bits<T>(g[k]));
+    }
   });
+  if (amax_bits) publish_amax(m, amax_bits);
 }
 
 template <typename Act, typename T, int N>
 __global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate_up,
-                                      T* __restrict__ dgate_up, long long n, int F) {
+                                      T* __restrict__ dgate_up, long long n, int F, unsigned* amax_bits) {
+  unsigned m = 0;
   for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float d[N], g[N], u[N], dg[N], du[N];
     load_floats<N>(dout + e, d);
@@ -64,60 +74,69 @@ __global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __res
     }
     store_floats<N>(dgate_up + at, dg);
     store_floats<N>(dgate_up + at + F, du);
+    if (amax_bits) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) m = max(m, max(stored_abs_bits<T>(dg[k]), stored_abs_bits<T>(du[k])));
+    }
   });
+  if (amax_bits) publish_amax(m, amax_bits);
 }
 
-// Checks the shape; false when there are no rows (nothing to launch).
-bool check_shape(const char* what, int n, int F) {
+// Checks the shape and zeroes the amax word, if any; false when there are no rows (nothing to launch).
+bool check_shape(const char* what, int n, int F, unsigned* amax_bits, cudaStream_t stream) {
   SHARDLM_CHECK(n >= 0 && F >= 1, what, ": bad shape n=", n, " F=", F);
+  if (amax_bits) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
   return n > 0;
 }
 
 template <typename Act>
-void gated_forward(const char* what, const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
-  if (!check_shape(what, n, F)) return;
+void gated_forward(const char* what, const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream,
+                   unsigned* amax_bits) {
+  if (!check_shape(what, n, F, amax_bits, stream)) return;
   const size_t items = static_cast<size_t>(n) * F;
   dispatch_dtype_packed(dt, F, {gate_up, out}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
     gated_forward_kernel<Act, T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
-        static_cast<const T*>(gate_up), static_cast<T*>(out), n, F);
+        static_cast<const T*>(gate_up), static_cast<T*>(out), n, F, amax_bits);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 template <typename Act>
 void gated_backward(const char* what, const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                    cudaStream_t stream) {
-  if (!check_shape(what, n, F)) return;
+                    cudaStream_t stream, unsigned* amax_bits) {
+  if (!check_shape(what, n, F, amax_bits, stream)) return;
   const size_t items = static_cast<size_t>(n) * F;
   dispatch_dtype_packed(dt, F, {dout, gate_up, dgate_up}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
     gated_backward_kernel<Act, T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up), n, F);
+        static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up), n, F,
+        amax_bits);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
-  gated_forward<Silu>("swiglu_forward", gate_up, out, n, F, dt, stream);
+void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream, unsigned* amax_bits) {
+  gated_forward<Silu>("swiglu_forward", gate_up, out, n, F, dt, stream, amax_bits);
 }
 
-void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                     cudaStream_t stream) {
-  gated_backward<Silu>("swiglu_backward", dout, gate_up, dgate_up, n, F, dt, stream);
+void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt, cudaStream_t stream,
+                     unsigned* amax_bits) {
+  gated_backward<Silu>("swiglu_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits);
 }
 
-void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream) {
-  gated_forward<GeluTanh>("geglu_tanh_forward", gate_up, out, n, F, dt, stream);
+void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream,
+                        unsigned* amax_bits) {
+  gated_forward<GeluTanh>("geglu_tanh_forward", gate_up, out, n, F, dt, stream, amax_bits);
 }
 
 void geglu_tanh_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                         cudaStream_t stream) {
-  gated_backward<GeluTanh>("geglu_tanh_backward", dout, gate_up, dgate_up, n, F, dt, stream);
+                         cudaStream_t stream, unsigned* amax_bits) {
+  gated_backward<GeluTanh>("geglu_tanh_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits);
 }
 
 }  // namespace shardlm::cuda

@@ -21,11 +21,34 @@ struct MatMul {
   int fp8_slot = -1;
   // linear_backward's weight gradient: dW = weight_beta dW + dy^T x (0: written, UnitGrads::fresh).
   float weight_beta = 1;
+  // With fp8: the call's input (a forward's x, linear_backward's dy) has its amax already in the word that
+  // fp8_forward_x_amax / fp8_backward_dy_amax named, reduced by the kernel that wrote it (swiglu.hpp).
+  bool input_amax_known = false;
   // This MatMul for the linear layer of amax slot `slot`.
   MatMul projection(int slot) const {
     MatMul m = *this;
     m.fp8_slot = slot;
     return m;
+  }
+  // This MatMul with input_amax_known where `word` (from fp8_forward_x_amax or fp8_backward_dy_amax) is not null.
+  MatMul input_amax_in(const unsigned* word) const {
+    MatMul m = *this;
+    m.input_amax_known = word != nullptr;
+    return m;
+  }
+  // The word a forward y[n, out] = x[n, in] W[out, in]^T (row strides in, in and ldc; no epilogue) in FP8
+  // reduces x's amax into, for the kernel that writes x to fill; null when that call would not run in FP8.
+  unsigned* fp8_forward_x_amax(int n, int out, int in, int ldc, DType dt) const {
+    if (!fp8) return nullptr;
+    const GemmDesc d = desc(false, true, n, out, in, nullptr, in, nullptr, in, nullptr, ldc, dt, dt, 0);
+    return fp8_gemm_fits(d, *fp8) ? fp8_gemm_a_amax(*fp8, fp8_slot) : nullptr;
+  }
+  // The word linear_backward with these sizes and strides (dW: whether the weight has a gradient) reduces dy's
+  // amax into in FP8, for the kernel that writes dy to fill; null when it would not run in FP8.
+  unsigned* fp8_backward_dy_amax(int n, int out, int in, int ld_dy, int ld_x, bool dW, int ld_dx, DType dt) const {
+    const GemmDesc wgrad = wgrad_desc(n, out, in, nullptr, ld_dy, nullptr, ld_x, nullptr, dt);
+    const GemmDesc dgrad = dgrad_desc(n, out, in, nullptr, ld_dy, nullptr, nullptr, ld_dx, dt);
+    return backward_in_fp8(wgrad, dgrad, dW) ? fp8_linear_backward_dy_amax(*fp8) : nullptr;
   }
   void operator()(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C,
                   int ldc, DType ab, DType c, float beta = 0, Epilogue ep = Epilogue::None,
@@ -41,12 +64,13 @@ struct MatMul {
   // in FP8 (it fit: its output taken as whole rows of `out`).
   void linear_backward(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, const void* W,
                        void* dW, void* dx, int ld_dx, DType dt) const {
-    const GemmDesc wgrad = desc(true, false, out, in, n, dy, ld_dy, x, ld_x, dW, in, dt, DType::F32, weight_beta);
-    const GemmDesc dgrad = desc(false, false, n, in, out, dy, ld_dy, W, in, dx, ld_dx, dt, dt, 0);
-    if (fp8 && fp8_gemm_fits(dgrad, *fp8) && (!dW || fp8_gemm_fits(wgrad, *fp8))) {
+    const GemmDesc wgrad = wgrad_desc(n, out, in, dy, ld_dy, x, ld_x, dW, dt);
+    const GemmDesc dgrad = dgrad_desc(n, out, in, dy, ld_dy, W, dx, ld_dx, dt);
+    if (backward_in_fp8(wgrad, dgrad, dW != nullptr)) {
       const bool forward_fp8 =
           fp8_slot >= 0 && fp8_gemm_fits(desc(false, true, n, out, in, x, ld_x, W, in, nullptr, out, dt, dt, 0), *fp8);
-      run_fp8_linear_backward(gemm, dW ? &wgrad : nullptr, dgrad, *fp8, s, forward_fp8 ? fp8_slot : -1);
+      run_fp8_linear_backward(gemm, dW ? &wgrad : nullptr, dgrad, *fp8, s, forward_fp8 ? fp8_slot : -1,
+                              input_amax_known);
       return;
     }
     if (dW) run(wgrad, -1);
@@ -54,6 +78,17 @@ struct MatMul {
   }
 
  private:
+  GemmDesc wgrad_desc(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, void* dW,
+                      DType dt) const {
+    return desc(true, false, out, in, n, dy, ld_dy, x, ld_x, dW, in, dt, DType::F32, weight_beta);
+  }
+  GemmDesc dgrad_desc(int n, int out, int in, const void* dy, int ld_dy, const void* W, void* dx, int ld_dx,
+                      DType dt) const {
+    return desc(false, false, n, in, out, dy, ld_dy, W, in, dx, ld_dx, dt, dt, 0);
+  }
+  bool backward_in_fp8(const GemmDesc& wgrad, const GemmDesc& dgrad, bool dW) const {
+    return fp8 && fp8_gemm_fits(dgrad, *fp8) && (!dW || fp8_gemm_fits(wgrad, *fp8));
+  }
   GemmDesc desc(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, void* C, int ldc,
                 DType ab, DType c, float beta) const {
     GemmDesc d;
@@ -64,7 +99,7 @@ struct MatMul {
   }
   void run(const GemmDesc& d, int slot) const {
     if (fp8 && fp8_gemm_fits(d, *fp8))
-      run_fp8_gemm(gemm, d, *fp8, s, slot);
+      run_fp8_gemm(gemm, d, *fp8, s, slot, input_amax_known);
     else
       gemm.run(d, s);
   }

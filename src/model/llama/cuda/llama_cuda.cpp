@@ -121,18 +121,19 @@ const float* LlamaCuda::long_inv_freq(int layer) const {
   return inv_freq_.data() + static_cast<size_t>(cfg_.rope_tables()) * (rotary_dim_ / 2);
 }
 
-void LlamaCuda::gated_forward(const void* gate_up, void* out, int n, cudaStream_t s) const {
+void LlamaCuda::gated_forward(const void* gate_up, void* out, int n, cudaStream_t s, unsigned* amax_bits) const {
   if (geglu_)
-    geglu_tanh_forward(gate_up, out, n, ffn_, dt_, s);
+    geglu_tanh_forward(gate_up, out, n, ffn_, dt_, s, amax_bits);
   else
-    swiglu_forward(gate_up, out, n, ffn_, dt_, s);
+    swiglu_forward(gate_up, out, n, ffn_, dt_, s, amax_bits);
 }
 
-void LlamaCuda::gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s) const {
+void LlamaCuda::gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s,
+                               unsigned* amax_bits) const {
   if (geglu_)
-    geglu_tanh_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s);
+    geglu_tanh_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits);
   else
-    swiglu_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s);
+    swiglu_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits);
 }
 
 void LlamaCuda::add_normed(const char* base, const char* out, const char* weight, float* rstd, char* y, int n,
@@ -220,11 +221,14 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
   char* out = hidden(layer + 1);
   const float eps = cfg_.rms_norm_eps;
 
-  // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x).
-  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_);
-  mm.projection(fp8_slot(layer, kFp8Qkv))(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(),
-                                          QKV, dt_, dt_, 0, qkv_bias_ ? Epilogue::Bias : Epilogue::None,
-                                          qkv_bias_ ? w(block_.qkv_bias) : nullptr);
+  // Attention: h2 = x + o_proj(attention(rotary(q), rotary(k), v)) of RMSNorm(x). In FP8 each norm before a
+  // projection reduces its output's amax as it writes it, as the gated activation does before down_proj.
+  const MatMul qkv_mm = mm.projection(fp8_slot(layer, kFp8Qkv));
+  unsigned* qkv_amax = qkv_mm.fp8_forward_x_amax(N, QKV, H, QKV, dt_);
+  rmsnorm_forward(x, w(block_.input_norm), norm_.data(), sv.rstd1.data(), N, H, eps, dt_, s, norm_offset_, qkv_amax);
+  qkv_mm.input_amax_in(qkv_amax)(false, true, N, QKV, H, norm_.data(), H, w(block_.qkv), H, sv.qkv.data(), QKV, dt_,
+                                 dt_, 0, qkv_bias_ ? Epilogue::Bias : Epilogue::None,
+                                 qkv_bias_ ? w(block_.qkv_bias) : nullptr);
   for (const auto& [mod, col] : lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}}))
     lora(mod, norm_.data(), sv.qkv.data() + col * dsize_, QKV);
   // Qwen3: each head of q and k RMSNormed before rotary.
@@ -254,18 +258,24 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
 
   // MLP: out = h2 + down_proj(silu(gate_proj(n)) * up_proj(n)), n = RMSNorm(h2) (GeGLU: gelu_tanh for silu;
   // sandwich norms: down_proj's output normed before the add).
-  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
-  mm.projection(fp8_slot(layer, kFp8GateUp))(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H,
-                                             sv.gate_up.data(), 2 * F, dt_, dt_);
+  const MatMul gate_up_mm = mm.projection(fp8_slot(layer, kFp8GateUp));
+  unsigned* gate_up_amax = gate_up_mm.fp8_forward_x_amax(N, 2 * F, H, 2 * F, dt_);
+  rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_,
+                  gate_up_amax);
+  gate_up_mm.input_amax_in(gate_up_amax)(false, true, N, 2 * F, H, norm_.data(), H, w(block_.gate_up), H,
+                                         sv.gate_up.data(), 2 * F, dt_, dt_);
   for (const auto& [mod, col] : lora_columns({{kGateProj, 0}, {kUpProj, F}}))
     lora(mod, norm_.data(), sv.gate_up.data() + col * dsize_, 2 * F);
   const int down = lora_slots_[kDownProj].module;
   // The backward forms SiLU(gate) * up itself; with sandwich norms it needs down_proj's output too.
   if (recompute && !lora_.on(down) && !sandwich_) return;
-  gated_forward(sv.gate_up.data(), wide_.data(), N, s);
+  // In FP8 the activation's kernel reduces its amax as it writes it: down_proj's quantization reads it once.
+  const MatMul down_mm = mm.projection(fp8_slot(layer, kFp8Down));
+  unsigned* act_amax = down_mm.fp8_forward_x_amax(N, H, F, H, dt_);
+  gated_forward(sv.gate_up.data(), wide_.data(), N, s, act_amax);
   if (sandwich_) {
-    mm.projection(fp8_slot(layer, kFp8Down))(false, true, N, H, F, wide_.data(), F, w(block_.down), F,
-                                             sv.mlp_out.data(), H, dt_, dt_);
+    down_mm.input_amax_in(act_amax)(false, true, N, H, F, wide_.data(), F, w(block_.down), F, sv.mlp_out.data(), H,
+                                    dt_, dt_);
     lora(down, wide_.data(), sv.mlp_out.data(), H);
     if (recompute)  // the norm's 1/rms only: out is the kept h_{layer+1}
       rmsnorm_forward(sv.mlp_out.data(), w(block_.mlp_out_norm), norm_.data(), sv.rstd4.data(), N, H, eps, dt_, s,
@@ -279,8 +289,7 @@ void LlamaCuda::forward_into(int layer, UnitParams params, Saved& sv, int B, int
     return;
   }
   SHARDLM_CUDA_CHECK(cudaMemcpyAsync(out, sv.h2.data(), NH, cudaMemcpyDeviceToDevice, s));
-  mm.projection(fp8_slot(layer, kFp8Down))(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_,
-                                           1);
+  down_mm.input_amax_in(act_amax)(false, true, N, H, F, wide_.data(), F, w(block_.down), F, out, H, dt_, dt_, 1);
   lora(down, wide_.data(), out, H);
 }
 
@@ -349,11 +358,16 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
   mm.projection(fp8_slot(layer, kFp8Down))
       .linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
   lora_input(down, wide_.data());
-  gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s);
+  // In FP8 the activation's backward reduces its output's amax as it writes it, for gate|up's quantization (nothing
+  // between the two runs an FP8 GEMM: the LoRA terms run in 16 bits).
+  const MatMul gate_up_mm = mm.projection(fp8_slot(layer, kFp8GateUp));
+  unsigned* dgate_up_amax =
+      gate_up_mm.fp8_backward_dy_amax(N, 2 * F, H, 2 * F, H, g(block_.gate_up) != nullptr, H, dt_);
+  gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s, dgate_up_amax);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);
-  mm.projection(fp8_slot(layer, kFp8GateUp))
+  gate_up_mm.input_amax_in(dgate_up_amax)
       .linear_backward(N, 2 * F, H, dgate_up_.data(), 2 * F, norm_.data(), H, w(block_.gate_up), g(block_.gate_up),
                        grad_.data(), H, dt_);
   for (const auto& [mod, col] : gate_up_lora) lora_input(mod, grad_.data());

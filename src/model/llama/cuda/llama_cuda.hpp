@@ -112,9 +112,11 @@ class LlamaCuda final : public CudaModelBase {
   bool geglu_ = false;     // LlamaBlock::gelu_tanh: GeGLU instead of SwiGLU
   float norm_offset_ = 0;  // LlamaBlock::unit_offset_norms: every RMSNorm's weight is 1 + weight
   float embed_scale_ = 1;  // LlamaBlock::scaled_embeddings: sqrt(hidden_size) rounded to the compute dtype
-  // The gated MLP activation of gate|up rows (SwiGLU or GeGLU) and its backward.
-  void gated_forward(const void* gate_up, void* out, int n, cudaStream_t s) const;
-  void gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s) const;
+  // The gated MLP activation of gate|up rows (SwiGLU or GeGLU) and its backward; with `amax_bits` the amax of what
+  // it writes, for the FP8 GEMM that reads it next (swiglu.hpp).
+  void gated_forward(const void* gate_up, void* out, int n, cudaStream_t s, unsigned* amax_bits = nullptr) const;
+  void gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s,
+                      unsigned* amax_bits = nullptr) const;
   // Layer `layer`'s rotary table (ModelConfig::layer_rope_table) in inv_freq_, and its attention scale (0: the
   // kernels' 1 / sqrt(head_dim)).
   const float* inv_freq(int layer) const;
