@@ -1,9 +1,9 @@
 // fp8_quantize: the amax of a 16-bit matrix (one grid-stride pass, a warp maximum per warp, one
 // atomicMax on the bits of |x|: for non-negative floats the bit patterns order as the values, and
 // NaN's lie above inf's, so both propagate; one atomic per block; skipped for an amax the caller already
-// has), then its E4M3 copy and/or transpose through tiles in
-// shared memory (both written coalesced): 64 x 64 tiles moved 8 elements a thread where every size is a
-// multiple of 8 (the FP8 GEMMs' operands), 32 x 32 tiles element by element otherwise.
+// has), then its E4M3 copy and/or transpose: where every size is a multiple of 8 (the FP8 GEMMs' operands) each
+// thread converts an 8 x 8 block and transposes it in registers; otherwise 32 x 32 tiles in shared memory,
+// element by element.
 #include <cuda_fp8.h>
 
 #include "dtype_cuda.cuh"
@@ -94,51 +94,55 @@ __global__ void quantize_kernel(const T* x, int rows, int cols, int ld, const un
   }
 }
 
-// The vectorised tile (rows, cols and ld multiples of 8, x 16-byte aligned): 64 x 64 elements, each thread
-// loading 8 (16 bytes) and storing 8 bytes to `out` and to the tile, then 8 bytes of the transpose (eight
-// rows of one column) to `out_t`. The tile's 8-byte chunks are swizzled (chunk ^ row / 8) so that the
-// transposed reads of a warp fall in different banks.
-constexpr int kVecTile = 64;
-constexpr int kVecThreads = 256;
+// The vectorised case (rows, cols and ld multiples of 8, x 16-byte aligned): each thread quantizes one 8 x 8
+// block of x, its eight rows loaded at once (eight 16-byte loads in flight), written to `out` as eight 8-byte rows
+// and, transposed in registers (no shared memory, no barrier), to `out_t` as eight 8-byte rows. A warp covers
+// 32 rows x 64 columns: its loads are 4 rows of 128 contiguous bytes, its `out_t` stores 8 rows of 32.
+constexpr int kBlockRows = 8;        // a thread's block: 8 x 8 elements
+constexpr int kWarpTileRows = 32;    // a warp's: 4 x 8 blocks
+constexpr int kWarpTileCols = 64;
+constexpr int kQuantThreads = 256;
 
-__device__ __forceinline__ int swizzled(int row, int col) {
-  return row * kVecTile + ((((col >> 3) ^ (row >> 3)) & 7) << 3) + (col & 7);
+// Byte i of the little-endian pair (lo, hi) of an 8-byte row.
+__device__ __forceinline__ unsigned byte_of(unsigned lo, unsigned hi, int i) {
+  return ((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xffu;
 }
 
 template <typename T>
-__global__ void quantize_tiles_kernel(const T* x, int rows, int cols, int ld, const unsigned* amax_bits, uint8_t* out,
-                                      uint8_t* out_t, float* inv_scale) {
-  __shared__ __align__(16) uint8_t tile[kVecTile * kVecTile];
+__global__ void __launch_bounds__(kQuantThreads)
+    quantize_blocks_kernel(const T* __restrict__ x, int rows, int cols, int ld, const unsigned* __restrict__ amax_bits,
+                           uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ inv_scale) {
   const float amax = __uint_as_float(*amax_bits);
   const float scale = scale_of(amax);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *inv_scale = inv_scale_of(amax);
-  const int c0 = blockIdx.x * kVecTile, r0 = blockIdx.y * kVecTile;
-  constexpr int kPacks = kVecTile * kVecTile / 8;
-  for (int p = threadIdx.x; p < kPacks; p += kVecThreads) {
-    const int dr = p >> 3, dc = (p & 7) << 3;
-    const int r = r0 + dr, c = c0 + dc;
-    if (r >= rows || c >= cols) continue;
-    float v[8];
-    load_floats<8>(x + static_cast<size_t>(r) * ld + c, v);
-    uint2 q;
-    uint8_t* b = reinterpret_cast<uint8_t*>(&q);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *inv_scale = inv_scale_of(amax);
+  const int lane = threadIdx.x & 31;
+  const long long warp = static_cast<long long>(blockIdx.x) * (kQuantThreads / 32) + threadIdx.x / 32;
+  const long long tiles_across = (cols + kWarpTileCols - 1) / kWarpTileCols;
+  const int r0 = static_cast<int>(warp / tiles_across) * kWarpTileRows + (lane / 8) * kBlockRows;
+  const int c0 = static_cast<int>(warp % tiles_across) * kWarpTileCols + (lane % 8) * kBlockRows;
+  if (r0 >= rows || c0 >= cols) return;  // sizes are multiples of 8: a block is whole or outside
+  Pack<T, kBlockRows> in[kBlockRows];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) b[k] = __nv_cvt_float_to_fp8(v[k] * scale, __NV_SATFINITE, __NV_E4M3);
-    if (out) *reinterpret_cast<uint2*>(out + static_cast<size_t>(r) * cols + c) = q;
-    *reinterpret_cast<uint2*>(tile + swizzled(dr, dc)) = q;
+  for (int k = 0; k < kBlockRows; ++k) in[k] = load_pack<kBlockRows>(x + static_cast<size_t>(r0 + k) * ld + c0);
+  unsigned lo[kBlockRows], hi[kBlockRows];  // row k's 8 bytes
+#pragma unroll
+  for (int k = 0; k < kBlockRows; ++k) {
+    unsigned b[kBlockRows];
+#pragma unroll
+    for (int j = 0; j < kBlockRows; ++j)
+      b[j] = __nv_cvt_float_to_fp8(to_float(in[k][j]) * scale, __NV_SATFINITE, __NV_E4M3);
+    lo[k] = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
+    hi[k] = b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24;
+    if (out) *reinterpret_cast<uint2*>(out + static_cast<size_t>(r0 + k) * cols + c0) = make_uint2(lo[k], hi[k]);
   }
   if (!out_t) return;
-  __syncthreads();
-  // Thread p writes out_t's row c0 + p / 8 (x's column), elements r0 + 8 (p % 8) ... + 7.
-  for (int p = threadIdx.x; p < kPacks; p += kVecThreads) {
-    const int dc = p >> 3, dr = (p & 7) << 3;
-    const int c = c0 + dc, r = r0 + dr;
-    if (r >= rows || c >= cols) continue;
-    uint2 q;
-    uint8_t* b = reinterpret_cast<uint8_t*>(&q);
+  // Column j of the block (x's column c0 + j) is out_t's row c0 + j, elements r0 ... r0 + 7.
 #pragma unroll
-    for (int k = 0; k < 8; ++k) b[k] = tile[swizzled(dr + k, dc)];
-    *reinterpret_cast<uint2*>(out_t + static_cast<size_t>(c) * rows + r) = q;
+  for (int j = 0; j < kBlockRows; ++j) {
+    unsigned t[2] = {0u, 0u};
+#pragma unroll
+    for (int k = 0; k < kBlockRows; ++k) t[k / 4] |= byte_of(lo[k], hi[k], j) << (8 * (k & 3));
+    *reinterpret_cast<uint2*>(out_t + static_cast<size_t>(c0 + j) * rows + r0) = make_uint2(t[0], t[1]);
   }
 }
 
@@ -173,8 +177,12 @@ void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* 
     }
     if (rows % 8 == 0 && cols % 8 == 0 && ld % 8 == 0 && is_aligned(x, 16) && (!out || is_aligned(out, 8)) &&
         (!out_t || is_aligned(out_t, 8))) {
-      const dim3 grid((cols + kVecTile - 1) / kVecTile, (rows + kVecTile - 1) / kVecTile);
-      quantize_tiles_kernel<T><<<grid, kVecThreads, 0, stream>>>(xt, rows, cols, ld, amax_bits, out, out_t, inv_scale);
+      const long long warps = static_cast<long long>((rows + kWarpTileRows - 1) / kWarpTileRows) *
+                              ((cols + kWarpTileCols - 1) / kWarpTileCols);
+      const long long blocks = (warps + kQuantThreads / 32 - 1) / (kQuantThreads / 32);
+      quantize_blocks_kernel<T><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(xt, rows, cols, ld,
+                                                                                           amax_bits, out, out_t,
+                                                                                           inv_scale);
       SHARDLM_CUDA_LAUNCH_CHECK();
       return;
     }
