@@ -407,6 +407,14 @@ std::pair<GemmDesc, GemmDesc> linear_backward_descs(int n, int out, int in, cons
   return {wg, dg};
 }
 
+// FP8 scratch on the device for A and B operands of up to a_el and b_el elements, with `slots` amax slots.
+struct DeviceFp8Scratch {
+  DeviceBuffer buffer;
+  cuda::Fp8Scratch w;
+  DeviceFp8Scratch(size_t a_el, size_t b_el, size_t slots = 0)
+      : buffer(cuda::fp8_scratch_bytes(a_el, b_el, slots)), w(cuda::Fp8Scratch::at(buffer.get(), a_el, b_el, slots)) {}
+};
+
 // A bf16 linear layer on the device, random dy [n, out], x [n, in], W [out, in] and fp32 dW0 from `rng`,
 // run through the FP8 path with an amax slot (or -1): forward y = x W^T (run_fp8_gemm) and backward
 // (run_fp8_linear_backward: dW = dW0 + dy^T x unless frozen, then dx = dy W).
@@ -421,6 +429,10 @@ struct Fp8LinearCase {
         W(random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f)),
         dw0(random_values(static_cast<size_t>(out) * in, rng, DType::F32)), ddy(dy, DType::BF16),
         dx_in(x, DType::BF16), dweight(W, DType::BF16) {}
+  // Scratch for this layer's three GEMMs, with `slots` amax slots.
+  DeviceFp8Scratch scratch(int slots) const {
+    return DeviceFp8Scratch(static_cast<size_t>(n) * out, static_cast<size_t>(n) * in, slots);
+  }
   std::vector<float> forward(const cuda::Fp8Scratch& w, int slot) {
     TestArray y(std::vector<float>(static_cast<size_t>(n) * out, 0.0f), DType::BF16);
     GemmDesc fw;
@@ -502,8 +514,8 @@ void check_fp8_form(bool trans_a, bool trans_b, DType c_dtype, float beta) {
     const std::vector<float> c0 = random_values(static_cast<size_t>(M) * N, rng, c_dtype);
     TestArray da(a, DType::BF16), db(b, DType::BF16), dc(c0, c_dtype);
     const size_t a_el = static_cast<size_t>(M) * K, b_el = static_cast<size_t>(N) * K;
-    DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
-    const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+    const DeviceFp8Scratch scratch(a_el, b_el);
+    const cuda::Fp8Scratch& w = scratch.w;
     GemmDesc d;
     d.trans_a = trans_a, d.trans_b = trans_b, d.M = M, d.N = N, d.K = K, d.beta = beta;
     d.A = da.data(), d.lda = a_cols, d.B = db.data(), d.ldb = b_cols, d.C = dc.data(), d.ldc = N;
@@ -562,8 +574,8 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemm
   const std::vector<float> W = random_values(static_cast<size_t>(out) * in, rng, DType::BF16, 0.5f);
   const std::vector<float> dw0 = random_values(static_cast<size_t>(out) * in, rng, DType::F32);
   const size_t a_el = static_cast<size_t>(n) * out, b_el = static_cast<size_t>(n) * in;
-  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
-  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+  const DeviceFp8Scratch scratch(a_el, b_el);
+  const cuda::Fp8Scratch& w = scratch.w;
   Gemm gemm;
   // wgrad dW += dy^T x and dgrad dx = dy W over these buffers.
   auto descs = [&](const TestArray& ddy, const TestArray& dx_in, const TestArray& dweight, const TestArray& dW,
@@ -599,9 +611,8 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_shares_dy_and_matches_the_separate_gemm
 BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputing_it) {
   Fp8LinearCase c(96, 64, 48, std::mt19937(23));
   const int slots = 3, slot = 1;
-  const size_t a_el = static_cast<size_t>(c.n) * c.out, b_el = static_cast<size_t>(c.n) * c.in;
-  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el, slots));
-  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el, slots);
+  const DeviceFp8Scratch scratch = c.scratch(slots);
+  const cuda::Fp8Scratch& w = scratch.w;
   BOOST_TEST_REQUIRE(w.slots == slots);
   // The forward y = x W^T, with and without the slot.
   const std::vector<float> y_plain = c.forward(w, -1);
@@ -638,9 +649,8 @@ BOOST_AUTO_TEST_CASE(fp8_linear_backward_with_the_forward_amax_matches_recomputi
 BOOST_AUTO_TEST_CASE(fp8_input_amax_reduced_by_its_producer_gives_the_same_bits) {
   Fp8LinearCase c(96, 64, 48, std::mt19937(31));
   const int slots = 2, slot = 1;
-  const size_t a_el = static_cast<size_t>(c.n) * c.out, b_el = static_cast<size_t>(c.n) * c.in;
-  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el, slots));
-  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el, slots);
+  const DeviceFp8Scratch scratch = c.scratch(slots);
+  const cuda::Fp8Scratch& w = scratch.w;
   const cuda::MatMul plain{c.gemm, nullptr}, mm = cuda::MatMul{c.gemm, nullptr, 1, &w}.projection(slot);
   const DType bf = DType::BF16;
   unsigned* x_word = mm.fp8_forward_x_amax(c.n, c.out, c.in, c.out, bf);
@@ -761,8 +771,8 @@ BOOST_AUTO_TEST_CASE(fp8_frozen_kept_weight_is_quantized_once) {
 
 BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {
   const size_t a_el = 64 * 96, b_el = 48 * 96;
-  DeviceBuffer scratch(cuda::fp8_scratch_bytes(a_el, b_el));
-  const cuda::Fp8Scratch w = cuda::Fp8Scratch::at(scratch.get(), a_el, b_el);
+  const DeviceFp8Scratch scratch(a_el, b_el);
+  const cuda::Fp8Scratch& w = scratch.w;
   GemmDesc d;
   d.trans_b = true, d.M = 64, d.N = 48, d.K = 96, d.lda = 96, d.ldb = 96, d.ldc = 48;
   d.ab_dtype = DType::BF16, d.c_dtype = DType::BF16;
