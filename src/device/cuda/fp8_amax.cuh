@@ -16,6 +16,19 @@ __device__ __forceinline__ unsigned stored_abs_bits(float v) {
   return abs_bits(to_float(from_float<T>(v)));
 }
 
+// m raised to the amax of the N values v as the T that stores them holds them.
+template <typename T, int N>
+__device__ __forceinline__ unsigned max_stored_abs_bits(unsigned m, const float (&v)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) m = max(m, stored_abs_bits<T>(v[k]));
+  return m;
+}
+
+// Zeroes an amax word on `stream` before a kernel reduces into it (host side).
+inline void clear_amax(unsigned* amax_bits, cudaStream_t stream) {
+  SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
+}
+
 __device__ __forceinline__ unsigned warp_max_bits(unsigned m) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));

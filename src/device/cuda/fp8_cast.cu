@@ -153,7 +153,7 @@ void fp8_quantize(const void* x, int rows, int cols, int ld, DType dt, uint8_t* 
   SHARDLM_CHECK(dt == DType::BF16 || dt == DType::F16, "fp8_quantize: the input must be bf16 or fp16, not ",
                 dtype_name(dt));
   SHARDLM_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "fp8_quantize: bad shape ", rows, " x ", cols, " ld ", ld);
-  if (!amax_known) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
+  if (!amax_known) clear_amax(amax_bits, stream);
   if (rows == 0 || cols == 0) return;
   const size_t n = static_cast<size_t>(rows) * cols;
   const bool packed = ld == cols && n % 8 == 0 && is_aligned(x, 16) && (!out || is_aligned(out, 8));

@@ -36,10 +36,7 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int k = 0; k < N; ++k) v[k] = (v[k] * rs) * (offset + w[k]);  // xhat first, then the weight: as LlamaCpu
       store_floats<N>(yr + p * N, v);
-      if (amax_bits) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) m = max(m, stored_abs_bits<T>(v[k]));
-      }
+      if (amax_bits) m = max_stored_abs_bits<T>(m, v);
     }
     if (lane == 0) rstd[row] = rs;
   });
@@ -104,7 +101,7 @@ void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, 
 
 void rmsnorm_forward(const void* x, const void* weight, void* y, float* rstd, int n, int H, float eps, DType dt,
                      cudaStream_t stream, float weight_offset, unsigned* amax_bits) {
-  if (amax_bits) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
+  if (amax_bits) clear_amax(amax_bits, stream);
   if (!check_rows("rmsnorm_forward", n, H)) return;
   dispatch_dtype_packed(dt, H, {x, weight, y}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;

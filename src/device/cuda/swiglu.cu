@@ -50,10 +50,7 @@ __global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restric
 #pragma unroll
     for (int k = 0; k < N; ++k) g[k] = Act{}.forward(g[k], u[k]);
     store_floats<N>(out + e, g);
-    if (amax_bits) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) m = max(m, stored_abs_bits<T>(g[k]));
-    }
+    if (amax_bits) m = max_stored_abs_bits<T>(m, g);
   });
   if (amax_bits) publish_amax(m, amax_bits);
 }
@@ -74,10 +71,7 @@ __global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __res
     }
     store_floats<N>(dgate_up + at, dg);
     store_floats<N>(dgate_up + at + F, du);
-    if (amax_bits) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) m = max(m, max(stored_abs_bits<T>(dg[k]), stored_abs_bits<T>(du[k])));
-    }
+    if (amax_bits) m = max_stored_abs_bits<T>(max_stored_abs_bits<T>(m, dg), du);
   });
   if (amax_bits) publish_amax(m, amax_bits);
 }
@@ -85,7 +79,7 @@ __global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __res
 // Checks the shape and zeroes the amax word, if any; false when there are no rows (nothing to launch).
 bool check_shape(const char* what, int n, int F, unsigned* amax_bits, cudaStream_t stream) {
   SHARDLM_CHECK(n >= 0 && F >= 1, what, ": bad shape n=", n, " F=", F);
-  if (amax_bits) SHARDLM_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream));
+  if (amax_bits) clear_amax(amax_bits, stream);
   return n > 0;
 }
 
