@@ -72,6 +72,25 @@ BOOST_AUTO_TEST_CASE(in_place_collectives) {
   }
 }
 
+// Unequal pieces in place, one of them empty (the root's gradient parts, Impl::reduce_range): piece q sums
+// into rank q alone; the elements outside every piece, and other ranks' pieces, stay as they were.
+BOOST_AUTO_TEST_CASE(reduce_of_unequal_pieces) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int r = world.rank(), n = world.size();
+  std::vector<size_t> offsets(n), counts(n);
+  size_t end = 2;  // two elements before the first piece
+  for (int q = 0; q < n; ++q) offsets[q] = end, counts[q] = q == 1 ? 0 : size_t(3 + 2 * q), end += counts[q];
+  std::vector<float> v(end + 1);
+  for (size_t j = 0; j < v.size(); ++j) v[j] = float(10 * r + j);
+  world.reduce_pieces(v.data(), offsets, counts, DType::F32, ReduceOp::Sum);
+  const float rank_sum = float(10 * n * (n - 1) / 2);
+  for (size_t j = 0; j < v.size(); ++j) {
+    const bool mine = j >= offsets[r] && j < offsets[r] + counts[r];
+    BOOST_TEST(v[j] == (mine ? rank_sum + n * float(j) : float(10 * r + j)));
+  }
+  BOOST_CHECK_THROW(world.reduce_pieces(v.data(), {0}, {1, 1}, DType::F32, ReduceOp::Sum), Error);
+}
+
 BOOST_AUTO_TEST_CASE(sixteen_bit_reductions) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int r = world.rank(), n = world.size();

@@ -77,6 +77,10 @@ class DeviceLikeCpu final : public Backend {
                        float* slice, long long pos, size_t count, Stream s) override {
     cpu_->rows_unpack_add(in, dt, w, ids, first, m, rows, slice, pos, count, s);
   }
+  void rows_sum_squares(size_t w, const int32_t* ids, const int32_t* first, size_t m, size_t rows, const float* slice,
+                        long long pos, size_t count, bool named, double* sum, Stream s) override {
+    cpu_->rows_sum_squares(w, ids, first, m, rows, slice, pos, count, named, sum, s);
+  }
   void rows_zero(float* t, size_t w, const int32_t* ids, size_t m, size_t rows, Stream s) override {
     cpu_->rows_zero(t, w, ids, m, rows, s);
   }

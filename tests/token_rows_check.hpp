@@ -91,6 +91,41 @@ inline void check_token_rows(Backend& be, DType dt) {
   for (size_t i = 0; i < count; ++i)
     BOOST_TEST(std::abs(got[i] - want[i]) <= 1e-6 * (1.0 + std::abs(want[i])), "slice element " << i);
 
+  // Squares of the slice's table elements: the named rows', the others', and the two adding up to the slice's
+  // own sum (the slice lies inside the table). A second slice starting before the table (pos > 0) leaves its
+  // first elements out of both.
+  double named_want = 0, others_want = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t row = static_cast<size_t>(static_cast<long long>(i) - pos) / width;
+    (seen[row] ? named_want : others_want) += static_cast<double>(got[i]) * got[i];
+  }
+  DeviceArray d_sum = be.allocate(2 * sizeof(double), MemKind::Other);
+  be.zero(d_sum.data(), d_sum.bytes(), s);
+  double* sums = d_sum.as<double>();
+  be.rows_sum_squares(width, d_ids.as<int32_t>(), d_first.as<int32_t>(), m, rows, d_slice.as<float>(), pos, count,
+                      true, sums, s);
+  be.rows_sum_squares(width, d_ids.as<int32_t>(), d_first.as<int32_t>(), m, rows, d_slice.as<float>(), pos, count,
+                      false, sums + 1, s);
+  std::vector<double> sq = download<double>(be, d_sum, 2);
+  BOOST_TEST(named_want > 0);
+  BOOST_TEST(others_want > 0);
+  BOOST_TEST(std::abs(sq[0] - named_want) <= 1e-6 * named_want, "named rows' squares " << sq[0] << " vs " << named_want);
+  BOOST_TEST(std::abs(sq[1] - others_want) <= 1e-6 * others_want, "other rows' squares " << sq[1] << " vs " << others_want);
+  // A slice of 3 elements before the table and its first 40 (rows 0 to 5): only those 40 counted.
+  std::vector<float> before(43);
+  for (float& x : before) x = value(rng);
+  DeviceArray d_before = upload(be, before);
+  double before_named = 0, before_others = 0;
+  for (size_t i = 3; i < before.size(); ++i) (seen[(i - 3) / width] ? before_named : before_others) += double(before[i]) * before[i];
+  be.zero(d_sum.data(), d_sum.bytes(), s);
+  be.rows_sum_squares(width, d_ids.as<int32_t>(), d_first.as<int32_t>(), m, rows, d_before.as<float>(), 3, before.size(),
+                      true, sums, s);
+  be.rows_sum_squares(width, d_ids.as<int32_t>(), d_first.as<int32_t>(), m, rows, d_before.as<float>(), 3, before.size(),
+                      false, sums + 1, s);
+  sq = download<double>(be, d_sum, 2);
+  BOOST_TEST(std::abs(sq[0] - before_named) <= 1e-6 * (1 + before_named), "named rows' squares (slice before the table)");
+  BOOST_TEST(std::abs(sq[1] - before_others) <= 1e-6 * (1 + before_others), "other rows' squares (slice before the table)");
+
   // Zero: every named row, nothing else.
   be.rows_zero(d_table.as<float>(), width, d_ids.as<int32_t>(), m, rows, s);
   const std::vector<float> zeroed = download<float>(be, d_table, rows * width);

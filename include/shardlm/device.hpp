@@ -164,6 +164,12 @@ class Backend {
   // where that index is inside [0, count) (the slice may hold part of the table).
   virtual void rows_unpack_add(const void* in, DType in_dtype, size_t width, const int32_t* ids, const int32_t* first,
                                size_t m, size_t rows, float* slice, long long pos, size_t count, Stream s) = 0;
+  // Adds to *sum (fp64) the squares of the table elements the slice holds (slice[pos + row * width + c] inside
+  // [0, count)): those of the named rows (named: each first occurrence's row, as rows_unpack_add adds them),
+  // else those of every other row of [0, rows) (ids are not read then). Split in two, the squares of a
+  // slice whose named rows change later: the others now, the named ones after.
+  virtual void rows_sum_squares(size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
+                                const float* slice, long long pos, size_t count, bool named, double* sum, Stream s) = 0;
   // Every named row of table set to zero.
   virtual void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream s) = 0;
 };

@@ -44,6 +44,12 @@ class Communicator {
   // The group's sum of send into recv on rank `root` only (recv is not read or written elsewhere).
   virtual void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  // A reduce-scatter of unequal pieces, in place: piece q (elements [offsets[q], offsets[q] + counts[q]) of
+  // buf, on every rank) summed over the group into that piece on rank q; pieces of no elements are skipped.
+  // Here one reduce after another; NCCL issues them as one group, so that they move at once (on two ranks
+  // the link both ways, where one reduce uses it one way).
+  virtual void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
+                             DType dtype, ReduceOp op);
   // Elements [q * count, (q + 1) * count) of send to rank q, landing at recv + rank() * count there (send and
   // recv hold size() * count; not in place).
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;

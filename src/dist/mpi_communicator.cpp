@@ -33,6 +33,18 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
 
 }  // namespace
 
+void Communicator::reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
+                                 DType dtype, ReduceOp op) {
+  SHARDLM_CHECK(offsets.size() == static_cast<size_t>(size()) && counts.size() == offsets.size(),
+                "reduce_pieces: ", offsets.size(), " offsets and ", counts.size(), " counts for ", size(), " ranks");
+  char* base = static_cast<char*>(buf);
+  for (int q = 0; q < size(); ++q) {
+    if (counts[q] == 0) continue;
+    void* piece = base + offsets[q] * dtype_size(dtype);
+    reduce(piece, piece, counts[q], dtype, op, q);
+  }
+}
+
 MPI_Datatype mpi_datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 // User-defined MPI ops for 16-bit floats, created once per process.

@@ -273,7 +273,8 @@ struct FsdpEngine::Impl {
 
   // plan.root_split, after the head's backward: the range it wrote is reduced now, behind the blocks'
   // backward; every rank's token ids are gathered and the rows they name marked for the embedding's part.
-  void reduce_root_head();
+  // squares: the step's last micro-step, which takes the slice's squares as they become final (root_squares).
+  void reduce_root_head(bool squares);
   const int32_t* token_ids_all() const {
     return (replicate.size() > 1 ? split_ids_all : split_ids_shard).as<int32_t>();
   }
@@ -283,7 +284,12 @@ struct FsdpEngine::Impl {
 
   // plan.root_split, after the embedding's backward: the named rows and the embedding's other tensors,
   // packed, all-reduced and added to the slice.
-  void reduce_root_embedding();
+  void reduce_root_embedding(bool squares);
+  // plan.root_split, the step's last micro-step: the squares of the root's slice into `norm` (on comm) in two
+  // parts, so that the norm waits only for the small one: after the head's part (!after_rows), every element
+  // but the named token rows and the embedding's other tensors, which are final then; after the embedding's
+  // part (after_rows), those.
+  void root_squares(bool after_rows);
 
   // This micro-step reduces: every one but with no sync in full, where only the step's last does.
   bool reduces() const { return plan.no_sync != NoSync::Full || last_announced; }

@@ -223,14 +223,15 @@ void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) 
     be.cast(full + lo, DType::F32, stage_full.as<char>() + lo * rsize, rdt, hi - lo, comm);
     send = stage_full.as<char>();
   }
-  // Each rank's part of the range reduced in place on that rank (no slice-sized staging).
-  size_t my_lo = 0, my_hi = 0;
+  // Each rank's part of the range reduced in place on that rank (no slice-sized staging), the parts at
+  // once (Communicator::reduce_pieces).
+  std::vector<size_t> offsets(static_cast<size_t>(S), 0), counts(static_cast<size_t>(S), 0);
   for (int r = 0; r < S; ++r) {
     const size_t begin = static_cast<size_t>(r) * n, a = std::max(lo, begin), b = std::min(hi, begin + n);
-    if (a >= b) continue;
-    if (r == me) my_lo = a, my_hi = b;
-    if (S > 1) shard.reduce(send + a * rsize, send + a * rsize, b - a, rdt, ReduceOp::Sum, r);
+    if (a < b) offsets[r] = a, counts[r] = b - a;
   }
+  if (S > 1) shard.reduce_pieces(send, offsets, counts, rdt, ReduceOp::Sum);
+  const size_t my_lo = offsets[me], my_hi = my_lo + counts[me];
   if (my_hi <= my_lo) return;
   const size_t mine = my_lo - static_cast<size_t>(me) * n;
   char* reduced = send + my_lo * rsize;
@@ -238,7 +239,7 @@ void FsdpEngine::Impl::reduce_range(Unit& d, float* full, size_t lo, size_t hi) 
   be.accumulate(d.grad.as<float>() + mine, reduced, rdt, my_hi - my_lo, comm);
 }
 
-void FsdpEngine::Impl::reduce_root_head() {
+void FsdpEngine::Impl::reduce_root_head(bool squares) {
   const RootSplit& rs = plan.root_split;
   Unit& d = units[0];
   root_grad_ready->record(compute);
@@ -254,8 +255,41 @@ void FsdpEngine::Impl::reduce_root_head() {
   if (replicate.size() > 1)
     replicate.all_gather(split_ids_shard.data(), split_ids_all.data(), rs.shard_ids, DType::F32);
   be.rows_mark_first(token_ids_all(), rs.id_capacity, split_first.as<int32_t>(), rs.table_rows, comm);
+  if (squares) root_squares(false);
   tracer.mark_end(span);
   head_reduced->record(comm);
+}
+
+void FsdpEngine::Impl::root_squares(bool after_rows) {
+  const RootSplit& rs = plan.root_split;
+  Unit& d = units[0];
+  const size_t n = d.flat.shard_numel, begin = static_cast<size_t>(shard.rank()) * n;
+  float* slice = d.grad.as<float>();
+  double* sum = norm.as<double>();
+  // Root ranges in the slice's indices, clipped to it.
+  const auto in_slice = [&](size_t lo, size_t hi) {
+    const size_t a = std::clamp(lo, begin, begin + n) - begin, b = std::clamp(hi, begin, begin + n) - begin;
+    return std::pair<size_t, size_t>{a, std::max(a, b)};
+  };
+  const auto [e_lo, e_hi] = in_slice(rs.extras_begin, rs.extras_end);
+  const long long pos = static_cast<long long>(rs.table_offset) - static_cast<long long>(begin);
+  be.rows_sum_squares(rs.width, token_ids_all(), split_first.as<int32_t>(), rs.id_capacity, rs.table_rows, slice, pos, n,
+                      after_rows, sum, comm);
+  if (after_rows) {
+    if (e_lo < e_hi) be.sum_squares(slice + e_lo, e_hi - e_lo, sum, comm);
+    return;
+  }
+  // The rest of the slice: outside the table and the embedding's other tensors.
+  auto [t_lo, t_hi] = in_slice(rs.table_offset, rs.table_offset + rs.table_rows * rs.width);
+  std::pair<size_t, size_t> cut[2] = {{t_lo, t_hi}, {e_lo, e_hi}};
+  if (cut[1].first < cut[0].first) std::swap(cut[0], cut[1]);
+  size_t at = 0;
+  for (const auto& [lo, hi] : cut) {
+    if (lo >= hi) continue;
+    if (at < lo) be.sum_squares(slice + at, lo - at, sum, comm);
+    at = std::max(at, hi);
+  }
+  if (at < n) be.sum_squares(slice + at, n - at, sum, comm);
 }
 
 void FsdpEngine::Impl::embedding_grad_begins() {
@@ -271,7 +305,7 @@ void FsdpEngine::Impl::embedding_grad_begins() {
     be.zero(root_grad() + rs.extras_begin, (rs.extras_end - rs.extras_begin) * sizeof(float), compute);
 }
 
-void FsdpEngine::Impl::reduce_root_embedding() {
+void FsdpEngine::Impl::reduce_root_embedding(bool squares) {
   const RootSplit& rs = plan.root_split;
   Unit& d = units[0];
   const DType rdt = opt.reduce_dtype;
@@ -291,6 +325,7 @@ void FsdpEngine::Impl::reduce_root_embedding() {
                      static_cast<long long>(rs.table_offset) - static_cast<long long>(begin), n, comm);
   const size_t lo = std::max(rs.extras_begin, begin), hi = std::min(rs.extras_end, begin + n);
   if (lo < hi) be.accumulate(d.grad.as<float>() + (lo - begin), tail + (lo - rs.extras_begin) * rsize, rdt, hi - lo, comm);
+  if (squares) root_squares(true);
   be.zero(first, split_first.bytes(), comm);  // for the next micro-step's marks
   tracer.mark_end(span);
 }
@@ -474,9 +509,9 @@ void FsdpEngine::Impl::backward_embedding(const UnitParams& root, const int32_t*
   if (bp.reducing) {
     root_grad_ready->record(compute);
     root_grad_ready->wait_on(comm);
-    if (bp.split) reduce_root_embedding();
+    if (bp.split) reduce_root_embedding(bp.squares);
     else reduce(0, full_grad(0));
-    if (bp.squares) take_squares(0, comm);
+    if (bp.squares && !bp.split) take_squares(0, comm);
     squares_taken = bp.squares;
     root_reduction_pending = true;
   }
@@ -514,7 +549,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
                            Lane::Compute);
   if (N > 0) head_takes_scratch(), model->head(root, tgt, B, T, grad_scale, backward, droot, compute);
   tracer.mark_end(span);
-  if (bp.split) reduce_root_head();
+  if (bp.split) reduce_root_head(bp.squares);
   if (backward) {
     backward_blocks(B, T, bp);
     backward_embedding(root, tok, droot, B, T, bp);

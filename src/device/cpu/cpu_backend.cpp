@@ -178,6 +178,21 @@ class CpuBackend final : public Backend {
       accumulate(slice + base + lo, src, in_dtype, static_cast<size_t>(hi - lo), s);
     }
   }
+  void rows_sum_squares(size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows, const float* slice,
+                        long long pos, size_t count, bool named, double* sum, Stream) override {
+    const auto add_row = [&](size_t row) {
+      const long long base = pos + static_cast<long long>(row * width);
+      const long long lo = std::max(0LL, -base), hi = std::min<long long>(width, static_cast<long long>(count) - base);
+      for (long long c = lo; c < hi; ++c) *sum += static_cast<double>(slice[base + c]) * slice[base + c];
+    };
+    if (named) {
+      for (size_t k = 0; k < m; ++k)
+        if (is_first(ids, first, k, m, rows)) add_row(row_of(ids[k], rows));
+    } else {
+      for (size_t row = 0; row < rows; ++row)
+        if (first[row] == 0) add_row(row);
+    }
+  }
   void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream) override {
     for (size_t k = 0; k < m; ++k) std::memset(table + row_of(ids[k], rows) * width, 0, width * sizeof(float));
   }

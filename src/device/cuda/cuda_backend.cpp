@@ -170,6 +170,10 @@ class CudaBackend final : public Backend {
                        size_t rows, float* slice, long long pos, size_t count, Stream s) override {
     cuda::rows_unpack_add(in, in_dtype, width, ids, first, m, rows, slice, pos, count, as_cuda(s));
   }
+  void rows_sum_squares(size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows, const float* slice,
+                        long long pos, size_t count, bool named, double* sum, Stream s) override {
+    cuda::rows_sum_squares(width, ids, first, m, rows, slice, pos, count, named, sum, as_cuda(s));
+  }
   void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, Stream s) override {
     cuda::rows_zero(table, width, ids, m, rows, as_cuda(s));
   }

@@ -63,6 +63,48 @@ __global__ void zero_rows_kernel(float* __restrict__ table, size_t width, const 
   });
 }
 
+// The squares of the table elements a slice holds, in the named rows (Named: one warp per first occurrence)
+// or in the others (one warp per row of [row_lo, row_hi) that no id names). fp64 per thread and block, one
+// atomic add a block.
+template <bool Named>
+__global__ void rows_squares_kernel(const float* __restrict__ slice, long long pos, size_t count, size_t width,
+                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ first, size_t m,
+                                    size_t rows, long long row_lo, long long row_hi, double* sum) {
+  const int lane = threadIdx.x % 32;
+  double acc = 0.0;
+  const int n = static_cast<int>(Named ? static_cast<long long>(m) : row_hi - row_lo);
+  for_warp_rows(n, [&](long long k) {
+    long long row;
+    if constexpr (Named) {
+      if (!is_first(first, ids, k, m, rows)) return;
+      row = row_of(ids[k], rows);
+    } else {
+      row = row_lo + k;
+      if (first[row] != 0) return;
+    }
+    const long long base = pos + row * static_cast<long long>(width);
+    const long long lo = base < 0 ? -base : 0;
+    const long long hi = std::min<long long>(static_cast<long long>(width), static_cast<long long>(count) - base);
+    // Four loads in flight a lane.
+    long long c = lo + lane;
+    for (; c + 96 < hi; c += 128) {
+      const float a = slice[base + c], b = slice[base + c + 32], d = slice[base + c + 64], e = slice[base + c + 96];
+      acc += static_cast<double>(a * a + b * b) + static_cast<double>(d * d + e * e);
+    }
+    for (; c < hi; c += 32) acc += static_cast<double>(slice[base + c]) * slice[base + c];
+  });
+  __shared__ double warp_sums[kRowWarps];
+  acc = warp_sum(acc);
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    double total = lane < kRowWarps ? warp_sums[lane] : 0.0;
+    total = warp_sum(total);
+    if (lane == 0 && total != 0.0) atomicAdd(sum, total);
+  }
+}
+
 }  // namespace
 
 void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, cudaStream_t stream) {
@@ -100,6 +142,28 @@ void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t 
   if (m == 0) return;
   SHARDLM_CHECK(m < static_cast<size_t>(INT32_MAX) && rows > 0, "rows_zero: ", m, " ids of ", rows, " rows");
   zero_rows_kernel<<<warp_row_blocks(static_cast<int>(m)), kRowThreads, 0, stream>>>(table, width, ids, m, rows);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void rows_sum_squares(size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows, const float* slice,
+                      long long pos, size_t count, bool named, double* sum, cudaStream_t stream) {
+  if (count == 0 || rows == 0 || width == 0) return;
+  if (named) {
+    if (m == 0) return;
+    SHARDLM_CHECK(m < static_cast<size_t>(INT32_MAX), "rows_sum_squares: ", m, " ids of ", rows, " rows");
+    rows_squares_kernel<true><<<warp_row_blocks(static_cast<int>(m)), kRowThreads, 0, stream>>>(
+        slice, pos, count, width, ids, first, m, rows, 0, 0, sum);
+    SHARDLM_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  // The rows with an element inside the slice: pos + row * width + width > 0 and pos + row * width < count.
+  const long long w = static_cast<long long>(width), n = static_cast<long long>(count);
+  const long long lo = std::max(0LL, pos >= 0 ? 0 : (-pos) / w);
+  const long long hi = std::min(static_cast<long long>(rows), n - pos <= 0 ? 0 : (n - pos + w - 1) / w);
+  if (hi <= lo) return;
+  SHARDLM_CHECK(hi - lo < INT32_MAX, "rows_sum_squares: ", hi - lo, " rows");
+  rows_squares_kernel<false><<<warp_row_blocks(static_cast<int>(hi - lo)), kRowThreads, 0, stream>>>(
+      slice, pos, count, width, ids, first, m, rows, lo, hi, sum);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 

@@ -18,6 +18,9 @@ void rows_pack(const float* table, size_t width, const int32_t* ids, const int32
                void* out, DType out_dt, cudaStream_t stream);
 void rows_unpack_add(const void* in, DType in_dt, size_t width, const int32_t* ids, const int32_t* first, size_t m,
                      size_t rows, float* slice, long long pos, size_t count, cudaStream_t stream);
+// Squares (fp64, added to *sum) of the table elements in the slice: the named rows' or the others'.
+void rows_sum_squares(size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows, const float* slice,
+                      long long pos, size_t count, bool named, double* sum, cudaStream_t stream);
 void rows_zero(float* table, size_t width, const int32_t* ids, size_t m, size_t rows, cudaStream_t stream);
 
 }  // namespace shardlm::cuda

@@ -258,6 +258,16 @@ void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType 
   check(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, comm_, stream_), "ncclReduce");
 }
 
+void NcclCommunicator::reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
+                                     DType dtype, ReduceOp op) {
+  SHARDLM_CHECK(offsets.size() == static_cast<size_t>(size_) && counts.size() == offsets.size(),
+                "reduce_pieces: ", offsets.size(), " offsets and ", counts.size(), " counts for ", size_, " ranks");
+  check(ncclGroupStart(), "ncclGroupStart");
+  Communicator::reduce_pieces(buf, offsets, counts, dtype, op);
+  last_ = concat("reduce of ", size_, " unequal pieces");
+  check(ncclGroupEnd(), "ncclGroupEnd");
+}
+
 void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   last_ = concat("broadcast of ", count, " elements from ", root);
   check(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");

@@ -43,6 +43,9 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  // The pieces' ncclReduces in one group (ncclGroupStart / ncclGroupEnd).
+  void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts, DType dtype,
+                     ReduceOp op) override;
   // ncclAlltoAll (NCCL 2.28+; grouped sends and receives before); between windows of a zero-CTA group, the
   // copy engines move it.
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
