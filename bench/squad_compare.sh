@@ -45,12 +45,15 @@
 #                      end to end in a minute or two
 #   --dry-run          write the data and the decks, print every command, run none
 #   --shardlm-args "A" extra deck overrides for every shardlm run (e.g. "--dist.copy_engine_reductions=false")
+#   --repeat N         every run N times, the runs interleaved (all of them once, then again): the table
+#                      gives each run's median samples/s with the spread, and the G-GPU / 1-GPU ratio
+#                      line is taken on the medians (default 1). Repeats' folders are NAME-r2, NAME-r3, ...
 set -uo pipefail
 
-usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 BIN=build/bin/shardlm GPUS=1 EPOCHS="" QUESTIONS=250,100 RUN_TIMEOUT=300 BUDGET=480 ONLY=""
-SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda SHARDLM_ARGS=
+SKIP_HF=0 SKIP_SL=0 QUICK=0 DRY=0 BACKEND=cuda SHARDLM_ARGS='' REPEAT=1
 POS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --dry-run) DRY=1 ;;
     --shardlm-args) SHARDLM_ARGS=$2; shift ;;
+    --repeat) REPEAT=$2; shift ;;
     --backend) BACKEND=$2; shift ;;   # hidden: "cpu" exercises the shardlm plumbing without a GPU
     -h|--help) usage 0 ;;
     -) POS+=("$1") ;;
@@ -77,7 +81,7 @@ done
 [ ${#POS[@]} -eq 2 ] || usage
 RT=${POS[0]} OUT=${POS[1]}
 IFS=, read -r N_TRAIN N_DEV <<< "$QUESTIONS"
-for v in "$GPUS" "$N_TRAIN" "$N_DEV" "$RUN_TIMEOUT" "$BUDGET" ${EPOCHS:+"$EPOCHS"}; do
+for v in "$GPUS" "$N_TRAIN" "$N_DEV" "$RUN_TIMEOUT" "$BUDGET" "$REPEAT" ${EPOCHS:+"$EPOCHS"}; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "squad_compare.sh: '$v' is not a positive whole number" >&2; exit 2; }
 done
 
@@ -212,8 +216,57 @@ def num(v, f="{:.2f}"):
 def ratio(a, b):
     return "-" if not a or not b else f"{a / b:.2f}x"
 
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return None if n == 0 else (v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2)
+
+def merged(recs):
+    # One row per run (config): with --repeat, the median samples/s of its ok repeats and their spread;
+    # the other columns from its first ok repeat.
+    rows, order = {}, []
+    for r in recs:
+        if r["config"] not in rows:
+            order.append(r["config"])
+            rows[r["config"]] = []
+        rows[r["config"]].append(r)
+    out = []
+    for c in order:
+        group = rows[c]
+        ok = [r for r in group if r["status"] == "ok"]
+        row = dict(ok[0] if ok else group[0])
+        for k in ("train_samples_per_second", "samples_per_second_no_generation"):
+            vals = [r[k] for r in ok if r.get(k) is not None]
+            row[k] = median(vals)
+            row[k + "_all"] = vals
+        row["repeats"] = len(group)
+        if len(group) > 1 and len(ok) < len(group):
+            row["status"] = f"ok {len(ok)} of {len(group)}" if ok else group[-1]["status"]
+        out.append(row)
+    return out
+
+def cell(r, k):
+    v = r.get(k)
+    vals = r.get(k + "_all") or []
+    if v is None or len(vals) < 2:
+        return num(v)
+    return f"{num(v)} ({num(min(vals))}-{num(max(vals))}, {len(vals)} runs)"
+
+def scaling_line(rows):
+    # The G-GPU FULL_SHARD run against the 1-GPU one, on the medians: the figure the tutorial's scaling is read from.
+    one = next((r for r in rows if r["config"] == "fsdp1" and r["status"].startswith("ok")), None)
+    many = next((r for r in rows if r["config"] == "full" and r["status"].startswith("ok")), None)
+    if not one or not many:
+        return None
+    n = min(one["repeats"], many["repeats"])
+    what = "medians" if n > 1 else "one run each"
+    return (f"FULL_SHARD on {many['gpus']} GPUs against 1 ({what}): "
+            f"{ratio(many.get('train_samples_per_second'), one.get('train_samples_per_second'))} samples/s, "
+            f"{ratio(many.get('samples_per_second_no_generation'), one.get('samples_per_second_no_generation'))} "
+            f"with generation left out")
+
 def table(path, title):
-    recs = [json.loads(l) for l in open(path) if l.strip()]
+    recs = merged([json.loads(l) for l in open(path) if l.strip()])
     # Trainer's row for each GPU count and offload: what the shardlm rows are set against (an offload
     # row against Trainer's offload run when there is one, else against Trainer without offload).
     base = {}
@@ -224,7 +277,7 @@ def table(path, title):
            "| run | GPUs | samples/s | samples/s, generation left out | x HF | peak GiB | x HF | nvidia-smi GiB | eval loss (last) | EM | F1 | status |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in recs:
-        ok = r["status"] == "ok"
+        ok = r["status"].startswith("ok")
         b = None
         if r["impl"] == "shardlm":
             b = base.get((r["gpus"], bool(r.get("cpu_offload")))) or base.get((r["gpus"], False))
@@ -233,11 +286,16 @@ def table(path, title):
         mem = r.get("peak_memory_bytes") if ok else None
         nv = r.get("nvsmi_peak_bytes") if ok else None
         ev = (r.get("eval_loss") or [None])[-1] if ok else None
-        out.append(f"| {r['label']} | {r['gpus']} | {num(sps)} | {num(nogen)} | "
+        sps_cell = cell(r, "train_samples_per_second") if ok else num(None)
+        nogen_cell = cell(r, "samples_per_second_no_generation") if ok else num(None)
+        out.append(f"| {r['label']} | {r['gpus']} | {sps_cell} | {nogen_cell} | "
                    f"{ratio(nogen, b and b.get('samples_per_second_no_generation'))} | "
                    f"{num(mem and mem / GIB)} | {ratio(mem, b and b.get('peak_memory_bytes'))} | "
                    f"{num(nv and nv / GIB)} | {num(ev, '{:.4f}')} | {num(r.get('eval_exact_match') if ok else None)} | "
                    f"{num(r.get('eval_f1') if ok else None)} | {r['status']} |")
+    line = scaling_line(recs)
+    if line:
+        out += ["", line]
     return "\n".join(out)
 
 if __name__ == "__main__":
@@ -384,14 +442,15 @@ status_of() {
   esac
 }
 
-meta_json() {  # id name label impl gpus strategy offload status rc seconds log
-  python3 -c 'import json,sys; a=sys.argv[1:]; print(json.dumps({"config":a[0],"name":a[1],"label":a[2],"impl":a[3],"gpus":int(a[4]),"strategy":a[5],"cpu_offload":a[6]=="true","status":a[7],"rc":int(a[8]),"seconds":int(a[9]),"log":a[10]}))' "$@"
+meta_json() {  # id name label impl gpus strategy offload status rc seconds log [repeat]
+  python3 -c 'import json,sys; a=sys.argv[1:]; print(json.dumps({"config":a[0],"name":a[1],"label":a[2],"impl":a[3],"gpus":int(a[4]),"strategy":a[5],"cpu_offload":a[6]=="true","status":a[7],"rc":int(a[8]),"seconds":int(a[9]),"log":a[10],"repeat":int(a[11]) if len(a) > 11 else 1}))' "$@"
 }
 
 # One run of either side: the command, its log, its limit, its record in squad.jsonl.
-run_one() {  # id name label impl gpus strategy offload
-  local id=$1 name=$2 label=$3 impl=$4 g=$5 strat=$6 offload=$7
+run_one() {  # id name label impl gpus strategy offload [repeat]
+  local id=$1 name=$2 label=$3 impl=$4 g=$5 strat=$6 offload=$7 rep=${8:-1}
   local dir limit rc t0 meta cmd=() envs=()
+  [ "$rep" -gt 1 ] && name=$name-r$rep
   if [ "$impl" = hf-trainer ]; then
     dir=$HF/$name
     if [ "$g" -gt 1 ] || [ "$offload" = true ]; then
@@ -434,7 +493,7 @@ run_one() {  # id name label impl gpus strategy offload
   fi
   if ! limit=$(run_limit); then
     say "$name: skipped, time budget spent"
-    meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "skipped (budget)" -1 0 "" >> "$OUT/squad.jsonl"
+    meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "skipped (budget)" -1 0 "" "$rep" >> "$OUT/squad.jsonl"
     return
   fi
   mkdir -p "$dir"
@@ -452,7 +511,7 @@ run_one() {  # id name label impl gpus strategy offload
   bench_nvsmi_stop
   rm -rf "$WORK/ckpt/$name"
   [ $rc = 0 ] || { tail -n 5 "$dir/stdout.log" | sed "s/^/  $name| /"; reap; }
-  meta=$(meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "${dir#"$OUT"/}/stdout.log")
+  meta=$(meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "$(status_of $rc)" "$rc" $(( $(date +%s) - t0 )) "${dir#"$OUT"/}/stdout.log" "$rep")
   if [ "$impl" = hf-trainer ]; then
     python3 "$TOOL" hf "$meta" "$dir/result.json" "$(bench_nvsmi_peak "$dir/nvsmi.csv" "$g")" >> "$OUT/squad.jsonl"
   else
@@ -461,14 +520,17 @@ run_one() {  # id name label impl gpus strategy offload
   say "$name: $(status_of $rc) in $(( $(date +%s) - t0 ))s"
 }
 
-for r in "${ROWS[@]}"; do
-  IFS='|' read -r id name label impl g strat offload <<< "$r"
-  want "$id" || continue
-  if { [ "$impl" = hf-trainer ] && [ $SKIP_HF = 1 ]; } || { [ "$impl" = shardlm ] && [ $SKIP_SL = 1 ]; }; then
-    [ $DRY = 1 ] || meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "not run" -1 0 "" >> "$OUT/squad.jsonl"
-    continue
-  fi
-  run_one "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload"
+# --repeat: every run once, then all of them again, so that a drift of the machine touches every run alike.
+for ((rep = 1; rep <= REPEAT; rep++)); do
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r id name label impl g strat offload <<< "$r"
+    want "$id" || continue
+    if { [ "$impl" = hf-trainer ] && [ $SKIP_HF = 1 ]; } || { [ "$impl" = shardlm ] && [ $SKIP_SL = 1 ]; }; then
+      [ $DRY = 1 ] || [ "$rep" -gt 1 ] || meta_json "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "not run" -1 0 "" >> "$OUT/squad.jsonl"
+      continue
+    fi
+    run_one "$id" "$name" "$label" "$impl" "$g" "$strat" "$offload" "$rep"
+  done
 done
 
 # ---- shardlm report over the runs that left a deck and metrics -----------------------------
