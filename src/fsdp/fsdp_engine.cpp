@@ -1,6 +1,7 @@
 // FsdpEngine, written once over the Backend interface: its construction (slices, buffers and events of
 // the buffer plan), the step's entry points (zero_grad, grad_norm, optimizer_step, the trace), checkpoint
-// state and memory. schedule.cpp runs a micro-batch; offload.cpp is CPU offload's policy.
+// state and memory. schedule.cpp runs a micro-batch, reductions.cpp reduces its gradients; offload.cpp
+// is CPU offload's policy.
 #include <algorithm>
 #include <cmath>
 #include <tuple>

@@ -1,5 +1,5 @@
 // FsdpEngine's state, shared by the engine's source files: the units' arrays and the Impl that the
-// schedule (schedule.cpp) runs on, with short helpers; CPU offload's state is in offload.hpp.
+// schedule (schedule.cpp, reductions.cpp) runs on, with short helpers; CPU offload's state is in offload.hpp.
 #pragma once
 
 #include <algorithm>
