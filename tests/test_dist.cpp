@@ -77,18 +77,21 @@ BOOST_AUTO_TEST_CASE(in_place_collectives) {
 BOOST_AUTO_TEST_CASE(reduce_of_unequal_pieces) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int r = world.rank(), n = world.size();
-  std::vector<size_t> offsets(n), counts(n);
-  size_t end = 2;  // two elements before the first piece
-  for (int q = 0; q < n; ++q) offsets[q] = end, counts[q] = q == 1 ? 0 : size_t(3 + 2 * q), end += counts[q];
-  std::vector<float> v(end + 1);
-  for (size_t j = 0; j < v.size(); ++j) v[j] = float(10 * r + j);
-  world.reduce_pieces(v.data(), offsets, counts, DType::F32, ReduceOp::Sum);
-  const float rank_sum = float(10 * n * (n - 1) / 2);
-  for (size_t j = 0; j < v.size(); ++j) {
-    const bool mine = j >= offsets[r] && j < offsets[r] + counts[r];
-    BOOST_TEST(v[j] == (mine ? rank_sum + n * float(j) : float(10 * r + j)));
+  for (bool hole : {false, true}) {  // every rank's piece, then rank 1's empty
+    std::vector<size_t> offsets(n), counts(n);
+    size_t end = 2;  // two elements before the first piece
+    for (int q = 0; q < n; ++q) offsets[q] = end, counts[q] = hole && q == 1 ? 0 : size_t(3 + 2 * q), end += counts[q];
+    std::vector<float> v(end + 1);
+    for (size_t j = 0; j < v.size(); ++j) v[j] = float(10 * r + j);
+    world.reduce_pieces(v.data(), offsets, counts, DType::F32, ReduceOp::Sum);
+    const float rank_sum = float(10 * n * (n - 1) / 2);
+    for (size_t j = 0; j < v.size(); ++j) {
+      const bool mine = j >= offsets[r] && j < offsets[r] + counts[r];
+      BOOST_TEST(v[j] == (mine ? rank_sum + n * float(j) : float(10 * r + j)), "element " << j << " hole " << hole);
+    }
   }
-  BOOST_CHECK_THROW(world.reduce_pieces(v.data(), {0}, {1, 1}, DType::F32, ReduceOp::Sum), Error);
+  float x = 0;
+  BOOST_CHECK_THROW(world.reduce_pieces(&x, {0}, {1, 1}, DType::F32, ReduceOp::Sum), Error);
 }
 
 BOOST_AUTO_TEST_CASE(sixteen_bit_reductions) {

@@ -103,23 +103,26 @@ void check_collectives(NcclCommunicator& c, const std::vector<int>& members) {
     }
   }
 
-  // Unequal pieces in place, rank 1's empty (Communicator::reduce_pieces, grouped): each into its rank alone.
-  std::vector<size_t> offsets(c.size()), counts(c.size());
-  size_t end = 5;
-  for (int q = 0; q < c.size(); ++q) offsets[q] = end, counts[q] = q == 1 ? 0 : 211 + 17 * q, end += counts[q];
-  BOOST_TEST_REQUIRE(end <= full.size());
-  rs_send.put(full);
-  c.reduce_pieces(rs_send.p, offsets, counts, DType::F32, ReduceOp::Sum);
-  c.wait();
-  const std::vector<float> pieces = rs_send.get();
-  for (size_t i = 0; i < full.size(); i += 7) {
-    const bool in_mine = i >= offsets[c.rank()] && i < offsets[c.rank()] + counts[c.rank()];
-    double want = full[i];
-    if (in_mine) {
-      want = 0;
-      for (int m : members) want += value(m, i);
+  // Unequal pieces in place (Communicator::reduce_pieces, grouped), every rank's, then with rank 1's empty: each
+  // into its rank alone, the rest untouched.
+  for (bool hole : {false, true}) {
+    std::vector<size_t> offsets(c.size()), counts(c.size());
+    size_t end = 5;
+    for (int q = 0; q < c.size(); ++q) offsets[q] = end, counts[q] = hole && q == 1 ? 0 : 211 + 17 * q, end += counts[q];
+    BOOST_TEST_REQUIRE(end <= full.size());
+    rs_send.put(full);
+    c.reduce_pieces(rs_send.p, offsets, counts, DType::F32, ReduceOp::Sum);
+    c.wait();
+    const std::vector<float> pieces = rs_send.get();
+    for (size_t i = 0; i < full.size(); i += 7) {
+      const bool in_mine = i >= offsets[c.rank()] && i < offsets[c.rank()] + counts[c.rank()];
+      double want = full[i];
+      if (in_mine) {
+        want = 0;
+        for (int m : members) want += value(m, i);
+      }
+      BOOST_TEST(pieces[i] == want, "element " << i << (hole ? ", rank 1's piece empty" : ""));
     }
-    BOOST_TEST(pieces[i] == want);
   }
 
   send.put(mine);

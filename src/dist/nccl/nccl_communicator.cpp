@@ -260,10 +260,8 @@ void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType 
 
 void NcclCommunicator::reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
                                      DType dtype, ReduceOp op) {
-  SHARDLM_CHECK(offsets.size() == static_cast<size_t>(size_) && counts.size() == offsets.size(),
-                "reduce_pieces: ", offsets.size(), " offsets and ", counts.size(), " counts for ", size_, " ranks");
   check(ncclGroupStart(), "ncclGroupStart");
-  Communicator::reduce_pieces(buf, offsets, counts, dtype, op);
+  Communicator::reduce_pieces(buf, offsets, counts, dtype, op);  // (its argument check before any reduce)
   last_ = concat("reduce of ", size_, " unequal pieces");
   check(ncclGroupEnd(), "ncclGroupEnd");
 }
