@@ -169,6 +169,22 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
+// Adds the block's sum of every thread's acc to *out: each warp's sum, then warp 0's sum of those, one atomic
+// add a block (none for a zero sum). Every thread of the block calls it (it synchronises the block).
+__device__ __forceinline__ void block_sum_add(double acc, double* out) {
+  __shared__ double warp_sums[32];
+  acc = warp_sum(acc);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    double total = lane < warps ? warp_sums[lane] : 0.0;
+    total = warp_sum(total);
+    if (lane == 0 && total != 0.0) atomicAdd(out, total);
+  }
+}
+
 // Merges a running softmax state (max, sum of exp(x - max)) with another; empty states have
 // max = -inf. Used by the attention softmax and the cross-entropy of the LM head.
 __device__ __forceinline__ void merge_softmax_state(float& m, float& s, float other_m, float other_s) {

@@ -113,18 +113,7 @@ __global__ void sum_squares_kernel(const float* __restrict__ x, size_t n, double
     acc += s;
   }
   for (size_t i = packs * N + first; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
-
-  __shared__ double warp_sums[32];
-  acc = warp_sum(acc);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = blockDim.x / 32;
-    double total = lane < warps ? warp_sums[lane] : 0.0;
-    total = warp_sum(total);
-    if (lane == 0 && total != 0.0) atomicAdd(out, total);
-  }
+  block_sum_add(acc, out);
 }
 
 // ---- inf / NaN check ----------------------------------------------------------------------------

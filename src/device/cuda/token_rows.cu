@@ -93,16 +93,7 @@ __global__ void rows_squares_kernel(const float* __restrict__ slice, long long p
     }
     for (; c < hi; c += 32) acc += static_cast<double>(slice[base + c]) * slice[base + c];
   });
-  __shared__ double warp_sums[kRowWarps];
-  acc = warp_sum(acc);
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double total = lane < kRowWarps ? warp_sums[lane] : 0.0;
-    total = warp_sum(total);
-    if (lane == 0 && total != 0.0) atomicAdd(sum, total);
-  }
+  block_sum_add(acc, sum);
 }
 
 }  // namespace
