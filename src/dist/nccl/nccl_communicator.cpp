@@ -302,6 +302,22 @@ void NcclCommunicator::wait() {
     fail(concat("no progress for ", waited, " s (dist.timeout = ", timeout_s_, " s): a peer rank is hung or dead"));
 }
 
+void NcclCommunicator::connect() {
+  if (size_ < 2 || zero_cta_) return;
+  constexpr size_t kCount = 64;  // floats a rank: the smallest messages, every protocol's path the same
+  void* buf = nullptr;
+  SHARDLM_CUDA_CHECK(cudaMalloc(&buf, size_ * kCount * sizeof(float)));
+  SHARDLM_CUDA_CHECK(cudaMemsetAsync(buf, 0, size_ * kCount * sizeof(float), stream_));
+  float* mine = static_cast<float*>(buf) + rank_ * kCount;
+  all_reduce(buf, kCount, DType::F32, ReduceOp::Sum);
+  reduce(buf, buf, kCount, DType::F32, ReduceOp::Sum, 0);
+  all_gather(mine, buf, kCount, DType::F32);
+  reduce_scatter(buf, mine, kCount, DType::F32, ReduceOp::Sum);
+  last_ = "connection of the group (a small all-reduce, reduce, all-gather and reduce-scatter)";
+  wait();
+  SHARDLM_CUDA_CHECK(cudaFree(buf));
+}
+
 std::unique_ptr<DeviceMemory> NcclCommunicator::allocate_window(size_t bytes) {
 #if NCCL_VERSION_CODE >= 22800
   if (!windows_offered_ || bytes == 0) return nullptr;
@@ -377,11 +393,17 @@ ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, Sha
   const GroupLayout layout = group_layout(strategy, topo);
   auto w = std::make_unique<NcclCommunicator>(world, stream, timeout_s, "world");
   ProcessGroups g;
-  g.shard = w->split(layout.shard_color, layout.shard_key, "shard", nullptr, false, symmetric_reductions);
-  g.replicate = w->split(layout.replicate_color, layout.replicate_key, "replicate");
+  // The groups the engine's own collectives use, connected now (a split group of one connects nothing).
+  auto connected = [](std::unique_ptr<NcclCommunicator> c) {
+    c->connect();
+    return c;
+  };
+  g.shard = connected(w->split(layout.shard_color, layout.shard_key, "shard", nullptr, false, symmetric_reductions));
+  g.replicate = connected(w->split(layout.replicate_color, layout.replicate_key, "replicate"));
   // (Every rank's groups have the same sizes: all split, or none.)
   if (replicate_stream && layout.replicate_size > 1)
-    g.replicate_overlap = w->split(layout.replicate_color, layout.replicate_key, "replicate (overlap)", replicate_stream);
+    g.replicate_overlap =
+        connected(w->split(layout.replicate_color, layout.replicate_key, "replicate (overlap)", replicate_stream));
   if (gather_stream && layout.shard_size > 1)
     g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream,
                               copy_engine_gathers);
