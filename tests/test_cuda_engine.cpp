@@ -789,6 +789,46 @@ BOOST_AUTO_TEST_CASE(fresh_block_gradients_change_nothing) {
       }
 }
 
+// Where the blocks keep their gathered parameters (SHARD_GRAD_OP; FULL_SHARD with no sync in full), their
+// gathers go at the first block's forward, a group of collectives for several blocks
+// (FsdpEngine::Impl::gather_blocks_ahead): against an engine that gathers one block at a time behind the forward,
+// the same losses (the first step's exactly) and gradient slices, BLOOM (bf16 and fp32) and Llama (bf16), two
+// steps of two micro-steps. On several ranks the grouped engine's step timeline shows the grouped gathers and
+// no single one; on one rank (the slices read in place) there are no gathers.
+BOOST_AUTO_TEST_CASE(grouped_block_gathers_change_nothing) {
+  for (auto make : {config, llama_config})
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp})
+      for (DType pdt : {DType::BF16, DType::F32}) {
+        if (pdt == DType::F32 && make != config) continue;
+        RunConfig cfg = make("cuda", "grouped_gathers", 1);
+        cfg.fsdp.strategy = s;
+        cfg.fsdp.param_dtype = pdt;
+        cfg.fsdp.no_sync = s == ShardingStrategy::FullShard ? NoSync::Full : NoSync::Off;
+        const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+        const int micro = 2;
+        auto single = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.group_block_gathers = false; });
+        auto grouped = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+        BOOST_TEST_CONTEXT(cfg.model.arch << " " << strategy_name(s) << " " << dtype_name(pdt)) {
+          expect_two_steps_alike(cfg, micro, *single, *grouped, 29);
+          std::mt19937 rng(3 + static_cast<unsigned>(world_rank()));
+          grouped->trace_begin();
+          grouped->zero_grad();
+          grouped->forward_backward(random_micro_batch(cfg, micro, rng), 0.5f / (micro * cfg.data.max_length), 0);
+          grouped->last_micro_step();
+          grouped->forward_backward(random_micro_batch(cfg, micro, rng), 0.5f / (micro * cfg.data.max_length), 0);
+          grouped->optimizer_step(1e-3, 1.0f);
+          int groups = 0, singles = 0;
+          for (const TraceSpan& span : grouped->trace_end().spans) {
+            groups += span.name.rfind("all-gather units from", 0) == 0;
+            singles += span.name.rfind("all-gather unit ", 0) == 0 && span.name != "all-gather unit 0" &&
+                       span.name != "all-gather unit 1";
+          }
+          BOOST_TEST(groups == (world_size() > 1 ? 1 : 0));
+          BOOST_TEST(singles == 0);
+        }
+      }
+}
+
 // fp32, every strategy: with accumulation and clipping (updates after the global norm), and without
 // either (each unit updated as its gradient arrives, during the backward); FULL_SHARD also with
 // accumulation and no clipping, and with clipping and no accumulation.

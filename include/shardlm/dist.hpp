@@ -50,6 +50,10 @@ class Communicator {
   // the link both ways, where one reduce uses it one way).
   virtual void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
                              DType dtype, ReduceOp op);
+  // The collectives issued between group_begin and group_end go as one group (NCCL's ncclGroupStart /
+  // ncclGroupEnd); here, nothing changes: each runs as issued.
+  virtual void group_begin() {}
+  virtual void group_end() {}
   // Elements [q * count, (q + 1) * count) of send to rank q, landing at recv + rank() * count there (send and
   // recv hold size() * count; not in place).
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;

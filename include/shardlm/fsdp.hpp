@@ -54,6 +54,10 @@ struct FsdpOptions : FsdpSection {
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
+  // Where every block keeps a buffer of its own (no resharding) and the gathers prefetch: the blocks' gathers
+  // issued together at the first block's forward, a few blocks to each NCCL group (Impl::gather_blocks_ahead);
+  // tests turn it off to compare.
+  bool group_block_gathers = true;
   // dist.copy_engine_reductions where it can apply (a CUDA run whose shard group is on one host): the blocks'
   // reductions over a shard group of two as copy-engine exchanges through a window (FsdpBufferPlan::
   // exchange_numel). The engine resolves it to whether it got one (ProcessGroups::shard_exchange's).

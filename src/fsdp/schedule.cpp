@@ -10,6 +10,14 @@ namespace shardlm {
 void FsdpEngine::Impl::gather(size_t u) {
   // (One rank reads its slices in place, the frozen ones too: plan.alias implies plan.frozen_alias.)
   if (plan.alias || gathered[u]) return;
+  gather_prepare(u);
+  const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), gather_lane);
+  gather_issue(u);
+  tracer.mark_end(span);
+  gather_finish(u);
+}
+
+void FsdpEngine::Impl::gather_prepare(size_t u) {
   if (u > 0) {
     const size_t sl = slot(u);
     if (holder[sl] >= 0) gathered[holder[sl]] = false;  // evicted from the shared buffer
@@ -17,29 +25,61 @@ void FsdpEngine::Impl::gather(size_t u) {
     holder[sl] = static_cast<int>(u);
   }
   if (offload) offload->await_upload(u, gs);
-  const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), gather_lane);
   const Unit& d = units[u];
   const size_t n = d.flat.shard_numel;
   char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
   if (plan.staged_gather) {
     // Cast the slice to param_dtype first, so the gather moves 16-bit values; the model reads fp32.
     be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, gs);
+  } else if (plan.cast_at_gather) {
+    // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
+    be.cast(d.master.data(), DType::F32, full + static_cast<size_t>(shard.rank()) * n * csize(), plan.compute_dtype,
+            n, gs);
+  }
+}
+
+void FsdpEngine::Impl::gather_issue(size_t u) {
+  const Unit& d = units[u];
+  const size_t n = d.flat.shard_numel;
+  char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
+  if (plan.staged_gather) {
     gatherer->all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
     be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, gs);
   } else if (plan.cast_at_gather) {
-    // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
-    char* mine = full + static_cast<size_t>(shard.rank()) * n * csize();
-    be.cast(d.master.data(), DType::F32, mine, plan.compute_dtype, n, gs);
-    gatherer->all_gather(mine, full, n, plan.compute_dtype);
+    gatherer->all_gather(full + static_cast<size_t>(shard.rank()) * n * csize(), full, n, plan.compute_dtype);
   } else {
     gatherer->all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
   }
   if (lora && !plan.frozen_alias)
     gatherer->all_gather(d.frozen_slice.data(), const_cast<void*>(full_frozen(u)), d.frozen.shard_numel,
                          plan.compute_dtype);
-  tracer.mark_end(span);
+}
+
+void FsdpEngine::Impl::gather_finish(size_t u) {
   unit_gathered[u]->record(gs);
   gathered[u] = true;
+}
+
+void FsdpEngine::Impl::gather_blocks_ahead() {
+  // (A staged gather shares one staging buffer between units: it never groups. gathers_grouped's plans have
+  // none, as the CUDA backend computes in the parameters' dtype.)
+  if (plan.staged_gather) return;
+  const size_t unit_bytes = plan.block_padded * csize() + (lora ? plan.frozen_block_padded * csize() : 0);
+  const size_t per_group = std::max<size_t>(1, kGatherGroupBytes / std::max<size_t>(1, unit_bytes));
+  if (per_group < 2) return;  // large blocks: one at a time, behind the forward, as without grouping
+  std::vector<size_t> todo;
+  for (size_t u = 1; u <= static_cast<size_t>(L); ++u)
+    if (!gathered[u]) todo.push_back(u);
+  for (size_t first = 0; first < todo.size(); first += per_group) {
+    const size_t last = std::min(todo.size(), first + per_group);
+    for (size_t i = first; i < last; ++i) gather_prepare(todo[i]);
+    const int span = tracer.mark_begin("all-gather units from", static_cast<long>(todo[first]), gather_lane);
+    gatherer->group_begin();
+    for (size_t i = first; i < last; ++i) gather_issue(todo[i]);
+    gatherer->group_end();
+    tracer.mark_end(span);
+    for (size_t i = first; i < last; ++i) gather_finish(todo[i]);
+  }
 }
 
 UnitParams FsdpEngine::Impl::use(size_t u) {
@@ -93,6 +133,7 @@ std::pair<const int32_t*, const int32_t*> FsdpEngine::Impl::upload_batch(const M
 
 void FsdpEngine::Impl::forward_blocks(int B, int T, bool backward) {
   const bool any = B > 0 && T > 0;
+  if (gathers_grouped()) gather_blocks_ahead();
   for (int l = 0; l < L; ++l) {
     const UnitParams p = use(1 + l);
     // Forward prefetch: the next block's gather runs during this one (it needs a buffer of its own).

@@ -266,6 +266,10 @@ void NcclCommunicator::reduce_pieces(void* buf, const std::vector<size_t>& offse
   check(ncclGroupEnd(), "ncclGroupEnd");
 }
 
+void NcclCommunicator::group_begin() { check(ncclGroupStart(), "ncclGroupStart"); }
+
+void NcclCommunicator::group_end() { check(ncclGroupEnd(), "ncclGroupEnd"); }
+
 void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
   last_ = concat("broadcast of ", count, " elements from ", root);
   check(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");

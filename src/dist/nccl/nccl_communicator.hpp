@@ -46,6 +46,8 @@ class NcclCommunicator : public Communicator {
   // The pieces' ncclReduces in one group (ncclGroupStart / ncclGroupEnd).
   void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts, DType dtype,
                      ReduceOp op) override;
+  void group_begin() override;
+  void group_end() override;
   // ncclAlltoAll (NCCL 2.28+; grouped sends and receives before); between windows of a zero-CTA group, the
   // copy engines move it.
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
