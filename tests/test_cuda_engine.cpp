@@ -760,6 +760,21 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
     }
 }
 
+namespace {
+
+// A CUDA deck of `make`'s model for the engine-pair tests below (engines driven step by step): strategy, parameter
+// dtype and no-sync mode set.
+RunConfig one_step_config(RunConfig (*make)(const std::string&, const std::string&, int), const std::string& name,
+                          ShardingStrategy s, DType pdt, NoSync no_sync) {
+  RunConfig cfg = make("cuda", name, 1);
+  cfg.fsdp.strategy = s;
+  cfg.fsdp.param_dtype = pdt;
+  cfg.fsdp.no_sync = no_sync;
+  return cfg;
+}
+
+}  // namespace
+
 // fsdp.fresh_block_grads (UnitModel::writes_fresh_block_grads): the CUDA families' block backwards write their
 // projections' weight gradients (GEMM beta 0) and zero the rest themselves, so the engine zeroes no block-gradient
 // memory (one rank: the slices under zero_grad; several: each buffer after its reduction), which then holds the
@@ -773,10 +788,7 @@ BOOST_AUTO_TEST_CASE(fresh_block_gradients_change_nothing) {
     for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard})
       for (DType pdt : {DType::F32, DType::BF16}) {
         if (pdt == DType::F32 && (make != llama_config || s != ShardingStrategy::FullShard)) continue;
-        RunConfig cfg = make("cuda", "fresh_grads", 1);
-        cfg.fsdp.strategy = s;
-        cfg.fsdp.param_dtype = pdt;
-        cfg.fsdp.no_sync = s == ShardingStrategy::NoShard ? NoSync::Full : NoSync::Off;
+        RunConfig cfg = one_step_config(make, "fresh_grads", s, pdt, s == ShardingStrategy::NoShard ? NoSync::Full : NoSync::Off);
         const Topology topo = make_topology(MPI_COMM_WORLD, 0);
         const int micro = 2;
         RunConfig zeroing_cfg = cfg;
@@ -800,10 +812,8 @@ BOOST_AUTO_TEST_CASE(grouped_block_gathers_change_nothing) {
     for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp})
       for (DType pdt : {DType::BF16, DType::F32}) {
         if (pdt == DType::F32 && make != config) continue;
-        RunConfig cfg = make("cuda", "grouped_gathers", 1);
-        cfg.fsdp.strategy = s;
-        cfg.fsdp.param_dtype = pdt;
-        cfg.fsdp.no_sync = s == ShardingStrategy::FullShard ? NoSync::Full : NoSync::Off;
+        RunConfig cfg =
+            one_step_config(make, "grouped_gathers", s, pdt, s == ShardingStrategy::FullShard ? NoSync::Full : NoSync::Off);
         const Topology topo = make_topology(MPI_COMM_WORLD, 0);
         const int micro = 2;
         auto single = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.group_block_gathers = false; });
