@@ -169,14 +169,20 @@ void FsdpEngine::Impl::grads_take_scratch_back() {
   const bool wrote = head_wrote && zero_on_comm();
   head_wrote = false;
   if (!wrote) return;
-  const Stream s = own_gather_stream() ? gs : compute;
-  if (s != compute) head_done->record(compute), head_done->wait_on(s);
   const int n = static_cast<int>(block_grad_full.size());
   const size_t each = block_grad_full[0].bytes();
+  // A buffer the next block's backward writes whole (fresh_grads, nothing pending in it) keeps what the head
+  // left: no zeroing for the backward to wait for (0.5 ms a step on the 8B shape on 2 GPUs).
+  auto needs_zeros = [&](size_t i) { return i * each < head_shared && !(fresh_grads && grad_buffer_empty[i]); };
+  bool any = false;
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) any |= needs_zeros(i);
+  if (!any) return;
+  const Stream s = own_gather_stream() ? gs : compute;
+  if (s != compute) head_done->record(compute), head_done->wait_on(s);
   for (int k = 0; k < n; ++k) {
     const size_t i = static_cast<size_t>(((L - 1 - k) % n + n) % n);  // the buffer of block L - 1 - k
     const size_t begin = i * each, end = std::min(head_shared, begin + each);
-    if (end <= begin) continue;
+    if (!needs_zeros(i)) continue;
     const int span = tracer.mark_begin("zero block gradients (the head's scratch)", -1,
                                        s == compute ? Lane::Compute : gather_lane);
     be.zero(block_grad_full[i].data(), end - begin, s);
