@@ -180,6 +180,8 @@ static std::vector<KeySpec> communication_keys() {
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch))
           .cuda()
           .doc("queue the next block's all-gather before this block's forward, so it overlaps this block's compute; "
+               "where every block keeps its gathered parameters (SHARD_GRAD_OP, HYBRID_SHARD_ZERO2, `no_sync = full`), "
+               "blocks of up to 128 MiB are gathered at the first block's forward instead, several to one NCCL call; "
                "`false`: each block is gathered when it is needed. No effect on the CPU backend (synchronous)"),
       enum_key("fsdp.backward_prefetch", SHARDLM_FIELD(fsdp.backward_prefetch), backward_prefetch_name)
           .cuda()
