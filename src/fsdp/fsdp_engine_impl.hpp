@@ -199,8 +199,11 @@ struct FsdpEngine::Impl {
   // group (each gather's host work, 0.1-0.2 ms, exceeds what a small block's gather moves: BLOOM-560M's
   // forward at micro-batch 1 x 512 waited for it). A block larger than that goes alone, as before.
   static constexpr size_t kGatherGroupBytes = size_t{128} << 20;
+  // (Never a staged gather: its units share one staging buffer. The CUDA backend computes in the parameters'
+  // dtype, so its plans have none.)
   bool gathers_grouped() const {
-    return opt.group_block_gathers && !plan.reshard && !plan.alias && forward_prefetch && !offload && L > 1;
+    return opt.group_block_gathers && !plan.reshard && !plan.alias && !plan.staged_gather && forward_prefetch &&
+           !offload && L > 1;
   }
   void gather_blocks_ahead();
 

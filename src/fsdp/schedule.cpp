@@ -61,9 +61,6 @@ void FsdpEngine::Impl::gather_finish(size_t u) {
 }
 
 void FsdpEngine::Impl::gather_blocks_ahead() {
-  // (A staged gather shares one staging buffer between units: it never groups. gathers_grouped's plans have
-  // none, as the CUDA backend computes in the parameters' dtype.)
-  if (plan.staged_gather) return;
   const size_t unit_bytes = plan.block_padded * csize() + (lora ? plan.frozen_block_padded * csize() : 0);
   const size_t per_group = std::max<size_t>(1, kGatherGroupBytes / std::max<size_t>(1, unit_bytes));
   if (per_group < 2) return;  // large blocks: one at a time, behind the forward, as without grouping
