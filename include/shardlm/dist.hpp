@@ -46,10 +46,10 @@ class Communicator {
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   // A reduce-scatter of unequal pieces, in place: piece q (elements [offsets[q], offsets[q] + counts[q]) of
   // buf, on every rank) summed over the group into that piece on rank q; pieces of no elements are skipped.
-  // Here one reduce after another; NCCL issues them as one group, so that they move at once (on two ranks
-  // the link both ways, where one reduce uses it one way).
-  virtual void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
-                             DType dtype, ReduceOp op);
+  // The reduces go as one group (group_begin / group_end): on NCCL they move at once (on two ranks the link both
+  // ways, where one reduce uses it one way); on MPI one after another.
+  void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts, DType dtype,
+                     ReduceOp op);
   // The collectives issued between group_begin and group_end go as one group (NCCL's ncclGroupStart /
   // ncclGroupEnd); here, nothing changes: each runs as issued.
   virtual void group_begin() {}

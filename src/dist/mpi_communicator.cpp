@@ -38,11 +38,13 @@ void Communicator::reduce_pieces(void* buf, const std::vector<size_t>& offsets, 
   SHARDLM_CHECK(offsets.size() == static_cast<size_t>(size()) && counts.size() == offsets.size(),
                 "reduce_pieces: ", offsets.size(), " offsets and ", counts.size(), " counts for ", size(), " ranks");
   char* base = static_cast<char*>(buf);
+  group_begin();
   for (int q = 0; q < size(); ++q) {
     if (counts[q] == 0) continue;
     void* piece = base + offsets[q] * dtype_size(dtype);
     reduce(piece, piece, counts[q], dtype, op, q);
   }
+  group_end();
 }
 
 MPI_Datatype mpi_datatype(DType t) { return t == DType::F32 ? MPI_FLOAT : MPI_UINT16_T; }

@@ -188,6 +188,11 @@ struct FsdpEngine::Impl {
 
   // Enqueues unit u's all-gather on the communication stream unless its parameters are current.
   void gather(size_t u);
+  // This rank's piece of unit u's gathered buffer (what a cast-at-gather writes and its all-gather sends).
+  char* own_piece(size_t u) const {
+    return static_cast<char*>(const_cast<void*>(full_params(u))) +
+           static_cast<size_t>(shard.rank()) * units[u].flat.shard_numel * csize();
+  }
   // gather's three parts: what must precede the collective (the buffer's turn, the cast into it), the
   // collectives, what follows them (the event the compute stream waits on).
   void gather_prepare(size_t u);

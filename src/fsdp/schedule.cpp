@@ -27,14 +27,12 @@ void FsdpEngine::Impl::gather_prepare(size_t u) {
   if (offload) offload->await_upload(u, gs);
   const Unit& d = units[u];
   const size_t n = d.flat.shard_numel;
-  char* full = static_cast<char*>(const_cast<void*>(full_params(u)));
   if (plan.staged_gather) {
     // Cast the slice to param_dtype first, so the gather moves 16-bit values; the model reads fp32.
     be.cast(d.master.data(), DType::F32, stage_slice.data(), opt.param_dtype, n, gs);
   } else if (plan.cast_at_gather) {
     // In place: NCCL reads this rank's part of the receive buffer when send == recv + rank * count.
-    be.cast(d.master.data(), DType::F32, full + static_cast<size_t>(shard.rank()) * n * csize(), plan.compute_dtype,
-            n, gs);
+    be.cast(d.master.data(), DType::F32, own_piece(u), plan.compute_dtype, n, gs);
   }
 }
 
@@ -46,7 +44,7 @@ void FsdpEngine::Impl::gather_issue(size_t u) {
     gatherer->all_gather(stage_slice.data(), stage_full.data(), n, opt.param_dtype);
     be.cast(stage_full.data(), opt.param_dtype, full, plan.compute_dtype, d.flat.padded_numel, gs);
   } else if (plan.cast_at_gather) {
-    gatherer->all_gather(full + static_cast<size_t>(shard.rank()) * n * csize(), full, n, plan.compute_dtype);
+    gatherer->all_gather(own_piece(u), full, n, plan.compute_dtype);
   } else {
     gatherer->all_gather(plan.compute_slice ? d.compute.data() : d.master.data(), full, n, plan.compute_dtype);
   }

@@ -258,14 +258,6 @@ void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType 
   check(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, comm_, stream_), "ncclReduce");
 }
 
-void NcclCommunicator::reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts,
-                                     DType dtype, ReduceOp op) {
-  check(ncclGroupStart(), "ncclGroupStart");
-  Communicator::reduce_pieces(buf, offsets, counts, dtype, op);  // (its argument check before any reduce)
-  last_ = concat("reduce of ", size_, " unequal pieces");
-  check(ncclGroupEnd(), "ncclGroupEnd");
-}
-
 void NcclCommunicator::group_begin() { check(ncclGroupStart(), "ncclGroupStart"); }
 
 void NcclCommunicator::group_end() { check(ncclGroupEnd(), "ncclGroupEnd"); }

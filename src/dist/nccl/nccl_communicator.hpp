@@ -43,9 +43,7 @@ class NcclCommunicator : public Communicator {
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
-  // The pieces' ncclReduces in one group (ncclGroupStart / ncclGroupEnd).
-  void reduce_pieces(void* buf, const std::vector<size_t>& offsets, const std::vector<size_t>& counts, DType dtype,
-                     ReduceOp op) override;
+  // ncclGroupStart / ncclGroupEnd (Communicator::reduce_pieces' reduces, the grouped block gathers).
   void group_begin() override;
   void group_end() override;
   // ncclAlltoAll (NCCL 2.28+; grouped sends and receives before); between windows of a zero-CTA group, the
