@@ -37,6 +37,9 @@
 #   --shapes LIST      subset of llama1b,llama8b,bloom (default all, in that order)
 #   --compile          add the FSDP2 + torch.compile side
 #   --steps N          steps a run (default 20); --warmup N left out of the medians (default 8)
+#   --repeat N         run every (shape, GPU count) N times (default 1), the counts alternating
+#                      (1, 2, 1, 2, ...); the table gives each side's median of its runs, their range,
+#                      and efficiency and ratios from the medians
 #   --trace-step K     the step whose timeline is recorded (default warmup + 2; 0 = none)
 #   --timeout S        limit a run (default 300)
 #   --budget S         start no run after S seconds (default 540, for a 10-minute command; 0 = none)
@@ -46,12 +49,13 @@
 #                      default, their summaries are in the records; shardlm's timelines always kept)
 #   --dry-run          print every command, run none (writes the records and tables all the same)
 #   --shardlm-args "A" extra deck overrides for every shardlm run (e.g. a CPU smoke test)
-# Runs go shape by shape, 1 GPU first, shardlm then FSDP2 each, so a cut-off leaves whole baselines.
+# Runs go shape by shape, 1 GPU first, shardlm then FSDP2 each (with --repeat, run by run), so a cut-off
+# leaves whole baselines.
 set -uo pipefail
 
-usage() { sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
-GPU_LIST="" SHAPES=llama1b,llama8b,bloom COMPILE=0 STEPS=20 WARMUP=8 TRACE_STEP="" RUN_TIMEOUT=300
+GPU_LIST="" SHAPES=llama1b,llama8b,bloom COMPILE=0 STEPS=20 WARMUP=8 TRACE_STEP="" RUN_TIMEOUT=300 REPEAT=1
 BUDGET=540 BIN=build/bin/shardlm KEEP_RUNS=0 KEEP_TRACES=0 DRY=0 NODES=0 SLOW=0 SHARDLM_ARGS=""
 POS=()
 while [ $# -gt 0 ]; do
@@ -61,6 +65,7 @@ while [ $# -gt 0 ]; do
     --compile) COMPILE=1 ;;
     --steps) STEPS=$2; shift ;;
     --warmup) WARMUP=$2; shift ;;
+    --repeat) REPEAT=$2; shift ;;
     --trace-step) TRACE_STEP=$2; shift ;;
     --timeout) RUN_TIMEOUT=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
@@ -80,10 +85,11 @@ while [ $# -gt 0 ]; do
 done
 [ ${#POS[@]} -eq 2 ] || usage
 RT=${POS[0]} OUT=${POS[1]}
-for v in STEPS WARMUP RUN_TIMEOUT BUDGET NODES; do
+for v in STEPS WARMUP RUN_TIMEOUT BUDGET NODES REPEAT; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "scaling.sh: ${v,,} wants a whole number, not '${!v}'" >&2; exit 2; }
 done
 [ "$STEPS" -gt "$WARMUP" ] || { echo "scaling.sh: --steps must exceed --warmup" >&2; exit 2; }
+[ "$REPEAT" -ge 1 ] || { echo "scaling.sh: --repeat wants 1 or more" >&2; exit 2; }
 TRACE_STEP=${TRACE_STEP:-$(( WARMUP + 2 <= STEPS ? WARMUP + 2 : STEPS ))}
 if ! [[ $TRACE_STEP =~ ^[0-9]+$ ]] || [ "$TRACE_STEP" -gt "$STEPS" ]; then
   echo "scaling.sh: --trace-step wants 0 (none) to --steps" >&2; exit 2
@@ -153,7 +159,7 @@ row_of() {  # shape -> llama_compare.sh row (label=DECK:LAYERS:SEQ:MICRO)
 IFS=, read -r -a shape_list <<< "$SHAPES"
 for s in "${shape_list[@]}"; do row_of "$s" >/dev/null || { echo "scaling.sh: unknown shape '$s' (llama1b, llama8b, bloom)" >&2; exit 2; }; done
 
-say "mode $MODE; GPUs ${COUNTS[*]} of ${HAVE:-0} x ${GPU_NAME:-unknown GPU}; shapes $SHAPES; sides $SIDES; $STEPS steps, $WARMUP warm-up, timeline of step $TRACE_STEP"
+say "mode $MODE; GPUs ${COUNTS[*]} of ${HAVE:-0} x ${GPU_NAME:-unknown GPU}; shapes $SHAPES; sides $SIDES; $STEPS steps, $WARMUP warm-up, timeline of step $TRACE_STEP; $REPEAT run(s) each"
 [ "$SLOW" = 1 ] && say "slow link: $(env | grep '^NCCL_' | sort | tr '\n' ' ')"
 
 JSONL=$OUT/scaling.jsonl
@@ -161,17 +167,20 @@ JSONL=$OUT/scaling.jsonl
 mkdir -p "$OUT/runs"
 for s in "${shape_list[@]}"; do
   row=$(row_of "$s")
-  for g in "${COUNTS[@]}"; do
-    dir=$OUT/runs/$s-g$g
-    strat=()
-    [ "$NODES" -gt 0 ] && [ "$g" -gt 1 ] && strat=(--strategy HYBRID_SHARD --nodes "$NODES")
-    say "$s on $g GPU(s)${strat[*]:+ (${strat[*]})}"
-    bash bench/llama_compare.sh "${COMMON[@]}" --gpus "$g" "${strat[@]}" "$row" "$dir"
-    python3 bench/scaling_table.py append --shape "$s" --mode "$MODE" --gpus "$g" "$dir/llama.jsonl" "$JSONL"
+  for r in $(seq 1 "$REPEAT"); do
+    for g in "${COUNTS[@]}"; do
+      dir=$OUT/runs/$s-g$g
+      [ "$r" -gt 1 ] && dir=$dir-r$r
+      strat=()
+      [ "$NODES" -gt 0 ] && [ "$g" -gt 1 ] && strat=(--strategy HYBRID_SHARD --nodes "$NODES")
+      say "$s on $g GPU(s)${strat[*]:+ (${strat[*]})}$([ "$REPEAT" -gt 1 ] && echo ", run $r of $REPEAT")"
+      bash bench/llama_compare.sh "${COMMON[@]}" --gpus "$g" "${strat[@]}" "$row" "$dir"
+      python3 bench/scaling_table.py append --shape "$s" --mode "$MODE" --gpus "$g" --repeat "$r" "$dir/llama.jsonl" "$JSONL"
+    done
   done
 done
 
-TITLE="shardlm vs PyTorch FSDP2, $MODE, on ${GPU_NAME:-?} (${HAVE:-?} on the host): medians over steps $((WARMUP + 1))-$STEPS ($(date -u +%Y-%m-%d))"
+TITLE="shardlm vs PyTorch FSDP2, $MODE, on ${GPU_NAME:-?} (${HAVE:-?} on the host): medians over steps $((WARMUP + 1))-$STEPS$([ "$REPEAT" -gt 1 ] && echo ", then over $REPEAT runs") ($(date -u +%Y-%m-%d))"
 python3 bench/scaling_table.py finish --title "$TITLE" "$JSONL" "$OUT/scaling.md"
 echo
 cat "$OUT/scaling.md"

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """bench/scaling.sh's records and tables (stdlib only).
 
-    scaling_table.py append --shape S --mode M --gpus G SRC.jsonl DEST.jsonl
-        bench/llama_compare.sh's records of one (shape, GPU count) onto DEST, tagged with the shape
-        and mode (a missing SRC becomes one "no records" record, so the table shows the hole)
+    scaling_table.py append --shape S --mode M --gpus G [--repeat R] SRC.jsonl DEST.jsonl
+        bench/llama_compare.sh's records of one (shape, GPU count) onto DEST, tagged with the shape,
+        mode and repeat (a missing SRC becomes one "no records" record, so the table shows the hole)
     scaling_table.py finish [--title T] SCALING.jsonl SCALING.md
-        adds to every record `efficiency` (tok/s/GPU over the same shape and side's on 1 GPU),
-        `vs_eager` (tok/s/GPU over FSDP2 eager's, same shape and GPUs) and `efficiency_vs_eager_points`
-        (its efficiency minus eager's, in percentage points), rewrites SCALING.jsonl, and writes the
-        Markdown tables: throughput, efficiency and memory; and each run's step timeline.
+        groups the records by (shape, side, GPU count), the repeats of one run, and adds to every record
+        its group's `runs` (the ok ones), `median_tokens_per_s_per_gpu` and `min_`/`max_tokens_per_s_per_gpu`;
+        `efficiency` (the group's median over the same shape and side's on 1 GPU), `vs_eager` (over FSDP2
+        eager's median, same shape and GPUs) and `efficiency_vs_eager_points` (its efficiency minus eager's,
+        in percentage points); rewrites SCALING.jsonl, and writes the Markdown tables: throughput (one row
+        a group: its median, and with repeats the range and the runs), efficiency and memory (the group's
+        largest peak); and each run's step timeline.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 
 GIB = float(1 << 30)
@@ -43,7 +47,7 @@ def append(a):
                  "error": f"{a.src}: missing or empty (llama_compare.sh did not run?)"}]
     with open(a.dest, "a") as out:
         for r in recs:
-            r["shape"], r["mode"] = a.shape, a.mode
+            r["shape"], r["mode"], r["repeat"] = a.shape, a.mode, a.repeat
             out.write(json.dumps(r) + "\n")
     return 0
 
@@ -52,22 +56,61 @@ def ok(r):
     return r is not None and r.get("status") == "ok" and r.get("tokens_per_s_per_gpu")
 
 
+def key(r, side=None, gpus=None):
+    return (r.get("shape"), side or r.get("side"), gpus or r.get("gpus"))
+
+
+def groups(recs):
+    """(shape, side, GPUs) -> the tok/s/GPU of its ok runs (the repeats), in order."""
+    g = {}
+    for r in recs:
+        g.setdefault(key(r), [])
+        if ok(r):
+            g[key(r)].append(r["tokens_per_s_per_gpu"])
+    return g
+
+
 def enrich(recs):
-    by = {}
+    tps = groups(recs)
+    med = {k: statistics.median(v) for k, v in tps.items() if v}
     for r in recs:
-        by[(r.get("shape"), r.get("side"), r.get("gpus"))] = r
-    for r in recs:  # first every efficiency, then the comparisons with eager
-        base = by.get((r.get("shape"), r.get("side"), 1))
-        if ok(r) and ok(base):
-            r["efficiency"] = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+        runs = tps[key(r)]
+        r["runs"] = len(runs)
+        if runs:
+            r["median_tokens_per_s_per_gpu"] = med[key(r)]
+            r["min_tokens_per_s_per_gpu"], r["max_tokens_per_s_per_gpu"] = min(runs), max(runs)
+    for r in recs:  # first every efficiency, then the comparisons with eager (of the groups' medians)
+        base = med.get(key(r, gpus=1))
+        if ok(r) and base:
+            r["efficiency"] = med[key(r)] / base
+    eff = {key(r): r["efficiency"] for r in recs if "efficiency" in r}
     for r in recs:
-        eager = by.get((r.get("shape"), "eager", r.get("gpus")))
-        if not ok(r) or not ok(eager) or r.get("side") == "eager":
+        eager = med.get(key(r, side="eager"))
+        if not ok(r) or not eager or r.get("side") == "eager":
             continue
-        r["vs_eager"] = r["tokens_per_s_per_gpu"] / eager["tokens_per_s_per_gpu"]
-        if "efficiency" in r and "efficiency" in eager:
-            r["efficiency_vs_eager_points"] = 100.0 * (r["efficiency"] - eager["efficiency"])
+        r["vs_eager"] = med[key(r)] / eager
+        if "efficiency" in r and key(r, side="eager") in eff:
+            r["efficiency_vs_eager_points"] = 100.0 * (r["efficiency"] - eff[key(r, side="eager")])
     return recs
+
+
+def representatives(recs):
+    """One record a group, for the throughput table: its first ok run (carrying the group's figures), with the
+    group's largest peak memory; else its first record."""
+    rep, peak = {}, {}
+    for r in recs:
+        k = key(r)
+        if ok(r) and r.get("peak_memory_bytes"):
+            peak[k] = max(peak.get(k, 0), r["peak_memory_bytes"])
+        if k not in rep or (ok(r) and not ok(rep[k])):
+            rep[k] = r
+    out = []
+    for k, r in rep.items():
+        r = dict(r)
+        if k in peak:
+            r["peak_memory_bytes"] = peak[k]
+        out.append(r)
+    return out
 
 
 def layout(r):
@@ -80,7 +123,13 @@ def layout(r):
 
 
 def f_tps(r):
-    return f"{r['tokens_per_s_per_gpu']:,.0f}" if ok(r) else r.get("status", "-")
+    return f"{r.get('median_tokens_per_s_per_gpu', r.get('tokens_per_s_per_gpu')):,.0f}" if ok(r) else r.get("status", "-")
+
+
+def f_runs(r):
+    if not ok(r):
+        return "-"
+    return f"{r['runs']}: {r['min_tokens_per_s_per_gpu']:,.0f}-{r['max_tokens_per_s_per_gpu']:,.0f}"
 
 
 def f_pct(v):
@@ -114,14 +163,20 @@ def ordered(recs):
 
 
 def tables(recs, title):
-    out = [f"## {title}" if title else "## Scaling", "",
-           "| shape | GPUs | layout | side | tok/s/GPU | efficiency | eff. vs eager (points) | peak GiB | tok/s vs eager |",
-           "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in ordered(recs):
+    repeated = any(r.get("repeat", 1) > 1 for r in recs)
+    out = [f"## {title}" if title else "## Scaling", ""]
+    if repeated:
+        out += ["Each row the median of its repeats (runs: how many came out ok, and their range); efficiency and "
+                "the ratios from the medians; peak memory the largest.", ""]
+    out += ["| shape | GPUs | layout | side | tok/s/GPU | efficiency | eff. vs eager (points) | peak GiB | tok/s vs eager |"
+            + (" runs |" if repeated else ""),
+            "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if repeated else "")]
+    for r in ordered(representatives(recs)):
         out.append(f"| {r.get('shape')} | {r.get('gpus')} | {layout(r)} | {SIDE_NAMES.get(r.get('side'), r.get('side'))} | "
                    f"{f_tps(r)} | {f_pct(r.get('efficiency'))} | "
                    f"{f_pts(r.get('efficiency_vs_eager_points')) if r.get('side') != 'eager' else ''} | {f_gib(r)} | "
-                   f"{f_x(r.get('vs_eager')) if r.get('side') != 'eager' else ''} |")
+                   f"{f_x(r.get('vs_eager')) if r.get('side') != 'eager' else ''} |"
+                   + (f" {f_runs(r)} |" if repeated else ""))
     timed = [r for r in ordered(recs) if isinstance(r.get("timeline"), dict)]
     if timed:
         out += ["", "One step's timeline, rank 0 (bench/trace_summary.py; ms): compute = compute-lane busy time "
@@ -132,6 +187,8 @@ def tables(recs, title):
         for r in timed:
             t = r["timeline"]
             side = SIDE_NAMES.get(r.get("side"), r.get("side"))
+            if repeated:
+                side += f" (run {r.get('repeat', 1)})"
             if "error" in t:
                 out.append(f"| {r.get('shape')} | {r.get('gpus')} | {side} | {t.get('step', '-')} | "
                            f"error: {t['error'][:80]} | | | | |")
@@ -143,7 +200,8 @@ def tables(recs, title):
     if bad:
         out += ["", "Runs that did not come out ok:", ""]
         for r in bad:
-            out.append(f"- {r.get('shape')}, {r.get('gpus')} GPU(s), {r.get('side')}: {r.get('status')}"
+            out.append(f"- {r.get('shape')}, {r.get('gpus')} GPU(s), {r.get('side')}"
+                       + (f", run {r.get('repeat', 1)}" if repeated else "") + f": {r.get('status')}"
                        + (f" ({r['error'][:300]})" if r.get("error") else ""))
     transports = sorted({t for r in recs for t in r.get("nccl_transports", [])})
     if transports:
@@ -168,6 +226,7 @@ def main(argv=None):
     p.add_argument("--shape", required=True)
     p.add_argument("--mode", default="scaling")
     p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("src")
     p.add_argument("dest")
     p = sub.add_parser("finish")

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""bench/scaling_table.py and bench/scaling.sh's --repeat on records whose answer is known (python3 stdlib
+only; ctest's scaling_table test runs it from the source tree).
+
+1. Repeated runs: each (shape, side, GPUs) group's median, range and ok runs; efficiency, the ratio to FSDP2
+   eager and the points between them from the medians; one table row a group, with its largest peak memory.
+2. One run each: the figures of the runs themselves, and the table without the runs column.
+3. bench/scaling.sh --dry-run --repeat 2: every (GPU count, side) twice, tagged with its repeat, in folders of
+   their own.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import scaling_table as st  # noqa: E402
+
+failures = []
+
+
+def check(name, cond):
+    if not cond:
+        failures.append(name)
+
+
+def near(name, got, want, tol=1e-9):
+    if got is None or abs(got - want) > tol:
+        failures.append(f"{name}: got {got}, want {want}")
+
+
+def rec(side, gpus, tps, repeat, peak=10 << 30, status="ok"):
+    r = {"label": "s", "shape": "s", "mode": "scaling", "side": side, "gpus": gpus, "status": status,
+         "repeat": repeat, "strategy": "FULL_SHARD"}
+    if status == "ok":
+        r["tokens_per_s_per_gpu"], r["peak_memory_bytes"] = float(tps), peak
+    return r
+
+
+def finish(recs):
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "scaling.jsonl")
+        with open(src, "w") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+        st.main(["finish", "--title", "t", src, os.path.join(d, "scaling.md")])
+        out = st.load(src)
+        with open(os.path.join(d, "scaling.md")) as f:
+            return out, f.read()
+
+
+# ---- 1. repeats ---------------------------------------------------------------------------------
+recs = [rec("shardlm", 1, 100, 1), rec("eager", 1, 50, 1), rec("shardlm", 2, 95, 1, peak=12 << 30), rec("eager", 2, 45, 1),
+        rec("shardlm", 1, 130, 2), rec("eager", 1, 52, 2), rec("shardlm", 2, 0, 2, status="failed (rc 1)"),
+        rec("eager", 2, 47, 2), rec("eager", 2, 70, 3),
+        rec("shardlm", 1, 90, 3), rec("shardlm", 2, 99, 3)]
+out, md = finish(recs)
+by = {(r["side"], r["gpus"], r["repeat"]): r for r in out}
+s2 = by[("shardlm", 2, 1)]
+check("runs counts the ok repeats", s2["runs"] == 2 and by[("shardlm", 1, 2)]["runs"] == 3)
+near("median of the group", s2["median_tokens_per_s_per_gpu"], 97.0)
+check("range of the group", s2["min_tokens_per_s_per_gpu"] == 95 and s2["max_tokens_per_s_per_gpu"] == 99)
+near("efficiency from the medians", s2["efficiency"], 97.0 / 100.0)
+near("eager's efficiency", by[("eager", 2, 2)]["efficiency"], 47.0 / 51.0)
+near("vs eager from the medians", s2["vs_eager"], 97.0 / 47.0)
+near("points", s2["efficiency_vs_eager_points"], 100.0 * (0.97 - 47.0 / 51.0))
+check("a failed repeat gets no figures", "efficiency" not in by[("shardlm", 2, 2)])
+rows = [l for l in md.splitlines() if l.startswith("| s | 2 | FULL_SHARD | shardlm |")]
+check(f"one row a group: {rows}", len(rows) == 1)
+check(f"the row's median, largest peak and runs: {rows}",
+      rows and "| 97 |" in rows[0] and "| 12.00 |" in rows[0] and "2: 95-99 |" in rows[0])
+check("the runs column", "runs |" in md.splitlines()[4])
+check("the failed run listed with its repeat", "- s, 2 GPU(s), shardlm, run 2: failed (rc 1)" in md)
+
+# ---- 2. one run each ----------------------------------------------------------------------------
+out, md = finish([rec("shardlm", 1, 100, 1), rec("shardlm", 2, 96, 1), rec("eager", 1, 50, 1), rec("eager", 2, 40, 1)])
+by = {(r["side"], r["gpus"]): r for r in out}
+near("single efficiency", by[("shardlm", 2)]["efficiency"], 0.96)
+near("single vs eager", by[("shardlm", 2)]["vs_eager"], 96.0 / 40.0)
+check("no runs column with one run each", "runs |" not in md)
+check("single row", "| s | 2 | FULL_SHARD | shardlm | 96 | 96.0% | +16.0 | 10.00 | 2.40x |" in md)
+
+# ---- 3. scaling.sh --dry-run --repeat 2 -----------------------------------------------------------
+with tempfile.TemporaryDirectory() as d:
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "scaling.sh"), "--dry-run", "--gpus", "1,2", "--repeat", "2",
+                        "--shapes", "bloom", "--steps", "4", "--warmup", "1", "--keep-runs", "-", d],
+                       capture_output=True, text=True, timeout=240)
+    check(f"scaling.sh --dry-run exits 0: {p.stdout[-500:]} {p.stderr[-500:]}", p.returncode == 0)
+    got = sorted((r["gpus"], r["side"], r["repeat"]) for r in st.load(os.path.join(d, "scaling.jsonl")))
+    want = sorted((g, s, k) for g in (1, 2) for s in ("shardlm", "eager") for k in (1, 2))
+    check(f"every run twice, tagged: {got}", got == want)
+    check("the second runs' folders", all(os.path.isdir(os.path.join(d, "runs", f"bloom-g{g}-r2")) for g in (1, 2)))
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "scaling.sh"), "--dry-run", "--gpus", "1", "--repeat", "0",
+                        "-", d], capture_output=True, text=True, timeout=60)
+    check("--repeat 0 refused", p.returncode == 2 and "--repeat wants 1 or more" in p.stderr)
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("scaling_table: all checks passed")
