@@ -53,3 +53,14 @@ bench_nvsmi_peak() {
   awk -F', *' -v gpus="$2" '$1 ~ /^[0-9]+$/ && $1 < gpus && $2 ~ /^[0-9.]+$/ && (n == 0 || $2 > best) { best = $2; n = 1 }
     END { if (n) printf "%.0f\n", best * 1048576 }' "$1"
 }
+
+# bench_shape_row SHAPE: bench/llama_compare.sh's row (label=DECK:LAYERS:SEQ:MICRO) of one of the named
+# benchmark shapes (bench/README.md, "scaling.sh"); fails for another name.
+bench_shape_row() {
+  case $1 in
+    llama1b) echo "llama1b=input/bench/llama32-1b.ini:16:2048:4" ;;
+    llama8b) echo "llama8b=input/bench/llama31-8b.ini:8:2048:2" ;;
+    bloom) echo "bloom=input/bench/bloom560m.ini:24:512:8" ;;
+    *) return 1 ;;
+  esac
+}

@@ -148,16 +148,10 @@ if [ "$DRY" = 0 ]; then
   [ -x "$BIN" ] || { echo "scaling.sh: $BIN not found: build it with CUDA first (bench/README.md)" >&2; exit 1; }
 fi
 
-row_of() {  # shape -> llama_compare.sh row (label=DECK:LAYERS:SEQ:MICRO)
-  case $1 in
-    llama1b) echo "llama1b=input/bench/llama32-1b.ini:16:2048:4" ;;
-    llama8b) echo "llama8b=input/bench/llama31-8b.ini:8:2048:2" ;;
-    bloom) echo "bloom=input/bench/bloom560m.ini:24:512:8" ;;
-    *) return 1 ;;
-  esac
-}
+# shellcheck source=bench/bench_lib.sh
+source bench/bench_lib.sh
 IFS=, read -r -a shape_list <<< "$SHAPES"
-for s in "${shape_list[@]}"; do row_of "$s" >/dev/null || { echo "scaling.sh: unknown shape '$s' (llama1b, llama8b, bloom)" >&2; exit 2; }; done
+for s in "${shape_list[@]}"; do bench_shape_row "$s" >/dev/null || { echo "scaling.sh: unknown shape '$s' (llama1b, llama8b, bloom)" >&2; exit 2; }; done
 
 say "mode $MODE; GPUs ${COUNTS[*]} of ${HAVE:-0} x ${GPU_NAME:-unknown GPU}; shapes $SHAPES; sides $SIDES; $STEPS steps, $WARMUP warm-up, timeline of step $TRACE_STEP; $REPEAT run(s) each"
 [ "$SLOW" = 1 ] && say "slow link: $(env | grep '^NCCL_' | sort | tr '\n' ' ')"
@@ -166,7 +160,7 @@ JSONL=$OUT/scaling.jsonl
 : > "$JSONL"
 mkdir -p "$OUT/runs"
 for s in "${shape_list[@]}"; do
-  row=$(row_of "$s")
+  row=$(bench_shape_row "$s")
   for r in $(seq 1 "$REPEAT"); do
     for g in "${COUNTS[@]}"; do
       dir=$OUT/runs/$s-g$g

@@ -60,25 +60,33 @@ def key(r, side=None, gpus=None):
     return (r.get("shape"), side or r.get("side"), gpus or r.get("gpus"))
 
 
-def groups(recs):
-    """(shape, side, GPUs) -> the tok/s/GPU of its ok runs (the repeats), in order."""
-    g = {}
+def group_stats(recs, keyfn):
+    """Groups the records by keyfn(record) (the repeats of one run) and adds to each its group's `runs` (how many
+    came out ok) and `median_`, `min_` and `max_tokens_per_s_per_gpu` over them; returns group -> {runs, median,
+    min, max, peak} (peak: the largest peak memory of its ok runs; the figures only where runs > 0)."""
+    tps, peak = {}, {}
     for r in recs:
-        g.setdefault(key(r), [])
+        k = keyfn(r)
+        tps.setdefault(k, [])
         if ok(r):
-            g[key(r)].append(r["tokens_per_s_per_gpu"])
-    return g
+            tps[k].append(r["tokens_per_s_per_gpu"])
+            peak[k] = max(peak.get(k, 0), r.get("peak_memory_bytes") or 0)
+    stats = {}
+    for k, v in tps.items():
+        stats[k] = {"runs": len(v), "peak": peak.get(k, 0)}
+        if v:
+            stats[k].update(median=statistics.median(v), min=min(v), max=max(v))
+    for r in recs:
+        s = stats[keyfn(r)]
+        r["runs"] = s["runs"]
+        if s["runs"]:
+            r["median_tokens_per_s_per_gpu"], r["min_tokens_per_s_per_gpu"] = s["median"], s["min"]
+            r["max_tokens_per_s_per_gpu"] = s["max"]
+    return stats
 
 
 def enrich(recs):
-    tps = groups(recs)
-    med = {k: statistics.median(v) for k, v in tps.items() if v}
-    for r in recs:
-        runs = tps[key(r)]
-        r["runs"] = len(runs)
-        if runs:
-            r["median_tokens_per_s_per_gpu"] = med[key(r)]
-            r["min_tokens_per_s_per_gpu"], r["max_tokens_per_s_per_gpu"] = min(runs), max(runs)
+    med = {k: s["median"] for k, s in group_stats(recs, key).items() if s["runs"]}
     for r in recs:  # first every efficiency, then the comparisons with eager (of the groups' medians)
         base = med.get(key(r, gpus=1))
         if ok(r) and base:
@@ -97,18 +105,15 @@ def enrich(recs):
 def representatives(recs):
     """One record a group, for the throughput table: its first ok run (carrying the group's figures), with the
     group's largest peak memory; else its first record."""
-    rep, peak = {}, {}
+    stats, rep = group_stats(recs, key), {}
     for r in recs:
-        k = key(r)
-        if ok(r) and r.get("peak_memory_bytes"):
-            peak[k] = max(peak.get(k, 0), r["peak_memory_bytes"])
-        if k not in rep or (ok(r) and not ok(rep[k])):
-            rep[k] = r
+        if key(r) not in rep or (ok(r) and not ok(rep[key(r)])):
+            rep[key(r)] = r
     out = []
     for k, r in rep.items():
         r = dict(r)
-        if k in peak:
-            r["peak_memory_bytes"] = peak[k]
+        if stats[k]["peak"]:
+            r["peak_memory_bytes"] = stats[k]["peak"]
         out.append(r)
     return out
 
@@ -219,14 +224,13 @@ def finish(a):
     return 0
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cli(argv, doc, add_append_args, append_fn, finish_fn):
+    """A records-and-table script's command line (this one's, ab_table.py's): `append [its options] SRC DEST`
+    and `finish [--title T] JSONL MD`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("append")
-    p.add_argument("--shape", required=True)
-    p.add_argument("--mode", default="scaling")
-    p.add_argument("--gpus", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1)
+    add_append_args(p)
     p.add_argument("src")
     p.add_argument("dest")
     p = sub.add_parser("finish")
@@ -234,7 +238,18 @@ def main(argv=None):
     p.add_argument("jsonl")
     p.add_argument("md")
     a = ap.parse_args(argv)
-    return append(a) if a.cmd == "append" else finish(a)
+    return append_fn(a) if a.cmd == "append" else finish_fn(a)
+
+
+def append_args(p):
+    p.add_argument("--shape", required=True)
+    p.add_argument("--mode", default="scaling")
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1)
+
+
+def main(argv=None):
+    return cli(argv, __doc__, append_args, append, finish)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""bench/scaling_table.py and bench/scaling.sh's --repeat on records whose answer is known (python3 stdlib
-only; ctest's scaling_table test runs it from the source tree).
+"""bench/scaling_table.py, bench/ab_table.py and their drivers' plumbing on records whose answer is known
+(python3 stdlib only; ctest's bench_tables test runs it from the source tree).
 
 1. Repeated runs: each (shape, side, GPUs) group's median, range and ok runs; efficiency, the ratio to FSDP2
    eager and the points between them from the medians; one table row a group, with its largest peak memory.
 2. One run each: the figures of the runs themselves, and the table without the runs column.
 3. bench/scaling.sh --dry-run --repeat 2: every (GPU count, side) twice, tagged with its repeat, in folders of
    their own.
+4. ab_table.py: each variant's median, range and runs per GPU count, B/A of the medians, whether the ranges
+   overlap, a failed run listed.
+5. bench/ab_compare.sh --dry-run --repeat 2: A first in round 1 and B first in round 2, each variant's deck
+   overrides and NCCL variable on its own runs only.
 """
 import json
 import os
@@ -16,6 +20,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import ab_table  # noqa: E402
 import scaling_table as st  # noqa: E402
 
 failures = []
@@ -96,7 +101,51 @@ with tempfile.TemporaryDirectory() as d:
                         "-", d], capture_output=True, text=True, timeout=60)
     check("--repeat 0 refused", p.returncode == 2 and "--repeat wants 1 or more" in p.stderr)
 
+# ---- 4. ab_table ---------------------------------------------------------------------------------
+def ab(variant, gpus, tps, rnd, status="ok"):
+    r = {"side": "shardlm", "gpus": gpus, "status": status, "variant": variant, "round": rnd,
+         "variant_name": {"a": "old", "b": "new"}[variant]}
+    if status == "ok":
+        r["tokens_per_s_per_gpu"], r["peak_memory_bytes"] = float(tps), (20 + rnd) << 30
+    return r
+
+
+with tempfile.TemporaryDirectory() as d:
+    src = os.path.join(d, "ab.jsonl")
+    with open(src, "w") as f:
+        for r in [ab("a", 2, 100, 1), ab("b", 2, 103, 1), ab("b", 2, 106, 2), ab("a", 2, 104, 2), ab("a", 2, 98, 3),
+                  ab("b", 2, 0, 3, status="timeout"), ab("a", 1, 50, 1), ab("b", 1, 60, 1), ab("b", 1, 61, 2),
+                  ab("a", 1, 51, 2)]:
+            f.write(json.dumps(r) + "\n")
+    ab_table.main(["finish", "--title", "t", src, os.path.join(d, "ab.md")])
+    out = st.load(src)
+    with open(os.path.join(d, "ab.md")) as f:
+        md = f.read()
+b2 = [r for r in out if r["variant"] == "b" and r["gpus"] == 2 and r["status"] == "ok"][0]
+check("B's ok runs", b2["runs"] == 2)
+near("B/A of the medians", b2.get("b_over_a"), 104.5 / 100.0)
+check(f"2 GPUs row: {md}", "| 2 | 100 (98-104, 3) | 104 (103-106, 2) | 1.0450 | yes | 23.00 | 22.00 |" in md)
+check(f"1 GPU row: {md}", "| 1 | 50 (50-51, 2) | 60 (60-61, 2) | 1.1980 | no |" in md)
+check("the names in the header", "| GPUs | A: old | B: new |" in md)
+check("the failed run listed", "- b, 2 GPU(s), round 3: timeout" in md)
+
+# ---- 5. ab_compare.sh --dry-run ----------------------------------------------------------------------
+with tempfile.TemporaryDirectory() as d:
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "ab_compare.sh"), "--dry-run", "--gpus", "2", "--repeat", "2",
+                        "--shape", "bloom", "--steps", "4", "--warmup", "1", "--b-args", "--fsdp.forward_prefetch=false",
+                        "--b-env", "NCCL_MAX_CTAS=16", "-", d], capture_output=True, text=True, timeout=240)
+    check(f"ab_compare.sh --dry-run exits 0: {p.stdout[-500:]} {p.stderr[-500:]}", p.returncode == 0)
+    recs = st.load(os.path.join(d, "ab.jsonl"))
+    check(f"A, B, then B, A: {[(r.get('round'), r.get('variant')) for r in recs]}",
+          [(r.get("round"), r.get("variant")) for r in recs] == [(1, "a"), (1, "b"), (2, "b"), (2, "a")])
+    for r in recs:
+        b_run = r.get("variant") == "b"
+        cmd = r.get("command", "")
+        check(f"{r.get('variant')} round {r.get('round')}: its own overrides: {cmd}",
+              ("--fsdp.forward_prefetch=false" in cmd) == b_run and ("-x NCCL_MAX_CTAS" in cmd) == b_run)
+    check("ab.md written", os.path.isfile(os.path.join(d, "ab.md")))
+
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
-print("scaling_table: all checks passed")
+print("bench_tables: all checks passed")
