@@ -13,20 +13,12 @@
 import json
 import sys
 
-from scaling_table import GIB, cli, group_stats, load, ok
+from scaling_table import GIB, append_tagged, cli, group_stats, load, ok
 
 
 def append(a):
-    recs = [r for r in load(a.src) if r.get("side") == "shardlm"]
-    if not recs:
-        recs = [{"side": "shardlm", "status": "no records", "gpus": a.gpus,
-                 "error": f"{a.src}: missing or empty (llama_compare.sh did not run?)"}]
-    with open(a.dest, "a") as out:
-        for r in recs:
-            r.update(variant=a.variant, variant_name=a.name, round=a.round)
-            r.setdefault("gpus", a.gpus)
-            out.write(json.dumps(r) + "\n")
-    return 0
+    return append_tagged(a.src, a.dest, {"variant": a.variant, "variant_name": a.name, "round": a.round},
+                         {"side": "shardlm", "gpus": a.gpus}, side="shardlm")
 
 
 def summarise(recs):

@@ -40,16 +40,22 @@ def load(path):
     return recs
 
 
-def append(a):
-    recs = load(a.src)
+def append_tagged(src, dest, tags, hole, side=None):
+    """llama_compare.sh's records in src (those of `side` only, when given) onto dest, each updated with `tags`;
+    none there: the record `hole` with status "no records" instead, so the table shows it."""
+    recs = [r for r in load(src) if side is None or r.get("side") == side]
     if not recs:
-        recs = [{"label": a.shape, "side": "all", "status": "no records", "gpus": a.gpus,
-                 "error": f"{a.src}: missing or empty (llama_compare.sh did not run?)"}]
-    with open(a.dest, "a") as out:
+        recs = [dict(hole, status="no records", error=f"{src}: missing or empty (llama_compare.sh did not run?)")]
+    with open(dest, "a") as out:
         for r in recs:
-            r["shape"], r["mode"], r["repeat"] = a.shape, a.mode, a.repeat
+            r.update(tags)
             out.write(json.dumps(r) + "\n")
     return 0
+
+
+def append(a):
+    return append_tagged(a.src, a.dest, {"shape": a.shape, "mode": a.mode, "repeat": a.repeat},
+                         {"label": a.shape, "side": "all", "gpus": a.gpus})
 
 
 def ok(r):
