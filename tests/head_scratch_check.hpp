@@ -49,16 +49,16 @@ inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads
   }
 }
 
-// Two engines of cfg take two steps of two micro-steps of the same random micro-batches (the second adds to the
-// first; an AdamW update after each step): the same losses, exactly in the first step, to 1e-6 after an update,
-// and gradient slices to 1e-5 of each slice's largest element. (Bit for bit would be too strict: the norms'
-// weight gradients add with atomics, in any order, so after the first update the parameters may differ in their
-// last bits too.)
+// Two engines of cfg take two steps (or `steps`) of two micro-steps of the same random micro-batches (the second
+// adds to the first; an AdamW update after each step): the same losses, exactly in the first step, to 1e-6 after
+// an update, and gradient slices to 1e-5 of each slice's largest element. (Bit for bit would be too strict: the
+// norms' weight gradients add with atomics, in any order, so after the first update the parameters may differ in
+// their last bits too.)
 inline void expect_two_steps_alike(const shardlm::RunConfig& cfg, int micro, shardlm::FsdpEngine& a,
-                                   shardlm::FsdpEngine& b, unsigned seed) {
+                                   shardlm::FsdpEngine& b, unsigned seed, int steps = 2) {
   using namespace shardlm;
   std::mt19937 rng(seed + static_cast<unsigned>(world_rank()));
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const MicroBatch first = random_micro_batch(cfg, micro, rng), second = random_micro_batch(cfg, micro, rng);
     std::vector<double> losses;
     std::vector<std::vector<float>> grads;

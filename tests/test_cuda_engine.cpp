@@ -801,6 +801,33 @@ BOOST_AUTO_TEST_CASE(fresh_block_gradients_change_nothing) {
       }
 }
 
+// Block-gradient buffers as many as the head's scratch holds (plan_grad_buffers: six blocks of the tiny Llama and
+// BLOOM, 1,024-token rows, so that the 2,048-token logits chunk holds them all) against two outside it
+// (fsdp.share_head_scratch off), on the GPU's streams and NCCL: the same losses (exactly) and gradient slices,
+// FULL_SHARD and SHARD_GRAD_OP, bf16, one step of two micro-steps (the second adds to the first). One step: after
+// an AdamW update in this shape two engines of one configuration already differ by 1e-4 of BLOOM's slices
+// (SHARD_GRAD_OP; its LayerNorms' weight gradients add with atomics, in any order, and the first update's
+// g / sqrt(v) turns a last-bit difference into a whole step: seen on 2 x H200 with two engines of two buffers
+// each). On 2 or more GPUs the sharing engine has a buffer a block; one rank has none (its gradients are its
+// slices).
+BOOST_AUTO_TEST_CASE(block_gradient_buffers_filling_the_head_scratch_change_nothing) {
+  for (auto make : {config, llama_config})
+    for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+      RunConfig cfg = one_step_config(make, "grad_buffers", s, DType::BF16, NoSync::Off);
+      cfg.model.num_layers = 6;
+      cfg.data.max_length = 1024;
+      const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+      const int micro = 2;
+      auto two = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.share_head_scratch = false; });
+      auto many = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+      BOOST_TEST_CONTEXT(cfg.model.arch << " " << strategy_name(s)) {
+        BOOST_TEST(many->buffer_plan().grad_buffers == (world_size() > 1 ? 6u : 0u));
+        BOOST_TEST(two->buffer_plan().grad_buffers == (world_size() > 1 ? 2u : 0u));
+        expect_two_steps_alike(cfg, micro, *two, *many, 53, 1);
+      }
+    }
+}
+
 // Where the blocks keep their gathered parameters (SHARD_GRAD_OP; FULL_SHARD with no sync in full), their
 // gathers go at the first block's forward, a group of collectives for several blocks
 // (FsdpEngine::Impl::gather_blocks_ahead): against an engine that gathers one block at a time behind the forward,

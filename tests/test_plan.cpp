@@ -549,22 +549,27 @@ BOOST_AUTO_TEST_CASE(hybrid_shard_gathers_as_full_shard_inside_a_node) {
 // its own full fp32 gradient buffer: FULL_SHARD's gathered parameters become SHARD_GRAD_OP's, its full
 // gradients the whole model's; without accumulation auto changes nothing, and off never does.
 BOOST_AUTO_TEST_CASE(no_sync_full_prices_gathered_blocks_and_full_gradients) {
-  auto record = [](const std::string& args, const std::string& strategy) {
+  auto row = [](const std::string& args, const std::string& strategy) {
     Outcome o = plan(kBloom560m + " --ranks=2 --json " + args);
     BOOST_TEST_REQUIRE(o.exit_code == 0);
-    return row_of(json::parse(o.output), strategy).at("memory_record");
+    return row_of(json::parse(o.output), strategy);
   };
+  auto bytes = [](const json& r, const char* key) { return r.at("memory_record").at(key).get<double>(); };
   // micro-batch 8 (the deck's) on 2 ranks: accumulation 4 at batch 64, none at 16.
-  const json accumulating = record("--train.batch_size=64", "FULL_SHARD");
-  const json once = record("--train.batch_size=16", "FULL_SHARD");
-  const json off = record("--train.batch_size=64 --fsdp.no_sync=off", "FULL_SHARD");
-  const json grad_op = record("--train.batch_size=64 --fsdp.no_sync=off", "SHARD_GRAD_OP");
-  BOOST_TEST(accumulating.at("full_param_bytes").get<double>() == grad_op.at("full_param_bytes").get<double>());
-  BOOST_TEST(accumulating.at("full_param_bytes").get<double>() > off.at("full_param_bytes").get<double>());
-  BOOST_TEST(once.at("full_param_bytes").get<double>() == off.at("full_param_bytes").get<double>());
-  BOOST_TEST(once.at("full_grad_bytes").get<double>() == off.at("full_grad_bytes").get<double>());
-  // 24 blocks' full fp32 gradients instead of two alternating buffers.
-  const double block_grad = (off.at("full_grad_bytes").get<double>() - accumulating.at("full_grad_bytes").get<double>()) / (2 - 24);
+  const json accumulating = row("--train.batch_size=64", "FULL_SHARD");
+  const json once = row("--train.batch_size=16", "FULL_SHARD");
+  const json off = row("--train.batch_size=64 --fsdp.no_sync=off", "FULL_SHARD");
+  const json grad_op = row("--train.batch_size=64 --fsdp.no_sync=off", "SHARD_GRAD_OP");
+  BOOST_TEST(bytes(accumulating, "full_param_bytes") == bytes(grad_op, "full_param_bytes"));
+  BOOST_TEST(bytes(accumulating, "full_param_bytes") > bytes(off, "full_param_bytes"));
+  BOOST_TEST(bytes(once, "full_param_bytes") == bytes(off, "full_param_bytes"));
+  BOOST_TEST(bytes(once, "full_grad_bytes") == bytes(off, "full_grad_bytes"));
+  // 24 blocks' full fp32 gradients, kept through the step. Without no sync there are as many buffers
+  // (plan_grad_buffers: BLOOM-560M's 24 fit in its 2 GB logits chunk), the same bytes, but lent by the chunk,
+  // which no sync in full (the buffers carry gradients from one micro-step to the next) cannot share.
+  BOOST_TEST(bytes(accumulating, "full_grad_bytes") == bytes(off, "full_grad_bytes"));
+  BOOST_TEST(accumulating.at("head_scratch_shared_bytes").get<double>() == 0.0);
+  const double block_grad = off.at("head_scratch_shared_bytes").get<double>() / 24;
   BOOST_TEST(block_grad > 12e6 * 4);
   BOOST_TEST(block_grad < 13e6 * 4);
 }
@@ -585,6 +590,16 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8") == whole);
 }
 
+// A CUDA spec's LM-head scratch (the model's logits chunk) and its engine's buffer plan over a shard group of two,
+// as fsdp_buffer_plan gives it (before plan_grad_buffers).
+static std::pair<size_t, shardlm::FsdpBufferPlan> head_and_two_rank_plan(const shardlm::MemoryPlanSpec& s) {
+  const shardlm::DType compute = s.fsdp.param_dtype;
+  const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend, compute,
+                                                 s.micro_batch, s.max_seq, false).head_scratch;
+  const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+  return {head, shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, true, compute)};
+}
+
 // The full block-gradient buffers lie in the LM head's scratch (FsdpBufferPlan::grads_in_head_scratch), which
 // is counted once, under the gradients: the 8B shape on 2 ranks (a 1.05 GB logits chunk inside two 0.87 GB
 // buffers) and BLOOM-560M (two 50 MB buffers inside a larger chunk) plan that much less and hold the same
@@ -596,11 +611,8 @@ BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
     shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=2"}, 1, false));
     s.world_size = 2;
     BOOST_TEST_CONTEXT(deck) {
-      const shardlm::DType compute = s.fsdp.param_dtype;
-      const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend, compute,
-                                                     s.micro_batch, s.max_seq, false).head_scratch;
+      const auto [head, b] = head_and_two_rank_plan(s);
       const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
-      const shardlm::FsdpBufferPlan b = shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, true, compute);
       BOOST_TEST_REQUIRE(b.grads_in_head_scratch);
       const size_t grads = b.grad_buffers * b.block_padded * 4;
       const shardlm::RankMemoryPlan on = shardlm::plan_rank_memory(s);
@@ -629,6 +641,48 @@ BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
       BOOST_TEST(cpu_head == 128u * s.model.vocab_size * 4);
       BOOST_TEST(cb.grad_buffers == 1u);
       BOOST_TEST(shardlm::plan_rank_memory(cpu).shared_head_scratch == std::min(cpu_head, cb.block_padded * 4));
+    }
+  }
+}
+
+// In the head's scratch the block-gradient buffers cost nothing (plan_grad_buffers): a CUDA plan on two ranks
+// takes as many as the logits chunk holds, up to one a block: BLOOM-560M's 24 (50 MB each in a 2 GB chunk),
+// Llama-3.2-1B's 4 of its 16 (243 MB in 1.05 GB), the 8B shape's 2 (0.87 GB each, larger than the chunk), and
+// the plan's total is that of two buffers less the two it no longer needs outside the scratch: nothing more. Not
+// offloaded, nor on the CPU backend.
+BOOST_AUTO_TEST_CASE(block_gradient_buffers_fill_the_head_scratch) {
+  const std::string dir = SHARDLM_SOURCE_DIR "/input/bench/";
+  const std::vector<std::pair<std::string, size_t>> want = {
+      {kBloom560m, 24}, {dir + "llama32-1b.ini", 4}, {dir + "llama31-8b.ini", 2}};
+  for (const auto& [deck, buffers] : want) {
+    shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {}, 1, false));
+    s.world_size = 2;
+    BOOST_TEST_CONTEXT(deck) {
+      auto [head, b] = head_and_two_rank_plan(s);
+      const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+      BOOST_TEST_REQUIRE(b.grad_buffers == 2u);
+      const size_t each = b.block_padded * 4;
+      shardlm::plan_grad_buffers(b, s.fsdp, head);
+      BOOST_TEST(b.grad_buffers == buffers);
+      BOOST_TEST((buffers == 2 || b.grad_buffers * each <= head));
+      // Against the two buffers outside the scratch (share_head_scratch off): what the scratch holds of them less.
+      const shardlm::RankMemoryPlan on = shardlm::plan_rank_memory(s);
+      shardlm::MemoryPlanSpec off = s;
+      off.fsdp.share_head_scratch = false;
+      const shardlm::RankMemoryPlan apart = shardlm::plan_rank_memory(off);
+      BOOST_TEST(on.record.full_grads - apart.record.full_grads == (buffers - 2) * each);
+      BOOST_TEST(apart.device_total() - on.device_total() == std::min(head, 2 * each));
+      // Offloaded, two (their copies down read them); a synchronous (CPU) plan keeps its one buffer.
+      shardlm::FsdpOptions offload = s.fsdp;
+      offload.cpu_offload = true;
+      shardlm::FsdpBufferPlan two = shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, offload, 2, 1, true,
+                                                              s.fsdp.param_dtype);
+      shardlm::plan_grad_buffers(two, offload, head);
+      BOOST_TEST(two.grad_buffers == 2u);
+      shardlm::FsdpBufferPlan cpu = shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, false,
+                                                              shardlm::DType::F32);
+      shardlm::plan_grad_buffers(cpu, s.fsdp, head);
+      BOOST_TEST(cpu.grad_buffers == 1u);
     }
   }
 }

@@ -143,7 +143,9 @@ struct FsdpBufferPlan {
   bool reshard = true;           // blocks are freed after each use (FULL_SHARD, HYBRID_SHARD)
   size_t root_padded = 0, block_padded = 0, max_padded = 0, max_shard = 0, layers = 0;
   size_t block_copies = 0;       // gathered block buffers
-  size_t grad_buffers = 0;       // full block-gradient buffers (two alternate on an asynchronous backend)
+  // Full block-gradient buffers: two alternate on an asynchronous backend (more where they fit in the head's
+  // scratch: plan_grad_buffers), one on a synchronous one, one a block with no sync in full.
+  size_t grad_buffers = 0;
   // They live in the model's head scratch (UnitModel::share_head_scratch, grown to hold them where it is
   // smaller), which is idle whenever they are in use: they are zeroed again after the head wrote there.
   // Not where they carry gradients from one micro-step to the next (no sync in full).
@@ -226,6 +228,11 @@ ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt);
 FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std::vector<UnitLayout>& frozen,
                                 const FsdpOptions& opt, int shard_size, int replicate_size, bool asynchronous,
                                 DType compute_dtype);
+// Where the block-gradient buffers lie in the model's head scratch (plan.grads_in_head_scratch; free while the
+// blocks' backward runs, `head_scratch_bytes` of it), they cost no memory: as many as it holds, from the two of
+// a resharding asynchronous engine up to one a block, so that a block's backward waits less for an earlier
+// block's reduction to free its buffer. Not with fsdp.cpu_offload, whose copies down read the buffers (two).
+void plan_grad_buffers(FsdpBufferPlan& plan, const FsdpOptions& opt, size_t head_scratch_bytes);
 // Sets plan.root_split and its bytes for cfg's model (`root`: EngineLayouts::trainable[0]) and
 // micro-batches of up to max_tokens tokens.
 void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,

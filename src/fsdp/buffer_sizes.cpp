@@ -23,6 +23,13 @@ size_t FsdpOptions::offload_resident_bytes() const {
   return bytes >= 1e18 ? size_t(1e18) : static_cast<size_t>(bytes);
 }
 
+void plan_grad_buffers(FsdpBufferPlan& p, const FsdpOptions& opt, size_t head_scratch_bytes) {
+  // (Two: an asynchronous engine that reshards; one a block already with no sync in full.)
+  if (opt.cpu_offload || !p.grads_in_head_scratch || p.grad_buffers != 2 || p.block_padded == 0) return;
+  const size_t fit = head_scratch_bytes / (p.block_padded * sizeof(float));
+  p.grad_buffers = std::max<size_t>(2, std::min(fit, p.layers));
+}
+
 ModelConfig model_for_engine(const ModelConfig& model, const FsdpOptions& opt) {
   ModelConfig m = model;
   if (m.head_chunk_tokens == 0 && opt.cpu_offload) m.head_chunk_tokens = kOffloadHeadChunkTokens;

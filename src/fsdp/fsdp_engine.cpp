@@ -95,6 +95,7 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
                            be.asynchronous(), cdt);
   plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
+  plan_grad_buffers(plan_, opt, model->head_scratch_bytes());
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
   // Master and optimizer state where the optimizer runs: the host when offloaded.

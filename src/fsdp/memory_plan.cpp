@@ -21,6 +21,9 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
                                       spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
   plan_root_split(b, spec.model, layouts.trainable[0], spec.fsdp, shard_size, spec.world_size / shard_size,
                   static_cast<size_t>(spec.micro_batch) * spec.max_seq);
+  const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
+                                              spec.activation_checkpointing);
+  plan_grad_buffers(b, opt, model.head_scratch);
   const size_t csize = dtype_size(compute);
   RankMemoryPlan p;
   // LoRA's frozen base: its slices in the compute dtype, nothing else.
@@ -64,8 +67,6 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
   p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded - b.root_split.grad_from) + b.grad_buffers * b.block_padded) * 4;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice + 2 * b.offload_stream +
                           b.offload_squares + b.root_split_bytes + b.exchange_bytes;
-  const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
-                                              spec.activation_checkpointing);
   // The block-gradient buffers in the head's scratch: what they share is counted under the gradients.
   if (b.grads_in_head_scratch) p.shared_head_scratch = std::min(model.head_scratch, b.grad_buffers * b.block_padded * 4);
   p.exchange_bytes = b.exchange_bytes;
