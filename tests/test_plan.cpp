@@ -590,14 +590,21 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8") == whole);
 }
 
-// A CUDA spec's LM-head scratch (the model's logits chunk) and its engine's buffer plan over a shard group of two,
-// as fsdp_buffer_plan gives it (before plan_grad_buffers).
-static std::pair<size_t, shardlm::FsdpBufferPlan> head_and_two_rank_plan(const shardlm::MemoryPlanSpec& s) {
+// A CUDA spec's LM-head scratch (the model's logits chunk), its engine layouts and its engine's buffer plan over a
+// shard group of two, as fsdp_buffer_plan gives it (before plan_grad_buffers).
+struct TwoRankPlan {
+  size_t head;
+  shardlm::EngineLayouts layouts;
+  shardlm::FsdpBufferPlan plan;
+};
+static TwoRankPlan two_rank_plan(const shardlm::MemoryPlanSpec& s) {
   const shardlm::DType compute = s.fsdp.param_dtype;
-  const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend, compute,
-                                                 s.micro_batch, s.max_seq, false).head_scratch;
-  const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
-  return {head, shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 2, 1, true, compute)};
+  TwoRankPlan r;
+  r.head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend, compute, s.micro_batch,
+                                      s.max_seq, false).head_scratch;
+  r.layouts = shardlm::engine_layouts(s.model);
+  r.plan = shardlm::fsdp_buffer_plan(r.layouts.trainable, r.layouts.frozen, s.fsdp, 2, 1, true, compute);
+  return r;
 }
 
 // The full block-gradient buffers lie in the LM head's scratch (FsdpBufferPlan::grads_in_head_scratch), which
@@ -611,8 +618,7 @@ BOOST_AUTO_TEST_CASE(block_gradients_lie_in_the_head_scratch) {
     shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=2"}, 1, false));
     s.world_size = 2;
     BOOST_TEST_CONTEXT(deck) {
-      const auto [head, b] = head_and_two_rank_plan(s);
-      const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+      const auto [head, layouts, b] = two_rank_plan(s);
       BOOST_TEST_REQUIRE(b.grads_in_head_scratch);
       const size_t grads = b.grad_buffers * b.block_padded * 4;
       const shardlm::RankMemoryPlan on = shardlm::plan_rank_memory(s);
@@ -658,8 +664,7 @@ BOOST_AUTO_TEST_CASE(block_gradient_buffers_fill_the_head_scratch) {
     shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {}, 1, false));
     s.world_size = 2;
     BOOST_TEST_CONTEXT(deck) {
-      auto [head, b] = head_and_two_rank_plan(s);
-      const shardlm::EngineLayouts layouts = shardlm::engine_layouts(s.model);
+      auto [head, layouts, b] = two_rank_plan(s);
       BOOST_TEST_REQUIRE(b.grad_buffers == 2u);
       const size_t each = b.block_padded * 4;
       shardlm::plan_grad_buffers(b, s.fsdp, head);
