@@ -1,8 +1,11 @@
 // Tests of dist under mpirun: collectives (fp32 and 16-bit), topology, the strategy-to-groups
-// table and the process groups made from it, error agreement.
+// table and the process groups made from it, error agreement, NCCL's socket defaults.
 #define BOOST_TEST_MODULE test_dist
 #include "mpi_fixture.hpp"
 
+#include <cstdlib>
+
+#include "nccl_environment.hpp"
 #include "shardlm/dist.hpp"
 #include "test_support.hpp"
 
@@ -209,4 +212,35 @@ BOOST_AUTO_TEST_CASE(errors_are_agreed_on) {
   BOOST_CHECK_NO_THROW(run_collectively(MPI_COMM_WORLD, [] {}));
   BOOST_TEST(mpi_sum(MPI_COMM_WORLD, 1.5) == 1.5 * n);
   BOOST_TEST(mpi_max(MPI_COMM_WORLD, double(world_rank())) == double(n - 1));
+}
+
+BOOST_AUTO_TEST_CASE(nccl_socket_defaults_fill_only_what_is_unset) {
+  // What the environment held, put back at the end (the suite's other cases never start NCCL).
+  const char* names[] = {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"};
+  std::string saved[2];
+  bool had[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    if (v) saved[i] = v;
+  }
+  unsetenv("NCCL_SOCKET_NTHREADS");
+  unsetenv("NCCL_NSOCKS_PERTHREAD");
+  BOOST_TEST(default_nccl_socket_parallelism() == (std::vector<std::string>{"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(std::string(std::getenv("NCCL_SOCKET_NTHREADS")) == std::to_string(kNcclSocketThreads));
+  BOOST_TEST(std::string(std::getenv("NCCL_NSOCKS_PERTHREAD")) == std::to_string(kNcclSocketsPerThread));
+  BOOST_TEST(kNcclSocketThreads * kNcclSocketsPerThread <= 64);  // NCCL's limit
+  // A value the user exported wins; an empty one counts as unset.
+  setenv("NCCL_SOCKET_NTHREADS", "2", 1);
+  setenv("NCCL_NSOCKS_PERTHREAD", "", 1);
+  BOOST_TEST(default_nccl_socket_parallelism() == std::vector<std::string>{"NCCL_NSOCKS_PERTHREAD"},
+             boost::test_tools::per_element());
+  BOOST_TEST(std::string(std::getenv("NCCL_SOCKET_NTHREADS")) == "2");
+  BOOST_TEST(std::string(std::getenv("NCCL_NSOCKS_PERTHREAD")) == std::to_string(kNcclSocketsPerThread));
+  BOOST_TEST(default_nccl_socket_parallelism().empty());
+  for (int i = 0; i < 2; ++i) {
+    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+    else unsetenv(names[i]);
+  }
 }

@@ -13,6 +13,7 @@
 
 #include "cuda_check.hpp"
 #include "device_memory_count.hpp"
+#include "../nccl_environment.hpp"
 
 namespace shardlm::cuda {
 namespace {
@@ -157,6 +158,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double ti
   MPI_Comm_dup(comm, &mpi_comm_);
   MPI_Comm_rank(mpi_comm_, &rank_);
   MPI_Comm_size(mpi_comm_, &size_);
+  default_nccl_socket_parallelism();  // before NCCL reads its environment (its first call in the process)
   ncclUniqueId id;
   if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_comm_);
