@@ -2,8 +2,9 @@
 #include <boost/test/unit_test.hpp>
 // Tests of the CUDA attention and LM-head kernels (label gpu): BLOOM's causal ALiBi attention forward and
 // backward against a double-precision host reference that mirrors bloom_cpu.cpp (and, on a tiny case,
-// against finite differences of that reference), and the chunked LM head + cross-entropy's loss, count and
-// gradients against a host reference for several chunk sizes, ignored targets, F32 and 16-bit dtypes.
+// against finite differences of that reference), the chunked LM head + cross-entropy's loss, count and
+// gradients against a host reference for several chunk sizes, ignored targets, F32 and 16-bit dtypes, and
+// both cross-entropy row kernels (two-pass, cluster) against a host reference at vocabularies up to 262,145.
 
 #include <cuda_runtime_api.h>
 
@@ -12,11 +13,14 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "alibi_attention.hpp"
+#include "cross_entropy_rows.hpp"
 #include "cuda_test_support.hpp"
 #include "gemm.hpp"
+#include "gpu_info.hpp"
 #include "lm_head.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/model.hpp"
@@ -282,6 +286,99 @@ void check_lm_head(int n, int H, int V, int chunk, DType dt, bool backward, unsi
   }
 }
 
+// ---- cross-entropy rows: both kernels against a host reference ---------------------------------
+
+struct RowsResult {
+  std::vector<float> loss, grad;  // grad: [rows, V] (row r's gradient at dt-offset r * 2V for 16-bit dt)
+  std::vector<int> has_target;
+  std::vector<float> logits_after;  // the fp32 buffer after a loss-only call
+};
+
+RowsResult run_rows(const std::vector<float>& logits, const std::vector<int32_t>& targets, int V, DType dt,
+                    bool backward, float grad_scale, cuda::CrossEntropyPath path) {
+  const int rows = static_cast<int>(targets.size());
+  DeviceBuffer d_logits(logits.size() * sizeof(float)), d_targets(targets.size() * sizeof(int32_t));
+  DeviceBuffer d_loss(rows * sizeof(float)), d_has(rows * sizeof(int));
+  upload(d_logits.get(), logits, DType::F32);
+  check_cuda(cudaMemcpy(d_targets.get(), targets.data(), targets.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  check_cuda(cudaMemset(d_loss.get(), 0x7f, rows * sizeof(float)), "cudaMemset");  // every row must be written
+  check_cuda(cudaMemset(d_has.get(), 0x7f, rows * sizeof(int)), "cudaMemset");
+  cuda::cross_entropy_rows(d_logits.as<float>(), rows, V, d_targets.as<int32_t>(), grad_scale, backward,
+                           d_loss.as<float>(), d_has.as<int>(), dt, nullptr, path);
+  RowsResult out;
+  out.loss = download(d_loss.get(), rows, DType::F32);
+  out.has_target = from_device_raw<int>(d_has.get(), rows);
+  if (!backward) {
+    out.logits_after = download(d_logits.get(), logits.size(), DType::F32);
+    return out;
+  }
+  const size_t stride = sizeof(float) / dtype_size(dt) * static_cast<size_t>(V);  // a row in dt elements
+  const std::vector<float> all = download(d_logits.get(), stride * rows, dt);
+  for (int r = 0; r < rows; ++r)
+    out.grad.insert(out.grad.end(), all.begin() + static_cast<long>(r * stride),
+                    all.begin() + static_cast<long>(r * stride + V));
+  return out;
+}
+
+void check_rows(int V, DType dt, unsigned seed, bool expect_cluster) {
+  BOOST_TEST_CONTEXT("V=" << V << " dt=" << dtype_name(dt)) {
+    std::mt19937 rng(seed);
+    // Targets at both ends, none (-1), an id past V (treated as none) and two inside.
+    std::uniform_int_distribution<int32_t> token(1, V - 2 > 1 ? V - 2 : 1);
+    const std::vector<int32_t> targets = {0, V - 1, -1, V, token(rng), token(rng)};
+    const int rows = static_cast<int>(targets.size());
+    std::vector<float> logits = random_values(static_cast<size_t>(rows) * V, rng, DType::F32, 3.0f);
+    logits[static_cast<size_t>(4) * V + targets[4]] = 40.0f;  // one row with a dominant logit
+    const float grad_scale = 0.37f;
+
+    std::vector<double> ref_loss(rows, 0.0), ref_grad(static_cast<size_t>(rows) * V, 0.0);
+    for (int r = 0; r < rows; ++r) {
+      if (targets[r] < 0 || targets[r] >= V) continue;
+      const float* x = logits.data() + static_cast<size_t>(r) * V;
+      const double m = *std::max_element(x, x + V);
+      double total = 0.0;
+      for (int j = 0; j < V; ++j) total += std::exp(x[j] - m);
+      ref_loss[r] = m + std::log(total) - x[targets[r]];
+      for (int j = 0; j < V; ++j)
+        ref_grad[static_cast<size_t>(r) * V + j] =
+            grad_scale * (std::exp(x[j] - m) / total - (j == targets[r] ? 1.0 : 0.0));
+    }
+
+    std::vector<cuda::CrossEntropyPath> paths = {cuda::CrossEntropyPath::kTwoPass};
+    if (expect_cluster) paths.push_back(cuda::CrossEntropyPath::kCluster);
+    BOOST_TEST((cuda::cross_entropy_auto_path(V) == paths.back()));
+    if (!expect_cluster)
+      BOOST_CHECK_THROW(run_rows(logits, targets, V, dt, true, grad_scale, cuda::CrossEntropyPath::kCluster), Error);
+    std::vector<RowsResult> results;
+    for (cuda::CrossEntropyPath path : paths) {
+      BOOST_TEST_CONTEXT("path=" << (path == cuda::CrossEntropyPath::kCluster ? "cluster" : "two-pass")) {
+        const RowsResult got = run_rows(logits, targets, V, dt, true, grad_scale, path);
+        for (int r = 0; r < rows; ++r) {
+          const bool has = targets[r] >= 0 && targets[r] < V;
+          BOOST_TEST(got.has_target[r] == (has ? 1 : 0));
+          BOOST_TEST(std::abs(got.loss[r] - ref_loss[r]) <= 2e-6 * std::max(1.0, ref_loss[r]));
+        }
+        BOOST_TEST(relative_error(got.grad, ref_grad) <= (dt == DType::F32 ? 1e-6 : 4e-3));
+        size_t nonzero = 0;  // rows without a target: exactly zero
+        for (int j = 0; j < V; ++j)
+          nonzero += (got.grad[static_cast<size_t>(2) * V + j] != 0.0f) + (got.grad[static_cast<size_t>(3) * V + j] != 0.0f);
+        BOOST_TEST(nonzero == 0u);
+        const RowsResult loss_only = run_rows(logits, targets, V, dt, false, grad_scale, path);
+        BOOST_TEST(loss_only.loss == got.loss);  // the same kernel, the same state
+        BOOST_TEST((loss_only.logits_after == logits));  // loss only: the logits stay as they were
+        results.push_back(got);
+      }
+    }
+    // The two kernels merge in different orders: they agree to rounding.
+    if (results.size() == 2) {
+      for (int r = 0; r < rows; ++r)
+        BOOST_TEST(std::abs(results[0].loss[r] - results[1].loss[r]) <= 1e-6 * std::max(1.0f, std::abs(results[0].loss[r])));
+      BOOST_TEST(relative_error(results[1].grad, results[0].grad) <= (dt == DType::F32 ? 1e-6 : 1e-2));
+    }
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(device_present) { require_device("test_cuda_attention"); }
@@ -352,4 +449,22 @@ BOOST_AUTO_TEST_CASE(lm_head_loss_and_gradients_16bit) {
   check_lm_head(37, 64, 3001, 16, DType::BF16, true, 52);  // the row kernel narrows rows in place over many strides
   check_lm_head(37, 64, 3001, 10, DType::F16, true, 53);
   check_lm_head(19, 24, 53, 6, DType::BF16, false, 54);
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_rows_both_kernels_match_reference) {
+  require_device("test_cuda_attention");
+  int device = 0, major = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  // The cluster kernel where the GPU is a Hopper or later and this binary has sm_90 code or PTX for it.
+  const std::string archs = cuda::built_cuda_archs();
+  const bool hopper = major >= 9 && archs.find("90") != std::string::npos;
+  BOOST_TEST_MESSAGE("compute capability " << major << ", built for " << archs << ": cluster kernel "
+                                           << (hopper ? "expected" : "not expected"));
+  // 1 to 8 blocks of 32 logits a thread, then 5 to 8 of 64 (the largest 262,144 = 8 x 512 x 64), then none.
+  unsigned seed = 61;
+  for (int V : {53, 16384, 16385, 40000, 131072, 128256, 131073, 250880, 262144})
+    for (DType dt : {DType::F32, DType::BF16}) check_rows(V, dt, seed++, hopper);
+  check_rows(3001, DType::F16, seed++, hopper);
+  check_rows(cuda::kClusterMaxVocab + 1, DType::BF16, seed++, false);
 }

@@ -1,6 +1,6 @@
 // The tied LM head and cross-entropy on the GPU, chunked over rows so that at most `chunk` rows of
-// logits exist at once (V is up to 250,880): per chunk, logits = h table^T in fp32, a row kernel for the
-// loss and, for backward, dlogits = grad_scale (softmax - onehot) in dt over the same bytes, then
+// logits exist at once (V is up to 250,880): per chunk, logits = h table^T in fp32, the row kernel of
+// cross_entropy_rows.cu for the loss and, for backward, dlogits = grad_scale (softmax - onehot) in dt over the same bytes, then
 // dh = dlogits table and dtable += dlogits^T h (unless the table is frozen).
 //
 // Workspace: fp32 logits [chunk, V], then per-row losses (fp32) and target flags (int) for [chunk] rows.
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cross_entropy_rows.hpp"
 #include "cuda_check.hpp"
 #include "dtype_cuda.cuh"
 #include "lm_head.hpp"
@@ -17,62 +18,7 @@
 namespace shardlm::cuda {
 namespace {
 
-constexpr int kRowThreads = 512;
 constexpr int kSumThreads = 256;
-
-// One block per row of the chunk. Loss of the row: logsumexp(logits) - logits[target], for targets in
-// [0, V); others (-1: no target) give no loss and, in backward, a zero gradient row. With `backward`, the
-// row is overwritten by grad_scale * (softmax - onehot(target)) in T, element j at T-offset j of the row.
-template <typename T>
-__global__ void __launch_bounds__(kRowThreads)
-    cross_entropy_rows_kernel(float* logits, int V, const int32_t* targets, float grad_scale, bool backward,
-                              float* row_loss, int* row_has_target) {
-  __shared__ float shared_m[kRowThreads / 32], shared_s[kRowThreads / 32];
-  const int r = blockIdx.x, tid = threadIdx.x;
-  float* row = logits + static_cast<size_t>(r) * V;
-  T* out = reinterpret_cast<T*>(row);
-  const int target = targets[r];
-  // Ids >= V never come from the data module; they are treated like -1 rather than read out of bounds.
-  if (target < 0 || target >= V) {
-    if (tid == 0) {
-      row_loss[r] = 0.0f;
-      row_has_target[r] = 0;
-    }
-    if (backward)  // writes only: nothing of the row is read, so narrowing in place cannot race
-      for (int j = tid; j < V; j += kRowThreads) out[j] = from_float<T>(0.0f);
-    return;
-  }
-
-  // Running max and sum of exp per thread, then over the block.
-  float m = -INFINITY, s = 0.0f;
-  for (int j = tid; j < V; j += kRowThreads) add_to_softmax_state(row[j], m, s);
-  warp_merge_softmax_state(m, s);
-  if (tid % 32 == 0) {
-    shared_m[tid / 32] = m;
-    shared_s[tid / 32] = s;
-  }
-  __syncthreads();
-  m = shared_m[0];
-  s = shared_s[0];
-  for (int w = 1; w < kRowThreads / 32; ++w) merge_softmax_state(m, s, shared_m[w], shared_s[w]);
-  if (tid == 0) {
-    row_loss[r] = m + logf(s) - row[target];
-    row_has_target[r] = 1;
-  }
-  if (!backward) return;
-  __syncthreads();  // the target logit and every value of pass 1 are read before the row is overwritten
-
-  const float inv_s = 1.0f / s;
-  for (int base = 0; base < V; base += kRowThreads) {
-    const int j = base + tid;
-    float g = 0.0f;
-    if (j < V) g = grad_scale * (expf(row[j] - m) * inv_s - (j == target ? 1.0f : 0.0f));
-    // A 16-bit element j overwrites fp32 element j/2 <= j: every thread reads its value of this stride
-    // before any writes (earlier strides were read before earlier barriers).
-    if (sizeof(T) < sizeof(float)) __syncthreads();
-    if (j < V) out[j] = from_float<T>(g);
-  }
-}
 
 // loss_sum += sum of the chunk's row losses, count += rows with a target; one block, fixed order.
 __global__ void __launch_bounds__(kSumThreads)
@@ -101,14 +47,6 @@ __global__ void __launch_bounds__(kSumThreads)
     *loss_sum += shared_loss[0];
     *count += shared_count[0];
   }
-}
-
-template <typename T>
-void launch_cross_entropy_rows(float* logits, int rows, int V, const int32_t* targets, float grad_scale, bool backward,
-                               float* row_loss, int* row_has_target, cudaStream_t stream) {
-  cross_entropy_rows_kernel<T><<<rows, kRowThreads, 0, stream>>>(logits, V, targets, grad_scale, backward, row_loss,
-                                                                  row_has_target);
-  SHARDLM_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -143,10 +81,7 @@ void lm_head_loss(Gemm& gemm, const void* h, const void* table, const int32_t* t
     logits_gemm.ab_dtype = dt, logits_gemm.c_dtype = DType::F32;
     gemm.run(logits_gemm, stream);
 
-    dispatch_dtype(dt, [&](auto tag) {
-      launch_cross_entropy_rows<typename decltype(tag)::type>(logits, rows, V, targets + r0, grad_scale, backward,
-                                                              row_loss, row_has_target, stream);
-    });
+    cross_entropy_rows(logits, rows, V, targets + r0, grad_scale, backward, row_loss, row_has_target, dt, stream);
     sum_chunk_loss_kernel<<<1, kSumThreads, 0, stream>>>(row_loss, row_has_target, rows, loss_sum, count);
     SHARDLM_CUDA_LAUNCH_CHECK();
     if (!backward) continue;
