@@ -237,6 +237,12 @@ void plan_grad_buffers(FsdpBufferPlan& plan, const FsdpOptions& opt, size_t head
 // micro-batches of up to max_tokens tokens.
 void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,
                      int shard_size, int replicate_size, size_t max_tokens);
+// The plan FsdpEngine allocates by and `shardlm plan` prices (memory_plan.cpp), built the same way for both:
+// fsdp_buffer_plan, then plan_root_split for cfg's model and micro-batches of up to max_tokens tokens, then
+// plan_grad_buffers in `head_scratch_bytes` of the model's head scratch.
+FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
+                                  int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
+                                  size_t max_tokens, size_t head_scratch_bytes);
 
 // One optimizer step's timeline (run.trace_step): what each stream ran, in ms from the step's start.
 // Lanes: "compute" (each unit's forward and backward, the optimizer), "comm" (each unit's all-gather

@@ -249,4 +249,14 @@ void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLay
   plan.root_split_bytes = plan.root_split.bytes(opt.reduce_dtype);
 }
 
+FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
+                                  int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
+                                  size_t max_tokens, size_t head_scratch_bytes) {
+  FsdpBufferPlan plan =
+      fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, replicate_size, asynchronous, compute_dtype);
+  plan_root_split(plan, cfg, layouts.trainable[0], opt, shard_size, replicate_size, max_tokens);
+  plan_grad_buffers(plan, opt, head_scratch_bytes);
+  return plan;
+}
+
 }  // namespace shardlm

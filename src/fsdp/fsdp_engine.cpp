@@ -92,10 +92,8 @@ FsdpEngine::FsdpEngine(std::unique_ptr<Backend> backend, ProcessGroups groups, s
   opt.copy_engine_reductions = opt.copy_engine_reductions && groups_.shard_exchange;
   opt.offload_root_update = resolved_root_update(opt, shard_numel_of(layouts.trainable[0].numel, shard_size), be,
                                                  host_backend_.get(), link);
-  plan_ = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, groups_.replicate->size(),
-                           be.asynchronous(), cdt);
-  plan_root_split(plan_, model->config(), layouts.trainable[0], opt, shard_size, groups_.replicate->size(), max_tokens);
-  plan_grad_buffers(plan_, opt, model->head_scratch_bytes());
+  plan_ = engine_buffer_plan(layouts, model->config(), opt, shard_size, groups_.replicate->size(), be.asynchronous(),
+                             cdt, max_tokens, model->head_scratch_bytes());
   impl_ = std::make_unique<Impl>(be, std::move(model), std::move(layouts), opt, plan_, groups_, max_tokens);
   Impl& m = *impl_;
   // Master and optimizer state where the optimizer runs: the host when offloaded.

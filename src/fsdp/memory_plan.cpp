@@ -17,13 +17,11 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
   // The copy-engine exchange needs the shard group on one host (NCCL's windows).
   const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   if (shard_size > node) opt.copy_engine_reductions = false;
-  FsdpBufferPlan b = fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size,
-                                      spec.world_size / shard_size, /*asynchronous=*/cuda, compute);
-  plan_root_split(b, spec.model, layouts.trainable[0], spec.fsdp, shard_size, spec.world_size / shard_size,
-                  static_cast<size_t>(spec.micro_batch) * spec.max_seq);
-  const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute, spec.micro_batch, spec.max_seq,
-                                              spec.activation_checkpointing);
-  plan_grad_buffers(b, opt, model.head_scratch);
+  const ModelMemory model = unit_model_memory(model_for_engine(spec.model, spec.fsdp), spec.backend, compute,
+                                              spec.micro_batch, spec.max_seq, spec.activation_checkpointing);
+  const FsdpBufferPlan b = engine_buffer_plan(layouts, spec.model, opt, shard_size, spec.world_size / shard_size,
+                                              /*asynchronous=*/cuda, compute,
+                                              static_cast<size_t>(spec.micro_batch) * spec.max_seq, model.head_scratch);
   const size_t csize = dtype_size(compute);
   RankMemoryPlan p;
   // LoRA's frozen base: its slices in the compute dtype, nothing else.
