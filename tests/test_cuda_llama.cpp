@@ -1,8 +1,9 @@
 // Tests of the Llama pieces of the CUDA backend (label gpu): the kernels they use
 // (RMSNorm, rotary embeddings with Llama 3.1's rope_scaling, SwiGLU, causal grouped-query attention)
 // against double-precision host references that mirror src/model/llama_cpu.cpp, in fp32, bf16 and
-// fp16 (attention's backward recomputing the probabilities from the saved log-sum-exp), with the
-// references' backward passes checked against finite differences; then the UnitModel of the CUDA
+// fp16 (attention's backward recomputing the probabilities from the saved log-sum-exp; SwiGLU's backward that
+// writes the activation too, bit for bit against the separate kernels), with the references' backward passes
+// checked against finite differences; then the UnitModel of the CUDA
 // backend (LlamaCuda) against the CPU backend's (LlamaCpu) on a tiny model: loss and every
 // parameter gradient of one forward/backward, GQA, tied and untied heads, with and without
 // activation checkpointing, Qwen3's q/k norms and Mistral's sliding window (native and cuDNN), and
@@ -348,6 +349,55 @@ void check_swiglu(int n, int F, DType dt, int shift, unsigned seed, bool geglu =
                output_tolerance(dt));
     check_gated_amax(d_gu.at, d_dout.at, n, F, dt, shift, geglu, download(d_out.at, wide, dt),
                      download(d_dgu.at, 2 * wide, dt));
+  }
+}
+
+// The gated backward given act_out (swiglu.hpp) against the separate kernels: dgate|dup and their amax the bits of
+// the backward without it, act those of the forward; act_out over dout (LlamaCuda's in-place call) or apart (dout
+// then left as it was).
+void check_gated_backward_writing_act(int n, int F, DType dt, int shift, unsigned seed, bool geglu) {
+  BOOST_TEST_CONTEXT((geglu ? "geglu" : "swiglu") << " n=" << n << " F=" << F << " dt=" << dtype_name(dt)
+                                                  << " shift=" << shift) {
+    std::mt19937 rng(seed);
+    const size_t wide = static_cast<size_t>(n) * F;
+    const std::vector<float> gate_up = random_values(2 * wide, rng, dt, 2.0f);
+    const std::vector<float> dout = random_values(wide, rng, dt);
+    Placed d_gu = placed(gate_up, dt, shift), d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
+    OwnedStream s;
+    auto backward = [&](const void* dy, void* dgu, unsigned* word, void* act) {
+      if (geglu)
+        cuda::geglu_tanh_backward(dy, d_gu.at, dgu, n, F, dt, s.s, word, act);
+      else
+        cuda::swiglu_backward(dy, d_gu.at, dgu, n, F, dt, s.s, word, act);
+    };
+    Placed d_dout = placed(dout, dt, shift);
+    if (geglu)
+      cuda::geglu_tanh_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+    else
+      cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
+    backward(d_dout.at, d_dgu.at, nullptr, nullptr);
+    s.sync();
+    const std::vector<float> want_act = download(d_out.at, wide, dt), want_dgu = download(d_dgu.at, 2 * wide, dt);
+    for (const bool in_place : {true, false}) {
+      BOOST_TEST_CONTEXT((in_place ? "act over dout" : "act apart")) {
+        Placed d_dy = placed(dout, dt, shift), d_act(wide, dt, shift), d_dgu2(2 * wide, dt, shift);
+        void* act = in_place ? d_dy.at : d_act.at;
+        DeviceBuffer word(sizeof(unsigned));
+        CUDA_OK(cudaMemset(word.get(), 0xff, sizeof(unsigned)));  // the kernel zeroes it first
+        backward(d_dy.at, d_dgu2.at, word.as<unsigned>(), act);
+        s.sync();
+        const std::vector<float> got_act = download(act, wide, dt), got_dgu = download(d_dgu2.at, 2 * wide, dt);
+        BOOST_TEST(std::memcmp(got_act.data(), want_act.data(), wide * sizeof(float)) == 0);
+        BOOST_TEST(std::memcmp(got_dgu.data(), want_dgu.data(), 2 * wide * sizeof(float)) == 0);
+        unsigned got = 0;
+        CUDA_OK(cudaMemcpy(&got, word.get(), sizeof got, cudaMemcpyDeviceToHost));
+        BOOST_TEST(same_amax(got, amax_bits_of(want_dgu)), got << " against " << amax_bits_of(want_dgu));
+        if (!in_place) {
+          const std::vector<float> dy_after = download(d_dy.at, wide, dt), dy_before = download(d_dout.at, wide, dt);
+          BOOST_TEST(std::memcmp(dy_after.data(), dy_before.data(), wide * sizeof(float)) == 0);
+        }
+      }
+    }
   }
 }
 
@@ -961,6 +1011,24 @@ BOOST_AUTO_TEST_CASE(geglu_tanh_matches_reference) {
   cuda::geglu_tanh_backward(d_dout.get(), d_gu.get(), d_dgu.get(), n, F, DType::F32, s.s);
   s.sync();
   BOOST_TEST(relative_error(download(d_dgu.get(), 2 * n * F, DType::F32), numeric) <= 1e-5);
+}
+
+// The activation's backward writing the activation too (LlamaCuda's down_proj backward), SwiGLU and GeGLU: the
+// separate kernels' bits in every dtype, in packs and single elements (F not a multiple of the pack, pointers off
+// 16-byte alignment), over its own input gradient and apart.
+BOOST_AUTO_TEST_CASE(gated_backward_writing_the_activation_gives_the_separate_kernels_bits) {
+  require_device("test_cuda_llama");
+  unsigned seed = 300;
+  struct Shape {
+    int n, F;
+  };
+  const Shape shapes[] = {{1, 8}, {37, 96}, {5, 33}, {16, 1408}, {3, 1}, {7, 6}};
+  for (const bool geglu : {false, true})
+    for (DType dt : kAllDtypes)
+      for (const Shape& s : shapes) {
+        check_gated_backward_writing_act(s.n, s.F, dt, 0, ++seed, geglu);
+        if (s.F % 8 == 0) check_gated_backward_writing_act(s.n, s.F, dt, 1, ++seed, geglu);
+      }
 }
 
 BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_reference_fp32) {

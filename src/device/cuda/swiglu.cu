@@ -1,7 +1,8 @@
 // SwiGLU (Llama's MLP activation) and GeGLU with tanh GELU (Gemma's) forward and backward over the fused
 // gate|up projection rows:
 // grid-stride loops over the [n, F] output, packs of 16 bytes when F and every pointer allow. Given a word,
-// each also reduces the amax of what it writes (fp8_amax.cuh) for the FP8 GEMM that reads it next.
+// each also reduces the amax of what it writes (fp8_amax.cuh) for the FP8 GEMM that reads it next. The
+// backward can also write the forward's output again, in place over its input gradient.
 #include "dtype_cuda.cuh"
 #include "fp8_amax.cuh"
 #include "gelu_tanh.cuh"
@@ -55,9 +56,12 @@ __global__ void gated_forward_kernel(const T* __restrict__ gate_up, T* __restric
   if (amax_bits) publish_amax(m, amax_bits);
 }
 
+// With act_out, also act_out = act(gate) * up as gated_forward_kernel writes it (the same functor on the same
+// floats): the backward that needs the activation after its gradient reads gate|up once. act_out may be dout
+// (neither is __restrict__): each thread reads its pack of dout before it writes act_out's.
 template <typename Act, typename T, int N>
-__global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate_up,
-                                      T* __restrict__ dgate_up, long long n, int F, unsigned* amax_bits) {
+__global__ void gated_backward_kernel(const T* dout, const T* __restrict__ gate_up, T* __restrict__ dgate_up,
+                                      T* act_out, long long n, int F, unsigned* amax_bits) {
   unsigned m = 0;
   for_swiglu_packs<N>(n, F, [&](long long e, long long at) {
     float d[N], g[N], u[N], dg[N], du[N];
@@ -72,6 +76,11 @@ __global__ void gated_backward_kernel(const T* __restrict__ dout, const T* __res
     store_floats<N>(dgate_up + at, dg);
     store_floats<N>(dgate_up + at + F, du);
     if (amax_bits) m = max_stored_abs_bits<T>(max_stored_abs_bits<T>(m, dg), du);
+    if (act_out) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) g[k] = Act{}.forward(g[k], u[k]);
+      store_floats<N>(act_out + e, g);
+    }
   });
   if (amax_bits) publish_amax(m, amax_bits);
 }
@@ -99,15 +108,15 @@ void gated_forward(const char* what, const void* gate_up, void* out, int n, int 
 
 template <typename Act>
 void gated_backward(const char* what, const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                    cudaStream_t stream, unsigned* amax_bits) {
+                    cudaStream_t stream, unsigned* amax_bits, void* act_out) {
   if (!check_shape(what, n, F, amax_bits, stream)) return;
   const size_t items = static_cast<size_t>(n) * F;
-  dispatch_dtype_packed(dt, F, {dout, gate_up, dgate_up}, [&](auto tag, auto width) {
+  dispatch_dtype_packed(dt, F, {dout, gate_up, dgate_up, act_out ? act_out : dout}, [&](auto tag, auto width) {
     using T = typename decltype(tag)::type;
     constexpr int N = decltype(width)::value;
     gated_backward_kernel<Act, T, N><<<grid_for(items / N), kBlockThreads, 0, stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up), n, F,
-        amax_bits);
+        static_cast<const T*>(dout), static_cast<const T*>(gate_up), static_cast<T*>(dgate_up),
+        static_cast<T*>(act_out), n, F, amax_bits);
   });
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
@@ -119,8 +128,8 @@ void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cuda
 }
 
 void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt, cudaStream_t stream,
-                     unsigned* amax_bits) {
-  gated_backward<Silu>("swiglu_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits);
+                     unsigned* amax_bits, void* act_out) {
+  gated_backward<Silu>("swiglu_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits, act_out);
 }
 
 void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream,
@@ -129,8 +138,8 @@ void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, 
 }
 
 void geglu_tanh_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                         cudaStream_t stream, unsigned* amax_bits) {
-  gated_backward<GeluTanh>("geglu_tanh_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits);
+                         cudaStream_t stream, unsigned* amax_bits, void* act_out) {
+  gated_backward<GeluTanh>("geglu_tanh_backward", dout, gate_up, dgate_up, n, F, dt, stream, amax_bits, act_out);
 }
 
 }  // namespace shardlm::cuda

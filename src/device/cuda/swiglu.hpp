@@ -20,13 +20,15 @@ namespace shardlm::cuda {
 void swiglu_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream,
                     unsigned* amax_bits = nullptr);
 // dgate_up[n, 2F] from dout[n, F]: d(up) = dout * silu(gate), d(gate) = dout * up * silu'(gate).
+// `act_out`, when not null: also given the forward's out, the same bits, as the one read of gate|up allows (the
+// backward of the linear layer after it needs it too); it may be dout itself, written over as it is read.
 void swiglu_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt, cudaStream_t stream,
-                     unsigned* amax_bits = nullptr);
+                     unsigned* amax_bits = nullptr, void* act_out = nullptr);
 // GeGLU (Gemma): out = gelu_tanh(gate) * up (GELU's tanh approximation, gelu_pytorch_tanh), and its backward:
 // d(up) = dout * gelu_tanh(gate), d(gate) = dout * up * gelu_tanh'(gate).
 void geglu_tanh_forward(const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t stream,
                         unsigned* amax_bits = nullptr);
 void geglu_tanh_backward(const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
-                         cudaStream_t stream, unsigned* amax_bits = nullptr);
+                         cudaStream_t stream, unsigned* amax_bits = nullptr, void* act_out = nullptr);
 
 }  // namespace shardlm::cuda
