@@ -8,7 +8,8 @@
 // forward, dgrad and wgrad forms through run_fp8_gemm against the host product of the same E4M3 values
 // (tight) and of the unquantized inputs (within FP8's error); the linear backward sharing its output
 // gradient, reading its forward's amaxes from a slot and multiplying by the transposed weight its forward
-// kept (model.fp8_keep_weights), bit for bit against the GEMMs it replaces.
+// kept (model.fp8_keep_weights), bit for bit against the GEMMs it replaces; without FP8, the linear backward
+// against its two halves (MatMul's weight_backward and input_backward) run apart.
 
 #include <cuda_runtime_api.h>
 
@@ -789,4 +790,42 @@ BOOST_AUTO_TEST_CASE(fp8_refuses_what_it_cannot_run) {
   GemmDesc f32 = d;
   f32.ab_dtype = DType::F32;
   BOOST_TEST(!cuda::fp8_gemm_fits(f32, w));
+}
+
+// Without FP8 a linear layer's backward is its two halves, weight_backward and input_backward, which a caller may run
+// apart and in the other order (LlamaCuda's down_proj: dx first, then dW from an x written after it): the same bits
+// for dW (accumulated, written with weight_beta 0, none when frozen) and dx, with dx in place over x too.
+BOOST_AUTO_TEST_CASE(linear_backward_is_weight_backward_and_input_backward) {
+  Fp8LinearCase c(40, 24, 56, std::mt19937(37));
+  const DType bf = DType::BF16;
+  const size_t wide = static_cast<size_t>(c.n) * c.in, weights = static_cast<size_t>(c.out) * c.in;
+  for (const float beta : {1.0f, 0.0f})
+    for (const bool frozen : {false, true})
+      for (const bool in_place : {false, true}) {
+        BOOST_TEST_CONTEXT("weight_beta " << beta << (frozen ? " frozen" : "") << (in_place ? " dx over x" : "")) {
+          cuda::MatMul mm{c.gemm, nullptr};
+          mm.weight_beta = beta;
+          auto run = [&](bool whole) {
+            TestArray dW(c.dw0, DType::F32), x(c.x, bf), dx(std::vector<float>(wide, 0.0f), bf);
+            char* dx_at = in_place ? x.data() : dx.data();
+            void* dw_at = frozen ? nullptr : dW.data();
+            if (whole) {
+              mm.linear_backward(c.n, c.out, c.in, c.ddy.data(), c.out, x.data(), c.in, c.dweight.data(), dw_at,
+                                 dx_at, c.in, bf);
+            } else if (in_place) {  // dx over x: x read first
+              mm.weight_backward(c.n, c.out, c.in, c.ddy.data(), c.out, x.data(), c.in, dw_at, bf);
+              mm.input_backward(c.n, c.out, c.in, c.ddy.data(), c.out, c.dweight.data(), dx_at, c.in, bf);
+            } else {
+              mm.input_backward(c.n, c.out, c.in, c.ddy.data(), c.out, c.dweight.data(), dx_at, c.in, bf);
+              mm.weight_backward(c.n, c.out, c.in, c.ddy.data(), c.out, x.data(), c.in, dw_at, bf);
+            }
+            return std::make_pair(dW.download(weights), (in_place ? x : dx).download(wide));
+          };
+          const auto [want_dw, want_dx] = run(true);
+          const auto [dw, dx] = run(false);
+          BOOST_TEST(dw == want_dw, boost::test_tools::per_element());
+          BOOST_TEST(dx == want_dx, boost::test_tools::per_element());
+          if (frozen) BOOST_TEST(dw == c.dw0, boost::test_tools::per_element());  // no weight GEMM at all
+        }
+      }
 }

@@ -59,7 +59,8 @@ struct MatMul {
   }
 
   // A linear layer y[n, out] = x[n, in] W[out, in]^T, backward: dW += dy^T x in fp32 (dW = dy^T x with
-  // weight_beta 0; dW null: a frozen weight), then dx = dy W (dx may be x's buffer). In FP8 dy is quantized
+  // weight_beta 0; dW null: a frozen weight), then dx = dy W (dx may be x's buffer): weight_backward, then
+  // input_backward, unless both GEMMs fit FP8 (fp8 given). Then dy is quantized
   // once for both, and with fp8_slot x's and W's amaxes are the forward's (same bits) when that forward ran
   // in FP8 (it fit: its output taken as whole rows of `out`).
   void linear_backward(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, const void* W,
@@ -73,8 +74,19 @@ struct MatMul {
                               input_amax_known);
       return;
     }
-    if (dW) run(wgrad, -1);
-    run(dgrad, -1);
+    weight_backward(n, out, in, dy, ld_dy, x, ld_x, dW, dt);
+    input_backward(n, out, in, dy, ld_dy, W, dx, ld_dx, dt);
+  }
+  // linear_backward's two GEMMs apart, as it runs them without fp8: dW += dy^T x in fp32 (weight_beta as above;
+  // nothing for a null dW, a frozen weight) ...
+  void weight_backward(int n, int out, int in, const void* dy, int ld_dy, const void* x, int ld_x, void* dW,
+                       DType dt) const {
+    if (dW) run(wgrad_desc(n, out, in, dy, ld_dy, x, ld_x, dW, dt), -1);
+  }
+  // ... and dx = dy W.
+  void input_backward(int n, int out, int in, const void* dy, int ld_dy, const void* W, void* dx, int ld_dx,
+                      DType dt) const {
+    run(dgrad_desc(n, out, in, dy, ld_dy, W, dx, ld_dx, dt), -1);
   }
 
  private:
