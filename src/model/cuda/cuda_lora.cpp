@@ -58,16 +58,31 @@ void CudaLoraBlocks::forward(int layer, int module, const void* adapter, const v
 
 void CudaLoraBlocks::param_backward(int layer, int module, const void* adapter, const void* x, const void* dy,
                                     int ldy, int rows, int seq, float* dadapter, Gemm& gemm, cudaStream_t s) {
+  b_backward(layer, module, adapter, dy, ldy, rows, dadapter, gemm, s);
+  a_backward(layer, module, adapter, x, rows, seq, dadapter, gemm, s);
+}
+
+void CudaLoraBlocks::b_backward(int layer, int module, const void* adapter, const void* dy, int ldy, int rows,
+                                float* dadapter, Gemm& gemm, cudaStream_t s) {
   if (!on(module) || rows == 0) return;
   const model_detail::CpuLora& m = adapted("backward", layer, module, adapter);
   SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
   char* dxa = dxa_.data() + slice_[module] * sizes_.slice;
-  const MatMul plain{gemm, s}, scaled{gemm, s, m.scale};
-  // dB[out, r] += scale dy^T xa; dxa[rows, r] = scale dy B; dA[r, in] += dxa^T x.
+  const MatMul scaled{gemm, s, m.scale};
+  // dB[out, r] += scale dy^T xa; dxa[rows, r] = scale dy B.
   scaled(true, false, m.out, m.r, rows, dy, ldy, xa(layer, module), m.r, dadapter + m.b, m.r, dt_, DType::F32, 1);
   scaled(false, false, rows, m.r, m.out, dy, ldy, at(adapter, m.b), m.r, dxa, m.r, dt_, dt_);
-  // dA reads the forward's dropout(x): its mask again, from the same seed and coordinates.
+}
+
+void CudaLoraBlocks::a_backward(int layer, int module, const void* adapter, const void* x, int rows, int seq,
+                                float* dadapter, Gemm& gemm, cudaStream_t s) {
+  if (!on(module) || rows == 0) return;
+  const model_detail::CpuLora& m = adapted("backward", layer, module, adapter);
+  SHARDLM_CHECK(dadapter != nullptr, "LoRA: block ", layer, " was given no adapter gradients");
+  const char* dxa = dxa_.data() + slice_[module] * sizes_.slice;
+  // dA[r, in] += dxa^T x, reading the forward's dropout(x): its mask again, from the same seed and coordinates.
   const void* input = adapter_input(layer, module, x, rows, seq, s);
+  const MatMul plain{gemm, s};
   plain(true, false, m.r, m.in, rows, dxa, m.r, input, m.in, dadapter + m.a, m.in, dt_, DType::F32, 1);
 }
 

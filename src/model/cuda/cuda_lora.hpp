@@ -42,7 +42,14 @@ class CudaLoraBlocks {
   // dropping), with d(x A^T) = scale dy B kept for input_backward.
   void param_backward(int layer, int module, const void* adapter, const void* x, const void* dy, int ldy, int rows,
                       int seq, float* dadapter, Gemm& gemm, cudaStream_t s);
-  // dx[rows, in] += d(x A^T) A (when on; after the module's param_backward), through the forward's mask
+  // param_backward in its two halves, for a caller that has dy before x (LlamaCuda's down_proj, whose input
+  // the activation's backward writes again): b_backward, dB and d(x A^T) from dy; then a_backward, dA from
+  // d(x A^T) and x. input_backward may come between them.
+  void b_backward(int layer, int module, const void* adapter, const void* dy, int ldy, int rows, float* dadapter,
+                  Gemm& gemm, cudaStream_t s);
+  void a_backward(int layer, int module, const void* adapter, const void* x, int rows, int seq, float* dadapter,
+                  Gemm& gemm, cudaStream_t s);
+  // dx[rows, in] += d(x A^T) A (when on; after the module's param_backward or b_backward), through the forward's mask
   // when dropping.
   void input_backward(int layer, int module, const void* adapter, int rows, int seq, void* dx, Gemm& gemm,
                       cudaStream_t s);
