@@ -3,7 +3,8 @@
 // gqa_attention, ...), on the caller's stream.
 // The hidden-state gradient is updated in place through a block (the residual adds onto it); norm
 // outputs, SiLU(gate) * up and the attention probabilities (from the softmax's saved log-sum-exp)
-// are recomputed in backward rather than kept per block.
+// are recomputed in backward rather than kept per block (SiLU(gate) * up by the activation's backward
+// kernel, which reads gate|up anyway: down_backward).
 #include "llama_cuda.hpp"
 
 #include <algorithm>
@@ -129,11 +130,11 @@ void LlamaCuda::gated_forward(const void* gate_up, void* out, int n, cudaStream_
 }
 
 void LlamaCuda::gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s,
-                               unsigned* amax_bits) const {
+                               unsigned* amax_bits, void* act_out) const {
   if (geglu_)
-    geglu_tanh_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits);
+    geglu_tanh_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits, act_out);
   else
-    swiglu_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits);
+    swiglu_backward(dout, gate_up, dgate_up, n, ffn_, dt_, s, amax_bits, act_out);
 }
 
 void LlamaCuda::add_normed(const char* base, const char* out, const char* weight, float* rstd, char* y, int n,
@@ -317,6 +318,32 @@ void LlamaCuda::head(UnitParams root, const int32_t* targets, int B, int T, floa
                    norm_offset_);
 }
 
+void LlamaCuda::down_backward(int layer, UnitParams params, UnitGrads grads, const Saved& sv, const char* dmlp, int B,
+                              int T, const MatMul& down_mm, unsigned* dgate_up_amax, cudaStream_t s) {
+  const int N = B * T, H = cfg_.hidden_size, F = ffn_, down = lora_slots_[kDownProj].module;
+  const char* W = static_cast<const char*>(params.base) + block_.down * dsize_;
+  float* dW = grads.base_at(block_.down);  // null: frozen, no weight GEMM
+  char* act = wide_.data();  // act, or d(act) written over it
+  // out = h2 + act W_down^T, act = SiLU(gate) * up (GeGLU's gelu_tanh(gate) * up), recomputed. With FP8 the two
+  // GEMMs run together (dy quantized once, act's amax the forward's): act first, by the forward's kernel.
+  if (down_mm.fp8) {
+    gated_forward(sv.gate_up.data(), act, N, s);
+    lora_.param_backward(layer, down, params.adapter, act, dmlp, H, N, T, grads.adapter, gemm_, s);
+    down_mm.linear_backward(N, H, F, dmlp, H, act, F, W, dW, act, F, dt_);
+    lora_.input_backward(layer, down, params.adapter, N, T, act, gemm_, s);
+    gated_backward(act, sv.gate_up.data(), dgate_up_.data(), N, s, dgate_up_amax);
+    return;
+  }
+  // Otherwise d(act) first; the activation's backward then writes act over it from the gate|up it reads anyway, for
+  // the gradients that read act (gate|up read once, not again for a recomputation).
+  lora_.b_backward(layer, down, params.adapter, dmlp, H, N, grads.adapter, gemm_, s);
+  down_mm.input_backward(N, H, F, dmlp, H, W, act, F, dt_);
+  lora_.input_backward(layer, down, params.adapter, N, T, act, gemm_, s);
+  gated_backward(act, sv.gate_up.data(), dgate_up_.data(), N, s, dgate_up_amax, act);
+  lora_.a_backward(layer, down, params.adapter, act, N, T, grads.adapter, gemm_, s);
+  down_mm.weight_backward(N, H, F, dmlp, H, act, F, dW, dt_);
+}
+
 void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, int B, int T, cudaStream_t s) {
   check_shape("block_backward", B, T);
   check_layer("block_backward", layer);
@@ -338,7 +365,7 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
     lora_.param_backward(layer, mod, params.adapter, x, dy, ld, N, T, grads.adapter, gemm_, s);
   };
   auto lora_input = [&](int mod, char* dx) { lora_.input_backward(layer, mod, params.adapter, N, T, dx, gemm_, s); };
-  const int o_mod = lora_slots_[kOProj].module, down = lora_slots_[kDownProj].module;
+  const int o_mod = lora_slots_[kOProj].module;
   const auto qkv_lora = lora_columns({{kQProj, 0}, {kKProj, qw_}, {kVProj, qw_ + kvw_}});
   const auto gate_up_lora = lora_columns({{kGateProj, 0}, {kUpProj, F}});
   const char* x = hidden(layer);
@@ -352,18 +379,12 @@ void LlamaCuda::block_backward(int layer, UnitParams params, UnitGrads grads, in
                      g(block_.mlp_out_norm), N, H, false, dt_, s, norm_offset_);
     dmlp = norm_.data();
   }
-  // out = h2 + act W_down^T, act = SiLU(gate) * up (recomputed; GeGLU's gelu_tanh(gate) * up).
-  gated_forward(sv.gate_up.data(), wide_.data(), N, s);
-  lora_params(down, wide_.data(), dmlp, H);
-  mm.projection(fp8_slot(layer, kFp8Down))
-      .linear_backward(N, H, F, dmlp, H, wide_.data(), F, w(block_.down), g(block_.down), wide_.data(), F, dt_);
-  lora_input(down, wide_.data());
   // In FP8 the activation's backward reduces its output's amax as it writes it, for gate|up's quantization (nothing
   // between the two runs an FP8 GEMM: the LoRA terms run in 16 bits).
   const MatMul gate_up_mm = mm.projection(fp8_slot(layer, kFp8GateUp));
   unsigned* dgate_up_amax =
       gate_up_mm.fp8_backward_dy_amax(N, 2 * F, H, 2 * F, H, g(block_.gate_up) != nullptr, H, dt_);
-  gated_backward(wide_.data(), sv.gate_up.data(), dgate_up_.data(), N, s, dgate_up_amax);
+  down_backward(layer, params, grads, sv, dmlp, B, T, mm.projection(fp8_slot(layer, kFp8Down)), dgate_up_amax, s);
   // gate|up = n W_gu^T with n = RMSNorm(h2) (recomputed; rstd2 is rewritten with the same values).
   rmsnorm_forward(sv.h2.data(), w(block_.post_norm), norm_.data(), sv.rstd2.data(), N, H, eps, dt_, s, norm_offset_);
   for (const auto& [mod, col] : gate_up_lora) lora_params(mod, norm_.data(), dgate_up_.data() + col * dsize_, 2 * F);

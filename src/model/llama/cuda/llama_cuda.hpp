@@ -23,6 +23,8 @@
 
 namespace shardlm::cuda {
 
+struct MatMul;
+
 class LlamaCuda final : public CudaModelBase {
  public:
   // Buffers for micro-batches of up to max_batch x max_seq tokens. With activation_checkpointing
@@ -113,10 +115,15 @@ class LlamaCuda final : public CudaModelBase {
   float norm_offset_ = 0;  // LlamaBlock::unit_offset_norms: every RMSNorm's weight is 1 + weight
   float embed_scale_ = 1;  // LlamaBlock::scaled_embeddings: sqrt(hidden_size) rounded to the compute dtype
   // The gated MLP activation of gate|up rows (SwiGLU or GeGLU) and its backward; with `amax_bits` the amax of what
-  // it writes, for the FP8 GEMM that reads it next (swiglu.hpp).
+  // it writes, for the FP8 GEMM that reads it next, and with `act_out` the backward also writes the forward's output
+  // (it may be dout: swiglu.hpp).
   void gated_forward(const void* gate_up, void* out, int n, cudaStream_t s, unsigned* amax_bits = nullptr) const;
   void gated_backward(const void* dout, const void* gate_up, void* dgate_up, int n, cudaStream_t s,
-                      unsigned* amax_bits = nullptr) const;
+                      unsigned* amax_bits = nullptr, void* act_out = nullptr) const;
+  // block_backward's down_proj and the activation under it, from d(down_proj's output) `dmlp`: down_proj's weight
+  // and LoRA gradients, d(gate|up) into dgate_up_ (its amax into dgate_up_amax, when not null); wide_ is scratch.
+  void down_backward(int layer, UnitParams params, UnitGrads grads, const Saved& sv, const char* dmlp, int B, int T,
+                     const MatMul& down_mm, unsigned* dgate_up_amax, cudaStream_t s);
   // Layer `layer`'s rotary table (ModelConfig::layer_rope_table) in inv_freq_, and its attention scale (0: the
   // kernels' 1 / sqrt(head_dim)).
   const float* inv_freq(int layer) const;
