@@ -127,7 +127,8 @@ struct FsdpEngine::Impl {
   std::vector<char> local_pending, replicate_pending;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum
   // The step's last micro-step summed each unit's squares into `norm` on comm as its slice became final
-  // (its last reduction landed), so grad_norm waits for one copy, not a pass over every slice.
+  // (its last reduction landed; on one rank, its backward ended), so grad_norm waits for one copy, not a pass
+  // over every slice.
   bool squares_taken = false;
   void take_squares(size_t u, Stream s) {
     be.sum_squares(units[u].grad.as<float>(), units[u].flat.shard_numel, norm.as<double>(), s);

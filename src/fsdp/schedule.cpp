@@ -295,11 +295,12 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
   forward_blocks(B, T, backward);
   // No sync in full: a micro-step before the step's last reduces nothing, and its gradients stay in the
   // full buffers for the next to add to (local_pending). The step's last micro-step (announced) takes
-  // each unit's squares as its reduction lands (a device engine whose slices the reductions write).
+  // each unit's squares as its reduction lands (a device engine), on one rank (direct gradients) as its
+  // backward ends: on the communication stream, beside the next unit's backward.
   BackwardPlan bp;
   bp.reducing = reduces();
   bp.split = backward && plan.root_split.on && bp.reducing;
-  bp.squares = backward && bp.reducing && last_announced && !offload && !host_memory && !plan.direct_grads;
+  bp.squares = backward && bp.reducing && last_announced && !offload && !host_memory;
   if (backward) begin_backward(mb, bp);
   // With LoRA only the root's saved modules (lora.modules_to_save) form gradients; none without them.
   UnitGrads droot;
