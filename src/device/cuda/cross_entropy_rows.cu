@@ -212,7 +212,7 @@ bool cluster_path_available(const ClusterShape& shape) {
   SHARDLM_CUDA_CHECK(cudaGetDevice(&device));
   const int which = shape.items == 32 ? 0 : 1;
   std::atomic<int>* slot = device < kMaxDevices ? &cached[device][which][shape.clusters] : nullptr;
-  if (slot != nullptr && slot->load(std::memory_order_relaxed) != 0) return slot->load() == 1;
+  if (const int known = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0; known != 0) return known == 1;
   int major = 0;
   SHARDLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   bool ok = false;
@@ -245,23 +245,27 @@ void launch_cluster_rows(const ClusterShape& shape, float* logits, int rows, int
                                           row_loss, row_has_target));
 }
 
+// The shape the cluster kernel takes for V where it can run here; items 0 where it cannot (the two-pass kernel).
+ClusterShape runnable_cluster_shape(int V) {
+  const ClusterShape shape = cluster_shape(V);
+  return shape.items != 0 && cluster_path_available(shape) ? shape : ClusterShape{};
+}
+
 }  // namespace
 
 CrossEntropyPath cross_entropy_auto_path(int V) {
-  const ClusterShape shape = cluster_shape(V);
-  return shape.items != 0 && cluster_path_available(shape) ? CrossEntropyPath::kCluster : CrossEntropyPath::kTwoPass;
+  return runnable_cluster_shape(V).items != 0 ? CrossEntropyPath::kCluster : CrossEntropyPath::kTwoPass;
 }
 
 void cross_entropy_rows(float* logits, int rows, int V, const int32_t* targets, float grad_scale, bool backward,
                         float* row_loss, int* row_has_target, DType dt, cudaStream_t stream, CrossEntropyPath path) {
   SHARDLM_CHECK(rows >= 0 && V >= 1, "cross_entropy_rows: bad shape rows=", rows, " V=", V);
   if (rows == 0) return;
-  if (path == CrossEntropyPath::kAuto) path = cross_entropy_auto_path(V);
-  const ClusterShape shape = cluster_shape(V);
+  const ClusterShape shape = path == CrossEntropyPath::kTwoPass ? ClusterShape{} : runnable_cluster_shape(V);
+  if (path == CrossEntropyPath::kAuto) path = shape.items != 0 ? CrossEntropyPath::kCluster : CrossEntropyPath::kTwoPass;
   if (path == CrossEntropyPath::kCluster)
-    SHARDLM_CHECK(shape.items != 0 && cluster_path_available(shape),
-                  "cross_entropy_rows: the cluster kernel cannot run here (V=", V, ", at most ", kClusterMaxVocab,
-                  ", on a GPU of compute capability 9.0 or later with code built for it)");
+    SHARDLM_CHECK(shape.items != 0, "cross_entropy_rows: the cluster kernel cannot run here (V=", V, ", at most ",
+                  kClusterMaxVocab, ", on a GPU of compute capability 9.0 or later with code built for it)");
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (path == CrossEntropyPath::kCluster) {
