@@ -694,9 +694,10 @@ BOOST_AUTO_TEST_CASE(block_gradient_buffers_fill_the_head_scratch) {
 
 // dist.copy_engine_reductions: a CUDA plan over a shard group of two inside a node prices the exchange's window
 // (both ranks' pieces of a block slice, fp32, at most kExchangeWindowBytes) under the communication staging:
-// BLOOM-560M's slice whole, Llama-3.2-1B's in two pieces; not Llama-3.1-8B's slices (above
-// kExchangeMaxSliceBytes), a shard group of four or one across nodes, the CPU backend, 16-bit reductions,
-// CPU offload or the key off.
+// BLOOM-560M's slice whole, Llama-3.2-1B's in two pieces; over a shard group of four, a whole block's fp32
+// gradient where it fits the window (BLOOM-560M's, not Llama-3.2-1B's); not Llama-3.1-8B's slices (above
+// kExchangeMaxSliceBytes), a shard group across nodes, the CPU backend, 16-bit reductions, CPU offload or the
+// key off.
 BOOST_AUTO_TEST_CASE(copy_engine_exchange_window_is_planned) {
   const std::string llama1b = SHARDLM_SOURCE_DIR "/input/bench/llama32-1b.ini";
   const std::string llama8b = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
@@ -732,6 +733,15 @@ BOOST_AUTO_TEST_CASE(copy_engine_exchange_window_is_planned) {
       BOOST_TEST(window_of(hybrid) == b.exchange_bytes);
       shardlm::MemoryPlanSpec four = s;
       four.world_size = 4;
+      const shardlm::FsdpBufferPlan b4 =
+          shardlm::fsdp_buffer_plan(layouts.trainable, layouts.frozen, s.fsdp, 4, 1, true, s.fsdp.param_dtype);
+      const size_t whole = b4.block_padded * 4;  // a block's fp32 gradient: one all-to-all of all four parts
+      BOOST_TEST((deck == kBloom560m ? whole <= shardlm::kExchangeWindowBytes : whole > shardlm::kExchangeWindowBytes));
+      BOOST_TEST(b4.exchange_numel == (deck == kBloom560m ? b4.block_padded / 4 : 0u));
+      BOOST_TEST(window_of(four) == (deck == kBloom560m ? whole : 0u));
+      four.fsdp.exchange_window_bytes = whole;  // a window that holds it: any block small enough
+      BOOST_TEST(window_of(four) == whole);
+      four.fsdp.exchange_window_bytes = whole - 4;
       BOOST_TEST(window_of(four) == 0u);
       shardlm::MemoryPlanSpec across = s;  // FULL_SHARD over two nodes of one rank
       across.ranks_per_node = 1;

@@ -185,7 +185,8 @@ struct FsdpBufferPlan {
   size_t root_split_bytes = 0;     // its device buffers
 };
 // The copy-engine exchange's window (dist.copy_engine_reductions): both ranks' pieces of a block's slice,
-// fp32. 128 MiB: 16 Mi elements a piece.
+// fp32 (128 MiB: 16 Mi elements a piece); over more than two ranks, a whole block's fp32 gradient, so only
+// blocks of at most 32 Mi elements exchange there (BLOOM-560M's, not Llama-3.2-1B's).
 constexpr size_t kExchangeWindowBytes = size_t(128) << 20;
 // ... and the largest block slice it reduces (fp32 bytes; two pieces). Each piece costs both ranks a
 // synchronisation and a kernel that waits for SMs beside the backward: on 2 x H200 a Llama-3.2-1B block (2

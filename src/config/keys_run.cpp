@@ -56,16 +56,19 @@ DeckSection dist_section() {
                "Elsewhere, or `false`, NCCL's ring kernels. The same sums on 2 ranks; on more, to rounding"),
       flag_key("dist.copy_engine_reductions", SHARDLM_FIELD(dist.copy_engine_reductions))
           .cuda()
-          .doc("with `fsdp.reduce_dtype = fp32`, a shard group of two ranks on one host and NCCL 2.28 or later, "
+          .doc("with `fsdp.reduce_dtype = fp32`, a shard group of several ranks on one host and NCCL 2.28 or later, "
                "without `fsdp.cpu_offload`: each block's reduce-scatter runs as an exchange on the GPU's copy "
-               "engines, in pieces through an NCCL symmetric window of at most 128 MiB (on a zero-CTA communicator of its own, "
-               "whose windows the block gradients then are): an all-to-all moves each rank's piece of the other's "
-               "part of the gradient into the other's window, which adds it to its own with one kernel. NCCL's reduce-scatter kernels would hold SMs "
+               "engines through an NCCL symmetric window of at most 128 MiB (on a zero-CTA communicator of its own, "
+               "whose windows the block gradients then are). Two ranks exchange in pieces: an all-to-all moves each "
+               "rank's piece of the other's part of the gradient into the other's window, which adds it to its "
+               "own with one kernel. More ranks exchange a block's whole gradient in one all-to-all and add the "
+               "peers' parts in rank order, so only where a block's fp32 gradient fits the window (e.g. BLOOM-560M "
+               "on 4 ranks; not Llama-3.2-1B's 243 MB). NCCL's reduce-scatter kernels would hold SMs "
                "through the whole backward beside it. Only for blocks whose gradient slice is at most 256 MiB "
                "(e.g. Llama-3.2-1B, BLOOM-560M; not Llama-3.1-8B, whose exchange outlasts the backward beside "
-               "it: docs/PERFORMANCE.md). The root's reductions, the first block's split one and larger shard "
-               "groups stay NCCL's. The run's log says so. Elsewhere, or `false`, NCCL's kernels. The "
-               "same sums either way (a + b)"),
+               "it: docs/PERFORMANCE.md). The root's reductions and the first block's split one "
+               "stay NCCL's. The run's log says so. Elsewhere, or `false`, NCCL's kernels. The "
+               "same sums on two ranks (a + b); on more, to rounding"),
   }};
 }
 

@@ -70,17 +70,25 @@ NoSync resolve_no_sync(const std::vector<UnitLayout>& layout, const std::vector<
   return want;
 }
 
-// The copy-engine exchange (dist.copy_engine_reductions): an fp32 block reduction on a device over two ranks,
-// for a block slice of at most kExchangeMaxSliceBytes, through a window of at most kExchangeWindowBytes (whole
-// pieces of 64 elements, so that every piece starts 256-byte aligned).
+// The copy-engine exchange (dist.copy_engine_reductions): an fp32 block reduction on a device over the shard
+// group, for a block slice of at most kExchangeMaxSliceBytes. Over two ranks through a window of at most
+// kExchangeWindowBytes, in pieces (whole pieces of 64 elements, so that every piece starts 256-byte aligned);
+// over more, in one all-to-all of the whole block gradient, so only where a block's fp32 gradient fits that
+// window (an all-to-all sends each peer a run as long as the one it receives: pieces of the parts, which lie a
+// slice apart, would need a copy to line them up).
 void plan_exchange(FsdpBufferPlan& p, const FsdpOptions& opt, int shard_size, bool asynchronous) {
   const size_t block_shard = p.block_padded / static_cast<size_t>(shard_size);
-  if (!opt.copy_engine_reductions || !asynchronous || shard_size != 2 || opt.reduce_dtype != DType::F32 ||
+  if (!opt.copy_engine_reductions || !asynchronous || shard_size < 2 || opt.reduce_dtype != DType::F32 ||
       opt.cpu_offload || p.grad_buffers == 0 || block_shard * sizeof(float) > kExchangeMaxSliceBytes)
     return;
   const size_t window = opt.exchange_window_bytes > 0 ? opt.exchange_window_bytes : kExchangeWindowBytes;
-  const size_t most = window / (sizeof(float) * static_cast<size_t>(shard_size)) / 64 * 64;
-  p.exchange_numel = std::min(block_shard, std::max<size_t>(most, 64));
+  if (shard_size > 2) {
+    if (p.block_padded * sizeof(float) > window) return;
+    p.exchange_numel = block_shard;
+  } else {
+    const size_t most = window / (sizeof(float) * static_cast<size_t>(shard_size)) / 64 * 64;
+    p.exchange_numel = std::min(block_shard, std::max<size_t>(most, 64));
+  }
   p.exchange_bytes = p.exchange_numel * sizeof(float) * static_cast<size_t>(shard_size);
 }
 

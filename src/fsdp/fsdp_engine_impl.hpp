@@ -72,7 +72,7 @@ struct FsdpEngine::Impl {
   std::vector<DeviceArray> block_grad_full;
   // dist.copy_engine_reductions (plan.exchange_numel): the shard group's exchange communicator
   // (ProcessGroups::shard_exchange), the one the blocks reduce through (null: NCCL's reduce-scatters), and
-  // its window, into which the two ranks exchange pieces of each other's part (reduce_by_exchange). The block
+  // its window, into which the ranks exchange (pieces of) each other's parts (reduce_by_exchange). The block
   // gradients are then that group's windows.
   Communicator* exchange_group = nullptr;
   Communicator* exchanger = nullptr;
@@ -290,9 +290,10 @@ struct FsdpEngine::Impl {
   // rank's part of the range to it over the shard group, then over the replicate group, added to its slice
   // (zeroed first while it holds nothing of this step: grad_fresh).
   void reduce_range(Unit& d, float* full, size_t lo, size_t hi);
-  // The reduce-scatter of a block's full fp32 gradient over two ranks in place (this rank's part of `full`,
-  // n elements, receives the pair's sum) in pieces of plan.exchange_numel elements: an all-to-all moves each
-  // rank's piece of the other's part into the other's exchange_window (the copy engines), which adds it to its own.
+  // The reduce-scatter of a block's full fp32 gradient in place (this rank's part of `full`, n elements,
+  // receives the group's sum) on the copy engines. Over two ranks in pieces of plan.exchange_numel elements: an
+  // all-to-all moves each rank's piece of the other's part into the other's exchange_window, which adds it to
+  // its own. Over more, one all-to-all of the whole gradient, and the peers' parts added in rank order.
   void reduce_by_exchange(float* full, size_t n);
 
   // plan.root_split, after the head's backward: the range it wrote is reduced now, behind the blocks'

@@ -1,5 +1,5 @@
 // FsdpEngine's gradient reductions (what the schedule, schedule.cpp, calls behind the backward): a unit's
-// full gradient reduce-scattered into its slice (NCCL, or the copy-engine exchange on two ranks) and all-reduced
+// full gradient reduce-scattered into its slice (NCCL, or the copy-engine exchange) and all-reduced
 // over the replicas; a range of it reduced to its owners (the first block's parts); the root's split in its
 // head and embedding parts, with the norm's squares around them; what no_sync left for later; the waits that
 // say the slices are final.
@@ -67,10 +67,22 @@ Stream FsdpEngine::Impl::reduce_into_slice(Unit& d, float* full) {
 }
 
 void FsdpEngine::Impl::reduce_by_exchange(float* full, size_t n) {
-  const size_t me = static_cast<size_t>(exchanger->rank()), other = 1 - me, piece = plan.exchange_numel;
+  const size_t ranks = static_cast<size_t>(exchanger->size()), me = static_cast<size_t>(exchanger->rank());
   float* mine = full + me * n;
-  const float* theirs = full + other * n;
   float* window = exchange_window.as<float>();
+  if (ranks > 2) {
+    // More than two ranks: one all-to-all of the whole gradient (the plan's piece is the slice): part q goes to
+    // rank q, and rank q's piece of this rank's part lands at window + q * n (this rank's own too, unused). The
+    // peers' pieces are added to this rank's own in rank order, the same order on every replica.
+    SHARDLM_CHECK(plan.exchange_numel == n, "reduce_by_exchange: ", ranks, " ranks exchange whole slices, not pieces of ",
+                  plan.exchange_numel, " of ", n, " elements");
+    exchanger->all_to_all(full, window, n, DType::F32);
+    for (size_t q = 0; q < ranks; ++q)
+      if (q != me) be.accumulate(mine, window + q * n, DType::F32, n, comm);
+    return;
+  }
+  const size_t other = 1 - me, piece = plan.exchange_numel;
+  const float* theirs = full + other * n;
   // Each piece: an all-to-all of two runs of count elements a rank, the run for the other rank being this
   // rank's piece of the other's part: rank 1 sends from that piece (the run after it goes to itself, unused),
   // rank 0 from count elements before it (that run goes to itself, unused). The other's piece of this rank's

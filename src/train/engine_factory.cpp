@@ -94,7 +94,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     const bool overlap = cfg.dist.replicate_stream && !cfg.fsdp.cpu_offload;
     const bool gathers = cfg.dist.gather_stream && !cfg.fsdp.cpu_offload;
     // The exchange's communicator only where the plan gives the blocks one (dist.copy_engine_reductions: a
-    // shard group of two, fp32 reductions, block slices small enough).
+    // shard group on one host, fp32 reductions, block slices small enough).
     const bool exchanges = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).exchange_bytes > 0;
     groups = cuda::make_nccl_process_groups(
         comm, topo, cfg.fsdp.strategy, static_cast<cudaStream_t>(backend->comm_stream()), cfg.dist.timeout,

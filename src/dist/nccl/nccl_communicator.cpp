@@ -407,7 +407,7 @@ ProcessGroups make_nccl_process_groups(MPI_Comm world, const Topology& topo, Sha
   if (gather_stream && layout.shard_size > 1)
     g.shard_gather = w->split(layout.shard_color, layout.shard_key, "shard (gathers)", gather_stream,
                               copy_engine_gathers);
-  if (copy_engine_reductions && layout.shard_size == 2) {
+  if (copy_engine_reductions && layout.shard_size >= 2) {
     auto x = w->split(layout.shard_color, layout.shard_key, "shard (exchanges)", nullptr, true);
     // (split agrees over the group whether it offers windows: every rank keeps it, or none.)
     if (x->copy_engines()) g.shard_exchange = std::move(x);

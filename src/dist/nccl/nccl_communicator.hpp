@@ -117,7 +117,7 @@ bool copy_engine_gathers_available();
 // a shard group of several, the shard group once more on it (ProcessGroups::shard_gather), with the
 // zero-CTA policy when copy_engine_gathers (dist.gather_copy_engine). symmetric_reductions
 // (dist.symmetric_reductions): the shard group hands out symmetric windows. copy_engine_reductions
-// (dist.copy_engine_reductions): a shard group of two on one host once more, zero-CTA, on `stream`
+// (dist.copy_engine_reductions): a shard group of several on one host once more, zero-CTA, on `stream`
 // (ProcessGroups::shard_exchange), where NCCL offers its windows. timeout_s bounds every wait (dist.timeout
 // in the deck). Before it returns, the groups the engine's collectives use (shard, replicate and the replicate
 // group's second communicator) are connected (NcclCommunicator::connect), so that no step pays it.
