@@ -74,8 +74,8 @@ struct MatMul {
                               input_amax_known);
       return;
     }
-    weight_backward(n, out, in, dy, ld_dy, x, ld_x, dW, dt);
-    input_backward(n, out, in, dy, ld_dy, W, dx, ld_dx, dt);
+    if (dW) run(wgrad, -1);  // weight_backward's GEMM, then input_backward's, from the descriptors above
+    run(dgrad, -1);
   }
   // linear_backward's two GEMMs apart, as it runs them without fp8: dW += dy^T x in fp32 (weight_beta as above;
   // nothing for a null dW, a frozen weight) ...
