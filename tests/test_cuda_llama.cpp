@@ -296,6 +296,22 @@ std::vector<double> swiglu_backward_ref(const std::vector<double>& dout, const s
   return d;
 }
 
+// SwiGLU's kernels, or with `geglu` GeGLU's (swiglu.hpp), forward and backward.
+void gated_forward(bool geglu, const void* gate_up, void* out, int n, int F, DType dt, cudaStream_t s,
+                   unsigned* word = nullptr) {
+  if (geglu)
+    cuda::geglu_tanh_forward(gate_up, out, n, F, dt, s, word);
+  else
+    cuda::swiglu_forward(gate_up, out, n, F, dt, s, word);
+}
+void gated_backward(bool geglu, const void* dout, const void* gate_up, void* dgate_up, int n, int F, DType dt,
+                    cudaStream_t s, unsigned* word = nullptr, void* act = nullptr) {
+  if (geglu)
+    cuda::geglu_tanh_backward(dout, gate_up, dgate_up, n, F, dt, s, word, act);
+  else
+    cuda::swiglu_backward(dout, gate_up, dgate_up, n, F, dt, s, word, act);
+}
+
 // The gated kernels given an amax word: the same outputs (`out`, `dgate_up`: those of a run without one), and
 // the word the amax of each, as stored, bit for bit (what fp8_quantize's own pass would reduce).
 void check_gated_amax(const void* gate_up, const void* dout, int n, int F, DType dt, int shift, bool geglu,
@@ -306,13 +322,8 @@ void check_gated_amax(const void* gate_up, const void* dout, int n, int F, DType
   unsigned* word = words.as<unsigned>();
   CUDA_OK(cudaMemset(word, 0xff, 2 * sizeof(unsigned)));  // the kernels zero them first
   OwnedStream s;
-  if (geglu) {
-    cuda::geglu_tanh_forward(gate_up, d_out.at, n, F, dt, s.s, word);
-    cuda::geglu_tanh_backward(dout, gate_up, d_dgu.at, n, F, dt, s.s, word + 1);
-  } else {
-    cuda::swiglu_forward(gate_up, d_out.at, n, F, dt, s.s, word);
-    cuda::swiglu_backward(dout, gate_up, d_dgu.at, n, F, dt, s.s, word + 1);
-  }
+  gated_forward(geglu, gate_up, d_out.at, n, F, dt, s.s, word);
+  gated_backward(geglu, dout, gate_up, d_dgu.at, n, F, dt, s.s, word + 1);
   s.sync();
   unsigned got[2] = {0, 0};
   CUDA_OK(cudaMemcpy(got, word, sizeof got, cudaMemcpyDeviceToHost));
@@ -334,13 +345,8 @@ void check_swiglu(int n, int F, DType dt, int shift, unsigned seed, bool geglu =
     Placed d_gu = placed(gate_up, dt, shift), d_dout = placed(dout, dt, shift);
     Placed d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
     OwnedStream s;
-    if (geglu) {
-      cuda::geglu_tanh_forward(d_gu.at, d_out.at, n, F, dt, s.s);
-      cuda::geglu_tanh_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
-    } else {
-      cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
-      cuda::swiglu_backward(d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
-    }
+    gated_forward(geglu, d_gu.at, d_out.at, n, F, dt, s.s);
+    gated_backward(geglu, d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
     s.sync();
     BOOST_TEST(relative_error(download(d_out.at, wide, dt), swiglu_ref(to_double(gate_up), n, F, geglu)) <=
                output_tolerance(dt));
@@ -364,18 +370,9 @@ void check_gated_backward_writing_act(int n, int F, DType dt, int shift, unsigne
     const std::vector<float> dout = random_values(wide, rng, dt);
     Placed d_gu = placed(gate_up, dt, shift), d_out(wide, dt, shift), d_dgu(2 * wide, dt, shift);
     OwnedStream s;
-    auto backward = [&](const void* dy, void* dgu, unsigned* word, void* act) {
-      if (geglu)
-        cuda::geglu_tanh_backward(dy, d_gu.at, dgu, n, F, dt, s.s, word, act);
-      else
-        cuda::swiglu_backward(dy, d_gu.at, dgu, n, F, dt, s.s, word, act);
-    };
     Placed d_dout = placed(dout, dt, shift);
-    if (geglu)
-      cuda::geglu_tanh_forward(d_gu.at, d_out.at, n, F, dt, s.s);
-    else
-      cuda::swiglu_forward(d_gu.at, d_out.at, n, F, dt, s.s);
-    backward(d_dout.at, d_dgu.at, nullptr, nullptr);
+    gated_forward(geglu, d_gu.at, d_out.at, n, F, dt, s.s);
+    gated_backward(geglu, d_dout.at, d_gu.at, d_dgu.at, n, F, dt, s.s);
     s.sync();
     const std::vector<float> want_act = download(d_out.at, wide, dt), want_dgu = download(d_dgu.at, 2 * wide, dt);
     for (const bool in_place : {true, false}) {
@@ -384,7 +381,7 @@ void check_gated_backward_writing_act(int n, int F, DType dt, int shift, unsigne
         void* act = in_place ? d_dy.at : d_act.at;
         DeviceBuffer word(sizeof(unsigned));
         CUDA_OK(cudaMemset(word.get(), 0xff, sizeof(unsigned)));  // the kernel zeroes it first
-        backward(d_dy.at, d_dgu2.at, word.as<unsigned>(), act);
+        gated_backward(geglu, d_dy.at, d_gu.at, d_dgu2.at, n, F, dt, s.s, word.as<unsigned>(), act);
         s.sync();
         const std::vector<float> got_act = download(act, wide, dt), got_dgu = download(d_dgu2.at, 2 * wide, dt);
         BOOST_TEST(std::memcmp(got_act.data(), want_act.data(), wide * sizeof(float)) == 0);
