@@ -49,30 +49,22 @@ LOGS="$STATE.logs"
 mkdir -p "$LOGS" && touch "$STATE" || { echo "run_cases.sh: cannot write $STATE" >&2; exit 2; }
 
 # Boost.Test's --list_content (on stderr): a suite's name, then its cases indented by four spaces; an enabled
-# entry ends in "*". Cases outside any suite are not indented. The test path is suite/case, or the case alone.
-CASES=()
-suite=""
+# entry ends in "*". Cases outside any suite are not indented. The test path is suite/case, or the case alone: an
+# unindented name is a suite when indented names follow it, else a case.
+LIST=()
+suite="" top=""
 while IFS= read -r line; do
   name=${line%\*}
   if [[ $line =~ ^[[:space:]]{4}[^[:space:]] ]]; then
-    CASES+=("$suite/${name#    }")
+    [ -z "$top" ] || suite=$top
+    top=""
+    LIST+=("$suite/${name#    }")
   elif [[ $line =~ ^[^[:space:]] ]]; then
-    # A suite when cases follow indented under it (decided below), else a case of the master suite.
-    suite=$name
-    CASES+=("?$name")
+    [ -z "$top" ] || LIST+=("$top")
+    top=$name
   fi
 done < <("$BIN" --list_content 2>&1 >/dev/null)
-# Drop the suites: a "?name" entry followed by "name/..." entries is a suite; alone it is a case.
-LIST=()
-for ((i = 0; i < ${#CASES[@]}; i++)); do
-  c=${CASES[$i]}
-  if [[ $c == \?* ]]; then
-    n=${c#\?}
-    [[ ${CASES[$((i + 1))]:-} == "$n/"* ]] || LIST+=("$n")
-  else
-    LIST+=("$c")
-  fi
-done
+[ -z "$top" ] || LIST+=("$top")
 [ ${#LIST[@]} -gt 0 ] || { echo "run_cases.sh: $BIN --list_content listed no case" >&2; exit 2; }
 
 recorded() {  # the outcome the state file holds for case $1, if any (the last line of it)
