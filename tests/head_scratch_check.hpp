@@ -2,7 +2,8 @@
 // change nothing, on either backend (test_fsdp on the CPU, test_cuda_engine on the GPU): two engines of one
 // deck, one with its buffers apart, take steps with an evaluation and greedy decoding before each micro-step
 // (both write the scratch) and must give the same losses, next tokens, gradient norms and gradient slices,
-// the sharing one holding less by the bytes the two share.
+// the sharing one holding less by the bytes the two share. And the same for the gathered embedding table in the
+// head's gradient buffer (FsdpBufferPlan::root_overlap).
 #pragma once
 
 #include <algorithm>
@@ -35,9 +36,10 @@ inline shardlm::MicroBatch random_micro_batch(const shardlm::RunConfig& cfg, int
 }
 
 // grads holds two engines' gradient slices, every unit of the first, then every unit of the second: each
-// unit's two equal bit for bit (exact), or to 1e-5 of the first's largest element; the first `inexact`
-// units to 1e-5 in any case (the root: the GPU embedding's backward adds with atomics, in any order).
-inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads, bool exact, size_t inexact = 0) {
+// unit's two equal bit for bit (exact), or to `tolerance` (1e-5) of the first's largest element; the first
+// `inexact` units to that in any case (the root: the GPU embedding's backward adds with atomics, in any order).
+inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads, bool exact, size_t inexact = 0,
+                                    float tolerance = 1e-5f) {
   const size_t units = grads.size() / 2;
   for (size_t u = 0; u < units; ++u) {
     const std::vector<float>&a = grads[u], &b = grads[units + u];
@@ -45,7 +47,7 @@ inline void expect_same_grad_slices(const std::vector<std::vector<float>>& grads
     float gap = 0, scale = 0;
     for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(a[i]));
     if (exact && u >= inexact) BOOST_TEST(gap == 0.0f, "unit " << u << ": " << gap << " of " << scale);
-    else BOOST_TEST(gap <= 1e-5f * scale, "unit " << u << ": " << gap << " of " << scale);
+    else BOOST_TEST(gap <= tolerance * scale, "unit " << u << ": " << gap << " of " << scale);
   }
 }
 
@@ -81,8 +83,9 @@ inline void expect_two_steps_alike(const shardlm::RunConfig& cfg, int micro, sha
 
 // Every strategy of `base` (its backend, model, dtype and offload as given). The sharded strategies reduce
 // every micro-step (no sync in full would keep the buffers apart); the replicated ones all-reduce over the
-// replicas once a step (no sync for the replicas, shared). `exact`: the gradient slices bit for bit, else
-// to 1e-5 of each slice's largest element.
+// replicas once a step (no sync for the replicas, shared). `exact`: the losses and gradient slices bit for bit,
+// else the first step's losses exactly and its slices to 1e-5 of each slice's largest element, later steps' (after
+// an update) losses to 1e-6 and slices to 1e-2.
 inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, bool exact) {
   using namespace shardlm;
   for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard,
@@ -136,11 +139,98 @@ inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, 
           e->optimizer_step(1e-3, 1.0f);
         }
         BOOST_TEST_CONTEXT("step " << step) {
-          BOOST_TEST(losses[2] == losses[0]);  // evaluation
-          BOOST_TEST(losses[3] == losses[1]);  // training
+          // After an update, inexact: the first step's atomic sums (BLOOM's LayerNorm weight gradients, the
+          // embedding's rows) differ in their last bits between two engines of one kind, and AdamW's g / sqrt(v)
+          // makes that a difference of whole steps for the smallest gradients: on 2 x H200 (2026-12-01, BLOOM
+          // NO_SHARD offloaded, step 3) losses 1e-7 apart, norms 3e-7, the root's slice 1.3e-3 of its largest
+          // element. What a scratch not zeroed, or overwritten while in use, would do is of the order of the
+          // values themselves.
+          const bool after_update = !exact && step > 0;
+          const double loss_tolerance = after_update ? 1e-6 : 0.0;
+          BOOST_TEST(std::fabs(losses[2] - losses[0]) <= loss_tolerance * std::fabs(losses[0]));  // evaluation
+          BOOST_TEST(std::fabs(losses[3] - losses[1]) <= loss_tolerance * std::fabs(losses[1]));  // training
           BOOST_TEST(next[1] == next[0]);
-          BOOST_TEST(std::fabs(norms[1] - norms[0]) <= 1e-9 * norms[0]);  // (the GPU's atomic sums of squares)
-          expect_same_grad_slices(grads, exact);
+          // (the GPU's atomic sums of squares)
+          BOOST_TEST(std::fabs(norms[1] - norms[0]) <= (after_update ? 1e-5 : 1e-9) * norms[0]);
+          expect_same_grad_slices(grads, exact, 0, after_update ? 1e-2f : 1e-5f);
+        }
+      }
+    }
+  }
+}
+
+// The gathered embedding table in the head's fp32 gradient buffer (FsdpBufferPlan::root_overlap) changes
+// nothing, on either backend: an untied model with the root's reduction split (every micro-step reducing),
+// FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, against an engine with the two apart
+// (FsdpOptions::table_in_head_grad off). Where it applies (several ranks in the shard group) the plan puts the
+// table's bytes (everything of the root before the head's part) in the buffer, less at most its 256-byte
+// alignment, and the engine's gradients count them less. Each of three steps takes two micro-steps with an
+// evaluation and greedy decoding before each (the second micro-step's lookup, the evaluation and decoding
+// each need the root gathered again, over the head's gradient): the same losses, next tokens, norms and
+// gradient slices, bit for bit (exact), else the first step's losses exactly and the rest to 1e-6, the slices
+// to 1e-5 (the GPU's atomic sums), 1e-2 after an update.
+inline void expect_table_in_head_grad_changes_nothing(const shardlm::RunConfig& base, bool exact) {
+  using namespace shardlm;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
+    RunConfig cfg = base;
+    cfg.fsdp.strategy = s;
+    cfg.fsdp.root_reduction = RootReduction::Split;
+    cfg.fsdp.no_sync = NoSync::Off;
+    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+    const int micro = 2;
+    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.table_in_head_grad = false; });
+    auto shared = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+    BOOST_TEST_CONTEXT(concat(backend_name(cfg.run.backend), "_", cfg.model.arch, "_", strategy_name(s))) {
+      const FsdpBufferPlan& plan = shared->buffer_plan();
+      BOOST_TEST(apart->buffer_plan().root_overlap == 0u);
+      const bool applies = !plan.alias && !plan.direct_grads && plan.root_split.grad_from > 0;
+      if (shared->groups().shard->size() > 1) BOOST_TEST(applies);
+      if (applies) {
+        const size_t table = plan.root_split.grad_from * dtype_size(plan.compute_dtype);
+        BOOST_TEST(plan.root_overlap <= table);
+        BOOST_TEST(plan.root_overlap + 256 > table);
+      } else {
+        BOOST_TEST(plan.root_overlap == 0u);
+      }
+      BOOST_TEST(shared->memory().full_grads + plan.root_overlap == apart->memory().full_grads);
+      BOOST_TEST(shared->memory().full_params == apart->memory().full_params);
+      BOOST_TEST(engine_bytes(*shared) + plan.root_overlap == engine_bytes(*apart));
+      std::mt19937 rng(13 + world_rank());
+      auto batch = [&] { return random_micro_batch(cfg, micro, rng); };
+      const std::vector<int32_t> prompt = {3, 17, 5, 9};
+      const std::vector<int> slots(4, 0), positions = {0, 1, 2, 3}, last = {3};
+      for (int step = 0; step < 3; ++step) {
+        const MicroBatch eval = batch(), first = batch(), second = batch();
+        std::vector<double> losses, norms;
+        std::vector<std::vector<float>> grads;
+        std::vector<int32_t> next;
+        for (FsdpEngine* e : {apart.get(), shared.get()}) {
+          e->zero_grad();
+          for (const MicroBatch* mb : {&first, &second}) {
+            losses.push_back(e->forward_loss(eval));
+            int32_t token = -1;
+            e->decode_begin(1, 8, 4);
+            e->decode_step(prompt.data(), slots.data(), positions.data(), 4, last.data(), 1, &token, nullptr);
+            e->decode_end();
+            next.push_back(token);
+            if (mb == &second) e->last_micro_step();
+            losses.push_back(e->forward_backward(*mb, 0.5f / mb->target_count, 0));
+          }
+          norms.push_back(e->grad_norm());
+          for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+          e->optimizer_step(1e-3, 1.0f);
+        }
+        BOOST_TEST_CONTEXT("step " << step) {
+          // (After an update, inexact: as in expect_head_scratch_changes_nothing.)
+          const bool after_update = !exact && step > 0;
+          const double tolerance = after_update ? 1e-6 : 0.0;
+          for (size_t i = 0; i < 4; ++i)
+            BOOST_TEST(std::fabs(losses[4 + i] - losses[i]) <= tolerance * std::fabs(losses[i]), "loss " << i);
+          BOOST_TEST(next[2] == next[0]);
+          BOOST_TEST(next[3] == next[1]);
+          BOOST_TEST(std::fabs(norms[1] - norms[0]) <= (exact ? 0.0 : 1e-5) * norms[0]);
+          expect_same_grad_slices(grads, exact, 0, after_update ? 1e-2f : 1e-5f);
         }
       }
     }

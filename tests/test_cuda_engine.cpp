@@ -792,6 +792,16 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
     }
 }
 
+// The gathered table in the head's gradient buffer changes nothing (head_scratch_check.hpp), on the GPU's streams
+// and NCCL: the tiny untied Llama, bf16 and fp32 parameters. Meaningful on 2 or more GPUs.
+BOOST_AUTO_TEST_CASE(table_in_the_head_gradient_changes_nothing) {
+  for (DType pdt : {DType::BF16, DType::F32}) {
+    RunConfig cfg = llama_config("cuda", "table_in_head_grad", 1);
+    cfg.fsdp.param_dtype = pdt;
+    expect_table_in_head_grad_changes_nothing(cfg, false);
+  }
+}
+
 namespace {
 
 // A CUDA deck of `make`'s model for the engine-pair tests below (engines driven step by step): strategy, parameter

@@ -405,6 +405,15 @@ BOOST_AUTO_TEST_CASE(block_gradients_in_the_head_scratch_change_nothing) {
   }
 }
 
+// The gathered table in the head's gradient buffer changes no bit (head_scratch_check.hpp): the tiny untied
+// Llama, FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD (one rank, or one rank a shard group, has no gathered root).
+BOOST_AUTO_TEST_CASE(table_in_the_head_gradient_changes_nothing) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "table_in_head_grad");
+  make_tiny_llama(cfg.model);
+  cfg.model.tie_word_embeddings = false;
+  expect_table_in_head_grad_changes_nothing(cfg, true);
+}
+
 // fsdp.fresh_block_grads: the CPU model zeroes a block's gradient itself before adding to it when the engine says
 // its memory holds nothing to keep, and the engine zeroes none (the schedule the GPU families run, writing
 // their weight gradients instead): against fsdp.fresh_block_grads = false, BLOOM and Llama, FULL_SHARD,

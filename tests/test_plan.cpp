@@ -576,18 +576,27 @@ BOOST_AUTO_TEST_CASE(no_sync_full_prices_gathered_blocks_and_full_gradients) {
 
 // Untied (the Llama-3.1-8B shape), the root's split reduction writes the table's rows over the head's
 // part of the full gradient once it is reduced: the full gradients hold no fp32 table (vocabulary x
-// hidden) beside the head's, unless no_sync = full keeps both for the next micro-step.
+// hidden) beside the head's, unless no_sync = full keeps both for the next micro-step. And the gathered
+// root's bf16 table lies in that buffer (FsdpBufferPlan::root_overlap), so the gradients count a bf16 table
+// less again (the parameters count it), and the total drops by the same bytes (less the split's buffers).
 BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini --model.num_layers=2 --ranks=2 --json ";
-  auto full_grads = [&](const std::string& args) {
+  auto record = [&](const std::string& args) {
     Outcome o = plan(deck + args);
     BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
-    return row_of(json::parse(o.output), "FULL_SHARD").at("memory_record").at("full_grad_bytes").get<double>();
+    return row_of(json::parse(o.output), "FULL_SHARD");
   };
-  const double table = 128256.0 * 4096 * 4;
-  const double whole = full_grads("--fsdp.root_reduction=whole --fsdp.no_sync=off --train.batch_size=4");
-  BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=off --train.batch_size=4") == whole - table);
-  BOOST_TEST(full_grads("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8") == whole);
+  auto bytes = [](const json& row, const char* key) { return row.at("memory_record").at(key).get<double>(); };
+  const double table = 128256.0 * 4096 * 4, table_bf16 = 128256.0 * 4096 * 2;
+  const json whole = record("--fsdp.root_reduction=whole --fsdp.no_sync=off --train.batch_size=4");
+  const json split = record("--fsdp.root_reduction=split --fsdp.no_sync=off --train.batch_size=4");
+  BOOST_TEST(bytes(split, "full_grad_bytes") == bytes(whole, "full_grad_bytes") - table - table_bf16);
+  BOOST_TEST(bytes(split, "full_param_bytes") == bytes(whole, "full_param_bytes"));
+  // (The split adds its own buffers: the token ids and packed rows.)
+  BOOST_TEST(split.at("total_bytes").get<double>() - split.at("buffer_bytes").get<double>() ==
+             whole.at("total_bytes").get<double>() - whole.at("buffer_bytes").get<double>() - table - table_bf16);
+  const json full = record("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8");
+  BOOST_TEST(bytes(full, "full_grad_bytes") == bytes(whole, "full_grad_bytes"));
 }
 
 // A CUDA spec's LM-head scratch (the model's logits chunk), its engine layouts and its engine's buffer plan over a

@@ -51,6 +51,9 @@ struct FsdpOptions : FsdpSection {
   // The block-gradient buffers may live in the model's head scratch (FsdpBufferPlan::grads_in_head_scratch);
   // tests turn it off to compare.
   bool share_head_scratch = true;
+  // The gathered embedding table may lie in the head's fp32 gradient buffer (FsdpBufferPlan::root_overlap);
+  // tests turn it off to compare.
+  bool table_in_head_grad = true;
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
@@ -183,6 +186,14 @@ struct FsdpBufferPlan {
   // reduce nothing: every block has its own gathered buffer and full fp32 gradient buffer).
   NoSync no_sync = NoSync::Off;
   size_t root_split_bytes = 0;     // its device buffers
+  // With the root split's grad_from (untied, reducing every micro-step), the gathered root's table and the
+  // head's fp32 gradient buffer share memory: one allocation holds the gradient buffer from its start and the
+  // gathered root from root_full_offset bytes on, so that the gathered table (read once, by the embedding's
+  // lookup at the micro-step's start) lies in the gradient buffer's last root_overlap bytes (written from the
+  // head's backward on), and the head's own gathered part lies after it. The root is gathered again before
+  // the next micro-step's lookup (Impl::root_stale). 0: two allocations (FsdpOptions::table_in_head_grad off,
+  // one rank, a synchronous backend... see plan_root_overlap).
+  size_t root_full_offset = 0, root_overlap = 0;
 };
 // The copy-engine exchange's window (dist.copy_engine_reductions): both ranks' pieces of a block's slice,
 // fp32 (128 MiB: 16 Mi elements a piece); over more than two ranks, a whole block's fp32 gradient, so only
@@ -238,9 +249,12 @@ void plan_grad_buffers(FsdpBufferPlan& plan, const FsdpOptions& opt, size_t head
 // micro-batches of up to max_tokens tokens.
 void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLayout& root, const FsdpOptions& opt,
                      int shard_size, int replicate_size, size_t max_tokens);
+// Sets plan.root_full_offset and plan.root_overlap from plan.root_split (the gathered table in the head's
+// gradient buffer; FsdpOptions::table_in_head_grad).
+void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt);
 // The plan FsdpEngine allocates by and `shardlm plan` prices (memory_plan.cpp), built the same way for both:
-// fsdp_buffer_plan, then plan_root_split for cfg's model and micro-batches of up to max_tokens tokens, then
-// plan_grad_buffers in `head_scratch_bytes` of the model's head scratch.
+// fsdp_buffer_plan, then plan_root_split for cfg's model and micro-batches of up to max_tokens tokens and
+// plan_root_overlap, then plan_grad_buffers in `head_scratch_bytes` of the model's head scratch.
 FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
                                   int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
                                   size_t max_tokens, size_t head_scratch_bytes);

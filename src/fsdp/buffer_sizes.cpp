@@ -257,12 +257,27 @@ void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLay
   plan.root_split_bytes = plan.root_split.bytes(opt.reduce_dtype);
 }
 
+void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt) {
+  const RootSplit& rs = plan.root_split;
+  if (!opt.table_in_head_grad || plan.alias || plan.direct_grads || rs.grad_from == 0) return;
+  // Everything of the root before grad_from (the head's part) is the table: root_split_of sets grad_from
+  // only where no other tensor precedes the head's part.
+  constexpr size_t kAlign = 256;
+  const size_t grad_bytes = (plan.root_padded - rs.grad_from) * sizeof(float);
+  const size_t table_bytes = rs.grad_from * dtype_size(plan.compute_dtype);
+  const size_t offset = (grad_bytes - std::min(grad_bytes, table_bytes) + kAlign - 1) / kAlign * kAlign;
+  if (offset >= grad_bytes) return;
+  plan.root_full_offset = offset;
+  plan.root_overlap = grad_bytes - offset;
+}
+
 FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
                                   int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
                                   size_t max_tokens, size_t head_scratch_bytes) {
   FsdpBufferPlan plan =
       fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, replicate_size, asynchronous, compute_dtype);
   plan_root_split(plan, cfg, layouts.trainable[0], opt, shard_size, replicate_size, max_tokens);
+  plan_root_overlap(plan, opt);
   plan_grad_buffers(plan, opt, head_scratch_bytes);
   return plan;
 }

@@ -185,7 +185,17 @@ DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
 
 void FsdpEngine::Impl::allocate_buffers() {
   const size_t cs = csize();
-  if (!plan.alias) {
+  if (!plan.alias && plan.root_overlap > 0) {
+    // The head's gradient buffer from the allocation's start, the gathered root from root_full_offset on: the
+    // table's gathered copy lies in the buffer's last root_overlap bytes (FsdpBufferPlan::root_overlap).
+    root_shared = gather_memory(plan.root_full_offset + plan.root_padded * cs);
+    char* base = static_cast<char*>(root_shared.data());
+    root_full = DeviceArray{std::make_unique<BorrowedMemory>(base + plan.root_full_offset, plan.root_padded * cs)};
+    root_grad_full = DeviceArray{std::make_unique<BorrowedMemory>(
+        base, (plan.root_padded - plan.root_split.grad_from) * sizeof(float))};
+    table_read = be.make_event();
+    for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
+  } else if (!plan.alias) {
     root_full = gather_memory(plan.root_padded * cs);
     for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
   }
@@ -199,7 +209,7 @@ void FsdpEngine::Impl::allocate_buffers() {
   gathered.assign(units.size(), false);
   for (size_t i = 0; i < block_full.size(); ++i) slot_free.push_back(be.make_event());
   for (size_t i = 0; i < units.size(); ++i) unit_gathered.push_back(be.make_event());
-  if (!plan.direct_grads)
+  if (!plan.direct_grads && plan.root_overlap == 0)
     root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
   const size_t grad_bytes = plan.block_padded * sizeof(float);
   // The copy-engine exchange (dist.copy_engine_reductions): its window, else NCCL's reduce-scatters (every rank
@@ -470,7 +480,7 @@ FsdpMemory FsdpEngine::memory() const {
   r.full_params = m.root_full.bytes() + m.root_frozen_full.bytes();
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
-  r.full_grads = m.root_grad_full.bytes();
+  r.full_grads = m.root_grad_full.bytes() - m.plan.root_overlap;  // the shared bytes count as parameters
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
                    m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() +
