@@ -162,9 +162,10 @@ inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, 
 // The gathered embedding table in the head's fp32 gradient buffer (FsdpBufferPlan::root_overlap) changes
 // nothing, on either backend: an untied model with the root's reduction split (every micro-step reducing),
 // FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, against an engine with the two apart
-// (FsdpOptions::table_in_head_grad off). Where it applies (several ranks in the shard group) the plan puts the
-// table's bytes (everything of the root before the head's part) in the buffer, less at most its 256-byte
-// alignment, and the engine's gradients count them less. Each of three steps takes two micro-steps with an
+// (FsdpOptions::table_in_head_grad off), with a deck of one micro-step a step (with accumulation it does not
+// apply). Where it applies (several ranks in the shard group) the plan puts the table's bytes (everything of the
+// root before the head's part) in the buffer, less at most its 256-byte alignment, and the engine's gradients
+// count them less. Each of three steps takes two micro-steps with an
 // evaluation and greedy decoding before each (the second micro-step's lookup, the evaluation and decoding
 // each need the root gathered again, over the head's gradient): the same losses, next tokens, norms and
 // gradient slices, bit for bit (exact), else the first step's losses exactly and the rest to 1e-6, the slices
@@ -179,6 +180,12 @@ inline void expect_table_in_head_grad_changes_nothing(const shardlm::RunConfig& 
     const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
     const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
     const int micro = 2;
+    // A deck of one micro-step a step (the engines are driven through two below all the same): with
+    // accumulation the root stays gathered between micro-steps and shares nothing.
+    cfg.train.batch_size = micro * world_size();
+    RunConfig accumulating = cfg;
+    accumulating.train.batch_size = 2 * micro * world_size();
+    BOOST_TEST(make_engine(accumulating, MPI_COMM_WORLD, topo, micro)->buffer_plan().root_overlap == 0u);
     auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.table_in_head_grad = false; });
     auto shared = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
     BOOST_TEST_CONTEXT(concat(backend_name(cfg.run.backend), "_", cfg.model.arch, "_", strategy_name(s))) {

@@ -577,8 +577,9 @@ BOOST_AUTO_TEST_CASE(no_sync_full_prices_gathered_blocks_and_full_gradients) {
 // Untied (the Llama-3.1-8B shape), the root's split reduction writes the table's rows over the head's
 // part of the full gradient once it is reduced: the full gradients hold no fp32 table (vocabulary x
 // hidden) beside the head's, unless no_sync = full keeps both for the next micro-step. And the gathered
-// root's bf16 table lies in that buffer (FsdpBufferPlan::root_overlap), so the gradients count a bf16 table
-// less again (the parameters count it), and the total drops by the same bytes (less the split's buffers).
+// root's bf16 table lies in that buffer (FsdpBufferPlan::root_overlap; one micro-step a step), so the gradients
+// count a bf16 table less again (the parameters count it), and the total drops by the same bytes (less the
+// split's buffers).
 BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini --model.num_layers=2 --ranks=2 --json ";
   auto record = [&](const std::string& args) {
@@ -597,6 +598,9 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
              whole.at("total_bytes").get<double>() - whole.at("buffer_bytes").get<double>() - table - table_bf16);
   const json full = record("--fsdp.root_reduction=split --fsdp.no_sync=full --train.batch_size=8");
   BOOST_TEST(bytes(full, "full_grad_bytes") == bytes(whole, "full_grad_bytes"));
+  // With accumulation (two micro-steps a step) the root stays gathered between them: the table is not shared.
+  const json accumulating = record("--fsdp.root_reduction=split --fsdp.no_sync=off --train.batch_size=8");
+  BOOST_TEST(bytes(accumulating, "full_grad_bytes") == bytes(whole, "full_grad_bytes") - table);
 }
 
 // A CUDA spec's LM-head scratch (the model's logits chunk), its engine layouts and its engine's buffer plan over a

@@ -191,8 +191,8 @@ struct FsdpBufferPlan {
   // gathered root from root_full_offset bytes on, so that the gathered table (read once, by the embedding's
   // lookup at the micro-step's start) lies in the gradient buffer's last root_overlap bytes (written from the
   // head's backward on), and the head's own gathered part lies after it. The root is gathered again before
-  // the next micro-step's lookup (Impl::root_stale). 0: two allocations (FsdpOptions::table_in_head_grad off,
-  // one rank, a synchronous backend... see plan_root_overlap).
+  // its next use (Impl::root_stale). One micro-step a step only (that gather is then the one after the update);
+  // 0: two allocations (with accumulation, one rank, FsdpOptions::table_in_head_grad off: plan_root_overlap).
   size_t root_full_offset = 0, root_overlap = 0;
 };
 // The copy-engine exchange's window (dist.copy_engine_reductions): both ranks' pieces of a block's slice,

@@ -259,7 +259,10 @@ void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLay
 
 void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt) {
   const RootSplit& rs = plan.root_split;
-  if (!opt.table_in_head_grad || plan.alias || plan.direct_grads || rs.grad_from == 0) return;
+  // With accumulation the root stays gathered from one micro-step to the next instead: gathering it again before
+  // each lookup would put a root's gather (about 1 GB a rank on the 8B shape on two GPUs) in front of every
+  // micro-step.
+  if (!opt.table_in_head_grad || plan.alias || plan.direct_grads || rs.grad_from == 0 || opt.accumulation > 1) return;
   // Everything of the root before grad_from (the head's part) is the table: root_split_of sets grad_from
   // only where no other tensor precedes the head's part.
   constexpr size_t kAlign = 256;
