@@ -2,7 +2,7 @@
 # tests/run_cases.sh against a fake Boost.Test binary: a suite of three cases (one passes, one fails, one outlasts its
 # timeout) and a case outside the suite. The state file records each outcome; a second call runs nothing; a call
 # with --retry-failed runs only the failed and timed-out cases again; a budget leaves cases for a later call;
-# the launcher gets -np N.
+# the launcher gets -np N; --only matches a case's name with or without its suite.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d)
@@ -61,7 +61,11 @@ grep -q " loose_case " "$W/s4" && fail "ran a case past the budget: $(cat "$W/s4
 $RUN --np 0 --case-timeout 2 --only loose --state "$W/s4" "$W/fake_test" > "$W/out5" 2>&1
 grep -q "^pass loose_case " "$W/s4" || fail "the left case did not run next time: $(cat "$W/s4")"
 
-# 5. Bad usage: exit 2.
+# 5. --only anchored at a case's own name (without its suite): only that case runs.
+$RUN --np 0 --case-timeout 2 --only '^good_one$' --state "$W/s5" "$W/fake_test" > "$W/out6" 2>&1
+[ "$(cut -d' ' -f2 "$W/s5")" = suite/good_one ] || fail "--only '^good_one\$': $(cat "$W/s5")"
+
+# 6. Bad usage: exit 2.
 $RUN --np x "$W/fake_test" > /dev/null 2>&1; [ $? -eq 2 ] || fail "--np x: not exit 2"
 $RUN "$W/missing" > /dev/null 2>&1; [ $? -eq 2 ] || fail "a missing binary: not exit 2"
 echo "check_run_cases: ok"

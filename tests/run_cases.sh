@@ -13,7 +13,7 @@
 #   --case-timeout S  limit one case (default 300)
 #   --state FILE      the outcomes, one line a case: "pass|fail|timeout CASE SECONDS" (default BINARY's name
 #                     .cases in the working directory); each case's output goes to FILE.logs/CASE.log
-#   --only REGEX      only the cases whose name matches (grep -E)
+#   --only REGEX      only the cases whose name, with or without its suite (suite/case), matches (grep -E)
 #   --retry-failed    run the cases the state file lists as failed or timed out again (default: leave them)
 #   -h, --help        this text
 #
@@ -74,7 +74,7 @@ recorded() {  # the outcome the state file holds for case $1, if any (the last l
 start=$(date +%s)
 ran=0 left=0
 for c in "${LIST[@]}"; do
-  [ -z "$ONLY" ] || [[ $c =~ $ONLY ]] || continue
+  [ -z "$ONLY" ] || [[ $c =~ $ONLY ]] || [[ ${c##*/} =~ $ONLY ]] || continue
   prev=$(recorded "$c")
   if [ "$prev" = pass ] || { [ -n "$prev" ] && [ $RETRY = 0 ]; }; then continue; fi
   now=$(date +%s)
