@@ -191,9 +191,12 @@ struct FsdpBufferPlan {
   // gathered root from root_full_offset bytes on, so that the gathered table (read once, by the embedding's
   // lookup at the micro-step's start) lies in the gradient buffer's last root_overlap bytes (written from the
   // head's backward on), and the head's own gathered part lies after it. The root is gathered again before
-  // its next use (Impl::root_stale). One micro-step a step only (that gather is then the one after the update);
+  // its next use (Impl::run, Impl::gather). One micro-step a step only (that gather is then the one after the update);
   // 0: two allocations (with accumulation, one rank, FsdpOptions::table_in_head_grad off: plan_root_overlap).
   size_t root_full_offset = 0, root_overlap = 0;
+  // Elements of the root's full fp32 gradient buffer: from the split's grad_from on (the whole root without it),
+  // none with direct gradients.
+  size_t root_grad_numel() const { return direct_grads ? 0 : root_padded - root_split.grad_from; }
 };
 // The copy-engine exchange's window (dist.copy_engine_reductions): both ranks' pieces of a block's slice,
 // fp32 (128 MiB: 16 Mi elements a piece); over more than two ranks, a whole block's fp32 gradient, so only

@@ -266,7 +266,7 @@ void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt) {
   // Everything of the root before grad_from (the head's part) is the table: root_split_of sets grad_from
   // only where no other tensor precedes the head's part.
   constexpr size_t kAlign = 256;
-  const size_t grad_bytes = (plan.root_padded - rs.grad_from) * sizeof(float);
+  const size_t grad_bytes = plan.root_grad_numel() * sizeof(float);
   const size_t table_bytes = rs.grad_from * dtype_size(plan.compute_dtype);
   const size_t offset = (grad_bytes - std::min(grad_bytes, table_bytes) + kAlign - 1) / kAlign * kAlign;
   if (offset >= grad_bytes) return;

@@ -185,20 +185,20 @@ DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
 
 void FsdpEngine::Impl::allocate_buffers() {
   const size_t cs = csize();
-  if (!plan.alias && plan.root_overlap > 0) {
+  const size_t root_grad_bytes = plan.root_grad_numel() * sizeof(float);
+  if (plan.root_overlap > 0) {
     // The head's gradient buffer from the allocation's start, the gathered root from root_full_offset on: the
     // table's gathered copy lies in the buffer's last root_overlap bytes (FsdpBufferPlan::root_overlap).
     root_shared = gather_memory(plan.root_full_offset + plan.root_padded * cs);
     char* base = static_cast<char*>(root_shared.data());
     root_full = DeviceArray{std::make_unique<BorrowedMemory>(base + plan.root_full_offset, plan.root_padded * cs)};
-    root_grad_full = DeviceArray{std::make_unique<BorrowedMemory>(
-        base, (plan.root_padded - plan.root_split.grad_from) * sizeof(float))};
+    root_grad_full = DeviceArray{std::make_unique<BorrowedMemory>(base, root_grad_bytes)};
     table_read = be.make_event();
-    for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
   } else if (!plan.alias) {
     root_full = gather_memory(plan.root_padded * cs);
-    for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
   }
+  if (!plan.alias)
+    for (size_t i = 0; i < plan.block_copies; ++i) block_full.push_back(gather_memory(plan.block_padded * cs));
   if (lora && !plan.frozen_alias) {
     root_frozen_full = gather_memory(plan.frozen_root_padded * cs);
     for (size_t i = 0; i < plan.frozen_block_copies; ++i)
@@ -209,8 +209,7 @@ void FsdpEngine::Impl::allocate_buffers() {
   gathered.assign(units.size(), false);
   for (size_t i = 0; i < block_full.size(); ++i) slot_free.push_back(be.make_event());
   for (size_t i = 0; i < units.size(); ++i) unit_gathered.push_back(be.make_event());
-  if (!plan.direct_grads && plan.root_overlap == 0)
-    root_grad_full = be.allocate((plan.root_padded - plan.root_split.grad_from) * sizeof(float), MemKind::Grads);
+  if (!plan.direct_grads && plan.root_overlap == 0) root_grad_full = be.allocate(root_grad_bytes, MemKind::Grads);
   const size_t grad_bytes = plan.block_padded * sizeof(float);
   // The copy-engine exchange (dist.copy_engine_reductions): its window, else NCCL's reduce-scatters (every rank
   // alike: window allocation is agreed).

@@ -62,12 +62,9 @@ struct FsdpEngine::Impl {
   std::vector<Unit> units;
 
   DeviceArray root_full;
-  // plan.root_overlap: the one allocation that root_full and root_grad_full lie in; root_stale: a backward
-  // wrote the head's gradient over the gathered table since the root was last gathered (the next gather of
-  // the root waits for the root's reduction and the compute stream); table_read: compute, the embedding's
-  // lookup has read the table (before the gradient buffer is zeroed on comm).
+  // plan.root_overlap: the one allocation that root_full and root_grad_full lie in; table_read: compute, the
+  // embedding's lookup has read the table (before the gradient buffer is zeroed on comm).
   DeviceArray root_shared;
-  bool root_stale = false;
   std::unique_ptr<BackendEvent> table_read;
   std::vector<DeviceArray> block_full;
   DeviceArray root_frozen_full;                 // LoRA: gathered frozen units (slots as block_full)

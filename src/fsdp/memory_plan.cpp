@@ -62,7 +62,7 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
   p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
   if (!layouts.frozen.empty() && !b.frozen_alias)
     p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
-  p.record.full_grads = ((b.direct_grads ? 0 : b.root_padded - b.root_split.grad_from) + b.grad_buffers * b.block_padded) * 4;
+  p.record.full_grads = (b.root_grad_numel() + b.grad_buffers * b.block_padded) * 4;
   p.record.full_grads -= b.root_overlap;  // the gathered table's bytes, counted under the parameters
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice + 2 * b.offload_stream +
                           b.offload_squares + b.root_split_bytes + b.exchange_bytes;

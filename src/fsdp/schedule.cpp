@@ -10,12 +10,11 @@ namespace shardlm {
 void FsdpEngine::Impl::gather(size_t u) {
   // (One rank reads its slices in place, the frozen ones too: plan.alias implies plan.frozen_alias.)
   if (plan.alias || gathered[u]) return;
-  if (u == 0 && root_stale) {
+  if (u == 0 && plan.root_overlap > 0) {
     // The gathered table lies in the head's gradient buffer (plan.root_overlap): the root's reduction has
     // read it and the compute stream is done with the head's part before the gather writes either again.
     finish_root_reduction();
     gathers_follow_compute();
-    root_stale = false;
   }
   gather_prepare(u);
   const int span = tracer.mark_begin("all-gather unit", static_cast<long>(u), gather_lane);
@@ -324,7 +323,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     backward_embedding(root, tok, droot, B, T, bp);
     if (offload) offload->micro_step_ends();
     // The head's gradient (and the table's) went where the gathered table was: gathered again before its next use.
-    if (plan.root_overlap > 0) gathered[0] = false, root_stale = true;
+    if (plan.root_overlap > 0) gathered[0] = false;
   }
   return model->loss_sum(compute);
 }
