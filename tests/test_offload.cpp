@@ -69,6 +69,10 @@ class DeviceLikeCpu final : public Backend {
   void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) override {
     cpu_->rows_mark_first(ids, m, first, rows, s);
   }
+  void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                  Stream s) override {
+    cpu_->rows_slots(ids, n, first, m, rows, slots, s);
+  }
   void rows_pack(const float* t, size_t w, const int32_t* ids, const int32_t* first, size_t m, size_t rows, void* out,
                  DType dt, Stream s) override {
     cpu_->rows_pack(t, w, ids, first, m, rows, out, dt, s);

@@ -1,6 +1,7 @@
 // A backend's token-row primitives (Backend::rows_*: the embedding's part of the root's reduction)
 // against a plain host reference: ids with repeats and ids outside the table (row 0), packing in each
-// dtype, adding back into a slice that starts inside a row and ends inside another, zeroing the rows.
+// dtype, each id's slot (its row's first occurrence), adding back into a slice that starts inside a row and ends
+// inside another, zeroing the rows.
 // Shared by test_token_rows (CPU backend) and test_cuda_kernels (CUDA backend).
 #pragma once
 
@@ -57,6 +58,17 @@ inline void check_token_rows(Backend& be, DType dt) {
   }
   for (size_t k = 0; k < m; ++k)
     if (first_k[k]) BOOST_TEST(first[row_of(ids[k])] == static_cast<int32_t>(m - k), "first occurrence " << k);
+
+  // Slots: each id's row's first occurrence, for ids in another order (a rank's own tokens among everyone's).
+  std::vector<int32_t> own(ids.rbegin(), ids.rend());
+  DeviceArray d_own = upload(be, own), d_slots = be.allocate(own.size() * sizeof(int32_t), MemKind::Other);
+  be.rows_slots(d_own.as<int32_t>(), own.size(), d_first.as<int32_t>(), m, rows, d_slots.as<int32_t>(), s);
+  const std::vector<int32_t> slots = download<int32_t>(be, d_slots, own.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    size_t k = 0;
+    while (row_of(ids[k]) != row_of(own[i])) ++k;
+    BOOST_TEST(slots[i] == static_cast<int32_t>(k), "slot of id " << own[i] << " at " << i);
+  }
 
   // Pack: first occurrences carry their row (rounded to dt), the others zeros.
   DeviceArray d_packed = be.allocate(m * width * dtype_size(dt), MemKind::Other);

@@ -157,6 +157,10 @@ class Backend {
   // first (rows int32, backend memory) must be zero before the first call of a round; afterwards it
   // marks each named row's first occurrence (zero it again for the next round).
   virtual void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) = 0;
+  // slots[i] = the first occurrence k, among the m ids first was marked with, of the row ids[i] names (i < n):
+  // where a packed row (rows_pack's out) holds that row. Every row ids[i] names must be among the marked ones.
+  virtual void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                          Stream s) = 0;
   // out[k, :] (width values in out_dtype) = table row ids[k] at its first occurrence k, else zeros.
   virtual void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m,
                          size_t rows, void* out, DType out_dtype, Stream s) = 0;

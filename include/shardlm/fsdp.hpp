@@ -54,6 +54,9 @@ struct FsdpOptions : FsdpSection {
   // The gathered embedding table may lie in the head's fp32 gradient buffer (FsdpBufferPlan::root_overlap);
   // tests turn it off to compare.
   bool table_in_head_grad = true;
+  // The embedding's backward may add its rows straight into the packed rows of the root's split reduction
+  // (RootSplit::rows_packed); tests turn it off to compare.
+  bool rows_packed = true;
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
@@ -126,13 +129,20 @@ struct RootSplit {
   // elements once that part is reduced (the micro-step's rows zeroed first), so the table has no fp32
   // buffer of its own. 0: the buffer is the whole root.
   size_t grad_from = 0;
+  // With grad_from and fp32 reductions: the embedding's backward adds each token's row straight into its
+  // packed row (the row's first occurrence among every rank's ids: Backend::rows_slots), so the table's rows
+  // are never written where the head's part was (that buffer is done once the head's part is reduced).
+  bool rows_packed = false;
   size_t packed_numel() const { return id_capacity * width + (extras_end - extras_begin); }
   // Device bytes: this rank's ids, the shard group's, every rank's (when replicated), the rows' first
-  // occurrences (table_rows), the packed rows and tensors in the reduce dtype.
+  // occurrences (table_rows), with rows_packed this rank's tokens' packed rows, the packed rows and tensors in the
+  // reduce dtype.
   size_t bytes(DType reduce_dtype) const {
     if (!on) return 0;
     const size_t all = id_capacity == shard_ids ? 0 : id_capacity;
-    return (token_capacity + shard_ids + all + table_rows) * sizeof(int32_t) + packed_numel() * dtype_size(reduce_dtype);
+    const size_t slots = rows_packed ? token_capacity : 0;
+    return (token_capacity + shard_ids + all + table_rows + slots) * sizeof(int32_t) +
+           packed_numel() * dtype_size(reduce_dtype);
   }
 };
 

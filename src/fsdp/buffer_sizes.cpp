@@ -246,6 +246,8 @@ RootSplit root_split_of(const ModelConfig& cfg, const UnitLayout& root, const Fs
   if (!r.table_in_head && extras_end == 0 && table->offset + table_numel <= head_begin &&
       table_numel <= root.numel - head_begin)
     r.grad_from = head_begin;
+  // (The slots are the model's token ids in its embedding's backward: inside the vocabulary.)
+  r.rows_packed = opt.rows_packed && r.grad_from > 0 && opt.reduce_dtype == DType::F32 && r.id_capacity <= r.table_rows;
   return r;
 }
 

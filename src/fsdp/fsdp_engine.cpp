@@ -259,6 +259,7 @@ void FsdpEngine::Impl::allocate_buffers() {
     split_first = be.allocate(rs.table_rows * sizeof(int32_t), MemKind::Comm);
     be.zero(split_first.data(), split_first.bytes(), comm);
     split_packed = be.allocate(rs.packed_numel() * dtype_size(opt.reduce_dtype), MemKind::Comm);
+    if (rs.rows_packed) split_slots = be.allocate(rs.token_capacity * sizeof(int32_t), MemKind::Comm);
     head_reduced = be.make_event();
   }
   params_written = be.make_event();
@@ -482,7 +483,7 @@ FsdpMemory FsdpEngine::memory() const {
   r.full_grads = m.root_grad_full.bytes() - m.plan.root_overlap;  // the shared bytes count as parameters
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
-                   m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() +
+                   m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() + m.split_slots.bytes() +
                    (m.offload ? m.offload->staging_bytes() : 0);
   r.activations = m.model->activation_bytes() - m.grads_borrowed;  // counted once, as gradients
   return r;

@@ -104,7 +104,7 @@ struct FsdpEngine::Impl {
   bool root_reduction_pending = false;
   // plan.root_split: this rank's token ids, the shard group's and every rank's (the shard group's when
   // not replicated), the rows' first occurrences, the packed rows; the head's part reduced (comm).
-  DeviceArray split_ids, split_ids_shard, split_ids_all, split_first, split_packed;
+  DeviceArray split_ids, split_ids_shard, split_ids_all, split_first, split_packed, split_slots;
   std::unique_ptr<BackendEvent> head_reduced;
   // Per unit: its grad slice holds nothing of this step yet (zero_grad sets it instead of zeroing): the
   // first reduction writes the slice rather than adding to it (settle_fresh_grads zeroes the rest). With

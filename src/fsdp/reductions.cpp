@@ -251,9 +251,14 @@ void FsdpEngine::Impl::embedding_grad_begins() {
   const RootSplit& rs = plan.root_split;
   head_reduced->wait_on(compute);
   // Tied, the head's gradient of the named rows went with the head's part; with grad_from the rows are
-  // written over that part.
-  if (rs.table_in_head || rs.grad_from > 0)
+  // written over that part, or (rows_packed) into their packed rows, zeroed here.
+  if (rs.rows_packed) {
+    be.zero(split_packed.data(), rs.id_capacity * rs.width * sizeof(float), compute);
+    be.rows_slots(split_ids.as<int32_t>(), rs.token_capacity, split_first.as<int32_t>(), rs.id_capacity, rs.table_rows,
+                  split_slots.as<int32_t>(), compute);
+  } else if (rs.table_in_head || rs.grad_from > 0) {
     be.rows_zero(table_grad() + rs.table_offset, rs.width, token_ids_all(), rs.id_capacity, rs.table_rows, compute);
+  }
   // No sync in full: the head's part was the whole root, the embedding's other tensors with what the
   // earlier micro-steps left in them; the embedding's part carries this micro-step's alone.
   if (plan.no_sync == NoSync::Full && rs.extras_end > rs.extras_begin)
@@ -269,8 +274,9 @@ void FsdpEngine::Impl::reduce_root_embedding(bool squares) {
   const int32_t* ids = token_ids_all();
   int32_t* first = split_first.as<int32_t>();
   const int span = tracer.mark_begin("reduce unit 0 (embedding rows)", -1, Lane::Comm);
-  be.rows_pack(table_grad() + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(), rdt,
-               comm);
+  if (!rs.rows_packed)  // (else the embedding's backward wrote them there)
+    be.rows_pack(table_grad() + rs.table_offset, rs.width, ids, first, rs.id_capacity, rs.table_rows, split_packed.data(),
+                 rdt, comm);
   char* tail = split_packed.as<char>() + rs.id_capacity * rs.width * rsize;
   if (extras > 0) be.cast(full + rs.extras_begin, DType::F32, tail, rdt, extras, comm);
   if (shard.size() > 1) shard.all_reduce(split_packed.data(), rs.packed_numel(), rdt, ReduceOp::Sum);

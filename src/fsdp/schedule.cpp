@@ -267,10 +267,16 @@ void FsdpEngine::Impl::backward_embedding(const UnitParams& root, const int32_t*
                                           int T, const BackwardPlan& bp) {
   if (bp.split) embedding_grad_begins();
   const int span = tracer.mark_begin("backward unit 0 (embedding)", -1, Lane::Compute);
-  // With the root split's grad_from, the table's rows go where the head's part was (reduced by now).
+  // With the root split's grad_from, the table's rows go where the head's part was (reduced by now), or with
+  // rows_packed into their packed rows: each token's row there is its slot, the table's start the packed rows'.
   // (grad_from is never set where a micro-step may leave the root unreduced: split is on here.)
-  const UnitGrads dtable = plan.root_split.grad_from > 0 ? UnitGrads{table_grad()} : droot;
-  if (B > 0 && T > 0) model->embed_backward(root, tok, dtable, B, T, compute);
+  const RootSplit& rs = plan.root_split;
+  const bool packed = bp.split && rs.rows_packed;
+  const UnitGrads dtable = packed             ? UnitGrads{elements_before(split_packed.as<float>(), rs.table_offset)}
+                           : rs.grad_from > 0 ? UnitGrads{table_grad()}
+                                              : droot;
+  const int32_t* rows = packed ? split_slots.as<int32_t>() : tok;
+  if (B > 0 && T > 0) model->embed_backward(root, rows, dtable, B, T, compute);
   tracer.mark_end(span);
   if (bp.reducing) {
     root_grad_ready->record(compute);

@@ -38,6 +38,7 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, co
   spec.fsdp.offload_root_update = engine.options().offload_root_update;  // auto as the engine decided it
   spec.fsdp.share_head_scratch = engine.options().share_head_scratch;    // (tests may turn it off)
   spec.fsdp.table_in_head_grad = engine.options().table_in_head_grad;    // (tests may turn it off)
+  spec.fsdp.rows_packed = engine.options().rows_packed;                  // (tests may turn it off)
   spec.fsdp.copy_engine_reductions = engine.options().copy_engine_reductions;  // where NCCL offered it
   spec.fsdp.exchange_window_bytes = engine.options().exchange_window_bytes;    // (tests may set less)
   const size_t planned = plan_rank_memory(spec).device_total();

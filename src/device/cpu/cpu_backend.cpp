@@ -156,6 +156,10 @@ class CpuBackend final : public Backend {
   void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream) override {
     for (size_t k = m; k-- > 0;) first[row_of(ids[k], rows)] = static_cast<int32_t>(m - k);  // the lowest k last
   }
+  void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                  Stream) override {
+    for (size_t i = 0; i < n; ++i) slots[i] = static_cast<int32_t>(m) - first[row_of(ids[i], rows)];
+  }
   void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
                  void* out, DType out_dtype, Stream s) override {
     const size_t bytes = width * dtype_size(out_dtype);

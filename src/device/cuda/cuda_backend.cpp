@@ -162,6 +162,10 @@ class CudaBackend final : public Backend {
   void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, Stream s) override {
     cuda::rows_mark_first(ids, m, first, rows, as_cuda(s));
   }
+  void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                  Stream s) override {
+    cuda::rows_slots(ids, n, first, m, rows, slots, as_cuda(s));
+  }
   void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
                  void* out, DType out_dtype, Stream s) override {
     cuda::rows_pack(table, width, ids, first, m, rows, out, out_dtype, as_cuda(s));

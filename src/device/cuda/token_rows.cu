@@ -23,6 +23,13 @@ __device__ __forceinline__ bool is_first(const int32_t* first, const int32_t* id
   return first[row_of(ids[k], rows)] == static_cast<int32_t>(m - static_cast<size_t>(k));
 }
 
+__global__ void slots_kernel(const int32_t* __restrict__ ids, size_t n, const int32_t* __restrict__ first, size_t m,
+                             size_t rows, int32_t* __restrict__ slots) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    slots[i] = static_cast<int32_t>(m) - first[row_of(ids[i], rows)];
+}
+
 template <typename Out>
 __global__ void pack_kernel(const float* __restrict__ table, size_t width, const int32_t* __restrict__ ids,
                             const int32_t* __restrict__ first, size_t m, size_t rows, Out* __restrict__ out) {
@@ -102,6 +109,14 @@ void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, 
   if (m == 0) return;
   SHARDLM_CHECK(m < static_cast<size_t>(INT32_MAX) && rows > 0, "rows_mark_first: ", m, " ids of ", rows, " rows");
   mark_first_kernel<<<grid_for(m), kBlockThreads, 0, stream>>>(ids, m, first, rows);
+  SHARDLM_CUDA_LAUNCH_CHECK();
+}
+
+void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  SHARDLM_CHECK(m < static_cast<size_t>(INT32_MAX) && rows > 0, "rows_slots: ", m, " marked ids of ", rows, " rows");
+  slots_kernel<<<grid_for(n), kBlockThreads, 0, stream>>>(ids, n, first, m, rows, slots);
   SHARDLM_CUDA_LAUNCH_CHECK();
 }
 

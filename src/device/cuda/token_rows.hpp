@@ -14,6 +14,9 @@
 namespace shardlm::cuda {
 
 void rows_mark_first(const int32_t* ids, size_t m, int32_t* first, size_t rows, cudaStream_t stream);
+// slots[i] = m - first[row of ids[i]]: the first occurrence of that row among the m marked ids.
+void rows_slots(const int32_t* ids, size_t n, const int32_t* first, size_t m, size_t rows, int32_t* slots,
+                cudaStream_t stream);
 void rows_pack(const float* table, size_t width, const int32_t* ids, const int32_t* first, size_t m, size_t rows,
                void* out, DType out_dt, cudaStream_t stream);
 void rows_unpack_add(const void* in, DType in_dt, size_t width, const int32_t* ids, const int32_t* first, size_t m,
