@@ -239,3 +239,62 @@ inline void expect_table_in_head_grad_changes_nothing(const shardlm::RunConfig& 
     }
   }
 }
+
+// FsdpBufferPlan::root_in_slices: the head's gradient buffer and the gathered root lie in the first blocks' gradient
+// slices. Against FsdpOptions::root_in_grad_slices off, FULL_SHARD and SHARD_GRAD_OP, one micro-step a step: the
+// plan puts it there where the shard group has several ranks (`base`'s model small enough: a tiny untied Llama of
+// 24 layers whose 259-row vocabulary holds every rank's 64 ids, so that the table's rows are packed), the engine
+// then holds the allocation's bytes less (the slices' 256-byte alignment more), and each of three steps, with an
+// evaluation and greedy decoding before it (the root gathered over the slices after the update), gives the same
+// losses, tokens, norms and slices (expect_same_step). A second forward after a backward, before the update, would
+// gather the root over that step's gradients: the engine refuses it.
+inline void expect_root_in_slices_changes_nothing(const shardlm::RunConfig& base, bool exact) {
+  using namespace shardlm;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    RunConfig cfg = base;
+    cfg.fsdp.strategy = s;
+    cfg.fsdp.root_reduction = RootReduction::Split;
+    cfg.fsdp.no_sync = NoSync::Off;
+    cfg.model.tie_word_embeddings = false;
+    cfg.model.num_layers = 24;
+    cfg.data.max_length = 32;
+    const int micro = 2;
+    cfg.train.micro_batch_size = micro;
+    cfg.train.batch_size = micro * world_size();
+    const Topology topo = make_topology(MPI_COMM_WORLD, 0);
+    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.root_in_grad_slices = false; });
+    auto inside = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+    BOOST_TEST_CONTEXT(concat(backend_name(cfg.run.backend), "_", strategy_name(s))) {
+      const FsdpBufferPlan& plan = inside->buffer_plan();
+      BOOST_TEST(!apart->buffer_plan().root_in_slices);
+      BOOST_TEST(plan.root_in_slices == (world_size() > 1));
+      if (plan.root_in_slices) {
+        BOOST_TEST(plan.root_split.rows_packed);
+        BOOST_TEST(2 * plan.slices_under_root <= plan.layers);
+        const size_t padding = plan.layers * (plan.slice_stride - plan.block_padded / world_size() * sizeof(float));
+        BOOST_TEST(engine_bytes(*inside) + plan.root_shared_bytes() == engine_bytes(*apart) + padding);
+        BOOST_TEST(inside->memory().grad_shard == apart->memory().grad_shard + padding);
+      } else {
+        BOOST_TEST(engine_bytes(*inside) == engine_bytes(*apart));
+      }
+      std::mt19937 rng(29 + world_rank());
+      for (int step = 0; step < 3; ++step) {
+        const MicroBatch eval = random_micro_batch(cfg, micro, rng), mb = random_micro_batch(cfg, micro, rng);
+        std::vector<double> losses, norms;
+        std::vector<std::vector<float>> grads;
+        std::vector<int32_t> next;
+        for (FsdpEngine* e : {apart.get(), inside.get()}) {
+          e->zero_grad();
+          losses.push_back(evaluate_and_decode(*e, eval, next));
+          e->last_micro_step();
+          losses.push_back(e->forward_backward(mb, 0.5f / mb.target_count, 0));
+          if (e == inside.get() && plan.root_in_slices && step == 1) BOOST_CHECK_THROW(e->forward_loss(eval), Error);
+          norms.push_back(e->grad_norm());
+          for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+          e->optimizer_step(1e-3, 1.0f);
+        }
+        BOOST_TEST_CONTEXT("step " << step) { expect_same_step(losses, next, norms, grads, exact, step > 0, 1e-5); }
+      }
+    }
+  }
+}

@@ -802,6 +802,16 @@ BOOST_AUTO_TEST_CASE(table_in_the_head_gradient_changes_nothing) {
   }
 }
 
+// The head's gradient buffer and the gathered root in the first blocks' gradient slices (head_scratch_check.hpp),
+// on the GPU's streams and NCCL: the tiny untied Llama, bf16 and fp32 parameters. Meaningful on 2 or more GPUs.
+BOOST_AUTO_TEST_CASE(root_in_the_gradient_slices_changes_nothing) {
+  for (DType pdt : {DType::BF16, DType::F32}) {
+    RunConfig cfg = llama_config("cuda", "root_in_slices", 1);
+    cfg.fsdp.param_dtype = pdt;
+    expect_root_in_slices_changes_nothing(cfg, false);
+  }
+}
+
 namespace {
 
 // A CUDA deck of `make`'s model for the engine-pair tests below (engines driven step by step): strategy, parameter

@@ -439,6 +439,14 @@ BOOST_AUTO_TEST_CASE(embedding_rows_packed_change_nothing) {
   }
 }
 
+// The head's gradient buffer and the gathered root in the first blocks' gradient slices (head_scratch_check.hpp):
+// bit for bit on the CPU, 1, 2 and 4 ranks.
+BOOST_AUTO_TEST_CASE(root_in_the_gradient_slices_changes_nothing) {
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "root_in_slices");
+  make_tiny_llama(cfg.model);
+  expect_root_in_slices_changes_nothing(cfg, true);
+}
+
 // fsdp.fresh_block_grads: the CPU model zeroes a block's gradient itself before adding to it when the engine says
 // its memory holds nothing to keep, and the engine zeroes none (the schedule the GPU families run, writing
 // their weight gradients instead): against fsdp.fresh_block_grads = false, BLOOM and Llama, FULL_SHARD,

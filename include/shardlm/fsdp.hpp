@@ -57,6 +57,9 @@ struct FsdpOptions : FsdpSection {
   // The embedding's backward may add its rows straight into the packed rows of the root's split reduction
   // (RootSplit::rows_packed); tests turn it off to compare.
   bool rows_packed = true;
+  // The head's gradient buffer and the gathered root may lie in the first blocks' gradient slices
+  // (FsdpBufferPlan::root_in_slices); tests turn it off to compare.
+  bool root_in_grad_slices = true;
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
@@ -204,6 +207,18 @@ struct FsdpBufferPlan {
   // its next use (Impl::run, Impl::gather). One micro-step a step only (that gather is then the one after the update);
   // 0: two allocations (with accumulation, one rank, FsdpOptions::table_in_head_grad off: plan_root_overlap).
   size_t root_full_offset = 0, root_overlap = 0;
+  // That allocation lies in the first blocks' gradient slices (root_in_slices): while a backward runs those
+  // hold nothing yet (the first blocks' reductions land last, after the head's part has been reduced), and
+  // after the optimizer step nothing again. The blocks' slices are then one allocation, each slice_stride bytes
+  // (its fp32 elements, 256-byte aligned) from the last; the first slices_under_root of them lie under the root's
+  // allocation and are updated before the root is gathered (Impl::update_and_gather_ahead). One micro-step a
+  // step (a second would gather the root over the first's gradients: Impl::gather refuses), no replicas, no
+  // copy-engine exchange, the table's rows packed, and at most half the blocks under it, so that the root's
+  // gather still runs behind the other half's update (plan_root_in_slices; FsdpOptions::root_in_grad_slices).
+  bool root_in_slices = false;
+  size_t slice_stride = 0, slices_under_root = 0;
+  // Bytes of the allocation holding the head's gradient buffer and the gathered root (root_overlap > 0).
+  size_t root_shared_bytes() const { return root_full_offset + root_padded * dtype_size(compute_dtype); }
   // Elements of the root's full fp32 gradient buffer: from the split's grad_from on (the whole root without it),
   // none with direct gradients.
   size_t root_grad_numel() const { return direct_grads ? 0 : root_padded - root_split.grad_from; }
@@ -265,9 +280,12 @@ void plan_root_split(FsdpBufferPlan& plan, const ModelConfig& cfg, const UnitLay
 // Sets plan.root_full_offset and plan.root_overlap from plan.root_split (the gathered table in the head's
 // gradient buffer; FsdpOptions::table_in_head_grad).
 void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt);
+// Sets plan.root_in_slices, slice_stride and slices_under_root (after plan_root_overlap).
+void plan_root_in_slices(FsdpBufferPlan& plan, const FsdpOptions& opt, int shard_size, int replicate_size);
 // The plan FsdpEngine allocates by and `shardlm plan` prices (memory_plan.cpp), built the same way for both:
 // fsdp_buffer_plan, then plan_root_split for cfg's model and micro-batches of up to max_tokens tokens and
-// plan_root_overlap, then plan_grad_buffers in `head_scratch_bytes` of the model's head scratch.
+// plan_root_overlap and plan_root_in_slices, then plan_grad_buffers in `head_scratch_bytes` of the model's head
+// scratch.
 FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
                                   int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
                                   size_t max_tokens, size_t head_scratch_bytes);

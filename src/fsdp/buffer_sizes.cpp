@@ -276,6 +276,19 @@ void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt) {
   plan.root_overlap = grad_bytes - offset;
 }
 
+void plan_root_in_slices(FsdpBufferPlan& plan, const FsdpOptions& opt, int shard_size, int replicate_size) {
+  if (!opt.root_in_grad_slices || plan.root_overlap == 0 || !plan.root_split.rows_packed || replicate_size > 1 ||
+      plan.exchange_numel > 0 || !plan.grad_slices || opt.cpu_offload || plan.layers == 0)
+    return;
+  constexpr size_t kAlign = 256;
+  const size_t stride = (plan.block_padded / shard_size * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+  const size_t under = (plan.root_shared_bytes() + stride - 1) / stride;
+  if (2 * under > plan.layers) return;
+  plan.root_in_slices = true;
+  plan.slice_stride = stride;
+  plan.slices_under_root = under;
+}
+
 FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfig& cfg, const FsdpOptions& opt,
                                   int shard_size, int replicate_size, bool asynchronous, DType compute_dtype,
                                   size_t max_tokens, size_t head_scratch_bytes) {
@@ -283,6 +296,7 @@ FsdpBufferPlan engine_buffer_plan(const EngineLayouts& layouts, const ModelConfi
       fsdp_buffer_plan(layouts.trainable, layouts.frozen, opt, shard_size, replicate_size, asynchronous, compute_dtype);
   plan_root_split(plan, cfg, layouts.trainable[0], opt, shard_size, replicate_size, max_tokens);
   plan_root_overlap(plan, opt);
+  plan_root_in_slices(plan, opt, shard_size, replicate_size);
   plan_grad_buffers(plan, opt, head_scratch_bytes);
   return plan;
 }

@@ -130,12 +130,21 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
   // A device master is initialised through one host buffer, reused unit by unit (the largest unit's slice)
   // and freed after: no host copy of the whole model is kept (checkpoint_state stages one when it is needed).
   std::vector<float> init_buffer;
+  if (plan.root_in_slices) {
+    // Gathered into from its start (the root), hence window memory where the gathers use some.
+    const bool windows = own_gather_stream() && (plan.cast_at_gather || plan.compute_slice);
+    block_slices = window_or_backend(windows ? gatherer : nullptr, plan.layers * plan.slice_stride, MemKind::Grads);
+  }
   for (size_t u = 0; u < layout.size(); ++u) {
     Unit d;
     d.flat = make_flat_parameter(layout[u], static_cast<int>(u), shard.rank(), shard.size());
     const size_t n = d.flat.shard_numel;
     d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
-    if (plan.grad_slices) d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
+    if (plan.root_in_slices && u > 0)
+      d.grad = DeviceArray{std::make_unique<BorrowedMemory>(block_slices.as<char>() + (u - 1) * plan.slice_stride,
+                                                            n * sizeof(float))};
+    else if (plan.grad_slices)
+      d.grad = be.allocate(n * sizeof(float), MemKind::Grads);
     if (plan.compute_slice) d.compute = gather_memory(n * cs);
     // Initial values are a pure function of (seed, unit, element): each rank fills only its slice.
     if (state_on_host) {
@@ -189,7 +198,9 @@ void FsdpEngine::Impl::allocate_buffers() {
   if (plan.root_overlap > 0) {
     // The head's gradient buffer from the allocation's start, the gathered root from root_full_offset on: the
     // table's gathered copy lies in the buffer's last root_overlap bytes (FsdpBufferPlan::root_overlap).
-    root_shared = gather_memory(plan.root_full_offset + plan.root_padded * cs);
+    root_shared = plan.root_in_slices
+                      ? DeviceArray{std::make_unique<BorrowedMemory>(block_slices.data(), plan.root_shared_bytes())}
+                      : gather_memory(plan.root_shared_bytes());
     char* base = static_cast<char*>(root_shared.data());
     root_full = DeviceArray{std::make_unique<BorrowedMemory>(base + plan.root_full_offset, plan.root_padded * cs)};
     root_grad_full = DeviceArray{std::make_unique<BorrowedMemory>(base, root_grad_bytes)};
@@ -316,6 +327,7 @@ void FsdpEngine::zero_grad() {
   }
   // No pass over the slices: each unit's first reduction writes its slice (Impl::add_to_grad).
   std::fill(m.grad_fresh.begin(), m.grad_fresh.end(), 1);
+  m.slices_hold_grads = false;
 }
 
 double FsdpEngine::grad_norm() {
@@ -472,7 +484,7 @@ FsdpMemory FsdpEngine::memory() const {
   for (const Unit& d : m.units) {
     // An offloaded master is host memory: only its compute copy is on the device.
     r.master_shard += (m.offload ? 0 : d.master.bytes()) + d.compute.bytes() + d.frozen_slice.bytes();
-    r.grad_shard += d.grad.bytes();
+    r.grad_shard += m.plan.root_in_slices && &d != &m.units[0] ? 0 : d.grad.bytes();
     r.model_params += d.flat.numel + d.frozen.numel;
     r.trainable_params += d.flat.numel;
   }
@@ -481,6 +493,11 @@ FsdpMemory FsdpEngine::memory() const {
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
   r.full_grads = m.root_grad_full.bytes() - m.plan.root_overlap;  // the shared bytes count as parameters
+  if (m.plan.root_in_slices) {  // ... and all of them as the blocks' gradient slices
+    r.grad_shard += m.block_slices.bytes();
+    r.full_params -= m.root_full.bytes();
+    r.full_grads -= m.root_grad_full.bytes() - m.plan.root_overlap;
+  }
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
                    m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() + m.split_slots.bytes() +

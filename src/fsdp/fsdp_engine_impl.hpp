@@ -65,6 +65,10 @@ struct FsdpEngine::Impl {
   // plan.root_overlap: the one allocation that root_full and root_grad_full lie in; table_read: compute, the
   // embedding's lookup has read the table (before the gradient buffer is zeroed on comm).
   DeviceArray root_shared;
+  // plan.root_in_slices: the blocks' gradient slices, one allocation (root_shared lies in its start), and
+  // whether they hold gradients a later step reads (from a reducing backward to the update or zero_grad).
+  DeviceArray block_slices;
+  bool slices_hold_grads = false;
   std::unique_ptr<BackendEvent> table_read;
   std::vector<DeviceArray> block_full;
   DeviceArray root_frozen_full;                 // LoRA: gathered frozen units (slots as block_full)

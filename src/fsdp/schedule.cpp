@@ -13,6 +13,9 @@ void FsdpEngine::Impl::gather(size_t u) {
   if (u == 0 && plan.root_overlap > 0) {
     // The gathered table lies in the head's gradient buffer (plan.root_overlap): the root's reduction has
     // read it and the compute stream is done with the head's part before the gather writes either again.
+    SHARDLM_CHECK(!plan.root_in_slices || !slices_hold_grads,
+                  "FsdpEngine: the root is gathered into the first blocks' gradient slices (FsdpBufferPlan::root_in_slices), "
+                  "which hold this step's gradients until the optimizer step or zero_grad: one micro-step a step with it");
     finish_root_reduction();
     gathers_follow_compute();
   }
@@ -96,14 +99,19 @@ void FsdpEngine::Impl::done_with(size_t u) {
 
 void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const StepHyper& h) {
   forget_gathers();
+  // The first blocks' slices the root is gathered into (plan.root_in_slices) are read by their update first.
+  const size_t under = plan.root_in_slices ? plan.slices_under_root : 0;
+  if (under > 0) optimizer.update_slices(1, 1 + under, h, compute);
+  slices_hold_grads = false;
   size_t ahead = 0;
   if (be.asynchronous() && !plan.alias) ahead = std::min<size_t>(units.size(), forward_prefetch && can_prefetch() ? 2 : 1);
   for (size_t u = 0; u < ahead; ++u) {
-    optimizer.update_slices(u, u + 1, h, compute);
+    if (u == 0 || u > under) optimizer.update_slices(u, u + 1, h, compute);
     gathers_follow_compute();
     gather(u);
   }
-  optimizer.update_slices(ahead, units.size(), h, compute);
+  if (under > 0 && ahead == 0) optimizer.update_slices(0, 1, h, compute);  // (the root: not among those ahead)
+  optimizer.update_slices(under > 0 ? std::max(ahead, 1 + under) : ahead, units.size(), h, compute);
   gathers_follow_compute();
 }
 
@@ -330,6 +338,7 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     if (offload) offload->micro_step_ends();
     // The head's gradient (and the table's) went where the gathered table was: gathered again before its next use.
     if (plan.root_overlap > 0) gathered[0] = false;
+    if (bp.reducing) slices_hold_grads = true;
   }
   return model->loss_sum(compute);
 }

@@ -152,6 +152,9 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
     pos.loss_scale = std::max(pos.loss_scale / 2, 1.0);
     run.say(concat("step ", pos.step + 1, ": gradient overflow, step skipped; loss scale now ", pos.loss_scale));
     run.record({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale}});
+    // Its gradients are dropped now, not at the next step's start: an evaluation or decoding before that may
+    // gather the root where they lie (FsdpBufferPlan::root_in_slices).
+    model.zero_grad();
   } else {
     model.optimizer_step(out.lr, known ? known_factor
                                        : static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) /
