@@ -212,8 +212,8 @@ struct FsdpBufferPlan {
   // after the optimizer step nothing again. The blocks' slices are then one allocation, each slice_stride bytes
   // (its fp32 elements, 256-byte aligned) from the last; the first slices_under_root of them lie under the root's
   // allocation and are updated before the root is gathered (Impl::update_and_gather_ahead). One micro-step a
-  // step (a second would gather the root over the first's gradients: Impl::gather refuses), no replicas, no
-  // copy-engine exchange, the table's rows packed, and at most half the blocks under it, so that the root's
+  // step (a second would gather the root over the first's gradients: Impl::gather refuses), no replicas (their
+  // all-reduces add on a stream of their own), the table's rows packed, and at most half the blocks under it, so that the root's
   // gather still runs behind the other half's update (plan_root_in_slices; FsdpOptions::root_in_grad_slices).
   bool root_in_slices = false;
   size_t slice_stride = 0, slices_under_root = 0;
