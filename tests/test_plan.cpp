@@ -603,6 +603,47 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
   BOOST_TEST(bytes(accumulating, "full_grad_bytes") == bytes(whole, "full_grad_bytes") - table);
 }
 
+// The full Llama-3.1-8B (32 layers, activation checkpointing, one micro-step a step) on 2 and 4 ranks: the head's
+// gradient buffer and the gathered root (root_overlap's one allocation) lie in the first blocks' gradient slices
+// (FsdpBufferPlan::root_in_slices), at most half of them: the plan holds that allocation less and the slices'
+// 256-byte alignment more, the gathered parameters and full gradients count no root; 34.56 GiB on 4 ranks (FSDP2
+// eager measured 35.85) and 64.35 on 2 (65.76). The 8-layer shape's 8 slices are too few on 2 ranks.
+BOOST_AUTO_TEST_CASE(the_root_lies_in_the_first_blocks_gradient_slices) {
+  const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
+  for (const int ranks : {2, 4}) {
+    shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--fsdp.activation_checkpointing=true"}, 1, false));
+    s.world_size = ranks;
+    const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend,
+                                                   s.fsdp.param_dtype, s.micro_batch, s.max_seq, true).head_scratch;
+    const shardlm::FsdpBufferPlan b =
+        shardlm::engine_buffer_plan(shardlm::engine_layouts(s.model), s.model, s.fsdp, ranks, 1, true, s.fsdp.param_dtype,
+                                    static_cast<size_t>(s.micro_batch) * s.max_seq, head);
+    BOOST_TEST_CONTEXT(ranks << " ranks") {
+      BOOST_TEST_REQUIRE(b.root_in_slices);
+      BOOST_TEST(b.root_split.rows_packed);
+      BOOST_TEST(b.root_shared_bytes() == 3 * 128256ull * 4096 * 2 + 4096 * 4 + 4096 * 2);  // (the final norm)
+      BOOST_TEST(b.slices_under_root * b.slice_stride >= b.root_shared_bytes());
+      BOOST_TEST((b.slices_under_root - 1) * b.slice_stride < b.root_shared_bytes());
+      BOOST_TEST(2 * b.slices_under_root <= b.layers);
+      shardlm::MemoryPlanSpec off = s;
+      off.fsdp.root_in_grad_slices = false;
+      const shardlm::RankMemoryPlan in = shardlm::plan_rank_memory(s), apart = shardlm::plan_rank_memory(off);
+      const size_t padding = b.layers * (b.slice_stride - b.block_padded / ranks * 4);
+      BOOST_TEST(in.device_total() + b.root_shared_bytes() == apart.device_total() + padding);
+      BOOST_TEST(in.record.grad_shard == apart.record.grad_shard + padding);
+      BOOST_TEST(in.record.full_params == b.block_copies * b.block_padded * 2);
+      BOOST_TEST(in.record.full_grads == b.grad_buffers * b.block_padded * 4);
+      const double gib = static_cast<double>(in.device_total()) / double(1ull << 30);
+      BOOST_TEST(gib == (ranks == 4 ? 34.56 : 64.35), boost::test_tools::tolerance(0.0002));
+    }
+  }
+  shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=8"}, 1, false));
+  s.world_size = 2;
+  shardlm::MemoryPlanSpec off = s;
+  off.fsdp.root_in_grad_slices = false;
+  BOOST_TEST(shardlm::plan_rank_memory(s).device_total() == shardlm::plan_rank_memory(off).device_total());
+}
+
 // A CUDA spec's LM-head scratch (the model's logits chunk), its engine layouts and its engine's buffer plan over a
 // shard group of two, as fsdp_buffer_plan gives it (before plan_grad_buffers).
 struct TwoRankPlan {
