@@ -607,11 +607,13 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
 // gradient buffer and the gathered root (root_overlap's one allocation) lie in the first blocks' gradient slices
 // (FsdpBufferPlan::root_in_slices), at most half of them: the plan holds that allocation less and the slices'
 // 256-byte alignment more, the gathered parameters and full gradients count no root; 34.56 GiB on 4 ranks (FSDP2
-// eager measured 35.85) and 64.35 on 2 (65.76). The 8-layer shape's 8 slices are too few on 2 ranks.
+// eager measured 35.85) and 64.35 on 2 (65.76), with fsdp.root_in_grad_slices (off by default). The 8-layer
+// shape's 8 slices are too few on 2 ranks.
 BOOST_AUTO_TEST_CASE(the_root_lies_in_the_first_blocks_gradient_slices) {
   const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
   for (const int ranks : {2, 4}) {
-    shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--fsdp.activation_checkpointing=true"}, 1, false));
+    shardlm::MemoryPlanSpec s =
+        spec_of(shardlm::load_run_config(deck, {"--fsdp.activation_checkpointing=true", "--fsdp.root_in_grad_slices=true"}, 1, false));
     s.world_size = ranks;
     const size_t head = shardlm::unit_model_memory(shardlm::model_for_engine(s.model, s.fsdp), s.backend,
                                                    s.fsdp.param_dtype, s.micro_batch, s.max_seq, true).head_scratch;
@@ -637,7 +639,8 @@ BOOST_AUTO_TEST_CASE(the_root_lies_in_the_first_blocks_gradient_slices) {
       BOOST_TEST(gib == (ranks == 4 ? 34.56 : 64.35), boost::test_tools::tolerance(0.0002));
     }
   }
-  shardlm::MemoryPlanSpec s = spec_of(shardlm::load_run_config(deck, {"--model.num_layers=8"}, 1, false));
+  shardlm::MemoryPlanSpec s =
+      spec_of(shardlm::load_run_config(deck, {"--model.num_layers=8", "--fsdp.root_in_grad_slices=true"}, 1, false));
   s.world_size = 2;
   shardlm::MemoryPlanSpec off = s;
   off.fsdp.root_in_grad_slices = false;

@@ -57,9 +57,6 @@ struct FsdpOptions : FsdpSection {
   // The embedding's backward may add its rows straight into the packed rows of the root's split reduction
   // (RootSplit::rows_packed); tests turn it off to compare.
   bool rows_packed = true;
-  // The head's gradient buffer and the gathered root may lie in the first blocks' gradient slices
-  // (FsdpBufferPlan::root_in_slices); tests turn it off to compare.
-  bool root_in_grad_slices = true;
   // The first block's reduction may go in two parts, its MLP's beside its attention's backward
   // (Impl::split_first_block); tests turn it off to compare.
   bool split_first_block = true;
@@ -214,7 +211,7 @@ struct FsdpBufferPlan {
   // allocation and are updated before the root is gathered (Impl::update_and_gather_ahead). One micro-step a
   // step (a second would gather the root over the first's gradients: Impl::gather refuses), no replicas (their
   // all-reduces add on a stream of their own), the table's rows packed, and at most half the blocks under it, so that the root's
-  // gather still runs behind the other half's update (plan_root_in_slices; FsdpOptions::root_in_grad_slices).
+  // gather still runs behind the other half's update (plan_root_in_slices; fsdp.root_in_grad_slices).
   bool root_in_slices = false;
   size_t slice_stride = 0, slices_under_root = 0;
   // Bytes of the allocation holding the head's gradient buffer and the gathered root (root_overlap > 0).

@@ -39,7 +39,7 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, co
   spec.fsdp.share_head_scratch = engine.options().share_head_scratch;    // (tests may turn it off)
   spec.fsdp.table_in_head_grad = engine.options().table_in_head_grad;    // (tests may turn it off)
   spec.fsdp.rows_packed = engine.options().rows_packed;                  // (tests may turn it off)
-  spec.fsdp.root_in_grad_slices = engine.options().root_in_grad_slices;  // (tests may turn it off)
+  spec.fsdp.root_in_grad_slices = engine.options().root_in_grad_slices;  // (tests may turn it on)
   spec.fsdp.copy_engine_reductions = engine.options().copy_engine_reductions;  // where NCCL offered it
   spec.fsdp.exchange_window_bytes = engine.options().exchange_window_bytes;    // (tests may set less)
   const size_t planned = plan_rank_memory(spec).device_total();
