@@ -298,3 +298,30 @@ inline void expect_root_in_slices_changes_nothing(const shardlm::RunConfig& base
     }
   }
 }
+
+// RootSplit::rows_packed: the embedding's backward adds each token's row into its packed row (the row's first
+// occurrence among every rank's ids) instead of writing the table's rows over the head's part and packing them
+// from there: the same steps as with it off (expect_two_steps_alike, three steps). `base`'s model made untied with a
+// vocabulary of 2,048 rows, which holds every rank's ids (the slots are token ids to the model); FULL_SHARD,
+// SHARD_GRAD_OP and HYBRID_SHARD.
+inline void expect_rows_packed_changes_nothing(const shardlm::RunConfig& base) {
+  using namespace shardlm;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
+    RunConfig cfg = base;
+    cfg.fsdp.strategy = s;
+    cfg.model.tie_word_embeddings = false;
+    cfg.model.vocab_size = 2048;
+    cfg.fsdp.root_reduction = RootReduction::Split;
+    cfg.fsdp.no_sync = NoSync::Off;
+    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+    const int micro = 2;
+    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.rows_packed = false; });
+    auto packed = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+    BOOST_TEST_CONTEXT(concat(backend_name(cfg.run.backend), "_", strategy_name(s))) {
+      BOOST_TEST(!apart->buffer_plan().root_split.rows_packed);
+      BOOST_TEST(packed->buffer_plan().root_split.rows_packed == (world_size() > 1));
+      expect_two_steps_alike(cfg, micro, *apart, *packed, 61, 3);
+    }
+  }
+}

@@ -802,6 +802,14 @@ BOOST_AUTO_TEST_CASE(table_in_the_head_gradient_changes_nothing) {
   }
 }
 
+// The embedding's rows added straight into the split reduction's packed rows (head_scratch_check.hpp), on the GPU's
+// streams and NCCL: the tiny Llama in bf16. Meaningful on 2 or more GPUs.
+BOOST_AUTO_TEST_CASE(embedding_rows_packed_change_nothing) {
+  RunConfig cfg = llama_config("cuda", "rows_packed", 1);
+  cfg.fsdp.param_dtype = DType::BF16;
+  expect_rows_packed_changes_nothing(cfg);
+}
+
 // The head's gradient buffer and the gathered root in the first blocks' gradient slices (head_scratch_check.hpp),
 // on the GPU's streams and NCCL: the tiny untied Llama, bf16 and fp32 parameters. Meaningful on 2 or more GPUs.
 BOOST_AUTO_TEST_CASE(root_in_the_gradient_slices_changes_nothing) {

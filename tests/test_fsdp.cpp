@@ -414,29 +414,11 @@ BOOST_AUTO_TEST_CASE(table_in_the_head_gradient_changes_nothing) {
   expect_table_in_head_grad_changes_nothing(cfg, true);
 }
 
-// RootSplit::rows_packed: the embedding's backward adds each token's row into its packed row (the row's first
-// occurrence among every rank's ids) instead of writing the table's rows over the head's part and packing them
-// from there: the same steps as with it off. A tiny untied Llama whose vocabulary (2,048 rows) holds every
-// rank's ids (the slots are token ids to the model), FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, three steps.
+// RootSplit::rows_packed changes nothing (head_scratch_check.hpp), on the CPU.
 BOOST_AUTO_TEST_CASE(embedding_rows_packed_change_nothing) {
-  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
-    RunConfig cfg = tiny_config(s, "rows_packed");
-    make_tiny_llama(cfg.model);
-    cfg.model.tie_word_embeddings = false;
-    cfg.model.vocab_size = 2048;
-    cfg.fsdp.root_reduction = RootReduction::Split;
-    cfg.fsdp.no_sync = NoSync::Off;
-    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
-    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
-    const int micro = 2;
-    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.rows_packed = false; });
-    auto packed = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
-    BOOST_TEST_CONTEXT(strategy_name(s)) {
-      BOOST_TEST(!apart->buffer_plan().root_split.rows_packed);
-      BOOST_TEST(packed->buffer_plan().root_split.rows_packed == (world_size() > 1));
-      expect_two_steps_alike(cfg, micro, *apart, *packed, 61, 3);
-    }
-  }
+  RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "rows_packed");
+  make_tiny_llama(cfg.model);
+  expect_rows_packed_changes_nothing(cfg);
 }
 
 // The head's gradient buffer and the gathered root in the first blocks' gradient slices (head_scratch_check.hpp):
