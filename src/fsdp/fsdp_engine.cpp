@@ -130,11 +130,8 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
   // A device master is initialised through one host buffer, reused unit by unit (the largest unit's slice)
   // and freed after: no host copy of the whole model is kept (checkpoint_state stages one when it is needed).
   std::vector<float> init_buffer;
-  if (plan.root_in_slices) {
-    // Gathered into from its start (the root), hence window memory where the gathers use some.
-    const bool windows = own_gather_stream() && (plan.cast_at_gather || plan.compute_slice);
-    block_slices = window_or_backend(windows ? gatherer : nullptr, plan.layers * plan.slice_stride, MemKind::Grads);
-  }
+  // Gathered into from its start (the root), hence the gathers' memory.
+  if (plan.root_in_slices) block_slices = gather_memory(plan.layers * plan.slice_stride, MemKind::Grads);
   for (size_t u = 0; u < layout.size(); ++u) {
     Unit d;
     d.flat = make_flat_parameter(layout[u], static_cast<int>(u), shard.rank(), shard.size());
@@ -185,11 +182,11 @@ DeviceArray FsdpEngine::Impl::window_or_backend(Communicator* group, size_t byte
   return be.allocate(bytes, kind);
 }
 
-DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes) {
+DeviceArray FsdpEngine::Impl::gather_memory(size_t bytes, MemKind kind) {
   // Only where the gathers also send from window memory (a 16-bit slice or piece; not the fp32 master):
   // NCCL's copy engines need both buffers in windows.
   const bool windows = own_gather_stream() && (plan.cast_at_gather || plan.compute_slice);
-  return window_or_backend(windows ? gatherer : nullptr, bytes, MemKind::Params);
+  return window_or_backend(windows ? gatherer : nullptr, bytes, kind);
 }
 
 void FsdpEngine::Impl::allocate_buffers() {

@@ -170,7 +170,7 @@ struct FsdpEngine::Impl {
   // A buffer an all-gather sends from or lands in: the gathers' communicator's window memory where it has
   // some and the gathers send 16-bit values (dist.gather_copy_engine: the copy engines move the gather),
   // else the backend's.
-  DeviceArray gather_memory(size_t bytes);
+  DeviceArray gather_memory(size_t bytes, MemKind kind = MemKind::Params);
   // `group`'s window memory where it has some (null: none asked), else the backend's. The block-gradient
   // buffers come from the shard group's (dist.symmetric_reductions: NCCL's symmetric reduce-scatters), or the
   // exchange group's (dist.copy_engine_reductions).
