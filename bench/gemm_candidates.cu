@@ -5,11 +5,11 @@
 // shardlm accumulates); each algorithm runs 43 times back to back, the median of the last 30 is its time,
 // best of two passes over the list (the GPU at its power limit, as in training, not at its boost clock).
 //
-//   bench_gemm_candidates [--shape 8b|1b] [--tokens N]
+//   bench_gemm_candidates [--shape 8b|3b|1b] [--tokens N]
 //
-// 8b: Llama-3.1-8B's block (hidden 4096, MLP 14336, q|k|v 6144), 1b: Llama-3.2-1B's (2048, 8192, 3072); both with
-// the 128,256-row head over 4,096 tokens. --tokens: the block GEMMs' tokens (default 4096 for 8b, 8192 for 1b,
-// the benchmark rows' micro-batches: docs/PERFORMANCE.md).
+// 8b: Llama-3.1-8B's block (hidden 4096, MLP 14336, q|k|v 6144), 3b: Llama-3.2-3B's (3072, 8192, 5120), 1b:
+// Llama-3.2-1B's (2048, 8192, 3072); each with the 128,256-row head over 4,096 tokens. --tokens: the block GEMMs'
+// tokens (default 4096 for 8b, 8192 for 3b and 1b, the benchmark rows' micro-batches: docs/PERFORMANCE.md).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -59,17 +59,24 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
     else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_gemm_candidates [--shape 8b|1b] [--tokens N]\n");
+      std::fprintf(stderr, "usage: bench_gemm_candidates [--shape 8b|3b|1b] [--tokens N]\n");
       return 2;
     }
   }
-  if (shape != "8b" && shape != "1b") {
-    std::fprintf(stderr, "bench_gemm_candidates: --shape is 8b or 1b\n");
+  struct Shape {
+    const char* name;
+    int hidden, mlp, qkv, tokens;
+  };
+  const Shape shapes[] = {{"8b", 4096, 14336, 6144, 4096}, {"3b", 3072, 8192, 5120, 8192}, {"1b", 2048, 8192, 3072, 8192}};
+  const Shape* sh = nullptr;
+  for (const Shape& s : shapes)
+    if (shape == s.name) sh = &s;
+  if (!sh) {
+    std::fprintf(stderr, "bench_gemm_candidates: --shape is 8b, 3b or 1b\n");
     return 2;
   }
-  const bool big = shape == "8b";
-  const int H = big ? 4096 : 2048, I = big ? 14336 : 8192, QKV = big ? 6144 : 3072, V = 128256, HT = 4096;
-  const int T = tokens > 0 ? tokens : (big ? 4096 : 8192);
+  const int H = sh->hidden, I = sh->mlp, QKV = sh->qkv, V = 128256, HT = 4096;
+  const int T = tokens > 0 ? tokens : sh->tokens;
   // Forward y = x W^T ("TN"), the input's gradient dx = dy W ("NN"), the weight's dW = dy^T x ("NT", fp32).
   const std::vector<Problem> problems = {
       {"forward q|k|v", true, false, QKV, T, H, false, 0},

@@ -107,6 +107,7 @@ std::vector<DeckCase> deck_cases() {
       {"bench/qwen25-05b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/llama31-8b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/llama32-1b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
+      {"bench/llama32-3b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/qwen3-17b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/mistral-7b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
       {"bench/gemma3-1b.ini", 1, 1, "", {}, {"--data.train_file=BENCH_DATA"}},
