@@ -222,22 +222,32 @@ std::vector<double> rotary_ref(const std::vector<float>& x, int n, int T, int he
   return out;
 }
 
-// `heads` rotated heads at the start of rows of `heads + untouched` heads.
-void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rope, DType dt, unsigned seed) {
+// `heads` rotated heads at the start of rows of `heads + untouched` heads; the rows start `lead` elements into
+// the buffer (lead 1: x not aligned to the kernel's packs, one element an access).
+void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rope, DType dt, unsigned seed,
+                  int lead = 0) {
   const int d = rope.head_dim(), ld = (heads + untouched) * d, n = B * T;
   BOOST_TEST_CONTEXT("rotary B=" << B << " T=" << T << " heads=" << heads << " +" << untouched << " d=" << d
-                                 << " factor=" << rope.rope_scaling.factor << " dt=" << dtype_name(dt)) {
+                                 << " factor=" << rope.rope_scaling.factor << " dt=" << dtype_name(dt)
+                                 << " lead=" << lead) {
     std::mt19937 rng(seed);
     const size_t size = static_cast<size_t>(n) * ld;
     const std::vector<float> x = random_values(size, rng, dt);
+    std::vector<float> padded(lead, 0.0f);
+    padded.insert(padded.end(), x.begin(), x.end());
     const std::vector<float> inv_freq = rope_inv_freq(rope);
-    DeviceBuffer d_x = to_device(x, dt), d_freq = to_device(inv_freq, DType::F32);
+    DeviceBuffer d_buf = to_device(padded, dt), d_freq = to_device(inv_freq, DType::F32);
+    void* d_x = static_cast<char*>(d_buf.get()) + static_cast<size_t>(lead) * dtype_size(dt);
+    const auto rows = [&] {
+      const std::vector<float> all = download(d_buf.get(), padded.size(), dt);
+      return std::vector<float>(all.begin() + lead, all.end());
+    };
     OwnedStream s;
     for (bool inverse : {false, true}) {
-      upload(d_x.get(), x, dt);
-      cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), inverse, dt, s.s);
+      upload(d_buf.get(), padded, dt);
+      cuda::rotary_apply(d_x, n, T, heads, d, ld, d_freq.as<float>(), inverse, dt, s.s);
       s.sync();
-      const std::vector<float> got = download(d_x.get(), size, dt);
+      const std::vector<float> got = rows();
       BOOST_TEST(relative_error(got, rotary_ref(x, n, T, heads, d, ld, inv_freq, inverse)) <= output_tolerance(dt),
                  (inverse ? "inverse" : "forward"));
       size_t changed = 0;  // the heads after the rotated ones (v) are left alone, bit for bit
@@ -250,11 +260,11 @@ void check_rotary(int B, int T, int heads, int untouched, const ModelConfig& rop
     }
     if (dt != DType::F32) return;
     // The inverse undoes the forward (it is the transpose of an orthogonal map: the backward).
-    upload(d_x.get(), x, dt);
-    cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), false, dt, s.s);
-    cuda::rotary_apply(d_x.get(), n, T, heads, d, ld, d_freq.as<float>(), true, dt, s.s);
+    upload(d_buf.get(), padded, dt);
+    cuda::rotary_apply(d_x, n, T, heads, d, ld, d_freq.as<float>(), false, dt, s.s);
+    cuda::rotary_apply(d_x, n, T, heads, d, ld, d_freq.as<float>(), true, dt, s.s);
     s.sync();
-    BOOST_TEST(relative_error(download(d_x.get(), size, dt), x) <= 1e-5);
+    BOOST_TEST(relative_error(rows(), x) <= 1e-5);
   }
 }
 
@@ -915,6 +925,14 @@ BOOST_AUTO_TEST_CASE(rotary_matches_reference) {
   for (DType dt : {DType::BF16, DType::F16}) {
     check_rotary(2, 13, 6, 2, plain, dt, 5);
     check_rotary(1, 700, 3, 1, llama31, dt, 6);
+  }
+  // The kernel's access widths: 4 frequencies a thread (above), 2 (a half of 6) and 1 (x not aligned), each over
+  // more heads than it loads at once (8).
+  const ModelConfig twelve = rope_config(12, 10000.0f, 0, 8192);
+  for (DType dt : kAllDtypes) {
+    check_rotary(2, 9, 11, 2, twelve, dt, 7);
+    check_rotary(2, 9, 17, 1, plain, dt, 8, 1);
+    check_rotary(1, 33, 9, 0, llama31, dt, 9, 1);
   }
   // The scaled table differs from the plain one: the test above exercises rope_scaling.
   const std::vector<float> scaled = rope_inv_freq(llama31);
