@@ -863,8 +863,11 @@ BOOST_AUTO_TEST_CASE(rmsnorm_matches_reference) {
   struct Shape {
     int n, H;
   };
-  // Packs and single elements (odd H), one row and many (the weight-gradient kernel's row slices).
-  const Shape shapes[] = {{1, 8}, {7, 64}, {33, 4096}, {5, 37}, {300, 128}, {2, 5000}, {1000, 24}};
+  // Packs and single elements (odd H), one row and many (the weight-gradient kernel's row slices); the backward's
+  // rows held in registers by one to eight warps (in bf16 1024: 2, 2048: 4, 3072 and 4096: 8; 5000, and the
+  // unaligned and fp32 rows above 2048, by the two-pass kernel), row counts that leave a block's last rows empty.
+  const Shape shapes[] = {{1, 8},     {7, 64},    {33, 4096}, {5, 37},   {300, 128},
+                          {2, 5000},  {1000, 24}, {9, 1024},  {41, 2048}, {17, 3072}};
   for (DType dt : kAllDtypes)
     for (const Shape& s : shapes) {
       check_rmsnorm(s.n, s.H, dt, 0, ++seed);

@@ -1,4 +1,5 @@
-// RMSNorm forward and backward (Llama): one warp per row with fp32 sums; the weight gradient by a
+// RMSNorm forward and backward (Llama): one warp per row with fp32 sums (the backward: one to eight warps a row,
+// the row held in registers); the weight gradient by a
 // second, column-parallel kernel (per-element atomics from row-parallel warps would serialise on
 // the same columns). Rows move in 16-byte packs when H and every pointer allow, else one element
 // at a time. Given a word, the forward also reduces the amax of what it writes (fp8_amax.cuh) for the FP8
@@ -78,6 +79,74 @@ __global__ void __launch_bounds__(kRowThreads)
   });
 }
 
+// dx only, as rmsnorm_backward_kernel, with the row held in registers between its two passes: `G` warps a row
+// (kRowWarps / G rows a block), each lane holding up to kHeldPacks packs of dy, x and (accumulating) dx, all loaded
+// before the row's sum, so the row is read from memory once and in one round trip. (A warp a row, re-reading its
+// row after the sum, found part of it evicted with many rows in flight: 1.5x the bytes on the 3B shape.) The G
+// warps' sums meet in shared memory, in a fixed order. Few registers: four blocks an SM keep loads in flight.
+constexpr int kHeldPacks = 2;
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kRowThreads, 4)
+    rmsnorm_backward_held_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+                                 const float* __restrict__ rstd, T* dx, int n, int H, bool accumulate_dx, float offset,
+                                 int G) {
+  __shared__ float partial[kRowWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows_per_block = kRowWarps / G, slot = warp / G, t = (warp % G) * 32 + lane, threads = G * 32;
+  const int packs = H / N;
+  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
+  // Every thread of the block runs the same iterations (base is the block's): the barriers below are safe.
+  for (long long base = static_cast<long long>(blockIdx.x) * rows_per_block; base < n; base += stride) {
+    const long long row = base + slot;
+    const bool live = row < n;
+    const float rs = live ? rstd[row] : 0.0f;
+    T* dxr = dx + row * H;
+    Pack<T, N> d[kHeldPacks], xv[kHeldPacks], old[kHeldPacks];
+    float sum_g_xhat = 0.0f;
+    if (live) {
+#pragma unroll
+      for (int j = 0; j < kHeldPacks; ++j) {
+        const int p = t + j * threads;
+        if (p >= packs) continue;
+        d[j] = load_pack<N>(dy + row * H + p * N), xv[j] = load_pack<N>(x + row * H + p * N);
+        if (accumulate_dx) old[j] = load_pack<N>(dxr + p * N);
+      }
+#pragma unroll
+      for (int j = 0; j < kHeldPacks; ++j) {
+        const int p = t + j * threads;
+        if (p >= packs) continue;
+        float w[N];
+        load_floats<N>(weight + p * N, w);
+#pragma unroll
+        for (int k = 0; k < N; ++k) sum_g_xhat += to_float(d[j][k]) * (offset + w[k]) * (to_float(xv[j][k]) * rs);
+      }
+    }
+    sum_g_xhat = warp_sum(sum_g_xhat);
+    if (G > 1) {
+      if (lane == 0) partial[warp] = sum_g_xhat;
+      __syncthreads();
+      sum_g_xhat = 0.0f;
+      for (int i = 0; i < G; ++i) sum_g_xhat += partial[slot * G + i];
+      __syncthreads();  // read before the next row's sums are written
+    }
+    if (!live) continue;
+    const float mean_g_xhat = sum_g_xhat / H;
+#pragma unroll
+    for (int j = 0; j < kHeldPacks; ++j) {
+      const int p = t + j * threads;
+      if (p >= packs) continue;
+      float w[N], out[N];
+      load_floats<N>(weight + p * N, w);
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        out[k] = (accumulate_dx ? to_float(old[j][k]) : 0.0f) +
+                 rs * (to_float(d[j][k]) * (offset + w[k]) - (to_float(xv[j][k]) * rs) * mean_g_xhat);
+      store_floats<N>(dxr + p * N, out);
+    }
+  }
+}
+
 template <typename T, int N>
 void forward_with(const T* x, const T* weight, T* y, float* rstd, int n, int H, float eps, float offset,
                   unsigned* amax_bits, cudaStream_t stream) {
@@ -89,8 +158,19 @@ void forward_with(const T* x, const T* weight, T* y, float* rstd, int n, int H, 
 template <typename T, int N>
 void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, T* dx, float* dweight, int n, int H,
                    bool accumulate_dx, float offset, cudaStream_t stream) {
-  rmsnorm_backward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(dy, x, weight, rstd, dx, n, H,
-                                                                                 accumulate_dx, offset);
+  // Rows of up to kRowWarps * 32 * kHeldPacks packs are held in registers (G warps a row, the fewest that hold it).
+  const int packs = H / N;
+  int G = 1;
+  while (G < kRowWarps && packs > G * 32 * kHeldPacks) G *= 2;
+  if (packs <= G * 32 * kHeldPacks) {
+    const long long rows_per_block = kRowWarps / G;
+    const long long blocks = std::min<long long>((n + rows_per_block - 1) / rows_per_block, 4LL * sm_count());
+    rmsnorm_backward_held_kernel<T, N><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+        dy, x, weight, rstd, dx, n, H, accumulate_dx, offset, G);
+  } else {
+    rmsnorm_backward_kernel<T, N><<<warp_row_blocks(n), kRowThreads, 0, stream>>>(dy, x, weight, rstd, dx, n, H,
+                                                                                   accumulate_dx, offset);
+  }
   SHARDLM_CUDA_LAUNCH_CHECK();
   // dweight[c] += sum_r dy[r,c] x[r,c] rstd[r], column by column; none for a frozen weight.
   if (dweight)
