@@ -218,7 +218,9 @@ void FsdpEngine::Impl::backward_blocks(int B, int T, const BackwardPlan& bp) {
     // reduce-scatter), so it overlaps this block's compute.
     if (backward_prefetch == BackwardPrefetch::Pre && can_prefetch() && l > 0) gather(l);
     const size_t gs = block_grad_full.empty() ? 0 : l % block_grad_full.size();
-    grad_reduced[gs]->wait_on(compute);  // its last reduction has read (and zeroed) the buffer
+    // Its last reduction has read (and zeroed) the buffer. Direct gradients share no buffer: each backward writes its
+    // own slice, so the previous unit's squares (comm) run beside this backward instead of before it.
+    if (!plan.direct_grads) grad_reduced[gs]->wait_on(compute);
     if (!plan.direct_grads && !zero_on_comm()) be.zero(block_grad_full[gs].data(), block_grad_full[gs].bytes(), compute);
     float* grad = full_grad(1 + l);
     UnitGrads grads = lora ? UnitGrads{nullptr, grad} : UnitGrads{grad, nullptr};
