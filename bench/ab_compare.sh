@@ -17,7 +17,7 @@
 #   --a-env "K=V ...", --b-env  each variant's environment (word-split; NCCL_* ones reach the ranks by mpirun -x,
 #                               the others by inheritance)
 #   --a-name N, --b-name N      the variants' names in the table (default: a, b)
-#   --shape S                   llama1b, llama8b (default) or bloom (bench/scaling.sh's shapes), or
+#   --shape S                   one of bench/scaling.sh's shapes (llama8b by default; bench_lib.sh's BENCH_SHAPES), or
 #   --row ROW                   any llama_compare.sh row, label=DECK:LAYERS:SEQ:MICRO[:ac]
 #   --gpus LIST                 GPU counts, e.g. 1,2 (default 1); FULL_SHARD over them
 #   --repeat N                  rounds (default 3): each runs both variants at every GPU count, A first in odd
@@ -82,7 +82,7 @@ cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=bench/bench_lib.sh
 source bench/bench_lib.sh
 if [ -z "$ROW" ]; then
-  ROW=$(bench_shape_row "$SHAPE") || { echo "ab_compare.sh: unknown shape '$SHAPE' (llama1b, llama8b, bloom; or --row)" >&2; exit 2; }
+  ROW=$(bench_shape_row "$SHAPE") || { echo "ab_compare.sh: unknown shape '$SHAPE' (${BENCH_SHAPES// /, }; or --row)" >&2; exit 2; }
 fi
 if [ "$DRY" = 0 ]; then
   for b in "$A_BIN" "$B_BIN"; do [ -x "$b" ] || { echo "ab_compare.sh: $b not found or not executable" >&2; exit 1; }; done

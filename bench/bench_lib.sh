@@ -54,13 +54,18 @@ bench_nvsmi_peak() {
     END { if (n) printf "%.0f\n", best * 1048576 }' "$1"
 }
 
+# The named benchmark shapes (bench/README.md, "scaling.sh"): bench/scaling.sh's default three, then two
+# held-out ones of the kind issue 30 is checked on (Llama-3.2-3B's shape; 8192-token sequences).
+BENCH_SHAPES="llama1b llama8b bloom llama3b llama8b8k"
 # bench_shape_row SHAPE: bench/llama_compare.sh's row (label=DECK:LAYERS:SEQ:MICRO) of one of the named
-# benchmark shapes (bench/README.md, "scaling.sh"); fails for another name.
+# benchmark shapes; fails for another name.
 bench_shape_row() {
   case $1 in
     llama1b) echo "llama1b=input/bench/llama32-1b.ini:16:2048:4" ;;
     llama8b) echo "llama8b=input/bench/llama31-8b.ini:8:2048:2" ;;
     bloom) echo "bloom=input/bench/bloom560m.ini:24:512:8" ;;
+    llama3b) echo "llama3b=input/bench/llama32-3b.ini:28:2048:4" ;;
+    llama8b8k) echo "llama8b8k=input/bench/llama31-8b.ini:8:8192:1" ;;
     *) return 1 ;;
   esac
 }

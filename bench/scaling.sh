@@ -13,6 +13,8 @@
 #   llama1b  Llama-3.2-1B (input/bench/llama32-1b.ini: 128k vocabulary, GQA, tied head), 2048 x 4 a GPU
 #   llama8b  Llama-3.1-8B with 8 of its 32 layers (input/bench/llama31-8b.ini), 2048 x 2 a GPU
 #   bloom    BLOOM-560M (input/bench/bloom560m.ini), 512 x 8 a GPU
+#   and, named only: llama3b (Llama-3.2-3B's shape, input/bench/llama32-3b.ini, 2048 x 4 a GPU) and
+#   llama8b8k (the llama8b shape at 8192 x 1 a GPU), held-out shapes of the kind issue 30 is checked on
 # Sides: shardlm (mpirun -np G), FSDP2 eager (torchrun --nproc-per-node G bench/fsdp2_bloom.py) and,
 # with --compile, FSDP2 with torch.compile per block. Strategy FULL_SHARD on G > 1; on 1 GPU the
 # same, a shard group of one.
@@ -34,7 +36,7 @@
 #
 # Options:
 #   --gpus LIST        GPU counts, e.g. 1,2 (default 1,2,4,8 up to what nvidia-smi lists)
-#   --shapes LIST      subset of llama1b,llama8b,bloom (default all, in that order)
+#   --shapes LIST      of llama1b,llama8b,bloom,llama3b,llama8b8k (default llama1b,llama8b,bloom)
 #   --compile          add the FSDP2 + torch.compile side
 #   --steps N          steps a run (default 20); --warmup N left out of the medians (default 8)
 #   --repeat N         run every (shape, GPU count) N times (default 1), the counts alternating
@@ -151,7 +153,7 @@ fi
 # shellcheck source=bench/bench_lib.sh
 source bench/bench_lib.sh
 IFS=, read -r -a shape_list <<< "$SHAPES"
-for s in "${shape_list[@]}"; do bench_shape_row "$s" >/dev/null || { echo "scaling.sh: unknown shape '$s' (llama1b, llama8b, bloom)" >&2; exit 2; }; done
+for s in "${shape_list[@]}"; do bench_shape_row "$s" >/dev/null || { echo "scaling.sh: unknown shape '$s' (${BENCH_SHAPES// /, })" >&2; exit 2; }; done
 
 say "mode $MODE; GPUs ${COUNTS[*]} of ${HAVE:-0} x ${GPU_NAME:-unknown GPU}; shapes $SHAPES; sides $SIDES; $STEPS steps, $WARMUP warm-up, timeline of step $TRACE_STEP; $REPEAT run(s) each"
 [ "$SLOW" = 1 ] && say "slow link: $(env | grep '^NCCL_' | sort | tr '\n' ' ')"

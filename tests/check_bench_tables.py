@@ -100,6 +100,20 @@ with tempfile.TemporaryDirectory() as d:
     p = subprocess.run(["bash", os.path.join(ROOT, "bench", "scaling.sh"), "--dry-run", "--gpus", "1", "--repeat", "0",
                         "-", d], capture_output=True, text=True, timeout=60)
     check("--repeat 0 refused", p.returncode == 2 and "--repeat wants 1 or more" in p.stderr)
+    # The held-out shapes by name: their decks, layers, lengths and micro-batches in the commands; a wrong name
+    # refused with the list.
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "scaling.sh"), "--dry-run", "--gpus", "1", "--shapes",
+                        "llama3b,llama8b8k", "--steps", "4", "--warmup", "1", "--keep-runs", "-", d],
+                       capture_output=True, text=True, timeout=120)
+    check(f"held-out shapes' dry run exits 0: {p.stderr[-300:]}", p.returncode == 0)
+    check("the 3B row", "input/bench/llama32-3b.ini --data.train_file=" in p.stdout and "--model.num_layers=28 "
+          "--data.max_length=2048 --train.micro_batch_size=4" in p.stdout)
+    check("the 8192-token row", "--model.num_layers=8 --data.max_length=8192 --train.micro_batch_size=1" in p.stdout)
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "scaling.sh"), "--dry-run", "--gpus", "1", "--shapes",
+                        "llama2b", "-", d], capture_output=True, text=True, timeout=60)
+    said = p.stdout + p.stderr  # (the message's stream depends on where the script's log goes)
+    check(f"an unknown shape refused with the names: {said[-300:]}",
+          p.returncode == 2 and "unknown shape 'llama2b' (llama1b, llama8b, bloom, llama3b, llama8b8k)" in said)
 
 # ---- 4. ab_table ---------------------------------------------------------------------------------
 def ab(variant, gpus, tps, rnd, status="ok"):
