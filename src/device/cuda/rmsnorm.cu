@@ -85,9 +85,10 @@ __global__ void __launch_bounds__(kRowThreads)
 // row after the sum, found part of it evicted with many rows in flight: 1.5x the bytes on the 3B shape.) The G
 // warps' sums meet in shared memory, in a fixed order. Few registers: four blocks an SM keep loads in flight.
 constexpr int kHeldPacks = 2;
+constexpr int kHeldBlocksPerSm = 4;  // the launch bounds' promise, and the grid's size
 
 template <typename T, int N>
-__global__ void __launch_bounds__(kRowThreads, 4)
+__global__ void __launch_bounds__(kRowThreads, kHeldBlocksPerSm)
     rmsnorm_backward_held_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
                                  const float* __restrict__ rstd, T* dx, int n, int H, bool accumulate_dx, float offset,
                                  int G) {
@@ -164,7 +165,8 @@ void backward_with(const T* dy, const T* x, const T* weight, const float* rstd, 
   while (G < kRowWarps && packs > G * 32 * kHeldPacks) G *= 2;
   if (packs <= G * 32 * kHeldPacks) {
     const long long rows_per_block = kRowWarps / G;
-    const long long blocks = std::min<long long>((n + rows_per_block - 1) / rows_per_block, 4LL * sm_count());
+    const long long blocks = std::min<long long>((n + rows_per_block - 1) / rows_per_block,
+                                                    static_cast<long long>(kHeldBlocksPerSm) * sm_count());
     rmsnorm_backward_held_kernel<T, N><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
         dy, x, weight, rstd, dx, n, H, accumulate_dx, offset, G);
   } else {
