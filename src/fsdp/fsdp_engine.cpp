@@ -486,19 +486,19 @@ FsdpMemory FsdpEngine::memory() const {
     r.trainable_params += d.flat.numel;
   }
   if (m.offload) r.master_shard += m.offload->resident_master_bytes();  // the root's resident master
-  r.full_params = m.root_full.bytes() + m.root_frozen_full.bytes();
+  // The root's allocation (its gathered copy and the head's gradient buffer) lying in the blocks' gradient slices
+  // (plan.root_in_slices) is counted there, once.
+  const bool own_root = !m.plan.root_in_slices;
+  if (!own_root) r.grad_shard += m.block_slices.bytes();
+  r.full_params = (own_root ? m.root_full.bytes() : 0) + m.root_frozen_full.bytes();
   for (const DeviceArray& b : m.block_full) r.full_params += b.bytes();
   for (const DeviceArray& b : m.block_frozen_full) r.full_params += b.bytes();
-  r.full_grads = m.root_grad_full.bytes() - m.plan.root_overlap;  // the shared bytes count as parameters
-  if (m.plan.root_in_slices) {  // ... and all of them as the blocks' gradient slices
-    r.grad_shard += m.block_slices.bytes();
-    r.full_params -= m.root_full.bytes();
-    r.full_grads -= m.root_grad_full.bytes() - m.plan.root_overlap;
-  }
+  // (The bytes the gathered root shares with the head's gradient buffer count as parameters.)
+  r.full_grads = own_root ? m.root_grad_full.bytes() - m.plan.root_overlap : 0;
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
-                   m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() + m.split_packed.bytes() + m.split_slots.bytes() +
-                   (m.offload ? m.offload->staging_bytes() : 0);
+                   m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() +
+                   m.split_packed.bytes() + m.split_slots.bytes() + (m.offload ? m.offload->staging_bytes() : 0);
   r.activations = m.model->activation_bytes() - m.grads_borrowed;  // counted once, as gradients
   return r;
 }

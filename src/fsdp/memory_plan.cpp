@@ -59,17 +59,16 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
   p.optimizer += b.offload_resident * (kRootStateBytes - sizeof(float));  // AdamW's moments (no other optimizer)
   // Offloaded: the pinned landing buffers of the reduced slices and the upload staging (two of each).
   p.host_bytes += 2 * (b.offload_landing + b.offload_stage);
-  p.record.full_params = ((b.alias ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
+  // With root_in_slices the root's allocation (its gathered copy, the head's gradient buffer) lies in the first blocks'
+  // gradient slices, one allocation of slices each 256-byte aligned: counted there.
+  const bool own_root = !b.root_in_slices;
+  if (!own_root) p.record.grad_shard += b.layers * (b.slice_stride - b.block_padded / shard_size * sizeof(float));
+  p.record.full_params = ((b.alias || !own_root ? 0 : b.root_padded) + b.block_copies * b.block_padded) * csize;
   if (!layouts.frozen.empty() && !b.frozen_alias)
     p.record.full_params += (b.frozen_root_padded + b.frozen_block_copies * b.frozen_block_padded) * csize;
-  p.record.full_grads = (b.root_grad_numel() + b.grad_buffers * b.block_padded) * 4;
-  p.record.full_grads -= b.root_overlap;  // the gathered table's bytes, counted under the parameters
-  if (b.root_in_slices) {
-    // The blocks' slices in one allocation, each 256-byte aligned; the root's allocation lies in the first ones.
-    p.record.grad_shard += b.layers * (b.slice_stride - b.block_padded / shard_size * sizeof(float));
-    p.record.full_params -= b.root_padded * csize;
-    p.record.full_grads -= b.root_grad_numel() * 4 - b.root_overlap;
-  }
+  p.record.full_grads = b.grad_buffers * b.block_padded * 4;
+  // (The gathered table's bytes in the head's gradient buffer are counted under the parameters.)
+  if (own_root) p.record.full_grads += b.root_grad_numel() * 4 - b.root_overlap;
   p.record.comm_staging = b.grad_slice * 4 + b.stage_full + b.stage_slice + 2 * b.offload_slice + 2 * b.offload_stream +
                           b.offload_squares + b.root_split_bytes + b.exchange_bytes;
   // The block-gradient buffers in the head's scratch: what they share is counted under the gradients.
