@@ -183,6 +183,35 @@ BOOST_AUTO_TEST_CASE(empty_sizes_launch_nothing) {
   sync();
 }
 
+// The backend's allocate() returns memory that is zero for every stream: a copy queued on the compute stream
+// right after it keeps its values. cudaMemset alone runs on the legacy default stream, which the backend's
+// non-blocking streams do not wait for; queued behind other work there (here a 2 GiB memset; in a run, work of
+// NCCL's), it wiped what such a copy had written first: LoRA's initial adapters on ranks sharing a GPU.
+BOOST_AUTO_TEST_CASE(allocated_memory_is_zero_before_any_stream_writes_it) {
+  std::unique_ptr<Backend> gpu = make_cuda_backend();
+  DeviceBuffer busy(size_t{2} << 30);
+  const size_t bytes = size_t{64} << 20, n = 4096;
+  float* values = nullptr;
+  CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(&values), n * sizeof(float)));  // page-locked: the copy is queued, not staged
+  for (size_t i = 0; i < n; ++i) values[i] = 1.0f + static_cast<float>(i);
+  std::vector<float> back(n);
+  for (int trial = 0; trial < 4; ++trial) {
+    CUDA_OK(cudaMemsetAsync(busy.get(), trial, busy.bytes(), cudaStreamLegacy));
+    DeviceArray a = gpu->allocate(bytes, MemKind::Other);
+    gpu->copy(a.data(), values, n * sizeof(float), CopyKind::HostToDevice, gpu->compute_stream());
+    CUDA_OK(cudaDeviceSynchronize());  // whatever is still queued anywhere has run
+    gpu->copy(back.data(), a.data(), n * sizeof(float), CopyKind::DeviceToHost, gpu->compute_stream());
+    float tail = -1.0f;
+    gpu->copy(&tail, a.as<char>() + bytes - sizeof(float), sizeof(float), CopyKind::DeviceToHost, gpu->compute_stream());
+    gpu->synchronize(gpu->compute_stream());
+    BOOST_TEST_CONTEXT("trial " << trial) {
+      BOOST_TEST(std::equal(back.begin(), back.end(), values));
+      BOOST_TEST(tail == 0.0f);  // and zero where nothing was written
+    }
+  }
+  cudaFreeHost(values);
+}
+
 // ---- embedding ------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(embedding_forward_gathers_rows) {

@@ -105,7 +105,7 @@ class CudaBackend final : public Backend {
 
   DeviceArray allocate(size_t bytes, MemKind) override {
     DeviceArray a{std::make_unique<CudaMemory>(bytes)};
-    if (bytes) SHARDLM_CUDA_CHECK(cudaMemset(a.data(), 0, bytes));
+    cuda::zero_device_memory(a.data(), bytes);  // zero for every stream before it is returned
     return a;
   }
   size_t allocated_bytes() const override { return cuda::device_memory_stats().current; }

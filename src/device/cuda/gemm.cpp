@@ -14,6 +14,7 @@
 
 #include "cublaslt_library.hpp"
 #include "cuda_check.hpp"
+#include "device_memory_count.hpp"
 #include "elementwise.hpp"
 #include "gemm.hpp"
 
@@ -204,8 +205,7 @@ Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
     std::memcpy(ones.data() + kOnesRows * sizeof(float) + i * 2, &one_bf16, 2);
     std::memcpy(ones.data() + kOnesRows * (sizeof(float) + 2) + i * 2, &one_fp16, 2);
   }
-  SHARDLM_CUDA_CHECK(
-      cudaMemcpy(static_cast<char*>(workspace_) + ones_at, ones.data(), ones.size(), cudaMemcpyHostToDevice));
+  copy_to_device_now(static_cast<char*>(workspace_) + ones_at, ones.data(), ones.size());
 }
 
 Gemm::~Gemm() {

@@ -333,7 +333,7 @@ std::unique_ptr<DeviceMemory> NcclCommunicator::allocate_window(size_t bytes) {
     windows_offered_ = false;
     return nullptr;
   }
-  SHARDLM_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  zero_device_memory(p, bytes);
   ncclWindow_t window = nullptr;
   last_ = concat("ncclCommWindowRegister of ", bytes, " bytes");
   check(ncclCommWindowRegister(comm_, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister");

@@ -32,7 +32,7 @@ BloomCuda::BloomCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   }
   std::vector<float> slopes = alibi_slopes(cfg.num_heads);
   slopes_.allocate(slopes.size());
-  SHARDLM_CUDA_CHECK(cudaMemcpy(slopes_.data(), slopes.data(), slopes.size() * sizeof(float), cudaMemcpyHostToDevice));
+  copy_to_device_now(slopes_.data(), slopes.data(), slopes.size() * sizeof(float));
 
   // Every size from bloom_cuda_sizes, which `shardlm plan` reads too.
   const BloomCudaSizes& z = sizes_;

@@ -71,8 +71,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, DType dt, int max_batch, int max_se
   inv_freq_.allocate(sizes_.inv_freq / sizeof(float));
   SHARDLM_CHECK(inv_freq.size() * sizeof(float) == sizes_.inv_freq, "LlamaCuda: rotary tables of ",
                 inv_freq.size(), " frequencies, ", sizes_.inv_freq, " bytes planned");
-  SHARDLM_CUDA_CHECK(cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float),
-                                cudaMemcpyHostToDevice));
+  copy_to_device_now(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
   allocate_step_buffers(sizes_.hidden, sizes_.attention_workspace, sizes_.head_workspace, sizes_.fp8);
   final_rstd_.allocate(sizes_.final_rstd / sizeof(float));
   saved_.resize(sizes_.saved_blocks);
