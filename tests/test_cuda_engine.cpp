@@ -175,6 +175,14 @@ double max_relative(const std::vector<double>& a, const std::vector<double>& b) 
   return worst;
 }
 
+// "step i: got g, want w" for the first step whose relative difference passes `tolerance` (a failure's context).
+std::string first_step_apart(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (std::abs(got[i] - want[i]) > tolerance * std::abs(want[i]))
+      return concat("step ", i, ": got ", got[i], ", want ", want[i]);
+  return "no step apart";
+}
+
 // 20 fp32 steps of make(backend, name, steps) on the GPU give the CPU backend's losses and gradient
 // norms under each strategy.
 void expect_fp32_matches_the_cpu_backend(RunConfig (*make)(const std::string&, const std::string&, int),
@@ -190,8 +198,10 @@ void expect_fp32_matches_the_cpu_backend(RunConfig (*make)(const std::string&, c
     const TrainResult got = train(gpu, MPI_COMM_WORLD, quiet());
     BOOST_TEST_CONTEXT(strategy_name(s)) {
       BOOST_TEST_REQUIRE(got.step_losses.size() == 20u);
-      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4);
-      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3);
+      BOOST_TEST(max_relative(got.step_losses, want.step_losses) < 1e-4,
+                 "loss " << first_step_apart(got.step_losses, want.step_losses, 1e-4));
+      BOOST_TEST(max_relative(got.grad_norms, want.grad_norms) < 1e-3,
+                 "gradient norm " << first_step_apart(got.grad_norms, want.grad_norms, 1e-3));
     }
   }
 }

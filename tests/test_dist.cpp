@@ -1,5 +1,5 @@
 // Tests of dist under mpirun: collectives (fp32 and 16-bit), topology, the strategy-to-groups
-// table and the process groups made from it, error agreement, NCCL's socket defaults.
+// table and the process groups made from it, error agreement, NCCL's socket defaults, ranks sharing GPUs.
 #define BOOST_TEST_MODULE test_dist
 #include "mpi_fixture.hpp"
 
@@ -239,6 +239,50 @@ BOOST_AUTO_TEST_CASE(nccl_socket_defaults_fill_only_what_is_unset) {
   BOOST_TEST(std::string(std::getenv("NCCL_SOCKET_NTHREADS")) == "2");
   BOOST_TEST(std::string(std::getenv("NCCL_NSOCKS_PERTHREAD")) == std::to_string(kNcclSocketsPerThread));
   BOOST_TEST(default_nccl_socket_parallelism().empty());
+  for (int i = 0; i < 2; ++i) {
+    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+    else unsetenv(names[i]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
+  // One GPU a rank: the host rank's own; more ranks than GPUs stop the run, naming both counts and the way out.
+  BOOST_TEST(place_rank_on_gpu(3, 4, 4, false, "h").device == 3);
+  BOOST_TEST(place_rank_on_gpu(3, 4, 4, false, "h").ranks_on_device == 1);
+  BOOST_TEST(place_rank_on_gpu(1, 2, 8, false, "h").ranks_on_device == 1);
+  const std::string refused = error_of([] { place_rank_on_gpu(1, 2, 1, false, "node7"); });
+  BOOST_TEST(refused.find("node7 runs 2 ranks but has 1 GPU(s)") != std::string::npos, refused);
+  BOOST_TEST(refused.find("SHARDLM_SHARE_GPUS=1") != std::string::npos, refused);
+  // Shared: ranks dealt round the GPUs, each told how many ranks its GPU holds.
+  int on[2] = {0, 0};
+  for (int r = 0; r < 5; ++r) {
+    const GpuPlacement p = place_rank_on_gpu(r, 5, 2, true, "h");
+    BOOST_TEST(p.device == r % 2);
+    ++on[p.device];
+    BOOST_TEST(p.ranks_on_device == (p.device == 0 ? 3 : 2));
+  }
+  BOOST_TEST(on[0] == 3);
+  BOOST_TEST(place_rank_on_gpu(1, 2, 1, true, "h").ranks_on_device == 2);
+  BOOST_TEST(place_rank_on_gpu(0, 1, 2, true, "h").ranks_on_device == 1);  // sharing allowed, nothing shared
+
+  // The switch and NCCL's host id (the environment put back at the end; the suite never starts NCCL).
+  const char* names[] = {"SHARDLM_SHARE_GPUS", "NCCL_HOSTID"};
+  std::string saved[2];
+  bool had[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    if (v) saved[i] = v;
+  }
+  unsetenv("SHARDLM_SHARE_GPUS");
+  BOOST_TEST(!gpu_sharing_requested());
+  setenv("SHARDLM_SHARE_GPUS", "0", 1);
+  BOOST_TEST(!gpu_sharing_requested());
+  setenv("SHARDLM_SHARE_GPUS", "1", 1);
+  BOOST_TEST(gpu_sharing_requested());
+  setenv("NCCL_HOSTID", "one-for-all", 1);  // a value exported for every rank would put them back on one host
+  nccl_host_per_rank("node7", 5);
+  BOOST_TEST(std::string(std::getenv("NCCL_HOSTID")) == "node7/rank5");
   for (int i = 0; i < 2; ++i) {
     if (had[i]) setenv(names[i], saved[i].c_str(), 1);
     else unsetenv(names[i]);

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 
+#include "shardlm/core.hpp"
+
 namespace shardlm {
 
 std::vector<std::string> default_nccl_socket_parallelism() {
@@ -18,6 +20,27 @@ std::vector<std::string> default_nccl_socket_parallelism() {
   fill("NCCL_SOCKET_NTHREADS", kNcclSocketThreads);
   fill("NCCL_NSOCKS_PERTHREAD", kNcclSocketsPerThread);
   return set;
+}
+
+bool gpu_sharing_requested() {
+  const char* v = std::getenv("SHARDLM_SHARE_GPUS");
+  return v && std::string(v) == "1";
+}
+
+GpuPlacement place_rank_on_gpu(int host_rank, int host_ranks, int devices, bool share, const std::string& host) {
+  SHARDLM_CHECK(devices > 0 && host_rank >= 0 && host_rank < host_ranks, "place_rank_on_gpu: host rank ", host_rank,
+                " of ", host_ranks, " on ", devices, " GPU(s)");
+  SHARDLM_CHECK(share || host_ranks <= devices, "host ", host, " runs ", host_ranks, " ranks but has ", devices,
+                " GPU(s); start at most one rank per GPU (e.g. srun --ntasks-per-node=", devices,
+                "), or, to test on fewer GPUs, export SHARDLM_SHARE_GPUS=1 (docs/cluster.md)");
+  GpuPlacement p;
+  p.device = host_rank % devices;
+  p.ranks_on_device = host_ranks / devices + (p.device < host_ranks % devices ? 1 : 0);
+  return p;
+}
+
+void nccl_host_per_rank(const std::string& host, int world_rank) {
+  setenv("NCCL_HOSTID", (host + "/rank" + std::to_string(world_rank)).c_str(), 1);
 }
 
 }  // namespace shardlm

@@ -51,11 +51,14 @@ void check_memory_plan(const RunConfig& cfg, const Topology& topo, int micro, co
 
 // Before anything of the run is allocated: the plan's bytes per rank against what this rank's GPU
 // (or its share of the host) has free, agreed over every rank so that all of them stop together.
-void check_memory_fits(const RunConfig& cfg, const Topology& topo, int micro, const Backend& be, MPI_Comm comm) {
+// `ranks_on_gpu`: the ranks sharing this rank's GPU (SHARDLM_SHARE_GPUS), each given its part of what is free.
+void check_memory_fits(const RunConfig& cfg, const Topology& topo, int micro, const Backend& be, MPI_Comm comm,
+                       int ranks_on_gpu) {
   const size_t planned = plan_rank_memory(memory_plan_spec(cfg, topo, micro)).device_total();
   const bool cuda = be.kind() == BackendKind::Cuda;
   size_t available = be.available_bytes();
   if (!cuda) available /= static_cast<size_t>(std::max(topo.host_ranks, 1));  // ranks share a host's memory
+  else available /= static_cast<size_t>(std::max(ranks_on_gpu, 1));
   const bool short_here = available > 0 && planned > available;
   const double least_free = mpi_min(comm, static_cast<double>(available));
   if (any_rank(comm, short_here))
@@ -87,10 +90,11 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
   std::unique_ptr<Backend> backend, host_backend;
   ProcessGroups groups;
   BackendKind kind = BackendKind::Cpu;
+  int ranks_on_gpu = 1;
   if (cfg.run.backend == BackendKind::Cuda) {
 #ifdef SHARDLM_HAVE_CUDA
     kind = BackendKind::Cuda;
-    cuda::select_device(topo);
+    ranks_on_gpu = cuda::select_device(topo).ranks_on_device;
     // Offloaded, the host's cores run AdamW: threads waiting for the GPU sleep rather than spin on one.
     backend = make_cuda_backend(cfg.fsdp.cpu_offload);
     // The second communicators are for the engine's own schedule; CPU offload keeps everything on one stream.
@@ -115,7 +119,7 @@ std::unique_ptr<FsdpEngine> make_engine(const RunConfig& cfg, MPI_Comm comm, con
     backend = make_cpu_backend(cpu_default_threads(topo.host_ranks));
     groups = make_mpi_process_groups(comm, topo, cfg.fsdp.strategy);
   }
-  check_memory_fits(cfg, topo, micro, *backend, comm);
+  check_memory_fits(cfg, topo, micro, *backend, comm, ranks_on_gpu);
   const size_t before = backend->allocated_bytes();
   const DType compute = backend->compute_dtype(cfg.fsdp.param_dtype);
   FsdpOptions fsdp = engine_fsdp_options(cfg, topo.world_size);

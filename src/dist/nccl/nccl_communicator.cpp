@@ -110,7 +110,8 @@ int world_rank_of_job() {
 
 bool copy_engine_gathers_available() {
 #if NCCL_VERSION_CODE >= 22800
-  return nccl_runtime_version() >= 22800;
+  // Not with ranks sharing GPUs (SHARDLM_SHARE_GPUS), which NCCL sees as hosts of their own.
+  return nccl_runtime_version() >= 22800 && !gpu_sharing_requested();
 #else
   return false;
 #endif
@@ -142,15 +143,16 @@ class NcclWindowMemory final : public DeviceMemory {
 };
 #endif
 
-int select_device(const Topology& topo) {
+GpuPlacement select_device(const Topology& topo) {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   SHARDLM_CHECK(rc == cudaSuccess && count > 0, "rank ", topo.world_rank, " on ", host_name(),
                 ": no CUDA device (", cudaGetErrorString(rc), "); run.backend = cuda needs one GPU per rank");
-  SHARDLM_CHECK(topo.host_ranks <= count, "host ", host_name(), " runs ", topo.host_ranks, " ranks but has ",
-                count, " GPU(s); start at most one rank per GPU (e.g. srun --ntasks-per-node=", count, ")");
-  SHARDLM_CUDA_CHECK(cudaSetDevice(topo.host_rank));
-  return topo.host_rank;
+  const bool share = gpu_sharing_requested();
+  const GpuPlacement p = place_rank_on_gpu(topo.host_rank, topo.host_ranks, count, share, host_name());
+  if (share) nccl_host_per_rank(host_name(), topo.world_rank);  // before NCCL's first communicator
+  SHARDLM_CUDA_CHECK(cudaSetDevice(p.device));
+  return p;
 }
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t stream, double timeout_s, std::string name)

@@ -14,12 +14,14 @@
 #include <string>
 
 #include "shardlm/dist.hpp"
+#include "../nccl_environment.hpp"
 
 namespace shardlm::cuda {
 
 // The GPU of this rank: its place among the ranks of its host (one GPU per rank). Error if the
-// host has fewer GPUs than ranks, naming both counts. Calls cudaSetDevice.
-int select_device(const Topology& topo);
+// host has fewer GPUs than ranks, naming both counts, unless SHARDLM_SHARE_GPUS=1 lets ranks share
+// them (place_rank_on_gpu; NCCL then sees each rank as a host of its own). Calls cudaSetDevice.
+GpuPlacement select_device(const Topology& topo);
 
 class NcclCommunicator : public Communicator {
  public:
@@ -108,7 +110,7 @@ class NcclCommunicator : public Communicator {
 };
 
 // Whether the NCCL the process runs with (2.28 or later, as built against) moves all-gathers between
-// symmetric windows with the copy engines.
+// symmetric windows with the copy engines: not where ranks share GPUs (SHARDLM_SHARE_GPUS).
 bool copy_engine_gathers_available();
 
 // The FSDP process groups on NCCL, shaped as make_mpi_process_groups's: world, shard and replicate.
