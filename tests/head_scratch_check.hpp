@@ -241,7 +241,7 @@ inline void expect_table_in_head_grad_changes_nothing(const shardlm::RunConfig& 
 }
 
 // FsdpBufferPlan::root_in_slices: the head's gradient buffer and the gathered root lie in the first blocks' gradient
-// slices (fsdp.root_in_grad_slices). Against it off (the default), FULL_SHARD and SHARD_GRAD_OP, one micro-step a step: the
+// slices (fsdp.root_in_grad_slices, on by default). Against it off, FULL_SHARD and SHARD_GRAD_OP, one micro-step a step: the
 // plan puts it there where the shard group has several ranks (`base`'s model small enough: a tiny untied Llama of
 // 24 layers whose 259-row vocabulary holds every rank's 64 ids, so that the table's rows are packed), the engine
 // then holds the allocation's bytes less (the slices' 256-byte alignment more), and each of three steps, with an
@@ -262,8 +262,8 @@ inline void expect_root_in_slices_changes_nothing(const shardlm::RunConfig& base
     cfg.train.micro_batch_size = micro;
     cfg.train.batch_size = micro * world_size();
     const Topology topo = make_topology(MPI_COMM_WORLD, 0);
-    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
-    auto inside = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.root_in_grad_slices = true; });
+    auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.root_in_grad_slices = false; });
+    auto inside = make_engine(cfg, MPI_COMM_WORLD, topo, micro);  // (the key's default)
     BOOST_TEST_CONTEXT(concat(backend_name(cfg.run.backend), "_", strategy_name(s))) {
       const FsdpBufferPlan& plan = inside->buffer_plan();
       BOOST_TEST(!apart->buffer_plan().root_in_slices);

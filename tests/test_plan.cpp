@@ -607,8 +607,8 @@ BOOST_AUTO_TEST_CASE(untied_split_root_holds_no_table_gradient_buffer) {
 // gradient buffer and the gathered root (root_overlap's one allocation) lie in the first blocks' gradient slices
 // (FsdpBufferPlan::root_in_slices), at most half of them: the plan holds that allocation less and the slices'
 // 256-byte alignment more, the gathered parameters and full gradients count no root; 34.56 GiB on 4 ranks (FSDP2
-// eager measured 35.85) and 64.35 on 2 (65.76), with fsdp.root_in_grad_slices (off by default). The 8-layer
-// shape's 8 slices are too few on 2 ranks.
+// eager measured 35.85) and 64.35 on 2 (65.76), with fsdp.root_in_grad_slices (the default). The 8-layer
+// shape's 8 slices are too few on 2 ranks, and a step of several micro-steps keeps the root apart.
 BOOST_AUTO_TEST_CASE(the_root_lies_in_the_first_blocks_gradient_slices) {
   const std::string deck = SHARDLM_SOURCE_DIR "/input/bench/llama31-8b.ini";
   for (const int ranks : {2, 4}) {
@@ -645,6 +645,22 @@ BOOST_AUTO_TEST_CASE(the_root_lies_in_the_first_blocks_gradient_slices) {
   shardlm::MemoryPlanSpec off = s;
   off.fsdp.root_in_grad_slices = false;
   BOOST_TEST(shardlm::plan_rank_memory(s).device_total() == shardlm::plan_rank_memory(off).device_total());
+  // The key's default, then with accumulation (4 micro-steps of 2 samples on the deck's world of one): the same
+  // plan as off.
+  for (const bool accumulating : {false, true}) {
+    std::vector<std::string> args = {"--fsdp.activation_checkpointing=true"};
+    if (accumulating) args.push_back("--train.batch_size=8");
+    const shardlm::RunConfig c = shardlm::load_run_config(deck, args, 1, false);
+    shardlm::MemoryPlanSpec d = spec_of(c);
+    d.world_size = 2;
+    d.fsdp.accumulation = c.grad_accum(1);  // as engine_fsdp_options gives it
+    BOOST_TEST(d.fsdp.root_in_grad_slices);
+    BOOST_TEST(d.fsdp.accumulation == (accumulating ? 4 : 1));
+    shardlm::MemoryPlanSpec apart = d;
+    apart.fsdp.root_in_grad_slices = false;
+    const bool same = shardlm::plan_rank_memory(d).device_total() == shardlm::plan_rank_memory(apart).device_total();
+    BOOST_TEST_CONTEXT("accumulating " << accumulating) { BOOST_TEST(same == accumulating); }
+  }
 }
 
 // A CUDA spec's LM-head scratch (the model's logits chunk), its engine layouts and its engine's buffer plan over a

@@ -143,8 +143,8 @@ struct FsdpSection {
   // as before (UnitModel::writes_fresh_block_grads says which models can).
   bool fresh_block_grads = true;
   // The head's gradient buffer and the gathered root in the first blocks' gradient slices where they fit
-  // (FsdpBufferPlan::root_in_slices); off until it has run on GPUs.
-  bool root_in_grad_slices = false;
+  // (FsdpBufferPlan::root_in_slices: one micro-step a step among its conditions); false: separate buffers.
+  bool root_in_grad_slices = true;
   // The CUDA backend's all-gather schedule (the CPU backend runs synchronously and ignores them):
   bool forward_prefetch = true;          // gather the next block while this one computes
   // Pre: gather the previous block before this one's backward; Post: after it; None: only when needed.

@@ -182,10 +182,12 @@ static std::vector<KeySpec> communication_keys() {
                "gradient slices, which hold nothing from the optimizer step until those blocks' reductions land, the "
                "last of the backward: with an untied head, the root's reduction split, the table's rows packed "
                "(`fp32` reductions), one micro-step a step, one shard group without replicas, and at most half the "
-               "blocks under it. The full Llama-3.1-8B (2048 x 2, activation checkpointing) then plans at 34.56 GiB a "
-               "GPU on 4 GPUs instead of 37.49 (64.35 instead of 67.28 on 2). A second forward before the step's update "
-               "is refused. `false` (the default until it has run on GPUs: only the CPU backend's tests have run it): "
-               "separate buffers. [design.md](design.md) has the details"),
+               "blocks under it; elsewhere (accumulation, replicas, CPU offload, a tied head) the key does nothing. "
+               "The full Llama-3.1-8B (2048 x 2, activation checkpointing) then plans at 34.56 GiB a GPU on 4 GPUs "
+               "instead of 37.49, and measured 64.35 GiB a rank on 2 instead of 67.28 (2 ranks sharing an H200; "
+               "FSDP2 eager holds 65.76 on 2 x H200). The same values: bit for bit on the CPU backend, within the "
+               "run-to-run spread of the GPU's atomic sums on the CUDA backend. `false`: separate buffers. "
+               "[design.md](design.md) has the details"),
       flag_key("fsdp.forward_prefetch", SHARDLM_FIELD(fsdp.forward_prefetch))
           .cuda()
           .doc("queue the next block's all-gather before this block's forward, so it overlaps this block's compute; "

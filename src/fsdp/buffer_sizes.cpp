@@ -279,8 +279,9 @@ void plan_root_overlap(FsdpBufferPlan& plan, const FsdpOptions& opt) {
 void plan_root_in_slices(FsdpBufferPlan& plan, const FsdpOptions& opt, int shard_size, int replicate_size) {
   // (The blocks' reductions add into their slices on the comm stream, the exchange's too, after the head's part:
   // the replicas' on their own stream.)
+  // (One micro-step a step: a later micro-step's forward would gather the root over the gradients it keeps.)
   if (!opt.root_in_grad_slices || plan.root_overlap == 0 || !plan.root_split.rows_packed || replicate_size > 1 ||
-      !plan.grad_slices || opt.cpu_offload || plan.layers == 0)
+      !plan.grad_slices || opt.cpu_offload || plan.layers == 0 || opt.accumulation > 1)
     return;
   constexpr size_t kAlign = 256;
   const size_t stride = (plan.block_padded / shard_size * sizeof(float) + kAlign - 1) / kAlign * kAlign;
