@@ -4,6 +4,9 @@
 #include "mpi_fixture.hpp"
 
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "nccl_environment.hpp"
 #include "shardlm/dist.hpp"
@@ -214,16 +217,30 @@ BOOST_AUTO_TEST_CASE(errors_are_agreed_on) {
   BOOST_TEST(mpi_max(MPI_COMM_WORLD, double(world_rank())) == double(n - 1));
 }
 
-BOOST_AUTO_TEST_CASE(nccl_socket_defaults_fill_only_what_is_unset) {
-  // What the environment held, put back at the end (the suite's other cases never start NCCL).
-  const char* names[] = {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"};
-  std::string saved[2];
-  bool had[2];
-  for (int i = 0; i < 2; ++i) {
-    const char* v = std::getenv(names[i]);
-    had[i] = v != nullptr;
-    if (v) saved[i] = v;
+// The named environment variables as they were, put back when it goes.
+class SavedEnvironment {
+ public:
+  explicit SavedEnvironment(std::vector<std::string> names) : names_(std::move(names)) {
+    for (const std::string& n : names_) {
+      const char* v = std::getenv(n.c_str());
+      values_.emplace_back(v != nullptr, v ? v : "");
+    }
   }
+  ~SavedEnvironment() {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (values_[i].first) setenv(names_[i].c_str(), values_[i].second.c_str(), 1);
+      else unsetenv(names_[i].c_str());
+    }
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::pair<bool, std::string>> values_;
+};
+
+BOOST_AUTO_TEST_CASE(nccl_socket_defaults_fill_only_what_is_unset) {
+  // (The suite's other cases never start NCCL.)
+  const SavedEnvironment saved({"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"});
   unsetenv("NCCL_SOCKET_NTHREADS");
   unsetenv("NCCL_NSOCKS_PERTHREAD");
   BOOST_TEST(default_nccl_socket_parallelism() == (std::vector<std::string>{"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}),
@@ -239,10 +256,6 @@ BOOST_AUTO_TEST_CASE(nccl_socket_defaults_fill_only_what_is_unset) {
   BOOST_TEST(std::string(std::getenv("NCCL_SOCKET_NTHREADS")) == "2");
   BOOST_TEST(std::string(std::getenv("NCCL_NSOCKS_PERTHREAD")) == std::to_string(kNcclSocketsPerThread));
   BOOST_TEST(default_nccl_socket_parallelism().empty());
-  for (int i = 0; i < 2; ++i) {
-    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
-    else unsetenv(names[i]);
-  }
 }
 
 BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
@@ -265,15 +278,8 @@ BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
   BOOST_TEST(place_rank_on_gpu(1, 2, 1, true, "h").ranks_on_device == 2);
   BOOST_TEST(place_rank_on_gpu(0, 1, 2, true, "h").ranks_on_device == 1);  // sharing allowed, nothing shared
 
-  // The switch and NCCL's host id (the environment put back at the end; the suite never starts NCCL).
-  const char* names[] = {"SHARDLM_SHARE_GPUS", "NCCL_HOSTID"};
-  std::string saved[2];
-  bool had[2];
-  for (int i = 0; i < 2; ++i) {
-    const char* v = std::getenv(names[i]);
-    had[i] = v != nullptr;
-    if (v) saved[i] = v;
-  }
+  // The switch and NCCL's host id (the suite never starts NCCL).
+  const SavedEnvironment saved({"SHARDLM_SHARE_GPUS", "NCCL_HOSTID"});
   unsetenv("SHARDLM_SHARE_GPUS");
   BOOST_TEST(!gpu_sharing_requested());
   setenv("SHARDLM_SHARE_GPUS", "0", 1);
@@ -283,8 +289,4 @@ BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
   setenv("NCCL_HOSTID", "one-for-all", 1);  // a value exported for every rank would put them back on one host
   nccl_host_per_rank("node7", 5);
   BOOST_TEST(std::string(std::getenv("NCCL_HOSTID")) == "node7/rank5");
-  for (int i = 0; i < 2; ++i) {
-    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
-    else unsetenv(names[i]);
-  }
 }
