@@ -100,7 +100,8 @@ class Backend {
   // What runs the work: the CUDA device's name ("NVIDIA H100 80GB HBM3"), or "cpu".
   virtual std::string device_name() const = 0;
 
-  // Zero-filled memory whose bytes count as `kind`.
+  // Zero-filled memory whose bytes count as `kind`: zero for every stream when it returns (work queued on any
+  // stream after it sees the zeros, never has them land on top of what it wrote).
   virtual DeviceArray allocate(size_t bytes, MemKind kind) = 0;
   // Bytes of backend memory allocated now and at most so far (this process).
   virtual size_t allocated_bytes() const = 0;
