@@ -9,6 +9,7 @@
 
 #include "cuda_check.hpp"
 #include "device_memory_count.hpp"
+#include "device_setup.hpp"
 
 namespace shardlm::cuda {
 

@@ -14,7 +14,7 @@
 
 #include "cublaslt_library.hpp"
 #include "cuda_check.hpp"
-#include "device_memory_count.hpp"
+#include "device_setup.hpp"
 #include "elementwise.hpp"
 #include "gemm.hpp"
 

@@ -13,6 +13,7 @@
 
 #include "cuda_check.hpp"
 #include "device_memory_count.hpp"
+#include "device_setup.hpp"
 #include "../nccl_environment.hpp"
 
 namespace shardlm::cuda {
