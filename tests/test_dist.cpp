@@ -273,10 +273,18 @@ BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
     BOOST_TEST(p.device == r % 2);
     ++on[p.device];
     BOOST_TEST(p.ranks_on_device == (p.device == 0 ? 3 : 2));
+    BOOST_TEST(p.shared);  // every rank of the host, those alone on a GPU too (NCCL's host ids agree)
   }
   BOOST_TEST(on[0] == 3);
   BOOST_TEST(place_rank_on_gpu(1, 2, 1, true, "h").ranks_on_device == 2);
-  BOOST_TEST(place_rank_on_gpu(0, 1, 2, true, "h").ranks_on_device == 1);  // sharing allowed, nothing shared
+  // Sharing allowed, nothing shared: as without the switch (NCCL keeps the host's GPUs peer to peer).
+  for (int devices : {2, 8}) {
+    const GpuPlacement p = place_rank_on_gpu(1, 2, devices, true, "h");
+    BOOST_TEST(p.device == 1);
+    BOOST_TEST(p.ranks_on_device == 1);
+    BOOST_TEST(!p.shared);
+  }
+  BOOST_TEST(!place_rank_on_gpu(3, 4, 4, false, "h").shared);
 
   // The switch and NCCL's host id (the suite never starts NCCL).
   const SavedEnvironment saved({"SHARDLM_SHARE_GPUS", "NCCL_HOSTID"});
@@ -289,4 +297,14 @@ BOOST_AUTO_TEST_CASE(ranks_share_gpus_only_when_asked) {
   setenv("NCCL_HOSTID", "one-for-all", 1);  // a value exported for every rank would put them back on one host
   nccl_host_per_rank("node7", 5);
   BOOST_TEST(std::string(std::getenv("NCCL_HOSTID")) == "node7/rank5");
+  // Whether the ranks share GPUs, for the peer-to-peer paths: before a placement, whether it was asked; after,
+  // what the placement found.
+  BOOST_TEST(gpus_shared());
+  unsetenv("SHARDLM_SHARE_GPUS");
+  BOOST_TEST(!gpus_shared());
+  record_gpu_placement(place_rank_on_gpu(0, 2, 1, true, "h"));
+  BOOST_TEST(gpus_shared());
+  setenv("SHARDLM_SHARE_GPUS", "1", 1);
+  record_gpu_placement(place_rank_on_gpu(0, 2, 2, true, "h"));
+  BOOST_TEST(!gpus_shared());
 }

@@ -36,8 +36,17 @@ GpuPlacement place_rank_on_gpu(int host_rank, int host_ranks, int devices, bool 
   GpuPlacement p;
   p.device = host_rank % devices;
   p.ranks_on_device = host_ranks / devices + (p.device < host_ranks % devices ? 1 : 0);
+  p.shared = host_ranks > devices;  // (the same answer on every rank of the host, as NCCL's host ids need)
   return p;
 }
+
+namespace {
+int placed_shared = -1;  // record_gpu_placement's answer; -1: none placed yet
+}  // namespace
+
+void record_gpu_placement(const GpuPlacement& p) { placed_shared = p.shared ? 1 : 0; }
+
+bool gpus_shared() { return placed_shared >= 0 ? placed_shared == 1 : gpu_sharing_requested(); }
 
 void nccl_host_per_rank(const std::string& host, int world_rank) {
   setenv("NCCL_HOSTID", (host + "/rank" + std::to_string(world_rank)).c_str(), 1);

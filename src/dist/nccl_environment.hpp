@@ -22,17 +22,24 @@ std::vector<std::string> default_nccl_socket_parallelism();
 // of its own, so their collectives go through its network transport (sockets without InfiniBand), as
 // between nodes. Values, schedule and memory per rank are a run's on as many GPUs; its speed is not,
 // and the paths that need one host's GPUs peer to peer (copy-engine gathers and exchanges, symmetric
-// windows) stay off. docs/cluster.md, "Testing on fewer GPUs than ranks".
+// windows) stay off. Only where the host has fewer GPUs than ranks: with enough, the switch changes
+// nothing. docs/cluster.md, "Testing on fewer GPUs than ranks".
 bool gpu_sharing_requested();
 
 struct GpuPlacement {
   int device = 0;           // the GPU this rank runs on
   int ranks_on_device = 1;  // the host's ranks on that GPU, this one included
+  bool shared = false;      // the host's ranks share its GPUs (more ranks than GPUs): every rank a host to NCCL
 };
 // Where a rank of `host_ranks` on its host (host rank `host_rank`) runs on `devices` GPUs: one GPU a rank,
-// or with `share` ranks dealt round the GPUs. Throws, naming both counts, where the host has fewer GPUs
-// than ranks and `share` is off.
+// or with `share` and fewer GPUs than ranks, ranks dealt round the GPUs. Throws, naming both counts, where
+// the host has fewer GPUs than ranks and `share` is off.
 GpuPlacement place_rank_on_gpu(int host_rank, int host_ranks, int devices, bool share, const std::string& host);
+
+// Whether this process's ranks share GPUs: as the placement made by select_device (record_gpu_placement)
+// found, and before any, whether sharing was asked for (the safe answer for the peer-to-peer paths).
+void record_gpu_placement(const GpuPlacement& p);
+bool gpus_shared();
 
 // NCCL_HOSTID = "<host>/rank<world_rank>" (NCCL reads it when its first communicator starts): each rank a
 // host of its own to NCCL. Set over whatever the environment held, which would put the ranks back on one.

@@ -215,10 +215,10 @@ void report_shape(TrainRun& run) {
                  " node(s); ", strategy_name(cfg.fsdp.strategy), ": shard group ", groups.shard->size(),
                  ", replicate group ", groups.replicate->size(), "; param ", dtype_name(cfg.fsdp.param_dtype),
                  ", reduce ", dtype_name(cfg.fsdp.reduce_dtype)));
-  if (cfg.run.backend == BackendKind::Cuda && gpu_sharing_requested())
-    run.say("ranks may share GPUs (SHARDLM_SHARE_GPUS=1): NCCL joins every rank through its network transport, as "
-            "separate nodes, and the copy-engine paths are off; values and memory per rank as on one GPU a rank, "
-            "speed not");
+  if (cfg.run.backend == BackendKind::Cuda && gpus_shared())
+    run.say("ranks share GPUs (SHARDLM_SHARE_GPUS=1, fewer GPUs than ranks on a host): NCCL joins every rank through "
+            "its network transport, as separate nodes, and the copy-engine paths are off; values and memory per rank "
+            "as on one GPU a rank, speed not");
   // NCCL's symmetric windows, where the engine got them (dist.gather_copy_engine, dist.symmetric_reductions,
   // dist.copy_engine_reductions).
   std::vector<std::string> windows;

@@ -112,7 +112,7 @@ int world_rank_of_job() {
 bool copy_engine_gathers_available() {
 #if NCCL_VERSION_CODE >= 22800
   // Not with ranks sharing GPUs (SHARDLM_SHARE_GPUS), which NCCL sees as hosts of their own.
-  return nccl_runtime_version() >= 22800 && !gpu_sharing_requested();
+  return nccl_runtime_version() >= 22800 && !gpus_shared();
 #else
   return false;
 #endif
@@ -149,9 +149,10 @@ GpuPlacement select_device(const Topology& topo) {
   const cudaError_t rc = cudaGetDeviceCount(&count);
   SHARDLM_CHECK(rc == cudaSuccess && count > 0, "rank ", topo.world_rank, " on ", host_name(),
                 ": no CUDA device (", cudaGetErrorString(rc), "); run.backend = cuda needs one GPU per rank");
-  const bool share = gpu_sharing_requested();
-  const GpuPlacement p = place_rank_on_gpu(topo.host_rank, topo.host_ranks, count, share, host_name());
-  if (share) nccl_host_per_rank(host_name(), topo.world_rank);  // before NCCL's first communicator
+  const GpuPlacement p =
+      place_rank_on_gpu(topo.host_rank, topo.host_ranks, count, gpu_sharing_requested(), host_name());
+  if (p.shared) nccl_host_per_rank(host_name(), topo.world_rank);  // before NCCL's first communicator
+  record_gpu_placement(p);
   SHARDLM_CUDA_CHECK(cudaSetDevice(p.device));
   return p;
 }
