@@ -9,6 +9,7 @@
 #include "adamw.hpp"
 #include "adamw_8bit.hpp"
 #include "device_memory.hpp"
+#include "device_setup.hpp"
 #include "elementwise.hpp"
 #include "token_rows.hpp"
 #include "shardlm/device.hpp"

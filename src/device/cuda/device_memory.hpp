@@ -9,7 +9,6 @@
 
 #include "cuda_check.hpp"
 #include "device_memory_count.hpp"
-#include "device_setup.hpp"
 
 namespace shardlm::cuda {
 

@@ -8,6 +8,7 @@
 
 #include "../bloom_layout.hpp"
 #include "alibi_attention.hpp"
+#include "device_setup.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "layernorm.hpp"

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <string>
 
+#include "device_setup.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
 #include "gqa_attention.hpp"
