@@ -351,6 +351,11 @@ BOOST_AUTO_TEST_CASE(model_gemma3_attention_keys) {
   BOOST_TEST(has(resolved_deck_ini(c), "query_pre_attn_scalar = 256"));
   BOOST_TEST(has(error_of([&] { load(gemma + "sliding_window_pattern = -1\n"); }), "model.sliding_window_pattern = -1"));
   BOOST_TEST(has(error_of([&] { load(gemma + "rope_local_theta = -5\n"); }), "model.rope_local_theta"));
+  // Local layers without a window: config.json could not say it (checkpoints, export).
+  const std::string no_window = kBase + "[model]\narch = gemma3\nnum_kv_heads = 2\nhead_dim = 16\n";
+  BOOST_TEST(has(error_of([&] { load(no_window); }), "model.sliding_window = 0: gemma3's local layers need a window"));
+  BOOST_TEST(has(error_of([&] { load(no_window + "sliding_window_pattern = 6\n"); }), "sliding_window_pattern = 6"));
+  BOOST_TEST(load(no_window + "sliding_window_pattern = 1\n").model.sliding_window == 0);  // global layers only
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = llama\nquery_pre_attn_scalar = 256\n"); }),
                  "model.query_pre_attn_scalar = 256: applies to gemma3, not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = mistral\nsliding_window_pattern = 6\n"); }),
@@ -786,6 +791,24 @@ BOOST_AUTO_TEST_CASE(smoke_runs_keep_the_family_and_replace_what_is_missing) {
            {"--run.smoke=true"});
   BOOST_TEST(c.model.arch == "qwen2");
   BOOST_TEST(c.model.num_kv_heads == 2);
+  // Separators inside a family's name do not hide it (the Phi-3 and Gemma 3 decks' folders).
+  for (const auto& [dir, family] : std::vector<std::pair<std::string, std::string>>{
+           {"models/Phi-3-mini-4k-instruct", "phi3"}, {"models/gemma-3-1b-pt", "gemma3"}, {"models/Qwen3-1.7B", "qwen3"}}) {
+    c = load("[model]\ndir = " + dir + "\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n", {"--run.smoke=true"});
+    BOOST_TEST(c.model.arch == family, dir);
+    if (family == "gemma3") {  // a local layer with a window, then a global one: what config.json can say
+      BOOST_TEST(c.model.sliding_window == 64);
+      BOOST_TEST(c.model.sliding_window_pattern == 2);
+      BOOST_TEST(c.model.layer_is_local(0));
+      BOOST_TEST(!c.model.layer_is_local(1));
+    }
+  }
+  // No family in the name: BLOOM, and the note says how to choose one.
+  c = load("[model]\ndir = models/my-model\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n", {"--run.smoke=true"});
+  BOOST_TEST(c.model.arch == "bloom");
+  said = false;
+  for (const std::string& n : c.notes) said = said || has(n, "--model.dir= --model.arch=FAMILY");
+  BOOST_TEST(said);
   // Without run.smoke the same deck stops at the missing folder.
   BOOST_TEST(has(error_of([&] { load("[model]\ndir = models/Qwen2.5-0.5B\n[data]\ntrain_file = train.json\n"
                                      "[train]\nbatch_size = 8\n"); }),

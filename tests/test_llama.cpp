@@ -1123,6 +1123,18 @@ BOOST_AUTO_TEST_CASE(transformers_4_config_reads_and_round_trips) {
   }
 }
 
+// A Gemma 3 of deck keys leaves query_pre_attn_scalar at 0 (head_dim): its config.json says head_dim, so its
+// checkpoints resume and transformers reads it (config.json refuses a 0).
+BOOST_AUTO_TEST_CASE(a_deck_gemma3_writes_its_head_dim_as_the_scalar) {
+  ModelConfig cfg = model_config_from_hf(kGemma1B, "gemma-3-1b");
+  cfg.query_pre_attn_scalar = 0.0f;
+  const std::string written = hf_config_json(cfg);
+  BOOST_TEST(contains(written, "\"query_pre_attn_scalar\": 256"), written);
+  const ModelConfig again = model_config_from_hf(written, "written");
+  BOOST_TEST(again.query_pre_attn_scalar == 256.0f);
+  BOOST_TEST(again.attention_scale() == cfg.attention_scale());
+}
+
 // transformers 5's form: layer_types and rope_parameters per layer type (the fixture's config.json).
 BOOST_AUTO_TEST_CASE(transformers_5_config_reads) {
   const std::string v5 = R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 12,

@@ -80,6 +80,12 @@ static void check_model(const RunConfig& cfg, int) {
     bad_value("model.sliding_window", std::to_string(m.sliding_window),
               concat("applies to the families with sliding-window attention (", windowed, "), not ", m.arch));
   }
+  // config.json (checkpoints, export) has no local layer without a window: transformers' Gemma 3 takes none.
+  if (family.local_global_layers && m.sliding_window == 0 && m.sliding_window_pattern != 1)
+    bad_value("model.sliding_window", "0",
+              concat(m.arch, "'s local layers need a window (Gemma 3 1B: 512), or sliding_window_pattern = 1 for "
+                     "global layers only; sliding_window_pattern = ", m.sliding_window_pattern,
+                     m.sliding_window_pattern == 0 ? " makes every layer local" : " makes local layers"));
   if (!family.local_global_layers) {
     const std::pair<const char*, double> gemma_keys[] = {{"model.sliding_window_pattern", m.sliding_window_pattern},
                                                          {"model.rope_local_theta", m.rope_local_theta},
@@ -168,7 +174,8 @@ static std::vector<KeySpec> family_size_and_window_keys() {
                "on both backends (the CPU attention, the CUDA kernels and cuDNN's fused attention, whose graph masks "
                "the band j + window > i, or whose packed rows' bias holds the window) and in generation's "
                "key/value-cache decoding. 0 = no window: every earlier key. Gemma 3: the local layers' window "
-               "(`sliding_window_pattern`). Other families: must be 0"),
+               "(`sliding_window_pattern`), which they need (> 0) unless every layer is global (pattern 1). Other "
+               "families: must be 0"),
       int_key("model.sliding_window_pattern", SHARDLM_FIELD(model.sliding_window_pattern), 0,
               "must be >= 0 (0 = every layer alike)")
           .of_shape()

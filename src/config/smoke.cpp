@@ -20,12 +20,17 @@ constexpr int kSmokeSteps = 2;
 constexpr int kSmokeMaxLength = 256;  // a SQuAD question and its answer fit
 constexpr int kSmokeEvalRecords = 4;
 constexpr int kSmokeNewTokens = 4;
+constexpr int kSmokeWindow = 64;               // Gemma 3's local layers without its config.json
+constexpr double kSmokeLocalTheta = 10000.0;   // and their rotary base (Gemma 3 1B's)
 
-// The family a folder's name suggests (codellama-7b: llama; Qwen2.5-0.5B: qwen2), or "" when none does.
+// The family a folder's name suggests (codellama-7b: llama; Qwen2.5-0.5B: qwen2; Phi-3-mini-4k-instruct: phi3;
+// gemma-3-1b-pt: gemma3), or "" when none does. Case and the separators - _ . and spaces do not count.
 std::string family_in_name(const std::string& path) {
   std::string name = fs::path(path).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(path).lexically_normal().parent_path().filename().string();
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return c == '-' || c == '_' || c == '.' || c == ' '; }),
+             name.end());
   for (const std::string& family : model_family_names())
     if (name.find(family) != std::string::npos) return family;
   return "";
@@ -72,13 +77,22 @@ void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& 
   if (auto it = missing.find("model.dir"); it != missing.end()) {
     const std::string guessed = family_in_name(it->second.text);
     if (!guessed.empty()) m.arch = guessed;
-    say(concat(it->second.error, ": a random tiny ", m.arch, " instead", guessed.empty() ? " (set model.arch to choose the family)"
+    say(concat(it->second.error, ": a random tiny ", m.arch, " instead", guessed.empty() ? " (to choose the family: --model.dir= --model.arch=FAMILY)"
                                                                                : " (the family its name says)"));
   }
   if (m.num_heads == 0) {  // no shape at all (no model.dir, no shape keys): grouped query heads where the family has them
     m.num_heads = 4;
     m.hidden_size = 4 * kSmokeHeadDim;
     if (model_family(m.arch).grouped_query) m.num_kv_heads = 2;
+  }
+  // Gemma 3 without its config.json: local and global layers as its own (a window, five local layers of six),
+  // here one of each, the window shorter than the samples.
+  if (model_family(m.arch).local_global_layers && m.sliding_window == 0 && m.sliding_window_pattern != 1) {
+    m.sliding_window_pattern = kSmokeLayers;
+    m.sliding_window = kSmokeWindow;
+    if (m.rope_local_theta == 0) m.rope_local_theta = kSmokeLocalTheta;
+    say(concat(m.arch, ": a local layer (window ", m.sliding_window, ", rope theta ", format_double(m.rope_local_theta),
+               ") then a global one"));
   }
   if (auto it = missing.find("model.adapter"); it != missing.end()) say(it->second.error + ": no adapter");
   else if (!m.adapter.empty()) say("model.adapter " + m.adapter + " fits the full-size model: LoRA starts afresh");
