@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_cases.sh: a Boost.Test suite's cases one at a time (under mpirun, or directly), within a time budget, and
 # resumable: a state file records each case's outcome, and a later call runs only the cases it does not list. For
-# the GPU suites on 4 or 8 ranks, which outlast one 10-minute device command (test_cuda_engine's 47 cases take
+# the GPU suites on 4 or 8 ranks, which outlast one 10-minute device command (test_cuda_engine's 50 cases take
 # well over 10 minutes on 4 ranks): carry the state file from one command to the next.
 #
 #   bash tests/run_cases.sh [options] BINARY

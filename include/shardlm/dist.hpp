@@ -151,11 +151,11 @@ struct ProcessGroups {
   // all-gathers, so that a gather never queues behind a reduction. Null where there is none (MPI, a
   // shard group of one, the key off).
   std::unique_ptr<Communicator> shard_gather;
-  // A shard group of two once more, on the shard group's stream, with the zero-CTA policy (NCCL 2.28+,
-  // dist.copy_engine_reductions): all-to-alls between its windows move each rank's pieces of the other's part
-  // of a block's gradient to the other (the copy engines), which adds them to its own, so that a block's
-  // reduce-scatter takes no SMs from the backward beside it. Null where there is none (MPI, a shard group of another size
-  // or across hosts, an older NCCL, the key off).
+  // The shard group once more, on its stream, with the zero-CTA policy (NCCL 2.28+, dist.copy_engine_reductions):
+  // all-to-alls between its windows move each rank's pieces of the others' parts of a block's gradient to them
+  // (the copy engines), and each adds them to its own, so that a block's reduce-scatter takes no SMs from the
+  // backward beside it. Null where there is none (MPI, a shard group of one or across hosts, an older NCCL, the
+  // key off).
   std::unique_ptr<Communicator> shard_exchange;
 };
 

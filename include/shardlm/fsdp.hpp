@@ -27,7 +27,6 @@ namespace shardlm {
 // engine holds the slice's arrays on its backend.
 struct FlatParameter {
   const UnitLayout* layout = nullptr;
-  int unit_index = 0;
   size_t numel = 0;
   size_t padded_numel = 0;
   size_t shard_numel = 0;
@@ -35,7 +34,10 @@ struct FlatParameter {
   // [begin, end) ranges of the slice, relative to shard_begin, that take no weight decay.
   std::vector<std::pair<size_t, size_t>> no_decay;
 };
-FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank, int shard_size);
+FlatParameter make_flat_parameter(const UnitLayout& layout, int shard_rank, int shard_size);
+// This rank's slice of `f` as a checkpoint sees it (the padded tail of the last slices holds no parameters),
+// its values at `param`; no optimizer state yet.
+UnitState slice_state(const FlatParameter& f, bool primary, float* param);
 // Elements of one rank's slice of a unit of `numel` elements padded to a multiple of shard_size.
 size_t shard_numel_of(size_t numel, int shard_size);
 
@@ -65,8 +67,8 @@ struct FsdpOptions : FsdpSection {
   // tests turn it off to compare.
   bool group_block_gathers = true;
   // dist.copy_engine_reductions where it can apply (a CUDA run whose shard group is on one host): the blocks'
-  // reductions over a shard group of two as copy-engine exchanges through a window (FsdpBufferPlan::
-  // exchange_numel). The engine resolves it to whether it got one (ProcessGroups::shard_exchange's).
+  // reductions over a shard group of two or more on one host as copy-engine exchanges through a window
+  // (FsdpBufferPlan::exchange_numel). The engine resolves it to whether it got one (ProcessGroups::shard_exchange's).
   bool copy_engine_reductions = false;
   size_t exchange_window_bytes = 0;  // its window's size (0: kExchangeWindowBytes; tests set less)
 
@@ -171,7 +173,7 @@ struct FsdpBufferPlan {
   size_t exchange_numel = 0, exchange_bytes = 0;
   // LoRA's frozen base: sharded like the rest but held in the compute dtype only (no master, gradient
   // or optimizer state), gathered beside the adapters. Zero without LoRA.
-  size_t frozen_root_padded = 0, frozen_block_padded = 0, frozen_max_shard = 0;
+  size_t frozen_root_padded = 0, frozen_block_padded = 0;
   bool frozen_alias = false;        // one-rank shard: the model reads the frozen slices themselves
   size_t frozen_block_copies = 0;   // gathered frozen block buffers (the same turns as block_copies)
   // CPU offload (src/fsdp/offload.cpp): no fp32 gradient slice stays on the device. Each unit's reduced
@@ -190,7 +192,7 @@ struct FsdpBufferPlan {
   size_t offload_resident = 0;     // its first elements whose master and moments stay on the device
   size_t offload_resident_bytes() const { return offload_resident * kRootStateBytes; }
   size_t offload_squares = 0;      // bytes of the units' gradient sums of squares on the device (fp64)
-  RootSplit root_split;            // set by root_split_plan (the engine and `plan` both call it)
+  RootSplit root_split;            // set by plan_root_split (through engine_buffer_plan: the engine's and `plan`'s)
   // fsdp.no_sync resolved: Off (one micro-step a step, CPU offload, one rank in all), Replicate (the
   // replicate group's all-reduce once a step: several replicas), Full (the micro-steps before the last
   // reduce nothing: every block has its own gathered buffer and full fp32 gradient buffer).
@@ -379,7 +381,9 @@ class FsdpEngine {
   bool lora() const;
 
   FsdpMemory memory() const;
-  size_t optimizer_bytes() const { return optimizer_->state_bytes(); }
+  // The optimizer's state on the device (offloaded: the root's resident moments only; the rest is host memory),
+  // as `shardlm plan` counts it.
+  size_t optimizer_bytes() const;
   // Peak backend memory of this rank (0 on the CPU, whose planned buffers are reported instead).
   size_t device_peak_bytes() const;
   // How the model runs attention (UnitModel::attention_description) and the micro-batch lengths it

@@ -30,8 +30,9 @@ DeckSection lora_section() {
       lora_key(names_key("lora.target_modules", SHARDLM_FIELD(model.lora.target_modules),
                          "comma-separated names, or `all-linear`"))
           .shown_default("required")
-          .doc("the linear layers of every block that get an adapter, by their Hugging Face module names: Llama and "
-               "Qwen2 `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`; BLOOM "
+          .doc("the linear layers of every block that get an adapter, by their Hugging Face module names: Llama, "
+               "Qwen2, Qwen3, Mistral and Gemma 3 `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, "
+               "`down_proj`; Phi-3 (fused) `qkv_proj`, `o_proj`, `gate_up_proj`, `down_proj`; BLOOM "
                "`query_key_value`, `dense`, `dense_h_to_4h`, `dense_4h_to_h`; `all-linear` is all of them (as PEFT's,"
                " the LM head excluded). Resolved to the family's order, repeats removed"),
       lora_key(names_key("lora.modules_to_save", SHARDLM_FIELD(model.lora.modules_to_save)))

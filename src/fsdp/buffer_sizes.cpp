@@ -132,12 +132,13 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
   // No sync in full: every block keeps its gathered parameters and its full gradient through the step.
   if (p.no_sync == NoSync::Full) p.reshard = false;
 
-  if (!p.alias) {
-    // Resharding, the blocks take turns in a few buffers: one when synchronous, else
-    // limit_all_gathers so that the next block's gather overlaps this block's compute.
-    const size_t turns = asynchronous ? static_cast<size_t>(std::max(1, opt.limit_all_gathers)) : 1;
-    p.block_copies = p.block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
-  }
+  // Resharding, the blocks take turns in a few gathered buffers (the trainable and the frozen parts alike): one
+  // when synchronous, else limit_all_gathers so that the next block's gather overlaps this block's compute.
+  const size_t turns = asynchronous ? static_cast<size_t>(std::max(1, opt.limit_all_gathers)) : 1;
+  auto gathered_copies = [&](size_t block_padded) {
+    return block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
+  };
+  if (!p.alias) p.block_copies = gathered_copies(p.block_padded);
   if (!p.direct_grads) {
     p.grad_buffers = p.block_padded == 0 ? 0 : p.no_sync == NoSync::Full ? p.layers : asynchronous ? 2 : 1;
     p.grads_in_head_scratch = opt.share_head_scratch && p.grad_buffers > 0 && p.no_sync != NoSync::Full;
@@ -180,13 +181,9 @@ FsdpBufferPlan fsdp_buffer_plan(const std::vector<UnitLayout>& layout, const std
     auto frozen_padded = [&](size_t u) { return shard_numel_of(frozen[u].numel, shard_size) * shard_size; };
     p.frozen_root_padded = frozen_padded(0);
     p.frozen_block_padded = p.layers > 0 ? frozen_padded(1) : 0;
-    p.frozen_max_shard = std::max(p.frozen_root_padded, p.frozen_block_padded) / shard_size;
     // Stored in the compute dtype, so one rank reads its slices whatever the trainable part does.
     p.frozen_alias = shard_size == 1;
-    if (!p.frozen_alias) {
-      const size_t turns = asynchronous ? static_cast<size_t>(std::max(1, opt.limit_all_gathers)) : 1;
-      p.frozen_block_copies = p.frozen_block_padded == 0 ? 0 : p.reshard ? std::min(turns, p.layers) : p.layers;
-    }
+    if (!p.frozen_alias) p.frozen_block_copies = gathered_copies(p.frozen_block_padded);
   }
   return p;
 }

@@ -5,10 +5,20 @@
 
 namespace shardlm {
 
-FlatParameter make_flat_parameter(const UnitLayout& layout, int unit_index, int shard_rank, int shard_size) {
+UnitState slice_state(const FlatParameter& f, bool primary, float* param) {
+  UnitState s;
+  s.layout = f.layout;
+  s.numel = f.numel;
+  s.begin = std::min(f.shard_begin, f.numel);
+  s.count = std::min(f.shard_begin + f.shard_numel, f.numel) - s.begin;
+  s.primary = primary;
+  s.param = param;
+  return s;
+}
+
+FlatParameter make_flat_parameter(const UnitLayout& layout, int shard_rank, int shard_size) {
   FlatParameter p;
   p.layout = &layout;
-  p.unit_index = unit_index;
   p.numel = layout.numel;
   p.padded_numel = shard_numel_of(layout.numel, shard_size) * shard_size;
   p.shard_numel = p.padded_numel / shard_size;

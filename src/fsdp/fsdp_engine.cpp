@@ -134,7 +134,7 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
   if (plan.root_in_slices) block_slices = gather_memory(plan.layers * plan.slice_stride, MemKind::Grads);
   for (size_t u = 0; u < layout.size(); ++u) {
     Unit d;
-    d.flat = make_flat_parameter(layout[u], static_cast<int>(u), shard.rank(), shard.size());
+    d.flat = make_flat_parameter(layout[u], shard.rank(), shard.size());
     const size_t n = d.flat.shard_numel;
     d.master = state_be.allocate(n * sizeof(float), MemKind::Params);
     if (plan.root_in_slices && u > 0)
@@ -155,7 +155,7 @@ std::vector<ParamSlice> FsdpEngine::Impl::make_units(Backend& state_be, bool sta
       be.synchronize(compute);  // the buffer is written again by the next unit
     }
     if (lora) {
-      d.frozen = make_flat_parameter(frozen_layout[u], static_cast<int>(u), shard.rank(), shard.size());
+      d.frozen = make_flat_parameter(frozen_layout[u], shard.rank(), shard.size());
       d.frozen_slice = gather_memory(d.frozen.shard_numel * cs);
     }
     if (opt.cpu_offload) {
@@ -287,10 +287,7 @@ FsdpEngine::~FsdpEngine() {
   if (impl_) {
     // The worker's tasks use the engine's arrays: they finish (or are skipped after an error) first.
     if (impl_->offload) impl_->offload->stop_worker();
-    backend_->synchronize(impl_->compute);
-    backend_->synchronize(impl_->comm);
-    if (impl_->replicate_overlap) backend_->synchronize(impl_->rep);
-    if (impl_->own_gather_stream()) backend_->synchronize(impl_->gs);
+    for (Stream s : impl_->streams()) backend_->synchronize(s);
     if (impl_->offload) impl_->offload->synchronize_copies();
   }
   for (void* p : pinned_) backend_->unpin_host(p);
@@ -380,9 +377,8 @@ StepTrace FsdpEngine::trace_end() {
   SHARDLM_CHECK(m.tracer.tracing(), "FsdpEngine::trace_end without trace_begin");
   // The step ends when every stream has done its part: communication, and offloaded the host's
   // updates and their uploads.
-  std::vector<Stream> others{m.comm};
-  if (m.replicate_overlap) others.push_back(m.rep);
-  if (m.own_gather_stream()) others.push_back(m.gs);
+  std::vector<Stream> others = m.streams();
+  others.erase(others.begin());  // (compute: the tracer's own)
   if (m.offload) {
     m.offload->drain_worker();
     const std::vector<Stream> copies = m.offload->copy_streams();
@@ -439,14 +435,7 @@ std::vector<UnitState> FsdpEngine::checkpoint_state() {
       for (size_t k = 0; k < state.size() && state[k]; ++k) state[k] = d.host_state[k].data();
     }
     if (!optimizer_->fp32_state()) state = quantised_state_views(u);
-    UnitState s;
-    s.layout = d.flat.layout;
-    s.numel = d.flat.numel;
-    // The padded tail of the last slices holds no parameters.
-    s.begin = std::min(d.flat.shard_begin, d.flat.numel);
-    s.count = std::min(d.flat.shard_begin + d.flat.shard_numel, d.flat.numel) - s.begin;
-    s.primary = primary;
-    s.param = param;
+    UnitState s = slice_state(d.flat, primary, param);
     for (size_t k = 0; k < state.size(); ++k) s.optimizer.push_back({names[k], state[k]});
     states.push_back(s);
   }
@@ -498,9 +487,14 @@ FsdpMemory FsdpEngine::memory() const {
   for (const DeviceArray& b : m.block_grad_full) r.full_grads += b.bytes();
   r.comm_staging = m.grad_slice.bytes() + m.stage_full.bytes() + m.stage_slice.bytes() + m.split_ids.bytes() +
                    m.split_ids_shard.bytes() + m.split_ids_all.bytes() + m.split_first.bytes() +
-                   m.split_packed.bytes() + m.split_slots.bytes() + (m.offload ? m.offload->staging_bytes() : 0);
+                   m.split_packed.bytes() + m.split_slots.bytes() + m.exchange_window.bytes() +
+                   (m.offload ? m.offload->staging_bytes() : 0);
   r.activations = m.model->activation_bytes() - m.grads_borrowed;  // counted once, as gradients
   return r;
+}
+
+size_t FsdpEngine::optimizer_bytes() const {
+  return impl_->offload ? impl_->offload->resident_state_bytes() : optimizer_->state_bytes();
 }
 
 const FsdpOptions& FsdpEngine::options() const { return impl_->opt; }

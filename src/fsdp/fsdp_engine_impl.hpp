@@ -49,6 +49,14 @@ struct FsdpEngine::Impl {
   Stream gs = nullptr;
   StepTracer::Lane gather_lane = StepTracer::Lane::Comm;
   bool own_gather_stream() const { return gs != comm; }
+  // The engine's streams, compute first: communication, the replicas' and the gathers' where they have their own
+  // (offload's copy streams are its own: OffloadPolicy::copy_streams).
+  std::vector<Stream> streams() const {
+    std::vector<Stream> s{compute, comm};
+    if (replicate_overlap) s.push_back(rep);
+    if (own_gather_stream()) s.push_back(gs);
+    return s;
+  }
   bool host_memory;  // the backend's memory is host memory: no staging, no copies of the batch
   // The master and optimizer state are device memory: checkpoints go through the units' host staging.
   bool state_staged() const { return !host_memory && !opt.cpu_offload; }
@@ -126,11 +134,10 @@ struct FsdpEngine::Impl {
     return plan.direct_grads ? grad_fresh[1 + static_cast<size_t>(l)] != 0 : grad_buffer_empty[gs] != 0;
   }
   std::unique_ptr<BackendEvent> root_zeroed;  // comm: root_grad_full is zero for this backward
-  // fsdp.no_sync (plan.no_sync): the micro-steps of this step so far and whether the next is announced
-  // as its last (FsdpEngine::last_micro_step); per unit, what a later micro-step (or reduce_pending)
-  // still owes: Full: its full gradient holds micro-steps not reduced; Replicate: its slice holds
-  // micro-steps not all-reduced over the replicate group.
-  int micro = 0;
+  // fsdp.no_sync (plan.no_sync): whether the next micro-step is announced as its step's last
+  // (FsdpEngine::last_micro_step); per unit, what a later micro-step (or reduce_pending) still owes: Full: its
+  // full gradient holds micro-steps not reduced; Replicate: its slice holds micro-steps not all-reduced over the
+  // replicate group.
   bool last_announced = false;
   std::vector<char> local_pending, replicate_pending;
   DeviceArray tokens, targets, norm;  // device copies of the micro-batch; the norm's fp64 sum

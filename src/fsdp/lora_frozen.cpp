@@ -17,14 +17,7 @@ std::vector<UnitState> FsdpEngine::frozen_state(uint64_t seed) {
     std::vector<float>& host = frozen_staging_[u];
     host.assign(f.shard_numel, 0.0f);
     init_unit_slice(*f.layout, static_cast<int>(u), seed, f.shard_begin, f.shard_begin + f.shard_numel, host.data());
-    UnitState st;
-    st.layout = f.layout;
-    st.numel = f.numel;
-    st.begin = std::min(f.shard_begin, f.numel);
-    st.count = std::min(f.shard_begin + f.shard_numel, f.numel) - st.begin;
-    st.primary = groups_.replicate->rank() == 0;
-    st.param = host.data();
-    states.push_back(st);
+    states.push_back(slice_state(f, groups_.replicate->rank() == 0, host.data()));
   }
   return states;
 }

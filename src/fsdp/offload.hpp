@@ -109,6 +109,7 @@ class FsdpEngine::Impl::OffloadPolicy {
   void checkpoint_loaded();
   // Its device memory: the root's resident master, the staging of reductions and streamed chunks.
   size_t resident_master_bytes() const { return state_.resident[0].bytes(); }
+  size_t resident_state_bytes() const { return state_.resident[1].bytes() + state_.resident[2].bytes(); }  // moments
   size_t staging_bytes() const;
   std::string description() const;
   // The engine ends: the worker finishes (or skips after an error) its tasks, then the copy streams.

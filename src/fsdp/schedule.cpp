@@ -117,10 +117,7 @@ void FsdpEngine::Impl::update_and_gather_ahead(Optimizer& optimizer, const StepH
 
 void FsdpEngine::Impl::idle() {
   if (offload) offload->idle();
-  be.synchronize(compute);
-  be.synchronize(comm);
-  if (replicate_overlap) be.synchronize(rep);
-  if (own_gather_stream()) be.synchronize(gs);
+  for (Stream s : streams()) be.synchronize(s);
 }
 
 std::pair<const int32_t*, const int32_t*> FsdpEngine::Impl::upload_batch(const MicroBatch& mb) {

@@ -66,7 +66,6 @@ class NcclCommunicator : public Communicator {
 #endif
 
   cudaStream_t stream() const { return stream_; }
-  ncclComm_t nccl() const { return comm_; }
   // Splits this communicator (collective over it): ranks with the same color form a group,
   // ordered by key, enqueuing on `stream` (null: this one's). Uses ncclCommSplit where NCCL has it,
   // else a fresh MPI bootstrap. zero_cta: the new group takes NCCL's zero-CTA policy and hands out
