@@ -146,11 +146,16 @@ shardlm_environment() {
 shardlm_train() {
   shardlm_find
   shardlm_backend
+  local own_dir=0
+  [[ -z ${RUN_DIR:-} ]] && own_dir=1
   RUN_DIR=${RUN_DIR:-runs/${EXPERIMENT}-${SLURM_JOB_ID:-$$}}
   # The job id survives a requeue, so a requeued job resumes its own run and a new job starts afresh.
   shardlm_set run.backend "$BACKEND"
   shardlm_set run.dir "$RUN_DIR"
   shardlm_set checkpoint.resume auto
+  # A requeued attempt in the job's own folder whose first attempt died before any checkpoint starts again
+  # there (resume = auto alone refuses to replace a run it cannot continue).
+  (( own_dir )) && (( ${SLURM_RESTART_COUNT:-0} > 0 )) && shardlm_set run.overwrite true
   if [[ $BACKEND == cuda ]]; then
     [[ -n ${SHARDLM_PARAM_DTYPE:-} ]] && shardlm_set fsdp.param_dtype "$SHARDLM_PARAM_DTYPE"
     [[ -n ${SHARDLM_REDUCE_DTYPE:-} ]] && shardlm_set fsdp.reduce_dtype "$SHARDLM_REDUCE_DTYPE"

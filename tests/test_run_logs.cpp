@@ -553,6 +553,22 @@ BOOST_AUTO_TEST_CASE(a_fresh_run_into_an_earlier_one_is_refused_without_overwrit
   const auto before = files_of(tmp.root);
   BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "already holds a run (metrics.jsonl, 1 checkpoint(s)"));
   BOOST_TEST((files_of(tmp.root) == before));
+  // Loading weights only starts a new run too.
+  cfg.checkpoint.resume = ResumeFrom::Auto;
+  cfg.checkpoint.load_weights_only = true;
+  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "loading weights only (checkpoint.load_weights_only)"));
+  // resume = auto continues the run where it has a checkpoint...
+  cfg.checkpoint.load_weights_only = false;
+  BOOST_TEST(claim_run_folder(cfg).empty());
+  // ... and where it has none (a run that kept no checkpoint), starting afresh would replace it: refused.
+  fs::remove(tmp.root / "ckpt" / "ckpt-00000001.h5");
+  fs::remove(tmp.root / "ckpt" / "latest");
+  const auto no_checkpoint = files_of(tmp.root);
+  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "already holds a run (metrics.jsonl): it has no checkpoint "
+                                                                  "to continue from (checkpoint.resume = auto)"));
+  BOOST_TEST((files_of(tmp.root) == no_checkpoint));
+  cfg.run.overwrite = true;
+  BOOST_TEST(!claim_run_folder(cfg).empty());
 }
 
 // A checkpoint.dir outside run.dir is locked too: a second job with its own run.dir is refused,

@@ -131,7 +131,8 @@ DeckSection run_section() {
                "`fsdp.param_dtype` (bf16 or fp16), found from its CUDA device name (below); no MFU on the CPU "
                "backend, with fp32 parameters or on a GPU the table lacks, unless this key is set"),
       flag_key("run.overwrite", SHARDLM_FIELD(run.overwrite))
-          .doc("a fresh run (`checkpoint.resume = none`) into a `dir` that already holds a run (`metrics.jsonl`, "
+          .doc("a fresh run (`checkpoint.resume = none`, `auto` with no checkpoint to continue, or "
+               "`checkpoint.load_weights_only`) into a `dir` that already holds a run (`metrics.jsonl`, "
                "`predictions.json`, checkpoints) is refused unless this is `true`; then nothing of the earlier run is"
                " touched until the new run has passed every check it makes before its first step (deck, model, "
                "tokenizer, data, backend, weights): its files (those, `deck.resolved.ini`, `run_id`, step timelines) "

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
+#include "shardlm/io.hpp"
 
 namespace shardlm {
 
@@ -176,7 +177,11 @@ void check_output_folders(const RunConfig& cfg) {
 
 RunReplacement claim_run_folder(const RunConfig& cfg) {
   static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|(latest|best)(\.tmp)?)");
-  const bool fresh = cfg.checkpoint.resume == ResumeFrom::None || cfg.checkpoint.load_weights_only;
+  // A new run unless it resumes a checkpoint: resume = none, auto with none to resume, and loading weights only
+  // all start one, which must neither mix with an earlier run nor truncate its records.
+  const bool fresh =
+      cfg.checkpoint.load_weights_only ||
+      resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir()).empty();
   std::error_code ec;
   for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
     const fs::path aside = fs::path(folder) / kReplacedRunFolder;
@@ -207,9 +212,14 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
   }
   if (checkpoints > 0) list << (listed++ ? ", " : "") << checkpoints << " checkpoint(s) in " << cfg.checkpoint_dir();
   if (!cfg.run.overwrite)
-    throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(),
-                       "): set checkpoint.resume = auto to continue it, run.overwrite = true to replace it, or "
-                       "choose another run.dir"));
+    throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(), "): ",
+                       cfg.checkpoint.load_weights_only ? "loading weights only (checkpoint.load_weights_only) starts a "
+                                                          "new run; set run.overwrite = true to replace it"
+                       : cfg.checkpoint.resume == ResumeFrom::Auto
+                           ? "it has no checkpoint to continue from (checkpoint.resume = auto); set run.overwrite = "
+                             "true to replace it"
+                           : "set checkpoint.resume = auto to continue it, run.overwrite = true to replace it",
+                       ", or choose another run.dir"));
   // The earlier run's resolved deck, identity and step timelines (run.trace_step) go with it.
   static const std::regex trace_file(R"(trace_step\d+_rank\d+\.json)");
   for (const fs::directory_entry& e : fs::directory_iterator(cfg.run.dir)) {
