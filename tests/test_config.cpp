@@ -404,6 +404,12 @@ BOOST_AUTO_TEST_CASE(model_attention) {
                            "tokenizer = byte\n[train]\nbatch_size = 8\n");
   BOOST_TEST(c.model.arch == "llama");
   BOOST_TEST((c.model.attention == AttentionImpl::Native));
+  // Its resolved deck shows the folder's shape as comments and loads again as it is (shardlm generate, a rerun).
+  const std::string ini = resolved_deck_ini(c);
+  BOOST_TEST(has(ini, "\n# arch = llama  (config.json)\n"), ini);
+  const RunConfig again = load(ini);
+  BOOST_TEST(again.model.hidden_size == c.model.hidden_size);
+  BOOST_TEST(resolved_deck_ini(again) == ini);
   // So do the other keys that are not part of the shape, given or at their defaults (the folder's
   // initializer_range does not replace init_std).
   const RunConfig d = load("[model]\ndir = " + dir + "\ninit_std = 0.05\nhead_chunk_tokens = 512\n[data]\n"

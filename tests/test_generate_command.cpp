@@ -227,6 +227,21 @@ BOOST_AUTO_TEST_CASE(a_trained_chat_checkpoint_answers_with_its_template) {
   BOOST_TEST(file.text == "blue");
 }
 
+// A run that fine-tunes a model folder (here a tiny Llama exported from a demo run): its checkpoint generates,
+// and its resolved deck, which shows the folder's shape as comments, runs again as it is.
+BOOST_AUTO_TEST_CASE(a_model_dir_runs_checkpoint_generates_and_its_resolved_deck_runs_again) {
+  const fs::path dir = scratch("generate_model_dir");
+  const std::string demo = SHARDLM_SOURCE_DIR "/input/demo.ini";
+  auto ok = [](const Outcome& o) { BOOST_TEST_REQUIRE(o.exit_code == 0, o.output); };
+  ok(run_shardlm(1, "train " + demo + " --model.arch=llama --train.max_steps=1 --run.dir=" + (dir / "base_run").string()));
+  ok(run_shardlm(1, "export " + (dir / "base_run" / "checkpoints").string() + " " + (dir / "base").string()));
+  ok(run_shardlm(1, "train " + demo + " --model.dir=" + (dir / "base").string() + " --train.max_steps=1 --run.dir=" +
+                        (dir / "run").string()));
+  const Result r = generate(2, (dir / "run").string() + " --prompt-ids 1,2,3 --max-new-tokens 3", dir / "out.json");
+  BOOST_TEST(!r.finish.empty());
+  ok(run_shardlm(1, "train " + (dir / "run" / "deck.resolved.ini").string() + " --run.dir=" + (dir / "again").string()));
+}
+
 BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {
   const fs::path dir = scratch("generate_errors");
   const std::string llama = kFixtures + "/tiny_llama";

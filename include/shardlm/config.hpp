@@ -243,8 +243,10 @@ RunConfig load_run_config(const std::string& deck_path, const std::vector<std::s
 RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
                                const std::vector<std::string>& overrides, int world_size, bool check_data_files = true);
 
-// The resolved deck as INI text, loadable again by load_run_config.
+// The resolved deck as INI text, loadable again by load_run_config. With model.dir the shape keys are comments.
 std::string resolved_deck_ini(const RunConfig& cfg);
+// Whether "section.key" is one of the model's shape keys, which model.dir's config.json gives instead.
+bool is_model_shape_key(const std::string& name);
 // "section.key" -> value of an INI text as resolved_deck_ini writes it; Error naming `where` and the
 // line for a line that is neither a section header nor `key = value`.
 std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);

@@ -290,18 +290,28 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
   return cfg;
 }
 
+bool is_model_shape_key(const std::string& name) {
+  for (const KeySpec& k : key_table())
+    if (k.name == name) return k.shape;
+  return false;
+}
+
 std::string resolved_deck_ini(const RunConfig& cfg) {
   // Written from the fields (not cfg.resolved) so the text always matches the struct.
   std::ostringstream os;
   // One header line, in the file and in the log alike: which shardlm resolved it.
   os << "# shardlm " SHARDLM_VERSION ": resolved input deck\n";
   std::string section;
+  // With model.dir its config.json gives the shape, which a deck may not set beside it: shown as comments, so
+  // the text runs again as it is (shardlm generate, a rerun of deck.resolved.ini).
+  const bool shape_from_dir = !cfg.model.dir.empty();
   for (const KeySpec& k : key_table()) {
     if (!in_resolved_deck(k, cfg)) continue;
     size_t dot = k.name.find('.');
     std::string sec = k.name.substr(0, dot);
     if (sec != section) os << "\n[" << (section = sec) << "]\n";
-    os << k.name.substr(dot + 1) << " = " << k.get(cfg) << '\n';
+    if (shape_from_dir && k.shape) os << "# ";
+    os << k.name.substr(dot + 1) << " = " << k.get(cfg) << (shape_from_dir && k.shape ? "  (config.json)" : "") << '\n';
   }
   return os.str();
 }
