@@ -1,5 +1,9 @@
-// Normalizers of HfTokenizer: Sequence, Prepend, Replace, Strip and ByteLevel, as `tokenizers`
-// applies them to each stretch of text between added tokens.
+// Normalizers of HfTokenizer: Sequence, Prepend, Replace, Strip, ByteLevel and the Unicode normal forms (NFC,
+// NFD, NFKC, NFKD: Qwen2's and Qwen3's tokenizers take NFC), as `tokenizers` applies them to each stretch of
+// text between added tokens.
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+
 #include <string>
 
 #include "hf_tokenizer.hpp"
@@ -80,9 +84,39 @@ class ByteLevelNormalizer : public Normalizer {
   }
 };
 
+// A Unicode normal form through ICU (the same Unicode data `tokenizers`' unicode-normalization crate follows).
+class UnicodeFormNormalizer : public Normalizer {
+ public:
+  UnicodeFormNormalizer(const icu::Normalizer2* form, std::string name) : form_(form), name_(std::move(name)) {}
+  void normalize(std::string& text) const override {
+    std::string out;
+    out.reserve(text.size());
+    icu::StringByteSink<std::string> sink(&out);
+    UErrorCode status = U_ZERO_ERROR;
+    form_->normalizeUTF8(0, icu::StringPiece(text.data(), static_cast<int32_t>(text.size())), sink, nullptr, status);
+    SHARDLM_CHECK(U_SUCCESS(status), "tokenizer normalizer ", name_, ": ", u_errorName(status));
+    text.swap(out);
+  }
+
+ private:
+  const icu::Normalizer2* form_;  // ICU's singleton
+  std::string name_;
+};
+
+const icu::Normalizer2* unicode_form(const std::string& type) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* form = type == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
+                                 : type == "NFD"  ? icu::Normalizer2::getNFDInstance(status)
+                                 : type == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
+                                 : type == "NFKD" ? icu::Normalizer2::getNFKDInstance(status)
+                                                  : nullptr;
+  SHARDLM_CHECK(U_SUCCESS(status), "ICU's ", type, " normalizer: ", u_errorName(status));
+  return form;
+}
+
 }  // namespace
 
-constexpr const char* kNormalizerTypes = "Sequence, Prepend, Replace, Strip, ByteLevel";
+constexpr const char* kNormalizerTypes = "Sequence, Prepend, Replace, Strip, ByteLevel, NFC, NFD, NFKC, NFKD";
 
 // The component's own types, nullptr for any other (parse_component handles null and Sequence
 // and refuses the others).
@@ -102,6 +136,7 @@ static std::unique_ptr<Normalizer> parse_normalizer_type(const JsonContext& ctx,
                                              optional_bool(ctx, value, path, "strip_right", true));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
+  if (const icu::Normalizer2* form = unicode_form(type)) return std::make_unique<UnicodeFormNormalizer>(form, type);
   return nullptr;
 }
 
