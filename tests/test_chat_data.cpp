@@ -108,6 +108,11 @@ BOOST_AUTO_TEST_CASE(bad_records_name_file_line_and_field) {
   BOOST_TEST(first_error(ok, ChatFormat::Sharegpt) ==
              path + ":1: no 'conversations' (data.chat_format says this file holds them)");
   BOOST_TEST(first_error("{not json").find(path + ":1: not valid JSON") == 0);
+  // A depth bomb is refused at 64 levels (it overflowed the stack copying the record), in a line or a JSON array.
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
+  BOOST_TEST(first_error(ok + R"({"messages": [{"role": "user", "content": "a"}], "meta": )" + deep + "}") ==
+             path + ":2: nests deeper than 64 levels");
+  BOOST_TEST(contains(first_error("[" + deep + "]"), "nests deeper than 64 levels"));
 }
 
 // For every fixture template and conversation the template accepts: the text is the full

@@ -89,12 +89,25 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   return text;
 }
 
-nlohmann::json parse_json_bounded(const std::string& text, const std::string& where, int max_depth) {
-  const nlohmann::json::parser_callback_t check = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+namespace {
+
+template <typename Json>
+Json parse_bounded(const std::string& text, const std::string& where, int max_depth) {
+  const typename Json::parser_callback_t check = [&](int depth, typename Json::parse_event_t, Json&) {
     if (depth > max_depth) throw Error(concat(where, ": nests deeper than ", max_depth, " levels"));
     return true;
   };
-  return nlohmann::json::parse(text, check);
+  return Json::parse(text, check);
+}
+
+}  // namespace
+
+nlohmann::json parse_json_bounded(const std::string& text, const std::string& where, int max_depth) {
+  return parse_bounded<nlohmann::json>(text, where, max_depth);
+}
+
+nlohmann::ordered_json parse_ordered_json_bounded(const std::string& text, const std::string& where, int max_depth) {
+  return parse_bounded<nlohmann::ordered_json>(text, where, max_depth);
 }
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& what, const std::string& path) {

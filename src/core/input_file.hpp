@@ -21,5 +21,8 @@ constexpr int kMaxJsonNesting = 64;
 // text that is not JSON, nlohmann's parse_error as json::parse throws it.
 nlohmann::json parse_json_bounded(const std::string& text, const std::string& where,
                                   int max_depth = kMaxJsonNesting);
+// The same keeping the objects' key order (chat records and templates walk it).
+nlohmann::ordered_json parse_ordered_json_bounded(const std::string& text, const std::string& where,
+                                                  int max_depth = kMaxJsonNesting);
 
 }  // namespace shardlm

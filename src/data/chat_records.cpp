@@ -1,5 +1,6 @@
 // Chat records into conversations: OpenAI messages, ShareGPT conversations and alpaca
 // instruction/input/output, from JSON lines or a JSON array, each record checked field by field.
+#include "../core/input_file.hpp"
 #include "data_file.hpp"
 #include "chat.hpp"
 #include "shardlm/core.hpp"
@@ -14,7 +15,7 @@ using Json = nlohmann::ordered_json;
 Json parse_ordered_record(const std::string& text, const std::string& where) {
   Json record;
   try {
-    record = Json::parse(text);
+    record = parse_ordered_json_bounded(text, where);
   } catch (const Json::exception& e) {
     throw Error(concat(where, ": not valid JSON: ", clip_for_message(e.what())));
   }
@@ -112,7 +113,7 @@ std::vector<Conversation> read_conversations(const std::string& path, ChatFormat
   if (starts_with_array(text)) {  // alpaca's JSON file: one array of records
     Json records;
     try {
-      records = Json::parse(text);
+      records = parse_ordered_json_bounded(text, path);
     } catch (const Json::exception& e) {
       throw Error(concat(path, ": not valid JSON: ", clip_for_message(e.what())));
     }

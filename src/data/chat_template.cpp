@@ -2,6 +2,7 @@
 // folder), with the special tokens transformers passes to it, and rendering one conversation.
 #include <filesystem>
 
+#include "../core/input_file.hpp"
 #include "data_file.hpp"
 #include "jinja.hpp"
 #include "chat.hpp"
@@ -33,7 +34,7 @@ std::string special_token(const Json& config, const char* key) {
 
 Json read_config(const std::string& path) {
   try {
-    return Json::parse(read_text(path));
+    return parse_ordered_json_bounded(read_text(path), path);
   } catch (const Json::exception& e) {
     throw Error(concat(path, ": not valid JSON: ", clip_for_message(e.what())));
   }
