@@ -125,6 +125,17 @@ BOOST_AUTO_TEST_CASE(errors_name_the_template_and_line) {
   BOOST_TEST(message_of("{{ missing.attr }}") == "t.jinja:1: 'missing' is undefined");
 }
 
+// What jinja2 3.1 renders (transformers' sandboxed environment): dict literals whose closing braces meet the
+// tag's, and 'in' over an undefined name (False: jinja2's Undefined iterates as empty).
+BOOST_AUTO_TEST_CASE(nested_braces_and_in_undefined_render_as_jinja2) {
+  auto render = [](const std::string& text) { return Template(text, "t.jinja").render({}); };
+  BOOST_TEST(render("{{ {'a': {'b': 1}} }}") == "{'a': {'b': 1}}");
+  BOOST_TEST(render("{{ {'a':1}}}") == "{'a': 1}");
+  BOOST_TEST(render("{{ [1, {'k': [2]}] | length }}") == "2");
+  BOOST_TEST(render("{{ 'x' in missing }}|{{ 'x' not in missing }}") == "False|True");
+  BOOST_TEST(render("{% if 'tools' in missing %}y{% else %}n{% endif %}") == "n");
+}
+
 BOOST_AUTO_TEST_CASE(python_float_repr) {
   BOOST_TEST(python_float(0.1 + 0.2) == "0.30000000000000004");
   BOOST_TEST(python_float(1e16) == "1e+16");

@@ -44,10 +44,13 @@ void strip_line_start(std::string& text, bool line_starting) {
 }
 
 // The end of the tag opened at `pos` (the index of its closer), skipping quoted strings in {{ }}
-// and {% %}; npos when it is not closed.
+// and {% %} and, as jinja2's lexer, closers inside brackets (`{{ {'a': {'b': 1}} }}`); npos when it is not
+// closed. With unbalanced brackets, the first closer (the parser then names the real fault).
 size_t find_closer(const std::string& text, size_t pos, char kind) {
   const std::string closer = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
   if (kind == '#') return text.find(closer, pos);
+  size_t first = std::string::npos;
+  int depth = 0;
   for (size_t i = pos; i + 1 < text.size(); ++i) {
     const char c = text[i];
     if (c == '\'' || c == '"') {
@@ -55,9 +58,14 @@ size_t find_closer(const std::string& text, size_t pos, char kind) {
         if (text[i] == '\\') ++i;
       continue;
     }
-    if (text.compare(i, 2, closer) == 0) return i;
+    if (text.compare(i, 2, closer) == 0) {
+      if (depth == 0) return i;
+      if (first == std::string::npos) first = i;
+    }
+    if (c == '(' || c == '[' || c == '{') ++depth;
+    else if ((c == ')' || c == ']' || c == '}') && depth > 0) --depth;
   }
-  return std::string::npos;
+  return first;
 }
 
 }  // namespace

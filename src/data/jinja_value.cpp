@@ -419,7 +419,7 @@ bool contains(const Value& container, const Value& item) {
       return false;
     case Value::Kind::Dict: case Value::Kind::Namespace:
       return item.is(Value::Kind::String) && container.entries().find(item.str()) != nullptr;
-    case Value::Kind::Undefined: fail_undefined(container);
+    case Value::Kind::Undefined: return false;  // as jinja2's Undefined, which iterates as empty
     default: throw Error(concat("argument of type ", container.repr(), " is not iterable"));
   }
 }
