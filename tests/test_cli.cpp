@@ -560,6 +560,10 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   BOOST_TEST_REQUIRE(as_adapter.exit_code == 0, as_adapter.output);
   BOOST_TEST(bytes_of(dir / "lora_adapter" / "adapter_model.safetensors") ==
              bytes_of(dir / "lora" / "adapter" / "adapter_model.safetensors"));
+  // The adapters go as trained: a dtype or a shard size is refused, not ignored.
+  for (const char* option : {" --dtype bf16", " --max-shard-size 1MB"})
+    expect_failure(1, "export " + lora_ckpt + " " + (dir / "never").string() + " --adapter" + option,
+                   "--dtype and --max-shard-size apply to a whole or merged model");
   Outcome merged = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "lora_merged").string() + " --merge");
   BOOST_TEST_REQUIRE(merged.exit_code == 0, merged.output);
   std::map<std::string, std::vector<float>> base_w, merged_w;

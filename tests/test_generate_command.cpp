@@ -240,6 +240,12 @@ BOOST_AUTO_TEST_CASE(a_model_dir_runs_checkpoint_generates_and_its_resolved_deck
   const Result r = generate(2, (dir / "run").string() + " --prompt-ids 1,2,3 --max-new-tokens 3", dir / "out.json");
   BOOST_TEST(!r.finish.empty());
   ok(run_shardlm(1, "train " + (dir / "run" / "deck.resolved.ini").string() + " --run.dir=" + (dir / "again").string()));
+  // --prompt '' is the prompt (the BOS alone), not a cue to read standard input.
+  const fs::path out = dir / "empty.json";
+  ok(run_shardlm(1, "generate " + (dir / "run").string() + " --prompt '' --max-new-tokens 2 --output " + out.string(),
+                 "echo text-on-stdin |"));
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(out.string()));
+  BOOST_TEST(j.at("prompt_ids").size() <= 1u, j.dump());
 }
 
 BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {

@@ -29,6 +29,7 @@ struct GenerateArgs {
   std::string model, adapter;
   std::string prompt, prompt_file, prompt_ids, system;
   bool has_prompt = false, chat = false;
+  bool prompt_given = false;  // --prompt, even empty
   int max_new_tokens = 256;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
@@ -86,7 +87,7 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
     if (value("--adapter")) {
       g.adapter = v;
     } else if (value("--prompt")) {
-      g.prompt = v, ++prompts;
+      g.prompt = v, g.prompt_given = true, ++prompts;
     } else if (value("--prompt-file")) {
       g.prompt_file = v, ++prompts;
     } else if (value("--prompt-ids")) {
@@ -130,10 +131,10 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
   return g;
 }
 
-// The prompt's text: --prompt, else --prompt-file (read by rank 0; "-": standard input), else
+// The prompt's text: --prompt (even empty), else --prompt-file (read by rank 0; "-": standard input), else
 // standard input. Every rank gets it.
 std::string prompt_text(const GenerateArgs& g, MPI_Comm comm) {
-  if (!g.prompt_file.empty() || g.prompt.empty()) {
+  if (!g.prompt_file.empty() || !g.prompt_given) {
     std::string text;
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
