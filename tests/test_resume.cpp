@@ -690,6 +690,20 @@ BOOST_AUTO_TEST_CASE(a_different_global_batch_is_refused_unless_allowed) {
   BOOST_TEST(r.first_step == 4);
   BOOST_TEST(r.step_losses.size() == 2u);
   if (world_rank() == 0) BOOST_TEST(CheckpointReader(checkpoint_of("batch", 6)).meta().global_batch == 16);
+  // To the end of the epoch in the new batches: 64 of the 200 examples done are 2 steps of 32, so 4 of the 6
+  // are left, and the run ends with the data at step 10 (not at 6, the epoch's steps, as if none were done).
+  cfg.train.epochs = 1;
+  cfg.train.max_steps = 0;
+  cfg.train.batch_size = 32;
+  const TrainResult rest = train(cfg, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(rest.first_step == 6);
+  BOOST_TEST(rest.step_losses.size() == 4u);
+  if (world_rank() == 0) {
+    const CheckpointMeta end = CheckpointReader(checkpoint_of("batch", 10)).meta();
+    BOOST_TEST(end.epoch == 0);
+    BOOST_TEST(end.epoch_step == 6);
+    BOOST_TEST(end.total_steps == 10);
+  }
 }
 
 // A checkpoint written before run ids, global batch and contents checksum, in a run folder without

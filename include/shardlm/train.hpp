@@ -29,7 +29,8 @@ struct TrainResult {
   size_t peak_rss_bytes = 0;        // largest over ranks of the process resident high-water mark
   size_t master_shard_bytes = 0;    // this rank's fp32 master slices
   size_t grad_shard_bytes = 0;      // this rank's fp32 grad slices
-  size_t optimizer_bytes = 0;       // this rank's optimizer state (AdamW's moments, or their 8-bit codes)
+  size_t optimizer_bytes = 0;       // this rank's optimizer state on the device (AdamW's moments, or their 8-bit
+                                    // codes; offloaded, the root's resident moments only)
   size_t model_params = 0;          // parameters of the whole model
   long first_step = 0;              // optimizer steps done before this run (resumed runs)
   double mfu = 0;                   // model FLOPs utilisation over the run (0 without a peak: CPU, fp32, GPU unknown)

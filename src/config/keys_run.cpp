@@ -101,7 +101,8 @@ DeckSection checkpoint_section() {
       flag_key("checkpoint.allow_new_batch", SHARDLM_FIELD(checkpoint.allow_new_batch))
           .doc("resume a checkpoint written with another `train.batch_size`: the step count and schedule go on, the "
                "position in the epoch becomes the examples already taken divided by the new global batch (rounded "
-               "down: a few examples may come again), and the log says so. Without it such a resume is refused naming"
+               "down: a few examples may come again), the run's last step the checkpoint's plus what is left of the "
+               "epochs in the new batches (capped by `train.max_steps`; the schedule ends there), and the log says so. Without it such a resume is refused naming"
                " both batches, since its steps would take other examples than the run that wrote it"),
       enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), keep_best_name)
           .doc("`eval_loss`: the checkpoint of the lowest eval loss is kept beside the last `keep_last` (not counted "

@@ -59,7 +59,9 @@ bool EarlyStopping::should_stop(double eval_loss) {
   return without_improvement >= patience;
 }
 
-EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result, bool epoch_end) {
+EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end) {
+  const long step = pos.step;
+  const int epoch = pos.epoch;
   const RunConfig& cfg = run.cfg;
   run.progress.hide();
   EvalResult ev =
@@ -67,7 +69,7 @@ EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result,
   result.eval_losses.push_back(ev.loss);
   EvalLog log;
   log.step = step;
-  log.epoch = static_cast<double>(step) / static_cast<double>(run.steps_per_epoch);
+  log.epoch = pos.epochs_done(run.steps_per_epoch);
   log.loss = ev.loss;
   log.runtime = ev.runtime;
   log.samples_per_second = ev.samples_per_second;

@@ -51,7 +51,7 @@ double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& 
   StepLog log;
   log.step = pos.step;
   log.total_steps = run.total_steps;
-  log.epoch = static_cast<double>(pos.step) / static_cast<double>(run.steps_per_epoch);
+  log.epoch = pos.epochs_done(run.steps_per_epoch);
   log.loss = interval.loss / interval.steps;
   log.grad_norm = last.grad_norm;
   log.learning_rate = last.lr;

@@ -89,6 +89,11 @@ struct TrainPosition {
   long step = 0;
   int epoch = 0;          // `epoch_step` steps done in `epoch`
   long epoch_step = 0;
+  // Epochs done, fractional (the logs' `epoch`): the position in the data, which after a resume with another
+  // global batch (checkpoint.allow_new_batch) is not step / steps a epoch.
+  double epochs_done(long steps_per_epoch) const {
+    return epoch + static_cast<double>(epoch_step) / static_cast<double>(steps_per_epoch);
+  }
   bool scaling = false;   // dynamic loss scaling (GradScaler's rules) is on
   double loss_scale = 1;
   long good_steps = 0;    // steps since the scale last changed
@@ -154,9 +159,9 @@ MfuPeak resolve_mfu_peak(double peak_tflops, BackendKind backend, const std::str
                          const std::string& peaks_file);
 
 // ---- evaluation (train_eval.cpp) ------------------------------------------------------------
-// The eval loss after `epoch` or at step `step` inside it (eval.every_steps: epoch_end false), and
+// The eval loss after `pos.epoch` or at `pos.step` inside it (eval.every_steps: epoch_end false), and
 // at an epoch's end the SQuAD answers when due; logged, recorded and written to TensorBoard. Collective.
-EvalLog evaluate_epoch(TrainRun& run, long step, int epoch, TrainResult& result, bool epoch_end = true);
+EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end = true);
 
 // Trainer's EarlyStoppingCallback on the eval loss: an evaluation counts against the patience unless
 // it is lower than the best before it by more than the threshold; the best is the lowest seen.

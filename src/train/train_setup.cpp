@@ -59,6 +59,17 @@ long resumed_epoch_step(const CheckpointMeta& meta, const TrainRun& run) {
   return meta.epoch_step * meta.global_batch / batch;
 }
 
+// The run's last step when it resumes `meta`: with another global batch (checkpoint.allow_new_batch), the
+// checkpoint's steps and then what is left of the epochs in this run's batches, so that every example of the
+// epoch in progress is still seen once and the schedule ends where the data does; train.max_steps caps it.
+long resumed_total_steps(const CheckpointMeta& meta, const TrainRun& run) {
+  const TrainSection& t = run.cfg.train;
+  long total = run.steps_per_epoch * t.epochs;
+  if (meta.global_batch > 0 && meta.global_batch != t.batch_size)
+    total = meta.step + (t.epochs - meta.epoch) * run.steps_per_epoch - resumed_epoch_step(meta, run);
+  return t.max_steps > 0 ? std::min<long>(total, t.max_steps) : total;
+}
+
 // The checkpoint against this deck and run, Error naming the file: its global batch, its position
 // within this run's epochs, and (resume = auto) its run id. Errors saying "is inconsistent" or
 // "belongs to another run" let resume = auto pass over it (checkpoint_unusable); another batch
@@ -368,6 +379,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
         check_same_model(run->resume_path, meta, *run);
         check_resume_fits(run->resume_path, meta, *run);
         run->resume_step = meta.step;
+        run->total_steps = resumed_total_steps(meta, *run);
         if (meta.step >= run->total_steps) {
           const std::vector<std::string> damage = reader.verify();
           if (!damage.empty()) throw Error(damage.front());
@@ -378,6 +390,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
       }
     });
     broadcast_value(run->resume_step, comm);
+    broadcast_value(run->total_steps, comm);
     if (run->resume_step >= run->total_steps) {
       run->finished = true;
       return run;
@@ -533,6 +546,7 @@ TrainPosition load_start(TrainRun& run) {
                    " from step 0 with fresh optimizer state)"));
   } else if (!run.resume_path.empty()) {
     CheckpointMeta meta = load_resume_checkpoint(run);
+    run.total_steps = resumed_total_steps(meta, run);  // (resume = auto may have taken an older one)
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     pos.step = meta.step;

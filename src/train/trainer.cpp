@@ -73,7 +73,7 @@ class TrainLoop {
       if (cfg_.checkpoint.every_epoch && saved_step_ != pos_.step && pos_.step > result_.first_step)  // save_strategy = epoch
         save(best_.name);
       if (!run_.eval_set.empty()) {
-        totals_.evals.push_back(evaluate_epoch(run_, pos_.step, epoch, result_));
+        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_));
         if (after_eval(totals_.evals.back())) break;
       }
     }
@@ -119,16 +119,16 @@ class TrainLoop {
       interval_.tokens += out.tokens;
       totals_.tokens += out.tokens;
       run_.progress.step(pos_.step, out.loss);
+      pos_.epoch = epoch;
+      pos_.epoch_step = s + 1;
       // Every rank reaches the logging steps: the per-rank memory gather lines up.
       if (pos_.step % cfg_.train.log_every == 0 || pos_.step == run_.total_steps)
         totals_.final_loss = log_interval(run_, pos_, out, interval_);
-      pos_.epoch = epoch;
-      pos_.epoch_step = s + 1;
       if (checkpoint_or_stop()) return true;
       // eval.every_steps; the epoch's last step is evaluated after the epoch, once.
       const bool epoch_ends = s + 1 == run_.steps_per_epoch || pos_.step >= run_.total_steps;
       if (cfg_.eval.every_steps > 0 && pos_.step % cfg_.eval.every_steps == 0 && !epoch_ends && !run_.eval_set.empty()) {
-        totals_.evals.push_back(evaluate_epoch(run_, pos_.step, epoch, result_, /*epoch_end=*/false));
+        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_, /*epoch_end=*/false));
         if (after_eval(totals_.evals.back())) return true;
       }
     }
