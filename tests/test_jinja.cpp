@@ -134,6 +134,10 @@ BOOST_AUTO_TEST_CASE(nested_braces_and_in_undefined_render_as_jinja2) {
   BOOST_TEST(render("{{ [1, {'k': [2]}] | length }}") == "2");
   BOOST_TEST(render("{{ 'x' in missing }}|{{ 'x' not in missing }}") == "False|True");
   BOOST_TEST(render("{% if 'tools' in missing %}y{% else %}n{% endif %}") == "n");
+  // split's remainder keeps its trailing spaces; round is Python's (2.675 is 2.67499999... in binary).
+  BOOST_TEST(render("{{ 'a b  c '.split(none, 1) }}") == "['a', 'b  c ']");
+  BOOST_TEST(render("{{ 2.675 | round(2) }}|{{ 0.125 | round(2) }}|{{ 2.5 | round }}|{{ 1234.5 | round(-2) }}") ==
+             "2.67|0.12|2.0|1200.0");
 }
 
 BOOST_AUTO_TEST_CASE(python_float_repr) {

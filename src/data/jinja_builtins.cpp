@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <unicode/locid.h>
@@ -58,10 +60,8 @@ Value split(const std::string& s, const Value& sep, int64_t max) {
     while (i < text.size() && is_python_space(text[i])) ++i;
     if (i >= text.size()) break;
     size_t j = i;
-    if (max >= 0 && static_cast<int64_t>(parts.size()) >= max) {
-      size_t end = text.size();
-      while (end > i && is_python_space(text[end - 1])) --end;
-      parts.push_back(Value::string(utf8_encode(text.substr(i, end - i))));
+    if (max >= 0 && static_cast<int64_t>(parts.size()) >= max) {  // the rest as it is, trailing spaces too
+      parts.push_back(Value::string(utf8_encode(text.substr(i))));
       break;
     }
     while (j < text.size() && !is_python_space(text[j])) ++j;
@@ -245,7 +245,16 @@ Value round_value(const Value& input, Args& args) {
   double r;
   if (method == "ceil") r = std::ceil(x);
   else if (method == "floor") r = std::floor(x);
-  else {
+  else if (precision >= 0 && precision <= 400 && std::isfinite(x)) {
+    // Python's round(): the value's exact binary expansion rounded half to even, as printf rounds it.
+    const int saved = std::fegetround();
+    std::fesetround(FE_TONEAREST);
+    const int digits = static_cast<int>(precision);
+    std::vector<char> text(static_cast<size_t>(std::snprintf(nullptr, 0, "%.*f", digits, input.as_float())) + 1);
+    std::snprintf(text.data(), text.size(), "%.*f", digits, input.as_float());
+    std::fesetround(saved);
+    return Value::number(std::strtod(text.data(), nullptr));
+  } else {
     const int saved = std::fegetround();
     std::fesetround(FE_TONEAREST);
     r = std::nearbyint(x);
