@@ -102,8 +102,9 @@ DeckSection checkpoint_section() {
           .doc("resume a checkpoint written with another `train.batch_size`: the step count and schedule go on, the "
                "position in the epoch becomes the examples already taken divided by the new global batch (rounded "
                "down: a few examples may come again), the run's last step the checkpoint's plus what is left of the "
-               "epochs in the new batches (capped by `train.max_steps`; the schedule ends there), and the log says so. Without it such a resume is refused naming"
-               " both batches, since its steps would take other examples than the run that wrote it"),
+               "epochs in the new batches (capped by `train.max_steps`; the schedule ends there), and the log says "
+               "so. Without it such a resume is refused naming both batches, since its steps would take other "
+               "examples than the run that wrote it"),
       enum_key("checkpoint.keep_best", SHARDLM_FIELD(checkpoint.keep_best), keep_best_name)
           .doc("`eval_loss`: the checkpoint of the lowest eval loss is kept beside the last `keep_last` (not counted "
                "among them), named by the file `DIR/best` (its file name on the first line, `eval_loss VALUE` on the "

@@ -29,8 +29,8 @@ std::string family_in_name(const std::string& path) {
   std::string name = fs::path(path).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(path).lexically_normal().parent_path().filename().string();
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return c == '-' || c == '_' || c == '.' || c == ' '; }),
-             name.end());
+  const auto separator = [](char c) { return c == '-' || c == '_' || c == '.' || c == ' '; };
+  name.erase(std::remove_if(name.begin(), name.end(), separator), name.end());
   for (const std::string& family : model_family_names())
     if (name.find(family) != std::string::npos) return family;
   return "";
@@ -77,8 +77,8 @@ void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& 
   if (auto it = missing.find("model.dir"); it != missing.end()) {
     const std::string guessed = family_in_name(it->second.text);
     if (!guessed.empty()) m.arch = guessed;
-    say(concat(it->second.error, ": a random tiny ", m.arch, " instead", guessed.empty() ? " (to choose the family: --model.dir= --model.arch=FAMILY)"
-                                                                               : " (the family its name says)"));
+    say(concat(it->second.error, ": a random tiny ", m.arch, " instead",
+               guessed.empty() ? " (to choose the family: --model.dir= --model.arch=FAMILY)" : " (the family its name says)"));
   }
   if (m.num_heads == 0) {  // no shape at all (no model.dir, no shape keys): grouped query heads where the family has them
     m.num_heads = 4;

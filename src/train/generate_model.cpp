@@ -104,7 +104,8 @@ GenerationModel load_generation_model(const std::string& path, const std::string
     // Checkpoints of model.dir runs written before the resolved deck kept the shape as comments: the folder's
     // config.json gives it, as in training.
     if (!deck["model.dir"].empty())
-      for (auto it = deck.begin(); it != deck.end();) it = is_model_shape_key(it->first) ? deck.erase(it) : std::next(it);
+      for (auto it = deck.begin(); it != deck.end();)
+        it = is_model_shape_key(it->first) ? deck.erase(it) : std::next(it);
     // The weights come from the checkpoint: a run's own start (its adapter) and position do not apply.
     deck["model.adapter"] = "";
     deck["checkpoint.resume"] = "none";

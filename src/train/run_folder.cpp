@@ -211,15 +211,17 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
     list << (listed++ ? ", " : "") << p.filename().string();
   }
   if (checkpoints > 0) list << (listed++ ? ", " : "") << checkpoints << " checkpoint(s) in " << cfg.checkpoint_dir();
-  if (!cfg.run.overwrite)
-    throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(), "): ",
-                       cfg.checkpoint.load_weights_only ? "loading weights only (checkpoint.load_weights_only) starts a "
-                                                          "new run; set run.overwrite = true to replace it"
-                       : cfg.checkpoint.resume == ResumeFrom::Auto
-                           ? "it has no checkpoint to continue from (checkpoint.resume = auto); set run.overwrite = "
-                             "true to replace it"
-                           : "set checkpoint.resume = auto to continue it, run.overwrite = true to replace it",
+  if (!cfg.run.overwrite) {
+    const char* remedy =
+        cfg.checkpoint.load_weights_only
+            ? "loading weights only (checkpoint.load_weights_only) starts a new run; set run.overwrite = true to "
+              "replace it"
+        : cfg.checkpoint.resume == ResumeFrom::Auto
+            ? "it has no checkpoint to continue from (checkpoint.resume = auto); set run.overwrite = true to replace it"
+            : "set checkpoint.resume = auto to continue it, run.overwrite = true to replace it";
+    throw Error(concat("run.dir = '", cfg.run.dir, "' already holds a run (", list.str(), "): ", remedy,
                        ", or choose another run.dir"));
+  }
   // The earlier run's resolved deck, identity and step timelines (run.trace_step) go with it.
   static const std::regex trace_file(R"(trace_step\d+_rank\d+\.json)");
   for (const fs::directory_entry& e : fs::directory_iterator(cfg.run.dir)) {
