@@ -1541,7 +1541,7 @@ BOOST_AUTO_TEST_CASE(outputs_on_a_full_disk_end_the_job_with_the_cause) {
   for (int np : {1, 2}) {
     const fs::path dir = scratch("cli_full_disk_np" + std::to_string(np));
     fs::create_symlink("/dev/full", dir / "metrics.jsonl");
-    // (resume = auto: a metrics file that is a device is not a run this one may not overwrite)
+    // (a metrics file that is a device holds no run: nothing to refuse or set aside)
     expect_failure(np, "train " + kDemo + " --train.max_steps=2 --data.eval_file= --checkpoint.resume=auto --run.dir=" +
                            dir.string(),
                    "writing metrics file '" + (dir / "metrics.jsonl").string() + "': No space left on device");

@@ -192,9 +192,10 @@ RunReplacement claim_run_folder(const RunConfig& cfg) {
   }
   std::vector<fs::path> found;
   for (const char* name : {"metrics.jsonl", "predictions.json"}) {
-    // An empty metrics file is a run that failed before its first record (a bad size, say).
+    // A run's records are non-empty files: an empty one is a run that failed before its first record (a bad
+    // size, say), and a pipe or a device holds none (writing to it then fails, naming the cause).
     const fs::path p = fs::path(cfg.run.dir) / name;
-    if (fs::exists(p) && !(fs::is_regular_file(p) && fs::file_size(p, ec) == 0)) found.push_back(p);
+    if (fs::is_regular_file(p, ec) && fs::file_size(p, ec) > 0) found.push_back(p);
   }
   size_t checkpoints = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(cfg.checkpoint_dir())) {
