@@ -15,6 +15,7 @@
 #include "metrics.hpp"
 #include "run_report.hpp"
 #include "shardlm/device.hpp"
+#include "shardlm/io.hpp"
 #include "temp_dir.hpp"
 #include "test_support.hpp"
 #include "train_run.hpp"
@@ -490,6 +491,11 @@ std::map<std::string, std::string> files_of(const fs::path& root) {
 }
 
 // An earlier run in RUN (its checkpoints in CKPT), with a user's file beside it.
+// claim_run_folder with the checkpoint the trainer would resume (load_inputs resolves it the same way).
+RunReplacement claim(const RunConfig& cfg) {
+  return claim_run_folder(cfg, resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir()));
+}
+
 RunConfig earlier_run(const TempDir& tmp) {
   RunConfig cfg;
   cfg.run.dir = (tmp.root / "run").string();
@@ -517,7 +523,7 @@ BOOST_AUTO_TEST_CASE(an_overwritten_run_is_set_aside_then_put_back_or_removed) {
   const auto before = files_of(tmp.root);
   const fs::path run = tmp.root / "run", ckpt = tmp.root / "ckpt";
   {
-    RunReplacement replacement = claim_run_folder(cfg);
+    RunReplacement replacement = claim(cfg);
     BOOST_TEST(!replacement.empty());
     BOOST_TEST((files_of(tmp.root) == before));
     const std::string line = replacement.set_aside({run / "deck.resolved.ini", run / "metrics.jsonl", run / "new.txt"});
@@ -532,10 +538,10 @@ BOOST_AUTO_TEST_CASE(an_overwritten_run_is_set_aside_then_put_back_or_removed) {
 
   // A .replaced-run left by a job that died in between is an error naming it.
   fs::create_directories(run / ".replaced-run");
-  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), (run / ".replaced-run").string()));
+  BOOST_TEST(contains(error_of([&] { claim(cfg); }), (run / ".replaced-run").string()));
   fs::remove(run / ".replaced-run");
 
-  RunReplacement replacement = claim_run_folder(cfg);
+  RunReplacement replacement = claim(cfg);
   replacement.set_aside({run / "metrics.jsonl"});
   tmp.write("run/metrics.jsonl", "new\n");
   BOOST_TEST(contains(replacement.keep_new_run(), "replaced the earlier run in " + cfg.run.dir));
@@ -551,24 +557,24 @@ BOOST_AUTO_TEST_CASE(a_fresh_run_into_an_earlier_one_is_refused_without_overwrit
   RunConfig cfg = earlier_run(tmp);
   cfg.run.overwrite = false;
   const auto before = files_of(tmp.root);
-  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "already holds a run (metrics.jsonl, 1 checkpoint(s)"));
+  BOOST_TEST(contains(error_of([&] { claim(cfg); }), "already holds a run (metrics.jsonl, 1 checkpoint(s)"));
   BOOST_TEST((files_of(tmp.root) == before));
   // Loading weights only starts a new run too.
   cfg.checkpoint.resume = ResumeFrom::Auto;
   cfg.checkpoint.load_weights_only = true;
-  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "loading weights only (checkpoint.load_weights_only)"));
+  BOOST_TEST(contains(error_of([&] { claim(cfg); }), "loading weights only (checkpoint.load_weights_only)"));
   // resume = auto continues the run where it has a checkpoint...
   cfg.checkpoint.load_weights_only = false;
-  BOOST_TEST(claim_run_folder(cfg).empty());
+  BOOST_TEST(claim(cfg).empty());
   // ... and where it has none (a run that kept no checkpoint), starting afresh would replace it: refused.
   fs::remove(tmp.root / "ckpt" / "ckpt-00000001.h5");
   fs::remove(tmp.root / "ckpt" / "latest");
   const auto no_checkpoint = files_of(tmp.root);
-  BOOST_TEST(contains(error_of([&] { claim_run_folder(cfg); }), "already holds a run (metrics.jsonl): it has no checkpoint "
+  BOOST_TEST(contains(error_of([&] { claim(cfg); }), "already holds a run (metrics.jsonl): it has no checkpoint "
                                                                   "to continue from (checkpoint.resume = auto)"));
   BOOST_TEST((files_of(tmp.root) == no_checkpoint));
   cfg.run.overwrite = true;
-  BOOST_TEST(!claim_run_folder(cfg).empty());
+  BOOST_TEST(!claim(cfg).empty());
 }
 
 // A checkpoint.dir outside run.dir is locked too: a second job with its own run.dir is refused,

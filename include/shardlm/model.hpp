@@ -138,8 +138,9 @@ struct ModelConfig {
   int layer_sliding_window(int layer) const { return layer_is_local(layer) ? sliding_window : 0; }
   int layer_rope_table(int layer) const { return rope_local_theta > 0 && layer_is_local(layer) ? 1 : 0; }
   int rope_tables() const { return rope_local_theta > 0 ? 2 : 1; }
-  // The attention scores' scale: query_pre_attn_scalar^-1/2, or head_dim^-1/2.
+  // The attention scores' scale: attention_scalar()^-1/2, where that is query_pre_attn_scalar, or head_dim for 0.
   float attention_scale() const;
+  double attention_scalar() const { return query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_dim(); }
   // The leading dimensions of each head that rotate (partial_rotary_factor; transformers truncates).
   int rotary_dim() const { return static_cast<int>(head_dim() * partial_rotary_factor); }
   // The LM head is the embedding matrix (always for a family whose head is always tied, as BLOOM's).

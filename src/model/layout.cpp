@@ -115,8 +115,7 @@ void init_unit_slice(const UnitLayout& unit, int unit_index, uint64_t seed, size
 bool ModelConfig::tied_head() const { return model_family(arch).head_always_tied || tie_word_embeddings; }
 
 float ModelConfig::attention_scale() const {
-  const double scalar = query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_dim();
-  return static_cast<float>(1.0 / std::sqrt(scalar));
+  return static_cast<float>(1.0 / std::sqrt(attention_scalar()));
 }
 
 // Sizes beyond any real model's are refused before a layout is built: a wrapped or mistyped size

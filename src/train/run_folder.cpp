@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "shardlm/core.hpp"
-#include "shardlm/io.hpp"
 
 namespace shardlm {
 
@@ -175,13 +174,11 @@ void check_output_folders(const RunConfig& cfg) {
                                                                           : "checkpoint.dir");
 }
 
-RunReplacement claim_run_folder(const RunConfig& cfg) {
+RunReplacement claim_run_folder(const RunConfig& cfg, const std::string& resume_path) {
   static const std::regex checkpoint_file(R"(ckpt-\d{8,}\.h5(\.tmp)?|(latest|best)(\.tmp)?)");
   // A new run unless it resumes a checkpoint: resume = none, auto with none to resume, and loading weights only
   // all start one, which must neither mix with an earlier run nor truncate its records.
-  const bool fresh =
-      cfg.checkpoint.load_weights_only ||
-      resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.resume_path, cfg.checkpoint_dir()).empty();
+  const bool fresh = cfg.checkpoint.load_weights_only || resume_path.empty();
   std::error_code ec;
   for (const std::string& folder : {cfg.run.dir, cfg.checkpoint_dir()}) {
     const fs::path aside = fs::path(folder) / kReplacedRunFolder;

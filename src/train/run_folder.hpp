@@ -73,10 +73,11 @@ class RunReplacement {
 constexpr const char* kReplacedRunFolder = ".replaced-run";
 
 // Rank 0, holding the lock: a folder that already holds a run (metrics, predictions, checkpoints)
-// is an Error for a fresh run (checkpoint.resume = none, or checkpoint.load_weights_only: a new run
+// is an Error for a fresh run (no checkpoint to resume, or checkpoint.load_weights_only: a new run
 // from a checkpoint's weights) unless run.overwrite = true; then the earlier run's files (with its
 // deck.resolved.ini, run_id and step timelines) are returned, not yet touched. A .replaced-run
 // folder left by an overwrite that did not reach its first step is an Error naming it.
-RunReplacement claim_run_folder(const RunConfig& cfg);
+// `resume_path`: the checkpoint the run resumes (resolve_resume's; empty: none), which decides whether it is new.
+RunReplacement claim_run_folder(const RunConfig& cfg, const std::string& resume_path);
 
 }  // namespace shardlm

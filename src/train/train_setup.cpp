@@ -146,7 +146,7 @@ void load_inputs(TrainRun& run) {
     check_output_folders(cfg);
     run.lock = RunFolderLock(cfg.run.dir, cfg.checkpoint_dir());
     // Nothing of an earlier run is touched here: open_run_outputs sets it aside once every check passed.
-    run.replacement = claim_run_folder(cfg);
+    run.replacement = claim_run_folder(cfg, run.resume_path);
     // A resumed run continues the run's file as its next segment (segment 1 at least, also when it
     // starts a new file from another run's checkpoint); loading weights only starts a new run.
     const bool continues = !run.resume_path.empty() && !cfg.checkpoint.load_weights_only;

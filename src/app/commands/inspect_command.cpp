@@ -267,14 +267,13 @@ void export_merged(const std::string& path, const std::string& out, const std::s
 
 int command_export(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
-  std::string dtype, max_shard = "5GB", model_dir;  // dtype empty: the one the run trained in
-  bool adapter = false, merge = false, overwrite = false, shard_given = false;
+  // Empty: not given (dtype: the one the run trained in; max_shard: save_pretrained's 5GB).
+  std::string dtype, max_shard, model_dir;
+  bool adapter = false, merge = false, overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (option_value(args, i, "--max-shard-size", max_shard)) {
-      shard_given = true;
+    if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--max-shard-size", max_shard) ||
+        option_value(args, i, "--model-dir", model_dir))
       continue;
-    }
-    if (option_value(args, i, "--dtype", dtype) || option_value(args, i, "--model-dir", model_dir)) continue;
     if (args[i] == "--adapter" || args[i] == "--merge" || args[i] == "--overwrite") {
       (args[i] == "--adapter" ? adapter : args[i] == "--merge" ? merge : overwrite) = true;
       continue;
@@ -293,7 +292,9 @@ int command_export(const std::vector<std::string>& args) {
     HfExportOptions options;
     options.overwrite = overwrite;
     const std::string path = resolve_checkpoint_path(positional[0], "shardlm export CHECKPOINT");
-    const bool dtype_given = !dtype.empty();
+    SHARDLM_CHECK(!adapter || (dtype.empty() && max_shard.empty()), "export: --adapter writes the adapters as the "
+                  "run trained them (fp32, one adapter_model.safetensors): --dtype and --max-shard-size apply to a "
+                  "whole or merged model");
     // As save_pretrained: the weights in the dtype the run computed in (fsdp.param_dtype), unless told.
     if (dtype.empty() && !adapter) {
       const std::map<std::string, std::string> deck =
@@ -305,11 +306,8 @@ int command_export(const std::vector<std::string>& args) {
     SHARDLM_CHECK(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "export: --dtype = '", dtype,
                   "': expected bf16, fp16 or fp32");
     options.dtype = parse_dtype(dtype);
-    options.max_shard_bytes = parse_size("--max-shard-size", max_shard);
+    options.max_shard_bytes = parse_size("--max-shard-size", max_shard.empty() ? "5GB" : max_shard);
     SHARDLM_CHECK(!(adapter && merge), "export: --adapter and --merge write different folders: give one");
-    SHARDLM_CHECK(!adapter || (!dtype_given && !shard_given), "export: --adapter writes the adapters as the run "
-                  "trained them (fp32, one adapter_model.safetensors): --dtype and --max-shard-size apply to a whole "
-                  "or merged model");
     check_export_folder(positional[1], overwrite);
     if (adapter) {
       const std::string base = export_checkpoint_adapter(path, positional[1], overwrite);

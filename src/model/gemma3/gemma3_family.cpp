@@ -144,8 +144,8 @@ void gemma3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
   c.erase("rope_scaling");
   c["hidden_activation"] = "gelu_pytorch_tanh";
   // An integer where it is one: transformers 5's Gemma3TextConfig declares it int and refuses 40.0. A deck's 0
-  // means head_dim (model.query_pre_attn_scalar), which config.json must say outright: it takes no 0.
-  const float scalar = cfg.query_pre_attn_scalar > 0 ? cfg.query_pre_attn_scalar : static_cast<float>(cfg.head_dim());
+  // means head_dim, which config.json must say outright: it takes no 0.
+  const float scalar = static_cast<float>(cfg.attention_scalar());
   if (scalar == std::floor(scalar) && std::fabs(scalar) < 1e9f)
     c["query_pre_attn_scalar"] = static_cast<long long>(scalar);
   else
