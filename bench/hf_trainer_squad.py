@@ -14,8 +14,8 @@ What it does, to match shardlm's SQuAD decks (input/squad/*.ini) run with the by
     layers, 16 heads), random init, fp32 weights; nothing is downloaded;
   * shardlm's byte tokenizer and SQuAD layout (src/data/tokenizer.cpp, src/data/squad.cpp):
     ids 0-255 are UTF-8 bytes, 256 BOS, 257 EOS, 258 PAD; a sample is
-    [BOS] "Question: {q} Context: {c} Answer:" " {first answer}" [EOS], only the context cut to
-    fit --max-length, the loss on the answer and EOS only (labels -100 elsewhere); every record
+    [BOS] "Question: {q} Context: {c} Answer:" " {first answer}" [EOS], only the context cut (in
+    whole characters) to fit --max-length, the loss on the answer and EOS only (labels -100 elsewhere); every record
     of both files is used (bench/make_squad_data.py writes exactly the subset sizes);
   * Trainer with the tutorial's TrainingArguments: per-device batch 1, gradient accumulation 4,
     lr 5e-5 (linear decay, no warm-up), weight decay 0.01, bf16 (autocast over fp32 weights),
@@ -100,6 +100,9 @@ def build_example(question, context, answer, max_length):
     if fixed > max_length:
         raise SystemExit(f"question {question!r}: {fixed} tokens without context, more than max_length {max_length}")
     kept = min(len(ctx), max_length - fixed)
+    # shardlm keeps whole characters of the context: a cut inside one moves back to its start.
+    while 0 < kept < len(ctx) and (ctx[kept] & 0xC0) == 0x80:
+        kept -= 1
     ids = [BOS] + head + ctx[:kept] + tail
     answer_begin = len(ids)
     ids += ans + [EOS]

@@ -416,6 +416,74 @@ BOOST_AUTO_TEST_CASE(encodes_at_least_one_megabyte_per_second) {
   }
 }
 
+// A sample's ids without its BOS and EOS; the ids its loss is on, without EOS.
+std::vector<int32_t> body_ids(const Example& ex, const Tokenizer& tok) {
+  const size_t first = tok.bos_id() >= 0 ? 1 : 0;
+  return std::vector<int32_t>(ex.tokens.begin() + static_cast<std::ptrdiff_t>(first), ex.tokens.end() - 1);
+}
+std::vector<int32_t> answer_ids(const Example& ex) {
+  std::vector<int32_t> ids;
+  for (size_t t = 0; t + 1 < ex.targets.size(); ++t)
+    if (ex.targets[t] >= 0) ids.push_back(ex.targets[t]);
+  if (!ids.empty()) ids.pop_back();  // EOS
+  return ids;
+}
+
+// SQuAD and prompt/completion samples with a real SentencePiece (Llama 2) and byte-level BPE
+// (GPT-2) tokenizer are the whole text's tokens, their loss on the tokens of the answer: pieces
+// tokenized apart gave Llama 2 a stray "▁" before the context and the answer, GPT-2 a lone "Ġ".
+BOOST_AUTO_TEST_CASE(squad_and_prompt_samples_are_the_whole_texts_tokens) {
+  TempDir dir("qa_whole");
+  const std::string question = "Where is the café?", answer = "Zürich";
+  const std::string context = "The café Odéon is in Zürich, near the lake. It opened in 1911 and is still open today.";
+  const std::string squad = dir.write(
+      "squad.json", json({{"data", {{{"paragraphs", {{{"context", context},
+                                                      {"qas", {{{"id", "q1"}, {"question", question},
+                                                                {"answers", {{{"text", answer}}}}}}}}}}}}}})
+                        .dump());
+  const std::string jsonl =
+      dir.write("pc.jsonl", json({{"prompt", "Translate to French: good morning\nAnswer:"}, {"completion", " bonjour"}})
+                                    .dump() + "\n");
+  for (const std::string name : {"llama2", "gpt2"}) {
+    BOOST_TEST_CONTEXT(name) {
+      const HfTextTokenizer tok(tokenizer(name));
+      const std::string prompt = "Question: " + question + " Context: " + context + " Answer:";
+      const Example ex = load_squad(squad, tok, DatasetOptions{}).at(0);
+      BOOST_TEST(body_ids(ex, tok) == tok.encode(prompt + " " + answer), show(ex.tokens));
+      const std::vector<int32_t> whole = tok.encode(prompt + " " + answer), head = tok.encode(prompt);
+      BOOST_TEST(answer_ids(ex) == std::vector<int32_t>(whole.begin() + static_cast<std::ptrdiff_t>(head.size()),
+                                                        whole.end()));
+      BOOST_TEST(tok.decode(answer_ids(ex)).find(answer) != std::string::npos);
+      BOOST_TEST(ex.targets.back() == -1);
+      BOOST_TEST(ex.targets[ex.targets.size() - 2] == tok.eos_id());
+
+      // Cut to fit: the longest start of the context, in whole characters, with which the sample fits.
+      DatasetOptions opt;
+      opt.max_length = static_cast<int>(ex.tokens.size()) - 7;
+      const Example cut = load_squad(squad, tok, opt).at(0);
+      BOOST_TEST(cut.tokens.size() <= size_t(opt.max_length));
+      const std::string text = tok.decode(body_ids(cut, tok));
+      const size_t from = text.find(" Context: ") + 10, to = text.rfind(" Answer:");
+      BOOST_TEST_REQUIRE(to != std::string::npos);
+      const std::string kept = text.substr(from, to - from);
+      BOOST_TEST(context.compare(0, kept.size(), kept) == 0, kept);
+      BOOST_TEST(kept.size() < context.size());
+      size_t next = kept.size() + 1;
+      while (next < context.size() && (static_cast<unsigned char>(context[next]) & 0xC0) == 0x80) ++next;
+      const std::string longer = "Question: " + question + " Context: " + context.substr(0, next) + " Answer:";
+      BOOST_TEST(tok.encode(longer + " " + answer).size() + ex.tokens.size() - whole.size() > size_t(opt.max_length));
+      BOOST_TEST(body_ids(cut, tok) == tok.encode("Question: " + question + " Context: " + kept + " Answer: " + answer));
+
+      const Example pc = load_jsonl(jsonl, tok, DatasetOptions{}).at(0);
+      const std::string pc_prompt = "Translate to French: good morning\nAnswer:";
+      BOOST_TEST(body_ids(pc, tok) == tok.encode(pc_prompt + " bonjour"));
+      const std::vector<int32_t> pc_whole = tok.encode(pc_prompt + " bonjour"), pc_head = tok.encode(pc_prompt);
+      BOOST_TEST(answer_ids(pc) == std::vector<int32_t>(pc_whole.begin() + static_cast<std::ptrdiff_t>(pc_head.size()),
+                                                        pc_whole.end()));
+    }
+  }
+}
+
 // The byte tokenizer's files for transformers (what `shardlm export` writes for a byte-tokenizer
 // run): read back as a Hugging Face tokenizer.json, they give the byte tokenizer's ids.
 BOOST_AUTO_TEST_CASE(byte_tokenizer_files_encode_as_the_byte_tokenizer) {

@@ -65,8 +65,9 @@ struct DatasetOptions {
 };
 
 // SQuAD v1.1 JSON ({"data":[{"paragraphs":[{"context","qas":[{"question","answers":[{"text"}]}]}]}]}).
-// Each question becomes "Question: {q} Context: {c} Answer:" + " {answer}" + EOS, the loss taken
-// on the answer tokens and EOS only; the context (never the answer) is truncated to fit.
+// Each question becomes "Question: {q} Context: {c} Answer: {answer}" + EOS, tokenized whole, the
+// loss taken on the tokens that overlap the answer and EOS; the context (never the question or the
+// answer) is cut by whole characters to fit.
 // Throws Error naming the file (and record) on malformed input.
 std::vector<Example> load_squad(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt);

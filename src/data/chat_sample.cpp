@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "chat.hpp"
+#include "token_spans.hpp"
 #include "shardlm/core.hpp"
 
 namespace shardlm {
@@ -42,26 +43,6 @@ std::pair<size_t, size_t> turn_span(const Json& messages, size_t i, const std::s
     end = through.size() - eos.size();
   }
   return end > prompt.size() ? std::make_pair(prompt.size(), end) : std::make_pair(size_t{0}, size_t{0});
-}
-
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
-
-// Token boundaries from byte offsets without offsets from the tokenizer: the text before `pos`
-// tokenized alone agrees with the whole text's tokens up to the first token that crosses `pos`.
-// first: the first token overlapping [pos, ...); end: one past the last token overlapping [..., pos).
-size_t first_token_from(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok) {
-  if (pos == 0) return 0;
-  return common_prefix(tok.encode(text.substr(0, pos)), ids);
-}
-size_t end_token_at(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok) {
-  if (pos >= text.size()) return ids.size();
-  const std::vector<int32_t> head = tok.encode(text.substr(0, pos));
-  const size_t agree = common_prefix(head, ids);
-  return agree < head.size() ? std::min(agree + 1, ids.size()) : agree;
 }
 
 }  // namespace

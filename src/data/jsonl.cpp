@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data_file.hpp"
+#include "token_spans.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -19,21 +20,25 @@ std::string string_field(const json& object, const char* key, const std::string&
   return value.get<std::string>();
 }
 
-// [BOS] prompt completion [EOS]; the prompt loses its beginning to fit, the completion never.
-Example prompt_example(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion,
-                       const Tokenizer& tok, int max_length, const std::string& where) {
+// [BOS] prompt completion [EOS], tokenized whole (token_spans.hpp); the prompt's tokens lose their
+// beginning to fit, the completion's never.
+Example prompt_example(const std::string& prompt_text, const std::string& completion_text, const Tokenizer& tok,
+                       int max_length, const std::string& where) {
+  const PromptCompletionIds pc = encode_prompt_completion(prompt_text, completion_text, tok);
+  const auto prompt_end = pc.ids.begin() + static_cast<std::ptrdiff_t>(pc.completion_begin);
+  const size_t completion = pc.ids.size() - pc.completion_begin;
   const bool bos = tok.bos_id() >= 0;
-  const size_t fixed = completion.size() + 1 + (bos ? 1 : 0);
+  const size_t fixed = completion + 1 + (bos ? 1 : 0);
   SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
                 " tokens with BOS and EOS, more than max_length ", max_length);
-  const size_t kept = std::min(prompt.size(), static_cast<size_t>(max_length) - fixed);
+  const size_t kept = std::min(pc.completion_begin, static_cast<size_t>(max_length) - fixed);
   Example ex;
   ex.tokens.reserve(fixed + kept);
   if (bos) ex.tokens.push_back(tok.bos_id());
-  ex.tokens.insert(ex.tokens.end(), prompt.end() - static_cast<std::ptrdiff_t>(kept), prompt.end());
+  ex.tokens.insert(ex.tokens.end(), prompt_end - static_cast<std::ptrdiff_t>(kept), prompt_end);
   const size_t completion_begin = ex.tokens.size();
   SHARDLM_CHECK(completion_begin > 0, where, ": an empty prompt needs a tokenizer with a BOS token");
-  ex.tokens.insert(ex.tokens.end(), completion.begin(), completion.end());
+  ex.tokens.insert(ex.tokens.end(), prompt_end, pc.ids.end());
   ex.tokens.push_back(tok.eos_id());
   // From the last prompt token (or BOS) on, each position predicts a completion token or EOS.
   ex.targets.assign(ex.tokens.size(), -1);
@@ -53,8 +58,8 @@ Example parse_line(const std::string& line, const std::string& where, const Toke
   if (has_text) return next_token_example(tok.encode(string_field(record, "text", where)), tok, max_length);
   SHARDLM_CHECK(has_prompt && has_completion, where,
                 ": expected 'text' or both 'prompt' and 'completion'");
-  return prompt_example(tok.encode(string_field(record, "prompt", where)),
-                        tok.encode(string_field(record, "completion", where)), tok, max_length, where);
+  return prompt_example(string_field(record, "prompt", where), string_field(record, "completion", where), tok,
+                        max_length, where);
 }
 
 }  // namespace

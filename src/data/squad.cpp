@@ -1,10 +1,12 @@
 // load_squad: SQuAD v1.1 JSON to question-answering examples whose loss covers the answer only;
 // load_squad_questions: the same questions' ids and reference answers for exact match and F1.
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "../core/input_file.hpp"
 #include "data_file.hpp"
+#include "token_spans.hpp"
 #include "shardlm/core.hpp"
 #include "shardlm/data.hpp"
 
@@ -75,28 +77,77 @@ std::vector<QaRecord> collect_records(const json& root, const std::string& path)
   return records;
 }
 
-// [BOS] "Question: q Context: c Answer:" " a" [EOS]; only the context shrinks to fit max_length.
-Example build_example(const QaRecord& record, const Tokenizer& tok, int max_length) {
-  const std::vector<int32_t> head = tok.encode("Question: " + record.question + " Context: ");
-  const std::vector<int32_t> context = tok.encode(record.context);
-  const std::vector<int32_t> tail = tok.encode(" Answer:");
-  const std::vector<int32_t> answer = tok.encode(" " + record.answers[0]);
-  const bool bos = tok.bos_id() >= 0;
-  const size_t fixed = (bos ? 1 : 0) + head.size() + tail.size() + answer.size() + 1;
-  SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), record.where,
-                ": the question and answer take ", fixed,
+// The prompt "Question: q Context: c Answer:" with the first `context_bytes` of the context.
+std::string qa_prompt(const QaRecord& record, size_t context_bytes) {
+  return "Question: " + record.question + " Context: " + record.context.substr(0, context_bytes) + " Answer:";
+}
+std::string qa_answer(const QaRecord& record) { return " " + record.answers[0]; }
+size_t qa_tokens(const QaRecord& record, size_t context_bytes, const Tokenizer& tok) {
+  return tok.encode(qa_prompt(record, context_bytes) + qa_answer(record)).size();
+}
+
+// How many bytes of the context (whole UTF-8 characters) the sample keeps: a start with which prompt
+// and answer take at most max_length - specials tokens where one more character would not fit (the
+// longest, but for the rare prefixes whose token count falls as a word completes). The first probe is
+// where the text's bytes per token put the cut, then steps doubling away from it until a fitting and a
+// failing length bracket the answer, then bisection: a few encodings a sample, and these steps exactly
+// in bench/check_qa_tokens.py.
+size_t context_kept(const QaRecord& record, const Tokenizer& tok, size_t specials, int max_length) {
+  const std::string& context = record.context;
+  const size_t room = static_cast<size_t>(max_length) - std::min(specials, static_cast<size_t>(max_length));
+  const size_t whole = qa_tokens(record, context.size(), tok);
+  if (whole <= room) return context.size();
+  const size_t none = qa_tokens(record, 0, tok);
+  SHARDLM_CHECK(none <= room, record.where, ": the question and answer take ", none + specials,
                 " tokens without any context, more than max_length ", max_length);
-  const size_t kept = std::min(context.size(), static_cast<size_t>(max_length) - fixed);
+  size_t lo = 0, hi = context.size();  // a start of lo bytes fits, of hi does not
+  const auto inside = [&](size_t at) { return (static_cast<unsigned char>(context[at]) & 0xC0) == 0x80; };
+  // A character's start in (lo, hi) at or below `at` (clamped into it), else above; hi when there is none.
+  const auto char_start = [&](size_t at) {
+    if (hi - lo <= 1) return hi;
+    const size_t from = std::clamp(at, lo + 1, hi - 1);
+    size_t p = from;
+    while (p > lo && inside(p)) --p;
+    if (p > lo) return p;
+    for (p = from; p < hi && inside(p);) ++p;
+    return p;
+  };
+  const auto probe = [&](size_t at) {
+    const bool fits = qa_tokens(record, at, tok) <= room;
+    (fits ? lo : hi) = at;
+    return fits;
+  };
+  const double bytes_per_token =
+      static_cast<double>(qa_prompt(record, context.size()).size() + qa_answer(record).size()) / double(whole);
+  const size_t over = static_cast<size_t>(std::ceil(static_cast<double>(whole - room) * bytes_per_token));
+  size_t step = std::max<size_t>(16, static_cast<size_t>(std::ceil(4 * bytes_per_token)));
+  size_t at = char_start(context.size() - std::min(context.size(), over));
+  if (at != hi && probe(at)) {
+    for (; (at = char_start(lo + step)) != hi && probe(at); step *= 2) {
+    }
+  } else if (at != hi) {
+    for (; (at = char_start(hi > step ? hi - step : 0)) != hi && !probe(at); step *= 2) {
+    }
+  }
+  while ((at = char_start(lo + (hi - lo) / 2)) != hi) probe(at);
+  return lo;
+}
+
+// [BOS] "Question: q Context: c Answer: a" [EOS], tokenized whole (a piece tokenized alone would
+// start with a stray "▁" or "Ġ"), the loss on the tokens that overlap the answer and on EOS. Only
+// the context shrinks to fit max_length (context_kept).
+Example build_example(const QaRecord& record, const Tokenizer& tok, int max_length) {
+  const size_t specials = (tok.bos_id() >= 0 ? 1 : 0) + 1;
+  const size_t kept = context_kept(record, tok, specials, max_length);
+  const PromptCompletionIds qa = encode_prompt_completion(qa_prompt(record, kept), qa_answer(record), tok);
+  SHARDLM_CHECK(qa.completion_begin > 0 && qa.completion_begin < qa.ids.size(), record.where,
+                ": the tokenizer gives the answer no tokens of its own after the prompt");
 
   Example ex;
-  ex.tokens.reserve(fixed + kept);
-  if (bos) ex.tokens.push_back(tok.bos_id());
-  ex.tokens.insert(ex.tokens.end(), head.begin(), head.end());
-  ex.tokens.insert(ex.tokens.end(), context.begin(),
-                   context.begin() + static_cast<std::ptrdiff_t>(kept));
-  ex.tokens.insert(ex.tokens.end(), tail.begin(), tail.end());
-  const size_t answer_begin = ex.tokens.size();
-  ex.tokens.insert(ex.tokens.end(), answer.begin(), answer.end());
+  ex.tokens.reserve(qa.ids.size() + specials);
+  if (tok.bos_id() >= 0) ex.tokens.push_back(tok.bos_id());
+  const size_t answer_begin = ex.tokens.size() + qa.completion_begin;
+  ex.tokens.insert(ex.tokens.end(), qa.ids.begin(), qa.ids.end());
   ex.tokens.push_back(tok.eos_id());
 
   // The last prompt token predicts the first answer token; the last answer token predicts EOS.
@@ -128,11 +179,11 @@ std::vector<Example> load_squad(const std::string& path, const Tokenizer& tok,
                                 const DatasetOptions& opt) {
   SHARDLM_CHECK(opt.max_length >= 2, path, ": max_length must be at least 2, got ", opt.max_length);
   const std::vector<QaRecord> records = read_records(path);
+  // Only the records the subset keeps are tokenized (a deck's 250 of SQuAD's 87,599).
   std::vector<Example> examples;
-  examples.reserve(records.size());
-  for (const QaRecord& record : records)
-    examples.push_back(build_example(record, tok, opt.max_length));
-  return select_subset(std::move(examples), opt);
+  for (size_t index : subset_indices(records.size(), opt))
+    examples.push_back(build_example(records[index], tok, opt.max_length));
+  return examples;
 }
 
 std::vector<SquadQuestion> load_squad_questions(const std::string& path, const DatasetOptions& opt) {
