@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/data.hpp"
 #include "shardlm/io.hpp"
 #include "shardlm/model.hpp"
 #include "checkpoint_edit.hpp"
@@ -312,6 +313,20 @@ BOOST_AUTO_TEST_CASE(stop_signal_checkpoints_and_exits_zero) {
   BOOST_TEST(no_export.exit_code != 0);
   BOOST_TEST(no_export.output.find("shardlm export CHECKPOINT: '/nonexistent/ckpt.h5' does not exist") !=
              std::string::npos, no_export.output);
+  // The run folder names its checkpoints as generate takes it.
+  Outcome from_run = run_shardlm(1, "export " + dir.string() + " " + (dir / "hf_run").string());
+  BOOST_TEST(from_run.exit_code == 0, from_run.output);
+  BOOST_TEST(fs::exists(dir / "hf_run" / "model.safetensors"));
+  // A checkpoint whose contents checksum says it was changed is refused, as resume and generate refuse it:
+  // with param and exp_avg swapped the export would hold the first moment as weights.
+  const fs::path swapped = dir / "swapped.h5";
+  fs::copy_file(shardlm::resolve_checkpoint_path((dir / "checkpoints").string()), swapped);
+  BOOST_TEST_REQUIRE(ckpt_edit::swap_datasets(swapped.string(), "/units/h.0/param", "/units/h.0/exp_avg"));
+  Outcome damaged = run_shardlm(1, "export " + swapped.string() + " " + (dir / "never").string());
+  BOOST_TEST(damaged.exit_code != 0);
+  BOOST_TEST(damaged.output.find("is damaged: its attributes, tensor index or vectors' checksums") != std::string::npos,
+             damaged.output);
+  BOOST_TEST(!fs::exists(dir / "never"));
 }
 
 namespace {
@@ -543,7 +558,9 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   fs::rename(moved, dir / "hf");
 
   // LoRA on the same model folder: the base frozen, RUN_DIR/adapter at the end; a plain export of its
-  // checkpoint is refused, --adapter writes the same folder, --merge the base with W + s B A.
+  // checkpoint is refused, --adapter writes the same folder, --merge the base with W + s B A. An
+  // adapter.partial left by an attempt stopped while writing the adapter does not block it.
+  fs::create_directories(dir / "lora" / "adapter.partial");
   Outcome lora = run_shardlm(2, "train " + (dir / "from_hf.ini").string() +
                                     " --lora.r=4 --lora.alpha=16 --lora.target_modules=all-linear --train.lr=3e-2"
                                     " --train.max_steps=3 --data.eval_file= --data.tokenizer=auto --run.dir=" +
@@ -552,6 +569,7 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   BOOST_TEST_REQUIRE(lora.exit_code == 0);
   BOOST_TEST(contains(lora.output, "loaded the frozen base weights from " + (dir / "hf").string()));
   BOOST_TEST(contains(lora.output, "adapter written to " + (dir / "lora" / "adapter").string()));
+  BOOST_TEST(!fs::exists(dir / "lora" / "adapter.partial"));
   const std::string lora_ckpt = (dir / "lora" / "checkpoints").string();
   Outcome plain = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "never").string());
   BOOST_TEST(plain.exit_code != 0);
@@ -1332,6 +1350,25 @@ BOOST_AUTO_TEST_CASE(two_runs_sharing_a_checkpoint_dir_are_refused) {
 // export into a folder that holds files: refused without --overwrite; with it, only the export's
 // own files are replaced. A leftover DIR.partial and a DIR that is a symbolic link are refused and
 // left as they are.
+// The checkpoint keeps the hash of the tokenizer it trained with; an export that would copy another
+// (the file changed since) refuses, as resume does, instead of shipping ids that do not match the weights.
+BOOST_AUTO_TEST_CASE(export_refuses_a_tokenizer_that_changed_since_training) {
+  const fs::path dir = scratch("export_tokenizer");
+  const fs::path tok = dir / "tok" / "tokenizer.json";
+  fs::create_directories(tok.parent_path());
+  for (const auto& [name, text] : shardlm::ByteTokenizer::hf_files(256)) std::ofstream(tok.parent_path() / name) << text;
+  Outcome o = run_shardlm(1, "train " + kDemo + " --train.max_steps=2 --checkpoint.every=2 --data.tokenizer=" +
+                                 tok.string() + " --run.dir=" + (dir / "run").string());
+  BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+  Outcome same = run_shardlm(1, "export " + (dir / "run").string() + " " + (dir / "hf").string());
+  BOOST_TEST(same.exit_code == 0, same.output);
+  std::ofstream(tok, std::ios::app) << "\n";
+  Outcome changed = run_shardlm(1, "export " + (dir / "run").string() + " " + (dir / "hf2").string());
+  BOOST_TEST(changed.exit_code != 0);
+  BOOST_TEST(changed.output.find("is not the tokenizer the run trained with") != std::string::npos, changed.output);
+  BOOST_TEST(!fs::exists(dir / "hf2"));
+}
+
 BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   const fs::path dir = scratch("cli_export_safety");
   const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();

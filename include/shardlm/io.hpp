@@ -152,9 +152,12 @@ bool checkpoint_damaged(const std::string& error);
 // Whether resume = auto may pass over the checkpoint a load_checkpoint (or setup) error is about:
 // damaged, inconsistent (impossible or out-of-range position), or another run's.
 bool checkpoint_unusable(const std::string& error);
-// A checkpoint folder -> its latest; a file -> itself. Error if the path does not exist, naming the
-// argument it came from (`what`: the deck key, or the subcommand's own argument).
+// A checkpoint folder -> its latest; a run folder -> the latest of run_checkpoint_folder(); a file
+// -> itself. Error if the path does not exist or a folder holds no checkpoint, naming the argument
+// it came from (`what`: the deck key, or the subcommand's own argument).
 std::string resolve_checkpoint_path(const std::string& path, const std::string& what = "--checkpoint.resume");
+// Where a run folder's checkpoints are: the checkpoint.dir of its deck.resolved.ini, else RUN/checkpoints.
+std::string run_checkpoint_folder(const std::string& run_dir);
 
 // Serial, read-only access for `shardlm inspect` and `shardlm export` (no MPI needed).
 struct CheckpointTensor {
@@ -188,6 +191,11 @@ class CheckpointReader {
   // swapped), or impossible attributes (a negative step, epoch_step past its epoch). Empty when
   // none (files written before the contents checksum are only checked for impossible values).
   const std::vector<std::string>& metadata_problems() const { return metadata_problems_; }
+  // Error with the first of metadata_problems(): what reads a checkpoint to use it (resume,
+  // generate, export) calls this first; inspect shows the problems instead.
+  void require_intact() const {
+    if (!metadata_problems_.empty()) throw Error(metadata_problems_.front());
+  }
   // metadata_problems(), then reads every stored vector of every unit (param and optimizer state)
   // and compares its checksum: one line per damaged dataset ("checkpoint FILE is damaged: dataset
   // D: checksum mismatch"), empty when the file is intact.

@@ -50,7 +50,8 @@ struct Found {
 
 // Files named ckpt-<8+ digits>.h5 (or .h5.tmp when `temporaries`), oldest step first.
 std::vector<Found> list_checkpoints(const std::string& dir, bool temporaries) {
-  static const std::regex finished(R"(ckpt-(\d{8,})\.h5)"), unfinished(R"(ckpt-(\d{8,})\.h5\.tmp)");
+  // 8 to 18 digits: a step past what a long holds is no checkpoint of ours (std::stol would throw).
+  static const std::regex finished(R"(ckpt-(\d{8,18})\.h5)"), unfinished(R"(ckpt-(\d{8,18})\.h5\.tmp)");
   std::vector<Found> found;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
     std::smatch m;
@@ -203,11 +204,25 @@ std::string resolve_resume(ResumeFrom from, const std::string& path, const std::
   return resolve_checkpoint_path(path);
 }
 
+std::string run_checkpoint_folder(const std::string& run_dir) {
+  const fs::path resolved = fs::path(run_dir) / "deck.resolved.ini";
+  std::error_code ec;
+  if (fs::is_regular_file(resolved, ec)) {
+    const std::map<std::string, std::string> deck =
+        ini_values(read_input_file(resolved.string(), "resolved deck", kMaxDeckBytes), resolved.string());
+    if (const auto it = deck.find("checkpoint.dir"); it != deck.end() && !it->second.empty()) return it->second;
+  }
+  return (fs::path(run_dir) / "checkpoints").string();
+}
+
 std::string resolve_checkpoint_path(const std::string& spec, const std::string& what) {
   SHARDLM_CHECK(fs::exists(spec), what, ": '", spec, "' does not exist");
   if (fs::is_directory(spec)) {
-    const std::string target = latest_target(spec);
-    SHARDLM_CHECK(!target.empty(), what, ": folder '", spec, "' holds no checkpoint (no '", kLatestFile, "' file)");
+    std::string target = latest_target(spec);
+    const std::string in_run = run_checkpoint_folder(spec);
+    if (target.empty() && fs::is_directory(in_run)) target = latest_target(in_run);
+    SHARDLM_CHECK(!target.empty(), what, ": folder '", spec, "' holds no checkpoint (no '", kLatestFile,
+                  "' file in it, nor in ", in_run, " as a run folder)");
     return target;
   }
   return spec;

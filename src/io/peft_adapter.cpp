@@ -153,6 +153,7 @@ ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string&
 
 std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite) {
   CheckpointReader reader(checkpoint_path);
+  reader.require_intact();
   std::string base;
   const ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
   std::vector<AdapterTensor> tensors;

@@ -40,7 +40,7 @@ CheckpointFacts read_checkpoint_facts(const std::string& path, MPI_Comm comm) {
   run_collectively(comm, [&] {
     if (rank != 0) return;
     CheckpointReader reader(path);
-    if (!reader.metadata_problems().empty()) throw Error(reader.metadata_problems().front());
+    reader.require_intact();
     facts.deck = reader.meta().deck;
     facts.lora = reader.meta().lora;
     facts.base_checksum = reader.meta().base_checksum;
@@ -66,20 +66,9 @@ std::string generation_source_kind(const std::string& path, std::string* checkpo
   }
   const fs::path dir(path);
   if (fs::is_regular_file(dir / "config.json", ec)) return "model";
-  if (fs::exists(dir / "latest", ec)) {
+  // A checkpoint folder, or a run folder (run_checkpoint_folder).
+  if (fs::exists(dir / "latest", ec) || fs::exists(fs::path(run_checkpoint_folder(path)) / "latest", ec)) {
     *checkpoint = resolve_checkpoint_path(path, "shardlm generate MODEL");
-    return "checkpoint";
-  }
-  // A run folder: its checkpoint.dir (deck.resolved.ini), else RUN/checkpoints.
-  fs::path checkpoints = dir / "checkpoints";
-  if (fs::is_regular_file(dir / "deck.resolved.ini", ec)) {
-    const std::map<std::string, std::string> deck =
-        ini_values(read_input_file((dir / "deck.resolved.ini").string(), "resolved deck", kMaxDeckBytes),
-                   (dir / "deck.resolved.ini").string());
-    if (const auto it = deck.find("checkpoint.dir"); it != deck.end() && !it->second.empty()) checkpoints = it->second;
-  }
-  if (fs::exists(checkpoints / "latest", ec)) {
-    *checkpoint = resolve_checkpoint_path(checkpoints.string(), "shardlm generate MODEL");
     return "checkpoint";
   }
   throw Error(concat("MODEL '", path, "' is neither a checkpoint (.h5, or a folder with a 'latest' file), "

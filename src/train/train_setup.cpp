@@ -374,7 +374,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
       if (run->rank != 0) return;
       try {
         CheckpointReader reader(run->resume_path);
-        if (!reader.metadata_problems().empty()) throw Error(reader.metadata_problems().front());
+        reader.require_intact();
         const CheckpointMeta& meta = reader.meta();
         check_same_model(run->resume_path, meta, *run);
         check_resume_fits(run->resume_path, meta, *run);

@@ -186,7 +186,16 @@ class TrainLoop {
     }
     const std::string dir = cfg_.run.dir + "/adapter";
     run_collectively(run_.comm, [&] {
-      if (run_.rank == 0) export_checkpoint_adapter(result_.last_checkpoint, dir, /*overwrite=*/true);
+      if (run_.rank != 0) return;
+      // An adapter.partial here was left by an earlier attempt of this run stopped while writing it (the
+      // run folder is this run's, locked): it holds nothing of the user's, and would block the write.
+      const std::filesystem::path partial = dir + ".partial";
+      std::error_code ec;
+      if (std::filesystem::is_directory(std::filesystem::symlink_status(partial, ec))) {
+        std::filesystem::remove_all(partial, ec);
+        SHARDLM_CHECK(!ec, "adapter: cannot remove ", partial.string(), ", left by an earlier attempt: ", ec.message());
+      }
+      export_checkpoint_adapter(result_.last_checkpoint, dir, /*overwrite=*/true);
     });
     run_.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
   }

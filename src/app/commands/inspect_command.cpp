@@ -166,9 +166,9 @@ void take_token_ids(const nlohmann::json& config, std::map<std::string, int>& id
 
 // What goes beside the weights: the tokenizer's files and ids, and a source model's
 // generation_config.json, from the run's deck (model.dir, data.tokenizer) or `model_dir`.
-void add_tokenizer_and_generation(const std::string& deck_text, const std::string& model_dir_flag,
+void add_tokenizer_and_generation(const CheckpointMeta& meta, const std::string& model_dir_flag,
                                   HfExportOptions& options) {
-  const std::map<std::string, std::string> deck = ini_values(deck_text, "the checkpoint's deck");
+  const std::map<std::string, std::string> deck = ini_values(meta.deck, "the checkpoint's deck");
   auto value = [&](const std::string& key) {
     auto it = deck.find(key);
     return it == deck.end() ? std::string() : it->second;
@@ -193,6 +193,13 @@ void add_tokenizer_and_generation(const std::string& deck_text, const std::strin
     if (fs::is_directory(file, ec)) file /= "tokenizer.json";
     SHARDLM_CHECK(fs::is_regular_file(file, ec), "export: the run's tokenizer '", file.string(),
                   "' (data.tokenizer) is not a file here; pass --model-dir DIR naming the folder that holds its "
+                  "tokenizer.json");
+    // The checkpoint keeps the hash of the tokenizer it trained with: another one would ship ids that
+    // do not match the weights.
+    const std::string hash = tokenizer_hash(file.string());
+    SHARDLM_CHECK(meta.tokenizer_hash.empty() || meta.tokenizer_hash == hash, "export: ", file.string(),
+                  " is not the tokenizer the run trained with (its hash is ", hash, ", the checkpoint's ",
+                  meta.tokenizer_hash, "): restore that file, or pass --model-dir DIR naming a folder with the run's "
                   "tokenizer.json");
     for (const char* name : kTokenizerFiles)
       if (fs::is_regular_file(file.parent_path() / name, ec)) options.copy_files.push_back((file.parent_path() / name).string());
@@ -226,6 +233,7 @@ void add_tokenizer_and_generation(const std::string& deck_text, const std::strin
 void export_merged(const std::string& path, const std::string& out, const std::string& base_flag,
                    HfExportOptions& options) {
   CheckpointReader reader(path);
+  reader.require_intact();
   std::string recorded;
   ModelConfig lora_cfg = checkpoint_lora_model(reader.meta(), path, &recorded);
   const std::string base = base_flag.empty() ? recorded : base_flag;
@@ -242,7 +250,7 @@ void export_merged(const std::string& path, const std::string& out, const std::s
   for (size_t u = 0; u < dir.layout().size(); ++u)
     for (const TensorSpec& s : dir.layout()[u].tensors)
       tensors.push_back({dir.layout()[u].name, s.name, s.shape, s.offset, s.numel});
-  add_tokenizer_and_generation(reader.meta().deck, base, options);
+  add_tokenizer_and_generation(reader.meta(), base, options);
   export_hf_model(out, cfg, tensors, [&](const CheckpointTensor& t) {
     size_t unit = 0;
     while (dir.layout()[unit].name != t.unit) ++unit;
@@ -321,9 +329,10 @@ int command_export(const std::vector<std::string>& args) {
       return;
     }
     CheckpointReader reader(path);
+    reader.require_intact();
     SHARDLM_CHECK(reader.meta().lora.empty(), "export: ", path, " holds LoRA adapters: pass --adapter (a PEFT adapter "
                   "folder) or --merge (the base with the adapters merged)");
-    add_tokenizer_and_generation(reader.meta().deck, model_dir, options);
+    add_tokenizer_and_generation(reader.meta(), model_dir, options);
     export_hf_model(positional[1], reader.meta().model, reader.tensors(),
                     [&](const CheckpointTensor& t) { return reader.read(t); }, options);
     std::printf("exported %s (step %ld) to %s (%s)\n", path.c_str(), reader.meta().step, positional[1].c_str(),
