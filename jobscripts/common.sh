@@ -95,10 +95,18 @@ shardlm_backend() {
 shardlm_ntasks() { echo "${SLURM_NTASKS:-1}"; }
 shardlm_nodes() { echo "${SLURM_JOB_NUM_NODES:-1}"; }
 
-# The last summary of the run says whether shardlm stopped early (signal) or finished.
+# The summaries in a run's metrics.jsonl so far (0 when it has none).
+shardlm_summaries() {
+  local metrics=$1/metrics.jsonl
+  if [[ -f $metrics ]]; then grep -c '"type":"summary"' "$metrics" || true; else echo 0; fi
+}
+
+# Whether this attempt stopped early (signal): it wrote a summary beyond the $2 there were before it
+# started, and that summary says preempted. An attempt that wrote none (nothing to do: the run had
+# finished) did not stop early, whatever an earlier attempt's summary says.
 shardlm_stopped_early() {
   local metrics=$1/metrics.jsonl
-  [[ -f $metrics ]] && grep '"type":"summary"' "$metrics" | tail -n 1 | grep -q '"preempted":true'
+  (( $(shardlm_summaries "$1") > $2 )) && grep '"type":"summary"' "$metrics" | tail -n 1 | grep -q '"preempted":true'
 }
 
 # SIGUSR1 (sbatch --signal=B:USR1@T) goes to this shell, which passes it to srun and so to the
@@ -146,16 +154,13 @@ shardlm_environment() {
 shardlm_train() {
   shardlm_find
   shardlm_backend
-  local own_dir=0
-  [[ -z ${RUN_DIR:-} ]] && own_dir=1
-  RUN_DIR=${RUN_DIR:-runs/${EXPERIMENT}-${SLURM_JOB_ID:-$$}}
+  local own_dir=
+  [[ -z ${RUN_DIR:-} ]] && own_dir=runs/${EXPERIMENT}-${SLURM_JOB_ID:-$$}
+  RUN_DIR=${RUN_DIR:-$own_dir}
   # The job id survives a requeue, so a requeued job resumes its own run and a new job starts afresh.
   shardlm_set run.backend "$BACKEND"
   shardlm_set run.dir "$RUN_DIR"
   shardlm_set checkpoint.resume auto
-  # A requeued attempt in the job's own folder whose first attempt died before any checkpoint starts again
-  # there (resume = auto alone refuses to replace a run it cannot continue).
-  (( own_dir )) && (( ${SLURM_RESTART_COUNT:-0} > 0 )) && shardlm_set run.overwrite true
   if [[ $BACKEND == cuda ]]; then
     [[ -n ${SHARDLM_PARAM_DTYPE:-} ]] && shardlm_set fsdp.param_dtype "$SHARDLM_PARAM_DTYPE"
     [[ -n ${SHARDLM_REDUCE_DTYPE:-} ]] && shardlm_set fsdp.reduce_dtype "$SHARDLM_REDUCE_DTYPE"
@@ -164,13 +169,20 @@ shardlm_train() {
   shardlm_set_args "$@"
   shardlm_set_args "${SHARDLM_USER_ARGS[@]}"
   RUN_DIR=${SHARDLM_OVERRIDE[run.dir]}  # the sbatch line may have moved it
+  # A requeued attempt in the job's own folder whose first attempt died before any checkpoint starts again
+  # there (resume = auto alone refuses to replace a run it cannot continue). Decided after the sbatch
+  # line's overrides: a folder it named is the user's, and so is a run.overwrite it gave.
+  if [[ -n $own_dir && $RUN_DIR == "$own_dir" ]] && (( ${SLURM_RESTART_COUNT:-0} > 0 )) && ! shardlm_has run.overwrite; then
+    shardlm_set run.overwrite true
+  fi
   shardlm_environment
 
-  local args=() key rc=0
+  local args=() key rc=0 summaries
   for key in "${SHARDLM_OVERRIDE_KEYS[@]}"; do args+=("--$key=${SHARDLM_OVERRIDE[$key]}"); done
+  summaries=$(shardlm_summaries "$RUN_DIR")
   shardlm_srun "$SHARDLM" train "$DECK" "${args[@]}" || rc=$?
 
-  if ((rc == 0)) && shardlm_stopped_early "$RUN_DIR"; then
+  if ((rc == 0)) && shardlm_stopped_early "$RUN_DIR" "$summaries"; then
     if ((${SLURM_RESTART_COUNT:-0} >= ${MAX_REQUEUES:-20})); then
       log "stopped early, but the job was requeued ${SLURM_RESTART_COUNT} times already (MAX_REQUEUES): not again"
     elif [[ -n ${SLURM_JOB_ID:-} ]]; then

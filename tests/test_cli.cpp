@@ -198,26 +198,39 @@ BOOST_AUTO_TEST_CASE(demo_trains_and_reports) {
 // the run at its first step with a checkpoint and exit code 0, not by killing it; SIGUSR2 (which
 // Open MPI's mpirun forwards too) does the same as SIGUSR1.
 BOOST_AUTO_TEST_CASE(an_early_stop_signal_stops_at_the_first_step) {
-  for (const char* sig : {"USR1", "USR2"}) {
+  // "last": a one-step run, whose first step is its last: it checkpoints and finishes instead of stopping,
+  // so a job script does not requeue a finished run (its summary is not preempted).
+  for (const std::string sig : {"USR1", "USR2", "last"}) {
     BOOST_TEST_CONTEXT(sig) {
-      const fs::path dir = scratch(std::string("cli_early_") + sig);
+      const bool last = sig == "last";
+      const fs::path dir = scratch("cli_early_" + sig);
       // The signal goes as soon as the process catches it (its SigCgt mask; bit 10 USR1, bit 12 USR2):
       // the handlers are the first thing main() does for train, but the libraries' own initialisers run
       // before main (0.4 s on a loaded 2-core machine), and a signal then kills any program.
-      const std::string bit = std::string(sig) == "USR1" ? "0x200" : "0x800";
+      const std::string bit = sig == "USR2" ? "0x800" : "0x200", kill = last ? "USR1" : sig;
       const std::string caught = "for i in $(seq 400); do m=$(awk \"/SigCgt/{print \\$2}\" /proc/$pid/status); "
                                  "(( 0x$m & " + bit + " )) && break; sleep 0.01; done; ";
       fs::create_directories(dir);
       const std::string cmd = std::string(SHARDLM_BINARY_DIR "/bin/shardlm train ") + kDemo + " --data.eval_file= --run.dir=" +
-                              dir.string() + " > " + (dir / "out.txt").string() + " 2>&1 & pid=$!; " + caught + "kill -" + sig + " $pid; wait $pid";
+                              dir.string() + (last ? " --train.max_steps=1" : "") + " > " + (dir / "out.txt").string() +
+                              " 2>&1 & pid=$!; " + caught + "kill -" + kill + " $pid; wait $pid";
       const int status = std::system(("timeout 120 bash -c '" + cmd + "'").c_str());
       std::ifstream out(dir / "out.txt");
       const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
       BOOST_TEST_INFO(text);
       BOOST_TEST(WIFEXITED(status));
       BOOST_TEST(WEXITSTATUS(status) == 0);
-      BOOST_TEST(text.find("stop signal received: checkpoint written at step 1;") != std::string::npos);
       BOOST_TEST(fs::exists(dir / "checkpoints" / "ckpt-00000001.h5"));
+      if (!last) {
+        BOOST_TEST(text.find("stop signal received: checkpoint written at step 1;") != std::string::npos);
+        continue;
+      }
+      BOOST_TEST(text.find("stop signal received at the last step (1): checkpoint written; finishing") != std::string::npos);
+      BOOST_TEST(text.find("done:") != std::string::npos);
+      std::ifstream metrics(dir / "metrics.jsonl");
+      const std::string records((std::istreambuf_iterator<char>(metrics)), std::istreambuf_iterator<char>());
+      BOOST_TEST(records.find("\"preempted\":false") != std::string::npos, records);
+      BOOST_TEST(records.find("\"preempted\":true") == std::string::npos, records);
     }
   }
 }
@@ -1201,6 +1214,8 @@ BOOST_AUTO_TEST_CASE(a_run_folder_belongs_to_one_job) {
   Outcome replaced = run_shardlm(1, train + " --train.max_steps=2 --run.overwrite=true");
   BOOST_TEST(replaced.exit_code == 0, replaced.output);
   BOOST_TEST(count_of(replaced.output, "run.overwrite = true: replaced the earlier run in") == 1u, replaced.output);
+  // The permission is not kept: the resolved deck, run again as it is, is refused like any fresh run.
+  expect_failure(1, "train " + (dir / "deck.resolved.ini").string(), "already holds a run (metrics.jsonl");
 
   // A live job's lock (this test process, on this host) refuses a second job, naming its owner.
   {

@@ -311,6 +311,11 @@ std::string resolved_deck_ini(const RunConfig& cfg) {
     std::string sec = k.name.substr(0, dot);
     if (sec != section) os << "\n[" << (section = sec) << "]\n";
     if (shape_from_dir && k.shape) os << "# ";
+    // run.overwrite is a one-time permission: kept, a rerun of this text would replace this run unasked.
+    if (k.name == "run.overwrite" && cfg.run.overwrite) {
+      os << "# overwrite = true was given for this run: a rerun replaces it only if told again\noverwrite = false\n";
+      continue;
+    }
     os << k.name.substr(dot + 1) << " = " << k.get(cfg) << (shape_from_dir && k.shape ? "  (config.json)" : "") << '\n';
   }
   return os.str();

@@ -140,7 +140,8 @@ DeckSection run_section() {
                "tokenizer, data, backend, weights): its files (those, `deck.resolved.ini`, `run_id`, step timelines) "
                "are then moved into `.replaced-run` folders and deleted after the new run's first logged step or "
                "checkpoint, and a line says what was replaced; a start that fails before that leaves the earlier run "
-               "as it was (\"The run folder\")"),
+               "as it was (\"The run folder\"). `deck.resolved.ini` keeps `overwrite = false` (a comment says it was "
+               "given), so a rerun of it never replaces a run unasked"),
       int_key("run.trace_step", SHARDLM_FIELD(run.trace_step), 0, "must be >= 0 (0 = no timeline)")
           .doc("the optimizer step whose timeline is recorded, numbered as the log numbers steps (`step N/M`; a "
                "resumed run continues the count; a step outside the run's is warned about at start): rank 0 writes "

@@ -145,6 +145,13 @@ class TrainLoop {
       stop = stop || stop_requested(run_.comm);
     }
     if (!stop) return false;
+    if (pos_.step >= run_.total_steps) {
+      // The last step: nothing is left to requeue for. The run finishes as it would have (final
+      // evaluation, adapter, summary) and a job script does not requeue it.
+      run_.say(concat("stop signal received at the last step (", pos_.step, "): checkpoint written; finishing"));
+      clear_stop_request();
+      return false;
+    }
     run_.say(concat("stop signal received: checkpoint written at step ", pos_.step, "; exiting so the job can be requeued"));
     result_.preempted = true;
     clear_stop_request();
