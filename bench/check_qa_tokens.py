@@ -112,12 +112,23 @@ class Builder:
             probe(at)
         return b["lo"], True
 
+    def first_token_from(self, head, ids):
+        """src/data/token_spans.cpp's first_token_from: the first token that overlaps what follows head."""
+        first, decoded = common_prefix(self.ids(head), ids), 0
+        while first < len(ids):
+            d = self.tok.decode(ids[:first + 1])
+            if len(d.encode("utf-8")) <= decoded or not head.startswith(d):
+                break
+            decoded = len(d.encode("utf-8"))
+            first += 1
+        return first
+
     def sample(self, q, c, a):
         cb = c.encode("utf-8")
         kept, cut = self.context_kept(q, cb, a)
         prompt = self.prompt(q, cb, kept)
         ids = self.ids(prompt + " " + a)
-        begin = common_prefix(self.ids(prompt), ids)
+        begin = self.first_token_from(prompt, ids)
         head = [self.bos] if self.bos is not None else []
         tokens = head + ids + [self.eos]
         answer_begin = len(head) + begin

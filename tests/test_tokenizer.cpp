@@ -480,6 +480,13 @@ BOOST_AUTO_TEST_CASE(squad_and_prompt_samples_are_the_whole_texts_tokens) {
       const std::vector<int32_t> pc_whole = tok.encode(pc_prompt + " bonjour"), pc_head = tok.encode(pc_prompt);
       BOOST_TEST(answer_ids(pc) == std::vector<int32_t>(pc_whole.begin() + static_cast<std::ptrdiff_t>(pc_head.size()),
                                                         pc_whole.end()));
+      // A prompt ending in whitespace that the whole text splits otherwise: GPT-2's "\n\n" alone is one
+      // token, before a word two; neither takes the loss.
+      const std::string nl = dir.write("nl.jsonl", json({{"prompt", "Capital of France?\n\n"}, {"completion", "Paris"}})
+                                                       .dump() + "\n");
+      const Example pn = load_jsonl(nl, tok, DatasetOptions{}).at(0);
+      BOOST_TEST(body_ids(pn, tok) == tok.encode("Capital of France?\n\nParis"));
+      BOOST_TEST(tok.decode(answer_ids(pn)) == "Paris", tok.decode(answer_ids(pn)));
     }
   }
 }

@@ -13,7 +13,18 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 size_t first_token_from(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok) {
   if (pos == 0) return 0;
-  return common_prefix(tok.encode(text.substr(0, pos)), ids);
+  const std::string head = text.substr(0, pos);
+  size_t first = common_prefix(tok.encode(head), ids);
+  // Tokens past the common prefix can still lie wholly before pos: a head ending in whitespace that the
+  // whole text splits otherwise (GPT-2's "\n\n" alone is one token, before a word two). Each is the
+  // head's while the text decoded so far grows and stays a prefix of the head; a token that decodes to
+  // nothing (a special token) or past the head ends it.
+  for (size_t decoded = 0; first < ids.size(); ++first) {
+    const std::string d = tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(first) + 1));
+    if (d.size() <= decoded || d.size() > head.size() || head.compare(0, d.size(), d) != 0) break;
+    decoded = d.size();
+  }
+  return first;
 }
 
 size_t end_token_at(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok) {

@@ -16,7 +16,8 @@ namespace shardlm {
 // How many leading ids a and b share.
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
 
-// The first of `ids` (text's tokens) that overlaps text[pos, ...).
+// The first of `ids` (text's tokens) that overlaps text[pos, ...): past the tokens that the text before
+// pos, tokenized alone, shares with `ids`, and past any further ones that decode to a part of it.
 size_t first_token_from(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok);
 
 // One past the last of `ids` that overlaps text[..., pos).
