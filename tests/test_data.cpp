@@ -345,6 +345,56 @@ BOOST_AUTO_TEST_CASE(jsonl_demo_text_and_prompt_targets) {
   for (const Example& ex : examples) check_next_token_targets(ex);
 }
 
+// A UTF-8 byte-order mark (as Windows editors save) is not part of the first record, in every format.
+BOOST_AUTO_TEST_CASE(a_byte_order_mark_changes_nothing) {
+  TempDir tmp{"bom"};
+  const std::string bom = "\xEF\xBB\xBF";
+  ByteTokenizer tok;
+  const std::string jsonl = "{\"prompt\": \"Hi\", \"completion\": \" there\"}\n{\"text\": \"plain\"}\n";
+  const std::string chess = "{\"Moves\": [\"e2e4\", \"e7e5\"]}\n";
+  const std::string squad = read_text_file(kSquadTrain);
+  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+           {"a.jsonl", jsonl}, {"c.jsonl", chess}, {"s.json", squad}}) {
+    BOOST_TEST_CONTEXT(name) {
+      const std::string plain = tmp.write("plain_" + name, text), marked = tmp.write("bom_" + name, bom + text);
+      const auto load = [&](const std::string& path) {
+        return name == "a.jsonl"   ? load_jsonl(path, tok, DatasetOptions{})
+               : name == "c.jsonl" ? load_chess(path, tok, DatasetOptions{})
+                                   : load_squad(path, tok, DatasetOptions{});
+      };
+      const std::vector<Example> a = load(plain), b = load(marked);
+      BOOST_TEST_REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) BOOST_TEST((a[i].tokens == b[i].tokens && a[i].targets == b[i].targets));
+    }
+  }
+}
+
+// A tokenizer without BOS (Qwen's): the prompt's last token predicts the completion's first, so a completion
+// that leaves it no room is refused as such, not as "an empty prompt".
+BOOST_AUTO_TEST_CASE(a_completion_without_room_for_the_prompt_says_so) {
+  struct NoBos final : Tokenizer {
+    ByteTokenizer bytes;
+    std::vector<int32_t> encode(const std::string& text) const override { return bytes.encode(text); }
+    std::string decode(const std::vector<int32_t>& ids) const override { return bytes.decode(ids); }
+    int32_t bos_id() const override { return -1; }
+    int32_t eos_id() const override { return ByteTokenizer::kEos; }
+    int32_t pad_id() const override { return ByteTokenizer::kPad; }
+    int32_t vocab_size() const override { return 259; }
+  } tok;
+  TempDir tmp{"nobos"};
+  const std::string path = tmp.write("p.jsonl", "{\"prompt\": \"Question?\", \"completion\": \"abcdef\"}\n");
+  DatasetOptions opt;
+  opt.max_length = 7;  // the completion and EOS: no room for a prompt token
+  const std::string msg = error_of([&] { load_jsonl(path, tok, opt); });
+  BOOST_TEST(contains(msg, "leaves no room in max_length 7 for the prompt's last token"), msg);
+  opt.max_length = 8;  // one prompt token: '?' predicts 'a'
+  const Example ex = load_jsonl(path, tok, opt).at(0);
+  BOOST_TEST(ex.tokens.size() == 8u);
+  BOOST_TEST(ex.targets[0] == 'a');
+  const std::string empty = tmp.write("e.jsonl", "{\"prompt\": \"\", \"completion\": \"abc\"}\n");
+  BOOST_TEST(contains(error_of([&] { load_jsonl(empty, tok, DatasetOptions{}); }), "an empty prompt needs a tokenizer with a BOS"));
+}
+
 BOOST_AUTO_TEST_CASE(jsonl_truncation) {
   TempDir tmp{"data"};
   ByteTokenizer tok;

@@ -58,6 +58,11 @@ class LoadProgress {
   Timer timer_;
 };
 
+// A UTF-8 byte-order mark (Windows editors write one) is no part of the first record.
+void drop_byte_order_mark(std::string& text) {
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+}
+
 bool is_blank(const std::string& line) {
   return std::all_of(line.begin(), line.end(),
                      [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
@@ -65,7 +70,11 @@ bool is_blank(const std::string& line) {
 
 }  // namespace
 
-std::string read_data_file(const std::string& path) { return read_input_file(path, "data file", kMaxDataFileBytes); }
+std::string read_data_file(const std::string& path) {
+  std::string text = read_input_file(path, "data file", kMaxDataFileBytes);
+  drop_byte_order_mark(text);
+  return text;
+}
 
 nlohmann::json parse_json_record(const std::string& line, const std::string& where) {
   nlohmann::json record;
@@ -86,6 +95,7 @@ void for_each_record_line(const std::string& path,
   LoadProgress progress(path, ec ? 0 : file_bytes);
   std::string line;
   for (size_t line_number = 1; std::getline(*in, line); ++line_number) {
+    if (line_number == 1) drop_byte_order_mark(line);
     if (!is_blank(line)) record(line, concat(path, ":", line_number));
     progress.advance(line.size() + 1, line_number);
   }

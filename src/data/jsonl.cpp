@@ -29,15 +29,17 @@ Example prompt_example(const std::string& prompt_text, const std::string& comple
   const size_t completion = pc.ids.size() - pc.completion_begin;
   const bool bos = tok.bos_id() >= 0;
   const size_t fixed = completion + 1 + (bos ? 1 : 0);
-  SHARDLM_CHECK(fixed <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
-                " tokens with BOS and EOS, more than max_length ", max_length);
+  SHARDLM_CHECK(bos || pc.completion_begin > 0, where, ": an empty prompt needs a tokenizer with a BOS token");
+  // Without BOS, the prompt's last token predicts the completion's first: at least that one must fit.
+  SHARDLM_CHECK(fixed + (bos ? 0 : 1) <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
+                bos ? " tokens with BOS and EOS, more than max_length " : " tokens with EOS, which leaves no room in max_length ",
+                max_length, bos ? "" : " for the prompt's last token (the tokenizer has no BOS to predict the completion from)");
   const size_t kept = std::min(pc.completion_begin, static_cast<size_t>(max_length) - fixed);
   Example ex;
   ex.tokens.reserve(fixed + kept);
   if (bos) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), prompt_end - static_cast<std::ptrdiff_t>(kept), prompt_end);
   const size_t completion_begin = ex.tokens.size();
-  SHARDLM_CHECK(completion_begin > 0, where, ": an empty prompt needs a tokenizer with a BOS token");
   ex.tokens.insert(ex.tokens.end(), prompt_end, pc.ids.end());
   ex.tokens.push_back(tok.eos_id());
   // From the last prompt token (or BOS) on, each position predicts a completion token or EOS.

@@ -30,7 +30,7 @@ void summarize_run(TrainRun& run, const TrainPosition& pos, const RunTotals& tot
   summary.train_steps_per_second = result.train_runtime > 0 ? steps_run / result.train_runtime : 0.0;
   summary.train_loss = result.train_loss;
   summary.final_loss = totals.final_loss;
-  summary.epoch = static_cast<double>(pos.step) / static_cast<double>(run.steps_per_epoch);
+  summary.epoch = pos.epochs_done(run.steps_per_epoch);  // a resume with allow_new_batch: the epochs, not step / steps
   summary.tokens_per_second_per_gpu =
       result.train_runtime > 0 ? totals.tokens / result.train_runtime / run.world : 0.0;
   summary.mfu = result.mfu;
