@@ -1384,6 +1384,22 @@ BOOST_AUTO_TEST_CASE(export_refuses_a_tokenizer_that_changed_since_training) {
   BOOST_TEST(!fs::exists(dir / "hf2"));
 }
 
+// Samples cut before any of their trained tokens (chat turns past data.max_length) are said at start:
+// they would train nothing, and a step of only such samples logs loss 0.
+BOOST_AUTO_TEST_CASE(samples_without_a_target_are_warned_about) {
+  const fs::path dir = scratch("cli_no_target");
+  Outcome o = run_shardlm(1, "train " + kDemo + " --data.format=chat --data.train_file=" SHARDLM_SOURCE_DIR
+                                 "/input/data/demo_chat.jsonl --data.eval_file= --data.max_length=64 --data.chat_template="
+                                 SHARDLM_SOURCE_DIR "/tests/fixtures/chat/templates/qwen2.5-instruct.jinja"
+                                 " --train.batch_size=1 --train.micro_batch_size=1 --train.max_steps=1 --run.dir=" +
+                                 dir.string());
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(contains(o.output, "demo_chat.jsonl: 3 of 3 samples have no token that takes the loss"), o.output);
+  Outcome fits = run_shardlm(1, "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" +
+                                    (dir / "squad").string());
+  BOOST_TEST(!contains(fits.output, "no token that takes the loss"), fits.output);
+}
+
 BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   const fs::path dir = scratch("cli_export_safety");
   const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();

@@ -110,15 +110,29 @@ std::vector<Example> load_dataset(const DataSection& data, const std::string& pa
   return load_examples(data.format, path, tok, dataset_options(data, limit, seed));
 }
 
-// A data file of the run; a chat file says once (rank 0) how many assistant turns take no loss.
+// A data file of the run; a chat file says once (rank 0) how many assistant turns take no loss, and any
+// file how many of its samples have no target at all (cut before their trained part).
 std::vector<Example> load_run_dataset(TrainRun& run, const std::string& path, size_t limit) {
   const RunConfig& cfg = run.cfg;
-  if (cfg.data.format != DataFormat::Chat) return load_dataset(cfg.data, path, limit, cfg.train.seed, *run.tokenizer);
-  ChatLoad load = load_chat(cfg.data, cfg.model.dir, cfg.tokenizer_json(), path, *run.tokenizer,
-                            dataset_options(cfg.data, limit, cfg.train.seed));
-  const std::string warning = chat_alignment_warning(load, path);
-  if (!warning.empty()) run.say(warning);
-  return std::move(load.examples);
+  std::vector<Example> examples;
+  if (cfg.data.format != DataFormat::Chat) {
+    examples = load_dataset(cfg.data, path, limit, cfg.train.seed, *run.tokenizer);
+  } else {
+    ChatLoad load = load_chat(cfg.data, cfg.model.dir, cfg.tokenizer_json(), path, *run.tokenizer,
+                              dataset_options(cfg.data, limit, cfg.train.seed));
+    const std::string warning = chat_alignment_warning(load, path);
+    if (!warning.empty()) run.say(warning);
+    examples = std::move(load.examples);
+  }
+  const size_t empty = static_cast<size_t>(std::count_if(examples.begin(), examples.end(), [](const Example& ex) {
+    return std::none_of(ex.targets.begin(), ex.targets.end(), [](int32_t t) { return t >= 0; });
+  }));
+  if (empty > 0)
+    run.say(concat("warning: ", path, ": ", empty, " of ", examples.size(), " samples have no token that takes the loss "
+                   "(their trained part lies past data.max_length = ", cfg.data.max_length, ", or they have none): they fill "
+                   "batches but teach nothing, and a step of only such samples reports loss 0; raise data.max_length "
+                   "(shardlm preprocess shows the samples)"));
+  return examples;
 }
 
 // How many segments metrics.jsonl already holds (one 'setup' record each): a resume appends the
