@@ -1400,6 +1400,18 @@ BOOST_AUTO_TEST_CASE(samples_without_a_target_are_warned_about) {
   BOOST_TEST(!contains(fits.output, "no token that takes the loss"), fits.output);
 }
 
+// Early stopping ends the run at an evaluation: that one is the last, so eval.generate = end answers there.
+BOOST_AUTO_TEST_CASE(early_stopping_still_generates_the_final_answers) {
+  const fs::path dir = scratch("cli_early_stopping");
+  Outcome o = run_shardlm(1, "train " + kDemo + " --train.epochs=5 --train.early_stopping_patience=1"
+                                 " --train.early_stopping_threshold=100 --data.train_size=16 --data.eval_size=4"
+                                 " --eval.max_new_tokens=4 --run.dir=" + dir.string());
+  BOOST_TEST_REQUIRE(o.exit_code == 0, o.output);
+  BOOST_TEST(contains(o.output, "early stopping at step"), o.output);
+  BOOST_TEST(count_of(o.output, "| EM ") == 1u, o.output);  // at the stopping evaluation only
+  BOOST_TEST(fs::exists(dir / "predictions.json"));
+}
+
 BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   const fs::path dir = scratch("cli_export_safety");
   const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();

@@ -59,7 +59,8 @@ bool EarlyStopping::should_stop(double eval_loss) {
   return without_improvement >= patience;
 }
 
-EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end) {
+EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end,
+                       const EarlyStopping& early) {
   const long step = pos.step;
   const int epoch = pos.epoch;
   const RunConfig& cfg = run.cfg;
@@ -74,8 +75,10 @@ EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& res
   log.runtime = ev.runtime;
   log.samples_per_second = ev.samples_per_second;
   log.steps_per_second = ev.steps_per_second;
-  const bool last_eval = step >= run.total_steps || epoch == cfg.train.epochs - 1;
-  if (epoch_end && run.generate_answers && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) {
+  // Early stopping ends the run at this evaluation: its answers are the run's last.
+  const bool stops = early.would_stop(ev.loss);
+  const bool last_eval = step >= run.total_steps || epoch == cfg.train.epochs - 1 || stops;
+  if (run.generate_answers && ((epoch_end && (cfg.eval.generate == EvalGenerate::Epoch || last_eval)) || stops)) {
     const int batch = cfg.eval.batch_size > 0 ? cfg.eval.batch_size : run.micro;
     const SquadGeneration g = squad_generate(*run.engine, run.eval_set, run.questions, *run.tokenizer, batch,
                                              cfg.eval.max_new_tokens, run.comm);

@@ -159,9 +159,13 @@ MfuPeak resolve_mfu_peak(double peak_tflops, BackendKind backend, const std::str
                          const std::string& peaks_file);
 
 // ---- evaluation (train_eval.cpp) ------------------------------------------------------------
+struct EarlyStopping;
 // The eval loss after `pos.epoch` or at `pos.step` inside it (eval.every_steps: epoch_end false), and
-// at an epoch's end the SQuAD answers when due; logged, recorded and written to TensorBoard. Collective.
-EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end = true);
+// the SQuAD answers when due: at an epoch's end (eval.generate = epoch), at the run's last evaluation,
+// which is also one that makes `early` stop the run (end); logged, recorded and written to TensorBoard.
+// Collective.
+EvalLog evaluate_epoch(TrainRun& run, const TrainPosition& pos, TrainResult& result, bool epoch_end,
+                       const EarlyStopping& early);
 
 // Trainer's EarlyStoppingCallback on the eval loss: an evaluation counts against the patience unless
 // it is lower than the best before it by more than the threshold; the best is the lowest seen.
@@ -173,6 +177,8 @@ struct EarlyStopping {
   int without_improvement = 0;
   // Takes one evaluation's loss; true when training should stop.
   bool should_stop(double eval_loss);
+  // Whether should_stop(eval_loss) would say stop, without taking it.
+  bool would_stop(double eval_loss) const { return EarlyStopping(*this).should_stop(eval_loss); }
 };
 
 // ---- the end (train_summary.cpp) ------------------------------------------------------------

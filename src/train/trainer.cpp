@@ -73,7 +73,7 @@ class TrainLoop {
       if (cfg_.checkpoint.every_epoch && saved_step_ != pos_.step && pos_.step > result_.first_step)  // save_strategy = epoch
         save(best_.name);
       if (!run_.eval_set.empty()) {
-        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_));
+        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_, /*epoch_end=*/true, early_));
         if (after_eval(totals_.evals.back())) break;
       }
     }
@@ -128,7 +128,7 @@ class TrainLoop {
       // eval.every_steps; the epoch's last step is evaluated after the epoch, once.
       const bool epoch_ends = s + 1 == run_.steps_per_epoch || pos_.step >= run_.total_steps;
       if (cfg_.eval.every_steps > 0 && pos_.step % cfg_.eval.every_steps == 0 && !epoch_ends && !run_.eval_set.empty()) {
-        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_, /*epoch_end=*/false));
+        totals_.evals.push_back(evaluate_epoch(run_, pos_, result_, /*epoch_end=*/false, early_));
         if (after_eval(totals_.evals.back())) return true;
       }
     }
