@@ -45,7 +45,8 @@ DeckSection eval_section() {
       enum_key("eval.generate", SHARDLM_FIELD(eval.generate), eval_generate_name)
           .doc("`data.format = squad` with an `eval_file` only: answer every eval question by greedy generation and "
                "score the answers with the official SQuAD v1.1 exact match and F1 (best over each question's "
-               "reference answers): after the last epoch (`end`), after every epoch (`epoch`), or never"),
+               "reference answers): after the last epoch (`end`; with early stopping, at the evaluation that stops the "
+               "run), after every epoch (`epoch`), or never"),
       int_key("eval.max_new_tokens", SHARDLM_FIELD(eval.max_new_tokens), 1, "must be >= 1")
           .doc("the longest answer generated; EOS ends one earlier"),
       int_key("eval.batch_size", SHARDLM_FIELD(eval.batch_size), 0, "must be >= 0 (0 = train.micro_batch_size)")
