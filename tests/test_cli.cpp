@@ -1412,6 +1412,20 @@ BOOST_AUTO_TEST_CASE(early_stopping_still_generates_the_final_answers) {
   BOOST_TEST(fs::exists(dir / "predictions.json"));
 }
 
+// A resume under another seed or subset continues the epoch in another order: said at start.
+BOOST_AUTO_TEST_CASE(a_resume_on_other_data_settings_is_warned_about) {
+  const fs::path dir = scratch("cli_resume_data");
+  const std::string train = "train " + kDemo + " --data.eval_file= --checkpoint.every=1 --run.dir=" + dir.string();
+  BOOST_TEST_REQUIRE(run_shardlm(1, train + " --train.max_steps=2").exit_code == 0);
+  Outcome same = run_shardlm(1, train + " --train.max_steps=3 --checkpoint.resume=auto");
+  BOOST_TEST(same.exit_code == 0, same.output);
+  BOOST_TEST(!contains(same.output, "was trained on other data settings"), same.output);
+  Outcome other = run_shardlm(1, train + " --train.max_steps=4 --checkpoint.resume=auto --train.seed=7 --data.train_size=40");
+  BOOST_TEST(other.exit_code == 0, other.output);
+  BOOST_TEST(contains(other.output, "was trained on other data settings (train.seed 42 -> 7; data.train_size 0 -> 40)"),
+             other.output);
+}
+
 BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   const fs::path dir = scratch("cli_export_safety");
   const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();

@@ -96,6 +96,30 @@ void check_resume_fits(const std::string& path, const CheckpointMeta& meta, cons
                        " resumes it all the same"));
 }
 
+// What of the data differs from the checkpoint's run: the seed (which orders every epoch and picks the
+// subsets), the training file and its subset size. Resuming then continues the epoch in progress in
+// another order (some of its examples seen twice, others never); said, not refused (a moved file, a
+// deliberate change). Empty when nothing differs.
+std::string resume_data_warning(const std::string& path, const CheckpointMeta& meta, const TrainRun& run) {
+  const RunConfig& cfg = run.cfg;
+  const std::map<std::string, std::string> deck = ini_values(meta.deck, "the checkpoint's deck");
+  const auto was = [&](const std::string& key) {
+    const auto it = deck.find(key);
+    return it == deck.end() ? std::string() : it->second;
+  };
+  std::string diff;
+  if (meta.seed != cfg.train.seed) diff += concat("train.seed ", meta.seed, " -> ", cfg.train.seed, "; ");
+  if (!was("data.train_file").empty() && was("data.train_file") != cfg.data.train_file)
+    diff += concat("data.train_file ", was("data.train_file"), " -> ", cfg.data.train_file, "; ");
+  if (!was("data.train_size").empty() && was("data.train_size") != std::to_string(cfg.data.train_size))
+    diff += concat("data.train_size ", was("data.train_size"), " -> ", cfg.data.train_size, "; ");
+  if (diff.empty()) return "";
+  diff.resize(diff.size() - 2);
+  return concat("warning: checkpoint ", path, " was trained on other data settings (", diff,
+                "): the rest of its epoch follows this run's order, so some of its examples come twice and others "
+                "not at all (checkpoint.load_weights_only = true starts a new run from its weights instead)");
+}
+
 DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
   DatasetOptions opt;
   opt.max_length = data.max_length;
@@ -392,6 +416,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
         const CheckpointMeta& meta = reader.meta();
         check_same_model(run->resume_path, meta, *run);
         check_resume_fits(run->resume_path, meta, *run);
+        if (const std::string w = resume_data_warning(run->resume_path, meta, *run); !w.empty()) log_info(w);
         run->resume_step = meta.step;
         run->total_steps = resumed_total_steps(meta, *run);
         if (meta.step >= run->total_steps) {
