@@ -1462,6 +1462,16 @@ BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   BOOST_TEST(after.at("mine/model.safetensors") == "the user's\n");
   BOOST_TEST(!fs::exists(out + ".partial"));
 
+  // Weights shardlm did not write, in the other layout (a sharded model where this export writes one file):
+  // kept, they would sit beside the new weights and a loader would take one of the two. Refused, untouched.
+  fs::create_directories(dir / "theirs");
+  { std::ofstream(dir / "theirs" / "model.safetensors.index.json") << "{\"weight_map\": {}}\n"; }
+  { std::ofstream(dir / "theirs" / "model-00001-of-00002.safetensors") << "theirs\n"; }
+  expect_failure(1, "export " + ckpt + " " + (dir / "theirs").string() + " --overwrite",
+                 "theirs/model.safetensors.index.json holds weights shardlm did not write");
+  BOOST_TEST(tree_of(dir / "theirs").size() == 2u);
+  BOOST_TEST(!fs::exists(dir / "theirs" / "model.safetensors"));
+
   // A leftover DIR.partial: an error naming it, kept as it was.
   fs::create_directories(dir / "new.partial");
   { std::ofstream(dir / "new.partial" / "x") << "x"; }

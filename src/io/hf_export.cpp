@@ -84,11 +84,16 @@ void write_shard(const std::string& path, const ModelConfig& cfg, const std::vec
   write_safetensors(path, entries, {{kWriterKey, kWriter}});
 }
 
-// An earlier export's weight file, by its name (one file, or shards and their index) and its mark; a
-// file of that name the user put there, or one that does not read, is not.
-bool earlier_export_weights(const fs::path& file) {
+// A weight file's name as save_pretrained writes it: one file, or shards and their index.
+bool weight_file_name(const std::string& name) {
   static const std::regex weight_file(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
-  if (!std::regex_match(file.filename().string(), weight_file)) return false;
+  return std::regex_match(name, weight_file);
+}
+
+// An earlier export's weight file, by its name and its mark; a file of that name the user put
+// there, or one that does not read, is not.
+bool earlier_export_weights(const fs::path& file) {
+  if (!weight_file_name(file.filename().string())) return false;
   try {
     if (file.extension() == ".json") {
       const nlohmann::json index =
@@ -102,6 +107,33 @@ bool earlier_export_weights(const fs::path& file) {
     return writer != meta.end() && writer->second == kWriter;
   } catch (const Error&) {
     return false;
+  }
+}
+
+// The weight files write_export writes: model.safetensors, or the shards and their index.
+std::set<std::string> export_weight_files(const std::vector<CheckpointTensor>& tensors, const HfExportOptions& options) {
+  const auto selected = exported_tensors(tensors);
+  size_t total_bytes = 0;
+  for (const CheckpointTensor* t : selected) total_bytes += t->numel * dtype_size(options.dtype);
+  if (total_bytes <= options.max_shard_bytes) return {"model.safetensors"};
+  const size_t n = plan_shards(selected, options.max_shard_bytes, options.dtype).size();
+  std::set<std::string> names{"model.safetensors.index.json"};
+  for (size_t i = 0; i < n; ++i) names.insert(shard_file_name(i, n));
+  return names;
+}
+
+// Weights in DIR that are not an earlier export's and that this export would not replace (another
+// layout: a sharded model beside a new model.safetensors, or the reverse) would stay beside the new
+// ones, and loaders would pick one of the two: refused, naming the file.
+void refuse_foreign_weights(const fs::path& dir, const std::set<std::string>& written) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!weight_file_name(name) || written.count(name) || earlier_export_weights(entry.path())) continue;
+    throw Error(concat("export: ", entry.path().string(), " holds weights shardlm did not write, in another layout than "
+                       "this export's (", *written.begin(), "): they would stay beside the new ones and a loader "
+                       "would pick one of the two; move them away, or give a new folder"));
   }
 }
 
@@ -147,6 +179,7 @@ void export_hf_model(const std::string& dir, const ModelConfig& cfg, const std::
   // Everything is written into a folder beside DIR and moved in once complete: a failed export
   // leaves DIR as it was. An earlier export's weight files go; other files put beside them stay.
   const fs::path target(dir);
+  refuse_foreign_weights(target, export_weight_files(tensors, options));
   write_staged_folder(
       dir, "export", options.overwrite, [&](const std::string& name) { return earlier_export_weights(target / name); },
       [&](const fs::path& staging) { write_export(staging, cfg, tensors, fetch, options); });
