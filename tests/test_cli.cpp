@@ -606,6 +606,11 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
                          contains(name, "dense_h_to_4h.weight") || contains(name, "dense_4h_to_h.weight");
     BOOST_TEST((merged_w.at(name) != w) == adapted, name);  // the adapted weights moved, nothing else
   }
+  // A base of the same shape but other weights (hf_c: run b trained further) is not the one the adapters
+  // were trained on: the checkpoint's base checksum refuses it, as resume and generate do.
+  expect_failure(1, "export " + lora_ckpt + " " + (dir / "never").string() + " --merge --model-dir " + (dir / "hf_c").string(),
+                 "were trained on other base weights (checksum ");
+  BOOST_TEST(!fs::exists(dir / "never"));
 
   // lora.modules_to_save: the final LayerNorm trained whole, starting from the folder's; the adapter
   // holds it under PEFT's names and --merge writes the trained one where the base's was.

@@ -286,6 +286,12 @@ class HfModelDir {
   std::vector<std::vector<Source>> sources_;  // [unit][tensor of the unit]
 };
 
+// The LoRA base checksum (base_checksum_term) of `dir`'s weights as the frozen base of `lora_model`
+// (its lora_frozen_layout), rounded to param_dtype as a run computing in it reads them: what
+// CheckpointMeta::base_checksum keeps of the base a run trained its adapters on. Reads every base
+// weight once.
+std::string lora_base_checksum(HfModelDir& dir, const ModelConfig& lora_model, DType param_dtype);
+
 // What an export writes besides the weights.
 struct HfExportOptions {
   // config.json's and generation_config.json's special tokens, e.g. {"eos_token_id": 257}.

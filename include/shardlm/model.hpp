@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -192,6 +193,16 @@ std::vector<LinearModule> linear_modules(const ModelConfig& cfg);
 std::vector<UnitLayout> lora_layout(const ModelConfig& cfg);
 // What LoRA holds frozen: model_layout without lora_layout's root tensors (the rest keep their order).
 std::vector<UnitLayout> lora_frozen_layout(const ModelConfig& cfg);
+// The LoRA base checksum (CheckpointMeta::base_checksum) is the sum, mod 2^64, of one term per element
+// of the frozen base: element `index` of unit `unit` of lora_frozen_layout, its value as the model
+// reads it (rounded to fsdp.param_dtype). Any world size and strategy sum the same terms.
+inline uint64_t base_checksum_term(size_t unit, size_t index, float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return mix64(mix64((static_cast<uint64_t>(unit) << 40) ^ index) ^ bits);
+}
+// The checksum as a checkpoint keeps it: 16 hex digits.
+std::string base_checksum_text(uint64_t sum);
 // PEFT's name of an adapter tensor in adapter_model.safetensors: "base_model.model." + hf_tensor_name.
 std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name);
 

@@ -38,11 +38,7 @@ void FsdpEngine::frozen_loaded() {
     // value): the same total for any world size once the ranks' parts are added.
     if (groups_.replicate->rank() == 0) {
       const size_t end = std::min(d.frozen.shard_numel, d.frozen.numel - std::min(d.frozen.numel, d.frozen.shard_begin));
-      for (size_t i = 0; i < end; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &host[i], sizeof(bits));
-        frozen_checksum_ += mix64(mix64((static_cast<uint64_t>(u) << 40) ^ (d.frozen.shard_begin + i)) ^ bits);
-      }
+      for (size_t i = 0; i < end; ++i) frozen_checksum_ += base_checksum_term(u, d.frozen.shard_begin + i, host[i]);
     }
     if (cdt == DType::F32) {
       // Values as a gather in fsdp.param_dtype would deliver them (the CPU backend's 16-bit runs): rounded above.

@@ -159,4 +159,19 @@ uint64_t HfModelDir::bytes_read() const {
   return total;
 }
 
+std::string lora_base_checksum(HfModelDir& dir, const ModelConfig& lora_model, DType param_dtype) {
+  const std::vector<UnitLayout> frozen = lora_frozen_layout(lora_model);
+  constexpr size_t kChunk = size_t(1) << 24;  // elements read at a time
+  std::vector<float> chunk;
+  uint64_t sum = 0;
+  for (size_t u = 0; u < frozen.size(); ++u)
+    for (size_t begin = 0; begin < frozen[u].numel; begin += kChunk) {
+      chunk.resize(std::min(frozen[u].numel, begin + kChunk) - begin);
+      dir.read_unit_slice(u, frozen[u], begin, begin + chunk.size(), chunk.data());
+      if (param_dtype != DType::F32) round_to(param_dtype, chunk.data(), chunk.size());
+      for (size_t i = 0; i < chunk.size(); ++i) sum += base_checksum_term(u, begin + i, chunk[i]);
+    }
+  return base_checksum_text(sum);
+}
+
 }  // namespace shardlm

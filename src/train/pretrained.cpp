@@ -44,10 +44,7 @@ PretrainedLoad load_frozen_base(FsdpEngine& engine, const std::string& dir, uint
 }
 
 std::string frozen_base_checksum(const FsdpEngine& engine, MPI_Comm comm) {
-  const uint64_t sum = mpi_sum(comm, static_cast<uint64_t>(engine.frozen_checksum_part()));
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
-  return hex;
+  return base_checksum_text(mpi_sum(comm, static_cast<uint64_t>(engine.frozen_checksum_part())));
 }
 
 void load_peft_adapter_slices(FsdpEngine& engine, const std::string& dir, const ModelConfig& model, MPI_Comm comm) {

@@ -242,6 +242,17 @@ void export_merged(const std::string& path, const std::string& out, const std::s
   HfModelDir dir(base);
   const std::string diff = model_config_difference(reader.meta().model, dir.config());
   SHARDLM_CHECK(diff.empty(), "export --merge: ", base, " is not the model the adapters were trained on: ", diff);
+  // Same shape is not the same weights: the checkpoint keeps the checksum of the base it trained on, as
+  // resume and generate compare it.
+  if (!reader.meta().base_checksum.empty()) {
+    const std::map<std::string, std::string> deck = ini_values(reader.meta().deck, "the checkpoint's deck");
+    const auto it = deck.find("fsdp.param_dtype");
+    const std::string sum =
+        lora_base_checksum(dir, lora_cfg, parse_dtype(it == deck.end() || it->second.empty() ? "fp32" : it->second));
+    SHARDLM_CHECK(sum == reader.meta().base_checksum, "export --merge: the adapters of ", path,
+                  " were trained on other base weights (checksum ", reader.meta().base_checksum, ") than those of ",
+                  base, " (", sum, "): merged, they would not give the model that was trained");
+  }
   std::map<std::string, CheckpointTensor> adapters;
   for (const CheckpointTensor& t : reader.tensors()) adapters[t.name] = t;
   const double scale = lora_cfg.lora.scale();
