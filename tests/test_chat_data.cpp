@@ -265,3 +265,33 @@ BOOST_AUTO_TEST_CASE(preprocess_writes_what_training_sees) {
   BOOST_TEST(lines[0]["loss_mask"].get<std::vector<int>>() == std::vector<int>(s.trained.begin(), s.trained.end()));
   BOOST_TEST(command_preprocess({SHARDLM_SOURCE_DIR "/input/demo.ini", "--limit", "zero"}) == 2);
 }
+
+// With data.train_size the run trains on a seeded subset: preprocess shows those records, as training
+// loads them, and the loaders mark the samples that lost tokens to max_length.
+BOOST_AUTO_TEST_CASE(preprocess_shows_the_runs_subset) {
+  TempDir dir("subset_preprocess");
+  const std::string out = (dir.root / "samples.jsonl").string();
+  const std::string squad = SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json";
+  BOOST_REQUIRE_EQUAL(command_preprocess({SHARDLM_SOURCE_DIR "/input/demo.ini", "--data.train_size=5", "--out", out}), 0);
+  std::ifstream in(out);
+  std::string line;
+  std::vector<Json> lines;
+  while (std::getline(in, line)) lines.push_back(Json::parse(line));
+  DataSection data;
+  data.max_length = 256;  // the demo deck's
+  const std::vector<Example> trained = load_squad(squad, ByteTokenizer(), dataset_options(data, 5, 42));
+  BOOST_REQUIRE_EQUAL(lines.size(), trained.size());
+  BOOST_REQUIRE_EQUAL(trained.size(), 5u);
+  for (size_t i = 0; i < trained.size(); ++i) BOOST_TEST(lines[i]["input_ids"].get<std::vector<int32_t>>() == trained[i].tokens);
+  // The first five records are not the subset (it is drawn with train.seed).
+  const std::vector<Example> first = load_squad(squad, ByteTokenizer(), [] { DatasetOptions o; o.max_length = 256; o.limit = 5; return o; }());
+  bool same = true;
+  for (size_t i = 0; i < first.size(); ++i) same = same && first[i].tokens == trained[i].tokens;
+  BOOST_TEST(!same);
+  data.max_length = 96;
+  size_t cut = 0;
+  for (const Example& ex : load_squad(squad, ByteTokenizer(), dataset_options(data, 0, 42))) cut += ex.cut;
+  BOOST_TEST(cut > 0u);
+  data.max_length = 4096;
+  for (const Example& ex : load_squad(squad, ByteTokenizer(), dataset_options(data, 0, 42))) BOOST_TEST(!ex.cut);
+}

@@ -667,6 +667,14 @@ BOOST_AUTO_TEST_CASE(head_chunk_tokens) {
   BOOST_TEST(has(error_of([&] { load(kBase, {"--model.head_chunk_tokens=-1"}); }), "model.head_chunk_tokens"));
 }
 
+// A quoted value would keep its quotes (a run folder named '"runs'): refused, with the bare form.
+BOOST_AUTO_TEST_CASE(quoted_values_are_refused) {
+  std::string m = error_of([&] { load(kBase + "[run]\ndir = \"runs/demo\"\n"); });
+  BOOST_TEST(has(m, "run.dir = \"runs/demo\": deck values are written without quotes (dir = runs/demo)"), m);
+  m = error_of([&] { load(kBase + "[run]\ndir = 'runs/demo'\n"); });
+  BOOST_TEST(has(m, "deck values are written without quotes"), m);
+}
+
 BOOST_AUTO_TEST_CASE(missing_files) {
   std::string m = error_of([&] { load_run_config((tmp.root / "nope.ini").string(), {}, 1); });
   BOOST_TEST(has(m, "cannot open input deck '" + (tmp.root / "nope.ini").string() + "'"));

@@ -55,6 +55,7 @@ class ByteTokenizer final : public Tokenizer {
 struct Example {
   std::vector<int32_t> tokens;
   std::vector<int32_t> targets;
+  bool cut = false;  // the record was longer than max_length and lost tokens (shardlm preprocess counts them)
 };
 
 struct DatasetOptions {
@@ -144,6 +145,9 @@ std::vector<Example> load_examples(DataFormat format, const std::string& path,
 // subset selection of the loaders and the epoch orders of the sampler.
 std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
 
+// The options a run loads a data file with: the deck's max_length, and (limit > 0: data.train_size or
+// eval_size) a seeded subset of that many records drawn with train.seed.
+DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed);
 // The subset rule of DatasetOptions shared by the loaders: with limit > 0, keep `limit` examples,
 // the first ones or (shuffle_subset) those seeded_permutation(n, seed) puts first, in file order.
 std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt);

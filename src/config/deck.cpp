@@ -59,7 +59,12 @@ static std::string clean_deck(const std::string& path, const std::string& raw) {
       if (!fresh)
         throw Error(concat(name, " is given twice in input deck '", path, "' (lines ", it->second,
                            " and ", n, ")"));
-      out << key << " = " << trim(s.substr(eq + 1)) << '\n';
+      const std::string value = trim(s.substr(eq + 1));
+      // Values are bare: quotes would be taken as part of them (dir = "runs/x" names a folder '"runs').
+      if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+        throw Error(concat(at, name, " = ", value, ": deck values are written without quotes (", key, " = ",
+                           value.substr(1, value.size() - 2), ")"));
+      out << key << " = " << value << '\n';
     }
   }
   return out.str();

@@ -29,9 +29,10 @@ static void check_generation_sizes(const RunConfig& cfg) {
     bad_value("eval.max_new_tokens", std::to_string(cfg.eval.max_new_tokens),
               concat("the generation's key/value cache would take ",
                      format_bytes(static_cast<size_t>(std::min(bytes, 1e18))), " per rank (", slots, " prompts x ",
-                     positions, " positions x ", m.num_layers, " layers, K and V), more than the ",
-                     format_bytes(static_cast<size_t>(available)),
-                     " this node has available; lower it or eval.batch_size"));
+                     positions, " positions (data.max_length ", cfg.data.max_length, " + this) x ", m.num_layers,
+                     " layers, K and V), more than the ", format_bytes(static_cast<size_t>(available)),
+                     " this node has available; lower it, data.max_length or eval.batch_size, or set eval.generate "
+                     "= none"));
 }
 
 static void check_eval(const RunConfig& cfg, int) {

@@ -36,6 +36,7 @@ Example prompt_example(const std::string& prompt_text, const std::string& comple
                 max_length, bos ? "" : " for the prompt's last token (the tokenizer has no BOS to predict the completion from)");
   const size_t kept = std::min(pc.completion_begin, static_cast<size_t>(max_length) - fixed);
   Example ex;
+  ex.cut = kept < pc.completion_begin;
   ex.tokens.reserve(fixed + kept);
   if (bos) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), prompt_end - static_cast<std::ptrdiff_t>(kept), prompt_end);
@@ -72,7 +73,10 @@ Example next_token_example(const std::vector<int32_t>& text, const Tokenizer& to
   if (tok.bos_id() >= 0) ex.tokens.push_back(tok.bos_id());
   ex.tokens.insert(ex.tokens.end(), text.begin(), text.end());
   ex.tokens.push_back(tok.eos_id());
-  if (ex.tokens.size() > static_cast<size_t>(max_length)) ex.tokens.resize(static_cast<size_t>(max_length));
+  if (ex.tokens.size() > static_cast<size_t>(max_length)) {
+    ex.tokens.resize(static_cast<size_t>(max_length));
+    ex.cut = true;
+  }
   ex.targets.assign(ex.tokens.size(), -1);
   for (size_t t = 0; t + 1 < ex.tokens.size(); ++t) ex.targets[t] = ex.tokens[t + 1];
   return ex;

@@ -53,6 +53,15 @@ std::vector<size_t> subset_indices(size_t n, const DatasetOptions& opt) {
   return chosen;
 }
 
+DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
+  DatasetOptions opt;
+  opt.max_length = data.max_length;
+  opt.limit = limit;
+  opt.seed = seed;
+  opt.shuffle_subset = limit > 0;
+  return opt;
+}
+
 std::vector<Example> select_subset(std::vector<Example> all, const DatasetOptions& opt) {
   if (opt.limit == 0 || opt.limit >= all.size()) return all;
   std::vector<Example> subset;

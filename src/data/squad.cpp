@@ -144,6 +144,7 @@ Example build_example(const QaRecord& record, const Tokenizer& tok, int max_leng
                 ": the tokenizer gives the answer no tokens of its own after the prompt");
 
   Example ex;
+  ex.cut = kept < record.context.size();
   ex.tokens.reserve(qa.ids.size() + specials);
   if (tok.bos_id() >= 0) ex.tokens.push_back(tok.bos_id());
   const size_t answer_begin = ex.tokens.size() + qa.completion_begin;

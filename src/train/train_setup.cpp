@@ -120,15 +120,6 @@ std::string resume_data_warning(const std::string& path, const CheckpointMeta& m
                 "not at all (checkpoint.load_weights_only = true starts a new run from its weights instead)");
 }
 
-DatasetOptions dataset_options(const DataSection& data, size_t limit, uint64_t seed) {
-  DatasetOptions opt;
-  opt.max_length = data.max_length;
-  opt.limit = limit;
-  opt.seed = seed;
-  opt.shuffle_subset = limit > 0;
-  return opt;
-}
-
 std::vector<Example> load_dataset(const DataSection& data, const std::string& path, size_t limit,
                                   uint64_t seed, const Tokenizer& tok) {
   return load_examples(data.format, path, tok, dataset_options(data, limit, seed));

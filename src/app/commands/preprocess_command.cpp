@@ -57,11 +57,16 @@ struct Shown {
   size_t misaligned_turns = 0;
 };
 
-std::vector<Shown> chat_samples(const RunConfig& cfg, const std::string& path, const Tokenizer& tok, size_t limit) {
+// The records training takes (data.train_size / eval_size: the run's seeded subset, in file order), the
+// first `limit` of them (0: all).
+std::vector<Shown> chat_samples(const RunConfig& cfg, const std::string& path, const Tokenizer& tok, size_t subset,
+                                size_t limit) {
   const ChatTemplate tmpl = find_chat_template(cfg.data.chat_template, cfg.model.dir, cfg.tokenizer_json());
+  const std::vector<Conversation> all = read_conversations(path, cfg.data.chat_format);
   std::vector<Shown> out;
-  for (const Conversation& c : read_conversations(path, cfg.data.chat_format)) {
+  for (size_t index : subset_indices(all.size(), dataset_options(cfg.data, subset, cfg.train.seed))) {
     if (limit > 0 && out.size() >= limit) break;
+    const Conversation& c = all[index];
     ChatSample s = make_chat_sample(c, tmpl, tok, cfg.data.train_on_prompt, cfg.data.max_length);
     out.push_back({std::move(s.text), std::move(s.ids), std::move(s.trained),
                    cfg.data.train_on_prompt || s.cut ? std::vector<std::pair<size_t, size_t>>{} : std::move(s.spans), s.cut,
@@ -70,14 +75,17 @@ std::vector<Shown> chat_samples(const RunConfig& cfg, const std::string& path, c
   return out;
 }
 
-// The other formats through their loaders: token j is trained when position j - 1 predicts it.
-std::vector<Shown> loader_samples(const RunConfig& cfg, const std::string& path, const Tokenizer& tok, size_t limit) {
-  DatasetOptions opt;
-  opt.max_length = cfg.data.max_length;
-  opt.limit = limit;
+// The other formats through their loaders: token j is trained when position j - 1 predicts it. Without a
+// subset the loader reads only the first `limit` records.
+std::vector<Shown> loader_samples(const RunConfig& cfg, const std::string& path, const Tokenizer& tok, size_t subset,
+                                  size_t limit) {
+  DatasetOptions opt = dataset_options(cfg.data, subset, cfg.train.seed);
+  if (subset == 0) opt.limit = limit;
   std::vector<Shown> out;
   for (const Example& ex : load_examples(cfg.data.format, path, tok, opt)) {
+    if (limit > 0 && out.size() >= limit) break;
     Shown s;
+    s.cut = ex.cut;
     s.ids = ex.tokens;
     s.text = tok.decode(ex.tokens);
     s.trained.assign(ex.tokens.size(), 0);
@@ -144,8 +152,10 @@ int run(const PreprocessArgs& args) {
   SHARDLM_CHECK(!path.empty(), args.eval ? "--eval: the deck has no data.eval_file" : "the deck has no data.train_file");
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(cfg.tokenizer_json());
   const size_t view_limit = args.out.empty() && args.limit == 0 ? 3 : args.limit;
-  const std::vector<Shown> samples = cfg.data.format == DataFormat::Chat ? chat_samples(cfg, path, *tok, view_limit)
-                                                                          : loader_samples(cfg, path, *tok, view_limit);
+  const size_t subset = args.eval ? cfg.data.eval_size : cfg.data.train_size;
+  const std::vector<Shown> samples = cfg.data.format == DataFormat::Chat
+                                         ? chat_samples(cfg, path, *tok, subset, view_limit)
+                                         : loader_samples(cfg, path, *tok, subset, view_limit);
   if (!args.out.empty()) {
     write_lines(samples, args.out);
   } else {
