@@ -621,7 +621,8 @@ BOOST_AUTO_TEST_CASE(export_into_a_non_empty_folder_needs_overwrite_and_keeps_ot
 }
 
 // Files named like an export's weights that no export wrote (no "writer": "shardlm" mark) are the
-// user's: an overwriting export leaves them byte-identical, removing only an earlier export's own.
+// user's: an overwriting export never removes them, and refuses while they are of another layout than
+// its own (they would stay beside the new weights); an earlier export's own it removes.
 BOOST_AUTO_TEST_CASE(an_overwriting_export_removes_only_weights_an_export_wrote) {
   const fs::path dir = scratch("export_foreign_weights") / "out";
   const ModelConfig cfg = tiny_bloom();
@@ -638,12 +639,19 @@ BOOST_AUTO_TEST_CASE(an_overwriting_export_removes_only_weights_an_export_wrote)
   write_bytes((dir / "model.safetensors.index.json").string(), "{\"metadata\": {}, \"weight_map\": {}}\n");
   const auto before = tree_of(dir);
 
+  // One file now: the user's sharded weights would stay beside it (a loader picks one of the two), so the
+  // export is refused before it writes anything, naming one of them.
+  expect_error([&] { export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting({})); },
+               {"holds weights shardlm did not write, in another layout than this export's (model.safetensors)"});
+  BOOST_TEST((tree_of(dir) == before));
+  BOOST_TEST(!fs::exists(dir.string() + ".partial"));
+  // Once the user's files are moved away, the earlier export's shards go and the one file comes.
+  for (const char* mine : {"model-00097-of-00099.safetensors", "model-00098-of-00099.safetensors",
+                           "model.safetensors.index.json"})
+    fs::remove(dir / mine);
   export_hf_model(dir.string(), cfg, tiny_tensors(cfg), known_values, overwriting({}));
   const auto after = tree_of(dir);
   for (const std::string& name : earlier) BOOST_TEST(after.count(name) == 0u, name);  // the export's own: gone
-  for (const char* mine : {"model-00097-of-00099.safetensors", "model-00098-of-00099.safetensors",
-                           "model.safetensors.index.json"})
-    BOOST_TEST(after.at(mine) == before.at(mine), mine);
   BOOST_TEST(after.count("model.safetensors") == 1u);
   BOOST_TEST(!fs::exists(dir.string() + ".partial"));
 }
