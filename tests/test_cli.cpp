@@ -1431,6 +1431,19 @@ BOOST_AUTO_TEST_CASE(a_resume_on_other_data_settings_is_warned_about) {
              other.output);
 }
 
+// RUN/adapter.partial holding something other than an adapter write's files is not removed: the run's
+// adapter write refuses it, naming it, and the file stays.
+BOOST_AUTO_TEST_CASE(an_adapter_partial_with_other_files_is_kept) {
+  const fs::path dir = scratch("cli_adapter_partial");
+  fs::create_directories(dir / "adapter.partial");
+  { std::ofstream(dir / "adapter.partial" / "notes.txt") << "mine\n"; }
+  Outcome o = run_shardlm(1, "train " + kDemo + " --data.eval_file= --train.max_steps=1 --lora.r=2 --lora.alpha=4"
+                                 " --lora.target_modules=all-linear --run.dir=" + dir.string());
+  BOOST_TEST(o.exit_code != 0);
+  BOOST_TEST(contains(o.output, (dir / "adapter.partial").string() + " exists"), o.output);
+  BOOST_TEST(fs::exists(dir / "adapter.partial" / "notes.txt"));
+}
+
 BOOST_AUTO_TEST_CASE(export_never_touches_what_it_did_not_write) {
   const fs::path dir = scratch("cli_export_safety");
   const std::string train = "train " + kDemo + " --data.eval_file= --train.max_steps=1 --run.dir=" + (dir / "run").string();

@@ -194,11 +194,21 @@ class TrainLoop {
     const std::string dir = cfg_.run.dir + "/adapter";
     run_collectively(run_.comm, [&] {
       if (run_.rank != 0) return;
-      // An adapter.partial here was left by an earlier attempt of this run stopped while writing it (the
-      // run folder is this run's, locked): it holds nothing of the user's, and would block the write.
+      // An adapter.partial here holding only an adapter write's files (or nothing) was left by an earlier
+      // attempt of this run stopped while writing it (the run folder is this run's, locked): removed, as it
+      // would block the write. One holding anything else stays, and the write refuses it, naming it.
       const std::filesystem::path partial = dir + ".partial";
       std::error_code ec;
-      if (std::filesystem::is_directory(std::filesystem::symlink_status(partial, ec))) {
+      const auto adapter_write_only = [&] {
+        for (const auto& entry : std::filesystem::directory_iterator(partial, ec)) {
+          const std::string name = entry.path().filename().string();
+          if (!entry.is_regular_file() || entry.is_symlink() ||
+              (name.rfind("adapter_config.json", 0) != 0 && name.rfind("adapter_model.safetensors", 0) != 0))
+            return false;
+        }
+        return !ec;
+      };
+      if (std::filesystem::is_directory(std::filesystem::symlink_status(partial, ec)) && adapter_write_only()) {
         std::filesystem::remove_all(partial, ec);
         SHARDLM_CHECK(!ec, "adapter: cannot remove ", partial.string(), ", left by an earlier attempt: ", ec.message());
       }
