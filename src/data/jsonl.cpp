@@ -32,8 +32,10 @@ Example prompt_example(const std::string& prompt_text, const std::string& comple
   SHARDLM_CHECK(bos || pc.completion_begin > 0, where, ": an empty prompt needs a tokenizer with a BOS token");
   // Without BOS, the prompt's last token predicts the completion's first: at least that one must fit.
   SHARDLM_CHECK(fixed + (bos ? 0 : 1) <= static_cast<size_t>(max_length), where, ": the completion takes ", fixed,
-                bos ? " tokens with BOS and EOS, more than max_length " : " tokens with EOS, which leaves no room in max_length ",
-                max_length, bos ? "" : " for the prompt's last token (the tokenizer has no BOS to predict the completion from)");
+                bos ? " tokens with BOS and EOS, more than max_length "
+                    : " tokens with EOS, which leaves no room in max_length ",
+                max_length,
+                bos ? "" : " for the prompt's last token (the tokenizer has no BOS to predict the completion from)");
   const size_t kept = std::min(pc.completion_begin, static_cast<size_t>(max_length) - fixed);
   Example ex;
   ex.cut = kept < pc.completion_begin;

@@ -20,7 +20,8 @@ size_t first_token_from(const std::string& text, size_t pos, const std::vector<i
   // head's while the text decoded so far grows and stays a prefix of the head; a token that decodes to
   // nothing (a special token) or past the head ends it.
   for (size_t decoded = 0; first < ids.size(); ++first) {
-    const std::string d = tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(first) + 1));
+    const auto end = ids.begin() + static_cast<std::ptrdiff_t>(first) + 1;
+    const std::string d = tok.decode(std::vector<int32_t>(ids.begin(), end));
     if (d.size() <= decoded || d.size() > head.size() || head.compare(0, d.size(), d) != 0) break;
     decoded = d.size();
   }

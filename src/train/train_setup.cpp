@@ -143,10 +143,10 @@ std::vector<Example> load_run_dataset(TrainRun& run, const std::string& path, si
     return std::none_of(ex.targets.begin(), ex.targets.end(), [](int32_t t) { return t >= 0; });
   }));
   if (empty > 0)
-    run.say(concat("warning: ", path, ": ", empty, " of ", examples.size(), " samples have no token that takes the loss "
-                   "(their trained part lies past data.max_length = ", cfg.data.max_length, ", or they have none): they fill "
-                   "batches but teach nothing, and a step of only such samples reports loss 0; raise data.max_length "
-                   "(shardlm preprocess shows the samples)"));
+    run.say(concat("warning: ", path, ": ", empty, " of ", examples.size(),
+                   " samples have no token that takes the loss (their trained part lies past data.max_length = ",
+                   cfg.data.max_length, ", or they have none): they fill batches but teach nothing, and a step of "
+                   "only such samples reports loss 0; raise data.max_length (shardlm preprocess shows the samples)"));
   return examples;
 }
 
