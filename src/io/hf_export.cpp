@@ -110,12 +110,17 @@ bool earlier_export_weights(const fs::path& file) {
   }
 }
 
+// The exported weights' bytes in `dtype`: one file up to the largest shard, shards beyond.
+size_t weight_bytes(const std::vector<const CheckpointTensor*>& selected, DType dtype) {
+  size_t total = 0;
+  for (const CheckpointTensor* t : selected) total += t->numel * dtype_size(dtype);
+  return total;
+}
+
 // The weight files write_export writes: model.safetensors, or the shards and their index.
 std::set<std::string> export_weight_files(const std::vector<CheckpointTensor>& tensors, const HfExportOptions& options) {
   const auto selected = exported_tensors(tensors);
-  size_t total_bytes = 0;
-  for (const CheckpointTensor* t : selected) total_bytes += t->numel * dtype_size(options.dtype);
-  if (total_bytes <= options.max_shard_bytes) return {"model.safetensors"};
+  if (weight_bytes(selected, options.dtype) <= options.max_shard_bytes) return {"model.safetensors"};
   const size_t n = plan_shards(selected, options.max_shard_bytes, options.dtype).size();
   std::set<std::string> names{"model.safetensors.index.json"};
   for (size_t i = 0; i < n; ++i) names.insert(shard_file_name(i, n));
@@ -148,8 +153,7 @@ void write_export(const fs::path& root, const ModelConfig& cfg, const std::vecto
   write_text_file((root / "config.json").string(), config.dump(2) + "\n");
 
   const auto selected = exported_tensors(tensors);
-  size_t total_bytes = 0;
-  for (const CheckpointTensor* t : selected) total_bytes += t->numel * dtype_size(options.dtype);
+  const size_t total_bytes = weight_bytes(selected, options.dtype);
 
   if (total_bytes <= max_shard_bytes) {
     write_shard((root / "model.safetensors").string(), cfg, selected, fetch, options.dtype);

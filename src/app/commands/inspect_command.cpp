@@ -227,6 +227,13 @@ void add_tokenizer_and_generation(const CheckpointMeta& meta, const std::string&
 
 }  // namespace
 
+// The fsdp.param_dtype the checkpoint's run computed in (fp32 when its deck does not say).
+static std::string run_param_dtype(const CheckpointMeta& meta) {
+  const std::map<std::string, std::string> deck = ini_values(meta.deck, "the checkpoint's deck");
+  const auto it = deck.find("fsdp.param_dtype");
+  return it == deck.end() || it->second.empty() ? "fp32" : it->second;
+}
+
 // A LoRA checkpoint's base model (from `base`) with its adapters merged: each adapted weight
 // W + scale B A in fp32, each tensor of a module trained whole (lora.modules_to_save) as the
 // checkpoint holds it, the other tensors as the base holds them.
@@ -245,10 +252,7 @@ void export_merged(const std::string& path, const std::string& out, const std::s
   // Same shape is not the same weights: the checkpoint keeps the checksum of the base it trained on, as
   // resume and generate compare it.
   if (!reader.meta().base_checksum.empty()) {
-    const std::map<std::string, std::string> deck = ini_values(reader.meta().deck, "the checkpoint's deck");
-    const auto it = deck.find("fsdp.param_dtype");
-    const std::string sum =
-        lora_base_checksum(dir, lora_cfg, parse_dtype(it == deck.end() || it->second.empty() ? "fp32" : it->second));
+    const std::string sum = lora_base_checksum(dir, lora_cfg, parse_dtype(run_param_dtype(reader.meta())));
     SHARDLM_CHECK(sum == reader.meta().base_checksum, "export --merge: the adapters of ", path,
                   " were trained on other base weights (checksum ", reader.meta().base_checksum, ") than those of ",
                   base, " (", sum, "): merged, they would not give the model that was trained");
@@ -315,12 +319,7 @@ int command_export(const std::vector<std::string>& args) {
                   "run trained them (fp32, one adapter_model.safetensors): --dtype and --max-shard-size apply to a "
                   "whole or merged model");
     // As save_pretrained: the weights in the dtype the run computed in (fsdp.param_dtype), unless told.
-    if (dtype.empty() && !adapter) {
-      const std::map<std::string, std::string> deck =
-          ini_values(CheckpointReader(path).meta().deck, "the checkpoint's deck");
-      const auto it = deck.find("fsdp.param_dtype");
-      dtype = it == deck.end() || it->second.empty() ? "fp32" : it->second;
-    }
+    if (dtype.empty() && !adapter) dtype = run_param_dtype(CheckpointReader(path).meta());
     if (dtype.empty()) dtype = "fp32";
     SHARDLM_CHECK(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "export: --dtype = '", dtype,
                   "': expected bf16, fp16 or fp32");
