@@ -325,3 +325,67 @@ inline void expect_rows_packed_changes_nothing(const shardlm::RunConfig& base) {
     }
   }
 }
+
+// FsdpEngine::LossRead::later (a step's loss read once, after its last micro-step) changes nothing: two engines
+// of `base` on every strategy (the replicated ones without a reduction before the last micro-step), three steps
+// of three micro-steps, one reading each micro-step's loss, the other none but the last's. The deferring engine
+// returns 0 for the first two and their sum with the third's for the last (to 1e-12 of it on the CPU, whose loss
+// is a double; to 1e-6 on the GPU, whose device sum is fp32); the gradient slices and norms as
+// expect_same_step (`exact`: bit for bit before an update). An evaluation between unread micro-steps is refused;
+// zero_grad() drops a loss left unread.
+inline void expect_loss_read_once_changes_nothing(const shardlm::RunConfig& base, bool exact) {
+  using namespace shardlm;
+  const bool cpu = base.run.backend == BackendKind::Cpu;
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard,
+                             ShardingStrategy::NoShard}) {
+    RunConfig cfg = base;
+    cfg.fsdp.strategy = s;
+    const bool replicated = s == ShardingStrategy::HybridShard || s == ShardingStrategy::NoShard;
+    cfg.fsdp.no_sync = replicated ? NoSync::Auto : NoSync::Off;
+    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+    const int micro = 2, micro_steps = 3;
+    auto reading = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+    auto deferring = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
+    BOOST_TEST_CONTEXT(backend_name(cfg.run.backend) << " " << cfg.model.arch << " " << strategy_name(s)
+                                                     << (cfg.fsdp.cpu_offload ? " offload" : "")) {
+      std::mt19937 rng(29 + world_rank());
+      for (int step = 0; step < 3; ++step) {
+        std::vector<MicroBatch> mbs;
+        for (int m = 0; m < micro_steps; ++m) mbs.push_back(random_micro_batch(cfg, micro, rng));
+        double read_sum = 0, deferred_sum = 0;
+        std::vector<double> norms;
+        std::vector<std::vector<float>> grads;
+        for (FsdpEngine* e : {reading.get(), deferring.get()}) {
+          const bool defer = e == deferring.get();
+          e->zero_grad();
+          if (defer && step == 1) {  // a loss left unread: an evaluation is refused, zero_grad() drops it
+            e->forward_backward(mbs[0], 0.0f, 0, FsdpEngine::LossRead::later);
+            BOOST_CHECK_THROW(e->forward_loss(mbs[0]), Error);
+            e->zero_grad();
+          }
+          for (int m = 0; m < micro_steps; ++m) {
+            const bool last = m + 1 == micro_steps;
+            if (last) e->last_micro_step();
+            const double loss = e->forward_backward(mbs[m], 1.0f / (micro_steps * mbs[m].target_count), 0,
+                                                    defer && !last ? FsdpEngine::LossRead::later
+                                                                   : FsdpEngine::LossRead::now);
+            if (defer && !last) BOOST_TEST(loss == 0.0);
+            (defer ? deferred_sum : read_sum) += loss;
+          }
+          norms.push_back(e->grad_norm());
+          for (size_t u = 0; u < e->num_units(); ++u) grads.push_back(e->grad_slice(u));
+          e->optimizer_step(1e-3, 1.0f);
+        }
+        BOOST_TEST_CONTEXT("step " << step) {
+          const bool after_update = step > 0 && !exact;
+          const double loss_tolerance = (cpu ? 1e-12 : 1e-6) + (after_update ? 1e-6 : 0.0);
+          BOOST_TEST(read_sum > 0.0);
+          BOOST_TEST(std::fabs(deferred_sum - read_sum) <= loss_tolerance * read_sum, deferred_sum << " " << read_sum);
+          BOOST_TEST(std::fabs(norms[1] - norms[0]) <= (after_update ? 1e-5 : 1e-9) * norms[0]);
+          expect_same_grad_slices(grads, exact, 0, after_update ? 1e-2f : 1e-5f);
+        }
+      }
+    }
+  }
+}

@@ -846,6 +846,20 @@ RunConfig one_step_config(RunConfig (*make)(const std::string&, const std::strin
 
 }  // namespace
 
+// A step's loss read once, after its last micro-step (FsdpEngine::LossRead::later: the host queues the next
+// micro-step while the device runs this one), changes nothing (head_scratch_check.hpp): BLOOM and Llama in bf16
+// and the tiny Llama offloaded, every strategy, on the GPU's streams and NCCL.
+BOOST_AUTO_TEST_CASE(loss_read_once_a_step_changes_nothing) {
+  for (auto make : {config, llama_config})
+    for (bool offload : {false, true}) {
+      if (offload && make == config) continue;
+      RunConfig cfg = make("cuda", "loss_read_once", 1);
+      cfg.fsdp.param_dtype = DType::BF16;
+      cfg.fsdp.cpu_offload = offload;
+      expect_loss_read_once_changes_nothing(cfg, false);
+    }
+}
+
 // fsdp.fresh_block_grads (UnitModel::writes_fresh_block_grads): the CUDA families' block backwards write their
 // projections' weight gradients (GEMM beta 0) and zero the rest themselves, so the engine zeroes no block-gradient
 // memory (one rank: the slices under zero_grad; several: each buffer after its reduction), which then holds the

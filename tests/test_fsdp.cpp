@@ -429,6 +429,18 @@ BOOST_AUTO_TEST_CASE(root_in_the_gradient_slices_changes_nothing) {
   expect_root_in_slices_changes_nothing(cfg, true);
 }
 
+// A step's loss read once, after its last micro-step (FsdpEngine::LossRead::later), changes nothing
+// (head_scratch_check.hpp): BLOOM and Llama, every strategy, with and without CPU offload, bit for bit.
+BOOST_AUTO_TEST_CASE(loss_read_once_a_step_changes_nothing) {
+  for (int kind = 0; kind < 2; ++kind)
+    for (bool offload : {false, true}) {
+      RunConfig cfg = tiny_config(ShardingStrategy::FullShard, "loss_read_once");
+      if (kind > 0) make_tiny_llama(cfg.model);
+      cfg.fsdp.cpu_offload = offload;
+      expect_loss_read_once_changes_nothing(cfg, true);
+    }
+}
+
 // fsdp.fresh_block_grads: the CPU model zeroes a block's gradient itself before adding to it when the engine says
 // its memory holds nothing to keep, and the engine zeroes none (the schedule the GPU families run, writing
 // their weight gradients instead): against fsdp.fresh_block_grads = false, BLOOM and Llama, FULL_SHARD,

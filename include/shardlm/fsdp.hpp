@@ -339,8 +339,15 @@ class FsdpEngine {
   // of token losses. Every rank calls it the same number of times (an empty micro-batch still takes
   // part in the collectives). A training pass: with LoRA dropout its masks are drawn from dropout_seed
   // (the micro-step's, dropout_micro_step_seed; ignored without dropout).
-  double forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed);
-  // The forward alone, as evaluation: no dropout.
+  // LossRead::later leaves the loss on the device (0 is returned) and the next call adds to it: the
+  // next call that reads returns the sum of every micro-step since the last read. A step passes
+  // later for all its micro-steps but the last, so the host does not wait for the device between
+  // them and queues the next micro-step's work while the device runs this one. zero_grad() drops
+  // a loss left unread (a step abandoned).
+  enum class LossRead { now, later };
+  double forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed,
+                          LossRead read = LossRead::now);
+  // The forward alone, as evaluation: no dropout. Not between a step's micro-steps with a loss unread.
   double forward_loss(const MicroBatch& mb);
   // The next forward_backward is the last micro-step of the optimizer step. With cpu_offload each
   // unit's gradient is then complete once its reduction reaches the host, where its sum of squares is

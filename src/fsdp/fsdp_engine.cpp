@@ -299,11 +299,12 @@ void FsdpEngine::pin(void* p, size_t bytes) {
   pinned_.push_back(p);
 }
 
-double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed) {
+double FsdpEngine::forward_backward(const MicroBatch& mb, float grad_scale, uint64_t dropout_seed, LossRead read) {
   impl_->model->set_dropout(dropout_seed);
-  return impl_->run(mb, grad_scale, true);
+  return impl_->run(mb, grad_scale, true, read == LossRead::now);
 }
 double FsdpEngine::forward_loss(const MicroBatch& mb) {
+  SHARDLM_CHECK(!impl_->loss_held, "forward_loss between an optimizer step's micro-steps with their loss unread");
   impl_->model->set_dropout(std::nullopt);
   return impl_->run(mb, 0.0f, false);
 }
@@ -311,6 +312,7 @@ double FsdpEngine::forward_loss(const MicroBatch& mb) {
 void FsdpEngine::zero_grad() {
   Impl& m = *impl_;
   m.drop_pending();
+  m.loss_held = false;
   if (m.offload) return m.offload->zero_grad();
   if (m.plan.direct_grads) {  // the backward adds into the slices themselves; the blocks' first writes them (fresh)
     for (size_t u = 0; u < m.units.size(); ++u) {

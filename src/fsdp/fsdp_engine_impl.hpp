@@ -352,7 +352,9 @@ struct FsdpEngine::Impl {
   void finish_root_reduction();
 
   // One micro-batch: the forward (and, with backward, the backward and its reductions); its loss sum.
-  double run(const MicroBatch& mb, float grad_scale, bool backward);
+  // Earlier micro-steps' loss left on the device (LossRead::later): run adds to it instead of zeroing it.
+  bool loss_held = false;
+  double run(const MicroBatch& mb, float grad_scale, bool backward, bool read_loss = true);
   // run()'s steps (schedule.cpp). What one backward does: reduce (or keep, no sync), split the root's
   // reduction, take the norm's squares as reductions land.
   struct BackwardPlan {

@@ -297,14 +297,14 @@ void FsdpEngine::Impl::backward_embedding(const UnitParams& root, const int32_t*
   local_pending[0] = !bp.reducing;
 }
 
-double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backward) {
+double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backward, bool read_loss) {
   const int B = mb.batch, T = mb.seq;
   const size_t N = static_cast<size_t>(B) * T;
   SHARDLM_CHECK(N <= max_tokens, "micro-batch of ", B, " x ", T, " tokens exceeds the planned ", max_tokens);
   SHARDLM_CHECK(mb.starts.empty() || model->config().packed, "a packed micro-batch for a model not built for packing");
   if (offload) offload->micro_step_begins(backward);
   const auto [tok, tgt] = upload_batch(mb);
-  model->reset_loss(compute);
+  if (!loss_held) model->reset_loss(compute);
 
   const UnitParams root = use(0);
   if (L > 0 && forward_prefetch) gather(1);
@@ -339,7 +339,9 @@ double FsdpEngine::Impl::run(const MicroBatch& mb, float grad_scale, bool backwa
     if (plan.root_overlap > 0) gathered[0] = false;
     if (bp.reducing) slices_hold_grads = true;
   }
-  return model->loss_sum(compute);
+  // Read, the loss costs a wait for the device (the CUDA backend copies it back and synchronizes).
+  loss_held = !read_loss;
+  return read_loss ? model->loss_sum(compute) : 0.0;
 }
 
 }  // namespace shardlm

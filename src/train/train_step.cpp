@@ -137,9 +137,12 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   for (int m = 0; m < micro_batches.count(); ++m) {
     if (m + 1 == micro_batches.count())
       model.last_micro_step(known ? std::optional<FsdpEngine::StepUpdate>({out.lr, known_factor}) : std::nullopt);
-    // LoRA dropout's masks: a function of (seed, step, micro-step, rank), which a resume restores.
+    // LoRA dropout's masks: a function of (seed, step, micro-step, rank), which a resume restores. The
+    // loss is read once, after the last micro-step (the host queues each next micro-step meanwhile).
+    const bool last = m + 1 == micro_batches.count();
     loss_sum += model.forward_backward(micro_batches.at(run.rank, m), grad_scale,
-                                       dropout_micro_step_seed(cfg.train.seed, pos.step, m, run.rank));
+                                       dropout_micro_step_seed(cfg.train.seed, pos.step, m, run.rank),
+                                       last ? FsdpEngine::LossRead::now : FsdpEngine::LossRead::later);
   }
   out.loss = targets > 0 ? mpi_sum(run.comm, loss_sum) / static_cast<double>(targets) : 0.0;
   // The loss is reduced over all ranks, so they all stop here together.
