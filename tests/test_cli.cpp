@@ -353,6 +353,30 @@ Outcome run_command(const std::string& cmd) {
 
 }  // namespace
 
+// A run started with a relative checkpoint.dir: inspect of its run folder finds the checkpoints from another
+// folder (deck.resolved.ini keeps the folder absolute); after a resume with another batch it gives the epoch as
+// the log counts it (epochs done plus the part of the current one, in the new batch's steps).
+BOOST_AUTO_TEST_CASE(inspect_of_a_run_folder_with_a_relative_checkpoint_dir) {
+  const fs::path dir = scratch("cli_relative_ckpt");
+  const std::string cd = "cd " + dir.string() + " &&";
+  // 48 examples: 6 steps of 8 an epoch; 8 steps are an epoch and 2 steps (16 examples) into the next.
+  const std::string base = "train " + kDemo + " --data.train_size=48 --data.eval_file= --run.dir=run --checkpoint.dir=ckpts";
+  Outcome o = run_shardlm(1, base + " --train.max_steps=8", cd);
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  // In batches of 16 (3 steps an epoch) the 16 examples are one step: step 9 is two of three into epoch 2.
+  o = run_shardlm(1, base + " --train.max_steps=9 --train.batch_size=16 --checkpoint.allow_new_batch=true"
+                            " --checkpoint.resume=auto", cd);
+  BOOST_TEST_INFO(o.output);
+  BOOST_TEST_REQUIRE(o.exit_code == 0);
+  BOOST_TEST(contains(o.output, "epoch 1.67"), o.output);
+  const Outcome inspect = run_shardlm(1, "inspect " + (dir / "run").string());
+  BOOST_TEST_INFO(inspect.output);
+  BOOST_TEST(inspect.exit_code == 0);
+  BOOST_TEST(contains(inspect.output, "ckpts/ckpt-00000009.h5"), inspect.output);
+  BOOST_TEST(contains(inspect.output, "step         9 (epoch 1.67, as the log counts epochs done"), inspect.output);
+}
+
 // checkpoint.every_epoch (Trainer's save_strategy = epoch): one checkpoint at each epoch's end.
 BOOST_AUTO_TEST_CASE(a_checkpoint_every_epoch) {
   const fs::path dir = scratch("cli_every_epoch");

@@ -661,13 +661,87 @@ BOOST_AUTO_TEST_CASE(another_runs_checkpoint_is_refused_by_auto) {
   BOOST_TEST(contains(message, concat("checkpoint ", theirs, " belongs to another run: its run id is ", id_b,
                                       ", this run's is ", id_a, " (", scratch("run_a"), "/run_id)")),
              message);
-  BOOST_TEST(contains(message, "no usable checkpoint is left"), message);
+  BOOST_TEST(contains(message, concat(a.checkpoint_dir(), " holds no checkpoint of this run (run id ", id_a,
+                                      "), only another run's: name one in checkpoint.resume")),
+             message);
 
   a.checkpoint.resume = ResumeFrom::Path;
   a.checkpoint.resume_path = theirs;
   r = train(a, MPI_COMM_WORLD, quiet());
   BOOST_TEST(r.first_step == 10);
   BOOST_TEST(run_id_of("run_a") == id_a);
+}
+
+// A new run folder sharing another run's checkpoint.dir: resume = auto neither continues that run (taking its id
+// and pruning its files) nor says "nothing to do" for it; it stops, naming the folder and what to do, and leaves
+// the other run's files as they were. Named in checkpoint.resume, the other run's checkpoint resumes while the
+// new folder keeps an id of its own.
+BOOST_AUTO_TEST_CASE(a_new_run_folder_does_not_take_over_a_shared_checkpoint_folder) {
+  const RunConfig a = train_ten_steps("shared_a");
+  const std::string id_a = run_id_of("shared_a");
+  start_afresh("shared_b");
+  RunConfig b = config(ShardingStrategy::FullShard, "shared_b");
+  b.checkpoint.dir = a.checkpoint_dir();
+  b.checkpoint.resume = ResumeFrom::Auto;
+  b.checkpoint.keep_last = 1;
+  b.checkpoint.every = 2;
+  const auto files_of_a = [&] {
+    std::vector<std::string> names;
+    if (world_rank() == 0)
+      for (const fs::directory_entry& e : fs::directory_iterator(a.checkpoint_dir()))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = files_of_a();
+  for (long steps : {20L, 10L}) {  // a longer run, and one the other run has finished
+    BOOST_TEST_CONTEXT("max_steps " << steps) {
+      b.train.max_steps = steps;
+      const std::string message = refusal_of(b);
+      BOOST_TEST(contains(message, concat(a.checkpoint_dir(), " holds no checkpoint of this run (run id ")), message);
+      BOOST_TEST(contains(message, concat("its run id is ", id_a)), message);
+      BOOST_TEST(files_of_a() == before);
+      BOOST_TEST(run_id_of("shared_a") == id_a);
+    }
+  }
+  b.checkpoint.resume = ResumeFrom::Path;
+  b.checkpoint.resume_path = checkpoint_of("shared_a", 10);
+  b.checkpoint.dir = "";  // its own folder for its own checkpoints
+  b.train.max_steps = 12;
+  const TrainResult r = train(b, MPI_COMM_WORLD, quiet());
+  BOOST_TEST(r.first_step == 10);
+  const std::string id_b = run_id_of("shared_b");
+  BOOST_TEST(!id_b.empty());
+  BOOST_TEST(id_b != id_a);
+  if (world_rank() == 0) BOOST_TEST(CheckpointReader(checkpoint_of("shared_b", 12)).meta().run_id == id_b);
+  BOOST_TEST(files_of_a() == before);
+}
+
+// Ranks that loaded other inputs stop together before any step, naming the rank and what differs: a rank started
+// with its own options (another resolved deck), and one relative data path that names another file on each rank
+// (as a node-local copy would).
+BOOST_AUTO_TEST_CASE(ranks_that_loaded_other_inputs_stop_together) {
+  if (world_size() < 2) return;  // nothing to compare
+  start_afresh("other_inputs");
+  RunConfig cfg = config(ShardingStrategy::FullShard, "other_inputs");
+  cfg.train.max_steps = 2;
+  RunConfig mine = cfg;
+  if (world_rank() == 1) mine.data.train_size = 40;
+  std::string message = refusal_of(mine);
+  BOOST_TEST(contains(message, "rank 1 loaded other inputs than rank 0: another resolved deck"), message);
+
+  const fs::path folder = fs::path(scratch("other_inputs")) / concat("rank", world_rank());
+  fs::create_directories(folder);
+  const char* file = world_rank() == 1 ? "/input/data/demo_squad_eval.json" : "/input/data/demo_squad_train.json";
+  fs::copy_file(std::string(SHARDLM_SOURCE_DIR) + file, folder / "data.json", fs::copy_options::overwrite_existing);
+  const fs::path was = fs::current_path();
+  fs::current_path(folder);
+  cfg.data.train_file = "data.json";
+  message = refusal_of(cfg);
+  fs::current_path(was);
+  BOOST_TEST(contains(message, "rank 1 loaded other inputs than rank 0: "), message);
+  BOOST_TEST(contains(message, " training examples from data.json where rank 0 loaded "), message);
+  BOOST_TEST(contains(message, "must be the same on every node"), message);
 }
 
 // A resume with another train.batch_size is refused naming both batches, unless

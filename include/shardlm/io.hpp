@@ -149,6 +149,8 @@ std::string remove_unfinished_checkpoints(const std::string& dir);
 // Whether a load_checkpoint error says the file is damaged (truncated, unreadable, checksum), as
 // opposed to a checkpoint of another model or optimizer.
 bool checkpoint_damaged(const std::string& error);
+// Whether the error says the checkpoint belongs to another run (its run id is not this run's).
+bool checkpoint_of_another_run(const std::string& error);
 // Whether resume = auto may pass over the checkpoint a load_checkpoint (or setup) error is about:
 // damaged, inconsistent (impossible or out-of-range position), or another run's.
 bool checkpoint_unusable(const std::string& error);

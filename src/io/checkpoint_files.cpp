@@ -221,8 +221,12 @@ std::string resolve_checkpoint_path(const std::string& spec, const std::string& 
     std::string target = latest_target(spec);
     const std::string in_run = run_checkpoint_folder(spec);
     if (target.empty() && fs::is_directory(in_run)) target = latest_target(in_run);
+    // A resolved deck from before checkpoint.dir was kept absolute may name it relative to where that run started.
+    const char* relative = fs::path(in_run).is_relative() && fs::path(in_run) != fs::path(spec) / "checkpoints"
+                               ? ", relative to the folder the run started in: name the checkpoint folder instead"
+                               : "";
     SHARDLM_CHECK(!target.empty(), what, ": folder '", spec, "' holds no checkpoint (no '", kLatestFile,
-                  "' file in it, nor in ", in_run, " as a run folder)");
+                  "' file in it, nor in ", in_run, " as a run folder", relative, ")");
     return target;
   }
   return spec;

@@ -513,9 +513,13 @@ bool checkpoint_damaged(const std::string& error) {
   return error.find(" is damaged: ") != std::string::npos || error.find("': it is damaged: ") != std::string::npos;
 }
 
+bool checkpoint_of_another_run(const std::string& error) {
+  return error.find(" belongs to another run: ") != std::string::npos;
+}
+
 bool checkpoint_unusable(const std::string& error) {
   return checkpoint_damaged(error) || error.find(" is inconsistent") != std::string::npos ||
-         error.find(" belongs to another run: ") != std::string::npos;
+         checkpoint_of_another_run(error);
 }
 
 }  // namespace shardlm

@@ -168,6 +168,15 @@ RunFolderLock& RunFolderLock::operator=(RunFolderLock&& o) noexcept {
   return *this;
 }
 
+bool holds_run_records(const std::string& run_dir) {
+  std::error_code ec;
+  for (const char* name : {"metrics.jsonl", "predictions.json"}) {
+    const fs::path p = fs::path(run_dir) / name;
+    if (fs::is_regular_file(p, ec) && fs::file_size(p, ec) > 0) return true;
+  }
+  return fs::is_regular_file(fs::path(run_dir) / "deck.resolved.ini", ec);
+}
+
 void check_output_folders(const RunConfig& cfg) {
   check_writable_folder(cfg.run.dir, "run.dir");
   check_writable_folder(cfg.checkpoint_dir(), cfg.checkpoint.dir.empty() ? "checkpoint.dir (RUN_DIR/checkpoints)"

@@ -69,6 +69,10 @@ class RunReplacement {
   std::vector<std::filesystem::path> aside_folders_, new_files_;
 };
 
+// Whether run_dir holds an earlier run's records: a non-empty metrics.jsonl or predictions.json, or its
+// deck.resolved.ini.
+bool holds_run_records(const std::string& run_dir);
+
 // The folder an overwrite sets the earlier run's files aside in, inside each folder they were in.
 constexpr const char* kReplacedRunFolder = ".replaced-run";
 

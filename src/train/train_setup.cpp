@@ -11,6 +11,7 @@
 #include "train_run.hpp"
 #include "../data/chat.hpp"
 #include "../dist/nccl_environment.hpp"
+#include "../io/checkpoint_format.hpp"
 #include "shardlm/optim.hpp"
 #include "shardlm/device.hpp"
 #include "shardlm/fsdp.hpp"
@@ -183,6 +184,10 @@ void load_inputs(TrainRun& run) {
     // keeps the folder's (none: load_start settles it).
     if (continues) {
       run.run_id = read_run_id(cfg.run.dir);
+      // A folder with neither an id nor an earlier run's records is a new run's: it takes an id of its own, so that
+      // resume = auto passes over another run's checkpoints in a shared checkpoint.dir and a checkpoint named in
+      // checkpoint.resume stays the other run's. (No id but records: a folder from before ids were kept.)
+      if (run.run_id.empty() && !holds_run_records(cfg.run.dir)) run.run_id = new_run_id();
       run.segment = std::max(1, segments_in(std::filesystem::path(cfg.run.dir) / "metrics.jsonl"));
     } else {
       run.run_id = new_run_id();
@@ -207,6 +212,47 @@ void load_inputs(TrainRun& run) {
   SHARDLM_CHECK(run.train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
                 cfg.train.batch_size, " is larger than the training set (", run.train_set.size(), " examples in ",
                 cfg.data.train_file, ")");
+}
+
+// Every rank loads the deck's inputs itself: agreed here that they are the same on every rank. A data file that
+// differs between nodes (a node-local copy, a file replaced while the job started) or a rank started with
+// other options would otherwise train each rank on other examples and hang where their step counts part.
+void check_same_inputs(const TrainRun& run) {
+  struct Seen {
+    uint64_t deck, tokenizer, train, eval, contents;
+  };
+  ckpt::Fnv1a deck, tokenizer, contents;
+  deck.add_bytes(resolved_deck_ini(run.cfg));
+  tokenizer.add_bytes(run.tokenizer_hash);
+  for (const std::vector<Example>* set : {&run.train_set, &run.eval_set})
+    for (const Example& e : *set) {
+      contents.add(e.tokens.size());
+      for (int32_t t : e.tokens) contents.add(static_cast<uint32_t>(t));
+      for (int32_t t : e.targets) contents.add(static_cast<uint32_t>(t));
+    }
+  const Seen mine{deck.value(), tokenizer.value(), run.train_set.size(), run.eval_set.size(), contents.value()};
+  constexpr int kWords = sizeof(Seen) / sizeof(uint64_t);
+  std::vector<Seen> all(static_cast<size_t>(run.world));
+  MPI_Allgather(&mine, kWords, MPI_UINT64_T, all.data(), kWords, MPI_UINT64_T, run.comm);
+  const RunConfig& cfg = run.cfg;
+  const Seen& first = all[0];
+  for (int r = 1; r < run.world; ++r) {
+    const Seen& other = all[static_cast<size_t>(r)];
+    std::string what;
+    if (other.deck != first.deck) what = "another resolved deck (other options on its command line?)";
+    else if (other.tokenizer != first.tokenizer) what = concat("another tokenizer from ", tokenizer_text(cfg.data));
+    else if (other.train != first.train)
+      what = concat(other.train, " training examples from ", cfg.data.train_file, " where rank 0 loaded ", first.train);
+    else if (other.eval != first.eval)
+      what = concat(other.eval, " evaluation examples from ", cfg.data.eval_file, " where rank 0 loaded ", first.eval);
+    else if (other.contents != first.contents)
+      what = concat("as many examples as rank 0 but other tokens (", cfg.data.train_file,
+                    cfg.data.eval_file.empty() ? "" : " or " + cfg.data.eval_file, ")");
+    if (!what.empty())
+      throw AgreedError(concat("rank ", r, " loaded other inputs than rank 0: ", what,
+                               ". Every rank reads the deck's files itself, so they must be the same on every node "
+                               "(a node-local copy or a file changed while the job started differs)"));
+  }
 }
 
 void report_memory(TrainRun& run) {
@@ -345,20 +391,15 @@ std::vector<std::string> inert_key_warnings(const RunConfig& cfg, int num_nodes)
     if (cfg.fsdp.activation_checkpointing)
       warnings.push_back("warning: fsdp.activation_checkpointing = true does nothing on the CPU backend (it keeps "
                          "every activation and recomputes none)");
-    // The CUDA backend's own choices, set away from their defaults: the CPU backend runs synchronously
-    // (no prefetch, one gathered block at a time), its attention loops and a 128-token LM head.
-    const FsdpSection defaults;
+    // The CUDA backend's own choices (the deck's `cuda` keys), set away from their defaults: the CPU backend runs
+    // synchronously (no prefetch, one gathered block at a time, MPI without a timeout or streams), its attention
+    // loops and a 128-token LM head. Offload's and FP8's keys are refused on the CPU, and the two above said apart.
     std::string cuda_only;
-    auto add = [&](const std::string& key_value) { cuda_only += (cuda_only.empty() ? "" : ", ") + key_value; };
-    if (cfg.fsdp.forward_prefetch != defaults.forward_prefetch)
-      add(concat("fsdp.forward_prefetch = ", cfg.fsdp.forward_prefetch ? "true" : "false"));
-    if (cfg.fsdp.backward_prefetch != defaults.backward_prefetch)
-      add(concat("fsdp.backward_prefetch = ", backward_prefetch_name(cfg.fsdp.backward_prefetch)));
-    if (cfg.fsdp.limit_all_gathers != defaults.limit_all_gathers)
-      add(concat("fsdp.limit_all_gathers = ", cfg.fsdp.limit_all_gathers));
-    if (cfg.model.attention != AttentionImpl::Auto)
-      add(concat("model.attention = ", attention_impl_name(cfg.model.attention)));
-    if (cfg.model.head_chunk_tokens > 0) add(concat("model.head_chunk_tokens = ", cfg.model.head_chunk_tokens));
+    for (const std::string& key_value :
+         cuda_only_settings(cfg, {"fsdp.cpu_offload", "fsdp.activation_checkpointing", "fsdp.offload_dir",
+                                  "fsdp.offload_accumulate", "fsdp.offload_root_update", "fsdp.offload_resident_gib",
+                                  "model.fp8_linear", "model.fp8_keep_weights"}))
+      cuda_only += (cuda_only.empty() ? "" : ", ") + key_value;
     if (!cuda_only.empty())
       warnings.push_back(concat("warning: ", cuda_only, " ", cuda_only.find(',') == std::string::npos ? "does" : "do",
                                 " nothing on the CPU backend (they choose how the CUDA backend schedules and computes)"));
@@ -382,6 +423,7 @@ std::unique_ptr<TrainRun> setup_run(const RunConfig& cfg, MPI_Comm comm, const T
   if (run->echo) log_info(resolved_deck_ini(cfg));
   // Setup that can fail (run directory, data files): agreed on by every rank before any collective.
   run_collectively(comm, [&] { load_inputs(*run); });
+  check_same_inputs(*run);
   broadcast_string(run->run_id, comm);
   run_collectively(comm, [&] { run->topo = make_topology(comm, cfg.dist.ranks_per_node); });
   // Ranks sharing a host split its cores between their BLAS threads.
@@ -467,6 +509,7 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
     candidates = resume_candidates(cfg.checkpoint_dir(), &note);
     if (!note.empty()) run.say(concat("warning: ", note));
   }
+  size_t foreign = 0;  // candidates skipped as another run's
   for (size_t i = 0; i < candidates.size(); ++i) {
     try {
       const bool weights_only = cfg.checkpoint.load_weights_only;
@@ -482,9 +525,16 @@ CheckpointMeta load_resume_checkpoint(TrainRun& run) {
       return meta;
     } catch (const AgreedError& e) {
       if (cfg.checkpoint.resume != ResumeFrom::Auto || !checkpoint_unusable(e.what())) throw;
+      if (checkpoint_of_another_run(e.what())) ++foreign;
+      // (checkpoint.resume = none alone would not do: the folder still holds the checkpoints, see claim_run_folder.)
+      if (i + 1 == candidates.size() && foreign == candidates.size())
+        throw AgreedError(concat(e.what(), "; ", cfg.checkpoint_dir(), " holds no checkpoint of this run (run id ",
+                                 run.run_id, "), only another run's: name one in checkpoint.resume to continue from "
+                                 "it, or choose another checkpoint.dir for a new run"));
       if (i + 1 == candidates.size())
         throw AgreedError(concat(e.what(), "; no usable checkpoint is left in ", cfg.checkpoint_dir(),
-                                 " (set checkpoint.resume = none, or run.dir elsewhere, to start afresh)"));
+                                 " (to start afresh: run.overwrite = true with checkpoint.resume = none replaces "
+                                 "them, or choose another run.dir)"));
       // Every such message names the file.
       run.say(concat("warning: skipping ", checkpoint_damaged(e.what()) ? "a damaged checkpoint" : "a checkpoint",
                      ": ", e.what(), "; trying ", candidates[i + 1]));
@@ -528,7 +578,8 @@ void open_run_outputs(TrainRun& run) {
     // A resumed run's folder may hold the .tmp of a job killed mid-write: never latest's successor.
     const std::string unfinished = remove_unfinished_checkpoints(cfg.checkpoint_dir());
     if (!unfinished.empty()) run.say(unfinished);
-    if (fresh) write_run_id(cfg.run.dir, run.run_id);  // the earlier run's id went with it
+    // A fresh run's (the earlier run's id went with it), or a new folder's resuming a checkpoint (load_inputs).
+    if (fresh || (!run.run_id.empty() && read_run_id(cfg.run.dir).empty())) write_run_id(cfg.run.dir, run.run_id);
     replace_file(deck.string(), resolved_deck_ini(cfg), "resolved deck");
     run.metrics = MetricsWriter(metrics.string(), !run.resume_path.empty() && !cfg.checkpoint.load_weights_only);
     run.outputs_open = true;

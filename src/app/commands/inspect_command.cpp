@@ -53,9 +53,17 @@ long train_key(const std::string& deck, const std::string& key) {
 }
 
 // The checkpoint's position as the log counts it: epochs done, e.g. "epoch 10.00" after ten epochs
-// (the file's `epoch` is 0-based and `epoch_step` counts into it). Steps per epoch come from the
-// epochs already done, else from total_steps when train.max_steps did not cap it.
+// (the file's `epoch` is 0-based and `epoch_step` counts into it: epoch + epoch_step / steps_per_epoch,
+// as TrainPosition::epochs_done, also after a resume with another batch). A file from before
+// steps_per_epoch was kept: steps per epoch from the epochs already done, else from total_steps when
+// train.max_steps did not cap it.
 std::string position_text(const CheckpointMeta& m) {
+  char text[64];
+  if (m.steps_per_epoch > 0) {
+    std::snprintf(text, sizeof text, "epoch %.2f, as the log counts epochs done",
+                  static_cast<double>(m.epoch) + static_cast<double>(m.epoch_step) / static_cast<double>(m.steps_per_epoch));
+    return text;
+  }
   long per_epoch = 0;
   if (m.epoch > 0) {
     per_epoch = (m.step - m.epoch_step) / m.epoch;
@@ -64,7 +72,6 @@ std::string position_text(const CheckpointMeta& m) {
     if (epochs > 0 && (max_steps <= 0 || m.total_steps < max_steps)) per_epoch = m.total_steps / epochs;
   }
   if (per_epoch <= 0) return concat(m.epoch_step, " steps into epoch ", m.epoch + 1, ", counted from 1");
-  char text[64];
   std::snprintf(text, sizeof text, "epoch %.2f, as the log counts epochs done",
                 static_cast<double>(m.step) / static_cast<double>(per_epoch));
   return text;
