@@ -264,6 +264,14 @@ BOOST_AUTO_TEST_CASE(preprocess_writes_what_training_sees) {
   BOOST_TEST(lines[0]["input_ids"].get<std::vector<int32_t>>() == s.ids);
   BOOST_TEST(lines[0]["loss_mask"].get<std::vector<int>>() == std::vector<int>(s.trained.begin(), s.trained.end()));
   BOOST_TEST(command_preprocess({SHARDLM_SOURCE_DIR "/input/demo.ini", "--limit", "zero"}) == 2);
+  // A deck for emulated nodes (dist.ranks_per_node) runs in one process too: the key means nothing here.
+  const std::string nodes = (dir.root / "nodes.jsonl").string();
+  BOOST_TEST(command_preprocess({SHARDLM_SOURCE_DIR "/input/demo.ini", "--dist.ranks_per_node=2", "--limit", "1",
+                                 "--out", nodes}) == 0);
+  std::ifstream written(nodes);
+  size_t count = 0;
+  while (std::getline(written, line)) ++count;
+  BOOST_TEST(count == 1u);
 }
 
 // With data.train_size the run trains on a seeded subset: preprocess shows those records, as training

@@ -262,6 +262,20 @@ BOOST_AUTO_TEST_CASE(relative_paths) {
   BOOST_TEST(o.data.train_file == (fs::absolute(tmp.root) / "train.json").string());
   // An empty eval_file turns evaluation off.
   BOOST_TEST(load_run_config(deck_path, {"--data.eval_file="}, 1).data.eval_file.empty());
+
+  // Data files not checked (plan, generate): missing files pass, kept as the same absolute paths, so that what
+  // needs an evaluation file named (eval.every_steps, checkpoint.keep_best, early stopping) reads as in train.
+  const std::string later = tmp.write("later.ini", "[model]\nvocab_size = 300\nhidden_size = 64\nnum_layers = 2\n"
+                                                   "num_heads = 4\n[data]\ntrain_file = not_yet/t.json\n"
+                                                   "eval_file = not_yet/e.json\n[train]\nbatch_size = 8\n"
+                                                   "early_stopping_patience = 2\n[eval]\nevery_steps = 10\n"
+                                                   "[checkpoint]\nkeep_best = eval_loss\n");
+  BOOST_TEST(has(error_of([&] { load_run_config(later, {}, 1); }), "not_yet/t.json"));
+  const RunConfig unchecked = load_run_config(later, {}, 1, false);
+  BOOST_TEST(unchecked.data.eval_file == (fs::absolute(tmp.root) / "not_yet/e.json").string());
+  BOOST_TEST(unchecked.eval.every_steps == 10);
+  BOOST_TEST(has(error_of([&] { load_run_config(later, {"--data.eval_file="}, 1, false); }),
+                 "needs data.eval_file"));
 }
 
 BOOST_AUTO_TEST_CASE(unknown_key_in_deck) {
@@ -360,6 +374,20 @@ BOOST_AUTO_TEST_CASE(model_gemma3_attention_keys) {
                  "model.query_pre_attn_scalar = 256: applies to gemma3, not llama"));
   BOOST_TEST(has(error_of([&] { load(kBase + "[model]\narch = mistral\nsliding_window_pattern = 6\n"); }),
                  "model.sliding_window_pattern = 6: applies to gemma3, not mistral"));
+  // The Llama-style layer's keys in BLOOM (its default family here), and the chat records' keys in another
+  // format, would do nothing: refused, naming the key, unless left at their defaults.
+  for (const std::string& key : {"num_kv_heads = 2", "intermediate_size = 100", "rms_norm_eps = 0.1",
+                                 "tie_word_embeddings = true", "rope_theta = 5"}) {
+    const std::string name = "model." + key.substr(0, key.find(' '));
+    BOOST_TEST(has(error_of([&] { load(kBase + "[model]\n" + key + "\n"); }), name), key);
+    BOOST_TEST(has(error_of([&] { load(kBase + "[model]\n" + key + "\n"); }), ": applies to the"), key);
+    BOOST_TEST(error_of([&] { load(kBase + "[model]\narch = llama\n" + key + "\n"); }) == "<no error thrown>", key);
+  }
+  BOOST_TEST(load(kBase + "[model]\nrope_theta = 10000\nnum_kv_heads = 0\n").model.arch == "bloom");
+  BOOST_TEST(has(error_of([&] { load(kBase + "[data]\ntrain_on_prompt = true\n"); }),
+                 "data.train_on_prompt = true: applies to data.format = chat, not squad"));
+  BOOST_TEST(has(error_of([&] { load(kBase + "[data]\nchat_format = sharegpt\n"); }),
+                 "data.chat_format = sharegpt: applies to data.format = chat"));
 }
 
 // Phi-3's rotary keys: model.partial_rotary_factor and LongRoPE's factors, original context and attention factor;
@@ -482,7 +510,8 @@ BOOST_AUTO_TEST_CASE(unknown_strategy) {
   }
 }
 
-// dist.timeout: 600 s by default, SHARDLM_NCCL_TIMEOUT replaces the default, the key wins over both.
+// dist.timeout: 600 s by default, SHARDLM_NCCL_TIMEOUT replaces the default, the key wins over both (the
+// variable, malformed, then stops nothing).
 BOOST_AUTO_TEST_CASE(dist_timeout) {
   unsetenv("SHARDLM_NCCL_TIMEOUT");
   RunConfig c = load(kBase);
@@ -501,6 +530,9 @@ BOOST_AUTO_TEST_CASE(dist_timeout) {
   for (const char* bad : {"ten", "0", "-1", "5s"}) {
     setenv("SHARDLM_NCCL_TIMEOUT", bad, 1);
     BOOST_TEST(has(error_of([&] { load(kBase); }), concat("SHARDLM_NCCL_TIMEOUT = '", bad, "'")), bad);
+    // The key given, the variable is not read: a malformed one stops nothing.
+    BOOST_TEST(load(kBase, {"--dist.timeout=30"}).dist.timeout == 30.0, bad);
+    BOOST_TEST(load(kBase + "[dist]\ntimeout = 45\n").dist.timeout == 45.0, bad);
   }
   unsetenv("SHARDLM_NCCL_TIMEOUT");
 }

@@ -156,6 +156,15 @@ BOOST_AUTO_TEST_CASE(group_layout_gives_the_documented_table) {
     }
   }
   BOOST_TEST(contains(error_of([] { consecutive_nodes(8, 3); }), "dist.ranks_per_node = 3"));
+  // Unequal real nodes (3 + 2 ranks): the strategies that shard over the world or not at all take them; the
+  // hybrid ones, whose shard group is a node, are refused naming the counts.
+  Topology uneven = t;
+  uneven.world_size = 5, uneven.world_rank = 4, uneven.num_nodes = 2, uneven.node = 1, uneven.local_rank = 1;
+  uneven.local_size = 2, uneven.min_node_ranks = 2, uneven.max_node_ranks = 3, uneven.emulated = false;
+  BOOST_TEST(group_layout(ShardingStrategy::FullShard, uneven).shard_size == 5);
+  BOOST_TEST(group_layout(ShardingStrategy::NoShard, uneven).replicate_size == 5);
+  for (ShardingStrategy s : {ShardingStrategy::HybridShard, ShardingStrategy::HybridShardZero2})
+    BOOST_TEST(contains(error_of([&] { group_layout(s, uneven); }), "nodes run unequal numbers of them (2 to 3)"));
 }
 
 BOOST_AUTO_TEST_CASE(only_full_shard_and_hybrid_shard_reshard_after_forward) {

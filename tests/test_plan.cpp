@@ -928,7 +928,12 @@ BOOST_AUTO_TEST_CASE(bad_input_fails_with_one_clear_message) {
       {kDemo + " --gpu-memory=-4GiB", "must be positive"},
       {kDemo + " --gpu-memory=lots", "not a size"},
       {kDemo + " --host-memory=lots", "not a size"},
+      {kDemo + " --gpu-memory=0x10GiB", "unknown unit 'x10gib'"},  // decimal only (std::stod reads hexadecimal)
+      {kDemo + " --gpu-memory=infGiB", "not a size"},
+      {kDemo + " --gpu-memory=1e30GiB", "more bytes than a size can hold"},
+      {kDemo + " --gpu-memory=0.1B", "less than one byte"},
       {kDemo + " --ranks=0", "--ranks"},
+      {kDemo + " --ranks=2000000", "must be a whole number from 1 to 1048576"},
       {kDemo + " --gpus=4", "unknown option '--gpus=4'"},
       {"--ranks=2", "the first argument must be the deck"},
   };

@@ -410,8 +410,18 @@ BOOST_AUTO_TEST_CASE(keys_that_do_nothing_here_are_warned_about) {
   cfg.model.attention = AttentionImpl::Native;
   w = inert_key_warnings(cfg, 1);
   BOOST_TEST_REQUIRE(w.size() == 3u);
-  BOOST_TEST(w[2] == "warning: fsdp.forward_prefetch = false, fsdp.limit_all_gathers = 4, model.attention = native do "
+  BOOST_TEST(w[2] == "warning: model.attention = native, fsdp.forward_prefetch = false, fsdp.limit_all_gathers = 4 do "
                      "nothing on the CPU backend (they choose how the CUDA backend schedules and computes)");
+  // The [dist] section's CUDA keys too (NCCL's timeout and streams).
+  cfg.fsdp.forward_prefetch = true;
+  cfg.fsdp.limit_all_gathers = RunConfig().fsdp.limit_all_gathers;
+  cfg.model.attention = AttentionImpl::Auto;
+  cfg.dist.timeout = 30;
+  cfg.dist.gather_stream = !RunConfig().dist.gather_stream;
+  w = inert_key_warnings(cfg, 1);
+  BOOST_TEST_REQUIRE(w.size() == 3u);
+  BOOST_TEST(contains(w[2], "warning: dist.timeout = 30, dist.gather_stream = "), w[2]);
+  cfg.dist = RunConfig().dist;
   cfg.run.backend = BackendKind::Cuda;  // all act on the GPU
   BOOST_TEST(inert_key_warnings(cfg, 1).empty());
   cfg.model.fp8_linear = cfg.model.fp8_keep_weights = true;  // BLOOM (the default arch) keeps no weights

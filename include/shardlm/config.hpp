@@ -247,6 +247,10 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
 std::string resolved_deck_ini(const RunConfig& cfg);
 // Whether "section.key" is one of the model's shape keys, which model.dir's config.json gives instead.
 bool is_model_shape_key(const std::string& name);
+// The keys that act on the CUDA backend alone (docs/deck.md's `cuda` column) that cfg sets away from their
+// defaults, as "key = value" in the table's order, less those named in `except` (warned about in words of their
+// own): what a CPU run warns does nothing.
+std::vector<std::string> cuda_only_settings(const RunConfig& cfg, const std::vector<std::string>& except);
 // "section.key" -> value of an INI text as resolved_deck_ini writes it; Error naming `where` and the
 // line for a line that is neither a section header nor `key = value`.
 std::map<std::string, std::string> ini_values(const std::string& text, const std::string& where);

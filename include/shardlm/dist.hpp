@@ -110,10 +110,13 @@ struct Topology {
   bool emulated = false;  // nodes of --dist.ranks_per_node ranks rather than the real hosts
   int host_ranks = 1;     // ranks on this rank's real host (they share its cores and memory)
   int host_rank = 0;      // this rank's place among them (picks its GPU)
+  // The fewest and most ranks on one node: unequal real nodes (a Slurm --ntasks spread 3 + 2) serve every
+  // strategy but the hybrid ones, whose shard group is a node (group_layout refuses them).
+  int min_node_ranks = 1, max_node_ranks = 1;
 };
 
 // ranks_per_node == 0: the real layout (MPI_Comm_split_type shared memory); K > 0: nodes of K
-// consecutive ranks. Throws Error if nodes have unequal rank counts (HYBRID_SHARD needs equal).
+// consecutive ranks.
 Topology make_topology(MPI_Comm world, int ranks_per_node);
 // Rank `world_rank`'s place among nodes of `ranks_per_node` consecutive ranks, without MPI (what
 // make_topology gives for dist.ranks_per_node = K, and what `plan` sizes with). Error if K does

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "config_internal.hpp"
+#include "key_builders.hpp"
 
 namespace shardlm {
 
@@ -225,8 +226,14 @@ static KeysRead set_keys(RunConfig& cfg, const GivenKeys& g, bool smoke, bool ch
       if (given) r.overridden_shape.push_back(k.name);
       continue;
     }
-    // Data files that will not be read (plan, generate): neither required nor checked.
-    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) continue;
+    // Data files that will not be read (plan, generate): neither required nor checked, but kept as paths, so that
+    // what depends on an evaluation file being named (eval.every_steps, checkpoint.keep_best, early stopping)
+    // reads the deck as train does.
+    if (!check_data_files && (k.name == "data.train_file" || k.name == "data.eval_file")) {
+      std::string& field = k.name == "data.train_file" ? cfg.data.train_file : cfg.data.eval_file;
+      if (!trim(value).empty()) field = absolute_path(g.base_dir(k.name), trim(value));
+      continue;
+    }
     if (k.required && trim(value).empty()) {
       const bool shape = k.shape;
       if (smoke && (shape || k.name == "data.train_file" || k.name == "train.batch_size")) continue;  // the smoke run's
@@ -269,7 +276,9 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
   const bool smoke = g.given("run.smoke") && parse_bool("run.smoke", g.text("run.smoke"));
 
   RunConfig cfg;
-  cfg.dist.timeout = default_dist_timeout();  // the environment's, unless the deck or command line sets it
+  // The environment's (SHARDLM_NCCL_TIMEOUT), read only when neither the deck nor the command line sets it: the key
+  // wins, so a malformed variable then stops nothing.
+  if (!g.given("dist.timeout")) cfg.dist.timeout = default_dist_timeout();
   const KeysRead r = set_keys(cfg, g, smoke, check_data_files);
   if (!r.missing.empty()) throw Error(missing_keys_message(deck_path, r.missing));
   if (!r.overridden_shape.empty()) {
@@ -301,6 +310,18 @@ bool is_model_shape_key(const std::string& name) {
   return false;
 }
 
+std::vector<std::string> cuda_only_settings(const RunConfig& cfg, const std::vector<std::string>& except) {
+  const RunConfig defaults;
+  std::vector<std::string> set;
+  for (const KeySpec& k : key_table()) {
+    if (k.backend != "cuda" || std::find(except.begin(), except.end(), k.name) != except.end()) continue;
+    // (dist.timeout set by SHARDLM_NCCL_TIMEOUT counts too: a CPU run does not read it either.)
+    const std::string value = k.get(cfg);
+    if (value != k.get(defaults)) set.push_back(concat(k.name, " = ", value));
+  }
+  return set;
+}
+
 std::string resolved_deck_ini(const RunConfig& cfg) {
   // Written from the fields (not cfg.resolved) so the text always matches the struct.
   std::ostringstream os;
@@ -319,6 +340,12 @@ std::string resolved_deck_ini(const RunConfig& cfg) {
     // run.overwrite is a one-time permission: kept, a rerun of this text would replace this run unasked.
     if (k.name == "run.overwrite" && cfg.run.overwrite) {
       os << "# overwrite = true was given for this run: a rerun replaces it only if told again\noverwrite = false\n";
+      continue;
+    }
+    // A relative checkpoint folder is relative to where the run started: kept absolute, so that a run folder
+    // names its checkpoints from anywhere (run_checkpoint_folder: inspect, export, generate of RUN_DIR).
+    if (k.name == "checkpoint.dir" && !cfg.checkpoint.dir.empty()) {
+      os << "dir = " << std::filesystem::absolute(cfg.checkpoint.dir).lexically_normal().string() << '\n';
       continue;
     }
     os << k.name.substr(dot + 1) << " = " << k.get(cfg) << (shape_from_dir && k.shape ? "  (config.json)" : "") << '\n';

@@ -6,8 +6,19 @@ namespace shardlm::config_detail {
 
 // CHECKS
 
+// The chat records' keys would do nothing for another format: refused unless left at their defaults.
+// (data.chat_template is not: `shardlm generate --chat` renders with it whatever the run trained on.)
+static void check_data(const RunConfig& cfg, int) {
+  const DataSection& d = cfg.data;
+  if (d.format == DataFormat::Chat) return;
+  const DataSection defaults;
+  const std::string why = concat("applies to data.format = chat, not ", data_format_name(d.format));
+  if (d.train_on_prompt != defaults.train_on_prompt) bad_value("data.train_on_prompt", "true", why);
+  if (d.chat_format != defaults.chat_format) bad_value("data.chat_format", chat_format_name(d.chat_format), why);
+}
+
 DeckSection data_section() {
-  return {"data", nullptr, {
+  return {"data", check_data, {
       enum_key("data.format", SHARDLM_FIELD(data.format), data_format_name)
           .doc("SQuAD v1.1 JSON; JSON lines with `{\"text\"}` or `{\"prompt\",\"completion\"}`; chess games as UCI "
                "moves (below); conversations rendered with the model's chat template, the loss on the assistant's "

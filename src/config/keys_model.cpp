@@ -73,6 +73,22 @@ static void check_model(const RunConfig& cfg, int) {
   if (m.head_size != 0 && !family.grouped_query)
     bad_value("model.head_dim", std::to_string(m.head_size),
               concat("applies to the Llama-style families, not ", m.arch));
+  // The Llama-style layer's keys would do nothing in another family (BLOOM: one key/value head a query head, a
+  // 4 x hidden GELU MLP, LayerNorm, ALiBi, a tied head): refused unless left at their defaults.
+  if (!family.grouped_query) {
+    const ModelConfig d;
+    const std::pair<const char*, std::string> llama_keys[] = {
+        {"model.num_kv_heads", m.num_kv_heads != d.num_kv_heads ? std::to_string(m.num_kv_heads) : ""},
+        {"model.intermediate_size",
+         m.intermediate_size != d.intermediate_size ? std::to_string(m.intermediate_size) : ""},
+        {"model.rms_norm_eps", m.rms_norm_eps != d.rms_norm_eps ? format_float(m.rms_norm_eps) : ""},
+        {"model.tie_word_embeddings", m.tie_word_embeddings != d.tie_word_embeddings ? "true" : ""}};
+    for (const auto& [key, value] : llama_keys)
+      if (!value.empty()) bad_value(key, value, concat("applies to the Llama-style families, not ", m.arch));
+  }
+  if (!family.rotary && m.rope_theta != ModelConfig().rope_theta)
+    bad_value("model.rope_theta", format_float(m.rope_theta),
+              concat("applies to the families with rotary positions, not ", m.arch));
   if (m.sliding_window != 0 && !family.sliding_window) {
     std::string windowed;
     for (const ModelFamily* f : model_families())

@@ -50,6 +50,10 @@ GroupLayout group_layout(ShardingStrategy strategy, const Topology& topo) {
     case ShardingStrategy::ShardGradOp: return {world, 0, rank, 1, rank, 0};
     case ShardingStrategy::HybridShard:
     case ShardingStrategy::HybridShardZero2:
+      SHARDLM_CHECK(topo.min_node_ranks == topo.max_node_ranks, "fsdp.strategy = ", strategy_name(strategy),
+                    " shards over each node's ranks, and the nodes run unequal numbers of them (",
+                    topo.min_node_ranks, " to ", topo.max_node_ranks,
+                    "): start the same number of ranks on every node, or set dist.ranks_per_node");
       return {topo.local_size, topo.node, topo.local_rank, topo.num_nodes, topo.local_rank, topo.node};
     case ShardingStrategy::NoShard: return {1, rank, 0, world, 0, rank};
   }

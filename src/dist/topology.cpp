@@ -12,7 +12,7 @@ Topology consecutive_nodes(int world_size, int ranks_per_node, int world_rank) {
   t.world_rank = world_rank;
   t.world_size = world_size;
   t.emulated = true;
-  t.local_size = ranks_per_node;
+  t.local_size = t.min_node_ranks = t.max_node_ranks = ranks_per_node;
   t.local_rank = world_rank % ranks_per_node;
   t.node = world_rank / ranks_per_node;
   t.num_nodes = world_size / ranks_per_node;
@@ -51,11 +51,8 @@ Topology make_topology(MPI_Comm world, int ranks_per_node) {
   MPI_Comm_free(&local);
   t.node = ids[0];
   t.num_nodes = ids[1];
-  int min_local = 0, max_local = 0;
-  MPI_Allreduce(&t.local_size, &min_local, 1, MPI_INT, MPI_MIN, world);
-  MPI_Allreduce(&t.local_size, &max_local, 1, MPI_INT, MPI_MAX, world);
-  SHARDLM_CHECK(min_local == max_local, "nodes run unequal numbers of ranks (", min_local, " to ",
-                max_local, "); start the same number of ranks on every node");
+  MPI_Allreduce(&t.local_size, &t.min_node_ranks, 1, MPI_INT, MPI_MIN, world);
+  MPI_Allreduce(&t.local_size, &t.max_node_ranks, 1, MPI_INT, MPI_MAX, world);
   return t;
 }
 

@@ -88,7 +88,10 @@ RankMemoryPlan plan_backend(const MemoryPlanSpec& spec, const EngineLayouts& lay
 
 int plan_shard_size(const MemoryPlanSpec& spec) {
   SHARDLM_CHECK(spec.world_size >= 1, "ranks must be >= 1 (got ", spec.world_size, ")");
-  const int node = spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
+  // Only the hybrid strategies' shard group is a node (the others' sizes hold on unequal real nodes too).
+  const bool hybrid =
+      spec.fsdp.strategy == ShardingStrategy::HybridShard || spec.fsdp.strategy == ShardingStrategy::HybridShardZero2;
+  const int node = hybrid && spec.ranks_per_node > 0 ? spec.ranks_per_node : spec.world_size;
   SHARDLM_CHECK(spec.world_size % node == 0, "ranks per node ", node, " does not divide the ", spec.world_size,
                 " ranks");
   return group_layout(spec.fsdp.strategy, consecutive_nodes(spec.world_size, node)).shard_size;

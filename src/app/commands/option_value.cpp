@@ -48,8 +48,10 @@ std::string parse_deck_arguments(const std::vector<std::string>& args, std::vect
 size_t parse_size(const std::string& flag, const std::string& text) {
   size_t used = 0;
   double value = 0;
+  // A decimal number only: std::stod alone would also read hexadecimal ("0x10GiB"), "inf" and "nan".
+  const std::string number = text.substr(0, text.find_first_not_of("0123456789.eE+-"));
   try {
-    value = std::stod(text, &used);
+    value = std::stod(number, &used);
   } catch (const std::exception&) {
     used = 0;
   }
@@ -63,7 +65,11 @@ size_t parse_size(const std::string& flag, const std::string& text) {
   for (const auto& u : units)
     if (unit == u.first) {
       SHARDLM_CHECK(std::isfinite(value) && value > 0, flag, " = '", text, "': must be positive");
-      return static_cast<size_t>(value * u.second);
+      const double bytes = value * u.second;
+      // (A size_t holds up to 16 EiB; the cast of anything larger is undefined.)
+      SHARDLM_CHECK(bytes >= 1 && bytes < 1.8e19, flag, " = '", text, "': ",
+                    bytes < 1 ? "less than one byte" : "more bytes than a size can hold");
+      return static_cast<size_t>(bytes);
     }
   throw Error(concat(flag, " = '", text, "': ", unit.empty() ? "give a unit" : "unknown unit '" + unit + "'",
                      " (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. 80GiB)"));

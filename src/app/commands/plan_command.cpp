@@ -53,7 +53,7 @@ std::pair<Number, size_t> leading_number(const std::string& text) {
 int parse_count(const std::string& flag, const std::string& text) {
   const auto [v, used] = leading_number<long>(text);
   SHARDLM_CHECK(used == text.size() && used > 0 && v >= 1 && v <= (1 << 20), flag, " = '", text,
-                "': must be a whole number >= 1");
+                "': must be a whole number from 1 to ", 1 << 20);
   return static_cast<int>(v);
 }
 

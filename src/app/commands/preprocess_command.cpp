@@ -147,7 +147,13 @@ std::string summary(const std::vector<Shown>& samples, const std::string& path, 
 }
 
 int run(const PreprocessArgs& args) {
-  const RunConfig cfg = load_run_config(args.deck, args.overrides, 1);
+  // One process, no mpirun: the deck's ranks_per_node (emulated nodes of the job's ranks) means nothing here,
+  // and a world size of 1 would fail its divisibility check.
+  std::vector<std::string> overrides;
+  for (const std::string& o : args.overrides)
+    if (o.rfind("--dist.ranks_per_node=", 0) != 0) overrides.push_back(o);
+  overrides.push_back("--dist.ranks_per_node=0");
+  const RunConfig cfg = load_run_config(args.deck, overrides, 1);
   const std::string path = args.eval ? cfg.data.eval_file : cfg.data.train_file;
   SHARDLM_CHECK(!path.empty(), args.eval ? "--eval: the deck has no data.eval_file" : "the deck has no data.train_file");
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(cfg.tokenizer_json());
