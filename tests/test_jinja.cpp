@@ -140,6 +140,48 @@ BOOST_AUTO_TEST_CASE(nested_braces_and_in_undefined_render_as_jinja2) {
              "2.67|0.12|2.0|1200.0");
 }
 
+// jinja2 refuses an unknown filter or test when it compiles the template, except inside an `if` or a
+// conditional expression, where it is an error only when reached; a for loop's body or `if`, a macro
+// and a block set inside an `if` are compiled strictly again (the snippets unknown_* check what
+// renders; here, what is refused before anything renders).
+BOOST_AUTO_TEST_CASE(unknown_filters_are_refused_when_read_or_when_reached_as_jinja2_does) {
+  auto read = [](const std::string& text) {
+    try {
+      Template t(text, "t.jinja");
+      return std::string("read");
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+  };
+  for (const std::string soft : {"{% if tools %}{{ tools | tojson | indent(4) }}{% endif %}",
+                                 "{% if x | frob %}{% endif %}", "{% if a %}{% elif b %}{{ x is frobbed }}{% endif %}",
+                                 "{% if a %}{% else %}{{ x | frob }}{% endif %}", "{{ (x | frob) if a else (y is frobbed) }}",
+                                 "{% for i in [] %}{% if i %}{{ i | frob }}{% endif %}{% endfor %}",
+                                 "{% macro m() %}{{ 1 if a else x | frob }}{% endmacro %}",
+                                 "{% if a %}{% set y = x | frob %}{% for i in x | frob %}{% endfor %}{% endif %}"})
+    BOOST_TEST(read(soft) == "read", soft);
+  for (const std::string strict : {"{{ x | frob }}", "{% for i in [] %}{{ i | frob }}{% endfor %}",
+                                   "{% if a %}{% for i in [] %}{{ i | frob }}{% endfor %}{% endif %}",
+                                   "{% if a %}{% for i in [] if i | frob %}{% endfor %}{% endif %}",
+                                   "{% if a %}{% macro m() %}{{ x | frob }}{% endmacro %}{% endif %}",
+                                   "{% if a %}{% macro m(p=x | frob) %}{% endmacro %}{% endif %}",
+                                   "{% if a %}{% set y %}{{ x | frob }}{% endset %}{% endif %}",
+                                   "{% if a %}{% generation %}{{ x | frob }}{% endgeneration %}{% endif %}",
+                                   "{% set y = x | frob %}", "{{ a and x | frob }}"})
+    BOOST_TEST(read(strict) == "t.jinja:1: no filter named 'frob'", strict);
+  BOOST_TEST(read("{% macro m() %}{{ 1 is frobbed }}{% endmacro %}") == "t.jinja:1: no test named 'frobbed'");
+  // Reached, the branch is refused at its line.
+  Dict vars;
+  vars.set("tools", Value::list({Value::string("t")}));
+  BOOST_TEST(Template("{% if tools %}{{ tools | tojson | indent(4) }}{% endif %}ok", "t.jinja").render({}) == "ok");
+  try {
+    Template("\n{% if tools %}\n{{ tools | tojson | indent(4) }}{% endif %}", "t.jinja").render(vars);
+    BOOST_ERROR("rendered");
+  } catch (const TemplateError& e) {
+    BOOST_TEST(std::string(e.what()) == "t.jinja:3: no filter named 'indent'");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(python_float_repr) {
   BOOST_TEST(python_float(0.1 + 0.2) == "0.30000000000000004");
   BOOST_TEST(python_float(1e16) == "1e+16");
