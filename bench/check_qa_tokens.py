@@ -114,10 +114,14 @@ class Builder:
 
     def first_token_from(self, head, ids):
         """src/data/token_spans.cpp's first_token_from: the first token that overlaps what follows head."""
-        first, decoded = common_prefix(self.ids(head), ids), 0
+        head_ids = self.ids(head)
+        first = common_prefix(head_ids, ids)
+        start = max(first - 1, 0)  # decoded from the last shared token on, both
+        rest = self.tok.decode(head_ids[start:])
+        decoded = len(self.tok.decode(ids[start:first]).encode("utf-8"))
         while first < len(ids):
-            d = self.tok.decode(ids[:first + 1])
-            if len(d.encode("utf-8")) <= decoded or not head.startswith(d):
+            d = self.tok.decode(ids[start:first + 1])
+            if len(d.encode("utf-8")) <= decoded or not rest.startswith(d):
                 break
             decoded = len(d.encode("utf-8"))
             first += 1

@@ -221,6 +221,40 @@ BOOST_AUTO_TEST_CASE(special_tokens_stay_single_tokens) {
   BOOST_TEST((trained == std::vector<int32_t>{'4', 260, '\n'}));
 }
 
+// GPT-2's byte-level BPE with <|im_start|> and <|im_end|> as special added tokens, and a template whose
+// generation prompt ends in "\n\n": the whole text splits it into two "Ċ" before the reply, the prompt
+// alone into one "ĊĊ". Neither "Ċ" is the reply's. (They took the loss when a special token came
+// before them: the text decoded so far skipped it and never matched the prompt's.) Plain-text
+// markers in place of the special tokens give the same mask.
+BOOST_AUTO_TEST_CASE(special_tokens_before_a_turn_leave_its_prompt_untrained) {
+  const std::string dir = SHARDLM_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2/";
+  Json tokenizer = Json::parse(read_text_file(dir + "tokenizer.json"));
+  int32_t next = 50257;
+  for (const char* content : {"<|im_start|>", "<|im_end|>"})
+    tokenizer["added_tokens"].push_back({{"id", next++}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                                         {"rstrip", false}, {"normalized", false}, {"special", true}});
+  const HfTextTokenizer tok(
+      HfTokenizer::from_json(tokenizer.dump(), "gpt2 + chat tokens", read_text_file(dir + "tokenizer_config.json")));
+  const Conversation conv{Json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])"),
+                          "case"};
+  for (const std::string start : {"<|im_start|>", "[start]"}) {
+    const std::string end = start == "[start]" ? "[end]" : "<|im_end|>";
+    const ChatTemplate tmpl = ChatTemplate::from_text(
+        "{% for m in messages %}{{ '" + start + "' + m.role + ':\\n\\n' + m.content + '" + end + "' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '" + start + "assistant:\\n\\n' }}{% endif %}", "t.jinja");
+    const ChatSample s = make_chat_sample(conv, tmpl, tok, false, 1 << 20);
+    BOOST_TEST_CONTEXT(start) {
+      const std::vector<int32_t> newline = tok.encode("\n");
+      BOOST_TEST(std::count(s.ids.begin(), s.ids.end(), newline.at(0)) == 4);  // each "\n\n" split in two
+      std::vector<int32_t> trained;
+      for (size_t t = 0; t < s.ids.size(); ++t)
+        if (s.trained[t]) trained.push_back(s.ids[t]);
+      const std::vector<int32_t> want = tok.encode("Hello" + end);
+      BOOST_TEST(trained == want, boost::test_tools::per_element());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(where_the_template_comes_from) {
   TempDir dir("chat_template");
   const std::string model = (dir.root / "model").string();

@@ -140,6 +140,96 @@ BOOST_AUTO_TEST_CASE(nested_braces_and_in_undefined_render_as_jinja2) {
              "2.67|0.12|2.0|1200.0");
 }
 
+// jinja2 refuses an unknown filter or test when it compiles the template, except inside an `if` or a
+// conditional expression, where it is an error only when reached; a for loop's body or `if`, a macro
+// and a block set inside an `if` are compiled strictly again (the snippets unknown_* check what
+// renders; here, what is refused before anything renders).
+BOOST_AUTO_TEST_CASE(unknown_filters_are_refused_when_read_or_when_reached_as_jinja2_does) {
+  auto read = [](const std::string& text) {
+    try {
+      Template t(text, "t.jinja");
+      return std::string("read");
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+  };
+  for (const std::string soft : {"{% if tools %}{{ tools | tojson | indent(4) }}{% endif %}",
+                                 "{% if x | frob %}{% endif %}", "{% if a %}{% elif b %}{{ x is frobbed }}{% endif %}",
+                                 "{% if a %}{% else %}{{ x | frob }}{% endif %}", "{{ (x | frob) if a else (y is frobbed) }}",
+                                 "{% for i in [] %}{% if i %}{{ i | frob }}{% endif %}{% endfor %}",
+                                 "{% macro m() %}{{ 1 if a else x | frob }}{% endmacro %}",
+                                 "{% if a %}{% set y = x | frob %}{% for i in x | frob %}{% endfor %}{% endif %}"})
+    BOOST_TEST(read(soft) == "read", soft);
+  for (const std::string strict : {"{{ x | frob }}", "{% for i in [] %}{{ i | frob }}{% endfor %}",
+                                   "{% if a %}{% for i in [] %}{{ i | frob }}{% endfor %}{% endif %}",
+                                   "{% if a %}{% for i in [] if i | frob %}{% endfor %}{% endif %}",
+                                   "{% if a %}{% macro m() %}{{ x | frob }}{% endmacro %}{% endif %}",
+                                   "{% if a %}{% macro m(p=x | frob) %}{% endmacro %}{% endif %}",
+                                   "{% if a %}{% set y %}{{ x | frob }}{% endset %}{% endif %}",
+                                   "{% if a %}{% generation %}{{ x | frob }}{% endgeneration %}{% endif %}",
+                                   "{% set y = x | frob %}", "{{ a and x | frob }}"})
+    BOOST_TEST(read(strict) == "t.jinja:1: no filter named 'frob'", strict);
+  BOOST_TEST(read("{% macro m() %}{{ 1 is frobbed }}{% endmacro %}") == "t.jinja:1: no test named 'frobbed'");
+  // Reached, the branch is refused at its line.
+  Dict vars;
+  vars.set("tools", Value::list({Value::string("t")}));
+  BOOST_TEST(Template("{% if tools %}{{ tools | tojson | indent(4) }}{% endif %}ok", "t.jinja").render({}) == "ok");
+  try {
+    Template("\n{% if tools %}\n{{ tools | tojson | indent(4) }}{% endif %}", "t.jinja").render(vars);
+    BOOST_ERROR("rendered");
+  } catch (const TemplateError& e) {
+    BOOST_TEST(std::string(e.what()) == "t.jinja:3: no filter named 'indent'");
+  }
+}
+
+// Arguments a filter or test does not take are refused with its name and what it takes (jinja2: a
+// TypeError), never ignored; str.format's named fields, and its format specs refused naming the field.
+BOOST_AUTO_TEST_CASE(arguments_filters_do_not_take_are_refused) {
+  auto message_of = [](const std::string& text) {
+    try {
+      return Template(text, "t.jinja").render({});
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+  };
+  BOOST_TEST(message_of("{{ 1 | tojson(indnt=2) }}") ==
+             "t.jinja:1: filter 'tojson' got an unexpected keyword argument 'indnt' (it takes ensure_ascii, indent, "
+             "separators, sort_keys)");
+  BOOST_TEST(message_of("{{ 'a' | upper(1) }}") == "t.jinja:1: filter 'upper' takes 0 arguments, got 1 (it takes none)");
+  BOOST_TEST(message_of("{{ 'a' | replace('a') }}") == "t.jinja:1: filter 'replace' is missing its argument 'new'");
+  BOOST_TEST(message_of("{{ [1] | join(',', d=',') }}") == "t.jinja:1: filter 'join' got multiple values for argument 'd'");
+  BOOST_TEST(message_of("{{ 1 is eq(other=1) }}") == "t.jinja:1: test 'eq' takes no keyword arguments (got 'other')");
+  BOOST_TEST(message_of("{{ 1 | tojson(separators=',') }}").find("tojson: separators must be two strings") !=
+             std::string::npos);
+  BOOST_TEST(message_of("{{ '{name}, {0}'.format('x', name='n') }}") == "n, x");
+  BOOST_TEST(message_of("{{ '{name:>5}'.format(name='x') }}") ==
+             "t.jinja:1: format: the field '{name:>5}' has the format spec '>5', which shardlm's templates do not support "
+             "(only {}, {0}, {name}, .attr, [key], !s, !r)");
+  BOOST_TEST(message_of("{{ '{nme}'.format(name='x') }}") == "t.jinja:1: format: the field '{nme}' names no keyword argument");
+}
+
+// Python's integers have no bounds and shardlm's 64: past them it refuses rather than wrap.
+BOOST_AUTO_TEST_CASE(integers_past_64_bits_are_refused) {
+  auto message_of = [](const std::string& text) {
+    try {
+      return Template(text, "t.jinja").render({});
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+  };
+  BOOST_TEST(message_of("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 1 ** 4000000000000 }}") == "4611686018427387904 -9223372036854775808 1");
+  BOOST_TEST(message_of("{{ 2 ** 64 }}") == "t.jinja:1: 2 ** 64 does not fit in 64 bits (shardlm's integers are 64-bit)");
+  BOOST_TEST(message_of("{{ 3 ** 100000000000 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(message_of("{{ 9223372036854775807 + 1 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(message_of("{{ 4294967296 * 4294967296 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(message_of("{{ '9223372036854775807' | int }} {{ '-9223372036854775808' | int }}") ==
+             "9223372036854775807 -9223372036854775808");
+  BOOST_TEST(message_of("{{ '9223372036854775808' | int }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(message_of("{{ 1e300 | int }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(message_of("{{ 99999999999999999999 }}") ==
+             "t.jinja:1: the integer 99999999999999999999 does not fit in 64 bits (shardlm's integers are 64-bit)");
+}
+
 BOOST_AUTO_TEST_CASE(python_float_repr) {
   BOOST_TEST(python_float(0.1 + 0.2) == "0.30000000000000004");
   BOOST_TEST(python_float(1e16) == "1e+16");

@@ -491,6 +491,25 @@ BOOST_AUTO_TEST_CASE(squad_and_prompt_samples_are_the_whole_texts_tokens) {
   }
 }
 
+// A prompt holding special tokens (GPT-2 with <|im_start|> and <|im_end|> added) and ending in "\n\n",
+// which the whole text splits into two "Ċ" before the completion: neither takes the loss. (Both did:
+// the text decoded up to them skipped the special tokens and never matched the prompt's.)
+BOOST_AUTO_TEST_CASE(a_prompt_with_special_tokens_keeps_its_own_tokens) {
+  TempDir dir("qa_special");
+  json spec = json::parse(read_text_file(kGpt2));
+  int32_t next = 50257;
+  for (const char* content : {"<|im_start|>", "<|im_end|>"})
+    spec["added_tokens"].push_back({{"id", next++}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                                    {"rstrip", false}, {"normalized", false}, {"special", true}});
+  const HfTextTokenizer tok(HfTokenizer::from_json(spec.dump(), "gpt2 + chat tokens",
+                                                   read_text_file(kFixtures + "/gpt2/tokenizer_config.json")));
+  const std::string prompt = "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n\n";
+  const std::string file = dir.write("pc.jsonl", json({{"prompt", prompt}, {"completion", "Paris"}}).dump() + "\n");
+  const Example ex = load_jsonl(file, tok, DatasetOptions{}).at(0);
+  BOOST_TEST(body_ids(ex, tok) == tok.encode(prompt + "Paris"), show(ex.tokens));
+  BOOST_TEST(answer_ids(ex) == tok.encode("Paris"), show(answer_ids(ex)));
+}
+
 // The byte tokenizer's files for transformers (what `shardlm export` writes for a byte-tokenizer
 // run): read back as a Hugging Face tokenizer.json, they give the byte tokenizer's ids.
 BOOST_AUTO_TEST_CASE(byte_tokenizer_files_encode_as_the_byte_tokenizer) {

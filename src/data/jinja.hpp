@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,8 +91,17 @@ struct Args {
 
 // Python's repr of a float (the shortest text that reads back the same).
 std::string python_float(double value);
-// json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys) (indent < 0: none).
-std::string to_json_text(const Value& value, int indent = -1, bool sort_keys = false);
+// json.dumps's options, as transformers' tojson filter passes them: indent (none: one line), the
+// separators between items and between a key and its value, sort_keys, ensure_ascii.
+struct JsonStyle {
+  std::optional<std::string> indent;  // what one level indents by (json.dumps: indent spaces, or the string)
+  std::string item_separator = ", ";
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+// json.dumps(value, ...) with these options.
+std::string to_json_text(const Value& value, const JsonStyle& style = {});
 
 // A template error: "SOURCE:LINE: message". `raised` marks a raise_exception() call (the template
 // refusing its input), whose text is `message`.

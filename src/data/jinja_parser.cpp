@@ -2,6 +2,7 @@
 // * / // %, **, unary with its filters and tests) and the statements chat templates use (if, for,
 // set, macro, break, continue, generation).
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 #include "jinja_ast.hpp"
@@ -152,7 +153,13 @@ class ExpressionParser {
       while (peek().kind == Token::Kind::String) text += tokens_[pos_++].text;  // adjacent strings join
       return literal(Value::string(text));
     }
-    if (t.kind == Token::Kind::Int) return literal(Value::integer(std::strtoll(t.text.c_str(), nullptr, 10)));
+    if (t.kind == Token::Kind::Int) {
+      errno = 0;
+      const long long value = std::strtoll(t.text.c_str(), nullptr, 10);
+      if (errno == ERANGE)
+        throw TemplateError(source_, line_, concat("the integer ", t.text, " does not fit in 64 bits (shardlm's integers are 64-bit)"));
+      return literal(Value::integer(value));
+    }
     if (t.kind == Token::Kind::Float) return literal(Value::number(std::strtod(t.text.c_str(), nullptr)));
     if (t.text == "(") return parse_parenthesized();
     if (t.text == "[") return make(Expr::Kind::ListLit, line_, parse_items("]"));

@@ -268,29 +268,39 @@ class Renderer {
   const std::string& source_;
 };
 
-// jinja2 refuses an unknown filter or test when it compiles the template, whether or not it runs.
-void check_names(const Expr& e, const std::string& source, int line) {
-  if (e.kind == Expr::Kind::Filter && !has_filter(e.name))
+// jinja2 refuses an unknown filter or test when it compiles the template, whether or not it runs, except
+// in a "soft" frame: an `if` (its conditions and branches) or a conditional expression `a if c else b`
+// (all three parts), where it is refused only when reached. A for loop's body, `if` filter and `else`,
+// a macro, a block `set` and `generation` open a frame of their own that is not soft again; a for
+// loop's iterable and a `set` value stay in the frame around them. (Templates keep tool-only branches,
+// `{% if tools %}{{ tools | tojson | indent(4) }}{% endif %}`, that never run without tools.)
+void check_names(const Expr& e, const std::string& source, int line, bool soft) {
+  soft = soft || e.kind == Expr::Kind::Condition;
+  if (!soft && e.kind == Expr::Kind::Filter && !has_filter(e.name))
     throw TemplateError(source, line, concat("no filter named '", e.name, "'"));
-  if (e.kind == Expr::Kind::Test && !has_test(e.name))
+  if (!soft && e.kind == Expr::Kind::Test && !has_test(e.name))
     throw TemplateError(source, line, concat("no test named '", e.name, "'"));
   for (const ExprPtr& a : e.args)
-    if (a) check_names(*a, source, line);
-  for (const auto& [k, v] : e.keywords) check_names(*v, source, line);
+    if (a) check_names(*a, source, line, soft);
+  for (const auto& [k, v] : e.keywords) check_names(*v, source, line, soft);
 }
 
-void check_names(const Body& body, const std::string& source) {
+void check_names(const Body& body, const std::string& source, bool soft) {
   for (const NodePtr& n : body) {
-    for (const ExprPtr& e : {n->expr, n->filter})
-      if (e) check_names(*e, source, n->line);
-    for (const auto& [condition, branch] : n->branches) {
-      check_names(*condition, source, n->line);
-      check_names(branch, source);
+    if (n->kind == Node::Kind::If) {
+      for (const auto& [condition, branch] : n->branches) {
+        check_names(*condition, source, n->line, true);
+        check_names(branch, source, true);
+      }
+      check_names(n->else_body, source, true);
+      continue;
     }
+    if (n->expr) check_names(*n->expr, source, n->line, soft);  // Output, Set, a For's iterable
+    if (n->filter) check_names(*n->filter, source, n->line, false);
     for (const auto& [name, fallback] : n->params)
-      if (fallback) check_names(*fallback, source, n->line);
-    check_names(n->body, source);
-    check_names(n->else_body, source);
+      if (fallback) check_names(*fallback, source, n->line, false);
+    check_names(n->body, source, false);
+    check_names(n->else_body, source, false);
   }
 }
 
@@ -298,7 +308,7 @@ void check_names(const Body& body, const std::string& source) {
 
 Template::Template(const std::string& text, std::string source) : source_(std::move(source)) {
   root_ = parse_template(split_template(text, source_), source_);
-  check_names(root_->body, source_);
+  check_names(root_->body, source_, false);
 }
 
 std::string Template::render(const Dict& variables) const {

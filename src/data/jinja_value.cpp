@@ -144,34 +144,51 @@ std::string python_string_repr(const std::string& s) {
   return out + quote;
 }
 
-void json_string(std::string& out, const std::string& s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
+// Python's json string escapes; with ensure_ascii, every character outside ' '..'~' as \uXXXX (a
+// surrogate pair above U+FFFF), as json.dumps writes it.
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
+  auto escape = [&out](char32_t unit) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(unit));
+    out += buf;
+  };
+  // One byte of the UTF-8 text, or with ensure_ascii one code point.
+  auto put = [&](char32_t c) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
+      case '"': out += "\\\""; return;
+      case '\\': out += "\\\\"; return;
+      case '\n': out += "\\n"; return;
+      case '\r': out += "\\r"; return;
+      case '\t': out += "\\t"; return;
+      case '\b': out += "\\b"; return;
+      case '\f': out += "\\f"; return;
     }
+    if (c < 0x20 || (ensure_ascii && c >= 0x7F && c <= 0xFFFF)) {
+      escape(c);
+    } else if (ensure_ascii && c > 0xFFFF) {
+      escape(0xD800 + ((c - 0x10000) >> 10));
+      escape(0xDC00 + ((c - 0x10000) & 0x3FF));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  };
+  out.push_back('"');
+  if (ensure_ascii) {
+    for (char32_t c : utf8_decode(s)) put(c);
+  } else {
+    for (unsigned char c : s) put(c);
   }
   out.push_back('"');
 }
 
-void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int depth) {
-  const std::string newline = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ') : "";
-  const std::string close = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * depth), ' ') : "";
-  const std::string comma = indent >= 0 ? "," : ", ";
+void json_dump(std::string& out, const Value& v, const JsonStyle& style, int depth) {
+  std::string newline, close;
+  if (style.indent) {
+    newline = "\n", close = "\n";
+    for (int i = 0; i <= depth; ++i) newline += *style.indent;
+    for (int i = 0; i < depth; ++i) close += *style.indent;
+  }
+  const std::string& comma = style.item_separator;
   switch (v.kind()) {
     case Value::Kind::None: out += "null"; return;
     case Value::Kind::Bool: out += v.truthy() ? "true" : "false"; return;
@@ -181,13 +198,13 @@ void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int
       out += std::isnan(f) ? "NaN" : std::isinf(f) ? (f > 0 ? "Infinity" : "-Infinity") : python_float(f);
       return;
     }
-    case Value::Kind::String: json_string(out, v.str()); return;
+    case Value::Kind::String: json_string(out, v.str(), style.ensure_ascii); return;
     case Value::Kind::List: {
       if (v.items().empty()) { out += "[]"; return; }
       out += "[";
       for (size_t i = 0; i < v.items().size(); ++i) {
         out += (i ? comma : "") + newline;
-        json_dump(out, v.items()[i], indent, sort_keys, depth + 1);
+        json_dump(out, v.items()[i], style, depth + 1);
       }
       out += close + "]";
       return;
@@ -195,13 +212,13 @@ void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int
     case Value::Kind::Dict: case Value::Kind::Namespace: {
       auto entries = v.entries().items;
       if (entries.empty()) { out += "{}"; return; }
-      if (sort_keys) std::stable_sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      if (style.sort_keys) std::stable_sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.first < b.first; });
       out += "{";
       for (size_t i = 0; i < entries.size(); ++i) {
         out += (i ? comma : "") + newline;
-        json_string(out, entries[i].first);
-        out += ": ";
-        json_dump(out, entries[i].second, indent, sort_keys, depth + 1);
+        json_string(out, entries[i].first, style.ensure_ascii);
+        out += style.key_separator;
+        json_dump(out, entries[i].second, style, depth + 1);
       }
       out += close + "}";
       return;
@@ -212,9 +229,9 @@ void json_dump(std::string& out, const Value& v, int indent, bool sort_keys, int
 
 }  // namespace
 
-std::string to_json_text(const Value& value, int indent, bool sort_keys) {
+std::string to_json_text(const Value& value, const JsonStyle& style) {
   std::string out;
-  json_dump(out, value, indent, sort_keys, 0);
+  json_dump(out, value, style, 0);
   return out;
 }
 
@@ -353,17 +370,26 @@ Value numeric_op(const std::string& op, const Value& a, const Value& b) {
   }
   if ((op == "//" || op == "%") && b.as_float() == 0) throw Error("integer division or modulo by zero");
   if (ints) {
+    // Python's integers do not overflow; shardlm's are 64-bit and refuse to rather than wrap.
     const int64_t x = a.as_int(), y = b.as_int();
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t r = 0;
+    bool overflow = false;
+    if (op == "+") overflow = __builtin_add_overflow(x, y, &r);
+    else if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
+    else if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
+    else if (op == "//" || op == "%") overflow = x == INT64_MIN && y == -1;
+    else if (op == "**" && y >= 0) {
+      r = 1;
+      for (int64_t base = x, e = y; e > 0 && !overflow; e >>= 1) {  // by squaring: 2 ** 10**9 ends at once
+        if (e & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if (e > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    }
+    if (overflow)
+      throw Error(concat(a.repr(), " ", op, " ", b.repr(), " does not fit in 64 bits (shardlm's integers are 64-bit)"));
     if (op == "//") return Value::integer(floor_div(x, y));
     if (op == "%") return Value::integer(x - floor_div(x, y) * y);
-    if (op == "**" && y >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < y; ++i) r *= x;
-      return Value::integer(r);
-    }
+    if (op != "**" || y >= 0) return Value::integer(r);
   }
   const double x = a.as_float(), y = b.as_float();
   if (op == "+") return Value::number(x + y);

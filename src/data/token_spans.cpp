@@ -13,16 +13,22 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 size_t first_token_from(const std::string& text, size_t pos, const std::vector<int32_t>& ids, const Tokenizer& tok) {
   if (pos == 0) return 0;
-  const std::string head = text.substr(0, pos);
-  size_t first = common_prefix(tok.encode(head), ids);
+  const std::vector<int32_t> head = tok.encode(text.substr(0, pos));
+  size_t first = common_prefix(head, ids);
   // Tokens past the common prefix can still lie wholly before pos: a head ending in whitespace that the
   // whole text splits otherwise (GPT-2's "\n\n" alone is one token, before a word two). Each is the
-  // head's while the text decoded so far grows and stays a prefix of the head; a token that decodes to
-  // nothing (a special token) or past the head ends it.
-  for (size_t decoded = 0; first < ids.size(); ++first) {
-    const auto end = ids.begin() + static_cast<std::ptrdiff_t>(first) + 1;
-    const std::string d = tok.decode(std::vector<int32_t>(ids.begin(), end));
-    if (d.size() <= decoded || d.size() > head.size() || head.compare(0, d.size(), d) != 0) break;
+  // head's while the text the ids decode to from the last shared token grows and stays a prefix of what
+  // the head's own ids decode to from there. Decoding both from that token, never the text before it:
+  // a special token earlier decodes to nothing (the decode skips it) or, for Llama 2, spaces the word
+  // after it, so a decode of the whole prefix is not the text it came from.
+  const size_t from = first > 0 ? first - 1 : 0;
+  const auto tail = [from](const std::vector<int32_t>& v, size_t end) {
+    return std::vector<int32_t>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(end));
+  };
+  const std::string rest = tok.decode(tail(head, head.size()));
+  for (size_t decoded = first > 0 ? tok.decode(tail(ids, first)).size() : 0; first < ids.size(); ++first) {
+    const std::string d = tok.decode(tail(ids, first + 1));
+    if (d.size() <= decoded || d.size() > rest.size() || rest.compare(0, d.size(), d) != 0) break;
     decoded = d.size();
   }
   return first;
