@@ -149,9 +149,42 @@ BOOST_AUTO_TEST_CASE(fsdp2_without_resharding_is_shard_grad_op) {
   const AccelerateImport im = convert("fsdp2-shard-grad-op.yaml", "squad-training-args.json", s.keys());
   const RunConfig cfg = load(s.dir, im, 2);
   BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::ShardGradOp);
-  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::None);  // absent: Accelerate prefetches nothing
-  BOOST_TEST(!cfg.fsdp.forward_prefetch);
+  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::Pre);  // FSDP2 always prefetches as BACKWARD_PRE
+  BOOST_TEST(!cfg.fsdp.forward_prefetch);  // and has no forward prefetch in Accelerate
+  BOOST_TEST(contains(im.deck, "fsdp_version 2: FSDP2 always prefetches the next block before this block's backward"),
+             im.deck);
   BOOST_TEST(cfg.train.batch_size == 8);
+}
+
+// FSDP2 has no prefetch settings: backward prefetch is always BACKWARD_PRE's, forward prefetch is not done in
+// Accelerate. Absent keys say so; a key asking for something else is ignored with a warning, as Accelerate does.
+BOOST_AUTO_TEST_CASE(fsdp2_prefetches_backward_pre_and_never_forward) {
+  const std::string v2 = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n";
+  const AccelerateImport absent = import_accelerate(v2, "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(absent.deck, "backward_prefetch = pre\n"), absent.deck);
+  BOOST_TEST(contains(absent.deck, "forward_prefetch = false\n"), absent.deck);
+  BOOST_TEST(contains(absent.deck, "fsdp_version 2: FSDP2 in Accelerate has no forward prefetch"), absent.deck);
+  BOOST_TEST(!has_warning(absent, "prefetch"));
+  for (const char* value : {"NO_PREFETCH", "BACKWARD_POST"}) {
+    BOOST_TEST_CONTEXT(value) {
+      const AccelerateImport im = import_accelerate(concat(v2, "  fsdp_backward_prefetch: ", value, "\n"), "c.yaml", "", "", {}, "test");
+      BOOST_TEST(contains(im.deck, "backward_prefetch = pre\n"), im.deck);
+      BOOST_TEST(has_warning(im, "fsdp_backward_prefetch: " + std::string(value) + ": ignored with fsdp_version 2"));
+    }
+  }
+  const AccelerateImport pre = import_accelerate(v2 + "  fsdp_backward_prefetch: BACKWARD_PRE\n", "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(pre.deck, "backward_prefetch = pre\n"), pre.deck);
+  BOOST_TEST(!has_warning(pre, "prefetch"));
+  const AccelerateImport forward = import_accelerate(v2 + "  fsdp_forward_prefetch: true\n", "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(forward.deck, "forward_prefetch = false\n"), forward.deck);
+  BOOST_TEST(has_warning(forward, "fsdp_forward_prefetch: true: not done with fsdp_version 2"));
+  // TrainingArguments' fsdp_config under Accelerate's FSDP2 is FSDP2's too.
+  const AccelerateImport trainer =
+      import_accelerate(v2, "c.yaml", R"({"fsdp_config": {"backward_prefetch": "backward_post"}})", "a.json", {}, "test");
+  BOOST_TEST(contains(trainer.deck, "backward_prefetch = pre\n"), trainer.deck);
+  BOOST_TEST(has_warning(trainer, "ignored with fsdp_version 2"));
+  // FSDP1 without the key prefetches nothing, as before.
+  BOOST_TEST(contains(converted_text(kFsdpYaml, ""), "backward_prefetch = none\n"));
 }
 
 // Every key of both files is named in a comment line of the deck.

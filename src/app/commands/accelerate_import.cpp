@@ -142,6 +142,8 @@ class Importer {
     return os.str();
   }
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // The FSDP version of Accelerate's fsdp_config, which a TrainingArguments fsdp_config without one keeps.
+  long long fsdp_version = 1;
   const std::string& yaml_name() const { return yaml_name_; }
   const std::string& args_name() const { return args_name_; }
 
@@ -294,6 +296,10 @@ class FsdpConfigImport {
  public:
   FsdpConfigImport(Importer& im, const Source& fc, bool from_trainer) : im_(im), fc_(fc), from_trainer_(from_trainer) {}
   void run() {
+    version_ = given("fsdp_version") || !from_trainer_ ? whole(fc_.get("fsdp_version"), fc_.where + ": fsdp_version", 1)
+                                                       : im_.fsdp_version;
+    if (version_ > 2) throw Error(concat(fc_.where, ": fsdp_version: expected 1 or 2, got ", version_));
+    im_.fsdp_version = version_;
     strategy();
     offload_and_forward_prefetch();
     prefetch();
@@ -307,6 +313,7 @@ class FsdpConfigImport {
   Importer& im_;
   const Source& fc_;
   bool from_trainer_;
+  long long version_ = 1;
 
   bool given(const char* k) const { return fc_.given(k); }
   std::string origin(const char* k) const { return fc_.origin(k, "Accelerate"); }
@@ -316,8 +323,7 @@ class FsdpConfigImport {
   // fsdp_version 2 takes the strategy from fsdp_reshard_after_forward, version 1 from
   // fsdp_sharding_strategy (or, in Accelerate 1.6+, a strategy name in fsdp_reshard_after_forward).
   void strategy() {
-    const long long version = whole(fc_.get("fsdp_version"), fc_.where + ": fsdp_version", 1);
-    if (version > 2) throw Error(concat(fc_.where, ": fsdp_version: expected 1 or 2, got ", version));
+    const long long version = version_;
     if (given("fsdp_version")) im_.unused(origin("fsdp_version"), "the FSDP version; the strategy below says what is sharded");
     if (given("fsdp_reshard_after_forward") || (version == 2 && !from_trainer_)) {
       const json v = fc_.get("fsdp_reshard_after_forward");
@@ -337,8 +343,28 @@ class FsdpConfigImport {
   void offload_and_forward_prefetch() {
     if (touch("fsdp_offload_params"))
       im_.set("fsdp.cpu_offload", flag("fsdp_offload_params") ? "true" : "false", origin("fsdp_offload_params"));
+    if (version_ == 2) {
+      forward_prefetch_fsdp2();
+      return;
+    }
     if (touch("fsdp_forward_prefetch"))
       im_.set("fsdp.forward_prefetch", flag("fsdp_forward_prefetch") ? "true" : "false", origin("fsdp_forward_prefetch"));
+  }
+
+  // FSDP2 gathers a block when its forward needs it (prefetching the next forward only where a script
+  // calls set_modules_to_forward_prefetch) and Accelerate does not implement fsdp_forward_prefetch for it
+  // (its FSDP1-vs-FSDP2 guide): false, the way such a run goes.
+  void forward_prefetch_fsdp2() {
+    const char* why = "FSDP2 in Accelerate has no forward prefetch: each block is gathered when its forward needs it";
+    if (!given("fsdp_forward_prefetch")) {
+      if (!from_trainer_) im_.set("fsdp.forward_prefetch", "false", concat(fc_.where, ": fsdp_version 2: ", why));
+      return;
+    }
+    im_.set("fsdp.forward_prefetch", "false", origin("fsdp_forward_prefetch"));
+    if (flag("fsdp_forward_prefetch"))
+      im_.warn("fsdp.forward_prefetch", origin("fsdp_forward_prefetch"),
+               concat("not done with fsdp_version 2 (", why, "; Accelerate refuses or ignores the key): false here; "
+                      "set fsdp.forward_prefetch = true to prefetch anyway"));
   }
 
   void checkpointing_and_gather_limit() {
@@ -357,7 +383,9 @@ class FsdpConfigImport {
   void prefetch() {
     const char* key = given("fsdp_backward_prefetch_policy") && !given("fsdp_backward_prefetch")
                           ? "fsdp_backward_prefetch_policy" : "fsdp_backward_prefetch";
-    if (touch(key)) {
+    if (version_ == 2) {
+      backward_prefetch_fsdp2(key);
+    } else if (touch(key)) {
       const json v = fc_.get(key);
       const std::string p = v.is_null() ? "NO_PREFETCH" : upper(text(v, fc_.where + ": " + key));
       const std::map<std::string, std::string> names = {{"BACKWARD_PRE", "pre"}, {"BACKWARD_POST", "post"},
@@ -369,6 +397,24 @@ class FsdpConfigImport {
     }
     if (given("fsdp_backward_prefetch_policy") && key != std::string("fsdp_backward_prefetch_policy"))
       im_.unused(origin("fsdp_backward_prefetch_policy"), "fsdp_backward_prefetch wins");
+  }
+
+  // FSDP2 has no backward prefetch setting: it always queues the next block's all-gather before the
+  // current block's backward, which is FSDP1's BACKWARD_PRE, and Accelerate drops fsdp_backward_prefetch
+  // with a warning (its FSDP1-vs-FSDP2 guide: removed, "FSDP2 uses BACKWARD_PRE by default").
+  void backward_prefetch_fsdp2(const char* key) {
+    const char* why = "FSDP2 always prefetches the next block before this block's backward, as FSDP1's BACKWARD_PRE";
+    if (!given(key)) {
+      if (!from_trainer_ || given("fsdp_version"))
+        im_.set("fsdp.backward_prefetch", "pre", concat(fc_.where, ": fsdp_version 2: ", why));
+      return;
+    }
+    im_.set("fsdp.backward_prefetch", "pre", origin(key));
+    const json v = fc_.get(key);
+    const std::string p = v.is_null() ? "" : upper(text(v, fc_.where + ": " + key));
+    if (p != "BACKWARD_PRE" && p != "1")
+      im_.warn("fsdp.backward_prefetch", origin(key),
+               concat("ignored with fsdp_version 2 (Accelerate drops it with a warning): ", why, ", so pre here"));
   }
 
   // The classes fsdp_transformer_layer_cls_to_wrap names: a list, or one string split at commas.
