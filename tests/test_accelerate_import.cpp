@@ -522,6 +522,11 @@ BOOST_AUTO_TEST_CASE(an_sft_config_brings_trls_defaults_and_its_data_keys) {
   BOOST_TEST(contains(im.deck, "sft.json: learning_rate absent: SFTConfig's default 2e-05"), im.deck);
   BOOST_TEST(contains(im.deck, "bf16 absent: SFTConfig's default true"), im.deck);
   BOOST_TEST(contains(im.deck, "TRL's SFTConfig sft.json"), im.deck);
+  // TRL's batch counts packed rows, the deck's samples: said above train.batch_size and on stderr.
+  BOOST_TEST(has_warning(im, "sft.json: packing: true: TRL packs the data set into rows of max_length tokens"));
+  BOOST_TEST(contains(im.deck, "# warning: TRL packs the data set into rows of max_length tokens before batching, so "
+                               "per_device_train_batch_size counts packed rows"), im.deck);
+  BOOST_TEST(im.deck.find("# warning: TRL packs") < im.deck.find("\nbatch_size = "), im.deck);
   const RunConfig cfg = load(dir, im, 2);
   BOOST_TEST(cfg.data.format == DataFormat::Chat);
   BOOST_TEST(cfg.data.packing);
@@ -530,6 +535,7 @@ BOOST_AUTO_TEST_CASE(an_sft_config_brings_trls_defaults_and_its_data_keys) {
   BOOST_TEST(cfg.data.chat_template == tmpl);
   // TRL's default (assistant_only_loss false) trains on every token, and says that shardlm's does not.
   const std::string whole = converted_text(kFsdpYaml, R"({"packing": false})");
+  BOOST_TEST(!contains(whole, "TRL packs"), whole);
   BOOST_TEST(contains(whole, "train_on_prompt = true\n"), whole);
   BOOST_TEST(contains(whole, "shardlm's own default is the assistant's turns only"), whole);
   // fp16 keeps SFTConfig's bf16 off; plain TrainingArguments keep Trainer's defaults.

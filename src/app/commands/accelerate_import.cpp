@@ -950,6 +950,15 @@ class Conversion {
 
     const bool packing = t_flag("packing");
     im_.set("data.packing", packing ? "true" : "false", t_origin("packing"));
+    // TRL packs the data set before batching, so its batch counts rows; the deck's counts samples.
+    if (packing)
+      im_.warn("train.batch_size", t_origin("packing"),
+               "TRL packs the data set into rows of max_length tokens before batching, so per_device_train_batch_size "
+               "counts packed rows of several samples; train.batch_size counts samples (shardlm packs each step's "
+               "samples into rows, and train.micro_batch_size counts rows, as TRL's). A TRL step takes about "
+               "data.max_length / (mean tokens per sample) times more samples than this batch, and an epoch here has "
+               "that many times more steps (what max_steps, warmup_steps, save_steps and eval_steps count): multiply "
+               "train.batch_size by that ratio to train as TRL does (`shardlm preprocess DECK` gives the samples' tokens)");
     const std::string strategy = text(t_.get("packing_strategy"), args_ + ": packing_strategy");
     if (packing && strategy != "bfd")
       im_.warn("data.packing", t_origin("packing_strategy"),

@@ -231,7 +231,7 @@ const std::vector<ForeignKey> kKeys = {
     // ---- TRL's SFTConfig (TrainingArguments plus these, in the same file) ----
     {"sft_config", "max_length", "1024", M, "`data.max_length` (null: a warning; shardlm always cuts at data.max_length)"},
     {"sft_config", "max_seq_length", "null", M, "older name of max_length (TRL before 0.20)"},
-    {"sft_config", "packing", "false", M, "`data.packing`"},
+    {"sft_config", "packing", "false", M, "`data.packing`; true is a warning: TRL's per-device batch counts packed rows, `train.batch_size` counts samples (scale it by the samples a row holds)"},
     {"sft_config", "packing_strategy", "\"bfd\"", M, "with packing: bfd is what shardlm does (whole samples, longest first, into the first row with room); bfd_split and wrapped: a warning"},
     {"sft_config", "assistant_only_loss", "false", M, "`data.train_on_prompt` (true: false, the loss on the assistant's turns only; false: true, every token of the conversation, as TRL)"},
     {"sft_config", "completion_only_loss", "null", M, "null or true: what shardlm does for {\"prompt\", \"completion\"} records; false: a warning (shardlm always takes the loss on the completion)"},
