@@ -367,7 +367,46 @@ BOOST_AUTO_TEST_CASE(command_line_keys_win_and_are_said) {
   BOOST_TEST(contains(im.deck, "strategy = NO_SHARD"));
   BOOST_TEST(contains(im.deck, "lr = 1e-3"));
   BOOST_TEST(contains(im.deck, "replaced by the command line"));
-  BOOST_TEST(contains(error_of([] { import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--nope.x=1"}, "t"); }), "[nope]"));
+  BOOST_TEST(contains(error_of([] { import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--nope.x=1"}, "t"); }),
+                      "unknown key 'nope.x' on the command line"));
+}
+
+// Every key and value the deck gets is checked by the deck's own key table before anything is written, as
+// `shardlm train` would check it: an unknown key with the nearest one, a value out of the key's range naming
+// the file key it came from. The files a path names are the run's to look for.
+BOOST_AUTO_TEST_CASE(deck_keys_and_values_are_checked_before_writing) {
+  const auto with_keys = [](std::vector<std::string> keys) {
+    return error_of([&] { import_accelerate(kFsdpYaml, "c.yaml", "", "", keys, "t"); });
+  };
+  BOOST_TEST(contains(with_keys({"--train.lrr=1"}), "unknown key 'train.lrr' on the command line (did you mean 'train.lr'?)"),
+             with_keys({"--train.lrr=1"}));
+  BOOST_TEST(contains(with_keys({"--train.lr=abc"}), "train.lr = 'abc': not a number"), with_keys({"--train.lr=abc"}));
+  BOOST_TEST(contains(with_keys({"--fsdp.strategy=BOGUS"}), "fsdp.strategy = 'BOGUS': must be FULL_SHARD"),
+             with_keys({"--fsdp.strategy=BOGUS"}));
+  const struct {
+    const char* args;
+    const char* error;
+  } bad[] = {{R"({"weight_decay": -1})", "a.json: weight_decay: -1: train.weight_decay = -1: must be >= 0"},
+             {R"({"adam_beta1": 1.5})", "a.json: adam_beta1: 1.5: train.adam_beta1 = 1.5: must be in [0, 1)"},
+             {R"({"learning_rate": 0})", "a.json: learning_rate: 0: train.lr = 0: must be > 0"}};
+  for (const auto& b : bad) {
+    BOOST_TEST_CONTEXT(b.args) {
+      const std::string m = error_of([&] { import_accelerate(kFsdpYaml, "c.yaml", b.args, "a.json", {}, "t"); });
+      BOOST_TEST(contains(m, b.error), m);
+    }
+  }
+  // Trainer does not clip at max_grad_norm <= 0: the deck's no clipping, 0.
+  for (const char* norm : {"-1", "0"}) {
+    BOOST_TEST_CONTEXT(norm) {
+      const std::string deck = converted_text(kFsdpYaml, concat(R"({"max_grad_norm": )", norm, "}"));
+      BOOST_TEST(contains(deck, "max_grad_norm = 0\n"), deck);
+    }
+  }
+  BOOST_TEST(contains(converted_text(kFsdpYaml, R"({"max_grad_norm": -1})"), "no clipping"));
+  // Paths are not looked for, and [lora] keys are written under their section.
+  const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", "", "",
+                                                {"--model.dir=not/here", "--data.train_file=t.json", "--lora.r=8"}, "t");
+  BOOST_TEST(contains(im.deck, "[lora]\n# command line: --lora.r=8\nr = 8\n"), im.deck);
 }
 
 BOOST_AUTO_TEST_CASE(other_distributed_types) {

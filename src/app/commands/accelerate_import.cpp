@@ -77,10 +77,12 @@ json yaml_to_json(const YAML::Node& n, YamlBudget& budget, int depth = 0) {
 
 // ---- the deck being written -------------------------------------------------------------------
 
-const char* kSections[] = {"model", "data", "train", "fsdp", "eval", "dist", "checkpoint", "run"};
+// The deck's sections in the resolved deck's order.
+const char* kSections[] = {"model", "lora", "data", "train", "fsdp", "eval", "dist", "checkpoint", "run"};
 
 struct DeckEntry {
   std::string value;
+  std::string origin;              // where the value came from
   std::vector<std::string> notes;  // comment lines above the key: origins, then warnings
 };
 
@@ -96,15 +98,28 @@ class Importer {
       return;
     }
     e.value = value;
+    e.origin = origin;
     e.notes.push_back(origin);
   }
   // A key given on the command line: kept whatever the files say.
   void give(const std::string& key, const std::string& value, const std::string& origin) {
-    const std::string section = key.substr(0, key.find('.'));
-    if (std::none_of(std::begin(kSections), std::end(kSections), [&](const char* s) { return section == s; }))
-      throw Error(concat("no deck section [", section, "] for ", origin));
     set(key, value, origin);
     given_.insert(key);
+  }
+  // Every key and value as `shardlm train` reads them (the deck's own key table and ranges), so no deck
+  // is written that train refuses key by key: Error naming the key, and the file key it came from.
+  void check() const {
+    for (const auto& [key, e] : entries_) {
+      if (given_.count(key)) {
+        check_deck_value(key, e.value, "on the command line");
+        continue;
+      }
+      try {
+        check_deck_value(key, e.value, "in the deck");
+      } catch (const Error& error) {
+        throw Error(concat(e.origin, ": ", error.what()));
+      }
+    }
   }
   bool has(const std::string& key) const { return entries_.count(key) > 0; }
   std::string value(const std::string& key) const { return entries_.count(key) ? entries_.at(key).value : ""; }
@@ -813,11 +828,16 @@ class Conversion {
     done_t_.insert("optim");
     const struct { const char* from; const char* to; } numbers[] = {
         {"weight_decay", "train.weight_decay"}, {"adam_beta1", "train.adam_beta1"}, {"adam_beta2", "train.adam_beta2"},
-        {"adam_epsilon", "train.adam_eps"},     {"max_grad_norm", "train.max_grad_norm"}};
+        {"adam_epsilon", "train.adam_eps"}};
     for (const auto& n : numbers) {
       im_.set(n.to, number_text(t_number(n.from)), t_origin(n.from));
       done_t_.insert(n.from);
     }
+    // Trainer clips only when max_grad_norm > 0; the deck's "no clipping" is 0 (it refuses a negative norm).
+    const double clip = t_number("max_grad_norm");
+    im_.set("train.max_grad_norm", number_text(clip > 0 ? clip : 0), t_origin("max_grad_norm"));
+    if (clip < 0) im_.note("train.max_grad_norm", "Trainer does not clip when max_grad_norm <= 0: 0 here, no clipping");
+    done_t_.insert("max_grad_norm");
     always_on("average_tokens_across_devices", "",
               "shardlm's loss is always the mean over the loss tokens of the whole global batch");
     im_.set("train.seed", std::to_string(whole(t_.get("seed"), args_ + ": seed", 0)), t_origin("seed"));
@@ -1028,6 +1048,7 @@ class Conversion {
   }
 
   AccelerateImport result(const std::string& command_line) {
+    im_.check();
     if (!im_.has("model.dir") && !im_.has("model.hidden_size"))
       im_.warn("", "model", "neither file names the model: give --model.dir=PATH (a Hugging Face model directory) "
                             "before `shardlm train`, or edit the deck");

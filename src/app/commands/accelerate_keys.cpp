@@ -106,7 +106,7 @@ const std::vector<ForeignKey> kKeys = {
     {"training_args", "adam_beta1", "0.9", M, "`train.adam_beta1`"},
     {"training_args", "adam_beta2", "0.999", M, "`train.adam_beta2`"},
     {"training_args", "adam_epsilon", "1e-08", M, "`train.adam_eps`"},
-    {"training_args", "max_grad_norm", "1.0", M, "`train.max_grad_norm`"},
+    {"training_args", "max_grad_norm", "1.0", M, "`train.max_grad_norm` (0 or below: 0, no clipping, as in Trainer)"},
     {"training_args", "average_tokens_across_devices", "true", M, "what shardlm always does: the loss is the mean over the loss tokens of the whole global batch (false: a warning)"},
     {"training_args", "label_smoothing_factor", "0.0", N, "no label smoothing"},
     {"training_args", "bf16", "false", M, "`fsdp.param_dtype = bf16`, `fsdp.reduce_dtype = bf16`"},
