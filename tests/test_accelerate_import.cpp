@@ -149,9 +149,42 @@ BOOST_AUTO_TEST_CASE(fsdp2_without_resharding_is_shard_grad_op) {
   const AccelerateImport im = convert("fsdp2-shard-grad-op.yaml", "squad-training-args.json", s.keys());
   const RunConfig cfg = load(s.dir, im, 2);
   BOOST_TEST(cfg.fsdp.strategy == ShardingStrategy::ShardGradOp);
-  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::None);  // absent: Accelerate prefetches nothing
-  BOOST_TEST(!cfg.fsdp.forward_prefetch);
+  BOOST_TEST(cfg.fsdp.backward_prefetch == BackwardPrefetch::Pre);  // FSDP2 always prefetches as BACKWARD_PRE
+  BOOST_TEST(!cfg.fsdp.forward_prefetch);  // and has no forward prefetch in Accelerate
+  BOOST_TEST(contains(im.deck, "fsdp_version 2: FSDP2 always prefetches the next block before this block's backward"),
+             im.deck);
   BOOST_TEST(cfg.train.batch_size == 8);
+}
+
+// FSDP2 has no prefetch settings: backward prefetch is always BACKWARD_PRE's, forward prefetch is not done in
+// Accelerate. Absent keys say so; a key asking for something else is ignored with a warning, as Accelerate does.
+BOOST_AUTO_TEST_CASE(fsdp2_prefetches_backward_pre_and_never_forward) {
+  const std::string v2 = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n";
+  const AccelerateImport absent = import_accelerate(v2, "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(absent.deck, "backward_prefetch = pre\n"), absent.deck);
+  BOOST_TEST(contains(absent.deck, "forward_prefetch = false\n"), absent.deck);
+  BOOST_TEST(contains(absent.deck, "fsdp_version 2: FSDP2 in Accelerate has no forward prefetch"), absent.deck);
+  BOOST_TEST(!has_warning(absent, "prefetch"));
+  for (const char* value : {"NO_PREFETCH", "BACKWARD_POST"}) {
+    BOOST_TEST_CONTEXT(value) {
+      const AccelerateImport im = import_accelerate(concat(v2, "  fsdp_backward_prefetch: ", value, "\n"), "c.yaml", "", "", {}, "test");
+      BOOST_TEST(contains(im.deck, "backward_prefetch = pre\n"), im.deck);
+      BOOST_TEST(has_warning(im, "fsdp_backward_prefetch: " + std::string(value) + ": ignored with fsdp_version 2"));
+    }
+  }
+  const AccelerateImport pre = import_accelerate(v2 + "  fsdp_backward_prefetch: BACKWARD_PRE\n", "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(pre.deck, "backward_prefetch = pre\n"), pre.deck);
+  BOOST_TEST(!has_warning(pre, "prefetch"));
+  const AccelerateImport forward = import_accelerate(v2 + "  fsdp_forward_prefetch: true\n", "c.yaml", "", "", {}, "test");
+  BOOST_TEST(contains(forward.deck, "forward_prefetch = false\n"), forward.deck);
+  BOOST_TEST(has_warning(forward, "fsdp_forward_prefetch: true: not done with fsdp_version 2"));
+  // TrainingArguments' fsdp_config under Accelerate's FSDP2 is FSDP2's too.
+  const AccelerateImport trainer =
+      import_accelerate(v2, "c.yaml", R"({"fsdp_config": {"backward_prefetch": "backward_post"}})", "a.json", {}, "test");
+  BOOST_TEST(contains(trainer.deck, "backward_prefetch = pre\n"), trainer.deck);
+  BOOST_TEST(has_warning(trainer, "ignored with fsdp_version 2"));
+  // FSDP1 without the key prefetches nothing, as before.
+  BOOST_TEST(contains(converted_text(kFsdpYaml, ""), "backward_prefetch = none\n"));
 }
 
 // Every key of both files is named in a comment line of the deck.
@@ -334,7 +367,46 @@ BOOST_AUTO_TEST_CASE(command_line_keys_win_and_are_said) {
   BOOST_TEST(contains(im.deck, "strategy = NO_SHARD"));
   BOOST_TEST(contains(im.deck, "lr = 1e-3"));
   BOOST_TEST(contains(im.deck, "replaced by the command line"));
-  BOOST_TEST(contains(error_of([] { import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--nope.x=1"}, "t"); }), "[nope]"));
+  BOOST_TEST(contains(error_of([] { import_accelerate(kFsdpYaml, "c.yaml", "", "", {"--nope.x=1"}, "t"); }),
+                      "unknown key 'nope.x' on the command line"));
+}
+
+// Every key and value the deck gets is checked by the deck's own key table before anything is written, as
+// `shardlm train` would check it: an unknown key with the nearest one, a value out of the key's range naming
+// the file key it came from. The files a path names are the run's to look for.
+BOOST_AUTO_TEST_CASE(deck_keys_and_values_are_checked_before_writing) {
+  const auto with_keys = [](std::vector<std::string> keys) {
+    return error_of([&] { import_accelerate(kFsdpYaml, "c.yaml", "", "", keys, "t"); });
+  };
+  BOOST_TEST(contains(with_keys({"--train.lrr=1"}), "unknown key 'train.lrr' on the command line (did you mean 'train.lr'?)"),
+             with_keys({"--train.lrr=1"}));
+  BOOST_TEST(contains(with_keys({"--train.lr=abc"}), "train.lr = 'abc': not a number"), with_keys({"--train.lr=abc"}));
+  BOOST_TEST(contains(with_keys({"--fsdp.strategy=BOGUS"}), "fsdp.strategy = 'BOGUS': must be FULL_SHARD"),
+             with_keys({"--fsdp.strategy=BOGUS"}));
+  const struct {
+    const char* args;
+    const char* error;
+  } bad[] = {{R"({"weight_decay": -1})", "a.json: weight_decay: -1: train.weight_decay = -1: must be >= 0"},
+             {R"({"adam_beta1": 1.5})", "a.json: adam_beta1: 1.5: train.adam_beta1 = 1.5: must be in [0, 1)"},
+             {R"({"learning_rate": 0})", "a.json: learning_rate: 0: train.lr = 0: must be > 0"}};
+  for (const auto& b : bad) {
+    BOOST_TEST_CONTEXT(b.args) {
+      const std::string m = error_of([&] { import_accelerate(kFsdpYaml, "c.yaml", b.args, "a.json", {}, "t"); });
+      BOOST_TEST(contains(m, b.error), m);
+    }
+  }
+  // Trainer does not clip at max_grad_norm <= 0: the deck's no clipping, 0.
+  for (const char* norm : {"-1", "0"}) {
+    BOOST_TEST_CONTEXT(norm) {
+      const std::string deck = converted_text(kFsdpYaml, concat(R"({"max_grad_norm": )", norm, "}"));
+      BOOST_TEST(contains(deck, "max_grad_norm = 0\n"), deck);
+    }
+  }
+  BOOST_TEST(contains(converted_text(kFsdpYaml, R"({"max_grad_norm": -1})"), "no clipping"));
+  // Paths are not looked for, and [lora] keys are written under their section.
+  const AccelerateImport im = import_accelerate(kFsdpYaml, "c.yaml", "", "",
+                                                {"--model.dir=not/here", "--data.train_file=t.json", "--lora.r=8"}, "t");
+  BOOST_TEST(contains(im.deck, "[lora]\n# command line: --lora.r=8\nr = 8\n"), im.deck);
 }
 
 BOOST_AUTO_TEST_CASE(other_distributed_types) {
@@ -489,6 +561,11 @@ BOOST_AUTO_TEST_CASE(an_sft_config_brings_trls_defaults_and_its_data_keys) {
   BOOST_TEST(contains(im.deck, "sft.json: learning_rate absent: SFTConfig's default 2e-05"), im.deck);
   BOOST_TEST(contains(im.deck, "bf16 absent: SFTConfig's default true"), im.deck);
   BOOST_TEST(contains(im.deck, "TRL's SFTConfig sft.json"), im.deck);
+  // TRL's batch counts packed rows, the deck's samples: said above train.batch_size and on stderr.
+  BOOST_TEST(has_warning(im, "sft.json: packing: true: TRL packs the data set into rows of max_length tokens"));
+  BOOST_TEST(contains(im.deck, "# warning: TRL packs the data set into rows of max_length tokens before batching, so "
+                               "per_device_train_batch_size counts packed rows"), im.deck);
+  BOOST_TEST(im.deck.find("# warning: TRL packs") < im.deck.find("\nbatch_size = "), im.deck);
   const RunConfig cfg = load(dir, im, 2);
   BOOST_TEST(cfg.data.format == DataFormat::Chat);
   BOOST_TEST(cfg.data.packing);
@@ -497,6 +574,7 @@ BOOST_AUTO_TEST_CASE(an_sft_config_brings_trls_defaults_and_its_data_keys) {
   BOOST_TEST(cfg.data.chat_template == tmpl);
   // TRL's default (assistant_only_loss false) trains on every token, and says that shardlm's does not.
   const std::string whole = converted_text(kFsdpYaml, R"({"packing": false})");
+  BOOST_TEST(!contains(whole, "TRL packs"), whole);
   BOOST_TEST(contains(whole, "train_on_prompt = true\n"), whole);
   BOOST_TEST(contains(whole, "shardlm's own default is the assistant's turns only"), whole);
   // fp16 keeps SFTConfig's bf16 off; plain TrainingArguments keep Trainer's defaults.

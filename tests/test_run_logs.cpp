@@ -3,7 +3,8 @@
 
 // Tests of what a run reports and what `shardlm report` makes of it, on made-up numbers: the
 // records' Hugging Face keys, the summary table's EM/F1 columns, speed-up and efficiency, the
-// resumed run's repeated steps and CSV quoting; the GPU peak the MFU is measured against.
+// resumed run's repeated steps and CSV quoting, the eval loss per epoch (epoch ends only, step evaluations
+// apart); the GPU peak the MFU is measured against.
 #include <unistd.h>
 
 #include <filesystem>
@@ -206,7 +207,7 @@ BOOST_AUTO_TEST_CASE(report_of_a_run_resumed_on_another_world_covers_every_segme
   BOOST_TEST(r.mixed_ranks());
   BOOST_TEST(r.ranks_text() == "4 then 2");
   // Resumed at the end of epoch 2, the run evaluated it again: one loss per epoch, the later one.
-  BOOST_TEST((r.eval_losses == std::vector<double>{2.8, 2.1}));
+  BOOST_TEST((r.eval_loss_by_epoch == std::map<int, double>{{2, 2.8}, {4, 2.1}}));
   const fs::path one = make_run("one", setup(1, 1, "FULL_SHARD") + summary(10, 3.0, 1e6));
   const std::vector<RunRecord> runs = {read_run(one.string()), r};
   BOOST_TEST(base_run(runs) == 0u);
@@ -218,6 +219,63 @@ BOOST_AUTO_TEST_CASE(report_of_a_run_resumed_on_another_world_covers_every_segme
   BOOST_TEST(contains(report_csv(runs), ",2,4;2\n"), report_csv(runs));
   const std::string svg = scaling_svg(runs);
   BOOST_TEST(contains(svg, "1 run(s) resumed on other ranks left out"), svg);
+}
+
+// Only the evaluations at an epoch's end are the epoch's: a run with eval.every_steps and a run resumed
+// after train.max_steps stopped its first segment inside epoch 1 list epoch 1's loss as epoch 1's, and
+// their other evaluations apart, below the table.
+BOOST_AUTO_TEST_CASE(report_keys_eval_loss_by_epoch_and_lists_step_evaluations_apart) {
+  // 25 steps an epoch, evaluated every 10 steps and after each epoch (the trainer skips step 50, an epoch's end).
+  const fs::path steps = make_run(
+      "steps", setup(1, 1, "FULL_SHARD") + "{\"type\":\"eval\",\"epoch\":0.4,\"eval_loss\":3.7,\"step\":10}\n"
+                   "{\"type\":\"eval\",\"epoch\":0.8,\"eval_loss\":3.4,\"step\":20}\n"
+                   "{\"type\":\"eval\",\"epoch\":1.0,\"eval_loss\":3.2,\"step\":25}\n"
+                   "{\"type\":\"eval\",\"epoch\":1.2,\"eval_loss\":3.1,\"step\":30}\n"
+                   "{\"type\":\"eval\",\"epoch\":1.6,\"eval_loss\":2.9,\"step\":40}\n"
+                   "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.8,\"step\":50}\n" +
+                   summary(10, 3.0, 1e6));
+  // 2 ranks to step 20 (max_steps: the segment's last evaluation at epoch 0.8), then resumed on 1 rank.
+  const fs::path resumed = make_run(
+      "resumed", setup(2, 1, "FULL_SHARD") + "{\"type\":\"eval\",\"epoch\":0.8,\"eval_loss\":3.45,\"step\":20}\n" +
+                     full_summary(4, 40, 5, 3.5, 0, 20, false) +
+                     "{\"type\":\"setup\",\"world_size\":1,\"num_nodes\":1,\"strategy\":\"FULL_SHARD\","
+                     "\"resumed_from_step\":20,\"segment\":1}\n"
+                     "{\"type\":\"eval\",\"epoch\":1.0,\"eval_loss\":3.2,\"step\":25,\"segment\":1}\n"
+                     "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.8,\"step\":50,\"segment\":1}\n" +
+                     full_summary(6, 30, 5, 3.0, 20, 50, false));
+  const fs::path plain = make_run("plain", setup(1, 1, "FULL_SHARD") +
+                                               "{\"type\":\"eval\",\"epoch\":1.0,\"eval_loss\":3.2,\"step\":25}\n"
+                                               "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.8,\"step\":50}\n" +
+                                               summary(10, 3.0, 1e6));
+  const std::vector<RunRecord> runs = {read_run(steps.string()), read_run(resumed.string()), read_run(plain.string())};
+  for (const RunRecord& r : runs) BOOST_TEST((r.eval_loss_by_epoch == std::map<int, double>{{1, 3.2}, {2, 2.8}}), r.name);
+  BOOST_TEST(runs[0].step_evals.size() == 4u);
+  BOOST_TEST(runs[0].step_evals.at(30).loss == 3.1);
+  BOOST_TEST(runs[1].step_evals.size() == 1u);
+  BOOST_TEST(runs[2].step_evals.empty());
+  const std::string md = report_markdown(runs);
+  // Each run's row of the table (its first line starting with its name) ends with the two epochs' losses.
+  const auto row = [&md](const std::string& name) {
+    const size_t at = md.find("\n| " + name + " | cuda");
+    return at == std::string::npos ? std::string() : md.substr(at + 1, md.find('\n', at + 1) - at - 1);
+  };
+  for (const char* name : {"steps", "resumed", "plain"})
+    BOOST_TEST((row(name).size() > 30 && row(name).substr(row(name).size() - 19) == " | 3.2000, 2.8000 |"), md);
+  BOOST_TEST(!contains(row("steps"), "3.7000"), md);
+  BOOST_TEST(contains(md, "| steps | 10 (0.40): 3.7000, 20 (0.80): 3.4000, 30 (1.20): 3.1000, 40 (1.60): 2.9000 |"), md);
+  BOOST_TEST(contains(md, "| resumed | 20 (0.80): 3.4500 |"), md);
+  const std::string csv = report_csv(runs);
+  BOOST_TEST(contains(csv, ",eval_loss_1,eval_loss_2,eval_exact_match,"), csv);
+  for (const char* name : {"steps", "resumed", "plain"}) {
+    const size_t at = csv.find(concat("\n", name, ","));
+    BOOST_TEST((at != std::string::npos && contains(csv.substr(at, csv.find('\n', at + 1) - at), ",3.2,2.8,,,")), csv);
+  }
+  // A run that evaluated epoch 2 only (resumed at its end) leaves epoch 1's column empty.
+  const fs::path late = make_run("late", setup(1, 1, "FULL_SHARD") +
+                                             "{\"type\":\"eval\",\"epoch\":2.0,\"eval_loss\":2.8,\"step\":50}\n");
+  const std::vector<RunRecord> two = {read_run(late.string()), runs[2]};
+  BOOST_TEST(contains(report_markdown(two), "| -, 2.8000 |"), report_markdown(two));
+  BOOST_TEST(contains(report_csv(two), ",,2.8,"), report_csv(two));
 }
 
 BOOST_AUTO_TEST_CASE(report_skips_a_malformed_line_and_names_it) {

@@ -260,6 +260,12 @@ std::map<std::string, std::string> ini_values(const std::string& text, const std
 // Error naming the section whose markers are missing.
 std::string deck_reference_tables(const std::string& doc);
 
+// One deck key and its value checked as loading a deck checks them, through the key's declaration (its
+// parser and range) alone: Error "KEY = VALUE: why", or "unknown key 'KEY' WHERE (did you mean ...?)" with
+// the nearest valid key. The files and folders a path key names are not looked for, and the checks
+// between keys (the batch on the ranks, a schedule's arguments) wait for load_run_config.
+void check_deck_value(const std::string& key, const std::string& value, const std::string& where);
+
 // Levenshtein distance, for the nearest-key hint.
 size_t edit_distance(const std::string& a, const std::string& b);
 

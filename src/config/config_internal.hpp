@@ -116,6 +116,11 @@ const std::vector<KeySpec>& key_table();
 // The nearest valid key to an unknown one, or "" when none is close enough to suggest.
 std::string nearest_key(const std::string& unknown);
 
+// Whether key `name` names a file or folder its parser looks for (model.dir, data.train_file, ...): a smoke
+// run may go on without it (synthetic data or a random model instead), and check_deck_value leaves it
+// for the run.
+bool key_names_a_path(const std::string& name);
+
 // Whether the resolved deck (and RunConfig::resolved) holds key k for this config.
 inline bool in_resolved_deck(const KeySpec& k, const RunConfig& cfg) { return !k.written || k.written(cfg); }
 
@@ -134,9 +139,6 @@ struct SkippedPath {
   std::string text, error;
 };
 
-// Whether a smoke run may go on without key `name`'s file or folder (a missing one means synthetic data
-// or a random model instead).
-bool smoke_can_skip(const std::string& name);
 // The run shrunk for a smoke run on `world_size` ranks: the model to a tiny one of its family, the data
 // to a few steps (synthetic where `missing` names its file), the run into its own folder; each change
 // that is not obvious from run.smoke said in cfg.notes. `missing`: "key" -> each path key whose file or

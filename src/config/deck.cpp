@@ -31,6 +31,17 @@ static std::string unknown_key_message(const std::string& key, const std::string
                 hint.empty() ? std::string() : concat(" (did you mean '", hint, "'?)"));
 }
 
+void check_deck_value(const std::string& key, const std::string& value, const std::string& where) {
+  for (const KeySpec& k : key_table()) {
+    if (k.name != key) continue;
+    if (key_names_a_path(key)) return;  // the file may not be there yet: the run looks for it
+    RunConfig scratch;
+    k.set(scratch, value, fs::current_path().string());
+    return;
+  }
+  throw Error(unknown_key_message(key, where));
+}
+
 static std::string read_file_text(const std::string& path) { return read_input_file(path, "input deck", kMaxDeckBytes); }
 
 // Boost's INI reader knows '#' comments only, gives no line numbers and takes a repeated key to a
@@ -242,7 +253,7 @@ static KeysRead set_keys(RunConfig& cfg, const GivenKeys& g, bool smoke, bool ch
       continue;
     }
     if (!given) continue;
-    if (smoke && smoke_can_skip(k.name)) {
+    if (smoke && key_names_a_path(k.name)) {
       try {
         k.set(cfg, value, g.base_dir(k.name));
       } catch (const Error& e) {

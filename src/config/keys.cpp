@@ -52,6 +52,11 @@ void check_folder(const char* name, const std::string& text, const std::string& 
     if (!fs::exists(fs::path(abs) / f, ec)) bad_value(name, quoted(text), concat("has no ", f, " (", kind, " is expected)"));
 }
 
+bool key_names_a_path(const std::string& name) {
+  return name == "model.dir" || name == "model.adapter" || name == "data.train_file" || name == "data.eval_file" ||
+         name == "data.tokenizer" || name == "data.chat_template";
+}
+
 KeySpec strategy_key(const char* name) {
   KeySpec k{name, nullptr,
             [=](RunConfig& c, const std::string& t, const std::string&) {

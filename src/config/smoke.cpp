@@ -61,11 +61,6 @@ void shrink_model(ModelSection& m) {
 
 }  // namespace
 
-bool smoke_can_skip(const std::string& name) {
-  return name == "model.dir" || name == "model.adapter" || name == "data.train_file" || name == "data.eval_file" ||
-         name == "data.tokenizer" || name == "data.chat_template";
-}
-
 void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& missing,
                       const std::set<std::string>& given_on_cli, int world_size) {
   std::vector<std::string>& notes = cfg.notes;

@@ -77,10 +77,12 @@ json yaml_to_json(const YAML::Node& n, YamlBudget& budget, int depth = 0) {
 
 // ---- the deck being written -------------------------------------------------------------------
 
-const char* kSections[] = {"model", "data", "train", "fsdp", "eval", "dist", "checkpoint", "run"};
+// The deck's sections in the resolved deck's order.
+const char* kSections[] = {"model", "lora", "data", "train", "fsdp", "eval", "dist", "checkpoint", "run"};
 
 struct DeckEntry {
   std::string value;
+  std::string origin;              // where the value came from
   std::vector<std::string> notes;  // comment lines above the key: origins, then warnings
 };
 
@@ -96,15 +98,28 @@ class Importer {
       return;
     }
     e.value = value;
+    e.origin = origin;
     e.notes.push_back(origin);
   }
   // A key given on the command line: kept whatever the files say.
   void give(const std::string& key, const std::string& value, const std::string& origin) {
-    const std::string section = key.substr(0, key.find('.'));
-    if (std::none_of(std::begin(kSections), std::end(kSections), [&](const char* s) { return section == s; }))
-      throw Error(concat("no deck section [", section, "] for ", origin));
     set(key, value, origin);
     given_.insert(key);
+  }
+  // Every key and value as `shardlm train` reads them (the deck's own key table and ranges), so no deck
+  // is written that train refuses key by key: Error naming the key, and the file key it came from.
+  void check() const {
+    for (const auto& [key, e] : entries_) {
+      if (given_.count(key)) {
+        check_deck_value(key, e.value, "on the command line");
+        continue;
+      }
+      try {
+        check_deck_value(key, e.value, "in the deck");
+      } catch (const Error& error) {
+        throw Error(concat(e.origin, ": ", error.what()));
+      }
+    }
   }
   bool has(const std::string& key) const { return entries_.count(key) > 0; }
   std::string value(const std::string& key) const { return entries_.count(key) ? entries_.at(key).value : ""; }
@@ -142,6 +157,8 @@ class Importer {
     return os.str();
   }
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // The FSDP version of Accelerate's fsdp_config, which a TrainingArguments fsdp_config without one keeps.
+  long long fsdp_version = 1;
   const std::string& yaml_name() const { return yaml_name_; }
   const std::string& args_name() const { return args_name_; }
 
@@ -294,6 +311,10 @@ class FsdpConfigImport {
  public:
   FsdpConfigImport(Importer& im, const Source& fc, bool from_trainer) : im_(im), fc_(fc), from_trainer_(from_trainer) {}
   void run() {
+    version_ = given("fsdp_version") || !from_trainer_ ? whole(fc_.get("fsdp_version"), fc_.where + ": fsdp_version", 1)
+                                                       : im_.fsdp_version;
+    if (version_ > 2) throw Error(concat(fc_.where, ": fsdp_version: expected 1 or 2, got ", version_));
+    im_.fsdp_version = version_;
     strategy();
     offload_and_forward_prefetch();
     prefetch();
@@ -307,6 +328,7 @@ class FsdpConfigImport {
   Importer& im_;
   const Source& fc_;
   bool from_trainer_;
+  long long version_ = 1;
 
   bool given(const char* k) const { return fc_.given(k); }
   std::string origin(const char* k) const { return fc_.origin(k, "Accelerate"); }
@@ -316,8 +338,7 @@ class FsdpConfigImport {
   // fsdp_version 2 takes the strategy from fsdp_reshard_after_forward, version 1 from
   // fsdp_sharding_strategy (or, in Accelerate 1.6+, a strategy name in fsdp_reshard_after_forward).
   void strategy() {
-    const long long version = whole(fc_.get("fsdp_version"), fc_.where + ": fsdp_version", 1);
-    if (version > 2) throw Error(concat(fc_.where, ": fsdp_version: expected 1 or 2, got ", version));
+    const long long version = version_;
     if (given("fsdp_version")) im_.unused(origin("fsdp_version"), "the FSDP version; the strategy below says what is sharded");
     if (given("fsdp_reshard_after_forward") || (version == 2 && !from_trainer_)) {
       const json v = fc_.get("fsdp_reshard_after_forward");
@@ -337,8 +358,28 @@ class FsdpConfigImport {
   void offload_and_forward_prefetch() {
     if (touch("fsdp_offload_params"))
       im_.set("fsdp.cpu_offload", flag("fsdp_offload_params") ? "true" : "false", origin("fsdp_offload_params"));
+    if (version_ == 2) {
+      forward_prefetch_fsdp2();
+      return;
+    }
     if (touch("fsdp_forward_prefetch"))
       im_.set("fsdp.forward_prefetch", flag("fsdp_forward_prefetch") ? "true" : "false", origin("fsdp_forward_prefetch"));
+  }
+
+  // FSDP2 gathers a block when its forward needs it (prefetching the next forward only where a script
+  // calls set_modules_to_forward_prefetch) and Accelerate does not implement fsdp_forward_prefetch for it
+  // (its FSDP1-vs-FSDP2 guide): false, the way such a run goes.
+  void forward_prefetch_fsdp2() {
+    const char* why = "FSDP2 in Accelerate has no forward prefetch: each block is gathered when its forward needs it";
+    if (!given("fsdp_forward_prefetch")) {
+      if (!from_trainer_) im_.set("fsdp.forward_prefetch", "false", concat(fc_.where, ": fsdp_version 2: ", why));
+      return;
+    }
+    im_.set("fsdp.forward_prefetch", "false", origin("fsdp_forward_prefetch"));
+    if (flag("fsdp_forward_prefetch"))
+      im_.warn("fsdp.forward_prefetch", origin("fsdp_forward_prefetch"),
+               concat("not done with fsdp_version 2 (", why, "; Accelerate refuses or ignores the key): false here; "
+                      "set fsdp.forward_prefetch = true to prefetch anyway"));
   }
 
   void checkpointing_and_gather_limit() {
@@ -357,7 +398,9 @@ class FsdpConfigImport {
   void prefetch() {
     const char* key = given("fsdp_backward_prefetch_policy") && !given("fsdp_backward_prefetch")
                           ? "fsdp_backward_prefetch_policy" : "fsdp_backward_prefetch";
-    if (touch(key)) {
+    if (version_ == 2) {
+      backward_prefetch_fsdp2(key);
+    } else if (touch(key)) {
       const json v = fc_.get(key);
       const std::string p = v.is_null() ? "NO_PREFETCH" : upper(text(v, fc_.where + ": " + key));
       const std::map<std::string, std::string> names = {{"BACKWARD_PRE", "pre"}, {"BACKWARD_POST", "post"},
@@ -369,6 +412,24 @@ class FsdpConfigImport {
     }
     if (given("fsdp_backward_prefetch_policy") && key != std::string("fsdp_backward_prefetch_policy"))
       im_.unused(origin("fsdp_backward_prefetch_policy"), "fsdp_backward_prefetch wins");
+  }
+
+  // FSDP2 has no backward prefetch setting: it always queues the next block's all-gather before the
+  // current block's backward, which is FSDP1's BACKWARD_PRE, and Accelerate drops fsdp_backward_prefetch
+  // with a warning (its FSDP1-vs-FSDP2 guide: removed, "FSDP2 uses BACKWARD_PRE by default").
+  void backward_prefetch_fsdp2(const char* key) {
+    const char* why = "FSDP2 always prefetches the next block before this block's backward, as FSDP1's BACKWARD_PRE";
+    if (!given(key)) {
+      if (!from_trainer_ || given("fsdp_version"))
+        im_.set("fsdp.backward_prefetch", "pre", concat(fc_.where, ": fsdp_version 2: ", why));
+      return;
+    }
+    im_.set("fsdp.backward_prefetch", "pre", origin(key));
+    const json v = fc_.get(key);
+    const std::string p = v.is_null() ? "" : upper(text(v, fc_.where + ": " + key));
+    if (p != "BACKWARD_PRE" && p != "1")
+      im_.warn("fsdp.backward_prefetch", origin(key),
+               concat("ignored with fsdp_version 2 (Accelerate drops it with a warning): ", why, ", so pre here"));
   }
 
   // The classes fsdp_transformer_layer_cls_to_wrap names: a list, or one string split at commas.
@@ -767,11 +828,16 @@ class Conversion {
     done_t_.insert("optim");
     const struct { const char* from; const char* to; } numbers[] = {
         {"weight_decay", "train.weight_decay"}, {"adam_beta1", "train.adam_beta1"}, {"adam_beta2", "train.adam_beta2"},
-        {"adam_epsilon", "train.adam_eps"},     {"max_grad_norm", "train.max_grad_norm"}};
+        {"adam_epsilon", "train.adam_eps"}};
     for (const auto& n : numbers) {
       im_.set(n.to, number_text(t_number(n.from)), t_origin(n.from));
       done_t_.insert(n.from);
     }
+    // Trainer clips only when max_grad_norm > 0; the deck's "no clipping" is 0 (it refuses a negative norm).
+    const double clip = t_number("max_grad_norm");
+    im_.set("train.max_grad_norm", number_text(clip > 0 ? clip : 0), t_origin("max_grad_norm"));
+    if (clip < 0) im_.note("train.max_grad_norm", "Trainer does not clip when max_grad_norm <= 0: 0 here, no clipping");
+    done_t_.insert("max_grad_norm");
     always_on("average_tokens_across_devices", "",
               "shardlm's loss is always the mean over the loss tokens of the whole global batch");
     im_.set("train.seed", std::to_string(whole(t_.get("seed"), args_ + ": seed", 0)), t_origin("seed"));
@@ -904,6 +970,15 @@ class Conversion {
 
     const bool packing = t_flag("packing");
     im_.set("data.packing", packing ? "true" : "false", t_origin("packing"));
+    // TRL packs the data set before batching, so its batch counts rows; the deck's counts samples.
+    if (packing)
+      im_.warn("train.batch_size", t_origin("packing"),
+               "TRL packs the data set into rows of max_length tokens before batching, so per_device_train_batch_size "
+               "counts packed rows of several samples; train.batch_size counts samples (shardlm packs each step's "
+               "samples into rows, and train.micro_batch_size counts rows, as TRL's). A TRL step takes about "
+               "data.max_length / (mean tokens per sample) times more samples than this batch, and an epoch here has "
+               "that many times more steps (what max_steps, warmup_steps, save_steps and eval_steps count): multiply "
+               "train.batch_size by that ratio to train as TRL does (`shardlm preprocess DECK` gives the samples' tokens)");
     const std::string strategy = text(t_.get("packing_strategy"), args_ + ": packing_strategy");
     if (packing && strategy != "bfd")
       im_.warn("data.packing", t_origin("packing_strategy"),
@@ -973,6 +1048,7 @@ class Conversion {
   }
 
   AccelerateImport result(const std::string& command_line) {
+    im_.check();
     if (!im_.has("model.dir") && !im_.has("model.hidden_size"))
       im_.warn("", "model", "neither file names the model: give --model.dir=PATH (a Hugging Face model directory) "
                             "before `shardlm train`, or edit the deck");

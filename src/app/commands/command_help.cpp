@@ -212,7 +212,9 @@ const char* kImportAccelerateUsage =
     "                         knows, with the deck key each sets or why none (docs/accelerate.md)\n"
     "  -h, --help             print this text\n"
     "\n"
-    "An unknown key (with the nearest known one), a malformed file or a value out of range is an error.\n";
+    "An unknown key of either file or of the deck (with the nearest known one), a malformed file, or a\n"
+    "value out of range (each deck key and value is checked as `shardlm train` checks it) is an error, and\n"
+    "no deck is written. The files and folders a key names are looked for by `shardlm train`.\n";
 
 // The docs: the module's SHARDLM_DOCS, else installed beside the binary (PREFIX/share/doc/shardlm),
 // else the source tree's docs/ when the binary is in a build folder of it.

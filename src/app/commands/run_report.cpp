@@ -49,10 +49,17 @@ bool any_finite(const std::vector<RunRecord>& runs, double RunRecord::*field) {
   return std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return std::isfinite(r.*field); });
 }
 
-size_t max_evals(const std::vector<RunRecord>& runs) {
-  size_t n = 0;
-  for (const RunRecord& r : runs) n = std::max(n, r.eval_losses.size());
+// The last epoch any run evaluated at its end: the number of eval-loss-per-epoch columns.
+int max_eval_epoch(const std::vector<RunRecord>& runs) {
+  int n = 0;
+  for (const RunRecord& r : runs)
+    if (!r.eval_loss_by_epoch.empty()) n = std::max(n, r.eval_loss_by_epoch.rbegin()->first);
   return n;
+}
+
+double epoch_eval_loss(const RunRecord& r, int epoch) {
+  auto it = r.eval_loss_by_epoch.find(epoch);
+  return it == r.eval_loss_by_epoch.end() ? NAN : it->second;
 }
 
 std::string csv_field(const std::string& s) {
@@ -92,15 +99,30 @@ std::string segments_markdown(const std::vector<RunRecord>& runs) {
   return out;
 }
 
+// The evaluations inside an epoch, one row per run that has any: the epoch column above holds epoch ends only.
+std::string step_evals_markdown(const std::vector<RunRecord>& runs) {
+  std::string out;
+  for (const RunRecord& r : runs) {
+    if (r.step_evals.empty()) continue;
+    if (out.empty())
+      out = "\nEvaluations inside an epoch (eval.every_steps, or a run that stopped inside one), not in the eval loss "
+            "per epoch above:\n\n| run | step (epoch): eval loss |\n| --- | --- |\n";
+    std::string evals;
+    for (const auto& [step, e] : r.step_evals)
+      evals += concat(evals.empty() ? "" : ", ", step, " (", fixed(e.epoch, "%.2f"), "): ", fixed(e.loss, "%.4f"));
+    out += concat("| ", r.name, " | ", evals, " |\n");
+  }
+  return out;
+}
+
 std::string segment_ranks(const RunRecord& r) {
   std::string out;
   for (const RunSegment& seg : r.segments) out += (out.empty() ? "" : ";") + std::to_string(seg.ranks);
   return out;
 }
 
-// One record of metrics.jsonl into the run (`last_eval_epoch`: the epoch of the last eval record, which
-// a resumed run's first evaluation of the same epoch replaces). Throws on a malformed record.
-void read_record(const nlohmann::json& j, const std::string& type, RunRecord& run, double& last_eval_epoch) {
+// One record of metrics.jsonl into the run. Throws on a malformed record.
+void read_record(const nlohmann::json& j, const std::string& type, RunRecord& run) {
   if (type == "setup") {
     // Each process of the run (the first, then each resume) starts with one.
     RunSegment seg;
@@ -121,14 +143,13 @@ void read_record(const nlohmann::json& j, const std::string& type, RunRecord& ru
     run.segments.back().last_step = step;
   } else if (type == "eval") {
     const double loss = j.at("eval_loss").get<double>();
+    // The trainer records epochs done (epoch + steps into it / steps per epoch): whole, exactly, at an
+    // epoch's end only. A repeat (a resume at an epoch's end evaluates it again) keeps the later loss.
     const double epoch = number_or_nan(j, "epoch");
-    if (!run.eval_losses.empty() && std::isfinite(epoch) && epoch == last_eval_epoch) {
-      run.eval_losses.pop_back();
-      run.eval_samples_per_second.pop_back();
-    }
-    last_eval_epoch = epoch;
-    run.eval_losses.push_back(loss);
-    run.eval_samples_per_second.push_back(number_or_nan(j, "eval_samples_per_second"));
+    if (std::isfinite(epoch) && epoch >= 1 && epoch == std::floor(epoch))
+      run.eval_loss_by_epoch[static_cast<int>(epoch)] = loss;
+    else
+      run.step_evals[j.at("step").get<long>()] = {epoch, loss};
     run.exact_match = number_or_nan(j, "eval_exact_match");
     run.f1 = number_or_nan(j, "eval_f1");
   } else if (type == "summary") {
@@ -154,7 +175,6 @@ void read_metrics(const std::string& run_dir, RunRecord& run) {
                 ": cannot open the metrics log (is this a shardlm run directory?)");
   const std::unique_ptr<std::istream> metrics = open_input_file(metrics_path, "metrics log", kMaxDataFileBytes);
   std::string line;
-  double last_eval_epoch = NAN;
   for (size_t number = 1; std::getline(*metrics, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::string type;
@@ -163,7 +183,7 @@ void read_metrics(const std::string& run_dir, RunRecord& run) {
       if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
         throw std::runtime_error("expected a JSON object with a string 'type'");
       type = j["type"];
-      read_record(j, type, run, last_eval_epoch);
+      read_record(j, type, run);
     } catch (const std::exception& e) {
       // One bad line (a crash mid-write, a hand edit) does not hide the rest of the run.
       run.warnings.push_back(concat(metrics_path, ":", number, ": skipped",
@@ -282,8 +302,10 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
   if (f1) out += " F1 |", rule += " ---: |";
   out += "\n" + rule + "\n";
   for (const RunRecord& r : runs) {
+    // Epochs 1 to the last the run evaluated, "-" for one it did not.
     std::string evals;
-    for (size_t i = 0; i < r.eval_losses.size(); ++i) evals += (i ? ", " : "") + fixed(r.eval_losses[i], "%.4f");
+    const int epochs = r.eval_loss_by_epoch.empty() ? 0 : r.eval_loss_by_epoch.rbegin()->first;
+    for (int e = 1; e <= epochs; ++e) evals += (e > 1 ? ", " : "") + fixed(epoch_eval_loss(r, e), "%.4f");
     out += concat("| ", r.name, " | ", r.backend, " | ", r.strategy, " | ", r.param_dtype, " | ", r.ranks_text(), " | ",
                   r.nodes, " | ", r.global_batch > 0 ? std::to_string(r.global_batch) : "-", " | ", r.grad_accum_text(),
                   " | ", fixed(r.train_samples_per_second, "%.2f"), " | ",
@@ -299,6 +321,7 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
                            "largest over ranks.\n")
              : concat("\nspeed-up and efficiency against ", base.name, " (", base.ranks,
                       " rank(s)); peak memory is the largest over ranks.\n");
+  out += step_evals_markdown(runs);
   out += segments_markdown(runs);
   return out;
 }
@@ -306,11 +329,11 @@ std::string report_markdown(const std::vector<RunRecord>& runs) {
 std::string report_csv(const std::vector<RunRecord>& runs) {
   SHARDLM_CHECK(!runs.empty(), "report: no runs");
   const RunRecord& base = runs[base_run(runs)];
-  const size_t epochs = max_evals(runs);
+  const int epochs = max_eval_epoch(runs);
   std::string out =
       "run,dir,backend,strategy,param_dtype,ranks,nodes,global_batch,grad_accum,train_samples_per_second,speedup,efficiency,"
       "peak_memory_bytes,final_train_loss,train_loss";
-  for (size_t e = 1; e <= epochs; ++e) out += concat(",eval_loss_", e);
+  for (int e = 1; e <= epochs; ++e) out += concat(",eval_loss_", e);
   out += ",eval_exact_match,eval_f1,segments,segment_ranks\n";
   for (const RunRecord& r : runs) {
     out += concat(csv_field(r.name), ",", csv_field(r.dir), ",", csv_field(r.backend), ",", csv_field(r.strategy),
@@ -320,7 +343,7 @@ std::string report_csv(const std::vector<RunRecord>& runs) {
                   ",", csv_number(r.train_samples_per_second),
                   ",", csv_number(speedup(r, base)), ",", csv_number(efficiency(r, base)), ",",
                   csv_number(r.peak_memory_bytes), ",", csv_number(r.final_loss), ",", csv_number(r.train_loss));
-    for (size_t e = 0; e < epochs; ++e) out += "," + (e < r.eval_losses.size() ? csv_number(r.eval_losses[e]) : "");
+    for (int e = 1; e <= epochs; ++e) out += "," + csv_number(epoch_eval_loss(r, e));
     out += concat(",", csv_number(r.exact_match), ",", csv_number(r.f1), ",", r.segments.size(), ",",
                   segment_ranks(r), "\n");
   }

@@ -45,8 +45,16 @@ struct RunRecord {
   double train_loss = NAN;  // mean over the run's steps, all segments
   double final_loss = NAN;  // the last logged train loss
   double peak_memory_bytes = NAN;  // largest over ranks
-  std::vector<double> eval_losses;  // one per evaluation, in order
-  std::vector<double> eval_samples_per_second;
+  // The eval loss at the end of each epoch, by epoch (1, 2, ...): the eval records whose epoch is whole. A
+  // resumed run that evaluates an epoch again keeps the later loss.
+  std::map<int, double> eval_loss_by_epoch;
+  // The evaluations inside an epoch, by step (eval.every_steps, or a last one where train.max_steps or early
+  // stopping ended a segment inside an epoch): listed below the table, never as an epoch's.
+  struct StepEval {
+    double epoch = NAN;
+    double loss = NAN;
+  };
+  std::map<long, StepEval> step_evals;
   double exact_match = NAN;  // the last evaluation's, when scored
   double f1 = NAN;
   std::map<long, double> train_loss_by_step;  // a resumed run's repeated steps keep the last value
