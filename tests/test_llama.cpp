@@ -1168,6 +1168,36 @@ BOOST_AUTO_TEST_CASE(transformers_5_config_reads) {
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(local_scaled, "c"); }), "rope_type 'linear'"));
 }
 
+// google/gemma-3-4b-it's config.json as the hub has it (tests/fixtures/hf/config_only): its text_config names only
+// hidden_size, intermediate_size, num_hidden_layers, rope_scaling and sliding_window, and transformers takes every
+// other key from Gemma3TextConfig's defaults; gemma-3-12b-it and 27b-it leave out no more keys than these.
+BOOST_AUTO_TEST_CASE(a_sparse_multimodal_text_config_takes_gemma3_text_config_defaults) {
+  const std::string path = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/config_only/gemma-3-4b-it.json";
+  const ModelConfig cfg = model_config_from_hf(read_text_file(path), path);
+  BOOST_TEST(cfg.arch == "gemma3");
+  BOOST_TEST(cfg.hidden_size == 2560);  // the file's
+  BOOST_TEST(cfg.intermediate_size == 10240);
+  BOOST_TEST(cfg.num_layers == 34);
+  BOOST_TEST(cfg.sliding_window == 1024);
+  BOOST_TEST(cfg.rope_linear_factor == 8.0f);
+  BOOST_TEST(cfg.vocab_size == 262208);  // Gemma3TextConfig's
+  BOOST_TEST(cfg.num_heads == 8);
+  BOOST_TEST(cfg.kv_heads() == 4);
+  BOOST_TEST(cfg.head_dim() == 256);
+  BOOST_TEST(cfg.rms_norm_eps == 1e-6f);
+  BOOST_TEST(cfg.max_position_embeddings == 131072);
+  BOOST_TEST(cfg.init_std == 0.02f);
+  BOOST_TEST(cfg.tie_word_embeddings);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.rope_local_theta == 1e4f);
+  BOOST_TEST(cfg.query_pre_attn_scalar == 256.0f);
+  BOOST_TEST(cfg.sliding_window_pattern == 6);
+  // The text model alone of an empty text_config is Gemma3TextConfig() itself.
+  const ModelConfig bare = model_config_from_hf(R"({"model_type": "gemma3", "text_config": {}})", "bare");
+  BOOST_TEST((bare.hidden_size == 2304 && bare.intermediate_size == 9216 && bare.num_layers == 26));
+  BOOST_TEST(bare.sliding_window == 4096);
+}
+
 // Soft-capping (Gemma 2's), bidirectional attention, another activation and Gemma 2 itself are refused
 // naming the file and why.
 BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
