@@ -46,6 +46,9 @@ RopeKeys read_rope(const HfConfigReader::Json& j, const std::string& source, flo
   const HfConfigReader r(j, source);
   RopeKeys k;
   k.theta = r.positive_or({"rope_theta"}, theta);
+  const double partial = r.get_or<double>({"partial_rotary_factor"}, 1.0);
+  SHARDLM_CHECK(partial == 1.0, source, ": partial_rotary_factor = ", partial, " is not supported (Gemma 3 rotates the "
+                "whole head); a factor of 1 (or none) is");
   const std::string type = r.get_or<std::string>({"rope_type", "type"}, "default");
   if (type == "linear" && global) {
     k.linear_factor = r.get<float>({"factor"});
