@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -256,7 +257,7 @@ BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {
     expect_error(np, "generate " + dir.string() + " --prompt-ids 1", "is neither a checkpoint");
     expect_error(np, "generate " + llama + " --prompt-ids 1,500", "token id 500, outside the model's vocabulary of 97");
     // The byte tokenizer's 259 ids do not fit the fixture's 97.
-    expect_error(np, "generate " + llama + " --prompt hello", "more than the model's vocab_size 97");
+    expect_error(np, "generate " + llama + " --data.tokenizer=byte --prompt hello", "more than the model's vocab_size 97");
     expect_error(np, "generate " + llama + " --adapter " SHARDLM_SOURCE_DIR "/tests/fixtures/peft/tiny_bloom_lora --prompt-ids 1",
                  "tiny_bloom_lora");
     expect_error(np, "generate " + llama + " --prompt-ids 1 --run.bakend=cpu", "run.backend");
@@ -281,4 +282,98 @@ BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {
       BOOST_TEST(count_of(o.output, "usage: [mpirun -np N] shardlm generate") == 1u);
     }
   }
+}
+
+namespace {
+
+// A copy of the fixture folder `model` as `dir`, its config.json changed by `edit`.
+fs::path edited_copy(const std::string& model, const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  fs::remove_all(dir);
+  fs::copy(kFixtures + "/" + model, dir, fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(read_text_file((dir / "config.json").string()));
+  edit(config);
+  std::ofstream(dir / "config.json") << config.dump(1);
+  return dir;
+}
+
+}  // namespace
+
+// Without generation_config.json, config.json's eos_token_id stops the answer, as transformers' generate() takes
+// it (GenerationConfig.from_model_config): a number or a list, the text_config's of Gemma 3's multimodal
+// checkpoints where the top level has none. A generation_config.json that is not JSON, or ids that are not
+// integers, end with one message naming the file.
+BOOST_AUTO_TEST_CASE(config_json_eos_stops_without_a_generation_config) {
+  const fs::path dir = scratch("generate_config_eos");
+  // The tiny Llama continues 90 with 73, 73, 73, 8 (docs/generate.md's example).
+  for (const nlohmann::json& eos : {nlohmann::json(8), nlohmann::json::array({52, 8})}) {
+    const fs::path model = edited_copy("tiny_llama", dir / "llama", [&](nlohmann::json& c) { c["eos_token_id"] = eos; });
+    const Result r = generate(1, model.string() + " --prompt-ids 90 --max-new-tokens 12", dir / "out.json");
+    BOOST_TEST_CONTEXT("eos_token_id " << eos.dump()) {
+      BOOST_TEST(r.ids == (std::vector<int32_t>{73, 73, 73}), boost::test_tools::per_element());
+      BOOST_TEST(r.finish == "stop");
+    }
+  }
+  // The fixture's own eos_token_id 2; no tokenizer, so no byte EOS (257) beside it.
+  const Outcome plain = run_shardlm(1, "generate " + kFixtures + "/tiny_llama --prompt-ids 90 --max-new-tokens 2");
+  BOOST_TEST(plain.exit_code == 0, plain.output);
+  BOOST_TEST(contains(plain.output, "greedy, stop ids 2\n"), plain.output);
+  // Gemma 3's multimodal folder: its text_config's eos_token_id, the top level's where it has one.
+  const fs::path gemma = edited_copy("tiny_gemma3_mm", dir / "gemma", [](nlohmann::json& c) {
+    c["text_config"]["eos_token_id"] = 7;
+  });
+  fs::remove(gemma / "generation_config.json");
+  const Outcome text_config = run_shardlm(1, "generate " + gemma.string() + " --prompt-ids 2 --max-new-tokens 2");
+  BOOST_TEST(contains(text_config.output, "greedy, stop ids 7\n"), text_config.output);
+  nlohmann::json config = nlohmann::json::parse(read_text_file((gemma / "config.json").string()));
+  config["eos_token_id"] = {1, 106};
+  std::ofstream(gemma / "config.json") << config.dump(1);
+  const Outcome top = run_shardlm(1, "generate " + gemma.string() + " --prompt-ids 2 --max-new-tokens 2");
+  BOOST_TEST(contains(top.output, "greedy, stop ids 1, 106\n"), top.output);
+  // A generation_config.json there is read instead, and must be JSON.
+  std::ofstream(gemma / "generation_config.json") << "{\"eos_token_id\": 1,";
+  for (int np : {1, 2})
+    expect_error(np, "generate " + gemma.string() + " --prompt-ids 2", "generation_config.json is not valid JSON");
+  const fs::path text_ids = edited_copy("tiny_llama", dir / "text_ids", [](nlohmann::json& c) {
+    c["eos_token_id"] = {2, "</s>"};
+  });
+  expect_error(2, "generate " + text_ids.string() + " --prompt-ids 2",
+               "config.json: 'eos_token_id' must be a token id or a list of them (integers >= 0), holds \"</s>\"");
+}
+
+// A model folder without tokenizer.json takes token ids and gives token ids: a text prompt is refused as training
+// refuses the folder (the byte tokenizer fits this vocabulary of 259, and read the text and wrote the answer in
+// another vocabulary than the model's, in silence), and the byte tokenizer's EOS is no stop. A run trained with
+// the byte tokenizer on purpose keeps it: its text in and out, its EOS a stop.
+BOOST_AUTO_TEST_CASE(a_model_folder_without_a_tokenizer_takes_and_gives_ids) {
+  const fs::path run = trained_chat_run();
+  const fs::path dir = scratch("generate_no_tokenizer");
+  const fs::path model = dir / "model";
+  const Outcome exported = run_shardlm(1, "export " + (run / "checkpoints").string() + " " + model.string());
+  BOOST_TEST_REQUIRE(exported.exit_code == 0, exported.output);
+  fs::remove(model / "tokenizer.json");
+  for (int np : {1, 2}) {
+    expect_error(np, "generate " + model.string() + " --prompt sky", "or give the prompt as token ids with --prompt-ids");
+    expect_error(np, "generate " + model.string() + " --prompt sky",
+                 "data.tokenizer = auto: model.dir " + model.string() + " has no tokenizer.json");
+  }
+  // Ids in, ids out; the folder's own eos_token_id (257 in its config.json) still stops.
+  const Result ids = generate(2, model.string() + " --prompt-ids 256,115,107,121 --max-new-tokens 4", dir / "out.json");
+  std::string printed;
+  for (int32_t id : ids.ids) printed += (printed.empty() ? "" : " ") + std::to_string(id);
+  BOOST_TEST(ids.text == printed);
+  const Outcome with_eos = run_shardlm(1, "generate " + model.string() + " --prompt-ids 256 --max-new-tokens 1");
+  BOOST_TEST(contains(with_eos.output, "greedy, stop ids 257\n"), with_eos.output);
+  fs::remove(model / "generation_config.json");
+  nlohmann::json config = nlohmann::json::parse(read_text_file((model / "config.json").string()));
+  config.erase("eos_token_id");
+  std::ofstream(model / "config.json") << config.dump(1);
+  const Outcome no_eos = run_shardlm(1, "generate " + model.string() + " --prompt-ids 256 --max-new-tokens 1");
+  BOOST_TEST(contains(no_eos.output, "greedy, no stop ids\n"), no_eos.output);
+  // The byte tokenizer asked for by name reads text.
+  const Result byte = generate(1, model.string() + " --data.tokenizer=byte --prompt sky --max-new-tokens 2", dir / "b.json");
+  BOOST_TEST((byte.ids.size() <= 2u && !byte.finish.empty()));
+  // The run that trained it with the byte tokenizer: text, and the byte tokenizer's EOS a stop.
+  const Outcome trained = run_shardlm(1, "generate " + run.string() + " --prompt sky --max-new-tokens 1");
+  BOOST_TEST(trained.exit_code == 0, trained.output);
+  BOOST_TEST(contains(trained.output, "greedy, stop ids 257\n"), trained.output);
 }

@@ -249,7 +249,7 @@ BOOST_AUTO_TEST_CASE(bad_model_directories_fail_clearly) {
   expect(d, {"model_type 'gpt2' is not supported"});
   d = scratch_copy("tiny_llama", "rope_yarn");
   replace_in(d / "config.json", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"");
-  expect(d, {"rope_scaling type 'yarn' is not supported"});
+  expect(d, {"rope_parameters type 'yarn' is not supported"});  // the key tiny_llama's config.json uses
   d = scratch_copy("tiny_bloom", "no_weights");
   fs::remove(d / "model.safetensors");
   expect(d, {"neither model.safetensors nor model.safetensors.index.json"});

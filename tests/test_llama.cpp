@@ -778,6 +778,54 @@ BOOST_AUTO_TEST_CASE(config_json_sizes_are_checked) {
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(bloom, "b"); }), "'layer_norm_epsilon' = 0: must be > 0"));
 }
 
+// A partial_rotary_factor (at the top, or inside rope_parameters or rope_scaling) would be read and ignored by a
+// family that rotates the whole head: it is refused naming the file and the key; 1 is no change. Errors about
+// the rope keys name the key the file used.
+BOOST_AUTO_TEST_CASE(partial_rotary_is_refused_where_the_family_rotates_the_whole_head) {
+  const std::string base = R"({"model_type": "TYPE", "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "num_hidden_layers": 2EXTRA})";
+  auto with = [&](const std::string& type, const std::string& extra) {
+    std::string t = base;
+    t.replace(t.find("TYPE"), 4, type);
+    t.replace(t.find("EXTRA"), 5, extra);
+    return t;
+  };
+  for (const std::string type : {"llama", "qwen2", "qwen3", "mistral"}) {
+    for (const std::pair<std::string, std::string>& extra_key : std::vector<std::pair<std::string, std::string>>{
+             {R"(, "partial_rotary_factor": 0.5)", "'partial_rotary_factor' = 0.5"},
+             {R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})",
+              "'rope_parameters.partial_rotary_factor' = 0.5"},
+             {R"(, "rope_scaling": {"rope_type": "default", "partial_rotary_factor": 0.25})",
+              "'rope_scaling.partial_rotary_factor' = 0.25"}}) {
+      const std::string text = with(type, extra_key.first);
+      const std::string message = error_of([&] { model_config_from_hf(text, "dir/config.json"); });
+      BOOST_TEST_CONTEXT(text) {
+        BOOST_TEST(contains(message, "dir/config.json"), message);
+        BOOST_TEST(contains(message, extra_key.second), message);
+        BOOST_TEST(contains(message, "only for phi3"), message);
+      }
+    }
+    BOOST_TEST(model_config_from_hf(with(type, R"(, "partial_rotary_factor": 1.0)"), "c").rotary_dim() == 16);
+    // A rope type of rope_parameters is named so, not rope_scaling.
+    const std::string yarn = error_of([&] {
+      model_config_from_hf(with(type, R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})"), "c");
+    });
+    BOOST_TEST(contains(yarn, "rope_parameters type 'yarn' is not supported"), yarn);
+    BOOST_TEST(!contains(yarn, "rope_scaling"), yarn);
+  }
+}
+
+// An absent rms_norm_eps is the family's transformers config class default: Phi3Config's 1e-5, the others' 1e-6
+// (Gemma3TextConfig's: a_sparse_multimodal_text_config_takes_gemma3_text_config_defaults).
+BOOST_AUTO_TEST_CASE(an_absent_rms_norm_eps_is_the_config_class_default) {
+  for (const std::pair<std::string, float>& family : std::vector<std::pair<std::string, float>>{
+           {"llama", 1e-6f}, {"qwen2", 1e-6f}, {"qwen3", 1e-6f}, {"mistral", 1e-6f}, {"phi3", 1e-5f}}) {
+    const std::string text = R"({"model_type": ")" + family.first + R"(", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "num_hidden_layers": 2})";
+    BOOST_TEST(model_config_from_hf(text, "c").rms_norm_eps == family.second, family.first);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---- Qwen3: layout, names, config.json ---------------------------------------------------------
@@ -1168,6 +1216,36 @@ BOOST_AUTO_TEST_CASE(transformers_5_config_reads) {
   BOOST_TEST(contains(error_of([&] { model_config_from_hf(local_scaled, "c"); }), "rope_type 'linear'"));
 }
 
+// google/gemma-3-4b-it's config.json as the hub has it (tests/fixtures/hf/config_only): its text_config names only
+// hidden_size, intermediate_size, num_hidden_layers, rope_scaling and sliding_window, and transformers takes every
+// other key from Gemma3TextConfig's defaults; gemma-3-12b-it and 27b-it leave out no more keys than these.
+BOOST_AUTO_TEST_CASE(a_sparse_multimodal_text_config_takes_gemma3_text_config_defaults) {
+  const std::string path = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/config_only/gemma-3-4b-it.json";
+  const ModelConfig cfg = model_config_from_hf(read_text_file(path), path);
+  BOOST_TEST(cfg.arch == "gemma3");
+  BOOST_TEST(cfg.hidden_size == 2560);  // the file's
+  BOOST_TEST(cfg.intermediate_size == 10240);
+  BOOST_TEST(cfg.num_layers == 34);
+  BOOST_TEST(cfg.sliding_window == 1024);
+  BOOST_TEST(cfg.rope_linear_factor == 8.0f);
+  BOOST_TEST(cfg.vocab_size == 262208);  // Gemma3TextConfig's
+  BOOST_TEST(cfg.num_heads == 8);
+  BOOST_TEST(cfg.kv_heads() == 4);
+  BOOST_TEST(cfg.head_dim() == 256);
+  BOOST_TEST(cfg.rms_norm_eps == 1e-6f);
+  BOOST_TEST(cfg.max_position_embeddings == 131072);
+  BOOST_TEST(cfg.init_std == 0.02f);
+  BOOST_TEST(cfg.tie_word_embeddings);
+  BOOST_TEST(cfg.rope_theta == 1e6f);
+  BOOST_TEST(cfg.rope_local_theta == 1e4f);
+  BOOST_TEST(cfg.query_pre_attn_scalar == 256.0f);
+  BOOST_TEST(cfg.sliding_window_pattern == 6);
+  // The text model alone of an empty text_config is Gemma3TextConfig() itself.
+  const ModelConfig bare = model_config_from_hf(R"({"model_type": "gemma3", "text_config": {}})", "bare");
+  BOOST_TEST((bare.hidden_size == 2304 && bare.intermediate_size == 9216 && bare.num_layers == 26));
+  BOOST_TEST(bare.sliding_window == 4096);
+}
+
 // Soft-capping (Gemma 2's), bidirectional attention, another activation and Gemma 2 itself are refused
 // naming the file and why.
 BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
@@ -1181,6 +1259,11 @@ BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
                                        "\"use_bidirectional_attention\": true, \"rope_scaling\": null")),
                       "use_bidirectional_attention"));
   BOOST_TEST(contains(refused(replaced(kGemma1B, "gelu_pytorch_tanh", "gelu")), "hidden_activation 'gelu'"));
+  BOOST_TEST(contains(refused(replaced(kGemma1B, "\"rope_scaling\": null", "\"partial_rotary_factor\": 0.5")),
+                      "'partial_rotary_factor' = 0.5"));
+  BOOST_TEST(contains(refused(replaced(kGemma1B, "\"rope_scaling\": null",
+                                       R"("rope_scaling": {"rope_type": "default", "partial_rotary_factor": 0.5})")),
+                      "rope_scaling: partial_rotary_factor = 0.5 is not supported"));
   const std::string gemma2 = refused(replaced(kGemma1B, "\"gemma3_text\"", "\"gemma2\""));
   BOOST_TEST(contains(gemma2, "Gemma 2"), gemma2);
   BOOST_TEST(contains(gemma2, "soft-caps"), gemma2);
@@ -1306,7 +1389,7 @@ BOOST_AUTO_TEST_CASE(unsupported_keys_are_refused_naming_file_and_key) {
     BOOST_TEST(contains(message, "dir/config.json"), message);
     BOOST_TEST(contains(message, key), message);
   };
-  refused(replaced("\"rope_type\": \"longrope\"", "\"rope_type\": \"yarn\""), "yarn");
+  refused(replaced("\"rope_type\": \"longrope\"", "\"rope_type\": \"dynamic\""), "rope_parameters type 'dynamic'");
   refused(replaced("\"vocab_size\": 97", "\"vocab_size\": 97, \"attention_bias\": true"), "attention_bias");
   refused(replaced("\"vocab_size\": 97", "\"vocab_size\": 97, \"mlp_bias\": true"), "mlp_bias");
   refused(replaced("\"partial_rotary_factor\": 0.75", "\"partial_rotary_factor\": 1.5"), "partial_rotary_factor");
@@ -1315,6 +1398,22 @@ BOOST_AUTO_TEST_CASE(unsupported_keys_are_refused_naming_file_and_key) {
   std::string no_original = replaced("\"original_max_position_embeddings\": 8,", "");
   no_original = no_original.replace(no_original.find("\"original_max_position_embeddings\": 8,"), 38, "");
   refused(no_original, "original_max_position_embeddings");
+}
+
+// Phi3Config reads the old rope types su and yarn as longrope, from rope_parameters or rope_scaling; a refused type
+// names the key the file used.
+BOOST_AUTO_TEST_CASE(su_and_yarn_are_longrope) {
+  for (const std::string type : {"su", "yarn"}) {
+    std::string t = kPhi3Mini128k;
+    t.replace(t.find("\"longrope\""), 10, "\"" + type + "\"");
+    const ModelConfig cfg = model_config_from_hf(t, type);
+    BOOST_TEST((cfg.longrope.long_factor == std::vector<float>{1.08f, 1.11f, 1.14f, 1.34f}), type);
+    BOOST_TEST(cfg.longrope.original_max_position_embeddings == 4096, type);
+  }
+  std::string dynamic = kPhi3Mini128k;
+  dynamic.replace(dynamic.find("\"longrope\""), 10, "\"dynamic\"");
+  const std::string message = error_of([&] { model_config_from_hf(dynamic, "c"); });
+  BOOST_TEST(contains(message, "rope_scaling type 'dynamic' is not supported"), message);
 }
 
 // A forward of no more positions than the original context takes the short factors, a longer one the long

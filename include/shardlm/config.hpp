@@ -231,6 +231,10 @@ struct RunConfig {
   }
 };
 
+// Why data.tokenizer = auto finds no tokenizer: `model_dir` has no tokenizer.json (training's error; `shardlm
+// generate` adds what it takes instead).
+std::string missing_tokenizer_message(const std::string& model_dir);
+
 // Reads the deck, applies overrides ("--section.key=value" or "--section.key value"), checks
 // every value and every file, and the batch size against `world_size` ranks and the node size.
 // Throws Error with one message naming the key (and the nearest valid key for an unknown one).

@@ -281,6 +281,11 @@ static void take_model_dir_shape(RunConfig& cfg) {
   cfg.model.lora = deck.model.lora;
 }
 
+std::string missing_tokenizer_message(const std::string& model_dir) {
+  return concat("data.tokenizer = auto: model.dir ", model_dir,
+                " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
+}
+
 RunConfig load_run_config_text(const std::string& text, const std::string& deck_path, const std::string& deck_dir,
                                const std::vector<std::string>& overrides, int world_size, bool check_data_files) {
   const GivenKeys g = given_keys(text, deck_path, deck_dir, overrides);
@@ -303,8 +308,8 @@ RunConfig load_run_config_text(const std::string& text, const std::string& deck_
   if (cfg.data.tokenizer == TokenizerSource::Auto) {
     cfg.data.tokenizer_file = cfg.tokenizer_json();
     cfg.data.tokenizer = cfg.data.tokenizer_file.empty() ? TokenizerSource::Byte : TokenizerSource::File;
-    SHARDLM_CHECK(cfg.data.tokenizer_file.empty() || fs::exists(cfg.data.tokenizer_file), "data.tokenizer = auto: model.dir ",
-                  cfg.model.dir, " has no tokenizer.json; set data.tokenizer to a tokenizer.json (or byte)");
+    SHARDLM_CHECK(cfg.data.tokenizer_file.empty() || fs::exists(cfg.data.tokenizer_file),
+                  missing_tokenizer_message(cfg.model.dir));
   }
   cfg.model.packed = cfg.data.packing;  // the model sizes its packed-attention buffers by it
   check_run_config(cfg, world_size);

@@ -55,6 +55,13 @@ CheckpointFacts read_checkpoint_facts(const std::string& path, MPI_Comm comm) {
   return facts;
 }
 
+// Whether the command line's deck overrides set `key` ("--section.key=value" or "--section.key value").
+bool overrides_set(const std::vector<std::string>& overrides, const std::string& key) {
+  for (const std::string& o : overrides)
+    if (o == "--" + key || o.rfind("--" + key + "=", 0) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 std::string generation_source_kind(const std::string& path, std::string* checkpoint) {
@@ -76,7 +83,7 @@ std::string generation_source_kind(const std::string& path, std::string* checkpo
 }
 
 GenerationModel load_generation_model(const std::string& path, const std::string& adapter,
-                                      const std::vector<std::string>& overrides, MPI_Comm comm) {
+                                      const std::vector<std::string>& overrides, bool text_prompt, MPI_Comm comm) {
   const int world = size_of(comm);
   GenerationModel g;
   std::string kind;
@@ -101,10 +108,17 @@ GenerationModel load_generation_model(const std::string& path, const std::string
     deck["dist.ranks_per_node"] = "0";
   } else {
     deck["model.dir"] = fs::absolute(path).lexically_normal().string();
-    // A folder without a tokenizer (ids in, ids out: --prompt-ids) gets the byte tokenizer, which a
-    // text prompt then finds too large for a small vocabulary, saying so.
+    // A folder without a tokenizer takes ids only (--prompt-ids): the byte tokenizer would encode a text prompt
+    // and decode the answer in another vocabulary than the model's, in silence.
     std::error_code ec;
-    if (!fs::exists(fs::path(path) / "tokenizer.json", ec)) deck["data.tokenizer"] = "byte";
+    if (!fs::exists(fs::path(path) / "tokenizer.json", ec) && !overrides_set(overrides, "data.tokenizer")) {
+      run_collectively(comm, [&] {
+        SHARDLM_CHECK(!text_prompt, missing_tokenizer_message(deck["model.dir"]),
+                      " (--data.tokenizer=PATH), or give the prompt as token ids with --prompt-ids");
+      });
+      deck["data.tokenizer"] = "byte";
+      g.ids_only = true;
+    }
     if (!adapter.empty()) deck["model.adapter"] = fs::absolute(adapter).lexically_normal().string();
   }
   // One sequence a rank at a time; any world divides that batch.

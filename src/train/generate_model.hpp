@@ -19,6 +19,9 @@ struct GenerationModel {
   std::string checkpoint;              // the checkpoint file read; empty for a model folder
   std::string description;             // what was loaded, in words, for the log
   std::unique_ptr<FsdpEngine> engine;  // micro-batches of one sequence
+  // A model folder without tokenizer.json and no data.tokenizer given: token ids in and out. The deck's
+  // tokenizer is then the byte tokenizer only because a deck needs one: nothing is encoded or decoded with it.
+  bool ids_only = false;
 };
 
 // What `path` is: "checkpoint" (a .h5 file, a folder with a `latest` file, or a run folder whose
@@ -29,8 +32,10 @@ std::string generation_source_kind(const std::string& path, std::string* checkpo
 // Loads the model at `path` (and `adapter`, a PEFT adapter folder, for a model folder only) with the
 // deck overrides ("--section.key=value": the backend, dtypes, the tokenizer, the chat template).
 // The deck is the checkpoint's resolved deck (the run's model.dir, tokenizer and [lora]) or one with
-// model.dir = path; its data files are not read. Collective; errors end every rank with one message.
+// model.dir = path; its data files are not read. `text_prompt`: the prompt is text, which a model folder
+// without a tokenizer refuses before its weights are read (ids_only otherwise). Collective; errors end every
+// rank with one message.
 GenerationModel load_generation_model(const std::string& path, const std::string& adapter,
-                                      const std::vector<std::string>& overrides, MPI_Comm comm);
+                                      const std::vector<std::string>& overrides, bool text_prompt, MPI_Comm comm);
 
 }  // namespace shardlm

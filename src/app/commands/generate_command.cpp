@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "../../core/input_file.hpp"
 #include "../../data/chat.hpp"
 #include "../../train/generate.hpp"
 #include "../../train/generate_model.hpp"
@@ -154,18 +155,42 @@ std::string prompt_text(const GenerateArgs& g, MPI_Comm comm) {
   return g.prompt;
 }
 
-// generation_config.json's eos_token_id (a number or a list) in `dir`; none when absent.
-std::vector<int32_t> generation_config_eos(const std::string& dir) {
+// The ids that end an answer by the model folder's own word, as transformers' generate() takes them: the
+// eos_token_id (a number or a list) of `dir`'s generation_config.json, or without that file of its config.json
+// (GenerationConfig.from_model_config), of its text_config where the top level has none (Gemma 3's multimodal
+// checkpoints). None without a folder or an eos_token_id. A file that is not JSON, or ids that are not integers
+// >= 0, are an Error naming the file.
+std::vector<int32_t> model_eos_ids(const std::string& dir) {
+  if (dir.empty()) return {};
   std::error_code ec;
-  const fs::path file = fs::path(dir) / "generation_config.json";
-  if (dir.empty() || !fs::is_regular_file(file, ec)) return {};
-  const nlohmann::json j = nlohmann::json::parse(read_input_file(file.string(), "generation config", kMaxDeckBytes),
-                                                 nullptr, false);
+  const fs::path generation = fs::path(dir) / "generation_config.json";
+  const bool from_generation_config = fs::is_regular_file(generation, ec);
+  const std::string file = from_generation_config ? generation.string() : (fs::path(dir) / "config.json").string();
+  if (!fs::is_regular_file(file, ec)) return {};
+  nlohmann::json j;
+  try {
+    j = parse_json_bounded(read_input_file(file, "the model's eos_token_id", kMaxDeckBytes), file);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(concat(file, " is not valid JSON: ", e.what()));
+  }
+  SHARDLM_CHECK(j.is_object(), file, " must hold a JSON object");
+  auto eos_of = [](const nlohmann::json& config) {
+    const auto it = config.find("eos_token_id");
+    return it == config.end() || it->is_null() ? nullptr : &*it;
+  };
+  const nlohmann::json* eos = eos_of(j);
+  std::string key = "eos_token_id";
+  if (!eos && !from_generation_config && j.contains("text_config") && j["text_config"].is_object()) {
+    eos = eos_of(j["text_config"]);
+    key = "text_config.eos_token_id";
+  }
   std::vector<int32_t> ids;
-  if (!j.is_object() || !j.contains("eos_token_id")) return ids;
-  const nlohmann::json& eos = j["eos_token_id"];
-  for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos}))
-    if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+  if (!eos) return ids;
+  for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
+    SHARDLM_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= INT32_MAX, file, ": '",
+                  key, "' must be a token id or a list of them (integers >= 0), holds ", clip_for_message(id.dump()));
+    ids.push_back(id.get<int32_t>());
+  }
   return ids;
 }
 
@@ -176,14 +201,16 @@ struct Prompt {
   std::vector<std::string> stop_strings;
 };
 
-Prompt make_prompt(const GenerateArgs& g, const RunConfig& cfg, const Tokenizer& tok, const std::string& text) {
+// `ids_only`: the model has no tokenizer (GenerationModel::ids_only), whose EOS is then no stop.
+Prompt make_prompt(const GenerateArgs& g, const RunConfig& cfg, const Tokenizer& tok, const std::string& text,
+                   bool ids_only) {
   Prompt p;
   const int vocab = cfg.model.vocab_size;
   auto add_stop = [&](int32_t id) {
     if (id >= 0 && std::find(p.stop_ids.begin(), p.stop_ids.end(), id) == p.stop_ids.end()) p.stop_ids.push_back(id);
   };
-  add_stop(tok.eos_id());
-  for (int32_t id : generation_config_eos(cfg.model.dir)) add_stop(id);
+  if (!ids_only) add_stop(tok.eos_id());
+  for (int32_t id : model_eos_ids(cfg.model.dir)) add_stop(id);
   if (!g.prompt_ids.empty()) {
     p.ids = parse_ids("--prompt-ids", g.prompt_ids);
   } else {
@@ -237,25 +264,29 @@ int command_generate(const std::vector<std::string>& args) {
   MPI_Comm_size(comm, &world);
   const GenerateArgs g = parse_generate_args(args);
   Timer load_timer;
-  GenerationModel model = load_generation_model(g.model, g.adapter, g.overrides, comm);
+  GenerationModel model = load_generation_model(g.model, g.adapter, g.overrides, g.prompt_ids.empty(), comm);
   const RunConfig& cfg = model.cfg;
   std::unique_ptr<Tokenizer> tok;
   run_collectively(comm, [&] { tok = make_tokenizer(cfg.tokenizer_json()); });
   const std::string text = g.prompt_ids.empty() ? prompt_text(g, comm) : "";
   Prompt prompt;
-  run_collectively(comm, [&] { prompt = make_prompt(g, cfg, *tok, text); });
+  run_collectively(comm, [&] { prompt = make_prompt(g, cfg, *tok, text, model.ids_only); });
 
   GenerateOptions options;
   options.max_new_tokens = g.max_new_tokens;
   options.stop_ids = prompt.stop_ids;
   options.sampling = {g.temperature, g.top_p, g.seed};
-  if (rank == 0)
-    std::fprintf(stderr, "shardlm generate: %s on %d rank(s), %s, loaded in %.1f s; %zu prompt tokens, %s\n",
+  if (rank == 0) {
+    std::string stops;
+    for (int32_t id : prompt.stop_ids) stops += (stops.empty() ? "stop ids " : ", ") + std::to_string(id);
+    std::fprintf(stderr, "shardlm generate: %s on %d rank(s), %s, loaded in %.1f s; %zu prompt tokens, %s, %s\n",
                  model.description.c_str(), world,
                  backend_name(cfg.run.backend), load_timer.seconds(), prompt.ids.size(),
                  options.sampling.greedy()
                      ? "greedy"
-                     : concat("sampled (temperature ", g.temperature, ", top-p ", g.top_p, ", seed ", g.seed, ")").c_str());
+                     : concat("sampled (temperature ", g.temperature, ", top-p ", g.top_p, ", seed ", g.seed, ")").c_str(),
+                 stops.empty() ? "no stop ids" : stops.c_str());
+  }
 
   // Rank 0 decodes; the others hold their shards and join every step's gathers.
   TextStream stream(*tok, prompt.stop_strings);
@@ -264,7 +295,9 @@ int command_generate(const std::vector<std::string>& args) {
                                                               : std::vector<std::vector<int32_t>>{};
   Timer timer;
   const std::vector<Generated> out = generate(*model.engine, prompts, options, comm, [&](size_t, int32_t id) {
-    const std::string piece = stream.push(id);
+    // Without a tokenizer the ids themselves, separated by spaces.
+    const std::string piece =
+        model.ids_only ? (answer.empty() ? "" : " ") + std::to_string(id) : stream.push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     answer += piece;

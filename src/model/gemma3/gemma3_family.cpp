@@ -19,8 +19,17 @@ namespace {
 
 constexpr LlamaBlock kGemma3Block{false, true, true, true, true, true};
 
-// Gemma3TextConfig's defaults for keys a config.json may leave out.
-constexpr int kDefaultHeadDim = 256;
+// Gemma3TextConfig's defaults for keys a config.json may leave out: the multimodal checkpoints' text_config
+// names only what differs from them (gemma-3-4b-it's: hidden_size, intermediate_size, num_hidden_layers,
+// rope_scaling, sliding_window). The shared Llama-style keys first, then Gemma's own.
+const HfConfigReader::Json& text_config_defaults() {
+  static const HfConfigReader::Json defaults = {
+      {"vocab_size", 262208},       {"hidden_size", 2304},         {"intermediate_size", 9216},
+      {"num_hidden_layers", 26},    {"num_attention_heads", 8},    {"num_key_value_heads", 4},
+      {"head_dim", 256},            {"rms_norm_eps", 1e-6},        {"max_position_embeddings", 131072},
+      {"initializer_range", 0.02}};
+  return defaults;
+}
 constexpr int kDefaultWindow = 4096;
 constexpr int kDefaultPattern = 6;
 constexpr float kDefaultRopeTheta = 1000000.0f;
@@ -37,6 +46,9 @@ RopeKeys read_rope(const HfConfigReader::Json& j, const std::string& source, flo
   const HfConfigReader r(j, source);
   RopeKeys k;
   k.theta = r.positive_or({"rope_theta"}, theta);
+  const double partial = r.get_or<double>({"partial_rotary_factor"}, 1.0);
+  SHARDLM_CHECK(partial == 1.0, source, ": partial_rotary_factor = ", partial, " is not supported (Gemma 3 rotates the "
+                "whole head); a factor of 1 (or none) is");
   const std::string type = r.get_or<std::string>({"rope_type", "type"}, "default");
   if (type == "linear" && global) {
     k.linear_factor = r.get<float>({"factor"});
@@ -94,9 +106,9 @@ ModelConfig gemma3_text_from_hf(const HfConfigReader& r) {
   HfConfigReader::Json copy = *r.root();
   for (const char* key : {"hidden_act", "hidden_activation", "rope_scaling", "rope_parameters", "rope_theta"})
     copy.erase(key);
-  if (r.find({"head_dim"}) == nullptr) copy["head_dim"] = kDefaultHeadDim;
+  for (const auto& [key, value] : text_config_defaults().items())
+    if (r.find({key.c_str()}) == nullptr) copy[key] = value;
   if (!r.has("tie_word_embeddings")) copy["tie_word_embeddings"] = true;
-  if (!r.has("max_position_embeddings")) copy["max_position_embeddings"] = 131072;
   ModelConfig c = read_llama_style_config(HfConfigReader(copy, r.source()));
 
   RopeKeys global{r.positive_or({"rope_theta"}, kDefaultRopeTheta), 0};

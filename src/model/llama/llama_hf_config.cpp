@@ -12,7 +12,50 @@ namespace shardlm {
 // Qwen2Config's and Qwen3Config's default max_window_layers, for a config.json without it.
 constexpr int kTransformersMaxWindowLayers = 28;
 
-ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope) {
+namespace {
+
+// The rotary keys' object and its name for messages: transformers 5's rope_parameters, else 4.x's rope_scaling;
+// none when both are absent or null.
+struct RopeSection {
+  const HfConfigReader::Json* json = nullptr;
+  std::string key;
+};
+
+RopeSection rope_section(const HfConfigReader& r) {
+  RopeSection rope{r.find({"rope_parameters"}), "rope_parameters"};
+  if (!rope.json) rope = {r.find({"rope_scaling"}), "rope_scaling"};
+  SHARDLM_CHECK(!rope.json || rope.json->is_object(), r.source(), ": ", rope.key, " must be an object or null");
+  return rope;
+}
+
+// Phi3Config rewrites the old names su and yarn to longrope.
+bool is_longrope(const std::string& type) { return type == "longrope" || type == "su" || type == "yarn"; }
+
+// partial_rotary_factor inside the rotary keys' object (transformers 5, which reads rope_scaling as
+// rope_parameters), else at the top (4.x); 1 when absent. *key names the one read.
+double read_partial_rotary_factor(const HfConfigReader& r, const RopeSection& rope, std::string* key) {
+  *key = "partial_rotary_factor";
+  double partial = r.get_or<double>({"partial_rotary_factor"}, 1.0);
+  if (rope.json && rope.json->contains("partial_rotary_factor") && !(*rope.json)["partial_rotary_factor"].is_null()) {
+    *key = rope.key + ".partial_rotary_factor";
+    partial = HfConfigReader(*rope.json, r.source() + " " + rope.key).get<double>({"partial_rotary_factor"});
+  }
+  SHARDLM_CHECK(partial > 0 && partial <= 1, r.source(), ": config.json '", *key, "' = ", partial,
+                ": must be in (0, 1]");
+  return partial;
+}
+
+// The families whose config.json may rotate part of each head (ModelFamily::rotary_options), for messages.
+std::string rotary_option_families() {
+  std::string names;
+  for (const ModelFamily* f : model_families())
+    if (f->rotary_options) names += (names.empty() ? "" : ", ") + f->name;
+  return names;
+}
+
+}  // namespace
+
+ModelConfig read_llama_style_config(const HfConfigReader& r, const LlamaStyleKeys& keys) {
   ModelConfig c;
   c.vocab_size = r.get<int>({"vocab_size"});
   c.hidden_size = r.get<int>({"hidden_size"});
@@ -20,7 +63,7 @@ ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope) {
   c.num_heads = r.get<int>({"num_attention_heads"});
   c.num_kv_heads = r.get_or<int>({"num_key_value_heads"}, c.num_heads);
   c.intermediate_size = r.get<int>({"intermediate_size"});
-  c.rms_norm_eps = r.positive_or({"rms_norm_eps"}, 1e-6f);
+  c.rms_norm_eps = r.positive_or({"rms_norm_eps"}, keys.rms_norm_eps);
   c.rope_theta = r.positive_or({"rope_theta"}, 10000.0f);
   c.tie_word_embeddings = r.get_or<bool>({"tie_word_embeddings"}, false);
   c.max_position_embeddings = r.get_or<int>({"max_position_embeddings"}, 2048);
@@ -37,16 +80,16 @@ ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope) {
     c.head_size = r.get<int>({"head_dim"});
     SHARDLM_CHECK(c.head_size > 0, r.source(), ": head_dim must be positive (got ", c.head_size, ")");
   }
-  const HfConfigReader::Json* rs = r.find({"rope_parameters"});
-  if (rs) {
-    SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_parameters must be an object");
-    c.rope_theta = HfConfigReader(*rs, r.source() + " rope_parameters").positive_or({"rope_theta"}, c.rope_theta);
-  } else {
-    rs = r.find({"rope_scaling"});
-  }
-  if (rs) {
-    SHARDLM_CHECK(rs->is_object(), r.source(), ": rope_scaling must be an object or null");
-    const HfConfigReader s(*rs, r.source() + " rope_scaling");
+  const RopeSection rope = rope_section(r);
+  std::string partial_key;
+  const double partial = read_partial_rotary_factor(r, rope, &partial_key);
+  // Read and ignored, it would rotate the whole head where transformers rotates a part.
+  SHARDLM_CHECK(keys.rotary_options || partial == 1.0, r.source(), ": config.json '", partial_key, "' = ", partial,
+                ": partial rotary is not supported for model_type '", r.get_or<std::string>({"model_type"}, "?"),
+                "' (only for ", rotary_option_families(), "); a factor of 1 (or none) is");
+  if (rope.json) {
+    const HfConfigReader s(*rope.json, r.source() + " " + rope.key);
+    if (rope.key == "rope_parameters") c.rope_theta = s.positive_or({"rope_theta"}, c.rope_theta);
     const std::string type = s.get_or<std::string>({"rope_type", "type"}, "default");
     if (type == "llama3") {
       c.rope_scaling.factor = s.get<float>({"factor"});
@@ -54,10 +97,10 @@ ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope) {
       c.rope_scaling.high_freq_factor = s.get<float>({"high_freq_factor"});
       c.rope_scaling.original_max_position_embeddings = s.get<int>({"original_max_position_embeddings"});
       SHARDLM_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
-                    r.source(), ": rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor");
-    } else if (!(longrope && (type == "longrope" || type == "su"))) {
-      SHARDLM_CHECK(type == "default", r.source(), ": rope_scaling type '", type, "' is not supported (",
-                    longrope ? "llama3, longrope" : "llama3", ", or none)");
+                    r.source(), ": ", rope.key, " needs factor > 0 and high_freq_factor > low_freq_factor");
+    } else if (!(keys.rotary_options && is_longrope(type))) {
+      SHARDLM_CHECK(type == "default", r.source(), ": ", rope.key, " type '", type, "' is not supported (",
+                    keys.rotary_options ? "llama3, longrope (su, yarn)" : "llama3", ", or none)");
     }
   }
   return c;
@@ -88,22 +131,14 @@ void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c) {
 }
 
 void read_rope_options(const HfConfigReader& r, ModelConfig& c) {
-  const HfConfigReader::Json* params = r.find({"rope_parameters"});
-  const bool v5 = params != nullptr;
-  const HfConfigReader::Json* scaling = v5 ? params : r.find({"rope_scaling"});
-  const std::string where = v5 ? " rope_parameters" : " rope_scaling";
-  // partial_rotary_factor: inside rope_parameters (transformers 5), else at the top (4.x).
-  const HfConfigReader top = r;
-  double partial = top.get_or<double>({"partial_rotary_factor"}, 1.0);
-  if (v5) partial = HfConfigReader(*params, r.source() + where).get_or<double>({"partial_rotary_factor"}, partial);
-  SHARDLM_CHECK(partial > 0 && partial <= 1, r.source(), ": config.json 'partial_rotary_factor' = ", partial,
-                ": must be in (0, 1]");
-  c.partial_rotary_factor = partial;
-  if (!scaling) return;
-  SHARDLM_CHECK(scaling->is_object(), r.source(), ":", where, " must be an object or null");
-  const HfConfigReader s(*scaling, r.source() + where);
+  const RopeSection rope = rope_section(r);
+  std::string partial_key;
+  c.partial_rotary_factor = read_partial_rotary_factor(r, rope, &partial_key);
+  if (!rope.json) return;
+  const std::string where = " " + rope.key;
+  const HfConfigReader s(*rope.json, r.source() + where);
   const std::string type = s.get_or<std::string>({"rope_type", "type"}, "default");
-  if (type != "longrope" && type != "su") return;  // read_llama_style_config took the others
+  if (!is_longrope(type)) return;  // read_llama_style_config took the others
   auto factors = [&](const char* key) {
     const HfConfigReader::Json* list = s.find({key});
     SHARDLM_CHECK(list && list->is_array() && !list->empty(), r.source(), ":", where, " '", key,

@@ -7,9 +7,19 @@
 
 namespace shardlm {
 
-// The keys every Llama-style config.json has; Errors name unsupported values (activation, rope type).
-// `longrope`: a rope type longrope (or its old name su) is left to read_rope_options instead of refused.
-ModelConfig read_llama_style_config(const HfConfigReader& r, bool longrope = false);
+// What a family's transformers config class changes in reading the shared keys.
+struct LlamaStyleKeys {
+  // The class's default for an absent rms_norm_eps (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config and
+  // Gemma3TextConfig: 1e-6; Phi3Config: 1e-5).
+  float rms_norm_eps = 1e-6f;
+  // The family reads partial_rotary_factor and LongRoPE with read_rope_options (ModelFamily::rotary_options: a rope
+  // type longrope, su or yarn is left to it); otherwise a partial_rotary_factor other than 1 is refused.
+  bool rotary_options = false;
+};
+
+// The keys every Llama-style config.json has; Errors name unsupported values (activation, rope type, a partial
+// rotary factor the family does not take) and the key read (rope_parameters or rope_scaling).
+ModelConfig read_llama_style_config(const HfConfigReader& r, const LlamaStyleKeys& keys = {});
 // Writes them, from vocab_size to tie_word_embeddings.
 void write_llama_style_config(const ModelConfig& cfg, OrderedJson& c);
 
@@ -27,7 +37,7 @@ ModelConfig read_layer_windowed_llama_style_config(const HfConfigReader& r);
 // The rotary options a family may take beside theta (Phi-3's): partial_rotary_factor and LongRoPE's
 // short_factor, long_factor, original_max_position_embeddings and attention_factor, from transformers 5's
 // rope_parameters or 4.x's top-level partial_rotary_factor / original_max_position_embeddings and rope_scaling
-// (type longrope or su). Errors name the file and the key.
+// (type longrope, or su or yarn, which Phi3Config reads as longrope). Errors name the file and the key.
 void read_rope_options(const HfConfigReader& r, ModelConfig& c);
 // Writes them as transformers 5 does: rope_parameters (rope_type, rope_theta, partial_rotary_factor and
 // LongRoPE's keys) in place of rope_theta / rope_scaling, original_max_position_embeddings also at the top.

@@ -1,9 +1,9 @@
 // The Phi-3 family's record for the registry (transformers' Phi3ForCausalLM): Llama's decoder layer without
 // biases whose q|k|v and gate|up projections are one tensor each in the Hugging Face files and for LoRA
 // (LlamaBlock::fused_projections: self_attn.qkv_proj, mlp.gate_up_proj with gate first), rotary over the first
-// partial_rotary_factor of each head, LongRoPE scaling (rope type longrope: short and long factors, the
-// attention factor on cos and sin; the 128k variants), a sliding window where config.json sets one
-// (Phi-3-mini-4k: 2047); everything else is the Llama-style code of src/model/llama/.
+// partial_rotary_factor of each head, LongRoPE scaling (rope type longrope, or su or yarn as Phi3Config reads
+// them: short and long factors, the attention factor on cos and sin; the 128k variants), a sliding window where
+// config.json sets one (Phi-3-mini-4k: 2047); everything else is the Llama-style code of src/model/llama/.
 #include "../llama/llama_hf_config.hpp"
 #include "../llama/llama_style_family.hpp"
 
@@ -14,7 +14,7 @@ namespace {
 constexpr LlamaBlock kPhi3Block{false, false, false, false, false, false, true};
 
 ModelConfig phi3_from_hf(const HfConfigReader& r) {
-  ModelConfig c = read_llama_style_config(r, true);
+  ModelConfig c = read_llama_style_config(r, {1e-5f, true});  // Phi3Config's rms_norm_eps
   for (const char* key : {"attention_bias", "mlp_bias", "qkv_bias"})
     SHARDLM_CHECK(!r.get_or<bool>({key}, false), r.source(), ": config.json '", key,
                   "' = true is not supported (Phi-3's projections have no biases)");
