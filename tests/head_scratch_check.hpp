@@ -117,6 +117,24 @@ inline void expect_two_steps_alike(const shardlm::RunConfig& cfg, int micro, sha
   }
 }
 
+// `base` under strategy `s` as the checks below run it: the replicated strategies all-reduce over the replicas
+// once a step (no sync for the replicas), the sharded ones reduce every micro-step; HYBRID_SHARD as two emulated
+// nodes where the world divides. Its topology beside it.
+struct StrategyRun {
+  shardlm::RunConfig cfg;
+  shardlm::Topology topo;
+};
+inline StrategyRun under_strategy(const shardlm::RunConfig& base, shardlm::ShardingStrategy s) {
+  using namespace shardlm;
+  StrategyRun r{base, {}};
+  r.cfg.fsdp.strategy = s;
+  const bool replicated = s == ShardingStrategy::HybridShard || s == ShardingStrategy::NoShard;
+  r.cfg.fsdp.no_sync = replicated ? NoSync::Auto : NoSync::Off;
+  const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
+  r.topo = make_topology(MPI_COMM_WORLD, per_node);
+  return r;
+}
+
 // Every strategy of `base` (its backend, model, dtype and offload as given). The sharded strategies reduce
 // every micro-step (no sync in full would keep the buffers apart); the replicated ones all-reduce over the
 // replicas once a step (no sync for the replicas, shared). Each step alike as expect_same_step says (`exact`:
@@ -125,12 +143,9 @@ inline void expect_head_scratch_changes_nothing(const shardlm::RunConfig& base, 
   using namespace shardlm;
   for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard,
                              ShardingStrategy::NoShard}) {
-    RunConfig cfg = base;
-    cfg.fsdp.strategy = s;
-    const bool replicated = s == ShardingStrategy::HybridShard || s == ShardingStrategy::NoShard;
-    cfg.fsdp.no_sync = replicated ? NoSync::Auto : NoSync::Off;
-    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
-    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+    const StrategyRun run = under_strategy(base, s);
+    const RunConfig& cfg = run.cfg;
+    const Topology& topo = run.topo;
     const int micro = 2;
     auto apart = make_engine(cfg, MPI_COMM_WORLD, topo, micro, [](FsdpOptions& o) { o.share_head_scratch = false; });
     auto shared = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
@@ -338,12 +353,9 @@ inline void expect_loss_read_once_changes_nothing(const shardlm::RunConfig& base
   const bool cpu = base.run.backend == BackendKind::Cpu;
   for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard,
                              ShardingStrategy::NoShard}) {
-    RunConfig cfg = base;
-    cfg.fsdp.strategy = s;
-    const bool replicated = s == ShardingStrategy::HybridShard || s == ShardingStrategy::NoShard;
-    cfg.fsdp.no_sync = replicated ? NoSync::Auto : NoSync::Off;
-    const int per_node = s == ShardingStrategy::HybridShard && world_size() % 2 == 0 ? world_size() / 2 : 0;
-    const Topology topo = make_topology(MPI_COMM_WORLD, per_node);
+    const StrategyRun run = under_strategy(base, s);
+    const RunConfig& cfg = run.cfg;
+    const Topology& topo = run.topo;
     const int micro = 2, micro_steps = 3;
     auto reading = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
     auto deferring = make_engine(cfg, MPI_COMM_WORLD, topo, micro);
