@@ -989,6 +989,8 @@ BOOST_AUTO_TEST_CASE(usage_errors_say_what_is_missing_with_the_commands_usage) {
       {"train --train.epochs=1", "the first argument must be the deck, not the option '--train.epochs=1'"},
       {"inspect", "no checkpoint given"},
       {"inspect a.h5 b.h5", "expected one checkpoint, got 2 arguments"},
+      {"inspect --verify a.h5 --verify", "--verify given twice"},
+      {"inspect a.h5 --deep", "unknown option '--deep'"},
       {"export ckpt.h5 --dtype bf16", "no output folder given"},
       {"comm-test --bogus", "--bogus"},
       {"report --csv runs.csv", "no run folder given: RUN_DIR"},
@@ -1629,6 +1631,9 @@ BOOST_AUTO_TEST_CASE(resume_skips_a_damaged_newest_checkpoint) {
   Outcome verify = run_shardlm(1, "inspect --verify " + newest.string());
   BOOST_TEST(verify.exit_code != 0, verify.output);
   BOOST_TEST(count_of(verify.output, "checksum mismatch") >= 1u, verify.output);
+  Outcome after = run_shardlm(1, "inspect " + newest.string() + " --verify");  // the option after the path too
+  BOOST_TEST(after.exit_code == verify.exit_code, after.output);
+  BOOST_TEST(count_of(after.output, "checksum mismatch") >= 1u, after.output);
 
   // No latest pointer: the newest checkpoint, with a warning, not a fresh start.
   fs::remove(dir / "checkpoints" / "latest");

@@ -128,12 +128,13 @@ void on_rank0(MPI_Comm comm, const std::function<void()>& work) {
 }  // namespace
 
 int command_inspect(const std::vector<std::string>& args) {
-  const bool verify = !args.empty() && args[0] == "--verify";
   if (const std::string problem = mpi_command_usage_problem("inspect", args); !problem.empty()) {
     log_info(usage_error("inspect", problem));
     return 2;
   }
-  const std::string spec = args.back();
+  // One checkpoint and perhaps --verify, in either order (mpi_command_usage_problem checked it).
+  const bool verify = std::find(args.begin(), args.end(), "--verify") != args.end();
+  const std::string spec = args.front() == "--verify" ? args.back() : args.front();
   if (!verify) {
     on_rank0(MPI_COMM_WORLD, [&] { print_checkpoint(resolve_checkpoint_path(spec, "shardlm inspect CHECKPOINT")); });
     return 0;

@@ -1,5 +1,6 @@
 // The usage checks of the MPI commands, made before MPI_Init: a wrong command line gets the
 // command's own usage, not MPI's start-up warnings or an error from every rank.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,12 +42,14 @@ std::string mpi_command_usage_problem(const std::string& command, const std::vec
       return concat("the first argument must be the deck, not the option '", args[0], "'");
     return "";
   }
-  if (command == "inspect") {
-    const bool verify = !args.empty() && args[0] == "--verify";
-    const size_t given = args.size() - (verify ? 1 : 0);
+  if (command == "inspect") {  // --verify before or after the checkpoint
+    const size_t verify = static_cast<size_t>(std::count(args.begin(), args.end(), std::string("--verify")));
+    const size_t given = args.size() - verify;
+    if (verify > 1) return "--verify given twice";
     if (given == 0) return "no checkpoint given";
     if (given > 1) return concat("expected one checkpoint, got ", given, " arguments");
-    if (args.back().rfind("--", 0) == 0) return concat("unknown option '", args.back(), "'");
+    for (const std::string& a : args)
+      if (a != "--verify" && a.rfind("--", 0) == 0) return concat("unknown option '", a, "'");
     return "";
   }
   if (command == "export") {
