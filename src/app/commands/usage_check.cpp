@@ -45,11 +45,11 @@ std::string mpi_command_usage_problem(const std::string& command, const std::vec
   if (command == "inspect") {  // --verify before or after the checkpoint
     const size_t verify = static_cast<size_t>(std::count(args.begin(), args.end(), std::string("--verify")));
     const size_t given = args.size() - verify;
+    for (const std::string& a : args)
+      if (a != "--verify" && a.rfind("--", 0) == 0) return concat("unknown option '", a, "'");
     if (verify > 1) return "--verify given twice";
     if (given == 0) return "no checkpoint given";
     if (given > 1) return concat("expected one checkpoint, got ", given, " arguments");
-    for (const std::string& a : args)
-      if (a != "--verify" && a.rfind("--", 0) == 0) return concat("unknown option '", a, "'");
     return "";
   }
   if (command == "export") {
