@@ -537,6 +537,18 @@ BOOST_AUTO_TEST_CASE(dist_timeout) {
   unsetenv("SHARDLM_NCCL_TIMEOUT");
 }
 
+// checkpoint.dir: empty for RUN_DIR/checkpoints; a relative path kept absolute, from the current folder, in the
+// config and the resolved deck alike (so a run folder names its checkpoints from anywhere).
+BOOST_AUTO_TEST_CASE(checkpoint_dir_is_kept_absolute) {
+  BOOST_TEST(load(kBase).checkpoint.dir.empty());
+  const RunConfig c = load(kBase, {"--checkpoint.dir=ckpts/./a/"});
+  const std::string want = (fs::current_path() / "ckpts/a/").lexically_normal().string();
+  BOOST_TEST(c.checkpoint.dir == want);
+  BOOST_TEST(c.checkpoint_dir() == want);
+  BOOST_TEST(has(resolved_deck_ini(c), "[checkpoint]\ndir = " + want + "\n"));
+  BOOST_TEST(load(kBase, {"--checkpoint.dir=/scratch/ckpts"}).checkpoint.dir == "/scratch/ckpts");
+}
+
 // fsdp.offload_dir: kept as written, written back in the resolved deck; without fsdp.cpu_offload refused.
 BOOST_AUTO_TEST_CASE(offload_dir) {
   BOOST_TEST(load(kBase).fsdp.offload_dir.empty());

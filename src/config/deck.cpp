@@ -358,12 +358,6 @@ std::string resolved_deck_ini(const RunConfig& cfg) {
       os << "# overwrite = true was given for this run: a rerun replaces it only if told again\noverwrite = false\n";
       continue;
     }
-    // A relative checkpoint folder is relative to where the run started: kept absolute, so that a run folder
-    // names its checkpoints from anywhere (run_checkpoint_folder: inspect, export, generate of RUN_DIR).
-    if (k.name == "checkpoint.dir" && !cfg.checkpoint.dir.empty()) {
-      os << "dir = " << std::filesystem::absolute(cfg.checkpoint.dir).lexically_normal().string() << '\n';
-      continue;
-    }
     os << k.name.substr(dot + 1) << " = " << k.get(cfg) << (shape_from_dir && k.shape ? "  (config.json)" : "") << '\n';
   }
   return os.str();

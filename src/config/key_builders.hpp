@@ -2,6 +2,7 @@
 // KeySpec's parser, resolved text and reference type from one statement of the key's range.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -155,6 +156,21 @@ KeySpec text_key(const char* name, F field, const char* type) {
   KeySpec k{name, nullptr, [=](RunConfig& c, const std::string& t, const std::string&) { field(c) = trim(t); },
             [=](const RunConfig& c) { return field(c); }};
   k.type = type;
+  return k;
+}
+
+// A folder the run writes besides run.dir (checkpoint.dir): kept absolute, a relative path taken from the current
+// folder, so that what records it (deck.resolved.ini, each checkpoint's deck) names it from anywhere (a run
+// folder's checkpoints for inspect, export and generate: run_checkpoint_folder). Empty stays empty.
+template <typename F>
+KeySpec output_folder_key(const char* name, F field) {
+  KeySpec k{name, nullptr,
+            [=](RunConfig& c, const std::string& t, const std::string&) {
+              const std::string v = trim(t);
+              field(c) = v.empty() ? v : std::filesystem::absolute(v).lexically_normal().string();
+            },
+            [=](const RunConfig& c) { return field(c); }};
+  k.type = "path to a folder";
   return k;
 }
 

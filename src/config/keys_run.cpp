@@ -74,8 +74,9 @@ DeckSection dist_section() {
 
 DeckSection checkpoint_section() {
   return {"checkpoint", check_checkpoint, {
-      text_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir), "path to a folder")
-          .doc("where checkpoints go; empty = `RUN_DIR/checkpoints` (relative to the current folder)"),
+      output_folder_key("checkpoint.dir", SHARDLM_FIELD(checkpoint.dir))
+          .doc("where checkpoints go; empty = `RUN_DIR/checkpoints`; a relative path is taken from the current "
+               "folder and kept absolute (in `deck.resolved.ini` too)"),
       int_key("checkpoint.every", SHARDLM_FIELD(checkpoint.every), 0, "must be >= 0")
           .doc("optimizer steps between checkpoints; 0 = none on a cadence"),
       int_key("checkpoint.keep_last", SHARDLM_FIELD(checkpoint.keep_last), 0, "must be >= 0")
