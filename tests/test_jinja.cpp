@@ -182,51 +182,46 @@ BOOST_AUTO_TEST_CASE(unknown_filters_are_refused_when_read_or_when_reached_as_ji
   }
 }
 
+// The text `text` renders to with no variables, or the TemplateError's message where it fails.
+static std::string rendered_or_message(const std::string& text) {
+  try {
+    return Template(text, "t.jinja").render({});
+  } catch (const TemplateError& e) {
+    return std::string(e.what());
+  }
+}
+
 // Arguments a filter or test does not take are refused with its name and what it takes (jinja2: a
 // TypeError), never ignored; str.format's named fields, and its format specs refused naming the field.
 BOOST_AUTO_TEST_CASE(arguments_filters_do_not_take_are_refused) {
-  auto message_of = [](const std::string& text) {
-    try {
-      return Template(text, "t.jinja").render({});
-    } catch (const TemplateError& e) {
-      return std::string(e.what());
-    }
-  };
-  BOOST_TEST(message_of("{{ 1 | tojson(indnt=2) }}") ==
+  BOOST_TEST(rendered_or_message("{{ 1 | tojson(indnt=2) }}") ==
              "t.jinja:1: filter 'tojson' got an unexpected keyword argument 'indnt' (it takes ensure_ascii, indent, "
              "separators, sort_keys)");
-  BOOST_TEST(message_of("{{ 'a' | upper(1) }}") == "t.jinja:1: filter 'upper' takes 0 arguments, got 1 (it takes none)");
-  BOOST_TEST(message_of("{{ 'a' | replace('a') }}") == "t.jinja:1: filter 'replace' is missing its argument 'new'");
-  BOOST_TEST(message_of("{{ [1] | join(',', d=',') }}") == "t.jinja:1: filter 'join' got multiple values for argument 'd'");
-  BOOST_TEST(message_of("{{ 1 is eq(other=1) }}") == "t.jinja:1: test 'eq' takes no keyword arguments (got 'other')");
-  BOOST_TEST(message_of("{{ 1 | tojson(separators=',') }}").find("tojson: separators must be two strings") !=
+  BOOST_TEST(rendered_or_message("{{ 'a' | upper(1) }}") == "t.jinja:1: filter 'upper' takes 0 arguments, got 1 (it takes none)");
+  BOOST_TEST(rendered_or_message("{{ 'a' | replace('a') }}") == "t.jinja:1: filter 'replace' is missing its argument 'new'");
+  BOOST_TEST(rendered_or_message("{{ [1] | join(',', d=',') }}") == "t.jinja:1: filter 'join' got multiple values for argument 'd'");
+  BOOST_TEST(rendered_or_message("{{ 1 is eq(other=1) }}") == "t.jinja:1: test 'eq' takes no keyword arguments (got 'other')");
+  BOOST_TEST(rendered_or_message("{{ 1 | tojson(separators=',') }}").find("tojson: separators must be two strings") !=
              std::string::npos);
-  BOOST_TEST(message_of("{{ '{name}, {0}'.format('x', name='n') }}") == "n, x");
-  BOOST_TEST(message_of("{{ '{name:>5}'.format(name='x') }}") ==
+  BOOST_TEST(rendered_or_message("{{ '{name}, {0}'.format('x', name='n') }}") == "n, x");
+  BOOST_TEST(rendered_or_message("{{ '{name:>5}'.format(name='x') }}") ==
              "t.jinja:1: format: the field '{name:>5}' has the format spec '>5', which shardlm's templates do not support "
              "(only {}, {0}, {name}, .attr, [key], !s, !r)");
-  BOOST_TEST(message_of("{{ '{nme}'.format(name='x') }}") == "t.jinja:1: format: the field '{nme}' names no keyword argument");
+  BOOST_TEST(rendered_or_message("{{ '{nme}'.format(name='x') }}") == "t.jinja:1: format: the field '{nme}' names no keyword argument");
 }
 
 // Python's integers have no bounds and shardlm's 64: past them it refuses rather than wrap.
 BOOST_AUTO_TEST_CASE(integers_past_64_bits_are_refused) {
-  auto message_of = [](const std::string& text) {
-    try {
-      return Template(text, "t.jinja").render({});
-    } catch (const TemplateError& e) {
-      return std::string(e.what());
-    }
-  };
-  BOOST_TEST(message_of("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 1 ** 4000000000000 }}") == "4611686018427387904 -9223372036854775808 1");
-  BOOST_TEST(message_of("{{ 2 ** 64 }}") == "t.jinja:1: 2 ** 64 does not fit in 64 bits (shardlm's integers are 64-bit)");
-  BOOST_TEST(message_of("{{ 3 ** 100000000000 }}").find("does not fit in 64 bits") != std::string::npos);
-  BOOST_TEST(message_of("{{ 9223372036854775807 + 1 }}").find("does not fit in 64 bits") != std::string::npos);
-  BOOST_TEST(message_of("{{ 4294967296 * 4294967296 }}").find("does not fit in 64 bits") != std::string::npos);
-  BOOST_TEST(message_of("{{ '9223372036854775807' | int }} {{ '-9223372036854775808' | int }}") ==
+  BOOST_TEST(rendered_or_message("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 1 ** 4000000000000 }}") == "4611686018427387904 -9223372036854775808 1");
+  BOOST_TEST(rendered_or_message("{{ 2 ** 64 }}") == "t.jinja:1: 2 ** 64 does not fit in 64 bits (shardlm's integers are 64-bit)");
+  BOOST_TEST(rendered_or_message("{{ 3 ** 100000000000 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(rendered_or_message("{{ 9223372036854775807 + 1 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(rendered_or_message("{{ 4294967296 * 4294967296 }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(rendered_or_message("{{ '9223372036854775807' | int }} {{ '-9223372036854775808' | int }}") ==
              "9223372036854775807 -9223372036854775808");
-  BOOST_TEST(message_of("{{ '9223372036854775808' | int }}").find("does not fit in 64 bits") != std::string::npos);
-  BOOST_TEST(message_of("{{ 1e300 | int }}").find("does not fit in 64 bits") != std::string::npos);
-  BOOST_TEST(message_of("{{ 99999999999999999999 }}") ==
+  BOOST_TEST(rendered_or_message("{{ '9223372036854775808' | int }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(rendered_or_message("{{ 1e300 | int }}").find("does not fit in 64 bits") != std::string::npos);
+  BOOST_TEST(rendered_or_message("{{ 99999999999999999999 }}") ==
              "t.jinja:1: the integer 99999999999999999999 does not fit in 64 bits (shardlm's integers are 64-bit)");
 }
 
