@@ -77,13 +77,14 @@ CheckpointWriteStats save_known(const std::string& dir, long step, int keep_last
 }
 
 // save_known with the run's identity, global batch and epoch length kept, as the trainer writes them.
-CheckpointWriteStats save_identified(const std::string& dir, long step) {
+CheckpointWriteStats save_identified(const std::string& dir, long step, const std::string& train_data_hash = "") {
   const ModelConfig cfg = tiny_bloom();
   Sharded s = make_sharded(cfg, world_size(), world_rank(), true);
   CheckpointMeta meta = tiny_meta(cfg, step, world_size());
   meta.run_id = "20261127-221510-00000000000000aa";
   meta.global_batch = 8;
   meta.steps_per_epoch = 25;
+  meta.train_data_hash = train_data_hash;
   return save_checkpoint(dir, 0, meta, s.units, MPI_COMM_WORLD);
 }
 
@@ -424,6 +425,37 @@ BOOST_AUTO_TEST_CASE(impossible_attributes_are_refused_naming_the_file) {
         BOOST_TEST_REQUIRE(!damage.empty(), path);
         BOOST_TEST(contains(damage.front(), expected), damage.front());
       }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The training examples' hash, kept since after the contents checksum: written when known and then
+// covered by the checksum (removed, the file is damaged); left out when empty, so the file is the one
+// an earlier shardlm wrote and its checksum holds without it.
+BOOST_AUTO_TEST_CASE(the_training_data_hash_is_kept_and_checksummed) {
+  const std::string dir = scratch("train_data_hash");
+  const std::string with = save_identified(dir + "/with", 2, "0123456789abcdef").path;
+  const std::string without = save_identified(dir + "/without", 2).path;
+  CheckpointMeta m;
+  BOOST_TEST(load_and_count_wrong(with, world_size(), &m) == 0u);
+  BOOST_TEST(m.train_data_hash == "0123456789abcdef");
+  BOOST_TEST(load_and_count_wrong(without, world_size(), &m) == 0u);
+  BOOST_TEST(m.train_data_hash.empty());
+  const std::string removed = dir + "/removed.h5";
+  int edited = 0;
+  damaged_copy(with, removed, [&] { edited = ckpt_edit::remove_attributes(removed, {"train_data_hash"}); });
+  MPI_Bcast(&edited, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  BOOST_TEST_REQUIRE(edited == 1);
+  Sharded s = make_sharded(tiny_bloom(), world_size(), world_rank(), false);
+  const std::string message = load_refusal(removed, s);
+  BOOST_TEST(contains(message, "checkpoint " + removed + " is damaged"), message);
+  if (world_rank() == 0) {
+    BOOST_TEST(CheckpointReader(without).verify().empty());
+    const std::string line = concat("/ @train_data_hash class ", H5T_STRING);
+    for (const auto& [path, count] : {std::pair{without, 0}, std::pair{with, 1}}) {
+      const std::vector<std::string> listing = object_listing(path);
+      BOOST_TEST(std::count(listing.begin(), listing.end(), line) == count, path);
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1457,6 +1457,30 @@ BOOST_AUTO_TEST_CASE(a_resume_on_other_data_settings_is_warned_about) {
              other.output);
 }
 
+// The same settings over a training file changed since (edited in place): said at start from the
+// examples' hash the checkpoint keeps, which the unchanged file matches.
+BOOST_AUTO_TEST_CASE(a_resume_on_a_changed_training_file_is_warned_about) {
+  const fs::path dir = scratch("cli_resume_changed_data");
+  const fs::path data = dir / "train.json";
+  fs::create_directories(dir);
+  std::string text = read_text_file(SHARDLM_SOURCE_DIR "/input/data/demo_squad_train.json");
+  { std::ofstream(data) << text; }
+  const std::string train = "train " + kDemo + " --data.eval_file= --checkpoint.every=1 --data.train_file=" +
+                            data.string() + " --run.dir=" + (dir / "run").string();
+  BOOST_TEST_REQUIRE(run_shardlm(1, train + " --train.max_steps=2").exit_code == 0);
+  Outcome same = run_shardlm(1, train + " --train.max_steps=3 --checkpoint.resume=auto");
+  BOOST_TEST(same.exit_code == 0, same.output);
+  BOOST_TEST(!contains(same.output, "was trained on other"), same.output);
+  // Every " the " becomes " a ": as many examples, other tokens.
+  for (size_t at = text.find(" the "); at != std::string::npos; at = text.find(" the ", at)) text.replace(at, 5, " a ");
+  { std::ofstream(data) << text; }
+  Outcome changed = run_shardlm(1, train + " --train.max_steps=4 --checkpoint.resume=auto");
+  BOOST_TEST(changed.exit_code == 0, changed.output);
+  BOOST_TEST(contains(changed.output, "was trained on other examples than " + data.string() + " gives now"),
+             changed.output);
+  BOOST_TEST(!contains(changed.output, "other data settings"), changed.output);
+}
+
 // RUN/adapter.partial holding something other than an adapter write's files is not removed: the run's
 // adapter write refuses it, naming it, and the file stays.
 BOOST_AUTO_TEST_CASE(an_adapter_partial_with_other_files_is_kept) {

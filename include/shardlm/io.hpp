@@ -53,6 +53,10 @@ struct CheckpointMeta {
   std::string run_id;
   long global_batch = 0;
   long steps_per_epoch = 0;
+  // A hash of the run's training examples (their tokens and targets, in the order loaded, 16 hex
+  // digits): a resume on the same deck whose data file changed since is told. Empty: written before
+  // it was kept.
+  std::string train_data_hash;
 };
 
 // One vector of an optimizer's per-element fp32 state (AdamW: exp_avg, exp_avg_sq), sliced as the

@@ -32,9 +32,13 @@ constexpr const char* kBaseChecksumAttr = "base_checksum";
 constexpr const char* kRunIdAttr = "run_id";
 constexpr const char* kGlobalBatchAttr = "global_batch";
 constexpr const char* kStepsPerEpochAttr = "steps_per_epoch";
+constexpr const char* kTrainDataHashAttr = "train_data_hash";
+// Kept since after the contents checksum (below) was: a file that lacks it was hashed without it, so
+// its absence adds nothing to the hash (it is only ever compared to warn).
+inline bool meta_attribute_after_contents_checksum(const std::string& name) { return name == kTrainDataHashAttr; }
 inline bool optional_meta_attribute(const std::string& name) {
   return name == kTokenizerHashAttr || name == kLoraAttr || name == kBaseChecksumAttr || name == kRunIdAttr ||
-         name == kGlobalBatchAttr || name == kStepsPerEpochAttr;
+         name == kGlobalBatchAttr || name == kStepsPerEpochAttr || meta_attribute_after_contents_checksum(name);
 }
 // Root attribute binding everything a resume reads besides the vectors' data (ContentsHash); files
 // written before it was kept lack it and are read without that check.
@@ -72,6 +76,7 @@ void for_each_meta_attribute(Meta& m, F&& f) {
   f(kRunIdAttr, m.run_id);
   f(kGlobalBatchAttr, m.global_batch);
   f(kStepsPerEpochAttr, m.steps_per_epoch);
+  f(kTrainDataHashAttr, m.train_data_hash);
 }
 
 // A unit's vectors as stored: param first, then the optimizer's in the caller's order.
@@ -158,6 +163,12 @@ class Fnv1a {
     for (char c : bytes) add(static_cast<unsigned char>(c));
   }
   uint64_t value() const { return hash_; }
+  // The value as a checkpoint keeps it in text: 16 hex digits.
+  std::string hex() const {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash_));
+    return text;
+  }
 
  private:
   uint64_t hash_ = 0xcbf29ce484222325ULL;  // the offset basis

@@ -104,7 +104,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path, ContentsHash& hash
                 m.format_version, "; this shardlm reads format ", kCheckpointFormatVersion);
   for_each_meta_attribute(m, [&](const char* name, auto& field) {
     if (optional_meta_attribute(name) && H5Aexists(file, name) == 0) {  // an older file
-      hash.absent(name);
+      if (!meta_attribute_after_contents_checksum(name)) hash.absent(name);
       return;
     }
     read_attribute(file, name, path, field, hash);

@@ -1,6 +1,5 @@
 // What a checkpoint keeps of the run's tokenizer: a hash of its tokenizer.json, which resume
 // compares with the resuming run's (the model config alone cannot tell two 259-token vocabularies apart).
-#include <cstdio>
 
 #include "checkpoint_format.hpp"
 #include "shardlm/data.hpp"
@@ -36,9 +35,7 @@ std::string tokenizer_hash(const std::string& tokenizer_json) {
   if (tokenizer_json.empty()) return kByteTokenizer;
   ckpt::Fnv1a hash;
   hash.add_bytes(read_input_file(tokenizer_file(tokenizer_json), "tokenizer file", kMaxTokenizerBytes));
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash.value()));
-  return hex;
+  return hash.hex();
 }
 
 std::string checkpoint_tokenizer_text(const CheckpointMeta& checkpoint) {

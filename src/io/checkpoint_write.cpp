@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "checkpoint_format.hpp"
 
@@ -109,6 +110,9 @@ void write_meta(hid_t file, const CheckpointMeta& meta, ContentsHash& hash, Firs
   put_attribute(file, "format_version", kCheckpointFormatVersion, f);
   hash_attribute(hash, "format_version", kCheckpointFormatVersion);
   for_each_meta_attribute(meta, [&](const char* name, const auto& field) {
+    // Left out when empty: the file is then the one an earlier shardlm wrote, checksum and all.
+    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::string>)
+      if (field.empty() && meta_attribute_after_contents_checksum(name)) return;
     put_attribute(file, name, field, f);
     hash_attribute(hash, name, field);
   });

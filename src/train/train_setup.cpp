@@ -98,9 +98,10 @@ void check_resume_fits(const std::string& path, const CheckpointMeta& meta, cons
 }
 
 // What of the data differs from the checkpoint's run: the seed (which orders every epoch and picks the
-// subsets), the training file and its subset size. Resuming then continues the epoch in progress in
-// another order (some of its examples seen twice, others never); said, not refused (a moved file, a
-// deliberate change). Empty when nothing differs.
+// subsets), the training file and its subset size, or else the examples themselves (their hash).
+// Resuming then continues the epoch in progress in another order (some of its examples seen twice,
+// others never) or over other examples; said, not refused (a moved file, a deliberate change). Empty
+// when nothing differs.
 std::string resume_data_warning(const std::string& path, const CheckpointMeta& meta, const TrainRun& run) {
   const RunConfig& cfg = run.cfg;
   const std::map<std::string, std::string> deck = ini_values(meta.deck, "the checkpoint's deck");
@@ -114,7 +115,16 @@ std::string resume_data_warning(const std::string& path, const CheckpointMeta& m
     diff += concat("data.train_file ", was("data.train_file"), " -> ", cfg.data.train_file, "; ");
   if (!was("data.train_size").empty() && was("data.train_size") != std::to_string(cfg.data.train_size))
     diff += concat("data.train_size ", was("data.train_size"), " -> ", cfg.data.train_size, "; ");
-  if (diff.empty()) return "";
+  if (diff.empty()) {
+    // The same settings, other examples: the file changed since (or what shapes its examples).
+    if (meta.train_data_hash.empty() || meta.train_data_hash == run.train_data_hash) return "";
+    return concat("warning: checkpoint ", path, " was trained on other examples than ",
+                  cfg.data.train_file.empty() ? std::string("the synthetic data") : cfg.data.train_file,
+                  " gives now (its examples' hash ", meta.train_data_hash, ", now ", run.train_data_hash,
+                  "): the file changed since, or a setting that shapes its examples (data.max_length, the format's "
+                  "keys); the rest of its epoch follows this run's order over these examples "
+                  "(checkpoint.load_weights_only = true starts a new run from its weights instead)");
+  }
   diff.resize(diff.size() - 2);
   return concat("warning: checkpoint ", path, " was trained on other data settings (", diff,
                 "): the rest of its epoch follows this run's order, so some of its examples come twice and others "
@@ -167,6 +177,18 @@ int segments_in(const std::filesystem::path& metrics) {
   return setups;
 }
 
+// The examples' tokens and targets, in the order loaded: two ranks' sets, or a run's and its
+// checkpoint's, are told apart by it.
+ckpt::Fnv1a examples_hash(const std::vector<Example>& examples) {
+  ckpt::Fnv1a hash;
+  for (const Example& e : examples) {
+    hash.add(e.tokens.size());
+    for (int32_t t : e.tokens) hash.add(static_cast<uint32_t>(t));
+    for (int32_t t : e.targets) hash.add(static_cast<uint32_t>(t));
+  }
+  return hash;
+}
+
 // Output folders checked and locked, an earlier run found (rank 0), tokenizer and data (every rank).
 void load_inputs(TrainRun& run) {
   const RunConfig& cfg = run.cfg;
@@ -209,6 +231,7 @@ void load_inputs(TrainRun& run) {
       run.questions =
           load_squad_questions(cfg.data.eval_file, dataset_options(cfg.data, cfg.data.eval_size, cfg.train.seed));
   }
+  run.train_data_hash = examples_hash(run.train_set).hex();
   SHARDLM_CHECK(run.train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
                 cfg.train.batch_size, " is larger than the training set (", run.train_set.size(), " examples in ",
                 cfg.data.train_file, ")");
@@ -219,18 +242,14 @@ void load_inputs(TrainRun& run) {
 // other options would otherwise train each rank on other examples and hang where their step counts part.
 void check_same_inputs(const TrainRun& run) {
   struct Seen {
-    uint64_t deck, tokenizer, train, eval, contents;
+    uint64_t deck, tokenizer, train, eval, train_contents, eval_contents;
   };
-  ckpt::Fnv1a deck, tokenizer, contents;
+  ckpt::Fnv1a deck, tokenizer;
   deck.add_bytes(resolved_deck_ini(run.cfg));
   tokenizer.add_bytes(run.tokenizer_hash);
-  for (const std::vector<Example>* set : {&run.train_set, &run.eval_set})
-    for (const Example& e : *set) {
-      contents.add(e.tokens.size());
-      for (int32_t t : e.tokens) contents.add(static_cast<uint32_t>(t));
-      for (int32_t t : e.targets) contents.add(static_cast<uint32_t>(t));
-    }
-  const Seen mine{deck.value(), tokenizer.value(), run.train_set.size(), run.eval_set.size(), contents.value()};
+  const Seen mine{deck.value(),          tokenizer.value(),
+                  run.train_set.size(),  run.eval_set.size(),
+                  std::stoull(run.train_data_hash, nullptr, 16), examples_hash(run.eval_set).value()};
   constexpr int kWords = sizeof(Seen) / sizeof(uint64_t);
   std::vector<Seen> all(static_cast<size_t>(run.world));
   MPI_Allgather(&mine, kWords, MPI_UINT64_T, all.data(), kWords, MPI_UINT64_T, run.comm);
@@ -245,9 +264,10 @@ void check_same_inputs(const TrainRun& run) {
       what = concat(other.train, " training examples from ", cfg.data.train_file, " where rank 0 loaded ", first.train);
     else if (other.eval != first.eval)
       what = concat(other.eval, " evaluation examples from ", cfg.data.eval_file, " where rank 0 loaded ", first.eval);
-    else if (other.contents != first.contents)
-      what = concat("as many examples as rank 0 but other tokens (", cfg.data.train_file,
-                    cfg.data.eval_file.empty() ? "" : " or " + cfg.data.eval_file, ")");
+    else if (other.train_contents != first.train_contents)
+      what = concat("as many examples as rank 0 but other tokens from ", cfg.data.train_file);
+    else if (other.eval_contents != first.eval_contents)
+      what = concat("as many evaluation examples as rank 0 but other tokens from ", cfg.data.eval_file);
     if (!what.empty())
       throw AgreedError(concat("rank ", r, " loaded other inputs than rank 0: ", what,
                                ". Every rank reads the deck's files itself, so they must be the same on every node "

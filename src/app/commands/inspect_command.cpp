@@ -91,6 +91,7 @@ void print_checkpoint(const std::string& path) {
                 m.steps_per_epoch);
   else
     std::printf("run          not kept (written before run ids, global batch and contents checksum)\n");
+  if (!m.train_data_hash.empty()) std::printf("data         training examples' hash %s\n", m.train_data_hash.c_str());
   for (const std::string& problem : reader.metadata_problems()) std::printf("warning      %s\n", problem.c_str());
   std::printf("model        %s: vocab %d, hidden %d, layers %d, heads %d", m.model.arch.c_str(), m.model.vocab_size,
               m.model.hidden_size, m.model.num_layers, m.model.num_heads);
