@@ -274,6 +274,20 @@ BOOST_AUTO_TEST_CASE(sampling_draws_by_the_tempered_and_cut_probabilities) {
   const std::vector<double> cut = frequencies({1.0, 0.6, 11});
   BOOST_TEST(cut[2] == 0.0);
   BOOST_TEST(cut[0] == 0.625, boost::test_tools::tolerance(0.04));
+  // top_k 2: the last token is out, the two left renormalized (0.625 : 0.375); top_k 1 is the argmax.
+  const std::vector<double> top2 = frequencies({1.0, 1.0, 11, 2});
+  BOOST_TEST(top2[2] == 0.0);
+  BOOST_TEST(top2[0] == 0.625, boost::test_tools::tolerance(0.04));
+  const auto tol = boost::test_tools::tolerance(1e-9);
+  for (int v = 0; v < 3; ++v) BOOST_TEST(frequencies({1.0, 1.0, 11, 1})[v] == (v == 0 ? 1.0 : 0.0), tol);
+  // top_k before top_p (transformers' order): of 0.625 : 0.375, top_p 0.6 keeps the first alone.
+  BOOST_TEST(frequencies({1.0, 0.6, 11, 2})[0] == 1.0, tol);
+  // Ties with the k-th stay in (TopKLogitsWarper cuts below the k-th value).
+  const float tied[4] = {1.0f, 0.0f, 1.0f, 1.0f};
+  std::vector<int> seen(4, 0);
+  for (int step = 0; step < 400; ++step) ++seen[sample_token(tied, 4, {1.0, 1.0, 5, 2}, 0, step)];
+  BOOST_TEST(seen[1] == 0);
+  for (int v : {0, 2, 3}) BOOST_TEST(seen[v] > 0, "token " << v);  // three kept by top_k 2
   // The draw is a function of (seed, prompt, step): the same again, another for another seed or prompt.
   std::vector<int32_t> a, again, seed, prompt;
   for (int step = 0; step < 64; ++step) {

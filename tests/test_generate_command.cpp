@@ -131,6 +131,40 @@ BOOST_AUTO_TEST_CASE(sampling_is_reproducible_on_any_ranks_and_differs_from_gree
   // A nucleus that holds only the most likely token is greedy decoding.
   const Result nucleus = generate(2, base + " --temperature 1 --top-p 1e-9 --seed 7", out);
   BOOST_TEST(nucleus.ids == greedy.ids, boost::test_tools::per_element());
+  // So is a top-k of one; sampling keeps transformers' top-k of 50 unless told (--top-k 0: all 97 tokens).
+  const Result top1 = generate(2, base + " --temperature 1 --top-k 1 --seed 7", out);
+  BOOST_TEST(top1.ids == greedy.ids, boost::test_tools::per_element());
+  const Result all = generate(1, base + " --temperature 1 --top-k 0 --seed 7", out);
+  BOOST_TEST(all.ids != a.ids);
+  BOOST_TEST(generate(1, base + " --temperature 1 --top-k 50 --seed 7", out).ids == a.ids,
+             boost::test_tools::per_element());
+}
+
+// A generation_config.json that asks for sampling or a repetition penalty is said not to be followed (shardlm
+// generate is greedy unless --temperature is given); --output's folder is checked before the model loads.
+BOOST_AUTO_TEST_CASE(untaken_generation_settings_are_said_and_the_output_is_checked_first) {
+  const fs::path dir = scratch("generate_settings");
+  fs::remove_all(dir / "llama");
+  fs::copy(kFixtures + "/tiny_llama", dir / "llama", fs::copy_options::recursive);
+  std::ofstream(dir / "llama" / "generation_config.json")
+      << R"({"eos_token_id": 2, "do_sample": true, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.05})";
+  const Outcome o = run_shardlm(2, "generate " + (dir / "llama").string() + " --prompt-ids 90 --max-new-tokens 2");
+  BOOST_TEST(o.exit_code == 0, o.output);
+  BOOST_TEST(count_of(o.output, "generation_config.json asks for sampling (do_sample: temperature 0.6, top_p 0.9); "
+                                "shardlm generate is greedy unless --temperature is given (--top-p, --top-k then "
+                                "apply); repetition_penalty 1.05, which shardlm generate does not apply") == 1u,
+             o.output);
+  BOOST_TEST(contains(o.output, "greedy, stop ids 2\n"), o.output);
+  const Outcome plain = run_shardlm(1, "generate " + kFixtures + "/tiny_llama --prompt-ids 90 --max-new-tokens 2");
+  BOOST_TEST(!contains(plain.output, "asks for"), plain.output);
+  for (int np : {1, 2}) {
+    const std::string missing = (dir / "nowhere" / "out.json").string();
+    expect_error(np, "generate " + kFixtures + "/tiny_llama --prompt-ids 90 --output " + missing,
+                 "does not exist");
+    const Outcome late = run_shardlm(np, "generate " + kFixtures + "/tiny_llama --prompt-ids 90 --output " + missing);
+    BOOST_TEST(!contains(late.output, "loaded in"), late.output);  // refused before the model loads
+    expect_error(np, "generate " + kFixtures + "/tiny_llama --prompt-ids 90 --output " + dir.string(), "is a folder");
+  }
 }
 
 namespace {
@@ -223,6 +257,11 @@ BOOST_AUTO_TEST_CASE(a_trained_chat_checkpoint_answers_with_its_template) {
         BOOST_TEST(r.finish == "stop");
       }
     }
+  // --eos-ids replaces the end of turn too: the answer runs on past it, which the text keeps.
+  const Result past = generate(1, run.string() + " --chat --system '" + kSystem + "' --prompt sky --eos-ids 258"
+                                  " --max-new-tokens 30", out);
+  BOOST_TEST(past.text.rfind("blue<|im_end|>", 0) == 0, past.text);
+  BOOST_TEST(past.finish == "length");
   // The checkpoint file and its folder are the run's latest too.
   const Result file = generate(1, (run / "checkpoints").string() + " --chat --system '" + kSystem + "' --prompt sky", out);
   BOOST_TEST(file.text == "blue");
@@ -272,6 +311,9 @@ BOOST_AUTO_TEST_CASE(bad_models_adapters_and_prompts_end_with_one_message) {
   for (const auto& [args, problem] :
        std::vector<std::pair<std::string, std::string>>{{"generate", "no model given"},
                                                         {"generate m --top-p 0.9", "give --temperature > 0 too"},
+                                                        {"generate m --top-k 5", "give --temperature > 0 too"},
+                                                        {"generate m --seed 3", "give --temperature > 0 too"},
+                                                        {"generate m --temperature 1 --top-k -1", "--top-k = '-1'"},
                                                         {"generate m --temperature -1", "--temperature = '-1'"},
                                                         {"generate m --prompt a --prompt-ids 1", "give one of"},
                                                         {"generate m --system s --prompt a", "give --chat too"}}) {

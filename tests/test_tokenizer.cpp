@@ -575,18 +575,81 @@ std::vector<std::string> stream_bytes(const std::string& text, const std::vector
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(text_stream_gives_out_whole_characters) {
-  // "é" is two bytes, "😀" four: nothing of either before its last byte.
+  // "é" is two bytes, "😀" four: nothing of either before its last byte, and each once the next
+  // decode agrees (one id later).
   const std::vector<std::string> out = stream_bytes("a\xC3\xA9\xF0\x9F\x98\x80", {});
-  const std::vector<std::string> expected = {"a", "", "\xC3\xA9", "", "", "", "\xF0\x9F\x98\x80", ""};
+  const std::vector<std::string> expected = {"", "a", "", "\xC3\xA9", "", "", "", "\xF0\x9F\x98\x80"};
   BOOST_TEST(out == expected, boost::test_tools::per_element());
   // A tokenizer that decodes a split character to U+FFFD: held back until the rest comes.
   const SplitCharTokenizer split;
   TextStream stream(split);
-  BOOST_TEST(stream.push('x') == "x");
-  BOOST_TEST(stream.push(99) == "");
-  BOOST_TEST(stream.push(100) == "\xE2\x82\xAC");
-  BOOST_TEST(stream.push(99) == "");
+  BOOST_TEST(stream.push('x') == "");
+  BOOST_TEST(stream.push(99) == "x");
+  BOOST_TEST(stream.push(100) == "");
+  BOOST_TEST(stream.push(99) == "\xE2\x82\xAC");
   BOOST_TEST(stream.finish() == "\xEF\xBF\xBD");  // at the end, what the tokenizer made of it
+  BOOST_TEST(stream.text() == "x\xE2\x82\xAC\xEF\xBF\xBD");
+}
+
+namespace {
+
+// As a byte-fallback decoder: ids 0-255 are byte tokens, whose run (up to another id) decodes as its
+// bytes when they are valid UTF-8 and to one U+FFFD a byte otherwise; id 256 is " the".
+class ByteRunTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(const std::string&) const override { return {}; }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s, run;
+    auto flush = [&] {
+      s += valid_utf8(run) ? run : [&] {
+        std::string r;
+        for (size_t i = 0; i < run.size(); ++i) r += "\xEF\xBF\xBD";
+        return r;
+      }();
+      run.clear();
+    };
+    for (int32_t id : ids)
+      if (id < 256) run += static_cast<char>(id);
+      else flush(), s += " the";
+    flush();
+    return s;
+  }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return 257; }
+  int32_t pad_id() const override { return 257; }
+  int32_t vocab_size() const override { return 258; }
+
+ private:
+  static bool valid_utf8(const std::string& t) {
+    for (size_t i = 0; i < t.size();) {
+      const unsigned char c = static_cast<unsigned char>(t[i]);
+      const size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+      if (n == 0 || i + n > t.size()) return false;
+      for (size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(t[i + k]) & 0xC0) != 0x80) return false;
+      i += n;
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+// A run of byte tokens whose decode turns back to U+FFFD when a lead byte follows a whole character
+// ("é", then the first byte of "€"): the stream gives out what the final decode has, nothing of the
+// "é" that did not last, and its pieces add up to the whole decode.
+BOOST_AUTO_TEST_CASE(text_stream_waits_for_byte_runs_that_a_later_byte_changes) {
+  const ByteRunTokenizer tok;
+  for (const std::vector<int32_t>& ids : {std::vector<int32_t>{256, 0xC3, 0xA9, 0xE2, 256},
+                                          std::vector<int32_t>{256, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 256},
+                                          std::vector<int32_t>{0xE4, 0xB8, 0xAD, 0xE6, 0x96, 0x87, 256}}) {
+    TextStream stream(tok);
+    std::string all;
+    for (int32_t id : ids) all += stream.push(id);
+    all += stream.finish();
+    BOOST_TEST(all == tok.decode(ids));
+    BOOST_TEST(stream.text() == tok.decode(ids));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(text_stream_stops_at_a_stop_string_and_never_gives_it_out) {
@@ -598,7 +661,7 @@ BOOST_AUTO_TEST_CASE(text_stream_stops_at_a_stop_string_and_never_gives_it_out) 
   BOOST_TEST(stopped);
   // The start of a stop string is held back, and given out once it is not one.
   const std::vector<std::string> near = stream_bytes("a<|x", {"<|im_end|>"}, &stopped);
-  const std::vector<std::string> expected = {"a", "", "", "<|x", ""};
+  const std::vector<std::string> expected = {"", "a", "", "", "<|x"};
   BOOST_TEST(near == expected, boost::test_tools::per_element());
   BOOST_TEST(!stopped);
   // Held back at the end: given out by finish.

@@ -306,21 +306,30 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& tokenizer_json);
 // The text of a growing sequence of token ids, given out as the ids come (streaming generation):
 // push returns the text that became final with the new id. Held back until later ids settle it: the
 // end of a UTF-8 character split over tokens (an incomplete byte sequence, or the U+FFFD a tokenizer
-// decodes it to) and text that may begin a stop string. At a stop string the stream stops: that
-// string and whatever follows are never given out.
+// decodes it to), text that may begin a stop string, and text the decode of one more id changed
+// (given out once two decodes in a row agree on it: a byte-fallback tokenizer decodes a run of byte
+// tokens to U+FFFD per byte once it stops being valid UTF-8, so "é" can turn into two U+FFFD when
+// a third byte comes). At a stop string the stream stops: that string and whatever follows are
+// never given out.
 class TextStream {
  public:
   explicit TextStream(const Tokenizer& tok, std::vector<std::string> stop_strings = {});
   std::string push(int32_t id);
-  // At the end: the text still held back (a stop string never).
+  // At the end: the text still held back (a stop string never). Should a decode have changed text
+  // already given out (which agreement makes rare), the rest from where they part.
   std::string finish();
   bool stopped() const { return stopped_; }
+  // The whole text of the ids, up to the stop string: the decode, which the pieces given out add up to
+  // unless a decode changed what was given.
+  std::string text() const;
 
  private:
   const Tokenizer& tok_;
   std::vector<std::string> stop_strings_;
   std::vector<int32_t> ids_;
-  size_t given_ = 0;  // bytes of the decoded text given out
+  std::string given_;     // the text given out
+  std::string settled_;   // the settled text of the last push's decode
+  std::string stop_text_;  // stopped: the text before the stop string
   bool stopped_ = false;
 };
 

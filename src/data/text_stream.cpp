@@ -25,6 +25,14 @@ size_t settled_end(const std::string& text) {
   return end;
 }
 
+// The bytes a and b share from the start, moved back to the start of a character of a.
+size_t common_characters(const std::string& a, const std::string& b) {
+  size_t n = std::mismatch(a.begin(), a.begin() + static_cast<long>(std::min(a.size(), b.size())), b.begin()).first -
+             a.begin();
+  while (n > 0 && n < a.size() && (static_cast<unsigned char>(a[n]) & 0xC0) == 0x80) --n;
+  return n;
+}
+
 }  // namespace
 
 TextStream::TextStream(const Tokenizer& tok, std::vector<std::string> stop_strings)
@@ -40,13 +48,15 @@ std::string TextStream::push(int32_t id) {
   const std::string text = tok_.decode(ids_);
   size_t end = settled_end(text);
   for (const std::string& stop : stop_strings_) {
-    const size_t from = given_ > stop.size() ? given_ - stop.size() : 0;
+    const size_t from = given_.size() > stop.size() ? given_.size() - stop.size() : 0;
     if (const size_t at = text.find(stop, from); at != std::string::npos && at <= end) {
       stopped_ = true;
       end = std::min(end, at);
     }
   }
-  if (!stopped_)
+  if (stopped_) {
+    stop_text_ = text.substr(0, end);
+  } else {
     // Hold back the longest end of the text that begins a stop string.
     for (const std::string& stop : stop_strings_)
       for (size_t n = std::min(stop.size() - 1, end); n > 0; --n)
@@ -54,18 +64,26 @@ std::string TextStream::push(int32_t id) {
           end -= n;
           break;
         }
-  if (end <= given_) return "";
-  std::string out = text.substr(given_, end - given_);
-  given_ = end;
+    // And what the last decode did not have: given out once two decodes agree on it.
+    const std::string settled = text.substr(0, end);
+    end = common_characters(settled, settled_);
+    settled_ = settled;
+  }
+  if (end <= given_.size() || text.compare(0, given_.size(), given_) != 0) return "";
+  std::string out = text.substr(given_.size(), end - given_.size());
+  given_ += out;
   return out;
 }
 
 std::string TextStream::finish() {
   if (stopped_) return "";
   const std::string text = tok_.decode(ids_);
-  std::string out = text.size() > given_ ? text.substr(given_) : "";
-  given_ = text.size();
+  const size_t from = common_characters(text, given_);
+  std::string out = text.substr(from);
+  given_ = text;
   return out;
 }
+
+std::string TextStream::text() const { return stopped_ ? stop_text_ : tok_.decode(ids_); }
 
 }  // namespace shardlm

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,17 @@ int32_t sample_token(const float* logits, int vocab, const Sampling& sampling, u
     p[v] = std::isnan(logits[v]) ? 0.0 : std::exp((static_cast<double>(logits[v]) - logits[best]) / sampling.temperature);
     total += p[v];
   }
+  // top_k: the tokens less likely than the k-th most likely are out (its ties stay in).
+  if (sampling.top_k > 0 && sampling.top_k < vocab) {
+    std::vector<double> sorted(p);
+    std::nth_element(sorted.begin(), sorted.begin() + (sampling.top_k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[static_cast<size_t>(sampling.top_k - 1)];
+    total = 0;
+    for (double& q : p) {
+      if (q < kth) q = 0;
+      total += q;
+    }
+  }
   // The tokens in the order the draw walks them: by id, or with top_p < 1 the most likely first
   // (ties by id), cut after the first whose running sum reaches top_p of the total.
   std::vector<int32_t> order(vocab);
@@ -55,7 +67,10 @@ int32_t sample_token(const float* logits, int vocab, const Sampling& sampling, u
     running += p[v];
     if (target < running) return v;
   }
-  return order.back();  // rounding left the target at the very end
+  // Rounding left the target at the very end: the last token that can be drawn.
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    if (p[*it] > 0) return *it;
+  return best;
 }
 
 std::vector<Generated> generate(FsdpEngine& engine, const std::vector<std::vector<int32_t>>& prompts,

@@ -20,13 +20,15 @@ namespace shardlm {
 std::vector<std::vector<size_t>> eval_micro_batches(size_t n, int rank, int world, int micro);
 
 // How each new token is chosen: the argmax of its logits (temperature 0), or a draw from
-// softmax(logits / temperature) restricted to the smallest set of most likely tokens whose
-// probabilities reach top_p (nucleus sampling; 1: every token), as transformers' generate(do_sample)
-// with its TemperatureLogitsWarper and TopPLogitsWarper.
+// softmax(logits / temperature) restricted first to the top_k most likely tokens (those tied with the
+// k-th as well; 0: no cut), then to the smallest set of the most likely left whose probabilities
+// reach top_p (nucleus sampling; 1: no cut), as transformers' generate(do_sample) with its
+// TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper, in that order.
 struct Sampling {
   double temperature = 0;
   double top_p = 1;
   uint64_t seed = 0;
+  int top_k = 0;
   bool greedy() const { return temperature <= 0; }
 };
 

@@ -26,6 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// transformers' GenerationConfig.top_k, which its generate(do_sample=True) applies unless told otherwise.
+constexpr int kDefaultTopK = 50;
+
 struct GenerateArgs {
   std::string model, adapter;
   std::string prompt, prompt_file, prompt_ids, system;
@@ -33,7 +36,9 @@ struct GenerateArgs {
   bool prompt_given = false;  // --prompt, even empty
   int max_new_tokens = 256;
   double temperature = 0, top_p = 1;
+  int top_k = -1;  // -1: not given (50 when sampling, as transformers' GenerationConfig)
   uint64_t seed = 0;
+  bool seed_given = false;
   std::string eos_ids;  // empty: the model's
   std::string output;   // a JSON file of the result; empty: none
   std::vector<std::string> overrides;
@@ -105,8 +110,11 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
     } else if (value("--top-p")) {
       g.top_p = parse_number<double>("--top-p", v, 0, 1, "a number in (0, 1]");
       SHARDLM_CHECK(g.top_p > 0, "--top-p = '", v, "': expected a number in (0, 1]");
+    } else if (value("--top-k")) {
+      g.top_k = parse_number<int>("--top-k", v, 0, INT32_MAX, "a whole number >= 0 (0: no cut)");
     } else if (value("--seed")) {
       g.seed = parse_number<uint64_t>("--seed", v, 0, static_cast<uint64_t>(1) << 53, "a whole number >= 0");
+      g.seed_given = true;
     } else if (value("--eos-ids")) {
       g.eos_ids = v;
       parse_ids("--eos-ids", v);
@@ -129,6 +137,10 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
                 "take --prompt-ids");
   SHARDLM_CHECK(g.system.empty() || g.chat, "--system is the system turn of a chat: give --chat too");
   SHARDLM_CHECK(g.top_p == 1 || g.temperature > 0, "--top-p restricts sampling: give --temperature > 0 too");
+  SHARDLM_CHECK(g.top_k < 0 || g.temperature > 0, "--top-k restricts sampling: give --temperature > 0 too");
+  SHARDLM_CHECK(!g.seed_given || g.temperature > 0, "--seed seeds sampling: give --temperature > 0 too (without it "
+                "the answer is greedy and the same for every seed)");
+  if (g.top_k < 0) g.top_k = g.temperature > 0 ? kDefaultTopK : 0;
   return g;
 }
 
@@ -155,12 +167,36 @@ std::string prompt_text(const GenerateArgs& g, MPI_Comm comm) {
   return g.prompt;
 }
 
+// What the model folder says of generating.
+struct ModelGeneration {
+  std::vector<int32_t> eos_ids;
+  std::string note;  // the settings of its generation_config.json that shardlm does not take, said; empty: none
+};
+
+// The settings of generation_config.json `j` (from `file`) that transformers' generate() applies by default and
+// shardlm generate does not: sampling (do_sample and its temperature, top_p, top_k) and repetition_penalty.
+std::string untaken_generation_settings(const nlohmann::json& j, const std::string& file) {
+  std::string said;
+  if (j.value("do_sample", false) == true) {
+    std::string how;
+    for (const char* key : {"temperature", "top_p", "top_k"})
+      if (j.contains(key) && j[key].is_number()) how += concat(how.empty() ? "" : ", ", key, " ", j[key].dump());
+    said = concat("sampling (do_sample", how.empty() ? "" : ": " + how, "); shardlm generate is greedy unless "
+                  "--temperature is given (--top-p, --top-k then apply)");
+  }
+  if (j.contains("repetition_penalty") && j["repetition_penalty"].is_number() &&
+      j["repetition_penalty"].get<double>() != 1.0)
+    said += concat(said.empty() ? "" : "; ", "repetition_penalty ", j["repetition_penalty"].dump(),
+                   ", which shardlm generate does not apply");
+  return said.empty() ? "" : concat("note: ", file, " asks for ", said, " (it takes eos_token_id from the file)");
+}
+
 // The ids that end an answer by the model folder's own word, as transformers' generate() takes them: the
 // eos_token_id (a number or a list) of `dir`'s generation_config.json, or without that file of its config.json
 // (GenerationConfig.from_model_config), of its text_config where the top level has none (Gemma 3's multimodal
 // checkpoints). None without a folder or an eos_token_id. A file that is not JSON, or ids that are not integers
 // >= 0, are an Error naming the file.
-std::vector<int32_t> model_eos_ids(const std::string& dir) {
+ModelGeneration model_generation(const std::string& dir) {
   if (dir.empty()) return {};
   std::error_code ec;
   const fs::path generation = fs::path(dir) / "generation_config.json";
@@ -174,6 +210,8 @@ std::vector<int32_t> model_eos_ids(const std::string& dir) {
     throw Error(concat(file, " is not valid JSON: ", e.what()));
   }
   SHARDLM_CHECK(j.is_object(), file, " must hold a JSON object");
+  ModelGeneration out;
+  if (from_generation_config) out.note = untaken_generation_settings(j, file);
   auto eos_of = [](const nlohmann::json& config) {
     const auto it = config.find("eos_token_id");
     return it == config.end() || it->is_null() ? nullptr : &*it;
@@ -184,21 +222,21 @@ std::vector<int32_t> model_eos_ids(const std::string& dir) {
     eos = eos_of(j["text_config"]);
     key = "text_config.eos_token_id";
   }
-  std::vector<int32_t> ids;
-  if (!eos) return ids;
+  if (!eos) return out;
   for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
     SHARDLM_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= INT32_MAX, file, ": '",
                   key, "' must be a token id or a list of them (integers >= 0), holds ", clip_for_message(id.dump()));
-    ids.push_back(id.get<int32_t>());
+    out.eos_ids.push_back(id.get<int32_t>());
   }
-  return ids;
+  return out;
 }
 
-// The prompt's ids, the ids and strings that end the answer.
+// The prompt's ids, the ids and strings that end the answer, and what the model folder asks that is not done.
 struct Prompt {
   std::vector<int32_t> ids;
   std::vector<int32_t> stop_ids;
   std::vector<std::string> stop_strings;
+  std::string note;
 };
 
 // `ids_only`: the model has no tokenizer (GenerationModel::ids_only), whose EOS is then no stop.
@@ -210,7 +248,9 @@ Prompt make_prompt(const GenerateArgs& g, const RunConfig& cfg, const Tokenizer&
     if (id >= 0 && std::find(p.stop_ids.begin(), p.stop_ids.end(), id) == p.stop_ids.end()) p.stop_ids.push_back(id);
   };
   if (!ids_only) add_stop(tok.eos_id());
-  for (int32_t id : model_eos_ids(cfg.model.dir)) add_stop(id);
+  const ModelGeneration folder = model_generation(cfg.model.dir);
+  p.note = folder.note;
+  for (int32_t id : folder.eos_ids) add_stop(id);
   if (!g.prompt_ids.empty()) {
     p.ids = parse_ids("--prompt-ids", g.prompt_ids);
   } else {
@@ -242,11 +282,26 @@ Prompt make_prompt(const GenerateArgs& g, const RunConfig& cfg, const Tokenizer&
       p.ids.insert(p.ids.end(), body.begin(), body.end());
     }
   }
-  if (!g.eos_ids.empty()) p.stop_ids = parse_ids("--eos-ids", g.eos_ids);
+  // --eos-ids replaces every stop: ids and the chat template's end-of-turn text alike.
+  if (!g.eos_ids.empty()) {
+    p.stop_ids = parse_ids("--eos-ids", g.eos_ids);
+    p.stop_strings.clear();
+  }
   SHARDLM_CHECK(!p.ids.empty(), "the prompt is empty (and the tokenizer has no BOS to start from)");
   for (int32_t id : p.ids)
     SHARDLM_CHECK(id < vocab, "the prompt has token id ", id, ", outside the model's vocabulary of ", vocab);
   return p;
+}
+
+// --output's file can be written (its folder exists and takes a file; it is no folder itself): checked before
+// the model loads, so that a wrong path does not cost the load and the generation.
+void check_output_file(const std::string& path) {
+  std::error_code ec;
+  SHARDLM_CHECK(!fs::is_directory(path, ec), "generate --output '", path, "' is a folder: name a file");
+  const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  SHARDLM_CHECK(fs::is_directory(folder, ec), "generate --output '", path, "': its folder ", folder.string(),
+                " does not exist");
+  check_writable_folder(folder.string(), "generate --output's folder");
 }
 
 const char* finish_name(FinishReason f) { return f == FinishReason::Length ? "length" : "stop"; }
@@ -263,6 +318,7 @@ int command_generate(const std::vector<std::string>& args) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
   const GenerateArgs g = parse_generate_args(args);
+  if (!g.output.empty()) run_collectively(comm, [&] { if (rank == 0) check_output_file(g.output); });
   Timer load_timer;
   GenerationModel model = load_generation_model(g.model, g.adapter, g.overrides, g.prompt_ids.empty(), comm);
   const RunConfig& cfg = model.cfg;
@@ -275,16 +331,20 @@ int command_generate(const std::vector<std::string>& args) {
   GenerateOptions options;
   options.max_new_tokens = g.max_new_tokens;
   options.stop_ids = prompt.stop_ids;
-  options.sampling = {g.temperature, g.top_p, g.seed};
+  options.sampling = {g.temperature, g.top_p, g.seed, g.top_k};
   if (rank == 0) {
+    if (!prompt.note.empty()) std::fprintf(stderr, "shardlm generate: %s\n", prompt.note.c_str());
     std::string stops;
     for (int32_t id : prompt.stop_ids) stops += (stops.empty() ? "stop ids " : ", ") + std::to_string(id);
+    for (const std::string& text : prompt.stop_strings)
+      stops += concat(stops.empty() ? "" : ", ", "stop text ", nlohmann::json(text).dump());
     std::fprintf(stderr, "shardlm generate: %s on %d rank(s), %s, loaded in %.1f s; %zu prompt tokens, %s, %s\n",
                  model.description.c_str(), world,
                  backend_name(cfg.run.backend), load_timer.seconds(), prompt.ids.size(),
                  options.sampling.greedy()
                      ? "greedy"
-                     : concat("sampled (temperature ", g.temperature, ", top-p ", g.top_p, ", seed ", g.seed, ")").c_str(),
+                     : concat("sampled (temperature ", g.temperature, ", top-k ", g.top_k, ", top-p ", g.top_p,
+                              ", seed ", g.seed, ")").c_str(),
                  stops.empty() ? "no stop ids" : stops.c_str());
   }
 
@@ -316,7 +376,7 @@ int command_generate(const std::vector<std::string>& args) {
     if (g.output.empty()) return;
     const nlohmann::json record = {{"prompt_ids", prompt.ids},
                                    {"generated_ids", result.ids},
-                                   {"text", answer},
+                                   {"text", model.ids_only ? answer : stream.text()},
                                    {"finish_reason", finish_name(result.finish)}};
     replace_file(g.output, record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                  "generate --output");
