@@ -83,9 +83,10 @@ DeckSection train_section() {
                "other. With `fsdp.cpu_offload`, `adamw_8bit` updates the root unit on the host (refused with "
                "`fsdp.offload_root_update = device` or `fsdp.offload_resident_gib > 0`)"),
       enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), lr_schedule_name)
-          .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below); "
-               "`tests/test_schedules.cpp` checks every name, both warm-up forms, to 1e-7 against values computed "
-               "with transformers"),
+          .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below), at "
+               "the optimizer updates taken before the step: a step skipped on an fp16 overflow does not advance it, "
+               "as Trainer steps its scheduler only after an update; `tests/test_schedules.cpp` checks every name, "
+               "both warm-up forms, to 1e-7 against values computed with transformers"),
       double_key("train.lr_num_cycles", SHARDLM_FIELD(train.lr_num_cycles), kNonNegative)
           .doc("the cosine schedules' `num_cycles` (transformers' `lr_scheduler_kwargs`): 0 = the schedule's default,"
                " 0.5 for `cosine` and `cosine_with_min_lr` (half a cosine, `lr` to 0), 1 for `cosine_with_restarts` "
@@ -108,8 +109,9 @@ DeckSection train_section() {
           .doc("dynamic loss scaling (as torch's GradScaler): the loss is multiplied by the scale before backward and"
                " the gradients divided by it before clipping; a step whose gradient has an inf/NaN anywhere (agreed "
                "over all ranks through the global norm) is skipped and the scale halved; after 2000 good steps in a "
-               "row it doubles. `0`: on, from 65536, when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off "
-               "otherwise; `> 0`: on, starting at this value"),
+               "row it doubles. A skipped step takes no update, so the learning-rate schedule does not advance. "
+               "`0`: on, from 65536, when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off otherwise; `> 0`: "
+               "on, starting at this value"),
       unsigned_key("train.seed", SHARDLM_FIELD(train.seed)).doc("initialisation, data order and subset selection"),
       flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)).doc("shuffle the training set each epoch"),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1")

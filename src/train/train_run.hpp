@@ -83,10 +83,10 @@ struct TrainRun {
   std::unique_ptr<TensorBoardWriter> tensorboard;  // rank 0 with run.tensorboard, from open_run_outputs
 };
 
-// Where the run is: optimizer steps taken, the position in the data after the last of them, and
-// the dynamic loss scale.
+// Where the run is: steps run, the position in the data after the last of them, and the dynamic loss
+// scale.
 struct TrainPosition {
-  long step = 0;
+  long step = 0;          // with those skipped on overflow (FsdpEngine::optimizer_steps counts the updates taken)
   int epoch = 0;          // `epoch_step` steps done in `epoch`
   long epoch_step = 0;
   // Epochs done, fractional (the logs' `epoch`): the position in the data, which after a resume with another
@@ -121,7 +121,7 @@ void open_run_outputs(TrainRun& run);
 struct StepOutcome {
   double loss = 0;      // mean token loss of the global batch
   double grad_norm = 0; // before clipping, loss scale removed
-  double lr = 0;
+  double lr = 0;        // the schedule's at the optimizer steps taken before this one (a skipped step's too)
   double seconds = 0;   // slowest rank
   int64_t tokens = 0;   // tokens of the global batch
 };

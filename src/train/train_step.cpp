@@ -126,7 +126,10 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   model.zero_grad();
   double loss_sum = 0;
   StepOutcome out;
-  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step,
+  // The schedule counts the updates taken (the optimizer's steps, which a checkpoint keeps), not the loop's
+  // steps: one skipped on overflow leaves it where it was, as Trainer steps its scheduler only when the
+  // optimizer step was not skipped.
+  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, model.optimizer_steps(),
                         resolved_warmup_steps(cfg.train.warmup_steps, cfg.train.warmup_ratio, run.total_steps),
                         run.total_steps, lr_schedule_args(cfg.train));
   // Without clipping or loss scaling the step's gradient factor is known before its backward: an
