@@ -109,9 +109,10 @@ DeckSection train_section() {
           .doc("dynamic loss scaling (as torch's GradScaler): the loss is multiplied by the scale before backward and"
                " the gradients divided by it before clipping; a step whose gradient has an inf/NaN anywhere (agreed "
                "over all ranks through the global norm) is skipped and the scale halved; after 2000 good steps in a "
-               "row it doubles. A skipped step takes no update, so the learning-rate schedule does not advance. "
-               "`0`: on, from 65536, when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off otherwise; `> 0`: "
-               "on, starting at this value"),
+               "row it doubles. A skipped step takes no update, so the learning-rate schedule does not advance; the "
+               "scale has no floor, as GradScaler's (one that overflows at 1 goes on to 0.5). `0`: on, from 65536, "
+               "when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off otherwise; `> 0`: on, starting at this "
+               "value"),
       unsigned_key("train.seed", SHARDLM_FIELD(train.seed)).doc("initialisation, data order and subset selection"),
       flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)).doc("shuffle the training set each epoch"),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1")

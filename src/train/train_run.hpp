@@ -18,6 +18,7 @@
 #include "shardlm/config.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
+#include "shardlm/optim.hpp"
 #include "shardlm/train.hpp"
 
 namespace shardlm {
@@ -95,8 +96,7 @@ struct TrainPosition {
     return epoch + static_cast<double>(epoch_step) / static_cast<double>(steps_per_epoch);
   }
   bool scaling = false;   // dynamic loss scaling (GradScaler's rules) is on
-  double loss_scale = 1;
-  long good_steps = 0;    // steps since the scale last changed
+  DynamicLossScale loss_scale;  // value 1 when scaling is off
 };
 
 // ---- setup (train_setup.cpp) ----------------------------------------------------------------
