@@ -183,7 +183,7 @@ class AdamW8bit final : public Optimizer {
 struct LrScheduleArgs {
   double num_cycles = 0;
   double power = 1.0;       // polynomial
-  double lr_end = 1e-7;     // polynomial: the rate at the last step
+  double lr_end = 1e-7;     // polynomial: the rate at step `total`, one past the last
   double min_lr_ratio = 0;  // cosine_with_min_lr: the floor, as a fraction of base_lr (min_lr_rate)
 };
 LrScheduleArgs lr_schedule_args(const TrainSection& train);

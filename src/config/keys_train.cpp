@@ -94,7 +94,8 @@ DeckSection train_section() {
       double_key("train.lr_power", SHARDLM_FIELD(train.lr_power), kPositive)
           .doc("`polynomial`'s `power`; refused with other schedules"),
       double_key("train.lr_end", SHARDLM_FIELD(train.lr_end), kNonNegative)
-          .doc("`polynomial`'s `lr_end`, the rate at the last step; must be below `lr`; refused with other schedules"),
+          .doc("`polynomial`'s `lr_end`, the rate the decay reaches at step N, one past the run's last (which runs a "
+               "little above it, as in transformers); must be below `lr`; refused with other schedules"),
       double_key("train.min_lr_ratio", SHARDLM_FIELD(train.min_lr_ratio), kUnitClosed)
           .doc("`cosine_with_min_lr`'s floor as a fraction of `lr` (transformers' `min_lr_rate`): the cosine runs "
                "from `lr` down to `min_lr_ratio x lr`; refused with other schedules"),
