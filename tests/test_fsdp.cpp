@@ -288,6 +288,22 @@ BOOST_AUTO_TEST_CASE(fp16_loss_scaling_skips_overflowing_steps_on_every_rank) {
     BOOST_TEST(d.step_losses[i] == ref.step_losses[i], boost::test_tools::tolerance(0.03));
 }
 
+// eval_loss is the mean over all the eval set's loss tokens (deck.md, [eval]), so the eval micro-batches
+// (train.micro_batch_size) do not change it; Trainer's mean of per-batch means would (its SQuAD answers differ
+// in length).
+BOOST_AUTO_TEST_CASE(eval_loss_is_the_mean_over_all_loss_tokens_whatever_the_micro_batch) {
+  std::vector<double> evals;
+  for (int micro : {1, 2}) {
+    RunConfig cfg = tiny_config(ShardingStrategy::FullShard, concat("eval_micro", micro));
+    cfg.train.micro_batch_size = micro;
+    cfg.train.max_steps = 2;
+    const TrainResult r = train(cfg, MPI_COMM_WORLD, quiet());
+    BOOST_TEST_REQUIRE(r.eval_losses.size() == 1u);
+    evals.push_back(r.eval_losses[0]);
+  }
+  BOOST_TEST(evals[0] == evals[1], boost::test_tools::tolerance(1e-5));
+}
+
 BOOST_AUTO_TEST_CASE(jsonl_text_trains_the_same_on_every_world) {
   auto config = [](const std::string& name) {
     RunConfig cfg = tiny_config(ShardingStrategy::FullShard, name);

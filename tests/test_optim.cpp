@@ -92,6 +92,25 @@ BOOST_AUTO_TEST_CASE(linear_schedule_with_warmup) {
   BOOST_TEST(scheduled_lr(LrSchedule::Constant, 2.0, 1, 4, 10) == 2.0);  // transformers' constant: no warm-up
 }
 
+// torch.amp.GradScaler's update: an overflow halves the scale (below 1 too: train.loss_scale = 0.5 goes to
+// 0.25, as GradScaler's does) and restarts the count; 2000 good steps in a row double it.
+BOOST_AUTO_TEST_CASE(dynamic_loss_scale_follows_grad_scaler) {
+  DynamicLossScale s{0.5};
+  s.after_step(true);
+  BOOST_TEST(s.value == 0.25);
+  s.after_step(true);
+  BOOST_TEST(s.value == 0.125);
+  for (int i = 0; i < 1999; ++i) s.after_step(false);
+  BOOST_TEST(s.value == 0.125);
+  s.after_step(true);  // the count starts again
+  BOOST_TEST(s.value == 0.0625);
+  for (int i = 0; i < 1999; ++i) s.after_step(false);
+  BOOST_TEST(s.value == 0.0625);
+  s.after_step(false);
+  BOOST_TEST(s.value == 0.125);
+  BOOST_TEST(s.good_steps == 0);
+}
+
 BOOST_AUTO_TEST_CASE(clipping_factor) {
   BOOST_TEST(clip_factor(0.5, 1.0) == 1.0);
   BOOST_TEST(clip_factor(4.0, 1.0) == 1.0 / (4.0 + 1e-6), boost::test_tools::tolerance(1e-12));

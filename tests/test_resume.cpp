@@ -14,6 +14,7 @@
 
 #include "checkpoint_edit.hpp"
 #include "shardlm/io.hpp"
+#include "shardlm/optim.hpp"
 #include "test_support.hpp"
 #include "train_test_support.hpp"
 
@@ -210,6 +211,57 @@ BOOST_AUTO_TEST_CASE(resume_as_hybrid_shard) {
   std::vector<double> got = resumed_on(world_size(), cfg);
   std::vector<double> want = tail_of_uninterrupted();
   for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-5));
+}
+
+// fp16 from a loss scale far too large: the first steps overflow and are skipped. The schedule counts the
+// updates taken, as Trainer's (stepped only when the optimizer step was not skipped), so each step's rate is
+// the schedule's at the updates before it; a resume from step 10 goes on with the same rates and losses.
+BOOST_AUTO_TEST_CASE(skipped_steps_hold_the_schedule_and_a_resume_continues_it) {
+  auto fp16 = [](const std::string& name) {
+    start_afresh(name);
+    RunConfig cfg = config(ShardingStrategy::FullShard, name);
+    cfg.fsdp.param_dtype = DType::F16;
+    cfg.fsdp.reduce_dtype = DType::F16;
+    cfg.train.loss_scale = 4194304.0;  // 2^22: fp16 reductions overflow for the first few steps
+    cfg.checkpoint.every = 10;
+    return cfg;
+  };
+  const RunConfig cfg = fp16("fp16_skips");
+  const TrainResult whole = train(cfg, MPI_COMM_WORLD, quiet());
+  RunConfig resumed = fp16("fp16_skips_resumed");
+  resumed.checkpoint.resume = ResumeFrom::Path;
+  resumed.checkpoint.resume_path = checkpoint_of("fp16_skips", 10);
+  train(resumed, MPI_COMM_WORLD, quiet());
+  BOOST_TEST_REQUIRE(whole.skipped_steps > 0);
+  BOOST_TEST_REQUIRE(whole.skipped_steps < 10);  // updates before the checkpoint and after
+  if (world_rank() != 0) return;
+  std::map<long, double> lr, resumed_lr, loss, resumed_loss;
+  std::vector<long> skipped;
+  for (const nlohmann::json& r : records_of("fp16_skips")) {
+    if (r["type"] == "overflow") skipped.push_back(r["step"].get<long>());
+    if (r["type"] != "train") continue;
+    lr[r["step"].get<long>()] = r["learning_rate"].get<double>();
+    loss[r["step"].get<long>()] = r["loss"].get<double>();
+  }
+  for (const nlohmann::json& r : records_of("fp16_skips_resumed"))
+    if (r["type"] == "train") {
+      resumed_lr[r["step"].get<long>()] = r["learning_rate"].get<double>();
+      resumed_loss[r["step"].get<long>()] = r["loss"].get<double>();
+    }
+  BOOST_TEST(static_cast<long>(skipped.size()) == whole.skipped_steps);
+  BOOST_TEST_REQUIRE(lr.size() == 20u);
+  long taken = 0;
+  for (long step = 1; step <= 20; ++step) {
+    const double want = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, taken, cfg.train.warmup_steps,
+                                     cfg.train.max_steps, lr_schedule_args(cfg.train));
+    BOOST_TEST(lr[step] == want, "step " << step << " after " << taken << " updates: " << lr[step] << " vs " << want);
+    if (std::find(skipped.begin(), skipped.end(), step) == skipped.end()) ++taken;
+  }
+  BOOST_TEST_REQUIRE(resumed_lr.size() == 10u);
+  for (long step = 11; step <= 20; ++step) {
+    BOOST_TEST(resumed_lr[step] == lr[step], "step " << step);
+    BOOST_TEST(resumed_loss[step] == loss[step], "step " << step);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(auto_resume_takes_the_latest) {

@@ -85,3 +85,38 @@ BOOST_AUTO_TEST_CASE(warmup_ratio_rounds_up_and_steps_win) {
   BOOST_TEST(resolved_warmup_steps(5, 0.5, 100) == 5);  // warmup_steps wins when both are set
   BOOST_TEST(resolved_warmup_steps(0, 0.0, 100) == 0);
 }
+
+// What deck.md and the decks say of the schedules' end: transformers' lambdas reach it at step N (total), one
+// past the run's last step N - 1, which runs at lr / (N - W) with `linear` and above lr_end with `polynomial`.
+BOOST_AUTO_TEST_CASE(the_decay_ends_one_step_past_the_last) {
+  const nlohmann::json doc = fixtures();
+  size_t checked = 0;
+  for (const nlohmann::json& c : doc.at("cases")) {
+    const std::string name = c.at("name");
+    const double lr = c.at("lr");
+    const long total = c.at("total"), warmup = c.at("warmup");
+    if ((name != "linear" && name != "polynomial") || total - warmup < 2) continue;
+    const std::vector<double> want = c.at("lrs");
+    TrainSection t;
+    if (c.at("kwargs").contains("lr_end")) t.lr_end = c.at("kwargs").at("lr_end");
+    if (c.at("kwargs").contains("power")) t.lr_power = c.at("kwargs").at("power");
+    const LrSchedule s = schedule_named(name);
+    const double last = scheduled_lr(s, lr, total - 1, warmup, total, lr_schedule_args(t));
+    const double end = scheduled_lr(s, lr, total, warmup, total, lr_schedule_args(t));
+    BOOST_TEST_CONTEXT(name << " lr " << lr << " total " << total << " warmup " << warmup) {
+      if (name == "linear") {
+        BOOST_TEST(want[total] == 0.0);
+        BOOST_TEST(end == 0.0);
+        BOOST_TEST(last == lr / static_cast<double>(total - warmup), boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(want[total - 1] == lr / static_cast<double>(total - warmup), boost::test_tools::tolerance(1e-6));
+      } else {
+        BOOST_TEST(end == t.lr_end, boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(want[total] == t.lr_end, boost::test_tools::tolerance(1e-6));
+        BOOST_TEST(last > t.lr_end);
+        BOOST_TEST(want[total - 1] > t.lr_end);
+      }
+    }
+    ++checked;
+  }
+  BOOST_TEST(checked >= 2u);
+}

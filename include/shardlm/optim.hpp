@@ -1,4 +1,4 @@
-// optim: the optimizer interface, AdamW and 8-bit AdamW on parameter shards (on any backend), learning-rate schedules, global-norm clipping factor.
+// optim: the optimizer interface, AdamW and 8-bit AdamW on parameter shards (on any backend), learning-rate schedules, global-norm clipping factor, dynamic loss scale.
 #pragma once
 
 #include <cstddef>
@@ -183,7 +183,7 @@ class AdamW8bit final : public Optimizer {
 struct LrScheduleArgs {
   double num_cycles = 0;
   double power = 1.0;       // polynomial
-  double lr_end = 1e-7;     // polynomial: the rate at the last step
+  double lr_end = 1e-7;     // polynomial: the rate at step `total`, one past the last
   double min_lr_ratio = 0;  // cosine_with_min_lr: the floor, as a fraction of base_lr (min_lr_rate)
 };
 LrScheduleArgs lr_schedule_args(const TrainSection& train);
@@ -196,6 +196,16 @@ double scheduled_lr(LrSchedule schedule, double base_lr, long step, long warmup,
 // The warm-up steps of a run of `total` steps: warmup_steps when > 0, else ceil(warmup_ratio x total)
 // (TrainingArguments.get_warmup_steps).
 long resolved_warmup_steps(int warmup_steps, double warmup_ratio, long total);
+
+// A dynamic loss scale (train.loss_scale) under torch.amp.GradScaler's rules: the loss is multiplied by
+// `value` before backward and the gradients divided by it, and a step whose gradient overflowed is skipped.
+struct DynamicLossScale {
+  double value = 1;
+  long good_steps = 0;  // steps without overflow since the value last changed
+  // After each step: an overflow halves the value, with no floor, as GradScaler (a gradient that overflows
+  // at a scale of 1 needs one below it); 2000 good steps in a row (growth_interval) double it.
+  void after_step(bool overflow);
+};
 
 // Factor to multiply gradients by so their global norm is at most max_norm (1 when max_norm is 0
 // or the norm is already within it), as torch.nn.utils.clip_grad_norm_.

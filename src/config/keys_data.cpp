@@ -37,7 +37,8 @@ DeckSection data_section() {
                " tokens after the generation prompt, through its end-of-turn marker)"),
       path_key("data.train_file", SHARDLM_FIELD(data.train_file), "PATH").doc("training data"),
       path_key("data.eval_file", SHARDLM_FIELD(data.eval_file))
-          .doc("evaluation data, evaluated after each epoch; empty for none"),
+          .doc("evaluation data, evaluated after each epoch; empty for none. The eval loss is the mean over all its "
+               "loss tokens, not Trainer's mean of per-batch means (section [eval])"),
       int_key("data.max_length", SHARDLM_FIELD(data.max_length), 8, "must be >= 8")
           .doc("tokens per sample; SQuAD contexts are truncated to fit, never the answer"),
       flag_key("data.packing", SHARDLM_FIELD(data.packing))

@@ -83,9 +83,10 @@ DeckSection train_section() {
                "other. With `fsdp.cpu_offload`, `adamw_8bit` updates the root unit on the host (refused with "
                "`fsdp.offload_root_update = device` or `fsdp.offload_resident_gib > 0`)"),
       enum_key("train.lr_schedule", SHARDLM_FIELD(train.lr_schedule), lr_schedule_name)
-          .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below); "
-               "`tests/test_schedules.cpp` checks every name, both warm-up forms, to 1e-7 against values computed "
-               "with transformers"),
+          .doc("the learning rate of each step exactly as transformers' `get_scheduler(name)` gives it (below), at "
+               "the optimizer updates taken before the step: a step skipped on an fp16 overflow does not advance it, "
+               "as Trainer steps its scheduler only after an update; `tests/test_schedules.cpp` checks every name, "
+               "both warm-up forms, to 1e-7 against values computed with transformers"),
       double_key("train.lr_num_cycles", SHARDLM_FIELD(train.lr_num_cycles), kNonNegative)
           .doc("the cosine schedules' `num_cycles` (transformers' `lr_scheduler_kwargs`): 0 = the schedule's default,"
                " 0.5 for `cosine` and `cosine_with_min_lr` (half a cosine, `lr` to 0), 1 for `cosine_with_restarts` "
@@ -93,7 +94,8 @@ DeckSection train_section() {
       double_key("train.lr_power", SHARDLM_FIELD(train.lr_power), kPositive)
           .doc("`polynomial`'s `power`; refused with other schedules"),
       double_key("train.lr_end", SHARDLM_FIELD(train.lr_end), kNonNegative)
-          .doc("`polynomial`'s `lr_end`, the rate at the last step; must be below `lr`; refused with other schedules"),
+          .doc("`polynomial`'s `lr_end`, the rate the decay reaches at step N, one past the run's last (which runs a "
+               "little above it, as in transformers); must be below `lr`; refused with other schedules"),
       double_key("train.min_lr_ratio", SHARDLM_FIELD(train.min_lr_ratio), kUnitClosed)
           .doc("`cosine_with_min_lr`'s floor as a fraction of `lr` (transformers' `min_lr_rate`): the cosine runs "
                "from `lr` down to `min_lr_ratio x lr`; refused with other schedules"),
@@ -108,8 +110,10 @@ DeckSection train_section() {
           .doc("dynamic loss scaling (as torch's GradScaler): the loss is multiplied by the scale before backward and"
                " the gradients divided by it before clipping; a step whose gradient has an inf/NaN anywhere (agreed "
                "over all ranks through the global norm) is skipped and the scale halved; after 2000 good steps in a "
-               "row it doubles. `0`: on, from 65536, when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off "
-               "otherwise; `> 0`: on, starting at this value"),
+               "row it doubles. A skipped step takes no update, so the learning-rate schedule does not advance; the "
+               "scale has no floor, as GradScaler's (one that overflows at 1 goes on to 0.5). `0`: on, from 65536, "
+               "when `fsdp.param_dtype` or `fsdp.reduce_dtype` is `fp16`, off otherwise; `> 0`: on, starting at this "
+               "value"),
       unsigned_key("train.seed", SHARDLM_FIELD(train.seed)).doc("initialisation, data order and subset selection"),
       flag_key("train.shuffle", SHARDLM_FIELD(train.shuffle)).doc("shuffle the training set each epoch"),
       int_key("train.log_every", SHARDLM_FIELD(train.log_every), 1, "must be >= 1")

@@ -58,7 +58,7 @@ double log_interval(TrainRun& run, const TrainPosition& pos, const StepOutcome& 
   log.tokens_per_second = interval.seconds > 0 ? interval.tokens / interval.seconds : 0.0;
   log.world = run.world;
   log.mfu = run_mfu(run, log.tokens_per_second);
-  log.loss_scale = pos.loss_scale;
+  log.loss_scale = pos.loss_scale.value;
   log.peak_memory_bytes = gather_on_root(run.comm, static_cast<double>(run_peak_bytes(*run.engine)));
   log.gpu_memory = run.engine->device_peak_bytes() > 0;
   run.say(train_line(log));

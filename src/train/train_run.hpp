@@ -18,6 +18,7 @@
 #include "shardlm/config.hpp"
 #include "shardlm/data.hpp"
 #include "shardlm/dist.hpp"
+#include "shardlm/optim.hpp"
 #include "shardlm/train.hpp"
 
 namespace shardlm {
@@ -85,10 +86,10 @@ struct TrainRun {
   std::unique_ptr<TensorBoardWriter> tensorboard;  // rank 0 with run.tensorboard, from open_run_outputs
 };
 
-// Where the run is: optimizer steps taken, the position in the data after the last of them, and
-// the dynamic loss scale.
+// Where the run is: steps run, the position in the data after the last of them, and the dynamic loss
+// scale.
 struct TrainPosition {
-  long step = 0;
+  long step = 0;          // with those skipped on overflow (FsdpEngine::optimizer_steps counts the updates taken)
   int epoch = 0;          // `epoch_step` steps done in `epoch`
   long epoch_step = 0;
   // Epochs done, fractional (the logs' `epoch`): the position in the data, which after a resume with another
@@ -97,8 +98,7 @@ struct TrainPosition {
     return epoch + static_cast<double>(epoch_step) / static_cast<double>(steps_per_epoch);
   }
   bool scaling = false;   // dynamic loss scaling (GradScaler's rules) is on
-  double loss_scale = 1;
-  long good_steps = 0;    // steps since the scale last changed
+  DynamicLossScale loss_scale;  // value 1 when scaling is off
 };
 
 // ---- setup (train_setup.cpp) ----------------------------------------------------------------
@@ -123,7 +123,7 @@ void open_run_outputs(TrainRun& run);
 struct StepOutcome {
   double loss = 0;      // mean token loss of the global batch
   double grad_norm = 0; // before clipping, loss scale removed
-  double lr = 0;
+  double lr = 0;        // the schedule's at the optimizer steps taken before this one (a skipped step's too)
   double seconds = 0;   // slowest rank
   int64_t tokens = 0;   // tokens of the global batch
 };

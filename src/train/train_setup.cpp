@@ -615,7 +615,7 @@ TrainPosition load_start(TrainRun& run) {
   TrainPosition pos;
   const bool fp16 = cfg.fsdp.param_dtype == DType::F16 || cfg.fsdp.reduce_dtype == DType::F16;
   pos.scaling = cfg.train.loss_scale > 0 || fp16;
-  pos.loss_scale = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
+  pos.loss_scale.value = pos.scaling ? (cfg.train.loss_scale > 0 ? cfg.train.loss_scale : 65536.0) : 1.0;
   FsdpEngine& model = *run.engine;
   // LoRA: the frozen base comes from model.dir (or stays the seeded initialisation) whether the run
   // resumes or not; checkpoints hold the adapters only.
@@ -651,7 +651,7 @@ TrainPosition load_start(TrainRun& run) {
     model.set_optimizer_steps(meta.optimizer_steps);
     model.checkpoint_loaded();
     pos.step = meta.step;
-    if (pos.scaling && meta.loss_scale > 0) pos.loss_scale = meta.loss_scale;
+    if (pos.scaling && meta.loss_scale > 0) pos.loss_scale.value = meta.loss_scale;
     pos.epoch = meta.epoch;
     pos.epoch_step = resumed_epoch_step(meta, run);
     run.say(concat("resumed from ", run.resume_path, ": step ", meta.step, ", epoch ", meta.epoch, " after ",

@@ -2,7 +2,6 @@
 // packed rows dealt to the rank), the loss normalised
 // by the global batch's target count so every world size computes the same step; then clipping,
 // AdamW and the dynamic loss scale.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,9 +15,6 @@
 namespace shardlm {
 
 namespace {
-
-// Steps without overflow after which the loss scale doubles (GradScaler's growth_interval).
-constexpr long kScaleGrowthInterval = 2000;
 
 int64_t count_tokens(const std::vector<Example>& data, const std::vector<size_t>& indices) {
   int64_t n = 0;
@@ -119,20 +115,23 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   const int64_t targets = count_targets(run.train_set, global);
   // Dynamic loss scaling: scale the loss, unscale the gradients, skip a step whose gradient
   // overflowed (every rank sees the same global norm) and halve; double after a run of good steps.
-  const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale / static_cast<double>(targets)) : 0.0f;
+  const float grad_scale = targets > 0 ? static_cast<float>(pos.loss_scale.value / static_cast<double>(targets)) : 0.0f;
   // run.trace_step names a step as the log does (the run's step count, continued by a resume).
   const bool trace = cfg.run.trace_step > 0 && pos.step + 1 == cfg.run.trace_step;
   if (trace) model.trace_begin();
   model.zero_grad();
   double loss_sum = 0;
   StepOutcome out;
-  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, pos.step,
+  // The schedule counts the updates taken (the optimizer's steps, which a checkpoint keeps), not the loop's
+  // steps: one skipped on overflow leaves it where it was, as Trainer steps its scheduler only when the
+  // optimizer step was not skipped.
+  out.lr = scheduled_lr(cfg.train.lr_schedule, cfg.train.lr, model.optimizer_steps(),
                         resolved_warmup_steps(cfg.train.warmup_steps, cfg.train.warmup_ratio, run.total_steps),
                         run.total_steps, lr_schedule_args(cfg.train));
   // Without clipping or loss scaling the step's gradient factor is known before its backward: an
   // offloaded engine then updates each unit as its gradient reaches the host (FsdpEngine::last_micro_step).
   const bool known = cfg.train.max_grad_norm <= 0 && !pos.scaling;
-  const float known_factor = static_cast<float>(clip_factor(0.0, cfg.train.max_grad_norm) / pos.loss_scale);
+  const float known_factor = static_cast<float>(clip_factor(0.0, cfg.train.max_grad_norm) / pos.loss_scale.value);
   const StepMicroBatches micro_batches(run, epoch, s, global, cfg.data.packing);
   for (int m = 0; m < micro_batches.count(); ++m) {
     if (m + 1 == micro_batches.count())
@@ -148,24 +147,20 @@ StepOutcome take_step(TrainRun& run, TrainPosition& pos, int epoch, long s, Trai
   // The loss is reduced over all ranks, so they all stop here together.
   if (!std::isfinite(out.loss))
     throw AgreedError(concat("the loss is not finite at step ", pos.step + 1, " (lower train.lr or check the data)"));
-  out.grad_norm = model.grad_norm() / pos.loss_scale;
-  if (pos.scaling && !std::isfinite(out.grad_norm)) {
+  out.grad_norm = model.grad_norm() / pos.loss_scale.value;
+  const bool overflow = pos.scaling && !std::isfinite(out.grad_norm);
+  if (!overflow)
+    model.optimizer_step(out.lr, known ? known_factor
+                                       : static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) /
+                                                            pos.loss_scale.value));
+  if (pos.scaling) pos.loss_scale.after_step(overflow);
+  if (overflow) {
     result.skipped_steps += 1;
-    pos.good_steps = 0;
-    pos.loss_scale = std::max(pos.loss_scale / 2, 1.0);
-    run.say(concat("step ", pos.step + 1, ": gradient overflow, step skipped; loss scale now ", pos.loss_scale));
-    run.record({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale}});
+    run.say(concat("step ", pos.step + 1, ": gradient overflow, step skipped; loss scale now ", pos.loss_scale.value));
+    run.record({{"type", "overflow"}, {"step", pos.step + 1}, {"loss_scale", pos.loss_scale.value}});
     // Its gradients are dropped now, not at the next step's start: an evaluation or decoding before that may
     // gather the root where they lie (FsdpBufferPlan::root_in_slices).
     model.zero_grad();
-  } else {
-    model.optimizer_step(out.lr, known ? known_factor
-                                       : static_cast<float>(clip_factor(out.grad_norm, cfg.train.max_grad_norm) /
-                                                            pos.loss_scale));
-    if (pos.scaling && ++pos.good_steps == kScaleGrowthInterval) {
-      pos.loss_scale *= 2;
-      pos.good_steps = 0;
-    }
   }
   if (trace) write_step_trace(run, pos.step + 1, model.trace_end());
   ++pos.step;

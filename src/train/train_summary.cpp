@@ -9,7 +9,7 @@ namespace shardlm {
 
 void summarize_run(TrainRun& run, const TrainPosition& pos, const RunTotals& totals, TrainResult& result) {
   const FsdpEngine& model = *run.engine;
-  result.loss_scale = pos.loss_scale;
+  result.loss_scale = pos.loss_scale.value;
   result.train_runtime = mpi_max(run.comm, totals.seconds);
   result.mfu = run_mfu(run, result.train_runtime > 0 ? totals.tokens / result.train_runtime : 0.0);
   double sum = 0;

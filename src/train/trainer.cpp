@@ -18,7 +18,7 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos, const std::strin
   run.progress.hide();
   CheckpointMeta meta = make_meta(run.cfg, run.tokenizer_hash, pos.step, pos.epoch, pos.epoch_step, run.total_steps,
                                   run.engine->optimizer_steps(), run.world, run.engine->groups().shard->size(),
-                                  pos.loss_scale);
+                                  pos.loss_scale.value);
   meta.run_id = run.run_id;
   meta.steps_per_epoch = run.steps_per_epoch;
   meta.train_data_hash = run.train_data_hash;
