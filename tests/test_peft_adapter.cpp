@@ -425,6 +425,23 @@ BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
                                            }),
                                            "A", llama)
                  .lora.r == 16);
+  // EVA: PEFT's LoraConfig always sets eva_config with init_lora_weights = "eva" (how A was initialised from
+  // activations, done before training); what it may leave behind (per-layer ranks) is still refused.
+  const Json eva = {{"rho", 2.0}, {"tau", 0.99}, {"whiten", false}};
+  BOOST_TEST(peft_adapter_config_from_json(fixture_with([&](Json& j) {
+                                             j["init_lora_weights"] = "eva";
+                                             j["eva_config"] = eva;
+                                           }),
+                                           "A", llama)
+                 .lora.r == 16);
+  BOOST_TEST(contains(refusal([&](Json& j) { j["eva_config"] = eva; }, llama), "eva_config = {"));
+  BOOST_TEST(contains(refusal([&](Json& j) {
+                                j["init_lora_weights"] = "eva";
+                                j["eva_config"] = eva;
+                                j["rank_pattern"] = {{"model.layers.0.self_attn.q_proj", 8}};
+                              },
+                              llama),
+                      "rank_pattern = {\"model.layers.0.self_attn.q_proj\":8}: not supported"));
   BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("{\"r\": ", "A", llama); }), "A: not valid JSON"));
   BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("[1]", "A", llama); }), "A: expected a JSON object"));
 }

@@ -74,10 +74,10 @@ class PeftConfigReader {
     }
     return out;
   }
-  // Every key neither read nor ignored must be off.
-  void check_the_rest() const {
+  // Every key neither read nor ignored (kIgnoredKeys, and `also_ignored`) must be off.
+  void check_the_rest(const std::set<std::string>& also_ignored) const {
     for (const auto& [key, value] : j_.items())
-      if (!kReadKeys.count(key) && !kIgnoredKeys.count(key) && !is_off(value))
+      if (!kReadKeys.count(key) && !kIgnoredKeys.count(key) && !also_ignored.count(key) && !is_off(value))
         fail(key, "not supported by shardlm, which computes plain LoRA (W x + scale B A x on every targeted "
                   "module of every layer); it reads this key only when it is off (null, false, {} or [])");
   }
@@ -160,7 +160,10 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
     in.fail("task_type", "a causal language model's adapter (\"CAUSAL_LM\") is expected");
   if (const Json* bias = in.get("bias"); bias && *bias != "none")
     in.fail("bias", "only \"none\" is supported (shardlm keeps every base bias frozen)");
-  in.check_the_rest();
+  // PEFT's LoraConfig sets eva_config whenever init_lora_weights is "eva": how A was initialised from the
+  // data's activations, before training; the per-layer ranks EVA may leave (rank_pattern) are still refused.
+  const Json* init = in.get("init_lora_weights");
+  in.check_the_rest(init && *init == "eva" ? std::set<std::string>{"eva_config"} : std::set<std::string>{});
 
   PeftAdapterConfig out;
   LoraConfig& lora = out.lora;
@@ -179,7 +182,7 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
   // shardlm refuses above: whatever its value, it changes nothing here.
   in.flag("ensure_weight_tying", false);
 
-  if (const Json* init = in.get("init_lora_weights")) {
+  if (init) {
     const bool init_only = init->is_boolean() || (init->is_string() && kInitOnlyAdapters.count(init->get<std::string>()));
     if (!init_only)
       in.fail("init_lora_weights", "not supported: this initialisation also changes the base weights, which the "
