@@ -151,11 +151,13 @@ ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string&
   return cfg;
 }
 
-std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite) {
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite,
+                                      const std::string& base_dir) {
   CheckpointReader reader(checkpoint_path);
   reader.require_intact();
   std::string base;
   const ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
+  if (!base_dir.empty()) base = base_dir;
   std::vector<AdapterTensor> tensors;
   for (const CheckpointTensor& t : reader.tensors()) tensors.push_back({t.name, t.shape, reader.read(t)});
   write_peft_adapter(dir, cfg, base, tensors, overwrite);
