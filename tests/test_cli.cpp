@@ -635,6 +635,25 @@ BOOST_AUTO_TEST_CASE(training_starts_from_a_model_directory) {
   expect_failure(1, "export " + lora_ckpt + " " + (dir / "never").string() + " --merge --model-dir " + (dir / "hf_c").string(),
                  "were trained on other base weights (checksum ");
   BOOST_TEST(!fs::exists(dir / "never"));
+  // The adapter names its base folder: the run's model.dir (absolute), or --model-dir's once checked as
+  // --merge checks it (a folder moved elsewhere is named; another model's weights or no model are refused).
+  const auto base_named = [&](const fs::path& adapter) {
+    return nlohmann::json::parse(bytes_of(adapter / "adapter_config.json")).at("base_model_name_or_path");
+  };
+  BOOST_TEST(base_named(dir / "lora_adapter") == fs::absolute(dir / "hf").lexically_normal().string());
+  const std::string base_moved = (dir / "hf_base_moved").string();
+  fs::rename(dir / "hf", base_moved);
+  Outcome named = run_shardlm(1, "export " + lora_ckpt + " " + (dir / "lora_adapter_moved").string() +
+                                     " --adapter --model-dir " + base_moved);
+  BOOST_TEST_REQUIRE(named.exit_code == 0, named.output);
+  BOOST_TEST(contains(named.output, "(PEFT adapter of " + base_moved + ")"), named.output);
+  BOOST_TEST(base_named(dir / "lora_adapter_moved") == base_moved);
+  fs::rename(base_moved, dir / "hf");
+  expect_failure(1, "export " + lora_ckpt + " " + (dir / "never").string() + " --adapter --model-dir " + (dir / "hf_c").string(),
+                 "export --adapter --model-dir: the adapters of ");
+  expect_failure(1, "export " + lora_ckpt + " " + (dir / "never").string() + " --adapter --model-dir " + (dir / "a").string(),
+                 "model directory " + (dir / "a").string());
+  BOOST_TEST(!fs::exists(dir / "never"));
 
   // lora.modules_to_save: the final LayerNorm trained whole, starting from the folder's; the adapter
   // holds it under PEFT's names and --merge writes the trained one where the base's was.

@@ -243,6 +243,68 @@ BOOST_AUTO_TEST_CASE(write_then_read_back_equal) {
   }
 }
 
+// A multimodal Gemma 3 folder (Gemma3ForConditionalGeneration, which AutoModelForCausalLM builds from it): the
+// adapter names the text model's modules by their paths there (model.language_model.*), target_modules and
+// modules_to_save as full paths, which PEFT matches as whole names (a short "q_proj" would also adapt the vision
+// tower's q_proj). Read back from the folder, from a checkpoint (whose model config is the text model's), and a
+// PEFT adapter of the multimodal model with short names.
+BOOST_AUTO_TEST_CASE(a_multimodal_gemma3_adapter_names_the_multimodal_modules) {
+  const std::string hf = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/";
+  const ModelConfig mm = model_config_from_hf(read_text_file(hf + "tiny_gemma3_mm/config.json"), "mm");
+  const ModelConfig text = model_config_from_hf(read_text_file(hf + "tiny_gemma3/config.json"), "text");
+  BOOST_TEST_REQUIRE(mm.hf_multimodal);
+  BOOST_TEST_REQUIRE(!text.hf_multimodal);
+  const ModelConfig cfg = with_lora(mm, {"q_proj", "v_proj"}, {"model.norm"});
+  BOOST_TEST(peft_tensor_name(cfg, "layers.0.self_attn.q_proj.lora_A.weight") ==
+             "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight");
+  BOOST_TEST(peft_tensor_name(cfg, "norm.weight") == "base_model.model.model.language_model.norm.weight");
+  const Json j = Json::parse(peft_adapter_config_json(cfg, "/models/gemma3_mm"));
+  std::vector<std::string> targets;
+  for (const char* m : {"q_proj", "v_proj"})
+    for (int i = 0; i < mm.num_layers; ++i) targets.push_back(concat("model.language_model.layers.", i, ".self_attn.", m));
+  BOOST_TEST(j.at("target_modules").get<std::vector<std::string>>() == targets, boost::test_tools::per_element());
+  BOOST_TEST(j.at("modules_to_save") == Json({"model.language_model.norm"}));
+  // The deck's names are the text model's: model.norm selects the final norm alone there too.
+  BOOST_TEST_REQUIRE(lora_savable_modules(mm).size() == 1u);
+  BOOST_TEST(lora_savable_modules(mm)[0].name == "model.norm");
+  BOOST_TEST(lora_savable_modules(mm)[0].path == "model.language_model.norm");
+
+  TempDir tmp{"peft"};
+  const std::string dir = (tmp.root / "mm_adapter").string();
+  const std::vector<AdapterTensor> tensors = random_adapter(cfg, 13);
+  write_peft_adapter(dir, cfg, "/models/gemma3_mm", tensors);
+  const std::vector<SafetensorsEntry> file = read_safetensors(dir + "/adapter_model.safetensors");
+  BOOST_TEST(file.front().name == "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight");
+  const PeftAdapter read = read_peft_adapter(dir, mm);
+  BOOST_TEST((read.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj"}));
+  BOOST_TEST((read.lora.modules_to_save == cfg.lora.modules_to_save));
+  check_equal(read, tensors);
+  // The same text model's folder reads it too (its paths say which model they name), as a checkpoint's does.
+  check_equal(read_peft_adapter(dir, text), tensors);
+  CheckpointMeta meta;
+  meta.model = model_config_from_hf(hf_config_json(mm), "checkpoint");
+  meta.lora = peft_adapter_config_json(cfg, "/models/gemma3_mm");
+  std::string base;
+  const ModelConfig from_checkpoint = checkpoint_lora_model(meta, "ckpt.h5", &base);
+  BOOST_TEST(from_checkpoint.hf_multimodal);
+  BOOST_TEST(base == "/models/gemma3_mm");
+  BOOST_TEST(peft_adapter_config_json(from_checkpoint, base) == peft_adapter_config_json(cfg, base));
+
+  // PEFT on the multimodal model with short names: its tensors under model.language_model.*.
+  Json short_names = Json::parse(read_text_file(kFixture));
+  short_names["r"] = 4;
+  short_names["lora_alpha"] = 8;
+  short_names["target_modules"] = {"q_proj", "v_proj"};
+  short_names["modules_to_save"] = {"model.norm"};
+  const std::string peft_dir = adapter_folder(tmp, "peft_mm", short_names.dump(2), cfg, tensors);
+  check_equal(read_peft_adapter(peft_dir, mm), tensors);
+  // The text model's paths are not the multimodal model's modules: PEFT would match nothing.
+  short_names["target_modules"] = {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
+                                   "model.language_model.layers.1.self_attn.q_proj"};
+  BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json(short_names.dump(), "A", mm); }),
+                      "A: target_modules = [\"model.layers.0.self_attn.q_proj\""));
+}
+
 // A second write into the folder is refused unless it overwrites; then it replaces its own two
 // files and leaves every other one (a README, PEFT's pickle weights) as it was.
 BOOST_AUTO_TEST_CASE(a_second_write_replaces_the_adapter_and_keeps_other_files) {
@@ -425,6 +487,23 @@ BOOST_AUTO_TEST_CASE(adapter_configs_shardlm_cannot_follow_are_refused) {
                                            }),
                                            "A", llama)
                  .lora.r == 16);
+  // EVA: PEFT's LoraConfig always sets eva_config with init_lora_weights = "eva" (how A was initialised from
+  // activations, done before training); what it may leave behind (per-layer ranks) is still refused.
+  const Json eva = {{"rho", 2.0}, {"tau", 0.99}, {"whiten", false}};
+  BOOST_TEST(peft_adapter_config_from_json(fixture_with([&](Json& j) {
+                                             j["init_lora_weights"] = "eva";
+                                             j["eva_config"] = eva;
+                                           }),
+                                           "A", llama)
+                 .lora.r == 16);
+  BOOST_TEST(contains(refusal([&](Json& j) { j["eva_config"] = eva; }, llama), "eva_config = {"));
+  BOOST_TEST(contains(refusal([&](Json& j) {
+                                j["init_lora_weights"] = "eva";
+                                j["eva_config"] = eva;
+                                j["rank_pattern"] = {{"model.layers.0.self_attn.q_proj", 8}};
+                              },
+                              llama),
+                      "rank_pattern = {\"model.layers.0.self_attn.q_proj\":8}: not supported"));
   BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("{\"r\": ", "A", llama); }), "A: not valid JSON"));
   BOOST_TEST(contains(error_of([&] { peft_adapter_config_from_json("[1]", "A", llama); }), "A: expected a JSON object"));
 }

@@ -298,6 +298,10 @@ std::string lora_disagreement(const LoraConfig& run, const LoraConfig& file, con
 struct PeftAdapterConfig {
   LoraConfig lora;
   std::string base_model_name_or_path;  // empty when the file says null
+  // Its names are the module paths of the family's multimodal model (ModelConfig::hf_multimodal): the base
+  // model's own naming unless its paths name the other model's modules (a checkpoint's, a Gemma 3 adapter made
+  // on the other folder of the same text model); adapter_model.safetensors' names follow it.
+  bool hf_multimodal = false;
 };
 // Reads an adapter_config.json of a LoRA adapter for `model`'s family (`source` names the file in
 // errors). What shardlm does not compute as PEFT would (DoRA, biases, per-layer ranks, layer

@@ -360,12 +360,15 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg);
 // base model folder the run started from (empty: the seeded initialisation). Error for a checkpoint
 // of a whole model.
 ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string& path, std::string* base_dir);
-// Writes the adapters of a LoRA run's checkpoint as a PEFT adapter folder DIR (write_peft_adapter);
-// returns the base model folder it names.
 // The checks an export into DIR makes before it writes (a symbolic link, a non-empty folder without
 // `overwrite`, a leftover DIR.partial), made up front so a long export fails at once.
 void check_export_folder(const std::string& dir, bool overwrite);
 
-std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite = false);
+// Writes the adapters of a LoRA run's checkpoint as a PEFT adapter folder DIR (write_peft_adapter);
+// returns the base model folder it names (base_model_name_or_path): `base_dir` when given (the caller
+// has checked it is the base the adapters were trained on; the adapter names its modules), else the run's
+// model.dir as recorded.
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite = false,
+                                      const std::string& base_dir = "");
 
 }  // namespace shardlm

@@ -120,6 +120,11 @@ struct ModelConfig {
   // family's default, 2048). Its fp32 logits chunk is tokens x vocab x 4 bytes of workspace.
   int head_chunk_tokens = 0;
   LoraConfig lora;      // not part of the shape: adapters trained over frozen base weights
+  // Not part of the shape: the base folder is the family's multimodal model, whose text model this is (Gemma 3's
+  // Gemma3ForConditionalGeneration, config.json model_type gemma3). transformers builds that model from the
+  // folder, so PEFT names the adapters after its module paths (peft_base_name). hf_config_json writes the text
+  // model: a checkpoint's model config does not keep it (its adapter config's names do).
+  bool hf_multimodal = false;
   // Not part of the shape: the CUDA blocks' linear layers run their GEMMs in FP8 (E4M3, per-tensor
   // current scaling; model.fp8_linear); everything else stays in the compute dtype.
   bool fp8_linear = false;
@@ -203,7 +208,11 @@ inline uint64_t base_checksum_term(size_t unit, size_t index, float value) {
 }
 // The checksum as a checkpoint keeps it: 16 hex digits.
 std::string base_checksum_text(uint64_t sum);
-// PEFT's name of an adapter tensor in adapter_model.safetensors: "base_model.model." + hf_tensor_name.
+// The name of a layout tensor in the model transformers builds from the base folder, which PEFT wraps and names
+// adapters after: hf_tensor_name, or for a multimodal base (ModelConfig::hf_multimodal) the family's name of it
+// there (Gemma 3: model.language_model.layers.0.self_attn.q_proj.weight; lm_head.weight stays).
+std::string peft_base_name(const ModelConfig& cfg, const std::string& name);
+// PEFT's name of an adapter tensor in adapter_model.safetensors: "base_model.model." + peft_base_name.
 std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name);
 
 // A module lora.modules_to_save can train whole: one of the root unit's (the blocks' are not: see
@@ -212,12 +221,13 @@ struct SavableModule {
   // How modules_to_save names it: the shortest end of its path that PEFT's rule (peft_saves) matches
   // to it alone ("embed_tokens", "lm_head", "model.norm"; BLOOM "word_embeddings_layernorm", "ln_f").
   std::string name;
-  std::string path;    // its Hugging Face module path ("model.norm")
+  std::string path;    // its Hugging Face module path ("model.norm"; a multimodal base's as peft_base_name names it)
   std::string prefix;  // its tensors' names in the root's layout less ".weight" / ".bias" ("norm")
 };
 std::vector<SavableModule> lora_savable_modules(const ModelConfig& cfg);
 // Every module path of the Hugging Face model that holds parameters, and their parents ("model",
-// "model.layers.0", ...), as transformers' named_modules lists them (a tied LM head included).
+// "model.layers.0", ...), as transformers' named_modules lists them (a tied LM head included; a multimodal
+// base's as peft_base_name names them, its vision tower left out).
 std::vector<std::string> hf_module_paths(const ModelConfig& cfg);
 // PEFT's modules_to_save rule (peft.utils.other._set_trainable): `entry` selects every module whose
 // path ends with it, as a string ("norm" selects "model.norm" and each block's "input_layernorm").
@@ -513,6 +523,9 @@ struct ModelFamily {
   // of a checkpoint the model has no place for that are skipped (their vision tower).
   std::vector<std::string> (*hf_tensor_aliases)(const std::string& hf_name) = nullptr;
   bool (*hf_ignored_tensor)(const ModelConfig&, const std::string& hf_name) = nullptr;
+  // The name hf_tensor_name's tensor has in the family's multimodal model as transformers 5 builds it (Gemma 3:
+  // model.layers.* -> model.language_model.layers.*), for a base with ModelConfig::hf_multimodal; null: none.
+  std::string (*hf_multimodal_name)(const std::string& hf_name) = nullptr;
   // config.json: the family's keys (arch, architectures and model_type are set by the registry).
   ModelConfig (*config_from_hf)(const HfConfigReader&) = nullptr;
   void (*config_to_hf)(const ModelConfig&, nlohmann::ordered_json&) = nullptr;

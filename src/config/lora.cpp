@@ -56,7 +56,7 @@ std::string embedding_path(const ModelConfig& cfg) {
   const UnitLayout root = model_layout(cfg).front();
   for (const TensorSpec& t : root.tensors)
     if (t.shape == std::vector<int64_t>{cfg.vocab_size, cfg.hidden_size}) {
-      const std::string name = hf_tensor_name(cfg, t.name);
+      const std::string name = peft_base_name(cfg, t.name);
       return name.substr(0, name.rfind('.'));
     }
   return "";

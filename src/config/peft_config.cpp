@@ -74,10 +74,10 @@ class PeftConfigReader {
     }
     return out;
   }
-  // Every key neither read nor ignored must be off.
-  void check_the_rest() const {
+  // Every key neither read nor ignored (kIgnoredKeys, and `also_ignored`) must be off.
+  void check_the_rest(const std::set<std::string>& also_ignored) const {
     for (const auto& [key, value] : j_.items())
-      if (!kReadKeys.count(key) && !kIgnoredKeys.count(key) && !is_off(value))
+      if (!kReadKeys.count(key) && !kIgnoredKeys.count(key) && !also_ignored.count(key) && !is_off(value))
         fail(key, "not supported by shardlm, which computes plain LoRA (W x + scale B A x on every targeted "
                   "module of every layer); it reads this key only when it is off (null, false, {} or [])");
   }
@@ -89,10 +89,22 @@ class PeftConfigReader {
 };
 
 // The Hugging Face module path of a layout module ("layers.0.self_attn.q_proj" ->
-// "model.layers.0.self_attn.q_proj"): what PEFT matches its names against.
+// "model.layers.0.self_attn.q_proj"; a multimodal Gemma 3's "model.language_model.layers.0.self_attn.q_proj"):
+// what PEFT matches its names against.
 std::string module_key(const ModelConfig& model, const std::string& layout_module) {
-  const std::string weight = hf_tensor_name(model, layout_module + ".weight");
+  const std::string weight = peft_base_name(model, layout_module + ".weight");
   return weight.substr(0, weight.size() - std::string(".weight").size());
+}
+
+// Every block's module path of each linear module: [module in the family's order][block].
+std::vector<std::vector<std::string>> linear_module_keys(const ModelConfig& model) {
+  const std::vector<UnitLayout> layout = model_layout(model);  // unit 1 + i is block i
+  std::vector<std::vector<std::string>> keys;
+  for (const LinearModule& m : linear_modules(model)) {
+    keys.emplace_back();
+    for (size_t i = 1; i < layout.size(); ++i) keys.back().push_back(module_key(model, layout[i].name + "." + m.path));
+  }
+  return keys;
 }
 
 // Whether PEFT's name `entry` selects the module at `key`: the whole path, or its end after a dot.
@@ -107,22 +119,20 @@ bool peft_matches(const std::string& key, const std::string& entry) {
 // result must adapt each module in every layer or in none: shardlm's adapters are per module name.
 std::vector<std::string> read_target_list(const PeftConfigReader& in, const ModelConfig& model,
                                           const std::vector<std::string>& entries) {
-  const std::vector<LinearModule> modules = linear_modules(model);
-  const std::vector<UnitLayout> layout = model_layout(model);  // unit 1 + i is block i
+  const std::vector<std::vector<std::string>> keys = linear_module_keys(model);
   std::vector<std::string> names;
-  for (const LinearModule& m : modules) names.push_back(m.name);
-  std::vector<std::vector<bool>> picked(modules.size(), std::vector<bool>(layout.size() - 1, false));
+  for (const LinearModule& m : linear_modules(model)) names.push_back(m.name);
+  std::vector<std::vector<bool>> picked(keys.size(), std::vector<bool>(model.num_layers, false));
   for (const std::string& entry : entries) {
     bool found = false;
-    for (size_t m = 0; m < modules.size(); ++m)
-      for (size_t i = 0; i + 1 < layout.size(); ++i)
-        if (peft_matches(module_key(model, layout[i + 1].name + "." + modules[m].path), entry))
-          picked[m][i] = found = true;
+    for (size_t m = 0; m < keys.size(); ++m)
+      for (size_t i = 0; i < keys[m].size(); ++i)
+        if (peft_matches(keys[m][i], entry)) picked[m][i] = found = true;
     if (!found) in.fail("target_modules", concat("'", entry, "' is not a linear module of ", model.arch, ": ",
                                                  choice_list(names), " (or the path of one)"));
   }
   std::vector<std::string> out;
-  for (size_t m = 0; m < modules.size(); ++m) {
+  for (size_t m = 0; m < keys.size(); ++m) {
     const auto layers = static_cast<size_t>(std::count(picked[m].begin(), picked[m].end(), true));
     if (layers > 0 && layers < picked[m].size())
       in.fail("target_modules", concat("adapts ", names[m], " in ", layers, " of ", picked[m].size(),
@@ -149,6 +159,41 @@ std::vector<std::string> read_saved_modules(const PeftConfigReader& in, const Mo
   return resolve_lora_saved_modules(model, in.names("modules_to_save"), concat(in.source(), ": modules_to_save"));
 }
 
+// The model whose module paths the file's target_modules and modules_to_save name: `model` itself, or for a
+// family with a multimodal model (Gemma 3) the other one of the two when an entry is a path only it has
+// ("model.language_model.layers.0.self_attn.q_proj"; "q_proj" and "model.norm" name either). Both adapt the same
+// text model's weights, and a checkpoint's model config is always the text model's (hf_config_json).
+ModelConfig model_named_in(const PeftConfigReader& in, const ModelConfig& model) {
+  if (!model_family(model.arch).hf_multimodal_name) return model;
+  ModelConfig other = model;
+  other.hf_multimodal = !model.hf_multimodal;
+  const auto names = [&](const char* key) {
+    const Json* v = in.get(key);
+    return v && v->is_array() ? in.names(key) : std::vector<std::string>{};
+  };
+  // Each model's paths: its blocks' linear modules (target_modules) and every module (modules_to_save).
+  std::vector<std::string> targets[2], paths[2];
+  for (int k = 0; k < 2; ++k) {
+    for (const auto& blocks : linear_module_keys(k == 0 ? model : other))
+      targets[k].insert(targets[k].end(), blocks.begin(), blocks.end());
+    paths[k] = hf_module_paths(k == 0 ? model : other);
+  }
+  bool mine_only = false, other_only = false;
+  const auto tally = [&](const std::string& key, const std::vector<std::string>(&in_model)[2],
+                         bool (*selects)(const std::string& path, const std::string& entry)) {
+    for (const std::string& e : names(key.c_str())) {
+      bool hit[2];
+      for (int k = 0; k < 2; ++k)
+        hit[k] = std::any_of(in_model[k].begin(), in_model[k].end(), [&](const std::string& p) { return selects(p, e); });
+      mine_only |= hit[0] && !hit[1];
+      other_only |= hit[1] && !hit[0];
+    }
+  };
+  tally("target_modules", targets, peft_matches);
+  tally("modules_to_save", paths, peft_saves);
+  return other_only && !mine_only ? other : model;
+}
+
 }  // namespace
 
 PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, const std::string& source,
@@ -160,9 +205,14 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
     in.fail("task_type", "a causal language model's adapter (\"CAUSAL_LM\") is expected");
   if (const Json* bias = in.get("bias"); bias && *bias != "none")
     in.fail("bias", "only \"none\" is supported (shardlm keeps every base bias frozen)");
-  in.check_the_rest();
+  // PEFT's LoraConfig sets eva_config whenever init_lora_weights is "eva": how A was initialised from the
+  // data's activations, before training; the per-layer ranks EVA may leave (rank_pattern) are still refused.
+  const Json* init = in.get("init_lora_weights");
+  in.check_the_rest(init && *init == "eva" ? std::set<std::string>{"eva_config"} : std::set<std::string>{});
 
   PeftAdapterConfig out;
+  const ModelConfig named = model_named_in(in, model);
+  out.hf_multimodal = named.hf_multimodal;
   LoraConfig& lora = out.lora;
   const Json* r = in.get("r");
   if (!r || !r->is_number_integer() || r->get<int64_t>() < 1 || r->get<int64_t>() > (1 << 20))
@@ -173,13 +223,13 @@ PeftAdapterConfig peft_adapter_config_from_json(const std::string& json_text, co
   lora.dropout = in.number("lora_dropout", 0);
   if (!(lora.dropout >= 0 && lora.dropout < 1)) in.fail("lora_dropout", "must be in [0, 1)");
   lora.use_rslora = in.flag("use_rslora", false);
-  lora.target_modules = read_targets(in, model);
-  lora.modules_to_save = read_saved_modules(in, model);
+  lora.target_modules = read_targets(in, named);
+  lora.modules_to_save = read_saved_modules(in, named);
   // ensure_weight_tying acts on a tied embedding or head in modules_to_save or target_modules, which
   // shardlm refuses above: whatever its value, it changes nothing here.
   in.flag("ensure_weight_tying", false);
 
-  if (const Json* init = in.get("init_lora_weights")) {
+  if (init) {
     const bool init_only = init->is_boolean() || (init->is_string() && kInitOnlyAdapters.count(init->get<std::string>()));
     if (!init_only)
       in.fail("init_lora_weights", "not supported: this initialisation also changes the base weights, which the "
@@ -222,6 +272,20 @@ std::string peft_adapter_config_json(const ModelConfig& cfg, const std::string& 
   j["lora_dropout"] = lora.dropout;
   j["target_modules"] = lora.target_modules;
   j["modules_to_save"] = lora.modules_to_save.empty() ? none : Json(lora.modules_to_save);
+  if (cfg.hf_multimodal) {
+    // Every module by its full path in the multimodal model, which PEFT matches as the whole name: a short name
+    // ("q_proj") would also select the vision tower's modules of that name, which shardlm does not train.
+    std::vector<std::string> targets, saved;
+    const std::vector<LinearModule> modules = linear_modules(cfg);
+    const std::vector<std::vector<std::string>> keys = linear_module_keys(cfg);
+    for (size_t m = 0; m < modules.size(); ++m)
+      if (lora.targets(modules[m].name)) targets.insert(targets.end(), keys[m].begin(), keys[m].end());
+    for (const SavableModule& m : lora_savable_modules(cfg))
+      if (std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), m.name) != lora.modules_to_save.end())
+        saved.push_back(m.path);
+    j["target_modules"] = targets;
+    if (!saved.empty()) j["modules_to_save"] = saved;
+  }
   j["ensure_weight_tying"] = false;  // no tied module is ever trained (resolve_lora_saved_modules)
   j["use_rslora"] = lora.use_rslora;
   j["init_lora_weights"] = lora.init == LoraInit::Gaussian ? Json("gaussian") : Json(true);

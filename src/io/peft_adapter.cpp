@@ -113,6 +113,7 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& cfg) {
   }
   ModelConfig adapted = cfg;
   adapted.lora = file.lora;
+  adapted.hf_multimodal = file.hf_multimodal;
 
   const std::string weights = (root / kWeightsFile).string();
   SHARDLM_CHECK(fs::exists(weights, ec), "PEFT adapter ", dir, " has no ", kWeightsFile,
@@ -147,15 +148,23 @@ ModelConfig checkpoint_lora_model(const CheckpointMeta& meta, const std::string&
                                                             meta.model);
   ModelConfig cfg = meta.model;
   cfg.lora = c.lora;
+  cfg.hf_multimodal = c.hf_multimodal;  // the run's base, as its adapter config names the modules
   if (base_dir) *base_dir = c.base_model_name_or_path;
   return cfg;
 }
 
-std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite) {
+std::string export_checkpoint_adapter(const std::string& checkpoint_path, const std::string& dir, bool overwrite,
+                                      const std::string& base_dir) {
   CheckpointReader reader(checkpoint_path);
   reader.require_intact();
   std::string base;
-  const ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
+  ModelConfig cfg = checkpoint_lora_model(reader.meta(), checkpoint_path, &base);
+  if (!base_dir.empty()) {
+    // The adapter names that folder's modules: a multimodal Gemma 3 folder's or its text model's paths.
+    base = base_dir;
+    const std::string config = (fs::path(base_dir) / "config.json").string();
+    cfg.hf_multimodal = model_config_from_hf(read_input_file(config, "model config", kMaxDeckBytes), config).hf_multimodal;
+  }
   std::vector<AdapterTensor> tensors;
   for (const CheckpointTensor& t : reader.tensors()) tensors.push_back({t.name, t.shape, reader.read(t)});
   write_peft_adapter(dir, cfg, base, tensors, overwrite);

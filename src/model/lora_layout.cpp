@@ -92,8 +92,16 @@ std::vector<UnitLayout> lora_frozen_layout(const ModelConfig& cfg) {
   return units;
 }
 
+std::string peft_base_name(const ModelConfig& cfg, const std::string& name) {
+  const std::string hf = hf_tensor_name(cfg, name);
+  if (!cfg.hf_multimodal) return hf;
+  const ModelFamily& family = model_family(cfg.arch);
+  SHARDLM_CHECK(family.hf_multimodal_name, cfg.arch, " has no multimodal model to name ", hf, " in");
+  return family.hf_multimodal_name(hf);
+}
+
 std::string peft_tensor_name(const ModelConfig& cfg, const std::string& name) {
-  return "base_model.model." + hf_tensor_name(cfg, name);
+  return "base_model.model." + peft_base_name(cfg, name);
 }
 
 }  // namespace shardlm

@@ -32,28 +32,33 @@ std::vector<std::string> hf_module_paths(const ModelConfig& cfg) {
     }
   };
   for (const UnitLayout& unit : model_layout(cfg))
-    for (const TensorSpec& t : unit.tensors) add(module_of(hf_tensor_name(cfg, t.name)));
+    for (const TensorSpec& t : unit.tensors) add(module_of(peft_base_name(cfg, t.name)));
   // A tied head is a module of its own in transformers (*ForCausalLM.lm_head) that shares the embedding's weight.
   if (cfg.tied_head()) add("lm_head");
   return {paths.begin(), paths.end()};
 }
 
 std::vector<SavableModule> lora_savable_modules(const ModelConfig& cfg) {
-  const std::vector<std::string> paths = hf_module_paths(cfg);
+  // Names as the text model's paths give them, the same for a multimodal base (where "model.norm", a string's
+  // end of "model.language_model.norm", still selects the one module).
+  ModelConfig text = cfg;
+  text.hf_multimodal = false;
+  const std::vector<std::string> paths = hf_module_paths(text);
   const UnitLayout root = model_layout(cfg).front();
   std::vector<SavableModule> out;
   for (const TensorSpec& t : root.tensors) {
     SavableModule m;
     m.prefix = module_of(t.name);
-    m.path = module_of(hf_tensor_name(cfg, t.name));
+    m.path = module_of(peft_base_name(cfg, t.name));
     if (std::any_of(out.begin(), out.end(), [&](const SavableModule& o) { return o.path == m.path; })) continue;
     // A tied head's matrix is the embedding: PEFT would train a copy of either apart from the other.
     if (cfg.tied_head() && t.shape == std::vector<int64_t>{cfg.vocab_size, cfg.hidden_size}) continue;
     // The shortest end of the path (whole components) that PEFT's rule matches to this module alone.
-    size_t dot = m.path.size();
+    const std::string text_path = module_of(hf_tensor_name(cfg, t.name));
+    size_t dot = text_path.size();
     while (true) {
-      dot = dot == 0 ? std::string::npos : m.path.rfind('.', dot - 1);
-      m.name = dot == std::string::npos ? m.path : m.path.substr(dot + 1);
+      dot = dot == 0 ? std::string::npos : text_path.rfind('.', dot - 1);
+      m.name = dot == std::string::npos ? text_path : text_path.substr(dot + 1);
       const auto selected = std::count_if(paths.begin(), paths.end(), [&](const std::string& p) { return peft_saves(p, m.name); });
       if (selected == 1 || dot == std::string::npos) break;
     }

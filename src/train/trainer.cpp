@@ -215,7 +215,12 @@ class TrainLoop {
       }
       export_checkpoint_adapter(result_.last_checkpoint, dir, /*overwrite=*/true);
     });
-    run_.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it)"));
+    // A multimodal base's adapter names the modules of the model transformers builds from that folder.
+    const std::string base = cfg_.model.hf_multimodal
+                                 ? ", base being the multimodal model AutoModelForCausalLM.from_pretrained builds from "
+                                   "model.dir, whose module paths the adapter names"
+                                 : "";
+    run_.say(concat("adapter written to ", dir, " (PeftModel.from_pretrained(base, '", dir, "') loads it", base, ")"));
   }
 };
 

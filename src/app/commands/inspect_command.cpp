@@ -243,6 +243,37 @@ static std::string run_param_dtype(const CheckpointMeta& meta) {
   return it == deck.end() || it->second.empty() ? "fp32" : it->second;
 }
 
+// The model folder `base` (read as `dir`) as the base of the LoRA checkpoint at `path` (its model lora_cfg):
+// the model of the checkpoint's shape, and, same shape not being the same weights, the weights its adapters
+// were trained on when the checkpoint keeps their checksum (as resume and generate compare it). Errors start
+// with `what` and end with `why`.
+static void check_lora_base(HfModelDir& dir, const std::string& base, const CheckpointMeta& meta,
+                            const ModelConfig& lora_cfg, const std::string& path, const std::string& what,
+                            const std::string& why) {
+  const std::string diff = model_config_difference(meta.model, dir.config());
+  SHARDLM_CHECK(diff.empty(), what, ": ", base, " is not the model the adapters were trained on: ", diff);
+  if (meta.base_checksum.empty()) return;
+  const std::string sum = lora_base_checksum(dir, lora_cfg, parse_dtype(run_param_dtype(meta)));
+  SHARDLM_CHECK(sum == meta.base_checksum, what, ": the adapters of ", path, " were trained on other base weights "
+                "(checksum ", meta.base_checksum, ") than those of ", base, " (", sum, "): ", why);
+}
+
+// The adapters of the LoRA checkpoint at `path` as a PEFT adapter folder `out`, naming as its base
+// `model_dir` (made absolute, as model.dir is) once check_lora_base takes it, else the run's model.dir.
+static std::string export_adapter(const std::string& path, const std::string& out, const std::string& model_dir,
+                           bool overwrite) {
+  std::string base;
+  if (!model_dir.empty()) {
+    CheckpointReader reader(path);
+    reader.require_intact();
+    HfModelDir dir(model_dir);
+    check_lora_base(dir, model_dir, reader.meta(), checkpoint_lora_model(reader.meta(), path, nullptr), path,
+                    "export --adapter --model-dir", "the adapter would name a base it was not trained on");
+    base = std::filesystem::absolute(model_dir).lexically_normal().string();
+  }
+  return export_checkpoint_adapter(path, out, overwrite, base);
+}
+
 // A LoRA checkpoint's base model (from `base`) with its adapters merged: each adapted weight
 // W + scale B A in fp32, each tensor of a module trained whole (lora.modules_to_save) as the
 // checkpoint holds it, the other tensors as the base holds them.
@@ -256,16 +287,8 @@ void export_merged(const std::string& path, const std::string& out, const std::s
   SHARDLM_CHECK(!base.empty(), "export --merge: the run trained its adapters on its seeded initialisation (no "
                 "model.dir): there is no base model folder to merge them into");
   HfModelDir dir(base);
-  const std::string diff = model_config_difference(reader.meta().model, dir.config());
-  SHARDLM_CHECK(diff.empty(), "export --merge: ", base, " is not the model the adapters were trained on: ", diff);
-  // Same shape is not the same weights: the checkpoint keeps the checksum of the base it trained on, as
-  // resume and generate compare it.
-  if (!reader.meta().base_checksum.empty()) {
-    const std::string sum = lora_base_checksum(dir, lora_cfg, parse_dtype(run_param_dtype(reader.meta())));
-    SHARDLM_CHECK(sum == reader.meta().base_checksum, "export --merge: the adapters of ", path,
-                  " were trained on other base weights (checksum ", reader.meta().base_checksum, ") than those of ",
-                  base, " (", sum, "): merged, they would not give the model that was trained");
-  }
+  check_lora_base(dir, base, reader.meta(), lora_cfg, path, "export --merge",
+                  "merged, they would not give the model that was trained");
   std::map<std::string, CheckpointTensor> adapters;
   for (const CheckpointTensor& t : reader.tensors()) adapters[t.name] = t;
   const double scale = lora_cfg.lora.scale();
@@ -337,7 +360,7 @@ int command_export(const std::vector<std::string>& args) {
     SHARDLM_CHECK(!(adapter && merge), "export: --adapter and --merge write different folders: give one");
     check_export_folder(positional[1], overwrite);
     if (adapter) {
-      const std::string base = export_checkpoint_adapter(path, positional[1], overwrite);
+      const std::string base = export_adapter(path, positional[1], model_dir, overwrite);
       std::printf("exported the adapters of %s to %s (PEFT adapter of %s)\n", path.c_str(), positional[1].c_str(),
                   base.empty() ? "the run's seeded base" : base.c_str());
       return;

@@ -144,7 +144,9 @@ ModelConfig gemma3_from_hf(const HfConfigReader& r) {
   if (type == "gemma3") {  // the multimodal checkpoint: its text model's config
     const HfConfigReader::Json* text = r.find({"text_config"});
     SHARDLM_CHECK(text && text->is_object(), r.source(), ": model_type gemma3 needs a text_config object");
-    return gemma3_text_from_hf(HfConfigReader(*text, r.source() + " text_config"));
+    ModelConfig c = gemma3_text_from_hf(HfConfigReader(*text, r.source() + " text_config"));
+    c.hf_multimodal = true;
+    return c;
   }
   return gemma3_text_from_hf(r);
 }
@@ -184,11 +186,16 @@ void gemma3_to_hf(const ModelConfig& cfg, OrderedJson& c) {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-// The multimodal checkpoints' names of the text model's tensors: language_model.model.* (transformers 4.5x) or
-// model.language_model.* (5.x), language_model.lm_head.weight.
+// A text model's tensor in transformers 5's Gemma3ForConditionalGeneration: model.language_model.* (its
+// Gemma3Model's language_model is the text model's Gemma3TextModel), lm_head.weight as it is.
+std::string gemma3_multimodal_name(const std::string& hf_name) {
+  return starts_with(hf_name, "model.") ? "model.language_model." + hf_name.substr(6) : hf_name;
+}
+
+// The multimodal checkpoints' names of the text model's tensors: language_model.model.* (transformers 4.5x, and
+// 5.x's save_pretrained) or model.language_model.* (5.x's modules), language_model.lm_head.weight.
 std::vector<std::string> gemma3_tensor_aliases(const std::string& hf_name) {
-  if (starts_with(hf_name, "model."))
-    return {"language_model." + hf_name, "model.language_model." + hf_name.substr(6)};
+  if (starts_with(hf_name, "model.")) return {"language_model." + hf_name, gemma3_multimodal_name(hf_name)};
   return {"language_model." + hf_name};
 }
 
@@ -207,6 +214,7 @@ ModelFamily gemma3_family() {
   // gemma2 is read to be refused with its reason.
   f.hf_model_types = {"gemma3_text", "gemma3", "gemma2"};
   f.hf_tensor_aliases = gemma3_tensor_aliases;
+  f.hf_multimodal_name = gemma3_multimodal_name;
   f.hf_ignored_tensor = gemma3_ignored_tensor;
   f.local_global_layers = true;
   return f;
