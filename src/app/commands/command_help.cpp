@@ -128,8 +128,9 @@ const char* kGenerateUsage =
     "                        eos_token_id of generation_config.json (else config.json) and, with --chat,\n"
     "                        the end of turn\n"
     "  --output FILE         also write {\"prompt_ids\", \"generated_ids\", \"text\", \"finish_reason\"} as JSON\n"
-    "  --section.key=value   a deck key over the checkpoint's deck (or the folder's defaults), e.g.\n"
-    "                        --run.backend=cuda --fsdp.param_dtype=bf16 --data.chat_template=FILE\n"
+    "  --section.key=value   a deck key (also --section.key value) over the checkpoint's deck (or the\n"
+    "                        folder's defaults), e.g. --run.backend=cuda --fsdp.param_dtype=bf16\n"
+    "                        --data.chat_template=FILE\n"
     "  -h, --help            print this text\n";
 
 const char* kReportUsage =
@@ -207,9 +208,10 @@ const char* kImportAccelerateUsage =
     "                         packing, max_length, assistant_only_loss, chat_template_path, become\n"
     "                         [data] keys); without it, Trainer's defaults\n"
     "  -o, --output DECK      the deck to write\n"
-    "  --section.key=value    a deck key written as given, over both files; neither file names the\n"
-    "                         model or the data, so give --model.dir=PATH and --data.train_file=FILE\n"
-    "                         (relative to the deck's folder), or edit the deck afterwards\n"
+    "  --section.key=value    a deck key written as given (also --section.key value), over both files;\n"
+    "                         neither file names the model or the data, so give --model.dir=PATH and\n"
+    "                         --data.train_file=FILE (relative to the deck's folder), or edit the deck\n"
+    "                         afterwards\n"
     "  --key-tables           print the tables of every Accelerate, TrainingArguments and SFTConfig key shardlm\n"
     "                         knows, with the deck key each sets or why none (docs/accelerate.md)\n"
     "  -h, --help             print this text\n"

@@ -112,11 +112,8 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
       parse_ids("--eos-ids", v);
     } else if (value("--output")) {
       g.output = v;
-    } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('.') < a.find('=')) {
-      // A deck key, "--section.key=value" or "--section.key value": load_run_config_text checks it.
-      g.overrides.push_back(a);
-      if (a.find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
-        g.overrides.push_back(args[++i]);
+    } else if (deck_key_argument(args, i, g.overrides)) {
+      // load_run_config_text checks the key and its value
     } else if (a.rfind("--", 0) == 0) {
       throw Error(concat("unknown or incomplete option '", a, "'"));
     } else {
