@@ -115,6 +115,7 @@ const char* kGenerateUsage =
     "                        checkpoint brings its run's deck: model.dir, tokenizer, chat template, [lora]\n"
     "  --adapter DIR         a PEFT LoRA adapter folder on the model folder MODEL\n"
     "  --prompt TEXT         the prompt; else --prompt-file FILE ('-': standard input), else standard input\n"
+    "                        (of a file or standard input, one final newline is dropped)\n"
     "  --prompt-ids IDS      the prompt as token ids, e.g. 1,15,27 (no tokenizer needed; a model folder\n"
     "                        without tokenizer.json takes only these, and prints the answer's ids)\n"
     "  --chat                the prompt is a user turn: rendered with the model's chat template (or\n"
