@@ -1050,6 +1050,20 @@ BOOST_AUTO_TEST_CASE(import_accelerate_writes_a_deck_and_says_its_warnings) {
   Outcome bad = run_shardlm(1, "import-accelerate " + (dir / "nowhere.yaml").string() + " -o " + deck);
   BOOST_TEST(bad.exit_code == 1);
   BOOST_TEST(count_of(bad.output, "shardlm: error: cannot open Accelerate config") == 1u, bad.output);
+  // Deck keys as `--section.key value` too, as train, plan, preprocess and generate take them: the same deck but for
+  // its first line (the command line as given).
+  const std::string spaced = (dir / "spaced.ini").string();
+  Outcome space = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml --training-args " + examples +
+                                     "squad-training-args.json -o " + spaced + " --model.dir m --data.train_file t --data.eval_file=e");
+  BOOST_TEST(space.exit_code == 0, space.output);
+  const auto body = [](const std::string& path) {
+    const std::string text = read_text_file(path);
+    return text.substr(text.find('\n'));
+  };
+  BOOST_TEST(body(spaced) == body(deck));
+  Outcome last = run_shardlm(1, "import-accelerate " + examples + "course-fsdp-4gpu.yaml -o " + spaced + " --model.dir");
+  BOOST_TEST(last.exit_code == 2);
+  BOOST_TEST(count_of(last.output, "model.dir needs a value on the command line (write --model.dir=VALUE)") == 1u, last.output);
 }
 #endif
 

@@ -873,6 +873,33 @@ BOOST_AUTO_TEST_CASE(smoke_runs_keep_the_family_and_replace_what_is_missing) {
                  "model.dir = 'models/Qwen2.5-0.5B': is not a directory"));
 }
 
+// A missing model folder and no shape keys (a shipped deck without its model) leave no proportions to keep: the
+// heads are the family's default, which the run says with how to give the model's own; given, they are kept.
+BOOST_AUTO_TEST_CASE(a_smoke_run_without_a_shape_says_the_familys_default_is_used) {
+  const auto note_with = [](const RunConfig& c, const std::string& text) {
+    return std::any_of(c.notes.begin(), c.notes.end(), [&](const std::string& n) { return has(n, text); });
+  };
+  const std::string deck = "[model]\ndir = models/llama-3.1-8b\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n";
+  RunConfig c = load(deck, {"--run.smoke=true"});
+  BOOST_TEST(c.model.arch == "llama");
+  BOOST_TEST(c.model.num_heads == 4);
+  BOOST_TEST(c.model.num_kv_heads == 2);
+  BOOST_TEST(note_with(c, "llama of 2 layers, width 64, 4 heads over 2 key/value heads; random weights (the "
+                          "family's default shape: no config.json or shape keys give the model's; "
+                          "--model.dir= --model.arch=llama --model.num_heads=N --model.num_kv_heads=K do)"));
+  // Llama-3.1-8B's 32 heads over 8 given on the command line: 8 over 2, and no such note.
+  c = load(deck, {"--run.smoke=true", "--model.dir=", "--model.arch=llama", "--model.num_heads=32",
+                  "--model.num_kv_heads=8"});
+  BOOST_TEST(c.model.num_heads == 8);
+  BOOST_TEST(c.model.num_kv_heads == 2);
+  BOOST_TEST(!note_with(c, "default shape"));
+  // A config.json's shape is the model's own.
+  const std::string qwen3 = SHARDLM_SOURCE_DIR "/tests/fixtures/hf/tiny_qwen3";
+  c = load("[model]\ndir = " + qwen3 + "\n[data]\ntrain_file = train.json\n[train]\nbatch_size = 8\n", {"--run.smoke=true"});
+  BOOST_TEST(!note_with(c, "default shape"));
+  BOOST_TEST(note_with(c, "(shape from " + qwen3 + "/config.json)"));
+}
+
 BOOST_AUTO_TEST_CASE(syntax_errors) {
   std::string m = error_of([&] { load(kBase + "just words\n"); });
   BOOST_TEST(has(m, "line 10"));

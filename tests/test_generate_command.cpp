@@ -267,6 +267,31 @@ BOOST_AUTO_TEST_CASE(a_trained_chat_checkpoint_answers_with_its_template) {
   BOOST_TEST(file.text == "blue");
 }
 
+// A prompt file and standard input are the same prompt: each drops one final newline (an editor's, a typed
+// line's), no more.
+BOOST_AUTO_TEST_CASE(a_prompt_file_and_standard_input_drop_one_final_newline) {
+  const fs::path run = trained_chat_run();
+  const fs::path dir = run.parent_path();
+  const auto prompt_ids = [&](const std::string& prompt, const std::string& stdin_from) {
+    const fs::path out = dir / "prompt.json";
+    fs::remove(out);
+    const Outcome o = run_shardlm(1, "generate " + run.string() + " " + prompt + " --max-new-tokens 1 --output " +
+                                         out.string(), stdin_from);
+    BOOST_TEST_REQUIRE(o.exit_code == 0, prompt << "\n" << o.output);
+    return nlohmann::json::parse(read_text_file(out.string())).at("prompt_ids").get<std::vector<int32_t>>();
+  };
+  std::ofstream(dir / "line.txt") << "sky\n";
+  std::ofstream(dir / "blank_line.txt") << "sky\n\n";
+  const std::vector<int32_t> typed = prompt_ids("--prompt sky", "");
+  BOOST_TEST(prompt_ids("--prompt-file " + (dir / "line.txt").string(), "") == typed, boost::test_tools::per_element());
+  BOOST_TEST(prompt_ids("--prompt-file -", "printf 'sky\\n' |") == typed, boost::test_tools::per_element());
+  BOOST_TEST(prompt_ids("", "printf 'sky\\n' |") == typed, boost::test_tools::per_element());
+  // A blank line last is the prompt's: one newline of the two stays, from a file as from standard input.
+  const std::vector<int32_t> blank = prompt_ids("--prompt-file " + (dir / "blank_line.txt").string(), "");
+  BOOST_TEST(blank.size() == typed.size() + 1);
+  BOOST_TEST(prompt_ids("--prompt-file -", "printf 'sky\\n\\n' |") == blank, boost::test_tools::per_element());
+}
+
 // A run that fine-tunes a model folder (here a tiny Llama exported from a demo run): its checkpoint generates,
 // and its resolved deck, which shows the folder's shape as comments, runs again as it is.
 BOOST_AUTO_TEST_CASE(a_model_dir_runs_checkpoint_generates_and_its_resolved_deck_runs_again) {

@@ -1267,6 +1267,11 @@ BOOST_AUTO_TEST_CASE(unsupported_options_are_refused) {
   const std::string gemma2 = refused(replaced(kGemma1B, "\"gemma3_text\"", "\"gemma2\""));
   BOOST_TEST(contains(gemma2, "Gemma 2"), gemma2);
   BOOST_TEST(contains(gemma2, "soft-caps"), gemma2);
+  // Another model_type lists the supported ones only: gemma2 is read only to be refused with its reason.
+  const std::string gpt2 = refused(replaced(kGemma1B, "\"gemma3_text\"", "\"gpt2\""));
+  BOOST_TEST(contains(gpt2, "dir/config.json: model_type 'gpt2' is not supported (bloom, llama, qwen2, qwen3, mistral, "
+                            "gemma3_text, gemma3, phi3)"),
+             gpt2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

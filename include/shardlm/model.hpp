@@ -497,6 +497,9 @@ class CudaModel;  // src/model/cuda/cuda_model.hpp
 struct ModelFamily {
   std::string name;                         // model.arch
   std::vector<std::string> hf_model_types;  // config.json model_type values it reads; the first is written
+  // model_type values its config_from_hf reads only to refuse with the reason (Gemma 3: gemma2); not listed as
+  // supported
+  std::vector<std::string> hf_refused_model_types;
   std::string hf_architecture;              // config.json "architectures" entry it writes
   std::string hf_block_class;               // transformers' decoder layer (Accelerate's fsdp_transformer_layer_cls_to_wrap)
   bool rotary = false;            // rotary positions: the head dimension must be even
@@ -542,7 +545,8 @@ struct ModelFamily {
 const std::vector<const ModelFamily*>& model_families();
 // The family named `arch`; Error "model.arch = '...' is not supported (bloom, llama, ...)".
 const ModelFamily& model_family(const std::string& arch);
-// The family that reads config.json model_type `type`; Error naming `source` and the known types.
+// The family that reads config.json model_type `type` (or refuses it with its reason); Error naming `source` and
+// the supported types.
 const ModelFamily& model_family_of_hf_type(const std::string& type, const std::string& source);
 // The registered names, for deck choices and messages.
 std::vector<std::string> model_family_names();

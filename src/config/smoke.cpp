@@ -1,6 +1,7 @@
 // Smoke runs (run.smoke, `shardlm train DECK --tiny`): any deck shrunk to a run of a few seconds on a
 // laptop or in CI, keeping what makes the deck's model what it is (family, grouped-query ratio, a head_dim
-// apart from hidden/heads, a tied head, biases, LoRA) and its strategy and precision.
+// apart from hidden/heads, a tied head, biases, LoRA; the shape's as config.json or the shape keys give it, else the
+// family's default) and its strategy and precision.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -75,7 +76,10 @@ void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& 
     say(concat(it->second.error, ": a random tiny ", m.arch, " instead",
                guessed.empty() ? " (to choose the family: --model.dir= --model.arch=FAMILY)" : " (the family its name says)"));
   }
-  if (m.num_heads == 0) {  // no shape at all (no model.dir, no shape keys): grouped query heads where the family has them
+  // No shape at all (no config.json, no shape keys): nothing to keep the proportions of, so the family's default
+  // (grouped query heads where the family has them), said as such; a folder's name says no more than the family.
+  const bool default_shape = m.num_heads == 0;
+  if (default_shape) {
     m.num_heads = 4;
     m.hidden_size = 4 * kSmokeHeadDim;
     if (model_family(m.arch).grouped_query) m.num_kv_heads = 2;
@@ -92,11 +96,16 @@ void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& 
   if (auto it = missing.find("model.adapter"); it != missing.end()) say(it->second.error + ": no adapter");
   else if (!m.adapter.empty()) say("model.adapter " + m.adapter + " fits the full-size model: LoRA starts afresh");
   shrink_model(m);
+  const std::string shape_from =
+      !model_dir.empty() ? " (shape from " + model_dir + "/config.json)"
+      : default_shape    ? concat(" (the family's default shape: no config.json or shape keys give the model's; "
+                                  "--model.dir= --model.arch=", m.arch, " --model.num_heads=N",
+                                  model_family(m.arch).grouped_query ? " --model.num_kv_heads=K" : "", " do)")
+                         : std::string();
   say(concat(m.arch, " of ", m.num_layers, " layers, width ", m.hidden_size, ", ", m.num_heads, " heads",
              m.num_kv_heads > 0 ? concat(" over ", m.num_kv_heads, " key/value heads") : std::string(),
              m.head_size > 0 ? concat(", head_dim ", m.head_size) : std::string(), m.tied_head() ? ", tied head" : "",
-             "; random weights", model_dir.empty() ? std::string() : " (shape from " + model_dir + "/config.json)",
-             "; the byte tokenizer"));
+             "; random weights", shape_from, "; the byte tokenizer"));
 
   // ---- the data: the deck's files where they are, else synthetic ----
   DataSection& d = cfg.data;

@@ -65,13 +65,15 @@ const ModelFamily& model_family(const std::string& arch) {
 }
 
 const ModelFamily& model_family_of_hf_type(const std::string& type, const std::string& source) {
-  std::vector<std::string> known;
+  const auto has = [&](const std::vector<std::string>& types) {
+    return std::find(types.begin(), types.end(), type) != types.end();
+  };
+  std::vector<std::string> supported;
   for (const ModelFamily* f : model_families()) {
-    const auto& types = f->hf_model_types;
-    if (std::find(types.begin(), types.end(), type) != types.end()) return *f;
-    known.insert(known.end(), types.begin(), types.end());
+    if (has(f->hf_model_types) || has(f->hf_refused_model_types)) return *f;
+    supported.insert(supported.end(), f->hf_model_types.begin(), f->hf_model_types.end());
   }
-  throw Error(concat(source, ": model_type '", type, "' is not supported (", joined(known), ")"));
+  throw Error(concat(source, ": model_type '", type, "' is not supported (", joined(supported), ")"));
 }
 
 }  // namespace shardlm

@@ -117,6 +117,7 @@ const char* kGenerateUsage =
     "                        checkpoint brings its run's deck: model.dir, tokenizer, chat template, [lora]\n"
     "  --adapter DIR         a PEFT LoRA adapter folder on the model folder MODEL\n"
     "  --prompt TEXT         the prompt; else --prompt-file FILE ('-': standard input), else standard input\n"
+    "                        (of a file or standard input, one final newline is dropped)\n"
     "  --prompt-ids IDS      the prompt as token ids, e.g. 1,15,27 (no tokenizer needed; a model folder\n"
     "                        without tokenizer.json takes only these, and prints the answer's ids)\n"
     "  --chat                the prompt is a user turn: rendered with the model's chat template (or\n"
@@ -133,8 +134,9 @@ const char* kGenerateUsage =
     "                        the end of turn (an id or a text)\n"
     "  --output FILE         also write {\"prompt_ids\", \"generated_ids\", \"text\", \"finish_reason\"} as JSON\n"
     "                        (its folder is checked before the model loads)\n"
-    "  --section.key=value   a deck key over the checkpoint's deck (or the folder's defaults), e.g.\n"
-    "                        --run.backend=cuda --fsdp.param_dtype=bf16 --data.chat_template=FILE\n"
+    "  --section.key=value   a deck key (also --section.key value) over the checkpoint's deck (or the\n"
+    "                        folder's defaults), e.g. --run.backend=cuda --fsdp.param_dtype=bf16\n"
+    "                        --data.chat_template=FILE\n"
     "  -h, --help            print this text\n";
 
 const char* kReportUsage =
@@ -212,9 +214,10 @@ const char* kImportAccelerateUsage =
     "                         packing, max_length, assistant_only_loss, chat_template_path, become\n"
     "                         [data] keys); without it, Trainer's defaults\n"
     "  -o, --output DECK      the deck to write\n"
-    "  --section.key=value    a deck key written as given, over both files; neither file names the\n"
-    "                         model or the data, so give --model.dir=PATH and --data.train_file=FILE\n"
-    "                         (relative to the deck's folder), or edit the deck afterwards\n"
+    "  --section.key=value    a deck key written as given (also --section.key value), over both files;\n"
+    "                         neither file names the model or the data, so give --model.dir=PATH and\n"
+    "                         --data.train_file=FILE (relative to the deck's folder), or edit the deck\n"
+    "                         afterwards\n"
     "  --key-tables           print the tables of every Accelerate, TrainingArguments and SFTConfig key shardlm\n"
     "                         knows, with the deck key each sets or why none (docs/accelerate.md)\n"
     "  -h, --help             print this text\n"

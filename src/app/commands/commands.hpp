@@ -91,9 +91,13 @@ bool first_rank_of_launch();
 // args[i] as `--flag VALUE` (i moves to the value) or `--flag=VALUE`: the value into `out`, true.
 // False when args[i] is something else, or the flag comes last without its value.
 bool option_value(const std::vector<std::string>& args, size_t& i, const std::string& flag, std::string& out);
-// An argument no flag took: a deck override (`--section.key=value`, or any word without a leading `--`)
-// goes to overrides; another `--` option is an Error naming it.
-void take_deck_override(const std::string& arg, std::vector<std::string>& overrides);
+// args[i] as a deck key, `--section.key=value` or `--section.key value` (i moves to the value), appended to
+// overrides as `--section.key=value`: true. False when args[i] is not one; the space form without a value (last, or
+// before another `--` argument) is an Error naming the key. What every command that takes deck keys reads them with.
+bool deck_key_argument(const std::vector<std::string>& args, size_t& i, std::vector<std::string>& overrides);
+// args[i], which no flag took: a deck key (deck_key_argument) or any word without a leading `--` (the deck's parser
+// names it) goes to overrides; another `--` option is an Error naming it.
+void take_deck_override(const std::vector<std::string>& args, size_t& i, std::vector<std::string>& overrides);
 // The argument a command that takes `DECK [options] [--section.key=value ...]` is reading (plan, preprocess).
 struct DeckArgument {
   const std::vector<std::string>& args;

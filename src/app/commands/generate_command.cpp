@@ -120,11 +120,8 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
       parse_ids("--eos-ids", v);
     } else if (value("--output")) {
       g.output = v;
-    } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('.') < a.find('=')) {
-      // A deck key, "--section.key=value" or "--section.key value": load_run_config_text checks it.
-      g.overrides.push_back(a);
-      if (a.find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
-        g.overrides.push_back(args[++i]);
+    } else if (deck_key_argument(args, i, g.overrides)) {
+      // load_run_config_text checks the key and its value
     } else if (a.rfind("--", 0) == 0) {
       throw Error(concat("unknown or incomplete option '", a, "'"));
     } else {
@@ -145,7 +142,7 @@ GenerateArgs parse_generate_args(const std::vector<std::string>& args) {
 }
 
 // The prompt's text: --prompt (even empty), else --prompt-file (read by rank 0; "-": standard input), else
-// standard input. Every rank gets it.
+// standard input, less one final newline. Every rank gets it.
 std::string prompt_text(const GenerateArgs& g, MPI_Comm comm) {
   if (!g.prompt_file.empty() || !g.prompt_given) {
     std::string text;
@@ -153,12 +150,12 @@ std::string prompt_text(const GenerateArgs& g, MPI_Comm comm) {
     MPI_Comm_rank(comm, &rank);
     run_collectively(comm, [&] {
       if (rank != 0) return;
-      if (!g.prompt_file.empty() && g.prompt_file != "-") {
+      if (!g.prompt_file.empty() && g.prompt_file != "-")
         text = read_input_file(g.prompt_file, "prompt file", kMaxDataFileBytes);
-        return;
-      }
-      text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-      // A prompt typed or piped ends with the line's newline, which is not part of it.
+      else
+        text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      // A prompt typed, piped or saved by an editor ends with the line's newline, which is not part of it: the
+      // same prompt however it is passed.
       if (!text.empty() && text.back() == '\n') text.pop_back();
     });
     broadcast_string(text, comm);

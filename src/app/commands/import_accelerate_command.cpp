@@ -15,34 +15,33 @@ int command_import_accelerate(const std::vector<std::string>& args) {
   std::vector<std::string> deck_keys;
   bool tables = false;
   std::string command_line = "shardlm import-accelerate";
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (option_value(args, i, "--training-args", args_path) || option_value(args, i, "-o", out_path) ||
-        option_value(args, i, "--output", out_path)) {
-      continue;
-    } else if (a == "--key-tables") {
-      tables = true;
-    } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos && a.find('=') != std::string::npos &&
-               a.find('.') < a.find('=')) {
-      deck_keys.push_back(a);
-    } else if (a.rfind("-", 0) == 0 || !yaml_path.empty()) {
-      std::fprintf(stderr, "shardlm: import-accelerate: unexpected argument '%s'\n\n%s", a.c_str(),
-                   command_help("import-accelerate").c_str());
-      return 2;
-    } else {
-      yaml_path = a;
+  const auto usage = [](const std::string& problem) {
+    std::fprintf(stderr, "shardlm: import-accelerate: %s\n\n%s", problem.c_str(),
+                 command_help("import-accelerate").c_str());
+    return 2;
+  };
+  try {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (option_value(args, i, "--training-args", args_path) || option_value(args, i, "-o", out_path) ||
+          option_value(args, i, "--output", out_path) || deck_key_argument(args, i, deck_keys))
+        continue;
+      if (a == "--key-tables")
+        tables = true;
+      else if (a.rfind("-", 0) == 0 || !yaml_path.empty())
+        return usage(concat("unexpected argument '", a, "'"));
+      else
+        yaml_path = a;
     }
+  } catch (const Error& e) {  // a deck key without its value
+    return usage(e.what());
   }
   if (tables) {
     std::fputs(foreign_key_tables().c_str(), stdout);
     return 0;
   }
-  if (yaml_path.empty() || out_path.empty()) {
-    std::fprintf(stderr, "shardlm: import-accelerate: %s\n\n%s",
-                 yaml_path.empty() ? "the Accelerate config file is missing" : "-o DECK is missing",
-                 command_help("import-accelerate").c_str());
-    return 2;
-  }
+  if (yaml_path.empty() || out_path.empty())
+    return usage(yaml_path.empty() ? "the Accelerate config file is missing" : "-o DECK is missing");
   for (const std::string& a : args) command_line += " " + a;
 #ifndef SHARDLM_HAVE_YAMLCPP
   std::fprintf(stderr, "shardlm: error: this shardlm was built without yaml-cpp, which import-accelerate reads "

@@ -23,10 +23,27 @@ bool option_value(const std::vector<std::string>& args, size_t& i, const std::st
   return false;
 }
 
-void take_deck_override(const std::string& arg, std::vector<std::string>& overrides) {
-  if (arg.rfind("--", 0) == 0 && arg.find('.') == std::string::npos)
-    throw Error(concat("unknown option '", arg, "' (deck keys look like --section.key=value)"));
-  overrides.push_back(arg);
+bool deck_key_argument(const std::vector<std::string>& args, size_t& i, std::vector<std::string>& overrides) {
+  const std::string& a = args[i];
+  const size_t dot = a.find('.'), eq = a.find('=');
+  if (a.rfind("--", 0) != 0 || dot == std::string::npos || dot > eq) return false;
+  if (eq != std::string::npos) {
+    overrides.push_back(a);
+    return true;
+  }
+  // The deck's parser says the same of a key without its value.
+  const std::string key = a.substr(2);
+  SHARDLM_CHECK(i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0, key,
+                " needs a value on the command line (write --", key, "=VALUE)");
+  overrides.push_back(a + "=" + args[++i]);
+  return true;
+}
+
+void take_deck_override(const std::vector<std::string>& args, size_t& i, std::vector<std::string>& overrides) {
+  if (deck_key_argument(args, i, overrides)) return;
+  if (args[i].rfind("--", 0) == 0)
+    throw Error(concat("unknown option '", args[i], "' (deck keys look like --section.key=value)"));
+  overrides.push_back(args[i]);
 }
 
 bool DeckArgument::value(const std::string& flag, std::string& out) {
@@ -39,7 +56,7 @@ std::string parse_deck_arguments(const std::vector<std::string>& args, std::vect
   SHARDLM_CHECK(!args.empty() && args[0].rfind("--", 0) != 0, "the first argument must be the deck");
   for (size_t i = 1; i < args.size(); ++i) {
     DeckArgument a{args, i};
-    if (!option(a)) take_deck_override(args[i], overrides);
+    if (!option(a)) take_deck_override(args, i, overrides);
   }
   return args[0];
 }

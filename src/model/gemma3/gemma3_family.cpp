@@ -211,8 +211,8 @@ bool gemma3_ignored_tensor(const ModelConfig& cfg, const std::string& hf_name) {
 ModelFamily gemma3_family() {
   ModelFamily f = llama_style_family<kGemma3Block>("gemma3", "Gemma3ForCausalLM", "Gemma3DecoderLayer",
                                                    gemma3_from_hf, gemma3_to_hf, true);
-  // gemma2 is read to be refused with its reason.
-  f.hf_model_types = {"gemma3_text", "gemma3", "gemma2"};
+  f.hf_model_types = {"gemma3_text", "gemma3"};
+  f.hf_refused_model_types = {"gemma2"};  // gemma3_from_hf says why (tanh soft-capping)
   f.hf_tensor_aliases = gemma3_tensor_aliases;
   f.hf_multimodal_name = gemma3_multimodal_name;
   f.hf_ignored_tensor = gemma3_ignored_tensor;
