@@ -44,6 +44,9 @@ def main():
     missing, worst = [], 0.0
     for name, value in saved.items():
         key = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
+        if key == name:  # a module trained whole (modules_to_save): PEFT's copy of it
+            module, leaf = name.rsplit(".", 1)
+            key = f"{module}.modules_to_save.default.{leaf}"
         if key not in state:
             missing.append(name)
             continue
