@@ -376,7 +376,7 @@ BOOST_AUTO_TEST_CASE(model_gemma3_attention_keys) {
                  "model.sliding_window_pattern = 6: applies to gemma3, not mistral"));
   // The Llama-style layer's keys in BLOOM (its default family here), and the chat records' keys in another
   // format, would do nothing: refused, naming the key, unless left at their defaults.
-  for (const std::string& key : {"num_kv_heads = 2", "intermediate_size = 100", "rms_norm_eps = 0.1",
+  for (const std::string key : {"num_kv_heads = 2", "intermediate_size = 100", "rms_norm_eps = 0.1",
                                  "tie_word_embeddings = true", "rope_theta = 5"}) {
     const std::string name = "model." + key.substr(0, key.find(' '));
     BOOST_TEST(has(error_of([&] { load(kBase + "[model]\n" + key + "\n"); }), name), key);

@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include "config_internal.hpp"
 
@@ -60,15 +62,10 @@ void shrink_model(ModelSection& m) {
   m.adapter.clear();
 }
 
-}  // namespace
-
-void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& missing,
-                      const std::set<std::string>& given_on_cli, int world_size) {
-  std::vector<std::string>& notes = cfg.notes;
-  auto say = [&](const std::string& text) { notes.push_back("smoke run: " + text); };
-
-  // ---- the model ----
-  ModelSection& m = cfg.model;
+// The smoke run's model: the deck's family (or the one the missing folder's name says) shrunk to a few layers,
+// its proportions kept where config.json or the shape keys give them; `say` tells what was done.
+void smoke_model(ModelSection& m, const std::map<std::string, SkippedPath>& missing,
+                 const std::function<void(const std::string&)>& say) {
   const std::string model_dir = m.dir;
   if (auto it = missing.find("model.dir"); it != missing.end()) {
     const std::string guessed = family_in_name(it->second.text);
@@ -106,6 +103,18 @@ void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& 
              m.num_kv_heads > 0 ? concat(" over ", m.num_kv_heads, " key/value heads") : std::string(),
              m.head_size > 0 ? concat(", head_dim ", m.head_size) : std::string(), m.tied_head() ? ", tied head" : "",
              "; random weights", shape_from, "; the byte tokenizer"));
+}
+
+}  // namespace
+
+void shrink_for_smoke(RunConfig& cfg, const std::map<std::string, SkippedPath>& missing,
+                      const std::set<std::string>& given_on_cli, int world_size) {
+  std::vector<std::string>& notes = cfg.notes;
+  auto say = [&](const std::string& text) { notes.push_back("smoke run: " + text); };
+
+  // ---- the model ----
+  const std::string model_dir = cfg.model.dir;
+  smoke_model(cfg.model, missing, say);
 
   // ---- the data: the deck's files where they are, else synthetic ----
   DataSection& d = cfg.data;
