@@ -238,5 +238,7 @@ void Buffer<T>::release() {
 
 // Human-readable byte count ("12.3 MiB").
 std::string format_bytes(size_t bytes);
+// A 64-bit value as 16 hex digits: how checkpoints, run ids and adapters write hashes and checksums.
+std::string hex_digits(uint64_t value);
 
 }  // namespace shardlm

@@ -206,8 +206,6 @@ inline uint64_t base_checksum_term(size_t unit, size_t index, float value) {
   std::memcpy(&bits, &value, sizeof(bits));
   return mix64(mix64((static_cast<uint64_t>(unit) << 40) ^ index) ^ bits);
 }
-// The checksum as a checkpoint keeps it: 16 hex digits.
-std::string base_checksum_text(uint64_t sum);
 // The name of a layout tensor in the model transformers builds from the base folder, which PEFT wraps and names
 // adapters after: hf_tensor_name, or for a multimodal base (ModelConfig::hf_multimodal) the family's name of it
 // there (Gemma 3: model.language_model.layers.0.self_attn.q_proj.weight; lm_head.weight stays).

@@ -60,6 +60,12 @@ std::string format_bytes(size_t bytes) {
   return buf;
 }
 
+std::string hex_digits(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 size_t host_available_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;

@@ -163,12 +163,6 @@ class Fnv1a {
     for (char c : bytes) add(static_cast<unsigned char>(c));
   }
   uint64_t value() const { return hash_; }
-  // The value as a checkpoint keeps it in text: 16 hex digits.
-  std::string hex() const {
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash_));
-    return text;
-  }
 
  private:
   uint64_t hash_ = 0xcbf29ce484222325ULL;  // the offset basis

@@ -35,7 +35,7 @@ std::string tokenizer_hash(const std::string& tokenizer_json) {
   if (tokenizer_json.empty()) return kByteTokenizer;
   ckpt::Fnv1a hash;
   hash.add_bytes(read_input_file(tokenizer_file(tokenizer_json), "tokenizer file", kMaxTokenizerBytes));
-  return hash.hex();
+  return hex_digits(hash.value());
 }
 
 std::string checkpoint_tokenizer_text(const CheckpointMeta& checkpoint) {

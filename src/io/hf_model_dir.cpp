@@ -171,7 +171,7 @@ std::string lora_base_checksum(HfModelDir& dir, const ModelConfig& lora_model, D
       if (param_dtype != DType::F32) round_to(param_dtype, chunk.data(), chunk.size());
       for (size_t i = 0; i < chunk.size(); ++i) sum += base_checksum_term(u, begin + i, chunk[i]);
     }
-  return base_checksum_text(sum);
+  return hex_digits(sum);
 }
 
 }  // namespace shardlm

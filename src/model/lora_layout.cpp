@@ -3,7 +3,6 @@
 // without those (lora_frozen_layout), PEFT's tensor names and the scale.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "model_internal.hpp"
 #include "shardlm/model.hpp"
@@ -68,12 +67,6 @@ std::vector<UnitLayout> lora_layout(const ModelConfig& cfg) {
     }
   }
   return units;
-}
-
-std::string base_checksum_text(uint64_t sum) {
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(sum));
-  return hex;
 }
 
 std::vector<UnitLayout> lora_frozen_layout(const ModelConfig& cfg) {

@@ -44,7 +44,7 @@ PretrainedLoad load_frozen_base(FsdpEngine& engine, const std::string& dir, uint
 }
 
 std::string frozen_base_checksum(const FsdpEngine& engine, MPI_Comm comm) {
-  return base_checksum_text(mpi_sum(comm, static_cast<uint64_t>(engine.frozen_checksum_part())));
+  return hex_digits(mpi_sum(comm, static_cast<uint64_t>(engine.frozen_checksum_part())));
 }
 
 void load_peft_adapter_slices(FsdpEngine& engine, const std::string& dir, const ModelConfig& model, MPI_Comm comm) {

@@ -21,9 +21,7 @@ std::string new_run_id() {
   std::strftime(when, sizeof when, "%Y%m%d-%H%M%S", &utc);
   std::random_device device;  // two jobs started in the same second still differ
   const uint64_t bits = (uint64_t{device()} << 32) ^ device();
-  char id[64];
-  std::snprintf(id, sizeof id, "%s-%016llx", when, static_cast<unsigned long long>(bits));
-  return id;
+  return concat(when, "-", hex_digits(bits));
 }
 
 std::string read_run_id(const std::string& run_dir) {

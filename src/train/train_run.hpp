@@ -63,8 +63,8 @@ struct TrainRun {
   std::string tokenizer_hash;  // what each checkpoint keeps of it (tokenizer_hash), read once at start
   std::string base_checksum;   // LoRA: the frozen base weights' checksum (CheckpointMeta::base_checksum)
   std::vector<Example> train_set, eval_set;
-  // examples_hash of train_set (CheckpointMeta::train_data_hash), from load_inputs.
-  std::string train_data_hash;
+  // examples_hash of train_set (CheckpointMeta::train_data_hash keeps its hex_digits), from load_inputs.
+  uint64_t train_data_hash = 0;
   // SQuAD answers are generated and scored (exact match, F1) when the deck asks for it.
   bool generate_answers = false;
   std::vector<SquadQuestion> questions;

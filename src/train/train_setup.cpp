@@ -117,10 +117,11 @@ std::string resume_data_warning(const std::string& path, const CheckpointMeta& m
     diff += concat("data.train_size ", was("data.train_size"), " -> ", cfg.data.train_size, "; ");
   if (diff.empty()) {
     // The same settings, other examples: the file changed since (or what shapes its examples).
-    if (meta.train_data_hash.empty() || meta.train_data_hash == run.train_data_hash) return "";
+    const std::string now = hex_digits(run.train_data_hash);
+    if (meta.train_data_hash.empty() || meta.train_data_hash == now) return "";
     return concat("warning: checkpoint ", path, " was trained on other examples than ",
                   cfg.data.train_file.empty() ? std::string("the synthetic data") : cfg.data.train_file,
-                  " gives now (its examples' hash ", meta.train_data_hash, ", now ", run.train_data_hash,
+                  " gives now (its examples' hash ", meta.train_data_hash, ", now ", now,
                   "): the file changed since, or a setting that shapes its examples (data.max_length, the format's "
                   "keys); the rest of its epoch follows this run's order over these examples "
                   "(checkpoint.load_weights_only = true starts a new run from its weights instead)");
@@ -231,7 +232,7 @@ void load_inputs(TrainRun& run) {
       run.questions =
           load_squad_questions(cfg.data.eval_file, dataset_options(cfg.data, cfg.data.eval_size, cfg.train.seed));
   }
-  run.train_data_hash = examples_hash(run.train_set).hex();
+  run.train_data_hash = examples_hash(run.train_set).value();
   SHARDLM_CHECK(run.train_set.size() >= static_cast<size_t>(cfg.train.batch_size), "train.batch_size = ",
                 cfg.train.batch_size, " is larger than the training set (", run.train_set.size(), " examples in ",
                 cfg.data.train_file, ")");
@@ -249,7 +250,7 @@ void check_same_inputs(const TrainRun& run) {
   tokenizer.add_bytes(run.tokenizer_hash);
   const Seen mine{deck.value(),          tokenizer.value(),
                   run.train_set.size(),  run.eval_set.size(),
-                  std::stoull(run.train_data_hash, nullptr, 16), examples_hash(run.eval_set).value()};
+                  run.train_data_hash, examples_hash(run.eval_set).value()};
   constexpr int kWords = sizeof(Seen) / sizeof(uint64_t);
   std::vector<Seen> all(static_cast<size_t>(run.world));
   MPI_Allgather(&mine, kWords, MPI_UINT64_T, all.data(), kWords, MPI_UINT64_T, run.comm);

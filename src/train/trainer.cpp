@@ -21,7 +21,7 @@ std::string checkpoint(TrainRun& run, const TrainPosition& pos, const std::strin
                                   pos.loss_scale.value);
   meta.run_id = run.run_id;
   meta.steps_per_epoch = run.steps_per_epoch;
-  meta.train_data_hash = run.train_data_hash;
+  meta.train_data_hash = hex_digits(run.train_data_hash);
   if (run.cfg.model.lora.enabled()) {
     meta.lora = peft_adapter_config_json(run.cfg.model, run.cfg.model.dir);
     meta.base_checksum = run.base_checksum;
